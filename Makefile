@@ -1,0 +1,30 @@
+# Two commands a user needs (see README): `make run` and `make test`.
+# Both create .venv on first use. TORCH_SPEC picks the torch build:
+#   CPU-only machine (default): torch==2.13.0 (the CPU wheel; no CUDA downloads)
+#   NVIDIA GPU machine:         make run TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu128"
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+CORES ?= all
+
+.PHONY: setup run test report clean-results
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q $(TORCH_SPEC)
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+run: setup
+	$(VENV)/bin/snakemake --cores $(CORES)
+
+test: setup
+	$(VENV)/bin/python -m pytest -q
+
+report: setup
+	$(VENV)/bin/snakemake --cores $(CORES) report
+
+clean-results:
+	rm -rf results/data results/runs results/report results/logs results/*.parquet

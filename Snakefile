@@ -1,0 +1,20 @@
+# scalelab: reproducible scaling experiments (precision x ZeRO stage x world size).
+# Table of contents only: helpers live in rules/common.smk, one stage per rules/*.smk.
+from snakemake.utils import min_version, validate
+
+min_version("9.14.8")
+
+
+configfile: "config.yaml"
+
+
+validate(config, "workflow/schemas/config.schema.yaml")
+
+
+include: "rules/common.smk"
+include: "rules/data.smk"
+
+
+rule all:
+    input:
+        DATA_DIR / "meta.json",

@@ -1,0 +1,18 @@
+# Stage 1: corpus -> results/data/<dataset>/{train,val}.bin + meta.json (np.memmap tokens).
+
+
+rule prepare_data:
+    input:
+        dataset_inputs,
+    output:
+        train=DATA_DIR / "train.bin",
+        val=DATA_DIR / "val.bin",
+        meta=DATA_DIR / "meta.json",
+    params:
+        dataset=config["dataset"],
+        seq_len=config["model"]["seq_len"],
+    log:
+        LOGS / "data" / f"{DATASET}.log",
+    threads: 1
+    script:
+        "../workflow/scripts/prepare_data.py"

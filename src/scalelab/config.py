@@ -1,0 +1,225 @@
+"""Typed experiment configuration and the checks a JSON schema cannot express.
+
+The Snakefile validates ``config.yaml`` against ``workflow/schemas/config.schema.yaml``
+(types, enums, unknown keys, defaults) and then calls :func:`check_config` for the
+cross-field rules (batch divisibility, corpus paths, head count). Both stop the workflow
+before any job runs, with a message naming the key and the bad value.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+ZERO_STAGES = (0, 1, 2, 3)
+# The sweep axes, in the order they appear in run paths and run ids.
+SWEEP_AXES = ("precision", "zero_stage", "world_size")
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+
+
+class ConfigError(ValueError):
+    """A configuration value is unusable; the message names the key and the value."""
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    name: str
+    """Folder under <results_dir>/data/."""
+    source: str
+    """synthetic | text | tokenized."""
+    path: str | None
+    """Corpus file/folder (text) or .bin file/folder (tokenized)."""
+    tokenizer: str
+    """byte | bpe."""
+    bpe_vocab_size: int
+    """Vocab size of the trained BPE."""
+    decode_errors: str
+    """strict | replace: what to do with bytes that are not UTF-8 (BPE only)."""
+    tokenized_dtype: str
+    """uint16 | uint32, element type of a tokenized source."""
+    vocab_size: int | None
+    """Vocab size of a tokenized source; None = max token id + 1."""
+    val_fraction: float
+    """Share of each chunk of tokens written to val.bin."""
+    synthetic_bytes: int
+    """Size of the synthetic corpus in bytes of text."""
+    seed: int
+    """Seed of the synthetic corpus."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    n_layers: int
+    """Transformer blocks."""
+    d_model: int
+    """Residual stream width."""
+    n_heads: int
+    """Attention heads (divides d_model)."""
+    seq_len: int
+    """Context length in tokens."""
+    tie_embeddings: bool
+    """Share token embedding and output head weights."""
+    vocab_size: int = 256
+    """Filled from the prepared dataset's meta.json."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int
+    """Optimizer steps."""
+    warmup_steps: int
+    """Steps excluded from throughput/MFU; also the LR warm-up length."""
+    global_batch: int
+    """Sequences per optimizer step at every world size."""
+    micro_batch: int | None
+    """Sequences per rank per forward pass; None = global_batch / world_size."""
+    lr: float
+    """Peak AdamW learning rate."""
+    weight_decay: float
+    """AdamW weight decay."""
+    grad_clip: float
+    """Max global grad norm; 0 = no clipping."""
+    seed: int
+    """Seed of init and sampling."""
+    device: str
+    """auto | cpu | cuda."""
+    tf32: bool
+    """Allow TF32 matmuls for fp32 on GPU."""
+    fp16_init_scale: float
+    """Initial dynamic loss scale (fp16)."""
+    collective_timeout_s: float
+    """Timeout of every collective, seconds."""
+    run_timeout_s: float
+    """Wall-clock limit of one run, seconds."""
+
+
+@dataclass(frozen=True)
+class RunPoint:
+    """One point of the sweep: what varies between training runs."""
+
+    precision: str
+    zero_stage: int
+    world_size: int
+
+    @property
+    def path(self) -> str:
+        """Relative results path, e.g. ``precision~fp32/zero_stage~0/world_size~1``."""
+        return "/".join(f"{axis}~{getattr(self, axis)}" for axis in SWEEP_AXES)
+
+    @property
+    def run_id(self) -> str:
+        """Short unique id, e.g. ``fp32-z0-w1``."""
+        return f"{self.precision}-z{self.zero_stage}-w{self.world_size}"
+
+
+def _section(config: dict, key: str) -> dict:
+    value = config.get(key, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"config key '{key}' must be a mapping, got {value!r}")
+    return value
+
+
+def _build(cls, section: dict, key: str):
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(section) - names
+    if unknown:
+        raise ConfigError(f"unknown key(s) in '{key}': {sorted(unknown)}")
+    try:
+        return cls(**section)
+    except TypeError as err:  # a missing key: only when the schema was not applied
+        raise ConfigError(f"config section '{key}': {err}") from None
+
+
+def dataset_config(config: dict) -> DatasetConfig:
+    return _build(DatasetConfig, _section(config, "dataset"), "dataset")
+
+
+def model_config(config: dict, vocab_size: int = 256) -> ModelConfig:
+    return _build(ModelConfig, {**_section(config, "model"), "vocab_size": vocab_size}, "model")
+
+
+def train_config(config: dict) -> TrainConfig:
+    return _build(TrainConfig, _section(config, "train"), "train")
+
+
+def sweep_points(config: dict) -> list[RunPoint]:
+    """Every combination of the sweep axes, in a stable order."""
+    sweep = _section(config, "sweep")
+    axes = [sweep[axis] for axis in SWEEP_AXES]
+    return [RunPoint(p, int(z), int(w)) for p, z, w in itertools.product(*axes)]
+
+
+def micro_batch_plan(train: TrainConfig, world_size: int) -> tuple[int, int]:
+    """(micro_batch, accumulation_steps) per rank for a world size; raises ConfigError."""
+    if train.global_batch % world_size:
+        raise ConfigError(
+            f"train.global_batch={train.global_batch} is not divisible by "
+            f"sweep.world_size={world_size}: every rank must get the same share"
+        )
+    per_rank = train.global_batch // world_size
+    micro = train.micro_batch or per_rank
+    if micro > per_rank or per_rank % micro:
+        raise ConfigError(
+            f"train.micro_batch={train.micro_batch} does not divide the per-rank batch "
+            f"{per_rank} (train.global_batch={train.global_batch} / world_size={world_size})"
+        )
+    return micro, per_rank // micro
+
+
+def check_config(config: dict, base_dir: str | Path = ".") -> None:
+    """Cross-field checks after schema validation. Raises ConfigError naming key and value."""
+    dataset = dataset_config(config)
+    model = model_config(config)
+    train = train_config(config)
+    if dataset.source in ("text", "tokenized"):
+        if not dataset.path:
+            raise ConfigError(f"dataset.path is required when dataset.source={dataset.source!r}")
+        corpus = Path(base_dir, dataset.path)
+        if not corpus.exists():
+            raise ConfigError(f"dataset.path={dataset.path!r} does not exist")
+    elif dataset.path:
+        raise ConfigError(
+            f"dataset.path={dataset.path!r} is set but dataset.source='synthetic' ignores it; "
+            "set dataset.source to 'text' or 'tokenized', or remove the path"
+        )
+    if model.d_model % model.n_heads:
+        raise ConfigError(
+            f"model.n_heads={model.n_heads} does not divide model.d_model={model.d_model}"
+        )
+    if train.warmup_steps >= train.steps:
+        raise ConfigError(
+            f"train.warmup_steps={train.warmup_steps} leaves no measured step "
+            f"(train.steps={train.steps})"
+        )
+    for point in sweep_points(config):
+        micro_batch_plan(train, point.world_size)
+
+
+def config_hash(config: dict) -> str:
+    """Stable short hash of a (validated) config, recorded in every run's provenance."""
+    blob = json.dumps(config, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def load_config(path: str | Path) -> dict:
+    """Read a config YAML, apply the schema (defaults included) and the cross-field checks."""
+    import yaml
+    from snakemake.utils import validate
+
+    path = Path(path)
+    with open(path) as handle:
+        config = yaml.safe_load(handle) or {}
+    validate(config, str(SCHEMA_PATH), set_default=True)
+    check_config(config, base_dir=path.parent)
+    return config
+
+
+def as_dict(obj: Any) -> dict:
+    return dataclasses.asdict(obj)

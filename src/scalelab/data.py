@@ -1,0 +1,413 @@
+"""Data memmapping: corpus -> tokens -> ``{train,val}.bin`` (np.memmap) + ``meta.json``.
+
+Sources: a deterministic synthetic corpus, a user's text file/folder, or an already
+tokenized nanoGPT-style ``.bin``. Everything streams in bounded chunks, so a corpus
+larger than memory is prepared with bounded memory. Each chunk of tokens is split into a
+train part and a val part (the last ``val_fraction`` of the chunk), which spreads the
+validation set over the whole corpus without knowing its length ahead of time.
+"""
+from __future__ import annotations
+
+import codecs
+import datetime
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from . import __version__
+from .config import DatasetConfig
+from .io import atomic_path, write_json
+
+CHUNK_BYTES = 16 * 1024 * 1024  # text read per chunk; bounds memory use of the writer
+BYTE_VOCAB = 256
+
+
+class DataError(ValueError):
+    """Unusable input data; the message names the file."""
+
+
+# ----------------------------------------------------------------------------- sources
+
+
+def synthetic_text_chunks(n_bytes: int, seed: int, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+    """A deterministic corpus with learnable structure (not uniform noise).
+
+    A lexicon of made-up words and a first-order Markov chain over them: each word has a
+    few likely successors with Zipf weights, sentences end with '.' and lines with '\\n'.
+    A byte-level model first learns the spelling of words (loss falls from ln 256 ~ 5.5
+    to ~2.5 within a few hundred steps), then the successor statistics.
+    """
+    rng = np.random.default_rng(seed)
+    n_words, n_successors = 400, 6
+    letters = np.frombuffer(b"etaoinshrdlcumwfgypbvkjxqz", dtype=np.uint8)
+    letter_p = 1.0 / np.arange(1, len(letters) + 1)
+    letter_p /= letter_p.sum()
+    lexicon = [
+        bytes(rng.choice(letters, size=rng.integers(2, 8), p=letter_p)) for _ in range(n_words)
+    ]
+    successors = rng.integers(0, n_words, size=(n_words, n_successors))
+    succ_p = 1.0 / np.arange(1, n_successors + 1) ** 1.5
+    succ_p /= succ_p.sum()
+    written, word = 0, 0
+    while written < n_bytes:
+        # Draw the chain's randomness per block, vectorised; the walk itself is a cheap loop.
+        block = 8192
+        choices = rng.choice(n_successors, size=block, p=succ_p)
+        punct = rng.random(block)
+        parts: list[bytes] = []
+        for i in range(block):
+            word = successors[word, choices[i]]
+            parts.append(lexicon[word])
+            parts.append(b".\n" if punct[i] < 0.02 else (b". " if punct[i] < 0.1 else b" "))
+        chunk = b"".join(parts)[: min(chunk_bytes, n_bytes - written)]
+        written += len(chunk)
+        yield chunk
+
+
+def text_files(path: Path) -> list[Path]:
+    """A file, or every regular non-hidden file below a folder, in sorted order."""
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted(
+            p for p in path.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        )
+        if not files:
+            raise DataError(f"corpus folder {path} contains no files")
+        return files
+    raise DataError(f"corpus path {path} does not exist")
+
+
+def file_byte_chunks(files: Iterable[Path], chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[Path, int, bytes]]:
+    """(file, offset, bytes) chunks over files, reading at most chunk_bytes at a time."""
+    for path in files:
+        with open(path, "rb") as handle:
+            offset = 0
+            while chunk := handle.read(chunk_bytes):
+                yield path, offset, chunk
+                offset += len(chunk)
+
+
+# ----------------------------------------------------------------------------- tokenizers
+
+
+class ByteTokenizer:
+    """Bytes are tokens: vocab 256, lossless, no dependency, no decoding needed."""
+
+    name = "byte"
+    vocab_size = BYTE_VOCAB
+
+    def encode_bytes(self, data: bytes) -> np.ndarray:
+        return np.frombuffer(data, dtype=np.uint8)
+
+
+class BPETokenizer:
+    """Byte-level BPE trained on the corpus with Hugging Face ``tokenizers``."""
+
+    name = "bpe"
+
+    def __init__(self, tokenizer):
+        self._tok = tokenizer
+        self.vocab_size = tokenizer.get_vocab_size()
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int) -> "BPETokenizer":
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tok.train_from_iterator(texts, trainer=trainer)
+        return cls(tok)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "BPETokenizer":
+        from tokenizers import Tokenizer
+
+        return cls(Tokenizer.from_file(str(path)))
+
+    def save(self, path: Path) -> None:
+        with atomic_path(path) as tmp:
+            self._tok.save(str(tmp))
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray(self._tok.encode(text).ids, dtype=np.int64)
+
+    def decode(self, ids) -> str:
+        return self._tok.decode([int(i) for i in ids])
+
+
+def decode_chunks(
+    chunks: Iterable[tuple[Path, int, bytes]], errors: str
+) -> Iterator[str]:
+    """UTF-8 decode (file, offset, bytes) chunks incrementally (a character may straddle
+    two chunks). With errors='strict' an undecodable byte stops with file and offset."""
+    decoder, current = None, None
+    for path, offset, data in chunks:
+        if path != current:
+            if decoder is not None:
+                yield from _final(decoder, current)
+            decoder, current = codecs.getincrementaldecoder("utf-8")(errors=errors), path
+        try:
+            text = decoder.decode(data)
+        except UnicodeDecodeError as err:
+            raise DataError(
+                f"{path}: byte {offset + err.start} is not valid UTF-8 ({err.reason}); "
+                "fix the file or set dataset.decode_errors: replace"
+            ) from None
+        if text:
+            yield text
+    if decoder is not None:
+        yield from _final(decoder, current)
+
+
+def _final(decoder, path) -> Iterator[str]:
+    try:
+        tail = decoder.decode(b"", final=True)
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: the file ends inside a UTF-8 character ({err.reason})") from None
+    if tail:
+        yield tail
+
+
+# ----------------------------------------------------------------------------- writer
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits, else uint32."""
+    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
+
+
+class MemmapTokenWriter:
+    """Appends token chunks to a .bin through np.memmap windows, hashing as it goes.
+
+    The file grows by one chunk at a time (truncate, then map just the new window), so
+    memory stays bounded by the chunk size. Written to a temporary file and renamed by
+    :meth:`commit`, so a killed writer leaves no partial .bin behind.
+    """
+
+    def __init__(self, path: Path, dtype: np.dtype):
+        self.path, self.dtype = Path(path), np.dtype(dtype)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        self.tmp.write_bytes(b"")
+        self.n_tokens = 0
+        self.sha256 = hashlib.sha256()
+
+    def append(self, tokens: np.ndarray) -> None:
+        if tokens.size == 0:
+            return
+        tokens = np.ascontiguousarray(tokens, dtype=self.dtype)
+        offset = self.n_tokens * self.dtype.itemsize
+        with open(self.tmp, "r+b") as handle:
+            handle.truncate(offset + tokens.nbytes)
+        window = np.memmap(self.tmp, dtype=self.dtype, mode="r+", offset=offset, shape=tokens.shape)
+        window[:] = tokens
+        window.flush()
+        del window
+        self.sha256.update(tokens.tobytes())
+        self.n_tokens += tokens.size
+
+    def commit(self) -> dict:
+        os.replace(self.tmp, self.path)
+        return {"file": self.path.name, "n_tokens": self.n_tokens, "sha256": self.sha256.hexdigest()}
+
+    def abort(self) -> None:
+        self.tmp.unlink(missing_ok=True)
+
+
+def write_split(token_chunks: Iterable[np.ndarray], out_dir: Path, dtype: np.dtype, val_fraction: float) -> dict:
+    """Write token chunks to train.bin/val.bin, the last val_fraction of each chunk to val."""
+    writers = {split: MemmapTokenWriter(out_dir / f"{split}.bin", dtype) for split in ("train", "val")}
+    try:
+        max_id = -1
+        for tokens in token_chunks:
+            if tokens.size == 0:
+                continue
+            max_id = max(max_id, int(tokens.max()))
+            n_val = int(round(tokens.size * val_fraction))
+            writers["train"].append(tokens[: tokens.size - n_val])
+            writers["val"].append(tokens[tokens.size - n_val:])
+        files = {split: w.commit() for split, w in writers.items()}
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+        raise
+    files["max_token_id"] = max_id
+    return files
+
+
+# ----------------------------------------------------------------------------- prepare
+
+
+def prepare_dataset(cfg: DatasetConfig, out_dir: str | Path, seq_len: int, chunk_bytes: int = CHUNK_BYTES) -> dict:
+    """Prepare ``out_dir/{train,val}.bin`` and ``meta.json`` from the configured source."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    source_desc: dict = {"source": cfg.source}
+
+    if cfg.source == "tokenized":
+        files, vocab_size, dtype, tokenizer_name = _copy_tokenized(cfg, out_dir, chunk_bytes)
+        source_desc["path"] = str(cfg.path)
+    else:
+        if cfg.source == "synthetic":
+            source_desc.update(seed=cfg.seed, synthetic_bytes=cfg.synthetic_bytes)
+
+            def byte_chunks():
+                offset = 0
+                for chunk in synthetic_text_chunks(cfg.synthetic_bytes, cfg.seed, chunk_bytes):
+                    yield Path("<synthetic>"), offset, chunk
+                    offset += len(chunk)
+        else:
+            corpus = Path(cfg.path)
+            corpus_files = text_files(corpus)
+            for f in corpus_files:
+                if f.stat().st_size == 0 and len(corpus_files) == 1:
+                    raise DataError(f"corpus file {f} is empty")
+            source_desc.update(path=str(corpus), n_files=len(corpus_files))
+
+            def byte_chunks():
+                return file_byte_chunks(corpus_files, chunk_bytes)
+
+        if cfg.tokenizer == "byte":
+            tokenizer = ByteTokenizer()
+            token_chunks = (tokenizer.encode_bytes(chunk) for _, _, chunk in byte_chunks())
+        else:
+            tokenizer = BPETokenizer.train(decode_chunks(byte_chunks(), cfg.decode_errors), cfg.bpe_vocab_size)
+            tokenizer.save(out_dir / "tokenizer.json")
+            token_chunks = (tokenizer.encode(text) for text in decode_chunks(byte_chunks(), cfg.decode_errors))
+        vocab_size, tokenizer_name = tokenizer.vocab_size, tokenizer.name
+        dtype = token_dtype(vocab_size)
+        files = write_split(token_chunks, out_dir, dtype, cfg.val_fraction)
+
+    n_train, n_val = files["train"]["n_tokens"], files["val"]["n_tokens"]
+    where = source_desc.get("path", "<synthetic>")
+    if n_train + n_val == 0:
+        raise DataError(f"corpus {where} is empty: no tokens")
+    for split, n in (("train", n_train), ("val", n_val)):
+        if n < seq_len + 1:
+            raise DataError(
+                f"corpus {where} gives only {n} {split} tokens, shorter than one sequence "
+                f"(model.seq_len + 1 = {seq_len + 1}); use a larger corpus or a shorter seq_len"
+            )
+    meta = {
+        "dataset": cfg.name,
+        "dtype": dtype.name,
+        "vocab_size": int(vocab_size),
+        "tokenizer": tokenizer_name,
+        "n_train_tokens": n_train,
+        "n_val_tokens": n_val,
+        "val_fraction": cfg.val_fraction,
+        "sha256": {"train.bin": files["train"]["sha256"], "val.bin": files["val"]["sha256"]},
+        "max_token_id": files["max_token_id"],
+        "source": source_desc,
+        "scalelab_version": __version__,
+        "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    write_json(out_dir / "meta.json", meta)
+    return meta
+
+
+def _copy_tokenized(cfg: DatasetConfig, out_dir: Path, chunk_bytes: int):
+    """A nanoGPT-style .bin (or a folder with train.bin/val.bin), used as it is."""
+    src = Path(cfg.path)
+    dtype = np.dtype(cfg.tokenized_dtype)
+    if src.is_dir():
+        pairs = {split: src / f"{split}.bin" for split in ("train", "val")}
+        missing = [str(p) for p in pairs.values() if not p.is_file()]
+        if missing:
+            raise DataError(f"tokenized folder {src} lacks {', '.join(missing)}")
+    else:
+        pairs = {"all": src}
+    arrays = {}
+    for split, path in pairs.items():
+        size = path.stat().st_size
+        if size == 0:
+            raise DataError(f"tokenized file {path} is empty")
+        if size % dtype.itemsize:
+            raise DataError(
+                f"tokenized file {path} has {size} bytes, not a multiple of {dtype.itemsize} "
+                f"(dataset.tokenized_dtype={dtype.name}); wrong dtype or a truncated file"
+            )
+        arrays[split] = np.memmap(path, dtype=dtype, mode="r")
+    step = max(1, chunk_bytes // dtype.itemsize)
+
+    def chunks(arr):
+        for start in range(0, arr.size, step):
+            yield np.asarray(arr[start:start + step])
+
+    if "all" in arrays:
+        files = write_split(chunks(arrays["all"]), out_dir, dtype, cfg.val_fraction)
+    else:  # train/val given: copy each as it is
+        files, max_id = {}, -1
+        for split, arr in arrays.items():
+            writer = MemmapTokenWriter(out_dir / f"{split}.bin", dtype)
+            try:
+                for c in chunks(arr):
+                    max_id = max(max_id, int(c.max()))
+                    writer.append(c)
+                files[split] = writer.commit()
+            except BaseException:
+                writer.abort()
+                raise
+        files["max_token_id"] = max_id
+    vocab_size = cfg.vocab_size or files["max_token_id"] + 1
+    if files["max_token_id"] >= vocab_size:
+        raise DataError(
+            f"tokenized file {src} holds token id {files['max_token_id']} >= dataset.vocab_size={vocab_size}"
+        )
+    return files, vocab_size, dtype, "pretokenized"
+
+
+def read_meta(data_dir: str | Path) -> dict:
+    return json.loads((Path(data_dir) / "meta.json").read_text())
+
+
+# ----------------------------------------------------------------------------- sampler
+
+
+@dataclass
+class BatchSampler:
+    """Random windows of seq_len+1 tokens over a token memmap.
+
+    The global batch of step ``s`` is a function of (seed, step) alone; rank ``r`` takes
+    rows ``[r*B, (r+1)*B)`` of it. So batches are deterministic given (seed, step, rank),
+    disjoint across ranks within a step (windows are drawn without replacement), and a
+    single process fed the whole global batch sees exactly what the ranks see together:
+    the basis of the parity tests.
+    """
+
+    path: str | Path
+    dtype: str
+    seq_len: int
+    seed: int
+
+    def __post_init__(self):
+        self.tokens = np.memmap(self.path, dtype=np.dtype(self.dtype), mode="r")
+        self.n_windows = self.tokens.size - self.seq_len  # valid starts of seq_len+1 windows
+        if self.n_windows < 1:
+            raise DataError(f"{self.path}: {self.tokens.size} tokens, fewer than seq_len + 1 = {self.seq_len + 1}")
+        # A zero-copy (n_windows, seq_len+1) view: indexing it with starts gathers whole
+        # windows at once, with no Python loop per sequence.
+        self._windows = np.lib.stride_tricks.sliding_window_view(self.tokens, self.seq_len + 1)
+
+    def global_starts(self, step: int, global_batch: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, step])
+        replace = global_batch > self.n_windows  # tiny corpora: repeats are unavoidable
+        return rng.choice(self.n_windows, size=global_batch, replace=replace)
+
+    def batch(self, step: int, rank: int, batch_size: int, world_size: int = 1) -> np.ndarray:
+        """(batch_size, seq_len+1) int64 tokens for this rank at this step."""
+        starts = self.global_starts(step, batch_size * world_size)[rank * batch_size:(rank + 1) * batch_size]
+        return self._windows[starts].astype(np.int64)
