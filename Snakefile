@@ -13,8 +13,10 @@ validate(config, "workflow/schemas/config.schema.yaml")
 
 include: "rules/common.smk"
 include: "rules/data.smk"
+include: "rules/train.smk"
 
 
 rule all:
     input:
         DATA_DIR / "meta.json",
+        [run_dir / "summary.json" for run_dir in RUN_DIRS],

@@ -1,0 +1,155 @@
+"""Napkin math made exact: parameters, FLOPs, MFU, memory per rank, communication.
+
+One source of truth: training runs take their *predicted* columns from here.
+
+Memory conventions (bytes per parameter, Psi = parameter count, N = world size):
+
+* ``paper`` - the ZeRO paper (Rajbhandari et al. 2020), mixed-precision Adam:
+  2 Psi fp16 parameters + 2 Psi fp16 gradients + K Psi optimizer state, K = 12
+  (fp32 master weights, momentum, variance). For fp32 training: 4 + 4 + 8.
+  stage 0: (2+2+K) Psi; 1: (2+2) Psi + K Psi/N; 2: 2 Psi + (2+K) Psi/N; 3: (2+2+K) Psi/N.
+* ``pytorch`` - what this project's strategies really hold *at rest* (after the
+  optimizer step). Autocast keeps fp32 parameters and fp32 gradients in every precision,
+  and AdamW keeps two fp32 moments: 4 + 4 + 8 = 16 bytes per parameter.
+  stage 0 (DDP): 16 Psi; 1 (DDP + ZeroRedundancyOptimizer): 8 Psi + 8 Psi/N;
+  2 and 3 (FSDP2): 16 Psi/N. FSDP2's stage 2 reshards parameters after backward, so at
+  rest it holds what stage 3 holds; the stages differ within a step (stage 2 keeps the
+  unsharded parameters from forward to backward).
+
+Communication per step in the ZeRO paper's unit (elements handed to collectives: an
+all-reduce of Psi counts 2 Psi, a reduce-scatter or all-gather of Psi counts Psi, a
+broadcast of Psi counts Psi). On a ring each rank sends (N-1)/N of that.
+stage 0: 2 Psi; 1: 2 Psi (paper) / 3 Psi (PyTorch's ZeroRedundancyOptimizer all-reduces
+gradients and broadcasts updated parameter shards); 2: 2 Psi; 3: 3 Psi. With k
+micro-batches of gradient accumulation FSDP2 all-gathers parameters for every
+micro-batch: stage 2: (k + 1) Psi, stage 3: (2k + 1) Psi.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import ModelConfig
+
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
+
+
+def param_count(cfg: ModelConfig) -> int:
+    """Exact parameter count of scalelab.model.GPT (tied weights counted once)."""
+    d, V, T, L = cfg.d_model, cfg.vocab_size, cfg.seq_len, cfg.n_layers
+    per_block = (
+        2 * d  # ln1
+        + 3 * d * d + 3 * d  # qkv
+        + d * d + d  # attn proj
+        + 2 * d  # ln2
+        + 4 * d * d + 4 * d  # mlp fc
+        + 4 * d * d + d  # mlp proj
+    )
+    head = 0 if cfg.tie_embeddings else V * d
+    return V * d + T * d + L * per_block + 2 * d + head
+
+
+def matmul_params(cfg: ModelConfig) -> int:
+    """Weights that take part in matrix products per token (embedding lookups excluded,
+    the output head included whether tied or not)."""
+    return cfg.n_layers * 12 * cfg.d_model ** 2 + cfg.vocab_size * cfg.d_model
+
+
+def flops_per_token(cfg: ModelConfig, causal_halved: bool = False) -> float:
+    """Training FLOPs per token: 6 N (forward 2N + backward 4N over matmul weights) plus
+    the attention term 12 L d T (QK^T and AV, forward and backward; PaLM appendix B).
+
+    PaLM and nanoGPT count the attention term in full; causal masking makes half of it
+    useless work, so ``causal_halved=True`` gives the stricter 6 L d T. scalelab's MFU
+    uses the full count (the convention most published MFU figures use).
+    """
+    attention = 12 * cfg.n_layers * cfg.d_model * cfg.seq_len
+    return 6 * matmul_params(cfg) + (attention / 2 if causal_halved else attention)
+
+
+def training_flops(cfg: ModelConfig, tokens: float) -> float:
+    return flops_per_token(cfg) * tokens
+
+
+def mfu(tokens_per_s: float, flops_per_tok: float, peak_flops_per_device: float, n_devices: int) -> float:
+    """Model FLOPs utilisation: achieved model FLOP/s over the devices' summed dense peak."""
+    if peak_flops_per_device <= 0 or n_devices < 1:
+        raise ValueError("peak FLOP/s and device count must be positive")
+    return tokens_per_s * flops_per_tok / (peak_flops_per_device * n_devices)
+
+
+@dataclass(frozen=True)
+class ModelStateBytes:
+    """Bytes per rank of model state, split by kind."""
+
+    params: float
+    grads: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+
+def model_state_bytes(n_params: int, zero_stage: int, world_size: int, precision: str,
+                      convention: str = "pytorch") -> ModelStateBytes:
+    """Model-state bytes per rank (the largest rank of an even split) at rest."""
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0-3, got {zero_stage}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    psi, n = float(n_params), world_size
+    if convention == "pytorch":
+        p, g, o = 4 * psi, 4 * psi, 8 * psi  # fp32 params, fp32 grads, AdamW m and v
+        shard = {0: (1, 1, 1), 1: (1, 1, n), 2: (n, n, n), 3: (n, n, n)}[zero_stage]
+    elif convention == "paper":
+        if precision == "fp32":
+            p, g, o = 4 * psi, 4 * psi, 8 * psi
+        else:  # fp16/bf16 params and grads, K = 12 (fp32 master + m + v)
+            p, g, o = 2 * psi, 2 * psi, 12 * psi
+        shard = {0: (1, 1, 1), 1: (1, 1, n), 2: (1, n, n), 3: (n, n, n)}[zero_stage]
+    else:
+        raise ValueError(f"unknown convention {convention!r}: 'pytorch' or 'paper'")
+    return ModelStateBytes(p / shard[0], g / shard[1], o / shard[2])
+
+
+def comm_elements_per_step(n_params: int, zero_stage: int, world_size: int,
+                           accumulation_steps: int = 1, convention: str = "pytorch") -> float:
+    """Elements handed to collectives per optimizer step (ZeRO paper's unit, see module doc)."""
+    psi, k = float(n_params), accumulation_steps
+    if convention == "paper":
+        return {0: 2, 1: 2, 2: 2, 3: 3}[zero_stage] * psi
+    return {0: 2 * psi, 1: 3 * psi, 2: (k + 1) * psi, 3: (2 * k + 1) * psi}[zero_stage]
+
+
+def reduce_dtype_bytes(precision: str) -> int:
+    """Gradients and parameters travel in fp32: autocast keeps both in fp32."""
+    return 4
+
+
+def activation_bytes_per_layer(seq_len: int, micro_batch: int, d_model: int, n_heads: int,
+                               recompute: str = "none", bytes_per_value: int = 2) -> float:
+    """Activation memory of one transformer layer (Korthikanti et al. 2022, eq. 1 without
+    tensor/sequence parallelism): s b h (34 + 5 a s / h) bytes for 16-bit activations.
+
+    ``recompute='selective'`` drops the attention-score term (s b h 34);
+    ``recompute='full'`` keeps only the layer input (2 s b h). The paper's constants assume
+    2-byte activations; other widths scale them by bytes_per_value / 2.
+    """
+    s, b, h, a = seq_len, micro_batch, d_model, n_heads
+    scale = bytes_per_value / 2
+    if recompute == "none":
+        return s * b * h * (34 + 5 * a * s / h) * scale
+    if recompute == "selective":
+        return s * b * h * 34 * scale
+    if recompute == "full":
+        return 2 * s * b * h * scale
+    raise ValueError(f"recompute must be none, selective or full, got {recompute!r}")
+
+
+# Dense datasheet peaks, FLOP/s per GPU (no 2:4 sparsity). SXM parts. tf32 is fp32
+# inputs on tensor cores; fp32 is the plain CUDA-core rate.
+GPU_PEAK_FLOPS = {
+    "A100": {"fp32": 19.5e12, "tf32": 156e12, "fp16": 312e12, "bf16": 312e12},
+    "H100": {"fp32": 66.9e12, "tf32": 494.5e12, "fp16": 989.5e12, "bf16": 989.5e12},
+    "H200": {"fp32": 66.9e12, "tf32": 494.5e12, "fp16": 989.5e12, "bf16": 989.5e12},
+}

@@ -1,0 +1,205 @@
+"""Launch one training run (one sweep point) and always leave a result behind.
+
+Runs ``torchrun`` as a child process with a wall-clock limit, then writes the run's
+``summary.json`` and ``steps.parquet`` atomically whatever happened: status ``ok``,
+``oom``, ``timeout``, ``failed`` or ``skipped``, with the reason. The process exits 0 in
+every one of those cases, because Snakemake deletes the outputs of failed jobs and a sweep
+must keep its failures as results. Only a kill of the launcher itself leaves no summary
+(so ``snakemake --rerun-incomplete`` redoes the run).
+"""
+from __future__ import annotations
+
+import ctypes
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .config import RunPoint, config_hash, micro_batch_plan, model_config, train_config
+from .data import read_meta
+from .io import read_json, write_json
+from .metrics import steps_table, write_parquet
+
+STATUSES = ("ok", "oom", "timeout", "failed", "skipped", "predicted_oom")
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if the launcher dies, so torchrun never outlives it."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def git_provenance(cwd: Path) -> dict:
+    def git(*args):
+        try:
+            out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
+            return out.stdout.strip() if out.returncode == 0 else None
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+
+    commit = git("rev-parse", "HEAD")
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return {"git_commit": commit, "git_dirty": bool(dirty) if commit else None}
+
+
+def resolve_device(requested: str) -> tuple[str, str | None]:
+    """('cpu'|'cuda', reason to skip or None)."""
+    import torch
+
+    if requested == "cpu":
+        return "cpu", None
+    if torch.cuda.is_available():
+        return "cuda", None
+    if requested == "cuda":
+        return "cuda", "train.device=cuda but no CUDA device is visible"
+    return "cpu", None
+
+
+def skip_reason(device: str, point: RunPoint) -> str | None:
+    import torch
+
+    from .precision import unsupported_reason
+
+    if device == "cuda":
+        n_gpus = torch.cuda.device_count()
+        if point.world_size > n_gpus:
+            return f"world_size={point.world_size} needs {point.world_size} GPUs, this node has {n_gpus}"
+    return unsupported_reason(point.precision, torch.device(device))
+
+
+def classify_failure(errors: list[dict], log_tail: str) -> tuple[str, str]:
+    """(status, reason) from the ranks' error reports and the log."""
+    for err in errors:
+        if err["type"] == "OutOfMemoryError" or "out of memory" in err["message"].lower():
+            return "oom", f"rank {err['rank']}: {err['type']}: {err['message'][:500]}"
+    for err in errors:
+        text = f"{err['type']} {err['message']}".lower()
+        if "timeout" in text or "timed out" in text:
+            return "timeout", f"rank {err['rank']}: collective timed out: {err['message'][:500]}"
+    if errors:
+        first = min(errors, key=lambda e: e["rank"])
+        return "failed", f"rank {first['rank']}: {first['type']}: {first['message'][:1000]}"
+    return "failed", "a rank exited abnormally; log tail: " + log_tail[-1000:]
+
+
+def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str | Path,
+               log_path: str | Path, threads: int = 1, repo_dir: str | Path = ".",
+               save_final_params: bool = False) -> dict:
+    """Run one sweep point; write summary.json and steps.parquet into run_dir; return the summary."""
+    started = time.time()
+    run_dir, log_path = Path(run_dir), Path(log_path)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in [*run_dir.glob("rank*.error.json"), run_dir / "worker_result.json", run_dir / "progress.jsonl"]:
+        stale.unlink(missing_ok=True)  # leftovers of a killed attempt
+
+    meta = read_meta(data_dir)
+    model = model_config(config, vocab_size=meta["vocab_size"])
+    train = train_config(config)
+    micro, accum = micro_batch_plan(train, point.world_size)
+    identity = {"run_id": point.run_id, "precision": point.precision,
+                "zero_stage": point.zero_stage, "world_size": point.world_size}
+    device, reason = resolve_device(train.device)
+    if reason is None:
+        reason = skip_reason(device, point)
+    threads_per_rank = max(1, threads // point.world_size)
+    summary = {
+        **identity,
+        "dataset": meta["dataset"], "dataset_sha256_train": meta["sha256"]["train.bin"],
+        "n_layers": model.n_layers, "d_model": model.d_model, "n_heads": model.n_heads,
+        "seq_len": model.seq_len, "vocab_size": model.vocab_size, "tie_embeddings": model.tie_embeddings,
+        "steps": train.steps, "warmup_steps": train.warmup_steps, "global_batch": train.global_batch,
+        "micro_batch": micro, "accumulation_steps": accum, "seed": train.seed,
+        "config_hash": config_hash(config), "requested_device": train.device, "device_type": device,
+        "threads": threads, "started_utc": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(timespec="seconds"),
+        **git_provenance(Path(repo_dir)),
+    }
+
+    records: list[dict] = []
+    if reason is not None:
+        status = "skipped"
+    else:
+        spec = {
+            "run_dir": str(run_dir.resolve()), "device": device, "precision": point.precision,
+            "zero_stage": point.zero_stage, "train_bin": str((Path(data_dir) / "train.bin").resolve()),
+            "token_dtype": meta["dtype"], "model": model.__dict__, "train": train.__dict__,
+            "threads_per_rank": threads_per_rank, "save_final_params": save_final_params,
+        }
+        spec_path = run_dir / "spec.json"
+        write_json(spec_path, spec)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={point.world_size}", "-m", "scalelab.train", "--spec", str(spec_path)]
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_rank), "PYTHONUNBUFFERED": "1"}
+        status, reason = _run_torchrun(cmd, env, log_path, train.run_timeout_s, run_dir)
+        if (run_dir / "progress.jsonl").exists():
+            records = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines() if line.strip()]
+        if status == "ok":
+            summary.update(read_json(run_dir / "worker_result.json"))
+            summary["startup_s"] = summary.pop("first_step_unix") - started
+        summary["completed_steps"] = len(records)
+        if records:
+            summary["final_loss"] = records[-1]["loss"]
+        spec_path.unlink(missing_ok=True)
+
+    summary.update(status=status, reason=reason, wall_time_s=time.time() - started)
+    write_parquet(steps_table(identity, records), run_dir / "steps.parquet")
+    write_json(run_dir / "summary.json", summary)  # last: its presence means the run is complete
+    for scratch in [run_dir / "worker_result.json", run_dir / "progress.jsonl", *run_dir.glob("rank*.error.json")]:
+        if status == "ok" or scratch.name == "worker_result.json":
+            scratch.unlink(missing_ok=True)
+    return summary
+
+
+def _run_torchrun(cmd, env, log_path: Path, timeout_s: float, run_dir: Path) -> tuple[str, str | None]:
+    with open(log_path, "ab") as log:
+        log.write(f"$ {' '.join(cmd)}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=_die_with_parent)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            return "timeout", f"run exceeded train.run_timeout_s={timeout_s:g} s and was stopped"
+        finally:
+            _kill_group(proc)  # no orphan ranks, whatever happened
+    if rc == 0 and (run_dir / "worker_result.json").exists():
+        return "ok", None
+    errors = [read_json(p) for p in sorted(run_dir.glob("rank*.error.json"))]
+    tail = log_path.read_text(errors="replace")[-4000:]
+    status, reason = classify_failure(errors, tail)
+    return status, f"{reason} (torchrun exit code {rc})"
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the run's process group, then SIGKILL what is left after a grace period."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        if proc.poll() is None:
+            time.sleep(0.1)
+        else:
+            time.sleep(0.1)
+            try:  # the leader is gone; any member left?
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()

@@ -1,0 +1,46 @@
+"""A bare single-process training loop: the parity reference and the overhead baseline.
+
+Same model, initialisation, parameter groups, AdamW, LR schedule, clipping and batches as
+scalelab.train, with none of the measurement (no per-step loss sync, no records, no
+collective counting, no distributed wrapper).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .config import ModelConfig, TrainConfig
+from .data import BatchSampler
+from .model import GPT
+from .parallel import param_groups
+from .precision import autocast
+from .train import lr_at
+
+
+def bare_loop(model_cfg: ModelConfig, train_cfg: TrainConfig, train_bin: str, token_dtype: str,
+              precision: str = "fp32", record_losses: bool = True):
+    """Train on the global batch in one process. Returns (losses, step_times_s, final state dict)."""
+    device = torch.device("cpu")
+    torch.manual_seed(train_cfg.seed)
+    model = GPT(model_cfg)
+    opt = torch.optim.AdamW(param_groups(model, train_cfg.weight_decay), lr=train_cfg.lr,
+                            betas=(0.9, 0.95), eps=1e-8)
+    sampler = BatchSampler(train_bin, token_dtype, model_cfg.seq_len, train_cfg.seed)
+    max_norm = train_cfg.grad_clip if train_cfg.grad_clip > 0 else float("inf")
+    losses, times = [], []
+    for step in range(train_cfg.steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, train_cfg)
+        start = time.perf_counter()
+        tokens = torch.from_numpy(sampler.batch(step, 0, train_cfg.global_batch, 1))
+        with autocast(precision, device):
+            _, loss = model(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - start)
+        if record_losses:
+            losses.append(loss.item())
+    return losses, times, {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -1,0 +1,166 @@
+"""Tokenizers, the memmap writer, the sampler, and bad corpora."""
+import hashlib
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from scalelab.config import dataset_config
+from scalelab.data import (BatchSampler, BPETokenizer, ByteTokenizer, DataError, MemmapTokenWriter,
+                           prepare_dataset, synthetic_text_chunks)
+
+
+def _cfg(**dataset):
+    return dataset_config(tiny_config(dataset=dataset))
+
+
+def test_byte_tokenizer_is_lossless():
+    data = "héllo, wörld\n".encode()
+    assert bytes(ByteTokenizer().encode_bytes(data).astype(np.uint8)) == data
+
+
+def test_bpe_round_trip_and_vocab_size():
+    text = b"".join(synthetic_text_chunks(100_000, seed=3)).decode()
+    tok = BPETokenizer.train([text], vocab_size=400)
+    assert tok.vocab_size == 400
+    ids = tok.encode(text[:2000])
+    assert tok.decode(ids) == text[:2000]
+    assert len(ids) < 2000 / 1.5, "BPE should compress the text"
+
+
+def test_synthetic_corpus_is_deterministic_and_structured():
+    a = b"".join(synthetic_text_chunks(50_000, seed=7))
+    assert a == b"".join(synthetic_text_chunks(50_000, seed=7))
+    assert a != b"".join(synthetic_text_chunks(50_000, seed=8))
+    counts = np.bincount(np.frombuffer(a, np.uint8), minlength=256)
+    assert (counts > 0).sum() < 40, "a small alphabet, not uniform bytes"
+
+
+def test_writer_round_trip_and_hash(tmp_path):
+    rng = np.random.default_rng(0)
+    chunks = [rng.integers(0, 60_000, size=n).astype(np.uint16) for n in (10, 1000, 0, 77)]
+    writer = MemmapTokenWriter(tmp_path / "x.bin", np.uint16)
+    for c in chunks:
+        writer.append(c)
+    info = writer.commit()
+    expected = np.concatenate(chunks)
+    got = np.memmap(tmp_path / "x.bin", dtype=np.uint16, mode="r")
+    assert np.array_equal(got, expected)
+    assert info["sha256"] == hashlib.sha256(expected.tobytes()).hexdigest()
+    assert not list(tmp_path.glob(".*tmp")), "temporary file left behind"
+
+
+def test_prepare_text_folder_byte_and_meta(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "b.txt").write_bytes(b"second file " * 300)
+    (corpus / "a.txt").write_bytes(b"first file " * 300)
+    meta = prepare_dataset(_cfg(source="text", path=str(corpus)), tmp_path / "out", seq_len=16, chunk_bytes=1000)
+    train = np.memmap(tmp_path / "out" / "train.bin", dtype=meta["dtype"], mode="r")
+    val = np.memmap(tmp_path / "out" / "val.bin", dtype=meta["dtype"], mode="r")
+    assert meta["dtype"] == "uint16" and meta["vocab_size"] == 256 and meta["tokenizer"] == "byte"
+    assert train.size + val.size == 6600 == meta["n_train_tokens"] + meta["n_val_tokens"]
+    assert bytes(train[:11].astype(np.uint8)) == b"first file ", "files are read in sorted order"
+    on_disk = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert on_disk["sha256"]["train.bin"] == hashlib.sha256((tmp_path / "out" / "train.bin").read_bytes()).hexdigest()
+
+
+def test_prepare_bpe(tmp_path):
+    meta = prepare_dataset(_cfg(tokenizer="bpe", bpe_vocab_size=300, synthetic_bytes=50_000), tmp_path, seq_len=16)
+    assert meta["tokenizer"] == "bpe" and meta["vocab_size"] == 300
+    assert meta["max_token_id"] < 300
+    assert (tmp_path / "tokenizer.json").exists()
+
+
+def test_uint32_when_vocab_exceeds_uint16(tmp_path):
+    src = tmp_path / "big.bin"
+    np.arange(70_000, dtype=np.uint32).tofile(src)
+    meta = prepare_dataset(_cfg(source="tokenized", path=str(src), tokenized_dtype="uint32"), tmp_path / "o", seq_len=16)
+    assert meta["dtype"] == "uint32" and meta["vocab_size"] == 70_000
+
+
+def test_tokenized_folder_used_as_it_is(tmp_path):
+    src = tmp_path / "nanogpt"
+    src.mkdir()
+    train = np.random.default_rng(1).integers(0, 50257, 5000).astype(np.uint16)
+    val = np.random.default_rng(2).integers(0, 50257, 600).astype(np.uint16)
+    train.tofile(src / "train.bin")
+    val.tofile(src / "val.bin")
+    meta = prepare_dataset(_cfg(source="tokenized", path=str(src), vocab_size=50257), tmp_path / "o", seq_len=16)
+    assert np.array_equal(np.fromfile(tmp_path / "o" / "train.bin", np.uint16), train)
+    assert np.array_equal(np.fromfile(tmp_path / "o" / "val.bin", np.uint16), val)
+    assert meta["vocab_size"] == 50257
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "is empty"),
+    (b"too short", "shorter than one sequence"),
+])
+def test_bad_text_corpus_names_the_file(tmp_path, content, message):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(content)
+    with pytest.raises(DataError, match=message) as err:
+        prepare_dataset(_cfg(source="text", path=str(corpus)), tmp_path / "o", seq_len=64)
+    assert str(corpus) in str(err.value)
+    assert not (tmp_path / "o" / "meta.json").exists()
+
+
+def test_undecodable_bytes_strict_fails_with_offset_and_replace_works(tmp_path):
+    corpus = tmp_path / "latin1.txt"
+    corpus.write_bytes(b"abc " * 100 + b"caf\xe9 " + b"xyz " * 100)
+    with pytest.raises(DataError, match=r"latin1.txt: byte 403 is not valid UTF-8"):
+        prepare_dataset(_cfg(source="text", path=str(corpus), tokenizer="bpe", bpe_vocab_size=300), tmp_path / "o", seq_len=8)
+    meta = prepare_dataset(_cfg(source="text", path=str(corpus), tokenizer="bpe", bpe_vocab_size=300,
+                                decode_errors="replace"), tmp_path / "o", seq_len=8)
+    assert meta["n_train_tokens"] > 0
+
+
+def test_bin_size_not_multiple_of_dtype(tmp_path):
+    src = tmp_path / "odd.bin"
+    src.write_bytes(b"\x01\x00" * 100 + b"\x01")
+    with pytest.raises(DataError, match=r"odd.bin has 201 bytes, not a multiple of 2"):
+        prepare_dataset(_cfg(source="tokenized", path=str(src)), tmp_path / "o", seq_len=8)
+
+
+def test_sampler_deterministic_disjoint_and_global(tiny_data):
+    meta = json.loads((tiny_data / "meta.json").read_text())
+    s = BatchSampler(tiny_data / "train.bin", meta["dtype"], seq_len=32, seed=5)
+    a = s.batch(step=3, rank=1, batch_size=4, world_size=4)
+    assert a.shape == (4, 33) and a.dtype == np.int64
+    assert np.array_equal(a, BatchSampler(tiny_data / "train.bin", meta["dtype"], 32, 5).batch(3, 1, 4, 4))
+    assert not np.array_equal(a, s.batch(step=4, rank=1, batch_size=4, world_size=4))
+    starts = s.global_starts(3, 16)
+    assert len(set(starts.tolist())) == 16, "windows of one step are distinct, so ranks are disjoint"
+    per_rank = np.concatenate([s.batch(3, r, 4, 4) for r in range(4)])
+    assert np.array_equal(per_rank, s.batch(3, 0, 16, 1)), "ranks together see exactly the global batch"
+    tokens = np.memmap(tiny_data / "train.bin", dtype=meta["dtype"], mode="r")
+    assert np.array_equal(a[0], tokens[starts[4]:starts[4] + 33]), "a row is a contiguous window"
+
+
+MEMORY_PROBE = r"""
+import resource, sys
+import numpy as np
+from scalelab.config import DatasetConfig
+from scalelab.data import prepare_dataset
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+cfg = DatasetConfig(name="m", source="text", path=sys.argv[1], tokenizer="byte", bpe_vocab_size=300,
+                    decode_errors="strict", tokenized_dtype="uint16", vocab_size=None, val_fraction=0.1,
+                    synthetic_bytes=1000, seed=0)
+prepare_dataset(cfg, sys.argv[2], seq_len=64, chunk_bytes=1 << 20)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)
+"""
+
+
+def test_writer_memory_is_bounded_by_chunk_not_corpus(tmp_path):
+    corpus = tmp_path / "big.txt"
+    with open(corpus, "wb") as f:  # 48 MiB of text, 48x the 1 MiB chunk
+        for chunk in synthetic_text_chunks(48 << 20, seed=1, chunk_bytes=1 << 20):
+            f.write(chunk)
+    out = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(corpus), str(tmp_path / "o")],
+                         capture_output=True, text=True, check=True)
+    growth = int(out.stdout.strip().splitlines()[-1])
+    # A whole-corpus approach would need > 48 MiB (text) + 96 MiB (uint16 tokens).
+    assert growth < 32 << 20, f"peak RSS grew by {growth / 2**20:.1f} MiB"

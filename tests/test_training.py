@@ -1,0 +1,131 @@
+"""Training runs with real torchrun/gloo processes: parity, memory, fp16 skips, statuses."""
+import json
+import os
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from conftest import tiny_config
+from scalelab.config import RunPoint, model_config, train_config
+from scalelab.launch import launch_run
+from scalelab.reference import bare_loop
+
+pytestmark = pytest.mark.multirank
+
+PARITY_STEPS = 10
+
+
+def _run(tmp_path, tiny_data, point, cfg=None, fault=None, **kwargs):
+    cfg = cfg or tiny_config(train={"steps": PARITY_STEPS, "warmup_steps": 2})
+    run_dir = tmp_path / point.path
+    old = os.environ.pop("SCALELAB_FAULT", None)
+    if fault:
+        os.environ["SCALELAB_FAULT"] = fault
+    try:
+        summary = launch_run(cfg, point, tiny_data, run_dir, tmp_path / f"{point.run_id}.log", threads=2, **kwargs)
+    finally:
+        os.environ.pop("SCALELAB_FAULT", None)
+        if old is not None:
+            os.environ["SCALELAB_FAULT"] = old
+    assert json.loads((run_dir / "summary.json").read_text()) == json.loads(json.dumps(summary, default=str))
+    steps = pq.read_table(run_dir / "steps.parquet").to_pandas()
+    return summary, steps, run_dir
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_data):
+    cfg = tiny_config(train={"steps": PARITY_STEPS, "warmup_steps": 2})
+    meta = json.loads((tiny_data / "meta.json").read_text())
+    losses, _, state = bare_loop(model_config(cfg, meta["vocab_size"]), train_config(cfg),
+                                 str(tiny_data / "train.bin"), meta["dtype"])
+    return losses, state
+
+
+@pytest.fixture(scope="module")
+def fp32_runs(tmp_path_factory, tiny_data):
+    """fp32, stages 0-3 x world sizes 1, 2, 4: the runs the parity and memory tests read."""
+    tmp = tmp_path_factory.mktemp("fp32runs")
+    return {(z, w): _run(tmp, tiny_data, RunPoint("fp32", z, w), save_final_params=True)
+            for z in (0, 1, 2, 3) for w in (1, 2, 4)}
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_fp32_parity_with_single_process_reference(fp32_runs, reference, stage, world_size):
+    summary, steps, run_dir = fp32_runs[(stage, world_size)]
+    assert summary["status"] == "ok", summary["reason"]
+    ref_losses, ref_state = reference
+    assert list(steps["step"]) == list(range(PARITY_STEPS))
+    np.testing.assert_allclose(steps["loss"].to_numpy(), ref_losses, rtol=1e-5, atol=0)
+    final = torch.load(run_dir / "final_params.pt")
+    assert final.keys() == ref_state.keys()
+    for name, ref in ref_state.items():
+        torch.testing.assert_close(final[name], ref, atol=1e-4, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_model_state_bytes_match_prediction(fp32_runs, stage, world_size):
+    summary = fp32_runs[(stage, world_size)][0]
+    measured, predicted = summary["model_state_bytes_measured"], summary["model_state_bytes_predicted"]
+    assert abs(measured - predicted) / predicted < 0.05, (measured, predicted)
+    for kind in ("params", "grads", "optimizer"):
+        m, p = summary[f"model_state_{kind}_bytes_measured"], summary[f"model_state_{kind}_bytes_predicted"]
+        assert abs(m - p) / p < 0.05, (kind, m, p)
+    if world_size > 1 and stage > 0:
+        assert measured < 0.75 * summary["n_params"] * 16, "sharding must save memory"
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_comm_bytes_match_prediction(fp32_runs, stage):
+    summary = fp32_runs[(stage, 2)][0]
+    predicted = summary["comm_bytes_per_step_predicted"]
+    assert abs(summary["comm_bytes_per_step_measured"] - predicted) / predicted < 0.01
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_fp16_inf_on_one_rank_makes_every_rank_skip(tmp_path, tiny_data, stage):
+    summary, steps, _ = _run(tmp_path, tiny_data, RunPoint("fp16", stage, 2), fault="inf_grad@step=4,rank=1")
+    assert summary["status"] == "ok", summary["reason"]
+    scale = steps.set_index("step")["loss_scale"]
+    skipped = steps.set_index("step")["skipped"]
+    # Rank 0 (which recorded these) holds finite gradients: it skipped because rank 1 saw inf.
+    assert skipped[4] and scale[5] == scale[4] / 2
+    assert not skipped.drop(4).any()
+    assert summary["skipped_steps"] == 1
+    assert np.isfinite(steps["loss"]).all()
+
+
+def test_same_seed_gives_bitwise_equal_fp32_losses(tmp_path, tiny_data):
+    point = RunPoint("fp32", 2, 2)
+    _, a, _ = _run(tmp_path / "a", tiny_data, point)
+    _, b, _ = _run(tmp_path / "b", tiny_data, point)
+    assert a["loss"].tolist() == b["loss"].tolist()
+    cfg = tiny_config(train={"steps": PARITY_STEPS, "warmup_steps": 2, "seed": 1})
+    _, c, _ = _run(tmp_path / "c", tiny_data, point, cfg=cfg)
+    assert c["loss"].tolist() != a["loss"].tolist()
+
+
+def test_crash_on_one_rank_is_a_failed_result(tmp_path, tiny_data):
+    summary, steps, run_dir = _run(tmp_path, tiny_data, RunPoint("fp32", 0, 2), fault="crash@step=3,rank=1")
+    assert summary["status"] == "failed"
+    assert "rank 1" in summary["reason"] and "injected crash at step 3" in summary["reason"]
+    assert len(steps) == 3, "the steps before the crash are kept"
+
+
+def test_hang_ends_as_timeout(tmp_path, tiny_data):
+    cfg = tiny_config(train={"steps": 10, "warmup_steps": 2, "collective_timeout_s": 5, "run_timeout_s": 60})
+    summary, _, _ = _run(tmp_path, tiny_data, RunPoint("fp32", 3, 2), cfg=cfg, fault="hang@step=2,rank=1")
+    assert summary["status"] == "timeout", summary["reason"]
+    assert summary["wall_time_s"] < 60 + 60
+
+
+def test_cuda_requested_without_gpu_is_skipped(tmp_path, tiny_data):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    cfg = tiny_config(train={"device": "cuda"})
+    summary, steps, _ = _run(tmp_path, tiny_data, RunPoint("bf16", 0, 2), cfg=cfg)
+    assert summary["status"] == "skipped" and "no CUDA device" in summary["reason"]
+    assert len(steps) == 0

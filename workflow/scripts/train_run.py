@@ -1,0 +1,15 @@
+"""Snakemake adapter: one training run (scalelab.launch.launch_run). Exits 0 whatever the
+run's status; the status and reason are in summary.json."""
+from pathlib import Path
+
+from scalelab.launch import launch_run
+
+launch_run(
+    snakemake.config,
+    snakemake.params.point,
+    data_dir=Path(snakemake.input.meta).parent,
+    run_dir=Path(snakemake.output.summary).parent,
+    log_path=snakemake.log[0],
+    threads=snakemake.threads,
+    repo_dir=snakemake.scriptdir,
+)
