@@ -62,7 +62,7 @@ def test_prepare_text_folder_byte_and_meta(tmp_path):
     train = np.memmap(tmp_path / "out" / "train.bin", dtype=meta["dtype"], mode="r")
     val = np.memmap(tmp_path / "out" / "val.bin", dtype=meta["dtype"], mode="r")
     assert meta["dtype"] == "uint16" and meta["vocab_size"] == 256 and meta["tokenizer"] == "byte"
-    assert train.size + val.size == 6600 == meta["n_train_tokens"] + meta["n_val_tokens"]
+    assert train.size + val.size == 6900 == meta["n_train_tokens"] + meta["n_val_tokens"]
     assert bytes(train[:11].astype(np.uint8)) == b"first file ", "files are read in sorted order"
     on_disk = json.loads((tmp_path / "out" / "meta.json").read_text())
     assert on_disk["sha256"]["train.bin"] == hashlib.sha256((tmp_path / "out" / "train.bin").read_bytes()).hexdigest()

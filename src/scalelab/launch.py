@@ -75,17 +75,19 @@ def skip_reason(device: str, point: RunPoint) -> str | None:
 
 
 def classify_failure(errors: list[dict], log_tail: str) -> tuple[str, str]:
-    """(status, reason) from the ranks' error reports and the log."""
-    for err in errors:
-        if err["type"] == "OutOfMemoryError" or "out of memory" in err["message"].lower():
-            return "oom", f"rank {err['rank']}: {err['type']}: {err['message'][:500]}"
-    for err in errors:
-        text = f"{err['type']} {err['message']}".lower()
-        if "timeout" in text or "timed out" in text:
-            return "timeout", f"rank {err['rank']}: collective timed out: {err['message'][:500]}"
+    """(status, reason) from the ranks' error reports and the log.
+
+    The earliest error is the root cause: once one rank fails, the others fail with
+    secondary errors (a peer closed the connection, a collective timed out)."""
     if errors:
-        first = min(errors, key=lambda e: e["rank"])
-        return "failed", f"rank {first['rank']}: {first['type']}: {first['message'][:1000]}"
+        first = min(errors, key=lambda e: e.get("time", 0))
+        where = f"rank {first['rank']}: {first['type']}: {first['message'][:1000]}"
+        text = f"{first['type']} {first['message']}".lower()
+        if first["type"] == "OutOfMemoryError" or "out of memory" in text:
+            return "oom", where
+        if "timeout" in text or "timed out" in text:
+            return "timeout", "collective timed out: " + where
+        return "failed", where
     return "failed", "a rank exited abnormally; log tail: " + log_tail[-1000:]
 
 

@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         train(spec)
     except BaseException as err:
         write_json(Path(spec["run_dir"]) / f"rank{rank}.error.json", {
-            "rank": rank, "type": type(err).__name__, "message": str(err)[:4000],
+            "rank": rank, "type": type(err).__name__, "message": str(err)[:4000], "time": time.time(),
             "traceback": traceback.format_exc()[-8000:],
         })
         raise
