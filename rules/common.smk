@@ -10,7 +10,7 @@ from scalelab.config import SWEEP_AXES, ConfigError, RunPoint, check_config, swe
 # Schema checks ran in the Snakefile; these are the cross-field rules. A bad value stops
 # the workflow here, before any job is scheduled, with the key and value named.
 try:
-    check_config(config, base_dir=workflow.basedir)
+    check_config(config, base_dir=Path.cwd())  # paths in config are relative to the working directory
 except ConfigError as err:
     raise WorkflowError(f"invalid config: {err}") from None
 

@@ -14,5 +14,7 @@ rule prepare_data:
     log:
         LOGS / "data" / f"{DATASET}.log",
     threads: 1
+    conda:
+        "../workflow/envs/scalelab.yaml"
     script:
         "../workflow/scripts/prepare_data.py"

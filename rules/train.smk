@@ -21,5 +21,7 @@ rule train:
     threads: lambda wildcards: int(wildcards.world_size)
     resources:
         runtime=lambda wildcards: max(1, int(config["train"]["run_timeout_s"] // 60) + 2),
+    conda:
+        "../workflow/envs/scalelab.yaml"
     script:
         "../workflow/scripts/train_run.py"

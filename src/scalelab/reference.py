@@ -19,13 +19,26 @@ from .train import lr_at
 
 
 def bare_loop(model_cfg: ModelConfig, train_cfg: TrainConfig, train_bin: str, token_dtype: str,
-              precision: str = "fp32", record_losses: bool = True):
-    """Train on the global batch in one process. Returns (losses, step_times_s, final state dict)."""
+              precision: str = "fp32", record_losses: bool = True, ddp: bool = False):
+    """Train on the global batch in one process. Returns (losses, step_times_s, final state dict).
+
+    ``ddp=True`` wraps the model in DistributedDataParallel over a one-process gloo group
+    (the strategy of stage 0 at world size 1), for measuring instrumentation alone.
+    """
     device = torch.device("cpu")
     torch.manual_seed(train_cfg.seed)
     model = GPT(model_cfg)
     opt = torch.optim.AdamW(param_groups(model, train_cfg.weight_decay), lr=train_cfg.lr,
                             betas=(0.9, 0.95), eps=1e-8)
+    if ddp:
+        import tempfile
+
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        with tempfile.NamedTemporaryFile() as store:
+            dist.init_process_group("gloo", init_method=f"file://{store.name}", rank=0, world_size=1)
+        model = DistributedDataParallel(model, gradient_as_bucket_view=True)
     sampler = BatchSampler(train_bin, token_dtype, model_cfg.seq_len, train_cfg.seed)
     max_norm = train_cfg.grad_clip if train_cfg.grad_clip > 0 else float("inf")
     losses, times = [], []
@@ -43,4 +56,7 @@ def bare_loop(model_cfg: ModelConfig, train_cfg: TrainConfig, train_bin: str, to
         times.append(time.perf_counter() - start)
         if record_losses:
             losses.append(loss.item())
+    if ddp:
+        torch.distributed.destroy_process_group()
+        model = model.module
     return losses, times, {k: v.detach().clone() for k, v in model.state_dict().items()}

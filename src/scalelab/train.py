@@ -147,6 +147,8 @@ def train(spec: dict) -> None:
         for group in par.optimizer.param_groups:
             group["lr"] = lr
         counter.enabled = step >= train_cfg.warmup_steps
+        if step == train_cfg.warmup_steps:
+            loop_start = time.perf_counter()  # whole-loop time, measurement included
         if first_step_at is None:
             first_step_at = time.time()
         if fault.due("hang", step, rank):
@@ -203,6 +205,7 @@ def train(spec: dict) -> None:
         if step < train_cfg.steps - 1:
             par.optimizer.zero_grad(set_to_none=True)
     counter.enabled = False
+    loop_time = time.perf_counter() - loop_start
 
     # Model state at rest: after the last optimizer step, gradients not yet freed.
     held = model_state_bytes(par)
@@ -242,6 +245,7 @@ def train(spec: dict) -> None:
         "tokens_per_s": tokens_per_s,
         "step_time_s_mean": total_time / len(step_times),
         "step_time_s_median": statistics.median(step_times),
+        "loop_time_s_per_step": loop_time / n_measured,
         "flops_per_token": fpt,
         "peak_flops_per_device": peak,
         "peak_flops_source": peak_source,

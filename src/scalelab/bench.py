@@ -1,0 +1,133 @@
+"""Benchmarks that print figures (not tests: these machines are noisy).
+
+    python -m scalelab.bench data      tokenize-and-write MB/s + peak RSS; sampler tokens/s
+    python -m scalelab.bench overhead  instrumented training loop vs a bare loop, side by side
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+_PREPARE_CHILD = r"""
+import json, resource, sys, time
+from scalelab.config import DatasetConfig
+from scalelab.data import prepare_dataset
+cfg = DatasetConfig(name="bench", source="text", path=sys.argv[1], tokenizer="byte", bpe_vocab_size=1024,
+                    decode_errors="strict", tokenized_dtype="uint16", vocab_size=None, val_fraction=0.1,
+                    synthetic_bytes=1000, seed=0)
+start = time.perf_counter()
+meta = prepare_dataset(cfg, sys.argv[2], seq_len=1024)
+print(json.dumps({"seconds": time.perf_counter() - start, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  "tokens": meta["n_train_tokens"] + meta["n_val_tokens"], "dtype": meta["dtype"]}))
+"""
+
+
+def bench_data(corpus_mb: int, batch: int, seq_len: int, seconds: float) -> dict:
+    from .data import BatchSampler, synthetic_text_chunks
+
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "corpus.txt"
+        block = b"".join(synthetic_text_chunks(16 << 20, seed=0))  # 16 MiB, repeated to size
+        with open(corpus, "wb") as f:
+            for _ in range(-(-corpus_mb // 16)):
+                f.write(block)
+        size = corpus.stat().st_size
+        out = subprocess.run([sys.executable, "-c", _PREPARE_CHILD, str(corpus), str(Path(tmp) / "out")],
+                             capture_output=True, text=True, check=True)
+        prep = json.loads(out.stdout.strip().splitlines()[-1])
+
+        sampler = BatchSampler(Path(tmp) / "out" / "train.bin", prep["dtype"], seq_len, seed=0)
+        sampler.batch(0, 0, batch)
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            sampler.batch(n, 0, batch)
+            n += 1
+        sampler_s = time.perf_counter() - start
+    return {
+        "corpus_mb": size / 2 ** 20,
+        "prepare_s": prep["seconds"],
+        "prepare_mb_per_s": size / 2 ** 20 / prep["seconds"],
+        "prepare_peak_rss_mb": prep["peak_rss_bytes"] / 2 ** 20,
+        "sampler_batch": f"{batch} x {seq_len + 1}",
+        "sampler_tokens_per_s": n * batch * (seq_len + 1) / sampler_s,
+        "sampler_batches": n,
+    }
+
+
+def bench_overhead(steps: int, repeats: int, threads: int) -> dict:
+    """Steady-state time per step of scalelab.train's whole loop (world size 1, stage 0,
+    every measurement on: loss sync, records, comm counting) against bare loops on the same
+    model and batches: one with the same DDP wrapper (instrumentation cost alone) and one
+    plain single-process loop (instrumentation + DDP wrapper). Alternated, medians of means."""
+    import torch
+
+    from .config import RunPoint, dataset_config, load_config, model_config, train_config
+    from .data import prepare_dataset
+    from .launch import launch_run
+    from .reference import bare_loop
+
+    torch.set_num_threads(threads)
+    config = load_config(Path(__file__).resolve().parents[2] / "config.yaml")
+    config["train"].update(steps=steps, warmup_steps=min(20, steps // 4))
+    warm = config["train"]["warmup_steps"]
+    plain, bare, instrumented, startup = [], [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        meta = prepare_dataset(dataset_config(config), Path(tmp) / "data", config["model"]["seq_len"])
+        model_cfg, train_cfg = model_config(config, meta["vocab_size"]), train_config(config)
+        for i in range(repeats):
+            train_bin = str(Path(tmp) / "data" / "train.bin")
+            _, times, _ = bare_loop(model_cfg, train_cfg, train_bin, meta["dtype"], record_losses=False)
+            plain.append(statistics.fmean(times[warm:]))
+            _, times, _ = bare_loop(model_cfg, train_cfg, train_bin, meta["dtype"], record_losses=False, ddp=True)
+            bare.append(statistics.fmean(times[warm:]))
+            summary = launch_run(config, RunPoint("fp32", 0, 1), Path(tmp) / "data", Path(tmp) / f"run{i}",
+                                 Path(tmp) / f"run{i}.log", threads=threads)
+            if summary["status"] != "ok":
+                raise RuntimeError(f"instrumented run failed: {summary['reason']}")
+            instrumented.append(summary["loop_time_s_per_step"])
+            startup.append(summary["startup_s"])
+    p, b, s = statistics.median(plain), statistics.median(bare), statistics.median(instrumented)
+    return {
+        "steps": steps, "repeats": repeats, "threads": threads,
+        "plain_loop_step_ms": p * 1e3, "bare_ddp_loop_step_ms": b * 1e3,
+        "instrumented_loop_step_ms": s * 1e3,
+        "ratio_vs_bare_ddp_loop": b / s,
+        "ratio_vs_plain_loop": p / s,
+        "startup_s_median": statistics.median(startup),
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scalelab.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True)
+    d = sub.add_parser("data", help="data preparation and sampler throughput")
+    d.add_argument("--corpus-mb", type=int, default=208, help="size of the text corpus (MiB)")
+    d.add_argument("--batch", type=int, default=64)
+    d.add_argument("--seq-len", type=int, default=1024)
+    d.add_argument("--seconds", type=float, default=3.0, help="how long to time the sampler")
+    o = sub.add_parser("overhead", help="instrumented training loop vs bare loop")
+    o.add_argument("--steps", type=int, default=300)
+    o.add_argument("--repeats", type=int, default=3)
+    o.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    if args.what == "data":
+        result = bench_data(args.corpus_mb, args.batch, args.seq_len, args.seconds)
+    else:
+        result = bench_overhead(args.steps, args.repeats, args.threads)
+    width = max(map(len, result))
+    for key, value in result.items():
+        print(f"{key:<{width}}  {value:.4g}" if isinstance(value, float) else f"{key:<{width}}  {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

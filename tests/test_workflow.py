@@ -1,0 +1,74 @@
+"""The workflow itself: lint, a real data step, an end-to-end sweep, kill and rerun."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import REPO, SNAKEMAKE, snakemake, tiny_config, write_workdir
+
+pytestmark = pytest.mark.workflow
+
+
+def test_lint_passes():
+    proc = subprocess.run([SNAKEMAKE, "--lint"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_data_step_on_a_text_corpus(tmp_path):
+    (tmp_path / "corpus.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 200)
+    cfg = tiny_config(dataset={"name": "fox", "source": "text", "path": "corpus.txt"})
+    workdir = write_workdir(tmp_path, cfg)
+    snakemake(workdir, "--cores", "1", "results/data/fox/meta.json")
+    meta = json.loads((tmp_path / "results/data/fox/meta.json").read_text())
+    assert meta["n_train_tokens"] + meta["n_val_tokens"] == 44 * 200
+    assert (tmp_path / "results/logs/data/fox.log").exists()
+
+
+def test_sweep_end_to_end_then_nothing_to_do(tmp_path):
+    cfg = tiny_config(sweep={"precision": ["fp32", "bf16"], "zero_stage": [0, 3], "world_size": [1, 2]})
+    workdir = write_workdir(tmp_path, cfg)
+    snakemake(workdir, "--cores", "2")
+    summaries = sorted((tmp_path / "results/runs").glob("*/*/*/summary.json"))
+    assert len(summaries) == 8
+    for path in summaries:
+        summary = json.loads(path.read_text())
+        assert summary["status"] == "ok", (path, summary["reason"])
+        steps = pq.read_table(path.parent / "steps.parquet")
+        assert steps.num_rows == cfg["train"]["steps"]
+        assert path.parent.relative_to(tmp_path / "results/runs").as_posix() == (
+            f"precision~{summary['precision']}/zero_stage~{summary['zero_stage']}/world_size~{summary['world_size']}")
+    dry = snakemake(workdir, "-n", "--cores", "2")
+    assert "Nothing to be done" in dry.stdout + dry.stderr
+
+
+def _our_processes(marker: str) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
+
+
+def test_sigkill_mid_run_leaves_no_partial_summary_and_rerun_completes(tmp_path):
+    cfg = tiny_config(train={"steps": 3000, "warmup_steps": 2})
+    workdir = write_workdir(tmp_path, cfg)
+    snakemake(workdir, "--cores", "1", "results/data/tiny/meta.json")
+    cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--cores", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    run_dir = tmp_path / "results/runs/precision~fp32/zero_stage~0/world_size~1"
+    progress = run_dir / "progress.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (progress.exists() and len(progress.read_text().splitlines()) >= 20):
+        time.sleep(0.2)
+    assert progress.exists(), "the run never started"
+    os.killpg(proc.pid, signal.SIGKILL)  # snakemake and the launcher, without warning
+    proc.wait()
+    time.sleep(3)  # torchrun gets SIGTERM from the kernel when its launcher dies
+    assert not (run_dir / "summary.json").exists(), "a killed run must leave no summary"
+    assert not _our_processes(str(run_dir)), "orphan training processes survived the kill"
+    # A killed Snakemake leaves its lock: the documented recovery is --unlock, then rerun.
+    snakemake(workdir, "--unlock")
+    snakemake(workdir, "--cores", "2", "--rerun-incomplete", timeout=600)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["completed_steps"] == 3000
