@@ -2,6 +2,7 @@
 
     python -m scalelab.bench data      tokenize-and-write MB/s + peak RSS; sampler tokens/s
     python -m scalelab.bench overhead  instrumented training loop vs a bare loop, side by side
+    python -m scalelab.bench report    report rebuilt from a synthetic 1,000-run / 500,000-step set
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+_T0 = time.perf_counter()
 
 _PREPARE_CHILD = r"""
 import json, resource, sys, time
@@ -118,15 +121,39 @@ def main(argv=None) -> int:
     o.add_argument("--steps", type=int, default=300)
     o.add_argument("--repeats", type=int, default=3)
     o.add_argument("--threads", type=int, default=1)
+    r = sub.add_parser("report", help="rebuild the report from a synthetic result set")
+    r.add_argument("--runs", type=int, default=1000)
+    r.add_argument("--steps", type=int, default=500, help="steps per ok run")
     args = parser.parse_args(argv)
-    if args.what == "data":
+    if args.what == "report":
+        result = bench_report(args.runs, args.steps)
+    elif args.what == "data":
         result = bench_data(args.corpus_mb, args.batch, args.seq_len, args.seconds)
     else:
         result = bench_overhead(args.steps, args.repeats, args.threads)
+    if "report_s_first" in result:  # whole command, interpreter and imports included
+        result["command_wall_s"] = time.perf_counter() - _T0
     width = max(map(len, result))
     for key, value in result.items():
         print(f"{key:<{width}}  {value:.4g}" if isinstance(value, float) else f"{key:<{width}}  {value}")
     return 0
+
+
+
+def bench_report(n_runs: int, n_steps: int) -> dict:
+    """Rebuild the report from a synthetic result set (Parquet alone), in process."""
+    from .fixtures import synthetic_results
+    from .report import build_report
+
+    with tempfile.TemporaryDirectory() as tmp:
+        sizes = synthetic_results(tmp, n_runs, n_steps)
+        start = time.perf_counter()
+        build_report(tmp)
+        first = time.perf_counter() - start
+        start = time.perf_counter()
+        build_report(tmp)
+        second = time.perf_counter() - start
+    return {"runs": sizes["runs"], "steps": sizes["steps"], "report_s_first": first, "report_s_second": second}
 
 
 if __name__ == "__main__":

@@ -52,3 +52,111 @@ def schema_version(path: str | Path) -> str | None:
     meta = pq.read_schema(path).metadata or {}
     value = meta.get(b"scalelab.schema_version")
     return value.decode() if value else None
+
+
+# ----------------------------------------------------------------------------- runs table
+
+COLLECTIVES = ("all_reduce", "broadcast", "all_gather_single", "reduce_scatter_single")
+
+_RUN_FIELDS = [
+    ("status", pa.string()), ("reason", pa.string()), ("dataset", pa.string()),
+    ("n_params", pa.int64()), ("n_layers", pa.int32()), ("d_model", pa.int32()), ("n_heads", pa.int32()),
+    ("seq_len", pa.int32()), ("vocab_size", pa.int64()), ("tie_embeddings", pa.bool_()),
+    ("steps", pa.int32()), ("completed_steps", pa.int32()), ("warmup_steps", pa.int32()),
+    ("global_batch", pa.int32()), ("micro_batch", pa.int32()), ("accumulation_steps", pa.int32()),
+    ("tokens_per_step", pa.int64()), ("measured_steps", pa.int32()),
+    ("tokens_per_s", pa.float64()), ("step_time_s_mean", pa.float64()), ("step_time_s_median", pa.float64()),
+    ("loop_time_s_per_step", pa.float64()),
+    ("flops_per_token", pa.float64()), ("peak_flops_per_device", pa.float64()), ("peak_flops_source", pa.string()),
+    ("mfu", pa.float64()), ("final_loss", pa.float64()), ("skipped_steps", pa.int32()), ("final_loss_scale", pa.float64()),
+    ("model_state_bytes_measured", pa.int64()), ("model_state_params_bytes_measured", pa.int64()),
+    ("model_state_grads_bytes_measured", pa.int64()), ("model_state_optimizer_bytes_measured", pa.int64()),
+    ("model_state_bytes_measured_per_rank", pa.list_(pa.int64())),
+    ("model_state_bytes_predicted", pa.float64()), ("model_state_params_bytes_predicted", pa.float64()),
+    ("model_state_grads_bytes_predicted", pa.float64()), ("model_state_optimizer_bytes_predicted", pa.float64()),
+    ("model_state_bytes_predicted_paper", pa.float64()),
+    ("comm_bytes_per_step_measured", pa.float64()), ("comm_bytes_per_step_predicted", pa.float64()),
+    ("comm_bytes_per_step_predicted_paper", pa.float64()),
+    *[(f"comm_{c}_bytes_per_step", pa.float64()) for c in COLLECTIVES],
+    *[(f"comm_{c}_calls_per_step", pa.float64()) for c in COLLECTIVES],
+    ("peak_mem_allocated_bytes", pa.int64()), ("peak_mem_reserved_bytes", pa.int64()), ("peak_rss_bytes", pa.int64()),
+    ("wall_time_s", pa.float64()), ("startup_s", pa.float64()),
+    ("device_type", pa.string()), ("device_name", pa.string()), ("backend", pa.string()),
+    ("threads", pa.int32()), ("threads_per_rank", pa.int32()),
+    ("torch_version", pa.string()), ("cuda_version", pa.string()), ("nccl_version", pa.string()),
+    ("python_version", pa.string()), ("hostname", pa.string()), ("git_commit", pa.string()), ("git_dirty", pa.bool_()),
+    ("seed", pa.int64()), ("config_hash", pa.string()), ("started_utc", pa.string()), ("run_path", pa.string()),
+]
+RUN_SCHEMA = pa.schema(IDENTITY_FIELDS + [pa.field(n, t) for n, t in _RUN_FIELDS], metadata=_META)
+
+
+def run_row(summary: dict, run_path: str) -> dict:
+    """Flatten a run's summary.json into one row of RUN_SCHEMA."""
+    row = dict(summary)
+    for c in COLLECTIVES:
+        row[f"comm_{c}_bytes_per_step"] = (summary.get("comm_bytes_per_step_by_type") or {}).get(c)
+        row[f"comm_{c}_calls_per_step"] = (summary.get("comm_calls_per_step") or {}).get(c)
+    row["run_path"] = run_path
+    return {f.name: row.get(f.name) for f in RUN_SCHEMA}
+
+
+def runs_table(rows: list[dict]) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=RUN_SCHEMA)
+
+
+def _identity_from_path(run_path: str) -> dict | None:
+    """precision~P/zero_stage~Z/world_size~N -> identity columns (for runs whose files are bad)."""
+    try:
+        parts = dict(part.split("~", 1) for part in run_path.split("/"))
+        precision, stage, ws = parts["precision"], int(parts["zero_stage"]), int(parts["world_size"])
+    except (ValueError, KeyError):
+        return None
+    return {"run_id": f"{precision}-z{stage}-w{ws}", "precision": precision, "zero_stage": stage, "world_size": ws}
+
+
+def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict:
+    """Gather every run's summary.json and steps.parquet under results_dir/runs into
+    results_dir/metrics.parquet (one row per run) and results_dir/steps.parquet (one row per
+    step). A missing or corrupt file is reported by name and kept as a row with status
+    'missing' or 'corrupt'; the rest is still collected. Returns {'runs', 'steps', 'problems'}.
+    """
+    import json
+
+    results_dir = Path(results_dir)
+    runs_root = results_dir / "runs"
+    if run_paths is None:
+        run_paths = sorted({p.parent.relative_to(runs_root).as_posix()
+                            for pattern in ("*/*/*/summary.json", "*/*/*/steps.parquet")
+                            for p in runs_root.glob(pattern)})
+    rows, step_tables, problems = [], [], []
+    for run_path in run_paths:
+        run_dir = runs_root / run_path
+        identity = _identity_from_path(run_path)
+        summary_path, steps_path = run_dir / "summary.json", run_dir / "steps.parquet"
+        try:
+            summary = json.loads(summary_path.read_text())
+            if not isinstance(summary, dict) or "status" not in summary:
+                raise ValueError("no 'status' field")
+        except FileNotFoundError:
+            problems.append(f"{summary_path}: missing")
+            if identity:
+                rows.append(run_row({**identity, "status": "missing", "reason": f"{summary_path} is missing"}, run_path))
+            continue
+        except (ValueError, UnicodeDecodeError) as err:
+            problems.append(f"{summary_path}: corrupt ({err})")
+            if identity:
+                rows.append(run_row({**identity, "status": "corrupt", "reason": f"{summary_path} is corrupt: {err}"}, run_path))
+            continue
+        rows.append(run_row(summary, run_path))
+        try:
+            table = pq.read_table(steps_path)
+            step_tables.append(table.select(STEP_SCHEMA.names).cast(STEP_SCHEMA))
+        except FileNotFoundError:
+            problems.append(f"{steps_path}: missing")
+        except Exception as err:  # pyarrow raises several types for damaged files
+            problems.append(f"{steps_path}: corrupt ({type(err).__name__}: {err})")
+    runs = runs_table(rows)
+    steps = pa.concat_tables(step_tables) if step_tables else STEP_SCHEMA.empty_table()
+    write_parquet(runs, results_dir / "metrics.parquet")
+    write_parquet(steps, results_dir / "steps.parquet")
+    return {"runs": runs.num_rows, "steps": steps.num_rows, "problems": problems}

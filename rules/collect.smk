@@ -1,0 +1,16 @@
+# Stage 3: every run's summary.json + steps.parquet -> results/metrics.parquet + results/steps.parquet.
+
+
+rule collect:
+    input:
+        summaries=[run_dir / "summary.json" for run_dir in RUN_DIRS],
+        steps=[run_dir / "steps.parquet" for run_dir in RUN_DIRS],
+    output:
+        runs=RESULTS / "metrics.parquet",
+        steps=RESULTS / "steps.parquet",
+    log:
+        LOGS / "collect.log",
+    conda:
+        "../workflow/envs/scalelab.yaml"
+    script:
+        "../workflow/scripts/collect.py"

@@ -1,0 +1,174 @@
+"""The report: plots, run table, formulas, provenance and warnings, from the Parquet alone.
+
+``build_report(results_dir)`` reads ``metrics.parquet`` and ``steps.parquet`` (nothing
+else: no run folders, no training) and writes ``report/report.html`` (one self-contained
+file, images embedded), ``report/summary.md`` and the figures.
+"""
+from __future__ import annotations
+
+import base64
+import datetime
+import html
+from pathlib import Path
+
+import pandas as pd
+
+from . import __version__
+from .io import atomic_path
+from .metrics import schema_version
+from .plots import all_plots, loss_deviation_vs_stage0, scaling_efficiency
+
+MFU_LIMIT = 1.0
+MEMORY_TOLERANCE = 0.10
+COMM_TOLERANCE = 0.10
+FP32_PARITY_RTOL = 1e-4
+
+FORMULAS = """
+<ul>
+<li><b>Parameters</b> Ψ = V·d + T·d + L·(12d² + 13d) + 2d (+ V·d if the head is untied).</li>
+<li><b>FLOPs per token</b> = 6·(12·L·d² + V·d) + 12·L·d·T (matmul weights forward and backward, plus attention
+scores and values; causal masking not halved, PaLM's convention). <b>MFU</b> = tokens/s × FLOPs per token /
+(peak × world size), against the dense peak of the precision named in each row (datasheet on known GPUs; on CPU
+the best matmul rate measured at run start).</li>
+<li><b>Model state per rank, at rest</b> (after the optimizer step). PyTorch AMP keeps fp32 parameters, fp32 gradients
+and fp32 AdamW moments in every precision: stage 0: 16Ψ; stage 1: 8Ψ + 8Ψ/N; stages 2 and 3 (FSDP2): 16Ψ/N.
+The ZeRO paper (mixed precision, K = 12): stage 0: 16Ψ; 1: 4Ψ + 12Ψ/N; 2: 2Ψ + 14Ψ/N; 3: 16Ψ/N.
+FSDP2's stage 2 reshards parameters after backward, so at rest it holds what stage 3 holds; the stages differ
+within a step (stage 2 keeps unsharded parameters from forward to backward).</li>
+<li><b>Communication per step</b>, in the ZeRO paper's unit (all-reduce of Ψ = 2Ψ; all-gather, reduce-scatter,
+broadcast of Ψ = Ψ): stage 0: 2Ψ; stage 1: 3Ψ with PyTorch's ZeroRedundancyOptimizer (all-reduce + broadcast of
+updated shards; the paper's 2Ψ); stage 2: 2Ψ; stage 3: 3Ψ; with k accumulation micro-batches FSDP2 stages 2/3
+move (k+1)Ψ and (2k+1)Ψ. At world size 1 FSDP2 issues no collectives (0 bytes) while DDP and ZeRO-1 still do. Bytes = elements × 4 (gradients and parameters travel in fp32). On a ring each rank
+sends (N−1)/N of this.</li>
+<li><b>Scaling efficiency</b> = tokens/s at N / (N × tokens/s at world size 1), same precision and stage.</li>
+</ul>
+"""
+
+CSS = """
+body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px;color:#222}
+table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}
+th{background:#eee}.warn{background:#fff4e5;border-left:4px solid #f0a030;padding:.5em 1em}
+.ok{color:#2a7}.bad{color:#c22;font-weight:bold}figure{margin:1em 0}figcaption{font-size:13px;color:#444}
+img{max-width:100%}
+"""
+
+TABLE_COLUMNS = [
+    "run_id", "precision", "zero_stage", "world_size", "status", "tokens_per_s", "scaling_efficiency", "mfu",
+    "model_state_mib_measured", "model_state_mib_predicted", "comm_mib_per_step_measured",
+    "comm_mib_per_step_predicted", "final_loss", "skipped_steps", "wall_time_s", "reason",
+]
+
+
+def load_tables(results_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    runs_path, steps_path = results_dir / "metrics.parquet", results_dir / "steps.parquet"
+    for path in (runs_path, steps_path):
+        if not path.exists():
+            raise FileNotFoundError(f"{path} is missing: run `scalelab collect {results_dir}` (or the workflow) first")
+    return pd.read_parquet(runs_path), pd.read_parquet(steps_path)
+
+
+def find_warnings(runs: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
+    warnings = []
+    ok = runs[runs["status"] == "ok"]
+    for r in runs[runs["status"] != "ok"].itertuples():
+        warnings.append(f"{r.run_id}: status {r.status}: {r.reason}")
+    for r in ok[ok["mfu"] > MFU_LIMIT].itertuples():
+        warnings.append(f"{r.run_id}: MFU {r.mfu:.2f} is above 100% of the peak used ({r.peak_flops_source}); "
+                        "the peak is too low for this path (e.g. emulated fp16 on a CPU)")
+    for r in ok.itertuples():
+        if r.model_state_bytes_predicted and abs(r.model_state_bytes_measured / r.model_state_bytes_predicted - 1) > MEMORY_TOLERANCE:
+            warnings.append(f"{r.run_id}: measured model state {r.model_state_bytes_measured / 2**20:.3f} MiB is more than "
+                            f"{MEMORY_TOLERANCE:.0%} off the prediction {r.model_state_bytes_predicted / 2**20:.3f} MiB")
+        pred, meas = r.comm_bytes_per_step_predicted, r.comm_bytes_per_step_measured
+        # A prediction of 0 (FSDP2 at world size 1) tolerates the loss scaler's few-byte inf check.
+        if pd.notna(pred) and abs(meas - pred) > max(COMM_TOLERANCE * pred, 64):
+            warnings.append(f"{r.run_id}: measured communication {r.comm_bytes_per_step_measured:.0f} B/step is more than "
+                            f"{COMM_TOLERANCE:.0%} off the prediction {r.comm_bytes_per_step_predicted:.0f} B/step")
+    fp32 = steps[(steps["precision"] == "fp32") & steps["run_id"].isin(ok["run_id"])]
+    if not fp32.empty:
+        # Every fp32 run of one configuration should follow the same loss trajectory.
+        ref = fp32.groupby("step")["loss"].agg(["min", "max"])
+        spread = ((ref["max"] - ref["min"]) / ref["min"].abs()).max()
+        if spread > FP32_PARITY_RTOL:
+            warnings.append(f"fp32 parity broken: losses of fp32 runs differ by up to {spread:.2e} (relative) at one step; "
+                            f"expected < {FP32_PARITY_RTOL:g} across stages and world sizes")
+    return warnings
+
+
+def _provenance(runs: pd.DataFrame) -> pd.DataFrame:
+    cols = ["device_type", "device_name", "backend", "torch_version", "cuda_version", "nccl_version",
+            "python_version", "hostname", "git_commit", "git_dirty", "config_hash"]
+    present = [c for c in cols if c in runs]
+    prov = runs[present].astype("string").fillna("-").value_counts().reset_index(name="runs")
+    return prov
+
+
+def _fmt_table(runs: pd.DataFrame) -> pd.DataFrame:
+    t = runs.copy()
+    t["scaling_efficiency"] = scaling_efficiency(t)
+    t["model_state_mib_measured"] = t["model_state_bytes_measured"] / 2 ** 20
+    t["model_state_mib_predicted"] = t["model_state_bytes_predicted"] / 2 ** 20
+    t["comm_mib_per_step_measured"] = t["comm_bytes_per_step_measured"] / 2 ** 20
+    t["comm_mib_per_step_predicted"] = t["comm_bytes_per_step_predicted"] / 2 ** 20
+    t = t[TABLE_COLUMNS].sort_values(["precision", "zero_stage", "world_size"])
+    return t
+
+
+def _markdown(table: pd.DataFrame) -> str:
+    cols = ["run_id", "status", "tokens_per_s", "mfu", "model_state_mib_measured", "model_state_mib_predicted", "final_loss"]
+
+    def cell(v):
+        if isinstance(v, float):
+            return "" if pd.isna(v) else f"{v:.4g}"
+        return str(v)
+
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table[cols].itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
+def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> Path:
+    """Write <out_dir>/report.html, summary.md and the figures; return the HTML path."""
+    results_dir = Path(results_dir)
+    out_dir = Path(out_dir) if out_dir else results_dir / "report"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs, steps = load_tables(results_dir)
+    figures = all_plots(runs, steps, out_dir)
+    warnings = find_warnings(runs, steps)
+    table = _fmt_table(runs)
+
+    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>scalelab report</title>"
+             f"<style>{CSS}</style></head><body>",
+             "<h1>scalelab report</h1>",
+             f"<p>{len(runs)} runs ({(runs['status'] == 'ok').sum()} ok), {len(steps)} steps; built "
+             f"{datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')} by scalelab {__version__} from "
+             f"<code>{html.escape(str(results_dir))}</code> (metrics schema v{schema_version(results_dir / 'metrics.parquet')}).</p>"]
+    parts.append("<h2>Warnings</h2>")
+    if warnings:
+        parts.append("<div class='warn'><ul>" + "".join(f"<li>{html.escape(w)}</li>" for w in warnings) + "</ul></div>")
+    else:
+        parts.append("<p class='ok'>None: every run ok, MFU ≤ 100%, memory and communication within 10% of the formulas, fp32 parity holds.</p>")
+    parts.append("<h2>Figures</h2>")
+    for files, caption in figures:
+        png = out_dir / files[0]
+        data = base64.b64encode(png.read_bytes()).decode()
+        parts.append(f"<figure><img alt='{html.escape(files[0])}' src='data:image/png;base64,{data}'>"
+                     f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+    dev = loss_deviation_vs_stage0(steps[steps["run_id"].isin(runs.loc[runs["status"] == "ok", "run_id"])])
+    parts.append("<h2>Runs</h2>")
+    parts.append(table.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="", classes="runs", border=0))
+    if not dev.empty:
+        parts.append("<h3>Largest |Δloss| against stage 0</h3>")
+        parts.append(dev.to_html(index=False, float_format=lambda v: f"{v:.3g}", border=0))
+    parts.append("<h2>Formulas</h2>" + FORMULAS)
+    parts.append("<h2>Provenance</h2>")
+    parts.append(_provenance(runs).to_html(index=False, border=0))
+    parts.append("</body></html>")
+
+    html_path = out_dir / "report.html"
+    with atomic_path(html_path) as tmp:
+        tmp.write_text("\n".join(parts), encoding="utf-8")
+    with atomic_path(out_dir / "summary.md") as tmp:
+        tmp.write_text("# scalelab summary\n\n" + _markdown(table) +
+                       ("\n## Warnings\n\n" + "\n".join(f"- {w}" for w in warnings) + "\n" if warnings else ""))
+    return html_path
