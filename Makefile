@@ -7,7 +7,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 CORES ?= all
 
-.PHONY: setup run test report clean-results
+.PHONY: setup run test report browser clean-results
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ test: setup
 
 report: setup
 	$(VENV)/bin/snakemake --cores $(CORES) report
+
+# Optional: Chromium (Debian package) for the test that opens the report in a real browser;
+# without it that one test is skipped with its reason. Needs root (apt-get).
+browser:
+	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
 clean-results:
 	rm -rf results/data results/runs results/report results/logs results/*.parquet

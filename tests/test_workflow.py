@@ -1,6 +1,8 @@
 """The workflow itself: lint, a real data step, an end-to-end sweep, kill and rerun."""
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import time
@@ -43,6 +45,20 @@ def test_sweep_end_to_end_then_nothing_to_do(tmp_path):
             f"precision~{summary['precision']}/zero_stage~{summary['zero_stage']}/world_size~{summary['world_size']}")
     dry = snakemake(workdir, "-n", "--cores", "2")
     assert "Nothing to be done" in dry.stdout + dry.stderr
+    runs = pq.read_table(tmp_path / "results/metrics.parquet").to_pandas()
+    assert sorted(runs["run_id"]) == sorted(json.loads(p.read_text())["run_id"] for p in summaries)
+    html = (tmp_path / "results/report/report.html").read_text()
+    assert all(run_id in html for run_id in runs["run_id"])
+
+    # Regenerating the report from cached results schedules no training (nor collection).
+    shutil.rmtree(tmp_path / "results/report")
+    dry = snakemake(workdir, "-n", "--cores", "2").stdout
+    jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", dry.split("Job stats:")[1], flags=re.M))
+    assert jobs.get("report") == "1" and "train" not in jobs and "collect" not in jobs, dry
+    snakemake(workdir, "--cores", "2")
+    assert (tmp_path / "results/report/report.html").exists()
+    snakemake(workdir, "--report", str(tmp_path / "snakemake_report.zip"))
+    assert (tmp_path / "snakemake_report.zip").stat().st_size > 10_000
 
 
 def _our_processes(marker: str) -> list[str]:
