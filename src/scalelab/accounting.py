@@ -156,3 +156,70 @@ GPU_PEAK_FLOPS = {
     "H100": {"fp32": 66.9e12, "tf32": 494.5e12, "fp16": 989.5e12, "bf16": 989.5e12},
     "H200": {"fp32": 66.9e12, "tf32": 494.5e12, "fp16": 989.5e12, "bf16": 989.5e12},
 }
+
+
+def gpu_peak_flops(gpu: str, precision: str) -> float:
+    """Dense datasheet peak of a GPU type (case-insensitive: a100, h100, h200)."""
+    table = {k.lower(): v for k, v in GPU_PEAK_FLOPS.items()}
+    if gpu.lower() not in table:
+        raise ValueError(f"unknown GPU type {gpu!r}; known: {', '.join(sorted(GPU_PEAK_FLOPS))}")
+    if precision not in table[gpu.lower()]:
+        raise ValueError(f"unknown precision {precision!r}; known: {', '.join(table[gpu.lower()])}")
+    return table[gpu.lower()][precision]
+
+
+def training_days(total_flops: float, n_gpus: int, gpu: str, precision: str, mfu_fraction: float) -> float:
+    """Wall-clock days to do total_flops on n_gpus of a type at a given MFU."""
+    if not 0 < mfu_fraction <= 1:
+        raise ValueError(f"MFU must be in (0, 1], got {mfu_fraction}")
+    if n_gpus < 1:
+        raise ValueError(f"number of GPUs must be >= 1, got {n_gpus}")
+    return total_flops / (n_gpus * gpu_peak_flops(gpu, precision) * mfu_fraction) / 86400
+
+
+def bytes_per_param_per_rank(zero_stage: int, world_size: int, precision: str, convention: str) -> float:
+    """Model-state bytes per rank per parameter: the slope of model_state_bytes in Psi."""
+    return model_state_bytes(1, zero_stage, world_size, precision, convention).total
+
+
+def largest_model(device_bytes: float, zero_stage: int, world_size: int, precision: str, convention: str) -> float:
+    """Most parameters whose model state fits device_bytes per rank (activations excluded)."""
+    if device_bytes <= 0:
+        raise ValueError(f"device memory must be positive, got {device_bytes}")
+    return device_bytes / bytes_per_param_per_rank(zero_stage, world_size, precision, convention)
+
+
+@dataclass(frozen=True)
+class PeakMemory:
+    """Predicted peak memory of one rank within a training step, in bytes."""
+
+    model_state: float
+    """Parameters + gradients + optimizer state held at rest (PyTorch convention)."""
+    transient_params: float
+    """Parameters materialised unsharded during the step (FSDP2 all-gather buffers)."""
+    activations: float
+    """Saved activations of one micro-batch (Korthikanti et al.) plus the logits."""
+
+    @property
+    def total(self) -> float:
+        return self.model_state + self.transient_params + self.activations
+
+
+def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: int, precision: str,
+                micro_batch: int) -> PeakMemory:
+    """Predicted in-step peak per rank: model state at rest, plus what a step materialises.
+
+    Stage 2 keeps every block's unsharded fp32 parameters from forward to backward:
+    +4 Psi (N-1)/N. Stage 3 gathers one block at a time (two in flight with prefetch):
+    +2 blocks' parameters. Activations: Korthikanti et al. per layer (2-byte constants scaled
+    to the compute width) times layers, plus the fp32 logits and their gradient (2 x 4 B T V).
+    """
+    state = model_state_bytes(n_params, zero_stage, world_size, precision, "pytorch").total
+    block_params = 12 * cfg.d_model ** 2 + 13 * cfg.d_model
+    n = world_size
+    transient = {0: 0.0, 1: 0.0, 2: 4.0 * n_params * (n - 1) / n, 3: 2 * 4.0 * block_params * (n - 1) / n}[zero_stage]
+    width = DTYPE_BYTES[precision]
+    acts = cfg.n_layers * activation_bytes_per_layer(cfg.seq_len, micro_batch, cfg.d_model, cfg.n_heads,
+                                                     bytes_per_value=width)
+    logits = 2 * 4.0 * micro_batch * cfg.seq_len * cfg.vocab_size
+    return PeakMemory(state, transient, acts + logits)

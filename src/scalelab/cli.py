@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", default=None, help="output folder (default: RESULTS/report)")
     r.add_argument("--collect", action="store_true", help="re-collect runs/ into the Parquet tables first")
     r.set_defaults(func=_report)
+    from .estimate import add_parser as add_estimate
+
+    add_estimate(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -74,6 +74,29 @@ def skip_reason(device: str, point: RunPoint) -> str | None:
     return unsupported_reason(point.precision, torch.device(device))
 
 
+def plan_memory(config: dict, model, point: RunPoint, micro_batch: int, device: str) -> dict:
+    """Predicted in-step peak per rank against the device memory, before launch."""
+    from . import accounting
+
+    n_params = accounting.param_count(model)
+    peak = accounting.peak_memory(model, n_params, point.zero_stage, point.world_size, point.precision, micro_batch)
+    limit_gib = config.get("planning", {}).get("device_memory_gib")
+    limit = limit_gib * 2 ** 30 if limit_gib else None
+    if limit is None and device == "cuda":
+        import torch
+
+        limit = torch.cuda.get_device_properties(0).total_memory
+    oom = None
+    if limit is not None and peak.total > limit:
+        oom = (f"predicted peak {peak.total / 2**20:.1f} MiB per rank (model state {peak.model_state / 2**20:.1f} + "
+               f"in-step parameters {peak.transient_params / 2**20:.1f} + activations {peak.activations / 2**20:.1f}) "
+               f"exceeds the device memory {limit / 2**20:.1f} MiB; not launched "
+               "(set planning.launch_predicted_oom: true to launch it anyway)")
+    return {"predicted_peak_bytes": peak.total, "predicted_activation_bytes": peak.activations,
+            "predicted_transient_param_bytes": peak.transient_params, "device_memory_bytes": limit,
+            "predicted_oom_reason": oom}
+
+
 def classify_failure(errors: list[dict], log_tail: str) -> tuple[str, str]:
     """(status, reason) from the ranks' error reports and the log.
 
@@ -111,6 +134,7 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
     device, reason = resolve_device(train.device)
     if reason is None:
         reason = skip_reason(device, point)
+    plan = plan_memory(config, model, point, micro, device)
     threads_per_rank = max(1, threads // point.world_size)
     summary = {
         **identity,
@@ -124,9 +148,12 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
         **git_provenance(Path(repo_dir)),
     }
 
+    summary.update(plan)
     records: list[dict] = []
     if reason is not None:
         status = "skipped"
+    elif plan["predicted_oom_reason"] and not config.get("planning", {}).get("launch_predicted_oom", False):
+        status, reason = "predicted_oom", plan["predicted_oom_reason"]
     else:
         spec = {
             "run_dir": str(run_dir.resolve()), "device": device, "precision": point.precision,
@@ -151,6 +178,8 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
         spec_path.unlink(missing_ok=True)
 
     summary.update(status=status, reason=reason, wall_time_s=time.time() - started)
+    with open(log_path, "a") as log:
+        log.write(f"scalelab: {point.run_id} finished with status {status}" + (f": {reason}" if reason else "") + "\n")
     write_parquet(steps_table(identity, records), run_dir / "steps.parquet")
     write_json(run_dir / "summary.json", summary)  # last: its presence means the run is complete
     for scratch in [run_dir / "worker_result.json", run_dir / "progress.jsonl", *run_dir.glob("rank*.error.json")]:

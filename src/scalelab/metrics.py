@@ -79,6 +79,8 @@ _RUN_FIELDS = [
     ("comm_bytes_per_step_predicted_paper", pa.float64()),
     *[(f"comm_{c}_bytes_per_step", pa.float64()) for c in COLLECTIVES],
     *[(f"comm_{c}_calls_per_step", pa.float64()) for c in COLLECTIVES],
+    ("predicted_peak_bytes", pa.float64()), ("predicted_activation_bytes", pa.float64()),
+    ("predicted_transient_param_bytes", pa.float64()), ("device_memory_bytes", pa.float64()),
     ("peak_mem_allocated_bytes", pa.int64()), ("peak_mem_reserved_bytes", pa.int64()), ("peak_rss_bytes", pa.int64()),
     ("wall_time_s", pa.float64()), ("startup_s", pa.float64()),
     ("device_type", pa.string()), ("device_name", pa.string()), ("backend", pa.string()),

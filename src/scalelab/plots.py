@@ -78,21 +78,33 @@ def model_state_memory(runs: pd.DataFrame, out_dir: Path):
 
 
 def peak_device_memory(runs: pd.DataFrame, out_dir: Path):
+    name = "memory_peak"
     gpu = runs[(runs["status"] == "ok") & runs["peak_mem_allocated_bytes"].notna()]
-    if not gpu.empty:
-        caption = "Peak device memory per rank (max allocated, GPU runs) vs world size, per ZeRO stage."
-        data, ycol, ylabel = gpu, "peak_mem_allocated_bytes", "peak allocated per rank (MiB)"
-    else:
+    if gpu.empty:
         caption = "No GPU runs in these results: process peak RSS per rank (CPU; includes the framework, not device memory) vs world size."
         data = runs[(runs["status"] == "ok") & runs["peak_rss_bytes"].notna()]
-        ycol, ylabel = "peak_rss_bytes", "peak RSS per rank (MiB)"
-    if data.empty:
-        return _empty(out_dir, "memory_peak", "no ok runs"), caption
-    g = sns.catplot(data=data.assign(mib=data[ycol] / MiB), x="world_size", y="mib", hue="precision",
-                    col="zero_stage", kind="point", hue_order=_precisions(data), height=3.2, aspect=0.9, errorbar=None)
-    g.set_axis_labels("world size", ylabel)
-    _not_ok_note(g.figure, runs)
-    return _save(g.figure, out_dir, "memory_peak"), caption
+        if data.empty:
+            return _empty(out_dir, name, "no ok runs"), caption
+        g = sns.catplot(data=data.assign(mib=data["peak_rss_bytes"] / MiB), x="world_size", y="mib", hue="precision",
+                        col="zero_stage", kind="point", hue_order=_precisions(data), height=3.2, aspect=0.9, errorbar=None)
+        g.set_axis_labels("world size", "peak RSS per rank (MiB)")
+        _not_ok_note(g.figure, runs)
+        return _save(g.figure, out_dir, name), caption
+    caption = "Peak device memory per rank (max allocated, GPU runs) vs world size, per ZeRO stage: measured points over the predicted in-step peak (model state + in-step parameters + activations, dashed)."
+    stages = sorted(gpu["zero_stage"].unique())
+    fig, axes = plt.subplots(1, len(stages), figsize=(3.6 * len(stages), 3.4), sharey=True, squeeze=False)
+    palette = dict(zip(_precisions(runs), sns.color_palette("deep")))
+    for ax, stage in zip(axes[0], stages):
+        sub = gpu[gpu["zero_stage"] == stage]
+        pred = sub.groupby(["precision", "world_size"], as_index=False)["predicted_peak_bytes"].mean()
+        for precision, p in pred.groupby("precision"):
+            p = p.sort_values("world_size")
+            ax.plot(p["world_size"], p["predicted_peak_bytes"] / MiB, "--", color=palette[precision], alpha=0.7)
+        sns.scatterplot(data=sub.assign(mib=sub["peak_mem_allocated_bytes"] / MiB), x="world_size", y="mib",
+                        hue="precision", palette=palette, ax=ax, s=50, legend=ax is axes[0][0])
+        ax.set(title=f"stage {stage}", xlabel="world size", ylabel="peak allocated per rank (MiB)")
+    _not_ok_note(fig, runs)
+    return _save(fig, out_dir, name), caption
 
 
 def scaling_efficiency(runs: pd.DataFrame) -> pd.Series:

@@ -55,7 +55,7 @@ img{max-width:100%}
 TABLE_COLUMNS = [
     "run_id", "precision", "zero_stage", "world_size", "status", "tokens_per_s", "scaling_efficiency", "mfu",
     "model_state_mib_measured", "model_state_mib_predicted", "comm_mib_per_step_measured",
-    "comm_mib_per_step_predicted", "final_loss", "skipped_steps", "wall_time_s", "reason",
+    "comm_mib_per_step_predicted", "peak_mib_predicted", "peak_mib_measured_gpu", "final_loss", "skipped_steps", "wall_time_s", "reason",
 ]
 
 
@@ -110,6 +110,8 @@ def _fmt_table(runs: pd.DataFrame) -> pd.DataFrame:
     t["model_state_mib_predicted"] = t["model_state_bytes_predicted"] / 2 ** 20
     t["comm_mib_per_step_measured"] = t["comm_bytes_per_step_measured"] / 2 ** 20
     t["comm_mib_per_step_predicted"] = t["comm_bytes_per_step_predicted"] / 2 ** 20
+    t["peak_mib_predicted"] = t["predicted_peak_bytes"] / 2 ** 20
+    t["peak_mib_measured_gpu"] = t["peak_mem_allocated_bytes"] / 2 ** 20
     t = t[TABLE_COLUMNS].sort_values(["precision", "zero_stage", "world_size"])
     return t
 

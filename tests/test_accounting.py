@@ -1,0 +1,136 @@
+"""Accounting: hand-computed cases, published figures, the estimate CLI, planning in a sweep."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import snakemake, tiny_config, write_workdir
+from scalelab import accounting
+from scalelab.config import ModelConfig
+from scalelab.model import GPT
+
+SCALELAB = str(Path(sys.executable).parent / "scalelab")
+
+
+@pytest.mark.parametrize("layers, d, heads, seq, vocab, tied", [(2, 64, 4, 64, 256, True), (3, 48, 4, 32, 300, False),
+                                                                 (1, 8, 2, 4, 11, True)])
+def test_param_count_is_exact(layers, d, heads, seq, vocab, tied):
+    cfg = ModelConfig(layers, d, heads, seq, tied, vocab)
+    assert accounting.param_count(cfg) == GPT(cfg).num_parameters()
+
+
+def test_flops_per_token_hand_computed():
+    cfg = ModelConfig(2, 64, 4, 64, True, 256)
+    # 6 * (2 * 12 * 64^2 + 256 * 64) + 12 * 2 * 64 * 64
+    assert accounting.flops_per_token(cfg) == 6 * (98304 + 16384) + 98304 == 786432
+    assert accounting.flops_per_token(cfg, causal_halved=True) == 688128 + 49152
+    assert accounting.training_flops(cfg, 1000) == 786432 * 1000
+    assert accounting.mfu(1000, 786432, 786432 * 4000, 1) == pytest.approx(0.25)
+
+
+def test_zero_paper_figure_7_5b_on_64_devices():
+    """ZeRO paper, Figure 1: Psi = 7.5B, N_d = 64, K = 12: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB."""
+    psi = 7.5e9
+    got = [accounting.model_state_bytes(psi, stage, 64, "fp16", "paper").total / 1e9 for stage in (0, 1, 2, 3)]
+    assert [round(g, 1) for g in got] == [120.0, 31.4, 16.6, 1.9]
+
+
+def test_pytorch_convention_hand_computed():
+    psi, n = 1000, 4
+    assert accounting.model_state_bytes(psi, 0, n, "bf16").total == 16000
+    s1 = accounting.model_state_bytes(psi, 1, n, "bf16")
+    assert (s1.params, s1.grads, s1.optimizer) == (4000, 4000, 2000)
+    for stage in (2, 3):
+        assert accounting.model_state_bytes(psi, stage, n, "fp32").total == 4000
+    with pytest.raises(ValueError, match="zero_stage"):
+        accounting.model_state_bytes(psi, 4, n, "fp32")
+
+
+def test_comm_volume():
+    psi = 1000
+    assert [accounting.comm_elements_per_step(psi, z, 4) for z in (0, 1, 2, 3)] == [2000, 3000, 2000, 3000]
+    assert [accounting.comm_elements_per_step(psi, z, 4, convention="paper") for z in (0, 1, 2, 3)] == [2000, 2000, 2000, 3000]
+    assert accounting.comm_elements_per_step(psi, 3, 4, accumulation_steps=4) == 9000
+    assert accounting.comm_elements_per_step(psi, 2, 1) == 0  # FSDP2 on one rank: no collectives
+
+
+def test_activation_memory_korthikanti():
+    # GPT-3 175B layer (s=2048, b=1, h=12288, a=96): sbh(34 + 5as/h) = sbh * 114 bytes.
+    s, b, h, a = 2048, 1, 12288, 96
+    assert accounting.activation_bytes_per_layer(s, b, h, a) == s * b * h * 114
+    assert accounting.activation_bytes_per_layer(s, b, h, a, recompute="selective") == s * b * h * 34
+    assert accounting.activation_bytes_per_layer(s, b, h, a, recompute="full") == 2 * s * b * h
+
+
+def test_training_days_and_largest_model():
+    days = accounting.training_days(6 * 7e9 * 1e12, 256, "H100", "bf16", 0.4)
+    assert days == pytest.approx(4.2e22 / (256 * 989.5e12 * 0.4) / 86400)
+    assert accounting.largest_model(80 * 2 ** 30, 0, 8, "bf16", "pytorch") == pytest.approx(80 * 2 ** 30 / 16)
+    assert accounting.largest_model(80 * 2 ** 30, 3, 8, "bf16", "pytorch") == pytest.approx(8 * 80 * 2 ** 30 / 16)
+    with pytest.raises(ValueError, match="unknown GPU"):
+        accounting.gpu_peak_flops("V100", "bf16")
+
+
+def _cli(*args):
+    return subprocess.run([SCALELAB, "estimate", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_estimate_help_documents_every_flag():
+    for kind, flags in {"memory": ["--params", "--layers", "--d-model", "--heads", "--vocab", "--seq", "--untied", "--config",
+                                   "--world-size", "--micro-batch", "--unit", "--json"],
+                        "time": ["--tokens", "--gpus", "--gpu", "--precision", "--mfu", "--json"],
+                        "fit": ["--gpu-memory-gib", "--world-size", "--json"]}.items():
+        out = _cli(kind, "--help").stdout
+        for flag in flags:
+            assert flag in out, (kind, flag)
+
+
+def test_estimate_json_outputs():
+    mem = json.loads(_cli("memory", "--params", "7.5e9", "--world-size", "64", "--unit", "GB", "--json").stdout)
+    paper = {(r["precision"], r["zero_stage"]): r["paper_total_gib"] for r in mem["rows"]}
+    assert round(paper[("bf16", 1)], 1) == 31.4
+    shaped = json.loads(_cli("memory", "--layers", "24", "--d-model", "1024", "--vocab", "50257", "--seq", "1024",
+                             "--micro-batch", "8", "--world-size", "8", "--json").stdout)
+    assert shaped["n_params"] == accounting.param_count(ModelConfig(24, 1024, 16, 1024, True, 50257))
+    assert all(r["peak_gib"] > r["pytorch_total_gib"] for r in shaped["rows"])
+    t = json.loads(_cli("time", "--params", "7e9", "--tokens", "1e12", "--gpus", "256", "--gpu", "h100", "--mfu", "0.4", "--json").stdout)
+    assert t["days"] == pytest.approx(4.797, abs=1e-3)
+    fit = json.loads(_cli("fit", "--gpu-memory-gib", "80", "--world-size", "8", "--json").stdout)
+    assert len(fit["rows"]) == 12
+
+
+@pytest.mark.parametrize("args, message", [
+    (["memory", "--params", "-5"], "--params must be a positive number"),
+    (["memory", "--layers", "2"], "all of --layers, --d-model, --vocab and --seq"),
+    (["time", "--params", "1e9", "--tokens", "1e9", "--gpus", "8", "--gpu", "V100"], "unknown GPU type 'V100'"),
+    (["time", "--params", "1e9", "--tokens", "1e9", "--gpus", "8", "--gpu", "H100", "--mfu", "0"], "--mfu must be in (0, 1]"),
+    (["time", "--params", "1e9", "--tokens", "1e9", "--gpus", "8", "--gpu", "H100", "--mfu", "1.5"], "--mfu must be in (0, 1]"),
+    (["fit", "--gpu-memory-gib", "-80"], "--gpu-memory-gib must be a positive number"),
+])
+def test_estimate_bad_input_is_a_clear_error(args, message):
+    proc = _cli(*args)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+@pytest.mark.workflow
+def test_point_that_cannot_fit_is_recorded_without_launch(tmp_path):
+    cfg = tiny_config(sweep={"precision": ["fp32"], "zero_stage": [0, 3], "world_size": [2]})
+    model = ModelConfig(2, 32, 2, 32, True, 256)
+    n = accounting.param_count(model)
+    big = accounting.peak_memory(model, n, 0, 2, "fp32", 4).total
+    small = accounting.peak_memory(model, n, 3, 2, "fp32", 4).total
+    assert small < big
+    cfg["planning"] = {"device_memory_gib": (small + big) / 2 / 2 ** 30, "launch_predicted_oom": False}
+    workdir = write_workdir(tmp_path, cfg)
+    snakemake(workdir, "--cores", "2")
+    runs = pq.read_table(tmp_path / "results/metrics.parquet").to_pandas().set_index("run_id")
+    assert runs.loc["fp32-z0-w2", "status"] == "predicted_oom"
+    assert "exceeds the device memory" in runs.loc["fp32-z0-w2", "reason"]
+    assert runs.loc["fp32-z0-w2", "predicted_peak_bytes"] == pytest.approx(big)
+    assert runs.loc["fp32-z3-w2", "status"] == "ok"
+    log = tmp_path / "results/logs/runs/precision~fp32/zero_stage~0/world_size~2.log"
+    assert not log.exists() or "torch.distributed.run" not in log.read_text(), "the point was launched"
+    assert "predicted_oom" in (tmp_path / "results/report/report.html").read_text()
