@@ -85,7 +85,8 @@ def plan_memory(config: dict, model, point: RunPoint, micro_batch: int, device: 
     if limit is None and device == "cuda":
         import torch
 
-        limit = torch.cuda.get_device_properties(0).total_memory
+        if torch.cuda.is_available():  # a cuda run on a machine without one is skipped anyway
+            limit = torch.cuda.get_device_properties(0).total_memory
     oom = None
     if limit is not None and peak.total > limit:
         oom = (f"predicted peak {peak.total / 2**20:.1f} MiB per rank (model state {peak.model_state / 2**20:.1f} + "
