@@ -7,7 +7,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 CORES ?= all
 
-.PHONY: setup run test report browser clean-results
+.PHONY: setup run test report browser slurm clean-results
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ report: setup
 # without it that one test is skipped with its reason. Needs root (apt-get).
 browser:
 	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
+
+# Optional: SLURM and munge (Debian packages) for the test that runs the workflow through a
+# real one-node SLURM cluster; without them that test is skipped with its reason. Needs root.
+slurm:
+	@command -v slurmctld >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge)
 
 clean-results:
 	rm -rf results/data results/runs results/report results/logs results/*.parquet

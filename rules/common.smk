@@ -1,11 +1,12 @@
 # Helpers shared by the rules: checked config, paths, the sweep table. No rules here.
+import shutil
 import sys
 from pathlib import Path
 
 import pandas as pd
 from snakemake.utils import Paramspace
 
-from scalelab.config import SWEEP_AXES, ConfigError, RunPoint, check_config, sweep_points
+from scalelab.config import SWEEP_AXES, ConfigError, RunPoint, check_config, launch_plan, sweep_points
 
 # Schema checks ran in the Snakefile; these are the cross-field rules. A bad value stops
 # the workflow here, before any job is scheduled, with the key and value named.
@@ -36,3 +37,31 @@ RUN_DIRS = [RESULTS / "runs" / instance for instance in SWEEP.instance_patterns]
 
 def point_from_wildcards(wildcards) -> RunPoint:
     return RunPoint(wildcards.precision, int(wildcards.zero_stage), int(wildcards.world_size))
+
+
+# Cluster facts come from config (section `cluster`), never from code.
+CLUSTER = config["cluster"]
+# GPU runs: train.device cuda, or auto on a machine with NVIDIA's driver tools (checked
+# without importing torch, which every cluster job would pay for when parsing this file).
+USES_GPU = config["train"]["device"] == "cuda" or (
+    config["train"]["device"] == "auto" and shutil.which("nvidia-smi") is not None
+)
+
+
+def _world_size_regex(sizes) -> str:
+    """A wildcard constraint matching exactly these world sizes (or nothing)."""
+    return "|".join(str(w) for w in sorted(sizes)) or "(?!)"
+
+
+_WORLD_SIZES = sorted({p.world_size for p in sweep_points(config)})
+SINGLE_LAUNCHER_WORLD_SIZES = _world_size_regex(w for w in _WORLD_SIZES if not launch_plan(config, w).multi_launcher)
+MULTI_LAUNCHER_WORLD_SIZES = _world_size_regex(w for w in _WORLD_SIZES if launch_plan(config, w).multi_launcher)
+
+
+def plan_for(wildcards):
+    return launch_plan(config, int(wildcards.world_size))
+
+
+def run_minutes(wildcards, attempt):
+    """SLURM time limit: the run's own limit plus start-up margin, growing with each retry."""
+    return attempt * (int(config["train"]["run_timeout_s"] // 60) + 5)

@@ -1,6 +1,12 @@
 # Stage 2: one training run per sweep point (precision x ZeRO stage x world size).
 # The run's folder is the point's Paramspace pattern, e.g.
 # results/runs/precision~fp32/zero_stage~0/world_size~2/{summary.json,steps.parquet}.
+#
+# Two rules, split by world size: `train` for runs that fit one node (one torchrun
+# --standalone), `train_multinode` for runs spanning several launchers. On SLURM the latter
+# declares an `mpi` resource, so the executor plugin runs the rule's command directly in the
+# allocation (not inside its own `srun -n1` step) and the launcher calls `srun` itself to
+# start one torchrun per task.
 
 
 rule train:
@@ -16,12 +22,39 @@ rule train:
         train=config["train"],
     log:
         LOGS / "runs" / f"{SWEEP.wildcard_pattern}.log",
-    # A run occupies one core per rank on CPU (capped at --cores by Snakemake); each rank
-    # gets threads // world_size of them, so --cores all never over-commits the machine.
-    threads: lambda wildcards: int(wildcards.world_size)
+    wildcard_constraints:
+        world_size=SINGLE_LAUNCHER_WORLD_SIZES,
+    # One core per rank on CPU (capped at --cores by Snakemake); each rank gets
+    # threads // world_size intra-op threads, so --cores all never over-commits the machine.
+    threads: lambda wildcards: int(wildcards.world_size) * CLUSTER["cpus_per_rank"]
     resources:
-        runtime=lambda wildcards: max(1, int(config["train"]["run_timeout_s"] // 60) + 2),
+        runtime=run_minutes,
+        mem_mb=lambda wildcards: int(wildcards.world_size) * CLUSTER["mem_mb_per_rank"],
+        gpu=lambda wildcards: int(wildcards.world_size) if USES_GPU else 0,
+        # At most one GPU run at a time on a workstation (profiles/default): a scaling
+        # measurement must not share the node's GPUs or links with another run.
+        gpu_run=1 if USES_GPU else 0,
     conda:
         "../workflow/envs/scalelab.yaml"
     script:
         "../workflow/scripts/train_run.py"
+
+
+use rule train as train_multinode with:
+    wildcard_constraints:
+        world_size=MULTI_LAUNCHER_WORLD_SIZES,
+    resources:
+        runtime=run_minutes,
+        mpi="srun",
+        nodes=lambda wildcards: plan_for(wildcards).nodes,
+        tasks=lambda wildcards: plan_for(wildcards).launchers,
+        # per launcher (SLURM task): its ranks' cores
+        cpus_per_task=lambda wildcards: plan_for(wildcards).ranks_per_launcher * CLUSTER["cpus_per_rank"],
+        # per node: the ranks of the launchers packed on it
+        mem_mb=lambda wildcards: plan_for(wildcards).ranks_per_launcher
+        * CLUSTER["launchers_per_node"]
+        * CLUSTER["mem_mb_per_rank"],
+        gpu=lambda wildcards: int(wildcards.world_size) if USES_GPU else 0,
+        # without this the plugin turns `tasks` of a GPU job into --ntasks-per-gpu
+        tasks_per_gpu=0,
+        gpu_run=1 if USES_GPU else 0,

@@ -173,6 +173,39 @@ def micro_batch_plan(train: TrainConfig, world_size: int) -> tuple[int, int]:
     return micro, per_rank // micro
 
 
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How one run maps onto machines: torchrun launchers x ranks each, over nodes."""
+
+    launchers: int
+    """torchrun launchers (one SLURM task each); 1 = a single-node run."""
+    ranks_per_launcher: int
+    """Ranks (GPUs / processes) each launcher starts."""
+    nodes: int
+    """Nodes the run asks SLURM for."""
+
+    @property
+    def multi_launcher(self) -> bool:
+        return self.launchers > 1
+
+
+def launch_plan(config: dict, world_size: int) -> LaunchPlan:
+    """One launcher when the run fits a node; else world_size / ranks_per_node launchers,
+    packed launchers_per_node to a node. Raises ConfigError when ranks do not split evenly."""
+    cluster = config.get("cluster") or {}
+    per_node = int(cluster.get("ranks_per_node", 8))
+    packing = int(cluster.get("launchers_per_node", 1))
+    if world_size <= per_node:
+        return LaunchPlan(1, world_size, 1)
+    if world_size % per_node:
+        raise ConfigError(
+            f"sweep.world_size={world_size} spans several nodes but is not a multiple of "
+            f"cluster.ranks_per_node={per_node}: every node must run the same number of ranks"
+        )
+    launchers = world_size // per_node
+    return LaunchPlan(launchers, per_node, -(-launchers // packing))
+
+
 def check_config(config: dict, base_dir: str | Path = ".") -> None:
     """Cross-field checks after schema validation. Raises ConfigError naming key and value."""
     dataset = dataset_config(config)
@@ -200,6 +233,7 @@ def check_config(config: dict, base_dir: str | Path = ".") -> None:
         )
     for point in sweep_points(config):
         micro_batch_plan(train, point.world_size)
+        launch_plan(config, point.world_size)
 
 
 def config_hash(config: dict) -> str:

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import RunPoint, config_hash, micro_batch_plan, model_config, train_config
+from .config import LaunchPlan, RunPoint, config_hash, launch_plan, micro_batch_plan, model_config, train_config
 from .data import read_meta
 from .io import read_json, write_json
 from .metrics import steps_table, write_parquet
@@ -162,10 +162,12 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
             "token_dtype": meta["dtype"], "model": model.__dict__, "train": train.__dict__,
             "threads_per_rank": threads_per_rank, "save_final_params": save_final_params,
         }
-        spec_path = run_dir / "spec.json"
+        spec_path = (run_dir / "spec.json").resolve()
         write_json(spec_path, spec)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={point.world_size}", "-m", "scalelab.train", "--spec", str(spec_path)]
+        plan = launch_plan(config, point.world_size)
+        cmd = torchrun_command(plan, point.world_size, spec_path)
+        summary["launch"] = "srun x torchrun (static rendezvous)" if cmd[0] == "srun" else "torchrun --standalone"
+        summary["launchers"] = plan.launchers if cmd[0] == "srun" else 1
         env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_rank), "PYTHONUNBUFFERED": "1"}
         status, reason = _run_torchrun(cmd, env, log_path, train.run_timeout_s, run_dir)
         if (run_dir / "progress.jsonl").exists():
@@ -187,6 +189,46 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
         if status == "ok" or scratch.name == "worker_result.json":
             scratch.unlink(missing_ok=True)
     return summary
+
+
+def allocation_first_host() -> str:
+    """The first host of the SLURM allocation: where rank 0's launcher runs."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+    if nodelist:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.split()[0]
+    import socket
+
+    return socket.gethostname()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_command(plan: LaunchPlan, world_size: int, spec_path: Path) -> list[str]:
+    """The command that starts every rank of a run.
+
+    One launcher, or outside SLURM: ``torchrun --standalone`` with all ranks on this host.
+    Several launchers inside a SLURM allocation: ``srun`` starts one torchrun per task,
+    joined by static rendezvous on the allocation's first host, each task's node rank taken
+    from SLURM_PROCID (torchrun reads PET_NODE_RANK). Static, not c10d: the sizes are fixed,
+    node ranks stay reproducible, and several launchers may share one host.
+    """
+    worker = ["-m", "scalelab.train", "--spec", str(spec_path)]
+    if not plan.multi_launcher or "SLURM_JOB_ID" not in os.environ:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc-per-node={world_size}", *worker]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={plan.launchers}",
+                f"--nproc-per-node={plan.ranks_per_launcher}", f"--master-addr={allocation_first_host()}",
+                f"--master-port={_free_port()}", *worker]
+    return ["srun", f"--ntasks={plan.launchers}", f"--nodes={plan.nodes}", "--kill-on-bad-exit=1",
+            "bash", "-c", 'export PET_NODE_RANK="$SLURM_PROCID"; exec "$@"', "bash", *torchrun]
 
 
 def _run_torchrun(cmd, env, log_path: Path, timeout_s: float, run_dir: Path) -> tuple[str, str | None]:
