@@ -13,6 +13,11 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q $(TORCH_SPEC)
 	$(VENV)/bin/pip install -q -e '.[test]'
+	# The SLURM executor plugin goes in its own folder, on PYTHONPATH only for SLURM use:
+	# Snakemake imports every installed plugin at start, and this one runs `scontrol`, which
+	# waits ~9 s on a machine with SLURM's tools but no controller (every start, seen here).
+	$(VENV)/bin/pip install -q --no-deps --target $(VENV)/slurm-plugin \
+		snakemake-executor-plugin-slurm==2.8.0 snakemake-executor-plugin-slurm-jobstep==0.6.1
 	touch $@
 
 setup: $(VENV)/.installed

@@ -22,6 +22,10 @@ def slurm_available() -> str | None:
     """None if a test cluster can be started here, else the reason it cannot."""
     if os.geteuid() != 0:
         return "starting slurmctld/slurmd needs root"
+    from scalelab.testing import SLURM_PLUGIN_DIR
+
+    if not (SLURM_PLUGIN_DIR / "snakemake_executor_plugin_slurm").is_dir():
+        return f"the SLURM executor plugin is not in {SLURM_PLUGIN_DIR} (`make setup` puts it there)"
     for tool in ("slurmctld", "slurmd", "munged", "sbatch", "srun", "squeue"):
         if not any(Path(d, tool).exists() for d in SBIN):
             return f"{tool} not installed (apt-get install slurm-wlm munge; `make slurm`)"

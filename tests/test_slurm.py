@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from conftest import BIN, REPO, SNAKEMAKE, snakemake, tiny_config, write_workdir
+from scalelab.testing import SLURM_PLUGIN_DIR
 from slurm_cluster import SlurmCluster, slurm_available
 
 pytestmark = [pytest.mark.workflow, pytest.mark.skipif(slurm_available() is not None, reason=f"no SLURM test cluster: {slurm_available()}")]
@@ -40,7 +41,7 @@ def test_workflow_through_slurm_matches_a_local_run(tmp_path, cluster):
     cfg = tiny_config(sweep={"precision": ["fp32"], "zero_stage": [0, 3], "world_size": [1, 2]},
                       cluster={"ranks_per_node": 1, "launchers_per_node": 2, "cpus_per_rank": 1, "mem_mb_per_rank": 1000})
     on_slurm = write_workdir(tmp_path / "slurm_run", cfg)
-    env = {**cluster.env, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    env = {**cluster.env, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(SLURM_PLUGIN_DIR)}
     cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(on_slurm), "--profile", str(REPO / "workflow/profiles/slurm"),
            "--slurm-no-account", "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "2", "--slurm-keep-successful-logs",
            "--default-resources", "slurm_partition=test", "runtime=10", "mem_mb=1000", "--latency-wait", "10"]
@@ -76,7 +77,8 @@ def test_slurm_profile_dry_run_plans_the_default_sweep_with_resources(tmp_path):
     (tmp_path / "config.yaml").write_text((REPO / "config.yaml").read_text())
     proc = subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(tmp_path),
                            "--profile", str(REPO / "workflow/profiles/slurm"), "-n"], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"})
+                          text=True, timeout=300, env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+                                                          "PYTHONPATH": str(SLURM_PLUGIN_DIR)})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert out.count("rule train:") == 24 and "slurm_partition=gpu" in out and "runtime=" in out

@@ -220,6 +220,9 @@ class MemmapTokenWriter:
         self.n_tokens += tokens.size
 
     def commit(self) -> dict:
+        from .io import fault_point
+
+        fault_point(f"before_replace:{self.path.name}")
         os.replace(self.tmp, self.path)
         return {"file": self.path.name, "n_tokens": self.n_tokens, "sha256": self.sha256.hexdigest()}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -19,16 +20,36 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    _remove_stale_temporaries(path)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp = Path(tmp_name)
     os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results should be readable like any file
     try:
         yield tmp
+        fault_point(f"before_replace:{path.name}")
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def fault_point(name: str) -> None:
+    """Fault drills (scalelab.faults): SIGKILL this process here when SCALELAB_FAULT == name."""
+    if os.environ.get("SCALELAB_FAULT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _remove_stale_temporaries(path: Path) -> None:
+    """Temporaries of this target left by a killed writer (its pid no longer alive)."""
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        try:
+            pid = int(tmp.name[len(path.name) + 2:].split(".", 1)[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            tmp.unlink(missing_ok=True)
+        except (ValueError, PermissionError):
+            continue
 
 
 def _umask() -> int:

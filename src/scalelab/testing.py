@@ -1,0 +1,65 @@
+"""Helpers for tests and fault drills: tiny configs, work folders, running Snakemake."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from .config import REPO_ROOT
+
+BIN = Path(sys.executable).parent
+SNAKEMAKE = str(BIN / "snakemake")
+# Where `make setup` puts the SLURM executor plugin (kept off the default path, see Makefile).
+SLURM_PLUGIN_DIR = BIN.parent / "slurm-plugin"
+
+
+def tiny_config(**overrides) -> dict:
+    """The default config.yaml, shrunk for tests, with section overrides merged in."""
+    cfg = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())
+    cfg["dataset"].update(name="tiny", synthetic_bytes=200_000)
+    cfg["model"].update(n_layers=2, d_model=32, n_heads=2, seq_len=32)
+    cfg["train"].update(steps=12, warmup_steps=2, global_batch=8, run_timeout_s=240, collective_timeout_s=60)
+    cfg["sweep"].update(precision=["fp32"], zero_stage=[0], world_size=[1])
+    for section, values in overrides.items():
+        if isinstance(values, dict) and isinstance(cfg.get(section), dict):
+            cfg[section].update(values)
+        else:
+            cfg[section] = values
+    return cfg
+
+
+def write_workdir(tmp: Path, cfg: dict) -> Path:
+    """A working directory holding config.yaml, for `snakemake -s REPO/Snakefile -d tmp`."""
+    tmp = Path(tmp)
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return tmp
+
+
+def snakemake_cmd(workdir: Path, *args: str) -> list[str]:
+    return [SNAKEMAKE, "-s", str(REPO_ROOT / "Snakefile"), "-d", str(workdir), *args]
+
+
+def snakemake_env(**extra: str) -> dict:
+    return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **extra}
+
+
+def run_snakemake(workdir: Path, *args: str, timeout: float = 600, check: bool = True,
+                  env: dict | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run(snakemake_cmd(workdir, *args), capture_output=True, text=True, timeout=timeout,
+                          env=env or snakemake_env())
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def processes_mentioning(marker: str) -> list[str]:
+    """Live processes whose command line contains marker (orphan checks)."""
+    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    me = str(os.getpid())
+    return [line.strip() for line in out.splitlines()
+            if marker in line and "ps -eo" not in line and line.split()[0] != me]
