@@ -2,7 +2,16 @@
 # Table of contents only: helpers live in rules/common.smk, one stage per rules/*.smk.
 from snakemake.utils import min_version, validate
 
+from scalelab.config import ConfigError, check_yaml_syntax
+
 min_version("9.14.8")
+
+# A malformed config file is named with its line and column (Snakemake's parser does not).
+for _config_file in ["config.yaml", *workflow.overwrite_configfiles]:
+    try:
+        check_yaml_syntax(_config_file)
+    except ConfigError as err:
+        raise WorkflowError(f"invalid config: {err}") from None
 
 
 configfile: "config.yaml"

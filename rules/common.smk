@@ -39,6 +39,10 @@ def point_from_wildcards(wildcards) -> RunPoint:
     return RunPoint(wildcards.precision, int(wildcards.zero_stage), int(wildcards.world_size))
 
 
+# Training settings a run's results depend on (its params: changing one reruns the run).
+# Time limits are left out: raising a timeout must not retrain a finished sweep.
+TRAIN_RESULT_KEYS = {k: v for k, v in config["train"].items() if k not in ("run_timeout_s", "collective_timeout_s")}
+
 # Cluster facts come from config (section `cluster`), never from code.
 CLUSTER = config["cluster"]
 # GPU runs: train.device cuda, or auto on a machine with NVIDIA's driver tools (checked

@@ -18,8 +18,9 @@ rule train:
         steps=RESULTS / "runs" / SWEEP.wildcard_pattern / "steps.parquet",
     params:
         point=lambda wildcards: point_from_wildcards(wildcards),
+        # What a run's results depend on: changing these reruns it (time limits do not).
         model=config["model"],
-        train=config["train"],
+        train=TRAIN_RESULT_KEYS,
     log:
         LOGS / "runs" / f"{SWEEP.wildcard_pattern}.log",
     wildcard_constraints:

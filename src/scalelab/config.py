@@ -226,6 +226,9 @@ def check_config(config: dict, base_dir: str | Path = ".") -> None:
         raise ConfigError(
             f"model.n_heads={model.n_heads} does not divide model.d_model={model.d_model}"
         )
+    if train.tf32 and train.device == "cpu":
+        raise ConfigError("train.tf32=true asks for TF32 GPU matmuls, but train.device='cpu'; "
+                          "set train.tf32: false or train.device: cuda/auto")
     if train.warmup_steps >= train.steps:
         raise ConfigError(
             f"train.warmup_steps={train.warmup_steps} leaves no measured step "
@@ -234,6 +237,23 @@ def check_config(config: dict, base_dir: str | Path = ".") -> None:
     for point in sweep_points(config):
         micro_batch_plan(train, point.world_size)
         launch_plan(config, point.world_size)
+
+
+def check_yaml_syntax(path: str | Path) -> None:
+    """Raise ConfigError naming file, line and column when a config file is not valid YAML
+    (Snakemake's own message names neither)."""
+    import yaml
+
+    path = Path(path)
+    if not path.exists():
+        return
+    try:
+        yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        problem = getattr(err, "problem", None) or str(err)
+        raise ConfigError(f"{path}: not valid YAML at {where}: {problem}") from None
 
 
 def config_hash(config: dict) -> str:

@@ -45,6 +45,8 @@ def _remove_stale_temporaries(path: Path) -> None:
     for tmp in path.parent.glob(f".{path.name}.*.tmp"):
         try:
             pid = int(tmp.name[len(path.name) + 2:].split(".", 1)[0])
+            if pid == os.getpid():
+                continue
             os.kill(pid, 0)
         except ProcessLookupError:
             tmp.unlink(missing_ok=True)

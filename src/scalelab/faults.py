@@ -1,0 +1,350 @@
+"""Fault drills: kill, hang, crash, bad input, determinism, concurrency — real processes.
+
+    python -m scalelab.faults            run every drill, print the figures
+    python -m scalelab.faults kill_mid_step hang   run some
+
+Each drill works in a temporary folder, drives Snakemake (and through it torchrun/gloo)
+for real, and returns counted facts (faults injected and recovered, rows lost or
+duplicated, corrupt files, orphan processes, ...). tests/test_faults.py asserts on the
+same drills; this module prints them. Faults are injected with SCALELAB_FAULT (see
+scalelab.train.Fault and scalelab.io.fault_point).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .config import REPO_ROOT, sweep_points
+from .testing import processes_mentioning, run_snakemake, snakemake_cmd, snakemake_env, tiny_config, write_workdir
+
+BAD_CONFIGS = REPO_ROOT / "tests" / "bad_configs"
+
+
+@dataclass
+class Drill:
+    name: str
+    faults_injected: int = 0
+    faults_recovered: int = 0
+    rows_lost: int = 0
+    rows_duplicated: int = 0
+    corrupt_files: int = 0
+    orphan_processes: int = 0
+    bad_configs_tried: int = 0
+    bad_configs_rejected: int = 0
+    timeouts_tried: int = 0
+    timeouts_honoured: int = 0
+    checks_failed: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def check(self, ok: bool, what: str) -> bool:
+        if not ok:
+            self.checks_failed.append(what)
+        return ok
+
+
+# ----------------------------------------------------------------------------- auditing
+
+
+def audit(workdir: Path, cfg: dict, drill: Drill) -> None:
+    """Count lost/duplicated rows and corrupt or stray files of a finished sweep."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    results = workdir / cfg["results_dir"]
+    expected = {p.run_id for p in sweep_points(cfg)}
+    for summary in results.glob("runs/*/*/*/summary.json"):
+        try:
+            json.loads(summary.read_text())["status"]
+        except (ValueError, KeyError):
+            drill.corrupt_files += 1
+            drill.notes.append(f"corrupt {summary}")
+    tables = {}
+    for name in ["metrics.parquet", "steps.parquet", *[str(p.relative_to(results)) for p in results.glob("runs/*/*/*/steps.parquet")]]:
+        try:
+            tables[name] = pq.read_table(results / name).to_pandas()
+        except Exception as err:  # unreadable or missing
+            drill.corrupt_files += 1
+            drill.notes.append(f"unreadable {name}: {type(err).__name__}")
+    stray = [p for p in results.rglob(".*.tmp")]
+    drill.corrupt_files += len(stray)
+    drill.notes += [f"stray temporary {p}" for p in stray]
+    runs = tables.get("metrics.parquet", pd.DataFrame(columns=["run_id", "status"]))
+    drill.rows_lost += len(expected - set(runs["run_id"]))
+    drill.rows_duplicated += int(runs["run_id"].duplicated().sum())
+    steps = tables.get("steps.parquet", pd.DataFrame(columns=["run_id", "step"]))
+    drill.rows_duplicated += int(steps.duplicated(["run_id", "step"]).sum())
+    for run in runs[runs["status"] == "ok"].itertuples():
+        got = steps.loc[steps["run_id"] == run.run_id, "step"].nunique()
+        drill.rows_lost += cfg["train"]["steps"] - got
+
+
+def count_orphans(marker: str, drill: Drill, grace_s: float = 5.0) -> None:
+    deadline = time.time() + grace_s
+    while (left := processes_mentioning(marker)) and time.time() < deadline:
+        time.sleep(0.2)
+    drill.orphan_processes += len(left)
+    drill.notes += [f"orphan: {p}" for p in left]
+
+
+def _sweep_cfg(**train) -> dict:
+    """Two runs: one single-process, one two-rank (stage 3, the most collectives)."""
+    return tiny_config(sweep={"precision": ["fp32"], "zero_stage": [3], "world_size": [1, 2]},
+                       train={"steps": 12, "warmup_steps": 2, **train})
+
+
+# ----------------------------------------------------------------------------- drills
+
+
+def kill_mid_step(tmp: Path) -> Drill:
+    """SIGKILL Snakemake and the runs mid-step; --unlock + --rerun-incomplete completes the sweep."""
+    d = Drill("kill mid-step")
+    cfg = _sweep_cfg(steps=200)
+    work = write_workdir(tmp, cfg)
+    run_snakemake(work, "--cores", "1", f"{cfg['results_dir']}/data/tiny/meta.json")
+    proc = subprocess.Popen(snakemake_cmd(work, "--cores", "2"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, env=snakemake_env())
+    deadline = time.time() + 120
+    progress = None
+    while time.time() < deadline and progress is None:
+        for p in work.glob("results/runs/*/*/*/progress.jsonl"):
+            if len(p.read_text().splitlines()) >= 10:
+                progress = p
+        time.sleep(0.1)
+    d.check(progress is not None, "a run reached step 10")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    d.faults_injected += 1
+    count_orphans(str(work), d)
+    d.check(not (progress.parent / "summary.json").exists(), "no summary for the killed run")
+    run_snakemake(work, "--unlock")
+    run_snakemake(work, "--cores", "2", "--rerun-incomplete")
+    audit(work, cfg, d)
+    d.faults_recovered += not d.checks_failed and d.rows_lost == 0
+    return d
+
+
+def _kill_at(tmp: Path, fault: str, name: str) -> Drill:
+    d = Drill(name)
+    cfg = _sweep_cfg()
+    work = write_workdir(tmp, cfg)
+    first = run_snakemake(work, "--cores", "2", check=False, env=snakemake_env(SCALELAB_FAULT=fault))
+    d.faults_injected += 1
+    d.check(first.returncode != 0, f"the {fault} kill failed the first attempt")
+    count_orphans(str(work), d)
+    run_snakemake(work, "--unlock")
+    run_snakemake(work, "--cores", "2", "--rerun-incomplete")
+    audit(work, cfg, d)
+    d.faults_recovered += not d.checks_failed and d.rows_lost == 0 and d.corrupt_files == 0
+    return d
+
+
+def kill_during_data_write(tmp: Path) -> Drill:
+    """SIGKILL the data step right before train.bin is renamed into place."""
+    return _kill_at(tmp, "before_replace:train.bin", "kill during data write")
+
+
+def kill_during_result_write(tmp: Path) -> Drill:
+    """SIGKILL a run's launcher right before its summary.json is renamed into place."""
+    return _kill_at(tmp, "before_replace:summary.json", "kill during result write")
+
+
+def kill_during_collection(tmp: Path) -> Drill:
+    """SIGKILL collection right before metrics.parquet is renamed into place."""
+    return _kill_at(tmp, "before_replace:metrics.parquet", "kill during collection")
+
+
+def hang(tmp: Path) -> Drill:
+    """Rank 1 stalls before a collective: the run ends `timeout` within its limit + 60 s,
+    leaves no process behind, and the rest of the sweep completes."""
+    d = Drill("hang")
+    cfg = _sweep_cfg(collective_timeout_s=5, run_timeout_s=60)
+    work = write_workdir(tmp, cfg)
+    run_snakemake(work, "--cores", "2", env=snakemake_env(SCALELAB_FAULT="hang@step=3,rank=1"))
+    count_orphans(str(work), d)
+    import pandas as pd
+
+    runs = pd.read_parquet(work / "results/metrics.parquet").set_index("run_id")
+    hung = runs[runs["world_size"] == 2]
+    d.faults_injected += len(hung)
+    d.timeouts_tried += len(hung)
+    limit = cfg["train"]["collective_timeout_s"] + 60
+    d.timeouts_honoured += int(((hung["status"] == "timeout") & (hung["wall_time_s"] <= limit)).sum())
+    d.check((runs[runs["world_size"] == 1]["status"] == "ok").all(), "the other runs completed")
+    d.faults_recovered += d.timeouts_honoured
+    audit(work, cfg, d)
+    return d
+
+
+def crash(tmp: Path) -> Drill:
+    """Rank 1 raises: the run ends `failed` with rank 1's error; the sweep goes on."""
+    d = Drill("crash")
+    cfg = _sweep_cfg()
+    work = write_workdir(tmp, cfg)
+    run_snakemake(work, "--cores", "2", env=snakemake_env(SCALELAB_FAULT="crash@step=3,rank=1"))
+    count_orphans(str(work), d)
+    import pandas as pd
+
+    runs = pd.read_parquet(work / "results/metrics.parquet").set_index("run_id")
+    crashed = runs[runs["world_size"] == 2]
+    d.faults_injected += len(crashed)
+    good = (crashed["status"] == "failed") & crashed["reason"].str.contains("rank 1: RuntimeError: injected crash at step 3")
+    d.faults_recovered += int(good.sum())
+    d.check(bool(good.all()), "crashed runs are `failed` with rank 1's error")
+    d.check((runs[runs["world_size"] == 1]["status"] == "ok").all(), "the other runs completed")
+    audit(work, cfg, d)
+    return d
+
+
+def bad_configs(tmp: Path) -> Drill:
+    """Every config in tests/bad_configs is rejected before any job, naming the culprit;
+    a free-text path holding shell syntax is used as a path, and the canary never appears."""
+    d = Drill("bad input")
+    for path in sorted(BAD_CONFIGS.glob("*.yaml")):
+        work = tmp / path.stem
+        text = path.read_text()
+        expected = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("# expect:")]
+        try:
+            fragment = yaml.safe_load(text)
+        except yaml.YAMLError:
+            fragment = None
+        if fragment is None:  # malformed: the file itself is the config
+            work.mkdir(parents=True)
+            (work / "config.yaml").write_text(text)
+        else:
+            cfg = tiny_config()
+            for section, value in fragment.items():
+                if isinstance(value, dict) and isinstance(cfg.get(section), dict):
+                    cfg[section].update(value)
+                else:
+                    cfg[section] = value
+            write_workdir(work, cfg)
+        proc = run_snakemake(work, "--cores", "1", check=False, timeout=120)
+        out = proc.stdout + proc.stderr
+        d.bad_configs_tried += 1
+        rejected = proc.returncode != 0 and all(e in out for e in expected) and not (work / "results").exists()
+        d.bad_configs_rejected += rejected
+        d.check(rejected, f"{path.name} rejected naming {expected}")
+        d.check(not (work / "INJECTED").exists() and not Path("INJECTED").exists(), f"{path.name}: canary absent")
+    # Free text that is legitimately free: a corpus path with shell syntax in it.
+    work = tmp / "free_text_path"
+    work.mkdir()
+    corpus = work / "corpus; touch INJECTED $(touch INJECTED2).txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 100)
+    write_workdir(work, tiny_config(dataset={"source": "text", "path": corpus.name}))
+    proc = run_snakemake(work, "--cores", "1", "results/data/tiny/meta.json", check=False)
+    d.check(proc.returncode == 0, "a corpus path with shell syntax is prepared as a path")
+    d.check(not any((work / c).exists() for c in ("INJECTED", "INJECTED2")), "free-text canary absent")
+    return d
+
+
+def determinism(tmp: Path) -> Drill:
+    """Same seed: bitwise-equal fp32 losses on CPU; another seed: different; full provenance."""
+    import pandas as pd
+
+    d = Drill("determinism and provenance")
+    losses = {}
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        cfg = tiny_config(sweep={"precision": ["fp32"], "zero_stage": [2], "world_size": [2]}, train={"seed": seed})
+        work = write_workdir(tmp / name, cfg)
+        run_snakemake(work, "--cores", "2")
+        losses[name] = pd.read_parquet(work / "results/steps.parquet")["loss"].tolist()
+        runs = pd.read_parquet(work / "results/metrics.parquet")
+        for column in ("seed", "config_hash", "git_commit", "torch_version", "device_name", "hostname",
+                       "python_version", "backend", "dataset"):
+            d.check(runs[column].notna().all(), f"provenance column {column} filled")
+        d.check((runs["seed"] == seed).all(), "seed recorded")
+    d.check(losses["a"] == losses["b"], "same seed gives bitwise-equal losses")
+    d.check(losses["a"] != losses["c"], "another seed gives other losses")
+    return d
+
+
+def _planned_jobs(work: Path) -> dict[str, int]:
+    out = run_snakemake(work, "-n", "--cores", "2").stdout
+    if "Job stats:" not in out:
+        return {}
+    import re
+
+    return {k: int(v) for k, v in re.findall(r"^(\w+)\s+(\d+)$", out.split("Job stats:")[1], flags=re.M) if k != "total"}
+
+
+def concurrency_and_reruns(tmp: Path) -> Drill:
+    """A second Snakemake on the same folder is refused; complete sweeps rerun nothing;
+    unrelated changes rerun nothing; a training change reruns exactly the affected runs."""
+    d = Drill("concurrency and reruns")
+    cfg = _sweep_cfg(steps=150)
+    work = write_workdir(tmp, cfg)
+    first = subprocess.Popen(snakemake_cmd(work, "--cores", "2"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, start_new_session=True, env=snakemake_env())
+    deadline = time.time() + 60
+    while time.time() < deadline and not list(work.glob("results/runs/*/*/*/progress.jsonl")):
+        time.sleep(0.2)
+    second = run_snakemake(work, "--cores", "2", check=False, timeout=120)
+    d.check(second.returncode != 0 and "cannot be locked" in (second.stdout + second.stderr), "second snakemake refused")
+    d.check(first.wait(timeout=600) == 0, "the first snakemake completed")
+    d.check(_planned_jobs(work) == {}, "a complete sweep reruns nothing")
+    (work / "notes.txt").write_text("unrelated")
+    os.utime(work / "config.yaml")
+    d.check(_planned_jobs(work) == {}, "touching unrelated files reruns nothing")
+    write_workdir(work, {**cfg, "train": {**cfg["train"], "run_timeout_s": 999}, "cluster": {**cfg["cluster"], "cpus_per_rank": 2}})
+    d.check(_planned_jobs(work) == {}, "changing limits and cluster facts reruns nothing")
+    write_workdir(work, {**cfg, "train": {**cfg["train"], "lr": cfg["train"]["lr"] / 2}})
+    planned = _planned_jobs(work)
+    n_runs = len(sweep_points(cfg))
+    d.check(planned.get("train", 0) + planned.get("train_multinode", 0) == n_runs, f"lr change reruns all {n_runs} runs: {planned}")
+    write_workdir(work, {**cfg, "sweep": {**cfg["sweep"], "precision": ["fp32", "bf16"]}})
+    planned = _planned_jobs(work)
+    d.check(planned.get("train", 0) + planned.get("train_multinode", 0) == n_runs and "prepare_data" not in planned,
+            f"adding bf16 runs exactly the {n_runs} new points: {planned}")
+    return d
+
+
+DRILLS = {f.__name__: f for f in (kill_mid_step, kill_during_data_write, kill_during_result_write,
+                                  kill_during_collection, hang, crash, bad_configs, determinism,
+                                  concurrency_and_reruns)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    names = (argv if argv is not None else sys.argv[1:]) or list(DRILLS)
+    unknown = [n for n in names if n not in DRILLS]
+    if unknown:
+        print(f"unknown drill(s) {unknown}; known: {', '.join(DRILLS)}", file=sys.stderr)
+        return 2
+    drills = []
+    for name in names:
+        start = time.time()
+        with tempfile.TemporaryDirectory(prefix=f"scalelab-{name}-") as tmp:
+            drill = DRILLS[name](Path(tmp))
+        drills.append(drill)
+        status = "ok" if not drill.checks_failed else "FAILED: " + "; ".join(drill.checks_failed)
+        figures = (f"injected {drill.faults_injected} recovered {drill.faults_recovered} lost {drill.rows_lost} "
+                   f"dup {drill.rows_duplicated} corrupt {drill.corrupt_files} orphans {drill.orphan_processes}")
+        print(f"{drill.name:<28} {time.time() - start:6.1f} s  {figures}  {status}", flush=True)
+        for note in drill.notes:
+            print(f"    {note}", flush=True)
+    totals = {f.name: sum(getattr(d, f.name) for d in drills) for f in dataclasses.fields(Drill)
+              if f.type in ("int", int)}
+    print()
+    print(f"faults injected / recovered : {totals['faults_injected']} / {totals['faults_recovered']}")
+    print(f"rows lost                   : {totals['rows_lost']}")
+    print(f"rows duplicated             : {totals['rows_duplicated']}")
+    print(f"corrupt files               : {totals['corrupt_files']}")
+    print(f"bad configs rejected / tried: {totals['bad_configs_rejected']} / {totals['bad_configs_tried']}")
+    print(f"timeouts honoured / tried   : {totals['timeouts_honoured']} / {totals['timeouts_tried']}")
+    print(f"orphan processes            : {totals['orphan_processes']}")
+    failed = [d for d in drills if d.checks_failed]
+    print(f"checks failed               : {sum(len(d.checks_failed) for d in failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
