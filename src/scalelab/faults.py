@@ -163,45 +163,41 @@ def kill_during_collection(tmp: Path) -> Drill:
     return _kill_at(tmp, "before_replace:metrics.parquet", "kill during collection")
 
 
+def _faulty_sweep(tmp: Path, d: Drill, cfg: dict, fault: str):
+    """Run the sweep with a fault in every two-rank run; return (runs table, faulted rows)."""
+    import pandas as pd
+
+    work = write_workdir(tmp, cfg)
+    run_snakemake(work, "--cores", "2", env=snakemake_env(SCALELAB_FAULT=fault))
+    count_orphans(str(work), d)
+    audit(work, cfg, d)
+    runs = pd.read_parquet(work / "results/metrics.parquet").set_index("run_id")
+    d.check((runs[runs["world_size"] == 1]["status"] == "ok").all(), "the other runs completed")
+    return runs, runs[runs["world_size"] == 2]
+
+
 def hang(tmp: Path) -> Drill:
     """Rank 1 stalls before a collective: the run ends `timeout` within its limit + 60 s,
     leaves no process behind, and the rest of the sweep completes."""
     d = Drill("hang")
     cfg = _sweep_cfg(collective_timeout_s=5, run_timeout_s=60)
-    work = write_workdir(tmp, cfg)
-    run_snakemake(work, "--cores", "2", env=snakemake_env(SCALELAB_FAULT="hang@step=3,rank=1"))
-    count_orphans(str(work), d)
-    import pandas as pd
-
-    runs = pd.read_parquet(work / "results/metrics.parquet").set_index("run_id")
-    hung = runs[runs["world_size"] == 2]
+    _, hung = _faulty_sweep(tmp, d, cfg, "hang@step=3,rank=1")
     d.faults_injected += len(hung)
     d.timeouts_tried += len(hung)
     limit = cfg["train"]["collective_timeout_s"] + 60
     d.timeouts_honoured += int(((hung["status"] == "timeout") & (hung["wall_time_s"] <= limit)).sum())
-    d.check((runs[runs["world_size"] == 1]["status"] == "ok").all(), "the other runs completed")
     d.faults_recovered += d.timeouts_honoured
-    audit(work, cfg, d)
     return d
 
 
 def crash(tmp: Path) -> Drill:
     """Rank 1 raises: the run ends `failed` with rank 1's error; the sweep goes on."""
     d = Drill("crash")
-    cfg = _sweep_cfg()
-    work = write_workdir(tmp, cfg)
-    run_snakemake(work, "--cores", "2", env=snakemake_env(SCALELAB_FAULT="crash@step=3,rank=1"))
-    count_orphans(str(work), d)
-    import pandas as pd
-
-    runs = pd.read_parquet(work / "results/metrics.parquet").set_index("run_id")
-    crashed = runs[runs["world_size"] == 2]
+    _, crashed = _faulty_sweep(tmp, d, _sweep_cfg(), "crash@step=3,rank=1")
     d.faults_injected += len(crashed)
     good = (crashed["status"] == "failed") & crashed["reason"].str.contains("rank 1: RuntimeError: injected crash at step 3")
     d.faults_recovered += int(good.sum())
     d.check(bool(good.all()), "crashed runs are `failed` with rank 1's error")
-    d.check((runs[runs["world_size"] == 1]["status"] == "ok").all(), "the other runs completed")
-    audit(work, cfg, d)
     return d
 
 
