@@ -93,6 +93,14 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
+def nccl_version() -> str:
+    """NCCL's version: a tuple in recent torch, an int (e.g. 21803) in older releases."""
+    version = torch.cuda.nccl.version()
+    if isinstance(version, int):
+        return f"{version // 10000}.{version // 100 % 100}.{version % 100}"
+    return ".".join(map(str, version))
+
+
 class Fault:
     """Fault injection for tests, from SCALELAB_FAULT="kind@step=S,rank=R".
 
@@ -277,7 +285,7 @@ def train(spec: dict) -> None:
         "threads_per_rank": torch.get_num_threads(),
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda,
-        "nccl_version": ".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda" else None,
+        "nccl_version": nccl_version() if device.type == "cuda" else None,
         "hostname": socket.gethostname(),
         "python_version": platform.python_version(),
     }
