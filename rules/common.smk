@@ -40,8 +40,10 @@ def point_from_wildcards(wildcards) -> RunPoint:
 
 
 # Training settings a run's results depend on (its params: changing one reruns the run).
-# Time limits are left out: raising a timeout must not retrain a finished sweep.
-TRAIN_RESULT_KEYS = {k: v for k, v in config["train"].items() if k not in ("run_timeout_s", "collective_timeout_s")}
+# Time limits and checkpoint frequency are left out: they must not retrain a finished sweep.
+TRAIN_RESULT_KEYS = {
+    k: v for k, v in config["train"].items() if k not in ("run_timeout_s", "collective_timeout_s", "checkpoint_every")
+}
 
 # Cluster facts come from config (section `cluster`), never from code.
 CLUSTER = config["cluster"]

@@ -116,3 +116,27 @@ def test_cuda_requested_without_gpu_is_skipped(tmp_path, tiny_data):
     summary, steps, _ = _run(tmp_path, tiny_data, RunPoint("bf16", 0, 2), cfg=cfg)
     assert summary["status"] == "skipped" and "no CUDA device" in summary["reason"]
     assert len(steps) == 0
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_killed_run_resumes_from_checkpoint_bitwise(tmp_path, tiny_data, stage):
+    """Rank 0 dies at step 9 (checkpoints after steps 3 and 7); rerunning resumes from step 7
+    and the fp32 losses and final parameters equal an uninterrupted run's, bit for bit."""
+    point = RunPoint("fp32", stage, 2)
+    plain = tiny_config(train={"steps": 12, "warmup_steps": 2})
+    _, reference, ref_dir = _run(tmp_path / "reference", tiny_data, point, cfg=plain, save_final_params=True)
+    cfg = tiny_config(train={"steps": 12, "warmup_steps": 2, "checkpoint_every": 4})
+    first, steps, run_dir = _run(tmp_path / "resumed", tiny_data, point, cfg=cfg, fault="exit@step=9,rank=0")
+    assert first["status"] == "failed" and len(steps) == 9
+    assert (run_dir / "checkpoint" / "step_7").is_dir() and not (run_dir / "checkpoint" / "step_3").exists()
+    (run_dir / "checkpoint" / "step_11.tmp").mkdir()  # a half-written checkpoint: must never be loaded
+    (run_dir / "checkpoint" / "step_11.tmp" / "garbage").write_text("torn")
+    second, steps, run_dir = _run(tmp_path / "resumed", tiny_data, point, cfg=cfg, save_final_params=True)
+    assert second["status"] == "ok", second["reason"]
+    assert second["resumed_from_step"] == 7
+    assert steps["step"].tolist() == list(range(12))
+    assert steps["loss"].tolist() == reference["loss"].tolist()
+    resumed, uninterrupted = torch.load(run_dir / "final_params.pt"), torch.load(ref_dir / "final_params.pt")
+    for name, tensor in uninterrupted.items():
+        assert torch.equal(resumed[name], tensor), name
+    assert not (run_dir / "checkpoint").exists(), "checkpoints of a finished run are removed"

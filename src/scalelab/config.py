@@ -94,6 +94,8 @@ class TrainConfig:
     """Allow TF32 matmuls for fp32 on GPU."""
     fp16_init_scale: float
     """Initial dynamic loss scale (fp16)."""
+    checkpoint_every: int
+    """Save a resumable checkpoint every N optimizer steps; 0 = never."""
     collective_timeout_s: float
     """Timeout of every collective, seconds."""
     run_timeout_s: float

@@ -106,28 +106,32 @@ def _sweep_cfg(**train) -> dict:
 
 
 def kill_mid_step(tmp: Path) -> Drill:
-    """SIGKILL Snakemake and the runs mid-step; --unlock + --rerun-incomplete completes the sweep."""
+    """SIGKILL Snakemake and the runs mid-step, after a checkpoint; --unlock +
+    --rerun-incomplete completes the sweep, the killed run resuming from its checkpoint."""
     d = Drill("kill mid-step")
-    cfg = _sweep_cfg(steps=200)
+    cfg = _sweep_cfg(steps=300, checkpoint_every=20)
     work = write_workdir(tmp, cfg)
     run_snakemake(work, "--cores", "1", f"{cfg['results_dir']}/data/tiny/meta.json")
     proc = subprocess.Popen(snakemake_cmd(work, "--cores", "2"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True, env=snakemake_env())
     deadline = time.time() + 120
-    progress = None
-    while time.time() < deadline and progress is None:
-        for p in work.glob("results/runs/*/*/*/progress.jsonl"):
-            if len(p.read_text().splitlines()) >= 10:
-                progress = p
-        time.sleep(0.1)
-    d.check(progress is not None, "a run reached step 10")
+    killed_run = None
+    while time.time() < deadline and killed_run is None:
+        for ckpt in work.glob("results/runs/*/*/*/checkpoint/step_*"):
+            if ckpt.name.split("_", 1)[1].isdigit():
+                killed_run = ckpt.parent.parent
+        time.sleep(0.05)
+    d.check(killed_run is not None, "a run wrote a checkpoint")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     d.faults_injected += 1
     count_orphans(str(work), d)
-    d.check(not (progress.parent / "summary.json").exists(), "no summary for the killed run")
+    d.check(not (killed_run / "summary.json").exists(), "no summary for the killed run")
     run_snakemake(work, "--unlock")
     run_snakemake(work, "--cores", "2", "--rerun-incomplete")
+    summary = json.loads((killed_run / "summary.json").read_text())
+    d.check(summary.get("resumed_from_step") is not None, "the killed run resumed from its checkpoint")
+    d.notes.append(f"{summary['run_id']} resumed from step {summary.get('resumed_from_step')}")
     audit(work, cfg, d)
     d.faults_recovered += not d.checks_failed and d.rows_lost == 0
     return d

@@ -123,8 +123,12 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
     run_dir, log_path = Path(run_dir), Path(log_path)
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in [*run_dir.glob("rank*.error.json"), run_dir / "worker_result.json", run_dir / "progress.jsonl"]:
-        stale.unlink(missing_ok=True)  # leftovers of a killed attempt
+    resuming = bool(config["train"].get("checkpoint_every")) and (run_dir / "checkpoint").is_dir()
+    stale = [*run_dir.glob("rank*.error.json"), run_dir / "worker_result.json"]
+    if not resuming:  # a resumed run keeps the step records up to its checkpoint
+        stale.append(run_dir / "progress.jsonl")
+    for path in stale:
+        path.unlink(missing_ok=True)  # leftovers of a killed attempt
 
     meta = read_meta(data_dir)
     model = model_config(config, vocab_size=meta["vocab_size"])
@@ -188,6 +192,10 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
     for scratch in [run_dir / "worker_result.json", run_dir / "progress.jsonl", *run_dir.glob("rank*.error.json")]:
         if status == "ok" or scratch.name == "worker_result.json":
             scratch.unlink(missing_ok=True)
+    if status == "ok":  # checkpoints exist to resume an unfinished run; this one is finished
+        import shutil
+
+        shutil.rmtree(run_dir / "checkpoint", ignore_errors=True)
     return summary
 
 

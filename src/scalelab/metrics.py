@@ -68,7 +68,7 @@ _RUN_FIELDS = [
     ("tokens_per_s", pa.float64()), ("step_time_s_mean", pa.float64()), ("step_time_s_median", pa.float64()),
     ("loop_time_s_per_step", pa.float64()),
     ("flops_per_token", pa.float64()), ("peak_flops_per_device", pa.float64()), ("peak_flops_source", pa.string()),
-    ("mfu", pa.float64()), ("final_loss", pa.float64()), ("skipped_steps", pa.int32()), ("final_loss_scale", pa.float64()),
+    ("mfu", pa.float64()), ("final_loss", pa.float64()), ("skipped_steps", pa.int32()), ("resumed_from_step", pa.int32()), ("final_loss_scale", pa.float64()),
     ("model_state_bytes_measured", pa.int64()), ("model_state_params_bytes_measured", pa.int64()),
     ("model_state_grads_bytes_measured", pa.int64()), ("model_state_optimizer_bytes_measured", pa.int64()),
     ("model_state_bytes_measured_per_rank", pa.list_(pa.int64())),

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import accounting
+from . import accounting, checkpoint
 from .comm import CommCounter
 from .config import ModelConfig, TrainConfig, micro_batch_plan
 from .data import BatchSampler
@@ -145,12 +145,28 @@ def train(spec: dict) -> None:
     sampler = BatchSampler(spec["train_bin"], spec["token_dtype"], model_cfg.seq_len, train_cfg.seed)
     counter = CommCounter().install()
     tokens_per_step = train_cfg.global_batch * model_cfg.seq_len
-    progress = open(run_dir / "progress.jsonl", "w") if rank == 0 else None
+
+    # Resume from the newest complete checkpoint, keeping the step records up to it.
+    start_step, ckpt_root = 0, run_dir / "checkpoint"
+    found = checkpoint.latest(ckpt_root) if train_cfg.checkpoint_every else None
+    kept = []
+    if found:
+        checkpoint.load(found[1], par, scaler)
+        start_step = found[0] + 1
+        if rank == 0 and (run_dir / "progress.jsonl").exists():
+            kept = [line for line in (run_dir / "progress.jsonl").read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] < start_step]
+    progress = None
+    if rank == 0:
+        progress = open(run_dir / "progress.jsonl", "w")
+        progress.writelines(line + "\n" for line in kept)
+        progress.flush()
     step_times, skipped_steps, first_step_at = [], 0, None
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    for step in range(train_cfg.steps):
+    loop_start = time.perf_counter()
+    for step in range(start_step, train_cfg.steps):
         lr = lr_at(step, train_cfg)
         for group in par.optimizer.param_groups:
             group["lr"] = lr
@@ -212,6 +228,9 @@ def train(spec: dict) -> None:
             progress.flush()
         if step < train_cfg.steps - 1:
             par.optimizer.zero_grad(set_to_none=True)
+            if train_cfg.checkpoint_every and (step + 1) % train_cfg.checkpoint_every == 0:
+                with counter.paused():
+                    checkpoint.save(ckpt_root, step, par, scaler)
     counter.enabled = False
     loop_time = time.perf_counter() - loop_start
 
@@ -236,7 +255,7 @@ def train(spec: dict) -> None:
     if rank != 0:
         return
 
-    n_measured = train_cfg.steps - train_cfg.warmup_steps
+    n_measured = max(1, len(step_times))  # this attempt's steps after warm-up
     total_time = sum(step_times)
     tokens_per_s = tokens_per_step * len(step_times) / total_time
     fpt = accounting.flops_per_token(model_cfg)
@@ -259,6 +278,7 @@ def train(spec: dict) -> None:
         "peak_flops_source": peak_source,
         "mfu": accounting.mfu(tokens_per_s, fpt, peak, world_size),
         "skipped_steps": skipped_steps,
+        "resumed_from_step": start_step - 1 if start_step else None,
         "final_loss_scale": scaler.get_scale() if scaler.is_enabled() else None,
         "model_state_bytes_measured": sum(all_held[largest].values()),
         "model_state_params_bytes_measured": all_held[largest]["params"],
