@@ -28,12 +28,11 @@ _COUNTED = {
 
 
 class CommCounter:
-    """Counts collective calls, elements and bytes while ``enabled``."""
+    """Counts collective calls and bytes while ``enabled``."""
 
     def __init__(self):
         self.enabled = False
         self.calls = collections.Counter()
-        self.elements = collections.Counter()
         self.bytes = collections.Counter()
         self._originals = {}
 
@@ -58,7 +57,6 @@ class CommCounter:
                 tensor = kwargs.get(kw, args[pos] if len(args) > pos else None)
                 if torch.is_tensor(tensor):
                     self.calls[name] += 1
-                    self.elements[name] += factor * tensor.numel()
                     self.bytes[name] += factor * tensor.numel() * tensor.element_size()
             return original(*args, **kwargs)
 
@@ -72,8 +70,3 @@ class CommCounter:
             yield
         finally:
             self.enabled = was
-
-    def reset(self) -> None:
-        self.calls.clear()
-        self.elements.clear()
-        self.bytes.clear()

@@ -13,7 +13,6 @@ import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -275,7 +274,3 @@ def load_config(path: str | Path) -> dict:
     validate(config, str(SCHEMA_PATH), set_default=True)
     check_config(config, base_dir=path.parent)
     return config
-
-
-def as_dict(obj: Any) -> dict:
-    return dataclasses.asdict(obj)

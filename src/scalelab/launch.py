@@ -24,7 +24,6 @@ from .data import read_meta
 from .io import read_json, write_json
 from .metrics import steps_table, write_parquet
 
-STATUSES = ("ok", "oom", "timeout", "failed", "skipped", "predicted_oom")
 _PR_SET_PDEATHSIG = 1
 
 
@@ -139,7 +138,7 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
     device, reason = resolve_device(train.device)
     if reason is None:
         reason = skip_reason(device, point)
-    plan = plan_memory(config, model, point, micro, device)
+    memory_plan = plan_memory(config, model, point, micro, device)
     threads_per_rank = max(1, threads // point.world_size)
     summary = {
         **identity,
@@ -153,12 +152,12 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
         **git_provenance(Path(repo_dir)),
     }
 
-    summary.update(plan)
+    summary.update(memory_plan)
     records: list[dict] = []
     if reason is not None:
         status = "skipped"
-    elif plan["predicted_oom_reason"] and not config.get("planning", {}).get("launch_predicted_oom", False):
-        status, reason = "predicted_oom", plan["predicted_oom_reason"]
+    elif memory_plan["predicted_oom_reason"] and not config.get("planning", {}).get("launch_predicted_oom", False):
+        status, reason = "predicted_oom", memory_plan["predicted_oom_reason"]
     else:
         spec = {
             "run_dir": str(run_dir.resolve()), "device": device, "precision": point.precision,
@@ -248,7 +247,6 @@ def _run_torchrun(cmd, env, log_path: Path, timeout_s: float, run_dir: Path) -> 
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
             return "timeout", f"run exceeded train.run_timeout_s={timeout_s:g} s and was stopped"
         finally:
             _kill_group(proc)  # no orphan ranks, whatever happened
@@ -268,18 +266,12 @@ def _kill_group(proc: subprocess.Popen) -> None:
         return
     deadline = time.time() + 10
     while time.time() < deadline:
+        proc.poll()  # reap the leader, so a group with no live member reads as gone
         try:
             os.killpg(proc.pid, 0)
         except ProcessLookupError:
             return
-        if proc.poll() is None:
-            time.sleep(0.1)
-        else:
-            time.sleep(0.1)
-            try:  # the leader is gone; any member left?
-                os.killpg(proc.pid, 0)
-            except ProcessLookupError:
-                return
+        time.sleep(0.1)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:

@@ -147,7 +147,7 @@ def mfu_heatmap(runs: pd.DataFrame, out_dir: Path):
                 st, v = status.get((p, z)), grid.iloc[i, j]
                 labels[i, j] = "not run" if st is None else (st if st != "ok" else (f"{v:.3f}" if pd.notna(v) else "n/a"))
         sns.heatmap(grid.astype(float), annot=labels, fmt="", cmap="viridis", ax=ax, cbar=False,
-                    linewidths=0.5, linecolor="white", mask=grid.isna().to_numpy() & False)
+                    linewidths=0.5, linecolor="white")
         ax.set_facecolor("#f4cccc")  # non-ok / missing cells show through in red
         ax.set(title=f"world size {ws}", xlabel="ZeRO stage", ylabel="precision")
     return _save(fig, out_dir, "mfu_heatmap"), caption

@@ -210,9 +210,8 @@ def train(spec: dict) -> None:
         # Measurement: the global batch's loss (mean over ranks) and the skip flag.
         with counter.paused():
             loss_global = loss_sum / accum
-            dist.all_reduce(loss_global, op=dist.ReduceOp.AVG if device.type == "cuda" else dist.ReduceOp.SUM)
-            if device.type != "cuda":
-                loss_global /= world_size
+            dist.all_reduce(loss_global, op=dist.ReduceOp.SUM)  # gloo has no AVG
+            loss_global /= world_size
         scale_after = scaler.get_scale() if scaler.is_enabled() else 1.0
         skipped = bool(scaler.is_enabled() and scale_after < scale_before)
         skipped_steps += skipped
@@ -250,7 +249,7 @@ def train(spec: dict) -> None:
                 for name, t in par.model.state_dict().items()}
         if rank == 0:
             torch.save({k.removeprefix("module."): v for k, v in full.items()}, run_dir / "final_params.pt")
-    counted = {k: dict(v) for k, v in (("calls", counter.calls), ("elements", counter.elements), ("bytes", counter.bytes))}
+    counted = {"calls": dict(counter.calls), "bytes": dict(counter.bytes)}
     counter.uninstall()
     if rank != 0:
         return
