@@ -2,7 +2,7 @@
 # Table of contents only: helpers live in rules/common.smk, one stage per rules/*.smk.
 from snakemake.utils import min_version, validate
 
-from scalelab.config import ConfigError, check_yaml_syntax
+from scalelab.config import ConfigError, check_moved_keys, check_yaml_syntax
 
 min_version("9.14.8")
 
@@ -17,6 +17,10 @@ for _config_file in ["config.yaml", *workflow.overwrite_configfiles]:
 configfile: "config.yaml"
 
 
+try:
+    check_moved_keys(config)  # a key of an earlier layout: say where it went
+except ConfigError as err:
+    raise WorkflowError(f"invalid config: {err}") from None
 validate(config, "workflow/schemas/config.schema.yaml")
 
 

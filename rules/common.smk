@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 from snakemake.utils import Paramspace
 
-from scalelab.config import SWEEP_AXES, ConfigError, RunPoint, check_config, launch_plan, sweep_points
+from scalelab.config import SWEEP_AXES, ConfigError, RunPoint, check_config, launch_plan, sweep_plan, sweep_points
 
 # Schema checks ran in the Snakefile; these are the cross-field rules. A bad value stops
 # the workflow here, before any job is scheduled, with the key and value named.
@@ -27,16 +27,19 @@ def dataset_inputs(wildcards):
     return [path] if path else []
 
 
-# The sweep, defined once: every run path and run id derives from this table.
-SWEEP = Paramspace(
-    pd.DataFrame([[getattr(p, axis) for axis in SWEEP_AXES] for p in sweep_points(config)], columns=SWEEP_AXES),
-    filename_params=[],
-)
+# The sweep, defined once: every run path and run id derives from this table. Values are
+# the strings paths use (micro_batch~auto, activation_checkpointing~false, bucket_mb~25).
+_POINTS, _LEFT_OUT = sweep_plan(config)
+SWEEP = Paramspace(pd.DataFrame([p.path_values() for p in _POINTS], columns=SWEEP_AXES), filename_params=[])
 RUN_DIRS = [RESULTS / "runs" / instance for instance in SWEEP.instance_patterns]
+# Lever combinations that do not apply are not run; say so once, with the reason.
+for _reason in sorted({reason for _, reason in _LEFT_OUT}):
+    _ids = [p.run_id for p, r in _LEFT_OUT if r == _reason]
+    print(f"scalelab: {len(_ids)} sweep point(s) left out ({', '.join(_ids[:4])}{', ...' if len(_ids) > 4 else ''}): {_reason}", file=sys.stderr)
 
 
 def point_from_wildcards(wildcards) -> RunPoint:
-    return RunPoint(wildcards.precision, int(wildcards.zero_stage), int(wildcards.world_size))
+    return RunPoint.from_path_values(dict(wildcards.items()))
 
 
 # Training settings a run's results depend on (its params: changing one reruns the run).

@@ -1,13 +1,19 @@
 """Shared fixtures; the helpers themselves live in scalelab.testing (the fault drills use them too)."""
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from scalelab.config import REPO_ROOT as REPO
+from scalelab.launch import launch_run
 from scalelab.testing import BIN, SNAKEMAKE, tiny_config, write_workdir  # noqa: F401
 from scalelab.testing import run_snakemake as snakemake  # noqa: F401
+
+PARITY_STEPS = 10
 
 
 @pytest.fixture(scope="session")
@@ -19,3 +25,22 @@ def tiny_data(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("data") / "tiny"
     prepare_dataset(dataset_config(tiny_config()), out, seq_len=32)
     return out
+
+
+def run_point(tmp_path, tiny_data, point, cfg=None, fault=None, **kwargs):
+    """Launch one sweep point for real (torchrun, gloo); return (summary, steps table, run folder).
+    fault: a SCALELAB_FAULT spec for this run only."""
+    cfg = cfg or tiny_config(train={"steps": PARITY_STEPS, "warmup_steps": 2})
+    run_dir = tmp_path / point.path
+    old = os.environ.pop("SCALELAB_FAULT", None)
+    if fault:
+        os.environ["SCALELAB_FAULT"] = fault
+    try:
+        summary = launch_run(cfg, point, tiny_data, run_dir, tmp_path / f"{point.run_id}.log", threads=2, **kwargs)
+    finally:
+        os.environ.pop("SCALELAB_FAULT", None)
+        if old is not None:
+            os.environ["SCALELAB_FAULT"] = old
+    assert json.loads((run_dir / "summary.json").read_text()) == json.loads(json.dumps(summary, default=str))
+    steps = pq.read_table(run_dir / "steps.parquet").to_pandas()
+    return summary, steps, run_dir

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import snakemake, tiny_config, write_workdir
 from scalelab import accounting
-from scalelab.config import ModelConfig
+from scalelab.config import ModelConfig, RunPoint
 from scalelab.model import GPT
 
 SCALELAB = str(Path(sys.executable).parent / "scalelab")
@@ -131,6 +131,6 @@ def test_point_that_cannot_fit_is_recorded_without_launch(tmp_path):
     assert "exceeds the device memory" in runs.loc["fp32-z0-w2", "reason"]
     assert runs.loc["fp32-z0-w2", "predicted_peak_bytes"] == pytest.approx(big)
     assert runs.loc["fp32-z3-w2", "status"] == "ok"
-    log = tmp_path / "results/logs/runs/precision~fp32/zero_stage~0/world_size~2.log"
+    log = tmp_path / "results/logs/runs" / f"{RunPoint('fp32', 0, 2).path}.log"
     assert not log.exists() or "torch.distributed.run" not in log.read_text(), "the point was launched"
     assert "predicted_oom" in (tmp_path / "results/report/report.html").read_text()

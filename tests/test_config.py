@@ -2,7 +2,8 @@
 import pytest
 
 from conftest import snakemake, tiny_config, write_workdir
-from scalelab.config import ConfigError, check_config, micro_batch_plan, train_config
+from scalelab.config import (ConfigError, RunPoint, check_config, check_moved_keys, micro_batch_plan, sweep_plan,
+                             train_config)
 
 BAD_CONFIGS = {
     # case: (overrides, strings the error must contain)
@@ -14,6 +15,8 @@ BAD_CONFIGS = {
     "global batch not divisible": ({"sweep": {"world_size": [1, 3]}}, ["train.global_batch=8", "world_size=3"]),
     "missing corpus path": ({"dataset": {"source": "text", "path": "no/such/corpus.txt"}}, ["dataset.path", "no/such/corpus.txt"]),
     "heads do not divide width": ({"model": {"n_heads": 3}}, ["model.n_heads=3", "model.d_model=32"]),
+    "micro-batch fits nothing": ({"sweep": {"micro_batch": [3]}}, ["sweep.micro_batch=3", "fits no world size"]),
+    "moved key": ({"train": {"micro_batch": 2}}, ["train.micro_batch has moved to sweep.micro_batch"]),
 }
 
 
@@ -44,11 +47,39 @@ def test_good_config_dry_run_plans_data_and_runs(tmp_path):
 
 
 def test_micro_batch_plan():
-    train = train_config(tiny_config(train={"global_batch": 16, "micro_batch": 2}))
-    assert micro_batch_plan(train, 1) == (2, 8)
-    assert micro_batch_plan(train, 4) == (2, 2)
-    with pytest.raises(ConfigError, match="train.micro_batch=2"):
-        micro_batch_plan(train_config(tiny_config(train={"global_batch": 6, "micro_batch": 2})), 2)
+    train = train_config(tiny_config(train={"global_batch": 16}))
+    assert micro_batch_plan(train, 1, 2) == (2, 8)
+    assert micro_batch_plan(train, 4, 2) == (2, 2)
+    assert micro_batch_plan(train, 4) == (4, 1)
+    with pytest.raises(ConfigError, match="sweep.micro_batch=2"):
+        micro_batch_plan(train_config(tiny_config(train={"global_batch": 6})), 2, 2)
+
+
+def test_lever_axes_leave_out_combinations_they_do_not_apply_to():
+    cfg = tiny_config(train={"global_batch": 8}, sweep={
+        "precision": ["fp32"], "zero_stage": [0, 3], "world_size": [1, 2],
+        "micro_batch": [None, 8], "cpu_offload": [False, True], "bucket_mb": [25, 1]})
+    points, left_out = sweep_plan(cfg)
+    ids = {p.run_id for p in points}
+    # micro-batch 8 fits world size 1 (8 per rank), not 2 (4 per rank); offload only at stage 3;
+    # FSDP2 (stage 3) has no buckets, so its bucket_mb is None and the 1 MiB copy is not a second run.
+    assert "fp32-z0-w1-mb8" in ids and "fp32-z0-w2-mb8" not in ids
+    assert "fp32-z3-w2-offload" in ids and not any(p.cpu_offload and p.zero_stage == 0 for p in points)
+    assert "fp32-z0-w1-bucket1" in ids and all(p.bucket_mb is None for p in points if p.zero_stage == 3)
+    assert len(ids) == len(points)  # run ids are unique
+    reasons = {r for _, r in left_out}
+    assert any("sweep.micro_batch=8" in r and "world_size=2" in r for r in reasons)
+    assert any("cpu_offload applies to ZeRO stage 3" in r for r in reasons)
+    # Paths and ids round-trip; default levers keep the short id.
+    for p in points:
+        assert RunPoint.from_path_values(dict(part.split("~") for part in p.path.split("/"))) == p
+    assert RunPoint("fp32", 0, 1).run_id == "fp32-z0-w1"
+    assert RunPoint("fp32", 3, 1, 2, True, True, 1.0).run_id == "fp32-z3-w1-mb2-ac-offload"
+
+
+def test_train_micro_batch_names_its_new_home():
+    with pytest.raises(ConfigError, match="train.micro_batch has moved to sweep.micro_batch"):
+        check_moved_keys(tiny_config(train={"micro_batch": 2}))
 
 
 def test_synthetic_source_rejects_a_path():

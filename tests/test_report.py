@@ -10,17 +10,19 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
+from scalelab.config import RunPoint
 from scalelab.fixtures import FAILURES, synthetic_results
 from scalelab.metrics import SCHEMA_VERSION, collect, schema_version, steps_table, write_parquet
 from scalelab.report import build_report
 from scalelab.io import write_json
 
 PLOTS = ["memory_model_state", "memory_peak", "throughput", "mfu_heatmap", "loss_curves", "loss_scale", "communication"]
+LEVER_PLOTS = ["lever_activation_checkpointing", "lever_micro_batch", "lever_bucket_mb"]
 
 
 @pytest.fixture
 def fixture_results(tmp_path):
-    synthetic_results(tmp_path, n_runs=30, n_steps=40)
+    synthetic_results(tmp_path, n_runs=96, n_steps=40)  # 24 baseline runs + 3 x 24 lever variants
     return tmp_path
 
 
@@ -28,11 +30,15 @@ def test_report_from_parquet_alone(fixture_results):
     html_path = build_report(fixture_results)
     html = html_path.read_text()
     runs = pd.read_parquet(fixture_results / "metrics.parquet")
-    for name in PLOTS:
+    for name in PLOTS + LEVER_PLOTS:
         assert (fixture_results / "report" / f"{name}.png").stat().st_size > 1000, name
     for run_id in runs["run_id"]:
         assert re.search(rf">{re.escape(run_id)}<", html), f"{run_id} not in the run table"
-    assert html.count("data:image/png;base64,") == len(PLOTS), "every figure embedded"
+    assert html.count("data:image/png;base64,") == len(PLOTS + LEVER_PLOTS), "every figure embedded"
+    # Main figures compare the baseline runs; each lever run is set against its baseline twin.
+    assert "These figures show the 24 runs with every lever at its default" in html
+    assert re.search(r">fp32-z0-w2-ac<.*?>fp32-z0-w2<", html, re.S), "AC run paired with its baseline"
+    assert "step_time_ratio_predicted" in html and "all_reduce_calls_predicted" in html
     assert "src='report/" not in html and "src=\"" not in html, "no external images"
     for status, reason in FAILURES.values():
         assert status in html and reason.split(":")[0] in html
@@ -57,8 +63,9 @@ def test_report_warns_on_mfu_memory_and_parity(fixture_results):
 
 
 def _fake_run(runs_root: Path, precision: str, stage: int, ws: int, status="ok"):
-    run_dir = runs_root / f"precision~{precision}/zero_stage~{stage}/world_size~{ws}"
-    identity = {"run_id": f"{precision}-z{stage}-w{ws}", "precision": precision, "zero_stage": stage, "world_size": ws}
+    point = RunPoint(precision, stage, ws)
+    run_dir = runs_root / point.path
+    identity = point.identity(micro_batch=4)
     records = [{"step": s, "loss": 5.0 - s, "grad_norm": 1.0, "lr": 1e-3, "loss_scale": None, "skipped": False,
                 "step_time_s": 0.01, "tokens": 512} for s in range(3)]
     write_parquet(steps_table(identity, records), run_dir / "steps.parquet")

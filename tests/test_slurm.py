@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from conftest import BIN, REPO, SNAKEMAKE, snakemake, tiny_config, write_workdir
+from scalelab.config import RunPoint
 from scalelab.testing import SLURM_PLUGIN_DIR
 from slurm_cluster import SlurmCluster, slurm_available
 
@@ -58,7 +59,7 @@ def test_workflow_through_slurm_matches_a_local_run(tmp_path, cluster):
     runs = pd.read_parquet(on_slurm / "results/metrics.parquet").set_index("run_id").sort_index()
     assert (runs["status"] == "ok").all(), runs[["status", "reason"]]
     multi = pd.Series({r: runs.loc[r, "world_size"] == 2 for r in runs.index})
-    log2 = (on_slurm / "results/logs/runs/precision~fp32/zero_stage~3/world_size~2.log").read_text()
+    log2 = (on_slurm / "results/logs/runs" / f"{RunPoint('fp32', 3, 2).path}.log").read_text()
     assert "$ srun --ntasks=2" in log2 and "--nnodes=2" in log2, "world size 2 must take the multi-node path"
     assert multi.sum() == 2
 

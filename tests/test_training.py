@@ -1,38 +1,16 @@
 """Training runs with real torchrun/gloo processes: parity, memory, fp16 skips, statuses."""
+
 import json
-import os
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 import torch
 
-from conftest import tiny_config
+from conftest import PARITY_STEPS, run_point as _run, tiny_config
 from scalelab.config import RunPoint, model_config, train_config
-from scalelab.launch import launch_run
 from scalelab.reference import bare_loop
 
 pytestmark = pytest.mark.multirank
-
-PARITY_STEPS = 10
-
-
-def _run(tmp_path, tiny_data, point, cfg=None, fault=None, **kwargs):
-    cfg = cfg or tiny_config(train={"steps": PARITY_STEPS, "warmup_steps": 2})
-    run_dir = tmp_path / point.path
-    old = os.environ.pop("SCALELAB_FAULT", None)
-    if fault:
-        os.environ["SCALELAB_FAULT"] = fault
-    try:
-        summary = launch_run(cfg, point, tiny_data, run_dir, tmp_path / f"{point.run_id}.log", threads=2, **kwargs)
-    finally:
-        os.environ.pop("SCALELAB_FAULT", None)
-        if old is not None:
-            os.environ["SCALELAB_FAULT"] = old
-    assert json.loads((run_dir / "summary.json").read_text()) == json.loads(json.dumps(summary, default=str))
-    steps = pq.read_table(run_dir / "steps.parquet").to_pandas()
-    return summary, steps, run_dir
-
 
 @pytest.fixture(scope="module")
 def reference(tiny_data):

@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import REPO, SNAKEMAKE, snakemake, tiny_config, write_workdir
+from scalelab.config import RUN_DIR_GLOB, RunPoint
 
 pytestmark = pytest.mark.workflow
 
@@ -31,7 +32,7 @@ def test_sweep_end_to_end_then_nothing_to_do(tmp_path):
     cfg = tiny_config(sweep={"precision": ["fp32", "bf16"], "zero_stage": [0, 3], "world_size": [1, 2]})
     workdir = write_workdir(tmp_path, cfg)
     snakemake(workdir, "--cores", "2")
-    summaries = sorted((tmp_path / "results/runs").glob("*/*/*/summary.json"))
+    summaries = sorted((tmp_path / "results/runs").glob(f"{RUN_DIR_GLOB}/summary.json"))
     assert len(summaries) == 8
     for path in summaries:
         summary = json.loads(path.read_text())
@@ -39,7 +40,8 @@ def test_sweep_end_to_end_then_nothing_to_do(tmp_path):
         steps = pq.read_table(path.parent / "steps.parquet")
         assert steps.num_rows == cfg["train"]["steps"]
         assert path.parent.relative_to(tmp_path / "results/runs").as_posix() == (
-            f"precision~{summary['precision']}/zero_stage~{summary['zero_stage']}/world_size~{summary['world_size']}")
+            f"precision~{summary['precision']}/zero_stage~{summary['zero_stage']}/world_size~{summary['world_size']}/"
+            "micro_batch~auto/activation_checkpointing~false/cpu_offload~false/bucket_mb~" + ("25" if summary["zero_stage"] < 2 else "none"))
     dry = snakemake(workdir, "-n", "--cores", "2")
     assert "Nothing to be done" in dry.stdout + dry.stderr
     runs = pq.read_table(tmp_path / "results/metrics.parquet").to_pandas()
@@ -56,3 +58,30 @@ def test_sweep_end_to_end_then_nothing_to_do(tmp_path):
     assert (tmp_path / "results/report/report.html").exists()
     snakemake(workdir, "--report", str(tmp_path / "snakemake_report.zip"))
     assert (tmp_path / "snakemake_report.zip").stat().st_size > 10_000
+
+
+def test_lever_axes_end_to_end(tmp_path):
+    """Levers swept like the other axes: in paths, identity columns and the report; points a
+    lever does not apply to are left out with a note; GPU-only points are skipped rows."""
+    cfg = tiny_config(sweep={"precision": ["fp32", "fp8"], "zero_stage": [0, 3], "world_size": [1],
+                             "activation_checkpointing": [False, True], "cpu_offload": [False, True]})
+    workdir = write_workdir(tmp_path, cfg)
+    proc = snakemake(workdir, "--cores", "2")
+    assert "sweep point(s) left out" in proc.stderr and "cpu_offload applies to ZeRO stage 3" in proc.stderr
+    runs = pq.read_table(tmp_path / "results/metrics.parquet").to_pandas().set_index("run_id")
+    # 2 precisions x (stage 0: ac off/on; stage 3: ac off/on x offload off/on)
+    assert len(runs) == 12
+    assert (tmp_path / "results/runs" / RunPoint("fp32", 3, 1, None, True, False).path / "summary.json").exists()
+    ok = runs[runs["status"] == "ok"]
+    assert sorted(ok.index) == ["fp32-z0-w1", "fp32-z0-w1-ac", "fp32-z3-w1", "fp32-z3-w1-ac"]
+    assert ok.loc["fp32-z3-w1-ac", "activation_checkpointing"] and not ok.loc["fp32-z3-w1", "activation_checkpointing"]
+    assert ok.loc["fp32-z3-w1-ac", "activation_bytes_measured"] < ok.loc["fp32-z3-w1", "activation_bytes_measured"]
+    skipped = runs[runs["status"] == "skipped"]
+    assert len(skipped) == 8 and skipped["reason"].str.len().gt(20).all()
+    assert "cpu_offload moves model state" in skipped.loc["fp32-z3-w1-offload", "reason"]
+    assert "fp8 needs a GPU" in skipped.loc["fp8-z0-w1-ac", "reason"]
+    html = (tmp_path / "results/report/report.html").read_text()
+    assert "id='levers'" in html and "lever_activation_checkpointing.png" in html and "lever_cpu_offload.png" in html
+    assert "fp8 against bf16" in html
+    dry = snakemake(workdir, "-n", "--cores", "2")
+    assert "Nothing to be done" in dry.stdout + dry.stderr

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 
 from .config import ModelConfig
 
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
+# Bytes per activation value by precision (fp8 runs autocast to bf16 around float8 matmuls).
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
 
 
 def param_count(cfg: ModelConfig) -> int:
@@ -134,9 +135,12 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, d_model: int, n_h
     """Activation memory of one transformer layer (Korthikanti et al. 2022, eq. 1 without
     tensor/sequence parallelism): s b h (34 + 5 a s / h) bytes for 16-bit activations.
 
-    ``recompute='selective'`` drops the attention-score term (s b h 34);
-    ``recompute='full'`` keeps only the layer input (2 s b h). The paper's constants assume
-    2-byte activations; other widths scale them by bytes_per_value / 2.
+    ``recompute='selective'`` drops the attention-score term (s b h 34): what a layer saves
+    when the attention core is recomputed, and also what a fused attention kernel
+    (scaled_dot_product_attention's flash/efficient paths) saves, since it never stores the
+    a s^2 b scores. ``recompute='full'`` keeps only the layer input (2 s b h). The paper's
+    constants assume 2-byte activations (1-byte dropout masks); other widths scale them by
+    bytes_per_value / 2.
     """
     s, b, h, a = seq_len, micro_batch, d_model, n_heads
     scale = bytes_per_value / 2
@@ -149,12 +153,44 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, d_model: int, n_h
     raise ValueError(f"recompute must be none, selective or full, got {recompute!r}")
 
 
+def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, activation_checkpointing: bool) -> float:
+    """Predicted activations all transformer blocks keep for backward, one micro-batch.
+
+    The model's attention is scaled_dot_product_attention (no stored scores), so without
+    checkpointing the layer keeps Korthikanti's s b h 34; with per-block checkpointing only
+    each block's input (2 s b h) stays until backward recomputes the rest."""
+    recompute = "full" if activation_checkpointing else "selective"
+    return cfg.n_layers * activation_bytes_per_layer(cfg.seq_len, micro_batch, cfg.d_model, cfg.n_heads,
+                                                     recompute, DTYPE_BYTES[precision])
+
+
+def recompute_flops_per_token(cfg: ModelConfig) -> float:
+    """Extra FLOPs per token of per-block activation checkpointing: one more forward of every
+    block (2 x 12 L d^2 for the matmuls, 4 L d T for attention), i.e. about a third more
+    block compute. MFU ignores it (model FLOPs); HFU counts it (hardware FLOPs)."""
+    return 2 * 12 * cfg.n_layers * cfg.d_model ** 2 + 4 * cfg.n_layers * cfg.d_model * cfg.seq_len
+
+
+def ddp_bucket_count(param_bytes_in_order: list[int], bucket_mb: float) -> int:
+    """All-reduce calls per step of DDP with every bucket capped at bucket_mb MiB.
+
+    DDP fills buckets with gradients in the order they become ready in backward (about the
+    reverse of registration order); a bucket is closed once it holds at least the cap."""
+    cap = bucket_mb * 2 ** 20
+    buckets, filled = 0, 0.0
+    for size in reversed(param_bytes_in_order):
+        filled += size
+        if filled >= cap:
+            buckets, filled = buckets + 1, 0.0
+    return buckets + (filled > 0)
+
+
 # Dense datasheet peaks, FLOP/s per GPU (no 2:4 sparsity). SXM parts. tf32 is fp32
 # inputs on tensor cores; fp32 is the plain CUDA-core rate.
 GPU_PEAK_FLOPS = {
     "A100": {"fp32": 19.5e12, "tf32": 156e12, "fp16": 312e12, "bf16": 312e12},
-    "H100": {"fp32": 66.9e12, "tf32": 494.5e12, "fp16": 989.5e12, "bf16": 989.5e12},
-    "H200": {"fp32": 66.9e12, "tf32": 494.5e12, "fp16": 989.5e12, "bf16": 989.5e12},
+    "H100": {"fp32": 66.9e12, "tf32": 494.5e12, "fp16": 989.5e12, "bf16": 989.5e12, "fp8": 1979e12},
+    "H200": {"fp32": 66.9e12, "tf32": 494.5e12, "fp16": 989.5e12, "bf16": 989.5e12, "fp8": 1979e12},
 }
 
 
@@ -206,20 +242,21 @@ class PeakMemory:
 
 
 def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: int, precision: str,
-                micro_batch: int) -> PeakMemory:
-    """Predicted in-step peak per rank: model state at rest, plus what a step materialises.
+                micro_batch: int, activation_checkpointing: bool = False, cpu_offload: bool = False) -> PeakMemory:
+    """Predicted in-step peak per rank on the device: model state at rest, plus what a step materialises.
 
     Stage 2 keeps every block's unsharded fp32 parameters from forward to backward:
     +4 Psi (N-1)/N. Stage 3 gathers one block at a time (two in flight with prefetch):
-    +2 blocks' parameters. Activations: Korthikanti et al. per layer (2-byte constants scaled
-    to the compute width) times layers, plus the fp32 logits and their gradient (2 x 4 B T V).
+    +2 blocks' parameters. Activations: block_activation_bytes (Korthikanti et al.) plus
+    the fp32 logits and their gradient (2 x 4 B T V). With cpu_offload (stage 3) the model
+    state lives in host memory and only the gathered blocks occupy the device.
     """
     state = model_state_bytes(n_params, zero_stage, world_size, precision, "pytorch").total
     block_params = 12 * cfg.d_model ** 2 + 13 * cfg.d_model
     n = world_size
     transient = {0: 0.0, 1: 0.0, 2: 4.0 * n_params * (n - 1) / n, 3: 2 * 4.0 * block_params * (n - 1) / n}[zero_stage]
-    width = DTYPE_BYTES[precision]
-    acts = cfg.n_layers * activation_bytes_per_layer(cfg.seq_len, micro_batch, cfg.d_model, cfg.n_heads,
-                                                     bytes_per_value=width)
+    if cpu_offload:
+        state, transient = 0.0, 2 * 4.0 * block_params  # copied to the device, then gathered
+    acts = block_activation_bytes(cfg, micro_batch, precision, activation_checkpointing)
     logits = 2 * 4.0 * micro_batch * cfg.seq_len * cfg.vocab_size
     return PeakMemory(state, transient, acts + logits)

@@ -14,7 +14,11 @@ import math
 import sys
 
 from . import accounting
-from .config import PRECISIONS, ZERO_STAGES, ModelConfig
+from .config import ZERO_STAGES, ModelConfig
+
+# fp8 keeps the same fp32 model state as bf16 (torchao's float8 linears cast on the fly),
+# and the ZeRO paper has no fp8 convention: the memory tables list the three AMP precisions.
+MEMORY_PRECISIONS = ("fp32", "fp16", "bf16")
 
 UNITS = {"GiB": 2 ** 30, "GB": 1e9}
 
@@ -61,7 +65,7 @@ def memory_table(args) -> dict:
     world_size = int(_positive("world-size", args.world_size))
     GiB = UNITS[args.unit]
     rows = []
-    for precision in PRECISIONS:
+    for precision in MEMORY_PRECISIONS:
         for stage in ZERO_STAGES:
             real = accounting.model_state_bytes(n_params, stage, world_size, precision, "pytorch")
             paper = accounting.model_state_bytes(n_params, stage, world_size, precision, "paper")
@@ -103,7 +107,7 @@ def fit_table(args) -> dict:
     mem = _positive("gpu-memory-gib", args.gpu_memory_gib) * UNITS["GiB"]
     world_size = int(_positive("world-size", args.world_size))
     rows = []
-    for precision in PRECISIONS:
+    for precision in MEMORY_PRECISIONS:
         for stage in ZERO_STAGES:
             rows.append({"precision": precision, "zero_stage": stage,
                          "pytorch_max_params": accounting.largest_model(mem, stage, world_size, precision, "pytorch"),

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from .config import REPO_ROOT, sweep_points
+from .config import REPO_ROOT, RUN_DIR_GLOB, sweep_points
 from .testing import processes_mentioning, run_snakemake, snakemake_cmd, snakemake_env, tiny_config, write_workdir
 
 BAD_CONFIGS = REPO_ROOT / "tests" / "bad_configs"
@@ -62,14 +62,14 @@ def audit(workdir: Path, cfg: dict, drill: Drill) -> None:
 
     results = workdir / cfg["results_dir"]
     expected = {p.run_id for p in sweep_points(cfg)}
-    for summary in results.glob("runs/*/*/*/summary.json"):
+    for summary in results.glob(f"runs/{RUN_DIR_GLOB}/summary.json"):
         try:
             json.loads(summary.read_text())["status"]
         except (ValueError, KeyError):
             drill.corrupt_files += 1
             drill.notes.append(f"corrupt {summary}")
     tables = {}
-    for name in ["metrics.parquet", "steps.parquet", *[str(p.relative_to(results)) for p in results.glob("runs/*/*/*/steps.parquet")]]:
+    for name in ["metrics.parquet", "steps.parquet", *[str(p.relative_to(results)) for p in results.glob(f"runs/{RUN_DIR_GLOB}/steps.parquet")]]:
         try:
             tables[name] = pq.read_table(results / name).to_pandas()
         except Exception as err:  # unreadable or missing
@@ -117,7 +117,7 @@ def kill_mid_step(tmp: Path) -> Drill:
     deadline = time.time() + 120
     killed_run = None
     while time.time() < deadline and killed_run is None:
-        for ckpt in work.glob("results/runs/*/*/*/checkpoint/step_*"):
+        for ckpt in work.glob(f"results/runs/{RUN_DIR_GLOB}/checkpoint/step_*"):
             if ckpt.name.split("_", 1)[1].isdigit():
                 killed_run = ckpt.parent.parent
         time.sleep(0.05)
@@ -286,7 +286,7 @@ def concurrency_and_reruns(tmp: Path) -> Drill:
     first = subprocess.Popen(snakemake_cmd(work, "--cores", "2"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, start_new_session=True, env=snakemake_env())
     deadline = time.time() + 60
-    while time.time() < deadline and not list(work.glob("results/runs/*/*/*/progress.jsonl")):
+    while time.time() < deadline and not list(work.glob(f"results/runs/{RUN_DIR_GLOB}/progress.jsonl")):
         time.sleep(0.2)
     second = run_snakemake(work, "--cores", "2", check=False, timeout=120)
     d.check(second.returncode != 0 and "cannot be locked" in (second.stdout + second.stderr), "second snakemake refused")

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import accounting
+from .config import RunPoint
 from .metrics import STEP_SCHEMA, runs_table, run_row, write_parquet
 
 FAILURES = {3: ("oom", "rank 0: OutOfMemoryError: CUDA out of memory (injected)"),
@@ -20,22 +21,39 @@ FAILURES = {3: ("oom", "rank 0: OutOfMemoryError: CUDA out of memory (injected)"
             11: ("timeout", "run exceeded train.run_timeout_s=900 s and was stopped")}
 
 
+# Lever variants, cycled over the later runs: (micro_batch, activation_checkpointing, cpu_offload, bucket_mb).
+LEVERS = [(None, False, False, 25.0), (None, True, False, 25.0), (1, False, False, 25.0), (None, False, False, 1.0)]
+
+
 def synthetic_results(out_dir: str | Path, n_runs: int = 24, n_steps: int = 60, seed: int = 0) -> dict:
+    """n_runs runs. Runs 24-95 repeat the first 24 grid points with one lever each away from
+    its default (a baseline twin for each), so the report's lever section is exercised; from
+    run 96 on, the whole precision x stage x world size grid, replicated."""
     out_dir = Path(out_dir)
     rng = np.random.default_rng(seed)
     points = list(itertools.product(["fp32", "fp16", "bf16"], [0, 1, 2, 3], [1, 2, 4, 8, 16, 32, 64, 128]))
     rows, step_cols = [], {f.name: [] for f in STEP_SCHEMA}
     n_params = 100_000
     for i in range(n_runs):
-        precision, stage, ws = points[i % len(points)]
-        replica = i // len(points)
-        run_id = f"{precision}-z{stage}-w{ws}" + (f"-r{replica}" if replica else "")
+        lever_block = i // 24
+        if lever_block < len(LEVERS):
+            (precision, stage, ws), (micro, ac, offload, bucket), replica = points[i % 24], LEVERS[lever_block], 0
+        else:
+            (precision, stage, ws), (micro, ac, offload, bucket), replica = points[i % len(points)], LEVERS[0], i // len(points)
+        if stage >= 2 and bucket != 25.0:  # FSDP2 has no buckets: vary the micro-batch there instead
+            micro, bucket = 2, 25.0
+        point = RunPoint(precision, stage, ws, micro, ac, offload, bucket)
+        identity = point.identity(micro_batch=micro or 4)
+        run_id = identity["run_id"] = point.run_id + (f"-r{replica}" if replica else "")
         status, reason = FAILURES.get(i, ("ok", None))
         pred = accounting.model_state_bytes(n_params, stage, ws, precision, "pytorch")
         comm = 4 * accounting.comm_elements_per_step(n_params, stage, ws)
         tps = 50_000 * ws * (0.9 ** np.log2(ws)) * (2 if precision != "fp32" else 1) * rng.uniform(0.95, 1.05)
         summary = {
-            "run_id": run_id, "precision": precision, "zero_stage": stage, "world_size": ws,
+            **identity, "accumulation_steps": 4 // (micro or 4), "step_time_s_median": 512 / tps,
+            "activation_bytes_measured": (2 if ac else 34) * 64 * (micro or 4) * 256 * 2 * 4,
+            "activation_bytes_predicted": (2 if ac else 34) * 64 * (micro or 4) * 256 * 2 * 4,
+            "flops_per_token": 7e5, "recompute_flops_per_token": 2.3e5 if ac else 0.0,
             "status": status, "reason": reason, "n_params": n_params, "steps": n_steps,
             "tokens_per_s": tps if status == "ok" else None, "mfu": tps * 7e5 / (ws * 1e11) if status == "ok" else None,
             "peak_flops_source": "synthetic", "model_state_bytes_measured": int(pred.total * rng.uniform(1.0, 1.02)),
@@ -45,7 +63,7 @@ def synthetic_results(out_dir: str | Path, n_runs: int = 24, n_steps: int = 60, 
             "comm_bytes_per_step_predicted_paper": 4 * accounting.comm_elements_per_step(n_params, stage, ws, convention="paper"),
             "peak_rss_bytes": int(3e8), "device_type": "cpu", "device_name": "synthetic", "wall_time_s": 10.0,
         }
-        rows.append(run_row(summary, f"precision~{precision}/zero_stage~{stage}/world_size~{ws}"))
+        rows.append(run_row(summary, point.path))
         if status in ("ok", "failed"):
             n = n_steps if status == "ok" else n_steps // 3
             steps = np.arange(n)
@@ -55,8 +73,7 @@ def synthetic_results(out_dir: str | Path, n_runs: int = 24, n_steps: int = 60, 
             if precision == "fp16":
                 skipped[rng.integers(0, n, 2)] = True
                 scale = 65536.0 / 2 ** np.cumsum(skipped)
-            for name, values in (("run_id", [run_id] * n), ("precision", [precision] * n), ("zero_stage", [stage] * n),
-                                 ("world_size", [ws] * n), ("step", steps), ("loss", loss), ("grad_norm", rng.uniform(0.5, 2, n)),
+            for name, values in (*((k, [v] * n) for k, v in identity.items()), ("step", steps), ("loss", loss), ("grad_norm", rng.uniform(0.5, 2, n)),
                                  ("lr", np.full(n, 1e-3)), ("loss_scale", scale), ("skipped", skipped),
                                  ("step_time_s", np.full(n, 0.01)), ("tokens", np.full(n, 512)), ("tokens_per_s", np.full(n, 51200.0))):
                 step_cols[name].append(np.asarray(values))

@@ -70,6 +70,9 @@ def skip_reason(device: str, point: RunPoint) -> str | None:
         n_gpus = torch.cuda.device_count()
         if point.world_size > n_gpus:
             return f"world_size={point.world_size} needs {point.world_size} GPUs, this node has {n_gpus}"
+    if point.cpu_offload and device != "cuda":
+        return (f"cpu_offload moves model state from GPU memory to host memory; this run is on {device}, "
+                "where the model state is in host memory already")
     return unsupported_reason(point.precision, torch.device(device))
 
 
@@ -78,7 +81,8 @@ def plan_memory(config: dict, model, point: RunPoint, micro_batch: int, device: 
     from . import accounting
 
     n_params = accounting.param_count(model)
-    peak = accounting.peak_memory(model, n_params, point.zero_stage, point.world_size, point.precision, micro_batch)
+    peak = accounting.peak_memory(model, n_params, point.zero_stage, point.world_size, point.precision, micro_batch,
+                                  point.activation_checkpointing, point.cpu_offload)
     limit_gib = config.get("planning", {}).get("device_memory_gib")
     limit = limit_gib * 2 ** 30 if limit_gib else None
     if limit is None and device == "cuda":
@@ -132,9 +136,8 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
     meta = read_meta(data_dir)
     model = model_config(config, vocab_size=meta["vocab_size"])
     train = train_config(config)
-    micro, accum = micro_batch_plan(train, point.world_size)
-    identity = {"run_id": point.run_id, "precision": point.precision,
-                "zero_stage": point.zero_stage, "world_size": point.world_size}
+    micro, accum = micro_batch_plan(train, point.world_size, point.micro_batch)
+    identity = point.identity(micro_batch=micro)
     device, reason = resolve_device(train.device)
     if reason is None:
         reason = skip_reason(device, point)
@@ -146,7 +149,7 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
         "n_layers": model.n_layers, "d_model": model.d_model, "n_heads": model.n_heads,
         "seq_len": model.seq_len, "vocab_size": model.vocab_size, "tie_embeddings": model.tie_embeddings,
         "steps": train.steps, "warmup_steps": train.warmup_steps, "global_batch": train.global_batch,
-        "micro_batch": micro, "accumulation_steps": accum, "seed": train.seed,
+        "accumulation_steps": accum, "seed": train.seed,
         "config_hash": config_hash(config), "requested_device": train.device, "device_type": device,
         "threads": threads, "started_utc": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(timespec="seconds"),
         **git_provenance(Path(repo_dir)),
@@ -161,7 +164,9 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
     else:
         spec = {
             "run_dir": str(run_dir.resolve()), "device": device, "precision": point.precision,
-            "zero_stage": point.zero_stage, "train_bin": str((Path(data_dir) / "train.bin").resolve()),
+            "zero_stage": point.zero_stage, "micro_batch": point.micro_batch,
+            "activation_checkpointing": point.activation_checkpointing, "cpu_offload": point.cpu_offload,
+            "bucket_mb": point.bucket_mb, "train_bin": str((Path(data_dir) / "train.bin").resolve()),
             "token_dtype": meta["dtype"], "model": model.__dict__, "train": train.__dict__,
             "threads_per_rank": threads_per_rank, "save_final_params": save_final_params,
         }

@@ -6,9 +6,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .config import RUN_DIR_GLOB, RunPoint
 from .io import atomic_path
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"  # 2: lever identity columns (micro_batch, activation_checkpointing, cpu_offload, bucket_mb)
 _META = {b"scalelab.schema_version": SCHEMA_VERSION.encode()}
 
 # Identity columns repeated on every row of every table.
@@ -17,6 +18,12 @@ IDENTITY_FIELDS = [
     pa.field("precision", pa.string(), nullable=False),
     pa.field("zero_stage", pa.int8(), nullable=False),
     pa.field("world_size", pa.int32(), nullable=False),
+    # Levers. micro_batch is the resolved size (sequences per rank per forward): null only
+    # for a missing/corrupt run whose path said 'auto'. bucket_mb is null for FSDP2 stages.
+    pa.field("micro_batch", pa.int32()),
+    pa.field("activation_checkpointing", pa.bool_(), nullable=False),
+    pa.field("cpu_offload", pa.bool_(), nullable=False),
+    pa.field("bucket_mb", pa.float64()),
 ]
 
 STEP_SCHEMA = pa.schema(IDENTITY_FIELDS + [
@@ -63,7 +70,7 @@ _RUN_FIELDS = [
     ("n_params", pa.int64()), ("n_layers", pa.int32()), ("d_model", pa.int32()), ("n_heads", pa.int32()),
     ("seq_len", pa.int32()), ("vocab_size", pa.int64()), ("tie_embeddings", pa.bool_()),
     ("steps", pa.int32()), ("completed_steps", pa.int32()), ("warmup_steps", pa.int32()),
-    ("global_batch", pa.int32()), ("micro_batch", pa.int32()), ("accumulation_steps", pa.int32()),
+    ("global_batch", pa.int32()), ("accumulation_steps", pa.int32()),
     ("tokens_per_step", pa.int64()), ("measured_steps", pa.int32()),
     ("tokens_per_s", pa.float64()), ("step_time_s_mean", pa.float64()), ("step_time_s_median", pa.float64()),
     ("loop_time_s_per_step", pa.float64()),
@@ -79,6 +86,11 @@ _RUN_FIELDS = [
     ("comm_bytes_per_step_predicted_paper", pa.float64()),
     *[(f"comm_{c}_bytes_per_step", pa.float64()) for c in COLLECTIVES],
     *[(f"comm_{c}_calls_per_step", pa.float64()) for c in COLLECTIVES],
+    ("activation_bytes_measured", pa.int64()), ("activation_bytes_outside_blocks_measured", pa.int64()),
+    ("activation_bytes_predicted", pa.float64()), ("activation_bytes_predicted_no_recompute", pa.float64()),
+    ("activation_measure", pa.string()),
+    ("recompute_flops_per_token", pa.float64()), ("hfu", pa.float64()),
+    ("ddp_buckets_predicted", pa.int32()),
     ("predicted_peak_bytes", pa.float64()), ("predicted_activation_bytes", pa.float64()),
     ("predicted_transient_param_bytes", pa.float64()), ("device_memory_bytes", pa.float64()),
     ("peak_mem_allocated_bytes", pa.int64()), ("peak_mem_reserved_bytes", pa.int64()), ("peak_rss_bytes", pa.int64()),
@@ -107,13 +119,12 @@ def runs_table(rows: list[dict]) -> pa.Table:
 
 
 def _identity_from_path(run_path: str) -> dict | None:
-    """precision~P/zero_stage~Z/world_size~N -> identity columns (for runs whose files are bad)."""
+    """precision~P/zero_stage~Z/... -> identity columns (for runs whose files are bad)."""
     try:
-        parts = dict(part.split("~", 1) for part in run_path.split("/"))
-        precision, stage, ws = parts["precision"], int(parts["zero_stage"]), int(parts["world_size"])
+        point = RunPoint.from_path_values(dict(part.split("~", 1) for part in run_path.split("/")))
     except (ValueError, KeyError):
         return None
-    return {"run_id": f"{precision}-z{stage}-w{ws}", "precision": precision, "zero_stage": stage, "world_size": ws}
+    return point.identity()
 
 
 def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict:
@@ -128,8 +139,8 @@ def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict
     runs_root = results_dir / "runs"
     if run_paths is None:
         run_paths = sorted({p.parent.relative_to(runs_root).as_posix()
-                            for pattern in ("*/*/*/summary.json", "*/*/*/steps.parquet")
-                            for p in runs_root.glob(pattern)})
+                            for name in ("summary.json", "steps.parquet")
+                            for p in runs_root.glob(f"{RUN_DIR_GLOB}/{name}")})
     rows, step_tables, problems = [], [], []
     for run_path in run_paths:
         run_dir = runs_root / run_path

@@ -11,6 +11,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from .config import ModelConfig
 
@@ -47,8 +48,18 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(cfg)
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.mlp = MLP(cfg)
+        self.activation_checkpointing = False
+        """Keep only the block's input for backward and recompute the rest there."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Checkpointing inside forward (not a wrapper module around the block) keeps FSDP2's
+        # hooks outside it: in backward the block's parameters are gathered once, then the
+        # forward is recomputed and differentiated with them.
+        if self.activation_checkpointing and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, use_reentrant=False)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 
@@ -89,6 +100,10 @@ class GPT(nn.Module):
         # Cross-entropy in fp32 whatever the compute dtype: the loss is what we compare.
         loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
+
+    def set_activation_checkpointing(self, enabled: bool) -> None:
+        for block in self.blocks:
+            block.activation_checkpointing = enabled
 
     def num_parameters(self) -> int:
         """Unique parameters (a tied weight counts once)."""

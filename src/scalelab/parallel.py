@@ -5,6 +5,10 @@
 | 1     | DDP + torch.distributed.optim.ZeroRedundancyOptimizer      |
 | 2     | FSDP2 fully_shard(reshard_after_forward=False) per block   |
 | 3     | FSDP2 fully_shard(reshard_after_forward=True) per block    |
+
+Levers: ``bucket_mb`` sets DDP's gradient bucket size (stages 0, 1); ``cpu_offload`` gives
+stage 3 FSDP2's CPUOffloadPolicy (sharded state in pinned host memory, optimizer step on
+the CPU).
 """
 from __future__ import annotations
 
@@ -17,10 +21,11 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from .config import DDP_BUCKET_MB
 from .model import GPT
 
 
@@ -32,6 +37,8 @@ class Parallelized:
     optimizer: torch.optim.Optimizer
     no_sync: Callable[[bool], contextlib.AbstractContextManager]
     """no_sync(is_last_micro_batch): context for one micro-batch's backward."""
+    state_on_host: bool = False
+    """Parameters, gradients and optimizer state live in host memory (CPU offload)."""
 
     def local_optimizer(self) -> torch.optim.Optimizer:
         """The optimizer that holds this rank's state (ZeRO-1 wraps a local one)."""
@@ -48,30 +55,31 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def _adamw_kwargs(lr: float, device: torch.device) -> dict:
-    # Fused AdamW on GPU (one kernel for all parameters); foreach on CPU.
-    return {"lr": lr, "betas": (0.9, 0.95), "eps": 1e-8, "fused": device.type == "cuda"}
+def _adamw_kwargs(lr: float, device: torch.device, state_on_host: bool = False) -> dict:
+    # Fused AdamW on GPU (one kernel for all parameters); foreach on CPU and for offloaded state.
+    return {"lr": lr, "betas": (0.9, 0.95), "eps": 1e-8, "fused": device.type == "cuda" and not state_on_host}
 
 
-def _ddp(model: nn.Module, device: torch.device) -> DDP:
+def _ddp(model: nn.Module, device: torch.device, bucket_mb: float) -> DDP:
     # gradient_as_bucket_view: gradients live in the all-reduce buckets instead of beside
-    # them, so DDP holds 4 bytes of gradient per parameter, not 8.
+    # them, so DDP holds 4 bytes of gradient per parameter, not 8. An explicit bucket_cap_mb
+    # caps the first bucket too (PyTorch's default alone starts with a 1 MiB bucket).
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-              gradient_as_bucket_view=True)
+              gradient_as_bucket_view=True, bucket_cap_mb=bucket_mb)
     # The stock all-reduce hook, registered so DDP's all-reduce goes through
     # torch.distributed.all_reduce, where scalelab.comm counts it.
     ddp.register_comm_hook(dist.group.WORLD, default_hooks.allreduce_hook)
     return ddp
 
 
-def parallelize_stage0(model: GPT, device, lr, weight_decay) -> Parallelized:
-    ddp = _ddp(model, device)
+def parallelize_stage0(model: GPT, device, lr, weight_decay, bucket_mb=DDP_BUCKET_MB, cpu_offload=False) -> Parallelized:
+    ddp = _ddp(model, device, bucket_mb)
     opt = torch.optim.AdamW(param_groups(model, weight_decay), **_adamw_kwargs(lr, device))
     return Parallelized(ddp, opt, lambda last: contextlib.nullcontext() if last else ddp.no_sync())
 
 
-def parallelize_stage1(model: GPT, device, lr, weight_decay) -> Parallelized:
-    ddp = _ddp(model, device)
+def parallelize_stage1(model: GPT, device, lr, weight_decay, bucket_mb=DDP_BUCKET_MB, cpu_offload=False) -> Parallelized:
+    ddp = _ddp(model, device, bucket_mb)
     # ZeroRedundancyOptimizer takes one parameter group; the second is added after, so
     # weight decay is handled as in the other stages.
     groups = param_groups(model, weight_decay)
@@ -81,35 +89,64 @@ def parallelize_stage1(model: GPT, device, lr, weight_decay) -> Parallelized:
     return Parallelized(ddp, opt, lambda last: contextlib.nullcontext() if last else ddp.no_sync())
 
 
-def _parallelize_fsdp(model: GPT, device, lr, weight_decay, reshard_after_forward: bool) -> Parallelized:
+def _parallelize_fsdp(model: GPT, device, lr, weight_decay, reshard_after_forward: bool,
+                      cpu_offload: bool = False) -> Parallelized:
     # FSDP2 needs an explicit mesh on CPU; one dimension = plain data parallelism.
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
     for block in model.blocks:  # one all-gather/reduce-scatter group per transformer block
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    opt = torch.optim.AdamW(param_groups(model, weight_decay), **_adamw_kwargs(lr, device))
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload)
+    opt = torch.optim.AdamW(param_groups(model, weight_decay), **_adamw_kwargs(lr, device, cpu_offload))
     assert isinstance(model, FSDPModule)
 
     def no_sync(last: bool):
         model.set_requires_gradient_sync(last)
         return contextlib.nullcontext()
 
-    return Parallelized(model, opt, no_sync)
+    return Parallelized(model, opt, no_sync, state_on_host=cpu_offload)
 
 
-def parallelize_stage2(model, device, lr, weight_decay) -> Parallelized:
+def parallelize_stage2(model, device, lr, weight_decay, bucket_mb=None, cpu_offload=False) -> Parallelized:
+    if cpu_offload:
+        raise ValueError("cpu_offload applies to ZeRO stage 3 only")
     return _parallelize_fsdp(model, device, lr, weight_decay, reshard_after_forward=False)
 
 
-def parallelize_stage3(model, device, lr, weight_decay) -> Parallelized:
-    return _parallelize_fsdp(model, device, lr, weight_decay, reshard_after_forward=True)
+def parallelize_stage3(model, device, lr, weight_decay, bucket_mb=None, cpu_offload=False) -> Parallelized:
+    return _parallelize_fsdp(model, device, lr, weight_decay, reshard_after_forward=True, cpu_offload=cpu_offload)
 
 
 STRATEGIES = {0: parallelize_stage0, 1: parallelize_stage1, 2: parallelize_stage2, 3: parallelize_stage3}
 
 
-def parallelize(model: GPT, zero_stage: int, device: torch.device, lr: float, weight_decay: float) -> Parallelized:
-    return STRATEGIES[zero_stage](model, device, lr, weight_decay)
+def parallelize(model: GPT, zero_stage: int, device: torch.device, lr: float, weight_decay: float,
+                bucket_mb: float | None = DDP_BUCKET_MB, cpu_offload: bool = False) -> Parallelized:
+    if cpu_offload and zero_stage != 3:
+        raise ValueError(f"cpu_offload applies to ZeRO stage 3 only, not stage {zero_stage}")
+    return STRATEGIES[zero_stage](model, device, lr, weight_decay, bucket_mb=bucket_mb, cpu_offload=cpu_offload)
+
+
+def clip_grad_norm(par: Parallelized, max_norm: float, comm_device: torch.device) -> torch.Tensor:
+    """Clip the global gradient norm to max_norm; return the norm before clipping.
+
+    torch's clip_grad_norm_ in every case but offloaded state: there the gradients are
+    DTensors in host memory over a GPU mesh, whose norm reduction NCCL cannot do. That path
+    sums the squares of the local shards, all-reduces that one number on comm_device, and
+    scales the shards in place."""
+    params = [p for p in {id(p): p for p in par.model.parameters()}.values() if p.grad is not None]
+    if not par.state_on_host:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    grads = [_local(p.grad) for p in params]
+    squares = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum().to(comm_device)
+    if any(hasattr(p.grad, "to_local") for p in params):  # sharded: each rank holds a part
+        dist.all_reduce(squares)
+    norm = squares.sqrt()
+    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0).to(grads[0].device)
+    if coef.item() < 1.0:
+        torch._foreach_mul_(grads, coef)
+    return norm
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-PRECISION_ORDER = ["fp32", "fp16", "bf16"]
+PRECISION_ORDER = ["fp32", "fp16", "bf16", "fp8"]
 MiB = 2 ** 20
 
 

@@ -4,6 +4,11 @@ All precisions keep fp32 parameters, gradients and optimizer state (the PyTorch 
 recipe); fp16 and bf16 run the forward/backward matmuls under autocast. fp16 needs
 dynamic loss scaling; ShardedGradScaler all-reduces its inf/NaN check across ranks, so a
 non-finite gradient on one rank (or in one shard) makes *every* rank skip the step.
+
+fp8 follows torchao's float8 training recipe: the transformer blocks' linear layers become
+Float8Linear (dynamic tensorwise scaling, matmuls in float8 on the tensor cores), the rest
+runs under bf16 autocast. It needs torchao and a GPU with FP8 tensor cores (compute
+capability 8.9 or newer); anywhere else a run asking for it is skipped with the reason.
 """
 from __future__ import annotations
 
@@ -12,8 +17,9 @@ import contextlib
 import torch
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-AUTOCAST_DTYPE = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
-COMPUTE_DTYPE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+AUTOCAST_DTYPE = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
+COMPUTE_DTYPE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
+FP8_MIN_CAPABILITY = (8, 9)  # Ada and Hopper: the first GPUs with FP8 tensor cores
 
 
 def autocast(precision: str, device: torch.device):
@@ -28,8 +34,44 @@ def grad_scaler(precision: str, device: torch.device, init_scale: float) -> Shar
     return ShardedGradScaler(device.type, init_scale=init_scale, enabled=precision == "fp16")
 
 
+def fp8_unsupported_reason(device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return (f"fp8 needs a GPU with FP8 tensor cores (compute capability >= "
+                f"{FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]}); this run is on {device.type}")
+    capability = torch.cuda.get_device_capability(device)
+    if capability < FP8_MIN_CAPABILITY:
+        return (f"fp8 needs compute capability >= {FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]}; "
+                f"{torch.cuda.get_device_name(device)} has {capability[0]}.{capability[1]}")
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError as err:
+        return f"fp8 needs torchao (pip install torchao, or `pip install -e .[fp8]`): {err}"
+    return None
+
+
+def convert_to_fp8(model: torch.nn.Module) -> int:
+    """Swap the transformer blocks' nn.Linear layers for torchao's Float8Linear; returns how
+    many. Float8 matmuls need both dimensions divisible by 16; the output head (tied to the
+    embedding) and the embeddings stay in bf16."""
+    from torchao.float8 import convert_to_float8_training
+
+    converted = []
+
+    def in_blocks(module: torch.nn.Module, fqn: str) -> bool:
+        ok = (fqn.startswith("blocks.") and isinstance(module, torch.nn.Linear)
+              and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+        if ok:
+            converted.append(fqn)
+        return ok
+
+    convert_to_float8_training(model, module_filter_fn=in_blocks)
+    return len(converted)
+
+
 def unsupported_reason(precision: str, device: torch.device) -> str | None:
     """Why this device cannot run this precision, or None if it can."""
+    if precision == "fp8":
+        return fp8_unsupported_reason(device)
     if device.type == "cuda" and precision == "bf16" and not torch.cuda.is_bf16_supported():
         return f"bf16 is not supported by {torch.cuda.get_device_name(device)}"
     try:

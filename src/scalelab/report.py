@@ -15,6 +15,7 @@ import pandas as pd
 
 from . import __version__
 from .io import atomic_path
+from .levers import baseline, fp8_table, lever_plots, lever_table
 from .metrics import schema_version
 from .plots import all_plots, loss_deviation_vs_stage0, scaling_efficiency
 
@@ -41,6 +42,15 @@ updated shards; the paper's 2Ψ); stage 2: 2Ψ; stage 3: 3Ψ; with k accumulatio
 move (k+1)Ψ and (2k+1)Ψ. At world size 1 FSDP2 issues no collectives (0 bytes) while DDP and ZeRO-1 still do. Bytes = elements × 4 (gradients and parameters travel in fp32). On a ring each rank
 sends (N−1)/N of this.</li>
 <li><b>Scaling efficiency</b> = tokens/s at N / (N × tokens/s at world size 1), same precision and stage.</li>
+<li><b>Activations</b> kept for backward per layer and micro-batch (Korthikanti et al. 2022, 2-byte values, no tensor
+parallelism): s·b·h·(34 + 5·a·s/h); scaled_dot_product_attention never stores the a·s² scores, which leaves 34·s·b·h
+(the paper's "selective recomputation" figure); per-block checkpointing keeps only the block input, 2·s·b·h. Other
+widths scale by bytes per value / 2. Measured: the bytes autograd saves during one micro-batch's forward on rank 0
+(saved-tensor hooks, distinct storages, parameters excluded; under autocast this includes 16-bit weight copies).</li>
+<li><b>Recompute cost</b> of checkpointing = one more forward of every block: 24·L·d² + 4·L·d·T FLOPs per token,
+predicted step-time ratio 1 + that / FLOPs per token. MFU counts model FLOPs only; HFU adds the recompute.</li>
+<li><b>DDP buckets</b>: gradients fill buckets of bucket_mb MiB in reverse registration order (about the order they
+become ready); one all-reduce per bucket per step.</li>
 </ul>
 """
 
@@ -53,7 +63,8 @@ img{max-width:100%}
 """
 
 TABLE_COLUMNS = [
-    "run_id", "precision", "zero_stage", "world_size", "status", "tokens_per_s", "scaling_efficiency", "mfu",
+    "run_id", "precision", "zero_stage", "world_size", "micro_batch", "accumulation_steps", "activation_checkpointing",
+    "cpu_offload", "bucket_mb", "status", "tokens_per_s", "scaling_efficiency", "mfu",
     "model_state_mib_measured", "model_state_mib_predicted", "comm_mib_per_step_measured",
     "comm_mib_per_step_predicted", "peak_mib_predicted", "peak_mib_measured_gpu", "final_loss", "skipped_steps", "wall_time_s", "reason",
 ]
@@ -112,7 +123,7 @@ def _fmt_table(runs: pd.DataFrame) -> pd.DataFrame:
     t["comm_mib_per_step_predicted"] = t["comm_bytes_per_step_predicted"] / 2 ** 20
     t["peak_mib_predicted"] = t["predicted_peak_bytes"] / 2 ** 20
     t["peak_mib_measured_gpu"] = t["peak_mem_allocated_bytes"] / 2 ** 20
-    t = t[TABLE_COLUMNS].sort_values(["precision", "zero_stage", "world_size"])
+    t = t[TABLE_COLUMNS].sort_values(["precision", "zero_stage", "world_size", "activation_checkpointing", "cpu_offload"])
     return t
 
 
@@ -129,13 +140,23 @@ def _markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _figure(out_dir: Path, files: list[str], caption: str) -> str:
+    data = base64.b64encode((out_dir / files[0]).read_bytes()).decode()
+    return (f"<figure><img alt='{html.escape(files[0])}' src='data:image/png;base64,{data}'>"
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+
+
 def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> Path:
     """Write <out_dir>/report.html, summary.md and the figures; return the HTML path."""
     results_dir = Path(results_dir)
     out_dir = Path(out_dir) if out_dir else results_dir / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
     runs, steps = load_tables(results_dir)
-    figures = all_plots(runs, steps, out_dir)
+    # The main figures compare precision x stage x world size with every lever at its default.
+    base = baseline(runs)
+    figures = all_plots(base, steps[steps["run_id"].isin(base["run_id"])], out_dir)
+    lever_figures = lever_plots(runs, steps, out_dir)
+    levers, fp8 = lever_table(runs), fp8_table(runs)
     warnings = find_warnings(runs, steps)
     table = _fmt_table(runs)
 
@@ -151,12 +172,20 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
     else:
         parts.append("<p class='ok'>None: every run ok, MFU ≤ 100%, memory and communication within 10% of the formulas, fp32 parity holds.</p>")
     parts.append("<h2>Figures</h2>")
-    for files, caption in figures:
-        png = out_dir / files[0]
-        data = base64.b64encode(png.read_bytes()).decode()
-        parts.append(f"<figure><img alt='{html.escape(files[0])}' src='data:image/png;base64,{data}'>"
-                     f"<figcaption>{html.escape(caption)}</figcaption></figure>")
-    dev = loss_deviation_vs_stage0(steps[steps["run_id"].isin(runs.loc[runs["status"] == "ok", "run_id"])])
+    if len(base) < len(runs):
+        parts.append(f"<p>These figures show the {len(base)} runs with every lever at its default; "
+                     "the other runs are in <a href='#levers'>Levers</a>.</p>")
+    parts += [_figure(out_dir, files, caption) for files, caption in figures]
+    if lever_figures or not levers.empty or not fp8.empty:
+        parts.append("<h2 id='levers'>Levers</h2>")
+        parts += [_figure(out_dir, files, caption) for files, caption in lever_figures]
+        if not levers.empty:
+            parts.append("<h3>Each lever against its baseline twin (same precision, stage, world size)</h3>")
+            parts.append(levers.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="", border=0))
+        if not fp8.empty:
+            parts.append("<h3>fp8 against bf16</h3>")
+            parts.append(fp8.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="", border=0))
+    dev = loss_deviation_vs_stage0(steps[steps["run_id"].isin(base.loc[base["status"] == "ok", "run_id"])])
     parts.append("<h2>Runs</h2>")
     parts.append(table.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="", classes="runs", border=0))
     if not dev.empty:

@@ -10,6 +10,7 @@ a timeout from a crash.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -27,13 +28,14 @@ import torch
 import torch.distributed as dist
 
 from . import accounting, checkpoint
+from .activations import SavedActivationMeter
 from .comm import CommCounter
 from .config import ModelConfig, TrainConfig, micro_batch_plan
 from .data import BatchSampler
 from .io import write_json
 from .model import GPT
-from .parallel import model_state_bytes, parallelize
-from .precision import COMPUTE_DTYPE, autocast, grad_scaler
+from .parallel import clip_grad_norm, model_state_bytes, parallelize
+from .precision import COMPUTE_DTYPE, autocast, convert_to_fp8, grad_scaler
 
 # Dense (non-sparse) datasheet peaks in FLOP/s, by precision; MFU uses these on known GPUs.
 from .accounting import GPU_PEAK_FLOPS  # noqa: E402
@@ -129,7 +131,8 @@ def train(spec: dict) -> None:
     model_cfg = ModelConfig(**spec["model"])
     train_cfg = TrainConfig(**spec["train"])
     precision, stage = spec["precision"], int(spec["zero_stage"])
-    micro, accum = micro_batch_plan(train_cfg, world_size)
+    ac, bucket_mb, offload = spec["activation_checkpointing"], spec["bucket_mb"], spec["cpu_offload"]
+    micro, accum = micro_batch_plan(train_cfg, world_size, spec["micro_batch"])
     fault = Fault(os.environ.get("SCALELAB_FAULT"))
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = train_cfg.tf32
@@ -140,7 +143,13 @@ def train(spec: dict) -> None:
     torch.manual_seed(train_cfg.seed)  # identical initial weights on every rank
     model = GPT(model_cfg).to(device)
     n_params = model.num_parameters()
-    par = parallelize(model, stage, device, train_cfg.lr, train_cfg.weight_decay)
+    # DDP fills buckets in gradient-ready order, about the reverse of this one.
+    param_bytes = [p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values()]
+    model.set_activation_checkpointing(ac)
+    if precision == "fp8":
+        convert_to_fp8(model)  # before sharding: FSDP2 then shards the Float8Linear weights
+    blocks = list(model.blocks)
+    par = parallelize(model, stage, device, train_cfg.lr, train_cfg.weight_decay, bucket_mb=bucket_mb, cpu_offload=offload)
     scaler = grad_scaler(precision, device, train_cfg.fp16_init_scale)
     sampler = BatchSampler(spec["train_bin"], spec["token_dtype"], model_cfg.seq_len, train_cfg.seed)
     counter = CommCounter().install()
@@ -162,6 +171,7 @@ def train(spec: dict) -> None:
         progress.writelines(line + "\n" for line in kept)
         progress.flush()
     step_times, skipped_steps, first_step_at = [], 0, None
+    activations = None  # measured on this attempt's first micro-batch
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -188,8 +198,11 @@ def train(spec: dict) -> None:
         for m in range(accum):
             chunk = tokens[m * micro:(m + 1) * micro]
             with par.no_sync(m == accum - 1):
-                with autocast(precision, device):
+                meter = SavedActivationMeter(par.model, blocks) if activations is None else contextlib.nullcontext()
+                with meter, autocast(precision, device):
                     _, loss = par.model(chunk[:, :-1], chunk[:, 1:])
+                if activations is None:
+                    activations = {"inside": meter.inside_blocks, "outside": meter.outside_blocks}
                 scaler.scale(loss / accum).backward()
             loss_sum += loss.detach()
         if fault.due("inf_grad", step, rank):
@@ -198,9 +211,7 @@ def train(spec: dict) -> None:
         scale_before = scaler.get_scale() if scaler.is_enabled() else 1.0
         scaler.unscale_(par.optimizer)
         max_norm = train_cfg.grad_clip if train_cfg.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(par.model.parameters(), max_norm)
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
+        grad_norm = clip_grad_norm(par, max_norm, device)
         scaler.step(par.optimizer)
         scaler.update()
         if device.type == "cuda":
@@ -258,13 +269,13 @@ def train(spec: dict) -> None:
     total_time = sum(step_times)
     tokens_per_s = tokens_per_step * len(step_times) / total_time
     fpt = accounting.flops_per_token(model_cfg)
+    recompute_fpt = accounting.recompute_flops_per_token(model_cfg) if ac else 0.0
     largest = max(range(world_size), key=lambda r: sum(all_held[r].values()))
     predicted = accounting.model_state_bytes(n_params, stage, world_size, precision, "pytorch")
     predicted_paper = accounting.model_state_bytes(n_params, stage, world_size, precision, "paper")
     elem_bytes = accounting.reduce_dtype_bytes(precision)
     result = {
         "n_params": n_params,
-        "micro_batch": micro,
         "accumulation_steps": accum,
         "tokens_per_step": tokens_per_step,
         "measured_steps": n_measured,
@@ -276,6 +287,15 @@ def train(spec: dict) -> None:
         "peak_flops_per_device": peak,
         "peak_flops_source": peak_source,
         "mfu": accounting.mfu(tokens_per_s, fpt, peak, world_size),
+        "recompute_flops_per_token": recompute_fpt,
+        "hfu": accounting.mfu(tokens_per_s, fpt + recompute_fpt, peak, world_size),
+        "activation_bytes_measured": activations["inside"] if activations else None,
+        "activation_bytes_outside_blocks_measured": activations["outside"] if activations else None,
+        "activation_measure": "bytes saved for backward by one micro-batch's forward on rank 0 (autograd saved-tensor hooks)",
+        "activation_bytes_predicted": accounting.block_activation_bytes(model_cfg, micro, precision, ac),
+        "activation_bytes_predicted_no_recompute": model_cfg.n_layers * accounting.activation_bytes_per_layer(
+            model_cfg.seq_len, micro, model_cfg.d_model, model_cfg.n_heads, "none", accounting.DTYPE_BYTES[precision]),
+        "ddp_buckets_predicted": accounting.ddp_bucket_count(param_bytes, bucket_mb) if bucket_mb else None,
         "skipped_steps": skipped_steps,
         "resumed_from_step": start_step - 1 if start_step else None,
         "final_loss_scale": scaler.get_scale() if scaler.is_enabled() else None,

@@ -1,0 +1,90 @@
+"""Measured activation memory: the bytes autograd keeps for backward during one forward.
+
+Works on every device (the CPU has no allocator statistics to read a peak from), so it is
+the measured counterpart of Korthikanti et al.'s prediction everywhere; on GPU the run's
+``peak_mem_allocated_bytes`` is measured as well.
+
+What is counted: every distinct storage that a saved-tensor pack hook sees, plus each
+transformer block's input (activation checkpointing keeps it for the recomputation, and
+without checkpointing the first LayerNorm saves it anyway). Parameter storages are not
+activations and are left out. Under autocast the 16-bit copies of weights are saved too and
+are counted (they occupy memory until backward). Inside a checkpointed block
+``torch.utils.checkpoint``'s own hooks replace ours, so nothing it will recompute is counted:
+exactly the memory checkpointing saves.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+
+def _storage_key(t: torch.Tensor) -> tuple[int, int] | None:
+    if hasattr(t, "to_local"):  # DTensor: its local shard is what this rank holds
+        t = t.to_local()
+    try:
+        storage = t.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # tensors without storage (e.g. fake/meta)
+        return None
+    return storage.data_ptr(), storage.nbytes()
+
+
+class SavedActivationMeter:
+    """Context manager around one forward: ``inside_blocks`` and ``outside_blocks`` bytes.
+
+    ``with SavedActivationMeter(model, model.blocks) as meter: loss = model(x, y)``
+    """
+
+    def __init__(self, model: nn.Module, blocks: list[nn.Module]):
+        self.model, self.blocks = model, list(blocks)
+        self.inside_blocks = 0
+        self.outside_blocks = 0
+        self._seen: set[int] = set()
+        self._param_ptrs: set[int] = set()
+        self._in_block = 0
+        self._handles = []
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _note_params(self, module: nn.Module) -> None:
+        # Called once the module's parameters are materialised (FSDP2 gathers them in its
+        # own pre-forward hook, which runs before ours).
+        for p in module.parameters():
+            key = _storage_key(p)
+            if key:
+                self._param_ptrs.add(key[0])
+
+    def _count(self, t: torch.Tensor) -> None:
+        key = _storage_key(t)
+        if key is None or key[0] in self._seen or key[0] in self._param_ptrs:
+            return
+        self._seen.add(key[0])
+        if self._in_block:
+            self.inside_blocks += key[1]
+        else:
+            self.outside_blocks += key[1]
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        self._count(t)
+        return t
+
+    def _block_pre(self, module, args):
+        self._note_params(module)
+        self._in_block += 1
+        self._count(args[0])  # the block input: kept for backward with or without checkpointing
+
+    def _block_post(self, module, args, output):
+        self._in_block -= 1
+
+    def __enter__(self) -> "SavedActivationMeter":
+        self._note_params(self.model)
+        self._handles.append(self.model.register_forward_pre_hook(lambda module, args: self._note_params(module)))
+        for block in self.blocks:
+            self._handles.append(block.register_forward_pre_hook(self._block_pre))
+            self._handles.append(block.register_forward_hook(self._block_post))
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()

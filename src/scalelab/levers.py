@@ -1,0 +1,258 @@
+"""The levers in the report: baseline rows, variant-vs-baseline pairs, one figure per lever.
+
+A lever is an optional sweep axis (micro-batch size, activation checkpointing, CPU offload,
+DDP bucket size; fp8 is a precision). The main figures use *baseline* rows (every lever at
+its default) so that they compare precision x stage x world size alone. Each run with a
+lever away from its default is paired with the baseline run that differs only in that lever,
+and the pair's measured ratios are set against the formulas.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from .config import DDP_BUCKET_MB
+
+MiB = 2 ** 20
+IDENTITY = ["precision", "zero_stage", "world_size", "micro_batch", "activation_checkpointing", "cpu_offload", "bucket_mb"]
+
+
+def _is_default(runs: pd.DataFrame) -> dict[str, pd.Series]:
+    """Per lever: which rows have it at its default."""
+    accum = runs.get("accumulation_steps", pd.Series(np.nan, index=runs.index))
+    return {
+        # 'auto' resolves to the whole per-rank batch, i.e. one micro-batch per step
+        "micro_batch": accum.isna() | (accum == 1),
+        "activation_checkpointing": ~runs["activation_checkpointing"].astype(bool),
+        "cpu_offload": ~runs["cpu_offload"].astype(bool),
+        "bucket_mb": runs["bucket_mb"].isna() | (runs["bucket_mb"] == DDP_BUCKET_MB),
+    }
+
+
+def baseline(runs: pd.DataFrame) -> pd.DataFrame:
+    """Rows with every lever at its default. A lever no row has at its default (a sweep that
+    lists only other values) does not filter."""
+    keep = pd.Series(True, index=runs.index)
+    for is_default in _is_default(runs).values():
+        if is_default.any():
+            keep &= is_default
+    return runs[keep]
+
+
+def _paired(runs: pd.DataFrame, lever: str) -> pd.DataFrame:
+    """Rows away from the default in `lever` only, joined to their baseline twin (suffix _base)."""
+    defaults = _is_default(runs)
+    others = [v for k, v in defaults.items() if k != lever]
+    rest = pd.concat(others, axis=1).all(axis=1) if others else pd.Series(True, index=runs.index)
+    variants, bases = runs[~defaults[lever] & rest], runs[defaults[lever] & rest]
+    if variants.empty or bases.empty:
+        return pd.DataFrame()
+    key = ["precision", "zero_stage", "world_size"]
+    if lever != "bucket_mb":
+        key.append("bucket_mb")
+    merged = variants.merge(bases, on=key, suffixes=("", "_base"))
+    return merged
+
+
+def _device_peak(df: pd.DataFrame, suffix: str = "") -> pd.Series:
+    """Peak allocated device memory on GPU runs, else the process peak RSS (CPU)."""
+    gpu = df.get(f"peak_mem_allocated_bytes{suffix}")
+    rss = df[f"peak_rss_bytes{suffix}"]
+    return gpu.fillna(rss) if gpu is not None else rss
+
+
+def lever_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per (variant run, baseline twin): what the lever bought, measured and predicted."""
+    rows = []
+    for lever in ("activation_checkpointing", "micro_batch", "cpu_offload", "bucket_mb"):
+        pairs = _paired(runs, lever)
+        for r in pairs.itertuples():
+            d = r._asdict()
+            row = {"lever": lever, "run_id": r.run_id, "baseline_run_id": r.run_id_base,
+                   "status": r.status, "value": d[lever], "baseline_value": d[f"{lever}_base"]}
+            if r.status == "ok" and r.status_base == "ok":
+                row["step_time_ratio"] = r.step_time_s_median / r.step_time_s_median_base
+                row["tokens_per_s_ratio"] = r.tokens_per_s / r.tokens_per_s_base
+                peak_gpu = d.get("peak_mem_allocated_bytes")
+                row["peak_mib"] = (peak_gpu if pd.notna(peak_gpu) else r.peak_rss_bytes) / MiB
+                peak_gpu_base = d.get("peak_mem_allocated_bytes_base")
+                row["baseline_peak_mib"] = (peak_gpu_base if pd.notna(peak_gpu_base) else r.peak_rss_bytes_base) / MiB
+                row["activation_mib_measured"] = r.activation_bytes_measured / MiB
+                row["activation_mib_predicted"] = r.activation_bytes_predicted / MiB
+                row["baseline_activation_mib_measured"] = r.activation_bytes_measured_base / MiB
+                row["baseline_activation_mib_predicted"] = r.activation_bytes_predicted_base / MiB
+                if lever == "activation_checkpointing":
+                    row["step_time_ratio_predicted"] = 1 + r.recompute_flops_per_token / r.flops_per_token
+                if lever == "bucket_mb":
+                    row["all_reduce_calls_per_step"] = r.comm_all_reduce_calls_per_step
+                    row["all_reduce_calls_predicted"] = r.ddp_buckets_predicted
+            else:
+                row["reason"] = r.reason if r.status != "ok" else f"baseline {r.run_id_base}: {r.status_base}"
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def fp8_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """fp8 runs beside their bf16 twins (same stage, world size, levers): the speed-up."""
+    fp8, bf16 = runs[runs["precision"] == "fp8"], runs[runs["precision"] == "bf16"]
+    if fp8.empty:
+        return pd.DataFrame()
+    key = [c for c in IDENTITY if c != "precision"]
+    merged = fp8.merge(bf16, on=key, how="left", suffixes=("", "_bf16"))
+    out = merged[["run_id", "status", "reason", "tokens_per_s", "run_id_bf16", "status_bf16", "tokens_per_s_bf16"]].copy()
+    out["speedup_over_bf16"] = merged["tokens_per_s"] / merged["tokens_per_s_bf16"]
+    return out
+
+
+def _note(ax, text: str) -> None:
+    ax.axis("off")
+    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True, fontsize=9)
+
+
+def _save(fig, out_dir: Path, name: str) -> list[str]:
+    files = [f"{name}.png"]
+    fig.savefig(out_dir / files[0], dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return files
+
+
+def _not_run_text(pairs: pd.DataFrame) -> str | None:
+    bad = pairs[pairs["status"] != "ok"] if not pairs.empty else pairs
+    if pairs.empty or len(bad) < len(pairs):
+        return None
+    reasons = sorted(set(bad["reason"].fillna("").str.slice(0, 150)))
+    return "no run with this lever finished ok:\n" + "\n".join(reasons[:3])
+
+
+def activation_checkpointing_plot(runs: pd.DataFrame, pairs: pd.DataFrame, out_dir: Path):
+    caption = ("Activation checkpointing. Left: activations kept for backward by one micro-batch "
+               "(measured: bytes saved by autograd on rank 0; predicted: Korthikanti et al. with flash attention "
+               "34·s·b·h per layer, full recomputation 2·s·b·h), off vs on. Right: step time with / without "
+               "checkpointing, measured vs the predicted recompute cost (one more forward of every block).")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
+    text = _not_run_text(pairs)
+    if text:
+        _note(left, text)
+        right.axis("off")
+        return _save(fig, out_dir, "lever_activation_checkpointing"), caption
+    ok = pairs[pairs["status"] == "ok"]
+    labels = ok["run_id"].str.replace("-ac", "", regex=False)
+    x = np.arange(len(ok))
+    left.bar(x - 0.2, ok["baseline_activation_mib_measured"], 0.4, label="off, measured", color="C0")
+    left.bar(x + 0.2, ok["activation_mib_measured"], 0.4, label="on, measured", color="C1")
+    left.scatter(x - 0.2, ok["baseline_activation_mib_predicted"], marker="_", s=300, color="black", zorder=3, label="predicted")
+    left.scatter(x + 0.2, ok["activation_mib_predicted"], marker="_", s=300, color="black", zorder=3)
+    left.set_xticks(x, labels, rotation=45, ha="right")
+    left.set(ylabel="MiB per micro-batch", yscale="log", title="activations kept for backward")
+    left.legend(fontsize=8)
+    right.bar(x, ok["step_time_ratio"], 0.5, color="C1", label="measured")
+    right.scatter(x, ok["step_time_ratio_predicted"], marker="_", s=300, color="black", zorder=3, label="predicted")
+    right.axhline(1, color="grey", lw=0.8)
+    right.set_xticks(x, labels, rotation=45, ha="right")
+    right.set(ylabel="step time on / off", title="recompute cost")
+    right.legend(fontsize=8)
+    return _save(fig, out_dir, "lever_activation_checkpointing"), caption
+
+
+def micro_batch_plot(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path):
+    caption = ("Gradient accumulation at a fixed global batch. Left: fp32 loss per step for each micro-batch size "
+               "(the trajectories should coincide). Middle: throughput. Right: activations kept per micro-batch "
+               "(measured) and peak memory per rank (GPU: max allocated; CPU: process RSS).")
+    ok = runs[(runs["status"] == "ok") & runs["micro_batch"].notna()]
+    others = [v for k, v in _is_default(ok).items() if k != "micro_batch"]
+    ok = ok[pd.concat(others, axis=1).all(axis=1)] if others and not ok.empty else ok
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    if ok["micro_batch"].nunique() < 2:
+        _note(axes[0], "fewer than two micro-batch sizes finished ok")
+        axes[1].axis("off"), axes[2].axis("off")
+        return _save(fig, out_dir, "lever_micro_batch"), caption
+    fp32 = steps[steps["run_id"].isin(ok.loc[ok["precision"] == "fp32", "run_id"])]
+    for (mb, group) in fp32.groupby("micro_batch"):
+        curve = group.groupby("step")["loss"].mean()
+        axes[0].plot(curve.index, curve.to_numpy(), label=f"micro-batch {mb}", lw=1.0)
+    axes[0].set(xlabel="step", ylabel="loss", title="fp32 loss")
+    axes[0].legend(fontsize=8)
+    data = ok.assign(label="z" + ok["zero_stage"].astype(str) + " w" + ok["world_size"].astype(str) + " " + ok["precision"])
+    sns.lineplot(data=data, x="micro_batch", y="tokens_per_s", hue="label", marker="o", ax=axes[1], errorbar=None)
+    axes[1].set(xscale="log", xlabel="micro-batch (sequences per rank)", title="throughput")
+    if data["label"].nunique() > 8:  # a legend that tall hides the lines
+        axes[1].get_legend().remove()
+    else:
+        axes[1].legend(fontsize=7)
+    data = data.assign(act=data["activation_bytes_measured"] / MiB, peak=_device_peak(data) / MiB)
+    sns.lineplot(data=data, x="micro_batch", y="act", hue="label", marker="o", ax=axes[2], errorbar=None, legend=False)
+    sns.lineplot(data=data, x="micro_batch", y="peak", hue="label", marker="s", ls="--", ax=axes[2], errorbar=None, legend=False)
+    axes[2].set(xscale="log", yscale="log", xlabel="micro-batch", ylabel="MiB", title="activations (solid), peak (dashed)")
+    return _save(fig, out_dir, "lever_micro_batch"), caption
+
+
+def bucket_plot(runs: pd.DataFrame, out_dir: Path):
+    caption = ("DDP gradient bucket size (stages 0 and 1). Left: all-reduce calls per step, measured (points) and "
+               "predicted (line: gradients filled in reverse order into buckets of the cap). Right: median step time.")
+    ddp = runs[(runs["status"] == "ok") & runs["bucket_mb"].notna()]
+    others = [v for k, v in _is_default(ddp).items() if k != "bucket_mb"]
+    ddp = ddp[pd.concat(others, axis=1).all(axis=1)] if others and not ddp.empty else ddp
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
+    if ddp["bucket_mb"].nunique() < 2:
+        _note(left, "fewer than two bucket sizes finished ok")
+        right.axis("off")
+        return _save(fig, out_dir, "lever_bucket_mb"), caption
+    data = ddp.assign(label="z" + ddp["zero_stage"].astype(str) + " w" + ddp["world_size"].astype(str) + " " + ddp["precision"])
+    sns.scatterplot(data=data, x="bucket_mb", y="comm_all_reduce_calls_per_step", hue="label", ax=left, s=50)
+    pred = data.groupby("bucket_mb")["ddp_buckets_predicted"].mean()
+    left.plot(pred.index, pred.to_numpy(), color="black", lw=1, label="predicted")
+    left.set(xscale="log", xlabel="bucket size (MiB)", ylabel="all-reduce calls per step", title="buckets")
+    left.legend(fontsize=7, ncol=1 + data["label"].nunique() // 8)
+    sns.lineplot(data=data.assign(ms=data["step_time_s_median"] * 1e3), x="bucket_mb", y="ms", hue="label",
+                 marker="o", ax=right, errorbar=None, legend=False)
+    right.set(xscale="log", xlabel="bucket size (MiB)", ylabel="median step time (ms)", title="step time")
+    return _save(fig, out_dir, "lever_bucket_mb"), caption
+
+
+def offload_plot(pairs: pd.DataFrame, out_dir: Path):
+    caption = ("CPU offload (stage 3): peak device memory per rank and median step time, with offload vs without "
+               "(GPU runs; on CPU the points are skipped: there is no device memory to save).")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
+    text = _not_run_text(pairs)
+    if text:
+        _note(left, text)
+        right.axis("off")
+        return _save(fig, out_dir, "lever_cpu_offload"), caption
+    ok = pairs[pairs["status"] == "ok"]
+    x = np.arange(len(ok))
+    labels = ok["run_id"].str.replace("-offload", "", regex=False)
+    left.bar(x - 0.2, ok["baseline_peak_mib"], 0.4, label="on device", color="C0")
+    left.bar(x + 0.2, ok["peak_mib"], 0.4, label="offloaded", color="C2")
+    left.set_xticks(x, labels, rotation=45, ha="right")
+    left.set(ylabel="peak memory per rank (MiB)", title="memory")
+    left.legend(fontsize=8)
+    right.bar(x, ok["step_time_ratio"], 0.5, color="C2")
+    right.axhline(1, color="grey", lw=0.8)
+    right.set_xticks(x, labels, rotation=45, ha="right")
+    right.set(ylabel="step time offloaded / on device", title="cost")
+    return _save(fig, out_dir, "lever_cpu_offload"), caption
+
+
+def lever_plots(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path) -> list[tuple[list[str], str]]:
+    """A figure for each lever the results vary (nothing for a lever at one value)."""
+    figures = []
+    if runs["activation_checkpointing"].nunique() > 1:
+        figures.append(activation_checkpointing_plot(runs, _pair_rows(runs, "activation_checkpointing"), out_dir))
+    if runs["micro_batch"].nunique() > 1 or runs["accumulation_steps"].nunique() > 1:
+        figures.append(micro_batch_plot(runs, steps, out_dir))
+    if runs["cpu_offload"].nunique() > 1:
+        figures.append(offload_plot(_pair_rows(runs, "cpu_offload"), out_dir))
+    if runs["bucket_mb"].dropna().nunique() > 1:
+        figures.append(bucket_plot(runs, out_dir))
+    return figures
+
+
+def _pair_rows(runs: pd.DataFrame, lever: str) -> pd.DataFrame:
+    table = lever_table(runs)
+    if table.empty:
+        return pd.DataFrame(columns=["status", "reason"])
+    return table[table["lever"] == lever]
