@@ -100,6 +100,8 @@ class TrainConfig:
     """Allow TF32 matmuls for fp32 on GPU."""
     fp16_init_scale: float
     """Initial dynamic loss scale (fp16)."""
+    fp8_emulate: bool
+    """Run fp8 points anywhere with torchao's emulated float8 casts (checks the recipe, not speed)."""
     checkpoint_every: int
     """Save a resumable checkpoint every N optimizer steps; 0 = never."""
     collective_timeout_s: float

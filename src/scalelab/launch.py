@@ -61,7 +61,7 @@ def resolve_device(requested: str) -> tuple[str, str | None]:
     return "cpu", None
 
 
-def skip_reason(device: str, point: RunPoint) -> str | None:
+def skip_reason(device: str, point: RunPoint, fp8_emulate: bool = False) -> str | None:
     import torch
 
     from .precision import unsupported_reason
@@ -73,7 +73,7 @@ def skip_reason(device: str, point: RunPoint) -> str | None:
     if point.cpu_offload and device != "cuda":
         return (f"cpu_offload moves model state from GPU memory to host memory; this run is on {device}, "
                 "where the model state is in host memory already")
-    return unsupported_reason(point.precision, torch.device(device))
+    return unsupported_reason(point.precision, torch.device(device), fp8_emulate)
 
 
 def plan_memory(config: dict, model, point: RunPoint, micro_batch: int, device: str) -> dict:
@@ -140,7 +140,7 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
     identity = point.identity(micro_batch=micro)
     device, reason = resolve_device(train.device)
     if reason is None:
-        reason = skip_reason(device, point)
+        reason = skip_reason(device, point, train.fp8_emulate)
     memory_plan = plan_memory(config, model, point, micro, device)
     threads_per_rank = max(1, threads // point.world_size)
     summary = {

@@ -90,6 +90,7 @@ _RUN_FIELDS = [
     ("activation_bytes_predicted", pa.float64()), ("activation_bytes_predicted_no_recompute", pa.float64()),
     ("activation_measure", pa.string()),
     ("recompute_flops_per_token", pa.float64()), ("hfu", pa.float64()),
+    ("fp8_linears", pa.int32()), ("fp8_emulated", pa.bool_()),
     ("ddp_buckets_predicted", pa.int32()),
     ("predicted_peak_bytes", pa.float64()), ("predicted_activation_bytes", pa.float64()),
     ("predicted_transient_param_bytes", pa.float64()), ("device_memory_bytes", pa.float64()),

@@ -34,7 +34,9 @@ def grad_scaler(precision: str, device: torch.device, init_scale: float) -> Shar
     return ShardedGradScaler(device.type, init_scale=init_scale, enabled=precision == "fp16")
 
 
-def fp8_unsupported_reason(device: torch.device) -> str | None:
+def fp8_unsupported_reason(device: torch.device, emulate: bool = False) -> str | None:
+    if emulate:  # torchao's emulated float8 casts run anywhere: a check of the recipe, not of speed
+        return _torchao_missing()
     if device.type != "cuda":
         return (f"fp8 needs a GPU with FP8 tensor cores (compute capability >= "
                 f"{FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]}); this run is on {device.type}")
@@ -42,6 +44,10 @@ def fp8_unsupported_reason(device: torch.device) -> str | None:
     if capability < FP8_MIN_CAPABILITY:
         return (f"fp8 needs compute capability >= {FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]}; "
                 f"{torch.cuda.get_device_name(device)} has {capability[0]}.{capability[1]}")
+    return _torchao_missing()
+
+
+def _torchao_missing() -> str | None:
     try:
         import torchao.float8  # noqa: F401
     except ImportError as err:
@@ -49,11 +55,11 @@ def fp8_unsupported_reason(device: torch.device) -> str | None:
     return None
 
 
-def convert_to_fp8(model: torch.nn.Module) -> int:
+def convert_to_fp8(model: torch.nn.Module, emulate: bool = False) -> int:
     """Swap the transformer blocks' nn.Linear layers for torchao's Float8Linear; returns how
     many. Float8 matmuls need both dimensions divisible by 16; the output head (tied to the
     embedding) and the embeddings stay in bf16."""
-    from torchao.float8 import convert_to_float8_training
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     converted = []
 
@@ -64,14 +70,14 @@ def convert_to_fp8(model: torch.nn.Module) -> int:
             converted.append(fqn)
         return ok
 
-    convert_to_float8_training(model, module_filter_fn=in_blocks)
+    convert_to_float8_training(model, module_filter_fn=in_blocks, config=Float8LinearConfig(emulate=emulate))
     return len(converted)
 
 
-def unsupported_reason(precision: str, device: torch.device) -> str | None:
+def unsupported_reason(precision: str, device: torch.device, fp8_emulate: bool = False) -> str | None:
     """Why this device cannot run this precision, or None if it can."""
     if precision == "fp8":
-        return fp8_unsupported_reason(device)
+        return fp8_unsupported_reason(device, fp8_emulate)
     if device.type == "cuda" and precision == "bf16" and not torch.cuda.is_bf16_supported():
         return f"bf16 is not supported by {torch.cuda.get_device_name(device)}"
     try:

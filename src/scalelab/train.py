@@ -78,7 +78,7 @@ def peak_flops(device: torch.device, precision: str, tf32: bool) -> tuple[float,
         name = torch.cuda.get_device_name(device)
         key = "tf32" if precision == "fp32" and tf32 else precision
         for gpu, peaks in GPU_PEAK_FLOPS.items():
-            if gpu.lower() in name.lower():
+            if gpu.lower() in name.lower() and key in peaks:
                 return peaks[key], f"datasheet dense {key}: {gpu}"
     return measure_matmul_peak(device, precision), f"measured {precision} matmul, {torch.get_num_threads()} threads"
 
@@ -146,8 +146,8 @@ def train(spec: dict) -> None:
     # DDP fills buckets in gradient-ready order, about the reverse of this one.
     param_bytes = [p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values()]
     model.set_activation_checkpointing(ac)
-    if precision == "fp8":
-        convert_to_fp8(model)  # before sharding: FSDP2 then shards the Float8Linear weights
+    fp8_linears = convert_to_fp8(model, train_cfg.fp8_emulate) if precision == "fp8" else None
+    # (converted before sharding: FSDP2 then shards the Float8Linear weights)
     blocks = list(model.blocks)
     par = parallelize(model, stage, device, train_cfg.lr, train_cfg.weight_decay, bucket_mb=bucket_mb, cpu_offload=offload)
     scaler = grad_scaler(precision, device, train_cfg.fp16_init_scale)
@@ -288,6 +288,8 @@ def train(spec: dict) -> None:
         "peak_flops_source": peak_source,
         "mfu": accounting.mfu(tokens_per_s, fpt, peak, world_size),
         "recompute_flops_per_token": recompute_fpt,
+        "fp8_linears": fp8_linears,
+        "fp8_emulated": bool(train_cfg.fp8_emulate) if precision == "fp8" else None,
         "hfu": accounting.mfu(tokens_per_s, fpt + recompute_fpt, peak, world_size),
         "activation_bytes_measured": activations["inside"] if activations else None,
         "activation_bytes_outside_blocks_measured": activations["outside"] if activations else None,
