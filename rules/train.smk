@@ -1,6 +1,7 @@
-# Stage 2: one training run per sweep point (precision x ZeRO stage x world size).
-# The run's folder is the point's Paramspace pattern, e.g.
-# results/runs/precision~fp32/zero_stage~0/world_size~2/{summary.json,steps.parquet}.
+# Stage 2: one training run per sweep point (precision x ZeRO stage x world size x levers).
+# The run's folder is the point's Paramspace pattern, one level per axis, e.g.
+# results/runs/precision~fp32/zero_stage~0/world_size~2/micro_batch~auto/
+#   activation_checkpointing~false/cpu_offload~false/bucket_mb~25/{summary.json,steps.parquet}.
 #
 # Two rules, split by world size: `train` for runs that fit one node (one torchrun
 # --standalone), `train_multinode` for runs spanning several launchers. On SLURM the latter

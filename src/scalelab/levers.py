@@ -128,20 +128,28 @@ def _not_run_text(pairs: pd.DataFrame) -> str | None:
     return "no run with this lever finished ok:\n" + "\n".join(reasons[:3])
 
 
-def activation_checkpointing_plot(runs: pd.DataFrame, pairs: pd.DataFrame, out_dir: Path):
-    caption = ("Activation checkpointing. Left: activations kept for backward by one micro-batch "
-               "(measured: bytes saved by autograd on rank 0; predicted: Korthikanti et al. with flash attention "
-               "34·s·b·h per layer, full recomputation 2·s·b·h), off vs on. Right: step time with / without "
-               "checkpointing, measured vs the predicted recompute cost (one more forward of every block).")
+def _pair_panels(pairs: pd.DataFrame, run_id_suffix: str):
+    """(figure, panels) for a lever's variant/baseline pairs. panels = (left axis, right axis,
+    ok pairs, x positions, labels), or None when no pair finished ok (the figure then says why)."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
     text = _not_run_text(pairs)
     if text:
         _note(left, text)
         right.axis("off")
-        return _save(fig, out_dir, "lever_activation_checkpointing"), caption
+        return fig, None
     ok = pairs[pairs["status"] == "ok"]
-    labels = ok["run_id"].str.replace("-ac", "", regex=False)
-    x = np.arange(len(ok))
+    return fig, (left, right, ok, np.arange(len(ok)), ok["run_id"].str.replace(run_id_suffix, "", regex=False))
+
+
+def activation_checkpointing_plot(runs: pd.DataFrame, pairs: pd.DataFrame, out_dir: Path):
+    caption = ("Activation checkpointing. Left: activations kept for backward by one micro-batch "
+               "(measured: bytes saved by autograd on rank 0; predicted: Korthikanti et al. with flash attention "
+               "34·s·b·h per layer, full recomputation 2·s·b·h), off vs on. Right: step time with / without "
+               "checkpointing, measured vs the predicted recompute cost (one more forward of every block).")
+    fig, panels = _pair_panels(pairs, "-ac")
+    if panels is None:
+        return _save(fig, out_dir, "lever_activation_checkpointing"), caption
+    left, right, ok, x, labels = panels
     left.bar(x - 0.2, ok["baseline_activation_mib_measured"], 0.4, label="off, measured", color="C0")
     left.bar(x + 0.2, ok["activation_mib_measured"], 0.4, label="on, measured", color="C1")
     left.scatter(x - 0.2, ok["baseline_activation_mib_predicted"], marker="_", s=300, color="black", zorder=3, label="predicted")
@@ -216,15 +224,10 @@ def bucket_plot(runs: pd.DataFrame, out_dir: Path):
 def offload_plot(pairs: pd.DataFrame, out_dir: Path):
     caption = ("CPU offload (stage 3): peak device memory per rank and median step time, with offload vs without "
                "(GPU runs; on CPU the points are skipped: there is no device memory to save).")
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
-    text = _not_run_text(pairs)
-    if text:
-        _note(left, text)
-        right.axis("off")
+    fig, panels = _pair_panels(pairs, "-offload")
+    if panels is None:
         return _save(fig, out_dir, "lever_cpu_offload"), caption
-    ok = pairs[pairs["status"] == "ok"]
-    x = np.arange(len(ok))
-    labels = ok["run_id"].str.replace("-offload", "", regex=False)
+    left, right, ok, x, labels = panels
     left.bar(x - 0.2, ok["baseline_peak_mib"], 0.4, label="on device", color="C0")
     left.bar(x + 0.2, ok["peak_mib"], 0.4, label="offloaded", color="C2")
     left.set_xticks(x, labels, rotation=45, ha="right")
