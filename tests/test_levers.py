@@ -17,11 +17,13 @@ def test_activation_checkpointing_same_losses_fewer_saved_activations(tmp_path, 
     assert off["status"] == on["status"] == "ok", (off["reason"], on["reason"])
     # Recomputation repeats the same CPU kernels in the same order: the same numbers.
     assert on_steps["loss"].tolist() == off_steps["loss"].tolist()
-    # Measured (autograd's saved tensors) against Korthikanti et al.: 34sbh per layer without
-    # checkpointing (flash attention keeps no scores), 2sbh with it; fp32 doubles both.
+    # Measured (autograd's saved tensors) against Korthikanti et al.'s terms for this model: 16 sbh
+    # values per layer without checkpointing, the block input (sbh values) with it.
     for summary in (off, on):
         measured, predicted = summary["activation_bytes_measured"], summary["activation_bytes_predicted"]
-        assert abs(measured - predicted) / predicted < 0.10, (summary["run_id"], measured, predicted)
+        assert abs(measured - predicted) / predicted < 0.03, (summary["run_id"], measured, predicted)
+        # the paper's formula counts the attention scores and dropout masks this model never stores
+        assert summary["activation_bytes_predicted_paper"] >= predicted
     assert on["activation_bytes_measured"] < off["activation_bytes_measured"] / 10
     # FSDP2's hooks sit outside the checkpoint: recomputing adds no all-gather.
     assert on["comm_calls_per_step"] == off["comm_calls_per_step"]

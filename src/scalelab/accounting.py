@@ -153,15 +153,37 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, d_model: int, n_h
     raise ValueError(f"recompute must be none, selective or full, got {recompute!r}")
 
 
-def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, activation_checkpointing: bool) -> float:
+AUTOCAST_PRECISIONS = ("fp16", "bf16", "fp8")
+
+
+def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, activation_checkpointing: bool,
+                           convention: str = "model") -> float:
     """Predicted activations all transformer blocks keep for backward, one micro-batch.
 
-    The model's attention is scaled_dot_product_attention (no stored scores), so without
-    checkpointing the layer keeps Korthikanti's s b h 34; with per-block checkpointing only
-    each block's input (2 s b h) stays until backward recomputes the rest."""
-    recompute = "full" if activation_checkpointing else "selective"
-    return cfg.n_layers * activation_bytes_per_layer(cfg.seq_len, micro_batch, cfg.d_model, cfg.n_heads,
-                                                     recompute, DTYPE_BYTES[precision])
+    ``convention='paper'``: Korthikanti et al. as published at the run's width: s b h (34 +
+    5 a s / h) per layer, or 2 s b h with full recomputation.
+    ``convention='model'``: the same terms for this model. scaled_dot_product_attention never
+    stores the a s^2 b scores and the model has no dropout (no masks), which leaves 16 s b h
+    values per layer (32 s b h bytes at 2 bytes). Under autocast (fp16, bf16, fp8) the residual
+    stream and the LayerNorm inputs stay fp32 (2 s b h values at 4 bytes instead of 2) and
+    the 16-bit copies of the 12 d^2 block weights are kept too. With per-block checkpointing
+    only each block's input stays: s b h values at the residual's width.
+    """
+    s, b, h, L = cfg.seq_len, micro_batch, cfg.d_model, cfg.n_layers
+    width = DTYPE_BYTES[precision]
+    if convention == "paper":
+        recompute = "full" if activation_checkpointing else "none"
+        return L * activation_bytes_per_layer(s, b, h, cfg.n_heads, recompute, width)
+    if convention != "model":
+        raise ValueError(f"unknown convention {convention!r}: 'model' or 'paper'")
+    amp = precision in AUTOCAST_PRECISIONS
+    residual_width = 4 if amp else width
+    if activation_checkpointing:
+        return L * s * b * h * residual_width
+    per_layer = 16 * s * b * h * width
+    if amp:
+        per_layer += 2 * s * b * h * (4 - width) + 2 * 12 * h * h
+    return L * per_layer
 
 
 def recompute_flops_per_token(cfg: ModelConfig) -> float:

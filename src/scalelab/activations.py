@@ -39,22 +39,24 @@ class SavedActivationMeter:
         self.inside_blocks = 0
         self.outside_blocks = 0
         self._seen: set[int] = set()
-        self._param_ptrs: set[int] = set()
+        # Storages of parameters live right now: the model's (noted as its forward starts) and
+        # the running block's. A block's set is dropped when it ends, because FSDP2 (stage 3)
+        # frees its gathered parameters then and the allocator hands the addresses to activations.
+        self._model_params: set[int] = set()
+        self._block_params: set[int] = set()
         self._in_block = 0
         self._handles = []
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
 
-    def _note_params(self, module: nn.Module) -> None:
+    @staticmethod
+    def _param_ptrs(module: nn.Module) -> set[int]:
         # Called once the module's parameters are materialised (FSDP2 gathers them in its
         # own pre-forward hook, which runs before ours).
-        for p in module.parameters():
-            key = _storage_key(p)
-            if key:
-                self._param_ptrs.add(key[0])
+        return {key[0] for key in map(_storage_key, module.parameters()) if key}
 
     def _count(self, t: torch.Tensor) -> None:
         key = _storage_key(t)
-        if key is None or key[0] in self._seen or key[0] in self._param_ptrs:
+        if key is None or key[0] in self._seen or key[0] in self._model_params or key[0] in self._block_params:
             return
         self._seen.add(key[0])
         if self._in_block:
@@ -67,16 +69,19 @@ class SavedActivationMeter:
         return t
 
     def _block_pre(self, module, args):
-        self._note_params(module)
+        self._block_params = self._param_ptrs(module)
         self._in_block += 1
         self._count(args[0])  # the block input: kept for backward with or without checkpointing
 
     def _block_post(self, module, args, output):
         self._in_block -= 1
+        self._block_params = set()
 
     def __enter__(self) -> "SavedActivationMeter":
-        self._note_params(self.model)
-        self._handles.append(self.model.register_forward_pre_hook(lambda module, args: self._note_params(module)))
+        def note_model_params(module, args):
+            self._model_params = self._param_ptrs(module)
+
+        self._handles.append(self.model.register_forward_pre_hook(note_model_params))
         for block in self.blocks:
             self._handles.append(block.register_forward_pre_hook(self._block_pre))
             self._handles.append(block.register_forward_hook(self._block_post))

@@ -42,11 +42,13 @@ updated shards; the paper's 2Ψ); stage 2: 2Ψ; stage 3: 3Ψ; with k accumulatio
 move (k+1)Ψ and (2k+1)Ψ. At world size 1 FSDP2 issues no collectives (0 bytes) while DDP and ZeRO-1 still do. Bytes = elements × 4 (gradients and parameters travel in fp32). On a ring each rank
 sends (N−1)/N of this.</li>
 <li><b>Scaling efficiency</b> = tokens/s at N / (N × tokens/s at world size 1), same precision and stage.</li>
-<li><b>Activations</b> kept for backward per layer and micro-batch (Korthikanti et al. 2022, 2-byte values, no tensor
-parallelism): s·b·h·(34 + 5·a·s/h); scaled_dot_product_attention never stores the a·s² scores, which leaves 34·s·b·h
-(the paper's "selective recomputation" figure); per-block checkpointing keeps only the block input, 2·s·b·h. Other
-widths scale by bytes per value / 2. Measured: the bytes autograd saves during one micro-batch's forward on rank 0
-(saved-tensor hooks, distinct storages, parameters excluded; under autocast this includes 16-bit weight copies).</li>
+<li><b>Activations</b> kept for backward per layer and micro-batch. Korthikanti et al. 2022 (2-byte values, no tensor
+parallelism): s·b·h·(34 + 5·a·s/h), and 2·s·b·h with full recomputation ("paper" columns, scaled by width / 2). For this
+model: scaled_dot_product_attention never stores the a·s² scores and there is no dropout, which leaves 16·s·b·h values
+per layer; under autocast (fp16, bf16, fp8) the residual stream and LayerNorm inputs stay fp32 and the 16-bit copies
+of the 12·d² block weights are kept; with per-block checkpointing only the block input remains (s·b·h values at the
+residual's width). Measured: the bytes autograd saves during one micro-batch's forward on rank 0 (saved-tensor hooks,
+distinct storages, parameters excluded, block inputs included).</li>
 <li><b>Recompute cost</b> of checkpointing = one more forward of every block: 24·L·d² + 4·L·d·T FLOPs per token,
 predicted step-time ratio 1 + that / FLOPs per token. MFU counts model FLOPs only; HFU adds the recompute.</li>
 <li><b>DDP buckets</b>: gradients fill buckets of bucket_mb MiB in reverse registration order (about the order they

@@ -295,8 +295,7 @@ def train(spec: dict) -> None:
         "activation_bytes_outside_blocks_measured": activations["outside"] if activations else None,
         "activation_measure": "bytes saved for backward by one micro-batch's forward on rank 0 (autograd saved-tensor hooks)",
         "activation_bytes_predicted": accounting.block_activation_bytes(model_cfg, micro, precision, ac),
-        "activation_bytes_predicted_no_recompute": model_cfg.n_layers * accounting.activation_bytes_per_layer(
-            model_cfg.seq_len, micro, model_cfg.d_model, model_cfg.n_heads, "none", accounting.DTYPE_BYTES[precision]),
+        "activation_bytes_predicted_paper": accounting.block_activation_bytes(model_cfg, micro, precision, ac, "paper"),
         "ddp_buckets_predicted": accounting.ddp_bucket_count(param_bytes, bucket_mb) if bucket_mb else None,
         "skipped_steps": skipped_steps,
         "resumed_from_step": start_step - 1 if start_step else None,
