@@ -22,11 +22,13 @@ LEVER_PLOTS = ["lever_activation_checkpointing", "lever_micro_batch", "lever_buc
 
 @pytest.fixture
 def fixture_results(tmp_path):
-    synthetic_results(tmp_path, n_runs=96, n_steps=40)  # 24 baseline runs + 3 x 24 lever variants
+    synthetic_results(tmp_path, n_runs=30, n_steps=40)
     return tmp_path
 
 
-def test_report_from_parquet_alone(fixture_results):
+def test_report_from_parquet_alone(tmp_path):
+    fixture_results = tmp_path
+    synthetic_results(fixture_results, n_runs=96, n_steps=40)  # 24 baseline runs + 3 x 24 lever variants
     html_path = build_report(fixture_results)
     html = html_path.read_text()
     runs = pd.read_parquet(fixture_results / "metrics.parquet")

@@ -48,6 +48,7 @@ def test_sweep_end_to_end_then_nothing_to_do(tmp_path):
     assert sorted(runs["run_id"]) == sorted(json.loads(p.read_text())["run_id"] for p in summaries)
     html = (tmp_path / "results/report/report.html").read_text()
     assert all(run_id in html for run_id in runs["run_id"])
+    assert "id='levers'" not in html, "no lever varies in this sweep: no Levers section"
 
     # Regenerating the report from cached results schedules no training (nor collection).
     shutil.rmtree(tmp_path / "results/report")

@@ -249,7 +249,9 @@ def lever_plots(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path) -> list[
     figures = []
     if runs["activation_checkpointing"].nunique() > 1:
         figures.append(activation_checkpointing_plot(runs, _pair_rows(runs, "activation_checkpointing"), out_dir))
-    if runs["micro_batch"].nunique() > 1 or runs["accumulation_steps"].nunique() > 1:
+    # micro_batch alone differs between world sizes (it is the resolved per-rank size); a
+    # micro-batch lever shows as more than one accumulation count.
+    if runs["accumulation_steps"].nunique() > 1:
         figures.append(micro_batch_plot(runs, steps, out_dir))
     if runs["cpu_offload"].nunique() > 1:
         figures.append(offload_plot(_pair_rows(runs, "cpu_offload"), out_dir))
