@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 from snakemake.utils import Paramspace
 
-from scalelab.config import SWEEP_AXES, ConfigError, RunPoint, check_config, launch_plan, sweep_plan, sweep_points
+from scalelab.config import SWEEP_AXES, ConfigError, RunPoint, check_config, launch_plan, sweep_plan
 
 # Schema checks ran in the Snakefile; these are the cross-field rules. A bad value stops
 # the workflow here, before any job is scheduled, with the key and value named.
@@ -62,7 +62,7 @@ def _world_size_regex(sizes) -> str:
     return "|".join(str(w) for w in sorted(sizes)) or "(?!)"
 
 
-_WORLD_SIZES = sorted({p.world_size for p in sweep_points(config)})
+_WORLD_SIZES = sorted({p.world_size for p in _POINTS})
 SINGLE_LAUNCHER_WORLD_SIZES = _world_size_regex(w for w in _WORLD_SIZES if not launch_plan(config, w).multi_launcher)
 MULTI_LAUNCHER_WORLD_SIZES = _world_size_regex(w for w in _WORLD_SIZES if launch_plan(config, w).multi_launcher)
 

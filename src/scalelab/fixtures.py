@@ -49,10 +49,10 @@ def synthetic_results(out_dir: str | Path, n_runs: int = 24, n_steps: int = 60, 
         pred = accounting.model_state_bytes(n_params, stage, ws, precision, "pytorch")
         comm = 4 * accounting.comm_elements_per_step(n_params, stage, ws)
         tps = 50_000 * ws * (0.9 ** np.log2(ws)) * (2 if precision != "fp32" else 1) * rng.uniform(0.95, 1.05)
+        acts = (2 if ac else 34) * 64 * (micro or 4) * 256 * 2 * 4
         summary = {
             **identity, "accumulation_steps": 4 // (micro or 4), "step_time_s_median": 512 / tps,
-            "activation_bytes_measured": (2 if ac else 34) * 64 * (micro or 4) * 256 * 2 * 4,
-            "activation_bytes_predicted": (2 if ac else 34) * 64 * (micro or 4) * 256 * 2 * 4,
+            "activation_bytes_measured": acts, "activation_bytes_predicted": acts,
             "activation_bytes_predicted_paper": (2 if ac else 34 + 5 * 4 * 256 / 64) * 64 * (micro or 4) * 256 * 2 * 4,
             "flops_per_token": 7e5, "recompute_flops_per_token": 2.3e5 if ac else 0.0,
             "status": status, "reason": reason, "n_params": n_params, "steps": n_steps,

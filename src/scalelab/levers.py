@@ -15,10 +15,9 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from .config import DDP_BUCKET_MB
+from .config import DDP_BUCKET_MB, SWEEP_AXES
 
 MiB = 2 ** 20
-IDENTITY = ["precision", "zero_stage", "world_size", "micro_batch", "activation_checkpointing", "cpu_offload", "bucket_mb"]
 
 
 def _is_default(runs: pd.DataFrame) -> dict[str, pd.Series]:
@@ -43,19 +42,23 @@ def baseline(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[keep]
 
 
+def _others_at_default(runs: pd.DataFrame, lever: str) -> pd.Series:
+    """Which rows have every lever but `lever` at its default."""
+    others = [v for k, v in _is_default(runs).items() if k != lever]
+    return pd.concat(others, axis=1).all(axis=1) if others and not runs.empty else pd.Series(True, index=runs.index)
+
+
 def _paired(runs: pd.DataFrame, lever: str) -> pd.DataFrame:
     """Rows away from the default in `lever` only, joined to their baseline twin (suffix _base)."""
-    defaults = _is_default(runs)
-    others = [v for k, v in defaults.items() if k != lever]
-    rest = pd.concat(others, axis=1).all(axis=1) if others else pd.Series(True, index=runs.index)
-    variants, bases = runs[~defaults[lever] & rest], runs[defaults[lever] & rest]
+    at_default, rest = _is_default(runs)[lever], _others_at_default(runs, lever)
+    variants, bases = runs[~at_default & rest], runs[at_default & rest]
     if variants.empty or bases.empty:
         return pd.DataFrame()
     key = ["precision", "zero_stage", "world_size"]
     if lever != "bucket_mb":
         key.append("bucket_mb")
     merged = variants.merge(bases, on=key, suffixes=("", "_base"))
-    return merged
+    return merged.assign(peak_bytes=_device_peak(merged), peak_bytes_base=_device_peak(merged, "_base"))
 
 
 def _device_peak(df: pd.DataFrame, suffix: str = "") -> pd.Series:
@@ -77,15 +80,14 @@ def lever_table(runs: pd.DataFrame) -> pd.DataFrame:
             if r.status == "ok" and r.status_base == "ok":
                 row["step_time_ratio"] = r.step_time_s_median / r.step_time_s_median_base
                 row["tokens_per_s_ratio"] = r.tokens_per_s / r.tokens_per_s_base
-                peak_gpu = d.get("peak_mem_allocated_bytes")
-                row["peak_mib"] = (peak_gpu if pd.notna(peak_gpu) else r.peak_rss_bytes) / MiB
-                peak_gpu_base = d.get("peak_mem_allocated_bytes_base")
-                row["baseline_peak_mib"] = (peak_gpu_base if pd.notna(peak_gpu_base) else r.peak_rss_bytes_base) / MiB
+                row["peak_mib"] = r.peak_bytes / MiB
+                row["baseline_peak_mib"] = r.peak_bytes_base / MiB
                 row["activation_mib_measured"] = r.activation_bytes_measured / MiB
                 row["activation_mib_predicted"] = r.activation_bytes_predicted / MiB
                 row["activation_mib_predicted_paper"] = r.activation_bytes_predicted_paper / MiB
                 row["baseline_activation_mib_measured"] = r.activation_bytes_measured_base / MiB
                 row["baseline_activation_mib_predicted"] = r.activation_bytes_predicted_base / MiB
+                row["baseline_activation_mib_predicted_paper"] = r.activation_bytes_predicted_paper_base / MiB
                 if lever == "activation_checkpointing":
                     row["step_time_ratio_predicted"] = 1 + r.recompute_flops_per_token / r.flops_per_token
                 if lever == "bucket_mb":
@@ -102,7 +104,7 @@ def fp8_table(runs: pd.DataFrame) -> pd.DataFrame:
     fp8, bf16 = runs[runs["precision"] == "fp8"], runs[runs["precision"] == "bf16"]
     if fp8.empty:
         return pd.DataFrame()
-    key = [c for c in IDENTITY if c != "precision"]
+    key = [c for c in SWEEP_AXES if c != "precision"]
     merged = fp8.merge(bf16, on=key, how="left", suffixes=("", "_bf16"))
     out = merged[["run_id", "status", "reason", "tokens_per_s", "run_id_bf16", "status_bf16", "tokens_per_s_bf16"]].copy()
     out["speedup_over_bf16"] = merged["tokens_per_s"] / merged["tokens_per_s_bf16"]
@@ -142,7 +144,19 @@ def _pair_panels(pairs: pd.DataFrame, run_id_suffix: str):
     return fig, (left, right, ok, np.arange(len(ok)), ok["run_id"].str.replace(run_id_suffix, "", regex=False))
 
 
-def activation_checkpointing_plot(runs: pd.DataFrame, pairs: pd.DataFrame, out_dir: Path):
+def _bars_off_on(ax, x, labels, off: pd.Series, on: pd.Series, off_label: str, on_label: str, on_color: str) -> None:
+    """Baseline (left) and lever (right) bars per pair, labelled by their baseline configuration."""
+    ax.bar(x - 0.2, off, 0.4, label=off_label, color="C0")
+    ax.bar(x + 0.2, on, 0.4, label=on_label, color=on_color)
+    ax.set_xticks(x, labels, rotation=45, ha="right")
+
+
+def _config_label(runs: pd.DataFrame) -> pd.Series:
+    """'z0 w2 fp32': the configuration a lever curve belongs to."""
+    return "z" + runs["zero_stage"].astype(str) + " w" + runs["world_size"].astype(str) + " " + runs["precision"]
+
+
+def activation_checkpointing_plot(pairs: pd.DataFrame, out_dir: Path):
     caption = ("Activation checkpointing. Left: activations kept for backward by one micro-batch, off vs on "
                "(measured: bytes saved by autograd on rank 0; black: Korthikanti et al.'s terms for this model, "
                "grey: as published, with attention scores and dropout masks). Right: step time with / without "
@@ -151,14 +165,13 @@ def activation_checkpointing_plot(runs: pd.DataFrame, pairs: pd.DataFrame, out_d
     if panels is None:
         return _save(fig, out_dir, "lever_activation_checkpointing"), caption
     left, right, ok, x, labels = panels
-    left.bar(x - 0.2, ok["baseline_activation_mib_measured"], 0.4, label="off, measured", color="C0")
-    left.bar(x + 0.2, ok["activation_mib_measured"], 0.4, label="on, measured", color="C1")
+    _bars_off_on(left, x, labels, ok["baseline_activation_mib_measured"], ok["activation_mib_measured"],
+                 "off, measured", "on, measured", "C1")
     left.scatter(x - 0.2, ok["baseline_activation_mib_predicted"], marker="_", s=300, color="black", zorder=3, label="predicted")
     left.scatter(x + 0.2, ok["activation_mib_predicted"], marker="_", s=300, color="black", zorder=3)
-    paper_off = runs.set_index("run_id")["activation_bytes_predicted_paper"].reindex(ok["baseline_run_id"]).to_numpy() / MiB
-    left.scatter(x - 0.2, paper_off, marker="_", s=300, color="grey", zorder=3, label="predicted (paper)")
+    left.scatter(x - 0.2, ok["baseline_activation_mib_predicted_paper"], marker="_", s=300, color="grey", zorder=3,
+                 label="predicted (paper)")
     left.scatter(x + 0.2, ok["activation_mib_predicted_paper"], marker="_", s=300, color="grey", zorder=3)
-    left.set_xticks(x, labels, rotation=45, ha="right")
     left.set(ylabel="MiB per micro-batch", yscale="log", title="activations kept for backward")
     left.legend(fontsize=8)
     right.bar(x, ok["step_time_ratio"], 0.5, color="C1", label="measured")
@@ -175,8 +188,7 @@ def micro_batch_plot(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path):
                "(the trajectories should coincide). Middle: throughput. Right: activations kept per micro-batch "
                "(measured) and peak memory per rank (GPU: max allocated; CPU: process RSS).")
     ok = runs[(runs["status"] == "ok") & runs["micro_batch"].notna()]
-    others = [v for k, v in _is_default(ok).items() if k != "micro_batch"]
-    ok = ok[pd.concat(others, axis=1).all(axis=1)] if others and not ok.empty else ok
+    ok = ok[_others_at_default(ok, "micro_batch")]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     if ok["micro_batch"].nunique() < 2:
         _note(axes[0], "fewer than two micro-batch sizes finished ok")
@@ -188,7 +200,7 @@ def micro_batch_plot(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path):
         axes[0].plot(curve.index, curve.to_numpy(), label=f"micro-batch {mb}", lw=1.0)
     axes[0].set(xlabel="step", ylabel="loss", title="fp32 loss")
     axes[0].legend(fontsize=8)
-    data = ok.assign(label="z" + ok["zero_stage"].astype(str) + " w" + ok["world_size"].astype(str) + " " + ok["precision"])
+    data = ok.assign(label=_config_label(ok))
     sns.lineplot(data=data, x="micro_batch", y="tokens_per_s", hue="label", marker="o", ax=axes[1], errorbar=None)
     axes[1].set(xscale="log", xlabel="micro-batch (sequences per rank)", title="throughput")
     if data["label"].nunique() > 8:  # a legend that tall hides the lines
@@ -206,14 +218,13 @@ def bucket_plot(runs: pd.DataFrame, out_dir: Path):
     caption = ("DDP gradient bucket size (stages 0 and 1). Left: all-reduce calls per step, measured (points) and "
                "predicted (line: gradients filled in reverse order into buckets of the cap). Right: median step time.")
     ddp = runs[(runs["status"] == "ok") & runs["bucket_mb"].notna()]
-    others = [v for k, v in _is_default(ddp).items() if k != "bucket_mb"]
-    ddp = ddp[pd.concat(others, axis=1).all(axis=1)] if others and not ddp.empty else ddp
+    ddp = ddp[_others_at_default(ddp, "bucket_mb")]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
     if ddp["bucket_mb"].nunique() < 2:
         _note(left, "fewer than two bucket sizes finished ok")
         right.axis("off")
         return _save(fig, out_dir, "lever_bucket_mb"), caption
-    data = ddp.assign(label="z" + ddp["zero_stage"].astype(str) + " w" + ddp["world_size"].astype(str) + " " + ddp["precision"])
+    data = ddp.assign(label=_config_label(ddp))
     sns.scatterplot(data=data, x="bucket_mb", y="comm_all_reduce_calls_per_step", hue="label", ax=left, s=50)
     pred = data.groupby("bucket_mb")["ddp_buckets_predicted"].mean()
     left.plot(pred.index, pred.to_numpy(), color="black", lw=1, label="predicted")
@@ -232,9 +243,7 @@ def offload_plot(pairs: pd.DataFrame, out_dir: Path):
     if panels is None:
         return _save(fig, out_dir, "lever_cpu_offload"), caption
     left, right, ok, x, labels = panels
-    left.bar(x - 0.2, ok["baseline_peak_mib"], 0.4, label="on device", color="C0")
-    left.bar(x + 0.2, ok["peak_mib"], 0.4, label="offloaded", color="C2")
-    left.set_xticks(x, labels, rotation=45, ha="right")
+    _bars_off_on(left, x, labels, ok["baseline_peak_mib"], ok["peak_mib"], "on device", "offloaded", "C2")
     left.set(ylabel="peak memory per rank (MiB)", title="memory")
     left.legend(fontsize=8)
     right.bar(x, ok["step_time_ratio"], 0.5, color="C2")
@@ -244,24 +253,21 @@ def offload_plot(pairs: pd.DataFrame, out_dir: Path):
     return _save(fig, out_dir, "lever_cpu_offload"), caption
 
 
-def lever_plots(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path) -> list[tuple[list[str], str]]:
-    """A figure for each lever the results vary (nothing for a lever at one value)."""
+def lever_plots(runs: pd.DataFrame, steps: pd.DataFrame, table: pd.DataFrame, out_dir: Path) -> list[tuple[list[str], str]]:
+    """A figure for each lever the results vary (nothing for a lever at one value); `table`
+    is lever_table(runs)."""
+    def pairs(lever: str) -> pd.DataFrame:
+        return table[table["lever"] == lever] if not table.empty else pd.DataFrame(columns=["status", "reason"])
+
     figures = []
     if runs["activation_checkpointing"].nunique() > 1:
-        figures.append(activation_checkpointing_plot(runs, _pair_rows(runs, "activation_checkpointing"), out_dir))
+        figures.append(activation_checkpointing_plot(pairs("activation_checkpointing"), out_dir))
     # micro_batch alone differs between world sizes (it is the resolved per-rank size); a
     # micro-batch lever shows as more than one accumulation count.
     if runs["accumulation_steps"].nunique() > 1:
         figures.append(micro_batch_plot(runs, steps, out_dir))
     if runs["cpu_offload"].nunique() > 1:
-        figures.append(offload_plot(_pair_rows(runs, "cpu_offload"), out_dir))
+        figures.append(offload_plot(pairs("cpu_offload"), out_dir))
     if runs["bucket_mb"].dropna().nunique() > 1:
         figures.append(bucket_plot(runs, out_dir))
     return figures
-
-
-def _pair_rows(runs: pd.DataFrame, lever: str) -> pd.DataFrame:
-    table = lever_table(runs)
-    if table.empty:
-        return pd.DataFrame(columns=["status", "reason"])
-    return table[table["lever"] == lever]

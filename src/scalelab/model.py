@@ -107,4 +107,4 @@ class GPT(nn.Module):
 
     def num_parameters(self) -> int:
         """Unique parameters (a tied weight counts once)."""
-        return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
+        return sum(p.numel() for p in self.parameters())  # parameters() yields a shared one once

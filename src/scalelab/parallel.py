@@ -47,8 +47,9 @@ class Parallelized:
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Decay matrices (dim >= 2), not biases and norms; a tied weight appears once."""
-    params = list({id(p): p for p in model.parameters() if p.requires_grad}.values())
+    """Decay matrices (dim >= 2), not biases and norms; a tied weight appears once (parameters()
+    yields each shared Parameter once)."""
+    params = [p for p in model.parameters() if p.requires_grad]
     return [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
@@ -108,8 +109,6 @@ def _parallelize_fsdp(model: GPT, device, lr, weight_decay, reshard_after_forwar
 
 
 def parallelize_stage2(model, device, lr, weight_decay, bucket_mb=None, cpu_offload=False) -> Parallelized:
-    if cpu_offload:
-        raise ValueError("cpu_offload applies to ZeRO stage 3 only")
     return _parallelize_fsdp(model, device, lr, weight_decay, reshard_after_forward=False)
 
 
@@ -134,7 +133,7 @@ def clip_grad_norm(par: Parallelized, max_norm: float, comm_device: torch.device
     DTensors in host memory over a GPU mesh, whose norm reduction NCCL cannot do. That path
     sums the squares of the local shards, all-reduces that one number on comm_device, and
     scales the shards in place."""
-    params = [p for p in {id(p): p for p in par.model.parameters()}.values() if p.grad is not None]
+    params = [p for p in par.model.parameters() if p.grad is not None]
     if not par.state_on_host:
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
@@ -155,7 +154,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 def model_state_bytes(par: Parallelized) -> dict[str, int]:
     """Bytes of parameters, gradients and optimizer state this rank really holds."""
-    params = {id(p): p for p in par.model.parameters()}.values()  # a tied weight once
+    params = list(par.model.parameters())  # a tied weight once
     p_bytes = sum(_local(p).numel() * p.element_size() for p in params)
     g_bytes = sum(_local(p.grad).numel() * p.grad.element_size() for p in params if p.grad is not None)
     o_bytes = 0

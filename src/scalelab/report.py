@@ -157,8 +157,8 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
     # The main figures compare precision x stage x world size with every lever at its default.
     base = baseline(runs)
     figures = all_plots(base, steps[steps["run_id"].isin(base["run_id"])], out_dir)
-    lever_figures = lever_plots(runs, steps, out_dir)
     levers, fp8 = lever_table(runs), fp8_table(runs)
+    lever_figures = lever_plots(runs, steps, levers, out_dir)
     warnings = find_warnings(runs, steps)
     table = _fmt_table(runs)
 

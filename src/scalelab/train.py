@@ -144,7 +144,7 @@ def train(spec: dict) -> None:
     model = GPT(model_cfg).to(device)
     n_params = model.num_parameters()
     # DDP fills buckets in gradient-ready order, about the reverse of this one.
-    param_bytes = [p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values()]
+    param_bytes = [p.numel() * p.element_size() for p in model.parameters()]
     model.set_activation_checkpointing(ac)
     fp8_linears = convert_to_fp8(model, train_cfg.fp8_emulate) if precision == "fp8" else None
     # (converted before sharding: FSDP2 then shards the Float8Linear weights)
