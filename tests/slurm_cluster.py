@@ -15,6 +15,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from scalelab.launch import free_port
+
 SBIN = ("/usr/sbin", "/usr/bin")
 
 
@@ -32,12 +34,6 @@ def slurm_available() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class SlurmCluster:
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -53,7 +49,7 @@ class SlurmCluster:
         for sub in ("state", "spool", "log"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         host = socket.gethostname()
-        self.ctld_port = _free_port()
+        self.ctld_port = free_port()
         self.conf.write_text(f"""\
 ClusterName=scalelabtest
 SlurmctldHost={host}
@@ -72,7 +68,7 @@ MpiDefault=none
 ReturnToService=2
 SlurmctldParameters=enable_configless
 SlurmctldPort={self.ctld_port}
-SlurmdPort={_free_port()}
+SlurmdPort={free_port()}
 StateSaveLocation={self.root}/state
 SlurmdSpoolDir={self.root}/spool
 SlurmctldPidFile={self.root}/slurmctld.pid

@@ -215,7 +215,8 @@ def allocation_first_host() -> str:
     return socket.gethostname()
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port nobody listens on now (rendezvous, test daemons)."""
     import socket
 
     with socket.socket() as s:
@@ -238,7 +239,7 @@ def torchrun_command(plan: LaunchPlan, world_size: int, spec_path: Path) -> list
                 f"--nproc-per-node={world_size}", *worker]
     torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={plan.launchers}",
                 f"--nproc-per-node={plan.ranks_per_launcher}", f"--master-addr={allocation_first_host()}",
-                f"--master-port={_free_port()}", *worker]
+                f"--master-port={free_port()}", *worker]
     return ["srun", f"--ntasks={plan.launchers}", f"--nodes={plan.nodes}", "--kill-on-bad-exit=1",
             "bash", "-c", 'export PET_NODE_RANK="$SLURM_PROCID"; exec "$@"', "bash", *torchrun]
 
