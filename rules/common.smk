@@ -1,5 +1,4 @@
 # Helpers shared by the rules: checked config, paths, the sweep table. No rules here.
-import shutil
 import sys
 from pathlib import Path
 
@@ -7,6 +6,7 @@ import pandas as pd
 from snakemake.utils import Paramspace
 
 from scalelab.config import SWEEP_AXES, ConfigError, RunPoint, check_config, launch_plan, sweep_plan
+from scalelab.placement import sweep_device_plan, train_job_resources
 
 # Schema checks ran in the Snakefile; these are the cross-field rules. A bad value stops
 # the workflow here, before any job is scheduled, with the key and value named.
@@ -50,11 +50,18 @@ TRAIN_RESULT_KEYS = {
 
 # Cluster facts come from config (section `cluster`), never from code.
 CLUSTER = config["cluster"]
-# GPU runs: train.device cuda, or auto on a machine with NVIDIA's driver tools (checked
-# without importing torch, which every cluster job would pay for when parsing this file).
-USES_GPU = config["train"]["device"] == "cuda" or (
-    config["train"]["device"] == "auto" and shutil.which("nvidia-smi") is not None
-)
+# The device every run trains on, decided once by the planning process (jobs on other
+# machines inherit it): a run never trains on a device it was not planned for.
+DEVICE_PLAN, _INHERITED = sweep_device_plan(config)
+if not _INHERITED:
+    print(f"scalelab: runs train on {DEVICE_PLAN.device} ({DEVICE_PLAN.why})", file=sys.stderr)
+
+
+def train_resources(wildcards) -> dict:
+    """The scheduler's view of one run: nodes, GPUs per node, memory, exclusivity."""
+    # Evaluated per job, once Snakemake knows its executor: only a local (workstation)
+    # execution limits GPU runs to one at a time (profiles/default's gpu_run=1).
+    return train_job_resources(plan_for(wildcards), DEVICE_PLAN.device, CLUSTER, local=workflow.local_exec)
 
 
 def _world_size_regex(sizes) -> str:

@@ -22,6 +22,7 @@ rule train:
         # What a run's results depend on: changing these reruns it (time limits do not).
         model=config["model"],
         train=TRAIN_RESULT_KEYS,
+        device=DEVICE_PLAN.device,  # the reason travels in the environment (scalelab.placement)
     log:
         LOGS / "runs" / f"{SWEEP.wildcard_pattern}.log",
     wildcard_constraints:
@@ -29,13 +30,19 @@ rule train:
     # One core per rank on CPU (capped at --cores by Snakemake); each rank gets
     # threads // world_size intra-op threads, so --cores all never over-commits the machine.
     threads: lambda wildcards: int(wildcards.world_size) * CLUSTER["cpus_per_rank"]
+    # What the scheduler sees (scalelab.placement.train_job_resources): a one-node job asks
+    # for `gpu` GPUs; a job over several nodes (train_multinode) for gres=gpu:<per node>.
     resources:
         runtime=run_minutes,
-        mem_mb=lambda wildcards: int(wildcards.world_size) * CLUSTER["mem_mb_per_rank"],
-        gpu=lambda wildcards: int(wildcards.world_size) if USES_GPU else 0,
+        nodes=lambda wildcards: train_resources(wildcards)["nodes"],
+        mem_mb=lambda wildcards: train_resources(wildcards)["mem_mb"],
+        gpu=lambda wildcards: train_resources(wildcards)["gpu"],
+        slurm_extra=lambda wildcards: train_resources(wildcards)["slurm_extra"],
+        # without this the plugin turns `tasks` of a GPU job into --ntasks-per-gpu
+        tasks_per_gpu=0,
         # At most one GPU run at a time on a workstation (profiles/default): a scaling
         # measurement must not share the node's GPUs or links with another run.
-        gpu_run=1 if USES_GPU else 0,
+        gpu_run=lambda wildcards: train_resources(wildcards)["gpu_run"],
     conda:
         "../workflow/envs/scalelab.yaml"
     script:
@@ -48,15 +55,13 @@ use rule train as train_multinode with:
     resources:
         runtime=run_minutes,
         mpi="srun",
-        nodes=lambda wildcards: plan_for(wildcards).nodes,
-        tasks=lambda wildcards: plan_for(wildcards).launchers,
+        nodes=lambda wildcards: train_resources(wildcards)["nodes"],
+        tasks=lambda wildcards: train_resources(wildcards)["tasks"],
         # per launcher (SLURM task): its ranks' cores
-        cpus_per_task=lambda wildcards: plan_for(wildcards).ranks_per_launcher * CLUSTER["cpus_per_rank"],
+        cpus_per_task=lambda wildcards: train_resources(wildcards)["cpus_per_task"],
         # per node: the ranks of the launchers packed on it
-        mem_mb=lambda wildcards: plan_for(wildcards).ranks_per_launcher
-        * CLUSTER["launchers_per_node"]
-        * CLUSTER["mem_mb_per_rank"],
-        gpu=lambda wildcards: int(wildcards.world_size) if USES_GPU else 0,
-        # without this the plugin turns `tasks` of a GPU job into --ntasks-per-gpu
+        mem_mb=lambda wildcards: train_resources(wildcards)["mem_mb"],
+        gres=lambda wildcards: train_resources(wildcards)["gres"],
+        slurm_extra=lambda wildcards: train_resources(wildcards)["slurm_extra"],
         tasks_per_gpu=0,
-        gpu_run=1 if USES_GPU else 0,
+        gpu_run=lambda wildcards: train_resources(wildcards)["gpu_run"],

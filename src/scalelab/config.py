@@ -95,7 +95,7 @@ class TrainConfig:
     seed: int
     """Seed of init and sampling."""
     device: str
-    """auto | cpu | cuda."""
+    """auto | cpu | cuda. auto is decided once, where the sweep is planned (scalelab.placement)."""
     tf32: bool
     """Allow TF32 matmuls for fp32 on GPU."""
     fp16_init_scale: float
@@ -108,6 +108,8 @@ class TrainConfig:
     """Timeout of every collective, seconds."""
     run_timeout_s: float
     """Wall-clock limit of one run, seconds."""
+    peak_tflops: float | None = None
+    """Dense peak TFLOP/s per GPU for MFU where scalelab.hardware has no figure; None = the table's."""
 
 
 @dataclass(frozen=True)
@@ -346,6 +348,26 @@ def check_config(config: dict, base_dir: str | Path = ".") -> None:
         )
     for point in sweep_points(config):
         launch_plan(config, point.world_size)
+    check_gpu_layout(config)
+
+
+def check_gpu_layout(config: dict) -> None:
+    """The GPUs the config says a node has must hold the ranks it places there, one GPU each."""
+    cluster, device = config.get("cluster") or {}, (config.get("train") or {}).get("device", "auto")
+    gpus = cluster.get("gpus_per_node")
+    if gpus is None or device == "cpu":
+        return
+    if gpus == 0:
+        if device == "cuda":
+            raise ConfigError("train.device='cuda' but cluster.gpus_per_node=0: set the nodes' GPU count, "
+                              "or train.device: cpu")
+        return
+    per_node = int(cluster.get("ranks_per_node", 8)) * int(cluster.get("launchers_per_node", 1))
+    if per_node > gpus:
+        raise ConfigError(
+            f"cluster.ranks_per_node={cluster.get('ranks_per_node', 8)} x cluster.launchers_per_node="
+            f"{cluster.get('launchers_per_node', 1)} places {per_node} ranks on a node with cluster.gpus_per_node={gpus}: "
+            "every rank needs a GPU of its own")
 
 
 def check_moved_keys(config: dict) -> None:

@@ -13,12 +13,14 @@ import ctypes
 import datetime
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from . import placement
 from .config import LaunchPlan, RunPoint, config_hash, launch_plan, micro_batch_plan, model_config, train_config
 from .data import read_meta
 from .io import read_json, write_json
@@ -35,7 +37,14 @@ def _die_with_parent() -> None:
         pass
 
 
+GIT_COMMIT_ENV = "SCALELAB_GIT_COMMIT"
+"""The commit of a tree without .git (a copy, a container, a cluster stage-in): set it where
+the tree is copied, e.g. SCALELAB_GIT_COMMIT=$(git rev-parse HEAD); SCALELAB_GIT_DIRTY=0|1 optional."""
+
+
 def git_provenance(cwd: Path) -> dict:
+    """git_commit, git_dirty and where they came from: git itself, else the environment
+    (GIT_COMMIT_ENV), else nothing, and the source says why."""
     def git(*args):
         try:
             out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
@@ -44,32 +53,45 @@ def git_provenance(cwd: Path) -> dict:
             return None
 
     commit = git("rev-parse", "HEAD")
-    dirty = git("status", "--porcelain", "--untracked-files=no")
-    return {"git_commit": commit, "git_dirty": bool(dirty) if commit else None}
+    if commit:
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        return {"git_commit": commit, "git_dirty": bool(dirty), "git_commit_source": "git"}
+    given = os.environ.get(GIT_COMMIT_ENV, "").strip()
+    if given:
+        if not re.fullmatch(r"[0-9a-fA-F]{7,40}", given):  # recorded as unknown, never as a wrong commit
+            return {"git_commit": None, "git_dirty": None,
+                    "git_commit_source": f"unknown: {GIT_COMMIT_ENV}={given[:60]!r} is not a commit hash (7-40 hex digits)"}
+        dirty = os.environ.get("SCALELAB_GIT_DIRTY", "").strip().lower()
+        return {"git_commit": given.lower(), "git_dirty": {"1": True, "true": True, "0": False, "false": False}.get(dirty),
+                "git_commit_source": f"environment {GIT_COMMIT_ENV}"}
+    return {"git_commit": None, "git_dirty": None,
+            "git_commit_source": f"unknown: no git checkout at {Path(cwd).resolve()} and {GIT_COMMIT_ENV} unset"}
 
 
-def resolve_device(requested: str) -> tuple[str, str | None]:
-    """('cpu'|'cuda', reason to skip or None)."""
+def resolve_device(requested: str, planned: str | None = None) -> tuple[str, str | None]:
+    """('cpu'|'cuda', reason to skip or None). planned: the device the workflow planned the
+    sweep for (scalelab.placement.plan_device); a run planned for a GPU never trains elsewhere."""
     import torch
 
-    if requested == "cpu":
-        return "cpu", None
-    if torch.cuda.is_available():
-        return "cuda", None
-    if requested == "cuda":
-        return "cuda", "train.device=cuda but no CUDA device is visible"
-    return "cpu", None
+    if planned is None:  # launched outside the workflow: decide here
+        planned = "cpu" if requested == "cpu" else "cuda" if requested == "cuda" or torch.cuda.is_available() else "cpu"
+    if planned == "cuda" and not torch.cuda.is_available():
+        build = f"torch {torch.__version__}, CUDA {torch.version.cuda}" if torch.version.cuda else \
+            f"torch {torch.__version__} is a CPU-only build"
+        return "cuda", f"this run was planned for a GPU (train.device={requested}) but no CUDA device is visible ({build})"
+    return planned, None
 
 
-def skip_reason(device: str, point: RunPoint, fp8_emulate: bool = False) -> str | None:
+def skip_reason(device: str, point: RunPoint, plan: LaunchPlan, launchers_per_node: int,
+                fp8_emulate: bool = False) -> str | None:
     import torch
 
     from .precision import unsupported_reason
 
     if device == "cuda":
-        n_gpus = torch.cuda.device_count()
-        if point.world_size > n_gpus:
-            return f"world_size={point.world_size} needs {point.world_size} GPUs, this node has {n_gpus}"
+        shortfall = placement.gpu_shortfall(plan, point.world_size, launchers_per_node, torch.cuda.device_count())
+        if shortfall:
+            return shortfall
     if point.cpu_offload and device != "cuda":
         return (f"cpu_offload moves model state from GPU memory to host memory; this run is on {device}, "
                 "where the model state is in host memory already")
@@ -115,13 +137,18 @@ def classify_failure(errors: list[dict], log_tail: str) -> tuple[str, str]:
         if "timeout" in text or "timed out" in text:
             return "timeout", "collective timed out: " + where
         return "failed", where
+    from_log = placement.failure_from_log(log_tail)
+    if from_log:  # e.g. NCCL's watchdog aborted a rank: no Python exception, no error file
+        status, line = from_log
+        return status, ("collective timed out: " if status == "timeout" else "") + "log: " + line
     return "failed", "a rank exited abnormally; log tail: " + log_tail[-1000:]
 
 
 def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str | Path,
                log_path: str | Path, threads: int = 1, repo_dir: str | Path = ".",
-               save_final_params: bool = False) -> dict:
-    """Run one sweep point; write summary.json and steps.parquet into run_dir; return the summary."""
+               save_final_params: bool = False, device_plan: placement.DevicePlan | None = None) -> dict:
+    """Run one sweep point; write summary.json and steps.parquet into run_dir; return the summary.
+    device_plan: the workflow's decision for the sweep; None decides here (tests, scripts)."""
     started = time.time()
     run_dir, log_path = Path(run_dir), Path(log_path)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -138,9 +165,11 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
     train = train_config(config)
     micro, accum = micro_batch_plan(train, point.world_size, point.micro_batch)
     identity = point.identity(micro_batch=micro)
-    device, reason = resolve_device(train.device)
+    plan = launch_plan(config, point.world_size)
+    device, reason = resolve_device(train.device, device_plan.device if device_plan else None)
     if reason is None:
-        reason = skip_reason(device, point, train.fp8_emulate)
+        reason = skip_reason(device, point, plan, int((config.get("cluster") or {}).get("launchers_per_node", 1)),
+                             train.fp8_emulate)
     memory_plan = plan_memory(config, model, point, micro, device)
     threads_per_rank = max(1, threads // point.world_size)
     summary = {
@@ -151,6 +180,7 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
         "steps": train.steps, "warmup_steps": train.warmup_steps, "global_batch": train.global_batch,
         "accumulation_steps": accum, "seed": train.seed,
         "config_hash": config_hash(config), "requested_device": train.device, "device_type": device,
+        "planned_device_reason": device_plan.why if device_plan else "decided by the launcher (no workflow plan)",
         "threads": threads, "started_utc": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(timespec="seconds"),
         **git_provenance(Path(repo_dir)),
     }
@@ -172,7 +202,6 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
         }
         spec_path = (run_dir / "spec.json").resolve()
         write_json(spec_path, spec)
-        plan = launch_plan(config, point.world_size)
         cmd = torchrun_command(plan, point.world_size, spec_path)
         summary["launch"] = "srun x torchrun (static rendezvous)" if cmd[0] == "srun" else "torchrun --standalone"
         summary["launchers"] = plan.launchers if cmd[0] == "srun" else 1
@@ -230,18 +259,20 @@ def torchrun_command(plan: LaunchPlan, world_size: int, spec_path: Path) -> list
     One launcher, or outside SLURM: ``torchrun --standalone`` with all ranks on this host.
     Several launchers inside a SLURM allocation: ``srun`` starts one torchrun per task,
     joined by static rendezvous on the allocation's first host, each task's node rank taken
-    from SLURM_PROCID (torchrun reads PET_NODE_RANK). Static, not c10d: the sizes are fixed,
+    from SLURM_PROCID (torchrun reads PET_NODE_RANK) and its slot on its node from
+    SLURM_LOCALID (packed launchers take distinct GPUs, scalelab.placement.gpu_index). Static, not c10d: the sizes are fixed,
     node ranks stay reproducible, and several launchers may share one host.
     """
     worker = ["-m", "scalelab.train", "--spec", str(spec_path)]
-    if not plan.multi_launcher or "SLURM_JOB_ID" not in os.environ:
+    if not placement.spans_nodes(plan):
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 f"--nproc-per-node={world_size}", *worker]
     torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={plan.launchers}",
                 f"--nproc-per-node={plan.ranks_per_launcher}", f"--master-addr={allocation_first_host()}",
                 f"--master-port={free_port()}", *worker]
     return ["srun", f"--ntasks={plan.launchers}", f"--nodes={plan.nodes}", "--kill-on-bad-exit=1",
-            "bash", "-c", 'export PET_NODE_RANK="$SLURM_PROCID"; exec "$@"', "bash", *torchrun]
+            "bash", "-c", f'export PET_NODE_RANK="$SLURM_PROCID" {placement.LAUNCHER_SLOT_ENV}="$SLURM_LOCALID"; exec "$@"',
+            "bash", *torchrun]
 
 
 def _run_torchrun(cmd, env, log_path: Path, timeout_s: float, run_dir: Path) -> tuple[str, str | None]:

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 from .config import RUN_DIR_GLOB, RunPoint
 from .io import atomic_path
 
-SCHEMA_VERSION = "2"  # 2: lever identity columns (micro_batch, activation_checkpointing, cpu_offload, bucket_mb)
+SCHEMA_VERSION = "3"  # 2: lever identity columns; 3: device plan, launch and provenance sources
 _META = {b"scalelab.schema_version": SCHEMA_VERSION.encode()}
 
 # Identity columns repeated on every row of every table.
@@ -96,10 +96,13 @@ _RUN_FIELDS = [
     ("predicted_transient_param_bytes", pa.float64()), ("device_memory_bytes", pa.float64()),
     ("peak_mem_allocated_bytes", pa.int64()), ("peak_mem_reserved_bytes", pa.int64()), ("peak_rss_bytes", pa.int64()),
     ("wall_time_s", pa.float64()), ("startup_s", pa.float64()),
+    ("requested_device", pa.string()), ("planned_device_reason", pa.string()),
     ("device_type", pa.string()), ("device_name", pa.string()), ("backend", pa.string()),
+    ("launch", pa.string()), ("launchers", pa.int32()),
     ("threads", pa.int32()), ("threads_per_rank", pa.int32()),
     ("torch_version", pa.string()), ("cuda_version", pa.string()), ("nccl_version", pa.string()),
     ("python_version", pa.string()), ("hostname", pa.string()), ("git_commit", pa.string()), ("git_dirty", pa.bool_()),
+    ("git_commit_source", pa.string()), ("dataset_sha256_train", pa.string()),
     ("seed", pa.int64()), ("config_hash", pa.string()), ("started_utc", pa.string()), ("run_path", pa.string()),
 ]
 RUN_SCHEMA = pa.schema(IDENTITY_FIELDS + [pa.field(n, t) for n, t in _RUN_FIELDS], metadata=_META)

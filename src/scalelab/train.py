@@ -34,6 +34,7 @@ from .config import ModelConfig, TrainConfig, micro_batch_plan
 from .data import BatchSampler
 from .io import write_json
 from .model import GPT
+from .placement import LAUNCHER_SLOT_ENV, gpu_index
 from .parallel import clip_grad_norm, model_state_bytes, parallelize
 from .precision import COMPUTE_DTYPE, autocast, convert_to_fp8, grad_scaler
 
@@ -126,7 +127,9 @@ def train(spec: dict) -> None:
     run_dir = Path(spec["run_dir"])
     device = torch.device(spec["device"])
     if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        device = torch.device("cuda", gpu_index(int(os.environ.get("LOCAL_RANK", 0)),
+                                                int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+                                                int(os.environ.get(LAUNCHER_SLOT_ENV) or 0), torch.cuda.device_count()))
         torch.cuda.set_device(device)
     model_cfg = ModelConfig(**spec["model"])
     train_cfg = TrainConfig(**spec["train"])

@@ -3,6 +3,7 @@ run's status; the status and reason are in summary.json."""
 from pathlib import Path
 
 from scalelab.launch import launch_run
+from scalelab.placement import sweep_device_plan
 
 launch_run(
     snakemake.config,
@@ -12,4 +13,6 @@ launch_run(
     log_path=snakemake.log[0],
     threads=snakemake.threads,
     repo_dir=snakemake.scriptdir,
+    # the planner's decision (inherited through the environment), as in params.device
+    device_plan=sweep_device_plan(snakemake.config)[0],
 )

@@ -1,0 +1,189 @@
+"""Where a run's ranks go: the device a sweep is planned for, what each training job asks a
+scheduler for, and which GPU each rank takes.
+
+The device is decided once, by the Snakemake process that plans the sweep, and handed to
+every run, so a run never trains on a device it was not planned for. Jobs that Snakemake
+re-parses elsewhere (a SLURM job on a compute node) inherit the decision through the
+environment (sbatch --export=ALL) instead of deciding again on a machine that sees
+different GPUs.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass
+
+from .config import LaunchPlan
+
+LAUNCHER_SLOT_ENV = "SCALELAB_LAUNCHER_SLOT"
+"""Set by the srun wrapper (from SLURM_LOCALID): which of a node's packed launchers this is."""
+SWEEP_DEVICE_ENV = "SCALELAB_SWEEP_DEVICE"
+"""'<device>|<why>', set by the planning Snakemake process for the jobs it starts."""
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    device: str
+    """cuda | cpu: what every run of the sweep trains on."""
+    why: str
+    """How it was decided (recorded on every row as planned_device_reason)."""
+
+
+def visible_gpus(timeout_s: float = 10) -> list[str]:
+    """Names of the GPUs that ``nvidia-smi -L`` lists on this machine; [] without NVIDIA's
+    tools or driver. (No torch import: every Snakemake start would pay for it.)"""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return []
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if out.returncode != 0:
+        return []
+    return re.findall(r"^GPU \d+: (.+?)(?: \(UUID: [^)]*\))?\s*$", out.stdout, flags=re.M)
+
+
+def plan_device(requested: str, gpus_per_node: int | None, probe: Callable[[], list[str]] = visible_gpus) -> DevicePlan:
+    """The device of a sweep from ``train.device`` and ``cluster.gpus_per_node``.
+
+    ``auto`` follows cluster.gpus_per_node when the config states it (a cluster's nodes
+    cannot be seen from its login node), else the GPUs of the machine that plans the sweep
+    (a workstation); a CPU plan says how to get a GPU one."""
+    if requested in ("cpu", "cuda"):
+        return DevicePlan(requested, f"train.device={requested}")
+    if gpus_per_node is not None:
+        device = "cuda" if gpus_per_node > 0 else "cpu"
+        return DevicePlan(device, f"train.device=auto, cluster.gpus_per_node={gpus_per_node}")
+    gpus = probe()
+    if gpus:
+        return DevicePlan("cuda", f"train.device=auto, nvidia-smi lists {len(gpus)} GPU(s) on the planning machine ({gpus[0]})")
+    return DevicePlan("cpu", "train.device=auto; nvidia-smi lists no GPU on the planning machine and "
+                             "cluster.gpus_per_node is not set. For GPU nodes elsewhere (SLURM), set "
+                             "cluster.gpus_per_node or train.device: cuda")
+
+
+def sweep_device_plan(config: dict, environ: MutableMapping[str, str] = os.environ,
+                      probe: Callable[[], list[str]] = visible_gpus) -> tuple[DevicePlan, bool]:
+    """(the sweep's device plan, whether it was inherited from the planning process).
+    The planner records its decision in ``environ`` for the jobs it starts."""
+    inherited = environ.get(SWEEP_DEVICE_ENV)
+    if inherited:
+        device, _, why = inherited.partition("|")
+        if device in ("cpu", "cuda"):
+            return DevicePlan(device, why), True
+    plan = plan_device(config["train"]["device"], config["cluster"].get("gpus_per_node"), probe)
+    environ[SWEEP_DEVICE_ENV] = f"{plan.device}|{plan.why}"
+    return plan, False
+
+
+def spans_nodes(plan: LaunchPlan) -> bool:
+    """Whether the run starts one torchrun per SLURM task (else one torchrun --standalone
+    with every rank on this machine, as on a workstation)."""
+    return plan.multi_launcher and "SLURM_JOB_ID" in os.environ
+
+
+def ranks_per_node(plan: LaunchPlan, launchers_per_node: int) -> int:
+    """Ranks, and so GPUs, one node of the run holds."""
+    return plan.ranks_per_launcher * min(plan.launchers, launchers_per_node)
+
+
+def train_job_resources(plan: LaunchPlan, device: str, cluster: dict, *, local: bool) -> dict:
+    """What one training job asks the scheduler for (Snakemake resources, read by the SLURM
+    executor plugin).
+
+    GPUs are asked per node: ``gpu`` (the plugin's job-wide ``--gpus``) only for a one-node
+    job, ``gres=gpu:<per node>`` for a job over several nodes. ``slurm_extra=--exclusive``
+    keeps other jobs off the run's nodes (cluster.exclusive). ``gpu_run`` is what the
+    workstation profile limits to one at a time; it is 0 on a cluster, where the scheduler
+    places jobs."""
+    gpu = device == "cuda"
+    per_node = ranks_per_node(plan, cluster["launchers_per_node"])
+    resources = {
+        "nodes": plan.nodes,
+        "mem_mb": per_node * cluster["mem_mb_per_rank"],
+        "gpu": per_node if gpu and not plan.multi_launcher else 0,
+        "gres": f"gpu:{per_node}" if gpu and plan.multi_launcher else "",
+        "slurm_extra": "--exclusive" if cluster["exclusive"] else "",
+        "gpu_run": int(gpu and local),
+    }
+    if plan.multi_launcher:
+        resources.update(tasks=plan.launchers, cpus_per_task=plan.ranks_per_launcher * cluster["cpus_per_rank"])
+    return resources
+
+
+def gpu_shortfall(plan: LaunchPlan, world_size: int, launchers_per_node: int, n_visible: int) -> str | None:
+    """Why this machine cannot hold its share of a GPU run, or None. Only this machine's
+    share counts: a run over several nodes needs its per-node GPUs here, not all of them."""
+    if spans_nodes(plan):
+        need = ranks_per_node(plan, launchers_per_node)
+        if n_visible < need:
+            return (f"world_size={world_size} over {plan.launchers} launchers places {need} rank(s) on this node, "
+                    f"which has {n_visible} visible GPU(s)")
+        return None
+    if n_visible < world_size:
+        return f"world_size={world_size} needs {world_size} GPUs on this machine, it has {n_visible} visible"
+    return None
+
+
+def gpu_index(local_rank: int, local_world_size: int, launcher_slot: int, n_visible: int) -> int:
+    """The CUDA device a rank takes.
+
+    A launcher that sees exactly its own GPUs (one launcher per node, or SLURM bound the
+    task to its GPUs) gives local rank r GPU r. Launchers packed on one node
+    (cluster.launchers_per_node > 1) see the same GPUs, so slot s takes GPUs s*R .. s*R+R-1:
+    two ranks on one GPU would measure contention, and NCCL refuses them."""
+    if n_visible == local_world_size:
+        return local_rank
+    index = launcher_slot * local_world_size + local_rank
+    if index >= n_visible:
+        raise RuntimeError(f"local rank {local_rank} of launcher slot {launcher_slot} ({local_world_size} ranks per "
+                           f"launcher) needs GPU {index}, but only {n_visible} are visible")
+    return index
+
+
+# ----------------------------------------------------------------------------- failures read from the log
+# NCCL's watchdog aborts a hung rank (SIGABRT) without a Python exception, so no rank error
+# file is written: the log is the only evidence. Patterns follow the format strings of
+# torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (torch 2.1 to 2.6 wordings) and
+# gloo/transport/tcp/unbound_buffer.cc. The generic lines ("Some NCCL operations have failed
+# or timed out", exit code -6, SIGABRT) follow timeouts and errors alike, so they decide nothing.
+COLLECTIVE_TIMEOUT_PATTERNS = [
+    r"Watchdog caught collective operation timeout",
+    r"WorkNCCL\(SeqNum=\d+.*?\)\s+ran for \d+ milliseconds before timing out",
+    r"WorkNCCL\(.*?\) timed out in blocking wait",
+    r"\]\s*Timeout at NCCL work: \d+",
+    r"Received a timeout signal from this local rank",
+    r"ProcessGroupNCCL's watchdog got stuck for \d+\s*seconds",
+    r"Heartbeat monitor timed out!",
+    r"due to ProcessGroupNCCL watchdog hang",
+    r"Timed out waiting \d+\s*ms for (?:recv|send) operation to complete",
+    r"Application timeout caused pair closure",
+]
+COLLECTIVE_ERROR_PATTERNS = [
+    r"Duplicate GPU detected[^\n]*",
+    r"nccl(?:RemoteError|UnhandledCudaError|InvalidUsage|SystemError|InternalError)[^\n]*",
+    r"NCCL error(?: in)?:[^\n]*",
+    r"CUDA out of memory[^\n]*",
+]
+_TIMEOUT_RE = re.compile("|".join(f"(?:{p})" for p in COLLECTIVE_TIMEOUT_PATTERNS), re.IGNORECASE)
+_ERROR_RE = re.compile("|".join(f"(?:{p})" for p in COLLECTIVE_ERROR_PATTERNS), re.IGNORECASE)
+
+
+def failure_from_log(log: str) -> tuple[str, str] | None:
+    """(status, the log line that shows it) for a collective timeout or a named NCCL/CUDA
+    error found in a run's log, the earliest in the log winning; None if neither is there."""
+    found = [(m.start(), kind) for kind, regex in (("timeout", _TIMEOUT_RE), ("error", _ERROR_RE))
+             if (m := regex.search(log))]
+    if not found:
+        return None
+    start, kind = min(found)
+    line_start = log.rfind("\n", 0, start) + 1
+    line_end = log.find("\n", start)
+    line = log[line_start:line_end if line_end >= 0 else len(log)].strip()[:1000]
+    if kind == "timeout":
+        return "timeout", line
+    return ("oom" if "out of memory" in line.lower() else "failed"), line

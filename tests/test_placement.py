@@ -1,0 +1,255 @@
+"""Placement of GPU runs, proven without a GPU: the sweep's device plan, what a job asks the
+scheduler for, which GPU each rank takes, the multi-node skip rule, failures read from
+recorded NCCL/gloo logs, and provenance in a tree without .git."""
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from scalelab import placement
+from scalelab.config import ConfigError, LaunchPlan, RunPoint, check_gpu_layout, launch_plan
+from scalelab.launch import classify_failure, git_provenance, resolve_device, skip_reason, torchrun_command
+from scalelab.testing import tiny_config
+
+CLUSTER = {"ranks_per_node": 8, "launchers_per_node": 1, "cpus_per_rank": 4, "mem_mb_per_rank": 16000,
+           "gpus_per_node": 8, "exclusive": True}
+
+
+def fake_nvidia_smi(folder, names):
+    """An `nvidia-smi` on PATH that lists these GPUs (`-L`), as the real one prints them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = "".join(f"GPU {i}: {name} (UUID: GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd)\\n" for i, name in enumerate(names))
+    script = folder / "nvidia-smi"
+    script.write_text(f"#!/bin/sh\n[ \"$1\" = -L ] && printf '{lines}' && exit 0\nexit 9\n")
+    script.chmod(0o755)
+    return folder
+
+
+# ----------------------------------------------------------------------------- the sweep's device
+
+def test_visible_gpus_reads_a_fake_nvidia_smi(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", f"{fake_nvidia_smi(tmp_path, ['NVIDIA H100 80GB HBM3'] * 2)}{os.pathsep}{os.environ['PATH']}")
+    assert placement.visible_gpus() == ["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"]
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert placement.visible_gpus() == []
+
+
+@pytest.mark.parametrize("requested, gpus_per_node, probed, device", [
+    ("cuda", None, [], "cuda"),          # asked for: planned, and skipped with the reason where there is none
+    ("cpu", 8, ["NVIDIA H200"], "cpu"),
+    ("auto", 8, [], "cuda"),             # SLURM login node without GPUs: the config says the nodes have 8
+    ("auto", 0, ["NVIDIA H200"], "cpu"),
+    ("auto", None, ["NVIDIA H200"], "cuda"),  # workstation with a GPU
+    ("auto", None, [], "cpu"),
+])
+def test_plan_device(requested, gpus_per_node, probed, device):
+    plan = placement.plan_device(requested, gpus_per_node, probe=lambda: probed)
+    assert plan.device == device
+    assert f"train.device={requested}" in plan.why
+    if requested == "auto" and gpus_per_node is None and not probed:
+        assert "set cluster.gpus_per_node or train.device: cuda" in plan.why, "a CPU plan says how to get a GPU one"
+
+
+def test_jobs_inherit_the_planners_device():
+    """A SLURM job re-parses the workflow on a node that sees other GPUs: it takes the
+    planner's decision from the environment (sbatch --export=ALL) instead of probing."""
+    env = {}
+    cfg = tiny_config()
+    plan, inherited = placement.sweep_device_plan(cfg, env, probe=lambda: [])
+    assert (plan.device, inherited) == ("cpu", False) and env[placement.SWEEP_DEVICE_ENV].startswith("cpu|")
+    on_node, inherited = placement.sweep_device_plan(cfg, dict(env), probe=lambda: ["NVIDIA H100 80GB HBM3"] * 8)
+    assert on_node == plan and inherited
+
+
+def test_gpu_layout_checked_against_the_config():
+    check_gpu_layout(tiny_config(cluster=CLUSTER))
+    with pytest.raises(ConfigError, match="places 16 ranks on a node with cluster.gpus_per_node=8"):
+        check_gpu_layout(tiny_config(cluster={**CLUSTER, "launchers_per_node": 2}))
+    with pytest.raises(ConfigError, match="gpus_per_node=0"):
+        check_gpu_layout(tiny_config(train={"device": "cuda"}, cluster={**CLUSTER, "gpus_per_node": 0}))
+    check_gpu_layout(tiny_config(train={"device": "cpu"}, cluster={**CLUSTER, "launchers_per_node": 2}))
+
+
+# ----------------------------------------------------------------------------- what a job asks for
+
+def test_one_node_job_resources():
+    res = placement.train_job_resources(LaunchPlan(1, 4, 1), "cuda", CLUSTER, local=False)
+    assert res == {"nodes": 1, "mem_mb": 64000, "gpu": 4, "gres": "", "slurm_extra": "--exclusive", "gpu_run": 0}
+    assert placement.train_job_resources(LaunchPlan(1, 4, 1), "cuda", CLUSTER, local=True)["gpu_run"] == 1
+    cpu = placement.train_job_resources(LaunchPlan(1, 4, 1), "cpu", {**CLUSTER, "exclusive": False}, local=True)
+    assert (cpu["gpu"], cpu["gres"], cpu["slurm_extra"], cpu["gpu_run"]) == (0, "", "", 0)
+
+
+def test_multi_node_job_asks_gpus_per_node_not_in_total():
+    cfg = tiny_config(cluster=CLUSTER, train={"global_batch": 16})
+    res = placement.train_job_resources(launch_plan(cfg, 16), "cuda", CLUSTER, local=False)
+    assert res == {"nodes": 2, "tasks": 2, "cpus_per_task": 32, "mem_mb": 128000, "gpu": 0, "gres": "gpu:8",
+                   "slurm_extra": "--exclusive", "gpu_run": 0}
+    packed = {**CLUSTER, "ranks_per_node": 2, "launchers_per_node": 2}
+    res = placement.train_job_resources(launch_plan(tiny_config(cluster=packed), 8), "cuda", packed, local=False)
+    assert (res["nodes"], res["tasks"], res["gres"], res["mem_mb"]) == (2, 4, "gpu:4", 64000)
+
+
+# ----------------------------------------------------------------------------- which GPU a rank takes
+
+def test_gpu_index_one_launcher_per_node():
+    assert [placement.gpu_index(r, 8, 0, 8) for r in range(8)] == list(range(8))
+
+
+def test_packed_launchers_take_distinct_gpus():
+    """Two launchers of 2 ranks on a 4-GPU node: before, both took cuda:0 and cuda:1."""
+    taken = [placement.gpu_index(r, 2, slot, 4) for slot in (0, 1) for r in range(2)]
+    assert taken == [0, 1, 2, 3]
+
+
+def test_launcher_bound_to_its_own_gpus_counts_from_zero():
+    assert [placement.gpu_index(r, 2, 1, 2) for r in range(2)] == [0, 1]
+
+
+def test_gpu_index_beyond_the_visible_gpus_is_an_error():
+    with pytest.raises(RuntimeError, match="needs GPU 5, but only 4 are visible"):
+        placement.gpu_index(1, 2, 2, 4)
+
+
+def test_srun_wrapper_hands_the_launcher_slot_to_the_ranks(monkeypatch, tmp_path):
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setattr("scalelab.launch.allocation_first_host", lambda: "node1")
+    cmd = torchrun_command(LaunchPlan(2, 8, 2), 16, tmp_path / "spec.json")
+    assert cmd[0] == "srun" and f'{placement.LAUNCHER_SLOT_ENV}="$SLURM_LOCALID"' in " ".join(cmd)
+    # and the exported variables reach the worker through a real shell
+    wrapper = cmd[cmd.index("-c") + 1]
+    out = subprocess.run(["bash", "-c", wrapper, "bash", "sh", "-c", f"echo $PET_NODE_RANK ${placement.LAUNCHER_SLOT_ENV}"],
+                         env={**os.environ, "SLURM_PROCID": "3", "SLURM_LOCALID": "1"}, capture_output=True, text=True)
+    assert out.stdout.split() == ["3", "1"]
+
+
+# ----------------------------------------------------------------------------- the skip rule, with a fake device count
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """Pretend torch sees n GPUs (set .n)."""
+    class Fake:
+        n = 8
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: Fake.n > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: Fake.n)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    return Fake
+
+
+def test_multinode_run_checks_its_share_of_gpus_on_this_node(gpus, monkeypatch):
+    """World size 16 on 8-GPU nodes used to be skipped, always: 16 > 8 on the first node."""
+    plan = launch_plan(tiny_config(cluster=CLUSTER, train={"global_batch": 16}), 16)
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    assert placement.gpu_shortfall(plan, 16, 1, 8) is None
+    gpus.n = 4
+    reason = skip_reason("cuda", RunPoint("bf16", 3, 16), plan, 1)
+    assert "places 8 rank(s) on this node, which has 4 visible GPU(s)" in reason
+    packed = launch_plan(tiny_config(cluster={**CLUSTER, "ranks_per_node": 2, "launchers_per_node": 2}), 8)
+    assert placement.gpu_shortfall(packed, 8, 2, 4) is None
+    assert "places 4 rank(s)" in placement.gpu_shortfall(packed, 8, 2, 3)
+
+
+def test_workstation_run_needs_all_its_gpus_here(gpus, monkeypatch):
+    """Without SLURM every rank starts here (torchrun --standalone), whatever the cluster section says."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    cfg = tiny_config(cluster=CLUSTER, train={"global_batch": 16})
+    assert "needs 16 GPUs on this machine, it has 8" in skip_reason("cuda", RunPoint("bf16", 3, 16), launch_plan(cfg, 16), 1)
+    assert placement.gpu_shortfall(launch_plan(cfg, 8), 8, 1, 8) is None
+
+
+def test_a_run_planned_for_a_gpu_never_trains_elsewhere(gpus):
+    gpus.n = 0
+    device, reason = resolve_device("auto", planned="cuda")
+    assert device == "cuda" and "planned for a GPU" in reason and "no CUDA device is visible" in reason
+    assert resolve_device("auto", planned="cpu") == ("cpu", None)
+    gpus.n = 2
+    assert resolve_device("auto", planned="cpu") == ("cpu", None), "a CPU plan stays on the CPU even where GPUs are"
+    assert resolve_device("auto") == ("cuda", None)
+
+
+# ----------------------------------------------------------------------------- failures read from recorded logs
+# Excerpts of real logs (public issue threads of projects training with torchrun), torch 2.1-2.6.
+
+NCCL_TIMEOUT_2_5 = """\
+[rank1]:[E626 06:24:44.903881913 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=808, OpType=ALLREDUCE, NumelIn=9801523, NumelOut=9801523, Timeout(ms)=600000) ran for 600020 milliseconds before timing out.
+[rank1]:[E626 06:24:44.906457629 ProcessGroupNCCL.cpp:1785] [PG ID 0 PG GUID 0(default_pg) Rank 1] Exception (either an error or timeout) detected by watchdog at work: 808, last enqueued NCCL work: 811, last completed NCCL work: 807.
+"""
+NCCL_TIMEOUT_2_1 = """\
+  what():  [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLGATHER, Timeout(ms)=1800000) ran for 1808212 milliseconds before timing out.
+ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -6) local_rank: 0 (pid: 4033008) of binary: /usr/bin/python3
+  traceback : Signal 6 (SIGABRT) received by PID 3431
+"""
+NCCL_TIMEOUT_2_4 = """\
+[rank0]:[E1206 18:44:16.994932383 ProcessGroupNCCL.cpp:1709] [PG 1 Rank 0] Timeout at NCCL work: 7753, last enqueued NCCL work: 7755, last completed NCCL work: 7752.
+[rank0]:[E1206 18:44:16.994957078 ProcessGroupNCCL.cpp:621] [Rank 0] Some NCCL operations have failed or timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete data.
+"""
+NCCL_WATCHDOG_HANG = """\
+[rank2]:[E704 13:48:58.260494728 ProcessGroupNCCL.cpp:1746] [PG ID 0 PG GUID 0(default_pg) Rank 2] ProcessGroupNCCL's watchdog got stuck for 480 seconds without making progress in monitoring enqueued collectives.
+"""
+GLOO_TIMEOUT = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms for recv operation to complete\n"
+NCCL_REMOTE_ERROR = """\
+[rank5]:[E207 19:37:09.983540349 ProcessGroupNCCL.cpp:681] [Rank 5] Some NCCL operations have failed or timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete data.
+[rank5]:[E207 19:37:09.983600771 ProcessGroupNCCL.cpp:1895] [PG ID 0 PG GUID 0(default_pg) Rank 5] Process group watchdog thread terminated with exception: NCCL error: remote process exited or there was a network error, NCCL version 2.21.5
+ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.
+"""
+DUPLICATE_GPU = """\
+torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:275, invalid usage (run with NCCL_DEBUG=WARN for details), NCCL version 2.20.5
+ncclInvalidUsage: This usually reflects invalid usage of NCCL library.
+Last error:
+Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 10
+"""
+TORCHRUN_TAIL = "E0325 20:57:27.620000 2606 site-packages/torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: -6) local_rank: 1 (pid: 2630) of binary: /usr/bin/python3\n"
+
+
+@pytest.mark.parametrize("log, expected", [
+    (NCCL_TIMEOUT_2_5, "Watchdog caught collective operation timeout"),
+    (NCCL_TIMEOUT_2_1, "Watchdog caught collective operation timeout"),
+    (NCCL_TIMEOUT_2_4, "Timeout at NCCL work: 7753"),
+    (NCCL_WATCHDOG_HANG, "watchdog got stuck for 480 seconds"),
+    (GLOO_TIMEOUT, "Timed out waiting 1800000ms for recv"),
+])
+def test_collective_timeouts_in_the_log_are_timeouts(log, expected):
+    """No rank error file (the watchdog aborted the process): the log decides."""
+    status, reason = classify_failure([], "step 3 ok\n" + log + TORCHRUN_TAIL)
+    assert status == "timeout" and expected in reason
+
+
+@pytest.mark.parametrize("log, expected", [(NCCL_REMOTE_ERROR, "NCCL error"), (DUPLICATE_GPU, "NCCL error in:")])
+def test_nccl_errors_are_failures_not_timeouts(log, expected):
+    status, reason = classify_failure([], log + TORCHRUN_TAIL)
+    assert status == "failed" and expected in reason
+
+
+def test_a_log_without_evidence_stays_a_plain_failure():
+    status, reason = classify_failure([], "step 3 ok\n" + TORCHRUN_TAIL)
+    assert status == "failed" and reason.startswith("a rank exited abnormally")
+
+
+# ----------------------------------------------------------------------------- provenance without .git
+
+def test_provenance_from_git_and_from_the_environment_in_a_copied_tree(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = lambda *a: subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *a], cwd=repo, check=True,
+                                    capture_output=True, text=True).stdout.strip()
+    git("init", "-q")
+    (repo / "f.txt").write_text("x")
+    git("add", "f.txt")
+    git("commit", "-qm", "x")
+    head = git("rev-parse", "HEAD")
+    monkeypatch.delenv("SCALELAB_GIT_COMMIT", raising=False)
+    assert git_provenance(repo) == {"git_commit": head, "git_dirty": False, "git_commit_source": "git"}
+
+    copy = tmp_path / "copy"  # the tree as a GPU machine or a cluster stage-in gets it: no .git
+    shutil.copytree(repo, copy, ignore=shutil.ignore_patterns(".git"))
+    lost = git_provenance(copy)
+    assert lost["git_commit"] is None and "SCALELAB_GIT_COMMIT unset" in lost["git_commit_source"]
+    monkeypatch.setenv("SCALELAB_GIT_COMMIT", head)
+    monkeypatch.setenv("SCALELAB_GIT_DIRTY", "0")
+    assert git_provenance(copy) == {"git_commit": head, "git_dirty": False,
+                                    "git_commit_source": "environment SCALELAB_GIT_COMMIT"}
+    monkeypatch.setenv("SCALELAB_GIT_COMMIT", "not a hash; rm -rf /")
+    wrong = git_provenance(copy)
+    assert wrong["git_commit"] is None and "is not a commit hash" in wrong["git_commit_source"]
