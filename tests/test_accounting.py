@@ -71,7 +71,7 @@ def test_training_days_and_largest_model():
     assert accounting.largest_model(80 * 2 ** 30, 0, 8, "bf16", "pytorch") == pytest.approx(80 * 2 ** 30 / 16)
     assert accounting.largest_model(80 * 2 ** 30, 3, 8, "bf16", "pytorch") == pytest.approx(8 * 80 * 2 ** 30 / 16)
     with pytest.raises(ValueError, match="unknown GPU"):
-        accounting.gpu_peak_flops("V100", "bf16")
+        accounting.gpu_peak_flops("Foo9000", "bf16")
 
 
 def _cli(*args):
@@ -105,7 +105,7 @@ def test_estimate_json_outputs():
 @pytest.mark.parametrize("args, message", [
     (["memory", "--params", "-5"], "--params must be a positive number"),
     (["memory", "--layers", "2"], "all of --layers, --d-model, --vocab and --seq"),
-    (["time", "--params", "1e9", "--tokens", "1e9", "--gpus", "8", "--gpu", "V100"], "unknown GPU type 'V100'"),
+    (["time", "--params", "1e9", "--tokens", "1e9", "--gpus", "8", "--gpu", "Foo9000"], "unknown GPU type 'Foo9000'"),
     (["time", "--params", "1e9", "--tokens", "1e9", "--gpus", "8", "--gpu", "H100", "--mfu", "0"], "--mfu must be in (0, 1]"),
     (["time", "--params", "1e9", "--tokens", "1e9", "--gpus", "8", "--gpu", "H100", "--mfu", "1.5"], "--mfu must be in (0, 1]"),
     (["fit", "--gpu-memory-gib", "-80"], "--gpu-memory-gib must be a positive number"),

@@ -1,9 +1,15 @@
 """GPU products by exact CUDA device name, dense datasheet peaks, the NaN-with-reason paths."""
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from scalelab import hardware
+from scalelab import accounting, hardware
+
+SCALELAB = str(Path(sys.executable).parent / "scalelab")
 
 # Dense TFLOP/s from the datasheets, typed in here (not read from the table under test).
 # Where a datasheet prints only the sparse figure (marked *), the value is half of it.
@@ -153,3 +159,30 @@ def test_gpu_by_name_unknown_lists_the_known_names(name):
     with pytest.raises(ValueError, match=f"unknown GPU type {name!r}") as err:
         hardware.gpu_by_name(name)
     assert "H100 NVL" in str(err.value) and "A100 PCIe 80GB" in str(err.value)
+
+
+def test_accounting_uses_the_table():
+    assert accounting.gpu_peak_flops("H100 NVL", "bf16") == pytest.approx(835.5e12)
+    assert accounting.gpu_peak_flops("h100", "bf16") == pytest.approx(989.5e12)
+    with pytest.raises(ValueError, match="no dense 'fp8'"):
+        accounting.gpu_peak_flops("A100", "fp8")
+    assert accounting.GPU_PEAK_FLOPS["H100"]["bf16"] == pytest.approx(989.5e12)  # what train.py reads today
+    assert "fp8" not in accounting.GPU_PEAK_FLOPS["A100"]
+
+
+def test_mfu_is_nan_for_a_nan_peak():
+    peak, _ = hardware.peak_flops_for("NVIDIA Foo 9000", "bf16", tf32=False)
+    assert math.isnan(accounting.mfu(1000.0, 6e9, peak, 8))
+    assert accounting.mfu(1000.0, 6e9, 989.5e12, 8) == pytest.approx(1000 * 6e9 / (8 * 989.5e12))
+    with pytest.raises(ValueError):
+        accounting.mfu(1000.0, 6e9, 0.0, 8)
+
+
+def test_estimate_cli_knows_the_products():
+    run = lambda *a: subprocess.run([SCALELAB, "estimate", "time", *a], capture_output=True, text=True, timeout=60)
+    assert "H100 NVL" in run("--help").stdout
+    out = run("--params", "7e9", "--tokens", "1e12", "--gpus", "8", "--gpu", "h100 nvl", "--json")
+    result = json.loads(out.stdout)
+    assert result["gpu"] == "H100 NVL" and result["peak_flops_per_gpu"] == pytest.approx(835.5e12)
+    proc = run("--params", "7e9", "--tokens", "1e12", "--gpus", "8", "--gpu", "A100", "--precision", "fp8")
+    assert proc.returncode == 2 and "no dense 'fp8'" in proc.stderr

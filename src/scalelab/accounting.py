@@ -27,8 +27,10 @@ no collectives (measured: 0 bytes), while DDP and ZeroRedundancyOptimizer still 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from . import hardware
 from .config import ModelConfig
 
 # Bytes per activation value by precision (fp8 runs autocast to bf16 around float8 matmuls).
@@ -73,7 +75,12 @@ def training_flops(cfg: ModelConfig, tokens: float) -> float:
 
 
 def mfu(tokens_per_s: float, flops_per_tok: float, peak_flops_per_device: float, n_devices: int) -> float:
-    """Model FLOPs utilisation: achieved model FLOP/s over the devices' summed dense peak."""
+    """Model FLOPs utilisation: achieved model FLOP/s over the devices' summed dense peak.
+
+    NaN when the peak is NaN (an unknown GPU, or a precision its datasheet has no figure for:
+    see scalelab.hardware.peak_flops_for)."""
+    if math.isnan(peak_flops_per_device):
+        return math.nan
     if peak_flops_per_device <= 0 or n_devices < 1:
         raise ValueError("peak FLOP/s and device count must be positive")
     return tokens_per_s * flops_per_tok / (peak_flops_per_device * n_devices)
@@ -207,23 +214,18 @@ def ddp_bucket_count(param_bytes_in_order: list[int], bucket_mb: float) -> int:
     return buckets + (filled > 0)
 
 
-# Dense datasheet peaks, FLOP/s per GPU (no 2:4 sparsity). SXM parts. tf32 is fp32
-# inputs on tensor cores; fp32 is the plain CUDA-core rate.
-GPU_PEAK_FLOPS = {
-    "A100": {"fp32": 19.5e12, "tf32": 156e12, "fp16": 312e12, "bf16": 312e12},
-    "H100": {"fp32": 66.9e12, "tf32": 494.5e12, "fp16": 989.5e12, "bf16": 989.5e12, "fp8": 1979e12},
-    "H200": {"fp32": 66.9e12, "tf32": 494.5e12, "fp16": 989.5e12, "bf16": 989.5e12, "fp8": 1979e12},
-}
+# What train.py's name loop reads until it calls hardware.peak_flops_for (issue #13): the SXM
+# parts' peaks, derived from the table in scalelab.hardware (no figures of its own here).
+GPU_PEAK_FLOPS = {short: hardware.gpu_by_name(short).peaks for short in ("A100", "H100", "H200")}
 
 
 def gpu_peak_flops(gpu: str, precision: str) -> float:
-    """Dense datasheet peak of a GPU type (case-insensitive: a100, h100, h200)."""
-    table = {k.lower(): v for k, v in GPU_PEAK_FLOPS.items()}
-    if gpu.lower() not in table:
-        raise ValueError(f"unknown GPU type {gpu!r}; known: {', '.join(sorted(GPU_PEAK_FLOPS))}")
-    if precision not in table[gpu.lower()]:
-        raise ValueError(f"unknown precision {precision!r}; known: {', '.join(table[gpu.lower()])}")
-    return table[gpu.lower()][precision]
+    """Dense datasheet peak of a GPU named on the command line (see hardware.gpu_by_name)."""
+    product = hardware.gpu_by_name(gpu)
+    peak = product.peak(precision) if precision in hardware.PRECISIONS else None
+    if peak is None:
+        raise ValueError(f"{product.name} has no dense {precision!r} figure; known: {', '.join(product.peaks)}")
+    return peak
 
 
 def training_days(total_flops: float, n_gpus: int, gpu: str, precision: str, mfu_fraction: float) -> float:

@@ -13,7 +13,7 @@ import json
 import math
 import sys
 
-from . import accounting
+from . import accounting, hardware
 from .config import ZERO_STAGES, ModelConfig
 
 # fp8 keeps the same fp32 model state as bf16 (torchao's float8 linears cast on the fly),
@@ -90,6 +90,7 @@ def time_estimate(args) -> dict:
         raise EstimateError(f"--mfu must be in (0, 1], got {mfu}")
     gpus = int(_positive("gpus", args.gpus))
     try:
+        product = hardware.gpu_by_name(args.gpu)
         peak = accounting.gpu_peak_flops(args.gpu, args.precision)
     except ValueError as err:
         raise EstimateError(str(err)) from None
@@ -99,7 +100,7 @@ def time_estimate(args) -> dict:
     days = accounting.training_days(total, gpus, args.gpu, args.precision, mfu)
     return {"n_params": n_params, "tokens": tokens, "flops_per_token": fpt,
             "flops_rule": "6N + attention term" if cfg is not None else "6N",
-            "total_flops": total, "gpus": gpus, "gpu": args.gpu.upper(), "precision": args.precision,
+            "total_flops": total, "gpus": gpus, "gpu": product.name, "precision": args.precision,
             "peak_flops_per_gpu": peak, "mfu": mfu, "days": days, "gpu_hours": days * 24 * gpus}
 
 
@@ -174,8 +175,11 @@ def add_parser(sub) -> None:
     model_flags(t)
     t.add_argument("--tokens", type=float, required=True, help="training tokens, e.g. 1e12")
     t.add_argument("--gpus", type=int, required=True, help="number of GPUs")
-    t.add_argument("--gpu", required=True, help=f"GPU type: {', '.join(accounting.GPU_PEAK_FLOPS)}")
-    t.add_argument("--precision", default="bf16", choices=["fp32", "tf32", "fp16", "bf16"], help="compute precision (default bf16)")
+    t.add_argument("--gpu", required=True,
+                   help=f"GPU product (case-insensitive): {', '.join(hardware.known_names())}; "
+                        "bare A100, H100 and H200 mean the SXM parts")
+    t.add_argument("--precision", default="bf16", choices=list(hardware.PRECISIONS),
+                   help="compute precision (default bf16; fp8 only on GPUs with fp8 tensor cores)")
     t.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation in (0, 1] (default 0.4)")
     f = kinds.add_parser("fit", help="largest model whose model state fits the GPUs")
     f.add_argument("--gpu-memory-gib", type=float, required=True, help="memory per GPU, GiB (e.g. 80)")
