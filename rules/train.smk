@@ -35,6 +35,7 @@ rule train:
     resources:
         runtime=run_minutes,
         nodes=lambda wildcards: train_resources(wildcards)["nodes"],
+        cpus_per_task=lambda wildcards: train_resources(wildcards)["cpus_per_task"],
         mem_mb=lambda wildcards: train_resources(wildcards)["mem_mb"],
         gpu=lambda wildcards: train_resources(wildcards)["gpu"],
         slurm_extra=lambda wildcards: train_resources(wildcards)["slurm_extra"],

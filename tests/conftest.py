@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -44,3 +45,25 @@ def run_point(tmp_path, tiny_data, point, cfg=None, fault=None, **kwargs):
     assert json.loads((run_dir / "summary.json").read_text()) == json.loads(json.dumps(summary, default=str))
     steps = pq.read_table(run_dir / "steps.parquet").to_pandas()
     return summary, steps, run_dir
+
+
+def planned_jobs(dry_run_output: str) -> list[dict]:
+    """The jobs of a `snakemake -n` printout: rule, wildcards and resources of each."""
+    jobs = []
+    for block in re.split(r"^(?:localrule|rule) ", dry_run_output, flags=re.M)[1:]:
+        job = {"rule": block.split(":", 1)[0], "wildcards": {}, "resources": {}}
+        threads = re.search(r"^\s+threads: (\d+)$", block, flags=re.M)
+        job["threads"] = int(threads.group(1)) if threads else 1
+        for key in ("wildcards", "resources"):
+            line = re.search(rf"^\s+{key}: (.*)$", block, flags=re.M)
+            if line:
+                job[key] = dict(item.split("=", 1) for item in line.group(1).split(", "))
+        jobs.append(job)
+    return jobs
+
+
+def path_without(tool: str, *first: Path) -> str:
+    """PATH with `first` in front and no folder holding `tool` (simulates a machine without it)."""
+    folders = [str(f) for f in first] + [d for d in os.environ["PATH"].split(os.pathsep)
+                                          if d and not (Path(d) / tool).exists()]
+    return os.pathsep.join(folders)

@@ -76,7 +76,8 @@ def test_gpu_layout_checked_against_the_config():
 
 def test_one_node_job_resources():
     res = placement.train_job_resources(LaunchPlan(1, 4, 1), "cuda", CLUSTER, local=False)
-    assert res == {"nodes": 1, "mem_mb": 64000, "gpu": 4, "gres": "", "slurm_extra": "--exclusive", "gpu_run": 0}
+    assert res == {"nodes": 1, "cpus_per_task": 16, "mem_mb": 64000, "gpu": 4, "gres": "", "slurm_extra": "--exclusive",
+                   "gpu_run": 0}
     assert placement.train_job_resources(LaunchPlan(1, 4, 1), "cuda", CLUSTER, local=True)["gpu_run"] == 1
     cpu = placement.train_job_resources(LaunchPlan(1, 4, 1), "cpu", {**CLUSTER, "exclusive": False}, local=True)
     assert (cpu["gpu"], cpu["gres"], cpu["slurm_extra"], cpu["gpu_run"]) == (0, "", "", 0)

@@ -214,11 +214,6 @@ def ddp_bucket_count(param_bytes_in_order: list[int], bucket_mb: float) -> int:
     return buckets + (filled > 0)
 
 
-# What train.py's name loop reads until it calls hardware.peak_flops_for (issue #13): the SXM
-# parts' peaks, derived from the table in scalelab.hardware (no figures of its own here).
-GPU_PEAK_FLOPS = {short: hardware.gpu_by_name(short).peaks for short in ("A100", "H100", "H200")}
-
-
 def gpu_peak_flops(gpu: str, precision: str) -> float:
     """Dense datasheet peak of a GPU named on the command line (see hardware.gpu_by_name)."""
     product = hardware.gpu_by_name(gpu)

@@ -104,6 +104,8 @@ def train_job_resources(plan: LaunchPlan, device: str, cluster: dict, *, local: 
     per_node = ranks_per_node(plan, cluster["launchers_per_node"])
     resources = {
         "nodes": plan.nodes,
+        # per SLURM task: one task (torchrun) per launcher, its ranks' cores
+        "cpus_per_task": plan.ranks_per_launcher * cluster["cpus_per_rank"],
         "mem_mb": per_node * cluster["mem_mb_per_rank"],
         "gpu": per_node if gpu and not plan.multi_launcher else 0,
         "gres": f"gpu:{per_node}" if gpu and plan.multi_launcher else "",
@@ -111,7 +113,7 @@ def train_job_resources(plan: LaunchPlan, device: str, cluster: dict, *, local: 
         "gpu_run": int(gpu and local),
     }
     if plan.multi_launcher:
-        resources.update(tasks=plan.launchers, cpus_per_task=plan.ranks_per_launcher * cluster["cpus_per_rank"])
+        resources["tasks"] = plan.launchers
     return resources
 
 

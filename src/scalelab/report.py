@@ -88,6 +88,12 @@ def find_warnings(runs: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
     for r in ok[ok["mfu"] > MFU_LIMIT].itertuples():
         warnings.append(f"{r.run_id}: MFU {r.mfu:.2f} is above 100% of the peak used ({r.peak_flops_source}); "
                         "the peak is too low for this path (e.g. emulated fp16 on a CPU)")
+    for r in ok[ok["mfu"].isna()].itertuples():
+        warnings.append(f"{r.run_id}: MFU unknown: {r.peak_flops_source}")
+    devices = ok.groupby(ok["device_type"].fillna("?") + ": " + ok["device_name"].fillna("?"))["run_id"].agg(list)
+    if len(devices) > 1:  # e.g. device: auto on a mixed cluster, or results copied together
+        warnings.append("this sweep mixes devices, so its runs do not compare: " + "; ".join(
+            f"{device} ({len(ids)} run(s), e.g. {ids[0]})" for device, ids in devices.items()))
     for r in ok.itertuples():
         if r.model_state_bytes_predicted and abs(r.model_state_bytes_measured / r.model_state_bytes_predicted - 1) > MEMORY_TOLERANCE:
             warnings.append(f"{r.run_id}: measured model state {r.model_state_bytes_measured / 2**20:.3f} MiB is more than "
@@ -109,8 +115,8 @@ def find_warnings(runs: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
 
 
 def _provenance(runs: pd.DataFrame) -> pd.DataFrame:
-    cols = ["device_type", "device_name", "backend", "torch_version", "cuda_version", "nccl_version",
-            "python_version", "hostname", "git_commit", "git_dirty", "config_hash"]
+    cols = ["requested_device", "device_type", "device_name", "backend", "torch_version", "cuda_version", "nccl_version",
+            "python_version", "hostname", "git_commit", "git_dirty", "git_commit_source", "config_hash"]
     present = [c for c in cols if c in runs]
     prov = runs[present].astype("string").fillna("-").value_counts().reset_index(name="runs")
     return prov

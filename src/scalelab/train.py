@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import accounting, checkpoint
+from . import accounting, checkpoint, hardware
 from .activations import SavedActivationMeter
 from .comm import CommCounter
 from .config import ModelConfig, TrainConfig, micro_batch_plan
@@ -37,9 +37,6 @@ from .model import GPT
 from .placement import LAUNCHER_SLOT_ENV, gpu_index
 from .parallel import clip_grad_norm, model_state_bytes, parallelize
 from .precision import COMPUTE_DTYPE, autocast, convert_to_fp8, grad_scaler
-
-# Dense (non-sparse) datasheet peaks in FLOP/s, by precision; MFU uses these on known GPUs.
-from .accounting import GPU_PEAK_FLOPS  # noqa: E402
 
 
 def lr_at(step: int, train: TrainConfig) -> float:
@@ -73,14 +70,16 @@ def measure_matmul_peak(device: torch.device, precision: str, seconds: float = 0
     return best
 
 
-def peak_flops(device: torch.device, precision: str, tf32: bool) -> tuple[float, str]:
-    """(dense peak FLOP/s per device, where the figure came from)."""
+def peak_flops(device: torch.device, precision: str, tf32: bool, override_tflops: float | None = None) -> tuple[float, str]:
+    """(dense peak FLOP/s per device, where the figure came from). On a GPU: the datasheet
+    figure of the exact product (scalelab.hardware), or train.peak_tflops; an unknown GPU
+    gives NaN and the reason, never a timed guess (small timed matmuls sit far below a
+    GPU's peak and would inflate MFU). On a CPU, which has no datasheet figure here: the
+    best matmul rate measured at start."""
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        key = "tf32" if precision == "fp32" and tf32 else precision
-        for gpu, peaks in GPU_PEAK_FLOPS.items():
-            if gpu.lower() in name.lower() and key in peaks:
-                return peaks[key], f"datasheet dense {key}: {gpu}"
+        return hardware.peak_flops_for(torch.cuda.get_device_name(device), precision, tf32, override_tflops)
+    if override_tflops is not None:
+        return override_tflops * hardware.TERA, f"config train.peak_tflops: {override_tflops:g} TFLOP/s"
     return measure_matmul_peak(device, precision), f"measured {precision} matmul, {torch.get_num_threads()} threads"
 
 
@@ -141,7 +140,7 @@ def train(spec: dict) -> None:
         torch.backends.cuda.matmul.allow_tf32 = train_cfg.tf32
         torch.backends.cudnn.allow_tf32 = train_cfg.tf32
 
-    peak, peak_source = peak_flops(device, precision, train_cfg.tf32)
+    peak, peak_source = peak_flops(device, precision, train_cfg.tf32, train_cfg.peak_tflops)
 
     torch.manual_seed(train_cfg.seed)  # identical initial weights on every rank
     model = GPT(model_cfg).to(device)
