@@ -1,4 +1,4 @@
-"""Shared fixtures; the helpers themselves live in scalelab.testing (the fault drills use them too)."""
+"""Shared fixtures; the helpers themselves live in scalelab.harness.testing (the fault drills use them too)."""
 from __future__ import annotations
 
 import json
@@ -9,10 +9,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from scalelab.config import REPO_ROOT as REPO
-from scalelab.launch import launch_run
-from scalelab.testing import BIN, SNAKEMAKE, tiny_config, write_workdir  # noqa: F401
-from scalelab.testing import run_snakemake as snakemake  # noqa: F401
+from scalelab.config import REPO_ROOT as REPO  # noqa: F401
+from scalelab.harness.testing import BIN, SNAKEMAKE, tiny_config, write_workdir  # noqa: F401
+from scalelab.harness.testing import run_snakemake as snakemake  # noqa: F401
+from scalelab.training.launch import launch_run
 
 PARITY_STEPS = 10
 

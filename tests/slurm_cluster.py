@@ -15,7 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from scalelab.launch import free_port
+from scalelab.training.launch import free_port
 
 SBIN = ("/usr/sbin", "/usr/bin")
 
@@ -24,7 +24,7 @@ def slurm_available() -> str | None:
     """None if a test cluster can be started here, else the reason it cannot."""
     if os.geteuid() != 0:
         return "starting slurmctld/slurmd needs root"
-    from scalelab.testing import SLURM_PLUGIN_DIR
+    from scalelab.harness.testing import SLURM_PLUGIN_DIR
 
     if not (SLURM_PLUGIN_DIR / "snakemake_executor_plugin_slurm").is_dir():
         return f"the SLURM executor plugin is not in {SLURM_PLUGIN_DIR} (`make setup` puts it there)"

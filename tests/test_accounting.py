@@ -10,7 +10,7 @@ import pytest
 from conftest import snakemake, tiny_config, write_workdir
 from scalelab import accounting
 from scalelab.config import ModelConfig, RunPoint
-from scalelab.model import GPT
+from scalelab.training.model import GPT
 
 SCALELAB = str(Path(sys.executable).parent / "scalelab")
 

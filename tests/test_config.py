@@ -2,8 +2,7 @@
 import pytest
 
 from conftest import snakemake, tiny_config, write_workdir
-from scalelab.config import (ConfigError, RunPoint, check_config, check_moved_keys, micro_batch_plan, sweep_plan,
-                             train_config)
+from scalelab.config import ConfigError, RunPoint, check_config, check_moved_keys, micro_batch_plan, sweep_plan, train_config
 
 BAD_CONFIGS = {
     # case: (overrides, strings the error must contain)

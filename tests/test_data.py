@@ -9,8 +9,15 @@ import pytest
 
 from conftest import tiny_config
 from scalelab.config import dataset_config
-from scalelab.data import (BatchSampler, BPETokenizer, ByteTokenizer, DataError, MemmapTokenWriter,
-                           prepare_dataset, synthetic_text_chunks)
+from scalelab.data import (
+    BatchSampler,
+    BPETokenizer,
+    ByteTokenizer,
+    DataError,
+    MemmapTokenWriter,
+    prepare_dataset,
+    synthetic_text_chunks,
+)
 
 
 def _cfg(**dataset):

@@ -1,10 +1,10 @@
-"""The fault drills (scalelab.faults) as tests: real processes, counted outcomes.
+"""The fault drills (scalelab.harness.faults) as tests: real processes, counted outcomes.
 
-Run them alone with `pytest -m faults`; `python -m scalelab.faults` prints their figures.
+Run them alone with `pytest -m faults`; `python -m scalelab.harness.faults` prints their figures.
 """
 import pytest
 
-from scalelab.faults import DRILLS
+from scalelab.harness.faults import DRILLS
 
 pytestmark = [pytest.mark.faults, pytest.mark.workflow]
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import BIN, REPO, SNAKEMAKE, path_without, planned_jobs, tiny_config, write_workdir
-from scalelab.testing import SLURM_PLUGIN_DIR
+from scalelab.harness.testing import SLURM_PLUGIN_DIR
 from test_placement import fake_nvidia_smi
 
 pytestmark = pytest.mark.workflow

@@ -110,8 +110,8 @@ def test_offload_clipping_path_matches_torch(tmp_path):
 CLIP_SCRIPT = '''
 import datetime, torch, torch.distributed as dist
 from scalelab.config import ModelConfig
-from scalelab.model import GPT
-from scalelab.parallel import clip_grad_norm, parallelize
+from scalelab.training.model import GPT
+from scalelab.training.parallel import clip_grad_norm, parallelize
 
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 results = []

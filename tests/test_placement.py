@@ -10,8 +10,8 @@ import torch
 
 from scalelab import placement
 from scalelab.config import ConfigError, LaunchPlan, RunPoint, check_gpu_layout, launch_plan
-from scalelab.launch import classify_failure, git_provenance, resolve_device, skip_reason, torchrun_command
-from scalelab.testing import tiny_config
+from scalelab.harness.testing import tiny_config
+from scalelab.training.launch import classify_failure, git_provenance, resolve_device, skip_reason, torchrun_command
 
 CLUSTER = {"ranks_per_node": 8, "launchers_per_node": 1, "cpus_per_rank": 4, "mem_mb_per_rank": 16000,
            "gpus_per_node": 8, "exclusive": True}
@@ -116,7 +116,7 @@ def test_gpu_index_beyond_the_visible_gpus_is_an_error():
 
 def test_srun_wrapper_hands_the_launcher_slot_to_the_ranks(monkeypatch, tmp_path):
     monkeypatch.setenv("SLURM_JOB_ID", "42")
-    monkeypatch.setattr("scalelab.launch.allocation_first_host", lambda: "node1")
+    monkeypatch.setattr("scalelab.training.launch.allocation_first_host", lambda: "node1")
     cmd = torchrun_command(LaunchPlan(2, 8, 2), 16, tmp_path / "spec.json")
     assert cmd[0] == "srun" and f'{placement.LAUNCHER_SLOT_ENV}="$SLURM_LOCALID"' in " ".join(cmd)
     # and the exported variables reach the worker through a real shell

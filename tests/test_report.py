@@ -1,5 +1,4 @@
 """Collection, plots and the report, from Parquet fixtures alone (no training)."""
-import json
 import re
 import shutil
 import subprocess
@@ -10,10 +9,10 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
+from scalelab.analysis.metrics import SCHEMA_VERSION, collect, schema_version, steps_table, write_parquet
+from scalelab.analysis.report import build_report
 from scalelab.config import RunPoint
-from scalelab.fixtures import FAILURES, synthetic_results
-from scalelab.metrics import SCHEMA_VERSION, collect, schema_version, steps_table, write_parquet
-from scalelab.report import build_report
+from scalelab.harness.fixtures import FAILURES, synthetic_results
 from scalelab.io import write_json
 
 PLOTS = ["memory_model_state", "memory_peak", "throughput", "mfu_heatmap", "loss_curves", "loss_scale", "communication"]

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import BIN, REPO, SNAKEMAKE, snakemake, tiny_config, write_workdir
 from scalelab.config import RunPoint
-from scalelab.testing import SLURM_PLUGIN_DIR
+from scalelab.harness.testing import SLURM_PLUGIN_DIR
 from slurm_cluster import SlurmCluster, slurm_available
 
 pytestmark = [pytest.mark.workflow, pytest.mark.skipif(slurm_available() is not None, reason=f"no SLURM test cluster: {slurm_available()}")]

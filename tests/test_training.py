@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import PARITY_STEPS, run_point as _run, tiny_config
+from conftest import PARITY_STEPS, tiny_config
+from conftest import run_point as _run
 from scalelab.config import RunPoint, model_config, train_config
-from scalelab.reference import bare_loop
+from scalelab.harness.reference import bare_loop
 
 pytestmark = pytest.mark.multirank
 

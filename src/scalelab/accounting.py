@@ -30,15 +30,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from . import hardware
-from .config import ModelConfig
+from scalelab import hardware
+from scalelab.config import ModelConfig
 
 # Bytes per activation value by precision (fp8 runs autocast to bf16 around float8 matmuls).
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
 
 
 def param_count(cfg: ModelConfig) -> int:
-    """Exact parameter count of scalelab.model.GPT (tied weights counted once)."""
+    """Exact parameter count of scalelab.training.model.GPT (tied weights counted once)."""
     d, V, T, L = cfg.d_model, cfg.vocab_size, cfg.seq_len, cfg.n_layers
     per_block = (
         2 * d  # ln1

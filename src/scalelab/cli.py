@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def _collect(args) -> int:
-    from .metrics import collect
+    from scalelab.analysis.metrics import collect
 
     result = collect(args.results_dir)
     for problem in result["problems"]:
@@ -17,8 +17,8 @@ def _collect(args) -> int:
 
 
 def _report(args) -> int:
-    from .metrics import collect
-    from .report import build_report
+    from scalelab.analysis.metrics import collect
+    from scalelab.analysis.report import build_report
 
     results = Path(args.results_dir)
     if not results.is_dir():
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", default=None, help="output folder (default: RESULTS/report)")
     r.add_argument("--collect", action="store_true", help="re-collect runs/ into the Parquet tables first")
     r.set_defaults(func=_report)
-    from .estimate import add_parser as add_estimate
+    from scalelab.analysis.estimate import add_parser as add_estimate
 
     add_estimate(sub)
     args = parser.parse_args(argv)

@@ -19,9 +19,9 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from . import __version__
-from .config import DatasetConfig
-from .io import atomic_path, write_json
+from scalelab import __version__
+from scalelab.config import DatasetConfig
+from scalelab.io import atomic_path, write_json
 
 CHUNK_BYTES = 16 * 1024 * 1024  # text read per chunk; bounds memory use of the writer
 BYTE_VOCAB = 256
@@ -200,7 +200,7 @@ class MemmapTokenWriter:
     def __init__(self, path: Path, dtype: np.dtype):
         self.path, self.dtype = Path(path), np.dtype(dtype)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        from .io import _remove_stale_temporaries
+        from scalelab.io import _remove_stale_temporaries
 
         _remove_stale_temporaries(self.path)  # left by a killed writer
         self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
@@ -223,7 +223,7 @@ class MemmapTokenWriter:
         self.n_tokens += tokens.size
 
     def commit(self) -> dict:
-        from .io import fault_point
+        from scalelab.io import fault_point
 
         fault_point(f"before_replace:{self.path.name}")
         os.replace(self.tmp, self.path)

@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 
-from .config import LaunchPlan
+from scalelab.config import LaunchPlan
 
 LAUNCHER_SLOT_ENV = "SCALELAB_LAUNCHER_SLOT"
 """Set by the srun wrapper (from SLURM_LOCALID): which of a node's packed launchers this is."""

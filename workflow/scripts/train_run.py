@@ -1,9 +1,9 @@
-"""Snakemake adapter: one training run (scalelab.launch.launch_run). Exits 0 whatever the
+"""Snakemake adapter: one training run (scalelab.training.launch.launch_run). Exits 0 whatever the
 run's status; the status and reason are in summary.json."""
 from pathlib import Path
 
-from scalelab.launch import launch_run
 from scalelab.placement import sweep_device_plan
+from scalelab.training.launch import launch_run
 
 launch_run(
     snakemake.config,

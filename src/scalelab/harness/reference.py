@@ -1,7 +1,7 @@
 """A bare single-process training loop: the parity reference and the overhead baseline.
 
 Same model, initialisation, parameter groups, AdamW, LR schedule, clipping and batches as
-scalelab.train, with none of the measurement (no per-step loss sync, no records, no
+scalelab.training.worker, with none of the measurement (no per-step loss sync, no records, no
 collective counting, no distributed wrapper).
 """
 from __future__ import annotations
@@ -10,12 +10,12 @@ import time
 
 import torch
 
-from .config import ModelConfig, TrainConfig
-from .data import BatchSampler
-from .model import GPT
-from .parallel import param_groups
-from .precision import autocast
-from .train import lr_at
+from scalelab.config import ModelConfig, TrainConfig
+from scalelab.data import BatchSampler
+from scalelab.training.model import GPT
+from scalelab.training.parallel import param_groups
+from scalelab.training.precision import autocast
+from scalelab.training.worker import lr_at
 
 
 def bare_loop(model_cfg: ModelConfig, train_cfg: TrainConfig, train_bin: str, token_dtype: str,

@@ -1,8 +1,8 @@
 """Benchmarks that print figures (not tests: these machines are noisy).
 
-    python -m scalelab.bench data      tokenize-and-write MB/s + peak RSS; sampler tokens/s
-    python -m scalelab.bench overhead  instrumented training loop vs a bare loop, side by side
-    python -m scalelab.bench report    report rebuilt from a synthetic 1,000-run / 500,000-step set
+    python -m scalelab.harness.bench data      tokenize-and-write MB/s + peak RSS; sampler tokens/s
+    python -m scalelab.harness.bench overhead  instrumented training loop vs a bare loop, side by side
+    python -m scalelab.harness.bench report    report rebuilt from a synthetic 1,000-run / 500,000-step set
 """
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-import numpy as np
 
 _T0 = time.perf_counter()
 
@@ -34,7 +32,7 @@ print(json.dumps({"seconds": time.perf_counter() - start, "peak_rss_bytes": reso
 
 
 def bench_data(corpus_mb: int, batch: int, seq_len: int, seconds: float) -> dict:
-    from .data import BatchSampler, synthetic_text_chunks
+    from scalelab.data import BatchSampler, synthetic_text_chunks
 
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.txt"
@@ -66,19 +64,19 @@ def bench_data(corpus_mb: int, batch: int, seq_len: int, seconds: float) -> dict
 
 
 def bench_overhead(steps: int, repeats: int, threads: int) -> dict:
-    """Steady-state time per step of scalelab.train's whole loop (world size 1, stage 0,
+    """Steady-state time per step of scalelab.training.worker's whole loop (world size 1, stage 0,
     every measurement on: loss sync, records, comm counting) against bare loops on the same
     model and batches: one with the same DDP wrapper (instrumentation cost alone) and one
     plain single-process loop (instrumentation + DDP wrapper). Alternated, medians of means."""
     import torch
 
-    from .config import RunPoint, dataset_config, load_config, model_config, train_config
-    from .data import prepare_dataset
-    from .launch import launch_run
-    from .reference import bare_loop
+    from scalelab.config import REPO_ROOT, RunPoint, dataset_config, load_config, model_config, train_config
+    from scalelab.data import prepare_dataset
+    from scalelab.harness.reference import bare_loop
+    from scalelab.training.launch import launch_run
 
     torch.set_num_threads(threads)
-    config = load_config(Path(__file__).resolve().parents[2] / "config.yaml")
+    config = load_config(REPO_ROOT / "config.yaml")
     config["train"].update(steps=steps, warmup_steps=min(20, steps // 4))
     warm = config["train"]["warmup_steps"]
     plain, bare, instrumented, startup = [], [], [], []
@@ -109,7 +107,7 @@ def bench_overhead(steps: int, repeats: int, threads: int) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scalelab.bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m scalelab.harness.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
     d = sub.add_parser("data", help="data preparation and sampler throughput")
@@ -142,8 +140,8 @@ def main(argv=None) -> int:
 
 def bench_report(n_runs: int, n_steps: int) -> dict:
     """Rebuild the report from a synthetic result set (Parquet alone), in process."""
-    from .fixtures import synthetic_results
-    from .report import build_report
+    from scalelab.analysis.report import build_report
+    from scalelab.harness.fixtures import synthetic_results
 
     with tempfile.TemporaryDirectory() as tmp:
         sizes = synthetic_results(tmp, n_runs, n_steps)

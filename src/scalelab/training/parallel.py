@@ -25,8 +25,8 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, 
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .config import DDP_BUCKET_MB
-from .model import GPT
+from scalelab.config import DDP_BUCKET_MB
+from scalelab.training.model import GPT
 
 
 @dataclass
@@ -68,7 +68,7 @@ def _ddp(model: nn.Module, device: torch.device, bucket_mb: float) -> DDP:
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
               gradient_as_bucket_view=True, bucket_cap_mb=bucket_mb)
     # The stock all-reduce hook, registered so DDP's all-reduce goes through
-    # torch.distributed.all_reduce, where scalelab.comm counts it.
+    # torch.distributed.all_reduce, where scalelab.training.comm counts it.
     ddp.register_comm_hook(dist.group.WORLD, default_hooks.allreduce_hook)
     return ddp
 

@@ -6,8 +6,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .config import RUN_DIR_GLOB, RunPoint
-from .io import atomic_path
+from scalelab.config import RUN_DIR_GLOB, RunPoint
+from scalelab.io import atomic_path
 
 SCHEMA_VERSION = "3"  # 2: lever identity columns; 3: device plan, launch and provenance sources
 _META = {b"scalelab.schema_version": SCHEMA_VERSION.encode()}

@@ -13,8 +13,8 @@ import json
 import math
 import sys
 
-from . import accounting, hardware
-from .config import ZERO_STAGES, ModelConfig
+from scalelab import accounting, hardware
+from scalelab.config import ZERO_STAGES, ModelConfig
 
 # fp8 keeps the same fp32 model state as bf16 (torchao's float8 linears cast on the fly),
 # and the ZeRO paper has no fp8 convention: the memory tables list the three AMP precisions.
@@ -38,7 +38,7 @@ def _positive(name: str, value, allow_zero: bool = False):
 def _model(args) -> tuple[int, ModelConfig | None]:
     """(parameter count, model config if given by shape)."""
     if args.config:
-        from .config import load_config, model_config
+        from scalelab.config import load_config, model_config
 
         config = load_config(args.config)
         cfg = model_config(config, vocab_size=args.vocab or 256)

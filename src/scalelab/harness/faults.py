@@ -1,13 +1,13 @@
 """Fault drills: kill, hang, crash, bad input, determinism, concurrency — real processes.
 
-    python -m scalelab.faults            run every drill, print the figures
-    python -m scalelab.faults kill_mid_step hang   run some
+    python -m scalelab.harness.faults            run every drill, print the figures
+    python -m scalelab.harness.faults kill_mid_step hang   run some
 
 Each drill works in a temporary folder, drives Snakemake (and through it torchrun/gloo)
 for real, and returns counted facts (faults injected and recovered, rows lost or
 duplicated, corrupt files, orphan processes, ...). tests/test_faults.py asserts on the
 same drills; this module prints them. Faults are injected with SCALELAB_FAULT (see
-scalelab.train.Fault and scalelab.io.fault_point).
+scalelab.training.worker.Fault and scalelab.io.fault_point).
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import yaml
 
-from .config import REPO_ROOT, RUN_DIR_GLOB, sweep_points
-from .testing import processes_mentioning, run_snakemake, snakemake_cmd, snakemake_env, tiny_config, write_workdir
+from scalelab.config import REPO_ROOT, RUN_DIR_GLOB, sweep_points
+from scalelab.harness.testing import processes_mentioning, run_snakemake, snakemake_cmd, snakemake_env, tiny_config, write_workdir
 
 BAD_CONFIGS = REPO_ROOT / "tests" / "bad_configs"
 

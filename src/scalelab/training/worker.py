@@ -1,6 +1,6 @@
-"""The training worker: one process per rank, started by torchrun (``python -m scalelab.train``).
+"""The training worker: one process per rank, started by torchrun (``python -m scalelab.training.worker``).
 
-It reads a run spec written by :mod:`scalelab.launch`, trains for ``train.steps`` steps,
+It reads a run spec written by :mod:`scalelab.training.launch`, trains for ``train.steps`` steps,
 and has rank 0 write ``worker_result.json`` (run-level measurements) and
 ``progress.jsonl`` (one line per step) into the run folder. The launcher turns those into
 the run's ``summary.json`` and ``steps.parquet``, and decides the status when a rank fails.
@@ -27,16 +27,17 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import accounting, checkpoint, hardware
-from .activations import SavedActivationMeter
-from .comm import CommCounter
-from .config import ModelConfig, TrainConfig, micro_batch_plan
-from .data import BatchSampler
-from .io import write_json
-from .model import GPT
-from .placement import LAUNCHER_SLOT_ENV, gpu_index
-from .parallel import clip_grad_norm, model_state_bytes, parallelize
-from .precision import COMPUTE_DTYPE, autocast, convert_to_fp8, grad_scaler
+from scalelab import accounting, hardware
+from scalelab.config import ModelConfig, TrainConfig, micro_batch_plan
+from scalelab.data import BatchSampler
+from scalelab.io import write_json
+from scalelab.placement import LAUNCHER_SLOT_ENV, gpu_index
+from scalelab.training import checkpoint
+from scalelab.training.activations import SavedActivationMeter
+from scalelab.training.comm import CommCounter
+from scalelab.training.model import GPT
+from scalelab.training.parallel import clip_grad_norm, model_state_bytes, parallelize
+from scalelab.training.precision import COMPUTE_DTYPE, autocast, convert_to_fp8, grad_scaler
 
 
 def lr_at(step: int, train: TrainConfig) -> float:
@@ -337,7 +338,7 @@ def train(spec: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="scalelab training worker (run under torchrun)")
-    parser.add_argument("--spec", required=True, help="run spec JSON written by scalelab.launch")
+    parser.add_argument("--spec", required=True, help="run spec JSON written by scalelab.training.launch")
     args = parser.parse_args(argv)
     spec = json.loads(Path(args.spec).read_text())
     torch.set_num_threads(int(spec["threads_per_rank"]))

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from .config import DDP_BUCKET_MB, SWEEP_AXES
+from scalelab.config import DDP_BUCKET_MB, SWEEP_AXES
 
 MiB = 2 ** 20
 

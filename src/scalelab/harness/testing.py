@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from .config import REPO_ROOT
+from scalelab.config import REPO_ROOT
 
 BIN = Path(sys.executable).parent
 SNAKEMAKE = str(BIN / "snakemake")

@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .config import ModelConfig
+from scalelab.config import ModelConfig
 
 
 class CausalSelfAttention(nn.Module):

@@ -20,11 +20,11 @@ import sys
 import time
 from pathlib import Path
 
-from . import placement
-from .config import LaunchPlan, RunPoint, config_hash, launch_plan, micro_batch_plan, model_config, train_config
-from .data import read_meta
-from .io import read_json, write_json
-from .metrics import steps_table, write_parquet
+from scalelab import placement
+from scalelab.analysis.metrics import steps_table, write_parquet
+from scalelab.config import LaunchPlan, RunPoint, config_hash, launch_plan, micro_batch_plan, model_config, train_config
+from scalelab.data import read_meta
+from scalelab.io import read_json, write_json
 
 _PR_SET_PDEATHSIG = 1
 
@@ -86,7 +86,7 @@ def skip_reason(device: str, point: RunPoint, plan: LaunchPlan, launchers_per_no
                 fp8_emulate: bool = False) -> str | None:
     import torch
 
-    from .precision import unsupported_reason
+    from scalelab.training.precision import unsupported_reason
 
     if device == "cuda":
         shortfall = placement.gpu_shortfall(plan, point.world_size, launchers_per_node, torch.cuda.device_count())
@@ -100,7 +100,7 @@ def skip_reason(device: str, point: RunPoint, plan: LaunchPlan, launchers_per_no
 
 def plan_memory(config: dict, model, point: RunPoint, micro_batch: int, device: str) -> dict:
     """Predicted in-step peak per rank against the device memory, before launch."""
-    from . import accounting
+    from scalelab import accounting
 
     n_params = accounting.param_count(model)
     peak = accounting.peak_memory(model, n_params, point.zero_stage, point.world_size, point.precision, micro_batch,
@@ -263,7 +263,7 @@ def torchrun_command(plan: LaunchPlan, world_size: int, spec_path: Path) -> list
     SLURM_LOCALID (packed launchers take distinct GPUs, scalelab.placement.gpu_index). Static, not c10d: the sizes are fixed,
     node ranks stay reproducible, and several launchers may share one host.
     """
-    worker = ["-m", "scalelab.train", "--spec", str(spec_path)]
+    worker = ["-m", "scalelab.training.worker", "--spec", str(spec_path)]
     if not placement.spans_nodes(plan):
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 f"--nproc-per-node={world_size}", *worker]

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from . import accounting
-from .config import RunPoint
-from .metrics import STEP_SCHEMA, runs_table, run_row, write_parquet
+from scalelab import accounting
+from scalelab.analysis.metrics import STEP_SCHEMA, run_row, runs_table, write_parquet
+from scalelab.config import RunPoint
 
 FAILURES = {3: ("oom", "rank 0: OutOfMemoryError: CUDA out of memory (injected)"),
             5: ("failed", "rank 1: RuntimeError: injected crash"),
@@ -44,7 +44,7 @@ def synthetic_results(out_dir: str | Path, n_runs: int = 24, n_steps: int = 60, 
             micro, bucket = 2, 25.0
         point = RunPoint(precision, stage, ws, micro, ac, offload, bucket)
         identity = point.identity(micro_batch=micro or 4)
-        run_id = identity["run_id"] = point.run_id + (f"-r{replica}" if replica else "")
+        identity["run_id"] = point.run_id + (f"-r{replica}" if replica else "")
         status, reason = FAILURES.get(i, ("ok", None))
         pred = accounting.model_state_bytes(n_params, stage, ws, precision, "pytorch")
         comm = 4 * accounting.comm_elements_per_step(n_params, stage, ws)

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import __version__
-from .io import atomic_path
-from .levers import baseline, fp8_table, lever_plots, lever_table
-from .metrics import schema_version
-from .plots import all_plots, loss_deviation_vs_stage0, scaling_efficiency
+from scalelab import __version__
+from scalelab.analysis.levers import baseline, fp8_table, lever_plots, lever_table
+from scalelab.analysis.metrics import schema_version
+from scalelab.analysis.plots import all_plots, loss_deviation_vs_stage0, scaling_efficiency
+from scalelab.io import atomic_path
 
 MFU_LIMIT = 1.0
 MEMORY_TOLERANCE = 0.10

@@ -18,11 +18,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from .parallel import Parallelized
+from scalelab.training.parallel import Parallelized
 
 
 def _is_zero1(par: Parallelized) -> bool:
