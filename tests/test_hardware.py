@@ -49,10 +49,9 @@ DEVICES = [
 ]
 
 
-def _peak(device_name, key, override=None):
+def _peak(device_name, key):
     """peak_flops_for with the run settings that select a precision key."""
-    return hardware.peak_flops_for(device_name, "fp32" if key == "tf32" else key, tf32=key == "tf32",
-                                   override_tflops=override)
+    return hardware.peak_flops_for(device_name, "fp32" if key == "tf32" else key, tf32=key == "tf32")
 
 
 def test_every_device_name_in_the_table_is_tested():
@@ -131,16 +130,20 @@ def test_known_product_without_the_precision_is_nan_with_reason():
     assert math.isnan(hardware.peak_flops_for("Tesla V100-PCIE-16GB", "bf16", tf32=False)[0])
 
 
-def test_config_override_wins_and_is_recorded():
-    peak, source = hardware.peak_flops_for("NVIDIA Foo 9000", "bf16", tf32=False, override_tflops=400)
-    assert peak == 400e12 and source.startswith("config train.peak_tflops") and "bf16" in source
-    peak, source = hardware.peak_flops_for("NVIDIA H100 80GB HBM3", "bf16", tf32=False, override_tflops=800.5)
-    assert peak == 800.5e12 and "config train.peak_tflops" in source
-    peak, _ = hardware.peak_flops_for("NVIDIA A100-SXM4-80GB", "fp8", tf32=False, override_tflops=600)
-    assert peak == 600e12
+def test_configured_peak_fills_only_what_the_table_lacks_and_is_recorded():
+    configured = {"bf16": 400, "fp8": 600, "fp32": 50}
+    peak, source = hardware.peak_flops_for("NVIDIA Foo 9000", "bf16", tf32=False, configured_tflops=configured)
+    assert peak == 400e12 and source.startswith("config train.peak_tflops.bf16") and "NVIDIA Foo 9000" in source
+    assert hardware.peak_flops_for("NVIDIA Foo 9000", "fp32", tf32=False, configured_tflops=configured)[0] == 50e12
+    peak, reason = hardware.peak_flops_for("NVIDIA Foo 9000", "fp16", tf32=False, configured_tflops=configured)
+    assert math.isnan(peak) and "train.peak_tflops.fp16" in reason, "one precision's figure is never used for another"
+    peak, source = hardware.peak_flops_for("NVIDIA H100 80GB HBM3", "bf16", tf32=False, configured_tflops=configured)
+    assert peak == pytest.approx(989.5e12) and source.startswith("datasheet"), "the datasheet figure comes first"
+    peak, source = hardware.peak_flops_for("NVIDIA A100-SXM4-80GB", "fp8", tf32=False, configured_tflops=configured)
+    assert peak == 600e12 and "config" in source
     for bad in (0, -1.0, math.nan, math.inf):
-        with pytest.raises(ValueError, match="train.peak_tflops"):
-            hardware.peak_flops_for("NVIDIA L4", "bf16", tf32=False, override_tflops=bad)
+        with pytest.raises(ValueError, match="train.peak_tflops.bf16"):
+            hardware.peak_flops_for("NVIDIA Foo 9000", "bf16", tf32=False, configured_tflops={"bf16": bad})
 
 
 @pytest.mark.parametrize("name, product_name", [

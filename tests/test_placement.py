@@ -32,6 +32,13 @@ def fake_nvidia_smi(folder, names):
 def test_visible_gpus_reads_a_fake_nvidia_smi(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{fake_nvidia_smi(tmp_path, ['NVIDIA H100 80GB HBM3'] * 2)}{os.pathsep}{os.environ['PATH']}")
     assert placement.visible_gpus() == ["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CUDA sees none, whatever nvidia-smi lists
+    assert placement.visible_gpus() == []
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert placement.visible_gpus() == ["NVIDIA H100 80GB HBM3"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-00000000,7,0")  # a UUID prefix; stops at the first unknown entry
+    assert placement.visible_gpus() == ["NVIDIA H100 80GB HBM3"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     assert placement.visible_gpus() == []
 
@@ -61,6 +68,11 @@ def test_jobs_inherit_the_planners_device():
     assert (plan.device, inherited) == ("cpu", False) and env[placement.SWEEP_DEVICE_ENV].startswith("cpu|")
     on_node, inherited = placement.sweep_device_plan(cfg, dict(env), probe=lambda: ["NVIDIA H100 80GB HBM3"] * 8)
     assert on_node == plan and inherited
+    # a leftover decision that contradicts an explicit train.device is not this sweep's
+    explicit, inherited = placement.sweep_device_plan(tiny_config(train={"device": "cuda"}), dict(env), probe=lambda: [])
+    assert (explicit.device, inherited) == ("cuda", False)
+    # the job's params decide its device; the reason comes along where it matches
+    assert placement.job_device_plan("cpu", cfg).device == "cpu"
 
 
 def test_gpu_layout_checked_against_the_config():
@@ -117,8 +129,14 @@ def test_gpu_index_beyond_the_visible_gpus_is_an_error():
 def test_srun_wrapper_hands_the_launcher_slot_to_the_ranks(monkeypatch, tmp_path):
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     monkeypatch.setattr("scalelab.training.launch.allocation_first_host", lambda: "node1")
-    cmd = torchrun_command(LaunchPlan(2, 8, 2), 16, tmp_path / "spec.json")
+    plan = LaunchPlan(2, 8, 2)
+    cmd = torchrun_command(plan, 16, tmp_path / "spec.json", placement.srun_step_options(plan, "cuda", CLUSTER))
     assert cmd[0] == "srun" and f'{placement.LAUNCHER_SLOT_ENV}="$SLURM_LOCALID"' in " ".join(cmd)
+    # the step asks for its own cores and GPUs: the plugin's job step strips SLURM_*/SRUN_* from the environment
+    assert cmd[1:6] == ["--ntasks=2", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=32", "--gres=gpu:8"]
+    packed = LaunchPlan(4, 2, 2)
+    assert placement.srun_step_options(packed, "cpu", {**CLUSTER, "launchers_per_node": 2, "cpus_per_rank": 1}) == [
+        "--ntasks=4", "--nodes=2", "--ntasks-per-node=2", "--cpus-per-task=2"]
     # and the exported variables reach the worker through a real shell
     wrapper = cmd[cmd.index("-c") + 1]
     out = subprocess.run(["bash", "-c", wrapper, "bash", "sh", "-c", f"echo $PET_NODE_RANK ${placement.LAUNCHER_SLOT_ENV}"],
@@ -223,6 +241,23 @@ def test_nccl_errors_are_failures_not_timeouts(log, expected):
     assert status == "failed" and expected in reason
 
 
+def test_the_watchdog_line_is_found_far_from_the_end_of_the_log():
+    """After an abort every rank prints C++ frames and torchrun its summary: many KiB."""
+    frames = "".join(f"frame #{i}: 0x7f00deadbeef in /usr/lib/libtorch_cuda.so (c10d::ProcessGroupNCCL::watchdog)\n"
+                     for i in range(400))
+    status, reason = classify_failure([], "step 3 ok\n" + NCCL_TIMEOUT_2_5 + frames * 4 + TORCHRUN_TAIL)
+    assert status == "timeout" and "Watchdog caught collective operation timeout" in reason
+
+
+def test_the_watchdog_timeout_wins_over_a_secondary_rank_error():
+    """Rank 0 timed out in the watchdog (no error file); rank 1 then reported its communicator aborted."""
+    echo = [{"rank": 1, "type": "DistBackendError", "message": "NCCL communicator was aborted on rank 1", "time": 5.0}]
+    status, reason = classify_failure(echo, NCCL_TIMEOUT_2_5 + TORCHRUN_TAIL)
+    assert status == "timeout" and "Watchdog caught" in reason and "rank 1: DistBackendError" in reason
+    crash = [{"rank": 1, "type": "RuntimeError", "message": "injected crash at step 3", "time": 5.0}]
+    assert classify_failure(crash, "step 3 ok\n" + TORCHRUN_TAIL)[0] == "failed"
+
+
 def test_a_log_without_evidence_stays_a_plain_failure():
     status, reason = classify_failure([], "step 3 ok\n" + TORCHRUN_TAIL)
     assert status == "failed" and reason.startswith("a rank exited abnormally")
@@ -231,19 +266,29 @@ def test_a_log_without_evidence_stays_a_plain_failure():
 # ----------------------------------------------------------------------------- provenance without .git
 
 def test_provenance_from_git_and_from_the_environment_in_a_copied_tree(tmp_path, monkeypatch):
+    def git(where, *args):
+        return subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=where, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    def checkout(where):
+        (where / "src" / "scalelab").mkdir(parents=True)
+        (where / "src" / "scalelab" / "__init__.py").write_text("")
+        git(where, "init", "-q")
+        git(where, "add", ".")
+        git(where, "commit", "-qm", "x")
+        return git(where, "rev-parse", "HEAD")
+
     repo = tmp_path / "repo"
-    repo.mkdir()
-    git = lambda *a: subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *a], cwd=repo, check=True,
-                                    capture_output=True, text=True).stdout.strip()
-    git("init", "-q")
-    (repo / "f.txt").write_text("x")
-    git("add", "f.txt")
-    git("commit", "-qm", "x")
-    head = git("rev-parse", "HEAD")
+    head = checkout(repo)
     monkeypatch.delenv("SCALELAB_GIT_COMMIT", raising=False)
     assert git_provenance(repo) == {"git_commit": head, "git_dirty": False, "git_commit_source": "git"}
 
-    copy = tmp_path / "copy"  # the tree as a GPU machine or a cluster stage-in gets it: no .git
+    # the tree as a GPU machine or a cluster stage-in gets it: no .git, and (worse) inside
+    # some other repository, whose commit must not be taken for this project's
+    outer = tmp_path / "outer"
+    outer.mkdir()
+    git(outer, "init", "-q")
+    copy = outer / "copy"
     shutil.copytree(repo, copy, ignore=shutil.ignore_patterns(".git"))
     lost = git_provenance(copy)
     assert lost["git_commit"] is None and "SCALELAB_GIT_COMMIT unset" in lost["git_commit_source"]

@@ -108,8 +108,9 @@ class TrainConfig:
     """Timeout of every collective, seconds."""
     run_timeout_s: float
     """Wall-clock limit of one run, seconds."""
-    peak_tflops: float | None = None
-    """Dense peak TFLOP/s per GPU for MFU where scalelab.hardware has no figure; None = the table's."""
+    peak_tflops: dict[str, float] | None = None
+    """Dense peak TFLOP/s per GPU by precision key (fp32, tf32, fp16, bf16, fp8), for a GPU or a
+    key scalelab.hardware has no datasheet figure for; None = the table's figures only."""
 
 
 @dataclass(frozen=True)

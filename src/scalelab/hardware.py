@@ -218,26 +218,28 @@ def gpu_by_name(name: str) -> GpuProduct:
 
 
 def peak_flops_for(device_name: str, precision: str, tf32: bool,
-                   override_tflops: float | None = None) -> tuple[float, str]:
+                   configured_tflops: dict[str, float] | None = None) -> tuple[float, str]:
     """(dense peak FLOP/s per device, where it came from) for a run's precision.
 
-    The key is "tf32" when precision is fp32 and TF32 is on, else the precision. A config
-    override (``train.peak_tflops``, in TFLOP/s) wins over the table. An unknown device, or
-    a known one whose datasheet has no figure for the key, gives (NaN, the reason).
+    The key is "tf32" when precision is fp32 and TF32 is on, else the precision. The table's
+    datasheet figure comes first; ``train.peak_tflops`` (TFLOP/s per key, e.g. {bf16: 400})
+    gives the figure for a GPU the table does not know, or a key its datasheet lacks.
+    Without either: (NaN, the reason).
     """
     key = "tf32" if precision == "fp32" and tf32 else precision
     if key not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
-    if override_tflops is not None:
-        if not (math.isfinite(override_tflops) and override_tflops > 0):
-            raise ValueError(f"train.peak_tflops must be a positive number, got {override_tflops!r}")
-        return override_tflops * TERA, f"config train.peak_tflops: {override_tflops:g} TFLOP/s ({key})"
     product = gpu_product(device_name)
+    peak = product.peak(key) if product else None
+    if peak is not None:
+        return peak, f"datasheet dense {key}: {product.name} ({product.source})"
+    given = (configured_tflops or {}).get(key)
+    if given is not None:
+        if not (math.isfinite(given) and given > 0):
+            raise ValueError(f"train.peak_tflops.{key} must be a positive number, got {given!r}")
+        return given * TERA, f"config train.peak_tflops.{key}: {given:g} TFLOP/s ({device_name})"
     if product is None:
         return math.nan, (f"unknown GPU {device_name!r}: no datasheet peak in scalelab.hardware; "
-                          f"set train.peak_tflops to its dense {key} peak to get MFU")
-    peak = product.peak(key)
-    if peak is None:
-        return math.nan, (f"{product.name} ({device_name!r}) has no dense {key} figure on its datasheet "
-                          f"({product.source}); set train.peak_tflops to get MFU")
-    return peak, f"datasheet dense {key}: {product.name} ({product.source})"
+                          f"set train.peak_tflops.{key} to its dense peak to get MFU")
+    return math.nan, (f"{product.name} ({device_name!r}) has no dense {key} figure on its datasheet "
+                      f"({product.source}); set train.peak_tflops.{key} to get MFU")

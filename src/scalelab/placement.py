@@ -33,8 +33,10 @@ class DevicePlan:
 
 
 def visible_gpus(timeout_s: float = 10) -> list[str]:
-    """Names of the GPUs that ``nvidia-smi -L`` lists on this machine; [] without NVIDIA's
-    tools or driver. (No torch import: every Snakemake start would pay for it.)"""
+    """Names of the GPUs this process may use: what ``nvidia-smi -L`` lists, narrowed by
+    CUDA_VISIBLE_DEVICES as CUDA narrows it (indices or UUIDs, up to the first entry that
+    names no GPU); [] without NVIDIA's tools or driver. (No torch import: every Snakemake
+    start would pay for it.)"""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return []
@@ -44,7 +46,17 @@ def visible_gpus(timeout_s: float = 10) -> list[str]:
         return []
     if out.returncode != 0:
         return []
-    return re.findall(r"^GPU \d+: (.+?)(?: \(UUID: [^)]*\))?\s*$", out.stdout, flags=re.M)
+    listed = re.findall(r"^GPU (\d+): (.+?)(?: \(UUID: ([^)]*)\))?\s*$", out.stdout, flags=re.M)
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if mask is None:
+        return [name for _, name, _ in listed]
+    visible = []
+    for entry in (e.strip() for e in mask.split(",")):
+        match = [name for index, name, uuid in listed if entry and (entry == index or (uuid and uuid.startswith(entry)))]
+        if not match:
+            break
+        visible.append(match[0])
+    return visible
 
 
 def plan_device(requested: str, gpus_per_node: int | None, probe: Callable[[], list[str]] = visible_gpus) -> DevicePlan:
@@ -69,15 +81,24 @@ def plan_device(requested: str, gpus_per_node: int | None, probe: Callable[[], l
 def sweep_device_plan(config: dict, environ: MutableMapping[str, str] = os.environ,
                       probe: Callable[[], list[str]] = visible_gpus) -> tuple[DevicePlan, bool]:
     """(the sweep's device plan, whether it was inherited from the planning process).
-    The planner records its decision in ``environ`` for the jobs it starts."""
-    inherited = environ.get(SWEEP_DEVICE_ENV)
-    if inherited:
-        device, _, why = inherited.partition("|")
-        if device in ("cpu", "cuda"):
-            return DevicePlan(device, why), True
-    plan = plan_device(config["train"]["device"], config["cluster"].get("gpus_per_node"), probe)
+    The planner records its decision in ``environ`` for the jobs it starts; an inherited
+    decision that contradicts an explicit train.device is not one of this sweep's."""
+    requested = config["train"]["device"]
+    device, _, why = environ.get(SWEEP_DEVICE_ENV, "").partition("|")
+    if device in ("cpu", "cuda") and requested in ("auto", device):
+        return DevicePlan(device, why), True
+    plan = plan_device(requested, config["cluster"].get("gpus_per_node"), probe)
     environ[SWEEP_DEVICE_ENV] = f"{plan.device}|{plan.why}"
     return plan, False
+
+
+def job_device_plan(planned_device: str, config: dict) -> DevicePlan:
+    """In a training job: the device the workflow planned (its params), with the planner's
+    reason where it reached this job through the environment."""
+    plan, _ = sweep_device_plan(config)
+    if plan.device == planned_device:
+        return plan
+    return DevicePlan(planned_device, "the workflow's plan (the planner's reason did not reach this job)")
 
 
 def spans_nodes(plan: LaunchPlan) -> bool:
@@ -115,6 +136,19 @@ def train_job_resources(plan: LaunchPlan, device: str, cluster: dict, *, local: 
     if plan.multi_launcher:
         resources["tasks"] = plan.launchers
     return resources
+
+
+def srun_step_options(plan: LaunchPlan, device: str, cluster: dict) -> list[str]:
+    """What the launcher's own ``srun`` asks for inside the allocation: the plugin's job step
+    strips SLURM_*/SRUN_* from the environment, and srun no longer inherits the job's
+    cpus-per-task, so without these each launcher (and all its ranks) would get one core."""
+    per_node = ranks_per_node(plan, cluster["launchers_per_node"])
+    options = [f"--ntasks={plan.launchers}", f"--nodes={plan.nodes}",
+               f"--ntasks-per-node={min(plan.launchers, cluster['launchers_per_node'])}",
+               f"--cpus-per-task={plan.ranks_per_launcher * cluster['cpus_per_rank']}"]
+    if device == "cuda":
+        options.append(f"--gres=gpu:{per_node}")
+    return options
 
 
 def gpu_shortfall(plan: LaunchPlan, world_size: int, launchers_per_node: int, n_visible: int) -> str | None:

@@ -2,7 +2,7 @@
 run's status; the status and reason are in summary.json."""
 from pathlib import Path
 
-from scalelab.placement import sweep_device_plan
+from scalelab.placement import job_device_plan
 from scalelab.training.launch import launch_run
 
 launch_run(
@@ -13,6 +13,5 @@ launch_run(
     log_path=snakemake.log[0],
     threads=snakemake.threads,
     repo_dir=snakemake.scriptdir,
-    # the planner's decision (inherited through the environment), as in params.device
-    device_plan=sweep_device_plan(snakemake.config)[0],
+    device_plan=job_device_plan(snakemake.params.device, snakemake.config),
 )

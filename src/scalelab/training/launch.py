@@ -52,7 +52,10 @@ def git_provenance(cwd: Path) -> dict:
         except (OSError, subprocess.TimeoutExpired):
             return None
 
-    commit = git("rev-parse", "HEAD")
+    # Only a git checkout of this project counts: a copied tree inside some other repository
+    # would otherwise record that repository's commit.
+    top = git("rev-parse", "--show-toplevel")
+    commit = git("rev-parse", "HEAD") if top and (Path(top) / "src" / "scalelab").is_dir() else None
     if commit:
         dirty = git("status", "--porcelain", "--untracked-files=no")
         return {"git_commit": commit, "git_dirty": bool(dirty), "git_commit_source": "git"}
@@ -123,11 +126,14 @@ def plan_memory(config: dict, model, point: RunPoint, micro_batch: int, device: 
             "predicted_oom_reason": oom}
 
 
-def classify_failure(errors: list[dict], log_tail: str) -> tuple[str, str]:
-    """(status, reason) from the ranks' error reports and the log.
+def classify_failure(errors: list[dict], log: str) -> tuple[str, str]:
+    """(status, reason) from the ranks' error reports and this attempt's whole log.
 
     The earliest error is the root cause: once one rank fails, the others fail with
-    secondary errors (a peer closed the connection, a collective timed out)."""
+    secondary errors (a peer closed the connection, a collective timed out). NCCL's watchdog
+    aborts a hung rank without a Python exception, so its timeout is only in the log: it
+    wins over a plain failure that other ranks reported afterwards."""
+    from_log = placement.failure_from_log(log)
     if errors:
         first = min(errors, key=lambda e: e.get("time", 0))
         where = f"rank {first['rank']}: {first['type']}: {first['message'][:1000]}"
@@ -136,12 +142,13 @@ def classify_failure(errors: list[dict], log_tail: str) -> tuple[str, str]:
             return "oom", where
         if "timeout" in text or "timed out" in text:
             return "timeout", "collective timed out: " + where
+        if from_log and from_log[0] == "timeout":
+            return "timeout", f"collective timed out: log: {from_log[1]} (then {where})"
         return "failed", where
-    from_log = placement.failure_from_log(log_tail)
-    if from_log:  # e.g. NCCL's watchdog aborted a rank: no Python exception, no error file
+    if from_log:
         status, line = from_log
         return status, ("collective timed out: " if status == "timeout" else "") + "log: " + line
-    return "failed", "a rank exited abnormally; log tail: " + log_tail[-1000:]
+    return "failed", "a rank exited abnormally; log tail: " + log[-1000:]
 
 
 def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str | Path,
@@ -202,7 +209,8 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
         }
         spec_path = (run_dir / "spec.json").resolve()
         write_json(spec_path, spec)
-        cmd = torchrun_command(plan, point.world_size, spec_path)
+        cmd = torchrun_command(plan, point.world_size, spec_path,
+                               placement.srun_step_options(plan, device, config["cluster"]))
         summary["launch"] = "srun x torchrun (static rendezvous)" if cmd[0] == "srun" else "torchrun --standalone"
         summary["launchers"] = plan.launchers if cmd[0] == "srun" else 1
         env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_rank), "PYTHONUNBUFFERED": "1"}
@@ -253,7 +261,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun_command(plan: LaunchPlan, world_size: int, spec_path: Path) -> list[str]:
+def torchrun_command(plan: LaunchPlan, world_size: int, spec_path: Path, srun_options: list[str]) -> list[str]:
     """The command that starts every rank of a run.
 
     One launcher, or outside SLURM: ``torchrun --standalone`` with all ranks on this host.
@@ -270,12 +278,13 @@ def torchrun_command(plan: LaunchPlan, world_size: int, spec_path: Path) -> list
     torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={plan.launchers}",
                 f"--nproc-per-node={plan.ranks_per_launcher}", f"--master-addr={allocation_first_host()}",
                 f"--master-port={free_port()}", *worker]
-    return ["srun", f"--ntasks={plan.launchers}", f"--nodes={plan.nodes}", "--kill-on-bad-exit=1",
+    return ["srun", *srun_options, "--kill-on-bad-exit=1",
             "bash", "-c", f'export PET_NODE_RANK="$SLURM_PROCID" {placement.LAUNCHER_SLOT_ENV}="$SLURM_LOCALID"; exec "$@"',
             "bash", *torchrun]
 
 
 def _run_torchrun(cmd, env, log_path: Path, timeout_s: float, run_dir: Path) -> tuple[str, str | None]:
+    attempt_start = log_path.stat().st_size if log_path.exists() else 0  # the log is appended across attempts
     with open(log_path, "ab") as log:
         log.write(f"$ {' '.join(cmd)}\n".encode())
         log.flush()
@@ -290,8 +299,9 @@ def _run_torchrun(cmd, env, log_path: Path, timeout_s: float, run_dir: Path) -> 
     if rc == 0 and (run_dir / "worker_result.json").exists():
         return "ok", None
     errors = [read_json(p) for p in sorted(run_dir.glob("rank*.error.json"))]
-    tail = log_path.read_text(errors="replace")[-4000:]
-    status, reason = classify_failure(errors, tail)
+    with open(log_path, "rb") as log:
+        log.seek(attempt_start)
+        status, reason = classify_failure(errors, log.read().decode(errors="replace"))
     return status, f"{reason} (torchrun exit code {rc})"
 
 

@@ -71,16 +71,15 @@ def measure_matmul_peak(device: torch.device, precision: str, seconds: float = 0
     return best
 
 
-def peak_flops(device: torch.device, precision: str, tf32: bool, override_tflops: float | None = None) -> tuple[float, str]:
+def peak_flops(device: torch.device, precision: str, tf32: bool,
+               configured_tflops: dict[str, float] | None = None) -> tuple[float, str]:
     """(dense peak FLOP/s per device, where the figure came from). On a GPU: the datasheet
-    figure of the exact product (scalelab.hardware), or train.peak_tflops; an unknown GPU
-    gives NaN and the reason, never a timed guess (small timed matmuls sit far below a
-    GPU's peak and would inflate MFU). On a CPU, which has no datasheet figure here: the
-    best matmul rate measured at start."""
+    figure of the exact product (scalelab.hardware), or train.peak_tflops for one the table
+    lacks; otherwise NaN and the reason, never a timed guess (small timed matmuls sit far
+    below a GPU's peak and would inflate MFU). On a CPU, which has no datasheet figure here:
+    the best matmul rate measured at start."""
     if device.type == "cuda":
-        return hardware.peak_flops_for(torch.cuda.get_device_name(device), precision, tf32, override_tflops)
-    if override_tflops is not None:
-        return override_tflops * hardware.TERA, f"config train.peak_tflops: {override_tflops:g} TFLOP/s"
+        return hardware.peak_flops_for(torch.cuda.get_device_name(device), precision, tf32, configured_tflops)
     return measure_matmul_peak(device, precision), f"measured {precision} matmul, {torch.get_num_threads()} threads"
 
 
