@@ -5,7 +5,9 @@ from pathlib import Path
 import pandas as pd
 from snakemake.utils import Paramspace
 
-from scalelab.config import SWEEP_AXES, ConfigError, RunPoint, check_config, launch_plan, sweep_plan
+from scalelab.config import ConfigError, check_config, launch_plan
+
+from scalelab.sweep import SWEEP_AXES, RunPoint, sweep_plan
 from scalelab.placement import sweep_device_plan, train_job_resources
 
 # Schema checks ran in the Snakefile; these are the cross-field rules. A bad value stops

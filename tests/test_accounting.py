@@ -9,7 +9,8 @@ import pytest
 
 from conftest import snakemake, tiny_config, write_workdir
 from scalelab import accounting
-from scalelab.config import ModelConfig, RunPoint
+from scalelab.config import ModelConfig
+from scalelab.sweep import RunPoint
 from scalelab.training.model import GPT
 
 SCALELAB = str(Path(sys.executable).parent / "scalelab")

@@ -2,7 +2,8 @@
 import pytest
 
 from conftest import snakemake, tiny_config, write_workdir
-from scalelab.config import ConfigError, RunPoint, check_config, check_moved_keys, micro_batch_plan, sweep_plan, train_config
+from scalelab.config import ConfigError, check_config, check_moved_keys, train_config
+from scalelab.sweep import RunPoint, micro_batch_plan, sweep_plan
 
 BAD_CONFIGS = {
     # case: (overrides, strings the error must contain)
@@ -84,3 +85,23 @@ def test_train_micro_batch_names_its_new_home():
 def test_synthetic_source_rejects_a_path():
     with pytest.raises(ConfigError, match="dataset.path"):
         check_config(tiny_config(dataset={"path": "corpus.txt"}))
+
+
+def test_the_schema_and_config_yaml_list_the_registered_axes_and_strategies():
+    """One place per concept: the sweep keys, their defaults and the stages come from the registries."""
+    import yaml
+
+    from scalelab.config import REPO_ROOT, SCHEMA_PATH
+    from scalelab.strategies import STRATEGIES, ZERO_STAGES
+    from scalelab.sweep import AXES, LEVER_AXES, SWEEP_AXES
+    from scalelab.training import parallel
+
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())["properties"]["sweep"]["properties"]
+    assert list(schema) == list(SWEEP_AXES)
+    assert list(yaml.safe_load((REPO_ROOT / "config.yaml").read_text())["sweep"]) == list(SWEEP_AXES)
+    for axis in AXES:
+        if axis.name in LEVER_AXES:
+            assert schema[axis.name]["default"] == [axis.default], axis.name
+    assert schema["zero_stage"]["items"]["enum"] == list(ZERO_STAGES)
+    for record in STRATEGIES.values():
+        assert callable(getattr(parallel, record.wrapper)), record.wrapper

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import PARITY_STEPS, run_point, tiny_config
-from scalelab.config import RunPoint
+from scalelab.sweep import RunPoint
 
 pytestmark = pytest.mark.multirank
 

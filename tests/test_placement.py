@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from scalelab import placement
-from scalelab.config import ConfigError, LaunchPlan, RunPoint, check_gpu_layout, launch_plan
+from scalelab.config import ConfigError, LaunchPlan, check_gpu_layout, launch_plan
 from scalelab.harness.testing import tiny_config
+from scalelab.sweep import RunPoint
 from scalelab.training.launch import classify_failure, git_provenance, resolve_device, skip_reason, torchrun_command
 
 CLUSTER = {"ranks_per_node": 8, "launchers_per_node": 1, "cpus_per_rank": 4, "mem_mb_per_rank": 16000,

@@ -11,9 +11,9 @@ import pytest
 
 from scalelab.analysis.metrics import SCHEMA_VERSION, collect, schema_version, steps_table, write_parquet
 from scalelab.analysis.report import build_report
-from scalelab.config import RunPoint
 from scalelab.harness.fixtures import FAILURES, synthetic_results
 from scalelab.io import write_json
+from scalelab.sweep import RunPoint
 
 PLOTS = ["memory_model_state", "memory_peak", "throughput", "mfu_heatmap", "loss_curves", "loss_scale", "communication"]
 LEVER_PLOTS = ["lever_activation_checkpointing", "lever_micro_batch", "lever_bucket_mb"]

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 from conftest import BIN, REPO, SNAKEMAKE, snakemake, tiny_config, write_workdir
-from scalelab.config import RunPoint
 from scalelab.harness.testing import SLURM_PLUGIN_DIR
+from scalelab.sweep import RunPoint
 from slurm_cluster import SlurmCluster, slurm_available
 
 pytestmark = [pytest.mark.workflow, pytest.mark.skipif(slurm_available() is not None, reason=f"no SLURM test cluster: {slurm_available()}")]

@@ -8,8 +8,9 @@ import torch
 
 from conftest import PARITY_STEPS, tiny_config
 from conftest import run_point as _run
-from scalelab.config import RunPoint, model_config, train_config
+from scalelab.config import model_config, train_config
 from scalelab.harness.reference import bare_loop
+from scalelab.sweep import RunPoint
 
 pytestmark = pytest.mark.multirank
 

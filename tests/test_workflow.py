@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import REPO, SNAKEMAKE, snakemake, tiny_config, write_workdir
-from scalelab.config import RUN_DIR_GLOB, RunPoint
+from scalelab.sweep import RUN_DIR_GLOB, RunPoint
 
 pytestmark = pytest.mark.workflow
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from scalelab import hardware
 from scalelab.config import ModelConfig
+from scalelab.strategies import strategy
 
 # Bytes per activation value by precision (fp8 runs autocast to bf16 around float8 matmuls).
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
@@ -102,34 +103,30 @@ class ModelStateBytes:
 def model_state_bytes(n_params: int, zero_stage: int, world_size: int, precision: str,
                       convention: str = "pytorch") -> ModelStateBytes:
     """Model-state bytes per rank (the largest rank of an even split) at rest."""
-    if zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero_stage must be 0-3, got {zero_stage}")
+    record = strategy(zero_stage)
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     psi, n = float(n_params), world_size
     if convention == "pytorch":
-        p, g, o = 4 * psi, 4 * psi, 8 * psi  # fp32 params, fp32 grads, AdamW m and v
-        shard = {0: (1, 1, 1), 1: (1, 1, n), 2: (n, n, n), 3: (n, n, n)}[zero_stage]
+        kinds, shards = (4 * psi, 4 * psi, 8 * psi), record.shards  # fp32 params, fp32 grads, AdamW m and v
     elif convention == "paper":
-        if precision == "fp32":
-            p, g, o = 4 * psi, 4 * psi, 8 * psi
-        else:  # fp16/bf16 params and grads, K = 12 (fp32 master + m + v)
-            p, g, o = 2 * psi, 2 * psi, 12 * psi
-        shard = {0: (1, 1, 1), 1: (1, 1, n), 2: (1, n, n), 3: (n, n, n)}[zero_stage]
+        # fp32 training: 4 + 4 + 8; mixed precision: fp16 params and grads, K = 12 (fp32 master + m + v)
+        kinds = (4 * psi, 4 * psi, 8 * psi) if precision == "fp32" else (2 * psi, 2 * psi, 12 * psi)
+        shards = record.shards_paper
     else:
         raise ValueError(f"unknown convention {convention!r}: 'pytorch' or 'paper'")
-    return ModelStateBytes(p / shard[0], g / shard[1], o / shard[2])
+    return ModelStateBytes(*(b / n if sharded else b for b, sharded in zip(kinds, shards, strict=True)))
 
 
 def comm_elements_per_step(n_params: int, zero_stage: int, world_size: int,
                            accumulation_steps: int = 1, convention: str = "pytorch") -> float:
     """Elements handed to collectives per optimizer step (ZeRO paper's unit, see module doc)."""
-    psi, k = float(n_params), accumulation_steps
+    record, psi = strategy(zero_stage), float(n_params)
     if convention == "paper":
-        return {0: 2, 1: 2, 2: 2, 3: 3}[zero_stage] * psi
-    if zero_stage >= 2 and world_size == 1:
+        return record.comm_psi_paper * psi
+    if record.silent_at_world_size_1 and world_size == 1:
         return 0.0  # FSDP2 on a one-rank mesh issues no all-gather or reduce-scatter at all
-    return {0: 2 * psi, 1: 3 * psi, 2: (k + 1) * psi, 3: (2 * k + 1) * psi}[zero_stage]
+    return record.comm_psi(accumulation_steps) * psi
 
 
 def reduce_dtype_bytes(precision: str) -> int:
@@ -273,7 +270,7 @@ def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: in
     state = model_state_bytes(n_params, zero_stage, world_size, precision, "pytorch").total
     block_params = 12 * cfg.d_model ** 2 + 13 * cfg.d_model
     n = world_size
-    transient = {0: 0.0, 1: 0.0, 2: 4.0 * n_params * (n - 1) / n, 3: 2 * 4.0 * block_params * (n - 1) / n}[zero_stage]
+    transient = strategy(zero_stage).transient_psi(n_params, block_params, n)
     if cpu_offload:
         state, transient = 0.0, 2 * 4.0 * block_params  # copied to the device, then gathered
     acts = block_activation_bytes(cfg, micro_batch, precision, activation_checkpointing)

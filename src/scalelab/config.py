@@ -9,22 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
-ZERO_STAGES = (0, 1, 2, 3)
-# The sweep axes, in the order they appear in run paths: the three the project is about,
-# then the levers (optional axes whose default is a single value).
-SWEEP_AXES = ("precision", "zero_stage", "world_size",
-              "micro_batch", "activation_checkpointing", "cpu_offload", "bucket_mb")
-LEVER_AXES = SWEEP_AXES[3:]
-RUN_DIR_GLOB = "/".join("*" * len(SWEEP_AXES))
-"""Matches every run folder under <results_dir>/runs: one folder level per sweep axis."""
-DDP_BUCKET_MB = 25.0
-"""PyTorch DDP's default bucket size (MiB), the default of the bucket_mb axis."""
 # Keys of earlier config layouts, with where they went.
 MOVED_KEYS = {("train", "micro_batch"): "sweep.micro_batch (a list, e.g. [null] or [1, 2, 4])"}
 
@@ -113,83 +101,7 @@ class TrainConfig:
     key scalelab.hardware has no datasheet figure for; None = the table's figures only."""
 
 
-@dataclass(frozen=True)
-class RunPoint:
-    """One point of the sweep: what varies between training runs."""
-
-    precision: str
-    zero_stage: int
-    world_size: int
-    micro_batch: int | None = None
-    """Sequences per rank per forward; None = the whole per-rank batch (no accumulation)."""
-    activation_checkpointing: bool = False
-    """Recompute every transformer block's activations in backward."""
-    cpu_offload: bool = False
-    """Stage 3 only: sharded parameters, gradients and optimizer state live in host memory."""
-    bucket_mb: float | None = DDP_BUCKET_MB
-    """DDP gradient bucket size (stages 0 and 1); None for FSDP2 stages, which have none."""
-
-    def __post_init__(self):
-        if self.zero_stage >= 2:  # FSDP2: no DDP buckets, whatever was asked
-            object.__setattr__(self, "bucket_mb", None)
-        elif self.bucket_mb is not None:
-            object.__setattr__(self, "bucket_mb", float(self.bucket_mb))
-
-    def path_values(self) -> dict[str, str]:
-        """The point's value per axis as written in paths (``auto``, ``true``, ``none``)."""
-        return {
-            "precision": self.precision, "zero_stage": str(self.zero_stage), "world_size": str(self.world_size),
-            "micro_batch": "auto" if self.micro_batch is None else str(self.micro_batch),
-            "activation_checkpointing": str(self.activation_checkpointing).lower(),
-            "cpu_offload": str(self.cpu_offload).lower(),
-            "bucket_mb": "none" if self.bucket_mb is None else f"{self.bucket_mb:g}",
-        }
-
-    @classmethod
-    def from_path_values(cls, values) -> "RunPoint":
-        """Inverse of path_values (from Snakemake wildcards or a parsed path); ValueError if bad."""
-        def flag(text: str) -> bool:
-            if text not in ("true", "false"):
-                raise ValueError(f"expected true or false, got {text!r}")
-            return text == "true"
-
-        return cls(
-            precision=values["precision"], zero_stage=int(values["zero_stage"]), world_size=int(values["world_size"]),
-            micro_batch=None if values["micro_batch"] == "auto" else int(values["micro_batch"]),
-            activation_checkpointing=flag(values["activation_checkpointing"]),
-            cpu_offload=flag(values["cpu_offload"]),
-            bucket_mb=None if values["bucket_mb"] == "none" else float(values["bucket_mb"]),
-        )
-
-    @property
-    def path(self) -> str:
-        """Relative results path, e.g. ``precision~fp32/zero_stage~0/world_size~1/micro_batch~auto/...``."""
-        return "/".join(f"{axis}~{value}" for axis, value in self.path_values().items())
-
-    @property
-    def run_id(self) -> str:
-        """Short unique id: ``fp32-z0-w1``, plus a suffix per lever away from its default
-        (``-mb2``, ``-ac``, ``-offload``, ``-bucket1``)."""
-        parts = [f"{self.precision}-z{self.zero_stage}-w{self.world_size}"]
-        if self.micro_batch is not None:
-            parts.append(f"mb{self.micro_batch}")
-        if self.activation_checkpointing:
-            parts.append("ac")
-        if self.cpu_offload:
-            parts.append("offload")
-        if self.bucket_mb is not None and self.bucket_mb != DDP_BUCKET_MB:
-            parts.append(f"bucket{self.bucket_mb:g}")
-        return "-".join(parts)
-
-    def identity(self, micro_batch: int | None = None) -> dict:
-        """The identity columns of this run's rows; micro_batch is the resolved size when known."""
-        return {"run_id": self.run_id, "precision": self.precision, "zero_stage": self.zero_stage,
-                "world_size": self.world_size, "micro_batch": micro_batch if micro_batch is not None else self.micro_batch,
-                "activation_checkpointing": self.activation_checkpointing, "cpu_offload": self.cpu_offload,
-                "bucket_mb": self.bucket_mb}
-
-
-def _section(config: dict, key: str) -> dict:
+def section(config: dict, key: str) -> dict:
     value = config.get(key, {})
     if not isinstance(value, dict):
         raise ConfigError(f"config key '{key}' must be a mapping, got {value!r}")
@@ -208,82 +120,15 @@ def _build(cls, section: dict, key: str):
 
 
 def dataset_config(config: dict) -> DatasetConfig:
-    return _build(DatasetConfig, _section(config, "dataset"), "dataset")
+    return _build(DatasetConfig, section(config, "dataset"), "dataset")
 
 
 def model_config(config: dict, vocab_size: int = 256) -> ModelConfig:
-    return _build(ModelConfig, {**_section(config, "model"), "vocab_size": vocab_size}, "model")
+    return _build(ModelConfig, {**section(config, "model"), "vocab_size": vocab_size}, "model")
 
 
 def train_config(config: dict) -> TrainConfig:
-    return _build(TrainConfig, _section(config, "train"), "train")
-
-
-def sweep_plan(config: dict) -> tuple[list[RunPoint], list[tuple[RunPoint, str]]]:
-    """(points to run, [(point left out, why)]) from the sweep section, in a stable order.
-
-    Combinations a lever does not apply to are left out: cpu_offload=true outside stage 3,
-    a micro-batch size that does not divide a world size's per-rank batch. FSDP2 stages have
-    no DDP buckets, so their bucket_mb is None (one run, whatever the bucket_mb list).
-    Raises ConfigError for values that fit no point at all."""
-    sweep = _section(config, "sweep")
-    train = train_config(config)
-    values = {axis: sweep.get(axis, [RunPoint.__dataclass_fields__[axis].default]) for axis in SWEEP_AXES}
-    for world_size in values["world_size"]:
-        micro_batch_plan(train, int(world_size))  # raises when the global batch does not split evenly
-    points, left_out, seen = [], [], set()
-    for combo in itertools.product(*values.values()):
-        raw = dict(zip(SWEEP_AXES, combo))
-        stage = int(raw["zero_stage"])
-        point = RunPoint(
-            precision=raw["precision"], zero_stage=stage, world_size=int(raw["world_size"]),
-            micro_batch=raw["micro_batch"], activation_checkpointing=bool(raw["activation_checkpointing"]),
-            cpu_offload=bool(raw["cpu_offload"]), bucket_mb=raw["bucket_mb"],
-        )
-        if point in seen:
-            continue
-        seen.add(point)
-        reason = None
-        if point.cpu_offload and point.zero_stage != 3:
-            reason = "cpu_offload applies to ZeRO stage 3 (FSDP2's offload policy)"
-        else:
-            try:
-                micro_batch_plan(train, point.world_size, point.micro_batch)
-            except ConfigError as err:
-                reason = str(err)
-        if reason:
-            left_out.append((point, reason))
-        else:
-            points.append(point)
-    for micro in values["micro_batch"]:
-        if micro is not None and not any(p.micro_batch == micro for p in points):
-            raise ConfigError(f"sweep.micro_batch={micro} fits no world size: "
-                              + next(r for p, r in left_out if p.micro_batch == micro))
-    if not points:
-        raise ConfigError("the sweep has no runnable point: " + "; ".join(sorted({r for _, r in left_out})))
-    return points, left_out
-
-
-def sweep_points(config: dict) -> list[RunPoint]:
-    """Every runnable combination of the sweep axes, in a stable order."""
-    return sweep_plan(config)[0]
-
-
-def micro_batch_plan(train: TrainConfig, world_size: int, micro_batch: int | None = None) -> tuple[int, int]:
-    """(micro_batch, accumulation_steps) per rank for a world size; raises ConfigError."""
-    if train.global_batch % world_size:
-        raise ConfigError(
-            f"train.global_batch={train.global_batch} is not divisible by "
-            f"sweep.world_size={world_size}: every rank must get the same share"
-        )
-    per_rank = train.global_batch // world_size
-    micro = micro_batch or per_rank
-    if micro > per_rank or per_rank % micro:
-        raise ConfigError(
-            f"sweep.micro_batch={micro_batch} does not divide the per-rank batch "
-            f"{per_rank} (train.global_batch={train.global_batch} / world_size={world_size})"
-        )
-    return micro, per_rank // micro
+    return _build(TrainConfig, section(config, "train"), "train")
 
 
 @dataclass(frozen=True)
@@ -347,6 +192,8 @@ def check_config(config: dict, base_dir: str | Path = ".") -> None:
             f"train.warmup_steps={train.warmup_steps} leaves no measured step "
             f"(train.steps={train.steps})"
         )
+    from scalelab.sweep import sweep_points  # the sweep builds on this module
+
     for point in sweep_points(config):
         launch_plan(config, point.world_size)
     check_gpu_layout(config)

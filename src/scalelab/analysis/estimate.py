@@ -14,7 +14,8 @@ import math
 import sys
 
 from scalelab import accounting, hardware
-from scalelab.config import ZERO_STAGES, ModelConfig
+from scalelab.config import ModelConfig
+from scalelab.strategies import ZERO_STAGES
 
 # fp8 keeps the same fp32 model state as bf16 (torchao's float8 linears cast on the fly),
 # and the ZeRO paper has no fp8 convention: the memory tables list the three AMP precisions.

@@ -15,21 +15,14 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from scalelab.config import DDP_BUCKET_MB, SWEEP_AXES
+from scalelab.sweep import AXIS, LEVER_AXES, SWEEP_AXES
 
 MiB = 2 ** 20
 
 
 def _is_default(runs: pd.DataFrame) -> dict[str, pd.Series]:
-    """Per lever: which rows have it at its default."""
-    accum = runs.get("accumulation_steps", pd.Series(np.nan, index=runs.index))
-    return {
-        # 'auto' resolves to the whole per-rank batch, i.e. one micro-batch per step
-        "micro_batch": accum.isna() | (accum == 1),
-        "activation_checkpointing": ~runs["activation_checkpointing"].astype(bool),
-        "cpu_offload": ~runs["cpu_offload"].astype(bool),
-        "bucket_mb": runs["bucket_mb"].isna() | (runs["bucket_mb"] == DDP_BUCKET_MB),
-    }
+    """Per lever: which rows have it at its default (each axis's own rule)."""
+    return {name: AXIS[name].is_default(runs) for name in LEVER_AXES}
 
 
 def baseline(runs: pd.DataFrame) -> pd.DataFrame:
@@ -71,7 +64,7 @@ def _device_peak(df: pd.DataFrame, suffix: str = "") -> pd.Series:
 def lever_table(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per (variant run, baseline twin): what the lever bought, measured and predicted."""
     rows = []
-    for lever in ("activation_checkpointing", "micro_batch", "cpu_offload", "bucket_mb"):
+    for lever in LEVER_AXES:
         pairs = _paired(runs, lever)
         for r in pairs.itertuples():
             d = r._asdict()

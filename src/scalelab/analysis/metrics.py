@@ -6,25 +6,17 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from scalelab.config import RUN_DIR_GLOB, RunPoint
 from scalelab.io import atomic_path
+from scalelab.sweep import AXES, RUN_DIR_GLOB, RunPoint
 
 SCHEMA_VERSION = "3"  # 2: lever identity columns; 3: device plan, launch and provenance sources
 _META = {b"scalelab.schema_version": SCHEMA_VERSION.encode()}
 
-# Identity columns repeated on every row of every table.
-IDENTITY_FIELDS = [
-    pa.field("run_id", pa.string(), nullable=False),
-    pa.field("precision", pa.string(), nullable=False),
-    pa.field("zero_stage", pa.int8(), nullable=False),
-    pa.field("world_size", pa.int32(), nullable=False),
-    # Levers. micro_batch is the resolved size (sequences per rank per forward): null only
-    # for a missing/corrupt run whose path said 'auto'. bucket_mb is null for FSDP2 stages.
-    pa.field("micro_batch", pa.int32()),
-    pa.field("activation_checkpointing", pa.bool_(), nullable=False),
-    pa.field("cpu_offload", pa.bool_(), nullable=False),
-    pa.field("bucket_mb", pa.float64()),
-]
+# Identity columns repeated on every row of every table: the run id and one per sweep axis.
+# micro_batch is the resolved size (sequences per rank per forward): null only for a
+# missing/corrupt run whose path said 'auto'. bucket_mb is null for strategies without buckets.
+IDENTITY_FIELDS = [pa.field("run_id", pa.string(), nullable=False)] + [
+    pa.field(axis.name, pa.type_for_alias(axis.arrow), nullable=axis.nullable) for axis in AXES]
 
 STEP_SCHEMA = pa.schema(IDENTITY_FIELDS + [
     pa.field("step", pa.int32(), nullable=False),

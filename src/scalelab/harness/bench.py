@@ -70,9 +70,10 @@ def bench_overhead(steps: int, repeats: int, threads: int) -> dict:
     plain single-process loop (instrumentation + DDP wrapper). Alternated, medians of means."""
     import torch
 
-    from scalelab.config import REPO_ROOT, RunPoint, dataset_config, load_config, model_config, train_config
+    from scalelab.config import REPO_ROOT, dataset_config, load_config, model_config, train_config
     from scalelab.data import prepare_dataset
     from scalelab.harness.reference import bare_loop
+    from scalelab.sweep import RunPoint
     from scalelab.training.launch import launch_run
 
     torch.set_num_threads(threads)

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import yaml
 
-from scalelab.config import REPO_ROOT, RUN_DIR_GLOB, sweep_points
+from scalelab.config import REPO_ROOT
 from scalelab.harness.testing import processes_mentioning, run_snakemake, snakemake_cmd, snakemake_env, tiny_config, write_workdir
+from scalelab.sweep import RUN_DIR_GLOB, sweep_points
 
 BAD_CONFIGS = REPO_ROOT / "tests" / "bad_configs"
 

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from scalelab import accounting
 from scalelab.analysis.metrics import STEP_SCHEMA, run_row, runs_table, write_parquet
-from scalelab.config import RunPoint
+from scalelab.sweep import RunPoint
 
 FAILURES = {3: ("oom", "rank 0: OutOfMemoryError: CUDA out of memory (injected)"),
             5: ("failed", "rank 1: RuntimeError: injected crash"),

@@ -22,9 +22,10 @@ from pathlib import Path
 
 from scalelab import placement
 from scalelab.analysis.metrics import steps_table, write_parquet
-from scalelab.config import LaunchPlan, RunPoint, config_hash, launch_plan, micro_batch_plan, model_config, train_config
+from scalelab.config import LaunchPlan, config_hash, launch_plan, model_config, train_config
 from scalelab.data import read_meta
 from scalelab.io import read_json, write_json
+from scalelab.sweep import RunPoint, micro_batch_plan
 
 _PR_SET_PDEATHSIG = 1
 
@@ -200,10 +201,8 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
         status, reason = "predicted_oom", memory_plan["predicted_oom_reason"]
     else:
         spec = {
-            "run_dir": str(run_dir.resolve()), "device": device, "precision": point.precision,
-            "zero_stage": point.zero_stage, "micro_batch": point.micro_batch,
-            "activation_checkpointing": point.activation_checkpointing, "cpu_offload": point.cpu_offload,
-            "bucket_mb": point.bucket_mb, "train_bin": str((Path(data_dir) / "train.bin").resolve()),
+            "run_dir": str(run_dir.resolve()), "device": device, "point": point.values(),
+            "train_bin": str((Path(data_dir) / "train.bin").resolve()),
             "token_dtype": meta["dtype"], "model": model.__dict__, "train": train.__dict__,
             "threads_per_rank": threads_per_rank, "save_final_params": save_final_params,
         }

@@ -1,4 +1,5 @@
-"""Data-parallel strategies by ZeRO stage: one function per strategy, chosen by stage.
+"""Data-parallel strategies: one function per strategy, named by its record in
+scalelab.strategies (which says what each shards and communicates).
 
 | stage | PyTorch                                                    |
 | 0     | DistributedDataParallel + local AdamW                      |
@@ -25,7 +26,8 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, 
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from scalelab.config import DDP_BUCKET_MB
+from scalelab.strategies import strategy
+from scalelab.sweep import DDP_BUCKET_MB
 from scalelab.training.model import GPT
 
 
@@ -73,13 +75,13 @@ def _ddp(model: nn.Module, device: torch.device, bucket_mb: float) -> DDP:
     return ddp
 
 
-def parallelize_stage0(model: GPT, device, lr, weight_decay, bucket_mb=DDP_BUCKET_MB, cpu_offload=False) -> Parallelized:
+def parallelize_ddp(model: GPT, device, lr, weight_decay, bucket_mb=DDP_BUCKET_MB, cpu_offload=False) -> Parallelized:
     ddp = _ddp(model, device, bucket_mb)
     opt = torch.optim.AdamW(param_groups(model, weight_decay), **_adamw_kwargs(lr, device))
     return Parallelized(ddp, opt, lambda last: contextlib.nullcontext() if last else ddp.no_sync())
 
 
-def parallelize_stage1(model: GPT, device, lr, weight_decay, bucket_mb=DDP_BUCKET_MB, cpu_offload=False) -> Parallelized:
+def parallelize_zero1(model: GPT, device, lr, weight_decay, bucket_mb=DDP_BUCKET_MB, cpu_offload=False) -> Parallelized:
     ddp = _ddp(model, device, bucket_mb)
     # ZeroRedundancyOptimizer takes one parameter group; the second is added after, so
     # weight decay is handled as in the other stages.
@@ -108,22 +110,22 @@ def _parallelize_fsdp(model: GPT, device, lr, weight_decay, reshard_after_forwar
     return Parallelized(model, opt, no_sync, state_on_host=cpu_offload)
 
 
-def parallelize_stage2(model, device, lr, weight_decay, bucket_mb=None, cpu_offload=False) -> Parallelized:
+def parallelize_fsdp_keep(model, device, lr, weight_decay, bucket_mb=None, cpu_offload=False) -> Parallelized:
     return _parallelize_fsdp(model, device, lr, weight_decay, reshard_after_forward=False)
 
 
-def parallelize_stage3(model, device, lr, weight_decay, bucket_mb=None, cpu_offload=False) -> Parallelized:
+def parallelize_fsdp_reshard(model, device, lr, weight_decay, bucket_mb=None, cpu_offload=False) -> Parallelized:
     return _parallelize_fsdp(model, device, lr, weight_decay, reshard_after_forward=True, cpu_offload=cpu_offload)
-
-
-STRATEGIES = {0: parallelize_stage0, 1: parallelize_stage1, 2: parallelize_stage2, 3: parallelize_stage3}
 
 
 def parallelize(model: GPT, zero_stage: int, device: torch.device, lr: float, weight_decay: float,
                 bucket_mb: float | None = DDP_BUCKET_MB, cpu_offload: bool = False) -> Parallelized:
-    if cpu_offload and zero_stage != 3:
-        raise ValueError(f"cpu_offload applies to ZeRO stage 3 only, not stage {zero_stage}")
-    return STRATEGIES[zero_stage](model, device, lr, weight_decay, bucket_mb=bucket_mb, cpu_offload=cpu_offload)
+    """Wrap the model as the stage's strategy record says (scalelab.strategies)."""
+    record = strategy(zero_stage)
+    if cpu_offload and not record.cpu_offload:
+        raise ValueError(f"cpu_offload does not apply to {record.name} (zero_stage {zero_stage})")
+    wrap = globals()[record.wrapper]
+    return wrap(model, device, lr, weight_decay, bucket_mb=bucket_mb, cpu_offload=cpu_offload)
 
 
 def clip_grad_norm(par: Parallelized, max_norm: float, comm_device: torch.device) -> torch.Tensor:

@@ -28,10 +28,11 @@ import torch
 import torch.distributed as dist
 
 from scalelab import accounting, hardware
-from scalelab.config import ModelConfig, TrainConfig, micro_batch_plan
+from scalelab.config import ModelConfig, TrainConfig
 from scalelab.data import BatchSampler
 from scalelab.io import write_json
 from scalelab.placement import LAUNCHER_SLOT_ENV, gpu_index
+from scalelab.sweep import RunPoint, micro_batch_plan
 from scalelab.training import checkpoint
 from scalelab.training.activations import SavedActivationMeter
 from scalelab.training.comm import CommCounter
@@ -132,9 +133,10 @@ def train(spec: dict) -> None:
         torch.cuda.set_device(device)
     model_cfg = ModelConfig(**spec["model"])
     train_cfg = TrainConfig(**spec["train"])
-    precision, stage = spec["precision"], int(spec["zero_stage"])
-    ac, bucket_mb, offload = spec["activation_checkpointing"], spec["bucket_mb"], spec["cpu_offload"]
-    micro, accum = micro_batch_plan(train_cfg, world_size, spec["micro_batch"])
+    point = RunPoint(**spec["point"])
+    precision, stage = point.precision, point.zero_stage
+    ac, bucket_mb, offload = point.activation_checkpointing, point.bucket_mb, point.cpu_offload
+    micro, accum = micro_batch_plan(train_cfg, world_size, point.micro_batch)
     fault = Fault(os.environ.get("SCALELAB_FAULT"))
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = train_cfg.tf32

@@ -1,0 +1,79 @@
+"""The data-parallel strategies, one record each: how a strategy wraps the model, what it
+shards, what it communicates, which levers it takes. The formulas (scalelab.accounting),
+the sweep's rules (scalelab.sweep), the wrappers (scalelab.training.parallel) and the
+report read these records; nothing else knows what a stage means.
+
+Keyed by the sweep's ``zero_stage``. A strategy that is no ZeRO stage (HSDP, say) gets a
+record of its own with a new key, and the code that implements it in
+``scalelab.training.parallel``.
+
+Shard factors are per model-state kind (parameters, gradients, optimizer state): True = that
+kind is divided over the N ranks at rest, False = every rank holds all of it.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+ShardFactors = tuple[bool, bool, bool]
+"""(parameters, gradients, optimizer state) sharded over the ranks at rest."""
+
+
+@dataclass(frozen=True)
+class Strategy:
+    stage: int
+    """Key in the sweep (``zero_stage``)."""
+    name: str
+    """What PyTorch runs, in a few words (report, README)."""
+    wrapper: str
+    """Function in scalelab.training.parallel that wraps the model and builds the optimizer."""
+    shards: ShardFactors
+    """What PyTorch's implementation holds sharded at rest (fp32 master weights, fp32 grads, AdamW)."""
+    shards_paper: ShardFactors
+    """What the ZeRO paper's stage shards (its 2 + 2 + K convention)."""
+    comm_psi: Callable[[int], float]
+    """Elements handed to collectives per optimizer step, in units of Psi, for k accumulation
+    micro-batches (PyTorch's implementation; ZeRO paper's unit: all-reduce 2 Psi, all-gather,
+    reduce-scatter or broadcast Psi)."""
+    comm_psi_paper: float
+    """The same in the ZeRO paper (no accumulation)."""
+    transient_psi: Callable[[float, float, int], float]
+    """Parameter bytes materialised within a step beyond model state: f(n_params, block_params, N)."""
+    silent_at_world_size_1: bool
+    """Issues no collective at all on a one-rank mesh (FSDP2), where DDP still all-reduces."""
+    ddp_buckets: bool
+    """Has DDP gradient buckets (the bucket_mb lever applies)."""
+    cpu_offload: bool
+    """Can keep its sharded state in host memory (the cpu_offload lever applies)."""
+    optimizer_shards_per_rank: bool
+    """The optimizer state is ZeroRedundancyOptimizer's per-rank shard (checkpointed per rank)."""
+
+
+STRATEGIES: dict[int, Strategy] = {s.stage: s for s in (
+    Strategy(0, "DDP", "parallelize_ddp", (False, False, False), (False, False, False),
+             comm_psi=lambda k: 2, comm_psi_paper=2, transient_psi=lambda psi, block, n: 0.0,
+             silent_at_world_size_1=False, ddp_buckets=True, cpu_offload=False, optimizer_shards_per_rank=False),
+    # PyTorch all-reduces gradients and then broadcasts the updated shards: 3 Psi, not the paper's 2.
+    Strategy(1, "DDP + ZeroRedundancyOptimizer", "parallelize_zero1", (False, False, True), (False, False, True),
+             comm_psi=lambda k: 3, comm_psi_paper=2, transient_psi=lambda psi, block, n: 0.0,
+             silent_at_world_size_1=False, ddp_buckets=True, cpu_offload=False, optimizer_shards_per_rank=True),
+    # FSDP2 reshards after backward, so at rest stage 2 holds what stage 3 holds; it keeps every
+    # block's unsharded fp32 parameters from forward to backward (+4 Psi (N-1)/N in the step),
+    # and all-gathers once per micro-batch: (k + 1) Psi.
+    Strategy(2, "FSDP2, reshard_after_forward=False", "parallelize_fsdp_keep", (True, True, True), (False, True, True),
+             comm_psi=lambda k: k + 1, comm_psi_paper=2, transient_psi=lambda psi, block, n: 4.0 * psi * (n - 1) / n,
+             silent_at_world_size_1=True, ddp_buckets=False, cpu_offload=False, optimizer_shards_per_rank=False),
+    # Stage 3 gathers one block at a time (two in flight with prefetch), forward and backward: (2k + 1) Psi.
+    Strategy(3, "FSDP2, reshard_after_forward=True", "parallelize_fsdp_reshard", (True, True, True), (True, True, True),
+             comm_psi=lambda k: 2 * k + 1, comm_psi_paper=3,
+             transient_psi=lambda psi, block, n: 2 * 4.0 * block * (n - 1) / n,
+             silent_at_world_size_1=True, ddp_buckets=False, cpu_offload=True, optimizer_shards_per_rank=False),
+)}
+ZERO_STAGES = tuple(STRATEGIES)
+
+
+def strategy(stage: int) -> Strategy:
+    """The record of a stage; ValueError naming the known ones."""
+    if stage not in STRATEGIES:
+        raise ValueError(f"zero_stage must be one of {', '.join(map(str, ZERO_STAGES))}, got {stage!r}")
+    return STRATEGIES[stage]

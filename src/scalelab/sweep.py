@@ -1,0 +1,213 @@
+"""The sweep: one registry entry per axis, and the run points built from it.
+
+Everything that varies between training runs is an axis here: its type and default, how it
+reads in run paths and run ids, its column type in the result tables, where it applies and
+what "at its default" means to the report. ``RunPoint`` (its fields), the sweep plan, the
+identity columns, the launcher's run spec and the report's lever tables all loop over
+``AXES``; ``tests/test_config.py`` checks the config schema's ``sweep`` keys against it.
+Adding an axis: an entry here, its key in the schema and ``config.yaml``, and the code
+that implements the lever.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from scalelab.config import ConfigError, TrainConfig, section, train_config
+from scalelab.strategies import strategy
+
+DDP_BUCKET_MB = 25.0
+"""PyTorch DDP's default bucket size (MiB), the default of the bucket_mb axis."""
+
+
+def _flag(text: str) -> bool:
+    if text not in ("true", "false"):
+        raise ValueError(f"expected true or false, got {text!r}")
+    return text == "true"
+
+
+def _optional(parse: Callable[[str], Any], none: str) -> Callable[[str], Any]:
+    return lambda text: None if text == none else parse(text)
+
+
+@dataclass(frozen=True)
+class Axis:
+    name: str
+    doc: str
+    type: Any
+    """Python type of a value (for RunPoint's field)."""
+    default: Any
+    """The value when the config's sweep section leaves the axis out (levers: their one default)."""
+    arrow: str
+    """pyarrow type of its identity column (int8, int32, float64, bool, string)."""
+    nullable: bool
+    """Whether its identity column may be null."""
+    to_path: Callable[[Any], str] = str
+    """Value as written in run paths (``micro_batch~auto``)."""
+    from_path: Callable[[str], Any] = str
+    """Inverse of to_path (ValueError on bad text)."""
+    run_id: Callable[[Any], str | None] = lambda value: None
+    """The run-id part of a value (``z3``, ``ac``); None adds nothing (a lever at its default)."""
+    normalise: Callable[[Any, Any], Any] = lambda point, value: value
+    """The value a point holds given its other axes (no DDP buckets under FSDP2)."""
+    left_out: Callable[[Any, TrainConfig], str | None] = lambda point, train: None
+    """Why a combination is not run (the lever does not apply to it); None = run it."""
+    is_default: Callable[[Any], Any] | None = None
+    """Report: which rows of a runs table have this lever at its default (None: not a lever)."""
+
+
+def _bucket_run_id(value):
+    return None if value is None or value == DDP_BUCKET_MB else f"bucket{value:g}"
+
+
+def _micro_batch_left_out(point, train: TrainConfig) -> str | None:
+    try:
+        micro_batch_plan(train, point.world_size, point.micro_batch)
+    except ConfigError as err:
+        return str(err)
+    return None
+
+
+AXES: tuple[Axis, ...] = (
+    Axis("precision", "fp32 | fp16 (autocast + dynamic loss scaling) | bf16 | fp8 (torchao float8 linears)",
+         str, None, "string", False, run_id=lambda v: v),
+    Axis("zero_stage", "the data-parallel strategy (scalelab.strategies)", int, None, "int8", False,
+         from_path=int, run_id=lambda v: f"z{v}"),
+    Axis("world_size", "ranks per run", int, None, "int32", False, from_path=int, run_id=lambda v: f"w{v}"),
+    # Levers: optional axes with one default value, so a sweep stays small unless asked.
+    Axis("micro_batch", "sequences per rank per forward (gradient accumulation); None = the whole per-rank batch",
+         int | None, None, "int32", True,
+         to_path=lambda v: "auto" if v is None else str(v), from_path=_optional(int, "auto"),
+         run_id=lambda v: None if v is None else f"mb{v}", left_out=_micro_batch_left_out,
+         # 'auto' resolves to the whole per-rank batch, i.e. one micro-batch per step
+         is_default=lambda runs: runs["accumulation_steps"].isna() | (runs["accumulation_steps"] == 1)),
+    Axis("activation_checkpointing", "recompute every transformer block's activations in backward", bool, False,
+         "bool", False, to_path=lambda v: str(v).lower(), from_path=_flag, run_id=lambda v: "ac" if v else None,
+         is_default=lambda runs: ~runs["activation_checkpointing"].astype(bool)),
+    Axis("cpu_offload", "sharded parameters, gradients and optimizer state in host memory", bool, False,
+         "bool", False, to_path=lambda v: str(v).lower(), from_path=_flag, run_id=lambda v: "offload" if v else None,
+         left_out=lambda point, train: None if not point.cpu_offload or strategy(point.zero_stage).cpu_offload else
+         f"cpu_offload applies to {', '.join(f'ZeRO stage {s}' for s in _stages_with('cpu_offload'))} "
+         "(FSDP2's offload policy)",
+         is_default=lambda runs: ~runs["cpu_offload"].astype(bool)),
+    Axis("bucket_mb", "DDP gradient bucket size, MiB; None for strategies without buckets", float | None,
+         DDP_BUCKET_MB, "float64", True, to_path=lambda v: "none" if v is None else f"{v:g}",
+         from_path=_optional(float, "none"), run_id=_bucket_run_id,
+         normalise=lambda point, v: float(v) if v is not None and strategy(point.zero_stage).ddp_buckets else None,
+         is_default=lambda runs: runs["bucket_mb"].isna() | (runs["bucket_mb"] == DDP_BUCKET_MB)),
+)
+AXIS = {axis.name: axis for axis in AXES}
+SWEEP_AXES = tuple(AXIS)
+LEVER_AXES = tuple(a.name for a in AXES if a.is_default is not None)
+RUN_DIR_GLOB = "/".join("*" * len(AXES))
+"""Matches every run folder under <results_dir>/runs: one folder level per sweep axis."""
+
+
+def _stages_with(feature: str) -> list[int]:
+    from scalelab.strategies import STRATEGIES
+
+    return [s.stage for s in STRATEGIES.values() if getattr(s, feature)]
+
+
+class _PointMethods:
+    """Behaviour of RunPoint; its fields are the axes."""
+
+    def __post_init__(self):
+        for axis in AXES:
+            object.__setattr__(self, axis.name, axis.normalise(self, getattr(self, axis.name)))
+
+    def values(self) -> dict:
+        return {axis.name: getattr(self, axis.name) for axis in AXES}
+
+    def path_values(self) -> dict[str, str]:
+        """The point's value per axis as written in paths (``auto``, ``true``, ``none``)."""
+        return {axis.name: axis.to_path(getattr(self, axis.name)) for axis in AXES}
+
+    @classmethod
+    def from_path_values(cls, values) -> "RunPoint":
+        """Inverse of path_values (from Snakemake wildcards or a parsed path); ValueError if bad."""
+        return cls(**{axis.name: axis.from_path(values[axis.name]) for axis in AXES})
+
+    @property
+    def path(self) -> str:
+        """Relative results path, e.g. ``precision~fp32/zero_stage~0/world_size~1/micro_batch~auto/...``."""
+        return "/".join(f"{axis}~{value}" for axis, value in self.path_values().items())
+
+    @property
+    def run_id(self) -> str:
+        """Short unique id: ``fp32-z0-w1``, plus a part per lever away from its default
+        (``-mb2``, ``-ac``, ``-offload``, ``-bucket1``)."""
+        parts = (axis.run_id(getattr(self, axis.name)) for axis in AXES)
+        return "-".join(part for part in parts if part is not None)
+
+    def identity(self, **resolved) -> dict:
+        """The identity columns of this run's rows; ``resolved`` gives values known only at
+        launch (the resolved micro_batch size)."""
+        values = self.values()
+        values.update({k: v for k, v in resolved.items() if v is not None})
+        return {"run_id": self.run_id, **values}
+
+
+RunPoint = dataclasses.make_dataclass(
+    "RunPoint",
+    [(a.name, a.type) if a.default is None and not a.nullable else (a.name, a.type, dataclasses.field(default=a.default))
+     for a in AXES],
+    bases=(_PointMethods,), frozen=True,
+    namespace={"__doc__": "One point of the sweep: one value per axis of AXES, in that order."},
+)
+RunPoint.__module__ = __name__  # pickling (Snakemake params) finds it here
+
+
+def micro_batch_plan(train: TrainConfig, world_size: int, micro_batch: int | None = None) -> tuple[int, int]:
+    """(micro_batch, accumulation_steps) per rank for a world size; raises ConfigError."""
+    if train.global_batch % world_size:
+        raise ConfigError(
+            f"train.global_batch={train.global_batch} is not divisible by "
+            f"sweep.world_size={world_size}: every rank must get the same share"
+        )
+    per_rank = train.global_batch // world_size
+    micro = micro_batch or per_rank
+    if micro > per_rank or per_rank % micro:
+        raise ConfigError(
+            f"sweep.micro_batch={micro_batch} does not divide the per-rank batch "
+            f"{per_rank} (train.global_batch={train.global_batch} / world_size={world_size})"
+        )
+    return micro, per_rank // micro
+
+
+def sweep_plan(config: dict) -> tuple[list, list[tuple[Any, str]]]:
+    """(points to run, [(point left out, why)]) from the sweep section, in a stable order.
+
+    Combinations a lever does not apply to are left out (each axis's ``left_out`` rule);
+    values an axis normalises away (bucket_mb under FSDP2) give one point. Raises
+    ConfigError for a global batch a world size does not split, and for a lever value that
+    fits no point at all."""
+    sweep = section(config, "sweep")
+    train = train_config(config)
+    values = {axis.name: sweep.get(axis.name, [axis.default]) for axis in AXES}
+    for world_size in values["world_size"]:
+        micro_batch_plan(train, int(world_size))  # raises when the global batch does not split evenly
+    points, left_out, seen = [], [], set()
+    for combo in itertools.product(*values.values()):
+        point = RunPoint(**dict(zip(SWEEP_AXES, combo, strict=True)))
+        if point in seen:
+            continue
+        seen.add(point)
+        reason = next((r for r in (axis.left_out(point, train) for axis in AXES) if r), None)
+        (left_out.append((point, reason)) if reason else points.append(point))
+    for name in LEVER_AXES:
+        for value in values[name]:
+            if not any(getattr(p, name) == value for p in points) and any(getattr(p, name) == value for p, _ in left_out):
+                raise ConfigError(f"sweep.{name}={value} fits no world size, stage or precision of the sweep: "
+                                  + next(r for p, r in left_out if getattr(p, name) == value))
+    if not points:
+        raise ConfigError("the sweep has no runnable point: " + "; ".join(sorted({r for _, r in left_out})))
+    return points, left_out
+
+
+def sweep_points(config: dict) -> list:
+    """Every runnable combination of the sweep axes, in a stable order."""
+    return sweep_plan(config)[0]
