@@ -54,6 +54,7 @@ def test_report_warns_on_mfu_memory_and_parity(fixture_results):
     runs.loc[ok[1], "model_state_bytes_measured"] = int(runs.loc[ok[1], "model_state_bytes_predicted"] * 1.5)
     runs.loc[ok[2], ["mfu", "peak_flops_source"]] = [float("nan"), "unknown GPU 'NVIDIA Foo 9000': set train.peak_tflops"]
     runs.loc[ok[3], ["device_type", "device_name"]] = ["cuda", "NVIDIA H100 80GB HBM3"]
+    runs.loc[ok[4], "teardown_warning"] = "a rank exited abnormally after the results were written (torchrun exit code 1)"
     runs.to_parquet(fixture_results / "metrics.parquet")
     steps = pd.read_parquet(fixture_results / "steps.parquet")
     fp32 = steps.index[(steps["precision"] == "fp32") & (steps["step"] == 5)]
@@ -64,6 +65,7 @@ def test_report_warns_on_mfu_memory_and_parity(fixture_results):
     assert f"{runs.loc[ok[1], 'run_id']}: measured model state" in html
     assert "fp32 parity broken" in html
     assert f"{runs.loc[ok[2], 'run_id']}: MFU unknown: unknown GPU &#x27;NVIDIA Foo 9000&#x27;: set train.peak_tflops" in html
+    assert f"{runs.loc[ok[4], 'run_id']}: a rank exited abnormally after the results were written" in html
     assert "this sweep mixes devices" in html and f"cuda: NVIDIA H100 80GB HBM3 (1 run(s), e.g. {runs.loc[ok[3], 'run_id']})" in html
 
 

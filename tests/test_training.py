@@ -120,3 +120,12 @@ def test_killed_run_resumes_from_checkpoint_bitwise(tmp_path, tiny_data, stage):
     for name, tensor in uninterrupted.items():
         assert torch.equal(resumed[name], tensor), name
     assert not (run_dir / "checkpoint").exists(), "checkpoints of a finished run are removed"
+
+
+def test_a_crash_in_teardown_keeps_the_measurements(tmp_path, tiny_data):
+    """Every step ran and rank 0 wrote the results, then aborted in process-group teardown
+    (seen about once in 50 world-size-2 CPU runs): the run is ok, with a warning."""
+    summary, steps, _ = _run(tmp_path, tiny_data, RunPoint("fp32", 0, 2), fault="teardown@rank=0")
+    assert summary["status"] == "ok", summary["reason"]
+    assert "exited abnormally after the results were written" in summary["teardown_warning"]
+    assert len(steps) == PARITY_STEPS and summary["tokens_per_s"] > 0

@@ -58,7 +58,7 @@ def schema_version(path: str | Path) -> str | None:
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather_single", "reduce_scatter_single")
 
 _RUN_FIELDS = [
-    ("status", pa.string()), ("reason", pa.string()), ("dataset", pa.string()),
+    ("status", pa.string()), ("reason", pa.string()), ("teardown_warning", pa.string()), ("dataset", pa.string()),
     ("n_params", pa.int64()), ("n_layers", pa.int32()), ("d_model", pa.int32()), ("n_heads", pa.int32()),
     ("seq_len", pa.int32()), ("vocab_size", pa.int64()), ("tie_embeddings", pa.bool_()),
     ("steps", pa.int32()), ("completed_steps", pa.int32()), ("warmup_steps", pa.int32()),

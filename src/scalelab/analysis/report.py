@@ -88,6 +88,8 @@ def find_warnings(runs: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
     for r in ok[ok["mfu"] > MFU_LIMIT].itertuples():
         warnings.append(f"{r.run_id}: MFU {r.mfu:.2f} is above 100% of the peak used ({r.peak_flops_source}); "
                         "the peak is too low for this path (e.g. emulated fp16 on a CPU)")
+    for r in ok[ok["teardown_warning"].notna()].itertuples():
+        warnings.append(f"{r.run_id}: {r.teardown_warning}; its measurements are complete and kept")
     for r in ok[ok["mfu"].isna()].itertuples():
         warnings.append(f"{r.run_id}: MFU unknown: {r.peak_flops_source}")
     devices = ok.groupby(ok["device_type"].fillna("?") + ": " + ok["device_name"].fillna("?"))["run_id"].agg(list)

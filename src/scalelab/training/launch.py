@@ -213,7 +213,7 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
         summary["launch"] = "srun x torchrun (static rendezvous)" if cmd[0] == "srun" else "torchrun --standalone"
         summary["launchers"] = plan.launchers if cmd[0] == "srun" else 1
         env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_rank), "PYTHONUNBUFFERED": "1"}
-        status, reason = _run_torchrun(cmd, env, log_path, train.run_timeout_s, run_dir)
+        status, reason, summary["teardown_warning"] = _run_torchrun(cmd, env, log_path, train.run_timeout_s, run_dir)
         if (run_dir / "progress.jsonl").exists():
             records = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines() if line.strip()]
         if status == "ok":
@@ -282,7 +282,8 @@ def torchrun_command(plan: LaunchPlan, world_size: int, spec_path: Path, srun_op
             "bash", *torchrun]
 
 
-def _run_torchrun(cmd, env, log_path: Path, timeout_s: float, run_dir: Path) -> tuple[str, str | None]:
+def _run_torchrun(cmd, env, log_path: Path, timeout_s: float, run_dir: Path) -> tuple[str, str | None, str | None]:
+    """(status, reason, teardown warning) of one torchrun."""
     attempt_start = log_path.stat().st_size if log_path.exists() else 0  # the log is appended across attempts
     with open(log_path, "ab") as log:
         log.write(f"$ {' '.join(cmd)}\n".encode())
@@ -292,16 +293,20 @@ def _run_torchrun(cmd, env, log_path: Path, timeout_s: float, run_dir: Path) -> 
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            return "timeout", f"run exceeded train.run_timeout_s={timeout_s:g} s and was stopped"
+            return "timeout", f"run exceeded train.run_timeout_s={timeout_s:g} s and was stopped", None
         finally:
             _kill_group(proc)  # no orphan ranks, whatever happened
-    if rc == 0 and (run_dir / "worker_result.json").exists():
-        return "ok", None
+    if (run_dir / "worker_result.json").exists():
+        # Rank 0 writes it after the last step and the final all-gathers, which every rank
+        # joined: the measurements are complete. A crash after that (process-group teardown)
+        # is worth a warning, not the run.
+        warning = None if rc == 0 else f"a rank exited abnormally after the results were written (torchrun exit code {rc})"
+        return "ok", None, warning
     errors = [read_json(p) for p in sorted(run_dir.glob("rank*.error.json"))]
     with open(log_path, "rb") as log:
         log.seek(attempt_start)
         status, reason = classify_failure(errors, log.read().decode(errors="replace"))
-    return status, f"{reason} (torchrun exit code {rc})"
+    return status, f"{reason} (torchrun exit code {rc})", None
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -108,7 +108,8 @@ class Fault:
     """Fault injection for tests, from SCALELAB_FAULT="kind@step=S,rank=R".
 
     kinds: inf_grad (a non-finite gradient element on that rank), crash (raise), hang
-    (sleep before the step's collectives), exit (hard exit without cleanup).
+    (sleep before the step's collectives), exit (hard exit without cleanup), teardown
+    (abort in process-group teardown, after the results are written).
     """
 
     def __init__(self, spec: str | None):
@@ -355,8 +356,10 @@ def main(argv: list[str] | None = None) -> int:
             "traceback": traceback.format_exc()[-8000:],
         })
         raise
+    if Fault(os.environ.get("SCALELAB_FAULT")).due("teardown", 0, rank):
+        os.abort()
     # A barrier right before tear-down: without it gloo's destroy_process_group() hung
-    # intermittently on torch 2.13 CPU (see DESIGN.md pitfalls).
+    # intermittently on torch 2.13 CPU.
     dist.barrier()
     dist.destroy_process_group()
     return 0
