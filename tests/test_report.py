@@ -113,6 +113,11 @@ def test_snakemake_caption_template_renders_every_caption():
         assert html_lib.escape(figure.caption, quote=False) in out.replace("&quot;", '"'), (figure.name, out)
 
 
+def test_readme_figure_table_lists_the_registry():
+    rows = re.findall(r"^\| `(\w+)` \| (main|lever) \|", (REPO / "README.md").read_text(), flags=re.M)
+    assert rows == [(f.name, f.kind) for f in FIGURES]
+
+
 def test_report_warns_on_mfu_memory_and_parity(fixture_results):
     runs = pd.read_parquet(fixture_results / "metrics.parquet")
     ok = runs.index[runs["status"] == "ok"]
