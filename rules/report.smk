@@ -1,7 +1,9 @@
 # Stage 4: plots, report.html and summary.md from the two Parquet tables alone. Deleting
 # results/report/ and rerunning rebuilds only this (no training): its inputs are the tables.
-
-PLOTS = ["memory_model_state", "memory_peak", "throughput", "mfu_heatmap", "loss_curves", "loss_scale", "communication"]
+# The figures, their captions and formats are declared once, in scalelab.analysis.figures:
+# every file lands in results/report/figures/, and Snakemake's report shows each PNG there
+# with its caption (workflow/report/figure.rst reads it from params.captions).
+from scalelab.analysis.figures import FIGURES_DIR, rst_captions
 
 
 rule report:
@@ -11,10 +13,14 @@ rule report:
     output:
         html=report(RESULTS / "report" / "report.html", caption="../workflow/report/report.rst", category="Report"),
         summary=RESULTS / "report" / "summary.md",
-        plots=[
-            report(RESULTS / "report" / f"{name}.png", caption=f"../workflow/report/{name}.rst", category="Figures")
-            for name in PLOTS
-        ],
+        figures=report(
+            directory(RESULTS / "report" / FIGURES_DIR),
+            patterns=["{name}.png"],
+            caption="../workflow/report/figure.rst",
+            category="Figures",
+        ),
+    params:
+        captions=rst_captions(),
     log:
         LOGS / "report.log",
     conda:

@@ -1,22 +1,51 @@
 """Collection, plots and the report, from Parquet fixtures alone (no training)."""
+import html as html_lib
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import jinja2
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from docutils.core import publish_parts
 
+from conftest import REPO
+from scalelab.analysis.figures import FIGURES, FIGURES_DIR, rst_captions
 from scalelab.analysis.metrics import SCHEMA_VERSION, collect, schema_version, steps_table, write_parquet
 from scalelab.analysis.report import build_report
 from scalelab.harness.fixtures import FAILURES, synthetic_results
 from scalelab.io import write_json
 from scalelab.sweep import RunPoint
 
-PLOTS = ["memory_model_state", "memory_peak", "throughput", "mfu_heatmap", "loss_curves", "loss_scale", "communication"]
-LEVER_PLOTS = ["lever_activation_checkpointing", "lever_micro_batch", "lever_bucket_mb"]
+MAIN = [f for f in FIGURES if f.kind == "main"]
+LEVER = [f for f in FIGURES if f.kind == "lever"]
+
+
+def _lever_varies(runs: pd.DataFrame, figure) -> bool:
+    return runs[figure.varies].nunique() > 1
+
+
+def _check_figures(results: Path, html: str, runs: pd.DataFrame) -> list[str]:
+    """Every main figure, and each lever figure exactly when its lever varies: files written and
+    non-trivial, PNG embedded, caption shown once; the others absent. Returns the names drawn."""
+    fig_dir = results / "report" / FIGURES_DIR
+    drawn = []
+    for figure in FIGURES:
+        expected = figure.kind == "main" or _lever_varies(runs, figure)
+        for file in figure.files:
+            assert (fig_dir / file).exists() == expected, (file, expected)
+            if expected:
+                assert (fig_dir / file).stat().st_size > 1000, file
+        assert html.count(html_lib.escape(figure.caption)) == int(expected), figure.name
+        assert (f"<figure id='{figure.name}'>" in html) == expected, figure.name
+        drawn += [figure.name] if expected else []
+    assert html.count("data:image/png;base64,") == len(drawn), "every figure embedded, once"
+    assert sorted(p.name for p in fig_dir.iterdir()) == sorted(
+        file for figure in FIGURES if figure.name in drawn for file in figure.files), "nothing else in the folder"
+    return drawn
 
 
 @pytest.fixture
@@ -31,11 +60,12 @@ def test_report_from_parquet_alone(tmp_path):
     html_path = build_report(fixture_results)
     html = html_path.read_text()
     runs = pd.read_parquet(fixture_results / "metrics.parquet")
-    for name in PLOTS + LEVER_PLOTS:
-        assert (fixture_results / "report" / f"{name}.png").stat().st_size > 1000, name
+    drawn = _check_figures(fixture_results, html, runs)
+    # The fixture varies some levers and not others (cpu_offload stays off): both cases are checked.
+    assert {f.name for f in LEVER} & set(drawn) and {f.name for f in LEVER} - set(drawn)
+    assert any(len(f.files) > 1 for f in FIGURES if f.name in drawn), "an SVG among them"
     for run_id in runs["run_id"]:
         assert re.search(rf">{re.escape(run_id)}<", html), f"{run_id} not in the run table"
-    assert html.count("data:image/png;base64,") == len(PLOTS + LEVER_PLOTS), "every figure embedded"
     # Main figures compare the baseline runs; each lever run is set against its baseline twin.
     assert "These figures show the 24 runs with every lever at its default" in html
     assert re.search(r">fp32-z0-w2-ac<.*?>fp32-z0-w2<", html, re.S), "AC run paired with its baseline"
@@ -45,6 +75,47 @@ def test_report_from_parquet_alone(tmp_path):
         assert status in html and reason.split(":")[0] in html
     summary = (fixture_results / "report" / "summary.md").read_text()
     assert "| run_id |" in summary and "## Warnings" in summary
+
+
+def test_lever_figures_only_while_their_lever_varies(tmp_path):
+    synthetic_results(tmp_path, n_runs=96, n_steps=20)
+    build_report(tmp_path)
+    runs = pd.read_parquet(tmp_path / "metrics.parquet")
+    assert any(_lever_varies(runs, f) for f in LEVER)
+    # The same folder rebuilt from the baseline runs alone: no lever varies, no lever figure
+    # (not even the files of the earlier build), no Levers section.
+    base = runs[runs["run_id"].str.fullmatch(r"(fp32|fp16|bf16)-z\d-w\d+")]
+    assert 0 < len(base) < len(runs) and not any(_lever_varies(base, f) for f in LEVER)
+    base.to_parquet(tmp_path / "metrics.parquet")
+    html = build_report(tmp_path).read_text()
+    assert _check_figures(tmp_path, html, base) == [f.name for f in MAIN]
+    assert "id='levers'" not in html
+
+
+def test_memory_peak_note_follows_its_caption(fixture_results):
+    html = build_report(fixture_results).read_text()  # CPU fixture: no GPU runs
+    caption = html_lib.escape(next(f.caption for f in FIGURES if f.name == "memory_peak"))
+    assert re.search(re.escape(caption) + r" <em>No GPU runs in these results: process peak RSS", html)
+
+
+def test_snakemake_caption_template_renders_every_caption():
+    """workflow/report/figure.rst as Snakemake's report renders it (Jinja2, then docutils), for
+    each figure: the registry's caption comes out whole, with no reStructuredText complaint."""
+    template = jinja2.Environment().from_string((REPO / "workflow/report/figure.rst").read_text())
+    captions = rst_captions()
+    for figure in FIGURES:
+        class Snakemake:
+            params = {"captions": captions}
+            wildcards = {"name": figure.name}
+        rst = template.render(snakemake=Snakemake)
+        out = publish_parts(rst, writer="html", settings_overrides={"report_level": 1})["body"]
+        assert "system-message" not in out, out
+        assert html_lib.escape(figure.caption, quote=False) in out.replace("&quot;", '"'), (figure.name, out)
+
+
+def test_readme_figure_table_lists_the_registry():
+    rows = re.findall(r"^\| `(\w+)` \| (main|lever) \|", (REPO / "README.md").read_text(), flags=re.M)
+    assert rows == [(f.name, f.kind) for f in FIGURES]
 
 
 def test_report_warns_on_mfu_memory_and_parity(fixture_results):

@@ -3,11 +3,13 @@ import json
 import re
 import shutil
 import subprocess
+import zipfile
 
 import pyarrow.parquet as pq
 import pytest
 
 from conftest import REPO, SNAKEMAKE, snakemake, tiny_config, write_workdir
+from scalelab.analysis.figures import FIGURES
 from scalelab.sweep import RUN_DIR_GLOB, RunPoint
 
 pytestmark = pytest.mark.workflow
@@ -59,6 +61,15 @@ def test_sweep_end_to_end_then_nothing_to_do(tmp_path):
     assert (tmp_path / "results/report/report.html").exists()
     snakemake(workdir, "--report", str(tmp_path / "snakemake_report.zip"))
     assert (tmp_path / "snakemake_report.zip").stat().st_size > 10_000
+    # Every main figure's PNG is in Snakemake's report, its record captioned with the registry's
+    # caption, whole (the RST escaping keeps e.g. loss_curves' |...|).
+    with zipfile.ZipFile(tmp_path / "snakemake_report.zip") as archive:
+        names = archive.namelist()
+        index = archive.read(next(n for n in names if n.count("/") == 1 and n.endswith("/report.html"))).decode()
+    for figure in (f for f in FIGURES if f.kind == "main"):
+        assert any(n.endswith(f"/{figure.name}.png") for n in names), (figure.name, names)
+        record = re.search(rf'"results/report/figures/{figure.name}\.png": {{[^{{}}]*?"caption": ("(?:[^"\\]|\\.)*")', index)
+        assert record and json.loads(record.group(1)).strip() == f"<p>{figure.caption}</p>", (figure.name, record)
 
 
 def test_lever_axes_end_to_end(tmp_path):
@@ -82,7 +93,8 @@ def test_lever_axes_end_to_end(tmp_path):
     assert "cpu_offload moves model state" in skipped.loc["fp32-z3-w1-offload", "reason"]
     assert "fp8 needs a GPU" in skipped.loc["fp8-z0-w1-ac", "reason"]
     html = (tmp_path / "results/report/report.html").read_text()
-    assert "id='levers'" in html and "lever_activation_checkpointing.png" in html and "lever_cpu_offload.png" in html
+    assert "id='levers'" in html and "<figure id='lever_activation_checkpointing'>" in html and "<figure id='lever_cpu_offload'>" in html
+    assert (tmp_path / "results/report/figures/lever_cpu_offload.png").stat().st_size > 1000
     assert "fp8 against bf16" in html
     dry = snakemake(workdir, "-n", "--cores", "2")
     assert "Nothing to be done" in dry.stdout + dry.stderr

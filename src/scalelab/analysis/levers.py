@@ -4,11 +4,10 @@ A lever is an optional sweep axis (micro-batch size, activation checkpointing, C
 DDP bucket size; fp8 is a precision). The main figures use *baseline* rows (every lever at
 its default) so that they compare precision x stage x world size alone. Each run with a
 lever away from its default is paired with the baseline run that differs only in that lever,
-and the pair's measured ratios are set against the formulas.
+and the pair's measured ratios are set against the formulas. The lever figures' names,
+captions and when each is drawn are declared in scalelab.analysis.figures.
 """
 from __future__ import annotations
-
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -109,13 +108,6 @@ def _note(ax, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True, fontsize=9)
 
 
-def _save(fig, out_dir: Path, name: str) -> list[str]:
-    files = [f"{name}.png"]
-    fig.savefig(out_dir / files[0], dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    return files
-
-
 def _not_run_text(pairs: pd.DataFrame) -> str | None:
     bad = pairs[pairs["status"] != "ok"] if not pairs.empty else pairs
     if pairs.empty or len(bad) < len(pairs):
@@ -149,14 +141,10 @@ def _config_label(runs: pd.DataFrame) -> pd.Series:
     return "z" + runs["zero_stage"].astype(str) + " w" + runs["world_size"].astype(str) + " " + runs["precision"]
 
 
-def activation_checkpointing_plot(pairs: pd.DataFrame, out_dir: Path):
-    caption = ("Activation checkpointing. Left: activations kept for backward by one micro-batch, off vs on "
-               "(measured: bytes saved by autograd on rank 0; black: Korthikanti et al.'s terms for this model, "
-               "grey: as published, with attention scores and dropout masks). Right: step time with / without "
-               "checkpointing, measured vs the predicted recompute cost (one more forward of every block).")
+def activation_checkpointing_plot(pairs: pd.DataFrame):
     fig, panels = _pair_panels(pairs, "-ac")
     if panels is None:
-        return _save(fig, out_dir, "lever_activation_checkpointing"), caption
+        return fig
     left, right, ok, x, labels = panels
     _bars_off_on(left, x, labels, ok["baseline_activation_mib_measured"], ok["activation_mib_measured"],
                  "off, measured", "on, measured", "C1")
@@ -173,20 +161,17 @@ def activation_checkpointing_plot(pairs: pd.DataFrame, out_dir: Path):
     right.set_xticks(x, labels, rotation=45, ha="right")
     right.set(ylabel="step time on / off", title="recompute cost")
     right.legend(fontsize=8)
-    return _save(fig, out_dir, "lever_activation_checkpointing"), caption
+    return fig
 
 
-def micro_batch_plot(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path):
-    caption = ("Gradient accumulation at a fixed global batch. Left: fp32 loss per step for each micro-batch size "
-               "(the trajectories should coincide). Middle: throughput. Right: activations kept per micro-batch "
-               "(measured) and peak memory per rank (GPU: max allocated; CPU: process RSS).")
+def micro_batch_plot(runs: pd.DataFrame, steps: pd.DataFrame):
     ok = runs[(runs["status"] == "ok") & runs["micro_batch"].notna()]
     ok = ok[_others_at_default(ok, "micro_batch")]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     if ok["micro_batch"].nunique() < 2:
         _note(axes[0], "fewer than two micro-batch sizes finished ok")
         axes[1].axis("off"), axes[2].axis("off")
-        return _save(fig, out_dir, "lever_micro_batch"), caption
+        return fig
     fp32 = steps[steps["run_id"].isin(ok.loc[ok["precision"] == "fp32", "run_id"])]
     for (mb, group) in fp32.groupby("micro_batch"):
         curve = group.groupby("step")["loss"].mean()
@@ -204,19 +189,17 @@ def micro_batch_plot(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path):
     sns.lineplot(data=data, x="micro_batch", y="act", hue="label", marker="o", ax=axes[2], errorbar=None, legend=False)
     sns.lineplot(data=data, x="micro_batch", y="peak", hue="label", marker="s", ls="--", ax=axes[2], errorbar=None, legend=False)
     axes[2].set(xscale="log", yscale="log", xlabel="micro-batch", ylabel="MiB", title="activations (solid), peak (dashed)")
-    return _save(fig, out_dir, "lever_micro_batch"), caption
+    return fig
 
 
-def bucket_plot(runs: pd.DataFrame, out_dir: Path):
-    caption = ("DDP gradient bucket size (stages 0 and 1). Left: all-reduce calls per step, measured (points) and "
-               "predicted (line: gradients filled in reverse order into buckets of the cap). Right: median step time.")
+def bucket_plot(runs: pd.DataFrame):
     ddp = runs[(runs["status"] == "ok") & runs["bucket_mb"].notna()]
     ddp = ddp[_others_at_default(ddp, "bucket_mb")]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
     if ddp["bucket_mb"].nunique() < 2:
         _note(left, "fewer than two bucket sizes finished ok")
         right.axis("off")
-        return _save(fig, out_dir, "lever_bucket_mb"), caption
+        return fig
     data = ddp.assign(label=_config_label(ddp))
     sns.scatterplot(data=data, x="bucket_mb", y="comm_all_reduce_calls_per_step", hue="label", ax=left, s=50)
     pred = data.groupby("bucket_mb")["ddp_buckets_predicted"].mean()
@@ -226,15 +209,13 @@ def bucket_plot(runs: pd.DataFrame, out_dir: Path):
     sns.lineplot(data=data.assign(ms=data["step_time_s_median"] * 1e3), x="bucket_mb", y="ms", hue="label",
                  marker="o", ax=right, errorbar=None, legend=False)
     right.set(xscale="log", xlabel="bucket size (MiB)", ylabel="median step time (ms)", title="step time")
-    return _save(fig, out_dir, "lever_bucket_mb"), caption
+    return fig
 
 
-def offload_plot(pairs: pd.DataFrame, out_dir: Path):
-    caption = ("CPU offload (stage 3): peak device memory per rank and median step time, with offload vs without "
-               "(GPU runs; on CPU the points are skipped: there is no device memory to save).")
+def offload_plot(pairs: pd.DataFrame):
     fig, panels = _pair_panels(pairs, "-offload")
     if panels is None:
-        return _save(fig, out_dir, "lever_cpu_offload"), caption
+        return fig
     left, right, ok, x, labels = panels
     _bars_off_on(left, x, labels, ok["baseline_peak_mib"], ok["peak_mib"], "on device", "offloaded", "C2")
     left.set(ylabel="peak memory per rank (MiB)", title="memory")
@@ -243,24 +224,9 @@ def offload_plot(pairs: pd.DataFrame, out_dir: Path):
     right.axhline(1, color="grey", lw=0.8)
     right.set_xticks(x, labels, rotation=45, ha="right")
     right.set(ylabel="step time offloaded / on device", title="cost")
-    return _save(fig, out_dir, "lever_cpu_offload"), caption
+    return fig
 
 
-def lever_plots(runs: pd.DataFrame, steps: pd.DataFrame, table: pd.DataFrame, out_dir: Path) -> list[tuple[list[str], str]]:
-    """A figure for each lever the results vary (nothing for a lever at one value); `table`
-    is lever_table(runs)."""
-    def pairs(lever: str) -> pd.DataFrame:
-        return table[table["lever"] == lever] if not table.empty else pd.DataFrame(columns=["status", "reason"])
-
-    figures = []
-    if runs["activation_checkpointing"].nunique() > 1:
-        figures.append(activation_checkpointing_plot(pairs("activation_checkpointing"), out_dir))
-    # micro_batch alone differs between world sizes (it is the resolved per-rank size); a
-    # micro-batch lever shows as more than one accumulation count.
-    if runs["accumulation_steps"].nunique() > 1:
-        figures.append(micro_batch_plot(runs, steps, out_dir))
-    if runs["cpu_offload"].nunique() > 1:
-        figures.append(offload_plot(pairs("cpu_offload"), out_dir))
-    if runs["bucket_mb"].dropna().nunique() > 1:
-        figures.append(bucket_plot(runs, out_dir))
-    return figures
+def lever_pairs(table: pd.DataFrame, lever: str) -> pd.DataFrame:
+    """The rows of lever_table(runs) for one lever (an empty frame with the columns the figures read if none)."""
+    return table[table["lever"] == lever] if not table.empty else pd.DataFrame(columns=["status", "reason"])

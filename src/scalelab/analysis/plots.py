@@ -1,9 +1,10 @@
 """Plots from the result tables alone (metrics.parquet, steps.parquet), with seaborn.
 
-Each function takes the run table (and steps where needed), writes PNG (and SVG where a
-vector figure helps) into out_dir, and returns (file names, one-line caption). Runs that
-did not finish `ok` are never silent gaps: every figure lists them, and the heatmap marks
-their cells.
+Each function takes the run table (and steps where needed) and returns the matplotlib
+figure, or (figure, note) where the figure shows something other than usual (the note
+follows the caption). Names, captions and file formats are declared once, in
+scalelab.analysis.figures, which saves the figures with `save`. Runs that did not finish
+`ok` are never silent gaps: every figure lists them, and the heatmap marks their cells.
 """
 from __future__ import annotations
 
@@ -21,14 +22,17 @@ PRECISION_ORDER = ["fp32", "fp16", "bf16", "fp8"]
 MiB = 2 ** 20
 
 
-def _save(fig, out_dir: Path, name: str, svg: bool = False) -> list[str]:
-    files = [f"{name}.png"]
-    fig.savefig(out_dir / files[0], dpi=90, bbox_inches="tight")
-    if svg:
-        files.append(f"{name}.svg")
-        fig.savefig(out_dir / files[1], bbox_inches="tight")
+def save(fig, out_dir: Path, name: str, formats: tuple[str, ...]) -> list[str]:
+    """Write fig as <name>.<format> for each format (PNG at 90 dpi), close it, return the file names."""
+    files = [f"{name}.{fmt}" for fmt in formats]
+    for file, fmt in zip(files, formats):
+        fig.savefig(out_dir / file, bbox_inches="tight", **({"dpi": 90} if fmt == "png" else {}))
     plt.close(fig)
     return files
+
+
+def use_theme() -> None:
+    sns.set_theme(style="whitegrid", context="paper")
 
 
 def _not_ok_note(fig, runs: pd.DataFrame) -> None:
@@ -38,7 +42,8 @@ def _not_ok_note(fig, runs: pd.DataFrame) -> None:
         return
     shown = ", ".join(f"{r.run_id}: {r.status}" for r in bad.head(12).itertuples())
     more = f" (+{len(bad) - 12} more)" if len(bad) > 12 else ""
-    fig.text(0.01, -0.02, f"not ok, not plotted: {shown}{more}", fontsize=8, color="firebrick", ha="left", va="top", wrap=True)
+    fig.text(0.01, -0.02, f"not ok, not plotted: {shown}{more}", fontsize=8, color="firebrick", ha="left", va="top",
+             wrap=True)
 
 
 def _precisions(df: pd.DataFrame) -> list[str]:
@@ -46,18 +51,17 @@ def _precisions(df: pd.DataFrame) -> list[str]:
     return [p for p in PRECISION_ORDER if p in present] + [p for p in present if p not in PRECISION_ORDER]
 
 
-def _empty(out_dir: Path, name: str, message: str) -> list[str]:
+def _empty(message: str):
     fig, ax = plt.subplots(figsize=(6, 1.5))
     ax.axis("off")
     ax.text(0.5, 0.5, message, ha="center", va="center")
-    return _save(fig, out_dir, name)
+    return fig
 
 
-def model_state_memory(runs: pd.DataFrame, out_dir: Path):
-    name, caption = "memory_model_state", "Model-state memory per rank (largest rank) vs world size, per ZeRO stage: measured points over the predicted curves (PyTorch's fp32-master split, solid; the ZeRO paper's 2+2+12, dashed)."
+def model_state_memory(runs: pd.DataFrame):
     ok = runs[runs["status"] == "ok"]
     if ok.empty:
-        return _empty(out_dir, name, "no ok runs"), caption
+        return _empty("no ok runs")
     stages = sorted(runs["zero_stage"].unique())
     fig, axes = plt.subplots(1, len(stages), figsize=(3.6 * len(stages), 3.4), sharey=True, squeeze=False)
     palette = dict(zip(_precisions(runs), sns.color_palette("deep")))
@@ -74,23 +78,22 @@ def model_state_memory(runs: pd.DataFrame, out_dir: Path):
         ax.set(title=f"stage {stage}", xlabel="world size", ylabel="model state per rank (MiB)")
         ax.set_xticks(sorted(runs["world_size"].unique()))
     _not_ok_note(fig, runs)
-    return _save(fig, out_dir, name, svg=True), caption
+    return fig
 
 
-def peak_device_memory(runs: pd.DataFrame, out_dir: Path):
-    name = "memory_peak"
+def peak_device_memory(runs: pd.DataFrame):
+    """Max allocated device memory of GPU runs; without GPU runs, process peak RSS, with a note saying so."""
     gpu = runs[(runs["status"] == "ok") & runs["peak_mem_allocated_bytes"].notna()]
     if gpu.empty:
-        caption = "No GPU runs in these results: process peak RSS per rank (CPU; includes the framework, not device memory) vs world size."
+        note = "No GPU runs in these results: process peak RSS per rank (CPU; includes the framework, not device memory)."
         data = runs[(runs["status"] == "ok") & runs["peak_rss_bytes"].notna()]
         if data.empty:
-            return _empty(out_dir, name, "no ok runs"), caption
+            return _empty("no ok runs"), note
         g = sns.catplot(data=data.assign(mib=data["peak_rss_bytes"] / MiB), x="world_size", y="mib", hue="precision",
                         col="zero_stage", kind="point", hue_order=_precisions(data), height=3.2, aspect=0.9, errorbar=None)
         g.set_axis_labels("world size", "peak RSS per rank (MiB)")
         _not_ok_note(g.figure, runs)
-        return _save(g.figure, out_dir, name), caption
-    caption = "Peak device memory per rank (max allocated, GPU runs) vs world size, per ZeRO stage: measured points over the predicted in-step peak (model state + in-step parameters + activations, dashed)."
+        return g.figure, note
     stages = sorted(gpu["zero_stage"].unique())
     fig, axes = plt.subplots(1, len(stages), figsize=(3.6 * len(stages), 3.4), sharey=True, squeeze=False)
     palette = dict(zip(_precisions(runs), sns.color_palette("deep")))
@@ -104,7 +107,7 @@ def peak_device_memory(runs: pd.DataFrame, out_dir: Path):
                         hue="precision", palette=palette, ax=ax, s=50, legend=ax is axes[0][0])
         ax.set(title=f"stage {stage}", xlabel="world size", ylabel="peak allocated per rank (MiB)")
     _not_ok_note(fig, runs)
-    return _save(fig, out_dir, name), caption
+    return fig
 
 
 def scaling_efficiency(runs: pd.DataFrame) -> pd.Series:
@@ -116,11 +119,10 @@ def scaling_efficiency(runs: pd.DataFrame) -> pd.Series:
     return pd.Series(runs["tokens_per_s"].to_numpy() / (runs["world_size"].to_numpy() * ref), index=runs.index)
 
 
-def throughput(runs: pd.DataFrame, out_dir: Path):
-    caption = "Throughput (tokens/s, all ranks) and scaling efficiency (tokens/s at N over N x tokens/s at 1) vs world size, per stage."
+def throughput(runs: pd.DataFrame):
     ok = runs[runs["status"] == "ok"].copy()
     if ok.empty:
-        return _empty(out_dir, "throughput", "no ok runs"), caption
+        return _empty("no ok runs")
     ok["scaling_efficiency"] = scaling_efficiency(ok)
     long = ok.melt(id_vars=["precision", "zero_stage", "world_size"], value_vars=["tokens_per_s", "scaling_efficiency"])
     g = sns.relplot(data=long, x="world_size", y="value", hue="precision", col="zero_stage", row="variable",
@@ -129,11 +131,10 @@ def throughput(runs: pd.DataFrame, out_dir: Path):
     g.set_titles("{row_name} | stage {col_name}")
     g.set_axis_labels("world size", "")
     _not_ok_note(g.figure, runs)
-    return _save(g.figure, out_dir, "throughput"), caption
+    return g.figure
 
 
-def mfu_heatmap(runs: pd.DataFrame, out_dir: Path):
-    caption = "MFU (fraction of the dense peak recorded in each row), precision x ZeRO stage, one panel per world size; cells of runs that did not finish ok show their status."
+def mfu_heatmap(runs: pd.DataFrame):
     sizes = sorted(runs["world_size"].unique())
     precisions, stages = _precisions(runs), sorted(runs["zero_stage"].unique())
     fig, axes = plt.subplots(1, len(sizes), figsize=(3.2 * len(sizes) + 1, 0.6 * len(precisions) + 1.6), squeeze=False)
@@ -150,11 +151,10 @@ def mfu_heatmap(runs: pd.DataFrame, out_dir: Path):
                     linewidths=0.5, linecolor="white")
         ax.set_facecolor("#f4cccc")  # non-ok / missing cells show through in red
         ax.set(title=f"world size {ws}", xlabel="ZeRO stage", ylabel="precision")
-    return _save(fig, out_dir, "mfu_heatmap"), caption
+    return fig
 
 
-def loss_curves(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path):
-    caption = "Left: loss per step, mean over stages and world sizes, per precision (fp32 is the reference). Right: each stage's largest |loss - loss of stage 0| over steps, same precision and world size."
+def loss_curves(runs: pd.DataFrame, steps: pd.DataFrame):
     ok_ids = set(runs.loc[runs["status"] == "ok", "run_id"])
     st = steps[steps["run_id"].isin(ok_ids)]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
@@ -173,7 +173,7 @@ def loss_curves(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path):
             right.set_yscale("symlog", linthresh=1e-7)
         right.set(title="largest |Δloss| vs stage 0", xlabel="ZeRO stage", ylabel="max |Δloss|")
     _not_ok_note(fig, runs)
-    return _save(fig, out_dir, "loss_curves"), caption
+    return fig
 
 
 def loss_deviation_vs_stage0(steps: pd.DataFrame) -> pd.DataFrame:
@@ -187,11 +187,10 @@ def loss_deviation_vs_stage0(steps: pd.DataFrame) -> pd.DataFrame:
     return merged.groupby(["precision", "world_size", "zero_stage"], as_index=False)["dloss"].max().rename(columns={"dloss": "max_abs_dloss"})
 
 
-def loss_scale(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path):
-    caption = "fp16 dynamic loss scale over steps (median over fp16 runs, with range) and skipped steps (count per step over runs)."
+def loss_scale(runs: pd.DataFrame, steps: pd.DataFrame):
     fp16 = steps[steps["precision"] == "fp16"]
     if fp16.empty:
-        return _empty(out_dir, "loss_scale", "no fp16 runs in these results"), caption
+        return _empty("no fp16 runs in these results")
     agg = fp16.groupby("step").agg(median=("loss_scale", "median"), lo=("loss_scale", "min"), hi=("loss_scale", "max"),
                                     skipped=("skipped", "sum"))
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 4.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
@@ -202,14 +201,13 @@ def loss_scale(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path):
     bottom.bar(agg.index, agg["skipped"], color="firebrick")
     bottom.set(xlabel="step", ylabel="skipped")
     _not_ok_note(fig, runs[runs["precision"] == "fp16"])
-    return _save(fig, out_dir, "loss_scale"), caption
+    return fig
 
 
-def communication(runs: pd.DataFrame, out_dir: Path):
-    caption = "Bytes handed to collectives per optimizer step (ZeRO paper's unit): measured (bars) vs predicted (black ticks: PyTorch strategy; grey: the paper), per stage and world size."
+def communication(runs: pd.DataFrame):
     ok = runs[runs["status"] == "ok"]
     if ok.empty:
-        return _empty(out_dir, "communication", "no ok runs"), caption
+        return _empty("no ok runs")
     agg = ok.groupby(["zero_stage", "world_size"], as_index=False)[
         ["comm_bytes_per_step_measured", "comm_bytes_per_step_predicted", "comm_bytes_per_step_predicted_paper"]].mean()
     agg["label"] = "z" + agg["zero_stage"].astype(str) + " w" + agg["world_size"].astype(str)
@@ -222,18 +220,4 @@ def communication(runs: pd.DataFrame, out_dir: Path):
     ax.set(ylabel="MiB per step", xlabel="stage, world size")
     ax.legend(fontsize=8)
     _not_ok_note(fig, runs)
-    return _save(fig, out_dir, "communication", svg=True), caption
-
-
-def all_plots(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path) -> list[tuple[list[str], str]]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    sns.set_theme(style="whitegrid", context="paper")
-    return [
-        model_state_memory(runs, out_dir),
-        peak_device_memory(runs, out_dir),
-        throughput(runs, out_dir),
-        mfu_heatmap(runs, out_dir),
-        loss_curves(runs, steps, out_dir),
-        loss_scale(runs, steps, out_dir),
-        communication(runs, out_dir),
-    ]
+    return fig

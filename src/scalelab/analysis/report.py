@@ -2,7 +2,8 @@
 
 ``build_report(results_dir)`` reads ``metrics.parquet`` and ``steps.parquet`` (nothing
 else: no run folders, no training) and writes ``report/report.html`` (one self-contained
-file, images embedded), ``report/summary.md`` and the figures.
+file, images embedded), ``report/summary.md`` and the figures in ``report/figures/`` (the
+registry in scalelab.analysis.figures names them and holds their captions).
 """
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from pathlib import Path
 import pandas as pd
 
 from scalelab import __version__
-from scalelab.analysis.levers import baseline, fp8_table, lever_plots, lever_table
+from scalelab.analysis.figures import FIGURES_DIR, Drawn, draw_figures
+from scalelab.analysis.levers import baseline, fp8_table, lever_table
 from scalelab.analysis.metrics import schema_version
-from scalelab.analysis.plots import all_plots, loss_deviation_vs_stage0, scaling_efficiency
+from scalelab.analysis.plots import loss_deviation_vs_stage0, scaling_efficiency
 from scalelab.io import atomic_path
 
 MFU_LIMIT = 1.0
@@ -39,8 +41,8 @@ within a step (stage 2 keeps unsharded parameters from forward to backward).</li
 <li><b>Communication per step</b>, in the ZeRO paper's unit (all-reduce of Ψ = 2Ψ; all-gather, reduce-scatter,
 broadcast of Ψ = Ψ): stage 0: 2Ψ; stage 1: 3Ψ with PyTorch's ZeroRedundancyOptimizer (all-reduce + broadcast of
 updated shards; the paper's 2Ψ); stage 2: 2Ψ; stage 3: 3Ψ; with k accumulation micro-batches FSDP2 stages 2/3
-move (k+1)Ψ and (2k+1)Ψ. At world size 1 FSDP2 issues no collectives (0 bytes) while DDP and ZeRO-1 still do. Bytes = elements × 4 (gradients and parameters travel in fp32). On a ring each rank
-sends (N−1)/N of this.</li>
+move (k+1)Ψ and (2k+1)Ψ. At world size 1 FSDP2 issues no collectives (0 bytes) while DDP and ZeRO-1 still do.
+Bytes = elements × 4 (gradients and parameters travel in fp32). On a ring each rank sends (N−1)/N of this.</li>
 <li><b>Scaling efficiency</b> = tokens/s at N / (N × tokens/s at world size 1), same precision and stage.</li>
 <li><b>Activations</b> kept for backward per layer and micro-batch. Korthikanti et al. 2022 (2-byte values, no tensor
 parallelism): s·b·h·(34 + 5·a·s/h), and 2·s·b·h with full recomputation ("paper" columns, scaled by width / 2). For this
@@ -150,23 +152,28 @@ def _markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _figure(out_dir: Path, files: list[str], caption: str) -> str:
-    data = base64.b64encode((out_dir / files[0]).read_bytes()).decode()
-    return (f"<figure><img alt='{html.escape(files[0])}' src='data:image/png;base64,{data}'>"
-            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+def _figure(fig_dir: Path, drawn: Drawn) -> str:
+    """The PNG embedded, the registry's caption, then the figure's own note if it has one."""
+    png = drawn.files[0]
+    data = base64.b64encode((fig_dir / png).read_bytes()).decode()
+    note = f" <em>{html.escape(drawn.note)}</em>" if drawn.note else ""
+    return (f"<figure id='{drawn.figure.name}'><img alt='{html.escape(f'{FIGURES_DIR}/{png}')}' src='data:image/png;base64,{data}'>"
+            f"<figcaption>{html.escape(drawn.figure.caption)}{note}</figcaption></figure>")
 
 
 def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> Path:
-    """Write <out_dir>/report.html, summary.md and the figures; return the HTML path."""
+    """Write <out_dir>/report.html, summary.md and the figures (in <out_dir>/figures/); return the HTML path."""
     results_dir = Path(results_dir)
     out_dir = Path(out_dir) if out_dir else results_dir / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
     runs, steps = load_tables(results_dir)
     # The main figures compare precision x stage x world size with every lever at its default.
     base = baseline(runs)
-    figures = all_plots(base, steps[steps["run_id"].isin(base["run_id"])], out_dir)
     levers, fp8 = lever_table(runs), fp8_table(runs)
-    lever_figures = lever_plots(runs, steps, levers, out_dir)
+    fig_dir = out_dir / FIGURES_DIR
+    drawn = draw_figures(runs, steps, levers, fig_dir)
+    figures = [d for d in drawn if d.figure.kind == "main"]
+    lever_figures = [d for d in drawn if d.figure.kind == "lever"]
     warnings = find_warnings(runs, steps)
     table = _fmt_table(runs)
 
@@ -185,10 +192,10 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
     if len(base) < len(runs):
         parts.append(f"<p>These figures show the {len(base)} runs with every lever at its default; "
                      "the other runs are in <a href='#levers'>Levers</a>.</p>")
-    parts += [_figure(out_dir, files, caption) for files, caption in figures]
+    parts += [_figure(fig_dir, d) for d in figures]
     if lever_figures or not levers.empty or not fp8.empty:
         parts.append("<h2 id='levers'>Levers</h2>")
-        parts += [_figure(out_dir, files, caption) for files, caption in lever_figures]
+        parts += [_figure(fig_dir, d) for d in lever_figures]
         if not levers.empty:
             parts.append("<h3>Each lever against its baseline twin (same precision, stage, world size)</h3>")
             parts.append(levers.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="", border=0))
