@@ -1,8 +1,10 @@
 # scalelab: reproducible scaling experiments (precision x ZeRO stage x world size).
 # Table of contents only: helpers live in rules/common.smk, one stage per rules/*.smk.
-from snakemake.utils import min_version, validate
+from pathlib import Path
 
-from scalelab.config import ConfigError, check_moved_keys, check_yaml_syntax
+from snakemake.utils import min_version
+
+from scalelab.config import ConfigError, check_yaml_syntax, validate_config
 
 min_version("9.14.8")
 
@@ -17,11 +19,12 @@ for _config_file in ["config.yaml", *workflow.overwrite_configfiles]:
 configfile: "config.yaml"
 
 
+# The one validation path (scalelab.config.validate_config): schema with defaults, then the
+# cross-field rules. A bad value stops the workflow here, before any job, naming key and value.
 try:
-    check_moved_keys(config)  # a key of an earlier layout: say where it went
+    validate_config(config, base_dir=Path.cwd())  # paths in config are relative to the working directory
 except ConfigError as err:
     raise WorkflowError(f"invalid config: {err}") from None
-validate(config, "workflow/schemas/config.schema.yaml")
 
 
 include: "rules/common.smk"

@@ -1,21 +1,13 @@
-# Helpers shared by the rules: checked config, paths, the sweep table. No rules here.
+# Helpers shared by the rules: paths, the sweep table, the device plan. No rules here.
 import sys
 from pathlib import Path
 
 import pandas as pd
 from snakemake.utils import Paramspace
 
-from scalelab.config import ConfigError, check_config, launch_plan
-
-from scalelab.sweep import SWEEP_AXES, RunPoint, sweep_plan
+from scalelab.config import launch_plan
 from scalelab.placement import sweep_device_plan, train_job_resources
-
-# Schema checks ran in the Snakefile; these are the cross-field rules. A bad value stops
-# the workflow here, before any job is scheduled, with the key and value named.
-try:
-    check_config(config, base_dir=Path.cwd())  # paths in config are relative to the working directory
-except ConfigError as err:
-    raise WorkflowError(f"invalid config: {err}") from None
+from scalelab.sweep import SWEEP_AXES, RunPoint, sweep_plan
 
 RESULTS = Path(config["results_dir"])
 DATASET = config["dataset"]["name"]

@@ -24,43 +24,59 @@ class ConfigError(ValueError):
     """A configuration value is unusable; the message names the key and the value."""
 
 
+def _schema_defaults() -> dict[str, dict]:
+    import yaml
+
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())["properties"]
+    return {name: {key: spec.get("default") for key, spec in sec.get("properties", {}).items()}
+            for name, sec in schema.items() if sec.get("type") == "object"}
+
+
+_SCHEMA_DEFAULTS = _schema_defaults()
+
+
+def _default(section_name: str, key: str):
+    """A dataclass field whose default is the schema's: the schema is where defaults are written."""
+    return dataclasses.field(default=_SCHEMA_DEFAULTS[section_name][key])
+
+
 @dataclass(frozen=True)
 class DatasetConfig:
-    name: str
+    name: str = _default("dataset", "name")
     """Folder under <results_dir>/data/."""
-    source: str
+    source: str = _default("dataset", "source")
     """synthetic | text | tokenized."""
-    path: str | None
+    path: str | None = _default("dataset", "path")
     """Corpus file/folder (text) or .bin file/folder (tokenized)."""
-    tokenizer: str
+    tokenizer: str = _default("dataset", "tokenizer")
     """byte | bpe."""
-    bpe_vocab_size: int
+    bpe_vocab_size: int = _default("dataset", "bpe_vocab_size")
     """Vocab size of the trained BPE."""
-    decode_errors: str
+    decode_errors: str = _default("dataset", "decode_errors")
     """strict | replace: what to do with bytes that are not UTF-8 (BPE only)."""
-    tokenized_dtype: str
+    tokenized_dtype: str = _default("dataset", "tokenized_dtype")
     """uint16 | uint32, element type of a tokenized source."""
-    vocab_size: int | None
+    vocab_size: int | None = _default("dataset", "vocab_size")
     """Vocab size of a tokenized source; None = max token id + 1."""
-    val_fraction: float
+    val_fraction: float = _default("dataset", "val_fraction")
     """Share of each chunk of tokens written to val.bin."""
-    synthetic_bytes: int
+    synthetic_bytes: int = _default("dataset", "synthetic_bytes")
     """Size of the synthetic corpus in bytes of text."""
-    seed: int
+    seed: int = _default("dataset", "seed")
     """Seed of the synthetic corpus."""
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    n_layers: int
+    n_layers: int = _default("model", "n_layers")
     """Transformer blocks."""
-    d_model: int
+    d_model: int = _default("model", "d_model")
     """Residual stream width."""
-    n_heads: int
+    n_heads: int = _default("model", "n_heads")
     """Attention heads (divides d_model)."""
-    seq_len: int
+    seq_len: int = _default("model", "seq_len")
     """Context length in tokens."""
-    tie_embeddings: bool
+    tie_embeddings: bool = _default("model", "tie_embeddings")
     """Share token embedding and output head weights."""
     vocab_size: int = 256
     """Filled from the prepared dataset's meta.json."""
@@ -68,35 +84,35 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int
+    steps: int = _default("train", "steps")
     """Optimizer steps."""
-    warmup_steps: int
+    warmup_steps: int = _default("train", "warmup_steps")
     """Steps excluded from throughput/MFU; also the LR warm-up length."""
-    global_batch: int
+    global_batch: int = _default("train", "global_batch")
     """Sequences per optimizer step at every world size."""
-    lr: float
+    lr: float = _default("train", "lr")
     """Peak AdamW learning rate."""
-    weight_decay: float
+    weight_decay: float = _default("train", "weight_decay")
     """AdamW weight decay."""
-    grad_clip: float
+    grad_clip: float = _default("train", "grad_clip")
     """Max global grad norm; 0 = no clipping."""
-    seed: int
+    seed: int = _default("train", "seed")
     """Seed of init and sampling."""
-    device: str
+    device: str = _default("train", "device")
     """auto | cpu | cuda. auto is decided once, where the sweep is planned (scalelab.placement)."""
-    tf32: bool
+    tf32: bool = _default("train", "tf32")
     """Allow TF32 matmuls for fp32 on GPU."""
-    fp16_init_scale: float
+    fp16_init_scale: float = _default("train", "fp16_init_scale")
     """Initial dynamic loss scale (fp16)."""
-    fp8_emulate: bool
+    fp8_emulate: bool = _default("train", "fp8_emulate")
     """Run fp8 points anywhere with torchao's emulated float8 casts (checks the recipe, not speed)."""
-    checkpoint_every: int
+    checkpoint_every: int = _default("train", "checkpoint_every")
     """Save a resumable checkpoint every N optimizer steps; 0 = never."""
-    collective_timeout_s: float
+    collective_timeout_s: float = _default("train", "collective_timeout_s")
     """Timeout of every collective, seconds."""
-    run_timeout_s: float
+    run_timeout_s: float = _default("train", "run_timeout_s")
     """Wall-clock limit of one run, seconds."""
-    peak_tflops: dict[str, float] | None = None
+    peak_tflops: dict[str, float] | None = _default("train", "peak_tflops")
     """Dense peak TFLOP/s per GPU by precision key (fp32, tf32, fp16, bf16, fp8), for a GPU or a
     key scalelab.hardware has no datasheet figure for; None = the table's figures only."""
 
@@ -132,6 +148,26 @@ def train_config(config: dict) -> TrainConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    ranks_per_node: int = _default("cluster", "ranks_per_node")
+    """Ranks (GPUs) one node holds; a run with more spans world_size / ranks_per_node launchers."""
+    launchers_per_node: int = _default("cluster", "launchers_per_node")
+    """torchrun launchers per node (2 packs two 'nodes' on one host)."""
+    cpus_per_rank: int = _default("cluster", "cpus_per_rank")
+    """CPU cores per rank: SLURM cpus, and intra-op threads of CPU runs."""
+    mem_mb_per_rank: int = _default("cluster", "mem_mb_per_rank")
+    """Host memory per rank, MB."""
+    gpus_per_node: int | None = _default("cluster", "gpus_per_node")
+    """GPUs on each node; None = not stated (train.device auto then looks at the planning machine)."""
+    exclusive: bool = _default("cluster", "exclusive")
+    """SLURM: training jobs take whole nodes."""
+
+
+def cluster_config(config: dict) -> ClusterConfig:
+    return _build(ClusterConfig, section(config, "cluster"), "cluster")
+
+
+@dataclass(frozen=True)
 class LaunchPlan:
     """How one run maps onto machines: torchrun launchers x ranks each, over nodes."""
 
@@ -150,9 +186,8 @@ class LaunchPlan:
 def launch_plan(config: dict, world_size: int) -> LaunchPlan:
     """One launcher when the run fits a node; else world_size / ranks_per_node launchers,
     packed launchers_per_node to a node. Raises ConfigError when ranks do not split evenly."""
-    cluster = config.get("cluster") or {}
-    per_node = int(cluster.get("ranks_per_node", 8))
-    packing = int(cluster.get("launchers_per_node", 1))
+    cluster = cluster_config(config)
+    per_node, packing = cluster.ranks_per_node, cluster.launchers_per_node
     if world_size <= per_node:
         return LaunchPlan(1, world_size, 1)
     if world_size % per_node:
@@ -201,8 +236,8 @@ def check_config(config: dict, base_dir: str | Path = ".") -> None:
 
 def check_gpu_layout(config: dict) -> None:
     """The GPUs the config says a node has must hold the ranks it places there, one GPU each."""
-    cluster, device = config.get("cluster") or {}, (config.get("train") or {}).get("device", "auto")
-    gpus = cluster.get("gpus_per_node")
+    cluster, device = cluster_config(config), train_config(config).device
+    gpus = cluster.gpus_per_node
     if gpus is None or device == "cpu":
         return
     if gpus == 0:
@@ -210,12 +245,11 @@ def check_gpu_layout(config: dict) -> None:
             raise ConfigError("train.device='cuda' but cluster.gpus_per_node=0: set the nodes' GPU count, "
                               "or train.device: cpu")
         return
-    per_node = int(cluster.get("ranks_per_node", 8)) * int(cluster.get("launchers_per_node", 1))
+    per_node = cluster.ranks_per_node * cluster.launchers_per_node
     if per_node > gpus:
         raise ConfigError(
-            f"cluster.ranks_per_node={cluster.get('ranks_per_node', 8)} x cluster.launchers_per_node="
-            f"{cluster.get('launchers_per_node', 1)} places {per_node} ranks on a node with cluster.gpus_per_node={gpus}: "
-            "every rank needs a GPU of its own")
+            f"cluster.ranks_per_node={cluster.ranks_per_node} x cluster.launchers_per_node={cluster.launchers_per_node} "
+            f"places {per_node} ranks on a node with cluster.gpus_per_node={gpus}: every rank needs a GPU of its own")
 
 
 def check_moved_keys(config: dict) -> None:
@@ -248,15 +282,27 @@ def config_hash(config: dict) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def load_config(path: str | Path) -> dict:
-    """Read a config YAML, apply the schema (defaults included) and the cross-field checks."""
-    import yaml
+def validate_config(config: dict, base_dir: str | Path = ".") -> dict:
+    """The one validation path (the Snakefile and load_config): keys of earlier layouts named,
+    the schema applied (types, enums, unknown keys; defaults filled in place), then the
+    cross-field checks. Raises ConfigError naming key and value; returns the config."""
+    from jsonschema.exceptions import ValidationError
+    from snakemake.exceptions import WorkflowError
     from snakemake.utils import validate
 
-    path = Path(path)
-    with open(path) as handle:
-        config = yaml.safe_load(handle) or {}
     check_moved_keys(config)
-    validate(config, str(SCHEMA_PATH), set_default=True)
-    check_config(config, base_dir=path.parent)
+    try:
+        validate(config, str(SCHEMA_PATH), set_default=True)
+    except (ValidationError, WorkflowError) as err:
+        raise ConfigError(str(err)) from None
+    check_config(config, base_dir=base_dir)
     return config
+
+
+def load_config(path: str | Path) -> dict:
+    """Read a config YAML and validate it (validate_config); paths in it are relative to its folder."""
+    import yaml
+
+    path = Path(path)
+    check_yaml_syntax(path)
+    return validate_config(yaml.safe_load(path.read_text()) or {}, base_dir=path.parent)

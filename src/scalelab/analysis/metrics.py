@@ -85,7 +85,7 @@ _RUN_FIELDS = [
     ("fp8_linears", pa.int32()), ("fp8_emulated", pa.bool_()),
     ("ddp_buckets_predicted", pa.int32()),
     ("predicted_peak_bytes", pa.float64()), ("predicted_activation_bytes", pa.float64()),
-    ("predicted_transient_param_bytes", pa.float64()), ("device_memory_bytes", pa.float64()),
+    ("predicted_transient_param_bytes", pa.float64()), ("device_memory_bytes", pa.float64()), ("predicted_oom_reason", pa.string()),
     ("peak_mem_allocated_bytes", pa.int64()), ("peak_mem_reserved_bytes", pa.int64()), ("peak_rss_bytes", pa.int64()),
     ("wall_time_s", pa.float64()), ("startup_s", pa.float64()),
     ("requested_device", pa.string()), ("planned_device_reason", pa.string()),
@@ -98,6 +98,15 @@ _RUN_FIELDS = [
     ("seed", pa.int64()), ("config_hash", pa.string()), ("started_utc", pa.string()), ("run_path", pa.string()),
 ]
 RUN_SCHEMA = pa.schema(IDENTITY_FIELDS + [pa.field(n, t) for n, t in _RUN_FIELDS], metadata=_META)
+
+
+# Summary keys that run_row spreads over several columns (comm_<collective>_...).
+_FLATTENED = {"comm_bytes_per_step_by_type", "comm_calls_per_step"}
+
+
+def unknown_summary_keys(summary: dict) -> list[str]:
+    """Keys of a run's summary that no column of RUN_SCHEMA holds (they would be lost)."""
+    return sorted(set(summary) - set(RUN_SCHEMA.names) - _FLATTENED)
 
 
 def run_row(summary: dict, run_path: str) -> dict:
@@ -156,6 +165,9 @@ def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict
             if identity:
                 rows.append(run_row({**identity, "status": "corrupt", "reason": f"{summary_path} is corrupt: {err}"}, run_path))
             continue
+        lost = unknown_summary_keys(summary)
+        if lost:  # a writer and the schema disagree: say so, never drop a field silently
+            problems.append(f"{summary_path}: fields not in the metrics schema, not collected: {', '.join(lost)}")
         rows.append(run_row(summary, run_path))
         try:
             table = pq.read_table(steps_path)
