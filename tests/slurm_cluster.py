@@ -1,6 +1,6 @@
 """A one-node SLURM cluster on this machine, for tests: munged + slurmctld + slurmd.
 
-Debian 12's Slurm 22.05 as root, configured as DESIGN.md records it working here:
+Debian 12's Slurm 22.05 as root, in the configuration seen to work on these machines:
 proctrack/linuxproc, task/none, no accounting, no cgroup.conf, NodeName from `slurmd -C`.
 Everything (config, state, logs, pid files) lives in a temporary folder; stop() cancels
 jobs and kills every daemon it started, so nothing outlives the test.

@@ -71,10 +71,6 @@ def flops_per_token(cfg: ModelConfig, causal_halved: bool = False) -> float:
     return 6 * matmul_params(cfg) + (attention / 2 if causal_halved else attention)
 
 
-def training_flops(cfg: ModelConfig, tokens: float) -> float:
-    return flops_per_token(cfg) * tokens
-
-
 def mfu(tokens_per_s: float, flops_per_tok: float, peak_flops_per_device: float, n_devices: int) -> float:
     """Model FLOPs utilisation: achieved model FLOP/s over the devices' summed dense peak.
 

@@ -45,29 +45,27 @@ class Strategy:
     """Has DDP gradient buckets (the bucket_mb lever applies)."""
     cpu_offload: bool
     """Can keep its sharded state in host memory (the cpu_offload lever applies)."""
-    optimizer_shards_per_rank: bool
-    """The optimizer state is ZeroRedundancyOptimizer's per-rank shard (checkpointed per rank)."""
 
 
 STRATEGIES: dict[int, Strategy] = {s.stage: s for s in (
     Strategy(0, "DDP", "parallelize_ddp", (False, False, False), (False, False, False),
              comm_psi=lambda k: 2, comm_psi_paper=2, transient_psi=lambda psi, block, n: 0.0,
-             silent_at_world_size_1=False, ddp_buckets=True, cpu_offload=False, optimizer_shards_per_rank=False),
+             silent_at_world_size_1=False, ddp_buckets=True, cpu_offload=False),
     # PyTorch all-reduces gradients and then broadcasts the updated shards: 3 Psi, not the paper's 2.
     Strategy(1, "DDP + ZeroRedundancyOptimizer", "parallelize_zero1", (False, False, True), (False, False, True),
              comm_psi=lambda k: 3, comm_psi_paper=2, transient_psi=lambda psi, block, n: 0.0,
-             silent_at_world_size_1=False, ddp_buckets=True, cpu_offload=False, optimizer_shards_per_rank=True),
+             silent_at_world_size_1=False, ddp_buckets=True, cpu_offload=False),
     # FSDP2 reshards after backward, so at rest stage 2 holds what stage 3 holds; it keeps every
     # block's unsharded fp32 parameters from forward to backward (+4 Psi (N-1)/N in the step),
     # and all-gathers once per micro-batch: (k + 1) Psi.
     Strategy(2, "FSDP2, reshard_after_forward=False", "parallelize_fsdp_keep", (True, True, True), (False, True, True),
              comm_psi=lambda k: k + 1, comm_psi_paper=2, transient_psi=lambda psi, block, n: 4.0 * psi * (n - 1) / n,
-             silent_at_world_size_1=True, ddp_buckets=False, cpu_offload=False, optimizer_shards_per_rank=False),
+             silent_at_world_size_1=True, ddp_buckets=False, cpu_offload=False),
     # Stage 3 gathers one block at a time (two in flight with prefetch), forward and backward: (2k + 1) Psi.
     Strategy(3, "FSDP2, reshard_after_forward=True", "parallelize_fsdp_reshard", (True, True, True), (True, True, True),
              comm_psi=lambda k: 2 * k + 1, comm_psi_paper=3,
              transient_psi=lambda psi, block, n: 2 * 4.0 * block * (n - 1) / n,
-             silent_at_world_size_1=True, ddp_buckets=False, cpu_offload=True, optimizer_shards_per_rank=False),
+             silent_at_world_size_1=True, ddp_buckets=False, cpu_offload=True),
 )}
 ZERO_STAGES = tuple(STRATEGIES)
 
