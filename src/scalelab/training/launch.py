@@ -161,12 +161,7 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
     run_dir, log_path = Path(run_dir), Path(log_path)
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    resuming = bool(config["train"].get("checkpoint_every")) and (run_dir / "checkpoint").is_dir()
-    stale = [*run_dir.glob("rank*.error.json"), run_dir / "worker_result.json"]
-    if not resuming:  # a resumed run keeps the step records up to its checkpoint
-        stale.append(run_dir / "progress.jsonl")
-    for path in stale:
-        path.unlink(missing_ok=True)  # leftovers of a killed attempt
+    _remove_leftovers(run_dir, resuming=bool(config["train"].get("checkpoint_every")) and (run_dir / "checkpoint").is_dir())
 
     meta = read_meta(data_dir)
     model = model_config(config, vocab_size=meta["vocab_size"])
@@ -179,7 +174,6 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
         reason = skip_reason(device, point, plan, int((config.get("cluster") or {}).get("launchers_per_node", 1)),
                              train.fp8_emulate)
     memory_plan = plan_memory(config, model, point, micro, device)
-    threads_per_rank = max(1, threads // point.world_size)
     summary = {
         **identity,
         "dataset": meta["dataset"], "dataset_sha256_train": meta["sha256"]["train.bin"],
@@ -204,29 +198,57 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
             "run_dir": str(run_dir.resolve()), "device": device, "point": point.values(),
             "train_bin": str((Path(data_dir) / "train.bin").resolve()),
             "token_dtype": meta["dtype"], "model": model.__dict__, "train": train.__dict__,
-            "threads_per_rank": threads_per_rank, "save_final_params": save_final_params,
+            "threads_per_rank": max(1, threads // point.world_size), "save_final_params": save_final_params,
         }
-        spec_path = (run_dir / "spec.json").resolve()
-        write_json(spec_path, spec)
-        cmd = torchrun_command(plan, point.world_size, spec_path,
-                               placement.srun_step_options(plan, device, config["cluster"]))
-        summary["launch"] = "srun x torchrun (static rendezvous)" if cmd[0] == "srun" else "torchrun --standalone"
-        summary["launchers"] = plan.launchers if cmd[0] == "srun" else 1
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_rank), "PYTHONUNBUFFERED": "1"}
-        status, reason, summary["teardown_warning"] = _run_torchrun(cmd, env, log_path, train.run_timeout_s, run_dir)
-        if (run_dir / "progress.jsonl").exists():
-            records = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines() if line.strip()]
-        if status == "ok":
-            summary.update(read_json(run_dir / "worker_result.json"))
-            summary["startup_s"] = summary.pop("first_step_unix") - started
-        summary["completed_steps"] = len(records)
-        if records:
-            summary["final_loss"] = records[-1]["loss"]
-        spec_path.unlink(missing_ok=True)
+        status, reason, records, launched = _run_workers(spec, run_dir, plan, config["cluster"], log_path,
+                                                         train.run_timeout_s, started)
+        summary.update(launched)
 
     summary.update(status=status, reason=reason, wall_time_s=time.time() - started)
+    _write_results(run_dir, log_path, point.run_id, identity, records, summary)
+    return summary
+
+
+def _remove_leftovers(run_dir: Path, resuming: bool) -> None:
+    """Delete what a killed attempt left in run_dir; a resumed run keeps the step records up
+    to its checkpoint."""
+    stale = [*run_dir.glob("rank*.error.json"), run_dir / "worker_result.json"]
+    if not resuming:
+        stale.append(run_dir / "progress.jsonl")
+    for path in stale:
+        path.unlink(missing_ok=True)
+
+
+def _run_workers(spec: dict, run_dir: Path, plan: LaunchPlan, cluster: dict, log_path: Path, timeout_s: float,
+                 started: float) -> tuple[str, str | None, list[dict], dict]:
+    """Run torchrun on the spec, then read back what the workers left: (status, reason, step
+    records, summary fields: how the ranks were launched, what they measured)."""
+    spec_path = (run_dir / "spec.json").resolve()
+    write_json(spec_path, spec)
+    cmd = torchrun_command(plan, spec["point"]["world_size"], spec_path,
+                           placement.srun_step_options(plan, spec["device"], cluster))
+    launched = {"launch": "srun x torchrun (static rendezvous)" if cmd[0] == "srun" else "torchrun --standalone",
+                "launchers": plan.launchers if cmd[0] == "srun" else 1}
+    env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads_per_rank"]), "PYTHONUNBUFFERED": "1"}
+    status, reason, launched["teardown_warning"] = _run_torchrun(cmd, env, log_path, timeout_s, run_dir)
+    records = []
+    if (run_dir / "progress.jsonl").exists():
+        records = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines() if line.strip()]
+    if status == "ok":
+        launched.update(read_json(run_dir / "worker_result.json"))
+        launched["startup_s"] = launched.pop("first_step_unix") - started
+    launched["completed_steps"] = len(records)
+    if records:
+        launched["final_loss"] = records[-1]["loss"]
+    spec_path.unlink(missing_ok=True)
+    return status, reason, records, launched
+
+
+def _write_results(run_dir: Path, log_path: Path, run_id: str, identity: dict, records: list[dict], summary: dict) -> None:
+    """Log the outcome, write steps.parquet and then summary.json, and remove the scratch files."""
+    status, reason = summary["status"], summary["reason"]
     with open(log_path, "a") as log:
-        log.write(f"scalelab: {point.run_id} finished with status {status}" + (f": {reason}" if reason else "") + "\n")
+        log.write(f"scalelab: {run_id} finished with status {status}" + (f": {reason}" if reason else "") + "\n")
     write_parquet(steps_table(identity, records), run_dir / "steps.parquet")
     write_json(run_dir / "summary.json", summary)  # last: its presence means the run is complete
     for scratch in [run_dir / "worker_result.json", run_dir / "progress.jsonl", *run_dir.glob("rank*.error.json")]:
@@ -236,7 +258,6 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
         import shutil
 
         shutil.rmtree(run_dir / "checkpoint", ignore_errors=True)
-    return summary
 
 
 def allocation_first_host() -> str:

@@ -6,6 +6,11 @@ and has rank 0 write ``worker_result.json`` (run-level measurements) and
 the run's ``summary.json`` and ``steps.parquet``, and decides the status when a rank fails.
 A rank that raises writes ``rank<R>.error.json`` first, so the launcher can tell OOM from
 a timeout from a crash.
+
+:func:`train` is :func:`setup` (everything before the first step), a loop of
+:func:`train_step` (one optimizer step), then :func:`gather` (every rank) and
+:func:`results` (rank 0's ``worker_result.json``). Tests and fault drills inject faults
+from ``SCALELAB_FAULT`` through one hook, :meth:`Fault.inject`.
 """
 from __future__ import annotations
 
@@ -22,10 +27,13 @@ import statistics
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from scalelab import accounting, hardware
 from scalelab.config import ModelConfig, TrainConfig
@@ -37,7 +45,7 @@ from scalelab.training import checkpoint
 from scalelab.training.activations import SavedActivationMeter
 from scalelab.training.comm import CommCounter
 from scalelab.training.model import GPT
-from scalelab.training.parallel import clip_grad_norm, model_state_bytes, parallelize
+from scalelab.training.parallel import Parallelized, clip_grad_norm, model_state_bytes, parallelize
 from scalelab.training.precision import COMPUTE_DTYPE, autocast, convert_to_fp8, grad_scaler
 
 
@@ -105,12 +113,17 @@ def nccl_version() -> str:
 
 
 class Fault:
-    """Fault injection for tests, from SCALELAB_FAULT="kind@step=S,rank=R".
+    """Fault injection for tests and drills, from SCALELAB_FAULT="kind@step=S,rank=R".
 
     kinds: inf_grad (a non-finite gradient element on that rank), crash (raise), hang
     (sleep before the step's collectives), exit (hard exit without cleanup), teardown
-    (abort in process-group teardown, after the results are written).
+    (abort in process-group teardown, after the results are written). Any other value
+    (scalelab.io.fault_point's names) injects nothing here.
     """
+
+    # The moment each kind strikes: the hook is called at every one of them.
+    MOMENT = {"hang": "before_step", "crash": "before_step", "exit": "before_step",
+              "inf_grad": "after_backward", "teardown": "teardown"}
 
     def __init__(self, spec: str | None):
         self.kind = None
@@ -119,50 +132,148 @@ class Fault:
             kv = dict(item.split("=") for item in args.split(",") if item)
             self.step, self.rank = int(kv.get("step", 0)), int(kv.get("rank", 0))
 
-    def due(self, kind: str, step: int, rank: int) -> bool:
-        return self.kind == kind and self.step == step and self.rank == rank
+    @classmethod
+    def from_env(cls) -> "Fault":
+        return cls(os.environ.get("SCALELAB_FAULT"))
+
+    def inject(self, moment: str, step: int, rank: int, model: torch.nn.Module | None = None) -> None:
+        """The one hook: inject this fault if it is due at this moment of this step on this rank.
+        model: the wrapped model whose gradients inf_grad spoils (at "after_backward")."""
+        if self.MOMENT.get(self.kind) != moment or (self.step, self.rank) != (step, rank):
+            return
+        if self.kind == "hang":
+            time.sleep(10 ** 6)
+        elif self.kind == "crash":
+            raise RuntimeError(f"injected crash at step {step} on rank {rank}")
+        elif self.kind == "exit":
+            os._exit(17)
+        elif self.kind == "inf_grad":
+            grad = next(p.grad for p in model.parameters() if p.grad is not None)
+            (grad.to_local() if hasattr(grad, "to_local") else grad).view(-1)[0] = float("inf")
+        elif self.kind == "teardown":
+            os.abort()
 
 
-def train(spec: dict) -> None:
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    run_dir = Path(spec["run_dir"])
-    device = torch.device(spec["device"])
+@dataclass
+class Run:
+    """What one rank sets up before its first step and keeps for the whole run."""
+    rank: int
+    world_size: int
+    run_dir: Path
+    device: torch.device
+    model_cfg: ModelConfig
+    train_cfg: TrainConfig
+    point: RunPoint
+    micro: int  # sequences per micro-batch
+    accum: int  # micro-batches per step
+    fault: Fault
+    peak: float  # dense peak FLOP/s per device, and where that figure came from
+    peak_source: str
+    n_params: int
+    param_bytes: list[int]  # per parameter, in model order (predicts DDP's buckets)
+    fp8_linears: int | None
+    blocks: list[torch.nn.Module]  # the transformer blocks, whose saved activations are measured
+    par: Parallelized
+    scaler: ShardedGradScaler
+    sampler: BatchSampler
+    counter: CommCounter
+    start_step: int  # 0, or the step after the checkpoint this attempt resumed from
+    progress: TextIO | None  # rank 0's progress.jsonl, open for appending step records
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.train_cfg.global_batch * self.model_cfg.seq_len
+
+    @property
+    def ckpt_root(self) -> Path:
+        return self.run_dir / "checkpoint"
+
+
+@dataclass
+class StepOutcome:
+    """What train_step hands the loop to record."""
+    loss: torch.Tensor  # the global batch's mean loss over every rank
+    grad_norm: torch.Tensor  # before clipping
+    loss_scale: float | None  # the fp16 loss scale this step used; None without a scaler
+    skipped: bool  # the scaler skipped the optimizer step (a non-finite gradient on some rank)
+    time_s: float
+    activations: dict | None  # bytes saved for backward by the first micro-batch, when asked to measure
+
+
+@dataclass
+class Tally:
+    """What the loop accumulates for the run-level results (this attempt's steps only)."""
+    step_times: list[float] = field(default_factory=list)  # steps after warm-up
+    skipped_steps: int = 0
+    first_step_at: float | None = None  # unix time
+    activations: dict | None = None  # measured on this attempt's first micro-batch
+    loop_time: float = 0.0  # the whole loop after warm-up, measurement included
+
+
+@dataclass
+class Gathered:
+    """Measurements every rank contributes after the last step."""
+    held: list[dict]  # model state bytes at rest, per rank, by kind
+    mem: list[dict]  # peak memory per rank
+    comm: dict  # this rank's counted collective calls and bytes, by type
+
+
+def rank_device(requested: str) -> torch.device:
+    """This rank's device: the CPU, or its own GPU (scalelab.placement.gpu_index), made current."""
+    device = torch.device(requested)
     if device.type == "cuda":
         device = torch.device("cuda", gpu_index(int(os.environ.get("LOCAL_RANK", 0)),
                                                 int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
                                                 int(os.environ.get(LAUNCHER_SLOT_ENV) or 0), torch.cuda.device_count()))
         torch.cuda.set_device(device)
+    return device
+
+
+def setup(spec: dict) -> Run:
+    """Everything before the first step: device, configs, model, strategy, scaler, sampler,
+    communication counter, resume from a checkpoint, progress file."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    run_dir = Path(spec["run_dir"])
+    device = rank_device(spec["device"])
     model_cfg = ModelConfig(**spec["model"])
     train_cfg = TrainConfig(**spec["train"])
     point = RunPoint(**spec["point"])
-    precision, stage = point.precision, point.zero_stage
-    ac, bucket_mb, offload = point.activation_checkpointing, point.bucket_mb, point.cpu_offload
     micro, accum = micro_batch_plan(train_cfg, world_size, point.micro_batch)
-    fault = Fault(os.environ.get("SCALELAB_FAULT"))
+    fault = Fault.from_env()
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = train_cfg.tf32
         torch.backends.cudnn.allow_tf32 = train_cfg.tf32
 
-    peak, peak_source = peak_flops(device, precision, train_cfg.tf32, train_cfg.peak_tflops)
+    peak, peak_source = peak_flops(device, point.precision, train_cfg.tf32, train_cfg.peak_tflops)
 
     torch.manual_seed(train_cfg.seed)  # identical initial weights on every rank
     model = GPT(model_cfg).to(device)
     n_params = model.num_parameters()
     # DDP fills buckets in gradient-ready order, about the reverse of this one.
     param_bytes = [p.numel() * p.element_size() for p in model.parameters()]
-    model.set_activation_checkpointing(ac)
-    fp8_linears = convert_to_fp8(model, train_cfg.fp8_emulate) if precision == "fp8" else None
+    model.set_activation_checkpointing(point.activation_checkpointing)
+    fp8_linears = convert_to_fp8(model, train_cfg.fp8_emulate) if point.precision == "fp8" else None
     # (converted before sharding: FSDP2 then shards the Float8Linear weights)
     blocks = list(model.blocks)
-    par = parallelize(model, stage, device, train_cfg.lr, train_cfg.weight_decay, bucket_mb=bucket_mb, cpu_offload=offload)
-    scaler = grad_scaler(precision, device, train_cfg.fp16_init_scale)
+    par = parallelize(model, point.zero_stage, device, train_cfg.lr, train_cfg.weight_decay,
+                      bucket_mb=point.bucket_mb, cpu_offload=point.cpu_offload)
+    scaler = grad_scaler(point.precision, device, train_cfg.fp16_init_scale)
     sampler = BatchSampler(spec["train_bin"], spec["token_dtype"], model_cfg.seq_len, train_cfg.seed)
     counter = CommCounter().install()
-    tokens_per_step = train_cfg.global_batch * model_cfg.seq_len
+    start_step, progress = resume(run_dir, train_cfg, par, scaler, rank)
+    return Run(rank=rank, world_size=world_size, run_dir=run_dir, device=device, model_cfg=model_cfg,
+               train_cfg=train_cfg, point=point, micro=micro, accum=accum, fault=fault, peak=peak,
+               peak_source=peak_source, n_params=n_params, param_bytes=param_bytes, fp8_linears=fp8_linears,
+               blocks=blocks, par=par, scaler=scaler, sampler=sampler, counter=counter, start_step=start_step,
+               progress=progress)
 
-    # Resume from the newest complete checkpoint, keeping the step records up to it.
-    start_step, ckpt_root = 0, run_dir / "checkpoint"
-    found = checkpoint.latest(ckpt_root) if train_cfg.checkpoint_every else None
+
+def resume(run_dir: Path, train_cfg: TrainConfig, par: Parallelized, scaler: ShardedGradScaler,
+           rank: int) -> tuple[int, TextIO | None]:
+    """(first step to run, rank 0's progress file or None): resumes from the newest complete
+    checkpoint, and rank 0 keeps the step records up to it."""
+    start_step = 0
+    found = checkpoint.latest(run_dir / "checkpoint") if train_cfg.checkpoint_every else None
     kept = []
     if found:
         checkpoint.load(found[1], par, scaler)
@@ -175,136 +286,165 @@ def train(spec: dict) -> None:
         progress = open(run_dir / "progress.jsonl", "w")
         progress.writelines(line + "\n" for line in kept)
         progress.flush()
-    step_times, skipped_steps, first_step_at = [], 0, None
-    activations = None  # measured on this attempt's first micro-batch
+    return start_step, progress
 
+
+def train_step(run: Run, step: int, measure_activations: bool) -> StepOutcome:
+    """One optimizer step on this rank's share of the global batch: the micro-batches with
+    gradient accumulation, loss scaling, clipping; then the global loss, outside the
+    communication count. Fault points: before the step and after backward."""
+    par, scaler, device = run.par, run.scaler, run.device
+    run.fault.inject("before_step", step, run.rank)
+    start = time.perf_counter()
+
+    tokens = torch.from_numpy(run.sampler.batch(step, run.rank, run.micro * run.accum, run.world_size)).to(device, non_blocking=True)
+    loss_sum = torch.zeros((), device=device)
+    activations = None
+    for m in range(run.accum):
+        chunk = tokens[m * run.micro:(m + 1) * run.micro]
+        measure = measure_activations and m == 0
+        with par.no_sync(m == run.accum - 1):
+            meter = SavedActivationMeter(par.model, run.blocks) if measure else contextlib.nullcontext()
+            with meter, autocast(run.point.precision, device):
+                _, loss = par.model(chunk[:, :-1], chunk[:, 1:])
+            if measure:
+                activations = {"inside": meter.inside_blocks, "outside": meter.outside_blocks}
+            scaler.scale(loss / run.accum).backward()
+        loss_sum += loss.detach()
+    run.fault.inject("after_backward", step, run.rank, model=par.model)
+    scale_before = scaler.get_scale() if scaler.is_enabled() else 1.0
+    scaler.unscale_(par.optimizer)
+    max_norm = run.train_cfg.grad_clip if run.train_cfg.grad_clip > 0 else float("inf")
+    grad_norm = clip_grad_norm(par, max_norm, device)
+    scaler.step(par.optimizer)
+    scaler.update()
     if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+        torch.cuda.synchronize(device)
+    step_time = time.perf_counter() - start
+
+    # Measurement: the global batch's loss (mean over ranks) and the skip flag.
+    with run.counter.paused():
+        loss_global = loss_sum / run.accum
+        dist.all_reduce(loss_global, op=dist.ReduceOp.SUM)  # gloo has no AVG
+        loss_global /= run.world_size
+    scale_after = scaler.get_scale() if scaler.is_enabled() else 1.0
+    return StepOutcome(loss=loss_global, grad_norm=grad_norm,
+                       loss_scale=scale_before if scaler.is_enabled() else None,
+                       skipped=bool(scaler.is_enabled() and scale_after < scale_before),
+                       time_s=step_time, activations=activations)
+
+
+def train(spec: dict) -> None:
+    """Set up, run the steps this attempt has left, and have rank 0 write the results."""
+    run = setup(spec)
+    cfg = run.train_cfg
+    tally = Tally()
+    if run.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(run.device)
     loop_start = time.perf_counter()
-    for step in range(start_step, train_cfg.steps):
-        lr = lr_at(step, train_cfg)
-        for group in par.optimizer.param_groups:
+    for step in range(run.start_step, cfg.steps):
+        lr = lr_at(step, cfg)
+        for group in run.par.optimizer.param_groups:
             group["lr"] = lr
-        counter.enabled = step >= train_cfg.warmup_steps
-        if step == train_cfg.warmup_steps:
+        run.counter.enabled = step >= cfg.warmup_steps
+        if step == cfg.warmup_steps:
             loop_start = time.perf_counter()  # whole-loop time, measurement included
-        if first_step_at is None:
-            first_step_at = time.time()
-        if fault.due("hang", step, rank):
-            time.sleep(10 ** 6)
-        if fault.due("crash", step, rank):
-            raise RuntimeError(f"injected crash at step {step} on rank {rank}")
-        if fault.due("exit", step, rank):
-            os._exit(17)
-        start = time.perf_counter()
-
-        tokens = torch.from_numpy(sampler.batch(step, rank, micro * accum, world_size)).to(device, non_blocking=True)
-        loss_sum = torch.zeros((), device=device)
-        for m in range(accum):
-            chunk = tokens[m * micro:(m + 1) * micro]
-            with par.no_sync(m == accum - 1):
-                meter = SavedActivationMeter(par.model, blocks) if activations is None else contextlib.nullcontext()
-                with meter, autocast(precision, device):
-                    _, loss = par.model(chunk[:, :-1], chunk[:, 1:])
-                if activations is None:
-                    activations = {"inside": meter.inside_blocks, "outside": meter.outside_blocks}
-                scaler.scale(loss / accum).backward()
-            loss_sum += loss.detach()
-        if fault.due("inf_grad", step, rank):
-            grad = next(p.grad for p in par.model.parameters() if p.grad is not None)
-            (grad.to_local() if hasattr(grad, "to_local") else grad).view(-1)[0] = float("inf")
-        scale_before = scaler.get_scale() if scaler.is_enabled() else 1.0
-        scaler.unscale_(par.optimizer)
-        max_norm = train_cfg.grad_clip if train_cfg.grad_clip > 0 else float("inf")
-        grad_norm = clip_grad_norm(par, max_norm, device)
-        scaler.step(par.optimizer)
-        scaler.update()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        step_time = time.perf_counter() - start
-
-        # Measurement: the global batch's loss (mean over ranks) and the skip flag.
-        with counter.paused():
-            loss_global = loss_sum / accum
-            dist.all_reduce(loss_global, op=dist.ReduceOp.SUM)  # gloo has no AVG
-            loss_global /= world_size
-        scale_after = scaler.get_scale() if scaler.is_enabled() else 1.0
-        skipped = bool(scaler.is_enabled() and scale_after < scale_before)
-        skipped_steps += skipped
-        if step >= train_cfg.warmup_steps:
-            step_times.append(step_time)
-        if progress is not None:
+        if tally.first_step_at is None:
+            tally.first_step_at = time.time()
+        out = train_step(run, step, measure_activations=tally.activations is None)
+        if out.activations is not None:
+            tally.activations = out.activations
+        tally.skipped_steps += out.skipped
+        if step >= cfg.warmup_steps:
+            tally.step_times.append(out.time_s)
+        if run.progress is not None:
             record = {
-                "step": step, "loss": loss_global.item(), "grad_norm": float(grad_norm),
-                "lr": lr, "loss_scale": scale_before if scaler.is_enabled() else None,
-                "skipped": skipped, "step_time_s": step_time, "tokens": tokens_per_step,
+                "step": step, "loss": out.loss.item(), "grad_norm": float(out.grad_norm),
+                "lr": lr, "loss_scale": out.loss_scale,
+                "skipped": out.skipped, "step_time_s": out.time_s, "tokens": run.tokens_per_step,
             }
-            progress.write(json.dumps(record) + "\n")
-            progress.flush()
-        if step < train_cfg.steps - 1:
-            par.optimizer.zero_grad(set_to_none=True)
-            if train_cfg.checkpoint_every and (step + 1) % train_cfg.checkpoint_every == 0:
-                with counter.paused():
-                    checkpoint.save(ckpt_root, step, par, scaler)
-    counter.enabled = False
-    loop_time = time.perf_counter() - loop_start
+            run.progress.write(json.dumps(record) + "\n")
+            run.progress.flush()
+        if step < cfg.steps - 1:
+            run.par.optimizer.zero_grad(set_to_none=True)
+            if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
+                with run.counter.paused():
+                    checkpoint.save(run.ckpt_root, step, run.par, run.scaler)
+    run.counter.enabled = False
+    tally.loop_time = time.perf_counter() - loop_start
 
+    gathered = gather(run, bool(spec.get("save_final_params")))
+    if run.rank == 0:
+        result = results(run, tally, gathered)
+        run.progress.close()
+        write_json(run.run_dir / "worker_result.json", result)
+
+
+def gather(run: Run, save_final_params: bool) -> Gathered:
+    """The collective end of the run, on every rank: model state and peak memory of each rank
+    to rank 0, the final parameters (whole) to final_params.pt if asked; stops counting."""
     # Model state at rest: after the last optimizer step, gradients not yet freed.
-    held = model_state_bytes(par)
-    all_held = [None] * world_size
+    held = model_state_bytes(run.par)
+    all_held = [None] * run.world_size
     dist.all_gather_object(all_held, held)
     mem = {}
-    if device.type == "cuda":
-        mem = {"peak_mem_allocated_bytes": torch.cuda.max_memory_allocated(device),
-               "peak_mem_reserved_bytes": torch.cuda.max_memory_reserved(device)}
+    if run.device.type == "cuda":
+        mem = {"peak_mem_allocated_bytes": torch.cuda.max_memory_allocated(run.device),
+               "peak_mem_reserved_bytes": torch.cuda.max_memory_reserved(run.device)}
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    all_mem = [None] * world_size
+    all_mem = [None] * run.world_size
     dist.all_gather_object(all_mem, {**mem, "peak_rss_bytes": rss})
-    if spec.get("save_final_params"):
+    if save_final_params:
         full = {name: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu().clone()
-                for name, t in par.model.state_dict().items()}
-        if rank == 0:
-            torch.save({k.removeprefix("module."): v for k, v in full.items()}, run_dir / "final_params.pt")
-    counted = {"calls": dict(counter.calls), "bytes": dict(counter.bytes)}
-    counter.uninstall()
-    if rank != 0:
-        return
+                for name, t in run.par.model.state_dict().items()}
+        if run.rank == 0:
+            torch.save({k.removeprefix("module."): v for k, v in full.items()}, run.run_dir / "final_params.pt")
+    counted = {"calls": dict(run.counter.calls), "bytes": dict(run.counter.bytes)}
+    run.counter.uninstall()
+    return Gathered(held=all_held, mem=all_mem, comm=counted)
 
+
+def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
+    """worker_result.json (rank 0): the run-level measurements beside their predictions."""
+    model_cfg, point, world_size, accum = run.model_cfg, run.point, run.world_size, run.accum
+    precision, stage, ac = point.precision, point.zero_stage, point.activation_checkpointing
+    step_times, all_held, all_mem, counted = tally.step_times, gathered.held, gathered.mem, gathered.comm
     n_measured = max(1, len(step_times))  # this attempt's steps after warm-up
     total_time = sum(step_times)
-    tokens_per_s = tokens_per_step * len(step_times) / total_time
+    tokens_per_s = run.tokens_per_step * len(step_times) / total_time
     fpt = accounting.flops_per_token(model_cfg)
     recompute_fpt = accounting.recompute_flops_per_token(model_cfg) if ac else 0.0
     largest = max(range(world_size), key=lambda r: sum(all_held[r].values()))
-    predicted = accounting.model_state_bytes(n_params, stage, world_size, precision, "pytorch")
-    predicted_paper = accounting.model_state_bytes(n_params, stage, world_size, precision, "paper")
+    predicted = accounting.model_state_bytes(run.n_params, stage, world_size, precision, "pytorch")
+    predicted_paper = accounting.model_state_bytes(run.n_params, stage, world_size, precision, "paper")
     elem_bytes = accounting.reduce_dtype_bytes(precision)
-    result = {
-        "n_params": n_params,
+    on_gpu = run.device.type == "cuda"
+    return {
+        "n_params": run.n_params,
         "accumulation_steps": accum,
-        "tokens_per_step": tokens_per_step,
+        "tokens_per_step": run.tokens_per_step,
         "measured_steps": n_measured,
         "tokens_per_s": tokens_per_s,
         "step_time_s_mean": total_time / len(step_times),
         "step_time_s_median": statistics.median(step_times),
-        "loop_time_s_per_step": loop_time / n_measured,
+        "loop_time_s_per_step": tally.loop_time / n_measured,
         "flops_per_token": fpt,
-        "peak_flops_per_device": peak,
-        "peak_flops_source": peak_source,
-        "mfu": accounting.mfu(tokens_per_s, fpt, peak, world_size),
+        "peak_flops_per_device": run.peak,
+        "peak_flops_source": run.peak_source,
+        "mfu": accounting.mfu(tokens_per_s, fpt, run.peak, world_size),
         "recompute_flops_per_token": recompute_fpt,
-        "fp8_linears": fp8_linears,
-        "fp8_emulated": bool(train_cfg.fp8_emulate) if precision == "fp8" else None,
-        "hfu": accounting.mfu(tokens_per_s, fpt + recompute_fpt, peak, world_size),
-        "activation_bytes_measured": activations["inside"] if activations else None,
-        "activation_bytes_outside_blocks_measured": activations["outside"] if activations else None,
+        "fp8_linears": run.fp8_linears,
+        "fp8_emulated": bool(run.train_cfg.fp8_emulate) if precision == "fp8" else None,
+        "hfu": accounting.mfu(tokens_per_s, fpt + recompute_fpt, run.peak, world_size),
+        "activation_bytes_measured": tally.activations["inside"] if tally.activations else None,
+        "activation_bytes_outside_blocks_measured": tally.activations["outside"] if tally.activations else None,
         "activation_measure": "bytes saved for backward by one micro-batch's forward on rank 0 (autograd saved-tensor hooks)",
-        "activation_bytes_predicted": accounting.block_activation_bytes(model_cfg, micro, precision, ac),
-        "activation_bytes_predicted_paper": accounting.block_activation_bytes(model_cfg, micro, precision, ac, "paper"),
-        "ddp_buckets_predicted": accounting.ddp_bucket_count(param_bytes, bucket_mb) if bucket_mb else None,
-        "skipped_steps": skipped_steps,
-        "resumed_from_step": start_step - 1 if start_step else None,
-        "final_loss_scale": scaler.get_scale() if scaler.is_enabled() else None,
+        "activation_bytes_predicted": accounting.block_activation_bytes(model_cfg, run.micro, precision, ac),
+        "activation_bytes_predicted_paper": accounting.block_activation_bytes(model_cfg, run.micro, precision, ac, "paper"),
+        "ddp_buckets_predicted": accounting.ddp_bucket_count(run.param_bytes, point.bucket_mb) if point.bucket_mb else None,
+        "skipped_steps": tally.skipped_steps,
+        "resumed_from_step": run.start_step - 1 if run.start_step else None,
+        "final_loss_scale": run.scaler.get_scale() if run.scaler.is_enabled() else None,
         "model_state_bytes_measured": sum(all_held[largest].values()),
         "model_state_params_bytes_measured": all_held[largest]["params"],
         "model_state_grads_bytes_measured": all_held[largest]["grads"],
@@ -318,12 +458,19 @@ def train(spec: dict) -> None:
         "comm_calls_per_step": {k: v / n_measured for k, v in counted["calls"].items()},
         "comm_bytes_per_step_by_type": {k: v / n_measured for k, v in counted["bytes"].items()},
         "comm_bytes_per_step_measured": sum(counted["bytes"].values()) / n_measured,
-        "comm_bytes_per_step_predicted": elem_bytes * accounting.comm_elements_per_step(n_params, stage, world_size, accum, "pytorch"),
-        "comm_bytes_per_step_predicted_paper": elem_bytes * accounting.comm_elements_per_step(n_params, stage, world_size, accum, "paper"),
-        "peak_mem_allocated_bytes": max((m.get("peak_mem_allocated_bytes", 0) for m in all_mem), default=None) if mem else None,
-        "peak_mem_reserved_bytes": max((m.get("peak_mem_reserved_bytes", 0) for m in all_mem), default=None) if mem else None,
+        "comm_bytes_per_step_predicted": elem_bytes * accounting.comm_elements_per_step(run.n_params, stage, world_size, accum, "pytorch"),
+        "comm_bytes_per_step_predicted_paper": elem_bytes * accounting.comm_elements_per_step(run.n_params, stage, world_size, accum, "paper"),
+        "peak_mem_allocated_bytes": max((m.get("peak_mem_allocated_bytes", 0) for m in all_mem), default=None) if on_gpu else None,
+        "peak_mem_reserved_bytes": max((m.get("peak_mem_reserved_bytes", 0) for m in all_mem), default=None) if on_gpu else None,
         "peak_rss_bytes": max(m["peak_rss_bytes"] for m in all_mem),
-        "first_step_unix": first_step_at,
+        "first_step_unix": tally.first_step_at,
+        **environment(run.device),
+    }
+
+
+def environment(device: torch.device) -> dict:
+    """Where the run ran: device, backend, threads, library versions, host."""
+    return {
         "device_type": device.type,
         "device_name": device_name(device),
         "backend": dist.get_backend(),
@@ -334,8 +481,6 @@ def train(spec: dict) -> None:
         "hostname": socket.gethostname(),
         "python_version": platform.python_version(),
     }
-    progress.close()
-    write_json(run_dir / "worker_result.json", result)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -356,8 +501,7 @@ def main(argv: list[str] | None = None) -> int:
             "traceback": traceback.format_exc()[-8000:],
         })
         raise
-    if Fault(os.environ.get("SCALELAB_FAULT")).due("teardown", 0, rank):
-        os.abort()
+    Fault.from_env().inject("teardown", 0, rank)  # a teardown fault names no step: step 0
     # A barrier right before tear-down: without it gloo's destroy_process_group() hung
     # intermittently on torch 2.13 CPU.
     dist.barrier()
