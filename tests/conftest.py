@@ -31,7 +31,8 @@ def tiny_data(tmp_path_factory) -> Path:
 def run_point(tmp_path, tiny_data, point, cfg=None, fault=None, **kwargs):
     """Launch one sweep point for real (torchrun, gloo); return (summary, steps table, run folder).
     fault: a SCALELAB_FAULT spec for this run only."""
-    cfg = cfg or tiny_config(train={"steps": PARITY_STEPS, "warmup_steps": 2})
+    # Parity runs up to world size 4 on 2 cores: correctness, not measurement, so over-commit is allowed.
+    cfg = cfg or tiny_config(train={"steps": PARITY_STEPS, "warmup_steps": 2}, planning={"launch_overcommitted": True})
     run_dir = tmp_path / point.path
     old = os.environ.pop("SCALELAB_FAULT", None)
     if fault:

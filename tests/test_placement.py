@@ -300,3 +300,10 @@ def test_provenance_from_git_and_from_the_environment_in_a_copied_tree(tmp_path,
     monkeypatch.setenv("SCALELAB_GIT_COMMIT", "not a hash; rm -rf /")
     wrong = git_provenance(copy)
     assert wrong["git_commit"] is None and "is not a commit hash" in wrong["git_commit_source"]
+
+
+def test_overcommit_of_host_memory_is_named():
+    assert placement.overcommit_reason(2, 2, 100 * 2**20, 64 * 2**30) is None
+    reason = placement.overcommit_reason(2, 2, 22.8 * 2**30, 20 * 2**30)
+    assert "predicted to need 46.2 GiB of host memory" in reason and "20.0 GiB are available" in reason
+    assert placement.host_memory_available() > 0

@@ -1,5 +1,6 @@
 """Collection, plots and the report, from Parquet fixtures alone (no training)."""
 import html as html_lib
+import json
 import re
 import shutil
 import subprocess
@@ -161,17 +162,26 @@ def test_collect_reports_bad_files_by_name_and_keeps_the_rest(tmp_path):
     (no_steps / "steps.parquet").unlink()
     bad_parquet = _fake_run(runs_root, "fp32", 3, 2)
     (bad_parquet / "steps.parquet").write_bytes(b"PAR1 not really")
+    mistyped = _fake_run(runs_root, "bf16", 3, 2)
+    summary = json.loads((mistyped / "summary.json").read_text())
+    (mistyped / "summary.json").write_text(json.dumps({**summary, "mfu": "n/a"}))  # another tool's idea of a number
     result = collect(tmp_path)
     joined = "\n".join(result["problems"])
     assert str(corrupt / "summary.json") in joined and "corrupt" in joined
     assert str(no_steps / "steps.parquet") + ": missing" in joined
     assert str(bad_parquet / "steps.parquet") in joined
+    assert str(mistyped / "summary.json") + ": corrupt (mfu='n/a' (expected double))" in joined
     runs = pd.read_parquet(tmp_path / "metrics.parquet").set_index("run_id")
     assert runs.loc["fp16-z0-w1", "status"] == "corrupt"
+    assert runs.loc["bf16-z3-w2", "status"] == "corrupt" and "mfu='n/a'" in runs.loc["bf16-z3-w2", "reason"]
     assert runs.loc["bf16-z0-w1", "status"] == "oom"
-    assert len(runs) == 5
+    assert runs.loc["fp32-z1-w2", "steps_problem"] == "steps.parquet is missing"
+    assert runs.loc["fp32-z3-w2", "steps_problem"].startswith("steps.parquet is corrupt")
+    assert len(runs) == 6
     steps = pd.read_parquet(tmp_path / "steps.parquet")
-    assert sorted(steps["run_id"].unique()) == ["bf16-z0-w1", "fp32-z0-w1"]
+    assert sorted(steps["run_id"].unique()) == ["bf16-z0-w1", "bf16-z3-w2", "fp32-z0-w1"]
+    html = build_report(tmp_path).read_text()
+    assert "fp32-z1-w2: steps.parquet is missing: its steps are in no figure or table" in html
     assert schema_version(tmp_path / "metrics.parquet") == SCHEMA_VERSION == schema_version(tmp_path / "steps.parquet")
     assert pq.read_schema(tmp_path / "steps.parquet").field("zero_stage").type == "int8"
 
@@ -217,3 +227,26 @@ def test_report_opens_in_headless_chromium_without_console_errors(fixture_result
     assert _console_errors(_open_in_chromium(bad, tmp_path / "bad.png")), "the console check cannot see errors"
     log = _open_in_chromium(html, tmp_path / "report.png")
     assert not _console_errors(log), _console_errors(log)
+
+
+def test_an_empty_sweep_gives_a_clear_no_runs_report(tmp_path):
+    (tmp_path / "runs").mkdir()
+    assert collect(tmp_path)["runs"] == 0
+    html = build_report(tmp_path).read_text()
+    assert "No runs in" in html and "metrics.parquet has no rows" in html
+    assert "No runs in" in (tmp_path / "report" / "summary.md").read_text()
+
+
+def test_a_failed_report_build_leaves_the_last_complete_report(tmp_path, monkeypatch):
+    synthetic_results(tmp_path, n_runs=8, n_steps=5)
+    build_report(tmp_path)
+    before = (tmp_path / "report" / "report.html").read_text()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a figure failed")
+
+    monkeypatch.setattr("scalelab.analysis.report.draw_figures", broken)
+    with pytest.raises(RuntimeError, match="a figure failed"):
+        build_report(tmp_path)
+    assert (tmp_path / "report" / "report.html").read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".report")) == [], "no partial folder left"

@@ -143,3 +143,21 @@ def test_a_crash_in_teardown_keeps_the_measurements(tmp_path, tiny_data):
     assert summary["status"] == "ok", summary["reason"]
     assert "exited abnormally after the results were written" in summary["teardown_warning"]
     assert len(steps) == PARITY_STEPS and summary["tokens_per_s"] > 0
+
+
+def test_a_non_finite_loss_is_a_diverged_run_never_ok(tmp_path, tiny_data):
+    """lr: 1e30 sends the weights to inf: every rank stops at the same step, the row says so."""
+    cfg = tiny_config(train={"steps": PARITY_STEPS, "warmup_steps": 2, "lr": 1e30})
+    summary, steps, _ = _run(tmp_path, tiny_data, RunPoint("fp32", 0, 2), cfg=cfg)
+    assert summary["status"] == "diverged", summary["reason"]
+    assert "training diverged" in summary["reason"] and "at step" in summary["reason"]
+    assert not np.isfinite(steps["loss"].iloc[-1]) and np.isfinite(steps["loss"].iloc[:-1]).all()
+    assert len(steps) < PARITY_STEPS, "it stops at the first non-finite loss"
+
+
+def test_a_cpu_run_with_more_ranks_than_cores_is_skipped_not_launched(tmp_path, tiny_data):
+    cfg = tiny_config(train={"steps": PARITY_STEPS, "warmup_steps": 2, "global_batch": 64})
+    summary, steps, _ = _run(tmp_path, tiny_data, RunPoint("fp32", 0, 64), cfg=cfg)
+    assert summary["status"] == "skipped" and len(steps) == 0
+    assert "world_size=64 CPU ranks need a core each; this job has 2" in summary["reason"]
+    assert "planning.launch_overcommitted: true" in summary["reason"]

@@ -165,6 +165,39 @@ def gpu_shortfall(plan: LaunchPlan, world_size: int, launchers_per_node: int, n_
     return None
 
 
+FRAMEWORK_RSS_BYTES = 300 * 2**20
+"""Resident memory of a CPU rank before its model: 330-390 MiB measured here per rank (torch
+2.13, gloo, a tiny model); 300 MiB is the floor the host-memory check assumes."""
+
+
+def host_memory_available() -> int | None:
+    """Bytes the kernel says are available for new work (MemAvailable), or None off Linux."""
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def overcommit_reason(world_size: int, threads: int, predicted_peak_bytes: float,
+                      available_bytes: int | None) -> str | None:
+    """Why a CPU run would over-commit this machine, or None. Each rank needs a core of its
+    own (threads: what Snakemake gave the job, capped by --cores and the machine) and its
+    predicted peak plus the framework's resident memory."""
+    cores = min(threads, len(os.sched_getaffinity(0)))
+    if world_size > cores:
+        return (f"world_size={world_size} CPU ranks need a core each; this job has {cores} "
+                "(snakemake --cores and this machine's cores)")
+    need = world_size * (predicted_peak_bytes + FRAMEWORK_RSS_BYTES)
+    if available_bytes is not None and need > available_bytes:
+        return (f"world_size={world_size} CPU ranks are predicted to need {need / 2**30:.1f} GiB of host memory "
+                f"(predicted peak {predicted_peak_bytes / 2**20:.0f} MiB + framework {FRAMEWORK_RSS_BYTES / 2**20:.0f} MiB "
+                f"per rank); {available_bytes / 2**30:.1f} GiB are available")
+    return None
+
+
 def gpu_index(local_rank: int, local_world_size: int, launcher_slot: int, n_visible: int) -> int:
     """The CUDA device a rank takes.
 

@@ -58,7 +58,7 @@ def schema_version(path: str | Path) -> str | None:
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather_single", "reduce_scatter_single")
 
 _RUN_FIELDS = [
-    ("status", pa.string()), ("reason", pa.string()), ("teardown_warning", pa.string()), ("dataset", pa.string()),
+    ("status", pa.string()), ("reason", pa.string()), ("teardown_warning", pa.string()), ("steps_problem", pa.string()), ("dataset", pa.string()),
     ("n_params", pa.int64()), ("n_layers", pa.int32()), ("d_model", pa.int32()), ("n_heads", pa.int32()),
     ("seq_len", pa.int32()), ("vocab_size", pa.int64()), ("tie_embeddings", pa.bool_()),
     ("steps", pa.int32()), ("completed_steps", pa.int32()), ("warmup_steps", pa.int32()),
@@ -107,6 +107,17 @@ _FLATTENED = {"comm_bytes_per_step_by_type", "comm_calls_per_step"}
 def unknown_summary_keys(summary: dict) -> list[str]:
     """Keys of a run's summary that no column of RUN_SCHEMA holds (they would be lost)."""
     return sorted(set(summary) - set(RUN_SCHEMA.names) - _FLATTENED)
+
+
+def type_problems(row: dict) -> list[str]:
+    """'field=value (expected type)' for each value of a row its RUN_SCHEMA column cannot hold."""
+    bad = []
+    for f in RUN_SCHEMA:
+        try:
+            pa.array([row.get(f.name)], type=f.type)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            bad.append(f"{f.name}={row.get(f.name)!r} (expected {f.type})")
+    return bad
 
 
 def run_row(summary: dict, run_path: str) -> dict:
@@ -168,14 +179,24 @@ def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict
         lost = unknown_summary_keys(summary)
         if lost:  # a writer and the schema disagree: say so, never drop a field silently
             problems.append(f"{summary_path}: fields not in the metrics schema, not collected: {', '.join(lost)}")
-        rows.append(run_row(summary, run_path))
+        row = run_row(summary, run_path)
+        wrong = type_problems(row)
+        if wrong:  # one bad field makes a 'corrupt' row naming it; the other runs are still collected
+            problems.append(f"{summary_path}: corrupt ({'; '.join(wrong)})")
+            row = run_row({**(identity or {}), "status": "corrupt",
+                           "reason": f"{summary_path} does not match the metrics schema: {'; '.join(wrong)}"}, run_path)
+            if not identity:
+                continue
         try:
             table = pq.read_table(steps_path)
             step_tables.append(table.select(STEP_SCHEMA.names).cast(STEP_SCHEMA))
         except FileNotFoundError:
             problems.append(f"{steps_path}: missing")
+            row["steps_problem"] = f"{steps_path.name} is missing"
         except Exception as err:  # pyarrow raises several types for damaged files
             problems.append(f"{steps_path}: corrupt ({type(err).__name__}: {err})")
+            row["steps_problem"] = f"{steps_path.name} is corrupt: {type(err).__name__}: {err}"[:500]
+        rows.append(row)
     runs = runs_table(rows)
     steps = pa.concat_tables(step_tables) if step_tables else STEP_SCHEMA.empty_table()
     write_parquet(runs, results_dir / "metrics.parquet")

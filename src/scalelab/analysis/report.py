@@ -10,6 +10,8 @@ from __future__ import annotations
 import base64
 import datetime
 import html
+import shutil
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -19,7 +21,6 @@ from scalelab.analysis.figures import FIGURES_DIR, Drawn, draw_figures
 from scalelab.analysis.levers import baseline, fp8_table, lever_table
 from scalelab.analysis.metrics import schema_version
 from scalelab.analysis.plots import loss_deviation_vs_stage0, scaling_efficiency
-from scalelab.io import atomic_path
 
 MFU_LIMIT = 1.0
 MEMORY_TOLERANCE = 0.10
@@ -90,6 +91,8 @@ def find_warnings(runs: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
     for r in ok[ok["mfu"] > MFU_LIMIT].itertuples():
         warnings.append(f"{r.run_id}: MFU {r.mfu:.2f} is above 100% of the peak used ({r.peak_flops_source}); "
                         "the peak is too low for this path (e.g. emulated fp16 on a CPU)")
+    for r in runs[runs["steps_problem"].notna()].itertuples():
+        warnings.append(f"{r.run_id}: {r.steps_problem}: its steps are in no figure or table")
     for r in ok[ok["teardown_warning"].notna()].itertuples():
         warnings.append(f"{r.run_id}: {r.teardown_warning}; its measurements are complete and kept")
     for r in ok[ok["mfu"].isna()].itertuples():
@@ -162,11 +165,42 @@ def _figure(fig_dir: Path, drawn: Drawn) -> str:
 
 
 def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> Path:
-    """Write <out_dir>/report.html, summary.md and the figures (in <out_dir>/figures/); return the HTML path."""
+    """Write <out_dir>/report.html, summary.md and the figures (in <out_dir>/figures/); return
+    the HTML path. Built in a sibling folder and moved into place, so a failed build never
+    leaves a partial report (an earlier complete one stays)."""
     results_dir = Path(results_dir)
     out_dir = Path(out_dir) if out_dir else results_dir / "report"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        _build(results_dir, building)
+        replaced = out_dir.with_name(f".{out_dir.name}.old")
+        if out_dir.exists():
+            shutil.rmtree(replaced, ignore_errors=True)
+            out_dir.rename(replaced)
+        building.rename(out_dir)
+        shutil.rmtree(replaced, ignore_errors=True)
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return out_dir / "report.html"
+
+
+def _no_runs_report(results_dir: Path, out_dir: Path) -> None:
+    """A results folder without a single run: say so, in both files, with what to do."""
+    message = (f"No runs in {results_dir}: metrics.parquet has no rows. Run the workflow "
+               "(snakemake --cores all) or point scalelab report at a folder whose runs/ holds results.")
+    (out_dir / FIGURES_DIR).mkdir(parents=True, exist_ok=True)
+    (out_dir / "report.html").write_text(
+        f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>scalelab report</title>"
+        f"<style>{CSS}</style></head><body><h1>scalelab report</h1><div class='warn'><p>{html.escape(message)}</p>"
+        "</div></body></html>", encoding="utf-8")
+    (out_dir / "summary.md").write_text(f"# scalelab summary\n\n{message}\n")
+
+
+def _build(results_dir: Path, out_dir: Path) -> None:
     runs, steps = load_tables(results_dir)
+    if runs.empty:
+        return _no_runs_report(results_dir, out_dir)
     # The main figures compare precision x stage x world size with every lever at its default.
     base = baseline(runs)
     levers, fp8 = lever_table(runs), fp8_table(runs)
@@ -213,10 +247,6 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
     parts.append(_provenance(runs).to_html(index=False, border=0))
     parts.append("</body></html>")
 
-    html_path = out_dir / "report.html"
-    with atomic_path(html_path) as tmp:
-        tmp.write_text("\n".join(parts), encoding="utf-8")
-    with atomic_path(out_dir / "summary.md") as tmp:
-        tmp.write_text("# scalelab summary\n\n" + _markdown(table) +
-                       ("\n## Warnings\n\n" + "\n".join(f"- {w}" for w in warnings) + "\n" if warnings else ""))
-    return html_path
+    (out_dir / "report.html").write_text("\n".join(parts), encoding="utf-8")
+    (out_dir / "summary.md").write_text("# scalelab summary\n\n" + _markdown(table) +
+                                        ("\n## Warnings\n\n" + "\n".join(f"- {w}" for w in warnings) + "\n" if warnings else ""))

@@ -141,6 +141,8 @@ def classify_failure(errors: list[dict], log: str) -> tuple[str, str]:
         text = f"{first['type']} {first['message']}".lower()
         if first["type"] == "OutOfMemoryError" or "out of memory" in text:
             return "oom", where
+        if first["type"] == "Diverged":
+            return "diverged", where
         if "timeout" in text or "timed out" in text:
             return "timeout", "collective timed out: " + where
         if from_log and from_log[0] == "timeout":
@@ -174,6 +176,11 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
         reason = skip_reason(device, point, plan, int((config.get("cluster") or {}).get("launchers_per_node", 1)),
                              train.fp8_emulate)
     memory_plan = plan_memory(config, model, point, micro, device)
+    if reason is None and device == "cpu" and not config.get("planning", {}).get("launch_overcommitted", False):
+        reason = placement.overcommit_reason(point.world_size, threads, memory_plan["predicted_peak_bytes"],
+                                             placement.host_memory_available())
+        if reason:
+            reason += "; not launched (set planning.launch_overcommitted: true to launch it anyway)"
     summary = {
         **identity,
         "dataset": meta["dataset"], "dataset_sha256_train": meta["sha256"]["train.bin"],

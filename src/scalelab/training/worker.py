@@ -334,6 +334,10 @@ def train_step(run: Run, step: int, measure_activations: bool) -> StepOutcome:
                        time_s=step_time, activations=activations)
 
 
+class Diverged(RuntimeError):
+    """The loss is no longer finite: every further step would measure nothing."""
+
+
 def train(spec: dict) -> None:
     """Set up, run the steps this attempt has left, and have rank 0 write the results."""
     run = setup(spec)
@@ -365,6 +369,9 @@ def train(spec: dict) -> None:
             }
             run.progress.write(json.dumps(record) + "\n")
             run.progress.flush()
+        loss = out.loss.item()  # the global batch's loss, the same on every rank: all stop together
+        if not math.isfinite(loss):
+            raise Diverged(f"the loss became {loss} at step {step}: training diverged (lr={lr:g})")
         if step < cfg.steps - 1:
             run.par.optimizer.zero_grad(set_to_none=True)
             if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
