@@ -86,3 +86,81 @@ def test_config_defaults_are_the_schemas():
         built = cls()
         for key, value in filled[name].items():
             assert getattr(built, key) == value, (name, key)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"train": {"lr": float("inf")}}, "train.lr=inf is not a finite number"),
+    ({"train": {"weight_decay": float("nan")}}, "train.weight_decay=nan is not a finite number"),
+    ({"train": {"fp16_init_scale": float("inf")}}, "train.fp16_init_scale=inf"),
+    ({"train": {"collective_timeout_s": float("inf")}}, "train.collective_timeout_s=inf"),
+    ({"sweep": {"bucket_mb": [float("inf")]}}, r"sweep.bucket_mb\[0\]=inf"),
+    ({"sweep": {"bucket_mb": [25, float("nan")]}}, r"sweep.bucket_mb\[1\]=nan"),
+    # Whole-number floats are refused, not coerced: the config reads as what runs.
+    ({"train": {"steps": 20.0}}, r"train.steps=20.0 must be an integer.*\(write 20\)"),
+    ({"dataset": {"synthetic_bytes": 200000.0}}, "dataset.synthetic_bytes=200000.0 must be an integer"),
+    ({"sweep": {"micro_batch": [2.0]}}, r"sweep.micro_batch\[0\]=2.0 must be an integer"),
+    ({"cluster": {"gpus_per_node": 8.5}}, "cluster.gpus_per_node=8.5 must be an integer"),
+])
+def test_numbers_are_finite_and_integer_keys_take_integers(overrides, message):
+    from scalelab.config import validate_config
+
+    with pytest.raises(ConfigError, match=message):
+        validate_config(tiny_config(**overrides))
+
+
+def test_sweep_values_that_read_the_same_in_paths_or_ids_are_refused():
+    from scalelab.config import validate_config
+
+    with pytest.raises(ConfigError, match=r"sweep.bucket_mb=\[25, 25.0000001\]: 25.0 and 25.0000001 give the same run folder "
+                                          r"\(bucket_mb~25\)"):
+        validate_config(tiny_config(sweep={"bucket_mb": [25, 25.0000001]}))
+    with pytest.raises(ConfigError, match="1.0000001 and 1.0000002 give the same run folder"):
+        validate_config(tiny_config(sweep={"bucket_mb": [1.0000001, 1.0000002]}))
+    validate_config(tiny_config(sweep={"bucket_mb": [25, 25.5, 1]}))
+
+
+def test_a_key_given_twice_is_named_with_file_and_line(tmp_path):
+    from scalelab.config import check_yaml_syntax, load_config
+
+    path = tmp_path / "dup.yaml"
+    path.write_text("train:\n  steps: 10\n  lr: 0.1\n  steps: 20\n")
+    for check in (check_yaml_syntax, load_config):
+        with pytest.raises(ConfigError, match=r"dup.yaml: not valid YAML at line 4, column 3: duplicate key train.steps "
+                                              r"\(first given on line 2"):
+            check(path)
+    path.write_text("sweep:\n  - {a: 1, a: 2}\n")
+    with pytest.raises(ConfigError, match=r"duplicate key sweep\[0\].a"):
+        check_yaml_syntax(path)
+    path.write_text("base: &b {steps: 10}\ntrain:\n  <<: *b\n  steps: 20\n")  # a merge key overridden: not a duplicate
+    check_yaml_syntax(path)
+
+
+def test_results_dir_dataset_name_and_corpus_kind(tmp_path):
+    from scalelab.config import validate_config
+
+    (tmp_path / "afile").write_text("x")
+    for results_dir, where in (("afile", "results_dir='afile' is a regular file"),
+                               ("afile/runs", f"results_dir='afile/runs': {tmp_path / 'afile'} is a regular file")):
+        with pytest.raises(ConfigError, match=f"{where}, not a folder"):
+            validate_config(tiny_config(results_dir=results_dir), base_dir=tmp_path)
+    for name in (".", "..", ".hidden"):
+        with pytest.raises(ConfigError, match=f"dataset.name='{name}' starts with a dot"):
+            validate_config(tiny_config(dataset={"name": name}), base_dir=tmp_path)
+    with pytest.raises(ConfigError, match="dataset.path='/dev/null' is a character device, a special file: not a regular file or folder"):
+        validate_config(tiny_config(dataset={"source": "text", "path": "/dev/null"}), base_dir=tmp_path)
+    with pytest.raises(ConfigError, match="dataset.vocab_size=70000 does not fit dataset.tokenized_dtype='uint16'"):
+        validate_config(tiny_config(dataset={"source": "tokenized", "path": "afile", "vocab_size": 70_000}), base_dir=tmp_path)
+
+
+def test_check_config_command_locates_a_broken_configfile(tmp_path, monkeypatch, capsys):
+    """Snakemake reads --configfile files before the Snakefile and names no line; this command does."""
+    from scalelab.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    write_workdir(tmp_path, tiny_config())
+    (tmp_path / "my.yaml").write_text("train: {steps: 10\nsweep: [\n")
+    assert main(["check-config", "config.yaml", "my.yaml"]) == 2
+    assert "invalid config: my.yaml: not valid YAML at line 2, column 6" in capsys.readouterr().err
+    (tmp_path / "my.yaml").write_text("train: {steps: 20}\n")
+    assert main(["check-config", "config.yaml", "my.yaml"]) == 0
+    assert "config ok" in capsys.readouterr().out

@@ -85,8 +85,33 @@ def test_prepare_bpe(tmp_path):
 def test_uint32_when_vocab_exceeds_uint16(tmp_path):
     src = tmp_path / "big.bin"
     np.arange(70_000, dtype=np.uint32).tofile(src)
-    meta = prepare_dataset(_cfg(source="tokenized", path=str(src), tokenized_dtype="uint32"), tmp_path / "o", seq_len=16)
+    meta = prepare_dataset(_cfg(source="tokenized", path=str(src), tokenized_dtype="uint32", vocab_size=70_000),
+                           tmp_path / "o", seq_len=16)
     assert meta["dtype"] == "uint32" and meta["vocab_size"] == 70_000
+    # Above 65,536 a uint32 vocabulary is not inferred: it must be stated.
+    with pytest.raises(DataError, match=r"big.bin read as uint32 .* token id 69999, an inferred vocabulary of 70,000"):
+        prepare_dataset(_cfg(source="tokenized", path=str(src), tokenized_dtype="uint32"), tmp_path / "p", seq_len=16)
+
+
+def test_uint16_corpus_read_as_uint32_is_refused(tmp_path):
+    """A character-level uint16 corpus (65 symbols) read as uint32: its byte count divides by 4,
+    and each pair of tokens becomes one id (a + 65536 b), a ~4M 'vocabulary'."""
+    src = tmp_path / "shakespeare_char.bin"
+    np.random.default_rng(0).integers(0, 65, 10_000).astype(np.uint16).tofile(src)
+    with pytest.raises(DataError, match=r"shakespeare_char.bin read as uint32 \(dataset.tokenized_dtype\) holds token id \d+, "
+                                        r"an inferred vocabulary of 4,\d{3},\d{3}.*dataset.tokenized_dtype: uint16"):
+        prepare_dataset(_cfg(source="tokenized", path=str(src), tokenized_dtype="uint32"), tmp_path / "o", seq_len=16)
+    assert not any((tmp_path / "o").glob("*.bin")) and not (tmp_path / "o" / "meta.json").exists()
+    # Stating the vocabulary: an id at or above it is an error naming the file and the dtype.
+    with pytest.raises(DataError, match=r"shakespeare_char.bin read as uint32 .* holds token id \d+ >= dataset.vocab_size=65"):
+        prepare_dataset(_cfg(source="tokenized", path=str(src), tokenized_dtype="uint32", vocab_size=65), tmp_path / "p", seq_len=16)
+    meta = prepare_dataset(_cfg(source="tokenized", path=str(src)), tmp_path / "q", seq_len=16)  # read as it was written
+    assert meta["dtype"] == "uint16" and meta["vocab_size"] == 65
+
+
+def test_a_special_file_is_not_a_corpus(tmp_path):
+    with pytest.raises(DataError, match="corpus path /dev/null is a character device, a special file"):
+        prepare_dataset(_cfg(source="text", path="/dev/null"), tmp_path / "o", seq_len=16)
 
 
 def test_tokenized_folder_used_as_it_is(tmp_path):

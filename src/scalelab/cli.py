@@ -36,6 +36,31 @@ def _report(args) -> int:
     return 0
 
 
+def _check_config(args) -> int:
+    """Validate config files the way the Snakefile does, merged in order like Snakemake's
+    `configfile:` + `--configfile`; a file that is not YAML is named with line and column
+    (Snakemake reads --configfile files before the Snakefile and names neither)."""
+    from snakemake.utils import update_config
+
+    from scalelab.config import ConfigError, read_yaml, validate_config
+    from scalelab.sweep import sweep_plan
+
+    config: dict = {}
+    try:
+        for path in args.files:
+            content = read_yaml(path)
+            if not isinstance(content, dict | None):
+                raise ConfigError(f"{path}: a config file holds keys at top level, got {type(content).__name__}")
+            update_config(config, content or {})
+        validate_config(config, base_dir=Path.cwd())
+        points, left_out = sweep_plan(config)
+    except ConfigError as err:
+        print(f"invalid config: {err}", file=sys.stderr)
+        return 2
+    print(f"config ok: {' + '.join(args.files)}, {len(points)} run(s), {len(left_out)} combination(s) left out")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scalelab", description="Reproducible scaling experiments: tables, reports, estimates.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -47,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", default=None, help="output folder (default: RESULTS/report)")
     r.add_argument("--collect", action="store_true", help="re-collect runs/ into the Parquet tables first")
     r.set_defaults(func=_report)
+    k = sub.add_parser("check-config", help="validate config files as the Snakefile does (as with snakemake --configfile), "
+                       "naming key and value, or file, line and column")
+    k.add_argument("files", nargs="*", default=["config.yaml"],
+                   help="config files, merged in order (default: config.yaml); e.g. config.yaml my.yaml")
+    k.set_defaults(func=_check_config)
     from scalelab.analysis.estimate import add_parser as add_estimate
 
     add_estimate(sub)

@@ -1,17 +1,23 @@
 """Typed experiment configuration and the checks a JSON schema cannot express.
 
-The Snakefile validates ``config.yaml`` against ``workflow/schemas/config.schema.yaml``
-(types, enums, unknown keys, defaults) and then calls :func:`check_config` for the
-cross-field rules (batch divisibility, corpus paths, head count). Both stop the workflow
-before any job runs, with a message naming the key and the bad value.
+The Snakefile reads every config file with :class:`UniqueKeyLoader` (file, line and column of
+a YAML error or a key given twice), then :func:`validate_config`: :func:`check_numbers`
+(finite; no float for an integer key), ``workflow/schemas/config.schema.yaml`` (types, enums,
+unknown keys, defaults) and :func:`check_config` for the cross-field rules (batch
+divisibility, corpus paths, head count, results_dir). All stop the workflow before any job
+runs, with a message naming the key and the bad value.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+import math
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 # Keys of earlier config layouts, with where they went.
 MOVED_KEYS = {("train", "micro_batch"): "sweep.micro_batch (a list, e.g. [null] or [1, 2, 4])"}
@@ -24,12 +30,12 @@ class ConfigError(ValueError):
     """A configuration value is unusable; the message names the key and the value."""
 
 
-def _schema_defaults() -> dict[str, dict]:
-    import yaml
+_SCHEMA = yaml.safe_load(SCHEMA_PATH.read_text())
 
-    schema = yaml.safe_load(SCHEMA_PATH.read_text())["properties"]
+
+def _schema_defaults() -> dict[str, dict]:
     return {name: {key: spec.get("default") for key, spec in sec.get("properties", {}).items()}
-            for name, sec in schema.items() if sec.get("type") == "object"}
+            for name, sec in _SCHEMA["properties"].items() if sec.get("type") == "object"}
 
 
 _SCHEMA_DEFAULTS = _schema_defaults()
@@ -199,17 +205,55 @@ def launch_plan(config: dict, world_size: int) -> LaunchPlan:
     return LaunchPlan(launchers, per_node, -(-launchers // packing))
 
 
+def file_kind(path: str | Path) -> str:
+    """What a path is, in words: 'a folder', 'a regular file', 'a character device', ..."""
+    mode = Path(path).stat().st_mode
+    for test, kind in ((stat.S_ISDIR, "a folder"), (stat.S_ISREG, "a regular file"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "a special file"
+
+
+def check_results_dir(config: dict, base_dir: str | Path = ".") -> None:
+    """results_dir must be a folder or not exist yet, under a path made of folders."""
+    value = config.get("results_dir", _SCHEMA["properties"]["results_dir"]["default"])
+    results = Path(base_dir, value)
+    for existing in (results, *results.parents):
+        if existing.exists():
+            if not existing.is_dir():
+                what = f"results_dir={value!r}" + ("" if existing == results else f": {existing}")
+                raise ConfigError(f"{what} is {file_kind(existing)}, not a folder; "
+                                  "name a folder (it is created if missing)")
+            return
+
+
 def check_config(config: dict, base_dir: str | Path = ".") -> None:
     """Cross-field checks after schema validation. Raises ConfigError naming key and value."""
     dataset = dataset_config(config)
     model = model_config(config)
     train = train_config(config)
+    check_results_dir(config, base_dir)
+    if dataset.name.startswith("."):
+        raise ConfigError(
+            f"dataset.name={dataset.name!r} starts with a dot: '.' and '..' would write the data into "
+            "<results_dir>/data or <results_dir> itself, other dot names are hidden folders; "
+            "start it with a letter, digit, '_' or '-'")
     if dataset.source in ("text", "tokenized"):
         if not dataset.path:
             raise ConfigError(f"dataset.path is required when dataset.source={dataset.source!r}")
         corpus = Path(base_dir, dataset.path)
         if not corpus.exists():
             raise ConfigError(f"dataset.path={dataset.path!r} does not exist")
+        if not (corpus.is_file() or corpus.is_dir()):
+            raise ConfigError(f"dataset.path={dataset.path!r} is {file_kind(corpus)}, a special file: "
+                              "not a regular file or folder to read a corpus from")
+        ids = {"uint16": 1 << 16, "uint32": 1 << 32}[dataset.tokenized_dtype]
+        if dataset.source == "tokenized" and dataset.vocab_size is not None and dataset.vocab_size > ids:
+            raise ConfigError(
+                f"dataset.vocab_size={dataset.vocab_size} does not fit dataset.tokenized_dtype="
+                f"{dataset.tokenized_dtype!r}, whose ids stop at {ids - 1:,}: a wrong dtype or a wrong vocab_size")
     elif dataset.path:
         raise ConfigError(
             f"dataset.path={dataset.path!r} is set but dataset.source='synthetic' ignores it; "
@@ -259,21 +303,89 @@ def check_moved_keys(config: dict) -> None:
             raise ConfigError(f"{section}.{key} has moved to {new_home}")
 
 
-def check_yaml_syntax(path: str | Path) -> None:
-    """Raise ConfigError naming file, line and column when a config file is not valid YAML
-    (Snakemake's own message names neither)."""
-    import yaml
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last
+    value silently), naming the key's dotted path and both lines."""
 
+    def get_single_node(self):
+        self._root = super().get_single_node()
+        return self._root
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    earlier = first.setdefault(key, key_node)
+                except TypeError:  # an unhashable key: SafeLoader's own error follows
+                    continue
+                if earlier is not key_node:
+                    name = ".".join([*self._path_to(node), str(key)]).replace(".[", "[")
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {name} (first given on line {earlier.start_mark.line + 1}; "
+                        "YAML would keep the last value silently)", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+    def _path_to(self, target, node=None, path=()) -> list[str]:
+        """Dotted key path from the document's root to a mapping node."""
+        node = self._root if node is None else node
+        if node is target:
+            return list(path)
+        children = ()
+        if isinstance(node, yaml.MappingNode):
+            children = ((str(k.value), v) for k, v in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            children = ((f"[{i}]", v) for i, v in enumerate(node.value))
+        for name, child in children:
+            found = self._path_to(target, child, (*path, name))
+            if found is not None:
+                return found
+        return None if path else []
+
+
+def read_yaml(path: str | Path):
+    """A config file's content (UniqueKeyLoader); ConfigError naming file, line and column
+    when it is not valid YAML or gives a key twice."""
     path = Path(path)
-    if not path.exists():
-        return
     try:
-        yaml.safe_load(path.read_text())
+        return yaml.load(path.read_text(), Loader=UniqueKeyLoader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
         problem = getattr(err, "problem", None) or str(err)
         raise ConfigError(f"{path}: not valid YAML at {where}: {problem}") from None
+
+
+def check_yaml_syntax(path: str | Path) -> None:
+    """Raise ConfigError naming file, line and column when a config file is not valid YAML or
+    gives a key twice (Snakemake's own parser names neither, and keeps the last value)."""
+    if Path(path).exists():
+        read_yaml(path)
+
+
+def check_numbers(config, schema: dict | None = None, key: str = "") -> None:
+    """Every number finite (YAML reads .inf and .nan; the schema's minimum checks let NaN
+    through), and a key the schema types integer given an int: 20.0 is refused, not coerced,
+    so the config reads as what runs. Raises ConfigError naming key and value."""
+    schema = _SCHEMA if schema is None else schema
+    if isinstance(config, float):
+        types = schema.get("type", [])
+        types = [types] if isinstance(types, str) else types
+        if not math.isfinite(config):
+            raise ConfigError(f"{key}={config!r} is not a finite number")
+        if "integer" in types and "number" not in types:
+            hint = f" (write {int(config)})" if config.is_integer() else ""
+            raise ConfigError(f"{key}={config!r} must be an integer, written without a decimal point{hint}")
+    elif isinstance(config, dict):
+        properties = schema.get("properties", {})
+        for name, value in config.items():
+            check_numbers(value, properties.get(name, {}), f"{key}.{name}" if key else str(name))
+    elif isinstance(config, list):
+        for i, value in enumerate(config):
+            check_numbers(value, schema.get("items", {}), f"{key}[{i}]")
 
 
 def config_hash(config: dict) -> str:
@@ -284,13 +396,14 @@ def config_hash(config: dict) -> str:
 
 def validate_config(config: dict, base_dir: str | Path = ".") -> dict:
     """The one validation path (the Snakefile and load_config): keys of earlier layouts named,
-    the schema applied (types, enums, unknown keys; defaults filled in place), then the
+    numbers checked (finite; no float for an integer key), the schema applied (types, enums, unknown keys; defaults filled in place), then the
     cross-field checks. Raises ConfigError naming key and value; returns the config."""
     from jsonschema.exceptions import ValidationError
     from snakemake.exceptions import WorkflowError
     from snakemake.utils import validate
 
     check_moved_keys(config)
+    check_numbers(config)
     try:
         validate(config, str(SCHEMA_PATH), set_default=True)
     except (ValidationError, WorkflowError) as err:
@@ -301,8 +414,5 @@ def validate_config(config: dict, base_dir: str | Path = ".") -> dict:
 
 def load_config(path: str | Path) -> dict:
     """Read a config YAML and validate it (validate_config); paths in it are relative to its folder."""
-    import yaml
-
     path = Path(path)
-    check_yaml_syntax(path)
-    return validate_config(yaml.safe_load(path.read_text()) or {}, base_dir=path.parent)
+    return validate_config(read_yaml(path) or {}, base_dir=path.parent)

@@ -81,6 +81,10 @@ def text_files(path: Path) -> list[Path]:
         if not files:
             raise DataError(f"corpus folder {path} contains no files")
         return files
+    if path.exists():
+        from scalelab.config import file_kind
+
+        raise DataError(f"corpus path {path} is {file_kind(path)}, a special file: not a regular file or folder")
     raise DataError(f"corpus path {path} does not exist")
 
 
@@ -325,6 +329,33 @@ def prepare_dataset(cfg: DatasetConfig, out_dir: str | Path, seq_len: int, chunk
     return meta
 
 
+INFERRED_VOCAB_LIMIT = 1 << 16
+"""Above this, a vocabulary is not inferred (largest id + 1) from a uint32 file: dataset.vocab_size
+must say it. A uint16 file read as uint32 pairs two tokens into one id (a + 65536 * b), so its
+largest id is at least 65,536 as soon as one odd-position token is not 0."""
+
+
+def check_vocab(largest: dict, dtype: np.dtype, vocab_size: int | None) -> int:
+    """The vocabulary of a tokenized source from its files' largest ids ({file: id}): the stated
+    dataset.vocab_size, which every id must be below, or else the largest id + 1, refused for a
+    uint32 file when above INFERRED_VOCAB_LIMIT (almost surely the wrong dtype). DataError
+    naming the file and the dtype."""
+    path, max_id = max(largest.items(), key=lambda item: item[1])
+    if vocab_size is not None:
+        if max_id >= vocab_size:
+            raise DataError(
+                f"tokenized file {path} read as {dtype.name} (dataset.tokenized_dtype) holds token id {max_id} "
+                f">= dataset.vocab_size={vocab_size}: a wrong dataset.tokenized_dtype, or a wrong dataset.vocab_size")
+        return vocab_size
+    if dtype.itemsize > 2 and max_id >= INFERRED_VOCAB_LIMIT:
+        raise DataError(
+            f"tokenized file {path} read as {dtype.name} (dataset.tokenized_dtype) holds token id {max_id}, "
+            f"an inferred vocabulary of {max_id + 1:,}: above {INFERRED_VOCAB_LIMIT:,} the vocabulary of a "
+            f"{dtype.name} file is not inferred, since a uint16 file read as {dtype.name} looks like this; "
+            "set dataset.tokenized_dtype: uint16, or state dataset.vocab_size if the vocabulary really is that large")
+    return max_id + 1
+
+
 def _copy_tokenized(cfg: DatasetConfig, out_dir: Path, chunk_bytes: int):
     """A nanoGPT-style .bin (or a folder with train.bin/val.bin), used as it is."""
     src = Path(cfg.path)
@@ -353,26 +384,30 @@ def _copy_tokenized(cfg: DatasetConfig, out_dir: Path, chunk_bytes: int):
         for start in range(0, arr.size, step):
             yield np.asarray(arr[start:start + step])
 
+    largest = {}  # file -> its largest token id
     if "all" in arrays:
         files = write_split(chunks(arrays["all"]), out_dir, dtype, cfg.val_fraction)
+        largest[src] = files["max_token_id"]
     else:  # train/val given: copy each as it is
-        files, max_id = {}, -1
+        files = {}
         for split, arr in arrays.items():
             writer = MemmapTokenWriter(out_dir / f"{split}.bin", dtype)
+            largest[pairs[split]] = -1
             try:
                 for c in chunks(arr):
-                    max_id = max(max_id, int(c.max()))
+                    largest[pairs[split]] = max(largest[pairs[split]], int(c.max()))
                     writer.append(c)
                 files[split] = writer.commit()
             except BaseException:
                 writer.abort()
                 raise
-        files["max_token_id"] = max_id
-    vocab_size = cfg.vocab_size or files["max_token_id"] + 1
-    if files["max_token_id"] >= vocab_size:
-        raise DataError(
-            f"tokenized file {src} holds token id {files['max_token_id']} >= dataset.vocab_size={vocab_size}"
-        )
+        files["max_token_id"] = max(largest.values())
+    try:
+        vocab_size = check_vocab(largest, dtype, cfg.vocab_size)
+    except DataError:
+        for split in ("train", "val"):
+            (out_dir / f"{split}.bin").unlink(missing_ok=True)
+        raise
     return files, vocab_size, dtype, "pretokenized"
 
 

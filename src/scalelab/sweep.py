@@ -198,6 +198,7 @@ def sweep_plan(config: dict) -> tuple[list, list[tuple[Any, str]]]:
         seen.add(point)
         reason = next((r for r in (axis.left_out(point, train) for axis in AXES) if r), None)
         (left_out.append((point, reason)) if reason else points.append(point))
+    _check_distinct([*points, *(p for p, _ in left_out)], values)
     for name in LEVER_AXES:
         for value in values[name]:
             if not any(getattr(p, name) == value for p in points) and any(getattr(p, name) == value for p, _ in left_out):
@@ -206,6 +207,23 @@ def sweep_plan(config: dict) -> tuple[list, list[tuple[Any, str]]]:
     if not points:
         raise ConfigError("the sweep has no runnable point: " + "; ".join(sorted({r for _, r in left_out})))
     return points, left_out
+
+
+def _check_distinct(points: list, values: dict) -> None:
+    """Two points of the sweep never share a run folder or a run id (``bucket_mb`` 25 and
+    25.0000001 both read ``bucket_mb~25``): one folder would hold two points' rows."""
+    for what, key in (("run folder", lambda p: p.path), ("run id", lambda p: p.run_id)):
+        seen: dict = {}
+        for point in points:
+            other = seen.setdefault(key(point), point)
+            if other == point:
+                continue
+            axis = next(a for a in AXES if getattr(other, a.name) != getattr(point, a.name))
+            a, b = getattr(other, axis.name), getattr(point, axis.name)
+            shared = f"{axis.name}~{axis.to_path(b)}" if what == "run folder" else key(point)
+            raise ConfigError(
+                f"sweep.{axis.name}={values[axis.name]!r}: {a!r} and {b!r} give the same {what} ({shared}), "
+                "so two points would write one run's files; list values that differ as written in run paths and ids")
 
 
 def sweep_points(config: dict) -> list:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from scalelab.config import REPO_ROOT
+from scalelab.config import REPO_ROOT, UniqueKeyLoader
 from scalelab.harness.testing import processes_mentioning, run_snakemake, snakemake_cmd, snakemake_env, tiny_config, write_workdir
 from scalelab.sweep import RUN_DIR_GLOB, sweep_points
 
@@ -208,17 +208,26 @@ def crash(tmp: Path) -> Drill:
 
 def bad_configs(tmp: Path) -> Drill:
     """Every config in tests/bad_configs is rejected before any job, naming the culprit;
-    a free-text path holding shell syntax is used as a path, and the canary never appears."""
+    a free-text path holding shell syntax is used as a path, and the canary never appears.
+
+    A file is a fragment merged into the tiny config; one that is not valid YAML (or gives a
+    key twice) is the whole config.yaml; one with a ``# given: --configfile`` line is passed
+    as ``--configfile given.yaml`` over the tiny config.yaml."""
     d = Drill("bad input")
     for path in sorted(BAD_CONFIGS.glob("*.yaml")):
         work = tmp / path.stem
         text = path.read_text()
         expected = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("# expect:")]
+        extra_args: list[str] = []
         try:
-            fragment = yaml.safe_load(text)
+            fragment = yaml.load(text, Loader=UniqueKeyLoader)
         except yaml.YAMLError:
             fragment = None
-        if fragment is None:  # malformed: the file itself is the config
+        if any(line.startswith("# given: --configfile") for line in text.splitlines()):
+            write_workdir(work, tiny_config())
+            (work / "given.yaml").write_text(text)
+            extra_args = ["--configfile", str(work / "given.yaml")]
+        elif fragment is None:  # malformed: the file itself is the config
             work.mkdir(parents=True)
             (work / "config.yaml").write_text(text)
         else:
@@ -229,7 +238,7 @@ def bad_configs(tmp: Path) -> Drill:
                 else:
                     cfg[section] = value
             write_workdir(work, cfg)
-        proc = run_snakemake(work, "--cores", "1", check=False, timeout=120)
+        proc = run_snakemake(work, "--cores", "1", *extra_args, check=False, timeout=120)
         out = proc.stdout + proc.stderr
         d.bad_configs_tried += 1
         rejected = proc.returncode != 0 and all(e in out for e in expected) and not (work / "results").exists()
