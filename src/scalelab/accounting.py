@@ -272,3 +272,31 @@ def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: in
     acts = block_activation_bytes(cfg, micro_batch, precision, activation_checkpointing)
     logits = 2 * 4.0 * micro_batch * cfg.seq_len * cfg.vocab_size
     return PeakMemory(state, transient, acts + logits)
+
+
+# ----------------------------------------------------------------------------- LoRA (the last rung)
+# LoRA (Hu et al. 2021) freezes the weights W0 and trains a low-rank update B A on chosen
+# linear layers: here every block's attention (qkv, proj) and MLP (fc, proj) linears, the
+# common choice. A linear d_in -> d_out gains r (d_in + d_out) trainable parameters.
+LORA_TARGETS = {"attn.qkv": (1, 3), "attn.proj": (1, 1), "mlp.fc": (1, 4), "mlp.proj": (4, 1)}
+"""Adapted linears of a block and their (d_in, d_out) in units of d_model."""
+
+
+def lora_trainable_params(cfg: ModelConfig, rank: int) -> int:
+    """Trainable LoRA parameters: rank x (d_in + d_out) per adapted linear, every block."""
+    per_block = sum((d_in + d_out) * cfg.d_model for d_in, d_out in LORA_TARGETS.values())
+    return cfg.n_layers * rank * per_block
+
+
+def lora_model_state_bytes(n_frozen: int, n_trainable: int, zero_stage: int, world_size: int, precision: str,
+                           convention: str = "pytorch") -> ModelStateBytes:
+    """Model state per rank at rest with LoRA: the frozen weights (fp32 in PyTorch's AMP; 2
+    bytes in the paper's mixed precision), sharded as the strategy shards parameters, and no
+    gradient or optimizer state for them; the trainable A and B carry the full 16 bytes per
+    parameter (PyTorch: fp32 weight, grad, AdamW m and v)."""
+    frozen_bytes = 4 if convention == "pytorch" or precision == "fp32" else 2
+    shards = strategy(zero_stage).shards if convention == "pytorch" else strategy(zero_stage).shards_paper
+    frozen = frozen_bytes * float(n_frozen) / (world_size if shards[0] else 1)
+    trainable = model_state_bytes(n_trainable, zero_stage, world_size, precision, convention)
+    return ModelStateBytes(frozen + trainable.params, trainable.grads, trainable.optimizer)
+
