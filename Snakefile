@@ -42,3 +42,29 @@ include: "rules/report.smk"
 rule all:
     input:
         RESULTS / "report" / "report.html",
+
+
+# One writer per results folder (scalelab.lock, <results_dir>/.scalelab.lock): taken by the
+# process that runs the jobs, once it has jobs to run (onstart: never -n, --lint, --report or
+# --unlock), released when it ends; jobs spawned elsewhere (SLURM) have no hooks and never take it.
+import sys
+
+from scalelab.lock import LockHeld, results_lock
+
+
+onstart:
+    if not (workflow.remote_exec or workflow.subprocess_exec):
+        try:
+            _note = results_lock(RESULTS).acquire()
+        except LockHeld as err:
+            raise WorkflowError(f"scalelab: {err}") from None
+        if _note:
+            print(_note, file=sys.stderr)
+
+
+onsuccess:
+    results_lock(RESULTS).release()
+
+
+onerror:
+    results_lock(RESULTS).release()

@@ -5,7 +5,8 @@ from pathlib import Path
 import pandas as pd
 from snakemake.utils import Paramspace
 
-from scalelab.config import launch_plan
+from scalelab.config import dataset_config, launch_plan
+from scalelab.data import DataError, source_files
 from scalelab.placement import sweep_device_plan, train_job_resources
 from scalelab.sweep import SWEEP_AXES, RunPoint, sweep_plan
 
@@ -16,9 +17,13 @@ LOGS = RESULTS / "logs"
 
 
 def dataset_inputs(wildcards):
-    """The user's corpus is an input, so editing it re-prepares the data."""
-    path = config["dataset"]["path"]
-    return [path] if path else []
+    """Every file the data step reads (scalelab.data.source_files: a folder's non-hidden files,
+    sorted), not the folder: editing, adding or removing one re-prepares the data and reruns
+    what depends on it. An unusable corpus is left to the data step, which names the problem."""
+    try:
+        return [str(f) for f in source_files(dataset_config(config))]
+    except DataError:
+        return [config["dataset"]["path"]]
 
 
 # The sweep, defined once: every run path and run id derives from this table. Values are

@@ -1,6 +1,8 @@
 """Tokenizers, the memmap writer, the sampler, and bad corpora."""
 import hashlib
 import json
+import os
+import shutil
 import subprocess
 import sys
 
@@ -16,7 +18,9 @@ from scalelab.data import (
     DataError,
     MemmapTokenWriter,
     prepare_dataset,
+    source_files,
     synthetic_text_chunks,
+    verify_tokens,
 )
 
 
@@ -170,6 +174,75 @@ def test_sampler_deterministic_disjoint_and_global(tiny_data):
     assert np.array_equal(per_rank, s.batch(3, 0, 16, 1)), "ranks together see exactly the global batch"
     tokens = np.memmap(tiny_data / "train.bin", dtype=meta["dtype"], mode="r")
     assert np.array_equal(a[0], tokens[starts[4]:starts[4] + 33]), "a row is a contiguous window"
+
+
+def test_source_files_are_what_the_data_step_reads(tmp_path):
+    """The workflow's inputs of prepare_data: every file read, never the folder itself."""
+    corpus = tmp_path / "corpus"
+    (corpus / "sub").mkdir(parents=True)
+    (corpus / ".git").mkdir()
+    for name in ("b.txt", "sub/a.txt", ".hidden.txt", ".git/HEAD"):
+        (corpus / name).write_text("x")
+    assert source_files(_cfg(source="text", path=str(corpus))) == [corpus / "b.txt", corpus / "sub" / "a.txt"]
+    assert source_files(_cfg(source="text", path=str(corpus / "b.txt"))) == [corpus / "b.txt"]
+    assert source_files(_cfg()) == []
+    tokenized = tmp_path / "nanogpt"
+    tokenized.mkdir()
+    for name in ("train.bin", "val.bin", "meta.pkl", "input.txt"):
+        (tokenized / name).write_bytes(b"\0\0")
+    assert source_files(_cfg(source="tokenized", path=str(tokenized))) == [tokenized / "train.bin", tokenized / "val.bin"]
+    (tokenized / "val.bin").unlink()
+    with pytest.raises(DataError, match="lacks .*val.bin"):
+        source_files(_cfg(source="tokenized", path=str(tokenized)))
+
+
+def _rewrite_in_place(path, transform):
+    """What a nanoGPT prepare script does to an existing .bin: same file, new bytes, new mtime."""
+    st = path.stat()
+    data = path.read_bytes()
+    with open(path, "r+b") as handle:
+        handle.write(transform(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+
+
+def test_verify_tokens_cheap_check_then_sha256(tmp_path, tiny_data):
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)  # copy2 keeps mtimes: the recorded size and mtime still hold
+    meta = json.loads((data / "meta.json").read_text())
+    assert set(meta["files"]["train.bin"]) == {"size", "mtime_ns"}
+    assert verify_tokens(data, meta) is None
+    _rewrite_in_place(data / "train.bin", lambda b: b)  # touched, same bytes: the sha256 still matches
+    assert verify_tokens(data, meta) is None
+    old_meta = {k: v for k, v in meta.items() if k != "files"}  # a meta.json of an earlier version
+    assert verify_tokens(data, old_meta) is None
+    _rewrite_in_place(data / "train.bin", lambda b: b[::-1])
+    for m in (meta, old_meta):
+        reason = verify_tokens(data, m)
+        assert reason and str(data / "train.bin") in reason and "sha256" in reason and "prepare_data" in reason
+    with open(data / "train.bin", "ab") as handle:
+        handle.write(b"\0\0")
+    assert "bytes, meta.json records" in verify_tokens(data, meta)
+    (data / "train.bin").unlink()
+    assert "is missing" in verify_tokens(data, meta)
+
+
+def test_run_refuses_tokens_rewritten_in_place(tmp_path, tiny_data):
+    """train.bin rewritten after meta.json (same size, other bytes, newer mtime): the run ends
+    `failed`, naming the file and what differs, and never starts training."""
+    from scalelab.sweep import RunPoint
+    from scalelab.training.launch import launch_run
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    size = (data / "train.bin").stat().st_size
+    _rewrite_in_place(data / "train.bin", lambda b: bytes((x + 1) % 256 for x in b[:4096]) + b[4096:])
+    assert (data / "train.bin").stat().st_size == size
+    run_dir = tmp_path / "run"
+    summary = launch_run(tiny_config(), RunPoint("fp32", 0, 1), data, run_dir, tmp_path / "run.log")
+    assert summary["status"] == "failed"
+    assert str(data / "train.bin") in summary["reason"] and "sha256" in summary["reason"]
+    assert "completed_steps" not in summary and not (run_dir / "spec.json").exists(), "no worker was launched"
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
 
 
 MEMORY_PROBE = r"""

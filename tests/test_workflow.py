@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import zipfile
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -28,6 +29,44 @@ def test_data_step_on_a_text_corpus(tmp_path):
     meta = json.loads((tmp_path / "results/data/fox/meta.json").read_text())
     assert meta["n_train_tokens"] + meta["n_val_tokens"] == 44 * 200
     assert (tmp_path / "results/logs/data/fox.log").exists()
+
+
+def _planned(workdir) -> dict:
+    """{rule: count} of what `snakemake -n` would run."""
+    out = snakemake(workdir, "-n", "--cores", "2").stdout
+    return {} if "Job stats:" not in out else {
+        k: int(v) for k, v in re.findall(r"^(\w+)\s+(\d+)$", out.split("Job stats:")[1], flags=re.M) if k != "total"}
+
+
+def test_corpus_folder_edited_in_place_reprepares_and_reruns(tmp_path):
+    """Every file of a corpus folder is an input of the data step (not the folder, whose mtime
+    an in-place edit leaves alone): an edit re-prepares the data and reruns the runs."""
+    corpus = tmp_path / "corpus"
+    (corpus / "sub").mkdir(parents=True)
+    (corpus / "a.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 100)
+    (corpus / "sub" / "b.txt").write_text("pack my box with five dozen liquor jugs\n" * 100)
+    cfg = tiny_config(dataset={"name": "fox", "source": "text", "path": "corpus"})
+    workdir = write_workdir(tmp_path, cfg)
+    snakemake(workdir, "--cores", "2")
+    data, run = tmp_path / "results/data/fox", tmp_path / "results/runs" / RunPoint("fp32", 0, 1).path
+    before = json.loads((data / "meta.json").read_text())
+    (corpus / ".b.txt.swp").write_text("an editor's file: hidden, not read")
+    assert _planned(workdir) == {}, "a hidden file is not part of the corpus"
+
+    folder_mtime = (corpus / "sub").stat().st_mtime_ns
+    with open(corpus / "sub" / "b.txt", "r+") as handle:  # in place: same file, same size
+        handle.write("PACK")
+    assert (corpus / "sub").stat().st_mtime_ns == folder_mtime
+    assert _planned(workdir) == {"prepare_data": 1, "train": 1, "collect": 1, "report": 1, "all": 1}
+    snakemake(workdir, "--cores", "2")
+    after = json.loads((data / "meta.json").read_text())
+    assert after["sha256"]["train.bin"] != before["sha256"]["train.bin"]
+    assert b"PACK my box" in np.fromfile(data / "train.bin", dtype=after["dtype"]).astype(np.uint8).tobytes()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["dataset_sha256_train"] == after["sha256"]["train.bin"]
+    assert _planned(workdir) == {}
+    (corpus / "a.txt").unlink()  # a file gone is a changed corpus too
+    assert _planned(workdir).get("prepare_data") == 1
 
 
 def test_sweep_end_to_end_then_nothing_to_do(tmp_path):

@@ -88,6 +88,27 @@ def text_files(path: Path) -> list[Path]:
     raise DataError(f"corpus path {path} does not exist")
 
 
+def source_files(cfg: DatasetConfig) -> list[Path]:
+    """Every file the data step reads for this source, in the order it reads them: none for
+    synthetic; a text file, or every non-hidden file below a folder (sorted); a tokenized
+    .bin, or a folder's train.bin and val.bin. The workflow's inputs of prepare_data, so an
+    edit to any of them in place re-prepares the data. Raises DataError when unreadable."""
+    if cfg.source == "synthetic":
+        return []
+    path = Path(cfg.path)
+    if cfg.source == "text":
+        return text_files(path)
+    if path.is_dir():
+        pairs = [path / f"{split}.bin" for split in ("train", "val")]
+        missing = [str(p) for p in pairs if not p.is_file()]
+        if missing:
+            raise DataError(f"tokenized folder {path} lacks {', '.join(missing)}")
+        return pairs
+    if not path.is_file():
+        raise DataError(f"tokenized file {path} does not exist")
+    return [path]
+
+
 def file_byte_chunks(files: Iterable[Path], chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[Path, int, bytes]]:
     """(file, offset, bytes) chunks over files, reading at most chunk_bytes at a time."""
     for path in files:
@@ -281,7 +302,7 @@ def prepare_dataset(cfg: DatasetConfig, out_dir: str | Path, seq_len: int, chunk
                     offset += len(chunk)
         else:
             corpus = Path(cfg.path)
-            corpus_files = text_files(corpus)
+            corpus_files = source_files(cfg)
             for f in corpus_files:
                 if f.stat().st_size == 0 and len(corpus_files) == 1:
                     raise DataError(f"corpus file {f} is empty")
@@ -320,6 +341,8 @@ def prepare_dataset(cfg: DatasetConfig, out_dir: str | Path, seq_len: int, chunk
         "n_val_tokens": n_val,
         "val_fraction": cfg.val_fraction,
         "sha256": {"train.bin": files["train"]["sha256"], "val.bin": files["val"]["sha256"]},
+        # What a run compares before it reads a .bin (verify_tokens): cheap, sha256 only on a difference.
+        "files": {name: _stat_record(out_dir / name) for name in ("train.bin", "val.bin")},
         "max_token_id": files["max_token_id"],
         "source": source_desc,
         "scalelab_version": __version__,
@@ -360,13 +383,8 @@ def _copy_tokenized(cfg: DatasetConfig, out_dir: Path, chunk_bytes: int):
     """A nanoGPT-style .bin (or a folder with train.bin/val.bin), used as it is."""
     src = Path(cfg.path)
     dtype = np.dtype(cfg.tokenized_dtype)
-    if src.is_dir():
-        pairs = {split: src / f"{split}.bin" for split in ("train", "val")}
-        missing = [str(p) for p in pairs.values() if not p.is_file()]
-        if missing:
-            raise DataError(f"tokenized folder {src} lacks {', '.join(missing)}")
-    else:
-        pairs = {"all": src}
+    found = source_files(cfg)
+    pairs = dict(zip(("train", "val"), found)) if src.is_dir() else {"all": found[0]}
     arrays = {}
     for split, path in pairs.items():
         size = path.stat().st_size
@@ -413,6 +431,46 @@ def _copy_tokenized(cfg: DatasetConfig, out_dir: Path, chunk_bytes: int):
 
 def read_meta(data_dir: str | Path) -> dict:
     return json.loads((Path(data_dir) / "meta.json").read_text())
+
+
+def _stat_record(path: Path) -> dict:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def file_sha256(path: str | Path, chunk_bytes: int = CHUNK_BYTES) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_tokens(data_dir: str | Path, meta: dict, name: str = "train.bin") -> str | None:
+    """None when ``data_dir/name`` is the file meta.json describes, else what differs.
+
+    Cheap in the common case: size and mtime as recorded when the data was prepared. The
+    sha256 is computed only when they differ (a copy, a touch) or were not recorded (a
+    meta.json of an earlier version): same bytes then still pass, other bytes never do."""
+    path = Path(data_dir) / name
+    fix = ("; the tokens were changed after the data was prepared: re-prepare them "
+           "(snakemake --forcerun prepare_data) rather than train on other tokens")
+    if not path.is_file():
+        return f"{path} is missing (meta.json describes it){fix}"
+    st = path.stat()
+    recorded = (meta.get("files") or {}).get(name)
+    if recorded and (st.st_size, st.st_mtime_ns) == (recorded["size"], recorded["mtime_ns"]):
+        return None
+    n_tokens = meta.get(f"n_{name.split('.')[0]}_tokens")
+    size = recorded["size"] if recorded else (n_tokens * np.dtype(meta["dtype"]).itemsize if n_tokens is not None else None)
+    if size is not None and st.st_size != size:
+        return f"{path} has {st.st_size} bytes, meta.json records {size}{fix}"
+    expected = meta["sha256"][name]
+    actual = file_sha256(path)
+    if actual != expected:
+        changed = datetime.datetime.fromtimestamp(st.st_mtime, datetime.timezone.utc).isoformat(timespec="seconds")
+        return f"{path} has sha256 {actual[:16]}..., meta.json records {expected[:16]}... (file modified {changed}){fix}"
+    return None
 
 
 # ----------------------------------------------------------------------------- sampler

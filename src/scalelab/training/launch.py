@@ -23,7 +23,7 @@ from pathlib import Path
 from scalelab import placement
 from scalelab.analysis.metrics import steps_table, write_parquet
 from scalelab.config import LaunchPlan, config_hash, launch_plan, model_config, train_config
-from scalelab.data import read_meta
+from scalelab.data import read_meta, verify_tokens
 from scalelab.io import read_json, write_json
 from scalelab.sweep import RunPoint, micro_batch_plan
 
@@ -166,6 +166,7 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
     _remove_leftovers(run_dir, resuming=bool(config["train"].get("checkpoint_every")) and (run_dir / "checkpoint").is_dir())
 
     meta = read_meta(data_dir)
+    tokens_problem = verify_tokens(data_dir, meta)  # never train on tokens other than meta.json's
     model = model_config(config, vocab_size=meta["vocab_size"])
     train = train_config(config)
     micro, accum = micro_batch_plan(train, point.world_size, point.micro_batch)
@@ -196,7 +197,9 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
 
     summary.update(memory_plan)
     records: list[dict] = []
-    if reason is not None:
+    if tokens_problem is not None:
+        status, reason = "failed", tokens_problem
+    elif reason is not None:
         status = "skipped"
     elif memory_plan["predicted_oom_reason"] and not config.get("planning", {}).get("launch_predicted_oom", False):
         status, reason = "predicted_oom", memory_plan["predicted_oom_reason"]
