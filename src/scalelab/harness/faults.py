@@ -206,6 +206,57 @@ def crash(tmp: Path) -> Drill:
     return d
 
 
+def teardown_crash(tmp: Path) -> Drill:
+    """Rank 0 aborts in process-group teardown after writing the results (the false failure
+    seen about once in 50 CPU runs): the run stays `ok`, its rows are kept, with a warning."""
+    d = Drill("teardown crash")
+    runs, aborted = _faulty_sweep(tmp, d, _sweep_cfg(), "teardown@rank=0")
+    d.faults_injected += len(aborted)
+    kept = (aborted["status"] == "ok") & aborted["teardown_warning"].str.contains("after the results were written")
+    d.faults_recovered += int(kept.sum())
+    d.check(bool(kept.all()), "teardown crashes keep the run ok with a warning")
+    return d
+
+
+def silent_wrong_results(tmp: Path) -> Drill:
+    """Inputs that used to end as results that look fine: a diverging learning rate ends
+    `diverged` at a step, not `ok` with a NaN loss; a nanoGPT-style train.bin rewritten in
+    place re-prepares the data and reruns the runs instead of 'Nothing to be done'."""
+    import numpy as np
+    import pandas as pd
+
+    d = Drill("silent wrong results")
+    work = write_workdir(tmp / "diverge", _sweep_cfg(lr=1e30))
+    run_snakemake(work, "--cores", "2")
+    runs = pd.read_parquet(work / "results/metrics.parquet")
+    d.faults_injected += len(runs)
+    diverged = (runs["status"] == "diverged") & runs["reason"].str.contains("at step")
+    d.faults_recovered += int(diverged.sum())
+    d.check(bool(diverged.all()), "every run with lr=1e30 is `diverged` with its step")
+
+    corpus = tmp / "tokenized"
+    corpus.mkdir()
+    rng = np.random.default_rng(0)
+    for name, n in (("train.bin", 60_000), ("val.bin", 6_000)):
+        rng.integers(0, 200, n, dtype=np.uint16).tofile(corpus / name)
+    cfg = _sweep_cfg()
+    cfg["dataset"].update(name="nanogpt", source="tokenized", path=str(corpus), vocab_size=256)
+    work = write_workdir(tmp / "stale", cfg)
+    run_snakemake(work, "--cores", "2")
+    before = json.loads((work / "results/data/nanogpt/meta.json").read_text())["sha256"]["train.bin"]
+    rng.integers(0, 200, 60_000, dtype=np.uint16).tofile(corpus / "train.bin")  # prepare.py writes it again
+    d.faults_injected += 1
+    planned = _planned_jobs(work)
+    run_snakemake(work, "--cores", "2")
+    after = pd.read_parquet(work / "results/metrics.parquet")
+    fresh = (planned.get("prepare_data") == 1 and planned.get("train") == 2 and (after["status"] == "ok").all()
+             and (after["dataset_sha256_train"] != before).all())
+    d.faults_recovered += fresh
+    d.check(fresh, "an in-place rewrite of train.bin re-prepares the data and reruns both runs on the new tokens")
+    audit(work, cfg, d)
+    return d
+
+
 def bad_configs(tmp: Path) -> Drill:
     """Every config in tests/bad_configs is rejected before any job, naming the culprit;
     a free-text path holding shell syntax is used as a path, and the canary never appears.
@@ -319,8 +370,8 @@ def concurrency_and_reruns(tmp: Path) -> Drill:
 
 
 DRILLS = {f.__name__: f for f in (kill_mid_step, kill_during_data_write, kill_during_result_write,
-                                  kill_during_collection, hang, crash, bad_configs, determinism,
-                                  concurrency_and_reruns)}
+                                  kill_during_collection, hang, crash, teardown_crash, silent_wrong_results,
+                                  bad_configs, determinism, concurrency_and_reruns)}
 
 
 def main(argv: list[str] | None = None) -> int:
