@@ -40,7 +40,7 @@ def test_snakemake_at_the_repository_root_loads_the_workstation_profile():
 
 
 def test_workstation_with_gpus_plans_one_gpu_run_at_a_time(tmp_path):
-    cfg = tiny_config(sweep={"precision": ["bf16"], "zero_stage": [0, 3], "world_size": [1, 2]})
+    cfg = tiny_config(train={"device": "auto"}, sweep={"precision": ["bf16"], "zero_stage": [0, 3], "world_size": [1, 2]})
     workdir = write_workdir(tmp_path / "w", cfg)
     smi = fake_nvidia_smi(tmp_path / "bin", ["NVIDIA H100 80GB HBM3"] * 2)
     out, jobs = dry_run(workdir, path=path_without("nvidia-smi", smi, BIN))
@@ -92,7 +92,7 @@ def test_slurm_plans_gpus_per_node_for_a_gpu_sweep_from_a_login_node_without_gpu
 
 @needs_plugin
 def test_slurm_auto_without_gpu_facts_says_plainly_the_sweep_runs_on_cpu(tmp_path):
-    cfg = tiny_config(train={"global_batch": 16}, cluster={**GPU_CLUSTER, "exclusive": False},
+    cfg = tiny_config(train={"device": "auto", "global_batch": 16}, cluster={**GPU_CLUSTER, "exclusive": False},
                       sweep={"precision": ["bf16"], "zero_stage": [3], "world_size": [1, 16]})
     out, jobs = dry_run(write_workdir(tmp_path, cfg), slurm=True)
     assert ("scalelab: runs train on cpu (train.device=auto; nvidia-smi lists no GPU on the planning machine and "

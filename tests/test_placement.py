@@ -64,7 +64,7 @@ def test_jobs_inherit_the_planners_device():
     """A SLURM job re-parses the workflow on a node that sees other GPUs: it takes the
     planner's decision from the environment (sbatch --export=ALL) instead of probing."""
     env = {}
-    cfg = tiny_config()
+    cfg = tiny_config(train={"device": "auto"})
     plan, inherited = placement.sweep_device_plan(cfg, env, probe=lambda: [])
     assert (plan.device, inherited) == ("cpu", False) and env[placement.SWEEP_DEVICE_ENV].startswith("cpu|")
     on_node, inherited = placement.sweep_device_plan(cfg, dict(env), probe=lambda: ["NVIDIA H100 80GB HBM3"] * 8)
@@ -77,9 +77,9 @@ def test_jobs_inherit_the_planners_device():
 
 
 def test_gpu_layout_checked_against_the_config():
-    check_gpu_layout(tiny_config(cluster=CLUSTER))
+    check_gpu_layout(tiny_config(train={"device": "auto"}, cluster=CLUSTER))
     with pytest.raises(ConfigError, match="places 16 ranks on a node with cluster.gpus_per_node=8"):
-        check_gpu_layout(tiny_config(cluster={**CLUSTER, "launchers_per_node": 2}))
+        check_gpu_layout(tiny_config(train={"device": "auto"}, cluster={**CLUSTER, "launchers_per_node": 2}))
     with pytest.raises(ConfigError, match="gpus_per_node=0"):
         check_gpu_layout(tiny_config(train={"device": "cuda"}, cluster={**CLUSTER, "gpus_per_node": 0}))
     check_gpu_layout(tiny_config(train={"device": "cpu"}, cluster={**CLUSTER, "launchers_per_node": 2}))

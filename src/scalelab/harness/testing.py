@@ -21,7 +21,9 @@ def tiny_config(**overrides) -> dict:
     cfg = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())
     cfg["dataset"].update(name="tiny", synthetic_bytes=200_000)
     cfg["model"].update(n_layers=2, d_model=32, n_heads=2, seq_len=32)
-    cfg["train"].update(steps=12, warmup_steps=2, global_batch=8, run_timeout_s=240, collective_timeout_s=60)
+    # device cpu: these configs test CPU semantics (gloo, several ranks on one machine), also
+    # on a GPU machine; GPU tests and plans that need `auto` say so.
+    cfg["train"].update(steps=12, warmup_steps=2, global_batch=8, run_timeout_s=240, collective_timeout_s=60, device="cpu")
     cfg["sweep"].update(precision=["fp32"], zero_stage=[0], world_size=[1])
     for section, values in overrides.items():
         if isinstance(values, dict) and isinstance(cfg.get(section), dict):
