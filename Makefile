@@ -7,7 +7,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 CORES ?= all
 
-.PHONY: setup run test report browser slurm clean-results
+.PHONY: setup run test report browser slurm clean-results gpu-bundle gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,3 +43,26 @@ slurm:
 
 clean-results:
 	rm -rf results/data results/runs results/report results/logs results/*.parquet
+
+# The GPU machine has Python 3.12, torch with CUDA, numpy, pandas, pyarrow, seaborn, pytest
+# but no network and no Snakemake, jsonschema or torchao. `make gpu-bundle` (here, with network)
+# puts their wheels in .whl/ (git-ignored, ~31 MB: carry it); `make gpu-check` (there) installs
+# them without network and runs python -m scalelab.harness.gpu_check (GPU tests, the 350M
+# benchmark, a reference sweep). GPU_CHECK_ARGS passes options, e.g. --only bench.
+GPU_PYTHON_VERSION ?= 3.12
+GPU_PLATFORMS = --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+	--platform manylinux2014_x86_64 --platform manylinux1_x86_64
+GPU_SITE ?= /tmp/scalelab-site
+
+gpu-bundle: setup
+	rm -rf .whl && mkdir -p .whl
+	# connection_pool (a Snakemake dependency) has no wheel on the index: build one
+	$(VENV)/bin/pip wheel -q --no-deps connection_pool==0.0.3 -w .whl
+	$(VENV)/bin/pip download -q --only-binary=:all: --python-version $(GPU_PYTHON_VERSION) --implementation cp \
+		$(GPU_PLATFORMS) --find-links .whl -d .whl "snakemake>=9.14.8" "jsonschema>=4" "torchao==0.18.0"
+	@du -sh .whl && ls .whl | wc -l
+
+gpu-check:
+	python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) .whl/*.whl
+	PATH=$(GPU_SITE)/bin:$$PATH PYTHONPATH=$(GPU_SITE):$(CURDIR)/src PYTHONUNBUFFERED=1 \
+		python3 -m scalelab.harness.gpu_check $(GPU_CHECK_ARGS)

@@ -24,3 +24,119 @@ def test_this_gpu_has_a_datasheet_peak():
 def test_the_sweep_is_planned_for_this_gpu():
     plan = placement.plan_device("auto", None)
     assert plan.device == "cuda" and torch.cuda.get_device_name(0) in plan.why
+
+
+
+# ----------------------------------------------------------------------------- runs on the GPU (world size 1)
+# One GPU cannot show world-size scaling (two ranks on one GPU: NCCL refuses); these check
+# that every path runs on CUDA and measures sensibly.
+
+def _gpu_config(**train):
+    from scalelab.harness.testing import tiny_config
+
+    cfg = tiny_config(train={"device": "cuda", "steps": 8, "warmup_steps": 3, **train})
+    cfg["model"].update(n_layers=4, d_model=256, n_heads=4, seq_len=128)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def gpu_data(tmp_path_factory):
+    from scalelab.config import dataset_config
+    from scalelab.data import prepare_dataset
+    from scalelab.harness.testing import tiny_config
+
+    out = tmp_path_factory.mktemp("gpudata") / "data"
+    prepare_dataset(dataset_config(tiny_config(dataset={"synthetic_bytes": 2_000_000})), out, seq_len=1024)
+    return out
+
+
+def _launch(tmp_path, data, point, cfg):
+    from scalelab.training.launch import launch_run
+
+    return launch_run(cfg, point, data, tmp_path / point.path, tmp_path / f"{point.run_id}.log", threads=4)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("precision, tf32", [("fp32", False), ("fp32", True), ("fp16", False), ("bf16", False), ("fp8", False)])
+def test_every_precision_and_stage_runs_on_the_gpu(tmp_path, gpu_data, precision, tf32, stage):
+    from scalelab.sweep import RunPoint
+
+    if precision == "fp8" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 needs compute capability >= 8.9")
+    summary = _launch(tmp_path, gpu_data, RunPoint(precision, stage, 1), _gpu_config(tf32=tf32))
+    assert summary["status"] == "ok", summary["reason"]
+    assert (summary["device_type"], summary["backend"]) == ("cuda", "nccl")
+    assert summary["peak_flops_source"].startswith("datasheet dense " + ("tf32" if tf32 else precision))
+    assert 0 < summary["mfu"] < 1, summary["mfu"]
+    assert summary["peak_mem_allocated_bytes"] > 0
+    if precision == "fp16":
+        assert summary["final_loss_scale"] is not None, "fp16 runs with the loss scaler"
+
+
+def test_fused_adamw_on_the_gpu():
+    import torch.distributed as dist
+
+    from scalelab.config import ModelConfig
+    from scalelab.training.model import GPT
+    from scalelab.training.parallel import parallelize
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29533", rank=0, world_size=1)
+    try:
+        par = parallelize(GPT(ModelConfig(2, 64, 4, 64, True, 256)).cuda(), 0, torch.device("cuda", 0), 1e-3, 0.1)
+        assert par.optimizer.defaults["fused"] is True
+    finally:
+        dist.destroy_process_group()
+
+
+def test_peak_memory_within_ten_percent_of_the_prediction(tmp_path, gpu_data):
+    """A model large enough that the allocator's slack is small against what the step holds."""
+    from scalelab.sweep import RunPoint
+
+    cfg = _gpu_config(global_batch=8)
+    cfg["model"].update(n_layers=12, d_model=768, n_heads=12, seq_len=1024)
+    for precision, stage in (("bf16", 0), ("fp32", 0), ("bf16", 3)):
+        summary = _launch(tmp_path / f"{precision}{stage}", gpu_data, RunPoint(precision, stage, 1), cfg)
+        assert summary["status"] == "ok", summary["reason"]
+        measured, predicted = summary["peak_mem_allocated_bytes"], summary["predicted_peak_bytes"]
+        assert abs(measured / predicted - 1) < 0.10, (precision, stage, measured / 2**20, predicted / 2**20)
+
+
+def test_compile_on_and_off_agree(tmp_path, gpu_data):
+    import pandas as pd
+
+    from scalelab.sweep import AXIS, RunPoint
+
+    if "compile" not in AXIS:
+        pytest.skip("no compile lever in this version")
+    runs = {}
+    for compiled in (False, True):
+        point = RunPoint("fp32", 0, 1, compile=compiled)
+        summary = _launch(tmp_path, gpu_data, point, _gpu_config())
+        assert summary["status"] == "ok", summary["reason"]
+        runs[compiled] = pd.read_parquet(tmp_path / point.path / "steps.parquet")["loss"].to_numpy()
+    assert abs(runs[True] - runs[False]).max() / abs(runs[False]).max() < 1e-3
+
+
+def test_cpu_offload_keeps_model_state_off_the_gpu(tmp_path, gpu_data):
+    from scalelab.sweep import RunPoint
+
+    plain = _launch(tmp_path, gpu_data, RunPoint("bf16", 3, 1), _gpu_config())
+    offloaded = _launch(tmp_path, gpu_data, RunPoint("bf16", 3, 1, cpu_offload=True), _gpu_config())
+    assert plain["status"] == offloaded["status"] == "ok", (plain["reason"], offloaded["reason"])
+    assert offloaded["peak_mem_allocated_bytes"] < plain["peak_mem_allocated_bytes"]
+
+
+def test_bf16_attention_runs_a_flash_or_cudnn_kernel():
+    from torch.profiler import ProfilerActivity, profile
+
+    from scalelab.config import ModelConfig
+    from scalelab.training.model import GPT
+
+    model = GPT(ModelConfig(2, 256, 4, 512, True, 256)).cuda()
+    idx = torch.randint(0, 256, (4, 512), device="cuda")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof, torch.autocast("cuda", dtype=torch.bfloat16):
+        model(idx, idx)[1].backward()
+        torch.cuda.synchronize()
+    kernels = {e.name.lower() for e in prof.events()}
+    assert any("flash" in k or "cudnn" in k or "fmha" in k for k in kernels), sorted(kernels)[:40]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,8 @@ import yaml
 from scalelab.config import REPO_ROOT
 
 BIN = Path(sys.executable).parent
-SNAKEMAKE = str(BIN / "snakemake")
+# The venv's snakemake; else the one on PATH (wheels installed with --target on a GPU machine).
+SNAKEMAKE = str(BIN / "snakemake") if (BIN / "snakemake").exists() else (shutil.which("snakemake") or str(BIN / "snakemake"))
 # Where `make setup` puts the SLURM executor plugin (kept off the default path, see Makefile).
 SLURM_PLUGIN_DIR = BIN.parent / "slurm-plugin"
 
