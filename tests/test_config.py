@@ -164,3 +164,21 @@ def test_check_config_command_locates_a_broken_configfile(tmp_path, monkeypatch,
     (tmp_path / "my.yaml").write_text("train: {steps: 20}\n")
     assert main(["check-config", "config.yaml", "my.yaml"]) == 0
     assert "config ok" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["levers.yaml", "gpu-node.yaml"])
+def test_the_shipped_experiment_configs_are_valid(name):
+    """The ready-made experiments merge over config.yaml as Snakemake merges them, and validate."""
+    import yaml
+
+    from scalelab.config import REPO_ROOT, validate_config
+    from scalelab.sweep import sweep_points
+
+    merged = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())
+    for section, value in yaml.safe_load((REPO_ROOT / "workflow" / "configs" / name).read_text()).items():
+        if isinstance(value, dict):
+            merged[section].update(value)
+        else:
+            merged[section] = value
+    cfg = validate_config(merged, base_dir=REPO_ROOT)
+    assert sweep_points(cfg)
