@@ -161,3 +161,11 @@ def test_a_cpu_run_with_more_ranks_than_cores_is_skipped_not_launched(tmp_path, 
     assert summary["status"] == "skipped" and len(steps) == 0
     assert "world_size=64 CPU ranks need a core each; this job has 2" in summary["reason"]
     assert "planning.launch_overcommitted: true" in summary["reason"]
+
+
+def test_a_training_run_logs_its_progress(tmp_path, tiny_data):
+    """`tail -f` on a run's log shows life: a line every few steps with loss, speed, memory, ETA."""
+    _run(tmp_path, tiny_data, RunPoint("fp32", 0, 1))
+    lines = [line for line in (tmp_path / "fp32-z0-w1.log").read_text().splitlines() if line.startswith("scalelab: step")]
+    assert lines[0].startswith("scalelab: step 1/10") and lines[-1].startswith("scalelab: step 10/10")
+    assert all(k in lines[-1] for k in ("loss ", "tok/s", "MiB peak RSS", "elapsed", "ETA 0.0 s"))

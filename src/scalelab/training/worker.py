@@ -47,6 +47,7 @@ from scalelab.training.comm import CommCounter
 from scalelab.training.model import GPT
 from scalelab.training.parallel import Parallelized, clip_grad_norm, model_state_bytes, parallelize
 from scalelab.training.precision import COMPUTE_DTYPE, autocast, convert_to_fp8, grad_scaler
+from scalelab.training.progress import Progress
 
 
 def lr_at(step: int, train: TrainConfig) -> float:
@@ -346,6 +347,7 @@ def train(spec: dict) -> None:
     if run.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(run.device)
     loop_start = time.perf_counter()
+    log = Progress(cfg.steps, run.tokens_per_step, run.device, run.start_step)
     for step in range(run.start_step, cfg.steps):
         lr = lr_at(step, cfg)
         for group in run.par.optimizer.param_groups:
@@ -369,6 +371,8 @@ def train(spec: dict) -> None:
             }
             run.progress.write(json.dumps(record) + "\n")
             run.progress.flush()
+            if log.due(step):  # rank 0's stdout is the run's log
+                print(log.line(step, record["loss"], out.time_s), flush=True)
         loss = out.loss.item()  # the global batch's loss, the same on every rank: all stop together
         if not math.isfinite(loss):
             raise Diverged(f"the loss became {loss} at step {step}: training diverged (lr={lr:g})")
