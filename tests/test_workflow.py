@@ -82,7 +82,8 @@ def test_sweep_end_to_end_then_nothing_to_do(tmp_path):
         assert steps.num_rows == cfg["train"]["steps"]
         assert path.parent.relative_to(tmp_path / "results/runs").as_posix() == (
             f"precision~{summary['precision']}/zero_stage~{summary['zero_stage']}/world_size~{summary['world_size']}/"
-            "micro_batch~auto/activation_checkpointing~false/cpu_offload~false/bucket_mb~" + ("25" if summary["zero_stage"] < 2 else "none"))
+            "micro_batch~auto/activation_checkpointing~false/cpu_offload~false/bucket_mb~" + ("25" if summary["zero_stage"] < 2 else "none")
+            + "/model~base/lora_rank~none")
     dry = snakemake(workdir, "-n", "--cores", "2")
     assert "Nothing to be done" in dry.stdout + dry.stderr
     runs = pq.read_table(tmp_path / "results/metrics.parquet").to_pandas()

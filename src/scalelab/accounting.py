@@ -300,3 +300,31 @@ def lora_model_state_bytes(n_frozen: int, n_trainable: int, zero_stage: int, wor
     trainable = model_state_bytes(n_trainable, zero_stage, world_size, precision, convention)
     return ModelStateBytes(frozen + trainable.params, trainable.grads, trainable.optimizer)
 
+
+
+def lora_comm_elements_per_step(n_frozen: int, n_trainable: int, zero_stage: int, world_size: int,
+                                accumulation_steps: int = 1, convention: str = "pytorch") -> float:
+    """Elements handed to collectives per step with LoRA (module doc's unit).
+
+    Only the trainable parameters have gradients, so every gradient collective (all-reduce,
+    reduce-scatter) and every update of sharded optimizer state (ZeroRedundancyOptimizer's
+    broadcast) moves T = n_trainable elements where full training moves Psi. A strategy that
+    shards the parameters themselves (FSDP2, the paper's stage 3) all-gathers every
+    parameter, frozen or not, before using it: those gathers stay at Psi_all = n_frozen +
+    n_trainable. So, of the strategy's comm_psi(k) Psi, one Psi (the gradient reduce-scatter)
+    becomes T and the rest (the gathers) Psi_all:
+
+    * PyTorch: stage 0: 2 T; 1: 3 T; 2: k Psi_all + T; 3: 2k Psi_all + T (0 at world size 1).
+    * paper: stages 0-2: 2 T; stage 3: 2 Psi_all + T.
+    """
+    record = strategy(zero_stage)
+    n_all, t = float(n_frozen + n_trainable), float(n_trainable)
+    if convention == "paper":
+        total, gathers_params = record.comm_psi_paper, record.shards_paper[0]
+    elif convention == "pytorch":
+        if record.silent_at_world_size_1 and world_size == 1:
+            return 0.0
+        total, gathers_params = record.comm_psi(accumulation_steps), record.shards[0]
+    else:
+        raise ValueError(f"unknown convention {convention!r}: 'pytorch' or 'paper'")
+    return (total - 1) * n_all + t if gathers_params else total * t

@@ -118,6 +118,8 @@ class TrainConfig:
     """Timeout of every collective, seconds."""
     run_timeout_s: float = _default("train", "run_timeout_s")
     """Wall-clock limit of one run, seconds."""
+    lora_alpha: float = _default("train", "lora_alpha")
+    """LoRA scaling numerator: the update B A is scaled by lora_alpha / lora_rank (sweep.lora_rank)."""
     peak_tflops: dict[str, float] | None = _default("train", "peak_tflops")
     """Dense peak TFLOP/s per GPU by precision key (fp32, tf32, fp16, bf16, fp8), for a GPU or a
     key scalelab.hardware has no datasheet figure for; None = the table's figures only."""
@@ -145,8 +147,25 @@ def dataset_config(config: dict) -> DatasetConfig:
     return _build(DatasetConfig, section(config, "dataset"), "dataset")
 
 
-def model_config(config: dict, vocab_size: int = 256) -> ModelConfig:
-    return _build(ModelConfig, {**section(config, "model"), "vocab_size": vocab_size}, "model")
+MODEL_SHAPE_KEYS = ("n_layers", "d_model", "n_heads")
+"""What a ``models:`` entry may set; seq_len and tie_embeddings stay in ``model:`` for every shape."""
+
+
+def model_config(config: dict, vocab_size: int = 256, name: str = "base") -> ModelConfig:
+    """The model of a sweep point: ``model:`` itself for the model axis's default name 'base', or
+    ``model:`` with the shape keys of ``models.<name>`` (n_layers, d_model, n_heads) over it."""
+    shape = {}
+    if name != "base":
+        models = section(config, "models")
+        if name not in models:
+            raise ConfigError(f"sweep.model={name!r} is not 'base' (the model: section) or a name of the "
+                              f"models: table ({', '.join(sorted(models)) or 'empty'})")
+        shape = models[name] or {}
+        unknown = set(shape) - set(MODEL_SHAPE_KEYS)
+        if unknown:
+            raise ConfigError(f"models.{name}: unknown key(s) {sorted(unknown)}; a model shape sets "
+                              f"{', '.join(MODEL_SHAPE_KEYS)} (seq_len and tie_embeddings stay in model:)")
+    return _build(ModelConfig, {**section(config, "model"), **shape, "vocab_size": vocab_size}, "model")
 
 
 def train_config(config: dict) -> TrainConfig:
@@ -263,6 +282,13 @@ def check_config(config: dict, base_dir: str | Path = ".") -> None:
         raise ConfigError(
             f"model.n_heads={model.n_heads} does not divide model.d_model={model.d_model}"
         )
+    if "base" in section(config, "models"):
+        raise ConfigError("models.base: 'base' names the model: section itself (the model axis's default); "
+                          "give the shape another name")
+    for name in section(config, "sweep").get("model", ["base"]):
+        shape = model_config(config, name=name)
+        if shape.d_model % shape.n_heads:
+            raise ConfigError(f"models.{name}: n_heads={shape.n_heads} does not divide d_model={shape.d_model}")
     if train.tf32 and train.device == "cpu":
         raise ConfigError("train.tf32=true asks for TF32 GPU matmuls, but train.device='cpu'; "
                           "set train.tf32: false or train.device: cuda/auto")

@@ -21,6 +21,8 @@ from scalelab.strategies import strategy
 
 DDP_BUCKET_MB = 25.0
 """PyTorch DDP's default bucket size (MiB), the default of the bucket_mb axis."""
+BASE_MODEL = "base"
+"""The model axis's default: the shape in the config's ``model:`` section."""
 
 
 def _flag(text: str) -> bool:
@@ -98,6 +100,13 @@ AXES: tuple[Axis, ...] = (
          from_path=_optional(float, "none"), run_id=_bucket_run_id,
          normalise=lambda point, v: float(v) if v is not None and strategy(point.zero_stage).ddp_buckets else None,
          is_default=lambda runs: runs["bucket_mb"].isna() | (runs["bucket_mb"] == DDP_BUCKET_MB)),
+    # A main axis, not a lever: every other axis is crossed with it; 'base' is the config's model: section.
+    Axis("model", "named model shape: 'base' (the model: section) or a name of the models: table", str, BASE_MODEL,
+         "string", False, run_id=lambda v: None if v == BASE_MODEL else v),
+    Axis("lora_rank", "LoRA rank r (frozen base weights, trainable B A on every block's linears); None = full training",
+         int | None, None, "int32", True, to_path=lambda v: "none" if v is None else str(v),
+         from_path=_optional(int, "none"), run_id=lambda v: None if v is None else f"lora{v}",
+         is_default=lambda runs: runs["lora_rank"].isna()),
 )
 AXIS = {axis.name: axis for axis in AXES}
 SWEEP_AXES = tuple(AXIS)

@@ -59,6 +59,11 @@ def _plots():
     return plots
 
 
+def _psi():
+    from scalelab.analysis import psi
+    return psi
+
+
 def _levers():
     from scalelab.analysis import levers
     return levers
@@ -75,6 +80,13 @@ FIGURES: tuple[Figure, ...] = (
                 "points over the predicted in-step peak (model state + in-step parameters + activations, dashed). "
                 "Results without GPU runs show the process peak RSS per rank instead (CPU; includes the framework, "
                 "not device memory)."),
+    Figure(
+        "memory_vs_psi", lambda t: _psi().memory_vs_psi(t.runs),
+        caption="Model state per rank vs parameter count Ψ (one point per model shape, stage and precision; full "
+                "training), per world size N, over the ZeRO lines: PyTorch's 16Ψ, 8Ψ+8Ψ/N, 16Ψ/N (solid) and the "
+                "paper's 16Ψ, 4Ψ+12Ψ/N, 2Ψ+14Ψ/N, 16Ψ/N (dashed). With a device budget (planning.device_memory_gib "
+                "or the GPU's memory): the budget (black) and the Ψ where each stage's model state stops fitting "
+                "(dotted: predicted; crosses: measured bytes per parameter on GPU, extrapolated)."),
     Figure(
         "throughput", lambda t: _plots().throughput(t.runs),
         caption="Throughput (tokens/s, all ranks) and scaling efficiency (tokens/s at N over N x tokens/s at 1) vs "

@@ -46,7 +46,8 @@ def _paired(runs: pd.DataFrame, lever: str) -> pd.DataFrame:
     variants, bases = runs[~at_default & rest], runs[at_default & rest]
     if variants.empty or bases.empty:
         return pd.DataFrame()
-    key = ["precision", "zero_stage", "world_size"]
+    # the main axes (every axis that is no lever: precision, stage, world size, model)
+    key = [a for a in SWEEP_AXES if a not in LEVER_AXES and a in runs]
     if lever != "bucket_mb":
         key.append("bucket_mb")
     merged = variants.merge(bases, on=key, suffixes=("", "_base"))
@@ -82,6 +83,11 @@ def lever_table(runs: pd.DataFrame) -> pd.DataFrame:
                 row["baseline_activation_mib_predicted_paper"] = r.activation_bytes_predicted_paper_base / MiB
                 if lever == "activation_checkpointing":
                     row["step_time_ratio_predicted"] = 1 + r.recompute_flops_per_token / r.flops_per_token
+                if lever == "lora_rank":  # model state per rank, measured vs formula, and what LoRA saved
+                    row["model_state_mib"] = r.model_state_bytes_measured / MiB
+                    row["model_state_mib_predicted"] = r.model_state_bytes_predicted / MiB
+                    row["baseline_model_state_mib"] = r.model_state_bytes_measured_base / MiB
+                    row["trainable_fraction"] = r.n_trainable_params / r.n_params
                 if lever == "bucket_mb":
                     row["all_reduce_calls_per_step"] = r.comm_all_reduce_calls_per_step
                     row["all_reduce_calls_predicted"] = r.ddp_buckets_predicted

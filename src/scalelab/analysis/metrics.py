@@ -59,7 +59,8 @@ COLLECTIVES = ("all_reduce", "broadcast", "all_gather_single", "reduce_scatter_s
 
 _RUN_FIELDS = [
     ("status", pa.string()), ("reason", pa.string()), ("teardown_warning", pa.string()), ("steps_problem", pa.string()), ("dataset", pa.string()),
-    ("n_params", pa.int64()), ("n_layers", pa.int32()), ("d_model", pa.int32()), ("n_heads", pa.int32()),
+    ("n_params", pa.int64()), ("n_trainable_params", pa.int64()), ("lora_alpha", pa.float64()),
+    ("n_layers", pa.int32()), ("d_model", pa.int32()), ("n_heads", pa.int32()),
     ("seq_len", pa.int32()), ("vocab_size", pa.int64()), ("tie_embeddings", pa.bool_()),
     ("steps", pa.int32()), ("completed_steps", pa.int32()), ("warmup_steps", pa.int32()),
     ("global_batch", pa.int32()), ("accumulation_steps", pa.int32()),

@@ -10,6 +10,7 @@ must keep its failures as results. Only a kill of the launcher itself leaves no 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import datetime
 import json
 import os
@@ -109,6 +110,11 @@ def plan_memory(config: dict, model, point: RunPoint, micro_batch: int, device: 
     n_params = accounting.param_count(model)
     peak = accounting.peak_memory(model, n_params, point.zero_stage, point.world_size, point.precision, micro_batch,
                                   point.activation_checkpointing, point.cpu_offload)
+    if point.lora_rank and not point.cpu_offload:  # frozen weights: no gradient or optimizer state for them
+        trainable = accounting.lora_trainable_params(model, point.lora_rank)
+        state = accounting.lora_model_state_bytes(n_params, trainable, point.zero_stage, point.world_size,
+                                                  point.precision, "pytorch")
+        peak = dataclasses.replace(peak, model_state=state.total)
     limit_gib = config.get("planning", {}).get("device_memory_gib")
     limit = limit_gib * 2 ** 30 if limit_gib else None
     if limit is None and device == "cuda":
@@ -167,7 +173,7 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
 
     meta = read_meta(data_dir)
     tokens_problem = verify_tokens(data_dir, meta)  # never train on tokens other than meta.json's
-    model = model_config(config, vocab_size=meta["vocab_size"])
+    model = model_config(config, vocab_size=meta["vocab_size"], name=point.model)
     train = train_config(config)
     micro, accum = micro_batch_plan(train, point.world_size, point.micro_batch)
     identity = point.identity(micro_batch=micro)

@@ -44,6 +44,7 @@ from scalelab.sweep import RunPoint, micro_batch_plan
 from scalelab.training import checkpoint
 from scalelab.training.activations import SavedActivationMeter
 from scalelab.training.comm import CommCounter
+from scalelab.training.lora import apply_lora
 from scalelab.training.model import GPT
 from scalelab.training.parallel import Parallelized, clip_grad_norm, model_state_bytes, parallelize
 from scalelab.training.precision import COMPUTE_DTYPE, autocast, convert_to_fp8, grad_scaler
@@ -180,6 +181,7 @@ class Run:
     counter: CommCounter
     start_step: int  # 0, or the step after the checkpoint this attempt resumed from
     progress: TextIO | None  # rank 0's progress.jsonl, open for appending step records
+    n_trainable: int | None = None  # LoRA's trainable parameters (A and B); None = full training
 
     @property
     def tokens_per_step(self) -> int:
@@ -249,9 +251,11 @@ def setup(spec: dict) -> Run:
 
     torch.manual_seed(train_cfg.seed)  # identical initial weights on every rank
     model = GPT(model_cfg).to(device)
+    # LoRA after the model is built: the base weights are those of the full-training twin.
+    n_trainable = apply_lora(model, point.lora_rank, train_cfg.lora_alpha) if point.lora_rank else None
     n_params = model.num_parameters()
-    # DDP fills buckets in gradient-ready order, about the reverse of this one.
-    param_bytes = [p.numel() * p.element_size() for p in model.parameters()]
+    # DDP fills buckets (trainable parameters only) in gradient-ready order, about the reverse of this one.
+    param_bytes = [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
     model.set_activation_checkpointing(point.activation_checkpointing)
     fp8_linears = convert_to_fp8(model, train_cfg.fp8_emulate) if point.precision == "fp8" else None
     # (converted before sharding: FSDP2 then shards the Float8Linear weights)
@@ -266,7 +270,7 @@ def setup(spec: dict) -> Run:
                train_cfg=train_cfg, point=point, micro=micro, accum=accum, fault=fault, peak=peak,
                peak_source=peak_source, n_params=n_params, param_bytes=param_bytes, fp8_linears=fp8_linears,
                blocks=blocks, par=par, scaler=scaler, sampler=sampler, counter=counter, start_step=start_step,
-               progress=progress)
+               progress=progress, n_trainable=n_trainable)
 
 
 def resume(run_dir: Path, train_cfg: TrainConfig, par: Parallelized, scaler: ShardedGradScaler,
@@ -426,12 +430,23 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
     fpt = accounting.flops_per_token(model_cfg)
     recompute_fpt = accounting.recompute_flops_per_token(model_cfg) if ac else 0.0
     largest = max(range(world_size), key=lambda r: sum(all_held[r].values()))
-    predicted = accounting.model_state_bytes(run.n_params, stage, world_size, precision, "pytorch")
-    predicted_paper = accounting.model_state_bytes(run.n_params, stage, world_size, precision, "paper")
+    if run.n_trainable is None:
+        predicted = accounting.model_state_bytes(run.n_params, stage, world_size, precision, "pytorch")
+        predicted_paper = accounting.model_state_bytes(run.n_params, stage, world_size, precision, "paper")
+        comm = lambda convention: accounting.comm_elements_per_step(  # noqa: E731
+            run.n_params, stage, world_size, accum, convention)
+    else:  # LoRA: frozen weights beside the trainable A and B
+        n_frozen = run.n_params - run.n_trainable
+        predicted, predicted_paper = (accounting.lora_model_state_bytes(n_frozen, run.n_trainable, stage, world_size,
+                                                                        precision, c) for c in ("pytorch", "paper"))
+        comm = lambda convention: accounting.lora_comm_elements_per_step(  # noqa: E731
+            n_frozen, run.n_trainable, stage, world_size, accum, convention)
     elem_bytes = accounting.reduce_dtype_bytes(precision)
     on_gpu = run.device.type == "cuda"
     return {
         "n_params": run.n_params,
+        "n_trainable_params": run.n_params if run.n_trainable is None else run.n_trainable,
+        "lora_alpha": run.train_cfg.lora_alpha if run.n_trainable is not None else None,
         "accumulation_steps": accum,
         "tokens_per_step": run.tokens_per_step,
         "measured_steps": n_measured,
@@ -469,8 +484,8 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "comm_calls_per_step": {k: v / n_measured for k, v in counted["calls"].items()},
         "comm_bytes_per_step_by_type": {k: v / n_measured for k, v in counted["bytes"].items()},
         "comm_bytes_per_step_measured": sum(counted["bytes"].values()) / n_measured,
-        "comm_bytes_per_step_predicted": elem_bytes * accounting.comm_elements_per_step(run.n_params, stage, world_size, accum, "pytorch"),
-        "comm_bytes_per_step_predicted_paper": elem_bytes * accounting.comm_elements_per_step(run.n_params, stage, world_size, accum, "paper"),
+        "comm_bytes_per_step_predicted": elem_bytes * comm("pytorch"),
+        "comm_bytes_per_step_predicted_paper": elem_bytes * comm("paper"),
         "peak_mem_allocated_bytes": max((m.get("peak_mem_allocated_bytes", 0) for m in all_mem), default=None) if on_gpu else None,
         "peak_mem_reserved_bytes": max((m.get("peak_mem_reserved_bytes", 0) for m in all_mem), default=None) if on_gpu else None,
         "peak_rss_bytes": max(m["peak_rss_bytes"] for m in all_mem),

@@ -1,0 +1,65 @@
+"""The memory-vs-Psi figure: model state per rank against the parameter count, per world size.
+
+Measured points are the full-training runs (LoRA rows are levers, outside the main figures'
+baseline), one per model shape of the sweep's ``model`` axis, stage, precision. The lines are
+the ZeRO formulas over Psi: PyTorch's at-rest split (solid: 16 Psi, 8 Psi + 8 Psi/N, 16 Psi/N,
+16 Psi/N) and the paper's mixed precision (dashed: 16 Psi, 4 Psi + 12 Psi/N, 2 Psi + 14 Psi/N,
+16 Psi/N). Where a run records a device budget (``planning.device_memory_gib``, or the GPU's
+own memory: ``device_memory_bytes``), the budget is a horizontal line and each stage's largest
+Psi whose model state fits it is marked on the x axis: predicted (PyTorch's line, a tick) and,
+on GPU runs, measured (the measured bytes per parameter extrapolated, a cross).
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from scalelab import accounting
+
+STAGES = (0, 1, 2, 3)
+
+
+def memory_vs_psi(runs: pd.DataFrame):
+    ok = runs[(runs["status"] == "ok") & runs["model_state_bytes_measured"].notna()]
+    if "lora_rank" in ok:
+        ok = ok[ok["lora_rank"].isna()]
+    if ok.empty:
+        fig, ax = plt.subplots(figsize=(6, 1.5))
+        ax.axis("off")
+        ax.text(0.5, 0.5, "no ok full-training runs", ha="center", va="center")
+        return fig
+    sizes = sorted(ok["world_size"].unique())
+    fig, axes = plt.subplots(1, len(sizes), figsize=(4.4 * len(sizes), 3.8), sharey=True, squeeze=False)
+    colors = dict(zip(STAGES, sns.color_palette("deep")))
+    notes = []
+    for ax, n in zip(axes[0], sizes):
+        sub = ok[ok["world_size"] == n]
+        budget = sub["device_memory_bytes"].dropna().min() if "device_memory_bytes" in sub else np.nan
+        lo, hi = sub["n_params"].min() / 4, sub["n_params"].max() * 4
+        fits = {s: accounting.largest_model(budget, s, int(n), "bf16", "pytorch") for s in STAGES} if budget > 0 else {}
+        if fits:
+            hi = max(hi, max(fits.values()) * 2)
+        psi = np.geomspace(lo, hi, 50)
+        for stage in STAGES:
+            for convention, style in (("pytorch", "-"), ("paper", "--")):
+                slope = accounting.bytes_per_param_per_rank(stage, int(n), "bf16", convention)
+                ax.plot(psi, slope * psi, style, color=colors[stage], alpha=0.7 if style == "-" else 0.4,
+                        label=f"stage {stage}" if convention == "pytorch" else None)
+            runs_s = sub[sub["zero_stage"] == stage]
+            ax.scatter(runs_s["n_params"], runs_s["model_state_bytes_measured"], color=colors[stage], s=30,
+                       edgecolor="black", linewidth=0.5, zorder=3)
+            if stage in fits:
+                ax.axvline(fits[stage], color=colors[stage], linestyle=":", alpha=0.8)
+                gpu = runs_s[runs_s.get("peak_mem_allocated_bytes", pd.Series(dtype=float)).notna()]
+                if not gpu.empty:  # measured bytes per parameter, extrapolated to the budget
+                    measured_fit = budget / (gpu["model_state_bytes_measured"] / gpu["n_params"]).max()
+                    ax.plot([measured_fit], [budget], "x", color=colors[stage], markersize=9, mew=2, zorder=4)
+                notes.append(f"N={n} stage {stage}: fits up to {fits[stage] / 1e9:.3g}B params (predicted)")
+        if fits:
+            ax.axhline(budget, color="black", linewidth=1)
+        ax.set(xscale="log", yscale="log", title=f"world size {n}", xlabel="parameters Ψ",
+               ylabel="model state per rank (bytes)")
+    axes[0][0].legend(fontsize=7, title="solid: PyTorch, dashed: paper", title_fontsize=7)
+    return (fig, "; ".join(notes)) if notes else fig

@@ -1,0 +1,144 @@
+"""LoRA as a lever and the model-size axis: the adapter itself (in process), the formulas, the
+sweep axes, and real torchrun/gloo runs at every stage (model state and communication against
+the LoRA formulas, first-step loss equal to the full-training twin's)."""
+import pytest
+import torch
+import yaml
+
+from conftest import run_point, tiny_config
+from scalelab import accounting
+from scalelab.config import REPO_ROOT, ConfigError, ModelConfig, check_config, model_config
+from scalelab.sweep import RunPoint, sweep_points
+from scalelab.training.lora import LoRALinear, apply_lora, trainable_parameters
+from scalelab.training.model import GPT
+from scalelab.training.parallel import param_groups
+
+
+def _twins(cfg: ModelConfig, rank: int = 4, seed: int = 0):
+    torch.manual_seed(seed)
+    full = GPT(cfg)
+    torch.manual_seed(seed)
+    lora = GPT(cfg)
+    added = apply_lora(lora, rank, alpha=16)
+    return full, lora, added
+
+
+def test_lora_starts_from_the_full_models_weights_and_loss():
+    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, seq_len=16, vocab_size=64)
+    full, lora, added = _twins(cfg)
+    idx = torch.randint(0, 64, (3, 17), generator=torch.Generator().manual_seed(1))
+    assert full(idx[:, :-1], idx[:, 1:])[1].item() == lora(idx[:, :-1], idx[:, 1:])[1].item()
+    assert added == trainable_parameters(lora) == accounting.lora_trainable_params(cfg, 4)
+    assert lora.num_parameters() == accounting.param_count(cfg) + added
+    adapted = [m for m in lora.modules() if isinstance(m, LoRALinear)]
+    assert len(adapted) == 4 * cfg.n_layers
+    for m in adapted:
+        assert not m.base.weight.requires_grad and m.lora_a.requires_grad and m.lora_b.requires_grad
+        assert torch.count_nonzero(m.lora_b) == 0 and torch.count_nonzero(m.lora_a) > 0
+        assert m.scale == 16 / 4
+    # The optimizers see only A and B, weight decay on both (matrices).
+    groups = param_groups(lora, 0.1)
+    assert sum(p.numel() for p in groups[0]["params"]) == added and groups[1]["params"] == []
+    # After one update of B the adapted model differs from the twin through B A only.
+    loss = lora(idx[:, :-1], idx[:, 1:])[1]
+    loss.backward()
+    assert all(p.grad is None for p in lora.parameters() if not p.requires_grad)
+
+
+def test_lora_formulas():
+    cfg = ModelConfig(n_layers=2, d_model=64, n_heads=4, seq_len=64)
+    psi, t = accounting.param_count(cfg), accounting.lora_trainable_params(cfg, 8)
+    s0 = accounting.lora_model_state_bytes(psi, t, 0, 2, "fp32")
+    assert s0.total == 4 * psi + 16 * t
+    s3 = accounting.lora_model_state_bytes(psi, t, 3, 2, "fp32")
+    assert s3.total == (4 * psi + 16 * t) / 2
+    comm = {s: accounting.lora_comm_elements_per_step(psi, t, s, 2) for s in range(4)}
+    assert comm == {0: 2 * t, 1: 3 * t, 2: (psi + t) + t, 3: 2 * (psi + t) + t}
+    assert accounting.lora_comm_elements_per_step(psi, t, 3, 1) == 0
+    # Without frozen weights the LoRA formulas are the full-training ones.
+    for stage in range(4):
+        for convention in ("pytorch", "paper"):
+            assert accounting.lora_comm_elements_per_step(0, psi, stage, 2, 2, convention) == \
+                accounting.comm_elements_per_step(psi, stage, 2, 2, convention)
+
+
+def test_model_axis_and_lora_axis_in_the_sweep():
+    config = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())
+    assert len(sweep_points(config)) == 24  # the default sweep: model base, full training
+    config["models"] = {"tiny": {"n_layers": 1, "d_model": 32, "n_heads": 2}}
+    config["sweep"].update(model=["base", "tiny"], lora_rank=[None, 8])
+    points = sweep_points(config)
+    assert len(points) == 24 * 4
+    ids = {p.run_id for p in points}
+    assert {"fp32-z0-w1", "fp32-z0-w1-tiny", "fp32-z0-w1-lora8", "fp32-z0-w1-tiny-lora8"} <= ids
+    tiny = model_config(config, name="tiny")
+    assert (tiny.n_layers, tiny.d_model, tiny.n_heads, tiny.seq_len) == (1, 32, 2, config["model"]["seq_len"])
+    assert model_config(config, name="base") == model_config(config)
+    config["sweep"]["model"] = ["huge"]
+    with pytest.raises(ConfigError, match="sweep.model='huge'"):
+        check_config(config, REPO_ROOT)
+    config["sweep"]["model"] = ["base"]
+    config["models"] = {"base": {"n_layers": 1}}
+    with pytest.raises(ConfigError, match="models.base"):
+        check_config(config, REPO_ROOT)
+
+
+@pytest.mark.multirank
+def test_lora_runs_at_every_stage_match_the_formulas(tmp_path, tiny_data, capsys):
+    cfg = tiny_config(train={"steps": 4, "warmup_steps": 1}, planning={"launch_overcommitted": True})
+    full, full_steps, _ = run_point(tmp_path, tiny_data, RunPoint("fp32", 0, 2), cfg=cfg)
+    assert full["status"] == "ok", full["reason"]
+    rows = []
+    for stage in range(4):
+        lora, steps, _ = run_point(tmp_path, tiny_data, RunPoint("fp32", stage, 2, lora_rank=8), cfg=cfg)
+        assert lora["status"] == "ok", lora["reason"]
+        assert lora["run_id"] == f"fp32-z{stage}-w2-lora8"
+        # LoRA starts from exactly the twin's weights: the same first-step loss.
+        assert steps["loss"].iloc[0] == full_steps["loss"].iloc[0]
+        assert lora["n_trainable_params"] < lora["n_params"] / 5
+        for kind in ("", "params_", "grads_", "optimizer_"):
+            measured, predicted = lora[f"model_state_{kind}bytes_measured"], lora[f"model_state_{kind}bytes_predicted"]
+            assert abs(measured - predicted) <= 0.05 * predicted, (stage, kind, measured, predicted)
+        measured, predicted = lora["comm_bytes_per_step_measured"], lora["comm_bytes_per_step_predicted"]
+        assert abs(measured - predicted) <= 0.05 * predicted, (stage, measured, predicted)
+        rows.append((stage, lora["model_state_params_bytes_measured"], lora["model_state_params_bytes_predicted"],
+                     lora["model_state_grads_bytes_measured"], lora["model_state_grads_bytes_predicted"],
+                     lora["model_state_optimizer_bytes_measured"], lora["model_state_optimizer_bytes_predicted"],
+                     lora["model_state_bytes_measured"], lora["model_state_bytes_predicted"],
+                     lora["model_state_bytes_predicted_paper"], measured, predicted, full["model_state_bytes_measured"]))
+    with capsys.disabled():
+        print("\nstage params m/p | grads m/p | optimizer m/p | total m/p (paper) | comm m/p | full-training twin z0")
+        for r in rows:
+            print(" | ".join(str(round(x)) if isinstance(x, float) else str(x) for x in r))
+
+
+@pytest.mark.workflow
+def test_lora_and_model_sizes_end_to_end(tmp_path):
+    """A Snakemake sweep over two model shapes x full/LoRA: every run ok, the LoRA rows within 5%
+    of their model-state formula, the report pairs each LoRA run with its twin and draws memory vs Psi."""
+    import pyarrow.parquet as pq
+
+    from conftest import snakemake, write_workdir
+
+    cfg = tiny_config(train={"steps": 4, "warmup_steps": 1}, planning={"device_memory_gib": 1},
+                      models={"small": {"n_layers": 1, "d_model": 16, "n_heads": 2}},
+                      sweep={"zero_stage": [0, 3], "world_size": [2], "model": ["base", "small"], "lora_rank": [None, 8]})
+    workdir = write_workdir(tmp_path, cfg)
+    snakemake(workdir, "--cores", "2")
+    runs = pq.read_table(tmp_path / "results/metrics.parquet").to_pandas().set_index("run_id")
+    assert len(runs) == 8 and (runs["status"] == "ok").all(), runs[["status", "reason"]]
+    assert set(runs["model"]) == {"base", "small"} and runs["n_params"].nunique() == 4
+    lora = runs[runs["lora_rank"].notna()]
+    assert sorted(lora.index) == ["fp32-z0-w2-lora8", "fp32-z0-w2-small-lora8", "fp32-z3-w2-lora8", "fp32-z3-w2-small-lora8"]
+    rel = (lora["model_state_bytes_measured"] / lora["model_state_bytes_predicted"] - 1).abs()
+    assert (rel < 0.05).all(), rel
+    steps = pq.read_table(tmp_path / "results/steps.parquet").to_pandas()
+    first = steps[steps["step"] == 0].set_index("run_id")["loss"]
+    for run_id in lora.index:  # LoRA starts from its twin's weights
+        assert first[run_id] == first[run_id.removesuffix("-lora8")]
+    html = (tmp_path / "results/report/report.html").read_text()
+    assert "id='levers'" in html and "lora_rank" in html and "model_state_mib_predicted" in html
+    for run_id in lora.index:
+        assert f"<td>{run_id}</td>" in html and f"<td>{run_id.removesuffix('-lora8')}</td>" in html
+    assert "<figure id='memory_vs_psi'>" in html
+    assert (tmp_path / "results/report/figures/memory_vs_psi.png").stat().st_size > 1000
