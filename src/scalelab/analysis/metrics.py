@@ -80,6 +80,7 @@ _RUN_FIELDS = [
     *[(f"comm_{c}_calls_per_step", pa.float64()) for c in COLLECTIVES],
     ("activation_bytes_measured", pa.int64()), ("activation_bytes_outside_blocks_measured", pa.int64()),
     ("activation_bytes_predicted", pa.float64()), ("activation_bytes_predicted_paper", pa.float64()),
+    ("activation_bytes_outside_blocks_predicted", pa.float64()),
     ("activation_measure", pa.string()),
     ("recompute_flops_per_token", pa.float64()), ("hfu", pa.float64()),
     ("fp8_linears", pa.int32()), ("fp8_emulated", pa.bool_()),

@@ -306,7 +306,7 @@ def train_step(run: Run, step: int, measure_activations: bool) -> StepOutcome:
         with par.no_sync(m == run.accum - 1):
             meter = SavedActivationMeter(par.model, run.blocks) if measure else contextlib.nullcontext()
             with meter, autocast(run.point.precision, device):
-                _, loss = par.model(chunk[:, :-1], chunk[:, 1:])
+                loss = par.model(chunk[:, :-1], chunk[:, 1:])
             if measure:
                 activations = {"inside": meter.inside_blocks, "outside": meter.outside_blocks}
             scaler.scale(loss / run.accum).backward()
@@ -445,9 +445,11 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "hfu": accounting.mfu(tokens_per_s, fpt + recompute_fpt, run.peak, world_size),
         "activation_bytes_measured": tally.activations["inside"] if tally.activations else None,
         "activation_bytes_outside_blocks_measured": tally.activations["outside"] if tally.activations else None,
-        "activation_measure": "bytes saved for backward by one micro-batch's forward on rank 0 (autograd saved-tensor hooks)",
+        "activation_measure": "bytes saved for backward by one micro-batch's forward on rank 0 (autograd saved-tensor hooks), "
+                              "and outside the blocks what the forward returns",
         "activation_bytes_predicted": accounting.block_activation_bytes(model_cfg, run.micro, precision, ac),
         "activation_bytes_predicted_paper": accounting.block_activation_bytes(model_cfg, run.micro, precision, ac, "paper"),
+        "activation_bytes_outside_blocks_predicted": accounting.outside_block_activation_bytes(model_cfg, run.micro, precision, accum),
         "ddp_buckets_predicted": accounting.ddp_bucket_count(run.param_bytes, point.bucket_mb) if point.bucket_mb else None,
         "skipped_steps": tally.skipped_steps,
         "resumed_from_step": run.start_step - 1 if run.start_step else None,
