@@ -55,6 +55,24 @@ def test_loss_path_bytes_per_precision():
                                 + accounting.outside_block_activation_bytes(cfg, 4, "bf16") + 8 * btv)
 
 
+def test_mfu_against_the_bf16_peak_on_a_gpu(monkeypatch):
+    """Issue #14 point 2: on an H100 an fp8 run's own peak is the fp8 one, twice the bf16 peak
+    that mfu_bf16_peak divides by; a bf16 run's two peaks are one."""
+    import torch
+
+    from scalelab.training.worker import bf16_peak_flops, peak_flops
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    gpu = torch.device("cuda", 0)
+    fp8 = peak_flops(gpu, "fp8", False)
+    bf16 = bf16_peak_flops(gpu, "fp8", False, fp8)
+    assert fp8[0] == 2 * bf16[0] == pytest.approx(1979e12) and "dense bf16" in bf16[1] and "H100 SXM" in bf16[1]
+    assert bf16_peak_flops(gpu, "bf16", False, bf16) == bf16
+    assert bf16_peak_flops(gpu, "fp32", True, peak_flops(gpu, "fp32", True)) == bf16
+    tokens_per_s, fpt = 1e5, 1e9
+    assert accounting.mfu(tokens_per_s, fpt, bf16[0], 8) == pytest.approx(2 * accounting.mfu(tokens_per_s, fpt, fp8[0], 8))
+
+
 def test_zero_paper_figure_7_5b_on_64_devices():
     """ZeRO paper, Figure 1: Psi = 7.5B, N_d = 64, K = 12: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB."""
     psi = 7.5e9

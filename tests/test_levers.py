@@ -105,6 +105,9 @@ def test_bucket_size_sets_the_number_of_all_reduces(tmp_path, tiny_data):
     assert small["run_id"] == "fp32-z0-w2-bucket0.002" and small["bucket_mb"] == 0.002
     for summary in (default, small):
         assert summary["comm_calls_per_step"]["all_reduce"] == summary["ddp_buckets_predicted"]
+        # an fp32 run's MFU against the bf16 peak too (on a CPU: the measured bf16 matmul rate)
+        assert summary["peak_flops_bf16_source"].startswith("measured bf16 matmul") and summary["peak_flops_bf16"] > 0
+        assert summary["mfu_bf16_peak"] == pytest.approx(summary["mfu"] * summary["peak_flops_per_device"] / summary["peak_flops_bf16"])
     assert default["ddp_buckets_predicted"] == 1 and small["ddp_buckets_predicted"] > 5
     # Same bytes, cut into more calls; the same sums, so the same losses.
     assert small["comm_bytes_per_step_measured"] == default["comm_bytes_per_step_measured"]
@@ -137,6 +140,11 @@ def test_fp8_recipe_trains_with_emulated_float8(tmp_path, tiny_data, stage=3):
     assert np.isfinite(fp8_steps["loss"]).all() and fp8_steps["loss"].iloc[-1] < fp8_steps["loss"].iloc[0] - 0.5
     # float8 rounding moves the trajectory a little, not far
     np.testing.assert_allclose(fp8_steps["loss"], bf16_steps["loss"], rtol=0.02)
+    # MFU against the bf16 peak beside the precision's own: on a CPU fp8 computes in bf16, one peak
+    for summary in (fp8, bf16):
+        assert summary["peak_flops_bf16"] == summary["peak_flops_per_device"] > 0
+        assert summary["mfu_bf16_peak"] == summary["mfu"] > 0
+        assert summary["peak_flops_bf16_source"].startswith("measured bf16 matmul")
 
 
 def test_offload_clipping_path_matches_torch(tmp_path):

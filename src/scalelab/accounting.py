@@ -24,6 +24,16 @@ gradients and broadcasts updated parameter shards); 2: 2 Psi; 3: 3 Psi. With k
 micro-batches of gradient accumulation FSDP2 all-gathers parameters for every
 micro-batch: stage 2: (k + 1) Psi, stage 3: (2k + 1) Psi. At world size 1 FSDP2 issues
 no collectives (measured: 0 bytes), while DDP and ZeroRedundancyOptimizer still do.
+
+MFU is recorded against two peaks (issue #14, point 2). ``mfu`` (and ``hfu``) divide by the
+dense peak of the run's own precision (``peak_flops_per_device``: fp8 runs by the fp8
+tensor-core peak, twice the bf16 one on Hopper); ``mfu_bf16_peak`` divides every run, whatever
+its precision, by the dense bf16 peak (``peak_flops_bf16``), the common convention (torchtitan's)
+that makes fp8 and bf16 runs comparable on one scale: an fp8 run that only matches its bf16
+twin's speed shows the same ``mfu_bf16_peak`` and half the ``mfu``. On a CPU both peaks are
+measured matmul rates (the run's compute dtype; bf16 for the second). The report's figures
+(``mfu_heatmap``), its run table and its MFU warnings use ``mfu``; its fp8-against-bf16 table
+shows both.
 """
 from __future__ import annotations
 
