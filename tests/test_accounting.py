@@ -31,6 +31,48 @@ def test_flops_per_token_hand_computed():
     assert accounting.mfu(1000, 786432, 786432 * 4000, 1) == pytest.approx(0.25)
 
 
+def test_loss_path_bytes_per_precision():
+    """Issue #14: the logits (compute width), their fp32 copy (autocast only) and the fp32
+    log-softmax in forward; its two fp32 gradients in backward, the larger moment."""
+    cfg = ModelConfig(2, 64, 4, 64, True, 256)
+    btv = 4 * 64 * 256
+    fp32, bf16 = accounting.loss_path_bytes(cfg, 4, "fp32"), accounting.loss_path_bytes(cfg, 4, "bf16")
+    assert (fp32.logits, fp32.logits_fp32, fp32.log_softmax, fp32.gradients) == (4 * btv, 0, 4 * btv, 8 * btv)
+    assert (bf16.logits, bf16.logits_fp32, bf16.log_softmax, bf16.gradients) == (2 * btv, 4 * btv, 4 * btv, 8 * btv)
+    assert accounting.loss_path_bytes(cfg, 4, "fp8") == accounting.loss_path_bytes(cfg, 4, "fp16") == bf16
+    assert (fp32.forward_transient, bf16.forward_transient) == (4 * btv, 6 * btv)
+    assert fp32.transient == bf16.transient == 8 * btv
+    # outside the blocks: the log-softmax output dominates; under autocast the head input is a
+    # 16-bit copy (-2 B T C) and the head weight's 16-bit copy is kept (+2 V C)
+    out32 = accounting.outside_block_activation_bytes(cfg, 4, "fp32")
+    assert out32 == 4 * btv + 4 * 4 * 64 * 64 + 8 * 4 * 64 + 4 * 4 * 64 * 64 + 8 * 4 * 65 + 8 * 64 + 8 * 4 * 64 + 8
+    assert accounting.outside_block_activation_bytes(cfg, 4, "bf16") == out32 - 2 * 4 * 64 * 64 + 2 * 256 * 64
+    # micro-batch 1 of 4: the token batch holds all four; the targets are a view, not a copy
+    assert (accounting.outside_block_activation_bytes(cfg, 1, "fp32", accumulation_steps=4)
+            == 4 * 64 * 256 + 4 * 64 * 64 + 8 * 64 + 4 * 64 * 64 + 8 * 4 * 65 + 8 * 64 + 8)
+    peak = accounting.peak_memory(cfg, 1000, 0, 1, "bf16", 4)
+    assert peak.activations == (accounting.block_activation_bytes(cfg, 4, "bf16", False)
+                                + accounting.outside_block_activation_bytes(cfg, 4, "bf16") + 8 * btv)
+
+
+def test_mfu_against_the_bf16_peak_on_a_gpu(monkeypatch):
+    """Issue #14 point 2: on an H100 an fp8 run's own peak is the fp8 one, twice the bf16 peak
+    that mfu_bf16_peak divides by; a bf16 run's two peaks are one."""
+    import torch
+
+    from scalelab.training.worker import bf16_peak_flops, peak_flops
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    gpu = torch.device("cuda", 0)
+    fp8 = peak_flops(gpu, "fp8", False)
+    bf16 = bf16_peak_flops(gpu, "fp8", False, fp8)
+    assert fp8[0] == 2 * bf16[0] == pytest.approx(1979e12) and "dense bf16" in bf16[1] and "H100 SXM" in bf16[1]
+    assert bf16_peak_flops(gpu, "bf16", False, bf16) == bf16
+    assert bf16_peak_flops(gpu, "fp32", True, peak_flops(gpu, "fp32", True)) == bf16
+    tokens_per_s, fpt = 1e5, 1e9
+    assert accounting.mfu(tokens_per_s, fpt, bf16[0], 8) == pytest.approx(2 * accounting.mfu(tokens_per_s, fpt, fp8[0], 8))
+
+
 def test_zero_paper_figure_7_5b_on_64_devices():
     """ZeRO paper, Figure 1: Psi = 7.5B, N_d = 64, K = 12: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB."""
     psi = 7.5e9

@@ -24,11 +24,55 @@ def test_activation_checkpointing_same_losses_fewer_saved_activations(tmp_path, 
         assert abs(measured - predicted) / predicted < 0.03, (summary["run_id"], measured, predicted)
         # the paper's formula counts the attention scores and dropout masks this model never stores
         assert summary["activation_bytes_predicted_paper"] >= predicted
+        # outside the blocks (the loss path, ids; no logits held): exactly as predicted
+        assert summary["activation_bytes_outside_blocks_measured"] == summary["activation_bytes_outside_blocks_predicted"]
     assert on["activation_bytes_measured"] < off["activation_bytes_measured"] / 10
     # FSDP2's hooks sit outside the checkpoint: recomputing adds no all-gather.
     assert on["comm_calls_per_step"] == off["comm_calls_per_step"]
     assert on["recompute_flops_per_token"] > 0 and on["hfu"] > on["mfu"]
     assert off["recompute_flops_per_token"] == 0 and off["hfu"] == off["mfu"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("micro_batch", [1, 4])
+def test_what_the_step_holds_outside_the_blocks_is_predicted(precision, micro_batch):
+    """Issue #14: the forward returns the loss alone, so nothing holds the logits through
+    backward. Outside the blocks the saved-tensor meter (saved for backward + returned)
+    measures exactly the prediction; the step's activation peak, measured by torch's
+    MemTracker (live tensors on CPU), is the prediction (blocks + outside + the loss path's
+    8 B T V of fp32 gradients at log_softmax's backward) within the blocks' small terms."""
+    from scalelab import accounting
+    from scalelab.config import ModelConfig
+    from scalelab.training.activations import SavedActivationMeter
+    from scalelab.training.model import GPT
+    from scalelab.training.precision import autocast
+
+    cfg, cpu = ModelConfig(2, 64, 4, 64, True, 256), torch.device("cpu")
+    tokens = torch.randint(0, cfg.vocab_size, (4, cfg.seq_len + 1), generator=torch.Generator().manual_seed(0))
+    chunk = tokens[:micro_batch]  # as in train_step: a micro-batch of the rank's token batch
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    with SavedActivationMeter(model, model.blocks) as meter, autocast(precision, cpu):
+        loss = model(chunk[:, :-1], chunk[:, 1:])
+    assert loss.dim() == 0
+    assert meter.outside_blocks == accounting.outside_block_activation_bytes(cfg, micro_batch, precision, 4 // micro_batch)
+    del loss
+    mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
+    tracker = mem_tracker.MemTracker()
+    tracker.track_external(model)
+    with tracker:
+        with autocast(precision, cpu):
+            loss = model(chunk[:, :-1], chunk[:, 1:])
+        loss.backward()
+        del loss
+    peak = tracker.get_tracker_snapshot("peak")[cpu]
+    kinds = mem_tracker._MemRefType
+    measured = peak["Total"] - peak[kinds.PARAM] - peak[kinds.GRAD] - peak[kinds.OPT]
+    predicted = accounting.peak_memory(cfg, 1, 0, 1, precision, micro_batch, accumulation_steps=4 // micro_batch).activations
+    assert abs(predicted - measured) / measured < 0.01, (measured, predicted)
+    # the former prediction counted 2 x 4 B T V for everything outside the blocks
+    former = accounting.block_activation_bytes(cfg, micro_batch, precision, False) + 8 * micro_batch * cfg.seq_len * cfg.vocab_size
+    assert (measured - former) / measured > 0.1
 
 
 @pytest.mark.parametrize("stage", [0, 2])
@@ -44,6 +88,8 @@ def test_gradient_accumulation_keeps_the_fp32_trajectory(tmp_path, tiny_data, st
     # A quarter of the micro-batch keeps a quarter of the activations.
     ratio = whole["activation_bytes_measured"] / accum["activation_bytes_measured"]
     assert 3.6 < ratio < 4.4, ratio
+    for summary in (whole, accum):
+        assert summary["activation_bytes_outside_blocks_measured"] == summary["activation_bytes_outside_blocks_predicted"]
     # FSDP2 (stage 2) gathers parameters for every micro-batch: more communication; DDP syncs once.
     assert abs(accum["comm_bytes_per_step_measured"] - accum["comm_bytes_per_step_predicted"]) <= 0.01 * accum["comm_bytes_per_step_predicted"]
     if stage == 0:
@@ -59,6 +105,9 @@ def test_bucket_size_sets_the_number_of_all_reduces(tmp_path, tiny_data):
     assert small["run_id"] == "fp32-z0-w2-bucket0.002" and small["bucket_mb"] == 0.002
     for summary in (default, small):
         assert summary["comm_calls_per_step"]["all_reduce"] == summary["ddp_buckets_predicted"]
+        # an fp32 run's MFU against the bf16 peak too (on a CPU: the measured bf16 matmul rate)
+        assert summary["peak_flops_bf16_source"].startswith("measured bf16 matmul") and summary["peak_flops_bf16"] > 0
+        assert summary["mfu_bf16_peak"] == pytest.approx(summary["mfu"] * summary["peak_flops_per_device"] / summary["peak_flops_bf16"])
     assert default["ddp_buckets_predicted"] == 1 and small["ddp_buckets_predicted"] > 5
     # Same bytes, cut into more calls; the same sums, so the same losses.
     assert small["comm_bytes_per_step_measured"] == default["comm_bytes_per_step_measured"]
@@ -91,6 +140,11 @@ def test_fp8_recipe_trains_with_emulated_float8(tmp_path, tiny_data, stage=3):
     assert np.isfinite(fp8_steps["loss"]).all() and fp8_steps["loss"].iloc[-1] < fp8_steps["loss"].iloc[0] - 0.5
     # float8 rounding moves the trajectory a little, not far
     np.testing.assert_allclose(fp8_steps["loss"], bf16_steps["loss"], rtol=0.02)
+    # MFU against the bf16 peak beside the precision's own: on a CPU fp8 computes in bf16, one peak
+    for summary in (fp8, bf16):
+        assert summary["peak_flops_bf16"] == summary["peak_flops_per_device"] > 0
+        assert summary["mfu_bf16_peak"] == summary["mfu"] > 0
+        assert summary["peak_flops_bf16_source"].startswith("measured bf16 matmul")
 
 
 def test_offload_clipping_path_matches_torch(tmp_path):
@@ -121,7 +175,7 @@ for on_host in (False, True):
     par = parallelize(model, 3, torch.device("cpu"), 1e-3, 0.1)
     par.state_on_host = on_host  # the offload path, exercised on CPU shards
     idx = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(dist.get_rank()))
-    _, loss = par.model(idx[:, :-1], idx[:, 1:])
+    loss = par.model(idx[:, :-1], idx[:, 1:])
     loss.backward()
     norm = clip_grad_norm(par, 0.05, torch.device("cpu"))
     grads = [p.grad.full_tensor() for p in par.model.parameters()]

@@ -27,7 +27,7 @@ def test_lora_starts_from_the_full_models_weights_and_loss():
     cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, seq_len=16, vocab_size=64)
     full, lora, added = _twins(cfg)
     idx = torch.randint(0, 64, (3, 17), generator=torch.Generator().manual_seed(1))
-    assert full(idx[:, :-1], idx[:, 1:])[1].item() == lora(idx[:, :-1], idx[:, 1:])[1].item()
+    assert full(idx[:, :-1], idx[:, 1:]).item() == lora(idx[:, :-1], idx[:, 1:]).item()  # the forward returns the loss
     assert added == trainable_parameters(lora) == accounting.lora_trainable_params(cfg, 4)
     assert lora.num_parameters() == accounting.param_count(cfg) + added
     adapted = [m for m in lora.modules() if isinstance(m, LoRALinear)]
@@ -40,7 +40,7 @@ def test_lora_starts_from_the_full_models_weights_and_loss():
     groups = param_groups(lora, 0.1)
     assert sum(p.numel() for p in groups[0]["params"]) == added and groups[1]["params"] == []
     # After one update of B the adapted model differs from the twin through B A only.
-    loss = lora(idx[:, :-1], idx[:, 1:])[1]
+    loss = lora(idx[:, :-1], idx[:, 1:])
     loss.backward()
     assert all(p.grad is None for p in lora.parameters() if not p.requires_grad)
 

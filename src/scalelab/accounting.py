@@ -24,6 +24,16 @@ gradients and broadcasts updated parameter shards); 2: 2 Psi; 3: 3 Psi. With k
 micro-batches of gradient accumulation FSDP2 all-gathers parameters for every
 micro-batch: stage 2: (k + 1) Psi, stage 3: (2k + 1) Psi. At world size 1 FSDP2 issues
 no collectives (measured: 0 bytes), while DDP and ZeroRedundancyOptimizer still do.
+
+MFU is recorded against two peaks (issue #14, point 2). ``mfu`` (and ``hfu``) divide by the
+dense peak of the run's own precision (``peak_flops_per_device``: fp8 runs by the fp8
+tensor-core peak, twice the bf16 one on Hopper); ``mfu_bf16_peak`` divides every run, whatever
+its precision, by the dense bf16 peak (``peak_flops_bf16``), the common convention (torchtitan's)
+that makes fp8 and bf16 runs comparable on one scale: an fp8 run that only matches its bf16
+twin's speed shows the same ``mfu_bf16_peak`` and half the ``mfu``. On a CPU both peaks are
+measured matmul rates (the run's compute dtype; bf16 for the second). The report's figures
+(``mfu_heatmap``), its run table and its MFU warnings use ``mfu``; its fp8-against-bf16 table
+shows both.
 """
 from __future__ import annotations
 
@@ -186,6 +196,80 @@ def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, a
     return L * per_layer
 
 
+@dataclass(frozen=True)
+class LossPathBytes:
+    """What the output head and the fp32 cross-entropy hold for one micro-batch, in bytes
+    (scalelab.training.model: ``head(ln_f(x))`` then ``cross_entropy_loss``). Each term is
+    B T V values; w is the compute width (4 in fp32, 2 under fp16/bf16/fp8 autocast, which
+    leaves the head in 16 bits).
+
+    Forward: the head writes the logits (w B T V); ``.float()`` copies them to fp32 under
+    autocast (4 B T V; in fp32 it is the same tensor, 0); log_softmax writes its fp32 output
+    (4 B T V), which it saves for backward. The logits and their copy are freed once the loss
+    is computed (the forward returns the loss alone). Backward: nll_loss's backward writes the
+    gradient of the log-softmax output (4 B T V), and log_softmax's backward the gradient of
+    its input (4 B T V) while its saved output is still alive.
+    """
+
+    logits: float
+    logits_fp32: float
+    log_softmax: float
+    gradients: float
+
+    @property
+    def forward_transient(self) -> float:
+        """Alive beside the saved log-softmax output while it is computed: the logits and their fp32 copy."""
+        return self.logits + self.logits_fp32
+
+    @property
+    def backward_transient(self) -> float:
+        """Alive beside the saved log-softmax output in its backward: the two fp32 gradients."""
+        return self.gradients
+
+    @property
+    def transient(self) -> float:
+        """The larger of the two moments' transients: 8 B T V bytes for every precision here
+        (forward: 4 in fp32, 2 + 4 = 6 under autocast; backward: 4 + 4)."""
+        return max(self.forward_transient, self.backward_transient)
+
+
+def loss_path_bytes(cfg: ModelConfig, micro_batch: int, precision: str) -> LossPathBytes:
+    """The logits, their fp32 copy, the log-softmax output and its gradients (see LossPathBytes)."""
+    values = float(micro_batch * cfg.seq_len * cfg.vocab_size)
+    width = DTYPE_BYTES[precision]
+    return LossPathBytes(logits=width * values, logits_fp32=4 * values if width != 4 else 0.0,
+                         log_softmax=4 * values, gradients=2 * 4 * values)
+
+
+def outside_block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str,
+                                   accumulation_steps: int = 1) -> float:
+    """Predicted bytes kept for backward outside the transformer blocks by one micro-batch's
+    forward, plus what that forward returns: what SavedActivationMeter measures as
+    ``outside_blocks``. B = micro_batch, w = the compute width (LossPathBytes).
+
+    * log_softmax's fp32 output: 4 B T V (the largest term: V is the vocabulary);
+    * the final LayerNorm's input, the fp32 residual stream (4 B T C), and its mean and
+      reciprocal standard deviation (2 x 4 B T);
+    * the head's input, the LayerNorm output at the compute width (w B T C; under autocast
+      the 16-bit copy) and, under autocast, the 16-bit copy of the head weight (2 V C);
+    * integer ids (int64): the rank's token batch, of which the embedding keeps a view
+      (8 x accumulation_steps B (T + 1)), the positions (8 T), and the flattened targets,
+      a copy when B > 1 (they are a strided view of the token windows; 8 B T);
+    * nll_loss's total weight and the returned loss: two fp32 scalars.
+
+    Not counted: the logits and their fp32 copy, which nothing keeps (LossPathBytes), and
+    parameters (the fp32 head weight). Under torch.compile (the compile lever) the compiled
+    loss saves what its partitioner chooses; this is the eager prediction."""
+    b, t, c, v = micro_batch, cfg.seq_len, cfg.d_model, cfg.vocab_size
+    width = DTYPE_BYTES[precision]
+    amp = precision in AUTOCAST_PRECISIONS
+    log_softmax = 4 * b * t * v
+    final_norm = 4 * b * t * c + 2 * 4 * b * t
+    head = width * b * t * c + (2 * v * c if amp else 0)
+    ids = 8 * accumulation_steps * b * (t + 1) + 8 * t + (8 * b * t if b > 1 else 0)
+    return float(log_softmax + final_norm + head + ids + 2 * 4)
+
+
 def recompute_flops_per_token(cfg: ModelConfig) -> float:
     """Extra FLOPs per token of per-block activation checkpointing: one more forward of every
     block (2 x 12 L d^2 for the matmuls, 4 L d T for attention), i.e. about a third more
@@ -246,7 +330,9 @@ class PeakMemory:
     transient_params: float
     """Parameters materialised unsharded during the step (FSDP2 all-gather buffers)."""
     activations: float
-    """Saved activations of one micro-batch (Korthikanti et al.) plus the logits."""
+    """Activations of one micro-batch at the step's peak: the blocks' (Korthikanti et al.), what
+    the step keeps outside them, and the loss path's largest transient (the logits in forward,
+    or the fp32 gradients of the log-softmax in backward)."""
 
     @property
     def total(self) -> float:
@@ -254,14 +340,19 @@ class PeakMemory:
 
 
 def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: int, precision: str,
-                micro_batch: int, activation_checkpointing: bool = False, cpu_offload: bool = False) -> PeakMemory:
+                micro_batch: int, activation_checkpointing: bool = False, cpu_offload: bool = False,
+                accumulation_steps: int = 1) -> PeakMemory:
     """Predicted in-step peak per rank on the device: model state at rest, plus what a step materialises.
 
     Stage 2 keeps every block's unsharded fp32 parameters from forward to backward:
     +4 Psi (N-1)/N. Stage 3 gathers one block at a time (two in flight with prefetch):
-    +2 blocks' parameters. Activations: block_activation_bytes (Korthikanti et al.) plus
-    the fp32 logits and their gradient (2 x 4 B T V). With cpu_offload (stage 3) the model
-    state lives in host memory and only the gathered blocks occupy the device.
+    +2 blocks' parameters. Activations, at the start of backward, when every block's are still
+    kept: block_activation_bytes (Korthikanti et al.), outside_block_activation_bytes (the
+    fp32 log-softmax output, the final LayerNorm's and the head's inputs, ids) and the loss
+    path's transient (LossPathBytes: 8 B T V, the two fp32 gradients at log_softmax's
+    backward). Before issue #14 the step also held the logits through backward (w B T V
+    more) and the prediction counted 2 x 4 B T V in all. With cpu_offload (stage 3) the
+    model state lives in host memory and only the gathered blocks occupy the device.
     """
     state = model_state_bytes(n_params, zero_stage, world_size, precision, "pytorch").total
     block_params = 12 * cfg.d_model ** 2 + 13 * cfg.d_model
@@ -269,9 +360,10 @@ def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: in
     transient = strategy(zero_stage).transient_psi(n_params, block_params, n)
     if cpu_offload:
         state, transient = 0.0, 2 * 4.0 * block_params  # copied to the device, then gathered
-    acts = block_activation_bytes(cfg, micro_batch, precision, activation_checkpointing)
-    logits = 2 * 4.0 * micro_batch * cfg.seq_len * cfg.vocab_size
-    return PeakMemory(state, transient, acts + logits)
+    acts = (block_activation_bytes(cfg, micro_batch, precision, activation_checkpointing)
+            + outside_block_activation_bytes(cfg, micro_batch, precision, accumulation_steps)
+            + loss_path_bytes(cfg, micro_batch, precision).transient)
+    return PeakMemory(state, transient, acts)
 
 
 # ----------------------------------------------------------------------------- LoRA (the last rung)
@@ -299,7 +391,6 @@ def lora_model_state_bytes(n_frozen: int, n_trainable: int, zero_stage: int, wor
     frozen = frozen_bytes * float(n_frozen) / (world_size if shards[0] else 1)
     trainable = model_state_bytes(n_trainable, zero_stage, world_size, precision, convention)
     return ModelStateBytes(frozen + trainable.params, trainable.grads, trainable.optimizer)
-
 
 
 def lora_comm_elements_per_step(n_frozen: int, n_trainable: int, zero_stage: int, world_size: int,

@@ -98,13 +98,17 @@ def lever_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def fp8_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """fp8 runs beside their bf16 twins (same stage, world size, levers): the speed-up."""
+    """fp8 runs beside their bf16 twins (same stage, world size, levers): the speed-up, and
+    MFU against each run's own precision peak (``mfu``: fp8's is twice bf16's on Hopper) and
+    against the bf16 peak for both (``mfu_bf16_peak``: one scale)."""
     fp8, bf16 = runs[runs["precision"] == "fp8"], runs[runs["precision"] == "bf16"]
     if fp8.empty:
         return pd.DataFrame()
     key = [c for c in SWEEP_AXES if c != "precision"]
     merged = fp8.merge(bf16, on=key, how="left", suffixes=("", "_bf16"))
-    out = merged[["run_id", "status", "reason", "tokens_per_s", "run_id_bf16", "status_bf16", "tokens_per_s_bf16"]].copy()
+    columns = ["run_id", "status", "reason", "tokens_per_s", "mfu", "mfu_bf16_peak",
+               "run_id_bf16", "status_bf16", "tokens_per_s_bf16", "mfu_bf16"]  # the twin's mfu is against the bf16 peak
+    out = merged.reindex(columns=columns).copy()  # results older than mfu_bf16_peak lack it
     out["speedup_over_bf16"] = merged["tokens_per_s"] / merged["tokens_per_s_bf16"]
     return out
 

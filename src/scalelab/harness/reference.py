@@ -48,7 +48,7 @@ def bare_loop(model_cfg: ModelConfig, train_cfg: TrainConfig, train_bin: str, to
         start = time.perf_counter()
         tokens = torch.from_numpy(sampler.batch(step, 0, train_cfg.global_batch, 1))
         with autocast(precision, device):
-            _, loss = model(tokens[:, :-1], tokens[:, 1:])
+            loss = model(tokens[:, :-1], tokens[:, 1:])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         opt.step()

@@ -6,8 +6,10 @@ the measured counterpart of Korthikanti et al.'s prediction everywhere; on GPU t
 
 What is counted: every distinct storage that a saved-tensor pack hook sees, plus each
 transformer block's input (activation checkpointing keeps it for the recomputation, and
-without checkpointing the first LayerNorm saves it anyway). Parameter storages are not
-activations and are left out. Under autocast the 16-bit copies of weights are saved too and
+without checkpointing the first LayerNorm saves it anyway), plus what the model's forward
+returns (outside the blocks: the training step holds it until its backward, so the logits
+would count here if the forward returned them; it returns the loss alone). Parameter
+storages are not activations and are left out. Under autocast the 16-bit copies of weights are saved too and
 are counted (they occupy memory until backward). Inside a checkpointed block
 ``torch.utils.checkpoint``'s own hooks replace ours, so nothing it will recompute is counted:
 exactly the memory checkpointing saves.
@@ -26,6 +28,17 @@ def _storage_key(t: torch.Tensor) -> tuple[int, int] | None:
     except (RuntimeError, NotImplementedError):  # tensors without storage (e.g. fake/meta)
         return None
     return storage.data_ptr(), storage.nbytes()
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    """The tensors in a forward's output (a tensor, or tuples, lists and dicts of them)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        return [t for item in value for t in _tensors(item)]
+    return []
 
 
 class SavedActivationMeter:
@@ -81,7 +94,12 @@ class SavedActivationMeter:
         def note_model_params(module, args):
             self._model_params = self._param_ptrs(module)
 
+        def count_returned(module, args, output):
+            for t in _tensors(output):
+                self._count(t)
+
         self._handles.append(self.model.register_forward_pre_hook(note_model_params))
+        self._handles.append(self.model.register_forward_hook(count_returned))
         for block in self.blocks:
             self._handles.append(block.register_forward_pre_hook(self._block_pre))
             self._handles.append(block.register_forward_hook(self._block_post))

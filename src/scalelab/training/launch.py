@@ -103,13 +103,13 @@ def skip_reason(device: str, point: RunPoint, plan: LaunchPlan, launchers_per_no
     return unsupported_reason(point.precision, torch.device(device), fp8_emulate)
 
 
-def plan_memory(config: dict, model, point: RunPoint, micro_batch: int, device: str) -> dict:
+def plan_memory(config: dict, model, point: RunPoint, micro_batch: int, device: str, accumulation_steps: int = 1) -> dict:
     """Predicted in-step peak per rank against the device memory, before launch."""
     from scalelab import accounting
 
     n_params = accounting.param_count(model)
     peak = accounting.peak_memory(model, n_params, point.zero_stage, point.world_size, point.precision, micro_batch,
-                                  point.activation_checkpointing, point.cpu_offload)
+                                  point.activation_checkpointing, point.cpu_offload, accumulation_steps)
     if point.lora_rank and not point.cpu_offload:  # frozen weights: no gradient or optimizer state for them
         trainable = accounting.lora_trainable_params(model, point.lora_rank)
         state = accounting.lora_model_state_bytes(n_params, trainable, point.zero_stage, point.world_size,
@@ -182,7 +182,7 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
     if reason is None:
         reason = skip_reason(device, point, plan, int((config.get("cluster") or {}).get("launchers_per_node", 1)),
                              train.fp8_emulate)
-    memory_plan = plan_memory(config, model, point, micro, device)
+    memory_plan = plan_memory(config, model, point, micro, device, accum)
     if reason is None and device == "cpu" and not config.get("planning", {}).get("launch_overcommitted", False):
         reason = placement.overcommit_reason(point.world_size, threads, memory_plan["predicted_peak_bytes"],
                                              placement.host_memory_available())

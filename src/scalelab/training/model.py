@@ -2,7 +2,11 @@
 
 Pre-LayerNorm blocks, causal self-attention through ``scaled_dot_product_attention``
 (flash/efficient kernels where the device has them), GELU MLP, optional weight tying.
-Shapes: B batch, T sequence, C = d_model, H heads, D = C / H.
+Shapes: B batch, T sequence, C = d_model, H heads, D = C / H, V vocabulary.
+
+Given targets, ``GPT.forward`` returns the loss alone: the (B, T, V) logits are freed as soon
+as the loss is computed instead of being held by the caller through backward (issue #14; at
+V = 50k the logits of one micro-batch are as large as several blocks' activations).
 """
 from __future__ import annotations
 
@@ -14,6 +18,15 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from scalelab.config import ModelConfig
+
+
+def cross_entropy_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy in fp32 whatever the compute dtype (the loss is what runs compare).
+
+    logits (B, T, V) in the compute dtype, targets (B, T). Under autocast ``.float()`` makes an
+    fp32 copy of the logits (in fp32 it is the same tensor); log_softmax keeps its fp32 output
+    for backward (scalelab.accounting.loss_path_bytes counts both)."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
 class CausalSelfAttention(nn.Module):
@@ -75,6 +88,8 @@ class GPT(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.head.weight = self.wte.weight
+        self.loss_fn = cross_entropy_loss
+        """The loss of the logits; scalelab.training.parallel.apply_compile swaps in a compiled one."""
         self.apply(self._init_weights)
         # GPT-2: scale the residual projections by 1/sqrt(2 * n_layers).
         for name, p in self.named_parameters():
@@ -88,7 +103,9 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """The logits (B, T, V) without targets; with targets the loss only (a scalar), so that
+        nothing holds the logits once the loss is computed."""
         B, T = idx.shape
         pos = torch.arange(T, device=idx.device)
         x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
@@ -96,10 +113,8 @@ class GPT(nn.Module):
             x = block(x)
         logits = self.head(self.ln_f(x))  # (B, T, V)
         if targets is None:
-            return logits, None
-        # Cross-entropy in fp32 whatever the compute dtype: the loss is what we compare.
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
-        return logits, loss
+            return logits
+        return self.loss_fn(logits, targets)
 
     def set_activation_checkpointing(self, enabled: bool) -> None:
         for block in self.blocks:

@@ -91,7 +91,19 @@ def peak_flops(device: torch.device, precision: str, tf32: bool,
     the best matmul rate measured at start."""
     if device.type == "cuda":
         return hardware.peak_flops_for(torch.cuda.get_device_name(device), precision, tf32, configured_tflops)
-    return measure_matmul_peak(device, precision), f"measured {precision} matmul, {torch.get_num_threads()} threads"
+    # named by the dtype it measures: an fp8 run's is a bf16 matmul (float8 is emulated on a CPU)
+    dtype = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[COMPUTE_DTYPE[precision]]
+    return measure_matmul_peak(device, precision), f"measured {dtype} matmul, {torch.get_num_threads()} threads"
+
+
+def bf16_peak_flops(device: torch.device, precision: str, tf32: bool, run_peak: tuple[float, str],
+                    configured_tflops: dict[str, float] | None = None) -> tuple[float, str]:
+    """(dense bf16 peak FLOP/s per device, its source): the denominator of ``mfu_bf16_peak``,
+    every run's MFU on one scale (scalelab.accounting's docstring). A run whose own peak is
+    the bf16 one (bf16; fp8 on a CPU, whose fp8 runs compute in bf16) reuses it."""
+    if precision == "bf16" or (device.type != "cuda" and COMPUTE_DTYPE[precision] == torch.bfloat16):
+        return run_peak
+    return peak_flops(device, "bf16", tf32, configured_tflops)
 
 
 def device_name(device: torch.device) -> str:
@@ -171,6 +183,8 @@ class Run:
     fault: Fault
     peak: float  # dense peak FLOP/s per device, and where that figure came from
     peak_source: str
+    peak_bf16: float  # the dense bf16 peak (mfu_bf16_peak), and its source
+    peak_bf16_source: str
     n_params: int
     param_bytes: list[int]  # per parameter, in model order (predicts DDP's buckets)
     fp8_linears: int | None
@@ -248,6 +262,8 @@ def setup(spec: dict) -> Run:
         torch.backends.cudnn.allow_tf32 = train_cfg.tf32
 
     peak, peak_source = peak_flops(device, point.precision, train_cfg.tf32, train_cfg.peak_tflops)
+    peak_bf16, peak_bf16_source = bf16_peak_flops(device, point.precision, train_cfg.tf32, (peak, peak_source),
+                                                  train_cfg.peak_tflops)
 
     torch.manual_seed(train_cfg.seed)  # identical initial weights on every rank
     model = GPT(model_cfg).to(device)
@@ -268,7 +284,8 @@ def setup(spec: dict) -> Run:
     start_step, progress = resume(run_dir, train_cfg, par, scaler, rank)
     return Run(rank=rank, world_size=world_size, run_dir=run_dir, device=device, model_cfg=model_cfg,
                train_cfg=train_cfg, point=point, micro=micro, accum=accum, fault=fault, peak=peak,
-               peak_source=peak_source, n_params=n_params, param_bytes=param_bytes, fp8_linears=fp8_linears,
+               peak_source=peak_source, peak_bf16=peak_bf16, peak_bf16_source=peak_bf16_source, n_params=n_params,
+               param_bytes=param_bytes, fp8_linears=fp8_linears,
                blocks=blocks, par=par, scaler=scaler, sampler=sampler, counter=counter, start_step=start_step,
                progress=progress, n_trainable=n_trainable)
 
@@ -311,7 +328,7 @@ def train_step(run: Run, step: int, measure_activations: bool) -> StepOutcome:
         with par.no_sync(m == run.accum - 1):
             meter = SavedActivationMeter(par.model, run.blocks) if measure else contextlib.nullcontext()
             with meter, autocast(run.point.precision, device):
-                _, loss = par.model(chunk[:, :-1], chunk[:, 1:])
+                loss = par.model(chunk[:, :-1], chunk[:, 1:])
             if measure:
                 activations = {"inside": meter.inside_blocks, "outside": meter.outside_blocks}
             scaler.scale(loss / run.accum).backward()
@@ -458,15 +475,20 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "peak_flops_per_device": run.peak,
         "peak_flops_source": run.peak_source,
         "mfu": accounting.mfu(tokens_per_s, fpt, run.peak, world_size),
+        "peak_flops_bf16": run.peak_bf16,
+        "peak_flops_bf16_source": run.peak_bf16_source,
+        "mfu_bf16_peak": accounting.mfu(tokens_per_s, fpt, run.peak_bf16, world_size),
         "recompute_flops_per_token": recompute_fpt,
         "fp8_linears": run.fp8_linears,
         "fp8_emulated": bool(run.train_cfg.fp8_emulate) if precision == "fp8" else None,
         "hfu": accounting.mfu(tokens_per_s, fpt + recompute_fpt, run.peak, world_size),
         "activation_bytes_measured": tally.activations["inside"] if tally.activations else None,
         "activation_bytes_outside_blocks_measured": tally.activations["outside"] if tally.activations else None,
-        "activation_measure": "bytes saved for backward by one micro-batch's forward on rank 0 (autograd saved-tensor hooks)",
+        "activation_measure": "bytes saved for backward by one micro-batch's forward on rank 0 (autograd saved-tensor hooks), "
+                              "and outside the blocks what the forward returns",
         "activation_bytes_predicted": accounting.block_activation_bytes(model_cfg, run.micro, precision, ac),
         "activation_bytes_predicted_paper": accounting.block_activation_bytes(model_cfg, run.micro, precision, ac, "paper"),
+        "activation_bytes_outside_blocks_predicted": accounting.outside_block_activation_bytes(model_cfg, run.micro, precision, accum),
         "ddp_buckets_predicted": accounting.ddp_bucket_count(run.param_bytes, point.bucket_mb) if point.bucket_mb else None,
         "skipped_steps": tally.skipped_steps,
         "resumed_from_step": run.start_step - 1 if run.start_step else None,
