@@ -180,3 +180,22 @@ def best_configurations_text(runs: pd.DataFrame) -> str:
                     f"peak {r.peak_mib_per_rank:,.1f} MiB per rank ({r.peak_memory}), model state {r.model_state_mib_per_rank:,.2f} MiB")
         lines.append(head + (f"; did not fit: {r.did_not_fit}" if r.did_not_fit else ""))
     return "\n".join(lines)
+
+
+def sweep_end_text(results_dir) -> str | None:
+    """What the workflow prints when it ends: the best configuration per world size and where the
+    report is; None while there is no report built from the current tables."""
+    from pathlib import Path
+
+    results_dir = Path(results_dir)
+    metrics, html = results_dir / "metrics.parquet", results_dir / "report" / "report.html"
+    if not (metrics.exists() and html.exists()) or html.stat().st_mtime < metrics.stat().st_mtime:
+        return None
+    runs = pd.read_parquet(metrics)
+    if runs.empty:
+        return f"scalelab: no runs; report: {html.resolve()}"
+    n_ok = int((runs["status"] == "ok").sum())
+    return (f"scalelab: {len(runs)} runs, {n_ok} ok. Best configuration per world size:\n"
+            + "\n".join("  " + line for line in best_configurations_text(runs).splitlines())
+            + f"\nscalelab: report: {html.resolve()}"
+            + (f"\nscalelab: {len(runs) - n_ok} run(s) not ok: scalelab status {results_dir.resolve()}" if n_ok < len(runs) else ""))
