@@ -36,6 +36,33 @@ def _report(args) -> int:
     return 0
 
 
+def _tables_of(results: Path) -> str | None:
+    """Collect results/runs into the tables if they are absent; an error message if it cannot."""
+    from scalelab.analysis.metrics import collect
+
+    if not results.is_dir():
+        return f"results folder {results} does not exist"
+    if not (results / "metrics.parquet").exists():
+        if not (results / "runs").is_dir():
+            return f"{results} has neither metrics.parquet nor a runs/ folder to collect"
+        for problem in collect(results)["problems"]:
+            print(f"warning: {problem}", file=sys.stderr)
+    return None
+
+
+def _compare(args) -> int:
+    from scalelab.analysis.compare import build_compare
+
+    for results in (Path(args.a), Path(args.b)):
+        error = _tables_of(results)
+        if error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+    path = build_compare(args.a, args.b, args.out)
+    print(f"compare: {path}\n         {path.with_suffix('.md')}")
+    return 0
+
+
 def _status(args) -> int:
     from scalelab.status import format_status, run_states, status_json
 
@@ -85,6 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", default=None, help="output folder (default: RESULTS/report)")
     r.add_argument("--collect", action="store_true", help="re-collect runs/ into the Parquet tables first")
     r.set_defaults(func=_report)
+    k = sub.add_parser("compare", help="what changed between two result folders (torch, machine, commit): HTML + Markdown")
+    k.add_argument("a", help="the reference results folder (A)")
+    k.add_argument("b", help="the results folder compared with it (B); ratios are B / A")
+    k.add_argument("--out", default=None, help="output folder (default: B/compare)")
+    k.set_defaults(func=_compare)
     s = sub.add_parser("status", help="how many runs of RESULTS are done, running, failed, timed out, OOM, skipped, ... with reasons")
     s.add_argument("results_dir", help="a results folder (holding runs/)")
     s.add_argument("--config", default=None, help="the workflow's config file: also count sweep points not started")

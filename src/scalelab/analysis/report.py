@@ -160,6 +160,12 @@ DERIVED = {
     "model_state_mib_per_rank": ("MiB", "model state at rest on the largest rank"),
     "ok_runs": ("runs", "runs at this world size that ended ok"),
     "did_not_fit": ("-", "runs at this world size with status oom or predicted_oom"),
+    "tokens_per_s_ratio": ("-", "tokens/s of B / tokens/s of A"),
+    "step_time_ratio": ("-", "median step time of B / of A (compare), or of the lever run / its baseline twin (levers)"),
+    "peak_mib_ratio": ("-", "peak memory per rank of B / of A (GPU: max allocated, CPU: process RSS)"),
+    "model_state_mib_ratio": ("-", "model state per rank of B / of A"),
+    "loss_max_rel_diff": ("-", "largest |loss B - loss A| / |loss A| over the steps both recorded"),
+    "common_steps": ("steps", "steps recorded by both sides"),
     "max_abs_dloss": ("nats/token", "largest |loss - loss of the stage-0 run| over steps, same precision and world size"),
 }
 
@@ -177,11 +183,11 @@ def column_format(name: str, values: pd.Series):
     name = {v: k for k, v in BEST_COLUMNS.items()}.get(name, name)
     if name in ("bucket_mb",):
         return lambda v: f"{v:g}"
-    if name in ("mfu", "hfu", "scaling_efficiency") or "ratio" in name or "speedup" in name:
+    if name.startswith(("mfu", "hfu")) or name == "scaling_efficiency" or "ratio" in name or "speedup" in name:
         return lambda v: f"{v:.3f}"
     if name.startswith("tokens_per_s") or name in ("tokens", "n_params", "tokens_per_step"):
         return lambda v: f"{v:,.0f}"
-    if "dloss" in name:
+    if "dloss" in name or "rel_diff" in name:
         return lambda v: f"{v:.2e}"
     if "mib" in name:
         return lambda v: f"{v:,.2f}"
