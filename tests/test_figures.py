@@ -48,7 +48,8 @@ def lines(ax, label_part):
 
 
 def scatter(ax, label):
-    return next(c for c in ax.collections if isinstance(c, PathCollection) and c.get_label() == label)
+    """The scatter of that label (shown in the legend, or not: '_label')."""
+    return next(c for c in ax.collections if isinstance(c, PathCollection) and c.get_label() in (label, "_" + label))
 
 
 def points(collection):

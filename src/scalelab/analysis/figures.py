@@ -8,7 +8,7 @@ nowhere else; a figure may add a short note of its own (e.g. that no GPU run was
 shown after the caption.
 
 This module is imported when the Snakefile is parsed (by every job), so it imports the
-drawing modules (matplotlib, seaborn) only when a figure is drawn.
+drawing modules (matplotlib) only when a figure is drawn.
 """
 from __future__ import annotations
 

@@ -236,12 +236,14 @@ def bucket_plot(runs: pd.DataFrame):
         _note(left, "fewer than two bucket sizes finished ok in one configuration")
         right.axis("off")
         return fig
+    many = data["label"].nunique() > 8  # colours repeat past 8: a legend would mislead (and cost more than the panel)
     for i, (label, g) in enumerate(data.groupby("label", sort=True)):
-        left.scatter(g["bucket_mb"], g["comm_all_reduce_calls_per_step"], s=18, color=f"C{i % 8}", label=label, zorder=3)
+        left.scatter(g["bucket_mb"], g["comm_all_reduce_calls_per_step"], s=18, color=f"C{i % 8}", label=("_" if many else "") + label,
+                     zorder=3)
     pred = data.groupby("bucket_mb")["ddp_buckets_predicted"].mean()
     left.plot(pred.index, pred.to_numpy(), color="black", lw=1, label="predicted")
     left.set(xlabel="bucket size (MiB, log)", ylabel="all-reduce calls per step", title="buckets")
-    left.legend(fontsize=6.5, ncol=1 + data["label"].nunique() // 8)
+    left.legend(fontsize=6.5, title=f"{data['label'].nunique()} configurations" if many else None)
     _lines_by_config(right, data, "bucket_mb", data["step_time_s_median"] * 1e3, legend=False)
     right.set(xlabel="bucket size (MiB, log)", ylabel="median step time (ms)", title="step time")
     right.set_ylim(0, float(np.nanmax(data["step_time_s_median"])) * 1e3 * 1.15)

@@ -24,7 +24,7 @@ from matplotlib.colors import Normalize  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
 
-from scalelab.analysis.tables import (  # noqa: E402,F401  (re-exported: the report imports them from here)
+from scalelab.analysis.tables import (  # noqa: E402,F401  (re-exported for callers of plots)
     MFU_LIMIT,
     PRECISION_ORDER,
     MiB,
@@ -94,7 +94,7 @@ def save(fig, out_dir: Path, name: str, formats: tuple[str, ...]) -> list[str]:
         y0, y1, x0, x1 = 0, height, 0, width
     for file, fmt in zip(files, formats):
         if fmt == "png":
-            image.crop((x0, y0, x1, y1)).convert("RGB").save(out_dir / file, format="png", compress_level=3)
+            image.crop((x0, y0, x1, y1)).convert("RGB").save(out_dir / file, format="png", compress_level=2)
         else:  # the cropped box, in inches from the figure's lower left corner
             box = Bbox.from_extents(-left + x0 / DPI, -bottom + (height - y1) / DPI, -left + x1 / DPI, -bottom + (height - y0) / DPI)
             fig.savefig(out_dir / file, format=fmt, bbox_inches=box)
