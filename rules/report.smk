@@ -23,7 +23,18 @@ rule report:
         captions=rst_captions(),
     log:
         LOGS / "report.log",
+    # the figures are drawn by this many processes (capped at --cores)
+    threads: 2
     conda:
         "../workflow/envs/scalelab.yaml"
     script:
         "../workflow/scripts/report.py"
+
+
+# At the end of every successful invocation: the best configuration per world size and the
+# report's path, in the terminal (Snakemake's own log lines come first).
+onsuccess:
+    from scalelab.analysis.tables import sweep_end_text
+
+    if (_text := sweep_end_text(RESULTS)) is not None:
+        print(_text, flush=True)

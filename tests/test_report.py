@@ -1,6 +1,7 @@
 """Collection, plots and the report, from Parquet fixtures alone (no training)."""
 import html as html_lib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 
 import jinja2
+import markupsafe
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
@@ -22,6 +24,13 @@ from scalelab.io import write_json
 from scalelab.sweep import RunPoint
 
 MAIN = [f for f in FIGURES if f.kind == "main"]
+
+
+def _escaped(text: str) -> str:
+    """Text as the report's Jinja2 templates write it (autoescape)."""
+    return str(markupsafe.escape(text))
+
+
 LEVER = [f for f in FIGURES if f.kind == "lever"]
 
 
@@ -40,7 +49,7 @@ def _check_figures(results: Path, html: str, runs: pd.DataFrame) -> list[str]:
             assert (fig_dir / file).exists() == expected, (file, expected)
             if expected:
                 assert (fig_dir / file).stat().st_size > 1000, file
-        assert html.count(html_lib.escape(figure.caption)) == int(expected), figure.name
+        assert html.count(_escaped(figure.caption)) == int(expected), figure.name
         assert (f"<figure id='{figure.name}'>" in html) == expected, figure.name
         drawn += [figure.name] if expected else []
     assert html.count("data:image/png;base64,") == len(drawn), "every figure embedded, once"
@@ -95,7 +104,7 @@ def test_lever_figures_only_while_their_lever_varies(tmp_path):
 
 def test_memory_peak_note_follows_its_caption(fixture_results):
     html = build_report(fixture_results).read_text()  # CPU fixture: no GPU runs
-    caption = html_lib.escape(next(f.caption for f in FIGURES if f.name == "memory_peak"))
+    caption = _escaped(next(f.caption for f in FIGURES if f.name == "memory_peak"))
     assert re.search(re.escape(caption) + r" <em>No GPU runs in these results: process peak RSS", html)
 
 
@@ -136,7 +145,7 @@ def test_report_warns_on_mfu_memory_and_parity(fixture_results):
     assert f"{runs.loc[ok[0], 'run_id']}: MFU 1.70 is above 100%" in html
     assert f"{runs.loc[ok[1], 'run_id']}: measured model state" in html
     assert "fp32 parity broken" in html
-    assert f"{runs.loc[ok[2], 'run_id']}: MFU unknown: unknown GPU &#x27;NVIDIA Foo 9000&#x27;: set train.peak_tflops" in html
+    assert f"{runs.loc[ok[2], 'run_id']}: MFU unknown: unknown GPU &#39;NVIDIA Foo 9000&#39;: set train.peak_tflops" in html
     assert f"{runs.loc[ok[4], 'run_id']}: a rank exited abnormally after the results were written" in html
     assert "this sweep mixes devices" in html and f"cuda: NVIDIA H100 80GB HBM3 (1 run(s), e.g. {runs.loc[ok[3], 'run_id']})" in html
 
@@ -218,6 +227,38 @@ def _console_errors(log: str) -> list[str]:
     return [line for line in log.splitlines() if "CONSOLE" in line and ("rror" in line or "Uncaught" in line)]
 
 
+_MEASURE = """<!DOCTYPE html><html><head><title>measuring</title></head><body>
+<iframe id="r" src="REPORT" style="width:1280px;height:900px;border:0"></iframe>
+<script>
+document.getElementById('r').addEventListener('load', function () {
+  var d = this.contentDocument, w = this.contentWindow, out = {};
+  function top(id) { var e = d.getElementById(id); return e ? Math.round(e.getBoundingClientRect().top) : null; }
+  out.best = top('best'); out.best_table = top('best-table'); out.warnings = top('warnings'); out.figures = top('figures');
+  var runs = d.getElementById('run-table');
+  out.run_table = [runs.scrollWidth, runs.clientWidth, runs.scrollHeight, runs.clientHeight];
+  out.page = [d.documentElement.scrollWidth, w.innerWidth];
+  out.first_h2 = d.querySelector('h2').textContent;
+  out.best_rows = Array.from(d.querySelectorAll('#best-table tbody tr')).map(function (tr) {
+    return Array.from(tr.children).map(function (td) { return td.textContent; }); });
+  var pre = document.createElement('pre'); pre.id = 'measured'; pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});
+</script></body></html>"""
+
+
+def _laid_out(report: Path, tmp_path: Path) -> dict:
+    """Where Chromium lays out the report's parts in a 1280 px wide window (a page beside it
+    measures it in an iframe and writes the numbers into its DOM, which --dump-dom prints)."""
+    page = tmp_path / "measure.html"
+    page.write_text(_MEASURE.replace("REPORT", report.as_uri()))
+    cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--allow-file-access-from-files",
+           f"--user-data-dir={tmp_path / 'chrome-measure'}", "--virtual-time-budget=10000", "--dump-dom", page.as_uri()]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    found = re.search(r'<pre id="measured">(.*?)</pre>', proc.stdout, re.S)
+    assert found, proc.stderr[-2000:]
+    return json.loads(html_lib.unescape(found.group(1)))
+
+
 @pytest.mark.skipif(_chromium() is None, reason="Chromium is not installed (apt-get install chromium; `make browser`)")
 def test_report_opens_in_headless_chromium_without_console_errors(fixture_results, tmp_path):
     html = build_report(fixture_results)
@@ -227,6 +268,80 @@ def test_report_opens_in_headless_chromium_without_console_errors(fixture_result
     assert _console_errors(_open_in_chromium(bad, tmp_path / "bad.png")), "the console check cannot see errors"
     log = _open_in_chromium(html, tmp_path / "report.png")
     assert not _console_errors(log), _console_errors(log)
+    # As laid out: the best configuration first, in the first screenful, before warnings and figures;
+    # the run table scrolls inside its box (the page itself does not overflow sideways).
+    shown = _laid_out(html, tmp_path)
+    assert shown["first_h2"] == "Best configuration per world size"
+    assert 0 < shown["best"] < shown["best_table"] < 600 and shown["best_table"] < shown["warnings"] < shown["figures"], shown
+    runs = pd.read_parquet(fixture_results / "metrics.parquet")
+    ok = runs[runs["status"] == "ok"]
+    fastest = ok.loc[ok.groupby("world_size")["tokens_per_s"].idxmax()].set_index("world_size")
+    assert [(int(r[0]), r[1]) for r in shown["best_rows"]] == [(int(ws), fastest.loc[ws, "run_id"]) for ws in sorted(runs["world_size"].unique())]
+    scroll_width, width, scroll_height, height = shown["run_table"]
+    assert scroll_width > width and scroll_height > height, "the run table scrolls within its box"
+    assert shown["page"][0] <= shown["page"][1], f"the page overflows sideways: {shown['page']}"
+
+
+def test_best_configuration_first_in_report_and_summary(fixture_results):
+    runs = pd.read_parquet(fixture_results / "metrics.parquet")
+    runs.loc[runs["run_id"] == "fp32-z0-w4", ["status", "reason", "tokens_per_s"]] = [
+        "predicted_oom", "predicted peak 90 GiB per rank exceeds the device memory 80 GiB; not launched", None]
+    runs.to_parquet(fixture_results / "metrics.parquet")
+    html = build_report(fixture_results).read_text()
+    assert html.index("Best configuration per world size") < html.index("Warnings") < html.index("<figure")
+    section = html[html.index("id='best-table'") if "id='best-table'" in html else html.index('id="best-table"'):html.index("Warnings")]
+    ok = runs[runs["status"] == "ok"]
+    for ws, here in ok.groupby("world_size"):
+        best = here.loc[here["tokens_per_s"].idxmax()]
+        row = re.search(rf"<tr><td class=\"num\">{ws}</td>(.*?)</tr>", section, re.S)
+        assert row and f">{best['run_id']}<" in row.group(1), (ws, best["run_id"])
+        assert f">{best['tokens_per_s']:,.0f}<" in row.group(1) and f">{best['tokens_per_s'] / ws:,.0f}<" in row.group(1)
+    not_fit = re.search(r"<tr><td class=\"num\">4</td>(.*?)</tr>", section, re.S).group(1)
+    assert "fp32-z0-w4 (predicted_oom)" in not_fit
+    assert "fp32-z0-w8 (oom)" in section  # the fixture's injected OOM
+    summary = (fixture_results / "report" / "summary.md").read_text()
+    assert summary.index("## Best configuration per world size") < summary.index("## Runs") < summary.index("## Warnings")
+    assert "| 4 | " in summary and "fp32-z0-w4 (predicted_oom)" in summary
+
+
+def test_run_table_numbers_formatted_per_column(fixture_results):
+    html = build_report(fixture_results).read_text()
+    table = html[html.index('id="run-table"'):]
+    table = table[:table.index("</table>")]
+    header = re.findall(r"<th[^>]*>([^<]+)</th>", table)
+    rows = [re.findall(r"<td[^>]*>([^<]*)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", table, re.S)[1:]]
+    assert not re.search(r"\de[+-]\d", table), "no scientific notation in the run table"
+    column = {name: [row[i] for row in rows if row[i]] for i, name in enumerate(header)}
+    assert all(re.fullmatch(r"\d{1,3}(,\d{3})*", v) for v in column["tokens_per_s"]), column["tokens_per_s"][:5]
+    assert all(re.fullmatch(r"\d\.\d{3}", v) for v in column["mfu"] + column["scaling_efficiency"])
+    assert all(re.fullmatch(r"\d+\.\d{2}", v) for v in column["model_state_mib_measured"])
+    assert re.search(r'<th class="num" title="throughput[^"]*\[tokens/s\]">tokens_per_s</th>', table), "unit in the header's title"
+
+
+def test_templates_are_package_data_of_a_non_editable_install(tmp_path):
+    """The report renders from an installed wheel: its Jinja2 templates are shipped as package data."""
+    source = tmp_path / "source"
+    shutil.copytree(REPO / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"),
+                           str(source)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("scalelab-*.whl")
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(tmp_path / "site"),
+                           str(wheel)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    templates = sorted(p.name for p in (tmp_path / "site/scalelab/analysis/templates").iterdir())
+    assert templates == sorted(p.name for p in (REPO / "src/scalelab/analysis/templates").glob("*.j2"))
+    # scalelab.config reads the workflow's config schema from two folders above the package (as
+    # in a checkout); give the installed copy one. The templates come from the wheel alone.
+    shutil.copytree(REPO / "workflow" / "schemas", tmp_path / "workflow" / "schemas")
+    check = ("import scalelab.analysis.report as r, sys; assert r.__file__.startswith(sys.argv[1]), r.__file__; "
+             "print(r.render('report.html.j2', no_runs='nothing here'))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", check, str(tmp_path / "site")], capture_output=True, text=True, timeout=120,
+                          env={**env, "PYTHONPATH": str(tmp_path / "site")}, cwd=tmp_path)
+    assert proc.returncode == 0 and "nothing here" in proc.stdout, proc.stderr[-3000:]
 
 
 def test_an_empty_sweep_gives_a_clear_no_runs_report(tmp_path):
@@ -245,8 +360,33 @@ def test_a_failed_report_build_leaves_the_last_complete_report(tmp_path, monkeyp
     def broken(*args, **kwargs):
         raise RuntimeError("a figure failed")
 
-    monkeypatch.setattr("scalelab.analysis.report.draw_figures", broken)
-    with pytest.raises(RuntimeError, match="a figure failed"):
-        build_report(tmp_path)
+    # One figure fails while the others are drawn (by forked processes where there are cores for them).
+    monkeypatch.setattr("scalelab.analysis.plots.throughput", broken)
+    for workers in (1, 2):
+        with pytest.raises(RuntimeError, match="a figure failed"):
+            build_report(tmp_path, workers=workers)
     assert (tmp_path / "report" / "report.html").read_text() == before
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".report")) == [], "no partial folder left"
+
+
+def test_data_dictionary_in_the_parquet_metadata_and_the_docs(fixture_results, tmp_path):
+    """One dictionary (scalelab.analysis.dictionary): every column of both tables has a unit and a
+    meaning, written into the files' field metadata, and docs/data-dictionary.md is generated from it."""
+    from scalelab.analysis import dictionary
+    from scalelab.analysis.metrics import RUN_SCHEMA, STEP_SCHEMA
+
+    assert list(dictionary.run_columns()) == RUN_SCHEMA.names and list(dictionary.step_columns()) == STEP_SCHEMA.names
+    for name, schema in (("metrics.parquet", RUN_SCHEMA), ("steps.parquet", STEP_SCHEMA)):
+        written = pq.read_schema(fixture_results / name)
+        for field in schema:
+            meta = written.field(field.name).metadata
+            assert meta and meta[b"unit"] and len(meta[b"description"]) > 10, (name, field.name)
+            assert meta == field.metadata
+    # collect() writes the same metadata
+    _fake_run(tmp_path / "runs", "fp32", 0, 1)
+    collect(tmp_path)
+    assert pq.read_schema(tmp_path / "metrics.parquet").field("mfu").metadata[b"unit"] == b"fraction"
+    assert pq.read_schema(tmp_path / "steps.parquet").field("step_time_s").metadata[b"unit"] == b"s"
+    docs = (REPO / "docs" / "data-dictionary.md").read_text()
+    assert docs == dictionary.markdown(RUN_SCHEMA.names, STEP_SCHEMA.names), \
+        "docs/data-dictionary.md is stale: python -m scalelab.analysis.dictionary > docs/data-dictionary.md"

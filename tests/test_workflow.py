@@ -1,16 +1,19 @@
 """The workflow itself: lint, a real data step, an end-to-end sweep and regeneration (kills: test_faults)."""
+import hashlib
 import json
 import re
 import shutil
 import subprocess
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import REPO, SNAKEMAKE, snakemake, tiny_config, write_workdir
+from conftest import REPO, SNAKEMAKE, planned_jobs, snakemake, tiny_config, write_workdir
 from scalelab.analysis.figures import FIGURES
+from scalelab.harness.testing import snakemake_cmd, snakemake_env
 from scalelab.sweep import RUN_DIR_GLOB, RunPoint
 
 pytestmark = pytest.mark.workflow
@@ -136,5 +139,59 @@ def test_lever_axes_end_to_end(tmp_path):
     assert "id='levers'" in html and "<figure id='lever_activation_checkpointing'>" in html and "<figure id='lever_cpu_offload'>" in html
     assert (tmp_path / "results/report/figures/lever_cpu_offload.png").stat().st_size > 1000
     assert "fp8 against bf16" in html
+    dry = snakemake(workdir, "-n", "--cores", "2")
+    assert "Nothing to be done" in dry.stdout + dry.stderr
+
+
+def _files(folder: Path) -> dict:
+    """Every file's bytes (hash), modification time and inode: any rewrite shows."""
+    return {p.relative_to(folder).as_posix(): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns, p.stat().st_ino)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_timed_out_runs_are_retried_with_one_command_and_ok_runs_are_untouched(tmp_path):
+    """A real timeout (rank 1 hangs, train.run_timeout_s stops the run), `scalelab status`, then
+    `scalelab retry --status timeout`: Snakemake's dry run plans exactly those runs (and collection
+    and the report); the rerun ends ok, and the ok runs' files are byte-identical and never rewritten."""
+    cfg = tiny_config(sweep={"precision": ["fp32"], "zero_stage": [0, 3], "world_size": [1, 2]}, train={"run_timeout_s": 25})
+    workdir = write_workdir(tmp_path, cfg)
+    results = tmp_path / "results"
+    # rank 1 sleeps before step 3: the 2-rank runs time out; the 1-rank runs have no rank 1 and end ok
+    proc = subprocess.run(snakemake_cmd(workdir, "--cores", "2"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=900, env=snakemake_env(SCALELAB_FAULT="hang@step=3,rank=1"))
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    # the end of the terminal output: the best configuration per world size and the report's path
+    tail = proc.stdout[proc.stdout.rindex("steps (100%) done"):]
+    assert "Best configuration per world size:" in tail and f"report: {(results / 'report' / 'report.html').resolve()}" in tail, tail
+    assert re.search(r"world size 1: fp32-z\d-w1 +[\d,]+ tokens/s", tail) and "world size 2: no run ended ok" in tail, tail
+    assert f"2 run(s) not ok: scalelab status {results.resolve()}" in tail
+
+    scalelab = str(Path(SNAKEMAKE).parent / "scalelab")
+    status = subprocess.run([scalelab, "status", str(results)], capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stderr
+    assert re.search(r"^  ok +2$", status.stdout, re.M) and re.search(r"^  timeout +2$", status.stdout, re.M), status.stdout
+    assert status.stdout.count("run exceeded train.run_timeout_s=25 s and was stopped") == 2
+    print(status.stdout)  # shown with pytest -s
+
+    ok_dirs = [results / "runs" / RunPoint("fp32", stage, 1).path for stage in (0, 3)]
+    timed_out = [RunPoint("fp32", stage, 2) for stage in (0, 3)]
+    before = {d: _files(d) for d in ok_dirs}
+    retry = subprocess.run([scalelab, "retry", str(results), "--status", "timeout"], capture_output=True, text=True, timeout=120)
+    assert retry.returncode == 0 and "2 run(s) to rerun" in retry.stdout, retry.stdout + retry.stderr
+    for point in timed_out:
+        assert not (results / "runs" / point.path / "summary.json").exists()
+        assert not (results / "runs" / point.path / "steps.parquet").exists()
+
+    # Snakemake plans exactly the retried runs, then collection and the report
+    dry = snakemake(workdir, "-n", "--cores", "2").stdout
+    jobs = planned_jobs(dry)
+    trains = sorted((j["wildcards"]["zero_stage"], j["wildcards"]["world_size"]) for j in jobs if j["rule"] in ("train", "train_multinode"))
+    assert trains == [("0", "2"), ("3", "2")], dry
+    assert sorted(j["rule"] for j in jobs if not j["rule"].startswith("train")) == ["all", "collect", "report"], dry
+
+    snakemake(workdir, "--cores", "2")  # no fault this time
+    for point in timed_out:
+        assert json.loads((results / "runs" / point.path / "summary.json").read_text())["status"] == "ok"
+    assert {d: _files(d) for d in ok_dirs} == before, "ok runs: byte-identical, never rewritten"
     dry = snakemake(workdir, "-n", "--cores", "2")
     assert "Nothing to be done" in dry.stdout + dry.stderr

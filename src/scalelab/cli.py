@@ -61,6 +61,71 @@ def _check_config(args) -> int:
     return 0
 
 
+def _tables_of(results: Path) -> str | None:
+    """Collect results/runs into the tables if they are absent; an error message if it cannot."""
+    from scalelab.analysis.metrics import collect
+
+    if not results.is_dir():
+        return f"results folder {results} does not exist"
+    if not (results / "metrics.parquet").exists():
+        if not (results / "runs").is_dir():
+            return f"{results} has neither metrics.parquet nor a runs/ folder to collect"
+        for problem in collect(results)["problems"]:
+            print(f"warning: {problem}", file=sys.stderr)
+    return None
+
+
+def _compare(args) -> int:
+    from scalelab.analysis.compare import build_compare
+
+    for results in (Path(args.a), Path(args.b)):
+        error = _tables_of(results)
+        if error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+    path = build_compare(args.a, args.b, args.out)
+    print(f"compare: {path}\n         {path.with_suffix('.md')}")
+    return 0
+
+
+def _status(args) -> int:
+    from scalelab.status import format_status, run_states, status_json
+
+    results = Path(args.results_dir)
+    if not (results / "runs").is_dir():
+        print(f"error: {results} has no runs/ folder", file=sys.stderr)
+        return 2
+    states = run_states(results, args.config, active_within_s=args.active_within)
+    print(status_json(states) if args.json else format_status(results, states))
+    return 0
+
+
+def _retry(args) -> int:
+    from scalelab.status import RETRY_DEFAULT, RetryError, retry
+
+    results = Path(args.results_dir)
+    if not (results / "runs").is_dir():
+        print(f"error: {results} has no runs/ folder", file=sys.stderr)
+        return 2
+    statuses = tuple(s.strip() for s in args.status.split(",") if s.strip()) if args.status else RETRY_DEFAULT
+    try:
+        done = retry(results, statuses, dry_run=args.dry_run, fresh=args.fresh, active_within_s=args.active_within)
+    except RetryError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    verb = "would remove" if args.dry_run else "removed"
+    for state, files in done:
+        print(f"{state.run_id} ({state.status}): {verb} {', '.join(files) or 'nothing (no outputs left)'}")
+    if not done:
+        print(f"no run with status {', '.join(statuses)} under {results}/runs")
+    elif not args.dry_run:
+        print(f"removed the collected tables {results}/metrics.parquet, steps.parquet and {results}/report/report.html "
+              "(the workflow rebuilds them; without that, Snakemake would see nothing to do)")
+        print(f"{len(done)} run(s) to rerun; now: snakemake --cores all  (it reruns exactly these, then collection and the report; "
+              "after a killed Snakemake, snakemake --unlock first)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scalelab", description="Reproducible scaling experiments: tables, reports, estimates.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -77,6 +142,26 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("files", nargs="*", default=["config.yaml"],
                    help="config files, merged in order (default: config.yaml); e.g. config.yaml my.yaml")
     k.set_defaults(func=_check_config)
+    k = sub.add_parser("compare", help="what changed between two result folders (torch, machine, commit): HTML + Markdown")
+    k.add_argument("a", help="the reference results folder (A)")
+    k.add_argument("b", help="the results folder compared with it (B); ratios are B / A")
+    k.add_argument("--out", default=None, help="output folder (default: B/compare)")
+    k.set_defaults(func=_compare)
+    s = sub.add_parser("status", help="how many runs of RESULTS are done, running, failed, timed out, OOM, skipped, ... with reasons")
+    s.add_argument("results_dir", help="a results folder (holding runs/)")
+    s.add_argument("--config", default=None, help="the workflow's config file: also count sweep points not started")
+    s.add_argument("--json", action="store_true", help="counts and every run as JSON")
+    s.add_argument("--active-within", type=float, default=300.0, metavar="SECONDS",
+                   help="a run without summary.json counts as running if it wrote something this recently, else killed (default 300)")
+    s.set_defaults(func=_status)
+    t = sub.add_parser("retry", help="remove the outputs of the runs that did not end ok, so that snakemake reruns exactly them")
+    t.add_argument("results_dir", help="a results folder (holding runs/)")
+    t.add_argument("--status", default=None,
+                   help="comma-separated statuses to rerun (default: failed,timeout,oom,diverged,corrupt,killed); never ok or running")
+    t.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
+    t.add_argument("--fresh", action="store_true", help="also remove progress.jsonl and checkpoints (no resume)")
+    t.add_argument("--active-within", type=float, default=300.0, metavar="SECONDS", help="as for status")
+    t.set_defaults(func=_retry)
     from scalelab.analysis.estimate import add_parser as add_estimate
 
     add_estimate(sub)

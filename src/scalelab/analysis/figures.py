@@ -8,7 +8,7 @@ nowhere else; a figure may add a short note of its own (e.g. that no GPU run was
 shown after the caption.
 
 This module is imported when the Snakefile is parsed (by every job), so it imports the
-drawing modules (matplotlib, seaborn) only when a figure is drawn.
+drawing modules (matplotlib) only when a figure is drawn.
 """
 from __future__ import annotations
 
@@ -72,14 +72,16 @@ def _levers():
 FIGURES: tuple[Figure, ...] = (
     Figure(
         "memory_model_state", lambda t: _plots().model_state_memory(t.runs), formats=("png", "svg"),
-        caption="Model-state memory per rank (largest rank) vs world size, per ZeRO stage: measured points over the "
-                "predicted curves (PyTorch's fp32-master split, solid; the ZeRO paper's 2+2+12, dashed)."),
+        caption="Model-state memory per rank (largest rank) vs world size (log2), one panel per ZeRO stage: measured points "
+                "per precision (side by side around their world size, so that equal values stay visible) over the "
+                "predicted lines, each named in the legend (PyTorch AMP with fp32 master weights, solid; the ZeRO paper's "
+                "convention, dashed, per precision where it differs)."),
     Figure(
         "memory_peak", lambda t: _plots().peak_device_memory(t.runs),
-        caption="Peak memory per rank vs world size, per ZeRO stage. GPU runs: max allocated device memory, measured "
-                "points over the predicted in-step peak (model state + in-step parameters + activations, dashed). "
-                "Results without GPU runs show the process peak RSS per rank instead (CPU; includes the framework, "
-                "not device memory)."),
+        caption="Peak memory per rank vs world size (log2), one panel per ZeRO stage, precisions side by side. GPU runs: "
+                "max allocated device memory, measured points over the predicted in-step peak (model state + in-step "
+                "parameters + activations, dashed). Results without GPU runs show the process peak RSS per rank instead "
+                "(CPU; includes the framework, not device memory), on an axis from 0."),
     Figure(
         "memory_vs_psi", lambda t: _psi().memory_vs_psi(t.runs),
         caption="Model state per rank vs parameter count Ψ (one point per model shape, stage and precision; full "
@@ -89,16 +91,19 @@ FIGURES: tuple[Figure, ...] = (
                 "(dotted: predicted; crosses: measured bytes per parameter on GPU, extrapolated)."),
     Figure(
         "throughput", lambda t: _plots().throughput(t.runs),
-        caption="Throughput (tokens/s, all ranks) and scaling efficiency (tokens/s at N over N x tokens/s at 1) vs "
-                "world size, per stage."),
+        caption="Throughput vs world size (log2), one row per precision, a line per ZeRO stage: tokens/s of all ranks, "
+                "tokens/s per device, and scaling efficiency (tokens/s at N over N x tokens/s at 1; 1 is linear)."),
     Figure(
         "mfu_heatmap", lambda t: _plots().mfu_heatmap(t.runs),
-        caption="MFU (fraction of the dense peak recorded in each row), precision x ZeRO stage, one panel per world "
-                "size; cells of runs that did not finish ok show their status."),
+        caption="MFU (fraction of the dense peak recorded in each row) per precision and ZeRO stage (rows) and world size "
+                "(columns). Cells of runs that did not finish ok show their status; an MFU above 1 (a peak too low for "
+                "the path, e.g. emulated fp16 on a CPU) is hatched, marked ‡ and left out of the colour scale."),
     Figure(
         "loss_curves", lambda t: _plots().loss_curves(t.runs, t.steps),
-        caption="Left: loss per step, mean over stages and world sizes, per precision (fp32 is the reference). "
-                "Right: each stage's largest |loss - loss of stage 0| over steps, same precision and world size."),
+        caption="Left: fp32 loss per step (mean over stages and world sizes, with range), the reference. Middle: per "
+                "precision, the largest |loss - loss of the fp32 twin| per step (the fp32 run with the same stage, world "
+                "size and levers), log scale. Right: per precision and stage, the largest |loss - loss of stage 0| over "
+                "steps and world sizes, log scale."),
     Figure(
         "loss_scale", lambda t: _plots().loss_scale(t.runs, t.steps),
         caption="fp16 dynamic loss scale over steps (median over fp16 runs, with range) and skipped steps (count per "
@@ -154,12 +159,76 @@ class Drawn:
     note: str | None
 
 
-def draw_figures(runs: pd.DataFrame, steps: pd.DataFrame, levers: pd.DataFrame, out_dir: Path) -> list[Drawn]:
-    """Draw every main figure from the baseline rows (every lever at its default) and every lever
-    figure whose lever varies, into out_dir; return them in registry order. Files of registered
-    figures not drawn this time (a lever an earlier build varied) are removed."""
+# Set in the parent just before the drawing processes fork (they inherit it, nothing is pickled).
+_JOB: tuple | None = None
+
+
+def _draw_one(name: str) -> tuple[str, list[str], str | None]:
+    from scalelab.analysis.plots import save
+
+    main, every, out_dir = _JOB
+    figure = next(f for f in FIGURES if f.name == name)
+    out = figure.draw(main if figure.kind == "main" else every)
+    fig, note = out if isinstance(out, tuple) else (out, None)
+    return name, save(fig, out_dir, figure.name, figure.formats), note
+
+
+def drawing_workers(requested: int | None = None) -> int:
+    """How many processes draw the figures: SCALELAB_REPORT_WORKERS, else `requested`, else the
+    cores this process may use (at most 4); 1 (in this process) where fork is not the safe
+    default (anything but Linux)."""
+    import os
+    import sys
+
+    env = os.environ.get("SCALELAB_REPORT_WORKERS")
+    if env:
+        requested = int(env)
+    if requested is None:
+        requested = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+    return max(1, requested) if sys.platform.startswith("linux") else 1
+
+
+class FigureJob:
+    """Figures being drawn: by forked processes (the parent goes on with the tables meanwhile), or
+    already drawn in this process. ``wait()`` returns them in registry order."""
+
+    def __init__(self, figures: list[Figure], results, pool=None):
+        self._figures, self._results, self._pool = figures, results, pool
+
+    def wait(self) -> list[Drawn]:
+        global _JOB
+        try:
+            results = self._results.get() if self._pool is not None else self._results
+        finally:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool.join()
+                _JOB = None
+        by_name = {name: (files, note) for name, files, note in results}
+        return [Drawn(f, *by_name[f.name]) for f in self._figures]
+
+    def cancel(self) -> None:
+        """Stop the drawing processes (the caller failed; the half-built folder goes away)."""
+        global _JOB
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            _JOB = None
+
+
+# Slowest first, so that two processes finish together.
+_DRAW_ORDER = ("throughput", "memory_model_state", "loss_curves", "lever_activation_checkpointing", "lever_micro_batch")
+
+
+def start_figures(runs: pd.DataFrame, steps: pd.DataFrame, levers: pd.DataFrame, out_dir: Path,
+                  workers: int | None = None) -> FigureJob:
+    """Start drawing every main figure from the baseline rows (every lever at its default) and
+    every lever figure whose lever varies, into out_dir. Files of registered figures not drawn this
+    time (a lever an earlier build varied) are removed. With more than one worker the figures are
+    drawn by forked processes (Agg only, no display) while the caller goes on."""
+    global _JOB
     from scalelab.analysis.levers import baseline
-    from scalelab.analysis.plots import save, use_theme
+    from scalelab.analysis.plots import use_theme
 
     out_dir.mkdir(parents=True, exist_ok=True)
     for figure in FIGURES:
@@ -169,11 +238,22 @@ def draw_figures(runs: pd.DataFrame, steps: pd.DataFrame, levers: pd.DataFrame, 
     main = Tables(base, steps[steps["run_id"].isin(base["run_id"])], levers)
     every = Tables(runs, steps, levers)
     use_theme()
-    drawn = []
-    for figure in FIGURES:
-        if not figure.applies(runs):
-            continue
-        out = figure.draw(main if figure.kind == "main" else every)
-        fig, note = out if isinstance(out, tuple) else (out, None)
-        drawn.append(Drawn(figure, save(fig, out_dir, figure.name, figure.formats), note))
-    return drawn
+    figures = [f for f in FIGURES if f.applies(runs)]
+    names = sorted((f.name for f in figures), key=lambda n: _DRAW_ORDER.index(n) if n in _DRAW_ORDER else len(_DRAW_ORDER))
+    workers = min(drawing_workers(workers), len(figures))
+    _JOB = (main, every, out_dir)
+    if workers <= 1:
+        try:
+            return FigureJob(figures, [_draw_one(name) for name in names])
+        finally:
+            _JOB = None
+    import multiprocessing
+
+    pool = multiprocessing.get_context("fork").Pool(workers)
+    return FigureJob(figures, pool.map_async(_draw_one, names, chunksize=1), pool)
+
+
+def draw_figures(runs: pd.DataFrame, steps: pd.DataFrame, levers: pd.DataFrame, out_dir: Path,
+                 workers: int | None = None) -> list[Drawn]:
+    """Draw the figures (start_figures) and wait for them; return them in registry order."""
+    return start_figures(runs, steps, levers, out_dir, workers).wait()

@@ -12,11 +12,11 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import seaborn as sns
+from matplotlib.ticker import FuncFormatter, NullLocator
 
+from scalelab.analysis.plots import _si, log_y
+from scalelab.analysis.tables import MiB, device_peak_bytes
 from scalelab.sweep import AXIS, LEVER_AXES, SWEEP_AXES
-
-MiB = 2 ** 20
 
 
 def _is_default(runs: pd.DataFrame) -> dict[str, pd.Series]:
@@ -51,14 +51,13 @@ def _paired(runs: pd.DataFrame, lever: str) -> pd.DataFrame:
     if lever != "bucket_mb":
         key.append("bucket_mb")
     merged = variants.merge(bases, on=key, suffixes=("", "_base"))
+    # One twin per variant: where several baseline runs share its configuration (results copied
+    # together, replicas), the one whose run id sorts first (fp32-z0-w2 before fp32-z0-w2-r1).
+    merged = merged.sort_values(["run_id", "run_id_base"]).drop_duplicates("run_id", keep="first")
     return merged.assign(peak_bytes=_device_peak(merged), peak_bytes_base=_device_peak(merged, "_base"))
 
 
-def _device_peak(df: pd.DataFrame, suffix: str = "") -> pd.Series:
-    """Peak allocated device memory on GPU runs, else the process peak RSS (CPU)."""
-    gpu = df.get(f"peak_mem_allocated_bytes{suffix}")
-    rss = df[f"peak_rss_bytes{suffix}"]
-    return gpu.fillna(rss) if gpu is not None else rss
+_device_peak = device_peak_bytes
 
 
 def lever_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -119,8 +118,8 @@ def _note(ax, text: str) -> None:
 
 
 def _not_run_text(pairs: pd.DataFrame) -> str | None:
-    bad = pairs[pairs["status"] != "ok"] if not pairs.empty else pairs
-    if pairs.empty or len(bad) < len(pairs):
+    bad = pairs if pairs.empty else pairs[(pairs["status"] != "ok") | (pairs["reason"].notna() if "reason" in pairs else False)]
+    if not pairs.empty and len(bad) < len(pairs):
         return None
     reasons = sorted(set(bad["reason"].fillna("").str.slice(0, 150)))
     return "no run with this lever finished ok:\n" + "\n".join(reasons[:3])
@@ -129,13 +128,20 @@ def _not_run_text(pairs: pd.DataFrame) -> str | None:
 def _pair_panels(pairs: pd.DataFrame, run_id_suffix: str):
     """(figure, panels) for a lever's variant/baseline pairs. panels = (left axis, right axis,
     ok pairs, x positions, labels), or None when no pair finished ok (the figure then says why)."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
     text = _not_run_text(pairs)
     if text:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.4))
         _note(left, text)
         right.axis("off")
         return fig, None
-    ok = pairs[pairs["status"] == "ok"]
+    # pairs where both runs ended ok (lever_table gives the others a reason)
+    ok = pairs[(pairs["status"] == "ok") & (pairs["reason"].isna() if "reason" in pairs else True)]
+    if len(ok) > 10:  # many pairs: one panel above the other, as wide as the pairs need
+        fig, (left, right) = plt.subplots(2, 1, figsize=(min(20.0, 3 + 0.32 * len(ok)), 7.0))
+        fig.subplots_adjust(hspace=0.75)
+    else:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.4))
+        fig.subplots_adjust(wspace=0.45)
     return fig, (left, right, ok, np.arange(len(ok)), ok["run_id"].str.replace(run_id_suffix, "", regex=False))
 
 
@@ -143,7 +149,17 @@ def _bars_off_on(ax, x, labels, off: pd.Series, on: pd.Series, off_label: str, o
     """Baseline (left) and lever (right) bars per pair, labelled by their baseline configuration."""
     ax.bar(x - 0.2, off, 0.4, label=off_label, color="C0")
     ax.bar(x + 0.2, on, 0.4, label=on_label, color=on_color)
-    ax.set_xticks(x, labels, rotation=45, ha="right")
+    _pair_ticks(ax, x, labels)
+
+
+def _pair_ticks(ax, x, labels) -> None:
+    ax.set_xticks(x, labels, rotation=90 if len(x) > 10 else 45, ha="center" if len(x) > 10 else "right", fontsize=7)
+    ax.set_xlim(-0.6, len(x) - 0.4)
+    ax.grid(axis="x", visible=False)
+
+
+def _side_legend(ax) -> None:
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
 
 
 def _config_label(runs: pd.DataFrame) -> pd.Series:
@@ -163,63 +179,96 @@ def activation_checkpointing_plot(pairs: pd.DataFrame):
     left.scatter(x - 0.2, ok["baseline_activation_mib_predicted_paper"], marker="_", s=300, color="grey", zorder=3,
                  label="predicted (paper)")
     left.scatter(x + 0.2, ok["activation_mib_predicted_paper"], marker="_", s=300, color="grey", zorder=3)
-    left.set(ylabel="MiB per micro-batch", yscale="log", title="activations kept for backward")
-    left.legend(fontsize=8)
+    left.set(ylabel="MiB per micro-batch (log)", title="activations kept for backward")
+    log_y(left)
+    _side_legend(left)
     right.bar(x, ok["step_time_ratio"], 0.5, color="C1", label="measured")
     right.scatter(x, ok["step_time_ratio_predicted"], marker="_", s=300, color="black", zorder=3, label="predicted")
     right.axhline(1, color="grey", lw=0.8)
-    right.set_xticks(x, labels, rotation=45, ha="right")
-    right.set(ylabel="step time on / off", title="recompute cost")
-    right.legend(fontsize=8)
+    _pair_ticks(right, x, labels)
+    right.set(ylabel="step time on / off (ratio)", title="recompute cost")
+    _side_legend(right)
     return fig
+
+
+def _varied_configs(data: pd.DataFrame, lever: str) -> pd.DataFrame:
+    """Rows of the configurations (stage, world size, precision) that ran more than one value of lever."""
+    label = _config_label(data)
+    varied = data.groupby(label)[lever].transform("nunique") > 1
+    return data[varied].assign(label=label[varied])
+
+
+def _lines_by_config(ax, data: pd.DataFrame, x: str, y: pd.Series, marker: str = "o", ls: str = "-", legend: bool = True) -> None:
+    """One line per configuration label (mean of y per x), coloured in turn."""
+    for i, (label, g) in enumerate(data.assign(_y=y).groupby("label", sort=True)):
+        curve = g.groupby(x)["_y"].mean()
+        ax.plot(curve.index, curve.to_numpy(), marker=marker, ls=ls, lw=1.0, color=f"C{i % 8}", label=label if legend else "_" + label)
 
 
 def micro_batch_plot(runs: pd.DataFrame, steps: pd.DataFrame):
     ok = runs[(runs["status"] == "ok") & runs["micro_batch"].notna()]
     ok = ok[_others_at_default(ok, "micro_batch")]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    if ok["micro_batch"].nunique() < 2:
-        _note(axes[0], "fewer than two micro-batch sizes finished ok")
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+    data = _varied_configs(ok, "micro_batch") if not ok.empty else ok
+    if data.empty or data["micro_batch"].nunique() < 2:
+        _note(axes[0], "fewer than two micro-batch sizes finished ok in one configuration")
         axes[1].axis("off"), axes[2].axis("off")
         return fig
-    fp32 = steps[steps["run_id"].isin(ok.loc[ok["precision"] == "fp32", "run_id"])]
-    for (mb, group) in fp32.groupby("micro_batch"):
+    fp32 = steps[steps["run_id"].isin(data.loc[data["precision"] == "fp32", "run_id"])]
+    for i, (mb, group) in enumerate(fp32.groupby("micro_batch")):
         curve = group.groupby("step")["loss"].mean()
-        axes[0].plot(curve.index, curve.to_numpy(), label=f"micro-batch {mb}", lw=1.0)
-    axes[0].set(xlabel="step", ylabel="loss", title="fp32 loss")
-    axes[0].legend(fontsize=8)
-    data = ok.assign(label=_config_label(ok))
-    sns.lineplot(data=data, x="micro_batch", y="tokens_per_s", hue="label", marker="o", ax=axes[1], errorbar=None)
-    axes[1].set(xscale="log", xlabel="micro-batch (sequences per rank)", title="throughput")
-    if data["label"].nunique() > 8:  # a legend that tall hides the lines
-        axes[1].get_legend().remove()
-    else:
-        axes[1].legend(fontsize=7)
-    data = data.assign(act=data["activation_bytes_measured"] / MiB, peak=_device_peak(data) / MiB)
-    sns.lineplot(data=data, x="micro_batch", y="act", hue="label", marker="o", ax=axes[2], errorbar=None, legend=False)
-    sns.lineplot(data=data, x="micro_batch", y="peak", hue="label", marker="s", ls="--", ax=axes[2], errorbar=None, legend=False)
-    axes[2].set(xscale="log", yscale="log", xlabel="micro-batch", ylabel="MiB", title="activations (solid), peak (dashed)")
+        axes[0].plot(curve.index, curve.to_numpy(), label=f"micro-batch {mb}", lw=1.0, color=f"C{i % 8}")
+    axes[0].set(xlabel="step", ylabel="loss (nats/token)", title="fp32 loss per micro-batch size (mean over runs)")
+    axes[0].legend(fontsize=7)
+    many = data["label"].nunique() > 8  # a legend that tall hides the lines
+    _lines_by_config(axes[1], data, "micro_batch", data["tokens_per_s"], legend=not many)
+    axes[1].set(xlabel="micro-batch (sequences per rank, log)", ylabel="tokens/s, all ranks", title="throughput")
+    axes[1].yaxis.set_major_formatter(FuncFormatter(_si))
+    axes[1].set_ylim(0, float(np.nanmax(data["tokens_per_s"])) * 1.1)
+    if not many:
+        axes[1].legend(fontsize=6.5)
+    _lines_by_config(axes[2], data, "micro_batch", data["activation_bytes_measured"] / MiB, legend=False)
+    _lines_by_config(axes[2], data, "micro_batch", _device_peak(data) / MiB, marker="s", ls="--", legend=False)
+    log_y(axes[2])
+    axes[2].set(xlabel="micro-batch (sequences per rank, log)", ylabel="MiB per rank (log)",
+                title="activations (solid), peak memory (dashed)")
+    for ax in axes[1:]:
+        _log_ticks(ax, data["micro_batch"])
     return fig
 
 
 def bucket_plot(runs: pd.DataFrame):
     ddp = runs[(runs["status"] == "ok") & runs["bucket_mb"].notna()]
     ddp = ddp[_others_at_default(ddp, "bucket_mb")]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
-    if ddp["bucket_mb"].nunique() < 2:
-        _note(left, "fewer than two bucket sizes finished ok")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.4))
+    data = _varied_configs(ddp, "bucket_mb") if not ddp.empty else ddp
+    if data.empty or data["bucket_mb"].nunique() < 2:
+        _note(left, "fewer than two bucket sizes finished ok in one configuration")
         right.axis("off")
         return fig
-    data = ddp.assign(label=_config_label(ddp))
-    sns.scatterplot(data=data, x="bucket_mb", y="comm_all_reduce_calls_per_step", hue="label", ax=left, s=50)
+    many = data["label"].nunique() > 8  # colours repeat past 8: a legend would mislead (and cost more than the panel)
+    for i, (label, g) in enumerate(data.groupby("label", sort=True)):
+        left.scatter(g["bucket_mb"], g["comm_all_reduce_calls_per_step"], s=18, color=f"C{i % 8}", label=("_" if many else "") + label,
+                     zorder=3)
     pred = data.groupby("bucket_mb")["ddp_buckets_predicted"].mean()
     left.plot(pred.index, pred.to_numpy(), color="black", lw=1, label="predicted")
-    left.set(xscale="log", xlabel="bucket size (MiB)", ylabel="all-reduce calls per step", title="buckets")
-    left.legend(fontsize=7, ncol=1 + data["label"].nunique() // 8)
-    sns.lineplot(data=data.assign(ms=data["step_time_s_median"] * 1e3), x="bucket_mb", y="ms", hue="label",
-                 marker="o", ax=right, errorbar=None, legend=False)
-    right.set(xscale="log", xlabel="bucket size (MiB)", ylabel="median step time (ms)", title="step time")
+    left.set(xlabel="bucket size (MiB, log)", ylabel="all-reduce calls per step", title="buckets")
+    left.legend(fontsize=6.5, title=f"{data['label'].nunique()} configurations" if many else None)
+    _lines_by_config(right, data, "bucket_mb", data["step_time_s_median"] * 1e3, legend=False)
+    right.set(xlabel="bucket size (MiB, log)", ylabel="median step time (ms)", title="step time")
+    right.set_ylim(0, float(np.nanmax(data["step_time_s_median"])) * 1e3 * 1.15)
+    for ax in (left, right):
+        _log_ticks(ax, data["bucket_mb"])
     return fig
+
+
+def _log_ticks(ax, values) -> None:
+    """A log x axis ticked at the values run, with limits from them (not from plotted NaNs)."""
+    values = sorted(set(float(v) for v in values if pd.notna(v) and v > 0))
+    ax.set_xscale("log")
+    ax.set_xlim(values[0] / 1.5, values[-1] * 1.5)
+    ax.set_xticks(values, [f"{v:g}" for v in values])
+    ax.xaxis.set_minor_locator(NullLocator())
 
 
 def offload_plot(pairs: pd.DataFrame):
@@ -229,11 +278,11 @@ def offload_plot(pairs: pd.DataFrame):
     left, right, ok, x, labels = panels
     _bars_off_on(left, x, labels, ok["baseline_peak_mib"], ok["peak_mib"], "on device", "offloaded", "C2")
     left.set(ylabel="peak memory per rank (MiB)", title="memory")
-    left.legend(fontsize=8)
+    _side_legend(left)
     right.bar(x, ok["step_time_ratio"], 0.5, color="C2")
     right.axhline(1, color="grey", lw=0.8)
-    right.set_xticks(x, labels, rotation=45, ha="right")
-    right.set(ylabel="step time offloaded / on device", title="cost")
+    _pair_ticks(right, x, labels)
+    right.set(ylabel="step time offloaded / on device (ratio)", title="cost")
     return fig
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from scalelab.analysis.dictionary import IDENTITY, RUN, STEP, field_metadata
 from scalelab.io import atomic_path
 from scalelab.sweep import AXES, RUN_DIR_GLOB, RunPoint
 
@@ -15,19 +16,22 @@ _META = {b"scalelab.schema_version": SCHEMA_VERSION.encode()}
 # Identity columns repeated on every row of every table: the run id and one per sweep axis.
 # micro_batch is the resolved size (sequences per rank per forward): null only for a
 # missing/corrupt run whose path said 'auto'. bucket_mb is null for strategies without buckets.
-IDENTITY_FIELDS = [pa.field("run_id", pa.string(), nullable=False)] + [
-    pa.field(axis.name, pa.type_for_alias(axis.arrow), nullable=axis.nullable) for axis in AXES]
+# Every field carries its unit and meaning from the data dictionary (scalelab.analysis.dictionary)
+# in its Parquet field metadata; a column the dictionary lacks fails here, at import.
+IDENTITY_FIELDS = [pa.field("run_id", pa.string(), nullable=False, metadata=field_metadata(IDENTITY["run_id"]))] + [
+    pa.field(axis.name, pa.type_for_alias(axis.arrow), nullable=axis.nullable, metadata=field_metadata(IDENTITY[axis.name]))
+    for axis in AXES]
+
+
+def _field(name: str, type_: pa.DataType, columns: dict, nullable: bool = True) -> pa.Field:
+    return pa.field(name, type_, nullable=nullable, metadata=field_metadata(columns[name]))
+
 
 STEP_SCHEMA = pa.schema(IDENTITY_FIELDS + [
-    pa.field("step", pa.int32(), nullable=False),
-    pa.field("loss", pa.float64()),
-    pa.field("grad_norm", pa.float64()),
-    pa.field("lr", pa.float64()),
-    pa.field("loss_scale", pa.float64()),
-    pa.field("skipped", pa.bool_()),
-    pa.field("step_time_s", pa.float64()),
-    pa.field("tokens", pa.int64()),
-    pa.field("tokens_per_s", pa.float64()),
+    _field("step", pa.int32(), STEP, nullable=False),
+    *(_field(name, type_, STEP) for name, type_ in [
+        ("loss", pa.float64()), ("grad_norm", pa.float64()), ("lr", pa.float64()), ("loss_scale", pa.float64()),
+        ("skipped", pa.bool_()), ("step_time_s", pa.float64()), ("tokens", pa.int64()), ("tokens_per_s", pa.float64())]),
 ], metadata=_META)
 
 
@@ -101,7 +105,7 @@ _RUN_FIELDS = [
     ("git_commit_source", pa.string()), ("dataset_sha256_train", pa.string()),
     ("seed", pa.int64()), ("config_hash", pa.string()), ("started_utc", pa.string()), ("run_path", pa.string()),
 ]
-RUN_SCHEMA = pa.schema(IDENTITY_FIELDS + [pa.field(n, t) for n, t in _RUN_FIELDS], metadata=_META)
+RUN_SCHEMA = pa.schema(IDENTITY_FIELDS + [_field(n, t, RUN) for n, t in _RUN_FIELDS], metadata=_META)
 
 
 # Summary keys that run_row spreads over several columns (comm_<collective>_...).

@@ -1,10 +1,14 @@
-"""Plots from the result tables alone (metrics.parquet, steps.parquet), with seaborn.
+"""Plots from the result tables alone (metrics.parquet, steps.parquet), with matplotlib.
 
 Each function takes the run table (and steps where needed) and returns the matplotlib
 figure, or (figure, note) where the figure shows something other than usual (the note
 follows the caption). Names, captions and file formats are declared once, in
 scalelab.analysis.figures, which saves the figures with `save`. Runs that did not finish
 `ok` are never silent gaps: every figure lists them, and the heatmap marks their cells.
+
+What a figure draws comes from scalelab.analysis.tables, and each artist carries a label
+(precision, stage, formula) so that tests/test_figures.py can read the plotted data back and
+hold it against the table. World sizes are drawn on a log2 axis ticked at the sizes run.
 """
 from __future__ import annotations
 
@@ -16,23 +20,99 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
+from matplotlib.colors import Normalize  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
 
-PRECISION_ORDER = ["fp32", "fp16", "bf16", "fp8"]
-MiB = 2 ** 20
+from scalelab.analysis.tables import (  # noqa: E402,F401  (re-exported for callers of plots)
+    MFU_LIMIT,
+    PRECISION_ORDER,
+    MiB,
+    device_peak_bytes,
+    largest_deviation_vs_stage0,
+    loss_deviation_vs_stage0,
+    loss_vs_fp32_twin,
+    mfu_flagged,
+    precisions,
+    scaling_efficiency,
+    throughput_table,
+)
+
+DPI = 150  # PNG resolution; the report shows them at 96 dpi (crisp on high-density screens)
+# Fixed colours: a precision (or a stage) has the same colour in every figure.
+PALETTE = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
+STAGE_MARKERS = ["o", "s", "^", "D", "v", "P"]
+FLAG_HATCH = "////"
+
+
+def precision_colors(names) -> dict[str, str]:
+    order = PRECISION_ORDER + [p for p in names if p not in PRECISION_ORDER]
+    return {p: PALETTE[order.index(p) % len(PALETTE)] for p in names}
+
+
+def stage_color(stage: int) -> str:
+    return PALETTE[int(stage) % len(PALETTE)]
+
+
+# What `save` renders around the figure: room for legends right of the panels and notes below
+# them, cropped away again where it stays blank (inches: left, bottom, right, top).
+PAD_INCHES = (0.3, 1.6, 3.2, 0.4)
+CROP_MARGIN_PX = 6
 
 
 def save(fig, out_dir: Path, name: str, formats: tuple[str, ...]) -> list[str]:
-    """Write fig as <name>.<format> for each format (PNG at 90 dpi), close it, return the file names."""
+    """Write fig as <name>.<format> for each format, close it, return the file names.
+
+    PNG at DPI. Like bbox_inches="tight" but with one drawing instead of two: the figure is drawn
+    once over a padded area, and the blank border is cropped from the pixels; an SVG (text kept as
+    text) is then written for the same box."""
+    import io
+
+    from matplotlib.transforms import Bbox
+    from PIL import Image
+
     files = [f"{name}.{fmt}" for fmt in formats]
+    w, h = fig.get_size_inches()
+    left, bottom, right, top = PAD_INCHES
+    padded = Bbox.from_extents(-left, -bottom, w + right, h + top)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="rgba", dpi=DPI, bbox_inches=padded)
+    width, height = int(padded.width * DPI), int(padded.height * DPI)  # as the Agg renderer sizes itself
+    if width * height * 4 != buf.getbuffer().nbytes:  # never seen; fall back on a PNG, which says its size
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=DPI, bbox_inches=padded, pil_kwargs={"compress_level": 0})
+        image = Image.open(buf).convert("RGBA")
+        width, height = image.size
+        buf = io.BytesIO(image.tobytes())
+    image = Image.frombuffer("RGBA", (width, height), buf.getbuffer(), "raw", "RGBA", 0, 1)
+    ink = np.frombuffer(buf.getbuffer(), dtype=np.uint32).reshape(height, width) != 0xFFFFFFFF  # not opaque white
+    ink_rows, ink_cols = np.nonzero(ink.any(axis=1))[0], np.nonzero(ink.any(axis=0))[0]
+    if ink_rows.size:
+        y0, y1 = max(0, ink_rows[0] - CROP_MARGIN_PX), min(height, ink_rows[-1] + 1 + CROP_MARGIN_PX)
+        x0, x1 = max(0, ink_cols[0] - CROP_MARGIN_PX), min(width, ink_cols[-1] + 1 + CROP_MARGIN_PX)
+    else:
+        y0, y1, x0, x1 = 0, height, 0, width
     for file, fmt in zip(files, formats):
-        fig.savefig(out_dir / file, bbox_inches="tight", **({"dpi": 90} if fmt == "png" else {}))
+        if fmt == "png":
+            image.crop((x0, y0, x1, y1)).convert("RGB").save(out_dir / file, format="png", compress_level=2)
+        else:  # the cropped box, in inches from the figure's lower left corner
+            box = Bbox.from_extents(-left + x0 / DPI, -bottom + (height - y1) / DPI, -left + x1 / DPI, -bottom + (height - y0) / DPI)
+            fig.savefig(out_dir / file, format=fmt, bbox_inches=box)
     plt.close(fig)
     return files
 
 
 def use_theme() -> None:
-    sns.set_theme(style="whitegrid", context="paper")
+    """A light grid style (seaborn's whitegrid look, set without seaborn: it is not needed to draw)."""
+    plt.rcdefaults()
+    plt.rcParams.update({
+        "figure.facecolor": "white", "axes.facecolor": "white", "axes.edgecolor": "#cccccc", "axes.grid": True,
+        "grid.color": "#e5e5e5", "grid.linewidth": 0.8, "axes.axisbelow": True, "axes.titlesize": 9,
+        "axes.labelsize": 8.5, "xtick.labelsize": 7.5, "ytick.labelsize": 7.5, "legend.fontsize": 7.5,
+        "legend.title_fontsize": 8, "font.size": 8.5, "axes.prop_cycle": matplotlib.cycler(color=PALETTE),
+        "xtick.major.size": 0, "ytick.major.size": 0, "axes.spines.top": False, "axes.spines.right": False,
+        "svg.fonttype": "none", "lines.markersize": 4.5, "legend.frameon": False,
+    })
 
 
 def _not_ok_note(fig, runs: pd.DataFrame) -> None:
@@ -42,13 +122,19 @@ def _not_ok_note(fig, runs: pd.DataFrame) -> None:
         return
     shown = ", ".join(f"{r.run_id}: {r.status}" for r in bad.head(12).itertuples())
     more = f" (+{len(bad) - 12} more)" if len(bad) > 12 else ""
-    fig.text(0.01, -0.02, f"not ok, not plotted: {shown}{more}", fontsize=8, color="firebrick", ha="left", va="top",
-             wrap=True)
+    _below_axes(fig, f"not ok, not plotted: {shown}{more}", color="firebrick")
 
 
-def _precisions(df: pd.DataFrame) -> list[str]:
-    present = list(dict.fromkeys(df["precision"]))
-    return [p for p in PRECISION_ORDER if p in present] + [p for p in present if p not in PRECISION_ORDER]
+def _below_axes(fig, text: str, **kwargs) -> None:
+    """A note under the lowest x-axis label (never on top of it), wrapped to the figure's width."""
+    import textwrap
+
+    axes = [ax for ax in fig.axes if ax.get_visible() and ax.axison]
+    lowest = min(axes or fig.axes, key=lambda ax: ax.get_position().y0)
+    width = max(40, int(fig.get_figwidth() * 15))
+    lowest.annotate("\n".join(textwrap.wrap(text, width)), xy=(0.01, 0), xycoords=("figure fraction", lowest.xaxis.label),
+                    xytext=(0, -6), textcoords="offset points", ha="left", va="top", fontsize=7.5, annotation_clip=False,
+                    **kwargs)
 
 
 def _empty(message: str):
@@ -58,25 +144,123 @@ def _empty(message: str):
     return fig
 
 
+def _world_size_axis(ax, sizes) -> None:
+    """A log2 axis ticked at the world sizes run (1, 2, 4, ...), labelled as integers."""
+    sizes = sorted({int(s) for s in sizes})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(s) for s in sizes])
+    ax.xaxis.set_minor_locator(NullLocator())
+    lo, hi = min(sizes), max(sizes)
+    ax.set_xlim(lo / 2 ** 0.5, hi * 2 ** 0.5)
+    ax.set_xlabel("world size (ranks, log2)")
+
+
+def _si(value, _pos=None) -> str:
+    """Tick labels in plain numbers: 3.5k, 120k, 1.2M."""
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= div:
+            return f"{value / div:g}{suffix}"
+    return f"{value:g}"
+
+
+def _sci(value, _pos=None) -> str:
+    """Log-axis tick labels as plain text (1e-04, 0.01, 10, 1k): mathtext is slow and heavy."""
+    if value == 0:
+        return "0"
+    if 1e-2 <= abs(value) < 1e4:
+        return _si(value) if abs(value) >= 1 else f"{value:g}"
+    return f"{value:.0e}".replace("e-0", "e-").replace("e+0", "e")
+
+
+def log_y(ax) -> None:
+    """A log y axis, ticked at powers of ten (also 2 and 5 when it spans less than two decades), plain labels."""
+    ax.set_yscale("log")
+    lo, hi = ax.get_ylim()
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0,) if hi / max(lo, 1e-300) > 100 else (1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(_sci))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _y_range(ax, values, unit_floor: float = 0.0) -> None:
+    """A log axis for values spanning more than a decade; else linear from 0, so that noise of a
+    few percent (a peak RSS of 332-346 MiB) is not magnified into a slope."""
+    v = np.asarray([x for x in values if pd.notna(x) and x > 0], dtype=float)
+    if v.size == 0:
+        return
+    if v.max() / v.min() > 10:
+        ax.set_yscale("log")
+        ax.set_ylim(v.min() / 1.6, v.max() * 1.6)
+        log_y(ax)
+    else:
+        ax.set_ylim(unit_floor, v.max() * 1.15)
+
+
+def _dodge(k: int, i: int) -> float:
+    """Multiplicative x offset (log2 axis) of series i of k, so that equal values stay visible."""
+    return 2 ** ((i - (k - 1) / 2) * 0.14)
+
+
+def _figure_legend(fig, axes) -> None:
+    """One legend for the figure, right of the panels, with each label once."""
+    seen = {}
+    for ax in np.ravel(axes):
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            if not label.startswith("_"):
+                seen.setdefault(label, handle)
+    if seen:
+        right = max(ax.get_position().x1 for ax in np.ravel(axes))
+        fig.legend(list(seen.values()), list(seen), loc="center left", bbox_to_anchor=(right + 0.005, 0.5), fontsize=7.5)
+
+
+def _memory_panels(runs: pd.DataFrame, ok: pd.DataFrame, measured, lines: list[tuple], ylabel: str):
+    """One panel per ZeRO stage: measured points per precision (dodged around their world size)
+    and formula lines [(column, label, line style, which precisions or None for all)], each
+    named in the legend (the mean over the runs it covers, per world size)."""
+    stages = sorted(runs["zero_stage"].unique())
+    precs = precisions(runs)
+    colors = precision_colors(precs)
+    fig, axes = plt.subplots(1, len(stages), figsize=(2.9 * len(stages) + 0.4, 3.3), sharey=True, squeeze=False)
+    values = []
+    for ax, stage in zip(axes[0], stages):
+        sub = ok[ok["zero_stage"] == stage]
+        for i, precision in enumerate(precs):
+            g = sub[sub["precision"] == precision]
+            y = measured(g) / MiB
+            ax.scatter(g["world_size"] * _dodge(len(precs), i), y, s=22, color=colors[precision], label=precision,
+                       marker=STAGE_MARKERS[i % len(STAGE_MARKERS)], zorder=3, edgecolors="white", linewidths=0.4)
+            values += list(y)
+        for column, label, style, only in lines:
+            g = sub[sub["precision"].map(only)] if only else sub
+            curve = g.groupby("world_size")[column].mean().dropna() / MiB
+            if not curve.empty:
+                ax.plot(curve.index, curve.to_numpy(), label=label, zorder=2, **style)
+                values += list(curve)
+        _world_size_axis(ax, runs["world_size"].unique())
+        ax.set_title(f"ZeRO stage {stage}")
+    axes[0][0].set_ylabel(ylabel)
+    for ax in axes[0]:
+        _y_range(ax, values)
+    fig.subplots_adjust(wspace=0.12)
+    _figure_legend(fig, axes)
+    return fig, axes[0]
+
+
+# The formula lines of the model-state figure: (column, legend label, style, which precisions).
+MODEL_STATE_LINES = [
+    ("model_state_bytes_predicted", "predicted: PyTorch AMP,\nfp32 master weights (16 B/param)", {"color": "black", "lw": 1.1}, None),
+    ("model_state_bytes_predicted_paper", "predicted: ZeRO paper, fp32\n(4+4+8 B/param)", {"color": "grey", "lw": 1.1, "ls": "--"},
+     lambda p: p == "fp32"),
+    ("model_state_bytes_predicted_paper", "predicted: ZeRO paper, mixed\nprecision (2+2+12 B/param)", {"color": "grey", "lw": 1.3, "ls": ":"},
+     lambda p: p != "fp32"),
+]
+
+
 def model_state_memory(runs: pd.DataFrame):
     ok = runs[runs["status"] == "ok"]
     if ok.empty:
         return _empty("no ok runs")
-    stages = sorted(runs["zero_stage"].unique())
-    fig, axes = plt.subplots(1, len(stages), figsize=(3.6 * len(stages), 3.4), sharey=True, squeeze=False)
-    palette = dict(zip(_precisions(runs), sns.color_palette("deep")))
-    for ax, stage in zip(axes[0], stages):
-        sub = ok[ok["zero_stage"] == stage]
-        pred = (sub.groupby(["precision", "world_size"], as_index=False)
-                [["model_state_bytes_predicted", "model_state_bytes_predicted_paper"]].mean())
-        for precision, g in pred.groupby("precision"):
-            g = g.sort_values("world_size")
-            ax.plot(g["world_size"], g["model_state_bytes_predicted"] / MiB, "-", color=palette[precision], alpha=0.6)
-            ax.plot(g["world_size"], g["model_state_bytes_predicted_paper"] / MiB, "--", color=palette[precision], alpha=0.4)
-        sns.scatterplot(data=sub.assign(mib=sub["model_state_bytes_measured"] / MiB), x="world_size", y="mib",
-                        hue="precision", palette=palette, ax=ax, s=50, legend=ax is axes[0][0])
-        ax.set(title=f"stage {stage}", xlabel="world size", ylabel="model state per rank (MiB)")
-        ax.set_xticks(sorted(runs["world_size"].unique()))
+    fig, _ = _memory_panels(runs, ok, lambda g: g["model_state_bytes_measured"], MODEL_STATE_LINES, "model state per rank (MiB)")
     _not_ok_note(fig, runs)
     return fig
 
@@ -89,102 +273,177 @@ def peak_device_memory(runs: pd.DataFrame):
         data = runs[(runs["status"] == "ok") & runs["peak_rss_bytes"].notna()]
         if data.empty:
             return _empty("no ok runs"), note
-        g = sns.catplot(data=data.assign(mib=data["peak_rss_bytes"] / MiB), x="world_size", y="mib", hue="precision",
-                        col="zero_stage", kind="point", hue_order=_precisions(data), height=3.2, aspect=0.9, errorbar=None)
-        g.set_axis_labels("world size", "peak RSS per rank (MiB)")
-        _not_ok_note(g.figure, runs)
-        return g.figure, note
-    stages = sorted(gpu["zero_stage"].unique())
-    fig, axes = plt.subplots(1, len(stages), figsize=(3.6 * len(stages), 3.4), sharey=True, squeeze=False)
-    palette = dict(zip(_precisions(runs), sns.color_palette("deep")))
-    for ax, stage in zip(axes[0], stages):
-        sub = gpu[gpu["zero_stage"] == stage]
-        pred = sub.groupby(["precision", "world_size"], as_index=False)["predicted_peak_bytes"].mean()
-        for precision, p in pred.groupby("precision"):
-            p = p.sort_values("world_size")
-            ax.plot(p["world_size"], p["predicted_peak_bytes"] / MiB, "--", color=palette[precision], alpha=0.7)
-        sns.scatterplot(data=sub.assign(mib=sub["peak_mem_allocated_bytes"] / MiB), x="world_size", y="mib",
-                        hue="precision", palette=palette, ax=ax, s=50, legend=ax is axes[0][0])
-        ax.set(title=f"stage {stage}", xlabel="world size", ylabel="peak allocated per rank (MiB)")
+        fig, _ = _memory_panels(runs, data, lambda g: g["peak_rss_bytes"], [], "peak RSS per rank (MiB)")
+        _not_ok_note(fig, runs)
+        return fig, note
+    colors = precision_colors(precisions(runs))
+    fig, _ = _memory_panels(runs, gpu, lambda g: g["peak_mem_allocated_bytes"], [
+        ("predicted_peak_bytes", f"predicted in-step peak, {p}", {"color": colors[p], "lw": 1.0, "ls": "--"}, lambda x, p=p: x == p)
+        for p in precisions(gpu)], "peak allocated per rank (MiB)")
     _not_ok_note(fig, runs)
     return fig
 
 
-def scaling_efficiency(runs: pd.DataFrame) -> pd.Series:
-    """tokens/s at N over N x tokens/s at world size 1, same precision and stage."""
-    ok = runs[runs["status"] == "ok"]
-    base = ok[ok["world_size"] == 1].groupby(["precision", "zero_stage"])["tokens_per_s"].mean()
-    key = pd.MultiIndex.from_frame(runs[["precision", "zero_stage"]])
-    ref = base.reindex(key).to_numpy()
-    return pd.Series(runs["tokens_per_s"].to_numpy() / (runs["world_size"].to_numpy() * ref), index=runs.index)
-
-
 def throughput(runs: pd.DataFrame):
-    ok = runs[runs["status"] == "ok"].copy()
-    if ok.empty:
+    """Rows: precisions; columns: total tokens/s, tokens/s per device, scaling efficiency; a line per stage."""
+    table = throughput_table(runs)
+    if table.empty:
         return _empty("no ok runs")
-    ok["scaling_efficiency"] = scaling_efficiency(ok)
-    long = ok.melt(id_vars=["precision", "zero_stage", "world_size"], value_vars=["tokens_per_s", "scaling_efficiency"])
-    g = sns.relplot(data=long, x="world_size", y="value", hue="precision", col="zero_stage", row="variable",
-                    kind="line", marker="o", hue_order=_precisions(ok), height=2.8, aspect=1.0,
-                    facet_kws={"sharey": "row"}, errorbar=None)
-    g.set_titles("{row_name} | stage {col_name}")
-    g.set_axis_labels("world size", "")
-    _not_ok_note(g.figure, runs)
-    return g.figure
+    precs = precisions(table)
+    columns = [("tokens_per_s", "tokens/s, all ranks"), ("tokens_per_s_per_device", "tokens/s per device"),
+               ("scaling_efficiency", "scaling efficiency (1 = linear)")]
+    fig, axes = plt.subplots(len(precs), 3, figsize=(10.5, 2.3 * len(precs) + 0.3), sharex=True, squeeze=False)
+    for row, precision in zip(axes, precs):
+        sub = table[table["precision"] == precision]
+        for ax, (column, label) in zip(row, columns):
+            for stage, g in sub.groupby("zero_stage"):
+                g = g.sort_values("world_size")
+                ax.plot(g["world_size"], g[column], marker=STAGE_MARKERS[int(stage) % len(STAGE_MARKERS)], lw=1.2,
+                        color=stage_color(stage), label=f"ZeRO stage {stage}")
+            ax.set_title(f"{precision}: {label}")
+            ax.set_ylabel(label.split(",")[0].replace(" (1 = linear)", ""))
+            _world_size_axis(ax, runs["world_size"].unique())
+            if column == "scaling_efficiency":
+                ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+                ax.set_ylim(0, max(1.1, float(np.nanmax(sub[column])) * 1.1) if sub[column].notna().any() else 1.1)
+            elif column == "tokens_per_s":
+                ax.yaxis.set_major_formatter(FuncFormatter(_si))
+                _y_range(ax, sub[column])
+            else:
+                ax.yaxis.set_major_formatter(FuncFormatter(_si))
+                ax.set_ylim(0, float(np.nanmax(sub[column])) * 1.15 if sub[column].notna().any() else 1)
+    for ax in axes[:-1].flat:
+        ax.set_xlabel("")
+    fig.subplots_adjust(wspace=0.3, hspace=0.35)
+    _figure_legend(fig, axes)
+    _not_ok_note(fig, runs)
+    return fig
+
+
+def mfu_grid(runs: pd.DataFrame) -> dict:
+    """What the MFU heatmap draws: rows 'precision z<stage>', columns world sizes; the mean MFU of
+    ok runs per cell; which cells are flagged (an MFU above MFU_LIMIT: left out of the colour
+    scale); the status shown in cells without an ok run ('not run' where no run exists)."""
+    precs, stages, sizes = precisions(runs), sorted(runs["zero_stage"].unique()), sorted(runs["world_size"].unique())
+    rows = [(p, s) for p in precs for s in stages if ((runs["precision"] == p) & (runs["zero_stage"] == s)).any()]
+    ok = runs[runs["status"] == "ok"]
+    mean = ok.groupby(["precision", "zero_stage", "world_size"])["mfu"].mean()
+    flagged = set(ok[mfu_flagged(ok)].set_index(["precision", "zero_stage", "world_size"]).index)
+    first_status = runs.groupby(["precision", "zero_stage", "world_size"])["status"].first()
+    value = np.full((len(rows), len(sizes)), np.nan)
+    flag = np.zeros(value.shape, dtype=bool)
+    status = np.full(value.shape, "not run", dtype=object)
+    for i, (p, s) in enumerate(rows):
+        for j, w in enumerate(sizes):
+            key = (p, s, w)
+            if key in mean.index:
+                value[i, j], status[i, j], flag[i, j] = mean[key], "ok", key in flagged
+            elif key in first_status.index:
+                status[i, j] = first_status[key]
+    shown = np.where(flag, np.nan, value)
+    vmax = float(np.nanmax(shown)) if np.isfinite(shown).any() else 1.0
+    return {"rows": [f"{p} z{s}" for p, s in rows], "world_sizes": [int(w) for w in sizes], "mfu": value, "flagged": flag,
+            "status": status, "vmin": 0.0, "vmax": vmax}
 
 
 def mfu_heatmap(runs: pd.DataFrame):
-    sizes = sorted(runs["world_size"].unique())
-    precisions, stages = _precisions(runs), sorted(runs["zero_stage"].unique())
-    fig, axes = plt.subplots(1, len(sizes), figsize=(3.2 * len(sizes) + 1, 0.6 * len(precisions) + 1.6), squeeze=False)
-    for ax, ws in zip(axes[0], sizes):
-        sub = runs[runs["world_size"] == ws]
-        grid = sub.pivot_table(index="precision", columns="zero_stage", values="mfu", aggfunc="mean").reindex(index=precisions, columns=stages)
-        status = sub.groupby(["precision", "zero_stage"])["status"].agg(lambda s: s.iloc[0] if (s != "ok").all() else "ok")
-        labels = np.empty(grid.shape, dtype=object)
-        for i, p in enumerate(precisions):
-            for j, z in enumerate(stages):
-                st, v = status.get((p, z)), grid.iloc[i, j]
-                labels[i, j] = "not run" if st is None else (st if st != "ok" else (f"{v:.3f}" if pd.notna(v) else "n/a"))
-        sns.heatmap(grid.astype(float), annot=labels, fmt="", cmap="viridis", ax=ax, cbar=False,
-                    linewidths=0.5, linecolor="white")
-        ax.set_facecolor("#f4cccc")  # non-ok / missing cells show through in red
-        ax.set(title=f"world size {ws}", xlabel="ZeRO stage", ylabel="precision")
+    g = mfu_grid(runs)
+    n_rows, n_cols = len(g["rows"]), len(g["world_sizes"])
+    fig, ax = plt.subplots(figsize=(1.5 + 0.85 * n_cols + 1.0, 0.9 + 0.32 * n_rows))
+    ax.grid(False)
+    ax.set_facecolor("#f4cccc")  # non-ok / missing cells show through in red
+    shown = np.ma.masked_invalid(np.where(g["flagged"], np.nan, g["mfu"]))
+    mesh = ax.pcolormesh(np.arange(n_cols + 1), np.arange(n_rows + 1), shown, cmap="viridis",
+                         norm=Normalize(g["vmin"], g["vmax"]), edgecolors="white", linewidth=0.6)
+    mesh.set_label("mfu")
+    norm = mesh.norm
+    for i in range(n_rows):
+        for j in range(n_cols):
+            v, st = g["mfu"][i, j], g["status"][i, j]
+            if g["flagged"][i, j]:
+                ax.add_patch(Rectangle((j, i), 1, 1, facecolor="#dddddd", edgecolor="#888888", hatch=FLAG_HATCH, lw=0.6,
+                                       label="_flagged"))
+                text, color = f"{v:.2f}‡", "black"
+            elif st == "ok":
+                text = f"{v:.3f}" if pd.notna(v) else "n/a"
+                color = "white" if pd.notna(v) and norm(v) < 0.6 else "black"
+                if pd.isna(v):
+                    ax.add_patch(Rectangle((j, i), 1, 1, facecolor="#eeeeee", edgecolor="white", lw=0.6))
+            elif st == "not run":
+                ax.add_patch(Rectangle((j, i), 1, 1, facecolor="#f2f2f2", edgecolor="white", lw=0.6))
+                text, color = "not run", "#888888"
+            else:
+                text, color = st, "firebrick"
+            ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=7, color=color)
+    ax.set_xticks(np.arange(n_cols) + 0.5, [str(w) for w in g["world_sizes"]])
+    ax.set_yticks(np.arange(n_rows) + 0.5, g["rows"])
+    ax.set_xlim(0, n_cols)
+    ax.set_ylim(n_rows, 0)
+    ax.set(xlabel="world size (ranks)", ylabel="precision, ZeRO stage", title="MFU (fraction of the dense peak per device)")
+    bar = fig.colorbar(mesh, ax=ax, fraction=0.05, pad=0.02)
+    bar.set_label("MFU")
+    if g["flagged"].any():
+        _below_axes(fig, f"‡ hatched: MFU above {MFU_LIMIT:g} (100% of the peak recorded for the run): that peak is too low "
+                    "for this path (e.g. emulated fp16 on a CPU), so the value means nothing; left out of the colour scale.")
     return fig
 
 
 def loss_curves(runs: pd.DataFrame, steps: pd.DataFrame):
+    """Left: the fp32 reference loss. Middle: |loss - loss of the fp32 twin| per step, per
+    precision (largest over configurations, log). Right: largest |Δloss| vs stage 0 per stage."""
     ok_ids = set(runs.loc[runs["status"] == "ok", "run_id"])
     st = steps[steps["run_id"].isin(ok_ids)]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
+    fig, (left, mid, right) = plt.subplots(1, 3, figsize=(12.5, 3.3))
+    fig.subplots_adjust(wspace=0.32)
     if st.empty:
         left.text(0.5, 0.5, "no ok runs", ha="center")
+        _not_ok_note(fig, runs)
+        return fig
+    precs = precisions(st)
+    colors = precision_colors(precs)
+    ref_precision = "fp32" if "fp32" in precs else precs[0]
+    ref = st[st["precision"] == ref_precision].groupby("step")["loss"].agg(["mean", "min", "max"])
+    left.plot(ref.index, ref["mean"].to_numpy(), color=colors[ref_precision], lw=1.2, label=f"{ref_precision}, mean")
+    left.fill_between(ref.index, ref["min"].to_numpy(), ref["max"].to_numpy(), color=colors[ref_precision], alpha=0.25,
+                      lw=0, label="min-max over runs")
+    left.set(title=f"{ref_precision} loss (the reference)", xlabel="step", ylabel="loss (nats/token)")
+    left.legend()
+    twin = loss_vs_fp32_twin(st)
+    for precision in precs:
+        curve = twin[twin["precision"] == precision]
+        if curve.empty:
+            continue
+        y = curve["max_abs_dloss"].to_numpy(dtype=float)
+        mid.plot(curve["step"], np.where(y > 0, y, np.nan), color=colors[precision], lw=1.0, label=precision)
+    if twin.empty:
+        mid.text(0.5, 0.5, "no fp32 twin to compare with", ha="center", va="center", transform=mid.transAxes)
     else:
-        mean = st.groupby(["precision", "step"])["loss"].mean()
-        for i, precision in enumerate(_precisions(st)):
-            curve = mean.loc[precision]
-            left.plot(curve.index, curve.to_numpy(), label=precision, color=f"C{i}", lw=1.2)
-        left.legend(title="precision")
-        left.set(title="loss per precision", xlabel="step", ylabel="loss")
-        dev = loss_deviation_vs_stage0(st)
-        if not dev.empty:
-            sns.barplot(data=dev, x="zero_stage", y="max_abs_dloss", hue="precision", hue_order=_precisions(dev), ax=right, errorbar=None)
-            right.set_yscale("symlog", linthresh=1e-7)
-        right.set(title="largest |Δloss| vs stage 0", xlabel="ZeRO stage", ylabel="max |Δloss|")
+        log_y(mid)
+        mid.legend(title="precision")
+    mid.set(title="|loss − loss of the fp32 twin|", xlabel="step", ylabel="largest |Δloss| (nats/token, log)")
+    dev = largest_deviation_vs_stage0(st)
+    dev = dev[dev["zero_stage"] != 0]
+    if not dev.empty:
+        stages = sorted(dev["zero_stage"].unique())
+        width = 0.8 / len(precs)
+        for i, precision in enumerate(precs):
+            d = dev[dev["precision"] == precision].set_index("zero_stage").reindex(stages)["max_abs_dloss"]
+            x = np.arange(len(stages)) + (i - (len(precs) - 1) / 2) * width
+            bars = right.bar(x, d.fillna(0).to_numpy(), width, color=colors[precision], label=precision)
+            for bar, v in zip(bars, d):
+                if pd.notna(v):
+                    right.annotate(f"{v:.2g}" if v else "0", (bar.get_x() + width / 2, v if v > 0 else 0), fontsize=6.5,
+                                   ha="center", va="bottom", xytext=(0, 1), textcoords="offset points")
+        right.set_xticks(np.arange(len(stages)), [f"stage {s}" for s in stages])
+        positive = dev["max_abs_dloss"][dev["max_abs_dloss"] > 0]
+        if not positive.empty:
+            right.set_yscale("log")
+            right.set_ylim(positive.min() / 3, positive.max() * 4)
+            log_y(right)
+        right.legend(title="precision")
+    right.set(title="largest |Δloss| vs stage 0 (over world sizes)", xlabel="ZeRO stage", ylabel="max |Δloss| (nats/token, log)")
     _not_ok_note(fig, runs)
     return fig
-
-
-def loss_deviation_vs_stage0(steps: pd.DataFrame) -> pd.DataFrame:
-    """Per (precision, world size, stage): the largest |loss - loss(stage 0)| over steps."""
-    key = ["precision", "world_size", "step"]
-    # One stage-0 reference per key (the mean if several stage-0 runs share it), so the
-    # merge stays one-to-many.
-    base = steps[steps["zero_stage"] == 0].groupby(key, as_index=False)["loss"].mean().rename(columns={"loss": "loss0"})
-    merged = steps[key + ["zero_stage", "loss"]].merge(base, on=key)
-    merged["dloss"] = (merged["loss"] - merged["loss0"]).abs()
-    return merged.groupby(["precision", "world_size", "zero_stage"], as_index=False)["dloss"].max().rename(columns={"dloss": "max_abs_dloss"})
 
 
 def loss_scale(runs: pd.DataFrame, steps: pd.DataFrame):
@@ -193,31 +452,41 @@ def loss_scale(runs: pd.DataFrame, steps: pd.DataFrame):
         return _empty("no fp16 runs in these results")
     agg = fp16.groupby("step").agg(median=("loss_scale", "median"), lo=("loss_scale", "min"), hi=("loss_scale", "max"),
                                     skipped=("skipped", "sum"))
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 4.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
-    top.plot(agg.index, agg["median"], color="C1", label="median")
-    top.fill_between(agg.index, agg["lo"], agg["hi"], color="C1", alpha=0.25, label="min-max")
-    top.set(yscale="log", ylabel="loss scale", title=f"fp16 loss scale ({fp16['run_id'].nunique()} runs)")
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 4.2), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    top.plot(agg.index, agg["median"].to_numpy(), color=PALETTE[1], label="median")
+    top.fill_between(agg.index, agg["lo"].to_numpy(), agg["hi"].to_numpy(), color=PALETTE[1], alpha=0.25, lw=0, label="min-max")
+    top.set(ylabel="loss scale (log)", title=f"fp16 dynamic loss scale ({fp16['run_id'].nunique()} runs)")
+    log_y(top)
     top.legend()
-    bottom.bar(agg.index, agg["skipped"], color="firebrick")
-    bottom.set(xlabel="step", ylabel="skipped")
+    # one artist for all the steps (a bar per step is hundreds of patches)
+    bottom.stairs(agg["skipped"].to_numpy(), np.append(agg.index.to_numpy() - 0.5, agg.index[-1] + 0.5), color="firebrick",
+                  fill=True, label="skipped")
+    bottom.set(xlabel="step", ylabel="skipped steps\n(runs)")
     _not_ok_note(fig, runs[runs["precision"] == "fp16"])
     return fig
 
 
-def communication(runs: pd.DataFrame):
+def communication_table(runs: pd.DataFrame) -> pd.DataFrame:
     ok = runs[runs["status"] == "ok"]
-    if ok.empty:
-        return _empty("no ok runs")
     agg = ok.groupby(["zero_stage", "world_size"], as_index=False)[
         ["comm_bytes_per_step_measured", "comm_bytes_per_step_predicted", "comm_bytes_per_step_predicted_paper"]].mean()
-    agg["label"] = "z" + agg["zero_stage"].astype(str) + " w" + agg["world_size"].astype(str)
-    fig, ax = plt.subplots(figsize=(max(5, 0.6 * len(agg) + 2), 3.6))
+    agg["label"] = "z" + agg["zero_stage"].astype(str) + "\nw" + agg["world_size"].astype(str)
+    return agg
+
+
+def communication(runs: pd.DataFrame):
+    agg = communication_table(runs)
+    if agg.empty:
+        return _empty("no ok runs")
+    fig, ax = plt.subplots(figsize=(max(5, 0.42 * len(agg) + 2), 3.4))
     x = np.arange(len(agg))
-    ax.bar(x, agg["comm_bytes_per_step_measured"] / MiB, color="C0", label="measured")
-    ax.scatter(x, agg["comm_bytes_per_step_predicted"] / MiB, marker="_", s=400, color="black", label="predicted (PyTorch)", zorder=3)
-    ax.scatter(x, agg["comm_bytes_per_step_predicted_paper"] / MiB, marker="_", s=400, color="grey", label="predicted (paper)", zorder=3)
-    ax.set_xticks(x, agg["label"], rotation=45)
-    ax.set(ylabel="MiB per step", xlabel="stage, world size")
-    ax.legend(fontsize=8)
+    ax.bar(x, agg["comm_bytes_per_step_measured"] / MiB, color=PALETTE[0], label="measured")
+    ax.scatter(x, agg["comm_bytes_per_step_predicted"] / MiB, marker="_", s=260, color="black", label="predicted (PyTorch)", zorder=3)
+    ax.scatter(x, agg["comm_bytes_per_step_predicted_paper"] / MiB, marker="_", s=260, color="grey", label="predicted (paper)", zorder=3)
+    ax.set_xticks(x, agg["label"])
+    ax.grid(axis="x", visible=False)
+    ax.set(ylabel="MiB per optimizer step", xlabel="ZeRO stage (z), world size (w)", title="bytes handed to collectives per step")
+    ax.set_xlim(-0.6, len(agg) - 0.4)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     _not_ok_note(fig, runs)
     return fig

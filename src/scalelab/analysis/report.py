@@ -1,28 +1,33 @@
-"""The report: plots, run table, formulas, provenance and warnings, from the Parquet alone.
+"""The report: best configuration, warnings, plots, run table, formulas, provenance, from the Parquet alone.
 
 ``build_report(results_dir)`` reads ``metrics.parquet`` and ``steps.parquet`` (nothing
 else: no run folders, no training) and writes ``report/report.html`` (one self-contained
-file, images embedded), ``report/summary.md`` and the figures in ``report/figures/`` (the
-registry in scalelab.analysis.figures names them and holds their captions).
+file, images embedded, rendered from the Jinja2 templates in
+scalelab/analysis/templates/), ``report/summary.md`` and the figures in ``report/figures/``
+(the registry in scalelab.analysis.figures names them and holds their captions). Numbers
+are formatted per column (``column_format``); column titles come from the data dictionary.
 """
 from __future__ import annotations
 
 import base64
 import datetime
-import html
+import functools
 import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
 from scalelab import __version__
-from scalelab.analysis.figures import FIGURES_DIR, Drawn, draw_figures
+from scalelab.analysis import dictionary
+from scalelab.analysis.figures import FIGURES_DIR, Drawn, start_figures
 from scalelab.analysis.levers import baseline, fp8_table, lever_table
 from scalelab.analysis.metrics import schema_version
-from scalelab.analysis.plots import loss_deviation_vs_stage0, scaling_efficiency
+from scalelab.analysis.tables import MFU_LIMIT, best_configurations, loss_deviation_vs_stage0, scaling_efficiency
 
-MFU_LIMIT = 1.0
+__all__ = ["MFU_LIMIT", "build_report", "find_warnings", "load_tables", "render", "table_model"]
 MEMORY_TOLERANCE = 0.10
 COMM_TOLERANCE = 0.10
 FP32_PARITY_RTOL = 1e-4
@@ -59,14 +64,6 @@ become ready); one all-reduce per bucket per step.</li>
 </ul>
 """
 
-CSS = """
-body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px;color:#222}
-table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}
-th{background:#eee}.warn{background:#fff4e5;border-left:4px solid #f0a030;padding:.5em 1em}
-.ok{color:#2a7}.bad{color:#c22;font-weight:bold}figure{margin:1em 0}figcaption{font-size:13px;color:#444}
-img{max-width:100%}
-"""
-
 TABLE_COLUMNS = [
     "run_id", "precision", "zero_stage", "world_size", "micro_batch", "accumulation_steps", "activation_checkpointing",
     "cpu_offload", "bucket_mb", "status", "tokens_per_s", "scaling_efficiency", "mfu",
@@ -75,12 +72,16 @@ TABLE_COLUMNS = [
 ]
 
 
-def load_tables(results_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+def load_tables(results_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs, steps). The steps' run_id and precision are read as categoricals: the figures group
+    and filter half a million step rows by them."""
+    results_dir = Path(results_dir)
     runs_path, steps_path = results_dir / "metrics.parquet", results_dir / "steps.parquet"
     for path in (runs_path, steps_path):
         if not path.exists():
             raise FileNotFoundError(f"{path} is missing: run `scalelab collect {results_dir}` (or the workflow) first")
-    return pd.read_parquet(runs_path), pd.read_parquet(steps_path)
+    steps = pq.read_table(steps_path, read_dictionary=["run_id", "precision"]).to_pandas()
+    return pd.read_parquet(runs_path), steps
 
 
 def find_warnings(runs: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
@@ -122,11 +123,12 @@ def find_warnings(runs: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
 
 
 def _provenance(runs: pd.DataFrame) -> pd.DataFrame:
-    cols = ["requested_device", "device_type", "device_name", "backend", "torch_version", "cuda_version", "nccl_version",
-            "python_version", "hostname", "git_commit", "git_dirty", "git_commit_source", "config_hash"]
-    present = [c for c in cols if c in runs]
-    prov = runs[present].astype("string").fillna("-").value_counts().reset_index(name="runs")
+    prov = runs[[c for c in PROVENANCE_COLUMNS if c in runs]].astype("string").fillna("-").value_counts().reset_index(name="runs")
     return prov
+
+
+PROVENANCE_COLUMNS = ["requested_device", "device_type", "device_name", "backend", "torch_version", "cuda_version", "nccl_version",
+                      "python_version", "hostname", "git_commit", "git_dirty", "git_commit_source", "config_hash"]
 
 
 def _fmt_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -142,38 +144,172 @@ def _fmt_table(runs: pd.DataFrame) -> pd.DataFrame:
     return t
 
 
-def _markdown(table: pd.DataFrame) -> str:
-    cols = ["run_id", "status", "tokens_per_s", "mfu", "model_state_mib_measured", "model_state_mib_predicted", "final_loss"]
+# --------------------------------------------------------------------------- number formats per column
 
-    def cell(v):
-        if isinstance(v, float):
-            return "" if pd.isna(v) else f"{v:.4g}"
-        return str(v)
+# Columns derived for the tables (not in the Parquet files): their unit and meaning.
+DERIVED = {
+    "scaling_efficiency": ("fraction", "tokens/s at N / (N × tokens/s at world size 1), same precision and stage"),
+    "model_state_mib_measured": ("MiB", "model_state_bytes_measured / 2^20"),
+    "model_state_mib_predicted": ("MiB", "model_state_bytes_predicted / 2^20"),
+    "comm_mib_per_step_measured": ("MiB/step", "comm_bytes_per_step_measured / 2^20"),
+    "comm_mib_per_step_predicted": ("MiB/step", "comm_bytes_per_step_predicted / 2^20"),
+    "peak_mib_predicted": ("MiB", "predicted_peak_bytes / 2^20"),
+    "peak_mib_measured_gpu": ("MiB", "peak_mem_allocated_bytes / 2^20 (GPU runs)"),
+    "tokens_per_s_per_device": ("tokens/s", "tokens_per_s / world_size"),
+    "peak_mib_per_rank": ("MiB", "peak memory per rank: GPU max allocated, else process peak RSS"),
+    "model_state_mib_per_rank": ("MiB", "model state at rest on the largest rank"),
+    "ok_runs": ("runs", "runs at this world size that ended ok"),
+    "did_not_fit": ("-", "runs at this world size with status oom or predicted_oom"),
+    "tokens_per_s_ratio": ("-", "tokens/s of B / tokens/s of A"),
+    "step_time_ratio": ("-", "median step time of B / of A (compare), or of the lever run / its baseline twin (levers)"),
+    "peak_mib_ratio": ("-", "peak memory per rank of B / of A (GPU: max allocated, CPU: process RSS)"),
+    "model_state_mib_ratio": ("-", "model state per rank of B / of A"),
+    "loss_max_rel_diff": ("-", "largest |loss B - loss A| / |loss A| over the steps both recorded"),
+    "common_steps": ("steps", "steps recorded by both sides"),
+    "max_abs_dloss": ("nats/token", "largest |loss - loss of the stage-0 run| over steps, same precision and world size"),
+}
 
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table[cols].itertuples(index=False)]
+
+def _title(name: str) -> str | None:
+    name = {v: k for k, v in BEST_COLUMNS.items()}.get(name, name)
+    unit, meaning = DERIVED.get(name) or dictionary.RUN.get(name) or dictionary.IDENTITY.get(name) or (None, None)
+    return f"{meaning} [{unit}]" if meaning else None
+
+
+def column_format(name: str, values: pd.Series):
+    """How a column's numbers are written: one format per column (never 1.455e+04 beside 3728)."""
+    if pd.api.types.is_bool_dtype(values) or not pd.api.types.is_numeric_dtype(values):
+        return str
+    name = {v: k for k, v in BEST_COLUMNS.items()}.get(name, name)
+    if name in ("bucket_mb",):
+        return lambda v: f"{v:g}"
+    if name.startswith(("mfu", "hfu")) or name == "scaling_efficiency" or "ratio" in name or "speedup" in name:
+        return lambda v: f"{v:.3f}"
+    if name.startswith("tokens_per_s") or name in ("tokens", "n_params", "tokens_per_step"):
+        return lambda v: f"{v:,.0f}"
+    if "dloss" in name or "rel_diff" in name:
+        return lambda v: f"{v:.2e}"
+    if "mib" in name:
+        return lambda v: f"{v:,.2f}"
+    if "loss" in name:
+        return lambda v: f"{v:.4f}"
+    if name.endswith("_s") or name.endswith("_s_median") or name.endswith("_s_mean"):
+        return lambda v: f"{v:,.2f}"
+    if pd.api.types.is_integer_dtype(values) or (values.dropna() == values.dropna().round()).all():
+        return lambda v: f"{int(v)}"
+    biggest = float(values.abs().max()) if values.notna().any() else 0.0
+    decimals = 0 if biggest >= 1000 else 2 if biggest >= 10 else 3
+    return lambda v: f"{v:,.{decimals}f}"
+
+
+def table_model(df: pd.DataFrame, long: tuple[str, ...] = ("reason", "did_not_fit", "meaning", "teardown_warning")) -> dict:
+    """What the template's table macro draws: columns (name, title, kind) and rows of formatted cells."""
+    columns, formatted = [], []
+    for name in df.columns:
+        values = df[name]
+        numeric = pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)
+        kind = "num" if numeric else ("text long" if name in long else "text")
+        columns.append({"name": name, "title": _title(name), "kind": kind})
+        fmt = column_format(name, values)
+        formatted.append(["" if v is None or (not isinstance(v, (str, list, np.ndarray)) and pd.isna(v)) else fmt(v)
+                          for v in values.tolist()])
+    rows = []
+    status_at = list(df.columns).index("status") if "status" in df.columns else None
+    for i in range(len(df)):
+        row = [{"text": col[i], "cls": None} for col in formatted]
+        if status_at is not None and row[status_at]["text"]:
+            row[status_at]["cls"] = "status-ok" if row[status_at]["text"] == "ok" else "status-bad"
+        rows.append(row)
+    return {"columns": columns, "rows": rows}
+
+
+def markdown_table(df: pd.DataFrame) -> str:
+    """The same formats, as a Markdown table."""
+    model = table_model(df)
+    lines = ["| " + " | ".join(c["name"] for c in model["columns"]) + " |",
+             "|" + "".join("---:|" if c["kind"] == "num" else "---|" for c in model["columns"])]
+    lines += ["| " + " | ".join(cell["text"].replace("|", "\\|").replace("\n", " ") for cell in row) + " |" for row in model["rows"]]
     return "\n".join(lines) + "\n"
 
 
-def _figure(fig_dir: Path, drawn: Drawn) -> str:
+SUMMARY_COLUMNS = ["run_id", "status", "tokens_per_s", "mfu", "model_state_mib_measured", "model_state_mib_predicted", "final_loss"]
+
+
+BEST_COLUMNS = {  # best_configurations' column -> the header shown
+    "world_size": "world size", "run_id": "fastest ok run", "tokens_per_s": "tokens/s", "tokens_per_s_per_device": "tokens/s per device",
+    "peak_mib_per_rank": "peak MiB per rank", "model_state_mib_per_rank": "model state MiB per rank", "ok_runs": "ok runs",
+    "did_not_fit": "did not fit (oom, predicted_oom)",
+}
+
+
+def _best_table(runs: pd.DataFrame) -> pd.DataFrame:
+    best = best_configurations(runs)
+    best["did_not_fit"] = best["did_not_fit"].replace("", "-")
+    best["run_id"] = best["run_id"].fillna("no run ended ok")
+    return best[list(BEST_COLUMNS)].rename(columns=BEST_COLUMNS)
+
+
+def _best_note(runs: pd.DataFrame) -> str:
+    kinds = set(best_configurations(runs)["peak_memory"].dropna())
+    return "Peak memory: " + (" or ".join(sorted(kinds)) if kinds else "-") + " (GPU runs: max allocated device memory; CPU: process peak RSS)."
+
+
+# --------------------------------------------------------------------------- rendering
+
+@functools.lru_cache(maxsize=1)
+def environment():
+    """The Jinja2 environment of the templates shipped in scalelab/analysis/templates/ (package data)."""
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("scalelab.analysis", "templates"), autoescape=True,
+                             trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    env.globals["zip"] = zip
+    return env
+
+
+def render(template: str, **context) -> str:
+    return environment().get_template(template).render(**context)
+
+
+def _png_width(data: bytes) -> int | None:
+    """CSS width of a PNG drawn at plots.DPI, shown at 96 px per inch (crisp on dense screens)."""
+    from scalelab.analysis.plots import DPI
+
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        return None
+    return round(int.from_bytes(data[16:20], "big") * 96 / DPI)
+
+
+def _figure(fig_dir: Path, drawn: Drawn) -> dict:
     """The PNG embedded, the registry's caption, then the figure's own note if it has one."""
     png = drawn.files[0]
-    data = base64.b64encode((fig_dir / png).read_bytes()).decode()
-    note = f" <em>{html.escape(drawn.note)}</em>" if drawn.note else ""
-    return (f"<figure id='{drawn.figure.name}'><img alt='{html.escape(f'{FIGURES_DIR}/{png}')}' src='data:image/png;base64,{data}'>"
-            f"<figcaption>{html.escape(drawn.figure.caption)}{note}</figcaption></figure>")
+    data = (fig_dir / png).read_bytes()
+    return {"name": drawn.figure.name, "alt": f"{FIGURES_DIR}/{png}", "data": base64.b64encode(data).decode(),
+            "width": _png_width(data), "caption": drawn.figure.caption, "note": drawn.note}
 
 
-def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> Path:
+def _dictionary_table() -> pd.DataFrame:
+    rows = []
+    runs, steps = dictionary.run_columns(), dictionary.step_columns()
+    for name, (unit, meaning) in {**runs, **steps}.items():
+        tables = "both" if name in runs and name in steps else "metrics" if name in runs else "steps"
+        rows.append({"column": name, "table": tables, "unit": unit,
+                     "meaning": meaning if tables != "both" or name in dictionary.IDENTITY else
+                     f"metrics: {runs[name][1]}; steps: {steps[name][1]}"})
+    return pd.DataFrame(rows)
+
+
+def build_report(results_dir: str | Path, out_dir: str | Path | None = None, workers: int | None = None) -> Path:
     """Write <out_dir>/report.html, summary.md and the figures (in <out_dir>/figures/); return
     the HTML path. Built in a sibling folder and moved into place, so a failed build never
-    leaves a partial report (an earlier complete one stays)."""
+    leaves a partial report (an earlier complete one stays). workers: processes drawing the
+    figures (scalelab.analysis.figures.drawing_workers)."""
     results_dir = Path(results_dir)
     out_dir = Path(out_dir) if out_dir else results_dir / "report"
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        _build(results_dir, building)
+        _build(results_dir, building, workers)
         replaced = out_dir.with_name(f".{out_dir.name}.old")
         if out_dir.exists():
             shutil.rmtree(replaced, ignore_errors=True)
@@ -190,14 +326,11 @@ def _no_runs_report(results_dir: Path, out_dir: Path) -> None:
     message = (f"No runs in {results_dir}: metrics.parquet has no rows. Run the workflow "
                "(snakemake --cores all) or point scalelab report at a folder whose runs/ holds results.")
     (out_dir / FIGURES_DIR).mkdir(parents=True, exist_ok=True)
-    (out_dir / "report.html").write_text(
-        f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>scalelab report</title>"
-        f"<style>{CSS}</style></head><body><h1>scalelab report</h1><div class='warn'><p>{html.escape(message)}</p>"
-        "</div></body></html>", encoding="utf-8")
+    (out_dir / "report.html").write_text(render("report.html.j2", no_runs=message), encoding="utf-8")
     (out_dir / "summary.md").write_text(f"# scalelab summary\n\n{message}\n")
 
 
-def _build(results_dir: Path, out_dir: Path) -> None:
+def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None:
     runs, steps = load_tables(results_dir)
     if runs.empty:
         return _no_runs_report(results_dir, out_dir)
@@ -205,48 +338,37 @@ def _build(results_dir: Path, out_dir: Path) -> None:
     base = baseline(runs)
     levers, fp8 = lever_table(runs), fp8_table(runs)
     fig_dir = out_dir / FIGURES_DIR
-    drawn = draw_figures(runs, steps, levers, fig_dir)
-    figures = [d for d in drawn if d.figure.kind == "main"]
-    lever_figures = [d for d in drawn if d.figure.kind == "lever"]
-    warnings = find_warnings(runs, steps)
-    table = _fmt_table(runs)
+    job = start_figures(runs, steps, levers, fig_dir, workers)  # drawn by other processes while the tables are made
+    try:
+        warnings = find_warnings(runs, steps)
+        table = _fmt_table(runs)
+        best = _best_table(runs)
+        dev = loss_deviation_vs_stage0(steps[steps["run_id"].isin(base.loc[base["status"] == "ok", "run_id"])])
+        tables = {"best": table_model(best), "levers": table_model(levers) if not levers.empty else None,
+                  "fp8": table_model(fp8) if not fp8.empty else None, "runs_table": table_model(table),
+                  "deviation": table_model(dev) if not dev.empty else None, "provenance": table_model(_provenance(runs)),
+                  "dictionary": table_model(_dictionary_table())}
+    except BaseException:
+        job.cancel()
+        raise
+    drawn = job.wait()
+    from markupsafe import Markup
 
-    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>scalelab report</title>"
-             f"<style>{CSS}</style></head><body>",
-             "<h1>scalelab report</h1>",
-             f"<p>{len(runs)} runs ({(runs['status'] == 'ok').sum()} ok), {len(steps)} steps; built "
-             f"{datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')} by scalelab {__version__} from "
-             f"<code>{html.escape(str(results_dir))}</code> (metrics schema v{schema_version(results_dir / 'metrics.parquet')}).</p>"]
-    parts.append("<h2>Warnings</h2>")
-    if warnings:
-        parts.append("<div class='warn'><ul>" + "".join(f"<li>{html.escape(w)}</li>" for w in warnings) + "</ul></div>")
-    else:
-        parts.append("<p class='ok'>None: every run ok, MFU ≤ 100%, memory and communication within 10% of the formulas, fp32 parity holds.</p>")
-    parts.append("<h2>Figures</h2>")
-    if len(base) < len(runs):
-        parts.append(f"<p>These figures show the {len(base)} runs with every lever at its default; "
-                     "the other runs are in <a href='#levers'>Levers</a>.</p>")
-    parts += [_figure(fig_dir, d) for d in figures]
-    if lever_figures or not levers.empty or not fp8.empty:
-        parts.append("<h2 id='levers'>Levers</h2>")
-        parts += [_figure(fig_dir, d) for d in lever_figures]
-        if not levers.empty:
-            parts.append("<h3>Each lever against its baseline twin (same precision, stage, world size)</h3>")
-            parts.append(levers.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="", border=0))
-        if not fp8.empty:
-            parts.append("<h3>fp8 against bf16</h3>")
-            parts.append(fp8.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="", border=0))
-    dev = loss_deviation_vs_stage0(steps[steps["run_id"].isin(base.loc[base["status"] == "ok", "run_id"])])
-    parts.append("<h2>Runs</h2>")
-    parts.append(table.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="", classes="runs", border=0))
-    if not dev.empty:
-        parts.append("<h3>Largest |Δloss| against stage 0</h3>")
-        parts.append(dev.to_html(index=False, float_format=lambda v: f"{v:.3g}", border=0))
-    parts.append("<h2>Formulas</h2>" + FORMULAS)
-    parts.append("<h2>Provenance</h2>")
-    parts.append(_provenance(runs).to_html(index=False, border=0))
-    parts.append("</body></html>")
-
-    (out_dir / "report.html").write_text("\n".join(parts), encoding="utf-8")
-    (out_dir / "summary.md").write_text("# scalelab summary\n\n" + _markdown(table) +
-                                        ("\n## Warnings\n\n" + "\n".join(f"- {w}" for w in warnings) + "\n" if warnings else ""))
+    context = {
+        "no_runs": None, "n_runs": len(runs), "n_ok": int((runs["status"] == "ok").sum()), "n_steps": len(steps),
+        "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "version": __version__,
+        "results_dir": str(results_dir), "schema": schema_version(results_dir / "metrics.parquet"),
+        "warnings": warnings, "n_base": len(base), **tables, "best_note": _best_note(runs),
+        "figures": [_figure(fig_dir, d) for d in drawn if d.figure.kind == "main"],
+        "lever_figures": [_figure(fig_dir, d) for d in drawn if d.figure.kind == "lever"],
+        "levers_section": any(d.figure.kind == "lever" for d in drawn) or not levers.empty or not fp8.empty,
+        "formulas": Markup(FORMULAS),
+    }
+    (out_dir / "report.html").write_text(render("report.html.j2", **context), encoding="utf-8")
+    (out_dir / "summary.md").write_text(
+        "# scalelab summary\n\n"
+        f"{len(runs)} runs ({context['n_ok']} ok); the full report is report.html beside this file.\n\n"
+        "## Best configuration per world size\n\n"
+        "The fastest run that ended ok per world size, and the configurations that did not fit (oom / predicted_oom). "
+        + context["best_note"] + "\n\n" + markdown_table(best) + "\n## Runs\n\n" + markdown_table(table[SUMMARY_COLUMNS])
+        + ("\n## Warnings\n\n" + "\n".join(f"- {w}" for w in warnings) + "\n" if warnings else ""))

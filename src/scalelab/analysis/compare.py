@@ -1,0 +1,151 @@
+"""What changed between two sweeps (another torch, machine or commit): `scalelab compare A B`.
+
+Runs are matched by run_id. For each run in both: status on each side, throughput and
+memory ratios (B / A), and loss agreement: the largest |loss B - loss A| / |loss A| over the
+steps both recorded. Provenance (devices, versions, commits) side by side; runs found on one
+side only listed. Written as compare.html (the report's templates) and compare.md.
+"""
+from __future__ import annotations
+
+import datetime
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from scalelab import __version__
+from scalelab.analysis.tables import MiB, device_peak_bytes
+
+PROVENANCE = ["device_type", "device_name", "backend", "torch_version", "cuda_version", "nccl_version", "python_version",
+              "hostname", "git_commit", "git_dirty", "config_hash", "dataset_sha256_train", "seed", "steps", "global_batch",
+              "n_params", "threads_per_rank"]
+
+
+def _side(results_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    from scalelab.analysis.report import load_tables
+
+    return load_tables(results_dir)
+
+
+def loss_agreement(steps_a: pd.DataFrame, steps_b: pd.DataFrame) -> pd.DataFrame:
+    """Per run in both: the steps both recorded and the largest |loss B - loss A| / |loss A| over them."""
+    cols = ["run_id", "step", "loss"]
+    a = steps_a[cols].astype({"run_id": str})
+    b = steps_b[cols].astype({"run_id": str})
+    both = a.merge(b, on=["run_id", "step"], suffixes=("_a", "_b"))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        both["rel"] = (both["loss_b"] - both["loss_a"]).abs() / both["loss_a"].abs()
+    return both.groupby("run_id").agg(common_steps=("step", "size"), loss_max_rel_diff=("rel", "max")).reset_index()
+
+
+def compare_runs(runs_a: pd.DataFrame, runs_b: pd.DataFrame, steps_a: pd.DataFrame, steps_b: pd.DataFrame) -> pd.DataFrame:
+    """One row per run_id in both sides."""
+    keep = ["run_id", "status", "tokens_per_s", "step_time_s_median", "model_state_bytes_measured", "mfu", "final_loss"]
+
+    def prepared(runs):
+        return runs[keep].assign(peak_mib=device_peak_bytes(runs) / MiB, model_state_mib=runs["model_state_bytes_measured"] / MiB)
+
+    a, b = prepared(runs_a), prepared(runs_b)
+    merged = a.merge(b, on="run_id", suffixes=("_a", "_b"))
+    out = pd.DataFrame({
+        "run_id": merged["run_id"], "status_a": merged["status_a"], "status_b": merged["status_b"],
+        "tokens_per_s_a": merged["tokens_per_s_a"], "tokens_per_s_b": merged["tokens_per_s_b"],
+        "tokens_per_s_ratio": merged["tokens_per_s_b"] / merged["tokens_per_s_a"],
+        "step_time_ratio": merged["step_time_s_median_b"] / merged["step_time_s_median_a"],
+        "peak_mib_a": merged["peak_mib_a"], "peak_mib_b": merged["peak_mib_b"], "peak_mib_ratio": merged["peak_mib_b"] / merged["peak_mib_a"],
+        "model_state_mib_ratio": merged["model_state_mib_b"] / merged["model_state_mib_a"],
+        "mfu_a": merged["mfu_a"], "mfu_b": merged["mfu_b"],
+    })
+    agreement = loss_agreement(steps_a, steps_b)
+    out = out.merge(agreement, on="run_id", how="left")
+    out["common_steps"] = out["common_steps"].fillna(0).astype(int)
+    return out.sort_values("run_id").reset_index(drop=True)
+
+
+def only_one_side(runs_a: pd.DataFrame, runs_b: pd.DataFrame) -> pd.DataFrame:
+    a_only = runs_a[~runs_a["run_id"].isin(runs_b["run_id"])].assign(side="A only")
+    b_only = runs_b[~runs_b["run_id"].isin(runs_a["run_id"])].assign(side="B only")
+    return pd.concat([a_only, b_only])[["side", "run_id", "status", "tokens_per_s"]].sort_values(["side", "run_id"]).reset_index(drop=True)
+
+
+def provenance(runs_a: pd.DataFrame, runs_b: pd.DataFrame) -> pd.DataFrame:
+    """Per provenance column: each side's distinct values with their run counts; differing columns first."""
+    def values(runs: pd.DataFrame, col: str) -> str:
+        if col not in runs:
+            return "-"
+        counted = runs[col].astype("string").fillna("-").value_counts()
+        return "; ".join(f"{v} ({n})" if len(counted) > 1 else str(v) for v, n in counted.items())
+
+    rows = []
+    for col in PROVENANCE:
+        va, vb = values(runs_a, col), values(runs_b, col)
+        rows.append({"column": col, "A": va, "B": vb, "same": "yes" if va == vb else "no"})
+    table = pd.DataFrame(rows)
+    return table.sort_values("same", kind="stable").reset_index(drop=True)
+
+
+def _median_range(series: pd.Series, what: str) -> str | None:
+    s = series.replace([np.inf, -np.inf], np.nan).dropna()
+    if s.empty:
+        return None
+    return f"{what} (B / A): median {s.median():.3f}, from {s.min():.3f} ({s.idxmin()}) to {s.max():.3f} ({s.idxmax()})"
+
+
+def summary_lines(table: pd.DataFrame, only: pd.DataFrame, prov: pd.DataFrame) -> list[str]:
+    lines = []
+    changed = prov[prov["same"] == "no"]["column"].tolist()
+    lines.append("provenance differs in: " + (", ".join(changed) if changed else "nothing (same versions, devices, commit)"))
+    indexed = table.set_index("run_id")
+    both_ok = indexed[(indexed["status_a"] == "ok") & (indexed["status_b"] == "ok")]
+    for column, what in (("tokens_per_s_ratio", "throughput"), ("peak_mib_ratio", "peak memory per rank"),
+                         ("model_state_mib_ratio", "model state per rank")):
+        line = _median_range(both_ok[column], what)
+        if line:
+            lines.append(line)
+    agree = both_ok["loss_max_rel_diff"].dropna()
+    if not agree.empty:
+        lines.append(f"loss agreement: largest relative difference {agree.max():.3g} ({agree.idxmax()}), over "
+                     f"{int(both_ok.loc[agree.index, 'common_steps'].sum())} common steps of {len(agree)} runs; "
+                     f"{int((agree == 0).sum())} run(s) identical")
+    moved = indexed[indexed["status_a"] != indexed["status_b"]]
+    if not moved.empty:
+        lines.append("status changed: " + ", ".join(f"{r} ({x.status_a} → {x.status_b})" for r, x in moved.iterrows()))
+    if not only.empty:
+        lines.append(f"runs on one side only: {int((only['side'] == 'A only').sum())} in A, {int((only['side'] == 'B only').sum())} in B")
+    return lines
+
+
+def build_compare(a: str | Path, b: str | Path, out_dir: str | Path | None = None) -> Path:
+    """Write <out_dir>/compare.html and compare.md (default out_dir: B/compare); return the HTML path."""
+    from scalelab.analysis.report import markdown_table, render, table_model
+
+    a, b = Path(a), Path(b)
+    out_dir = Path(out_dir) if out_dir else b / "compare"
+    runs_a, steps_a = _side(a)
+    runs_b, steps_b = _side(b)
+    table = compare_runs(runs_a, runs_b, steps_a, steps_b)
+    only = only_one_side(runs_a, runs_b)
+    prov = provenance(runs_a, runs_b)
+    lines = summary_lines(table, only, prov)
+    built = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    html = render("compare.html.j2", a=str(a), b=str(b), n_a=len(runs_a), n_b=len(runs_b), n_common=len(table), built=built,
+                  version=__version__, summary=lines, provenance=table_model(prov), runs=table_model(table),
+                  only=table_model(only) if not only.empty else None)
+    md = (f"# scalelab compare\n\nA: `{a}` ({len(runs_a)} runs)  \nB: `{b}` ({len(runs_b)} runs)  \n"
+          f"{len(table)} runs in both (matched by run_id); ratios are B / A.\n\n## Summary\n\n"
+          + "".join(f"- {line}\n" for line in lines)
+          + "\n## Provenance\n\n" + markdown_table(prov) + "\n## Runs in both\n\n" + markdown_table(table)
+          + "\n## Runs in one side only\n\n" + (markdown_table(only) if not only.empty else "None.\n"))
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        (building / "compare.html").write_text(html, encoding="utf-8")
+        (building / "compare.md").write_text(md, encoding="utf-8")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        building.rename(out_dir)
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return out_dir / "compare.html"

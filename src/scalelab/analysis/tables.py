@@ -1,0 +1,201 @@
+"""Derived tables the figures, the report, `scalelab compare` and the tests share.
+
+Pure pandas (no matplotlib): what a figure draws is computed here, so a test can hold the
+figure's plotted data against the same table.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from scalelab.sweep import SWEEP_AXES
+
+PRECISION_ORDER = ["fp32", "fp16", "bf16", "fp8"]
+MiB = 2 ** 20
+MFU_LIMIT = 1.0
+"""An MFU above this is not a utilisation: the peak recorded for the run is too low for its path
+(e.g. fp16 emulated on a CPU against the measured fp32 matmul rate). Such runs are warned about,
+marked in the heatmap and left out of its colour scale."""
+NOT_FIT = ("oom", "predicted_oom")
+"""Statuses of configurations that did not fit in memory."""
+
+
+def precisions(df: pd.DataFrame) -> list[str]:
+    """The precisions present, in the usual order (fp32 first), unknown ones after."""
+    present = list(pd.unique(df["precision"].to_numpy()))
+    return [p for p in PRECISION_ORDER if p in present] + [p for p in present if p not in PRECISION_ORDER]
+
+
+def mfu_flagged(runs: pd.DataFrame) -> pd.Series:
+    """Which ok runs have an MFU that means nothing (above MFU_LIMIT)."""
+    return (runs["status"] == "ok") & (runs["mfu"] > MFU_LIMIT)
+
+
+def device_peak_bytes(runs: pd.DataFrame, suffix: str = "") -> pd.Series:
+    """Peak allocated device memory on GPU runs, else the process peak RSS (CPU)."""
+    gpu = runs.get(f"peak_mem_allocated_bytes{suffix}")
+    rss = runs[f"peak_rss_bytes{suffix}"]
+    return gpu.fillna(rss) if gpu is not None else rss
+
+
+def scaling_efficiency(runs: pd.DataFrame) -> pd.Series:
+    """tokens/s at N over N x tokens/s at world size 1, same precision and stage."""
+    ok = runs[runs["status"] == "ok"]
+    base = ok[ok["world_size"] == 1].groupby(["precision", "zero_stage"])["tokens_per_s"].mean()
+    key = pd.MultiIndex.from_frame(runs[["precision", "zero_stage"]])
+    ref = base.reindex(key).to_numpy()
+    return pd.Series(runs["tokens_per_s"].to_numpy() / (runs["world_size"].to_numpy() * ref), index=runs.index)
+
+
+def throughput_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per (precision, stage, world size) over ok runs: mean tokens/s in total and per device, and
+    the scaling efficiency (what the throughput figure draws)."""
+    ok = runs[runs["status"] == "ok"]
+    ok = ok.assign(tokens_per_s_per_device=ok["tokens_per_s"] / ok["world_size"], scaling_efficiency=scaling_efficiency(ok))
+    return (ok.groupby(["precision", "zero_stage", "world_size"], as_index=False)
+            [["tokens_per_s", "tokens_per_s_per_device", "scaling_efficiency"]].mean())
+
+
+def _run_codes(steps: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
+    """(an integer per step row naming its run, the runs: one row each, in that numbering). Uses
+    the categorical codes when run_id is categorical (load_tables reads it so), no string work."""
+    run_id = steps["run_id"]
+    if isinstance(run_id.dtype, pd.CategoricalDtype):
+        codes = run_id.cat.codes.to_numpy().astype(np.int64)
+    else:
+        codes, _ = pd.factorize(run_id)
+    first = np.unique(codes, return_index=True)[1]
+    per_run = steps.iloc[first].assign(_code=codes[first]).set_index("_code")
+    return codes, per_run
+
+
+def _loss_against(steps: pd.DataFrame, group_by: list[str], is_reference: np.ndarray):
+    """|loss - mean loss of the reference rows with the same group_by values at the same step|, per
+    row (NaN where there is no reference), with the run codes and the runs table of _run_codes."""
+    codes, per_run = _run_codes(steps)
+    group_of_run = per_run.groupby(group_by, dropna=False, sort=False, observed=True).ngroup()
+    lookup = np.full(int(codes.max()) + 1, -1, dtype=np.int64)
+    lookup[group_of_run.index.to_numpy()] = group_of_run.to_numpy()
+    group = lookup[codes]
+    step = steps["step"].to_numpy(dtype=np.int64)
+    loss = steps["loss"].to_numpy(dtype=float)
+    n_steps = int(step.max()) + 1
+    size = (int(group.max()) + 1) * n_steps
+    use = is_reference & np.isfinite(loss)
+    key = group * n_steps + step
+    total = np.bincount(key[use], weights=loss[use], minlength=size)
+    count = np.bincount(key[use], minlength=size)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ref = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+    return np.abs(loss - ref[key]), codes, per_run
+
+
+def _max_per_run(values: np.ndarray, codes: np.ndarray, keep: np.ndarray, per_run: pd.DataFrame) -> pd.DataFrame:
+    """The runs table with the largest value per run (rows kept only)."""
+    out = np.full(int(codes.max()) + 1, -np.inf)
+    np.maximum.at(out, codes[keep], values[keep])
+    present = np.zeros(out.size, dtype=bool)
+    present[codes[keep]] = True
+    idx = per_run.index.to_numpy()
+    sel = present[idx]
+    return per_run[sel].assign(value=out[idx[sel]])
+
+
+def loss_deviation_vs_stage0(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per (precision, world size, stage): the largest |loss - loss(stage 0)| over steps, stage 0
+    being the mean of the stage-0 runs of the same precision and world size at that step."""
+    cols = ["precision", "world_size", "zero_stage", "max_abs_dloss"]
+    if steps.empty:
+        return pd.DataFrame(columns=cols)
+    dloss, codes, per_run = _loss_against(steps, ["precision", "world_size"], (steps["zero_stage"] == 0).to_numpy())
+    runs = _max_per_run(dloss, codes, np.isfinite(dloss), per_run)
+    runs = runs.assign(precision=runs["precision"].astype(str))
+    return (runs.groupby(["precision", "world_size", "zero_stage"], as_index=False, sort=True)["value"].max()
+            .rename(columns={"value": "max_abs_dloss"})[cols])
+
+
+def largest_deviation_vs_stage0(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per (precision, stage): the largest |Δloss| vs stage 0 over steps *and world sizes*."""
+    dev = loss_deviation_vs_stage0(steps)
+    return dev.groupby(["precision", "zero_stage"], as_index=False)["max_abs_dloss"].max()
+
+
+def loss_vs_fp32_twin(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per (precision, step), precisions other than fp32: the largest |loss - loss of the fp32
+    twin| over configurations, the twin being the fp32 run with the same stage, world size and
+    levers (the mean of several such runs). Columns precision, step, max_abs_dloss, runs."""
+    cols = ["precision", "step", "max_abs_dloss", "runs"]
+    is_fp32 = (steps["precision"] == "fp32").to_numpy()
+    if steps.empty or is_fp32.all() or not is_fp32.any():
+        return pd.DataFrame(columns=cols)
+    dloss, _, _ = _loss_against(steps, [a for a in SWEEP_AXES if a != "precision"], is_fp32)
+    keep = ~is_fp32 & np.isfinite(dloss)
+    precision, names = pd.factorize(steps["precision"].to_numpy()[keep])
+    step = steps["step"].to_numpy(dtype=np.int64)[keep]
+    n_steps = int(step.max()) + 1 if step.size else 1
+    key = precision * n_steps + step
+    largest = np.full(len(names) * n_steps, -np.inf)
+    np.maximum.at(largest, key, dloss[keep])
+    runs = np.bincount(key, minlength=largest.size)  # one row per run and step
+    hit = np.nonzero(runs)[0]
+    return pd.DataFrame({"precision": np.asarray(names, dtype=object)[hit // n_steps], "step": hit % n_steps,
+                         "max_abs_dloss": largest[hit], "runs": runs[hit]})[cols]
+
+
+def best_configurations(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per world size: the fastest run that ended ok (its configuration, tokens/s in total and per
+    device, peak and model-state memory per rank), and the configurations that did not fit
+    (status oom / predicted_oom), by run id."""
+    rows = []
+    ok = runs[(runs["status"] == "ok") & runs["tokens_per_s"].notna()]
+    for ws in sorted(runs["world_size"].dropna().unique()):
+        row = {"world_size": int(ws)}
+        here = ok[ok["world_size"] == ws]
+        if not here.empty:
+            best = here.loc[here["tokens_per_s"].idxmax()]
+            row.update(run_id=best["run_id"], precision=best["precision"], zero_stage=int(best["zero_stage"]),
+                       tokens_per_s=best["tokens_per_s"], tokens_per_s_per_device=best["tokens_per_s"] / ws,
+                       peak_mib_per_rank=device_peak_bytes(here.loc[[best.name]]).iloc[0] / MiB,
+                       peak_memory=("GPU allocated" if pd.notna(best.get("peak_mem_allocated_bytes")) else "process RSS"),
+                       model_state_mib_per_rank=best["model_state_bytes_measured"] / MiB, ok_runs=len(here))
+        else:
+            row.update(ok_runs=0)
+        did_not_fit = runs[(runs["world_size"] == ws) & runs["status"].isin(NOT_FIT)]
+        row["did_not_fit"] = ", ".join(f"{r.run_id} ({r.status})" for r in did_not_fit.sort_values("run_id").itertuples())
+        rows.append(row)
+    cols = ["world_size", "run_id", "precision", "zero_stage", "tokens_per_s", "tokens_per_s_per_device", "peak_mib_per_rank",
+            "peak_memory", "model_state_mib_per_rank", "ok_runs", "did_not_fit"]
+    return pd.DataFrame(rows).reindex(columns=cols)
+
+
+def best_configurations_text(runs: pd.DataFrame) -> str:
+    """The best-configuration table as plain text (terminal, summary.md)."""
+    best = best_configurations(runs)
+    lines = []
+    for r in best.itertuples():
+        if pd.isna(r.run_id):
+            head = f"world size {r.world_size}: no run ended ok"
+        else:
+            head = (f"world size {r.world_size}: {r.run_id}  {r.tokens_per_s:,.0f} tokens/s ({r.tokens_per_s_per_device:,.0f} per device), "
+                    f"peak {r.peak_mib_per_rank:,.1f} MiB per rank ({r.peak_memory}), model state {r.model_state_mib_per_rank:,.2f} MiB")
+        lines.append(head + (f"; did not fit: {r.did_not_fit}" if r.did_not_fit else ""))
+    return "\n".join(lines)
+
+
+def sweep_end_text(results_dir) -> str | None:
+    """What the workflow prints when it ends: the best configuration per world size and where the
+    report is; None while there is no report built from the current tables."""
+    from pathlib import Path
+
+    results_dir = Path(results_dir)
+    metrics, html = results_dir / "metrics.parquet", results_dir / "report" / "report.html"
+    if not (metrics.exists() and html.exists()) or html.stat().st_mtime < metrics.stat().st_mtime:
+        return None
+    runs = pd.read_parquet(metrics)
+    if runs.empty:
+        return f"scalelab: no runs; report: {html.resolve()}"
+    n_ok = int((runs["status"] == "ok").sum())
+    return (f"scalelab: {len(runs)} runs, {n_ok} ok. Best configuration per world size:\n"
+            + "\n".join("  " + line for line in best_configurations_text(runs).splitlines())
+            + f"\nscalelab: report: {html.resolve()}"
+            + (f"\nscalelab: {len(runs) - n_ok} run(s) not ok: scalelab status {results_dir.resolve()}" if n_ok < len(runs) else ""))

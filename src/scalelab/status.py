@@ -1,0 +1,187 @@
+"""Where a sweep stands, from its run folders alone, and how to rerun the runs that did not end ok.
+
+``scalelab status RESULTS`` reads every run folder under RESULTS/runs (one level per sweep
+axis): a folder with a ``summary.json`` has that run's status (ok, failed, timeout, oom,
+predicted_oom, diverged, skipped; ``corrupt`` when the file cannot be read); a folder
+without one is a run that started and has not finished: ``running`` when something in it
+(or its log) was written in the last few minutes, else ``killed`` (its launcher was killed,
+or it hangs). With the workflow's config, sweep points without a folder are ``not started``.
+
+``scalelab retry RESULTS --status timeout,failed`` removes exactly those runs' Snakemake
+outputs (summary.json, steps.parquet), the collected tables (metrics.parquet, steps.parquet:
+collection rebuilds them from the run folders) and report/report.html, so that ``snakemake
+--cores all`` reruns those runs and nothing else, then collection and the report. (Snakemake
+does not rerun a job whose output is missing while the files downstream of it are present:
+with the tables and the report left in place it plans nothing.) A run whose summary says ok
+is never touched, nor is a running one. Checkpoints stay (a timed-out run with train.checkpoint_every
+resumes) unless --fresh.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from scalelab.sweep import RUN_DIR_GLOB, RunPoint
+
+ACTIVE_WITHIN_S = 300.0
+"""A run folder without a summary counts as running if anything of it was written this recently."""
+ORDER = ("ok", "running", "killed", "failed", "timeout", "oom", "predicted_oom", "diverged", "skipped", "corrupt", "not started")
+RETRY_DEFAULT = ("failed", "timeout", "oom", "diverged", "corrupt", "killed")
+"""What `scalelab retry` reruns when no --status is given: the runs that went wrong. skipped and
+predicted_oom are decisions (no device, or a prediction) that a rerun would repeat; name them
+to rerun them anyway (say after setting planning.launch_predicted_oom)."""
+NEVER_RETRIED = ("ok", "running", "not started")
+OUTPUTS = ("summary.json", "steps.parquet")  # the train rule's outputs: removing them reruns the run
+DOWNSTREAM = ("metrics.parquet", "steps.parquet", "report/report.html")  # collect's and report's outputs, rebuilt by the workflow
+
+
+@dataclass
+class RunState:
+    run_path: str  # relative to <results>/runs
+    run_id: str
+    status: str
+    reason: str | None = None
+    last_write_s_ago: float | None = None
+
+
+def _run_id(run_path: str) -> str:
+    try:
+        return RunPoint.from_path_values(dict(part.split("~", 1) for part in run_path.split("/"))).run_id
+    except (ValueError, KeyError):
+        return run_path
+
+
+def summary_status(run_dir: Path) -> tuple[str, str | None, str | None] | None:
+    """(status, reason, run id) from a run folder's summary.json; None without one."""
+    path = run_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (ValueError, UnicodeDecodeError) as err:
+        return "corrupt", f"summary.json is corrupt: {err}", None
+    if not isinstance(summary, dict) or not isinstance(summary.get("status"), str):
+        return "corrupt", "summary.json has no status", None
+    return summary["status"], summary.get("reason"), summary.get("run_id")
+
+
+def _unfinished(run_dir: Path, log: Path, now: float, active_within_s: float) -> tuple[str, str, float | None]:
+    """(running | killed, what the folder shows, seconds since its last write) for a run without a summary."""
+    paths = [p for p in run_dir.rglob("*") if p.is_file()] + ([log] if log.exists() else [])
+    newest = max((p.stat().st_mtime for p in paths), default=None)
+    ago = None if newest is None else max(0.0, now - newest)
+    progress = run_dir / "progress.jsonl"
+    steps = sum(1 for line in progress.read_text().splitlines() if line.strip()) if progress.exists() else 0
+    checkpoints = sorted((p for p in (run_dir / "checkpoint").glob("step_*") if p.is_dir()),
+                         key=lambda p: int(p.name.split("_")[-1]) if p.name.split("_")[-1].isdigit() else -1)
+    parts = [f"{steps} step(s) recorded" if steps else "no step recorded"]
+    if checkpoints:
+        parts.append(f"checkpoint {checkpoints[-1].name} (a rerun resumes from it)")
+    if ago is None:
+        return "killed", "empty run folder, no summary.json", None
+    span = f"{ago:.0f} s" if ago < 120 else f"{ago / 60:.0f} min" if ago < 7200 else f"{ago / 3600:.0f} h"
+    if ago <= active_within_s:
+        return "running", f"no summary.json yet, last write {span} ago; " + "; ".join(parts), ago
+    return "killed", f"no summary.json, nothing written for {span} (launcher killed, or hung); " + "; ".join(parts), ago
+
+
+def run_states(results_dir: str | Path, config_path: str | Path | None = None,
+               active_within_s: float = ACTIVE_WITHIN_S, now: float | None = None) -> list[RunState]:
+    """One RunState per run folder under results_dir/runs (and per sweep point of config_path
+    without a folder: not started), sorted by run path."""
+    results_dir = Path(results_dir)
+    runs_root = results_dir / "runs"
+    now = time.time() if now is None else now
+    states = []
+    for run_dir in sorted(p for p in runs_root.glob(RUN_DIR_GLOB) if p.is_dir()):
+        run_path = run_dir.relative_to(runs_root).as_posix()
+        found = summary_status(run_dir)
+        if found is not None:
+            status, reason, run_id = found
+            states.append(RunState(run_path, run_id or _run_id(run_path), status, reason))
+        else:
+            log = results_dir / "logs" / "runs" / f"{run_path}.log"
+            status, reason, ago = _unfinished(run_dir, log, now, active_within_s)
+            states.append(RunState(run_path, _run_id(run_path), status, reason, ago))
+    if config_path is not None:
+        from scalelab.config import load_config
+        from scalelab.sweep import sweep_plan
+
+        present = {s.run_path for s in states}
+        points, _ = sweep_plan(load_config(config_path))
+        states += [RunState(p.path, p.run_id, "not started", "no run folder yet") for p in points if p.path not in present]
+    return sorted(states, key=lambda s: s.run_path)
+
+
+def counts(states: list[RunState]) -> dict[str, int]:
+    found = {}
+    for s in states:
+        found[s.status] = found.get(s.status, 0) + 1
+    return {k: found[k] for k in [*ORDER, *sorted(set(found) - set(ORDER))] if k in found}
+
+
+def format_status(results_dir: str | Path, states: list[RunState], width: int = 140) -> str:
+    """What `scalelab status` prints: counts by status, then each run that is not ok, with its reason."""
+    lines = [f"{results_dir}: {len(states)} run(s)"]
+    for status, n in counts(states).items():
+        lines.append(f"  {status:<14}{n:>5}")
+    bad = [s for s in states if s.status != "ok"]
+    if bad:
+        lines += ["", "not ok:"]
+        id_width = max(len(s.run_id) for s in bad)
+        for s in sorted(bad, key=lambda s: (ORDER.index(s.status) if s.status in ORDER else len(ORDER), s.run_id)):
+            reason = " ".join((s.reason or "").split())
+            reason = reason if len(reason) <= width else reason[:width - 1] + "…"
+            lines.append(f"  {s.run_id:<{id_width}}  {s.status:<13} {reason}")
+    retryable = sorted({s.status for s in states if s.status in RETRY_DEFAULT})
+    if retryable:
+        lines += ["", f"rerun them: scalelab retry {results_dir} --status {','.join(retryable)}   then: snakemake --cores all"]
+    return "\n".join(lines)
+
+
+def status_json(states: list[RunState]) -> str:
+    return json.dumps({"counts": counts(states), "runs": [asdict(s) for s in states]}, indent=1)
+
+
+class RetryError(ValueError):
+    pass
+
+
+def retry(results_dir: str | Path, statuses: tuple[str, ...] | list[str] = RETRY_DEFAULT, dry_run: bool = False,
+          fresh: bool = False, active_within_s: float = ACTIVE_WITHIN_S) -> list[tuple[RunState, list[str]]]:
+    """Remove the Snakemake outputs (summary.json, steps.parquet) of the runs with these statuses, and
+    the collected tables and report.html, so that the workflow reruns exactly those runs, then
+    collection and the report; with fresh, their progress and checkpoints too. Returns
+    [(run, files removed or that would be)]. A run whose summary says ok, or that is running, is
+    never touched: each folder's summary is read again right before anything in it is removed."""
+    wrong = sorted(set(statuses) & set(NEVER_RETRIED))
+    if wrong:
+        raise RetryError(f"never retried: {', '.join(wrong)} (retry reruns runs that ended and not ok)")
+    unknown = sorted(set(statuses) - set(ORDER))
+    if unknown:
+        raise RetryError(f"unknown status {', '.join(unknown)}; one of {', '.join(s for s in ORDER if s not in NEVER_RETRIED)}")
+    runs_root = Path(results_dir) / "runs"
+    done = []
+    for state in run_states(results_dir, active_within_s=active_within_s):
+        if state.status not in statuses:
+            continue
+        run_dir = runs_root / state.run_path
+        again = summary_status(run_dir)
+        if (again[0] if again else state.status) != state.status:  # changed meanwhile (a rerun finished): leave it
+            continue
+        targets = [run_dir / name for name in OUTPUTS]
+        if fresh:
+            targets += [run_dir / "progress.jsonl", run_dir / "checkpoint"]
+        targets = [p for p in targets if p.exists()]
+        if not dry_run:
+            import shutil
+
+            for path in targets:  # summary.json first: without it the run counts as unfinished
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+        done.append((state, [p.relative_to(run_dir).as_posix() for p in targets]))
+    if done and not dry_run:
+        for name in DOWNSTREAM:  # collection and the report are due again (see the module's docstring)
+            (Path(results_dir) / name).unlink(missing_ok=True)
+    return done

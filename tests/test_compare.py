@@ -1,0 +1,72 @@
+"""`scalelab compare A B`: what changed between two result folders, from their tables alone."""
+import re
+import shutil
+
+import pandas as pd
+import pytest
+
+from scalelab.analysis.compare import build_compare, compare_runs
+from scalelab.analysis.report import load_tables
+from scalelab.cli import main
+from scalelab.harness.fixtures import synthetic_results
+
+
+@pytest.fixture
+def two_sweeps(tmp_path):
+    """B: A again on another torch and host, one run 1.5x faster, one with twice the peak memory, one
+    whose loss moved by 1e-3 (relative) at one step, one now failed, one run dropped and one added."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    synthetic_results(a, n_runs=30, n_steps=20)
+    shutil.copytree(a, b)
+    runs = pd.read_parquet(b / "metrics.parquet")
+    runs["torch_version"], runs["hostname"] = "2.99.0", "elsewhere"
+    at = runs.set_index("run_id").index.get_loc
+    runs.loc[at("fp32-z0-w2"), "tokens_per_s"] *= 1.5
+    runs.loc[at("fp32-z0-w4"), "peak_rss_bytes"] *= 2
+    runs.loc[at("fp32-z1-w1"), ["status", "reason", "tokens_per_s"]] = ["failed", "rank 0: RuntimeError: boom", None]
+    dropped = runs[runs["run_id"] == "fp32-z2-w1"].index
+    added = runs.loc[[at("fp32-z2-w2")]].assign(run_id="fp32-z2-w2-mb1", micro_batch=1)
+    runs = pd.concat([runs.drop(dropped), added], ignore_index=True)
+    runs.to_parquet(b / "metrics.parquet")
+    steps = pd.read_parquet(b / "steps.parquet")
+    moved = steps.index[(steps["run_id"] == "fp32-z0-w8-ac") & (steps["step"] == 7)]
+    steps.loc[moved, "loss"] *= 1 + 1e-3
+    steps.to_parquet(b / "steps.parquet")
+    return a, b
+
+
+def test_compare_ratios_loss_agreement_provenance_and_one_sided_runs(two_sweeps, capsys):
+    a, b = two_sweeps
+    assert main(["compare", str(a), str(b)]) == 0
+    assert f"compare: {b / 'compare' / 'compare.html'}" in capsys.readouterr().out
+    runs_a, steps_a = load_tables(a)
+    runs_b, steps_b = load_tables(b)
+    table = compare_runs(runs_a, runs_b, steps_a, steps_b).set_index("run_id")
+    assert table.loc["fp32-z0-w2", "tokens_per_s_ratio"] == pytest.approx(1.5)
+    assert table.loc["fp32-z0-w4", "peak_mib_ratio"] == pytest.approx(2.0)
+    assert table.loc["fp32-z0-w8-ac", "loss_max_rel_diff"] == pytest.approx(1e-3, rel=1e-6)
+    others = table.drop(index="fp32-z0-w8-ac")
+    assert (others["loss_max_rel_diff"].dropna() == 0).all() and table.loc["fp32-z0-w8-ac", "common_steps"] == 20
+    assert "fp32-z2-w1" not in table.index and "fp32-z2-w2-mb1" not in table.index
+    md = (b / "compare" / "compare.md").read_text()
+    assert "- provenance differs in: torch_version, hostname" in md
+    assert re.search(r"throughput \(B / A\): median 1\.000, from 1\.000 \(\S+\) to 1\.500 \(fp32-z0-w2\)", md), md
+    assert "loss agreement: largest relative difference 0.001 (fp32-z0-w8-ac)" in md
+    assert "status changed: fp32-z1-w1 (ok → failed)" in md
+    assert "| A only | fp32-z2-w1 | ok |" in md and "| B only | fp32-z2-w2-mb1 | ok |" in md
+    assert md.index("| torch_version | - | 2.99.0 | no |") < md.index("| device_type | cpu | cpu | yes |"), "differing columns first"
+    html = (b / "compare" / "compare.html").read_text()
+    assert "Runs in one side only" in html and ">1.500<" in html and ">1.00e-03<" in html
+
+
+def test_compare_of_a_sweep_with_itself(tmp_path):
+    synthetic_results(tmp_path / "a", n_runs=12, n_steps=5)
+    html = build_compare(tmp_path / "a", tmp_path / "a", tmp_path / "out").read_text()
+    md = (tmp_path / "out" / "compare.md").read_text()
+    assert "provenance differs in: nothing" in md and "None." in md and "both sides have the same runs" in html
+    assert "throughput (B / A): median 1.000, from 1.000" in md
+
+
+def test_compare_collects_run_folders_and_names_a_missing_side(tmp_path, capsys):
+    assert main(["compare", str(tmp_path / "nope"), str(tmp_path)]) == 2
+    assert "does not exist" in capsys.readouterr().err

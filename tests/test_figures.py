@@ -1,0 +1,333 @@
+"""Each registered figure draws what the tables say: the data of the matplotlib figure its drawing
+function returns (Line2D, bar, scatter and QuadMesh data) read back and held against the table,
+computed here again the plain way (not through the functions the figure used)."""
+import math
+
+import matplotlib
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.collections import PathCollection, QuadMesh
+from matplotlib.patches import Rectangle
+
+from scalelab.analysis import plots
+from scalelab.analysis.figures import FIGURES, Tables
+from scalelab.analysis.levers import baseline, lever_table
+from scalelab.analysis.report import load_tables
+from scalelab.harness.fixtures import synthetic_results
+
+MiB = 2 ** 20
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """192 runs: the fp32 grid with each lever, then the whole precision x stage x world-size grid."""
+    path = tmp_path_factory.mktemp("figures")
+    synthetic_results(path, n_runs=192, n_steps=20)
+    return load_tables(path)
+
+
+def draw(name, runs, steps):
+    """The figure as draw_figures makes it: main figures from the baseline rows."""
+    plots.use_theme()
+    figure = next(f for f in FIGURES if f.name == name)
+    levers = lever_table(runs)
+    base = baseline(runs)
+    tables = Tables(base, steps[steps["run_id"].isin(base["run_id"])], levers) if figure.kind == "main" else Tables(runs, steps, levers)
+    out = figure.draw(tables)
+    fig, _ = out if isinstance(out, tuple) else (out, None)
+    return fig, tables
+
+
+def panel(fig, title):
+    return next(ax for ax in fig.axes if ax.get_title() == title)
+
+
+def lines(ax, label_part):
+    return [ln for ln in ax.get_lines() if label_part in ln.get_label()]
+
+
+def scatter(ax, label):
+    """The scatter of that label (shown in the legend, or not: '_label')."""
+    return next(c for c in ax.collections if isinstance(c, PathCollection) and c.get_label() in (label, "_" + label))
+
+
+def points(collection):
+    """(world size, y) of a dodged scatter: x back on the world sizes (log2, rounded)."""
+    xy = collection.get_offsets()
+    return sorted((2 ** round(math.log2(x)), y) for x, y in np.asarray(xy))
+
+
+def assert_world_size_axis(ax, sizes):
+    """A log2 axis ticked at the world sizes, labelled 1, 2, 4 (on the bottom row where panels share it)."""
+    assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2
+    assert [int(t) for t in ax.get_xticks()] == sorted(sizes)
+    if ax.get_subplotspec().is_last_row():
+        assert [t.get_text() for t in ax.get_xticklabels()] == [str(s) for s in sorted(sizes)]
+        assert ax.xaxis.get_label().get_text().startswith("world size")
+
+
+def check_memory_model_state(runs, steps):
+    fig, t = draw("memory_model_state", runs, steps)
+    ok = t.runs[t.runs["status"] == "ok"]
+    for stage, at_stage in ok.groupby("zero_stage"):
+        ax = panel(fig, f"ZeRO stage {stage}")
+        assert_world_size_axis(ax, t.runs["world_size"].unique())
+        assert "MiB" in fig.axes[0].get_ylabel()
+        for precision, g in at_stage.groupby("precision"):
+            expected = sorted(zip(g["world_size"], g["model_state_bytes_measured"] / MiB))
+            np.testing.assert_allclose(points(scatter(ax, precision)), expected)
+        # each formula line named in the legend, drawn at the table's values
+        (pytorch,) = lines(ax, "PyTorch AMP")
+        expected = at_stage.groupby("world_size")["model_state_bytes_predicted"].mean() / MiB
+        np.testing.assert_allclose(pytorch.get_xdata(), expected.index)
+        np.testing.assert_allclose(pytorch.get_ydata(), expected.to_numpy())
+        for label, rows in (("paper, fp32", at_stage["precision"] == "fp32"), ("paper, mixed", at_stage["precision"] != "fp32")):
+            (line,) = lines(ax, label)
+            expected = at_stage[rows].groupby("world_size")["model_state_bytes_predicted_paper"].mean() / MiB
+            np.testing.assert_allclose(line.get_ydata(), expected.to_numpy())
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert {"fp32", "fp16", "bf16"} <= set(legend) and sum("predicted" in label for label in legend) == 3
+
+
+def check_memory_peak(runs, steps):
+    # CPU results: process peak RSS, precisions apart, on an axis from 0 (no magnified noise)
+    fig, t = draw("memory_peak", runs, steps)
+    ok = t.runs[t.runs["status"] == "ok"]
+    for stage, at_stage in ok.groupby("zero_stage"):
+        ax = panel(fig, f"ZeRO stage {stage}")
+        assert ax.get_yscale() == "linear" and ax.get_ylim()[0] == 0 and "RSS" in fig.axes[0].get_ylabel()
+        for precision, g in at_stage.groupby("precision"):
+            np.testing.assert_allclose(points(scatter(ax, precision)), sorted(zip(g["world_size"], g["peak_rss_bytes"] / MiB)))
+    # GPU results: max allocated, with each precision's predicted peak as its own named line
+    gpu = runs.assign(peak_mem_allocated_bytes=runs["peak_rss_bytes"] // 7 * (1 + runs["zero_stage"]),
+                      predicted_peak_bytes=runs["peak_rss_bytes"] / 6.5)
+    fig, t = draw("memory_peak", gpu, steps)
+    ok = t.runs[t.runs["status"] == "ok"]
+    for stage, at_stage in ok.groupby("zero_stage"):
+        ax = panel(fig, f"ZeRO stage {stage}")
+        for precision, g in at_stage.groupby("precision"):
+            np.testing.assert_allclose(points(scatter(ax, precision)), sorted(zip(g["world_size"], g["peak_mem_allocated_bytes"] / MiB)))
+            (line,) = lines(ax, f"predicted in-step peak, {precision}")
+            np.testing.assert_allclose(line.get_ydata(), (g.groupby("world_size")["predicted_peak_bytes"].mean() / MiB).to_numpy())
+
+
+def check_throughput(runs, steps):
+    fig, t = draw("throughput", runs, steps)
+    ok = t.runs[t.runs["status"] == "ok"]
+    single = ok[ok["world_size"] == 1].groupby(["precision", "zero_stage"])["tokens_per_s"].mean()
+    for (precision, stage), g in ok.groupby(["precision", "zero_stage"]):
+        mean = g.groupby("world_size")["tokens_per_s"].mean()
+        per_device = (g["tokens_per_s"] / g["world_size"]).groupby(g["world_size"]).mean()
+        efficiency = (g["tokens_per_s"] / (g["world_size"] * single[(precision, stage)])).groupby(g["world_size"]).mean()
+        for title, expected in ((f"{precision}: tokens/s, all ranks", mean), (f"{precision}: tokens/s per device", per_device),
+                                (f"{precision}: scaling efficiency (1 = linear)", efficiency)):
+            ax = panel(fig, title)
+            assert_world_size_axis(ax, t.runs["world_size"].unique())
+            (line,) = lines(ax, f"ZeRO stage {stage}")
+            np.testing.assert_allclose(line.get_xdata(), expected.index)
+            np.testing.assert_allclose(line.get_ydata(), expected.to_numpy())
+            if "per device" in title or "efficiency" in title:
+                assert ax.get_ylim()[0] == 0
+
+
+def check_mfu_heatmap(runs, steps):
+    # CPU fp16 against an emulated peak: an MFU of 1.38 means nothing and must not set the scale
+    runs = runs.copy()
+    flagged = runs.index[(runs["run_id"] == "fp16-z1-w2-r1") & (runs["status"] == "ok")]
+    assert len(flagged) == 1
+    runs.loc[flagged, "mfu"] = 1.38
+    fig, t = draw("mfu_heatmap", runs, steps)
+    ax = fig.axes[0]
+    (mesh,) = [c for c in ax.collections if isinstance(c, QuadMesh)]
+    rows = [label.get_text() for label in ax.get_yticklabels()]
+    sizes = [int(label.get_text()) for label in ax.get_xticklabels()]
+    drawn = np.ma.masked_invalid(mesh.get_array()).reshape(len(rows), len(sizes))
+    ok = t.runs[t.runs["status"] == "ok"]
+    texts = {(round(tx.get_position()[1] - 0.5), round(tx.get_position()[0] - 0.5)): tx.get_text() for tx in ax.texts}
+    for i, row in enumerate(rows):
+        precision, stage = row.split(" z")
+        for j, ws in enumerate(sizes):
+            cell = ok[(ok["precision"] == precision) & (ok["zero_stage"] == int(stage)) & (ok["world_size"] == ws)]
+            if (precision, int(stage), ws) == ("fp16", 1, 2):
+                assert drawn.mask[i, j] and texts[i, j] == "1.38‡", "flagged: out of the colour scale, marked"
+                assert any(isinstance(p, Rectangle) and p.get_hatch() and p.get_xy() == (j, i) for p in ax.patches)
+            elif len(cell):
+                assert drawn[i, j] == pytest.approx(cell["mfu"].mean())
+            else:
+                everything = t.runs[(t.runs["precision"] == precision) & (t.runs["zero_stage"] == int(stage)) & (t.runs["world_size"] == ws)]
+                assert drawn.mask[i, j] and texts[i, j] == (everything["status"].iloc[0] if len(everything) else "not run")
+    meaningful = ok.loc[ok["mfu"] <= 1, "mfu"]
+    assert mesh.norm.vmax == pytest.approx(meaningful.groupby([ok["precision"], ok["zero_stage"], ok["world_size"]]).mean().max())
+    assert mesh.norm.vmax < 1
+
+
+def _brute_force_dloss_vs_stage0(steps):
+    """{(precision, world size, stage): largest |loss - mean stage-0 loss| over steps}, by loops."""
+    out = {}
+    for (precision, ws), g in steps.groupby(["precision", "world_size"], observed=True):
+        ref = g[g["zero_stage"] == 0].groupby("step")["loss"].mean()
+        for stage, h in g.groupby("zero_stage"):
+            out[(precision, ws, stage)] = (h.set_index("step")["loss"] - ref.reindex(h["step"]).to_numpy()).abs().max()
+    return out
+
+
+def check_loss_curves(runs, steps):
+    # Deviations that differ by world size: the figure must show the largest, not the mean.
+    steps = steps.copy()
+    scale = np.where(steps["zero_stage"] == 0, 0.0, 1e-4 * steps["world_size"].to_numpy() * (1 + steps["zero_stage"].to_numpy()))
+    ref = steps[steps["zero_stage"] == 0].groupby(["precision", "world_size", "step"], observed=True)["loss"].mean()
+    steps["loss"] = ref.reindex(pd.MultiIndex.from_frame(steps[["precision", "world_size", "step"]])).to_numpy() + scale
+    fig, t = draw("loss_curves", runs, steps)
+    ok_steps = t.steps[t.steps["run_id"].isin(t.runs.loc[t.runs["status"] == "ok", "run_id"])]
+    right = panel(fig, "largest |Δloss| vs stage 0 (over world sizes)")
+    per_size = _brute_force_dloss_vs_stage0(ok_steps)
+    stages = sorted({s for _, _, s in per_size if s != 0})
+    assert [t.get_text() for t in right.get_xticklabels()] == [f"stage {s}" for s in stages]
+    assert {c.get_label() for c in right.containers} == {"fp32", "fp16", "bf16"}
+    for container in right.containers:
+        precision = container.get_label()
+        heights = [bar.get_height() for bar in container]
+        over_sizes = [[v for (p, _, s2), v in per_size.items() if p == precision and s2 == s] for s in stages]
+        np.testing.assert_allclose(heights, [max(v) for v in over_sizes], rtol=1e-9)  # the largest...
+        assert all(h > np.mean(v) * 1.5 for h, v in zip(heights, over_sizes))  # ...not the mean over world sizes
+    assert right.get_yscale() == "log" and "nats/token" in right.get_ylabel()
+    # Middle: each precision's largest |loss - loss of its fp32 twin| per step (log scale).
+    mid = panel(fig, "|loss − loss of the fp32 twin|")
+    assert mid.get_yscale() == "log"
+    twin_key = ["zero_stage", "world_size", "micro_batch", "activation_checkpointing", "cpu_offload", "bucket_mb", "step"]
+    plain = ok_steps.astype({"precision": str, "run_id": str})
+    fp32 = plain[plain["precision"] == "fp32"].groupby(twin_key, dropna=False)["loss"].mean()
+    for precision in ("fp16", "bf16"):
+        mine = plain[plain["precision"] == precision]
+        d = (mine["loss"].to_numpy() - fp32.reindex(pd.MultiIndex.from_frame(mine[twin_key])).to_numpy())
+        expected = pd.Series(np.abs(d), index=mine["step"].to_numpy()).groupby(level=0).max()
+        (line,) = lines(mid, precision)
+        np.testing.assert_allclose(line.get_xdata(), expected.index)
+        np.testing.assert_allclose(line.get_ydata(), expected.to_numpy())
+    # Left: the fp32 reference, mean over its runs.
+    (mean,) = lines(panel(fig, "fp32 loss (the reference)"), "fp32, mean")
+    np.testing.assert_allclose(mean.get_ydata(), plain[plain["precision"] == "fp32"].groupby("step")["loss"].mean().to_numpy())
+
+
+def check_loss_scale(runs, steps):
+    fig, t = draw("loss_scale", runs, steps)
+    top, bottom = fig.axes
+    fp16 = t.steps[t.steps["precision"] == "fp16"]
+    (median,) = lines(top, "median")
+    np.testing.assert_allclose(median.get_ydata(), fp16.groupby("step")["loss_scale"].median().to_numpy())
+    (stairs,) = [p for p in bottom.patches if p.get_label() == "skipped"]
+    np.testing.assert_allclose(stairs.get_data().values, fp16.groupby("step")["skipped"].sum().to_numpy())
+    assert top.get_yscale() == "log"
+
+
+def check_communication(runs, steps):
+    fig, t = draw("communication", runs, steps)
+    ax = fig.axes[0]
+    ok = t.runs[t.runs["status"] == "ok"]
+    mean = ok.groupby(["zero_stage", "world_size"])[["comm_bytes_per_step_measured", "comm_bytes_per_step_predicted"]].mean() / MiB
+    (bars,) = [c for c in ax.containers if c.get_label() == "measured"]
+    np.testing.assert_allclose([b.get_height() for b in bars], mean["comm_bytes_per_step_measured"].to_numpy())
+    np.testing.assert_allclose(scatter(ax, "predicted (PyTorch)").get_offsets()[:, 1], mean["comm_bytes_per_step_predicted"].to_numpy())
+    assert [tx.get_text() for tx in ax.get_xticklabels()] == [f"z{z}\nw{w}" for z, w in mean.index]
+    assert "MiB" in ax.get_ylabel()
+
+
+def _pairs(runs, lever):
+    table = lever_table(runs)
+    table = table[(table["lever"] == lever) & (table["status"] == "ok")]
+    return table[table["reason"].isna()] if "reason" in table else table
+
+
+def check_lever_activation_checkpointing(runs, steps):
+    fig, t = draw("lever_activation_checkpointing", runs, steps)
+    pairs = _pairs(runs, "activation_checkpointing")
+    left = panel(fig, "activations kept for backward")
+    right = panel(fig, "recompute cost")
+    off, on = (next(c for c in left.containers if c.get_label() == label) for label in ("off, measured", "on, measured"))
+    np.testing.assert_allclose([b.get_height() for b in off], pairs["baseline_activation_mib_measured"])
+    np.testing.assert_allclose([b.get_height() for b in on], pairs["activation_mib_measured"])
+    (ratio,) = right.containers
+    np.testing.assert_allclose([b.get_height() for b in ratio], pairs["step_time_ratio"])
+    np.testing.assert_allclose(scatter(right, "predicted").get_offsets()[:, 1], pairs["step_time_ratio_predicted"])
+    assert [tx.get_text() for tx in right.get_xticklabels()] == list(pairs["baseline_run_id"])
+
+
+def check_lever_micro_batch(runs, steps):
+    fig, t = draw("lever_micro_batch", runs, steps)
+    loss_ax, tput_ax, _ = fig.axes
+    ok = runs[(runs["status"] == "ok") & runs["cpu_offload"].eq(False) & ~runs["activation_checkpointing"]
+              & (runs["bucket_mb"].isna() | (runs["bucket_mb"] == 25.0))]
+    label = "z" + ok["zero_stage"].astype(str) + " w" + ok["world_size"].astype(str) + " " + ok["precision"]
+    varied = ok[ok.groupby(label)["micro_batch"].transform("nunique") > 1]
+    fp32 = steps[steps["run_id"].isin(varied.loc[varied["precision"] == "fp32", "run_id"])]
+    for mb, g in fp32.groupby("micro_batch"):
+        (line,) = lines(loss_ax, f"micro-batch {mb}")
+        np.testing.assert_allclose(line.get_ydata(), g.groupby("step")["loss"].mean().to_numpy())
+    for name, g in varied.groupby(label[varied.index]):
+        (line,) = lines(tput_ax, name)
+        expected = g.groupby("micro_batch")["tokens_per_s"].mean()
+        np.testing.assert_allclose(line.get_xdata(), expected.index)
+        np.testing.assert_allclose(line.get_ydata(), expected.to_numpy())
+    assert len(tput_ax.get_lines()) == label[varied.index].nunique()
+
+
+def check_lever_cpu_offload(runs, steps):
+    # GPU-like results with offload variants of the stage-3 runs: less device memory, slower steps
+    base = runs[(runs["zero_stage"] == 3) & runs["run_id"].str.fullmatch(r"\w+-z3-w\d+-r1")]
+    variants = base.assign(cpu_offload=True, run_id=base["run_id"] + "-offload", peak_mem_allocated_bytes=base["peak_rss_bytes"] // 10,
+                           step_time_s_median=base["step_time_s_median"] * 1.7)
+    gpu = pd.concat([runs.assign(peak_mem_allocated_bytes=runs["peak_rss_bytes"] // 3), variants], ignore_index=True)
+    fig, t = draw("lever_cpu_offload", gpu, steps)
+    pairs = _pairs(gpu, "cpu_offload")
+    assert len(pairs) > 3
+    left, right = panel(fig, "memory"), panel(fig, "cost")
+    on_device, offloaded = (next(c for c in left.containers if c.get_label() == label) for label in ("on device", "offloaded"))
+    np.testing.assert_allclose([b.get_height() for b in on_device], pairs["baseline_peak_mib"])
+    np.testing.assert_allclose([b.get_height() for b in offloaded], pairs["peak_mib"])
+    np.testing.assert_allclose([b.get_height() for b in right.containers[0]], pairs["step_time_ratio"])
+    np.testing.assert_allclose(pairs["step_time_ratio"], 1.7)
+
+
+def check_lever_bucket_mb(runs, steps):
+    fig, t = draw("lever_bucket_mb", runs, steps)
+    left, right = fig.axes
+    ddp = runs[(runs["status"] == "ok") & runs["bucket_mb"].notna() & ~runs["activation_checkpointing"] & ~runs["cpu_offload"]
+               & (runs["accumulation_steps"] == 1)]
+    label = "z" + ddp["zero_stage"].astype(str) + " w" + ddp["world_size"].astype(str) + " " + ddp["precision"]
+    varied = ddp[ddp.groupby(label)["bucket_mb"].transform("nunique") > 1]
+    for name, g in varied.groupby(label[varied.index]):
+        got = sorted(map(tuple, scatter(left, name).get_offsets()))
+        assert got == sorted(zip(g["bucket_mb"], g["comm_all_reduce_calls_per_step"]))
+    (pred,) = lines(left, "predicted")
+    np.testing.assert_allclose(pred.get_ydata(), varied.groupby("bucket_mb")["ddp_buckets_predicted"].mean().to_numpy())
+    assert [float(x) for x in left.get_xticks()] == sorted(varied["bucket_mb"].unique())
+
+
+CHECKS = {name.removeprefix("check_"): fn for name, fn in globals().items() if name.startswith("check_")}
+
+
+def test_every_registered_figure_has_a_check():
+    assert sorted(CHECKS) == sorted(f.name for f in FIGURES)
+
+
+@pytest.mark.parametrize("name", [f.name for f in FIGURES])
+def test_figure_draws_what_the_table_says(name, results):
+    runs, steps = results
+    CHECKS[name](runs, steps)
+    matplotlib.pyplot.close("all")
+
+
+def test_images_are_crisp_and_cropped(tmp_path, results):
+    runs, steps = results
+    fig, _ = draw("throughput", runs, steps)
+    width_in = fig.get_figwidth()
+    files = plots.save(fig, tmp_path, "throughput", ("png", "svg"))
+    from PIL import Image
+
+    with Image.open(tmp_path / files[0]) as png:
+        assert plots.DPI >= 150 and png.size[0] > 0.8 * width_in * plots.DPI  # drawn at 150 dpi, not 90
+        corner = png.convert("RGB").getpixel((0, 0))
+        assert corner == (255, 255, 255)
+    svg = (tmp_path / files[1]).read_text()
+    assert "<text" in svg and "tokens/s per device" in svg, "SVG keeps its text as text"
