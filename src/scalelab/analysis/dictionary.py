@@ -72,9 +72,11 @@ RUN: dict[str, tuple[str, str]] = {
     "peak_flops_source": ("-", "where that peak comes from (datasheet, measured CPU matmul rate, config) or why it is unknown"),
     "mfu": ("fraction", "model FLOPs utilisation: tokens_per_s × flops_per_token / (peak_flops_per_device × world_size); "
                         "above 1 means the peak is too low for this path (e.g. emulated fp16 on a CPU)"),
-    "peak_flops_bf16": ("FLOP/s", "dense bf16 peak per device (datasheet on a GPU; measured bf16 matmul rate on a CPU): the common MFU convention for every precision"),
+    "peak_flops_bf16": ("FLOP/s", "dense bf16 peak per device (datasheet on a GPU; measured bf16 matmul rate on a CPU): "
+                                  "the common MFU convention for every precision"),
     "peak_flops_bf16_source": ("-", "where peak_flops_bf16 came from"),
-    "mfu_bf16_peak": ("-", "MFU against the bf16 dense peak (torchtitan's convention; fp8 runs show their speed-up here), beside mfu against the run's own precision's peak"),
+    "mfu_bf16_peak": ("-", "MFU against the bf16 dense peak (torchtitan's convention; fp8 runs show their speed-up here), "
+                           "beside mfu against the run's own precision's peak"),
     "final_loss": ("nats/token", "loss of the last recorded step"),
     "skipped_steps": ("-", "optimizer steps skipped by the fp16 loss scaler"),
     "resumed_from_step": ("-", "the checkpoint step a resumed run started after; null when not resumed"),
@@ -98,7 +100,8 @@ RUN: dict[str, tuple[str, str]] = {
     "activation_bytes_outside_blocks_measured": ("B", "activations saved outside the transformer blocks (embedding, head, loss)"),
     "activation_bytes_predicted": ("B", "predicted activations per micro-batch: Korthikanti et al.'s terms for this model"),
     "activation_bytes_predicted_paper": ("B", "predicted activations per micro-batch: Korthikanti et al. 2022 as published"),
-    "activation_bytes_outside_blocks_predicted": ("B", "predicted bytes saved for backward outside the blocks (embeddings, final norm, head, the loss path) by one micro-batch"),
+    "activation_bytes_outside_blocks_predicted": ("B", "predicted bytes saved for backward outside the blocks (embeddings, "
+                                                      "final norm, head, the loss path) by one micro-batch"),
     "activation_measure": ("-", "how activation_bytes_measured was measured"),
     "recompute_flops_per_token": ("FLOP/token", "extra FLOPs per token of activation checkpointing (one more forward of every block); 0 without"),
     "hfu": ("fraction", "hardware FLOPs utilisation: like mfu, with the recompute FLOPs added"),
