@@ -124,7 +124,7 @@ def test_snakemake_caption_template_renders_every_caption():
 
 
 def test_readme_figure_table_lists_the_registry():
-    rows = re.findall(r"^\| `(\w+)` \| (main|lever) \|", (REPO / "README.md").read_text(), flags=re.M)
+    rows = re.findall(r"^\| `(\w+)` \| (main|lever) \|", (REPO / "docs" / "guide.md").read_text(), flags=re.M)
     assert rows == [(f.name, f.kind) for f in FIGURES]
 
 
