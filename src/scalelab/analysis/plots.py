@@ -231,7 +231,8 @@ def _memory_panels(runs: pd.DataFrame, ok: pd.DataFrame, measured, lines: list[t
                        marker=STAGE_MARKERS[i % len(STAGE_MARKERS)], zorder=3, edgecolors="white", linewidths=0.4)
             values += list(y)
         for column, label, style, only in lines:
-            g = sub[sub["precision"].map(only)] if only else sub
+            # .astype(bool): an empty stage's mask would be an object Series, read as column labels
+            g = sub.loc[sub["precision"].map(only).astype(bool)] if only else sub
             curve = g.groupby("world_size")[column].mean().dropna() / MiB
             if not curve.empty:
                 ax.plot(curve.index, curve.to_numpy(), label=label, zorder=2, **style)
