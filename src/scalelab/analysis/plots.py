@@ -20,6 +20,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
 from matplotlib.colors import Normalize  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
@@ -40,7 +41,7 @@ from scalelab.analysis.tables import (  # noqa: E402,F401  (re-exported for call
 
 DPI = 150  # PNG resolution; the report shows them at 96 dpi (crisp on high-density screens)
 # Fixed colours: a precision (or a stage) has the same colour in every figure.
-PALETTE = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
+PALETTE = sns.color_palette("deep", 8).as_hex()  # seaborn's default palette; the figures draw with matplotlib alone
 STAGE_MARKERS = ["o", "s", "^", "D", "v", "P"]
 FLAG_HATCH = "////"
 
