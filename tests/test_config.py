@@ -47,6 +47,21 @@ def test_lever_axes_leave_out_combinations_they_do_not_apply_to():
     assert RunPoint("fp32", 3, 1, 2, True, True, 1.0).run_id == "fp32-z3-w1-mb2-ac-offload"
 
 
+def test_the_compile_lever_is_off_by_default_and_doubles_a_sweep_when_listed():
+    from scalelab.config import REPO_ROOT, load_config, validate_config
+
+    points, left_out = sweep_plan(load_config(REPO_ROOT / "config.yaml"))
+    assert len(points) == 24 and not left_out and not any(p.compile for p in points)
+    base = tiny_config(sweep={"precision": ["fp32", "bf16"], "zero_stage": [0, 3], "world_size": [1, 2]})
+    both = tiny_config(sweep={**base["sweep"], "compile": [False, True]})
+    assert len(sweep_plan(both)[0]) == 2 * len(sweep_plan(base)[0]) == 16
+    point = RunPoint("fp32", 3, 2, activation_checkpointing=True, compile=True)
+    assert point.run_id == "fp32-z3-w2-ac-compiled" and point.path.endswith("/bucket_mb~none/compile~true")
+    assert RunPoint.from_path_values(dict(part.split("~") for part in point.path.split("/"))) == point
+    with pytest.raises(ConfigError, match=r"'yes' is not of type 'boolean'[\s\S]*\['sweep'\]\['compile'\]"):
+        validate_config(tiny_config(sweep={"compile": ["yes"]}))
+
+
 def test_train_micro_batch_names_its_new_home():
     with pytest.raises(ConfigError, match="train.micro_batch has moved to sweep.micro_batch"):
         check_moved_keys(tiny_config(train={"micro_batch": 2}))

@@ -86,7 +86,7 @@ def test_sweep_end_to_end_then_nothing_to_do(tmp_path):
         assert path.parent.relative_to(tmp_path / "results/runs").as_posix() == (
             f"precision~{summary['precision']}/zero_stage~{summary['zero_stage']}/world_size~{summary['world_size']}/"
             "micro_batch~auto/activation_checkpointing~false/cpu_offload~false/bucket_mb~" + ("25" if summary["zero_stage"] < 2 else "none")
-            + "/model~base/lora_rank~none")
+            + "/compile~false/model~base/lora_rank~none")
     dry = snakemake(workdir, "-n", "--cores", "2")
     assert "Nothing to be done" in dry.stdout + dry.stderr
     runs = pq.read_table(tmp_path / "results/metrics.parquet").to_pandas()
@@ -195,3 +195,33 @@ def test_timed_out_runs_are_retried_with_one_command_and_ok_runs_are_untouched(t
     assert {d: _files(d) for d in ok_dirs} == before, "ok runs: byte-identical, never rewritten"
     dry = snakemake(workdir, "-n", "--cores", "2")
     assert "Nothing to be done" in dry.stdout + dry.stderr
+
+
+def test_compile_lever_end_to_end(tmp_path):
+    """The compile lever swept on and off: every run ok, each compiled run paired with its
+    eager twin in the report's lever table, with its compilation time and the lever figure."""
+    cfg = tiny_config(sweep={"precision": ["fp32", "bf16"], "zero_stage": [0, 3], "world_size": [1], "compile": [False, True]},
+                      train={"run_timeout_s": 900})
+    workdir = write_workdir(tmp_path, cfg)
+    snakemake(workdir, "--cores", "2", timeout=1800)
+    runs = pq.read_table(tmp_path / "results/metrics.parquet").to_pandas().set_index("run_id")
+    assert len(runs) == 8 and (runs["status"] == "ok").all(), runs[["status", "reason"]]
+    compiled = runs[runs["compile"]]
+    assert sorted(compiled.index) == ["bf16-z0-w1-compiled", "bf16-z3-w1-compiled", "fp32-z0-w1-compiled", "fp32-z3-w1-compiled"]
+    assert (compiled["compile_time_s"] > 0).all() and (compiled["compile_graphs_in_loop"] == 0).all()
+    assert runs.loc[~runs["compile"], "compile_time_s"].isna().all()
+    assert (tmp_path / "results/runs" / RunPoint("fp32", 3, 1, compile=True).path / "summary.json").exists()
+    html = (tmp_path / "results/report/report.html").read_text()
+    assert "id='levers'" in html and "<figure id='lever_compile'>" in html and "compile_time_s" in html
+    assert (tmp_path / "results/report/figures/lever_compile.png").stat().st_size > 1000
+    from scalelab.analysis.levers import lever_table
+
+    table = lever_table(runs.reset_index())
+    pairs = table[table["lever"] == "compile"].set_index("run_id")
+    assert sorted(pairs.index) == sorted(compiled.index)
+    for run_id, pair in pairs.iterrows():
+        assert pair["baseline_run_id"] == run_id.removesuffix("-compiled") and pair["status"] == "ok"
+        assert pair["compile_time_s"] > 0 and pair["step_time_ratio"] > 0
+        assert f"<td>{run_id}</td>" in html and f"<td>{pair['baseline_run_id']}</td>" in html
+    # the eager fp32 twins follow the same trajectory as their compiled runs (within rounding)
+    assert (pairs.loc[["fp32-z0-w1-compiled", "fp32-z3-w1-compiled"], "final_loss_rel_diff"] < 1e-5).all()

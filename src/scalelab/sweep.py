@@ -100,6 +100,9 @@ AXES: tuple[Axis, ...] = (
          from_path=_optional(float, "none"), run_id=_bucket_run_id,
          normalise=lambda point, v: float(v) if v is not None and strategy(point.zero_stage).ddp_buckets else None,
          is_default=lambda runs: runs["bucket_mb"].isna() | (runs["bucket_mb"] == DDP_BUCKET_MB)),
+    Axis("compile", "torch.compile (inductor) of every transformer block and of the loss, before DDP/FSDP2 wrapping",
+         bool, False, "bool", False, to_path=lambda v: str(v).lower(), from_path=_flag,
+         run_id=lambda v: "compiled" if v else None, is_default=lambda runs: ~runs["compile"].astype(bool)),
     # A main axis, not a lever: every other axis is crossed with it; 'base' is the config's model: section.
     Axis("model", "named model shape: 'base' (the model: section) or a name of the models: table", str, BASE_MODEL,
          "string", False, run_id=lambda v: None if v == BASE_MODEL else v),
@@ -148,7 +151,7 @@ class _PointMethods:
     @property
     def run_id(self) -> str:
         """Short unique id: ``fp32-z0-w1``, plus a part per lever away from its default
-        (``-mb2``, ``-ac``, ``-offload``, ``-bucket1``)."""
+        (``-mb2``, ``-ac``, ``-offload``, ``-bucket1``, ``-compiled``)."""
         parts = (axis.run_id(getattr(self, axis.name)) for axis in AXES)
         return "-".join(part for part in parts if part is not None)
 

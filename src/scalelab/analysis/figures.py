@@ -137,6 +137,12 @@ FIGURES: tuple[Figure, ...] = (
         draw=lambda t: _levers().bucket_plot(t.runs),
         caption="DDP gradient bucket size (stages 0 and 1). Left: all-reduce calls per step, measured (points) and "
                 "predicted (line: gradients filled in reverse order into buckets of the cap). Right: median step time."),
+    Figure(
+        "lever_compile", kind="lever", varies="compile",
+        draw=lambda t: _levers().compile_plot(_levers().lever_pairs(t.levers, "compile")),
+        caption="torch.compile (every transformer block and the loss). Left: median step time, eager twin vs "
+                "compiled run (compilation excluded). Right: compilation time, spent in a warm-up forward and backward "
+                "before the first step."),
 )
 if len({f.name for f in FIGURES}) != len(FIGURES):
     raise ValueError("figure names must be unique")

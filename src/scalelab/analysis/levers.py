@@ -1,7 +1,7 @@
 """The levers in the report: baseline rows, variant-vs-baseline pairs, one figure per lever.
 
 A lever is an optional sweep axis (micro-batch size, activation checkpointing, CPU offload,
-DDP bucket size; fp8 is a precision). The main figures use *baseline* rows (every lever at
+DDP bucket size, torch.compile; fp8 is a precision). The main figures use *baseline* rows (every lever at
 its default) so that they compare precision x stage x world size alone. Each run with a
 lever away from its default is paired with the baseline run that differs only in that lever,
 and the pair's measured ratios are set against the formulas. The lever figures' names,
@@ -90,6 +90,12 @@ def lever_table(runs: pd.DataFrame) -> pd.DataFrame:
                 if lever == "bucket_mb":
                     row["all_reduce_calls_per_step"] = r.comm_all_reduce_calls_per_step
                     row["all_reduce_calls_predicted"] = r.ddp_buckets_predicted
+                if lever == "compile":  # compilation is timed apart, before the first step
+                    row["step_ms"] = r.step_time_s_median * 1e3
+                    row["baseline_step_ms"] = r.step_time_s_median_base * 1e3
+                    row["compile_time_s"] = r.compile_time_s
+                    row["compile_graphs_in_loop"] = r.compile_graphs_in_loop
+                    row["final_loss_rel_diff"] = abs(r.final_loss - r.final_loss_base) / abs(r.final_loss_base)
             else:
                 row["reason"] = r.reason if r.status != "ok" else f"baseline {r.run_id_base}: {r.status_base}"
             rows.append(row)
@@ -283,6 +289,20 @@ def offload_plot(pairs: pd.DataFrame):
     right.axhline(1, color="grey", lw=0.8)
     _pair_ticks(right, x, labels)
     right.set(ylabel="step time offloaded / on device (ratio)", title="cost")
+    return fig
+
+
+def compile_plot(pairs: pd.DataFrame):
+    fig, panels = _pair_panels(pairs, "-compiled")
+    if panels is None:
+        return fig
+    left, right, ok, x, labels = panels
+    _bars_off_on(left, x, labels, ok["baseline_step_ms"], ok["step_ms"], "eager", "compiled", "C4")
+    left.set(ylabel="median step time (ms)", title="step time (compilation excluded)")
+    left.legend(fontsize=8)
+    right.bar(x, ok["compile_time_s"], 0.5, color="C4")
+    right.set_xticks(x, labels, rotation=45, ha="right")
+    right.set(ylabel="seconds", title="compilation (before the first step)")
     return fig
 
 

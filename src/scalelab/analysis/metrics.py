@@ -10,7 +10,8 @@ from scalelab.analysis.dictionary import IDENTITY, RUN, STEP, field_metadata
 from scalelab.io import atomic_path
 from scalelab.sweep import AXES, RUN_DIR_GLOB, RunPoint
 
-SCHEMA_VERSION = "3"  # 2: lever identity columns; 3: device plan, launch and provenance sources
+SCHEMA_VERSION = "4"  # 2: lever identity columns; 3: device plan, launch and provenance sources;
+# 4: the compile lever (identity column, compile time), MFU against the bf16 peak, activations outside the blocks predicted
 _META = {b"scalelab.schema_version": SCHEMA_VERSION.encode()}
 
 # Identity columns repeated on every row of every table: the run id and one per sweep axis.
@@ -71,6 +72,7 @@ _RUN_FIELDS = [
     ("tokens_per_step", pa.int64()), ("measured_steps", pa.int32()),
     ("tokens_per_s", pa.float64()), ("step_time_s_mean", pa.float64()), ("step_time_s_median", pa.float64()),
     ("loop_time_s_per_step", pa.float64()),
+    ("compile_time_s", pa.float64()), ("compile_graphs", pa.int32()), ("compile_graphs_in_loop", pa.int32()),
     ("flops_per_token", pa.float64()), ("peak_flops_per_device", pa.float64()), ("peak_flops_source", pa.string()),
     ("mfu", pa.float64()), ("peak_flops_bf16", pa.float64()), ("peak_flops_bf16_source", pa.string()),
     ("mfu_bf16_peak", pa.float64()),

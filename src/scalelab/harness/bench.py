@@ -3,6 +3,7 @@
     python -m scalelab.harness.bench data      tokenize-and-write MB/s + peak RSS; sampler tokens/s
     python -m scalelab.harness.bench overhead  instrumented training loop vs a bare loop, side by side
     python -m scalelab.harness.bench report    report rebuilt from a synthetic 1,000-run / 500,000-step set
+    python -m scalelab.harness.bench compile   the compile lever: eager vs compiled step time and losses, side by side
 """
 from __future__ import annotations
 
@@ -107,6 +108,81 @@ def bench_overhead(steps: int, repeats: int, threads: int) -> dict:
     }
 
 
+def bench_compile(precision: str, steps: int, warmup: int, threads: int, model: dict) -> dict:
+    """The compile lever, eager and compiled side by side in one process: two copies of the
+    same model (same seed, AdamW, LR schedule, clipping, batches: scalelab.harness.reference's
+    loop, world size 1), the compiled one through scalelab.training.parallel.apply_compile.
+    Each is compiled/warmed apart first (compile time = the compiled copy's first forward
+    and backward); then the steps alternate between the two (which goes first alternates
+    too), so that a load that changes over time (a shared machine) hits both alike. Step
+    times: medians over the steps after warm-up, and the median of the per-step ratios.
+    Losses: the largest relative difference per step between the two trajectories."""
+    import numpy as np
+    import torch
+
+    from scalelab.config import REPO_ROOT, dataset_config, load_config, model_config, train_config
+    from scalelab.data import BatchSampler, prepare_dataset
+    from scalelab.training.model import GPT
+    from scalelab.training.parallel import apply_compile, compiled_graphs, param_groups
+    from scalelab.training.precision import autocast
+    from scalelab.training.worker import lr_at
+
+    torch.set_num_threads(threads)
+    config = load_config(REPO_ROOT / "config.yaml")
+    config["train"].update(steps=steps, warmup_steps=warmup)
+    config["model"].update({k: v for k, v in model.items() if v is not None})
+    device = torch.device("cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        meta = prepare_dataset(dataset_config(config), Path(tmp) / "data", config["model"]["seq_len"])
+        model_cfg, train_cfg = model_config(config, meta["vocab_size"]), train_config(config)
+        sampler = BatchSampler(Path(tmp) / "data" / "train.bin", meta["dtype"], model_cfg.seq_len, train_cfg.seed)
+        batches = [torch.from_numpy(sampler.batch(step, 0, train_cfg.global_batch, 1)) for step in range(steps)]
+    runs = {}
+    for compiled in (False, True):
+        torch.manual_seed(train_cfg.seed)
+        net = GPT(model_cfg)
+        if compiled:
+            apply_compile(net)
+        opt = torch.optim.AdamW(param_groups(net, train_cfg.weight_decay), lr=train_cfg.lr, betas=(0.9, 0.95), eps=1e-8)
+        start = time.perf_counter()
+        with autocast(precision, device):  # the warm-up: compiles the compiled copy, gradients dropped
+            loss = net(batches[0][:, :-1], batches[0][:, 1:])
+        loss.backward()
+        net.zero_grad(set_to_none=True)
+        runs[compiled] = {"model": net, "opt": opt, "losses": [], "times": [], "warm_up_s": time.perf_counter() - start}
+    graphs = compiled_graphs()
+    max_norm = train_cfg.grad_clip if train_cfg.grad_clip > 0 else float("inf")
+    for step, tokens in enumerate(batches):
+        for compiled in ((False, True) if step % 2 == 0 else (True, False)):
+            run = runs[compiled]
+            for group in run["opt"].param_groups:
+                group["lr"] = lr_at(step, train_cfg)
+            start = time.perf_counter()
+            with autocast(precision, device):
+                loss = run["model"](tokens[:, :-1], tokens[:, 1:])
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(run["model"].parameters(), max_norm)
+            run["opt"].step()
+            run["opt"].zero_grad(set_to_none=True)
+            run["times"].append(time.perf_counter() - start)
+            run["losses"].append(loss.item())
+    eager, comp = runs[False], runs[True]
+    e, c = np.array(eager["times"][warmup:]), np.array(comp["times"][warmup:])
+    diff = np.abs(np.array(comp["losses"]) - np.array(eager["losses"])) / np.abs(np.array(eager["losses"]))
+    return {
+        "precision": precision, "model": " ".join(f"{k}={getattr(model_cfg, k)}" for k in ("n_layers", "d_model", "n_heads", "seq_len", "vocab_size")),
+        "batch": train_cfg.global_batch, "steps": f"{steps} ({steps - warmup} timed, alternated)", "threads": threads,
+        "eager_step_ms": float(np.median(e)) * 1e3, "compiled_step_ms": float(np.median(c)) * 1e3,
+        "compiled_over_eager": float(np.median(c) / np.median(e)), "compiled_over_eager_per_step_median": float(np.median(c / e)),
+        "eager_step_ms_p10_p90": f"{np.percentile(e, 10) * 1e3:.2f} {np.percentile(e, 90) * 1e3:.2f}",
+        "compiled_step_ms_p10_p90": f"{np.percentile(c, 10) * 1e3:.2f} {np.percentile(c, 90) * 1e3:.2f}",
+        "compile_time_s": comp["warm_up_s"], "eager_first_step_s": eager["warm_up_s"],
+        "graphs_compiled_during_steps": compiled_graphs() - graphs,
+        "loss_max_rel_diff": float(diff.max()), "loss_rel_diff_step0": float(diff[0]),
+        "final_loss_eager": eager["losses"][-1], "final_loss_compiled": comp["losses"][-1],
+    }
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scalelab.harness.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -123,8 +199,20 @@ def main(argv=None) -> int:
     r = sub.add_parser("report", help="rebuild the report from a synthetic result set")
     r.add_argument("--runs", type=int, default=1000)
     r.add_argument("--steps", type=int, default=500, help="steps per ok run")
+    c = sub.add_parser("compile", help="the compile lever: eager vs compiled step time and losses")
+    c.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"])
+    c.add_argument("--steps", type=int, default=100)
+    c.add_argument("--warmup", type=int, default=10, help="first steps left out of the step times")
+    c.add_argument("--threads", type=int, default=1)
+    c.add_argument("--layers", type=int, help="model.n_layers (default: config.yaml's)")
+    c.add_argument("--d-model", type=int, help="model.d_model")
+    c.add_argument("--heads", type=int, help="model.n_heads")
+    c.add_argument("--seq-len", type=int, help="model.seq_len")
     args = parser.parse_args(argv)
-    if args.what == "report":
+    if args.what == "compile":
+        result = bench_compile(args.precision, args.steps, args.warmup, args.threads,
+                               {"n_layers": args.layers, "d_model": args.d_model, "n_heads": args.heads, "seq_len": args.seq_len})
+    elif args.what == "report":
         result = bench_report(args.runs, args.steps)
     elif args.what == "data":
         result = bench_data(args.corpus_mb, args.batch, args.seq_len, args.seconds)

@@ -162,9 +162,11 @@ def classify_failure(errors: list[dict], log: str) -> tuple[str, str]:
 
 def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str | Path,
                log_path: str | Path, threads: int = 1, repo_dir: str | Path = ".",
-               save_final_params: bool = False, device_plan: placement.DevicePlan | None = None) -> dict:
+               save_final_params: bool = False, device_plan: placement.DevicePlan | None = None,
+               compile_warm_up: bool = True) -> dict:
     """Run one sweep point; write summary.json and steps.parquet into run_dir; return the summary.
-    device_plan: the workflow's decision for the sweep; None decides here (tests, scripts)."""
+    device_plan: the workflow's decision for the sweep; None decides here (tests, scripts).
+    compile_warm_up=False (tests only) leaves a compiled run's compilation to its first step."""
     started = time.time()
     run_dir, log_path = Path(run_dir), Path(log_path)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -215,6 +217,7 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
             "train_bin": str((Path(data_dir) / "train.bin").resolve()),
             "token_dtype": meta["dtype"], "model": model.__dict__, "train": train.__dict__,
             "threads_per_rank": max(1, threads // point.world_size), "save_final_params": save_final_params,
+            "compile_warm_up": compile_warm_up,
         }
         status, reason, records, launched = _run_workers(spec, run_dir, plan, config["cluster"], log_path,
                                                          train.run_timeout_s, started)

@@ -9,7 +9,7 @@ scalelab.strategies (which says what each shards and communicates).
 
 Levers: ``bucket_mb`` sets DDP's gradient bucket size (stages 0, 1); ``cpu_offload`` gives
 stage 3 FSDP2's CPUOffloadPolicy (sharded state in pinned host memory, optimizer step on
-the CPU).
+the CPU); ``compile`` is :func:`apply_compile`, applied before any of these wrappers.
 """
 from __future__ import annotations
 
@@ -41,6 +41,12 @@ class Parallelized:
     """no_sync(is_last_micro_batch): context for one micro-batch's backward."""
     state_on_host: bool = False
     """Parameters, gradients and optimizer state live in host memory (CPU offload)."""
+    throwaway_backward: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    """Context for a forward and backward whose gradients are dropped (the compile warm-up):
+    DDP's no_sync, so no all-reduce runs and DDP's reducer (its bucket rebuild after the first
+    synchronised backward) is left as the first real step expects it. FSDP2 keeps its
+    reduce-scatter: its no-sync mode accumulates unsharded gradients that dropping ``.grad``
+    would not free."""
 
     def local_optimizer(self) -> torch.optim.Optimizer:
         """The optimizer that holds this rank's state (ZeRO-1 wraps a local one)."""
@@ -78,7 +84,8 @@ def _ddp(model: nn.Module, device: torch.device, bucket_mb: float) -> DDP:
 def parallelize_ddp(model: GPT, device, lr, weight_decay, bucket_mb=DDP_BUCKET_MB, cpu_offload=False) -> Parallelized:
     ddp = _ddp(model, device, bucket_mb)
     opt = torch.optim.AdamW(param_groups(model, weight_decay), **_adamw_kwargs(lr, device))
-    return Parallelized(ddp, opt, lambda last: contextlib.nullcontext() if last else ddp.no_sync())
+    return Parallelized(ddp, opt, lambda last: contextlib.nullcontext() if last else ddp.no_sync(),
+                        throwaway_backward=ddp.no_sync)
 
 
 def parallelize_zero1(model: GPT, device, lr, weight_decay, bucket_mb=DDP_BUCKET_MB, cpu_offload=False) -> Parallelized:
@@ -89,7 +96,8 @@ def parallelize_zero1(model: GPT, device, lr, weight_decay, bucket_mb=DDP_BUCKET
     opt = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=torch.optim.AdamW,
                                   weight_decay=weight_decay, **_adamw_kwargs(lr, device))
     opt.add_param_group({"params": groups[1]["params"], "weight_decay": 0.0})
-    return Parallelized(ddp, opt, lambda last: contextlib.nullcontext() if last else ddp.no_sync())
+    return Parallelized(ddp, opt, lambda last: contextlib.nullcontext() if last else ddp.no_sync(),
+                        throwaway_backward=ddp.no_sync)
 
 
 def _parallelize_fsdp(model: GPT, device, lr, weight_decay, reshard_after_forward: bool,
@@ -116,6 +124,29 @@ def parallelize_fsdp_keep(model, device, lr, weight_decay, bucket_mb=None, cpu_o
 
 def parallelize_fsdp_reshard(model, device, lr, weight_decay, bucket_mb=None, cpu_offload=False) -> Parallelized:
     return _parallelize_fsdp(model, device, lr, weight_decay, reshard_after_forward=True, cpu_offload=cpu_offload)
+
+
+def apply_compile(model: GPT) -> None:
+    """torch.compile (inductor, fullgraph) each transformer block and the loss, as torchtitan
+    does (its ``apply_compile`` and compiled loss): per block, because the blocks are alike
+    (one graph serves them all) and the embeddings stay out; after activation checkpointing
+    (set inside Block.forward, traced into the graph, so backward recomputes the compiled
+    forward) and fp8 conversion (the Float8Linear layers are traced too), before DDP/FSDP2
+    wrap the blocks, so their hooks stay outside the compiled code. ``fullgraph``: a graph
+    break is an error, never a silent fall back to eager. Compilation itself happens at the
+    first forward and backward (scalelab.training.worker.compile_warm_up runs one before the
+    first step). The compiled blocks replace the blocks in ``model.blocks``
+    (``blocks.0._orig_mod.…`` in state dicts; DCP's helpers drop the ``_orig_mod``)."""
+    for name, block in model.blocks.named_children():
+        model.blocks.register_module(name, torch.compile(block, fullgraph=True))
+    model.loss_fn = torch.compile(model.loss_fn, fullgraph=True)
+
+
+def compiled_graphs() -> int:
+    """Graphs TorchDynamo has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def parallelize(model: GPT, zero_stage: int, device: torch.device, lr: float, weight_decay: float,

@@ -7,9 +7,10 @@ the run's ``summary.json`` and ``steps.parquet``, and decides the status when a 
 A rank that raises writes ``rank<R>.error.json`` first, so the launcher can tell OOM from
 a timeout from a crash.
 
-:func:`train` is :func:`setup` (everything before the first step), a loop of
-:func:`train_step` (one optimizer step), then :func:`gather` (every rank) and
-:func:`results` (rank 0's ``worker_result.json``). Tests and fault drills inject faults
+:func:`train` is :func:`setup` (everything before the first step), with the ``compile``
+lever :func:`compile_warm_up` (compilation, timed apart), a loop of :func:`train_step` (one
+optimizer step), then :func:`gather` (every rank) and :func:`results` (rank 0's
+``worker_result.json``). Tests and fault drills inject faults
 from ``SCALELAB_FAULT`` through one hook, :meth:`Fault.inject`.
 """
 from __future__ import annotations
@@ -46,7 +47,14 @@ from scalelab.training.activations import SavedActivationMeter
 from scalelab.training.comm import CommCounter
 from scalelab.training.lora import apply_lora
 from scalelab.training.model import GPT
-from scalelab.training.parallel import Parallelized, clip_grad_norm, model_state_bytes, parallelize
+from scalelab.training.parallel import (
+    Parallelized,
+    apply_compile,
+    clip_grad_norm,
+    compiled_graphs,
+    model_state_bytes,
+    parallelize,
+)
 from scalelab.training.precision import COMPUTE_DTYPE, autocast, convert_to_fp8, grad_scaler
 from scalelab.training.progress import Progress
 
@@ -220,6 +228,9 @@ class StepOutcome:
 @dataclass
 class Tally:
     """What the loop accumulates for the run-level results (this attempt's steps only)."""
+    compile_time_s: float | None = None  # compile_warm_up's wall time (the compile lever)
+    compile_graphs: int | None = None  # graphs TorchDynamo compiled in it
+    compile_graphs_in_loop: int | None = None  # graphs compiled during the steps: 0 keeps compilation out of step times
     step_times: list[float] = field(default_factory=list)  # steps after warm-up
     skipped_steps: int = 0
     first_step_at: float | None = None  # unix time
@@ -275,6 +286,8 @@ def setup(spec: dict) -> Run:
     model.set_activation_checkpointing(point.activation_checkpointing)
     fp8_linears = convert_to_fp8(model, train_cfg.fp8_emulate) if point.precision == "fp8" else None
     # (converted before sharding: FSDP2 then shards the Float8Linear weights)
+    if point.compile:  # after checkpointing and fp8, before wrapping (torchtitan's order)
+        apply_compile(model)
     blocks = list(model.blocks)
     par = parallelize(model, point.zero_stage, device, train_cfg.lr, train_cfg.weight_decay,
                       bucket_mb=point.bucket_mb, cpu_offload=point.cpu_offload)
@@ -356,6 +369,38 @@ def train_step(run: Run, step: int, measure_activations: bool) -> StepOutcome:
                        time_s=step_time, activations=activations)
 
 
+def compile_warm_up(run: Run) -> tuple[float, int]:
+    """Compile before the first step, so that no step time holds compilation: one forward and
+    backward of the first step's first micro-batch (the shapes every step uses), under the
+    run's autocast, gradients dropped. Returns (seconds, graphs compiled).
+
+    It leaves what the loop computes unchanged: no optimizer step, no loss scaler, the
+    gradients set to None (as between steps), the RNG state restored, DDP's all-reduce
+    skipped (Parallelized.throwaway_backward), communication uncounted. The seconds are
+    compilation plus one micro-batch's compiled forward and backward (milliseconds); a warm
+    inductor cache (TORCHINDUCTOR_CACHE_DIR) makes a repeated run compile faster."""
+    par, device = run.par, run.device
+    graphs_before = compiled_graphs()
+    rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    tokens = torch.from_numpy(run.sampler.batch(run.start_step, run.rank, run.micro * run.accum, run.world_size)).to(device)
+    chunk = tokens[:run.micro]
+    start = time.perf_counter()
+    with run.counter.paused(), par.throwaway_backward():
+        with autocast(run.point.precision, device):
+            loss = par.model(chunk[:, :-1], chunk[:, 1:])
+        loss.backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    for p in par.model.parameters():
+        p.grad = None
+    torch.set_rng_state(rng)
+    if cuda_rng is not None:
+        torch.cuda.set_rng_state(cuda_rng, device)
+    return seconds, compiled_graphs() - graphs_before
+
+
 class Diverged(RuntimeError):
     """The loss is no longer finite: every further step would measure nothing."""
 
@@ -365,6 +410,9 @@ def train(spec: dict) -> None:
     run = setup(spec)
     cfg = run.train_cfg
     tally = Tally()
+    if run.point.compile and spec.get("compile_warm_up", True):
+        tally.compile_time_s, tally.compile_graphs = compile_warm_up(run)
+    graphs_before_loop = compiled_graphs()
     if run.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(run.device)
     loop_start = time.perf_counter()
@@ -404,6 +452,8 @@ def train(spec: dict) -> None:
                     checkpoint.save(run.ckpt_root, step, run.par, run.scaler)
     run.counter.enabled = False
     tally.loop_time = time.perf_counter() - loop_start
+    if run.point.compile:
+        tally.compile_graphs_in_loop = compiled_graphs() - graphs_before_loop
 
     gathered = gather(run, bool(spec.get("save_final_params")))
     if run.rank == 0:
@@ -430,7 +480,8 @@ def gather(run: Run, save_final_params: bool) -> Gathered:
         full = {name: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu().clone()
                 for name, t in run.par.model.state_dict().items()}
         if run.rank == 0:
-            torch.save({k.removeprefix("module."): v for k, v in full.items()}, run.run_dir / "final_params.pt")
+            torch.save({k.removeprefix("module.").replace("_orig_mod.", ""): v for k, v in full.items()},
+                       run.run_dir / "final_params.pt")
     counted = {"calls": dict(run.counter.calls), "bytes": dict(run.counter.bytes)}
     run.counter.uninstall()
     return Gathered(held=all_held, mem=all_mem, comm=counted)
@@ -471,6 +522,9 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "step_time_s_mean": total_time / len(step_times),
         "step_time_s_median": statistics.median(step_times),
         "loop_time_s_per_step": tally.loop_time / n_measured,
+        "compile_time_s": tally.compile_time_s,
+        "compile_graphs": tally.compile_graphs,
+        "compile_graphs_in_loop": tally.compile_graphs_in_loop,
         "flops_per_token": fpt,
         "peak_flops_per_device": run.peak,
         "peak_flops_source": run.peak_source,
