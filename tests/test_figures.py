@@ -304,6 +304,39 @@ def check_lever_bucket_mb(runs, steps):
     assert [float(x) for x in left.get_xticks()] == sorted(varied["bucket_mb"].unique())
 
 
+def check_memory_vs_psi(runs, steps):
+    fig, t = draw("memory_vs_psi", runs, steps)
+    ok = t.runs[t.runs["status"] == "ok"]
+    for ax in fig.axes:
+        n = int(ax.get_title().removeprefix("world size "))
+        sub = ok[ok["world_size"] == n]
+        drawn = sorted(tuple(xy) for c in ax.collections if isinstance(c, PathCollection) for xy in np.asarray(c.get_offsets()))
+        assert drawn == sorted(zip(sub["n_params"].astype(float), sub["model_state_bytes_measured"].astype(float)))
+        # PyTorch's at-rest lines: 16 B/param at stage 0, 8 + 8/N at stage 1, 16/N at stages 2 and 3
+        solid = [ln for ln in ax.get_lines() if ln.get_linestyle() == "-"]
+        slopes = [ln.get_ydata()[0] / ln.get_xdata()[0] for ln in solid]
+        np.testing.assert_allclose(slopes, [16, 8 + 8 / n, 16 / n, 16 / n])
+
+
+def check_lever_compile(runs, steps):
+    # compiled twins of the fp32 baseline runs (one replica each, so every twin is its source):
+    # 20% faster steps, 12 s of compilation each
+    runs = runs[~runs["run_id"].str.contains(r"-r\d+$")]
+    base = baseline(runs)
+    base = base[(base["precision"] == "fp32") & (base["status"] == "ok")]
+    variants = base.assign(compile=True, run_id=base["run_id"] + "-compiled", compile_time_s=12.0,
+                           step_time_s_median=base["step_time_s_median"] * 0.8)
+    both = pd.concat([runs, variants], ignore_index=True)
+    fig, t = draw("lever_compile", both, steps)
+    left, right = panel(fig, "step time (compilation excluded)"), panel(fig, "compilation (before the first step)")
+    eager, compiled = (next(c for c in left.containers if c.get_label() == label) for label in ("eager", "compiled"))
+    order = [label.get_text() for label in left.get_xticklabels()]
+    expected = base.set_index("run_id").loc[order, "step_time_s_median"] * 1000
+    np.testing.assert_allclose([b.get_height() for b in eager], expected)
+    np.testing.assert_allclose([b.get_height() for b in compiled], expected * 0.8)
+    np.testing.assert_allclose([b.get_height() for b in right.containers[0]], 12.0)
+
+
 CHECKS = {name.removeprefix("check_"): fn for name, fn in globals().items() if name.startswith("check_")}
 
 

@@ -67,6 +67,10 @@ RUN: dict[str, tuple[str, str]] = {
     "step_time_s_mean": ("s", "mean step time over the measured steps"),
     "step_time_s_median": ("s", "median step time over the measured steps"),
     "loop_time_s_per_step": ("s", "wall time of the whole training loop (records, loss sync included) per measured step"),
+    "compile_time_s": ("s", "compile lever: wall time of the warm-up forward and backward that compiles the graphs before "
+                            "the first step (kept out of every step time); null when not compiled"),
+    "compile_graphs": ("-", "graphs torch.compile compiled in that warm-up (the block's and the loss's)"),
+    "compile_graphs_in_loop": ("-", "graphs compiled during the measured steps: 0 means no step time holds compilation"),
     "flops_per_token": ("FLOP/token", "model FLOPs per token, forward and backward: 6·(12·L·d² + V·d) + 12·L·d·T"),
     "peak_flops_per_device": ("FLOP/s", "dense peak used for MFU, per device, for this precision"),
     "peak_flops_source": ("-", "where that peak comes from (datasheet, measured CPU matmul rate, config) or why it is unknown"),
