@@ -4,6 +4,7 @@
     python -m scalelab.harness.bench overhead  instrumented training loop vs a bare loop, side by side
     python -m scalelab.harness.bench report    report rebuilt from a synthetic 1,000-run / 500,000-step set
     python -m scalelab.harness.bench compile   the compile lever: eager vs compiled step time and losses, side by side
+    python -m scalelab.harness.bench teardown  world-size-2 CPU runs that end abnormally after their last step
 """
 from __future__ import annotations
 
@@ -183,6 +184,81 @@ def bench_compile(precision: str, steps: int, warmup: int, threads: int, model: 
     }
 
 
+def bench_teardown(runs: int, steps: int, stages: list[int], precisions: list[str], keep: str | None,
+                   cores: bool = False) -> dict:
+    """Launch `runs` world-size-2 runs of the tiny test config, one at a time, cycling through
+    every (zero stage, precision) pair, and count those that did not end cleanly: a status
+    other than ok, or ok with a teardown_warning (a rank exited abnormally after rank 0 wrote
+    the results), and the runs whose log holds "terminate called" (std::terminate in a rank).
+    keep: a folder to copy the logs of abnormal runs to; with cores, also the core dumps of
+    the ranks that crashed (core size limit raised, each run in a folder of its own, because
+    the kernel writes ./core in the crashing process's working directory)."""
+    import itertools
+    import os
+    import resource
+    import shutil
+
+    from scalelab.config import dataset_config
+    from scalelab.data import prepare_dataset
+    from scalelab.harness.testing import tiny_config
+    from scalelab.sweep import RunPoint
+    from scalelab.training.launch import launch_run
+
+    cfg = tiny_config(train={"steps": steps, "warmup_steps": min(2, steps - 1)})
+    combos = list(itertools.product(stages, precisions))
+    abnormal, terminated, failed, by_combo = 0, 0, 0, {}
+    seconds = []
+    if cores:
+        resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    home = os.getcwd()
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "data"
+        prepare_dataset(dataset_config(cfg), data, seq_len=32)
+        for i in range(runs):
+            stage, precision = combos[i % len(combos)]
+            point = RunPoint(precision, stage, 2)
+            run_dir, log = Path(tmp) / f"run{i}", Path(tmp) / f"run{i}.log"
+            cwd = Path(tmp) / f"cwd{i}"
+            cwd.mkdir()
+            os.chdir(cwd)  # the ranks' working directory: where a core dump lands
+            start = time.perf_counter()
+            try:
+                summary = launch_run(cfg, point, data, run_dir, log, threads=2, repo_dir=home)
+            finally:
+                os.chdir(home)
+            seconds.append(time.perf_counter() - start)
+            text = log.read_text(errors="replace")
+            bad = summary["status"] != "ok" or bool(summary.get("teardown_warning"))
+            term = "terminate called" in text
+            failed += summary["status"] != "ok"
+            abnormal += bad
+            terminated += term
+            key = f"z{stage}-{precision}"
+            by_combo.setdefault(key, [0, 0])
+            by_combo[key][0] += 1
+            by_combo[key][1] += bad
+            if bad or term:
+                print(f"run {i} {key}: status {summary['status']}, teardown_warning {summary.get('teardown_warning')!r}, "
+                      f"terminate called: {term}", file=sys.stderr, flush=True)
+                if keep:
+                    Path(keep).mkdir(parents=True, exist_ok=True)
+                    shutil.copy(log, Path(keep) / f"run{i}-{key}.log")
+                    for core in cwd.glob("core*"):
+                        shutil.move(core, Path(keep) / f"run{i}-{key}.{core.name}")
+            shutil.rmtree(run_dir, ignore_errors=True)
+            shutil.rmtree(cwd, ignore_errors=True)
+            log.unlink(missing_ok=True)
+            if (i + 1) % 25 == 0:
+                print(f"{i + 1}/{runs} runs, {abnormal} abnormal", file=sys.stderr, flush=True)
+    return {
+        "runs": runs, "steps_per_run": steps,
+        "abnormal_exits": abnormal, "abnormal_rate": abnormal / runs,
+        "not_ok": failed, "terminate_called_runs": terminated,
+        "abnormal_by_combo": " ".join(f"{k}:{v[1]}/{v[0]}" for k, v in by_combo.items()),
+        "run_s_median": statistics.median(seconds),
+    }
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scalelab.harness.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -208,10 +284,19 @@ def main(argv=None) -> int:
     c.add_argument("--d-model", type=int, help="model.d_model")
     c.add_argument("--heads", type=int, help="model.n_heads")
     c.add_argument("--seq-len", type=int, help="model.seq_len")
+    t = sub.add_parser("teardown", help="world-size-2 runs that end abnormally after their last step")
+    t.add_argument("--runs", type=int, default=200)
+    t.add_argument("--steps", type=int, default=10, help="steps per run")
+    t.add_argument("--stages", type=int, nargs="+", default=[0, 1, 2, 3])
+    t.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
+    t.add_argument("--keep", help="copy the logs of abnormal runs to this folder")
+    t.add_argument("--cores", action="store_true", help="keep the core dumps of crashed ranks too (in --keep)")
     args = parser.parse_args(argv)
     if args.what == "compile":
         result = bench_compile(args.precision, args.steps, args.warmup, args.threads,
                                {"n_layers": args.layers, "d_model": args.d_model, "n_heads": args.heads, "seq_len": args.seq_len})
+    elif args.what == "teardown":
+        result = bench_teardown(args.runs, args.steps, args.stages, args.precisions, args.keep, args.cores)
     elif args.what == "report":
         result = bench_report(args.runs, args.steps)
     elif args.what == "data":

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import gc
 import json
 import math
 import os
@@ -28,12 +29,14 @@ import statistics
 import sys
 import time
 import traceback
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from scalelab import accounting, hardware
@@ -604,11 +607,36 @@ def main(argv: list[str] | None = None) -> int:
         })
         raise
     Fault.from_env().inject("teardown", 0, rank)  # a teardown fault names no step: step 0
+    shutdown()
+    return 0
+
+
+def shutdown() -> None:
+    """Tear the process group down while the interpreter is whole (issue #18, point 7).
+
+    gloo's worker threads free a finished collective (its tensors, and through a barrier's
+    weak references the collectives before it) after the caller has moved on, and freeing a
+    tensor that Python created takes the GIL. A thread that asks for the GIL once the
+    interpreter is finalizing is ended by Python with pthread_exit inside a C++ destructor:
+    std::terminate, "terminate called without an active exception", SIGABRT. The process
+    group's destructor joins those threads with the GIL released, so it must run here, inside
+    destroy_process_group(), which drops only torch's own references. Others remain: DDP
+    (stages 0, 1) keeps the group in its comm-hook list, in reference cycles that only the
+    finalizing interpreter's collection frees; FSDP2's DeviceMesh (stages 2, 3) keeps it in its
+    group registry, and DTensor's global caches keep the mesh, so that group is never destroyed.
+    """
+    world = weakref.ref(dist.group.WORLD)
     # A barrier right before tear-down: without it gloo's destroy_process_group() hung
     # intermittently on torch 2.13 CPU.
     dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    gc.collect()  # the strategy's wrappers, left in reference cycles by train()
+    for obj in gc.get_objects():
+        if isinstance(obj, DeviceMesh):
+            getattr(obj, "_pg_registry", {}).clear()
+    dist.destroy_process_group()  # drops the last reference: the group joins its threads
+    if world() is not None:
+        print("scalelab worker: the process group is still referenced after destroy_process_group(); "
+              "its gloo threads outlive the interpreter and may abort the process at exit", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
