@@ -490,10 +490,25 @@ def gather(run: Run, save_final_params: bool) -> Gathered:
     return Gathered(held=all_held, mem=all_mem, comm=counted)
 
 
+def _predictions(run: Run):
+    """(model state predicted in PyTorch's and the paper's convention, comm elements per step
+    by convention): full training, or LoRA's frozen weights beside the trainable A and B."""
+    stage, world_size, precision, accum = run.point.zero_stage, run.world_size, run.point.precision, run.accum
+    if run.n_trainable is None:
+        states = [accounting.model_state_bytes(run.n_params, stage, world_size, precision, c) for c in ("pytorch", "paper")]
+        return (*states, lambda convention: accounting.comm_elements_per_step(run.n_params, stage, world_size, accum,
+                                                                             convention))
+    n_frozen = run.n_params - run.n_trainable
+    states = [accounting.lora_model_state_bytes(n_frozen, run.n_trainable, stage, world_size, precision, c)
+              for c in ("pytorch", "paper")]
+    return (*states, lambda convention: accounting.lora_comm_elements_per_step(n_frozen, run.n_trainable, stage,
+                                                                              world_size, accum, convention))
+
+
 def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
     """worker_result.json (rank 0): the run-level measurements beside their predictions."""
     model_cfg, point, world_size, accum = run.model_cfg, run.point, run.world_size, run.accum
-    precision, stage, ac = point.precision, point.zero_stage, point.activation_checkpointing
+    precision, ac = point.precision, point.activation_checkpointing
     step_times, all_held, all_mem, counted = tally.step_times, gathered.held, gathered.mem, gathered.comm
     n_measured = max(1, len(step_times))  # this attempt's steps after warm-up
     total_time = sum(step_times)
@@ -501,17 +516,7 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
     fpt = accounting.flops_per_token(model_cfg)
     recompute_fpt = accounting.recompute_flops_per_token(model_cfg) if ac else 0.0
     largest = max(range(world_size), key=lambda r: sum(all_held[r].values()))
-    if run.n_trainable is None:
-        predicted = accounting.model_state_bytes(run.n_params, stage, world_size, precision, "pytorch")
-        predicted_paper = accounting.model_state_bytes(run.n_params, stage, world_size, precision, "paper")
-        comm = lambda convention: accounting.comm_elements_per_step(  # noqa: E731
-            run.n_params, stage, world_size, accum, convention)
-    else:  # LoRA: frozen weights beside the trainable A and B
-        n_frozen = run.n_params - run.n_trainable
-        predicted, predicted_paper = (accounting.lora_model_state_bytes(n_frozen, run.n_trainable, stage, world_size,
-                                                                        precision, c) for c in ("pytorch", "paper"))
-        comm = lambda convention: accounting.lora_comm_elements_per_step(  # noqa: E731
-            n_frozen, run.n_trainable, stage, world_size, accum, convention)
+    predicted, predicted_paper, comm = _predictions(run)
     elem_bytes = accounting.reduce_dtype_bytes(precision)
     on_gpu = run.device.type == "cuda"
     return {
