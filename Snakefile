@@ -62,7 +62,12 @@ onstart:
             print(_note, file=sys.stderr)
 
 
+# One handler per event (Snakemake keeps the last one defined): the sweep's end, then the lock.
 onsuccess:
+    from scalelab.analysis.tables import sweep_end_text
+
+    if (_text := sweep_end_text(RESULTS)) is not None:  # best configuration per world size, the report's path
+        print(_text, flush=True)
     results_lock(RESULTS).release()
 
 

@@ -29,12 +29,3 @@ rule report:
         "../workflow/envs/scalelab.yaml"
     script:
         "../workflow/scripts/report.py"
-
-
-# At the end of every successful invocation: the best configuration per world size and the
-# report's path, in the terminal (Snakemake's own log lines come first).
-onsuccess:
-    from scalelab.analysis.tables import sweep_end_text
-
-    if (_text := sweep_end_text(RESULTS)) is not None:
-        print(_text, flush=True)
