@@ -113,12 +113,13 @@ def use_theme() -> None:
         "legend.title_fontsize": 8, "font.size": 8.5, "axes.prop_cycle": matplotlib.cycler(color=PALETTE),
         "xtick.major.size": 0, "ytick.major.size": 0, "axes.spines.top": False, "axes.spines.right": False,
         "svg.fonttype": "none", "lines.markersize": 4.5, "legend.frameon": False,
+        "axes.titley": 1.0,
     })
 
 
 def _not_ok_note(fig, runs: pd.DataFrame) -> None:
     """Name the runs missing from a figure because they did not finish ok."""
-    bad = runs[runs["status"] != "ok"]
+    bad = runs.loc[runs["status"] != "ok", ["run_id", "status"]]
     if bad.empty:
         return
     shown = ", ".join(f"{r.run_id}: {r.status}" for r in bad.head(12).itertuples())

@@ -275,6 +275,7 @@ def main(argv=None) -> int:
     r = sub.add_parser("report", help="rebuild the report from a synthetic result set")
     r.add_argument("--runs", type=int, default=1000)
     r.add_argument("--steps", type=int, default=500, help="steps per ok run")
+    r.add_argument("--repeats", type=int, default=5, help="builds of the same report")
     c = sub.add_parser("compile", help="the compile lever: eager vs compiled step time and losses")
     c.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"])
     c.add_argument("--steps", type=int, default=100)
@@ -298,7 +299,7 @@ def main(argv=None) -> int:
     elif args.what == "teardown":
         result = bench_teardown(args.runs, args.steps, args.stages, args.precisions, args.keep, args.cores)
     elif args.what == "report":
-        result = bench_report(args.runs, args.steps)
+        result = bench_report(args.runs, args.steps, args.repeats)
     elif args.what == "data":
         result = bench_data(args.corpus_mb, args.batch, args.seq_len, args.seconds)
     else:
@@ -312,20 +313,29 @@ def main(argv=None) -> int:
 
 
 
-def bench_report(n_runs: int, n_steps: int) -> dict:
-    """Rebuild the report from a synthetic result set (Parquet alone), in process."""
+def bench_report(n_runs: int, n_steps: int, repeats: int) -> dict:
+    """Rebuild the report from a synthetic result set (Parquet alone), in process, `repeats` times:
+    the first build, then the median and range of all of them (one build is too noisy to compare)."""
+    import resource
+
     from scalelab.analysis.report import build_report
     from scalelab.harness.fixtures import synthetic_results
 
+    def cpu_s() -> float:
+        return sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+                   for f in ("ru_utime", "ru_stime"))
+
+    walls, cpus = [], []
     with tempfile.TemporaryDirectory() as tmp:
         sizes = synthetic_results(tmp, n_runs, n_steps)
-        start = time.perf_counter()
-        build_report(tmp)
-        first = time.perf_counter() - start
-        start = time.perf_counter()
-        build_report(tmp)
-        second = time.perf_counter() - start
-    return {"runs": sizes["runs"], "steps": sizes["steps"], "report_s_first": first, "report_s_second": second}
+        for _ in range(repeats):
+            cpu, start = cpu_s(), time.perf_counter()
+            build_report(tmp)
+            walls.append(time.perf_counter() - start)
+            cpus.append(cpu_s() - cpu)
+    return {"runs": sizes["runs"], "steps": sizes["steps"], "builds": repeats, "report_s_first": walls[0],
+            "report_s_median": statistics.median(walls), "report_s_min": min(walls), "report_s_max": max(walls),
+            "cpu_s_median": statistics.median(cpus)}  # all processes: the parent and its drawing workers
 
 
 if __name__ == "__main__":
