@@ -177,11 +177,20 @@ def _sci(value, _pos=None) -> str:
 def log_y(ax) -> None:
     """A log y axis, ticked at powers of ten (also 2 and 5 when it spans less than two decades), plain labels."""
     ax.set_yscale("log")
-    lo, hi = ax.get_ylim()
-    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0,) if hi / max(lo, 1e-300) > 100 else (1.0, 2.0, 5.0)))
-    ax.yaxis.set_major_formatter(FuncFormatter(_sci))
-    ax.yaxis.set_minor_locator(NullLocator())
-    ax.yaxis.set_minor_formatter(NullFormatter())
+    _log_ticks(ax.yaxis, *ax.get_ylim())
+
+
+def log_x(ax) -> None:
+    """log_y's ticks on the x axis."""
+    ax.set_xscale("log")
+    _log_ticks(ax.xaxis, *ax.get_xlim())
+
+
+def _log_ticks(axis, lo: float, hi: float) -> None:
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0,) if hi / max(lo, 1e-300) > 100 else (1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(_sci))
+    axis.set_minor_locator(NullLocator())  # minor ticks would cost a figure of small panels half its drawing
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _y_range(ax, values, unit_floor: float = 0.0) -> None:

@@ -15,9 +15,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
-from matplotlib.ticker import NullLocator
 
 from scalelab import accounting
+from scalelab.analysis.plots import log_x, log_y
 
 STAGES = (0, 1, 2, 3)
 PSI_COLUMNS = ("world_size", "zero_stage", "n_params", "model_state_bytes_measured", "device_memory_bytes",
@@ -63,9 +63,9 @@ def memory_vs_psi(runs: pd.DataFrame):
                 notes.append(f"N={n} stage {stage}: fits up to {fits[stage] / 1e9:.3g}B params (predicted)")
         if fits:
             ax.axhline(budget, color="black", linewidth=1)
-        ax.set(xscale="log", yscale="log", title=f"world size {n}", xlabel="parameters Ψ",
-               ylabel="model state per rank (bytes)")
-        for axis in (ax.xaxis, ax.yaxis):  # ticks at powers of ten: minor ticks on every panel cost half its drawing
-            axis.set_minor_locator(NullLocator())
+        ax.set(title=f"world size {n}", xlabel="parameters Ψ", ylabel="model state per rank (bytes)")
+        log_x(ax)
+    for ax in axes[0]:  # after every panel is drawn: the y axis is shared
+        log_y(ax)
     axes[0][0].legend(fontsize=7, title="solid: PyTorch, dashed: paper", title_fontsize=7)
     return (fig, "; ".join(notes)) if notes else fig
