@@ -25,8 +25,14 @@ setup: $(VENV)/.installed
 run: setup
 	$(VENV)/bin/snakemake --cores $(CORES)
 
+# Two pytest workers, each taking whole test files (module fixtures such as the parity runs are
+# built once): the suite waits on process start-ups and timeouts a good part of the time, so two
+# workers on a 2-core machine overlap those waits. Not -n auto: every multi-rank test starts
+# 2-4 ranks of its own, so a worker per core is the most a machine should take.
+TEST_WORKERS ?= 2
+
 test: setup
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 report: setup
 	$(VENV)/bin/snakemake --cores $(CORES) report
