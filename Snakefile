@@ -11,8 +11,8 @@ min_version("9.14.8")
 # A malformed config file, or one giving a key twice, is named with its line and column
 # (Snakemake's parser names neither and keeps the last value). Snakemake reads --configfile
 # files itself before this file runs: one that is not YAML at all stops there, with
-# Snakemake's message ("Config file is not valid JSON or YAML"; `scalelab check-config FILE`
-# locates it); one that parses reaches this loop, and a duplicated key in it is named here.
+# Snakemake's message ("Config file is not valid JSON or YAML"), located by the scalelab logger
+# plugin (profiles/default); one that parses reaches this loop, and a duplicated key in it is named here.
 for _config_file in ["config.yaml", *workflow.overwrite_configfiles]:
     try:
         check_yaml_syntax(_config_file)
