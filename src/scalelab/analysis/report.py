@@ -73,14 +73,14 @@ TABLE_COLUMNS = [
 
 
 def load_tables(results_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(runs, steps). The steps' run_id and precision are read as categoricals: the figures group
+    """(runs, steps). The steps' run_id, precision and model are read as categoricals: the figures group
     and filter half a million step rows by them."""
     results_dir = Path(results_dir)
     runs_path, steps_path = results_dir / "metrics.parquet", results_dir / "steps.parquet"
     for path in (runs_path, steps_path):
         if not path.exists():
             raise FileNotFoundError(f"{path} is missing: run `scalelab collect {results_dir}` (or the workflow) first")
-    steps = pq.read_table(steps_path, read_dictionary=["run_id", "precision"]).to_pandas()
+    steps = pq.read_table(steps_path, read_dictionary=["run_id", "precision", "model"]).to_pandas()
     return pd.read_parquet(runs_path), steps
 
 
