@@ -181,20 +181,25 @@ def test_check_config_command_locates_a_broken_configfile(tmp_path, monkeypatch,
     assert "config ok" in capsys.readouterr().out
 
 
-def test_the_logger_plugin_reads_the_configfiles_of_any_command_line_form(tmp_path):
+def test_the_logger_plugin_reads_the_configfiles_of_any_command_line_form(tmp_path, capsys):
     """profiles/default enables it; the drill `bad_configs` sees it locate a broken --configfile
-    in a real Snakemake run. Here: the forms of the command line it must read, and that it
-    locates only what does not parse."""
+    in a real Snakemake run. Here: the forms of the command line it must read, and that it names
+    only the files Snakemake's own loader refuses."""
     from snakemake_logger_plugin_scalelab import command_line_configfiles, locate
 
     assert command_line_configfiles(["--cores", "1", "--configfile", "a.yaml", "b.yaml", "-n"]) == ["a.yaml", "b.yaml"]
     assert command_line_configfiles(["--configfiles=a.yaml", "--cores", "all"]) == ["a.yaml"]
     assert command_line_configfiles(["--cores", "1"]) == []
     assert command_line_configfiles(["--no-such-option-at-all", "--configfile"]) == []  # refused: no hint, no exit
-    (tmp_path / "good.yaml").write_text("train: {steps: 20}\n")
-    (tmp_path / "bad.yaml").write_text("train: {steps: 10\nsweep: [\n")
-    found = locate([str(tmp_path / "good.yaml"), str(tmp_path / "bad.yaml"), str(tmp_path / "missing.yaml")])
-    assert found == [f"{tmp_path / 'bad.yaml'}: not valid YAML at line 2, column 6: expected ',' or '}}', but got ':'"]
+    assert capsys.readouterr().err == ""  # nor argparse's usage text
+    files = {"good.yaml": "train: {steps: 20}\n", "bad.yaml": "train: {steps: 10\nsweep: [\n",
+             "tabs.json": '{\n\t"train": {"steps": 20}\n}\n',  # JSON Snakemake reads, YAML would not
+             "twice.yaml": "train:\n  lr: 0.1\n  lr: 0.2\n"}  # Snakemake reads it; the Snakefile names the key later
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "latin1.yaml").write_bytes(b"a: caf\xe9\nb: [\n")  # not UTF-8: Snakemake's message stands alone
+    names = [str(tmp_path / n) for n in (*files, "latin1.yaml", "missing.yaml")]
+    assert locate(names) == [f"{tmp_path / 'bad.yaml'}: not valid YAML at line 2, column 6: expected ',' or '}}', but got ':'"]
 
 
 @pytest.mark.parametrize("name", ["levers.yaml", "gpu-node.yaml"])

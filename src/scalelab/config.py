@@ -377,7 +377,7 @@ def read_yaml(path: str | Path):
     when it is not valid YAML or gives a key twice."""
     path = Path(path)
     try:
-        return yaml.load(path.read_text(), Loader=UniqueKeyLoader)
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
