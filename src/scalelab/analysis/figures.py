@@ -85,7 +85,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure(
         "memory_vs_psi", lambda t: _psi().memory_vs_psi(t.runs),
         caption="Model state per rank vs parameter count Ψ (one point per model shape, stage and precision; full "
-                "training), per world size N, over the ZeRO lines: PyTorch's 16Ψ, 8Ψ+8Ψ/N, 16Ψ/N (solid) and the "
+                "training), one panel per world size N (four to a row), over the ZeRO lines: PyTorch's 16Ψ, 8Ψ+8Ψ/N, 16Ψ/N (solid) and the "
                 "paper's 16Ψ, 4Ψ+12Ψ/N, 2Ψ+14Ψ/N, 16Ψ/N (dashed). With a device budget (planning.device_memory_gib "
                 "or the GPU's memory): the budget (black) and the Ψ where each stage's model state stops fitting "
                 "(dotted: predicted; crosses: measured bytes per parameter on GPU, extrapolated)."),

@@ -20,6 +20,7 @@ from scalelab import accounting
 from scalelab.analysis.plots import log_x, log_y
 
 STAGES = (0, 1, 2, 3)
+PANELS_PER_ROW = 4
 PSI_COLUMNS = ("world_size", "zero_stage", "n_params", "model_state_bytes_measured", "device_memory_bytes",
                "peak_mem_allocated_bytes")
 
@@ -35,10 +36,19 @@ def memory_vs_psi(runs: pd.DataFrame):
         return fig
     ok = ok[[c for c in PSI_COLUMNS if c in ok]]  # a narrow copy: the panels filter it a hundred times
     sizes = sorted(ok["world_size"].unique())
-    fig, axes = plt.subplots(1, len(sizes), figsize=(4.4 * len(sizes), 3.8), sharey=True, squeeze=False)
+    # At most PANELS_PER_ROW panels side by side: a sweep of 8 world sizes in one row made a figure
+    # 35 inches wide, which the report shrinks to illegible.
+    cols = min(PANELS_PER_ROW, len(sizes))
+    rows = -(-len(sizes) // cols)
+    fig, grid = plt.subplots(rows, cols, figsize=(4.4 * cols, 3.8 * rows), sharey=True, squeeze=False)
+    for ax in grid.flat[len(sizes):]:  # the last row's empty places
+        fig.delaxes(ax)
+    axes = list(grid.flat[:len(sizes)])
+    if rows > 1:
+        fig.subplots_adjust(hspace=0.45)
     colors = dict(zip(STAGES, sns.color_palette("deep")))
     notes = []
-    for ax, n in zip(axes[0], sizes):
+    for ax, n in zip(axes, sizes):
         sub = ok[ok["world_size"] == n]
         budget = sub["device_memory_bytes"].dropna().min() if "device_memory_bytes" in sub else np.nan
         lo, hi = sub["n_params"].min() / 4, sub["n_params"].max() * 4
@@ -63,9 +73,11 @@ def memory_vs_psi(runs: pd.DataFrame):
                 notes.append(f"N={n} stage {stage}: fits up to {fits[stage] / 1e9:.3g}B params (predicted)")
         if fits:
             ax.axhline(budget, color="black", linewidth=1)
-        ax.set(title=f"world size {n}", xlabel="parameters Ψ", ylabel="model state per rank (bytes)")
+        ax.set(title=f"world size {n}", xlabel="parameters Ψ")
         log_x(ax)
-    for ax in axes[0]:  # after every panel is drawn: the y axis is shared
+    for ax in grid[:, 0]:
+        ax.set_ylabel("model state per rank (bytes)")
+    for ax in axes:  # after every panel is drawn: the y axis is shared
         log_y(ax)
-    axes[0][0].legend(fontsize=7, title="solid: PyTorch, dashed: paper", title_fontsize=7)
+    axes[0].legend(fontsize=7, title="solid: PyTorch, dashed: paper", title_fontsize=7)
     return (fig, "; ".join(notes)) if notes else fig
