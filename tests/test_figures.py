@@ -351,6 +351,20 @@ def test_figure_draws_what_the_table_says(name, results):
     matplotlib.pyplot.close("all")
 
 
+def test_png_bytes_read_back_as_the_pixels_written():
+    """The PNG writer of plots.save, read back by Pillow: every pixel, for a crop (a strided view) too."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rgba = np.random.default_rng(0).integers(0, 256, (41, 57, 4), dtype=np.uint8)
+    for rgb in (rgba[..., :3], rgba[5:33, 7:50, :3], np.full((1, 1, 3), 255, np.uint8)):
+        with Image.open(io.BytesIO(plots.png_bytes(rgb))) as png:
+            assert png.mode == "RGB" and png.size == (rgb.shape[1], rgb.shape[0])
+            assert np.array_equal(np.asarray(png), rgb)
+
+
 def test_images_are_crisp_and_cropped(tmp_path, results):
     runs, steps = results
     fig, _ = draw("throughput", runs, steps)

@@ -95,12 +95,37 @@ def save(fig, out_dir: Path, name: str, formats: tuple[str, ...]) -> list[str]:
         y0, y1, x0, x1 = 0, height, 0, width
     for file, fmt in zip(files, formats):
         if fmt == "png":
-            image.crop((x0, y0, x1, y1)).convert("RGB").save(out_dir / file, format="png", compress_level=2)
+            (out_dir / file).write_bytes(png_bytes(np.asarray(image.crop((x0, y0, x1, y1)).convert("RGB"))))
         else:  # the cropped box, in inches from the figure's lower left corner
             box = Bbox.from_extents(-left + x0 / DPI, -bottom + (height - y1) / DPI, -left + x1 / DPI, -bottom + (height - y0) / DPI)
             fig.savefig(out_dir / file, format=fmt, bbox_inches=box)
     plt.close(fig)
     return files
+
+
+def png_bytes(rgb: np.ndarray, level: int = 2) -> bytes:
+    """An 8-bit RGB PNG of an (height, width, 3) uint8 array, every row with PNG's "Up" filter.
+
+    Written here rather than by Pillow, whose encoder picks a filter per row by trying all five
+    (its cost, not zlib's, was most of the encoding: measured 0.28 s against 0.08 s for a report's
+    eleven figures, files 8% larger). A plot's rows mostly repeat the row above (white, grid
+    lines, axes), which "Up" turns into zeros for zlib."""
+    import struct
+    import zlib
+
+    height, width, _ = rgb.shape
+    data = rgb.reshape(height, 3 * width)  # a copy only where rgb is a strided view
+    rows = np.empty((height, 1 + 3 * width), dtype=np.uint8)  # each row: its filter type, then its bytes
+    rows[:, 0] = 2  # Up: each byte minus the byte above it (mod 256); the first row is kept as it is
+    rows[0, 1:] = data[0]
+    np.subtract(data[1:], data[:-1], out=rows[1:, 1:])
+
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8 bits, truecolour, no interlace
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows, level))
+            + chunk(b"IEND", b""))
 
 
 def use_theme() -> None:
@@ -114,6 +139,9 @@ def use_theme() -> None:
         "xtick.major.size": 0, "ytick.major.size": 0, "axes.spines.top": False, "axes.spines.right": False,
         "svg.fonttype": "none", "lines.markersize": 4.5, "legend.frameon": False,
         "axes.titley": 1.0,
+        # Glyphs as drawn, without FreeType running the font's hinting program for each one: it
+        # was half the cost of the text (measured), and at 150 dpi hinting changes no legible detail.
+        "text.hinting": "no_hinting",
     })
 
 
