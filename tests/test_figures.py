@@ -1,5 +1,5 @@
 """Each registered figure draws what the tables say: the data of the matplotlib figure its drawing
-function returns (Line2D, bar, scatter and QuadMesh data) read back and held against the table,
+function returns (Line2D, bar and QuadMesh data) read back and held against the table,
 computed here again the plain way (not through the functions the figure used)."""
 import math
 
@@ -7,7 +7,7 @@ import matplotlib
 import numpy as np
 import pandas as pd
 import pytest
-from matplotlib.collections import PathCollection, QuadMesh
+from matplotlib.collections import QuadMesh
 from matplotlib.patches import Rectangle
 
 from scalelab.analysis import plots
@@ -47,15 +47,15 @@ def lines(ax, label_part):
     return [ln for ln in ax.get_lines() if label_part in ln.get_label()]
 
 
-def scatter(ax, label):
-    """The scatter of that label (shown in the legend, or not: '_label')."""
-    return next(c for c in ax.collections if isinstance(c, PathCollection) and c.get_label() in (label, "_" + label))
+def marks(ax, label):
+    """(x, y) of the points of that label drawn without a line (plots.marks), shown in the legend or not ('_label')."""
+    line = next(ln for ln in ax.get_lines() if ln.get_linestyle() == "None" and ln.get_label() in (label, "_" + label))
+    return np.asarray(line.get_xydata())
 
 
-def points(collection):
-    """(world size, y) of a dodged scatter: x back on the world sizes (log2, rounded)."""
-    xy = collection.get_offsets()
-    return sorted((2 ** round(math.log2(x)), y) for x, y in np.asarray(xy))
+def points(xy):
+    """(world size, y) of dodged points: x back on the world sizes (log2, rounded)."""
+    return sorted((2 ** round(math.log2(x)), y) for x, y in xy)
 
 
 def assert_world_size_axis(ax, sizes):
@@ -76,7 +76,7 @@ def check_memory_model_state(runs, steps):
         assert "MiB" in fig.axes[0].get_ylabel()
         for precision, g in at_stage.groupby("precision"):
             expected = sorted(zip(g["world_size"], g["model_state_bytes_measured"] / MiB))
-            np.testing.assert_allclose(points(scatter(ax, precision)), expected)
+            np.testing.assert_allclose(points(marks(ax, precision)), expected)
         # each formula line named in the legend, drawn at the table's values
         (pytorch,) = lines(ax, "PyTorch AMP")
         expected = at_stage.groupby("world_size")["model_state_bytes_predicted"].mean() / MiB
@@ -98,7 +98,7 @@ def check_memory_peak(runs, steps):
         ax = panel(fig, f"ZeRO stage {stage}")
         assert ax.get_yscale() == "linear" and ax.get_ylim()[0] == 0 and "RSS" in fig.axes[0].get_ylabel()
         for precision, g in at_stage.groupby("precision"):
-            np.testing.assert_allclose(points(scatter(ax, precision)), sorted(zip(g["world_size"], g["peak_rss_bytes"] / MiB)))
+            np.testing.assert_allclose(points(marks(ax, precision)), sorted(zip(g["world_size"], g["peak_rss_bytes"] / MiB)))
     # GPU results: max allocated, with each precision's predicted peak as its own named line
     gpu = runs.assign(peak_mem_allocated_bytes=runs["peak_rss_bytes"] // 7 * (1 + runs["zero_stage"]),
                       predicted_peak_bytes=runs["peak_rss_bytes"] / 6.5)
@@ -107,7 +107,7 @@ def check_memory_peak(runs, steps):
     for stage, at_stage in ok.groupby("zero_stage"):
         ax = panel(fig, f"ZeRO stage {stage}")
         for precision, g in at_stage.groupby("precision"):
-            np.testing.assert_allclose(points(scatter(ax, precision)), sorted(zip(g["world_size"], g["peak_mem_allocated_bytes"] / MiB)))
+            np.testing.assert_allclose(points(marks(ax, precision)), sorted(zip(g["world_size"], g["peak_mem_allocated_bytes"] / MiB)))
             (line,) = lines(ax, f"predicted in-step peak, {precision}")
             np.testing.assert_allclose(line.get_ydata(), (g.groupby("world_size")["predicted_peak_bytes"].mean() / MiB).to_numpy())
 
@@ -228,7 +228,7 @@ def check_communication(runs, steps):
     mean = ok.groupby(["zero_stage", "world_size"])[["comm_bytes_per_step_measured", "comm_bytes_per_step_predicted"]].mean() / MiB
     (bars,) = [c for c in ax.containers if c.get_label() == "measured"]
     np.testing.assert_allclose([b.get_height() for b in bars], mean["comm_bytes_per_step_measured"].to_numpy())
-    np.testing.assert_allclose(scatter(ax, "predicted (PyTorch)").get_offsets()[:, 1], mean["comm_bytes_per_step_predicted"].to_numpy())
+    np.testing.assert_allclose(marks(ax, "predicted (PyTorch)")[:, 1], mean["comm_bytes_per_step_predicted"].to_numpy())
     assert [tx.get_text() for tx in ax.get_xticklabels()] == [f"z{z}\nw{w}" for z, w in mean.index]
     assert "MiB" in ax.get_ylabel()
 
@@ -249,7 +249,7 @@ def check_lever_activation_checkpointing(runs, steps):
     np.testing.assert_allclose([b.get_height() for b in on], pairs["activation_mib_measured"])
     (ratio,) = right.containers
     np.testing.assert_allclose([b.get_height() for b in ratio], pairs["step_time_ratio"])
-    np.testing.assert_allclose(scatter(right, "predicted").get_offsets()[:, 1], pairs["step_time_ratio_predicted"])
+    np.testing.assert_allclose(marks(right, "predicted")[:, 1], pairs["step_time_ratio_predicted"])
     assert [tx.get_text() for tx in right.get_xticklabels()] == list(pairs["baseline_run_id"])
 
 
@@ -297,7 +297,7 @@ def check_lever_bucket_mb(runs, steps):
     label = "z" + ddp["zero_stage"].astype(str) + " w" + ddp["world_size"].astype(str) + " " + ddp["precision"]
     varied = ddp[ddp.groupby(label)["bucket_mb"].transform("nunique") > 1]
     for name, g in varied.groupby(label[varied.index]):
-        got = sorted(map(tuple, scatter(left, name).get_offsets()))
+        got = sorted(map(tuple, marks(left, name)))
         assert got == sorted(zip(g["bucket_mb"], g["comm_all_reduce_calls_per_step"]))
     (pred,) = lines(left, "predicted")
     np.testing.assert_allclose(pred.get_ydata(), varied.groupby("bucket_mb")["ddp_buckets_predicted"].mean().to_numpy())
@@ -310,7 +310,8 @@ def check_memory_vs_psi(runs, steps):
     for ax in fig.axes:
         n = int(ax.get_title().removeprefix("world size "))
         sub = ok[ok["world_size"] == n]
-        drawn = sorted(tuple(xy) for c in ax.collections if isinstance(c, PathCollection) for xy in np.asarray(c.get_offsets()))
+        measured = [ln for ln in ax.get_lines() if ln.get_linestyle() == "None" and ln.get_marker() == "o"]
+        drawn = sorted(tuple(xy) for ln in measured for xy in ln.get_xydata())
         assert drawn == sorted(zip(sub["n_params"].astype(float), sub["model_state_bytes_measured"].astype(float)))
         # PyTorch's at-rest lines: 16 B/param at stage 0, 8 + 8/N at stage 1, 16/N at stages 2 and 3
         solid = [ln for ln in ax.get_lines() if ln.get_linestyle() == "-"]

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import FuncFormatter, NullLocator
 
-from scalelab.analysis.plots import _si, log_y
+from scalelab.analysis.plots import _si, log_y, marks
 from scalelab.analysis.tables import MiB, device_peak_bytes
 from scalelab.sweep import AXIS, LEVER_AXES, SWEEP_AXES
 
@@ -196,16 +196,16 @@ def activation_checkpointing_plot(pairs: pd.DataFrame):
     left, right, ok, x, labels = panels
     _bars_off_on(left, x, labels, ok["baseline_activation_mib_measured"], ok["activation_mib_measured"],
                  "off, measured", "on, measured", "C1")
-    left.scatter(x - 0.2, ok["baseline_activation_mib_predicted"], marker="_", s=300, color="black", zorder=3, label="predicted")
-    left.scatter(x + 0.2, ok["activation_mib_predicted"], marker="_", s=300, color="black", zorder=3)
-    left.scatter(x - 0.2, ok["baseline_activation_mib_predicted_paper"], marker="_", s=300, color="grey", zorder=3,
-                 label="predicted (paper)")
-    left.scatter(x + 0.2, ok["activation_mib_predicted_paper"], marker="_", s=300, color="grey", zorder=3)
+    marks(left, x - 0.2, ok["baseline_activation_mib_predicted"], marker="_", size=300, color="black", zorder=3, label="predicted")
+    marks(left, x + 0.2, ok["activation_mib_predicted"], marker="_", size=300, color="black", zorder=3)
+    marks(left, x - 0.2, ok["baseline_activation_mib_predicted_paper"], marker="_", size=300, color="grey", zorder=3,
+          label="predicted (paper)")
+    marks(left, x + 0.2, ok["activation_mib_predicted_paper"], marker="_", size=300, color="grey", zorder=3)
     left.set(ylabel="MiB per micro-batch (log)", title="activations kept for backward")
     log_y(left)
     _side_legend(left)
     right.bar(x, ok["step_time_ratio"], 0.5, color="C1", label="measured")
-    right.scatter(x, ok["step_time_ratio_predicted"], marker="_", s=300, color="black", zorder=3, label="predicted")
+    marks(right, x, ok["step_time_ratio_predicted"], marker="_", size=300, color="black", zorder=3, label="predicted")
     right.axhline(1, color="grey", lw=0.8)
     _pair_ticks(right, x, labels)
     right.set(ylabel="step time on / off (ratio)", title="recompute cost")
@@ -270,8 +270,8 @@ def bucket_plot(runs: pd.DataFrame):
         return fig
     many = data["label"].nunique() > 8  # colours repeat past 8: a legend would mislead (and cost more than the panel)
     for i, (label, g) in enumerate(data.groupby("label", sort=True)):
-        left.scatter(g["bucket_mb"], g["comm_all_reduce_calls_per_step"], s=18, color=f"C{i % 8}", label=("_" if many else "") + label,
-                     zorder=3)
+        marks(left, g["bucket_mb"], g["comm_all_reduce_calls_per_step"], size=18, color=f"C{i % 8}", label=("_" if many else "") + label,
+              zorder=3)
     pred = data.groupby("bucket_mb")["ddp_buckets_predicted"].mean()
     left.plot(pred.index, pred.to_numpy(), color="black", lw=1, label="predicted")
     left.set(xlabel="bucket size (MiB, log)", ylabel="all-reduce calls per step", title="buckets")

@@ -17,7 +17,7 @@ import pandas as pd
 import seaborn as sns
 
 from scalelab import accounting
-from scalelab.analysis.plots import log_x, log_y
+from scalelab.analysis.plots import log_x, log_y, marks
 
 STAGES = (0, 1, 2, 3)
 PANELS_PER_ROW = 4
@@ -62,8 +62,8 @@ def memory_vs_psi(runs: pd.DataFrame):
                 ax.plot(psi, slope * psi, style, color=colors[stage], alpha=0.7 if style == "-" else 0.4,
                         label=f"stage {stage}" if convention == "pytorch" else None)
             runs_s = sub[sub["zero_stage"] == stage]
-            ax.scatter(runs_s["n_params"], runs_s["model_state_bytes_measured"], color=colors[stage], s=30,
-                       edgecolor="black", linewidth=0.5, zorder=3)
+            marks(ax, runs_s["n_params"], runs_s["model_state_bytes_measured"], color=colors[stage], size=30,
+                  edgecolor="black", edgewidth=0.5, zorder=3)
             if stage in fits:
                 ax.axvline(fits[stage], color=colors[stage], linestyle=":", alpha=0.8)
                 gpu = runs_s[runs_s.get("peak_mem_allocated_bytes", pd.Series(dtype=float)).notna()]
