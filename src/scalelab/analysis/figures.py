@@ -196,30 +196,34 @@ def drawing_workers(requested: int | None = None) -> int:
 
 class FigureJob:
     """Figures being drawn: by forked processes (the parent goes on with the tables meanwhile), or
-    already drawn in this process. ``wait()`` returns them in registry order."""
+    already drawn in this process. ``wait()`` returns them in registry order. Used as a context
+    manager: leaving it reaps the drawing processes, or stops them where the figures were never
+    waited for (the caller failed; the half-built folder goes away)."""
 
     def __init__(self, figures: list[Figure], results, pool=None):
         self._figures, self._results, self._pool = figures, results, pool
+        self._waited = False
 
-    def wait(self) -> list[Drawn]:
-        global _JOB
-        try:
-            results = self._results.get() if self._pool is not None else self._results
-        finally:
-            if self._pool is not None:
-                self._pool.close()
-                self._pool.join()
-                _JOB = None
-        by_name = {name: (files, note) for name, files, note in results}
-        return [Drawn(f, *by_name[f.name]) for f in self._figures]
+    def __enter__(self) -> FigureJob:
+        return self
 
-    def cancel(self) -> None:
-        """Stop the drawing processes (the caller failed; the half-built folder goes away)."""
+    def __exit__(self, *exc) -> None:
         global _JOB
         if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
+            if self._waited:
+                self._pool.join()  # they exit once told to: by now, while the caller wrote the report
+            else:
+                self._pool.terminate()
+                self._pool.join()
             _JOB = None
+
+    def wait(self) -> list[Drawn]:
+        results = self._results.get() if self._pool is not None else self._results
+        if self._pool is not None:
+            self._pool.close()  # no more figures: the drawing processes exit on their own
+        self._waited = True
+        by_name = {name: (files, note) for name, files, note in results}
+        return [Drawn(f, *by_name[f.name]) for f in self._figures]
 
 
 # Slowest first, so that two processes finish together.
@@ -270,4 +274,5 @@ def start_figures(runs: pd.DataFrame, steps: pd.DataFrame, levers: pd.DataFrame,
 def draw_figures(runs: pd.DataFrame, steps: pd.DataFrame, levers: pd.DataFrame, out_dir: Path,
                  workers: int | None = None) -> list[Drawn]:
     """Draw the figures (start_figures) and wait for them; return them in registry order."""
-    return start_figures(runs, steps, levers, out_dir, workers).wait()
+    with start_figures(runs, steps, levers, out_dir, workers) as job:
+        return job.wait()

@@ -342,8 +342,9 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
     base = baseline(runs)
     levers, fp8 = lever_table(runs), fp8_table(runs)
     fig_dir = out_dir / FIGURES_DIR
-    job = start_figures(runs, steps, levers, fig_dir, workers)  # drawn by other processes while the tables are made
-    try:
+    # Drawn by other processes while the tables are made; they are reaped on leaving the block,
+    # once the report is written (or stopped, if making it failed).
+    with start_figures(runs, steps, levers, fig_dir, workers) as job:
         warnings = find_warnings(runs, steps)
         table = _fmt_table(runs)
         best_raw = best_configurations(runs)
@@ -353,27 +354,24 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
                   "fp8": table_model(fp8) if not fp8.empty else None, "runs_table": table_model(table),
                   "deviation": table_model(dev) if not dev.empty else None, "provenance": table_model(_provenance(runs)),
                   "dictionary": table_model(_dictionary_table())}
-    except BaseException:
-        job.cancel()
-        raise
-    drawn = job.wait()
-    from markupsafe import Markup
+        drawn = job.wait()
+        from markupsafe import Markup
 
-    context = {
-        "no_runs": None, "n_runs": len(runs), "n_ok": int((runs["status"] == "ok").sum()), "n_steps": len(steps),
-        "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "version": __version__,
-        "results_dir": str(results_dir), "schema": schema_version(results_dir / "metrics.parquet"),
-        "warnings": warnings, "n_base": len(base), **tables, "best_note": best_note,
-        "figures": [_figure(fig_dir, d) for d in drawn if d.figure.kind == "main"],
-        "lever_figures": [_figure(fig_dir, d) for d in drawn if d.figure.kind == "lever"],
-        "levers_section": any(d.figure.kind == "lever" for d in drawn) or not levers.empty or not fp8.empty,
-        "formulas": Markup(FORMULAS),
-    }
-    (out_dir / "report.html").write_text(render("report.html.j2", **context), encoding="utf-8")
-    (out_dir / "summary.md").write_text(
-        "# scalelab summary\n\n"
-        f"{len(runs)} runs ({context['n_ok']} ok); the full report is report.html beside this file.\n\n"
-        "## Best configuration per world size\n\n"
-        "The fastest run that ended ok per world size, and the configurations that did not fit (oom / predicted_oom). "
-        + context["best_note"] + "\n\n" + markdown_table(best) + "\n## Runs\n\n" + markdown_table(table[SUMMARY_COLUMNS])
-        + ("\n## Warnings\n\n" + "\n".join(f"- {w}" for w in warnings) + "\n" if warnings else ""))
+        context = {
+            "no_runs": None, "n_runs": len(runs), "n_ok": int((runs["status"] == "ok").sum()), "n_steps": len(steps),
+            "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "version": __version__,
+            "results_dir": str(results_dir), "schema": schema_version(results_dir / "metrics.parquet"),
+            "warnings": warnings, "n_base": len(base), **tables, "best_note": best_note,
+            "figures": [_figure(fig_dir, d) for d in drawn if d.figure.kind == "main"],
+            "lever_figures": [_figure(fig_dir, d) for d in drawn if d.figure.kind == "lever"],
+            "levers_section": any(d.figure.kind == "lever" for d in drawn) or not levers.empty or not fp8.empty,
+            "formulas": Markup(FORMULAS),
+        }
+        (out_dir / "report.html").write_text(render("report.html.j2", **context), encoding="utf-8")
+        (out_dir / "summary.md").write_text(
+            "# scalelab summary\n\n"
+            f"{len(runs)} runs ({context['n_ok']} ok); the full report is report.html beside this file.\n\n"
+            "## Best configuration per world size\n\n"
+            "The fastest run that ended ok per world size, and the configurations that did not fit (oom / predicted_oom). "
+            + context["best_note"] + "\n\n" + markdown_table(best) + "\n## Runs\n\n" + markdown_table(table[SUMMARY_COLUMNS])
+            + ("\n## Warnings\n\n" + "\n".join(f"- {w}" for w in warnings) + "\n" if warnings else ""))
