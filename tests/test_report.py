@@ -390,3 +390,16 @@ def test_data_dictionary_in_the_parquet_metadata_and_the_docs(fixture_results, t
     docs = (REPO / "docs" / "data-dictionary.md").read_text()
     assert docs == dictionary.markdown(RUN_SCHEMA.names, STEP_SCHEMA.names), \
         "docs/data-dictionary.md is stale: python -m scalelab.analysis.dictionary > docs/data-dictionary.md"
+
+
+def test_report_benchmark_builds_two_checkouts_alternately(tmp_path):
+    """`bench report --against`: two build servers, one per checkout (here this one twice), taking turns."""
+    from scalelab.harness.bench import bench_report_against
+
+    result = bench_report_against(str(REPO), n_runs=24, n_steps=5, pairs=2)
+    assert result["runs"] == 24 and result["pairs"] == 2 and result["other"] == str(REPO.resolve())
+    assert 0 < result["this_s_min"] <= result["this_s_median"] and 0 < result["other_s_min"] <= result["other_s_median"]
+    assert result["ratio_q1"] <= result["ratio_median"] <= result["ratio_q3"]
+    assert result["this_cpu_s_median"] > 0 and result["other_cpu_s_median"] > 0
+    with pytest.raises(SystemExit, match="not a scalelab checkout"):
+        bench_report_against(str(tmp_path), n_runs=24, n_steps=5, pairs=1)

@@ -3,6 +3,7 @@
     python -m scalelab.harness.bench data      tokenize-and-write MB/s + peak RSS; sampler tokens/s
     python -m scalelab.harness.bench overhead  instrumented training loop vs a bare loop, side by side
     python -m scalelab.harness.bench report    report rebuilt from a synthetic 1,000-run / 500,000-step set
+                                               (--against CHECKOUT: alternately with another checkout's code)
     python -m scalelab.harness.bench compile   the compile lever: eager vs compiled step time and losses, side by side
     python -m scalelab.harness.bench teardown  world-size-2 CPU runs that end abnormally after their last step
 """
@@ -276,6 +277,8 @@ def main(argv=None) -> int:
     r.add_argument("--runs", type=int, default=1000)
     r.add_argument("--steps", type=int, default=500, help="steps per ok run")
     r.add_argument("--repeats", type=int, default=5, help="builds of the same report")
+    r.add_argument("--against", metavar="CHECKOUT", help="another checkout of scalelab (its src/ is imported): builds by this "
+                   "code and by that one, alternately, from one result set; --repeats pairs")
     c = sub.add_parser("compile", help="the compile lever: eager vs compiled step time and losses")
     c.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"])
     c.add_argument("--steps", type=int, default=100)
@@ -298,6 +301,8 @@ def main(argv=None) -> int:
                                {"n_layers": args.layers, "d_model": args.d_model, "n_heads": args.heads, "seq_len": args.seq_len})
     elif args.what == "teardown":
         result = bench_teardown(args.runs, args.steps, args.stages, args.precisions, args.keep, args.cores)
+    elif args.what == "report" and args.against:
+        result = bench_report_against(args.against, args.runs, args.steps, args.repeats)
     elif args.what == "report":
         result = bench_report(args.runs, args.steps, args.repeats)
     elif args.what == "data":
@@ -337,6 +342,81 @@ def bench_report(n_runs: int, n_steps: int, repeats: int) -> dict:
             "report_s_median": statistics.median(walls), "report_s_min": min(walls), "report_s_max": max(walls),
             "cpu_s_median": statistics.median(cpus)}  # all processes: the parent and its drawing workers
 
+
+
+# A build server: builds the report from argv[1] into argv[2] for each line read, prints wall and CPU
+# seconds (children included). Only scalelab.analysis.report.build_report, so any checkout serves.
+_REPORT_SERVER = r"""
+import resource, sys, time
+from scalelab.analysis.report import build_report
+def cpu():
+    return sum(getattr(resource.getrusage(w), f) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN) for f in ("ru_utime", "ru_stime"))
+build_report(sys.argv[1], sys.argv[2])  # imports, fonts, templates: left out of what is compared
+print("ready", flush=True)
+for _ in sys.stdin:
+    c, t = cpu(), time.perf_counter()
+    build_report(sys.argv[1], sys.argv[2])
+    print(time.perf_counter() - t, cpu() - c, flush=True)
+"""
+
+
+def bench_report_against(other: str, n_runs: int, n_steps: int, pairs: int, timeout_s: float = 300.0) -> dict:
+    """This checkout's report build against another checkout's, side by side: one long-lived process
+    each (its own code on PYTHONPATH), building the same synthetic result set one after the other,
+    which goes first swapped every pair. A host whose speed drifts within minutes then weighs on
+    both alike, and the per-pair ratio says what the change bought."""
+    import os
+    import selectors
+
+    from scalelab.harness.fixtures import synthetic_results
+
+    other_src = Path(other).resolve() / "src"
+    if not (other_src / "scalelab" / "analysis" / "report.py").is_file():
+        raise SystemExit(f"--against {other}: not a scalelab checkout (no src/scalelab/analysis/report.py)")
+    this_src = Path(__file__).resolve().parents[2]
+    with tempfile.TemporaryDirectory() as tmp:
+        sizes = synthetic_results(tmp, n_runs, n_steps)
+        servers, results = {}, {"this": [], "other": []}
+        try:
+            for name, src in (("this", this_src), ("other", other_src)):
+                env = dict(os.environ, PYTHONPATH=str(src))
+                servers[name] = subprocess.Popen([sys.executable, "-c", _REPORT_SERVER, tmp, f"{tmp}/report-{name}"],
+                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+
+            def reply(name: str) -> str:
+                with selectors.DefaultSelector() as sel:
+                    sel.register(servers[name].stdout, selectors.EVENT_READ)
+                    if not sel.select(timeout_s):
+                        raise TimeoutError(f"the {name} checkout's report build took over {timeout_s:.0f} s")
+                line = servers[name].stdout.readline()
+                if not line:
+                    raise RuntimeError(f"the {name} checkout's build server ended (exit status {servers[name].wait()})")
+                return line
+
+            for name in servers:
+                reply(name)  # ready
+            for i in range(pairs):
+                for name in ("this", "other") if i % 2 == 0 else ("other", "this"):
+                    servers[name].stdin.write("build\n")
+                    servers[name].stdin.flush()
+                    results[name].append(tuple(map(float, reply(name).split())))
+        finally:
+            for proc in servers.values():
+                proc.stdin.close()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    walls = {k: [w for w, _ in v] for k, v in results.items()}
+    cpus = {k: [c for _, c in v] for k, v in results.items()}
+    ratios = [a / b for a, b in zip(walls["this"], walls["other"])]
+    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    return {"runs": sizes["runs"], "steps": sizes["steps"], "pairs": pairs, "other": str(Path(other).resolve()),
+            "this_s_median": statistics.median(walls["this"]), "this_s_min": min(walls["this"]),
+            "other_s_median": statistics.median(walls["other"]), "other_s_min": min(walls["other"]),
+            "ratio_median": statistics.median(ratios), "ratio_q1": quartiles[0], "ratio_q3": quartiles[2],
+            "this_cpu_s_median": statistics.median(cpus["this"]), "other_cpu_s_median": statistics.median(cpus["other"])}
 
 if __name__ == "__main__":
     sys.exit(main())
