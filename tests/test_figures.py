@@ -353,17 +353,44 @@ def test_figure_draws_what_the_table_says(name, results):
 
 
 def test_png_bytes_read_back_as_the_pixels_written():
-    """The PNG writer of plots.save, read back by Pillow: every pixel, for a crop (a strided view) too."""
+    """The PNG writer of plots.save, read back by Pillow: every pixel's colour, for a crop (a strided view) too."""
     import io
 
     import numpy as np
     from PIL import Image
 
     rgba = np.random.default_rng(0).integers(0, 256, (41, 57, 4), dtype=np.uint8)
-    for rgb in (rgba[..., :3], rgba[5:33, 7:50, :3], np.full((1, 1, 3), 255, np.uint8)):
-        with Image.open(io.BytesIO(plots.png_bytes(rgb))) as png:
-            assert png.mode == "RGB" and png.size == (rgb.shape[1], rgb.shape[0])
-            assert np.array_equal(np.asarray(png), rgb)
+    for pixels in (rgba, rgba[5:33, 7:50], np.full((1, 1, 4), 255, np.uint8)):
+        with Image.open(io.BytesIO(plots.png_bytes(pixels))) as png:
+            assert png.mode == "RGB" and png.size == (pixels.shape[1], pixels.shape[0])
+            assert np.array_equal(np.asarray(png), pixels[..., :3])
+
+
+def test_save_builds_ticks_only_in_view_and_labels_them_as_before(tmp_path):
+    """plots.save keeps matplotlib from building ticks its locators return outside the view (a log
+    locator adds a decade each side): the ticks drawn, and their labels, are the same."""
+    import matplotlib.pyplot as plt
+
+    def figure():
+        fig, (log_ax, lin_ax) = plt.subplots(1, 2)
+        log_ax.plot([1, 2, 3], [2e-3, 0.3, 40])
+        plots.log_y(log_ax)
+        lin_ax.plot([0, 7], [13, 251])
+        return fig, (log_ax.yaxis, lin_ax.xaxis, lin_ax.yaxis)
+
+    def drawn(axis):
+        return [(tick.get_loc(), tick.label1.get_text()) for tick in axis._update_ticks()]
+
+    fig, axes = figure()
+    fig.canvas.draw()
+    expected = [drawn(axis) for axis in axes]
+    built = [len(axis.get_majorticklocs()) for axis in axes]
+    plt.close(fig)
+    fig, axes = figure()
+    plots.save(fig, tmp_path, "ticks", ("png",))
+    assert [drawn(axis) for axis in axes] == expected
+    assert [len(axis.get_majorticklocs()) for axis in axes] == [len(e) for e in expected]
+    assert sum(built) > sum(len(e) for e in expected), "the locators did return ticks outside the view"
 
 
 def test_images_are_crisp_and_cropped(tmp_path, results):
