@@ -393,6 +393,26 @@ def test_save_builds_ticks_only_in_view_and_labels_them_as_before(tmp_path):
     assert sum(built) > sum(len(e) for e in expected), "the locators did return ticks outside the view"
 
 
+def test_save_refuses_pixels_it_cannot_read_in_place(tmp_path, monkeypatch):
+    """plots.save reads the renderer's (h, w, 4) buffer as savefig hands it over; a matplotlib that
+    hands over something else (a copy as bytes, chunks) stops the build with a message, not a wrong image."""
+    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    def print_raw_as_bytes(self, filename_or_obj, **kwargs):
+        FigureCanvasAgg.draw(self)
+        filename_or_obj.write(bytes(self.get_renderer().buffer_rgba()))
+
+    monkeypatch.setattr(FigureCanvasAgg, "print_raw", print_raw_as_bytes)
+    monkeypatch.setattr(FigureCanvasAgg, "print_rgba", print_raw_as_bytes)
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1])
+    with pytest.raises(RuntimeError, match="not the Agg renderer's"):
+        plots.save(fig, tmp_path, "bytes", ("png",))
+    plt.close(fig)
+    assert not (tmp_path / "bytes.png").exists()
+
+
 def test_images_are_crisp_and_cropped(tmp_path, results):
     runs, steps = results
     fig, _ = draw("throughput", runs, steps)

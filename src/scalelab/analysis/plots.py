@@ -78,6 +78,9 @@ def save(fig, out_dir: Path, name: str, formats: tuple[str, ...]) -> list[str]:
     held = _Held()
     fig.savefig(held, format="rgba", dpi=DPI, bbox_inches=padded)
     rgba = np.asarray(held.data)  # (height, width, 4): the renderer's own pixels, not a copy
+    if rgba.ndim != 3 or rgba.shape[2] != 4 or rgba.dtype != np.uint8:
+        raise RuntimeError(f"savefig(format='rgba') wrote {rgba.dtype} {rgba.shape}, not the Agg renderer's (height, width, 4) "
+                           f"buffer: plots.save must be adapted to matplotlib {matplotlib.__version__}")
     height, width = rgba.shape[:2]
     ink = rgba.view(np.uint32)[..., 0] != 0xFFFFFFFF  # not opaque white
     ink_rows, ink_cols = np.nonzero(ink.any(axis=1))[0], np.nonzero(ink.any(axis=0))[0]

@@ -348,8 +348,8 @@ def bench_report(n_runs: int, n_steps: int, repeats: int) -> dict:
 
 def host_loop_s(n: int = 2_000_000) -> float:
     """CPU seconds of a fixed pure-Python loop, timed before each build: how fast this host runs
-    Python at that moment. A shared host's speed drifts within minutes (measured here: builds
-    from 3.1 to 4.5 CPU seconds, tracking this loop with a correlation of 0.73 over 12 builds), so
+    Python at that moment. A shared host's speed drifts within minutes (measured on a 2-core
+    host: builds from 3.1 to 4.5 CPU seconds, tracking this loop with a correlation of 0.73 over 12 builds), so
     report figures taken at different moments compare only beside it."""
     start = time.process_time()
     total = 0
