@@ -1,14 +1,13 @@
 # Helpers shared by the rules: paths, the sweep table, the device plan. No rules here.
+import re
 import sys
 from pathlib import Path
 
-import pandas as pd
-from snakemake.utils import Paramspace
-
-from scalelab.config import dataset_config, launch_plan
+from scalelab.config import dataset_config
 from scalelab.data import DataError, source_files
-from scalelab.placement import sweep_device_plan, train_job_resources
-from scalelab.sweep import SWEEP_AXES, RunPoint, sweep_plan
+from scalelab.placement import launch_plan, sweep_device_plan, train_job_resources
+from scalelab.migrate import OldLayout, check_layout
+from scalelab.sweep import RunPoint, result_params, sweep_plan
 
 RESULTS = Path(config["results_dir"])
 DATASET = config["dataset"]["name"]
@@ -26,26 +25,34 @@ def dataset_inputs(wildcards):
         return [config["dataset"]["path"]]
 
 
-# The sweep, defined once: every run path and run id derives from this table. Values are
-# the strings paths use (micro_batch~auto, activation_checkpointing~false, bucket_mb~25).
+# The sweep, defined once: every run folder, run id and job derives from this table. A run's
+# folder is <results>/runs/<run id>/ (scalelab.sweep): the train rules are keyed by the run id
+# and look its point up here.
 _POINTS, _LEFT_OUT = sweep_plan(config)
-SWEEP = Paramspace(pd.DataFrame([p.path_values() for p in _POINTS], columns=SWEEP_AXES), filename_params=[])
-RUN_DIRS = [RESULTS / "runs" / instance for instance in SWEEP.instance_patterns]
+POINTS = {p.run_id: p for p in _POINTS}
+RUN_DIRS = [RESULTS / "runs" / run_id for run_id in POINTS]
 # Lever combinations that do not apply are not run; say so once, with the reason.
 for _reason in sorted({reason for _, reason in _LEFT_OUT}):
     _ids = [p.run_id for p, r in _LEFT_OUT if r == _reason]
     print(f"scalelab: {len(_ids)} sweep point(s) left out ({', '.join(_ids[:4])}{', ...' if len(_ids) > 4 else ''}): {_reason}", file=sys.stderr)
 
+# Run folders of an earlier layout (one level per axis) would be invisible here, and the sweep
+# would train every run again beside them: stop before any job, saying how to move them.
+try:
+    check_layout(RESULTS)
+except OldLayout as err:
+    raise WorkflowError(f"scalelab: {err}") from None
 
-def point_from_wildcards(wildcards) -> RunPoint:
-    return RunPoint.from_path_values(dict(wildcards.items()))
+
+def point_of(wildcards) -> RunPoint:
+    return POINTS[wildcards.run_id]
 
 
-# Training settings a run's results depend on (its params: changing one reruns the run).
-# Time limits and checkpoint frequency are left out: they must not retrain a finished sweep.
-TRAIN_RESULT_KEYS = {
-    k: v for k, v in config["train"].items() if k not in ("run_timeout_s", "collective_timeout_s", "checkpoint_every")
-}
+def run_params(wildcards) -> dict:
+    """What a run's results depend on beyond its point (scalelab.sweep.result_params): the values
+    that differ from the defaults, so a new config key at its default reruns nothing."""
+    return result_params(config, point_of(wildcards))
+
 
 # Cluster facts come from config (section `cluster`), never from code.
 CLUSTER = config["cluster"]
@@ -63,18 +70,24 @@ def train_resources(wildcards) -> dict:
     return train_job_resources(plan_for(wildcards), DEVICE_PLAN.device, CLUSTER, local=workflow.local_exec)
 
 
-def _world_size_regex(sizes) -> str:
-    """A wildcard constraint matching exactly these world sizes (or nothing)."""
-    return "|".join(str(w) for w in sorted(sizes)) or "(?!)"
+def _run_id_regex(run_ids) -> str:
+    """A wildcard constraint matching exactly these run ids (or nothing)."""
+    return "|".join(re.escape(r) for r in sorted(run_ids)) or "(?!)"
 
 
-_WORLD_SIZES = sorted({p.world_size for p in _POINTS})
-SINGLE_LAUNCHER_WORLD_SIZES = _world_size_regex(w for w in _WORLD_SIZES if not launch_plan(config, w).multi_launcher)
-MULTI_LAUNCHER_WORLD_SIZES = _world_size_regex(w for w in _WORLD_SIZES if launch_plan(config, w).multi_launcher)
+# Runs that fit one node (train) and runs spanning several launchers (train_multinode).
+_MULTI = {run_id: launch_plan(config, p.world_size).multi_launcher for run_id, p in POINTS.items()}
+SINGLE_LAUNCHER_RUN_IDS = _run_id_regex(r for r, multi in _MULTI.items() if not multi)
+MULTI_LAUNCHER_RUN_IDS = _run_id_regex(r for r, multi in _MULTI.items() if multi)
 
 
 def plan_for(wildcards):
-    return launch_plan(config, int(wildcards.world_size))
+    return launch_plan(config, point_of(wildcards).world_size)
+
+
+def run_threads(wildcards) -> int:
+    """One core per rank on CPU (capped at --cores by Snakemake)."""
+    return point_of(wildcards).world_size * CLUSTER["cpus_per_rank"]
 
 
 def run_minutes(wildcards, attempt):

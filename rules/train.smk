@@ -1,7 +1,7 @@
 # Stage 2: one training run per sweep point (precision x ZeRO stage x world size x levers).
-# The run's folder is the point's Paramspace pattern, one level per axis, e.g.
-# results/runs/precision~fp32/zero_stage~0/world_size~2/micro_batch~auto/
-#   activation_checkpointing~false/cpu_offload~false/bucket_mb~25/{summary.json,steps.parquet}.
+# The run's folder is named by its run id, e.g. results/runs/fp32-z0-w2/{point.json,summary.json,
+# steps.parquet}; its log is results/logs/runs/fp32-z0-w2.log. The rules are keyed by the run id
+# ({run_id}); the point it names comes from the sweep table (rules/common.smk).
 #
 # Two rules, split by world size: `train` for runs that fit one node (one torchrun
 # --standalone), `train_multinode` for runs spanning several launchers. On SLURM the latter
@@ -15,21 +15,22 @@ rule train:
         meta=DATA_DIR / "meta.json",
         train=DATA_DIR / "train.bin",
     output:
-        summary=RESULTS / "runs" / SWEEP.wildcard_pattern / "summary.json",
-        steps=RESULTS / "runs" / SWEEP.wildcard_pattern / "steps.parquet",
+        summary=RESULTS / "runs" / "{run_id}" / "summary.json",
+        steps=RESULTS / "runs" / "{run_id}" / "steps.parquet",
     params:
-        point=lambda wildcards: point_from_wildcards(wildcards),
-        # What a run's results depend on: changing these reruns it (time limits do not).
-        model=config["model"],
-        train=TRAIN_RESULT_KEYS,
+        # the point itself is no Snakemake param (Snakemake records only builtin values): the run id,
+        # its output path, names it
+        point=point_of,
+        # What a run's results depend on, as the values that differ from the defaults: changing
+        # one reruns it; a new key at its default, a time limit or checkpoint frequency does not.
+        results_depend_on=run_params,
         device=DEVICE_PLAN.device,  # the reason travels in the environment (scalelab.placement)
     log:
-        LOGS / "runs" / f"{SWEEP.wildcard_pattern}.log",
+        LOGS / "runs" / "{run_id}.log",
     wildcard_constraints:
-        world_size=SINGLE_LAUNCHER_WORLD_SIZES,
-    # One core per rank on CPU (capped at --cores by Snakemake); each rank gets
-    # threads // world_size intra-op threads, so --cores all never over-commits the machine.
-    threads: lambda wildcards: int(wildcards.world_size) * CLUSTER["cpus_per_rank"]
+        run_id=SINGLE_LAUNCHER_RUN_IDS,
+    # Each rank gets threads // world_size intra-op threads, so --cores all never over-commits the machine.
+    threads: run_threads
     # What the scheduler sees (scalelab.placement.train_job_resources): a one-node job asks
     # for `gpu` GPUs; a job over several nodes (train_multinode) for gres=gpu:<per node>.
     resources:
@@ -52,7 +53,7 @@ rule train:
 
 use rule train as train_multinode with:
     wildcard_constraints:
-        world_size=MULTI_LAUNCHER_WORLD_SIZES,
+        run_id=MULTI_LAUNCHER_RUN_IDS,
     resources:
         runtime=run_minutes,
         mpi="srun",

@@ -42,7 +42,9 @@ def _check_config(args) -> int:
     (Snakemake reads --configfile files before the Snakefile and names neither)."""
     from snakemake.utils import update_config
 
-    from scalelab.config import ConfigError, read_yaml, validate_config
+    from scalelab.config import ConfigError
+    from scalelab.config.reading import read_yaml
+    from scalelab.config.validation import validate_config
     from scalelab.sweep import sweep_plan
 
     config: dict = {}
@@ -163,10 +165,18 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--active-within", type=float, default=300.0, metavar="SECONDS", help="as for status")
     t.set_defaults(func=_retry)
     from scalelab.analysis.estimate import add_parser as add_estimate
+    from scalelab.migrate import add_parser as add_migrate
 
+    add_migrate(sub)
     add_estimate(sub)
     args = parser.parse_args(argv)
-    return args.func(args)
+    from scalelab.migrate import OldLayout
+
+    try:
+        return args.func(args)
+    except OldLayout as err:  # run folders of an earlier layout: say what to run instead of "no runs"
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

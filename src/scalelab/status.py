@@ -1,7 +1,7 @@
 """Where a sweep stands, from its run folders alone, and how to rerun the runs that did not end ok.
 
-``scalelab status RESULTS`` reads every run folder under RESULTS/runs (one level per sweep
-axis): a folder with a ``summary.json`` has that run's status (ok, failed, timeout, oom,
+``scalelab status RESULTS`` reads every run folder under RESULTS/runs (``runs/<run id>/``):
+a folder with a ``summary.json`` has that run's status (ok, failed, timeout, oom,
 predicted_oom, diverged, skipped; ``corrupt`` when the file cannot be read); a folder
 without one is a run that started and has not finished: ``running`` when something in it
 (or its log) was written in the last few minutes, else ``killed`` (its launcher was killed,
@@ -23,7 +23,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from scalelab.sweep import RUN_DIR_GLOB, RunPoint
+from scalelab.migrate import check_layout
+from scalelab.sweep import RUN_DIR_GLOB
 
 ACTIVE_WITHIN_S = 300.0
 """A run folder without a summary counts as running if anything of it was written this recently."""
@@ -39,18 +40,11 @@ DOWNSTREAM = ("metrics.parquet", "steps.parquet", "report/report.html")  # colle
 
 @dataclass
 class RunState:
-    run_path: str  # relative to <results>/runs
+    run_path: str  # relative to <results>/runs: the run id, which names the folder
     run_id: str
     status: str
     reason: str | None = None
     last_write_s_ago: float | None = None
-
-
-def _run_id(run_path: str) -> str:
-    try:
-        return RunPoint.from_path_values(dict(part.split("~", 1) for part in run_path.split("/"))).run_id
-    except (ValueError, KeyError):
-        return run_path
 
 
 def summary_status(run_dir: Path) -> tuple[str, str | None, str | None] | None:
@@ -90,23 +84,25 @@ def _unfinished(run_dir: Path, log: Path, now: float, active_within_s: float) ->
 def run_states(results_dir: str | Path, config_path: str | Path | None = None,
                active_within_s: float = ACTIVE_WITHIN_S, now: float | None = None) -> list[RunState]:
     """One RunState per run folder under results_dir/runs (and per sweep point of config_path
-    without a folder: not started), sorted by run path."""
+    without a folder: not started), sorted by run id. Raises OldLayout for a results folder
+    holding run folders of an earlier layout (``scalelab migrate`` moves them)."""
     results_dir = Path(results_dir)
     runs_root = results_dir / "runs"
+    check_layout(results_dir)
     now = time.time() if now is None else now
     states = []
     for run_dir in sorted(p for p in runs_root.glob(RUN_DIR_GLOB) if p.is_dir()):
-        run_path = run_dir.relative_to(runs_root).as_posix()
+        run_path = run_dir.name
         found = summary_status(run_dir)
         if found is not None:
-            status, reason, run_id = found
-            states.append(RunState(run_path, run_id or _run_id(run_path), status, reason))
+            status, reason, _ = found
+            states.append(RunState(run_path, run_path, status, reason))
         else:
             log = results_dir / "logs" / "runs" / f"{run_path}.log"
             status, reason, ago = _unfinished(run_dir, log, now, active_within_s)
-            states.append(RunState(run_path, _run_id(run_path), status, reason, ago))
+            states.append(RunState(run_path, run_path, status, reason, ago))
     if config_path is not None:
-        from scalelab.config import load_config
+        from scalelab.config.validation import load_config
         from scalelab.sweep import sweep_plan
 
         present = {s.run_path for s in states}

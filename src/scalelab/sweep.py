@@ -1,8 +1,11 @@
 """The sweep: one registry entry per axis, and the run points built from it.
 
 Everything that varies between training runs is an axis here: its type and default, how it
-reads in run paths and run ids, its column type in the result tables, where it applies and
-what "at its default" means to the report. ``RunPoint`` (its fields), the sweep plan, the
+reads in run ids, its column type in the result tables, where it applies and what "at its
+default" means to the report. A run's folder is ``<results>/runs/<run id>/``; its ``point.json``
+holds every axis value. Run ids name only values away from their defaults, so an axis added later
+with a default changes no existing run's id, folder or params (a ``point.json`` without it reads
+as the default). ``RunPoint`` (its fields), the sweep plan, the
 identity columns, the launcher's run spec and the report's lever tables all loop over
 ``AXES``; ``tests/test_config.py`` checks the config schema's ``sweep`` keys against it.
 Adding an axis: an entry here, its key in the schema and ``config.yaml``, and the code
@@ -16,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from scalelab.config import ConfigError, TrainConfig, section, train_config
+from scalelab.config import ConfigError, TrainConfig, model_config, section, train_config
 from scalelab.strategies import strategy
 
 DDP_BUCKET_MB = 25.0
@@ -47,10 +50,9 @@ class Axis:
     """pyarrow type of its identity column (int8, int32, float64, bool, string)."""
     nullable: bool
     """Whether its identity column may be null."""
-    to_path: Callable[[Any], str] = str
-    """Value as written in run paths (``micro_batch~auto``)."""
     from_path: Callable[[str], Any] = str
-    """Inverse of to_path (ValueError on bad text)."""
+    """A value as written in the run folders of the layouts before run-id folders
+    (``micro_batch~auto``, ``bucket_mb~none``), read by ``scalelab migrate`` (ValueError on bad text)."""
     run_id: Callable[[Any], str | None] = lambda value: None
     """The run-id part of a value (``z3``, ``ac``); None adds nothing (a lever at its default)."""
     normalise: Callable[[Any, Any], Any] = lambda point, value: value
@@ -82,40 +84,42 @@ AXES: tuple[Axis, ...] = (
     # Levers: optional axes with one default value, so a sweep stays small unless asked.
     Axis("micro_batch", "sequences per rank per forward (gradient accumulation); None = the whole per-rank batch",
          int | None, None, "int32", True,
-         to_path=lambda v: "auto" if v is None else str(v), from_path=_optional(int, "auto"),
+         from_path=_optional(int, "auto"),
          run_id=lambda v: None if v is None else f"mb{v}", left_out=_micro_batch_left_out,
          # 'auto' resolves to the whole per-rank batch, i.e. one micro-batch per step
          is_default=lambda runs: runs["accumulation_steps"].isna() | (runs["accumulation_steps"] == 1)),
     Axis("activation_checkpointing", "recompute every transformer block's activations in backward", bool, False,
-         "bool", False, to_path=lambda v: str(v).lower(), from_path=_flag, run_id=lambda v: "ac" if v else None,
+         "bool", False, from_path=_flag, run_id=lambda v: "ac" if v else None,
          is_default=lambda runs: ~runs["activation_checkpointing"].astype(bool)),
     Axis("cpu_offload", "sharded parameters, gradients and optimizer state in host memory", bool, False,
-         "bool", False, to_path=lambda v: str(v).lower(), from_path=_flag, run_id=lambda v: "offload" if v else None,
+         "bool", False, from_path=_flag, run_id=lambda v: "offload" if v else None,
          left_out=lambda point, train: None if not point.cpu_offload or strategy(point.zero_stage).cpu_offload else
          f"cpu_offload applies to {', '.join(f'ZeRO stage {s}' for s in _stages_with('cpu_offload'))} "
          "(FSDP2's offload policy)",
          is_default=lambda runs: ~runs["cpu_offload"].astype(bool)),
     Axis("bucket_mb", "DDP gradient bucket size, MiB; None for strategies without buckets", float | None,
-         DDP_BUCKET_MB, "float64", True, to_path=lambda v: "none" if v is None else f"{v:g}",
+         DDP_BUCKET_MB, "float64", True,
          from_path=_optional(float, "none"), run_id=_bucket_run_id,
          normalise=lambda point, v: float(v) if v is not None and strategy(point.zero_stage).ddp_buckets else None,
          is_default=lambda runs: runs["bucket_mb"].isna() | (runs["bucket_mb"] == DDP_BUCKET_MB)),
     Axis("compile", "torch.compile (inductor) of every transformer block and of the loss, before DDP/FSDP2 wrapping",
-         bool, False, "bool", False, to_path=lambda v: str(v).lower(), from_path=_flag,
+         bool, False, "bool", False, from_path=_flag,
          run_id=lambda v: "compiled" if v else None, is_default=lambda runs: ~runs["compile"].astype(bool)),
     # A main axis, not a lever: every other axis is crossed with it; 'base' is the config's model: section.
     Axis("model", "named model shape: 'base' (the model: section) or a name of the models: table", str, BASE_MODEL,
          "string", False, run_id=lambda v: None if v == BASE_MODEL else v),
     Axis("lora_rank", "LoRA rank r (frozen base weights, trainable B A on every block's linears); None = full training",
-         int | None, None, "int32", True, to_path=lambda v: "none" if v is None else str(v),
+         int | None, None, "int32", True,
          from_path=_optional(int, "none"), run_id=lambda v: None if v is None else f"lora{v}",
          is_default=lambda runs: runs["lora_rank"].isna()),
 )
 AXIS = {axis.name: axis for axis in AXES}
 SWEEP_AXES = tuple(AXIS)
 LEVER_AXES = tuple(a.name for a in AXES if a.is_default is not None)
-RUN_DIR_GLOB = "/".join("*" * len(AXES))
-"""Matches every run folder under <results_dir>/runs: one folder level per sweep axis."""
+RUN_DIR_GLOB = "[!.]*"
+"""Matches every run folder under <results_dir>/runs: one level, named by the run id."""
+POINT_FILE = "point.json"
+"""In every run folder: the run's value for every axis (``RunPoint.to_json``)."""
 
 
 def _stages_with(feature: str) -> list[int]:
@@ -134,19 +138,32 @@ class _PointMethods:
     def values(self) -> dict:
         return {axis.name: getattr(self, axis.name) for axis in AXES}
 
-    def path_values(self) -> dict[str, str]:
-        """The point's value per axis as written in paths (``auto``, ``true``, ``none``)."""
-        return {axis.name: axis.to_path(getattr(self, axis.name)) for axis in AXES}
+    def to_json(self) -> dict:
+        """What ``point.json`` holds: every axis value, JSON types."""
+        return self.values()
 
     @classmethod
-    def from_path_values(cls, values) -> "RunPoint":
-        """Inverse of path_values (from Snakemake wildcards or a parsed path); ValueError if bad."""
-        return cls(**{axis.name: axis.from_path(values[axis.name]) for axis in AXES})
+    def from_json(cls, values: dict) -> "RunPoint":
+        """A point from ``point.json`` (or from an old layout's folder names): an axis it lacks
+        takes its default (the axis was added later); one without a default, or a name that is no
+        axis, is a ValueError naming it."""
+        unknown = sorted(set(values) - set(AXIS))
+        if unknown:
+            raise ValueError(f"not sweep axes: {', '.join(unknown)} (axes: {', '.join(AXIS)})")
+        missing = [a.name for a in AXES if a.name not in values and a.default is None and not a.nullable]
+        if missing:
+            raise ValueError(f"no value for {', '.join(missing)}")
+        point = cls(**values)
+        for axis in AXES:  # after normalise: bucket_mb 25 from JSON is 25.0
+            value = getattr(point, axis.name)
+            if not isinstance(value, axis.type):
+                raise ValueError(f"{axis.name}={value!r} is not of type {axis.type}")
+        return point
 
     @property
     def path(self) -> str:
-        """Relative results path, e.g. ``precision~fp32/zero_stage~0/world_size~1/micro_batch~auto/...``."""
-        return "/".join(f"{axis}~{value}" for axis, value in self.path_values().items())
+        """The run's folder relative to <results>/runs: its run id."""
+        return self.run_id
 
     @property
     def run_id(self) -> str:
@@ -222,22 +239,59 @@ def sweep_plan(config: dict) -> tuple[list, list[tuple[Any, str]]]:
 
 
 def _check_distinct(points: list, values: dict) -> None:
-    """Two points of the sweep never share a run folder or a run id (``bucket_mb`` 25 and
-    25.0000001 both read ``bucket_mb~25``): one folder would hold two points' rows."""
-    for what, key in (("run folder", lambda p: p.path), ("run id", lambda p: p.run_id)):
-        seen: dict = {}
-        for point in points:
-            other = seen.setdefault(key(point), point)
-            if other == point:
-                continue
-            axis = next(a for a in AXES if getattr(other, a.name) != getattr(point, a.name))
-            a, b = getattr(other, axis.name), getattr(point, axis.name)
-            shared = f"{axis.name}~{axis.to_path(b)}" if what == "run folder" else key(point)
-            raise ConfigError(
-                f"sweep.{axis.name}={values[axis.name]!r}: {a!r} and {b!r} give the same {what} ({shared}), "
-                "so two points would write one run's files; list values that differ as written in run paths and ids")
+    """Two points of the sweep never share a run id, which names their folder (``bucket_mb`` 25 and
+    25.0000001 both read ``bucket25``): one folder would hold two points' rows."""
+    seen: dict = {}
+    for point in points:
+        other = seen.setdefault(point.run_id, point)
+        if other == point:
+            continue
+        axis = next(a for a in AXES if getattr(other, a.name) != getattr(point, a.name))
+        a, b = getattr(other, axis.name), getattr(point, axis.name)
+        raise ConfigError(
+            f"sweep.{axis.name}={values[axis.name]!r}: {a!r} and {b!r} give the same run id ({point.run_id}), "
+            "so two points would write one run's files; list values that differ as written in run ids")
 
 
 def sweep_points(config: dict) -> list:
     """Every runnable combination of the sweep axes, in a stable order."""
     return sweep_plan(config)[0]
+
+
+NOT_RESULT_KEYS = ("run_timeout_s", "collective_timeout_s", "checkpoint_every")
+"""Train keys that do not change what a run measures: a new time limit must not retrain a finished sweep."""
+
+
+def _changed(config_obj, exclude=()) -> dict:
+    """The fields of a config dataclass whose value differs from its default (the schema's)."""
+    return {f.name: getattr(config_obj, f.name) for f in dataclasses.fields(config_obj)
+            if f.name not in exclude and f.default is not dataclasses.MISSING and getattr(config_obj, f.name) != f.default}
+
+
+def result_params(config: dict, point) -> dict:
+    """What a run's results depend on beyond its point (Snakemake params of its job: a change reruns
+    it): its model's shape and the train settings, each as the values that differ from the schema's
+    defaults, so that a config key added later at its default reruns nothing, and a changed value
+    reruns exactly the runs it affects (a ``models:`` entry only the runs of that model)."""
+    model = model_config(config, name=point.model)
+    return {"model": _changed(model, exclude=("vocab_size",)),  # vocab: the data's (an input of the run)
+            "train": _changed(train_config(config), exclude=NOT_RESULT_KEYS)}
+
+
+def read_point(run_dir) -> RunPoint:
+    """A run folder's point, from its ``point.json`` (axes it lacks at their default). Raises
+    FileNotFoundError without one, ValueError for one that does not hold a point."""
+    import json
+    from pathlib import Path
+
+    path = Path(run_dir) / POINT_FILE
+    try:
+        values = json.loads(path.read_text())
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: {err}") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected an object of axis values, got {type(values).__name__}")
+    try:
+        return RunPoint.from_json(values)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{path}: {err}") from None

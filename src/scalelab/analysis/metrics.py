@@ -8,7 +8,8 @@ import pyarrow.parquet as pq
 
 from scalelab.analysis.dictionary import IDENTITY, RUN, STEP, field_metadata
 from scalelab.io import atomic_path
-from scalelab.sweep import AXES, RUN_DIR_GLOB, RunPoint
+from scalelab.migrate import check_layout
+from scalelab.sweep import AXES, POINT_FILE, RUN_DIR_GLOB, read_point
 
 SCHEMA_VERSION = "4"  # 2: lever identity columns; 3: device plan, launch and provenance sources;
 # 4: the compile lever (identity column, compile time), MFU against the bf16 peak, activations outside the blocks predicted
@@ -144,33 +145,42 @@ def runs_table(rows: list[dict]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=RUN_SCHEMA)
 
 
-def _identity_from_path(run_path: str) -> dict | None:
-    """precision~P/zero_stage~Z/... -> identity columns (for runs whose files are bad)."""
+def _identity_of(run_dir: Path) -> dict | None:
+    """The identity columns of a run folder, from its point.json (None without a readable one)."""
     try:
-        point = RunPoint.from_path_values(dict(part.split("~", 1) for part in run_path.split("/")))
-    except (ValueError, KeyError):
+        return read_point(run_dir).identity()
+    except (OSError, ValueError):
         return None
-    return point.identity()
+
+
+def _with_identity(table: pa.Table, identity: dict | None) -> pa.Table:
+    """A run's steps with every identity column of STEP_SCHEMA: steps written before an axis
+    existed lack its column, which holds the run's value (its point.json says it: the default)."""
+    for f in IDENTITY_FIELDS:
+        if f.name not in table.column_names and identity is not None:
+            table = table.append_column(f.name, pa.array([identity.get(f.name)] * table.num_rows, type=f.type))
+    return table.select(STEP_SCHEMA.names).cast(STEP_SCHEMA)
 
 
 def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict:
-    """Gather every run's summary.json and steps.parquet under results_dir/runs into
+    """Gather every run's summary.json and steps.parquet under results_dir/runs/<run id>/ into
     results_dir/metrics.parquet (one row per run) and results_dir/steps.parquet (one row per
     step). A missing or corrupt file is reported by name and kept as a row with status
     'missing' or 'corrupt'; the rest is still collected. Returns {'runs', 'steps', 'problems'}.
+    Raises OldLayout for a results folder holding run folders of an earlier layout.
     """
     import json
 
     results_dir = Path(results_dir)
     runs_root = results_dir / "runs"
+    check_layout(results_dir)
     if run_paths is None:
-        run_paths = sorted({p.parent.relative_to(runs_root).as_posix()
-                            for name in ("summary.json", "steps.parquet")
+        run_paths = sorted({p.parent.name for name in ("summary.json", "steps.parquet", POINT_FILE)
                             for p in runs_root.glob(f"{RUN_DIR_GLOB}/{name}")})
     rows, step_tables, problems = [], [], []
     for run_path in run_paths:
         run_dir = runs_root / run_path
-        identity = _identity_from_path(run_path)
+        identity = _identity_of(run_dir)
         summary_path, steps_path = run_dir / "summary.json", run_dir / "steps.parquet"
         try:
             summary = json.loads(summary_path.read_text())
@@ -189,7 +199,10 @@ def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict
         lost = unknown_summary_keys(summary)
         if lost:  # a writer and the schema disagree: say so, never drop a field silently
             problems.append(f"{summary_path}: fields not in the metrics schema, not collected: {', '.join(lost)}")
-        row = run_row(summary, run_path)
+        # identity from point.json under the summary's own (micro_batch resolved at launch): a summary
+        # written before an axis existed lacks it
+        row = run_row({**(identity or {}), **{k: v for k, v in summary.items() if v is not None or k not in (identity or {})}},
+                      run_path)
         wrong = type_problems(row)
         if wrong:  # one bad field makes a 'corrupt' row naming it; the other runs are still collected
             problems.append(f"{summary_path}: corrupt ({'; '.join(wrong)})")
@@ -199,7 +212,7 @@ def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict
                 continue
         try:
             table = pq.read_table(steps_path)
-            step_tables.append(table.select(STEP_SCHEMA.names).cast(STEP_SCHEMA))
+            step_tables.append(_with_identity(table, identity))
         except FileNotFoundError:
             problems.append(f"{steps_path}: missing")
             row["steps_problem"] = f"{steps_path.name} is missing"

@@ -23,10 +23,11 @@ from pathlib import Path
 
 from scalelab import placement
 from scalelab.analysis.metrics import steps_table, write_parquet
-from scalelab.config import LaunchPlan, config_hash, launch_plan, model_config, train_config
+from scalelab.config import config_hash, model_config, train_config
 from scalelab.data import read_meta, verify_tokens
 from scalelab.io import read_json, write_json
-from scalelab.sweep import RunPoint, micro_batch_plan
+from scalelab.placement import LaunchPlan, launch_plan
+from scalelab.sweep import POINT_FILE, RunPoint, micro_batch_plan
 
 _PR_SET_PDEATHSIG = 1
 
@@ -164,12 +165,13 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
                log_path: str | Path, threads: int = 1, repo_dir: str | Path = ".",
                save_final_params: bool = False, device_plan: placement.DevicePlan | None = None,
                compile_warm_up: bool = True) -> dict:
-    """Run one sweep point; write summary.json and steps.parquet into run_dir; return the summary.
+    """Run one sweep point; write point.json, then summary.json and steps.parquet into run_dir; return the summary.
     device_plan: the workflow's decision for the sweep; None decides here (tests, scripts).
     compile_warm_up=False (tests only) leaves a compiled run's compilation to its first step."""
     started = time.time()
     run_dir, log_path = Path(run_dir), Path(log_path)
     run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / POINT_FILE, point.to_json())  # first: a folder says which point it holds, whatever happens next
     log_path.parent.mkdir(parents=True, exist_ok=True)
     _remove_leftovers(run_dir, resuming=bool(config["train"].get("checkpoint_every")) and (run_dir / "checkpoint").is_dir())
 
