@@ -4,7 +4,9 @@ from pathlib import Path
 
 from snakemake.utils import min_version
 
-from scalelab.config import ConfigError, check_yaml_syntax, validate_config
+from scalelab.config import ConfigError
+from scalelab.config.reading import check_yaml_syntax
+from scalelab.config.validation import validate_config
 
 min_version("9.14.8")
 
@@ -23,7 +25,7 @@ for _config_file in ["config.yaml", *workflow.overwrite_configfiles]:
 configfile: "config.yaml"
 
 
-# The one validation path (scalelab.config.validate_config): schema with defaults, then the
+# The one validation path (scalelab.config.validation.validate_config): schema with defaults, then the
 # cross-field rules. A bad value stops the workflow here, before any job, naming key and value.
 try:
     validate_config(config, base_dir=Path.cwd())  # paths in config are relative to the working directory

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from scalelab.config import REPO_ROOT as REPO  # noqa: F401
+from scalelab.harness import REPO_ROOT as REPO  # noqa: F401
 from scalelab.harness.testing import BIN, SNAKEMAKE, tiny_config, write_workdir  # noqa: F401
 from scalelab.harness.testing import run_snakemake as snakemake  # noqa: F401
 from scalelab.training.launch import launch_run

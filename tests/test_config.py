@@ -1,8 +1,10 @@
 """Config validation: every bad value stops the workflow before any job, naming key and value."""
 import pytest
 
-from conftest import snakemake, tiny_config, write_workdir
-from scalelab.config import ConfigError, check_config, check_moved_keys, train_config
+from conftest import REPO, snakemake, tiny_config, write_workdir
+from scalelab.config import SCHEMA, ConfigError, train_config
+from scalelab.config.reading import check_yaml_syntax
+from scalelab.config.validation import check_config, check_moved_keys, load_config, validate_config
 from scalelab.sweep import RunPoint, micro_batch_plan, sweep_plan
 
 # Bad configs: one suite, the YAML files in tests/bad_configs, each rejected by a real
@@ -48,9 +50,7 @@ def test_lever_axes_leave_out_combinations_they_do_not_apply_to():
 
 
 def test_the_compile_lever_is_off_by_default_and_doubles_a_sweep_when_listed():
-    from scalelab.config import REPO_ROOT, load_config, validate_config
-
-    points, left_out = sweep_plan(load_config(REPO_ROOT / "config.yaml"))
+    points, left_out = sweep_plan(load_config(REPO / "config.yaml"))
     assert len(points) == 24 and not left_out and not any(p.compile for p in points)
     base = tiny_config(sweep={"precision": ["fp32", "bf16"], "zero_stage": [0, 3], "world_size": [1, 2]})
     both = tiny_config(sweep={**base["sweep"], "compile": [False, True]})
@@ -76,14 +76,13 @@ def test_the_schema_and_config_yaml_list_the_registered_axes_and_strategies():
     """One place per concept: the sweep keys, their defaults and the stages come from the registries."""
     import yaml
 
-    from scalelab.config import REPO_ROOT, SCHEMA_PATH
     from scalelab.strategies import STRATEGIES, ZERO_STAGES
     from scalelab.sweep import AXES, LEVER_AXES, SWEEP_AXES
     from scalelab.training import parallel
 
-    schema = yaml.safe_load(SCHEMA_PATH.read_text())["properties"]["sweep"]["properties"]
+    schema = SCHEMA["properties"]["sweep"]["properties"]
     assert list(schema) == list(SWEEP_AXES)
-    assert list(yaml.safe_load((REPO_ROOT / "config.yaml").read_text())["sweep"]) == list(SWEEP_AXES)
+    assert list(yaml.safe_load((REPO / "config.yaml").read_text())["sweep"]) == list(SWEEP_AXES)
     for axis in AXES:
         if axis.name in LEVER_AXES:
             assert schema[axis.name]["default"] == [axis.default], axis.name
@@ -94,7 +93,7 @@ def test_the_schema_and_config_yaml_list_the_registered_axes_and_strategies():
 
 def test_config_defaults_are_the_schemas():
     """Defaults are written once, in the schema: the dataclasses take theirs from it."""
-    from scalelab.config import ClusterConfig, DatasetConfig, ModelConfig, TrainConfig, validate_config
+    from scalelab.config import ClusterConfig, DatasetConfig, ModelConfig, TrainConfig
 
     filled = validate_config({"sweep": {"precision": ["fp32"]}})
     for cls, name in ((DatasetConfig, "dataset"), (ModelConfig, "model"), (TrainConfig, "train"), (ClusterConfig, "cluster")):
@@ -117,15 +116,11 @@ def test_config_defaults_are_the_schemas():
     ({"cluster": {"gpus_per_node": 8.5}}, "cluster.gpus_per_node=8.5 must be an integer"),
 ])
 def test_numbers_are_finite_and_integer_keys_take_integers(overrides, message):
-    from scalelab.config import validate_config
-
     with pytest.raises(ConfigError, match=message):
         validate_config(tiny_config(**overrides))
 
 
 def test_sweep_values_that_read_the_same_in_paths_or_ids_are_refused():
-    from scalelab.config import validate_config
-
     with pytest.raises(ConfigError, match=r"sweep.bucket_mb=\[25, 25.0000001\]: 25.0 and 25.0000001 give the same run folder "
                                           r"\(bucket_mb~25\)"):
         validate_config(tiny_config(sweep={"bucket_mb": [25, 25.0000001]}))
@@ -135,8 +130,6 @@ def test_sweep_values_that_read_the_same_in_paths_or_ids_are_refused():
 
 
 def test_a_key_given_twice_is_named_with_file_and_line(tmp_path):
-    from scalelab.config import check_yaml_syntax, load_config
-
     path = tmp_path / "dup.yaml"
     path.write_text("train:\n  steps: 10\n  lr: 0.1\n  steps: 20\n")
     for check in (check_yaml_syntax, load_config):
@@ -151,8 +144,6 @@ def test_a_key_given_twice_is_named_with_file_and_line(tmp_path):
 
 
 def test_results_dir_dataset_name_and_corpus_kind(tmp_path):
-    from scalelab.config import validate_config
-
     (tmp_path / "afile").write_text("x")
     for results_dir, where in (("afile", "results_dir='afile' is a regular file"),
                                ("afile/runs", f"results_dir='afile/runs': {tmp_path / 'afile'} is a regular file")):
@@ -207,14 +198,13 @@ def test_the_shipped_experiment_configs_are_valid(name):
     """The ready-made experiments merge over config.yaml as Snakemake merges them, and validate."""
     import yaml
 
-    from scalelab.config import REPO_ROOT, validate_config
     from scalelab.sweep import sweep_points
 
-    merged = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())
-    for section, value in yaml.safe_load((REPO_ROOT / "workflow" / "configs" / name).read_text()).items():
+    merged = yaml.safe_load((REPO / "config.yaml").read_text())
+    for section, value in yaml.safe_load((REPO / "workflow" / "configs" / name).read_text()).items():
         if isinstance(value, dict):
             merged[section].update(value)
         else:
             merged[section] = value
-    cfg = validate_config(merged, base_dir=REPO_ROOT)
+    cfg = validate_config(merged, base_dir=REPO)
     assert sweep_points(cfg)

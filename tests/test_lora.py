@@ -9,7 +9,9 @@ import yaml
 
 from conftest import run_point, tiny_config
 from scalelab import accounting
-from scalelab.config import REPO_ROOT, ConfigError, ModelConfig, check_config, model_config
+from scalelab.config import ConfigError, ModelConfig, model_config
+from scalelab.config.validation import check_config
+from scalelab.harness import REPO_ROOT
 from scalelab.sweep import RunPoint, sweep_points
 from scalelab.training.lora import LoRALinear, apply_lora, trainable_parameters
 from scalelab.training.model import GPT

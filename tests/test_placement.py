@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from scalelab import placement
-from scalelab.config import ConfigError, LaunchPlan, check_gpu_layout, launch_plan
+from scalelab.config import ConfigError
 from scalelab.harness.testing import tiny_config
+from scalelab.placement import LaunchPlan, check_gpu_layout, launch_plan
 from scalelab.sweep import RunPoint
 from scalelab.training.launch import classify_failure, git_provenance, resolve_device, skip_reason, torchrun_command
 

@@ -333,9 +333,6 @@ def test_templates_are_package_data_of_a_non_editable_install(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     templates = sorted(p.name for p in (tmp_path / "site/scalelab/analysis/templates").iterdir())
     assert templates == sorted(p.name for p in (REPO / "src/scalelab/analysis/templates").glob("*.j2"))
-    # scalelab.config reads the workflow's config schema from two folders above the package (as
-    # in a checkout); give the installed copy one. The templates come from the wheel alone.
-    shutil.copytree(REPO / "workflow" / "schemas", tmp_path / "workflow" / "schemas")
     check = ("import scalelab.analysis.report as r, sys; assert r.__file__.startswith(sys.argv[1]), r.__file__; "
              "print(r.render('report.html.j2', no_runs='nothing here'))")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -1,5 +1,6 @@
-"""Where a run's ranks go: the device a sweep is planned for, what each training job asks a
-scheduler for, and which GPU each rank takes.
+"""Where a run's ranks go: the launch plan of a run (launchers x ranks over nodes), the device
+a sweep is planned for, what each training job asks a scheduler for, and which GPU each rank
+takes.
 
 The device is decided once, by the Snakemake process that plans the sweep, and handed to
 every run, so a run never trains on a device it was not planned for. Jobs that Snakemake
@@ -16,7 +17,7 @@ import subprocess
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 
-from scalelab.config import LaunchPlan
+from scalelab.config import ConfigError, cluster_config, train_config
 
 LAUNCHER_SLOT_ENV = "SCALELAB_LAUNCHER_SLOT"
 """Set by the srun wrapper (from SLURM_LOCALID): which of a node's packed launchers this is."""
@@ -30,6 +31,56 @@ class DevicePlan:
     """cuda | cpu: what every run of the sweep trains on."""
     why: str
     """How it was decided (recorded on every row as planned_device_reason)."""
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How one run maps onto machines: torchrun launchers x ranks each, over nodes."""
+
+    launchers: int
+    """torchrun launchers (one SLURM task each); 1 = a single-node run."""
+    ranks_per_launcher: int
+    """Ranks (GPUs / processes) each launcher starts."""
+    nodes: int
+    """Nodes the run asks SLURM for."""
+
+    @property
+    def multi_launcher(self) -> bool:
+        return self.launchers > 1
+
+
+def launch_plan(config: dict, world_size: int) -> LaunchPlan:
+    """One launcher when the run fits a node; else world_size / ranks_per_node launchers,
+    packed launchers_per_node to a node. Raises ConfigError when ranks do not split evenly."""
+    cluster = cluster_config(config)
+    per_node, packing = cluster.ranks_per_node, cluster.launchers_per_node
+    if world_size <= per_node:
+        return LaunchPlan(1, world_size, 1)
+    if world_size % per_node:
+        raise ConfigError(
+            f"sweep.world_size={world_size} spans several nodes but is not a multiple of "
+            f"cluster.ranks_per_node={per_node}: every node must run the same number of ranks"
+        )
+    launchers = world_size // per_node
+    return LaunchPlan(launchers, per_node, -(-launchers // packing))
+
+
+def check_gpu_layout(config: dict) -> None:
+    """The GPUs the config says a node has must hold the ranks it places there, one GPU each."""
+    cluster, device = cluster_config(config), train_config(config).device
+    gpus = cluster.gpus_per_node
+    if gpus is None or device == "cpu":
+        return
+    if gpus == 0:
+        if device == "cuda":
+            raise ConfigError("train.device='cuda' but cluster.gpus_per_node=0: set the nodes' GPU count, "
+                              "or train.device: cpu")
+        return
+    per_node = cluster.ranks_per_node * cluster.launchers_per_node
+    if per_node > gpus:
+        raise ConfigError(
+            f"cluster.ranks_per_node={cluster.ranks_per_node} x cluster.launchers_per_node={cluster.launchers_per_node} "
+            f"places {per_node} ranks on a node with cluster.gpus_per_node={gpus}: every rank needs a GPU of its own")
 
 
 def visible_gpus(timeout_s: float = 10) -> list[str]:

@@ -49,7 +49,8 @@ def locate(paths: list[str]) -> list[str]:
     are left alone, even where scalelab's stricter checks will refuse them later, by name."""
     from snakemake.common.configfile import load_configfile
 
-    from scalelab.config import ConfigError, read_yaml
+    from scalelab.config import ConfigError
+    from scalelab.config.reading import read_yaml
 
     messages = []
     for path in paths:

@@ -41,7 +41,8 @@ def _positive(name: str, value, allow_zero: bool = False):
 def _model(args) -> tuple[int, ModelConfig | None]:
     """(parameter count, model config if given by shape)."""
     if args.config:
-        from scalelab.config import load_config, model_config
+        from scalelab.config import model_config
+        from scalelab.config.validation import load_config
 
         config = load_config(args.config)
         cfg = model_config(config, vocab_size=args.vocab or 256)

@@ -74,8 +74,10 @@ def bench_overhead(steps: int, repeats: int, threads: int) -> dict:
     plain single-process loop (instrumentation + DDP wrapper). Alternated, medians of means."""
     import torch
 
-    from scalelab.config import REPO_ROOT, dataset_config, load_config, model_config, train_config
+    from scalelab.config import dataset_config, model_config, train_config
+    from scalelab.config.validation import load_config
     from scalelab.data import prepare_dataset
+    from scalelab.harness import REPO_ROOT
     from scalelab.harness.reference import bare_loop
     from scalelab.sweep import RunPoint
     from scalelab.training.launch import launch_run
@@ -123,8 +125,10 @@ def bench_compile(precision: str, steps: int, warmup: int, threads: int, model: 
     import numpy as np
     import torch
 
-    from scalelab.config import REPO_ROOT, dataset_config, load_config, model_config, train_config
+    from scalelab.config import dataset_config, model_config, train_config
+    from scalelab.config.validation import load_config
     from scalelab.data import BatchSampler, prepare_dataset
+    from scalelab.harness import REPO_ROOT
     from scalelab.training.model import GPT
     from scalelab.training.parallel import apply_compile, compiled_graphs, param_groups
     from scalelab.training.precision import autocast

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import yaml
 
-from scalelab.config import REPO_ROOT, UniqueKeyLoader
+from scalelab.config.reading import UniqueKeyLoader
+from scalelab.harness import REPO_ROOT
 from scalelab.harness.testing import processes_mentioning, run_snakemake, snakemake_cmd, snakemake_env, tiny_config, write_workdir
 from scalelab.sweep import RUN_DIR_GLOB, sweep_points
 

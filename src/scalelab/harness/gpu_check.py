@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from scalelab.config import REPO_ROOT
+from scalelab.harness import REPO_ROOT
 
 # The ~350M GPT of the MFU goal (GPT-2 medium's shape, vocab padded to a multiple of 64).
 GPT_350M = {"n_layers": 24, "d_model": 1024, "n_heads": 16, "seq_len": 1024, "tie_embeddings": True}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from scalelab.config import REPO_ROOT
+from scalelab.harness import REPO_ROOT
 
 BIN = Path(sys.executable).parent
 # The venv's snakemake; else the one on PATH (wheels installed with --target on a GPU machine).

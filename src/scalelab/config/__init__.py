@@ -1,0 +1,192 @@
+"""The typed experiment configuration: one frozen dataclass per section of config.yaml, built
+from a validated config dict, with the defaults the schema writes.
+
+The other jobs around a config live beside this module, each in one place:
+``config.schema.yaml`` (types, enums, defaults; package data, read with importlib.resources),
+:mod:`scalelab.config.reading` (YAML files, located errors),
+:mod:`scalelab.config.validation` (the one validation path) and, next to the placement they
+decide, the launch plans (:mod:`scalelab.placement`). This module imports none of them, so
+any module may import it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from importlib import resources
+
+import yaml
+
+SCHEMA_FILE = resources.files(__name__) / "config.schema.yaml"
+"""The config schema, shipped inside the package (an installed wheel validates without a checkout)."""
+SCHEMA: dict = yaml.safe_load(SCHEMA_FILE.read_text(encoding="utf-8"))
+
+
+class ConfigError(ValueError):
+    """A configuration value is unusable; the message names the key and the value."""
+
+
+def _schema_defaults() -> dict[str, dict]:
+    return {name: {key: spec.get("default") for key, spec in sec.get("properties", {}).items()}
+            for name, sec in SCHEMA["properties"].items() if sec.get("type") == "object"}
+
+
+_SCHEMA_DEFAULTS = _schema_defaults()
+
+
+def _default(section_name: str, key: str):
+    """A dataclass field whose default is the schema's: the schema is where defaults are written."""
+    return dataclasses.field(default=_SCHEMA_DEFAULTS[section_name][key])
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    name: str = _default("dataset", "name")
+    """Folder under <results_dir>/data/."""
+    source: str = _default("dataset", "source")
+    """synthetic | text | tokenized."""
+    path: str | None = _default("dataset", "path")
+    """Corpus file/folder (text) or .bin file/folder (tokenized)."""
+    tokenizer: str = _default("dataset", "tokenizer")
+    """byte | bpe."""
+    bpe_vocab_size: int = _default("dataset", "bpe_vocab_size")
+    """Vocab size of the trained BPE."""
+    decode_errors: str = _default("dataset", "decode_errors")
+    """strict | replace: what to do with bytes that are not UTF-8 (BPE only)."""
+    tokenized_dtype: str = _default("dataset", "tokenized_dtype")
+    """uint16 | uint32, element type of a tokenized source."""
+    vocab_size: int | None = _default("dataset", "vocab_size")
+    """Vocab size of a tokenized source; None = max token id + 1."""
+    val_fraction: float = _default("dataset", "val_fraction")
+    """Share of each chunk of tokens written to val.bin."""
+    synthetic_bytes: int = _default("dataset", "synthetic_bytes")
+    """Size of the synthetic corpus in bytes of text."""
+    seed: int = _default("dataset", "seed")
+    """Seed of the synthetic corpus."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    n_layers: int = _default("model", "n_layers")
+    """Transformer blocks."""
+    d_model: int = _default("model", "d_model")
+    """Residual stream width."""
+    n_heads: int = _default("model", "n_heads")
+    """Attention heads (divides d_model)."""
+    seq_len: int = _default("model", "seq_len")
+    """Context length in tokens."""
+    tie_embeddings: bool = _default("model", "tie_embeddings")
+    """Share token embedding and output head weights."""
+    vocab_size: int = 256
+    """Filled from the prepared dataset's meta.json."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = _default("train", "steps")
+    """Optimizer steps."""
+    warmup_steps: int = _default("train", "warmup_steps")
+    """Steps excluded from throughput/MFU; also the LR warm-up length."""
+    global_batch: int = _default("train", "global_batch")
+    """Sequences per optimizer step at every world size."""
+    lr: float = _default("train", "lr")
+    """Peak AdamW learning rate."""
+    weight_decay: float = _default("train", "weight_decay")
+    """AdamW weight decay."""
+    grad_clip: float = _default("train", "grad_clip")
+    """Max global grad norm; 0 = no clipping."""
+    seed: int = _default("train", "seed")
+    """Seed of init and sampling."""
+    device: str = _default("train", "device")
+    """auto | cpu | cuda. auto is decided once, where the sweep is planned (scalelab.placement)."""
+    tf32: bool = _default("train", "tf32")
+    """Allow TF32 matmuls for fp32 on GPU."""
+    fp16_init_scale: float = _default("train", "fp16_init_scale")
+    """Initial dynamic loss scale (fp16)."""
+    fp8_emulate: bool = _default("train", "fp8_emulate")
+    """Run fp8 points anywhere with torchao's emulated float8 casts (checks the recipe, not speed)."""
+    checkpoint_every: int = _default("train", "checkpoint_every")
+    """Save a resumable checkpoint every N optimizer steps; 0 = never."""
+    collective_timeout_s: float = _default("train", "collective_timeout_s")
+    """Timeout of every collective, seconds."""
+    run_timeout_s: float = _default("train", "run_timeout_s")
+    """Wall-clock limit of one run, seconds."""
+    lora_alpha: float = _default("train", "lora_alpha")
+    """LoRA scaling numerator: the update B A is scaled by lora_alpha / lora_rank (sweep.lora_rank)."""
+    peak_tflops: dict[str, float] | None = _default("train", "peak_tflops")
+    """Dense peak TFLOP/s per GPU by precision key (fp32, tf32, fp16, bf16, fp8), for a GPU or a
+    key scalelab.hardware has no datasheet figure for; None = the table's figures only."""
+
+
+def section(config: dict, key: str) -> dict:
+    value = config.get(key, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"config key '{key}' must be a mapping, got {value!r}")
+    return value
+
+
+def _build(cls, section: dict, key: str):
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(section) - names
+    if unknown:
+        raise ConfigError(f"unknown key(s) in '{key}': {sorted(unknown)}")
+    try:
+        return cls(**section)
+    except TypeError as err:  # a missing key: only when the schema was not applied
+        raise ConfigError(f"config section '{key}': {err}") from None
+
+
+def dataset_config(config: dict) -> DatasetConfig:
+    return _build(DatasetConfig, section(config, "dataset"), "dataset")
+
+
+MODEL_SHAPE_KEYS = ("n_layers", "d_model", "n_heads")
+"""What a ``models:`` entry may set; seq_len and tie_embeddings stay in ``model:`` for every shape."""
+
+
+def model_config(config: dict, vocab_size: int = 256, name: str = "base") -> ModelConfig:
+    """The model of a sweep point: ``model:`` itself for the model axis's default name 'base', or
+    ``model:`` with the shape keys of ``models.<name>`` (n_layers, d_model, n_heads) over it."""
+    shape = {}
+    if name != "base":
+        models = section(config, "models")
+        if name not in models:
+            raise ConfigError(f"sweep.model={name!r} is not 'base' (the model: section) or a name of the "
+                              f"models: table ({', '.join(sorted(models)) or 'empty'})")
+        shape = models[name] or {}
+        unknown = set(shape) - set(MODEL_SHAPE_KEYS)
+        if unknown:
+            raise ConfigError(f"models.{name}: unknown key(s) {sorted(unknown)}; a model shape sets "
+                              f"{', '.join(MODEL_SHAPE_KEYS)} (seq_len and tie_embeddings stay in model:)")
+    return _build(ModelConfig, {**section(config, "model"), **shape, "vocab_size": vocab_size}, "model")
+
+
+def train_config(config: dict) -> TrainConfig:
+    return _build(TrainConfig, section(config, "train"), "train")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    ranks_per_node: int = _default("cluster", "ranks_per_node")
+    """Ranks (GPUs) one node holds; a run with more spans world_size / ranks_per_node launchers."""
+    launchers_per_node: int = _default("cluster", "launchers_per_node")
+    """torchrun launchers per node (2 packs two 'nodes' on one host)."""
+    cpus_per_rank: int = _default("cluster", "cpus_per_rank")
+    """CPU cores per rank: SLURM cpus, and intra-op threads of CPU runs."""
+    mem_mb_per_rank: int = _default("cluster", "mem_mb_per_rank")
+    """Host memory per rank, MB."""
+    gpus_per_node: int | None = _default("cluster", "gpus_per_node")
+    """GPUs on each node; None = not stated (train.device auto then looks at the planning machine)."""
+    exclusive: bool = _default("cluster", "exclusive")
+    """SLURM: training jobs take whole nodes."""
+
+
+def cluster_config(config: dict) -> ClusterConfig:
+    return _build(ClusterConfig, section(config, "cluster"), "cluster")
+
+
+def config_hash(config: dict) -> str:
+    """Stable short hash of a (validated) config, recorded in every run's provenance."""
+    blob = json.dumps(config, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
