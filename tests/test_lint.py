@@ -9,3 +9,42 @@ def test_ruff_finds_nothing():
     proc = subprocess.run([sys.executable, "-m", "ruff", "check", "src", "tests", "workflow"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def test_the_package_has_no_import_cycle():
+    """No module of src/ imports one that imports it back, not even from inside a function (an
+    import moved into a function to dodge a cycle counts): each job sits in one module that
+    the modules needing it import. Entry-point blocks (``if __name__ == "__main__"``) run
+    only as scripts and are left out."""
+    import ast
+
+    import networkx as nx
+
+    src = REPO / "src"
+    modules = {".".join(p.relative_to(src).with_suffix("").parts).removesuffix(".__init__"): p for p in src.rglob("*.py")}
+    graph = nx.DiGraph()
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        entry_points = {id(n) for block in tree.body if isinstance(block, ast.If) and "__main__" in ast.unparse(block.test)
+                        for n in ast.walk(block)}
+        for node in ast.walk(tree):
+            if id(node) in entry_points or not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif node.level == 0 and node.module:
+                targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            for target in targets:
+                # importing a.b.c imports a and a.b first: their __init__ modules count too
+                parts = target.split(".")
+                for i in range(1, len(parts) + 1):
+                    if (imported := ".".join(parts[:i])) in modules and imported != name:
+                        graph.add_edge(name, imported)
+        parent = name.rpartition(".")[0]
+        if parent in modules:
+            graph.add_edge(name, parent)
+    cycles = sorted(" -> ".join([*cycle, cycle[0]]) for cycle in nx.simple_cycles(graph))
+    assert graph.number_of_edges() > 50 and "scalelab.config" in graph
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
