@@ -1,4 +1,6 @@
 """Config validation: every bad value stops the workflow before any job, naming key and value."""
+import json
+
 import pytest
 
 from conftest import REPO, snakemake, tiny_config, write_workdir
@@ -42,9 +44,9 @@ def test_lever_axes_leave_out_combinations_they_do_not_apply_to():
     reasons = {r for _, r in left_out}
     assert any("sweep.micro_batch=8" in r and "world_size=2" in r for r in reasons)
     assert any("cpu_offload applies to ZeRO stage 3" in r for r in reasons)
-    # Paths and ids round-trip; default levers keep the short id.
+    # A run's folder is its id; its point.json reads back as the point; default levers keep the short id.
     for p in points:
-        assert RunPoint.from_path_values(dict(part.split("~") for part in p.path.split("/"))) == p
+        assert p.path == p.run_id and RunPoint.from_json(json.loads(json.dumps(p.to_json()))) == p
     assert RunPoint("fp32", 0, 1).run_id == "fp32-z0-w1"
     assert RunPoint("fp32", 3, 1, 2, True, True, 1.0).run_id == "fp32-z3-w1-mb2-ac-offload"
 
@@ -56,8 +58,8 @@ def test_the_compile_lever_is_off_by_default_and_doubles_a_sweep_when_listed():
     both = tiny_config(sweep={**base["sweep"], "compile": [False, True]})
     assert len(sweep_plan(both)[0]) == 2 * len(sweep_plan(base)[0]) == 16
     point = RunPoint("fp32", 3, 2, activation_checkpointing=True, compile=True)
-    assert point.run_id == "fp32-z3-w2-ac-compiled" and "/bucket_mb~none/compile~true/" in point.path
-    assert RunPoint.from_path_values(dict(part.split("~") for part in point.path.split("/"))) == point
+    assert point.run_id == point.path == "fp32-z3-w2-ac-compiled"
+    assert RunPoint.from_json(json.loads(json.dumps(point.to_json()))) == point
     with pytest.raises(ConfigError, match=r"'yes' is not of type 'boolean'[\s\S]*\['sweep'\]\['compile'\]"):
         validate_config(tiny_config(sweep={"compile": ["yes"]}))
 
@@ -121,10 +123,10 @@ def test_numbers_are_finite_and_integer_keys_take_integers(overrides, message):
 
 
 def test_sweep_values_that_read_the_same_in_paths_or_ids_are_refused():
-    with pytest.raises(ConfigError, match=r"sweep.bucket_mb=\[25, 25.0000001\]: 25.0 and 25.0000001 give the same run folder "
-                                          r"\(bucket_mb~25\)"):
-        validate_config(tiny_config(sweep={"bucket_mb": [25, 25.0000001]}))
-    with pytest.raises(ConfigError, match="1.0000001 and 1.0000002 give the same run folder"):
+    with pytest.raises(ConfigError, match=r"sweep.bucket_mb=\[2, 2.0000001\]: 2.0 and 2.0000001 give the same run id "
+                                          r"\(fp32-z0-w1-bucket2\)"):
+        validate_config(tiny_config(sweep={"bucket_mb": [2, 2.0000001]}))
+    with pytest.raises(ConfigError, match="1.0000001 and 1.0000002 give the same run id"):
         validate_config(tiny_config(sweep={"bucket_mb": [1.0000001, 1.0000002]}))
     validate_config(tiny_config(sweep={"bucket_mb": [25, 25.5, 1]}))
 
