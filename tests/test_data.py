@@ -2,6 +2,7 @@
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from scalelab.data import (
     ByteTokenizer,
     DataError,
     MemmapTokenWriter,
+    file_sha256,
     prepare_dataset,
     source_files,
     synthetic_text_chunks,
@@ -269,3 +271,94 @@ def test_writer_memory_is_bounded_by_chunk_not_corpus(tmp_path):
     growth = int(out.stdout.strip().splitlines()[-1])
     # A whole-corpus approach would need > 48 MiB (text) + 96 MiB (uint16 tokens).
     assert growth < 32 << 20, f"peak RSS grew by {growth / 2**20:.1f} MiB"
+
+
+def _replace(path, content: bytes, mtime_ns: int):
+    """What `rsync -a` or `cp -p` does: another file renamed into place, carrying the sender's time."""
+    tmp = path.with_name(f".{path.name}.new")
+    tmp.write_bytes(content)
+    os.utime(tmp, ns=(mtime_ns, mtime_ns))
+    tmp.replace(path)
+
+
+@pytest.mark.parametrize("dataset, names", [
+    ({"source": "text", "path": "corpus"}, ["corpus/a.txt", "corpus/b.txt"]),
+    ({"source": "text", "path": "corpus", "tokenizer": "bpe", "bpe_vocab_size": 300}, ["corpus/a.txt", "corpus/b.txt"]),
+    ({"source": "tokenized", "path": "nanogpt/train.bin"}, ["nanogpt/train.bin"]),
+    ({"source": "tokenized", "path": "nanogpt"}, ["nanogpt/train.bin", "nanogpt/val.bin"]),
+])
+def test_meta_records_each_source_file(tmp_path, monkeypatch, dataset, names):
+    """meta.json's source.files: each file the data step read, by the path the config gives,
+    with its size and mtime and the sha256 of its bytes (hashed as they were read)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_bytes(b"first file " * 300)
+    (tmp_path / "corpus" / "b.txt").write_bytes("second fïle ".encode() * 300)
+    (tmp_path / "nanogpt").mkdir()
+    for split, n in (("train", 3000), ("val", 500)):
+        np.random.default_rng(n).integers(0, 256, n).astype(np.uint16).tofile(tmp_path / "nanogpt" / f"{split}.bin")
+    meta = prepare_dataset(_cfg(**dataset), tmp_path / "out", seq_len=16, chunk_bytes=1000)
+    files = meta["source"]["files"]
+    assert list(files) == names
+    for name in names:
+        st = (tmp_path / name).stat()
+        assert files[name] == {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                               "sha256": hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()}
+    assert json.loads((tmp_path / "out" / "meta.json").read_text())["source"]["files"] == files
+    assert "files" not in prepare_dataset(_cfg(), tmp_path / "synthetic", seq_len=16)["source"], "synthetic: no file"
+
+
+def test_changed_sources_compares_content_whatever_the_time(tmp_path, monkeypatch):
+    """Planning's check (changed_sources): other bytes are a change whatever their mtime says;
+    same bytes under another time (touch, a copy) are not; a file is hashed only when its size
+    and mtime differ from meta.json's record."""
+    import scalelab.data as data
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_bytes(b"the quick brown fox " * 100)
+    (corpus / "b.txt").write_bytes(b"pack my box with jugs " * 100)
+    cfg = _cfg(source="text", path=str(corpus))
+    out = tmp_path / "out"
+    assert data.changed_sources(source_files(cfg), out) == [], "nothing prepared yet: nothing to compare"
+    prepare_dataset(cfg, out, seq_len=16)
+    hashed = []
+    monkeypatch.setattr(data, "file_sha256", lambda path: hashed.append(path) or file_sha256(path))
+    assert data.changed_sources(source_files(cfg), out) == [] and hashed == [], "size and mtime match: no hashing"
+
+    a = corpus / "a.txt"
+    original, mtime = a.read_bytes(), a.stat().st_mtime_ns
+    os.utime(a)  # touched: a newer time, the same bytes
+    assert data.changed_sources(source_files(cfg), out) == [] and hashed == [a]
+    _replace(a, original, mtime - 3600 * 10**9)  # a copy of the same bytes, an older time
+    assert data.changed_sources(source_files(cfg), out) == []
+
+    _replace(a, original.upper(), mtime - 7200 * 10**9)  # another version, same size, an older time
+    changes = data.changed_sources(source_files(cfg), out)
+    assert len(changes) == 1 and re.fullmatch(rf"{a}: sha256 \w{{16}}\.\.\., the data was prepared from \w{{16}}\.\.\.", changes[0])
+    _replace(a, original + b"more", mtime - 7200 * 10**9)
+    assert data.changed_sources(source_files(cfg), out) == [f"{a}: {len(original) + 4} bytes, the data was prepared from {len(original)}"]
+    _replace(a, original, mtime)
+
+    (corpus / "b.txt").rename(corpus / "c.txt")
+    assert data.changed_sources(source_files(cfg), out) == [
+        f"{corpus / 'b.txt'}: read when the data was prepared, now gone",
+        f"{corpus / 'c.txt'}: a new file, not read when the data was prepared"]
+
+    # A meta.json of an earlier version records no source file: nothing to compare, nothing said.
+    meta = json.loads((out / "meta.json").read_text())
+    del meta["source"]["files"]
+    (out / "meta.json").write_text(json.dumps(meta))
+    assert data.changed_sources(source_files(cfg), out) == []
+
+
+def test_mark_stale_dates_meta_back_to_1970(tmp_path, tiny_data):
+    from scalelab.data import STALE_MTIME_NS, mark_stale
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in data.iterdir()}
+    mark_stale(data)
+    assert (data / "meta.json").stat().st_mtime_ns == STALE_MTIME_NS == 10**9, "older than any source, not 0 (ignored)"
+    assert (data / "meta.json").read_bytes() == before["meta.json"][0]
+    assert all((data / n).stat().st_mtime_ns == before[n][1] for n in ("train.bin", "val.bin")), "the tokens untouched"

@@ -109,6 +109,31 @@ def source_files(cfg: DatasetConfig) -> list[Path]:
     return [path]
 
 
+class SourceRecord:
+    """Each source file's size, mtime and sha256, as meta.json records them (``source.files``).
+
+    The size and mtime are taken before the file is read, so a change while it is read shows
+    as a difference at the next planning; the sha256 is taken from the very bytes the data
+    step reads (:meth:`read`, :meth:`update`), so no file is read twice."""
+
+    def __init__(self, files: Iterable[Path]):
+        self.stats = {Path(f): _stat_record(Path(f)) for f in files}
+        self._sha256 = {f: hashlib.sha256() for f in self.stats}
+
+    def update(self, path: Path, data) -> None:
+        self._sha256[Path(path)].update(data)
+
+    def read(self, chunks: Iterable[tuple[Path, int, bytes]]) -> Iterator[tuple[Path, int, bytes]]:
+        """(file, offset, bytes) chunks passed through, each file's bytes hashed on the way."""
+        for path, offset, data in chunks:
+            self.update(path, data)
+            yield path, offset, data
+
+    def files(self) -> dict:
+        """{path as the config names it: {size, mtime_ns, sha256}}."""
+        return {str(f): {**st, "sha256": self._sha256[f].hexdigest()} for f, st in self.stats.items()}
+
+
 def file_byte_chunks(files: Iterable[Path], chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[Path, int, bytes]]:
     """(file, offset, bytes) chunks over files, reading at most chunk_bytes at a time."""
     for path in files:
@@ -288,36 +313,40 @@ def prepare_dataset(cfg: DatasetConfig, out_dir: str | Path, seq_len: int, chunk
     out_dir.mkdir(parents=True, exist_ok=True)
     source_desc: dict = {"source": cfg.source}
 
+    # What the data is prepared from, file by file: a later planning compares it (changed_sources).
+    sources = SourceRecord(source_files(cfg))
     if cfg.source == "tokenized":
-        files, vocab_size, dtype, tokenizer_name = _copy_tokenized(cfg, out_dir, chunk_bytes)
+        files, vocab_size, dtype, tokenizer_name = _copy_tokenized(cfg, out_dir, chunk_bytes, sources)
         source_desc["path"] = str(cfg.path)
     else:
         if cfg.source == "synthetic":
             source_desc.update(seed=cfg.seed, synthetic_bytes=cfg.synthetic_bytes)
 
-            def byte_chunks():
+            def byte_chunks(record=False):
                 offset = 0
                 for chunk in synthetic_text_chunks(cfg.synthetic_bytes, cfg.seed, chunk_bytes):
                     yield Path("<synthetic>"), offset, chunk
                     offset += len(chunk)
         else:
             corpus = Path(cfg.path)
-            corpus_files = source_files(cfg)
+            corpus_files = list(sources.stats)
             for f in corpus_files:
                 if f.stat().st_size == 0 and len(corpus_files) == 1:
                     raise DataError(f"corpus file {f} is empty")
             source_desc.update(path=str(corpus), n_files=len(corpus_files))
 
-            def byte_chunks():
-                return file_byte_chunks(corpus_files, chunk_bytes)
+            def byte_chunks(record=False):
+                # Hashed in one pass only (record=True): the one whose tokens are written.
+                chunks = file_byte_chunks(corpus_files, chunk_bytes)
+                return sources.read(chunks) if record else chunks
 
         if cfg.tokenizer == "byte":
             tokenizer = ByteTokenizer()
-            token_chunks = (tokenizer.encode_bytes(chunk) for _, _, chunk in byte_chunks())
+            token_chunks = (tokenizer.encode_bytes(chunk) for _, _, chunk in byte_chunks(record=True))
         else:
             tokenizer = BPETokenizer.train(decode_chunks(byte_chunks(), cfg.decode_errors), cfg.bpe_vocab_size)
             tokenizer.save(out_dir / "tokenizer.json")
-            token_chunks = (tokenizer.encode(text) for text in decode_chunks(byte_chunks(), cfg.decode_errors))
+            token_chunks = (tokenizer.encode(text) for text in decode_chunks(byte_chunks(record=True), cfg.decode_errors))
         vocab_size, tokenizer_name = tokenizer.vocab_size, tokenizer.name
         dtype = token_dtype(vocab_size)
         files = write_split(token_chunks, out_dir, dtype, cfg.val_fraction)
@@ -348,6 +377,8 @@ def prepare_dataset(cfg: DatasetConfig, out_dir: str | Path, seq_len: int, chunk
         "scalelab_version": __version__,
         "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+    if sources.stats:
+        meta["source"]["files"] = sources.files()
     write_json(out_dir / "meta.json", meta)
     return meta
 
@@ -379,11 +410,12 @@ def check_vocab(largest: dict, dtype: np.dtype, vocab_size: int | None) -> int:
     return max_id + 1
 
 
-def _copy_tokenized(cfg: DatasetConfig, out_dir: Path, chunk_bytes: int):
-    """A nanoGPT-style .bin (or a folder with train.bin/val.bin), used as it is."""
+def _copy_tokenized(cfg: DatasetConfig, out_dir: Path, chunk_bytes: int, sources: SourceRecord):
+    """A nanoGPT-style .bin (or a folder with train.bin/val.bin), used as it is; each file's
+    bytes are hashed into ``sources`` as they are copied."""
     src = Path(cfg.path)
     dtype = np.dtype(cfg.tokenized_dtype)
-    found = source_files(cfg)
+    found = list(sources.stats)
     pairs = dict(zip(("train", "val"), found)) if src.is_dir() else {"all": found[0]}
     arrays = {}
     for split, path in pairs.items():
@@ -398,21 +430,24 @@ def _copy_tokenized(cfg: DatasetConfig, out_dir: Path, chunk_bytes: int):
         arrays[split] = np.memmap(path, dtype=dtype, mode="r")
     step = max(1, chunk_bytes // dtype.itemsize)
 
-    def chunks(arr):
+    def chunks(split):
+        arr = arrays[split]
         for start in range(0, arr.size, step):
-            yield np.asarray(arr[start:start + step])
+            chunk = np.asarray(arr[start:start + step])
+            sources.update(pairs[split], chunk)
+            yield chunk
 
     largest = {}  # file -> its largest token id
     if "all" in arrays:
-        files = write_split(chunks(arrays["all"]), out_dir, dtype, cfg.val_fraction)
+        files = write_split(chunks("all"), out_dir, dtype, cfg.val_fraction)
         largest[src] = files["max_token_id"]
     else:  # train/val given: copy each as it is
         files = {}
-        for split, arr in arrays.items():
+        for split in arrays:
             writer = MemmapTokenWriter(out_dir / f"{split}.bin", dtype)
             largest[pairs[split]] = -1
             try:
-                for c in chunks(arr):
+                for c in chunks(split):
                     largest[pairs[split]] = max(largest[pairs[split]], int(c.max()))
                     writer.append(c)
                 files[split] = writer.commit()
@@ -471,6 +506,50 @@ def verify_tokens(data_dir: str | Path, meta: dict, name: str = "train.bin") -> 
         changed = datetime.datetime.fromtimestamp(st.st_mtime, datetime.timezone.utc).isoformat(timespec="seconds")
         return f"{path} has sha256 {actual[:16]}..., meta.json records {expected[:16]}... (file modified {changed}){fix}"
     return None
+
+
+def changed_sources(files: Iterable[Path], data_dir: str | Path) -> list[str]:
+    """What differs between these source files and the ones the data in ``data_dir`` was
+    prepared from (meta.json's ``source.files``), one line per file; [] when nothing does, or
+    nothing was recorded (no meta.json yet, a synthetic source, a meta.json of an earlier version).
+
+    Compared when the workflow is planned, whatever the files' times say: a copy of another
+    version carrying an older mtime (``rsync -a``, ``cp -p``) is a change, which Snakemake's
+    time comparison alone misses. Cheap in the common case: size and mtime as recorded; a file
+    is hashed only when its mtime differs, so a touch or a copy of the same bytes still matches."""
+    try:
+        recorded = read_meta(data_dir)["source"]["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    current = {str(f): Path(f) for f in files}
+    changes = [f"{name}: read when the data was prepared, now gone" for name in recorded if name not in current]
+    for name, path in current.items():
+        was = recorded.get(name)
+        if was is None:
+            changes.append(f"{name}: a new file, not read when the data was prepared")
+            continue
+        now = _stat_record(path)
+        if now == {"size": was["size"], "mtime_ns": was["mtime_ns"]}:
+            continue
+        if now["size"] != was["size"]:
+            changes.append(f"{name}: {now['size']} bytes, the data was prepared from {was['size']}")
+        elif (sha := file_sha256(path)) != was["sha256"]:
+            changes.append(f"{name}: sha256 {sha[:16]}..., the data was prepared from {was['sha256'][:16]}...")
+    return changes
+
+
+STALE_MTIME_NS = 1_000_000_000
+"""The time mark_stale gives meta.json: one second after the epoch (Snakemake ignores an
+output time of 0), older than any source file written since."""
+
+
+def mark_stale(data_dir: str | Path) -> None:
+    """Date ``data_dir/meta.json`` back to 1970, so that the sources are newer than the
+    prepared data: Snakemake's own rule then re-prepares it (an input newer than an output, and
+    where Snakemake keeps an input's checksum, a checksum that differs) and reruns what depends
+    on it. Nothing else reads meta.json's time; the next preparation writes a new one."""
+    path = Path(data_dir) / "meta.json"
+    os.utime(path, ns=(path.stat().st_atime_ns, STALE_MTIME_NS))
 
 
 # ----------------------------------------------------------------------------- sampler
