@@ -20,9 +20,30 @@ def dataset_inputs(wildcards):
     sorted), not the folder: editing, adding or removing one re-prepares the data and reruns
     what depends on it. An unusable corpus is left to the data step, which names the problem."""
     try:
-        return [str(f) for f in source_files(dataset_config(config))]
+        files = source_files(dataset_config(config))
     except DataError:
         return [config["dataset"]["path"]]
+    _mark_data_stale_if_sources_changed(files)
+    return [str(f) for f in files]
+
+
+_SOURCES_CHECKED = []
+
+
+def _mark_data_stale_if_sources_changed(files):
+    """A source whose bytes differ from what the data was prepared from marks the data stale,
+    whatever its time says (a copy of another version with an older mtime: rsync -a, cp -p),
+    so Snakemake re-prepares it as it does after an edit. Once per planning: Snakemake may call
+    an input function more than once, and a changed file is hashed (scalelab.data.changed_sources)."""
+    from scalelab.data import changed_sources, mark_stale
+
+    if _SOURCES_CHECKED:
+        return
+    _SOURCES_CHECKED.append(True)
+    if changes := changed_sources(files, DATA_DIR):
+        print(f"scalelab: the corpus changed since {DATA_DIR} was prepared; it will be prepared again:\n  "
+              + "\n  ".join(changes), file=sys.stderr)
+        mark_stale(DATA_DIR)
 
 
 # The sweep, defined once: every run folder, run id and job derives from this table. A run's

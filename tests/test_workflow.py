@@ -1,6 +1,7 @@
 """The workflow itself: lint, a real data step, an end-to-end sweep and regeneration (kills: test_faults)."""
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -70,6 +71,42 @@ def test_corpus_folder_edited_in_place_reprepares_and_reruns(tmp_path):
     assert _planned(workdir) == {}
     (corpus / "a.txt").unlink()  # a file gone is a changed corpus too
     assert _planned(workdir).get("prepare_data") == 1
+
+
+def test_tokenized_source_replaced_by_an_older_copy_reprepares_and_reruns(tmp_path):
+    """A tokenized corpus replaced by another version carrying an older mtime (rsync -a, cp -p):
+    Snakemake's time comparison misses it; the planning compares each source with meta.json's
+    record (size and mtime, sha256 when they differ), so the data is prepared again and the runs
+    rerun. The same bytes under another time (a touch, a copy) rerun nothing."""
+    src = tmp_path / "nanogpt"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 4000), ("val", 600)):
+        rng.integers(0, 256, n).astype(np.uint16).tofile(src / f"{split}.bin")
+    workdir = write_workdir(tmp_path, tiny_config(dataset={"name": "tok", "source": "tokenized", "path": "nanogpt"}))
+    snakemake(workdir, "--cores", "2")
+    meta_path = tmp_path / "results/data/tok/meta.json"
+    train = src / "train.bin"
+    original, mtime = train.read_bytes(), train.stat().st_mtime_ns
+    assert json.loads(meta_path.read_text())["source"]["files"]["nanogpt/train.bin"]["sha256"] == hashlib.sha256(original).hexdigest()
+
+    def replace(content: bytes, mtime_ns: int):  # what rsync -a does: another file renamed into place, the sender's time
+        tmp = src / ".train.bin.new"
+        tmp.write_bytes(content)
+        os.utime(tmp, ns=(mtime_ns, mtime_ns))
+        tmp.replace(train)
+
+    os.utime(train)  # touched: newer, same bytes
+    assert _planned(workdir) == {}
+    replace(original, mtime - 3600 * 10**9)  # a copy of the same bytes, older
+    assert _planned(workdir) == {}
+    newer_version = rng.integers(0, 256, 4000).astype(np.uint16).tobytes()  # same size, other tokens
+    replace(newer_version, mtime - 7200 * 10**9)
+    assert _planned(workdir) == {"prepare_data": 1, "train": 1, "collect": 1, "report": 1, "all": 1}
+    snakemake(workdir, "--cores", "1", "results/data/tok/meta.json")  # the data step alone
+    after = json.loads(meta_path.read_text())
+    assert after["sha256"]["train.bin"] == hashlib.sha256(newer_version).hexdigest(), "a folder's train.bin is used as it is"
+    assert _planned(workdir) == {"train": 1, "collect": 1, "report": 1, "all": 1}, "the runs, on the new tokens"
 
 
 def test_sweep_end_to_end_then_nothing_to_do(tmp_path):
