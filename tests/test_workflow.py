@@ -35,11 +35,39 @@ def test_data_step_on_a_text_corpus(tmp_path):
     assert (tmp_path / "results/logs/data/fox.log").exists()
 
 
-def _planned(workdir) -> dict:
-    """{rule: count} of what `snakemake -n` would run."""
-    out = snakemake(workdir, "-n", "--cores", "2").stdout
+def _planned(workdir, checkout: Path | None = None) -> dict:
+    """{rule: count} of what `snakemake -n` would run (with the workflow of another checkout if given)."""
+    if checkout is None:
+        out = snakemake(workdir, "-n", "--cores", "2").stdout
+    else:
+        proc = subprocess.run([SNAKEMAKE, "-s", str(checkout / "Snakefile"), "-d", str(workdir), "-n", "--cores", "2"],
+                              capture_output=True, text=True, timeout=300,
+                              env=snakemake_env(PYTHONPATH=str(checkout / "src")))
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        out = proc.stdout
     return {} if "Job stats:" not in out else {
         k: int(v) for k, v in re.findall(r"^(\w+)\s+(\d+)$", out.split("Job stats:")[1], flags=re.M) if k != "total"}
+
+
+def _checkout_with_a_new_train_key(dest: Path, key: str, default: float) -> Path:
+    """A copy of this checkout as a later version would be: one more train key, with a default, in
+    the schema and the typed config."""
+    dest.mkdir(parents=True)
+    for part in ("Snakefile", "rules", "workflow", "profiles", "src"):
+        if (REPO / part).is_dir():
+            shutil.copytree(REPO / part, dest / part, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy(REPO / part, dest / part)
+    [schema] = list((dest / "src").rglob("config.schema.yaml"))
+    lines = schema.read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.startswith("  train:"))
+    at = next(i for i in range(at, len(lines)) if lines[i].strip() == "properties:")
+    indent = lines[at][:len(lines[at]) - len(lines[at].lstrip())] + "  "
+    lines.insert(at + 1, f"{indent}{key}: {{type: number, default: {default}}}\n")
+    schema.write_text("".join(lines))
+    typed = next(p for p in (dest / "src").rglob("*.py") if "class TrainConfig:" in p.read_text())
+    typed.write_text(typed.read_text().replace("class TrainConfig:\n", f"class TrainConfig:\n    {key}: float = _default('train', '{key}')\n"))
+    return dest
 
 
 def test_corpus_folder_edited_in_place_reprepares_and_reruns(tmp_path):
@@ -120,12 +148,29 @@ def test_sweep_end_to_end_then_nothing_to_do(tmp_path):
         assert summary["status"] == "ok", (path, summary["reason"])
         steps = pq.read_table(path.parent / "steps.parquet")
         assert steps.num_rows == cfg["train"]["steps"]
-        assert path.parent.relative_to(tmp_path / "results/runs").as_posix() == (
-            f"precision~{summary['precision']}/zero_stage~{summary['zero_stage']}/world_size~{summary['world_size']}/"
-            "micro_batch~auto/activation_checkpointing~false/cpu_offload~false/bucket_mb~" + ("25" if summary["zero_stage"] < 2 else "none")
-            + "/compile~false/model~base/lora_rank~none")
+        # one folder level, named by the run id; point.json holds every axis value
+        assert path.parent.relative_to(tmp_path / "results/runs").as_posix() == summary["run_id"]
+        point = json.loads((path.parent / "point.json").read_text())
+        assert point == {**RunPoint(summary["precision"], summary["zero_stage"], summary["world_size"]).to_json()}
+        assert (tmp_path / "results/logs/runs" / f"{summary['run_id']}.log").exists()
     dry = snakemake(workdir, "-n", "--cores", "2")
     assert "Nothing to be done" in dry.stdout + dry.stderr
+    # A run's params are the values that differ from the defaults: a time limit reruns nothing, a
+    # learning rate every run, a new key at its default (a later version's config) nothing
+    write_workdir(tmp_path, tiny_config(sweep=cfg["sweep"], train={"run_timeout_s": 300}))
+    assert _planned(workdir) == {}
+    write_workdir(tmp_path, tiny_config(sweep=cfg["sweep"], train={"lr": 0.001}))
+    assert _planned(workdir) == {"train": 8, "collect": 1, "report": 1, "all": 1}
+    write_workdir(tmp_path, cfg)
+    upgraded = _checkout_with_a_new_train_key(tmp_path / "upgraded", "new_knob", 0.5)
+    cfg_with_key = tiny_config(sweep=cfg["sweep"])
+    cfg_with_key["train"]["new_knob"] = 0.5
+    write_workdir(tmp_path, cfg_with_key)
+    assert _planned(workdir, upgraded) == {}, "a new key at its default reruns nothing"
+    cfg_with_key["train"]["new_knob"] = 0.25
+    write_workdir(tmp_path, cfg_with_key)
+    assert _planned(workdir, upgraded) == {"train": 8, "collect": 1, "report": 1, "all": 1}, "set away from its default, it reruns"
+    write_workdir(tmp_path, cfg)
     runs = pq.read_table(tmp_path / "results/metrics.parquet").to_pandas()
     assert sorted(runs["run_id"]) == sorted(json.loads(p.read_text())["run_id"] for p in summaries)
     html = (tmp_path / "results/report/report.html").read_text()
@@ -222,8 +267,8 @@ def test_timed_out_runs_are_retried_with_one_command_and_ok_runs_are_untouched(t
     # Snakemake plans exactly the retried runs, then collection and the report
     dry = snakemake(workdir, "-n", "--cores", "2").stdout
     jobs = planned_jobs(dry)
-    trains = sorted((j["wildcards"]["zero_stage"], j["wildcards"]["world_size"]) for j in jobs if j["rule"] in ("train", "train_multinode"))
-    assert trains == [("0", "2"), ("3", "2")], dry
+    trains = sorted(j["wildcards"]["run_id"] for j in jobs if j["rule"] in ("train", "train_multinode"))
+    assert trains == ["fp32-z0-w2", "fp32-z3-w2"], dry
     assert sorted(j["rule"] for j in jobs if not j["rule"].startswith("train")) == ["all", "collect", "report"], dry
 
     snakemake(workdir, "--cores", "2")  # no fault this time

@@ -1,0 +1,203 @@
+"""scalelab migrate: results trees written by the real code of earlier commits (tests/data/old_layouts,
+made by its make.sh) moved to runs/<run id>/ without losing or changing a metric."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from scalelab import migrate as migrate_module
+from scalelab.analysis.metrics import collect
+from scalelab.migrate import OldLayout, check_layout, migrate, old_layout_runs
+from scalelab.sweep import read_point
+
+OLD = Path(__file__).parent / "data" / "old_layouts"
+TREES = sorted(p.name for p in OLD.iterdir() if p.is_dir())
+CLI = [sys.executable, "-m", "scalelab.cli"]
+
+
+def _copy(name: str, dest: Path) -> Path:
+    shutil.copytree(OLD / name, dest)
+    return dest
+
+
+def _files(root: Path) -> dict[str, str]:
+    """relative path -> sha256 of every file under root."""
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return str(a) == str(b)  # lists (per-rank bytes) and scalars alike
+
+
+def test_the_fixture_trees_cover_every_layout_depth_this_project_wrote():
+    depths = {max(len(p.split("/")) for p in old_layout_runs(OLD / name)) for name in TREES}
+    assert depths == {3, 7, 9, 10}
+
+
+@pytest.mark.parametrize("name", TREES)
+def test_migrated_tree_collects_every_run_with_identical_metrics(tmp_path, name):
+    results = _copy(name, tmp_path / "results")
+    before = _files(results)
+    (results / "report").mkdir()
+    (results / "report" / "report.html").write_text("<html>report of the old tables</html>")
+
+    with pytest.raises(OldLayout, match=r"scalelab migrate"):
+        collect(results)
+    dry = subprocess.run([*CLI, "migrate", str(results), "--dry-run"], capture_output=True, text=True, timeout=120)
+    assert dry.returncode == 0, dry.stderr
+    assert "would move runs/precision~" in dry.stdout and "nothing changed" in dry.stdout
+    assert {k: v for k, v in _files(results).items() if not k.startswith("report/")} == before  # dry run: untouched
+
+    done = subprocess.run([*CLI, "migrate", str(results)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert old_layout_runs(results) == []
+    after = _files(results)
+    # nothing lost or rewritten: every file is still there, byte for byte, under its new name
+    assert sorted(before.values()) == sorted(v for k, v in after.items()
+                                             if not k.endswith("point.json") and not k.endswith("report.html"))
+    run_dirs = sorted(p for p in (results / "runs").iterdir())
+    assert len(run_dirs) == len(old_layout_runs(OLD / name)) and all((d / "point.json").exists() for d in run_dirs)
+    for run_dir in run_dirs:
+        assert read_point(run_dir).run_id == run_dir.name
+        assert json.loads((run_dir / "summary.json").read_text())["run_id"] == run_dir.name
+        assert (results / "logs" / "runs" / f"{run_dir.name}.log").exists()  # the log went with its run
+    assert not list((results / "logs" / "runs").glob("precision~*"))
+    assert (results / "superseded" / "report" / "report.html").exists() and not (results / "report" / "report.html").exists()
+
+    result = collect(results)
+    assert result["problems"] == []
+    old = pd.read_parquet(results / "superseded" / "metrics.parquet").set_index("run_id").sort_index()
+    new = pd.read_parquet(results / "metrics.parquet").set_index("run_id").sort_index()
+    assert list(old.index) == list(new.index)
+    differences = [f"{run}.{col}: {old.at[run, col]!r} -> {new.at[run, col]!r}"
+                   for col in old.columns if col != "run_path" for run in old.index
+                   if not _same(old.at[run, col], new.at[run, col])]
+    assert differences == []
+    assert list(new["run_path"]) == list(new.index)  # the folder is the run id
+    assert new["status"].isin(["ok", "skipped"]).all()
+    old_steps = pd.read_parquet(results / "superseded" / "steps.parquet")
+    new_steps = pd.read_parquet(results / "steps.parquet")
+    shared = [c for c in old_steps.columns if c in new_steps.columns]
+    key = ["run_id", "step"]
+    pd.testing.assert_frame_equal(old_steps[shared].sort_values(key).reset_index(drop=True),
+                                  new_steps[shared].sort_values(key).reset_index(drop=True))
+    # axes added after the tree was written read as their defaults, in both tables
+    assert not new_steps["compile"].any() and (new_steps["model"] == "base").all()
+
+    again = subprocess.run([*CLI, "migrate", str(results)], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "nothing to do" in again.stdout
+    assert _files(results) == {**after, "metrics.parquet": _files(results)["metrics.parquet"],
+                               "steps.parquet": _files(results)["steps.parquet"]}
+
+
+def test_status_names_the_migration_instead_of_seeing_no_runs(tmp_path):
+    results = _copy(TREES[0], tmp_path / "results")
+    proc = subprocess.run([*CLI, "status", str(results)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "written by an older layout" in proc.stderr and f"scalelab migrate {results}" in proc.stderr
+
+
+def test_an_interrupted_migration_finishes_when_rerun(tmp_path, monkeypatch):
+    name = next(n for n in TREES if n.endswith("-10-levels"))
+    reference = _copy(name, tmp_path / "reference")
+    migrate(reference)
+    results = _copy(name, tmp_path / "results")
+    real_rename, calls = os.rename, []
+
+    def dying_rename(src, dst):  # the process dies after a few files: part of a run folder moved
+        calls.append(src)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        real_rename(src, dst)
+
+    monkeypatch.setattr(migrate_module.os, "rename", dying_rename)
+    with pytest.raises(KeyboardInterrupt):
+        migrate(results)
+    monkeypatch.setattr(migrate_module.os, "rename", real_rename)
+    assert old_layout_runs(results)  # half done: the workflow still refuses to plan
+    with pytest.raises(OldLayout):
+        check_layout(results)
+    migrate(results)
+    assert _files(results) == _files(reference)
+
+
+def test_two_old_copies_of_one_run_newest_wins_the_other_is_kept_aside(tmp_path):
+    """A tree upgraded before keeps an orphaned older layout beside the newer one: both hold fp32-z0-w1."""
+    results = _copy(next(n for n in TREES if n.endswith("-10-levels")), tmp_path / "results")
+    older = OLD / next(n for n in TREES if n.endswith("-3-levels"))
+    shutil.copytree(older / "runs" / "precision~fp32" / "zero_stage~0" / "world_size~1",
+                    results / "runs" / "precision~fp32" / "zero_stage~0" / "world_size~1", dirs_exist_ok=True)
+    old_summary = results / "runs" / "precision~fp32" / "zero_stage~0" / "world_size~1" / "summary.json"
+    os.utime(old_summary, (1, 1))  # written long before the deeper tree's
+    old_bytes = old_summary.read_bytes()
+    result = migrate(results)
+    moves = {m.old_path: m.to for m in result["moves"]}
+    assert moves["precision~fp32/zero_stage~0/world_size~1"] == "superseded/runs/precision~fp32/zero_stage~0/world_size~1"
+    assert (results / "superseded/runs/precision~fp32/zero_stage~0/world_size~1/summary.json").read_bytes() == old_bytes
+    assert (results / "runs/fp32-z0-w1/summary.json").read_bytes() != old_bytes
+    assert old_layout_runs(results) == []
+
+
+def test_a_file_already_at_the_destination_is_never_overwritten(tmp_path):
+    results = _copy(next(n for n in TREES if n.endswith("-10-levels")), tmp_path / "results")
+    (results / "runs" / "fp32-z0-w1").mkdir(parents=True)
+    (results / "runs" / "fp32-z0-w1" / "steps.parquet").write_text("someone's own file")
+    proc = subprocess.run([*CLI, "migrate", str(results)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout
+    assert "kept in the old folder, the destination already has: steps.parquet" in proc.stdout
+    assert (results / "runs" / "fp32-z0-w1" / "steps.parquet").read_text() == "someone's own file"
+    kept = [p for p in (results / "runs").rglob("steps.parquet") if "~" in str(p.parent)]
+    assert len(kept) == 1 and kept[0].stat().st_size > 100  # the run's own steps wait in the old folder
+
+
+def test_an_old_folder_naming_an_unknown_axis_is_left_in_place(tmp_path):
+    results = tmp_path / "results"
+    odd = results / "runs" / "precision~fp32" / "zero_stage~0" / "world_size~1" / "hsdp~2"
+    odd.mkdir(parents=True)
+    (odd / "summary.json").write_text('{"status": "ok"}')
+    result = migrate(results)
+    [move] = result["moves"]
+    assert move.problem.startswith("'hsdp~2' is not 'axis~value' for an axis of this scalelab (precision, zero_stage")
+    assert (odd / "summary.json").exists()
+
+
+@pytest.mark.workflow
+def test_the_workflow_refuses_an_old_tree_and_after_migrate_trains_nothing(tmp_path):
+    """The tree of the newest old layout, under the sweep that wrote it: before the migration the
+    workflow stops before any job, naming the command; after it, it collects and reports again and
+    plans no training (the runs' outputs are in place, newer than the data)."""
+    import yaml
+
+    from scalelab.harness.testing import run_snakemake, snakemake_env
+
+    name = next(n for n in TREES if n.endswith("-10-levels"))
+    results = _copy(name, tmp_path / "results")
+    # a copy's times are the copy's: the data first, then the runs' outputs, as when they were written
+    # (long ago: older than this checkout's workflow scripts, as after an upgrade)
+    for i, path in enumerate([*sorted((results / "data").rglob("*")), *sorted((results / "runs").rglob("*"))]):
+        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
+    assert min(p.stat().st_mtime for p in (Path(__file__).parents[1] / "workflow" / "scripts").glob("*.py")) > 1_700_000_100
+    cfg = yaml.safe_load((Path(__file__).parents[1] / "config.yaml").read_text())
+    for section, values in yaml.safe_load((OLD / "sweep-10.yaml").read_text()).items():
+        cfg[section].update(values)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    refused = run_snakemake(tmp_path, "-n", "--cores", "2", check=False, env=snakemake_env())
+    assert refused.returncode != 0 and "run `scalelab migrate results`" in refused.stdout + refused.stderr, refused.stdout[-2000:]
+
+    migrate(results)
+    dry = run_snakemake(tmp_path, "-n", "--cores", "2").stdout
+    jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", dry.split("Job stats:")[1], flags=re.M))
+    assert jobs == {"collect": "1", "report": "1", "all": "1", "total": "3"}, dry
