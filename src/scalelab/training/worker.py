@@ -140,14 +140,15 @@ def nccl_version() -> str:
 class Fault:
     """Fault injection for tests and drills, from SCALELAB_FAULT="kind@step=S,rank=R".
 
-    kinds: inf_grad (a non-finite gradient element on that rank), crash (raise), hang
+    kinds: inf_grad (a non-finite gradient element on that rank), crash (raise), oom (raise
+    torch's out-of-memory error, as a GPU would), hang
     (sleep before the step's collectives), exit (hard exit without cleanup), teardown
     (abort in process-group teardown, after the results are written). Any other value
     (scalelab.io.fault_point's names) injects nothing here.
     """
 
     # The moment each kind strikes: the hook is called at every one of them.
-    MOMENT = {"hang": "before_step", "crash": "before_step", "exit": "before_step",
+    MOMENT = {"hang": "before_step", "crash": "before_step", "oom": "before_step", "exit": "before_step",
               "inf_grad": "after_backward", "teardown": "teardown"}
 
     def __init__(self, spec: str | None):
@@ -170,6 +171,8 @@ class Fault:
             time.sleep(10 ** 6)
         elif self.kind == "crash":
             raise RuntimeError(f"injected crash at step {step} on rank {rank}")
+        elif self.kind == "oom":
+            raise torch.OutOfMemoryError(f"injected: out of memory at step {step} on rank {rank}")
         elif self.kind == "exit":
             os._exit(17)
         elif self.kind == "inf_grad":
