@@ -9,6 +9,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from scalelab.columns import IDENTITY as COLUMNS_IDENTITY
+from scalelab.columns import steps_problems, summary_problems
 from scalelab.harness import REPO_ROOT as REPO  # noqa: F401
 from scalelab.harness.testing import BIN, SNAKEMAKE, tiny_config, write_workdir  # noqa: F401
 from scalelab.harness.testing import run_snakemake as snakemake  # noqa: F401
@@ -44,8 +46,14 @@ def run_point(tmp_path, tiny_data, point, cfg=None, fault=None, **kwargs):
         if old is not None:
             os.environ["SCALELAB_FAULT"] = old
     assert json.loads((run_dir / "summary.json").read_text()) == json.loads(json.dumps(summary, default=str))
-    steps = pq.read_table(run_dir / "steps.parquet").to_pandas()
-    return summary, steps, run_dir
+    steps = pq.read_table(run_dir / "steps.parquet")
+    # Every real run of the suite against the column table (scalelab.columns). A compiled run
+    # without its warm-up (tests only) has no compile time, which the table says it has.
+    if kwargs.get("compile_warm_up", True):
+        assert summary_problems(summary) == [], (point.run_id, summary_problems(summary))
+        identity = {c.name: summary[c.name] for c in COLUMNS_IDENTITY}
+        assert steps_problems(steps, identity) == [], (point.run_id, steps_problems(steps, identity))
+    return summary, steps.to_pandas(), run_dir
 
 
 def planned_jobs(dry_run_output: str) -> list[dict]:

@@ -1,4 +1,5 @@
-"""Result tables: explicit pyarrow schemas with a schema version, atomic Parquet writes."""
+"""Collection: every run folder's summary.json and steps.parquet into the two result tables
+(the schemas come from the column table, scalelab.columns)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,143 +7,24 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from scalelab.analysis.dictionary import IDENTITY, RUN, STEP, field_metadata
-from scalelab.io import atomic_path
+# The schemas and the functions that build and write the tables live with the column table
+# (scalelab.columns, below training/ and analysis/); imported here for collect() and for callers.
+from scalelab.columns import (  # noqa: F401
+    COLLECTIVES,
+    IDENTITY_FIELDS,
+    RUN_SCHEMA,
+    SCHEMA_VERSION,
+    STEP_SCHEMA,
+    run_row,
+    runs_table,
+    schema_version,
+    steps_table,
+    type_problems,
+    unknown_summary_keys,
+    write_parquet,
+)
 from scalelab.migrate import check_layout
-from scalelab.sweep import AXES, POINT_FILE, RUN_DIR_GLOB, read_point
-
-SCHEMA_VERSION = "4"  # 2: lever identity columns; 3: device plan, launch and provenance sources;
-# 4: the compile lever (identity column, compile time), MFU against the bf16 peak, activations outside the blocks predicted
-_META = {b"scalelab.schema_version": SCHEMA_VERSION.encode()}
-
-# Identity columns repeated on every row of every table: the run id and one per sweep axis.
-# micro_batch is the resolved size (sequences per rank per forward): null only for a
-# missing/corrupt run whose path said 'auto'. bucket_mb is null for strategies without buckets.
-# Every field carries its unit and meaning from the data dictionary (scalelab.analysis.dictionary)
-# in its Parquet field metadata; a column the dictionary lacks fails here, at import.
-IDENTITY_FIELDS = [pa.field("run_id", pa.string(), nullable=False, metadata=field_metadata(IDENTITY["run_id"]))] + [
-    pa.field(axis.name, pa.type_for_alias(axis.arrow), nullable=axis.nullable, metadata=field_metadata(IDENTITY[axis.name]))
-    for axis in AXES]
-
-
-def _field(name: str, type_: pa.DataType, columns: dict, nullable: bool = True) -> pa.Field:
-    return pa.field(name, type_, nullable=nullable, metadata=field_metadata(columns[name]))
-
-
-STEP_SCHEMA = pa.schema(IDENTITY_FIELDS + [
-    _field("step", pa.int32(), STEP, nullable=False),
-    *(_field(name, type_, STEP) for name, type_ in [
-        ("loss", pa.float64()), ("grad_norm", pa.float64()), ("lr", pa.float64()), ("loss_scale", pa.float64()),
-        ("skipped", pa.bool_()), ("step_time_s", pa.float64()), ("tokens", pa.int64()), ("tokens_per_s", pa.float64())]),
-], metadata=_META)
-
-
-def steps_table(identity: dict, records: list[dict]) -> pa.Table:
-    columns = {f.name: [] for f in STEP_SCHEMA}
-    for rec in records:
-        row = {**rec, **identity}
-        t = rec.get("step_time_s")
-        row["tokens_per_s"] = rec["tokens"] / t if t else None
-        for name in columns:
-            columns[name].append(row.get(name))
-    return pa.Table.from_pydict(columns, schema=STEP_SCHEMA)
-
-
-def write_parquet(table: pa.Table, path: str | Path) -> None:
-    with atomic_path(path) as tmp:
-        pq.write_table(table, tmp)
-
-
-def schema_version(path: str | Path) -> str | None:
-    meta = pq.read_schema(path).metadata or {}
-    value = meta.get(b"scalelab.schema_version")
-    return value.decode() if value else None
-
-
-# ----------------------------------------------------------------------------- runs table
-
-COLLECTIVES = ("all_reduce", "broadcast", "all_gather_single", "reduce_scatter_single")
-
-_RUN_FIELDS = [
-    ("status", pa.string()), ("reason", pa.string()), ("teardown_warning", pa.string()), ("steps_problem", pa.string()), ("dataset", pa.string()),
-    ("n_params", pa.int64()), ("n_trainable_params", pa.int64()), ("lora_alpha", pa.float64()),
-    ("n_layers", pa.int32()), ("d_model", pa.int32()), ("n_heads", pa.int32()),
-    ("seq_len", pa.int32()), ("vocab_size", pa.int64()), ("tie_embeddings", pa.bool_()),
-    ("steps", pa.int32()), ("completed_steps", pa.int32()), ("warmup_steps", pa.int32()),
-    ("global_batch", pa.int32()), ("accumulation_steps", pa.int32()),
-    ("tokens_per_step", pa.int64()), ("measured_steps", pa.int32()),
-    ("tokens_per_s", pa.float64()), ("step_time_s_mean", pa.float64()), ("step_time_s_median", pa.float64()),
-    ("loop_time_s_per_step", pa.float64()),
-    ("compile_time_s", pa.float64()), ("compile_graphs", pa.int32()), ("compile_graphs_in_loop", pa.int32()),
-    ("flops_per_token", pa.float64()), ("peak_flops_per_device", pa.float64()), ("peak_flops_source", pa.string()),
-    ("mfu", pa.float64()), ("peak_flops_bf16", pa.float64()), ("peak_flops_bf16_source", pa.string()),
-    ("mfu_bf16_peak", pa.float64()),
-    ("final_loss", pa.float64()), ("skipped_steps", pa.int32()), ("resumed_from_step", pa.int32()), ("final_loss_scale", pa.float64()),
-    ("model_state_bytes_measured", pa.int64()), ("model_state_params_bytes_measured", pa.int64()),
-    ("model_state_grads_bytes_measured", pa.int64()), ("model_state_optimizer_bytes_measured", pa.int64()),
-    ("model_state_bytes_measured_per_rank", pa.list_(pa.int64())),
-    ("model_state_bytes_predicted", pa.float64()), ("model_state_params_bytes_predicted", pa.float64()),
-    ("model_state_grads_bytes_predicted", pa.float64()), ("model_state_optimizer_bytes_predicted", pa.float64()),
-    ("model_state_bytes_predicted_paper", pa.float64()),
-    ("comm_bytes_per_step_measured", pa.float64()), ("comm_bytes_per_step_predicted", pa.float64()),
-    ("comm_bytes_per_step_predicted_paper", pa.float64()),
-    *[(f"comm_{c}_bytes_per_step", pa.float64()) for c in COLLECTIVES],
-    *[(f"comm_{c}_calls_per_step", pa.float64()) for c in COLLECTIVES],
-    ("activation_bytes_measured", pa.int64()), ("activation_bytes_outside_blocks_measured", pa.int64()),
-    ("activation_bytes_predicted", pa.float64()), ("activation_bytes_predicted_paper", pa.float64()),
-    ("activation_bytes_outside_blocks_predicted", pa.float64()),
-    ("activation_measure", pa.string()),
-    ("recompute_flops_per_token", pa.float64()), ("hfu", pa.float64()),
-    ("fp8_linears", pa.int32()), ("fp8_emulated", pa.bool_()),
-    ("ddp_buckets_predicted", pa.int32()),
-    ("predicted_peak_bytes", pa.float64()), ("predicted_activation_bytes", pa.float64()),
-    ("predicted_transient_param_bytes", pa.float64()), ("device_memory_bytes", pa.float64()), ("predicted_oom_reason", pa.string()),
-    ("peak_mem_allocated_bytes", pa.int64()), ("peak_mem_reserved_bytes", pa.int64()), ("peak_rss_bytes", pa.int64()),
-    ("wall_time_s", pa.float64()), ("startup_s", pa.float64()),
-    ("requested_device", pa.string()), ("planned_device_reason", pa.string()),
-    ("device_type", pa.string()), ("device_name", pa.string()), ("backend", pa.string()),
-    ("launch", pa.string()), ("launchers", pa.int32()),
-    ("threads", pa.int32()), ("threads_per_rank", pa.int32()),
-    ("torch_version", pa.string()), ("cuda_version", pa.string()), ("nccl_version", pa.string()),
-    ("python_version", pa.string()), ("hostname", pa.string()), ("git_commit", pa.string()), ("git_dirty", pa.bool_()),
-    ("git_commit_source", pa.string()), ("dataset_sha256_train", pa.string()),
-    ("seed", pa.int64()), ("config_hash", pa.string()), ("started_utc", pa.string()), ("run_path", pa.string()),
-]
-RUN_SCHEMA = pa.schema(IDENTITY_FIELDS + [_field(n, t, RUN) for n, t in _RUN_FIELDS], metadata=_META)
-
-
-# Summary keys that run_row spreads over several columns (comm_<collective>_...).
-_FLATTENED = {"comm_bytes_per_step_by_type", "comm_calls_per_step"}
-
-
-def unknown_summary_keys(summary: dict) -> list[str]:
-    """Keys of a run's summary that no column of RUN_SCHEMA holds (they would be lost)."""
-    return sorted(set(summary) - set(RUN_SCHEMA.names) - _FLATTENED)
-
-
-def type_problems(row: dict) -> list[str]:
-    """'field=value (expected type)' for each value of a row its RUN_SCHEMA column cannot hold."""
-    bad = []
-    for f in RUN_SCHEMA:
-        try:
-            pa.array([row.get(f.name)], type=f.type)
-        except (pa.ArrowException, TypeError, ValueError, OverflowError):
-            bad.append(f"{f.name}={row.get(f.name)!r} (expected {f.type})")
-    return bad
-
-
-def run_row(summary: dict, run_path: str) -> dict:
-    """Flatten a run's summary.json into one row of RUN_SCHEMA."""
-    row = dict(summary)
-    for c in COLLECTIVES:
-        row[f"comm_{c}_bytes_per_step"] = (summary.get("comm_bytes_per_step_by_type") or {}).get(c)
-        row[f"comm_{c}_calls_per_step"] = (summary.get("comm_calls_per_step") or {}).get(c)
-    row["run_path"] = run_path
-    return {f.name: row.get(f.name) for f in RUN_SCHEMA}
-
-
-def runs_table(rows: list[dict]) -> pa.Table:
-    return pa.Table.from_pylist(rows, schema=RUN_SCHEMA)
+from scalelab.sweep import POINT_FILE, RUN_DIR_GLOB, read_point
 
 
 def _identity_of(run_dir: Path) -> dict | None:

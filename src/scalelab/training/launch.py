@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from scalelab import placement
-from scalelab.analysis.metrics import steps_table, write_parquet
+from scalelab.columns import steps_table, write_parquet
 from scalelab.config import config_hash, model_config, train_config
 from scalelab.data import read_meta, verify_tokens
 from scalelab.io import read_json, write_json

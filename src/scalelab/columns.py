@@ -1,0 +1,487 @@
+"""The column table: every column of metrics.parquet and steps.parquet, declared once.
+
+Per column: its name, Arrow type, unit, meaning, the part that writes it and when it holds a
+value (``Filled``: which statuses and levers leave it null is part of the contract). The
+Parquet schemas (``RUN_SCHEMA``, ``STEP_SCHEMA``), their field metadata, the data dictionary
+the report shows (scalelab.analysis.dictionary) and docs/data-dictionary.md
+(``python -m scalelab.columns > docs/data-dictionary.md``) are derived from it, and
+tests/test_columns.py holds real runs of every status and lever against it (``summary_problems``).
+
+Writers:
+
+- ``identity``: the sweep point, from scalelab.sweep.AXES (the registry of axes), and its run id;
+- ``launch``: the launcher (scalelab.training.launch): plan, outcome, provenance;
+- ``worker``: rank 0's worker (scalelab.training.worker): the measurements, read back only from
+  a run whose ranks all finished (status ok);
+- ``collect``: collection of the run folders into the tables (scalelab.analysis.metrics).
+
+A new metric is a ``Column`` here and the line of its writer that fills it. This module sits
+below ``training`` and ``analysis`` (both import it) and imports neither, nor torch.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from scalelab.io import atomic_path
+from scalelab.strategies import strategy
+from scalelab.sweep import AXES
+
+SCHEMA_VERSION = "4"  # 2: lever identity columns; 3: device plan, launch and provenance sources;
+# 4: the compile lever (identity column, compile time), MFU against the bf16 peak, activations outside the blocks predicted
+_META = {b"scalelab.schema_version": SCHEMA_VERSION.encode()}
+
+WRITERS = ("identity", "launch", "worker", "collect")
+COLLECTIVES = ("all_reduce", "broadcast", "all_gather_single", "reduce_scatter_single")
+"""The collectives counted per type (scalelab.training.comm), one column pair each."""
+FLATTENED = {"comm_bytes_per_step_by_type": "comm_{}_bytes_per_step", "comm_calls_per_step": "comm_{}_calls_per_step"}
+"""Summary keys holding a dict by collective, spread by ``run_row`` over one column per collective."""
+LAUNCHER_STATUSES = ("ok", "oom", "predicted_oom", "timeout", "failed", "diverged", "skipped")
+"""Statuses the launcher writes into a run's summary.json."""
+COLLECTED_STATUSES = ("missing", "corrupt")
+"""Statuses collection gives a run folder without a readable summary: such a row holds its
+identity, status, reason and run_path only (the null contract below is for the launcher's rows)."""
+
+
+# ----------------------------------------------------------------------------- the null contract
+
+Row = Callable[[dict], bool]
+
+
+@dataclass(frozen=True)
+class Filled:
+    """When a column holds a value. ``rows``: the rows that must hold one (None: no row can be
+    named in advance, e.g. a teardown warning); ``at_most``: the only rows that may (None: any)."""
+    text: str
+    rows: Row | None
+    at_most: Row | None = None
+
+    def __and__(self, other: Filled) -> Filled:
+        """Both conditions: "status ok" & "precision fp16" -> filled exactly for fp16 runs that ended ok."""
+        def both(a: Row | None, b: Row | None) -> Row | None:
+            return None if a is None or b is None else (lambda row: a(row) and b(row))
+        return Filled(f"{self.text}, {other.text}", both(self.rows, other.rows), both(self.at_most, other.at_most))
+
+
+def _exactly(text: str, rows: Row) -> Filled:
+    """Filled in these rows and null in every other."""
+    return Filled(text, rows, rows)
+
+
+def _ok(row: dict) -> bool:
+    return row["status"] == "ok"
+
+
+def _has(name: str) -> Row:
+    return lambda row: row.get(name) is not None
+
+
+ALWAYS = Filled("always", lambda row: True)
+OK = _exactly("status ok", _ok)
+NOT_OK = _exactly("status other than ok", lambda row: not _ok(row))
+# The launcher counts the records whenever it started the ranks: that count marks a launch (a
+# skipped, a predicted_oom or a run stopped before launch, e.g. on a changed tokens file, has none).
+LAUNCHED = _exactly("the ranks were started (every status but skipped and predicted_oom, unless stopped before launch)",
+                    lambda row: _ok(row) or row.get("completed_steps") is not None)
+GPU = _exactly("a GPU run", lambda row: row.get("device_type") == "cuda")
+FP16 = _exactly("precision fp16 (a loss scaler)", lambda row: row.get("precision") == "fp16")
+FP8 = _exactly("precision fp8", lambda row: row.get("precision") == "fp8")
+COMPILED = _exactly("compile lever on", lambda row: bool(row.get("compile")))
+LORA = _exactly("lora_rank set", _has("lora_rank"))
+BUCKETS = _exactly("a strategy with DDP buckets (ZeRO stages 0 and 1)", lambda row: strategy(row["zero_stage"]).ddp_buckets)
+
+
+def sometimes(text: str, at_most: Filled | None = None) -> Filled:
+    """Filled in rows no status or lever names in advance (text says which); null outside at_most."""
+    return Filled(f"{at_most.text}, {text}" if at_most else text, None, at_most.at_most if at_most else None)
+
+
+# ----------------------------------------------------------------------------- the table
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: pa.DataType
+    unit: str
+    """``B`` bytes, ``s`` seconds, ``FLOP`` floating-point operations, ``-`` a dimensionless number or a label."""
+    meaning: str
+    writer: str
+    filled: Filled = ALWAYS
+    nullable: bool = True
+    """The Arrow field's flag: False only for the keys (run_id, the main axes, step)."""
+
+    def __post_init__(self):
+        assert self.writer in WRITERS, (self.name, self.writer)
+
+    def field(self) -> pa.Field:
+        # The unit, meaning, writer and null contract travel in the file's field metadata.
+        meta = {b"unit": self.unit, b"description": self.meaning, b"writer": self.writer, b"filled": self.filled.text}
+        return pa.field(self.name, self.type, nullable=self.nullable, metadata={k: v.encode() for k, v in meta.items()})
+
+
+_AXIS_UNITS = {"world_size": "ranks", "micro_batch": "sequences", "bucket_mb": "MiB"}
+_AXIS_MEANINGS = {
+    "micro_batch": "sweep axis: sequences per rank per forward, as resolved at launch (the whole per-rank batch when the "
+                   "sweep says auto); null only for a missing or corrupt run whose folder said auto",
+}
+_AXIS_FILLED = {  # the axes that may be null: when they hold a value
+    "micro_batch": ALWAYS,  # resolved by the launcher; collection's missing/corrupt rows may lack it
+    "bucket_mb": BUCKETS,
+    "lora_rank": sometimes("LoRA runs (null: full training)"),
+}
+
+
+def _axis_column(axis) -> Column:
+    return Column(axis.name, pa.type_for_alias(axis.arrow), _AXIS_UNITS.get(axis.name, "-"),
+                  _AXIS_MEANINGS.get(axis.name, f"sweep axis: {axis.doc}"), "identity",
+                  _AXIS_FILLED[axis.name] if axis.nullable else ALWAYS, nullable=axis.nullable)
+
+
+# Repeated on every row of both tables: the run id, then one column per sweep axis (scalelab.sweep.AXES).
+IDENTITY = [
+    Column("run_id", pa.string(), "-", "short unique id of the sweep point, e.g. fp32-z0-w2, plus a part per lever away "
+           "from its default (-mb2, -ac, -offload, -bucket1)", "identity", nullable=False),
+    *(_axis_column(axis) for axis in AXES),
+]
+
+# metrics.parquet: one row per run, after the identity columns.
+RUN = [
+    Column("status", pa.string(), "-", f"{' | '.join(LAUNCHER_STATUSES)}, and from collection "
+           f"{' | '.join(COLLECTED_STATUSES)}", "launch"),
+    Column("reason", pa.string(), "-", "why the run did not end ok (the root error, the limit hit, why it was skipped); "
+           "null when ok", "launch", NOT_OK),
+    Column("teardown_warning", pa.string(), "-", "a rank exited abnormally after the results were written; the "
+           "measurements are complete", "launch", sometimes("when a rank exited abnormally after the results", OK)),
+    Column("steps_problem", pa.string(), "-", "set by collection when the run's steps.parquet is missing or corrupt (its "
+           "steps are in no figure)", "collect", sometimes("when steps.parquet is missing or corrupt")),
+    Column("dataset", pa.string(), "-", "dataset name (config dataset.name)", "launch"),
+    Column("n_params", pa.int64(), "parameters", "model parameters Ψ (tied embeddings counted once)", "worker", OK),
+    Column("n_trainable_params", pa.int64(), "parameters", "parameters with gradients and optimizer state: Ψ in full "
+           "training, LoRA's A and B with lora_rank", "worker", OK),
+    Column("lora_alpha", pa.float64(), "-", "LoRA scaling numerator (train.lora_alpha): the update is scaled by alpha / "
+           "rank; null without LoRA", "worker", OK & LORA),
+    Column("n_layers", pa.int32(), "-", "transformer blocks L", "launch"),
+    Column("d_model", pa.int32(), "-", "model width d", "launch"),
+    Column("n_heads", pa.int32(), "-", "attention heads a", "launch"),
+    Column("seq_len", pa.int32(), "tokens", "sequence length T", "launch"),
+    Column("vocab_size", pa.int64(), "tokens", "vocabulary size V", "launch"),
+    Column("tie_embeddings", pa.bool_(), "-", "whether the output head shares the embedding matrix", "launch"),
+    Column("steps", pa.int32(), "-", "optimizer steps the run was configured for (train.steps)", "launch"),
+    Column("completed_steps", pa.int32(), "-", "optimizer steps whose records were written (fewer than steps when a run "
+           "stopped early)", "launch", LAUNCHED),
+    Column("warmup_steps", pa.int32(), "-", "steps before measurement starts (train.warmup_steps); not in the run-level "
+           "timings", "launch"),
+    Column("global_batch", pa.int32(), "sequences", "sequences per optimizer step, all ranks together", "launch"),
+    Column("accumulation_steps", pa.int32(), "-", "micro-batches per rank per optimizer step (gradient accumulation); "
+           "planned by the launcher, as the worker ran it", "launch"),
+    Column("tokens_per_step", pa.int64(), "tokens", "tokens per optimizer step, all ranks together (global_batch × "
+           "seq_len)", "worker", OK),
+    Column("measured_steps", pa.int32(), "-", "steps after warm-up that the run-level timings average over", "worker", OK),
+    Column("tokens_per_s", pa.float64(), "tokens/s", "throughput over the measured steps, all ranks together (per device: "
+           "divide by world_size)", "worker", OK),
+    Column("step_time_s_mean", pa.float64(), "s", "mean step time over the measured steps", "worker", OK),
+    Column("step_time_s_median", pa.float64(), "s", "median step time over the measured steps", "worker", OK),
+    Column("loop_time_s_per_step", pa.float64(), "s", "wall time of the whole training loop (records, loss sync "
+           "included) per measured step", "worker", OK),
+    Column("compile_time_s", pa.float64(), "s", "compile lever: wall time of the warm-up forward and backward that "
+           "compiles the graphs before the first step (kept out of every step time); null when not compiled", "worker",
+           OK & COMPILED),
+    Column("compile_graphs", pa.int32(), "-", "graphs torch.compile compiled in that warm-up (the block's and the loss's)",
+           "worker", OK & COMPILED),
+    Column("compile_graphs_in_loop", pa.int32(), "-", "graphs compiled during the measured steps: 0 means no step time "
+           "holds compilation", "worker", OK & COMPILED),
+    Column("flops_per_token", pa.float64(), "FLOP/token", "model FLOPs per token, forward and backward: 6·(12·L·d² + V·d) "
+           "+ 12·L·d·T", "worker", OK),
+    Column("peak_flops_per_device", pa.float64(), "FLOP/s", "dense peak used for MFU, per device, for this precision "
+           "(NaN when unknown)", "worker", OK),
+    Column("peak_flops_source", pa.string(), "-", "where that peak comes from (datasheet, measured CPU matmul rate, "
+           "config) or why it is unknown", "worker", OK),
+    Column("mfu", pa.float64(), "fraction", "model FLOPs utilisation: tokens_per_s × flops_per_token / "
+           "(peak_flops_per_device × world_size); above 1 means the peak is too low for this path (e.g. emulated fp16 "
+           "on a CPU)", "worker", OK),
+    Column("peak_flops_bf16", pa.float64(), "FLOP/s", "dense bf16 peak per device (datasheet on a GPU; measured bf16 "
+           "matmul rate on a CPU): the common MFU convention for every precision", "worker", OK),
+    Column("peak_flops_bf16_source", pa.string(), "-", "where peak_flops_bf16 came from", "worker", OK),
+    Column("mfu_bf16_peak", pa.float64(), "-", "MFU against the bf16 dense peak (torchtitan's convention; fp8 runs show "
+           "their speed-up here), beside mfu against the run's own precision's peak", "worker", OK),
+    Column("final_loss", pa.float64(), "nats/token", "loss of the last recorded step", "launch",
+           Filled("a step was recorded (completed_steps > 0)", lambda row: bool(row.get("completed_steps")),
+                  LAUNCHED.at_most)),
+    Column("skipped_steps", pa.int32(), "-", "optimizer steps skipped by the fp16 loss scaler", "worker", OK),
+    Column("resumed_from_step", pa.int32(), "-", "the checkpoint step a resumed run started after; null when not resumed",
+           "worker", sometimes("when the run resumed from a checkpoint", OK)),
+    Column("final_loss_scale", pa.float64(), "-", "fp16 loss scale at the end of the run; null without a scaler", "worker",
+           OK & FP16),
+    Column("model_state_bytes_measured", pa.int64(), "B", "model state at rest (parameters + gradients + optimizer "
+           "state) on the largest rank, after the last step", "worker", OK),
+    Column("model_state_params_bytes_measured", pa.int64(), "B", "parameters held by the largest rank", "worker", OK),
+    Column("model_state_grads_bytes_measured", pa.int64(), "B", "gradients held by the largest rank", "worker", OK),
+    Column("model_state_optimizer_bytes_measured", pa.int64(), "B", "AdamW state held by the largest rank", "worker", OK),
+    Column("model_state_bytes_measured_per_rank", pa.list_(pa.int64()), "B", "model state at rest of each rank, rank 0 "
+           "first", "worker", OK),
+    Column("model_state_bytes_predicted", pa.float64(), "B", "predicted model state per rank, PyTorch AMP convention "
+           "(fp32 master: 16Ψ, 8Ψ + 8Ψ/N, 16Ψ/N)", "worker", OK),
+    Column("model_state_params_bytes_predicted", pa.float64(), "B", "predicted parameter bytes per rank (PyTorch "
+           "convention)", "worker", OK),
+    Column("model_state_grads_bytes_predicted", pa.float64(), "B", "predicted gradient bytes per rank (PyTorch "
+           "convention)", "worker", OK),
+    Column("model_state_optimizer_bytes_predicted", pa.float64(), "B", "predicted optimizer-state bytes per rank (PyTorch "
+           "convention)", "worker", OK),
+    Column("model_state_bytes_predicted_paper", pa.float64(), "B", "predicted model state per rank, ZeRO paper convention "
+           "(mixed precision 2 + 2 + 12 bytes per parameter)", "worker", OK),
+    Column("comm_bytes_per_step_measured", pa.float64(), "B/step", "bytes handed to collectives per optimizer step on "
+           "rank 0 (ZeRO paper's unit)", "worker", OK),
+    Column("comm_bytes_per_step_predicted", pa.float64(), "B/step", "predicted collective bytes per step, PyTorch "
+           "strategy", "worker", OK),
+    Column("comm_bytes_per_step_predicted_paper", pa.float64(), "B/step", "predicted collective bytes per step, ZeRO paper",
+           "worker", OK),
+    # The summary holds these as one dict per kind (FLATTENED); run_row spreads them.
+    *(Column(f"comm_{c}_bytes_per_step", pa.float64(), "B/step", f"bytes handed to {c} per optimizer step on rank 0",
+             "worker", sometimes("when the strategy called it in the measured steps", OK)) for c in COLLECTIVES),
+    *(Column(f"comm_{c}_calls_per_step", pa.float64(), "calls/step", f"{c} calls per optimizer step on rank 0", "worker",
+             sometimes("when the strategy called it in the measured steps", OK)) for c in COLLECTIVES),
+    Column("activation_bytes_measured", pa.int64(), "B", "activations saved for backward by one micro-batch's forward on "
+           "rank 0, inside the blocks", "worker", OK),
+    Column("activation_bytes_outside_blocks_measured", pa.int64(), "B", "activations saved outside the transformer blocks "
+           "(embedding, head, loss)", "worker", OK),
+    Column("activation_bytes_predicted", pa.float64(), "B", "predicted activations per micro-batch: Korthikanti et al.'s "
+           "terms for this model", "worker", OK),
+    Column("activation_bytes_predicted_paper", pa.float64(), "B", "predicted activations per micro-batch: Korthikanti et "
+           "al. 2022 as published", "worker", OK),
+    Column("activation_bytes_outside_blocks_predicted", pa.float64(), "B", "predicted bytes saved for backward outside the "
+           "blocks (embeddings, final norm, head, the loss path) by one micro-batch", "worker", OK),
+    Column("activation_measure", pa.string(), "-", "how activation_bytes_measured was measured", "worker", OK),
+    Column("recompute_flops_per_token", pa.float64(), "FLOP/token", "extra FLOPs per token of activation checkpointing "
+           "(one more forward of every block); 0 without", "worker", OK),
+    Column("hfu", pa.float64(), "fraction", "hardware FLOPs utilisation: like mfu, with the recompute FLOPs added", "worker",
+           OK),
+    Column("fp8_linears", pa.int32(), "-", "linear layers converted to float8 (fp8 runs)", "worker", OK & FP8),
+    Column("fp8_emulated", pa.bool_(), "-", "whether fp8 ran through torchao's emulated casts (no FP8 tensor cores)",
+           "worker", OK & FP8),
+    Column("ddp_buckets_predicted", pa.int32(), "-", "predicted DDP gradient buckets, i.e. all-reduce calls per step "
+           "(stages 0 and 1)", "worker", OK & BUCKETS),
+    Column("predicted_peak_bytes", pa.float64(), "B", "predicted in-step peak per rank: model state + in-step parameters "
+           "+ activations", "launch"),
+    Column("predicted_activation_bytes", pa.float64(), "B", "the activation part of predicted_peak_bytes (every "
+           "micro-batch in flight)", "launch"),
+    Column("predicted_transient_param_bytes", pa.float64(), "B", "the in-step (unsharded) parameter part of "
+           "predicted_peak_bytes", "launch"),
+    Column("device_memory_bytes", pa.float64(), "B", "memory of one device the prediction is held against "
+           "(planning.device_memory_gib, else the GPU's); null when unknown (CPU)", "launch",
+           Filled("planning.device_memory_gib set, or a GPU run that ended ok", lambda row: _ok(row) and GPU.rows(row))),
+    Column("predicted_oom_reason", pa.string(), "-", "why the run was predicted not to fit; null when it fits", "launch",
+           Filled("status predicted_oom (and a run launched anyway with planning.launch_predicted_oom)",
+                  lambda row: row["status"] == "predicted_oom")),
+    Column("peak_mem_allocated_bytes", pa.int64(), "B", "max memory allocated by PyTorch on a GPU, largest rank; null on "
+           "CPU", "worker", OK & GPU),
+    Column("peak_mem_reserved_bytes", pa.int64(), "B", "max memory reserved by PyTorch's caching allocator on a GPU, "
+           "largest rank; null on CPU", "worker", OK & GPU),
+    Column("peak_rss_bytes", pa.int64(), "B", "peak resident set size of a rank's process, largest rank (includes the "
+           "framework)", "worker", OK),
+    Column("wall_time_s", pa.float64(), "s", "wall time of the whole run, launch to results written", "launch"),
+    Column("startup_s", pa.float64(), "s", "launch to the first training step (process start, imports, process group, "
+           "model build): the worker's first-step time, less the launch time", "launch", OK),
+    Column("requested_device", pa.string(), "-", "train.device as configured: auto | cpu | cuda", "launch"),
+    Column("planned_device_reason", pa.string(), "-", "why the workflow planned the sweep on this device", "launch"),
+    Column("device_type", pa.string(), "-", "device the run trained on: cpu | cuda (planned by the launcher, as the "
+           "worker found it)", "launch"),
+    Column("device_name", pa.string(), "-", "device model (GPU name, or the CPU model)", "worker", OK),
+    Column("backend", pa.string(), "-", "torch.distributed backend: gloo | nccl", "worker", OK),
+    Column("launch", pa.string(), "-", "how the ranks were started (torchrun --standalone, or srun x torchrun)", "launch",
+           LAUNCHED),
+    Column("launchers", pa.int32(), "-", "torchrun launchers (SLURM tasks) of the run", "launch", LAUNCHED),
+    Column("threads", pa.int32(), "-", "CPU threads given to the whole run", "launch"),
+    Column("threads_per_rank", pa.int32(), "-", "intra-op threads per rank", "worker", OK),
+    Column("torch_version", pa.string(), "-", "torch.__version__", "worker", OK),
+    Column("cuda_version", pa.string(), "-", "torch.version.cuda; null for a CPU build", "worker",
+           Filled("status ok, a CUDA build of torch (every GPU run)", lambda row: _ok(row) and GPU.rows(row), OK.at_most)),
+    Column("nccl_version", pa.string(), "-", "NCCL version on GPU runs", "worker", OK & GPU),
+    Column("python_version", pa.string(), "-", "Python version of the ranks", "worker", OK),
+    Column("hostname", pa.string(), "-", "host of rank 0", "worker", OK),
+    Column("git_commit", pa.string(), "-", "commit of the code that ran", "launch",
+           _exactly("unless git_commit_source says unknown", lambda row: not (row.get("git_commit_source") or "unknown").startswith("unknown"))),
+    Column("git_dirty", pa.bool_(), "-", "whether the checkout had uncommitted changes", "launch",
+           Filled("git_commit_source git (from the environment: when SCALELAB_GIT_DIRTY is set)",
+                  lambda row: row.get("git_commit_source") == "git")),
+    Column("git_commit_source", pa.string(), "-", "where git_commit comes from (git, an environment variable) or why it "
+           "is unknown", "launch"),
+    Column("dataset_sha256_train", pa.string(), "-", "SHA-256 of the tokenized training split", "launch"),
+    Column("seed", pa.int64(), "-", "random seed (train.seed)", "launch"),
+    Column("config_hash", pa.string(), "-", "hash of the configuration the results depend on", "launch"),
+    Column("started_utc", pa.string(), "-", "when the run started, ISO 8601, UTC", "launch"),
+    Column("run_path", pa.string(), "-", "the run's folder, relative to <results>/runs", "collect"),
+]
+
+# steps.parquet: one row per optimizer step, after the identity columns. The worker writes a
+# record per step (progress.jsonl); the launcher turns the records into the run's table.
+STEP = [
+    Column("step", pa.int32(), "-", "optimizer step, from 0 (warm-up steps included)", "worker", nullable=False),
+    Column("loss", pa.float64(), "nats/token", "training loss of the step, mean over all ranks and micro-batches "
+           "(cross-entropy)", "worker"),
+    Column("grad_norm", pa.float64(), "-", "global L2 norm of the gradients before clipping", "worker"),
+    Column("lr", pa.float64(), "-", "learning rate used by the step (warm-up then cosine)", "worker"),
+    Column("loss_scale", pa.float64(), "-", "fp16 dynamic loss scale the step used; null without a scaler (fp32, bf16, "
+           "fp8)", "worker", FP16),
+    Column("skipped", pa.bool_(), "-", "true when the fp16 loss scaler skipped the optimizer step (inf/NaN gradients)",
+           "worker"),
+    Column("step_time_s", pa.float64(), "s", "wall time of the step on rank 0 (forward, backward, communication, "
+           "optimizer)", "worker"),
+    Column("tokens", pa.int64(), "tokens", "tokens processed by the step, all ranks together", "worker"),
+    Column("tokens_per_s", pa.float64(), "tokens/s", "tokens / step_time_s: the step's throughput, all ranks together",
+           "launch"),
+]
+
+RUN_COLUMNS = {c.name: c for c in IDENTITY + RUN}
+STEP_COLUMNS = {c.name: c for c in IDENTITY + STEP}
+IDENTITY_FIELDS = [c.field() for c in IDENTITY]
+RUN_SCHEMA = pa.schema([c.field() for c in RUN_COLUMNS.values()], metadata=_META)
+STEP_SCHEMA = pa.schema([c.field() for c in STEP_COLUMNS.values()], metadata=_META)
+
+
+# ----------------------------------------------------------------------------- building and writing the tables
+
+def steps_table(identity: dict, records: list[dict]) -> pa.Table:
+    """A run's steps.parquet from the worker's step records."""
+    columns = {f.name: [] for f in STEP_SCHEMA}
+    for rec in records:
+        row = {**rec, **identity}
+        t = rec.get("step_time_s")
+        row["tokens_per_s"] = rec["tokens"] / t if t else None
+        for name in columns:
+            columns[name].append(row.get(name))
+    return pa.Table.from_pydict(columns, schema=STEP_SCHEMA)
+
+
+def run_row(summary: dict, run_path: str) -> dict:
+    """Flatten a run's summary.json into one row of RUN_SCHEMA."""
+    row = dict(summary)
+    for key, column in FLATTENED.items():
+        for c in COLLECTIVES:
+            row[column.format(c)] = (summary.get(key) or {}).get(c)
+    row["run_path"] = run_path
+    return {f.name: row.get(f.name) for f in RUN_SCHEMA}
+
+
+def runs_table(rows: list[dict]) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=RUN_SCHEMA)
+
+
+def unknown_summary_keys(summary: dict) -> list[str]:
+    """Keys of a run's summary that no column of RUN_SCHEMA holds (they would be lost), a
+    collective no column counts as ``comm_calls_per_step.<name>``."""
+    lost = set(summary) - set(RUN_SCHEMA.names) - set(FLATTENED)
+    lost |= {f"{key}.{c}" for key in FLATTENED for c in (summary.get(key) or {}) if c not in COLLECTIVES}
+    return sorted(lost)
+
+
+def type_problems(row: dict) -> list[str]:
+    """'field=value (expected type)' for each value of a row its RUN_SCHEMA column cannot hold."""
+    bad = []
+    for f in RUN_SCHEMA:
+        try:
+            pa.array([row.get(f.name)], type=f.type)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            bad.append(f"{f.name}={row.get(f.name)!r} (expected {f.type})")
+    return bad
+
+
+def write_parquet(table: pa.Table, path: str | Path) -> None:
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def schema_version(path: str | Path) -> str | None:
+    meta = pq.read_schema(path).metadata or {}
+    value = meta.get(b"scalelab.schema_version")
+    return value.decode() if value else None
+
+
+# ----------------------------------------------------------------------------- holding rows to the contract
+
+def null_problems(row: dict, columns: dict[str, Column]) -> list[str]:
+    """What in one row (of either table) breaks its columns' null contract."""
+    if row.get("status") in COLLECTED_STATUSES:
+        kept = {c.name for c in IDENTITY} | {"status", "reason", "run_path", "steps_problem"}
+        return [f"{n}: holds {row[n]!r} in a {row['status']} row" for n in columns if n not in kept and row.get(n) is not None]
+    bad = []
+    for name, column in columns.items():
+        value, filled = row.get(name), column.filled
+        if value is None and filled.rows is not None and filled.rows(row):
+            bad.append(f"{name}: null, but the table says filled: {filled.text}")
+        elif value is not None and filled.at_most is not None and not filled.at_most(row):
+            bad.append(f"{name}: holds {value!r}, but the table says filled only: {filled.text}")
+    return bad
+
+
+def summary_problems(summary: dict) -> list[str]:
+    """Where a run's summary.json (the launcher's) and the column table disagree: a key no column
+    holds, a column its writer leaves out or fills against its null contract, a column only
+    collection writes. Empty when they agree."""
+    bad = [f"{key}: no column holds it" for key in unknown_summary_keys(summary)]
+    flattened = {pattern.format(c) for pattern in FLATTENED.values() for c in COLLECTIVES}
+    for column in RUN:
+        if column.writer == "collect" and column.name in summary:
+            bad.append(f"{column.name}: written by the launcher, but a collection column")
+        # the worker writes every key of its result, null or not; the launcher merges it on status ok
+        elif column.writer == "worker" and summary.get("status") == "ok" and column.name not in summary \
+                and column.name not in flattened:
+            bad.append(f"{column.name}: the worker's result lacks it")
+    return bad + null_problems(run_row(summary, "-"), RUN_COLUMNS)
+
+
+def steps_problems(steps: pa.Table, identity: dict) -> list[str]:
+    """Where a run's steps.parquet breaks the contract: identity other than its run's, nulls."""
+    bad = [] if steps.schema.equals(STEP_SCHEMA, check_metadata=True) else ["schema differs from STEP_SCHEMA"]
+    for row in steps.to_pylist():
+        bad += [f"{k}: {row[k]!r}, the run's is {v!r}" for k, v in identity.items() if row[k] != v]
+        bad += [f"step {row['step']}: {p}" for p in null_problems(row, STEP_COLUMNS)]
+    return sorted(set(bad))
+
+
+# ----------------------------------------------------------------------------- docs/data-dictionary.md
+
+def markdown() -> str:
+    """docs/data-dictionary.md: both tables, in schema order."""
+    def table(columns: dict[str, Column]) -> list[str]:
+        rows = ["| column | type | unit | written by | filled | meaning |", "|---|---|---|---|---|---|"]
+        for c in columns.values():
+            cells = [f"`{c.name}`", f"`{c.type}`", c.unit, c.writer, c.filled.text, c.meaning]
+            rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+        return rows
+
+    lines = [
+        "# Data dictionary",
+        "",
+        "<!-- Generated from src/scalelab/columns.py by `python -m scalelab.columns > docs/data-dictionary.md`; "
+        "tests/test_columns.py checks it. -->",
+        "",
+        "Every column of the two result tables: its Arrow type, unit, meaning, the part that writes it and",
+        "when it holds a value. The same text is in each Parquet file's field metadata (keys `unit`,",
+        "`description`, `writer` and `filled`), e.g.",
+        "`pyarrow.parquet.read_schema('results/metrics.parquet').field('mfu').metadata`.",
+        "The identity columns (`run_id` and one per sweep axis) are on every row of both tables.",
+        "",
+        "Written by: `identity` the sweep point; `launch` the launcher; `worker` rank 0's worker, read back",
+        "only from a run whose ranks all finished (status ok); `collect` the collection into the tables.",
+        "Filled: the rows that hold a value; the others hold null. A row collection makes for a run folder",
+        f"without a readable summary (status {' or '.join(COLLECTED_STATUSES)}) holds its identity, status, reason and",
+        "run_path only.",
+        "",
+        f"## results/metrics.parquet: one row per run ({len(RUN_COLUMNS)} columns)",
+        "",
+        *table(RUN_COLUMNS),
+        "",
+        f"## results/steps.parquet: one row per optimizer step ({len(STEP_COLUMNS)} columns)",
+        "",
+        *table(STEP_COLUMNS),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
