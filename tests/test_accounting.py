@@ -227,3 +227,35 @@ def test_point_that_cannot_fit_is_recorded_without_launch(tmp_path):
     log = tmp_path / "results/logs/runs" / f"{RunPoint('fp32', 0, 2).path}.log"
     assert not log.exists() or "torch.distributed.run" not in log.read_text(), "the point was launched"
     assert "predicted_oom" in (tmp_path / "results/report/report.html").read_text()
+
+
+def test_the_schema_lists_the_precision_records():
+    """One place per precision: the config schema's sweep enum and peak_tflops keys are the registry's."""
+    from scalelab.config import SCHEMA
+    from scalelab.precisions import PEAK_KEYS, PRECISION_NAMES
+
+    assert SCHEMA["properties"]["sweep"]["properties"]["precision"]["items"]["enum"] == list(PRECISION_NAMES)
+    assert list(SCHEMA["properties"]["train"]["properties"]["peak_tflops"]["properties"]) == list(PEAK_KEYS)
+
+
+def test_every_precision_table_is_read_off_the_records():
+    """The autocast and compute dtypes, bytes per value, the paper's bytes per parameter, the
+    plot order, the estimates' choices and the linear recipes all come from scalelab.precisions."""
+    import torch
+
+    from scalelab.analysis import estimate, tables
+    from scalelab.precisions import PEAK_KEYS, PRECISION_NAMES, PRECISIONS
+    from scalelab.training import precision as policy
+
+    assert tables.PRECISION_ORDER == list(PRECISION_NAMES) and PRECISION_NAMES[0] == "fp32"
+    for p in PRECISIONS.values():
+        assert policy.COMPUTE_DTYPE[p.name] == getattr(torch, p.compute)
+        assert policy.AUTOCAST_DTYPE[p.name] == (getattr(torch, p.autocast) if p.autocast else None)
+        assert accounting.DTYPE_BYTES[p.name] == p.activation_bytes == getattr(torch, p.compute).itemsize
+        split = accounting.model_state_bytes(1, 0, 1, p.name, "paper")
+        assert (split.params, split.grads, split.optimizer) == p.paper_state_bytes
+        assert p.linears is None or p.linears in policy.LINEAR_RECIPES
+        assert {p.peak_key, p.matmul_precision, p.twin or p.name} <= {*PEAK_KEYS, *PRECISION_NAMES}
+        assert (p.name in estimate.MEMORY_PRECISIONS) == p.estimate_memory
+        assert policy.grad_scaler(p.name, torch.device("cpu"), 1024.0).is_enabled() == p.loss_scaling
+    assert estimate.MEMORY_PRECISIONS == ("fp32", "fp16", "bf16")  # fp8 holds bf16's model state

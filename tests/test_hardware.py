@@ -187,3 +187,20 @@ def test_estimate_cli_knows_the_products():
     assert result["gpu"] == "H100 NVL" and result["peak_flops_per_gpu"] == pytest.approx(835.5e12)
     proc = run("--params", "7e9", "--tokens", "1e12", "--gpus", "8", "--gpu", "A100", "--precision", "fp8")
     assert proc.returncode == 2 and "no dense 'fp8'" in proc.stderr
+
+
+def test_peak_columns_come_from_the_precision_records():
+    """A run's precision picks its datasheet column through its record (fp32 + TF32 -> tf32); a
+    product naming a column no record has is refused."""
+    from scalelab.precisions import PEAK_KEYS, peak_key
+
+    assert PEAK_KEYS == ("fp32", "tf32", "fp16", "bf16", "fp8")
+    assert [peak_key(p, tf32=True) for p in ("fp32", "fp16", "bf16", "fp8")] == ["tf32", "fp16", "bf16", "fp8"]
+    assert accounting.gpu_peak_flops("H100", "tf32") == pytest.approx(494.5e12)
+    assert hardware.peak_flops_for("NVIDIA H100 80GB HBM3", "fp8", tf32=True)[0] == pytest.approx(1979e12)
+    for product in hardware.PRODUCTS:
+        assert set(product.peaks) <= set(PEAK_KEYS) and list(product.peaks) == [k for k in PEAK_KEYS if k in product.peaks]
+    with pytest.raises(ValueError, match="unknown precision key 'fp4'"):
+        hardware.GpuProduct("X", ("NVIDIA X",), 80, "test", figures=(("fp4", 1e15),))
+    with pytest.raises(ValueError, match="unknown precision 'int8'"):
+        accounting.gpu_peak_flops("H100", "int8")

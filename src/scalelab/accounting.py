@@ -42,10 +42,12 @@ from dataclasses import dataclass
 
 from scalelab import hardware
 from scalelab.config import ModelConfig
+from scalelab.precisions import AUTOCAST, PRECISIONS, peak_key
+from scalelab.precisions import precision as precision_record
 from scalelab.strategies import strategy
 
 # Bytes per activation value by precision (fp8 runs autocast to bf16 around float8 matmuls).
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
+DTYPE_BYTES = {p.name: p.activation_bytes for p in PRECISIONS.values()}
 
 
 def param_count(cfg: ModelConfig) -> int:
@@ -117,7 +119,7 @@ def model_state_bytes(n_params: int, zero_stage: int, world_size: int, precision
         kinds, shards = (4 * psi, 4 * psi, 8 * psi), record.shards  # fp32 params, fp32 grads, AdamW m and v
     elif convention == "paper":
         # fp32 training: 4 + 4 + 8; mixed precision: fp16 params and grads, K = 12 (fp32 master + m + v)
-        kinds = (4 * psi, 4 * psi, 8 * psi) if precision == "fp32" else (2 * psi, 2 * psi, 12 * psi)
+        kinds = tuple(b * psi for b in precision_record(precision).paper_state_bytes)
         shards = record.shards_paper
     else:
         raise ValueError(f"unknown convention {convention!r}: 'pytorch' or 'paper'")
@@ -163,9 +165,6 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, d_model: int, n_h
     raise ValueError(f"recompute must be none, selective or full, got {recompute!r}")
 
 
-AUTOCAST_PRECISIONS = ("fp16", "bf16", "fp8")
-
-
 def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, activation_checkpointing: bool,
                            convention: str = "model") -> float:
     """Predicted activations all transformer blocks keep for backward, one micro-batch.
@@ -186,7 +185,7 @@ def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, a
         return L * activation_bytes_per_layer(s, b, h, cfg.n_heads, recompute, width)
     if convention != "model":
         raise ValueError(f"unknown convention {convention!r}: 'model' or 'paper'")
-    amp = precision in AUTOCAST_PRECISIONS
+    amp = precision in AUTOCAST
     residual_width = 4 if amp else width
     if activation_checkpointing:
         return L * s * b * h * residual_width
@@ -262,7 +261,7 @@ def outside_block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision
     loss saves what its partitioner chooses; this is the eager prediction."""
     b, t, c, v = micro_batch, cfg.seq_len, cfg.d_model, cfg.vocab_size
     width = DTYPE_BYTES[precision]
-    amp = precision in AUTOCAST_PRECISIONS
+    amp = precision in AUTOCAST
     log_softmax = 4 * b * t * v
     final_norm = 4 * b * t * c + 2 * 4 * b * t
     head = width * b * t * c + (2 * v * c if amp else 0)
@@ -292,11 +291,13 @@ def ddp_bucket_count(param_bytes_in_order: list[int], bucket_mb: float) -> int:
 
 
 def gpu_peak_flops(gpu: str, precision: str) -> float:
-    """Dense datasheet peak of a GPU named on the command line (see hardware.gpu_by_name)."""
+    """Dense datasheet peak of a GPU named on the command line (see hardware.gpu_by_name), for a
+    precision or a datasheet column (tf32) of scalelab.precisions."""
     product = hardware.gpu_by_name(gpu)
-    peak = product.peak(precision) if precision in hardware.PRECISIONS else None
+    key = peak_key(precision)
+    peak = product.peak(key)
     if peak is None:
-        raise ValueError(f"{product.name} has no dense {precision!r} figure; known: {', '.join(product.peaks)}")
+        raise ValueError(f"{product.name} has no dense {key!r} figure; known: {', '.join(product.peaks)}")
     return peak
 
 
@@ -386,7 +387,7 @@ def lora_model_state_bytes(n_frozen: int, n_trainable: int, zero_stage: int, wor
     bytes in the paper's mixed precision), sharded as the strategy shards parameters, and no
     gradient or optimizer state for them; the trainable A and B carry the full 16 bytes per
     parameter (PyTorch: fp32 weight, grad, AdamW m and v)."""
-    frozen_bytes = 4 if convention == "pytorch" or precision == "fp32" else 2
+    frozen_bytes = 4 if convention == "pytorch" else precision_record(precision).paper_state_bytes[0]
     shards = strategy(zero_stage).shards if convention == "pytorch" else strategy(zero_stage).shards_paper
     frozen = frozen_bytes * float(n_frozen) / (world_size if shards[0] else 1)
     trainable = model_state_bytes(n_trainable, zero_stage, world_size, precision, convention)

@@ -7,7 +7,8 @@ Conventions
   tensor-core precisions, marked with an asterisk ("* With sparsity"); those are halved
   here. Where a datasheet prints both ("156 TF | 312 TF*"), the dense one is taken as
   printed.
-* **Keys.** ``fp32``: plain fp32 on the CUDA cores (no tensor cores). ``tf32``: fp32
+* **Keys** (``scalelab.precisions.PEAK_KEYS``; each precision record names its column).
+  ``fp32``: plain fp32 on the CUDA cores (no tensor cores). ``tf32``: fp32
   inputs on tensor cores, the key a run uses when precision is fp32 and TF32 is on.
   ``fp16`` / ``bf16``: tensor-core matmuls with fp32 accumulation. ``fp8``: the
   datasheet's "FP8 Tensor Core" figure (E4M3/E5M2 inputs), present only on products
@@ -57,7 +58,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")
+from scalelab.precisions import PEAK_KEYS, peak_key
+
 TERA = 1e12
 
 
@@ -72,24 +74,33 @@ class GpuProduct:
     memory_gib: float
     source: str
     """The datasheet the figures come from."""
-    fp32: float | None = None
-    tf32: float | None = None
-    fp16: float | None = None
-    bf16: float | None = None
-    fp8: float | None = None
+    figures: tuple[tuple[str, float], ...] = ()
+    """(peak key, dense FLOP/s) for each key of scalelab.precisions.PEAK_KEYS the datasheet gives."""
     aliases: tuple[str, ...] = ()
     """Short names gpu_by_name accepts besides the display name."""
 
+    def __post_init__(self):
+        unknown = [k for k, _ in self.figures if k not in PEAK_KEYS]
+        if unknown:
+            raise ValueError(f"{self.name}: unknown precision key {unknown[0]!r}; known: {', '.join(PEAK_KEYS)}")
+
     def peak(self, key: str) -> float | None:
         """Dense peak FLOP/s for a precision key, or None when the datasheet gives none."""
-        if key not in PRECISIONS:
-            raise ValueError(f"unknown precision key {key!r}; known: {', '.join(PRECISIONS)}")
-        return getattr(self, key)
+        if key not in PEAK_KEYS:
+            raise ValueError(f"unknown precision key {key!r}; known: {', '.join(PEAK_KEYS)}")
+        return self.peaks.get(key)
 
     @property
     def peaks(self) -> dict[str, float]:
-        """The precision keys this product has a figure for, with the figure."""
-        return {k: getattr(self, k) for k in PRECISIONS if getattr(self, k) is not None}
+        """The precision keys this product has a figure for, with the figure (in PEAK_KEYS order)."""
+        given = dict(self.figures)
+        return {k: given[k] for k in PEAK_KEYS if k in given}
+
+
+def _gpu(name: str, device_names: tuple[str, ...], memory_gib: float, source: str, aliases: tuple[str, ...] = (),
+         **peaks: float) -> GpuProduct:
+    """A product with its peaks given by key (fp32=..., bf16=...), as the datasheets list them."""
+    return GpuProduct(name, device_names, memory_gib, source, tuple(peaks.items()), aliases)
 
 
 _A100 = "NVIDIA A100 Tensor Core GPU datasheet (dense figures as printed)"
@@ -131,37 +142,37 @@ _HOPPER_NVL = dict(fp32=60 * TERA, tf32=417.5 * TERA, fp16=835.5 * TERA, bf16=83
 # Seen but left out (no sourced figures, or not one product): "NVIDIA H100" (T: 2339), "NVIDIA H800",
 # "NVIDIA H20", "NVIDIA GB200", "NVIDIA B300 SXM6 AC", "NVIDIA A100-SXM-64GB", MIG slices.
 PRODUCTS: tuple[GpuProduct, ...] = (
-    GpuProduct("A100 SXM 40GB", ("NVIDIA A100-SXM4-40GB",), 40, _A100, **_A100_PEAKS,
-               aliases=("A100 SXM4 40GB",)),
-    GpuProduct("A100 SXM 80GB", ("NVIDIA A100-SXM4-80GB",), 80, _A100, **_A100_PEAKS,
-               aliases=("A100", "A100 SXM", "A100 SXM4 80GB")),
-    GpuProduct("A100 PCIe 40GB", ("NVIDIA A100-PCIE-40GB",), 40, _A100, **_A100_PEAKS),
-    GpuProduct("A100 PCIe 80GB", ("NVIDIA A100 80GB PCIe",), 80, _A100, **_A100_PEAKS,
-               aliases=("A100 PCIe",)),
-    GpuProduct("H100 SXM", ("NVIDIA H100 80GB HBM3",), 80, _H100, **_HOPPER_SXM,
-               aliases=("H100", "H100 SXM5")),
-    GpuProduct("H100 PCIe", ("NVIDIA H100 PCIe",), 80, _H100,
-               fp32=51 * TERA, tf32=378 * TERA, fp16=756.5 * TERA, bf16=756.5 * TERA, fp8=1513 * TERA),
-    GpuProduct("H100 NVL", ("NVIDIA H100 NVL",), 94, _H100, **_HOPPER_NVL),
-    GpuProduct("H200 SXM", ("NVIDIA H200",), 141, _H200, **_HOPPER_SXM, aliases=("H200",)),
-    GpuProduct("H200 NVL", ("NVIDIA H200 NVL",), 141, _H200, **_HOPPER_NVL),
-    GpuProduct("GH200 96GB", ("NVIDIA GH200 480GB", "NVIDIA GH200 120GB"), 96, _GH200, **_HOPPER_SXM,
-               aliases=("GH200",)),
-    GpuProduct("GH200 144GB", ("NVIDIA GH200 144G HBM3e",), 144, _GH200, **_HOPPER_SXM),
-    GpuProduct("L40S", ("NVIDIA L40S",), 48, "NVIDIA L40S datasheet (dense figures as printed)",
-               fp32=91.6 * TERA, tf32=183 * TERA, fp16=362.05 * TERA, bf16=362.05 * TERA, fp8=733 * TERA),
-    GpuProduct("L4", ("NVIDIA L4",), 24, "NVIDIA L4 Tensor Core GPU datasheet (starred sparse figures halved)",
-               fp32=30.3 * TERA, tf32=60 * TERA, fp16=121 * TERA, bf16=121 * TERA, fp8=242.5 * TERA),
-    GpuProduct("A10", ("NVIDIA A10",), 24, "NVIDIA A10 Tensor Core GPU datasheet (dense figures as printed)",
-               fp32=31.2 * TERA, tf32=62.5 * TERA, fp16=125 * TERA, bf16=125 * TERA),
-    GpuProduct("V100 SXM2 16GB", ("Tesla V100-SXM2-16GB",), 16, _V100, fp32=15.7 * TERA, fp16=125 * TERA),
-    GpuProduct("V100 SXM2 32GB", ("Tesla V100-SXM2-32GB",), 32, _V100, fp32=15.7 * TERA, fp16=125 * TERA,
-               aliases=("V100", "V100 SXM2")),
-    GpuProduct("V100 PCIe 16GB", ("Tesla V100-PCIE-16GB",), 16, _V100, fp32=14 * TERA, fp16=112 * TERA),
-    GpuProduct("V100 PCIe 32GB", ("Tesla V100-PCIE-32GB",), 32, _V100, fp32=14 * TERA, fp16=112 * TERA,
-               aliases=("V100 PCIe",)),
-    GpuProduct("B200", ("NVIDIA B200",), 180, "NVIDIA HGX B200 specifications, per GPU (starred sparse figures halved)",
-               fp32=75 * TERA, tf32=1100 * TERA, fp16=2250 * TERA, bf16=2250 * TERA, fp8=4500 * TERA),
+    _gpu("A100 SXM 40GB", ("NVIDIA A100-SXM4-40GB",), 40, _A100, **_A100_PEAKS,
+         aliases=("A100 SXM4 40GB",)),
+    _gpu("A100 SXM 80GB", ("NVIDIA A100-SXM4-80GB",), 80, _A100, **_A100_PEAKS,
+         aliases=("A100", "A100 SXM", "A100 SXM4 80GB")),
+    _gpu("A100 PCIe 40GB", ("NVIDIA A100-PCIE-40GB",), 40, _A100, **_A100_PEAKS),
+    _gpu("A100 PCIe 80GB", ("NVIDIA A100 80GB PCIe",), 80, _A100, **_A100_PEAKS,
+         aliases=("A100 PCIe",)),
+    _gpu("H100 SXM", ("NVIDIA H100 80GB HBM3",), 80, _H100, **_HOPPER_SXM,
+         aliases=("H100", "H100 SXM5")),
+    _gpu("H100 PCIe", ("NVIDIA H100 PCIe",), 80, _H100,
+         fp32=51 * TERA, tf32=378 * TERA, fp16=756.5 * TERA, bf16=756.5 * TERA, fp8=1513 * TERA),
+    _gpu("H100 NVL", ("NVIDIA H100 NVL",), 94, _H100, **_HOPPER_NVL),
+    _gpu("H200 SXM", ("NVIDIA H200",), 141, _H200, **_HOPPER_SXM, aliases=("H200",)),
+    _gpu("H200 NVL", ("NVIDIA H200 NVL",), 141, _H200, **_HOPPER_NVL),
+    _gpu("GH200 96GB", ("NVIDIA GH200 480GB", "NVIDIA GH200 120GB"), 96, _GH200, **_HOPPER_SXM,
+         aliases=("GH200",)),
+    _gpu("GH200 144GB", ("NVIDIA GH200 144G HBM3e",), 144, _GH200, **_HOPPER_SXM),
+    _gpu("L40S", ("NVIDIA L40S",), 48, "NVIDIA L40S datasheet (dense figures as printed)",
+         fp32=91.6 * TERA, tf32=183 * TERA, fp16=362.05 * TERA, bf16=362.05 * TERA, fp8=733 * TERA),
+    _gpu("L4", ("NVIDIA L4",), 24, "NVIDIA L4 Tensor Core GPU datasheet (starred sparse figures halved)",
+         fp32=30.3 * TERA, tf32=60 * TERA, fp16=121 * TERA, bf16=121 * TERA, fp8=242.5 * TERA),
+    _gpu("A10", ("NVIDIA A10",), 24, "NVIDIA A10 Tensor Core GPU datasheet (dense figures as printed)",
+         fp32=31.2 * TERA, tf32=62.5 * TERA, fp16=125 * TERA, bf16=125 * TERA),
+    _gpu("V100 SXM2 16GB", ("Tesla V100-SXM2-16GB",), 16, _V100, fp32=15.7 * TERA, fp16=125 * TERA),
+    _gpu("V100 SXM2 32GB", ("Tesla V100-SXM2-32GB",), 32, _V100, fp32=15.7 * TERA, fp16=125 * TERA,
+         aliases=("V100", "V100 SXM2")),
+    _gpu("V100 PCIe 16GB", ("Tesla V100-PCIE-16GB",), 16, _V100, fp32=14 * TERA, fp16=112 * TERA),
+    _gpu("V100 PCIe 32GB", ("Tesla V100-PCIE-32GB",), 32, _V100, fp32=14 * TERA, fp16=112 * TERA,
+         aliases=("V100 PCIe",)),
+    _gpu("B200", ("NVIDIA B200",), 180, "NVIDIA HGX B200 specifications, per GPU (starred sparse figures halved)",
+         fp32=75 * TERA, tf32=1100 * TERA, fp16=2250 * TERA, bf16=2250 * TERA, fp8=4500 * TERA),
 )
 
 _BRANDS = ("nvidia ", "tesla ")
@@ -221,14 +232,13 @@ def peak_flops_for(device_name: str, precision: str, tf32: bool,
                    configured_tflops: dict[str, float] | None = None) -> tuple[float, str]:
     """(dense peak FLOP/s per device, where it came from) for a run's precision.
 
-    The key is "tf32" when precision is fp32 and TF32 is on, else the precision. The table's
-    datasheet figure comes first; ``train.peak_tflops`` (TFLOP/s per key, e.g. {bf16: 400})
-    gives the figure for a GPU the table does not know, or a key its datasheet lacks.
+    The key is the precision record's column (scalelab.precisions: fp8 -> fp8, fp32 -> tf32
+    when TF32 is on). The table's datasheet figure comes first; ``train.peak_tflops``
+    (TFLOP/s per key, e.g. {bf16: 400}) gives the figure for a GPU the table does not know,
+    or a key its datasheet lacks.
     Without either: (NaN, the reason).
     """
-    key = "tf32" if precision == "fp32" and tf32 else precision
-    if key not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
+    key = peak_key(precision, tf32)
     product = gpu_product(device_name)
     peak = product.peak(key) if product else None
     if peak is not None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scalelab.config import ConfigError, TrainConfig, model_config, section, train_config
+from scalelab.precisions import PRECISIONS
 from scalelab.strategies import strategy
 
 DDP_BUCKET_MB = 25.0
@@ -76,7 +77,7 @@ def _micro_batch_left_out(point, train: TrainConfig) -> str | None:
 
 
 AXES: tuple[Axis, ...] = (
-    Axis("precision", "fp32 | fp16 (autocast + dynamic loss scaling) | bf16 | fp8 (torchao float8 linears)",
+    Axis("precision", " | ".join(f"{p.name} ({p.doc})" for p in PRECISIONS.values()),
          str, None, "string", False, run_id=lambda v: v),
     Axis("zero_stage", "the data-parallel strategy (scalelab.strategies)", int, None, "int8", False,
          from_path=int, run_id=lambda v: f"z{v}"),

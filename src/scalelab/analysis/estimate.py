@@ -17,11 +17,14 @@ import sys
 
 from scalelab import accounting, hardware
 from scalelab.config import ModelConfig
+from scalelab.precisions import ESTIMATE_MEMORY, PEAK_KEYS, PRECISION_NAMES
 from scalelab.strategies import ZERO_STAGES, strategy
 
-# fp8 keeps the same fp32 model state as bf16 (torchao's float8 linears cast on the fly),
-# and the ZeRO paper has no fp8 convention: the memory tables list the three AMP precisions.
-MEMORY_PRECISIONS = ("fp32", "fp16", "bf16")
+# The precisions whose records say they have a memory convention of their own (fp8 holds bf16's
+# fp32 model state, and the ZeRO paper has no fp8 convention): fp32, fp16, bf16.
+MEMORY_PRECISIONS = ESTIMATE_MEMORY
+# `estimate time` and `claim` take a precision or a datasheet column (tf32).
+PEAK_CHOICES = tuple(dict.fromkeys((*PRECISION_NAMES, *PEAK_KEYS)))
 
 UNITS = {"GiB": 2 ** 30, "GB": 1e9}
 
@@ -302,7 +305,7 @@ def add_parser(sub) -> None:
         p.add_argument("--gpu", required=True,
                        help=f"GPU product (case-insensitive): {', '.join(hardware.known_names())}; "
                             "bare A100, H100 and H200 mean the SXM parts")
-        p.add_argument("--precision", default="bf16", choices=list(hardware.PRECISIONS),
+        p.add_argument("--precision", default="bf16", choices=list(PEAK_CHOICES),
                        help="compute precision (default bf16; fp8 only on GPUs with fp8 tensor cores)")
 
     m = kinds.add_parser("memory", help="model-state memory per rank, every stage x precision")

@@ -8,9 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from scalelab.precisions import PRECISION_NAMES
 from scalelab.sweep import SWEEP_AXES
 
-PRECISION_ORDER = ["fp32", "fp16", "bf16", "fp8"]
+PRECISION_ORDER = list(PRECISION_NAMES)  # the registry's order (scalelab.precisions)
 MiB = 2 ** 20
 MFU_LIMIT = 1.0
 """An MFU above this is not a utilisation: the peak recorded for the run is too low for its path

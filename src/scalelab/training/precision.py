@@ -1,4 +1,5 @@
-"""Precision policies: autocast dtype and loss scaling.
+"""Precision policies: autocast dtype, loss scaling, converted linears; each precision's
+dtypes and choices are its record in scalelab.precisions.
 
 All precisions keep fp32 parameters, gradients and optimizer state (the PyTorch AMP
 recipe); fp16 and bf16 run the forward/backward matmuls under autocast. fp16 needs
@@ -17,8 +18,11 @@ import contextlib
 import torch
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-AUTOCAST_DTYPE = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
-COMPUTE_DTYPE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
+from scalelab.precisions import PRECISIONS
+from scalelab.precisions import precision as precision_record
+
+AUTOCAST_DTYPE = {p.name: getattr(torch, p.autocast) if p.autocast else None for p in PRECISIONS.values()}
+COMPUTE_DTYPE = {p.name: getattr(torch, p.compute) for p in PRECISIONS.values()}
 FP8_MIN_CAPABILITY = (8, 9)  # Ada and Hopper: the first GPUs with FP8 tensor cores
 
 
@@ -31,7 +35,7 @@ def autocast(precision: str, device: torch.device):
 
 def grad_scaler(precision: str, device: torch.device, init_scale: float) -> ShardedGradScaler:
     """Dynamic loss scaler; a no-op (enabled=False) outside fp16."""
-    return ShardedGradScaler(device.type, init_scale=init_scale, enabled=precision == "fp16")
+    return ShardedGradScaler(device.type, init_scale=init_scale, enabled=precision_record(precision).loss_scaling)
 
 
 def fp8_unsupported_reason(device: torch.device, emulate: bool = False) -> str | None:
@@ -74,12 +78,25 @@ def convert_to_fp8(model: torch.nn.Module, emulate: bool = False) -> int:
     return len(converted)
 
 
+# The linear-layer recipes a precision record may name (its ``linears``): the converter, and
+# why a device cannot run it (None if it can).
+LINEAR_RECIPES = {"convert_to_fp8": (convert_to_fp8, fp8_unsupported_reason)}
+
+
+def convert_linears(precision: str, model: torch.nn.Module, emulate: bool = False) -> int | None:
+    """Convert the blocks' linears as the precision's record says (fp8: Float8Linear); how
+    many, or None for a precision that keeps the model as built."""
+    recipe = precision_record(precision).linears
+    return LINEAR_RECIPES[recipe][0](model, emulate) if recipe else None
+
+
 def unsupported_reason(precision: str, device: torch.device, fp8_emulate: bool = False) -> str | None:
     """Why this device cannot run this precision, or None if it can."""
-    if precision == "fp8":
-        return fp8_unsupported_reason(device, fp8_emulate)
-    if device.type == "cuda" and precision == "bf16" and not torch.cuda.is_bf16_supported():
-        return f"bf16 is not supported by {torch.cuda.get_device_name(device)}"
+    record = precision_record(precision)
+    if record.linears:
+        return LINEAR_RECIPES[record.linears][1](device, fp8_emulate)
+    if device.type == "cuda" and record.compute == "bfloat16" and not torch.cuda.is_bf16_supported():
+        return f"{precision} computes in bf16, which {torch.cuda.get_device_name(device)} does not support"
     try:
         a = torch.randn(8, 8, device=device)
         with autocast(precision, device):

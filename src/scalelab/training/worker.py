@@ -44,6 +44,7 @@ from scalelab.config import ModelConfig, TrainConfig
 from scalelab.data import BatchSampler
 from scalelab.io import write_json
 from scalelab.placement import LAUNCHER_SLOT_ENV, gpu_index
+from scalelab.precisions import precision as precision_record
 from scalelab.sweep import RunPoint, micro_batch_plan
 from scalelab.training import checkpoint
 from scalelab.training.activations import SavedActivationMeter
@@ -58,7 +59,7 @@ from scalelab.training.parallel import (
     model_state_bytes,
     parallelize,
 )
-from scalelab.training.precision import COMPUTE_DTYPE, autocast, convert_to_fp8, grad_scaler
+from scalelab.training.precision import COMPUTE_DTYPE, autocast, convert_linears, grad_scaler
 from scalelab.training.progress import Progress
 
 
@@ -103,7 +104,7 @@ def peak_flops(device: torch.device, precision: str, tf32: bool,
     if device.type == "cuda":
         return hardware.peak_flops_for(torch.cuda.get_device_name(device), precision, tf32, configured_tflops)
     # named by the dtype it measures: an fp8 run's is a bf16 matmul (float8 is emulated on a CPU)
-    dtype = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[COMPUTE_DTYPE[precision]]
+    dtype = precision_record(precision).matmul_precision
     return measure_matmul_peak(device, precision), f"measured {dtype} matmul, {torch.get_num_threads()} threads"
 
 
@@ -112,7 +113,7 @@ def bf16_peak_flops(device: torch.device, precision: str, tf32: bool, run_peak: 
     """(dense bf16 peak FLOP/s per device, its source): the denominator of ``mfu_bf16_peak``,
     every run's MFU on one scale (scalelab.accounting's docstring). A run whose own peak is
     the bf16 one (bf16; fp8 on a CPU, whose fp8 runs compute in bf16) reuses it."""
-    if precision == "bf16" or (device.type != "cuda" and COMPUTE_DTYPE[precision] == torch.bfloat16):
+    if precision == "bf16" or (device.type != "cuda" and precision_record(precision).matmul_precision == "bf16"):
         return run_peak
     return peak_flops(device, "bf16", tf32, configured_tflops)
 
@@ -290,7 +291,7 @@ def setup(spec: dict) -> Run:
     # DDP fills buckets (trainable parameters only) in gradient-ready order, about the reverse of this one.
     param_bytes = [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
     model.set_activation_checkpointing(point.activation_checkpointing)
-    fp8_linears = convert_to_fp8(model, train_cfg.fp8_emulate) if point.precision == "fp8" else None
+    fp8_linears = convert_linears(point.precision, model, train_cfg.fp8_emulate)
     # (converted before sharding: FSDP2 then shards the Float8Linear weights)
     if point.compile:  # after checkpointing and fp8, before wrapping (torchtitan's order)
         apply_compile(model)
@@ -545,7 +546,7 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "mfu_bf16_peak": accounting.mfu(tokens_per_s, fpt, run.peak_bf16, world_size),
         "recompute_flops_per_token": recompute_fpt,
         "fp8_linears": run.fp8_linears,
-        "fp8_emulated": bool(run.train_cfg.fp8_emulate) if precision == "fp8" else None,
+        "fp8_emulated": bool(run.train_cfg.fp8_emulate) if precision_record(precision).linears else None,
         "hfu": accounting.mfu(tokens_per_s, fpt + recompute_fpt, run.peak, world_size),
         "activation_bytes_measured": tally.activations["inside"] if tally.activations else None,
         "activation_bytes_outside_blocks_measured": tally.activations["outside"] if tally.activations else None,
