@@ -29,7 +29,7 @@ def two_sweeps(tmp_path):
     runs = pd.concat([runs.drop(dropped), added], ignore_index=True)
     runs.to_parquet(b / "metrics.parquet")
     steps = pd.read_parquet(b / "steps.parquet")
-    moved = steps.index[(steps["run_id"] == "fp32-z0-w8-ac") & (steps["step"] == 7)]
+    moved = steps.index[(steps["run_id"] == "fp32-z0-w1-ac") & (steps["step"] == 7)]
     steps.loc[moved, "loss"] *= 1 + 1e-3
     steps.to_parquet(b / "steps.parquet")
     return a, b
@@ -44,14 +44,14 @@ def test_compare_ratios_loss_agreement_provenance_and_one_sided_runs(two_sweeps,
     table = compare_runs(runs_a, runs_b, steps_a, steps_b).set_index("run_id")
     assert table.loc["fp32-z0-w2", "tokens_per_s_ratio"] == pytest.approx(1.5)
     assert table.loc["fp32-z0-w4", "peak_mib_ratio"] == pytest.approx(2.0)
-    assert table.loc["fp32-z0-w8-ac", "loss_max_rel_diff"] == pytest.approx(1e-3, rel=1e-6)
-    others = table.drop(index="fp32-z0-w8-ac")
-    assert (others["loss_max_rel_diff"].dropna() == 0).all() and table.loc["fp32-z0-w8-ac", "common_steps"] == 20
+    assert table.loc["fp32-z0-w1-ac", "loss_max_rel_diff"] == pytest.approx(1e-3, rel=1e-6)
+    others = table.drop(index="fp32-z0-w1-ac")
+    assert (others["loss_max_rel_diff"].dropna() == 0).all() and table.loc["fp32-z0-w1-ac", "common_steps"] == 20
     assert "fp32-z2-w1" not in table.index and "fp32-z2-w2-mb1" not in table.index
     md = (b / "compare" / "compare.md").read_text()
     assert "- provenance differs in: torch_version, hostname" in md
     assert re.search(r"throughput \(B / A\): median 1\.000, from 1\.000 \(\S+\) to 1\.500 \(fp32-z0-w2\)", md), md
-    assert "loss agreement: largest relative difference 0.001 (fp32-z0-w8-ac)" in md
+    assert "loss agreement: largest relative difference 0.001 (fp32-z0-w1-ac)" in md
     assert "status changed: fp32-z1-w1 (ok → failed)" in md
     assert "| A only | fp32-z2-w1 | ok |" in md and "| B only | fp32-z2-w2-mb1 | ok |" in md
     assert md.index("| torch_version | - | 2.99.0 | no |") < md.index("| device_type | cpu | cpu | yes |"), "differing columns first"

@@ -21,7 +21,7 @@ MiB = 2 ** 20
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    """192 runs: the fp32 grid with each lever, then the whole precision x stage x world-size grid."""
+    """192 runs: fp32 baselines with each lever, then the whole precision x stage x world-size grid."""
     path = tmp_path_factory.mktemp("figures")
     synthetic_results(path, n_runs=192, n_steps=20)
     return load_tables(path)
@@ -257,7 +257,7 @@ def check_lever_micro_batch(runs, steps):
     fig, t = draw("lever_micro_batch", runs, steps)
     loss_ax, tput_ax, _ = fig.axes
     ok = runs[(runs["status"] == "ok") & runs["cpu_offload"].eq(False) & ~runs["activation_checkpointing"]
-              & (runs["bucket_mb"].isna() | (runs["bucket_mb"] == 25.0))]
+              & (runs["bucket_mb"].isna() | (runs["bucket_mb"] == 25.0)) & ~runs["compile"] & runs["lora_rank"].isna()]
     label = "z" + ok["zero_stage"].astype(str) + " w" + ok["world_size"].astype(str) + " " + ok["precision"]
     varied = ok[ok.groupby(label)["micro_batch"].transform("nunique") > 1]
     fp32 = steps[steps["run_id"].isin(varied.loc[varied["precision"] == "fp32", "run_id"])]
@@ -274,9 +274,10 @@ def check_lever_micro_batch(runs, steps):
 
 def check_lever_cpu_offload(runs, steps):
     # GPU-like results with offload variants of the stage-3 runs: less device memory, slower steps
-    base = runs[(runs["zero_stage"] == 3) & runs["run_id"].str.fullmatch(r"\w+-z3-w\d+-r1")]
+    base = runs[(runs["zero_stage"] == 3) & runs["run_id"].str.fullmatch(r"\w+-z3-w\d+")]  # twins sort before replicas
     variants = base.assign(cpu_offload=True, run_id=base["run_id"] + "-offload", peak_mem_allocated_bytes=base["peak_rss_bytes"] // 10,
                            step_time_s_median=base["step_time_s_median"] * 1.7)
+    runs = runs[~runs["cpu_offload"]]  # the fixture's own offload runs slow down by another factor
     gpu = pd.concat([runs.assign(peak_mem_allocated_bytes=runs["peak_rss_bytes"] // 3), variants], ignore_index=True)
     fig, t = draw("lever_cpu_offload", gpu, steps)
     pairs = _pairs(gpu, "cpu_offload")
@@ -293,7 +294,7 @@ def check_lever_bucket_mb(runs, steps):
     fig, t = draw("lever_bucket_mb", runs, steps)
     left, right = fig.axes
     ddp = runs[(runs["status"] == "ok") & runs["bucket_mb"].notna() & ~runs["activation_checkpointing"] & ~runs["cpu_offload"]
-               & (runs["accumulation_steps"] == 1)]
+               & (runs["accumulation_steps"] == 1) & ~runs["compile"] & runs["lora_rank"].isna()]
     label = "z" + ddp["zero_stage"].astype(str) + " w" + ddp["world_size"].astype(str) + " " + ddp["precision"]
     varied = ddp[ddp.groupby(label)["bucket_mb"].transform("nunique") > 1]
     for name, g in varied.groupby(label[varied.index]):
@@ -322,7 +323,7 @@ def check_memory_vs_psi(runs, steps):
 def check_lever_compile(runs, steps):
     # compiled twins of the fp32 baseline runs (one replica each, so every twin is its source):
     # 20% faster steps, 12 s of compilation each
-    runs = runs[~runs["run_id"].str.contains(r"-r\d+$")]
+    runs = runs[~runs["run_id"].str.contains(r"-r\d+$") & ~runs["compile"]]  # not the fixture's own compiled runs
     base = baseline(runs)
     base = base[(base["precision"] == "fp32") & (base["status"] == "ok")]
     variants = base.assign(compile=True, run_id=base["run_id"] + "-compiled", compile_time_s=12.0,

@@ -278,3 +278,59 @@ def test_mfu_against_the_bf16_datasheet_peak_on_a_gpu(tmp_path, tiny_data):
         assert fp8["status"] == "ok", fp8["reason"]
         assert fp8["peak_flops_bf16"] == bf16["peak_flops_bf16"]
         assert fp8["mfu_bf16_peak"] == pytest.approx(fp8["mfu"] * fp8["peak_flops_per_device"] / fp8["peak_flops_bf16"])
+
+
+# ----------------------------------------------------------------------------- the levers in the report
+# (read from synthetic results: no training)
+
+def test_every_lever_shows_its_own_evidence_and_no_other(tmp_path):
+    """The fixtures vary every lever of the registry; each lever's pairs carry the columns its
+    EVIDENCE entry declares (and no other lever's), computed from the pair."""
+    import pandas as pd
+
+    from scalelab.analysis.levers import EVIDENCE, PAIR_COLUMNS, lever_table
+    from scalelab.harness.fixtures import synthetic_results
+    from scalelab.sweep import LEVER_AXES
+
+    synthetic_results(tmp_path, n_runs=96, n_steps=5)
+    runs = pd.read_parquet(tmp_path / "metrics.parquet")
+    table = lever_table(runs)
+    assert sorted(table["lever"].unique()) == sorted(LEVER_AXES)
+    ok = table[(table["status"] == "ok") & table["reason"].isna()]  # both runs of the pair ended ok
+    for lever in LEVER_AXES:
+        rows = ok[ok["lever"] == lever]
+        own = [*PAIR_COLUMNS, *EVIDENCE.get(lever, {})]
+        others = {c for name, cols in EVIDENCE.items() if name != lever for c in cols} - set(own)
+        assert len(rows) and rows[own].notna().all().all(), lever
+        assert rows[sorted(others)].isna().all().all(), lever
+    ac = ok[ok["lever"] == "activation_checkpointing"]
+    np.testing.assert_allclose(ac["step_time_ratio_predicted"], 1 + 2.3e5 / 7e5)  # the fixture's recompute FLOPs
+    lora = ok[ok["lever"] == "lora_rank"].merge(runs, on="run_id")
+    np.testing.assert_allclose(lora["trainable_fraction"], lora["n_trainable_params"] / lora["n_params"])
+    assert (lora["model_state_mib"] < lora["baseline_model_state_mib"]).all()
+
+
+def test_twin_table_follows_the_precision_records(tmp_path):
+    """fp8 runs beside their bf16 twins because fp8's record names bf16 as its twin."""
+    import pandas as pd
+
+    from scalelab.analysis.levers import fp8_table
+    from scalelab.harness.fixtures import synthetic_results
+    from scalelab.precisions import PRECISIONS
+
+    synthetic_results(tmp_path, n_runs=192, n_steps=5)
+    runs = pd.read_parquet(tmp_path / "metrics.parquet")
+    assert fp8_table(runs).empty, "no fp8 run, no table"
+    twin = PRECISIONS["fp8"].twin
+    bf16 = runs[(runs["precision"] == twin) & (runs["status"] == "ok")]
+    fp8 = bf16.assign(precision="fp8", run_id=bf16["run_id"].str.replace(twin, "fp8"), tokens_per_s=bf16["tokens_per_s"] * 1.5)
+    table = fp8_table(pd.concat([runs, fp8], ignore_index=True))
+    assert len(table) == len(fp8) and list(table[f"run_id_{twin}"]) == list(bf16["run_id"])
+    np.testing.assert_allclose(table[f"speedup_over_{twin}"], 1.5)
+
+
+def test_psi_figure_draws_every_strategy_record():
+    from scalelab.analysis import psi
+    from scalelab.strategies import STRATEGIES
+
+    assert psi.STAGES == tuple(STRATEGIES)

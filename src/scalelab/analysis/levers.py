@@ -1,14 +1,16 @@
 """The levers in the report: baseline rows, variant-vs-baseline pairs, one figure per lever.
 
-A lever is an optional sweep axis (micro-batch size, activation checkpointing, CPU offload,
-DDP bucket size, torch.compile; fp8 is a precision). The main figures use *baseline* rows (every lever at
+A lever is an optional sweep axis (scalelab.sweep.LEVER_AXES: micro-batch size, activation
+checkpointing, CPU offload, DDP bucket size, torch.compile, LoRA; fp8 is a precision). The main figures use *baseline* rows (every lever at
 its default) so that they compare precision x stage x world size alone. Each run with a
 lever away from its default is paired with the baseline run that differs only in that lever,
-and the pair's measured ratios are set against the formulas. The lever figures' names,
-captions and when each is drawn are declared in scalelab.analysis.figures.
+and the pair's measured ratios are set against the formulas: PAIR_COLUMNS for every lever, and
+each lever's own evidence in EVIDENCE. The lever figures' names, captions and when each is drawn
+are declared in scalelab.analysis.figures.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import matplotlib.pyplot as plt
@@ -18,6 +20,7 @@ from matplotlib.ticker import FuncFormatter, NullLocator
 
 from scalelab.analysis.plots import _si, log_y, marks
 from scalelab.analysis.tables import MiB, device_peak_bytes
+from scalelab.precisions import PRECISIONS
 from scalelab.sweep import AXIS, LEVER_AXES, SWEEP_AXES
 
 
@@ -72,6 +75,51 @@ _LEVER_TABLE_READS = (
     "compile_time_s", "compile_graphs_in_loop", "final_loss")
 
 
+Pair = Callable[[SimpleNamespace], float]
+"""A column of a lever's pair, from the variant's values (``r.tokens_per_s``) and its baseline twin's (``r.tokens_per_s_base``)."""
+
+PAIR_COLUMNS: dict[str, Pair] = {
+    "step_time_ratio": lambda r: r.step_time_s_median / r.step_time_s_median_base,
+    "tokens_per_s_ratio": lambda r: r.tokens_per_s / r.tokens_per_s_base,
+    "peak_mib": lambda r: r.peak_bytes / MiB,
+    "baseline_peak_mib": lambda r: r.peak_bytes_base / MiB,
+    "activation_mib_measured": lambda r: r.activation_bytes_measured / MiB,
+    "activation_mib_predicted": lambda r: r.activation_bytes_predicted / MiB,
+    "activation_mib_predicted_paper": lambda r: r.activation_bytes_predicted_paper / MiB,
+    "baseline_activation_mib_measured": lambda r: r.activation_bytes_measured_base / MiB,
+    "baseline_activation_mib_predicted": lambda r: r.activation_bytes_predicted_base / MiB,
+    "baseline_activation_mib_predicted_paper": lambda r: r.activation_bytes_predicted_paper_base / MiB,
+}
+"""What every pair whose two runs ended ok shows: speed, memory and activations, both sides."""
+
+EVIDENCE: dict[str, dict[str, Pair]] = {
+    # the predicted recompute cost, beside the measured step-time ratio (lever_activation_checkpointing)
+    "activation_checkpointing": {
+        "step_time_ratio_predicted": lambda r: 1 + r.recompute_flops_per_token / r.flops_per_token},
+    # model state per rank, measured vs formula, and what LoRA saved (no figure: the table shows it)
+    "lora_rank": {
+        "model_state_mib": lambda r: r.model_state_bytes_measured / MiB,
+        "model_state_mib_predicted": lambda r: r.model_state_bytes_predicted / MiB,
+        "baseline_model_state_mib": lambda r: r.model_state_bytes_measured_base / MiB,
+        "trainable_fraction": lambda r: r.n_trainable_params / r.n_params},
+    # all-reduce calls per step, measured vs the bucket count (lever_bucket_mb)
+    "bucket_mb": {
+        "all_reduce_calls_per_step": lambda r: r.comm_all_reduce_calls_per_step,
+        "all_reduce_calls_predicted": lambda r: r.ddp_buckets_predicted},
+    # step time without compilation, which is timed apart before the first step, and the losses (lever_compile)
+    "compile": {
+        "step_ms": lambda r: r.step_time_s_median * 1e3,
+        "baseline_step_ms": lambda r: r.step_time_s_median_base * 1e3,
+        "compile_time_s": lambda r: r.compile_time_s,
+        "compile_graphs_in_loop": lambda r: r.compile_graphs_in_loop,
+        "final_loss_rel_diff": lambda r: abs(r.final_loss - r.final_loss_base) / abs(r.final_loss_base)},
+}
+"""Each lever's own evidence: the columns its pairs compare beyond PAIR_COLUMNS, declared beside
+the figure that draws them. A lever with none (micro_batch, cpu_offload) shows the common ones."""
+if set(EVIDENCE) - set(LEVER_AXES):
+    raise ValueError(f"EVIDENCE names no lever of scalelab.sweep: {sorted(set(EVIDENCE) - set(LEVER_AXES))}")
+
+
 def lever_table(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per (variant run, baseline twin): what the lever bought, measured and predicted."""
     rows = []
@@ -80,38 +128,14 @@ def lever_table(runs: pd.DataFrame) -> pd.DataFrame:
     # report spends a fifth of a second here.
     runs = runs[[c for c in dict.fromkeys((*SWEEP_AXES, *_LEVER_TABLE_READS)) if c in runs]]
     for lever in LEVER_AXES:
+        columns = {**PAIR_COLUMNS, **EVIDENCE.get(lever, {})}
         # Records, not itertuples: itertuples takes each of the pairs' ~200 columns apart first.
         for d in _paired(runs, lever, defaults).to_dict("records"):
             r = SimpleNamespace(**d)
             row = {"lever": lever, "run_id": r.run_id, "baseline_run_id": r.run_id_base,
                    "status": r.status, "value": d[lever], "baseline_value": d[f"{lever}_base"]}
             if r.status == "ok" and r.status_base == "ok":
-                row["step_time_ratio"] = r.step_time_s_median / r.step_time_s_median_base
-                row["tokens_per_s_ratio"] = r.tokens_per_s / r.tokens_per_s_base
-                row["peak_mib"] = r.peak_bytes / MiB
-                row["baseline_peak_mib"] = r.peak_bytes_base / MiB
-                row["activation_mib_measured"] = r.activation_bytes_measured / MiB
-                row["activation_mib_predicted"] = r.activation_bytes_predicted / MiB
-                row["activation_mib_predicted_paper"] = r.activation_bytes_predicted_paper / MiB
-                row["baseline_activation_mib_measured"] = r.activation_bytes_measured_base / MiB
-                row["baseline_activation_mib_predicted"] = r.activation_bytes_predicted_base / MiB
-                row["baseline_activation_mib_predicted_paper"] = r.activation_bytes_predicted_paper_base / MiB
-                if lever == "activation_checkpointing":
-                    row["step_time_ratio_predicted"] = 1 + r.recompute_flops_per_token / r.flops_per_token
-                if lever == "lora_rank":  # model state per rank, measured vs formula, and what LoRA saved
-                    row["model_state_mib"] = r.model_state_bytes_measured / MiB
-                    row["model_state_mib_predicted"] = r.model_state_bytes_predicted / MiB
-                    row["baseline_model_state_mib"] = r.model_state_bytes_measured_base / MiB
-                    row["trainable_fraction"] = r.n_trainable_params / r.n_params
-                if lever == "bucket_mb":
-                    row["all_reduce_calls_per_step"] = r.comm_all_reduce_calls_per_step
-                    row["all_reduce_calls_predicted"] = r.ddp_buckets_predicted
-                if lever == "compile":  # compilation is timed apart, before the first step
-                    row["step_ms"] = r.step_time_s_median * 1e3
-                    row["baseline_step_ms"] = r.step_time_s_median_base * 1e3
-                    row["compile_time_s"] = r.compile_time_s
-                    row["compile_graphs_in_loop"] = r.compile_graphs_in_loop
-                    row["final_loss_rel_diff"] = abs(r.final_loss - r.final_loss_base) / abs(r.final_loss_base)
+                row.update((name, value(r)) for name, value in columns.items())
             else:
                 row["reason"] = r.reason if r.status != "ok" else f"baseline {r.run_id_base}: {r.status_base}"
             rows.append(row)
@@ -119,19 +143,24 @@ def lever_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def fp8_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """fp8 runs beside their bf16 twins (same stage, world size, levers): the speed-up, and
-    MFU against each run's own precision peak (``mfu``: fp8's is twice bf16's on Hopper) and
-    against the bf16 peak for both (``mfu_bf16_peak``: one scale)."""
-    fp8, bf16 = runs[runs["precision"] == "fp8"], runs[runs["precision"] == "bf16"]
-    if fp8.empty:
-        return pd.DataFrame()
+    """Runs of each precision whose record names a twin (scalelab.precisions: fp8 against bf16) beside
+    their twin runs (same stage, world size, levers): the speed-up, and MFU against each run's own
+    precision peak (``mfu``: fp8's is twice bf16's on Hopper) and against the bf16 peak for both
+    (``mfu_bf16_peak``: one scale). Columns of the twin end in ``_<twin>``."""
     key = [c for c in SWEEP_AXES if c != "precision"]
-    merged = fp8.merge(bf16, on=key, how="left", suffixes=("", "_bf16"))
-    columns = ["run_id", "status", "reason", "tokens_per_s", "mfu", "mfu_bf16_peak",
-               "run_id_bf16", "status_bf16", "tokens_per_s_bf16", "mfu_bf16"]  # the twin's mfu is against the bf16 peak
-    out = merged.reindex(columns=columns).copy()  # results older than mfu_bf16_peak lack it
-    out["speedup_over_bf16"] = merged["tokens_per_s"] / merged["tokens_per_s_bf16"]
-    return out
+    tables = []
+    for record in PRECISIONS.values():
+        runs_p = runs[runs["precision"] == record.name] if record.twin else runs.iloc[:0]
+        if runs_p.empty:
+            continue
+        t = f"_{record.twin}"
+        merged = runs_p.merge(runs[runs["precision"] == record.twin], on=key, how="left", suffixes=("", t))
+        columns = ["run_id", "status", "reason", "tokens_per_s", "mfu", "mfu_bf16_peak",
+                   f"run_id{t}", f"status{t}", f"tokens_per_s{t}", f"mfu{t}"]  # the twin's mfu is against its own peak
+        out = merged.reindex(columns=columns).copy()  # results older than mfu_bf16_peak lack it
+        out[f"speedup_over{t}"] = merged["tokens_per_s"] / merged[f"tokens_per_s{t}"]
+        tables.append(out)
+    return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
 
 
 def _note(ax, text: str) -> None:
@@ -147,9 +176,10 @@ def _not_run_text(pairs: pd.DataFrame) -> str | None:
     return "no run with this lever finished ok:\n" + "\n".join(reasons[:3])
 
 
-def _pair_panels(pairs: pd.DataFrame, run_id_suffix: str):
+def _pair_panels(pairs: pd.DataFrame):
     """(figure, panels) for a lever's variant/baseline pairs. panels = (left axis, right axis,
-    ok pairs, x positions, labels), or None when no pair finished ok (the figure then says why)."""
+    ok pairs, x positions, labels: the baseline run ids), or None when no pair finished ok (the
+    figure then says why)."""
     text = _not_run_text(pairs)
     if text:
         fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.4))
@@ -164,7 +194,7 @@ def _pair_panels(pairs: pd.DataFrame, run_id_suffix: str):
     else:
         fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.4))
         fig.subplots_adjust(wspace=0.45)
-    return fig, (left, right, ok, np.arange(len(ok)), ok["run_id"].str.replace(run_id_suffix, "", regex=False))
+    return fig, (left, right, ok, np.arange(len(ok)), ok["baseline_run_id"])
 
 
 def _bars_off_on(ax, x, labels, off: pd.Series, on: pd.Series, off_label: str, on_label: str, on_color: str) -> None:
@@ -190,7 +220,7 @@ def _config_label(runs: pd.DataFrame) -> pd.Series:
 
 
 def activation_checkpointing_plot(pairs: pd.DataFrame):
-    fig, panels = _pair_panels(pairs, "-ac")
+    fig, panels = _pair_panels(pairs)
     if panels is None:
         return fig
     left, right, ok, x, labels = panels
@@ -294,7 +324,7 @@ def _log_ticks(ax, values) -> None:
 
 
 def offload_plot(pairs: pd.DataFrame):
-    fig, panels = _pair_panels(pairs, "-offload")
+    fig, panels = _pair_panels(pairs)
     if panels is None:
         return fig
     left, right, ok, x, labels = panels
@@ -309,7 +339,7 @@ def offload_plot(pairs: pd.DataFrame):
 
 
 def compile_plot(pairs: pd.DataFrame):
-    fig, panels = _pair_panels(pairs, "-compiled")
+    fig, panels = _pair_panels(pairs)
     if panels is None:
         return fig
     left, right, ok, x, labels = panels

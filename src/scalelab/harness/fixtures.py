@@ -5,6 +5,7 @@ training. A few runs are given non-ok statuses so the report's handling of them 
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 
@@ -13,66 +14,110 @@ import pyarrow as pa
 
 from scalelab import accounting
 from scalelab.analysis.metrics import STEP_SCHEMA, run_row, runs_table, write_parquet
-from scalelab.sweep import RunPoint
+from scalelab.config import ModelConfig, TrainConfig
+from scalelab.strategies import ZERO_STAGES
+from scalelab.sweep import AXIS, LEVER_AXES, RunPoint
 
 FAILURES = {3: ("oom", "rank 0: OutOfMemoryError: CUDA out of memory (injected)"),
             5: ("failed", "rank 1: RuntimeError: injected crash"),
-            7: ("skipped", "world_size=8 needs 8 GPUs, this node has 1"),
+            7: ("skipped", "world_size=2 needs 2 GPUs, this node has 1"),
             11: ("timeout", "run exceeded train.run_timeout_s=900 s and was stopped")}
 
 
-# Lever variants, cycled over the later runs: (micro_batch, activation_checkpointing, cpu_offload, bucket_mb).
-LEVERS = [(None, False, False, 25.0), (None, True, False, 25.0), (1, False, False, 25.0), (None, False, False, 0.1)]
+GRID = list(itertools.product(["fp32", "fp16", "bf16"], ZERO_STAGES, [1, 2, 4, 8, 16, 32, 64, 128]))
+"""The whole precision x stage x world size grid (the default sweep's precisions): runs 96 on."""
+BASELINES = [RunPoint(*p) for p in itertools.product(["fp32"], ZERO_STAGES, [1, 2, 4, 8, 16, 32])]
+"""Runs 0-23: every lever at its default; the twins of the lever runs."""
+PER_RANK_BATCH = 4
+"""Sequences per rank per step of every synthetic run (micro_batch None resolves to it)."""
+_LORA_SHAPE = ModelConfig(n_layers=1, d_model=16, n_heads=1, seq_len=16, vocab_size=64)
+"""A shape whose LoRA adapters are small beside the synthetic model's 100k parameters."""
+
+# The value away from its default that the lever runs take, per lever of scalelab.sweep.LEVER_AXES:
+# a flag is switched on; any other lever needs a value here (a lever added to the registry
+# without one stops this module at import, naming it).
+_LEVER_VALUES = {"micro_batch": 1, "bucket_mb": 0.1, "lora_rank": 4}
+_missing = [a for a in LEVER_AXES if AXIS[a].type is not bool and a not in _LEVER_VALUES]
+if _missing:
+    raise ValueError(f"scalelab.harness.fixtures: no synthetic value for the lever(s) {', '.join(_missing)}")
+LEVER_VALUES = {a: (not AXIS[a].default) if AXIS[a].type is bool else _LEVER_VALUES[a] for a in LEVER_AXES}
+
+
+def _applies(point, lever: str) -> bool:
+    """Whether the sweep would run this point (the lever's own rule: offload on stage 3 only, no
+    buckets under FSDP2), at the synthetic per-rank batch."""
+    train = dataclasses.replace(TrainConfig(), global_batch=PER_RANK_BATCH * point.world_size)
+    return getattr(point, lever) == LEVER_VALUES[lever] and AXIS[lever].left_out(point, train) is None
+
+
+def lever_points() -> list:
+    """Runs 24-95: each baseline with one lever away from its default, where that lever applies,
+    taken in turn from every lever of LEVER_AXES (so that 30 runs already vary each lever once)."""
+    per_lever = [[p for p in (dataclasses.replace(b, **{lever: LEVER_VALUES[lever]}) for b in BASELINES)
+                  if _applies(p, lever)] for lever in LEVER_AXES]
+    turns = itertools.zip_longest(*per_lever)
+    return [p for turn in turns for p in turn if p is not None][:96 - len(BASELINES)]
 
 
 def synthetic_results(out_dir: str | Path, n_runs: int = 24, n_steps: int = 60, seed: int = 0) -> dict:
-    """n_runs runs. Runs 24-95 repeat the first 24 grid points with one lever each away from
-    its default (a baseline twin for each), so the report's lever section is exercised; from
-    run 96 on, the whole precision x stage x world size grid, replicated."""
+    """n_runs runs. Runs 0-23: baselines (fp32, every stage, world sizes 1-32); runs 24-95: the
+    baselines again with one lever of scalelab.sweep.LEVER_AXES each away from its default (the
+    levers in turn, each where it applies), so the report's lever section pairs every lever with
+    its baseline twins; from run 96 on, the whole precision x stage x world size grid, replicated."""
     out_dir = Path(out_dir)
     rng = np.random.default_rng(seed)
-    points = list(itertools.product(["fp32", "fp16", "bf16"], [0, 1, 2, 3], [1, 2, 4, 8, 16, 32, 64, 128]))
     rows, step_cols = [], {f.name: [] for f in STEP_SCHEMA}
-    n_params = 100_000
+    n_base = 100_000
+    varied = BASELINES + lever_points()
     for i in range(n_runs):
-        lever_block = i // 24
-        if lever_block < len(LEVERS):
-            (precision, stage, ws), (micro, ac, offload, bucket), replica = points[i % 24], LEVERS[lever_block], 0
+        if i < len(varied):
+            point, replica = varied[i], 0
         else:
-            (precision, stage, ws), (micro, ac, offload, bucket), replica = points[i % len(points)], LEVERS[0], i // len(points)
-        if stage >= 2 and bucket != 25.0:  # FSDP2 has no buckets: vary the micro-batch there instead
-            micro, bucket = 2, 25.0
-        point = RunPoint(precision, stage, ws, micro, ac, offload, bucket)
-        identity = point.identity(micro_batch=micro or 4)
+            point, replica = RunPoint(*GRID[(i - len(varied)) % len(GRID)]), 1 + (i - len(varied)) // len(GRID)
+        precision, stage, ws, micro, ac, bucket = (point.precision, point.zero_stage, point.world_size, point.micro_batch,
+                                                   point.activation_checkpointing, point.bucket_mb)
+        identity = point.identity(micro_batch=micro or PER_RANK_BATCH)
         identity["run_id"] = point.run_id + (f"-r{replica}" if replica else "")
         status, reason = FAILURES.get(i, ("ok", None))
-        pred = accounting.model_state_bytes(n_params, stage, ws, precision, "pytorch")
-        comm = 4 * accounting.comm_elements_per_step(n_params, stage, ws)
+        n_trainable = accounting.lora_trainable_params(_LORA_SHAPE, point.lora_rank) if point.lora_rank else n_base
+        n_params = n_base + (n_trainable if point.lora_rank else 0)
+        if point.lora_rank:  # frozen base weights: no gradients or optimizer state for them
+            pred = accounting.lora_model_state_bytes(n_base, n_trainable, stage, ws, precision, "pytorch")
+            paper = accounting.lora_model_state_bytes(n_base, n_trainable, stage, ws, precision, "paper")
+            comm = 4 * accounting.lora_comm_elements_per_step(n_base, n_trainable, stage, ws)
+            comm_paper = 4 * accounting.lora_comm_elements_per_step(n_base, n_trainable, stage, ws, convention="paper")
+        else:
+            pred = accounting.model_state_bytes(n_params, stage, ws, precision, "pytorch")
+            paper = accounting.model_state_bytes(n_params, stage, ws, precision, "paper")
+            comm = 4 * accounting.comm_elements_per_step(n_params, stage, ws)
+            comm_paper = 4 * accounting.comm_elements_per_step(n_params, stage, ws, convention="paper")
         tps = 50_000 * ws * (0.9 ** np.log2(ws)) * (2 if precision != "fp32" else 1) * rng.uniform(0.95, 1.05)
-        acts = (2 if ac else 34) * 64 * (micro or 4) * 256 * 2 * 4
+        tps *= (1.25 if point.compile else 1) / (1.7 if point.cpu_offload else 1)  # compiled steps faster, offloaded slower
+        acts = (2 if ac else 34) * 64 * (micro or PER_RANK_BATCH) * 256 * 2 * 4
+        n = n_steps if status == "ok" else n_steps // 3
+        loss = 5.5 * np.exp(-np.arange(n) / (n_steps / 4)) + 2.5 + rng.normal(0, 0.02, n)
         # DDP stages: 40 parameter tensors of 10k bytes each (the model's 400 kB), bucketed
         buckets = accounting.ddp_bucket_count([10_000] * 40, bucket) if bucket is not None and stage < 2 else None
         summary = {
-            **identity, "accumulation_steps": 4 // (micro or 4), "step_time_s_median": 512 / tps,
+            **identity, "accumulation_steps": PER_RANK_BATCH // (micro or PER_RANK_BATCH), "step_time_s_median": 512 / tps,
             "activation_bytes_measured": acts, "activation_bytes_predicted": acts,
-            "activation_bytes_predicted_paper": (2 if ac else 34 + 5 * 4 * 256 / 64) * 64 * (micro or 4) * 256 * 2 * 4,
+            "activation_bytes_predicted_paper": (2 if ac else 34 + 5 * 4 * 256 / 64) * 64 * (micro or PER_RANK_BATCH) * 256 * 2 * 4,
             "flops_per_token": 7e5, "recompute_flops_per_token": 2.3e5 if ac else 0.0,
-            "status": status, "reason": reason, "n_params": n_params, "steps": n_steps,
+            "status": status, "reason": reason, "n_params": n_params, "n_trainable_params": n_trainable, "steps": n_steps,
+            "final_loss": float(loss[-1]) if status == "ok" else None,
+            "compile_time_s": 12.0 if point.compile else None, "compile_graphs_in_loop": 0 if point.compile else None,
             "tokens_per_s": tps if status == "ok" else None, "mfu": tps * 7e5 / (ws * 1e11) if status == "ok" else None,
             "peak_flops_source": "synthetic", "model_state_bytes_measured": int(pred.total * rng.uniform(1.0, 1.02)),
-            "model_state_bytes_predicted": pred.total, "model_state_bytes_predicted_paper":
-                accounting.model_state_bytes(n_params, stage, ws, precision, "paper").total,
+            "model_state_bytes_predicted": pred.total, "model_state_bytes_predicted_paper": paper.total,
             "comm_bytes_per_step_measured": comm, "comm_bytes_per_step_predicted": comm,
-            "comm_bytes_per_step_predicted_paper": 4 * accounting.comm_elements_per_step(n_params, stage, ws, convention="paper"),
+            "comm_bytes_per_step_predicted_paper": comm_paper,
             "peak_rss_bytes": int(3e8 * rng.uniform(0.98, 1.02)),
             "ddp_buckets_predicted": buckets, "comm_calls_per_step": {"all_reduce": float(buckets)} if buckets else {},
             "device_type": "cpu", "device_name": "synthetic", "wall_time_s": 10.0,
         }
         rows.append(run_row(summary, point.path))
         if status in ("ok", "failed"):
-            n = n_steps if status == "ok" else n_steps // 3
             steps = np.arange(n)
-            loss = 5.5 * np.exp(-steps / (n_steps / 4)) + 2.5 + rng.normal(0, 0.02, n)
             scale = np.full(n, 65536.0) if precision == "fp16" else np.full(n, np.nan)
             skipped = np.zeros(n, dtype=bool)
             if precision == "fp16":
