@@ -18,8 +18,12 @@ import seaborn as sns
 
 from scalelab import accounting
 from scalelab.analysis.plots import log_x, log_y, marks
+from scalelab.strategies import ZERO_STAGES
 
-STAGES = (0, 1, 2, 3)
+STAGES = ZERO_STAGES  # every strategy record of scalelab.strategies: a line (and a colour) each
+LINE_PRECISION = "bf16"
+"""The precision of the formula lines: the paper's mixed-precision convention (PyTorch's lines are
+the same in every precision)."""
 PANELS_PER_ROW = 4
 PSI_COLUMNS = ("world_size", "zero_stage", "n_params", "model_state_bytes_measured", "device_memory_bytes",
                "peak_mem_allocated_bytes")
@@ -52,13 +56,13 @@ def memory_vs_psi(runs: pd.DataFrame):
         sub = ok[ok["world_size"] == n]
         budget = sub["device_memory_bytes"].dropna().min() if "device_memory_bytes" in sub else np.nan
         lo, hi = sub["n_params"].min() / 4, sub["n_params"].max() * 4
-        fits = {s: accounting.largest_model(budget, s, int(n), "bf16", "pytorch") for s in STAGES} if budget > 0 else {}
+        fits = {s: accounting.largest_model(budget, s, int(n), LINE_PRECISION, "pytorch") for s in STAGES} if budget > 0 else {}
         if fits:
             hi = max(hi, max(fits.values()) * 2)
         psi = np.geomspace(lo, hi, 50)
         for stage in STAGES:
             for convention, style in (("pytorch", "-"), ("paper", "--")):
-                slope = accounting.bytes_per_param_per_rank(stage, int(n), "bf16", convention)
+                slope = accounting.bytes_per_param_per_rank(stage, int(n), LINE_PRECISION, convention)
                 ax.plot(psi, slope * psi, style, color=colors[stage], alpha=0.7 if style == "-" else 0.4,
                         label=f"stage {stage}" if convention == "pytorch" else None)
             runs_s = sub[sub["zero_stage"] == stage]

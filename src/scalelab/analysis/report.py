@@ -26,6 +26,7 @@ from scalelab.analysis.figures import FIGURES_DIR, Drawn, start_figures
 from scalelab.analysis.levers import baseline, fp8_table, lever_table
 from scalelab.analysis.metrics import schema_version
 from scalelab.analysis.tables import MFU_LIMIT, best_configurations, loss_deviation_vs_stage0, scaling_efficiency
+from scalelab.sweep import SWEEP_AXES
 
 __all__ = ["MFU_LIMIT", "build_report", "find_warnings", "load_tables", "render", "table_model"]
 MEMORY_TOLERANCE = 0.10
@@ -64,9 +65,10 @@ become ready); one all-reduce per bucket per step.</li>
 </ul>
 """
 
+# Every sweep axis (scalelab.sweep.AXES) shows: a LoRA run and its full twin, or a compiled run and
+# its eager one, differ in an axis column, not by id alone.
 TABLE_COLUMNS = [
-    "run_id", "precision", "zero_stage", "world_size", "micro_batch", "accumulation_steps", "activation_checkpointing",
-    "cpu_offload", "bucket_mb", "status", "tokens_per_s", "scaling_efficiency", "mfu",
+    "run_id", *SWEEP_AXES, "accumulation_steps", "status", "tokens_per_s", "scaling_efficiency", "mfu",
     "model_state_mib_measured", "model_state_mib_predicted", "comm_mib_per_step_measured",
     "comm_mib_per_step_predicted", "peak_mib_predicted", "peak_mib_measured_gpu", "final_loss", "skipped_steps", "wall_time_s", "reason",
 ]
@@ -147,7 +149,7 @@ def _fmt_table(runs: pd.DataFrame) -> pd.DataFrame:
     t["comm_mib_per_step_predicted"] = t["comm_bytes_per_step_predicted"] / 2 ** 20
     t["peak_mib_predicted"] = t["predicted_peak_bytes"] / 2 ** 20
     t["peak_mib_measured_gpu"] = t["peak_mem_allocated_bytes"] / 2 ** 20
-    t = t[TABLE_COLUMNS].sort_values(["precision", "zero_stage", "world_size", "activation_checkpointing", "cpu_offload"])
+    t = t[TABLE_COLUMNS].sort_values([*SWEEP_AXES, "run_id"])
     return t
 
 
