@@ -99,7 +99,7 @@ RUNS = {
     "predicted_oom": (RunPoint("bf16", 0, 1), {}, None),
     "failed": (RunPoint("fp32", 0, 1), {}, "crash@step=1,rank=0"),
     "oom": (RunPoint("fp32", 1, 1), {}, "oom@step=1,rank=0"),
-    "timeout": (RunPoint("bf16", 2, 1), {"run_timeout_s": 15}, "hang@step=0,rank=0"),  # timed out while starting or hung
+    "timeout": (RunPoint("bf16", 2, 1), {"run_timeout_s": 8}, "hang@step=0,rank=0"),  # timed out while starting or hung
     "diverged": (RunPoint("fp32", 2, 1), {"lr": 1e30}, None),
 }
 

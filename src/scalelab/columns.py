@@ -313,7 +313,7 @@ RUN = [
     Column("seed", pa.int64(), "-", "random seed (train.seed)", "launch"),
     Column("config_hash", pa.string(), "-", "hash of the configuration the results depend on", "launch"),
     Column("started_utc", pa.string(), "-", "when the run started, ISO 8601, UTC", "launch"),
-    Column("run_path", pa.string(), "-", "the run's folder, relative to <results>/runs", "collect"),
+    Column("run_path", pa.string(), "-", "the run's folder under `<results>/runs/`: its run id", "collect"),
 ]
 
 # steps.parquet: one row per optimizer step, after the identity columns. The worker writes a
