@@ -43,7 +43,11 @@ def _mark_data_stale_if_sources_changed(files):
     if changes := changed_sources(files, DATA_DIR):
         print(f"scalelab: the corpus changed since {DATA_DIR} was prepared; it will be prepared again:\n  "
               + "\n  ".join(changes), file=sys.stderr)
-        mark_stale(DATA_DIR)
+        try:
+            mark_stale(DATA_DIR)
+        except OSError as err:  # a read-only results folder: never train on the old tokens silently
+            raise WorkflowError(f"scalelab: cannot mark {DATA_DIR} stale ({err}); prepare it again with "
+                                "snakemake --forcerun prepare_data") from None
 
 
 # The sweep, defined once: every run folder, run id and job derives from this table. A run's
