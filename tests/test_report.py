@@ -319,19 +319,6 @@ def test_run_table_numbers_formatted_per_column(fixture_results):
     assert re.search(r'<th class="num" title="throughput[^"]*\[tokens/s\]">tokens_per_s</th>', table), "unit in the header's title"
 
 
-def test_run_table_shows_every_sweep_axis(fixture_results):
-    """The run table's axis columns are the registry's: a LoRA run and its full twin, or a compiled
-    run and its eager one, differ in a column, not by id alone."""
-    from scalelab.analysis.report import _fmt_table
-    from scalelab.sweep import SWEEP_AXES
-
-    table = _fmt_table(pd.read_parquet(fixture_results / "metrics.parquet")).set_index("run_id")
-    assert list(table.columns[:len(SWEEP_AXES)]) == list(SWEEP_AXES)
-    for variant, axis, value in (("fp32-z0-w1-lora4", "lora_rank", 4), ("fp32-z0-w1-compiled", "compile", True)):
-        assert table.loc[variant, axis] == value and table.loc["fp32-z0-w1", axis] != value, axis
-        assert table.loc[variant, "model"] == table.loc["fp32-z0-w1", "model"] == "base"
-
-
 def test_templates_are_package_data_of_a_non_editable_install(tmp_path):
     """The report renders from an installed wheel: its Jinja2 templates are shipped as package data."""
     source = tmp_path / "source"
@@ -404,23 +391,26 @@ def test_data_dictionary_in_the_parquet_metadata_and_the_docs(fixture_results, t
 
 def test_report_benchmark_builds_two_checkouts_alternately(tmp_path):
     """`bench report --against`: two build servers, one per checkout (here this one twice), taking turns."""
-    from scalelab.harness.bench import bench_report_against
+    from scalelab.harness.bench import bench_report
 
-    result = bench_report_against(str(REPO), n_runs=24, n_steps=5, pairs=2)
-    assert result["runs"] == 24 and result["pairs"] == 2 and result["other"] == str(REPO.resolve())
-    assert 0 < result["this_s_min"] <= result["this_s_median"] and 0 < result["other_s_min"] <= result["other_s_median"]
-    assert result["ratio_q1"] <= result["ratio_median"] <= result["ratio_q3"]
-    assert result["this_cpu_s_median"] > 0 and result["other_cpu_s_median"] > 0
+    result = bench_report(n_runs=24, n_steps=5, repeats=2, against=str(REPO))
+    assert result["runs"] == 24 and result["builds"] == 2 and result["other"] == str(REPO.resolve())
+    for name in ("this", "other"):
+        assert 0 < result[f"{name}_report_s_min"] <= result[f"{name}_report_s_median"] <= result[f"{name}_report_s_max"]
+        assert result[f"{name}_cpu_s_median"] > 0 and result[f"{name}_first_build_s"] > 0
+    assert result["ratio_q1"] <= result["ratio_median"] <= result["ratio_q3"] and result["cpu_ratio_median"] > 0
     with pytest.raises(SystemExit, match="not a scalelab checkout"):
-        bench_report_against(str(tmp_path), n_runs=24, n_steps=5, pairs=1)
+        bench_report(n_runs=24, n_steps=5, repeats=1, against=str(tmp_path))
 
 
-def test_report_benchmark_prints_the_host_speed_beside_the_builds():
-    """`bench report`: builds of a synthetic set, with a fixed Python loop timed before
+def test_report_benchmark_prints_time_memory_and_host_speed():
+    """`bench report`: builds of a synthetic set in a process of their own, with their peak RSS (the
+    interpreter, pandas and matplotlib alone are over 50 MiB) and a fixed Python loop timed before
     each (a shared host's speed drifts; figures from different moments compare only beside it)."""
     from scalelab.harness.bench import bench_report
 
     result = bench_report(n_runs=24, n_steps=5, repeats=2)
     assert result["runs"] == 24 and result["builds"] == 2
     assert 0 < result["report_s_min"] <= result["report_s_median"] <= result["report_s_max"]
+    assert 50 < result["peak_rss_mib"] < 4096 and result["drawing_peak_rss_mib"] >= 0
     assert 0 < result["host_loop_s_median"] <= result["host_loop_s_max"]

@@ -2,8 +2,9 @@
 
     python -m scalelab.harness.bench data      tokenize-and-write MB/s + peak RSS; sampler tokens/s
     python -m scalelab.harness.bench overhead  instrumented training loop vs a bare loop, side by side
-    python -m scalelab.harness.bench report    report rebuilt from a synthetic 1,000-run / 500,000-step set, beside
-                                               a fixed Python loop timed before each build (the host's speed at the time)
+    python -m scalelab.harness.bench report    report rebuilt from a synthetic 1,000-run / 500,000-step set (--runs,
+                                               --steps per run): time and peak RSS, beside a fixed Python loop timed
+                                               before each build (the host's speed at the time)
                                                (--against CHECKOUT: alternately with another checkout's code)
     python -m scalelab.harness.bench compile   the compile lever: eager vs compiled step time and losses, side by side
     python -m scalelab.harness.bench teardown  world-size-2 CPU runs that end abnormally after their last step
@@ -306,48 +307,18 @@ def main(argv=None) -> int:
                                {"n_layers": args.layers, "d_model": args.d_model, "n_heads": args.heads, "seq_len": args.seq_len})
     elif args.what == "teardown":
         result = bench_teardown(args.runs, args.steps, args.stages, args.precisions, args.keep, args.cores)
-    elif args.what == "report" and args.against:
-        result = bench_report_against(args.against, args.runs, args.steps, args.repeats)
     elif args.what == "report":
-        result = bench_report(args.runs, args.steps, args.repeats)
+        result = bench_report(args.runs, args.steps, args.repeats, args.against)
     elif args.what == "data":
         result = bench_data(args.corpus_mb, args.batch, args.seq_len, args.seconds)
     else:
         result = bench_overhead(args.steps, args.repeats, args.threads)
-    if "report_s_first" in result:  # whole command, interpreter and imports included
+    if args.what == "report":  # whole command: the synthetic set, interpreter and imports included
         result["command_wall_s"] = time.perf_counter() - _T0
     width = max(map(len, result))
     for key, value in result.items():
         print(f"{key:<{width}}  {value:.4g}" if isinstance(value, float) else f"{key:<{width}}  {value}")
     return 0
-
-
-
-def bench_report(n_runs: int, n_steps: int, repeats: int) -> dict:
-    """Rebuild the report from a synthetic result set (Parquet alone), in process, `repeats` times:
-    the first build, then the median and range of all of them (one build is too noisy to compare)."""
-    import resource
-
-    from scalelab.analysis.report import build_report
-    from scalelab.harness.fixtures import synthetic_results
-
-    def cpu_s() -> float:
-        return sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-                   for f in ("ru_utime", "ru_stime"))
-
-    walls, cpus, loops = [], [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        sizes = synthetic_results(tmp, n_runs, n_steps)
-        for _ in range(repeats):
-            loops.append(host_loop_s())
-            cpu, start = cpu_s(), time.perf_counter()
-            build_report(tmp)
-            walls.append(time.perf_counter() - start)
-            cpus.append(cpu_s() - cpu)
-    return {"runs": sizes["runs"], "steps": sizes["steps"], "builds": repeats, "report_s_first": walls[0],
-            "report_s_median": statistics.median(walls), "report_s_min": min(walls), "report_s_max": max(walls),
-            "cpu_s_median": statistics.median(cpus),  # all processes: the parent and its drawing workers
-            "host_loop_s_median": statistics.median(loops), "host_loop_s_max": max(loops)}
 
 
 def host_loop_s(n: int = 2_000_000) -> float:
@@ -362,47 +333,55 @@ def host_loop_s(n: int = 2_000_000) -> float:
     return time.process_time() - start
 
 
-
 # A build server: builds the report from argv[1] into argv[2] for each line read, prints wall and CPU
-# seconds (children included). Only scalelab.analysis.report.build_report, so any checkout serves.
+# seconds (children included) and the peak RSS so far of the server and of its largest drawing
+# process (KiB). Only scalelab.analysis.report.build_report, so any checkout serves. The first build
+# (imports, fonts, templates) is timed apart: a user's `scalelab report` pays it, the comparison not.
 _REPORT_SERVER = r"""
 import resource, sys, time
+t = time.perf_counter()
 from scalelab.analysis.report import build_report
 def cpu():
     return sum(getattr(resource.getrusage(w), f) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN) for f in ("ru_utime", "ru_stime"))
-build_report(sys.argv[1], sys.argv[2])  # imports, fonts, templates: left out of what is compared
-print("ready", flush=True)
+build_report(sys.argv[1], sys.argv[2])
+print(time.perf_counter() - t, flush=True)
 for _ in sys.stdin:
     c, t = cpu(), time.perf_counter()
     build_report(sys.argv[1], sys.argv[2])
-    print(time.perf_counter() - t, cpu() - c, flush=True)
+    print(time.perf_counter() - t, cpu() - c, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+          resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, flush=True)
 """
 
 
-def bench_report_against(other: str, n_runs: int, n_steps: int, pairs: int, timeout_s: float = 300.0) -> dict:
-    """This checkout's report build against another checkout's, side by side: one long-lived process
-    each (its own code on PYTHONPATH), building the same synthetic result set one after the other,
-    which goes first swapped every pair. A host whose speed drifts within minutes then weighs on
-    both alike, and the per-pair ratio says what the change bought."""
+def bench_report(n_runs: int, n_steps: int, repeats: int, against: str | None = None, timeout_s: float = 600.0) -> dict:
+    """Rebuild the report from a synthetic result set (Parquet alone) `repeats` times, in a long-lived
+    process of its own (its peak RSS is the build's, not the synthetic set's), with the host loop
+    timed before each build. With `against`, a second process runs that checkout's code (its src/
+    on PYTHONPATH) on the same set, the two taking turns, which goes first swapped every pair: a
+    host whose speed drifts within minutes then weighs on both alike, and the per-pair ratio says
+    what a change bought."""
     import os
     import selectors
 
     from scalelab.harness.fixtures import synthetic_results
 
-    other_src = Path(other).resolve() / "src"
-    if not (other_src / "scalelab" / "analysis" / "report.py").is_file():
-        raise SystemExit(f"--against {other}: not a scalelab checkout (no src/scalelab/analysis/report.py)")
-    this_src = Path(__file__).resolve().parents[2]
+    checkouts = {"this": Path(__file__).resolve().parents[2]}
+    if against:
+        checkouts["other"] = Path(against).resolve() / "src"
+        if not (checkouts["other"] / "scalelab" / "analysis" / "report.py").is_file():
+            raise SystemExit(f"--against {against}: not a scalelab checkout (no src/scalelab/analysis/report.py)")
+    builds: dict[str, list[tuple[float, ...]]] = {name: [] for name in checkouts}
+    first, loops = {}, []
     with tempfile.TemporaryDirectory() as tmp:
         sizes = synthetic_results(tmp, n_runs, n_steps)
-        servers, results = {}, {"this": [], "other": []}
+        servers = {}
         try:
-            for name, src in (("this", this_src), ("other", other_src)):
+            for name, src in checkouts.items():
                 env = dict(os.environ, PYTHONPATH=str(src))
                 servers[name] = subprocess.Popen([sys.executable, "-c", _REPORT_SERVER, tmp, f"{tmp}/report-{name}"],
                                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
-            def reply(name: str) -> str:
+            def reply(name: str) -> list[float]:
                 with selectors.DefaultSelector() as sel:
                     sel.register(servers[name].stdout, selectors.EVENT_READ)
                     if not sel.select(timeout_s):
@@ -410,15 +389,16 @@ def bench_report_against(other: str, n_runs: int, n_steps: int, pairs: int, time
                 line = servers[name].stdout.readline()
                 if not line:
                     raise RuntimeError(f"the {name} checkout's build server ended (exit status {servers[name].wait()})")
-                return line
+                return [float(x) for x in line.split()]
 
-            for name in servers:
-                reply(name)  # ready
-            for i in range(pairs):
-                for name in ("this", "other") if i % 2 == 0 else ("other", "this"):
+            for name in servers:  # one at a time: the first builds are timed too
+                first[name] = reply(name)[0]
+            for i in range(repeats):
+                loops.append(host_loop_s())
+                for name in list(servers) if i % 2 == 0 else list(servers)[::-1]:
                     servers[name].stdin.write("build\n")
                     servers[name].stdin.flush()
-                    results[name].append(tuple(map(float, reply(name).split())))
+                    builds[name].append(tuple(reply(name)))
         finally:
             for proc in servers.values():
                 proc.stdin.close()
@@ -427,15 +407,28 @@ def bench_report_against(other: str, n_runs: int, n_steps: int, pairs: int, time
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-    walls = {k: [w for w, _ in v] for k, v in results.items()}
-    cpus = {k: [c for _, c in v] for k, v in results.items()}
-    ratios = [a / b for a, b in zip(walls["this"], walls["other"])]
-    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-    return {"runs": sizes["runs"], "steps": sizes["steps"], "pairs": pairs, "other": str(Path(other).resolve()),
-            "this_s_median": statistics.median(walls["this"]), "this_s_min": min(walls["this"]),
-            "other_s_median": statistics.median(walls["other"]), "other_s_min": min(walls["other"]),
-            "ratio_median": statistics.median(ratios), "ratio_q1": quartiles[0], "ratio_q3": quartiles[2],
-            "this_cpu_s_median": statistics.median(cpus["this"]), "other_cpu_s_median": statistics.median(cpus["other"])}
+    result = {"runs": sizes["runs"], "steps": sizes["steps"], "builds": repeats}
+    if against:
+        result["other"] = str(Path(against).resolve())
+    for name, rows in builds.items():
+        walls, cpus = [r[0] for r in rows], [r[1] for r in rows]
+        prefix = "" if name == "this" and not against else f"{name}_"
+        result.update({
+            f"{prefix}report_s_median": statistics.median(walls), f"{prefix}report_s_min": min(walls),
+            f"{prefix}report_s_max": max(walls), f"{prefix}first_build_s": first[name],  # imports included
+            f"{prefix}cpu_s_median": statistics.median(cpus),  # the build process and its drawing processes
+            # ru_maxrss in KiB: the build process, and the largest of its drawing processes (forked: pages shared)
+            f"{prefix}peak_rss_mib": max(r[2] for r in rows) / 1024, f"{prefix}drawing_peak_rss_mib": max(r[3] for r in rows) / 1024,
+        })
+    if against:
+        ratios = [a[0] / b[0] for a, b in zip(builds["this"], builds["other"])]
+        quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+        result.update({"ratio_median": statistics.median(ratios), "ratio_q1": quartiles[0], "ratio_q3": quartiles[2],
+                       # CPU seconds: less swayed than wall time by other work on the host, blind to parallelism
+                       "cpu_ratio_median": statistics.median(a[1] / b[1] for a, b in zip(builds["this"], builds["other"]))})
+    result.update({"host_loop_s_median": statistics.median(loops), "host_loop_s_max": max(loops)})
+    return result
+
 
 if __name__ == "__main__":
     sys.exit(main())
