@@ -319,6 +319,19 @@ def test_run_table_numbers_formatted_per_column(fixture_results):
     assert re.search(r'<th class="num" title="throughput[^"]*\[tokens/s\]">tokens_per_s</th>', table), "unit in the header's title"
 
 
+def test_run_table_shows_every_sweep_axis(fixture_results):
+    """The run table's axis columns are the registry's: a LoRA run and its full twin, or a compiled
+    run and its eager one, differ in a column, not by id alone."""
+    from scalelab.analysis.report import _fmt_table
+    from scalelab.sweep import SWEEP_AXES
+
+    table = _fmt_table(pd.read_parquet(fixture_results / "metrics.parquet")).set_index("run_id")
+    assert list(table.columns[:len(SWEEP_AXES)]) == list(SWEEP_AXES)
+    for variant, axis, value in (("fp32-z0-w1-lora4", "lora_rank", 4), ("fp32-z0-w1-compiled", "compile", True)):
+        assert table.loc[variant, axis] == value and table.loc["fp32-z0-w1", axis] != value, axis
+        assert table.loc[variant, "model"] == table.loc["fp32-z0-w1", "model"] == "base"
+
+
 def test_templates_are_package_data_of_a_non_editable_install(tmp_path):
     """The report renders from an installed wheel: its Jinja2 templates are shipped as package data."""
     source = tmp_path / "source"
