@@ -353,67 +353,6 @@ def test_figure_draws_what_the_table_says(name, results):
     matplotlib.pyplot.close("all")
 
 
-def test_png_bytes_read_back_as_the_pixels_written():
-    """The PNG writer of plots.save, read back by Pillow: every pixel's colour, for a crop (a strided view) too."""
-    import io
-
-    import numpy as np
-    from PIL import Image
-
-    rgba = np.random.default_rng(0).integers(0, 256, (41, 57, 4), dtype=np.uint8)
-    for pixels in (rgba, rgba[5:33, 7:50], np.full((1, 1, 4), 255, np.uint8)):
-        with Image.open(io.BytesIO(plots.png_bytes(pixels))) as png:
-            assert png.mode == "RGB" and png.size == (pixels.shape[1], pixels.shape[0])
-            assert np.array_equal(np.asarray(png), pixels[..., :3])
-
-
-def test_save_builds_ticks_only_in_view_and_labels_them_as_before(tmp_path):
-    """plots.save keeps matplotlib from building ticks its locators return outside the view (a log
-    locator adds a decade each side): the ticks drawn, and their labels, are the same."""
-    import matplotlib.pyplot as plt
-
-    def figure():
-        fig, (log_ax, lin_ax) = plt.subplots(1, 2)
-        log_ax.plot([1, 2, 3], [2e-3, 0.3, 40])
-        plots.log_y(log_ax)
-        lin_ax.plot([0, 7], [13, 251])
-        return fig, (log_ax.yaxis, lin_ax.xaxis, lin_ax.yaxis)
-
-    def drawn(axis):
-        return [(tick.get_loc(), tick.label1.get_text()) for tick in axis._update_ticks()]
-
-    fig, axes = figure()
-    fig.canvas.draw()
-    expected = [drawn(axis) for axis in axes]
-    built = [len(axis.get_majorticklocs()) for axis in axes]
-    plt.close(fig)
-    fig, axes = figure()
-    plots.save(fig, tmp_path, "ticks", ("png",))
-    assert [drawn(axis) for axis in axes] == expected
-    assert [len(axis.get_majorticklocs()) for axis in axes] == [len(e) for e in expected]
-    assert sum(built) > sum(len(e) for e in expected), "the locators did return ticks outside the view"
-
-
-def test_save_refuses_pixels_it_cannot_read_in_place(tmp_path, monkeypatch):
-    """plots.save reads the renderer's (h, w, 4) buffer as savefig hands it over; a matplotlib that
-    hands over something else (a copy as bytes, chunks) stops the build with a message, not a wrong image."""
-    import matplotlib.pyplot as plt
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    def print_raw_as_bytes(self, filename_or_obj, **kwargs):
-        FigureCanvasAgg.draw(self)
-        filename_or_obj.write(bytes(self.get_renderer().buffer_rgba()))
-
-    monkeypatch.setattr(FigureCanvasAgg, "print_raw", print_raw_as_bytes)
-    monkeypatch.setattr(FigureCanvasAgg, "print_rgba", print_raw_as_bytes)
-    fig, ax = plt.subplots()
-    ax.plot([0, 1], [0, 1])
-    with pytest.raises(RuntimeError, match="not the Agg renderer's"):
-        plots.save(fig, tmp_path, "bytes", ("png",))
-    plt.close(fig)
-    assert not (tmp_path / "bytes.png").exists()
-
-
 def test_images_are_crisp_and_cropped(tmp_path, results):
     runs, steps = results
     fig, _ = draw("throughput", runs, steps)
@@ -427,3 +366,19 @@ def test_images_are_crisp_and_cropped(tmp_path, results):
         assert corner == (255, 255, 255)
     svg = (tmp_path / files[1]).read_text()
     assert "<text" in svg and "tokens/s per device" in svg, "SVG keeps its text as text"
+
+
+def test_notes_below_the_panels_are_inside_the_image(tmp_path, results):
+    """The crop keeps what is drawn outside the axes: the red not-ok note under the lowest x label."""
+    from PIL import Image
+
+    runs, steps = results
+    assert (runs["status"] != "ok").any()
+    fig, _ = draw("throughput", runs, steps)
+    (file,) = plots.save(fig, tmp_path, "throughput", ("png",))
+    with Image.open(tmp_path / file) as png:
+        rgb = np.asarray(png.convert("RGB")).astype(int)
+    red = (rgb[..., 0] > 140) & (rgb[..., 1] < 60) & (rgb[..., 2] < 60)  # firebrick (178, 34, 34) text, not stage 3's lighter red
+    rows = np.nonzero(red.any(axis=1))[0]
+    assert rows.size and rows.min() > 0.8 * rgb.shape[0], "the note is drawn, below the panels"
+    assert rows.max() < rgb.shape[0] - 3, "and not cut off at the bottom"

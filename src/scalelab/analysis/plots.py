@@ -12,7 +12,6 @@ hold it against the table. World sizes are drawn on a log2 axis ticked at the si
 """
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import matplotlib
@@ -24,7 +23,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.colors import Normalize  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
-from matplotlib.ticker import FuncFormatter, Locator, LogLocator, NullFormatter, NullLocator  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
 
 from scalelab.analysis.tables import (  # noqa: E402,F401  (re-exported for callers of plots)
     MFU_LIMIT,
@@ -56,122 +55,14 @@ def stage_color(stage: int) -> str:
     return PALETTE[int(stage) % len(PALETTE)]
 
 
-# What `save` renders around the figure: room for legends right of the panels and notes below
-# them, cropped away again where it stays blank (inches: left, bottom, right, top).
-PAD_INCHES = (0.3, 1.6, 3.2, 0.4)
-CROP_MARGIN_PX = 6
-
-
 def save(fig, out_dir: Path, name: str, formats: tuple[str, ...]) -> list[str]:
-    """Write fig as <name>.<format> for each format, close it, return the file names.
-
-    PNG at DPI. Like bbox_inches="tight" but with one drawing instead of two: the figure is drawn
-    once over a padded area, and the blank border is cropped from the pixels; an SVG (text kept as
-    text) is then written for the same box."""
-    from matplotlib.transforms import Bbox
-
+    """Write fig as <name>.<format> for each format (PNG at DPI), close it, return the file names.
+    Cropped to what is drawn, legends right of the panels and notes below them included."""
     files = [f"{name}.{fmt}" for fmt in formats]
-    _ticks_in_view_only(fig)
-    w, h = fig.get_size_inches()
-    left, bottom, right, top = PAD_INCHES
-    padded = Bbox.from_extents(-left, -bottom, w + right, h + top)
-    held = _Held()
-    fig.savefig(held, format="rgba", dpi=DPI, bbox_inches=padded)
-    rgba = np.asarray(held.data)  # (height, width, 4): the renderer's own pixels, not a copy
-    if rgba.ndim != 3 or rgba.shape[2] != 4 or rgba.dtype != np.uint8:
-        raise RuntimeError(f"savefig(format='rgba') wrote {rgba.dtype} {rgba.shape}, not the Agg renderer's (height, width, 4) "
-                           f"buffer: plots.save must be adapted to matplotlib {matplotlib.__version__}")
-    height, width = rgba.shape[:2]
-    ink = rgba.view(np.uint32)[..., 0] != 0xFFFFFFFF  # not opaque white
-    ink_rows, ink_cols = np.nonzero(ink.any(axis=1))[0], np.nonzero(ink.any(axis=0))[0]
-    if ink_rows.size:
-        y0, y1 = max(0, ink_rows[0] - CROP_MARGIN_PX), min(height, ink_rows[-1] + 1 + CROP_MARGIN_PX)
-        x0, x1 = max(0, ink_cols[0] - CROP_MARGIN_PX), min(width, ink_cols[-1] + 1 + CROP_MARGIN_PX)
-    else:
-        y0, y1, x0, x1 = 0, height, 0, width
     for file, fmt in zip(files, formats):
-        if fmt == "png":
-            (out_dir / file).write_bytes(png_bytes(rgba[y0:y1, x0:x1]))
-        else:  # the cropped box, in inches from the figure's lower left corner
-            box = Bbox.from_extents(-left + x0 / DPI, -bottom + (height - y1) / DPI, -left + x1 / DPI, -bottom + (height - y0) / DPI)
-            fig.savefig(out_dir / file, format=fmt, bbox_inches=box)
+        fig.savefig(out_dir / file, format=fmt, dpi=DPI, bbox_inches="tight", pad_inches=0.05)
     plt.close(fig)
     return files
-
-
-_RGBA_PIXEL = np.dtype([("rgb", "V3"), ("alpha", "u1")])  # an RGBA pixel as its colour bytes and its alpha
-
-
-class _Held(io.RawIOBase):
-    """A file that keeps what it is handed instead of copying it: savefig(format="rgba") hands it
-    the Agg renderer's pixel buffer (a memoryview), which save reads in place (a figure's padded
-    buffer is several MB; each copy of it cost page faults and memcpy)."""
-
-    def write(self, data):
-        self.data = data
-        return memoryview(data).nbytes
-
-
-class _InView(Locator):
-    """The ticks of another locator that fall inside the view. Matplotlib builds a Tick (three lines,
-    two texts) for every location a locator returns, then draws those in view: a log locator returns
-    a decade beyond each end, and a third of the ticks built for the report's figures were never drawn."""
-
-    def __init__(self, locator: Locator):
-        self.locator = locator
-
-    def __call__(self):
-        low, high = sorted(self.axis.get_view_interval())
-        locs = np.asarray(self.locator(), dtype=float)
-        if locs.size == 0 or not (np.isfinite(low) and np.isfinite(high)):
-            return locs
-        forward = self.axis.get_transform().transform  # in scale space, as matplotlib's own in-view test
-        (low_t, high_t), locs_t = forward(np.array([low, high])), forward(locs)
-        slack = 1e-10 * (high_t - low_t)
-        return locs[(locs_t >= low_t - slack) & (locs_t <= high_t + slack)]
-
-    def tick_values(self, vmin, vmax):
-        return self.locator.tick_values(vmin, vmax)
-
-
-def _ticks_in_view_only(fig) -> None:
-    """Wrap every axis's tick locators in _InView before the figure is drawn (shared axes share one)."""
-    for ax in fig.axes:
-        for axis in (ax.xaxis, ax.yaxis):
-            for ticker in (axis.major, axis.minor):
-                if not isinstance(ticker.locator, (_InView, NullLocator)):
-                    wrapped = _InView(ticker.locator)
-                    wrapped.set_axis(axis)
-                    ticker.locator = wrapped
-
-
-def png_bytes(rgba: np.ndarray, level: int = 2) -> bytes:
-    """An 8-bit RGB PNG of an (height, width, 4) uint8 RGBA array (a crop of the renderer's buffer,
-    a strided view; the alpha is dropped: the figures are opaque), every row with PNG's "Up" filter.
-
-    Written here rather than by Pillow, whose encoder picks a filter per row by trying all five
-    (its cost, not zlib's, was most of the encoding: measured 0.28 s against 0.08 s for a report's
-    eleven figures, files 8% larger). A plot's rows mostly repeat the row above (white, grid
-    lines, axes), which "Up" turns into zeros for zlib."""
-    import struct
-    import zlib
-
-    height, width, _ = rgba.shape
-    # RGB packed as 3-byte items, one per pixel: numpy arithmetic on an (h, w, 3) view loops three
-    # bytes at a time (measured 5x slower for a report's figures than packing first).
-    rgb = np.empty((height, 3 * width), dtype=np.uint8)
-    rgb.view("V3")[...] = rgba.view(_RGBA_PIXEL)[..., 0]["rgb"]
-    rows = np.empty((height, 1 + 3 * width), dtype=np.uint8)  # each row: its filter type, then its bytes
-    rows[:, 0] = 2  # Up: each byte minus the byte above it (mod 256); the first row is kept as it is
-    rows[0, 1:] = rgb[0]
-    np.subtract(rgb[1:], rgb[:-1], out=rows[1:, 1:])
-
-    def chunk(kind: bytes, payload: bytes) -> bytes:
-        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8 bits, truecolour, no interlace
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows, level))
-            + chunk(b"IEND", b""))
 
 
 def use_theme() -> None:
