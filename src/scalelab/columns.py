@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from scalelab.io import atomic_path
+from scalelab.precisions import PRECISIONS
 from scalelab.strategies import strategy
 from scalelab.sweep import AXES
 
@@ -88,8 +89,11 @@ NOT_OK = _exactly("status other than ok", lambda row: not _ok(row))
 LAUNCHED = _exactly("the ranks were started (every status but skipped and predicted_oom, unless stopped before launch)",
                     lambda row: _ok(row) or row.get("completed_steps") is not None)
 GPU = _exactly("a GPU run", lambda row: row.get("device_type") == "cuda")
-FP16 = _exactly("precision fp16 (a loss scaler)", lambda row: row.get("precision") == "fp16")
-FP8 = _exactly("precision fp8", lambda row: row.get("precision") == "fp8")
+_SCALED = tuple(p.name for p in PRECISIONS.values() if p.loss_scaling)
+_CONVERTED = tuple(p.name for p in PRECISIONS.values() if p.linears)
+LOSS_SCALER = _exactly(f"a loss scaler (precision {' or '.join(_SCALED)})", lambda row: row.get("precision") in _SCALED)
+LINEARS_CONVERTED = _exactly(f"converted linears (precision {' or '.join(_CONVERTED)})",
+                             lambda row: row.get("precision") in _CONVERTED)
 COMPILED = _exactly("compile lever on", lambda row: bool(row.get("compile")))
 LORA = _exactly("lora_rank set", _has("lora_rank"))
 BUCKETS = _exactly("a strategy with DDP buckets (ZeRO stages 0 and 1)", lambda row: strategy(row["zero_stage"]).ddp_buckets)
@@ -215,7 +219,7 @@ RUN = [
     Column("resumed_from_step", pa.int32(), "-", "the checkpoint step a resumed run started after; null when not resumed",
            "worker", sometimes("when the run resumed from a checkpoint", OK)),
     Column("final_loss_scale", pa.float64(), "-", "fp16 loss scale at the end of the run; null without a scaler", "worker",
-           OK & FP16),
+           OK & LOSS_SCALER),
     Column("model_state_bytes_measured", pa.int64(), "B", "model state at rest (parameters + gradients + optimizer "
            "state) on the largest rank, after the last step", "worker", OK),
     Column("model_state_params_bytes_measured", pa.int64(), "B", "parameters held by the largest rank", "worker", OK),
@@ -259,9 +263,9 @@ RUN = [
            "(one more forward of every block); 0 without", "worker", OK),
     Column("hfu", pa.float64(), "fraction", "hardware FLOPs utilisation: like mfu, with the recompute FLOPs added", "worker",
            OK),
-    Column("fp8_linears", pa.int32(), "-", "linear layers converted to float8 (fp8 runs)", "worker", OK & FP8),
+    Column("fp8_linears", pa.int32(), "-", "linear layers converted to float8 (fp8 runs)", "worker", OK & LINEARS_CONVERTED),
     Column("fp8_emulated", pa.bool_(), "-", "whether fp8 ran through torchao's emulated casts (no FP8 tensor cores)",
-           "worker", OK & FP8),
+           "worker", OK & LINEARS_CONVERTED),
     Column("ddp_buckets_predicted", pa.int32(), "-", "predicted DDP gradient buckets, i.e. all-reduce calls per step "
            "(stages 0 and 1)", "worker", OK & BUCKETS),
     Column("predicted_peak_bytes", pa.float64(), "B", "predicted in-step peak per rank: model state + in-step parameters "
@@ -325,7 +329,7 @@ STEP = [
     Column("grad_norm", pa.float64(), "-", "global L2 norm of the gradients before clipping", "worker"),
     Column("lr", pa.float64(), "-", "learning rate used by the step (warm-up then cosine)", "worker"),
     Column("loss_scale", pa.float64(), "-", "fp16 dynamic loss scale the step used; null without a scaler (fp32, bf16, "
-           "fp8)", "worker", FP16),
+           "fp8)", "worker", LOSS_SCALER),
     Column("skipped", pa.bool_(), "-", "true when the fp16 loss scaler skipped the optimizer step (inf/NaN gradients)",
            "worker"),
     Column("step_time_s", pa.float64(), "s", "wall time of the step on rank 0 (forward, backward, communication, "
