@@ -231,6 +231,7 @@ def test_verify_tokens_cheap_check_then_sha256(tmp_path, tiny_data):
 def test_run_refuses_tokens_rewritten_in_place(tmp_path, tiny_data):
     """train.bin rewritten after meta.json (same size, other bytes, newer mtime): the run ends
     `failed`, naming the file and what differs, and never starts training."""
+    from scalelab.columns import summary_problems
     from scalelab.sweep import RunPoint
     from scalelab.training.launch import launch_run
 
@@ -244,6 +245,7 @@ def test_run_refuses_tokens_rewritten_in_place(tmp_path, tiny_data):
     assert summary["status"] == "failed"
     assert str(data / "train.bin") in summary["reason"] and "sha256" in summary["reason"]
     assert "completed_steps" not in summary and not (run_dir / "spec.json").exists(), "no worker was launched"
+    assert summary_problems(summary) == [], "the column table's contract for a run stopped before launch"
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
 
 
