@@ -382,3 +382,40 @@ def test_notes_below_the_panels_are_inside_the_image(tmp_path, results):
     rows = np.nonzero(red.any(axis=1))[0]
     assert rows.size and rows.min() > 0.8 * rgb.shape[0], "the note is drawn, below the panels"
     assert rows.max() < rgb.shape[0] - 3, "and not cut off at the bottom"
+
+
+def test_figures_summarise_many_runs_at_a_point(results):
+    """Twelve replicas of every run, their memory a little apart: over plots.RUNS_PER_POINT runs at a
+    point, the memory figures draw each point as the median of its runs with a bar for their range,
+    and their note says so; the loss figure stays one curve and a band, its legend naming the runs."""
+    runs, steps = results
+    runs, steps = runs.astype({"run_id": str}), steps.astype({"run_id": str})
+    copies = 12
+    assert copies > plots.RUNS_PER_POINT
+    big = pd.concat([runs.assign(run_id=runs["run_id"] + f"-x{k}", model_state_bytes_measured=runs["model_state_bytes_measured"] * (1 + k / 50),
+                                 peak_rss_bytes=runs["peak_rss_bytes"] * (1 + k / 50)) for k in range(copies)], ignore_index=True)
+    big_steps = pd.concat([steps.assign(run_id=steps["run_id"] + f"-x{k}") for k in range(copies)], ignore_index=True)
+    plots.use_theme()
+    base = baseline(big)
+    tables = Tables(base, big_steps[big_steps["run_id"].isin(base["run_id"])], lever_table(big))
+    ok = base[base["status"] == "ok"]
+    most = ok.groupby(["zero_stage", "precision", "world_size"], observed=True).size().max()
+    assert most > plots.RUNS_PER_POINT
+    for name, column in (("memory_model_state", "model_state_bytes_measured"), ("memory_peak", "peak_rss_bytes")):
+        fig, note = next(f for f in FIGURES if f.name == name).draw(tables)
+        assert f"Up to {most} runs at a point" in note and "median" in note
+        for stage, at_stage in ok.groupby("zero_stage"):
+            ax = panel(fig, f"ZeRO stage {stage}")
+            for precision, g in at_stage.groupby("precision", observed=True):
+                stats = (g[column] / MiB).groupby(g["world_size"]).agg(["median", "min", "max"])
+                np.testing.assert_allclose(points(marks(ax, precision)), list(zip(stats.index, stats["median"])))
+                (bars,) = [c for c in ax.collections if c.get_label() == f"_{precision} range"]
+                np.testing.assert_allclose([(seg[0][1], seg[1][1]) for seg in bars.get_segments()], stats[["min", "max"]].to_numpy())
+        matplotlib.pyplot.close(fig)
+    # the usual fixture (at most two runs at a point): every run drawn, no note
+    assert not isinstance(next(f for f in FIGURES if f.name == "memory_model_state").draw(Tables(baseline(runs), steps, lever_table(runs))), tuple)
+    fig = next(f for f in FIGURES if f.name == "loss_curves").draw(tables)
+    left = panel(fig, "fp32 loss (the reference)")
+    n_fp32 = tables.steps.loc[(tables.steps["precision"] == "fp32") & tables.steps["run_id"].isin(ok["run_id"]), "run_id"].nunique()
+    assert [ln.get_label() for ln in left.get_lines()] == [f"fp32, mean of {n_fp32} runs"] and len(left.collections) == 1
+    matplotlib.pyplot.close("all")

@@ -75,13 +75,15 @@ FIGURES: tuple[Figure, ...] = (
         caption="Model-state memory per rank (largest rank) vs world size (log2), one panel per ZeRO stage: measured points "
                 "per precision (side by side around their world size, so that equal values stay visible) over the "
                 "predicted lines, each named in the legend (PyTorch AMP with fp32 master weights, solid; the ZeRO paper's "
-                "convention, dashed, per precision where it differs)."),
+                "convention, dashed, per precision where it differs). Where many runs share a point (replicas), it is "
+                "their median, with a bar for their range, as the note says."),
     Figure(
         "memory_peak", lambda t: _plots().peak_device_memory(t.runs),
         caption="Peak memory per rank vs world size (log2), one panel per ZeRO stage, precisions side by side. GPU runs: "
                 "max allocated device memory, measured points over the predicted in-step peak (model state + in-step "
                 "parameters + activations, dashed). Results without GPU runs show the process peak RSS per rank instead "
-                "(CPU; includes the framework, not device memory), on an axis from 0."),
+                "(CPU; includes the framework, not device memory), on an axis from 0. Where many runs share a point "
+                "(replicas), it is their median, with a bar for their range, as the note says."),
     Figure(
         "memory_vs_psi", lambda t: _psi().memory_vs_psi(t.runs),
         caption="Model state per rank vs parameter count Ψ (one point per model shape, stage and precision; full "

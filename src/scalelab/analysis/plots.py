@@ -201,22 +201,37 @@ def _figure_legend(fig, axes) -> None:
         fig.legend(list(seen.values()), list(seen), loc="center left", bbox_to_anchor=(right + 0.005, 0.5), fontsize=7.5)
 
 
+# Beyond this many runs at one point (replicas of a configuration), a memory figure draws their
+# median and range instead: a stack of a hundred markers shows neither how many nor how spread.
+RUNS_PER_POINT = 8
+
+
 def _memory_panels(runs: pd.DataFrame, ok: pd.DataFrame, measured, lines: list[tuple], ylabel: str):
     """One panel per ZeRO stage: measured points per precision (dodged around their world size)
     and formula lines [(column, label, line style, which precisions or None for all)], each
-    named in the legend (the mean over the runs it covers, per world size)."""
+    named in the legend (the mean over the runs it covers, per world size). Returns (figure,
+    note): the note says so where points are medians (more than RUNS_PER_POINT runs at a point)."""
     stages = sorted(runs["zero_stage"].unique())
     precs = precisions(runs)
     colors = precision_colors(precs)
     fig, axes = plt.subplots(1, len(stages), figsize=(2.9 * len(stages) + 0.4, 3.3), sharey=True, squeeze=False)
+    most = int(ok.groupby(["zero_stage", "precision", "world_size"], observed=True).size().max()) if len(ok) else 0
+    summarise = most > RUNS_PER_POINT
     values = []
     for ax, stage in zip(axes[0], stages):
         sub = ok[ok["zero_stage"] == stage]
         for i, precision in enumerate(precs):
             g = sub[sub["precision"] == precision]
             y = measured(g) / MiB
-            marks(ax, g["world_size"] * _dodge(len(precs), i), y, size=22, color=colors[precision], label=precision,
-                  marker=STAGE_MARKERS[i % len(STAGE_MARKERS)], zorder=3, edgecolor="white", edgewidth=0.4)
+            style = dict(size=22, color=colors[precision], label=precision, marker=STAGE_MARKERS[i % len(STAGE_MARKERS)], zorder=3,
+                         edgecolor="white", edgewidth=0.4)
+            if summarise:
+                stats = y.groupby(g["world_size"].to_numpy()).agg(["median", "min", "max"])
+                x = stats.index.to_numpy() * _dodge(len(precs), i)
+                ax.vlines(x, stats["min"], stats["max"], color=colors[precision], lw=1.0, zorder=2.5, label=f"_{precision} range")
+                marks(ax, x, stats["median"], **style)
+            else:
+                marks(ax, g["world_size"] * _dodge(len(precs), i), y, **style)
             values += list(y)
         for column, label, style, only in lines:
             # .astype(bool): an empty stage's mask would be an object Series, read as column labels
@@ -232,7 +247,13 @@ def _memory_panels(runs: pd.DataFrame, ok: pd.DataFrame, measured, lines: list[t
         _y_range(ax, values)
     fig.subplots_adjust(wspace=0.12)
     _figure_legend(fig, axes)
-    return fig, axes[0]
+    note = (f"Up to {most} runs at a point: each point is their median, its bar their range (more than "
+            f"{RUNS_PER_POINT} runs at one point are not drawn one by one).") if summarise else None
+    return fig, note
+
+
+def _notes(*notes: str | None) -> str | None:
+    return " ".join(n for n in notes if n) or None
 
 
 # The formula lines of the model-state figure: (column, legend label, style, which precisions).
@@ -249,9 +270,9 @@ def model_state_memory(runs: pd.DataFrame):
     ok = runs[runs["status"] == "ok"]
     if ok.empty:
         return _empty("no ok runs")
-    fig, _ = _memory_panels(runs, ok, lambda g: g["model_state_bytes_measured"], MODEL_STATE_LINES, "model state per rank (MiB)")
+    fig, note = _memory_panels(runs, ok, lambda g: g["model_state_bytes_measured"], MODEL_STATE_LINES, "model state per rank (MiB)")
     _not_ok_note(fig, runs)
-    return fig
+    return (fig, note) if note else fig
 
 
 def peak_device_memory(runs: pd.DataFrame):
@@ -262,15 +283,15 @@ def peak_device_memory(runs: pd.DataFrame):
         data = runs[(runs["status"] == "ok") & runs["peak_rss_bytes"].notna()]
         if data.empty:
             return _empty("no ok runs"), note
-        fig, _ = _memory_panels(runs, data, lambda g: g["peak_rss_bytes"], [], "peak RSS per rank (MiB)")
+        fig, summary = _memory_panels(runs, data, lambda g: g["peak_rss_bytes"], [], "peak RSS per rank (MiB)")
         _not_ok_note(fig, runs)
-        return fig, note
+        return fig, _notes(note, summary)
     colors = precision_colors(precisions(runs))
-    fig, _ = _memory_panels(runs, gpu, lambda g: g["peak_mem_allocated_bytes"], [
+    fig, note = _memory_panels(runs, gpu, lambda g: g["peak_mem_allocated_bytes"], [
         ("predicted_peak_bytes", f"predicted in-step peak, {p}", {"color": colors[p], "lw": 1.0, "ls": "--"}, lambda x, p=p: x == p)
         for p in precisions(gpu)], "peak allocated per rank (MiB)")
     _not_ok_note(fig, runs)
-    return fig
+    return (fig, note) if note else fig
 
 
 def throughput(runs: pd.DataFrame):
@@ -391,8 +412,12 @@ def loss_curves(runs: pd.DataFrame, steps: pd.DataFrame):
     precs = precisions(st)
     colors = precision_colors(precs)
     ref_precision = "fp32" if "fp32" in precs else precs[0]
-    ref = st[st["precision"] == ref_precision].groupby("step")["loss"].agg(["mean", "min", "max"])
-    left.plot(ref.index, ref["mean"].to_numpy(), color=colors[ref_precision], lw=1.2, label=f"{ref_precision}, mean")
+    ref_steps = st[st["precision"] == ref_precision]
+    ref = ref_steps.groupby("step")["loss"].agg(["mean", "min", "max"])
+    # one curve and a band however many runs: hundreds of curves would be a blot
+    n_ref = ref_steps["run_id"].nunique()
+    left.plot(ref.index, ref["mean"].to_numpy(), color=colors[ref_precision], lw=1.2,
+              label=f"{ref_precision}, mean of {n_ref} run{'s' if n_ref != 1 else ''}")
     left.fill_between(ref.index, ref["min"].to_numpy(), ref["max"].to_numpy(), color=colors[ref_precision], alpha=0.25,
                       lw=0, label="min-max over runs")
     left.set(title=f"{ref_precision} loss (the reference)", xlabel="step", ylabel="loss (nats/token)")
