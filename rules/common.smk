@@ -7,7 +7,7 @@ from scalelab.config import dataset_config
 from scalelab.data import DataError, source_files
 from scalelab.placement import launch_plan, sweep_device_plan, train_job_resources
 from scalelab.migrate import OldLayout, check_layout
-from scalelab.sweep import RunPoint, result_params, sweep_plan
+from scalelab.sweep import RunPoint, data_result_params, result_params, sweep_plan
 
 RESULTS = Path(config["results_dir"])
 DATASET = config["dataset"]["name"]

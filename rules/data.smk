@@ -9,7 +9,8 @@ rule prepare_data:
         val=DATA_DIR / "val.bin",
         meta=DATA_DIR / "meta.json",
     params:
-        dataset=config["dataset"],
+        # what the data depends on (scalelab.sweep.data_result_params): a new key at its default re-prepares nothing
+        dataset=data_result_params(config),
         seq_len=config["model"]["seq_len"],
     log:
         LOGS / "data" / f"{DATASET}.log",

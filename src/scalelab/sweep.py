@@ -296,3 +296,20 @@ def read_point(run_dir) -> RunPoint:
         return RunPoint.from_json(values)
     except (ValueError, TypeError) as err:
         raise ValueError(f"{path}: {err}") from None
+
+
+DATASET_KEYS_RECORDED_WHOLE = ("name", "source", "path", "tokenizer", "bpe_vocab_size", "decode_errors",
+                               "tokenized_dtype", "vocab_size", "val_fraction", "synthetic_bytes", "seed")
+"""The dataset keys when data params were the whole ``dataset:`` section: still recorded whatever their
+value, so that data prepared then is not prepared again (and every run retrained) after an upgrade."""
+
+
+def data_result_params(config: dict) -> dict:
+    """What the prepared data depends on (the data step's Snakemake params): the dataset keys above,
+    and any key added since only when set away from its default (a new key at its default
+    re-prepares nothing)."""
+    from scalelab.config import dataset_config
+
+    dataset = dataset_config(config)
+    return {**{k: getattr(dataset, k) for k in DATASET_KEYS_RECORDED_WHOLE},
+            **_changed(dataset, exclude=DATASET_KEYS_RECORDED_WHOLE)}
