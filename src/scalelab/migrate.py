@@ -39,26 +39,30 @@ RUN_OUTPUT_LAST = "summary.json"
 
 
 def _axis_part(name: str) -> tuple[str, str] | None:
-    """('precision', 'fp32') for a folder named 'precision~fp32' of a known axis, else None."""
+    """('precision', 'fp32') for a folder named 'precision~fp32' (an axis level of an old run path,
+    this scalelab's axis or not), else None."""
     axis, sep, value = name.partition("~")
-    return (axis, value) if sep and axis in AXIS else None
+    return (axis, value) if sep else None
 
 
 def old_layout_runs(results_dir: str | Path) -> list[str]:
     """Run folders of an earlier layout under results_dir/runs, as paths relative to it
-    (``precision~fp32/zero_stage~0/world_size~1``): the deepest folders of ``axis~value`` levels."""
+    (``precision~fp32/zero_stage~0/world_size~1``): folders of ``axis~value`` levels that hold a run's
+    files (the deepest level, or a shallower one whose run a later layout nested deeper runs in)."""
     runs = Path(results_dir) / "runs"
     if not runs.is_dir():
         return []
     found = []
     for top in sorted(runs.iterdir()):
-        if not top.is_dir() or not _axis_part(top.name):
+        if not top.is_dir() or not top.name.startswith("precision~"):  # every old layout began with it
             continue
-        for dirpath, dirnames, _ in os.walk(top):
-            axis_dirs = [d for d in dirnames if _axis_part(d)]
-            dirnames[:] = sorted(axis_dirs)  # descend through axis levels only (a run's checkpoint/ is its own)
-            if not axis_dirs:
+        for dirpath, dirnames, filenames in os.walk(top):
+            axis_dirs = sorted(d for d in dirnames if _axis_part(d))
+            # a run folder: the deepest level, or one holding a run's files beside deeper levels (a
+            # shallower layout's run whose folder a later layout went on to nest in)
+            if not axis_dirs or filenames or len(axis_dirs) < len(dirnames):
                 found.append(Path(dirpath).relative_to(runs).as_posix())
+            dirnames[:] = axis_dirs  # descend through axis levels only (a run's checkpoint/ is its own)
     return found
 
 
@@ -85,8 +89,8 @@ def point_of_old_path(old_path: str) -> RunPoint:
     values = {}
     for part in old_path.split("/"):
         axis, text = _axis_part(part) or (None, None)
-        if axis is None:
-            raise ValueError(f"{part!r} is not 'axis~value' for an axis of this scalelab")
+        if axis not in AXIS:
+            raise ValueError(f"{part!r} is not 'axis~value' for an axis of this scalelab ({', '.join(AXIS)})")
         try:
             values[axis] = AXIS[axis].from_path(text)
         except ValueError as err:
