@@ -201,3 +201,23 @@ def test_the_workflow_refuses_an_old_tree_and_after_migrate_trains_nothing(tmp_p
     dry = run_snakemake(tmp_path, "-n", "--cores", "2").stdout
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", dry.split("Job stats:")[1], flags=re.M))
     assert jobs == {"collect": "1", "report": "1", "all": "1", "total": "3"}, dry
+
+
+def test_a_point_json_written_before_an_axis_existed_reads_it_as_its_default(tmp_path):
+    (tmp_path / "point.json").write_text(json.dumps({"precision": "bf16", "zero_stage": 3, "world_size": 2,
+                                                     "activation_checkpointing": True}))
+    point = read_point(tmp_path)
+    assert point.run_id == "bf16-z3-w2-ac" and point.compile is False and point.lora_rank is None and point.model == "base"
+    (tmp_path / "point.json").write_text(json.dumps({"precision": "bf16", "zero_stage": 3, "world_size": 2, "hsdp": 2}))
+    with pytest.raises(ValueError, match="not sweep axes: hsdp"):
+        read_point(tmp_path)
+    (tmp_path / "point.json").write_text(json.dumps({"precision": "bf16", "world_size": 2}))
+    with pytest.raises(ValueError, match="no value for zero_stage"):
+        read_point(tmp_path)
+
+
+@pytest.mark.parametrize("command", ["status", "collect", "report", "retry"])
+def test_every_command_reading_runs_names_the_migration(tmp_path, command):
+    results = _copy(TREES[-1], tmp_path / "results")
+    proc = subprocess.run([*CLI, command, str(results)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "written by an older layout" in proc.stderr and "scalelab migrate" in proc.stderr, proc.stderr

@@ -5,6 +5,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from scalelab.migrate import OldLayout, check_layout
+
 
 def _collect(args) -> int:
     from scalelab.analysis.metrics import collect
@@ -24,6 +26,7 @@ def _report(args) -> int:
     if not results.is_dir():
         print(f"error: results folder {results} does not exist", file=sys.stderr)
         return 2
+    check_layout(results)  # tables collected from old run folders would name folders that moved
     if args.collect or not (results / "metrics.parquet").exists():
         if not (results / "runs").is_dir():
             print(f"error: {results} has neither metrics.parquet nor a runs/ folder to collect", file=sys.stderr)
@@ -69,6 +72,7 @@ def _tables_of(results: Path) -> str | None:
 
     if not results.is_dir():
         return f"results folder {results} does not exist"
+    check_layout(results)
     if not (results / "metrics.parquet").exists():
         if not (results / "runs").is_dir():
             return f"{results} has neither metrics.parquet nor a runs/ folder to collect"
@@ -170,8 +174,6 @@ def main(argv: list[str] | None = None) -> int:
     add_migrate(sub)
     add_estimate(sub)
     args = parser.parse_args(argv)
-    from scalelab.migrate import OldLayout
-
     try:
         return args.func(args)
     except OldLayout as err:  # run folders of an earlier layout: say what to run instead of "no runs"
