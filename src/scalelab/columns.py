@@ -38,7 +38,8 @@ _META = {b"scalelab.schema_version": SCHEMA_VERSION.encode()}
 
 WRITERS = ("identity", "launch", "worker", "collect")
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather_single", "reduce_scatter_single")
-"""The collectives counted per type (scalelab.training.comm), one column pair each."""
+"""The collectives counted per type (scalelab.training.comm), one column pair each; a summary
+counting another is reported by ``unknown_summary_keys`` (collection names it)."""
 FLATTENED = {"comm_bytes_per_step_by_type": "comm_{}_bytes_per_step", "comm_calls_per_step": "comm_{}_calls_per_step"}
 """Summary keys holding a dict by collective, spread by ``run_row`` over one column per collective."""
 LAUNCHER_STATUSES = ("ok", "oom", "predicted_oom", "timeout", "failed", "diverged", "skipped")
@@ -119,7 +120,8 @@ class Column:
     """The Arrow field's flag: False only for the keys (run_id, the main axes, step)."""
 
     def __post_init__(self):
-        assert self.writer in WRITERS, (self.name, self.writer)
+        if self.writer not in WRITERS:
+            raise ValueError(f"column {self.name}: writer {self.writer!r} is not one of {', '.join(WRITERS)}")
 
     def field(self) -> pa.Field:
         # The unit, meaning, writer and null contract travel in the file's field metadata.
@@ -132,7 +134,7 @@ _AXIS_MEANINGS = {
     "micro_batch": "sweep axis: sequences per rank per forward, as resolved at launch (the whole per-rank batch when the "
                    "sweep says auto); null only for a missing or corrupt run whose folder said auto",
 }
-_AXIS_FILLED = {  # the axes that may be null: when they hold a value
+_AXIS_FILLED = {  # when the axes that may be null hold a value (a new nullable axis needs its entry)
     "micro_batch": ALWAYS,  # resolved by the launcher; collection's missing/corrupt rows may lack it
     "bucket_mb": BUCKETS,
     "lora_rank": sometimes("LoRA runs (null: full training)"),
