@@ -46,6 +46,9 @@ def run_point(tmp_path, tiny_data, point, cfg=None, fault=None, **kwargs):
         if old is not None:
             os.environ["SCALELAB_FAULT"] = old
     assert json.loads((run_dir / "summary.json").read_text()) == json.loads(json.dumps(summary, default=str))
+    # no deprecation warning of the project's making between the progress lines and the status
+    log = (tmp_path / f"{point.run_id}.log").read_text()
+    assert "deprecated" not in log, [line for line in log.splitlines() if "deprecated" in line]
     steps = pq.read_table(run_dir / "steps.parquet")
     # Every real run of the suite against the column table (scalelab.columns). A compiled run
     # without its warm-up (tests only) has no compile time, which the table says it has.

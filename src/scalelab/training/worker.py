@@ -640,7 +640,10 @@ def shutdown() -> None:
     dist.barrier()
     gc.collect()  # the strategy's wrappers, left in reference cycles by train()
     for obj in gc.get_objects():
-        if isinstance(obj, DeviceMesh):
+        # the class, not isinstance: DeviceMesh's metaclass inspects the instance, and one object
+        # here is torch.distributed's deprecated reduce_op, which warns when touched (a
+        # FutureWarning per rank in every run's log)
+        if issubclass(type(obj), DeviceMesh):
             getattr(obj, "_pg_registry", {}).clear()
     dist.destroy_process_group()  # drops the last reference: the group joins its threads
     if world() is not None:
