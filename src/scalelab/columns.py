@@ -32,8 +32,9 @@ from scalelab.precisions import PRECISIONS
 from scalelab.strategies import strategy
 from scalelab.sweep import AXES
 
-SCHEMA_VERSION = "4"  # 2: lever identity columns; 3: device plan, launch and provenance sources;
-# 4: the compile lever (identity column, compile time), MFU against the bf16 peak, activations outside the blocks predicted
+SCHEMA_VERSION = "5"  # 2: lever identity columns; 3: device plan, launch and provenance sources;
+# 4: the compile lever (identity column, compile time), MFU against the bf16 peak, activations outside the blocks predicted;
+# 5: run_path is the run id (run folders named by run id), field metadata names each column's writer and when it is filled
 _META = {b"scalelab.schema_version": SCHEMA_VERSION.encode()}
 
 WRITERS = ("identity", "launch", "worker", "collect")
