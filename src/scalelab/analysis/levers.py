@@ -52,10 +52,9 @@ def _paired(runs: pd.DataFrame, lever: str, defaults: dict[str, pd.Series]) -> p
     variants, bases = runs[~at_default & rest], runs[at_default & rest]
     if variants.empty or bases.empty:
         return pd.DataFrame()
-    # the main axes (every axis that is no lever: precision, stage, world size, model)
-    key = [a for a in SWEEP_AXES if a not in LEVER_AXES and a in runs]
-    if lever != "bucket_mb":
-        key.append("bucket_mb")
+    # Every other axis equal: the main ones (precision, stage, world size, model) and the other levers,
+    # whose default may take more than one value (bucket_mb: 25 under DDP, none under FSDP2).
+    key = [a for a in SWEEP_AXES if a != lever and a in runs]
     merged = variants.merge(bases, on=key, suffixes=("", "_base"))
     # One twin per variant: where several baseline runs share its configuration (results copied
     # together, replicas), the one whose run id sorts first (fp32-z0-w2 before fp32-z0-w2-r1).
