@@ -368,6 +368,27 @@ def test_images_are_crisp_and_cropped(tmp_path, results):
     assert "<text" in svg and "tokens/s per device" in svg, "SVG keeps its text as text"
 
 
+def test_save_stops_if_the_canvas_does_not_hold_the_padded_drawing(tmp_path, monkeypatch):
+    """plots.save crops the pixels savefig drew over the padded area, read from the canvas; a matplotlib
+    whose canvas holds another drawing after savefig stops the build with a message, not a figure cut short."""
+    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    buffer_rgba = FigureCanvasAgg.buffer_rgba
+
+    def unpadded(self):
+        FigureCanvasAgg.draw(self)  # the figure at its own size
+        return buffer_rgba(self)
+
+    monkeypatch.setattr(FigureCanvasAgg, "buffer_rgba", unpadded)
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1])
+    with pytest.raises(RuntimeError, match="not the padded drawing"):
+        plots.save(fig, tmp_path, "unpadded", ("png",))
+    plt.close(fig)
+    assert not (tmp_path / "unpadded.png").exists()
+
+
 def test_notes_below_the_panels_are_inside_the_image(tmp_path, results):
     """The crop keeps what is drawn outside the axes: the red not-ok note under the lowest x label."""
     from PIL import Image
