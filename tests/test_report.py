@@ -159,6 +159,7 @@ def _fake_run(runs_root: Path, precision: str, stage: int, ws: int, status="ok")
                 "step_time_s": 0.01, "tokens": 512} for s in range(3)]
     write_parquet(steps_table(identity, records), run_dir / "steps.parquet")
     write_json(run_dir / "summary.json", {**identity, "status": status, "reason": None, "tokens_per_s": 1.0})
+    write_json(run_dir / "point.json", point.to_json())  # as the launcher writes it, first
     return run_dir
 
 
