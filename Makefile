@@ -32,7 +32,7 @@ run: setup
 TEST_WORKERS ?= 2
 
 test: setup
-	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=30
 
 report: setup
 	$(VENV)/bin/snakemake --cores $(CORES) report
