@@ -14,6 +14,7 @@ capability 8.9 or newer); anywhere else a run asking for it is skipped with the 
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import torch
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
@@ -24,6 +25,22 @@ from scalelab.precisions import precision as precision_record
 AUTOCAST_DTYPE = {p.name: getattr(torch, p.autocast) if p.autocast else None for p in PRECISIONS.values()}
 COMPUTE_DTYPE = {p.name: getattr(torch, p.compute) for p in PRECISIONS.values()}
 FP8_MIN_CAPABILITY = (8, 9)  # Ada and Hopper: the first GPUs with FP8 tensor cores
+
+
+class _KnownNoise(logging.Filter):
+    """Drops, by exact message, torch's own deprecation notices that a run triggers through a
+    library it uses and cannot fix here (torchao's float8 registers its enums with torch's pytree);
+    anything else still shows."""
+
+    MESSAGES = ("is an Enum subclass and is now natively supported by torch.compile as an opaque value type. "
+                "Calling register_constant() on Enum subclasses is deprecated",)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(known in message for known in self.MESSAGES)
+
+
+logging.getLogger("torch.utils._pytree").addFilter(_KnownNoise())
 
 
 def autocast(precision: str, device: torch.device):
