@@ -122,13 +122,19 @@ def test_numbers_are_finite_and_integer_keys_take_integers(overrides, message):
         validate_config(tiny_config(**overrides))
 
 
-def test_sweep_values_that_read_the_same_in_paths_or_ids_are_refused():
-    with pytest.raises(ConfigError, match=r"sweep.bucket_mb=\[2, 2.0000001\]: 2.0 and 2.0000001 give the same run id "
-                                          r"\(fp32-z0-w1-bucket2\)"):
-        validate_config(tiny_config(sweep={"bucket_mb": [2, 2.0000001]}))
-    with pytest.raises(ConfigError, match="1.0000001 and 1.0000002 give the same run id"):
-        validate_config(tiny_config(sweep={"bucket_mb": [1.0000001, 1.0000002]}))
-    validate_config(tiny_config(sweep={"bucket_mb": [25, 25.5, 1]}))
+def test_run_ids_name_one_run_each():
+    """A bucket size that is not the default never reads as it (25.0000001 is not 25: no part at
+    all), nor as another size; a model name that reads as another axis's run-id part is refused."""
+    from scalelab.sweep import sweep_points
+
+    ids = [p.run_id for p in sweep_points(validate_config(tiny_config(sweep={"bucket_mb": [25, 25.0000001, 2, 2.0000001, 2.5]})))]
+    assert ids == ["fp32-z0-w1", "fp32-z0-w1-bucket25.0000001", "fp32-z0-w1-bucket2", "fp32-z0-w1-bucket2.0000001",
+                   "fp32-z0-w1-bucket2.5"]
+    for name, axis in (("ac", "activation_checkpointing"), ("z2", "zero_stage"), ("bf16", "precision"), ("lora8", "lora_rank"),
+                       ("bucket1", "bucket_mb"), ("compiled", "compile")):
+        with pytest.raises(ConfigError, match=rf"models.{name}: a model name must not read as a run-id part of {axis}"):
+            validate_config(tiny_config(models={name: {"n_layers": 1}}))
+    validate_config(tiny_config(models={"small": {"n_layers": 1}, "gpt2_xl": {"n_layers": 1}}, sweep={"model": ["base", "small"]}))
 
 
 def test_a_key_given_twice_is_named_with_file_and_line(tmp_path):

@@ -2,6 +2,7 @@
 without a GPU: a fake `nvidia-smi` stands in for a workstation's GPUs, and the SLURM
 profile's plans are fed to the executor plugin's own sbatch builder."""
 import os
+import re
 import subprocess
 from types import SimpleNamespace
 
@@ -29,7 +30,9 @@ def dry_run(workdir, *args, path=None, slurm=False):
                           capture_output=True, text=True, timeout=300, env=env)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
-    return out, {int(j["wildcards"]["world_size"]): j for j in planned_jobs(out) if j["rule"].startswith("train")}
+    # keyed by world size (the run id's w<N> part): the tests look at one run per world size
+    return out, {int(re.search(r"-w(\d+)", j["wildcards"]["run_id"]).group(1)): j
+                 for j in planned_jobs(out) if j["rule"].startswith("train")}
 
 
 def test_snakemake_at_the_repository_root_loads_the_workstation_profile():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -62,10 +63,16 @@ class Axis:
     """Why a combination is not run (the lever does not apply to it); None = run it."""
     is_default: Callable[[Any], Any] | None = None
     """Report: which rows of a runs table have this lever at its default (None: not a lever)."""
+    id_pattern: str | None = None
+    """Regular expression of the run-id parts this axis writes: a model name that reads as one
+    (a model named ``ac``) would make one run id name two different runs, and is refused."""
 
 
 def _bucket_run_id(value):
-    return None if value is None or value == DDP_BUCKET_MB else f"bucket{value:g}"
+    if value is None or value == DDP_BUCKET_MB:
+        return None
+    text = f"{value:g}"  # 25.0 reads bucket25; 25.0000001 must not read as 25 (the default, no part at all)
+    return f"bucket{text if float(text) == value else repr(value)}"
 
 
 def _micro_batch_left_out(point, train: TrainConfig) -> str | None:
@@ -78,40 +85,40 @@ def _micro_batch_left_out(point, train: TrainConfig) -> str | None:
 
 AXES: tuple[Axis, ...] = (
     Axis("precision", " | ".join(f"{p.name} ({p.doc})" for p in PRECISIONS.values()),
-         str, None, "string", False, run_id=lambda v: v),
+         str, None, "string", False, run_id=lambda v: v, id_pattern="|".join(map(re.escape, PRECISIONS))),
     Axis("zero_stage", "the data-parallel strategy (scalelab.strategies)", int, None, "int8", False,
-         from_path=int, run_id=lambda v: f"z{v}"),
-    Axis("world_size", "ranks per run", int, None, "int32", False, from_path=int, run_id=lambda v: f"w{v}"),
+         from_path=int, run_id=lambda v: f"z{v}", id_pattern=r"z\d+"),
+    Axis("world_size", "ranks per run", int, None, "int32", False, from_path=int, run_id=lambda v: f"w{v}", id_pattern=r"w\d+"),
     # Levers: optional axes with one default value, so a sweep stays small unless asked.
     Axis("micro_batch", "sequences per rank per forward (gradient accumulation); None = the whole per-rank batch",
          int | None, None, "int32", True,
          from_path=_optional(int, "auto"),
-         run_id=lambda v: None if v is None else f"mb{v}", left_out=_micro_batch_left_out,
+         run_id=lambda v: None if v is None else f"mb{v}", id_pattern=r"mb\d+", left_out=_micro_batch_left_out,
          # 'auto' resolves to the whole per-rank batch, i.e. one micro-batch per step
          is_default=lambda runs: runs["accumulation_steps"].isna() | (runs["accumulation_steps"] == 1)),
     Axis("activation_checkpointing", "recompute every transformer block's activations in backward", bool, False,
-         "bool", False, from_path=_flag, run_id=lambda v: "ac" if v else None,
+         "bool", False, from_path=_flag, run_id=lambda v: "ac" if v else None, id_pattern="ac",
          is_default=lambda runs: ~runs["activation_checkpointing"].astype(bool)),
     Axis("cpu_offload", "sharded parameters, gradients and optimizer state in host memory", bool, False,
-         "bool", False, from_path=_flag, run_id=lambda v: "offload" if v else None,
+         "bool", False, from_path=_flag, run_id=lambda v: "offload" if v else None, id_pattern="offload",
          left_out=lambda point, train: None if not point.cpu_offload or strategy(point.zero_stage).cpu_offload else
          f"cpu_offload applies to {', '.join(f'ZeRO stage {s}' for s in _stages_with('cpu_offload'))} "
          "(FSDP2's offload policy)",
          is_default=lambda runs: ~runs["cpu_offload"].astype(bool)),
     Axis("bucket_mb", "DDP gradient bucket size, MiB; None for strategies without buckets", float | None,
          DDP_BUCKET_MB, "float64", True,
-         from_path=_optional(float, "none"), run_id=_bucket_run_id,
+         from_path=_optional(float, "none"), run_id=_bucket_run_id, id_pattern=r"bucket.*",
          normalise=lambda point, v: float(v) if v is not None and strategy(point.zero_stage).ddp_buckets else None,
          is_default=lambda runs: runs["bucket_mb"].isna() | (runs["bucket_mb"] == DDP_BUCKET_MB)),
     Axis("compile", "torch.compile (inductor) of every transformer block and of the loss, before DDP/FSDP2 wrapping",
          bool, False, "bool", False, from_path=_flag,
-         run_id=lambda v: "compiled" if v else None, is_default=lambda runs: ~runs["compile"].astype(bool)),
+         run_id=lambda v: "compiled" if v else None, id_pattern="compiled", is_default=lambda runs: ~runs["compile"].astype(bool)),
     # A main axis, not a lever: every other axis is crossed with it; 'base' is the config's model: section.
     Axis("model", "named model shape: 'base' (the model: section) or a name of the models: table", str, BASE_MODEL,
          "string", False, run_id=lambda v: None if v == BASE_MODEL else v),
     Axis("lora_rank", "LoRA rank r (frozen base weights, trainable B A on every block's linears); None = full training",
          int | None, None, "int32", True,
-         from_path=_optional(int, "none"), run_id=lambda v: None if v is None else f"lora{v}",
+         from_path=_optional(int, "none"), run_id=lambda v: None if v is None else f"lora{v}", id_pattern=r"lora\d+",
          is_default=lambda runs: runs["lora_rank"].isna()),
 )
 AXIS = {axis.name: axis for axis in AXES}
@@ -218,6 +225,7 @@ def sweep_plan(config: dict) -> tuple[list, list[tuple[Any, str]]]:
     sweep = section(config, "sweep")
     train = train_config(config)
     values = {axis.name: sweep.get(axis.name, [axis.default]) for axis in AXES}
+    _check_model_names({*section(config, "models"), *values["model"]} - {BASE_MODEL})
     for world_size in values["world_size"]:
         micro_batch_plan(train, int(world_size))  # raises when the global batch does not split evenly
     points, left_out, seen = [], [], set()
@@ -237,6 +245,16 @@ def sweep_plan(config: dict) -> tuple[list, list[tuple[Any, str]]]:
     if not points:
         raise ConfigError("the sweep has no runnable point: " + "; ".join(sorted({r for _, r in left_out})))
     return points, left_out
+
+
+def _check_model_names(names) -> None:
+    """A model name is a run-id part: one that reads as another axis's part would let one run id
+    (and its folder) name two different runs, in this sweep or across sweeps of one results folder."""
+    for name in sorted(names):
+        for axis in AXES:
+            if axis.id_pattern and re.fullmatch(axis.id_pattern, str(name)):
+                raise ConfigError(f"models.{name}: a model name must not read as a run-id part of {axis.name} "
+                                  f"(/{axis.id_pattern}/): run ids such as fp32-z0-w1-{name} would be ambiguous; rename it")
 
 
 def _check_distinct(points: list, values: dict) -> None:
