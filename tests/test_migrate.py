@@ -145,8 +145,8 @@ def test_two_old_copies_of_one_run_newest_wins_the_other_is_kept_aside(tmp_path)
     old_bytes = old_summary.read_bytes()
     result = migrate(results)
     moves = {m.old_path: m.to for m in result["moves"]}
-    assert moves["precision~fp32/zero_stage~0/world_size~1"] == "superseded/runs/precision~fp32/zero_stage~0/world_size~1"
-    assert (results / "superseded/runs/precision~fp32/zero_stage~0/world_size~1/summary.json").read_bytes() == old_bytes
+    assert moves["precision~fp32/zero_stage~0/world_size~1"] == "runs/.superseded/precision~fp32/zero_stage~0/world_size~1"
+    assert (results / "runs/.superseded/precision~fp32/zero_stage~0/world_size~1/summary.json").read_bytes() == old_bytes
     assert (results / "runs/fp32-z0-w1/summary.json").read_bytes() != old_bytes
     assert old_layout_runs(results) == []
 
@@ -221,3 +221,100 @@ def test_every_command_reading_runs_names_the_migration(tmp_path, command):
     results = _copy(TREES[-1], tmp_path / "results")
     proc = subprocess.run([*CLI, command, str(results)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "written by an older layout" in proc.stderr and "scalelab migrate" in proc.stderr, proc.stderr
+
+
+def _combined_tree(dest: Path) -> Path:
+    """The newest old layout, an older layout's copy of one of its runs beside it (upgraded before
+    without migrating), a killed copy of another (no summary: a checkpoint and progress only), and a
+    desktop's hidden file at a middle level."""
+    results = _copy(next(n for n in TREES if n.endswith("-10-levels")), dest)
+    older = OLD / next(n for n in TREES if n.endswith("-3-levels"))
+    level = Path("precision~fp32") / "zero_stage~0" / "world_size~1"
+    for part in ("runs", "logs/runs"):
+        for src in (older / part).rglob("*"):
+            if src.is_file() and str(src.relative_to(older / part)).startswith(str(level)) and src.parent.name == level.name \
+                    or src.name == f"{level.name}.log":
+                target = results / part / src.relative_to(older / part)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(src, target)
+    os.utime(results / "runs" / level / "summary.json", (1, 1))
+    killed = results / "runs" / "precision~fp8" / "zero_stage~0" / "world_size~1"
+    (killed / "checkpoint" / "step_2").mkdir(parents=True)
+    (killed / "checkpoint" / "step_2" / "shard.distcp").write_bytes(b"x" * 100)
+    (killed / "progress.jsonl").write_text('{"step": 1}\n')
+    (results / "runs" / "precision~fp32" / ".DS_Store").write_bytes(b"finder")
+    return results
+
+
+def test_an_interruption_at_any_moment_converges_to_the_same_tree(tmp_path, monkeypatch):
+    """The migration dies before its k-th rename, rmdir or mkdir, for every k; one rerun gives the
+    same files, byte for byte, in the same places, as a migration never interrupted."""
+    reference = _combined_tree(tmp_path / "reference")
+    calls = {"n": 0}
+    real = {name: getattr(migrate_module.os, name) for name in ("rename", "rmdir")}
+    real_mkdir = Path.mkdir
+
+    def counting(name):
+        def call(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == calls.get("die_at"):
+                raise KeyboardInterrupt
+            return real[name](*args, **kwargs) if name in real else real_mkdir(*args, **kwargs)
+        return call
+
+    for name in real:
+        monkeypatch.setattr(migrate_module.os, name, counting(name))
+    monkeypatch.setattr(Path, "mkdir", counting("mkdir"))
+    migrate(reference)
+    total = calls["n"]
+    expected = _files(reference)
+    assert total > 20 and not old_layout_runs(reference)
+    assert any(k.startswith("runs/.superseded/precision~fp32/zero_stage~0/world_size~1/") for k in expected)
+    for k in range(1, total + 1):
+        results = _combined_tree(tmp_path / f"k{k}")
+        calls.update(n=0, die_at=k)
+        with pytest.raises(KeyboardInterrupt):
+            migrate(results)
+        calls.update(n=0, die_at=None)
+        migrate(results)
+        assert _files(results) == expected, f"interrupted at call {k} of {total}"
+        shutil.rmtree(results)
+
+
+def test_a_killed_copy_of_a_finished_run_is_kept_aside_and_a_killed_run_stays_killed(tmp_path):
+    results = _copy(next(n for n in TREES if n.endswith("-10-levels")), tmp_path / "results")
+    migrate(results)
+    killed = results / "runs" / "precision~fp32" / "zero_stage~0" / "world_size~1"  # e.g. an older sweep's, killed
+    (killed / "checkpoint" / "step_1").mkdir(parents=True)
+    (killed / "progress.jsonl").write_text('{"step": 1}\n')
+    for path in (killed / "progress.jsonl", killed / "checkpoint" / "step_1"):
+        os.utime(path, (1_600_000_000, 1_600_000_000))
+    migrate(results)
+    assert sorted(p.name for p in (results / "runs" / "fp32-z0-w1").iterdir()) == ["point.json", "steps.parquet", "summary.json"]
+    aside = results / "runs" / ".superseded" / "precision~fp32" / "zero_stage~0" / "world_size~1"
+    assert (aside / "progress.jsonl").exists() and (aside / "checkpoint" / "step_1").is_dir()
+
+    lone = _copy(next(n for n in TREES if n.endswith("-3-levels")), tmp_path / "lone")
+    run = lone / "runs" / "precision~fp32" / "zero_stage~0" / "world_size~2"
+    (run / "summary.json").unlink()  # killed: no summary; its files written long ago
+    for path in run.iterdir():
+        os.utime(path, (1_600_000_000, 1_600_000_000))
+    migrate(lone)
+    from scalelab.status import run_states
+
+    states = {s.run_id: s.status for s in run_states(lone)}
+    assert states == {"fp32-z0-w1": "ok", "fp32-z0-w2": "killed"}
+
+
+def test_migrate_waits_for_no_one_and_refuses_while_a_workflow_holds_the_results(tmp_path):
+    from scalelab.lock import results_lock
+
+    results = _copy(TREES[0], tmp_path / "results")
+    lock = results_lock(results)
+    lock.acquire()
+    try:
+        proc = subprocess.run([*CLI, "migrate", str(results)], capture_output=True, text=True, timeout=120)
+    finally:
+        lock.release()
+    assert proc.returncode == 2 and "held by" in proc.stderr, proc.stderr
+    assert old_layout_runs(results)  # nothing moved

@@ -4,22 +4,26 @@ Until run folders were named by run id, a run's folder had one level per sweep a
 (``runs/precision~fp32/zero_stage~2/world_size~1/...``), 3, 7, 8, 9 or 10 levels deep as axes were
 added. Each such folder is moved to ``runs/<run id>/`` with a ``point.json``: the axes its path names,
 and the default of every axis added since. Its log moves from ``logs/runs/<old path>.log`` to
-``logs/runs/<run id>.log``.
+``logs/runs/<run id>.log``, right after the folder.
 
 Safe by construction:
-- ``--dry-run`` prints the plan and changes nothing;
-- files are renamed, never copied or rewritten; nothing is deleted except folders left empty;
-- a file already at the destination is never overwritten: the old folder keeps it, and it is reported;
+- ``--dry-run`` prints the plan and changes nothing; a real migration takes the results folder's lock;
+- files are renamed, never copied or rewritten; nothing is deleted except old-layout folders left empty;
+- a file already at its destination is never overwritten: the old folder keeps it, and it is named;
 - two old folders of one run (an old tree beside a newer one): the one whose summary is newest moves to
-  ``runs/<run id>/``; the others move whole to ``superseded/runs/<old path>/``, outside what is read;
-- interrupted, it is rerun: folders already moved are found no more, half-moved ones are finished;
+  ``runs/<run id>/``, unless that folder already holds a finished run; the others move whole to
+  ``runs/.superseded/<old path>/`` (their logs to ``logs/runs/.superseded/``), beside the folders they come
+  from (one filesystem: a rename) and hidden from everything that reads runs;
+- interrupted, it is rerun: folders already moved are found no more, half-moved ones are finished, and
+  a log left behind follows its folder;
 - the collected tables written from the old folders (``metrics.parquet``, ``steps.parquet``, whose
-  run_path names old folders) and ``report/report.html`` move to ``superseded/`` too, so that the
-  workflow collects the moved runs again and rebuilds the report (no run is retrained).
+  run_path names old folders) and ``report/report.html`` move to ``superseded/``, so that the workflow
+  collects the moved runs again and rebuilds the report (no run is retrained).
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -28,8 +32,10 @@ from pathlib import Path
 from scalelab.io import write_json
 from scalelab.sweep import AXIS, POINT_FILE, RunPoint
 
-SUPERSEDED = "superseded"
-"""Under the results folder: what a migration moved out of the way (never read by scalelab)."""
+ASIDE = ".superseded"
+"""Under runs/ and logs/runs/: older copies of a run a migration moved out of the way (hidden: never read)."""
+SUPERSEDED_TABLES = "superseded"
+"""Under the results folder: the collected tables and report of the old layout."""
 TABLES = ("metrics.parquet", "steps.parquet", "report/report.html")
 """Derived from the run folders (the collected tables, the report built from them): moved aside so
 that the workflow collects and reports again. Snakemake does not rebuild a missing table while the
@@ -45,10 +51,15 @@ def _axis_part(name: str) -> tuple[str, str] | None:
     return (axis, value) if sep else None
 
 
+def _visible(names) -> list[str]:
+    return [n for n in names if not n.startswith(".")]
+
+
 def old_layout_runs(results_dir: str | Path) -> list[str]:
     """Run folders of an earlier layout under results_dir/runs, as paths relative to it
     (``precision~fp32/zero_stage~0/world_size~1``): folders of ``axis~value`` levels that hold a run's
-    files (the deepest level, or a shallower one whose run a later layout nested deeper runs in)."""
+    files (the deepest level, or a shallower one whose run a later layout nested deeper runs in).
+    Hidden files (an editor's, a desktop's) make no run; an empty level is none either."""
     runs = Path(results_dir) / "runs"
     if not runs.is_dir():
         return []
@@ -58,9 +69,7 @@ def old_layout_runs(results_dir: str | Path) -> list[str]:
             continue
         for dirpath, dirnames, filenames in os.walk(top):
             axis_dirs = sorted(d for d in dirnames if _axis_part(d))
-            # a run folder: the deepest level, or one holding a run's files beside deeper levels (a
-            # shallower layout's run whose folder a later layout went on to nest in)
-            if not axis_dirs or filenames or len(axis_dirs) < len(dirnames):
+            if _visible(filenames) or len(axis_dirs) < len(_visible(dirnames)):
                 found.append(Path(dirpath).relative_to(runs).as_posix())
             dirnames[:] = axis_dirs  # descend through axis levels only (a run's checkpoint/ is its own)
     return found
@@ -85,16 +94,25 @@ def check_layout(results_dir: str | Path) -> None:
 
 
 def point_of_old_path(old_path: str) -> RunPoint:
-    """The point an old run folder holds: the axes its path names; axes added since at their default."""
+    """The point an old run folder holds: the axes its path names, each value as the config schema
+    allows it; axes added since at their default. ValueError naming the part it cannot read."""
+    import jsonschema
+
+    from scalelab.config import SCHEMA
+
     values = {}
     for part in old_path.split("/"):
         axis, text = _axis_part(part) or (None, None)
         if axis not in AXIS:
             raise ValueError(f"{part!r} is not 'axis~value' for an axis of this scalelab ({', '.join(AXIS)})")
         try:
-            values[axis] = AXIS[axis].from_path(text)
-        except ValueError as err:
-            raise ValueError(f"{part!r}: {err}") from None
+            value = AXIS[axis].from_path(text)
+            jsonschema.validate([value], SCHEMA["properties"]["sweep"]["properties"][axis])
+        except (ValueError, jsonschema.ValidationError) as err:
+            raise ValueError(f"{part!r}: {getattr(err, 'message', err)}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{part!r}: not a finite number")
+        values[axis] = value
     return RunPoint.from_json(values)
 
 
@@ -105,11 +123,15 @@ class Move:
     run_id: str | None
     point: RunPoint | None = None
     to: str = ""
-    """Destination relative to the results folder: runs/<run id> or superseded/runs/<old path>."""
+    """Destination relative to the results folder: runs/<run id> or runs/.superseded/<old path>."""
     problem: str | None = None
-    """Why the folder cannot be moved (an unreadable name): it stays where it is."""
+    """Why the folder cannot be moved (a name not understood): it stays where it is."""
     kept: list[str] = field(default_factory=list)
     """Files left in the old folder because the destination already has one of that name."""
+
+    @property
+    def aside(self) -> bool:
+        return self.to.startswith(f"runs/{ASIDE}/")
 
 
 def _newest_summary(run_dir: Path) -> float:
@@ -126,7 +148,7 @@ def plan(results_dir: str | Path) -> list[Move]:
         try:
             point = point_of_old_path(old)
         except ValueError as err:
-            moves.append(Move(old, None, problem=str(err)))
+            moves.append(Move(old, None, problem=f"{err}; scalelab cannot name its run: move it out of runs/"))
             continue
         moves.append(Move(old, point.run_id, point))
     by_run: dict[str, list[Move]] = {}
@@ -134,21 +156,21 @@ def plan(results_dir: str | Path) -> list[Move]:
         if move.run_id is not None:
             by_run.setdefault(move.run_id, []).append(move)
     for run_id, group in by_run.items():
-        # a run folder already in place (a half-finished migration, or a run since) counts as newest
         group.sort(key=lambda m: _newest_summary(runs / m.old_path), reverse=True)
-        taken = (runs / run_id / RUN_OUTPUT_LAST).exists() and any((runs / m.old_path / RUN_OUTPUT_LAST).exists()
-                                                                   for m in group)
+        for other in group[1:]:
+            if other.point != group[0].point:  # one id, two different runs: never merged, never hidden
+                other.problem = (f"its run id {run_id} is also that of runs/{group[0].old_path}, another run; "
+                                 "move one of them out of runs/")
+        group = [m for m in group if not m.problem]
+        finished = (runs / run_id / RUN_OUTPUT_LAST).exists()  # a run since, or a copy moved before an interruption
         for i, move in enumerate(group):
-            if i == 0 and not taken:
-                move.to = f"runs/{run_id}"
-            else:
-                move.to = f"{SUPERSEDED}/runs/{move.old_path}"
+            move.to = f"runs/{run_id}" if i == 0 and not finished else f"runs/{ASIDE}/{move.old_path}"
     return moves
 
 
 def _move_into(src_dir: Path, dest_dir: Path) -> list[str]:
-    """Rename every entry of src_dir into dest_dir, summary.json last; an entry whose name is taken
-    in dest_dir stays. Returns the names kept back."""
+    """Rename every entry of src_dir but its axis levels into dest_dir, summary.json last; an entry
+    whose name is taken in dest_dir stays. Returns the names kept back."""
     dest_dir.mkdir(parents=True, exist_ok=True)
     kept = []
     entries = sorted((p for p in src_dir.iterdir() if not _axis_part(p.name)), key=lambda p: p.name == RUN_OUTPUT_LAST)
@@ -161,33 +183,45 @@ def _move_into(src_dir: Path, dest_dir: Path) -> list[str]:
     return kept
 
 
-def _remove_empty_parents(path: Path, stop: Path) -> None:
-    """rmdir path and its parents up to (not including) stop, while they are empty."""
-    while path != stop and path.is_dir():
-        try:
-            path.rmdir()
-        except OSError:  # not empty: something of another run, or a file kept back
-            return
-        path = path.parent
+def _newest_mtime(folder: Path) -> float | None:
+    times = [p.stat().st_mtime for p in folder.rglob("*") if p.is_file()]
+    return max(times, default=None)
 
 
-def _log_moves(results_dir: Path, moves: list[Move]) -> list[tuple[Path, Path]]:
-    """(old log, new log) for every log of an old run folder, its folder moved or not yet (an
-    interrupted migration moves the rest of the logs when rerun)."""
+def _prune_empty_levels(root: Path) -> None:
+    """Remove the empty ``axis~value`` folders of old paths under root, deepest first (what moving
+    their runs out left; an interrupted migration may leave some)."""
+    if not root.is_dir():
+        return
+    for top in [p for p in root.iterdir() if p.is_dir() and p.name.startswith("precision~")]:
+        for dirpath, _, _ in sorted(os.walk(top), key=lambda w: w[0].count(os.sep), reverse=True):
+            if _axis_part(Path(dirpath).name):
+                try:
+                    Path(dirpath).rmdir()
+                except OSError:  # not empty: a run's files, or a file kept back
+                    pass
+
+
+def _old_logs(logs: Path) -> list[str]:
+    """Old paths (relative to logs/runs, without .log) of the logs of old run folders."""
+    if not logs.is_dir():
+        return []
+    return sorted(p.relative_to(logs).as_posix()[:-len(".log")] for top in logs.iterdir()
+                  if top.is_dir() and top.name.startswith("precision~") for p in top.rglob("*.log"))
+
+
+def _log_destination(results_dir: Path, old_path: str) -> Path | None:
+    """Where the log of an old run folder goes: with its run, or aside with its superseded copy;
+    None when no run can be named from its path (left where it is)."""
     logs = results_dir / "logs" / "runs"
-    aside = {m.old_path for m in moves if m.to.startswith(SUPERSEDED)}
-    found = []
-    for log in sorted(logs.rglob("*.log")) if logs.is_dir() else []:
-        old_path = log.relative_to(logs).as_posix()[:-len(".log")]
-        if "/" not in old_path and not _axis_part(old_path):
-            continue  # a run id's log: today's layout
-        try:
-            run_id = point_of_old_path(old_path).run_id
-        except ValueError:
-            continue  # not a log of a run folder this scalelab can name; left alone
-        dest = results_dir / SUPERSEDED / "logs" / "runs" / f"{old_path}.log" if old_path in aside else logs / f"{run_id}.log"
-        found.append((log, dest))
-    return found
+    if (results_dir / "runs" / ASIDE / old_path).exists():
+        return logs / ASIDE / f"{old_path}.log"
+    try:
+        run_id = point_of_old_path(old_path).run_id
+    except ValueError:
+        return None
+    own = logs / f"{run_id}.log"
+    return own if not own.exists() else _free(logs / ASIDE / f"{old_path}.log")
 
 
 def _collected_from_old_layout(results_dir: Path) -> bool:
@@ -214,44 +248,69 @@ def _free(path: Path) -> Path:
     return candidate
 
 
+def _rename(src: Path, dest: Path) -> bool:
+    """Rename src to dest unless dest exists (never overwrite); whether it moved."""
+    if dest.exists():
+        return False
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(src, dest)
+    return True
+
+
 def migrate(results_dir: str | Path, dry_run: bool = False) -> dict:
-    """Carry out (or, dry_run, only plan) the migration of results_dir. Returns {'moves', 'tables', 'logs'}."""
+    """Carry out (or, dry_run, only plan) the migration of results_dir.
+    Returns {'moves', 'logs': [(old, new, moved)], 'tables': [(old, new)]}."""
     results_dir = Path(results_dir)
-    runs = results_dir / "runs"
+    runs, logs = results_dir / "runs", results_dir / "logs" / "runs"
+    if not dry_run:
+        _prune_empty_levels(runs)
     moves = plan(results_dir)
-    log_moves = _log_moves(results_dir, moves)
+    log_moves = []
     for move in moves:
         if move.problem:
             continue
         dest = results_dir / move.to
+        old_dir, old_log = runs / move.old_path, logs / f"{move.old_path}.log"
+        new_log = logs / f"{move.run_id}.log" if not move.aside else logs / ASIDE / f"{move.old_path}.log"
         if dry_run:
-            move.kept = sorted(p.name for p in (runs / move.old_path).iterdir()
-                               if not _axis_part(p.name) and (dest / p.name).exists())
+            move.kept = sorted(p.name for p in old_dir.iterdir() if not _axis_part(p.name) and (dest / p.name).exists())
+            if old_log.exists():
+                log_moves.append((old_log, new_log, not new_log.exists()))
             continue
-        if move.to.startswith("runs/") and not (dest / POINT_FILE).exists():
+        if not move.aside and not (dest / POINT_FILE).exists():
             dest.mkdir(parents=True, exist_ok=True)
             write_json(dest / POINT_FILE, move.point.to_json())  # first: the folder says what it holds
-        move.kept = _move_into(runs / move.old_path, dest)
-        _remove_empty_parents(runs / move.old_path, runs)
+            newest = _newest_mtime(old_dir)
+            if newest is not None:  # dated as the run, not now: `status` reads a folder's last write
+                os.utime(dest / POINT_FILE, (newest, newest))
+        move.kept = _move_into(old_dir, dest)
+        if old_log.exists():
+            log_moves.append((old_log, new_log, _rename(old_log, new_log)))
+    # logs whose folder moved before an interruption: each follows its folder
+    planned = {src for src, _, _ in log_moves}
+    for old_path in _old_logs(logs):
+        src = logs / f"{old_path}.log"
+        new = _log_destination(results_dir, old_path)
+        if src in planned or new is None:
+            continue
+        log_moves.append((src, new, not new.exists() if dry_run else _rename(src, new)))
+    if not dry_run:
+        _prune_empty_levels(runs)
+        _prune_empty_levels(logs)
     # collected from old folders; or the tables moved and the report not yet (an interrupted migration)
     stale = _collected_from_old_layout(results_dir) or (
-        not (results_dir / TABLES[0]).exists() and (results_dir / SUPERSEDED / TABLES[0]).exists())
-    table_moves = [(results_dir / name, _free(results_dir / SUPERSEDED / name)) for name in TABLES
+        not (results_dir / TABLES[0]).exists() and (results_dir / SUPERSEDED_TABLES / TABLES[0]).exists())
+    table_moves = [(results_dir / name, _free(results_dir / SUPERSEDED_TABLES / name)) for name in TABLES
                    if stale and (results_dir / name).exists()]
     if not dry_run:
-        for src, dest in [*log_moves, *table_moves]:
-            if dest.exists():
-                continue  # never overwrite (a log already at the run id's name): left where it is
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.rename(src, dest)
-            if src.suffix == ".log":
-                _remove_empty_parents(src.parent, results_dir / "logs")
+        for src, dest in table_moves:
+            _rename(src, dest)
     return {"moves": moves, "logs": log_moves, "tables": table_moves}
 
 
 def format_result(results_dir: str | Path, result: dict, dry_run: bool) -> str:
-    moves = result["moves"]
-    if not moves and not result["logs"]:
+    moves, logs, tables = result["moves"], result["logs"], result["tables"]
+    if not moves and not logs and not tables:
         return f"{results_dir}: no run folder of an older layout; nothing to do"
     verb = "would move" if dry_run else "moved"
     lines = []
@@ -259,21 +318,24 @@ def format_result(results_dir: str | Path, result: dict, dry_run: bool) -> str:
         if m.problem:
             lines.append(f"  left  runs/{m.old_path}: {m.problem}")
             continue
-        lines.append(f"  {verb} runs/{m.old_path} -> {m.to}"
-                     + ("  (older copy of a run kept aside)" if m.to.startswith(SUPERSEDED) else ""))
+        lines.append(f"  {verb} runs/{m.old_path} -> {m.to}" + ("  (an older copy of a run, kept aside)" if m.aside else ""))
         if m.kept:
             lines.append(f"    kept in the old folder, the destination already has: {', '.join(m.kept)}")
-    for src, dest in result["logs"]:
-        lines.append(f"  {verb} {src.relative_to(results_dir)} -> {dest.relative_to(results_dir)}")
-    for src, dest in result["tables"]:
+    for src, dest, moved in logs:
+        rel_src, rel_dest = src.relative_to(results_dir), dest.relative_to(results_dir)
+        lines.append(f"  {verb} {rel_src} -> {rel_dest}" if moved else f"  left  {rel_src}: {rel_dest} already exists")
+    for src, dest in tables:
         lines.append(f"  {verb} {src.relative_to(results_dir)} -> {dest.relative_to(results_dir)}"
                      "  (rebuilt by the workflow, or `scalelab report RESULTS --collect`)")
-    n_run = sum(1 for m in moves if m.to.startswith("runs/"))
-    n_aside = sum(1 for m in moves if m.to.startswith(SUPERSEDED))
+    n_run = sum(1 for m in moves if m.to and not m.aside and not m.problem)
+    n_aside = sum(1 for m in moves if m.aside and not m.problem)
     n_bad = sum(1 for m in moves if m.problem)
-    head = f"{results_dir}: {len(moves)} run folder(s) of an older layout: {n_run} to runs/<run id>/"
-    head += f", {n_aside} older duplicate(s) to {SUPERSEDED}/" if n_aside else ""
-    head += f", {n_bad} left in place (names not understood)" if n_bad else ""
+    if moves:
+        head = f"{results_dir}: {len(moves)} run folder(s) of an older layout: {n_run} to runs/<run id>/"
+        head += f", {n_aside} older cop(ies) to runs/{ASIDE}/" if n_aside else ""
+        head += f", {n_bad} left in place" if n_bad else ""
+    else:
+        head = f"{results_dir}: finishing an earlier migration (no run folder of an older layout left)"
     tail = ["", "dry run: nothing changed; run again without --dry-run to move them" if dry_run else
             "done; rerunning this command finishes an interrupted migration and is harmless otherwise"]
     return "\n".join([head, *lines, *tail])
@@ -288,11 +350,31 @@ def add_parser(sub) -> None:
 
 
 def _main(args) -> int:
+    from scalelab.lock import LockHeld, results_lock
+
     results = Path(args.results_dir)
     if not results.is_dir():
         print(f"error: results folder {results} does not exist", file=sys.stderr)
         return 2
-    result = migrate(results, dry_run=args.dry_run)
+    lock = None
+    if not args.dry_run:  # a workflow (or its cluster jobs) writing there meanwhile would lose files
+        lock = results_lock(results)
+        try:
+            note = lock.acquire()
+        except LockHeld as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        if note:
+            print(note, file=sys.stderr)
+    try:
+        result = migrate(results, dry_run=args.dry_run)
+    except OSError as err:
+        print(f"error: {err.strerror or err}: {err.filename or ''}{f' -> {err.filename2}' if err.filename2 else ''}; "
+              "nothing was lost: fix that and run the same command again, it goes on where it stopped", file=sys.stderr)
+        return 2
+    finally:
+        if lock is not None:
+            lock.release()
     print(format_result(results, result, args.dry_run))
-    return 1 if any(m.problem or m.kept for m in result["moves"]) else 0
-
+    incomplete = any(m.problem or m.kept for m in result["moves"]) or any(not moved for _, _, moved in result["logs"])
+    return 1 if incomplete and not args.dry_run else 0
