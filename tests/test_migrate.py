@@ -176,24 +176,22 @@ def test_an_old_folder_naming_an_unknown_axis_is_left_in_place(tmp_path):
 
 @pytest.mark.workflow
 def test_the_workflow_refuses_an_old_tree_and_after_migrate_trains_nothing(tmp_path):
-    """The tree of the newest old layout, under the sweep that wrote it: before the migration the
-    workflow stops before any job, naming the command; after it, it collects and reports again and
-    plans no training (the runs' outputs are in place, newer than the data)."""
-    import yaml
-
+    """The tree of the newest old layout, with Snakemake's records of its jobs, under the config that
+    wrote it: before the migration the workflow stops before any job, naming the command; after it,
+    it collects and reports again and plans neither data preparation nor training (params recorded
+    by the old code, a partial dataset section among them, read as unchanged)."""
     from scalelab.harness.testing import run_snakemake, snakemake_env
 
     name = next(n for n in TREES if n.endswith("-10-levels"))
     results = _copy(name, tmp_path / "results")
+    # Snakemake's records of the old jobs (their params among them), where Snakemake keeps them
+    shutil.move(results / "snakemake-metadata", tmp_path / ".snakemake" / "metadata")
     # a copy's times are the copy's: the data first, then the runs' outputs, as when they were written
     # (long ago: older than this checkout's workflow scripts, as after an upgrade)
     for i, path in enumerate([*sorted((results / "data").rglob("*")), *sorted((results / "runs").rglob("*"))]):
         os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
     assert min(p.stat().st_mtime for p in (Path(__file__).parents[1] / "workflow" / "scripts").glob("*.py")) > 1_700_000_100
-    cfg = yaml.safe_load((Path(__file__).parents[1] / "config.yaml").read_text())
-    for section, values in yaml.safe_load((OLD / "sweep-10.yaml").read_text()).items():
-        cfg[section].update(values)
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    shutil.copy(OLD / "sweep-10.yaml", tmp_path / "config.yaml")  # the config that wrote the tree
     refused = run_snakemake(tmp_path, "-n", "--cores", "2", check=False, env=snakemake_env())
     assert refused.returncode != 0 and "run `scalelab migrate results`" in refused.stdout + refused.stderr, refused.stdout[-2000:]
 

@@ -325,9 +325,10 @@ value, so that data prepared then is not prepared again (and every run retrained
 def data_result_params(config: dict) -> dict:
     """What the prepared data depends on (the data step's Snakemake params): the dataset keys above,
     and any key added since only when set away from its default (a new key at its default
-    re-prepares nothing)."""
-    from scalelab.config import dataset_config
+    re-prepares nothing). In the config's own key order, as they were recorded: Snakemake compares
+    the text of params, and the same values in another order would re-prepare the data."""
+    from scalelab.config import DatasetConfig
 
-    dataset = dataset_config(config)
-    return {**{k: getattr(dataset, k) for k in DATASET_KEYS_RECORDED_WHOLE},
-            **_changed(dataset, exclude=DATASET_KEYS_RECORDED_WHOLE)}
+    defaults = {f.name: f.default for f in dataclasses.fields(DatasetConfig)}
+    return {key: value for key, value in section(config, "dataset").items()
+            if key in DATASET_KEYS_RECORDED_WHOLE or value != defaults.get(key, dataclasses.MISSING)}
