@@ -216,3 +216,29 @@ def test_the_shipped_experiment_configs_are_valid(name):
             merged[section] = value
     cfg = validate_config(merged, base_dir=REPO)
     assert sweep_points(cfg)
+
+
+def test_a_changed_setting_reruns_exactly_the_runs_it_affects():
+    """A run's params (scalelab.sweep.result_params) change with a setting only for the runs that
+    read it: Snakemake reruns those, and nothing else."""
+    from scalelab.sweep import result_params, sweep_points
+
+    sweep = {"precision": ["fp32", "fp16", "bf16"], "zero_stage": [0], "world_size": [1, 16], "lora_rank": [None, 4]}
+    base = {"global_batch": 32, "device": "auto"}
+
+    def rerun(train=None, **sections):
+        a = validate_config(tiny_config(sweep=sweep, train=base))
+        b = validate_config(tiny_config(sweep=sweep, train={**base, **(train or {})}, **sections))
+        return sorted(p.run_id for p in sweep_points(a) if repr(result_params(a, p)) != repr(result_params(b, p)))
+
+    everything = sorted(p.run_id for p in sweep_points(validate_config(tiny_config(sweep=sweep, train=base))))
+    assert rerun({"lr": 0.001}) == everything
+    assert rerun({"run_timeout_s": 100, "checkpoint_every": 5, "collective_timeout_s": 30, "device": "cpu"}) == []
+    assert rerun({"lora_alpha": 8}) == [r for r in everything if r.endswith("lora4")]
+    assert rerun({"fp16_init_scale": 1024.0}) == [r for r in everything if r.startswith("fp16")]
+    assert rerun({"tf32": True}) == [r for r in everything if r.startswith("fp32")]
+    assert rerun({"peak_tflops": {"fp16": 100}}) == [r for r in everything if r.startswith("fp16")]
+    assert rerun({"peak_tflops": {"bf16": 100}}) == everything  # every run records MFU against the bf16 peak
+    assert rerun(cluster={"ranks_per_node": 4}) == [r for r in everything if "-w16" in r]  # 4 launchers instead of 2
+    assert rerun(cluster={"cpus_per_rank": 2}) == everything
+    assert rerun(models={"small": {"n_layers": 1}}) == []  # a new shape no run of the sweep uses
