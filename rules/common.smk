@@ -76,7 +76,7 @@ def point_of(wildcards) -> RunPoint:
 def run_params(wildcards) -> dict:
     """What a run's results depend on beyond its point (scalelab.sweep.result_params): the values
     that differ from the defaults, so a new config key at its default reruns nothing."""
-    return result_params(config, point_of(wildcards))
+    return result_params(config, point_of(wildcards), DEVICE_PLAN.device)
 
 
 # Cluster facts come from config (section `cluster`), never from code.

@@ -226,10 +226,10 @@ def test_a_changed_setting_reruns_exactly_the_runs_it_affects():
     sweep = {"precision": ["fp32", "fp16", "bf16"], "zero_stage": [0], "world_size": [1, 16], "lora_rank": [None, 4]}
     base = {"global_batch": 32, "device": "auto"}
 
-    def rerun(train=None, **sections):
+    def rerun(train=None, device="cpu", **sections):
         a = validate_config(tiny_config(sweep=sweep, train=base))
         b = validate_config(tiny_config(sweep=sweep, train={**base, **(train or {})}, **sections))
-        return sorted(p.run_id for p in sweep_points(a) if repr(result_params(a, p)) != repr(result_params(b, p)))
+        return sorted(p.run_id for p in sweep_points(a) if repr(result_params(a, p, device)) != repr(result_params(b, p, device)))
 
     everything = sorted(p.run_id for p in sweep_points(validate_config(tiny_config(sweep=sweep, train=base))))
     assert rerun({"lr": 0.001}) == everything
@@ -240,5 +240,7 @@ def test_a_changed_setting_reruns_exactly_the_runs_it_affects():
     assert rerun({"peak_tflops": {"fp16": 100}}) == [r for r in everything if r.startswith("fp16")]
     assert rerun({"peak_tflops": {"bf16": 100}}) == everything  # every run records MFU against the bf16 peak
     assert rerun(cluster={"ranks_per_node": 4}) == [r for r in everything if "-w16" in r]  # 4 launchers instead of 2
-    assert rerun(cluster={"cpus_per_rank": 2}) == everything
+    assert rerun(cluster={"cpus_per_rank": 2}) == everything  # a CPU rank's threads
+    assert rerun(cluster={"cpus_per_rank": 2}, device="cuda") == []  # not a GPU run's compute
+    assert rerun(cluster={"mem_mb_per_rank": 8000, "exclusive": False}) == []
     assert rerun(models={"small": {"n_layers": 1}}) == []  # a new shape no run of the sweep uses

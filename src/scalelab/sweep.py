@@ -311,12 +311,13 @@ def _changed(config_obj, exclude=()) -> dict:
             if f.name not in exclude and f.default is not dataclasses.MISSING and getattr(config_obj, f.name) != f.default}
 
 
-def result_params(config: dict, point) -> dict:
+def result_params(config: dict, point, device: str) -> dict:
     """What a run's results depend on beyond its point (Snakemake params of its job: a change reruns
     it): its model's shape, the train settings it reads and how its ranks are laid out, each as the
     values that differ from the schema's defaults, so that a config key added later at its default
     reruns nothing, and a changed value reruns exactly the runs it affects (a ``models:`` entry the
-    runs of that model, ``fp16_init_scale`` the fp16 runs, a peak the runs measured against it)."""
+    runs of that model, ``fp16_init_scale`` the fp16 runs, a peak the runs measured against it).
+    device: the one the run is planned on (a CPU rank's threads are its compute; a GPU run's are not)."""
     train = train_config(config)
     changed = _changed(train, exclude=NOT_RESULT_KEYS)
     changed = {key: value for key, value in changed.items() if TRAIN_KEY_APPLIES.get(key, lambda p: True)(point)}
@@ -325,7 +326,7 @@ def result_params(config: dict, point) -> dict:
         changed = {k: v for k, v in changed.items() if k != "peak_tflops"} | ({"peak_tflops": peaks} if peaks else {})
     params = {"model": _changed(model_config(config, name=point.model), exclude=("vocab_size",)),  # vocab: the data's
               "train": changed}
-    layout = {k: v for k, v in _changed(cluster_config(config)).items() if k == "cpus_per_rank"}  # a CPU rank's threads
+    layout = {k: v for k, v in _changed(cluster_config(config)).items() if k == "cpus_per_rank" and device == "cpu"}
     plan = launch_plan(config, point.world_size)
     if plan.multi_launcher:  # which ranks share a node, and so which links a collective crosses
         layout.update(launchers=plan.launchers, ranks_per_launcher=plan.ranks_per_launcher, nodes=plan.nodes)

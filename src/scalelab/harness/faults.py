@@ -357,8 +357,12 @@ def concurrency_and_reruns(tmp: Path) -> Drill:
     (work / "notes.txt").write_text("unrelated")
     os.utime(work / "config.yaml")
     d.check(_planned_jobs(work) == {}, "touching unrelated files reruns nothing")
-    write_workdir(work, {**cfg, "train": {**cfg["train"], "run_timeout_s": 999}, "cluster": {**cfg["cluster"], "cpus_per_rank": 2}})
-    d.check(_planned_jobs(work) == {}, "changing limits and cluster facts reruns nothing")
+    write_workdir(work, {**cfg, "train": {**cfg["train"], "run_timeout_s": 999}, "cluster": {**cfg["cluster"], "mem_mb_per_rank": 8000}})
+    d.check(_planned_jobs(work) == {}, "changing limits and memory requests reruns nothing")
+    write_workdir(work, {**cfg, "cluster": {**cfg["cluster"], "cpus_per_rank": 2}})  # a CPU rank's threads: its compute
+    planned = _planned_jobs(work)
+    d.check(planned.get("train", 0) + planned.get("train_multinode", 0) == len(sweep_points(cfg)),
+            f"cpus_per_rank reruns every CPU run: {planned}")
     write_workdir(work, {**cfg, "train": {**cfg["train"], "lr": cfg["train"]["lr"] / 2}})
     planned = _planned_jobs(work)
     n_runs = len(sweep_points(cfg))
