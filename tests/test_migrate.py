@@ -316,3 +316,19 @@ def test_migrate_waits_for_no_one_and_refuses_while_a_workflow_holds_the_results
         lock.release()
     assert proc.returncode == 2 and "held by" in proc.stderr, proc.stderr
     assert old_layout_runs(results)  # nothing moved
+
+
+@pytest.mark.parametrize("old_path, run_id", [
+    ("precision~bf16/zero_stage~3/world_size~2/micro_batch~auto/activation_checkpointing~false/cpu_offload~false/"
+     "bucket_mb~none/compile~false/model~base/lora_rank~none", "bf16-z3-w2"),
+    ("precision~fp32/zero_stage~2/world_size~1/micro_batch~2/activation_checkpointing~true/cpu_offload~false/bucket_mb~none",
+     "fp32-z2-w1-mb2-ac"),
+    ("precision~fp16/zero_stage~1/world_size~2/micro_batch~auto/activation_checkpointing~false/cpu_offload~false/"
+     "bucket_mb~1/model~base/lora_rank~4", "fp16-z1-w2-bucket1-lora4"),
+    ("precision~fp32/zero_stage~3/world_size~1", "fp32-z3-w1"),
+])
+def test_old_paths_of_every_stage_and_lever_name_their_run(old_path, run_id):
+    """'none' and 'auto' are values too: no buckets under FSDP2, no accumulation, no LoRA."""
+    from scalelab.migrate import point_of_old_path
+
+    assert point_of_old_path(old_path).run_id == run_id

@@ -107,7 +107,8 @@ def point_of_old_path(old_path: str) -> RunPoint:
             raise ValueError(f"{part!r} is not 'axis~value' for an axis of this scalelab ({', '.join(AXIS)})")
         try:
             value = AXIS[axis].from_path(text)
-            jsonschema.validate([value], SCHEMA["properties"]["sweep"]["properties"][axis])
+            if value is not None:  # None: not applicable (no buckets under FSDP2, no accumulation, no LoRA)
+                jsonschema.validate([value], SCHEMA["properties"]["sweep"]["properties"][axis])
         except (ValueError, jsonschema.ValidationError) as err:
             raise ValueError(f"{part!r}: {getattr(err, 'message', err)}") from None
         if isinstance(value, float) and not math.isfinite(value):
