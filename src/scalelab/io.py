@@ -60,6 +60,18 @@ def _umask() -> int:
     return mask
 
 
+def building_dir(out_dir: Path) -> Path:
+    """A fresh hidden sibling of out_dir to build it in, then rename into place (a failed build
+    leaves the last complete one). Made with the user's umask, as ``mkdir`` would: ``mkdtemp``
+    makes it 0700, and the renamed folder kept that, so on a shared machine colleagues could not
+    open a report, nor could a web server serve it."""
+    import tempfile
+
+    building = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    os.chmod(building, 0o777 & ~_umask())
+    return building
+
+
 def write_json(path: str | Path, obj) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ import pandas as pd
 
 from scalelab import __version__
 from scalelab.analysis.tables import MiB, device_peak_bytes
+from scalelab.io import building_dir
 
 PROVENANCE = ["device_type", "device_name", "backend", "torch_version", "cuda_version", "nccl_version", "python_version",
               "hostname", "git_commit", "git_dirty", "config_hash", "dataset_sha256_train", "seed", "steps", "global_batch",
@@ -139,7 +139,7 @@ def build_compare(a: str | Path, b: str | Path, out_dir: str | Path | None = Non
           + "\n## Provenance\n\n" + markdown_table(prov) + "\n## Runs in both\n\n" + markdown_table(table)
           + "\n## Runs in one side only\n\n" + (markdown_table(only) if not only.empty else "None.\n"))
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    building = building_dir(out_dir)
     try:
         (building / "compare.html").write_text(html, encoding="utf-8")
         (building / "compare.md").write_text(md, encoding="utf-8")

@@ -13,7 +13,6 @@ import base64
 import datetime
 import functools
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +25,7 @@ from scalelab.analysis.figures import FIGURES_DIR, Drawn, start_figures
 from scalelab.analysis.levers import baseline, fp8_table, lever_table
 from scalelab.analysis.metrics import schema_version
 from scalelab.analysis.tables import MFU_LIMIT, best_configurations, loss_deviation_vs_stage0, scaling_efficiency
+from scalelab.io import building_dir
 from scalelab.sweep import SWEEP_AXES
 
 __all__ = ["MFU_LIMIT", "build_report", "find_warnings", "load_tables", "render", "table_model"]
@@ -313,7 +313,7 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None, wor
     results_dir = Path(results_dir)
     out_dir = Path(out_dir) if out_dir else results_dir / "report"
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    building = building_dir(out_dir)
     try:
         _build(results_dir, building, workers)
         replaced = out_dir.with_name(f".{out_dir.name}.old")
