@@ -167,3 +167,20 @@ def test_format_status_of_a_clean_sweep(tmp_path):
     _run(tmp_path, RunPoint("fp32", 0, 1), "ok")
     text = format_status(tmp_path, run_states(tmp_path))
     assert "1 run(s)" in text and "not ok" not in text and "retry" not in text
+
+
+def test_status_lists_running_runs_apart_and_reasons_whole(sweep, capsys, monkeypatch):
+    long_reason = ("planning: predicted peak 9.1 GiB per rank exceeds the 8.0 GiB device budget; to measure the "
+                   "OOM anyway set planning.launch_predicted_oom: true, or lower train.global_batch")
+    run_dir = _run(sweep, RunPoint("bf16", 2, 2), "predicted_oom")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    write_json(run_dir / "summary.json", {**summary, "reason": long_reason})
+    assert main(["status", str(sweep)]) == 0
+    out = capsys.readouterr().out
+    running, not_ok = out.split("\nrunning:\n")[1].split("\nnot ok:\n")
+    assert "bf16-z1-w2" in running and "fp32-z0-w2" not in running
+    assert "bf16-z1-w2" not in not_ok, "a running run is not a run that went wrong"
+    assert "…" not in out and not_ok.count(long_reason) == 1, "the whole reason, fix included"
+    monkeypatch.chdir(sweep.parent)
+    (sweep.parent / "results").symlink_to(sweep)
+    assert main(["status"]) == 0 and "results: " in capsys.readouterr().out, "without an argument: results"

@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--out", default=None, help="output folder (default: B/compare)")
     k.set_defaults(func=_compare)
     s = sub.add_parser("status", help="how many runs of RESULTS are done, running, failed, timed out, OOM, skipped, ... with reasons")
-    s.add_argument("results_dir", help="a results folder (holding runs/)")
+    s.add_argument("results_dir", nargs="?", default="results", help="a results folder (holding runs/; default: results)")
     s.add_argument("--config", default=None, help="the workflow's config file: also count sweep points not started")
     s.add_argument("--json", action="store_true", help="counts and every run as JSON")
     s.add_argument("--active-within", type=float, default=300.0, metavar="SECONDS",

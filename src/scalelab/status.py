@@ -118,19 +118,22 @@ def counts(states: list[RunState]) -> dict[str, int]:
     return {k: found[k] for k in [*ORDER, *sorted(set(found) - set(ORDER))] if k in found}
 
 
-def format_status(results_dir: str | Path, states: list[RunState], width: int = 140) -> str:
-    """What `scalelab status` prints: counts by status, then each run that is not ok, with its reason."""
+def format_status(results_dir: str | Path, states: list[RunState]) -> str:
+    """What `scalelab status` prints: counts by status, the runs still running, then each run that
+    ended not ok, with its whole reason on its line (never cut: its end is often the fix)."""
     lines = [f"{results_dir}: {len(states)} run(s)"]
     for status, n in counts(states).items():
         lines.append(f"  {status:<14}{n:>5}")
-    bad = [s for s in states if s.status != "ok"]
-    if bad:
-        lines += ["", "not ok:"]
-        id_width = max(len(s.run_id) for s in bad)
-        for s in sorted(bad, key=lambda s: (ORDER.index(s.status) if s.status in ORDER else len(ORDER), s.run_id)):
-            reason = " ".join((s.reason or "").split())
-            reason = reason if len(reason) <= width else reason[:width - 1] + "…"
-            lines.append(f"  {s.run_id:<{id_width}}  {s.status:<13} {reason}")
+
+    def listed(title: str, chosen: list[RunState]) -> list[str]:
+        if not chosen:
+            return []
+        id_width = max(len(s.run_id) for s in chosen)
+        order = sorted(chosen, key=lambda s: (ORDER.index(s.status) if s.status in ORDER else len(ORDER), s.run_id))
+        return ["", title, *(f"  {s.run_id:<{id_width}}  {s.status:<13} {' '.join((s.reason or '').split())}" for s in order)]
+
+    lines += listed("running:", [s for s in states if s.status == "running"])
+    lines += listed("not ok:", [s for s in states if s.status not in ("ok", "running")])
     retryable = sorted({s.status for s in states if s.status in RETRY_DEFAULT})
     if retryable:
         lines += ["", f"rerun them: scalelab retry {results_dir} --status {','.join(retryable)}   then: snakemake --cores all"]
