@@ -294,8 +294,8 @@ def test_a_killed_copy_of_a_finished_run_is_kept_aside_and_a_killed_run_stays_ki
 
     lone = _copy(next(n for n in TREES if n.endswith("-3-levels")), tmp_path / "lone")
     run = lone / "runs" / "precision~fp32" / "zero_stage~0" / "world_size~2"
-    (run / "summary.json").unlink()  # killed: no summary; its files written long ago
-    for path in run.iterdir():
+    (run / "summary.json").unlink()  # killed: no summary; its files and its log written long ago
+    for path in [*run.iterdir(), *(lone / "logs" / "runs").rglob("world_size~2.log")]:
         os.utime(path, (1_600_000_000, 1_600_000_000))
     migrate(lone)
     from scalelab.status import run_states
