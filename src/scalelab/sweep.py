@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from scalelab.config import ConfigError, TrainConfig, cluster_config, model_config, section, train_config
@@ -338,9 +340,6 @@ def result_params(config: dict, point, device: str) -> dict:
 def read_point(run_dir) -> RunPoint:
     """A run folder's point, from its ``point.json`` (axes it lacks at their default). Raises
     FileNotFoundError without one, ValueError for one that does not hold a point."""
-    import json
-    from pathlib import Path
-
     path = Path(run_dir) / POINT_FILE
     try:
         values = json.loads(path.read_text())
