@@ -1,4 +1,5 @@
-# Two commands a user needs (see README): `make run` and `make test`.
+# Two commands a user needs (see README): `make run` and `make test`. While changing code,
+# `make test-fast` runs the unit tier alone (tests that start no process, under 2 minutes).
 # Both create .venv on first use. TORCH_SPEC picks the torch build:
 #   CPU-only machine (default): torch==2.13.0 (the CPU wheel; no CUDA downloads)
 #   NVIDIA GPU machine:         make run TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu128"
@@ -7,7 +8,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 CORES ?= all
 
-.PHONY: setup run test report browser slurm clean-results gpu-bundle gpu-check
+.PHONY: setup run test test-fast report browser slurm clean-results gpu-bundle gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +34,12 @@ TEST_WORKERS ?= 2
 
 test: setup
 	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=30
+
+# The unit tier (pyproject.toml's markers): tests that start no process (no run, no Snakemake, no
+# CLI in a subprocess), checked by tests/conftest.py. Whole files per worker would leave one worker
+# with the biggest file: unit tests are independent, so they are dealt out one by one.
+test-fast: setup
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) -m unit --durations=10
 
 report: setup
 	$(VENV)/bin/snakemake --cores $(CORES) report

@@ -79,3 +79,84 @@ def path_without(tool: str, *first: Path) -> str:
     folders = [str(f) for f in first] + [d for d in os.environ["PATH"].split(os.pathsep)
                                           if d and not (Path(d) / tool).exists()]
     return os.pathsep.join(folders)
+
+
+# ---- Test tiers by cost (pyproject.toml registers them; `make test-fast` runs `-m unit`) ----
+TIERS = ("unit", "run", "workflow", "cluster", "browser", "gpu")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: a test must be tiered even when not selected
+def pytest_collection_modifyitems(config, items):
+    """Every test carries exactly one tier marker, so a new test cannot slip out of `make test-fast`'s
+    accounting (untiered) nor be counted twice."""
+    wrong = []
+    for item in items:
+        tiers = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
+        if len(tiers) != 1:
+            wrong.append(f"  {item.nodeid}: {', '.join(tiers) or 'no tier'}")
+    if wrong:
+        raise pytest.UsageError(
+            f"every test needs exactly one tier marker of {', '.join(TIERS)} (a module's `pytestmark` or a "
+            f"test's `@pytest.mark.<tier>`; see pyproject.toml):\n" + "\n".join(wrong))
+
+
+class ProcessStarted(RuntimeError):
+    """A `unit` test tried to start a program."""
+
+
+# What a unit test may still start: tools that start in milliseconds (git for provenance, a shell,
+# a test's fake nvidia-smi script, `true` for a dead pid). Forks of the test process itself (the
+# report's figure pool) are allowed too: they start no interpreter and import nothing. What costs
+# seconds is an interpreter (python, the scalelab CLI, torchrun, Snakemake, pip) or a browser.
+UNIT_MAY_START = {"git", "sh", "bash", "true", "nvidia-smi"}
+_STARTED: list[str] = []  # what the running unit test tried to start (even if its code caught the error)
+
+
+def _refuse(what, original=None):
+    def refused(*args, **kwargs):
+        if what == "subprocess":  # Popen._execute_child(self, args, executable, ...)
+            argv = args[1]
+            program = argv if isinstance(argv, (str, bytes, os.PathLike)) else argv[0]
+            if original is not None and os.path.basename(os.fsdecode(program)) in UNIT_MAY_START:
+                return original(*args, **kwargs)
+            shown = argv
+        else:
+            shown = args[:2]
+        _STARTED.append(f"{what}: {shown!r}"[:300])
+        raise ProcessStarted(f"a unit test started a program ({what}: {shown!r}): mark the test `run` "
+                             "(or `workflow`, `browser`, `cluster`) instead of `unit`")
+    return refused
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A unit test whose code caught the refusal still fails, naming what it started."""
+    report = (yield).get_result()
+    if _STARTED:
+        if report.passed:
+            report.outcome = "failed"
+            report.longrepr = "a unit test started a program (mark it `run`, `workflow`, ...):\n  " + "\n  ".join(_STARTED)
+        _STARTED.clear()  # one failure per attempt, not one per phase
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A `unit` test starts no program: while it runs (its fixtures' set-up and tear-down included)
+    every way Python starts one raises, so the tier's promise of speed is checked, not assumed."""
+    if item.get_closest_marker("unit") is None:
+        yield
+        return
+    import multiprocessing.util
+    import subprocess
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(subprocess.Popen, "_execute_child", _refuse("subprocess", subprocess.Popen._execute_child))
+        mp.setattr(multiprocessing.util, "spawnv_passfds", _refuse("multiprocessing spawn"))  # spawn/forkserver
+        for name in ("posix_spawn", "posix_spawnp", "system", "execv", "execve", "execvp", "execvpe"):
+            if hasattr(os, name):
+                mp.setattr(os, name, _refuse(f"os.{name}"))
+        _STARTED.clear()
+        try:
+            yield
+        finally:
+            _STARTED.clear()

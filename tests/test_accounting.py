@@ -16,6 +16,7 @@ from scalelab.training.model import GPT
 SCALELAB = str(Path(sys.executable).parent / "scalelab")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("layers, d, heads, seq, vocab, tied", [(2, 64, 4, 64, 256, True), (3, 48, 4, 32, 300, False),
                                                                  (1, 8, 2, 4, 11, True)])
 def test_param_count_is_exact(layers, d, heads, seq, vocab, tied):
@@ -23,6 +24,7 @@ def test_param_count_is_exact(layers, d, heads, seq, vocab, tied):
     assert accounting.param_count(cfg) == GPT(cfg).num_parameters()
 
 
+@pytest.mark.unit
 def test_flops_per_token_hand_computed():
     cfg = ModelConfig(2, 64, 4, 64, True, 256)
     # 6 * (2 * 12 * 64^2 + 256 * 64) + 12 * 2 * 64 * 64
@@ -31,6 +33,7 @@ def test_flops_per_token_hand_computed():
     assert accounting.mfu(1000, 786432, 786432 * 4000, 1) == pytest.approx(0.25)
 
 
+@pytest.mark.unit
 def test_loss_path_bytes_per_precision():
     """Issue #14: the logits (compute width), their fp32 copy (autocast only) and the fp32
     log-softmax in forward; its two fp32 gradients in backward, the larger moment."""
@@ -55,6 +58,7 @@ def test_loss_path_bytes_per_precision():
                                 + accounting.outside_block_activation_bytes(cfg, 4, "bf16") + 8 * btv)
 
 
+@pytest.mark.unit
 def test_mfu_against_the_bf16_peak_on_a_gpu(monkeypatch):
     """Issue #14 point 2: on an H100 an fp8 run's own peak is the fp8 one, twice the bf16 peak
     that mfu_bf16_peak divides by; a bf16 run's two peaks are one."""
@@ -73,6 +77,7 @@ def test_mfu_against_the_bf16_peak_on_a_gpu(monkeypatch):
     assert accounting.mfu(tokens_per_s, fpt, bf16[0], 8) == pytest.approx(2 * accounting.mfu(tokens_per_s, fpt, fp8[0], 8))
 
 
+@pytest.mark.unit
 def test_zero_paper_figure_7_5b_on_64_devices():
     """ZeRO paper, Figure 1: Psi = 7.5B, N_d = 64, K = 12: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB."""
     psi = 7.5e9
@@ -80,6 +85,7 @@ def test_zero_paper_figure_7_5b_on_64_devices():
     assert [round(g, 1) for g in got] == [120.0, 31.4, 16.6, 1.9]
 
 
+@pytest.mark.unit
 def test_pytorch_convention_hand_computed():
     psi, n = 1000, 4
     assert accounting.model_state_bytes(psi, 0, n, "bf16").total == 16000
@@ -91,6 +97,7 @@ def test_pytorch_convention_hand_computed():
         accounting.model_state_bytes(psi, 4, n, "fp32")
 
 
+@pytest.mark.unit
 def test_comm_volume():
     psi = 1000
     assert [accounting.comm_elements_per_step(psi, z, 4) for z in (0, 1, 2, 3)] == [2000, 3000, 2000, 3000]
@@ -99,6 +106,7 @@ def test_comm_volume():
     assert accounting.comm_elements_per_step(psi, 2, 1) == 0  # FSDP2 on one rank: no collectives
 
 
+@pytest.mark.unit
 def test_activation_memory_korthikanti():
     # GPT-3 175B layer (s=2048, b=1, h=12288, a=96): sbh(34 + 5as/h) = sbh * 114 bytes.
     s, b, h, a = 2048, 1, 12288, 96
@@ -107,6 +115,7 @@ def test_activation_memory_korthikanti():
     assert accounting.activation_bytes_per_layer(s, b, h, a, recompute="full") == 2 * s * b * h
 
 
+@pytest.mark.unit
 def test_training_days_and_largest_model():
     days = accounting.training_days(6 * 7e9 * 1e12, 256, "H100", "bf16", 0.4)
     assert days == pytest.approx(4.2e22 / (256 * 989.5e12 * 0.4) / 86400)
@@ -120,6 +129,7 @@ def _cli(*args):
     return subprocess.run([SCALELAB, "estimate", *args], capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.run
 def test_estimate_help_documents_every_flag():
     for kind, flags in {"memory": ["--params", "--layers", "--d-model", "--heads", "--vocab", "--seq", "--untied", "--config",
                                    "--world-size", "--micro-batch", "--unit", "--json"],
@@ -132,6 +142,7 @@ def test_estimate_help_documents_every_flag():
             assert flag in out, (kind, flag)
 
 
+@pytest.mark.run
 def test_estimate_json_outputs():
     mem = json.loads(_cli("memory", "--params", "7.5e9", "--world-size", "64", "--unit", "GB", "--json").stdout)
     paper = {(r["precision"], r["zero_stage"]): r["paper_total_gb"] for r in mem["rows"]}  # keys follow --unit
@@ -155,6 +166,7 @@ def test_estimate_json_outputs():
 SEVEN_B = ["--layers", "32", "--d-model", "4096", "--vocab", "32000", "--seq", "4096", "--micro-batch", "1"]
 
 
+@pytest.mark.run
 def test_advise_climbs_the_ladder():
     """8 x 80 GiB for a 6.6B model: DDP (16 bytes per parameter, unsharded) does not fit; ZeRO-2 does."""
     out = json.loads(_cli("advise", *SEVEN_B, "--gpu-memory", "80", "--gpus", "8", "--json").stdout)
@@ -165,6 +177,7 @@ def test_advise_climbs_the_ladder():
     assert out["rungs"][3]["model_state_gib"] == pytest.approx(16 * n / 8 / 2**30)
 
 
+@pytest.mark.run
 def test_advise_falls_back_to_lora_with_its_rank_budget():
     """One 80 GiB GPU: no stage shards anything at world size 1, so LoRA: frozen fp32 weights
     (4 bytes each) plus 16 bytes per trainable parameter, 16 x d_model x rank per block."""
@@ -183,6 +196,7 @@ def test_advise_falls_back_to_lora_with_its_rank_budget():
     assert tight["lora"]["max_rank"] == 0 and "does not fit even with LoRA" in tight["advice"]
 
 
+@pytest.mark.run
 def test_claim_check_says_when_a_throughput_exceeds_the_hardware():
     impossible = json.loads(_cli("claim", "--params", "70e9", "--tokens-per-s", "2e6", "--gpus", "64", "--gpu", "H100",
                                  "--json").stdout)
@@ -192,6 +206,7 @@ def test_claim_check_says_when_a_throughput_exceeds_the_hardware():
     assert "plausible: " in plausible and "implausible" not in plausible
 
 
+@pytest.mark.run
 @pytest.mark.parametrize("args, message", [
     (["memory", "--params", "-5"], "--params must be a positive number"),
     (["memory", "--layers", "2"], "all of --layers, --d-model, --vocab and --seq"),
@@ -229,6 +244,7 @@ def test_point_that_cannot_fit_is_recorded_without_launch(tmp_path):
     assert "predicted_oom" in (tmp_path / "results/report/report.html").read_text()
 
 
+@pytest.mark.unit
 def test_the_schema_lists_the_precision_records():
     """One place per precision: the config schema's sweep enum and peak_tflops keys are the registry's."""
     from scalelab.config import SCHEMA
@@ -238,6 +254,7 @@ def test_the_schema_lists_the_precision_records():
     assert list(SCHEMA["properties"]["train"]["properties"]["peak_tflops"]["properties"]) == list(PEAK_KEYS)
 
 
+@pytest.mark.unit
 def test_every_precision_table_is_read_off_the_records():
     """The autocast and compute dtypes, bytes per value, the paper's bytes per parameter, the
     plot order, the estimates' choices and the linear recipes all come from scalelab.precisions."""

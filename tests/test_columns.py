@@ -41,6 +41,7 @@ FILLED_ELSEWHERE = {
 }
 
 
+@pytest.mark.run
 def test_the_column_table_sits_below_training_and_analysis():
     """scalelab.columns imports neither training nor analysis (nor torch), and the launcher and the
     worker import no analysis module: the dependency points down."""
@@ -55,6 +56,7 @@ def test_the_column_table_sits_below_training_and_analysis():
         assert [m for m in loaded[name] if m.startswith("scalelab.analysis")] == [], name
 
 
+@pytest.mark.unit
 def test_schemas_metadata_dictionary_and_docs_derive_from_the_table():
     assert RUN_SCHEMA.names == list(RUN_COLUMNS) == [c.name for c in IDENTITY] + [c.name for c in columns.RUN]
     assert STEP_SCHEMA.names == list(STEP_COLUMNS)
@@ -75,6 +77,7 @@ def test_schemas_metadata_dictionary_and_docs_derive_from_the_table():
     assert docs == columns.markdown(), "docs/data-dictionary.md is stale: python -m scalelab.columns > docs/data-dictionary.md"
 
 
+@pytest.mark.unit
 def test_worker_columns_are_null_unless_the_run_ended_ok():
     """The launcher reads the worker's result back only from a run whose ranks all finished:
     a worker column that claims a value in any other row would be a writer the table does not name."""
@@ -119,7 +122,7 @@ def real_runs(tmp_path_factory, tiny_data):
     return results, runs
 
 
-@pytest.mark.multirank
+@pytest.mark.run
 def test_real_runs_of_every_status_and_lever_keep_the_contract(real_runs, tmp_path):
     results, runs = real_runs
     summaries = {name: summary for name, (summary, _) in runs.items()}
@@ -151,7 +154,7 @@ def test_real_runs_of_every_status_and_lever_keep_the_contract(real_runs, tmp_pa
     assert [n for n in STEP_COLUMNS if steps.column(n).null_count == steps.num_rows] == []
 
 
-@pytest.mark.multirank
+@pytest.mark.run
 def test_the_contract_check_names_what_a_writer_got_wrong(real_runs):
     """What summary_problems and null_problems catch, on real summaries with one thing wrong."""
     _, runs = real_runs
@@ -178,7 +181,7 @@ def test_the_contract_check_names_what_a_writer_got_wrong(real_runs):
         f"loss_scale: null, but the table says filled: {STEP_COLUMNS['loss_scale'].filled.text}"]
 
 
-@pytest.mark.multirank
+@pytest.mark.run
 def test_collection_rows_of_unreadable_runs_hold_identity_status_and_reason_only(real_runs, tmp_path):
     results, runs = real_runs
     shutil.copytree(results / "runs", tmp_path / "runs", ignore=shutil.ignore_patterns("*.log"))

@@ -10,6 +10,8 @@ from scalelab.analysis.report import load_tables
 from scalelab.cli import main
 from scalelab.harness.fixtures import synthetic_results
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def two_sweeps(tmp_path):

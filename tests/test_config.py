@@ -20,6 +20,7 @@ def test_good_config_dry_run_plans_data_and_runs(tmp_path):
     assert "prepare_data" in proc.stdout and "train" in proc.stdout
 
 
+@pytest.mark.unit
 def test_micro_batch_plan():
     train = train_config(tiny_config(train={"global_batch": 16}))
     assert micro_batch_plan(train, 1, 2) == (2, 8)
@@ -29,6 +30,7 @@ def test_micro_batch_plan():
         micro_batch_plan(train_config(tiny_config(train={"global_batch": 6})), 2, 2)
 
 
+@pytest.mark.unit
 def test_lever_axes_leave_out_combinations_they_do_not_apply_to():
     cfg = tiny_config(train={"global_batch": 8}, sweep={
         "precision": ["fp32"], "zero_stage": [0, 3], "world_size": [1, 2],
@@ -51,6 +53,7 @@ def test_lever_axes_leave_out_combinations_they_do_not_apply_to():
     assert RunPoint("fp32", 3, 1, 2, True, True, 1.0).run_id == "fp32-z3-w1-mb2-ac-offload"
 
 
+@pytest.mark.unit
 def test_the_compile_lever_is_off_by_default_and_doubles_a_sweep_when_listed():
     points, left_out = sweep_plan(load_config(REPO / "config.yaml"))
     assert len(points) == 24 and not left_out and not any(p.compile for p in points)
@@ -65,16 +68,19 @@ def test_the_compile_lever_is_off_by_default_and_doubles_a_sweep_when_listed():
 
 
 def test_train_micro_batch_names_its_new_home():
+@pytest.mark.unit
     with pytest.raises(ConfigError, match="train.micro_batch has moved to sweep.micro_batch"):
         check_moved_keys(tiny_config(train={"micro_batch": 2}))
 
 
 def test_synthetic_source_rejects_a_path():
+@pytest.mark.unit
     with pytest.raises(ConfigError, match="dataset.path"):
         check_config(tiny_config(dataset={"path": "corpus.txt"}))
 
 
 def test_the_schema_and_config_yaml_list_the_registered_axes_and_strategies():
+@pytest.mark.unit
     """One place per concept: the sweep keys, their defaults and the stages come from the registries."""
     import yaml
 
@@ -96,6 +102,7 @@ def test_the_schema_and_config_yaml_list_the_registered_axes_and_strategies():
 def test_config_defaults_are_the_schemas():
     """Defaults are written once, in the schema: the dataclasses take theirs from it."""
     from scalelab.config import ClusterConfig, DatasetConfig, ModelConfig, TrainConfig
+@pytest.mark.unit
 
     filled = validate_config({"sweep": {"precision": ["fp32"]}})
     for cls, name in ((DatasetConfig, "dataset"), (ModelConfig, "model"), (TrainConfig, "train"), (ClusterConfig, "cluster")):
@@ -107,6 +114,7 @@ def test_config_defaults_are_the_schemas():
 @pytest.mark.parametrize("overrides, message", [
     ({"train": {"lr": float("inf")}}, "train.lr=inf is not a finite number"),
     ({"train": {"weight_decay": float("nan")}}, "train.weight_decay=nan is not a finite number"),
+@pytest.mark.unit
     ({"train": {"fp16_init_scale": float("inf")}}, "train.fp16_init_scale=inf"),
     ({"train": {"collective_timeout_s": float("inf")}}, "train.collective_timeout_s=inf"),
     ({"sweep": {"bucket_mb": [float("inf")]}}, r"sweep.bucket_mb\[0\]=inf"),
@@ -125,6 +133,7 @@ def test_numbers_are_finite_and_integer_keys_take_integers(overrides, message):
 def test_run_ids_name_one_run_each():
     """A bucket size that is not the default never reads as it (25.0000001 is not 25: no part at
     all), nor as another size; a model name that reads as another axis's run-id part is refused."""
+@pytest.mark.unit
     from scalelab.sweep import sweep_points
 
     ids = [p.run_id for p in sweep_points(validate_config(tiny_config(sweep={"bucket_mb": [25, 25.0000001, 2, 2.0000001, 2.5]})))]
@@ -140,6 +149,7 @@ def test_run_ids_name_one_run_each():
 def test_a_key_given_twice_is_named_with_file_and_line(tmp_path):
     path = tmp_path / "dup.yaml"
     path.write_text("train:\n  steps: 10\n  lr: 0.1\n  steps: 20\n")
+@pytest.mark.unit
     for check in (check_yaml_syntax, load_config):
         with pytest.raises(ConfigError, match=r"dup.yaml: not valid YAML at line 4, column 3: duplicate key train.steps "
                                               r"\(first given on line 2"):
@@ -154,6 +164,7 @@ def test_a_key_given_twice_is_named_with_file_and_line(tmp_path):
 def test_results_dir_dataset_name_and_corpus_kind(tmp_path):
     (tmp_path / "afile").write_text("x")
     for results_dir, where in (("afile", "results_dir='afile' is a regular file"),
+@pytest.mark.unit
                                ("afile/runs", f"results_dir='afile/runs': {tmp_path / 'afile'} is a regular file")):
         with pytest.raises(ConfigError, match=f"{where}, not a folder"):
             validate_config(tiny_config(results_dir=results_dir), base_dir=tmp_path)
@@ -169,6 +180,7 @@ def test_results_dir_dataset_name_and_corpus_kind(tmp_path):
 def test_check_config_command_locates_a_broken_configfile(tmp_path, monkeypatch, capsys):
     """Snakemake reads --configfile files before the Snakefile and names no line; this command does."""
     from scalelab.cli import main
+@pytest.mark.unit
 
     monkeypatch.chdir(tmp_path)
     write_workdir(tmp_path, tiny_config())
@@ -183,6 +195,7 @@ def test_check_config_command_locates_a_broken_configfile(tmp_path, monkeypatch,
 def test_the_logger_plugin_reads_the_configfiles_of_any_command_line_form(tmp_path, capsys):
     """profiles/default enables it; the drill `bad_configs` sees it locate a broken --configfile
     in a real Snakemake run. Here: the forms of the command line it must read, and that it names
+@pytest.mark.unit
     only the files Snakemake's own loader refuses."""
     from snakemake_logger_plugin_scalelab import command_line_configfiles, locate
 
@@ -204,6 +217,7 @@ def test_the_logger_plugin_reads_the_configfiles_of_any_command_line_form(tmp_pa
 @pytest.mark.parametrize("name", ["levers.yaml", "gpu-node.yaml"])
 def test_the_shipped_experiment_configs_are_valid(name):
     """The ready-made experiments merge over config.yaml as Snakemake merges them, and validate."""
+@pytest.mark.unit
     import yaml
 
     from scalelab.sweep import sweep_points
@@ -221,6 +235,7 @@ def test_the_shipped_experiment_configs_are_valid(name):
 def test_a_changed_setting_reruns_exactly_the_runs_it_affects():
     """A run's params (scalelab.sweep.result_params) change with a setting only for the runs that
     read it: Snakemake reruns those, and nothing else."""
+@pytest.mark.unit
     from scalelab.sweep import result_params, sweep_points
 
     sweep = {"precision": ["fp32", "fp16", "bf16"], "zero_stage": [0], "world_size": [1, 16], "lora_rank": [None, 4]}

@@ -30,11 +30,13 @@ def _cfg(**dataset):
     return dataset_config(tiny_config(dataset=dataset))
 
 
+@pytest.mark.unit
 def test_byte_tokenizer_is_lossless():
     data = "héllo, wörld\n".encode()
     assert bytes(ByteTokenizer().encode_bytes(data).astype(np.uint8)) == data
 
 
+@pytest.mark.unit
 def test_bpe_round_trip_and_vocab_size():
     text = b"".join(synthetic_text_chunks(100_000, seed=3)).decode()
     tok = BPETokenizer.train([text], vocab_size=400)
@@ -44,6 +46,7 @@ def test_bpe_round_trip_and_vocab_size():
     assert len(ids) < 2000 / 1.5, "BPE should compress the text"
 
 
+@pytest.mark.unit
 def test_synthetic_corpus_is_deterministic_and_structured():
     a = b"".join(synthetic_text_chunks(50_000, seed=7))
     assert a == b"".join(synthetic_text_chunks(50_000, seed=7))
@@ -52,6 +55,7 @@ def test_synthetic_corpus_is_deterministic_and_structured():
     assert (counts > 0).sum() < 40, "a small alphabet, not uniform bytes"
 
 
+@pytest.mark.unit
 def test_writer_round_trip_and_hash(tmp_path):
     rng = np.random.default_rng(0)
     chunks = [rng.integers(0, 60_000, size=n).astype(np.uint16) for n in (10, 1000, 0, 77)]
@@ -66,6 +70,7 @@ def test_writer_round_trip_and_hash(tmp_path):
     assert not list(tmp_path.glob(".*tmp")), "temporary file left behind"
 
 
+@pytest.mark.unit
 def test_prepare_text_folder_byte_and_meta(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -81,6 +86,7 @@ def test_prepare_text_folder_byte_and_meta(tmp_path):
     assert on_disk["sha256"]["train.bin"] == hashlib.sha256((tmp_path / "out" / "train.bin").read_bytes()).hexdigest()
 
 
+@pytest.mark.unit
 def test_prepare_bpe(tmp_path):
     meta = prepare_dataset(_cfg(tokenizer="bpe", bpe_vocab_size=300, synthetic_bytes=50_000), tmp_path, seq_len=16)
     assert meta["tokenizer"] == "bpe" and meta["vocab_size"] == 300
@@ -88,6 +94,7 @@ def test_prepare_bpe(tmp_path):
     assert (tmp_path / "tokenizer.json").exists()
 
 
+@pytest.mark.unit
 def test_uint32_when_vocab_exceeds_uint16(tmp_path):
     src = tmp_path / "big.bin"
     np.arange(70_000, dtype=np.uint32).tofile(src)
@@ -99,6 +106,7 @@ def test_uint32_when_vocab_exceeds_uint16(tmp_path):
         prepare_dataset(_cfg(source="tokenized", path=str(src), tokenized_dtype="uint32"), tmp_path / "p", seq_len=16)
 
 
+@pytest.mark.unit
 def test_uint16_corpus_read_as_uint32_is_refused(tmp_path):
     """A character-level uint16 corpus (65 symbols) read as uint32: its byte count divides by 4,
     and each pair of tokens becomes one id (a + 65536 b), a ~4M 'vocabulary'."""
@@ -115,11 +123,13 @@ def test_uint16_corpus_read_as_uint32_is_refused(tmp_path):
     assert meta["dtype"] == "uint16" and meta["vocab_size"] == 65
 
 
+@pytest.mark.unit
 def test_a_special_file_is_not_a_corpus(tmp_path):
     with pytest.raises(DataError, match="corpus path /dev/null is a character device, a special file"):
         prepare_dataset(_cfg(source="text", path="/dev/null"), tmp_path / "o", seq_len=16)
 
 
+@pytest.mark.unit
 def test_tokenized_folder_used_as_it_is(tmp_path):
     src = tmp_path / "nanogpt"
     src.mkdir()
@@ -133,6 +143,7 @@ def test_tokenized_folder_used_as_it_is(tmp_path):
     assert meta["vocab_size"] == 50257
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("content, message", [
     (b"", "is empty"),
     (b"too short", "shorter than one sequence"),
@@ -146,6 +157,7 @@ def test_bad_text_corpus_names_the_file(tmp_path, content, message):
     assert not (tmp_path / "o" / "meta.json").exists()
 
 
+@pytest.mark.unit
 def test_undecodable_bytes_strict_fails_with_offset_and_replace_works(tmp_path):
     corpus = tmp_path / "latin1.txt"
     corpus.write_bytes(b"abc " * 100 + b"caf\xe9 " + b"xyz " * 100)
@@ -156,6 +168,7 @@ def test_undecodable_bytes_strict_fails_with_offset_and_replace_works(tmp_path):
     assert meta["n_train_tokens"] > 0
 
 
+@pytest.mark.unit
 def test_bin_size_not_multiple_of_dtype(tmp_path):
     src = tmp_path / "odd.bin"
     src.write_bytes(b"\x01\x00" * 100 + b"\x01")
@@ -163,6 +176,7 @@ def test_bin_size_not_multiple_of_dtype(tmp_path):
         prepare_dataset(_cfg(source="tokenized", path=str(src)), tmp_path / "o", seq_len=8)
 
 
+@pytest.mark.unit
 def test_sampler_deterministic_disjoint_and_global(tiny_data):
     meta = json.loads((tiny_data / "meta.json").read_text())
     s = BatchSampler(tiny_data / "train.bin", meta["dtype"], seq_len=32, seed=5)
@@ -178,6 +192,7 @@ def test_sampler_deterministic_disjoint_and_global(tiny_data):
     assert np.array_equal(a[0], tokens[starts[4]:starts[4] + 33]), "a row is a contiguous window"
 
 
+@pytest.mark.unit
 def test_source_files_are_what_the_data_step_reads(tmp_path):
     """The workflow's inputs of prepare_data: every file read, never the folder itself."""
     corpus = tmp_path / "corpus"
@@ -207,6 +222,7 @@ def _rewrite_in_place(path, transform):
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
 
 
+@pytest.mark.unit
 def test_verify_tokens_cheap_check_then_sha256(tmp_path, tiny_data):
     data = tmp_path / "data"
     shutil.copytree(tiny_data, data)  # copy2 keeps mtimes: the recorded size and mtime still hold
@@ -228,6 +244,7 @@ def test_verify_tokens_cheap_check_then_sha256(tmp_path, tiny_data):
     assert "is missing" in verify_tokens(data, meta)
 
 
+@pytest.mark.run
 def test_run_refuses_tokens_rewritten_in_place(tmp_path, tiny_data):
     """train.bin rewritten after meta.json (same size, other bytes, newer mtime): the run ends
     `failed`, naming the file and what differs, and never starts training."""
@@ -263,6 +280,7 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)
 """
 
 
+@pytest.mark.run
 def test_writer_memory_is_bounded_by_chunk_not_corpus(tmp_path):
     corpus = tmp_path / "big.txt"
     with open(corpus, "wb") as f:  # 48 MiB of text, 48x the 1 MiB chunk
@@ -283,6 +301,7 @@ def _replace(path, content: bytes, mtime_ns: int):
     tmp.replace(path)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("dataset, names", [
     ({"source": "text", "path": "corpus"}, ["corpus/a.txt", "corpus/b.txt"]),
     ({"source": "text", "path": "corpus", "tokenizer": "bpe", "bpe_vocab_size": 300}, ["corpus/a.txt", "corpus/b.txt"]),
@@ -310,6 +329,7 @@ def test_meta_records_each_source_file(tmp_path, monkeypatch, dataset, names):
     assert "files" not in prepare_dataset(_cfg(), tmp_path / "synthetic", seq_len=16)["source"], "synthetic: no file"
 
 
+@pytest.mark.unit
 def test_changed_sources_compares_content_whatever_the_time(tmp_path, monkeypatch):
     """Planning's check (changed_sources): other bytes are a change whatever their mtime says;
     same bytes under another time (touch, a copy) are not; a file is hashed only when its size
@@ -354,6 +374,7 @@ def test_changed_sources_compares_content_whatever_the_time(tmp_path, monkeypatc
     assert data.changed_sources(source_files(cfg), out) == []
 
 
+@pytest.mark.unit
 def test_mark_stale_dates_meta_back_to_1970(tmp_path, tiny_data):
     from scalelab.data import STALE_MTIME_NS, mark_stale
 

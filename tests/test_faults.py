@@ -6,9 +6,10 @@ import pytest
 
 from scalelab.harness.faults import DRILLS
 
-pytestmark = [pytest.mark.faults, pytest.mark.workflow]
+pytestmark = pytest.mark.faults  # not a tier: `pytest -m faults` runs the drills
 
 
+@pytest.mark.workflow
 @pytest.mark.parametrize("name", list(DRILLS))
 def test_drill(tmp_path, name):
     drill = DRILLS[name](tmp_path)
@@ -23,6 +24,7 @@ def test_drill(tmp_path, name):
         assert drill.timeouts_tried >= 1
 
 
+@pytest.mark.run
 def test_the_drills_run_under_their_first_name():
     """`python -m scalelab.faults` (the name the issue tracker and older notes use) runs the same drills."""
     import subprocess

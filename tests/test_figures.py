@@ -16,6 +16,8 @@ from scalelab.analysis.levers import baseline, lever_table
 from scalelab.analysis.report import load_tables
 from scalelab.harness.fixtures import synthetic_results
 
+pytestmark = pytest.mark.unit
+
 MiB = 2 ** 20
 
 

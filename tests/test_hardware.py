@@ -54,10 +54,12 @@ def _peak(device_name, key):
     return hardware.peak_flops_for(device_name, "fp32" if key == "tf32" else key, tf32=key == "tf32")
 
 
+@pytest.mark.unit
 def test_every_device_name_in_the_table_is_tested():
     assert {n for p in hardware.PRODUCTS for n in p.device_names} == {d[0] for d in DEVICES}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("device_name, product_name, memory, peaks", DEVICES, ids=[d[0] for d in DEVICES])
 def test_device_name_gives_its_product_and_datasheet_peaks(device_name, product_name, memory, peaks):
     product = hardware.gpu_product(device_name)
@@ -74,6 +76,7 @@ def test_device_name_gives_its_product_and_datasheet_peaks(device_name, product_
     assert product.source.startswith("NVIDIA ")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("device_name, product_name", [
     ("nvidia h100 nvl", "H100 NVL"),  # case
     ("  NVIDIA   H100  NVL ", "H100 NVL"),  # whitespace
@@ -86,6 +89,7 @@ def test_normalised_names(device_name, product_name):
     assert (product and product.name) == product_name
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("device_name", [
     "NVIDIA H100",  # driver table lists it (PCI 2339), but which board is not sourced
     "NVIDIA H100 80GB", "NVIDIA H100 SXM", "NVIDIA H800", "NVIDIA H800 PCIe", "NVIDIA H20",
@@ -103,6 +107,7 @@ def test_near_misses_and_unknown_names_resolve_to_nothing(device_name):
     assert repr(device_name) in reason and "set train.peak_tflops" in reason
 
 
+@pytest.mark.unit
 def test_nvl_parts_are_not_the_sxm_parts():
     assert hardware.gpu_product("NVIDIA H100 NVL").name == "H100 NVL"
     assert _peak("NVIDIA H100 NVL", "bf16")[0] == pytest.approx(835.5e12)
@@ -113,6 +118,7 @@ def test_nvl_parts_are_not_the_sxm_parts():
     assert hardware.gpu_product("NVIDIA B200").name == "B200" and hardware.gpu_product("NVIDIA GB200") is None
 
 
+@pytest.mark.unit
 def test_tf32_flag_picks_the_key():
     assert hardware.peak_flops_for("NVIDIA A100-SXM4-80GB", "fp32", tf32=True)[0] == pytest.approx(156e12)
     assert hardware.peak_flops_for("NVIDIA A100-SXM4-80GB", "fp32", tf32=False)[0] == pytest.approx(19.5e12)
@@ -122,6 +128,7 @@ def test_tf32_flag_picks_the_key():
         hardware.peak_flops_for("NVIDIA A100-SXM4-80GB", "int8", tf32=False)
 
 
+@pytest.mark.unit
 def test_known_product_without_the_precision_is_nan_with_reason():
     peak, reason = hardware.peak_flops_for("NVIDIA A100-SXM4-80GB", "fp8", tf32=False)
     assert math.isnan(peak) and "A100 SXM 80GB" in reason and "fp8" in reason and "train.peak_tflops" in reason
@@ -130,6 +137,7 @@ def test_known_product_without_the_precision_is_nan_with_reason():
     assert math.isnan(hardware.peak_flops_for("Tesla V100-PCIE-16GB", "bf16", tf32=False)[0])
 
 
+@pytest.mark.unit
 def test_configured_peak_fills_only_what_the_table_lacks_and_is_recorded():
     configured = {"bf16": 400, "fp8": 600, "fp32": 50}
     peak, source = hardware.peak_flops_for("NVIDIA Foo 9000", "bf16", tf32=False, configured_tflops=configured)
@@ -146,6 +154,7 @@ def test_configured_peak_fills_only_what_the_table_lacks_and_is_recorded():
             hardware.peak_flops_for("NVIDIA Foo 9000", "bf16", tf32=False, configured_tflops={"bf16": bad})
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name, product_name", [
     ("H100", "H100 SXM"), ("h100", "H100 SXM"), ("A100", "A100 SXM 80GB"), ("H200", "H200 SXM"),
     ("H100 NVL", "H100 NVL"), ("h100-nvl", "H100 NVL"), ("H100_PCIe", "H100 PCIe"), ("h200 nvl", "H200 NVL"),
@@ -157,6 +166,7 @@ def test_gpu_by_name(name, product_name):
     assert hardware.gpu_by_name(name).name == product_name
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["Foo9000", "GB200", "H800", "A10G", ""])
 def test_gpu_by_name_unknown_lists_the_known_names(name):
     with pytest.raises(ValueError, match=f"unknown GPU type {name!r}") as err:
@@ -164,6 +174,7 @@ def test_gpu_by_name_unknown_lists_the_known_names(name):
     assert "H100 NVL" in str(err.value) and "A100 PCIe 80GB" in str(err.value)
 
 
+@pytest.mark.unit
 def test_accounting_uses_the_table():
     assert accounting.gpu_peak_flops("H100 NVL", "bf16") == pytest.approx(835.5e12)
     assert accounting.gpu_peak_flops("h100", "bf16") == pytest.approx(989.5e12)
@@ -171,6 +182,7 @@ def test_accounting_uses_the_table():
         accounting.gpu_peak_flops("A100", "fp8")
 
 
+@pytest.mark.unit
 def test_mfu_is_nan_for_a_nan_peak():
     peak, _ = hardware.peak_flops_for("NVIDIA Foo 9000", "bf16", tf32=False)
     assert math.isnan(accounting.mfu(1000.0, 6e9, peak, 8))
@@ -179,6 +191,7 @@ def test_mfu_is_nan_for_a_nan_peak():
         accounting.mfu(1000.0, 6e9, 0.0, 8)
 
 
+@pytest.mark.run
 def test_estimate_cli_knows_the_products():
     run = lambda *a: subprocess.run([SCALELAB, "estimate", "time", *a], capture_output=True, text=True, timeout=60)
     assert "H100 NVL" in run("--help").stdout
@@ -189,6 +202,7 @@ def test_estimate_cli_knows_the_products():
     assert proc.returncode == 2 and "no dense 'fp8'" in proc.stderr
 
 
+@pytest.mark.unit
 def test_peak_columns_come_from_the_precision_records():
     """A run's precision picks its datasheet column through its record (fp32 + TF32 -> tf32); a
     product naming a column no record has is refused."""

@@ -7,9 +7,8 @@ import torch
 from conftest import PARITY_STEPS, run_point, tiny_config
 from scalelab.sweep import RunPoint
 
-pytestmark = pytest.mark.multirank
 
-
+@pytest.mark.run
 @pytest.mark.parametrize("stage", [0, 3])
 def test_activation_checkpointing_same_losses_fewer_saved_activations(tmp_path, tiny_data, stage):
     off, off_steps, _ = run_point(tmp_path, tiny_data, RunPoint("fp32", stage, 2))
@@ -33,6 +32,7 @@ def test_activation_checkpointing_same_losses_fewer_saved_activations(tmp_path, 
     assert off["recompute_flops_per_token"] == 0 and off["hfu"] == off["mfu"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("micro_batch", [1, 4])
 def test_what_the_step_holds_outside_the_blocks_is_predicted(precision, micro_batch):
@@ -75,6 +75,7 @@ def test_what_the_step_holds_outside_the_blocks_is_predicted(precision, micro_ba
     assert (measured - former) / measured > 0.1
 
 
+@pytest.mark.run
 @pytest.mark.parametrize("stage", [0, 2])
 def test_gradient_accumulation_keeps_the_fp32_trajectory(tmp_path, tiny_data, stage):
     """Global batch 8 on 2 ranks: one micro-batch of 4 per rank, or four of 1."""
@@ -98,6 +99,7 @@ def test_gradient_accumulation_keeps_the_fp32_trajectory(tmp_path, tiny_data, st
         assert accum["comm_bytes_per_step_measured"] > whole["comm_bytes_per_step_measured"]
 
 
+@pytest.mark.run
 def test_bucket_size_sets_the_number_of_all_reduces(tmp_path, tiny_data):
     default, default_steps, _ = run_point(tmp_path, tiny_data, RunPoint("fp32", 0, 2))
     small, small_steps, _ = run_point(tmp_path, tiny_data, RunPoint("fp32", 0, 2, bucket_mb=0.002))
@@ -114,6 +116,7 @@ def test_bucket_size_sets_the_number_of_all_reduces(tmp_path, tiny_data):
     np.testing.assert_allclose(small_steps["loss"], default_steps["loss"], rtol=1e-6, atol=0)
 
 
+@pytest.mark.run
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU these points run")
 @pytest.mark.parametrize("point, expected", [
     (RunPoint("fp32", 3, 2, cpu_offload=True), "cpu_offload moves model state from GPU memory"),
@@ -127,6 +130,7 @@ def test_gpu_only_levers_are_skipped_rows_on_cpu(tmp_path, tiny_data, point, exp
     assert len(steps) == 0 and (run_dir / "summary.json").exists()
 
 
+@pytest.mark.run
 def test_fp8_recipe_trains_with_emulated_float8(tmp_path, tiny_data, stage=3):
     """Without an FP8 GPU, torchao's emulated casts check the recipe end to end: the blocks'
     linears become Float8Linear before FSDP2 shards them (the harder case than DDP's
@@ -147,6 +151,7 @@ def test_fp8_recipe_trains_with_emulated_float8(tmp_path, tiny_data, stage=3):
         assert summary["peak_flops_bf16_source"].startswith("measured bf16 matmul")
 
 
+@pytest.mark.run
 def test_offload_clipping_path_matches_torch(tmp_path):
     """The offload path's gradient clipping (local squares, one all-reduce, in-place scale)
     gives torch's clip_grad_norm_ result, on 2 real ranks with FSDP2 shards."""
@@ -196,6 +201,7 @@ def _compile_config(**train):
                        planning={"launch_overcommitted": True})
 
 
+@pytest.mark.run
 def test_compile_lever_same_fp32_losses_compilation_out_of_the_steps(tmp_path, tiny_data):
     """Every block and the loss compiled before DDP wraps them; compilation runs in a warm-up
     forward and backward before the first step, timed apart, and the steps compile nothing.
@@ -221,6 +227,7 @@ def test_compile_lever_same_fp32_losses_compilation_out_of_the_steps(tmp_path, t
     assert compiled["activation_bytes_measured"] > 0 and compiled["activation_bytes_outside_blocks_measured"] > 0
 
 
+@pytest.mark.run
 def test_compile_lever_with_checkpointing_fsdp2_and_fp8(tmp_path, tiny_data):
     """Checkpointing is traced into the compiled blocks (backward recomputes the compiled
     forward), FSDP2 shards the compiled blocks (stage 3), and torchao's Float8Linear layers
@@ -283,6 +290,7 @@ def test_mfu_against_the_bf16_datasheet_peak_on_a_gpu(tmp_path, tiny_data):
 # ----------------------------------------------------------------------------- the levers in the report
 # (read from synthetic results: no training)
 
+@pytest.mark.unit
 def test_every_lever_shows_its_own_evidence_and_no_other(tmp_path):
     """The fixtures vary every lever of the registry; each lever's pairs carry the columns its
     EVIDENCE entry declares (and no other lever's), computed from the pair."""
@@ -310,6 +318,7 @@ def test_every_lever_shows_its_own_evidence_and_no_other(tmp_path):
     assert (lora["model_state_mib"] < lora["baseline_model_state_mib"]).all()
 
 
+@pytest.mark.unit
 def test_twin_table_follows_the_precision_records(tmp_path):
     """fp8 runs beside their bf16 twins because fp8's record names bf16 as its twin."""
     import pandas as pd
@@ -329,6 +338,7 @@ def test_twin_table_follows_the_precision_records(tmp_path):
     np.testing.assert_allclose(table[f"speedup_over_{twin}"], 1.5)
 
 
+@pytest.mark.unit
 def test_psi_figure_draws_every_strategy_record():
     from scalelab.analysis import psi
     from scalelab.strategies import STRATEGIES

@@ -2,15 +2,19 @@
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 
 
+@pytest.mark.run
 def test_ruff_finds_nothing():
     proc = subprocess.run([sys.executable, "-m", "ruff", "check", "src", "tests", "workflow"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
+@pytest.mark.unit
 def test_the_package_has_no_import_cycle():
     """No module of src/ imports one that imports it back, not even from inside a function (an
     import moved into a function to dodge a cycle counts): each job sits in one module that

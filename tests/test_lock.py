@@ -83,6 +83,7 @@ def _write_record(results: Path, **record) -> Path:
     return results / LOCK_NAME
 
 
+@pytest.mark.unit
 def test_taken_with_its_holder_and_released(tmp_path):
     lock = ResultsLock(tmp_path / "results")
     assert lock.acquire() is None
@@ -94,6 +95,7 @@ def test_taken_with_its_holder_and_released(tmp_path):
     assert not lock.release()
 
 
+@pytest.mark.run
 def test_live_lock_refused_naming_holder_then_reclaimed_after_kill_9(tmp_path):
     results, elsewhere = tmp_path / "results", tmp_path / "checkout_a"
     elsewhere.mkdir()
@@ -118,6 +120,7 @@ def test_live_lock_refused_naming_holder_then_reclaimed_after_kill_9(tmp_path):
         _stop(holder)
 
 
+@pytest.mark.run
 @pytest.mark.parametrize("mode", ["exit", "raise"])
 def test_released_when_the_holder_ends(tmp_path, mode):
     (tmp_path / "go").touch()
@@ -130,6 +133,7 @@ def test_released_when_the_holder_ends(tmp_path, mode):
         _stop(holder)
 
 
+@pytest.mark.unit
 def test_stale_records_reclaimed_and_uncheckable_ones_refused(tmp_path):
     results = tmp_path / "results"
     # the holder's pid now belongs to another process (here: this one, started at another time)
@@ -150,6 +154,7 @@ def test_stale_records_reclaimed_and_uncheckable_ones_refused(tmp_path):
     assert path.exists()
 
 
+@pytest.mark.unit
 def test_release_never_removes_another_holders_lock(tmp_path):
     lock = ResultsLock(tmp_path / "results")
     lock.acquire()
@@ -158,6 +163,7 @@ def test_release_never_removes_another_holders_lock(tmp_path):
     assert not lock.release() and lock.path.exists()
 
 
+@pytest.mark.run
 def test_one_of_many_simultaneous_reclaimers_wins(tmp_path):
     """Six processes reclaim one stale lock at once: rename-aside makes exactly one the holder."""
     results, go = tmp_path / "results", tmp_path / "go"
@@ -175,6 +181,7 @@ def test_one_of_many_simultaneous_reclaimers_wins(tmp_path):
         _stop(*holders)
 
 
+@pytest.mark.unit
 def test_results_lock_is_one_object_per_folder(tmp_path):
     assert results_lock(tmp_path / "r") is results_lock(str(tmp_path / "r"))
 

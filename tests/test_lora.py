@@ -27,6 +27,7 @@ def _twins(cfg: ModelConfig, rank: int = 4, seed: int = 0):
     return full, lora, added
 
 
+@pytest.mark.unit
 def test_lora_starts_from_the_full_models_weights_and_loss():
     cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, seq_len=16, vocab_size=64)
     full, lora, added = _twins(cfg)
@@ -49,6 +50,7 @@ def test_lora_starts_from_the_full_models_weights_and_loss():
     assert all(p.grad is None for p in lora.parameters() if not p.requires_grad)
 
 
+@pytest.mark.unit
 def test_lora_formulas():
     cfg = ModelConfig(n_layers=2, d_model=64, n_heads=4, seq_len=64)
     psi, t = accounting.param_count(cfg), accounting.lora_trainable_params(cfg, 8)
@@ -66,6 +68,7 @@ def test_lora_formulas():
                 accounting.comm_elements_per_step(psi, stage, 2, 2, convention)
 
 
+@pytest.mark.unit
 def test_model_axis_and_lora_axis_in_the_sweep():
     config = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())
     assert len(sweep_points(config)) == 24  # the default sweep: model base, full training
@@ -87,7 +90,7 @@ def test_model_axis_and_lora_axis_in_the_sweep():
         check_config(config, REPO_ROOT)
 
 
-@pytest.mark.multirank
+@pytest.mark.run
 def test_lora_runs_at_every_stage_match_the_formulas(tmp_path, tiny_data, capsys):
     cfg = tiny_config(train={"steps": 4, "warmup_steps": 1}, planning={"launch_overcommitted": True})
     full, full_steps, _ = run_point(tmp_path, tiny_data, RunPoint("fp32", 0, 2), cfg=cfg)

@@ -42,11 +42,13 @@ def _same(a, b) -> bool:
     return str(a) == str(b)  # lists (per-rank bytes) and scalars alike
 
 
+@pytest.mark.unit
 def test_the_fixture_trees_cover_every_layout_depth_this_project_wrote():
     depths = {max(len(p.split("/")) for p in old_layout_runs(OLD / name)) for name in TREES}
     assert depths == {3, 7, 9, 10}
 
 
+@pytest.mark.run
 @pytest.mark.parametrize("name", TREES)
 def test_migrated_tree_collects_every_run_with_identical_metrics(tmp_path, name):
     results = _copy(name, tmp_path / "results")
@@ -103,6 +105,7 @@ def test_migrated_tree_collects_every_run_with_identical_metrics(tmp_path, name)
                                "steps.parquet": _files(results)["steps.parquet"]}
 
 
+@pytest.mark.run
 def test_status_names_the_migration_instead_of_seeing_no_runs(tmp_path):
     results = _copy(TREES[0], tmp_path / "results")
     proc = subprocess.run([*CLI, "status", str(results)], capture_output=True, text=True, timeout=120)
@@ -110,6 +113,7 @@ def test_status_names_the_migration_instead_of_seeing_no_runs(tmp_path):
     assert "written by an older layout" in proc.stderr and f"scalelab migrate {results}" in proc.stderr
 
 
+@pytest.mark.unit
 def test_an_interrupted_migration_finishes_when_rerun(tmp_path, monkeypatch):
     name = next(n for n in TREES if n.endswith("-10-levels"))
     reference = _copy(name, tmp_path / "reference")
@@ -134,6 +138,7 @@ def test_an_interrupted_migration_finishes_when_rerun(tmp_path, monkeypatch):
     assert _files(results) == _files(reference)
 
 
+@pytest.mark.unit
 def test_two_old_copies_of_one_run_newest_wins_the_other_is_kept_aside(tmp_path):
     """A tree upgraded before keeps an orphaned older layout beside the newer one: both hold fp32-z0-w1."""
     results = _copy(next(n for n in TREES if n.endswith("-10-levels")), tmp_path / "results")
@@ -151,6 +156,7 @@ def test_two_old_copies_of_one_run_newest_wins_the_other_is_kept_aside(tmp_path)
     assert old_layout_runs(results) == []
 
 
+@pytest.mark.run
 def test_a_file_already_at_the_destination_is_never_overwritten(tmp_path):
     results = _copy(next(n for n in TREES if n.endswith("-10-levels")), tmp_path / "results")
     (results / "runs" / "fp32-z0-w1").mkdir(parents=True)
@@ -163,6 +169,7 @@ def test_a_file_already_at_the_destination_is_never_overwritten(tmp_path):
     assert len(kept) == 1 and kept[0].stat().st_size > 100  # the run's own steps wait in the old folder
 
 
+@pytest.mark.unit
 def test_an_old_folder_naming_an_unknown_axis_is_left_in_place(tmp_path):
     results = tmp_path / "results"
     odd = results / "runs" / "precision~fp32" / "zero_stage~0" / "world_size~1" / "hsdp~2"
@@ -201,6 +208,7 @@ def test_the_workflow_refuses_an_old_tree_and_after_migrate_trains_nothing(tmp_p
     assert jobs == {"collect": "1", "report": "1", "all": "1", "total": "3"}, dry
 
 
+@pytest.mark.unit
 def test_a_point_json_written_before_an_axis_existed_reads_it_as_its_default(tmp_path):
     (tmp_path / "point.json").write_text(json.dumps({"precision": "bf16", "zero_stage": 3, "world_size": 2,
                                                      "activation_checkpointing": True}))
@@ -214,6 +222,7 @@ def test_a_point_json_written_before_an_axis_existed_reads_it_as_its_default(tmp
         read_point(tmp_path)
 
 
+@pytest.mark.run
 @pytest.mark.parametrize("command", ["status", "collect", "report", "retry"])
 def test_every_command_reading_runs_names_the_migration(tmp_path, command):
     results = _copy(TREES[-1], tmp_path / "results")
@@ -244,6 +253,7 @@ def _combined_tree(dest: Path) -> Path:
     return results
 
 
+@pytest.mark.unit
 def test_an_interruption_at_any_moment_converges_to_the_same_tree(tmp_path, monkeypatch):
     """The migration dies before its k-th rename, rmdir or mkdir, for every k; one rerun gives the
     same files, byte for byte, in the same places, as a migration never interrupted."""
@@ -279,6 +289,7 @@ def test_an_interruption_at_any_moment_converges_to_the_same_tree(tmp_path, monk
         shutil.rmtree(results)
 
 
+@pytest.mark.unit
 def test_a_killed_copy_of_a_finished_run_is_kept_aside_and_a_killed_run_stays_killed(tmp_path):
     results = _copy(next(n for n in TREES if n.endswith("-10-levels")), tmp_path / "results")
     migrate(results)
@@ -304,6 +315,7 @@ def test_a_killed_copy_of_a_finished_run_is_kept_aside_and_a_killed_run_stays_ki
     assert states == {"fp32-z0-w1": "ok", "fp32-z0-w2": "killed"}
 
 
+@pytest.mark.run
 def test_migrate_waits_for_no_one_and_refuses_while_a_workflow_holds_the_results(tmp_path):
     from scalelab.lock import results_lock
 
@@ -318,6 +330,7 @@ def test_migrate_waits_for_no_one_and_refuses_while_a_workflow_holds_the_results
     assert old_layout_runs(results)  # nothing moved
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("old_path, run_id", [
     ("precision~bf16/zero_stage~3/world_size~2/micro_batch~auto/activation_checkpointing~false/cpu_offload~false/"
      "bucket_mb~none/compile~false/model~base/lora_rank~none", "bf16-z3-w2"),

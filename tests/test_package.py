@@ -49,7 +49,7 @@ def _site_packages(python) -> str:
     return out.stdout.strip()
 
 
-@pytest.mark.slow
+@pytest.mark.run
 def test_a_wheel_in_a_fresh_environment_validates_config_yaml(tmp_path):
     # Build from a copy, so that the build's own folders (build/, *.egg-info) stay out of the checkout.
     source = tmp_path / "source"

@@ -15,6 +15,8 @@ from scalelab.placement import LaunchPlan, check_gpu_layout, launch_plan
 from scalelab.sweep import RunPoint
 from scalelab.training.launch import classify_failure, git_provenance, resolve_device, skip_reason, torchrun_command
 
+pytestmark = pytest.mark.unit
+
 CLUSTER = {"ranks_per_node": 8, "launchers_per_node": 1, "cpus_per_rank": 4, "mem_mb_per_rank": 16000,
            "gpus_per_node": 8, "exclusive": True}
 

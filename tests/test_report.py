@@ -64,6 +64,7 @@ def fixture_results(tmp_path):
     return tmp_path
 
 
+@pytest.mark.unit
 def test_report_from_parquet_alone(tmp_path):
     fixture_results = tmp_path
     synthetic_results(fixture_results, n_runs=96, n_steps=40)  # 24 baseline runs + 72 lever variants, every lever
@@ -88,6 +89,7 @@ def test_report_from_parquet_alone(tmp_path):
     assert "| run_id |" in summary and "## Warnings" in summary
 
 
+@pytest.mark.unit
 def test_lever_figures_only_while_their_lever_varies(tmp_path):
     synthetic_results(tmp_path, n_runs=96, n_steps=20)
     build_report(tmp_path)
@@ -103,12 +105,14 @@ def test_lever_figures_only_while_their_lever_varies(tmp_path):
     assert "id='levers'" not in html
 
 
+@pytest.mark.unit
 def test_memory_peak_note_follows_its_caption(fixture_results):
     html = build_report(fixture_results).read_text()  # CPU fixture: no GPU runs
     caption = _escaped(next(f.caption for f in FIGURES if f.name == "memory_peak"))
     assert re.search(re.escape(caption) + r" <em>No GPU runs in these results: process peak RSS", html)
 
 
+@pytest.mark.unit
 def test_snakemake_caption_template_renders_every_caption():
     """workflow/report/figure.rst as Snakemake's report renders it (Jinja2, then docutils), for
     each figure: the registry's caption comes out whole, with no reStructuredText complaint."""
@@ -124,11 +128,13 @@ def test_snakemake_caption_template_renders_every_caption():
         assert html_lib.escape(figure.caption, quote=False) in out.replace("&quot;", '"'), (figure.name, out)
 
 
+@pytest.mark.unit
 def test_readme_figure_table_lists_the_registry():
     rows = re.findall(r"^\| `(\w+)` \| (main|lever) \|", (REPO / "docs" / "guide.md").read_text(), flags=re.M)
     assert rows == [(f.name, f.kind) for f in FIGURES]
 
 
+@pytest.mark.unit
 def test_report_warns_on_mfu_memory_and_parity(fixture_results):
     runs = pd.read_parquet(fixture_results / "metrics.parquet")
     ok = runs.index[runs["status"] == "ok"]
@@ -163,6 +169,7 @@ def _fake_run(runs_root: Path, precision: str, stage: int, ws: int, status="ok")
     return run_dir
 
 
+@pytest.mark.unit
 def test_collect_reports_bad_files_by_name_and_keeps_the_rest(tmp_path):
     runs_root = tmp_path / "runs"
     _fake_run(runs_root, "fp32", 0, 1)
@@ -197,6 +204,7 @@ def test_collect_reports_bad_files_by_name_and_keeps_the_rest(tmp_path):
     assert pq.read_schema(tmp_path / "steps.parquet").field("zero_stage").type == "int8"
 
 
+@pytest.mark.run
 def test_cli_report_on_another_results_folder(fixture_results, tmp_path):
     copy = tmp_path / "copied_from_cluster"
     shutil.copytree(fixture_results, copy)
@@ -261,6 +269,7 @@ def _laid_out(report: Path, tmp_path: Path) -> dict:
     return json.loads(html_lib.unescape(found.group(1)))
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(_chromium() is None, reason="Chromium is not installed (apt-get install chromium; `make browser`)")
 def test_report_opens_in_headless_chromium_without_console_errors(fixture_results, tmp_path):
     html = build_report(fixture_results)
@@ -284,6 +293,7 @@ def test_report_opens_in_headless_chromium_without_console_errors(fixture_result
     assert shown["page"][0] <= shown["page"][1], f"the page overflows sideways: {shown['page']}"
 
 
+@pytest.mark.unit
 def test_best_configuration_first_in_report_and_summary(fixture_results):
     runs = pd.read_parquet(fixture_results / "metrics.parquet")
     runs.loc[runs["run_id"] == "fp32-z0-w4", ["status", "reason", "tokens_per_s"]] = [
@@ -306,6 +316,7 @@ def test_best_configuration_first_in_report_and_summary(fixture_results):
     assert "| 4 | " in summary and "fp32-z0-w4 (predicted_oom)" in summary
 
 
+@pytest.mark.unit
 def test_run_table_numbers_formatted_per_column(fixture_results):
     html = build_report(fixture_results).read_text()
     table = html[html.index('id="run-table"'):]
@@ -320,6 +331,7 @@ def test_run_table_numbers_formatted_per_column(fixture_results):
     assert re.search(r'<th class="num" title="throughput[^"]*\[tokens/s\]">tokens_per_s</th>', table), "unit in the header's title"
 
 
+@pytest.mark.unit
 def test_run_table_shows_every_sweep_axis(fixture_results):
     """The run table's axis columns are the registry's: a LoRA run and its full twin, or a compiled
     run and its eager one, differ in a column, not by id alone."""
@@ -333,6 +345,7 @@ def test_run_table_shows_every_sweep_axis(fixture_results):
         assert table.loc[variant, "model"] == table.loc["fp32-z0-w1", "model"] == "base"
 
 
+@pytest.mark.run
 def test_templates_are_package_data_of_a_non_editable_install(tmp_path):
     """The report renders from an installed wheel: its Jinja2 templates are shipped as package data."""
     source = tmp_path / "source"
@@ -356,6 +369,7 @@ def test_templates_are_package_data_of_a_non_editable_install(tmp_path):
     assert proc.returncode == 0 and "nothing here" in proc.stdout, proc.stderr[-3000:]
 
 
+@pytest.mark.unit
 def test_an_empty_sweep_gives_a_clear_no_runs_report(tmp_path):
     (tmp_path / "runs").mkdir()
     assert collect(tmp_path)["runs"] == 0
@@ -364,6 +378,7 @@ def test_an_empty_sweep_gives_a_clear_no_runs_report(tmp_path):
     assert "No runs in" in (tmp_path / "report" / "summary.md").read_text()
 
 
+@pytest.mark.unit
 def test_a_failed_report_build_leaves_the_last_complete_report(tmp_path, monkeypatch):
     synthetic_results(tmp_path, n_runs=8, n_steps=5)
     build_report(tmp_path)
@@ -381,6 +396,7 @@ def test_a_failed_report_build_leaves_the_last_complete_report(tmp_path, monkeyp
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".report")) == [], "no partial folder left"
 
 
+@pytest.mark.unit
 def test_data_dictionary_in_the_parquet_metadata_and_the_docs(fixture_results, tmp_path):
     """One column table (scalelab.columns): every column of both tables has a unit, a meaning, a
     writer and a null contract, written into the files' field metadata; the report's dictionary and
@@ -403,6 +419,7 @@ def test_data_dictionary_in_the_parquet_metadata_and_the_docs(fixture_results, t
     assert pq.read_schema(tmp_path / "steps.parquet").field("step_time_s").metadata[b"unit"] == b"s"
 
 
+@pytest.mark.run
 def test_report_benchmark_builds_two_checkouts_alternately(tmp_path):
     """`bench report --against`: two build servers, one per checkout (here this one twice), taking turns."""
     from scalelab.harness.bench import bench_report
@@ -417,6 +434,7 @@ def test_report_benchmark_builds_two_checkouts_alternately(tmp_path):
         bench_report(n_runs=24, n_steps=5, repeats=1, against=str(tmp_path))
 
 
+@pytest.mark.run
 def test_report_benchmark_prints_time_memory_and_host_speed():
     """`bench report`: builds of a synthetic set in a process of their own, with their peak RSS (the
     interpreter, pandas and matplotlib alone are over 50 MiB) and a fixed Python loop timed before

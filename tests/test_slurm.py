@@ -17,7 +17,7 @@ from scalelab.harness.testing import SLURM_PLUGIN_DIR
 from scalelab.sweep import RunPoint
 from slurm_cluster import SlurmCluster, slurm_available
 
-pytestmark = [pytest.mark.workflow, pytest.mark.skipif(slurm_available() is not None, reason=f"no SLURM test cluster: {slurm_available()}")]
+pytestmark = [pytest.mark.skipif(slurm_available() is not None, reason=f"no SLURM test cluster: {slurm_available()}")]
 
 SLURM_DAEMONS = ("slurmctld", "slurmd", "slurmstepd")
 
@@ -38,6 +38,7 @@ def cluster(tmp_path):
     assert not leftover, f"SLURM processes left behind: {leftover}"
 
 
+@pytest.mark.cluster
 def test_workflow_through_slurm_matches_a_local_run(tmp_path, cluster):
     cfg = tiny_config(sweep={"precision": ["fp32"], "zero_stage": [0, 3], "world_size": [1, 2]},
                       cluster={"ranks_per_node": 1, "launchers_per_node": 2, "cpus_per_rank": 1, "mem_mb_per_rank": 1000})
@@ -74,6 +75,7 @@ def test_workflow_through_slurm_matches_a_local_run(tmp_path, cluster):
     np.testing.assert_allclose(slurm_steps["loss"].to_numpy(), local_steps["loss"].to_numpy(), rtol=1e-5)
 
 
+@pytest.mark.workflow
 def test_slurm_profile_dry_run_plans_the_default_sweep_with_resources(tmp_path):
     (tmp_path / "config.yaml").write_text((REPO / "config.yaml").read_text())
     proc = subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(tmp_path),

@@ -14,6 +14,8 @@ from scalelab.io import write_json
 from scalelab.status import RetryError, format_status, retry, run_states
 from scalelab.sweep import RunPoint
 
+pytestmark = pytest.mark.unit
+
 REASONS = {
     "failed": "rank 1: RuntimeError: injected crash at step 2 on rank 1 (torchrun exit code 1)",
     "timeout": "run exceeded train.run_timeout_s=15 s and was stopped",

@@ -12,7 +12,7 @@ from scalelab.config import model_config, train_config
 from scalelab.harness.reference import bare_loop
 from scalelab.sweep import RunPoint
 
-pytestmark = pytest.mark.multirank
+pytestmark = pytest.mark.run
 
 @pytest.fixture(scope="module")
 def reference(tiny_data):
