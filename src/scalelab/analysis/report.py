@@ -20,7 +20,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from scalelab import __version__
-from scalelab.analysis import dictionary
+from scalelab.analysis import checks, dictionary
 from scalelab.analysis.figures import FIGURES_DIR, Drawn, start_figures
 from scalelab.analysis.levers import baseline, fp8_table, lever_table
 from scalelab.analysis.metrics import schema_version
@@ -128,7 +128,8 @@ def find_warnings(runs: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
         if spread > FP32_PARITY_RTOL:
             warnings.append(f"fp32 parity broken: losses of fp32 runs differ by up to {spread:.2e} (relative) at one step; "
                             f"expected < {FP32_PARITY_RTOL:g} across stages and world sizes")
-    return warnings
+    # What a reader would miss in the figures: loss spikes, grad-norm jumps, MFU peaks out of line (scalelab.analysis.checks).
+    return warnings + checks.spike_warnings(steps, runs) + checks.peak_warnings(runs)
 
 
 def _provenance(runs: pd.DataFrame) -> pd.DataFrame:
@@ -364,6 +365,7 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
             "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "version": __version__,
             "results_dir": str(results_dir), "schema": schema_version(results_dir / "metrics.parquet"),
             "warnings": warnings, "n_base": len(base), **tables, "best_note": best_note,
+            "cpu_notice": checks.cpu_notice(runs), "cpu_best_note": checks.cpu_best_note(runs),
             "figures": [_figure(fig_dir, d) for d in drawn if d.figure.kind == "main"],
             "lever_figures": [_figure(fig_dir, d) for d in drawn if d.figure.kind == "lever"],
             "levers_section": any(d.figure.kind == "lever" for d in drawn) or not levers.empty or not fp8.empty,
@@ -373,7 +375,9 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
         (out_dir / "summary.md").write_text(
             "# scalelab summary\n\n"
             f"{len(runs)} runs ({context['n_ok']} ok); the full report is report.html beside this file.\n\n"
-            "## Best configuration per world size\n\n"
+            + (f"> {context['cpu_notice']}\n\n" if context["cpu_notice"] else "")
+            + "## Best configuration per world size\n\n"
             "The fastest run that ended ok per world size, and the configurations that did not fit (oom / predicted_oom). "
-            + context["best_note"] + "\n\n" + markdown_table(best) + "\n## Runs\n\n" + markdown_table(table[SUMMARY_COLUMNS])
+            + context["best_note"] + (" " + context["cpu_best_note"] if context["cpu_best_note"] else "")
+            + "\n\n" + markdown_table(best) + "\n## Runs\n\n" + markdown_table(table[SUMMARY_COLUMNS])
             + ("\n## Warnings\n\n" + "\n".join(f"- {w}" for w in warnings) + "\n" if warnings else ""))

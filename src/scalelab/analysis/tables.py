@@ -200,7 +200,15 @@ def sweep_end_text(results_dir) -> str | None:
     if runs.empty:
         return f"scalelab: no runs; report: {html.resolve()}"
     n_ok = int((runs["status"] == "ok").sum())
-    return (f"scalelab: {len(runs)} runs, {n_ok} ok. Best configuration per world size:\n"
+    import textwrap
+
+    from scalelab.analysis.checks import cpu_best_note, cpu_notice
+
+    # CPU results say so before their best configuration, and beside it (scalelab.analysis.checks).
+    notice, note = cpu_notice(runs), cpu_best_note(runs)
+    return ((textwrap.fill(f"scalelab: {notice}", width=110, subsequent_indent="  ") + "\n" if notice else "")
+            + f"scalelab: {len(runs)} runs, {n_ok} ok. Best configuration per world size:\n"
             + "\n".join("  " + line for line in best_configurations_text(runs).splitlines())
+            + (f"\n  {note}" if note else "")
             + f"\nscalelab: report: {html.resolve()}"
             + (f"\nscalelab: {len(runs) - n_ok} run(s) not ok: scalelab status {results_dir.resolve()}" if n_ok < len(runs) else ""))
