@@ -294,6 +294,45 @@ def test_report_opens_in_headless_chromium_without_console_errors(fixture_result
 
 
 @pytest.mark.unit
+def test_spikes_peaks_and_the_cpu_notice_in_report_and_summary(fixture_results):
+    """A loss spike every run shares, one run's grad-norm jump and one run's peak out of line appear in
+    the warnings of report.html and summary.md; a CPU sweep opens with the CPU notice and carries the
+    note beside best configuration, a GPU sweep has neither."""
+    steps = pd.read_parquet(fixture_results / "steps.parquet")
+    runs = pd.read_parquet(fixture_results / "metrics.parquet")
+    at20 = steps["step"] == 20
+    steps.loc[at20, ["loss", "grad_norm"]] *= [3.0, 400.0]
+    jumper = steps.loc[at20, "run_id"].iloc[0]
+    steps.loc[(steps["run_id"] == jumper) & (steps["step"] == 30), "grad_norm"] = 50.0
+    steps.to_parquet(fixture_results / "steps.parquet")
+    ok = runs.index[(runs["status"] == "ok") & (runs["precision"] == "fp32")]
+    runs.loc[ok, "peak_flops_per_device"] = 1e11
+    runs.loc[ok[2], ["peak_flops_per_device", "mfu"]] = [5e10, 2 * runs.loc[ok[2], "mfu"]]
+    runs.to_parquet(fixture_results / "metrics.parquet")
+    with_steps = steps.loc[at20, "run_id"].nunique()
+    spike = f"loss spike at step 20 in all {with_steps} runs ("
+    jump = f"{jumper}: grad-norm jump at step 30: grad norm 50 against a median of"
+    peak = f"{runs.loc[ok[2], 'run_id']}: peak 5e+10 FLOP/s (synthetic) is 50% below the median 1e+11 of the"
+
+    html = build_report(fixture_results).read_text()
+    summary = (fixture_results / "report" / "summary.md").read_text()
+    warnings, md_warnings = html[html.index('id="warnings"'):html.index('id="figures"')], summary[summary.index("## Warnings"):]
+    for line in (spike, jump, peak):
+        assert _escaped(line) in warnings and f"- {line}" in md_warnings, line
+    assert warnings.count("loss spike at step 20") == 1, "one line for the spike all runs share"
+    notice = "CPU results: all 30 runs trained on a CPU (synthetic, "
+    assert html.index('id="cpu-notice"') < html.index(notice) < html.index("Best configuration per world size") < html.index("Fastest on this CPU (synthetic")
+    assert summary.index("> " + notice) < summary.index("## Best configuration") < summary.index("Fastest on this CPU") < summary.index("## Runs")
+
+    runs.assign(device_type="cuda", device_name="NVIDIA H100 80GB HBM3", backend="nccl").to_parquet(fixture_results / "metrics.parquet")
+    html = build_report(fixture_results).read_text()
+    summary = (fixture_results / "report" / "summary.md").read_text()
+    for text in (html, summary):
+        assert "CPU results" not in text and "Fastest on this CPU" not in text and "id=\"cpu-notice\"" not in text
+    assert _escaped(spike) in html, "the warnings stay"
+
+
+@pytest.mark.unit
 def test_best_configuration_first_in_report_and_summary(fixture_results):
     runs = pd.read_parquet(fixture_results / "metrics.parquet")
     runs.loc[runs["run_id"] == "fp32-z0-w4", ["status", "reason", "tokens_per_s"]] = [
