@@ -4,9 +4,9 @@ from pathlib import Path
 
 from snakemake.utils import min_version
 
-from scalelab.config import ConfigError
+from scalelab.config import ConfigError, ConfigProblems
 from scalelab.config.reading import check_yaml_syntax
-from scalelab.config.validation import validate_config
+from scalelab.config.validation import validate_config, validation_message
 
 min_version("9.14.8")
 
@@ -15,22 +15,29 @@ min_version("9.14.8")
 # files itself before this file runs: one that is not YAML at all stops there, with
 # Snakemake's message ("Config file is not valid JSON or YAML"), located by the scalelab logger
 # plugin (profiles/default); one that parses reaches this loop, and a duplicated key in it is named here.
-for _config_file in ["config.yaml", *workflow.overwrite_configfiles]:
+# Every file is read before any is reported: all their problems at once.
+CONFIG_FILES = ["config.yaml", *workflow.overwrite_configfiles]  # merged in this order: the last that sets a key wins
+_syntax_errors = []
+for _config_file in CONFIG_FILES:
     try:
         check_yaml_syntax(_config_file)
     except ConfigError as err:
-        raise WorkflowError(f"invalid config: {err}") from None
+        _syntax_errors.append(err)
+if _syntax_errors:
+    raise WorkflowError(validation_message(ConfigProblems([str(err) for err in _syntax_errors]))) from None
 
 
 configfile: "config.yaml"
 
 
 # The one validation path (scalelab.config.validation.validate_config): schema with defaults, then the
-# cross-field rules. A bad value stops the workflow here, before any job, naming key and value.
+# cross-field rules. Bad values stop the workflow here, before any job: every problem at once, one
+# line each, naming the file and line that set the key (Snakemake merged the files into `config`, so
+# they are read again to find them), the key and the value.
 try:
-    validate_config(config, base_dir=Path.cwd())  # paths in config are relative to the working directory
+    validate_config(config, base_dir=Path.cwd(), files=CONFIG_FILES)  # paths are relative to the working directory
 except ConfigError as err:
-    raise WorkflowError(f"invalid config: {err}") from None
+    raise WorkflowError(validation_message(err)) from None
 
 
 include: "rules/common.smk"

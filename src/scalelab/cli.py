@@ -41,26 +41,34 @@ def _report(args) -> int:
 
 def _check_config(args) -> int:
     """Validate config files the way the Snakefile does, merged in order like Snakemake's
-    `configfile:` + `--configfile`; a file that is not YAML is named with line and column
-    (Snakemake reads --configfile files before the Snakefile and names neither)."""
+    `configfile:` + `--configfile`: every problem of every file at once, one line each, naming
+    the file and line (a file that is not YAML, with its column), the key and the value."""
     from snakemake.utils import update_config
 
-    from scalelab.config import ConfigError
+    from scalelab.config import ConfigError, ConfigProblems
     from scalelab.config.reading import read_yaml
-    from scalelab.config.validation import validate_config
+    from scalelab.config.validation import validate_config, validation_message
     from scalelab.sweep import sweep_plan
 
     config: dict = {}
     try:
+        unreadable = []
         for path in args.files:
-            content = read_yaml(path)
+            try:
+                content = read_yaml(path)
+            except ConfigError as err:
+                unreadable.append(str(err))
+                continue
             if not isinstance(content, dict | None):
-                raise ConfigError(f"{path}: a config file holds keys at top level, got {type(content).__name__}")
+                unreadable.append(f"{path}: a config file holds keys at top level, got {type(content).__name__}")
+                continue
             update_config(config, content or {})
-        validate_config(config, base_dir=Path.cwd())
+        if unreadable:
+            raise ConfigProblems(unreadable)
+        validate_config(config, base_dir=Path.cwd(), files=args.files)
         points, left_out = sweep_plan(config)
     except ConfigError as err:
-        print(f"invalid config: {err}", file=sys.stderr)
+        print(validation_message(err), file=sys.stderr)
         return 2
     print(f"config ok: {' + '.join(args.files)}, {len(points)} run(s), {len(left_out)} combination(s) left out")
     return 0

@@ -24,7 +24,26 @@ SCHEMA: dict = yaml.safe_load(SCHEMA_FILE.read_text(encoding="utf-8"))
 
 
 class ConfigError(ValueError):
-    """A configuration value is unusable; the message names the key and the value."""
+    """A configuration value is unusable; the message names the key and the value. ``key``, where
+    given, is the key path the problem is about (``("train", "lr")``, ``("sweep", "precision", 1)``):
+    validation uses it to name the file and line that set the key."""
+
+    def __init__(self, message: str = "", key: tuple = ()):
+        super().__init__(message)
+        self.key = tuple(key)
+
+
+class ConfigProblems(ConfigError):
+    """Every problem of a config at once: ``problems`` holds one line each, located
+    (``my.yaml:7: model.n_layer: unknown key; did you mean n_layers?``) where a file sets the key;
+    str() is the lines, one per line."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+    def __reduce__(self):  # pickled across processes: rebuilt from its lines
+        return (type(self), (self.problems,))
 
 
 def _schema_defaults() -> dict[str, dict]:

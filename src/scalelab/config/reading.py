@@ -72,3 +72,51 @@ def check_yaml_syntax(path: str | Path) -> None:
     gives a key twice (Snakemake's own parser names neither, and keeps the last value)."""
     if Path(path).exists():
         read_yaml(path)
+
+
+def key_lines(path: str | Path) -> dict[tuple, int]:
+    """The line (1-based) of every key and list item of a YAML file, by key path: ``("model",
+    "n_layers")`` for a key, ``("sweep", "precision", 1)`` for a list's second item. Read from the
+    parser's nodes (yaml.compose), which keep the positions that loaded values lose."""
+    root = yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    lines: dict[tuple, int] = {}
+
+    def walk(node, at: tuple) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value in node.value:
+                inner = (*at, str(key_node.value))
+                lines[inner] = key_node.start_mark.line + 1
+                walk(value, inner)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, value in enumerate(node.value):
+                lines[(*at, i)] = value.start_mark.line + 1
+                walk(value, (*at, i))
+
+    walk(root, ())
+    return lines
+
+
+def shown(path: str | Path) -> str:
+    """A file's name as the user would type it: relative to the working directory when under it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def locate(key: tuple, files: list[str | Path]) -> str | None:
+    """``file:line`` of the config file that sets ``key``: files are merged in order, so the last
+    one that sets it wins (a later file's list replaces an earlier one's, its mappings merge).
+    When no file sets the key itself (a default, a --config value), the longest part of its path
+    that one sets; None when no file sets any of it, or no file can be read."""
+    tables = []
+    for path in files:
+        try:
+            tables.append((path, key_lines(path)))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):  # their own errors are reported apart
+            continue
+    for length in range(len(key), 0, -1):
+        for path, lines in reversed(tables):
+            if key[:length] in lines:
+                return f"{shown(path)}:{lines[key[:length]]}"
+    return None

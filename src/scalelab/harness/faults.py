@@ -258,6 +258,38 @@ def silent_wrong_results(tmp: Path) -> Drill:
     return d
 
 
+def bad_config_workdir(path: Path, work: Path) -> tuple[list[str], list[str]]:
+    """A working folder for one file of tests/bad_configs: its ``# expect:`` lines, and the names
+    of the files to pass with --configfile over work/config.yaml (the drill's Snakemake run and
+    tests/test_config_errors.py's in-process check read the same folder).
+
+    A file is a fragment merged into the tiny config; one that is not valid YAML (or gives a
+    key twice) is the whole config.yaml; one with a ``# given: --configfile`` line is passed
+    as ``--configfile given.yaml`` over the tiny config.yaml."""
+    text = path.read_text()
+    expected = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("# expect:")]
+    try:
+        fragment = yaml.load(text, Loader=UniqueKeyLoader)
+    except yaml.YAMLError:
+        fragment = None
+    if any(line.startswith("# given: --configfile") for line in text.splitlines()):
+        write_workdir(work, tiny_config())
+        (work / "given.yaml").write_text(text)
+        return expected, ["given.yaml"]
+    if fragment is None:  # malformed: the file itself is the config
+        work.mkdir(parents=True)
+        (work / "config.yaml").write_text(text)
+        return expected, []
+    cfg = tiny_config()
+    for section, value in fragment.items():
+        if isinstance(value, dict) and isinstance(cfg.get(section), dict):
+            cfg[section].update(value)
+        else:
+            cfg[section] = value
+    write_workdir(work, cfg)
+    return expected, []
+
+
 def bad_configs(tmp: Path) -> Drill:
     """Every config in tests/bad_configs is rejected before any job, naming the culprit;
     a free-text path holding shell syntax is used as a path, and the canary never appears.
@@ -268,28 +300,8 @@ def bad_configs(tmp: Path) -> Drill:
     d = Drill("bad input")
     for path in sorted(BAD_CONFIGS.glob("*.yaml")):
         work = tmp / path.stem
-        text = path.read_text()
-        expected = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("# expect:")]
-        extra_args: list[str] = []
-        try:
-            fragment = yaml.load(text, Loader=UniqueKeyLoader)
-        except yaml.YAMLError:
-            fragment = None
-        if any(line.startswith("# given: --configfile") for line in text.splitlines()):
-            write_workdir(work, tiny_config())
-            (work / "given.yaml").write_text(text)
-            extra_args = ["--configfile", str(work / "given.yaml")]
-        elif fragment is None:  # malformed: the file itself is the config
-            work.mkdir(parents=True)
-            (work / "config.yaml").write_text(text)
-        else:
-            cfg = tiny_config()
-            for section, value in fragment.items():
-                if isinstance(value, dict) and isinstance(cfg.get(section), dict):
-                    cfg[section].update(value)
-                else:
-                    cfg[section] = value
-            write_workdir(work, cfg)
+        expected, configfiles = bad_config_workdir(path, work)
+        extra_args = [arg for name in configfiles for arg in ("--configfile", str(work / name))]
         proc = run_snakemake(work, "--cores", "1", *extra_args, check=False, timeout=120)
         out = proc.stdout + proc.stderr
         d.bad_configs_tried += 1
