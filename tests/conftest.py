@@ -85,19 +85,47 @@ def path_without(tool: str, *first: Path) -> str:
 TIERS = ("unit", "run", "workflow", "cluster", "browser", "gpu")
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: a test must be tiered even when not selected
-def pytest_collection_modifyitems(config, items):
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
     """Every test carries exactly one tier marker, so a new test cannot slip out of `make test-fast`'s
-    accounting (untiered) nor be counted twice."""
-    wrong = []
+    accounting (untiered) nor be counted twice. A file with a test that has none, or two, fails to
+    collect, naming them: with `-m unit` too (a test must be tiered even when not selected), and
+    under xdist (where an error raised at collection would only crash the workers)."""
+    report = yield
+    if report.passed:
+        wrong = []
+        for item in report.result:
+            if isinstance(item, pytest.Item):
+                tiers = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
+                if len(tiers) != 1:
+                    wrong.append(f"  {item.nodeid}: {', '.join(tiers) or 'no tier'}")
+        if wrong:
+            report.outcome, report.result = "failed", []
+            report.longrepr = (f"every test needs exactly one tier marker of {', '.join(TIERS)} (a module's "
+                               f"`pytestmark` or a test's `@pytest.mark.<tier>`; see pyproject.toml):\n" + "\n".join(wrong))
+    return report
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixture scope
+def pytest_collection_modifyitems(items):
+    costliest_files_first(items)
+
+
+# What a test of each tier costs, roughly, in seconds on 2 cores (a workflow test starts Snakemake and
+# several runs, a run test one to three runs). Only the order of the files below depends on it.
+TIER_COST_S = {"unit": 0.1, "run": 8, "workflow": 30, "cluster": 60, "browser": 5, "gpu": 0}
+
+
+def costliest_files_first(items):
+    """The costliest files first. `make test` deals whole files to two workers in collection order: a
+    long file collected last (test_workflow.py, alphabetically late) kept one worker busy for minutes
+    after the other had finished. Largest first is the classic fix for that tail. Each file's tests
+    keep their order and stay together (module fixtures are built once)."""
+    cost: dict[str, float] = {}
     for item in items:
-        tiers = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
-        if len(tiers) != 1:
-            wrong.append(f"  {item.nodeid}: {', '.join(tiers) or 'no tier'}")
-    if wrong:
-        raise pytest.UsageError(
-            f"every test needs exactly one tier marker of {', '.join(TIERS)} (a module's `pytestmark` or a "
-            f"test's `@pytest.mark.<tier>`; see pyproject.toml):\n" + "\n".join(wrong))
+        tier = next((m.name for m in item.iter_markers() if m.name in TIERS), "unit")
+        cost[item.module.__name__] = cost.get(item.module.__name__, 0) + TIER_COST_S[tier]
+    items.sort(key=lambda item: -cost[item.module.__name__])
 
 
 class ProcessStarted(RuntimeError):

@@ -15,6 +15,10 @@ Memory conventions (bytes per parameter, Psi = parameter count, N = world size):
   2 and 3 (FSDP2): 16 Psi/N. FSDP2's stage 2 reshards parameters after backward, so at
   rest it holds what stage 3 holds; the stages differ within a step (stage 2 keeps the
   unsharded parameters from forward to backward).
+  The same 16 bytes in every precision and with either grad_reduce value: FSDP2's
+  MixedPrecisionPolicy (fp16, bf16 at stages 2 and 3) keeps the sharded fp32 parameters the
+  optimizer steps, frees the 16-bit unsharded copies after use and casts reduced gradients
+  back to fp32; DDP's compression hooks decompress into the fp32 buckets.
 
 Communication per step in the ZeRO paper's unit (elements handed to collectives: an
 all-reduce of Psi counts 2 Psi, a reduce-scatter or all-gather of Psi counts Psi, a
@@ -24,6 +28,13 @@ gradients and broadcasts updated parameter shards); 2: 2 Psi; 3: 3 Psi. With k
 micro-batches of gradient accumulation FSDP2 all-gathers parameters for every
 micro-batch: stage 2: (k + 1) Psi, stage 3: (2k + 1) Psi. At world size 1 FSDP2 issues
 no collectives (measured: 0 bytes), while DDP and ZeroRedundancyOptimizer still do.
+
+Bytes per step (comm_bytes_per_step, what runs predict and CommCounter measures): the
+gradient elements at the reduce dtype's width plus the parameter elements at the gather
+dtype's width (comm_dtypes): fp32 everywhere, except that fp16 and bf16 runs at stages 2 and 3
+all-gather parameters in their compute dtype (FSDP2 MixedPrecisionPolicy, param_dtype = compute
+dtype: half of fp32's all-gather bytes) and, with the grad_reduce lever at ``compute``, reduce
+gradients in it at every stage; fp16 adds its loss scaler's 8-byte inf/NaN flag.
 
 MFU is recorded against two peaks (issue #14, point 2). ``mfu`` (and ``hfu``) divide by the
 dense peak of the run's own precision (``peak_flops_per_device``: fp8 runs by the fp8
@@ -137,9 +148,83 @@ def comm_elements_per_step(n_params: int, zero_stage: int, world_size: int,
     return record.comm_psi(accumulation_steps) * psi
 
 
-def reduce_dtype_bytes(precision: str) -> int:
-    """Gradients and parameters travel in fp32: autocast keeps both in fp32."""
-    return 4
+# ----------------------------------------------------------------------------- collective dtypes
+MIXED_COMM = tuple(p.name for p in PRECISIONS.values() if p.autocast and not p.linears)
+"""Precisions that communicate in their compute dtype where people do (fp16, bf16): FSDP2's
+MixedPrecisionPolicy gathers their parameters in it at stages 2 and 3, and the grad_reduce lever
+reduces their gradients in it. fp8 is not one: its Float8Linear weights are cast to float8 from
+the fp32 masters inside each matmul, and torchao's sharded recipe is a float8 all-gather of its
+own (``enable_fsdp_float8_all_gather``), not a bf16 one; its runs gather and reduce fp32 as before."""
+GRAD_REDUCE = ("fp32", "compute")
+"""Values of the grad_reduce lever: gradients reduced in fp32 (torchtitan's default,
+MixedPrecisionPolicy reduce_dtype=float32 at stages 2 and 3; DDP's plain all-reduce of its fp32
+buckets at 0 and 1), or in the compute dtype (reduce_dtype = the compute dtype; DDP's
+bf16_compress_hook / fp16_compress_hook)."""
+DTYPE_SIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+"""Bytes per element of the dtypes collectives carry (torch attribute names)."""
+LOSS_SCALER_COMM_BYTES = 2 * 4
+"""ShardedGradScaler all-reduces its one-element fp32 inf/NaN flag every step (fp16): 8 bytes in
+the paper's unit, at every stage and world size."""
+
+
+@dataclass(frozen=True)
+class CommDtypes:
+    """The dtypes a run's collectives carry (torch attribute names)."""
+
+    param_gather: str | None
+    """What FSDP2 all-gathers parameters in: float32, or the compute dtype of fp16/bf16
+    (MixedPrecisionPolicy param_dtype); None for strategies that gather none (stages 0, 1, whose
+    ZeroRedundancyOptimizer broadcasts its fp32 shards)."""
+    grad_reduce: str
+    """What gradients are reduced in (all-reduce, reduce-scatter): float32, or the compute dtype
+    with grad_reduce=compute. Reduced gradients land in fp32 either way."""
+
+    @property
+    def gather_bytes(self) -> int:
+        """Bytes per parameter element gathered (fp32's 4 where nothing is gathered)."""
+        return DTYPE_SIZE[self.param_gather or "float32"]
+
+    @property
+    def reduce_bytes(self) -> int:
+        return DTYPE_SIZE[self.grad_reduce]
+
+
+def comm_dtypes(precision: str, zero_stage: int, grad_reduce: str = "fp32") -> CommDtypes:
+    """The dtypes of a run's collectives: parameters gathered in the compute dtype by the
+    strategies that shard them (FSDP2, stages 2 and 3) for fp16 and bf16; gradients reduced in
+    fp32, or in the compute dtype with ``grad_reduce='compute'`` (fp16 and bf16 only: fp32 has no
+    lower dtype, fp8 keeps its recipe; see MIXED_COMM)."""
+    if grad_reduce not in GRAD_REDUCE:
+        raise ValueError(f"grad_reduce must be one of {', '.join(GRAD_REDUCE)}, got {grad_reduce!r}")
+    compute = precision_record(precision).compute
+    mixed = precision in MIXED_COMM
+    gather = (compute if mixed else "float32") if strategy(zero_stage).shards[0] else None
+    return CommDtypes(gather, compute if mixed and grad_reduce == "compute" else "float32")
+
+
+def comm_bytes_per_step(n_params: int, zero_stage: int, world_size: int, precision: str,
+                        accumulation_steps: int = 1, grad_reduce: str = "fp32", n_trainable: int | None = None) -> float:
+    """Bytes handed to collectives per optimizer step, PyTorch's strategies (the module doc's
+    unit: an all-reduce of S bytes counts 2S), what CommCounter measures, exactly:
+
+        grad_psi T r + param_psi(k) P g + 8 [fp16]
+
+    T = trainable parameters (Psi, or LoRA's A and B), P = the parameters a collective moves
+    (FSDP2 gathers every parameter, frozen or not: Psi; ZeroRedundancyOptimizer broadcasts its
+    trainable shards: T), r and g the bytes per element of the reduce and gather dtypes
+    (comm_dtypes; ZeroRedundancyOptimizer's broadcast is fp32), and 8 bytes for the fp16 loss
+    scaler's inf/NaN flag. At world size 1 FSDP2 issues no gather or reduce-scatter: only the
+    scaler's flag remains. In fp32 bytes (r = g = 4) this is 4 x comm_elements_per_step
+    (lora_comm_elements_per_step with LoRA)."""
+    record, dtypes = strategy(zero_stage), comm_dtypes(precision, zero_stage, grad_reduce)
+    scaler = LOSS_SCALER_COMM_BYTES if precision_record(precision).loss_scaling else 0
+    if record.silent_at_world_size_1 and world_size == 1:
+        return float(scaler)
+    psi = float(n_params)
+    trainable = psi if n_trainable is None else float(n_trainable)
+    moved = psi if record.shards[0] else trainable  # gathered whole (FSDP2) or the trainable shards broadcast (ZeRO-1)
+    return (record.grad_psi * trainable * dtypes.reduce_bytes
+            + record.param_psi(accumulation_steps) * moved * dtypes.gather_bytes + scaler)
 
 
 def activation_bytes_per_layer(seq_len: int, micro_batch: int, d_model: int, n_heads: int,
@@ -345,9 +430,10 @@ def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: in
                 accumulation_steps: int = 1) -> PeakMemory:
     """Predicted in-step peak per rank on the device: model state at rest, plus what a step materialises.
 
-    Stage 2 keeps every block's unsharded fp32 parameters from forward to backward:
-    +4 Psi (N-1)/N. Stage 3 gathers one block at a time (two in flight with prefetch):
-    +2 blocks' parameters. Activations, at the start of backward, when every block's are still
+    Stage 2 keeps every block's unsharded parameters from forward to backward: +b Psi (N-1)/N,
+    b = 4 bytes (fp32), 2 for fp16 and bf16, which FSDP2's MixedPrecisionPolicy gathers in their
+    compute dtype (comm_dtypes). Stage 3 gathers one block at a time (two in flight with
+    prefetch): +2 blocks' parameters at b bytes each. Activations, at the start of backward, when every block's are still
     kept: block_activation_bytes (Korthikanti et al.), outside_block_activation_bytes (the
     fp32 log-softmax output, the final LayerNorm's and the head's inputs, ids) and the loss
     path's transient (LossPathBytes: 8 B T V, the two fp32 gradients at log_softmax's
@@ -358,9 +444,10 @@ def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: in
     state = model_state_bytes(n_params, zero_stage, world_size, precision, "pytorch").total
     block_params = 12 * cfg.d_model ** 2 + 13 * cfg.d_model
     n = world_size
-    transient = strategy(zero_stage).transient_psi(n_params, block_params, n)
+    gathered = comm_dtypes(precision, zero_stage).gather_bytes  # 2 for fp16/bf16 under FSDP2's MixedPrecisionPolicy
+    transient = strategy(zero_stage).transient_psi(n_params, block_params, n, gathered)
     if cpu_offload:
-        state, transient = 0.0, 2 * 4.0 * block_params  # copied to the device, then gathered
+        state, transient = 0.0, 2 * gathered * block_params  # copied to the device, then gathered
     acts = (block_activation_bytes(cfg, micro_batch, precision, activation_checkpointing)
             + outside_block_activation_bytes(cfg, micro_batch, precision, accumulation_steps)
             + loss_path_bytes(cfg, micro_batch, precision).transient)

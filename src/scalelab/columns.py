@@ -246,6 +246,16 @@ RUN = [
            "strategy", "worker", OK),
     Column("comm_bytes_per_step_predicted_paper", pa.float64(), "B/step", "predicted collective bytes per step, ZeRO paper",
            "worker", OK),
+    # The recipe of the run's collectives (scalelab.accounting.comm_dtypes); a summary written before
+    # they were recorded is read as what that code did (LEGACY_SUMMARY), never as today's recipe.
+    Column("param_gather_dtype", pa.string(), "-", "dtype FSDP2 all-gathers parameters in (float32, or the compute "
+           "dtype of fp16/bf16 at stages 2 and 3: MixedPrecisionPolicy param_dtype); null for strategies that gather "
+           "none (stages 0, 1). Runs measured before it was recorded gathered float32", "worker",
+           _exactly("status ok, a strategy that shards parameters (ZeRO stages 2 and 3)",
+                    lambda row: _ok(row) and strategy(row["zero_stage"]).shards[0])),
+    Column("grad_reduce_dtype", pa.string(), "-", "dtype gradients are reduced in (all-reduce, reduce-scatter): float32, "
+           "or the compute dtype with the grad_reduce lever at compute. Runs measured before it was recorded reduced "
+           "float32", "worker", OK),
     # The summary holds these as one dict per kind (FLATTENED); run_row spreads them.
     *(Column(f"comm_{c}_bytes_per_step", pa.float64(), "B/step", f"bytes handed to {c} per optimizer step on rank 0",
              "worker", sometimes("when the strategy called it in the measured steps", OK)) for c in COLLECTIVES),
@@ -363,9 +373,21 @@ def steps_table(identity: dict, records: list[dict]) -> pa.Table:
     return pa.Table.from_pydict(columns, schema=STEP_SCHEMA)
 
 
+LEGACY_SUMMARY: dict[str, Callable[[dict], object]] = {
+    "param_gather_dtype": lambda row: "float32" if strategy(row["zero_stage"]).shards[0] else None,
+    "grad_reduce_dtype": lambda row: "float32",
+}
+"""Keys an ok summary written by an older scalelab lacks, filled with what that code did: before
+FSDP2's MixedPrecisionPolicy every run gathered and reduced in fp32 (a bf16 stage 2 run of then
+reads float32, not the compute dtype its rerun gathers in)."""
+
+
 def run_row(summary: dict, run_path: str) -> dict:
-    """Flatten a run's summary.json into one row of RUN_SCHEMA."""
+    """Flatten a run's summary.json into one row of RUN_SCHEMA (an older ok summary's missing
+    recipe keys filled as LEGACY_SUMMARY says)."""
     row = dict(summary)
+    if row.get("status") == "ok" and row.get("zero_stage") is not None:
+        row.update({key: fill(row) for key, fill in LEGACY_SUMMARY.items() if key not in row})
     for key, column in FLATTENED.items():
         for c in COLLECTIVES:
             row[column.format(c)] = (summary.get(key) or {}).get(c)

@@ -31,14 +31,19 @@ class Strategy:
     """What PyTorch's implementation holds sharded at rest (fp32 master weights, fp32 grads, AdamW)."""
     shards_paper: ShardFactors
     """What the ZeRO paper's stage shards (its 2 + 2 + K convention)."""
-    comm_psi: Callable[[int], float]
-    """Elements handed to collectives per optimizer step, in units of Psi, for k accumulation
-    micro-batches (PyTorch's implementation; ZeRO paper's unit: all-reduce 2 Psi, all-gather,
-    reduce-scatter or broadcast Psi)."""
+    grad_psi: float
+    """Gradient elements handed to collectives per optimizer step, in units of Psi (PyTorch's
+    implementation; ZeRO paper's unit: all-reduce 2 Psi, reduce-scatter Psi). They travel in the
+    run's reduce dtype (scalelab.accounting.comm_dtypes)."""
+    param_psi: Callable[[int], float]
+    """Parameter elements handed to collectives per optimizer step, in units of Psi, for k
+    accumulation micro-batches: ZeroRedundancyOptimizer's broadcast of updated shards (fp32),
+    FSDP2's all-gathers (in the gather dtype: the compute dtype under a MixedPrecisionPolicy)."""
     comm_psi_paper: float
     """The same in the ZeRO paper (no accumulation)."""
-    transient_psi: Callable[[float, float, int], float]
-    """Parameter bytes materialised within a step beyond model state: f(n_params, block_params, N)."""
+    transient_psi: Callable[[float, float, int, int], float]
+    """Parameter bytes materialised within a step beyond model state: f(n_params, block_params, N,
+    bytes per gathered element: 4, or 2 where FSDP2 gathers in a 16-bit compute dtype)."""
     silent_at_world_size_1: bool
     """Issues no collective at all on a one-rank mesh (FSDP2), where DDP still all-reduces."""
     ddp_buckets: bool
@@ -46,25 +51,31 @@ class Strategy:
     cpu_offload: bool
     """Can keep its sharded state in host memory (the cpu_offload lever applies)."""
 
+    def comm_psi(self, k: int) -> float:
+        """Elements handed to collectives per optimizer step, in units of Psi, for k accumulation
+        micro-batches: gradients plus parameters."""
+        return self.grad_psi + self.param_psi(k)
+
 
 STRATEGIES: dict[int, Strategy] = {s.stage: s for s in (
     Strategy(0, "DDP", "parallelize_ddp", (False, False, False), (False, False, False),
-             comm_psi=lambda k: 2, comm_psi_paper=2, transient_psi=lambda psi, block, n: 0.0,
+             grad_psi=2, param_psi=lambda k: 0, comm_psi_paper=2, transient_psi=lambda psi, block, n, b: 0.0,
              silent_at_world_size_1=False, ddp_buckets=True, cpu_offload=False),
     # PyTorch all-reduces gradients and then broadcasts the updated shards: 3 Psi, not the paper's 2.
     Strategy(1, "DDP + ZeroRedundancyOptimizer", "parallelize_zero1", (False, False, True), (False, False, True),
-             comm_psi=lambda k: 3, comm_psi_paper=2, transient_psi=lambda psi, block, n: 0.0,
+             grad_psi=2, param_psi=lambda k: 1, comm_psi_paper=2, transient_psi=lambda psi, block, n, b: 0.0,
              silent_at_world_size_1=False, ddp_buckets=True, cpu_offload=False),
     # FSDP2 reshards after backward, so at rest stage 2 holds what stage 3 holds; it keeps every
-    # block's unsharded fp32 parameters from forward to backward (+4 Psi (N-1)/N in the step),
-    # and all-gathers once per micro-batch: (k + 1) Psi.
+    # block's unsharded parameters (fp32, or the compute dtype under a MixedPrecisionPolicy) from
+    # forward to backward (+b Psi (N-1)/N in the step), and all-gathers once per micro-batch:
+    # k Psi of parameters + Psi of gradients reduce-scattered.
     Strategy(2, "FSDP2, reshard_after_forward=False", "parallelize_fsdp_keep", (True, True, True), (False, True, True),
-             comm_psi=lambda k: k + 1, comm_psi_paper=2, transient_psi=lambda psi, block, n: 4.0 * psi * (n - 1) / n,
+             grad_psi=1, param_psi=lambda k: k, comm_psi_paper=2, transient_psi=lambda psi, block, n, b: b * psi * (n - 1) / n,
              silent_at_world_size_1=True, ddp_buckets=False, cpu_offload=False),
-    # Stage 3 gathers one block at a time (two in flight with prefetch), forward and backward: (2k + 1) Psi.
+    # Stage 3 gathers one block at a time (two in flight with prefetch), forward and backward: 2k Psi + Psi.
     Strategy(3, "FSDP2, reshard_after_forward=True", "parallelize_fsdp_reshard", (True, True, True), (True, True, True),
-             comm_psi=lambda k: 2 * k + 1, comm_psi_paper=3,
-             transient_psi=lambda psi, block, n: 2 * 4.0 * block * (n - 1) / n,
+             grad_psi=1, param_psi=lambda k: 2 * k, comm_psi_paper=3,
+             transient_psi=lambda psi, block, n, b: 2 * b * block * (n - 1) / n,
              silent_at_world_size_1=True, ddp_buckets=False, cpu_offload=True),
 )}
 ZERO_STAGES = tuple(STRATEGIES)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scalelab.accounting import GRAD_REDUCE, MIXED_COMM, comm_dtypes
 from scalelab.config import ConfigError, TrainConfig, cluster_config, model_config, section, train_config
 from scalelab.placement import launch_plan
 from scalelab.precisions import PRECISIONS
@@ -124,6 +125,16 @@ AXES: tuple[Axis, ...] = (
          int | None, None, "int32", True,
          from_path=_optional(int, "none"), run_id=lambda v: None if v is None else f"lora{v}", id_pattern=r"lora\d+",
          is_default=lambda runs: runs["lora_rank"].isna()),
+    # Gradients reduced in fp32 (default: torchtitan's reduce_dtype) or in the compute dtype. fp16
+    # and bf16 runs gather parameters in their compute dtype at stages 2 and 3 either way.
+    Axis("grad_reduce", "dtype gradients are reduced in: fp32 | compute (the run's compute dtype: FSDP2 "
+         "MixedPrecisionPolicy reduce_dtype at stages 2 and 3, DDP's bf16/fp16 compress hook at 0 and 1; fp16 and "
+         "bf16 runs only)", str, GRAD_REDUCE[0], "string", False,
+         run_id=lambda v: None if v == GRAD_REDUCE[0] else "reduce16", id_pattern="reduce16",
+         left_out=lambda point, train: None if point.grad_reduce == GRAD_REDUCE[0] or point.precision in MIXED_COMM else
+         f"grad_reduce={point.grad_reduce} applies to {' and '.join(MIXED_COMM)} (fp32 reduces in its compute dtype "
+         "already; fp8 keeps torchao's recipe, see scalelab.accounting.MIXED_COMM)",
+         is_default=lambda runs: runs["grad_reduce"].isna() | (runs["grad_reduce"] == GRAD_REDUCE[0])),
 )
 AXIS = {axis.name: axis for axis in AXES}
 SWEEP_AXES = tuple(AXIS)
@@ -334,6 +345,14 @@ def result_params(config: dict, point, device: str) -> dict:
         layout.update(launchers=plan.launchers, ranks_per_launcher=plan.ranks_per_launcher, nodes=plan.nodes)
     if layout:
         params["layout"] = layout
+    # What its collectives carry where it is not fp32: fp16 and bf16 runs at stages 2 and 3 gather in
+    # their compute dtype since FSDP2's MixedPrecisionPolicy (their results measured before in fp32
+    # are rerun, no other run), and the grad_reduce lever's reduce dtype.
+    dtypes = comm_dtypes(point.precision, point.zero_stage, point.grad_reduce)
+    comm = {key: value for key, value in (("param_gather_dtype", dtypes.param_gather),
+                                          ("grad_reduce_dtype", dtypes.grad_reduce)) if value not in (None, "float32")}
+    if comm:
+        params["comm_dtypes"] = comm
     return params
 
 

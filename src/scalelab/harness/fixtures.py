@@ -36,11 +36,14 @@ _LORA_SHAPE = ModelConfig(n_layers=1, d_model=16, n_heads=1, seq_len=16, vocab_s
 # The value away from its default that the lever runs take, per lever of scalelab.sweep.LEVER_AXES:
 # a flag is switched on; any other lever needs a value here (a lever added to the registry
 # without one stops this module at import, naming it).
-_LEVER_VALUES = {"micro_batch": 1, "bucket_mb": 0.1, "lora_rank": 4}
+_LEVER_VALUES = {"micro_batch": 1, "bucket_mb": 0.1, "lora_rank": 4, "grad_reduce": "compute"}
 _missing = [a for a in LEVER_AXES if AXIS[a].type is not bool and a not in _LEVER_VALUES]
 if _missing:
     raise ValueError(f"scalelab.harness.fixtures: no synthetic value for the lever(s) {', '.join(_missing)}")
 LEVER_VALUES = {a: (not AXIS[a].default) if AXIS[a].type is bool else _LEVER_VALUES[a] for a in LEVER_AXES}
+_LEVER_PRECISION = {"grad_reduce": "fp16"}
+"""Levers that apply to no fp32 run: their runs come in pairs of this precision, the baseline twin
+(every lever at its default) and the run with the lever away from it."""
 
 
 def _applies(point, lever: str) -> bool:
@@ -54,7 +57,11 @@ def lever_points() -> list:
     """Runs 24-95: each baseline with one lever away from its default, where that lever applies,
     taken in turn from every lever of LEVER_AXES (so that 30 runs already vary each lever once)."""
     per_lever = [[p for p in (dataclasses.replace(b, **{lever: LEVER_VALUES[lever]}) for b in BASELINES)
-                  if _applies(p, lever)] for lever in LEVER_AXES]
+                  if _applies(p, lever)] if lever not in _LEVER_PRECISION else
+                 [p for b in BASELINES for twin in [dataclasses.replace(b, precision=_LEVER_PRECISION[lever])]
+                  for p in (twin, dataclasses.replace(twin, **{lever: LEVER_VALUES[lever]}))
+                  if _applies(dataclasses.replace(twin, **{lever: LEVER_VALUES[lever]}), lever)]
+                 for lever in LEVER_AXES]
     turns = itertools.zip_longest(*per_lever)
     return [p for turn in turns for p in turn if p is not None][:96 - len(BASELINES)]
 
@@ -89,7 +96,8 @@ def synthetic_results(out_dir: str | Path, n_runs: int = 24, n_steps: int = 60, 
         else:
             pred = accounting.model_state_bytes(n_params, stage, ws, precision, "pytorch")
             paper = accounting.model_state_bytes(n_params, stage, ws, precision, "paper")
-            comm = 4 * accounting.comm_elements_per_step(n_params, stage, ws)
+            # in bytes as runs predict them: fp16/bf16 gather 16-bit parameters at stages 2 and 3
+            comm = accounting.comm_bytes_per_step(n_params, stage, ws, precision, grad_reduce=point.grad_reduce)
             comm_paper = 4 * accounting.comm_elements_per_step(n_params, stage, ws, convention="paper")
         tps = 50_000 * ws * (0.9 ** np.log2(ws)) * (2 if precision != "fp32" else 1) * rng.uniform(0.95, 1.05)
         tps *= (1.25 if point.compile else 1) / (1.7 if point.cpu_offload else 1)  # compiled steps faster, offloaded slower
@@ -111,6 +119,8 @@ def synthetic_results(out_dir: str | Path, n_runs: int = 24, n_steps: int = 60, 
             "model_state_bytes_predicted": pred.total, "model_state_bytes_predicted_paper": paper.total,
             "comm_bytes_per_step_measured": comm, "comm_bytes_per_step_predicted": comm,
             "comm_bytes_per_step_predicted_paper": comm_paper,
+            **dict(zip(("param_gather_dtype", "grad_reduce_dtype"),
+                       dataclasses.astuple(accounting.comm_dtypes(precision, stage, point.grad_reduce)))),
             "peak_rss_bytes": int(3e8 * rng.uniform(0.98, 1.02)),
             "ddp_buckets_predicted": buckets, "comm_calls_per_step": {"all_reduce": float(buckets)} if buckets else {},
             "device_type": "cpu", "device_name": "synthetic", "wall_time_s": 10.0,

@@ -10,20 +10,32 @@ scalelab.strategies (which says what each shards and communicates).
 Levers: ``bucket_mb`` sets DDP's gradient bucket size (stages 0, 1); ``cpu_offload`` gives
 stage 3 FSDP2's CPUOffloadPolicy (sharded state in pinned host memory, optimizer step on
 the CPU); ``compile`` is :func:`apply_compile`, applied before any of these wrappers.
+
+Collective dtypes (scalelab.accounting.comm_dtypes says which for a run): ``param_dtype`` and
+``reduce_dtype`` of :func:`parallelize`. FSDP2 takes both as its MixedPrecisionPolicy
+(torchtitan's bf16 recipe: param_dtype=bf16, reduce_dtype=fp32): the fp32 shards stay what the
+optimizer steps, the unsharded parameters are gathered, used and freed in param_dtype, gradients
+are reduce-scattered in reduce_dtype and land in fp32. Autocast still runs around the forward
+(its casts of 16-bit weights are no-ops; LayerNorm and the loss still run in fp32), so the
+ShardedGradScaler, activation checkpointing (recomputation gathers again, in param_dtype),
+compile (the blocks are compiled before fully_shard wraps them; FSDP2's casts run in its hooks,
+outside the graphs), LoRA (frozen weights are gathered in param_dtype too; gradients exist for A
+and B only) and cpu_offload (the fp32 shards live on the host, the copy on the device is cast
+before its all-gather) work unchanged. DDP (stages 0, 1) has no parameter gather; a 16-bit
+``reduce_dtype`` registers torch's bf16_compress_hook / fp16_compress_hook in place of its
+plain all-reduce hook (fp32 buckets cast down, all-reduced, decompressed in place).
 """
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from scalelab.strategies import strategy
@@ -51,7 +63,8 @@ class Parallelized:
     def local_optimizer(self) -> torch.optim.Optimizer:
         """The optimizer that holds this rank's state (ZeRO-1 wraps a local one)."""
         opt = self.optimizer
-        return opt.optim if isinstance(opt, ZeroRedundancyOptimizer) else opt
+        optim = sys.modules.get("torch.distributed.optim")  # not imported: no ZeRO-1 optimizer exists
+        return opt.optim if optim is not None and isinstance(opt, optim.ZeroRedundancyOptimizer) else opt
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -69,27 +82,47 @@ def _adamw_kwargs(lr: float, device: torch.device, state_on_host: bool = False) 
     return {"lr": lr, "betas": (0.9, 0.95), "eps": 1e-8, "fused": device.type == "cuda" and not state_on_host}
 
 
-def _ddp(model: nn.Module, device: torch.device, bucket_mb: float) -> DDP:
+def _ddp(model: nn.Module, device: torch.device, bucket_mb: float, reduce_dtype: torch.dtype | None = None) -> DDP:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
     # gradient_as_bucket_view: gradients live in the all-reduce buckets instead of beside
     # them, so DDP holds 4 bytes of gradient per parameter, not 8. An explicit bucket_cap_mb
     # caps the first bucket too (PyTorch's default alone starts with a 1 MiB bucket).
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
               gradient_as_bucket_view=True, bucket_cap_mb=bucket_mb)
-    # The stock all-reduce hook, registered so DDP's all-reduce goes through
-    # torch.distributed.all_reduce, where scalelab.training.comm counts it.
-    ddp.register_comm_hook(dist.group.WORLD, default_hooks.allreduce_hook)
+    # The stock hooks, registered so DDP's all-reduce goes through torch.distributed.all_reduce,
+    # where scalelab.training.comm counts it: the plain one (fp32 buckets), or the compression
+    # hook of the reduce dtype (the grad_reduce lever at 'compute').
+    hooks = {None: default_hooks.allreduce_hook, torch.float32: default_hooks.allreduce_hook,
+             torch.bfloat16: default_hooks.bf16_compress_hook, torch.float16: default_hooks.fp16_compress_hook}
+    hook = hooks[reduce_dtype]
+    if hook is default_hooks.bf16_compress_hook and device.type == "cpu":
+        # DDP refuses this hook by its name without CUDA and NCCL >= 2.10 (NCCL's bf16 sum); on a
+        # CPU the all-reduce is gloo's, which sums bf16 (measured: tests/test_mixed_precision.py).
+        # The same hook under another name; on a GPU the stock hook and DDP's check stay.
+        def bf16_compress_hook_gloo(process_group, bucket):
+            return default_hooks.bf16_compress_hook(process_group, bucket)
+
+        hook = bf16_compress_hook_gloo
+    ddp.register_comm_hook(dist.group.WORLD, hook)
     return ddp
 
 
-def parallelize_ddp(model: GPT, device, lr, weight_decay, bucket_mb=DDP_BUCKET_MB, cpu_offload=False) -> Parallelized:
-    ddp = _ddp(model, device, bucket_mb)
+def parallelize_ddp(model: GPT, device, lr, weight_decay, bucket_mb=DDP_BUCKET_MB, cpu_offload=False,
+                    param_dtype=None, reduce_dtype=None) -> Parallelized:
+    ddp = _ddp(model, device, bucket_mb, reduce_dtype)
     opt = torch.optim.AdamW(param_groups(model, weight_decay), **_adamw_kwargs(lr, device))
     return Parallelized(ddp, opt, lambda last: contextlib.nullcontext() if last else ddp.no_sync(),
                         throwaway_backward=ddp.no_sync)
 
 
-def parallelize_zero1(model: GPT, device, lr, weight_decay, bucket_mb=DDP_BUCKET_MB, cpu_offload=False) -> Parallelized:
-    ddp = _ddp(model, device, bucket_mb)
+def parallelize_zero1(model: GPT, device, lr, weight_decay, bucket_mb=DDP_BUCKET_MB, cpu_offload=False,
+                      param_dtype=None, reduce_dtype=None) -> Parallelized:
+    ddp = _ddp(model, device, bucket_mb, reduce_dtype)
+    # imported here, as FSDP2 below: torch.distributed.optim's __init__ imports FSDP, DTensor and
+    # sympy, about 1 s of a rank's start-up on 2 cores, which a stage 0 run does not need
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
     # ZeroRedundancyOptimizer takes one parameter group; the second is added after, so
     # weight decay is handled as in the other stages.
     groups = param_groups(model, weight_decay)
@@ -101,13 +134,18 @@ def parallelize_zero1(model: GPT, device, lr, weight_decay, bucket_mb=DDP_BUCKET
 
 
 def _parallelize_fsdp(model: GPT, device, lr, weight_decay, reshard_after_forward: bool,
-                      cpu_offload: bool = False) -> Parallelized:
+                      cpu_offload: bool = False, param_dtype=None, reduce_dtype=None) -> Parallelized:
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
     # FSDP2 needs an explicit mesh on CPU; one dimension = plain data parallelism.
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
+    # None, None: FSDP2's default, everything in the parameters' own fp32. reduce_dtype is given
+    # explicitly (fp32 by default): left None, FSDP2 would reduce in param_dtype.
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for block in model.blocks:  # one all-gather/reduce-scatter group per transformer block
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload)
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload, mp_policy=mp)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload, mp_policy=mp)
     opt = torch.optim.AdamW(param_groups(model, weight_decay), **_adamw_kwargs(lr, device, cpu_offload))
     assert isinstance(model, FSDPModule)
 
@@ -118,12 +156,16 @@ def _parallelize_fsdp(model: GPT, device, lr, weight_decay, reshard_after_forwar
     return Parallelized(model, opt, no_sync, state_on_host=cpu_offload)
 
 
-def parallelize_fsdp_keep(model, device, lr, weight_decay, bucket_mb=None, cpu_offload=False) -> Parallelized:
-    return _parallelize_fsdp(model, device, lr, weight_decay, reshard_after_forward=False)
+def parallelize_fsdp_keep(model, device, lr, weight_decay, bucket_mb=None, cpu_offload=False,
+                          param_dtype=None, reduce_dtype=None) -> Parallelized:
+    return _parallelize_fsdp(model, device, lr, weight_decay, reshard_after_forward=False,
+                             param_dtype=param_dtype, reduce_dtype=reduce_dtype)
 
 
-def parallelize_fsdp_reshard(model, device, lr, weight_decay, bucket_mb=None, cpu_offload=False) -> Parallelized:
-    return _parallelize_fsdp(model, device, lr, weight_decay, reshard_after_forward=True, cpu_offload=cpu_offload)
+def parallelize_fsdp_reshard(model, device, lr, weight_decay, bucket_mb=None, cpu_offload=False,
+                             param_dtype=None, reduce_dtype=None) -> Parallelized:
+    return _parallelize_fsdp(model, device, lr, weight_decay, reshard_after_forward=True, cpu_offload=cpu_offload,
+                             param_dtype=param_dtype, reduce_dtype=reduce_dtype)
 
 
 def apply_compile(model: GPT) -> None:
@@ -150,13 +192,17 @@ def compiled_graphs() -> int:
 
 
 def parallelize(model: GPT, zero_stage: int, device: torch.device, lr: float, weight_decay: float,
-                bucket_mb: float | None = DDP_BUCKET_MB, cpu_offload: bool = False) -> Parallelized:
-    """Wrap the model as the stage's strategy record says (scalelab.strategies)."""
+                bucket_mb: float | None = DDP_BUCKET_MB, cpu_offload: bool = False,
+                param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None) -> Parallelized:
+    """Wrap the model as the stage's strategy record says (scalelab.strategies). param_dtype: what
+    FSDP2 gathers parameters in (None: their fp32; strategies that gather none ignore it);
+    reduce_dtype: what gradients are reduced in (None: fp32). See the module doc."""
     record = strategy(zero_stage)
     if cpu_offload and not record.cpu_offload:
         raise ValueError(f"cpu_offload does not apply to {record.name} (zero_stage {zero_stage})")
     wrap = globals()[record.wrapper]
-    return wrap(model, device, lr, weight_decay, bucket_mb=bucket_mb, cpu_offload=cpu_offload)
+    return wrap(model, device, lr, weight_decay, bucket_mb=bucket_mb, cpu_offload=cpu_offload,
+                param_dtype=param_dtype, reduce_dtype=reduce_dtype)
 
 
 def clip_grad_norm(par: Parallelized, max_norm: float, comm_device: torch.device) -> torch.Tensor:

@@ -296,8 +296,13 @@ def setup(spec: dict) -> Run:
     if point.compile:  # after checkpointing and fp8, before wrapping (torchtitan's order)
         apply_compile(model)
     blocks = list(model.blocks)
+    # The dtypes its collectives carry (scalelab.accounting.comm_dtypes): fp16 and bf16 gather in
+    # their compute dtype at stages 2 and 3 (FSDP2's MixedPrecisionPolicy); fp32 is FSDP2's default.
+    dtypes = accounting.comm_dtypes(point.precision, point.zero_stage, point.grad_reduce)
     par = parallelize(model, point.zero_stage, device, train_cfg.lr, train_cfg.weight_decay,
-                      bucket_mb=point.bucket_mb, cpu_offload=point.cpu_offload)
+                      bucket_mb=point.bucket_mb, cpu_offload=point.cpu_offload,
+                      param_dtype=None if dtypes.param_gather in (None, "float32") else getattr(torch, dtypes.param_gather),
+                      reduce_dtype=getattr(torch, dtypes.grad_reduce))
     scaler = grad_scaler(point.precision, device, train_cfg.fp16_init_scale)
     sampler = BatchSampler(spec["train_bin"], spec["token_dtype"], model_cfg.seq_len, train_cfg.seed)
     counter = CommCounter().install()
@@ -521,7 +526,7 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
     recompute_fpt = accounting.recompute_flops_per_token(model_cfg) if ac else 0.0
     largest = max(range(world_size), key=lambda r: sum(all_held[r].values()))
     predicted, predicted_paper, comm = _predictions(run)
-    elem_bytes = accounting.reduce_dtype_bytes(precision)
+    dtypes = accounting.comm_dtypes(precision, point.zero_stage, point.grad_reduce)
     on_gpu = run.device.type == "cuda"
     return {
         "n_params": run.n_params,
@@ -572,8 +577,11 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "comm_calls_per_step": {k: v / n_measured for k, v in counted["calls"].items()},
         "comm_bytes_per_step_by_type": {k: v / n_measured for k, v in counted["bytes"].items()},
         "comm_bytes_per_step_measured": sum(counted["bytes"].values()) / n_measured,
-        "comm_bytes_per_step_predicted": elem_bytes * comm("pytorch"),
-        "comm_bytes_per_step_predicted_paper": elem_bytes * comm("paper"),
+        "comm_bytes_per_step_predicted": accounting.comm_bytes_per_step(
+            run.n_params, point.zero_stage, world_size, precision, accum, point.grad_reduce, run.n_trainable),
+        "comm_bytes_per_step_predicted_paper": 4 * comm("paper"),  # the paper's elements, counted at fp32's width
+        "param_gather_dtype": dtypes.param_gather,
+        "grad_reduce_dtype": dtypes.grad_reduce,
         "peak_mem_allocated_bytes": max((m.get("peak_mem_allocated_bytes", 0) for m in all_mem), default=None) if on_gpu else None,
         "peak_mem_reserved_bytes": max((m.get("peak_mem_reserved_bytes", 0) for m in all_mem), default=None) if on_gpu else None,
         "peak_rss_bytes": max(m["peak_rss_bytes"] for m in all_mem),
