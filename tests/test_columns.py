@@ -25,6 +25,7 @@ from scalelab.columns import (
     summary_problems,
 )
 from scalelab.sweep import AXES, AXIS, LEVER_AXES, RunPoint
+from scalelab.training.launch import LOCAL_LAUNCH
 
 # Columns no run of the fixture below fills on a CPU, and the runs that fill them (each is
 # checked there: conftest.run_point holds every real run of the suite against the table).
@@ -134,7 +135,7 @@ def test_real_runs_of_every_status_and_lever_keep_the_contract(real_runs, tmp_pa
         assert summary_problems(summary) == [], name
         identity = {c.name: summary[c.name] for c in IDENTITY}
         assert steps_problems(pq.read_table(run_dir / "steps.parquet"), identity) == [], name
-    assert summaries["ok"]["launch"] == "torchrun --standalone" and len(summaries["ok"]["dataset_sha256_train"]) == 64
+    assert summaries["ok"]["launch"] == LOCAL_LAUNCH and len(summaries["ok"]["dataset_sha256_train"]) == 64
 
     # collection: one row per run that keeps the contract, and no column always null where it should not be
     shutil.copytree(results / "runs", tmp_path / "runs", ignore=shutil.ignore_patterns("*.log"))

@@ -308,9 +308,10 @@ RUN = [
            "worker found it)", "launch"),
     Column("device_name", pa.string(), "-", "device model (GPU name, or the CPU model)", "worker", OK),
     Column("backend", pa.string(), "-", "torch.distributed backend: gloo | nccl", "worker", OK),
-    Column("launch", pa.string(), "-", "how the ranks were started (torchrun --standalone, or srun x torchrun)", "launch",
+    Column("launch", pa.string(), "-", "how the ranks were started (one process per rank, started by the launcher, on one host; "
+           "or srun x torchrun over nodes)", "launch",
            LAUNCHED),
-    Column("launchers", pa.int32(), "-", "torchrun launchers (SLURM tasks) of the run", "launch", LAUNCHED),
+    Column("launchers", pa.int32(), "-", "launchers of the run: 1 on one host, else torchrun launchers (SLURM tasks)", "launch", LAUNCHED),
     Column("threads", pa.int32(), "-", "CPU threads given to the whole run", "launch"),
     Column("threads_per_rank", pa.int32(), "-", "intra-op threads per rank", "worker", OK),
     Column("torch_version", pa.string(), "-", "torch.__version__", "worker", OK),

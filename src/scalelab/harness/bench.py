@@ -8,6 +8,9 @@
                                                (--against CHECKOUT: alternately with another checkout's code)
     python -m scalelab.harness.bench compile   the compile lever: eager vs compiled step time and losses, side by side
     python -m scalelab.harness.bench teardown  world-size-2 CPU runs that end abnormally after their last step
+    python -m scalelab.harness.bench startup   the default sweep, timed: median startup_s of its world-size-1 and -2
+                                               runs and its wall time, beside the host loop (--against CHECKOUT:
+                                               alternately with another checkout's code; --repeats sweeps each)
 """
 from __future__ import annotations
 
@@ -301,8 +304,15 @@ def main(argv=None) -> int:
     t.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
     t.add_argument("--keep", help="copy the logs of abnormal runs to this folder")
     t.add_argument("--cores", action="store_true", help="keep the core dumps of crashed ranks too (in --keep)")
+    s = sub.add_parser("startup", help="run start-up and the default sweep's wall time")
+    s.add_argument("--repeats", type=int, default=2, help="sweeps per checkout")
+    s.add_argument("--against", metavar="CHECKOUT", help="another checkout of scalelab (its Snakefile, config.yaml "
+                   "and src/ with this venv): its sweeps alternate with this code's (A B, B A, ...)")
+    s.add_argument("--tiny", action="store_true", help="a two-run sweep of 4 steps (checks the benchmark itself)")
     args = parser.parse_args(argv)
-    if args.what == "compile":
+    if args.what == "startup":
+        result = bench_startup(args.repeats, args.against, args.tiny)
+    elif args.what == "compile":
         result = bench_compile(args.precision, args.steps, args.warmup, args.threads,
                                {"n_layers": args.layers, "d_model": args.d_model, "n_heads": args.heads, "seq_len": args.seq_len})
     elif args.what == "teardown":
@@ -313,7 +323,7 @@ def main(argv=None) -> int:
         result = bench_data(args.corpus_mb, args.batch, args.seq_len, args.seconds)
     else:
         result = bench_overhead(args.steps, args.repeats, args.threads)
-    if args.what == "report":  # whole command: the synthetic set, interpreter and imports included
+    if args.what in ("report", "startup"):  # whole command: the synthetic set, interpreter and imports included
         result["command_wall_s"] = time.perf_counter() - _T0
     width = max(map(len, result))
     for key, value in result.items():
@@ -426,6 +436,85 @@ def bench_report(n_runs: int, n_steps: int, repeats: int, against: str | None = 
         result.update({"ratio_median": statistics.median(ratios), "ratio_q1": quartiles[0], "ratio_q3": quartiles[2],
                        # CPU seconds: less swayed than wall time by other work on the host, blind to parallelism
                        "cpu_ratio_median": statistics.median(a[1] / b[1] for a, b in zip(builds["this"], builds["other"]))})
+    result.update({"host_loop_s_median": statistics.median(loops), "host_loop_s_max": max(loops)})
+    return result
+
+
+def _checkout(path: str | Path) -> Path:
+    root = Path(path).resolve()
+    if not (root / "Snakefile").is_file() or not (root / "src" / "scalelab" / "training" / "launch.py").is_file():
+        raise SystemExit(f"{path}: not a scalelab checkout (no Snakefile, src/scalelab/training/launch.py)")
+    return root
+
+
+def time_sweep(checkout: Path, workdir: Path, tiny: bool = False, timeout_s: float = 1800) -> dict:
+    """One default sweep of a checkout in a fresh working folder: its config.yaml as it stands
+    (tiny: two 4-step fp32 stage-0 runs), the data prepared first and timed apart, then
+    ``snakemake --cores all`` (training, collection, report) timed; its code imported from its
+    src/ (PYTHONPATH, ahead of this venv's own install). Returns the wall times and each ok
+    run's (world_size, startup_s)."""
+    import os
+
+    import yaml
+
+    cfg = yaml.safe_load((checkout / "config.yaml").read_text())
+    if tiny:
+        cfg["sweep"].update(precision=["fp32"], zero_stage=[0], world_size=[1, 2])
+        cfg["train"].update(steps=4, warmup_steps=1)
+    workdir.mkdir(parents=True)
+    (workdir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    bin_dir = Path(sys.executable).parent
+    snakemake = str(bin_dir / "snakemake")
+    env = {**os.environ, "PYTHONPATH": str(checkout / "src"), "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    base = [snakemake, "-s", str(checkout / "Snakefile"), "-d", str(workdir), "--cores", "all"]
+    results = workdir / cfg["results_dir"]
+    walls = {}
+    # targets are relative to the working folder (-d): Snakemake matches them as written
+    for name, target in (("data", [f"{cfg['results_dir']}/data/{cfg['dataset']['name']}/meta.json"]), ("sweep", [])):
+        start = time.perf_counter()
+        out = subprocess.run(base + target, capture_output=True, text=True, env=env, timeout=timeout_s)
+        walls[name] = time.perf_counter() - start
+        if out.returncode != 0:
+            raise RuntimeError(f"snakemake ({name}) in {workdir} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    startups = []
+    for summary in results.glob("runs/*/summary.json"):
+        row = json.loads(summary.read_text())
+        if row.get("status") == "ok":
+            startups.append((row["world_size"], row["startup_s"]))
+    return {"data_s": walls["data"], "sweep_s": walls["sweep"], "startups": startups}
+
+
+def bench_startup(repeats: int, against: str | None = None, tiny: bool = False) -> dict:
+    """Run start-up (a run's ``startup_s``: from its launcher's start to its first step) and the
+    default sweep's wall time, measured by running the default sweep ``repeats`` times, each in
+    a fresh folder; with ``against``, the other checkout's sweeps alternate with this code's
+    (which goes first swapped every round), the host loop timed before each round, so a shared
+    host's drift weighs on both alike. Figures only: nothing is asserted."""
+    checkouts = {"this": _checkout(Path(__file__).resolve().parents[3])}
+    if against:
+        checkouts["other"] = _checkout(against)
+    sweeps: dict[str, list[dict]] = {name: [] for name in checkouts}
+    loops = []
+    with tempfile.TemporaryDirectory(prefix="scalelab-bench-startup-") as tmp:
+        for i in range(repeats):
+            loops.append(host_loop_s())
+            for name in list(checkouts) if i % 2 == 0 else list(checkouts)[::-1]:
+                sweeps[name].append(time_sweep(checkouts[name], Path(tmp) / f"{name}-{i}", tiny))
+    result: dict = {"sweeps_each": repeats, "sweep": "tiny (fp32, stage 0, world sizes 1 and 2, 4 steps)" if tiny
+                    else "config.yaml's default", "sweep_s": "snakemake --cores all after the data step (timed apart)"}
+    if against:
+        result["other"] = str(checkouts["other"])
+    for name, runs in sweeps.items():
+        prefix = "" if not against else f"{name}_"
+        for ws in (1, 2):
+            values = [s for run in runs for w, s in run["startups"] if w == ws]
+            result[f"{prefix}startup_s_median_ws{ws}"] = statistics.median(values) if values else float("nan")
+            result[f"{prefix}ok_runs_ws{ws}"] = len(values)
+        every = [s for run in runs for _, s in run["startups"]]
+        result[f"{prefix}startup_s_median"] = statistics.median(every) if every else float("nan")
+        result[f"{prefix}sweep_s_median"] = statistics.median(r["sweep_s"] for r in runs)
+        result[f"{prefix}sweep_s"] = " ".join(f"{r['sweep_s']:.1f}" for r in runs)
+        result[f"{prefix}data_s_median"] = statistics.median(r["data_s"] for r in runs)
     result.update({"host_loop_s_median": statistics.median(loops), "host_loop_s_max": max(loops)})
     return result
 

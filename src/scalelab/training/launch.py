@@ -1,11 +1,16 @@
 """Launch one training run (one sweep point) and always leave a result behind.
 
-Runs ``torchrun`` as a child process with a wall-clock limit, then writes the run's
+Starts the run's ranks (one process each on this host, or ``srun`` x ``torchrun`` over
+several nodes) with a wall-clock limit, then writes the run's
 ``summary.json`` and ``steps.parquet`` atomically whatever happened: status ``ok``,
 ``oom``, ``timeout``, ``failed`` or ``skipped``, with the reason. The process exits 0 in
 every one of those cases, because Snakemake deletes the outputs of failed jobs and a sweep
 must keep its failures as results. Only a kill of the launcher itself leaves no summary
 (so ``snakemake --rerun-incomplete`` redoes the run).
+
+Nothing here imports torch for a CPU run (about 1.5 s of every run's start-up on 2 cores): the
+device comes from the workflow's plan, and what needs torch to check (whether the device runs
+the precision) is checked by the worker (scalelab.training.worker.preflight).
 """
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ _PR_SET_PDEATHSIG = 1
 
 
 def _die_with_parent() -> None:
-    """In the child: get SIGTERM if the launcher dies, so torchrun never outlives it."""
+    """In the child: get SIGTERM if the launcher dies, so no rank (or torchrun) outlives it."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
@@ -76,11 +81,14 @@ def git_provenance(cwd: Path) -> dict:
 
 def resolve_device(requested: str, planned: str | None = None) -> tuple[str, str | None]:
     """('cpu'|'cuda', reason to skip or None). planned: the device the workflow planned the
-    sweep for (scalelab.placement.plan_device); a run planned for a GPU never trains elsewhere."""
+    sweep for (scalelab.placement.plan_device); a run planned for a GPU never trains elsewhere.
+    A run planned for the CPU imports no torch here."""
+    if planned == "cpu" or (planned is None and requested == "cpu"):
+        return "cpu", None
     import torch
 
     if planned is None:  # launched outside the workflow: decide here
-        planned = "cpu" if requested == "cpu" else "cuda" if requested == "cuda" or torch.cuda.is_available() else "cpu"
+        planned = "cuda" if requested == "cuda" or torch.cuda.is_available() else "cpu"
     if planned == "cuda" and not torch.cuda.is_available():
         build = f"torch {torch.__version__}, CUDA {torch.version.cuda}" if torch.version.cuda else \
             f"torch {torch.__version__} is a CPU-only build"
@@ -90,17 +98,22 @@ def resolve_device(requested: str, planned: str | None = None) -> tuple[str, str
 
 def skip_reason(device: str, point: RunPoint, plan: LaunchPlan, launchers_per_node: int,
                 fp8_emulate: bool = False) -> str | None:
+    """Why this run is not launched here, as far as the launcher can tell. A GPU run's checks
+    need torch (GPU count, compute capability); a CPU run's precision is checked by its
+    worker instead (scalelab.training.worker.preflight: the run ends `skipped` all the same),
+    so that a CPU job's launcher never imports torch."""
+    if point.cpu_offload and device != "cuda":
+        return (f"cpu_offload moves model state from GPU memory to host memory; this run is on {device}, "
+                "where the model state is in host memory already")
+    if device != "cuda":
+        return None
     import torch
 
     from scalelab.training.precision import unsupported_reason
 
-    if device == "cuda":
-        shortfall = placement.gpu_shortfall(plan, point.world_size, launchers_per_node, torch.cuda.device_count())
-        if shortfall:
-            return shortfall
-    if point.cpu_offload and device != "cuda":
-        return (f"cpu_offload moves model state from GPU memory to host memory; this run is on {device}, "
-                "where the model state is in host memory already")
+    shortfall = placement.gpu_shortfall(plan, point.world_size, launchers_per_node, torch.cuda.device_count())
+    if shortfall:
+        return shortfall
     return unsupported_reason(point.precision, torch.device(device), fp8_emulate)
 
 
@@ -146,6 +159,8 @@ def classify_failure(errors: list[dict], log: str) -> tuple[str, str]:
         first = min(errors, key=lambda e: e.get("time", 0))
         where = f"rank {first['rank']}: {first['type']}: {first['message'][:1000]}"
         text = f"{first['type']} {first['message']}".lower()
+        if first["type"] == "Unsupported":  # the worker's preflight: this device cannot run the point
+            return "skipped", first["message"]
         if first["type"] == "OutOfMemoryError" or "out of memory" in text:
             return "oom", where
         if first["type"] == "Diverged":
@@ -242,16 +257,23 @@ def _remove_leftovers(run_dir: Path, resuming: bool) -> None:
 
 def _run_workers(spec: dict, run_dir: Path, plan: LaunchPlan, cluster: dict, log_path: Path, timeout_s: float,
                  started: float) -> tuple[str, str | None, list[dict], dict]:
-    """Run torchrun on the spec, then read back what the workers left: (status, reason, step
+    """Start the ranks on the spec, then read back what the workers left: (status, reason, step
     records, summary fields: how the ranks were launched, what they measured)."""
     spec_path = (run_dir / "spec.json").resolve()
     write_json(spec_path, spec)
-    cmd = torchrun_command(plan, spec["point"]["world_size"], spec_path,
-                           placement.srun_step_options(plan, spec["device"], cluster))
-    launched = {"launch": "srun x torchrun (static rendezvous)" if cmd[0] == "srun" else "torchrun --standalone",
-                "launchers": plan.launchers if cmd[0] == "srun" else 1}
+    world_size = spec["point"]["world_size"]
     env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads_per_rank"]), "PYTHONUNBUFFERED": "1"}
-    status, reason, launched["teardown_warning"] = _run_torchrun(cmd, env, log_path, timeout_s, run_dir)
+    if placement.spans_nodes(plan):
+        cmd = torchrun_command(plan, world_size, spec_path, placement.srun_step_options(plan, spec["device"], cluster))
+        processes = [(cmd, env)]
+        launched = {"launch": "srun x torchrun (static rendezvous)", "launchers": plan.launchers}
+    else:
+        processes = local_rank_processes(world_size, spec_path, env)
+        launched = {"launch": LOCAL_LAUNCH, "launchers": 1}
+    status, reason, launched["teardown_warning"] = _run_ranks(processes, log_path, timeout_s, run_dir)
+    if status == "skipped":  # the workers' preflight: nothing ran, as with a skip decided here
+        spec_path.unlink(missing_ok=True)
+        return status, reason, [], {}
     records = []
     if (run_dir / "progress.jsonl").exists():
         records = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines() if line.strip()]
@@ -302,71 +324,131 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun_command(plan: LaunchPlan, world_size: int, spec_path: Path, srun_options: list[str]) -> list[str]:
-    """The command that starts every rank of a run.
+LOCAL_LAUNCH = "one process per rank (no torchrun agent)"
+"""The ``launch`` of a run whose ranks all run on this host."""
 
-    One launcher, or outside SLURM: ``torchrun --standalone`` with all ranks on this host.
-    Several launchers inside a SLURM allocation: ``srun`` starts one torchrun per task,
-    joined by static rendezvous on the allocation's first host, each task's node rank taken
-    from SLURM_PROCID (torchrun reads PET_NODE_RANK) and its slot on its node from
-    SLURM_LOCALID (packed launchers take distinct GPUs, scalelab.placement.gpu_index). Static, not c10d: the sizes are fixed,
-    node ranks stay reproducible, and several launchers may share one host.
+WORKER = ["-m", "scalelab.training.worker", "--spec"]
+
+
+def local_rank_processes(world_size: int, spec_path: Path, env: dict) -> list[tuple[list[str], dict]]:
+    """(command, environment) of each rank of a run on this host, started by the launcher itself.
+
+    torchrun's elastic agent would be one more Python process importing torch (about 1.5 s of
+    every run's start-up on 2 cores) for what a single host does not need: rendezvous, restarts
+    (scalelab never restarts a rank; a run resumes from its checkpoint). The ranks get the
+    variables torchrun --standalone gives its workers (torch's LocalElasticAgent._start_workers)
+    that a worker without the agent's store reads: init_process_group's env:// rendezvous
+    (MASTER_ADDR, MASTER_PORT: rank 0 hosts the TCPStore on a free port, RANK, WORLD_SIZE),
+    LOCAL_RANK and LOCAL_WORLD_SIZE (GPU and core placement), and the group and role ranks of
+    one group; TORCHELASTIC_* stay unset, since no agent is there to serve a store."""
+    port = str(free_port())
+    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(world_size),
+              "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
+              "ROLE_NAME": "default", "ROLE_WORLD_SIZE": str(world_size),
+              "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")}
+    return [([sys.executable, *WORKER, str(spec_path)],
+             {**env, **common, "RANK": str(rank), "LOCAL_RANK": str(rank), "ROLE_RANK": str(rank)})
+            for rank in range(world_size)]
+
+
+def torchrun_command(plan: LaunchPlan, world_size: int, spec_path: Path, srun_options: list[str]) -> list[str]:
+    """The command that starts every rank of a run whose launchers span nodes (inside a SLURM
+    allocation; on one host the launcher starts the ranks itself, :func:`local_rank_processes`).
+
+    ``srun`` starts one torchrun per task, joined by static rendezvous on the allocation's first
+    host, each task's node rank taken from SLURM_PROCID (torchrun reads PET_NODE_RANK) and its
+    slot on its node from SLURM_LOCALID (packed launchers take distinct GPUs,
+    scalelab.placement.gpu_index). Static, not c10d: the sizes are fixed, node ranks stay
+    reproducible, and several launchers may share one host.
     """
-    worker = ["-m", "scalelab.training.worker", "--spec", str(spec_path)]
-    if not placement.spans_nodes(plan):
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc-per-node={world_size}", *worker]
     torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={plan.launchers}",
                 f"--nproc-per-node={plan.ranks_per_launcher}", f"--master-addr={allocation_first_host()}",
-                f"--master-port={free_port()}", *worker]
+                f"--master-port={free_port()}", *WORKER, str(spec_path)]
     return ["srun", *srun_options, "--kill-on-bad-exit=1",
             "bash", "-c", f'export PET_NODE_RANK="$SLURM_PROCID" {placement.LAUNCHER_SLOT_ENV}="$SLURM_LOCALID"; exec "$@"',
             "bash", *torchrun]
 
 
-def _run_torchrun(cmd, env, log_path: Path, timeout_s: float, run_dir: Path) -> tuple[str, str | None, str | None]:
-    """(status, reason, teardown warning) of one torchrun."""
+POLL_S = 0.05
+"""How often the launcher looks at its processes: how late at most it notices that a rank
+ended (torchrun's agent looks every 0.1 s)."""
+
+
+def _run_ranks(processes: list[tuple[list[str], dict]], log_path: Path, timeout_s: float,
+               run_dir: Path) -> tuple[str, str | None, str | None]:
+    """(status, reason, teardown warning) of one attempt: the ranks (or srun x torchrun, one
+    process) in one process group of their own, their output appended to the log.
+
+    As torchrun did: the first process to exit abnormally ends the attempt, and the others are
+    stopped (a rank whose peer died would otherwise wait in a collective until its timeout); the
+    run's time limit stops them all; the whole group is killed, whatever happened, so no rank
+    outlives the attempt (and each rank dies with the launcher: PR_SET_PDEATHSIG)."""
     attempt_start = log_path.stat().st_size if log_path.exists() else 0  # the log is appended across attempts
+    procs: list[subprocess.Popen] = []
     with open(log_path, "ab") as log:
-        log.write(f"$ {' '.join(cmd)}\n".encode())
+        for cmd, env in processes:
+            shown = " ".join(f"{k}={env[k]}" for k in ("RANK", "WORLD_SIZE", "MASTER_PORT") if k in env and len(processes) > 1)
+            log.write(f"$ {shown + ' ' if shown else ''}{' '.join(cmd)}\n".encode())
         log.flush()
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=_die_with_parent)
         try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return "timeout", f"run exceeded train.run_timeout_s={timeout_s:g} s and was stopped", None
+            for cmd, env in processes:
+                # one group for all: rank 0 leads a new one, the others join it (killpg reaches every rank)
+                group = {"start_new_session": True} if len(processes) == 1 else {"process_group": procs[0].pid if procs else 0}
+                procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                              preexec_fn=_die_with_parent, **group))
+            deadline = time.monotonic() + timeout_s
+            while True:
+                codes = [p.poll() for p in procs]
+                ended_badly = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+                if ended_badly or all(c == 0 for c in codes):
+                    break
+                if time.monotonic() >= deadline:
+                    return "timeout", f"run exceeded train.run_timeout_s={timeout_s:g} s and was stopped", None
+                time.sleep(POLL_S)
         finally:
-            _kill_group(proc)  # no orphan ranks, whatever happened
+            _kill_group(procs)  # no orphan ranks, whatever happened
+    if ended_badly:
+        index, code = ended_badly[0]
+        exit_code = f"torchrun exit code {code}" if len(processes) == 1 else f"rank {index} exit code {code}"
+    else:
+        exit_code = None
     if (run_dir / "worker_result.json").exists():
         # Rank 0 writes it after the last step and the final all-gathers, which every rank
         # joined: the measurements are complete. A crash after that (process-group teardown)
         # is worth a warning, not the run.
-        warning = None if rc == 0 else f"a rank exited abnormally after the results were written (torchrun exit code {rc})"
+        warning = None if exit_code is None else f"a rank exited abnormally after the results were written ({exit_code})"
         return "ok", None, warning
     errors = [read_json(p) for p in sorted(run_dir.glob("rank*.error.json"))]
     with open(log_path, "rb") as log:
         log.seek(attempt_start)
         status, reason = classify_failure(errors, log.read().decode(errors="replace"))
-    return status, f"{reason} (torchrun exit code {rc})", None
+    if status == "skipped":
+        return status, reason, None
+    return status, f"{reason} ({exit_code or 'every rank exited 0 without results'})", None
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the run's process group, then SIGKILL what is left after a grace period."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
+def _kill_group(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM the run's process group (led by the first process), then SIGKILL what is left
+    after a grace period; every process is reaped."""
+    if not procs:
         return
+    group = procs[0].pid
+    try:
+        os.killpg(group, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
     deadline = time.time() + 10
     while time.time() < deadline:
-        proc.poll()  # reap the leader, so a group with no live member reads as gone
+        for proc in procs:  # reap them, so a group with no live member reads as gone
+            proc.poll()
         try:
-            os.killpg(proc.pid, 0)
+            os.killpg(group, 0)
         except ProcessLookupError:
             return
         time.sleep(0.1)
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(group, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    proc.wait()
+    for proc in procs:
+        proc.wait()

@@ -17,7 +17,6 @@ import contextlib
 import logging
 
 import torch
-from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from scalelab.precisions import PRECISIONS
 from scalelab.precisions import precision as precision_record
@@ -50,9 +49,17 @@ def autocast(precision: str, device: torch.device):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def grad_scaler(precision: str, device: torch.device, init_scale: float) -> ShardedGradScaler:
-    """Dynamic loss scaler; a no-op (enabled=False) outside fp16."""
-    return ShardedGradScaler(device.type, init_scale=init_scale, enabled=precision_record(precision).loss_scaling)
+def grad_scaler(precision: str, device: torch.device, init_scale: float) -> torch.amp.GradScaler:
+    """Dynamic loss scaler; a no-op (enabled=False) outside fp16.
+
+    ShardedGradScaler only where it scales: it lives in torch.distributed.fsdp, whose import
+    (DTensor, sympy) costs every rank about 1 s of start-up; disabled, torch.amp's GradScaler
+    (its base class) does exactly the same nothing."""
+    if not precision_record(precision).loss_scaling:
+        return torch.amp.GradScaler(device.type, init_scale=init_scale, enabled=False)
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    return ShardedGradScaler(device.type, init_scale=init_scale, enabled=True)
 
 
 def fp8_unsupported_reason(device: torch.device, emulate: bool = False) -> str | None:

@@ -1,4 +1,4 @@
-"""The training worker: one process per rank, started by torchrun (``python -m scalelab.training.worker``).
+"""The training worker: one process per rank (``python -m scalelab.training.worker``), started by the launcher.
 
 It reads a run spec written by :mod:`scalelab.training.launch`, trains for ``train.steps`` steps,
 and has rank 0 write ``worker_result.json`` (run-level measurements) and
@@ -36,8 +36,7 @@ from typing import TextIO
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.distributed.device_mesh import DeviceMesh  # imported by torch itself: free
 
 from scalelab import accounting, hardware
 from scalelab.config import ModelConfig, TrainConfig
@@ -46,7 +45,6 @@ from scalelab.io import write_json
 from scalelab.placement import LAUNCHER_SLOT_ENV, gpu_index
 from scalelab.precisions import precision as precision_record
 from scalelab.sweep import RunPoint, micro_batch_plan
-from scalelab.training import checkpoint
 from scalelab.training.activations import SavedActivationMeter
 from scalelab.training.comm import CommCounter
 from scalelab.training.lora import apply_lora
@@ -59,7 +57,7 @@ from scalelab.training.parallel import (
     model_state_bytes,
     parallelize,
 )
-from scalelab.training.precision import COMPUTE_DTYPE, autocast, convert_linears, grad_scaler
+from scalelab.training.precision import COMPUTE_DTYPE, autocast, convert_linears, grad_scaler, unsupported_reason
 from scalelab.training.progress import Progress
 
 
@@ -205,7 +203,7 @@ class Run:
     fp8_linears: int | None
     blocks: list[torch.nn.Module]  # the transformer blocks, whose saved activations are measured
     par: Parallelized
-    scaler: ShardedGradScaler
+    scaler: torch.amp.GradScaler  # fp16: torch.distributed.fsdp's ShardedGradScaler
     sampler: BatchSampler
     counter: CommCounter
     start_step: int  # 0, or the step after the checkpoint this attempt resumed from
@@ -315,12 +313,17 @@ def setup(spec: dict) -> Run:
                progress=progress, n_trainable=n_trainable)
 
 
-def resume(run_dir: Path, train_cfg: TrainConfig, par: Parallelized, scaler: ShardedGradScaler,
+def resume(run_dir: Path, train_cfg: TrainConfig, par: Parallelized, scaler: torch.amp.GradScaler,
            rank: int) -> tuple[int, TextIO | None]:
     """(first step to run, rank 0's progress file or None): resumes from the newest complete
     checkpoint, and rank 0 keeps the step records up to it."""
     start_step = 0
-    found = checkpoint.latest(run_dir / "checkpoint") if train_cfg.checkpoint_every else None
+    found = None
+    if train_cfg.checkpoint_every:
+        # here, not at the top: torch.distributed.checkpoint imports DTensor (about 0.7 s per rank)
+        from scalelab.training import checkpoint
+
+        found = checkpoint.latest(run_dir / "checkpoint")
     kept = []
     if found:
         checkpoint.load(found[1], par, scaler)
@@ -417,6 +420,12 @@ class Diverged(RuntimeError):
     """The loss is no longer finite: every further step would measure nothing."""
 
 
+class Unsupported(RuntimeError):
+    """The error type of a rank whose device cannot run the point (written by :func:`preflight`):
+    the launcher records the run `skipped` with the message as the reason
+    (scalelab.training.launch.classify_failure)."""
+
+
 def train(spec: dict) -> None:
     """Set up, run the steps this attempt has left, and have rank 0 write the results."""
     run = setup(spec)
@@ -460,6 +469,8 @@ def train(spec: dict) -> None:
         if step < cfg.steps - 1:
             run.par.optimizer.zero_grad(set_to_none=True)
             if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
+                from scalelab.training import checkpoint  # imported by resume() already
+
                 with run.counter.paused():
                     checkpoint.save(run.ckpt_root, step, run.par, run.scaler)
     run.counter.enabled = False
@@ -605,12 +616,31 @@ def environment(device: torch.device) -> dict:
     }
 
 
+def preflight(spec: dict) -> bool:
+    """Whether this device cannot run this point's precision; if so, this rank says why in its
+    error file (type Unsupported: the launcher records the run `skipped` with the reason) before
+    any process group exists. The launcher checks what it can without importing torch
+    (scalelab.training.launch.skip_reason); this check needs torch, so a CPU run's is made here."""
+    reason = unsupported_reason(spec["point"]["precision"], torch.device(spec["device"]),
+                                bool(spec["train"].get("fp8_emulate")))
+    if reason is None:
+        return False
+    rank = int(os.environ.get("RANK", 0))
+    write_json(Path(spec["run_dir"]) / f"rank{rank}.error.json", {
+        "rank": rank, "type": Unsupported.__name__, "message": reason, "time": time.time(), "traceback": ""})
+    if rank == 0:
+        print(f"scalelab worker: not run: {reason}", flush=True)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="scalelab training worker (run under torchrun)")
+    parser = argparse.ArgumentParser(description="scalelab training worker (one rank; started by scalelab.training.launch)")
     parser.add_argument("--spec", required=True, help="run spec JSON written by scalelab.training.launch")
     args = parser.parse_args(argv)
     spec = json.loads(Path(args.spec).read_text())
     torch.set_num_threads(int(spec["threads_per_rank"]))
+    if preflight(spec):
+        return 3
     backend = "nccl" if spec["device"] == "cuda" else "gloo"
     timeout = datetime.timedelta(seconds=float(spec["train"]["collective_timeout_s"]))
     dist.init_process_group(backend, timeout=timeout)
