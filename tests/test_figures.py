@@ -227,12 +227,24 @@ def check_communication(runs, steps):
     fig, t = draw("communication", runs, steps)
     ax = fig.axes[0]
     ok = t.runs[t.runs["status"] == "ok"]
-    mean = ok.groupby(["zero_stage", "world_size"])[["comm_bytes_per_step_measured", "comm_bytes_per_step_predicted"]].mean() / MiB
-    (bars,) = [c for c in ax.containers if c.get_label() == "measured"]
-    np.testing.assert_allclose([b.get_height() for b in bars], mean["comm_bytes_per_step_measured"].to_numpy())
-    np.testing.assert_allclose(marks(ax, "predicted (PyTorch)")[:, 1], mean["comm_bytes_per_step_predicted"].to_numpy())
-    assert [tx.get_text() for tx in ax.get_xticklabels()] == [f"z{z}\nw{w}" for z, w in mean.index]
+    cols = ["comm_bytes_per_step_measured", "comm_bytes_per_step_predicted"]
+    mean = ok.groupby(["zero_stage", "world_size", "precision"], observed=True)[cols].mean() / MiB
+    for precision in ok["precision"].unique():  # a bar per precision in each stage and world size
+        (bars,) = [c for c in ax.containers if c.get_label() == f"{precision}, measured"]
+        mine = mean.xs(precision, level="precision")
+        np.testing.assert_allclose([b.get_height() for b in bars], mine["comm_bytes_per_step_measured"].to_numpy())
+    heights = {(b.get_x() + b.get_width() / 2): b.get_height() for c in ax.containers for b in c}
+    np.testing.assert_allclose(sorted(marks(ax, "predicted (PyTorch)")[:, 1]), sorted(mean["comm_bytes_per_step_predicted"]))
+    assert len(heights) == len(mean)
+    groups = mean.reset_index()[["zero_stage", "world_size"]].drop_duplicates()
+    assert [tx.get_text() for tx in ax.get_xticklabels()] == [f"z{z}\nw{w}" for z, w in groups.itertuples(index=False)]
     assert "MiB" in ax.get_ylabel()
+    # fp16 and bf16 gather 16-bit parameters at stages 2 and 3 (more than one rank): fewer bytes than fp32 there
+    at = mean["comm_bytes_per_step_measured"].unstack("precision")
+    sharded = at[(at.index.get_level_values("zero_stage") >= 2) & (at.index.get_level_values("world_size") > 1)]
+    for precision in {"fp16", "bf16"} & set(sharded.columns) if "fp32" in sharded else ():
+        both = sharded[[precision, "fp32"]].dropna()
+        assert (both[precision] < both["fp32"]).all(), both
 
 
 def _pairs(runs, lever):

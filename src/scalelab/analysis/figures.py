@@ -112,8 +112,11 @@ FIGURES: tuple[Figure, ...] = (
                 "step over runs)."),
     Figure(
         "communication", lambda t: _plots().communication(t.runs), formats=("png", "svg"),
-        caption="Bytes handed to collectives per optimizer step (ZeRO paper's unit): measured (bars) vs predicted "
-                "(black ticks: PyTorch strategy; grey: the paper), per stage and world size."),
+        caption="Bytes handed to collectives per optimizer step (ZeRO paper's unit), a bar per precision: measured "
+                "(bars) vs predicted (black ticks: PyTorch strategy; grey: the paper's elements at fp32's 4 bytes), per "
+                "stage and world size. fp16 and bf16 gather parameters in 16 bits at stages 2 and 3 (FSDP2's "
+                "MixedPrecisionPolicy; gradients reduced in fp32 unless grad_reduce is compute), so their bars sit "
+                "below fp32's there; at stages 0 and 1 they move fp32's bytes (fp16: + its loss scaler's 8-byte flag)."),
     Figure(
         "lever_activation_checkpointing", kind="lever", varies="activation_checkpointing",
         draw=lambda t: _levers().activation_checkpointing_plot(_levers().lever_pairs(t.levers, "activation_checkpointing")),

@@ -1,7 +1,8 @@
 """The levers in the report: baseline rows, variant-vs-baseline pairs, one figure per lever.
 
 A lever is an optional sweep axis (scalelab.sweep.LEVER_AXES: micro-batch size, activation
-checkpointing, CPU offload, DDP bucket size, torch.compile, LoRA; fp8 is a precision). The main figures use *baseline* rows (every lever at
+checkpointing, CPU offload, DDP bucket size, torch.compile, LoRA, gradient reductions in the
+compute dtype; fp8 is a precision). The main figures use *baseline* rows (every lever at
 its default) so that they compare precision x stage x world size alone. Each run with a
 lever away from its default is paired with the baseline run that differs only in that lever,
 and the pair's measured ratios are set against the formulas: PAIR_COLUMNS for every lever, and
@@ -71,7 +72,7 @@ _LEVER_TABLE_READS = (
     "activation_bytes_measured", "activation_bytes_predicted", "activation_bytes_predicted_paper",
     "recompute_flops_per_token", "flops_per_token", "model_state_bytes_measured", "model_state_bytes_predicted",
     "n_trainable_params", "n_params", "comm_all_reduce_calls_per_step", "ddp_buckets_predicted",
-    "compile_time_s", "compile_graphs_in_loop", "final_loss")
+    "compile_time_s", "compile_graphs_in_loop", "final_loss", "comm_bytes_per_step_measured", "comm_bytes_per_step_predicted")
 
 
 Pair = Callable[[SimpleNamespace], float]
@@ -111,6 +112,13 @@ EVIDENCE: dict[str, dict[str, Pair]] = {
         "baseline_step_ms": lambda r: r.step_time_s_median_base * 1e3,
         "compile_time_s": lambda r: r.compile_time_s,
         "compile_graphs_in_loop": lambda r: r.compile_graphs_in_loop,
+        "final_loss_rel_diff": lambda r: abs(r.final_loss - r.final_loss_base) / abs(r.final_loss_base)},
+    # bytes per step with gradients reduced in the compute dtype vs fp32, measured and predicted, and
+    # what the 16-bit reduction did to the loss (no figure: the table shows it)
+    "grad_reduce": {
+        "comm_mib_per_step": lambda r: r.comm_bytes_per_step_measured / MiB,
+        "comm_mib_per_step_predicted": lambda r: r.comm_bytes_per_step_predicted / MiB,
+        "baseline_comm_mib_per_step": lambda r: r.comm_bytes_per_step_measured_base / MiB,
         "final_loss_rel_diff": lambda r: abs(r.final_loss - r.final_loss_base) / abs(r.final_loss_base)},
 }
 """Each lever's own evidence: the columns its pairs compare beyond PAIR_COLUMNS, declared beside

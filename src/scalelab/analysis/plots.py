@@ -513,26 +513,44 @@ def loss_scale(runs: pd.DataFrame, steps: pd.DataFrame):
 
 
 def communication_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Mean bytes per step of the ok runs by stage, world size and precision (in the report's
+    precision order): fp16 and bf16 gather 16-bit parameters at stages 2 and 3, so precisions
+    are bars of their own, not averaged together."""
     ok = runs[runs["status"] == "ok"]
-    agg = ok.groupby(["zero_stage", "world_size"], as_index=False)[
+    agg = ok.groupby(["zero_stage", "world_size", "precision"], as_index=False, observed=True)[
         ["comm_bytes_per_step_measured", "comm_bytes_per_step_predicted", "comm_bytes_per_step_predicted_paper"]].mean()
+    order = {p: (PRECISION_ORDER.index(p) if p in PRECISION_ORDER else len(PRECISION_ORDER)) for p in agg["precision"].unique()}
+    agg = agg.assign(_order=agg["precision"].map(order)).sort_values(["zero_stage", "world_size", "_order"])
     agg["label"] = "z" + agg["zero_stage"].astype(str) + "\nw" + agg["world_size"].astype(str)
-    return agg
+    return agg.drop(columns="_order").reset_index(drop=True)
 
 
 def communication(runs: pd.DataFrame):
+    """Per stage and world size, a bar per precision (its colour): the bytes measured, with the
+    PyTorch prediction (black) and the paper's (grey) on each bar."""
     agg = communication_table(runs)
     if agg.empty:
         return _empty("no ok runs")
-    fig, ax = plt.subplots(figsize=(max(5, 0.42 * len(agg) + 2), 3.4))
-    x = np.arange(len(agg))
-    ax.bar(x, agg["comm_bytes_per_step_measured"] / MiB, color=PALETTE[0], label="measured")
-    marks(ax, x, agg["comm_bytes_per_step_predicted"] / MiB, marker="_", size=260, color="black", label="predicted (PyTorch)", zorder=3)
-    marks(ax, x, agg["comm_bytes_per_step_predicted_paper"] / MiB, marker="_", size=260, color="grey", label="predicted (paper)", zorder=3)
-    ax.set_xticks(x, agg["label"])
+    names = sorted(agg["precision"].unique(), key=lambda p: (PRECISION_ORDER.index(p) if p in PRECISION_ORDER else len(PRECISION_ORDER), p))
+    colors = precision_colors(names)
+    groups = agg[["zero_stage", "world_size"]].drop_duplicates().reset_index(drop=True)
+    slot = {p: i for i, p in enumerate(names)}
+    width = 0.8 / len(slot)
+    group_index = {key: i for i, key in enumerate(zip(groups["zero_stage"], groups["world_size"]))}
+    group_of = np.array([group_index[key] for key in zip(agg["zero_stage"], agg["world_size"])])
+    x = group_of + (agg["precision"].map(slot).to_numpy() - (len(slot) - 1) / 2) * width
+    fig, ax = plt.subplots(figsize=(max(5, 0.42 * len(groups) * max(1, len(slot) / 2) + 2), 3.4))
+    for precision in slot:  # one container per precision, labelled by it
+        mine = (agg["precision"] == precision).to_numpy()
+        ax.bar(x[mine], agg["comm_bytes_per_step_measured"][mine] / MiB, width=width * 0.95, color=colors[precision],
+               label=f"{precision}, measured")
+    tick = 260 * min(1.0, width / 0.8) ** 2  # a tick as wide as its bar
+    marks(ax, x, agg["comm_bytes_per_step_predicted"] / MiB, marker="_", size=tick, color="black", label="predicted (PyTorch)", zorder=3)
+    marks(ax, x, agg["comm_bytes_per_step_predicted_paper"] / MiB, marker="_", size=tick, color="grey", label="predicted (paper, fp32 elements)", zorder=3)
+    ax.set_xticks(np.arange(len(groups)), "z" + groups["zero_stage"].astype(str) + "\nw" + groups["world_size"].astype(str))
     ax.grid(axis="x", visible=False)
     ax.set(ylabel="MiB per optimizer step", xlabel="ZeRO stage (z), world size (w)", title="bytes handed to collectives per step")
-    ax.set_xlim(-0.6, len(agg) - 0.4)
+    ax.set_xlim(-0.6, len(groups) - 0.4)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     _not_ok_note(fig, runs)
     return fig

@@ -49,7 +49,11 @@ within a step (stage 2 keeps unsharded parameters from forward to backward).</li
 broadcast of Ψ = Ψ): stage 0: 2Ψ; stage 1: 3Ψ with PyTorch's ZeroRedundancyOptimizer (all-reduce + broadcast of
 updated shards; the paper's 2Ψ); stage 2: 2Ψ; stage 3: 3Ψ; with k accumulation micro-batches FSDP2 stages 2/3
 move (k+1)Ψ and (2k+1)Ψ. At world size 1 FSDP2 issues no collectives (0 bytes) while DDP and ZeRO-1 still do.
-Bytes = elements × 4 (gradients and parameters travel in fp32). On a ring each rank sends (N−1)/N of this.</li>
+Bytes = gradient elements × the reduce width + parameter elements × the gather width: 4 bytes (fp32) except that
+fp16 and bf16 runs at stages 2 and 3 all-gather parameters in 2 bytes (FSDP2 MixedPrecisionPolicy, param_dtype =
+compute dtype: half of fp32's all-gather bytes) and, with the grad_reduce lever at compute, reduce gradients in 2 bytes
+(reduce_dtype = compute dtype; DDP's bf16/fp16 compress hook at stages 0 and 1); ZeRO-1's broadcast stays fp32; fp16
+adds its loss scaler's 8-byte inf/NaN flag. On a ring each rank sends (N−1)/N of this.</li>
 <li><b>Scaling efficiency</b> = tokens/s at N / (N × tokens/s at world size 1), same precision and stage.</li>
 <li><b>Activations</b> kept for backward per layer and micro-batch. Korthikanti et al. 2022 (2-byte values, no tensor
 parallelism): s·b·h·(34 + 5·a·s/h), and 2·s·b·h with full recomputation ("paper" columns, scaled by width / 2). For this
