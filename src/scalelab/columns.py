@@ -189,7 +189,12 @@ RUN = [
            "seq_len)", "worker", OK),
     Column("measured_steps", pa.int32(), "-", "steps after warm-up that the run-level timings average over", "worker", OK),
     Column("tokens_per_s", pa.float64(), "tokens/s", "throughput over the measured steps, all ranks together (per device: "
-           "divide by world_size)", "worker", OK),
+           "tokens_per_s_per_device)", "worker", OK),
+    Column("tokens_per_s_per_device", pa.float64(), "tokens/s", "tokens_per_s / world_size: throughput of one device",
+           "collect", OK),
+    Column("scaling_efficiency", pa.float64(), "fraction", "tokens_per_s / (world_size × the median tokens_per_s of the ok "
+           "world-size-1 runs of the same precision and ZeRO stage), as the report computes it (1 = linear scaling)",
+           "collect", sometimes("when ok runs at world size 1 of its precision and stage exist", OK)),
     Column("step_time_s_mean", pa.float64(), "s", "mean step time over the measured steps", "worker", OK),
     Column("step_time_s_median", pa.float64(), "s", "median step time over the measured steps", "worker", OK),
     Column("loop_time_s_per_step", pa.float64(), "s", "wall time of the whole training loop (records, loss sync "
@@ -397,7 +402,21 @@ def run_row(summary: dict, run_path: str) -> dict:
 
 
 def runs_table(rows: list[dict]) -> pa.Table:
-    return pa.Table.from_pylist(rows, schema=RUN_SCHEMA)
+    table = pa.Table.from_pylist(rows, schema=RUN_SCHEMA)
+    return table.replace_schema_metadata({**table.schema.metadata, b"pandas": _pandas_integers()})
+
+
+def _pandas_integers() -> bytes:
+    """pandas' own metadata naming every integer column of the runs (RUN) a nullable integer (Int64,
+    Int32): pd.read_parquet then reads n_params as an integer even where a skipped row leaves it
+    null (without it pandas makes such a column float, numpy's int64 holding no null). Not the
+    sweep axes (IDENTITY): their null is a value ("no accumulation", "no LoRA") that filters compare
+    with == and !=, which pandas' NA answers with NA; they read as pyarrow's types say, as before."""
+    import pandas as pd  # here, not at import: the training worker imports this module
+
+    ints = {c.name: f"Int{c.type.bit_width}" for c in RUN if pa.types.is_integer(c.type)}
+    empty = pd.DataFrame({name: pd.array([], dtype=dtype) for name, dtype in ints.items()})
+    return pa.Schema.from_pandas(empty, preserve_index=False).metadata[b"pandas"]
 
 
 def unknown_summary_keys(summary: dict) -> list[str]:
@@ -460,7 +479,8 @@ def summary_problems(summary: dict) -> list[str]:
         elif column.writer == "worker" and summary.get("status") == "ok" and column.name not in summary \
                 and column.name not in flattened:
             bad.append(f"{column.name}: the worker's result lacks it")
-    return bad + null_problems(run_row(summary, "-"), RUN_COLUMNS)
+    # the launcher's columns only: collection fills its own (tokens_per_s_per_device) from every run
+    return bad + null_problems(run_row(summary, "-"), {n: c for n, c in RUN_COLUMNS.items() if c.writer != "collect"})
 
 
 def steps_problems(steps: pa.Table, identity: dict) -> list[str]:

@@ -44,6 +44,27 @@ def _with_identity(table: pa.Table, identity: dict | None) -> pa.Table:
     return table.select(STEP_SCHEMA.names).cast(STEP_SCHEMA)
 
 
+def with_collected_columns(runs: pa.Table) -> pa.Table:
+    """The run columns collection fills from the runs together (scalelab.columns, writer
+    "collect"): tokens_per_s_per_device, and scaling_efficiency by the report's own function
+    (scalelab.analysis.tables.scaling_efficiency: one formula, the world-size-1 median as baseline).
+    Null in rows that did not end ok."""
+    import numpy as np
+
+    from scalelab.analysis.tables import scaling_efficiency
+
+    frame = runs.select(["status", "precision", "zero_stage", "world_size", "tokens_per_s"]).to_pandas()
+    ok = (frame["status"] == "ok").to_numpy()
+    tokens_per_s = frame["tokens_per_s"].to_numpy(dtype=float, na_value=np.nan)
+    filled = {"tokens_per_s_per_device": tokens_per_s / frame["world_size"].to_numpy(dtype=float),
+              "scaling_efficiency": scaling_efficiency(frame).to_numpy(dtype=float, na_value=np.nan)}
+    for name, values in filled.items():
+        i = runs.schema.get_field_index(name)
+        values = np.where(ok, values, np.nan)
+        runs = runs.set_column(i, runs.schema.field(i), pa.array(values, type=pa.float64(), from_pandas=True))
+    return runs
+
+
 def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict:
     """Gather every run's summary.json and steps.parquet under results_dir/runs/<run id>/ into
     results_dir/metrics.parquet (one row per run) and results_dir/steps.parquet (one row per
@@ -102,7 +123,7 @@ def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict
             problems.append(f"{steps_path}: corrupt ({type(err).__name__}: {err})")
             row["steps_problem"] = f"{steps_path.name} is corrupt: {type(err).__name__}: {err}"[:500]
         rows.append(row)
-    runs = runs_table(rows)
+    runs = with_collected_columns(runs_table(rows))
     steps = pa.concat_tables(step_tables) if step_tables else STEP_SCHEMA.empty_table()
     write_parquet(runs, results_dir / "metrics.parquet")
     write_parquet(steps, results_dir / "steps.parquet")
