@@ -181,7 +181,11 @@ def main(argv: list[str] | None = None) -> int:
 
     add_migrate(sub)
     add_estimate(sub)
-    args = parser.parse_args(argv)
+    for command in sub.choices.values():  # estimate's subcommands set their own, which win
+        command.set_defaults(usage_parser=command)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the subcommand's own error and usage: parse_args would print the top-level usage
+        getattr(args, "usage_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return args.func(args)
     except OldLayout as err:  # run folders of an earlier layout: say what to run instead of "no runs"

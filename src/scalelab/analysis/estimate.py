@@ -3,7 +3,9 @@
     scalelab estimate memory --params 7.5e9 --world-size 64
     scalelab estimate memory --layers 24 --d-model 1024 --vocab 50257 --seq 1024 --world-size 8 --micro-batch 8
     scalelab estimate memory --config config.yaml
-    scalelab estimate time   --params 7e9 --tokens 1e12 --gpus 256 --gpu H100 --mfu 0.4
+    scalelab estimate memory --params 1.3B --world-size 8 --precision bf16 --zero-stage 2 3
+    scalelab estimate time   --params 7B --tokens 1T --gpus 256 --gpu H100 --mfu 0.4
+    scalelab estimate time   --params 7B --tokens 1T --gpus 256 --gpu H100 --precision fp32 --mfu-from results
     scalelab estimate fit    --gpu-memory 80 --unit GB --world-size 8
     scalelab estimate advise --layers 32 --d-model 4096 --vocab 32000 --seq 4096 --micro-batch 1 --gpu-memory 80 --gpus 8
     scalelab estimate claim  --params 70e9 --tokens-per-s 2e6 --gpus 64 --gpu H100
@@ -33,6 +35,34 @@ class EstimateError(ValueError):
     pass
 
 
+COUNT_SUFFIXES = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
+"""What the output writes counts with (_human): 1.3B parameters, 2M tokens/s; counts are read so too."""
+
+
+def count(text: str) -> float:
+    """A count as the output prints it (1B, 20B, 350M, 1.3B, 2K, 1T; any case) or as a number
+    (7.5e9): argparse's type for parameters, tokens and throughputs."""
+    text = text.strip()
+    scale = COUNT_SUFFIXES.get(text[-1:].upper())
+    try:
+        return float(text[:-1]) * scale if scale else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count: write e.g. 1.3B, 350M, 20K, 1T or 7.5e9") from None
+
+
+def whole_count(text: str) -> int:
+    """A count of whole things (GPUs, ranks, tokens of a vocabulary), written as count() reads."""
+    value = count(text)
+    if not (math.isfinite(value) and value.is_integer()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    return int(value)
+
+
+def _percent(fraction: float) -> str:
+    """A fraction as a percentage that never rounds a nonzero value to 0.0%."""
+    return f"{fraction:.1%}" if fraction == 0 or abs(fraction) >= 0.001 else f"{fraction * 100:.2g}%"
+
+
 def _positive(name: str, value, allow_zero: bool = False):
     if value is None:
         return None
@@ -54,7 +84,11 @@ def _model(args) -> tuple[int, ModelConfig | None]:
     if args.params is not None:
         if any(v is not None for v in shape):
             raise EstimateError("give the model either as --params or as --layers/--d-model/--vocab/--seq, not both")
-        return int(_positive("params", args.params)), None
+        n_params = _positive("params", args.params)
+        if n_params < 1000:  # --params 1.3 meaning billions: int() made it 1 parameter, and claim's MFU 0.0%
+            raise EstimateError(f"--params {n_params:g} is {n_params:g} parameters, a count: write {n_params:g}B for "
+                                f"{n_params:g} billion (or {n_params:g}e9)")
+        return int(n_params), None
     if any(v is None for v in shape):
         raise EstimateError("give the model as --params N, or all of --layers, --d-model, --vocab and --seq")
     for name, v in zip(("layers", "d-model", "vocab", "seq"), shape):
@@ -72,28 +106,66 @@ def memory_table(args) -> dict:
     world_size = int(_positive("world-size", args.world_size))
     scale, u = UNITS[args.unit], args.unit.lower()  # JSON keys follow the unit: *_gib or *_gb
     rows = []
-    for precision in MEMORY_PRECISIONS:
-        for stage in ZERO_STAGES:
-            real = accounting.model_state_bytes(n_params, stage, world_size, precision, "pytorch")
-            paper = accounting.model_state_bytes(n_params, stage, world_size, precision, "paper")
-            row = {"precision": precision, "zero_stage": stage, "world_size": world_size,
-                   f"pytorch_params_{u}": real.params / scale, f"pytorch_grads_{u}": real.grads / scale,
-                   f"pytorch_optimizer_{u}": real.optimizer / scale, f"pytorch_total_{u}": real.total / scale,
-                   f"paper_total_{u}": paper.total / scale}
-            if cfg is not None and args.micro_batch:
-                peak = accounting.peak_memory(cfg, n_params, stage, world_size, precision, args.micro_batch)
-                row[f"activations_{u}"] = peak.activations / scale
-                row[f"peak_{u}"] = peak.total / scale
-            rows.append(row)
+    for precision, stage in _table_points(args):
+        real = accounting.model_state_bytes(n_params, stage, world_size, precision, "pytorch")
+        paper = accounting.model_state_bytes(n_params, stage, world_size, precision, "paper")
+        row = {"precision": precision, "zero_stage": stage, "world_size": world_size,
+               f"pytorch_params_{u}": real.params / scale, f"pytorch_grads_{u}": real.grads / scale,
+               f"pytorch_optimizer_{u}": real.optimizer / scale, f"pytorch_total_{u}": real.total / scale,
+               f"paper_total_{u}": paper.total / scale}
+        if cfg is not None and args.micro_batch:
+            peak = accounting.peak_memory(cfg, n_params, stage, world_size, precision, args.micro_batch)
+            row[f"activations_{u}"] = peak.activations / scale
+            row[f"peak_{u}"] = peak.total / scale
+        rows.append(row)
     return {"n_params": n_params, "world_size": world_size, "unit": args.unit, "rows": rows,
             "note": "model state per rank at rest; 'pytorch' = fp32 master params + fp32 grads + AdamW (what scalelab's "
                     "strategies hold), 'paper' = ZeRO paper 2+2+12 (fp32: 4+4+8); peak adds in-step parameters and activations"}
 
 
+def _table_points(args) -> list[tuple[str, int]]:
+    """The (precision, ZeRO stage) rows of a memory or fit table: every one, or those --precision
+    and --zero-stage name (in the table's own order)."""
+    return [(precision, stage) for precision in MEMORY_PRECISIONS if not args.precision or precision in args.precision
+            for stage in ZERO_STAGES if args.zero_stage is None or stage in args.zero_stage]
+
+
+def measured_mfu(results, precision: str) -> dict:
+    """The MFU a sweep measured: the median ``mfu`` of RESULTS/metrics.parquet's ok runs of this
+    precision, with the runs it came from and, for CPU runs, that it says nothing about a GPU."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    table = Path(results) / "metrics.parquet"
+    if not table.exists():
+        raise EstimateError(f"--mfu-from {results}: no {table} (collect the runs first: scalelab collect {results})")
+    runs = pd.read_parquet(table, columns=["run_id", "status", "precision", "mfu", "device_type", "device_name"])
+    ok = runs[(runs["status"] == "ok") & runs["mfu"].notna()]
+    mine = ok[ok["precision"] == precision]
+    if mine.empty:
+        measured = ", ".join(sorted(ok["precision"].unique())) or "none"
+        raise EstimateError(f"--mfu-from {results}: no ok run of precision {precision} with an MFU "
+                            f"(precisions measured: {measured}); pick one with --precision")
+    mfu = float(mine["mfu"].median())
+    if not 0 < mfu <= 1:
+        raise EstimateError(f"--mfu-from {results}: the median MFU of its {precision} runs is {mfu:.3g}, not in (0, 1]")
+    devices = sorted(set(mine["device_type"].dropna()))
+    source = {"results": str(results), "precision": precision, "runs": sorted(mine["run_id"]), "median_mfu": mfu,
+              "devices": sorted(set(mine["device_name"].dropna())), "device_types": devices}
+    if "cpu" in devices:
+        source["warning"] = ("measured on CPU: a CPU's MFU (against its own measured matmul peak) says nothing about "
+                             "what a GPU reaches; give --mfu for a GPU estimate")
+    return source
+
+
 def time_estimate(args) -> dict:
     tokens = _positive("tokens", args.tokens)
-    mfu = args.mfu
-    if not (mfu is not None and 0 < mfu <= 1):
+    if args.mfu is not None and args.mfu_from is not None:
+        raise EstimateError("give --mfu or --mfu-from, not both")
+    source = measured_mfu(args.mfu_from, args.precision) if args.mfu_from is not None else None
+    mfu = source["median_mfu"] if source else (0.4 if args.mfu is None else args.mfu)
+    if not 0 < mfu <= 1:
         raise EstimateError(f"--mfu must be in (0, 1], got {mfu}")
     gpus = int(_positive("gpus", args.gpus))
     try:
@@ -105,10 +177,15 @@ def time_estimate(args) -> dict:
     fpt = accounting.flops_per_token(cfg) if cfg is not None else 6.0 * n_params
     total = fpt * tokens
     days = accounting.training_days(total, gpus, args.gpu, args.precision, mfu)
-    return {"n_params": n_params, "tokens": tokens, "flops_per_token": fpt,
-            "flops_rule": "6N + attention term" if cfg is not None else "6N",
-            "total_flops": total, "gpus": gpus, "gpu": product.name, "precision": args.precision,
-            "peak_flops_per_gpu": peak, "mfu": mfu, "days": days, "gpu_hours": days * 24 * gpus}
+    result = {"n_params": n_params, "tokens": tokens, "flops_per_token": fpt,
+              "flops_rule": "6N + attention term" if cfg is not None else "6N",
+              "total_flops": total, "gpus": gpus, "gpu": product.name, "precision": args.precision,
+              "peak_flops_per_gpu": peak, "mfu": mfu, "days": days, "gpu_hours": days * 24 * gpus}
+    if source:
+        result["mfu_source"] = source
+        if "warning" in source:
+            result["note"] = source["warning"]
+    return result
 
 
 def _gpu_memory(args) -> float:
@@ -126,11 +203,10 @@ def fit_table(args) -> dict:
     mem = _gpu_memory(args)
     world_size = int(_positive("world-size", args.world_size))
     rows = []
-    for precision in MEMORY_PRECISIONS:
-        for stage in ZERO_STAGES:
-            rows.append({"precision": precision, "zero_stage": stage,
-                         "pytorch_max_params": accounting.largest_model(mem, stage, world_size, precision, "pytorch"),
-                         "paper_max_params": accounting.largest_model(mem, stage, world_size, precision, "paper")})
+    for precision, stage in _table_points(args):
+        rows.append({"precision": precision, "zero_stage": stage,
+                     "pytorch_max_params": accounting.largest_model(mem, stage, world_size, precision, "pytorch"),
+                     "paper_max_params": accounting.largest_model(mem, stage, world_size, precision, "paper")})
     return {f"gpu_memory_{args.unit.lower()}": mem / UNITS[args.unit], "unit": args.unit, "world_size": world_size,
             "rows": rows, "note": "model state only: leave room for activations, buffers and fragmentation"}
 
@@ -214,13 +290,18 @@ def claim_check(args) -> dict:
         raise EstimateError(str(err)) from None
     fpt = accounting.flops_per_token(cfg) if cfg is not None else 6.0 * n_params
     implied = accounting.mfu(tokens_per_s, fpt, peak, gpus)
-    if implied > 1:
+    if math.isnan(implied):
+        verdict = f"unknown: no {args.precision} dense peak for {product.name}"
+    elif implied > 1:
         verdict = (f"impossible as stated: it needs {implied:.0%} of the {args.precision} dense peak of {gpus} x "
                    f"{product.name}; no hardware runs above its peak")
     elif implied > 0.6:
         verdict = f"implausible: {implied:.0%} MFU is above the best published training runs (about 40-60%)"
+    elif implied < 0.01:  # no lower bound printed "implied MFU 0.0%: plausible"
+        verdict = (f"implausibly low: {_percent(implied)} MFU, under 1% of the dense peak; check the units (tokens per "
+                   "second of all GPUs together, the parameter count as a count: 1.3B, not 1.3)")
     else:
-        verdict = f"plausible: {implied:.0%} MFU"
+        verdict = f"plausible: {_percent(implied)} MFU"
     return {"n_params": n_params, "tokens_per_s": tokens_per_s, "flops_per_token": fpt, "gpus": gpus,
             "gpu": product.name, "precision": args.precision, "peak_flops_per_gpu": peak, "implied_mfu": implied,
             "verdict": verdict}
@@ -250,6 +331,11 @@ def render(kind: str, result: dict) -> str:
         lines += [f"{_human(r['n_params'])} parameters x {_human(r['tokens'])} tokens = {r['total_flops']:.3e} FLOPs ({r['flops_rule']})",
                   f"on {r['gpus']} x {r['gpu']} ({r['precision']} dense peak {r['peak_flops_per_gpu'] / 1e12:.1f} TFLOP/s) at MFU {r['mfu']:.0%}:",
                   f"  {r['days']:.2f} days ({r['gpu_hours']:.4g} GPU-hours)"]
+        if "mfu_source" in r:
+            source = r["mfu_source"]
+            lines.append(f"MFU {_percent(r['mfu'])} measured: the median of {len(source['runs'])} ok {source['precision']} "
+                         f"run(s) of {source['results']} ({', '.join(source['runs'])}) on "
+                         f"{', '.join(source['devices']) or 'an unnamed device'}")
     elif kind == "advise":
         u = result["unit"].lower()
         lines.append(f"{_human(result['n_params'])} parameters, {result['precision']}, {result['gpus']} GPUs of "
@@ -268,7 +354,7 @@ def render(kind: str, result: dict) -> str:
         lines += [f"{_human(r['n_params'])} parameters at {_human(r['tokens_per_s'])} tokens/s on {r['gpus']} x {r['gpu']}: "
                   f"{r['tokens_per_s'] * r['flops_per_token']:.3e} FLOP/s against {r['gpus']} x "
                   f"{r['peak_flops_per_gpu'] / 1e12:.1f} TFLOP/s ({r['precision']} dense peak)",
-                  f"implied MFU {r['implied_mfu']:.1%}: {r['verdict']}"]
+                  f"implied MFU {_percent(r['implied_mfu'])}: {r['verdict']}"]
     else:
         u = result["unit"].lower()
         lines.append(f"largest model whose model state fits {result[f'gpu_memory_{u}']:g} {result['unit']} per GPU x {result['world_size']} GPUs")
@@ -287,11 +373,11 @@ def add_parser(sub) -> None:
 
     def model_flags(p):
         g = p.add_argument_group("model (either --params, or the shape, or --config)")
-        g.add_argument("--params", type=float, help="parameter count, e.g. 7.5e9")
+        g.add_argument("--params", type=count, help="parameter count: 1.3B, 350M, 7.5e9 (K, M, B, T as printed)")
         g.add_argument("--layers", type=int, help="transformer blocks")
         g.add_argument("--d-model", type=int, help="residual width")
         g.add_argument("--heads", type=int, help="attention heads (default d_model / 64)")
-        g.add_argument("--vocab", type=int, help="vocabulary size")
+        g.add_argument("--vocab", type=whole_count, help="vocabulary size")
         g.add_argument("--seq", type=int, help="sequence length")
         g.add_argument("--untied", action="store_true", help="output head not tied to the embedding")
         g.add_argument("--config", help="read the model from a scalelab config.yaml (vocab from --vocab, default 256)")
@@ -300,6 +386,12 @@ def add_parser(sub) -> None:
         p.add_argument("--gpu-memory", type=float, help="memory per GPU in --unit (e.g. 80)")
         p.add_argument("--gpu-memory-gib", type=float, help="memory per GPU in GiB (same as --gpu-memory N --unit GiB)")
         p.add_argument("--unit", choices=list(UNITS), default="GiB", help="GiB (2^30 bytes, default) or GB (10^9)")
+
+    def table_filters(p):
+        p.add_argument("--precision", nargs="+", choices=list(MEMORY_PRECISIONS), metavar="PRECISION",
+                       help=f"only these precisions' rows ({', '.join(MEMORY_PRECISIONS)}; default all)")
+        p.add_argument("--zero-stage", nargs="+", type=int, choices=list(ZERO_STAGES), metavar="STAGE",
+                       help=f"only these ZeRO stages' rows ({', '.join(map(str, ZERO_STAGES))}; default all)")
 
     def gpu_flags(p):
         p.add_argument("--gpu", required=True,
@@ -310,34 +402,40 @@ def add_parser(sub) -> None:
 
     m = kinds.add_parser("memory", help="model-state memory per rank, every stage x precision")
     model_flags(m)
-    m.add_argument("--world-size", type=int, default=1, help="ranks (GPUs) sharing the model (default 1)")
+    m.add_argument("--world-size", type=whole_count, default=1, help="ranks (GPUs) sharing the model (default 1)")
+    table_filters(m)
     m.add_argument("--unit", choices=list(UNITS), default="GiB", help="GiB (2^30 bytes, default) or GB (10^9, the ZeRO paper's)")
     m.add_argument("--micro-batch", type=int, help="sequences per rank per step: adds activations and the in-step peak (needs the shape)")
     t = kinds.add_parser("time", help="days to train")
     model_flags(t)
-    t.add_argument("--tokens", type=float, required=True, help="training tokens, e.g. 1e12")
-    t.add_argument("--gpus", type=int, required=True, help="number of GPUs")
+    t.add_argument("--tokens", type=count, required=True, help="training tokens, e.g. 1T or 1e12")
+    t.add_argument("--gpus", type=whole_count, required=True, help="number of GPUs")
     gpu_flags(t)
-    t.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation in (0, 1] (default 0.4)")
+    t.add_argument("--mfu", type=float, default=None, help="model FLOPs utilisation in (0, 1] (default 0.4)")
+    t.add_argument("--mfu-from", metavar="RESULTS", default=None,
+                   help="use the MFU a sweep measured: the median of RESULTS/metrics.parquet's ok runs of --precision "
+                        "(names the runs; CPU runs' MFU says nothing about a GPU)")
     f = kinds.add_parser("fit", help="largest model whose model state fits the GPUs")
     gpu_memory_flags(f)
-    f.add_argument("--world-size", type=int, default=1, help="number of GPUs sharing the model (default 1)")
+    f.add_argument("--world-size", type=whole_count, default=1, help="number of GPUs sharing the model (default 1)")
+    table_filters(f)
     a = kinds.add_parser("advise", help="the memory ladder: the first of DDP, ZeRO 1, 2, 3 that fits, else LoRA's rank budget")
     model_flags(a)
     gpu_memory_flags(a)
-    a.add_argument("--gpus", type=int, required=True, help="GPUs the model is trained on")
+    a.add_argument("--gpus", type=whole_count, required=True, help="GPUs the model is trained on")
     a.add_argument("--micro-batch", type=int, help="sequences per GPU per step: adds activations (needs the shape)")
     a.add_argument("--activation-checkpointing", action="store_true", help="activations with every block recomputed in backward")
     a.add_argument("--precision", default="bf16", choices=list(MEMORY_PRECISIONS), help="training precision (default bf16)")
     c = kinds.add_parser("claim", help="the MFU a stated throughput implies, and whether the hardware can reach it")
     model_flags(c)
-    c.add_argument("--tokens-per-s", type=float, help="the claimed training throughput, tokens per second (all GPUs)")
-    c.add_argument("--tokens", type=float, help="or: the claimed training tokens ...")
+    c.add_argument("--tokens-per-s", type=count, help="the claimed training throughput, tokens per second (all GPUs), e.g. 2M")
+    c.add_argument("--tokens", type=count, help="or: the claimed training tokens (e.g. 1T) ...")
     c.add_argument("--days", type=float, help="... in this many days")
-    c.add_argument("--gpus", type=int, required=True, help="number of GPUs")
+    c.add_argument("--gpus", type=whole_count, required=True, help="number of GPUs")
     gpu_flags(c)
     for p in (m, t, f, a, c):
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        p.set_defaults(usage_parser=p)  # an unknown option is this subcommand's error, with its usage (scalelab.cli.main)
     est.set_defaults(func=run)
 
 
