@@ -26,14 +26,16 @@ setup: $(VENV)/.installed
 run: setup
 	$(VENV)/bin/snakemake --cores $(CORES)
 
-# Two pytest workers, each taking whole test files (module fixtures such as the parity runs are
-# built once): the suite waits on process start-ups and timeouts a good part of the time, so two
-# workers on a 2-core machine overlap those waits. Not -n auto: every multi-rank test starts
-# 2-4 ranks of its own, so a worker per core is the most a machine should take.
+# Two pytest workers: the suite waits on process start-ups and timeouts a good part of the time,
+# so two workers on a 2-core machine overlap those waits. Not -n auto: every multi-rank test
+# starts 2-4 ranks of its own, so a worker per core is the most a machine should take. Each
+# worker takes whole test files (module fixtures such as the parity runs are built once), except
+# workflow tests, taken one by one; the costliest first (tests/conftest.py orders them;
+# --no-loadscope-reorder keeps that order), so no long file starts last while the other idles.
 TEST_WORKERS ?= 2
 
 test: setup
-	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=30
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=30
 
 # The unit tier (pyproject.toml's markers): tests that start no process (no run, no Snakemake, no
 # CLI in a subprocess), checked by tests/conftest.py. Whole files per worker would leave one worker

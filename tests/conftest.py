@@ -103,29 +103,47 @@ def pytest_make_collect_report(collector):
             report.outcome, report.result = "failed", []
             report.longrepr = (f"every test needs exactly one tier marker of {', '.join(TIERS)} (a module's "
                                f"`pytestmark` or a test's `@pytest.mark.<tier>`; see pyproject.toml):\n" + "\n".join(wrong))
+        elif collector.config.getoption("dist", None) == "loadgroup":
+            for item in report.result:
+                if isinstance(item, pytest.Item) and item.get_closest_marker("xdist_group") is None:
+                    item.add_marker(pytest.mark.xdist_group(_work_unit(item)))
     return report
+
+
+# `make test` hands its two workers units of work (pytest-xdist's --dist loadgroup):
+# - a file, by default, so that its module fixtures (the parity runs, the mixed-precision runs)
+#   are built once, on one worker;
+# - a workflow test alone: each starts Snakemake in a folder of its own and shares nothing, and
+#   test_workflow.py as one unit (13 minutes measured under load) was longer than the rest of
+#   the suite on the other worker.
+# The costliest units go first (--no-loadscope-reorder keeps this order; xdist's default orders
+# by number of tests), so that no long unit starts last while the other worker idles.
+TIER_COST_S = {"unit": 0.1, "run": 8, "workflow": 30, "cluster": 60, "browser": 5, "gpu": 0}
+"""What a test of each tier costs, roughly, in seconds on 2 cores; a test's own estimate, where it
+is far from its tier's, goes in its tier marker: `@pytest.mark.workflow(cost_s=200)`. Only the
+order of the work depends on these numbers."""
+
+
+def _tier(item) -> pytest.Mark | None:
+    return next((m for m in item.iter_markers() if m.name in TIERS), None)
+
+
+def _work_unit(item) -> str:
+    tier = _tier(item)
+    if tier is not None and tier.name == "workflow":
+        return re.sub(r"[^\w.:/-]", "_", item.nodeid)  # xdist splits a group name at '@' and ']'
+    return item.path.name
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixture scope
 def pytest_collection_modifyitems(items):
-    costliest_files_first(items)
-
-
-# What a test of each tier costs, roughly, in seconds on 2 cores (a workflow test starts Snakemake and
-# several runs, a run test one to three runs). Only the order of the files below depends on it.
-TIER_COST_S = {"unit": 0.1, "run": 8, "workflow": 30, "cluster": 60, "browser": 5, "gpu": 0}
-
-
-def costliest_files_first(items):
-    """The costliest files first. `make test` deals whole files to two workers in collection order: a
-    long file collected last (test_workflow.py, alphabetically late) kept one worker busy for minutes
-    after the other had finished. Largest first is the classic fix for that tail. Each file's tests
-    keep their order and stay together (module fixtures are built once)."""
+    """The costliest units of work first; each unit's tests keep their order and stay together."""
     cost: dict[str, float] = {}
     for item in items:
-        tier = next((m.name for m in item.iter_markers() if m.name in TIERS), "unit")
-        cost[item.module.__name__] = cost.get(item.module.__name__, 0) + TIER_COST_S[tier]
-    items.sort(key=lambda item: -cost[item.module.__name__])
+        tier = _tier(item)
+        estimate = tier.kwargs.get("cost_s", TIER_COST_S[tier.name]) if tier is not None else 0
+        cost[_work_unit(item)] = cost.get(_work_unit(item), 0) + estimate
+    items.sort(key=lambda item: (-cost[_work_unit(item)], _work_unit(item)))
 
 
 class ProcessStarted(RuntimeError):

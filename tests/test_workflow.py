@@ -138,6 +138,7 @@ def test_tokenized_source_replaced_by_an_older_copy_reprepares_and_reruns(tmp_pa
 
 
 def test_sweep_end_to_end_then_nothing_to_do(tmp_path):
+@pytest.mark.workflow(cost_s=85)  # the order `make test` hands out work (tests/conftest.py)
     cfg = tiny_config(sweep={"precision": ["fp32", "bf16"], "zero_stage": [0, 3], "world_size": [1, 2]})
     workdir = write_workdir(tmp_path, cfg)
     snakemake(workdir, "--cores", "2")
@@ -216,6 +217,7 @@ def test_lever_axes_end_to_end(tmp_path):
     skipped = runs[runs["status"] == "skipped"]
     assert len(skipped) == 8 and skipped["reason"].str.len().gt(20).all()
     assert "cpu_offload moves model state" in skipped.loc["fp32-z3-w1-offload", "reason"]
+@pytest.mark.workflow(cost_s=60)  # the order `make test` hands out work (tests/conftest.py)
     assert "fp8 needs a GPU" in skipped.loc["fp8-z0-w1-ac", "reason"]
     html = (tmp_path / "results/report/report.html").read_text()
     assert "id='levers'" in html and "<figure id='lever_activation_checkpointing'>" in html and "<figure id='lever_cpu_offload'>" in html
@@ -250,6 +252,7 @@ def test_timed_out_runs_are_retried_with_one_command_and_ok_runs_are_untouched(t
 
     scalelab = str(Path(SNAKEMAKE).parent / "scalelab")
     status = subprocess.run([scalelab, "status", str(results)], capture_output=True, text=True, timeout=120)
+@pytest.mark.workflow(cost_s=90)  # the order `make test` hands out work (tests/conftest.py)
     assert status.returncode == 0, status.stderr
     assert re.search(r"^  ok +2$", status.stdout, re.M) and re.search(r"^  timeout +2$", status.stdout, re.M), status.stdout
     assert status.stdout.count("run exceeded train.run_timeout_s=25 s and was stopped") == 2
@@ -298,6 +301,7 @@ def test_compile_lever_end_to_end(tmp_path):
     assert (tmp_path / "results/report/figures/lever_compile.png").stat().st_size > 1000
     from scalelab.analysis.levers import lever_table
 
+@pytest.mark.workflow(cost_s=100)  # the order `make test` hands out work (tests/conftest.py)
     table = lever_table(runs.reset_index())
     pairs = table[table["lever"] == "compile"].set_index("run_id")
     assert sorted(pairs.index) == sorted(compiled.index)
