@@ -91,7 +91,7 @@ if not _INHERITED:
 def train_resources(wildcards) -> dict:
     """The scheduler's view of one run: nodes, GPUs per node, memory, exclusivity."""
     # Evaluated per job, once Snakemake knows its executor: only a local (workstation)
-    # execution limits GPU runs to one at a time (profiles/default's gpu_run=1).
+    # execution runs training one run at a time (profiles/default's train_slot=1).
     return train_job_resources(plan_for(wildcards), DEVICE_PLAN.device, CLUSTER, local=workflow.local_exec)
 
 
@@ -113,6 +113,18 @@ def plan_for(wildcards):
 def run_threads(wildcards) -> int:
     """One core per rank on CPU (capped at --cores by Snakemake)."""
     return point_of(wildcards).world_size * CLUSTER["cpus_per_rank"]
+
+
+def calibration_input(wildcards):
+    """A CPU run's peak FLOP/s comes from the sweep's calibration (rule calibrate); a GPU run's
+    from the datasheet (none)."""
+    return ancient(RESULTS / "calibration" / "cpu.json") if DEVICE_PLAN.device == "cpu" else []
+
+
+def calibration_threads(wildcards):
+    """Every core on a workstation (capped at --cores: nothing else runs while it measures); one
+    rank's cores in a cluster job (whose node, with cluster.exclusive, is its own)."""
+    return 1024 if workflow.local_exec else CLUSTER["cpus_per_rank"]
 
 
 def run_minutes(wildcards, attempt):

@@ -10,10 +10,34 @@
 # start one torchrun per task.
 
 
+# A CPU sweep's peak FLOP/s (the MFU denominator), measured once per invocation that trains, on
+# the idle machine (scalelab.calibration): it takes every core, and the train_slot, so nothing
+# runs beside it, and every run reads it and names it in peak_flops_source. Temporary: the next
+# invocation that trains measures again, and the runs record the figure they used. GPU sweeps
+# use datasheet peaks and have no calibration job.
+rule calibrate:
+    output:
+        temp(RESULTS / "calibration" / "cpu.json"),
+    params:
+        precisions=sorted({p.precision for p in POINTS.values()}),
+        threads=CLUSTER["cpus_per_rank"],
+    log:
+        LOGS / "calibrate.log",
+    threads: calibration_threads
+    resources:
+        train_slot=lambda wildcards: int(workflow.local_exec),
+    conda:
+        "../workflow/envs/scalelab.yaml"
+    script:
+        "../workflow/scripts/calibrate.py"
+
+
 rule train:
     input:
         meta=DATA_DIR / "meta.json",
         train=DATA_DIR / "train.bin",
+        # ancient: a new calibration (every invocation that trains makes one) reruns no cached run
+        calibration=calibration_input,
     output:
         summary=RESULTS / "runs" / "{run_id}" / "summary.json",
         steps=RESULTS / "runs" / "{run_id}" / "steps.parquet",
@@ -42,9 +66,9 @@ rule train:
         slurm_extra=lambda wildcards: train_resources(wildcards)["slurm_extra"],
         # without this the plugin turns `tasks` of a GPU job into --ntasks-per-gpu
         tasks_per_gpu=0,
-        # At most one GPU run at a time on a workstation (profiles/default): a scaling
-        # measurement must not share the node's GPUs or links with another run.
-        gpu_run=lambda wildcards: train_resources(wildcards)["gpu_run"],
+        # At most one training run at a time on a workstation (profiles/default): a scaling
+        # measurement must not share the machine's cores, GPUs or links with another run.
+        train_slot=lambda wildcards: train_resources(wildcards)["train_slot"],
     conda:
         "../workflow/envs/scalelab.yaml"
     script:
@@ -66,4 +90,4 @@ use rule train as train_multinode with:
         gres=lambda wildcards: train_resources(wildcards)["gres"],
         slurm_extra=lambda wildcards: train_resources(wildcards)["slurm_extra"],
         tasks_per_gpu=0,
-        gpu_run=lambda wildcards: train_resources(wildcards)["gpu_run"],
+        train_slot=lambda wildcards: train_resources(wildcards)["train_slot"],

@@ -56,7 +56,8 @@ def test_lever_axes_leave_out_combinations_they_do_not_apply_to():
 @pytest.mark.unit
 def test_the_compile_lever_is_off_by_default_and_doubles_a_sweep_when_listed():
     points, left_out = sweep_plan(load_config(REPO / "config.yaml"))
-    assert len(points) == 24 and not left_out and not any(p.compile for p in points)
+    # 24 points, and the baseline (fp32-z0) at both world sizes twice more (repeats.baseline: 3)
+    assert len(points) == 24 + 2 * 2 and not left_out and not any(p.compile for p in points)
     base = tiny_config(sweep={"precision": ["fp32", "bf16"], "zero_stage": [0, 3], "world_size": [1, 2]})
     both = tiny_config(sweep={**base["sweep"], "compile": [False, True]})
     assert len(sweep_plan(both)[0]) == 2 * len(sweep_plan(base)[0]) == 16
@@ -67,20 +68,20 @@ def test_the_compile_lever_is_off_by_default_and_doubles_a_sweep_when_listed():
         validate_config(tiny_config(sweep={"compile": ["yes"]}))
 
 
-def test_train_micro_batch_names_its_new_home():
 @pytest.mark.unit
+def test_train_micro_batch_names_its_new_home():
     with pytest.raises(ConfigError, match="train.micro_batch has moved to sweep.micro_batch"):
         check_moved_keys(tiny_config(train={"micro_batch": 2}))
 
 
-def test_synthetic_source_rejects_a_path():
 @pytest.mark.unit
+def test_synthetic_source_rejects_a_path():
     with pytest.raises(ConfigError, match="dataset.path"):
         check_config(tiny_config(dataset={"path": "corpus.txt"}))
 
 
-def test_the_schema_and_config_yaml_list_the_registered_axes_and_strategies():
 @pytest.mark.unit
+def test_the_schema_and_config_yaml_list_the_registered_axes_and_strategies():
     """One place per concept: the sweep keys, their defaults and the stages come from the registries."""
     import yaml
 
@@ -89,8 +90,10 @@ def test_the_schema_and_config_yaml_list_the_registered_axes_and_strategies():
     from scalelab.training import parallel
 
     schema = SCHEMA["properties"]["sweep"]["properties"]
-    assert list(schema) == list(SWEEP_AXES)
-    assert list(yaml.safe_load((REPO / "config.yaml").read_text())["sweep"]) == list(SWEEP_AXES)
+    swept = [axis.name for axis in AXES if axis.swept]  # repeat's values come from the repeats: section
+    assert swept == [a for a in SWEEP_AXES if a != "repeat"]
+    assert list(schema) == swept
+    assert list(yaml.safe_load((REPO / "config.yaml").read_text())["sweep"]) == swept
     for axis in AXES:
         if axis.name in LEVER_AXES:
             assert schema[axis.name]["default"] == [axis.default], axis.name
@@ -99,10 +102,10 @@ def test_the_schema_and_config_yaml_list_the_registered_axes_and_strategies():
         assert callable(getattr(parallel, record.wrapper)), record.wrapper
 
 
+@pytest.mark.unit
 def test_config_defaults_are_the_schemas():
     """Defaults are written once, in the schema: the dataclasses take theirs from it."""
     from scalelab.config import ClusterConfig, DatasetConfig, ModelConfig, TrainConfig
-@pytest.mark.unit
 
     filled = validate_config({"sweep": {"precision": ["fp32"]}})
     for cls, name in ((DatasetConfig, "dataset"), (ModelConfig, "model"), (TrainConfig, "train"), (ClusterConfig, "cluster")):
@@ -111,10 +114,10 @@ def test_config_defaults_are_the_schemas():
             assert getattr(built, key) == value, (name, key)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("overrides, message", [
     ({"train": {"lr": float("inf")}}, "train.lr=inf is not a finite number"),
     ({"train": {"weight_decay": float("nan")}}, "train.weight_decay=nan is not a finite number"),
-@pytest.mark.unit
     ({"train": {"fp16_init_scale": float("inf")}}, "train.fp16_init_scale=inf"),
     ({"train": {"collective_timeout_s": float("inf")}}, "train.collective_timeout_s=inf"),
     ({"sweep": {"bucket_mb": [float("inf")]}}, r"sweep.bucket_mb\[0\]=inf"),
@@ -130,10 +133,10 @@ def test_numbers_are_finite_and_integer_keys_take_integers(overrides, message):
         validate_config(tiny_config(**overrides))
 
 
+@pytest.mark.unit
 def test_run_ids_name_one_run_each():
     """A bucket size that is not the default never reads as it (25.0000001 is not 25: no part at
     all), nor as another size; a model name that reads as another axis's run-id part is refused."""
-@pytest.mark.unit
     from scalelab.sweep import sweep_points
 
     ids = [p.run_id for p in sweep_points(validate_config(tiny_config(sweep={"bucket_mb": [25, 25.0000001, 2, 2.0000001, 2.5]})))]
@@ -146,10 +149,10 @@ def test_run_ids_name_one_run_each():
     validate_config(tiny_config(models={"small": {"n_layers": 1}, "gpt2_xl": {"n_layers": 1}}, sweep={"model": ["base", "small"]}))
 
 
+@pytest.mark.unit
 def test_a_key_given_twice_is_named_with_file_and_line(tmp_path):
     path = tmp_path / "dup.yaml"
     path.write_text("train:\n  steps: 10\n  lr: 0.1\n  steps: 20\n")
-@pytest.mark.unit
     for check in (check_yaml_syntax, load_config):
         with pytest.raises(ConfigError, match=r"dup.yaml: not valid YAML at line 4, column 3: duplicate key train.steps "
                                               r"\(first given on line 2"):
@@ -161,10 +164,10 @@ def test_a_key_given_twice_is_named_with_file_and_line(tmp_path):
     check_yaml_syntax(path)
 
 
+@pytest.mark.unit
 def test_results_dir_dataset_name_and_corpus_kind(tmp_path):
     (tmp_path / "afile").write_text("x")
     for results_dir, where in (("afile", "results_dir='afile' is a regular file"),
-@pytest.mark.unit
                                ("afile/runs", f"results_dir='afile/runs': {tmp_path / 'afile'} is a regular file")):
         with pytest.raises(ConfigError, match=f"{where}, not a folder"):
             validate_config(tiny_config(results_dir=results_dir), base_dir=tmp_path)
@@ -177,10 +180,10 @@ def test_results_dir_dataset_name_and_corpus_kind(tmp_path):
         validate_config(tiny_config(dataset={"source": "tokenized", "path": "afile", "vocab_size": 70_000}), base_dir=tmp_path)
 
 
+@pytest.mark.unit
 def test_check_config_command_locates_a_broken_configfile(tmp_path, monkeypatch, capsys):
     """Snakemake reads --configfile files before the Snakefile and names no line; this command does."""
     from scalelab.cli import main
-@pytest.mark.unit
 
     monkeypatch.chdir(tmp_path)
     write_workdir(tmp_path, tiny_config())
@@ -192,10 +195,10 @@ def test_check_config_command_locates_a_broken_configfile(tmp_path, monkeypatch,
     assert "config ok" in capsys.readouterr().out
 
 
+@pytest.mark.unit
 def test_the_logger_plugin_reads_the_configfiles_of_any_command_line_form(tmp_path, capsys):
     """profiles/default enables it; the drill `bad_configs` sees it locate a broken --configfile
     in a real Snakemake run. Here: the forms of the command line it must read, and that it names
-@pytest.mark.unit
     only the files Snakemake's own loader refuses."""
     from snakemake_logger_plugin_scalelab import command_line_configfiles, locate
 
@@ -214,10 +217,10 @@ def test_the_logger_plugin_reads_the_configfiles_of_any_command_line_form(tmp_pa
     assert locate(names) == [f"{tmp_path / 'bad.yaml'}: not valid YAML at line 2, column 6: expected ',' or '}}', but got ':'"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["levers.yaml", "gpu-node.yaml"])
 def test_the_shipped_experiment_configs_are_valid(name):
     """The ready-made experiments merge over config.yaml as Snakemake merges them, and validate."""
-@pytest.mark.unit
     import yaml
 
     from scalelab.sweep import sweep_points
@@ -232,10 +235,10 @@ def test_the_shipped_experiment_configs_are_valid(name):
     assert sweep_points(cfg)
 
 
+@pytest.mark.unit
 def test_a_changed_setting_reruns_exactly_the_runs_it_affects():
     """A run's params (scalelab.sweep.result_params) change with a setting only for the runs that
     read it: Snakemake reruns those, and nothing else."""
-@pytest.mark.unit
     from scalelab.sweep import result_params, sweep_points
 
     sweep = {"precision": ["fp32", "fp16", "bf16"], "zero_stage": [0], "world_size": [1, 16], "lora_rank": [None, 4]}

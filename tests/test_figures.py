@@ -136,7 +136,7 @@ def check_throughput(runs, steps):
 def check_mfu_heatmap(runs, steps):
     # CPU fp16 against an emulated peak: an MFU of 1.38 means nothing and must not set the scale
     runs = runs.copy()
-    flagged = runs.index[(runs["run_id"] == "fp16-z1-w2-r1") & (runs["status"] == "ok")]
+    flagged = runs.index[(runs["run_id"] == "fp16-z1-w2-r2") & (runs["status"] == "ok")]
     assert len(flagged) == 1
     runs.loc[flagged, "mfu"] = 1.38
     fig, t = draw("mfu_heatmap", runs, steps)
@@ -442,7 +442,7 @@ def test_figures_summarise_many_runs_at_a_point(results):
         for stage, at_stage in ok.groupby("zero_stage"):
             ax = panel(fig, f"ZeRO stage {stage}")
             for precision, g in at_stage.groupby("precision", observed=True):
-                stats = (g[column] / MiB).groupby(g["world_size"]).agg(["median", "min", "max"])
+                stats = (g[column].astype("float64") / MiB).groupby(g["world_size"]).agg(["median", "min", "max"])
                 np.testing.assert_allclose(points(marks(ax, precision)), list(zip(stats.index, stats["median"])))
                 (bars,) = [c for c in ax.collections if c.get_label() == f"_{precision} range"]
                 np.testing.assert_allclose([(seg[0][1], seg[1][1]) for seg in bars.get_segments()], stats[["min", "max"]].to_numpy())

@@ -50,11 +50,12 @@ def test_workstation_with_gpus_plans_one_gpu_run_at_a_time(tmp_path):
     assert "Using workflow specific profile" in out and "profiles/default" in out
     assert "runs train on cuda (train.device=auto, nvidia-smi lists 2 GPU(s) on the planning machine (NVIDIA H100 80GB HBM3))" in out
     for ws, job in jobs.items():
-        # gpu_run=1 per job against the profile's gpu_run=1: GPU runs one at a time
-        assert (job["resources"]["gpu"], job["resources"]["gpu_run"], job["resources"]["nodes"]) == (str(ws), "1", "1")
+        # train_slot=1 per job against the profile's train_slot=1: runs one at a time
+        assert (job["resources"]["gpu"], job["resources"]["train_slot"], job["resources"]["nodes"]) == (str(ws), "1", "1")
     out, jobs = dry_run(workdir)  # the same machine without its GPUs
     assert "runs train on cpu (train.device=auto; nvidia-smi lists no GPU" in out
-    assert all((j["resources"]["gpu"], j["resources"]["gpu_run"]) == ("0", "0") for j in jobs.values())
+    # CPU runs take the one training slot too: they never train side by side
+    assert all((j["resources"]["gpu"], j["resources"]["train_slot"]) == ("0", "1") for j in jobs.values())
 
 
 def _sbatch(job: dict) -> str:

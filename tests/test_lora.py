@@ -71,11 +71,12 @@ def test_lora_formulas():
 @pytest.mark.unit
 def test_model_axis_and_lora_axis_in_the_sweep():
     config = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())
-    assert len(sweep_points(config)) == 24  # the default sweep: model base, full training
+    # the default sweep: model base, full training, its baseline repeated (fp32-z0 at 2 world sizes, twice more)
+    assert len(sweep_points(config)) == 24 + 2 * 2
     config["models"] = {"tiny": {"n_layers": 1, "d_model": 32, "n_heads": 2}}
     config["sweep"].update(model=["base", "tiny"], lora_rank=[None, 8])
     points = sweep_points(config)
-    assert len(points) == 24 * 4
+    assert len(points) == 24 * 4 + 2 * 2  # the baseline is the first model, full training
     ids = {p.run_id for p in points}
     assert {"fp32-z0-w1", "fp32-z0-w1-tiny", "fp32-z0-w1-lora8", "fp32-z0-w1-tiny-lora8"} <= ids
     tiny = model_config(config, name="tiny")

@@ -93,17 +93,18 @@ def test_gpu_layout_checked_against_the_config():
 def test_one_node_job_resources():
     res = placement.train_job_resources(LaunchPlan(1, 4, 1), "cuda", CLUSTER, local=False)
     assert res == {"nodes": 1, "cpus_per_task": 16, "mem_mb": 64000, "gpu": 4, "gres": "", "slurm_extra": "--exclusive",
-                   "gpu_run": 0}
-    assert placement.train_job_resources(LaunchPlan(1, 4, 1), "cuda", CLUSTER, local=True)["gpu_run"] == 1
+                   "train_slot": 0}
+    assert placement.train_job_resources(LaunchPlan(1, 4, 1), "cuda", CLUSTER, local=True)["train_slot"] == 1
+    # a CPU run on a workstation takes the one training slot too: runs never train side by side
     cpu = placement.train_job_resources(LaunchPlan(1, 4, 1), "cpu", {**CLUSTER, "exclusive": False}, local=True)
-    assert (cpu["gpu"], cpu["gres"], cpu["slurm_extra"], cpu["gpu_run"]) == (0, "", "", 0)
+    assert (cpu["gpu"], cpu["gres"], cpu["slurm_extra"], cpu["train_slot"]) == (0, "", "", 1)
 
 
 def test_multi_node_job_asks_gpus_per_node_not_in_total():
     cfg = tiny_config(cluster=CLUSTER, train={"global_batch": 16})
     res = placement.train_job_resources(launch_plan(cfg, 16), "cuda", CLUSTER, local=False)
     assert res == {"nodes": 2, "tasks": 2, "cpus_per_task": 32, "mem_mb": 128000, "gpu": 0, "gres": "gpu:8",
-                   "slurm_extra": "--exclusive", "gpu_run": 0}
+                   "slurm_extra": "--exclusive", "train_slot": 0}
     packed = {**CLUSTER, "ranks_per_node": 2, "launchers_per_node": 2}
     res = placement.train_job_resources(launch_plan(tiny_config(cluster=packed), 8), "cuda", packed, local=False)
     assert (res["nodes"], res["tasks"], res["gres"], res["mem_mb"]) == (2, 4, "gpu:4", 64000)

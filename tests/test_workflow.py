@@ -1,4 +1,5 @@
 """The workflow itself: lint, a real data step, an end-to-end sweep and regeneration (kills: test_faults)."""
+import datetime
 import hashlib
 import json
 import os
@@ -89,7 +90,7 @@ def test_corpus_folder_edited_in_place_reprepares_and_reruns(tmp_path):
     with open(corpus / "sub" / "b.txt", "r+") as handle:  # in place: same file, same size
         handle.write("PACK")
     assert (corpus / "sub").stat().st_mtime_ns == folder_mtime
-    assert _planned(workdir) == {"prepare_data": 1, "train": 1, "collect": 1, "report": 1, "all": 1}
+    assert _planned(workdir) == {"prepare_data": 1, "calibrate": 1, "train": 1, "collect": 1, "report": 1, "all": 1}
     snakemake(workdir, "--cores", "2")
     after = json.loads((data / "meta.json").read_text())
     assert after["sha256"]["train.bin"] != before["sha256"]["train.bin"]
@@ -130,20 +131,24 @@ def test_tokenized_source_replaced_by_an_older_copy_reprepares_and_reruns(tmp_pa
     assert _planned(workdir) == {}
     newer_version = rng.integers(0, 256, 4000).astype(np.uint16).tobytes()  # same size, other tokens
     replace(newer_version, mtime - 7200 * 10**9)
-    assert _planned(workdir) == {"prepare_data": 1, "train": 1, "collect": 1, "report": 1, "all": 1}
+    assert _planned(workdir) == {"prepare_data": 1, "calibrate": 1, "train": 1, "collect": 1, "report": 1, "all": 1}
     snakemake(workdir, "--cores", "1", "results/data/tok/meta.json")  # the data step alone
     after = json.loads(meta_path.read_text())
     assert after["sha256"]["train.bin"] == hashlib.sha256(newer_version).hexdigest(), "a folder's train.bin is used as it is"
-    assert _planned(workdir) == {"train": 1, "collect": 1, "report": 1, "all": 1}, "the runs, on the new tokens"
+    assert _planned(workdir) == {"calibrate": 1, "train": 1, "collect": 1, "report": 1, "all": 1}, "the runs, on the new tokens"
 
 
-def test_sweep_end_to_end_then_nothing_to_do(tmp_path):
 @pytest.mark.workflow(cost_s=85)  # the order `make test` hands out work (tests/conftest.py)
-    cfg = tiny_config(sweep={"precision": ["fp32", "bf16"], "zero_stage": [0, 3], "world_size": [1, 2]})
+def test_sweep_end_to_end_then_nothing_to_do(tmp_path):
+    # the baseline (fp32-z0) runs twice at each world size: the sweep measures its own noise
+    cfg = tiny_config(sweep={"precision": ["fp32", "bf16"], "zero_stage": [0, 3], "world_size": [1, 2]}, repeats={"baseline": 2})
     workdir = write_workdir(tmp_path, cfg)
-    snakemake(workdir, "--cores", "2")
+    out = snakemake(workdir, "--cores", "2")
     summaries = sorted((tmp_path / "results/runs").glob(f"{RUN_DIR_GLOB}/summary.json"))
-    assert len(summaries) == 8
+    assert len(summaries) == 8 + 2
+    calibration = re.search(r"scalelab: CPU peak per rank \(1 thread\(s\)\), measured on the idle machine: (.*)", out.stderr)
+    assert calibration, out.stderr[-3000:]
+    started = []
     for path in summaries:
         summary = json.loads(path.read_text())
         assert summary["status"] == "ok", (path, summary["reason"])
@@ -152,16 +157,28 @@ def test_sweep_end_to_end_then_nothing_to_do(tmp_path):
         # one folder level, named by the run id; point.json holds every axis value
         assert path.parent.relative_to(tmp_path / "results/runs").as_posix() == summary["run_id"]
         point = json.loads((path.parent / "point.json").read_text())
-        assert point == {**RunPoint(summary["precision"], summary["zero_stage"], summary["world_size"]).to_json()}
+        assert point == {**RunPoint(summary["precision"], summary["zero_stage"], summary["world_size"],
+                                    repeat=2 if summary["run_id"].endswith("-r2") else 1).to_json()}
         assert (tmp_path / "results/logs/runs" / f"{summary['run_id']}.log").exists()
+        # the peak every run divides by is the sweep's calibration, printed once; each rank had a core of its own
+        assert summary["peak_flops_source"].startswith("sweep calibration: measured"), summary["peak_flops_source"]
+        assert f"{summary['peak_flops_per_device'] / 1e9:.1f} GFLOP/s" in calibration.group(1)
+        assert summary["rank_cores"] == ("r0:0" if summary["world_size"] == 1 else "r0:0 r1:1"), summary["rank_cores"]
+        started.append((summary["started_utc"], summary["wall_time_s"], summary["run_id"]))
+    assert {p.parent.name for p in summaries} >= {"fp32-z0-w1-r2", "fp32-z0-w2-r2"}
+    # one run at a time (profiles/default's train_slot): no run started before the one before it ended
+    started.sort()
+    for (t0, wall, run), (t1, _, nxt) in zip(started, started[1:]):
+        assert datetime.datetime.fromisoformat(t1).timestamp() >= datetime.datetime.fromisoformat(t0).timestamp() + wall - 1.5, (run, nxt)
+    assert not (tmp_path / "results/calibration/cpu.json").exists(), "temporary: the next invocation that trains measures again"
     dry = snakemake(workdir, "-n", "--cores", "2")
-    assert "Nothing to be done" in dry.stdout + dry.stderr
+    assert "Nothing to be done" in dry.stdout + dry.stderr, "a removed calibration reruns nothing"
     # A run's params are the values that differ from the defaults: a time limit reruns nothing, a
     # learning rate every run, a new key at its default (a later version's config) nothing
     write_workdir(tmp_path, tiny_config(sweep=cfg["sweep"], train={"run_timeout_s": 300}))
     assert _planned(workdir) == {}
     write_workdir(tmp_path, tiny_config(sweep=cfg["sweep"], train={"lr": 0.001}))
-    assert _planned(workdir) == {"train": 8, "collect": 1, "report": 1, "all": 1}
+    assert _planned(workdir) == {"calibrate": 1, "train": 10, "collect": 1, "report": 1, "all": 1}
     write_workdir(tmp_path, cfg)
     upgraded = _checkout_with_a_new_train_key(tmp_path / "upgraded", "new_knob", 0.5)
     cfg_with_key = tiny_config(sweep=cfg["sweep"])
@@ -170,13 +187,15 @@ def test_sweep_end_to_end_then_nothing_to_do(tmp_path):
     assert _planned(workdir, upgraded) == {}, "a new key at its default reruns nothing"
     cfg_with_key["train"]["new_knob"] = 0.25
     write_workdir(tmp_path, cfg_with_key)
-    assert _planned(workdir, upgraded) == {"train": 8, "collect": 1, "report": 1, "all": 1}, "set away from its default, it reruns"
+    assert _planned(workdir, upgraded) == {"calibrate": 1, "train": 10, "collect": 1, "report": 1, "all": 1}, \
+        "set away from its default, it reruns"
     write_workdir(tmp_path, cfg)
     runs = pq.read_table(tmp_path / "results/metrics.parquet").to_pandas()
     assert sorted(runs["run_id"]) == sorted(json.loads(p.read_text())["run_id"] for p in summaries)
     html = (tmp_path / "results/report/report.html").read_text()
     assert all(run_id in html for run_id in runs["run_id"])
     assert "id='levers'" not in html, "no lever varies in this sweep: no Levers section"
+    assert re.search(r"Run-to-run spread of tokens/s: up to [\d.]+% between identical runs \(fp32-z0-w[12]; 2 point\(s\) repeated, 4 runs\)", html)
 
     # Regenerating the report from cached results schedules no training (nor collection).
     shutil.rmtree(tmp_path / "results/report")
@@ -198,6 +217,7 @@ def test_sweep_end_to_end_then_nothing_to_do(tmp_path):
         assert record and json.loads(record.group(1)).strip() == f"<p>{figure.caption}</p>", (figure.name, record)
 
 
+@pytest.mark.workflow(cost_s=60)  # the order `make test` hands out work (tests/conftest.py)
 def test_lever_axes_end_to_end(tmp_path):
     """Levers swept like the other axes: in paths, identity columns and the report; points a
     lever does not apply to are left out with a note; GPU-only points are skipped rows."""
@@ -217,7 +237,6 @@ def test_lever_axes_end_to_end(tmp_path):
     skipped = runs[runs["status"] == "skipped"]
     assert len(skipped) == 8 and skipped["reason"].str.len().gt(20).all()
     assert "cpu_offload moves model state" in skipped.loc["fp32-z3-w1-offload", "reason"]
-@pytest.mark.workflow(cost_s=60)  # the order `make test` hands out work (tests/conftest.py)
     assert "fp8 needs a GPU" in skipped.loc["fp8-z0-w1-ac", "reason"]
     html = (tmp_path / "results/report/report.html").read_text()
     assert "id='levers'" in html and "<figure id='lever_activation_checkpointing'>" in html and "<figure id='lever_cpu_offload'>" in html
@@ -233,6 +252,7 @@ def _files(folder: Path) -> dict:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.workflow(cost_s=90)  # the order `make test` hands out work (tests/conftest.py)
 def test_timed_out_runs_are_retried_with_one_command_and_ok_runs_are_untouched(tmp_path):
     """A real timeout (rank 1 hangs, train.run_timeout_s stops the run), `scalelab status`, then
     `scalelab retry --status timeout`: Snakemake's dry run plans exactly those runs (and collection
@@ -252,7 +272,6 @@ def test_timed_out_runs_are_retried_with_one_command_and_ok_runs_are_untouched(t
 
     scalelab = str(Path(SNAKEMAKE).parent / "scalelab")
     status = subprocess.run([scalelab, "status", str(results)], capture_output=True, text=True, timeout=120)
-@pytest.mark.workflow(cost_s=90)  # the order `make test` hands out work (tests/conftest.py)
     assert status.returncode == 0, status.stderr
     assert re.search(r"^  ok +2$", status.stdout, re.M) and re.search(r"^  timeout +2$", status.stdout, re.M), status.stdout
     assert status.stdout.count("run exceeded train.run_timeout_s=25 s and was stopped") == 2
@@ -282,6 +301,7 @@ def test_timed_out_runs_are_retried_with_one_command_and_ok_runs_are_untouched(t
     assert "Nothing to be done" in dry.stdout + dry.stderr
 
 
+@pytest.mark.workflow(cost_s=100)  # the order `make test` hands out work (tests/conftest.py)
 def test_compile_lever_end_to_end(tmp_path):
     """The compile lever swept on and off: every run ok, each compiled run paired with its
     eager twin in the report's lever table, with its compilation time and the lever figure."""
@@ -301,7 +321,6 @@ def test_compile_lever_end_to_end(tmp_path):
     assert (tmp_path / "results/report/figures/lever_compile.png").stat().st_size > 1000
     from scalelab.analysis.levers import lever_table
 
-@pytest.mark.workflow(cost_s=100)  # the order `make test` hands out work (tests/conftest.py)
     table = lever_table(runs.reset_index())
     pairs = table[table["lever"] == "compile"].set_index("run_id")
     assert sorted(pairs.index) == sorted(compiled.index)

@@ -319,6 +319,8 @@ RUN = [
     Column("launchers", pa.int32(), "-", "launchers of the run: 1 on one host, else torchrun launchers (SLURM tasks)", "launch", LAUNCHED),
     Column("threads", pa.int32(), "-", "CPU threads given to the whole run", "launch"),
     Column("threads_per_rank", pa.int32(), "-", "intra-op threads per rank", "worker", OK),
+    Column("rank_cores", pa.string(), "-", "CPU cores each rank of rank 0's launcher was pinned to (r0:0 r1:1), or why they "
+           "shared (an overcommitted run); null on GPU", "worker", OK),
     Column("torch_version", pa.string(), "-", "torch.__version__", "worker", OK),
     Column("cuda_version", pa.string(), "-", "torch.version.cuda; null for a CPU build", "worker",
            Filled("status ok, a CUDA build of torch (every GPU run)", lambda row: _ok(row) and GPU.rows(row), OK.at_most)),

@@ -169,9 +169,10 @@ def train_job_resources(plan: LaunchPlan, device: str, cluster: dict, *, local: 
 
     GPUs are asked per node: ``gpu`` (the plugin's job-wide ``--gpus``) only for a one-node
     job, ``gres=gpu:<per node>`` for a job over several nodes. ``slurm_extra=--exclusive``
-    keeps other jobs off the run's nodes (cluster.exclusive). ``gpu_run`` is what the
-    workstation profile limits to one at a time; it is 0 on a cluster, where the scheduler
-    places jobs."""
+    keeps other jobs off the run's nodes (cluster.exclusive). ``train_slot`` is what the
+    workstation profile limits to one at a time (a timed run never shares the machine with
+    another run's training, on CPU as on GPU); it is 0 on a cluster, where the scheduler
+    places jobs (and ``exclusive`` keeps them apart)."""
     gpu = device == "cuda"
     per_node = ranks_per_node(plan, cluster["launchers_per_node"])
     resources = {
@@ -182,7 +183,7 @@ def train_job_resources(plan: LaunchPlan, device: str, cluster: dict, *, local: 
         "gpu": per_node if gpu and not plan.multi_launcher else 0,
         "gres": f"gpu:{per_node}" if gpu and plan.multi_launcher else "",
         "slurm_extra": "--exclusive" if cluster["exclusive"] else "",
-        "gpu_run": int(gpu and local),
+        "train_slot": int(local),
     }
     if plan.multi_launcher:
         resources["tasks"] = plan.launchers

@@ -71,6 +71,8 @@ class Axis:
     id_pattern: str | None = None
     """Regular expression of the run-id parts this axis writes: a model name that reads as one
     (a model named ``ac``) would make one run id name two different runs, and is refused."""
+    swept: bool = True
+    """Whether the config's ``sweep:`` section lists its values (``repeat`` comes from ``repeats:``)."""
 
 
 def _bucket_run_id(value):
@@ -135,6 +137,11 @@ AXES: tuple[Axis, ...] = (
          f"grad_reduce={point.grad_reduce} applies to {' and '.join(MIXED_COMM)} (fp32 reduces in its compute dtype "
          "already; fp8 keeps torchao's recipe, see scalelab.accounting.MIXED_COMM)",
          is_default=lambda runs: runs["grad_reduce"].isna() | (runs["grad_reduce"] == GRAD_REDUCE[0])),
+    # Last, so that a repeat's run id is its first run's plus "-r2", "-r3" (scalelab.analysis.noise).
+    # Repeats of a point differ in nothing but what cannot be held equal (timing): same seed, same data,
+    # bit-identical losses; their spread in time is the sweep's run-to-run noise.
+    Axis("repeat", "which run of a repeated point (1 = the first; the config's repeats: section)", int, 1, "int16", False,
+         from_path=int, run_id=lambda v: None if v == 1 else f"r{v}", id_pattern=r"r\d+", swept=False),
 )
 AXIS = {axis.name: axis for axis in AXES}
 SWEEP_AXES = tuple(AXIS)
@@ -239,7 +246,7 @@ def sweep_plan(config: dict) -> tuple[list, list[tuple[Any, str]]]:
     fits no point at all."""
     sweep = section(config, "sweep")
     train = train_config(config)
-    values = {axis.name: sweep.get(axis.name, [axis.default]) for axis in AXES}
+    values = {axis.name: sweep.get(axis.name, [axis.default]) if axis.swept else [axis.default] for axis in AXES}
     _check_model_names({*section(config, "models"), *values["model"]} - {BASE_MODEL})
     for world_size in values["world_size"]:
         micro_batch_plan(train, int(world_size))  # raises when the global batch does not split evenly
@@ -259,7 +266,26 @@ def sweep_plan(config: dict) -> tuple[list, list[tuple[Any, str]]]:
                                   + next(r for p, r in left_out if getattr(p, name) == value))
     if not points:
         raise ConfigError("the sweep has no runnable point: " + "; ".join(sorted({r for _, r in left_out})))
-    return points, left_out
+    return with_repeats(points, values, section(config, "repeats")), left_out
+
+
+def is_baseline(point, values: dict) -> bool:
+    """A baseline point: the sweep's first value of every axis but the world size (the first
+    precision and stage listed, levers at their first value), at any world size. The report's
+    comparisons divide by these (scaling efficiency, precision and stage ratios)."""
+    first = RunPoint(**{name: vals[0] for name, vals in values.items()} | {"world_size": point.world_size})
+    return dataclasses.replace(point, repeat=1) == first
+
+
+def with_repeats(points: list, values: dict, repeats: dict) -> list:
+    """Every point followed by its repeats (``repeats.points`` runs of each, ``repeats.baseline``
+    of the baseline points: the sweep measures its own noise)."""
+    every, baseline = int(repeats.get("points", 1)), int(repeats.get("baseline", 1))
+    out = []
+    for point in points:
+        n = max(every, baseline) if is_baseline(point, values) else every
+        out += [dataclasses.replace(point, repeat=k) for k in range(1, n + 1)]
+    return out
 
 
 def _check_model_names(names) -> None:

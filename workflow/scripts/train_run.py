@@ -14,4 +14,5 @@ launch_run(
     threads=snakemake.threads,
     repo_dir=snakemake.scriptdir,
     device_plan=job_device_plan(snakemake.params.device, snakemake.config),
+    calibration=snakemake.input.get("calibration"),  # a CPU sweep's peak FLOP/s (rule calibrate)
 )

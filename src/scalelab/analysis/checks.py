@@ -324,3 +324,27 @@ def cpu_best_note(runs: pd.DataFrame) -> str | None:
     why = ([f"{'/'.join(low)} ran without tensor cores"] if low else []) + why
     return (f"Fastest on this CPU ({_cpu_setup(cpu)})" + (f": {' and '.join(why)}" if why else "")
             + "; not a recommendation for a GPU.")
+
+
+# ----------------------------------------------------------------------------- run-to-run noise
+
+NOISY_SPREAD = 0.10
+"""A point whose identical runs differ by more than this is named in the warnings: on an idle machine
+with runs measured one at a time, repeats stay within a few percent."""
+
+
+def noise_warnings(runs: pd.DataFrame, best: pd.DataFrame) -> list[str]:
+    """Repeated points whose runs differ by more than NOISY_SPREAD, and world sizes whose fastest points
+    are within the sweep's run-to-run noise of each other (scalelab.analysis.noise; ``best``: the table of
+    scalelab.analysis.tables.best_configurations): comparisons the spread of identical runs could overturn."""
+    from scalelab.analysis.noise import repeat_spreads
+
+    spreads = repeat_spreads(runs)
+    warnings = [f"{point}: its {int(r['n'])} identical runs differ by {r['spread']:.0%} in tokens/s ({r['min']:,.0f} to "
+                f"{r['max']:,.0f}); a difference between points smaller than that is noise (was the machine busy?)"
+                for point, r in spreads[spreads["spread"] > NOISY_SPREAD].iterrows()]
+    noise = best.attrs["noise"]
+    for r in best[best["within_noise"].fillna("") != ""].itertuples():
+        warnings.append(f"world size {r.world_size}: the fastest point {r.run_id} is within the {noise.spread:.0%} run-to-run "
+                        f"spread of {r.within_noise}: the sweep cannot rank them")
+    return warnings

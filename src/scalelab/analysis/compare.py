@@ -1,7 +1,8 @@
 """What changed between two sweeps (another torch, machine or commit): `scalelab compare A B`.
 
 Runs are matched by run_id. For each run in both: status on each side, throughput and
-memory ratios (B / A), and loss agreement: the largest |loss B - loss A| / |loss A| over the
+memory ratios (B / A), whether the throughput change exceeds the run-to-run noise either sweep
+measured on its repeats (scalelab.analysis.noise), and loss agreement: the largest |loss B - loss A| / |loss A| over the
 steps both recorded. Provenance (devices, versions, commits) side by side; runs found on one
 side only listed. Written as compare.html (the report's templates) and compare.md.
 """
@@ -15,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from scalelab import __version__
+from scalelab.analysis.noise import sweep_noise
 from scalelab.analysis.tables import MiB, device_peak_bytes
 from scalelab.io import building_dir
 
@@ -61,7 +63,26 @@ def compare_runs(runs_a: pd.DataFrame, runs_b: pd.DataFrame, steps_a: pd.DataFra
     agreement = loss_agreement(steps_a, steps_b)
     out = out.merge(agreement, on="run_id", how="left")
     out["common_steps"] = out["common_steps"].fillna(0).astype(int)
+    out["throughput_change"] = throughput_verdicts(out, noise_limit(runs_a, runs_b))
     return out.sort_values("run_id").reset_index(drop=True)
+
+
+def noise_limit(runs_a: pd.DataFrame, runs_b: pd.DataFrame) -> float | None:
+    """The larger run-to-run spread the two sweeps measured on their repeats (scalelab.analysis.noise),
+    None when neither repeated a point: a change of tokens/s no larger than this may be noise."""
+    spreads = [n.spread for n in (sweep_noise(runs_a), sweep_noise(runs_b)) if n.spread is not None]
+    return max(spreads) if spreads else None
+
+
+def throughput_verdicts(table: pd.DataFrame, limit: float | None) -> pd.Series:
+    """Per run in both: whether its tokens/s changed by more than the noise of either sweep."""
+    ratio = table["tokens_per_s_ratio"]
+    change = (ratio - 1).abs() / np.minimum(ratio, 1)  # the change relative to the smaller side, as Noise.within
+    if limit is None:
+        verdict = np.where(ratio.notna(), "unknown (no repeats)", "-")
+    else:
+        verdict = np.where(ratio.isna(), "-", np.where(change > limit, "beyond noise", "within noise"))
+    return pd.Series(verdict, index=table.index)
 
 
 def only_one_side(runs_a: pd.DataFrame, runs_b: pd.DataFrame) -> pd.DataFrame:
@@ -93,7 +114,7 @@ def _median_range(series: pd.Series, what: str) -> str | None:
     return f"{what} (B / A): median {s.median():.3f}, from {s.min():.3f} ({s.idxmin()}) to {s.max():.3f} ({s.idxmax()})"
 
 
-def summary_lines(table: pd.DataFrame, only: pd.DataFrame, prov: pd.DataFrame) -> list[str]:
+def summary_lines(table: pd.DataFrame, only: pd.DataFrame, prov: pd.DataFrame, limit: float | None = None) -> list[str]:
     lines = []
     changed = prov[prov["same"] == "no"]["column"].tolist()
     lines.append("provenance differs in: " + (", ".join(changed) if changed else "nothing (same versions, devices, commit)"))
@@ -104,6 +125,14 @@ def summary_lines(table: pd.DataFrame, only: pd.DataFrame, prov: pd.DataFrame) -
         line = _median_range(both_ok[column], what)
         if line:
             lines.append(line)
+    if limit is not None and not both_ok.empty:
+        beyond = both_ok.index[both_ok["throughput_change"] == "beyond noise"].tolist()
+        lines.append(f"throughput changes beyond the run-to-run noise ({limit:.1%}, the larger spread of identical runs in "
+                     f"either sweep): {len(beyond)} of {len(both_ok)} runs" + (f" ({', '.join(beyond[:8])}"
+                                                                                  + (", ..." if len(beyond) > 8 else "") + ")" if beyond else ""))
+    elif not both_ok.empty:
+        lines.append("throughput changes: neither sweep repeated a point, so which changes are noise is unknown "
+                     "(identical sweeps on a shared machine have differed by up to 1.77x per run)")
     agree = both_ok["loss_max_rel_diff"].dropna()
     if not agree.empty:
         lines.append(f"loss agreement: largest relative difference {agree.max():.3g} ({agree.idxmax()}), over "
@@ -128,7 +157,7 @@ def build_compare(a: str | Path, b: str | Path, out_dir: str | Path | None = Non
     table = compare_runs(runs_a, runs_b, steps_a, steps_b)
     only = only_one_side(runs_a, runs_b)
     prov = provenance(runs_a, runs_b)
-    lines = summary_lines(table, only, prov)
+    lines = summary_lines(table, only, prov, noise_limit(runs_a, runs_b))
     built = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     html = render("compare.html.j2", a=str(a), b=str(b), n_a=len(runs_a), n_b=len(runs_b), n_common=len(table), built=built,
                   version=__version__, summary=lines, provenance=table_model(prov), runs=table_model(table),

@@ -94,10 +94,12 @@ FIGURES: tuple[Figure, ...] = (
     Figure(
         "throughput", lambda t: _plots().throughput(t.runs),
         caption="Throughput vs world size (log2), one row per precision, a line per ZeRO stage: tokens/s of all ranks, "
-                "tokens/s per device, and scaling efficiency (tokens/s at N over N x tokens/s at 1; 1 is linear)."),
+                "tokens/s per device, and scaling efficiency (tokens/s at N over N x tokens/s at 1; 1 is linear). A point "
+                "that ran more than once (repeats:) is the median of its runs, with a bar from the lowest to the highest: "
+                "the run-to-run spread; world size 1's median is what efficiency divides by."),
     Figure(
         "mfu_heatmap", lambda t: _plots().mfu_heatmap(t.runs),
-        caption="MFU (fraction of the dense peak recorded in each row) per precision and ZeRO stage (rows) and world size "
+        caption="MFU (fraction of the dense peak recorded in each row; the median of a point's repeats) per precision and ZeRO stage (rows) and world size "
                 "(columns). Cells of runs that did not finish ok show their status; an MFU above 1 (a peak too low for "
                 "the path, e.g. emulated fp16 on a CPU) is hatched, marked ‡ and left out of the colour scale."),
     Figure(

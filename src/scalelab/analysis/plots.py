@@ -327,7 +327,8 @@ def peak_device_memory(runs: pd.DataFrame):
 
 
 def throughput(runs: pd.DataFrame):
-    """Rows: precisions; columns: total tokens/s, tokens/s per device, scaling efficiency; a line per stage."""
+    """Rows: precisions; columns: total tokens/s, tokens/s per device, scaling efficiency; a line per
+    stage through the median of each point's repeats, a bar from their lowest to their highest."""
     table = throughput_table(runs)
     if table.empty:
         return _empty("no ok runs")
@@ -342,6 +343,10 @@ def throughput(runs: pd.DataFrame):
                 g = g.sort_values("world_size")
                 ax.plot(g["world_size"], g[column], marker=STAGE_MARKERS[int(stage) % len(STAGE_MARKERS)], lw=1.2,
                         color=stage_color(stage), label=f"ZeRO stage {stage}")
+                spread = g[g["runs"] > 1]  # the run-to-run spread, where the point ran more than once
+                if not spread.empty:
+                    ax.vlines(spread["world_size"], spread[f"{column}_lo"], spread[f"{column}_hi"], color=stage_color(stage),
+                              lw=3, alpha=0.45, zorder=1)
             ax.set_title(f"{precision}: {label}")
             ax.set_ylabel(label.split(",")[0].replace(" (1 = linear)", ""))
             _world_size_axis(ax, runs["world_size"].unique())
@@ -363,13 +368,13 @@ def throughput(runs: pd.DataFrame):
 
 
 def mfu_grid(runs: pd.DataFrame) -> dict:
-    """What the MFU heatmap draws: rows 'precision z<stage>', columns world sizes; the mean MFU of
+    """What the MFU heatmap draws: rows 'precision z<stage>', columns world sizes; the median MFU of
     ok runs per cell; which cells are flagged (an MFU above MFU_LIMIT: left out of the colour
     scale); the status shown in cells without an ok run ('not run' where no run exists)."""
     precs, stages, sizes = precisions(runs), sorted(runs["zero_stage"].unique()), sorted(runs["world_size"].unique())
     rows = [(p, s) for p in precs for s in stages if ((runs["precision"] == p) & (runs["zero_stage"] == s)).any()]
     ok = runs[runs["status"] == "ok"]
-    mean = ok.groupby(["precision", "zero_stage", "world_size"])["mfu"].mean()
+    mean = ok.groupby(["precision", "zero_stage", "world_size"])["mfu"].median()  # of a point's repeats
     flagged = set(ok[mfu_flagged(ok)].set_index(["precision", "zero_stage", "world_size"]).index)
     first_status = runs.groupby(["precision", "zero_stage", "world_size"])["status"].first()
     value = np.full((len(rows), len(sizes)), np.nan)

@@ -24,7 +24,7 @@ from scalelab.analysis import checks, dictionary
 from scalelab.analysis.figures import FIGURES_DIR, Drawn, start_figures
 from scalelab.analysis.levers import baseline, fp8_table, lever_table
 from scalelab.analysis.metrics import schema_version
-from scalelab.analysis.tables import MFU_LIMIT, best_configurations, loss_deviation_vs_stage0, scaling_efficiency
+from scalelab.analysis.tables import MFU_LIMIT, best_configurations, loss_deviation_vs_stage0, scaling_efficiency, standing
 from scalelab.io import building_dir
 from scalelab.sweep import SWEEP_AXES
 
@@ -133,7 +133,7 @@ def find_warnings(runs: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
             warnings.append(f"fp32 parity broken: losses of fp32 runs differ by up to {spread:.2e} (relative) at one step; "
                             f"expected < {FP32_PARITY_RTOL:g} across stages and world sizes")
     # What a reader would miss in the figures: loss spikes, grad-norm jumps, MFU peaks out of line (scalelab.analysis.checks).
-    return warnings + checks.spike_warnings(steps, runs) + checks.peak_warnings(runs)
+    return warnings + checks.spike_warnings(steps, runs) + checks.peak_warnings(runs) + checks.noise_warnings(runs, best_configurations(runs))
 
 
 def _provenance(runs: pd.DataFrame) -> pd.DataFrame:
@@ -247,23 +247,27 @@ SUMMARY_COLUMNS = ["run_id", "status", "tokens_per_s", "mfu", "model_state_mib_m
 
 
 BEST_COLUMNS = {  # best_configurations' column -> the header shown
-    "world_size": "world size", "run_id": "fastest ok run", "tokens_per_s": "tokens/s", "tokens_per_s_per_device": "tokens/s per device",
-    "peak_mib_per_rank": "peak MiB per rank", "model_state_mib_per_rank": "model state MiB per rank", "ok_runs": "ok runs",
+    "world_size": "world size", "run_id": "fastest ok point", "tokens_per_s": "tokens/s (median of its runs)",
+    "tokens_per_s_per_device": "tokens/s per device", "repeats": "runs", "standing": "against the next (run-to-run noise)",
+    "peak_mib_per_rank": "peak MiB per rank", "model_state_mib_per_rank": "model state MiB per rank", "ok_runs": "ok points",
     "did_not_fit": "did not fit (oom, predicted_oom)",
 }
 
 
 def _best_table(best: pd.DataFrame) -> pd.DataFrame:
     """best_configurations' table as shown."""
+    noise = best.attrs["noise"]
     best = best.copy()
     best["did_not_fit"] = best["did_not_fit"].replace("", "-")
     best["run_id"] = best["run_id"].fillna("no run ended ok")
+    best["standing"] = [standing(r, noise).removeprefix("; ") or "-" for r in best.itertuples()]
     return best[list(BEST_COLUMNS)].rename(columns=BEST_COLUMNS)
 
 
 def _best_note(best: pd.DataFrame) -> str:
     kinds = set(best["peak_memory"].dropna())
-    return "Peak memory: " + (" or ".join(sorted(kinds)) if kinds else "-") + " (GPU runs: max allocated device memory; CPU: process peak RSS)."
+    return (best.attrs["noise"].text()[0].upper() + best.attrs["noise"].text()[1:] + ". Peak memory: "
+            + (" or ".join(sorted(kinds)) if kinds else "-") + " (GPU runs: max allocated device memory; CPU: process peak RSS).")
 
 
 # --------------------------------------------------------------------------- rendering

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from scalelab.analysis.noise import medians, sweep_noise
 from scalelab.precisions import PRECISION_NAMES
 from scalelab.sweep import SWEEP_AXES
 
@@ -35,26 +36,34 @@ def mfu_flagged(runs: pd.DataFrame) -> pd.Series:
 def device_peak_bytes(runs: pd.DataFrame, suffix: str = "") -> pd.Series:
     """Peak allocated device memory on GPU runs, else the process peak RSS (CPU)."""
     gpu = runs.get(f"peak_mem_allocated_bytes{suffix}")
-    rss = runs[f"peak_rss_bytes{suffix}"]
-    return gpu.fillna(rss) if gpu is not None else rss
+    # as floats: nullable integer columns (metrics.parquet's) refuse another column's values as fill
+    rss = runs[f"peak_rss_bytes{suffix}"].astype("float64")
+    return gpu.astype("float64").fillna(rss) if gpu is not None else rss
 
 
 def scaling_efficiency(runs: pd.DataFrame) -> pd.Series:
-    """tokens/s at N over N x tokens/s at world size 1, same precision and stage."""
+    """tokens/s at N over N x tokens/s at world size 1, same precision and stage; the world-size-1
+    figure is the median of its repeats (scalelab.analysis.noise), so one noisy baseline run does not
+    move every efficiency of its row."""
     ok = runs[runs["status"] == "ok"]
-    base = ok[ok["world_size"] == 1].groupby(["precision", "zero_stage"])["tokens_per_s"].mean()
+    base = ok[ok["world_size"] == 1].groupby(["precision", "zero_stage"])["tokens_per_s"].median()
     key = pd.MultiIndex.from_frame(runs[["precision", "zero_stage"]])
     ref = base.reindex(key).to_numpy()
     return pd.Series(runs["tokens_per_s"].to_numpy() / (runs["world_size"].to_numpy() * ref), index=runs.index)
 
 
 def throughput_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per (precision, stage, world size) over ok runs: mean tokens/s in total and per device, and
-    the scaling efficiency (what the throughput figure draws)."""
+    """Per (precision, stage, world size) over ok runs: median tokens/s in total and per device, and
+    the scaling efficiency (what the throughput figure draws), each with the lowest and highest of
+    the runs it is the median of (``_lo``, ``_hi``: equal for a single run), and how many (``runs``)."""
     ok = runs[runs["status"] == "ok"]
     ok = ok.assign(tokens_per_s_per_device=ok["tokens_per_s"] / ok["world_size"], scaling_efficiency=scaling_efficiency(ok))
-    return (ok.groupby(["precision", "zero_stage", "world_size"], as_index=False)
-            [["tokens_per_s", "tokens_per_s_per_device", "scaling_efficiency"]].mean())
+    columns = ["tokens_per_s", "tokens_per_s_per_device", "scaling_efficiency"]
+    grouped = ok.groupby(["precision", "zero_stage", "world_size"])[columns]
+    table = grouped.median()
+    table = table.join(grouped.min().add_suffix("_lo")).join(grouped.max().add_suffix("_hi"))
+    table["runs"] = grouped.size()
+    return table.reset_index()
 
 
 def _run_codes(steps: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
@@ -144,46 +153,77 @@ def loss_vs_fp32_twin(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def best_configurations(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per world size: the fastest run that ended ok (its configuration, tokens/s in total and per
-    device, peak and model-state memory per rank), and the configurations that did not fit
+    """Per world size: the fastest point that ended ok, by the median tokens/s of its repeats (its
+    configuration, tokens/s in total and per device, peak and model-state memory per rank), the
+    points within the sweep's run-to-run noise of it (scalelab.analysis.noise: a ranking between
+    them means nothing), the runner-up's lead otherwise, and the configurations that did not fit
     (status oom / predicted_oom), by run id."""
+    noise = sweep_noise(runs)
     rows = []
     # The columns read below only: selecting rows of all ~100 columns, 8 world sizes over, costs a
     # 1,000-run report a tenth of a second.
-    runs = runs[[c for c in ("run_id", "status", "world_size", "precision", "zero_stage", "tokens_per_s",
+    runs = runs[[c for c in ("run_id", "status", "world_size", "precision", "zero_stage", "tokens_per_s", "repeat",
                              "model_state_bytes_measured", "peak_mem_allocated_bytes", "peak_rss_bytes") if c in runs]]
-    ok = runs[(runs["status"] == "ok") & runs["tokens_per_s"].notna()]
+    points = medians(runs)
+    ok = points[(points["status"] == "ok") & points["tokens_per_s"].notna()]
     for ws in sorted(runs["world_size"].dropna().unique()):
         row = {"world_size": int(ws)}
-        here = ok[ok["world_size"] == ws]
+        here = ok[ok["world_size"] == ws].sort_values("tokens_per_s", ascending=False)
         if not here.empty:
-            best = here.loc[here["tokens_per_s"].idxmax()]
+            best = here.iloc[0]
+            others = here.iloc[1:]
+            tied = [r.run_id for r in others.itertuples() if noise.within(best["tokens_per_s"], r.tokens_per_s)]
             row.update(run_id=best["run_id"], precision=best["precision"], zero_stage=int(best["zero_stage"]),
                        tokens_per_s=best["tokens_per_s"], tokens_per_s_per_device=best["tokens_per_s"] / ws,
-                       peak_mib_per_rank=device_peak_bytes(here.loc[[best.name]]).iloc[0] / MiB,
+                       repeats=int(best["repeats"]),
+                       peak_mib_per_rank=device_peak_bytes(here.iloc[[0]]).iloc[0] / MiB,
                        peak_memory=("GPU allocated" if pd.notna(best.get("peak_mem_allocated_bytes")) else "process RSS"),
-                       model_state_mib_per_rank=best["model_state_bytes_measured"] / MiB, ok_runs=len(here))
+                       model_state_mib_per_rank=best["model_state_bytes_measured"] / MiB, ok_runs=len(here),
+                       within_noise=", ".join(tied),
+                       runner_up=others.iloc[0]["run_id"] if len(others) else None,
+                       lead=best["tokens_per_s"] / others.iloc[0]["tokens_per_s"] - 1 if len(others) else np.nan)
         else:
             row.update(ok_runs=0)
         did_not_fit = runs[(runs["world_size"] == ws) & runs["status"].isin(NOT_FIT)]
         row["did_not_fit"] = ", ".join(f"{r.run_id} ({r.status})" for r in did_not_fit.sort_values("run_id").itertuples())
         rows.append(row)
-    cols = ["world_size", "run_id", "precision", "zero_stage", "tokens_per_s", "tokens_per_s_per_device", "peak_mib_per_rank",
-            "peak_memory", "model_state_mib_per_rank", "ok_runs", "did_not_fit"]
-    return pd.DataFrame(rows).reindex(columns=cols)
+    cols = ["world_size", "run_id", "precision", "zero_stage", "tokens_per_s", "tokens_per_s_per_device", "repeats",
+            "within_noise", "runner_up", "lead", "peak_mib_per_rank", "peak_memory", "model_state_mib_per_rank", "ok_runs",
+            "did_not_fit"]
+    table = pd.DataFrame(rows).reindex(columns=cols)
+    table.attrs["noise"] = noise
+    return table
+
+
+def standing(r, noise) -> str:
+    """How far the best point is ahead, against the noise: the part of the answer a ranking needs."""
+    if isinstance(r.run_id, str) is False:  # no point of this world size ended ok
+        return ""
+    if isinstance(r.within_noise, str) and r.within_noise:
+        return f"; within noise of it ({noise.spread:.0%} run-to-run): {r.within_noise}"
+    if pd.isna(r.lead):
+        return ""
+    if noise.spread is None:
+        return f"; ahead of {r.runner_up} by {r.lead:.0%} (single runs: spread unknown)"
+    return f"; ahead of {r.runner_up} by {r.lead:.0%}, beyond the {noise.spread:.0%} run-to-run spread"
 
 
 def best_configurations_text(runs: pd.DataFrame) -> str:
-    """The best-configuration table as plain text (terminal, summary.md)."""
+    """The best-configuration table as plain text (terminal, summary.md), each best point with how
+    far it is ahead of the next, against the sweep's run-to-run spread."""
     best = best_configurations(runs)
+    noise = best.attrs["noise"]
     lines = []
     for r in best.itertuples():
         if pd.isna(r.run_id):
             head = f"world size {r.world_size}: no run ended ok"
         else:
-            head = (f"world size {r.world_size}: {r.run_id}  {r.tokens_per_s:,.0f} tokens/s ({r.tokens_per_s_per_device:,.0f} per device), "
-                    f"peak {r.peak_mib_per_rank:,.1f} MiB per rank ({r.peak_memory}), model state {r.model_state_mib_per_rank:,.2f} MiB")
+            median = f"median of {r.repeats} runs, " if r.repeats > 1 else ""
+            head = (f"world size {r.world_size}: {r.run_id}  {r.tokens_per_s:,.0f} tokens/s ({median}{r.tokens_per_s_per_device:,.0f} per device), "
+                    f"peak {r.peak_mib_per_rank:,.1f} MiB per rank ({r.peak_memory}), model state {r.model_state_mib_per_rank:,.2f} MiB"
+                    + standing(r, noise))
         lines.append(head + (f"; did not fit: {r.did_not_fit}" if r.did_not_fit else ""))
+    lines.append(noise.text())
     return "\n".join(lines)
 
 

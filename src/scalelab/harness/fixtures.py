@@ -80,11 +80,12 @@ def synthetic_results(out_dir: str | Path, n_runs: int = 24, n_steps: int = 60, 
         if i < len(varied):
             point, replica = varied[i], 0
         else:
+            # the grid's passes are repeats 2, 3 ... (run ids -r2, -r3): they share a point with the runs before
             point, replica = RunPoint(*GRID[(i - len(varied)) % len(GRID)]), 1 + (i - len(varied)) // len(GRID)
+            point = dataclasses.replace(point, repeat=replica + 1)
         precision, stage, ws, micro, ac, bucket = (point.precision, point.zero_stage, point.world_size, point.micro_batch,
                                                    point.activation_checkpointing, point.bucket_mb)
         identity = point.identity(micro_batch=micro or PER_RANK_BATCH)
-        identity["run_id"] = point.run_id + (f"-r{replica}" if replica else "")
         status, reason = FAILURES.get(i, ("ok", None))
         n_trainable = accounting.lora_trainable_params(_LORA_SHAPE, point.lora_rank) if point.lora_rank else n_base
         n_params = n_base + (n_trainable if point.lora_rank else 0)

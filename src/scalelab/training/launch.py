@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from scalelab import placement
+from scalelab.calibration import read_calibration
 from scalelab.columns import steps_table, write_parquet
 from scalelab.config import config_hash, model_config, train_config
 from scalelab.data import read_meta, verify_tokens
@@ -179,9 +180,10 @@ def classify_failure(errors: list[dict], log: str) -> tuple[str, str]:
 def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str | Path,
                log_path: str | Path, threads: int = 1, repo_dir: str | Path = ".",
                save_final_params: bool = False, device_plan: placement.DevicePlan | None = None,
-               compile_warm_up: bool = True) -> dict:
+               compile_warm_up: bool = True, calibration: str | Path | None = None) -> dict:
     """Run one sweep point; write point.json, then summary.json and steps.parquet into run_dir; return the summary.
     device_plan: the workflow's decision for the sweep; None decides here (tests, scripts).
+    calibration: the sweep's CPU peak record (scalelab.calibration); None: a CPU run measures its own.
     compile_warm_up=False (tests only) leaves a compiled run's compilation to its first step."""
     started = time.time()
     run_dir, log_path = Path(run_dir), Path(log_path)
@@ -234,7 +236,7 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
             "train_bin": str((Path(data_dir) / "train.bin").resolve()),
             "token_dtype": meta["dtype"], "model": model.__dict__, "train": train.__dict__,
             "threads_per_rank": max(1, threads // point.world_size), "save_final_params": save_final_params,
-            "compile_warm_up": compile_warm_up,
+            "compile_warm_up": compile_warm_up, "calibration": read_calibration(calibration),
         }
         status, reason, records, launched = _run_workers(spec, run_dir, plan, config["cluster"], log_path,
                                                          train.run_timeout_s, started)

@@ -42,6 +42,8 @@ from torch.distributed.device_mesh import DeviceMesh  # imported by torch itself
 from scalelab import accounting, hardware
 from scalelab.config import ModelConfig, TrainConfig
 from scalelab.data import BatchSampler
+from scalelab.calibration import cpu_name, measure_matmul_peak, pin_this_rank
+from scalelab.calibration import peak_for as calibration_peak
 from scalelab.io import write_json
 from scalelab.placement import LAUNCHER_SLOT_ENV, gpu_index
 from scalelab.precisions import precision as precision_record
@@ -59,7 +61,7 @@ from scalelab.training.parallel import (
     model_state_bytes,
     parallelize,
 )
-from scalelab.training.precision import COMPUTE_DTYPE, autocast, convert_linears, grad_scaler, unsupported_reason
+from scalelab.training.precision import autocast, convert_linears, grad_scaler, unsupported_reason
 from scalelab.training.progress import Progress
 
 
@@ -71,63 +73,38 @@ def lr_at(step: int, train: TrainConfig) -> float:
     return train.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def measure_matmul_peak(device: torch.device, precision: str, seconds: float = 0.1) -> float:
-    """Best FLOP/s of square matmuls in the run's compute dtype: the device's practical peak.
-
-    Several sizes, because on a CPU the best size differs by dtype (emulated fp16 is
-    fastest on small matrices, bf16 on large ones)."""
-    dtype = COMPUTE_DTYPE[precision]
-    best = 0.0
-    for n in (128, 512):
-        a = torch.randn(n, n, device=device, dtype=dtype)
-        a @ a  # warm-up
-        reps, start = 0, time.perf_counter()
-        while True:
-            a @ a
-            reps += 1
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            elapsed = time.perf_counter() - start
-            if elapsed >= seconds and reps >= 2:
-                break
-        best = max(best, 2 * n ** 3 * reps / elapsed)
-    return best
-
-
 def peak_flops(device: torch.device, precision: str, tf32: bool,
-               configured_tflops: dict[str, float] | None = None) -> tuple[float, str]:
+               configured_tflops: dict[str, float] | None = None, calibration: dict | None = None) -> tuple[float, str]:
     """(dense peak FLOP/s per device, where the figure came from). On a GPU: the datasheet
     figure of the exact product (scalelab.hardware), or train.peak_tflops for one the table
     lacks; otherwise NaN and the reason, never a timed guess (small timed matmuls sit far
     below a GPU's peak and would inflate MFU). On a CPU, which has no datasheet figure here:
-    the best matmul rate measured at start."""
+    the sweep's calibration (scalelab.calibration: measured once on the idle machine) where it
+    applies, else the best matmul rate measured at start, beside whatever else runs."""
     if device.type == "cuda":
         return hardware.peak_flops_for(torch.cuda.get_device_name(device), precision, tf32, configured_tflops)
+    if calibrated := calibration_peak(calibration, precision, torch.get_num_threads()):
+        return calibrated
     # named by the dtype it measures: an fp8 run's is a bf16 matmul (float8 is emulated on a CPU)
     dtype = precision_record(precision).matmul_precision
-    return measure_matmul_peak(device, precision), f"measured {dtype} matmul, {torch.get_num_threads()} threads"
+    return (measure_matmul_peak(device, precision_record(dtype).compute),
+            f"measured {dtype} matmul at run start, {torch.get_num_threads()} threads (no sweep calibration)")
 
 
 def bf16_peak_flops(device: torch.device, precision: str, tf32: bool, run_peak: tuple[float, str],
-                    configured_tflops: dict[str, float] | None = None) -> tuple[float, str]:
+                    configured_tflops: dict[str, float] | None = None, calibration: dict | None = None) -> tuple[float, str]:
     """(dense bf16 peak FLOP/s per device, its source): the denominator of ``mfu_bf16_peak``,
     every run's MFU on one scale (scalelab.accounting's docstring). A run whose own peak is
     the bf16 one (bf16; fp8 on a CPU, whose fp8 runs compute in bf16) reuses it."""
     if precision == "bf16" or (device.type != "cuda" and precision_record(precision).matmul_precision == "bf16"):
         return run_peak
-    return peak_flops(device, "bf16", tf32, configured_tflops)
+    return peak_flops(device, "bf16", tf32, configured_tflops, calibration)
 
 
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpu_name()
 
 
 def nccl_version() -> str:
@@ -279,9 +256,10 @@ def setup(spec: dict) -> Run:
         torch.backends.cuda.matmul.allow_tf32 = train_cfg.tf32
         torch.backends.cudnn.allow_tf32 = train_cfg.tf32
 
-    peak, peak_source = peak_flops(device, point.precision, train_cfg.tf32, train_cfg.peak_tflops)
+    calibration = spec.get("calibration")  # the sweep's CPU peaks (scalelab.calibration), None outside the workflow
+    peak, peak_source = peak_flops(device, point.precision, train_cfg.tf32, train_cfg.peak_tflops, calibration)
     peak_bf16, peak_bf16_source = bf16_peak_flops(device, point.precision, train_cfg.tf32, (peak, peak_source),
-                                                  train_cfg.peak_tflops)
+                                                  train_cfg.peak_tflops, calibration)
 
     torch.manual_seed(train_cfg.seed)  # identical initial weights on every rank
     model = GPT(model_cfg).to(device)
@@ -603,13 +581,28 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
     }
 
 
+_RANK_CORES: list[str | None] = [None]
+"""The run's CPU core plan (scalelab.calibration.describe_rank_cores), set by pin_cpu_rank."""
+
+
+def pin_cpu_rank(spec: dict) -> None:
+    """A CPU rank takes its own cores (its launcher's allowed cores split by local rank) before
+    torch's intra-op threads start, which inherit the affinity: ranks neither share a core nor
+    migrate, and the row states which cores each rank had (``rank_cores``)."""
+    if spec["device"] != "cpu":
+        return
+    _RANK_CORES[0] = pin_this_rank(int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+                                   int(spec["threads_per_rank"]), int(os.environ.get(LAUNCHER_SLOT_ENV) or 0))
+
+
 def environment(device: torch.device) -> dict:
-    """Where the run ran: device, backend, threads, library versions, host."""
+    """Where the run ran: device, backend, threads, cores, library versions, host."""
     return {
         "device_type": device.type,
         "device_name": device_name(device),
         "backend": dist.get_backend(),
         "threads_per_rank": torch.get_num_threads(),
+        "rank_cores": _RANK_CORES[0],
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda,
         "nccl_version": nccl_version() if device.type == "cuda" else None,
@@ -656,6 +649,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", required=True, help="run spec JSON written by scalelab.training.launch")
     args = parser.parse_args(argv)
     spec = json.loads(Path(args.spec).read_text())
+    pin_cpu_rank(spec)
     torch.set_num_threads(int(spec["threads_per_rank"]))
     if preflight(spec):
         return 3

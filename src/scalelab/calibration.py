@@ -1,0 +1,154 @@
+"""A CPU sweep's peak FLOP/s, measured once on the idle machine, and each CPU rank's cores.
+
+MFU divides by a peak. A GPU has a datasheet figure (scalelab.hardware); a CPU has none here, so
+its peak is the best matmul rate measured on it. Measured inside each run, it measured whatever
+ran beside the run: one bf16 run got 4.68e10 FLOP/s against 7.8-8.4e10 for the others, and its
+MFU read as perfect scaling while its throughput halved. So a CPU sweep measures it once, in
+the workflow's ``calibrate`` job, which runs alone (it takes every core) before any run trains;
+every run reads that record and names it in ``peak_flops_source``. A run started outside the
+workflow (tests, scripts), or whose ranks have another thread count than the record, measures
+its own at start, as before, and says so.
+
+Torch is imported inside the functions: the workflow's planning process imports this module.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import socket
+import time
+from pathlib import Path
+
+from scalelab.io import write_json
+from scalelab.precisions import precision as precision_record
+
+CALIBRATION_SECONDS = 0.5
+"""Matmul time per size and dtype in the calibration job (a run measuring its own uses 0.1 s)."""
+MATMUL_SIZES = (128, 512)
+"""Square matmul sizes: on a CPU the fastest size differs by dtype (emulated fp16 is fastest on
+small matrices, bf16 on large ones), so the peak is the best of several."""
+
+
+def measure_matmul_peak(device, dtype_name: str, seconds: float = 0.1) -> float:
+    """Best FLOP/s of square matmuls in a dtype (``float32``, ``bfloat16``, ``float16``) on a
+    device, with the calling thread's intra-op threads: the device's practical peak."""
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    best = 0.0
+    for n in MATMUL_SIZES:
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        a @ a  # warm-up
+        reps, start = 0, time.perf_counter()
+        while True:
+            a @ a
+            reps += 1
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds and reps >= 2:
+                break
+        best = max(best, 2 * n ** 3 * reps / elapsed)
+    return best
+
+
+def matmul_precision(precision: str) -> str:
+    """The precision whose matmuls a precision's run times on a CPU (fp8 runs compute in bf16 there)."""
+    return precision_record(precision).matmul_precision
+
+
+def calibrate_cpu(precisions: list[str], threads: int, seconds: float = CALIBRATION_SECONDS) -> dict:
+    """Measure the matmul peak of every dtype the precisions compute in, with ``threads``
+    intra-op threads (one rank's), and return the record a run reads (``peak_for``)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    device = torch.device("cpu")
+    measured = sorted({matmul_precision(p) for p in precisions} | {"bf16"})  # every run's MFU against bf16 too
+    started = time.time()
+    peaks = {name: measure_matmul_peak(device, precision_record(name).compute, seconds) for name in measured}
+    return {
+        "device_type": "cpu", "device_name": cpu_name(), "hostname": socket.gethostname(),
+        "threads": threads, "peaks_flops": peaks, "seconds_per_size": seconds,
+        "measured_utc": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(timespec="seconds"),
+        "measured_for": sorted(precisions),
+    }
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what the platform module says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def write_calibration(path: str | Path, precisions: list[str], threads: int) -> dict:
+    record = calibrate_cpu(precisions, threads)
+    write_json(Path(path), record)
+    return record
+
+
+def read_calibration(path: str | Path | None) -> dict | None:
+    """The calibration record at ``path``, or None (no path: a run outside the workflow)."""
+    if not path:
+        return None
+    return json.loads(Path(path).read_text())
+
+
+def peak_for(calibration: dict | None, precision: str, threads: int) -> tuple[float, str] | None:
+    """(peak FLOP/s, its source) of a precision from the sweep's calibration, or None when there
+    is none that applies: no record, another host, another thread count per rank."""
+    if not calibration or calibration.get("threads") != threads or calibration.get("hostname") != socket.gethostname():
+        return None
+    dtype = matmul_precision(precision)
+    peak = calibration["peaks_flops"].get(dtype)
+    if peak is None:
+        return None
+    return float(peak), (f"sweep calibration: measured {dtype} matmul, {threads} thread(s), idle machine, "
+                         f"{calibration['measured_utc']}")
+
+
+# ----------------------------------------------------------------------------- a CPU rank's cores
+
+def rank_cores(allowed: list[int], local_rank: int, local_ranks: int, threads_per_rank: int,
+               launcher_slot: int = 0) -> list[int] | None:
+    """The cores a CPU rank is pinned to: its own ``threads_per_rank`` of the launcher's allowed
+    cores (a SLURM task's, or the machine's). Launchers packed on one host (launchers_per_node > 1,
+    scalelab.placement.gpu_index's rule for GPUs) see the same cores, so slot s takes the s-th block.
+    None when the ranks do not fit (an overcommitted run, launched on purpose): they share the cores,
+    and the run's row says so."""
+    allowed = sorted(allowed)
+    per_launcher = local_ranks * threads_per_rank
+    first = 0 if len(allowed) == per_launcher else launcher_slot * per_launcher
+    first += local_rank * threads_per_rank
+    if first + threads_per_rank > len(allowed) or per_launcher > len(allowed):
+        return None
+    return allowed[first:first + threads_per_rank]
+
+
+def describe_rank_cores(allowed: list[int], local_ranks: int, threads_per_rank: int, launcher_slot: int = 0) -> str:
+    """What the run's row says about its cores (column ``rank_cores``): ``r0:0 r1:1`` or why shared."""
+    plans = [rank_cores(allowed, r, local_ranks, threads_per_rank, launcher_slot) for r in range(local_ranks)]
+    if any(cores is None for cores in plans):
+        return (f"shared: {local_ranks} rank(s) x {threads_per_rank} thread(s) on {len(allowed)} core(s) "
+                "(overcommitted on purpose; not a measurement)")
+    return " ".join(f"r{r}:{','.join(map(str, cores))}" for r, cores in enumerate(plans))
+
+
+def pin_this_rank(local_rank: int, local_ranks: int, threads_per_rank: int, launcher_slot: int = 0) -> str | None:
+    """Pin this CPU rank to its own cores, before its intra-op threads start (they inherit it), so
+    ranks neither share a core nor migrate; return the launcher's core plan (``describe_rank_cores``),
+    or None where the OS has no affinity call."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    cores = rank_cores(allowed, local_rank, local_ranks, threads_per_rank, launcher_slot)
+    if cores is not None:
+        os.sched_setaffinity(0, cores)
+    return describe_rank_cores(allowed, local_ranks, threads_per_rank, launcher_slot)

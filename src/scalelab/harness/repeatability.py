@@ -1,0 +1,142 @@
+"""Two identical sweeps back to back: does every comparison the report draws survive a second run?
+
+    python -m scalelab.harness.bench repeatability [--config FILE] [--cores all] [--keep DIR]
+
+Runs the workflow twice on one config (default: the repository's config.yaml) into two fresh
+working folders, one after the other, with the host's speed (a fixed Python loop) timed before
+each, then prints:
+- per run: tokens/s of sweep B over sweep A (identical sweeps moved 0.72-1.77x when runs shared
+  the machine), with the median and range;
+- every comparison the report draws, from each sweep's own tables: the best point per world size,
+  scaling efficiency, precision ratios (against fp32 at the same stage and world size) and stage
+  ratios (against stage 0 at the same precision and world size), each with its verdict:
+  ``agree`` (the same answer within the two sweeps' noise), ``within noise in both`` (each sweep
+  labels it so: no ranking claimed either time), or ``DISAGREE``.
+Figures, not assertions: the machine is shared and noisy.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from scalelab.analysis.noise import medians, sweep_noise
+from scalelab.analysis.tables import best_configurations, scaling_efficiency
+
+
+def _ratio_rows(points: pd.DataFrame) -> dict[str, float]:
+    """The ratios the report draws between points (medians of repeats), by name."""
+    ok = points[points["status"] == "ok"].set_index(["precision", "zero_stage", "world_size"])["tokens_per_s"]
+    out = {}
+    for (precision, stage, ws), tps in ok.items():
+        if precision != "fp32" and ("fp32", stage, ws) in ok.index:
+            out[f"{precision}/fp32 z{stage} w{ws}"] = tps / ok[("fp32", stage, ws)]
+        if stage != 0 and (precision, 0, ws) in ok.index:
+            out[f"z{stage}/z0 {precision} w{ws}"] = tps / ok[(precision, 0, ws)]
+    return out
+
+
+def comparisons(runs: pd.DataFrame) -> tuple[dict[str, float], dict[str, str], object]:
+    """(ratios by name, best point per world size with the points within noise of it, the noise)."""
+    points = medians(runs)
+    points = points.assign(scaling_efficiency=scaling_efficiency(points))
+    ratios = _ratio_rows(points)
+    for r in points[(points["status"] == "ok") & (points["world_size"] > 1)].itertuples():
+        ratios[f"efficiency {r.run_id}"] = r.scaling_efficiency
+    best = best_configurations(runs)
+    bests = {f"best at w{r.world_size}": "|".join([r.run_id, *filter(None, str(r.within_noise or "").split(", "))])
+             for r in best.itertuples() if isinstance(r.run_id, str)}
+    return ratios, bests, best.attrs["noise"]
+
+
+def verdicts(runs_a: pd.DataFrame, runs_b: pd.DataFrame) -> pd.DataFrame:
+    """One row per comparison drawn from both sweeps: A's value, B's, and the verdict."""
+    ratios_a, best_a, noise_a = comparisons(runs_a)
+    ratios_b, best_b, noise_b = comparisons(runs_b)
+    na, nb = noise_a.spread, noise_b.spread
+    # Each sweep's figure may sit anywhere within its own run-to-run spread: two sweeps agree when they
+    # differ by no more than both spreads together.
+    tolerance = None if na is None or nb is None else na + nb
+    rows = []
+    for name in sorted(set(ratios_a) & set(ratios_b)):
+        a, b = ratios_a[name], ratios_b[name]
+        if tolerance is None:
+            verdict = "unknown (no repeats)"
+        elif abs(b / a - 1) <= tolerance:
+            verdict = "agree"
+        elif name.startswith("efficiency"):
+            verdict = "DISAGREE"
+        else:  # a ratio each sweep calls within its own noise of 1 was never claimed either way
+            verdict = "within noise in both" if abs(a - 1) <= na and abs(b - 1) <= nb else "DISAGREE"
+        rows.append({"comparison": name, "A": f"{a:.3f}", "B": f"{b:.3f}", "verdict": verdict})
+    for name in sorted(set(best_a) & set(best_b)):
+        tied_a, tied_b = best_a[name].split("|"), best_b[name].split("|")
+        if tied_a[0] == tied_b[0]:
+            verdict = "agree"
+        elif tied_b[0] in tied_a and tied_a[0] in tied_b:
+            verdict = "within noise in both"
+        else:
+            verdict = "DISAGREE"
+        rows.append({"comparison": name, "A": " ~ ".join(tied_a), "B": " ~ ".join(tied_b), "verdict": verdict})
+    return pd.DataFrame(rows, columns=["comparison", "A", "B", "verdict"])
+
+
+def run_ratios(runs_a: pd.DataFrame, runs_b: pd.DataFrame) -> pd.Series:
+    """tokens/s of B over A, per run ok in both."""
+    a = runs_a[runs_a["status"] == "ok"].set_index("run_id")["tokens_per_s"]
+    b = runs_b[runs_b["status"] == "ok"].set_index("run_id")["tokens_per_s"]
+    return (b / a).dropna().sort_index()
+
+
+def bench_repeatability(config: Path, cores: str, keep: Path | None, timeout_s: float) -> dict:
+    import shutil
+    import tempfile
+
+    import yaml
+
+    from scalelab.harness.bench import host_loop_s
+    from scalelab.harness.testing import run_snakemake, write_workdir
+
+    cfg = yaml.safe_load(Path(config).read_text())
+    root = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="scalelab-repeat-"))
+    sides = {}
+    try:
+        for side in ("A", "B"):
+            workdir = write_workdir(root / side, {**cfg, "results_dir": "results"})
+            loop = host_loop_s()
+            start = time.perf_counter()
+            run_snakemake(workdir, "--cores", cores, timeout=timeout_s)
+            wall = time.perf_counter() - start
+            runs = pd.read_parquet(workdir / "results" / "metrics.parquet")
+            sides[side] = {"runs": runs, "wall_s": wall, "host_loop_s": loop}
+            print(f"sweep {side}: {len(runs)} runs, {int((runs['status'] == 'ok').sum())} ok, {wall:.0f} s; "
+                  f"host loop before it {loop:.3f} s", flush=True)
+    finally:
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+    a, b = sides["A"]["runs"], sides["B"]["runs"]
+    ratios = run_ratios(a, b)
+    table = verdicts(a, b)
+    return {"ratios": ratios, "verdicts": table, "noise_a": sweep_noise(a), "noise_b": sweep_noise(b),
+            "wall_s": (sides["A"]["wall_s"], sides["B"]["wall_s"]), "host_loop_s": (sides["A"]["host_loop_s"], sides["B"]["host_loop_s"])}
+
+
+def print_repeatability(result: dict) -> None:
+    ratios, table = result["ratios"], result["verdicts"]
+    print("\nper-run tokens/s, sweep B / sweep A:")
+    for run_id, ratio in ratios.items():
+        print(f"  {run_id:<28} {ratio:.3f}")
+    if len(ratios):
+        print(f"  median {statistics.median(ratios):.3f}, from {ratios.min():.3f} ({ratios.idxmin()}) to {ratios.max():.3f} "
+              f"({ratios.idxmax()}); host loop {result['host_loop_s'][0]:.3f} s before A, {result['host_loop_s'][1]:.3f} s before B")
+    print(f"noise: A {result['noise_a'].text()}\n       B {result['noise_b'].text()}")
+    print("\ncomparisons the report draws:")
+    with pd.option_context("display.width", 200, "display.max_rows", 500, "display.max_colwidth", 80):
+        print(table.to_string(index=False))
+    counts = table["verdict"].value_counts()
+    print("\n" + ", ".join(f"{n} {v}" for v, n in counts.items()) + f" (of {len(table)})")
+    print(f"wall time: A {result['wall_s'][0]:.0f} s, B {result['wall_s'][1]:.0f} s")
+    if (table["verdict"] == "DISAGREE").any():
+        print("DISAGREE: " + ", ".join(table.loc[table["verdict"] == "DISAGREE", "comparison"]))
