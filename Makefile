@@ -30,7 +30,7 @@ run: setup
 # so two workers on a 2-core machine overlap those waits. Not -n auto: every multi-rank test
 # starts 2-4 ranks of its own, so a worker per core is the most a machine should take. Each
 # worker takes whole test files (module fixtures such as the parity runs are built once), except
-# workflow tests, taken one by one; the costliest first (tests/conftest.py orders them;
+# run and workflow tests that share no fixture, taken one by one; the costliest first (tests/conftest.py orders them;
 # --no-loadscope-reorder keeps that order), so no long file starts last while the other idles.
 TEST_WORKERS ?= 2
 

@@ -111,11 +111,11 @@ def pytest_make_collect_report(collector):
 
 
 # `make test` hands its two workers units of work (pytest-xdist's --dist loadgroup):
-# - a file, by default, so that its module fixtures (the parity runs, the mixed-precision runs)
-#   are built once, on one worker;
-# - a workflow test alone: each starts Snakemake in a folder of its own and shares nothing, and
-#   test_workflow.py as one unit (13 minutes measured under load) was longer than the rest of
-#   the suite on the other worker.
+# - a file, by default: its unit tests (cheap), and its tests that read a module fixture (the
+#   parity runs, the mixed-precision runs), so that the fixture is built once, on one worker;
+# - any other test of a costlier tier alone: it starts its runs or Snakemake in a folder of its
+#   own and shares nothing. Whole files were too coarse: test_workflow.py took 13 minutes and
+#   test_training.py 7.5 (measured under load), each longer than half of the suite.
 # The costliest units go first (--no-loadscope-reorder keeps this order; xdist's default orders
 # by number of tests), so that no long unit starts last while the other worker idles.
 TIER_COST_S = {"unit": 0.1, "run": 8, "workflow": 30, "cluster": 60, "browser": 5, "gpu": 0}
@@ -130,9 +130,12 @@ def _tier(item) -> pytest.Mark | None:
 
 def _work_unit(item) -> str:
     tier = _tier(item)
-    if tier is not None and tier.name == "workflow":
-        return re.sub(r"[^\w.:/-]", "_", item.nodeid)  # xdist splits a group name at '@' and ']'
-    return item.path.name
+    fixtures = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    shares = any(getattr(d, "scope", "function") in ("module", "package", "class")
+                 for name in getattr(item, "fixturenames", ()) for d in fixtures.get(name, ()))
+    if tier is None or tier.name == "unit" or shares:
+        return item.path.name
+    return re.sub(r"[^\w.:/-]", "_", item.nodeid)  # xdist splits a group name at '@' and ']'
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixture scope
