@@ -175,13 +175,13 @@ def test_sweep_end_to_end_then_nothing_to_do(tmp_path):
     assert "Nothing to be done" in dry.stdout + dry.stderr, "a removed calibration reruns nothing"
     # A run's params are the values that differ from the defaults: a time limit reruns nothing, a
     # learning rate every run, a new key at its default (a later version's config) nothing
-    write_workdir(tmp_path, tiny_config(sweep=cfg["sweep"], train={"run_timeout_s": 300}))
+    write_workdir(tmp_path, tiny_config(sweep=cfg["sweep"], repeats=cfg["repeats"], train={"run_timeout_s": 300}))
     assert _planned(workdir) == {}
-    write_workdir(tmp_path, tiny_config(sweep=cfg["sweep"], train={"lr": 0.001}))
+    write_workdir(tmp_path, tiny_config(sweep=cfg["sweep"], repeats=cfg["repeats"], train={"lr": 0.001}))
     assert _planned(workdir) == {"calibrate": 1, "train": 10, "collect": 1, "report": 1, "all": 1}
     write_workdir(tmp_path, cfg)
     upgraded = _checkout_with_a_new_train_key(tmp_path / "upgraded", "new_knob", 0.5)
-    cfg_with_key = tiny_config(sweep=cfg["sweep"])
+    cfg_with_key = tiny_config(sweep=cfg["sweep"], repeats=cfg["repeats"])
     cfg_with_key["train"]["new_knob"] = 0.5
     write_workdir(tmp_path, cfg_with_key)
     assert _planned(workdir, upgraded) == {}, "a new key at its default reruns nothing"
