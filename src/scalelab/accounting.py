@@ -250,8 +250,15 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, d_model: int, n_h
     raise ValueError(f"recompute must be none, selective or full, got {recompute!r}")
 
 
+def _sixteen_bit_params(precision: str, zero_stage: int | None) -> bool:
+    """Whether a run computes with 16-bit parameters: fp16 and bf16 under FSDP2's MixedPrecisionPolicy
+    (stages 2 and 3: comm_dtypes), whose gathered parameters are already in the compute dtype, so the
+    embedding, the residual stream and the LayerNorms run in it and autocast copies no weight."""
+    return zero_stage is not None and comm_dtypes(precision, zero_stage).gather_bytes < 4
+
+
 def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, activation_checkpointing: bool,
-                           convention: str = "model") -> float:
+                           convention: str = "model", zero_stage: int | None = None) -> float:
     """Predicted activations all transformer blocks keep for backward, one micro-batch.
 
     ``convention='paper'``: Korthikanti et al. as published at the run's width: s b h (34 +
@@ -261,7 +268,10 @@ def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, a
     values per layer (32 s b h bytes at 2 bytes). Under autocast (fp16, bf16, fp8) the residual
     stream and the LayerNorm inputs stay fp32 (2 s b h values at 4 bytes instead of 2) and
     the 16-bit copies of the 12 d^2 block weights are kept too. With per-block checkpointing
-    only each block's input stays: s b h values at the residual's width.
+    only each block's input stays: s b h values at the residual's width. fp16 and bf16 at stages 2
+    and 3 (``zero_stage``: 16-bit parameters under MixedPrecisionPolicy) keep neither: the residual
+    stream is 16-bit and there are no weight copies, 16 s b h values at 2 bytes (measured within
+    1.5%: the LayerNorms' fp32 mean and rstd, 8 s b bytes each, are not counted, as in fp32).
     """
     s, b, h, L = cfg.seq_len, micro_batch, cfg.d_model, cfg.n_layers
     width = DTYPE_BYTES[precision]
@@ -270,7 +280,7 @@ def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, a
         return L * activation_bytes_per_layer(s, b, h, cfg.n_heads, recompute, width)
     if convention != "model":
         raise ValueError(f"unknown convention {convention!r}: 'model' or 'paper'")
-    amp = precision in AUTOCAST
+    amp = precision in AUTOCAST and not _sixteen_bit_params(precision, zero_stage)
     residual_width = 4 if amp else width
     if activation_checkpointing:
         return L * s * b * h * residual_width
@@ -326,7 +336,7 @@ def loss_path_bytes(cfg: ModelConfig, micro_batch: int, precision: str) -> LossP
 
 
 def outside_block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str,
-                                   accumulation_steps: int = 1) -> float:
+                                   accumulation_steps: int = 1, zero_stage: int | None = None) -> float:
     """Predicted bytes kept for backward outside the transformer blocks by one micro-batch's
     forward, plus what that forward returns: what SavedActivationMeter measures as
     ``outside_blocks``. B = micro_batch, w = the compute width (LossPathBytes).
@@ -343,12 +353,15 @@ def outside_block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision
 
     Not counted: the logits and their fp32 copy, which nothing keeps (LossPathBytes), and
     parameters (the fp32 head weight). Under torch.compile (the compile lever) the compiled
-    loss saves what its partitioner chooses; this is the eager prediction."""
+    loss saves what its partitioner chooses; this is the eager prediction. fp16 and bf16 at stages 2
+    and 3 (``zero_stage``; 16-bit parameters, block_activation_bytes) keep a 16-bit residual stream
+    (w B T C) and no head weight copy."""
     b, t, c, v = micro_batch, cfg.seq_len, cfg.d_model, cfg.vocab_size
     width = DTYPE_BYTES[precision]
-    amp = precision in AUTOCAST
+    sixteen_bit_params = _sixteen_bit_params(precision, zero_stage)
+    amp = precision in AUTOCAST and not sixteen_bit_params
     log_softmax = 4 * b * t * v
-    final_norm = 4 * b * t * c + 2 * 4 * b * t
+    final_norm = (width if sixteen_bit_params else 4) * b * t * c + 2 * 4 * b * t
     head = width * b * t * c + (2 * v * c if amp else 0)
     ids = 8 * accumulation_steps * b * (t + 1) + 8 * t + (8 * b * t if b > 1 else 0)
     return float(log_softmax + final_norm + head + ids + 2 * 4)
@@ -448,8 +461,8 @@ def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: in
     transient = strategy(zero_stage).transient_psi(n_params, block_params, n, gathered)
     if cpu_offload:
         state, transient = 0.0, 2 * gathered * block_params  # copied to the device, then gathered
-    acts = (block_activation_bytes(cfg, micro_batch, precision, activation_checkpointing)
-            + outside_block_activation_bytes(cfg, micro_batch, precision, accumulation_steps)
+    acts = (block_activation_bytes(cfg, micro_batch, precision, activation_checkpointing, zero_stage=zero_stage)
+            + outside_block_activation_bytes(cfg, micro_batch, precision, accumulation_steps, zero_stage)
             + loss_path_bytes(cfg, micro_batch, precision).transient)
     return PeakMemory(state, transient, acts)
 
