@@ -373,6 +373,8 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
             "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "version": __version__,
             "results_dir": str(results_dir), "schema": schema_version(results_dir / "metrics.parquet"),
             "warnings": warnings, "n_base": len(base), **tables, "best_note": best_note,
+            # beside every comparison the figures and lever tables draw: what identical runs differed by
+            "noise": best_raw.attrs["noise"].text()[0].upper() + best_raw.attrs["noise"].text()[1:] + ".",
             "cpu_notice": checks.cpu_notice(runs), "cpu_best_note": checks.cpu_best_note(runs),
             "figures": [_figure(fig_dir, d) for d in drawn if d.figure.kind == "main"],
             "lever_figures": [_figure(fig_dir, d) for d in drawn if d.figure.kind == "lever"],
