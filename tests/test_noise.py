@@ -5,8 +5,8 @@ import json
 import pandas as pd
 import pytest
 
-from scalelab.analysis.compare import compare_runs, noise_limit, summary_lines
 from scalelab.analysis.checks import noise_warnings
+from scalelab.analysis.compare import compare_runs, noise_limit, summary_lines
 from scalelab.analysis.noise import config_ids, medians, repeat_spreads, sweep_noise
 from scalelab.analysis.tables import best_configurations, best_configurations_text, throughput_table
 from scalelab.calibration import describe_rank_cores, peak_for, rank_cores

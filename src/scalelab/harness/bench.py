@@ -8,6 +8,8 @@
                                                (--against CHECKOUT: alternately with another checkout's code)
     python -m scalelab.harness.bench compile   the compile lever: eager vs compiled step time and losses, side by side
     python -m scalelab.harness.bench teardown  world-size-2 CPU runs that end abnormally after their last step
+    python -m scalelab.harness.bench repeatability  two identical sweeps back to back: per-run tokens/s ratios, the
+                                               host's speed, and whether each comparison the report draws agrees
     python -m scalelab.harness.bench startup   the default sweep, timed: median startup_s of its world-size-1 and -2
                                                runs and its wall time, beside the host loop (--against CHECKOUT:
                                                alternately with another checkout's code; --repeats sweeps each)
@@ -22,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from scalelab.harness import REPO_ROOT
 
 _T0 = time.perf_counter()
 
@@ -309,7 +313,17 @@ def main(argv=None) -> int:
     s.add_argument("--against", metavar="CHECKOUT", help="another checkout of scalelab (its Snakefile, config.yaml "
                    "and src/ with this venv): its sweeps alternate with this code's (A B, B A, ...)")
     s.add_argument("--tiny", action="store_true", help="a two-run sweep of 4 steps (checks the benchmark itself)")
+    rp = sub.add_parser("repeatability", help="two identical sweeps back to back: per-run ratios and every comparison's verdict")
+    rp.add_argument("--config", default=str(REPO_ROOT / "config.yaml"), help="the sweep (default: the repository's config.yaml)")
+    rp.add_argument("--cores", default="all")
+    rp.add_argument("--keep", help="keep both sweeps' folders here (default: a temporary folder, removed)")
+    rp.add_argument("--timeout", type=float, default=1800, help="seconds per sweep")
     args = parser.parse_args(argv)
+    if args.what == "repeatability":
+        from scalelab.harness.repeatability import bench_repeatability, print_repeatability
+
+        print_repeatability(bench_repeatability(Path(args.config), args.cores, Path(args.keep) if args.keep else None, args.timeout))
+        return 0
     if args.what == "startup":
         result = bench_startup(args.repeats, args.against, args.tiny)
     elif args.what == "compile":
