@@ -5,7 +5,7 @@ import pytest
 
 from scalelab.analysis.metrics import collect
 from scalelab.analysis.tables import scaling_efficiency
-from scalelab.columns import RUN_COLUMNS, write_parquet, steps_table
+from scalelab.columns import RUN_COLUMNS, steps_table, write_parquet
 from scalelab.io import write_json
 from scalelab.sweep import RunPoint
 
