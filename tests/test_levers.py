@@ -8,10 +8,23 @@ from conftest import PARITY_STEPS, run_point, tiny_config
 from scalelab.sweep import RunPoint
 
 
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory, tiny_data):
+    """The levers' twins: fp32 at world size 2, every lever at its default, one run per stage that
+    the checkpointing, accumulation and bucket tests share (fp32-z0-w2 was run three times)."""
+    runs = {}
+
+    def run(stage):
+        if stage not in runs:
+            runs[stage] = run_point(tmp_path_factory.mktemp(f"plain-z{stage}"), tiny_data, RunPoint("fp32", stage, 2))
+        return runs[stage]
+    return run
+
+
 @pytest.mark.run
 @pytest.mark.parametrize("stage", [0, 3])
-def test_activation_checkpointing_same_losses_fewer_saved_activations(tmp_path, tiny_data, stage):
-    off, off_steps, _ = run_point(tmp_path, tiny_data, RunPoint("fp32", stage, 2))
+def test_activation_checkpointing_same_losses_fewer_saved_activations(tmp_path, tiny_data, plain, stage):
+    off, off_steps, _ = plain(stage)
     on, on_steps, _ = run_point(tmp_path, tiny_data, RunPoint("fp32", stage, 2, activation_checkpointing=True))
     assert off["status"] == on["status"] == "ok", (off["reason"], on["reason"])
     # Recomputation repeats the same CPU kernels in the same order: the same numbers.
@@ -77,9 +90,9 @@ def test_what_the_step_holds_outside_the_blocks_is_predicted(precision, micro_ba
 
 @pytest.mark.run
 @pytest.mark.parametrize("stage", [0, 2])
-def test_gradient_accumulation_keeps_the_fp32_trajectory(tmp_path, tiny_data, stage):
+def test_gradient_accumulation_keeps_the_fp32_trajectory(tmp_path, tiny_data, plain, stage):
     """Global batch 8 on 2 ranks: one micro-batch of 4 per rank, or four of 1."""
-    whole, whole_steps, _ = run_point(tmp_path, tiny_data, RunPoint("fp32", stage, 2))
+    whole, whole_steps, _ = plain(stage)
     accum, accum_steps, _ = run_point(tmp_path, tiny_data, RunPoint("fp32", stage, 2, micro_batch=1))
     assert whole["status"] == accum["status"] == "ok", (whole["reason"], accum["reason"])
     assert (whole["micro_batch"], whole["accumulation_steps"]) == (4, 1)
@@ -100,8 +113,8 @@ def test_gradient_accumulation_keeps_the_fp32_trajectory(tmp_path, tiny_data, st
 
 
 @pytest.mark.run
-def test_bucket_size_sets_the_number_of_all_reduces(tmp_path, tiny_data):
-    default, default_steps, _ = run_point(tmp_path, tiny_data, RunPoint("fp32", 0, 2))
+def test_bucket_size_sets_the_number_of_all_reduces(tmp_path, tiny_data, plain):
+    default, default_steps, _ = plain(0)
     small, small_steps, _ = run_point(tmp_path, tiny_data, RunPoint("fp32", 0, 2, bucket_mb=0.002))
     assert default["status"] == small["status"] == "ok", (default["reason"], small["reason"])
     assert small["run_id"] == "fp32-z0-w2-bucket0.002" and small["bucket_mb"] == 0.002

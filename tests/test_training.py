@@ -12,7 +12,6 @@ from scalelab.config import model_config, train_config
 from scalelab.harness.reference import bare_loop
 from scalelab.sweep import RunPoint
 
-pytestmark = pytest.mark.run
 
 @pytest.fixture(scope="module")
 def reference(tiny_data):
@@ -31,6 +30,7 @@ def fp32_runs(tmp_path_factory, tiny_data):
             for z in (0, 1, 2, 3) for w in (1, 2, 4)}
 
 
+@pytest.mark.run
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_fp32_parity_with_single_process_reference(fp32_runs, reference, stage, world_size):
@@ -45,6 +45,7 @@ def test_fp32_parity_with_single_process_reference(fp32_runs, reference, stage, 
         torch.testing.assert_close(final[name], ref, atol=1e-4, rtol=0, msg=name)
 
 
+@pytest.mark.run
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_model_state_bytes_match_prediction(fp32_runs, stage, world_size):
@@ -62,6 +63,7 @@ def test_model_state_bytes_match_prediction(fp32_runs, stage, world_size):
         assert measured < 0.95 * summary["n_params"] * 16, "sharding must save memory"
 
 
+@pytest.mark.run
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_comm_bytes_match_prediction(fp32_runs, stage):
     summary = fp32_runs[(stage, 2)][0]
@@ -69,6 +71,7 @@ def test_comm_bytes_match_prediction(fp32_runs, stage):
     assert abs(summary["comm_bytes_per_step_measured"] - predicted) / predicted < 0.01
 
 
+@pytest.mark.run
 @pytest.mark.parametrize("stage", [0, 3])
 def test_fp16_inf_on_one_rank_makes_every_rank_skip(tmp_path, tiny_data, stage):
     summary, steps, _ = _run(tmp_path, tiny_data, RunPoint("fp16", stage, 2), fault="inf_grad@step=4,rank=1")
@@ -82,6 +85,7 @@ def test_fp16_inf_on_one_rank_makes_every_rank_skip(tmp_path, tiny_data, stage):
     assert np.isfinite(steps["loss"]).all()
 
 
+@pytest.mark.run
 def test_crash_on_one_rank_is_a_failed_result(tmp_path, tiny_data):
     summary, steps, run_dir = _run(tmp_path, tiny_data, RunPoint("fp32", 0, 2), fault="crash@step=3,rank=1")
     assert summary["status"] == "failed"
@@ -89,6 +93,7 @@ def test_crash_on_one_rank_is_a_failed_result(tmp_path, tiny_data):
     assert len(steps) == 3, "the steps before the crash are kept"
 
 
+@pytest.mark.unit  # a skipped row is written without starting a process
 def test_cuda_requested_without_gpu_is_skipped(tmp_path, tiny_data):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
@@ -98,6 +103,7 @@ def test_cuda_requested_without_gpu_is_skipped(tmp_path, tiny_data):
     assert len(steps) == 0
 
 
+@pytest.mark.run
 @pytest.mark.parametrize("stage", [1, 3])
 def test_killed_run_resumes_from_checkpoint_bitwise(tmp_path, tiny_data, stage):
     """Rank 0 dies at step 9 (checkpoints after steps 3 and 7); rerunning resumes from step 7
@@ -122,6 +128,7 @@ def test_killed_run_resumes_from_checkpoint_bitwise(tmp_path, tiny_data, stage):
     assert not (run_dir / "checkpoint").exists(), "checkpoints of a finished run are removed"
 
 
+@pytest.mark.run
 def test_a_crash_in_teardown_keeps_the_measurements(tmp_path, tiny_data):
     """Every step ran and rank 0 wrote the results, then aborted in process-group teardown
     (seen about once in 50 world-size-2 CPU runs): the run is ok, with a warning."""
@@ -131,6 +138,7 @@ def test_a_crash_in_teardown_keeps_the_measurements(tmp_path, tiny_data):
     assert len(steps) == PARITY_STEPS and summary["tokens_per_s"] > 0
 
 
+@pytest.mark.run
 def test_a_non_finite_loss_is_a_diverged_run_never_ok(tmp_path, tiny_data):
     """lr: 1e30 sends the weights to inf: every rank stops at the same step, the row says so."""
     cfg = tiny_config(train={"steps": PARITY_STEPS, "warmup_steps": 2, "lr": 1e30})
@@ -141,6 +149,7 @@ def test_a_non_finite_loss_is_a_diverged_run_never_ok(tmp_path, tiny_data):
     assert len(steps) < PARITY_STEPS, "it stops at the first non-finite loss"
 
 
+@pytest.mark.unit  # a skipped row is written without starting a process
 def test_a_cpu_run_with_more_ranks_than_cores_is_skipped_not_launched(tmp_path, tiny_data):
     cfg = tiny_config(train={"steps": PARITY_STEPS, "warmup_steps": 2, "global_batch": 64})
     summary, steps, _ = _run(tmp_path, tiny_data, RunPoint("fp32", 0, 64), cfg=cfg)
@@ -149,6 +158,7 @@ def test_a_cpu_run_with_more_ranks_than_cores_is_skipped_not_launched(tmp_path, 
     assert "planning.launch_overcommitted: true" in summary["reason"]
 
 
+@pytest.mark.run
 def test_a_training_run_logs_its_progress(tmp_path, tiny_data):
     """`tail -f` on a run's log shows life: a line every few steps with loss, speed, memory, ETA."""
     _run(tmp_path, tiny_data, RunPoint("fp32", 0, 1))
