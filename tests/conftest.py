@@ -144,7 +144,8 @@ def pytest_collection_modifyitems(items):
     cost: dict[str, float] = {}
     for item in items:
         tier = _tier(item)
-        estimate = tier.kwargs.get("cost_s", TIER_COST_S[tier.name]) if tier is not None else 0
+        hints = [m.kwargs["cost_s"] for m in item.iter_markers() if m.name in TIERS and "cost_s" in m.kwargs]
+        estimate = (hints[0] if hints else TIER_COST_S[tier.name]) if tier is not None else 0
         cost[_work_unit(item)] = cost.get(_work_unit(item), 0) + estimate
     items.sort(key=lambda item: (-cost[_work_unit(item)], _work_unit(item)))
 
