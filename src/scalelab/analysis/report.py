@@ -180,8 +180,6 @@ DERIVED = {
     "model_state_mib_ratio": ("-", "model state per rank of B / of A"),
     "loss_max_rel_diff": ("-", "largest |loss B - loss A| / |loss A| over the steps both recorded"),
     "common_steps": ("steps", "steps recorded by both sides"),
-    "loss_not_compared": ("-", "why the losses of this run in A and B were not compared: what it trained differently"),
-    "peak_lr": ("1", "the largest learning rate of a run's steps (after warm-up)"),
     "max_abs_dloss": ("nats/token", "largest |loss - loss of the stage-0 run| over steps, same precision and world size"),
 }
 
@@ -218,8 +216,7 @@ def column_format(name: str, values: pd.Series):
     return lambda v: f"{v:,.{decimals}f}"
 
 
-def table_model(df: pd.DataFrame, long: tuple[str, ...] = ("reason", "did_not_fit", "meaning", "teardown_warning",
-                                                          "loss_not_compared")) -> dict:
+def table_model(df: pd.DataFrame, long: tuple[str, ...] = ("reason", "did_not_fit", "meaning", "teardown_warning")) -> dict:
     """What the template's table macro draws: columns (name, title, kind) and rows of cells, each
     (its CSS class, its text). Cells are plain tuples: the macro unpacks them instead of looking up
     attributes (a 1,000-run report has ~26,000 cells)."""
@@ -341,10 +338,8 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None, wor
 
 def _no_runs_report(results_dir: Path, out_dir: Path) -> None:
     """A results folder without a single run: say so, in both files, with what to do."""
-    from scalelab.invocation import rerun_command
-
     message = (f"No runs in {results_dir}: metrics.parquet has no rows. Run the workflow "
-               f"({rerun_command(results_dir)}) or point scalelab report at a folder whose runs/ holds results.")
+               "(snakemake --cores all) or point scalelab report at a folder whose runs/ holds results.")
     (out_dir / FIGURES_DIR).mkdir(parents=True, exist_ok=True)
     (out_dir / "report.html").write_text(render("report.html.j2", no_runs=message), encoding="utf-8")
     (out_dir / "summary.md").write_text(f"# scalelab summary\n\n{message}\n")

@@ -514,8 +514,8 @@ def bench_startup(repeats: int, against: str | None = None, tiny: bool = False) 
             loops.append(host_loop_s())
             for name in list(checkouts) if i % 2 == 0 else list(checkouts)[::-1]:
                 sweeps[name].append(time_sweep(checkouts[name], Path(tmp) / f"{name}-{i}", tiny))
-    result: dict = {"sweeps_each": repeats, "sweep": "tiny (fp32, stage 0, world sizes 1 and 2, 4 steps)" if tiny
-                    else "config.yaml's default", "sweep_s": "snakemake --cores all after the data step (timed apart)"}
+    result: dict = {"sweeps_each": repeats, "sweep_config": "tiny (fp32, stage 0, world sizes 1 and 2, 4 steps)" if tiny
+                    else "config.yaml's default", "sweep_timed": "snakemake --cores all after the data step (timed apart)"}
     if against:
         result["other"] = str(checkouts["other"])
     for name, runs in sweeps.items():
