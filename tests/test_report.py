@@ -240,7 +240,7 @@ def _console_errors(log: str) -> list[str]:
 
 
 _MEASURE = """<!DOCTYPE html><html><head><title>measuring</title></head><body>
-<iframe id="r" src="REPORT" style="width:1280px;height:900px;border:0"></iframe>
+<iframe id="r" src="REPORT" style="width:WIDTHpx;height:900px;border:0"></iframe>
 <script>
 document.getElementById('r').addEventListener('load', function () {
   var d = this.contentDocument, w = this.contentWindow, out = {};
@@ -248,6 +248,11 @@ document.getElementById('r').addEventListener('load', function () {
   out.best = top('best'); out.best_table = top('best-table'); out.warnings = top('warnings'); out.figures = top('figures');
   var runs = d.getElementById('run-table');
   out.run_table = [runs.scrollWidth, runs.clientWidth, runs.scrollHeight, runs.clientHeight];
+  var box = runs.getBoundingClientRect();
+  out.run_columns = Array.from(runs.querySelectorAll('thead th')).map(function (th) {
+    var r = th.getBoundingClientRect(); return [th.textContent, r.right <= box.left + runs.clientWidth + 1]; });
+  var trained = d.getElementById('trained');
+  out.trained = trained ? [top('trained'), trained.textContent] : null;
   out.page = [d.documentElement.scrollWidth, w.innerWidth];
   out.first_h2 = d.querySelector('h2').textContent;
   out.best_rows = Array.from(d.querySelectorAll('#best-table tbody tr')).map(function (tr) {
@@ -258,13 +263,13 @@ document.getElementById('r').addEventListener('load', function () {
 </script></body></html>"""
 
 
-def _laid_out(report: Path, tmp_path: Path) -> dict:
-    """Where Chromium lays out the report's parts in a 1280 px wide window (a page beside it
+def _laid_out(report: Path, tmp_path: Path, width: int = 1280) -> dict:
+    """Where Chromium lays out the report's parts in a window `width` px wide (a page beside it
     measures it in an iframe and writes the numbers into its DOM, which --dump-dom prints)."""
-    page = tmp_path / "measure.html"
-    page.write_text(_MEASURE.replace("REPORT", report.as_uri()))
+    page = tmp_path / f"measure{width}.html"
+    page.write_text(_MEASURE.replace("REPORT", report.as_uri()).replace("WIDTH", str(width)))
     cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--allow-file-access-from-files",
-           f"--user-data-dir={tmp_path / 'chrome-measure'}", "--virtual-time-budget=10000", "--dump-dom", page.as_uri()]
+           f"--user-data-dir={tmp_path / f'chrome-measure{width}'}", "--virtual-time-budget=10000", "--dump-dom", page.as_uri()]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     found = re.search(r'<pre id="measured">(.*?)</pre>', proc.stdout, re.S)
     assert found, proc.stderr[-2000:]
@@ -293,6 +298,19 @@ def test_report_opens_in_headless_chromium_without_console_errors(fixture_result
     scroll_width, width, scroll_height, height = shown["run_table"]
     assert scroll_width > width and scroll_height > height, "the run table scrolls within its box"
     assert shown["page"][0] <= shown["page"][1], f"the page overflows sideways: {shown['page']}"
+    # At 1400 px, the run table shows every column a reader looks up first without scrolling sideways:
+    # the run, its status, the axes that vary, throughput, memory, loss (it showed 13 of 23 columns).
+    wide = _laid_out(html, tmp_path, width=1400)
+    visible = [name for name, seen in wide["run_columns"] if seen]
+    from scalelab.analysis.report import KEY_COLUMNS, _fmt_table
+    from scalelab.sweep import SWEEP_AXES
+
+    table = _fmt_table(runs)
+    assert [name for name, _ in wide["run_columns"]] == list(table.columns)
+    varying = [c for c in SWEEP_AXES if table[c].nunique(dropna=False) > 1]
+    assert set(["run_id", "status", *varying, *KEY_COLUMNS]) <= set(visible), (len(visible), len(table.columns), visible)
+    # The header says what was trained, right under the title, before the best configuration.
+    assert wide["trained"] and wide["trained"][0] < shown["best"] and "parameters" in wide["trained"][1], wide["trained"]
 
 
 @pytest.mark.unit
@@ -362,14 +380,14 @@ def test_run_table_numbers_formatted_per_column(fixture_results):
     html = build_report(fixture_results).read_text()
     table = html[html.index('id="run-table"'):]
     table = table[:table.index("</table>")]
-    header = re.findall(r"<th[^>]*>([^<]+)</th>", table)
+    header = re.findall(r"<th[^>]*>(.+?)</th>", table.replace("<wbr>", ""))
     rows = [re.findall(r"<td[^>]*>([^<]*)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", table, re.S)[1:]]
     assert not re.search(r"\de[+-]\d", table), "no scientific notation in the run table"
     column = {name: [row[i] for row in rows if row[i]] for i, name in enumerate(header)}
     assert all(re.fullmatch(r"\d{1,3}(,\d{3})*", v) for v in column["tokens_per_s"]), column["tokens_per_s"][:5]
     assert all(re.fullmatch(r"\d\.\d{3}", v) for v in column["mfu"] + column["scaling_efficiency"])
     assert all(re.fullmatch(r"\d+\.\d{2}", v) for v in column["model_state_mib_measured"])
-    assert re.search(r'<th class="num" title="throughput[^"]*\[tokens/s\]">tokens_per_s</th>', table), "unit in the header's title"
+    assert re.search(r'<th class="num" title="throughput[^"]*\[tokens/s\]">tokens_<wbr>per_<wbr>s</th>', table), "unit in the header's title"
 
 
 @pytest.mark.unit
@@ -380,7 +398,7 @@ def test_run_table_shows_every_sweep_axis(fixture_results):
     from scalelab.sweep import SWEEP_AXES
 
     table = _fmt_table(pd.read_parquet(fixture_results / "metrics.parquet")).set_index("run_id")
-    assert list(table.columns[:len(SWEEP_AXES)]) == list(SWEEP_AXES)
+    assert set(SWEEP_AXES) <= set(table.columns), "every axis, those that vary first, those every run shares later"
     for variant, axis, value in (("fp32-z0-w1-lora4", "lora_rank", 4), ("fp32-z0-w1-compiled", "compile", True)):
         assert table.loc[variant, axis] == value and table.loc["fp32-z0-w1", axis] != value, axis
         assert table.loc[variant, "model"] == table.loc["fp32-z0-w1", "model"] == "base"

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
+from markupsafe import Markup
 
 from scalelab import __version__
 from scalelab.analysis import checks, dictionary
@@ -76,6 +77,13 @@ TABLE_COLUMNS = [
     "model_state_mib_measured", "model_state_mib_predicted", "comm_mib_per_step_measured",
     "comm_mib_per_step_predicted", "peak_mib_predicted", "peak_mib_measured_gpu", "final_loss", "skipped_steps", "wall_time_s", "reason",
 ]
+# The order shown: what a reader looks up first (the run, its outcome, the axes that vary in this sweep,
+# throughput, memory, loss) before the predictions, the axes every run shares and the reason; with
+# headers that wrap at their underscores, the key columns fit a 1400 px window without scrolling sideways.
+KEY_COLUMNS = ["tokens_per_s", "scaling_efficiency", "mfu", "peak_mib_measured_gpu", "model_state_mib_measured", "final_loss",
+               "skipped_steps"]
+LATER_COLUMNS = ["model_state_mib_predicted", "peak_mib_predicted", "comm_mib_per_step_measured", "comm_mib_per_step_predicted",
+                 "accumulation_steps", "wall_time_s"]
 
 
 def load_tables(results_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -136,6 +144,54 @@ def find_warnings(runs: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
     return warnings + checks.spike_warnings(steps, runs) + checks.peak_warnings(runs) + checks.noise_warnings(runs, best_configurations(runs))
 
 
+MODEL_KEYS = ["model", "n_params", "n_layers", "d_model", "n_heads", "seq_len", "vocab_size"]
+
+
+def _count(n) -> str:
+    """A parameter count as people say it: 1.2M, 350M, 1.3B."""
+    for div, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= div:
+            return f"{n / div:.3g}{suffix}"
+    return f"{int(n)}"
+
+
+def _values(series: pd.Series, fmt=str) -> str:
+    values = sorted(series.dropna().unique().tolist())
+    return " / ".join(fmt(v) for v in values) if values else "?"
+
+
+def trained_lines(runs: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
+    """What the sweep trained, from the tables alone: one line per distinct model (parameters, shape,
+    sequence length), with its global batch and tokens per step, peak learning rate (the largest lr
+    of its runs' steps), steps and dataset; values that differ between its runs joined by /."""
+    keys = [k for k in MODEL_KEYS if k in runs]
+    known = runs.dropna(subset=["n_params"]) if "n_params" in runs else runs.iloc[:0]
+    if known.empty:
+        return []
+    peak_lr = steps.groupby(steps["run_id"].astype(str), observed=True)["lr"].max() if "lr" in steps else pd.Series(dtype=float)
+    lines = []
+    # A LoRA run has the parameters of its adapters on top: the same model, its count shown beside.
+    by = [k for k in keys if k != "n_params" and known[k].notna().all()]
+    for _, group in (known.groupby(by, sort=True) if by else [(None, known)]):
+        r = group.iloc[0]
+        shape = ", ".join(f"{label} {_values(group[col], lambda v: str(int(v)))}" for col, label in
+                          (("n_layers", "layers"), ("d_model", "d_model"), ("n_heads", "heads")) if col in group)
+        lr = group["run_id"].astype(str).map(peak_lr)
+        lines.append(
+            (f"model {r['model']}: " if "model" in group and pd.notna(r["model"]) else "")
+            + f"{_values(group['n_params'], _count)} parameters ({shape}), sequence length {_values(group['seq_len'], lambda v: str(int(v)))}; "
+            + f"global batch {_values(group['global_batch'], lambda v: str(int(v)))} sequences, "
+            + f"{_values(group['tokens_per_step'], lambda v: f'{int(v):,}')} tokens per step; "
+            + f"learning rate {_values(lr, lambda v: f'{v:.3g}')} (peak); "
+            + f"{_values(group['steps'], lambda v: str(int(v)))} steps"
+            + (f" ({_values(group['warmup_steps'], lambda v: str(int(v)))} warm-up)" if "warmup_steps" in group else "")
+            + f"; dataset {_values(group['dataset'])}"
+            + (f" (train sha256 {_values(group['dataset_sha256_train'], lambda v: str(v)[:12])})"
+               if "dataset_sha256_train" in group and group["dataset_sha256_train"].notna().any() else "")
+            + f"; {len(group)} run{'s' if len(group) != 1 else ''}")
+    return lines
+
+
 def _provenance(runs: pd.DataFrame) -> pd.DataFrame:
     prov = runs[[c for c in PROVENANCE_COLUMNS if c in runs]].astype("string").fillna("-").value_counts().reset_index(name="runs")
     return prov
@@ -155,7 +211,9 @@ def _fmt_table(runs: pd.DataFrame) -> pd.DataFrame:
     t["peak_mib_predicted"] = t["predicted_peak_bytes"] / 2 ** 20
     t["peak_mib_measured_gpu"] = t["peak_mem_allocated_bytes"] / 2 ** 20
     t = t[TABLE_COLUMNS].sort_values([*SWEEP_AXES, "run_id"])
-    return t
+    varies = [a for a in SWEEP_AXES if t[a].nunique(dropna=False) > 1]
+    shared = [a for a in SWEEP_AXES if a not in varies]
+    return t[["run_id", "status", *varies, *KEY_COLUMNS, *LATER_COLUMNS, *shared, "reason"]]
 
 
 # --------------------------------------------------------------------------- number formats per column
@@ -180,6 +238,8 @@ DERIVED = {
     "model_state_mib_ratio": ("-", "model state per rank of B / of A"),
     "loss_max_rel_diff": ("-", "largest |loss B - loss A| / |loss A| over the steps both recorded"),
     "common_steps": ("steps", "steps recorded by both sides"),
+    "loss_not_compared": ("-", "why the losses of this run in A and B were not compared: what it trained differently"),
+    "peak_lr": ("1", "the largest learning rate of a run's steps (after warm-up)"),
     "max_abs_dloss": ("nats/token", "largest |loss - loss of the stage-0 run| over steps, same precision and world size"),
 }
 
@@ -216,7 +276,8 @@ def column_format(name: str, values: pd.Series):
     return lambda v: f"{v:,.{decimals}f}"
 
 
-def table_model(df: pd.DataFrame, long: tuple[str, ...] = ("reason", "did_not_fit", "meaning", "teardown_warning")) -> dict:
+def table_model(df: pd.DataFrame, long: tuple[str, ...] = ("reason", "did_not_fit", "meaning", "teardown_warning",
+                                                          "loss_not_compared"), wrap_headers: bool = False) -> dict:
     """What the template's table macro draws: columns (name, title, kind) and rows of cells, each
     (its CSS class, its text). Cells are plain tuples: the macro unpacks them instead of looking up
     attributes (a 1,000-run report has ~26,000 cells)."""
@@ -225,7 +286,9 @@ def table_model(df: pd.DataFrame, long: tuple[str, ...] = ("reason", "did_not_fi
         values = df[name]
         numeric = pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)
         kind = "num" if numeric else ("text long" if name in long else "text")
-        columns.append({"name": name, "title": _title(name), "kind": kind})
+        # wrap_headers (the run table): a header may wrap at its underscores, no wider than its numbers
+        columns.append({"name": name, "title": _title(name), "kind": kind,
+                        "label": Markup("_<wbr>").join(str(name).split("_")) if wrap_headers else name})
         fmt = column_format(name, values)
         formatted.append(["" if v is None or (not isinstance(v, (str, list, np.ndarray)) and pd.isna(v)) else fmt(v)
                           for v in values.tolist()])
@@ -338,8 +401,10 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None, wor
 
 def _no_runs_report(results_dir: Path, out_dir: Path) -> None:
     """A results folder without a single run: say so, in both files, with what to do."""
+    from scalelab.invocation import rerun_command
+
     message = (f"No runs in {results_dir}: metrics.parquet has no rows. Run the workflow "
-               "(snakemake --cores all) or point scalelab report at a folder whose runs/ holds results.")
+               f"({rerun_command(results_dir)}) or point scalelab report at a folder whose runs/ holds results.")
     (out_dir / FIGURES_DIR).mkdir(parents=True, exist_ok=True)
     (out_dir / "report.html").write_text(render("report.html.j2", no_runs=message), encoding="utf-8")
     (out_dir / "summary.md").write_text(f"# scalelab summary\n\n{message}\n")
@@ -362,11 +427,10 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
         best, best_note = _best_table(best_raw), _best_note(best_raw)
         dev = loss_deviation_vs_stage0(steps[steps["run_id"].isin(base.loc[base["status"] == "ok", "run_id"])])
         tables = {"best": table_model(best), "levers": table_model(levers) if not levers.empty else None,
-                  "fp8": table_model(fp8) if not fp8.empty else None, "runs_table": table_model(table),
+                  "fp8": table_model(fp8) if not fp8.empty else None, "runs_table": table_model(table, wrap_headers=True),
                   "deviation": table_model(dev) if not dev.empty else None, "provenance": table_model(_provenance(runs)),
                   "dictionary": table_model(_dictionary_table())}
         drawn = job.wait()
-        from markupsafe import Markup
 
         context = {
             "no_runs": None, "n_runs": len(runs), "n_ok": int((runs["status"] == "ok").sum()), "n_steps": len(steps),
@@ -379,12 +443,13 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
             "figures": [_figure(fig_dir, d) for d in drawn if d.figure.kind == "main"],
             "lever_figures": [_figure(fig_dir, d) for d in drawn if d.figure.kind == "lever"],
             "levers_section": any(d.figure.kind == "lever" for d in drawn) or not levers.empty or not fp8.empty,
-            "formulas": Markup(FORMULAS),
+            "formulas": Markup(FORMULAS), "trained": trained_lines(runs, steps),
         }
         (out_dir / "report.html").write_text(render("report.html.j2", **context), encoding="utf-8")
         (out_dir / "summary.md").write_text(
             "# scalelab summary\n\n"
-            f"{len(runs)} runs ({context['n_ok']} ok); the full report is report.html beside this file.\n\n"
+            + "".join(f"**Trained:** {line}  \n" for line in context["trained"]) + ("\n" if context["trained"] else "")
+            + f"{len(runs)} runs ({context['n_ok']} ok); the full report is report.html beside this file.\n\n"
             + (f"> {context['cpu_notice']}\n\n" if context["cpu_notice"] else "")
             + "## Best configuration per world size\n\n"
             "The fastest run that ended ok per world size, and the configurations that did not fit (oom / predicted_oom). "
