@@ -69,6 +69,12 @@ onstart:
             raise WorkflowError(f"scalelab: {err}") from None
         if _note:
             print(_note, file=sys.stderr)
+        # The command line that selects this sweep (config files, --config, profile, cores), for
+        # every hint that says how to rerun it (scalelab.invocation): a bare `snakemake` would run
+        # the default config into another folder.
+        from scalelab.invocation import record
+
+        record(RESULTS, sys.argv[1:], workflow.overwrite_configfiles, cwd=workflow.workdir_init)
 
 
 # One handler per event (Snakemake keeps the last one defined): the sweep's end, then the lock.
@@ -82,3 +88,8 @@ onsuccess:
 
 onerror:
     results_lock(RESULTS).release()
+    from scalelab.invocation import rerun_command
+
+    # After Snakemake's own error lines (the failing rule, its log): what went wrong per run, and how to rerun.
+    print(f"scalelab: which runs failed and why: scalelab status {RESULTS}\n"
+          f"scalelab: to rerun them: scalelab retry {RESULTS}, then: {rerun_command(RESULTS)}", file=sys.stderr)

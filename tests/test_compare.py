@@ -56,7 +56,8 @@ def test_compare_ratios_loss_agreement_provenance_and_one_sided_runs(two_sweeps,
     assert "loss agreement: largest relative difference 0.001 (fp32-z0-w1-ac)" in md
     assert "status changed: fp32-z1-w1 (ok → failed)" in md
     assert "| A only | fp32-z2-w1 | ok |" in md and "| B only | fp32-z2-w2-mb1 | ok |" in md
-    assert md.index("| torch_version | - | 2.99.0 | no |") < md.index("| device_type | cpu | cpu | yes |"), "differing columns first"
+    assert md.index("| ran on | torch_version | - | 2.99.0 | no |") < md.index(
+        "| ran on | device_type | cpu | cpu | yes |"), "differing columns first"
     html = (b / "compare" / "compare.html").read_text()
     assert "Runs in one side only" in html and ">1.500<" in html and ">1.00e-03<" in html
 
@@ -91,3 +92,56 @@ def test_report_and_compare_folders_are_made_with_the_users_umask(tmp_path, umas
         os.umask(before)
     assert (tmp_path / "cmp").stat().st_mode & 0o777 == mode
     assert (tmp_path / "report").stat().st_mode & 0o777 == mode
+
+
+def test_identical_sweeps_with_skipped_runs_raise_no_provenance_alarm(tmp_path):
+    """Runs skipped before their first step record no device, versions or host: two identical sweeps
+    whose skipped runs differ in number are the same sweep, and the summary says how many had none."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    synthetic_results(a, n_runs=12, n_steps=5)
+    shutil.copytree(a, b)
+    runs = pd.read_parquet(b / "metrics.parquet")
+    blank = ["device_type", "device_name", "backend", "torch_version", "python_version", "hostname", "git_commit", "threads_per_rank"]
+    skipped = runs.index[runs["status"] == "ok"][:2]
+    runs.loc[skipped, "status"], runs.loc[skipped, "reason"] = "skipped", "no device"
+    for col in blank:
+        runs[col] = runs[col].astype(object)
+        runs.loc[skipped, col] = None
+    runs.to_parquet(b / "metrics.parquet")
+    build_compare(a, b, tmp_path / "out")
+    md = (tmp_path / "out" / "compare.md").read_text()
+    n_not_ok_a = int((pd.read_parquet(a / "metrics.parquet")["status"] != "ok").sum())
+    assert (f"- provenance differs in: nothing (same versions, devices, commit) (over the ok runs; {n_not_ok_a} of 12 runs "
+            f"in A and {n_not_ok_a + 2} of 12 in B were not ok and record none)") in md, md
+    assert "what was trained differs" not in md
+
+
+def test_another_model_is_named_and_its_losses_not_compared(tmp_path):
+    """Between two models (sequence length, tokens per step, shape, lr), compare names every
+    difference and reports no loss agreement between runs that trained different things."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    synthetic_results(a, n_runs=12, n_steps=5)
+    runs = pd.read_parquet(a / "metrics.parquet")
+    runs["seq_len"], runs["tokens_per_step"], runs["d_model"] = 32, 256, 64
+    runs.to_parquet(a / "metrics.parquet")
+    shutil.copytree(a, b)
+    runs["seq_len"] *= 2
+    runs["tokens_per_step"] *= 2
+    runs["d_model"] *= 2
+    runs.to_parquet(b / "metrics.parquet")
+    steps = pd.read_parquet(b / "steps.parquet")
+    steps["lr"] *= 3
+    steps.to_parquet(b / "steps.parquet")
+    runs_a, steps_a = load_tables(a)
+    runs_b, steps_b = load_tables(b)
+    table = compare_runs(runs_a, runs_b, steps_a, steps_b)
+    assert table["loss_max_rel_diff"].isna().all(), "no loss agreement between different models"
+    seq = runs_a["seq_len"].iloc[0]
+    assert table["loss_not_compared"].str.contains(f"seq_len {seq} vs {seq * 2}").all()
+    build_compare(a, b, tmp_path / "out")
+    md = (tmp_path / "out" / "compare.md").read_text()
+    line = next(x for x in md.splitlines() if x.startswith("- what was trained differs: "))
+    for col in ("d_model", "seq_len", "tokens_per_step", "peak_lr"):
+        assert f" {col} " in line or f": {col} " in line, (col, line)
+    assert "n_layers" not in line and "dataset" not in line, "only what differs"
+    assert "loss agreement" not in md and "losses not compared for" in md and "they trained different things" in md

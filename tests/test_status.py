@@ -186,3 +186,29 @@ def test_status_lists_running_runs_apart_and_reasons_whole(sweep, capsys, monkey
     monkeypatch.chdir(sweep.parent)
     (sweep.parent / "results").symlink_to(sweep)
     assert main(["status"]) == 0 and "results: " in capsys.readouterr().out, "without an argument: results"
+
+
+def test_hints_rerun_the_sweep_as_it_was_started(sweep, tmp_path, capsys, monkeypatch):
+    """A sweep started with --configfile my.yaml --config ... is rerun by that command line, not by
+    a bare `snakemake --cores all` (which would run the default config into results/): status,
+    retry and the end-of-sweep text print what the Snakefile's onstart recorded; -n and --forcerun
+    were about that one invocation and are left out."""
+    from scalelab.invocation import record
+
+    argv = ["--cores", "all", "--configfile", "my.yaml", "--config", "results_dir=mine", "-n", "--forcerun", "train",
+            "--printshellcmds"]
+    record(sweep, argv, [tmp_path / "my.yaml"], cwd=tmp_path)
+    expected = "snakemake --cores all --configfile my.yaml --config results_dir=mine"
+    monkeypatch.chdir(tmp_path)
+    text = format_status(sweep, run_states(sweep))
+    assert text.endswith(f"      then: {expected}"), text
+    assert main(["retry", str(sweep), "--status", "timeout"]) == 0
+    out = capsys.readouterr().out
+    assert f"now: {expected}\n" in out and f"first: {expected} --unlock)" in out, out
+    monkeypatch.chdir(sweep / "runs")  # from elsewhere: the command goes back to the folder it was started in
+    assert f"then: cd {tmp_path} && {expected}" in format_status(sweep, run_states(sweep))
+
+
+def test_hints_without_a_recorded_command_say_what_to_add(sweep):
+    text = format_status(sweep, run_states(sweep))
+    assert "then: snakemake --cores all (add the --configfile / --config options this sweep was started with" in text

@@ -135,8 +135,12 @@ def _retry(args) -> int:
     elif not args.dry_run:
         print(f"removed the collected tables {results}/metrics.parquet, steps.parquet and {results}/report/report.html "
               "(the workflow rebuilds them; without that, Snakemake would see nothing to do)")
-        print(f"{len(done)} run(s) to rerun; now: snakemake --cores all  (it reruns exactly these, then collection and the report; "
-              "after a killed Snakemake, snakemake --unlock first)")
+        from scalelab.invocation import rerun_command
+
+        # The sweep's own command line (config files, --config, profile): a bare snakemake would run another sweep.
+        print(f"{len(done)} run(s) to rerun; now: {rerun_command(results)}\n"
+              f"  (it reruns exactly these, then collection and the report; after a killed Snakemake, first: "
+              f"{rerun_command(results, ' --unlock')})")
     return 0
 
 

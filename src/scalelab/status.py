@@ -9,8 +9,8 @@ or it hangs). With the workflow's config, sweep points without a folder are ``no
 
 ``scalelab retry RESULTS --status timeout,failed`` removes exactly those runs' Snakemake
 outputs (summary.json, steps.parquet), the collected tables (metrics.parquet, steps.parquet:
-collection rebuilds them from the run folders) and report/report.html, so that ``snakemake
---cores all`` reruns those runs and nothing else, then collection and the report. (Snakemake
+collection rebuilds them from the run folders) and report/report.html, so that the command that
+started the sweep (scalelab.invocation.rerun_command) reruns those runs and nothing else, then collection and the report. (Snakemake
 does not rerun a job whose output is missing while the files downstream of it are present:
 with the tables and the report left in place it plans nothing.) A run whose summary says ok
 is never touched, nor is a running one. Checkpoints stay (a timed-out run with train.checkpoint_every
@@ -136,7 +136,12 @@ def format_status(results_dir: str | Path, states: list[RunState]) -> str:
     lines += listed("not ok:", [s for s in states if s.status not in ("ok", "running")])
     retryable = sorted({s.status for s in states if s.status in RETRY_DEFAULT})
     if retryable:
-        lines += ["", f"rerun them: scalelab retry {results_dir} --status {','.join(retryable)}   then: snakemake --cores all"]
+        from scalelab.invocation import rerun_command
+
+        # The command that started this sweep (its config files, --config, profile): a bare
+        # `snakemake --cores all` would run the default config into results/.
+        lines += ["", f"rerun them: scalelab retry {results_dir} --status {','.join(retryable)}",
+                  f"      then: {rerun_command(results_dir)}"]
     return "\n".join(lines)
 
 

@@ -13,10 +13,21 @@ passes untouched: it writes nothing else, and Snakemake's stream handler stays i
 It is active where profiles/default is (not with ``--workflow-profile none``, nor with a
 ``--logger`` on the command line, which replaces the profile's list), and it sees only files given
 on the command line, not a ``configfile`` set in a profile: there it says nothing.
+
+It is also the console's stream handler (``writes_to_stream``), to keep a sweep's console to one
+line per job: Snakemake's own handler prints, per job, its inputs, outputs, reason and every
+resource (200-character paths, and SLURM-only resources such as ``slurm_extra`` and ``mem_mb`` on
+a laptop), ~27 KB for an 8-run sweep. Here a job is one line (its progress, rule, run and log),
+the banner and job table one line each, and the scheduler's chatter ("Select jobs to
+execute...") is left out. Everything else goes through Snakemake's own filter, formatter and
+colours unchanged: warnings, errors, and a failed job's block (the failing rule and its log
+path); with -n, --verbose or --debug-dag every record is Snakemake's own. The full detail stays
+in .snakemake/log/, whose file handler this does not touch.
 """
 from __future__ import annotations
 
 import logging
+import re
 import sys
 
 from snakemake_interface_logger_plugins.base import LogHandlerBase
@@ -68,21 +79,91 @@ def locate(paths: list[str]) -> list[str]:
     return messages
 
 
+# Scheduler messages a sweep's reader does not act on: left out of the console (still in the log file).
+CHATTER = ("Select jobs to execute", "Building DAG of jobs", "Using shell:", "Provided cores:",
+           "Rules claiming more threads", "Provided resources:", "Conda environments: ignored",
+           "Singularity containers: ignored", "Assuming unrestricted shared filesystem usage", "Removing temporary output")
+
+
+def _chatter(message: str) -> bool:
+    return message.startswith(CHATTER) or re.fullmatch(r"Execute \d+ jobs\.\.\.\s*", message) is not None
+
+
+def job_line(record: logging.LogRecord, progress: str | None) -> str:
+    """One line for a job starting: the time, progress so far, the rule, its wildcards (a train
+    job's run id) and its log, relative as Snakemake names it."""
+    import time
+
+    wildcards = getattr(record, "wildcards", None) or {}
+    label = " ".join([str(getattr(record, "rule_name", "job")), *(str(v) for v in wildcards.values())])
+    logs = list(getattr(record, "log", None) or [])
+    return (f"[{time.strftime('%H:%M:%S')}] " + (f"{progress} · " if progress else "") + label
+            + (f"  (log: {logs[0]})" if logs else ""))
+
+
 class LogHandler(LogHandlerBase):
+    def __post_init__(self) -> None:
+        from snakemake.logging import ColorizingTextHandler, DefaultFilter, DefaultFormatter
+
+        s = self.common_settings
+        # Snakemake's own stream handler, as it would have made it: every record not shortened here goes to it.
+        self.inner = ColorizingTextHandler(nocolor=s.nocolor, stream=sys.stdout if s.stdout else sys.stderr)
+        self.inner.addFilter(DefaultFilter(s.quiet, s.debug_dag, s.verbose, s.dryrun, s.printshellcmds))
+        self.inner.setFormatter(DefaultFormatter(s.quiet, s.show_failed_logs))
+        self.detailed = bool(s.dryrun or s.verbose or s.debug_dag)  # asked for the plan or the detail: Snakemake's
+        self.progress: str | None = None
+
     def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._print(record)
+        except Exception:  # an error raised here would end Snakemake's logging thread
+            self.handleError(record)
         if record.levelno < logging.ERROR or getattr(record, _OURS, False) or NOT_YAML not in str(record.msg):
             return
         try:
             messages = locate(command_line_configfiles(sys.argv[1:]))
-        except Exception:  # an error raised here would end Snakemake's logging thread
+        except Exception:
             return
         for message in messages:
-            # Through Snakemake's logger, so its stream handler prints it like its own errors.
+            # Through Snakemake's logger: it comes back here and is printed like Snakemake's own errors.
             logging.getLogger("snakemake.logging").error(message, extra={_OURS: True})
+
+    def _short(self, record: logging.LogRecord, text: str) -> None:
+        short = logging.makeLogRecord({**record.__dict__, "msg": text, "args": None, "event": None})
+        self.inner.handle(short)
+
+    def _print(self, record: logging.LogRecord) -> None:
+        from snakemake_interface_logger_plugins.common import LogEvent
+
+        if self.detailed or record.levelno >= logging.WARNING or not self.inner.filter(record):
+            self.inner.handle(record)  # the filter (quiet, printshellcmds) is applied again there
+            return
+        event = getattr(record, "event", None)
+        if event == LogEvent.JOB_INFO:
+            self._short(record, job_line(record, self.progress))
+        elif event == LogEvent.PROGRESS:
+            done, total = getattr(record, "done", None), getattr(record, "total", None)
+            self.progress = f"{done}/{total} done"
+            if done is not None and done == total:
+                self.inner.handle(record)  # the closing "N of N steps (100%) done"
+        elif event == LogEvent.JOB_FINISHED:
+            pass  # the next job's line, or the closing progress, says so
+        elif event == LogEvent.WORKFLOW_STARTED:
+            files = getattr(record, "configfiles", None) or []
+            self._short(record, f"snakemake {getattr(record, 'snakemake_version', '')} in {getattr(record, 'cwd', '')}"
+                                + (f", config {', '.join(str(f) for f in files)}" if files else ""))
+        elif event == LogEvent.RUN_INFO and isinstance(getattr(record, "stats", None), dict):
+            stats = record.stats
+            self._short(record, "jobs: " + ", ".join(f"{rule} {n}" for rule, n in stats.items() if rule != "total")
+                        + (f" ({stats['total']} in all)" if "total" in stats else ""))
+        elif event in (None, LogEvent.RESOURCES_INFO) and _chatter(record.getMessage()):
+            pass
+        else:
+            self.inner.handle(record)
 
     @property
     def writes_to_stream(self) -> bool:
-        return False  # it logs through Snakemake's logger; Snakemake's stream handler prints
+        return True  # the console's handler: Snakemake adds no stream handler of its own beside it
 
     @property
     def writes_to_file(self) -> bool:
@@ -90,7 +171,7 @@ class LogHandler(LogHandlerBase):
 
     @property
     def has_filter(self) -> bool:
-        return True  # it sees every record and picks the one it acts on itself
+        return True  # it sees every record: Snakemake's filter is applied by its inner handler
 
     @property
     def has_formatter(self) -> bool:

@@ -3,8 +3,9 @@
 Runs are matched by run_id. For each run in both: status on each side, throughput and
 memory ratios (B / A), whether the throughput change exceeds the run-to-run noise either sweep
 measured on its repeats (scalelab.analysis.noise), and loss agreement: the largest |loss B - loss A| / |loss A| over the
-steps both recorded. Provenance (devices, versions, commits) side by side; runs found on one
-side only listed. Written as compare.html (the report's templates) and compare.md.
+steps both recorded, for runs that trained the same model on the same data (TRAINED). What was trained (model shape,
+sequence length, batch, lr, steps, dataset) and provenance (devices, versions, commits, over the ok runs) side by
+side; runs found on one side only listed. Written as compare.html (the report's templates) and compare.md.
 """
 from __future__ import annotations
 
@@ -21,8 +22,13 @@ from scalelab.analysis.tables import MiB, device_peak_bytes
 from scalelab.io import building_dir
 
 PROVENANCE = ["device_type", "device_name", "backend", "torch_version", "cuda_version", "nccl_version", "python_version",
-              "hostname", "git_commit", "git_dirty", "config_hash", "dataset_sha256_train", "seed", "steps", "global_batch",
-              "n_params", "threads_per_rank"]
+              "hostname", "git_commit", "git_dirty", "config_hash", "threads_per_rank"]
+"""Where and with what the runs ran. Read over the runs that carry it: a run skipped or failed before
+its first step records no device or versions, and counting its blanks made identical sweeps differ."""
+TRAINED = ["model", "n_params", "n_layers", "d_model", "n_heads", "seq_len", "vocab_size", "global_batch", "tokens_per_step",
+           "peak_lr", "steps", "warmup_steps", "dataset", "dataset_sha256_train", "seed"]
+"""What was trained (peak_lr: the largest lr of a run's steps, from steps.parquet). Losses of a run in both
+sweeps are compared only where all of these match: otherwise they trained different things."""
 
 
 def _side(results_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -42,8 +48,34 @@ def loss_agreement(steps_a: pd.DataFrame, steps_b: pd.DataFrame) -> pd.DataFrame
     return both.groupby("run_id").agg(common_steps=("step", "size"), loss_max_rel_diff=("rel", "max")).reset_index()
 
 
+def with_peak_lr(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """runs with peak_lr: the largest learning rate a run's steps recorded (NaN without steps)."""
+    peak = steps.groupby(steps["run_id"].astype(str), observed=True)["lr"].max() if "lr" in steps else pd.Series(dtype=float)
+    return runs.assign(peak_lr=runs["run_id"].astype(str).map(peak))
+
+
+def trained_differences(runs_a: pd.DataFrame, runs_b: pd.DataFrame) -> pd.Series:
+    """Per run_id in both: '' where model, data, seed, batch and schedule match, else what differs
+    ('seq_len 32 vs 64; ...'). Both sides need peak_lr (with_peak_lr)."""
+    cols = [c for c in TRAINED if c in runs_a and c in runs_b]
+    merged = runs_a[["run_id", *cols]].merge(runs_b[["run_id", *cols]], on="run_id", suffixes=("_a", "_b"))
+    out = {}
+    for row in merged.to_dict("records"):
+        diffs = []
+        for c in cols:
+            va, vb = row[f"{c}_a"], row[f"{c}_b"]
+            if pd.isna(va) and pd.isna(vb):
+                continue
+            if pd.isna(va) or pd.isna(vb) or va != vb:
+                diffs.append(f"{c} {'-' if pd.isna(va) else va} vs {'-' if pd.isna(vb) else vb}")
+        out[row["run_id"]] = "; ".join(diffs)
+    return pd.Series(out, dtype=object)
+
+
 def compare_runs(runs_a: pd.DataFrame, runs_b: pd.DataFrame, steps_a: pd.DataFrame, steps_b: pd.DataFrame) -> pd.DataFrame:
-    """One row per run_id in both sides."""
+    """One row per run_id in both sides. Loss agreement only for runs that trained the same thing
+    (trained_differences): between another model, sequence length, batch or dataset, losses differ by
+    design, and `loss_not_compared` says why."""
     keep = ["run_id", "status", "tokens_per_s", "step_time_s_median", "model_state_bytes_measured", "mfu", "final_loss"]
 
     def prepared(runs):
@@ -60,7 +92,10 @@ def compare_runs(runs_a: pd.DataFrame, runs_b: pd.DataFrame, steps_a: pd.DataFra
         "model_state_mib_ratio": merged["model_state_mib_b"] / merged["model_state_mib_a"],
         "mfu_a": merged["mfu_a"], "mfu_b": merged["mfu_b"],
     })
-    agreement = loss_agreement(steps_a, steps_b)
+    differs = trained_differences(with_peak_lr(runs_a, steps_a), with_peak_lr(runs_b, steps_b))
+    out["loss_not_compared"] = out["run_id"].map(differs).fillna("")
+    same = set(out.loc[out["loss_not_compared"] == "", "run_id"])
+    agreement = loss_agreement(steps_a[steps_a["run_id"].astype(str).isin(same)], steps_b[steps_b["run_id"].astype(str).isin(same)])
     out = out.merge(agreement, on="run_id", how="left")
     out["common_steps"] = out["common_steps"].fillna(0).astype(int)
     out["throughput_change"] = throughput_verdicts(out, noise_limit(runs_a, runs_b))
@@ -91,20 +126,34 @@ def only_one_side(runs_a: pd.DataFrame, runs_b: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([a_only, b_only])[["side", "run_id", "status", "tokens_per_s"]].sort_values(["side", "run_id"]).reset_index(drop=True)
 
 
-def provenance(runs_a: pd.DataFrame, runs_b: pd.DataFrame) -> pd.DataFrame:
-    """Per provenance column: each side's distinct values with their run counts; differing columns first."""
-    def values(runs: pd.DataFrame, col: str) -> str:
+def provenance(runs_a: pd.DataFrame, runs_b: pd.DataFrame, steps_a: pd.DataFrame | None = None,
+               steps_b: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per column, what was trained (TRAINED, over every run that records it) and where it ran
+    (PROVENANCE, over the ok runs: the ones that carry it): each side's distinct values, with run
+    counts where there are several. Same means the same set of values (run counts differ whenever a
+    run's status did, which the summary says apart). Differing columns first."""
+    if steps_a is not None and steps_b is not None:
+        runs_a, runs_b = with_peak_lr(runs_a, steps_a), with_peak_lr(runs_b, steps_b)
+
+    def values(runs: pd.DataFrame, col: str) -> tuple[str, frozenset]:
         if col not in runs:
-            return "-"
-        counted = runs[col].astype("string").fillna("-").value_counts()
-        return "; ".join(f"{v} ({n})" if len(counted) > 1 else str(v) for v, n in counted.items())
+            return "-", frozenset()
+        counted = runs[col].dropna().astype("string").value_counts()
+        shown = "; ".join(f"{v} ({n})" if len(counted) > 1 else str(v) for v, n in counted.items()) or "-"
+        return shown, frozenset(counted.index)
 
     rows = []
-    for col in PROVENANCE:
-        va, vb = values(runs_a, col), values(runs_b, col)
-        rows.append({"column": col, "A": va, "B": vb, "same": "yes" if va == vb else "no"})
+    for kind, cols, over in (("trained", TRAINED, lambda r: r), ("ran on", PROVENANCE, lambda r: r[r["status"] == "ok"])):
+        for col in cols:
+            (va, sa), (vb, sb) = values(over(runs_a), col), values(over(runs_b), col)
+            rows.append({"what": kind, "column": col, "A": va, "B": vb, "same": "yes" if sa == sb else "no"})
     table = pd.DataFrame(rows)
     return table.sort_values("same", kind="stable").reset_index(drop=True)
+
+
+def without_provenance(runs: pd.DataFrame) -> int:
+    """Runs that carry no provenance: not ok (skipped, failed before the first step, ...)."""
+    return int((runs["status"] != "ok").sum())
 
 
 def _median_range(series: pd.Series, what: str) -> str | None:
@@ -114,10 +163,17 @@ def _median_range(series: pd.Series, what: str) -> str | None:
     return f"{what} (B / A): median {s.median():.3f}, from {s.min():.3f} ({s.idxmin()}) to {s.max():.3f} ({s.idxmax()})"
 
 
-def summary_lines(table: pd.DataFrame, only: pd.DataFrame, prov: pd.DataFrame, limit: float | None = None) -> list[str]:
+def summary_lines(table: pd.DataFrame, only: pd.DataFrame, prov: pd.DataFrame, limit: float | None = None,
+                  unrecorded: tuple[int, int, int, int] | None = None) -> list[str]:
+    """unrecorded: (runs of A without provenance, runs of A, of B without, runs of B)."""
     lines = []
-    changed = prov[prov["same"] == "no"]["column"].tolist()
-    lines.append("provenance differs in: " + (", ".join(changed) if changed else "nothing (same versions, devices, commit)"))
+    trained = prov[(prov["same"] == "no") & (prov.get("what", "ran on") == "trained")]
+    if not trained.empty:
+        lines.append("what was trained differs: " + "; ".join(f"{r.column} {r.A} vs {r.B}" for r in trained.itertuples()))
+    changed = prov[(prov["same"] == "no") & (prov.get("what", "ran on") == "ran on")]["column"].tolist()
+    lines.append("provenance differs in: " + (", ".join(changed) if changed else "nothing (same versions, devices, commit)")
+                 + (f" (over the ok runs; {unrecorded[0]} of {unrecorded[1]} runs in A and {unrecorded[2]} of {unrecorded[3]} "
+                    "in B were not ok and record none)" if unrecorded and (unrecorded[0] or unrecorded[2]) else ""))
     indexed = table.set_index("run_id")
     both_ok = indexed[(indexed["status_a"] == "ok") & (indexed["status_b"] == "ok")]
     for column, what in (("tokens_per_s_ratio", "throughput"), ("peak_mib_ratio", "peak memory per rank"),
@@ -133,6 +189,10 @@ def summary_lines(table: pd.DataFrame, only: pd.DataFrame, prov: pd.DataFrame, l
     elif not both_ok.empty:
         lines.append("throughput changes: neither sweep repeated a point, so which changes are noise is unknown "
                      "(identical sweeps on a shared machine have differed by up to 1.77x per run)")
+    apart = both_ok[both_ok["loss_not_compared"] != ""] if "loss_not_compared" in both_ok else both_ok.iloc[:0]
+    if not apart.empty:
+        lines.append(f"losses not compared for {len(apart)} run(s) in both ({', '.join(apart.index[:4])}"
+                     + (", ..." if len(apart) > 4 else "") + f"): they trained different things ({apart['loss_not_compared'].iloc[0]})")
     agree = both_ok["loss_max_rel_diff"].dropna()
     if not agree.empty:
         lines.append(f"loss agreement: largest relative difference {agree.max():.3g} ({agree.idxmax()}), over "
@@ -156,8 +216,9 @@ def build_compare(a: str | Path, b: str | Path, out_dir: str | Path | None = Non
     runs_b, steps_b = _side(b)
     table = compare_runs(runs_a, runs_b, steps_a, steps_b)
     only = only_one_side(runs_a, runs_b)
-    prov = provenance(runs_a, runs_b)
-    lines = summary_lines(table, only, prov, noise_limit(runs_a, runs_b))
+    prov = provenance(runs_a, runs_b, steps_a, steps_b)
+    unrecorded = (without_provenance(runs_a), len(runs_a), without_provenance(runs_b), len(runs_b))
+    lines = summary_lines(table, only, prov, noise_limit(runs_a, runs_b), unrecorded)
     built = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     html = render("compare.html.j2", a=str(a), b=str(b), n_a=len(runs_a), n_b=len(runs_b), n_common=len(table), built=built,
                   version=__version__, summary=lines, provenance=table_model(prov), runs=table_model(table),

@@ -243,6 +243,7 @@ def sweep_end_text(results_dir) -> str | None:
     import textwrap
 
     from scalelab.analysis.checks import cpu_best_note, cpu_notice
+    from scalelab.invocation import rerun_command
 
     # CPU results say so before their best configuration, and beside it (scalelab.analysis.checks).
     notice, note = cpu_notice(runs), cpu_best_note(runs)
@@ -251,4 +252,7 @@ def sweep_end_text(results_dir) -> str | None:
             + "\n".join("  " + line for line in best_configurations_text(runs).splitlines())
             + (f"\n  {note}" if note else "")
             + f"\nscalelab: report: {html.resolve()}"
-            + (f"\nscalelab: {len(runs) - n_ok} run(s) not ok: scalelab status {results_dir.resolve()}" if n_ok < len(runs) else ""))
+            # rerun with the command that started this sweep (scalelab.invocation), not the default config's
+            + (f"\nscalelab: {len(runs) - n_ok} run(s) not ok: scalelab status {results_dir.resolve()}\n"
+               f"scalelab: to rerun them: scalelab retry {results_dir.resolve()}, then: {rerun_command(results_dir)}"
+               if n_ok < len(runs) else ""))
