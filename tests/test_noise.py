@@ -2,6 +2,7 @@
 comparisons that read it (best configuration, throughput figure's table, compare, warnings)."""
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -165,3 +166,13 @@ def test_repeatability_verdicts_between_two_sweeps():
     assert table["best at w2"] == "DISAGREE"
     # world size 1: bf16 and fp32 are within noise of each other in both sweeps: no ranking was claimed
     assert table["best at w1"] in ("agree", "within noise in both")
+
+
+def test_the_mfu_heatmap_shows_a_repeated_points_spread():
+    from scalelab.analysis.plots import mfu_grid
+
+    g = mfu_grid(_runs(("fp32-z0-w1", 1000), ("fp32-z0-w1-r2", 1100), ("fp32-z0-w1-r3", 1050), ("bf16-z0-w1", 900)))
+    rows = dict(zip(g["rows"], range(len(g["rows"]))))
+    assert g["mfu"][rows["fp32 z0"], 0] == pytest.approx(0.105)  # the median of 0.100, 0.110, 0.105
+    assert g["spread"][rows["fp32 z0"], 0] == pytest.approx(0.01 / 0.105)
+    assert np.isnan(g["spread"][rows["bf16 z0"], 0])  # one run: no spread to show

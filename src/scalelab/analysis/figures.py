@@ -99,7 +99,7 @@ FIGURES: tuple[Figure, ...] = (
                 "the run-to-run spread; world size 1's median is what efficiency divides by."),
     Figure(
         "mfu_heatmap", lambda t: _plots().mfu_heatmap(t.runs),
-        caption="MFU (fraction of the dense peak recorded in each row; the median of a point's repeats) per precision and ZeRO stage (rows) and world size "
+        caption="MFU (fraction of the dense peak recorded in each row; the median of a point's repeats, ± half their range) per precision and ZeRO stage (rows) and world size "
                 "(columns). Cells of runs that did not finish ok show their status; an MFU above 1 (a peak too low for "
                 "the path, e.g. emulated fp16 on a CPU) is hatched, marked ‡ and left out of the colour scale."),
     Figure(

@@ -369,28 +369,32 @@ def throughput(runs: pd.DataFrame):
 
 def mfu_grid(runs: pd.DataFrame) -> dict:
     """What the MFU heatmap draws: rows 'precision z<stage>', columns world sizes; the median MFU of
-    ok runs per cell; which cells are flagged (an MFU above MFU_LIMIT: left out of the colour
+    ok runs per cell, and its run-to-run spread where a cell has several (``spread``: (max - min) / median); which cells are flagged (an MFU above MFU_LIMIT: left out of the colour
     scale); the status shown in cells without an ok run ('not run' where no run exists)."""
     precs, stages, sizes = precisions(runs), sorted(runs["zero_stage"].unique()), sorted(runs["world_size"].unique())
     rows = [(p, s) for p in precs for s in stages if ((runs["precision"] == p) & (runs["zero_stage"] == s)).any()]
     ok = runs[runs["status"] == "ok"]
-    mean = ok.groupby(["precision", "zero_stage", "world_size"])["mfu"].median()  # of a point's repeats
+    cells = ok.groupby(["precision", "zero_stage", "world_size"])["mfu"]
+    mean = cells.median()  # of a point's repeats
+    # the run-to-run spread of a cell with several runs: (max - min) / median, as scalelab.analysis.noise
+    spread_of = ((cells.max() - cells.min()) / mean).where(cells.size() > 1)
     flagged = set(ok[mfu_flagged(ok)].set_index(["precision", "zero_stage", "world_size"]).index)
     first_status = runs.groupby(["precision", "zero_stage", "world_size"])["status"].first()
     value = np.full((len(rows), len(sizes)), np.nan)
+    spread = np.full(value.shape, np.nan)
     flag = np.zeros(value.shape, dtype=bool)
     status = np.full(value.shape, "not run", dtype=object)
     for i, (p, s) in enumerate(rows):
         for j, w in enumerate(sizes):
             key = (p, s, w)
             if key in mean.index:
-                value[i, j], status[i, j], flag[i, j] = mean[key], "ok", key in flagged
+                value[i, j], status[i, j], flag[i, j], spread[i, j] = mean[key], "ok", key in flagged, spread_of[key]
             elif key in first_status.index:
                 status[i, j] = first_status[key]
     shown = np.where(flag, np.nan, value)
     vmax = float(np.nanmax(shown)) if np.isfinite(shown).any() else 1.0
     return {"rows": [f"{p} z{s}" for p, s in rows], "world_sizes": [int(w) for w in sizes], "mfu": value, "flagged": flag,
-            "status": status, "vmin": 0.0, "vmax": vmax}
+            "status": status, "vmin": 0.0, "vmax": vmax, "spread": spread}
 
 
 def mfu_heatmap(runs: pd.DataFrame):
@@ -413,6 +417,8 @@ def mfu_heatmap(runs: pd.DataFrame):
                 text, color = f"{v:.2f}‡", "black"
             elif st == "ok":
                 text = f"{v:.3f}" if pd.notna(v) else "n/a"
+                if pd.notna(v) and np.isfinite(g["spread"][i, j]):  # a point that ran more than once: its spread
+                    text += f" ±{g['spread'][i, j] / 2:.0%}"
                 color = "white" if pd.notna(v) and norm(v) < 0.6 else "black"
                 if pd.isna(v):
                     ax.add_patch(Rectangle((j, i), 1, 1, facecolor="#eeeeee", edgecolor="white", lw=0.6))
