@@ -369,8 +369,8 @@ def throughput(runs: pd.DataFrame):
 
 def mfu_grid(runs: pd.DataFrame) -> dict:
     """What the MFU heatmap draws: rows 'precision z<stage>', columns world sizes; the median MFU of
-    ok runs per cell, and its run-to-run spread where a cell has several (``spread``: (max - min) / median); which cells are flagged (an MFU above MFU_LIMIT: left out of the colour
-    scale); the status shown in cells without an ok run ('not run' where no run exists)."""
+    ok runs per cell, and its run-to-run spread where a cell has several (``spread``: (max - min) /
+    median); which cells are flagged (an MFU above MFU_LIMIT: left out of the colour scale); the status shown in cells without an ok run ('not run' where no run exists)."""
     precs, stages, sizes = precisions(runs), sorted(runs["zero_stage"].unique()), sorted(runs["world_size"].unique())
     rows = [(p, s) for p in precs for s in stages if ((runs["precision"] == p) & (runs["zero_stage"] == s)).any()]
     ok = runs[runs["status"] == "ok"]
