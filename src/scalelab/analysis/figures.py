@@ -39,6 +39,7 @@ class Figure:
     formats: tuple[str, ...] = ("png",)  # the first is the one embedded in the HTML report
     kind: Literal["main", "lever"] = "main"
     varies: str | None = None  # a lever figure is drawn when this column of the runs takes more than one value
+    needs: Callable[[pd.DataFrame], bool] | None = None  # drawn only where the runs have something to show
 
     def __post_init__(self):
         if not self.formats or self.formats[0] != "png" or not set(self.formats) <= set(FORMATS):
@@ -51,7 +52,7 @@ class Figure:
         return [f"{self.name}.{fmt}" for fmt in self.formats]
 
     def applies(self, runs: pd.DataFrame) -> bool:
-        return self.varies is None or runs[self.varies].nunique() > 1
+        return (self.varies is None or runs[self.varies].nunique() > 1) and (self.needs is None or self.needs(runs))
 
 
 def _plots():
@@ -99,9 +100,10 @@ FIGURES: tuple[Figure, ...] = (
                 "the run-to-run spread; world size 1's median is what efficiency divides by."),
     Figure(
         "mfu_heatmap", lambda t: _plots().mfu_heatmap(t.runs),
-        caption="MFU (fraction of the dense peak recorded in each row; the median of a point's repeats, ± half their range) per precision and ZeRO stage (rows) and world size "
-                "(columns). Cells of runs that did not finish ok show their status; an MFU above 1 (a peak too low for "
-                "the path, e.g. emulated fp16 on a CPU) is hatched, marked ‡ and left out of the colour scale."),
+        caption="MFU (fraction of the dense peak recorded in each row; the median of a point's repeats, ± half their "
+                "range) per precision and ZeRO stage (rows) and world size (columns). Cells of runs that did not finish "
+                "ok show their status; an MFU above 1 (a peak too low for the path, e.g. emulated fp16 on a CPU) is "
+                "hatched, marked ‡ and left out of the colour scale."),
     Figure(
         "loss_curves", lambda t: _plots().loss_curves(t.runs, t.steps),
         caption="Left: fp32 loss per step (mean over stages and world sizes, with range), the reference. Middle: per "
@@ -110,6 +112,8 @@ FIGURES: tuple[Figure, ...] = (
                 "steps and world sizes, log scale."),
     Figure(
         "loss_scale", lambda t: _plots().loss_scale(t.runs, t.steps),
+        # without an fp16 run that trained, there is no loss scale: no placeholder, no caption
+        needs=lambda runs: bool(((runs["precision"] == "fp16") & (runs["status"] == "ok")).any()),
         caption="fp16 dynamic loss scale over steps (median over fp16 runs, with range) and skipped steps (count per "
                 "step over runs)."),
     Figure(

@@ -24,7 +24,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.colors import Normalize  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, MaxNLocator, NullFormatter, NullLocator  # noqa: E402
 
 from scalelab.analysis.tables import (  # noqa: E402,F401  (re-exported for callers of plots)
     MFU_LIMIT,
@@ -202,6 +202,26 @@ def _log_ticks(axis, lo: float, hi: float) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
+def zero_log_y(ax, values, top: float = 1.6) -> None:
+    """A log y axis that keeps exact zeros: symmetric log, linear below the smallest nonzero value
+    (a zero |Δloss| is a result: identical losses; on a plain log axis it vanished), with 0 ticked.
+    All zero: a linear axis from 0, the zeros drawn on it."""
+    v = np.asarray(pd.Series(values, dtype=float).dropna())
+    positive = v[v > 0]
+    if positive.size == 0:
+        ax.set_ylim(-0.05, 1)
+        ax.set_yticks([0])
+        return
+    lo = positive.min()
+    ax.set_yscale("symlog", linthresh=lo, linscale=0.3)
+    ax.set_ylim(0, positive.max() * top)
+    decades = np.arange(np.floor(np.log10(lo)), np.ceil(np.log10(positive.max() * top)) + 1)
+    step = max(1, int(np.ceil(len(decades) / 6)))
+    ax.yaxis.set_major_locator(FixedLocator([0.0, *10.0 ** decades[::step]]))
+    ax.yaxis.set_major_formatter(FuncFormatter(_sci))
+    ax.yaxis.set_minor_locator(NullLocator())
+
+
 def _y_range(ax, values, unit_floor: float = 0.0) -> None:
     """A log axis for values spanning more than a decade; else linear from 0, so that noise of a
     few percent (a peak RSS of 332-346 MiB) is not magnified into a slope."""
@@ -370,7 +390,8 @@ def throughput(runs: pd.DataFrame):
 def mfu_grid(runs: pd.DataFrame) -> dict:
     """What the MFU heatmap draws: rows 'precision z<stage>', columns world sizes; the median MFU of
     ok runs per cell, and its run-to-run spread where a cell has several (``spread``: (max - min) /
-    median); which cells are flagged (an MFU above MFU_LIMIT: left out of the colour scale); the status shown in cells without an ok run ('not run' where no run exists)."""
+    median); which cells are flagged (an MFU above MFU_LIMIT: left out of the colour scale); the
+    status shown in cells without an ok run ('not run' where no run exists)."""
     precs, stages, sizes = precisions(runs), sorted(runs["zero_stage"].unique()), sorted(runs["world_size"].unique())
     rows = [(p, s) for p in precs for s in stages if ((runs["precision"] == p) & (runs["zero_stage"] == s)).any()]
     ok = runs[runs["status"] == "ok"]
@@ -471,11 +492,11 @@ def loss_curves(runs: pd.DataFrame, steps: pd.DataFrame):
         if curve.empty:
             continue
         y = curve["max_abs_dloss"].to_numpy(dtype=float)
-        mid.plot(curve["step"], np.where(y > 0, y, np.nan), color=colors[precision], lw=1.0, label=precision)
+        mid.plot(curve["step"], y, color=colors[precision], lw=1.0, label=precision)
     if twin.empty:
         mid.text(0.5, 0.5, "no fp32 twin to compare with", ha="center", va="center", transform=mid.transAxes)
     else:
-        log_y(mid)
+        zero_log_y(mid, twin["max_abs_dloss"])  # an exact 0 (identical losses) stays on the axis, at 0
         mid.legend(title="precision")
     mid.set(title="|loss − loss of the fp32 twin|", xlabel="step", ylabel="largest |Δloss| (nats/token, log)")
     dev = largest_deviation_vs_stage0(st)
@@ -492,11 +513,7 @@ def loss_curves(runs: pd.DataFrame, steps: pd.DataFrame):
                     right.annotate(f"{v:.2g}" if v else "0", (bar.get_x() + width / 2, v if v > 0 else 0), fontsize=6.5,
                                    ha="center", va="bottom", xytext=(0, 1), textcoords="offset points")
         right.set_xticks(np.arange(len(stages)), [f"stage {s}" for s in stages])
-        positive = dev["max_abs_dloss"][dev["max_abs_dloss"] > 0]
-        if not positive.empty:
-            right.set_yscale("log")
-            right.set_ylim(positive.min() / 3, positive.max() * 4)
-            log_y(right)
+        zero_log_y(right, dev["max_abs_dloss"], top=4)
         right.legend(title="precision")
     right.set(title="largest |Δloss| vs stage 0 (over world sizes)", xlabel="ZeRO stage", ylabel="max |Δloss| (nats/token, log)")
     _not_ok_note(fig, runs)
@@ -519,6 +536,11 @@ def loss_scale(runs: pd.DataFrame, steps: pd.DataFrame):
     bottom.stairs(agg["skipped"].to_numpy(), np.append(agg.index.to_numpy() - 0.5, agg.index[-1] + 0.5), color="firebrick",
                   fill=True, label="skipped")
     bottom.set(xlabel="step", ylabel="skipped steps\n(runs)")
+    # counts of runs: whole numbers from 0 (with none skipped the axis ran from -0.05 to 0.05)
+    bottom.set_ylim(0, max(1, int(agg["skipped"].max())) * 1.1)
+    bottom.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=3))
+    if not agg["skipped"].any():
+        bottom.text(0.5, 0.5, "no step skipped", ha="center", va="center", transform=bottom.transAxes, fontsize=8)
     _not_ok_note(fig, runs[runs["precision"] == "fp16"])
     return fig
 

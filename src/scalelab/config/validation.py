@@ -20,8 +20,7 @@ from jsonschema.exceptions import ValidationError
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from scalelab.config import (SCHEMA, SCHEMA_FILE, ConfigError, ConfigProblems, dataset_config, model_config, section,
-                             train_config)
+from scalelab.config import SCHEMA, SCHEMA_FILE, ConfigError, ConfigProblems, dataset_config, model_config, section, train_config
 from scalelab.config.reading import locate, read_yaml, shown
 from scalelab.placement import check_gpu_layout, launch_plan
 from scalelab.sweep import sweep_points

@@ -322,7 +322,8 @@ def main(argv=None) -> int:
     if args.what == "repeatability":
         from scalelab.harness.repeatability import bench_repeatability, print_repeatability
 
-        print_repeatability(bench_repeatability(Path(args.config), args.cores, Path(args.keep) if args.keep else None, args.timeout))
+        print_repeatability(bench_repeatability(Path(args.config), args.cores, Path(args.keep) if args.keep else None, args.timeout,
+                                                host_loop_s))
         return 0
     if args.what == "startup":
         result = bench_startup(args.repeats, args.against, args.tiny)

@@ -90,13 +90,13 @@ def run_ratios(runs_a: pd.DataFrame, runs_b: pd.DataFrame) -> pd.Series:
     return (b / a).dropna().sort_index()
 
 
-def bench_repeatability(config: Path, cores: str, keep: Path | None, timeout_s: float) -> dict:
+def bench_repeatability(config: Path, cores: str, keep: Path | None, timeout_s: float, host_loop_s) -> dict:
+    """host_loop_s: the host-speed probe (scalelab.harness.bench's fixed Python loop), timed before each sweep."""
     import shutil
     import tempfile
 
     import yaml
 
-    from scalelab.harness.bench import host_loop_s
     from scalelab.harness.testing import run_snakemake, write_workdir
 
     cfg = yaml.safe_load(Path(config).read_text())

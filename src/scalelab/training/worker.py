@@ -40,10 +40,10 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh  # imported by torch itself: free
 
 from scalelab import accounting, hardware
-from scalelab.config import ModelConfig, TrainConfig
-from scalelab.data import BatchSampler
 from scalelab.calibration import cpu_name, measure_matmul_peak, pin_this_rank
 from scalelab.calibration import peak_for as calibration_peak
+from scalelab.config import ModelConfig, TrainConfig
+from scalelab.data import BatchSampler
 from scalelab.io import write_json
 from scalelab.placement import LAUNCHER_SLOT_ENV, gpu_index
 from scalelab.precisions import precision as precision_record
