@@ -3,8 +3,8 @@
 # steps.parquet}; its log is results/logs/runs/fp32-z0-w2.log. The rules are keyed by the run id
 # ({run_id}); the point it names comes from the sweep table (rules/common.smk).
 #
-# Two rules, split by world size: `train` for runs that fit one node (one torchrun
-# --standalone), `train_multinode` for runs spanning several launchers. On SLURM the latter
+# Two rules, split by world size: `train` for runs that fit one node (the launcher starts one
+# process per rank), `train_multinode` for runs spanning several launchers. On SLURM the latter
 # declares an `mpi` resource, so the executor plugin runs the rule's command directly in the
 # allocation (not inside its own `srun -n1` step) and the launcher calls `srun` itself to
 # start one torchrun per task.
