@@ -156,7 +156,7 @@ class LogHandler(LogHandlerBase):
             stats = record.stats
             self._short(record, "jobs: " + ", ".join(f"{rule} {n}" for rule, n in stats.items() if rule != "total")
                         + (f" ({stats['total']} in all)" if "total" in stats else ""))
-        elif event in (None, LogEvent.RESOURCES_INFO) and _chatter(record.getMessage()):
+        elif event in (None, LogEvent.RESOURCES_INFO, LogEvent.JOB_STARTED) and _chatter(record.getMessage()):
             pass
         else:
             self.inner.handle(record)
