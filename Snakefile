@@ -74,7 +74,7 @@ onstart:
         # the default config into another folder.
         from scalelab.invocation import record
 
-        record(RESULTS, sys.argv[1:], workflow.overwrite_configfiles, cwd=workflow.workdir_init)
+        record(RESULTS, sys.argv[1:], workflow.overwrite_configfiles, cwd=Path.cwd(), snakefile=workflow.main_snakefile)
 
 
 # One handler per event (Snakemake keeps the last one defined): the sweep's end, then the lock.

@@ -193,10 +193,10 @@ def check_loss_curves(runs, steps):
         over_sizes = [[v for (p, _, s2), v in per_size.items() if p == precision and s2 == s] for s in stages]
         np.testing.assert_allclose(heights, [max(v) for v in over_sizes], rtol=1e-9)  # the largest...
         assert all(h > np.mean(v) * 1.5 for h, v in zip(heights, over_sizes))  # ...not the mean over world sizes
-    assert right.get_yscale() == "log" and "nats/token" in right.get_ylabel()
+    assert right.get_yscale() == "symlog" and "nats/token" in right.get_ylabel()
     # Middle: each precision's largest |loss - loss of its fp32 twin| per step (log scale).
     mid = panel(fig, "|loss − loss of the fp32 twin|")
-    assert mid.get_yscale() == "log"
+    assert mid.get_yscale() == "symlog" and mid.get_ylim()[0] == 0, "an exact 0 stays on the axis"
     twin_key = ["zero_stage", "world_size", "micro_batch", "activation_checkpointing", "cpu_offload", "bucket_mb", "step"]
     plain = ok_steps.astype({"precision": str, "run_id": str})
     fp32 = plain[plain["precision"] == "fp32"].groupby(twin_key, dropna=False)["loss"].mean()
@@ -220,6 +220,8 @@ def check_loss_scale(runs, steps):
     np.testing.assert_allclose(median.get_ydata(), fp16.groupby("step")["loss_scale"].median().to_numpy())
     (stairs,) = [p for p in bottom.patches if p.get_label() == "skipped"]
     np.testing.assert_allclose(stairs.get_data().values, fp16.groupby("step")["skipped"].sum().to_numpy())
+    assert bottom.get_ylim()[0] == 0 and bottom.get_ylim()[1] >= 1, "a count of runs: from 0, never -0.05 to 0.05"
+    assert all(float(t).is_integer() for t in bottom.get_yticks() if 0 <= t <= bottom.get_ylim()[1])
     assert top.get_yscale() == "log"
 
 
@@ -326,12 +328,19 @@ def check_memory_vs_psi(runs, steps):
         n = int(ax.get_title().removeprefix("world size "))
         sub = ok[ok["world_size"] == n]
         measured = [ln for ln in ax.get_lines() if ln.get_linestyle() == "None" and ln.get_marker() == "o"]
-        drawn = sorted(tuple(xy) for ln in measured for xy in ln.get_xydata())
-        assert drawn == sorted(zip(sub["n_params"].astype(float), sub["model_state_bytes_measured"].astype(float)))
-        # PyTorch's at-rest lines: 16 B/param at stage 0, 8 + 8/N at stage 1, 16/N at stages 2 and 3
+        drawn = np.array(sorted(tuple(xy) for ln in measured for xy in ln.get_xydata()))
+        np.testing.assert_allclose(drawn, sorted(zip(sub["n_params"].astype(float), sub["model_state_bytes_measured"] / MiB)))
+        assert ax.get_ylabel() in ("", "model state per rank (MiB)"), "MiB, as every other memory figure"
+        # PyTorch's at-rest lines: 16 B/param at stage 0, 8 + 8/N at stage 1, 16/N at stages 2 and 3, in MiB
         solid = [ln for ln in ax.get_lines() if ln.get_linestyle() == "-"]
-        slopes = [ln.get_ydata()[0] / ln.get_xdata()[0] for ln in solid]
+        slopes = [ln.get_ydata()[0] / ln.get_xdata()[0] * MiB for ln in solid]
         np.testing.assert_allclose(slopes, [16, 8 + 8 / n, 16 / n, 16 / n])
+        dashed = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
+        assert min(ln.get_zorder() for ln in dashed) > max(ln.get_zorder() for ln in solid), "the paper's dashes on top"
+    # only the stages swept: a sweep of stages 0 and 2 draws their lines, not 1's and 3's
+    fig, _ = draw("memory_vs_psi", runs[runs["zero_stage"].isin([0, 2])], steps)
+    for ax in fig.axes:
+        assert sorted(ln.get_label() for ln in ax.get_lines() if ln.get_label().startswith("stage")) == ["stage 0", "stage 2"]
 
 
 def check_lever_compile(runs, steps):
@@ -453,4 +462,33 @@ def test_figures_summarise_many_runs_at_a_point(results):
     left = panel(fig, "fp32 loss (the reference)")
     n_fp32 = tables.steps.loc[(tables.steps["precision"] == "fp32") & tables.steps["run_id"].isin(ok["run_id"]), "run_id"].nunique()
     assert [ln.get_label() for ln in left.get_lines()] == [f"fp32, mean of {n_fp32} runs"] and len(left.collections) == 1
+    matplotlib.pyplot.close("all")
+
+
+def test_exact_zero_dloss_stays_on_the_axis(results):
+    """Identical losses (|Δloss| exactly 0, as fp32 across stages should give) were NaN on a log axis
+    and vanished: the symmetric-log axis keeps them, at 0."""
+    runs, steps = results
+    steps = steps.copy()
+    early = steps["step"] < 5  # every run the same loss at these steps: fp16 equals its fp32 twin exactly
+    steps.loc[early, "loss"] = 5.0 - 0.1 * steps.loc[early, "step"]
+    fig, _ = draw("loss_curves", runs, steps)
+    mid = panel(fig, "|loss − loss of the fp32 twin|")
+    (line,) = lines(mid, "fp16")
+    y = np.asarray(line.get_ydata(), dtype=float)
+    assert (y[:5] == 0).all() and np.isfinite(y).all(), "the zeros drawn, not dropped as NaN"
+    assert mid.get_ylim()[0] == 0 and 0 in mid.get_yticks()
+    matplotlib.pyplot.close("all")
+
+
+def test_loss_scale_figure_left_out_without_fp16_runs(results, tmp_path):
+    """No fp16 run, no loss scale: the figure, its placeholder and its caption are left out."""
+    from scalelab.analysis.figures import draw_figures
+
+    runs, steps = results
+    fp32 = runs[runs["precision"] != "fp16"]
+    figure = next(f for f in FIGURES if f.name == "loss_scale")
+    assert figure.applies(runs) and not figure.applies(fp32)
+    drawn = draw_figures(fp32, steps[steps["run_id"].isin(fp32["run_id"])], lever_table(fp32), tmp_path, workers=1)
+    assert "loss_scale" not in [d.figure.name for d in drawn] and not (tmp_path / "loss_scale.png").exists()
     matplotlib.pyplot.close("all")

@@ -82,23 +82,46 @@ def _sets(parser, dest: str, flag: str) -> bool:
     return False
 
 
-def command_of(argv: list[str]) -> str | None:
+def command_of(argv: list[str], absolute: dict[str, list[str]] | None = None) -> str | None:
+    """absolute: option -> absolute values that replace the typed ones (after --directory the typed
+    relative paths are relative to a directory no longer known)."""
     args = selecting_args(argv)
     if args is None:
         return None
+    if absolute:
+        kept, i = [], 0
+        while i < len(args):
+            option = args[i]
+            j = i + 1
+            while j < len(args) and not args[j].startswith("--"):
+                j += 1
+            kept += [option, *absolute[option]] if option in absolute else args[i:j]
+            i = j
+        args = kept
     if "--cores" not in args and "--jobs" not in args:  # Snakemake requires one for a local run
         args = ["--cores", "all", *args]
     return shlex.join(["snakemake", *args])
 
 
-def record(results_dir: str | Path, argv: list[str], configfiles: list[str | Path], cwd: str | Path | None = None) -> Path:
+def record(results_dir: str | Path, argv: list[str], configfiles: list[str | Path], cwd: str | Path | None = None,
+           snakefile: str | Path | None = None) -> Path:
     """Write <results>/.scalelab/invocation.json from the Snakemake process's argv (without the
     program). configfiles: the files Snakemake merged (workflow.overwrite_configfiles), kept beside
     the command, which names them as typed."""
     cwd = Path(cwd or os.getcwd()).resolve()
     path = Path(results_dir) / RECORD
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"command": command_of(argv), "cwd": str(cwd), "configfiles": [str(Path(p).resolve()) for p in configfiles]}
+    files = [str(Path(p).resolve()) for p in configfiles]
+    typed = selecting_args(argv) or []
+    if "--directory" in typed:
+        # Snakemake has moved into --directory (cwd here): the directory the command was typed in is
+        # unknown, so the command names the working directory, config files and Snakefile absolutely.
+        absolute = {"--directory": [str(cwd)], "--configfile": files}
+        if snakefile:
+            absolute["--snakefile"] = [str(Path(snakefile).resolve())]
+        data = {"command": command_of(argv, absolute), "cwd": None, "configfiles": files}
+    else:
+        data = {"command": command_of(argv), "cwd": str(cwd), "configfiles": files}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     tmp.replace(path)

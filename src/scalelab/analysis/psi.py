@@ -2,7 +2,7 @@
 
 Measured points are the full-training runs (LoRA rows are levers, outside the main figures'
 baseline), one per model shape of the sweep's ``model`` axis, stage, precision. The lines are
-the ZeRO formulas over Psi: PyTorch's at-rest split (solid: 16 Psi, 8 Psi + 8 Psi/N, 16 Psi/N,
+the ZeRO formulas over Psi (in MiB, as every memory figure), for the stages the sweep ran: PyTorch's at-rest split (solid: 16 Psi, 8 Psi + 8 Psi/N, 16 Psi/N,
 16 Psi/N) and the paper's mixed precision (dashed: 16 Psi, 4 Psi + 12 Psi/N, 2 Psi + 14 Psi/N,
 16 Psi/N). Where a run records a device budget (``planning.device_memory_gib``, or the GPU's
 own memory: ``device_memory_bytes``), the budget is a horizontal line and each stage's largest
@@ -18,6 +18,7 @@ import seaborn as sns
 
 from scalelab import accounting
 from scalelab.analysis.plots import log_x, log_y, marks
+from scalelab.analysis.tables import MiB
 from scalelab.strategies import ZERO_STAGES
 
 STAGES = ZERO_STAGES  # every strategy record of scalelab.strategies: a line (and a colour) each
@@ -51,36 +52,39 @@ def memory_vs_psi(runs: pd.DataFrame):
     if rows > 1:
         fig.subplots_adjust(hspace=0.45)
     colors = dict(zip(STAGES, sns.color_palette("deep")))
+    swept = [s for s in STAGES if s in set(ok["zero_stage"])]  # lines only for the stages the sweep ran
     notes = []
     for ax, n in zip(axes, sizes):
         sub = ok[ok["world_size"] == n]
         budget = sub["device_memory_bytes"].dropna().min() if "device_memory_bytes" in sub else np.nan
         lo, hi = sub["n_params"].min() / 4, sub["n_params"].max() * 4
-        fits = {s: accounting.largest_model(budget, s, int(n), LINE_PRECISION, "pytorch") for s in STAGES} if budget > 0 else {}
+        fits = {s: accounting.largest_model(budget, s, int(n), LINE_PRECISION, "pytorch") for s in swept} if budget > 0 else {}
         if fits:
             hi = max(hi, max(fits.values()) * 2)
         psi = np.geomspace(lo, hi, 50)
-        for stage in STAGES:
-            for convention, style in (("pytorch", "-"), ("paper", "--")):
+        for stage in swept:
+            # In MiB as every other memory figure; the paper's dashed line over PyTorch's solid one
+            # (where they coincide, at stage 0 and 3, the dashes stay visible on it).
+            for convention, style, z in (("pytorch", "-", 1.5), ("paper", "--", 2.0)):
                 slope = accounting.bytes_per_param_per_rank(stage, int(n), LINE_PRECISION, convention)
-                ax.plot(psi, slope * psi, style, color=colors[stage], alpha=0.7 if style == "-" else 0.4,
-                        label=f"stage {stage}" if convention == "pytorch" else None)
+                ax.plot(psi, slope * psi / MiB, style, color=colors[stage], alpha=0.55 if style == "-" else 0.95,
+                        lw=1.2 if style == "-" else 1.4, zorder=z, label=f"stage {stage}" if convention == "pytorch" else None)
             runs_s = sub[sub["zero_stage"] == stage]
-            marks(ax, runs_s["n_params"], runs_s["model_state_bytes_measured"], color=colors[stage], size=30,
+            marks(ax, runs_s["n_params"], runs_s["model_state_bytes_measured"] / MiB, color=colors[stage], size=30,
                   edgecolor="black", edgewidth=0.5, zorder=3)
             if stage in fits:
                 ax.axvline(fits[stage], color=colors[stage], linestyle=":", alpha=0.8)
                 gpu = runs_s[runs_s.get("peak_mem_allocated_bytes", pd.Series(dtype=float)).notna()]
                 if not gpu.empty:  # measured bytes per parameter, extrapolated to the budget
                     measured_fit = budget / (gpu["model_state_bytes_measured"] / gpu["n_params"]).max()
-                    ax.plot([measured_fit], [budget], "x", color=colors[stage], markersize=9, mew=2, zorder=4)
+                    ax.plot([measured_fit], [budget / MiB], "x", color=colors[stage], markersize=9, mew=2, zorder=4)
                 notes.append(f"N={n} stage {stage}: fits up to {fits[stage] / 1e9:.3g}B params (predicted)")
         if fits:
-            ax.axhline(budget, color="black", linewidth=1)
+            ax.axhline(budget / MiB, color="black", linewidth=1)
         ax.set(title=f"world size {n}", xlabel="parameters Ψ")
         log_x(ax)
     for ax in grid[:, 0]:
-        ax.set_ylabel("model state per rank (bytes)")
+        ax.set_ylabel("model state per rank (MiB)")
     for ax in axes:  # after every panel is drawn: the y axis is shared
         log_y(ax)
     axes[0].legend(fontsize=7, title="solid: PyTorch, dashed: paper", title_fontsize=7)
