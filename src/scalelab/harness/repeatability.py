@@ -107,12 +107,14 @@ def bench_repeatability(config: Path, cores: str, keep: Path | None, timeout_s: 
             workdir = write_workdir(root / side, {**cfg, "results_dir": "results"})
             loop = host_loop_s()
             start = time.perf_counter()
-            run_snakemake(workdir, "--cores", cores, timeout=timeout_s)
+            proc = run_snakemake(workdir, "--cores", cores, timeout=timeout_s)
             wall = time.perf_counter() - start
             runs = pd.read_parquet(workdir / "results" / "metrics.parquet")
             sides[side] = {"runs": runs, "wall_s": wall, "host_loop_s": loop}
+            console = proc.stdout + proc.stderr  # what the user saw
             print(f"sweep {side}: {len(runs)} runs, {int((runs['status'] == 'ok').sum())} ok, {wall:.0f} s; "
-                  f"host loop before it {loop:.3f} s", flush=True)
+                  f"host loop before it {loop:.3f} s; console {len(console.splitlines())} lines, "
+                  f"{len(console.encode())} bytes", flush=True)
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
