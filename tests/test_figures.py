@@ -323,13 +323,23 @@ def check_lever_bucket_mb(runs, steps):
 
 def check_memory_vs_psi(runs, steps):
     fig, t = draw("memory_vs_psi", runs, steps)
+    out = next(f for f in FIGURES if f.name == "memory_vs_psi").draw(t)  # the figure's note too
+    note = out[1] if isinstance(out, tuple) else ""
     ok = t.runs[t.runs["status"] == "ok"]
+    one_model = ok["n_params"].nunique() == 1
+    # the fixture's baseline runs share one shape: their dots are set apart per stage, and the note says so
+    assert one_model == ("one model shape" in note), note
     for ax in fig.axes:
         n = int(ax.get_title().removeprefix("world size "))
         sub = ok[ok["world_size"] == n]
         measured = [ln for ln in ax.get_lines() if ln.get_linestyle() == "None" and ln.get_marker() == "o"]
+        stages = sorted(sub["zero_stage"].unique())
+        dodge = {s: plots._dodge(len(stages), i) if one_model else 1.0 for i, s in enumerate(stages)}
         drawn = np.array(sorted(tuple(xy) for ln in measured for xy in ln.get_xydata()))
-        np.testing.assert_allclose(drawn, sorted(zip(sub["n_params"].astype(float), sub["model_state_bytes_measured"] / MiB)))
+        expected = sorted(zip(sub["n_params"].astype(float) * sub["zero_stage"].map(dodge), sub["model_state_bytes_measured"] / MiB))
+        np.testing.assert_allclose(drawn, expected)
+        if one_model and len(stages) > 1:  # no two stages' dots at one place
+            assert len({round(x, 6) for x, _ in drawn}) == len(stages)
         assert ax.get_ylabel() in ("", "model state per rank (MiB)"), "MiB, as every other memory figure"
         # PyTorch's at-rest lines: 16 B/param at stage 0, 8 + 8/N at stage 1, 16/N at stages 2 and 3, in MiB
         solid = [ln for ln in ax.get_lines() if ln.get_linestyle() == "-"]

@@ -17,7 +17,7 @@ import pandas as pd
 import seaborn as sns
 
 from scalelab import accounting
-from scalelab.analysis.plots import log_x, log_y, marks
+from scalelab.analysis.plots import _dodge, log_x, log_y, marks
 from scalelab.analysis.tables import MiB
 from scalelab.strategies import ZERO_STAGES
 
@@ -54,6 +54,12 @@ def memory_vs_psi(runs: pd.DataFrame):
     colors = dict(zip(STAGES, sns.color_palette("deep")))
     swept = [s for s in STAGES if s in set(ok["zero_stage"])]  # lines only for the stages the sweep ran
     notes = []
+    # One model shape: every stage's dot sits at the one Psi, where equal model states (every stage
+    # at world size 1) drew one dot; each stage's is set a little apart, as the world-size figures do.
+    one_model = ok["n_params"].nunique() == 1
+    if one_model:
+        notes.append(f"one model shape ({ok['n_params'].iloc[0]:,} parameters): its dots are set slightly apart per stage "
+                     "so that equal ones stay visible; the lines extrapolate the formulas to other sizes")
     for ax, n in zip(axes, sizes):
         sub = ok[ok["world_size"] == n]
         budget = sub["device_memory_bytes"].dropna().min() if "device_memory_bytes" in sub else np.nan
@@ -70,7 +76,8 @@ def memory_vs_psi(runs: pd.DataFrame):
                 ax.plot(psi, slope * psi / MiB, style, color=colors[stage], alpha=0.55 if style == "-" else 0.95,
                         lw=1.2 if style == "-" else 1.4, zorder=z, label=f"stage {stage}" if convention == "pytorch" else None)
             runs_s = sub[sub["zero_stage"] == stage]
-            marks(ax, runs_s["n_params"], runs_s["model_state_bytes_measured"] / MiB, color=colors[stage], size=30,
+            x = runs_s["n_params"] * (_dodge(len(swept), swept.index(stage)) if one_model else 1.0)
+            marks(ax, x, runs_s["model_state_bytes_measured"] / MiB, color=colors[stage], size=30,
                   edgecolor="black", edgewidth=0.5, zorder=3)
             if stage in fits:
                 ax.axvline(fits[stage], color=colors[stage], linestyle=":", alpha=0.8)
