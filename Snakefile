@@ -75,6 +75,11 @@ onstart:
         from scalelab.invocation import record
 
         record(RESULTS, sys.argv[1:], workflow.overwrite_configfiles, cwd=Path.cwd(), snakefile=workflow.main_snakefile)
+        # A CPU sweep's peak FLOP/s is measured once per invocation, by its first training job, on
+        # the idle machine (scalelab.calibration): the last invocation's figure is not this one's.
+        from scalelab.calibration import forget_calibration
+
+        forget_calibration(RESULTS)
 
 
 # One handler per event (Snakemake keeps the last one defined): the sweep's end, then the lock.

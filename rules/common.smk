@@ -115,18 +115,6 @@ def run_threads(wildcards) -> int:
     return point_of(wildcards).world_size * CLUSTER["cpus_per_rank"]
 
 
-def calibration_input(wildcards):
-    """A CPU run's peak FLOP/s comes from the sweep's calibration (rule calibrate); a GPU run's
-    from the datasheet (none)."""
-    return ancient(RESULTS / "calibration" / "cpu.json") if DEVICE_PLAN.device == "cpu" else []
-
-
-def calibration_threads(wildcards):
-    """Every core on a workstation (capped at --cores: nothing else runs while it measures); one
-    rank's cores in a cluster job (whose node, with cluster.exclusive, is its own)."""
-    return 1024 if workflow.local_exec else CLUSTER["cpus_per_rank"]
-
-
 def run_minutes(wildcards, attempt):
     """SLURM time limit: the run's own limit plus start-up margin, growing with each retry."""
     return attempt * (int(config["train"]["run_timeout_s"] // 60) + 5)

@@ -10,34 +10,10 @@
 # start one torchrun per task.
 
 
-# A CPU sweep's peak FLOP/s (the MFU denominator), measured once per invocation that trains, on
-# the idle machine (scalelab.calibration): it takes every core, and the train_slot, so nothing
-# runs beside it, and every run reads it and names it in peak_flops_source. Temporary: the next
-# invocation that trains measures again, and the runs record the figure they used. GPU sweeps
-# use datasheet peaks and have no calibration job.
-rule calibrate:
-    output:
-        temp(RESULTS / "calibration" / "cpu.json"),
-    params:
-        precisions=sorted({p.precision for p in POINTS.values()}),
-        threads=CLUSTER["cpus_per_rank"],
-    log:
-        LOGS / "calibrate.log",
-    threads: calibration_threads
-    resources:
-        train_slot=lambda wildcards: int(workflow.local_exec),
-    conda:
-        "../workflow/envs/scalelab.yaml"
-    script:
-        "../workflow/scripts/calibrate.py"
-
-
 rule train:
     input:
         meta=DATA_DIR / "meta.json",
         train=DATA_DIR / "train.bin",
-        # ancient: a new calibration (every invocation that trains makes one) reruns no cached run
-        calibration=calibration_input,
     output:
         summary=RESULTS / "runs" / "{run_id}" / "summary.json",
         steps=RESULTS / "runs" / "{run_id}" / "steps.parquet",

@@ -39,6 +39,8 @@ FILLED_ELSEWHERE = {
     "peak_mem_reserved_bytes": "GPU runs (tests/test_gpu.py)",
     "cuda_version": "GPU runs (tests/test_gpu.py)",
     "nccl_version": "GPU runs (tests/test_gpu.py)",
+    # these runs are one per status, with no ok world-size-1 twin of an ok run's precision and stage
+    "scaling_efficiency": "tests/test_collected_columns.py, collection of world sizes 1 and 2",
 }
 
 
@@ -97,7 +99,8 @@ def _runs_cfg(**train):
 # Every status the launcher writes, and every lever away from its default (cpu_offload: a
 # skipped row on a CPU; compile: FILLED_ELSEWHERE). Two ranks where collectives matter.
 RUNS = {
-    "ok": (RunPoint("fp16", 1, 2, micro_batch=1, activation_checkpointing=True, bucket_mb=0.002, lora_rank=2), {}, None),
+    "ok": (RunPoint("fp16", 1, 2, micro_batch=1, activation_checkpointing=True, bucket_mb=0.002, lora_rank=2, grad_reduce="compute"),
+           {}, None),
     "ok fp8": (RunPoint("fp8", 3, 2), {"fp8_emulate": True}, None),
     "skipped": (RunPoint("fp32", 3, 1, cpu_offload=True), {}, None),
     "predicted_oom": (RunPoint("bf16", 0, 1), {}, None),

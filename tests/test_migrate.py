@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
+import numbers
 import os
 import re
 import shutil
@@ -37,9 +37,14 @@ def _files(root: Path) -> dict[str, str]:
 
 
 def _same(a, b) -> bool:
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    return str(a) == str(b)  # lists (per-rank bytes) and scalars alike
+    """Equal values: integer columns now read as pandas' nullable integers (120576.0 and NaN before,
+    120576 and <NA> now, the same numbers); lists (per-rank bytes) compared as text."""
+    if pd.api.types.is_scalar(a) and pd.api.types.is_scalar(b):
+        if pd.isna(a) and pd.isna(b):
+            return True
+        if isinstance(a, numbers.Number) and isinstance(b, numbers.Number) and not (pd.isna(a) or pd.isna(b)):
+            return float(a) == float(b)
+    return str(a) == str(b)
 
 
 @pytest.mark.unit
@@ -185,8 +190,9 @@ def test_an_old_folder_naming_an_unknown_axis_is_left_in_place(tmp_path):
 def test_the_workflow_refuses_an_old_tree_and_after_migrate_trains_nothing(tmp_path):
     """The tree of the newest old layout, with Snakemake's records of its jobs, under the config that
     wrote it: before the migration the workflow stops before any job, naming the command; after it,
-    it collects and reports again and plans neither data preparation nor training (params recorded
-    by the old code, a partial dataset section among them, read as unchanged)."""
+    it collects and reports again and plans neither data preparation nor training of a migrated run
+    (params recorded by the old code, a partial dataset section among them, read as unchanged); only
+    the baseline's repeats, which that code did not have, are new runs."""
     from scalelab.harness.testing import run_snakemake, snakemake_env
 
     name = next(n for n in TREES if n.endswith("-10-levels"))
@@ -205,7 +211,9 @@ def test_the_workflow_refuses_an_old_tree_and_after_migrate_trains_nothing(tmp_p
     migrate(results)
     dry = run_snakemake(tmp_path, "-n", "--cores", "2").stdout
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", dry.split("Job stats:")[1], flags=re.M))
-    assert jobs == {"collect": "1", "report": "1", "all": "1", "total": "3"}, dry
+    # no migrated run trains again; the baseline's repeats (repeats.baseline: 3, new since) are new runs
+    assert jobs == {"train": "2", "collect": "1", "report": "1", "all": "1", "total": "5"}, dry
+    assert sorted(re.findall(r"wildcards: run_id=(\S+)", dry)) == ["fp32-z0-w1-r2", "fp32-z0-w1-r3"], dry
 
 
 @pytest.mark.unit

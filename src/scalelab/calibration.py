@@ -3,13 +3,18 @@
 MFU divides by a peak. A GPU has a datasheet figure (scalelab.hardware); a CPU has none here, so
 its peak is the best matmul rate measured on it. Measured inside each run, it measured whatever
 ran beside the run: one bf16 run got 4.68e10 FLOP/s against 7.8-8.4e10 for the others, and its
-MFU read as perfect scaling while its throughput halved. So a CPU sweep measures it once, in
-the workflow's ``calibrate`` job, which runs alone (it takes every core) before any run trains;
-every run reads that record and names it in ``peak_flops_source``. A run started outside the
-workflow (tests, scripts), or whose ranks have another thread count than the record, measures
-its own at start, as before, and says so.
+MFU read as perfect scaling while its throughput halved. So a CPU sweep measures it once per
+invocation: the Snakefile's onstart forgets the last invocation's record, and the first training
+job measures it before its run starts (``ensure_calibration``), when no other run trains (one at
+a time: profiles/default's train_slot); every run reads that record and names it in
+``peak_flops_source``. Not a job of its own: a calibration job made anew in every invocation
+would be an input newer than every cached run, and Snakemake reruns a job whose input another
+job updates (``ancient`` does not stop that), so retrying one run would retrain them all.
+A run started outside the workflow (tests, scripts), on another host than the record's (a cluster
+node), or whose ranks have another thread count, measures its own at start, and says so.
 
-Torch is imported inside the functions: the workflow's planning process imports this module.
+Torch is imported by the measuring process only (``python -m scalelab.calibration``): the
+workflow's planning process and the run's launcher import this module.
 """
 from __future__ import annotations
 
@@ -88,10 +93,46 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+CALIBRATED = ("fp32", "bf16", "fp16")
+"""The precisions whose matmuls a CPU run times (fp8 computes in bf16 there)."""
+CALIBRATION_FILE = Path("calibration") / "cpu.json"
+"""Below the results folder."""
+
+
+def calibration_path(results_dir: str | Path) -> Path:
+    return Path(results_dir) / CALIBRATION_FILE
+
+
+def forget_calibration(results_dir: str | Path) -> None:
+    """A new invocation measures again (the Snakefile's onstart): the host may have changed speed."""
+    calibration_path(results_dir).unlink(missing_ok=True)
+
+
 def write_calibration(path: str | Path, precisions: list[str], threads: int) -> dict:
     record = calibrate_cpu(precisions, threads)
     write_json(Path(path), record)
     return record
+
+
+def ensure_calibration(path: str | Path, threads: int, timeout_s: float = 120.0) -> Path | None:
+    """The path of this invocation's calibration on this host, measured now (in a process of its own:
+    the launcher imports no torch) when there is none; None when measuring failed (the run then
+    measures its own, and its row says so)."""
+    import subprocess
+    import sys
+
+    path = Path(path)
+    record = read_calibration(path) if path.exists() else None
+    if record and record.get("hostname") == socket.gethostname() and record.get("threads") == threads:
+        return path
+    proc = subprocess.run([sys.executable, "-m", "scalelab.calibration", str(path), str(threads)],
+                          capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0:
+        print(f"scalelab: measuring the CPU's peak FLOP/s failed; each run measures its own:\n{proc.stderr[-2000:]}",
+              file=sys.stderr)
+        return None
+    print(proc.stdout.strip(), file=sys.stderr)
+    return path
 
 
 def read_calibration(path: str | Path | None) -> dict | None:
@@ -152,3 +193,11 @@ def pin_this_rank(local_rank: int, local_ranks: int, threads_per_rank: int, laun
     if cores is not None:
         os.sched_setaffinity(0, cores)
     return describe_rank_cores(allowed, local_ranks, threads_per_rank, launcher_slot)
+
+
+if __name__ == "__main__":  # python -m scalelab.calibration PATH THREADS (ensure_calibration)
+    import sys
+
+    _record = write_calibration(sys.argv[1], list(CALIBRATED), int(sys.argv[2]))
+    print(f"scalelab: CPU peak per rank ({_record['threads']} thread(s)), measured on the idle machine: "
+          + ", ".join(f"{name} {flops / 1e9:.1f} GFLOP/s" for name, flops in _record["peaks_flops"].items()))

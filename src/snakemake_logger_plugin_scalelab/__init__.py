@@ -125,8 +125,10 @@ class LogHandler(LogHandlerBase):
         except Exception:
             return
         for message in messages:
-            # Through Snakemake's logger: it comes back here and is printed like Snakemake's own errors.
-            logging.getLogger("snakemake.logging").error(message, extra={_OURS: True})
+            # Printed by Snakemake's own stream handler (ours wraps it), like Snakemake's errors; not logged
+            # again: a record logged from inside this handler, as Snakemake stops on this error, was lost.
+            self.inner.handle(logging.makeLogRecord({**record.__dict__, "msg": message, "args": None, "event": None,
+                                                     _OURS: True}))
 
     def _short(self, record: logging.LogRecord, text: str) -> None:
         short = logging.makeLogRecord({**record.__dict__, "msg": text, "args": None, "event": None})

@@ -2,8 +2,15 @@
 run's status; the status and reason are in summary.json."""
 from pathlib import Path
 
+from scalelab.calibration import calibration_path, ensure_calibration
 from scalelab.placement import job_device_plan
 from scalelab.training.launch import launch_run
+
+results_dir = Path(snakemake.output.summary).parents[2]  # <results>/runs/<run id>/summary.json
+device_plan = job_device_plan(snakemake.params.device, snakemake.config)
+calibration = None
+if device_plan.device == "cpu":  # a CPU sweep's peak FLOP/s: measured by the invocation's first run, before it starts
+    calibration = ensure_calibration(calibration_path(results_dir), snakemake.config["cluster"]["cpus_per_rank"])
 
 launch_run(
     snakemake.config,
@@ -13,6 +20,6 @@ launch_run(
     log_path=snakemake.log[0],
     threads=snakemake.threads,
     repo_dir=snakemake.scriptdir,
-    device_plan=job_device_plan(snakemake.params.device, snakemake.config),
-    calibration=snakemake.input.get("calibration"),  # a CPU sweep's peak FLOP/s (rule calibrate)
+    device_plan=device_plan,
+    calibration=calibration,
 )
