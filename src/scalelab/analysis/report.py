@@ -452,7 +452,8 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
             + f"{len(runs)} runs ({context['n_ok']} ok); the full report is report.html beside this file.\n\n"
             + (f"> {context['cpu_notice']}\n\n" if context["cpu_notice"] else "")
             + "## Best configuration per world size\n\n"
-            "The fastest run that ended ok per world size, and the configurations that did not fit (oom / predicted_oom). "
+            "The fastest point that ended ok per world size, by the median tokens/s of its runs, its lead against the run-to-run "
+            "noise, and the configurations that did not fit (oom / predicted_oom). "
             + context["best_note"] + (" " + context["cpu_best_note"] if context["cpu_best_note"] else "")
             + "\n\n" + markdown_table(best) + "\n## Runs\n\n" + markdown_table(table[SUMMARY_COLUMNS])
             + ("\n## Warnings\n\n" + "\n".join(f"- {w}" for w in warnings) + "\n" if warnings else ""))
