@@ -27,10 +27,13 @@ import time
 from pathlib import Path
 
 from scalelab.io import write_json
+from scalelab.precisions import PRECISIONS
 from scalelab.precisions import precision as precision_record
 
 CALIBRATION_SECONDS = 0.5
-"""Matmul time per size and dtype in the calibration job (a run measuring its own uses 0.1 s)."""
+"""Matmul time per size and dtype of the sweep's calibration (a run measuring its own uses 0.1 s)."""
+CALIBRATED = tuple(sorted({p.matmul_precision for p in PRECISIONS.values()}))
+"""The precisions whose matmuls CPU runs time (fp8's are bf16 there): every one is measured."""
 MATMUL_SIZES = (128, 512)
 """Square matmul sizes: on a CPU the fastest size differs by dtype (emulated fp16 is fastest on
 small matrices, bf16 on large ones), so the peak is the best of several."""
@@ -64,21 +67,19 @@ def matmul_precision(precision: str) -> str:
     return precision_record(precision).matmul_precision
 
 
-def calibrate_cpu(precisions: list[str], threads: int, seconds: float = CALIBRATION_SECONDS) -> dict:
-    """Measure the matmul peak of every dtype the precisions compute in, with ``threads``
-    intra-op threads (one rank's), and return the record a run reads (``peak_for``)."""
+def calibrate_cpu(threads: int, seconds: float = CALIBRATION_SECONDS) -> dict:
+    """Measure the matmul peak of every precision of CALIBRATED, with ``threads`` intra-op threads
+    (one rank's), and return the record a run reads (``peak_for``)."""
     import torch
 
     torch.set_num_threads(threads)
     device = torch.device("cpu")
-    measured = sorted({matmul_precision(p) for p in precisions} | {"bf16"})  # every run's MFU against bf16 too
     started = time.time()
-    peaks = {name: measure_matmul_peak(device, precision_record(name).compute, seconds) for name in measured}
+    peaks = {name: measure_matmul_peak(device, precision_record(name).compute, seconds) for name in CALIBRATED}
     return {
         "device_type": "cpu", "device_name": cpu_name(), "hostname": socket.gethostname(),
         "threads": threads, "peaks_flops": peaks, "seconds_per_size": seconds,
         "measured_utc": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(timespec="seconds"),
-        "measured_for": sorted(precisions),
     }
 
 
@@ -93,8 +94,6 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-CALIBRATED = ("fp32", "bf16", "fp16")
-"""The precisions whose matmuls a CPU run times (fp8 computes in bf16 there)."""
 CALIBRATION_FILE = Path("calibration") / "cpu.json"
 """Below the results folder."""
 
@@ -108,8 +107,8 @@ def forget_calibration(results_dir: str | Path) -> None:
     calibration_path(results_dir).unlink(missing_ok=True)
 
 
-def write_calibration(path: str | Path, precisions: list[str], threads: int) -> dict:
-    record = calibrate_cpu(precisions, threads)
+def write_calibration(path: str | Path, threads: int) -> dict:
+    record = calibrate_cpu(threads)
     write_json(Path(path), record)
     return record
 
@@ -122,8 +121,7 @@ def ensure_calibration(path: str | Path, threads: int, timeout_s: float = 120.0)
     import sys
 
     path = Path(path)
-    record = read_calibration(path) if path.exists() else None
-    if record and record.get("hostname") == socket.gethostname() and record.get("threads") == threads:
+    if path.exists() and _applies(read_calibration(path), threads):
         return path
     proc = subprocess.run([sys.executable, "-m", "scalelab.calibration", str(path), str(threads)],
                           capture_output=True, text=True, timeout=timeout_s)
@@ -142,10 +140,15 @@ def read_calibration(path: str | Path | None) -> dict | None:
     return json.loads(Path(path).read_text())
 
 
+def _applies(calibration: dict | None, threads: int) -> bool:
+    """Whether a record measured what a rank of this host with ``threads`` intra-op threads runs on."""
+    return bool(calibration) and calibration.get("threads") == threads and calibration.get("hostname") == socket.gethostname()
+
+
 def peak_for(calibration: dict | None, precision: str, threads: int) -> tuple[float, str] | None:
     """(peak FLOP/s, its source) of a precision from the sweep's calibration, or None when there
     is none that applies: no record, another host, another thread count per rank."""
-    if not calibration or calibration.get("threads") != threads or calibration.get("hostname") != socket.gethostname():
+    if not _applies(calibration, threads):
         return None
     dtype = matmul_precision(precision)
     peak = calibration["peaks_flops"].get(dtype)
@@ -198,6 +201,6 @@ def pin_this_rank(local_rank: int, local_ranks: int, threads_per_rank: int, laun
 if __name__ == "__main__":  # python -m scalelab.calibration PATH THREADS (ensure_calibration)
     import sys
 
-    _record = write_calibration(sys.argv[1], list(CALIBRATED), int(sys.argv[2]))
+    _record = write_calibration(sys.argv[1], int(sys.argv[2]))
     print(f"scalelab: CPU peak per rank ({_record['threads']} thread(s)), measured on the idle machine: "
           + ", ".join(f"{name} {flops / 1e9:.1f} GFLOP/s" for name, flops in _record["peaks_flops"].items()))

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from scalelab import __version__
-from scalelab.analysis.noise import sweep_noise
+from scalelab.analysis.noise import relative_change, sweep_noise
 from scalelab.analysis.tables import MiB, device_peak_bytes
 from scalelab.io import building_dir
 
@@ -112,7 +112,7 @@ def noise_limit(runs_a: pd.DataFrame, runs_b: pd.DataFrame) -> float | None:
 def throughput_verdicts(table: pd.DataFrame, limit: float | None) -> pd.Series:
     """Per run in both: whether its tokens/s changed by more than the noise of either sweep."""
     ratio = table["tokens_per_s_ratio"]
-    change = (ratio - 1).abs() / np.minimum(ratio, 1)  # the change relative to the smaller side, as Noise.within
+    change = relative_change(table["tokens_per_s_a"], table["tokens_per_s_b"])
     if limit is None:
         verdict = np.where(ratio.notna(), "unknown (no repeats)", "-")
     else:

@@ -56,7 +56,12 @@ class Noise:
         """Whether two tokens/s figures differ by no more than the noise (None: unknown, no repeats)."""
         if self.spread is None or not (np.isfinite(a) and np.isfinite(b)) or min(a, b) <= 0:
             return None
-        return abs(a - b) / min(a, b) <= self.spread
+        return relative_change(a, b) <= self.spread
+
+    def sentence(self) -> str:
+        """``text`` as a sentence of a paragraph (capitalised, with its full stop)."""
+        text = self.text()
+        return text[0].upper() + text[1:] + "."
 
     def text(self) -> str:
         if self.spread is None:
@@ -64,6 +69,11 @@ class Noise:
                     "differences below ~35% between single runs on a shared machine may be noise")
         return (f"run-to-run spread of tokens/s: up to {self.spread:.1%} between identical runs "
                 f"({self.worst}; {self.points} point(s) repeated, {self.runs} runs)")
+
+
+def relative_change(a, b):
+    """|a - b| over the smaller of the two (scalars or arrays): what the noise is compared with."""
+    return np.abs(a - b) / np.minimum(a, b)
 
 
 def sweep_noise(runs: pd.DataFrame, value: str = MEASURED) -> Noise:

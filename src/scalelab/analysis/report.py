@@ -98,7 +98,8 @@ def load_tables(results_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     return pd.read_parquet(runs_path), steps
 
 
-def find_warnings(runs: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
+def find_warnings(runs: pd.DataFrame, steps: pd.DataFrame, best: pd.DataFrame | None = None) -> list[str]:
+    """best: best_configurations(runs), when the caller has it already (the report does)."""
     warnings = []
     # Rows are picked from the few columns a message needs: picking from all ~100 costs a
     # 1,000-run report a tenth of a second.
@@ -141,7 +142,8 @@ def find_warnings(runs: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
             warnings.append(f"fp32 parity broken: losses of fp32 runs differ by up to {spread:.2e} (relative) at one step; "
                             f"expected < {FP32_PARITY_RTOL:g} across stages and world sizes")
     # What a reader would miss in the figures: loss spikes, grad-norm jumps, MFU peaks out of line (scalelab.analysis.checks).
-    return warnings + checks.spike_warnings(steps, runs) + checks.peak_warnings(runs) + checks.noise_warnings(runs, best_configurations(runs))
+    best = best if best is not None else best_configurations(runs)
+    return warnings + checks.spike_warnings(steps, runs) + checks.peak_warnings(runs) + checks.noise_warnings(runs, best)
 
 
 MODEL_KEYS = ["model", "n_params", "n_layers", "d_model", "n_heads", "seq_len", "vocab_size"]
@@ -329,7 +331,7 @@ def _best_table(best: pd.DataFrame) -> pd.DataFrame:
 
 def _best_note(best: pd.DataFrame) -> str:
     kinds = set(best["peak_memory"].dropna())
-    return (best.attrs["noise"].text()[0].upper() + best.attrs["noise"].text()[1:] + ". Peak memory: "
+    return (best.attrs["noise"].sentence() + " Peak memory: "
             + (" or ".join(sorted(kinds)) if kinds else "-") + " (GPU runs: max allocated device memory; CPU: process peak RSS).")
 
 
@@ -421,9 +423,9 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
     # Drawn by other processes while the tables are made; they are reaped on leaving the block,
     # once the report is written (or stopped, if making it failed).
     with start_figures(runs, steps, levers, fig_dir, workers) as job:
-        warnings = find_warnings(runs, steps)
-        table = _fmt_table(runs)
         best_raw = best_configurations(runs)
+        warnings = find_warnings(runs, steps, best_raw)
+        table = _fmt_table(runs)
         best, best_note = _best_table(best_raw), _best_note(best_raw)
         dev = loss_deviation_vs_stage0(steps[steps["run_id"].isin(base.loc[base["status"] == "ok", "run_id"])])
         tables = {"best": table_model(best), "levers": table_model(levers) if not levers.empty else None,
@@ -438,7 +440,7 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
             "results_dir": str(results_dir), "schema": schema_version(results_dir / "metrics.parquet"),
             "warnings": warnings, "n_base": len(base), **tables, "best_note": best_note,
             # beside every comparison the figures and lever tables draw: what identical runs differed by
-            "noise": best_raw.attrs["noise"].text()[0].upper() + best_raw.attrs["noise"].text()[1:] + ".",
+            "noise": best_raw.attrs["noise"].sentence(),
             "cpu_notice": checks.cpu_notice(runs), "cpu_best_note": checks.cpu_best_note(runs),
             "figures": [_figure(fig_dir, d) for d in drawn if d.figure.kind == "main"],
             "lever_figures": [_figure(fig_dir, d) for d in drawn if d.figure.kind == "lever"],

@@ -197,7 +197,7 @@ def best_configurations(runs: pd.DataFrame) -> pd.DataFrame:
 
 def standing(r, noise) -> str:
     """How far the best point is ahead, against the noise: the part of the answer a ranking needs."""
-    if isinstance(r.run_id, str) is False:  # no point of this world size ended ok
+    if not isinstance(r.run_id, str):  # no point of this world size ended ok
         return ""
     if isinstance(r.within_noise, str) and r.within_noise:
         return f"; within noise of it ({noise.spread:.0%} run-to-run): {r.within_noise}"

@@ -188,6 +188,7 @@ class Run:
     start_step: int  # 0, or the step after the checkpoint this attempt resumed from
     progress: TextIO | None  # rank 0's progress.jsonl, open for appending step records
     n_trainable: int | None = None  # LoRA's trainable parameters (A and B); None = full training
+    rank_cores: str | None = None  # the launcher's CPU core plan (pin_cpu_rank); None on a GPU
 
     @property
     def tokens_per_step(self) -> int:
@@ -290,7 +291,7 @@ def setup(spec: dict) -> Run:
                peak_source=peak_source, peak_bf16=peak_bf16, peak_bf16_source=peak_bf16_source, n_params=n_params,
                param_bytes=param_bytes, fp8_linears=fp8_linears,
                blocks=blocks, par=par, scaler=scaler, sampler=sampler, counter=counter, start_step=start_step,
-               progress=progress, n_trainable=n_trainable)
+               progress=progress, n_trainable=n_trainable, rank_cores=spec.get("rank_cores"))
 
 
 def resume(run_dir: Path, train_cfg: TrainConfig, par: Parallelized, scaler: torch.amp.GradScaler,
@@ -579,32 +580,28 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "peak_mem_reserved_bytes": max((m.get("peak_mem_reserved_bytes", 0) for m in all_mem), default=None) if on_gpu else None,
         "peak_rss_bytes": max(m["peak_rss_bytes"] for m in all_mem),
         "first_step_unix": tally.first_step_at,
-        **environment(run.device),
+        **environment(run.device, run.rank_cores),
     }
 
 
-_RANK_CORES: list[str | None] = [None]
-"""The run's CPU core plan (scalelab.calibration.describe_rank_cores), set by pin_cpu_rank."""
-
-
-def pin_cpu_rank(spec: dict) -> None:
+def pin_cpu_rank(spec: dict) -> str | None:
     """A CPU rank takes its own cores (its launcher's allowed cores split by local rank) before
     torch's intra-op threads start, which inherit the affinity: ranks neither share a core nor
-    migrate, and the row states which cores each rank had (``rank_cores``)."""
+    migrate. Returns the launcher's core plan the row states (``rank_cores``); None on a GPU."""
     if spec["device"] != "cpu":
-        return
-    _RANK_CORES[0] = pin_this_rank(int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
-                                   int(spec["threads_per_rank"]), int(os.environ.get(LAUNCHER_SLOT_ENV) or 0))
+        return None
+    return pin_this_rank(int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+                         int(spec["threads_per_rank"]), int(os.environ.get(LAUNCHER_SLOT_ENV) or 0))
 
 
-def environment(device: torch.device) -> dict:
-    """Where the run ran: device, backend, threads, cores, library versions, host."""
+def environment(device: torch.device, rank_cores: str | None) -> dict:
+    """Where the run ran: device, backend, threads, cores (pin_cpu_rank's plan), library versions, host."""
     return {
         "device_type": device.type,
         "device_name": device_name(device),
         "backend": dist.get_backend(),
         "threads_per_rank": torch.get_num_threads(),
-        "rank_cores": _RANK_CORES[0],
+        "rank_cores": rank_cores,
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda,
         "nccl_version": nccl_version() if device.type == "cuda" else None,
@@ -651,7 +648,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", required=True, help="run spec JSON written by scalelab.training.launch")
     args = parser.parse_args(argv)
     spec = json.loads(Path(args.spec).read_text())
-    pin_cpu_rank(spec)
+    spec["rank_cores"] = pin_cpu_rank(spec)  # what the run's row states; set before the threads start
     torch.set_num_threads(int(spec["threads_per_rank"]))
     if preflight(spec):
         return 3
