@@ -343,8 +343,7 @@ def noise_warnings(runs: pd.DataFrame, best: pd.DataFrame) -> list[str]:
     warnings = [f"{point}: its {int(r['n'])} identical runs differ by {r['spread']:.0%} in tokens/s ({r['min']:,.0f} to "
                 f"{r['max']:,.0f}); a difference between points smaller than that is noise (was the machine busy?)"
                 for point, r in spreads[spreads["spread"] > NOISY_SPREAD].iterrows()]
-    noise = best.attrs["noise"]
     for r in best[best["within_noise"].fillna("") != ""].itertuples():
-        warnings.append(f"world size {r.world_size}: the fastest point {r.run_id} is within the {noise.spread:.0%} run-to-run "
-                        f"spread of {r.within_noise}: the sweep cannot rank them")
+        warnings.append(f"world size {r.world_size}: the fastest point {r.run_id} is within run-to-run noise of "
+                        f"{r.within_noise}: the sweep cannot rank them (more repeats narrow the noise: repeats.points)")
     return warnings

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from scalelab import __version__
-from scalelab.analysis.noise import relative_change, sweep_noise
+from scalelab.analysis.noise import CONFIDENCE, margin_between, relative_change, sweep_noise
 from scalelab.analysis.tables import MiB, device_peak_bytes
 from scalelab.io import building_dir
 
@@ -103,10 +103,10 @@ def compare_runs(runs_a: pd.DataFrame, runs_b: pd.DataFrame, steps_a: pd.DataFra
 
 
 def noise_limit(runs_a: pd.DataFrame, runs_b: pd.DataFrame) -> float | None:
-    """The larger run-to-run spread the two sweeps measured on their repeats (scalelab.analysis.noise),
-    None when neither repeated a point: a change of tokens/s no larger than this may be noise."""
-    spreads = [n.spread for n in (sweep_noise(runs_a), sweep_noise(runs_b)) if n.spread is not None]
-    return max(spreads) if spreads else None
+    """The change of one run's tokens/s between the two sweeps that noise alone exceeds less than 1
+    time in 100, from the repeats both measured (scalelab.analysis.noise.margin_between); None when
+    neither repeated a point."""
+    return margin_between(sweep_noise(runs_a), (1,), sweep_noise(runs_b), (1,))
 
 
 def throughput_verdicts(table: pd.DataFrame, limit: float | None) -> pd.Series:
@@ -183,8 +183,8 @@ def summary_lines(table: pd.DataFrame, only: pd.DataFrame, prov: pd.DataFrame, l
             lines.append(line)
     if limit is not None and not both_ok.empty:
         beyond = both_ok.index[both_ok["throughput_change"] == "beyond noise"].tolist()
-        lines.append(f"throughput changes beyond the run-to-run noise ({limit:.1%}, the larger spread of identical runs in "
-                     f"either sweep): {len(beyond)} of {len(both_ok)} runs" + (f" ({', '.join(beyond[:8])}"
+        lines.append(f"throughput changes beyond the run-to-run noise ({limit:.1%}: what noise alone exceeds between a run in A "
+                     f"and in B {1 - CONFIDENCE:.0%} of the time, from both sweeps' repeats): {len(beyond)} of {len(both_ok)} runs" + (f" ({', '.join(beyond[:8])}"
                                                                                   + (", ..." if len(beyond) > 8 else "") + ")" if beyond else ""))
     elif not both_ok.empty:
         lines.append("throughput changes: neither sweep repeated a point, so which changes are noise is unknown "

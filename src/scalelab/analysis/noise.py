@@ -1,17 +1,26 @@
 """Run-to-run noise: the repeats of a point, their median and spread, and which differences exceed it.
 
 A sweep repeats points (the config's ``repeats:``: at least its baseline): repeats differ in nothing
-but timing (same seed, same data, bit-identical losses), so the spread of their tokens/s is what a
-second run of the same sweep could move any figure by. Every comparison the report draws (best
-configuration, scaling efficiency, precision and stage ratios) and ``scalelab compare`` read it from
-here: a difference no larger than the noise is labelled "within noise", never ranked.
+but timing (same seed, same data, bit-identical losses), so their tokens/s say how far a second run
+of the same sweep could move any figure. Every comparison the report draws (best configuration,
+scaling efficiency, precision and stage ratios) and ``scalelab compare`` read it from here: a
+difference that noise alone could produce is labelled "within noise", never ranked.
 
-Spread of a point = (max - min) / median of its ok repeats' tokens/s. The sweep's noise = the
-largest spread over its repeated points: conservative, so that a difference called real is larger
-than anything identical runs were seen to differ by.
+Two figures describe the noise:
+- the spread, (max - min) / median of a point's ok repeats, the largest over repeated points: what
+  a user reads ("identical runs differed by up to 20%");
+- sigma, the standard deviation of one run's log tokens/s, pooled over every repeated point (each
+  around its own mean), with its degrees of freedom (runs - points). The verdicts use it: a figure
+  built from points (a point's median, a ratio of two points, a scaling efficiency) moves by the
+  variances of its points added; a difference is called real only where noise alone would exceed it
+  less than 1 time in 100 (two-sided 99%, Student's t for the few repeats a sweep has).
+Why not the spread itself: the range of three runs is about 1.7 sigma, while the difference of two
+single runs has sigma * sqrt(2) and a ratio of two points' ratios twice that again. Compared with the
+spread, two sweeps of one commit disagreed on a scaling efficiency they each had from two single runs.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +28,35 @@ import pandas as pd
 
 MEASURED = "tokens_per_s"
 """The figure repeats are compared on (step time and MFU move with it)."""
+
+CONFIDENCE = 0.99
+"""Two-sided: a difference is real where noise alone exceeds it less than 1 time in 100. A report
+draws dozens of comparisons; at 95% two sweeps of pure noise would disagree on a few of them."""
+
+_T_99 = ((1, 63.657), (2, 9.925), (3, 5.841), (4, 4.604), (5, 4.032), (6, 3.707), (7, 3.499), (8, 3.355), (9, 3.250),
+         (10, 3.169), (12, 3.055), (15, 2.947), (20, 2.845), (30, 2.750), (60, 2.660), (120, 2.617))
+"""Student's t, two-sided 99% quantile (0.995), by degrees of freedom (standard tables)."""
+
+
+def t_quantile(dof: int) -> float:
+    """Student's t quantile of CONFIDENCE at the largest tabulated dof not above ``dof`` (conservative
+    between rows); the normal quantile beyond the table."""
+    if dof < 1:
+        raise ValueError("no degrees of freedom: the noise is unknown")
+    return next((t for d, t in reversed(_T_99) if d <= dof), 63.657) if dof <= 120 else 2.576
+
+
+_MEDIAN_VARIANCE = {1: 1.0, 2: 0.5, 3: 0.4487, 4: 0.3613, 5: 0.2868}
+"""Variance of the median of n normal runs in units of one run's (exact; n = 2 and 4 average the middle two)."""
+
+
+def median_variance(n: int) -> float:
+    """The variance of the median of ``n`` runs, in units of one run's variance: exact for normal
+    noise up to five runs, pi / (2n) beyond (its limit, approached from below: conservative)."""
+    n = int(n)
+    if n < 1:
+        raise ValueError("a median of no runs")
+    return _MEDIAN_VARIANCE.get(n, math.pi / (2 * n))
 
 
 def config_ids(runs: pd.DataFrame) -> pd.Series:
@@ -31,18 +69,21 @@ def config_ids(runs: pd.DataFrame) -> pd.Series:
 
 
 def repeat_spreads(runs: pd.DataFrame, value: str = MEASURED) -> pd.DataFrame:
-    """Per point (config_id) over its ok runs: n, median, min, max and the relative spread
-    (max - min) / median (NaN with one run)."""
-    ok = runs[(runs["status"] == "ok") & runs[value].notna()]
-    grouped = ok.assign(config_id=config_ids(ok)).groupby("config_id")[value]
-    table = grouped.agg(n="size", median="median", min="min", max="max")
+    """Per point (config_id) over its ok runs: n, median, min, max, the relative spread
+    (max - min) / median (NaN with one run) and the sum of squared deviations of log value from the
+    point's mean (``ss_log``: what sigma pools)."""
+    ok = runs[(runs["status"] == "ok") & runs[value].notna() & (runs[value] > 0)]
+    ok = ok.assign(config_id=config_ids(ok), _log=np.log(ok[value].astype(float)))
+    grouped = ok.groupby("config_id")
+    table = grouped[value].agg(n="size", median="median", min="min", max="max")
     table["spread"] = np.where(table["n"] >= 2, (table["max"] - table["min"]) / table["median"], np.nan)
+    table["ss_log"] = grouped["_log"].agg(lambda x: float(((x - x.mean()) ** 2).sum()))
     return table
 
 
 @dataclass(frozen=True)
 class Noise:
-    """The run-to-run spread a sweep measured on its repeated points."""
+    """The run-to-run noise a sweep measured on its repeated points."""
     spread: float | None
     """The largest (max - min) / median over repeated points; None when no point ran twice."""
     worst: str | None
@@ -51,12 +92,30 @@ class Noise:
     """Points that ran at least twice."""
     runs: int
     """Runs of those points."""
+    sigma: float | None = None
+    """Standard deviation of one run's log tokens/s, pooled over the repeated points."""
+    dof: int = 0
+    """Its degrees of freedom: runs - points."""
 
-    def within(self, a: float, b: float) -> bool | None:
-        """Whether two tokens/s figures differ by no more than the noise (None: unknown, no repeats)."""
-        if self.spread is None or not (np.isfinite(a) and np.isfinite(b)) or min(a, b) <= 0:
+    @property
+    def known(self) -> bool:
+        return self.sigma is not None and self.dof >= 1
+
+    def margin(self, *runs_per_point: int) -> float | None:
+        """The relative change (larger / smaller - 1) that noise alone exceeds less than 1 time in 100
+        for a figure of these points (the median of each point's runs, combined by products and
+        quotients: a difference of two points, a ratio, an efficiency): None when unknown."""
+        if not self.known:
             return None
-        return relative_change(a, b) <= self.spread
+        variance = self.sigma ** 2 * sum(median_variance(n) for n in runs_per_point)
+        return math.expm1(t_quantile(self.dof) * math.sqrt(variance))
+
+    def within(self, a: float, b: float, runs_a: int = 1, runs_b: int = 1) -> bool | None:
+        """Whether two tokens/s figures (medians of ``runs_a`` and ``runs_b`` runs) differ by no more
+        than noise alone could (None: unknown, no repeats)."""
+        if not self.known or not (np.isfinite(a) and np.isfinite(b)) or min(a, b) <= 0:
+            return None
+        return relative_change(a, b) <= self.margin(runs_a, runs_b)
 
     def sentence(self) -> str:
         """``text`` as a sentence of a paragraph (capitalised, with its full stop)."""
@@ -67,8 +126,12 @@ class Noise:
         if self.spread is None:
             return ("run-to-run spread unknown: no point ran twice (set repeats.baseline or repeats.points above 1); "
                     "differences below ~35% between single runs on a shared machine may be noise")
-        return (f"run-to-run spread of tokens/s: up to {self.spread:.1%} between identical runs "
+        text = (f"run-to-run spread of tokens/s: up to {self.spread:.1%} between identical runs "
                 f"({self.worst}; {self.points} point(s) repeated, {self.runs} runs)")
+        if self.known:
+            text += (f"; noise alone moves two single runs apart by up to {self.margin(1, 1):.0%} "
+                     f"({CONFIDENCE:.0%}; sigma {self.sigma:.1%} per run, {self.dof} degree(s) of freedom)")
+        return text
 
 
 def relative_change(a, b):
@@ -82,7 +145,25 @@ def sweep_noise(runs: pd.DataFrame, value: str = MEASURED) -> Noise:
     if repeated.empty:
         return Noise(None, None, 0, 0)
     worst = repeated["spread"].idxmax()
-    return Noise(float(repeated.loc[worst, "spread"]), str(worst), len(repeated), int(repeated["n"].sum()))
+    runs_n, dof = int(repeated["n"].sum()), int((repeated["n"] - 1).sum())
+    return Noise(float(repeated.loc[worst, "spread"]), str(worst), len(repeated), runs_n,
+                 sigma=math.sqrt(float(repeated["ss_log"].sum()) / dof), dof=dof)
+
+
+def margin_between(noise_a: Noise, runs_a: tuple[int, ...], noise_b: Noise, runs_b: tuple[int, ...]) -> float | None:
+    """The relative change between one figure as two sweeps measured it (from the points of
+    ``runs_a`` in A and ``runs_b`` in B) that noise alone exceeds less than 1 time in 100. Each
+    side's variance is its own sigma's; a sweep that repeated nothing borrows the other's (same
+    machine assumed; None when neither did). Degrees of freedom add up."""
+    known = [n for n in (noise_a, noise_b) if n.known]
+    if not known:
+        return None
+    a = noise_a if noise_a.known else known[0]
+    b = noise_b if noise_b.known else known[0]
+    variance = (a.sigma ** 2 * sum(median_variance(n) for n in runs_a)
+                + b.sigma ** 2 * sum(median_variance(n) for n in runs_b))
+    dof = sum(n.dof for n in known)
+    return math.expm1(t_quantile(dof) * math.sqrt(variance))
 
 
 def medians(runs: pd.DataFrame) -> pd.DataFrame:

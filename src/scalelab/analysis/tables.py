@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from scalelab.analysis.noise import medians, sweep_noise
+from scalelab.analysis.noise import CONFIDENCE, medians, sweep_noise
 from scalelab.precisions import PRECISION_NAMES
 from scalelab.sweep import SWEEP_AXES
 
@@ -172,7 +172,8 @@ def best_configurations(runs: pd.DataFrame) -> pd.DataFrame:
         if not here.empty:
             best = here.iloc[0]
             others = here.iloc[1:]
-            tied = [r.run_id for r in others.itertuples() if noise.within(best["tokens_per_s"], r.tokens_per_s)]
+            tied = [r.run_id for r in others.itertuples()
+                    if noise.within(best["tokens_per_s"], r.tokens_per_s, int(best["repeats"]), int(r.repeats))]
             row.update(run_id=best["run_id"], precision=best["precision"], zero_stage=int(best["zero_stage"]),
                        tokens_per_s=best["tokens_per_s"], tokens_per_s_per_device=best["tokens_per_s"] / ws,
                        repeats=int(best["repeats"]),
@@ -181,14 +182,15 @@ def best_configurations(runs: pd.DataFrame) -> pd.DataFrame:
                        model_state_mib_per_rank=best["model_state_bytes_measured"] / MiB, ok_runs=len(here),
                        within_noise=", ".join(tied),
                        runner_up=others.iloc[0]["run_id"] if len(others) else None,
-                       lead=best["tokens_per_s"] / others.iloc[0]["tokens_per_s"] - 1 if len(others) else np.nan)
+                       lead=best["tokens_per_s"] / others.iloc[0]["tokens_per_s"] - 1 if len(others) else np.nan,
+                       noise_margin=noise.margin(int(best["repeats"]), int(others.iloc[0]["repeats"])) if len(others) else None)
         else:
             row.update(ok_runs=0)
         did_not_fit = runs[(runs["world_size"] == ws) & runs["status"].isin(NOT_FIT)]
         row["did_not_fit"] = ", ".join(f"{r.run_id} ({r.status})" for r in did_not_fit.sort_values("run_id").itertuples())
         rows.append(row)
     cols = ["world_size", "run_id", "precision", "zero_stage", "tokens_per_s", "tokens_per_s_per_device", "repeats",
-            "within_noise", "runner_up", "lead", "peak_mib_per_rank", "peak_memory", "model_state_mib_per_rank", "ok_runs",
+            "within_noise", "runner_up", "lead", "noise_margin", "peak_mib_per_rank", "peak_memory", "model_state_mib_per_rank", "ok_runs",
             "did_not_fit"]
     table = pd.DataFrame(rows).reindex(columns=cols)
     table.attrs["noise"] = noise
@@ -200,17 +202,17 @@ def standing(r, noise) -> str:
     if not isinstance(r.run_id, str):  # no point of this world size ended ok
         return ""
     if isinstance(r.within_noise, str) and r.within_noise:
-        return f"; within noise of it ({noise.spread:.0%} run-to-run): {r.within_noise}"
+        return f"; within run-to-run noise of it: {r.within_noise}"
     if pd.isna(r.lead):
         return ""
-    if noise.spread is None:
+    if not noise.known:
         return f"; ahead of {r.runner_up} by {r.lead:.0%} (single runs: spread unknown)"
-    return f"; ahead of {r.runner_up} by {r.lead:.0%}, beyond the {noise.spread:.0%} run-to-run spread"
+    return f"; ahead of {r.runner_up} by {r.lead:.0%}, beyond the {r.noise_margin:.0%} noise alone reaches ({CONFIDENCE:.0%})"
 
 
 def best_configurations_text(runs: pd.DataFrame) -> str:
     """The best-configuration table as plain text (terminal, summary.md), each best point with how
-    far it is ahead of the next, against the sweep's run-to-run spread."""
+    far it is ahead of the next, against the sweep's run-to-run noise."""
     best = best_configurations(runs)
     noise = best.attrs["noise"]
     lines = []

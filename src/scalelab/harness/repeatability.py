@@ -9,9 +9,10 @@ each, then prints:
   the machine), with the median and range;
 - every comparison the report draws, from each sweep's own tables: the best point per world size,
   scaling efficiency, precision ratios (against fp32 at the same stage and world size) and stage
-  ratios (against stage 0 at the same precision and world size), each with its verdict:
-  ``agree`` (the same answer within the two sweeps' noise), ``within noise in both`` (each sweep
-  labels it so: no ranking claimed either time), or ``DISAGREE``.
+  ratios (against stage 0 at the same precision and world size), each with what noise alone could
+  move it by between the sweeps (scalelab.analysis.noise: the variances of its points added, 99%)
+  and its verdict: ``agree`` (the same answer within that), ``within noise in both`` (each sweep
+  finds the ratio within its own noise of 1: no difference claimed either time), or ``DISAGREE``.
 Figures, not assertions: the machine is shared and noisy.
 """
 from __future__ import annotations
@@ -22,29 +23,32 @@ from pathlib import Path
 
 import pandas as pd
 
-from scalelab.analysis.noise import medians, sweep_noise
-from scalelab.analysis.tables import best_configurations, scaling_efficiency
+from scalelab.analysis.noise import Noise, margin_between, medians, relative_change, sweep_noise
+from scalelab.analysis.tables import best_configurations
 
 
-def _ratio_rows(points: pd.DataFrame) -> dict[str, float]:
-    """The ratios the report draws between points (medians of repeats), by name."""
-    ok = points[points["status"] == "ok"].set_index(["precision", "zero_stage", "world_size"])["tokens_per_s"]
+def _ratio_rows(points: pd.DataFrame) -> dict[str, tuple[float, tuple[int, int]]]:
+    """The ratios the report draws between points (medians of repeats), by name, each with the run
+    counts of its two points (what its noise adds up from)."""
+    ok = points[points["status"] == "ok"].set_index(["precision", "zero_stage", "world_size"])
+    tps, n = ok["tokens_per_s"], ok["repeats"]
     out = {}
-    for (precision, stage, ws), tps in ok.items():
-        if precision != "fp32" and ("fp32", stage, ws) in ok.index:
-            out[f"{precision}/fp32 z{stage} w{ws}"] = tps / ok[("fp32", stage, ws)]
-        if stage != 0 and (precision, 0, ws) in ok.index:
-            out[f"z{stage}/z0 {precision} w{ws}"] = tps / ok[(precision, 0, ws)]
+    for (precision, stage, ws) in tps.index:
+        key = (precision, stage, ws)
+        if precision != "fp32" and ("fp32", stage, ws) in tps.index:
+            out[f"{precision}/fp32 z{stage} w{ws}"] = (tps[key] / tps[("fp32", stage, ws)], (n[key], n[("fp32", stage, ws)]))
+        if stage != 0 and (precision, 0, ws) in tps.index:
+            out[f"z{stage}/z0 {precision} w{ws}"] = (tps[key] / tps[(precision, 0, ws)], (n[key], n[(precision, 0, ws)]))
+        if ws > 1 and (precision, stage, 1) in tps.index:  # scaling efficiency: over world size 1's median
+            out[f"efficiency {precision}-z{stage}-w{ws}"] = (tps[key] / (ws * tps[(precision, stage, 1)]),
+                                                            (n[key], n[(precision, stage, 1)]))
     return out
 
 
-def comparisons(runs: pd.DataFrame) -> tuple[dict[str, float], dict[str, str], object]:
-    """(ratios by name, best point per world size with the points within noise of it, the noise)."""
-    points = medians(runs)
-    points = points.assign(scaling_efficiency=scaling_efficiency(points))
-    ratios = _ratio_rows(points)
-    for r in points[(points["status"] == "ok") & (points["world_size"] > 1)].itertuples():
-        ratios[f"efficiency {r.run_id}"] = r.scaling_efficiency
+def comparisons(runs: pd.DataFrame) -> tuple[dict[str, tuple[float, tuple[int, int]]], dict[str, str], Noise]:
+    """(ratios by name with their points' run counts, best point per world size with the points
+    within noise of it, the noise)."""
+    ratios = _ratio_rows(medians(runs))
     best = best_configurations(runs)
     bests = {f"best at w{r.world_size}": "|".join([r.run_id, *filter(None, str(r.within_noise or "").split(", "))])
              for r in best.itertuples() if isinstance(r.run_id, str)}
@@ -52,25 +56,26 @@ def comparisons(runs: pd.DataFrame) -> tuple[dict[str, float], dict[str, str], o
 
 
 def verdicts(runs_a: pd.DataFrame, runs_b: pd.DataFrame) -> pd.DataFrame:
-    """One row per comparison drawn from both sweeps: A's value, B's, and the verdict."""
+    """One row per comparison drawn from both sweeps: A's value, B's, what noise alone could move it by
+    between them, and the verdict: ``agree`` (the change is within that), ``within noise in both``
+    (each sweep's ratio is within its own noise of 1: neither claimed a difference), else ``DISAGREE``."""
     ratios_a, best_a, noise_a = comparisons(runs_a)
     ratios_b, best_b, noise_b = comparisons(runs_b)
-    na, nb = noise_a.spread, noise_b.spread
-    # Each sweep's figure may sit anywhere within its own run-to-run spread: two sweeps agree when they
-    # differ by no more than both spreads together.
-    tolerance = None if na is None or nb is None else na + nb
     rows = []
     for name in sorted(set(ratios_a) & set(ratios_b)):
-        a, b = ratios_a[name], ratios_b[name]
-        if tolerance is None:
+        (a, runs_in_a), (b, runs_in_b) = ratios_a[name], ratios_b[name]
+        limit = margin_between(noise_a, runs_in_a, noise_b, runs_in_b)
+        if limit is None:
             verdict = "unknown (no repeats)"
-        elif abs(b / a - 1) <= tolerance:
+        elif relative_change(a, b) <= limit:
             verdict = "agree"
-        elif name.startswith("efficiency"):
+        elif (not name.startswith("efficiency") and noise_a.known and noise_b.known
+              and relative_change(a, 1.0) <= noise_a.margin(*runs_in_a) and relative_change(b, 1.0) <= noise_b.margin(*runs_in_b)):
+            verdict = "within noise in both"
+        else:
             verdict = "DISAGREE"
-        else:  # a ratio each sweep calls within its own noise of 1 was never claimed either way
-            verdict = "within noise in both" if abs(a - 1) <= na and abs(b - 1) <= nb else "DISAGREE"
-        rows.append({"comparison": name, "A": f"{a:.3f}", "B": f"{b:.3f}", "verdict": verdict})
+        rows.append({"comparison": name, "A": f"{a:.3f}", "B": f"{b:.3f}",
+                     "noise": "-" if limit is None else f"{limit:.0%}", "verdict": verdict})
     for name in sorted(set(best_a) & set(best_b)):
         tied_a, tied_b = best_a[name].split("|"), best_b[name].split("|")
         if tied_a[0] == tied_b[0]:
@@ -79,8 +84,8 @@ def verdicts(runs_a: pd.DataFrame, runs_b: pd.DataFrame) -> pd.DataFrame:
             verdict = "within noise in both"
         else:
             verdict = "DISAGREE"
-        rows.append({"comparison": name, "A": " ~ ".join(tied_a), "B": " ~ ".join(tied_b), "verdict": verdict})
-    return pd.DataFrame(rows, columns=["comparison", "A", "B", "verdict"])
+        rows.append({"comparison": name, "A": " ~ ".join(tied_a), "B": " ~ ".join(tied_b), "noise": "-", "verdict": verdict})
+    return pd.DataFrame(rows, columns=["comparison", "A", "B", "noise", "verdict"])
 
 
 def run_ratios(runs_a: pd.DataFrame, runs_b: pd.DataFrame) -> pd.Series:
