@@ -61,34 +61,78 @@ from scalelab.strategies import strategy
 DTYPE_BYTES = {p.name: p.activation_bytes for p in PRECISIONS.values()}
 
 
+# ----------------------------------------------------------------------------- model families
+# Per family (scalelab.training.model.FAMILIES): the block's matmul weights, its norms, the
+# embeddings. ``kv`` = n_kv_heads x head_dim (grouped-query attention), ``f`` = the SwiGLU width.
+# A user's own module (ModelConfig.module) has no formula: its parameters are counted from the
+# module, its FLOPs by torch.utils.flop_counter (scalelab.training.worker), and no activation
+# prediction is made.
+
+
+def _no_formula(cfg: ModelConfig, what: str) -> None:
+    if cfg.module:
+        raise ValueError(f"{cfg.module}: a user's module has no {what} formula (counted from the module instead)")
+
+
+def _kv_dim(cfg: ModelConfig) -> int:
+    return (cfg.n_kv_heads or cfg.n_heads) * (cfg.d_model // cfg.n_heads)
+
+
+def ffn_dim(cfg: ModelConfig) -> int:
+    """The llama family's SwiGLU hidden size: ``ffn_dim``, or Meta's rule: 2/3 of 4d, rounded up
+    to a multiple of 256 (4096 -> 11008, Llama 2 7B's)."""
+    if cfg.ffn_dim is not None:
+        return cfg.ffn_dim
+    hidden = int(2 * 4 * cfg.d_model / 3)
+    return 256 * ((hidden + 255) // 256)
+
+
+def block_matmul_params(cfg: ModelConfig) -> int:
+    """Weights of one block's matrix products: GPT-2: 12 d^2 (qkv 3 d^2, proj d^2, MLP 8 d^2);
+    llama: 2 d^2 + 2 d kv (q, o; k, v) + 3 d f (gate, up, down)."""
+    _no_formula(cfg, "parameter")
+    d = cfg.d_model
+    if cfg.family == "llama":
+        return 2 * d * d + 2 * d * _kv_dim(cfg) + 3 * d * ffn_dim(cfg)
+    return 12 * d * d
+
+
+def block_param_count(cfg: ModelConfig) -> int:
+    """Every parameter of one block: its matmul weights, plus GPT-2's biases and two LayerNorms
+    (13 d) or the llama family's two RMSNorm weights (2 d, no biases)."""
+    d = cfg.d_model
+    return block_matmul_params(cfg) + (2 * d if cfg.family == "llama" else 13 * d)
+
+
 def param_count(cfg: ModelConfig) -> int:
-    """Exact parameter count of scalelab.training.model.GPT (tied weights counted once)."""
+    """Exact parameter count of the family's model (scalelab.training.model), as published
+    checkpoints count it. GPT-2: token and position embeddings, the blocks, the final LayerNorm,
+    and the head unless tied (a tied weight counts once). llama: token embedding, the blocks, the
+    final RMSNorm and the untied head (no position embedding: RoPE has no parameters)."""
     d, V, T, L = cfg.d_model, cfg.vocab_size, cfg.seq_len, cfg.n_layers
-    per_block = (
-        2 * d  # ln1
-        + 3 * d * d + 3 * d  # qkv
-        + d * d + d  # attn proj
-        + 2 * d  # ln2
-        + 4 * d * d + 4 * d  # mlp fc
-        + 4 * d * d + d  # mlp proj
-    )
+    if cfg.family == "llama":
+        return V * d + L * block_param_count(cfg) + d + V * d
     head = 0 if cfg.tie_embeddings else V * d
-    return V * d + T * d + L * per_block + 2 * d + head
+    return V * d + T * d + L * block_param_count(cfg) + 2 * d + head
 
 
 def matmul_params(cfg: ModelConfig) -> int:
     """Weights that take part in matrix products per token (embedding lookups excluded,
     the output head included whether tied or not)."""
-    return cfg.n_layers * 12 * cfg.d_model ** 2 + cfg.vocab_size * cfg.d_model
+    return cfg.n_layers * block_matmul_params(cfg) + cfg.vocab_size * cfg.d_model
 
 
 def flops_per_token(cfg: ModelConfig, causal_halved: bool = False) -> float:
     """Training FLOPs per token: 6 N (forward 2N + backward 4N over matmul weights) plus
     the attention term 12 L d T (QK^T and AV, forward and backward; PaLM appendix B).
 
-    PaLM and nanoGPT count the attention term in full; causal masking makes half of it
-    useless work, so ``causal_halved=True`` gives the stricter 6 L d T. scalelab's MFU
-    uses the full count (the convention most published MFU figures use).
+    The same attention term for both families: with grouped-query attention every query head
+    still takes its dot products with T keys (H x D = d), only the key/value projections shrink,
+    which N counts. PaLM and nanoGPT count the attention term in full; causal masking makes half
+    of it useless work, so ``causal_halved=True`` gives the stricter 6 L d T. scalelab's MFU
+    uses the full count (the convention most published MFU figures use, and what
+    torch.utils.flop_counter counts for scaled_dot_product_attention with is_causal).
+    Norms, activations, RoPE and the softmax are not counted (a few FLOPs per value, not per weight).
     """
     attention = 12 * cfg.n_layers * cfg.d_model * cfg.seq_len
     return 6 * matmul_params(cfg) + (attention / 2 if causal_halved else attention)
@@ -272,7 +316,9 @@ def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, a
     and 3 (``zero_stage``: 16-bit parameters under MixedPrecisionPolicy) keep neither: the residual
     stream is 16-bit and there are no weight copies, 16 s b h values at 2 bytes (measured within
     1.5%: the LayerNorms' fp32 mean and rstd, 8 s b bytes each, are not counted, as in fp32).
+    The llama family: llama_block_activation_bytes.
     """
+    _no_formula(cfg, "activation")
     s, b, h, L = cfg.seq_len, micro_batch, cfg.d_model, cfg.n_layers
     width = DTYPE_BYTES[precision]
     if convention == "paper":
@@ -280,6 +326,8 @@ def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, a
         return L * activation_bytes_per_layer(s, b, h, cfg.n_heads, recompute, width)
     if convention != "model":
         raise ValueError(f"unknown convention {convention!r}: 'model' or 'paper'")
+    if cfg.family == "llama":
+        return llama_block_activation_bytes(cfg, micro_batch, precision, activation_checkpointing, zero_stage)
     amp = precision in AUTOCAST and not _sixteen_bit_params(precision, zero_stage)
     residual_width = 4 if amp else width
     if activation_checkpointing:
@@ -288,6 +336,54 @@ def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, a
     if amp:
         per_layer += 2 * s * b * h * (4 - width) + 2 * 12 * h * h
     return L * per_layer
+
+
+def llama_block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, activation_checkpointing: bool,
+                                 zero_stage: int | None = None) -> float:
+    """What the llama family's blocks keep for backward, one micro-batch, in bytes (s = T, b the
+    micro-batch, h = d, kv = n_kv_heads x D, f the SwiGLU width, H heads, w the compute width).
+    Measured term by term with autograd's saved-tensor hooks (torch 2.13, CPU):
+
+    * per RMSNorm (torch.nn.RMSNorm, computed in fp32): its fp32 input and x rstd (the latter
+      saved for the weight's gradient), and rstd (4 s b); in fp32 also its output, which the
+      next linears save; under autocast (fp32 parameters) the linears save their own w-byte
+      casts of it instead (one each: q, k, v after the first norm, gate and up after the
+      second); with 16-bit parameters (fp16 and bf16 at stages 2, 3) the norm upcasts its input
+      to fp32 and returns w bytes, which the linears share. The block input is counted once;
+    * attention: the rotated q (s b h) and k (s b kv), v (s b kv) and the output (s b h) at w,
+      and scaled_dot_product_attention's fp32 logsumexp (4 b H s); the rotation's cos and sin:
+      the fp32 tables once for all blocks, or their w-byte casts in every block (autocast: the
+      cast to q's dtype; 16-bit parameters: FSDP2 casts the block's inputs);
+    * SwiGLU: gate's output (silu's input), silu's output, up's output and the product (down's
+      input): 4 s b f values at w;
+    * autocast with fp32 parameters: the w-byte copies of the block's matmul weights.
+
+    So per layer, fp32: 4 (8 s b h + 2 s b kv + 4 s b f); autocast: (16 + 5w + 2w) s b h + 2w s b kv
+    + 4w s b f + 2 P; 16-bit parameters: (3w + 16 + 2w) s b h + 2w s b kv + 4w s b f; each + 8 s b
+    + 4 b H s. With per-block checkpointing each block keeps its input (s b h at the residual's
+    width) and the cos and sin it is handed. fp8 (Float8Linear's own casts) is predicted as bf16.
+    """
+    s, b, h, L, heads = cfg.seq_len, micro_batch, cfg.d_model, cfg.n_layers, cfg.n_heads
+    kv, f, head_dim = _kv_dim(cfg), ffn_dim(cfg), h // heads
+    w = DTYPE_BYTES[precision]
+    sixteen = _sixteen_bit_params(precision, zero_stage)
+    amp = precision in AUTOCAST and not sixteen
+    rope_once, rope_per_layer = (0.0, 2 * s * head_dim * w) if (amp or sixteen) else (2 * s * head_dim * 4, 0.0)
+    if activation_checkpointing:
+        residual = w if sixteen else 4
+        rope_once, rope_per_layer = (0.0, rope_per_layer) if sixteen else (2 * s * head_dim * 4, 0.0)
+        return L * (s * b * h * residual + rope_per_layer) + rope_once
+    if sixteen:
+        norms = 3 * w + 16
+    elif amp:
+        norms = 16 + 5 * w
+    else:
+        norms = 24
+    per_layer = ((norms + 2 * w) * s * b * h + 2 * w * s * b * kv + 4 * w * s * b * f
+                 + 8 * s * b + 4 * b * heads * s + rope_per_layer)
+    if amp:
+        per_layer += 2 * block_matmul_params(cfg)
+    return L * per_layer + rope_once
 
 
 @dataclass(frozen=True)
@@ -356,11 +452,19 @@ def outside_block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision
     loss saves what its partitioner chooses; this is the eager prediction. fp16 and bf16 at stages 2
     and 3 (``zero_stage``; 16-bit parameters, block_activation_bytes) keep a 16-bit residual stream
     (w B T C) and no head weight copy."""
+    _no_formula(cfg, "activation")
     b, t, c, v = micro_batch, cfg.seq_len, cfg.d_model, cfg.vocab_size
     width = DTYPE_BYTES[precision]
     sixteen_bit_params = _sixteen_bit_params(precision, zero_stage)
     amp = precision in AUTOCAST and not sixteen_bit_params
     log_softmax = 4 * b * t * v
+    if cfg.family == "llama":
+        # the final RMSNorm keeps its fp32 input (or upcast) and x rstd (8 B T C) and rstd (4 B T);
+        # the head's input: the norm's output at w (fp32, 16-bit parameters) or autocast's w-byte
+        # cast of it, with the 16-bit copy of the untied head weight under autocast; no positions
+        ids = 8 * accumulation_steps * b * (t + 1) + (8 * b * t if b > 1 else 0)
+        head = width * b * t * c + (2 * v * c if amp else 0)
+        return float(log_softmax + 8 * b * t * c + 4 * b * t + head + ids + 2 * 4)
     final_norm = (width if sixteen_bit_params else 4) * b * t * c + 2 * 4 * b * t
     head = width * b * t * c + (2 * v * c if amp else 0)
     ids = 8 * accumulation_steps * b * (t + 1) + 8 * t + (8 * b * t if b > 1 else 0)
@@ -369,9 +473,9 @@ def outside_block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision
 
 def recompute_flops_per_token(cfg: ModelConfig) -> float:
     """Extra FLOPs per token of per-block activation checkpointing: one more forward of every
-    block (2 x 12 L d^2 for the matmuls, 4 L d T for attention), i.e. about a third more
-    block compute. MFU ignores it (model FLOPs); HFU counts it (hardware FLOPs)."""
-    return 2 * 12 * cfg.n_layers * cfg.d_model ** 2 + 4 * cfg.n_layers * cfg.d_model * cfg.seq_len
+    block (2 x the block's matmul weights per layer, 12 L d^2 for GPT-2; 4 L d T for attention),
+    i.e. about a third more block compute. MFU ignores it (model FLOPs); HFU counts it (hardware FLOPs)."""
+    return 2 * cfg.n_layers * block_matmul_params(cfg) + 4 * cfg.n_layers * cfg.d_model * cfg.seq_len
 
 
 def ddp_bucket_count(param_bytes_in_order: list[int], bucket_mb: float) -> int:
@@ -440,7 +544,7 @@ class PeakMemory:
 
 def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: int, precision: str,
                 micro_batch: int, activation_checkpointing: bool = False, cpu_offload: bool = False,
-                accumulation_steps: int = 1) -> PeakMemory:
+                accumulation_steps: int = 1, block_params: int | None = None) -> PeakMemory:
     """Predicted in-step peak per rank on the device: model state at rest, plus what a step materialises.
 
     Stage 2 keeps every block's unsharded parameters from forward to backward: +b Psi (N-1)/N,
@@ -453,17 +557,20 @@ def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: in
     backward). Before issue #14 the step also held the logits through backward (w B T V
     more) and the prediction counted 2 x 4 B T V in all. With cpu_offload (stage 3) the
     model state lives in host memory and only the gathered blocks occupy the device.
+    block_params: one block's parameters where no formula gives them (a user's module, counted);
+    such a model's activations are not predicted (0 here: model state and gathers only).
     """
     state = model_state_bytes(n_params, zero_stage, world_size, precision, "pytorch").total
-    block_params = 12 * cfg.d_model ** 2 + 13 * cfg.d_model
+    block_params = block_param_count(cfg) if block_params is None else block_params
     n = world_size
     gathered = comm_dtypes(precision, zero_stage).gather_bytes  # 2 for fp16/bf16 under FSDP2's MixedPrecisionPolicy
     transient = strategy(zero_stage).transient_psi(n_params, block_params, n, gathered)
     if cpu_offload:
         state, transient = 0.0, 2 * gathered * block_params  # copied to the device, then gathered
-    acts = (block_activation_bytes(cfg, micro_batch, precision, activation_checkpointing, zero_stage=zero_stage)
-            + outside_block_activation_bytes(cfg, micro_batch, precision, accumulation_steps, zero_stage)
-            + loss_path_bytes(cfg, micro_batch, precision).transient)
+    acts = 0.0 if cfg.module else (  # a user's module: no activation formula (model state and gathers only)
+        block_activation_bytes(cfg, micro_batch, precision, activation_checkpointing, zero_stage=zero_stage)
+        + outside_block_activation_bytes(cfg, micro_batch, precision, accumulation_steps, zero_stage)
+        + loss_path_bytes(cfg, micro_batch, precision).transient)
     return PeakMemory(state, transient, acts)
 
 
@@ -475,9 +582,24 @@ LORA_TARGETS = {"attn.qkv": (1, 3), "attn.proj": (1, 1), "mlp.fc": (1, 4), "mlp.
 """Adapted linears of a block and their (d_in, d_out) in units of d_model."""
 
 
+LLAMA_LORA_TARGETS = ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.gate", "mlp.up", "mlp.down")
+"""The llama family's adapted linears: the four attention projections and the three SwiGLU ones
+(PEFT's q_proj ... down_proj)."""
+
+
+def lora_targets(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """The adapted linears of a block by name, with their (d_in, d_out)."""
+    _no_formula(cfg, "LoRA")
+    d = cfg.d_model
+    if cfg.family == "llama":
+        kv, f = _kv_dim(cfg), ffn_dim(cfg)
+        return dict(zip(LLAMA_LORA_TARGETS, ((d, d), (d, kv), (d, kv), (d, d), (d, f), (d, f), (f, d)), strict=True))
+    return {name: (d_in * d, d_out * d) for name, (d_in, d_out) in LORA_TARGETS.items()}
+
+
 def lora_trainable_params(cfg: ModelConfig, rank: int) -> int:
     """Trainable LoRA parameters: rank x (d_in + d_out) per adapted linear, every block."""
-    per_block = sum((d_in + d_out) * cfg.d_model for d_in, d_out in LORA_TARGETS.values())
+    per_block = sum(d_in + d_out for d_in, d_out in lora_targets(cfg).values())
     return cfg.n_layers * rank * per_block
 
 

@@ -101,6 +101,18 @@ LORA = _exactly("lora_rank set", _has("lora_rank"))
 BUCKETS = _exactly("a strategy with DDP buckets (ZeRO stages 0 and 1)", lambda row: strategy(row["zero_stage"]).ddp_buckets)
 
 
+def _custom(row: dict) -> bool:
+    return row.get("model_family") == "custom"
+
+
+def _llama(row: dict) -> bool:
+    return row.get("model_family") == "llama"
+
+
+FORMULA = _exactly("a built-in model family (null for a custom module: no activation formula)",
+                   lambda row: not _custom(row))
+
+
 def sometimes(text: str, at_most: Filled | None = None) -> Filled:
     """Filled in rows no status or lever names in advance (text says which); null outside at_most."""
     return Filled(f"{at_most.text}, {text}" if at_most else text, None, at_most.at_most if at_most else None)
@@ -171,6 +183,17 @@ RUN = [
            "training, LoRA's A and B with lora_rank", "worker", OK),
     Column("lora_alpha", pa.float64(), "-", "LoRA scaling numerator (train.lora_alpha): the update is scaled by alpha / "
            "rank; null without LoRA", "worker", OK & LORA),
+    Column("model_family", pa.string(), "-", "the model's kind: gpt2 (LayerNorm, GELU MLP, learned positions, tied head "
+           "by default) | llama (RMSNorm, SwiGLU, RoPE, grouped-query attention, untied head) | custom (the user's own "
+           "module, models.<name>.module); every run before families were recorded is gpt2", "launch"),
+    Column("model_module", pa.string(), "-", "the user's model callable (pkg.mod:build) of a custom model; null for "
+           "the built-in families", "launch", _exactly("model_family custom", _custom)),
+    Column("n_kv_heads", pa.int32(), "-", "key/value heads of grouped-query attention (llama; n_heads = full "
+           "multi-head attention)", "launch", _exactly("model_family llama", _llama)),
+    Column("ffn_dim", pa.int32(), "-", "SwiGLU hidden size f (llama: models.<name>.ffn_dim, or 8/3·d rounded up to a "
+           "multiple of 256)", "launch", _exactly("model_family llama", _llama)),
+    Column("rope_base", pa.float64(), "-", "base (theta) of the rotary position embedding (llama)", "launch",
+           _exactly("model_family llama", _llama)),
     Column("n_layers", pa.int32(), "-", "transformer blocks L", "launch"),
     Column("d_model", pa.int32(), "-", "model width d", "launch"),
     Column("n_heads", pa.int32(), "-", "attention heads a", "launch"),
@@ -206,8 +229,13 @@ RUN = [
            "worker", OK & COMPILED),
     Column("compile_graphs_in_loop", pa.int32(), "-", "graphs compiled during the measured steps: 0 means no step time "
            "holds compilation", "worker", OK & COMPILED),
-    Column("flops_per_token", pa.float64(), "FLOP/token", "model FLOPs per token, forward and backward: 6·(12·L·d² + V·d) "
-           "+ 12·L·d·T", "worker", OK),
+    Column("flops_per_token", pa.float64(), "FLOP/token", "model FLOPs per token, forward and backward: 6·N + 12·L·d·T, "
+           "N the matmul weights (GPT-2: 12·L·d² + V·d; llama: L·(2d² + 2d·kv + 3d·f) + V·d), the attention term counted "
+           "in full although causal (PaLM's convention); a custom module's counted by torch.utils.flop_counter "
+           "(flops_per_token_method)", "worker", OK),
+    Column("flops_per_token_method", pa.string(), "-", "how flops_per_token was obtained: formula (the built-in "
+           "families, scalelab.accounting.flops_per_token) | counted (torch.utils.flop_counter, a custom module: one "
+           "sequence's forward and backward on the meta device)", "worker", OK),
     Column("peak_flops_per_device", pa.float64(), "FLOP/s", "dense peak used for MFU, per device, for this precision "
            "(NaN when unknown)", "worker", OK),
     Column("peak_flops_source", pa.string(), "-", "where that peak comes from (datasheet, measured CPU matmul rate, "
@@ -271,11 +299,11 @@ RUN = [
     Column("activation_bytes_outside_blocks_measured", pa.int64(), "B", "activations saved outside the transformer blocks "
            "(embedding, head, loss)", "worker", OK),
     Column("activation_bytes_predicted", pa.float64(), "B", "predicted activations per micro-batch: Korthikanti et al.'s "
-           "terms for this model", "worker", OK),
+           "terms for this model", "worker", OK & FORMULA),
     Column("activation_bytes_predicted_paper", pa.float64(), "B", "predicted activations per micro-batch: Korthikanti et "
-           "al. 2022 as published", "worker", OK),
+           "al. 2022 as published", "worker", OK & FORMULA),
     Column("activation_bytes_outside_blocks_predicted", pa.float64(), "B", "predicted bytes saved for backward outside the "
-           "blocks (embeddings, final norm, head, the loss path) by one micro-batch", "worker", OK),
+           "blocks (embeddings, final norm, head, the loss path) by one micro-batch", "worker", OK & FORMULA),
     Column("activation_measure", pa.string(), "-", "how activation_bytes_measured was measured", "worker", OK),
     Column("recompute_flops_per_token", pa.float64(), "FLOP/token", "extra FLOPs per token of activation checkpointing "
            "(one more forward of every block); 0 without", "worker", OK),
@@ -289,7 +317,8 @@ RUN = [
     Column("predicted_peak_bytes", pa.float64(), "B", "predicted in-step peak per rank: model state + in-step parameters "
            "+ activations", "launch"),
     Column("predicted_activation_bytes", pa.float64(), "B", "the activation part of predicted_peak_bytes (every "
-           "micro-batch in flight)", "launch"),
+           "micro-batch in flight); null for a custom module (no activation formula: its predicted peak is model "
+           "state and in-step parameters)", "launch", FORMULA),
     Column("predicted_transient_param_bytes", pa.float64(), "B", "the in-step (unsharded) parameter part of "
            "predicted_peak_bytes", "launch"),
     Column("device_memory_bytes", pa.float64(), "B", "memory of one device the prediction is held against "
@@ -400,6 +429,8 @@ def run_row(summary: dict, run_path: str) -> dict:
         for c in COLLECTIVES:
             row[column.format(c)] = (summary.get(key) or {}).get(c)
     row["run_path"] = run_path
+    if row.get("status") in LAUNCHER_STATUSES:
+        row.setdefault("model_family", "gpt2")  # written before families: every model was GPT-2
     return {f.name: row.get(f.name) for f in RUN_SCHEMA}
 
 

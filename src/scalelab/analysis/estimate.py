@@ -9,6 +9,9 @@
     scalelab estimate fit    --gpu-memory 80 --unit GB --world-size 8
     scalelab estimate advise --layers 32 --d-model 4096 --vocab 32000 --seq 4096 --micro-batch 1 --gpu-memory 80 --gpus 8
     scalelab estimate claim  --params 70e9 --tokens-per-s 2e6 --gpus 64 --gpu H100
+    scalelab estimate memory --model llama3-8b --world-size 8 --micro-batch 1
+    scalelab estimate time   --model llama3-70b --tokens 15T --gpus 2048 --gpu H100
+    scalelab estimate models                      (the presets --model takes, with their parameter counts)
 """
 from __future__ import annotations
 
@@ -72,7 +75,18 @@ def _positive(name: str, value, allow_zero: bool = False):
 
 
 def _model(args) -> tuple[int, ModelConfig | None]:
-    """(parameter count, model config if given by shape)."""
+    """(parameter count, model config if given by shape or preset)."""
+    if args.model:
+        from scalelab.presets import PRESETS
+
+        if args.params is not None or args.config or any(v is not None for v in (args.layers, args.d_model, args.heads)):
+            raise EstimateError("give the model either as --model NAME, or as --params, or as the shape, not several")
+        if args.model not in PRESETS:
+            raise EstimateError(f"--model {args.model!r} is not a preset: {', '.join(PRESETS)} (scalelab estimate models)")
+        # --seq and --vocab override the preset's context and vocabulary
+        cfg = ModelConfig(**PRESETS[args.model].shape, **{k: v for k, v in (("seq_len", args.seq), ("vocab_size", args.vocab))
+                                                          if v is not None})
+        return accounting.param_count(cfg), cfg
     if args.config:
         from scalelab.config import model_config
         from scalelab.config.validation import load_config
@@ -90,7 +104,7 @@ def _model(args) -> tuple[int, ModelConfig | None]:
                                 f"{n_params:g} billion (or {n_params:g}e9)")
         return int(n_params), None
     if any(v is None for v in shape):
-        raise EstimateError("give the model as --params N, or all of --layers, --d-model, --vocab and --seq")
+        raise EstimateError("give the model as --model NAME, --params N, or all of --layers, --d-model, --vocab and --seq")
     for name, v in zip(("layers", "d-model", "vocab", "seq"), shape):
         _positive(name, v)
     heads = args.heads or max(1, args.d_model // 64)
@@ -99,6 +113,15 @@ def _model(args) -> tuple[int, ModelConfig | None]:
     cfg = ModelConfig(n_layers=args.layers, d_model=args.d_model, n_heads=heads, seq_len=args.seq,
                       tie_embeddings=not args.untied, vocab_size=args.vocab)
     return accounting.param_count(cfg), cfg
+
+
+def _named(args) -> dict:
+    """The preset a result is about, where --model named one (its JSON keeps n_params beside it)."""
+    if not args.model:
+        return {}
+    from scalelab.presets import PRESETS
+
+    return {"model": args.model, "family": PRESETS[args.model].shape["family"]}
 
 
 def memory_table(args) -> dict:
@@ -118,7 +141,7 @@ def memory_table(args) -> dict:
             row[f"activations_{u}"] = peak.activations / scale
             row[f"peak_{u}"] = peak.total / scale
         rows.append(row)
-    return {"n_params": n_params, "world_size": world_size, "unit": args.unit, "rows": rows,
+    return {**_named(args), "n_params": n_params, "world_size": world_size, "unit": args.unit, "rows": rows,
             "note": "model state per rank at rest; 'pytorch' = fp32 master params + fp32 grads + AdamW (what scalelab's "
                     "strategies hold), 'paper' = ZeRO paper 2+2+12 (fp32: 4+4+8); peak adds in-step parameters and activations"}
 
@@ -177,7 +200,7 @@ def time_estimate(args) -> dict:
     fpt = accounting.flops_per_token(cfg) if cfg is not None else 6.0 * n_params
     total = fpt * tokens
     days = accounting.training_days(total, gpus, args.gpu, args.precision, mfu)
-    result = {"n_params": n_params, "tokens": tokens, "flops_per_token": fpt,
+    result = {**_named(args), "n_params": n_params, "tokens": tokens, "flops_per_token": fpt,
               "flops_rule": "6N + attention term" if cfg is not None else "6N",
               "total_flops": total, "gpus": gpus, "gpu": product.name, "precision": args.precision,
               "peak_flops_per_gpu": peak, "mfu": mfu, "days": days, "gpu_hours": days * 24 * gpus}
@@ -224,7 +247,7 @@ def advise(args) -> dict:
     scale, u = UNITS[args.unit], args.unit.lower()
     micro = int(_positive("micro-batch", args.micro_batch)) if args.micro_batch else None
     if micro and cfg is None:
-        raise EstimateError("--micro-batch needs the model's shape (--layers/--d-model/--vocab/--seq)")
+        raise EstimateError("--micro-batch needs the model's shape (--model, or --layers/--d-model/--vocab/--seq)")
 
     def in_step(stage: int) -> float:  # what a step adds to the model state: in-step parameters, activations
         if not micro:
@@ -307,6 +330,23 @@ def claim_check(args) -> dict:
             "verdict": verdict}
 
 
+def models_table(args) -> dict:
+    """The presets --model takes: family, shape and parameter count (with the published figure)."""
+    from scalelab.presets import PRESETS
+
+    rows = []
+    for p in PRESETS.values():
+        cfg = ModelConfig(**p.shape)
+        rows.append({"model": p.name, "family": cfg.family, "n_params": accounting.param_count(cfg),
+                     "published_params": p.published_params, "n_layers": cfg.n_layers, "d_model": cfg.d_model,
+                     "n_heads": cfg.n_heads, "n_kv_heads": (cfg.n_kv_heads or cfg.n_heads) if cfg.family == "llama" else None,
+                     "ffn_dim": accounting.ffn_dim(cfg) if cfg.family == "llama" else 4 * cfg.d_model,
+                     "vocab_size": cfg.vocab_size, "seq_len": cfg.seq_len, "tied_head": cfg.tie_embeddings,
+                     "flops_per_token": accounting.flops_per_token(cfg), "source": p.source})
+    return {"rows": rows, "note": "parameters counted as the published checkpoints (embedding, head, norms); "
+                                  "flops_per_token at the preset's context, attention counted in full"}
+
+
 def _human(n: float) -> str:
     for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if abs(n) >= scale:
@@ -318,7 +358,9 @@ def render(kind: str, result: dict) -> str:
     lines = []
     if kind == "memory":
         u = result["unit"].lower()
-        lines.append(f"model state per rank for {_human(result['n_params'])} parameters at world size {result['world_size']} ({result['unit']})")
+        named = f"{result['model']} ({result['family']}, {result['n_params']:,} parameters)" if "model" in result else \
+            f"{_human(result['n_params'])} parameters"
+        lines.append(f"model state per rank for {named} at world size {result['world_size']} ({result['unit']})")
         extra = f"activations_{u}" in result["rows"][0]
         head = f"{'precision':<9} {'stage':>5} {'params':>10} {'grads':>10} {'optimizer':>10} {'total':>10} {'paper':>10}"
         lines.append(head + (f" {'activ.':>10} {'peak':>10}" if extra else ""))
@@ -328,7 +370,8 @@ def render(kind: str, result: dict) -> str:
             lines.append(line + (f" {r[f'activations_{u}']:>10.3f} {r[f'peak_{u}']:>10.3f}" if extra else ""))
     elif kind == "time":
         r = result
-        lines += [f"{_human(r['n_params'])} parameters x {_human(r['tokens'])} tokens = {r['total_flops']:.3e} FLOPs ({r['flops_rule']})",
+        lines += [(f"{r['model']} ({r['family']}): " if "model" in r else "") +
+                  f"{_human(r['n_params'])} parameters x {_human(r['tokens'])} tokens = {r['total_flops']:.3e} FLOPs ({r['flops_rule']})",
                   f"on {r['gpus']} x {r['gpu']} ({r['precision']} dense peak {r['peak_flops_per_gpu'] / 1e12:.1f} TFLOP/s) at MFU {r['mfu']:.0%}:",
                   f"  {r['days']:.2f} days ({r['gpu_hours']:.4g} GPU-hours)"]
         if "mfu_source" in r:
@@ -355,6 +398,13 @@ def render(kind: str, result: dict) -> str:
                   f"{r['tokens_per_s'] * r['flops_per_token']:.3e} FLOP/s against {r['gpus']} x "
                   f"{r['peak_flops_per_gpu'] / 1e12:.1f} TFLOP/s ({r['precision']} dense peak)",
                   f"implied MFU {_percent(r['implied_mfu'])}: {r['verdict']}"]
+    elif kind == "models":
+        lines.append(f"{'model':<12} {'family':<6} {'params':>15} {'layers':>6} {'d_model':>7} {'heads':>5} {'kv':>3} "
+                     f"{'ffn':>6} {'vocab':>6} {'seq':>5}  source")
+        for r in result["rows"]:
+            lines.append(f"{r['model']:<12} {r['family']:<6} {r['n_params']:>15,} {r['n_layers']:>6} {r['d_model']:>7} "
+                         f"{r['n_heads']:>5} {r['n_kv_heads'] or '-':>3} {r['ffn_dim']:>6} {r['vocab_size']:>6} "
+                         f"{r['seq_len']:>5}  {r['source']}")
     else:
         u = result["unit"].lower()
         lines.append(f"largest model whose model state fits {result[f'gpu_memory_{u}']:g} {result['unit']} per GPU x {result['world_size']} GPUs")
@@ -372,7 +422,9 @@ def add_parser(sub) -> None:
     kinds = est.add_subparsers(dest="kind", required=True)
 
     def model_flags(p):
-        g = p.add_argument_group("model (either --params, or the shape, or --config)")
+        g = p.add_argument_group("model (either --model, or --params, or the shape, or --config)")
+        g.add_argument("--model", metavar="NAME", help="a preset shape by name (scalelab estimate models lists them: "
+                       "gpt2 ... llama3-70b, mistral-7b); --seq and --vocab override its context and vocabulary")
         g.add_argument("--params", type=count, help="parameter count: 1.3B, 350M, 7.5e9 (K, M, B, T as printed)")
         g.add_argument("--layers", type=int, help="transformer blocks")
         g.add_argument("--d-model", type=int, help="residual width")
@@ -433,14 +485,16 @@ def add_parser(sub) -> None:
     c.add_argument("--days", type=float, help="... in this many days")
     c.add_argument("--gpus", type=whole_count, required=True, help="number of GPUs")
     gpu_flags(c)
-    for p in (m, t, f, a, c):
+    ms = kinds.add_parser("models", help="the preset shapes --model takes, with their parameter counts and sources")
+    for p in (m, t, f, a, c, ms):
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
         p.set_defaults(usage_parser=p)  # an unknown option is this subcommand's error, with its usage (scalelab.cli.main)
     est.set_defaults(func=run)
 
 
 def run(args) -> int:
-    compute = {"memory": memory_table, "time": time_estimate, "fit": fit_table, "advise": advise, "claim": claim_check}[args.kind]
+    compute = {"memory": memory_table, "time": time_estimate, "fit": fit_table, "advise": advise, "claim": claim_check,
+               "models": models_table}[args.kind]
     try:
         result = compute(args)
     except EstimateError as err:

@@ -99,6 +99,22 @@ class ModelConfig:
     """Share token embedding and output head weights."""
     vocab_size: int = 256
     """Filled from the prepared dataset's meta.json."""
+    family: str = "gpt2"
+    """gpt2 (LayerNorm, GELU MLP of 4d, learned positions, full attention) | llama (RMSNorm, SwiGLU,
+    RoPE, grouped-query attention, untied head): scalelab.training.model.FAMILIES."""
+    n_kv_heads: int | None = None
+    """Key/value heads of grouped-query attention (llama; divides n_heads); None = n_heads."""
+    ffn_dim: int | None = None
+    """SwiGLU hidden size (llama); None = 8/3 d rounded up to a multiple of 256 (Meta's rule)."""
+    rope_base: float = 10000.0
+    """Base (theta) of the rotary position embedding's frequencies (llama)."""
+    module: str | None = None
+    """``pkg.mod:build``: the user's own model (scalelab.training.model.build_model), instead of a family."""
+
+    @property
+    def kind(self) -> str:
+        """What a run's row calls the model (``model_family``): its family, or ``custom`` for the user's module."""
+        return "custom" if self.module else self.family
 
 
 @dataclass(frozen=True)
@@ -161,23 +177,49 @@ def dataset_config(config: dict) -> DatasetConfig:
 
 
 MODEL_SHAPE_KEYS = ("n_layers", "d_model", "n_heads")
-"""What a ``models:`` entry may set; seq_len and tie_embeddings stay in ``model:`` for every shape."""
+"""The shape keys every family has; seq_len and tie_embeddings stay in ``model:`` for every shape."""
+MODEL_FAMILY_KEYS = ("family", "n_kv_heads", "ffn_dim", "rope_base")
+"""What else a ``models:`` entry may set: its family and the Llama family's own keys."""
+MODEL_ENTRY_KEYS = (*MODEL_SHAPE_KEYS, *MODEL_FAMILY_KEYS, "preset", "module")
+"""Every key of a ``models:`` entry: ``preset`` names a shape of scalelab.presets (the entry's own
+keys override it), ``module`` the user's own model (``pkg.mod:build``)."""
+LLAMA_ONLY_KEYS = ("n_kv_heads", "ffn_dim", "rope_base")
+
+
+def model_entry(name: str, entry: dict | None) -> dict:
+    """A ``models:`` entry as ModelConfig keys: its preset's shape (scalelab.presets) under its own
+    keys; a Llama-family shape has an untied head. Raises ConfigError naming the key."""
+    entry = dict(entry or {})
+    unknown = set(entry) - set(MODEL_ENTRY_KEYS)
+    if unknown:
+        raise ConfigError(f"models.{name}: unknown key(s) {sorted(unknown)}; a models: entry sets "
+                          f"{', '.join(MODEL_ENTRY_KEYS)} (seq_len and tie_embeddings stay in model:)",
+                          key=("models", name, sorted(unknown)[0]))
+    shape = {}
+    if "preset" in entry:
+        from scalelab.presets import PRESETS
+
+        preset = entry.pop("preset")
+        if preset not in PRESETS:
+            raise ConfigError(f"models.{name}.preset={preset!r} is not a preset: {', '.join(PRESETS)}",
+                              key=("models", name, "preset"))
+        shape = {k: v for k, v in PRESETS[preset].shape.items() if k not in ("vocab_size", "seq_len", "tie_embeddings")}
+    shape.update(entry)
+    if shape.get("family", "gpt2") == "llama":
+        shape["tie_embeddings"] = False
+    return shape
 
 
 def model_config(config: dict, vocab_size: int = 256, name: str = "base") -> ModelConfig:
     """The model of a sweep point: ``model:`` itself for the model axis's default name 'base', or
-    ``model:`` with the shape keys of ``models.<name>`` (n_layers, d_model, n_heads) over it."""
+    ``model:`` with the keys of ``models.<name>`` (model_entry) over it."""
     shape = {}
     if name != "base":
         models = section(config, "models")
         if name not in models:
             raise ConfigError(f"sweep.model={name!r} is not 'base' (the model: section) or a name of the "
                               f"models: table ({', '.join(sorted(models)) or 'empty'})")
-        shape = models[name] or {}
-        unknown = set(shape) - set(MODEL_SHAPE_KEYS)
-        if unknown:
-            raise ConfigError(f"models.{name}: unknown key(s) {sorted(unknown)}; a model shape sets "
-                              f"{', '.join(MODEL_SHAPE_KEYS)} (seq_len and tie_embeddings stay in model:)")
+        shape = model_entry(name, models[name])
     return _build(ModelConfig, {**section(config, "model"), **shape, "vocab_size": vocab_size}, "model")
 
 

@@ -9,6 +9,7 @@ ConfigProblems, one line each, naming the file and line that set the key, the ke
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import math
 import re
 import stat
@@ -95,6 +96,45 @@ def _check_models(config: dict, base_dir: str | Path) -> None:
         if shape.d_model % shape.n_heads:
             raise ConfigError(f"models.{name}: n_heads={shape.n_heads} does not divide d_model={shape.d_model}",
                               key=("models", name))
+        if name != "base":
+            _check_model_entry(name, section(config, "models")[name] or {}, shape)
+
+
+def _check_model_entry(name: str, entry: dict, shape) -> None:
+    """A models: entry's family keys: the Llama family's own keys only with family llama, a
+    grouped-query split that divides, RoPE's even head width, a module callable that exists."""
+    from scalelab.config import LLAMA_ONLY_KEYS, MODEL_FAMILY_KEYS
+
+    if shape.module:
+        given = sorted(k for k in MODEL_FAMILY_KEYS if k in entry) + (["preset"] if "preset" in entry else [])
+        if given:
+            raise ConfigError(f"models.{name}: {given[0]} does not apply to module={shape.module!r} (the user's module "
+                              "is its own model; it reads n_layers, d_model, n_heads as it likes)",
+                              key=("models", name, given[0]))
+        module_name = shape.module.partition(":")[0]
+        try:
+            found = importlib.util.find_spec(module_name)
+        except (ImportError, ValueError) as err:
+            found, why = None, f": {err}"
+        else:
+            why = ""
+        if found is None:
+            raise ConfigError(f"models.{name}.module={shape.module!r}: no module {module_name!r} on the Python path{why}",
+                              key=("models", name, "module"))
+        return
+    if shape.family != "llama":
+        given = [k for k in LLAMA_ONLY_KEYS if k in entry]
+        if given:
+            raise ConfigError(f"models.{name}.{given[0]}={entry[given[0]]!r} applies to family llama; this entry's "
+                              f"family is {shape.family} (set family: llama)", key=("models", name, given[0]))
+        return
+    kv = shape.n_kv_heads or shape.n_heads
+    if shape.n_heads % kv:
+        raise ConfigError(f"models.{name}.n_kv_heads={kv} does not divide n_heads={shape.n_heads} (each key/value head "
+                          "serves the same number of query heads)", key=("models", name, "n_kv_heads"))
+    if (shape.d_model // shape.n_heads) % 2:
+        raise ConfigError(f"models.{name}: the head width d_model/n_heads={shape.d_model // shape.n_heads} is odd; "
+                          "rotary embeddings rotate pairs of values (make it even)", key=("models", name, "n_heads"))
 
 
 def _check_tf32(config: dict, base_dir: str | Path) -> None:

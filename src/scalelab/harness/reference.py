@@ -12,7 +12,7 @@ import torch
 
 from scalelab.config import ModelConfig, TrainConfig
 from scalelab.data import BatchSampler
-from scalelab.training.model import GPT
+from scalelab.training.model import build_model
 from scalelab.training.parallel import param_groups
 from scalelab.training.precision import autocast
 from scalelab.training.worker import lr_at
@@ -27,7 +27,7 @@ def bare_loop(model_cfg: ModelConfig, train_cfg: TrainConfig, train_bin: str, to
     """
     device = torch.device("cpu")
     torch.manual_seed(train_cfg.seed)
-    model = GPT(model_cfg)
+    model = build_model(model_cfg)
     opt = torch.optim.AdamW(param_groups(model, train_cfg.weight_decay), lr=train_cfg.lr,
                             betas=(0.9, 0.95), eps=1e-8)
     if ddp:

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from scalelab import placement
+from scalelab.accounting import ffn_dim
 from scalelab.calibration import read_calibration
 from scalelab.columns import steps_table, write_parquet
 from scalelab.config import config_hash, model_config, train_config
@@ -122,11 +123,18 @@ def plan_memory(config: dict, model, point: RunPoint, micro_batch: int, device: 
     """Predicted in-step peak per rank against the device memory, before launch."""
     from scalelab import accounting
 
-    n_params = accounting.param_count(model)
+    own = None
+    if model.module:  # the user's module: counted on the meta device (imports torch), no activation formula
+        from scalelab.training.model import counted
+
+        own = counted(model)
+    n_params = own["n_params"] if own else accounting.param_count(model)
     peak = accounting.peak_memory(model, n_params, point.zero_stage, point.world_size, point.precision, micro_batch,
-                                  point.activation_checkpointing, point.cpu_offload, accumulation_steps)
+                                  point.activation_checkpointing, point.cpu_offload, accumulation_steps,
+                                  block_params=own["block_params"] if own else None)
     if point.lora_rank and not point.cpu_offload:  # frozen weights: no gradient or optimizer state for them
-        trainable = accounting.lora_trainable_params(model, point.lora_rank)
+        trainable = (counted(model, point.lora_rank)["lora_trainable"] if own
+                     else accounting.lora_trainable_params(model, point.lora_rank))
         state = accounting.lora_model_state_bytes(n_params, trainable, point.zero_stage, point.world_size,
                                                   point.precision, "pytorch")
         peak = dataclasses.replace(peak, model_state=state.total)
@@ -143,7 +151,7 @@ def plan_memory(config: dict, model, point: RunPoint, micro_batch: int, device: 
                f"in-step parameters {peak.transient_params / 2**20:.1f} + activations {peak.activations / 2**20:.1f}) "
                f"exceeds the device memory {limit / 2**20:.1f} MiB; not launched "
                "(set planning.launch_predicted_oom: true to launch it anyway)")
-    return {"predicted_peak_bytes": peak.total, "predicted_activation_bytes": peak.activations,
+    return {"predicted_peak_bytes": peak.total, "predicted_activation_bytes": None if own else peak.activations,
             "predicted_transient_param_bytes": peak.transient_params, "device_memory_bytes": limit,
             "predicted_oom_reason": oom}
 
@@ -214,6 +222,9 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
         "dataset": meta["dataset"], "dataset_sha256_train": meta["sha256"]["train.bin"],
         "n_layers": model.n_layers, "d_model": model.d_model, "n_heads": model.n_heads,
         "seq_len": model.seq_len, "vocab_size": model.vocab_size, "tie_embeddings": model.tie_embeddings,
+        "model_family": model.kind, "model_module": model.module,
+        **({"n_kv_heads": model.n_kv_heads or model.n_heads, "ffn_dim": ffn_dim(model),
+            "rope_base": model.rope_base} if model.kind == "llama" else {}),
         "steps": train.steps, "warmup_steps": train.warmup_steps, "global_batch": train.global_batch,
         "accumulation_steps": accum, "seed": train.seed,
         "config_hash": config_hash(config), "requested_device": train.device, "device_type": device,

@@ -1,7 +1,9 @@
 """LoRA (Hu et al. 2021) as a lever: frozen base weights, a trainable low-rank update.
 
 :func:`apply_lora` freezes every parameter of a built GPT and wraps the linears named in
-``scalelab.accounting.LORA_TARGETS`` (each block's attn.qkv, attn.proj, mlp.fc, mlp.proj) in
+``scalelab.accounting.lora_targets`` (GPT-2: each block's attn.qkv, attn.proj, mlp.fc, mlp.proj;
+llama: attn.q, k, v, o and the SwiGLU's mlp.gate, up, down; a user's module: every nn.Linear of
+its blocks) in
 :class:`LoRALinear`: y = W0 x + b0 + (alpha / r) B A x, A (r x d_in) Kaiming-uniform as in
 Hu et al.'s reference code, B (d_out x r) zeros. With B = 0 the adapted model computes exactly
 what the model did before wrapping, so a LoRA run built after its full-training twin's model
@@ -20,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from scalelab.accounting import LORA_TARGETS
+from scalelab.accounting import lora_targets
 
 
 class LoRALinear(nn.Module):
@@ -45,14 +47,17 @@ class LoRALinear(nn.Module):
 
 
 def apply_lora(model: nn.Module, rank: int, alpha: float) -> int:
-    """Freeze every parameter of ``model`` and wrap each block's LORA_TARGETS linears;
+    """Freeze every parameter of ``model`` and wrap each block's target linears (lora_targets);
     return the number of trainable parameters added. Call it after the model is built
     (and before fp8 conversion and sharding)."""
     for p in model.parameters():
         p.requires_grad_(False)
     added = 0
     for block in model.blocks:
-        for target in LORA_TARGETS:
+        # a family's targets (scalelab.accounting.lora_targets); in a user's module every nn.Linear of the block
+        targets = (lora_targets(model.cfg) if not model.cfg.module else
+                   [name for name, m in block.named_modules() if isinstance(m, nn.Linear)])
+        for target in targets:
             parent_name, _, child = target.rpartition(".")
             parent = block.get_submodule(parent_name)
             base = getattr(parent, child)

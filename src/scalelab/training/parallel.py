@@ -179,8 +179,12 @@ def apply_compile(model: GPT) -> None:
     first forward and backward (scalelab.training.worker.compile_warm_up runs one before the
     first step). The compiled blocks replace the blocks in ``model.blocks``
     (``blocks.0._orig_mod.…`` in state dicts; DCP's helpers drop the ``_orig_mod``)."""
-    for name, block in model.blocks.named_children():
-        model.blocks.register_module(name, torch.compile(block, fullgraph=True))
+    if isinstance(model.blocks, nn.ModuleList):
+        for name, block in model.blocks.named_children():
+            model.blocks.register_module(name, torch.compile(block, fullgraph=True))
+    else:  # a user's module (scalelab.training.model.UserModel): each block replaced where it sits
+        for i, block in enumerate(model.blocks):
+            model.set_block(i, torch.compile(block, fullgraph=True))
     model.loss_fn = torch.compile(model.loss_fn, fullgraph=True)
 
 

@@ -90,9 +90,11 @@ def convert_to_fp8(model: torch.nn.Module, emulate: bool = False) -> int:
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     converted = []
+    blocks = {id(block) for block in model.blocks}
+    prefixes = tuple(f"{name}." for name, module in model.named_modules() if id(module) in blocks)
 
     def in_blocks(module: torch.nn.Module, fqn: str) -> bool:
-        ok = (fqn.startswith("blocks.") and isinstance(module, torch.nn.Linear)
+        ok = (fqn.startswith(prefixes) and isinstance(module, torch.nn.Linear)
               and module.in_features % 16 == 0 and module.out_features % 16 == 0)
         if ok:
             converted.append(fqn)

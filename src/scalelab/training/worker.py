@@ -52,7 +52,8 @@ from scalelab.sweep import RunPoint, micro_batch_plan
 from scalelab.training.activations import SavedActivationMeter
 from scalelab.training.comm import CommCounter
 from scalelab.training.lora import apply_lora
-from scalelab.training.model import GPT
+from scalelab.training.model import build_model
+from scalelab.training.model import counted as counted_by_module
 from scalelab.training.parallel import (
     Parallelized,
     apply_compile,
@@ -263,7 +264,7 @@ def setup(spec: dict) -> Run:
                                                   train_cfg.peak_tflops, calibration)
 
     torch.manual_seed(train_cfg.seed)  # identical initial weights on every rank
-    model = GPT(model_cfg).to(device)
+    model = build_model(model_cfg).to(device)  # its family's class, or the user's module
     # LoRA after the model is built: the base weights are those of the full-training twin.
     n_trainable = apply_lora(model, point.lora_rank, train_cfg.lora_alpha) if point.lora_rank else None
     n_params = model.num_parameters()
@@ -514,8 +515,10 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
     n_measured = max(1, len(step_times))  # this attempt's steps after warm-up
     total_time = sum(step_times)
     tokens_per_s = run.tokens_per_step * len(step_times) / total_time
-    fpt = accounting.flops_per_token(model_cfg)
-    recompute_fpt = accounting.recompute_flops_per_token(model_cfg) if ac else 0.0
+    # a family's formulas; a user's module: its FLOPs counted (torch.utils.flop_counter), no activation prediction
+    custom = counted_by_module(model_cfg) if model_cfg.module else None
+    fpt = custom["flops_per_token"] if custom else accounting.flops_per_token(model_cfg)
+    recompute_fpt = (custom["block_forward_flops_per_token"] if custom else accounting.recompute_flops_per_token(model_cfg)) if ac else 0.0
     largest = max(range(world_size), key=lambda r: sum(all_held[r].values()))
     predicted, predicted_paper, comm = _predictions(run)
     dtypes = accounting.comm_dtypes(precision, point.zero_stage, point.grad_reduce)
@@ -535,6 +538,7 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "compile_graphs": tally.compile_graphs,
         "compile_graphs_in_loop": tally.compile_graphs_in_loop,
         "flops_per_token": fpt,
+        "flops_per_token_method": "counted (torch.utils.flop_counter)" if custom else "formula",
         "peak_flops_per_device": run.peak,
         "peak_flops_source": run.peak_source,
         "mfu": accounting.mfu(tokens_per_s, fpt, run.peak, world_size),
@@ -549,11 +553,12 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "activation_bytes_outside_blocks_measured": tally.activations["outside"] if tally.activations else None,
         "activation_measure": "bytes saved for backward by one micro-batch's forward on rank 0 (autograd saved-tensor hooks), "
                               "and outside the blocks what the forward returns",
-        "activation_bytes_predicted": accounting.block_activation_bytes(model_cfg, run.micro, precision, ac,
-                                                                        zero_stage=point.zero_stage),
-        "activation_bytes_predicted_paper": accounting.block_activation_bytes(model_cfg, run.micro, precision, ac, "paper"),
-        "activation_bytes_outside_blocks_predicted": accounting.outside_block_activation_bytes(model_cfg, run.micro, precision, accum,
-                                                                                                point.zero_stage),
+        "activation_bytes_predicted": None if custom else accounting.block_activation_bytes(
+            model_cfg, run.micro, precision, ac, zero_stage=point.zero_stage),
+        "activation_bytes_predicted_paper": None if custom else accounting.block_activation_bytes(
+            model_cfg, run.micro, precision, ac, "paper"),
+        "activation_bytes_outside_blocks_predicted": None if custom else accounting.outside_block_activation_bytes(
+            model_cfg, run.micro, precision, accum, point.zero_stage),
         "ddp_buckets_predicted": accounting.ddp_bucket_count(run.param_bytes, point.bucket_mb) if point.bucket_mb else None,
         "skipped_steps": tally.skipped_steps,
         "resumed_from_step": run.start_step - 1 if run.start_step else None,

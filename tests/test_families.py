@@ -1,0 +1,313 @@
+"""Model families (issue #30): the Llama family beside GPT-2, presets of published shapes, the
+user's own module. In process: parameter counts (exact, and each preset's published figure),
+FLOPs per token against torch.utils.flop_counter, activations against autograd's saved tensors,
+LoRA on the SwiGLU projections, config errors, the estimate CLI. Real torchrun/gloo runs: fp32
+loss parity across stages and world sizes with the single-process reference, model state and
+activations against the formulas, the levers, and a model the test suite defines."""
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from conftest import PARITY_STEPS, run_point, tiny_config
+from scalelab import accounting
+from scalelab.config import SCHEMA, ConfigError, ModelConfig, model_config, train_config
+from scalelab.config.validation import check_config
+from scalelab.harness import REPO_ROOT
+from scalelab.harness.reference import bare_loop
+from scalelab.presets import PRESETS
+from scalelab.sweep import RunPoint, result_params, sweep_points
+from scalelab.training.activations import SavedActivationMeter
+from scalelab.training.lora import LoRALinear, apply_lora, trainable_parameters
+from scalelab.training.model import Llama, build_model, counted
+from scalelab.training.precision import autocast
+
+TESTS = Path(__file__).parent
+LLAMA = {"family": "llama", "n_layers": 2, "d_model": 32, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 96}
+"""The llama shape the runs train: grouped-query attention 4:2, SwiGLU 96 (seq_len 32 from tiny_config)."""
+
+
+def _llama(**overrides) -> ModelConfig:
+    return ModelConfig(**{"seq_len": 32, "tie_embeddings": False, "vocab_size": 256, **LLAMA, **overrides})
+
+
+# ----------------------------------------------------------------------------- formulas, in process
+@pytest.mark.unit
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_presets_count_as_the_published_checkpoints(name):
+    """Each preset's parameter count is the figure its source states (embedding, untied head and
+    norms included; GPT-2's tied head once); scalelab's own tiny shape is held to its module."""
+    preset = PRESETS[name]
+    cfg = ModelConfig(**preset.shape)
+    if preset.published_params is None:
+        assert accounting.param_count(cfg) == build_model(cfg).num_parameters()
+    else:
+        assert accounting.param_count(cfg) == preset.published_params, preset.source
+    assert preset.source
+
+
+@pytest.mark.unit
+def test_the_schema_lists_the_presets():
+    models = SCHEMA["properties"]["models"]["additionalProperties"]["properties"]
+    assert models["preset"]["enum"] == list(PRESETS)
+    assert models["family"]["enum"] == ["gpt2", "llama"]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("shape", [
+    {},  # grouped-query 4:2
+    {"n_kv_heads": None, "ffn_dim": None},  # full multi-head attention, SwiGLU by Meta's rule (256)
+    {"n_kv_heads": 1, "n_layers": 3, "d_model": 48, "n_heads": 6, "ffn_dim": 128},  # multi-query
+])
+def test_llama_counts_and_flops_are_the_modules(shape):
+    """Parameters exact; FLOPs per token (6N + the attention term in full, causal or not) and the
+    recompute of checkpointing equal what torch.utils.flop_counter counts on the module."""
+    cfg = _llama(**shape)
+    assert accounting.param_count(cfg) == Llama(cfg).num_parameters()
+    assert accounting.block_param_count(cfg) == sum(p.numel() for p in Llama(cfg).blocks[0].parameters())
+    own = counted(cfg)
+    assert own["flops_per_token"] == accounting.flops_per_token(cfg)
+    assert own["block_forward_flops_per_token"] == accounting.recompute_flops_per_token(cfg)
+    # the causal convention: the attention term 12 L d T in full, 6 L d T halved
+    assert accounting.flops_per_token(cfg) - accounting.flops_per_token(cfg, causal_halved=True) == 6 * cfg.n_layers * cfg.d_model * 32
+    # GPT-2's formula is unchanged and equally the module's
+    gpt = ModelConfig(2, 64, 4, 64, True, 256)
+    assert counted(gpt)["flops_per_token"] == accounting.flops_per_token(gpt) == 786432
+
+
+@pytest.mark.unit
+def test_meta_rule_for_the_swiglu_width():
+    assert accounting.ffn_dim(ModelConfig(d_model=4096, n_heads=32, family="llama")) == 11008  # Llama 2 7B's
+    assert accounting.ffn_dim(ModelConfig(d_model=64, family="llama")) == 256
+    assert accounting.ffn_dim(ModelConfig(d_model=64, family="llama", ffn_dim=100)) == 100
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("micro_batch, accumulation", [(4, 1), (1, 4)])
+def test_llama_activations_are_predicted_exactly(precision, checkpointing, micro_batch, accumulation):
+    """Autograd's saved tensors (SavedActivationMeter, as runs measure them) inside and outside
+    the blocks equal the llama formulas, with fp32 parameters (stages 0 and 1: fp32, or autocast)."""
+    cfg, cpu = _llama(), torch.device("cpu")
+    torch.manual_seed(0)
+    model = Llama(cfg)
+    model.set_activation_checkpointing(checkpointing)
+    tokens = torch.randint(0, 256, (micro_batch * accumulation, 33), generator=torch.Generator().manual_seed(0))
+    chunk = tokens[:micro_batch]
+    with SavedActivationMeter(model, model.blocks) as meter, autocast(precision, cpu):
+        model(chunk[:, :-1], chunk[:, 1:])
+    assert meter.inside_blocks == accounting.block_activation_bytes(cfg, micro_batch, precision, checkpointing, zero_stage=0)
+    assert meter.outside_blocks == accounting.outside_block_activation_bytes(cfg, micro_batch, precision, accumulation, 0)
+
+
+@pytest.mark.unit
+def test_lora_adapts_the_attention_and_swiglu_projections():
+    cfg = _llama()
+    torch.manual_seed(0)
+    full = Llama(cfg)
+    torch.manual_seed(0)
+    lora = Llama(cfg)
+    added = apply_lora(lora, 4, alpha=16)
+    adapted = {name.split(".", 2)[2] for name, m in lora.named_modules() if isinstance(m, LoRALinear)}
+    assert adapted == set(accounting.LLAMA_LORA_TARGETS) == {"attn.q", "attn.k", "attn.v", "attn.o", "mlp.gate", "mlp.up", "mlp.down"}
+    assert added == trainable_parameters(lora) == accounting.lora_trainable_params(cfg, 4)
+    # q 32+32, k and v 32+16, o 32+32, gate and up 32+96, down 96+32 per rank, per block
+    assert added == 2 * 4 * (64 + 48 + 48 + 64 + 128 + 128 + 128)
+    idx = torch.randint(0, 256, (2, 33), generator=torch.Generator().manual_seed(1))
+    assert lora(idx[:, :-1], idx[:, 1:]).item() == full(idx[:, :-1], idx[:, 1:]).item()  # B = 0: the twin's loss
+
+
+@pytest.mark.unit
+def test_a_users_module_is_counted_not_formulated():
+    from models.mixer import param_count
+
+    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=2, seq_len=32, vocab_size=256, module="models.mixer:build")
+    own = counted(cfg)
+    assert own["n_params"] == param_count(cfg) == build_model(cfg).num_parameters()
+    d, T, V = 32, 32, 256  # per token: 6 x (blocks' 4 d^2 + head V d) + the token mixing (6 T d per block)
+    assert own["flops_per_token"] == 6 * (2 * 4 * d * d + V * d) + 2 * 6 * T * d
+    with pytest.raises(ValueError, match="user's module has no parameter formula"):
+        accounting.param_count(cfg)
+    with pytest.raises(ValueError, match="no activation formula"):
+        accounting.block_activation_bytes(cfg, 4, "fp32", False)
+    assert len(build_model(cfg).blocks) == 2
+
+
+# ----------------------------------------------------------------------------- config
+def _config(models: dict, names: list[str]) -> dict:
+    config = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())
+    config["models"] = models
+    config["sweep"]["model"] = names
+    return config
+
+
+@pytest.mark.unit
+def test_a_models_entry_takes_a_family_or_a_preset():
+    config = _config({"llama": LLAMA, "tiny": {"preset": "llama-tiny", "n_layers": 1},
+                      "gpt": {"n_layers": 1, "d_model": 32, "n_heads": 2}}, ["gpt", "llama", "tiny"])
+    check_config(config, REPO_ROOT)
+    llama = model_config(config, name="llama")
+    assert (llama.family, llama.n_kv_heads, llama.ffn_dim, llama.tie_embeddings) == ("llama", 2, 96, False)
+    tiny = model_config(config, name="tiny")  # the preset's shape, its own n_layers, the config's seq_len
+    assert (tiny.family, tiny.n_layers, tiny.d_model, tiny.n_kv_heads, tiny.seq_len) == ("llama", 1, 64, 2, config["model"]["seq_len"])
+    assert model_config(config, name="gpt").family == "gpt2"
+    ids = {p.run_id for p in sweep_points(config)}
+    assert {"fp32-z0-w1-gpt", "fp32-z0-w1-llama", "fp32-z0-w1-tiny"} <= ids
+
+
+@pytest.mark.unit
+def test_gpt2_runs_keep_their_params_and_ids():
+    """The new model keys have defaults: a GPT-2 run's Snakemake params (what reruns it) and run id
+    are what they were, so an upgrade reruns no cached run."""
+    config = _config({"small": {"n_layers": 1, "d_model": 16, "n_heads": 2}}, ["base", "small"])
+    check_config(config, REPO_ROOT)
+    for point in sweep_points(config)[:4]:
+        params = result_params(config, point, "cpu")
+        assert set(params["model"]) <= {"n_layers", "d_model", "n_heads", "seq_len", "tie_embeddings"}, params
+    assert result_params(config, RunPoint("fp32", 0, 1), "cpu")["model"] == {}
+    assert result_params(config, RunPoint("fp32", 0, 1, model="small"), "cpu")["model"] == {"n_layers": 1, "d_model": 16, "n_heads": 2}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("entry, message", [
+    ({**LLAMA, "n_kv_heads": 3}, "models.m.n_kv_heads=3 does not divide n_heads=4"),
+    ({"n_layers": 1, "n_kv_heads": 2}, "models.m.n_kv_heads=2 applies to family llama"),
+    ({**LLAMA, "d_model": 36}, "head width d_model/n_heads=9 is odd"),
+    ({"module": "no_such_package.mod:build"}, "models.m.module='no_such_package.mod:build': no module 'no_such_package"),
+    ({"module": "models.mixer:build", "family": "llama"}, "models.m: family does not apply to module="),
+])
+def test_bad_model_entries_are_one_line_naming_the_key(entry, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        check_config(_config({"m": entry}, ["m"]), REPO_ROOT)
+
+
+@pytest.mark.unit
+def test_unknown_preset_and_family_are_schema_errors():
+    from scalelab.config.validation import validate_config
+
+    with pytest.raises(ConfigError, match=r"models.m.preset: 'llama4' is not one of .*; did you mean llama3-8b\?"):
+        validate_config(_config({"m": {"preset": "llama4"}}, ["m"]), REPO_ROOT)
+    with pytest.raises(ConfigError, match=r"models.m.family: 'mistral' is not one of \['gpt2', 'llama'\]"):
+        validate_config(_config({"m": {"family": "mistral"}}, ["m"]), REPO_ROOT)
+
+
+# ----------------------------------------------------------------------------- estimate
+@pytest.mark.unit
+def test_estimate_by_preset_name(capsys):
+    from scalelab.cli import main
+
+    assert main(["estimate", "memory", "--model", "llama3-8b", "--world-size", "8", "--json"]) == 0
+    memory = json.loads(capsys.readouterr().out)
+    assert memory["n_params"] == 8_030_261_248 and memory["model"] == "llama3-8b" and memory["family"] == "llama"
+    row = next(r for r in memory["rows"] if (r["precision"], r["zero_stage"]) == ("bf16", 3))
+    assert row["pytorch_total_gib"] == pytest.approx(16 * 8_030_261_248 / 8 / 2**30)
+    assert main(["estimate", "time", "--model", "llama3-70b", "--tokens", "15T", "--gpus", "2048", "--gpu", "H100",
+                 "--json"]) == 0
+    time = json.loads(capsys.readouterr().out)
+    cfg = ModelConfig(**PRESETS["llama3-70b"].shape)
+    assert time["n_params"] == 70_553_706_496 and time["flops_per_token"] == accounting.flops_per_token(cfg)
+    assert main(["estimate", "advise", "--model", "llama2-70b", "--gpus", "8", "--gpu-memory", "80", "--micro-batch", "1",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["n_params"] == 68_976_648_192
+    assert main(["estimate", "models"]) == 0
+    listing = capsys.readouterr().out
+    for name, preset in PRESETS.items():
+        assert name in listing and (preset.published_params is None or f"{preset.published_params:,}" in listing)
+    assert main(["estimate", "memory", "--model", "llama5"]) == 2
+    assert "--model 'llama5' is not a preset" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- real runs
+PARITY_POINTS = [(0, 1), (0, 2), (1, 2), (2, 2), (3, 2)]
+"""Every stage, both world sizes, in five runs (each held to the one single-process reference)."""
+
+
+def _llama_config(**train):
+    return tiny_config(train={"steps": PARITY_STEPS, "warmup_steps": 2, **train}, planning={"launch_overcommitted": True},
+                       models={"llama": LLAMA}, sweep={"model": ["llama"]})
+
+
+@pytest.fixture(scope="module")
+def llama_runs(tmp_path_factory, tiny_data):
+    tmp = tmp_path_factory.mktemp("llama")
+    return {(z, w): run_point(tmp, tiny_data, RunPoint("fp32", z, w, model="llama"), cfg=_llama_config(),
+                              save_final_params=True) for z, w in PARITY_POINTS}
+
+
+@pytest.fixture(scope="module")
+def llama_reference(tiny_data):
+    meta = json.loads((tiny_data / "meta.json").read_text())
+    config = _llama_config()
+    losses, _, state = bare_loop(model_config(config, meta["vocab_size"], name="llama"), train_config(config),
+                                 str(tiny_data / "train.bin"), meta["dtype"])
+    return losses, state
+
+
+@pytest.mark.run
+@pytest.mark.parametrize("stage, world_size", PARITY_POINTS)
+def test_llama_fp32_parity_and_formulas(llama_runs, llama_reference, stage, world_size):
+    summary, steps, run_dir = llama_runs[(stage, world_size)]
+    assert summary["status"] == "ok", summary["reason"]
+    assert (summary["model_family"], summary["n_kv_heads"], summary["ffn_dim"], summary["tie_embeddings"]) == ("llama", 2, 96, False)
+    ref_losses, ref_state = llama_reference
+    np.testing.assert_allclose(steps["loss"].to_numpy(), ref_losses, rtol=1e-5, atol=0)
+    final = torch.load(run_dir / "final_params.pt")
+    assert final.keys() == ref_state.keys()
+    for name, ref in ref_state.items():
+        torch.testing.assert_close(final[name], ref, atol=1e-4, rtol=0, msg=name)
+    cfg = _llama(vocab_size=summary["vocab_size"])
+    assert summary["n_params"] == accounting.param_count(cfg)
+    assert summary["flops_per_token"] == accounting.flops_per_token(cfg) and summary["flops_per_token_method"] == "formula"
+    measured, predicted = summary["model_state_bytes_measured"], summary["model_state_bytes_predicted"]
+    granularity = 8 * summary["vocab_size"] * summary["d_model"] if stage == 1 else 0  # ZeRO-1 shards whole tensors
+    assert abs(measured - predicted) <= max(0.01 * predicted, granularity), (measured, predicted)
+    measured, predicted = summary["activation_bytes_measured"], summary["activation_bytes_predicted"]
+    assert abs(measured - predicted) <= 0.05 * predicted, (measured, predicted)
+    assert summary["activation_bytes_outside_blocks_measured"] == summary["activation_bytes_outside_blocks_predicted"]
+
+
+@pytest.mark.run
+def test_llama_with_levers_at_stage_3(tmp_path, tiny_data, llama_runs):
+    """bf16 with 16-bit parameters (FSDP2's MixedPrecisionPolicy), activation checkpointing and LoRA
+    on the attention and SwiGLU projections: ok, model state and activations as predicted, and LoRA
+    starts from its full-training twin's loss (bf16 differs from fp32 by rounding only)."""
+    summary, steps, _ = run_point(tmp_path, tiny_data, RunPoint("bf16", 3, 2, activation_checkpointing=True,
+                                                                model="llama", lora_rank=4), cfg=_llama_config())
+    assert summary["status"] == "ok", summary["reason"]
+    cfg = _llama(vocab_size=summary["vocab_size"])
+    assert summary["n_trainable_params"] == accounting.lora_trainable_params(cfg, 4)
+    for kind in ("", "params_", "grads_", "optimizer_"):
+        measured, predicted = summary[f"model_state_{kind}bytes_measured"], summary[f"model_state_{kind}bytes_predicted"]
+        assert abs(measured - predicted) <= 0.01 * predicted, (kind, measured, predicted)
+    measured, predicted = summary["activation_bytes_measured"], summary["activation_bytes_predicted"]
+    assert abs(measured - predicted) <= 0.05 * predicted, (measured, predicted)
+    twin = llama_runs[(3, 2)][1]["loss"].iloc[0]
+    assert steps["loss"].iloc[0] == pytest.approx(twin, rel=2e-2)
+
+
+@pytest.mark.run
+def test_a_model_the_test_suite_defines(tmp_path, tiny_data, monkeypatch):
+    """models.<name>.module: parameters counted from the module, FLOPs by torch.utils.flop_counter
+    (the row says so), model state predicted from the counted parameters; no activation prediction."""
+    from models.mixer import param_count
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+    config = tiny_config(train={"steps": 4, "warmup_steps": 1}, planning={"launch_overcommitted": True},
+                         models={"mixer": {"module": "models.mixer:build"}}, sweep={"model": ["mixer"]})
+    summary, steps, _ = run_point(tmp_path, tiny_data, RunPoint("fp32", 3, 2, activation_checkpointing=True, model="mixer"),
+                                  cfg=config)
+    assert summary["status"] == "ok", summary["reason"]
+    cfg = model_config(config, summary["vocab_size"], name="mixer")
+    assert (summary["model_family"], summary["model_module"]) == ("custom", "models.mixer:build")
+    assert summary["n_params"] == param_count(cfg)
+    assert summary["flops_per_token_method"].startswith("counted") and summary["flops_per_token"] == counted(cfg)["flops_per_token"]
+    assert summary["recompute_flops_per_token"] == counted(cfg)["block_forward_flops_per_token"] > 0
+    measured, predicted = summary["model_state_bytes_measured"], summary["model_state_bytes_predicted"]
+    assert abs(measured - predicted) <= 0.01 * predicted, (measured, predicted)
+    assert summary["activation_bytes_predicted"] is None and summary["predicted_activation_bytes"] is None
+    assert summary["activation_bytes_measured"] > 0 and np.isfinite(steps["loss"]).all()
