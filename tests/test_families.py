@@ -311,3 +311,40 @@ def test_a_model_the_test_suite_defines(tmp_path, tiny_data, monkeypatch):
     assert abs(measured - predicted) <= 0.01 * predicted, (measured, predicted)
     assert summary["activation_bytes_predicted"] is None and summary["predicted_activation_bytes"] is None
     assert summary["activation_bytes_measured"] > 0 and np.isfinite(steps["loss"]).all()
+
+
+# ----------------------------------------------------------------------------- the report
+@pytest.mark.unit
+def test_the_report_groups_a_sweep_that_mixes_families(tmp_path):
+    """The synthetic baselines twice, once as a GPT-2 model and once as a llama one: the report's
+    families table has a row per model, each family's figures are drawn apart (figures/<family>/),
+    and fp32 parity is held within each model (two models' losses differ; that is no warning),
+    while a broken trajectory within one model still is."""
+    import pandas as pd
+
+    from scalelab.analysis.report import build_report, find_warnings
+    from scalelab.harness.fixtures import synthetic_results
+
+    synthetic_results(tmp_path, n_runs=24)
+    runs, steps = pd.read_parquet(tmp_path / "metrics.parquet"), pd.read_parquet(tmp_path / "steps.parquet")
+    ok_runs = runs[runs["status"] == "ok"]
+    steps = steps[steps["run_id"].isin(ok_runs["run_id"])]
+    # one fp32 trajectory per model, the llama model's higher
+    steps["loss"] = 5.0 - steps["step"] * 0.01
+    gpt = ok_runs.assign(model="gpt", model_family="gpt2")
+    llama = ok_runs.assign(model="llama", model_family="llama", run_id=ok_runs["run_id"] + "-llama", n_kv_heads=2)
+    mixed_steps = pd.concat([steps.assign(model="gpt"),
+                             steps.assign(model="llama", run_id=steps["run_id"] + "-llama", loss=steps["loss"] + 1.0)])
+    mixed = pd.concat([gpt, llama], ignore_index=True)
+    assert not any("fp32 parity" in w for w in find_warnings(mixed, mixed_steps))
+    broken = mixed_steps.copy()
+    broken.loc[broken["run_id"] == llama["run_id"].iloc[0], "loss"] += 0.5
+    assert any("fp32 parity broken" in w for w in find_warnings(mixed, broken))
+    mixed.to_parquet(tmp_path / "metrics.parquet")
+    mixed_steps.to_parquet(tmp_path / "steps.parquet")
+    html = build_report(tmp_path, workers=1).read_text()
+    assert "id=\"families\"" in html and "id=\"figures-gpt2\"" in html and "id=\"figures-llama\"" in html
+    for family in ("gpt2", "llama"):
+        assert (tmp_path / "report/figures" / family / "throughput.png").stat().st_size > 1000
+        assert f"figures/{family}/throughput.png" in html
+    assert "gpt2 family" in html and "llama family" in html  # the Trained lines

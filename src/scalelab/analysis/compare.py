@@ -25,7 +25,7 @@ PROVENANCE = ["device_type", "device_name", "backend", "torch_version", "cuda_ve
               "hostname", "git_commit", "git_dirty", "config_hash", "threads_per_rank"]
 """Where and with what the runs ran. Read over the runs that carry it: a run skipped or failed before
 its first step records no device or versions, and counting its blanks made identical sweeps differ."""
-TRAINED = ["model", "n_params", "n_layers", "d_model", "n_heads", "seq_len", "vocab_size", "global_batch", "tokens_per_step",
+TRAINED = ["model", "model_family", "n_params", "n_layers", "d_model", "n_heads", "seq_len", "vocab_size", "global_batch", "tokens_per_step",
            "peak_lr", "steps", "warmup_steps", "dataset", "dataset_sha256_train", "seed"]
 """What was trained (peak_lr: the largest lr of a run's steps, from steps.parquet). Losses of a run in both
 sweeps are compared only where all of these match: otherwise they trained different things."""

@@ -135,8 +135,9 @@ def find_warnings(runs: pd.DataFrame, steps: pd.DataFrame, best: pd.DataFrame | 
                             f"{COMM_TOLERANCE:.0%} off the prediction {r.comm_bytes_per_step_predicted:.0f} B/step")
     fp32 = steps[(steps["precision"] == "fp32") & steps["run_id"].isin(ok["run_id"])]
     if not fp32.empty:
-        # Every fp32 run of one configuration should follow the same loss trajectory.
-        ref = fp32.groupby("step")["loss"].agg(["min", "max"])
+        # Every fp32 run of one model should follow the same loss trajectory (models differ: a sweep over
+        # several shapes or families compares each with itself).
+        ref = fp32.groupby([fp32["model"].astype(str), "step"])["loss"].agg(["min", "max"])
         spread = ((ref["max"] - ref["min"]) / ref["min"].abs()).max()
         if spread > FP32_PARITY_RTOL:
             warnings.append(f"fp32 parity broken: losses of fp32 runs differ by up to {spread:.2e} (relative) at one step; "
@@ -146,7 +147,7 @@ def find_warnings(runs: pd.DataFrame, steps: pd.DataFrame, best: pd.DataFrame | 
     return warnings + checks.spike_warnings(steps, runs) + checks.peak_warnings(runs) + checks.noise_warnings(runs, best)
 
 
-MODEL_KEYS = ["model", "n_params", "n_layers", "d_model", "n_heads", "seq_len", "vocab_size"]
+MODEL_KEYS = ["model", "model_family", "n_params", "n_layers", "d_model", "n_heads", "seq_len", "vocab_size"]
 
 
 def _count(n) -> str:
@@ -181,6 +182,7 @@ def trained_lines(runs: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
         lr = group["run_id"].astype(str).map(peak_lr)
         lines.append(
             (f"model {r['model']}: " if "model" in group and pd.notna(r["model"]) else "")
+            + (f"{r['model_family']} family, " if "model_family" in group and pd.notna(r["model_family"]) else "")
             + f"{_values(group['n_params'], _count)} parameters ({shape}), sequence length {_values(group['seq_len'], lambda v: str(int(v)))}; "
             + f"global batch {_values(group['global_batch'], lambda v: str(int(v)))} sequences, "
             + f"{_values(group['tokens_per_step'], lambda v: f'{int(v):,}')} tokens per step; "
@@ -360,11 +362,13 @@ def _png_width(data: bytes) -> int | None:
     return round(int.from_bytes(data[16:20], "big") * 96 / DPI)
 
 
-def _figure(fig_dir: Path, drawn: Drawn) -> dict:
-    """The PNG embedded, the registry's caption, then the figure's own note if it has one."""
+def _figure(fig_dir: Path, drawn: Drawn, family: str | None = None) -> dict:
+    """The PNG embedded, the registry's caption, then the figure's own note if it has one. family:
+    the model family whose folder under figures/ holds it (a sweep that mixes families)."""
     png = drawn.files[0]
     data = (fig_dir / png).read_bytes()
-    return {"name": drawn.figure.name, "alt": f"{FIGURES_DIR}/{png}", "data": base64.b64encode(data).decode(),
+    alt = f"{FIGURES_DIR}/{family}/{png}" if family else f"{FIGURES_DIR}/{png}"
+    return {"name": drawn.figure.name, "alt": alt, "data": base64.b64encode(data).decode(),
             "width": _png_width(data), "caption": drawn.figure.caption, "note": drawn.note}
 
 
@@ -376,6 +380,53 @@ def _dictionary_table() -> pd.DataFrame:
         rows.append({"column": name, "table": tables, "unit": unit,
                      "meaning": meaning if tables != "both" or name in dictionary.IDENTITY else
                      f"metrics: {runs[name][1]}; steps: {steps[name][1]}"})
+    return pd.DataFrame(rows)
+
+
+def model_families(runs: pd.DataFrame) -> list[str]:
+    """The model families of a sweep's runs, sorted (a run recorded before families is gpt2)."""
+    if "model_family" not in runs:
+        return ["gpt2"]
+    return sorted(runs["model_family"].fillna("gpt2").astype(str).unique()) or ["gpt2"]
+
+
+def _of_family(runs: pd.DataFrame, steps: pd.DataFrame, family: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    mine = runs[runs["model_family"].fillna("gpt2").astype(str) == family]
+    return mine, steps[steps["run_id"].isin(mine["run_id"])]
+
+
+def _family_figures(family: str, fig_dir: Path, drawn: list) -> dict:
+    return {"family": family,
+            "figures": [_figure(fig_dir, d, family) for d in drawn if d.figure.kind == "main"],
+            "lever_figures": [_figure(fig_dir, d, family) for d in drawn if d.figure.kind == "lever"]}
+
+
+def family_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """One row per model of a sweep that mixes families: its family, parameters, FLOPs per token
+    (and whether formula or counted), its runs, the largest deviations of model state and block
+    activations from their formulas, the spread of its fp32 losses across stages and world sizes,
+    and its fastest ok run per world size."""
+    rows = []
+    runs = runs.assign(model_family=runs["model_family"].fillna("gpt2"))
+    for (family, model), group in runs.groupby(["model_family", "model"], sort=True):
+        ok = group[group["status"] == "ok"]
+        state = (ok["model_state_bytes_measured"] / ok["model_state_bytes_predicted"] - 1).abs()
+        acts = (ok["activation_bytes_measured"] / ok["activation_bytes_predicted"] - 1).abs()
+        fp32 = steps[steps["run_id"].isin(ok.loc[ok["precision"] == "fp32", "run_id"])]
+        spread = fp32.groupby("step")["loss"].agg(["min", "max"]) if not fp32.empty else None
+        fastest = ok.loc[ok.groupby("world_size")["tokens_per_s"].idxmax()] if not ok.empty else ok
+        rows.append({"model_family": family, "model": model,
+                     "n_params": ", ".join(f"{int(n):,}" for n in sorted(ok["n_params"].dropna().unique())) or "-",
+                     "flops_per_token": ok["flops_per_token"].max() if not ok.empty else np.nan,
+                     "flops_per_token_method": ", ".join(sorted(ok["flops_per_token_method"].dropna().unique()))
+                     if "flops_per_token_method" in ok else "formula",
+                     "runs": len(group), "ok_runs": len(ok),
+                     "model_state_max_deviation": state.max() if not state.empty else np.nan,
+                     "activation_max_deviation": acts.max() if acts.notna().any() else np.nan,
+                     "fp32_loss_spread": f"{((spread['max'] - spread['min']) / spread['min'].abs()).max():.1e}"
+                     if spread is not None else "-",
+                     "fastest_per_world_size": ", ".join(f"w{int(r.world_size)}: {r.run_id} ({r.tokens_per_s:,.0f} tokens/s)"
+                                                         for r in fastest.itertuples())})
     return pd.DataFrame(rows)
 
 
@@ -420,9 +471,14 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
     base = baseline(runs)
     levers, fp8 = lever_table(runs), fp8_table(runs)
     fig_dir = out_dir / FIGURES_DIR
+    # A sweep that mixes model families draws each family's figures apart (figures/<family>/): a
+    # GPT-2 and a Llama run at one precision, stage and world size are not repeats of one point.
+    families = model_families(runs)
+    first = _of_family(runs, steps, families[0]) if len(families) > 1 else (runs, steps)
+    first_dir = fig_dir / families[0] if len(families) > 1 else fig_dir
     # Drawn by other processes while the tables are made; they are reaped on leaving the block,
     # once the report is written (or stopped, if making it failed).
-    with start_figures(runs, steps, levers, fig_dir, workers) as job:
+    with start_figures(*first, lever_table(first[0]) if len(families) > 1 else levers, first_dir, workers) as job:
         best_raw = best_configurations(runs)
         warnings = find_warnings(runs, steps, best_raw)
         table = _fmt_table(runs)
@@ -433,6 +489,14 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
                   "deviation": table_model(dev) if not dev.empty else None, "provenance": table_model(_provenance(runs)),
                   "dictionary": table_model(_dictionary_table())}
         drawn = job.wait()
+        by_family = []
+        if len(families) > 1:
+            by_family.append(_family_figures(families[0], first_dir, drawn))
+            for family in families[1:]:
+                f_runs, f_steps = _of_family(runs, steps, family)
+                with start_figures(f_runs, f_steps, lever_table(f_runs), fig_dir / family, workers) as f_job:
+                    by_family.append(_family_figures(family, fig_dir / family, f_job.wait()))
+            drawn = []
 
         context = {
             "no_runs": None, "n_runs": len(runs), "n_ok": int((runs["status"] == "ok").sum()), "n_steps": len(steps),
@@ -446,7 +510,10 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
             "lever_figures": [_figure(fig_dir, d) for d in drawn if d.figure.kind == "lever"],
             "levers_section": any(d.figure.kind == "lever" for d in drawn) or not levers.empty or not fp8.empty,
             "formulas": Markup(FORMULAS), "trained": trained_lines(runs, steps),
+            "family_figures": by_family,
+            "families": table_model(family_table(runs, steps)) if len(families) > 1 else None,
         }
+        context["levers_section"] |= any(g["lever_figures"] for g in by_family)
         (out_dir / "report.html").write_text(render("report.html.j2", **context), encoding="utf-8")
         (out_dir / "summary.md").write_text(
             "# scalelab summary\n\n"
