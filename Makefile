@@ -51,10 +51,12 @@ report: setup
 browser:
 	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
-# Optional: SLURM and munge (Debian packages) for the test that runs the workflow through a
-# real one-node SLURM cluster; without them that test is skipped with its reason. Needs root.
+# Optional: SLURM and munge (Debian packages), and ip/tc (iproute2), for the tests that run the
+# workflow through a real 2-node SLURM cluster on this machine (scalelab.harness.vcluster: one
+# network namespace per node); without them those tests are skipped with their reason. Needs root.
 slurm:
-	@command -v slurmctld >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge)
+	@(command -v slurmctld && command -v munged && command -v tc && command -v nsenter) >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge iproute2 util-linux)
 
 clean-results:
 	rm -rf results/data results/runs results/report results/logs results/*.parquet
