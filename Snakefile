@@ -57,8 +57,11 @@ rule all:
 # process that runs the jobs, once it has jobs to run (onstart: never -n, --lint, --report or
 # --unlock), released when it ends; jobs spawned elsewhere (SLURM) have no hooks and never take it.
 import sys
+import time
 
 from scalelab.lock import LockHeld, results_lock
+
+_INVOKED = time.time()  # SLURM job logs older than this belong to an earlier invocation
 
 
 onstart:
@@ -94,6 +97,12 @@ onsuccess:
 onerror:
     results_lock(RESULTS).release()
     from scalelab.invocation import rerun_command
+    from scalelab.placement import slurm_log_errors
+
+    # A SLURM job that failed before scalelab ran has no run log; SLURM's error is in its job log.
+    _slurm_logs = getattr(workflow.executor_settings, "logdir", None) or ".snakemake/slurm_logs"
+    for _line in slurm_log_errors(_slurm_logs, since=_INVOKED):
+        print(f"scalelab: SLURM job log {_line}", file=sys.stderr)
 
     # After Snakemake's own error lines (the failing rule, its log): what went wrong per run, and how to rerun.
     print(f"scalelab: which runs failed and why: scalelab status {RESULTS}\n"

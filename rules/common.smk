@@ -5,7 +5,7 @@ from pathlib import Path
 
 from scalelab.config import dataset_config
 from scalelab.data import DataError, source_files
-from scalelab.placement import launch_plan, sweep_device_plan, train_job_resources
+from scalelab.placement import carry_slurm_conf, launch_plan, sweep_device_plan, train_job_resources
 from scalelab.migrate import OldLayout, check_layout
 from scalelab.sweep import RunPoint, data_result_params, result_params, sweep_plan
 
@@ -86,6 +86,9 @@ CLUSTER = config["cluster"]
 DEVICE_PLAN, _INHERITED = sweep_device_plan(config)
 if not _INHERITED:
     print(f"scalelab: runs train on {DEVICE_PLAN.device} ({DEVICE_PLAN.why})", file=sys.stderr)
+# A slurm.conf named only by SLURM_CONF reaches every srun of the sweep's jobs, though the SLURM
+# plugin's job step removes SLURM_* (scalelab.placement.carry_slurm_conf).
+carry_slurm_conf()
 
 
 def train_resources(wildcards) -> dict:

@@ -311,3 +311,61 @@ def test_overcommit_of_host_memory_is_named():
     reason = placement.overcommit_reason(2, 2, 22.8 * 2**30, 20 * 2**30)
     assert "predicted to need 46.2 GiB of host memory" in reason and "20.0 GiB are available" in reason
     assert placement.host_memory_available() > 0
+
+
+def test_the_core_check_of_a_run_over_nodes_counts_this_nodes_share(monkeypatch):
+    # a job pinned to one core (cluster.exclusive: false, a cluster that binds cores): the node's
+    # share of a world-size-2 run over two nodes is one rank, which fits; the whole run would not
+    monkeypatch.setattr(placement.os, "sched_getaffinity", lambda pid: {0})
+    assert placement.overcommit_reason(2, 2, 100 * 2**20, 64 * 2**30, ranks_here=1) is None
+    assert "world_size=2 CPU ranks need a core each; this job has 1" in placement.overcommit_reason(2, 2, 100 * 2**20, 64 * 2**30)
+    reason = placement.overcommit_reason(4, 4, 100 * 2**20, 64 * 2**30, ranks_here=2)
+    assert reason.startswith("2 CPU ranks (this node's share of world_size=4) need a core each; this job has 1"), reason
+    plan = LaunchPlan(launchers=2, ranks_per_launcher=1, nodes=2)
+    assert placement.ranks_per_node(plan, 1) == 1
+
+
+def test_slurm_conf_of_the_planner_reaches_the_launchers_srun_and_the_plugins(tmp_path):
+    conf = tmp_path / "site" / "slurm.conf"
+    planner = {"SLURM_CONF": str(conf), "PATH": "/usr/bin"}
+    assert placement.carry_slurm_conf(planner) == str(conf)
+    assert planner[placement.SLURM_CONF_ENV] == str(conf) and planner["PATH"] == f"{placement.SLURM_BIN}:/usr/bin"
+    # the plugin's job step removes SLURM_*: what the launcher's srun then gets
+    job = {k: v for k, v in planner.items() if not k.startswith("SLURM_")}
+    assert placement.srun_environment(job)["SLURM_CONF"] == str(conf)
+    assert placement.carry_slurm_conf(job) == str(conf) and job["PATH"].count(str(placement.SLURM_BIN)) == 1  # once
+    # a node's own SLURM_CONF (slurmd sets it for the job) is kept
+    assert placement.srun_environment({**job, "SLURM_CONF": "/node/slurm.conf"})["SLURM_CONF"] == "/node/slurm.conf"
+    # config at the default path: nothing is recorded, PATH untouched
+    plain = {"PATH": "/usr/bin"}
+    assert placement.carry_slurm_conf(plain) is None and plain == {"PATH": "/usr/bin"}
+    # scalelab's srun puts SLURM_CONF back, then runs the real one (here a stand-in on PATH)
+    real = tmp_path / "bin"
+    real.mkdir()
+    (real / "srun").write_text('#!/bin/sh\necho "SLURM_CONF=$SLURM_CONF args=$*"\n')
+    (real / "srun").chmod(0o755)
+    out = subprocess.run(["sh", "-c", "srun -n1 hostname"], capture_output=True, text=True, timeout=10,
+                         env={"PATH": f"{placement.SLURM_BIN}:{real}:/usr/bin:/bin", placement.SLURM_CONF_ENV: str(conf)})
+    assert out.stdout.strip() == f"SLURM_CONF={conf} args=-n1 hostname", out
+
+
+def test_a_slurm_job_log_error_is_found_for_the_failure_report(tmp_path):
+    logs = tmp_path / "rule_train" / "fp32-z0-w1"
+    logs.mkdir(parents=True)
+    (logs / "12.log").write_text("host: n1\nsrun: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host\n"
+                                 "srun: error: fetch_config: DNS SRV lookup failed\n"
+                                 "srun: fatal: Could not establish a configuration source\n")
+    (logs / "13.log").write_text("Finished job 0.\n")
+    found = placement.slurm_log_errors(tmp_path)
+    assert len(found) == 1 and found[0].startswith(f"{logs / '12.log'}: srun: fatal: Could not establish a configuration source")
+    assert placement.slurm_log_errors(tmp_path, since=(logs / "12.log").stat().st_mtime + 10) == []
+
+
+def test_a_rank_killed_on_another_node_is_named_from_torchrun_and_srun():
+    log = ("E1124 12:45:53.516000 5320 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) "
+           "local_rank: 0 (pid: 5424) of binary: /venv/bin/python3\n"
+           "srun: error: n2: task 1: Exited with exit code 1\nsrun: error: n1: task 0: Exited with exit code 1\n")
+    status, reason = classify_failure([], log)
+    assert status == "failed"
+    assert reason == ("a rank exited abnormally: local rank 0 of a launcher on node n2 (SLURM task 1; srun: Exited with exit code 1) was killed by "
+                      "SIGKILL (torchrun: exitcode -9); the other ranks were stopped")

@@ -1,11 +1,16 @@
-"""The workflow through a real one-node SLURM cluster (Debian's Slurm 22.05), end to end.
+"""The workflow through a real 2-node SLURM cluster on this machine (scalelab.harness.vcluster:
+network namespaces n1 and n2, Debian's Slurm 22.05 and munge), end to end.
 
-World size 1 takes the single-node path (torchrun --standalone inside the plugin's step);
-world size 2, with cluster.ranks_per_node=1 and launchers_per_node=2, takes the multi-node
-path (srun starting two torchrun launchers, static rendezvous) as two tasks on this node.
+World size 1 takes the single-node path (the launcher starts the ranks inside the plugin's
+job step); world size 2, with cluster.ranks_per_node=1, takes the multi-node path: srun
+starts one torchrun launcher on each node, static rendezvous on n1. Both ways a site
+configures Slurm are run: slurm.conf at the default path, and named only by SLURM_CONF (which
+the executor plugin's job step removes: scalelab.placement.carry_slurm_conf).
 """
+import json
 import os
 import subprocess
+import threading
 import time
 
 import numpy as np
@@ -14,65 +19,209 @@ import pytest
 
 from conftest import BIN, REPO, SNAKEMAKE, snakemake, tiny_config, write_workdir
 from scalelab.harness.testing import SLURM_PLUGIN_DIR
+from scalelab.harness.vcluster import VirtualCluster, leftovers, unavailable
+from scalelab.placement import slurm_log_errors
 from scalelab.sweep import RunPoint
-from slurm_cluster import SlurmCluster, slurm_available
-
-pytestmark = [pytest.mark.skipif(slurm_available() is not None, reason=f"no SLURM test cluster: {slurm_available()}")]
-
-SLURM_DAEMONS = ("slurmctld", "slurmd", "slurmstepd")
 
 
-def _pids(names) -> set[int]:
-    out = subprocess.run(["ps", "-eo", "pid=,comm="], capture_output=True, text=True).stdout.split("\n")
-    return {int(line.split()[0]) for line in out if line.strip() and line.split()[1] in names}
+def _why_not() -> str | None:
+    if reason := unavailable():
+        return reason
+    if not (SLURM_PLUGIN_DIR / "snakemake_executor_plugin_slurm").is_dir():
+        return f"the SLURM executor plugin is not in {SLURM_PLUGIN_DIR} (`make setup` puts it there)"
+    return None
+
+
+pytestmark = [pytest.mark.skipif(_why_not() is not None, reason=f"no virtual SLURM cluster: {_why_not()}")]
+
+SWEEP_TIMEOUT_S = 170
 
 
 @pytest.fixture
-def cluster(tmp_path):
-    before = _pids(SLURM_DAEMONS)
-    c = SlurmCluster(tmp_path / "slurm").start()
-    yield c
-    c.stop()
-    time.sleep(1)
-    leftover = _pids(SLURM_DAEMONS) - before
-    assert not leftover, f"SLURM processes left behind: {leftover}"
+def counted():
+    """Counts what a cluster could leave behind before the test and checks nothing is added after."""
+    before = leftovers()
+    yield before
+    after = leftovers()
+    added = {k: sorted(set(after[k]) - set(before[k])) for k in after}
+    assert not any(added.values()), f"left behind by the virtual cluster: {added}"
+
+
+def _cfg(**sweep):
+    return tiny_config(sweep={"precision": ["fp32"], **sweep},
+                       train={"steps": 6, "warmup_steps": 1, "run_timeout_s": 90, "collective_timeout_s": 30},
+                       cluster={"ranks_per_node": 1, "launchers_per_node": 1, "cpus_per_rank": 1, "mem_mb_per_rank": 1000,
+                                "exclusive": False})
+
+
+def _snakemake_on(cluster: VirtualCluster, workdir, timeout=SWEEP_TIMEOUT_S, **env) -> subprocess.CompletedProcess:
+    cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--profile", str(REPO / "workflow/profiles/slurm"),
+           "--slurm-no-account", "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "1",
+           "--slurm-keep-successful-logs", "--default-resources", "slurm_partition=vc", "runtime=10", "mem_mb=1000",
+           "--latency-wait", "5", "--retries", "0"]
+    environment = {**cluster.env, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(SLURM_PLUGIN_DIR), **env}
+    return subprocess.run(cluster.command(cmd), env=environment, capture_output=True, text=True, timeout=timeout)
+
+
+def _runs(workdir) -> pd.DataFrame:
+    return pd.read_parquet(workdir / "results/metrics.parquet").set_index("run_id").sort_index()
 
 
 @pytest.mark.cluster
-def test_workflow_through_slurm_matches_a_local_run(tmp_path, cluster):
-    cfg = tiny_config(sweep={"precision": ["fp32"], "zero_stage": [0, 3], "world_size": [1, 2]},
-                      cluster={"ranks_per_node": 1, "launchers_per_node": 2, "cpus_per_rank": 1, "mem_mb_per_rank": 1000})
+def test_virtual_clusters_start_in_seconds_run_side_by_side_and_leave_nothing(tmp_path, counted):
+    host_conf = os.path.exists("/etc/slurm/slurm.conf")
+    started = time.monotonic()
+    a = VirtualCluster(tmp_path / "a", nodes=2, link_mbit=200)
+    b = VirtualCluster(tmp_path / "b", nodes=3, config_at="env")
+    try:
+        a.up()
+        b.up()
+        up_s = time.monotonic() - started
+        assert up_s < 20, f"two clusters took {up_s:.1f} s to come up"
+        # one node per namespace, each with its own hostname and address
+        assert sorted(a.run(["srun", "-N2", "hostname"]).stdout.split()) == ["n1", "n2"]
+        assert sorted(b.run(["srun", "-N3", "hostname"]).stdout.split()) == ["n1", "n2", "n3"]
+        assert a.run(["srun", "-N2", "-l", "hostname", "-i"]).stdout.split().count("10.77.0.12") == 1
+        # no way out: no default route anywhere, and the host namespace has none of the cluster's addresses
+        assert "default" not in a.run(["ip", "route"]).stdout
+        assert "10.77.0." not in subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True, timeout=10).stdout
+        # the link limit is on each node's link, both ways
+        assert a.run(["tc", "qdisc", "show", "dev", "v1"]).stdout.count("tbf") == 1
+        # the config where each was asked for: the default path in a's namespaces, only SLURM_CONF for b
+        assert a.run(["test", "-f", "/etc/slurm/slurm.conf"], check=False).returncode == 0
+        assert b.run(["test", "-f", "/etc/slurm/slurm.conf"], check=False).returncode != 0
+        assert os.path.exists("/etc/slurm/slurm.conf") == host_conf, "the host's /etc/slurm was touched"
+        status = a.status()
+        assert set(status["daemons"].values()) == {"running"} and len(status["nodes"]) == 2
+    finally:
+        down_started = time.monotonic()
+        a.down()
+        b.down()
+        down_s = time.monotonic() - down_started
+    assert down_s < 20, f"two clusters took {down_s:.1f} s to come down"
+    assert not a.root.exists() and not b.root.exists()
+    for c in (a, b):
+        left = leftovers(c.name)
+        assert not (left["namespaces"] or left["daemons"] or left["mounts"] or left["munge_folders"]), left
+
+
+@pytest.mark.cluster(cost_s=150)
+def test_a_sweep_spans_two_nodes_with_the_config_at_the_default_path(tmp_path, counted):
+    cfg = _cfg(zero_stage=[0, 3], world_size=[1, 2])
     on_slurm = write_workdir(tmp_path / "slurm_run", cfg)
-    env = {**cluster.env, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(SLURM_PLUGIN_DIR)}
-    cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(on_slurm), "--profile", str(REPO / "workflow/profiles/slurm"),
-           "--slurm-no-account", "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "2", "--slurm-keep-successful-logs",
-           "--default-resources", "slurm_partition=test", "runtime=10", "mem_mb=1000", "--latency-wait", "10"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:] + cluster.logs()
+    with VirtualCluster(tmp_path / "cluster", nodes=2) as cluster:
+        started = time.monotonic()
+        proc = _snakemake_on(cluster, on_slurm)
+        sweep_s = time.monotonic() - started
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:] + cluster.logs()
+        submitted = cluster.jobs_submitted()
+    print(f"2-node sweep through SLURM: {sweep_s:.1f} s")
 
     # Every job went through sbatch: data, 4 runs, collect, report.
     log_root = on_slurm / ".snakemake/slurm_logs"
-    slurm_logs = sorted(log_root.rglob("*.log"))
-    assert {p.relative_to(log_root).parts[0] for p in slurm_logs} == {"rule_prepare_data", "rule_train", "rule_train_multinode",
-                                                   "rule_collect", "rule_report"}
-    assert cluster.jobs_submitted() >= 7
+    assert {p.relative_to(log_root).parts[0] for p in log_root.rglob("*.log")} == {
+        "rule_prepare_data", "rule_train", "rule_train_multinode", "rule_collect", "rule_report"}
+    assert submitted == 7, submitted
 
-    runs = pd.read_parquet(on_slurm / "results/metrics.parquet").set_index("run_id").sort_index()
+    runs = _runs(on_slurm)
     assert (runs["status"] == "ok").all(), runs[["status", "reason"]]
-    multi = pd.Series({r: runs.loc[r, "world_size"] == 2 for r in runs.index})
+    spanning = runs[runs["world_size"] == 2]
+    # each world-size-2 run: one launcher per node, each rank on its own node
+    assert (spanning["launchers"] == 2).all() and (spanning["rank_hostnames"] == "n1,n2").all()
+    assert (spanning["node_list"] == "n1,n2").all() and (spanning["nodes_used"] == 2).all()
+    assert (runs[runs["world_size"] == 1]["nodes_used"] == 1).all()
     log2 = (on_slurm / "results/logs/runs" / f"{RunPoint('fp32', 3, 2).path}.log").read_text()
-    assert "$ srun --ntasks=2" in log2 and "--nnodes=2" in log2, "world size 2 must take the multi-node path"
-    assert multi.sum() == 2
+    assert " srun --ntasks=2 --nodes=2 --ntasks-per-node=1" in log2 and "--nnodes=2" in log2 and "--master-addr=n1" in log2
+    # communication: what the ranks sent equals the formulas (scalelab.accounting)
+    np.testing.assert_allclose(spanning["comm_bytes_per_step_measured"], spanning["comm_bytes_per_step_predicted"], rtol=0)
 
-    # The same sweep run locally gives the same identity rows and the same fp32 losses.
-    local = write_workdir(tmp_path / "local_run", cfg)
+    # The same world-size-2 runs on one node give the same fp32 losses.
+    local = write_workdir(tmp_path / "local_run", _cfg(zero_stage=[0, 3], world_size=[2]))
     snakemake(local, "--cores", "2")
-    local_runs = pd.read_parquet(local / "results/metrics.parquet").set_index("run_id").sort_index()
-    identity = ["precision", "zero_stage", "world_size", "status", "n_params", "steps"]
-    pd.testing.assert_frame_equal(runs[identity], local_runs[identity])
-    slurm_steps = pd.read_parquet(on_slurm / "results/steps.parquet").sort_values(["run_id", "step"])
+    slurm_steps = pd.read_parquet(on_slurm / "results/steps.parquet")
+    slurm_steps = slurm_steps[slurm_steps["world_size"] == 2].sort_values(["run_id", "step"])
     local_steps = pd.read_parquet(local / "results/steps.parquet").sort_values(["run_id", "step"])
+    assert list(slurm_steps["run_id"]) == list(local_steps["run_id"]) and len(local_steps) == 2 * 6
     np.testing.assert_allclose(slurm_steps["loss"].to_numpy(), local_steps["loss"].to_numpy(), rtol=1e-5)
+    assert (_runs(local)["nodes_used"] == 1).all()
+
+
+@pytest.mark.cluster(cost_s=150)
+def test_a_config_named_only_by_slurm_conf_reaches_every_srun_and_a_killed_rank_fails_the_run(tmp_path, counted):
+    with VirtualCluster(tmp_path / "cluster", nodes=2, config_at="env") as cluster:
+        assert "SLURM_CONF" in cluster.env
+
+        # Before scalelab: a job step's srun without SLURM_CONF (what the plugin's job step does)
+        # cannot reach the controller; the reason is in the job's SLURM log, where it is found.
+        logs = tmp_path / "slurm_logs"
+        logs.mkdir()
+        job = cluster.run(["sbatch", "--parsable", "-N1", "-o", str(logs / "job.log"), "--wrap", "env -u SLURM_CONF srun hostname"])
+        _wait_gone(cluster, job.stdout.strip())
+        found = slurm_log_errors(logs)
+        assert len(found) == 1 and ("Could not establish a configuration source" in found[0]
+                                    or "Unable to establish control machine address" in found[0]), found
+
+        # A 2-node sweep: every job's srun, the plugin's and the launcher's, finds the cluster.
+        work = write_workdir(tmp_path / "env_run", _cfg(zero_stage=[0], world_size=[1, 2]))
+        proc = _snakemake_on(cluster, work)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:] + cluster.logs()
+        runs = _runs(work)
+        assert (runs["status"] == "ok").all(), runs[["status", "reason"]]
+        assert runs.loc[RunPoint("fp32", 0, 2).run_id, "node_list"] == "n1,n2"
+        log2 = (work / "results/logs/runs" / f"{RunPoint('fp32', 0, 2).path}.log").read_text()
+        assert f"$ SLURM_CONF={cluster.conf} srun" in log2
+
+        # A rank killed on n2 mid-run: the run ends `failed` with the reason, long before its timeout.
+        killed = write_workdir(tmp_path / "killed", _cfg(zero_stage=[0], world_size=[2]))
+        started = time.monotonic()
+        result = {}
+
+        def run_sweep():
+            result["proc"] = _snakemake_on(cluster, killed, SCALELAB_FAULT="hang@step=3,rank=1")
+
+        thread = threading.Thread(target=run_sweep)
+        thread.start()
+        victim = _wait_for_rank(cluster, node=2, timeout_s=120)
+        os.kill(victim, 9)
+        killed_at = time.time()
+        thread.join(SWEEP_TIMEOUT_S)
+        assert not thread.is_alive(), "the sweep with a killed rank did not end"
+        proc = result["proc"]
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    summary = json.loads((killed / "results/runs" / RunPoint("fp32", 0, 2).run_id / "summary.json").read_text())
+    assert summary["status"] == "failed", summary
+    assert "on node n2" in summary["reason"] and "SIGKILL" in summary["reason"], summary["reason"]
+    run_end = pd.Timestamp(summary["started_utc"]).timestamp() + summary["wall_time_s"]
+    # the run ends once srun sees the dead rank's launcher, not at the collective or run timeout (30 s, 90 s)
+    assert run_end - killed_at < 15, (run_end - killed_at, summary)
+    print(f"killed rank: the run ended {run_end - killed_at:.1f} s after the kill ({time.monotonic() - started:.1f} s for the "
+          f"sweep): {summary['reason']}")
+
+
+def _wait_gone(cluster: VirtualCluster, job_id: str, timeout_s: float = 60) -> None:
+    """Polls squeue (sbatch --wait backs off for seconds) until the job has left the queue."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = cluster.run(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False, timeout=10)
+        if out.returncode == 0 and not out.stdout.strip():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} still queued after {timeout_s} s")
+
+
+def _wait_for_rank(cluster: VirtualCluster, node: int, timeout_s: float) -> int:
+    """The PID of a training rank (scalelab.training.worker) running in node n<node>'s namespace."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for pid in cluster._ns_pids(cluster.node_ns(node)):
+            try:
+                cmdline = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if b"scalelab.training.worker" in cmdline and b"torch.distributed.run" not in cmdline:
+                return pid
+        time.sleep(0.1)
+    raise AssertionError(f"no training rank appeared on n{node} within {timeout_s} s")
 
 
 @pytest.mark.workflow

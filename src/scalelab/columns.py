@@ -356,6 +356,12 @@ RUN = [
     Column("nccl_version", pa.string(), "-", "NCCL version on GPU runs", "worker", OK & GPU),
     Column("python_version", pa.string(), "-", "Python version of the ranks", "worker", OK),
     Column("hostname", pa.string(), "-", "host of rank 0", "worker", OK),
+    Column("rank_hostnames", pa.string(), "-", "host of each rank, in rank order, comma-separated (socket.gethostname() "
+           "on the rank)", "worker", OK),
+    Column("node_list", pa.string(), "-", "the hosts the run's ranks ran on, each once, in rank order, comma-separated",
+           "worker", OK),
+    Column("nodes_used", pa.int32(), "-", "how many hosts the run's ranks ran on (1 on one host; a run whose launchers "
+           "span SLURM nodes: its nodes)", "worker", OK),
     Column("git_commit", pa.string(), "-", "commit of the code that ran", "launch",
            _exactly("unless git_commit_source says unknown", lambda row: not (row.get("git_commit_source") or "unknown").startswith("unknown"))),
     Column("git_dirty", pa.bool_(), "-", "whether the checkout had uncommitted changes", "launch",

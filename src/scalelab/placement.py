@@ -16,6 +16,7 @@ import shutil
 import subprocess
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from scalelab.config import ConfigError, cluster_config, train_config
 
@@ -23,6 +24,11 @@ LAUNCHER_SLOT_ENV = "SCALELAB_LAUNCHER_SLOT"
 """Set by the srun wrapper (from SLURM_LOCALID): which of a node's packed launchers this is."""
 SWEEP_DEVICE_ENV = "SCALELAB_SWEEP_DEVICE"
 """'<device>|<why>', set by the planning Snakemake process for the jobs it starts."""
+SLURM_CONF_ENV = "SCALELAB_SLURM_CONF"
+"""The SLURM_CONF the sweep was planned with, carried to its jobs under a name the SLURM
+executor plugin's job step keeps (it removes SLURM_*): :func:`carry_slurm_conf`."""
+SLURM_BIN = Path(__file__).parent / "slurm_bin"
+"""scalelab's ``srun`` (a shell script): puts SLURM_CONF back, then runs the real srun."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +158,66 @@ def job_device_plan(planned_device: str, config: dict) -> DevicePlan:
     return DevicePlan(planned_device, "the workflow's plan (the planner's reason did not reach this job)")
 
 
+def carry_slurm_conf(environ: MutableMapping[str, str] = os.environ) -> str | None:
+    """Where a site names its slurm.conf only by SLURM_CONF (a module-loaded Slurm, an install
+    outside /etc/slurm), make it reach every ``srun`` of the sweep's jobs; returns the path, or
+    None where SLURM_CONF is unset (the config at the default path, or configless slurmd).
+
+    The SLURM executor plugin submits with ``--export=ALL``, but its job step removes every
+    SLURM_* variable before it runs the rule, with its own ``srun -n1`` or, for an ``mpi``
+    rule, directly: without this the job fails before scalelab runs ("srun: error: Unable to
+    establish control machine address"). Called by every Snakemake process of the sweep
+    (rules/common.smk): the planner records SLURM_CONF as SCALELAB_SLURM_CONF, which the job
+    step keeps, and puts scalelab's ``srun`` (:data:`SLURM_BIN`) first on PATH, which puts
+    SLURM_CONF back for the plugin's srun; the launcher's own srun gets it explicitly
+    (:func:`srun_environment`)."""
+    conf = environ.get("SLURM_CONF")
+    if conf:
+        environ[SLURM_CONF_ENV] = os.path.abspath(conf)
+    if not environ.get(SLURM_CONF_ENV):
+        return None
+    path = environ.get("PATH", "")
+    if str(SLURM_BIN) not in path.split(os.pathsep):
+        environ["PATH"] = f"{SLURM_BIN}{os.pathsep}{path}" if path else str(SLURM_BIN)
+    return environ[SLURM_CONF_ENV]
+
+
+def srun_environment(env: dict) -> dict:
+    """The environment of the launcher's ``srun``: SLURM_CONF as the sweep was planned with
+    (:func:`carry_slurm_conf`) where the job step removed it."""
+    env = dict(env)
+    if not env.get("SLURM_CONF") and env.get(SLURM_CONF_ENV):
+        env["SLURM_CONF"] = env[SLURM_CONF_ENV]
+    return env
+
+
+_SLURM_ERROR = re.compile(r"^(?:srun|sbatch|salloc|slurmstepd)\b[^\n]*?\b(?:error|fatal)\b:?[^\n]*$", re.M)
+
+
+def slurm_log_errors(log_dir: str | Path, since: float = 0.0, per_log: int = 3) -> list[str]:
+    """'<SLURM job log>: <its first error lines>' for each job log under log_dir (the SLURM
+    executor plugin's ``.snakemake/slurm_logs``) written since ``since`` (a time.time()) that
+    holds an error of SLURM's own tools (srun, sbatch, slurmstepd).
+
+    A job that fails before scalelab runs (its step's srun cannot reach the controller, a node
+    cannot start it) leaves no run log: the plugin says only "Detailed failure reason
+    unavailable" where the cluster keeps no accounting, and the reason is in that file."""
+    found = []
+    root = Path(log_dir).resolve()
+    for log in sorted(root.rglob("*.log")) if root.is_dir() else []:
+        try:
+            if log.stat().st_mtime < since:
+                continue
+            text = log.read_text(errors="replace")
+        except OSError:
+            continue
+        errors = list(dict.fromkeys(m.group(0).strip() for m in _SLURM_ERROR.finditer(text)))
+        errors.sort(key=lambda line: "fatal" not in line)  # the line that ended it first
+        if errors:
+            found.append(f"{log}: " + " | ".join(errors[:per_log]))
+    return found
+
+
 def spans_nodes(plan: LaunchPlan) -> bool:
     """Whether the run starts one torchrun per SLURM task (else one torchrun --standalone
     with every rank on this machine, as on a workstation)."""
@@ -234,19 +300,25 @@ def host_memory_available() -> int | None:
 
 
 def overcommit_reason(world_size: int, threads: int, predicted_peak_bytes: float,
-                      available_bytes: int | None) -> str | None:
+                      available_bytes: int | None, ranks_here: int | None = None) -> str | None:
     """Why a CPU run would over-commit this machine, or None. Each rank needs a core of its
     own (threads: what Snakemake gave the job, capped by --cores and the machine) and its
-    predicted peak plus the framework's resident memory."""
+    predicted peak plus the framework's resident memory.
+
+    ranks_here: the ranks this node holds, for a run whose launchers span nodes
+    (:func:`ranks_per_node`): each node holds its share, checked against this node's cores
+    and memory, never the whole world size against one node's."""
+    here = world_size if ranks_here is None else ranks_here
+    share = "" if here == world_size else f" (this node's share of world_size={world_size})"
     cores = min(threads, len(os.sched_getaffinity(0)))
-    if world_size > cores:
-        return (f"world_size={world_size} CPU ranks need a core each; this job has {cores} "
+    if here > cores:
+        return (f"{'world_size=' if not share else ''}{here} CPU ranks{share} need a core each; this job has {cores} "
                 "(snakemake --cores and this machine's cores)")
-    need = world_size * (predicted_peak_bytes + FRAMEWORK_RSS_BYTES)
+    need = here * (predicted_peak_bytes + FRAMEWORK_RSS_BYTES)
     if available_bytes is not None and need > available_bytes:
-        return (f"world_size={world_size} CPU ranks are predicted to need {need / 2**30:.1f} GiB of host memory "
-                f"(predicted peak {predicted_peak_bytes / 2**20:.0f} MiB + framework {FRAMEWORK_RSS_BYTES / 2**20:.0f} MiB "
-                f"per rank); {available_bytes / 2**30:.1f} GiB are available")
+        return (f"{'world_size=' if not share else ''}{here} CPU ranks{share} are predicted to need {need / 2**30:.1f} GiB "
+                f"of host memory (predicted peak {predicted_peak_bytes / 2**20:.0f} MiB + framework "
+                f"{FRAMEWORK_RSS_BYTES / 2**20:.0f} MiB per rank); {available_bytes / 2**30:.1f} GiB are available")
     return None
 
 

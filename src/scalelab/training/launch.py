@@ -182,7 +182,27 @@ def classify_failure(errors: list[dict], log: str) -> tuple[str, str]:
     if from_log:
         status, line = from_log
         return status, ("collective timed out: " if status == "timeout" else "") + "log: " + line
+    if died := launcher_failure(log):
+        return "failed", "a rank exited abnormally: " + died
     return "failed", "a rank exited abnormally; log tail: " + log[-1000:]
+
+
+_TORCHRUN_CHILD = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: \d+\)")
+_SRUN_TASK = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): ([^\n]+)")
+
+
+def launcher_failure(log: str) -> str | None:
+    """Which rank died, where and how, from the lines torchrun and srun print when a rank of a
+    multi-node run ends without an error report (killed by a signal, a hard exit): torchrun's
+    "failed (exitcode: -9) local_rank: 0" and srun's first "n2: task 1: Exited ..." line."""
+    child = _TORCHRUN_CHILD.search(log)
+    if child is None:
+        return None
+    code, local_rank = int(child.group(1)), child.group(2)
+    how = f"was killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else f"exited with code {code}"
+    task = _SRUN_TASK.search(log)
+    where = f" on node {task.group(1)} (SLURM task {task.group(2)}; srun: {task.group(3).strip()})" if task else ""
+    return f"local rank {local_rank} of a launcher{where} {how} (torchrun: exitcode {code}); the other ranks were stopped"
 
 
 def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str | Path,
@@ -213,8 +233,10 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
                              train.fp8_emulate)
     memory_plan = plan_memory(config, model, point, micro, device, accum)
     if reason is None and device == "cpu" and not config.get("planning", {}).get("launch_overcommitted", False):
+        launchers_per_node = int((config.get("cluster") or {}).get("launchers_per_node", 1))
+        ranks_here = placement.ranks_per_node(plan, launchers_per_node) if placement.spans_nodes(plan) else None
         reason = placement.overcommit_reason(point.world_size, threads, memory_plan["predicted_peak_bytes"],
-                                             placement.host_memory_available())
+                                             placement.host_memory_available(), ranks_here)
         if reason:
             reason += "; not launched (set planning.launch_overcommitted: true to launch it anyway)"
     summary = {
@@ -278,7 +300,7 @@ def _run_workers(spec: dict, run_dir: Path, plan: LaunchPlan, cluster: dict, log
     env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads_per_rank"]), "PYTHONUNBUFFERED": "1"}
     if placement.spans_nodes(plan):
         cmd = torchrun_command(plan, world_size, spec_path, placement.srun_step_options(plan, spec["device"], cluster))
-        processes = [(cmd, env)]
+        processes = [(cmd, placement.srun_environment(env))]
         launched = {"launch": "srun x torchrun (static rendezvous)", "launchers": plan.launchers}
     else:
         processes = local_rank_processes(world_size, spec_path, env)
@@ -320,7 +342,8 @@ def allocation_first_host() -> str:
     """The first host of the SLURM allocation: where rank 0's launcher runs."""
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
     if nodelist:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30,
+                             env=placement.srun_environment(os.environ))
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.split()[0]
     import socket
@@ -401,6 +424,8 @@ def _run_ranks(processes: list[tuple[list[str], dict]], log_path: Path, timeout_
     with open(log_path, "ab") as log:
         for cmd, env in processes:
             shown = " ".join(f"{k}={env[k]}" for k in ("RANK", "WORLD_SIZE", "MASTER_PORT") if k in env and len(processes) > 1)
+            if cmd[0] == "srun" and env.get("SLURM_CONF"):
+                shown = f"SLURM_CONF={env['SLURM_CONF']}"
             log.write(f"$ {shown + ' ' if shown else ''}{' '.join(cmd)}\n".encode())
         log.flush()
         try:

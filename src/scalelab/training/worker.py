@@ -480,7 +480,7 @@ def gather(run: Run, save_final_params: bool) -> Gathered:
                "peak_mem_reserved_bytes": torch.cuda.max_memory_reserved(run.device)}
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     all_mem = [None] * run.world_size
-    dist.all_gather_object(all_mem, {**mem, "peak_rss_bytes": rss})
+    dist.all_gather_object(all_mem, {**mem, "peak_rss_bytes": rss, "hostname": socket.gethostname()})  # each rank's host
     if save_final_params:
         full = {name: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu().clone()
                 for name, t in run.par.model.state_dict().items()}
@@ -584,6 +584,9 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "peak_mem_allocated_bytes": max((m.get("peak_mem_allocated_bytes", 0) for m in all_mem), default=None) if on_gpu else None,
         "peak_mem_reserved_bytes": max((m.get("peak_mem_reserved_bytes", 0) for m in all_mem), default=None) if on_gpu else None,
         "peak_rss_bytes": max(m["peak_rss_bytes"] for m in all_mem),
+        "rank_hostnames": ",".join(m["hostname"] for m in all_mem),
+        "node_list": ",".join(dict.fromkeys(m["hostname"] for m in all_mem)),
+        "nodes_used": len({m["hostname"] for m in all_mem}),
         "first_step_unix": tally.first_step_at,
         **environment(run.device, run.rank_cores),
     }
