@@ -19,7 +19,7 @@ import pytest
 
 from conftest import BIN, REPO, SNAKEMAKE, snakemake, tiny_config, write_workdir
 from scalelab.harness.testing import SLURM_PLUGIN_DIR
-from scalelab.harness.vcluster import VirtualCluster, leftovers, unavailable
+from scalelab.harness.vcluster import VirtualCluster, unavailable
 from scalelab.placement import slurm_log_errors
 from scalelab.sweep import RunPoint
 
@@ -38,13 +38,25 @@ SWEEP_TIMEOUT_S = 170
 
 
 @pytest.fixture
-def counted():
-    """Counts what a cluster could leave behind before the test and checks nothing is added after."""
-    before = leftovers()
-    yield before
-    after = leftovers()
-    added = {k: sorted(set(after[k]) - set(before[k])) for k in after}
-    assert not any(added.values()), f"left behind by the virtual cluster: {added}"
+def clusters():
+    """Makes virtual clusters for a test; after it, every one is down and leaves nothing: no
+    namespace, process, mount or folder of its own (counted per cluster, so a cluster of
+    another test running beside this one is not counted) and no configless cache link."""
+    made: list[VirtualCluster] = []
+    link_before = os.path.realpath("/run/slurm/conf") if os.path.lexists("/run/slurm/conf") else None
+
+    def make(root, **options) -> VirtualCluster:
+        made.append(VirtualCluster(root, **options))
+        return made[-1]
+
+    yield make
+    for cluster in made:
+        cluster.down()
+    for cluster in made:
+        left = cluster.leftovers()
+        assert not any(left.values()), f"left behind by cluster {cluster.name}: {left}"
+    link_after = os.path.realpath("/run/slurm/conf") if os.path.lexists("/run/slurm/conf") else None
+    assert link_after == link_before, f"/run/slurm/conf changed: {link_before} -> {link_after}"
 
 
 def _cfg(**sweep):
@@ -68,11 +80,11 @@ def _runs(workdir) -> pd.DataFrame:
 
 
 @pytest.mark.cluster
-def test_virtual_clusters_start_in_seconds_run_side_by_side_and_leave_nothing(tmp_path, counted):
+def test_virtual_clusters_start_in_seconds_run_side_by_side_and_leave_nothing(tmp_path, clusters):
     host_conf = os.path.exists("/etc/slurm/slurm.conf")
     started = time.monotonic()
-    a = VirtualCluster(tmp_path / "a", nodes=2, link_mbit=200)
-    b = VirtualCluster(tmp_path / "b", nodes=3, config_at="env")
+    a = clusters(tmp_path / "a", nodes=2, link_mbit=200)
+    b = clusters(tmp_path / "b", nodes=3, config_at="env")
     try:
         a.up()
         b.up()
@@ -86,7 +98,9 @@ def test_virtual_clusters_start_in_seconds_run_side_by_side_and_leave_nothing(tm
         assert "default" not in a.run(["ip", "route"]).stdout
         assert "10.77.0." not in subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True, timeout=10).stdout
         # the link limit is on each node's link, both ways
-        assert a.run(["tc", "qdisc", "show", "dev", "v1"]).stdout.count("tbf") == 1
+        assert "tbf" in a.run(["tc", "qdisc", "show", "dev", "v1"]).stdout and "rate 200Mbit" in a.run(["tc", "qdisc", "show", "dev", "v1"]).stdout
+        node_side = subprocess.run(["tc", "-n", a.node_ns(1), "qdisc", "show", "dev", "eth0"], capture_output=True, text=True, timeout=10)
+        assert "tbf" in node_side.stdout and "rate 200Mbit" in node_side.stdout, node_side
         # the config where each was asked for: the default path in a's namespaces, only SLURM_CONF for b
         assert a.run(["test", "-f", "/etc/slurm/slurm.conf"], check=False).returncode == 0
         assert b.run(["test", "-f", "/etc/slurm/slurm.conf"], check=False).returncode != 0
@@ -99,17 +113,16 @@ def test_virtual_clusters_start_in_seconds_run_side_by_side_and_leave_nothing(tm
         b.down()
         down_s = time.monotonic() - down_started
     assert down_s < 20, f"two clusters took {down_s:.1f} s to come down"
-    assert not a.root.exists() and not b.root.exists()
     for c in (a, b):
-        left = leftovers(c.name)
-        assert not (left["namespaces"] or left["daemons"] or left["mounts"] or left["munge_folders"]), left
+        left = c.leftovers()
+        assert not any(left.values()), f"left behind by cluster {c.name}: {left}"
 
 
 @pytest.mark.cluster(cost_s=150)
-def test_a_sweep_spans_two_nodes_with_the_config_at_the_default_path(tmp_path, counted):
+def test_a_sweep_spans_two_nodes_with_the_config_at_the_default_path(tmp_path, clusters):
     cfg = _cfg(zero_stage=[0, 3], world_size=[1, 2])
     on_slurm = write_workdir(tmp_path / "slurm_run", cfg)
-    with VirtualCluster(tmp_path / "cluster", nodes=2) as cluster:
+    with clusters(tmp_path / "cluster", nodes=2) as cluster:
         started = time.monotonic()
         proc = _snakemake_on(cluster, on_slurm)
         sweep_s = time.monotonic() - started
@@ -147,8 +160,8 @@ def test_a_sweep_spans_two_nodes_with_the_config_at_the_default_path(tmp_path, c
 
 
 @pytest.mark.cluster(cost_s=150)
-def test_a_config_named_only_by_slurm_conf_reaches_every_srun_and_a_killed_rank_fails_the_run(tmp_path, counted):
-    with VirtualCluster(tmp_path / "cluster", nodes=2, config_at="env") as cluster:
+def test_a_config_named_only_by_slurm_conf_reaches_every_srun_and_a_killed_rank_fails_the_run(tmp_path, clusters):
+    with clusters(tmp_path / "cluster", nodes=2, config_at="env") as cluster:
         assert "SLURM_CONF" in cluster.env
 
         # Before scalelab: a job step's srun without SLURM_CONF (what the plugin's job step does)

@@ -68,6 +68,12 @@ def unavailable() -> str | None:
     missing = [t for t in TOOLS if shutil.which(t) is None and not any(Path(d, t).exists() for d in ("/usr/sbin", "/sbin"))]
     if missing:
         return f"{', '.join(missing)} not installed (apt-get install slurm-wlm munge iproute2 util-linux; `make slurm`)"
+    try:  # root in a container may still be refused namespaces
+        probe = subprocess.run(["unshare", "--net", "--uts", "--mount", "true"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"cannot create namespaces here (unshare --net --uts --mount: {err})"
+    if probe.returncode != 0:
+        return f"cannot create namespaces here (unshare --net --uts --mount: {probe.stderr.strip()})"
     return None
 
 
@@ -149,6 +155,9 @@ class VirtualCluster:
     """RealMemory each node declares."""
     pids: dict = field(default_factory=dict)
     """daemon name -> [pid, start time]."""
+    netns_inodes: list = field(default_factory=list)
+    """The inodes of the cluster's network namespaces: what a process inside one of them shows in
+    /proc/PID/ns/net (found even after the namespace's name is gone)."""
     munge_dir: str = ""
     """munged's socket folder: under the system's temporary folder, since munged wants every
     folder above its socket open to all (a test's tmp_path is not); removed by down()."""
@@ -316,6 +325,7 @@ PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSu
     def _network(self) -> None:
         for ns in self.namespaces:
             _run(["ip", "netns", "add", ns])
+            self.netns_inodes.append(os.stat(f"/run/netns/{ns}").st_ino)
             _run(["ip", "-n", ns, "link", "set", "lo", "up"])
         ctl = self.ctl_ns
         _run(["ip", "-n", ctl, "link", "add", "br0", "type", "bridge"])
@@ -346,7 +356,7 @@ PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSu
     def _save(self) -> None:
         state = {"name": self.name, "root": str(self.root), "nodes": self.nodes, "link_mbit": self.link_mbit,
                  "config_at": self.config_at, "cpus": self.cpus, "memory_mb": self.memory_mb, "pids": self.pids,
-                 "munge_dir": self.munge_dir}
+                 "munge_dir": self.munge_dir, "netns_inodes": self.netns_inodes}
         tmp = self.root / (STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(state, indent=1))
         tmp.replace(self.root / STATE_FILE)
@@ -432,6 +442,28 @@ PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSu
     def _ns_pids(ns: str) -> list[int]:
         out = _run(["ip", "netns", "pids", ns], check=False)
         return [int(p) for p in out.stdout.split() if p.isdigit() and int(p) != os.getpid()]
+
+    def leftovers(self) -> dict[str, list[str]]:
+        """What of this cluster is still on the machine (all empty after :meth:`down`), whatever
+        other clusters run beside it: its namespaces and their /run/netns mounts, processes in
+        its network namespaces or with its kept PIDs, its folders."""
+        existing = set(_run(["ip", "netns", "list"], check=False).stdout.split())
+        inodes = {f"net:[{i}]" for i in self.netns_inodes}
+        kept = {pid for pid, started in self.pids.values() if _alive(pid, started) and not _zombie(pid)}
+        processes = []
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit() and not _zombie(int(proc.name)):
+                try:
+                    inside = os.readlink(proc / "ns" / "net") in inodes
+                except OSError:
+                    continue
+                if inside or int(proc.name) in kept:
+                    processes.append(f"{proc.name} {(proc / 'comm').read_text().strip() if (proc / 'comm').exists() else '?'}")
+        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+                  if line.split()[1].startswith(f"/run/netns/{self.name}-")]
+        folders = [str(p) for p in (self.root, Path(self.munge_dir) if self.munge_dir else None) if p and p.exists()]
+        return {"namespaces": [ns for ns in self.namespaces if ns in existing], "processes": processes,
+                "mounts": mounts, "folders": folders}
 
     def __enter__(self) -> "VirtualCluster":
         return self.up()
