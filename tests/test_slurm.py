@@ -9,6 +9,7 @@ the executor plugin's job step removes: scalelab.placement.carry_slurm_conf).
 """
 import json
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -66,8 +67,9 @@ def _cfg(**sweep):
                                 "exclusive": False})
 
 
-def _snakemake_on(cluster: VirtualCluster, workdir, timeout=SWEEP_TIMEOUT_S, **env) -> subprocess.CompletedProcess:
-    cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--profile", str(REPO / "workflow/profiles/slurm"),
+def _snakemake_on(cluster: VirtualCluster, workdir, timeout=SWEEP_TIMEOUT_S, snakefile=REPO / "Snakefile",
+                  **env) -> subprocess.CompletedProcess:
+    cmd = [SNAKEMAKE, "-s", str(snakefile), "-d", str(workdir), "--profile", str(REPO / "workflow/profiles/slurm"),
            "--slurm-no-account", "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "1",
            "--slurm-keep-successful-logs", "--default-resources", "slurm_partition=vc", "runtime=10", "mem_mb=1000",
            "--latency-wait", "5", "--retries", "0"]
@@ -209,6 +211,28 @@ def test_a_config_named_only_by_slurm_conf_reaches_every_srun_and_a_killed_rank_
     assert run_end - killed_at < 15, (run_end - killed_at, summary)
     print(f"killed rank: the run ended {run_end - killed_at:.1f} s after the kill ({time.monotonic() - started:.1f} s for the "
           f"sweep): {summary['reason']}")
+
+
+@pytest.mark.cluster(cost_s=60)
+def test_a_job_that_fails_before_scalelab_runs_is_reported_with_its_slurm_log_error(tmp_path, clusters):
+    """The workflow as it was before SLURM_CONF was carried (the one line that carries it taken
+    out of a copy): its first job fails in the plugin's own srun, and Snakemake's "Detailed
+    failure reason unavailable" is followed by the error from the job's SLURM log."""
+    copy = tmp_path / "workflow_copy"
+    copy.mkdir()
+    for part in ("Snakefile", "rules", "workflow", "profiles", "config.yaml"):
+        (shutil.copytree if (REPO / part).is_dir() else shutil.copy)(REPO / part, copy / part)
+    common = (copy / "rules" / "common.smk").read_text()
+    assert common.count("\ncarry_slurm_conf()\n") == 1
+    (copy / "rules" / "common.smk").write_text(common.replace("\ncarry_slurm_conf()\n", "\n"))
+    work = write_workdir(tmp_path / "work", _cfg(zero_stage=[0], world_size=[1]))
+    with clusters(tmp_path / "cluster", nodes=2, config_at="env") as cluster:
+        proc = _snakemake_on(cluster, work, snakefile=copy / "Snakefile")
+    err = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Detailed failure reason unavailable" in err, err[-3000:]
+    reported = [line for line in err.splitlines() if line.startswith("scalelab: SLURM job log ")]
+    assert reported and "rule_prepare_data" in reported[0], err[-3000:]
+    assert "Could not establish a configuration source" in reported[0] or "Unable to establish control machine address" in reported[0]
 
 
 def _wait_gone(cluster: VirtualCluster, job_id: str, timeout_s: float = 60) -> None:
