@@ -41,6 +41,11 @@ FILLED_ELSEWHERE = {
     "nccl_version": "GPU runs (tests/test_gpu.py)",
     # these runs are one per status, with no ok world-size-1 twin of an ok run's precision and stage
     "scaling_efficiency": "tests/test_collected_columns.py, collection of world sizes 1 and 2",
+    # the model families' own columns (these runs train the default GPT-2 model)
+    "n_kv_heads": "tests/test_families.py, the llama runs",
+    "ffn_dim": "tests/test_families.py, the llama runs",
+    "rope_base": "tests/test_families.py, the llama runs",
+    "model_module": "tests/test_families.py, the model the test suite defines",
 }
 
 

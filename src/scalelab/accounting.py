@@ -302,7 +302,7 @@ def _sixteen_bit_params(precision: str, zero_stage: int | None) -> bool:
 
 
 def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, activation_checkpointing: bool,
-                           convention: str = "model", zero_stage: int | None = None) -> float:
+                           convention: str = "model", zero_stage: int | None = None, device_type: str = "cpu") -> float:
     """Predicted activations all transformer blocks keep for backward, one micro-batch.
 
     ``convention='paper'``: Korthikanti et al. as published at the run's width: s b h (34 +
@@ -316,7 +316,8 @@ def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, a
     and 3 (``zero_stage``: 16-bit parameters under MixedPrecisionPolicy) keep neither: the residual
     stream is 16-bit and there are no weight copies, 16 s b h values at 2 bytes (measured within
     1.5%: the LayerNorms' fp32 mean and rstd, 8 s b bytes each, are not counted, as in fp32).
-    The llama family: llama_block_activation_bytes.
+    The llama family: llama_block_activation_bytes (``device_type``: its kernels save differently
+    on a GPU; the GPT-2 terms are the same on both).
     """
     _no_formula(cfg, "activation")
     s, b, h, L = cfg.seq_len, micro_batch, cfg.d_model, cfg.n_layers
@@ -327,7 +328,7 @@ def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, a
     if convention != "model":
         raise ValueError(f"unknown convention {convention!r}: 'model' or 'paper'")
     if cfg.family == "llama":
-        return llama_block_activation_bytes(cfg, micro_batch, precision, activation_checkpointing, zero_stage)
+        return llama_block_activation_bytes(cfg, micro_batch, precision, activation_checkpointing, zero_stage, device_type)
     amp = precision in AUTOCAST and not _sixteen_bit_params(precision, zero_stage)
     residual_width = 4 if amp else width
     if activation_checkpointing:
@@ -339,7 +340,7 @@ def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, a
 
 
 def llama_block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, activation_checkpointing: bool,
-                                 zero_stage: int | None = None) -> float:
+                                 zero_stage: int | None = None, device_type: str = "cpu") -> float:
     """What the llama family's blocks keep for backward, one micro-batch, in bytes (s = T, b the
     micro-batch, h = d, kv = n_kv_heads x D, f the SwiGLU width, H heads, w the compute width).
     Measured term by term with autograd's saved-tensor hooks (torch 2.13, CPU):
@@ -362,6 +363,13 @@ def llama_block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: 
     + 4w s b f + 2 P; 16-bit parameters: (3w + 16 + 2w) s b h + 2w s b kv + 4w s b f; each + 8 s b
     + 4 b H s. With per-block checkpointing each block keeps its input (s b h at the residual's
     width) and the cos and sin it is handed. fp8 (Float8Linear's own casts) is predicted as bf16.
+
+    On a GPU (``device_type='cuda'``, measured on an H100, torch 2.11) RMSNorm is one fused kernel
+    that keeps its input and rstd only, not x rstd: 8 s b h bytes less per layer (fp32 and
+    autocast), and with 16-bit parameters the norms keep their w-byte inputs and outputs (4w s b h);
+    and fp32 grouped-query attention has no fused kernel there (flash takes 16-bit inputs, the
+    memory-efficient kernel no enable_gqa), so SDPA's math path keeps the attention probabilities
+    (4 b H s^2) and k and v repeated to H heads (+ 2w s b (h - kv)), and no logsumexp.
     """
     s, b, h, L, heads = cfg.seq_len, micro_batch, cfg.d_model, cfg.n_layers, cfg.n_heads
     kv, f, head_dim = _kv_dim(cfg), ffn_dim(cfg), h // heads
@@ -373,14 +381,18 @@ def llama_block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: 
         residual = w if sixteen else 4
         rope_once, rope_per_layer = (0.0, rope_per_layer) if sixteen else (2 * s * head_dim * 4, 0.0)
         return L * (s * b * h * residual + rope_per_layer) + rope_once
+    gpu = device_type == "cuda"
     if sixteen:
-        norms = 3 * w + 16
+        norms = 4 * w if gpu else 3 * w + 16
     elif amp:
-        norms = 16 + 5 * w
+        norms = (8 if gpu else 16) + 5 * w
     else:
-        norms = 24
+        norms = 16 if gpu else 24
+    attention = 4 * b * heads * s  # the logsumexp of the fused kernels (flash; CPU's for every dtype)
+    if gpu and w == 4 and kv < h:  # fp32 grouped-query attention on a GPU: the math path
+        attention = 4 * b * heads * s * s + 2 * w * s * b * (h - kv)
     per_layer = ((norms + 2 * w) * s * b * h + 2 * w * s * b * kv + 4 * w * s * b * f
-                 + 8 * s * b + 4 * b * heads * s + rope_per_layer)
+                 + 8 * s * b + attention + rope_per_layer)
     if amp:
         per_layer += 2 * block_matmul_params(cfg)
     return L * per_layer + rope_once
@@ -432,7 +444,8 @@ def loss_path_bytes(cfg: ModelConfig, micro_batch: int, precision: str) -> LossP
 
 
 def outside_block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str,
-                                   accumulation_steps: int = 1, zero_stage: int | None = None) -> float:
+                                   accumulation_steps: int = 1, zero_stage: int | None = None,
+                                   device_type: str = "cpu") -> float:
     """Predicted bytes kept for backward outside the transformer blocks by one micro-batch's
     forward, plus what that forward returns: what SavedActivationMeter measures as
     ``outside_blocks``. B = micro_batch, w = the compute width (LossPathBytes).
@@ -462,9 +475,11 @@ def outside_block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision
         # the final RMSNorm keeps its fp32 input (or upcast) and x rstd (8 B T C) and rstd (4 B T);
         # the head's input: the norm's output at w (fp32, 16-bit parameters) or autocast's w-byte
         # cast of it, with the 16-bit copy of the untied head weight under autocast; no positions
+        # (on a GPU the fused RMSNorm keeps its input only: 4 B T C, or w B T C with 16-bit parameters)
         ids = 8 * accumulation_steps * b * (t + 1) + (8 * b * t if b > 1 else 0)
         head = width * b * t * c + (2 * v * c if amp else 0)
-        return float(log_softmax + 8 * b * t * c + 4 * b * t + head + ids + 2 * 4)
+        norm = ((width if sixteen_bit_params else 4) if device_type == "cuda" else 8) * b * t * c + 4 * b * t
+        return float(log_softmax + norm + head + ids + 2 * 4)
     final_norm = (width if sixteen_bit_params else 4) * b * t * c + 2 * 4 * b * t
     head = width * b * t * c + (2 * v * c if amp else 0)
     ids = 8 * accumulation_steps * b * (t + 1) + 8 * t + (8 * b * t if b > 1 else 0)
@@ -544,7 +559,7 @@ class PeakMemory:
 
 def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: int, precision: str,
                 micro_batch: int, activation_checkpointing: bool = False, cpu_offload: bool = False,
-                accumulation_steps: int = 1, block_params: int | None = None) -> PeakMemory:
+                accumulation_steps: int = 1, block_params: int | None = None, device_type: str = "cuda") -> PeakMemory:
     """Predicted in-step peak per rank on the device: model state at rest, plus what a step materialises.
 
     Stage 2 keeps every block's unsharded parameters from forward to backward: +b Psi (N-1)/N,
@@ -559,6 +574,8 @@ def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: in
     model state lives in host memory and only the gathered blocks occupy the device.
     block_params: one block's parameters where no formula gives them (a user's module, counted);
     such a model's activations are not predicted (0 here: model state and gathers only).
+    device_type: where the step runs (a GPU by default: this is planning for one; the llama
+    family's kernels save differently on a CPU).
     """
     state = model_state_bytes(n_params, zero_stage, world_size, precision, "pytorch").total
     block_params = block_param_count(cfg) if block_params is None else block_params
@@ -568,8 +585,9 @@ def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: in
     if cpu_offload:
         state, transient = 0.0, 2 * gathered * block_params  # copied to the device, then gathered
     acts = 0.0 if cfg.module else (  # a user's module: no activation formula (model state and gathers only)
-        block_activation_bytes(cfg, micro_batch, precision, activation_checkpointing, zero_stage=zero_stage)
-        + outside_block_activation_bytes(cfg, micro_batch, precision, accumulation_steps, zero_stage)
+        block_activation_bytes(cfg, micro_batch, precision, activation_checkpointing, zero_stage=zero_stage,
+                               device_type=device_type)
+        + outside_block_activation_bytes(cfg, micro_batch, precision, accumulation_steps, zero_stage, device_type)
         + loss_path_bytes(cfg, micro_batch, precision).transient)
     return PeakMemory(state, transient, acts)
 

@@ -131,7 +131,7 @@ def plan_memory(config: dict, model, point: RunPoint, micro_batch: int, device: 
     n_params = own["n_params"] if own else accounting.param_count(model)
     peak = accounting.peak_memory(model, n_params, point.zero_stage, point.world_size, point.precision, micro_batch,
                                   point.activation_checkpointing, point.cpu_offload, accumulation_steps,
-                                  block_params=own["block_params"] if own else None)
+                                  block_params=own["block_params"] if own else None, device_type=device)
     if point.lora_rank and not point.cpu_offload:  # frozen weights: no gradient or optimizer state for them
         trainable = (counted(model, point.lora_rank)["lora_trainable"] if own
                      else accounting.lora_trainable_params(model, point.lora_rank))
@@ -242,11 +242,11 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
     summary = {
         **identity,
         "dataset": meta["dataset"], "dataset_sha256_train": meta["sha256"]["train.bin"],
-        "n_layers": model.n_layers, "d_model": model.d_model, "n_heads": model.n_heads,
-        "seq_len": model.seq_len, "vocab_size": model.vocab_size, "tie_embeddings": model.tie_embeddings,
         "model_family": model.kind, "model_module": model.module,
         **({"n_kv_heads": model.n_kv_heads or model.n_heads, "ffn_dim": ffn_dim(model),
             "rope_base": model.rope_base} if model.kind == "llama" else {}),
+        "n_layers": model.n_layers, "d_model": model.d_model, "n_heads": model.n_heads,
+        "seq_len": model.seq_len, "vocab_size": model.vocab_size, "tie_embeddings": model.tie_embeddings,
         "steps": train.steps, "warmup_steps": train.warmup_steps, "global_batch": train.global_batch,
         "accumulation_steps": accum, "seed": train.seed,
         "config_hash": config_hash(config), "requested_device": train.device, "device_type": device,
