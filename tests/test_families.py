@@ -23,7 +23,7 @@ from scalelab.presets import PRESETS
 from scalelab.sweep import RunPoint, result_params, sweep_points
 from scalelab.training.activations import SavedActivationMeter
 from scalelab.training.lora import LoRALinear, apply_lora, trainable_parameters
-from scalelab.training.model import Llama, build_model, counted
+from scalelab.training.model import FAMILIES, Llama, build_model, counted
 from scalelab.training.precision import autocast
 
 TESTS = Path(__file__).parent
@@ -54,7 +54,7 @@ def test_presets_count_as_the_published_checkpoints(name):
 def test_the_schema_lists_the_presets():
     models = SCHEMA["properties"]["models"]["additionalProperties"]["properties"]
     assert models["preset"]["enum"] == list(PRESETS)
-    assert models["family"]["enum"] == ["gpt2", "llama"]
+    assert models["family"]["enum"] == list(FAMILIES) == ["gpt2", "llama"]
 
 
 @pytest.mark.unit
