@@ -429,14 +429,14 @@ def run_row(summary: dict, run_path: str) -> dict:
     """Flatten a run's summary.json into one row of RUN_SCHEMA (an older ok summary's missing
     recipe keys filled as LEGACY_SUMMARY says)."""
     row = dict(summary)
+    if row.get("status") in LAUNCHER_STATUSES:
+        row.setdefault("model_family", "gpt2")  # written before families: every model was GPT-2
     if row.get("status") == "ok" and row.get("zero_stage") is not None:
         row.update({key: fill(row) for key, fill in LEGACY_SUMMARY.items() if key not in row})
     for key, column in FLATTENED.items():
         for c in COLLECTIVES:
             row[column.format(c)] = (summary.get(key) or {}).get(c)
     row["run_path"] = run_path
-    if row.get("status") in LAUNCHER_STATUSES:
-        row.setdefault("model_family", "gpt2")  # written before families: every model was GPT-2
     return {f.name: row.get(f.name) for f in RUN_SCHEMA}
 
 
