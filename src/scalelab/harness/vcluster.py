@@ -38,6 +38,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -214,12 +215,14 @@ class VirtualCluster:
     def _setup(self, hostname: str) -> str:
         """Shell lines that make a fresh mount+UTS namespace this host: hostname, private
         hosts and resolv.conf, a private /run/slurm, the config at the default path if asked."""
-        lines = [f"hostname {hostname}",
-                 f"mount --bind {self.etc / 'hosts'} /etc/hosts",
-                 f"mount --bind {self.etc / 'resolv.conf'} /etc/resolv.conf",
+        q = shlex.quote
+        lines = [f"hostname {q(hostname)}",
+                 f"mount --bind {q(str(self.etc / 'hosts'))} /etc/hosts",
+                 f"mount --bind {q(str(self.etc / 'resolv.conf'))} /etc/resolv.conf",
                  "if [ -d /run/slurm ]; then mount -t tmpfs -o size=1m,mode=0755 vcluster /run/slurm; fi"]
         if self.config_at == "default":
-            lines.append(f"mount --bind {self.etc} /etc/slurm")
+            lines += ["{ [ -d /etc/slurm ] || { echo 'vcluster: no /etc/slurm to hold the config (install slurm-wlm)' >&2; false; }; }",
+                      f"mount --bind {q(str(self.etc))} /etc/slurm"]
         return " && ".join(lines)
 
     def _enter(self, ns: str, hostname: str, argv: list[str]) -> list[str]:
@@ -241,6 +244,8 @@ class VirtualCluster:
         if any(ns in taken for ns in self.namespaces):
             raise ClusterError(f"namespaces of a cluster named {self.name} exist already (`ip netns list`); "
                                f"bring it down first (python -m scalelab.harness.vcluster down --name {self.name})")
+        if self.root.exists() and any(self.root.iterdir()):
+            raise ClusterError(f"{self.root} is not empty: another cluster's folder? (down removes it)")
         try:
             self._write_files()
             self._network()
@@ -265,8 +270,6 @@ class VirtualCluster:
         return self
 
     def _write_files(self) -> None:
-        if self.root.exists() and any(self.root.iterdir()):
-            raise ClusterError(f"{self.root} is not empty: another cluster's folder? (down removes it)")
         for sub in ("etc", "state", "log", "run", "munge-key", *(f"spool/{n}" for n in self.node_names)):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         # munged's rules: the socket's folder (and every one above it) open to all, the key's folder its own
@@ -534,7 +537,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (root / STATE_FILE).exists():
         if args.action == "down":
             left = leftovers(args.name)
-            for ns in left["namespaces"]:
+            for ns in left["namespaces"]:  # a cluster whose folder is gone: end what runs in its namespaces
+                _end([(p, _start_time(p)) for p in VirtualCluster._ns_pids(ns)])
                 _run(["ip", "netns", "delete", ns], check=False)
             print(f"vcluster {args.name}: no cluster folder at {root}" + (f"; deleted {left['namespaces']}" if left["namespaces"] else ""))
             return 0
