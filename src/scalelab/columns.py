@@ -32,9 +32,11 @@ from scalelab.precisions import PRECISIONS
 from scalelab.strategies import strategy
 from scalelab.sweep import AXES
 
-SCHEMA_VERSION = "5"  # 2: lever identity columns; 3: device plan, launch and provenance sources;
+SCHEMA_VERSION = "6"  # 2: lever identity columns; 3: device plan, launch and provenance sources;
 # 4: the compile lever (identity column, compile time), MFU against the bf16 peak, activations outside the blocks predicted;
-# 5: run_path is the run id (run folders named by run id), field metadata names each column's writer and when it is filled
+# 5: run_path is the run id (run folders named by run id), field metadata names each column's writer and when it is filled;
+# 6: model families (model_family, model_module, n_kv_heads, ffn_dim, rope_base, flops_per_token_method), where ranks ran
+# (rank_hostnames, node_list, nodes_used)
 _META = {b"scalelab.schema_version": SCHEMA_VERSION.encode()}
 
 WRITERS = ("identity", "launch", "worker", "collect")

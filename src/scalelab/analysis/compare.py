@@ -183,9 +183,10 @@ def summary_lines(table: pd.DataFrame, only: pd.DataFrame, prov: pd.DataFrame, l
             lines.append(line)
     if limit is not None and not both_ok.empty:
         beyond = both_ok.index[both_ok["throughput_change"] == "beyond noise"].tolist()
+        named = f" ({', '.join(beyond[:8])}" + (", ..." if len(beyond) > 8 else "") + ")" if beyond else ""
         lines.append(f"throughput changes beyond the run-to-run noise ({limit:.1%}: what noise alone exceeds between a run in A "
-                     f"and in B {1 - CONFIDENCE:.0%} of the time, from both sweeps' repeats): {len(beyond)} of {len(both_ok)} runs" + (f" ({', '.join(beyond[:8])}"
-                                                                                  + (", ..." if len(beyond) > 8 else "") + ")" if beyond else ""))
+                     f"and in B {1 - CONFIDENCE:.0%} of the time, from both sweeps' repeats): {len(beyond)} of {len(both_ok)} runs"
+                     + named)
     elif not both_ok.empty:
         lines.append("throughput changes: neither sweep repeated a point, so which changes are noise is unknown "
                      "(identical sweeps on a shared machine have differed by up to 1.77x per run)")
