@@ -103,6 +103,18 @@ def bus_factor(collective: str, n: int) -> float:
     raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
 
 
+HANDED_PER_SIZE = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1, "broadcast": 1}
+"""Bytes in scalelab's accounting unit (the ZeRO paper's, what CommCounter counts: an all-reduce of
+S bytes counts 2S, an all-gather its output, a reduce-scatter its input, a broadcast its tensor)
+per byte of nccl-tests' size."""
+
+
+def handed_per_size(collective: str) -> int:
+    if collective not in HANDED_PER_SIZE:
+        raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+    return HANDED_PER_SIZE[collective]
+
+
 def collective_seconds(collective: str, nbytes: float, n: int, link: Link) -> float:
     """Predicted seconds of one collective call over ``n`` ranks on ``link``:
     latency + bus_factor x nbytes / achievable bus bandwidth. ``nbytes`` is nccl-tests' "size"

@@ -12,6 +12,10 @@
     scalelab estimate memory --model llama3-8b --world-size 8 --micro-batch 1
     scalelab estimate time   --model llama3-70b --tokens 15T --gpus 2048 --gpu H100
     scalelab estimate models                      (the presets --model takes, with their parameter counts)
+    scalelab estimate scaling --layers 24 --d-model 2048 --heads 16 --vocab 50257 --seq 2048 --micro-batch 4 \
+                              --zero-stage 3 --gpu H100 --inter-node ib-ndr --gpus 8,16,32,64,128,256,512
+                                                  (predicted step time, tokens/s per GPU, MFU, exposed
+                                                   communication and scaling efficiency per GPU count)
 """
 from __future__ import annotations
 
@@ -20,9 +24,9 @@ import json
 import math
 import sys
 
-from scalelab import accounting, hardware
+from scalelab import accounting, hardware, links
 from scalelab.config import ModelConfig
-from scalelab.precisions import ESTIMATE_MEMORY, PEAK_KEYS, PRECISION_NAMES
+from scalelab.precisions import ESTIMATE_MEMORY, PEAK_KEYS, PRECISION_NAMES, PRECISIONS
 from scalelab.strategies import ZERO_STAGES, strategy
 
 # The precisions whose records say they have a memory convention of their own (fp8 holds bf16's
@@ -187,7 +191,7 @@ def time_estimate(args) -> dict:
     if args.mfu is not None and args.mfu_from is not None:
         raise EstimateError("give --mfu or --mfu-from, not both")
     source = measured_mfu(args.mfu_from, args.precision) if args.mfu_from is not None else None
-    mfu = source["median_mfu"] if source else (0.4 if args.mfu is None else args.mfu)
+    mfu = source["median_mfu"] if source else (DEFAULT_MFU if args.mfu is None else args.mfu)
     if not 0 < mfu <= 1:
         raise EstimateError(f"--mfu must be in (0, 1], got {mfu}")
     gpus = int(_positive("gpus", args.gpus))
@@ -347,11 +351,237 @@ def models_table(args) -> dict:
                                   "flops_per_token at the preset's context, attention counted in full"}
 
 
+# ----------------------------------------------------------------------------- scaling (issue #29, point 4)
+DEFAULT_MFU = 0.4
+"""The MFU assumed when none is given: ``estimate time``'s end-to-end figure, and ``estimate
+scaling``'s compute efficiency without communication (the model adds the communication)."""
+SCALING_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
+SCALING_STAGES = (*(str(s) for s in ZERO_STAGES), "hybrid")
+LINK_RULE = ("a collective whose group spans nodes runs at the inter-node link, one within a node at the "
+             "intra-node link (a ring runs at its slowest link's rate)")
+OUT_OF_SCOPE = ("hierarchical and tree algorithms (NCCL's tree, NVLink SHARP, in-network reduction), the "
+                "network's topology (shared NICs, rails, oversubscribed spines), algorithm switching by message "
+                "size, power or clock limits")
+
+
+def gpu_counts(text: str) -> tuple[int, ...]:
+    """--gpus: whole counts separated by commas (8,16,...,1024; 1K as count() reads), sorted."""
+    counts = []
+    for part in text.split(","):
+        try:
+            value = whole_count(part)
+        except argparse.ArgumentTypeError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: every GPU count must be a whole number >= 1, e.g. 8,16,32")
+        counts.append(value)
+    return tuple(sorted(set(counts)))
+
+
+def collective_sizes(n_params: int, zero_stage: int, world_size: int, precision: str,
+                     accumulation_steps: int = 1, grad_reduce: str = "fp32") -> dict[str, float]:
+    """Bytes per optimizer step by collective, as nccl-tests sizes them (scalelab.links: the whole
+    buffer; an all-reduce of S bytes is S here, 2S in accounting's unit), read off the strategy
+    record and scalelab.accounting.comm_dtypes: the gradient term is an all-reduce where gradients
+    are replicated (DDP), a reduce-scatter where they are sharded (FSDP2); the parameter term an
+    all-gather where parameters are sharded, ZeroRedundancyOptimizer's fp32 broadcast otherwise;
+    fp16 adds its loss scaler's one-element fp32 all-reduce. In accounting's unit they add up to
+    accounting.comm_bytes_per_step (tests/test_scaling.py holds them equal)."""
+    record, dtypes = strategy(zero_stage), accounting.comm_dtypes(precision, zero_stage, grad_reduce)
+    sizes = dict.fromkeys(links.COLLECTIVES, 0.0)
+    if PRECISIONS[precision].loss_scaling:
+        sizes["all_reduce"] += accounting.LOSS_SCALER_COMM_BYTES / links.handed_per_size("all_reduce")
+    if not (record.silent_at_world_size_1 and world_size == 1):
+        psi = float(n_params)
+        reduce = "reduce_scatter" if record.shards[1] else "all_reduce"
+        sizes[reduce] += record.grad_psi * psi * dtypes.reduce_bytes / links.handed_per_size(reduce)
+        sizes["all_gather" if record.shards[0] else "broadcast"] += (record.param_psi(accumulation_steps) * psi
+                                                                     * dtypes.gather_bytes)
+    return {c: size for c, size in sizes.items() if size}
+
+
+def _parameter_tensors(cfg: ModelConfig) -> int:
+    """Parameter tensors of the family's model (scalelab.training.model): GPT-2 12 per block (qkv,
+    proj, fc, proj and their biases, two LayerNorms) + wte, wpe, ln_f (+ an untied head); llama 9
+    per block + wte, norm, head."""
+    if cfg.family == "llama":
+        return 9 * cfg.n_layers + 3
+    return 12 * cfg.n_layers + 4 + (0 if cfg.tie_embeddings else 1)
+
+
+def collective_calls(cfg: ModelConfig, zero_stage: int, precision: str, sizes: dict[str, float],
+                     accumulation_steps: int = 1) -> dict[str, int]:
+    """Calls per optimizer step by collective, each paying the link's latency once: DDP one
+    all-reduce per gradient bucket (sweep.DDP_BUCKET_MB); FSDP2 one all-gather per unit (every
+    block, and the root) per gathering pass, one reduce-scatter per unit; ZeroRedundancyOptimizer
+    one broadcast per parameter tensor (issued together: their latencies overlap, so this counts
+    them high); fp16's loss scaler one all-reduce of its flag."""
+    from scalelab.sweep import DDP_BUCKET_MB
+
+    record, units = strategy(zero_stage), cfg.n_layers + 1
+    scaler = 1 if PRECISIONS[precision].loss_scaling else 0
+    calls = {}
+    for collective, size in sizes.items():
+        if collective == "all_reduce":
+            grads = size - scaler * accounting.LOSS_SCALER_COMM_BYTES / links.handed_per_size("all_reduce")
+            calls[collective] = math.ceil(grads / (DDP_BUCKET_MB * 2 ** 20)) + scaler
+        elif collective == "all_gather":
+            calls[collective] = math.ceil(record.param_psi(accumulation_steps)) * units
+        elif collective == "reduce_scatter":
+            calls[collective] = units
+        else:
+            calls[collective] = _parameter_tensors(cfg)
+    return calls
+
+
+def _link(option: str, spec: str, efficiency: float | None) -> links.Link:
+    """--intra-node / --inter-node: a product, a number in GB/s, or a `bench comm` Parquet table."""
+    from pathlib import Path
+
+    if spec.endswith(".parquet") or Path(spec).is_file():
+        import pandas as pd
+
+        from scalelab import prediction
+
+        path = Path(spec)
+        if not path.is_file():
+            raise EstimateError(f"{option} {spec}: no such file (a `scalelab bench comm` table, a link product "
+                                f"or a bandwidth in GB/s)")
+        try:
+            return prediction.fit_link(pd.read_parquet(path))
+        except (ValueError, KeyError, OSError) as err:
+            raise EstimateError(f"{option} {spec}: {err}") from None
+    try:
+        return links.parse_link(spec, efficiency)
+    except ValueError as err:
+        raise EstimateError(f"{option}: {err}") from None
+
+
+def scaling_table(args) -> dict:
+    """Predicted step time, tokens/s per GPU, MFU, exposed communication and scaling efficiency per
+    GPU count, at a fixed micro-batch per GPU (weak scaling: the global batch grows with the GPUs)."""
+    from scalelab import prediction
+
+    n_params, cfg = _model(args)
+    if cfg is None:
+        raise EstimateError("estimate scaling needs the model's shape: --model NAME, or --layers/--d-model/--vocab/--seq "
+                            "(FSDP's collectives per step follow its blocks)")
+    mfu = DEFAULT_MFU if args.mfu is None else args.mfu
+    if not (math.isfinite(mfu) and 0 < mfu <= 1):
+        raise EstimateError(f"--mfu must be in (0, 1], got {mfu:g}")
+    efficiency = args.link_efficiency
+    if efficiency is not None and not (math.isfinite(efficiency) and 0 < efficiency <= 1):
+        raise EstimateError(f"--link-efficiency must be in (0, 1], got {efficiency:g}")
+    micro = int(_positive("micro-batch", args.micro_batch))
+    per_node = int(_positive("gpus-per-node", args.gpus_per_node))
+    gpus = args.gpus
+    try:
+        product = hardware.gpu_by_name(args.gpu)
+        peak = accounting.gpu_peak_flops(args.gpu, args.precision)
+    except ValueError as err:
+        raise EstimateError(f"--gpu {args.gpu}: {err}") from None
+    if args.zero_stage == "hybrid":
+        raise EstimateError("--zero-stage hybrid: not available yet: hybrid sharding's collective bytes per link are "
+                            "not in scalelab.accounting (issue #28); use 0, 1, 2 or 3")
+    stage = int(args.zero_stage)
+    intra_spec = args.intra_node or links.DEFAULT_INTRA_NODE.get(product.name)
+    if intra_spec is None:
+        raise EstimateError(f"--intra-node: no default link for {product.name}; give a product "
+                            f"({', '.join(links.known_names())}) or a bandwidth in GB/s")
+    intra = _link("--intra-node", intra_spec, efficiency)
+    spanning = [n for n in gpus if n > per_node]
+    if spanning and args.inter_node is None:
+        raise EstimateError(f"--inter-node: {spanning[0]} GPUs span nodes of {per_node} (--gpus-per-node); give the "
+                            f"link between nodes: a product ({', '.join(links.known_names())}), a bandwidth in GB/s "
+                            "or a `scalelab bench comm` table")
+    inter = _link("--inter-node", args.inter_node, efficiency) if args.inter_node is not None else None
+
+    tokens = micro * cfg.seq_len  # per GPU per step
+    fpt = accounting.flops_per_token(cfg)
+    compute_s = fpt * tokens / (peak * mfu)
+    rows = []
+    for n in gpus:
+        link = inter if n > per_node else intra
+        sizes = collective_sizes(n_params, stage, n, args.precision, grad_reduce=args.grad_reduce)
+        calls = collective_calls(cfg, stage, args.precision, sizes)
+        comm = {c: calls[c] * links.collective_seconds(c, sizes[c] / calls[c], n, link) for c in sizes}
+        step = prediction.step_time(stage, compute_s, comm)
+        per_gpu = tokens / step.step_s
+        peak_mem = accounting.peak_memory(cfg, n_params, stage, n, args.precision, micro).total
+        rows.append({"gpus": n, "nodes": math.ceil(n / per_node), "link": link.name if n > 1 else None,
+                     "step_time_s": step.step_s, "compute_s": step.compute_s, "comm_s": dict(step.comm_s),
+                     "exposed_comm_s": step.exposed_comm_s, "tokens_per_s_per_gpu": per_gpu,
+                     "tokens_per_s": per_gpu * n, "mfu": accounting.mfu(per_gpu, fpt, peak, 1),
+                     "collective_bytes": sizes, "collective_calls": calls,
+                     "peak_memory_gib": peak_mem / UNITS["GiB"], "fits_memory": peak_mem <= product.memory_gib * UNITS["GiB"]})
+    for row in rows:
+        row["scaling_efficiency"] = row["tokens_per_s_per_gpu"] / rows[0]["tokens_per_s_per_gpu"]
+
+    def described(link: links.Link | None) -> dict | None:
+        if link is None:
+            return None
+        return {"name": link.name, "bandwidth_gb_per_s": link.bandwidth_Bps / links.GB, "efficiency": link.efficiency,
+                "achievable_gb_per_s": link.achievable_Bps / links.GB, "latency_us": link.latency_s * 1e6,
+                "source": link.source}
+
+    return {"prediction": True, **_named(args), "n_params": n_params, "zero_stage": stage,
+            "strategy": strategy(stage).name, "precision": args.precision, "grad_reduce": args.grad_reduce,
+            "seq_len": cfg.seq_len, "micro_batch": micro, "tokens_per_gpu_per_step": tokens, "flops_per_token": fpt,
+            "gpu": product.name, "peak_flops_per_gpu": peak, "gpus_per_node": per_node,
+            "assumptions": {"mfu_without_communication": mfu, "mfu_default": args.mfu is None,
+                            "link_efficiency": efficiency if efficiency is not None else links.DEFAULT_EFFICIENCY,
+                            "link_efficiency_default": efficiency is None,
+                            "intra_node": described(intra), "inter_node": described(inter),
+                            "link_rule": LINK_RULE, "out_of_scope": OUT_OF_SCOPE,
+                            "collective_sizes": "nccl-tests' size: the whole buffer (an all-gather's output, a "
+                                                "reduce-scatter's input); seconds = calls x latency + bus factor x "
+                                                "bytes / achievable bus bandwidth"},
+            "rows": rows}
+
+
 def _human(n: float) -> str:
     for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if abs(n) >= scale:
             return f"{n / scale:.3g}{unit}"
     return f"{n:.3g}"
+
+
+_COLLECTIVE_SHORT = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "broadcast": "BC"}
+
+
+def _render_scaling(r: dict) -> list[str]:
+    a = r["assumptions"]
+    model = f"{r['model']} ({r['family']}, " if "model" in r else "("
+    lines = [f"PREDICTION, not a measurement: {model}{_human(r['n_params'])} parameters), ZeRO stage {r['zero_stage']} "
+             f"({r['strategy']}), {r['precision']}, seq {r['seq_len']}, micro-batch {r['micro_batch']} per GPU "
+             f"({r['tokens_per_gpu_per_step']:,} tokens per GPU per step), {r['gpu']}, {r['gpus_per_node']} GPUs per node",
+             f"compute: {r['flops_per_token']:.3g} FLOP/token at MFU {a['mfu_without_communication']:.0%} without "
+             f"communication ({'default; --mfu' if a['mfu_default'] else '--mfu'}) of the {r['precision']} dense peak "
+             f"{r['peak_flops_per_gpu'] / 1e12:.1f} TFLOP/s = {r['rows'][0]['compute_s'] * 1e3:.1f} ms per step"]
+    for side in ("intra_node", "inter_node"):
+        link = a[side]
+        if link:
+            eff = (f" x efficiency {link['efficiency']:.2f}" + (" (default; --link-efficiency)" if a["link_efficiency_default"]
+                                                                 and link["efficiency"] != 1 else "")
+                   if link["efficiency"] != 1 else " (measured)")
+            lines.append(f"{side.replace('_', '-')} link: {link['name']}, {link['bandwidth_gb_per_s']:.4g} GB/s per GPU{eff} = "
+                         f"{link['achievable_gb_per_s']:.4g} GB/s, latency {link['latency_us']:.3g} us per call "
+                         f"({link['source']})")
+    first = r["rows"][-1]
+    lines.append("collectives per step (nccl-tests size, calls): " + ", ".join(
+        f"{c} {first['collective_bytes'][c] / 1e9:.3g} GB in {first['collective_calls'][c]}" for c in first["collective_bytes"]))
+    lines.append(f"rule: {a['link_rule']}; out of scope: {a['out_of_scope']}")
+    lines.append(f"{'gpus':>5} {'nodes':>5} {'link':<12} {'step ms':>8} {'compute':>8} {'comm':>8} {'exposed':>8} "
+                 f"{'tok/s/GPU':>10} {'MFU':>6} {'scaling':>7}  memory")
+    for row in r["rows"]:
+        comm = sum(row["comm_s"].values())
+        lines.append(f"{row['gpus']:>5} {row['nodes']:>5} {row['link'] or '-':<12} {row['step_time_s'] * 1e3:>8.1f} "
+                     f"{row['compute_s'] * 1e3:>8.1f} {comm * 1e3:>8.1f} {row['exposed_comm_s'] * 1e3:>8.1f} "
+                     f"{row['tokens_per_s_per_gpu']:>10,.0f} {row['mfu']:>6.1%} {row['scaling_efficiency']:>7.1%}  "
+                     f"{row['peak_memory_gib']:.1f} GiB" + ("" if row["fits_memory"] else " > the GPU's: does not fit"))
+    lines.append("every figure above is predicted; times in ms per optimizer step; comm = every collective's time, "
+                 "exposed = what overlap leaves on the step; scaling = tokens/s per GPU against the smallest count")
+    return lines
 
 
 def render(kind: str, result: dict) -> str:
@@ -405,6 +635,8 @@ def render(kind: str, result: dict) -> str:
             lines.append(f"{r['model']:<12} {r['family']:<6} {r['n_params']:>15,} {r['n_layers']:>6} {r['d_model']:>7} "
                          f"{r['n_heads']:>5} {r['n_kv_heads'] or '-':>3} {r['ffn_dim']:>6} {r['vocab_size']:>6} "
                          f"{r['seq_len']:>5}  {r['source']}")
+    elif kind == "scaling":
+        lines += _render_scaling(result)
     else:
         u = result["unit"].lower()
         lines.append(f"largest model whose model state fits {result[f'gpu_memory_{u}']:g} {result['unit']} per GPU x {result['world_size']} GPUs")
@@ -486,7 +718,34 @@ def add_parser(sub) -> None:
     c.add_argument("--gpus", type=whole_count, required=True, help="number of GPUs")
     gpu_flags(c)
     ms = kinds.add_parser("models", help="the preset shapes --model takes, with their parameter counts and sources")
-    for p in (m, t, f, a, c, ms):
+    sc = kinds.add_parser("scaling", help="predicted step time, tokens/s per GPU, MFU and scaling efficiency per GPU count",
+                          description="Predict, per GPU count, a step's time from an assumed compute efficiency (--mfu) "
+                                      "and each collective's time on the link its group uses (scalelab.links): "
+                                      "docs/prediction.md has the method and where it fails.")
+    model_flags(sc)
+    sc.add_argument("--zero-stage", required=True, choices=list(SCALING_STAGES),
+                    help="strategy: 0 (DDP), 1 (+ ZeroRedundancyOptimizer), 2, 3 (FSDP2), hybrid (HSDP)")
+    sc.add_argument("--precision", default="bf16", choices=list(PRECISION_NAMES), help="training precision (default bf16)")
+    sc.add_argument("--grad-reduce", default="fp32", choices=list(accounting.GRAD_REDUCE),
+                    help="dtype gradients are reduced in: fp32 (default) or the compute dtype (fp16, bf16)")
+    sc.add_argument("--micro-batch", type=int, default=1, help="sequences per GPU per step (default 1); fixed as GPUs grow")
+    sc.add_argument("--gpu", required=True,
+                    help=f"GPU product (case-insensitive): {', '.join(hardware.known_names())}")
+    sc.add_argument("--gpus-per-node", type=whole_count, default=8, help="GPUs per node (default 8)")
+    sc.add_argument("--gpus", type=gpu_counts, default=SCALING_GPUS, metavar="N,N,...",
+                    help=f"GPU counts (default {','.join(map(str, SCALING_GPUS))}); efficiency is against the smallest")
+    sc.add_argument("--intra-node", metavar="LINK",
+                    help=f"link within a node: a product ({', '.join(links.known_names())}), a bandwidth in GB/s "
+                         "per GPU, unidirectional, or a `scalelab bench comm` Parquet table (default: the GPU's NVLink "
+                         "or PCIe generation)")
+    sc.add_argument("--inter-node", metavar="LINK", help="link between nodes (per GPU): as --intra-node; needed once "
+                                                         "a count spans nodes")
+    sc.add_argument("--link-efficiency", type=float, default=None,
+                    help=f"achievable over nominal bus bandwidth of products and numbers (default {links.DEFAULT_EFFICIENCY}; "
+                         "a measured table is taken as measured)")
+    sc.add_argument("--mfu", type=float, default=None,
+                    help=f"compute efficiency without communication, MFU in (0, 1] (default {DEFAULT_MFU})")
+    for p in (m, t, f, a, c, ms, sc):
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
         p.set_defaults(usage_parser=p)  # an unknown option is this subcommand's error, with its usage (scalelab.cli.main)
     est.set_defaults(func=run)
@@ -494,7 +753,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     compute = {"memory": memory_table, "time": time_estimate, "fit": fit_table, "advise": advise, "claim": claim_check,
-               "models": models_table}[args.kind]
+               "models": models_table, "scaling": scaling_table}[args.kind]
     try:
         result = compute(args)
     except EstimateError as err:
