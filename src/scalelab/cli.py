@@ -181,10 +181,14 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--active-within", type=float, default=300.0, metavar="SECONDS", help="as for status")
     t.set_defaults(func=_retry)
     from scalelab.analysis.estimate import add_parser as add_estimate
+    from scalelab.commbench import add_parser as add_bench
     from scalelab.migrate import add_parser as add_migrate
+    from scalelab.prediction import add_parser as add_predict
 
     add_migrate(sub)
     add_estimate(sub)
+    add_bench(sub)
+    add_predict(sub)
     for command in sub.choices.values():  # estimate's subcommands set their own, which win
         command.set_defaults(usage_parser=command)
     args, unknown = parser.parse_known_args(argv)

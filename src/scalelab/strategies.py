@@ -50,6 +50,11 @@ class Strategy:
     """Has DDP gradient buckets (the bucket_mb lever applies)."""
     cpu_offload: bool
     """Can keep its sharded state in host memory (the cpu_offload lever applies)."""
+    overlap: tuple[tuple[str, str], ...] = ()
+    """Collectives that run behind compute, each with the window it hides in (scalelab.prediction:
+    ``backward`` or the whole ``step``): DDP's gradient buckets all-reduce during backward, FSDP2
+    prefetches its all-gathers and reduce-scatters during backward. A collective not listed
+    (ZeroRedundancyOptimizer's broadcast after the step) is waited for; none listed: all exposed."""
 
     def comm_psi(self, k: int) -> float:
         """Elements handed to collectives per optimizer step, in units of Psi, for k accumulation
@@ -60,23 +65,27 @@ class Strategy:
 STRATEGIES: dict[int, Strategy] = {s.stage: s for s in (
     Strategy(0, "DDP", "parallelize_ddp", (False, False, False), (False, False, False),
              grad_psi=2, param_psi=lambda k: 0, comm_psi_paper=2, transient_psi=lambda psi, block, n, b: 0.0,
-             silent_at_world_size_1=False, ddp_buckets=True, cpu_offload=False),
+             silent_at_world_size_1=False, ddp_buckets=True, cpu_offload=False,
+             overlap=(("all_reduce", "backward"),)),
     # PyTorch all-reduces gradients and then broadcasts the updated shards: 3 Psi, not the paper's 2.
     Strategy(1, "DDP + ZeroRedundancyOptimizer", "parallelize_zero1", (False, False, True), (False, False, True),
              grad_psi=2, param_psi=lambda k: 1, comm_psi_paper=2, transient_psi=lambda psi, block, n, b: 0.0,
-             silent_at_world_size_1=False, ddp_buckets=True, cpu_offload=False),
+             silent_at_world_size_1=False, ddp_buckets=True, cpu_offload=False,
+             overlap=(("all_reduce", "backward"),)),  # its broadcast follows the optimizer step: exposed
     # FSDP2 reshards after backward, so at rest stage 2 holds what stage 3 holds; it keeps every
     # block's unsharded parameters (fp32, or the compute dtype under a MixedPrecisionPolicy) from
     # forward to backward (+b Psi (N-1)/N in the step), and all-gathers once per micro-batch:
     # k Psi of parameters + Psi of gradients reduce-scattered.
     Strategy(2, "FSDP2, reshard_after_forward=False", "parallelize_fsdp_keep", (True, True, True), (False, True, True),
              grad_psi=1, param_psi=lambda k: k, comm_psi_paper=2, transient_psi=lambda psi, block, n, b: b * psi * (n - 1) / n,
-             silent_at_world_size_1=True, ddp_buckets=False, cpu_offload=False),
+             silent_at_world_size_1=True, ddp_buckets=False, cpu_offload=False,
+             overlap=(("all_gather", "step"), ("reduce_scatter", "backward"))),
     # Stage 3 gathers one block at a time (two in flight with prefetch), forward and backward: 2k Psi + Psi.
     Strategy(3, "FSDP2, reshard_after_forward=True", "parallelize_fsdp_reshard", (True, True, True), (True, True, True),
              grad_psi=1, param_psi=lambda k: 2 * k, comm_psi_paper=3,
              transient_psi=lambda psi, block, n, b: 2 * b * block * (n - 1) / n,
-             silent_at_world_size_1=True, ddp_buckets=False, cpu_offload=True),
+             silent_at_world_size_1=True, ddp_buckets=False, cpu_offload=True,
+             overlap=(("all_gather", "step"), ("reduce_scatter", "backward"))),
 )}
 ZERO_STAGES = tuple(STRATEGIES)
 

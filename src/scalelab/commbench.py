@@ -1,0 +1,328 @@
+"""A collective benchmark in nccl-tests' convention (``scalelab bench comm``, issue #29).
+
+Per collective (all_reduce, reduce_scatter, all_gather, broadcast), world size and message size:
+the median time of ``reps`` repetitions after ``warmup`` (each repetition starts at a barrier and
+ends when the slowest rank returns: the time a training step waits), the algorithm bandwidth
+(bytes / time) and the bus bandwidth (algorithm bandwidth x nccl-tests' factor: 2(n-1)/n for
+all-reduce, (n-1)/n for reduce-scatter and all-gather, 1 for broadcast), comparable across world
+sizes and with a link's datasheet figure. Bytes are nccl-tests' ``size``: the all-reduce's and the
+broadcast's buffer, the all-gather's output, the reduce-scatter's input (float32 elements).
+
+Ranks are real processes on this host, started as the launcher starts a run's ranks (one process
+per rank, env:// rendezvous on a free port), on the sweep's backend (gloo on CPU, NCCL on GPU);
+a CPU rank is pinned to its own cores as a training rank is (scalelab.calibration.pin_this_rank),
+so the table measures the links a CPU run's ranks use. Every rank has an explicit collective
+timeout and the ranks of a world size an overall time limit.
+
+The table is a Parquet file (default ``<results>/calibration/comm.parquet``, the workflow's
+``bench_comm`` target); scalelab.prediction fits a latency-bandwidth link to it.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from scalelab.links import COLLECTIVES, bus_factor
+
+# all_gather and reduce_scatter run as all_gather_into_tensor and reduce_scatter_tensor: one flat
+# buffer, as FSDP2 calls them.
+
+BENCH_FILE = Path("calibration") / "comm.parquet"
+"""Below the results folder: a sweep's calibration lives with its results."""
+
+CPU_MAX_BYTES = 64 * 2 ** 20
+"""The largest message on CPU/gloo by default: a 64 MiB all-reduce takes ~0.1 s on 2 cores;
+GPUs go to GPU_MAX_BYTES as nccl-tests' usual sweeps do."""
+GPU_MAX_BYTES = 512 * 2 ** 20
+MIN_BYTES = 4 * 2 ** 10
+
+
+def message_sizes(min_bytes: int = MIN_BYTES, max_bytes: int = CPU_MAX_BYTES, factor: int = 4) -> list[int]:
+    """Sizes from min_bytes to max_bytes (both kept), each ``factor`` times the last."""
+    if min_bytes < 4 or max_bytes < min_bytes or factor < 2:
+        raise ValueError(f"need 4 <= min_bytes <= max_bytes and factor >= 2, got {min_bytes}, {max_bytes}, {factor}")
+    sizes, size = [], min_bytes
+    while size < max_bytes:
+        sizes.append(size)
+        size *= factor
+    return sizes + [max_bytes]
+
+
+# ----------------------------------------------------------------------------- one rank
+
+def _rank_main(spec: dict) -> None:
+    """One rank: time every (collective, size) and write rank 0's rows to spec['out']."""
+    import torch
+    import torch.distributed as dist
+
+    from scalelab.calibration import pin_this_rank
+
+    local_rank, world_size = int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    cores = None
+    if spec["device"] == "cpu":
+        cores = pin_this_rank(local_rank, world_size, spec["threads_per_rank"])  # before the threads start
+    torch.set_num_threads(spec["threads_per_rank"])
+    backend = "nccl" if spec["device"] == "cuda" else "gloo"
+    device = torch.device(f"cuda:{local_rank}") if spec["device"] == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=spec["collective_timeout_s"]),
+                            device_id=device if device.type == "cuda" else None)
+    rank = dist.get_rank()
+    n = dist.get_world_size()
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    rows = []
+    for collective in spec["collectives"]:
+        for size in spec["sizes"]:
+            elements = max(n, size // 4 // n * n)  # float32, divisible by n (all-gather, reduce-scatter)
+            full = torch.ones(elements, dtype=torch.float32, device=device)
+            part = torch.ones(elements // n, dtype=torch.float32, device=device)
+            calls = {"all_reduce": (dist.all_reduce, (full,)), "reduce_scatter": (dist.reduce_scatter_tensor, (part, full)),
+                     "all_gather": (dist.all_gather_into_tensor, (full, part)), "broadcast": (dist.broadcast, (full, 0))}
+            function, arguments = calls[collective]
+            times = []
+            for i in range(spec["warmup"] + spec["reps"]):
+                dist.barrier()
+                sync()
+                start = time.perf_counter()
+                function(*arguments)
+                sync()
+                if i >= spec["warmup"]:
+                    times.append(time.perf_counter() - start)
+            # the slowest rank's time of each repetition: a step waits for the last rank
+            mine = torch.tensor(times, dtype=torch.float64, device=device)
+            gathered = [torch.zeros_like(mine) for _ in range(n)]
+            dist.all_gather(gathered, mine)
+            slowest = torch.stack([g.cpu() for g in gathered]).max(dim=0).values
+            rows.append({"collective": collective, "bytes": elements * 4, "time_s": float(slowest.median()),
+                         "time_s_mean": float(slowest.mean()), "time_s_min": float(slowest.min()),
+                         "time_s_max": float(slowest.max()), "reps": spec["reps"]})
+    if rank == 0:
+        Path(spec["out"]).write_text(json.dumps({"rows": rows, "rank_cores": cores, "backend": backend,
+                                                 "device_name": _device_name(device), "torch_version": torch.__version__}))
+    dist.barrier()  # before tear-down: gloo's destroy_process_group() hung without it (torch 2.13 CPU)
+    dist.destroy_process_group()
+
+
+def _device_name(device) -> str:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    from scalelab.calibration import cpu_name
+
+    return cpu_name()
+
+
+# ----------------------------------------------------------------------------- the launcher
+
+class BenchError(RuntimeError):
+    """The benchmark's ranks failed or ran out of time (the message holds their output's tail)."""
+
+
+def run_world_size(world_size: int, *, device: str = "cpu", sizes: list[int], collectives=COLLECTIVES,
+                   reps: int = 5, warmup: int = 2, threads_per_rank: int = 1, collective_timeout_s: float = 60.0,
+                   timeout_s: float = 300.0) -> dict:
+    """Start ``world_size`` ranks on this host, wait for them (at most timeout_s), return rank 0's record."""
+    from scalelab.training.launch import free_port
+
+    if world_size < 1:
+        raise ValueError(f"world size must be >= 1, got {world_size}")
+    unknown = [c for c in collectives if c not in COLLECTIVES]
+    if unknown:
+        raise ValueError(f"unknown collective(s) {', '.join(unknown)}; known: {', '.join(COLLECTIVES)}")
+    if reps < 1 or warmup < 0:
+        raise ValueError(f"reps must be >= 1 and warmup >= 0, got {reps}, {warmup}")
+    with tempfile.TemporaryDirectory(prefix="scalelab-bench-") as tmp:
+        spec = {"device": device, "sizes": list(sizes), "collectives": list(collectives), "reps": reps, "warmup": warmup,
+                "threads_per_rank": threads_per_rank, "collective_timeout_s": collective_timeout_s,
+                "out": str(Path(tmp) / "rank0.json")}
+        spec_path = Path(tmp) / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        log_path = Path(tmp) / "ranks.log"
+        port = str(free_port())
+        procs, timed_out = [], False
+        with open(log_path, "wb") as log:
+            try:
+                for rank in range(world_size):
+                    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(world_size),
+                           "RANK": str(rank), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world_size)}
+                    # one process group, led by rank 0 (killpg reaches every rank), as the launcher's
+                    group = {"process_group": procs[0].pid if procs else 0}
+                    procs.append(subprocess.Popen([sys.executable, "-m", "scalelab.commbench", "--rank-spec", str(spec_path)],
+                                                  env=env, stdout=log, stderr=subprocess.STDOUT, **group))
+                deadline = time.monotonic() + timeout_s
+                while any(p.poll() is None for p in procs):
+                    if any(p.poll() not in (None, 0) for p in procs):
+                        break  # a rank failed: its peers would wait in a collective until their timeout
+                    if time.monotonic() > deadline:
+                        timed_out = True
+                        break
+                    time.sleep(0.05)
+            finally:
+                _kill(procs)
+        codes = [p.returncode for p in procs]
+        if timed_out or any(codes) or not Path(spec["out"]).exists():
+            tail = log_path.read_text(errors="replace")[-3000:]
+            why = f"timed out after {timeout_s:g} s" if timed_out else f"exit codes {codes}"
+            raise BenchError(f"bench comm at world size {world_size} failed ({why}):\n{tail}")
+        return json.loads(Path(spec["out"]).read_text())
+
+
+def _kill(procs: list[subprocess.Popen]) -> None:
+    """End the ranks' process group (led by rank 0) and reap every rank."""
+    if not procs:
+        return
+    try:
+        os.killpg(procs[0].pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for p in procs:
+        p.wait(timeout=30)
+
+
+def bench_comm(world_sizes: list[int], *, device: str = "cpu", sizes: list[int] | None = None, collectives=COLLECTIVES,
+               reps: int = 5, warmup: int = 2, threads_per_rank: int = 1, collective_timeout_s: float = 60.0,
+               timeout_s: float = 300.0):
+    """The benchmark table (a pandas DataFrame, one row per collective, world size and size)."""
+    import pandas as pd
+
+    if sizes is None:
+        sizes = message_sizes(max_bytes=CPU_MAX_BYTES if device == "cpu" else GPU_MAX_BYTES)
+    frames = []
+    for n in world_sizes:
+        started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        record = run_world_size(n, device=device, sizes=sizes, collectives=collectives, reps=reps, warmup=warmup,
+                                threads_per_rank=threads_per_rank, collective_timeout_s=collective_timeout_s,
+                                timeout_s=timeout_s)
+        frame = pd.DataFrame(record["rows"])
+        frame.insert(1, "world_size", n)
+        frame["backend"], frame["device_type"], frame["device_name"] = record["backend"], device, record["device_name"]
+        frame["threads_per_rank"], frame["rank_cores"] = threads_per_rank, record["rank_cores"]
+        frame["hostname"], frame["torch_version"], frame["measured_utc"] = socket.gethostname(), record["torch_version"], started
+        frames.append(frame)
+    table = pd.concat(frames, ignore_index=True)
+    table["algbw_Bps"] = table["bytes"] / table["time_s"]
+    table["busbw_Bps"] = table["algbw_Bps"] * [bus_factor(c, n) for c, n in zip(table["collective"], table["world_size"], strict=True)]
+    table["load_1min"] = os.getloadavg()[0]  # what else ran on the host (uptime's first figure) as the table was written
+    return table
+
+
+TABLE_COLUMNS = ("collective", "world_size", "bytes", "time_s", "algbw_Bps", "busbw_Bps")
+"""The columns a benchmark table must hold (scalelab.prediction.fit_link reads them)."""
+
+
+def write_table(table, path: str | Path) -> Path:
+    """Write the table atomically as Parquet."""
+    from scalelab.io import atomic_path
+
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        table.to_parquet(tmp, index=False)
+    return path
+
+
+def read_table(path: str | Path):
+    """A benchmark table, checked for its columns; ValueError naming the file and what it lacks."""
+    import pandas as pd
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no collective benchmark table (measure one: scalelab bench comm --out {path})")
+    table = pd.read_parquet(path)
+    missing = [c for c in TABLE_COLUMNS if c not in table.columns]
+    if missing:
+        raise ValueError(f"{path}: not a bench comm table (lacks {', '.join(missing)})")
+    return table
+
+
+def format_table(table) -> str:
+    """nccl-tests' columns, one line per row."""
+    lines = [f"{'collective':<15}{'n':>3}{'bytes':>12}{'time us':>12}{'algbw GB/s':>12}{'busbw GB/s':>12}"]
+    for row in table.itertuples():
+        lines.append(f"{row.collective:<15}{row.world_size:>3}{row.bytes:>12}{row.time_s * 1e6:>12.1f}"
+                     f"{row.algbw_Bps / 1e9:>12.3f}{row.busbw_Bps / 1e9:>12.3f}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the command
+
+def add_parser(sub) -> None:
+    """``scalelab bench comm``."""
+    bench = sub.add_parser("bench", help="benchmarks that calibrate the step-time model (scalelab predict)")
+    kinds = bench.add_subparsers(dest="bench_command", required=True)
+    c = kinds.add_parser("comm", help="time all_reduce, reduce_scatter, all_gather and broadcast over message sizes "
+                         "(nccl-tests' algorithm and bus bandwidth), one Parquet table")
+    c.add_argument("--out", required=True, help="the Parquet table to write (the workflow's: RESULTS/calibration/comm.parquet)")
+    c.add_argument("--world-sizes", default="2", help="comma-separated world sizes (default 2)")
+    c.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="cpu (gloo) or cuda (NCCL, one GPU per rank); default: cuda if a GPU is visible")
+    c.add_argument("--min-bytes", type=int, default=MIN_BYTES, help=f"smallest message (default {MIN_BYTES})")
+    c.add_argument("--max-bytes", type=int, default=None,
+                   help=f"largest message (default {CPU_MAX_BYTES >> 20} MiB on CPU, {GPU_MAX_BYTES >> 20} MiB on GPU)")
+    c.add_argument("--factor", type=int, default=4, help="each size this many times the last (default 4)")
+    c.add_argument("--collectives", default=",".join(COLLECTIVES), help=f"comma-separated, of {', '.join(COLLECTIVES)}")
+    c.add_argument("--reps", type=int, default=5, help="timed repetitions per size (default 5; the median is kept)")
+    c.add_argument("--warmup", type=int, default=2, help="untimed repetitions first (default 2)")
+    c.add_argument("--threads-per-rank", type=int, default=1, help="intra-op threads (and pinned cores) per CPU rank (default 1)")
+    c.add_argument("--collective-timeout", type=float, default=60.0, help="seconds a collective may wait (default 60)")
+    c.add_argument("--timeout", type=float, default=300.0, help="seconds for each world size's ranks (default 300)")
+    c.set_defaults(func=_bench_comm)
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{what} must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"{what} must be integers >= 1, got {text!r}")
+    return values
+
+
+def _bench_comm(args) -> int:
+    device = args.device
+    if device is None:
+        from scalelab.placement import visible_gpus
+
+        device = "cuda" if visible_gpus() else "cpu"
+    try:
+        world_sizes = _ints(args.world_sizes, "--world-sizes")
+        max_bytes = args.max_bytes or (CPU_MAX_BYTES if device == "cpu" else GPU_MAX_BYTES)
+        sizes = message_sizes(args.min_bytes, max_bytes, args.factor)
+        collectives = tuple(c.strip() for c in args.collectives.split(",") if c.strip())
+        if device == "cpu" and hasattr(os, "sched_getaffinity"):
+            cores = len(os.sched_getaffinity(0))
+            if max(world_sizes) * args.threads_per_rank > cores:
+                raise ValueError(f"--world-sizes {max(world_sizes)} x --threads-per-rank {args.threads_per_rank} needs "
+                                 f"more cores than the {cores} this process may use: ranks sharing cores measure contention")
+        table = bench_comm(world_sizes, device=device, sizes=sizes, collectives=collectives, reps=args.reps,
+                           warmup=args.warmup, threads_per_rank=args.threads_per_rank,
+                           collective_timeout_s=args.collective_timeout, timeout_s=args.timeout)
+    except (ValueError, BenchError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    path = write_table(table, args.out)
+    print(format_table(table))
+    print(f"bench comm: {len(table)} rows ({device}, {table['backend'].iloc[0]}, load {os.getloadavg()[0]:.2f}) -> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--rank-spec":
+        _rank_main(json.loads(Path(sys.argv[2]).read_text()))
+        sys.stdout.flush()
+        os._exit(0)  # skip the interpreter's finalization (gloo threads; see scalelab.training.worker)
+    raise SystemExit("usage: scalelab bench comm (this module's entry point is for its ranks)")

@@ -1,0 +1,561 @@
+"""The step-time model (issue #29): a training step's time from measured compute, each strategy's
+collectives on links fitted to a ``scalelab bench comm`` table, and the strategy's overlap.
+
+    step_s = compute_s + exposed_comm_s
+    compute_s = c_ref x ((1 - s) + s x tokens / tokens_ref)
+    comm_s[c] = calls_c x (alpha_c + bus_factor(c, n) x bytes_c / calls_c / B_c)       (scalelab.links)
+    exposed_comm_s = sum_c comm_s[c] - eta x hidden
+
+* ``c_ref``: the compute time of the same configuration (precision, strategy, model, levers, device,
+  threads per rank) measured in the fit set: a run's step time less the communication the model
+  gives it there (none at world size 1: a one-rank group moves nothing), the median over repeats,
+  at ``tokens_ref`` tokens per rank per step (the nearest the fit set has).
+* ``s``, the **token share**: the part of a step's compute that grows with the tokens a rank
+  processes (forward, backward); the rest (optimizer, clipping, per-operator dispatch on tiny
+  shapes) is paid once per step. Fitted when the fit set holds one configuration at two or more
+  token counts; otherwise, per configuration, the share of its step that its model FLOPs take at the
+  device's peak (FLOPs x tokens / peak over c_ref, at most 1): stated in every prediction.
+* ``alpha_c``, ``B_c``: latency per call and bus bandwidth per collective, fitted to the bench
+  table's mean times (relative least squares; ``fit_link``); calls and sizes per step from the
+  strategy records (scalelab.analysis.estimate.collective_sizes / collective_calls).
+* ``hidden``: what the strategy's overlap facts (Strategy.overlap) let run behind compute: every
+  overlapped collective's time but its last call (DDP's last bucket, FSDP2's first gather), at most
+  the compute of the window it hides in (backward: 2/3 of compute; the step: all of it).
+  ``eta``, the **overlap efficiency**, is 0 on CPU (one core per rank computes and communicates: gloo
+  has no other core to run on) and 1 on GPU (NCCL runs on its own stream) unless fitted: it is
+  fitted (least squares, clipped to [0, 1]) when the fit set holds runs with communication.
+
+The band: the prediction moved by the noise of its parts at 99% (Student's t): the compute
+reference's run-to-run sigma (scalelab.analysis.noise, pooled over repeated points), the relative
+scatter of the bench's repetitions about their mean and of the link fit's residuals on the
+communication. Where no bench table exists, or a configuration has no compute reference in the
+fit set, the prediction is null and ``prediction_note`` says why.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from scalelab import links
+from scalelab.strategies import strategy
+
+OVERLAP_WINDOWS = {"backward": 2 / 3, "step": 1.0}
+"""Share of a step's compute a collective can hide behind: gradient reductions run during backward
+(about 2/3 of a step's FLOPs: 4N of 6N per token), prefetched gathers during forward and backward."""
+DEFAULT_OVERLAP_EFFICIENCY = {"cpu": 0.0, "cuda": 1.0}
+"""eta where the fit set cannot fit it (module doc)."""
+MEASURED = "step_time_s_mean"
+"""The measured figure the model predicts: the mean step time (tokens_per_s = tokens per step / it)."""
+COMPUTE_KEY = ("precision", "zero_stage", "model", "activation_checkpointing", "cpu_offload", "compile", "lora_rank",
+               "grad_reduce", "device_type", "device_name", "threads_per_rank")
+"""What a compute reference must share with the run it predicts (the world size, micro-batch and
+accumulation may differ: the token share carries compute across them)."""
+
+
+# ----------------------------------------------------------------------------- one step
+
+@dataclass(frozen=True)
+class StepTime:
+    """One optimizer step, predicted: seconds."""
+
+    compute_s: float
+    comm_s: Mapping[str, float]
+    """Seconds per step of each collective type, all calls."""
+    exposed_comm_s: float
+    """Communication the step waits for: comm_s's total less what overlaps compute."""
+    step_s: float
+
+
+def step_time(zero_stage, compute_s: float, comm_s: Mapping[str, float], *, calls: Mapping[str, int] | None = None,
+              overlap_efficiency: float = 1.0) -> StepTime:
+    """A step of the strategy keyed ``zero_stage``: compute plus the communication its overlap
+    facts (Strategy.overlap) leave exposed. An overlapped collective hides all its calls but the
+    last (``calls``; without them, all of it) behind the compute of its window, at most that
+    window, scaled by ``overlap_efficiency`` (eta, in [0, 1])."""
+    if not (math.isfinite(compute_s) and compute_s >= 0):
+        raise ValueError(f"compute_s must be >= 0 seconds, got {compute_s!r}")
+    if not 0 <= overlap_efficiency <= 1:
+        raise ValueError(f"overlap_efficiency must be in [0, 1], got {overlap_efficiency!r}")
+    for c, s in comm_s.items():
+        if c not in links.COLLECTIVES or not (math.isfinite(s) and s >= 0):
+            raise ValueError(f"comm_s[{c!r}] = {s!r}: collectives are {', '.join(links.COLLECTIVES)}, seconds >= 0")
+    windows = dict(strategy(zero_stage).overlap)
+    by_window: dict[str, float] = {}
+    for c, seconds in comm_s.items():
+        if c in windows:
+            n_calls = (calls or {}).get(c)
+            hideable = seconds * (1 - 1 / n_calls) if n_calls else seconds
+            by_window[windows[c]] = by_window.get(windows[c], 0.0) + hideable
+    hidden = 0.0
+    for window in sorted(by_window, key=OVERLAP_WINDOWS.get):  # the narrower window first
+        hidden = min(hidden + min(by_window[window], OVERLAP_WINDOWS[window] * compute_s), compute_s)
+    total = float(sum(comm_s.values()))
+    exposed = total - overlap_efficiency * hidden
+    return StepTime(float(compute_s), dict(comm_s), exposed, float(compute_s) + exposed)
+
+
+# ----------------------------------------------------------------------------- links from a bench table
+
+@dataclass(frozen=True)
+class LinkFit:
+    """A link fitted to bench rows, and how well it fits them."""
+
+    link: links.Link
+    rows: int
+    residual: float
+    """Root mean square of (fitted - measured) / measured over the rows."""
+    scatter: float
+    """Root mean square over the rows of the repetitions' relative spread about their mean
+    ((max - min) / mean / 4: about one sigma); 0 where the table has no spread columns."""
+
+
+def _time_column(table) -> str:
+    return "time_s_mean" if "time_s_mean" in table.columns else "time_s"
+
+
+def fit_link_rows(table, world_size: int | None = None, collective: str | None = None) -> LinkFit:
+    """Fit latency and bus bandwidth to a bench table's rows (world size >= 2; of ``world_size`` and
+    ``collective`` when given): time = alpha + bus_factor x bytes / B, least squares on the relative
+    error, on the mean times (a step pays a collective's mean, stalls included) or the medians of
+    a table without means. ValueError when the rows cannot determine both."""
+    from scalelab.commbench import TABLE_COLUMNS
+
+    missing = [c for c in TABLE_COLUMNS if c not in table.columns]
+    if missing:
+        raise ValueError(f"not a bench comm table: lacks {', '.join(missing)}")
+    rows = table[table["world_size"] >= 2]
+    if world_size is not None:
+        rows = rows[rows["world_size"] == world_size]
+    if collective is not None:
+        rows = rows[rows["collective"] == collective]
+    column = _time_column(rows)
+    rows = rows[rows[column] > 0]
+    what = f"{'world size ' + str(world_size) if world_size else 'world sizes >= 2'}{', ' + collective if collective else ''}"
+    if rows["bytes"].nunique() < 2:
+        raise ValueError(f"the bench table has fewer than two message sizes for {what}: nothing to fit")
+    x = np.array([links.bus_factor(c, int(n)) for c, n in zip(rows["collective"], rows["world_size"], strict=True)]) \
+        * rows["bytes"].to_numpy(float)
+    y = rows[column].to_numpy(float)
+    design = np.stack([np.ones_like(y), x], axis=1) / y[:, None]
+    (alpha, inverse_bw), *_ = np.linalg.lstsq(design, np.ones_like(y), rcond=None)
+    if alpha < 0:  # latency below resolution: refit the bandwidth alone
+        alpha, inverse_bw = 0.0, float(np.sum(x / y) / np.sum((x / y) ** 2))
+    if inverse_bw <= 0:
+        raise ValueError(f"the bench table's times for {what} do not grow with the message size: no bandwidth to fit")
+    fitted = alpha + x * inverse_bw
+    residual = float(np.sqrt(np.mean(((fitted - y) / y) ** 2)))
+    scatter = 0.0
+    if {"time_s_min", "time_s_max"} <= set(rows.columns):
+        scatter = float(np.sqrt(np.mean(((rows["time_s_max"] - rows["time_s_min"]) / y / 4) ** 2)))
+    first = rows.iloc[0]
+    source = (f"bench comm table: {len(rows)} rows ({what}), {first.get('backend', '?')} on {first.get('device_name', '?')}, "
+              f"measured {first.get('measured_utc', '?')}; alpha-beta fit of the {column} column (relative least squares)")
+    name = f"bench {first.get('backend', '')} {collective or 'all collectives'}".replace("  ", " ")
+    return LinkFit(links.Link(name, 1.0 / inverse_bw, float(alpha), source), len(rows), residual, scatter)
+
+
+def fit_link(table, world_size: int | None = None) -> links.Link:
+    """The link a bench comm table measured: latency per call and bus bandwidth, fitted over every
+    collective of its rows at world size >= 2 (of ``world_size`` when given). See fit_link_rows."""
+    return fit_link_rows(table, world_size).link
+
+
+def link_fits(table, world_size: int) -> dict[str, LinkFit]:
+    """Per collective, the fit for ``world_size``: the table's rows of that world size where it
+    has them, else of every world size >= 2 (bus bandwidth is comparable across them); a
+    collective the table lacks gets the fit over all its collectives."""
+    sizes = set(table["world_size"])
+    ws = world_size if world_size in sizes else None
+    fits = {}
+    for c in links.COLLECTIVES:
+        try:
+            fits[c] = fit_link_rows(table, ws, c)
+        except ValueError:
+            fits[c] = fit_link_rows(table, ws)
+    return fits
+
+
+# ----------------------------------------------------------------------------- a sweep's runs
+
+def _config(row):
+    """The ModelConfig of a run's row (its shape columns)."""
+    from scalelab.config import ModelConfig
+
+    def value(name, default=None):
+        v = row.get(name, default)
+        return default if v is None or (isinstance(v, float) and math.isnan(v)) else v
+
+    return ModelConfig(n_layers=int(row["n_layers"]), d_model=int(row["d_model"]), n_heads=int(row["n_heads"]),
+                       seq_len=int(row["seq_len"]), tie_embeddings=bool(value("tie_embeddings", True)),
+                       vocab_size=int(row["vocab_size"]), family=value("model_family", "gpt2"),
+                       n_kv_heads=value("n_kv_heads") and int(value("n_kv_heads")),
+                       ffn_dim=value("ffn_dim") and int(value("ffn_dim")), rope_base=float(value("rope_base", 10000.0)))
+
+
+def _missing(value) -> bool:
+    """None, NaN or pandas' NA (a nullable column's null)."""
+    import pandas as pd
+
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
+
+
+def collectives_of(row: dict, world_size: int | None = None) -> tuple[dict[str, float], dict[str, int]]:
+    """(bytes per step as nccl-tests sizes them, calls per step) per collective of a run's row at
+    ``world_size`` (its own by default): scalelab.analysis.estimate's collective_sizes and
+    collective_calls, with the row's own bucket size for DDP's all-reduce calls. ValueError saying
+    why a row has none the model can use (a custom module, LoRA)."""
+    from scalelab import accounting
+    from scalelab.analysis.estimate import collective_calls, collective_sizes
+    from scalelab.precisions import PRECISIONS
+
+    if row.get("model_family") == "custom":
+        raise ValueError("a custom module: its FSDP units and parameter tensors are not known to the model")
+    if not _missing(row.get("lora_rank")):
+        raise ValueError("a LoRA run: its collectives move the trainable parameters only, which the model does not size")
+    n = int(world_size or row["world_size"])
+    stage, precision = int(row["zero_stage"]), row["precision"]
+    k = int(row.get("accumulation_steps") or 1)
+    cfg = _config(row)
+    n_params = row.get("n_params")
+    n_params = accounting.param_count(cfg) if _missing(n_params) else int(n_params)
+    grad_reduce = row.get("grad_reduce") or "fp32"
+    sizes = collective_sizes(n_params, stage, n, precision, accumulation_steps=k, grad_reduce=grad_reduce)
+    calls = collective_calls(cfg, stage, precision, sizes, accumulation_steps=k)
+    bucket_mb = row.get("bucket_mb")
+    if "all_reduce" in sizes and strategy(stage).ddp_buckets and not _missing(bucket_mb):
+        scaler = 1 if PRECISIONS[precision].loss_scaling else 0
+        grads = sizes["all_reduce"] - scaler * accounting.LOSS_SCALER_COMM_BYTES / links.handed_per_size("all_reduce")
+        calls["all_reduce"] = math.ceil(grads / (float(bucket_mb) * 2 ** 20)) + scaler  # the run's own bucket cap
+    return sizes, calls
+
+
+def comm_seconds(sizes: Mapping[str, float], calls: Mapping[str, int], world_size: int,
+                 fits: Mapping[str, LinkFit]) -> dict[str, float]:
+    """Seconds per step of each collective: its calls, each of its share of the bytes."""
+    return {c: calls[c] * links.collective_seconds(c, sizes[c] / calls[c], world_size, fits[c].link) for c in sizes}
+
+
+def tokens_per_rank(row) -> float:
+    """Tokens one rank processes per optimizer step: micro-batch x accumulation steps x sequence length."""
+    return float(row["micro_batch"]) * float(row.get("accumulation_steps") or 1) * float(row["seq_len"])
+
+
+@dataclass
+class Model:
+    """A fitted step-time model: its parameters, each named with where it came from."""
+
+    table_path: str | None
+    fits: dict[int, dict[str, LinkFit]] = field(default_factory=dict)
+    """Per world size, per collective: the link fit (computed on demand from the table)."""
+    table: object = None
+    references: object = None
+    """One row per compute reference: the COMPUTE_KEY columns, tokens per rank, compute seconds, runs,
+    and the per-step and per-token seconds where the fit set gives two token counts."""
+    overlap_efficiency: dict[str, float] = field(default_factory=dict)
+    overlap_source: dict[str, str] = field(default_factory=dict)
+    sigma: float | None = None
+    """Run-to-run sigma of a run's log step time (scalelab.analysis.noise), pooled over repeated points."""
+    sigma_source: str = ""
+    fit_runs: int = 0
+
+    def link_fits(self, world_size: int) -> dict[str, LinkFit] | None:
+        if self.table is None:
+            return None
+        if world_size not in self.fits:
+            self.fits[world_size] = link_fits(self.table, world_size)
+        return self.fits[world_size]
+
+    def parameters(self) -> list[dict]:
+        """Every fitted or defaulted parameter: name, value, unit, source (what `scalelab predict` prints)."""
+        out = []
+        sizes = sorted(set(self.table["world_size"])) if self.table is not None else []
+        for n in [s for s in sizes if s >= 2]:
+            for c, f in self.link_fits(n).items():
+                out.append({"name": f"alpha[{c}, n={n}]", "value": f.link.latency_s, "unit": "s per call",
+                            "source": f"fitted: {f.rows} bench rows, residual {f.residual:.0%} rms"})
+                out.append({"name": f"B[{c}, n={n}]", "value": f.link.bandwidth_Bps, "unit": "B/s bus bandwidth",
+                            "source": f"fitted: {f.rows} bench rows"})
+        for device, eta in self.overlap_efficiency.items():
+            out.append({"name": f"eta[{device}]", "value": eta, "unit": "overlap efficiency", "source": self.overlap_source[device]})
+        out.append({"name": "sigma", "value": self.sigma, "unit": "log step time, one run", "source": self.sigma_source})
+        if self.references is not None:
+            for ref in self.references.itertuples():
+                key = "/".join(str(getattr(ref, k)) for k in ("precision", "zero_stage", "model") if hasattr(ref, k))
+                out.append({"name": f"c_ref[{key}, {ref.tokens_per_rank:g} tok]", "value": ref.compute_s, "unit": "s",
+                            "source": f"measured: median of {ref.runs} run(s), less their communication"})
+                out.append({"name": f"s[{key}]", "value": ref.token_share, "unit": "token share", "source": ref.token_share_source})
+        return out
+
+
+def _ok(runs):
+    return runs[(runs["status"] == "ok") & runs[MEASURED].notna()]
+
+
+def _key(row) -> tuple:
+    return tuple(None if _missing(row.get(k)) else row.get(k) for k in COMPUTE_KEY)
+
+
+def fit(runs, table=None, table_path: str | None = None) -> Model:
+    """Fit the model to ``runs`` (a metrics table's rows: the fit set) and a bench table (None: no
+    communication figures; predictions of runs that communicate are then null, with the reason)."""
+    import pandas as pd
+
+    from scalelab.analysis.noise import sweep_noise
+
+    model = Model(table_path, table=table)
+    ok = _ok(runs).copy()
+    model.fit_runs = len(ok)
+    if ok.empty:
+        raise ValueError("the fit set holds no run that ended ok with a measured step time")
+    ok["_key"] = [_key(r) for r in ok.to_dict("records")]
+    ok["_tokens"] = [tokens_per_rank(r) for r in ok.to_dict("records")]
+    # The compute references: each key's runs at its smallest world size, less their communication.
+    refs = []
+    for key, group in ok.groupby("_key", sort=False):
+        smallest = group[group["world_size"] == group["world_size"].min()]
+        n = int(smallest["world_size"].iloc[0])
+        per_tokens = []
+        for tokens, at in smallest.groupby("_tokens"):
+            first = at.iloc[0].to_dict()
+            exposed = 0.0
+            if n > 1:
+                fits = model.link_fits(n)
+                if fits is None:
+                    continue  # no bench table: communication unknown, so is compute
+                sizes, calls = collectives_of(first)
+                comm = comm_seconds(sizes, calls, n, fits)
+                eta = DEFAULT_OVERLAP_EFFICIENCY.get(first.get("device_type"), 0.0)
+                exposed = step_time(first["zero_stage"], 0.0, comm, calls=calls, overlap_efficiency=eta).exposed_comm_s
+            compute = float(at[MEASURED].median()) - exposed
+            flops = first["flops_per_token"] * tokens / first["peak_flops_per_device"] \
+                if not _missing(first.get("peak_flops_per_device")) and first.get("peak_flops_per_device") else math.nan
+            per_tokens.append({**dict(zip(COMPUTE_KEY, key, strict=True)), "world_size": n, "tokens_per_rank": tokens,
+                               "compute_s": compute, "runs": len(at), "flop_s": flops})
+        if not per_tokens:
+            continue
+        frame = pd.DataFrame(per_tokens)
+        if len(frame) >= 2:  # a line through the key's token counts: per-step and per-token seconds
+            slope, intercept = np.polyfit(frame["tokens_per_rank"], frame["compute_s"], 1)
+            slope, intercept = max(float(slope), 0.0), float(intercept)
+            for i in frame.index:
+                total = intercept + slope * frame.loc[i, "tokens_per_rank"]
+                frame.loc[i, "token_share"] = min(max(slope * frame.loc[i, "tokens_per_rank"] / total, 0.0), 1.0) if total > 0 else 1.0
+            frame["token_share_source"] = f"fitted: {len(frame)} token counts of this configuration"
+        else:
+            flop_s = frame["flop_s"].iloc[0]
+            share = min(flop_s / frame["compute_s"].iloc[0], 1.0) if np.isfinite(flop_s) and frame["compute_s"].iloc[0] > 0 else 1.0
+            frame["token_share"] = share
+            frame["token_share_source"] = ("defaulted: one token count in the fit set; the model FLOPs' share of the step "
+                                           "at the device's peak" if np.isfinite(flop_s) else
+                                           "defaulted to 1 (compute grows with tokens): one token count, no peak FLOP/s")
+        refs.append(frame)
+    model.references = pd.concat(refs, ignore_index=True) if refs else None
+    for device in sorted(set(ok["device_type"].dropna())):
+        model.overlap_efficiency[device] = DEFAULT_OVERLAP_EFFICIENCY.get(device, 0.0)
+        model.overlap_source[device] = (f"defaulted ({'one core per rank computes and communicates' if device == 'cpu' else 'NCCL runs on its own stream'})")
+    noise = sweep_noise(ok.assign(_t=1.0 / ok[MEASURED]), "_t")
+    if noise.known:
+        model.sigma, model.sigma_source = noise.sigma, f"pooled over {noise.points} repeated point(s) of the fit set ({noise.runs} runs)"
+    else:
+        noise = sweep_noise(_ok(runs).assign(_t=1.0 / _ok(runs)[MEASURED]), "_t")
+        if noise.known:
+            model.sigma, model.sigma_source = noise.sigma, (f"pooled over {noise.points} repeated point(s) of the whole "
+                                                            "table (the fit set repeats none)")
+        else:
+            model.sigma_source = "unknown: no point ran twice (the band holds the model's parts only)"
+    model._noise_dof = noise.dof if noise.known else 0
+    return model
+
+
+PREDICTED_COLUMNS = ("predicted_step_time_s", "predicted_step_time_s_low", "predicted_step_time_s_high",
+                     "predicted_tokens_per_s", "predicted_compute_s", "predicted_exposed_comm_s", "prediction_note")
+"""What predict() adds per run (the metrics table's prediction block, scalelab.columns)."""
+
+
+def _z(model: Model) -> float:
+    from scalelab.analysis.noise import t_quantile
+
+    dof = getattr(model, "_noise_dof", 0)
+    return t_quantile(dof) if dof >= 1 else 2.576
+
+
+def predict_row(model: Model, row: dict) -> dict:
+    """The prediction block of one run's row (PREDICTED_COLUMNS): null figures and the reason
+    where the model has none."""
+    from scalelab.analysis.noise import median_variance
+
+    out = dict.fromkeys(PREDICTED_COLUMNS)
+    refs = model.references
+    key = _key(row)
+    mine = None if refs is None else refs[[tuple(None if _missing(v) else v for v in r) == key
+                                           for r in refs[list(COMPUTE_KEY)].itertuples(index=False, name=None)]]
+    if mine is None or mine.empty:
+        out["prediction_note"] = ("no compute reference: the fit set has no ok run of this configuration "
+                                  f"({', '.join(f'{k}={v}' for k, v in zip(COMPUTE_KEY, key, strict=True) if v is not None)})")
+        return out
+    try:
+        tokens = tokens_per_rank(row)
+    except (TypeError, ValueError, KeyError):
+        out["prediction_note"] = "no micro-batch or sequence length in the row"
+        return out
+    ref = mine.iloc[int(np.argmin(np.abs(np.log(mine["tokens_per_rank"].to_numpy(float) / tokens))))]
+    ratio = tokens / ref["tokens_per_rank"]
+    share = float(ref["token_share"])
+    compute = ref["compute_s"] * ((1 - share) + share * ratio)
+    n = int(row["world_size"])
+    comm, calls, comm_sigma = {}, {}, 0.0
+    if n > 1:
+        fits = model.link_fits(n)
+        if fits is None:
+            out["prediction_note"] = (f"no bench comm table: communication at world size {n} unknown (measure one: "
+                                      "snakemake bench_comm, or scalelab bench comm)")
+            return out
+        try:
+            sizes, calls = collectives_of(row)
+        except ValueError as err:
+            out["prediction_note"] = f"no communication model: {err}"
+            return out
+        comm = comm_seconds(sizes, calls, n, fits)
+        comm_sigma = math.sqrt(sum((comm[c] * math.hypot(fits[c].residual, fits[c].scatter)) ** 2 for c in comm))
+    eta = model.overlap_efficiency.get(row.get("device_type"), DEFAULT_OVERLAP_EFFICIENCY.get(row.get("device_type"), 0.0))
+    st = step_time(row["zero_stage"], compute, comm, calls=calls, overlap_efficiency=eta)
+    sigma = model.sigma or 0.0
+    half = _z(model) * math.sqrt((sigma * st.step_s) ** 2 + (sigma * compute) ** 2 * median_variance(int(ref["runs"]))
+                                 + comm_sigma ** 2)
+    # a defaulted token share is an assumption between its estimate and 1 (all compute grows with tokens)
+    other = ref["compute_s"] * ratio if str(ref["token_share_source"]).startswith("defaulted") else compute
+    low = min(compute, other) - compute
+    high = max(compute, other) - compute
+    tokens_per_step = row.get("tokens_per_step")
+    if _missing(tokens_per_step):
+        tokens_per_step = float(row["global_batch"]) * float(row["seq_len"])
+    in_sample = ref["world_size"] == n and ref["tokens_per_rank"] == tokens
+    out.update({
+        "predicted_step_time_s": st.step_s, "predicted_step_time_s_low": max(st.step_s + low - half, 0.0),
+        "predicted_step_time_s_high": st.step_s + high + half, "predicted_tokens_per_s": float(tokens_per_step) / st.step_s,
+        "predicted_compute_s": compute, "predicted_exposed_comm_s": st.exposed_comm_s,
+        "prediction_note": ("in-sample: compute measured on this configuration at this world size and micro-batch"
+                            if in_sample else f"compute from world size {int(ref['world_size'])}, "
+                            f"{ref['tokens_per_rank']:g} tokens per rank (token share {share:.2f}, "
+                            f"{str(ref['token_share_source']).split(':')[0]})"),
+    })
+    return out
+
+
+def predict(model: Model, runs):
+    """``runs`` with the prediction block (PREDICTED_COLUMNS) added, one prediction per row."""
+    import pandas as pd
+
+    rows = [predict_row(model, r) for r in runs.to_dict("records")]
+    return pd.concat([runs.reset_index(drop=True), pd.DataFrame(rows, columns=list(PREDICTED_COLUMNS))], axis=1)
+
+
+# ----------------------------------------------------------------------------- validation
+
+def validate(runs, fit_query: str, table=None, table_path: str | None = None) -> dict:
+    """Fit on the rows of ``runs`` that ``fit_query`` (a pandas query) selects, predict the other
+    ok runs: per held-out run measured, predicted, error (predicted / measured - 1), inside its band;
+    then the mean and max absolute error and the share inside their bands."""
+    try:
+        chosen = runs.query(fit_query)
+    except Exception as err:  # pandas raises many types for a bad expression
+        raise ValueError(f"--fit {fit_query!r} is not a pandas query over the metrics columns: {err}") from None
+    held = _ok(runs.drop(index=chosen.index))
+    if held.empty:
+        raise ValueError(f"--fit {fit_query!r} leaves no ok run to predict ({len(chosen)} of {len(runs)} rows fit)")
+    model = fit(chosen, table, table_path)
+    predicted = predict(model, held)
+    points = []
+    for r in predicted.to_dict("records"):
+        p, m = r["predicted_step_time_s"], float(r[MEASURED])
+        known = p is not None and not _missing(p)
+        points.append({"run_id": r["run_id"], "precision": r["precision"], "zero_stage": int(r["zero_stage"]),
+                       "world_size": int(r["world_size"]), "measured_step_time_s": m,
+                       "predicted_step_time_s": p if known else None,
+                       "band_low_s": r["predicted_step_time_s_low"] if known else None,
+                       "band_high_s": r["predicted_step_time_s_high"] if known else None,
+                       "error": p / m - 1 if known else None,
+                       "inside_band": bool(r["predicted_step_time_s_low"] <= m <= r["predicted_step_time_s_high"]) if known else None,
+                       "note": r["prediction_note"]})
+    errors = [abs(p["error"]) for p in points if p["error"] is not None]
+    inside = [p["inside_band"] for p in points if p["inside_band"] is not None]
+    summary = {"fit": fit_query, "fit_runs": model.fit_runs, "held_out": len(points), "predicted": len(errors),
+               "mean_abs_error": float(np.mean(errors)) if errors else None,
+               "max_abs_error": float(np.max(errors)) if errors else None,
+               "inside_band_share": float(np.mean(inside)) if inside else None,
+               "measured": MEASURED, "bench_table": table_path}
+    return {"points": points, "summary": summary, "parameters": model.parameters()}
+
+
+# ----------------------------------------------------------------------------- the command
+
+def format_validation(result: dict) -> str:
+    """The validation as text: the fitted parameters, one line per held-out run, the summary."""
+    lines = ["PREDICTION against measurement (step time: " + result["summary"]["measured"] + ")",
+             "parameters (fitted or defaulted, each with its source):"]
+    for p in result["parameters"]:
+        value = "unknown" if p["value"] is None else f"{p['value']:.4g}"
+        lines.append(f"  {p['name']:<40} {value:>11} {p['unit']:<22} {p['source']}")
+    lines.append(f"{'run':<24}{'measured ms':>12}{'predicted ms':>13}{'band ms':>17}{'error':>8}  inside")
+    for p in result["points"]:
+        if p["predicted_step_time_s"] is None:
+            lines.append(f"{p['run_id']:<24}{p['measured_step_time_s'] * 1e3:>12.2f}{'-':>13}{'-':>17}{'-':>8}  -   {p['note']}")
+            continue
+        band = f"{p['band_low_s'] * 1e3:.1f}-{p['band_high_s'] * 1e3:.1f}"
+        lines.append(f"{p['run_id']:<24}{p['measured_step_time_s'] * 1e3:>12.2f}{p['predicted_step_time_s'] * 1e3:>13.2f}"
+                     f"{band:>17}{p['error']:>+8.1%}  {'yes' if p['inside_band'] else 'NO'}")
+    s = result["summary"]
+    if s["mean_abs_error"] is None:
+        lines.append(f"no held-out run could be predicted ({s['held_out']} held out): see the notes above")
+    else:
+        lines.append(f"fit on {s['fit']!r} ({s['fit_runs']} runs); predicted {s['predicted']} of {s['held_out']} held-out runs: "
+                     f"mean absolute error {s['mean_abs_error']:.1%}, max {s['max_abs_error']:.1%}, "
+                     f"inside their bands {s['inside_band_share']:.0%}")
+    return "\n".join(lines)
+
+
+def add_parser(sub) -> None:
+    """``scalelab predict``."""
+    p = sub.add_parser("predict", help="validate the step-time model: fit on part of a sweep, predict the rest",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--validate", required=True, metavar="RESULTS", help="a results folder (metrics.parquet, or runs/ to collect)")
+    p.add_argument("--fit", required=True, metavar="QUERY",
+                   help="pandas query selecting the runs to fit on, e.g. 'world_size==1'; the other ok runs are predicted")
+    p.add_argument("--bench", default=None, metavar="TABLE",
+                   help="the bench comm table (default: RESULTS/calibration/comm.parquet)")
+    p.add_argument("--json", action="store_true", help="one JSON object: points, summary, parameters")
+    p.set_defaults(func=_predict)
+
+
+def _predict(args) -> int:
+    import json
+    import sys
+    from pathlib import Path
+
+    import pandas as pd
+
+    from scalelab.cli import _tables_of
+    from scalelab.commbench import BENCH_FILE, read_table
+
+    results = Path(args.validate)
+    error = _tables_of(results)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    bench = Path(args.bench) if args.bench else results / BENCH_FILE
+    table = None
+    try:
+        if bench.exists() or args.bench:
+            table = read_table(bench)
+        else:
+            print(f"warning: no bench comm table at {bench}: runs that communicate get no prediction "
+                  "(measure one: snakemake bench_comm, or scalelab bench comm --out ...)", file=sys.stderr)
+        result = validate(pd.read_parquet(results / "metrics.parquet"), args.fit, table, str(bench) if table is not None else None)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=1, default=float) if args.json else format_validation(result))
+    return 0
