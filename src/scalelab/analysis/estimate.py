@@ -457,6 +457,16 @@ def _link(option: str, spec: str, efficiency: float | None) -> links.Link:
         raise EstimateError(f"{option}: {err}") from None
 
 
+def _overlap_text(stage) -> str:
+    """The strategy's overlap facts (Strategy.overlap, scalelab.prediction's windows) in words."""
+    from scalelab import prediction
+
+    windows = {"backward": f"backward ({prediction.OVERLAP_WINDOWS['backward']:.0%} of compute)",
+               "step": "forward and backward (all of compute)"}
+    hidden = [f"{c} behind {windows.get(w, w)}" for c, w in strategy(stage).overlap]
+    return ("; ".join(hidden) + ", all calls but the last" if hidden else "none") + "; the rest is exposed"
+
+
 def scaling_table(args) -> dict:
     """Predicted step time, tokens/s per GPU, MFU, exposed communication and scaling efficiency per
     GPU count, at a fixed micro-batch per GPU (weak scaling: the global batch grows with the GPUs)."""
@@ -496,6 +506,9 @@ def scaling_table(args) -> dict:
                             "or a `scalelab bench comm` table")
     inter = _link("--inter-node", args.inter_node, efficiency) if args.inter_node is not None else None
 
+    eta = prediction.DEFAULT_OVERLAP_EFFICIENCY["cuda"] if args.overlap_efficiency is None else args.overlap_efficiency
+    if not (math.isfinite(eta) and 0 <= eta <= 1):
+        raise EstimateError(f"--overlap-efficiency must be in [0, 1], got {eta:g}")
     tokens = micro * cfg.seq_len  # per GPU per step
     fpt = accounting.flops_per_token(cfg)
     compute_s = fpt * tokens / (peak * mfu)
@@ -505,7 +518,7 @@ def scaling_table(args) -> dict:
         sizes = collective_sizes(n_params, stage, n, args.precision, grad_reduce=args.grad_reduce)
         calls = collective_calls(cfg, stage, args.precision, sizes)
         comm = {c: calls[c] * links.collective_seconds(c, sizes[c] / calls[c], n, link) for c in sizes}
-        step = prediction.step_time(stage, compute_s, comm)
+        step = prediction.step_time(stage, compute_s, comm, calls=calls, overlap_efficiency=eta)
         per_gpu = tokens / step.step_s
         peak_mem = accounting.peak_memory(cfg, n_params, stage, n, args.precision, micro).total
         rows.append({"gpus": n, "nodes": math.ceil(n / per_node), "link": link.name if n > 1 else None,
@@ -532,6 +545,8 @@ def scaling_table(args) -> dict:
                             "link_efficiency": efficiency if efficiency is not None else links.DEFAULT_EFFICIENCY,
                             "link_efficiency_default": efficiency is None,
                             "intra_node": described(intra), "inter_node": described(inter),
+                            "overlap_efficiency": eta, "overlap_efficiency_default": args.overlap_efficiency is None,
+                            "overlap": _overlap_text(stage),
                             "link_rule": LINK_RULE, "out_of_scope": OUT_OF_SCOPE,
                             "collective_sizes": "nccl-tests' size: the whole buffer (an all-gather's output, a "
                                                 "reduce-scatter's input); seconds = calls x latency + bus factor x "
@@ -570,6 +585,8 @@ def _render_scaling(r: dict) -> list[str]:
     first = r["rows"][-1]
     lines.append("collectives per step (nccl-tests size, calls): " + ", ".join(
         f"{c} {first['collective_bytes'][c] / 1e9:.3g} GB in {first['collective_calls'][c]}" for c in first["collective_bytes"]))
+    lines.append(f"overlap: {a['overlap']}; overlap efficiency {a['overlap_efficiency']:g}"
+                 + (" (default; --overlap-efficiency)" if a["overlap_efficiency_default"] else ""))
     lines.append(f"rule: {a['link_rule']}; out of scope: {a['out_of_scope']}")
     lines.append(f"{'gpus':>5} {'nodes':>5} {'link':<12} {'step ms':>8} {'compute':>8} {'comm':>8} {'exposed':>8} "
                  f"{'tok/s/GPU':>10} {'MFU':>6} {'scaling':>7}  memory")
@@ -743,6 +760,9 @@ def add_parser(sub) -> None:
     sc.add_argument("--link-efficiency", type=float, default=None,
                     help=f"achievable over nominal bus bandwidth of products and numbers (default {links.DEFAULT_EFFICIENCY}; "
                          "a measured table is taken as measured)")
+    sc.add_argument("--overlap-efficiency", type=float, default=None,
+                    help="share of the overlappable communication that really hides behind compute, in [0, 1] "
+                         "(default 1: NCCL runs on its own stream)")
     sc.add_argument("--mfu", type=float, default=None,
                     help=f"compute efficiency without communication, MFU in (0, 1] (default {DEFAULT_MFU})")
     for p in (m, t, f, a, c, ms, sc):

@@ -1,0 +1,206 @@
+"""Extrapolation to large clusters (#29, point 4): the link table and the alpha-beta collective
+time (scalelab.links), the collective sizes per strategy against accounting's bytes, and
+`scalelab estimate scaling`'s documented example, its figures' invariants and its errors.
+In process (unit tier)."""
+import json
+import math
+
+import pytest
+
+from scalelab import accounting, hardware, links
+from scalelab.analysis.estimate import collective_calls, collective_sizes
+from scalelab.cli import main
+from scalelab.config import ModelConfig
+from scalelab.precisions import PRECISION_NAMES
+from scalelab.strategies import ZERO_STAGES
+
+# The guide's documented example (docs/prediction.md): a GPT-3 XL shape (~1.3B), ZeRO-3, bf16,
+# H100 SXM, 8 -> 512 GPUs over InfiniBand NDR.
+EXAMPLE = ["scaling", "--layers", "24", "--d-model", "2048", "--heads", "16", "--vocab", "50257", "--seq", "2048",
+           "--micro-batch", "4", "--zero-stage", "3", "--precision", "bf16", "--gpu", "H100",
+           "--inter-node", "ib-ndr", "--gpus", "8,16,32,64,128,256,512"]
+EXAMPLE_CFG = ModelConfig(n_layers=24, d_model=2048, n_heads=16, seq_len=2048, vocab_size=50257)
+
+
+def _estimate(capsys, *args) -> tuple[int, str, str]:
+    code = main(["estimate", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def example():
+    """The documented example's JSON (run once for the module)."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["estimate", *EXAMPLE, "--json"])
+    assert code == 0
+    return json.loads(out.getvalue())
+
+
+# ----------------------------------------------------------------------------- links
+@pytest.mark.unit
+@pytest.mark.parametrize("collective, n, factor", [("all_reduce", 8, 1.75), ("all_reduce", 2, 1.0), ("reduce_scatter", 8, 0.875),
+                                                   ("all_gather", 4, 0.75), ("broadcast", 16, 1.0)])
+def test_bus_factors_are_nccl_tests(collective, n, factor):
+    assert links.bus_factor(collective, n) == pytest.approx(factor)
+
+
+@pytest.mark.unit
+def test_collective_seconds_is_latency_plus_bus_bytes_over_achievable_bandwidth():
+    link = links.Link("test", 100e9, 10e-6, "a test", efficiency=0.5)  # 50 GB/s achieved
+    # all-reduce of 1 GB over 8 ranks: 10 us + 2 x 7/8 x 1e9 / 50e9 s
+    assert links.collective_seconds("all_reduce", 1e9, 8, link) == pytest.approx(10e-6 + 0.035)
+    assert links.collective_seconds("all_gather", 1e9, 8, link) == pytest.approx(10e-6 + 0.0175)
+    assert links.collective_seconds("broadcast", 0, 8, link) == pytest.approx(10e-6)
+    assert links.collective_seconds("all_reduce", 1e9, 1, link) == 0.0  # one rank moves nothing
+    with pytest.raises(ValueError, match="unknown collective 'allreduce'"):
+        links.collective_seconds("allreduce", 1e9, 8, link)
+    with pytest.raises(ValueError, match="nbytes"):
+        links.collective_seconds("all_reduce", -1, 8, link)
+    with pytest.raises(ValueError, match="efficiency"):
+        links.Link("bad", 1e9, 0.0, "a test", efficiency=1.5)
+
+
+@pytest.mark.unit
+def test_link_products_are_per_gpu_unidirectional_with_sources():
+    by_name = {p.name: p for p in links.PRODUCTS}
+    assert by_name["nvlink-h100"].bandwidth_Bps == 900e9 / 2  # the datasheet's 900 GB/s is both directions
+    assert by_name["nvlink-b200"].bandwidth_Bps == 1.8e12 / 2
+    assert by_name["ib-ndr"].bandwidth_Bps == 400e9 / 8  # 400 Gb/s per NIC
+    assert by_name["ib-hdr"].bandwidth_Bps == 200e9 / 8 and by_name["ib-xdr"].bandwidth_Bps == 800e9 / 8
+    assert by_name["pcie5"].bandwidth_Bps == pytest.approx(63.0e9, rel=1e-3)  # 32 GT/s x 16, 128b/130b
+    assert all(p.source and p.bandwidth_Bps > 0 for p in links.PRODUCTS)
+    for gpu, link in links.DEFAULT_INTRA_NODE.items():
+        assert gpu in hardware.known_names() and link in links.known_names()
+
+
+@pytest.mark.unit
+def test_a_link_is_named_or_a_number_in_gb_per_s():
+    assert links.parse_link("NDR").name == links.parse_link("ib_ndr").name == "ib-ndr"
+    ndr = links.parse_link("InfiniBand NDR", efficiency=0.9)
+    assert (ndr.bandwidth_Bps, ndr.efficiency) == (50e9, 0.9)
+    number = links.parse_link("25")
+    assert (number.bandwidth_Bps, number.efficiency) == (25e9, links.DEFAULT_EFFICIENCY)
+    with pytest.raises(ValueError, match="unknown link 'infiniband-qdr'; known: nvlink-v100, .*ib-ndr.*pcie5"):
+        links.parse_link("infiniband-qdr")
+    for bad in ("0", "-5", "nan", "inf"):
+        with pytest.raises(ValueError, match="positive number of GB/s"):
+            links.parse_link(bad)
+
+
+# ----------------------------------------------------------------------------- collective sizes
+@pytest.mark.unit
+@pytest.mark.parametrize("stage", ZERO_STAGES)
+def test_collective_sizes_add_up_to_accountings_bytes(stage):
+    """The sizes are nccl-tests' (an all-reduce of S is S); accounting counts an all-reduce 2S."""
+    for precision in PRECISION_NAMES:
+        for grad_reduce in accounting.GRAD_REDUCE:
+            for n in (1, 2, 8):
+                sizes = collective_sizes(1_000_003, stage, n, precision, grad_reduce=grad_reduce)
+                handed = sum(size * links.handed_per_size(c) for c, size in sizes.items())
+                assert handed == accounting.comm_bytes_per_step(1_000_003, stage, n, precision, grad_reduce=grad_reduce)
+
+
+@pytest.mark.unit
+def test_collective_kinds_and_calls_follow_the_strategy():
+    psi = accounting.param_count(EXAMPLE_CFG)
+    assert collective_sizes(psi, 0, 8, "bf16") == {"all_reduce": 4 * psi}  # fp32 gradients all-reduced
+    assert collective_sizes(psi, 1, 8, "fp32") == {"all_reduce": 4 * psi, "broadcast": 4 * psi}
+    assert collective_sizes(psi, 3, 8, "bf16") == {"reduce_scatter": 4 * psi, "all_gather": 2 * 2 * psi}
+    sizes = collective_sizes(psi, 3, 8, "bf16")
+    assert collective_calls(EXAMPLE_CFG, 3, "bf16", sizes) == {"reduce_scatter": 25, "all_gather": 50}  # 24 blocks + root
+    ddp = collective_calls(EXAMPLE_CFG, 0, "fp16", collective_sizes(psi, 0, 8, "fp16"))
+    assert ddp == {"all_reduce": math.ceil(4 * psi / (25 * 2 ** 20)) + 1}  # 25 MiB buckets + the scaler's flag
+
+
+# ----------------------------------------------------------------------------- the command
+@pytest.mark.unit
+def test_the_documented_example_runs_and_its_figures_hold_together(example):
+    rows = example["rows"]
+    assert example["prediction"] is True and [r["gpus"] for r in rows] == [8, 16, 32, 64, 128, 256, 512]
+    assert rows[0]["scaling_efficiency"] == 1.0
+    per_gpu = [r["tokens_per_s_per_gpu"] for r in rows]
+    assert all(b <= a for a, b in zip(per_gpu, per_gpu[1:]))  # ZeRO-3 at a fixed per-GPU batch: never better
+    assert per_gpu[-1] < per_gpu[0]  # leaving NVLink for NDR costs something
+    for r in rows:
+        assert r["step_time_s"] == pytest.approx(r["compute_s"] + r["exposed_comm_s"])
+        assert 0 <= r["exposed_comm_s"] <= sum(r["comm_s"].values()) + 1e-12
+        assert r["tokens_per_s_per_gpu"] == pytest.approx(4 * 2048 / r["step_time_s"])
+        assert r["mfu"] == pytest.approx(r["tokens_per_s_per_gpu"] * example["flops_per_token"] / 989.5e12)
+        assert r["link"] == ("nvlink-h100" if r["gpus"] <= 8 else "ib-ndr")
+    a = example["assumptions"]
+    assert a["mfu_without_communication"] == 0.4 and a["mfu_default"] and a["link_efficiency"] == links.DEFAULT_EFFICIENCY
+    assert rows[0]["compute_s"] == pytest.approx(example["flops_per_token"] * 4 * 2048 / (989.5e12 * 0.4))
+
+
+@pytest.mark.unit
+def test_one_rows_communication_computed_by_hand(example):
+    """16 GPUs = 2 nodes: every collective spans them and runs at NDR's 50 GB/s x 0.8, 50 us a call."""
+    psi = accounting.param_count(EXAMPLE_CFG)
+    row = next(r for r in example["rows"] if r["gpus"] == 16)
+    bandwidth, latency, units = 50e9 * 0.8, 50e-6, 24 + 1
+    gather = 2 * units * latency + (15 / 16) * (2 * psi * 2) / bandwidth  # forward + backward, bf16
+    scatter = units * latency + (15 / 16) * (psi * 4) / bandwidth  # fp32 gradients
+    assert row["comm_s"]["all_gather"] == pytest.approx(gather, rel=1e-9)
+    assert row["comm_s"]["reduce_scatter"] == pytest.approx(scatter, rel=1e-9)
+
+
+@pytest.mark.unit
+def test_the_table_labels_its_figures_predictions_and_shows_its_assumptions(capsys):
+    code, out, _ = _estimate(capsys, *EXAMPLE)
+    assert code == 0
+    assert out.startswith("PREDICTION, not a measurement")
+    assert "MFU 40% without communication (default; --mfu)" in out
+    assert "efficiency 0.80 (default; --link-efficiency)" in out
+    assert "intra-node link: nvlink-h100" in out and "inter-node link: ib-ndr" in out
+    assert "spans nodes runs at the inter-node link" in out and "out of scope: hierarchical" in out
+    assert "every figure above is predicted" in out
+
+
+@pytest.mark.unit
+def test_a_node_alone_needs_no_inter_node_link(capsys):
+    code, out, _ = _estimate(capsys, "scaling", "--model", "gpt2", "--zero-stage", "0", "--gpu", "A100", "--gpus", "1,2,4,8",
+                             "--intra-node", "300", "--link-efficiency", "1", "--mfu", "0.5", "--json")
+    rows = json.loads(out)["rows"]
+    assert code == 0 and [r["link"] for r in rows] == [None, "300 GB/s", "300 GB/s", "300 GB/s"]
+    assert rows[0]["exposed_comm_s"] == 0.0 and rows[0]["scaling_efficiency"] == 1.0
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("change, message", [
+    (["--inter-node", "ib-qdr"], "--inter-node: unknown link 'ib-qdr'; known: nvlink-v100"),
+    (["--inter-node", "0"], "--inter-node: link bandwidth '0' must be a positive number"),
+    (["--inter-node", "nowhere/bench.parquet"], "--inter-node nowhere/bench.parquet: no such file"),
+    (["--mfu", "1.5"], "--mfu must be in (0, 1], got 1.5"),
+    (["--link-efficiency", "0"], "--link-efficiency must be in (0, 1], got 0"),
+    (["--micro-batch", "0"], "--micro-batch must be a positive number"),
+    (["--gpu", "H900"], "--gpu H900: unknown GPU type 'H900'"),
+    (["--zero-stage", "hybrid"], "--zero-stage hybrid"),
+])
+def test_bad_inputs_name_the_option(capsys, change, message):
+    args = list(EXAMPLE)
+    option = change[0]
+    if option in args:
+        args[args.index(option) + 1] = change[1]
+    else:
+        args += change
+    code, _, err = _estimate(capsys, *args)
+    assert code == 2 and message in err, err
+
+
+@pytest.mark.unit
+def test_missing_links_and_shapes_are_named(capsys):
+    without_inter = [a for a in EXAMPLE if a not in ("--inter-node", "ib-ndr")]
+    code, _, err = _estimate(capsys, *without_inter)
+    assert code == 2 and "--inter-node: 16 GPUs span nodes of 8 (--gpus-per-node)" in err
+    code, _, err = _estimate(capsys, "scaling", "--params", "1.3B", "--zero-stage", "3", "--gpu", "H100", "--gpus", "8")
+    assert code == 2 and "needs the model's shape" in err
+    code, _, err = _estimate(capsys, "scaling", "--model", "gpt2", "--zero-stage", "3", "--gpu", "H100 NVL", "--gpus", "8")
+    assert code == 2 and "--intra-node: no default link for H100 NVL" in err
+    with pytest.raises(SystemExit):
+        main(["estimate", "scaling", "--model", "gpt2", "--zero-stage", "3", "--gpu", "H100", "--gpus", "8,x"])
+    assert "argument --gpus: '8,x': every GPU count must be a whole number" in capsys.readouterr().err
