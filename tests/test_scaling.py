@@ -204,3 +204,38 @@ def test_missing_links_and_shapes_are_named(capsys):
     with pytest.raises(SystemExit):
         main(["estimate", "scaling", "--model", "gpt2", "--zero-stage", "3", "--gpu", "H100", "--gpus", "8,x"])
     assert "argument --gpus: '8,x': every GPU count must be a whole number" in capsys.readouterr().err
+
+
+def _bench_table(path, alpha_s: float, bandwidth_Bps: float, device_type: str, hosts: tuple[str, ...]):
+    """A `bench comm` table whose times are an alpha-beta link's exactly (scalelab.commbench's columns)."""
+    import pandas as pd
+
+    link = links.Link("truth", bandwidth_Bps, alpha_s, "a test")
+    rows = [{"collective": c, "world_size": n, "bytes": b, "batch": 1, "time_s": links.collective_seconds(c, b, n, link)}
+            for c in links.COLLECTIVES for n in (2, 4) for b in (4096, 2 ** 20, 64 * 2 ** 20)]
+    table = pd.DataFrame(rows)
+    table["algbw_Bps"] = table["bytes"] / table["time_s"]
+    table["busbw_Bps"] = table["algbw_Bps"] * [links.bus_factor(c, n) for c, n in zip(table["collective"], table["world_size"])]
+    table["backend"], table["device_type"], table["device_name"] = "nccl" if device_type == "cuda" else "gloo", device_type, "x"
+    table["hostname"] = [hosts[i % len(hosts)] for i in range(len(table))]
+    table.to_parquet(path)
+    return path
+
+
+@pytest.mark.unit
+def test_a_measured_bench_table_is_the_link_as_measured(tmp_path, capsys):
+    table = _bench_table(tmp_path / "comm.parquet", 30e-6, 20e9, "cuda", ("node1", "node2"))
+    code, out, _ = _estimate(capsys, *EXAMPLE[:EXAMPLE.index("--inter-node") + 1], str(table), "--gpus", "16", "--json")
+    result = json.loads(out)
+    inter = result["assumptions"]["inter_node"]
+    assert code == 0 and inter["efficiency"] == 1.0  # measured: no efficiency on top
+    assert inter["achievable_gb_per_s"] == pytest.approx(20.0, rel=1e-6) and inter["latency_us"] == pytest.approx(30.0, rel=1e-6)
+    psi = accounting.param_count(EXAMPLE_CFG)
+    expected = 2 * 25 * 30e-6 + (15 / 16) * (2 * psi * 2) / 20e9
+    assert result["rows"][0]["comm_s"]["all_gather"] == pytest.approx(expected, rel=1e-6)
+    assert "note" not in result
+
+    cpu = _bench_table(tmp_path / "cpu.parquet", 30e-6, 1e9, "cpu", ("laptop",))
+    code, out, _ = _estimate(capsys, *EXAMPLE[:EXAMPLE.index("--inter-node") + 1], str(cpu), "--gpus", "16")
+    assert code == 0 and "measured on CPU (gloo): a CPU's link" in out and "measured within one host" in out
+    assert "x efficiency" not in out.split("inter-node link:")[1].split("\n")[0]  # shown as measured

@@ -434,8 +434,11 @@ def collective_calls(cfg: ModelConfig, zero_stage: int, precision: str, sizes: d
     return calls
 
 
-def _link(option: str, spec: str, efficiency: float | None) -> links.Link:
-    """--intra-node / --inter-node: a product, a number in GB/s, or a `bench comm` Parquet table."""
+def _link(option: str, spec: str, efficiency: float | None, notes: list[str]) -> links.Link:
+    """--intra-node / --inter-node: a product, a number in GB/s, or a `bench comm` Parquet table
+    (fitted by scalelab.prediction.fit_link: measured, so no efficiency applies). What a table
+    cannot say about a GPU cluster (measured on CPU, or within one host for --inter-node) goes
+    to ``notes``."""
     from pathlib import Path
 
     if spec.endswith(".parquet") or Path(spec).is_file():
@@ -448,9 +451,15 @@ def _link(option: str, spec: str, efficiency: float | None) -> links.Link:
             raise EstimateError(f"{option} {spec}: no such file (a `scalelab bench comm` table, a link product "
                                 f"or a bandwidth in GB/s)")
         try:
-            return prediction.fit_link(pd.read_parquet(path))
+            table = pd.read_parquet(path)
+            link = prediction.fit_link(table)
         except (ValueError, KeyError, OSError) as err:
             raise EstimateError(f"{option} {spec}: {err}") from None
+        if "device_type" in table and (table["device_type"] == "cpu").any():
+            notes.append(f"{option} {path.name} was measured on CPU (gloo): a CPU's link, not a GPU cluster's")
+        if option == "--inter-node" and "hostname" in table and table["hostname"].nunique() < 2:
+            notes.append(f"{option} {path.name} was measured within one host: its ranks shared no inter-node link")
+        return link
     try:
         return links.parse_link(spec, efficiency)
     except ValueError as err:
@@ -498,13 +507,14 @@ def scaling_table(args) -> dict:
     if intra_spec is None:
         raise EstimateError(f"--intra-node: no default link for {product.name}; give a product "
                             f"({', '.join(links.known_names())}) or a bandwidth in GB/s")
-    intra = _link("--intra-node", intra_spec, efficiency)
+    notes: list[str] = []
+    intra = _link("--intra-node", intra_spec, efficiency, notes)
     spanning = [n for n in gpus if n > per_node]
     if spanning and args.inter_node is None:
         raise EstimateError(f"--inter-node: {spanning[0]} GPUs span nodes of {per_node} (--gpus-per-node); give the "
                             f"link between nodes: a product ({', '.join(links.known_names())}), a bandwidth in GB/s "
                             "or a `scalelab bench comm` table")
-    inter = _link("--inter-node", args.inter_node, efficiency) if args.inter_node is not None else None
+    inter = _link("--inter-node", args.inter_node, efficiency, notes) if args.inter_node is not None else None
 
     eta = prediction.DEFAULT_OVERLAP_EFFICIENCY["cuda"] if args.overlap_efficiency is None else args.overlap_efficiency
     if not (math.isfinite(eta) and 0 <= eta <= 1):
@@ -551,7 +561,7 @@ def scaling_table(args) -> dict:
                             "collective_sizes": "nccl-tests' size: the whole buffer (an all-gather's output, a "
                                                 "reduce-scatter's input); seconds = calls x latency + bus factor x "
                                                 "bytes / achievable bus bandwidth"},
-            "rows": rows}
+            "rows": rows, **({"note": "; ".join(notes)} if notes else {})}
 
 
 def _human(n: float) -> str:
