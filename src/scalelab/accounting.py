@@ -53,9 +53,10 @@ from dataclasses import dataclass
 
 from scalelab import hardware
 from scalelab.config import ModelConfig
+from scalelab.placement import LINKS, contiguous_nodes, link_of
 from scalelab.precisions import AUTOCAST, PRECISIONS, peak_key
 from scalelab.precisions import precision as precision_record
-from scalelab.strategies import strategy
+from scalelab.strategies import check_replicas, strategy
 
 # Bytes per activation value by precision (fp8 runs autocast to bf16 around float8 matmuls).
 DTYPE_BYTES = {p.name: p.activation_bytes for p in PRECISIONS.values()}
@@ -164,12 +165,13 @@ class ModelStateBytes:
 
 
 def model_state_bytes(n_params: int, zero_stage: int, world_size: int, precision: str,
-                      convention: str = "pytorch") -> ModelStateBytes:
-    """Model-state bytes per rank (the largest rank of an even split) at rest."""
-    record = strategy(zero_stage)
+                      convention: str = "pytorch", replicas: int = 1) -> ModelStateBytes:
+    """Model-state bytes per rank (the largest rank of an even split) at rest. ``replicas`` > 1:
+    hybrid sharding (stage 3), whose sharded kinds are divided over a shard group of N/R ranks."""
+    record = strategy(zero_stage, replicas)
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    psi, n = float(n_params), world_size
+    psi, n = float(n_params), check_replicas(world_size, replicas)
     if convention == "pytorch":
         kinds, shards = (4 * psi, 4 * psi, 8 * psi), record.shards  # fp32 params, fp32 grads, AdamW m and v
     elif convention == "paper":
@@ -182,14 +184,19 @@ def model_state_bytes(n_params: int, zero_stage: int, world_size: int, precision
 
 
 def comm_elements_per_step(n_params: int, zero_stage: int, world_size: int,
-                           accumulation_steps: int = 1, convention: str = "pytorch") -> float:
-    """Elements handed to collectives per optimizer step (ZeRO paper's unit, see module doc)."""
-    record, psi = strategy(zero_stage), float(n_params)
+                           accumulation_steps: int = 1, convention: str = "pytorch", replicas: int = 1) -> float:
+    """Elements handed to collectives per optimizer step (ZeRO paper's unit, see module doc).
+    Hybrid sharding (``replicas`` R > 1) adds its all-reduce across replicas, 2 Psi/S (S = N/R),
+    in both conventions; its shard group of S ranks issues stage 3's gathers and reduce-scatter
+    unless S = 1."""
+    record, psi = strategy(zero_stage, replicas), float(n_params)
+    shard = check_replicas(world_size, replicas)
+    across = record.replicate_psi * psi / shard if replicas > 1 else 0.0
     if convention == "paper":
-        return record.comm_psi_paper * psi
-    if record.silent_at_world_size_1 and world_size == 1:
-        return 0.0  # FSDP2 on a one-rank mesh issues no all-gather or reduce-scatter at all
-    return record.comm_psi(accumulation_steps) * psi
+        return record.comm_psi_paper * psi + across
+    if record.silent_at_world_size_1 and shard == 1:
+        return across  # FSDP2 on a one-rank shard group issues no all-gather or reduce-scatter at all
+    return record.comm_psi(accumulation_steps) * psi + across
 
 
 # ----------------------------------------------------------------------------- collective dtypes
@@ -247,7 +254,8 @@ def comm_dtypes(precision: str, zero_stage: int, grad_reduce: str = "fp32") -> C
 
 
 def comm_bytes_per_step(n_params: int, zero_stage: int, world_size: int, precision: str,
-                        accumulation_steps: int = 1, grad_reduce: str = "fp32", n_trainable: int | None = None) -> float:
+                        accumulation_steps: int = 1, grad_reduce: str = "fp32", n_trainable: int | None = None,
+                        replicas: int = 1) -> float:
     """Bytes handed to collectives per optimizer step, PyTorch's strategies (the module doc's
     unit: an all-reduce of S bytes counts 2S), what CommCounter measures, exactly:
 
@@ -259,16 +267,85 @@ def comm_bytes_per_step(n_params: int, zero_stage: int, world_size: int, precisi
     (comm_dtypes; ZeroRedundancyOptimizer's broadcast is fp32), and 8 bytes for the fp16 loss
     scaler's inf/NaN flag. At world size 1 FSDP2 issues no gather or reduce-scatter: only the
     scaler's flag remains. In fp32 bytes (r = g = 4) this is 4 x comm_elements_per_step
-    (lora_comm_elements_per_step with LoRA)."""
-    record, dtypes = strategy(zero_stage), comm_dtypes(precision, zero_stage, grad_reduce)
-    scaler = LOSS_SCALER_COMM_BYTES if precision_record(precision).loss_scaling else 0
-    if record.silent_at_world_size_1 and world_size == 1:
-        return float(scaler)
+    (lora_comm_elements_per_step with LoRA). Hybrid sharding (``replicas`` R > 1) adds the
+    all-reduce of each rank's gradient shard across replicas, 2 T r / S (S = N/R), and its
+    gathers and reduce-scatter run within the shard group (none when S = 1): the sum of
+    comm_bytes_by_type."""
+    return sum(comm_bytes_by_type(n_params, zero_stage, world_size, precision, accumulation_steps, grad_reduce,
+                                  n_trainable, replicas).values())
+
+
+def _comm_terms(n_params, zero_stage, world_size, precision, accumulation_steps, grad_reduce, n_trainable,
+                replicas) -> list[tuple[str, str, float]]:
+    """(collective, group, bytes in the module doc's unit) of one optimizer step; group: ``world``,
+    ``shard`` (hybrid sharding's shard group, N/R ranks) or ``replicate`` (its R replicas)."""
+    record, dtypes = strategy(zero_stage, replicas), comm_dtypes(precision, zero_stage, grad_reduce)
+    shard = check_replicas(world_size, replicas)
+    terms = []
+    if precision_record(precision).loss_scaling:  # ShardedGradScaler's flag, over the world
+        terms.append(("all_reduce", "world", float(LOSS_SCALER_COMM_BYTES)))
     psi = float(n_params)
     trainable = psi if n_trainable is None else float(n_trainable)
-    moved = psi if record.shards[0] else trainable  # gathered whole (FSDP2) or the trainable shards broadcast (ZeRO-1)
-    return (record.grad_psi * trainable * dtypes.reduce_bytes
-            + record.param_psi(accumulation_steps) * moved * dtypes.gather_bytes + scaler)
+    within = "shard" if replicas > 1 else "world"
+    if not (record.silent_at_world_size_1 and shard == 1):
+        moved = psi if record.shards[0] else trainable  # gathered whole (FSDP2) or the trainable shards broadcast (ZeRO-1)
+        terms.append(("reduce_scatter" if record.shards[1] else "all_reduce", within,
+                      record.grad_psi * trainable * dtypes.reduce_bytes))
+        terms.append(("all_gather" if record.shards[0] else "broadcast", within,
+                      record.param_psi(accumulation_steps) * moved * dtypes.gather_bytes))
+    if replicas > 1:
+        terms.append(("all_reduce", "replicate", record.replicate_psi * trainable * dtypes.reduce_bytes / shard))
+    return terms
+
+
+def comm_bytes_by_type(n_params: int, zero_stage: int, world_size: int, precision: str,
+                       accumulation_steps: int = 1, grad_reduce: str = "fp32", n_trainable: int | None = None,
+                       replicas: int = 1) -> dict[str, float]:
+    """comm_bytes_per_step split by collective (scalelab.links.COLLECTIVES' names: all_reduce,
+    reduce_scatter, all_gather, broadcast), the module doc's unit; collectives a run does not
+    issue are left out."""
+    out: dict[str, float] = {}
+    for collective, _, nbytes in _comm_terms(n_params, zero_stage, world_size, precision, accumulation_steps,
+                                             grad_reduce, n_trainable, replicas):
+        out[collective] = out.get(collective, 0.0) + nbytes
+    return {c: b for c, b in out.items() if b}
+
+
+def comm_groups(world_size: int, replicas: int, rank: int = 0) -> dict[str, list[int]]:
+    """The global ranks of the process groups ``rank`` issues collectives over: ``world``, and under
+    hybrid sharding its ``shard`` group (S = N/R consecutive ranks: the mesh's inner dimension,
+    torchtitan's dp_shard) and its ``replicate`` group (the ranks at its position in every shard
+    group: dp_replicate)."""
+    shard = check_replicas(world_size, replicas)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in a world of {world_size}")
+    first = rank - rank % shard
+    return {"world": list(range(world_size)), "shard": list(range(first, first + shard)),
+            "replicate": list(range(rank % shard, world_size, shard))}
+
+
+def comm_bytes_by_link(n_params: int, zero_stage: int, world_size: int, precision: str, ranks_per_node: int,
+                       replicas: int = 1, grad_reduce: str = "fp32", accumulation_steps: int = 1,
+                       n_trainable: int | None = None, rank: int = 0) -> dict[str, dict[str, float]]:
+    """Bytes one rank (rank 0 by default: the rank a run measures) hands to collectives per
+    optimizer step, by link and collective: ``{"intra_node": {collective: bytes}, "inter_node":
+    {...}}``, the module doc's unit, summing to comm_bytes_per_step. Ranks sit on nodes as torchrun
+    places them (``ranks_per_node`` P consecutive ranks per node); a collective counts wholly on
+    the inter-node link when its group spans nodes (scalelab.placement.link_of's convention).
+
+    DDP, ZeRO-1 and ZeRO-3 issue everything over the world: inter-node once N > P. Hybrid
+    sharding with its shard group inside a node (S <= P) keeps the gathers and the reduce-scatter
+    within it and sends only the all-reduce across replicas, 2 Psi r / S, between nodes."""
+    if ranks_per_node < 1:
+        raise ValueError(f"ranks_per_node must be >= 1, got {ranks_per_node}")
+    nodes, groups = contiguous_nodes(world_size, ranks_per_node), comm_groups(world_size, replicas, rank)
+    out: dict[str, dict[str, float]] = {link: {} for link in LINKS}
+    for collective, group, nbytes in _comm_terms(n_params, zero_stage, world_size, precision, accumulation_steps,
+                                                 grad_reduce, n_trainable, replicas):
+        if nbytes:
+            by_type = out[link_of(groups[group], nodes)]
+            by_type[collective] = by_type.get(collective, 0.0) + nbytes
+    return out
 
 
 def activation_bytes_per_layer(seq_len: int, micro_batch: int, d_model: int, n_heads: int,
@@ -559,7 +636,8 @@ class PeakMemory:
 
 def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: int, precision: str,
                 micro_batch: int, activation_checkpointing: bool = False, cpu_offload: bool = False,
-                accumulation_steps: int = 1, block_params: int | None = None, device_type: str = "cuda") -> PeakMemory:
+                accumulation_steps: int = 1, block_params: int | None = None, device_type: str = "cuda",
+                replicas: int = 1) -> PeakMemory:
     """Predicted in-step peak per rank on the device: model state at rest, plus what a step materialises.
 
     Stage 2 keeps every block's unsharded parameters from forward to backward: +b Psi (N-1)/N,
@@ -575,13 +653,14 @@ def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: in
     block_params: one block's parameters where no formula gives them (a user's module, counted);
     such a model's activations are not predicted (0 here: model state and gathers only).
     device_type: where the step runs (a GPU by default: this is planning for one; the llama
-    family's kernels save differently on a CPU).
+    family's kernels save differently on a CPU). replicas > 1: hybrid sharding, whose shards and
+    gathers are over a shard group of N/R ranks.
     """
-    state = model_state_bytes(n_params, zero_stage, world_size, precision, "pytorch").total
+    state = model_state_bytes(n_params, zero_stage, world_size, precision, "pytorch", replicas).total
     block_params = block_param_count(cfg) if block_params is None else block_params
-    n = world_size
+    n = check_replicas(world_size, replicas)
     gathered = comm_dtypes(precision, zero_stage).gather_bytes  # 2 for fp16/bf16 under FSDP2's MixedPrecisionPolicy
-    transient = strategy(zero_stage).transient_psi(n_params, block_params, n, gathered)
+    transient = strategy(zero_stage, replicas).transient_psi(n_params, block_params, n, gathered)
     if cpu_offload:
         state, transient = 0.0, 2 * gathered * block_params  # copied to the device, then gathered
     acts = 0.0 if cfg.module else (  # a user's module: no activation formula (model state and gathers only)
@@ -622,20 +701,20 @@ def lora_trainable_params(cfg: ModelConfig, rank: int) -> int:
 
 
 def lora_model_state_bytes(n_frozen: int, n_trainable: int, zero_stage: int, world_size: int, precision: str,
-                           convention: str = "pytorch") -> ModelStateBytes:
+                           convention: str = "pytorch", replicas: int = 1) -> ModelStateBytes:
     """Model state per rank at rest with LoRA: the frozen weights (fp32 in PyTorch's AMP; 2
     bytes in the paper's mixed precision), sharded as the strategy shards parameters, and no
     gradient or optimizer state for them; the trainable A and B carry the full 16 bytes per
     parameter (PyTorch: fp32 weight, grad, AdamW m and v)."""
     frozen_bytes = 4 if convention == "pytorch" else precision_record(precision).paper_state_bytes[0]
     shards = strategy(zero_stage).shards if convention == "pytorch" else strategy(zero_stage).shards_paper
-    frozen = frozen_bytes * float(n_frozen) / (world_size if shards[0] else 1)
-    trainable = model_state_bytes(n_trainable, zero_stage, world_size, precision, convention)
+    frozen = frozen_bytes * float(n_frozen) / (check_replicas(world_size, replicas) if shards[0] else 1)
+    trainable = model_state_bytes(n_trainable, zero_stage, world_size, precision, convention, replicas)
     return ModelStateBytes(frozen + trainable.params, trainable.grads, trainable.optimizer)
 
 
 def lora_comm_elements_per_step(n_frozen: int, n_trainable: int, zero_stage: int, world_size: int,
-                                accumulation_steps: int = 1, convention: str = "pytorch") -> float:
+                                accumulation_steps: int = 1, convention: str = "pytorch", replicas: int = 1) -> float:
     """Elements handed to collectives per step with LoRA (module doc's unit).
 
     Only the trainable parameters have gradients, so every gradient collective (all-reduce,
@@ -648,15 +727,18 @@ def lora_comm_elements_per_step(n_frozen: int, n_trainable: int, zero_stage: int
 
     * PyTorch: stage 0: 2 T; 1: 3 T; 2: k Psi_all + T; 3: 2k Psi_all + T (0 at world size 1).
     * paper: stages 0-2: 2 T; stage 3: 2 Psi_all + T.
+    * hybrid sharding (``replicas`` R > 1) adds its all-reduce across replicas, 2 T / S.
     """
-    record = strategy(zero_stage)
+    record = strategy(zero_stage, replicas)
+    shard = check_replicas(world_size, replicas)
     n_all, t = float(n_frozen + n_trainable), float(n_trainable)
+    across = record.replicate_psi * t / shard if replicas > 1 else 0.0
     if convention == "paper":
         total, gathers_params = record.comm_psi_paper, record.shards_paper[0]
     elif convention == "pytorch":
-        if record.silent_at_world_size_1 and world_size == 1:
-            return 0.0
+        if record.silent_at_world_size_1 and shard == 1:
+            return across
         total, gathers_params = record.comm_psi(accumulation_steps), record.shards[0]
     else:
         raise ValueError(f"unknown convention {convention!r}: 'pytorch' or 'paper'")
-    return (total - 1) * n_all + t if gathers_params else total * t
+    return ((total - 1) * n_all + t if gathers_params else total * t) + across

@@ -3,12 +3,19 @@ shards, what it communicates, which levers it takes. The formulas (scalelab.acco
 the sweep's rules (scalelab.sweep), the wrappers (scalelab.training.parallel) and the
 report read these records; nothing else knows what a stage means.
 
-Keyed by the sweep's ``zero_stage``. A strategy that is no ZeRO stage (HSDP, say) gets a
-record of its own with a new key, and the code that implements it in
-``scalelab.training.parallel``.
+Keyed by the sweep's ``zero_stage``. Hybrid sharding (HSDP, :data:`HYBRID`) is ZeRO stage 3
+with ``replicas`` > 1 (the sweep's ``replicas`` axis): FSDP2 over a 2-D mesh (replicate x shard),
+parameters, gradients and optimizer state sharded over the N/R ranks of a shard group (a node)
+and replicated over the R groups (across nodes). It is selected that way, not by a new
+``zero_stage`` key, because it *is* stage 3 inside each shard group (same shards, same per-block
+gathers, same wrapper code with a 2-D mesh), ``replicas=1`` is exactly stage 3, and so the one
+``replicas`` axis spans the whole family (2 = 2 x 1 is plain replication through FSDP2) while
+``zero_stage`` stays the small integer every table, run id and figure already keys on (no cached
+run id changes). ``strategy(3, replicas)`` returns its record; ``strategy("hybrid")`` too.
 
 Shard factors are per model-state kind (parameters, gradients, optimizer state): True = that
-kind is divided over the N ranks at rest, False = every rank holds all of it.
+kind is divided over the ranks of a shard group at rest (all N ranks; N/R under hybrid
+sharding), False = every rank holds all of it.
 """
 from __future__ import annotations
 
@@ -50,11 +57,22 @@ class Strategy:
     """Has DDP gradient buckets (the bucket_mb lever applies)."""
     cpu_offload: bool
     """Can keep its sharded state in host memory (the cpu_offload lever applies)."""
+    replicate_psi: float = 0.0
+    """Gradient elements all-reduced across replicas per optimizer step, in units of Psi / S (S =
+    the shard group's size, N/R): hybrid sharding all-reduces each rank's reduce-scattered shard
+    over its replicate group (2 Psi/S in the paper's unit), in the reduce dtype; 0 elsewhere."""
+    mesh_dims: tuple[str, ...] = ("dp",)
+    """The device mesh's dimension names (FSDP2 strategies): one data-parallel dimension, or
+    torchtitan's ("dp_replicate", "dp_shard") for hybrid sharding."""
     overlap: tuple[tuple[str, str], ...] = ()
     """Collectives that run behind compute, each with the window it hides in (scalelab.prediction:
     ``backward`` or the whole ``step``): DDP's gradient buckets all-reduce during backward, FSDP2
     prefetches its all-gathers and reduce-scatters during backward. A collective not listed
     (ZeroRedundancyOptimizer's broadcast after the step) is waited for; none listed: all exposed."""
+    batched: tuple[str, ...] = ()
+    """Collectives issued as one batch of async calls, then waited (ZeroRedundancyOptimizer: a broadcast
+    per parameter tensor): timed per call from ``scalelab bench comm``'s batched rows (on gloo a call of
+    a batch costs several times one call alone)."""
 
     def comm_psi(self, k: int) -> float:
         """Elements handed to collectives per optimizer step, in units of Psi, for k accumulation
@@ -71,7 +89,7 @@ STRATEGIES: dict[int, Strategy] = {s.stage: s for s in (
     Strategy(1, "DDP + ZeroRedundancyOptimizer", "parallelize_zero1", (False, False, True), (False, False, True),
              grad_psi=2, param_psi=lambda k: 1, comm_psi_paper=2, transient_psi=lambda psi, block, n, b: 0.0,
              silent_at_world_size_1=False, ddp_buckets=True, cpu_offload=False,
-             overlap=(("all_reduce", "backward"),)),  # its broadcast follows the optimizer step: exposed
+             overlap=(("all_reduce", "backward"),), batched=("broadcast",)),  # the broadcasts follow the step: exposed
     # FSDP2 reshards after backward, so at rest stage 2 holds what stage 3 holds; it keeps every
     # block's unsharded parameters (fp32, or the compute dtype under a MixedPrecisionPolicy) from
     # forward to backward (+b Psi (N-1)/N in the step), and all-gathers once per micro-batch:
@@ -89,9 +107,42 @@ STRATEGIES: dict[int, Strategy] = {s.stage: s for s in (
 )}
 ZERO_STAGES = tuple(STRATEGIES)
 
+# Hybrid sharding (HSDP): stage 3 within a shard group of S = N/R ranks (a node), R replicas
+# across nodes. Per step: 2k Psi all-gathered and Psi reduce-scattered within the shard group, then
+# each rank's Psi/S gradient shard all-reduced over its replicate group (2 Psi/S): the only traffic
+# that crosses nodes when a shard group is a node, where ZeRO-3 sends everything over the world.
+HYBRID = Strategy(3, "FSDP2 HSDP, 2-D mesh (replicate x shard), reshard_after_forward=True", "parallelize_hsdp",
+                  (True, True, True), (True, True, True),
+                  grad_psi=1, param_psi=lambda k: 2 * k, comm_psi_paper=3,
+                  transient_psi=lambda psi, block, n, b: 2 * b * block * (n - 1) / n,
+                  silent_at_world_size_1=True, ddp_buckets=False, cpu_offload=False,
+                  replicate_psi=2, mesh_dims=("dp_replicate", "dp_shard"))
+HYBRID_KEY = "hybrid"
+"""What ``strategy()`` and ``scalelab estimate`` accept for hybrid sharding beside the stages."""
 
-def strategy(stage: int) -> Strategy:
-    """The record of a stage; ValueError naming the known ones."""
+
+def check_replicas(world_size: int, replicas: int) -> int:
+    """The shard group's size N/R; ValueError naming the culprit when R does not divide N."""
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+        raise ValueError(f"replicas must be a whole number >= 1, got {replicas!r}")
+    if world_size % replicas:
+        raise ValueError(f"replicas={replicas} does not divide world_size={world_size}: every replica "
+                         "(shard group) must have the same number of ranks")
+    return world_size // replicas
+
+
+def strategy(stage: int | str, replicas: int = 1) -> Strategy:
+    """The record of a stage (with ``replicas`` > 1: hybrid sharding, stage 3 only), or of
+    ``"hybrid"``; ValueError naming the known ones."""
+    if stage == HYBRID_KEY:
+        return HYBRID
     if stage not in STRATEGIES:
-        raise ValueError(f"zero_stage must be one of {', '.join(map(str, ZERO_STAGES))}, got {stage!r}")
+        raise ValueError(f"zero_stage must be one of {', '.join(map(str, ZERO_STAGES))} "
+                         f"(or {HYBRID_KEY!r}), got {stage!r}")
+    if replicas != 1:
+        if stage != HYBRID.stage:
+            raise ValueError(f"replicas={replicas} is hybrid sharding, which is zero_stage {HYBRID.stage} "
+                             f"(FSDP2 over a replicate x shard mesh); zero_stage {stage} has no replicas")
+        check_replicas(replicas, replicas)
+        return HYBRID
     return STRATEGIES[stage]

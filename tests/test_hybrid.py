@@ -1,0 +1,90 @@
+"""Hybrid sharding (HSDP, issue #28 point 3) and traffic per link (point 4): the formulas by hand,
+the classification of a collective's group by placement, and real gloo runs against ZeRO-3."""
+import pytest
+
+from scalelab import accounting
+from scalelab.placement import contiguous_nodes, link_of
+from scalelab.strategies import HYBRID, STRATEGIES, check_replicas, strategy
+
+PSI = 1000
+
+
+@pytest.mark.unit
+def test_hybrid_is_stage_3_with_replicas():
+    assert strategy(3, 2) is HYBRID and strategy("hybrid") is HYBRID and strategy(3, 1) is STRATEGIES[3]
+    with pytest.raises(ValueError, match="zero_stage 3"):
+        strategy(0, 2)
+    with pytest.raises(ValueError, match="replicas=3 does not divide world_size=4"):
+        check_replicas(4, 3)
+    with pytest.raises(ValueError, match="whole number >= 1"):
+        check_replicas(4, 0)
+
+
+@pytest.mark.unit
+def test_hybrid_model_state_is_sharded_over_the_shard_group():
+    # 16 bytes per parameter (fp32 params, grads, AdamW m and v) over S = N/R ranks
+    assert accounting.model_state_bytes(PSI, 3, 4, "fp32", replicas=2).total == 16 * PSI / 2
+    assert accounting.model_state_bytes(PSI, 3, 8, "bf16", replicas=2).total == 16 * PSI / 4
+    assert accounting.model_state_bytes(PSI, 3, 2, "fp32", replicas=2).total == 16 * PSI  # 2 x 1: replicated
+    assert accounting.model_state_bytes(PSI, 3, 4, "fp32", "paper", replicas=2).total == 16 * PSI / 2
+    assert accounting.model_state_bytes(PSI, 3, 4, "fp32", replicas=1) == accounting.model_state_bytes(PSI, 3, 4, "fp32")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("precision, grad_reduce, gather, reduce, scaler", [
+    ("fp32", "fp32", 4, 4, 0), ("bf16", "fp32", 2, 4, 0), ("bf16", "compute", 2, 2, 0), ("fp16", "compute", 2, 2, 8)])
+def test_hybrid_collective_bytes_by_type(precision, grad_reduce, gather, reduce, scaler):
+    """R = 2 replicas of S = 2 shards, k = 2 micro-batches: 2k Psi gathered and Psi reduce-scattered
+    within the shard group, 2 Psi / S all-reduced across replicas (+ fp16's 8-byte flag)."""
+    by_type = accounting.comm_bytes_by_type(PSI, 3, 4, precision, 2, grad_reduce, replicas=2)
+    assert by_type == {"all_gather": 4 * PSI * gather, "reduce_scatter": PSI * reduce,
+                       "all_reduce": 2 * PSI * reduce / 2 + scaler}
+    assert accounting.comm_bytes_per_step(PSI, 3, 4, precision, 2, grad_reduce, replicas=2) == sum(by_type.values())
+    # 2 x 1: no gathers or reduce-scatter on a one-rank shard group, a plain all-reduce of Psi across
+    assert accounting.comm_bytes_by_type(PSI, 3, 2, precision, 2, grad_reduce, replicas=2) == {
+        "all_reduce": 2 * PSI * reduce + scaler}
+    # the elements agree with the bytes at fp32's width
+    assert 4 * accounting.comm_elements_per_step(PSI, 3, 4, 2, replicas=2) == \
+        accounting.comm_bytes_per_step(PSI, 3, 4, "fp32", 2, replicas=2)
+
+
+@pytest.mark.unit
+def test_link_of_a_group_by_placement():
+    hosts = ["n1", "n1", "n2", "n2"]
+    assert link_of([0, 1], hosts) == "intra_node" and link_of([2, 3], hosts) == "intra_node"
+    assert link_of([0, 2], hosts) == "inter_node" and link_of(range(4), hosts) == "inter_node"
+    assert link_of([0], hosts) == "intra_node"
+    assert contiguous_nodes(6, 2) == [0, 0, 1, 1, 2, 2]
+    with pytest.raises(ValueError, match="no ranks"):
+        link_of([], hosts)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("stage, replicas", [(0, 1), (1, 1), (2, 1), (3, 1), (3, 2), (3, 4)])
+@pytest.mark.parametrize("world_size, per_node", [(1, 1), (4, 4), (4, 2), (8, 2), (8, 4)])
+def test_bytes_by_link_add_up_and_cross_nodes_only_when_a_group_spans_them(stage, replicas, world_size, per_node):
+    if world_size % replicas:
+        return
+    by_link = accounting.comm_bytes_by_link(PSI, stage, world_size, "fp16", per_node, replicas=replicas,
+                                            accumulation_steps=2)
+    total = accounting.comm_bytes_per_step(PSI, stage, world_size, "fp16", 2, replicas=replicas)
+    assert sum(sum(v.values()) for v in by_link.values()) == total
+    if world_size <= per_node:
+        assert by_link["inter_node"] == {}
+    elif replicas == 1:
+        assert by_link["intra_node"] == {}  # every collective over the world, which spans nodes
+    elif world_size // replicas <= per_node:
+        # hybrid with a shard group inside a node: only the all-reduce across replicas (and fp16's
+        # flag, over the world) crosses nodes
+        assert by_link["inter_node"] == {"all_reduce": 2 * PSI * 4 / (world_size // replicas) + 8}
+
+
+@pytest.mark.unit
+def test_bytes_by_link_hand_computed_two_nodes():
+    """The two-nodes experiment's shape: 2 nodes x 2 ranks, fp32. ZeRO-3 sends 3 Psi x 4 bytes
+    over the inter-node link; hybrid 2 x 2 sends 2 Psi/2 x 4 and keeps 3 Psi x 4 within a node."""
+    assert accounting.comm_bytes_by_link(PSI, 3, 4, "fp32", 2) == {
+        "intra_node": {}, "inter_node": {"reduce_scatter": 4 * PSI, "all_gather": 8 * PSI}}
+    assert accounting.comm_bytes_by_link(PSI, 3, 4, "fp32", 2, replicas=2) == {
+        "intra_node": {"reduce_scatter": 4 * PSI, "all_gather": 8 * PSI}, "inter_node": {"all_reduce": 4 * PSI}}
+    assert accounting.comm_bytes_by_link(PSI, 0, 4, "fp32", 2) == {"intra_node": {}, "inter_node": {"all_reduce": 8 * PSI}}
