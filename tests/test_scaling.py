@@ -131,7 +131,7 @@ def test_the_documented_example_runs_and_its_figures_hold_together(example):
         assert 0 <= r["exposed_comm_s"] <= sum(r["comm_s"].values()) + 1e-12
         assert r["tokens_per_s_per_gpu"] == pytest.approx(4 * 2048 / r["step_time_s"])
         assert r["mfu"] == pytest.approx(r["tokens_per_s_per_gpu"] * example["flops_per_token"] / 989.5e12)
-        assert r["link"] == ("nvlink-h100" if r["gpus"] <= 8 else "ib-ndr")
+        assert r["links"] == dict.fromkeys(("reduce_scatter", "all_gather"), "nvlink-h100" if r["gpus"] <= 8 else "ib-ndr")
     a = example["assumptions"]
     assert a["mfu_without_communication"] == 0.4 and a["mfu_default"] and a["link_efficiency"] == links.DEFAULT_EFFICIENCY
     assert rows[0]["compute_s"] == pytest.approx(example["flops_per_token"] * 4 * 2048 / (989.5e12 * 0.4))
@@ -166,7 +166,7 @@ def test_a_node_alone_needs_no_inter_node_link(capsys):
     code, out, _ = _estimate(capsys, "scaling", "--model", "gpt2", "--zero-stage", "0", "--gpu", "A100", "--gpus", "1,2,4,8",
                              "--intra-node", "300", "--link-efficiency", "1", "--mfu", "0.5", "--json")
     rows = json.loads(out)["rows"]
-    assert code == 0 and [r["link"] for r in rows] == [None, "300 GB/s", "300 GB/s", "300 GB/s"]
+    assert code == 0 and [r["links"] for r in rows] == [{}] + [{"all_reduce": "300 GB/s"}] * 3
     assert rows[0]["exposed_comm_s"] == 0.0 and rows[0]["scaling_efficiency"] == 1.0
 
 
@@ -179,15 +179,15 @@ def test_a_node_alone_needs_no_inter_node_link(capsys):
     (["--link-efficiency", "0"], "--link-efficiency must be in (0, 1], got 0"),
     (["--micro-batch", "0"], "--micro-batch must be a positive number"),
     (["--gpu", "H900"], "--gpu H900: unknown GPU type 'H900'"),
-    (["--zero-stage", "hybrid"], "--zero-stage hybrid"),
+    (["--zero-stage", "hybrid", "--gpus", "8,12"], "--gpus 12: hybrid sharding shards within a node of 8 GPUs"),
 ])
 def test_bad_inputs_name_the_option(capsys, change, message):
     args = list(EXAMPLE)
-    option = change[0]
-    if option in args:
-        args[args.index(option) + 1] = change[1]
-    else:
-        args += change
+    for option, value in zip(change[::2], change[1::2]):
+        if option in args:
+            args[args.index(option) + 1] = value
+        else:
+            args += [option, value]
     code, _, err = _estimate(capsys, *args)
     assert code == 2 and message in err, err
 
@@ -239,3 +239,30 @@ def test_a_measured_bench_table_is_the_link_as_measured(tmp_path, capsys):
     code, out, _ = _estimate(capsys, *EXAMPLE[:EXAMPLE.index("--inter-node") + 1], str(cpu), "--gpus", "16")
     assert code == 0 and "measured on CPU (gloo): a CPU's link" in out and "measured within one host" in out
     assert "x efficiency" not in out.split("inter-node link:")[1].split("\n")[0]  # shown as measured
+
+
+@pytest.mark.unit
+def test_hybrid_sharding_keeps_its_gathers_in_the_node_and_sends_one_all_reduce_across(capsys, example):
+    """HSDP (#28): shard groups of one node (NVLink), replicas across nodes (NDR): only each rank's
+    gradient shard, all-reduced over its replicate group, crosses nodes."""
+    args = list(EXAMPLE)
+    args[args.index("--zero-stage") + 1] = "hybrid"
+    code, out, _ = _estimate(capsys, *args, "--json")
+    result = json.loads(out)
+    assert code == 0 and result["zero_stage"] == "hybrid"
+    psi = accounting.param_count(EXAMPLE_CFG)
+    for row, zero3 in zip(result["rows"], example["rows"]):
+        n = row["gpus"]
+        assert row["replicas"] == max(1, n // 8)
+        assert row["links"]["all_gather"] == row["links"]["reduce_scatter"] == "nvlink-h100"
+        assert row["step_time_s"] == pytest.approx(row["compute_s"] + row["exposed_comm_s"])
+        if n > 8:
+            assert row["links"]["all_reduce"] == "ib-ndr"
+            replicas = n // 8
+            # 25 calls (24 blocks + root), each a unit's fp32 gradient shard: Psi x 4 / 8 bytes in all
+            by_hand = 25 * 50e-6 + 2 * (replicas - 1) / replicas * (psi * 4 / 8) / (50e9 * 0.8)
+            assert row["comm_s"]["all_reduce"] == pytest.approx(by_hand, rel=1e-9)
+            assert sum(row["comm_s"].values()) < sum(zero3["comm_s"].values())  # what crosses nodes shrinks 8x
+        else:
+            assert "all_reduce" not in row["links"]
+            assert row["step_time_s"] == pytest.approx(zero3["step_time_s"])  # one replica is ZeRO-3

@@ -16,6 +16,7 @@
                               --zero-stage 3 --gpu H100 --inter-node ib-ndr --gpus 8,16,32,64,128,256,512
                                                   (predicted step time, tokens/s per GPU, MFU, exposed
                                                    communication and scaling efficiency per GPU count)
+    scalelab estimate links                       (the link products --intra-node/--inter-node take, with sources)
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import sys
 from scalelab import accounting, hardware, links
 from scalelab.config import ModelConfig
 from scalelab.precisions import ESTIMATE_MEMORY, PEAK_KEYS, PRECISION_NAMES, PRECISIONS
-from scalelab.strategies import ZERO_STAGES, strategy
+from scalelab.strategies import HYBRID_KEY, ZERO_STAGES, strategy
 
 # The precisions whose records say they have a memory convention of their own (fp8 holds bf16's
 # fp32 model state, and the ZeRO paper has no fp8 convention): fp32, fp16, bf16.
@@ -356,7 +357,7 @@ DEFAULT_MFU = 0.4
 """The MFU assumed when none is given: ``estimate time``'s end-to-end figure, and ``estimate
 scaling``'s compute efficiency without communication (the model adds the communication)."""
 SCALING_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
-SCALING_STAGES = (*(str(s) for s in ZERO_STAGES), "hybrid")
+SCALING_STAGES = (*(str(s) for s in ZERO_STAGES), HYBRID_KEY)
 LINK_RULE = ("a collective whose group spans nodes runs at the inter-node link, one within a node at the "
              "intra-node link (a ring runs at its slowest link's rate)")
 OUT_OF_SCOPE = ("hierarchical and tree algorithms (NCCL's tree, NVLink SHARP, in-network reduction), the "
@@ -381,23 +382,12 @@ def gpu_counts(text: str) -> tuple[int, ...]:
 def collective_sizes(n_params: int, zero_stage: int, world_size: int, precision: str,
                      accumulation_steps: int = 1, grad_reduce: str = "fp32") -> dict[str, float]:
     """Bytes per optimizer step by collective, as nccl-tests sizes them (scalelab.links: the whole
-    buffer; an all-reduce of S bytes is S here, 2S in accounting's unit), read off the strategy
-    record and scalelab.accounting.comm_dtypes: the gradient term is an all-reduce where gradients
-    are replicated (DDP), a reduce-scatter where they are sharded (FSDP2); the parameter term an
-    all-gather where parameters are sharded, ZeroRedundancyOptimizer's fp32 broadcast otherwise;
-    fp16 adds its loss scaler's one-element fp32 all-reduce. In accounting's unit they add up to
-    accounting.comm_bytes_per_step (tests/test_scaling.py holds them equal)."""
-    record, dtypes = strategy(zero_stage), accounting.comm_dtypes(precision, zero_stage, grad_reduce)
-    sizes = dict.fromkeys(links.COLLECTIVES, 0.0)
-    if PRECISIONS[precision].loss_scaling:
-        sizes["all_reduce"] += accounting.LOSS_SCALER_COMM_BYTES / links.handed_per_size("all_reduce")
-    if not (record.silent_at_world_size_1 and world_size == 1):
-        psi = float(n_params)
-        reduce = "reduce_scatter" if record.shards[1] else "all_reduce"
-        sizes[reduce] += record.grad_psi * psi * dtypes.reduce_bytes / links.handed_per_size(reduce)
-        sizes["all_gather" if record.shards[0] else "broadcast"] += (record.param_psi(accumulation_steps) * psi
-                                                                     * dtypes.gather_bytes)
-    return {c: size for c, size in sizes.items() if size}
+    buffer; an all-reduce of S bytes is S here, 2S in accounting's unit): accounting.comm_bytes_by_type
+    converted (the gradient term an all-reduce where gradients are replicated, a reduce-scatter where
+    they are sharded; the parameter term an all-gather where parameters are sharded,
+    ZeroRedundancyOptimizer's fp32 broadcast otherwise; fp16's loss-scaler flag)."""
+    handed = accounting.comm_bytes_by_type(n_params, zero_stage, world_size, precision, accumulation_steps, grad_reduce)
+    return {c: b / links.handed_per_size(c) for c, b in handed.items()}
 
 
 def _parameter_tensors(cfg: ModelConfig) -> int:
@@ -413,7 +403,8 @@ def collective_calls(cfg: ModelConfig, zero_stage: int, precision: str, sizes: d
                      accumulation_steps: int = 1) -> dict[str, int]:
     """Calls per optimizer step by collective, each paying the link's latency once: DDP one
     all-reduce per gradient bucket (sweep.DDP_BUCKET_MB); FSDP2 one all-gather per unit (every
-    block, and the root) per gathering pass, one reduce-scatter per unit; ZeroRedundancyOptimizer
+    block, and the root) per gathering pass, one reduce-scatter per unit (and under hybrid sharding
+    one all-reduce per unit across replicas); ZeroRedundancyOptimizer
     one broadcast per parameter tensor (issued together: their latencies overlap, so this counts
     them high); fp16's loss scaler one all-reduce of its flag."""
     from scalelab.sweep import DDP_BUCKET_MB
@@ -424,7 +415,10 @@ def collective_calls(cfg: ModelConfig, zero_stage: int, precision: str, sizes: d
     for collective, size in sizes.items():
         if collective == "all_reduce":
             grads = size - scaler * accounting.LOSS_SCALER_COMM_BYTES / links.handed_per_size("all_reduce")
-            calls[collective] = math.ceil(grads / (DDP_BUCKET_MB * 2 ** 20)) + scaler
+            if record.ddp_buckets:
+                calls[collective] = math.ceil(grads / (DDP_BUCKET_MB * 2 ** 20)) + scaler
+            else:  # hybrid sharding all-reduces each unit's gradient shard across replicas
+                calls[collective] = (units if grads > 0 else 0) + scaler
         elif collective == "all_gather":
             calls[collective] = math.ceil(record.param_psi(accumulation_steps)) * units
         elif collective == "reduce_scatter":
@@ -466,6 +460,27 @@ def _link(option: str, spec: str, efficiency: float | None, notes: list[str]) ->
         raise EstimateError(f"{option}: {err}") from None
 
 
+def links_table(args) -> dict:
+    """The link products --intra-node and --inter-node take (scalelab.links), with their sources."""
+    rows = [{"link": p.name, "bandwidth_gb_per_s": p.bandwidth_Bps / links.GB, "latency_us": p.latency_s * 1e6,
+             "aliases": list(p.aliases), "source": p.source, "note": p.note} for p in links.PRODUCTS]
+    return {"rows": rows, "default_efficiency": links.DEFAULT_EFFICIENCY,
+            "note": "bus bandwidth per GPU, unidirectional, nominal (collectives run at it x the link efficiency, "
+                    f"default {links.DEFAULT_EFFICIENCY}); latency per collective call, assumed; a number given "
+                    "instead of a name is GB/s per GPU, unidirectional"}
+
+
+def _replicas(gpus: int, per_node: int) -> int:
+    """Hybrid sharding's replica count at a GPU count: shard groups of one node each (--gpus-per-node),
+    one replica within a node."""
+    if gpus <= per_node:
+        return 1
+    if gpus % per_node:
+        raise EstimateError(f"--gpus {gpus}: hybrid sharding shards within a node of {per_node} GPUs (--gpus-per-node) "
+                            "and replicates across nodes: a count above one node must be a whole number of nodes")
+    return gpus // per_node
+
+
 def _overlap_text(stage) -> str:
     """The strategy's overlap facts (Strategy.overlap, scalelab.prediction's windows) in words."""
     from scalelab import prediction
@@ -473,7 +488,9 @@ def _overlap_text(stage) -> str:
     windows = {"backward": f"backward ({prediction.OVERLAP_WINDOWS['backward']:.0%} of compute)",
                "step": "forward and backward (all of compute)"}
     hidden = [f"{c} behind {windows.get(w, w)}" for c, w in strategy(stage).overlap]
-    return ("; ".join(hidden) + ", all calls but the last" if hidden else "none") + "; the rest is exposed"
+    if not hidden:
+        return "none stated in the strategy record (Strategy.overlap): every collective counted exposed"
+    return "; ".join(hidden) + ", all calls but the last; the rest is exposed"
 
 
 def scaling_table(args) -> dict:
@@ -499,10 +516,9 @@ def scaling_table(args) -> dict:
         peak = accounting.gpu_peak_flops(args.gpu, args.precision)
     except ValueError as err:
         raise EstimateError(f"--gpu {args.gpu}: {err}") from None
-    if args.zero_stage == "hybrid":
-        raise EstimateError("--zero-stage hybrid: not available yet: hybrid sharding's collective bytes per link are "
-                            "not in scalelab.accounting (issue #28); use 0, 1, 2 or 3")
-    stage = int(args.zero_stage)
+    hybrid = args.zero_stage == HYBRID_KEY
+    key = HYBRID_KEY if hybrid else int(args.zero_stage)  # the strategy record's key
+    stage = strategy(key).stage  # hybrid sharding is stage 3 over a 2-D mesh (scalelab.strategies)
     intra_spec = args.intra_node or links.DEFAULT_INTRA_NODE.get(product.name)
     if intra_spec is None:
         raise EstimateError(f"--intra-node: no default link for {product.name}; give a product "
@@ -524,14 +540,28 @@ def scaling_table(args) -> dict:
     compute_s = fpt * tokens / (peak * mfu)
     rows = []
     for n in gpus:
-        link = inter if n > per_node else intra
-        sizes = collective_sizes(n_params, stage, n, args.precision, grad_reduce=args.grad_reduce)
-        calls = collective_calls(cfg, stage, args.precision, sizes)
-        comm = {c: calls[c] * links.collective_seconds(c, sizes[c] / calls[c], n, link) for c in sizes}
-        step = prediction.step_time(stage, compute_s, comm, calls=calls, overlap_efficiency=eta)
+        replicas = _replicas(n, per_node) if hybrid else 1
+        # every collective of a step by the link its group uses (accounting: placement.link_of's rule), each run
+        # over its group: the world, or under hybrid sharding the shard group (a node) and the replicate group
+        by_link = accounting.comm_bytes_by_link(n_params, stage, n, args.precision, per_node, replicas=replicas,
+                                                grad_reduce=args.grad_reduce)
+        group = {"intra_node": n // replicas, "inter_node": replicas if replicas > 1 else n}
+        link_of = {"intra_node": intra, "inter_node": inter}
+        comm, calls, sizes, used = {}, {}, {}, {}
+        for side in ("intra_node", "inter_node"):
+            side_sizes = {c: b / links.handed_per_size(c) for c, b in by_link[side].items()}
+            side_calls = collective_calls(cfg, key, args.precision, side_sizes)
+            for c, size in side_sizes.items():
+                seconds = side_calls[c] * links.collective_seconds(c, size / side_calls[c], group[side], link_of[side])
+                comm[c], calls[c] = comm.get(c, 0.0) + seconds, calls.get(c, 0) + side_calls[c]
+                sizes[c] = sizes.get(c, 0.0) + size
+                if group[side] > 1:
+                    used[c] = link_of[side].name
+        # one replica is plain stage 3 (strategy(3, 1)): its record's overlap facts apply
+        step = prediction.step_time(key if replicas > 1 else stage, compute_s, comm, calls=calls, overlap_efficiency=eta)
         per_gpu = tokens / step.step_s
-        peak_mem = accounting.peak_memory(cfg, n_params, stage, n, args.precision, micro).total
-        rows.append({"gpus": n, "nodes": math.ceil(n / per_node), "link": link.name if n > 1 else None,
+        peak_mem = accounting.peak_memory(cfg, n_params, stage, n, args.precision, micro, replicas=replicas).total
+        rows.append({"gpus": n, "nodes": math.ceil(n / per_node), "replicas": replicas, "links": used,
                      "step_time_s": step.step_s, "compute_s": step.compute_s, "comm_s": dict(step.comm_s),
                      "exposed_comm_s": step.exposed_comm_s, "tokens_per_s_per_gpu": per_gpu,
                      "tokens_per_s": per_gpu * n, "mfu": accounting.mfu(per_gpu, fpt, peak, 1),
@@ -547,8 +577,8 @@ def scaling_table(args) -> dict:
                 "achievable_gb_per_s": link.achievable_Bps / links.GB, "latency_us": link.latency_s * 1e6,
                 "source": link.source}
 
-    return {"prediction": True, **_named(args), "n_params": n_params, "zero_stage": stage,
-            "strategy": strategy(stage).name, "precision": args.precision, "grad_reduce": args.grad_reduce,
+    return {"prediction": True, **_named(args), "n_params": n_params, "zero_stage": key,
+            "strategy": strategy(key).name, "precision": args.precision, "grad_reduce": args.grad_reduce,
             "seq_len": cfg.seq_len, "micro_batch": micro, "tokens_per_gpu_per_step": tokens, "flops_per_token": fpt,
             "gpu": product.name, "peak_flops_per_gpu": peak, "gpus_per_node": per_node,
             "assumptions": {"mfu_without_communication": mfu, "mfu_default": args.mfu is None,
@@ -556,7 +586,7 @@ def scaling_table(args) -> dict:
                             "link_efficiency_default": efficiency is None,
                             "intra_node": described(intra), "inter_node": described(inter),
                             "overlap_efficiency": eta, "overlap_efficiency_default": args.overlap_efficiency is None,
-                            "overlap": _overlap_text(stage),
+                            "overlap": _overlap_text(key),
                             "link_rule": LINK_RULE, "out_of_scope": OUT_OF_SCOPE,
                             "collective_sizes": "nccl-tests' size: the whole buffer (an all-gather's output, a "
                                                 "reduce-scatter's input); seconds = calls x latency + bus factor x "
@@ -577,7 +607,8 @@ _COLLECTIVE_SHORT = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "
 def _render_scaling(r: dict) -> list[str]:
     a = r["assumptions"]
     model = f"{r['model']} ({r['family']}, " if "model" in r else "("
-    lines = [f"PREDICTION, not a measurement: {model}{_human(r['n_params'])} parameters), ZeRO stage {r['zero_stage']} "
+    how = "hybrid sharding" if r["zero_stage"] == HYBRID_KEY else f"ZeRO stage {r['zero_stage']}"
+    lines = [f"PREDICTION, not a measurement: {model}{_human(r['n_params'])} parameters), {how} "
              f"({r['strategy']}), {r['precision']}, seq {r['seq_len']}, micro-batch {r['micro_batch']} per GPU "
              f"({r['tokens_per_gpu_per_step']:,} tokens per GPU per step), {r['gpu']}, {r['gpus_per_node']} GPUs per node",
              f"compute: {r['flops_per_token']:.3g} FLOP/token at MFU {a['mfu_without_communication']:.0%} without "
@@ -598,16 +629,25 @@ def _render_scaling(r: dict) -> list[str]:
     lines.append(f"overlap: {a['overlap']}; overlap efficiency {a['overlap_efficiency']:g}"
                  + (" (default; --overlap-efficiency)" if a["overlap_efficiency_default"] else ""))
     lines.append(f"rule: {a['link_rule']}; out of scope: {a['out_of_scope']}")
-    lines.append(f"{'gpus':>5} {'nodes':>5} {'link':<12} {'step ms':>8} {'compute':>8} {'comm':>8} {'exposed':>8} "
-                 f"{'tok/s/GPU':>10} {'MFU':>6} {'scaling':>7}  memory")
+    lines.append(f"{'gpus':>5} {'nodes':>5} {'step ms':>8} {'compute':>8} {'comm':>8} {'exposed':>8} "
+                 f"{'tok/s/GPU':>10} {'MFU':>6} {'scaling':>7} {'memory':>9}  links")
     for row in r["rows"]:
         comm = sum(row["comm_s"].values())
-        lines.append(f"{row['gpus']:>5} {row['nodes']:>5} {row['link'] or '-':<12} {row['step_time_s'] * 1e3:>8.1f} "
+        by_link: dict[str, list[str]] = {}
+        for c, name in row["links"].items():
+            by_link.setdefault(name, []).append(_COLLECTIVE_SHORT[c])
+        link = next(iter(by_link)) if len(by_link) == 1 else " ".join(f"{'+'.join(cs)}:{name}" for name, cs in by_link.items())
+        memory = f"{row['peak_memory_gib']:.1f} GiB" + ("" if row["fits_memory"] else "!")
+        lines.append(f"{row['gpus']:>5} {row['nodes']:>5} {row['step_time_s'] * 1e3:>8.1f} "
                      f"{row['compute_s'] * 1e3:>8.1f} {comm * 1e3:>8.1f} {row['exposed_comm_s'] * 1e3:>8.1f} "
-                     f"{row['tokens_per_s_per_gpu']:>10,.0f} {row['mfu']:>6.1%} {row['scaling_efficiency']:>7.1%}  "
-                     f"{row['peak_memory_gib']:.1f} GiB" + ("" if row["fits_memory"] else " > the GPU's: does not fit"))
+                     f"{row['tokens_per_s_per_gpu']:>10,.0f} {row['mfu']:>6.1%} {row['scaling_efficiency']:>7.1%} "
+                     f"{memory:>9}  {link or '-'}")
+    if not all(row["fits_memory"] for row in r["rows"]):
+        lines.append(f"! the predicted peak per GPU exceeds the {r['gpu']}'s memory: the run would not fit")
     lines.append("every figure above is predicted; times in ms per optimizer step; comm = every collective's time, "
-                 "exposed = what overlap leaves on the step; scaling = tokens/s per GPU against the smallest count")
+                 "exposed = what overlap leaves on the step; scaling = tokens/s per GPU against the smallest count"
+                 + ("; AR all-reduce, RS reduce-scatter, AG all-gather, BC broadcast" if any(
+                     len(set(row["links"].values())) > 1 for row in r["rows"]) else ""))
     return lines
 
 
@@ -662,6 +702,10 @@ def render(kind: str, result: dict) -> str:
             lines.append(f"{r['model']:<12} {r['family']:<6} {r['n_params']:>15,} {r['n_layers']:>6} {r['d_model']:>7} "
                          f"{r['n_heads']:>5} {r['n_kv_heads'] or '-':>3} {r['ffn_dim']:>6} {r['vocab_size']:>6} "
                          f"{r['seq_len']:>5}  {r['source']}")
+    elif kind == "links":
+        lines.append(f"{'link':<16} {'GB/s':>7} {'lat us':>6}  source")
+        for r in result["rows"]:
+            lines.append(f"{r['link']:<16} {r['bandwidth_gb_per_s']:>7.4g} {r['latency_us']:>6g}  {r['source']}")
     elif kind == "scaling":
         lines += _render_scaling(result)
     else:
@@ -775,7 +819,8 @@ def add_parser(sub) -> None:
                          "(default 1: NCCL runs on its own stream)")
     sc.add_argument("--mfu", type=float, default=None,
                     help=f"compute efficiency without communication, MFU in (0, 1] (default {DEFAULT_MFU})")
-    for p in (m, t, f, a, c, ms, sc):
+    lk = kinds.add_parser("links", help="the link products estimate scaling takes, per GPU, with their sources")
+    for p in (m, t, f, a, c, ms, sc, lk):
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
         p.set_defaults(usage_parser=p)  # an unknown option is this subcommand's error, with its usage (scalelab.cli.main)
     est.set_defaults(func=run)
@@ -783,7 +828,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     compute = {"memory": memory_table, "time": time_estimate, "fit": fit_table, "advise": advise, "claim": claim_check,
-               "models": models_table, "scaling": scaling_table}[args.kind]
+               "models": models_table, "scaling": scaling_table, "links": links_table}[args.kind]
     try:
         result = compute(args)
     except EstimateError as err:
