@@ -220,6 +220,24 @@ RUN = [
     Column("scaling_efficiency", pa.float64(), "fraction", "tokens_per_s / (world_size × the median tokens_per_s of the ok "
            "world-size-1 runs of the same precision and ZeRO stage), as the report computes it (1 = linear scaling)",
            "collect", sometimes("when ok runs at world size 1 of its precision and stage exist", OK)),
+    # The step-time model's prediction of the run (scalelab.prediction), made at collection: compute from the runs of
+    # the same configuration at the sweep's smallest world size, communication from <results>/calibration/comm.parquet.
+    Column("predicted_step_time_s", pa.float64(), "s", "predicted mean step time (scalelab.prediction): compute measured on "
+           "the same configuration at its smallest world size in the sweep, carried to this run's tokens per rank, plus "
+           "the communication its strategy leaves exposed, timed on links fitted to the sweep's bench comm table; "
+           "in-sample where the run is its own reference (prediction_note says which); null where prediction_note "
+           "says why (no bench table, no reference)", "collect", sometimes("when prediction_note gives no reason against", OK)),
+    Column("predicted_step_time_s_low", pa.float64(), "s", "lower end of the prediction's band (99%: run-to-run noise, "
+           "the link fit's error, an assumed token share's range)", "collect",
+           sometimes("with predicted_step_time_s", OK)),
+    Column("predicted_step_time_s_high", pa.float64(), "s", "upper end of the prediction's band; the report warns on a "
+           "measured step_time_s_mean outside it", "collect", sometimes("with predicted_step_time_s", OK)),
+    Column("predicted_tokens_per_s", pa.float64(), "tokens/s", "tokens_per_step / predicted_step_time_s", "collect",
+           sometimes("with predicted_step_time_s", OK)),
+    Column("predicted_exposed_comm_s", pa.float64(), "s", "communication in predicted_step_time_s: the strategy's "
+           "collectives less what its overlap hides", "collect", sometimes("with predicted_step_time_s", OK)),
+    Column("prediction_note", pa.string(), "-", "how predicted_step_time_s was made (the reference's world size and "
+           "tokens, the token share and whether it was fitted), or why there is none", "collect", OK),
     Column("step_time_s_mean", pa.float64(), "s", "mean step time over the measured steps", "worker", OK),
     Column("step_time_s_median", pa.float64(), "s", "median step time over the measured steps", "worker", OK),
     Column("loop_time_s_per_step", pa.float64(), "s", "wall time of the whole training loop (records, loss sync "

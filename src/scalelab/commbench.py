@@ -43,6 +43,19 @@ CPU_MAX_BYTES = 64 * 2 ** 20
 GPUs go to GPU_MAX_BYTES as nccl-tests' usual sweeps do."""
 GPU_MAX_BYTES = 512 * 2 ** 20
 MIN_BYTES = 4 * 2 ** 10
+REPS = 20
+"""Timed repetitions per row, at least: on a CPU a collective's time is heavy-tailed (a rank waiting
+for a scheduler tick, 4 ms on a 250 Hz kernel), so its mean needs many; a row repeats until it has
+run MIN_SECONDS (at most MAX_REPS), nccl-tests' fixed count being too few for small messages here."""
+MIN_SECONDS = 0.3
+MAX_REPS = 200
+WARMUP = 3
+BATCHES = (1, 16)
+"""Calls per repetition: one at a time, and a batch issued together (async, then waited), the way
+ZeroRedundancyOptimizer broadcasts its parameters (scalelab.strategies: Strategy.batched): on gloo
+a batch costs per call several times what one call alone does."""
+BATCH_MAX_BYTES = 2 ** 20
+"""The largest message timed in batches (a batch holds that many buffers of it)."""
 
 
 def message_sizes(min_bytes: int = MIN_BYTES, max_bytes: int = CPU_MAX_BYTES, factor: int = 4) -> list[int]:
@@ -85,35 +98,65 @@ def _rank_main(spec: dict) -> None:
 
     rows = []
     for collective in spec["collectives"]:
-        for size in spec["sizes"]:
-            elements = max(n, size // 4 // n * n)  # float32, divisible by n (all-gather, reduce-scatter)
-            full = torch.ones(elements, dtype=torch.float32, device=device)
-            part = torch.ones(elements // n, dtype=torch.float32, device=device)
-            calls = {"all_reduce": (dist.all_reduce, (full,)), "reduce_scatter": (dist.reduce_scatter_tensor, (part, full)),
-                     "all_gather": (dist.all_gather_into_tensor, (full, part)), "broadcast": (dist.broadcast, (full, 0))}
-            function, arguments = calls[collective]
-            times = []
-            for i in range(spec["warmup"] + spec["reps"]):
-                dist.barrier()
-                sync()
-                start = time.perf_counter()
-                function(*arguments)
-                sync()
-                if i >= spec["warmup"]:
-                    times.append(time.perf_counter() - start)
-            # the slowest rank's time of each repetition: a step waits for the last rank
-            mine = torch.tensor(times, dtype=torch.float64, device=device)
-            gathered = [torch.zeros_like(mine) for _ in range(n)]
-            dist.all_gather(gathered, mine)
-            slowest = torch.stack([g.cpu() for g in gathered]).max(dim=0).values
-            rows.append({"collective": collective, "bytes": elements * 4, "time_s": float(slowest.median()),
-                         "time_s_mean": float(slowest.mean()), "time_s_min": float(slowest.min()),
-                         "time_s_max": float(slowest.max()), "reps": spec["reps"]})
+        for batch in spec["batches"]:
+            for size in spec["sizes"]:
+                if batch > 1 and size > spec["batch_max_bytes"]:
+                    continue
+                rows.append(_time_collective(dist, torch, collective, size, batch, n, device, sync, spec))
     if rank == 0:
         Path(spec["out"]).write_text(json.dumps({"rows": rows, "rank_cores": cores, "backend": backend,
                                                  "device_name": _device_name(device), "torch_version": torch.__version__}))
     dist.barrier()  # before tear-down: gloo's destroy_process_group() hung without it (torch 2.13 CPU)
     dist.destroy_process_group()
+
+
+def _time_collective(dist, torch, collective: str, size: int, batch: int, n: int, device, sync, spec: dict) -> dict:
+    """One row: ``batch`` calls of a collective of ``size`` bytes, issued together (async, then
+    waited, as ZeroRedundancyOptimizer issues its broadcasts; 1 = one call at a time), timed from a
+    barrier to the slowest rank's return; the time per call."""
+    elements = max(n, size // 4 // n * n)  # float32, divisible by n (all-gather, reduce-scatter)
+    fulls = [torch.ones(elements, dtype=torch.float32, device=device) for _ in range(batch)]
+    parts = [torch.ones(elements // n, dtype=torch.float32, device=device) for _ in range(batch)]
+
+    def issue(j: int):
+        full, part = fulls[j], parts[j]
+        if collective == "all_reduce":
+            return dist.all_reduce(full, async_op=batch > 1)
+        if collective == "reduce_scatter":
+            return dist.reduce_scatter_tensor(part, full, async_op=batch > 1)
+        if collective == "all_gather":
+            return dist.all_gather_into_tensor(full, part, async_op=batch > 1)
+        return dist.broadcast(full, src=j % n, async_op=batch > 1)  # a batch's sources take turns (each rank's shard)
+
+    times, i, began = [], 0, time.perf_counter()
+    # at least reps timed repetitions, more while the row is younger than min_seconds (at most max_reps):
+    # a heavy-tailed time needs many for its mean. Rank 0 decides, so every rank runs the same count.
+    go = torch.ones(1, device=device)
+    while True:
+        dist.barrier()
+        sync()
+        start = time.perf_counter()
+        handles = [issue(j) for j in range(batch)]
+        for handle in handles:
+            if handle is not None:
+                handle.wait()
+        sync()
+        if i >= spec["warmup"]:
+            times.append((time.perf_counter() - start) / batch)
+        i += 1
+        if len(times) >= spec["reps"]:
+            go.fill_(float(len(times) < spec["max_reps"] and time.perf_counter() - began < spec["min_seconds"]))
+            dist.broadcast(go, src=0)
+            if not go.item():
+                break
+    # the slowest rank's time of each repetition: a step waits for the last rank
+    mine = torch.tensor(times, dtype=torch.float64, device=device)
+    gathered = [torch.zeros_like(mine) for _ in range(n)]
+    dist.all_gather(gathered, mine)
+    slowest = torch.stack([g.cpu() for g in gathered]).max(dim=0).values
+    return {"collective": collective, "bytes": elements * 4, "batch": batch, "time_s": float(slowest.median()),
+            "time_s_mean": float(slowest.mean()), "time_s_min": float(slowest.min()),
+            "time_s_max": float(slowest.max()), "reps": len(times)}
 
 
 def _device_name(device) -> str:
@@ -133,8 +176,9 @@ class BenchError(RuntimeError):
 
 
 def run_world_size(world_size: int, *, device: str = "cpu", sizes: list[int], collectives=COLLECTIVES,
-                   reps: int = 5, warmup: int = 2, threads_per_rank: int = 1, collective_timeout_s: float = 60.0,
-                   timeout_s: float = 300.0) -> dict:
+                   reps: int = REPS, warmup: int = WARMUP, min_seconds: float = MIN_SECONDS,
+                   max_reps: int = MAX_REPS, batches=BATCHES, batch_max_bytes: int = BATCH_MAX_BYTES,
+                   threads_per_rank: int = 1, collective_timeout_s: float = 60.0, timeout_s: float = 300.0) -> dict:
     """Start ``world_size`` ranks on this host, wait for them (at most timeout_s), return rank 0's record."""
     from scalelab.training.launch import free_port
 
@@ -145,10 +189,13 @@ def run_world_size(world_size: int, *, device: str = "cpu", sizes: list[int], co
         raise ValueError(f"unknown collective(s) {', '.join(unknown)}; known: {', '.join(COLLECTIVES)}")
     if reps < 1 or warmup < 0:
         raise ValueError(f"reps must be >= 1 and warmup >= 0, got {reps}, {warmup}")
+    if not batches or min(batches) < 1:
+        raise ValueError(f"batches must be whole numbers >= 1, got {batches!r}")
     with tempfile.TemporaryDirectory(prefix="scalelab-bench-") as tmp:
         spec = {"device": device, "sizes": list(sizes), "collectives": list(collectives), "reps": reps, "warmup": warmup,
-                "threads_per_rank": threads_per_rank, "collective_timeout_s": collective_timeout_s,
-                "out": str(Path(tmp) / "rank0.json")}
+                "min_seconds": min_seconds, "max_reps": max(max_reps, reps), "batches": sorted(set(batches)),
+                "batch_max_bytes": batch_max_bytes, "threads_per_rank": threads_per_rank,
+                "collective_timeout_s": collective_timeout_s, "out": str(Path(tmp) / "rank0.json")}
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(spec))
         log_path = Path(tmp) / "ranks.log"
@@ -194,8 +241,9 @@ def _kill(procs: list[subprocess.Popen]) -> None:
 
 
 def bench_comm(world_sizes: list[int], *, device: str = "cpu", sizes: list[int] | None = None, collectives=COLLECTIVES,
-               reps: int = 5, warmup: int = 2, threads_per_rank: int = 1, collective_timeout_s: float = 60.0,
-               timeout_s: float = 300.0):
+               reps: int = REPS, warmup: int = WARMUP, min_seconds: float = MIN_SECONDS,
+               max_reps: int = MAX_REPS, batches=BATCHES, batch_max_bytes: int = BATCH_MAX_BYTES,
+               threads_per_rank: int = 1, collective_timeout_s: float = 60.0, timeout_s: float = 300.0):
     """The benchmark table (a pandas DataFrame, one row per collective, world size and size)."""
     import pandas as pd
 
@@ -205,7 +253,8 @@ def bench_comm(world_sizes: list[int], *, device: str = "cpu", sizes: list[int] 
     for n in world_sizes:
         started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         record = run_world_size(n, device=device, sizes=sizes, collectives=collectives, reps=reps, warmup=warmup,
-                                threads_per_rank=threads_per_rank, collective_timeout_s=collective_timeout_s,
+                                min_seconds=min_seconds, max_reps=max_reps, batches=batches,
+                                batch_max_bytes=batch_max_bytes, threads_per_rank=threads_per_rank, collective_timeout_s=collective_timeout_s,
                                 timeout_s=timeout_s)
         frame = pd.DataFrame(record["rows"])
         frame.insert(1, "world_size", n)
@@ -250,9 +299,11 @@ def read_table(path: str | Path):
 
 def format_table(table) -> str:
     """nccl-tests' columns, one line per row."""
-    lines = [f"{'collective':<15}{'n':>3}{'bytes':>12}{'time us':>12}{'algbw GB/s':>12}{'busbw GB/s':>12}"]
+    lines = [f"{'collective':<15}{'n':>3}{'batch':>6}{'bytes':>12}{'time us':>12}{'mean us':>12}{'algbw GB/s':>12}"
+             f"{'busbw GB/s':>12}"]
     for row in table.itertuples():
-        lines.append(f"{row.collective:<15}{row.world_size:>3}{row.bytes:>12}{row.time_s * 1e6:>12.1f}"
+        lines.append(f"{row.collective:<15}{row.world_size:>3}{row.batch:>6}{row.bytes:>12}{row.time_s * 1e6:>12.1f}"
+                     f"{row.time_s_mean * 1e6:>12.1f}"
                      f"{row.algbw_Bps / 1e9:>12.3f}{row.busbw_Bps / 1e9:>12.3f}")
     return "\n".join(lines)
 
@@ -274,8 +325,16 @@ def add_parser(sub) -> None:
                    help=f"largest message (default {CPU_MAX_BYTES >> 20} MiB on CPU, {GPU_MAX_BYTES >> 20} MiB on GPU)")
     c.add_argument("--factor", type=int, default=4, help="each size this many times the last (default 4)")
     c.add_argument("--collectives", default=",".join(COLLECTIVES), help=f"comma-separated, of {', '.join(COLLECTIVES)}")
-    c.add_argument("--reps", type=int, default=5, help="timed repetitions per size (default 5; the median is kept)")
-    c.add_argument("--warmup", type=int, default=2, help="untimed repetitions first (default 2)")
+    c.add_argument("--reps", type=int, default=REPS, help=f"timed repetitions per size (default {REPS}; median and mean kept)")
+    c.add_argument("--warmup", type=int, default=WARMUP, help=f"untimed repetitions first (default {WARMUP})")
+    c.add_argument("--min-seconds", type=float, default=MIN_SECONDS,
+                   help=f"repeat a row until it has run this long (default {MIN_SECONDS}; 0: exactly --reps)")
+    c.add_argument("--max-reps", type=int, default=MAX_REPS, help=f"at most this many repetitions per row (default {MAX_REPS})")
+    c.add_argument("--batches", default=",".join(map(str, BATCHES)),
+                   help="comma-separated calls per repetition, issued together (default 1,16: one at a time, and "
+                        "16 async calls then waited, as ZeroRedundancyOptimizer broadcasts)")
+    c.add_argument("--batch-max-bytes", type=int, default=BATCH_MAX_BYTES,
+                   help=f"largest message timed in batches (default {BATCH_MAX_BYTES})")
     c.add_argument("--threads-per-rank", type=int, default=1, help="intra-op threads (and pinned cores) per CPU rank (default 1)")
     c.add_argument("--collective-timeout", type=float, default=60.0, help="seconds a collective may wait (default 60)")
     c.add_argument("--timeout", type=float, default=300.0, help="seconds for each world size's ranks (default 300)")
@@ -309,7 +368,9 @@ def _bench_comm(args) -> int:
                 raise ValueError(f"--world-sizes {max(world_sizes)} x --threads-per-rank {args.threads_per_rank} needs "
                                  f"more cores than the {cores} this process may use: ranks sharing cores measure contention")
         table = bench_comm(world_sizes, device=device, sizes=sizes, collectives=collectives, reps=args.reps,
-                           warmup=args.warmup, threads_per_rank=args.threads_per_rank,
+                           warmup=args.warmup, min_seconds=args.min_seconds, max_reps=args.max_reps,
+                           batches=_ints(args.batches, "--batches"), batch_max_bytes=args.batch_max_bytes,
+                           threads_per_rank=args.threads_per_rank,
                            collective_timeout_s=args.collective_timeout, timeout_s=args.timeout)
     except (ValueError, BenchError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from scalelab import links
-from scalelab.strategies import strategy
+from scalelab.strategies import STRATEGIES, strategy
 
 OVERLAP_WINDOWS = {"backward": 2 / 3, "step": 1.0}
 """Share of a step's compute a collective can hide behind: gradient reductions run during backward
@@ -116,11 +116,12 @@ def _time_column(table) -> str:
     return "time_s_mean" if "time_s_mean" in table.columns else "time_s"
 
 
-def fit_link_rows(table, world_size: int | None = None, collective: str | None = None) -> LinkFit:
+def fit_link_rows(table, world_size: int | None = None, collective: str | None = None, batched: bool = False) -> LinkFit:
     """Fit latency and bus bandwidth to a bench table's rows (world size >= 2; of ``world_size`` and
-    ``collective`` when given): time = alpha + bus_factor x bytes / B, least squares on the relative
-    error, on the mean times (a step pays a collective's mean, stalls included) or the medians of
-    a table without means. ValueError when the rows cannot determine both."""
+    ``collective`` when given; calls timed one at a time, or in batches with ``batched``):
+    time = alpha + bus_factor x bytes / B, least squares on the relative error, on the mean times
+    (a step pays a collective's mean, stalls included) or the medians of a table without means.
+    ValueError when the rows cannot determine both."""
     from scalelab.commbench import TABLE_COLUMNS
 
     missing = [c for c in TABLE_COLUMNS if c not in table.columns]
@@ -131,9 +132,12 @@ def fit_link_rows(table, world_size: int | None = None, collective: str | None =
         rows = rows[rows["world_size"] == world_size]
     if collective is not None:
         rows = rows[rows["collective"] == collective]
+    batch = rows["batch"] if "batch" in rows.columns else 1  # a table without batches timed one call at a time
+    rows = rows[(batch > 1) if batched else (batch == 1)]
     column = _time_column(rows)
     rows = rows[rows[column] > 0]
-    what = f"{'world size ' + str(world_size) if world_size else 'world sizes >= 2'}{', ' + collective if collective else ''}"
+    what = (f"{'world size ' + str(world_size) if world_size else 'world sizes >= 2'}{', ' + collective if collective else ''}"
+            f"{', batched calls' if batched else ''}")
     if rows["bytes"].nunique() < 2:
         raise ValueError(f"the bench table has fewer than two message sizes for {what}: nothing to fit")
     x = np.array([links.bus_factor(c, int(n)) for c, n in zip(rows["collective"], rows["world_size"], strict=True)]) \
@@ -153,7 +157,7 @@ def fit_link_rows(table, world_size: int | None = None, collective: str | None =
     first = rows.iloc[0]
     source = (f"bench comm table: {len(rows)} rows ({what}), {first.get('backend', '?')} on {first.get('device_name', '?')}, "
               f"measured {first.get('measured_utc', '?')}; alpha-beta fit of the {column} column (relative least squares)")
-    name = f"bench {first.get('backend', '')} {collective or 'all collectives'}".replace("  ", " ")
+    name = f"bench {first.get('backend', '')} {collective or 'all collectives'}{' batched' if batched else ''}".replace("  ", " ")
     return LinkFit(links.Link(name, 1.0 / inverse_bw, float(alpha), source), len(rows), residual, scatter)
 
 
@@ -163,18 +167,23 @@ def fit_link(table, world_size: int | None = None) -> links.Link:
     return fit_link_rows(table, world_size).link
 
 
-def link_fits(table, world_size: int) -> dict[str, LinkFit]:
+def link_fits(table, world_size: int, batched: tuple[str, ...] = ()) -> dict[str, LinkFit]:
     """Per collective, the fit for ``world_size``: the table's rows of that world size where it
-    has them, else of every world size >= 2 (bus bandwidth is comparable across them); a
+    has them, else of every world size >= 2 (bus bandwidth is comparable across them); of its
+    batched rows for the collectives in ``batched`` (Strategy.batched) where it has them; a
     collective the table lacks gets the fit over all its collectives."""
     sizes = set(table["world_size"])
     ws = world_size if world_size in sizes else None
     fits = {}
     for c in links.COLLECTIVES:
-        try:
-            fits[c] = fit_link_rows(table, ws, c)
-        except ValueError:
-            fits[c] = fit_link_rows(table, ws)
+        for attempt in ((ws, c, True), (ws, c, False), (ws, None, False)) if c in batched else ((ws, c, False), (ws, None, False)):
+            try:
+                fits[c] = fit_link_rows(table, *attempt)
+                break
+            except ValueError:
+                continue
+        else:
+            fits[c] = fit_link_rows(table, ws)  # raises, naming what the table lacks
     return fits
 
 
@@ -248,8 +257,8 @@ class Model:
     """A fitted step-time model: its parameters, each named with where it came from."""
 
     table_path: str | None
-    fits: dict[int, dict[str, LinkFit]] = field(default_factory=dict)
-    """Per world size, per collective: the link fit (computed on demand from the table)."""
+    fits: dict[tuple, dict[str, LinkFit]] = field(default_factory=dict)
+    """Per (world size, batched collectives), per collective: the link fit (computed on demand from the table)."""
     table: object = None
     references: object = None
     """One row per compute reference: the COMPUTE_KEY columns, tokens per rank, compute seconds, runs,
@@ -261,19 +270,22 @@ class Model:
     sigma_source: str = ""
     fit_runs: int = 0
 
-    def link_fits(self, world_size: int) -> dict[str, LinkFit] | None:
+    def link_fits(self, world_size: int, batched: tuple[str, ...] = ()) -> dict[str, LinkFit] | None:
         if self.table is None:
             return None
-        if world_size not in self.fits:
-            self.fits[world_size] = link_fits(self.table, world_size)
-        return self.fits[world_size]
+        if (world_size, batched) not in self.fits:
+            self.fits[(world_size, batched)] = link_fits(self.table, world_size, batched)
+        return self.fits[(world_size, batched)]
 
     def parameters(self) -> list[dict]:
         """Every fitted or defaulted parameter: name, value, unit, source (what `scalelab predict` prints)."""
         out = []
         sizes = sorted(set(self.table["world_size"])) if self.table is not None else []
+        batched = tuple(sorted({c for s in STRATEGIES.values() for c in s.batched}))
         for n in [s for s in sizes if s >= 2]:
-            for c, f in self.link_fits(n).items():
+            fits = {**{c: f for c, f in self.link_fits(n).items()},
+                    **{f"{c} batched": f for c, f in self.link_fits(n, batched).items() if c in batched}}
+            for c, f in fits.items():
                 out.append({"name": f"alpha[{c}, n={n}]", "value": f.link.latency_s, "unit": "s per call",
                             "source": f"fitted: {f.rows} bench rows, residual {f.residual:.0%} rms"})
                 out.append({"name": f"B[{c}, n={n}]", "value": f.link.bandwidth_Bps, "unit": "B/s bus bandwidth",
@@ -322,7 +334,7 @@ def fit(runs, table=None, table_path: str | None = None) -> Model:
             first = at.iloc[0].to_dict()
             exposed = 0.0
             if n > 1:
-                fits = model.link_fits(n)
+                fits = model.link_fits(n, strategy(first["zero_stage"]).batched)
                 if fits is None:
                     continue  # no bench table: communication unknown, so is compute
                 sizes, calls = collectives_of(first)
@@ -366,20 +378,19 @@ def fit(runs, table=None, table_path: str | None = None) -> Model:
                                                             "table (the fit set repeats none)")
         else:
             model.sigma_source = "unknown: no point ran twice (the band holds the model's parts only)"
-    model._noise_dof = noise.dof if noise.known else 0
     return model
 
 
 PREDICTED_COLUMNS = ("predicted_step_time_s", "predicted_step_time_s_low", "predicted_step_time_s_high",
-                     "predicted_tokens_per_s", "predicted_compute_s", "predicted_exposed_comm_s", "prediction_note")
-"""What predict() adds per run (the metrics table's prediction block, scalelab.columns)."""
+                     "predicted_tokens_per_s", "predicted_exposed_comm_s", "prediction_note")
+"""What predict() adds per run: the metrics table's prediction block (scalelab.columns). The compute
+part is the step less its exposed communication."""
 
 
-def _z(model: Model) -> float:
-    from scalelab.analysis.noise import t_quantile
-
-    dof = getattr(model, "_noise_dof", 0)
-    return t_quantile(dof) if dof >= 1 else 2.576
+BAND_Z = 2.576
+"""The band's half-width in sigmas: 99% of a normal error (the report's confidence, scalelab.analysis.noise),
+not Student's t of the few repeats a sweep has (t = 9.9 at 2 degrees of freedom would make every band
+wider than the step)."""
 
 
 def predict_row(model: Model, row: dict) -> dict:
@@ -388,6 +399,7 @@ def predict_row(model: Model, row: dict) -> dict:
     from scalelab.analysis.noise import median_variance
 
     out = dict.fromkeys(PREDICTED_COLUMNS)
+    out["predicted_compute_s"] = None
     refs = model.references
     key = _key(row)
     mine = None if refs is None else refs[[tuple(None if _missing(v) else v for v in r) == key
@@ -408,7 +420,7 @@ def predict_row(model: Model, row: dict) -> dict:
     n = int(row["world_size"])
     comm, calls, comm_sigma = {}, {}, 0.0
     if n > 1:
-        fits = model.link_fits(n)
+        fits = model.link_fits(n, strategy(row["zero_stage"]).batched)
         if fits is None:
             out["prediction_note"] = (f"no bench comm table: communication at world size {n} unknown (measure one: "
                                       "snakemake bench_comm, or scalelab bench comm)")
@@ -419,11 +431,12 @@ def predict_row(model: Model, row: dict) -> dict:
             out["prediction_note"] = f"no communication model: {err}"
             return out
         comm = comm_seconds(sizes, calls, n, fits)
-        comm_sigma = math.sqrt(sum((comm[c] * math.hypot(fits[c].residual, fits[c].scatter)) ** 2 for c in comm))
+        # the fit's own error on the bench (systematic); a call's scatter about its mean averages out over a run's calls
+        comm_sigma = math.sqrt(sum((comm[c] * fits[c].residual) ** 2 for c in comm))
     eta = model.overlap_efficiency.get(row.get("device_type"), DEFAULT_OVERLAP_EFFICIENCY.get(row.get("device_type"), 0.0))
     st = step_time(row["zero_stage"], compute, comm, calls=calls, overlap_efficiency=eta)
     sigma = model.sigma or 0.0
-    half = _z(model) * math.sqrt((sigma * st.step_s) ** 2 + (sigma * compute) ** 2 * median_variance(int(ref["runs"]))
+    half = BAND_Z * math.sqrt((sigma * st.step_s) ** 2 + (sigma * compute) ** 2 * median_variance(int(ref["runs"]))
                                  + comm_sigma ** 2)
     # a defaulted token share is an assumption between its estimate and 1 (all compute grows with tokens)
     other = ref["compute_s"] * ratio if str(ref["token_share_source"]).startswith("defaulted") else compute
@@ -559,3 +572,82 @@ def _predict(args) -> int:
         return 2
     print(json.dumps(result, indent=1, default=float) if args.json else format_validation(result))
     return 0
+
+
+def sweep_predictions(runs, results_dir=None):
+    """The prediction block (PREDICTED_COLUMNS) of every row of a sweep's metrics table, fitted on
+    the sweep's own ok runs (each configuration's reference: its runs at the smallest world size
+    it ran) and its bench comm table (``<results_dir>/calibration/comm.parquet``) where there is one.
+    A table that cannot be read, or a fit that fails, leaves every row null with the reason."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from scalelab.commbench import BENCH_FILE, read_table
+
+    frame = pd.DataFrame(index=range(len(runs)), columns=list(PREDICTED_COLUMNS), dtype=object)
+    table, path = None, Path(results_dir) / BENCH_FILE if results_dir is not None else None
+    try:
+        if path is not None and path.exists():
+            table = read_table(path)
+        model = fit(runs, table, str(path) if table is not None else None)
+    except (ValueError, OSError) as err:
+        frame["prediction_note"] = f"no prediction: {err}"
+        return frame
+    rows = [predict_row(model, r) for r in runs.reset_index(drop=True).to_dict("records")]
+    return pd.DataFrame(rows, columns=list(PREDICTED_COLUMNS))
+
+
+# ----------------------------------------------------------------------------- the report
+
+def outside_band(runs):
+    """The ok rows whose measured step time lies outside their predicted band."""
+    ok = runs[(runs["status"] == "ok") & runs["predicted_step_time_s"].notna() & runs[MEASURED].notna()]
+    return ok[(ok[MEASURED] < ok["predicted_step_time_s_low"]) | (ok[MEASURED] > ok["predicted_step_time_s_high"])]
+
+
+def predicted_vs_measured_plot(runs):
+    """The report's figure: predicted against measured step time per run (log-log), the band as a
+    bar, colour by precision, marker by ZeRO stage, filled where the prediction is out of sample;
+    (figure, note) with the runs left out and why."""
+    import matplotlib.pyplot as plt
+
+    from scalelab.analysis import plots
+
+    ok = runs[runs["status"] == "ok"]
+    known = ok[ok["predicted_step_time_s"].notna()] if "predicted_step_time_s" in ok else ok.iloc[:0]
+    if known.empty:
+        reasons = sorted(set(ok.get("prediction_note", runs.iloc[:0]).dropna()))
+        return plots._empty("no step-time prediction" + (f": {reasons[0]}" if reasons else "")), None
+    fig, ax = plt.subplots(figsize=(5.2, 4.6))
+    colors = plots.precision_colors(sorted(known["precision"].unique()))
+    for r in known.itertuples():
+        m, p = getattr(r, MEASURED) * 1e3, r.predicted_step_time_s * 1e3
+        in_sample = str(r.prediction_note).startswith("in-sample")
+        color = colors[r.precision]
+        ax.plot([m, m], [r.predicted_step_time_s_low * 1e3, r.predicted_step_time_s_high * 1e3], color=color, lw=0.8, alpha=0.6)
+        plots.marks(ax, [m], [p], size=28, color="white" if in_sample else color, edgecolor=color,
+                    marker=plots.STAGE_MARKERS[int(r.zero_stage) % len(plots.STAGE_MARKERS)])
+    values = np.concatenate([known[MEASURED], known["predicted_step_time_s_low"], known["predicted_step_time_s_high"]]) * 1e3
+    lo, hi = np.nanmin(values[values > 0]) / 1.3, np.nanmax(values) * 1.3
+    ax.plot([lo, hi], [lo, hi], color="black", lw=0.8, ls="--", zorder=0)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel(f"measured step time, ms ({MEASURED})")
+    ax.set_ylabel("predicted step time, ms (bar: band)")
+    handles = [plt.Line2D([], [], ls="none", marker="o", color=c, label=p) for p, c in colors.items()]
+    handles += [plt.Line2D([], [], ls="none", marker=plots.STAGE_MARKERS[s % len(plots.STAGE_MARKERS)], color="grey",
+                           label=f"stage {s}") for s in sorted(known["zero_stage"].astype(int).unique())]
+    handles += [plt.Line2D([], [], ls="none", marker="o", color="grey", mfc="white", label="in-sample (own reference)")]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1))
+    outside = outside_band(known)
+    missing = ok[ok["predicted_step_time_s"].isna()]
+    notes = []
+    if len(outside):
+        notes.append(f"outside their band: {', '.join(outside['run_id'].astype(str).head(8))}"
+                     + (f" (+{len(outside) - 8})" if len(outside) > 8 else ""))
+    if len(missing):
+        notes.append(f"not predicted: {', '.join(missing['run_id'].astype(str).head(6))}: {missing['prediction_note'].iloc[0]}")
+    return fig, "; ".join(notes) or None

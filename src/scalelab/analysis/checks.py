@@ -347,3 +347,14 @@ def noise_warnings(runs: pd.DataFrame, best: pd.DataFrame) -> list[str]:
         warnings.append(f"world size {r.world_size}: the fastest point {r.run_id} is within run-to-run noise of "
                         f"{r.within_noise}: the sweep cannot rank them (more repeats narrow the noise: repeats.points)")
     return warnings
+
+
+def prediction_warnings(runs: pd.DataFrame) -> list[str]:
+    """Runs whose measured step time lies outside the step-time model's band (scalelab.prediction)."""
+    from scalelab.prediction import MEASURED, outside_band
+
+    if "predicted_step_time_s" not in runs:
+        return []
+    return [f"{r.run_id}: measured step time {getattr(r, MEASURED) * 1e3:.2f} ms is outside its predicted band "
+            f"{r.predicted_step_time_s_low * 1e3:.2f}-{r.predicted_step_time_s_high * 1e3:.2f} ms (predicted "
+            f"{r.predicted_step_time_s * 1e3:.2f} ms; {r.prediction_note})" for r in outside_band(runs).itertuples()]

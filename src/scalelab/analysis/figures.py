@@ -70,6 +70,11 @@ def _levers():
     return levers
 
 
+def _prediction():
+    from scalelab import prediction
+    return prediction
+
+
 FIGURES: tuple[Figure, ...] = (
     Figure(
         "memory_model_state", lambda t: _plots().model_state_memory(t.runs), formats=("png", "svg"),
@@ -123,6 +128,14 @@ FIGURES: tuple[Figure, ...] = (
                 "stage and world size. fp16 and bf16 gather parameters in 16 bits at stages 2 and 3 (FSDP2's "
                 "MixedPrecisionPolicy; gradients reduced in fp32 unless grad_reduce is compute), so their bars sit "
                 "below fp32's there; at stages 0 and 1 they move fp32's bytes (fp16: + its loss scaler's 8-byte flag)."),
+    Figure(
+        "predicted_vs_measured", lambda t: _prediction().predicted_vs_measured_plot(t.runs),
+        caption="Step time predicted by the step-time model (scalelab.prediction) against measured (mean over the "
+                "measured steps), per run, log-log; the dashed line is perfect prediction, a bar the prediction's band "
+                "(99%). Colour: precision; marker: ZeRO stage; hollow: in-sample (the run is its own compute reference, "
+                "the sweep's smallest world size), filled: predicted from another world size or micro-batch with the "
+                "communication timed on links fitted to the sweep's bench comm table (<results>/calibration/comm.parquet). "
+                "On a CPU, ranks sharing a machine's cores measure contention, which the model does not predict."),
     Figure(
         "lever_activation_checkpointing", kind="lever", varies="activation_checkpointing",
         draw=lambda t: _levers().activation_checkpointing_plot(_levers().lever_pairs(t.levers, "activation_checkpointing")),

@@ -44,11 +44,11 @@ def _with_identity(table: pa.Table, identity: dict | None) -> pa.Table:
     return table.select(STEP_SCHEMA.names).cast(STEP_SCHEMA)
 
 
-def with_collected_columns(runs: pa.Table) -> pa.Table:
+def with_collected_columns(runs: pa.Table, results_dir: Path | None = None) -> pa.Table:
     """The run columns collection fills from the runs together (scalelab.columns, writer
     "collect"): tokens_per_s_per_device, and scaling_efficiency by the report's own function
-    (scalelab.analysis.tables.scaling_efficiency: one formula, the world-size-1 median as baseline).
-    Null in rows that did not end ok."""
+    (scalelab.analysis.tables.scaling_efficiency: one formula, the world-size-1 median as baseline),
+    and the step-time model's prediction (with_predictions). Null in rows that did not end ok."""
     import numpy as np
 
     from scalelab.analysis.tables import scaling_efficiency
@@ -62,6 +62,23 @@ def with_collected_columns(runs: pa.Table) -> pa.Table:
         i = runs.schema.get_field_index(name)
         values = np.where(ok, values, np.nan)
         runs = runs.set_column(i, runs.schema.field(i), pa.array(values, type=pa.float64(), from_pandas=True))
+    return with_predictions(runs, results_dir)
+
+
+def with_predictions(runs: pa.Table, results_dir: Path | None) -> pa.Table:
+    """The step-time model's columns (scalelab.prediction.sweep_predictions), ok rows only: fitted on the
+    sweep's own runs and its bench comm table (<results>/calibration/comm.parquet), where it has one."""
+    import pandas as pd
+
+    from scalelab.prediction import PREDICTED_COLUMNS, sweep_predictions
+
+    frame = runs.to_pandas()
+    predicted = sweep_predictions(frame, results_dir)
+    ok = (frame["status"] == "ok").to_numpy()
+    for name in PREDICTED_COLUMNS:
+        i = runs.schema.get_field_index(name)
+        values = [v if keep and not pd.isna(v) else None for v, keep in zip(predicted[name].tolist(), ok, strict=True)]
+        runs = runs.set_column(i, runs.schema.field(i), pa.array(values, type=runs.schema.field(i).type, from_pandas=True))
     return runs
 
 
@@ -123,7 +140,7 @@ def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict
             problems.append(f"{steps_path}: corrupt ({type(err).__name__}: {err})")
             row["steps_problem"] = f"{steps_path.name} is corrupt: {type(err).__name__}: {err}"[:500]
         rows.append(row)
-    runs = with_collected_columns(runs_table(rows))
+    runs = with_collected_columns(runs_table(rows), results_dir)
     steps = pa.concat_tables(step_tables) if step_tables else STEP_SCHEMA.empty_table()
     write_parquet(runs, results_dir / "metrics.parquet")
     write_parquet(steps, results_dir / "steps.parquet")
