@@ -90,6 +90,12 @@ def test_a_link_is_named_or_a_number_in_gb_per_s():
     for bad in ("0", "-5", "nan", "inf"):
         with pytest.raises(ValueError, match="positive number of GB/s"):
             links.parse_link(bad)
+    measured = links.parse_link("46@1", efficiency=0.5)  # nccl-tests' busbw, taken as achieved: its own efficiency wins
+    assert (measured.bandwidth_Bps, measured.efficiency, measured.achievable_Bps) == (46e9, 1.0, 46e9)
+    assert links.parse_link("ndr@0.9").achievable_Bps == pytest.approx(45e9)
+    for bad in ("ndr@", "ndr@1.5", "ndr@x", "46@0"):
+        with pytest.raises(ValueError, match="the efficiency after '@' must be a number in"):
+            links.parse_link(bad)
 
 
 # ----------------------------------------------------------------------------- collective sizes
@@ -266,3 +272,20 @@ def test_hybrid_sharding_keeps_its_gathers_in_the_node_and_sends_one_all_reduce_
         else:
             assert "all_reduce" not in row["links"]
             assert row["step_time_s"] == pytest.approx(zero3["step_time_s"])  # one replica is ZeRO-3
+
+
+@pytest.mark.unit
+def test_the_compute_efficiency_can_come_from_a_sweeps_runs_without_communication(tmp_path, capsys):
+    import pandas as pd
+
+    pd.DataFrame({"run_id": ["bf16-z3-w1", "bf16-z3-w1-r2", "bf16-z3-w2", "fp32-z3-w1"], "status": ["ok"] * 4,
+                  "precision": ["bf16", "bf16", "bf16", "fp32"], "mfu": [0.50, 0.54, 0.30, 0.2], "world_size": [1, 1, 2, 1],
+                  "device_type": ["cuda"] * 4, "device_name": ["NVIDIA H100 80GB HBM3"] * 4}).to_parquet(tmp_path / "metrics.parquet")
+    code, out, _ = _estimate(capsys, *EXAMPLE, "--mfu-from", str(tmp_path), "--json")
+    result = json.loads(out)
+    assert code == 0 and result["assumptions"]["mfu_without_communication"] == pytest.approx(0.52)  # world size 1 only
+    assert result["assumptions"]["mfu_source"]["runs"] == ["bf16-z3-w1", "bf16-z3-w1-r2"]
+    code, out, _ = _estimate(capsys, *EXAMPLE, "--mfu-from", str(tmp_path))
+    assert "at MFU 52% without communication (measured: the median of 2 ok world-size-1 run(s)" in out
+    code, _, err = _estimate(capsys, *EXAMPLE, "--mfu-from", str(tmp_path), "--mfu", "0.4")
+    assert code == 2 and "give --mfu or --mfu-from, not both" in err

@@ -234,10 +234,20 @@ def product(name: str) -> LinkProduct:
 
 def parse_link(spec: str, efficiency: float | None = None) -> Link:
     """A link from a command-line spec: a product name (PRODUCTS), or a number = GB/s per GPU,
-    unidirectional, nominal (latency LATENCY_NUMBER_S). ``efficiency``: DEFAULT_EFFICIENCY
-    when None. A bench table is not parsed here: scalelab.prediction.fit_link reads those."""
+    unidirectional, nominal (latency LATENCY_NUMBER_S); ``@E`` after either sets this link's
+    efficiency (``46@1``: a bus bandwidth nccl-tests measured, 46 GB/s, taken as achieved).
+    ``efficiency``: DEFAULT_EFFICIENCY when None. A bench table is not parsed here:
+    scalelab.prediction.fit_link reads those."""
+    text, at, own = spec.strip().partition("@")
+    if at:
+        try:
+            efficiency = float(own)
+        except ValueError:
+            raise ValueError(f"link {spec!r}: the efficiency after '@' must be a number in (0, 1]") from None
+        if not (math.isfinite(efficiency) and 0 < efficiency <= 1):
+            raise ValueError(f"link {spec!r}: the efficiency after '@' must be a number in (0, 1], got {own}")
     efficiency = DEFAULT_EFFICIENCY if efficiency is None else efficiency
-    text = spec.strip()
+    text = text.strip()
     try:
         gb_per_s = float(text)
     except ValueError:

@@ -158,9 +158,10 @@ def _table_points(args) -> list[tuple[str, int]]:
             for stage in ZERO_STAGES if args.zero_stage is None or stage in args.zero_stage]
 
 
-def measured_mfu(results, precision: str) -> dict:
+def measured_mfu(results, precision: str, world_size: int | None = None) -> dict:
     """The MFU a sweep measured: the median ``mfu`` of RESULTS/metrics.parquet's ok runs of this
-    precision, with the runs it came from and, for CPU runs, that it says nothing about a GPU."""
+    precision (of ``world_size`` when given: 1 is compute without communication), with the runs it
+    came from and, for CPU runs, that it says nothing about a GPU."""
     from pathlib import Path
 
     import pandas as pd
@@ -168,13 +169,17 @@ def measured_mfu(results, precision: str) -> dict:
     table = Path(results) / "metrics.parquet"
     if not table.exists():
         raise EstimateError(f"--mfu-from {results}: no {table} (collect the runs first: scalelab collect {results})")
-    runs = pd.read_parquet(table, columns=["run_id", "status", "precision", "mfu", "device_type", "device_name"])
+    runs = pd.read_parquet(table, columns=["run_id", "status", "precision", "mfu", "device_type", "device_name",
+                                           *(["world_size"] if world_size is not None else [])])
     ok = runs[(runs["status"] == "ok") & runs["mfu"].notna()]
+    if world_size is not None:
+        ok = ok[ok["world_size"] == world_size]
     mine = ok[ok["precision"] == precision]
     if mine.empty:
         measured = ", ".join(sorted(ok["precision"].unique())) or "none"
-        raise EstimateError(f"--mfu-from {results}: no ok run of precision {precision} with an MFU "
-                            f"(precisions measured: {measured}); pick one with --precision")
+        at = f" at world size {world_size}" if world_size is not None else ""
+        raise EstimateError(f"--mfu-from {results}: no ok run of precision {precision}{at} with an MFU "
+                            f"(precisions measured{at}: {measured}); pick one with --precision")
     mfu = float(mine["mfu"].median())
     if not 0 < mfu <= 1:
         raise EstimateError(f"--mfu-from {results}: the median MFU of its {precision} runs is {mfu:.3g}, not in (0, 1]")
@@ -502,7 +507,10 @@ def scaling_table(args) -> dict:
     if cfg is None:
         raise EstimateError("estimate scaling needs the model's shape: --model NAME, or --layers/--d-model/--vocab/--seq "
                             "(FSDP's collectives per step follow its blocks)")
-    mfu = DEFAULT_MFU if args.mfu is None else args.mfu
+    if args.mfu is not None and args.mfu_from is not None:
+        raise EstimateError("give --mfu or --mfu-from, not both")
+    source = measured_mfu(args.mfu_from, args.precision, world_size=1) if args.mfu_from is not None else None
+    mfu = source["median_mfu"] if source else (DEFAULT_MFU if args.mfu is None else args.mfu)
     if not (math.isfinite(mfu) and 0 < mfu <= 1):
         raise EstimateError(f"--mfu must be in (0, 1], got {mfu:g}")
     efficiency = args.link_efficiency
@@ -523,7 +531,7 @@ def scaling_table(args) -> dict:
     if intra_spec is None:
         raise EstimateError(f"--intra-node: no default link for {product.name}; give a product "
                             f"({', '.join(links.known_names())}) or a bandwidth in GB/s")
-    notes: list[str] = []
+    notes: list[str] = [source["warning"]] if source and "warning" in source else []
     intra = _link("--intra-node", intra_spec, efficiency, notes)
     spanning = [n for n in gpus if n > per_node]
     if spanning and args.inter_node is None:
@@ -578,10 +586,12 @@ def scaling_table(args) -> dict:
                 "source": link.source}
 
     return {"prediction": True, **_named(args), "n_params": n_params, "zero_stage": key,
+            "shape": {"family": cfg.family, "n_layers": cfg.n_layers, "d_model": cfg.d_model, "n_heads": cfg.n_heads},
             "strategy": strategy(key).name, "precision": args.precision, "grad_reduce": args.grad_reduce,
             "seq_len": cfg.seq_len, "micro_batch": micro, "tokens_per_gpu_per_step": tokens, "flops_per_token": fpt,
             "gpu": product.name, "peak_flops_per_gpu": peak, "gpus_per_node": per_node,
-            "assumptions": {"mfu_without_communication": mfu, "mfu_default": args.mfu is None,
+            "assumptions": {"mfu_without_communication": mfu, "mfu_default": args.mfu is None and source is None,
+                            **({"mfu_source": source} if source else {}),
                             "link_efficiency": efficiency if efficiency is not None else links.DEFAULT_EFFICIENCY,
                             "link_efficiency_default": efficiency is None,
                             "intra_node": described(intra), "inter_node": described(inter),
@@ -604,15 +614,26 @@ def _human(n: float) -> str:
 _COLLECTIVE_SHORT = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "broadcast": "BC"}
 
 
+def _mfu_origin(a: dict) -> str:
+    if "mfu_source" in a:
+        source = a["mfu_source"]
+        return (f"measured: the median of {len(source['runs'])} ok world-size-1 run(s) of {source['results']}, "
+                f"{', '.join(source['devices']) or 'an unnamed device'}")
+    return "default; --mfu" if a["mfu_default"] else "--mfu"
+
+
 def _render_scaling(r: dict) -> list[str]:
     a = r["assumptions"]
-    model = f"{r['model']} ({r['family']}, " if "model" in r else "("
+    shape = r["shape"]
+    model = (f"{r['model']} ({_human(r['n_params'])} parameters)" if "model" in r else
+             f"a {shape['family']} of {_human(r['n_params'])} parameters ({shape['n_layers']} layers, d_model "
+             f"{shape['d_model']}, {shape['n_heads']} heads)")
     how = "hybrid sharding" if r["zero_stage"] == HYBRID_KEY else f"ZeRO stage {r['zero_stage']}"
-    lines = [f"PREDICTION, not a measurement: {model}{_human(r['n_params'])} parameters), {how} "
+    lines = [f"PREDICTION, not a measurement: {model}, {how} "
              f"({r['strategy']}), {r['precision']}, seq {r['seq_len']}, micro-batch {r['micro_batch']} per GPU "
              f"({r['tokens_per_gpu_per_step']:,} tokens per GPU per step), {r['gpu']}, {r['gpus_per_node']} GPUs per node",
              f"compute: {r['flops_per_token']:.3g} FLOP/token at MFU {a['mfu_without_communication']:.0%} without "
-             f"communication ({'default; --mfu' if a['mfu_default'] else '--mfu'}) of the {r['precision']} dense peak "
+             f"communication ({_mfu_origin(a)}) of the {r['precision']} dense peak "
              f"{r['peak_flops_per_gpu'] / 1e12:.1f} TFLOP/s = {r['rows'][0]['compute_s'] * 1e3:.1f} ms per step"]
     for side in ("intra_node", "inter_node"):
         link = a[side]
@@ -807,8 +828,8 @@ def add_parser(sub) -> None:
                     help=f"GPU counts (default {','.join(map(str, SCALING_GPUS))}); efficiency is against the smallest")
     sc.add_argument("--intra-node", metavar="LINK",
                     help=f"link within a node: a product ({', '.join(links.known_names())}), a bandwidth in GB/s "
-                         "per GPU, unidirectional, or a `scalelab bench comm` Parquet table (default: the GPU's NVLink "
-                         "or PCIe generation)")
+                         "per GPU, unidirectional, either with @EFFICIENCY for this link alone (46@1: a measured bus "
+                         "bandwidth), or a `scalelab bench comm` Parquet table (default: the GPU's NVLink or PCIe generation)")
     sc.add_argument("--inter-node", metavar="LINK", help="link between nodes (per GPU): as --intra-node; needed once "
                                                          "a count spans nodes")
     sc.add_argument("--link-efficiency", type=float, default=None,
@@ -819,6 +840,9 @@ def add_parser(sub) -> None:
                          "(default 1: NCCL runs on its own stream)")
     sc.add_argument("--mfu", type=float, default=None,
                     help=f"compute efficiency without communication, MFU in (0, 1] (default {DEFAULT_MFU})")
+    sc.add_argument("--mfu-from", metavar="RESULTS", default=None,
+                    help="use the MFU a sweep measured without communication: the median of RESULTS/metrics.parquet's "
+                         "ok world-size-1 runs of --precision (run one node's sweep of your model on the GPU first)")
     lk = kinds.add_parser("links", help="the link products estimate scaling takes, per GPU, with their sources")
     for p in (m, t, f, a, c, ms, sc, lk):
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
