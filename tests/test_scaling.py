@@ -289,3 +289,26 @@ def test_the_compute_efficiency_can_come_from_a_sweeps_runs_without_communicatio
     assert "at MFU 52% without communication (measured: the median of 2 ok world-size-1 run(s)" in out
     code, _, err = _estimate(capsys, *EXAMPLE, "--mfu-from", str(tmp_path), "--mfu", "0.4")
     assert code == 2 and "give --mfu or --mfu-from, not both" in err
+
+
+@pytest.mark.unit
+def test_the_method_doc_shows_the_documented_examples_output_and_every_link(capsys):
+    """docs/prediction.md: the example's command is EXAMPLE and its output what the command prints now
+    (regenerate the block after a model change), and the link table lists every product."""
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[1] / "docs" / "prediction.md").read_text()
+    command = "$ scalelab estimate " + " ".join(EXAMPLE)
+    assert command in doc, "docs/prediction.md: the documented example's command differs from tests' EXAMPLE"
+    block = doc.split(command + "\n", 1)[1].split("\n```", 1)[0]
+    code, out, _ = _estimate(capsys, *EXAMPLE)
+    assert code == 0 and block == out.rstrip("\n"), (
+        "docs/prediction.md's example output is stale: paste the output of `" + command[2:] + "`")
+    table = {cells[0].strip("` "): (float(cells[1]), float(cells[2]))
+             for cells in (line.strip("|").split("|") for line in doc.splitlines() if line.startswith("| `"))
+             if cells[0].strip("` ") in links.known_names()}
+    assert sorted(table) == sorted(links.known_names())
+    for product in links.PRODUCTS:
+        gb_per_s, latency_us = table[product.name]
+        assert gb_per_s == pytest.approx(product.bandwidth_Bps / 1e9, rel=2e-3), product.name
+        assert latency_us == pytest.approx(product.latency_s * 1e6), product.name
