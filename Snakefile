@@ -43,6 +43,7 @@ except ConfigError as err:
 include: "rules/common.smk"
 include: "rules/data.smk"
 include: "rules/train.smk"
+include: "rules/bench.smk"
 include: "rules/collect.smk"
 include: "rules/report.smk"
 

@@ -252,6 +252,7 @@ def bench_comm(world_sizes: list[int], *, device: str = "cpu", sizes: list[int] 
     frames = []
     for n in world_sizes:
         started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        load_before = os.getloadavg()[0]  # what else ran on the host (uptime's first figure), before the ranks start
         record = run_world_size(n, device=device, sizes=sizes, collectives=collectives, reps=reps, warmup=warmup,
                                 min_seconds=min_seconds, max_reps=max_reps, batches=batches,
                                 batch_max_bytes=batch_max_bytes, threads_per_rank=threads_per_rank, collective_timeout_s=collective_timeout_s,
@@ -261,11 +262,12 @@ def bench_comm(world_sizes: list[int], *, device: str = "cpu", sizes: list[int] 
         frame["backend"], frame["device_type"], frame["device_name"] = record["backend"], device, record["device_name"]
         frame["threads_per_rank"], frame["rank_cores"] = threads_per_rank, record["rank_cores"]
         frame["hostname"], frame["torch_version"], frame["measured_utc"] = socket.gethostname(), record["torch_version"], started
+        frame["load_1min_before"] = load_before
         frames.append(frame)
     table = pd.concat(frames, ignore_index=True)
     table["algbw_Bps"] = table["bytes"] / table["time_s"]
     table["busbw_Bps"] = table["algbw_Bps"] * [bus_factor(c, n) for c, n in zip(table["collective"], table["world_size"], strict=True)]
-    table["load_1min"] = os.getloadavg()[0]  # what else ran on the host (uptime's first figure) as the table was written
+    table["load_1min_after"] = os.getloadavg()[0]  # the benchmark's own ranks included
     return table
 
 

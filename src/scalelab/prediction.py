@@ -247,6 +247,13 @@ def comm_seconds(sizes: Mapping[str, float], calls: Mapping[str, int], world_siz
     return {c: calls[c] * links.collective_seconds(c, sizes[c] / calls[c], world_size, fits[c].link) for c in sizes}
 
 
+def _tokens_or_nan(row) -> float:
+    try:
+        return tokens_per_rank(row)
+    except (TypeError, ValueError, KeyError):
+        return math.nan
+
+
 def tokens_per_rank(row) -> float:
     """Tokens one rank processes per optimizer step: micro-batch x accumulation steps x sequence length."""
     return float(row["micro_batch"]) * float(row.get("accumulation_steps") or 1) * float(row["seq_len"])
@@ -323,7 +330,8 @@ def fit(runs, table=None, table_path: str | None = None) -> Model:
     if ok.empty:
         raise ValueError("the fit set holds no run that ended ok with a measured step time")
     ok["_key"] = [_key(r) for r in ok.to_dict("records")]
-    ok["_tokens"] = [tokens_per_rank(r) for r in ok.to_dict("records")]
+    ok["_tokens"] = [_tokens_or_nan(r) for r in ok.to_dict("records")]
+    ok = ok[ok["_tokens"].notna()]  # a row without micro-batch or sequence length cannot be a reference
     # The compute references: each key's runs at its smallest world size, less their communication.
     refs = []
     for key, group in ok.groupby("_key", sort=False):
@@ -408,9 +416,8 @@ def predict_row(model: Model, row: dict) -> dict:
         out["prediction_note"] = ("no compute reference: the fit set has no ok run of this configuration "
                                   f"({', '.join(f'{k}={v}' for k, v in zip(COMPUTE_KEY, key, strict=True) if v is not None)})")
         return out
-    try:
-        tokens = tokens_per_rank(row)
-    except (TypeError, ValueError, KeyError):
+    tokens = _tokens_or_nan(row)
+    if math.isnan(tokens):
         out["prediction_note"] = "no micro-batch or sequence length in the row"
         return out
     ref = mine.iloc[int(np.argmin(np.abs(np.log(mine["tokens_per_rank"].to_numpy(float) / tokens))))]
@@ -427,7 +434,7 @@ def predict_row(model: Model, row: dict) -> dict:
             return out
         try:
             sizes, calls = collectives_of(row)
-        except ValueError as err:
+        except (ValueError, TypeError, KeyError) as err:  # TypeError, KeyError: a row without the model's shape
             out["prediction_note"] = f"no communication model: {err}"
             return out
         comm = comm_seconds(sizes, calls, n, fits)

@@ -1,0 +1,41 @@
+# Calibration: the collective benchmark (scalelab bench comm) on the sweep's device and backend, at
+# its world sizes that fit one node, into <results>/calibration/comm.parquet: the step-time model
+# (scalelab.prediction) fits its links there, and collection predicts every run with them.
+#
+# A target of its own (`snakemake bench_comm`), measured once per results folder. Never an input of a
+# training run: Snakemake reruns a job whose input another job updates (scalelab.calibration's
+# docstring), so a table an input of training would retrain every cached run. Collection takes it as
+# an input once it exists (rules/collect.smk): a new table re-collects and redraws the report, and
+# trains nothing.
+BENCH_TABLE = RESULTS / "calibration" / "comm.parquet"
+# Single-node world sizes above 1 (a one-rank group moves nothing); 2 where the sweep has none.
+_BENCH_SIZES = sorted({p.world_size for p in POINTS.values()
+                       if p.world_size > 1 and not launch_plan(config, p.world_size).multi_launcher}) or [2]
+
+
+rule bench_comm:
+    output:
+        BENCH_TABLE,
+    log:
+        LOGS / "bench_comm.log",
+    params:
+        world_sizes=",".join(map(str, _BENCH_SIZES)),
+        device=DEVICE_PLAN.device,
+        threads_per_rank=CLUSTER["cpus_per_rank"],
+        timeout_s=config["train"]["run_timeout_s"],
+    threads: max(_BENCH_SIZES) * CLUSTER["cpus_per_rank"]
+    # As a training run of its largest world size: alone on a workstation (train_slot: no run trains
+    # beside it), its GPUs and cores on a cluster.
+    resources:
+        nodes=1,
+        cpus_per_task=max(_BENCH_SIZES) * CLUSTER["cpus_per_rank"],
+        mem_mb=max(_BENCH_SIZES) * CLUSTER["mem_mb_per_rank"],
+        gpu=max(_BENCH_SIZES) if DEVICE_PLAN.device == "cuda" else 0,
+        tasks_per_gpu=0,
+        slurm_extra="--exclusive" if CLUSTER["exclusive"] else "",
+        train_slot=lambda wildcards: int(workflow.local_exec),
+    conda:
+        "../workflow/envs/scalelab.yaml"
+    shell:
+        "python -m scalelab.cli bench comm --out {output} --world-sizes {params.world_sizes} --device {params.device} "
+        "--threads-per-rank {params.threads_per_rank} --timeout {params.timeout_s} > {log} 2>&1"

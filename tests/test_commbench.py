@@ -1,0 +1,71 @@
+"""scalelab bench comm (issue #29, point 1): real gloo ranks time every collective; the table's
+columns follow nccl-tests (algorithm and bus bandwidth); bad options are named."""
+import os
+
+import pandas as pd
+import pytest
+
+from scalelab import commbench, links, prediction
+from scalelab.cli import main
+
+SIZES = [4096, 65536]
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    """World sizes 1 and 2, every collective, one call at a time and batches of 2 (few repetitions: a
+    check of the bench, not a measurement)."""
+    path = tmp_path_factory.mktemp("bench") / "comm.parquet"
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("two ranks need two cores")
+    assert main(["bench", "comm", "--out", str(path), "--world-sizes", "1,2", "--device", "cpu", "--min-bytes", "4096",
+                 "--max-bytes", "65536", "--factor", "16", "--reps", "2", "--warmup", "1", "--min-seconds", "0",
+                 "--batches", "1,2", "--timeout", "120"]) == 0
+    return commbench.read_table(path)
+
+
+@pytest.mark.run
+def test_every_collective_world_size_size_and_batch_is_timed(table):
+    expected = {(c, n, s, b) for c in links.COLLECTIVES for n in (1, 2) for s in SIZES for b in (1, 2)}
+    assert set(zip(table["collective"], table["world_size"], table["bytes"], table["batch"])) == expected
+    assert (table["time_s"] > 0).all() and (table["time_s_min"] <= table["time_s"]).all()
+    assert (table["time_s"] <= table["time_s_max"]).all() and (table["reps"] == 2).all()
+    assert set(table["backend"]) == {"gloo"} and set(table["device_type"]) == {"cpu"}
+    # each rank pinned to its own core, as training ranks are
+    two_ranks = table.loc[table["world_size"] == 2, "rank_cores"]
+    assert all(c.startswith("r0:") and " r1:" in c for c in two_ranks)
+
+
+@pytest.mark.run
+def test_bandwidths_follow_nccl_tests(table):
+    assert table["algbw_Bps"].tolist() == pytest.approx((table["bytes"] / table["time_s"]).tolist())
+    factors = {"all_reduce": 1.0, "reduce_scatter": 0.5, "all_gather": 0.5, "broadcast": 1.0}  # n = 2
+    two = table[table["world_size"] == 2]
+    assert two["busbw_Bps"].tolist() == pytest.approx((two["algbw_Bps"] * two["collective"].map(factors)).tolist())
+    one = table[(table["world_size"] == 1) & (table["collective"] != "broadcast")]
+    assert (one["busbw_Bps"] == 0).all()  # a one-rank group moves nothing over a link
+
+
+@pytest.mark.run
+def test_the_table_fits_a_link(table):
+    fitted = prediction.fit_link(table)
+    assert fitted.bandwidth_Bps > 0 and fitted.latency_s >= 0 and "gloo" in fitted.source
+
+
+@pytest.mark.unit
+def test_message_sizes_and_bad_options(tmp_path, capsys):
+    assert commbench.message_sizes(4096, 65536, 4) == [4096, 16384, 65536]
+    assert commbench.message_sizes(4096, 100000, 4) == [4096, 16384, 65536, 100000]
+    with pytest.raises(ValueError, match="min_bytes"):
+        commbench.message_sizes(8192, 4096)
+    out = str(tmp_path / "t.parquet")
+    assert main(["bench", "comm", "--out", out, "--device", "cpu", "--world-sizes", "100000"]) == 2
+    assert "needs more cores than" in capsys.readouterr().err
+    assert main(["bench", "comm", "--out", out, "--device", "cpu", "--world-sizes", "two"]) == 2
+    assert "--world-sizes must be comma-separated integers" in capsys.readouterr().err
+    assert main(["bench", "comm", "--out", out, "--device", "cpu", "--world-sizes", "1", "--collectives", "all_to_all"]) == 2
+    assert "unknown collective(s) all_to_all" in capsys.readouterr().err
+    assert not (tmp_path / "t.parquet").exists()
+    pd.DataFrame({"collective": ["all_reduce"]}).to_parquet(tmp_path / "bad.parquet")
+    with pytest.raises(ValueError, match="bad.parquet: not a bench comm table"):
+        commbench.read_table(tmp_path / "bad.parquet")

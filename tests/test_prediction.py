@@ -1,0 +1,211 @@
+"""The step-time model (scalelab.prediction, issue #29): overlap per strategy, the link fit of a
+bench table, compute references, predictions with their bands and reasons, validation and its command."""
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from scalelab import links, prediction
+from scalelab.analysis.estimate import collective_calls, collective_sizes
+from scalelab.cli import main
+from scalelab.commbench import BENCH_FILE
+from scalelab.config import ModelConfig
+from scalelab.strategies import STRATEGIES
+
+pytestmark = pytest.mark.unit
+
+LINK = links.Link("test", 2e9, 300e-6, "made up")  # 2 GB/s bus bandwidth, 300 us per call
+BATCHED = links.Link("test batched", 1e9, 1e-3, "made up")
+
+
+def bench_table(link=LINK, batched=BATCHED, world_sizes=(2,), noise=0.0) -> pd.DataFrame:
+    """A bench comm table whose mean times are exactly a link's (times a relative noise pattern)."""
+    rows, wobble = [], [1 + noise, 1 - noise]
+    for n in world_sizes:
+        for c in links.COLLECTIVES:
+            for batch, lk in ((1, link), (16, batched)):
+                for i, size in enumerate(4096 * 4 ** k for k in range(6)):
+                    t = links.collective_seconds(c, size, n, lk) * wobble[i % 2]
+                    rows.append({"collective": c, "world_size": n, "bytes": size, "batch": batch, "time_s": t,
+                                 "time_s_mean": t, "time_s_min": t, "time_s_max": t, "algbw_Bps": size / t,
+                                 "busbw_Bps": size / t * links.bus_factor(c, n), "backend": "gloo", "device_name": "cpu",
+                                 "measured_utc": "2026-01-01T00:00:00+00:00"})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_fit_link_recovers_the_link_a_table_was_made_from(n):
+    table = bench_table(world_sizes=(n,))
+    fitted = prediction.fit_link_rows(table, n, "all_reduce")
+    assert fitted.link.latency_s == pytest.approx(LINK.latency_s, rel=1e-6)
+    assert fitted.link.bandwidth_Bps == pytest.approx(LINK.bandwidth_Bps, rel=1e-6)
+    assert fitted.residual == pytest.approx(0, abs=1e-9)
+    assert prediction.fit_link(table).bandwidth_Bps == pytest.approx(LINK.bandwidth_Bps, rel=1e-6)  # all collectives
+    batched = prediction.fit_link_rows(table, n, "broadcast", batched=True).link
+    assert (batched.latency_s, batched.bandwidth_Bps) == pytest.approx((BATCHED.latency_s, BATCHED.bandwidth_Bps), rel=1e-6)
+    noisy = prediction.fit_link_rows(bench_table(noise=0.1), 2, "all_gather")
+    assert 0.05 < noisy.residual < 0.2
+
+
+def test_fit_link_names_what_a_table_lacks():
+    with pytest.raises(ValueError, match="lacks busbw_Bps"):
+        prediction.fit_link(bench_table().drop(columns=["busbw_Bps"]))
+    with pytest.raises(ValueError, match="fewer than two message sizes"):
+        prediction.fit_link(bench_table()[lambda t: t["bytes"] == 4096])
+    with pytest.raises(ValueError, match="world size 8"):
+        prediction.fit_link(bench_table(), world_size=8)
+
+
+def test_overlap_follows_the_strategy_records():
+    comm = {"all_reduce": 0.004}
+    # DDP: the all-reduce of every bucket but the last hides in backward (2/3 of compute), eta scales it
+    ddp = prediction.step_time(0, 0.030, comm, calls={"all_reduce": 4}, overlap_efficiency=1.0)
+    assert ddp.exposed_comm_s == pytest.approx(0.001) and ddp.step_s == pytest.approx(0.031)
+    assert prediction.step_time(0, 0.030, comm, calls={"all_reduce": 4}, overlap_efficiency=0.5).exposed_comm_s \
+        == pytest.approx(0.0025)
+    assert prediction.step_time(0, 0.030, comm, calls={"all_reduce": 1}).exposed_comm_s == pytest.approx(0.004)
+    # the window caps what hides: 2/3 of 3 ms of compute
+    assert prediction.step_time(0, 0.003, comm).exposed_comm_s == pytest.approx(0.002)
+    # ZeRO-1's broadcast follows the optimizer step: exposed whatever the compute
+    z1 = prediction.step_time(1, 0.030, {"all_reduce": 0.004, "broadcast": 0.002}, calls={"all_reduce": 4, "broadcast": 28})
+    assert z1.exposed_comm_s == pytest.approx(0.001 + 0.002)
+    # FSDP2: gathers hide in the whole step, reduce-scatters in backward
+    z3 = prediction.step_time(3, 0.010, {"all_gather": 0.006, "reduce_scatter": 0.009})
+    assert z3.exposed_comm_s == pytest.approx(0.015 - 0.010)  # at most the whole step's compute hides
+    assert STRATEGIES[1].batched == ("broadcast",) and dict(STRATEGIES[0].overlap) == {"all_reduce": "backward"}
+
+
+def test_step_time_refuses_what_is_no_time():
+    with pytest.raises(ValueError, match="overlap_efficiency"):
+        prediction.step_time(0, 0.01, {}, overlap_efficiency=1.5)
+    with pytest.raises(ValueError, match="collectives are"):
+        prediction.step_time(0, 0.01, {"all_to_all": 0.1})
+    with pytest.raises(ValueError, match="compute_s"):
+        prediction.step_time(0, -1.0, {})
+
+
+SHAPE = {"model": "base", "model_family": "gpt2", "n_layers": 2, "d_model": 64, "n_heads": 4, "seq_len": 64,
+         "vocab_size": 256, "tie_embeddings": True, "n_params": 120_576, "global_batch": 8}
+PEAK = 1e11
+
+
+def run_row(precision, stage, n, step_s, repeat=1, **extra) -> dict:
+    tokens = 8 * 64
+    return {**SHAPE, "run_id": f"{precision}-z{stage}-w{n}" + (f"-r{repeat}" if repeat > 1 else ""), "repeat": repeat,
+            "precision": precision, "zero_stage": stage, "world_size": n, "micro_batch": 8 // n, "accumulation_steps": 1,
+            "activation_checkpointing": False, "cpu_offload": False, "compile": False, "lora_rank": None,
+            "grad_reduce": "fp32", "bucket_mb": 25.0 if stage < 2 else None, "device_type": "cpu", "device_name": "cpu",
+            "threads_per_rank": 1, "status": "ok", "step_time_s_mean": step_s, "tokens_per_step": tokens,
+            "flops_per_token": 2e6, "peak_flops_per_device": PEAK, **extra}
+
+
+def sweep() -> pd.DataFrame:
+    rows = [run_row("fp32", 0, 1, 0.020), run_row("fp32", 0, 1, 0.021, repeat=2), run_row("fp32", 0, 1, 0.019, repeat=3),
+            run_row("fp32", 1, 1, 0.022), run_row("fp32", 3, 1, 0.030)]
+    rows += [run_row("fp32", s, 2, 0.025) for s in (0, 1, 3)]
+    rows += [run_row("bf16", 0, 2, 0.020), run_row("fp32", 2, 2, 0.0, status="failed", step_time_s_mean=None)]
+    return pd.DataFrame(rows)
+
+
+def by_hand(stage: int, compute_1: float, table=None) -> float:
+    """The model's prediction at world size 2 from a world-size-1 compute time, written out."""
+    share = min(2e6 * 512 / PEAK / compute_1, 1.0)  # the FLOPs' share at the peak (defaulted: one token count)
+    compute = compute_1 * ((1 - share) + share * 0.5)
+    cfg = ModelConfig(n_layers=2, d_model=64, n_heads=4, seq_len=64, vocab_size=256)
+    sizes = collective_sizes(120_576, stage, 2, "fp32")
+    calls = collective_calls(cfg, stage, "fp32", sizes)
+    fits = prediction.link_fits(table if table is not None else bench_table(), 2, STRATEGIES[stage].batched)
+    comm = sum(calls[c] * links.collective_seconds(c, sizes[c] / calls[c], 2, fits[c].link) for c in sizes)
+    return compute + comm  # on CPU nothing overlaps (eta 0)
+
+
+def test_predictions_from_world_size_1_and_the_bench_table():
+    runs, table = sweep(), bench_table()
+    model = prediction.fit(runs, table)
+    out = prediction.predict(model, runs).set_index("run_id")
+    assert out.loc["fp32-z0-w2", "predicted_step_time_s"] == pytest.approx(by_hand(0, 0.020))  # median of 3 repeats
+    assert out.loc["fp32-z1-w2", "predicted_step_time_s"] == pytest.approx(by_hand(1, 0.022))  # batched broadcasts
+    assert out.loc["fp32-z3-w2", "predicted_step_time_s"] == pytest.approx(by_hand(3, 0.030))
+    row = out.loc["fp32-z0-w2"]
+    assert row["predicted_step_time_s_low"] < row["predicted_step_time_s"] < row["predicted_step_time_s_high"]
+    assert row["predicted_tokens_per_s"] == pytest.approx(512 / row["predicted_step_time_s"])
+    assert "world size 1" in row["prediction_note"] and "defaulted" in row["prediction_note"]
+    assert out.loc["fp32-z0-w1", "predicted_step_time_s"] == pytest.approx(0.020)  # its own reference: in-sample
+    assert out.loc["fp32-z0-w1", "prediction_note"].startswith("in-sample")
+    # bf16 ran at world size 2 only: its reference is itself, less the communication the model gives it
+    assert out.loc["bf16-z0-w2", "predicted_step_time_s"] == pytest.approx(0.020)
+    assert out.loc["bf16-z0-w2", "prediction_note"].startswith("in-sample")
+    # a configuration the fit set never ran has no reference, and the row says so
+    without_bf16 = prediction.fit(runs[runs["precision"] != "bf16"], table)
+    lone = prediction.predict_row(without_bf16, runs.set_index("run_id").loc["bf16-z0-w2"].to_dict() | {"run_id": "x"})
+    assert lone["predicted_step_time_s"] is None and "no compute reference" in lone["prediction_note"]
+    names = [p["name"] for p in model.parameters()]
+    assert "alpha[broadcast batched, n=2]" in names and "eta[cpu]" in names and "sigma" in names
+
+
+def test_a_fitted_token_share_where_the_fit_set_has_two_micro_batches():
+    # compute = 4 ms per step + 20 us per token: at 512 tokens 14.24 ms, at 256 9.12 ms
+    rows = [run_row("fp32", 3, 1, 0.004 + 20e-6 * 512), run_row("fp32", 3, 1, 0.004 + 20e-6 * 256, micro_batch=4)]
+    rows[1]["run_id"] = "fp32-z3-w1-mb4"
+    model = prediction.fit(pd.DataFrame(rows), bench_table())
+    ref = model.references.iloc[0]
+    assert ref["token_share_source"].startswith("fitted")
+    target = run_row("fp32", 3, 1, 0.0, micro_batch=2)  # 128 tokens per rank, one rank: no communication
+    assert prediction.predict_row(model, target)["predicted_step_time_s"] == pytest.approx(0.004 + 20e-6 * 128)
+
+
+def test_without_a_bench_table_communicating_runs_get_null_and_the_reason():
+    out = prediction.predict(prediction.fit(sweep(), None), sweep()).set_index("run_id")
+    assert math.isnan(out.loc["fp32-z0-w2", "predicted_step_time_s"])
+    assert "no bench comm table" in out.loc["fp32-z0-w2", "prediction_note"]
+    assert out.loc["fp32-z3-w1", "predicted_step_time_s"] == pytest.approx(0.030)  # one rank: nothing to time
+
+
+def test_validate_reports_per_point_and_summary():
+    runs = sweep()
+    result = prediction.validate(runs, "world_size == 1", bench_table())
+    assert set(result) == {"points", "summary", "parameters"}
+    points = {p["run_id"]: p for p in result["points"]}
+    assert set(points) == {"fp32-z0-w2", "fp32-z1-w2", "fp32-z3-w2", "bf16-z0-w2"}  # ok runs not fitted on
+    p = points["fp32-z0-w2"]
+    assert p["error"] == pytest.approx(p["predicted_step_time_s"] / 0.025 - 1)
+    assert p["inside_band"] == (p["band_low_s"] <= 0.025 <= p["band_high_s"])
+    errors = [abs(q["error"]) for q in points.values() if q["error"] is not None]
+    s = result["summary"]
+    assert s["predicted"] == 3 and s["held_out"] == 4
+    assert s["mean_abs_error"] == pytest.approx(np.mean(errors)) and s["max_abs_error"] == pytest.approx(max(errors))
+    assert 0 <= s["inside_band_share"] <= 1
+    with pytest.raises(ValueError, match="not a pandas query"):
+        prediction.validate(runs, "world_size ==", bench_table())
+    with pytest.raises(ValueError, match="leaves no ok run"):
+        prediction.validate(runs, "world_size > 0", bench_table())
+
+
+def test_predict_command_prints_the_validation_as_json(tmp_path, capsys):
+    sweep().to_parquet(tmp_path / "metrics.parquet")
+    (tmp_path / BENCH_FILE).parent.mkdir()
+    bench_table().to_parquet(tmp_path / BENCH_FILE)
+    assert main(["predict", "--validate", str(tmp_path), "--fit", "world_size==1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert {"mean_abs_error", "max_abs_error", "inside_band_share"} <= set(result["summary"])
+    assert len(result["points"]) == 4
+    assert main(["predict", "--validate", str(tmp_path), "--fit", "world_size==1"]) == 0
+    text = capsys.readouterr().out
+    assert "mean absolute error" in text and "alpha[all_reduce, n=2]" in text and "fp32-z1-w2" in text
+    assert main(["predict", "--validate", str(tmp_path), "--fit", "nonsense ==="]) == 2
+    assert "--fit 'nonsense ==='" in capsys.readouterr().err
+    assert main(["predict", "--validate", str(tmp_path), "--fit", "world_size==1", "--bench", str(tmp_path / "x.parquet")]) == 2
+    assert "no collective benchmark table" in capsys.readouterr().err
+
+
+def test_the_report_warns_on_a_run_outside_its_band():
+    from scalelab.analysis.checks import prediction_warnings
+
+    runs = prediction.predict(prediction.fit(sweep(), bench_table()), sweep())
+    assert prediction_warnings(runs) == [] or all("outside its predicted band" in w for w in prediction_warnings(runs))
+    slow = runs["run_id"] == "fp32-z0-w2"
+    runs.loc[slow, "step_time_s_mean"] = runs.loc[slow, "predicted_step_time_s_high"] * 2
+    warnings = prediction_warnings(runs)
+    assert any(w.startswith("fp32-z0-w2: measured step time") for w in warnings)
