@@ -299,6 +299,18 @@ RUN = [
            "strategy", "worker", OK),
     Column("comm_bytes_per_step_predicted_paper", pa.float64(), "B/step", "predicted collective bytes per step, ZeRO paper",
            "worker", OK),
+    # Traffic per link (issue #28): rank 0's bytes split by where the collective's group ran. The rule
+    # (scalelab.placement.link_of): every byte handed to a collective whose group's ranks ran on more
+    # than one host counts inter-node, every other byte intra-node; the two add up to the total.
+    *(Column(f"comm_{link}_bytes_per_step_{kind}", pa.float64(), "B/step",
+             f"{'predicted ' if kind == 'predicted' else ''}bytes rank 0 hands per optimizer step to collectives whose "
+             f"group's ranks ran {'on one host' if link == 'intra_node' else 'on more than one host'} (ZeRO paper's "
+             "unit; a collective whose group spans nodes counts wholly inter-node; "
+             + ("counted per process group, each group classified by the hosts its ranks recorded)" if kind == "measured"
+                else "scalelab.accounting.comm_bytes_by_link at torchrun's placement: consecutive ranks per node, as "
+                     "many per node as ran on rank 0's host)"),
+             "worker", sometimes("runs measured since traffic per link was counted (issue #28)", OK))
+      for link in ("intra_node", "inter_node") for kind in ("measured", "predicted")),
     # The recipe of the run's collectives (scalelab.accounting.comm_dtypes); a summary written before
     # they were recorded is read as what that code did (LEGACY_SUMMARY), never as today's recipe.
     Column("param_gather_dtype", pa.string(), "-", "dtype FSDP2 all-gathers parameters in (float32, or the compute "

@@ -27,7 +27,7 @@ from scalelab.config import ConfigError, TrainConfig, cluster_config, model_conf
 from scalelab.placement import launch_plan
 from scalelab.precisions import PRECISIONS
 from scalelab.precisions import precision as precision_record
-from scalelab.strategies import strategy
+from scalelab.strategies import HYBRID, strategy
 
 DDP_BUCKET_MB = 25.0
 """PyTorch DDP's default bucket size (MiB), the default of the bucket_mb axis."""
@@ -90,6 +90,23 @@ def _micro_batch_left_out(point, train: TrainConfig) -> str | None:
     return None
 
 
+def _replicas_left_out(point, train: TrainConfig) -> str | None:
+    if point.replicas == 1:
+        return None
+    if point.zero_stage != HYBRID.stage:
+        return (f"replicas={point.replicas} applies to zero_stage {HYBRID.stage} (hybrid sharding: FSDP2 over a "
+                f"replicate x shard mesh); zero_stage {point.zero_stage} has no replicas")
+    if point.world_size % point.replicas:
+        return (f"replicas={point.replicas} does not divide world_size={point.world_size} (every replica holds "
+                "world_size / replicas ranks)")
+    return None
+
+
+def _strategy_of(point):
+    """The point's strategy record: hybrid sharding where its replicas apply, else its stage's."""
+    return strategy(point.zero_stage, point.replicas if _replicas_left_out(point, None) is None else 1)
+
+
 AXES: tuple[Axis, ...] = (
     Axis("precision", " | ".join(f"{p.name} ({p.doc})" for p in PRECISIONS.values()),
          str, None, "string", False, run_id=lambda v: v, id_pattern="|".join(map(re.escape, PRECISIONS))),
@@ -108,7 +125,7 @@ AXES: tuple[Axis, ...] = (
          is_default=lambda runs: ~runs["activation_checkpointing"].astype(bool)),
     Axis("cpu_offload", "sharded parameters, gradients and optimizer state in host memory", bool, False,
          "bool", False, from_path=_flag, run_id=lambda v: "offload" if v else None, id_pattern="offload",
-         left_out=lambda point, train: None if not point.cpu_offload or strategy(point.zero_stage).cpu_offload else
+         left_out=lambda point, train: None if not point.cpu_offload or _strategy_of(point).cpu_offload else
          f"cpu_offload applies to {', '.join(f'ZeRO stage {s}' for s in _stages_with('cpu_offload'))} "
          "(FSDP2's offload policy)",
          is_default=lambda runs: ~runs["cpu_offload"].astype(bool)),
@@ -137,6 +154,13 @@ AXES: tuple[Axis, ...] = (
          f"grad_reduce={point.grad_reduce} applies to {' and '.join(MIXED_COMM)} (fp32 reduces in its compute dtype "
          "already; fp8 keeps torchao's recipe, see scalelab.accounting.MIXED_COMM)",
          is_default=lambda runs: runs["grad_reduce"].isna() | (runs["grad_reduce"] == GRAD_REDUCE[0])),
+    # Hybrid sharding (issue #28): zero_stage 3 over R replicas of N/R-rank shard groups (scalelab.strategies.HYBRID).
+    # Added with its default (1: no id part), so no earlier run's id changes.
+    Axis("replicas", "replica groups of hybrid sharding (HSDP: FSDP2 over a replicate x shard mesh, zero_stage 3 "
+         "only): parameters, gradients and optimizer state sharded over world_size / replicas ranks (a node), "
+         "replicated across the groups; 1 = no replication (plain ZeRO-3 at stage 3)", int, 1, "int16", False,
+         from_path=int, run_id=lambda v: None if v == 1 else f"hsdp{v}", id_pattern=r"hsdp\d+",
+         left_out=_replicas_left_out, is_default=lambda runs: runs["replicas"].isna() | (runs["replicas"] == 1)),
     # Last, so that a repeat's run id is its first run's plus "-r2", "-r3" (scalelab.analysis.noise).
     # Repeats of a point differ in nothing but what cannot be held equal (timing): same seed, same data,
     # bit-identical losses; their spread in time is the sweep's run-to-run noise.
@@ -259,7 +283,7 @@ def sweep_plan(config: dict) -> tuple[list, list[tuple[Any, str]]]:
         reason = next((r for r in (axis.left_out(point, train) for axis in AXES) if r), None)
         (left_out.append((point, reason)) if reason else points.append(point))
     _check_distinct([*points, *(p for p, _ in left_out)], values)
-    for name in LEVER_AXES:
+    for name in LEVER_AXES:  # replicas among them: hybrid sharding pairs with its ZeRO-3 twin
         for value in values[name]:
             if not any(getattr(p, name) == value for p in points) and any(getattr(p, name) == value for p, _ in left_out):
                 raise ConfigError(f"sweep.{name}={value} fits no world size, stage or precision of the sweep: "

@@ -36,7 +36,7 @@ _LORA_SHAPE = ModelConfig(n_layers=1, d_model=16, n_heads=1, seq_len=16, vocab_s
 # The value away from its default that the lever runs take, per lever of scalelab.sweep.LEVER_AXES:
 # a flag is switched on; any other lever needs a value here (a lever added to the registry
 # without one stops this module at import, naming it).
-_LEVER_VALUES = {"micro_batch": 1, "bucket_mb": 0.1, "lora_rank": 4, "grad_reduce": "compute"}
+_LEVER_VALUES = {"micro_batch": 1, "bucket_mb": 0.1, "lora_rank": 4, "grad_reduce": "compute", "replicas": 2}
 _missing = [a for a in LEVER_AXES if AXIS[a].type is not bool and a not in _LEVER_VALUES]
 if _missing:
     raise ValueError(f"scalelab.harness.fixtures: no synthetic value for the lever(s) {', '.join(_missing)}")
@@ -95,11 +95,13 @@ def synthetic_results(out_dir: str | Path, n_runs: int = 24, n_steps: int = 60, 
             comm = 4 * accounting.lora_comm_elements_per_step(n_base, n_trainable, stage, ws)
             comm_paper = 4 * accounting.lora_comm_elements_per_step(n_base, n_trainable, stage, ws, convention="paper")
         else:
-            pred = accounting.model_state_bytes(n_params, stage, ws, precision, "pytorch")
-            paper = accounting.model_state_bytes(n_params, stage, ws, precision, "paper")
+            pred = accounting.model_state_bytes(n_params, stage, ws, precision, "pytorch", point.replicas)
+            paper = accounting.model_state_bytes(n_params, stage, ws, precision, "paper", point.replicas)
             # in bytes as runs predict them: fp16/bf16 gather 16-bit parameters at stages 2 and 3
-            comm = accounting.comm_bytes_per_step(n_params, stage, ws, precision, grad_reduce=point.grad_reduce)
-            comm_paper = 4 * accounting.comm_elements_per_step(n_params, stage, ws, convention="paper")
+            comm = accounting.comm_bytes_per_step(n_params, stage, ws, precision, grad_reduce=point.grad_reduce,
+                                                  replicas=point.replicas)
+            comm_paper = 4 * accounting.comm_elements_per_step(n_params, stage, ws, convention="paper",
+                                                               replicas=point.replicas)
         tps = 50_000 * ws * (0.9 ** np.log2(ws)) * (2 if precision != "fp32" else 1) * rng.uniform(0.95, 1.05)
         tps *= (1.25 if point.compile else 1) / (1.7 if point.cpu_offload else 1)  # compiled steps faster, offloaded slower
         acts = (2 if ac else 34) * 64 * (micro or PER_RANK_BATCH) * 256 * 2 * 4

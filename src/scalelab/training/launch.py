@@ -131,12 +131,13 @@ def plan_memory(config: dict, model, point: RunPoint, micro_batch: int, device: 
     n_params = own["n_params"] if own else accounting.param_count(model)
     peak = accounting.peak_memory(model, n_params, point.zero_stage, point.world_size, point.precision, micro_batch,
                                   point.activation_checkpointing, point.cpu_offload, accumulation_steps,
-                                  block_params=own["block_params"] if own else None, device_type=device)
+                                  block_params=own["block_params"] if own else None, device_type=device,
+                                  replicas=point.replicas)
     if point.lora_rank and not point.cpu_offload:  # frozen weights: no gradient or optimizer state for them
         trainable = (counted(model, point.lora_rank)["lora_trainable"] if own
                      else accounting.lora_trainable_params(model, point.lora_rank))
         state = accounting.lora_model_state_bytes(n_params, trainable, point.zero_stage, point.world_size,
-                                                  point.precision, "pytorch")
+                                                  point.precision, "pytorch", point.replicas)
         peak = dataclasses.replace(peak, model_state=state.total)
     limit_gib = config.get("planning", {}).get("device_memory_gib")
     limit = limit_gib * 2 ** 30 if limit_gib else None

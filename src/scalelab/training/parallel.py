@@ -6,6 +6,12 @@ scalelab.strategies (which says what each shards and communicates).
 | 1     | DDP + torch.distributed.optim.ZeroRedundancyOptimizer      |
 | 2     | FSDP2 fully_shard(reshard_after_forward=False) per block   |
 | 3     | FSDP2 fully_shard(reshard_after_forward=True) per block    |
+| 3, replicas R > 1 | hybrid sharding (HSDP): the same over a 2-D mesh (R replicas x N/R shards) |
+
+Hybrid sharding builds torchtitan's mesh, ``init_device_mesh(..., (R, N/R),
+mesh_dim_names=("dp_replicate", "dp_shard"))``, and hands it to ``fully_shard``, which shards
+over the inner dimension (consecutive ranks: one node under torchrun's placement) and
+all-reduces each reduced gradient shard over the outer one (across nodes).
 
 Levers: ``bucket_mb`` sets DDP's gradient bucket size (stages 0, 1); ``cpu_offload`` gives
 stage 3 FSDP2's CPUOffloadPolicy (sharded state in pinned host memory, optimizer step on
@@ -38,7 +44,7 @@ import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from scalelab.strategies import strategy
+from scalelab.strategies import HYBRID, check_replicas, strategy
 from scalelab.sweep import DDP_BUCKET_MB
 from scalelab.training.model import GPT
 
@@ -134,11 +140,17 @@ def parallelize_zero1(model: GPT, device, lr, weight_decay, bucket_mb=DDP_BUCKET
 
 
 def _parallelize_fsdp(model: GPT, device, lr, weight_decay, reshard_after_forward: bool,
-                      cpu_offload: bool = False, param_dtype=None, reduce_dtype=None) -> Parallelized:
+                      cpu_offload: bool = False, param_dtype=None, reduce_dtype=None, replicas: int = 1) -> Parallelized:
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-    # FSDP2 needs an explicit mesh on CPU; one dimension = plain data parallelism.
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    # FSDP2 needs an explicit mesh on CPU; one dimension = plain data parallelism, two = hybrid
+    # sharding (replicate x shard: FSDP2 shards over the last, replicates over the first).
+    world_size = dist.get_world_size()
+    if replicas == 1:
+        mesh = init_device_mesh(device.type, (world_size,))
+    else:
+        shard = check_replicas(world_size, replicas)
+        mesh = init_device_mesh(device.type, (replicas, shard), mesh_dim_names=HYBRID.mesh_dims)
     offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
     # None, None: FSDP2's default, everything in the parameters' own fp32. reduce_dtype is given
     # explicitly (fp32 by default): left None, FSDP2 would reduce in param_dtype.
@@ -166,6 +178,12 @@ def parallelize_fsdp_reshard(model, device, lr, weight_decay, bucket_mb=None, cp
                              param_dtype=None, reduce_dtype=None) -> Parallelized:
     return _parallelize_fsdp(model, device, lr, weight_decay, reshard_after_forward=True, cpu_offload=cpu_offload,
                              param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+
+
+def parallelize_hsdp(model, device, lr, weight_decay, bucket_mb=None, cpu_offload=False,
+                     param_dtype=None, reduce_dtype=None, replicas: int = 2) -> Parallelized:
+    return _parallelize_fsdp(model, device, lr, weight_decay, reshard_after_forward=True,
+                             param_dtype=param_dtype, reduce_dtype=reduce_dtype, replicas=replicas)
 
 
 def apply_compile(model: GPT) -> None:
@@ -197,16 +215,19 @@ def compiled_graphs() -> int:
 
 def parallelize(model: GPT, zero_stage: int, device: torch.device, lr: float, weight_decay: float,
                 bucket_mb: float | None = DDP_BUCKET_MB, cpu_offload: bool = False,
-                param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None) -> Parallelized:
+                param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
+                replicas: int = 1) -> Parallelized:
     """Wrap the model as the stage's strategy record says (scalelab.strategies). param_dtype: what
     FSDP2 gathers parameters in (None: their fp32; strategies that gather none ignore it);
-    reduce_dtype: what gradients are reduced in (None: fp32). See the module doc."""
-    record = strategy(zero_stage)
+    reduce_dtype: what gradients are reduced in (None: fp32); replicas > 1: hybrid sharding
+    (stage 3). See the module doc."""
+    record = strategy(zero_stage, replicas)
     if cpu_offload and not record.cpu_offload:
         raise ValueError(f"cpu_offload does not apply to {record.name} (zero_stage {zero_stage})")
     wrap = globals()[record.wrapper]
+    extra = {"replicas": replicas} if replicas != 1 else {}
     return wrap(model, device, lr, weight_decay, bucket_mb=bucket_mb, cpu_offload=cpu_offload,
-                param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+                param_dtype=param_dtype, reduce_dtype=reduce_dtype, **extra)
 
 
 def clip_grad_norm(par: Parallelized, max_norm: float, comm_device: torch.device) -> torch.Tensor:

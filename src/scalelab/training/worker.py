@@ -50,7 +50,7 @@ from scalelab.precisions import precision as precision_record
 from scalelab.strategies import strategy
 from scalelab.sweep import RunPoint, micro_batch_plan
 from scalelab.training.activations import SavedActivationMeter
-from scalelab.training.comm import CommCounter
+from scalelab.training.comm import CommCounter, bytes_by_link
 from scalelab.training.lora import apply_lora
 from scalelab.training.model import build_model
 from scalelab.training.model import counted as counted_by_module
@@ -280,7 +280,7 @@ def setup(spec: dict) -> Run:
     # their compute dtype at stages 2 and 3 (FSDP2's MixedPrecisionPolicy); fp32 is FSDP2's default.
     dtypes = accounting.comm_dtypes(point.precision, point.zero_stage, point.grad_reduce)
     par = parallelize(model, point.zero_stage, device, train_cfg.lr, train_cfg.weight_decay,
-                      bucket_mb=point.bucket_mb, cpu_offload=point.cpu_offload,
+                      bucket_mb=point.bucket_mb, cpu_offload=point.cpu_offload, replicas=point.replicas,
                       param_dtype=None if dtypes.param_gather in (None, "float32") else getattr(torch, dtypes.param_gather),
                       reduce_dtype=getattr(torch, dtypes.grad_reduce))
     scaler = grad_scaler(point.precision, device, train_cfg.fp16_init_scale)
@@ -487,7 +487,7 @@ def gather(run: Run, save_final_params: bool) -> Gathered:
         if run.rank == 0:
             torch.save({k.removeprefix("module.").replace("_orig_mod.", ""): v for k, v in full.items()},
                        run.run_dir / "final_params.pt")
-    counted = {"calls": dict(run.counter.calls), "bytes": dict(run.counter.bytes)}
+    counted = {"calls": dict(run.counter.calls), "bytes": dict(run.counter.bytes), "by_group": run.counter.by_group()}
     run.counter.uninstall()
     return Gathered(held=all_held, mem=all_mem, comm=counted)
 
@@ -496,15 +496,17 @@ def _predictions(run: Run):
     """(model state predicted in PyTorch's and the paper's convention, comm elements per step
     by convention): full training, or LoRA's frozen weights beside the trainable A and B."""
     stage, world_size, precision, accum = run.point.zero_stage, run.world_size, run.point.precision, run.accum
+    replicas = run.point.replicas
     if run.n_trainable is None:
-        states = [accounting.model_state_bytes(run.n_params, stage, world_size, precision, c) for c in ("pytorch", "paper")]
+        states = [accounting.model_state_bytes(run.n_params, stage, world_size, precision, c, replicas)
+                  for c in ("pytorch", "paper")]
         return (*states, lambda convention: accounting.comm_elements_per_step(run.n_params, stage, world_size, accum,
-                                                                             convention))
+                                                                             convention, replicas))
     n_frozen = run.n_params - run.n_trainable
-    states = [accounting.lora_model_state_bytes(n_frozen, run.n_trainable, stage, world_size, precision, c)
+    states = [accounting.lora_model_state_bytes(n_frozen, run.n_trainable, stage, world_size, precision, c, replicas)
               for c in ("pytorch", "paper")]
     return (*states, lambda convention: accounting.lora_comm_elements_per_step(n_frozen, run.n_trainable, stage,
-                                                                              world_size, accum, convention))
+                                                                              world_size, accum, convention, replicas))
 
 
 def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
@@ -523,6 +525,14 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
     predicted, predicted_paper, comm = _predictions(run)
     dtypes = accounting.comm_dtypes(precision, point.zero_stage, point.grad_reduce)
     on_gpu = run.device.type == "cuda"
+    # Traffic per link (issue #28): rank 0's counted bytes by the hosts its groups' ranks ran on,
+    # beside the formulas at torchrun's placement (each node's ranks consecutive, as many per node
+    # as on rank 0's host).
+    rank_hosts = [m["hostname"] for m in all_mem]
+    measured_links = bytes_by_link(counted["by_group"], rank_hosts)
+    predicted_links = accounting.comm_bytes_by_link(
+        run.n_params, point.zero_stage, world_size, precision, rank_hosts.count(rank_hosts[0]), point.replicas,
+        point.grad_reduce, accum, run.n_trainable)
     return {
         "n_params": run.n_params,
         "n_trainable_params": run.n_params if run.n_trainable is None else run.n_trainable,
@@ -577,7 +587,12 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "comm_bytes_per_step_by_type": {k: v / n_measured for k, v in counted["bytes"].items()},
         "comm_bytes_per_step_measured": sum(counted["bytes"].values()) / n_measured,
         "comm_bytes_per_step_predicted": accounting.comm_bytes_per_step(
-            run.n_params, point.zero_stage, world_size, precision, accum, point.grad_reduce, run.n_trainable),
+            run.n_params, point.zero_stage, world_size, precision, accum, point.grad_reduce, run.n_trainable,
+            point.replicas),
+        **{f"comm_{link}_bytes_per_step_measured": sum(by_type.values()) / n_measured
+           for link, by_type in measured_links.items()},
+        **{f"comm_{link}_bytes_per_step_predicted": float(sum(by_type.values()))
+           for link, by_type in predicted_links.items()},
         "comm_bytes_per_step_predicted_paper": 4 * comm("paper"),  # the paper's elements, counted at fp32's width
         "param_gather_dtype": dtypes.param_gather,
         "grad_reduce_dtype": dtypes.grad_reduce,
