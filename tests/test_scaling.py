@@ -8,9 +8,9 @@ import math
 import pytest
 
 from scalelab import accounting, hardware, links
-from scalelab.analysis.estimate import collective_calls, collective_sizes
 from scalelab.cli import main
 from scalelab.config import ModelConfig
+from scalelab.links import collective_calls, collective_sizes
 from scalelab.precisions import PRECISION_NAMES
 from scalelab.strategies import ZERO_STAGES
 

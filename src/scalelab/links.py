@@ -23,6 +23,10 @@ bus bandwidth over the nominal one, DEFAULT_EFFICIENCY unless given (see its not
 of the products are the order of nccl-tests' small-message times (see LATENCY_*): an assumption
 to calibrate, not a measurement.
 
+A step's collectives (collective_sizes, collective_calls, at the end) turn scalelab.accounting's
+exact bytes per step into the sizes and calls this model times: scalelab.prediction and
+``scalelab estimate scaling`` both read them.
+
 Out of scope: hierarchical and tree algorithms (NCCL's tree, NVLink SHARP, in-network
 reductions), topology (a node's NICs shared, rails, oversubscribed spines) and algorithm
 switching by message size: a collective runs at one link's rate, as a ring would.
@@ -31,6 +35,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+
+from scalelab import accounting
+from scalelab.config import ModelConfig
+from scalelab.precisions import PRECISIONS
+from scalelab.strategies import strategy
 
 GB = 1e9
 """Decimal gigabyte: link bandwidths are quoted in GB/s (10^9 bytes/s) and Gb/s."""
@@ -268,3 +277,57 @@ DEFAULT_INTRA_NODE = {
 """The link within a node a GPU product (scalelab.hardware's display name) implies: the SXM parts'
 NVLink over NVSwitch, the PCIe boards' slot generation (their datasheets' host interface). Not
 listed (H100/H200 NVL: bridged pairs; GH200: one GPU per superchip): give --intra-node."""
+
+
+# ----------------------------------------------------------------------------- a step's collectives
+# What one optimizer step hands to collectives, sized and counted for collective_seconds: shared by
+# scalelab.prediction (runs of a sweep) and `scalelab estimate scaling` (GPU counts not run).
+
+
+def collective_sizes(n_params: int, zero_stage: int, world_size: int, precision: str,
+                     accumulation_steps: int = 1, grad_reduce: str = "fp32") -> dict[str, float]:
+    """Bytes per optimizer step by collective, as nccl-tests sizes them (module doc: the whole
+    buffer; an all-reduce of S bytes is S here, 2S in accounting's unit): accounting.comm_bytes_by_type
+    converted (the gradient term an all-reduce where gradients are replicated, a reduce-scatter where
+    they are sharded; the parameter term an all-gather where parameters are sharded,
+    ZeroRedundancyOptimizer's fp32 broadcast otherwise; fp16's loss-scaler flag)."""
+    handed = accounting.comm_bytes_by_type(n_params, zero_stage, world_size, precision, accumulation_steps, grad_reduce)
+    return {c: b / handed_per_size(c) for c, b in handed.items()}
+
+
+def _parameter_tensors(cfg: ModelConfig) -> int:
+    """Parameter tensors of the family's model (scalelab.training.model): GPT-2 12 per block (qkv,
+    proj, fc, proj and their biases, two LayerNorms) + wte, wpe, ln_f (+ an untied head); llama 9
+    per block + wte, norm, head."""
+    if cfg.family == "llama":
+        return 9 * cfg.n_layers + 3
+    return 12 * cfg.n_layers + 4 + (0 if cfg.tie_embeddings else 1)
+
+
+def collective_calls(cfg: ModelConfig, zero_stage: int, precision: str, sizes: dict[str, float],
+                     accumulation_steps: int = 1) -> dict[str, int]:
+    """Calls per optimizer step by collective, each paying the link's latency once: DDP one
+    all-reduce per gradient bucket (sweep.DDP_BUCKET_MB); FSDP2 one all-gather per unit (every
+    block, and the root) per gathering pass, one reduce-scatter per unit (and under hybrid sharding
+    one all-reduce per unit across replicas); ZeroRedundancyOptimizer one broadcast per parameter
+    tensor (issued together: their latencies overlap, so this counts them high); fp16's loss scaler
+    one all-reduce of its flag."""
+    from scalelab.sweep import DDP_BUCKET_MB
+
+    record, units = strategy(zero_stage), cfg.n_layers + 1
+    scaler = 1 if PRECISIONS[precision].loss_scaling else 0
+    calls = {}
+    for collective, size in sizes.items():
+        if collective == "all_reduce":
+            grads = size - scaler * accounting.LOSS_SCALER_COMM_BYTES / handed_per_size("all_reduce")
+            if record.ddp_buckets:
+                calls[collective] = math.ceil(grads / (DDP_BUCKET_MB * 2 ** 20)) + scaler
+            else:  # hybrid sharding all-reduces each unit's gradient shard across replicas
+                calls[collective] = (units if grads > 0 else 0) + scaler
+        elif collective == "all_gather":
+            calls[collective] = math.ceil(record.param_psi(accumulation_steps)) * units
+        elif collective == "reduce_scatter":
+            calls[collective] = units
+        else:
+            calls[collective] = _parameter_tensors(cfg)
+    return calls

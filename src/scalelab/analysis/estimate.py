@@ -27,7 +27,8 @@ import sys
 
 from scalelab import accounting, hardware, links
 from scalelab.config import ModelConfig
-from scalelab.precisions import ESTIMATE_MEMORY, PEAK_KEYS, PRECISION_NAMES, PRECISIONS
+from scalelab.links import collective_calls, collective_sizes  # noqa: F401  (where scalelab.prediction has read them)
+from scalelab.precisions import ESTIMATE_MEMORY, PEAK_KEYS, PRECISION_NAMES
 from scalelab.strategies import HYBRID_KEY, ZERO_STAGES, strategy
 
 # The precisions whose records say they have a memory convention of their own (fp8 holds bf16's
@@ -382,55 +383,6 @@ def gpu_counts(text: str) -> tuple[int, ...]:
             raise argparse.ArgumentTypeError(f"{text!r}: every GPU count must be a whole number >= 1, e.g. 8,16,32")
         counts.append(value)
     return tuple(sorted(set(counts)))
-
-
-def collective_sizes(n_params: int, zero_stage: int, world_size: int, precision: str,
-                     accumulation_steps: int = 1, grad_reduce: str = "fp32") -> dict[str, float]:
-    """Bytes per optimizer step by collective, as nccl-tests sizes them (scalelab.links: the whole
-    buffer; an all-reduce of S bytes is S here, 2S in accounting's unit): accounting.comm_bytes_by_type
-    converted (the gradient term an all-reduce where gradients are replicated, a reduce-scatter where
-    they are sharded; the parameter term an all-gather where parameters are sharded,
-    ZeroRedundancyOptimizer's fp32 broadcast otherwise; fp16's loss-scaler flag)."""
-    handed = accounting.comm_bytes_by_type(n_params, zero_stage, world_size, precision, accumulation_steps, grad_reduce)
-    return {c: b / links.handed_per_size(c) for c, b in handed.items()}
-
-
-def _parameter_tensors(cfg: ModelConfig) -> int:
-    """Parameter tensors of the family's model (scalelab.training.model): GPT-2 12 per block (qkv,
-    proj, fc, proj and their biases, two LayerNorms) + wte, wpe, ln_f (+ an untied head); llama 9
-    per block + wte, norm, head."""
-    if cfg.family == "llama":
-        return 9 * cfg.n_layers + 3
-    return 12 * cfg.n_layers + 4 + (0 if cfg.tie_embeddings else 1)
-
-
-def collective_calls(cfg: ModelConfig, zero_stage: int, precision: str, sizes: dict[str, float],
-                     accumulation_steps: int = 1) -> dict[str, int]:
-    """Calls per optimizer step by collective, each paying the link's latency once: DDP one
-    all-reduce per gradient bucket (sweep.DDP_BUCKET_MB); FSDP2 one all-gather per unit (every
-    block, and the root) per gathering pass, one reduce-scatter per unit (and under hybrid sharding
-    one all-reduce per unit across replicas); ZeroRedundancyOptimizer
-    one broadcast per parameter tensor (issued together: their latencies overlap, so this counts
-    them high); fp16's loss scaler one all-reduce of its flag."""
-    from scalelab.sweep import DDP_BUCKET_MB
-
-    record, units = strategy(zero_stage), cfg.n_layers + 1
-    scaler = 1 if PRECISIONS[precision].loss_scaling else 0
-    calls = {}
-    for collective, size in sizes.items():
-        if collective == "all_reduce":
-            grads = size - scaler * accounting.LOSS_SCALER_COMM_BYTES / links.handed_per_size("all_reduce")
-            if record.ddp_buckets:
-                calls[collective] = math.ceil(grads / (DDP_BUCKET_MB * 2 ** 20)) + scaler
-            else:  # hybrid sharding all-reduces each unit's gradient shard across replicas
-                calls[collective] = (units if grads > 0 else 0) + scaler
-        elif collective == "all_gather":
-            calls[collective] = math.ceil(record.param_psi(accumulation_steps)) * units
-        elif collective == "reduce_scatter":
-            calls[collective] = units
-        else:
-            calls[collective] = _parameter_tensors(cfg)
-    return calls
 
 
 def _link(option: str, spec: str, efficiency: float | None, notes: list[str]) -> links.Link:
