@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 
 from scalelab import links, prediction
-from scalelab.analysis.estimate import collective_calls, collective_sizes
 from scalelab.cli import main
 from scalelab.commbench import BENCH_FILE
 from scalelab.config import ModelConfig
+from scalelab.links import collective_calls, collective_sizes
 from scalelab.strategies import STRATEGIES
 
 pytestmark = pytest.mark.unit

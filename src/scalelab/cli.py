@@ -144,6 +144,36 @@ def _retry(args) -> int:
     return 0
 
 
+def _predict(args) -> int:
+    """Fit the step-time model on the runs --fit selects, predict the others (scalelab.prediction.validate)."""
+    import json
+
+    import pandas as pd
+
+    from scalelab.commbench import BENCH_FILE, read_table
+    from scalelab.prediction import format_validation, validate
+
+    results = Path(args.validate)
+    error = _tables_of(results)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    bench = Path(args.bench) if args.bench else results / BENCH_FILE
+    table = None
+    try:
+        if bench.exists() or args.bench:
+            table = read_table(bench)
+        else:
+            print(f"warning: no bench comm table at {bench}: runs that communicate get no prediction "
+                  "(measure one: snakemake bench_comm, or scalelab bench comm --out ...)", file=sys.stderr)
+        result = validate(pd.read_parquet(results / "metrics.parquet"), args.fit, table, str(bench) if table is not None else None)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=1, default=float) if args.json else format_validation(result))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scalelab", description="Reproducible scaling experiments: tables, reports, estimates.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -180,15 +210,22 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--fresh", action="store_true", help="also remove progress.jsonl and checkpoints (no resume)")
     t.add_argument("--active-within", type=float, default=300.0, metavar="SECONDS", help="as for status")
     t.set_defaults(func=_retry)
+    p = sub.add_parser("predict", help="validate the step-time model (scalelab.prediction): fit on part of a sweep, "
+                       "predict the rest, print errors and bands")
+    p.add_argument("--validate", required=True, metavar="RESULTS", help="a results folder (metrics.parquet, or runs/ to collect)")
+    p.add_argument("--fit", required=True, metavar="QUERY",
+                   help="pandas query selecting the runs to fit on, e.g. 'world_size==1'; the other ok runs are predicted")
+    p.add_argument("--bench", default=None, metavar="TABLE", help="the bench comm table (default: RESULTS/calibration/comm.parquet)")
+    p.add_argument("--json", action="store_true", help="one JSON object: points, summary (mean_abs_error, max_abs_error, "
+                   "inside_band_share), parameters")
+    p.set_defaults(func=_predict)
     from scalelab.analysis.estimate import add_parser as add_estimate
     from scalelab.commbench import add_parser as add_bench
     from scalelab.migrate import add_parser as add_migrate
-    from scalelab.prediction import add_parser as add_predict
 
     add_migrate(sub)
     add_estimate(sub)
     add_bench(sub)
-    add_predict(sub)
     for command in sub.choices.values():  # estimate's subcommands set their own, which win
         command.set_defaults(usage_parser=command)
     args, unknown = parser.parse_known_args(argv)

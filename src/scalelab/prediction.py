@@ -17,7 +17,7 @@ collectives on links fitted to a ``scalelab bench comm`` table, and the strategy
   device's peak (FLOPs x tokens / peak over c_ref, at most 1): stated in every prediction.
 * ``alpha_c``, ``B_c``: latency per call and bus bandwidth per collective, fitted to the bench
   table's mean times (relative least squares; ``fit_link``); calls and sizes per step from the
-  strategy records (scalelab.analysis.estimate.collective_sizes / collective_calls).
+  strategy records (scalelab.links.collective_sizes / collective_calls).
 * ``hidden``: what the strategy's overlap facts (Strategy.overlap) let run behind compute: every
   overlapped collective's time but its last call (DDP's last bucket, FSDP2's first gather), at most
   the compute of the window it hides in (backward: 2/3 of compute; the step: all of it).
@@ -213,17 +213,19 @@ def _missing(value) -> bool:
 
 def collectives_of(row: dict, world_size: int | None = None) -> tuple[dict[str, float], dict[str, int]]:
     """(bytes per step as nccl-tests sizes them, calls per step) per collective of a run's row at
-    ``world_size`` (its own by default): scalelab.analysis.estimate's collective_sizes and
-    collective_calls, with the row's own bucket size for DDP's all-reduce calls. ValueError saying
-    why a row has none the model can use (a custom module, LoRA)."""
+    ``world_size`` (its own by default): scalelab.links' collective_sizes and collective_calls, with
+    the row's own bucket size for DDP's all-reduce calls. ValueError saying why a row has none the
+    model can use (a custom module, LoRA)."""
     from scalelab import accounting
-    from scalelab.analysis.estimate import collective_calls, collective_sizes
+    from scalelab.links import collective_calls, collective_sizes
     from scalelab.precisions import PRECISIONS
 
     if row.get("model_family") == "custom":
         raise ValueError("a custom module: its FSDP units and parameter tensors are not known to the model")
     if not _missing(row.get("lora_rank")):
         raise ValueError("a LoRA run: its collectives move the trainable parameters only, which the model does not size")
+    if not _missing(row.get("replicas")) and int(row["replicas"]) > 1:
+        raise ValueError("hybrid sharding: its collectives over replica and shard groups are not sized by the model yet")
     n = int(world_size or row["world_size"])
     stage, precision = int(row["zero_stage"]), row["precision"]
     k = int(row.get("accumulation_steps") or 1)
@@ -537,50 +539,6 @@ def format_validation(result: dict) -> str:
     return "\n".join(lines)
 
 
-def add_parser(sub) -> None:
-    """``scalelab predict``."""
-    p = sub.add_parser("predict", help="validate the step-time model: fit on part of a sweep, predict the rest",
-                       description=__doc__.split("\n\n")[0])
-    p.add_argument("--validate", required=True, metavar="RESULTS", help="a results folder (metrics.parquet, or runs/ to collect)")
-    p.add_argument("--fit", required=True, metavar="QUERY",
-                   help="pandas query selecting the runs to fit on, e.g. 'world_size==1'; the other ok runs are predicted")
-    p.add_argument("--bench", default=None, metavar="TABLE",
-                   help="the bench comm table (default: RESULTS/calibration/comm.parquet)")
-    p.add_argument("--json", action="store_true", help="one JSON object: points, summary, parameters")
-    p.set_defaults(func=_predict)
-
-
-def _predict(args) -> int:
-    import json
-    import sys
-    from pathlib import Path
-
-    import pandas as pd
-
-    from scalelab.cli import _tables_of
-    from scalelab.commbench import BENCH_FILE, read_table
-
-    results = Path(args.validate)
-    error = _tables_of(results)
-    if error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    bench = Path(args.bench) if args.bench else results / BENCH_FILE
-    table = None
-    try:
-        if bench.exists() or args.bench:
-            table = read_table(bench)
-        else:
-            print(f"warning: no bench comm table at {bench}: runs that communicate get no prediction "
-                  "(measure one: snakemake bench_comm, or scalelab bench comm --out ...)", file=sys.stderr)
-        result = validate(pd.read_parquet(results / "metrics.parquet"), args.fit, table, str(bench) if table is not None else None)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(json.dumps(result, indent=1, default=float) if args.json else format_validation(result))
-    return 0
-
-
 def sweep_predictions(runs, results_dir=None):
     """The prediction block (PREDICTED_COLUMNS) of every row of a sweep's metrics table, fitted on
     the sweep's own ok runs (each configuration's reference: its runs at the smallest world size
@@ -611,50 +569,3 @@ def outside_band(runs):
     """The ok rows whose measured step time lies outside their predicted band."""
     ok = runs[(runs["status"] == "ok") & runs["predicted_step_time_s"].notna() & runs[MEASURED].notna()]
     return ok[(ok[MEASURED] < ok["predicted_step_time_s_low"]) | (ok[MEASURED] > ok["predicted_step_time_s_high"])]
-
-
-def predicted_vs_measured_plot(runs):
-    """The report's figure: predicted against measured step time per run (log-log), the band as a
-    bar, colour by precision, marker by ZeRO stage, filled where the prediction is out of sample;
-    (figure, note) with the runs left out and why."""
-    import matplotlib.pyplot as plt
-
-    from scalelab.analysis import plots
-
-    ok = runs[runs["status"] == "ok"]
-    known = ok[ok["predicted_step_time_s"].notna()] if "predicted_step_time_s" in ok else ok.iloc[:0]
-    if known.empty:
-        reasons = sorted(set(ok.get("prediction_note", runs.iloc[:0]).dropna()))
-        return plots._empty("no step-time prediction" + (f": {reasons[0]}" if reasons else "")), None
-    fig, ax = plt.subplots(figsize=(5.2, 4.6))
-    colors = plots.precision_colors(sorted(known["precision"].unique()))
-    for r in known.itertuples():
-        m, p = getattr(r, MEASURED) * 1e3, r.predicted_step_time_s * 1e3
-        in_sample = str(r.prediction_note).startswith("in-sample")
-        color = colors[r.precision]
-        ax.plot([m, m], [r.predicted_step_time_s_low * 1e3, r.predicted_step_time_s_high * 1e3], color=color, lw=0.8, alpha=0.6)
-        plots.marks(ax, [m], [p], size=28, color="white" if in_sample else color, edgecolor=color,
-                    marker=plots.STAGE_MARKERS[int(r.zero_stage) % len(plots.STAGE_MARKERS)])
-    values = np.concatenate([known[MEASURED], known["predicted_step_time_s_low"], known["predicted_step_time_s_high"]]) * 1e3
-    lo, hi = np.nanmin(values[values > 0]) / 1.3, np.nanmax(values) * 1.3
-    ax.plot([lo, hi], [lo, hi], color="black", lw=0.8, ls="--", zorder=0)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
-    ax.set_xlabel(f"measured step time, ms ({MEASURED})")
-    ax.set_ylabel("predicted step time, ms (bar: band)")
-    handles = [plt.Line2D([], [], ls="none", marker="o", color=c, label=p) for p, c in colors.items()]
-    handles += [plt.Line2D([], [], ls="none", marker=plots.STAGE_MARKERS[s % len(plots.STAGE_MARKERS)], color="grey",
-                           label=f"stage {s}") for s in sorted(known["zero_stage"].astype(int).unique())]
-    handles += [plt.Line2D([], [], ls="none", marker="o", color="grey", mfc="white", label="in-sample (own reference)")]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1))
-    outside = outside_band(known)
-    missing = ok[ok["predicted_step_time_s"].isna()]
-    notes = []
-    if len(outside):
-        notes.append(f"outside their band: {', '.join(outside['run_id'].astype(str).head(8))}"
-                     + (f" (+{len(outside) - 8})" if len(outside) > 8 else ""))
-    if len(missing):
-        notes.append(f"not predicted: {', '.join(missing['run_id'].astype(str).head(6))}: {missing['prediction_note'].iloc[0]}")
-    return fig, "; ".join(notes) or None

@@ -71,8 +71,8 @@ def _levers():
 
 
 def _prediction():
-    from scalelab import prediction
-    return prediction
+    from scalelab.analysis import prediction_plot
+    return prediction_plot
 
 
 FIGURES: tuple[Figure, ...] = (
