@@ -123,7 +123,10 @@ def by_hand(stage: int, compute_1: float, table=None) -> float:
 
 def test_predictions_from_world_size_1_and_the_bench_table():
     runs, table = sweep(), bench_table()
-    model = prediction.fit(runs, table)
+    model = prediction.fit(prediction.reference_rows(runs), table)  # as collection fits: eta keeps its default
+    assert set(prediction.reference_rows(runs)["run_id"]) == {"fp32-z0-w1", "fp32-z0-w1-r2", "fp32-z0-w1-r3",
+                                                              "fp32-z1-w1", "fp32-z3-w1", "bf16-z0-w2"}
+    assert model.overlap_efficiency == {"cpu": 0.0}
     out = prediction.predict(model, runs).set_index("run_id")
     assert out.loc["fp32-z0-w2", "predicted_step_time_s"] == pytest.approx(by_hand(0, 0.020))  # median of 3 repeats
     assert out.loc["fp32-z1-w2", "predicted_step_time_s"] == pytest.approx(by_hand(1, 0.022))  # batched broadcasts
@@ -203,9 +206,23 @@ def test_predict_command_prints_the_validation_as_json(tmp_path, capsys):
 def test_the_report_warns_on_a_run_outside_its_band():
     from scalelab.analysis.checks import prediction_warnings
 
-    runs = prediction.predict(prediction.fit(sweep(), bench_table()), sweep())
+    runs = prediction.predict(prediction.fit(prediction.reference_rows(sweep()), bench_table()), sweep())
     assert prediction_warnings(runs) == [] or all("outside its predicted band" in w for w in prediction_warnings(runs))
     slow = runs["run_id"] == "fp32-z0-w2"
     runs.loc[slow, "step_time_s_mean"] = runs.loc[slow, "predicted_step_time_s_high"] * 2
     warnings = prediction_warnings(runs)
     assert any(w.startswith("fp32-z0-w2: measured step time") for w in warnings)
+
+
+def test_overlap_efficiency_is_fitted_where_the_fit_set_communicates_beyond_its_reference():
+    runs, table = sweep(), bench_table()
+    base = prediction.fit(prediction.reference_rows(runs), table)
+    row = runs.set_index("run_id").loc["fp32-z3-w2"].to_dict() | {"run_id": "fp32-z3-w2"}
+    parts = prediction._parts(base, row)
+    full = prediction.step_time(3, parts.compute_s, parts.comm_s, calls=parts.calls, overlap_efficiency=1.0)
+    hidden = sum(parts.comm_s.values()) - full.exposed_comm_s
+    assert hidden > 0
+    runs.loc[runs["run_id"] == "fp32-z3-w2", "step_time_s_mean"] = parts.compute_s + sum(parts.comm_s.values()) - 0.5 * hidden
+    model = prediction.fit(runs, table)
+    assert model.overlap_efficiency["cpu"] == pytest.approx(0.5)
+    assert model.overlap_source["cpu"].startswith("fitted: 1 run")

@@ -375,9 +375,7 @@ def fit(runs, table=None, table_path: str | None = None) -> Model:
                                            "defaulted to 1 (compute grows with tokens): one token count, no peak FLOP/s")
         refs.append(frame)
     model.references = pd.concat(refs, ignore_index=True) if refs else None
-    for device in sorted(set(ok["device_type"].dropna())):
-        model.overlap_efficiency[device] = DEFAULT_OVERLAP_EFFICIENCY.get(device, 0.0)
-        model.overlap_source[device] = (f"defaulted ({'one core per rank computes and communicates' if device == 'cpu' else 'NCCL runs on its own stream'})")
+    _fit_overlap(model, ok)
     noise = sweep_noise(ok.assign(_t=1.0 / ok[MEASURED]), "_t")
     if noise.known:
         model.sigma, model.sigma_source = noise.sigma, f"pooled over {noise.points} repeated point(s) of the fit set ({noise.runs} runs)"
@@ -403,6 +401,49 @@ not Student's t of the few repeats a sweep has (t = 9.9 at 2 degrees of freedom 
 wider than the step)."""
 
 
+@dataclass(frozen=True)
+class _Parts:
+    """A run's predicted parts before overlap: its reference, compute, and each collective's time."""
+    ref: dict
+    tokens: float
+    compute_s: float
+    comm_s: dict
+    calls: dict
+    comm_sigma_s: float
+
+
+def _parts(model: Model, row: dict) -> _Parts | str:
+    """The parts of a run's prediction, or the reason there are none."""
+    refs = model.references
+    key = _key(row)
+    mine = None if refs is None else refs[[tuple(None if _missing(v) else v for v in r) == key
+                                           for r in refs[list(COMPUTE_KEY)].itertuples(index=False, name=None)]]
+    if mine is None or mine.empty:
+        return ("no compute reference: the fit set has no ok run of this configuration "
+                f"({', '.join(f'{k}={v}' for k, v in zip(COMPUTE_KEY, key, strict=True) if v is not None)})")
+    tokens = _tokens_or_nan(row)
+    if math.isnan(tokens):
+        return "no micro-batch or sequence length in the row"
+    ref = mine.iloc[int(np.argmin(np.abs(np.log(mine["tokens_per_rank"].to_numpy(float) / tokens))))].to_dict()
+    share = float(ref["token_share"])
+    compute = ref["compute_s"] * ((1 - share) + share * tokens / ref["tokens_per_rank"])
+    n = int(row["world_size"])
+    comm, calls, comm_sigma = {}, {}, 0.0
+    if n > 1:
+        fits = model.link_fits(n, strategy(row["zero_stage"]).batched)
+        if fits is None:
+            return (f"no bench comm table: communication at world size {n} unknown (measure one: snakemake bench_comm, "
+                    "or scalelab bench comm)")
+        try:
+            sizes, calls = collectives_of(row)
+        except (ValueError, TypeError, KeyError) as err:  # TypeError, KeyError: a row without the model's shape
+            return f"no communication model: {err}"
+        comm = comm_seconds(sizes, calls, n, fits)
+        # the fit's own error on the bench (systematic); a call's scatter about its mean averages out over a run's calls
+        comm_sigma = math.sqrt(sum((comm[c] * fits[c].residual) ** 2 for c in comm))
+    return _Parts(ref, tokens, compute, comm, calls, comm_sigma)
+
+
 def predict_row(model: Model, row: dict) -> dict:
     """The prediction block of one run's row (PREDICTED_COLUMNS): null figures and the reason
     where the model has none."""
@@ -410,61 +451,62 @@ def predict_row(model: Model, row: dict) -> dict:
 
     out = dict.fromkeys(PREDICTED_COLUMNS)
     out["predicted_compute_s"] = None
-    refs = model.references
-    key = _key(row)
-    mine = None if refs is None else refs[[tuple(None if _missing(v) else v for v in r) == key
-                                           for r in refs[list(COMPUTE_KEY)].itertuples(index=False, name=None)]]
-    if mine is None or mine.empty:
-        out["prediction_note"] = ("no compute reference: the fit set has no ok run of this configuration "
-                                  f"({', '.join(f'{k}={v}' for k, v in zip(COMPUTE_KEY, key, strict=True) if v is not None)})")
+    parts = _parts(model, row)
+    if isinstance(parts, str):
+        out["prediction_note"] = parts
         return out
-    tokens = _tokens_or_nan(row)
-    if math.isnan(tokens):
-        out["prediction_note"] = "no micro-batch or sequence length in the row"
-        return out
-    ref = mine.iloc[int(np.argmin(np.abs(np.log(mine["tokens_per_rank"].to_numpy(float) / tokens))))]
-    ratio = tokens / ref["tokens_per_rank"]
-    share = float(ref["token_share"])
-    compute = ref["compute_s"] * ((1 - share) + share * ratio)
-    n = int(row["world_size"])
-    comm, calls, comm_sigma = {}, {}, 0.0
-    if n > 1:
-        fits = model.link_fits(n, strategy(row["zero_stage"]).batched)
-        if fits is None:
-            out["prediction_note"] = (f"no bench comm table: communication at world size {n} unknown (measure one: "
-                                      "snakemake bench_comm, or scalelab bench comm)")
-            return out
-        try:
-            sizes, calls = collectives_of(row)
-        except (ValueError, TypeError, KeyError) as err:  # TypeError, KeyError: a row without the model's shape
-            out["prediction_note"] = f"no communication model: {err}"
-            return out
-        comm = comm_seconds(sizes, calls, n, fits)
-        # the fit's own error on the bench (systematic); a call's scatter about its mean averages out over a run's calls
-        comm_sigma = math.sqrt(sum((comm[c] * fits[c].residual) ** 2 for c in comm))
+    ref, compute, n = parts.ref, parts.compute_s, int(row["world_size"])
     eta = model.overlap_efficiency.get(row.get("device_type"), DEFAULT_OVERLAP_EFFICIENCY.get(row.get("device_type"), 0.0))
-    st = step_time(row["zero_stage"], compute, comm, calls=calls, overlap_efficiency=eta)
+    st = step_time(row["zero_stage"], compute, parts.comm_s, calls=parts.calls, overlap_efficiency=eta)
     sigma = model.sigma or 0.0
     half = BAND_Z * math.sqrt((sigma * st.step_s) ** 2 + (sigma * compute) ** 2 * median_variance(int(ref["runs"]))
-                                 + comm_sigma ** 2)
+                              + parts.comm_sigma_s ** 2)
     # a defaulted token share is an assumption between its estimate and 1 (all compute grows with tokens)
+    ratio = parts.tokens / ref["tokens_per_rank"]
     other = ref["compute_s"] * ratio if str(ref["token_share_source"]).startswith("defaulted") else compute
-    low = min(compute, other) - compute
-    high = max(compute, other) - compute
+    low, high = min(compute, other) - compute, max(compute, other) - compute
     tokens_per_step = row.get("tokens_per_step")
     if _missing(tokens_per_step):
         tokens_per_step = float(row["global_batch"]) * float(row["seq_len"])
-    in_sample = ref["world_size"] == n and ref["tokens_per_rank"] == tokens
+    in_sample = ref["world_size"] == n and ref["tokens_per_rank"] == parts.tokens
     out.update({
         "predicted_step_time_s": st.step_s, "predicted_step_time_s_low": max(st.step_s + low - half, 0.0),
         "predicted_step_time_s_high": st.step_s + high + half, "predicted_tokens_per_s": float(tokens_per_step) / st.step_s,
         "predicted_compute_s": compute, "predicted_exposed_comm_s": st.exposed_comm_s,
         "prediction_note": ("in-sample: compute measured on this configuration at this world size and micro-batch"
                             if in_sample else f"compute from world size {int(ref['world_size'])}, "
-                            f"{ref['tokens_per_rank']:g} tokens per rank (token share {share:.2f}, "
+                            f"{ref['tokens_per_rank']:g} tokens per rank (token share {float(ref['token_share']):.2f}, "
                             f"{str(ref['token_share_source']).split(':')[0]})"),
     })
     return out
+
+
+def _fit_overlap(model: Model, ok) -> None:
+    """eta per device type: least squares over the fit set's runs that communicate beyond their
+    reference (measured - compute - all communication = -eta x what the strategy could hide),
+    clipped to [0, 1]; DEFAULT_OVERLAP_EFFICIENCY where no such run hides anything."""
+    sums: dict[str, list[float]] = {}
+    for row in ok.to_dict("records"):
+        parts = _parts(model, row)
+        if isinstance(parts, str) or not parts.comm_s or int(parts.ref["world_size"]) == int(row["world_size"]):
+            continue
+        full = step_time(row["zero_stage"], parts.compute_s, parts.comm_s, calls=parts.calls, overlap_efficiency=1.0)
+        hidden = sum(parts.comm_s.values()) - full.exposed_comm_s
+        if hidden <= 0:
+            continue
+        residual = float(row[MEASURED]) - parts.compute_s - sum(parts.comm_s.values())
+        acc = sums.setdefault(row.get("device_type"), [0.0, 0.0, 0])
+        acc[0], acc[1], acc[2] = acc[0] - residual * hidden, acc[1] + hidden ** 2, acc[2] + 1
+    for device in sorted({d for d in ok["device_type"].dropna()}):
+        if device in sums:
+            num, den, runs = sums[device]
+            model.overlap_efficiency[device] = min(max(num / den, 0.0), 1.0)
+            model.overlap_source[device] = f"fitted: {runs} run(s) of the fit set that communicate beyond their reference"
+        else:
+            model.overlap_efficiency[device] = DEFAULT_OVERLAP_EFFICIENCY.get(device, 0.0)
+            model.overlap_source[device] = ("defaulted: no run of the fit set communicates beyond its reference ("
+                                            + ("one core per rank computes and communicates" if device == "cpu"
+                                               else "NCCL runs on its own stream") + ")")
 
 
 def predict(model: Model, runs):
@@ -539,10 +581,21 @@ def format_validation(result: dict) -> str:
     return "\n".join(lines)
 
 
+def reference_rows(runs):
+    """Each configuration's runs at the smallest world size it ran (COMPUTE_KEY): what collection
+    fits on, so that every larger world size is predicted, none fitted (eta keeps its default)."""
+    keys = [_key(r) for r in runs.to_dict("records")]
+    smallest: dict[tuple, int] = {}
+    for key, n, status in zip(keys, runs["world_size"], runs["status"], strict=True):
+        if status == "ok":
+            smallest[key] = min(smallest.get(key, n), n)
+    return runs[[smallest.get(key) == n for key, n in zip(keys, runs["world_size"], strict=True)]]
+
+
 def sweep_predictions(runs, results_dir=None):
     """The prediction block (PREDICTED_COLUMNS) of every row of a sweep's metrics table, fitted on
-    the sweep's own ok runs (each configuration's reference: its runs at the smallest world size
-    it ran) and its bench comm table (``<results_dir>/calibration/comm.parquet``) where there is one.
+    the sweep's reference runs (reference_rows: each configuration at the smallest world size it
+    ran) and its bench comm table (``<results_dir>/calibration/comm.parquet``) where there is one.
     A table that cannot be read, or a fit that fails, leaves every row null with the reason."""
     from pathlib import Path
 
@@ -555,7 +608,7 @@ def sweep_predictions(runs, results_dir=None):
     try:
         if path is not None and path.exists():
             table = read_table(path)
-        model = fit(runs, table, str(path) if table is not None else None)
+        model = fit(reference_rows(runs), table, str(path) if table is not None else None)
     except (ValueError, OSError) as err:
         frame["prediction_note"] = f"no prediction: {err}"
         return frame
