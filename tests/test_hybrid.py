@@ -105,6 +105,57 @@ def test_counted_bytes_by_link_from_the_ranks_hosts():
         "intra_node": {"all_gather_single": 800, "reduce_scatter_single": 400, "all_reduce": 408}, "inter_node": {}}
 
 
+@pytest.mark.unit
+def test_the_replicas_axis_keeps_old_run_ids_and_leaves_out_what_it_does_not_apply_to():
+    from conftest import tiny_config
+    from scalelab.config import ConfigError
+    from scalelab.sweep import RunPoint, sweep_plan
+
+    assert RunPoint("fp32", 3, 4).run_id == "fp32-z3-w4"  # replicas 1: no id part, no cached run changes
+    assert RunPoint("fp32", 3, 4, replicas=2).run_id == "fp32-z3-w4-hsdp2"
+    assert RunPoint.from_json({"precision": "fp32", "zero_stage": 3, "world_size": 4}).replicas == 1  # an older point.json
+    points, left_out = sweep_plan(tiny_config(sweep={"precision": ["fp32"], "zero_stage": [0, 3], "world_size": [1, 2, 4],
+                                                     "replicas": [1, 2]}))
+    assert {p.run_id for p in points if p.replicas == 2} == {"fp32-z3-w2-hsdp2", "fp32-z3-w4-hsdp2"}
+    reasons = {p.run_id: r for p, r in left_out}
+    assert "zero_stage 0 has no replicas" in reasons["fp32-z0-w4-hsdp2"]
+    assert "replicas=2 does not divide world_size=1" in reasons["fp32-z3-w1-hsdp2"]
+    with pytest.raises(ConfigError, match="sweep.replicas=3 fits no"):
+        sweep_plan(tiny_config(sweep={"precision": ["fp32"], "zero_stage": [3], "world_size": [2], "replicas": [1, 3]}))
+
+
+@pytest.mark.unit
+def test_the_schema_refuses_a_bad_replica_count():
+    from conftest import tiny_config
+    from scalelab.config import ConfigError
+    from scalelab.config.validation import validate_config
+
+    for bad in (0, 1.5, "two"):
+        with pytest.raises(ConfigError, match="replicas"):
+            validate_config(tiny_config(sweep={"replicas": [bad]}))
+
+
+@pytest.mark.unit
+def test_the_report_shows_inter_node_bytes_only_for_runs_that_spanned_nodes():
+    import pandas as pd
+
+    from scalelab.analysis.report import inter_node_table
+
+    def row(run_id, stage, replicas, nodes, inter, shared):
+        return {"run_id": run_id, "status": "ok", "precision": "fp32", "zero_stage": stage, "world_size": 4,
+                "replicas": replicas, "nodes_used": nodes, "nodes_share_machine": shared, "tokens_per_s": 100.0,
+                "comm_inter_node_bytes_per_step_measured": inter, "comm_inter_node_bytes_per_step_predicted": inter,
+                "comm_intra_node_bytes_per_step_measured": 0.0, "comm_intra_node_bytes_per_step_predicted": 0.0}
+
+    one_host = pd.DataFrame([row("fp32-z3-w4", 3, 1, 1, 0.0, None)])
+    assert inter_node_table(one_host).empty
+    runs = pd.DataFrame([row("fp32-z3-w4", 3, 1, 2, 3 * 2 ** 20, True), row("fp32-z3-w4-hsdp2", 3, 2, 2, 2 ** 20, True)])
+    table = inter_node_table(runs)
+    assert list(table["inter_node_mib_per_step"]) == [1.0, 3.0]  # sorted by strategy name: FSDP2 HSDP first
+    assert table["strategy"][0].startswith("FSDP2 HSDP") and set(table["timings"]) == {
+        "nodes share one machine's cores: over-committed"}
+
+
 # ----------------------------------------------------------------------------- real gloo runs
 # World size 4 on 2 cores over-commits them (conftest.run_point allows it): a few steps only.
 HYBRID_STEPS = 4

@@ -394,6 +394,10 @@ RUN = [
            "worker", OK),
     Column("nodes_used", pa.int32(), "-", "how many hosts the run's ranks ran on (1 on one host; a run whose launchers "
            "span SLURM nodes: its nodes)", "worker", OK),
+    Column("nodes_share_machine", pa.bool_(), "-", "the run's nodes are one machine (every rank read the same kernel boot "
+           "id: a virtual cluster's network namespaces), so their ranks shared its cores and memory and its timings "
+           "over-commit compute; null on one host", "worker",
+           sometimes("runs over more than one host, measured since issue #28", OK)),
     Column("git_commit", pa.string(), "-", "commit of the code that ran", "launch",
            _exactly("unless git_commit_source says unknown", lambda row: not (row.get("git_commit_source") or "unknown").startswith("unknown"))),
     Column("git_dirty", pa.bool_(), "-", "whether the checkout had uncommitted changes", "launch",

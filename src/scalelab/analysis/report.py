@@ -402,6 +402,42 @@ def _family_figures(family: str, fig_dir: Path, drawn: list) -> dict:
             "lever_figures": [_figure(fig_dir, d, family) for d in drawn if d.figure.kind == "lever"]}
 
 
+MiB = 2 ** 20
+
+
+def inter_node_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Traffic per link (issue #28) of the runs that spanned nodes, by strategy and world size:
+    rank 0's bytes per step on the inter-node link (collectives whose group spans nodes) and within
+    a node, measured beside the formulas, with the run's speed. Empty where no run spanned nodes:
+    on one host every byte is intra-node, and a table of zeros would say nothing (the formulas
+    for other placements: ``scalelab estimate scaling``)."""
+    from scalelab.strategies import strategy
+
+    needed = {"nodes_used", "comm_inter_node_bytes_per_step_measured"}
+    if runs.empty or not needed <= set(runs.columns):
+        return pd.DataFrame()
+    spanning = runs[(runs["status"] == "ok") & (runs["nodes_used"].fillna(1) > 1)
+                    & runs["comm_inter_node_bytes_per_step_measured"].notna()]
+    if spanning.empty:
+        return pd.DataFrame()
+    replicas = spanning["replicas"] if "replicas" in spanning else pd.Series(1, index=spanning.index)
+    shared = spanning.get("nodes_share_machine", pd.Series(None, index=spanning.index))
+    table = pd.DataFrame({
+        "run_id": spanning["run_id"],
+        "strategy": [strategy(int(z), int(r)).name for z, r in zip(spanning["zero_stage"], replicas.fillna(1), strict=True)],
+        "precision": spanning["precision"], "world_size": spanning["world_size"], "replicas": replicas.fillna(1).astype(int),
+        "nodes_used": spanning["nodes_used"],
+        "inter_node_mib_per_step": spanning["comm_inter_node_bytes_per_step_measured"] / MiB,
+        "inter_node_mib_per_step_predicted": spanning["comm_inter_node_bytes_per_step_predicted"] / MiB,
+        "intra_node_mib_per_step": spanning["comm_intra_node_bytes_per_step_measured"] / MiB,
+        "intra_node_mib_per_step_predicted": spanning["comm_intra_node_bytes_per_step_predicted"] / MiB,
+        "tokens_per_s": spanning["tokens_per_s"],
+        # beside the timings: nodes of one machine share its cores, so compute is over-committed
+        "timings": ["nodes share one machine's cores: over-committed" if v is True else "" for v in shared],
+    })
+    return table.sort_values(["precision", "world_size", "strategy"]).reset_index(drop=True)
+
+
 def family_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """One row per model of a sweep that mixes families: its family, parameters, FLOPs per token
     (and whether formula or counted), its runs, the largest deviations of model state and block
@@ -485,7 +521,9 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
         table = _fmt_table(runs)
         best, best_note = _best_table(best_raw), _best_note(best_raw)
         dev = loss_deviation_vs_stage0(steps[steps["run_id"].isin(base.loc[base["status"] == "ok", "run_id"])])
+        inter_node = inter_node_table(runs)
         tables = {"best": table_model(best), "levers": table_model(levers) if not levers.empty else None,
+                  "inter_node": table_model(inter_node) if not inter_node.empty else None,
                   "fp8": table_model(fp8) if not fp8.empty else None, "runs_table": table_model(table, wrap_headers=True),
                   "deviation": table_model(dev) if not dev.empty else None, "provenance": table_model(_provenance(runs)),
                   "dictionary": table_model(_dictionary_table())}

@@ -480,7 +480,8 @@ def gather(run: Run, save_final_params: bool) -> Gathered:
                "peak_mem_reserved_bytes": torch.cuda.max_memory_reserved(run.device)}
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     all_mem = [None] * run.world_size
-    dist.all_gather_object(all_mem, {**mem, "peak_rss_bytes": rss, "hostname": socket.gethostname()})  # each rank's host
+    dist.all_gather_object(all_mem, {**mem, "peak_rss_bytes": rss, "hostname": socket.gethostname(),  # each rank's host
+                                     "boot_id": machine_id()})
     if save_final_params:
         full = {name: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu().clone()
                 for name, t in run.par.model.state_dict().items()}
@@ -602,9 +603,21 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "rank_hostnames": ",".join(m["hostname"] for m in all_mem),
         "node_list": ",".join(dict.fromkeys(m["hostname"] for m in all_mem)),
         "nodes_used": len({m["hostname"] for m in all_mem}),
+        # nodes of one kernel (a virtual cluster's namespaces): their ranks share its cores and memory
+        "nodes_share_machine": (len({m["boot_id"] for m in all_mem}) == 1 if len({m["hostname"] for m in all_mem}) > 1
+                                and all(m["boot_id"] for m in all_mem) else None),
         "first_step_unix": tally.first_step_at,
         **environment(run.device, run.rank_cores),
     }
+
+
+def machine_id() -> str | None:
+    """The running kernel's boot id: the same for every network namespace of one machine (the
+    virtual cluster's nodes), different between machines; None where the kernel has none."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
 
 
 def pin_cpu_rank(spec: dict) -> str | None:
