@@ -187,16 +187,26 @@ def test_validate_reports_per_point_and_summary():
 
 
 def test_predict_command_prints_the_validation_as_json(tmp_path, capsys):
-    sweep().to_parquet(tmp_path / "metrics.parquet")
+    # a collected table holds the sweep's own predictions: validation replaces them with its fit's
+    sweep().assign(predicted_step_time_s=1.0, prediction_note="collected").to_parquet(tmp_path / "metrics.parquet")
     (tmp_path / BENCH_FILE).parent.mkdir()
     bench_table().to_parquet(tmp_path / BENCH_FILE)
     assert main(["predict", "--validate", str(tmp_path), "--fit", "world_size==1", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert {"mean_abs_error", "max_abs_error", "inside_band_share"} <= set(result["summary"])
     assert len(result["points"]) == 4
+    direct = prediction.validate(sweep(), "world_size==1", bench_table())
+    assert [p["predicted_step_time_s"] for p in result["points"]] == [p["predicted_step_time_s"] for p in direct["points"]]
     assert main(["predict", "--validate", str(tmp_path), "--fit", "world_size==1"]) == 0
     text = capsys.readouterr().out
     assert "mean absolute error" in text and "alpha[all_reduce, n=2]" in text and "fp32-z1-w2" in text
+    # a second folder's runs join the first's; a run id both have is named with its folder
+    other = tmp_path / "calibration-sweep"
+    other.mkdir()
+    sweep().query("world_size == 1").to_parquet(other / "metrics.parquet")
+    assert main(["predict", "--validate", str(tmp_path), str(other), "--fit", "world_size==1", "--json"]) == 0
+    joined = json.loads(capsys.readouterr().out)
+    assert joined["summary"]["fit_runs"] == 2 * result["summary"]["fit_runs"] and len(joined["points"]) == 4
     assert main(["predict", "--validate", str(tmp_path), "--fit", "nonsense ==="]) == 2
     assert "--fit 'nonsense ==='" in capsys.readouterr().err
     assert main(["predict", "--validate", str(tmp_path), "--fit", "world_size==1", "--bench", str(tmp_path / "x.parquet")]) == 2

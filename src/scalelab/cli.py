@@ -153,11 +153,20 @@ def _predict(args) -> int:
     from scalelab.commbench import BENCH_FILE, read_table
     from scalelab.prediction import format_validation, validate
 
-    results = Path(args.validate)
-    error = _tables_of(results)
-    if error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    folders = [Path(f) for f in args.validate]
+    tables = []
+    for folder in folders:
+        error = _tables_of(folder)
+        if error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        table = pd.read_parquet(folder / "metrics.parquet")
+        if tables:  # a run id another folder has too is named with its folder
+            seen = set(pd.concat(tables)["run_id"])
+            table["run_id"] = [r if r not in seen else f"{r}@{folder.name}" for r in table["run_id"]]
+        tables.append(table)
+    runs = pd.concat(tables, ignore_index=True)
+    results = folders[0]
     bench = Path(args.bench) if args.bench else results / BENCH_FILE
     table = None
     try:
@@ -166,7 +175,7 @@ def _predict(args) -> int:
         else:
             print(f"warning: no bench comm table at {bench}: runs that communicate get no prediction "
                   "(measure one: snakemake bench_comm, or scalelab bench comm --out ...)", file=sys.stderr)
-        result = validate(pd.read_parquet(results / "metrics.parquet"), args.fit, table, str(bench) if table is not None else None)
+        result = validate(runs, args.fit, table, str(bench) if table is not None else None)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -212,7 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     t.set_defaults(func=_retry)
     p = sub.add_parser("predict", help="validate the step-time model (scalelab.prediction): fit on part of a sweep, "
                        "predict the rest, print errors and bands")
-    p.add_argument("--validate", required=True, metavar="RESULTS", help="a results folder (metrics.parquet, or runs/ to collect)")
+    p.add_argument("--validate", required=True, nargs="+", metavar="RESULTS",
+                   help="results folders (metrics.parquet, or runs/ to collect), their runs taken together: a sweep, "
+                        "and a calibration sweep beside it (e.g. one rank at the micro-batch the larger world sizes use)")
     p.add_argument("--fit", required=True, metavar="QUERY",
                    help="pandas query selecting the runs to fit on, e.g. 'world_size==1'; the other ok runs are predicted")
     p.add_argument("--bench", default=None, metavar="TABLE", help="the bench comm table (default: RESULTS/calibration/comm.parquet)")

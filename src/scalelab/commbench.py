@@ -1,12 +1,14 @@
 """A collective benchmark in nccl-tests' convention (``scalelab bench comm``, issue #29).
 
-Per collective (all_reduce, reduce_scatter, all_gather, broadcast), world size and message size:
-the median time of ``reps`` repetitions after ``warmup`` (each repetition starts at a barrier and
-ends when the slowest rank returns: the time a training step waits), the algorithm bandwidth
-(bytes / time) and the bus bandwidth (algorithm bandwidth x nccl-tests' factor: 2(n-1)/n for
-all-reduce, (n-1)/n for reduce-scatter and all-gather, 1 for broadcast), comparable across world
-sizes and with a link's datasheet figure. Bytes are nccl-tests' ``size``: the all-reduce's and the
-broadcast's buffer, the all-gather's output, the reduce-scatter's input (float32 elements).
+Per collective (all_reduce, reduce_scatter, all_gather, broadcast), world size, message size and
+batch (calls issued together): the median time per call of the repetitions after ``warmup`` (each
+starts at a barrier and ends when the slowest rank returns: what a training step waits for), their
+mean, min and max, the algorithm bandwidth (bytes / median time) and the bus bandwidth (algorithm
+bandwidth x nccl-tests' factor, scalelab.links.bus_factor: 2(n-1)/n for all-reduce, (n-1)/n for
+reduce-scatter and all-gather, 1 for broadcast), comparable across world sizes and with a link's
+datasheet figure. Bytes are nccl-tests' ``size``: the all-reduce's and the broadcast's buffer, the
+all-gather's output, the reduce-scatter's input (float32 elements). The step-time model fits the
+mean (scalelab.prediction): on a CPU a call's time is heavy-tailed, and a step pays the mean.
 
 Ranks are real processes on this host, started as the launcher starts a run's ranks (one process
 per rank, env:// rendezvous on a free port), on the sweep's backend (gloo on CPU, NCCL on GPU);
@@ -44,9 +46,9 @@ GPUs go to GPU_MAX_BYTES as nccl-tests' usual sweeps do."""
 GPU_MAX_BYTES = 512 * 2 ** 20
 MIN_BYTES = 4 * 2 ** 10
 REPS = 20
-"""Timed repetitions per row, at least: on a CPU a collective's time is heavy-tailed (a rank waiting
-for a scheduler tick, 4 ms on a 250 Hz kernel), so its mean needs many; a row repeats until it has
-run MIN_SECONDS (at most MAX_REPS), nccl-tests' fixed count being too few for small messages here."""
+"""Timed repetitions per row, at least. On a CPU a collective's time is heavy-tailed (seen on a 2-core
+VM with gloo: medians of 0.1-0.3 ms, a third of the calls near 4 ms, a scheduler tick), so its mean
+needs many: a row repeats until it has run MIN_SECONDS (at most MAX_REPS)."""
 MIN_SECONDS = 0.3
 MAX_REPS = 200
 WARMUP = 3

@@ -510,11 +510,13 @@ def _fit_overlap(model: Model, ok) -> None:
 
 
 def predict(model: Model, runs):
-    """``runs`` with the prediction block (PREDICTED_COLUMNS) added, one prediction per row."""
+    """``runs`` with the prediction block (PREDICTED_COLUMNS) set, one prediction per row (replacing
+    the block a collected table already holds: the sweep's own fit)."""
     import pandas as pd
 
+    runs = runs.drop(columns=[c for c in PREDICTED_COLUMNS if c in runs.columns]).reset_index(drop=True)
     rows = [predict_row(model, r) for r in runs.to_dict("records")]
-    return pd.concat([runs.reset_index(drop=True), pd.DataFrame(rows, columns=list(PREDICTED_COLUMNS))], axis=1)
+    return pd.concat([runs, pd.DataFrame(rows, columns=list(PREDICTED_COLUMNS))], axis=1)
 
 
 # ----------------------------------------------------------------------------- validation
