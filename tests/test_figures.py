@@ -249,6 +249,27 @@ def check_communication(runs, steps):
         assert (both[precision] < both["fp32"]).all(), both
 
 
+def check_predicted_vs_measured(runs, steps):
+    # the fixture has no bench table (no prediction): the figure says so
+    fig, _ = draw("predicted_vs_measured", runs, steps)
+    assert "no step-time prediction" in fig.axes[0].texts[0].get_text()
+    # every ok run given a prediction: each drawn at (measured, predicted) ms, its band a vertical bar
+    ok = runs["status"] == "ok"
+    measured = 0.01 + 0.001 * np.arange(len(runs))
+    runs = runs.assign(step_time_s_mean=np.where(ok, measured, np.nan), predicted_step_time_s=np.where(ok, measured * 1.1, np.nan),
+                       predicted_step_time_s_low=measured * 1.05, predicted_step_time_s_high=measured * 1.2,
+                       prediction_note=np.where(runs["world_size"] == 1, "in-sample: ...", "compute from world size 1"))
+    fig, t = draw("predicted_vs_measured", runs, steps)
+    ax = fig.axes[0]
+    drawn = t.runs[t.runs["status"] == "ok"]
+    points = sorted(tuple(xy) for ln in ax.get_lines() if ln.get_linestyle() == "None" for xy in ln.get_xydata())
+    np.testing.assert_allclose(points, sorted(zip(drawn["step_time_s_mean"] * 1e3, drawn["predicted_step_time_s"] * 1e3)))
+    bars = sorted(tuple(ln.get_ydata()) for ln in ax.get_lines() if ln.get_linestyle() == "-" and len(ln.get_xdata()) == 2
+                  and ln.get_xdata()[0] == ln.get_xdata()[1])
+    np.testing.assert_allclose(bars, sorted(zip(drawn["predicted_step_time_s_low"] * 1e3, drawn["predicted_step_time_s_high"] * 1e3)))
+    assert ax.get_xscale() == ax.get_yscale() == "log" and "measured" in ax.get_xlabel()
+
+
 def _pairs(runs, lever):
     table = lever_table(runs)
     table = table[(table["lever"] == lever) & (table["status"] == "ok")]

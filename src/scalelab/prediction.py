@@ -591,7 +591,8 @@ def reference_rows(runs):
     for key, n, status in zip(keys, runs["world_size"], runs["status"], strict=True):
         if status == "ok":
             smallest[key] = min(smallest.get(key, n), n)
-    return runs[[smallest.get(key) == n for key, n in zip(keys, runs["world_size"], strict=True)]]
+    mask = np.array([smallest.get(key) == n for key, n in zip(keys, runs["world_size"], strict=True)], dtype=bool)
+    return runs.loc[mask]
 
 
 def sweep_predictions(runs, results_dir=None):
