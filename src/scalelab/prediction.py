@@ -16,20 +16,29 @@ collectives on links fitted to a ``scalelab bench comm`` table, and the strategy
   token counts; otherwise, per configuration, the share of its step that its model FLOPs take at the
   device's peak (FLOPs x tokens / peak over c_ref, at most 1): stated in every prediction.
 * ``alpha_c``, ``B_c``: latency per call and bus bandwidth per collective, fitted to the bench
-  table's mean times (relative least squares; ``fit_link``); calls and sizes per step from the
-  strategy records (scalelab.links.collective_sizes / collective_calls).
+  table's mean times (relative least squares; ``fit_link``), from its batched rows for what a
+  strategy issues as a batch of async calls (Strategy.batched: ZeroRedundancyOptimizer's
+  broadcasts); calls and sizes per step from the strategy records (scalelab.links.collective_sizes
+  / collective_calls).
 * ``hidden``: what the strategy's overlap facts (Strategy.overlap) let run behind compute: every
   overlapped collective's time but its last call (DDP's last bucket, FSDP2's first gather), at most
   the compute of the window it hides in (backward: 2/3 of compute; the step: all of it).
-  ``eta``, the **overlap efficiency**, is 0 on CPU (one core per rank computes and communicates: gloo
-  has no other core to run on) and 1 on GPU (NCCL runs on its own stream) unless fitted: it is
-  fitted (least squares, clipped to [0, 1]) when the fit set holds runs with communication.
+  ``eta``, the **overlap efficiency**, is fitted (least squares, clipped to [0, 1]) where the fit set
+  holds runs that communicate beyond their reference, else 0 on CPU (one core per rank computes and
+  communicates: gloo has no other core to run on) and 1 on GPU (NCCL runs on its own stream).
 
-The band: the prediction moved by the noise of its parts at 99% (Student's t): the compute
-reference's run-to-run sigma (scalelab.analysis.noise, pooled over repeated points), the relative
-scatter of the bench's repetitions about their mean and of the link fit's residuals on the
-communication. Where no bench table exists, or a configuration has no compute reference in the
-fit set, the prediction is null and ``prediction_note`` says why.
+Every parameter is printed with its source by ``scalelab predict`` (Model.parameters).
+
+The band (99%): the step moved by 2.576 sigma of its parts' noise: the run-to-run sigma of a step
+(scalelab.analysis.noise, pooled over the fit set's repeated points) on the run and on its compute
+reference's median, and the link fit's relative residual on each collective's time; widened, where
+the token share was defaulted, to the compute it would take at a share of 1. Where no bench table
+exists, or a configuration has no compute reference in the fit set, the prediction is null and
+``prediction_note`` says why.
+
+On a CPU, ranks on one host share its memory bandwidth, caches and the cores the OS and the
+launcher also need: with every core busy a rank computes slower than alone, which no input of the
+model measures (contention, not scaling).
 """
 from __future__ import annotations
 
@@ -380,12 +389,7 @@ def fit(runs, table=None, table_path: str | None = None) -> Model:
     if noise.known:
         model.sigma, model.sigma_source = noise.sigma, f"pooled over {noise.points} repeated point(s) of the fit set ({noise.runs} runs)"
     else:
-        noise = sweep_noise(_ok(runs).assign(_t=1.0 / _ok(runs)[MEASURED]), "_t")
-        if noise.known:
-            model.sigma, model.sigma_source = noise.sigma, (f"pooled over {noise.points} repeated point(s) of the whole "
-                                                            "table (the fit set repeats none)")
-        else:
-            model.sigma_source = "unknown: no point ran twice (the band holds the model's parts only)"
+        model.sigma_source = "unknown: no point of the fit set ran twice (the band holds the model's other parts only)"
     return model
 
 
