@@ -27,7 +27,7 @@ import sys
 
 from scalelab import accounting, hardware, links
 from scalelab.config import ModelConfig
-from scalelab.links import collective_calls, collective_sizes  # noqa: F401  (where scalelab.prediction has read them)
+from scalelab.links import collective_calls
 from scalelab.precisions import ESTIMATE_MEMORY, PEAK_KEYS, PRECISION_NAMES
 from scalelab.strategies import HYBRID_KEY, ZERO_STAGES, strategy
 
