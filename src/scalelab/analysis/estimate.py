@@ -780,8 +780,8 @@ def add_parser(sub) -> None:
                     help=f"GPU counts (default {','.join(map(str, SCALING_GPUS))}); efficiency is against the smallest")
     sc.add_argument("--intra-node", metavar="LINK",
                     help=f"link within a node: a product ({', '.join(links.known_names())}), a bandwidth in GB/s "
-                         "per GPU, unidirectional, either with @EFFICIENCY for this link alone (46@1: a measured bus "
-                         "bandwidth), or a `scalelab bench comm` Parquet table (default: the GPU's NVLink or PCIe generation)")
+                         "per GPU, unidirectional, each with an optional @EFFICIENCY for this link alone (46@1: a measured "
+                         "bus bandwidth), or a `scalelab bench comm` Parquet table (default: the GPU's NVLink or PCIe generation)")
     sc.add_argument("--inter-node", metavar="LINK", help="link between nodes (per GPU): as --intra-node; needed once "
                                                          "a count spans nodes")
     sc.add_argument("--link-efficiency", type=float, default=None,
