@@ -8,6 +8,7 @@ import math
 import pytest
 
 from scalelab import accounting, hardware, links
+from scalelab.analysis.estimate import gpu_counts
 from scalelab.cli import main
 from scalelab.config import ModelConfig
 from scalelab.links import collective_calls, collective_sizes
@@ -312,3 +313,16 @@ def test_the_method_doc_shows_the_documented_examples_output_and_every_link(caps
         gb_per_s, latency_us = table[product.name]
         assert gb_per_s == pytest.approx(product.bandwidth_Bps / 1e9, rel=2e-3), product.name
         assert latency_us == pytest.approx(product.latency_s * 1e6), product.name
+
+
+@pytest.mark.unit
+def test_gpu_counts_are_listed_or_continued_as_the_issue_writes_them():
+    import argparse
+
+    assert gpu_counts("8,16,...,1024") == (8, 16, 32, 64, 128, 256, 512, 1024)
+    assert gpu_counts("8,16,24,...,48") == (8, 16, 24, 32, 40, 48)
+    assert gpu_counts("64, 8,1K") == (8, 64, 1000)
+    for bad, why in (("8,...,64", "needs two counts before it"), ("8,16,...", "needs two counts before it and one after"),
+                     ("8,16,...,100", "does not reach 100"), ("16,8,...,64", "must grow"), ("8,0", "whole number >= 1")):
+        with pytest.raises(argparse.ArgumentTypeError, match=why):
+            gpu_counts(bad)

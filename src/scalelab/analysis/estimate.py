@@ -372,15 +372,35 @@ OUT_OF_SCOPE = ("hierarchical and tree algorithms (NCCL's tree, NVLink SHARP, in
 
 
 def gpu_counts(text: str) -> tuple[int, ...]:
-    """--gpus: whole counts separated by commas (8,16,...,1024; 1K as count() reads), sorted."""
-    counts = []
-    for part in text.split(","):
+    """--gpus: whole counts separated by commas (1K as count() reads), sorted. ``...`` continues the
+    two counts before it up to the one after it: multiplying where the second is a multiple of the
+    first (8,16,...,1024 doubles), else in equal steps (8,16,24,...,64)."""
+    def bad(why: str) -> argparse.ArgumentTypeError:
+        return argparse.ArgumentTypeError(f"{text!r}: {why}, e.g. 8,16,32 or 8,16,...,1024")
+
+    parts = [p.strip() for p in text.split(",")]
+    counts: list[int] = []
+    for i, part in enumerate(parts):
+        if part == "...":
+            if len(counts) < 2 or i + 1 >= len(parts) or parts[i + 1] == "...":
+                raise bad("'...' needs two counts before it and one after it")
+            continue
         try:
             value = whole_count(part)
         except argparse.ArgumentTypeError:
             value = 0
         if value < 1:
-            raise argparse.ArgumentTypeError(f"{text!r}: every GPU count must be a whole number >= 1, e.g. 8,16,32")
+            raise bad("every GPU count must be a whole number >= 1")
+        if i and parts[i - 1] == "...":
+            a, b = counts[-2], counts[-1]
+            if b <= a:
+                raise bad("the two counts before '...' must grow")
+            ratio = b // a if b % a == 0 else None  # a multiple: keep multiplying; else equal steps
+            while counts[-1] < value:
+                counts.append(counts[-1] * ratio if ratio else counts[-1] + b - a)
+            if counts[-1] != value:
+                raise bad(f"'...' from {a},{b} does not reach {value}")
+            continue
         counts.append(value)
     return tuple(sorted(set(counts)))
 
@@ -777,7 +797,8 @@ def add_parser(sub) -> None:
                     help=f"GPU product (case-insensitive): {', '.join(hardware.known_names())}")
     sc.add_argument("--gpus-per-node", type=whole_count, default=8, help="GPUs per node (default 8)")
     sc.add_argument("--gpus", type=gpu_counts, default=SCALING_GPUS, metavar="N,N,...",
-                    help=f"GPU counts (default {','.join(map(str, SCALING_GPUS))}); efficiency is against the smallest")
+                    help=f"GPU counts (default {','.join(map(str, SCALING_GPUS))}; 8,16,...,1024 doubles up to 1024); "
+                         "efficiency is against the smallest")
     sc.add_argument("--intra-node", metavar="LINK",
                     help=f"link within a node: a product ({', '.join(links.known_names())}), a bandwidth in GB/s "
                          "per GPU, unidirectional, each with an optional @EFFICIENCY for this link alone (46@1: a measured "
