@@ -19,6 +19,7 @@ sharding), False = every rank holds all of it.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -111,12 +112,13 @@ ZERO_STAGES = tuple(STRATEGIES)
 # across nodes. Per step: 2k Psi all-gathered and Psi reduce-scattered within the shard group, then
 # each rank's Psi/S gradient shard all-reduced over its replicate group (2 Psi/S): the only traffic
 # that crosses nodes when a shard group is a node, where ZeRO-3 sends everything over the world.
-HYBRID = Strategy(3, "FSDP2 HSDP, 2-D mesh (replicate x shard), reshard_after_forward=True", "parallelize_hsdp",
-                  (True, True, True), (True, True, True),
-                  grad_psi=1, param_psi=lambda k: 2 * k, comm_psi_paper=3,
-                  transient_psi=lambda psi, block, n, b: 2 * b * block * (n - 1) / n,
-                  silent_at_world_size_1=True, ddp_buckets=False, cpu_offload=False,
-                  replicate_psi=2, mesh_dims=("dp_replicate", "dp_shard"))
+# Derived from stage 3's record, so every field stage 3 has (shards, gathers, transient, and any
+# step-time field added later) is hybrid's within its shard group; offload is not run with it here.
+HYBRID = dataclasses.replace(STRATEGIES[3], name="FSDP2 HSDP, 2-D mesh (replicate x shard), reshard_after_forward=True",
+                             wrapper="parallelize_hsdp", cpu_offload=False, replicate_psi=2,
+                             mesh_dims=("dp_replicate", "dp_shard"),
+                             # each block's all-reduce across replicas follows its reduce-scatter in backward
+                             overlap=(*STRATEGIES[3].overlap, ("all_reduce", "backward")))
 HYBRID_KEY = "hybrid"
 """What ``strategy()`` and ``scalelab estimate`` accept for hybrid sharding beside the stages."""
 

@@ -127,7 +127,8 @@ AXES: tuple[Axis, ...] = (
          "bool", False, from_path=_flag, run_id=lambda v: "offload" if v else None, id_pattern="offload",
          left_out=lambda point, train: None if not point.cpu_offload or _strategy_of(point).cpu_offload else
          f"cpu_offload applies to {', '.join(f'ZeRO stage {s}' for s in _stages_with('cpu_offload'))} "
-         "(FSDP2's offload policy)",
+         "(FSDP2's offload policy)" + (", without replicas (hybrid sharding is not run offloaded here)"
+                                       if point.replicas > 1 else ""),
          is_default=lambda runs: ~runs["cpu_offload"].astype(bool)),
     Axis("bucket_mb", "DDP gradient bucket size, MiB; None for strategies without buckets", float | None,
          DDP_BUCKET_MB, "float64", True,
