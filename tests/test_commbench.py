@@ -69,3 +69,27 @@ def test_message_sizes_and_bad_options(tmp_path, capsys):
     pd.DataFrame({"collective": ["all_reduce"]}).to_parquet(tmp_path / "bad.parquet")
     with pytest.raises(ValueError, match="bad.parquet: not a bench comm table"):
         commbench.read_table(tmp_path / "bad.parquet")
+
+
+@pytest.mark.workflow
+def test_the_bench_comm_target_measures_alone_and_feeds_collection_only(tmp_path):
+    """`snakemake bench_comm` writes <results>/calibration/comm.parquet as a job of its own (the
+    training slot held: no run trains beside it); once the table exists, collection takes it as an
+    input and no training run does (a new table would otherwise retrain every cached run)."""
+    import re
+
+    from scalelab.harness.testing import run_snakemake, tiny_config, write_workdir
+
+    workdir = write_workdir(tmp_path, tiny_config(sweep={"world_size": [1, 2]}))
+    dry = run_snakemake(workdir, "-n", "--cores", "2", "bench_comm").stdout
+    assert re.findall(r"^(\w+)\s+\d+$", dry.split("Job stats:")[1], flags=re.M)[:1] == ["bench_comm"]
+    assert "train_slot=1" in dry
+    run_snakemake(workdir, "--cores", "2", "bench_comm", timeout=300)
+    table = commbench.read_table(tmp_path / "results" / commbench.BENCH_FILE)
+    assert set(table["world_size"]) == {2} and set(table["collective"]) == set(links.COLLECTIVES)
+    assert "bench comm:" in (tmp_path / "results" / "logs" / "bench_comm.log").read_text()
+    dry = run_snakemake(workdir, "-n", "--cores", "2").stdout
+    jobs = {block.split("\n", 1)[0].strip(): block for block in re.split(r"^rule ", dry, flags=re.M)[1:]}
+    assert "bench_comm:" not in jobs, "measured once per results folder"
+    assert "comm.parquet" in jobs["collect:"]
+    assert "comm.parquet" not in "".join(block for name, block in jobs.items() if name.startswith("train"))

@@ -381,6 +381,10 @@ def _bench_comm(args) -> int:
         return 2
     path = write_table(table, args.out)
     print(format_table(table))
+    busy = float(table["load_1min_before"].max())
+    if device == "cpu" and busy > 0.5:
+        print(f"warning: the host's 1-minute load was {busy:.2f} before the ranks started: other processes shared its "
+              "cores, and these times include their work (measure on an idle machine)", file=sys.stderr)
     print(f"bench comm: {len(table)} rows ({device}, {table['backend'].iloc[0]}, load {os.getloadavg()[0]:.2f}) -> {path}")
     return 0
 

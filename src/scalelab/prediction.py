@@ -556,7 +556,7 @@ def validate(runs, fit_query: str, table=None, table_path: str | None = None) ->
                "mean_abs_error": float(np.mean(errors)) if errors else None,
                "max_abs_error": float(np.max(errors)) if errors else None,
                "inside_band_share": float(np.mean(inside)) if inside else None,
-               "measured": MEASURED, "bench_table": table_path}
+               "measured": MEASURED, "bench_table": table_path, "bench_host_load": bench_load(table)}
     return {"points": points, "summary": summary, "parameters": model.parameters()}
 
 
@@ -584,7 +584,25 @@ def format_validation(result: dict) -> str:
         lines.append(f"fit on {s['fit']!r} ({s['fit_runs']} runs); predicted {s['predicted']} of {s['held_out']} held-out runs: "
                      f"mean absolute error {s['mean_abs_error']:.1%}, max {s['max_abs_error']:.1%}, "
                      f"inside their bands {s['inside_band_share']:.0%}")
+    load = s.get("bench_host_load")
+    if load is not None:
+        lines.append(f"the bench table was measured with a 1-minute host load of {load:.2f} before its ranks started"
+                     + (": other work shared the host, so its times (and this model's communication) run high"
+                        if load > BUSY_LOAD else ""))
     return "\n".join(lines)
+
+
+BUSY_LOAD = 0.5
+"""A 1-minute load average above this before the bench's ranks started means other processes were
+running: on a CPU host they share the cores the ranks are pinned to."""
+
+
+def bench_load(table) -> float | None:
+    """The host's largest 1-minute load average before the bench's ranks started (bench comm records
+    it per world size), or None for a table without it."""
+    if table is None or "load_1min_before" not in table.columns:
+        return None
+    return float(table["load_1min_before"].max())
 
 
 def reference_rows(runs):
