@@ -316,7 +316,8 @@ class Model:
                 key = "/".join(str(getattr(ref, k)) for k in ("precision", "zero_stage", "model") if hasattr(ref, k))
                 out.append({"name": f"c_ref[{key}, {ref.tokens_per_rank:g} tok]", "value": ref.compute_s, "unit": "s",
                             "source": f"measured: median of {ref.runs} run(s), less their communication"})
-                out.append({"name": f"s[{key}]", "value": ref.token_share, "unit": "token share", "source": ref.token_share_source})
+                out.append({"name": f"s[{key}, {ref.tokens_per_rank:g} tok]", "value": ref.token_share, "unit": "token share",
+                            "source": ref.token_share_source})
         return out
 
 
