@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                         "and a calibration sweep beside it (e.g. one rank at the micro-batch the larger world sizes use)")
     p.add_argument("--fit", required=True, metavar="QUERY",
                    help="pandas query selecting the runs to fit on, e.g. 'world_size==1'; the other ok runs are predicted")
-    p.add_argument("--bench", default=None, metavar="TABLE", help="the bench comm table (default: RESULTS/calibration/comm.parquet)")
+    p.add_argument("--bench", default=None, metavar="TABLE", help="the bench comm table (default: the first RESULTS' calibration/comm.parquet)")
     p.add_argument("--json", action="store_true", help="one JSON object: points, summary (mean_abs_error, max_abs_error, "
                    "inside_band_share), parameters")
     p.set_defaults(func=_predict)
