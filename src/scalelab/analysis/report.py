@@ -563,5 +563,9 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
             "The fastest point that ended ok per world size, by the median tokens/s of its runs, its lead against the run-to-run "
             "noise, and the configurations that did not fit (oom / predicted_oom). "
             + context["best_note"] + (" " + context["cpu_best_note"] if context["cpu_best_note"] else "")
-            + "\n\n" + markdown_table(best) + "\n## Runs\n\n" + markdown_table(table[SUMMARY_COLUMNS])
+            + "\n\n" + markdown_table(best)
+            + ("\n## Traffic between nodes\n\nBytes rank 0 handed per step to collectives whose group spans nodes "
+               "(inter-node) and within a node, measured and predicted; nodes of one machine share its cores "
+               "(timings over-committed).\n\n" + markdown_table(inter_node) if not inter_node.empty else "")
+            + "\n## Runs\n\n" + markdown_table(table[SUMMARY_COLUMNS])
             + ("\n## Warnings\n\n" + "\n".join(f"- {w}" for w in warnings) + "\n" if warnings else ""))
