@@ -213,3 +213,22 @@ def test_hybrid_model_state_and_collective_bytes_match_their_formulas(hybrid_run
     # hybrid sharding holds more than ZeRO-3 over the world (shards over N/R ranks)
     zero3 = hybrid_runs[world_size, 1][0]
     assert summary["model_state_bytes_measured"] > zero3["model_state_bytes_measured"]
+
+
+@pytest.mark.run
+@pytest.mark.parametrize("precision, grad_reduce", [("bf16", "compute"), ("fp16", "fp32")])
+def test_hybrid_bytes_are_exact_in_16_bit_precisions(tmp_path, tiny_data, precision, grad_reduce):
+    """MixedPrecisionPolicy gathers in the compute dtype; gradients are reduce-scattered and
+    all-reduced across replicas in the reduce dtype; fp16 adds its scaler's flag over the world."""
+    from conftest import run_point, tiny_config
+    from scalelab.sweep import RunPoint
+
+    cfg = tiny_config(train={"steps": HYBRID_STEPS, "warmup_steps": 1}, planning={"launch_overcommitted": True})
+    summary = run_point(tmp_path, tiny_data, RunPoint(precision, 3, 4, replicas=2, grad_reduce=grad_reduce), cfg=cfg)[0]
+    assert summary["status"] == "ok", summary["reason"]
+    n, reduce = summary["n_params"], 2 if grad_reduce == "compute" else 4
+    assert summary["comm_bytes_per_step_by_type"] == {
+        "all_gather_single": 2 * n * 2, "reduce_scatter_single": n * reduce,
+        "all_reduce": 2 * n * reduce / 2 + (8 if precision == "fp16" else 0)}
+    assert summary["comm_bytes_per_step_measured"] == summary["comm_bytes_per_step_predicted"]
+    assert abs(summary["model_state_bytes_measured"] - 16 * n / 2) / (16 * n / 2) < 0.01
