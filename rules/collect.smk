@@ -5,8 +5,9 @@ rule collect:
     input:
         summaries=[run_dir / "summary.json" for run_dir in RUN_DIRS],
         steps=[run_dir / "steps.parquet" for run_dir in RUN_DIRS],
-        # the step-time model's links once measured (rules/bench.smk; none before): a new table re-collects
-        bench=lambda wildcards: [BENCH_TABLE] if BENCH_TABLE.exists() else [],
+        # the step-time model's links (rules/bench.smk): measured before collection where the config's
+        # prediction.bench_comm asks (the default), else taken once measured on request; a new table re-collects
+        bench=lambda wildcards: [BENCH_TABLE] if config["prediction"]["bench_comm"] or BENCH_TABLE.exists() else [],
     output:
         runs=RESULTS / "metrics.parquet",
         steps=RESULTS / "steps.parquet",

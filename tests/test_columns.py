@@ -46,6 +46,11 @@ FILLED_ELSEWHERE = {
     "ffn_dim": "tests/test_families.py, the llama runs",
     "rope_base": "tests/test_families.py, the llama runs",
     "model_module": "tests/test_families.py, the model the test suite defines",
+    "nodes_share_machine": "tests/test_slurm.py, runs across the virtual cluster's nodes",
+    # the step-time model predicts from an ok run at the smallest world size (none here) and a bench comm table
+    **{name: "tests/test_commbench.py, a sweep collected with its bench comm table" for name in (
+        "predicted_step_time_s", "predicted_step_time_s_low", "predicted_step_time_s_high", "predicted_tokens_per_s",
+        "predicted_exposed_comm_s")},
 }
 
 
@@ -107,6 +112,7 @@ RUNS = {
     "ok": (RunPoint("fp16", 1, 2, micro_batch=1, activation_checkpointing=True, bucket_mb=0.002, lora_rank=2, grad_reduce="compute"),
            {}, None),
     "ok fp8": (RunPoint("fp8", 3, 2), {"fp8_emulate": True}, None),
+    "ok hybrid": (RunPoint("bf16", 3, 2, replicas=2), {}, None),  # 2 replicas of 1 shard
     "skipped": (RunPoint("fp32", 3, 1, cpu_offload=True), {}, None),
     "predicted_oom": (RunPoint("bf16", 0, 1), {}, None),
     "failed": (RunPoint("fp32", 0, 1), {}, "crash@step=1,rank=0"),

@@ -72,24 +72,39 @@ def test_message_sizes_and_bad_options(tmp_path, capsys):
 
 
 @pytest.mark.workflow
-def test_the_bench_comm_target_measures_alone_and_feeds_collection_only(tmp_path):
-    """`snakemake bench_comm` writes <results>/calibration/comm.parquet as a job of its own (the
-    training slot held: no run trains beside it); once the table exists, collection takes it as an
-    input and no training run does (a new table would otherwise retrain every cached run)."""
+def test_the_default_sweep_benches_its_links_alone_and_predicts_every_run(tmp_path):
+    """With prediction.bench_comm (the default), a sweep measures <results>/calibration/comm.parquet as
+    a job of its own (the training slot held: no run trains beside it) that only collection takes as
+    an input (an input of training would retrain every cached run once a new table is written); every
+    ok run of the collected table then carries its predicted step time, and the report draws them.
+    With bench_comm false, the table is measured only on request (`snakemake bench_comm`)."""
     import re
+
+    import pandas as pd
 
     from scalelab.harness.testing import run_snakemake, tiny_config, write_workdir
 
-    workdir = write_workdir(tmp_path, tiny_config(sweep={"world_size": [1, 2]}))
-    dry = run_snakemake(workdir, "-n", "--cores", "2", "bench_comm").stdout
-    assert re.findall(r"^(\w+)\s+\d+$", dry.split("Job stats:")[1], flags=re.M)[:1] == ["bench_comm"]
-    assert "train_slot=1" in dry
-    run_snakemake(workdir, "--cores", "2", "bench_comm", timeout=300)
-    table = commbench.read_table(tmp_path / "results" / commbench.BENCH_FILE)
-    assert set(table["world_size"]) == {2} and set(table["collective"]) == set(links.COLLECTIVES)
-    assert "bench comm:" in (tmp_path / "results" / "logs" / "bench_comm.log").read_text()
+    write_workdir(tmp_path / "off", tiny_config(sweep={"world_size": [1, 2]}))
+    assert "bench_comm" not in run_snakemake(tmp_path / "off", "-n", "--cores", "2").stdout
+    assert "rule bench_comm:" in run_snakemake(tmp_path / "off", "-n", "--cores", "2", "bench_comm").stdout
+
+    workdir = write_workdir(tmp_path / "on", tiny_config(sweep={"world_size": [1, 2]}, prediction={"bench_comm": True}))
     dry = run_snakemake(workdir, "-n", "--cores", "2").stdout
     jobs = {block.split("\n", 1)[0].strip(): block for block in re.split(r"^rule ", dry, flags=re.M)[1:]}
-    assert "bench_comm:" not in jobs, "measured once per results folder"
+    assert "train_slot=1" in jobs["bench_comm:"]
     assert "comm.parquet" in jobs["collect:"]
     assert "comm.parquet" not in "".join(block for name, block in jobs.items() if name.startswith("train"))
+    run_snakemake(workdir, "--cores", "2", timeout=600)
+    results = workdir / "results"
+    table = commbench.read_table(results / commbench.BENCH_FILE)
+    assert set(table["world_size"]) == {2} and set(table["collective"]) == set(links.COLLECTIVES)
+    assert "bench comm:" in (results / "logs" / "bench_comm.log").read_text()
+    runs = pd.read_parquet(results / "metrics.parquet")
+    assert (runs["status"] == "ok").all() and len(runs) == 2
+    assert runs["predicted_step_time_s"].notna().all(), runs[["run_id", "prediction_note"]].to_string()
+    w2 = runs.set_index("world_size").loc[2]
+    assert w2["predicted_step_time_s_low"] < w2["predicted_step_time_s"] < w2["predicted_step_time_s_high"]
+    assert "compute from world size 1" in w2["prediction_note"]
+    assert "predicted_vs_measured" in (results / "report" / "report.html").read_text()
+    dry = run_snakemake(workdir, "-n", "--cores", "2")
+    assert "Nothing to be done" in dry.stdout + dry.stderr, "measured once per results folder"

@@ -32,11 +32,12 @@ from scalelab.precisions import PRECISIONS
 from scalelab.strategies import strategy
 from scalelab.sweep import AXES
 
-SCHEMA_VERSION = "6"  # 2: lever identity columns; 3: device plan, launch and provenance sources;
+SCHEMA_VERSION = "7"  # 2: lever identity columns; 3: device plan, launch and provenance sources;
 # 4: the compile lever (identity column, compile time), MFU against the bf16 peak, activations outside the blocks predicted;
 # 5: run_path is the run id (run folders named by run id), field metadata names each column's writer and when it is filled;
 # 6: model families (model_family, model_module, n_kv_heads, ffn_dim, rope_base, flops_per_token_method), where ranks ran
-# (rank_hostnames, node_list, nodes_used)
+# (rank_hostnames, node_list, nodes_used); 7: hybrid sharding (replicas), bytes per step intra- and inter-node measured and
+# predicted, nodes_share_machine, the step-time model's prediction (predicted_step_time_s, its band, tokens/s, exposed comm, note)
 _META = {b"scalelab.schema_version": SCHEMA_VERSION.encode()}
 
 WRITERS = ("identity", "launch", "worker", "collect")
