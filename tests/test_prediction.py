@@ -56,6 +56,9 @@ def test_fit_link_names_what_a_table_lacks():
         prediction.fit_link(bench_table()[lambda t: t["bytes"] == 4096])
     with pytest.raises(ValueError, match="world size 8"):
         prediction.fit_link(bench_table(), world_size=8)
+    # a table from before batches were timed: every call one at a time
+    unbatched = bench_table()[lambda t: t["batch"] == 1].drop(columns=["batch"])
+    assert prediction.fit_link(unbatched) == prediction.fit_link(bench_table())
 
 
 def test_overlap_follows_the_strategy_records():

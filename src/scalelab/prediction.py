@@ -141,7 +141,8 @@ def fit_link_rows(table, world_size: int | None = None, collective: str | None =
         rows = rows[rows["world_size"] == world_size]
     if collective is not None:
         rows = rows[rows["collective"] == collective]
-    batch = rows["batch"] if "batch" in rows.columns else 1  # a table without batches timed one call at a time
+    # a table without batches timed one call at a time
+    batch = rows["batch"].to_numpy() if "batch" in rows.columns else np.ones(len(rows), dtype=int)
     rows = rows[(batch > 1) if batched else (batch == 1)]
     column = _time_column(rows)
     rows = rows[rows[column] > 0]
