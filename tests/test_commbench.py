@@ -8,7 +8,7 @@ import pytest
 from scalelab import commbench, links, prediction
 from scalelab.cli import main
 
-SIZES = [4096, 65536]
+SIZES = [4096, 131072, 4194304]  # up to 4 MiB: times that grow beyond gloo's millisecond stalls on a busy host
 
 
 @pytest.fixture(scope="module")
@@ -19,8 +19,8 @@ def table(tmp_path_factory):
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("two ranks need two cores")
     assert main(["bench", "comm", "--out", str(path), "--world-sizes", "1,2", "--device", "cpu", "--min-bytes", "4096",
-                 "--max-bytes", "65536", "--factor", "16", "--reps", "2", "--warmup", "1", "--min-seconds", "0",
-                 "--batches", "1,2", "--timeout", "120"]) == 0
+                 "--max-bytes", "4194304", "--factor", "32", "--reps", "2", "--warmup", "1", "--min-seconds", "0",
+                 "--batches", "1,2", "--batch-max-bytes", "4194304", "--timeout", "120"]) == 0
     return commbench.read_table(path)
 
 

@@ -134,7 +134,8 @@ FIGURES: tuple[Figure, ...] = (
                 "measured steps), per run, log-log; the dashed line is perfect prediction, a bar the prediction's band "
                 "(99%). Colour: precision; marker: ZeRO stage; hollow: in-sample (the run is its own compute reference, "
                 "the sweep's smallest world size), filled: predicted from another world size or micro-batch with the "
-                "communication timed on links fitted to the sweep's bench comm table (<results>/calibration/comm.parquet). "
+                "communication timed on links fitted to the sweep's bench comm table (calibration/comm.parquet in "
+                "the results folder). "
                 "On a CPU, ranks sharing a machine's cores measure contention, which the model does not predict."),
     Figure(
         "lever_activation_checkpointing", kind="lever", varies="activation_checkpointing",
