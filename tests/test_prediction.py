@@ -104,6 +104,15 @@ def run_row(precision, stage, n, step_s, repeat=1, **extra) -> dict:
             "flops_per_token": 2e6, "peak_flops_per_device": PEAK, **extra}
 
 
+@pytest.mark.unit
+def test_a_rows_collectives_use_its_own_bucket_cap():
+    """DDP's all-reduce calls (each pays the latency) follow the run's bucket_mb, the default where null."""
+    sizes, calls = prediction.collectives_of(run_row("fp32", 0, 2, 0.02, bucket_mb=0.1))
+    assert calls["all_reduce"] == math.ceil(sizes["all_reduce"] / (0.1 * 2 ** 20))
+    _, default = prediction.collectives_of(run_row("fp32", 0, 2, 0.02, bucket_mb=None))
+    assert default["all_reduce"] == 1  # 120,576 fp32 gradients fit one 25 MiB bucket
+
+
 def sweep() -> pd.DataFrame:
     rows = [run_row("fp32", 0, 1, 0.020), run_row("fp32", 0, 1, 0.021, repeat=2), run_row("fp32", 0, 1, 0.019, repeat=3),
             run_row("fp32", 1, 1, 0.022), run_row("fp32", 3, 1, 0.030)]

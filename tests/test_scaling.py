@@ -122,6 +122,8 @@ def test_collective_kinds_and_calls_follow_the_strategy():
     assert collective_calls(EXAMPLE_CFG, 3, "bf16", sizes) == {"reduce_scatter": 25, "all_gather": 50}  # 24 blocks + root
     ddp = collective_calls(EXAMPLE_CFG, 0, "fp16", collective_sizes(psi, 0, 8, "fp16"))
     assert ddp == {"all_reduce": math.ceil(4 * psi / (25 * 2 ** 20)) + 1}  # 25 MiB buckets + the scaler's flag
+    big = collective_calls(EXAMPLE_CFG, 0, "fp16", collective_sizes(psi, 0, 8, "fp16"), bucket_mb=100)
+    assert big == {"all_reduce": math.ceil(4 * psi / (100 * 2 ** 20)) + 1}  # a run's own bucket cap
 
 
 # ----------------------------------------------------------------------------- the command

@@ -305,9 +305,9 @@ def _parameter_tensors(cfg: ModelConfig) -> int:
 
 
 def collective_calls(cfg: ModelConfig, zero_stage: int, precision: str, sizes: dict[str, float],
-                     accumulation_steps: int = 1) -> dict[str, int]:
+                     accumulation_steps: int = 1, bucket_mb: float | None = None) -> dict[str, int]:
     """Calls per optimizer step by collective, each paying the link's latency once: DDP one
-    all-reduce per gradient bucket (sweep.DDP_BUCKET_MB); FSDP2 one all-gather per unit (every
+    all-reduce per gradient bucket of ``bucket_mb`` MiB (default sweep.DDP_BUCKET_MB); FSDP2 one all-gather per unit (every
     block, and the root) per gathering pass, one reduce-scatter per unit (and under hybrid sharding
     one all-reduce per unit across replicas); ZeroRedundancyOptimizer one broadcast per parameter
     tensor (issued together: their latencies overlap, so this counts them high); fp16's loss scaler
@@ -321,7 +321,8 @@ def collective_calls(cfg: ModelConfig, zero_stage: int, precision: str, sizes: d
         if collective == "all_reduce":
             grads = size - scaler * accounting.LOSS_SCALER_COMM_BYTES / handed_per_size("all_reduce")
             if record.ddp_buckets:
-                calls[collective] = math.ceil(grads / (DDP_BUCKET_MB * 2 ** 20)) + scaler
+                cap = DDP_BUCKET_MB if bucket_mb is None else float(bucket_mb)
+                calls[collective] = math.ceil(grads / (cap * 2 ** 20)) + scaler
             else:  # hybrid sharding all-reduces each unit's gradient shard across replicas
                 calls[collective] = (units if grads > 0 else 0) + scaler
         elif collective == "all_gather":

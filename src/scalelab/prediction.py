@@ -228,7 +228,6 @@ def collectives_of(row: dict, world_size: int | None = None) -> tuple[dict[str, 
     model can use (a custom module, LoRA)."""
     from scalelab import accounting
     from scalelab.links import collective_calls, collective_sizes
-    from scalelab.precisions import PRECISIONS
 
     if row.get("model_family") == "custom":
         raise ValueError("a custom module: its FSDP units and parameter tensors are not known to the model")
@@ -244,12 +243,9 @@ def collectives_of(row: dict, world_size: int | None = None) -> tuple[dict[str, 
     n_params = accounting.param_count(cfg) if _missing(n_params) else int(n_params)
     grad_reduce = row.get("grad_reduce") or "fp32"
     sizes = collective_sizes(n_params, stage, n, precision, accumulation_steps=k, grad_reduce=grad_reduce)
-    calls = collective_calls(cfg, stage, precision, sizes, accumulation_steps=k)
-    bucket_mb = row.get("bucket_mb")
-    if "all_reduce" in sizes and strategy(stage).ddp_buckets and not _missing(bucket_mb):
-        scaler = 1 if PRECISIONS[precision].loss_scaling else 0
-        grads = sizes["all_reduce"] - scaler * accounting.LOSS_SCALER_COMM_BYTES / links.handed_per_size("all_reduce")
-        calls["all_reduce"] = math.ceil(grads / (float(bucket_mb) * 2 ** 20)) + scaler  # the run's own bucket cap
+    bucket_mb = row.get("bucket_mb")  # the run's own bucket cap (null for strategies without buckets)
+    calls = collective_calls(cfg, stage, precision, sizes, accumulation_steps=k,
+                             bucket_mb=None if _missing(bucket_mb) else float(bucket_mb))
     return sizes, calls
 
 
