@@ -74,7 +74,7 @@ become ready); one all-reduce per bucket per step.</li>
 # its eager one, differ in an axis column, not by id alone.
 TABLE_COLUMNS = [
     "run_id", *SWEEP_AXES, "accumulation_steps", "status", "tokens_per_s", "scaling_efficiency", "mfu",
-    "model_state_mib_measured", "model_state_mib_predicted", "comm_mib_per_step_measured",
+    "step_ms_measured", "step_ms_predicted", "model_state_mib_measured", "model_state_mib_predicted", "comm_mib_per_step_measured",
     "comm_mib_per_step_predicted", "peak_mib_predicted", "peak_mib_measured_gpu", "final_loss", "skipped_steps", "wall_time_s", "reason",
 ]
 # The order shown: what a reader looks up first (the run, its outcome, the axes that vary in this sweep,
@@ -82,8 +82,8 @@ TABLE_COLUMNS = [
 # headers that wrap at their underscores, the key columns fit a 1400 px window without scrolling sideways.
 KEY_COLUMNS = ["tokens_per_s", "scaling_efficiency", "mfu", "peak_mib_measured_gpu", "model_state_mib_measured", "final_loss",
                "skipped_steps"]
-LATER_COLUMNS = ["model_state_mib_predicted", "peak_mib_predicted", "comm_mib_per_step_measured", "comm_mib_per_step_predicted",
-                 "accumulation_steps", "wall_time_s"]
+LATER_COLUMNS = ["step_ms_measured", "step_ms_predicted", "model_state_mib_predicted", "peak_mib_predicted",
+                 "comm_mib_per_step_measured", "comm_mib_per_step_predicted", "accumulation_steps", "wall_time_s"]
 
 
 def load_tables(results_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -209,6 +209,8 @@ PROVENANCE_COLUMNS = ["requested_device", "device_type", "device_name", "backend
 def _fmt_table(runs: pd.DataFrame) -> pd.DataFrame:
     t = runs.copy()
     t["scaling_efficiency"] = scaling_efficiency(t)
+    t["step_ms_measured"] = t["step_time_s_mean"] * 1e3
+    t["step_ms_predicted"] = t["predicted_step_time_s"] * 1e3
     t["model_state_mib_measured"] = t["model_state_bytes_measured"] / 2 ** 20
     t["model_state_mib_predicted"] = t["model_state_bytes_predicted"] / 2 ** 20
     t["comm_mib_per_step_measured"] = t["comm_bytes_per_step_measured"] / 2 ** 20
@@ -226,6 +228,9 @@ def _fmt_table(runs: pd.DataFrame) -> pd.DataFrame:
 # Columns derived for the tables (not in the Parquet files): their unit and meaning.
 DERIVED = {
     "scaling_efficiency": ("fraction", "tokens/s at N / (N × tokens/s at world size 1), same precision and stage"),
+    "step_ms_measured": ("ms", "step_time_s_mean x 1000: the mean optimizer step after warm-up"),
+    "step_ms_predicted": ("ms", "predicted_step_time_s x 1000: the step-time model's prediction (band and how it was "
+                                "made in metrics.parquet's predicted_step_time_s_low/_high and prediction_note)"),
     "model_state_mib_measured": ("MiB", "model_state_bytes_measured / 2^20"),
     "model_state_mib_predicted": ("MiB", "model_state_bytes_predicted / 2^20"),
     "comm_mib_per_step_measured": ("MiB/step", "comm_bytes_per_step_measured / 2^20"),
@@ -268,7 +273,7 @@ def column_format(name: str, values: pd.Series):
         return lambda v: f"{v:,.0f}"
     if "dloss" in name or "rel_diff" in name:
         return lambda v: f"{v:.2e}"
-    if "mib" in name:
+    if "mib" in name or name.startswith("step_ms"):
         return lambda v: f"{v:,.2f}"
     if "loss" in name:
         return lambda v: f"{v:.4f}"
