@@ -103,7 +103,9 @@ def pytest_make_collect_report(collector):
             report.outcome, report.result = "failed", []
             report.longrepr = (f"every test needs exactly one tier marker of {', '.join(TIERS)} (a module's "
                                f"`pytestmark` or a test's `@pytest.mark.<tier>`; see pyproject.toml):\n" + "\n".join(wrong))
-        elif collector.config.getoption("dist", None) == "loadgroup":
+        # On an xdist worker, `dist` reads "no" (xdist resets it there); `loadgroup` says what the
+        # controller was asked for.
+        elif collector.config.getoption("loadgroup", False) or collector.config.getoption("dist", None) == "loadgroup":
             for item in report.result:
                 if isinstance(item, pytest.Item) and item.get_closest_marker("xdist_group") is None:
                     item.add_marker(pytest.mark.xdist_group(_work_unit(item)))
@@ -122,6 +124,17 @@ TIER_COST_S = {"unit": 0.1, "run": 8, "workflow": 30, "cluster": 60, "browser": 
 """What a test of each tier costs, roughly, in seconds on 2 cores; a test's own estimate, where it
 is far from its tier's, goes in its tier marker: `@pytest.mark.workflow(cost_s=200)`. Only the
 order of the work depends on these numbers."""
+
+
+def pytest_xdist_node_collection_finished(node, ids):
+    """On the controller, under --dist loadgroup: every test's id must carry its group (this file
+    gives each test one; xdist appends `@group` on the worker and schedules by it). With pytest 9.2
+    that append is a no-op (pytest-dev/pytest-xdist#1386; pyproject.toml pins pytest below it):
+    each test is then dealt out alone, module fixtures (the parity runs) are built once per
+    worker and the suite takes minutes longer with every test passing. Stop loudly instead."""
+    if node.config.getoption("dist", None) == "loadgroup" and ids and not any("@" in i for i in ids):
+        pytest.exit(f"pytest-xdist's --dist loadgroup does not group tests under pytest {pytest.__version__} "
+                    f"(pytest-dev/pytest-xdist#1386): install pytest<9.2 (`pip install -e '.[test]'`)", returncode=4)
 
 
 def _tier(item) -> pytest.Mark | None:
