@@ -20,7 +20,8 @@ def table(tmp_path_factory):
         pytest.skip("two ranks need two cores")
     assert main(["bench", "comm", "--out", str(path), "--world-sizes", "1,2", "--device", "cpu", "--min-bytes", "4096",
                  "--max-bytes", "4194304", "--factor", "32", "--reps", "2", "--warmup", "1", "--min-seconds", "0",
-                 "--batches", "1,2", "--batch-max-bytes", "4194304", "--timeout", "120"]) == 0
+                 "--batches", "1,2", "--batch-max-bytes", "4194304", "--batched-collectives", ",".join(links.COLLECTIVES),
+                 "--timeout", "120"]) == 0
     return commbench.read_table(path)
 
 
@@ -98,6 +99,9 @@ def test_the_default_sweep_benches_its_links_alone_and_predicts_every_run(tmp_pa
     results = workdir / "results"
     table = commbench.read_table(results / commbench.BENCH_FILE)
     assert set(table["world_size"]) == {2} and set(table["collective"]) == set(links.COLLECTIVES)
+    # batches only for what a strategy issues as a batch (ZeRO-1's broadcasts), up to the CPU's default size
+    assert set(table.loc[table["batch"] > 1, "collective"]) == set(commbench.BATCHED_COLLECTIVES) == {"broadcast"}
+    assert table["bytes"].max() == commbench.CPU_MAX_BYTES
     assert "bench comm:" in (results / "logs" / "bench_comm.log").read_text()
     runs = pd.read_parquet(results / "metrics.parquet")
     assert (runs["status"] == "ok").all() and len(runs) == 2

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from scalelab.links import COLLECTIVES, bus_factor
+from scalelab.strategies import STRATEGIES
 
 # all_gather and reduce_scatter run as all_gather_into_tensor and reduce_scatter_tensor: one flat
 # buffer, as FSDP2 calls them.
@@ -40,9 +41,10 @@ from scalelab.links import COLLECTIVES, bus_factor
 BENCH_FILE = Path("calibration") / "comm.parquet"
 """Below the results folder: a sweep's calibration lives with its results."""
 
-CPU_MAX_BYTES = 64 * 2 ** 20
-"""The largest message on CPU/gloo by default: a 64 MiB all-reduce takes ~0.1 s on 2 cores;
-GPUs go to GPU_MAX_BYTES as nccl-tests' usual sweeps do."""
+CPU_MAX_BYTES = 16 * 2 ** 20
+"""The largest message on CPU/gloo by default: a 16 MiB all-reduce takes ~15 ms on 2 cores, well past
+gloo's millisecond stalls, so the bandwidth term is fitted; 64 MiB cost the default sweep ~5 s more
+for a model whose whole gradient is 0.5 MiB. GPUs go to GPU_MAX_BYTES as nccl-tests' usual sweeps do."""
 GPU_MAX_BYTES = 512 * 2 ** 20
 MIN_BYTES = 4 * 2 ** 10
 REPS = 20
@@ -58,6 +60,10 @@ ZeroRedundancyOptimizer broadcasts its parameters (scalelab.strategies: Strategy
 a batch costs per call several times what one call alone does."""
 BATCH_MAX_BYTES = 2 ** 20
 """The largest message timed in batches (a batch holds that many buffers of it)."""
+BATCHED_COLLECTIVES = tuple(sorted({c for s in STRATEGIES.values() for c in s.batched}))
+"""The collectives timed in batches by default: those a strategy issues as a batch (Strategy.batched;
+ZeRO-1's broadcasts), the only batched rows the step-time model reads. Timing every collective in
+batches took ~8 s more of the default sweep's ~25 s bench on 2 cores."""
 
 
 def message_sizes(min_bytes: int = MIN_BYTES, max_bytes: int = CPU_MAX_BYTES, factor: int = 4) -> list[int]:
@@ -102,7 +108,7 @@ def _rank_main(spec: dict) -> None:
     for collective in spec["collectives"]:
         for batch in spec["batches"]:
             for size in spec["sizes"]:
-                if batch > 1 and size > spec["batch_max_bytes"]:
+                if batch > 1 and (size > spec["batch_max_bytes"] or collective not in spec["batched_collectives"]):
                     continue
                 rows.append(_time_collective(dist, torch, collective, size, batch, n, device, sync, spec))
     if rank == 0:
@@ -180,13 +186,13 @@ class BenchError(RuntimeError):
 def run_world_size(world_size: int, *, device: str = "cpu", sizes: list[int], collectives=COLLECTIVES,
                    reps: int = REPS, warmup: int = WARMUP, min_seconds: float = MIN_SECONDS,
                    max_reps: int = MAX_REPS, batches=BATCHES, batch_max_bytes: int = BATCH_MAX_BYTES,
-                   threads_per_rank: int = 1, collective_timeout_s: float = 60.0, timeout_s: float = 300.0) -> dict:
+                   batched_collectives=BATCHED_COLLECTIVES, threads_per_rank: int = 1, collective_timeout_s: float = 60.0, timeout_s: float = 300.0) -> dict:
     """Start ``world_size`` ranks on this host, wait for them (at most timeout_s), return rank 0's record."""
     from scalelab.training.launch import free_port
 
     if world_size < 1:
         raise ValueError(f"world size must be >= 1, got {world_size}")
-    unknown = [c for c in collectives if c not in COLLECTIVES]
+    unknown = [c for c in (*collectives, *batched_collectives) if c not in COLLECTIVES]
     if unknown:
         raise ValueError(f"unknown collective(s) {', '.join(unknown)}; known: {', '.join(COLLECTIVES)}")
     if reps < 1 or warmup < 0:
@@ -196,7 +202,7 @@ def run_world_size(world_size: int, *, device: str = "cpu", sizes: list[int], co
     with tempfile.TemporaryDirectory(prefix="scalelab-bench-") as tmp:
         spec = {"device": device, "sizes": list(sizes), "collectives": list(collectives), "reps": reps, "warmup": warmup,
                 "min_seconds": min_seconds, "max_reps": max(max_reps, reps), "batches": sorted(set(batches)),
-                "batch_max_bytes": batch_max_bytes, "threads_per_rank": threads_per_rank,
+                "batch_max_bytes": batch_max_bytes, "batched_collectives": list(batched_collectives), "threads_per_rank": threads_per_rank,
                 "collective_timeout_s": collective_timeout_s, "out": str(Path(tmp) / "rank0.json")}
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(spec))
@@ -245,7 +251,7 @@ def _kill(procs: list[subprocess.Popen]) -> None:
 def bench_comm(world_sizes: list[int], *, device: str = "cpu", sizes: list[int] | None = None, collectives=COLLECTIVES,
                reps: int = REPS, warmup: int = WARMUP, min_seconds: float = MIN_SECONDS,
                max_reps: int = MAX_REPS, batches=BATCHES, batch_max_bytes: int = BATCH_MAX_BYTES,
-               threads_per_rank: int = 1, collective_timeout_s: float = 60.0, timeout_s: float = 300.0):
+               batched_collectives=BATCHED_COLLECTIVES, threads_per_rank: int = 1, collective_timeout_s: float = 60.0, timeout_s: float = 300.0):
     """The benchmark table (a pandas DataFrame, one row per collective, world size and size)."""
     import pandas as pd
 
@@ -257,7 +263,8 @@ def bench_comm(world_sizes: list[int], *, device: str = "cpu", sizes: list[int] 
         load_before = os.getloadavg()[0]  # what else ran on the host (uptime's first figure), before the ranks start
         record = run_world_size(n, device=device, sizes=sizes, collectives=collectives, reps=reps, warmup=warmup,
                                 min_seconds=min_seconds, max_reps=max_reps, batches=batches,
-                                batch_max_bytes=batch_max_bytes, threads_per_rank=threads_per_rank, collective_timeout_s=collective_timeout_s,
+                                batch_max_bytes=batch_max_bytes, batched_collectives=batched_collectives,
+                                threads_per_rank=threads_per_rank, collective_timeout_s=collective_timeout_s,
                                 timeout_s=timeout_s)
         frame = pd.DataFrame(record["rows"])
         frame.insert(1, "world_size", n)
@@ -339,6 +346,9 @@ def add_parser(sub) -> None:
                         "16 async calls then waited, as ZeroRedundancyOptimizer broadcasts)")
     c.add_argument("--batch-max-bytes", type=int, default=BATCH_MAX_BYTES,
                    help=f"largest message timed in batches (default {BATCH_MAX_BYTES})")
+    c.add_argument("--batched-collectives", default=",".join(BATCHED_COLLECTIVES),
+                   help=f"comma-separated collectives timed in batches (default {','.join(BATCHED_COLLECTIVES)}: those "
+                        "a strategy issues as a batch; the step-time model reads no other batched rows)")
     c.add_argument("--threads-per-rank", type=int, default=1, help="intra-op threads (and pinned cores) per CPU rank (default 1)")
     c.add_argument("--collective-timeout", type=float, default=60.0, help="seconds a collective may wait (default 60)")
     c.add_argument("--timeout", type=float, default=300.0, help="seconds for each world size's ranks (default 300)")
@@ -374,6 +384,7 @@ def _bench_comm(args) -> int:
         table = bench_comm(world_sizes, device=device, sizes=sizes, collectives=collectives, reps=args.reps,
                            warmup=args.warmup, min_seconds=args.min_seconds, max_reps=args.max_reps,
                            batches=_ints(args.batches, "--batches"), batch_max_bytes=args.batch_max_bytes,
+                           batched_collectives=tuple(c.strip() for c in args.batched_collectives.split(",") if c.strip()),
                            threads_per_rank=args.threads_per_rank,
                            collective_timeout_s=args.collective_timeout, timeout_s=args.timeout)
     except (ValueError, BenchError) as err:
