@@ -208,18 +208,11 @@ def test_a_config_named_only_by_slurm_conf_reaches_every_srun_and_a_killed_rank_
         assert len(found) == 1 and ("Could not establish a configuration source" in found[0]
                                     or "Unable to establish control machine address" in found[0]), found
 
-        # A 2-node sweep: every job's srun, the plugin's and the launcher's, finds the cluster.
-        work = write_workdir(tmp_path / "env_run", _cfg(zero_stage=[0], world_size=[1, 2]))
-        proc = _snakemake_on(cluster, work)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:] + cluster.logs()
-        runs = _runs(work)
-        assert (runs["status"] == "ok").all(), runs[["status", "reason"]]
-        assert runs.loc[RunPoint("fp32", 0, 2).run_id, "node_list"] == "n1,n2"
-        log2 = (work / "results/logs/runs" / f"{RunPoint('fp32', 0, 2).path}.log").read_text()
-        assert f"$ SLURM_CONF={cluster.conf} srun" in log2
-
-        # A rank killed on n2 mid-run: the run ends `failed` with the reason, long before its timeout.
-        killed = write_workdir(tmp_path / "killed", _cfg(zero_stage=[0], world_size=[2]))
+        # A 2-node sweep, one run on one node and one across both: every job's srun, the plugin's and
+        # the launcher's, finds the cluster. Then a rank of the 2-node run is killed on n2 mid-run:
+        # the run ends `failed` with the reason, long before its timeout. (One sweep for both: each
+        # Snakemake invocation on the cluster costs ~45 s here, most of it the plugin's status polls.)
+        killed = write_workdir(tmp_path / "env_run", _cfg(zero_stage=[0], world_size=[1, 2]))
         started = time.monotonic()
         result = {}
 
@@ -228,13 +221,19 @@ def test_a_config_named_only_by_slurm_conf_reaches_every_srun_and_a_killed_rank_
 
         thread = threading.Thread(target=run_sweep)
         thread.start()
-        victim = _wait_for_rank(cluster, node=2, timeout_s=120)
+        victim = _wait_for_rank(cluster, node=2, run_id=RunPoint("fp32", 0, 2).run_id, timeout_s=120)
         os.kill(victim, 9)
         killed_at = time.time()
         thread.join(SWEEP_TIMEOUT_S)
         assert not thread.is_alive(), "the sweep with a killed rank did not end"
         proc = result["proc"]
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:] + cluster.logs()
+    runs = _runs(killed)
+    assert runs.loc[RunPoint("fp32", 0, 1).run_id, "status"] == "ok", runs[["status", "reason"]]
+    # the 2-node run's launchers were started by an srun that was handed SLURM_CONF, one per node (its
+    # rank 1 was found, and killed, on n2; a failed run's row keeps no node list: worker columns)
+    log2 = (killed / "results/logs/runs" / f"{RunPoint('fp32', 0, 2).path}.log").read_text()
+    assert f"$ SLURM_CONF={cluster.conf} srun --ntasks=2 --nodes=2 --ntasks-per-node=1" in log2, log2[:2000]
     summary = json.loads((killed / "results/runs" / RunPoint("fp32", 0, 2).run_id / "summary.json").read_text())
     assert summary["status"] == "failed", summary
     assert "on node n2" in summary["reason"] and "SIGKILL" in summary["reason"], summary["reason"]
@@ -278,8 +277,8 @@ def _wait_gone(cluster: VirtualCluster, job_id: str, timeout_s: float = 60) -> N
     raise AssertionError(f"job {job_id} still queued after {timeout_s} s")
 
 
-def _wait_for_rank(cluster: VirtualCluster, node: int, timeout_s: float) -> int:
-    """The PID of a training rank (scalelab.training.worker) running in node n<node>'s namespace."""
+def _wait_for_rank(cluster: VirtualCluster, node: int, run_id: str, timeout_s: float) -> int:
+    """The PID of a training rank (scalelab.training.worker) of a run running in node n<node>'s namespace."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for pid in cluster._ns_pids(cluster.node_ns(node)):
@@ -287,7 +286,8 @@ def _wait_for_rank(cluster: VirtualCluster, node: int, timeout_s: float) -> int:
                 cmdline = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
             except OSError:
                 continue
-            if b"scalelab.training.worker" in cmdline and b"torch.distributed.run" not in cmdline:
+            if (b"scalelab.training.worker" in cmdline and b"torch.distributed.run" not in cmdline
+                    and any(f"/{run_id}/".encode() in arg for arg in cmdline)):
                 return pid
         time.sleep(0.1)
     raise AssertionError(f"no training rank appeared on n{node} within {timeout_s} s")
