@@ -111,7 +111,8 @@ def kill_mid_step(tmp: Path) -> Drill:
     """SIGKILL Snakemake and the runs mid-step, after a checkpoint; --unlock +
     --rerun-incomplete completes the sweep, the killed run resuming from its checkpoint."""
     d = Drill("kill mid-step")
-    cfg = _sweep_cfg(steps=300, checkpoint_every=20)
+    # long enough to be killed between its first checkpoint (step 20) and its end, whatever the load
+    cfg = _sweep_cfg(steps=120, checkpoint_every=20)
     work = write_workdir(tmp, cfg)
     run_snakemake(work, "--cores", "1", f"{cfg['results_dir']}/data/tiny/meta.json")
     proc = subprocess.Popen(snakemake_cmd(work, "--cores", "2"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -330,7 +331,7 @@ def determinism(tmp: Path) -> Drill:
     for name, seed in (("a", 0), ("b", 0), ("c", 1)):
         cfg = tiny_config(sweep={"precision": ["fp32"], "zero_stage": [2], "world_size": [2]}, train={"seed": seed})
         work = write_workdir(tmp / name, cfg)
-        run_snakemake(work, "--cores", "2")
+        run_snakemake(work, "--cores", "2", "collect")  # the tables are what is compared: no report
         losses[name] = pd.read_parquet(work / "results/steps.parquet")["loss"].tolist()
         runs = pd.read_parquet(work / "results/metrics.parquet")
         for column in ("seed", "config_hash", "git_commit", "torch_version", "device_name", "hostname",
