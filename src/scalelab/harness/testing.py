@@ -28,7 +28,7 @@ def tiny_config(**overrides) -> dict:
     cfg["train"].update(steps=12, warmup_steps=2, global_batch=8, run_timeout_s=240, collective_timeout_s=60, device="cpu")
     cfg["sweep"].update(precision=["fp32"], zero_stage=[0], world_size=[1])
     cfg["repeats"].update(baseline=1)  # one run per point: a test that measures noise asks for repeats
-    cfg["prediction"].update(bench_comm=False)  # ~30 s of collective timing: a test of the model asks for it
+    cfg["prediction"].update(bench_comm=False)  # ~13 s of collective timing: a test of the model asks for it
     for section, values in overrides.items():
         if isinstance(values, dict) and isinstance(cfg.get(section), dict):
             cfg[section].update(values)
