@@ -30,11 +30,32 @@ def tiny_data(tmp_path_factory) -> Path:
     return out
 
 
+def suite_calibration(tiny_data: Path) -> Path:
+    """This worker's CPU peak record for one-thread ranks (scalelab.calibration), measured once, in
+    process, beside the shared data. A run a test launches outside the workflow otherwise times
+    its own matmuls at start (its dtype's and bf16's, ~0.3-1 s of every run), which no test reads.
+    A rank of another thread count (world size 1: two threads here) still measures its own, so that
+    path stays exercised."""
+    path = tiny_data.parent / "cpu-calibration.json"
+    if not path.exists():
+        import torch
+
+        from scalelab.calibration import write_calibration
+
+        threads = torch.get_num_threads()
+        try:
+            write_calibration(path, threads=1)
+        finally:
+            torch.set_num_threads(threads)  # this process's own tests keep theirs
+    return path
+
+
 def run_point(tmp_path, tiny_data, point, cfg=None, fault=None, **kwargs):
     """Launch one sweep point for real (torchrun, gloo); return (summary, steps table, run folder).
     fault: a SCALELAB_FAULT spec for this run only."""
     # Parity runs up to world size 4 on 2 cores: correctness, not measurement, so over-commit is allowed.
     cfg = cfg or tiny_config(train={"steps": PARITY_STEPS, "warmup_steps": 2}, planning={"launch_overcommitted": True})
+    kwargs.setdefault("calibration", suite_calibration(tiny_data))
     run_dir = tmp_path / point.path
     old = os.environ.pop("SCALELAB_FAULT", None)
     if fault:
