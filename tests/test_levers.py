@@ -121,7 +121,7 @@ def test_bucket_size_sets_the_number_of_all_reduces(tmp_path, tiny_data, plain):
     for summary in (default, small):
         assert summary["comm_calls_per_step"]["all_reduce"] == summary["ddp_buckets_predicted"]
         # an fp32 run's MFU against the bf16 peak too (on a CPU: the measured bf16 matmul rate)
-        assert summary["peak_flops_bf16_source"].startswith("measured bf16 matmul") and summary["peak_flops_bf16"] > 0
+        assert "measured bf16 matmul" in summary["peak_flops_bf16_source"] and summary["peak_flops_bf16"] > 0
         assert summary["mfu_bf16_peak"] == pytest.approx(summary["mfu"] * summary["peak_flops_per_device"] / summary["peak_flops_bf16"])
     assert default["ddp_buckets_predicted"] == 1 and small["ddp_buckets_predicted"] > 5
     # Same bytes, cut into more calls; the same sums, so the same losses.
@@ -161,7 +161,7 @@ def test_fp8_recipe_trains_with_emulated_float8(tmp_path, tiny_data, stage=3):
     for summary in (fp8, bf16):
         assert summary["peak_flops_bf16"] == summary["peak_flops_per_device"] > 0
         assert summary["mfu_bf16_peak"] == summary["mfu"] > 0
-        assert summary["peak_flops_bf16_source"].startswith("measured bf16 matmul")
+        assert "measured bf16 matmul" in summary["peak_flops_bf16_source"]  # at run start, or the suite's record
 
 
 @pytest.mark.run
