@@ -365,6 +365,11 @@ def _ints(text: str, what: str) -> list[int]:
     return values
 
 
+def _names(text: str) -> tuple[str, ...]:
+    """A comma-separated option's names (checked against COLLECTIVES by run_world_size)."""
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
 def _bench_comm(args) -> int:
     device = args.device
     if device is None:
@@ -375,7 +380,7 @@ def _bench_comm(args) -> int:
         world_sizes = _ints(args.world_sizes, "--world-sizes")
         max_bytes = args.max_bytes or (CPU_MAX_BYTES if device == "cpu" else GPU_MAX_BYTES)
         sizes = message_sizes(args.min_bytes, max_bytes, args.factor)
-        collectives = tuple(c.strip() for c in args.collectives.split(",") if c.strip())
+        collectives = _names(args.collectives)
         if device == "cpu" and hasattr(os, "sched_getaffinity"):
             cores = len(os.sched_getaffinity(0))
             if max(world_sizes) * args.threads_per_rank > cores:
@@ -384,7 +389,7 @@ def _bench_comm(args) -> int:
         table = bench_comm(world_sizes, device=device, sizes=sizes, collectives=collectives, reps=args.reps,
                            warmup=args.warmup, min_seconds=args.min_seconds, max_reps=args.max_reps,
                            batches=_ints(args.batches, "--batches"), batch_max_bytes=args.batch_max_bytes,
-                           batched_collectives=tuple(c.strip() for c in args.batched_collectives.split(",") if c.strip()),
+                           batched_collectives=_names(args.batched_collectives),
                            threads_per_rank=args.threads_per_rank,
                            collective_timeout_s=args.collective_timeout, timeout_s=args.timeout)
     except (ValueError, BenchError) as err:
