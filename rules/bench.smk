@@ -36,6 +36,5 @@ rule bench_comm:
         train_slot=lambda wildcards: int(workflow.local_exec),
     conda:
         "../workflow/envs/scalelab.yaml"
-    shell:
-        "python -m scalelab.cli bench comm --out {output} --world-sizes {params.world_sizes} --device {params.device} "
-        "--threads-per-rank {params.threads_per_rank} --timeout {params.timeout_s} > {log} 2>&1"
+    script:
+        "../workflow/scripts/bench_comm.py"

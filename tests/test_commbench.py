@@ -83,6 +83,7 @@ def test_the_default_sweep_benches_its_links_alone_and_predicts_every_run(tmp_pa
 
     import pandas as pd
 
+    from conftest import path_without
     from scalelab.harness.testing import run_snakemake, tiny_config, write_workdir
 
     write_workdir(tmp_path / "off", tiny_config(sweep={"world_size": [1, 2]}))
@@ -95,7 +96,9 @@ def test_the_default_sweep_benches_its_links_alone_and_predicts_every_run(tmp_pa
     assert "train_slot=1" in jobs["bench_comm:"]
     assert "comm.parquet" in jobs["collect:"]
     assert "comm.parquet" not in "".join(block for name, block in jobs.items() if name.startswith("train"))
-    run_snakemake(workdir, "--cores", "2", timeout=600)
+    # as `make run` starts it: the environment's snakemake, its python nowhere on PATH (no `python`
+    # at all here), so a job that asked PATH for one would fail
+    run_snakemake(workdir, "--cores", "2", timeout=600, env={**os.environ, "PATH": path_without("python")})
     results = workdir / "results"
     table = commbench.read_table(results / commbench.BENCH_FILE)
     assert set(table["world_size"]) == {2} and set(table["collective"]) == set(links.COLLECTIVES)
