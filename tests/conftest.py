@@ -19,6 +19,27 @@ from scalelab.training.launch import launch_run
 PARITY_STEPS = 10
 
 
+_PREFORK_SERVER = []
+
+
+def pytest_collection_finish(session):
+    """One prefork server per pytest worker (scalelab.training.prefork), named in the environment, so
+    that the CPU runs this worker's tests launch, directly or through Snakemake, fork their ranks
+    from it as a sweep's do from its own; not started when only unit tests run (nor by the xdist
+    controller, which runs none). Started here, outside any test: the unit tier's guard would stop it."""
+    from scalelab.training.prefork import start_server
+
+    if not session.config.getoption("collectonly") and any(not item.get_closest_marker("unit") for item in session.items):
+        _PREFORK_SERVER.append(start_server())
+
+
+def pytest_sessionfinish(session):
+    from scalelab.training.prefork import stop_server
+
+    while _PREFORK_SERVER:
+        stop_server(_PREFORK_SERVER.pop())
+
+
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
     """A prepared synthetic dataset (byte tokens) shared by the training tests."""

@@ -54,7 +54,7 @@ def _rank(code: str, marker: str) -> tuple[list[str], dict]:
 
 
 def _alive(marker: str) -> list[str]:
-    ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    ps = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True).stdout
     return [line for line in ps.splitlines() if marker in line and "ps -eo" not in line]
 
 
@@ -66,7 +66,7 @@ def test_a_rank_that_dies_takes_the_others_down(tmp_path):
     marker = f"scalelab-test-marker-{os.getpid()}-dies"
     (tmp_path / "run").mkdir()
     start = time.monotonic()
-    status, reason, warning = _run_ranks([_rank(SLEEPER, marker), _rank("import sys; sys.exit(5)", marker)],
+    status, reason, warning, _ = _run_ranks([_rank(SLEEPER, marker), _rank("import sys; sys.exit(5)", marker)],
                                          tmp_path / "run.log", timeout_s=300, run_dir=tmp_path / "run")
     assert time.monotonic() - start < 60, "the surviving rank was left to its time limit"
     assert status == "failed" and reason.endswith("(rank 1 exit code 5)") and warning is None
@@ -77,7 +77,7 @@ def test_the_time_limit_stops_every_rank_and_their_children(tmp_path):
     marker = f"scalelab-test-marker-{os.getpid()}-limit"
     (tmp_path / "run").mkdir()
     start = time.monotonic()
-    status, reason, _ = _run_ranks([_rank(SLEEPER, marker), _rank(SLEEPER, marker)],
+    status, reason, _, _ = _run_ranks([_rank(SLEEPER, marker), _rank(SLEEPER, marker)],
                                    tmp_path / "run.log", timeout_s=3, run_dir=tmp_path / "run")
     assert 3 <= time.monotonic() - start < 60
     assert status == "timeout" and "train.run_timeout_s=3 s" in reason

@@ -375,8 +375,8 @@ RUN = [
            "worker found it)", "launch"),
     Column("device_name", pa.string(), "-", "device model (GPU name, or the CPU model)", "worker", OK),
     Column("backend", pa.string(), "-", "torch.distributed backend: gloo | nccl", "worker", OK),
-    Column("launch", pa.string(), "-", "how the ranks were started (one process per rank, started by the launcher, on one host; "
-           "or srun x torchrun over nodes)", "launch",
+    Column("launch", pa.string(), "-", "how the ranks were started (one process per rank on one host, started by the launcher or, "
+           "for a CPU run, forked from the prefork server that imported torch once; or srun x torchrun over nodes)", "launch",
            LAUNCHED),
     Column("launchers", pa.int32(), "-", "launchers of the run: 1 on one host, else torchrun launchers (SLURM tasks)", "launch", LAUNCHED),
     Column("threads", pa.int32(), "-", "CPU threads given to the whole run", "launch"),

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from scalelab.harness import REPO_ROOT
+from scalelab.training.prefork import PREFORK_ENV
 
 _T0 = time.perf_counter()
 
@@ -481,6 +482,7 @@ def time_sweep(checkout: Path, workdir: Path, tiny: bool = False, timeout_s: flo
     bin_dir = Path(sys.executable).parent
     snakemake = str(bin_dir / "snakemake")
     env = {**os.environ, "PYTHONPATH": str(checkout / "src"), "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop(PREFORK_ENV, None)  # each sweep starts its own (this code's) prefork server, as a user's would
     base = [snakemake, "-s", str(checkout / "Snakefile"), "-d", str(workdir), "--cores", "all"]
     results = workdir / cfg["results_dir"]
     walls = {}

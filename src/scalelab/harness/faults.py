@@ -28,6 +28,7 @@ from scalelab.config.reading import UniqueKeyLoader
 from scalelab.harness import REPO_ROOT
 from scalelab.harness.testing import processes_mentioning, run_snakemake, snakemake_cmd, snakemake_env, tiny_config, write_workdir
 from scalelab.sweep import RUN_DIR_GLOB, sweep_points
+from scalelab.training.prefork import FORKED_LAUNCH, PREFORK_ENV
 
 BAD_CONFIGS = REPO_ROOT / "tests" / "bad_configs"
 
@@ -115,8 +116,10 @@ def kill_mid_step(tmp: Path) -> Drill:
     cfg = _sweep_cfg(steps=120, checkpoint_every=20)
     work = write_workdir(tmp, cfg)
     run_snakemake(work, "--cores", "1", f"{cfg['results_dir']}/data/tiny/meta.json")
+    # Snakemake starts its own prefork server here (none inherited), which the kill must take down too
+    env = {k: v for k, v in snakemake_env().items() if k != PREFORK_ENV}
     proc = subprocess.Popen(snakemake_cmd(work, "--cores", "2"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True, env=snakemake_env())
+                            start_new_session=True, env=env)
     deadline = time.time() + 120
     killed_run = None
     while time.time() < deadline and killed_run is None:
@@ -135,6 +138,7 @@ def kill_mid_step(tmp: Path) -> Drill:
     summary = json.loads((killed_run / "summary.json").read_text())
     d.check(summary.get("resumed_from_step") is not None, "the killed run resumed from its checkpoint")
     d.notes.append(f"{summary['run_id']} resumed from step {summary.get('resumed_from_step')}")
+    d.check(summary.get("launch") == FORKED_LAUNCH, f"the resumed run's ranks were forked (launch: {summary.get('launch')})")
     audit(work, cfg, d)
     d.faults_recovered += not d.checks_failed and d.rows_lost == 0
     return d

@@ -35,6 +35,7 @@ from scalelab.data import read_meta, verify_tokens
 from scalelab.io import read_json, write_json
 from scalelab.placement import LaunchPlan, launch_plan
 from scalelab.sweep import POINT_FILE, RunPoint, micro_batch_plan
+from scalelab.training import prefork
 
 _PR_SET_PDEATHSIG = 1
 
@@ -299,6 +300,7 @@ def _run_workers(spec: dict, run_dir: Path, plan: LaunchPlan, cluster: dict, log
     write_json(spec_path, spec)
     world_size = spec["point"]["world_size"]
     env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads_per_rank"]), "PYTHONUNBUFFERED": "1"}
+    forkable = False
     if placement.spans_nodes(plan):
         cmd = torchrun_command(plan, world_size, spec_path, placement.srun_step_options(plan, spec["device"], cluster))
         processes = [(cmd, placement.srun_environment(env))]
@@ -306,7 +308,10 @@ def _run_workers(spec: dict, run_dir: Path, plan: LaunchPlan, cluster: dict, log
     else:
         processes = local_rank_processes(world_size, spec_path, env)
         launched = {"launch": LOCAL_LAUNCH, "launchers": 1}
-    status, reason, launched["teardown_warning"] = _run_ranks(processes, log_path, timeout_s, run_dir)
+        forkable = spec["device"] == "cpu"  # scalelab.training.prefork: CPU ranks only
+    status, reason, launched["teardown_warning"], forked = _run_ranks(processes, log_path, timeout_s, run_dir, forkable)
+    if forked:
+        launched["launch"] = prefork.FORKED_LAUNCH
     if status == "skipped":  # the workers' preflight: nothing ran, as with a skip decided here
         spec_path.unlink(missing_ok=True)
         return status, reason, [], {}
@@ -412,16 +417,18 @@ ended (torchrun's agent looks every 0.1 s)."""
 
 
 def _run_ranks(processes: list[tuple[list[str], dict]], log_path: Path, timeout_s: float,
-               run_dir: Path) -> tuple[str, str | None, str | None]:
-    """(status, reason, teardown warning) of one attempt: the ranks (or srun x torchrun, one
-    process) in one process group of their own, their output appended to the log.
+               run_dir: Path, forkable: bool = False) -> tuple[str, str | None, str | None, bool]:
+    """(status, reason, teardown warning, whether the ranks were forked) of one attempt: the ranks
+    (or srun x torchrun, one process) in one process group of their own, their output appended to
+    the log. forkable: ask the prefork server to fork the ranks (scalelab.training.prefork, which
+    keeps every guarantee below); without one, or where it refuses, they are new processes.
 
     As torchrun did: the first process to exit abnormally ends the attempt, and the others are
     stopped (a rank whose peer died would otherwise wait in a collective until its timeout); the
     run's time limit stops them all; the whole group is killed, whatever happened, so no rank
     outlives the attempt (and each rank dies with the launcher: PR_SET_PDEATHSIG)."""
     attempt_start = log_path.stat().st_size if log_path.exists() else 0  # the log is appended across attempts
-    procs: list[subprocess.Popen] = []
+    procs: list = []  # subprocess.Popen or prefork.ForkedRank
     with open(log_path, "ab") as log:
         for cmd, env in processes:
             shown = " ".join(f"{k}={env[k]}" for k in ("RANK", "WORLD_SIZE", "MASTER_PORT") if k in env and len(processes) > 1)
@@ -429,8 +436,13 @@ def _run_ranks(processes: list[tuple[list[str], dict]], log_path: Path, timeout_
                 shown = f"SLURM_CONF={env['SLURM_CONF']}"
             log.write(f"$ {shown + ' ' if shown else ''}{' '.join(cmd)}\n".encode())
         log.flush()
+        forked, why_not = prefork.fork_ranks(processes, log.fileno()) if forkable else (None, None)
+        if why_not:
+            log.write(f"scalelab: ranks started as new processes: {why_not}\n".encode())
+            log.flush()
         try:
-            for cmd, env in processes:
+            procs.extend(forked or [])
+            for cmd, env in processes if forked is None else []:
                 # one group for all: rank 0 leads a new one, the others join it (killpg reaches every rank)
                 group = {"start_new_session": True} if len(processes) == 1 else {"process_group": procs[0].pid if procs else 0}
                 procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -442,10 +454,12 @@ def _run_ranks(processes: list[tuple[list[str], dict]], log_path: Path, timeout_
                 if ended_badly or all(c == 0 for c in codes):
                     break
                 if time.monotonic() >= deadline:
-                    return "timeout", f"run exceeded train.run_timeout_s={timeout_s:g} s and was stopped", None
+                    return "timeout", f"run exceeded train.run_timeout_s={timeout_s:g} s and was stopped", None, bool(forked)
                 time.sleep(POLL_S)
         finally:
             _kill_group(procs)  # no orphan ranks, whatever happened
+            if forked:
+                forked[0].channel.close()
     if ended_badly:
         index, code = ended_badly[0]
         exit_code = f"torchrun exit code {code}" if len(processes) == 1 else f"rank {index} exit code {code}"
@@ -456,14 +470,14 @@ def _run_ranks(processes: list[tuple[list[str], dict]], log_path: Path, timeout_
         # joined: the measurements are complete. A crash after that (process-group teardown)
         # is worth a warning, not the run.
         warning = None if exit_code is None else f"a rank exited abnormally after the results were written ({exit_code})"
-        return "ok", None, warning
+        return "ok", None, warning, bool(forked)
     errors = [read_json(p) for p in sorted(run_dir.glob("rank*.error.json"))]
     with open(log_path, "rb") as log:
         log.seek(attempt_start)
         status, reason = classify_failure(errors, log.read().decode(errors="replace"))
     if status == "skipped":
-        return status, reason, None
-    return status, f"{reason} ({exit_code or 'every rank exited 0 without results'})", None
+        return status, reason, None, bool(forked)
+    return status, f"{reason} ({exit_code or 'every rank exited 0 without results'})", None, bool(forked)
 
 
 def _kill_group(procs: list[subprocess.Popen]) -> None:

@@ -1,0 +1,409 @@
+"""Ranks forked from a process that has imported torch already: a run's start-up without the imports.
+
+A rank started as a new process spends most of its start-up importing torch and the
+distributed stack (2.5-3 s of a CPU run's ~3 s on 2 cores, more when another run starts
+beside it). A prefork server imports all of it once, then forks one child per rank on
+request, each of which runs :func:`scalelab.training.worker.main` exactly as a new process
+would: its own environment, working directory, process group and log. One server serves a
+whole Snakemake invocation (started by the Snakefile's ``onstart``) or a pytest worker
+(``tests/conftest.py``); the launcher finds it through ``SCALELAB_PREFORK``.
+
+Only CPU runs on this host go through it: a GPU run's ranks are new processes (CUDA and fork
+are not proven together here), and so are the launchers of a multi-node run (``srun``).
+
+The launcher's guarantees hold as with new processes (``scalelab.training.launch._run_ranks``):
+- the ranks of a run form one process group (led by rank 0) which the launcher kills whole;
+- a rank dies with the launcher: the launcher holds a connection to the server for the run's
+  lifetime, and the server SIGKILLs the run's group when that connection closes early;
+- a rank dies with the server (PR_SET_PDEATHSIG), and the server with the process that
+  started it;
+- each child shows the command line a new process would have (``ps``: ``python -m
+  scalelab.training.worker --spec ...``), so orphan checks find it by its run folder.
+
+The server refuses a request (the launcher then starts new processes and says why in the run's
+log) when what it imported could differ from what a new process would import: another Python,
+another copy or edit of scalelab's source, or a different value of a variable that torch or
+the interpreter reads while loading (``IMPORT_TIME_PREFIXES``).
+
+    python -m scalelab.training.prefork --name NAME [--for PATH]   (started by start_server)
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+import uuid
+from pathlib import Path
+
+PREFORK_ENV = "SCALELAB_PREFORK"
+"""The abstract socket name of the server that forks this process tree's ranks."""
+
+FORKED_LAUNCH = "one process per rank, forked from a pre-imported server (no torchrun agent)"
+"""The ``launch`` of a run whose ranks the server forked."""
+
+IMPORT_TIME_PREFIXES = ("TORCH", "PYTORCH", "OMP_", "KMP_", "GOMP_", "MKL", "OPENBLAS", "CUDA", "NCCL",
+                        "LD_", "PYTHON", "CUBLAS", "MALLOC", "GLIBC")
+"""Variables read while the interpreter and torch's libraries load: a child forked from a server
+started with other values would not be the process the launcher asked for."""
+
+SET_PER_RUN = frozenset({"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "PYTHONUNBUFFERED",
+                         "TORCH_NCCL_ASYNC_ERROR_HANDLING"})
+"""Import-time variables set per run (by the launcher, or by Snakemake per job) whose effect the
+child sets itself: the worker calls torch.set_num_threads, which sets OpenMP's and MKL's thread
+counts (numpy's OpenBLAS pool computes nothing in a rank); the server's streams are unbuffered;
+an NCCL run is never forked."""
+
+PRELOADED = ["scalelab.training.worker", "torch._dynamo", "torch.distributed.optim",
+             "torch.distributed.fsdp", "torch.distributed.fsdp.sharded_grad_scaler", "scalelab.training.checkpoint"]
+"""Every module a CPU rank may import on its way to the first step (worker.modules_this_run_imports)."""
+
+READY_TIMEOUT_S = 120.0
+"""How long a launcher waits for a server still importing (under load) before starting new processes."""
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(sig: int = signal.SIGTERM) -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+    except OSError:
+        pass
+
+
+def code_stamp() -> str:
+    """The scalelab source this interpreter would import now: where it is and when each file changed."""
+    import scalelab
+
+    root = Path(scalelab.__file__).parent
+    files = sorted(root.rglob("*.py"))
+    return f"{interpreter(sys.executable)}|{root}|" + ",".join(f"{p.relative_to(root)}:{p.stat().st_mtime_ns}" for p in files)
+
+
+def interpreter(executable: str) -> str:
+    """An interpreter as its environment (the folder of a venv's bin) and the binary it runs:
+    a venv's `python` and `python3` are the same interpreter."""
+    return f"{os.path.dirname(os.path.abspath(executable))}:{os.path.realpath(executable)}"
+
+
+def import_time_env(env: dict) -> dict:
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES) and k not in SET_PER_RUN}
+
+
+def _address(name: str) -> str:
+    return "\0" + name  # the abstract namespace: no file to leave behind, and not reachable from another network namespace (node)
+
+
+# ----------------------------------------------------------------------------- owner side
+
+
+def start_server(owner_dir: str | Path | None = None) -> subprocess.Popen:
+    """Start a server owned by this process (it dies with it) and name it in os.environ for the
+    launchers this process starts. owner_dir goes on the server's command line, so that a check
+    for processes left behind in that folder sees the server too."""
+    name = f"scalelab-prefork-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    cmd = [sys.executable, "-m", "scalelab.training.prefork", "--name", name, "--owner", str(os.getpid())]
+    if owner_dir is not None:
+        cmd += ["--for", str(Path(owner_dir).resolve())]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop(PREFORK_ENV, None)
+    server = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              start_new_session=True,  # a terminal's Ctrl-C reaches the launchers, which stop their runs
+                              preexec_fn=_die_with_parent)
+    os.environ[PREFORK_ENV] = server.prefork_name = name
+    return server
+
+
+def stop_server(server: subprocess.Popen | None) -> None:
+    """Stop a server started by start_server (its running ranks are killed) and forget its name."""
+    if server is None:
+        return
+    if os.environ.get(PREFORK_ENV) == server.prefork_name:
+        os.environ.pop(PREFORK_ENV)
+    server.terminate()
+    try:
+        server.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
+# ----------------------------------------------------------------------------- launcher side
+
+
+class _Channel:
+    """The launcher's connection to the server for one run: the ranks' exit codes arrive on it."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.buffer = b""
+        self.codes: dict[int, int] = {}
+        self.pids: list[int] = []
+
+    def send(self, message: dict, fds: list[int] = ()) -> None:
+        socket.send_fds(self.sock, [json.dumps(message).encode() + b"\n"], list(fds))
+
+    def receive(self, timeout: float | None) -> dict | None:
+        """The next message; None if none came within timeout. EOFError when the server is gone."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self.buffer:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self.sock], [], [], left)[0]:
+                return None
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise EOFError("the prefork server closed the connection")
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def pump(self, timeout: float) -> None:
+        try:
+            while (message := self.receive(timeout)) is not None:
+                self.codes[message["pid"]] = message["code"]
+                timeout = 0
+        except EOFError:  # the server died: its children died with it (PR_SET_PDEATHSIG)
+            for pid in self.pids:
+                self.codes.setdefault(pid, -signal.SIGKILL)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class ForkedRank:
+    """A rank forked by the server, with the part of subprocess.Popen's interface the launcher uses."""
+
+    def __init__(self, channel: _Channel, pid: int):
+        self.channel, self.pid = channel, pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.channel.codes.get(self.pid)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.channel.pump(0)
+        return self.returncode
+
+    def wait(self) -> int:
+        while self.returncode is None:
+            self.channel.pump(1.0)
+        return self.returncode
+
+
+def fork_ranks(processes: list[tuple[list[str], dict]], log_fd: int) -> tuple[list[ForkedRank] | None, str | None]:
+    """Ask the server named in the environment to fork these ranks (commands ``python -m
+    scalelab.training.worker ...`` with their environments), their output on log_fd: (ranks,
+    None), or (None, why not) when there is no server or it refused; the caller then starts new
+    processes. The ranks' group is led by the first."""
+    name = os.environ.get(PREFORK_ENV)
+    if not name:
+        return None, None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(_address(name))
+    except OSError as err:
+        sock.close()
+        return None, f"prefork server {name} not reachable ({err.strerror or err})"
+    channel = _Channel(sock)
+    try:
+        channel.send({"ranks": [{"argv": cmd, "env": env} for cmd, env in processes], "cwd": os.getcwd(),
+                      "code": code_stamp()}, [log_fd])
+        reply = channel.receive(READY_TIMEOUT_S)
+    except (OSError, EOFError) as err:
+        channel.close()
+        return None, f"prefork server {name} failed: {err}"
+    if reply is None or "refused" in reply:
+        channel.close()
+        return None, f"prefork server {name} refused: {reply['refused']}" if reply else \
+            f"prefork server {name} not ready after {READY_TIMEOUT_S:g} s"
+    channel.pids = reply["pids"]
+    return [ForkedRank(channel, pid) for pid in reply["pids"]], None
+
+
+# ----------------------------------------------------------------------------- server side
+
+
+class _Server:
+    def __init__(self, name: str, owner: int):
+        self.owner = owner
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(_address(name))  # first: launchers connecting while we import wait in the backlog
+        self.listener.listen(64)
+        self.runs: dict[socket.socket, dict] = {}  # connection -> {"pids": set, "group": pgid, "buffer": bytes}
+        self.env = import_time_env(os.environ)
+        import importlib
+
+        import setproctitle
+
+        # Claims the command line's memory now, with the environment intact; a child that first
+        # calls it after replacing its environment could find too little room and keep this title.
+        setproctitle.setproctitle(setproctitle.getproctitle())
+
+        for module in PRELOADED:
+            importlib.import_module(module)
+        # what torch's imports set for themselves (TorchDynamo: TORCHINDUCTOR_CACHE_DIR): a launcher
+        # that has imported torch passes them on, with the values the child has already
+        self.env_after_import = import_time_env(os.environ)
+        self.code = code_stamp()
+
+    def refusal(self, request: dict) -> str | None:
+        if request["code"] != self.code:
+            return "the launcher's Python or scalelab source differs from what the server imported " \
+                   "(edited since the server started?)"
+        for rank in request["ranks"]:
+            asked = import_time_env(rank["env"])
+            keys = sorted(k for k in asked.keys() | self.env.keys()
+                          if asked.get(k) not in (self.env.get(k), self.env_after_import.get(k)))
+            if keys:
+                return f"import-time environment differs from the server's: {', '.join(keys)}"
+            argv = rank["argv"]
+            if interpreter(argv[0]) != interpreter(sys.executable) or argv[1:3] != ["-m", "scalelab.training.worker"]:
+                return f"not a scalelab worker: {' '.join(argv[:3])}"
+        return None
+
+    def serve(self) -> None:
+        while True:
+            if os.getppid() != self.owner:
+                return
+            ready = select.select([self.listener, *self.runs], [], [], 0.05)[0]
+            for sock in ready:
+                if sock is self.listener:
+                    conn, _ = self.listener.accept()
+                    self.runs[conn] = {"pids": set(), "group": None, "buffer": b"", "fds": []}
+                else:
+                    self.read(sock)
+            self.reap()
+
+    def read(self, conn: socket.socket) -> None:
+        run = self.runs[conn]
+        try:
+            data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 4)
+        except OSError:
+            data, fds = b"", []
+        run["fds"] += fds
+        if not data:  # the launcher is done, or died: nothing of its run may outlive it
+            self.kill(run)
+            for fd in run["fds"]:
+                os.close(fd)
+            del self.runs[conn]
+            conn.close()
+            return
+        run["buffer"] += data
+        if b"\n" not in run["buffer"]:
+            return
+        request = json.loads(run["buffer"].split(b"\n", 1)[0])
+        reason = self.refusal(request) if run["fds"] else "no log file descriptor came with the request"
+        if reason:
+            self._send(conn, {"refused": reason})
+            return
+        for rank in request["ranks"]:
+            pid = self.fork(rank, request["cwd"], run["fds"][0], run["group"] or 0)
+            run["group"] = run["group"] or pid
+            run["pids"].add(pid)
+        self._send(conn, {"pids": sorted(run["pids"], key=lambda p: p != run["group"])})
+
+    def _send(self, conn: socket.socket, message: dict) -> None:
+        try:
+            conn.sendall(json.dumps(message).encode() + b"\n")
+        except OSError:  # the launcher is gone; its connection's EOF kills the run
+            pass
+
+    def fork(self, rank: dict, cwd: str, log_fd: int, group: int) -> int:
+        pid = os.fork()
+        if pid == 0:
+            self.child(rank, cwd, log_fd, group)  # never returns
+        try:
+            os.setpgid(pid, group or pid)  # also here: the launcher may signal the group before the child ran
+        except OSError:
+            pass
+        return pid
+
+    def child(self, rank: dict, cwd: str, log_fd: int, group: int) -> None:
+        code = 1
+        try:
+            os.setpgid(0, group)
+            _die_with_parent()
+            for sock in [self.listener, *self.runs]:
+                sock.close()
+            for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.dup2(log_fd, 1)
+            os.dup2(log_fd, 2)
+            os.chdir(cwd)
+            os.environ.clear()
+            os.environ.update(rank["env"])
+            import setproctitle
+
+            setproctitle.setproctitle(" ".join(rank["argv"]))
+            sys.argv = [rank["argv"][2] if len(rank["argv"]) > 2 else "worker", *rank["argv"][3:]]
+            from scalelab.training import worker
+
+            code = worker.main(rank["argv"][3:])
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        except BaseException:
+            traceback.print_exc()  # to the run's log, as a new process's uncaught exception
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)  # as the worker's __main__: no interpreter finalization
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            for conn, run in self.runs.items():
+                if pid in run["pids"]:
+                    run["pids"].discard(pid)
+                    self._send(conn, {"pid": pid, "code": os.waitstatus_to_exitcode(status)})
+
+    def kill(self, run: dict) -> None:
+        if run["group"] is None:
+            return
+        try:
+            os.killpg(run["group"], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def kill_all(self) -> None:
+        for run in self.runs.values():
+            self.kill(run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="scalelab prefork server (started by scalelab.training.prefork.start_server)")
+    parser.add_argument("--name", required=True, help="abstract socket name")
+    parser.add_argument("--owner", type=int, required=True, help="the process that owns the server; it exits with it")
+    parser.add_argument("--for", dest="owner_dir", help="the folder of the runs it serves (shown to process listings)")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    server = None
+    try:
+        server = _Server(args.name, args.owner)
+        server.serve()
+    finally:
+        if server is not None:
+            server.kill_all()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

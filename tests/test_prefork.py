@@ -1,0 +1,138 @@
+"""Ranks forked from the prefork server (scalelab.training.prefork) are the processes the launcher
+would have started: the same losses, the same command line in `ps`, the same process-group and
+lifetime guarantees (they die with the launcher, with the server, at the time limit); and where
+the server could differ from a new process, it refuses and the run starts new processes, saying why."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import PARITY_STEPS, run_point
+from scalelab.harness.testing import processes_mentioning
+from scalelab.sweep import RunPoint
+from scalelab.training.launch import LOCAL_LAUNCH
+from scalelab.training.prefork import FORKED_LAUNCH, PREFORK_ENV, start_server, stop_server
+
+pytestmark = pytest.mark.run
+
+
+def _wait_for(predicate, timeout_s: float = 60.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_forked_run_trains_as_a_new_process_does(tmp_path, tiny_data, monkeypatch):
+    """Stage 3 at world size 2 (the most collectives), forked and then as new processes: the same
+    losses to the bit, the launch recorded as it happened, and no refusal in the log."""
+    assert os.environ.get(PREFORK_ENV), "the suite's worker has a prefork server (tests/conftest.py)"
+    point = RunPoint("fp32", 3, 2)
+    forked, forked_steps, _ = run_point(tmp_path / "forked", tiny_data, point)
+    monkeypatch.delenv(PREFORK_ENV)
+    new, new_steps, _ = run_point(tmp_path / "new", tiny_data, point)
+    assert (forked["status"], new["status"]) == ("ok", "ok")
+    assert (forked["launch"], new["launch"]) == (FORKED_LAUNCH, LOCAL_LAUNCH)
+    assert forked_steps["loss"].tolist() == new_steps["loss"].tolist() and len(new_steps) == PARITY_STEPS
+    assert "ranks started as new processes" not in (tmp_path / "forked" / f"{point.run_id}.log").read_text()
+
+
+def test_a_server_refuses_what_a_new_process_would_import_differently(tmp_path, tiny_data, monkeypatch):
+    """A variable torch reads while loading, set after the server started: the run starts new
+    processes and its log names the variable; a server that is gone: the same, and says so."""
+    point = RunPoint("fp32", 0, 1)
+    monkeypatch.setenv("TORCH_SHOW_CPP_STACKTRACES", "1")
+    summary, _, _ = run_point(tmp_path / "a", tiny_data, point)
+    log = (tmp_path / "a" / f"{point.run_id}.log").read_text()
+    assert summary["status"] == "ok" and summary["launch"] == LOCAL_LAUNCH
+    assert "refused: import-time environment differs from the server's: TORCH_SHOW_CPP_STACKTRACES" in log
+    monkeypatch.delenv("TORCH_SHOW_CPP_STACKTRACES")
+    monkeypatch.setenv(PREFORK_ENV, "scalelab-prefork-nobody-listens")
+    summary, _, _ = run_point(tmp_path / "b", tiny_data, point)
+    log = (tmp_path / "b" / f"{point.run_id}.log").read_text()
+    assert summary["status"] == "ok" and summary["launch"] == LOCAL_LAUNCH
+    assert "prefork server scalelab-prefork-nobody-listens not reachable" in log
+
+
+LAUNCH_HANGING_RUN = """
+import json, sys
+from scalelab.harness.testing import tiny_config
+from scalelab.sweep import RunPoint
+from scalelab.training.launch import launch_run
+cfg = tiny_config(train={"steps": 20, "warmup_steps": 1, "run_timeout_s": float(sys.argv[3])},
+                  planning={"launch_overcommitted": True})
+summary = launch_run(cfg, RunPoint("fp32", 0, 2), sys.argv[1], sys.argv[2] + "/run", sys.argv[2] + "/run.log", threads=2)
+print(json.dumps({k: summary[k] for k in ("status", "reason", "launch")}))
+"""
+
+
+def _hanging_run(tmp_path, tiny_data, timeout_s: float = 300) -> subprocess.Popen:
+    """A launcher (a new process, as a Snakemake job is) whose rank 1 hangs at step 2."""
+    env = {**os.environ, "SCALELAB_FAULT": "hang@step=2,rank=1"}
+    return subprocess.Popen([sys.executable, "-c", LAUNCH_HANGING_RUN, str(tiny_data), str(tmp_path), str(timeout_s)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _ranks(tmp_path) -> list[str]:
+    """The run's ranks as `ps` shows them: by their worker command line and its run folder."""
+    return [p for p in processes_mentioning(str(tmp_path / "run" / "spec.json")) if "scalelab.training.worker" in p]
+
+
+def test_forked_ranks_die_with_their_launcher(tmp_path, tiny_data):
+    launcher = _hanging_run(tmp_path, tiny_data)
+    try:
+        ranks = _wait_for(lambda: len(_ranks(tmp_path)) == 2 and _ranks(tmp_path), what="two forked ranks in ps")
+        assert all("-m scalelab.training.worker --spec" in r for r in ranks), ranks  # the title a new process has
+        _wait_for(lambda: (tmp_path / "run" / "progress.jsonl").exists(), what="the first step")
+    finally:
+        launcher.kill()
+        launcher.communicate()
+    _wait_for(lambda: not _ranks(tmp_path), timeout_s=10, what="the ranks to die with their launcher")
+
+
+def test_forked_ranks_stop_at_the_time_limit(tmp_path, tiny_data):
+    launcher = _hanging_run(tmp_path, tiny_data, timeout_s=8)
+    out, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 0, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["launch"] == FORKED_LAUNCH
+    assert result["status"] == "timeout" and "train.run_timeout_s=8 s" in result["reason"]
+    assert not _ranks(tmp_path)
+
+
+def test_forked_ranks_die_with_the_server_and_the_run_fails_loudly(tmp_path, tiny_data, monkeypatch):
+    """A server of the test's own (so the suite's survives): SIGKILLed mid-run, its ranks get
+    SIGTERM (PR_SET_PDEATHSIG) and the launcher records the run failed, not ok."""
+    monkeypatch.delenv(PREFORK_ENV)
+    server = start_server(owner_dir=tmp_path)
+    try:
+        launcher = _hanging_run(tmp_path, tiny_data)
+        _wait_for(lambda: len(_ranks(tmp_path)) == 2, what="two forked ranks")
+        os.kill(server.pid, signal.SIGKILL)
+        out, err = launcher.communicate(timeout=60)
+    finally:
+        stop_server(server)
+    assert launcher.returncode == 0, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["launch"] == FORKED_LAUNCH and result["status"] == "failed", result
+    assert not _ranks(tmp_path)
+
+
+def test_a_server_exits_with_its_owner(tmp_path):
+    owner = subprocess.Popen([sys.executable, "-c",
+                              "import time; from scalelab.training.prefork import start_server; "
+                              f"s = start_server(owner_dir={str(tmp_path)!r}); print(s.pid, flush=True); time.sleep(600)"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        server_pid = int(owner.stdout.readline())
+        assert any(str(tmp_path) in p for p in processes_mentioning("scalelab.training.prefork")), processes_mentioning("prefork")
+    finally:
+        owner.kill()
+        owner.wait()
+    _wait_for(lambda: not processes_mentioning(str(tmp_path)), timeout_s=10, what=f"server {server_pid} to exit")
