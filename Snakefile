@@ -86,12 +86,15 @@ onstart:
         from scalelab.calibration import forget_calibration
 
         forget_calibration(RESULTS)
-        # The CPU runs' ranks are forked from one process that has imported torch
-        # (scalelab.training.prefork): ~2.5 s less start-up per run. One inherited from the caller
-        # (a test session) serves as well; a cluster's jobs run elsewhere and start their own ranks.
+        # The CPU runs' ranks are forked from one process that imports torch once, on the first
+        # run's request (scalelab.training.prefork): ~2 s less start-up per run. One inherited from
+        # the caller (a test session) serves as well; a cluster's jobs run on other hosts, which
+        # have no server, and start their ranks as new processes.
         from scalelab.training.prefork import PREFORK_ENV, start_server
 
-        if workflow.local_exec and not os.environ.get(PREFORK_ENV):
+        if not workflow.local_exec:
+            os.environ.pop(PREFORK_ENV, None)
+        elif not os.environ.get(PREFORK_ENV):
             _PREFORK["server"] = start_server(owner_dir=RESULTS)
 
 

@@ -261,6 +261,9 @@ def pytest_runtest_protocol(item, nextitem):
         for name in ("posix_spawn", "posix_spawnp", "system", "execv", "execve", "execvp", "execvpe"):
             if hasattr(os, name):
                 mp.setattr(os, name, _refuse(f"os.{name}"))
+        from scalelab.training.prefork import PREFORK_ENV
+
+        mp.delenv(PREFORK_ENV, raising=False)  # ranks forked by the worker's server would start no program here
         _STARTED.clear()
         try:
             yield

@@ -60,13 +60,14 @@ def test_a_server_refuses_what_a_new_process_would_import_differently(tmp_path, 
     assert "prefork server scalelab-prefork-nobody-listens not reachable" in log
 
 
-LAUNCH_HANGING_RUN = """
-import json, sys
-from scalelab.harness.testing import tiny_config
-from scalelab.sweep import RunPoint
-from scalelab.training.launch import launch_run
-cfg = tiny_config(train={"steps": 20, "warmup_steps": 1, "run_timeout_s": float(sys.argv[3])},
-                  planning={"launch_overcommitted": True})
+LAUNCH_RUN = ("import sys; from scalelab.harness.testing import tiny_config; from scalelab.sweep import RunPoint; "
+              "from scalelab.training.launch import launch_run; "
+              "cfg = tiny_config(train={'steps': 20, 'warmup_steps': 1, 'run_timeout_s': float(sys.argv[3]) if sys.argv[3:] else 300}, "
+              "planning={'launch_overcommitted': True})")
+"""A launcher script's set-up: arguments data folder, output folder[, run time limit]."""
+
+LAUNCH_HANGING_RUN = LAUNCH_RUN + """
+import json
 summary = launch_run(cfg, RunPoint("fp32", 0, 2), sys.argv[1], sys.argv[2] + "/run", sys.argv[2] + "/run.log", threads=2)
 print(json.dumps({k: summary[k] for k in ("status", "reason", "launch")}))
 """
@@ -121,7 +122,61 @@ def test_forked_ranks_die_with_the_server_and_the_run_fails_loudly(tmp_path, tin
     assert launcher.returncode == 0, err[-3000:]
     result = json.loads(out.strip().splitlines()[-1])
     assert result["launch"] == FORKED_LAUNCH and result["status"] == "failed", result
+    assert "scalelab: the prefork server ended (or stopped answering) during the run" in (tmp_path / "run.log").read_text()
     assert not _ranks(tmp_path)
+
+
+def test_a_forked_rank_is_named_by_its_rank_and_takes_the_launchers_cores(tmp_path, tiny_data):
+    """World size 4: the rank that exits is the one the reason names (the server answers pids in
+    rank order); a launcher allowed core 1 only gives its forked rank that core, as a new
+    process would inherit it, not the server's."""
+    summary, _, _ = run_point(tmp_path, tiny_data, RunPoint("fp32", 0, 4), fault="exit@step=1,rank=2")
+    assert summary["launch"] == FORKED_LAUNCH
+    assert summary["status"] == "failed" and summary["reason"].endswith("(rank 2 exit code 17)"), summary["reason"]
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores")
+    script = (f"import json; {LAUNCH_RUN}; "
+              "summary = launch_run(cfg, RunPoint('fp32', 0, 1), sys.argv[1], sys.argv[2] + '/run', sys.argv[2] + '/run.log', threads=1); "
+              "print(json.dumps({k: summary[k] for k in ('status', 'launch', 'rank_cores')}))")
+    out = subprocess.run([sys.executable, "-c", script, str(tiny_data), str(tmp_path / "one_core")], capture_output=True,
+                         text=True, timeout=300, preexec_fn=lambda: os.sched_setaffinity(0, {1}))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"status": "ok", "launch": FORKED_LAUNCH, "rank_cores": "r0:1"}
+
+
+def test_a_server_imports_torch_only_when_a_run_asks(tmp_path, monkeypatch):
+    """A sweep that trains nothing on the CPU (a report from cached runs) never pays for the import,
+    and the import never overlaps the calibration that the first training job makes before it asks."""
+    monkeypatch.delenv(PREFORK_ENV)
+    server = start_server(owner_dir=tmp_path)
+    try:
+        time.sleep(2)
+        maps = open(f"/proc/{server.pid}/maps").read()
+        assert server.poll() is None and "scalelab" in open(f"/proc/{server.pid}/cmdline").read()
+        assert "libtorch" not in maps
+    finally:
+        stop_server(server)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to connect as another user")
+def test_a_server_serves_its_own_user_only(tmp_path):
+    """An abstract socket has no file permissions: the server checks who connected (SO_PEERCRED)."""
+    from scalelab.training.prefork import fork_ranks
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # as nobody, ask for a rank
+        try:
+            os.setuid(65534)
+            ranks, why = fork_ranks([([sys.executable, "-m", "scalelab.training.worker", "--spec", "x"], dict(os.environ))], 1)
+            os.write(write, str(why).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        why = answer.read()
+    os.waitpid(pid, 0)
+    assert "refused: the server serves user 0 only, not 65534" in why
 
 
 def test_a_server_exits_with_its_owner(tmp_path):

@@ -460,6 +460,8 @@ def _run_ranks(processes: list[tuple[list[str], dict]], log_path: Path, timeout_
             _kill_group(procs)  # no orphan ranks, whatever happened
             if forked:
                 forked[0].channel.close()
+                if forked[0].channel.server_lost:
+                    log.write(b"scalelab: the prefork server ended (or stopped answering) during the run; its ranks were stopped\n")
     if ended_badly:
         index, code = ended_badly[0]
         exit_code = f"torchrun exit code {code}" if len(processes) == 1 else f"rank {index} exit code {code}"

@@ -23,7 +23,15 @@ The launcher's guarantees hold as with new processes (``scalelab.training.launch
 The server refuses a request (the launcher then starts new processes and says why in the run's
 log) when what it imported could differ from what a new process would import: another Python,
 another copy or edit of scalelab's source, or a different value of a variable that torch or
-the interpreter reads while loading (``IMPORT_TIME_PREFIXES``).
+the interpreter reads while loading (``IMPORT_TIME_PREFIXES``); and it serves only its own
+user (SO_PEERCRED). A child takes the launcher's working directory, environment, CPU affinity,
+umask and resource limits. What it cannot take: the hash seed (every forked rank has the
+server's, where new processes would each draw one) and warnings printed once at import (in the
+server's output, not each run's log).
+
+The server imports torch on its first request, not at start: a sweep that trains nothing on the
+CPU (a report from cached runs, a GPU sweep) never pays for it, and the import never overlaps a
+calibration or the collective benchmark, which the first training job runs before its ranks.
 
     python -m scalelab.training.prefork --name NAME [--for PATH]   (started by start_server)
 """
@@ -33,9 +41,11 @@ import argparse
 import ctypes
 import json
 import os
+import resource
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -50,23 +60,27 @@ FORKED_LAUNCH = "one process per rank, forked from a pre-imported server (no tor
 """The ``launch`` of a run whose ranks the server forked."""
 
 IMPORT_TIME_PREFIXES = ("TORCH", "PYTORCH", "OMP_", "KMP_", "GOMP_", "MKL", "OPENBLAS", "CUDA", "NCCL",
-                        "LD_", "PYTHON", "CUBLAS", "MALLOC", "GLIBC")
+                        "LD_", "PYTHON", "CUBLAS", "MALLOC", "GLIBC", "LC_", "LANG")
 """Variables read while the interpreter and torch's libraries load: a child forked from a server
 started with other values would not be the process the launcher asked for."""
 
 SET_PER_RUN = frozenset({"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "PYTHONUNBUFFERED",
                          "TORCH_NCCL_ASYNC_ERROR_HANDLING"})
 """Import-time variables set per run (by the launcher, or by Snakemake per job) whose effect the
-child sets itself: the worker calls torch.set_num_threads, which sets OpenMP's and MKL's thread
-counts (numpy's OpenBLAS pool computes nothing in a rank); the server's streams are unbuffered;
-an NCCL run is never forked."""
+child sets itself: the worker calls torch.set_num_threads from the thread that runs the step
+(OpenMP's and MKL's thread counts for the regions it starts; numpy's OpenBLAS pool computes
+nothing in a rank); the server's streams are unbuffered; an NCCL run is never forked."""
 
 PRELOADED = ["scalelab.training.worker", "torch._dynamo", "torch.distributed.optim",
              "torch.distributed.fsdp", "torch.distributed.fsdp.sharded_grad_scaler", "scalelab.training.checkpoint"]
 """Every module a CPU rank may import on its way to the first step (worker.modules_this_run_imports)."""
 
 READY_TIMEOUT_S = 120.0
-"""How long a launcher waits for a server still importing (under load) before starting new processes."""
+"""How long a launcher waits for the server's answer (its first request waits for the imports)
+before starting new processes."""
+
+RLIMITS = ("RLIMIT_CORE", "RLIMIT_NOFILE", "RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_RSS")
+"""The launcher's resource limits a child takes over (a benchmark raises RLIMIT_CORE to keep core dumps)."""
 
 _PR_SET_PDEATHSIG = 1
 
@@ -146,9 +160,12 @@ class _Channel:
         self.buffer = b""
         self.codes: dict[int, int] = {}
         self.pids: list[int] = []
+        self.server_lost = False
 
     def send(self, message: dict, fds: list[int] = ()) -> None:
-        socket.send_fds(self.sock, [json.dumps(message).encode() + b"\n"], list(fds))
+        data = json.dumps(message).encode() + b"\n"
+        sent = socket.send_fds(self.sock, [data], list(fds))
+        self.sock.sendall(data[sent:])
 
     def receive(self, timeout: float | None) -> dict | None:
         """The next message; None if none came within timeout. EOFError when the server is gone."""
@@ -157,7 +174,10 @@ class _Channel:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not select.select([self.sock], [], [], left)[0]:
                 return None
-            chunk = self.sock.recv(65536)
+            try:
+                chunk = self.sock.recv(65536)
+            except OSError as err:
+                raise EOFError(f"the prefork server's connection failed: {err}") from err
             if not chunk:
                 raise EOFError("the prefork server closed the connection")
             self.buffer += chunk
@@ -169,9 +189,10 @@ class _Channel:
             while (message := self.receive(timeout)) is not None:
                 self.codes[message["pid"]] = message["code"]
                 timeout = 0
-        except EOFError:  # the server died: its children died with it (PR_SET_PDEATHSIG)
+        except EOFError:  # the server died: its children were sent SIGTERM (PR_SET_PDEATHSIG)
+            self.server_lost = True
             for pid in self.pids:
-                self.codes.setdefault(pid, -signal.SIGKILL)
+                self.codes.setdefault(pid, -signal.SIGTERM)
 
     def close(self) -> None:
         self.sock.close()
@@ -192,17 +213,24 @@ class ForkedRank:
             self.channel.pump(0)
         return self.returncode
 
-    def wait(self) -> int:
+    def wait(self, timeout: float = 60.0) -> int:
+        """The exit code; a server that reports nothing within timeout (after the group was
+        SIGKILLed: never, short of a stalled server) counts as lost."""
+        deadline = time.monotonic() + timeout
         while self.returncode is None:
+            if time.monotonic() >= deadline:
+                self.channel.server_lost = True
+                self.channel.codes[self.pid] = -signal.SIGKILL
+                break
             self.channel.pump(1.0)
         return self.returncode
 
 
 def fork_ranks(processes: list[tuple[list[str], dict]], log_fd: int) -> tuple[list[ForkedRank] | None, str | None]:
     """Ask the server named in the environment to fork these ranks (commands ``python -m
-    scalelab.training.worker ...`` with their environments), their output on log_fd: (ranks,
-    None), or (None, why not) when there is no server or it refused; the caller then starts new
-    processes. The ranks' group is led by the first."""
+    scalelab.training.worker ...`` with their environments), their output on log_fd: (ranks in
+    the order given, None), or (None, why not) when there is no server or it refused; the caller
+    then starts new processes. The ranks' group is led by the first."""
     name = os.environ.get(PREFORK_ENV)
     if not name:
         return None, None
@@ -213,9 +241,13 @@ def fork_ranks(processes: list[tuple[list[str], dict]], log_fd: int) -> tuple[li
         sock.close()
         return None, f"prefork server {name} not reachable ({err.strerror or err})"
     channel = _Channel(sock)
+    limits = {name_: resource.getrlimit(getattr(resource, name_)) for name_ in RLIMITS if hasattr(resource, name_)}
+    umask = os.umask(0)
+    os.umask(umask)
     try:
         channel.send({"ranks": [{"argv": cmd, "env": env} for cmd, env in processes], "cwd": os.getcwd(),
-                      "code": code_stamp()}, [log_fd])
+                      "code": code_stamp(), "affinity": sorted(os.sched_getaffinity(0)), "umask": umask,
+                      "rlimits": limits}, [log_fd])
         reply = channel.receive(READY_TIMEOUT_S)
     except (OSError, EOFError) as err:
         channel.close()
@@ -223,7 +255,7 @@ def fork_ranks(processes: list[tuple[list[str], dict]], log_fd: int) -> tuple[li
     if reply is None or "refused" in reply:
         channel.close()
         return None, f"prefork server {name} refused: {reply['refused']}" if reply else \
-            f"prefork server {name} not ready after {READY_TIMEOUT_S:g} s"
+            f"prefork server {name} did not answer within {READY_TIMEOUT_S:g} s"
     channel.pids = reply["pids"]
     return [ForkedRank(channel, pid) for pid in reply["pids"]], None
 
@@ -235,52 +267,65 @@ class _Server:
     def __init__(self, name: str, owner: int):
         self.owner = owner
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(_address(name))  # first: launchers connecting while we import wait in the backlog
+        self.listener.bind(_address(name))
         self.listener.listen(64)
-        self.runs: dict[socket.socket, dict] = {}  # connection -> {"pids": set, "group": pgid, "buffer": bytes}
+        self.runs: dict[socket.socket, dict] = {}  # connection -> {"pids": [], "group": pgid, "buffer", "fds"}
         self.env = import_time_env(os.environ)
-        import importlib
-
+        self.env_after_import: dict | None = None  # set by the first request's imports
+        self.code = code_stamp()  # before the imports: an edit while they run is an edit after this
         import setproctitle
 
         # Claims the command line's memory now, with the environment intact; a child that first
         # calls it after replacing its environment could find too little room and keep this title.
         setproctitle.setproctitle(setproctitle.getproctitle())
 
+    def import_once(self) -> None:
+        if self.env_after_import is not None:
+            return
+        import importlib
+
         for module in PRELOADED:
             importlib.import_module(module)
         # what torch's imports set for themselves (TorchDynamo: TORCHINDUCTOR_CACHE_DIR): a launcher
         # that has imported torch passes them on, with the values the child has already
         self.env_after_import = import_time_env(os.environ)
-        self.code = code_stamp()
 
-    def refusal(self, request: dict) -> str | None:
-        if request["code"] != self.code:
+    def refusal(self, request: dict, conn: socket.socket) -> str | None:
+        uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1]
+        if uid != os.getuid():
+            return f"the server serves user {os.getuid()} only, not {uid}"
+        if request.get("code") != self.code:
             return "the launcher's Python or scalelab source differs from what the server imported " \
                    "(edited since the server started?)"
         for rank in request["ranks"]:
+            argv = rank["argv"]
+            if interpreter(argv[0]) != interpreter(sys.executable) or argv[1:3] != ["-m", "scalelab.training.worker"]:
+                return f"not a scalelab worker: {' '.join(argv[:3])}"
             asked = import_time_env(rank["env"])
             keys = sorted(k for k in asked.keys() | self.env.keys()
                           if asked.get(k) not in (self.env.get(k), self.env_after_import.get(k)))
             if keys:
                 return f"import-time environment differs from the server's: {', '.join(keys)}"
-            argv = rank["argv"]
-            if interpreter(argv[0]) != interpreter(sys.executable) or argv[1:3] != ["-m", "scalelab.training.worker"]:
-                return f"not a scalelab worker: {' '.join(argv[:3])}"
         return None
 
     def serve(self) -> None:
-        while True:
-            if os.getppid() != self.owner:
-                return
+        while os.getppid() == self.owner:
             ready = select.select([self.listener, *self.runs], [], [], 0.05)[0]
             for sock in ready:
                 if sock is self.listener:
                     conn, _ = self.listener.accept()
-                    self.runs[conn] = {"pids": set(), "group": None, "buffer": b"", "fds": []}
-                else:
+                    self.runs[conn] = {"pids": [], "group": None, "buffer": b"", "fds": []}
+                elif sock in self.runs:
                     self.read(sock)
             self.reap()
+
+    def drop(self, conn: socket.socket) -> None:
+        """The launcher is done, or died: nothing of its run may outlive it."""
+        run = self.runs.pop(conn)
+        self.kill(run)
+        for fd in run["fds"]:
+            os.close(fd)
+        conn.close()
 
     def read(self, conn: socket.socket) -> None:
         run = self.runs[conn]
@@ -289,64 +334,98 @@ class _Server:
         except OSError:
             data, fds = b"", []
         run["fds"] += fds
-        if not data:  # the launcher is done, or died: nothing of its run may outlive it
-            self.kill(run)
-            for fd in run["fds"]:
-                os.close(fd)
-            del self.runs[conn]
-            conn.close()
+        if not data:
+            self.drop(conn)
             return
         run["buffer"] += data
-        if b"\n" not in run["buffer"]:
+        if b"\n" not in run["buffer"] or run["group"] is not None:
             return
-        request = json.loads(run["buffer"].split(b"\n", 1)[0])
-        reason = self.refusal(request) if run["fds"] else "no log file descriptor came with the request"
+        try:
+            self.import_once()
+            request = json.loads(run["buffer"].split(b"\n", 1)[0])
+            reason = self.refusal(request, conn) if run["fds"] else "no log file descriptor came with the request"
+        except Exception as err:  # a malformed request costs its own run only
+            reason = f"bad request: {type(err).__name__}: {err}"
+        if reason is None and self.gone(conn):  # it gave up waiting (and starts new processes)
+            self.drop(conn)
+            return
         if reason:
             self._send(conn, {"refused": reason})
             return
-        for rank in request["ranks"]:
-            pid = self.fork(rank, request["cwd"], run["fds"][0], run["group"] or 0)
-            run["group"] = run["group"] or pid
-            run["pids"].add(pid)
-        self._send(conn, {"pids": sorted(run["pids"], key=lambda p: p != run["group"])})
+        # No SIGTERM between a fork and its bookkeeping: kill_all must see every child.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            for rank in request["ranks"]:
+                pid = self.fork(rank, request, run["fds"][0], run["group"] or 0)
+                run["group"] = run["group"] or pid
+                run["pids"].append(pid)
+        except OSError as err:  # fork failed: the ranks forked so far go, and the run learns why
+            self.kill(run)
+            self._send(conn, {"refused": f"fork failed: {err}"})
+            return
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        self._send(conn, {"pids": list(run["pids"])})
+
+    @staticmethod
+    def gone(conn: socket.socket) -> bool:
+        try:
+            return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
 
     def _send(self, conn: socket.socket, message: dict) -> None:
         try:
+            conn.settimeout(5.0)  # a launcher that stopped reading cannot stall the other runs
             conn.sendall(json.dumps(message).encode() + b"\n")
         except OSError:  # the launcher is gone; its connection's EOF kills the run
             pass
 
-    def fork(self, rank: dict, cwd: str, log_fd: int, group: int) -> int:
+    def fork(self, rank: dict, request: dict, log_fd: int, group: int) -> int:
+        server = os.getpid()
         pid = os.fork()
         if pid == 0:
-            self.child(rank, cwd, log_fd, group)  # never returns
+            self.child(rank, request, log_fd, group, server)  # never returns
         try:
             os.setpgid(pid, group or pid)  # also here: the launcher may signal the group before the child ran
         except OSError:
             pass
         return pid
 
-    def child(self, rank: dict, cwd: str, log_fd: int, group: int) -> None:
+    def child(self, rank: dict, request: dict, log_fd: int, group: int, server: int) -> None:
         code = 1
         try:
             os.setpgid(0, group)
-            _die_with_parent()
-            for sock in [self.listener, *self.runs]:
-                sock.close()
             for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.pthread_sigmask(signal.SIG_SETMASK, set())
+            _die_with_parent()
+            if os.getppid() != server:  # the server died before the line above
+                os._exit(1)
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)
             os.dup2(log_fd, 1)
             os.dup2(log_fd, 2)
-            os.chdir(cwd)
+            # what a new process would not have: the server's sockets and the other runs' logs
+            for sock in [self.listener, *self.runs]:
+                sock.close()
+            for fd in {devnull, *(fd for run in self.runs.values() for fd in run["fds"])}:
+                os.close(fd)
+            os.chdir(request["cwd"])
+            sys.path[0] = request["cwd"]  # `python -m` puts the working directory first
             os.environ.clear()
             os.environ.update(rank["env"])
+            os.sched_setaffinity(0, request["affinity"])
+            os.umask(request["umask"])
+            for name, (soft, hard) in request["rlimits"].items():
+                resource.setrlimit(getattr(resource, name), (soft, hard))
             import setproctitle
 
             setproctitle.setproctitle(" ".join(rank["argv"]))
-            sys.argv = [rank["argv"][2] if len(rank["argv"]) > 2 else "worker", *rank["argv"][3:]]
+            sys.argv = [rank["argv"][2], *rank["argv"][3:]]
             from scalelab.training import worker
 
             code = worker.main(rank["argv"][3:])
@@ -371,11 +450,11 @@ class _Server:
                 return
             for conn, run in self.runs.items():
                 if pid in run["pids"]:
-                    run["pids"].discard(pid)
+                    run["pids"].remove(pid)
                     self._send(conn, {"pid": pid, "code": os.waitstatus_to_exitcode(status)})
 
     def kill(self, run: dict) -> None:
-        if run["group"] is None:
+        if run["group"] is None or not run["pids"]:  # all reaped: the group id may be another's by now
             return
         try:
             os.killpg(run["group"], signal.SIGKILL)
