@@ -126,13 +126,27 @@ def test_forked_ranks_die_with_the_server_and_the_run_fails_loudly(tmp_path, tin
     assert not _ranks(tmp_path)
 
 
-def test_a_forked_rank_is_named_by_its_rank_and_takes_the_launchers_cores(tmp_path, tiny_data):
-    """World size 4: the rank that exits is the one the reason names (the server answers pids in
-    rank order); a launcher allowed core 1 only gives its forked rank that core, as a new
-    process would inherit it, not the server's."""
-    summary, _, _ = run_point(tmp_path, tiny_data, RunPoint("fp32", 0, 4), fault="exit@step=1,rank=2")
-    assert summary["launch"] == FORKED_LAUNCH
-    assert summary["status"] == "failed" and summary["reason"].endswith("(rank 2 exit code 17)"), summary["reason"]
+def test_the_server_answers_pids_in_rank_order(tmp_path):
+    """The launcher names a failed rank by its place in the server's answer: rank 2 alone exits 2
+    (argparse: no --spec), the others 1 (no such spec file)."""
+    from scalelab.training.prefork import fork_ranks
+
+    worker = [sys.executable, "-m", "scalelab.training.worker"]
+    processes = [(worker + (["--no-such-option"] if rank == 2 else ["--spec", str(tmp_path / "absent.json")]),
+                  dict(os.environ)) for rank in range(4)]
+    with open(tmp_path / "ranks.log", "ab") as log:
+        ranks, why = fork_ranks(processes, log.fileno())
+    assert why is None and len(ranks) == 4
+    try:
+        assert [rank.wait() for rank in ranks] == [1, 1, 2, 1]
+    finally:
+        ranks[0].channel.close()
+    assert "absent.json" in (tmp_path / "ranks.log").read_text()  # their tracebacks, in the log they were given
+
+
+def test_a_forked_rank_takes_its_launchers_cores(tmp_path, tiny_data):
+    """A launcher allowed core 1 only gives its forked rank that core, as a new process would
+    inherit it, not the server's."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two cores")
     script = (f"import json; {LAUNCH_RUN}; "
