@@ -14,7 +14,6 @@ the precision) is checked by the worker (scalelab.training.worker.preflight).
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import datetime
 import json
@@ -36,17 +35,6 @@ from scalelab.io import read_json, write_json
 from scalelab.placement import LaunchPlan, launch_plan
 from scalelab.sweep import POINT_FILE, RunPoint, micro_batch_plan
 from scalelab.training import prefork
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM if the launcher dies, so no rank (or torchrun) outlives it."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
-
 
 GIT_COMMIT_ENV = "SCALELAB_GIT_COMMIT"
 """The commit of a tree without .git (a copy, a container, a cluster stage-in): set it where
@@ -446,7 +434,7 @@ def _run_ranks(processes: list[tuple[list[str], dict]], log_path: Path, timeout_
                 # one group for all: rank 0 leads a new one, the others join it (killpg reaches every rank)
                 group = {"start_new_session": True} if len(processes) == 1 else {"process_group": procs[0].pid if procs else 0}
                 procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                              preexec_fn=_die_with_parent, **group))
+                                              preexec_fn=prefork.die_with_parent, **group))
             deadline = time.monotonic() + timeout_s
             while True:
                 codes = [p.poll() for p in procs]

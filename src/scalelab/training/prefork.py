@@ -85,9 +85,11 @@ RLIMITS = ("RLIMIT_CORE", "RLIMIT_NOFILE", "RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_R
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent(sig: int = signal.SIGTERM) -> None:
+def die_with_parent() -> None:
+    """In a child: get SIGTERM when its parent dies (the launcher's ranks and torchrun, the server's
+    children, the server itself), so that nothing outlives the process that started it."""
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
         pass
 
@@ -118,7 +120,11 @@ def _address(name: str) -> str:
 # ----------------------------------------------------------------------------- owner side
 
 
-def start_server(owner_dir: str | Path | None = None) -> subprocess.Popen:
+START_TIMEOUT_S = 30.0
+"""How long start_server waits for the server to listen (an interpreter start, ~0.15 s idle)."""
+
+
+def start_server(owner_dir: str | Path | None = None) -> subprocess.Popen | None:
     """Start a server owned by this process (it dies with it) and name it in os.environ for the
     launchers this process starts. owner_dir goes on the server's command line, so that a check
     for processes left behind in that folder sees the server too."""
@@ -128,9 +134,18 @@ def start_server(owner_dir: str | Path | None = None) -> subprocess.Popen:
         cmd += ["--for", str(Path(owner_dir).resolve())]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop(PREFORK_ENV, None)
-    server = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+    server = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               start_new_session=True,  # a terminal's Ctrl-C reaches the launchers, which stop their runs
-                              preexec_fn=_die_with_parent)
+                              preexec_fn=die_with_parent)
+    # Named only once it listens: a launcher asking earlier would start new processes.
+    listening = select.select([server.stdout], [], [], START_TIMEOUT_S)[0] and server.stdout.readline() == b"listening\n"
+    server.stdout.close()
+    if not listening:
+        server.kill()
+        server.wait()
+        print(f"scalelab: the prefork server did not start within {START_TIMEOUT_S:g} s; runs start their ranks as "
+              "new processes", file=sys.stderr)
+        return None
     os.environ[PREFORK_ENV] = server.prefork_name = name
     return server
 
@@ -269,6 +284,10 @@ class _Server:
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(_address(name))
         self.listener.listen(64)
+        print("listening", flush=True)  # start_server waits for this line
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
         self.runs: dict[socket.socket, dict] = {}  # connection -> {"pids": [], "group": pgid, "buffer", "fds"}
         self.env = import_time_env(os.environ)
         self.env_after_import: dict | None = None  # set by the first request's imports
@@ -402,7 +421,7 @@ class _Server:
                 signal.signal(sig, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
             signal.pthread_sigmask(signal.SIG_SETMASK, set())
-            _die_with_parent()
+            die_with_parent()
             if os.getppid() != server:  # the server died before the line above
                 os._exit(1)
             devnull = os.open(os.devnull, os.O_RDONLY)
