@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from scalelab.harness.testing import processes_mentioning
 from scalelab.training.launch import _run_ranks
 
 pytestmark = pytest.mark.run
@@ -53,11 +54,6 @@ def _rank(code: str, marker: str) -> tuple[list[str], dict]:
     return [sys.executable, "-c", code, marker], {**os.environ}
 
 
-def _alive(marker: str) -> list[str]:
-    ps = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True).stdout
-    return [line for line in ps.splitlines() if marker in line and "ps -eo" not in line]
-
-
 SLEEPER = "import subprocess, sys, time; subprocess.Popen(['sleep', '600', sys.argv[1]]); time.sleep(600)"
 """A rank that never ends by itself, with a child of its own (killed with the group, not by its parent)."""
 
@@ -70,7 +66,7 @@ def test_a_rank_that_dies_takes_the_others_down(tmp_path):
                                          tmp_path / "run.log", timeout_s=300, run_dir=tmp_path / "run")
     assert time.monotonic() - start < 60, "the surviving rank was left to its time limit"
     assert status == "failed" and reason.endswith("(rank 1 exit code 5)") and warning is None
-    assert _alive(marker) == []
+    assert processes_mentioning(marker) == []
 
 
 def test_the_time_limit_stops_every_rank_and_their_children(tmp_path):
@@ -81,4 +77,4 @@ def test_the_time_limit_stops_every_rank_and_their_children(tmp_path):
                                    tmp_path / "run.log", timeout_s=3, run_dir=tmp_path / "run")
     assert 3 <= time.monotonic() - start < 60
     assert status == "timeout" and "train.run_timeout_s=3 s" in reason
-    assert _alive(marker) == []
+    assert processes_mentioning(marker) == []

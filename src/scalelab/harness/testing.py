@@ -66,7 +66,8 @@ def run_snakemake(workdir: Path, *args: str, timeout: float = 600, check: bool =
 def processes_mentioning(marker: str) -> list[str]:
     """Live processes whose command line contains marker (orphan checks); -ww: the whole line, whatever
     COLUMNS says (pytest sets it to its terminal width, and ps cuts the lines there)."""
-    out = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    ps = ["ps", "-ww", "-eo", "pid=,args="]
+    out = subprocess.run(ps, capture_output=True, text=True).stdout
     me = str(os.getpid())
     return [line.strip() for line in out.splitlines()
-            if marker in line and "ps -eo" not in line and line.split()[0] != me]
+            if marker in line and " ".join(ps) not in line and line.split()[0] != me]

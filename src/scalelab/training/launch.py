@@ -429,12 +429,14 @@ def _run_ranks(processes: list[tuple[list[str], dict]], log_path: Path, timeout_
             log.write(f"scalelab: ranks started as new processes: {why_not}\n".encode())
             log.flush()
         try:
-            procs.extend(forked or [])
-            for cmd, env in processes if forked is None else []:
-                # one group for all: rank 0 leads a new one, the others join it (killpg reaches every rank)
-                group = {"start_new_session": True} if len(processes) == 1 else {"process_group": procs[0].pid if procs else 0}
-                procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                              preexec_fn=prefork.die_with_parent, **group))
+            if forked is not None:
+                procs.extend(forked)
+            else:
+                for cmd, env in processes:
+                    # one group for all: rank 0 leads a new one, the others join it (killpg reaches every rank)
+                    group = {"start_new_session": True} if len(processes) == 1 else {"process_group": procs[0].pid if procs else 0}
+                    procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                  preexec_fn=prefork.die_with_parent, **group))
             deadline = time.monotonic() + timeout_s
             while True:
                 codes = [p.poll() for p in procs]

@@ -71,10 +71,6 @@ child sets itself: the worker calls torch.set_num_threads from the thread that r
 (OpenMP's and MKL's thread counts for the regions it starts; numpy's OpenBLAS pool computes
 nothing in a rank); the server's streams are unbuffered; an NCCL run is never forked."""
 
-PRELOADED = ["scalelab.training.worker", "torch._dynamo", "torch.distributed.optim",
-             "torch.distributed.fsdp", "torch.distributed.fsdp.sharded_grad_scaler", "scalelab.training.checkpoint"]
-"""Every module a CPU rank may import on its way to the first step (worker.modules_this_run_imports)."""
-
 READY_TIMEOUT_S = 120.0
 """How long a launcher waits for the server's answer (its first request waits for the imports)
 before starting new processes."""
@@ -303,7 +299,16 @@ class _Server:
             return
         import importlib
 
-        for module in PRELOADED:
+        from scalelab.precisions import PRECISIONS
+        from scalelab.strategies import STRATEGIES
+        from scalelab.training import worker
+
+        # every module a CPU rank may import before its process group (whatever its stage, precision
+        # and checkpointing), and FSDP2, which stages 2 and 3 import when they wrap the model
+        early = {module for stage in STRATEGIES for precision in PRECISIONS for every in (0, 1)
+                 for module in worker.modules_this_run_imports(
+                     {"point": {"zero_stage": stage, "precision": precision}, "train": {"checkpoint_every": every}})}
+        for module in sorted(early) + ["torch.distributed.fsdp"]:
             importlib.import_module(module)
         # what torch's imports set for themselves (TorchDynamo: TORCHINDUCTOR_CACHE_DIR): a launcher
         # that has imported torch passes them on, with the values the child has already
