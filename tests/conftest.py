@@ -102,6 +102,31 @@ def run_point(tmp_path, tiny_data, point, cfg=None, fault=None, **kwargs):
     return summary, steps.to_pandas(), run_dir
 
 
+def strategy_steps(out: Path, world_size: int, *args: str, timeout_s: float = 180) -> list[list[dict]]:
+    """Run tests/ranks/strategy_steps.py on world_size real ranks (gloo) with these arguments;
+    every rank's records (rank order), or an assertion with the ranks' output tails."""
+    import subprocess
+    import sys
+
+    from scalelab.training.launch import free_port
+
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world_size),
+           "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    procs = [subprocess.Popen([sys.executable, str(REPO / "tests" / "ranks" / "strategy_steps.py"), "--out", str(out), *args],
+                              env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(world_size)]
+    logs = []
+    try:
+        for proc in procs:
+            logs.append(proc.communicate(timeout=timeout_s)[0])
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+    return json.loads(out.read_text())
+
+
 def planned_jobs(dry_run_output: str) -> list[dict]:
     """The jobs of a `snakemake -n` printout: rule, wildcards and resources of each."""
     jobs = []

@@ -140,3 +140,36 @@ def test_bf16_attention_runs_a_flash_or_cudnn_kernel():
         torch.cuda.synchronize()
     kernels = {e.name.lower() for e in prof.events()}
     assert any("flash" in k or "cudnn" in k or "fmha" in k for k in kernels), sorted(kernels)[:40]
+
+
+# ----------------------------------------------------------------------------- several ranks' CUDA paths on one GPU
+# NCCL refuses two ranks on one GPU, but gloo carries CUDA tensors (staged through host memory):
+# world size 2 on one GPU takes every strategy's CUDA code path with its collectives. A check of
+# correctness (loss parity with world size 1), not a measurement of speed.
+
+MULTI_RANK_STEPS = 4
+MULTI_RANK_RTOL = {"fp32": 1e-5, "bf16": 5e-3, "fp16": 5e-3}
+"""|loss at world size 2 - loss at world size 1| / loss, per step (on the CPU: 1e-7, 3e-5, 4e-6): fp32 sums in another order;
+the 16-bit precisions also round differently per rank's share of the batch."""
+
+
+@pytest.fixture(scope="module")
+def gloo_on_one_gpu(tmp_path_factory):
+    from conftest import strategy_steps
+
+    tmp = tmp_path_factory.mktemp("gloo-cuda")
+    steps = ("--device", "cuda:0", "--steps", str(MULTI_RANK_STEPS))
+    return strategy_steps(tmp / "ws1.json", 1, *steps)[0], strategy_steps(tmp / "ws2.json", 2, *steps, timeout_s=400)[0]
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_two_ranks_on_one_gpu_over_gloo_match_one_rank(gloo_on_one_gpu, stage, precision):
+    """Every stage's CUDA path with two ranks: the losses of world size 2 equal world size 1's.
+    A collective gloo lacks for CUDA tensors fails here naming it (the case's error)."""
+    one, two = ({(c["stage"], c["precision"]): c for c in cases}[(stage, precision)] for cases in gloo_on_one_gpu)
+    assert "error" not in one, one.get("traceback")
+    assert "error" not in two, f"world size 2 over gloo with CUDA tensors: {two['error']}\n{two.get('traceback')}"
+    assert one["fused"] and two["fused"]
+    for a, b in zip(one["steps"], two["steps"], strict=True):
+        assert abs(a["loss"] - b["loss"]) <= MULTI_RANK_RTOL[precision] * abs(a["loss"]), (stage, precision, a, b)

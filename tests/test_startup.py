@@ -69,6 +69,15 @@ def test_a_rank_that_dies_takes_the_others_down(tmp_path):
     assert processes_mentioning(marker) == []
 
 
+def test_a_failure_names_the_process_that_really_ran(tmp_path):
+    """A world-size-1 run is one rank the launcher started, not a torchrun (issue #40: the reason
+    said "torchrun exit code 1")."""
+    (tmp_path / "run").mkdir()
+    status, reason, _, _ = _run_ranks([_rank("import sys; sys.exit(3)", "one-rank")], tmp_path / "run.log",
+                                      timeout_s=60, run_dir=tmp_path / "run")
+    assert status == "failed" and reason.endswith("(rank 0 exit code 3)") and "torchrun" not in reason
+
+
 def test_the_time_limit_stops_every_rank_and_their_children(tmp_path):
     marker = f"scalelab-test-marker-{os.getpid()}-limit"
     (tmp_path / "run").mkdir()

@@ -21,11 +21,11 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import platform
 import socket
 import time
 from pathlib import Path
 
+from scalelab.hardware import cpu_name
 from scalelab.io import write_json
 from scalelab.precisions import PRECISIONS
 from scalelab.precisions import precision as precision_record
@@ -51,6 +51,8 @@ def measure_matmul_peak(device, dtype_name: str, seconds: float = CALIBRATION_SE
     bursts, so a size whose single matmul outlasts ``seconds``, emulated fp16 at 512, takes two)."""
     import torch
 
+    from scalelab.training.devices import synchronize
+
     dtype = getattr(torch, dtype_name)
     best = 0.0
     for n in MATMUL_SIZES:
@@ -62,8 +64,7 @@ def measure_matmul_peak(device, dtype_name: str, seconds: float = CALIBRATION_SE
             while True:
                 a @ a
                 reps += 1
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
+                synchronize(device)
                 elapsed = time.perf_counter() - start
                 if elapsed >= seconds / BURSTS:
                     break
@@ -92,17 +93,6 @@ def calibrate_cpu(threads: int, seconds: float = CALIBRATION_SECONDS) -> dict:
         "threads": threads, "peaks_flops": peaks, "seconds_per_size": seconds,
         "measured_utc": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-
-
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), else what the platform module says."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 CALIBRATION_FILE = Path("calibration") / "cpu.json"

@@ -94,6 +94,7 @@ NOT_OK = _exactly("status other than ok", lambda row: not _ok(row))
 LAUNCHED = _exactly("the ranks were started (every status but skipped and predicted_oom, unless stopped before launch)",
                     lambda row: _ok(row) or row.get("completed_steps") is not None)
 GPU = _exactly("a GPU run", lambda row: row.get("device_type") == "cuda")
+CPU = _exactly("a CPU run", lambda row: row.get("device_type") == "cpu")
 _SCALED = tuple(p.name for p in PRECISIONS.values() if p.loss_scaling)
 _CONVERTED = tuple(p.name for p in PRECISIONS.values() if p.linears)
 LOSS_SCALER = _exactly(f"a loss scaler (precision {' or '.join(_SCALED)})", lambda row: row.get("precision") in _SCALED)
@@ -382,7 +383,7 @@ RUN = [
     Column("threads", pa.int32(), "-", "CPU threads given to the whole run", "launch"),
     Column("threads_per_rank", pa.int32(), "-", "intra-op threads per rank", "worker", OK),
     Column("rank_cores", pa.string(), "-", "CPU cores each rank of rank 0's launcher was pinned to (r0:0 r1:1), or why they "
-           "shared (an overcommitted run); null on GPU", "worker", OK),
+           "shared (an overcommitted run); null on GPU", "worker", OK & CPU),
     Column("torch_version", pa.string(), "-", "torch.__version__", "worker", OK),
     Column("cuda_version", pa.string(), "-", "torch.version.cuda; null for a CPU build", "worker",
            Filled("status ok, a CUDA build of torch (every GPU run)", lambda row: _ok(row) and GPU.rows(row), OK.at_most)),

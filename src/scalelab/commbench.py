@@ -85,6 +85,7 @@ def _rank_main(spec: dict) -> None:
     import torch.distributed as dist
 
     from scalelab.calibration import pin_this_rank
+    from scalelab.training.devices import device_name, synchronize
 
     local_rank, world_size = int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
     cores = None
@@ -101,8 +102,7 @@ def _rank_main(spec: dict) -> None:
     n = dist.get_world_size()
 
     def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
 
     rows = []
     for collective in spec["collectives"]:
@@ -113,7 +113,7 @@ def _rank_main(spec: dict) -> None:
                 rows.append(_time_collective(dist, torch, collective, size, batch, n, device, sync, spec))
     if rank == 0:
         Path(spec["out"]).write_text(json.dumps({"rows": rows, "rank_cores": cores, "backend": backend,
-                                                 "device_name": _device_name(device), "torch_version": torch.__version__}))
+                                                 "device_name": device_name(device), "torch_version": torch.__version__}))
     dist.barrier()  # before tear-down: gloo's destroy_process_group() hung without it (torch 2.13 CPU)
     dist.destroy_process_group()
 
@@ -165,16 +165,6 @@ def _time_collective(dist, torch, collective: str, size: int, batch: int, n: int
     return {"collective": collective, "bytes": elements * 4, "batch": batch, "time_s": float(slowest.median()),
             "time_s_mean": float(slowest.mean()), "time_s_min": float(slowest.min()),
             "time_s_max": float(slowest.max()), "reps": len(times)}
-
-
-def _device_name(device) -> str:
-    import torch
-
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    from scalelab.calibration import cpu_name
-
-    return cpu_name()
 
 
 # ----------------------------------------------------------------------------- the launcher

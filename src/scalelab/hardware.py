@@ -56,7 +56,9 @@ Sources (figures in TFLOP/s as printed, * = with sparsity):
 from __future__ import annotations
 
 import math
+import platform
 from dataclasses import dataclass
+from pathlib import Path
 
 from scalelab.precisions import PEAK_KEYS, peak_key
 
@@ -253,3 +255,14 @@ def peak_flops_for(device_name: str, precision: str, tf32: bool,
                           f"set train.peak_tflops.{key} to its dense peak to get MFU")
     return math.nan, (f"{product.name} ({device_name!r}) has no dense {key} figure on its datasheet "
                       f"({product.source}); set train.peak_tflops.{key} to get MFU")
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what the platform module says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

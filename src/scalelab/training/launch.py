@@ -454,7 +454,8 @@ def _run_ranks(processes: list[tuple[list[str], dict]], log_path: Path, timeout_
                     log.write(b"scalelab: the prefork server ended (or stopped answering) during the run; its ranks were stopped\n")
     if ended_badly:
         index, code = ended_badly[0]
-        exit_code = f"torchrun exit code {code}" if len(processes) == 1 else f"rank {index} exit code {code}"
+        # srun x torchrun is one process for every rank; on one host each process is rank `index`
+        exit_code = f"srun x torchrun exit code {code}" if processes[index][0][0] == "srun" else f"rank {index} exit code {code}"
     else:
         exit_code = None
     if (run_dir / "worker_result.json").exists():

@@ -83,9 +83,12 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def _adamw_kwargs(lr: float, device: torch.device, state_on_host: bool = False) -> dict:
-    # Fused AdamW on GPU (one kernel for all parameters); foreach on CPU and for offloaded state.
-    return {"lr": lr, "betas": (0.9, 0.95), "eps": 1e-8, "fused": device.type == "cuda" and not state_on_host}
+def _adamw_kwargs(lr: float, state_on_host: bool = False) -> dict:
+    """Fused AdamW (one kernel for all parameters) on every device: torch has it on the CPU too,
+    so CPU runs take the GPU's path, the loss scaler's hand-over into the kernel included
+    (scalelab.training.precision.sharded_grad_scaler). Offloaded state steps on the host while
+    the fp16 scaler's inf check stays on the device, which one fused kernel cannot take: foreach."""
+    return {"lr": lr, "betas": (0.9, 0.95), "eps": 1e-8, "fused": not state_on_host}
 
 
 def _ddp(model: nn.Module, device: torch.device, bucket_mb: float, reduce_dtype: torch.dtype | None = None) -> DDP:
@@ -117,7 +120,7 @@ def _ddp(model: nn.Module, device: torch.device, bucket_mb: float, reduce_dtype:
 def parallelize_ddp(model: GPT, device, lr, weight_decay, bucket_mb=DDP_BUCKET_MB, cpu_offload=False,
                     param_dtype=None, reduce_dtype=None) -> Parallelized:
     ddp = _ddp(model, device, bucket_mb, reduce_dtype)
-    opt = torch.optim.AdamW(param_groups(model, weight_decay), **_adamw_kwargs(lr, device))
+    opt = torch.optim.AdamW(param_groups(model, weight_decay), **_adamw_kwargs(lr))
     return Parallelized(ddp, opt, lambda last: contextlib.nullcontext() if last else ddp.no_sync(),
                         throwaway_backward=ddp.no_sync)
 
@@ -133,7 +136,7 @@ def parallelize_zero1(model: GPT, device, lr, weight_decay, bucket_mb=DDP_BUCKET
     # weight decay is handled as in the other stages.
     groups = param_groups(model, weight_decay)
     opt = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=torch.optim.AdamW,
-                                  weight_decay=weight_decay, **_adamw_kwargs(lr, device))
+                                  weight_decay=weight_decay, **_adamw_kwargs(lr))
     opt.add_param_group({"params": groups[1]["params"], "weight_decay": 0.0})
     return Parallelized(ddp, opt, lambda last: contextlib.nullcontext() if last else ddp.no_sync(),
                         throwaway_backward=ddp.no_sync)
@@ -158,7 +161,7 @@ def _parallelize_fsdp(model: GPT, device, lr, weight_decay, reshard_after_forwar
     for block in model.blocks:  # one all-gather/reduce-scatter group per transformer block
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload, mp_policy=mp)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload, mp_policy=mp)
-    opt = torch.optim.AdamW(param_groups(model, weight_decay), **_adamw_kwargs(lr, device, cpu_offload))
+    opt = torch.optim.AdamW(param_groups(model, weight_decay), **_adamw_kwargs(lr, cpu_offload))
     assert isinstance(model, FSDPModule)
 
     def no_sync(last: bool):

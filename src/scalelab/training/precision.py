@@ -4,7 +4,8 @@ dtypes and choices are its record in scalelab.precisions.
 All precisions keep fp32 parameters, gradients and optimizer state (the PyTorch AMP
 recipe); fp16 and bf16 run the forward/backward matmuls under autocast. fp16 needs
 dynamic loss scaling; ShardedGradScaler all-reduces its inf/NaN check across ranks, so a
-non-finite gradient on one rank (or in one shard) makes *every* rank skip the step.
+non-finite gradient on one rank (or in one shard) makes *every* rank skip the step
+(:func:`sharded_grad_scaler`: its inf check shaped for the fused optimizer).
 
 fp8 follows torchao's float8 training recipe: the transformer blocks' linear layers become
 Float8Linear (dynamic tensorwise scaling, matmuls in float8 on the tensor cores), the rest
@@ -52,14 +53,45 @@ def autocast(precision: str, device: torch.device):
 def grad_scaler(precision: str, device: torch.device, init_scale: float) -> torch.amp.GradScaler:
     """Dynamic loss scaler; a no-op (enabled=False) outside fp16.
 
-    ShardedGradScaler only where it scales: it lives in torch.distributed.fsdp, whose import
-    (DTensor, sympy) costs every rank about 1 s of start-up; disabled, torch.amp's GradScaler
-    (its base class) does exactly the same nothing."""
+    fp16: :func:`sharded_grad_scaler` at every stage, so one inf check spans the ranks (a
+    non-finite gradient in one shard skips the step everywhere). Disabled, torch.amp's
+    GradScaler (its base class) does exactly the same nothing without importing
+    torch.distributed.fsdp (DTensor, sympy: about 1 s of a rank's start-up)."""
     if not precision_record(precision).loss_scaling:
         return torch.amp.GradScaler(device.type, init_scale=init_scale, enabled=False)
+    return sharded_grad_scaler(device, init_scale)
+
+
+def sharded_grad_scaler(device: torch.device, init_scale: float) -> torch.amp.GradScaler:
+    """torch's ShardedGradScaler, with its inf check shaped as fused optimizers need it.
+
+    A fused AdamW (scalelab.training.parallel: fused on every device) takes the scaler's
+    ``found_inf`` into its kernel (GradScaler.step's ``_step_supports_amp_scaling`` path), and
+    torch's fused kernels (CUDA and CPU) need it to be
+    - 0-dim: the CUDA kernel subtracts it from the 0-dim step counters in place.
+      ShardedGradScaler.unscale_ makes it with shape [1] (pytorch/pytorch#140514): "output with
+      shape [] doesn't match the broadcast shape [1]" on every fp16 GPU run, while torch 2.13's
+      CPU kernel accepts it. Viewed as 0-dim before the per-device copies are made from it, it is
+      what every later use (the all-reduce, the optimizer, update()) sees;
+    - a flag, 0 or 1: the kernels skip the update only where ``found_inf == 1``.
+      ShardedGradScaler all-reduces it with a sum, so a non-finite gradient seen by two ranks (an
+      fp16 overflow in backward reaches every rank through the gradient reduction) reads 2, and
+      the kernel applies the step: non-finite parameters (seen here on the CPU at stages 2 and 3).
+      Clamped to 1 after the sum.
+    tests/test_fused_contract.py checks both on two ranks at every stage."""
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-    return ShardedGradScaler(device.type, init_scale=init_scale, enabled=True)
+    class FusedReadyShardedGradScaler(ShardedGradScaler):
+        def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16=True):
+            return super()._unscale_grads_(optimizer, inv_scale, found_inf.reshape(()), allow_fp16)
+
+        def unscale_(self, optimizer):
+            super().unscale_(optimizer)  # checks every rank's gradients, sums the flags over the ranks
+            if self._enabled:
+                for found_inf in self._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values():
+                    found_inf.clamp_(max=1.0)
+
+    return FusedReadyShardedGradScaler(device.type, init_scale=init_scale, enabled=True)
 
 
 def fp8_unsupported_reason(device: torch.device, emulate: bool = False) -> str | None:

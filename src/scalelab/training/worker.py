@@ -40,7 +40,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh  # imported by torch itself: free
 
 from scalelab import accounting, hardware
-from scalelab.calibration import cpu_name, measure_matmul_peak, pin_this_rank
+from scalelab.calibration import measure_matmul_peak, pin_this_rank
 from scalelab.calibration import peak_for as calibration_peak
 from scalelab.config import ModelConfig, TrainConfig
 from scalelab.data import BatchSampler
@@ -51,6 +51,7 @@ from scalelab.strategies import strategy
 from scalelab.sweep import RunPoint, micro_batch_plan
 from scalelab.training.activations import SavedActivationMeter
 from scalelab.training.comm import CommCounter, bytes_by_link
+from scalelab.training.devices import device_name, synchronize
 from scalelab.training.lora import apply_lora
 from scalelab.training.model import build_model
 from scalelab.training.model import counted as counted_by_module
@@ -100,12 +101,6 @@ def bf16_peak_flops(device: torch.device, precision: str, tf32: bool, run_peak: 
     if precision == "bf16" or (device.type != "cuda" and precision_record(precision).matmul_precision == "bf16"):
         return run_peak
     return peak_flops(device, "bf16", tf32, configured_tflops, calibration)
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return cpu_name()
 
 
 def nccl_version() -> str:
@@ -254,9 +249,8 @@ def setup(spec: dict) -> Run:
     point = RunPoint(**spec["point"])
     micro, accum = micro_batch_plan(train_cfg, world_size, point.micro_batch)
     fault = Fault.from_env()
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = train_cfg.tf32
-        torch.backends.cudnn.allow_tf32 = train_cfg.tf32
+    torch.backends.cuda.matmul.allow_tf32 = train_cfg.tf32  # CUDA's switches: no effect on a CPU (which tf32 refuses)
+    torch.backends.cudnn.allow_tf32 = train_cfg.tf32
 
     calibration = spec.get("calibration")  # the sweep's CPU peaks (scalelab.calibration), None outside the workflow
     peak, peak_source = peak_flops(device, point.precision, train_cfg.tf32, train_cfg.peak_tflops, calibration)
@@ -350,8 +344,7 @@ def train_step(run: Run, step: int, measure_activations: bool) -> StepOutcome:
     grad_norm = clip_grad_norm(par, max_norm, device)
     scaler.step(par.optimizer)
     scaler.update()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     step_time = time.perf_counter() - start
 
     # Measurement: the global batch's loss (mean over ranks) and the skip flag.
@@ -387,8 +380,7 @@ def compile_warm_up(run: Run) -> tuple[float, int]:
         with autocast(run.point.precision, device):
             loss = par.model(chunk[:, :-1], chunk[:, 1:])
         loss.backward()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     seconds = time.perf_counter() - start
     for p in par.model.parameters():
         p.grad = None

@@ -1,0 +1,83 @@
+"""Where run code still branches on the device type, and why: the one inventory (issue #40).
+
+CPU runs take the GPU's code path wherever torch allows it, so that the CPU suite exercises what a
+GPU runs (the first GPU run failed on paths that only a GPU took: fp16's fused optimizer, issue
+#40). Each branch that remains is listed here with its reason; tests/test_devices.py finds every
+comparison with "cuda" or "cpu" (and every ``torch.cuda.is_available()``) in the run code by
+reading its syntax tree, and fails on one this inventory lacks, or on an entry whose branch is gone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from scalelab import hardware
+
+RUN_CODE = ("training", "calibration.py", "commbench.py", "data.py")
+"""What the inventory covers, under src/scalelab/: the code that runs on the device (planning and
+reporting code reads the device type as data, e.g. a row's device_type)."""
+
+
+@dataclass(frozen=True)
+class Branch:
+    module: str  # path under src/scalelab/
+    function: str  # the innermost enclosing function ("<module>" at the top level)
+    reason: str
+
+
+BRANCHES = (
+    # what the device is
+    Branch("training/devices.py", "device_name", "torch names a GPU; a CPU's model comes from /proc/cpuinfo"),
+    Branch("training/worker.py", "peak_flops", "a GPU's peak is its datasheet figure (scalelab.hardware); a CPU has none: measured"),
+    Branch("training/worker.py", "bf16_peak_flops", "fp8 on a CPU computes in bf16 (emulated float8): its own peak is the bf16 one"),
+    Branch("training/worker.py", "rank_device", "a GPU rank takes its own GPU and makes it current; the CPU is one device"),
+    Branch("training/worker.py", "environment", "NCCL exists only with CUDA: its version is a GPU run's"),
+    Branch("training/worker.py", "main", "the process group's backend: NCCL carries CUDA tensors, gloo CPU tensors"),
+    Branch("training/worker.py", "pin_cpu_rank", "CPU ranks are pinned to disjoint cores; a GPU rank's compute is its GPU"),
+    # measuring on the device
+    Branch("training/devices.py", "synchronize", "CUDA kernels run asynchronously: a step ends when the GPU is done; CPU ops return done"),
+    Branch("training/worker.py", "compile_warm_up", "the CUDA generator's state is kept apart from the CPU's and restored apart"),
+    Branch("training/worker.py", "train", "the CUDA caching allocator's peak is reset before the steps; a CPU run's peak is its RSS"),
+    Branch("training/worker.py", "gather", "device memory peaks (allocated, reserved) exist on a GPU; a CPU run reports its RSS"),
+    Branch("training/worker.py", "results", "device memory columns are a GPU run's (the column table: null on a CPU run)"),
+    Branch("training/progress.py", "Progress.line", "the progress line shows device memory on a GPU, the peak RSS on a CPU"),
+    # what torch offers on each device
+    Branch("training/parallel.py", "_ddp", "DDP takes device_ids for a CUDA module only"),
+    Branch("training/parallel.py", "_ddp", "DDP refuses bf16_compress_hook by name without CUDA and NCCL; gloo sums bf16 on a CPU"),
+    Branch("training/precision.py", "fp8_unsupported_reason", "float8 matmuls need FP8 tensor cores (or torchao's emulation)"),
+    Branch("training/precision.py", "unsupported_reason", "bf16 support is a property of the GPU (torch.cuda.is_bf16_supported)"),
+    # where a run trains (train.device) and how it starts
+    *[Branch("training/launch.py", "resolve_device", "train.device: cpu imports no torch; auto takes a GPU where torch "
+             "sees one; a run planned for a GPU on a machine without one is skipped with the reason")] * 6,
+    Branch("training/launch.py", "skip_reason", "cpu_offload moves state from a GPU to the host: nothing to move on a CPU run"),
+    Branch("training/launch.py", "skip_reason", "GPU placement checks (GPUs per node, precision support) apply to GPU runs"),
+    Branch("training/launch.py", "plan_memory", "the device memory limit is the GPU's, unless planning.device_memory_gib says"),
+    Branch("training/launch.py", "plan_memory", "the GPU's memory is read only where torch sees one (else the run is skipped)"),
+    Branch("training/launch.py", "launch_run", "CPU ranks share the host's cores: an over-committed CPU run is refused"),
+    Branch("training/launch.py", "_run_workers", "CPU ranks fork from the prefork server (torch imported once); a GPU rank "
+           "starts fresh (CUDA cannot be used in a child forked after the parent initialised it)"),
+    # the collective benchmark (scalelab bench comm)
+    Branch("commbench.py", "_rank_main", "CPU ranks are pinned to disjoint cores"),
+    Branch("commbench.py", "_rank_main", "the process group's backend: NCCL carries CUDA tensors, gloo CPU tensors"),
+    Branch("commbench.py", "_rank_main", "a GPU rank times its own GPU"),
+    Branch("commbench.py", "_rank_main", "a GPU rank makes its GPU current"),
+    Branch("commbench.py", "_rank_main", "NCCL binds the process group to the GPU (device_id)"),
+    Branch("commbench.py", "bench_comm", "message sizes: gloo over host memory is timed to 16 MiB, NCCL further"),
+    Branch("commbench.py", "_bench_comm", "message sizes: gloo over host memory is timed to 16 MiB, NCCL further"),
+    Branch("commbench.py", "_bench_comm", "CPU ranks need cores of their own: refused when they would share"),
+    Branch("commbench.py", "_bench_comm", "a busy host skews a CPU benchmark: warned"),
+)
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's product name, or the CPU's model."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return hardware.cpu_name()
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait until the device has done the work queued on it (a step's end, a timed matmul)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,122 @@
+"""One rank of a multi-rank test (started by the test with RANK, WORLD_SIZE, MASTER_ADDR and
+MASTER_PORT in its environment): for each stage x precision asked for, scalelab's own strategy
+wrapper, optimizer and loss scaler (scalelab.training.parallel, scalelab.training.precision) take
+steps as the worker takes them (scale, backward, unscale, clip, step, update) on one global batch
+split over the ranks, over gloo, on the CPU or on a GPU (every rank on the same one).
+
+Recorded per case: the global loss of each step, whether the optimizer is fused, what the scaler
+hands the optimizer's kernel (found_inf, grad_scale: shape and value), the loss scale around each
+step and whether the parameters changed. ``--inject-inf``: step 1 gets a non-finite gradient on
+rank 1 only, step 2 on every rank (as an fp16 overflow in backward reaches every rank through the
+gradient reduction). Rank 0 writes the records as JSON to --out; a case that raises is recorded
+with its error, so one collective gloo lacks does not hide the others.
+
+Used by tests/test_fused_contract.py (CPU) and tests/test_gpu.py (CUDA tensors over gloo).
+"""
+import argparse
+import datetime
+import json
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from scalelab import accounting
+from scalelab.config import ModelConfig
+from scalelab.training.model import build_model
+from scalelab.training.parallel import clip_grad_norm, parallelize
+from scalelab.training.precision import autocast, grad_scaler
+
+SHAPE = ModelConfig(n_layers=2, d_model=32, n_heads=2, seq_len=16, vocab_size=64)
+GLOBAL_BATCH = 4  # sequences per step, split over the ranks
+
+
+def record_hand_over(optimizer, seen: list) -> None:
+    """Wrap optimizer.step: what GradScaler.step set on the optimizer for its kernel at the moment of the call."""
+    original = optimizer.step
+
+    def step(*args, **kwargs):
+        handed = {name: getattr(optimizer, name) for name in ("found_inf", "grad_scale") if getattr(optimizer, name, None) is not None}
+        seen.append({name: {"shape": list(t.shape), "value": float(t.reshape(-1)[0])} for name, t in handed.items()})
+        return original(*args, **kwargs)
+
+    optimizer.step = step
+
+
+def case(stage: int, precision: str, device: torch.device, steps: int, inject_inf: bool) -> dict:
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = build_model(SHAPE).to(device)
+    dtypes = accounting.comm_dtypes(precision, stage)
+    par = parallelize(model, stage, device, 1e-3, 0.1,
+                      param_dtype=None if dtypes.param_gather in (None, "float32") else getattr(torch, dtypes.param_gather),
+                      reduce_dtype=getattr(torch, dtypes.grad_reduce))
+    scaler = grad_scaler(precision, device, 2.0 ** 8)
+    local = par.local_optimizer()
+    seen: list = []
+    record_hand_over(par.optimizer, seen)
+    if local is not par.optimizer:  # ZeRO-1: its wrapped local optimizer steps too
+        record_hand_over(local, seen)
+    records = []
+    per_rank = GLOBAL_BATCH // world_size
+    for step in range(steps):
+        batch = torch.randint(0, SHAPE.vocab_size, (GLOBAL_BATCH, SHAPE.seq_len + 1), generator=torch.Generator().manual_seed(step))
+        tokens = batch[rank * per_rank:(rank + 1) * per_rank].to(device)
+        with autocast(precision, device):
+            loss = par.model(tokens[:, :-1], tokens[:, 1:])
+        scaler.scale(loss).backward()
+        if inject_inf and ((step == 1 and rank == 1) or step == 2):
+            grad = next(p.grad for p in par.model.parameters() if p.grad is not None)
+            (grad.to_local() if hasattr(grad, "to_local") else grad).view(-1)[0] = float("inf")
+        before = [p.detach().clone() for p in par.model.parameters()]
+        scale_before = scaler.get_scale() if scaler.is_enabled() else None
+        scaler.unscale_(par.optimizer)
+        clip_grad_norm(par, 1.0, device)
+        scaler.step(par.optimizer)
+        scaler.update()
+        global_loss = loss.detach().float().clone()
+        dist.all_reduce(global_loss)
+        records.append({"loss": float(global_loss) / world_size, "scale_before": scale_before,
+                        "scale_after": scaler.get_scale() if scaler.is_enabled() else None,
+                        "params_unchanged": all(torch.equal(a, b) for a, b in zip(before, par.model.parameters()))})
+        par.optimizer.zero_grad(set_to_none=True)
+    return {"fused": bool(local.defaults.get("fused")), "optimizer": type(par.optimizer).__name__,
+            "scaler": type(scaler).__name__, "handed": seen, "steps": records}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--stages", default="0,1,2,3")
+    parser.add_argument("--precisions", default="fp32,bf16,fp16")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--inject-inf", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    results = []
+    for stage in map(int, args.stages.split(",")):
+        for precision in args.precisions.split(","):
+            record = {"stage": stage, "precision": precision}
+            try:
+                record.update(case(stage, precision, device, args.steps, args.inject_inf))
+            except Exception as err:  # e.g. a collective gloo lacks for CUDA tensors
+                record["error"] = f"{type(err).__name__}: {err}"[:2000]
+                record["traceback"] = traceback.format_exc()[-3000:]
+            results.append(record)
+            dist.barrier()
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, results)
+    if dist.get_rank() == 0:
+        with open(args.out, "w") as f:
+            json.dump(gathered, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
