@@ -213,3 +213,17 @@ def html_unescape(text: str) -> str:
     import html
 
     return html.unescape(text)
+
+
+@pytest.mark.unit
+def test_fp8_runs_are_told_whether_fp8_pays_at_their_width_and_that_eager_costs():
+    runs = pd.DataFrame({"run_id": ["fp8-z0-w1", "fp8-z0-w1-compile", "bf16-z0-w1", "fp8-z0-w2"],
+                         "precision": ["fp8", "fp8", "bf16", "fp8"], "status": ["ok", "ok", "ok", "failed"],
+                         "d_model": [2048, 2048, 2048, 2048], "compile": [False, True, False, False],
+                         "device_type": ["cuda"] * 4})
+    warnings = checks.fp8_warnings(runs)
+    assert len(warnings) == 2, warnings  # one per width and compile setting; failed and bf16 runs say nothing
+    eager, compiled = sorted(warnings, key=lambda w: "-compile" in w)
+    assert eager.startswith("fp8 (fp8-z0-w1)") and "without compile" in eager
+    assert "fp8-z0-w1-compile" in compiled and "pays at d_model 2048" in compiled and "CPU" not in compiled
+    assert checks.fp8_warnings(runs.assign(precision="bf16")) == []

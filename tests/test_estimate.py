@@ -91,3 +91,11 @@ def test_time_takes_the_mfu_a_sweep_measured(tmp_path, capsys):
     assert code == 2 and "not both" in err
     code, _, err = _estimate(capsys, *base, "--mfu-from", str(tmp_path / "nowhere"))
     assert code == 2 and "scalelab collect" in err
+
+
+@pytest.mark.unit
+def test_estimate_says_whether_fp8_pays_at_the_models_width(capsys):
+    code, out, _ = _estimate(capsys, "memory", "--model", "gpt2-medium", "--world-size", "8")
+    assert code == 0 and "fp8 against bf16: costs at d_model 1024: about 0.84x bf16" in out and "H200" in out
+    code, out, _ = _estimate(capsys, "memory", "--params", "1e9", "--world-size", "8")
+    assert code == 0 and "fp8 against bf16" not in out  # no shape, no width to judge by

@@ -218,3 +218,17 @@ def test_peak_columns_come_from_the_precision_records():
         hardware.GpuProduct("X", ("NVIDIA X",), 80, "test", figures=(("fp4", 1e15),))
     with pytest.raises(ValueError, match="unknown precision 'int8'"):
         accounting.gpu_peak_flops("H100", "int8")
+
+
+@pytest.mark.unit
+def test_fp8_outlook_follows_the_gpu_measurements_and_says_its_basis():
+    """fp8 against bf16 (issue #40, one H200): 0.84x at d_model 1024, 1.16x at 2048, both compiled;
+    in between log-linear, outside held at the nearest measured width and said to be beyond it."""
+    at = {d: hardware.fp8_outlook(d) for d in (512, 1024, 1536, 2048, 8192)}
+    assert at[1024]["ratio_estimate"] == pytest.approx(0.84) and at[2048]["ratio_estimate"] == pytest.approx(1.16)
+    assert at[1024]["verdict"].startswith("costs") and at[2048]["verdict"].startswith("pays")
+    assert at[1536]["verdict"].startswith("about even") and 1024 < at[1536]["break_even_d_model"] < 2048
+    assert "or less (narrower than measured)" in at[512]["verdict"] and "or more (wider than measured)" in at[8192]["verdict"]
+    assert all("H200" in o["basis"] for o in at.values())
+    eager = hardware.fp8_outlook(4096, compiled=False)
+    assert eager["verdict"].startswith("costs: without compile") and eager["ratio_estimate"] == pytest.approx(0.34)

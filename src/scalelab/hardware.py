@@ -266,3 +266,48 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+# ----------------------------------------------------------------------------- when fp8 pays
+FP8_MEASURED = ((1024, 0.84), (2048, 1.16))
+"""(d_model, fp8 tokens/s over bf16 tokens/s), both compiled, measured on one H200 (torch 2.11,
+torchao 0.18 tensorwise scaling; GPT-2 shapes of 24 layers, seq 1024, micro-batch 16, world size 1,
+issue #40). fp8 runs the blocks' matmuls on FP8 tensor cores at twice the bf16 rate, but each
+Float8Linear also casts its inputs, weights and output gradients: work that grows with the tensors
+(~d per token) while the matmuls grow with d^2, so fp8 pays only from some width on."""
+FP8_EAGER_MEASURED = (1024, 0.34)
+"""fp8 eager over bf16 eager at d_model 1024 on the same machine: without torch.compile, torchao's
+dynamic scaling runs as separate unfused kernels."""
+FP8_EVEN_BAND = 0.05
+"""An estimated ratio within 5% of 1 is called "about even: measure it"."""
+
+
+def fp8_outlook(d_model: int, compiled: bool = True) -> dict:
+    """Whether fp8 is expected to pay against bf16 for a model of this width: the ratio of
+    tokens/s (log-linear in d_model between the measured widths of FP8_MEASURED, held at the
+    nearest one outside them), a verdict and its basis. An estimate from one GPU's
+    measurements, not a measurement of this model: the report and ``scalelab estimate`` say so."""
+    import math
+
+    (d0, r0), (d1, r1) = FP8_MEASURED
+    basis = (f"measured on one H200: fp8/bf16 tokens/s {r0:g} at d_model {d0}, {r1:g} at {d1} (both compiled; "
+             "torchao tensorwise)")
+    if not compiled:
+        return {"d_model": d_model, "compiled": False, "ratio_estimate": FP8_EAGER_MEASURED[1],
+                "verdict": "costs: without compile torchao's float8 scaling runs unfused "
+                           f"({FP8_EAGER_MEASURED[1]:g}x bf16 eager measured at d_model {FP8_EAGER_MEASURED[0]}); "
+                           "turn the compile lever on for fp8",
+                "basis": basis}
+    position = math.log2(d_model / d0) / math.log2(d1 / d0)  # 0 at d0, 1 at d1
+    ratio = r0 * (r1 / r0) ** min(max(position, 0.0), 1.0)
+    break_even = d0 * (d1 / d0) ** (math.log(1 / r0) / math.log(r1 / r0))
+    beyond = " or less (narrower than measured)" if position < 0 else " or more (wider than measured)" if position > 1 else ""
+    if abs(ratio - 1) <= FP8_EVEN_BAND:
+        verdict = f"about even at d_model {d_model} (break-even near {break_even:.0f}): measure it"
+    elif ratio < 1:
+        verdict = (f"costs at d_model {d_model}: about {ratio:.2f}x bf16{beyond} (below d_model ~{break_even:.0f} the "
+                   "casts outweigh the faster matmuls)")
+    else:
+        verdict = f"pays at d_model {d_model}: about {ratio:.2f}x bf16{beyond}"
+    return {"d_model": d_model, "compiled": True, "ratio_estimate": ratio, "break_even_d_model": break_even,
+            "verdict": verdict, "basis": basis}

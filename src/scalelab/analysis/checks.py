@@ -358,3 +358,24 @@ def prediction_warnings(runs: pd.DataFrame) -> list[str]:
     return [f"{r.run_id}: measured step time {getattr(r, MEASURED) * 1e3:.2f} ms is outside its predicted band "
             f"{r.predicted_step_time_s_low * 1e3:.2f}-{r.predicted_step_time_s_high * 1e3:.2f} ms (predicted "
             f"{r.predicted_step_time_s * 1e3:.2f} ms; {r.prediction_note})" for r in outside_band(runs).itertuples()]
+
+
+def fp8_warnings(runs: pd.DataFrame) -> list[str]:
+    """fp8 runs: whether fp8 is expected to pay against bf16 at their model's width on a GPU
+    (scalelab.hardware.fp8_outlook, from one GPU's measurements), once per width and compile
+    setting, and that fp8 without compile runs unfused."""
+    from scalelab.hardware import fp8_outlook
+
+    fp8 = runs[(runs["precision"] == "fp8") & (runs["status"] == "ok")]
+    if fp8.empty or "d_model" not in fp8:
+        return []
+    compiled = fp8["compile"].fillna(False).astype(bool) if "compile" in fp8 else pd.Series(False, index=fp8.index)
+    warnings = []
+    for (d_model, on), group in fp8.groupby([fp8["d_model"], compiled]):
+        outlook = fp8_outlook(int(d_model), compiled=bool(on))
+        ids = ", ".join(group["run_id"].head(3)) + (" ..." if len(group) > 3 else "")
+        cpu = " These runs are on a CPU (float8 emulated): their speed says nothing about it." \
+            if (group.get("device_type") == "cpu").any() else ""
+        warnings.append(f"fp8 ({ids}): on a GPU, fp8 against bf16 {outlook['verdict']} (an estimate: "
+                        f"{outlook['basis']}).{cpu}")
+    return warnings

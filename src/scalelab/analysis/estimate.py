@@ -148,6 +148,7 @@ def memory_table(args) -> dict:
             row[f"peak_{u}"] = peak.total / scale
         rows.append(row)
     return {**_named(args), "n_params": n_params, "world_size": world_size, "unit": args.unit, "rows": rows,
+            **({"fp8": hardware.fp8_outlook(cfg.d_model)} if cfg is not None else {}),
             "note": "model state per rank at rest; 'pytorch' = fp32 master params + fp32 grads + AdamW (what scalelab's "
                     "strategies hold), 'paper' = ZeRO paper 2+2+12 (fp32: 4+4+8); peak adds in-step parameters and activations"}
 
@@ -573,7 +574,8 @@ def scaling_table(args) -> dict:
                             "collective_sizes": "nccl-tests' size: the whole buffer (an all-gather's output, a "
                                                 "reduce-scatter's input); seconds = calls x latency + bus factor x "
                                                 "bytes / achievable bus bandwidth"},
-            "rows": rows, **({"note": "; ".join(notes)} if notes else {})}
+            "rows": rows, **({"fp8": hardware.fp8_outlook(cfg.d_model)} if args.precision == "fp8" else {}),
+            **({"note": "; ".join(notes)} if notes else {})}
 
 
 def _human(n: float) -> str:
@@ -707,6 +709,8 @@ def render(kind: str, result: dict) -> str:
         lines.append(f"{'precision':<9} {'stage':>5} {'pytorch':>10} {'paper':>10}")
         for r in result["rows"]:
             lines.append(f"{r['precision']:<9} {r['zero_stage']:>5} {_human(r['pytorch_max_params']):>10} {_human(r['paper_max_params']):>10}")
+    if "fp8" in result:
+        lines.append(f"fp8 against bf16: {result['fp8']['verdict']} (an estimate: {result['fp8']['basis']})")
     if "note" in result:
         lines.append(f"note: {result['note']}")
     return "\n".join(lines)

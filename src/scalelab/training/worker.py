@@ -266,6 +266,9 @@ def setup(spec: dict) -> Run:
     param_bytes = [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
     model.set_activation_checkpointing(point.activation_checkpointing)
     fp8_linears = convert_linears(point.precision, model, train_cfg.fp8_emulate)
+    if fp8_linears is not None and not point.compile and rank == 0:
+        print(f"scalelab worker: warning: fp8 without compile: {hardware.fp8_outlook(model_cfg.d_model, compiled=False)['verdict']}",
+              flush=True)
     # (converted before sharding: FSDP2 then shards the Float8Linear weights)
     if point.compile:  # after checkpointing and fp8, before wrapping (torchtitan's order)
         apply_compile(model)
