@@ -81,11 +81,9 @@ onstart:
         from scalelab.invocation import record
 
         record(RESULTS, sys.argv[1:], workflow.overwrite_configfiles, cwd=Path.cwd(), snakefile=workflow.main_snakefile)
-        # A CPU sweep's peak FLOP/s is measured once per invocation, by its first training job, on
-        # the idle machine (scalelab.calibration): the last invocation's figure is not this one's.
-        from scalelab.calibration import forget_calibration
-
-        forget_calibration(RESULTS)
+        # A CPU sweep's peak FLOP/s is measured once per results folder, by its first training job,
+        # on the idle machine (scalelab.calibration): a resumed or extended sweep keeps it, so every
+        # run's MFU is on one scale. Delete <results>/calibration/cpu.json to measure again.
         # The CPU runs' ranks are forked from one process that imports torch once, on the first
         # run's request (scalelab.training.prefork): ~2 s less start-up per run. One inherited from
         # the caller (a test session) serves as well; a cluster's jobs run on other hosts, which
@@ -115,7 +113,6 @@ onerror:
 
     stop_server(_PREFORK.get("server"))
     results_lock(RESULTS).release()
-    from scalelab.invocation import rerun_command
     from scalelab.placement import slurm_log_errors
 
     # A SLURM job that failed before scalelab ran has no run log; SLURM's error is in its job log.
@@ -125,4 +122,4 @@ onerror:
 
     # After Snakemake's own error lines (the failing rule, its log): what went wrong per run, and how to rerun.
     print(f"scalelab: which runs failed and why: scalelab status {RESULTS}\n"
-          f"scalelab: to rerun them: scalelab retry {RESULTS}, then: {rerun_command(RESULTS)}", file=sys.stderr)
+          f"scalelab: to rerun them: scalelab retry {RESULTS}, then: scalelab resume {RESULTS}", file=sys.stderr)

@@ -7,6 +7,7 @@ from scalelab.config import dataset_config
 from scalelab.data import DataError, source_files
 from scalelab.placement import carry_slurm_conf, launch_plan, sweep_device_plan, train_job_resources
 from scalelab.migrate import OldLayout, check_layout
+from scalelab.invocation import check_trained_with
 from scalelab.sweep import RunPoint, data_result_params, result_params, sweep_plan
 
 RESULTS = Path(config["results_dir"])
@@ -75,8 +76,15 @@ def point_of(wildcards) -> RunPoint:
 
 def run_params(wildcards) -> dict:
     """What a run's results depend on beyond its point (scalelab.sweep.result_params): the values
-    that differ from the defaults, so a new config key at its default reruns nothing."""
-    return result_params(config, point_of(wildcards), DEVICE_PLAN.device)
+    that differ from the defaults, so a new config key at its default reruns nothing. With --touch
+    (scalelab resume recording a finished run's provenance) only if the run trained with these."""
+    params = result_params(config, point_of(wildcards), DEVICE_PLAN.device)
+    if workflow.touch:
+        try:
+            check_trained_with(RESULTS / "runs" / wildcards.run_id, params)
+        except ValueError as err:
+            raise WorkflowError(f"scalelab: {err}") from None
+    return params
 
 
 # Cluster facts come from config (section `cluster`), never from code.

@@ -49,7 +49,8 @@ def test_a_new_users_first_session(tmp_path, capsys, monkeypatch):
     summary.write_text(json.dumps({**data, "status": "failed", "reason": "rank 1: RuntimeError: boom"}))
     assert main(["status", str(results)]) == 0
     out = capsys.readouterr().out
-    assert "rank 1: RuntimeError: boom" in out and f"then: {command}" in out, out
+    assert "rank 1: RuntimeError: boom" in out and f"then: scalelab resume {results}" in out, out
+    assert f"it runs the sweep's command: {command} --rerun-incomplete)" in out, out
     assert main(["retry", str(results), "--dry-run"]) == 0
     assert "fp32-z0-w2 (failed): would remove" in capsys.readouterr().out
     summary.write_text(json.dumps(data))

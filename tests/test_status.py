@@ -118,7 +118,7 @@ def test_retry_removes_exactly_the_chosen_runs_outputs_and_never_touches_ok_runs
     assert "would remove" in capsys.readouterr().out and _snapshot(sweep) == before, "a dry run removes nothing"
     assert main(["retry", str(sweep), "--status", "timeout,failed,killed"]) == 0
     out = capsys.readouterr().out
-    assert "4 run(s) to rerun; now: snakemake --cores all" in out
+    assert f"4 run(s) to rerun; now: scalelab resume {sweep}" in out
     after = _snapshot(sweep)
     chosen = {RunPoint(*p).path for p in (("fp32", 0, 2), ("bf16", 0, 2), ("bf16", 3, 2))}
     removed = set(before) - set(after)
@@ -201,14 +201,44 @@ def test_hints_rerun_the_sweep_as_it_was_started(sweep, tmp_path, capsys, monkey
     expected = "snakemake --cores all --configfile my.yaml --config results_dir=mine"
     monkeypatch.chdir(tmp_path)
     text = format_status(sweep, run_states(sweep))
-    assert text.endswith(f"      then: {expected}"), text
+    assert f"      then: scalelab resume {sweep}\n" in text, text
+    assert text.endswith(f"it runs the sweep's command: {expected} --rerun-incomplete)"), text
     assert main(["retry", str(sweep), "--status", "timeout"]) == 0
     out = capsys.readouterr().out
-    assert f"now: {expected}\n" in out and f"first: {expected} --unlock)" in out, out
+    assert f"now: scalelab resume {sweep}\n" in out and f"with the sweep's command: {expected})" in out, out
     monkeypatch.chdir(sweep / "runs")  # from elsewhere: the command goes back to the folder it was started in
-    assert f"then: cd {tmp_path} && {expected}" in format_status(sweep, run_states(sweep))
+    assert f"command: cd {tmp_path} && {expected}" in format_status(sweep, run_states(sweep))
 
 
 def test_hints_without_a_recorded_command_say_what_to_add(sweep):
     text = format_status(sweep, run_states(sweep))
-    assert "then: snakemake --cores all (add the --configfile / --config options this sweep was started with" in text
+    assert "command: snakemake --cores all --rerun-incomplete (add the --configfile / --config options this sweep was started with" in text
+
+
+def test_a_user_modules_import_path_is_recorded_with_the_sweep(sweep, tmp_path, monkeypatch):
+    """A sweep of the user's own module (model.module) imports it through the PYTHONPATH it was
+    started with: every rerun hint carries it, absolute (issue #41)."""
+    from scalelab.invocation import record, rerun_command
+
+    monkeypatch.setenv("PYTHONPATH", "mine" + os.pathsep + "/opt/lib")
+    record(sweep, ["--cores", "2"], [], cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert rerun_command(sweep) == f"PYTHONPATH={tmp_path / 'mine'}{os.pathsep}/opt/lib snakemake --cores 2"
+
+
+def test_a_run_whose_launcher_is_gone_is_killed_at_once_and_a_live_one_runs_however_quiet(tmp_path):
+    """The launcher's record in its run folder (launcher.json), not a quiet folder, says whether a run
+    still trains on this host (issue #41: a dead run read `running` for up to 300 s)."""
+    from scalelab.lock import holder_record
+
+    results = tmp_path / "results"
+    gone = next(pid for pid in range(4_194_000, 4_194_300) if not Path(f"/proc/{pid}").exists())  # no such process
+    for run_id, record in (("fp32-z0-w1", {**holder_record(), "pid": gone, "pid_start": None}),
+                           ("bf16-z0-w1", holder_record())):
+        (results / "runs" / run_id).mkdir(parents=True)
+        write_json(results / "runs" / run_id / "launcher.json", record)
+        old = time.time() - 3600
+        os.utime(results / "runs" / run_id / "launcher.json", (old, old))  # quiet for an hour
+    states = {s.run_id: s for s in run_states(results)}
+    assert states["fp32-z0-w1"].status == "killed" and "launcher is gone" in states["fp32-z0-w1"].reason
+    assert states["bf16-z0-w1"].status == "running" and f"launcher pid {os.getpid()} alive" in states["bf16-z0-w1"].reason

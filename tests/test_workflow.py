@@ -147,7 +147,7 @@ def test_sweep_end_to_end_then_nothing_to_do(tmp_path):
     summaries = sorted((tmp_path / "results/runs").glob(f"{RUN_DIR_GLOB}/summary.json"))
     assert len(summaries) == 8 + 2
     calibration = re.search(r"scalelab: CPU peak per rank \(1 thread\(s\)\), measured on the idle machine: (.*)", out.stderr)
-    assert calibration and out.stderr.count("scalelab: CPU peak per rank") == 1, out.stderr[-3000:]  # once per invocation
+    assert calibration and out.stderr.count("scalelab: CPU peak per rank") == 1, out.stderr[-3000:]  # once per results folder
     started = []
     for path in summaries:
         summary = json.loads(path.read_text())

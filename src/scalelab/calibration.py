@@ -103,11 +103,6 @@ def calibration_path(results_dir: str | Path) -> Path:
     return Path(results_dir) / CALIBRATION_FILE
 
 
-def forget_calibration(results_dir: str | Path) -> None:
-    """A new invocation measures again (the Snakefile's onstart): the host may have changed speed."""
-    calibration_path(results_dir).unlink(missing_ok=True)
-
-
 def write_calibration(path: str | Path, threads: int) -> dict:
     record = calibrate_cpu(threads)
     write_json(Path(path), record)

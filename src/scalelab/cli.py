@@ -138,10 +138,15 @@ def _retry(args) -> int:
         from scalelab.invocation import rerun_command
 
         # The sweep's own command line (config files, --config, profile): a bare snakemake would run another sweep.
-        print(f"{len(done)} run(s) to rerun; now: {rerun_command(results)}\n"
-              f"  (it reruns exactly these, then collection and the report; after a killed Snakemake, first: "
-              f"{rerun_command(results, ' --unlock')})")
+        print(f"{len(done)} run(s) to rerun; now: scalelab resume {results}\n"
+              f"  (it reruns exactly these, then collection and the report, with the sweep's command: {rerun_command(results)})")
     return 0
+
+
+def _resume(args) -> int:
+    from scalelab.invocation import resume
+
+    return resume(args.results_dir, dry_run=args.dry_run)
 
 
 def _predict(args) -> int:
@@ -219,6 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--fresh", action="store_true", help="also remove progress.jsonl and checkpoints (no resume)")
     t.add_argument("--active-within", type=float, default=300.0, metavar="SECONDS", help="as for status")
     t.set_defaults(func=_retry)
+    u = sub.add_parser("resume", help="go on with an interrupted sweep (Ctrl-C, a kill): keep every finished run, "
+                       "rerun what did not finish, with the command that started it")
+    u.add_argument("results_dir", help="the sweep's results folder")
+    u.add_argument("--dry-run", action="store_true", help="say what would be cleared and run, do nothing")
+    u.set_defaults(func=_resume)
     p = sub.add_parser("predict", help="validate the step-time model (scalelab.prediction): fit on part of a sweep, "
                        "predict the rest, print errors and bands")
     p.add_argument("--validate", required=True, nargs="+", metavar="RESULTS",

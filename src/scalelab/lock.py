@@ -51,13 +51,25 @@ def _process_start(pid: int) -> str | None:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether pid runs: a zombie (ended, not yet reaped: its parent died too, and a container's
+    init may never reap it) answers kill(0) but is dead."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # alive, another user's
         return True
-    return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc: kill(0) is all there is
+    return state not in ("Z", "X")
+
+
+def holder_record() -> dict:
+    """This process as a lock or run record names it: pid, host, boot id and the pid's start time,
+    which is what :func:`stale_reason` checks."""
+    return {"pid": os.getpid(), "host": socket.gethostname(), "boot_id": _boot_id(), "pid_start": _process_start(os.getpid())}
 
 
 def stale_reason(record: dict) -> str | None:
@@ -127,8 +139,7 @@ class ResultsLock:
         for _ in range(attempts):
             token = uuid.uuid4().hex
             record = {
-                "pid": os.getpid(), "host": socket.gethostname(), "boot_id": _boot_id(),
-                "pid_start": _process_start(os.getpid()),
+                **holder_record(),
                 "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "cwd": os.getcwd(), "command": " ".join(sys.argv)[:2000], "token": token,
             }

@@ -19,12 +19,14 @@ resumes) unless --fresh.
 from __future__ import annotations
 
 import json
+import socket
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from scalelab.lock import stale_reason
 from scalelab.migrate import check_layout
-from scalelab.sweep import RUN_DIR_GLOB
+from scalelab.sweep import LAUNCHER_FILE, RUN_DIR_GLOB
 
 ACTIVE_WITHIN_S = 300.0
 """A run folder without a summary counts as running if anything of it was written this recently."""
@@ -62,7 +64,10 @@ def summary_status(run_dir: Path) -> tuple[str, str | None, str | None] | None:
 
 
 def _unfinished(run_dir: Path, log: Path, now: float, active_within_s: float) -> tuple[str, str, float | None]:
-    """(running | killed, what the folder shows, seconds since its last write) for a run without a summary."""
+    """(running | killed, what the folder shows, seconds since its last write) for a run without a
+    summary. Its launcher's record (launcher.json) decides where it can: a launcher on this host is
+    checked by pid (killed the moment it is gone, running while it lives, however quiet); one on
+    another host (a SLURM node) cannot be, and a folder quiet for active_within_s counts as killed."""
     paths = [p for p in run_dir.rglob("*") if p.is_file()] + ([log] if log.exists() else [])
     newest = max((p.stat().st_mtime for p in paths), default=None)
     ago = None if newest is None else max(0.0, now - newest)
@@ -73,12 +78,27 @@ def _unfinished(run_dir: Path, log: Path, now: float, active_within_s: float) ->
     parts = [f"{steps} step(s) recorded" if steps else "no step recorded"]
     if checkpoints:
         parts.append(f"checkpoint {checkpoints[-1].name} (a rerun resumes from it)")
+    launcher = _launcher(run_dir)
+    if launcher is not None:
+        gone = stale_reason(launcher)
+        if gone is not None:
+            return "killed", f"no summary.json and its launcher is gone ({gone}); " + "; ".join(parts), ago
+        if launcher.get("host") == socket.gethostname():
+            return "running", f"no summary.json yet, launcher pid {launcher['pid']} alive; " + "; ".join(parts), ago
     if ago is None:
         return "killed", "empty run folder, no summary.json", None
     span = f"{ago:.0f} s" if ago < 120 else f"{ago / 60:.0f} min" if ago < 7200 else f"{ago / 3600:.0f} h"
     if ago <= active_within_s:
         return "running", f"no summary.json yet, last write {span} ago; " + "; ".join(parts), ago
     return "killed", f"no summary.json, nothing written for {span} (launcher killed, or hung); " + "; ".join(parts), ago
+
+
+def _launcher(run_dir: Path) -> dict | None:
+    try:
+        record = json.loads((run_dir / LAUNCHER_FILE).read_text())
+    except (FileNotFoundError, ValueError, UnicodeDecodeError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def run_states(results_dir: str | Path, config_path: str | Path | None = None,
@@ -135,13 +155,17 @@ def format_status(results_dir: str | Path, states: list[RunState]) -> str:
     lines += listed("running:", [s for s in states if s.status == "running"])
     lines += listed("not ok:", [s for s in states if s.status not in ("ok", "running")])
     retryable = sorted({s.status for s in states if s.status in RETRY_DEFAULT})
-    if retryable:
+    # scalelab resume runs the command that started this sweep (its config files, --config,
+    # profile: a bare `snakemake --cores all` would run the default config into results/), and
+    # reruns a killed run by itself (Snakemake marked it incomplete).
+    if retryable or any(s.status in ("killed", "not started") for s in states):
         from scalelab.invocation import rerun_command
 
-        # The command that started this sweep (its config files, --config, profile): a bare
-        # `snakemake --cores all` would run the default config into results/.
-        lines += ["", f"rerun them: scalelab retry {results_dir} --status {','.join(retryable)}",
-                  f"      then: {rerun_command(results_dir)}"]
+        lines += [""]
+        if retryable:
+            lines += [f"rerun them: scalelab retry {results_dir} --status {','.join(retryable)}"]
+        lines += [f"{'      then' if retryable else 'go on with the sweep'}: scalelab resume {results_dir}",
+                  f"            (finished runs are kept; it runs the sweep's command: {rerun_command(results_dir, ' --rerun-incomplete')})"]
     return "\n".join(lines)
 
 

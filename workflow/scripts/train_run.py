@@ -1,12 +1,23 @@
 """Snakemake adapter: one training run (scalelab.training.launch.launch_run). Exits 0 whatever the
 run's status; the status and reason are in summary.json."""
+import signal
+import sys
 from pathlib import Path
 
 from scalelab.calibration import calibration_path, ensure_calibration
+from scalelab.invocation import record_trained_with
 from scalelab.placement import job_device_plan
 from scalelab.training.launch import launch_run
+from scalelab.training.prefork import die_with_parent
+
+# A killed Snakemake takes its training job with it (SIGTERM when the parent dies), and SIGTERM
+# unwinds the launcher, whose clean-up stops the ranks: nothing trains on into a folder that the
+# next invocation (scalelab resume) reruns.
+die_with_parent()
+signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 results_dir = Path(snakemake.output.summary).parents[2]  # <results>/runs/<run id>/summary.json
+record_trained_with(Path(snakemake.output.summary).parent, snakemake.params.results_depend_on)
 device_plan = job_device_plan(snakemake.params.device, snakemake.config)
 calibration = None
 if device_plan.device == "cpu":  # a CPU sweep's peak FLOP/s: measured by the invocation's first run, before it starts

@@ -394,9 +394,87 @@ def concurrency_and_reruns(tmp: Path) -> Drill:
     return d
 
 
+def _interrupt_and_resume(tmp: Path, name: str, signum: int, whole_group: bool) -> Drill:
+    """Interrupt Snakemake while its second run trains, as a user would, then go on with the
+    command `scalelab status` prints (scalelab resume): the sweep completes, every run that had
+    ended keeps its files untouched (never retrained), no process outlives the interrupt, and
+    status calls an interrupted run killed within seconds (its launcher's pid, not a quiet folder)."""
+    from scalelab.status import format_status, run_states
+
+    d = Drill(name)
+    cfg = tiny_config(sweep={"precision": ["fp32", "bf16"], "zero_stage": [0], "world_size": [1]},
+                      train={"steps": 400, "warmup_steps": 2})  # a few seconds each: time to interrupt the second
+    work = write_workdir(tmp, cfg)
+    results = work / cfg["results_dir"]
+    env = {k: v for k, v in snakemake_env().items() if k != PREFORK_ENV}  # its own prefork server, interrupted too
+    proc = subprocess.Popen(snakemake_cmd(work, "--cores", "2"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, env=env)
+    deadline, finished = time.time() + 180, []
+    while time.time() < deadline:
+        done = list(results.glob(f"runs/{RUN_DIR_GLOB}/summary.json"))
+        running = [p for p in results.glob(f"runs/{RUN_DIR_GLOB}/progress.jsonl") if not (p.parent / "summary.json").exists()]
+        if done and running:
+            finished = done
+            break
+        time.sleep(0.05)
+    if not d.check(bool(finished), "one run had ended while the next one trained"):
+        proc.kill()
+        proc.wait()
+        return d
+    (os.killpg if whole_group else os.kill)(proc.pid, signum)
+    d.faults_injected += 1
+    try:
+        proc.wait(timeout=180)
+    except subprocess.TimeoutExpired:
+        d.check(False, "Snakemake ended after the interrupt")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    count_orphans(str(work), d, grace_s=10)
+    # every run that ended, before the interrupt or while Snakemake wound down: kept as it is
+    finished = {p: p.read_bytes() for p in results.glob(f"runs/{RUN_DIR_GLOB}/summary.json")}
+    started = time.time()
+    states = run_states(results)
+    d.check(not any(s.status == "running" for s in states), f"no run is called running once Snakemake is gone: {states}")
+    d.check(time.time() - started < 5, "status answered within seconds")
+    hint = format_status(results, states)
+    d.check(f"scalelab resume {results}" in hint or all(s.status == "ok" for s in states), f"status says how to go on: {hint}")
+    calibration = results / "calibration" / "cpu.json"
+    measured = calibration.read_bytes() if calibration.exists() else None
+    resumed = subprocess.run([sys.executable, "-m", "scalelab.cli", "resume", str(results)], capture_output=True, text=True,
+                             timeout=600, env=env)
+    d.check(measured is not None and calibration.read_bytes() == measured,
+            "the resumed sweep kept the folder's CPU calibration (its MFU on one scale)")
+    d.check(resumed.returncode == 0, f"scalelab resume completed the sweep: {resumed.stderr[-3000:]}")
+    d.notes += [line for line in resumed.stderr.splitlines() if line.startswith("scalelab resume:")]
+    for path, content in finished.items():
+        d.check(path.read_bytes() == content, f"{path.parent.name} had ended and was not retrained")
+    d.notes.append(f"{len(finished)} run(s) had ended by the interrupt, kept: {', '.join(p.parent.name for p in finished)}")
+    d.check(all(s.status == "ok" for s in run_states(results)), "every run ok after resume")
+    audit(work, cfg, d)
+    count_orphans(str(work), d)
+    d.faults_recovered += not d.checks_failed and d.rows_lost == 0
+    return d
+
+
+def sigint_to_snakemake(tmp: Path) -> Drill:
+    """SIGINT to Snakemake's pid alone (kill -INT): it lets the running run end."""
+    return _interrupt_and_resume(tmp, "SIGINT to snakemake", signal.SIGINT, whole_group=False)
+
+
+def sigint_to_group(tmp: Path) -> Drill:
+    """SIGINT to Snakemake's process group: Ctrl-C in its terminal reaches every process."""
+    return _interrupt_and_resume(tmp, "SIGINT to its group", signal.SIGINT, whole_group=True)
+
+
+def sigkill_snakemake(tmp: Path) -> Drill:
+    """SIGKILL to Snakemake's pid alone: its jobs must not train on (scalelab's adapter dies with it)."""
+    return _interrupt_and_resume(tmp, "SIGKILL to snakemake", signal.SIGKILL, whole_group=False)
+
+
 DRILLS = {f.__name__: f for f in (kill_mid_step, kill_during_data_write, kill_during_result_write,
                                   kill_during_collection, hang, crash, teardown_crash, silent_wrong_results,
-                                  bad_configs, determinism, concurrency_and_reruns)}
+                                  bad_configs, determinism, concurrency_and_reruns, sigint_to_snakemake,
+                                  sigint_to_group, sigkill_snakemake)}
 
 
 def main(argv: list[str] | None = None) -> int:

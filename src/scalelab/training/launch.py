@@ -32,8 +32,9 @@ from scalelab.columns import steps_table, write_parquet
 from scalelab.config import config_hash, model_config, train_config
 from scalelab.data import read_meta, verify_tokens
 from scalelab.io import read_json, write_json
+from scalelab.lock import holder_record
 from scalelab.placement import LaunchPlan, launch_plan
-from scalelab.sweep import POINT_FILE, RunPoint, micro_batch_plan
+from scalelab.sweep import LAUNCHER_FILE, POINT_FILE, RunPoint, micro_batch_plan
 from scalelab.training import prefork
 
 GIT_COMMIT_ENV = "SCALELAB_GIT_COMMIT"
@@ -209,6 +210,9 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
     write_json(run_dir / POINT_FILE, point.to_json())  # first: a folder says which point it holds, whatever happens next
     log_path.parent.mkdir(parents=True, exist_ok=True)
     _remove_leftovers(run_dir, resuming=bool(config["train"].get("checkpoint_every")) and (run_dir / "checkpoint").is_dir())
+    # Who runs this folder, until summary.json is written: `scalelab status` sees at once that a
+    # killed launcher is gone (scalelab.status), instead of waiting for the folder to go quiet.
+    write_json(run_dir / LAUNCHER_FILE, {**holder_record(), "started": started})
 
     meta = read_meta(data_dir)
     tokens_problem = verify_tokens(data_dir, meta)  # never train on tokens other than meta.json's
@@ -323,8 +327,9 @@ def _write_results(run_dir: Path, log_path: Path, run_id: str, identity: dict, r
         log.write(f"scalelab: {run_id} finished with status {status}" + (f": {reason}" if reason else "") + "\n")
     write_parquet(steps_table(identity, records), run_dir / "steps.parquet")
     write_json(run_dir / "summary.json", summary)  # last: its presence means the run is complete
-    for scratch in [run_dir / "worker_result.json", run_dir / "progress.jsonl", *run_dir.glob("rank*.error.json")]:
-        if status == "ok" or scratch.name == "worker_result.json":
+    for scratch in [run_dir / "worker_result.json", run_dir / "progress.jsonl", *run_dir.glob("rank*.error.json"),
+                    run_dir / LAUNCHER_FILE]:
+        if status == "ok" or scratch.name in ("worker_result.json", LAUNCHER_FILE):
             scratch.unlink(missing_ok=True)
     if status == "ok":  # checkpoints exist to resume an unfinished run; this one is finished
         import shutil
