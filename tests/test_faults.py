@@ -11,7 +11,7 @@ pytestmark = pytest.mark.faults  # not a tier: `pytest -m faults` runs the drill
 
 # The two drills that take twice a workflow test's usual time (measured: 124 s and 110 s under
 # load, the others 33-60 s); only the order `make test` hands out work reads it (tests/conftest.py).
-COST_S = {"silent_wrong_results": 60, "kill_mid_step": 55}
+COST_S = {"silent_wrong_results": 60, "kill_mid_step": 55, "sigint_to_snakemake": 60, "sigint_to_group": 55, "sigkill_snakemake": 45}
 
 
 @pytest.mark.workflow

@@ -238,6 +238,11 @@ def test_compile_lever_same_fp32_losses_compilation_out_of_the_steps(tmp_path, t
     # the measurements around it still hold: the same all-reduces, activations measured
     assert compiled["comm_bytes_per_step_measured"] == eager["comm_bytes_per_step_measured"]
     assert compiled["activation_bytes_measured"] > 0 and compiled["activation_bytes_outside_blocks_measured"] > 0
+    # what the compiled graphs save for backward (the partitioner's choice, seen by the saved-tensor
+    # hooks) is what the compiled model predicts (scalelab.accounting, compiled=True; issue #40)
+    assert compiled["activation_bytes_measured"] == compiled["activation_bytes_predicted"]
+    assert compiled["activation_bytes_outside_blocks_measured"] == compiled["activation_bytes_outside_blocks_predicted"]
+    assert compiled["predicted_peak_bound"] == "model" and compiled["predicted_peak_bytes"] < eager["predicted_peak_bytes"]
 
 
 @pytest.mark.run

@@ -378,8 +378,15 @@ def _sixteen_bit_params(precision: str, zero_stage: int | None) -> bool:
     return zero_stage is not None and comm_dtypes(precision, zero_stage).gather_bytes < 4
 
 
+def _compiled_math_attention(cfg: ModelConfig, precision: str, device_type: str) -> bool:
+    """fp32 grouped-query attention of the llama family on a GPU: SDPA's math path (no fused kernel
+    takes it), whose compiled partition is not modelled (the eager figure stands, an upper bound)."""
+    return cfg.family == "llama" and device_type == "cuda" and DTYPE_BYTES[precision] == 4 and _kv_dim(cfg) < cfg.d_model
+
+
 def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, activation_checkpointing: bool,
-                           convention: str = "model", zero_stage: int | None = None, device_type: str = "cpu") -> float:
+                           convention: str = "model", zero_stage: int | None = None, device_type: str = "cpu",
+                           compiled: bool = False) -> float:
     """Predicted activations all transformer blocks keep for backward, one micro-batch.
 
     ``convention='paper'``: Korthikanti et al. as published at the run's width: s b h (34 +
@@ -395,6 +402,29 @@ def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, a
     1.5%: the LayerNorms' fp32 mean and rstd, 8 s b bytes each, are not counted, as in fp32).
     The llama family: llama_block_activation_bytes (``device_type``: its kernels save differently
     on a GPU; the GPT-2 terms are the same on both).
+
+    ``compiled=True``: the blocks under torch.compile (the compile lever: inductor, one graph per
+    block), which keep what AOTAutograd's min-cut partitioner (``min_cut_rematerialization_partition``,
+    behind inductor's joint-graph passes) saves from the block's forward graph, not what eager
+    autograd's ops save. Read from the partitioner's saved tensors (torch 2.13, CPU; the partitioner
+    is device-independent; tests/test_compiled_memory.py), per layer:
+
+    * the same 16 s b h values (x, the LayerNorm outputs at w, q, k, v, the attention output, the
+      attention projection's output, the MLP's fc output and GELU output): at w in fp32 and with
+      16-bit parameters, but under autocast with fp32 parameters the block input x stays fp32 (4
+      bytes) and the rest is at w: the partitioner keeps the attention projection's 16-bit output and
+      recomputes the fp32 residual x + attn (the second LayerNorm's input, 4 bytes in eager) in
+      backward, so s b h (4 - w) bytes where eager keeps 2 s b h (4 - w); the w-byte copies of the
+      12 d^2 weights stay (2 x 12 d^2 bytes);
+    * counted here, unlike the eager formula: the LayerNorms' mean and rstd (4 x s b values at the
+      residual's width) and the attention kernel's fp32 logsumexp (4 b H s), which makes the
+      compiled formula exact against the partitioner;
+    * per-block checkpointing (traced into the graph) keeps the block input only, as in eager.
+
+    fp8 under torch.compile is predicted as bf16 under torch.compile, an upper bound: the
+    partitioner recomputes the Float8Linear inputs' float8 casts and keeps no weight copies (on the
+    CPU: 4 + 9w bytes per s b h value, the fc output and attention terms); an H200 measured more
+    than that and less than the bound (issue #40), so it is not modelled (activation_bound).
     """
     _no_formula(cfg, "activation")
     s, b, h, L = cfg.seq_len, micro_batch, cfg.d_model, cfg.n_layers
@@ -405,19 +435,25 @@ def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, a
     if convention != "model":
         raise ValueError(f"unknown convention {convention!r}: 'model' or 'paper'")
     if cfg.family == "llama":
-        return llama_block_activation_bytes(cfg, micro_batch, precision, activation_checkpointing, zero_stage, device_type)
+        return llama_block_activation_bytes(cfg, micro_batch, precision, activation_checkpointing, zero_stage, device_type,
+                                            compiled)
     amp = precision in AUTOCAST and not _sixteen_bit_params(precision, zero_stage)
     residual_width = 4 if amp else width
     if activation_checkpointing:
         return L * s * b * h * residual_width
     per_layer = 16 * s * b * h * width
+    if compiled:  # what the partitioner saves (see the docstring)
+        per_layer += 2 * 2 * residual_width * s * b + 4 * b * cfg.n_heads * s
+        if amp:
+            per_layer += s * b * h * (4 - width) + 2 * block_matmul_params(cfg)
+        return L * per_layer
     if amp:
         per_layer += 2 * s * b * h * (4 - width) + 2 * 12 * h * h
     return L * per_layer
 
 
 def llama_block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, activation_checkpointing: bool,
-                                 zero_stage: int | None = None, device_type: str = "cpu") -> float:
+                                 zero_stage: int | None = None, device_type: str = "cpu", compiled: bool = False) -> float:
     """What the llama family's blocks keep for backward, one micro-batch, in bytes (s = T, b the
     micro-batch, h = d, kv = n_kv_heads x D, f the SwiGLU width, H heads, w the compute width).
     Measured term by term with autograd's saved-tensor hooks (torch 2.13, CPU):
@@ -447,6 +483,17 @@ def llama_block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: 
     and fp32 grouped-query attention has no fused kernel there (flash takes 16-bit inputs, the
     memory-efficient kernel no enable_gqa), so SDPA's math path keeps the attention probabilities
     (4 b H s^2) and k and v repeated to H heads (+ 2w s b (h - kv)), and no logsumexp.
+
+    ``compiled=True`` (torch.compile, read from the min-cut partitioner's saved tensors as
+    block_activation_bytes says): RMSNorm is decomposed into the graph (on a GPU too), which keeps
+    the block input at the residual's width r (4, or w with 16-bit parameters), each norm's rstd (4 s
+    b) and its w-byte output (once: the linears share it), the rotated q and k, v, the attention output
+    and the o projection's output (the second norm's input x + attn is recomputed), the
+    logsumexp, and of SwiGLU gate's and up's outputs and their product (silu's output is
+    recomputed); autocast's weight copies and the RoPE tables as in eager:
+    (r + 5w) s b h + 2w s b kv + 3w s b f + 8 s b + 4 b H s per layer (+ 2 P under autocast). Per-block
+    checkpointing: as in eager. fp32 grouped-query attention on a GPU (SDPA's math path, traced into
+    the graph) is not modelled: the eager figure, an upper bound (activation_bound).
     """
     s, b, h, L, heads = cfg.seq_len, micro_batch, cfg.d_model, cfg.n_layers, cfg.n_heads
     kv, f, head_dim = _kv_dim(cfg), ffn_dim(cfg), h // heads
@@ -459,6 +506,13 @@ def llama_block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: 
         rope_once, rope_per_layer = (0.0, rope_per_layer) if sixteen else (2 * s * head_dim * 4, 0.0)
         return L * (s * b * h * residual + rope_per_layer) + rope_once
     gpu = device_type == "cuda"
+    if compiled and not _compiled_math_attention(cfg, precision, device_type):
+        residual = w if sixteen else 4
+        per_layer = ((residual + 5 * w) * s * b * h + 2 * w * s * b * kv + 3 * w * s * b * f
+                     + 8 * s * b + 4 * b * heads * s + rope_per_layer)
+        if amp:
+            per_layer += 2 * block_matmul_params(cfg)
+        return L * per_layer + rope_once
     if sixteen:
         norms = 4 * w if gpu else 3 * w + 16
     elif amp:
@@ -488,41 +542,57 @@ class LossPathBytes:
     is computed (the forward returns the loss alone). Backward: nll_loss's backward writes the
     gradient of the log-softmax output (4 B T V), and log_softmax's backward the gradient of
     its input (4 B T V) while its saved output is still alive.
+
+    ``compiled`` (the compile lever compiles ``cross_entropy_loss``): inductor fuses the fp32 cast,
+    log_softmax and nll_loss into reductions over the logits, and the partitioner saves the logits
+    themselves (w B T V: the loss's input) with each row's max and log-sum-exp (8 B T, counted by
+    outside_block_activation_bytes with the logits); neither the fp32 copy nor the log-softmax
+    output is ever written (0 here). Its backward is one fused kernel that writes the gradient of
+    the logits at w (w B T V, ``gradients``), alive beside the saved logits: the transient is
+    w B T V, where eager's is 8 B T V. (Read from inductor's generated code on the CPU: the only
+    B T V buffer of the compiled backward is its w-byte output.)
     """
 
     logits: float
     logits_fp32: float
     log_softmax: float
     gradients: float
+    compiled: bool = False
+    """The compiled loss: the logits are kept (counted outside the blocks), no transient in forward."""
 
     @property
     def forward_transient(self) -> float:
-        """Alive beside the saved log-softmax output while it is computed: the logits and their fp32 copy."""
-        return self.logits + self.logits_fp32
+        """Alive beside the saved log-softmax output while it is computed: the logits and their fp32
+        copy (compiled: nothing beyond the saved logits)."""
+        return 0.0 if self.compiled else self.logits + self.logits_fp32
 
     @property
     def backward_transient(self) -> float:
-        """Alive beside the saved log-softmax output in its backward: the two fp32 gradients."""
+        """Alive beside the saved log-softmax output in its backward: the two fp32 gradients
+        (compiled: beside the saved logits, their w-byte gradient)."""
         return self.gradients
 
     @property
     def transient(self) -> float:
         """The larger of the two moments' transients: 8 B T V bytes for every precision here
-        (forward: 4 in fp32, 2 + 4 = 6 under autocast; backward: 4 + 4)."""
+        (forward: 4 in fp32, 2 + 4 = 6 under autocast; backward: 4 + 4); compiled, w B T V."""
         return max(self.forward_transient, self.backward_transient)
 
 
-def loss_path_bytes(cfg: ModelConfig, micro_batch: int, precision: str) -> LossPathBytes:
+def loss_path_bytes(cfg: ModelConfig, micro_batch: int, precision: str, compiled: bool = False) -> LossPathBytes:
     """The logits, their fp32 copy, the log-softmax output and its gradients (see LossPathBytes)."""
     values = float(micro_batch * cfg.seq_len * cfg.vocab_size)
     width = DTYPE_BYTES[precision]
+    if compiled:
+        return LossPathBytes(logits=width * values, logits_fp32=0.0, log_softmax=0.0, gradients=width * values,
+                             compiled=True)
     return LossPathBytes(logits=width * values, logits_fp32=4 * values if width != 4 else 0.0,
                          log_softmax=4 * values, gradients=2 * 4 * values)
 
 
 def outside_block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str,
                                    accumulation_steps: int = 1, zero_stage: int | None = None,
-                                   device_type: str = "cpu") -> float:
+                                   device_type: str = "cpu", compiled: bool = False) -> float:
     """Predicted bytes kept for backward outside the transformer blocks by one micro-batch's
     forward, plus what that forward returns: what SavedActivationMeter measures as
     ``outside_blocks``. B = micro_batch, w = the compute width (LossPathBytes).
@@ -538,29 +608,33 @@ def outside_block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision
     * nll_loss's total weight and the returned loss: two fp32 scalars.
 
     Not counted: the logits and their fp32 copy, which nothing keeps (LossPathBytes), and
-    parameters (the fp32 head weight). Under torch.compile (the compile lever) the compiled
-    loss saves what its partitioner chooses; this is the eager prediction. fp16 and bf16 at stages 2
-    and 3 (``zero_stage``; 16-bit parameters, block_activation_bytes) keep a 16-bit residual stream
-    (w B T C) and no head weight copy."""
+    parameters (the fp32 head weight). fp16 and bf16 at stages 2 and 3 (``zero_stage``; 16-bit
+    parameters, block_activation_bytes) keep a 16-bit residual stream (w B T C) and no head weight copy.
+
+    ``compiled=True``: the loss under torch.compile (the compile lever; the final norm, the head and
+    the embeddings stay eager, so their terms stand). Its partitioner saves the logits (w B T V) in
+    place of the fp32 log-softmax output (4 B T V), each row's max and log-sum-exp (2 x 4 B T), and
+    the targets as handed in (a view of the token batch: no flattened copy)."""
     _no_formula(cfg, "activation")
     b, t, c, v = micro_batch, cfg.seq_len, cfg.d_model, cfg.vocab_size
     width = DTYPE_BYTES[precision]
     sixteen_bit_params = _sixteen_bit_params(precision, zero_stage)
     amp = precision in AUTOCAST and not sixteen_bit_params
-    log_softmax = 4 * b * t * v
+    # the loss's saved tensors: eager, log_softmax's fp32 output and the flattened targets (a copy when
+    # B > 1); compiled, the logits at w with each row's max and log-sum-exp, and the targets as given
+    loss = (width * b * t * v + 2 * 4 * b * t) if compiled else (4 * b * t * v + (8 * b * t if b > 1 else 0))
+    ids = 8 * accumulation_steps * b * (t + 1)
     if cfg.family == "llama":
         # the final RMSNorm keeps its fp32 input (or upcast) and x rstd (8 B T C) and rstd (4 B T);
         # the head's input: the norm's output at w (fp32, 16-bit parameters) or autocast's w-byte
         # cast of it, with the 16-bit copy of the untied head weight under autocast; no positions
         # (on a GPU the fused RMSNorm keeps its input only: 4 B T C, or w B T C with 16-bit parameters)
-        ids = 8 * accumulation_steps * b * (t + 1) + (8 * b * t if b > 1 else 0)
         head = width * b * t * c + (2 * v * c if amp else 0)
         norm = ((width if sixteen_bit_params else 4) if device_type == "cuda" else 8) * b * t * c + 4 * b * t
-        return float(log_softmax + norm + head + ids + 2 * 4)
+        return float(loss + norm + head + ids + 2 * 4)
     final_norm = (width if sixteen_bit_params else 4) * b * t * c + 2 * 4 * b * t
     head = width * b * t * c + (2 * v * c if amp else 0)
-    ids = 8 * accumulation_steps * b * (t + 1) + 8 * t + (8 * b * t if b > 1 else 0)
-    return float(log_softmax + final_norm + head + ids + 2 * 4)
+    return float(loss + final_norm + head + ids + 8 * t + 2 * 4)
 
 
 def recompute_flops_per_token(cfg: ModelConfig) -> float:
@@ -616,6 +690,45 @@ def largest_model(device_bytes: float, zero_stage: int, world_size: int, precisi
     return device_bytes / bytes_per_param_per_rank(zero_stage, world_size, precision, convention)
 
 
+MODELLED = "model"
+"""PeakMemory.bound of a prediction that models what the step keeps (activation_bound)."""
+UPPER_BOUND = "upper bound"
+"""How PeakMemory.bound starts where the prediction may exceed what the step holds."""
+LOWER_BOUND = "lower bound"
+"""How PeakMemory.bound starts where the prediction leaves something out (a user's module's activations)."""
+
+
+def activation_bound(cfg: ModelConfig, precision: str, compiled: bool = False, activation_checkpointing: bool = False,
+                     device_type: str = "cuda") -> str:
+    """What kind of figure peak_memory's activations are for a run: ``"model"`` (MODELLED) where
+    the formulas model what the step keeps (checked against saved-tensor hooks, or the compiled
+    graph's partitioner), else ``"upper bound: <why>"`` or ``"lower bound: <why>"``:
+
+    * ``upper bound``: fp8 without per-block checkpointing, eager or compiled, is predicted as bf16
+      (the same run without Float8Linear), and keeps less: Float8Linear saves no 16-bit weight copies
+      (eager, measured on the CPU), and compiled the partitioner recomputes its inputs' float8 casts
+      (tests/test_compiled_memory.py; issue #40 on an H200: the bf16 compiled figure is 11-12% above
+      the fp8 compiled runs' peaks); the llama family's fp32 grouped-query attention compiled on a
+      GPU (SDPA's math path traced into the graph: the eager figure);
+    * ``lower bound``: a user's module (ModelConfig.module), whose activations are not predicted (0:
+      model state and parameter gathers only).
+
+    A predicted total above the device memory means a certain OOM only for a model or a lower
+    bound (predicts_oom)."""
+    if cfg.module:
+        return f"{LOWER_BOUND}: a user's module has no activation formula (model state and parameter gathers only)"
+    if activation_checkpointing:  # each block keeps its input only, whatever it computes in
+        return MODELLED
+    if precision_record(precision).linears:
+        return (f"{UPPER_BOUND}: {precision} is predicted as {precision_record(precision).matmul_precision}"
+                f"{' under torch.compile' if compiled else ''}; its float8 linears keep less "
+                f"({'their float8 casts are recomputed in backward, ' if compiled else ''}no 16-bit weight copies)")
+    if compiled and _compiled_math_attention(cfg, precision, device_type):
+        return (f"{UPPER_BOUND}: fp32 grouped-query attention on a GPU runs SDPA's math path, whose compiled "
+                "partition is not modelled (the eager figure)")
+    return MODELLED
+
+
 @dataclass(frozen=True)
 class PeakMemory:
     """Predicted peak memory of one rank within a training step, in bytes."""
@@ -628,16 +741,35 @@ class PeakMemory:
     """Activations of one micro-batch at the step's peak: the blocks' (Korthikanti et al.), what
     the step keeps outside them, and the loss path's largest transient (the logits in forward,
     or the fp32 gradients of the log-softmax in backward)."""
+    bound: str = MODELLED
+    """What kind of figure ``activations`` (and so ``total``) is: ``"model"``, or ``"upper bound: <why>"``
+    / ``"lower bound: <why>"`` (activation_bound)."""
 
     @property
     def total(self) -> float:
         return self.model_state + self.transient_params + self.activations
 
+    @property
+    def exact(self) -> bool:
+        """The prediction models the step (no bound)."""
+        return self.bound == MODELLED
+
+    @property
+    def upper_bound(self) -> bool:
+        """The step may hold less than predicted: a total above the device memory is no proof of an OOM."""
+        return self.bound.startswith(UPPER_BOUND)
+
+
+def predicts_oom(peak: PeakMemory, limit_bytes: float | None) -> bool:
+    """Whether a prediction shows the step cannot fit ``limit_bytes`` (None: no limit known): its
+    total exceeds the limit and is a model or a lower bound, never an upper bound alone."""
+    return limit_bytes is not None and peak.total > limit_bytes and not peak.upper_bound
+
 
 def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: int, precision: str,
                 micro_batch: int, activation_checkpointing: bool = False, cpu_offload: bool = False,
                 accumulation_steps: int = 1, block_params: int | None = None, device_type: str = "cuda",
-                replicas: int = 1) -> PeakMemory:
+                replicas: int = 1, compiled: bool = False) -> PeakMemory:
     """Predicted in-step peak per rank on the device: model state at rest, plus what a step materialises.
 
     Stage 2 keeps every block's unsharded parameters from forward to backward: +b Psi (N-1)/N,
@@ -654,7 +786,10 @@ def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: in
     such a model's activations are not predicted (0 here: model state and gathers only).
     device_type: where the step runs (a GPU by default: this is planning for one; the llama
     family's kernels save differently on a CPU). replicas > 1: hybrid sharding, whose shards and
-    gathers are over a shard group of N/R ranks.
+    gathers are over a shard group of N/R ranks. compiled: the compile lever (blocks and loss under
+    torch.compile): the blocks' and the loss's compiled models (block_activation_bytes,
+    outside_block_activation_bytes, LossPathBytes: the loss's transient drops from 8 B T V to w B T V).
+    ``bound`` says whether the figure models the step or bounds it (activation_bound).
     """
     state = model_state_bytes(n_params, zero_stage, world_size, precision, "pytorch", replicas).total
     block_params = block_param_count(cfg) if block_params is None else block_params
@@ -665,10 +800,12 @@ def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: in
         state, transient = 0.0, 2 * gathered * block_params  # copied to the device, then gathered
     acts = 0.0 if cfg.module else (  # a user's module: no activation formula (model state and gathers only)
         block_activation_bytes(cfg, micro_batch, precision, activation_checkpointing, zero_stage=zero_stage,
-                               device_type=device_type)
-        + outside_block_activation_bytes(cfg, micro_batch, precision, accumulation_steps, zero_stage, device_type)
-        + loss_path_bytes(cfg, micro_batch, precision).transient)
-    return PeakMemory(state, transient, acts)
+                               device_type=device_type, compiled=compiled)
+        + outside_block_activation_bytes(cfg, micro_batch, precision, accumulation_steps, zero_stage, device_type,
+                                         compiled)
+        + loss_path_bytes(cfg, micro_batch, precision, compiled).transient)
+    return PeakMemory(state, transient, acts,
+                      activation_bound(cfg, precision, compiled, activation_checkpointing, device_type))
 
 
 # ----------------------------------------------------------------------------- LoRA (the last rung)

@@ -32,12 +32,13 @@ from scalelab.precisions import PRECISIONS
 from scalelab.strategies import strategy
 from scalelab.sweep import AXES
 
-SCHEMA_VERSION = "7"  # 2: lever identity columns; 3: device plan, launch and provenance sources;
+SCHEMA_VERSION = "8"  # 2: lever identity columns; 3: device plan, launch and provenance sources;
 # 4: the compile lever (identity column, compile time), MFU against the bf16 peak, activations outside the blocks predicted;
 # 5: run_path is the run id (run folders named by run id), field metadata names each column's writer and when it is filled;
 # 6: model families (model_family, model_module, n_kv_heads, ffn_dim, rope_base, flops_per_token_method), where ranks ran
 # (rank_hostnames, node_list, nodes_used); 7: hybrid sharding (replicas), bytes per step intra- and inter-node measured and
-# predicted, nodes_share_machine, the step-time model's prediction (predicted_step_time_s, its band, tokens/s, exposed comm, note)
+# predicted, nodes_share_machine, the step-time model's prediction (predicted_step_time_s, its band, tokens/s, exposed comm, note);
+# 8: predicted_peak_bound, compiled runs' memory predicted with the compiled graphs' model
 _META = {b"scalelab.schema_version": SCHEMA_VERSION.encode()}
 
 WRITERS = ("identity", "launch", "worker", "collect")
@@ -355,6 +356,10 @@ RUN = [
            "state and in-step parameters)", "launch", FORMULA),
     Column("predicted_transient_param_bytes", pa.float64(), "B", "the in-step (unsharded) parameter part of "
            "predicted_peak_bytes", "launch"),
+    Column("predicted_peak_bound", pa.string(), "-", "what predicted_peak_bytes is: 'model' (it models the step), 'upper "
+           "bound: why' (fp8, predicted as bf16: the step keeps less; never a reason to skip the run) or 'lower bound: "
+           "why' (a custom module: activations not predicted)", "launch",
+           Filled("every run planned since schema 8 (null in older rows)", None, _has("predicted_peak_bytes"))),
     Column("device_memory_bytes", pa.float64(), "B", "memory of one device the prediction is held against "
            "(planning.device_memory_gib, else the GPU's); null when unknown (CPU)", "launch",
            Filled("planning.device_memory_gib set, or a GPU run that ended ok", lambda row: _ok(row) and GPU.rows(row))),

@@ -122,7 +122,7 @@ def plan_memory(config: dict, model, point: RunPoint, micro_batch: int, device: 
     peak = accounting.peak_memory(model, n_params, point.zero_stage, point.world_size, point.precision, micro_batch,
                                   point.activation_checkpointing, point.cpu_offload, accumulation_steps,
                                   block_params=own["block_params"] if own else None, device_type=device,
-                                  replicas=point.replicas)
+                                  replicas=point.replicas, compiled=point.compile)
     if point.lora_rank and not point.cpu_offload:  # frozen weights: no gradient or optimizer state for them
         trainable = (counted(model, point.lora_rank)["lora_trainable"] if own
                      else accounting.lora_trainable_params(model, point.lora_rank))
@@ -137,13 +137,14 @@ def plan_memory(config: dict, model, point: RunPoint, micro_batch: int, device: 
         if torch.cuda.is_available():  # a cuda run on a machine without one is skipped anyway
             limit = torch.cuda.get_device_properties(0).total_memory
     oom = None
-    if limit is not None and peak.total > limit:
+    if accounting.predicts_oom(peak, limit):  # never on an upper bound alone: such a run is launched and measured
         oom = (f"predicted peak {peak.total / 2**20:.1f} MiB per rank (model state {peak.model_state / 2**20:.1f} + "
-               f"in-step parameters {peak.transient_params / 2**20:.1f} + activations {peak.activations / 2**20:.1f}) "
-               f"exceeds the device memory {limit / 2**20:.1f} MiB; not launched "
-               "(set planning.launch_predicted_oom: true to launch it anyway)")
+               f"in-step parameters {peak.transient_params / 2**20:.1f} + activations {peak.activations / 2**20:.1f}"
+               + ("" if peak.exact else f"; {peak.bound}") + f") exceeds the device memory {limit / 2**20:.1f} MiB; "
+               "not launched (set planning.launch_predicted_oom: true to launch it anyway)")
     return {"predicted_peak_bytes": peak.total, "predicted_activation_bytes": None if own else peak.activations,
-            "predicted_transient_param_bytes": peak.transient_params, "device_memory_bytes": limit,
+            "predicted_transient_param_bytes": peak.transient_params, "predicted_peak_bound": peak.bound,
+            "device_memory_bytes": limit,
             "predicted_oom_reason": oom}
 
 

@@ -560,11 +560,12 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "activation_measure": "bytes saved for backward by one micro-batch's forward on rank 0 (autograd saved-tensor hooks), "
                               "and outside the blocks what the forward returns",
         "activation_bytes_predicted": None if custom else accounting.block_activation_bytes(
-            model_cfg, run.micro, precision, ac, zero_stage=point.zero_stage, device_type=run.device.type),
+            model_cfg, run.micro, precision, ac, zero_stage=point.zero_stage, device_type=run.device.type,
+            compiled=bool(point.compile)),
         "activation_bytes_predicted_paper": None if custom else accounting.block_activation_bytes(
             model_cfg, run.micro, precision, ac, "paper"),
         "activation_bytes_outside_blocks_predicted": None if custom else accounting.outside_block_activation_bytes(
-            model_cfg, run.micro, precision, accum, point.zero_stage, run.device.type),
+            model_cfg, run.micro, precision, accum, point.zero_stage, run.device.type, compiled=bool(point.compile)),
         "ddp_buckets_predicted": accounting.ddp_bucket_count(run.param_bytes, point.bucket_mb) if point.bucket_mb else None,
         "skipped_steps": tally.skipped_steps,
         "resumed_from_step": run.start_step - 1 if run.start_step else None,
