@@ -61,11 +61,16 @@ slurm:
 clean-results:
 	rm -rf results/data results/runs results/report results/logs results/*.parquet
 
-# The GPU machine has Python 3.12, torch with CUDA, numpy, pandas, pyarrow, seaborn, pytest
-# but no network and no Snakemake, jsonschema or torchao. `make gpu-bundle` (here, with network)
-# puts their wheels in .whl/ (git-ignored, ~31 MB: carry it); `make gpu-check` (there) installs
-# them without network and runs python -m scalelab.harness.gpu_check (GPU tests, the 350M
-# benchmark, a reference sweep). GPU_CHECK_ARGS passes options, e.g. --only bench.
+# The GPU machine has Python 3.12 and torch with CUDA, no network, and of scalelab's runtime
+# dependencies only those scalelab.harness.gpu_check.GPU_MACHINE_HAS names (numpy, pandas, ...).
+# `make gpu-bundle` (here, with network) puts wheels of all the others, with their dependencies,
+# in .whl/ (git-ignored, ~31 MB: carry it): the requirements that
+# `python -m scalelab.harness.gpu_check --bundle-requirements` prints (pyproject.toml's runtime
+# dependencies the machine lacks, and torchao for fp8), kept in .whl/requirements.txt.
+# `make gpu-check` (there) installs them without network and runs python -m
+# scalelab.harness.gpu_check within a 9-minute deadline (GPU tests; scalelab against a plain
+# PyTorch loop; fp8 against bf16 at 350M and 1.3B; a reference sweep; the other precisions).
+# GPU_CHECK_ARGS passes options, e.g. --only bench or --deadline-s 300.
 GPU_PYTHON_VERSION ?= 3.12
 GPU_PLATFORMS = --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
 	--platform manylinux2014_x86_64 --platform manylinux1_x86_64
@@ -73,11 +78,12 @@ GPU_SITE ?= /tmp/scalelab-site
 
 gpu-bundle: setup
 	rm -rf .whl && mkdir -p .whl
+	$(VENV)/bin/python -m scalelab.harness.gpu_check --bundle-requirements > .whl/requirements.txt
 	# connection_pool (a Snakemake dependency) has no wheel on the index: build one
 	$(VENV)/bin/pip wheel -q --no-deps connection_pool==0.0.3 -w .whl
 	$(VENV)/bin/pip download -q --only-binary=:all: --python-version $(GPU_PYTHON_VERSION) --implementation cp \
-		$(GPU_PLATFORMS) --find-links .whl -d .whl "snakemake>=9.14.8" "jsonschema>=4" "torchao==0.18.0"
-	@du -sh .whl && ls .whl | wc -l
+		$(GPU_PLATFORMS) --find-links .whl -d .whl -r .whl/requirements.txt
+	@du -sh .whl && ls .whl/*.whl | wc -l
 
 gpu-check:
 	python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) .whl/*.whl

@@ -1,151 +1,594 @@
 """The first GPU check, in one command: `make gpu-check` on a machine with an NVIDIA GPU.
 
-    python -m scalelab.harness.gpu_check               suite + benchmark + reference sweep (needs CUDA)
-    python -m scalelab.harness.gpu_check --only bench  one part: suite | bench | sweep
-    python -m scalelab.harness.gpu_check --dry-run     the same steps on the CPU with a tiny model
+    python -m scalelab.harness.gpu_check                  every part, within --deadline-s (needs CUDA)
+    python -m scalelab.harness.gpu_check --only bench     some parts: suite | bench | fp8 | sweep | diagnose | rest
+    python -m scalelab.harness.gpu_check --dry-run        the same steps on the CPU with tiny models
+    python -m scalelab.harness.gpu_check --bundle-requirements   what `make gpu-bundle` downloads
 
-1. the GPU tests (`pytest -m gpu`);
-2. a benchmark of the ~350M GPT (24 layers, d 1024, 16 heads, seq 1024, vocab 50304) at world
-   size 1, bf16 / fp16 / fp32 with TF32 / fp8, eager and compiled: tokens/s, MFU (against
-   the precision's dense peak and against the bf16 peak), peak memory measured vs predicted;
-3. a small world-size-1 sweep through the workflow into results/reference/<device>-<date>/,
-   with the commit recorded (SCALELAB_GIT_COMMIT: a copied tree has no .git).
+The parts, in order of value (each gets the time the ones before it left, see --deadline-s):
 
-Each part prints what it measured and writes it as JSON under --out (default
-results/gpu-check/). The dry run exercises every step that does not need CUDA, on the CPU,
-and labels its figures as CPU figures: they say nothing about a GPU.
+1. suite: the GPU tests (`pytest -m gpu`);
+2. bench: scalelab against a plain PyTorch loop (scalelab.harness.plain_loop: nanoGPT's shape,
+   nothing of scalelab's code) at the ~350M GPT (24 layers, d 1024, 16 heads, seq 1024, vocab
+   50304, batch 16), bf16 eager and compiled: each a world-size-1 stage-0 scalelab run and the
+   plain loop of the same shape and batch, each a fresh process, alternated;
+3. fp8: scalelab's fp8 against its bf16, compiled, at the ~350M shape (the bench's bf16 run
+   counts) and at 1.3B (24 layers, d 2048, 16 heads, seq 1024, batch 16): fp8/bf16 tokens/s per size;
+4. sweep: a small world-size-1 sweep through the workflow into results/reference/<device>-<date>/,
+   with the commit recorded (SCALELAB_GIT_COMMIT: a copied tree has no .git);
+5. diagnose: what a scalelab/plain gap comes from: the plain loop with one of scalelab's
+   differences at a time, bf16 compiled (compiled per block and loss instead of the whole model;
+   in DDP at world size 1), each against the plain loop as a user writes it;
+6. rest: fp16 and fp32 with TF32, eager and compiled, against the plain loop.
+
+Once every part has had its turn, the time left repeats the comparisons of parts 2, 3 and 5 (a
+second scalelab run, then a second plain run; bf16, then fp8), up to --rounds measurements of
+each side, and each side's figure becomes the median of its rounds. Tokens/s of both sides is
+from the median step time after the warm-up steps (the same steps, batch and shape); scalelab's
+MFU is its run's.
+
+The GPU targets: scalelab/plain >= 0.98, eager and compiled; 350M bf16 compiled MFU >= 0.45;
+1.3B bf16 compiled MFU >= 0.55.
+
+The deadline (--deadline-s, default 540 s: the GPU machine gives a command 10 minutes) bounds
+the whole check: each process it starts gets the time that is left as its timeout, and a part or
+point that would start with too little left is recorded as "not run: deadline". The summary
+table comes last; every result is in <out>/gpu-check.json (written after each part, so a check
+cut short keeps what it measured), with the logs beside it.
+
+The dry run takes every step on the CPU, one round, one thread per process, and labels its
+figures as CPU figures (they say nothing about a GPU): scalelab against the plain loop at a tiny
+GPT (2 x 64) in bf16 eager and compiled and fp32 eager, fp8 emulated by torchao against bf16
+(eager) at the tiny shape and a small one (2 x 128), a reference sweep kept under --out, and
+the plain loop in DDP (eager).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
 import re
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalelab.harness import REPO_ROOT
 
-# The ~350M GPT of the MFU goal (GPT-2 medium's shape, vocab padded to a multiple of 64).
-GPT_350M = {"n_layers": 24, "d_model": 1024, "n_heads": 16, "seq_len": 1024, "tie_embeddings": True}
-VOCAB_350M = 50304
-TINY = {"n_layers": 2, "d_model": 64, "n_heads": 4, "seq_len": 64, "tie_embeddings": True}
-# (label, precision, tf32, compile)
-BENCH_POINTS = [(f"{p}{'+tf32' if tf32 else ''}{' compiled' if comp else ''}", p, tf32, comp)
-                for p, tf32 in (("bf16", False), ("fp16", False), ("fp32", True), ("fp8", False))
-                for comp in (False, True)]
+# ----------------------------------------------------------------------------- what the GPU machine lacks
+GPU_MACHINE_HAS = frozenset({
+    "numpy", "pandas", "pyarrow", "matplotlib", "seaborn", "pyyaml", "tokenizers", "jinja2", "psutil",
+    "pytest", "pytest-xdist", "pytest-timeout", "torch",
+})
+"""The distributions the GPU machine has installed (Python 3.12, torch with CUDA, no network).
+Every runtime dependency of pyproject.toml not named here goes into `make gpu-bundle`'s wheels."""
+BUNDLE_EXTRAS = ("torchao",)
+"""Beyond the runtime dependencies, what the check needs there: torchao for fp8, at the version
+the tests pin (pyproject.toml's ``test`` extra)."""
 
 
-def _bench_config(dry_run: bool, data_dir: Path, tf32: bool) -> dict:
-    from scalelab.harness.testing import tiny_config
-
-    cfg = tiny_config()
-    cfg["model"].update(TINY if dry_run else GPT_350M)
-    cfg["train"].update(steps=6 if dry_run else 30, warmup_steps=2 if dry_run else 10,
-                        global_batch=4 if dry_run else 16, device="cpu" if dry_run else "cuda",
-                        tf32=tf32 and not dry_run, fp8_emulate=dry_run, run_timeout_s=600)
-    cfg["dataset"].update(name="bench", source="tokenized", path=str(data_dir / "corpus"),
-                          vocab_size=256 if dry_run else VOCAB_350M)
-    return cfg
+def _dist_name(requirement: str) -> str:
+    """The normalised distribution name of a requirement string ("Jinja2>=3" -> "jinja2")."""
+    name = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement).group(1)
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _tokens(data_dir: Path, vocab: int, n_tokens: int) -> None:
-    """A tokenized corpus of random ids (speed does not depend on the text)."""
-    import numpy as np
+def _pyproject(root: Path = REPO_ROOT) -> dict:
+    import tomllib
 
-    corpus = data_dir / "corpus"
-    corpus.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    rng.integers(0, vocab, n_tokens, dtype=np.uint16).tofile(corpus / "train.bin")
-    rng.integers(0, vocab, n_tokens // 10, dtype=np.uint16).tofile(corpus / "val.bin")
+    return tomllib.loads((root / "pyproject.toml").read_text())
 
 
-def benchmark(out: Path, dry_run: bool) -> list[dict]:
-    """One world-size-1 run per benchmark point, side by side in this one process."""
-    from scalelab.config import dataset_config
-    from scalelab.data import prepare_dataset
-    from scalelab.sweep import AXIS, RunPoint
-    from scalelab.training.launch import launch_run
+def bundle_requirements(root: Path = REPO_ROOT) -> list[str]:
+    """The requirements `make gpu-bundle` downloads wheels for: pyproject.toml's runtime
+    dependencies that the GPU machine lacks (GPU_MACHINE_HAS), then BUNDLE_EXTRAS as the
+    ``test`` extra pins them."""
+    project = _pyproject(root)["project"]
+    wanted = [r.strip() for r in project["dependencies"] if _dist_name(r) not in GPU_MACHINE_HAS]
+    pinned = {_dist_name(r): r.strip() for r in project.get("optional-dependencies", {}).get("test", [])}
+    return wanted + [pinned.get(name, name) for name in BUNDLE_EXTRAS if name not in {_dist_name(r) for r in wanted}]
 
-    work = Path(tempfile.mkdtemp(prefix="scalelab-bench-"))
-    _tokens(work, 256 if dry_run else VOCAB_350M, 200_000 if dry_run else 4_000_000)
-    base = _bench_config(dry_run, work, tf32=False)
-    prepare_dataset(dataset_config(base), work / "data", seq_len=base["model"]["seq_len"])
-    points = [p for p in BENCH_POINTS if "compile" in AXIS or not p[3]]
-    if dry_run:  # fp16, TF32 and compile speed mean nothing on a CPU: eager fp32 and emulated fp8 show the path
-        points = [("fp32", "fp32", False, False), ("fp8", "fp8", False, False)]
-    rows = []
-    for label, precision, tf32, compiled in points:
-        cfg = _bench_config(dry_run, work, tf32)
-        lever = {"compile": compiled} if "compile" in AXIS else {}
-        point = RunPoint(precision, 0, 1, **lever)
-        started = time.time()
-        s = launch_run(cfg, point, work / "data", work / "runs" / label.replace(" ", "-"),
-                       work / "logs" / f"{label.replace(' ', '-')}.log", threads=os.cpu_count() or 1)
+
+# ----------------------------------------------------------------------------- shapes and points
+# GPT shapes of the check: the model (GPT-2's layout, tied embeddings), vocabulary and batch. One
+# prepared dataset serves every shape of a run of the check: they share seq_len and vocabulary.
+GPU_SHAPES = {
+    "350M": {"n_layers": 24, "d_model": 1024, "n_heads": 16, "seq_len": 1024, "vocab_size": 50304, "batch": 16},
+    "1.3B": {"n_layers": 24, "d_model": 2048, "n_heads": 16, "seq_len": 1024, "vocab_size": 50304, "batch": 16},
+}
+DRY_SHAPES = {
+    "tiny": {"n_layers": 2, "d_model": 64, "n_heads": 4, "seq_len": 64, "vocab_size": 256, "batch": 4},
+    "small": {"n_layers": 2, "d_model": 128, "n_heads": 4, "seq_len": 64, "vocab_size": 256, "batch": 4},
+}
+STEPS = {"gpu": (30, 10), "dry": (6, 2)}  # (steps, warm-up steps) of every measured run
+TARGETS = {"ratio": 0.98, ("350M", "bf16", True): 0.45, ("1.3B", "bf16", True): 0.55}
+TARGETS_TEXT = ("GPU targets: scalelab/plain tokens/s >= 0.98, eager and compiled; "
+                "350M bf16 compiled MFU >= 0.45; 1.3B (24 x 2048) bf16 compiled MFU >= 0.55")
+
+
+@dataclass(frozen=True)
+class Key:
+    """One measured configuration: a shape, a precision, TF32, compiled or eager."""
+
+    shape: str
+    precision: str
+    tf32: bool = False
+    compiled: bool = False
+    variant: str = ""
+    """The plain loop's variant (plain_loop's module doc): "" as a user writes it, "blocks" (compiled
+    per block and loss, as scalelab's compile lever), "ddp" (in DDP at world size 1, as scalelab's stage 0)."""
+
+    @property
+    def label(self) -> str:
+        return (f"{self.shape} {self.precision}{'+tf32' if self.tf32 else ''} {'compiled' if self.compiled else 'eager'}"
+                + (f" [{self.variant}]" if self.variant else ""))
+
+    @property
+    def base(self) -> "Key":
+        return dataclasses.replace(self, variant="")
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9.]+", "-", self.label)
+
+
+def comparison_points(dry_run: bool) -> dict[str, list[Key]]:
+    """The scalelab-against-plain points of the parts bench and rest."""
+    shape = "tiny" if dry_run else "350M"
+    bench = [Key(shape, "bf16", compiled=c) for c in (False, True)]
+    if dry_run:  # fp16 and TF32 mean nothing on a CPU; bf16 took the compiled path of both sides already
+        rest = [Key(shape, "fp32")]
+    else:
+        rest = [Key(shape, p, tf32=p == "fp32", compiled=c) for p in ("fp16", "fp32") for c in (False, True)]
+    return {"bench": bench, "rest": rest}
+
+
+def diagnose_points(dry_run: bool) -> list[Key]:
+    """The plain loop's variants, each one of scalelab's differences from it, at bf16 compiled on a
+    GPU (the issue-#40 gap: scalelab compiled ran 0.889 of the plain loop): compile scope and DDP.
+    A dry run takes the DDP variant eager (a CPU compilation costs half a minute for nothing)."""
+    if dry_run:
+        return [Key("tiny", "fp32", variant="ddp")]
+    return [Key("350M", "bf16", compiled=True, variant=v) for v in ("blocks", "ddp")]
+
+
+def fp8_points(dry_run: bool) -> list[tuple[Key, Key]]:
+    """(bf16, fp8) pairs at two sizes: compiled on a GPU; eager in a dry run, where fp8 is emulated
+    (torchao's float8 casts in bf16) and a compilation per point would cost half a minute of CPU
+    for figures that mean nothing (tests/test_levers.py compiles emulated fp8)."""
+    shapes = DRY_SHAPES if dry_run else GPU_SHAPES
+    return [(Key(s, "bf16", compiled=not dry_run), Key(s, "fp8", compiled=not dry_run)) for s in shapes]
+
+
+# The least time a measurement may start with (seconds): what one needs, start-up and compilation
+# included, on each kind of machine; with less left it is recorded as "not run: deadline".
+MIN_LEFT_S = {("gpu", False): 40, ("gpu", True): 100, ("dry", False): 8, ("dry", True): 25}
+MIN_LEFT_SUITE_S = {"gpu": 30, "dry": 10}
+MIN_LEFT_SWEEP_S = {"gpu": 150, "dry": 20}
+RESERVE_S = 5.0  # kept back for the summary and the JSON
+LAUNCH_TEARDOWN_S = 15.0  # what a scalelab run may take past its run_timeout_s (stopping its ranks, its results)
+
+
+# ----------------------------------------------------------------------------- the check
+@dataclass
+class Check:
+    out: Path
+    dry_run: bool
+    deadline_s: float
+    work: Path
+    rounds: int = 2
+    started: float = field(default_factory=lambda: time.monotonic())
+    scalelab: dict = field(default_factory=dict)  # Key -> [measurement]
+    plain: dict = field(default_factory=dict)  # Key -> [measurement]
+    parts: dict = field(default_factory=dict)  # part name -> record
+    data_dir: Path | None = None
+
+    @property
+    def kind(self) -> str:
+        return "dry" if self.dry_run else "gpu"
+
+    @property
+    def threads(self) -> int:
+        """CPU threads of each measured process, the same for both sides: one in a dry run (two
+        threads of a busy 2-core machine wait on each other for tens of milliseconds a step)."""
+        return 1 if self.dry_run else os.cpu_count() or 1
+
+    @property
+    def shapes(self) -> dict:
+        return DRY_SHAPES if self.dry_run else GPU_SHAPES
+
+    def left(self) -> float:
+        """Seconds left for work (the deadline less what the summary keeps back)."""
+        return self.deadline_s - (time.monotonic() - self.started) - RESERVE_S
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    # -- measurements
+    def measure_scalelab(self, key: Key) -> dict:
+        need = MIN_LEFT_S[(self.kind, key.compiled)]
+        if self.left() < need:
+            return self._not_run("scalelab", key, need)
+        from scalelab.sweep import AXIS, RunPoint
+        from scalelab.training.launch import launch_run
+
+        data_dir = self._data()
+        n = sum(m["status"] != "not run: deadline" for m in self.scalelab.get(key, []))
+        cfg = self._config(key)
+        lever = {"compile": key.compiled} if "compile" in AXIS else {}
+        point = RunPoint(key.precision, 0, 1, **lever)
+        started = time.monotonic()
+        name = f"scalelab-{key.slug}-{n + 1}"
+        try:
+            s = launch_run(cfg, point, data_dir, self.work / "runs" / name, self.out / "logs" / f"{name}.log",
+                           threads=self.threads)
+        except Exception as err:  # a check on a lent machine goes on to its other points
+            s = {"status": "failed", "reason": f"launch_run raised {type(err).__name__}: {err}"}
+        per_step = s.get("tokens_per_step")
+        median = s.get("step_time_s_median")
         peak = s.get("peak_mem_allocated_bytes") or s.get("peak_rss_bytes")  # device memory; on a CPU the process RSS
-        rows.append({"label": label, "status": s["status"], "reason": s.get("reason"),
-                     "tokens_per_s": s.get("tokens_per_s"), "mfu": s.get("mfu"), "mfu_bf16_peak": s.get("mfu_bf16_peak"),
-                     "peak_flops_source": s.get("peak_flops_source"), "peak_bytes_measured": peak,
-                     "peak_bytes_predicted": s.get("predicted_peak_bytes"), "compile_time_s": s.get("compile_time_s"),
-                     "wall_s": time.time() - started, "device_name": s.get("device_name"),
-                     "n_params": s.get("n_params")})
-        print(_bench_line(rows[-1]), flush=True)
-    (out / "bench.json").write_text(json.dumps({"dry_run": dry_run, "rows": rows}, indent=2, default=str))
-    return rows
+        m = {"side": "scalelab", "key": key.label, "round": n + 1, "status": s["status"], "reason": s.get("reason"),
+             "tokens_per_s": per_step / median if per_step and median else None,
+             "tokens_per_s_mean": s.get("tokens_per_s"), "step_time_s_median": median, "mfu": s.get("mfu"),
+             "mfu_bf16_peak": s.get("mfu_bf16_peak"), "peak_flops_source": s.get("peak_flops_source"),
+             "peak_bytes_measured": peak, "peak_bytes_measured_is": "device" if s.get("peak_mem_allocated_bytes") else "process RSS",
+             "peak_bytes_predicted": s.get("predicted_peak_bytes"), "compile_time_s": s.get("compile_time_s"),
+             "wall_s": time.monotonic() - started, "device_name": s.get("device_name"), "n_params": s.get("n_params"),
+             "fp8_emulated": s.get("fp8_emulated"), "log": str(self.out / "logs" / f"{name}.log")}
+        return self._keep("scalelab", key, m)
+
+    def measure_plain(self, key: Key) -> dict:
+        need = MIN_LEFT_S[(self.kind, key.compiled)]
+        if self.left() < need:
+            return self._not_run("plain", key, need)
+        shape = self.shapes[key.shape]
+        steps, warmup = STEPS[self.kind]
+        n = sum(m["status"] != "not run: deadline" for m in self.plain.get(key, []))
+        name = f"plain-{key.slug}-{n + 1}"
+        result_path = self.work / f"{name}.json"
+        cmd = [sys.executable, "-m", "scalelab.harness.plain_loop", "--n-layers", str(shape["n_layers"]),
+               "--d-model", str(shape["d_model"]), "--n-heads", str(shape["n_heads"]), "--seq-len", str(shape["seq_len"]),
+               "--vocab-size", str(shape["vocab_size"]), "--batch-size", str(shape["batch"]), "--steps", str(steps),
+               "--warmup-steps", str(warmup), "--precision", key.precision, "--device", "cpu" if self.dry_run else "cuda",
+               "--json", str(result_path)]
+        cmd += ["--compile"] if key.compiled else []
+        cmd += ["--compile-scope", "blocks"] if key.variant == "blocks" else []
+        cmd += ["--ddp"] if key.variant == "ddp" else []
+        cmd += ["--tf32"] if key.tf32 else []
+        cmd += ["--threads", str(self.threads)]
+        started = time.monotonic()
+        env = {**os.environ, "OMP_NUM_THREADS": str(self.threads), "PYTHONUNBUFFERED": "1"}
+        rc, output = run_bounded(cmd, self.left(), env=env)
+        log = self.out / "logs" / f"{name}.log"
+        log.write_text(" ".join(cmd) + "\n" + output)
+        m = {"side": "plain", "key": key.label, "round": n + 1, "wall_s": time.monotonic() - started, "log": str(log)}
+        if rc == 0 and result_path.exists():
+            r = json.loads(result_path.read_text())
+            m.update(status="ok", reason=None, tokens_per_s=r["tokens_per_s"], tokens_per_s_mean=r["tokens_per_s_mean"],
+                     step_time_s_median=r["step_time_s_median"], peak_bytes_measured=r["peak_mem_allocated_bytes"],
+                     first_step_s=r["first_step_s"], n_params=r["n_params"], device_name=r["device_name"],
+                     final_loss=r["final_loss"])
+        elif rc is None:
+            m.update(status="timeout", reason=f"stopped at the deadline ({self.deadline_s:g} s)")
+        else:
+            oom = "out of memory" in output.lower()
+            m.update(status="oom" if oom else "failed", reason=f"exit code {rc}: {output.strip()[-500:]}")
+        return self._keep("plain", key, m)
+
+    def _keep(self, side: str, key: Key, m: dict) -> dict:
+        """Record a measurement (in place of a "not run" one of the same key)."""
+        store = getattr(self, side)
+        store[key] = [old for old in store.get(key, []) if not old["status"].startswith("not run")] + [m]
+        print(_measure_line(m), flush=True)
+        return m
+
+    def _not_run(self, side: str, key: Key, need: float) -> dict:
+        m = {"side": side, "key": key.label, "status": "not run: deadline",
+             "reason": f"{max(self.left(), 0):.0f} s left, a run needs {need} s"}
+        if not getattr(self, side).get(key):
+            getattr(self, side)[key] = [m]
+        print(_measure_line(m), flush=True)
+        return m
+
+    def _config(self, key: Key) -> dict:
+        from scalelab.harness.testing import tiny_config
+
+        shape = self.shapes[key.shape]
+        steps, warmup = STEPS[self.kind]
+        cfg = tiny_config()
+        cfg["model"].update({k: shape[k] for k in ("n_layers", "d_model", "n_heads", "seq_len")}, tie_embeddings=True)
+        cfg["train"].update(steps=steps, warmup_steps=warmup, global_batch=shape["batch"],
+                            device="cpu" if self.dry_run else "cuda", tf32=key.tf32 and not self.dry_run,
+                            fp8_emulate=self.dry_run, run_timeout_s=max(1.0, self.left() - LAUNCH_TEARDOWN_S))
+        cfg["dataset"].update(name="bench", source="tokenized", path=str(self.work / "corpus"),
+                              vocab_size=shape["vocab_size"])
+        return cfg
+
+    def _data(self) -> Path:
+        """The random-token corpus, prepared once (speed does not depend on the text)."""
+        if self.data_dir is None:
+            import numpy as np
+
+            from scalelab.config import dataset_config
+            from scalelab.data import prepare_dataset
+
+            shape = next(iter(self.shapes.values()))
+            corpus = self.work / "corpus"
+            corpus.mkdir(parents=True, exist_ok=True)
+            rng = np.random.default_rng(0)
+            n_tokens = 200_000 if self.dry_run else 4_000_000
+            rng.integers(0, shape["vocab_size"], n_tokens, dtype=np.uint16).tofile(corpus / "train.bin")
+            rng.integers(0, shape["vocab_size"], n_tokens // 10, dtype=np.uint16).tofile(corpus / "val.bin")
+            self.data_dir = self.work / "data"
+            prepare_dataset(dataset_config(self._config(Key(next(iter(self.shapes)), "fp32"))), self.data_dir,
+                            seq_len=shape["seq_len"])
+        return self.data_dir
+
+    # -- derived figures
+    def comparison(self, key: Key) -> dict:
+        """scalelab against the plain loop at one key: each side's median over its rounds."""
+        s = [m for m in self.scalelab.get(key, []) if m["status"] == "ok"]
+        p = [m for m in self.plain.get(key, []) if m["status"] == "ok"]
+        s_tps = statistics.median(m["tokens_per_s"] for m in s) if s else None
+        p_tps = statistics.median(m["tokens_per_s"] for m in p) if p else None
+        mfu = statistics.median(m["mfu"] for m in s) if s and all(m["mfu"] is not None for m in s) else None
+        ratio = s_tps / p_tps if s_tps and p_tps else None
+        # the plain loop's MFU: its tokens/s at scalelab's FLOPs per token and peak (MFU / tokens/s of a run)
+        plain_mfu = (statistics.median(m["mfu"] / m["tokens_per_s_mean"] for m in s) * p_tps
+                     if mfu is not None and p_tps and all(m["tokens_per_s_mean"] for m in s) else None)
+        row = {"label": key.label, "shape": key.shape, "precision": key.precision, "tf32": key.tf32,
+               "compiled": key.compiled, "scalelab_tokens_per_s": s_tps, "plain_tokens_per_s": p_tps, "ratio": ratio,
+               "scalelab_mfu": mfu, "plain_mfu": plain_mfu,
+               "rounds": [len(s), len(p)], "status": _status(self.scalelab.get(key, []) + self.plain.get(key, [])),
+               "targets": self.targets(key, ratio, mfu)}
+        return row
+
+    def fp8_row(self, bf16: Key, fp8: Key) -> dict:
+        b = [m for m in self.scalelab.get(bf16, []) if m["status"] == "ok"]
+        f = [m for m in self.scalelab.get(fp8, []) if m["status"] == "ok"]
+        b_tps = statistics.median(m["tokens_per_s"] for m in b) if b else None
+        f_tps = statistics.median(m["tokens_per_s"] for m in f) if f else None
+        b_mfu = statistics.median(m["mfu"] for m in b) if b and all(m["mfu"] is not None for m in b) else None
+        f_mfu = statistics.median(m["mfu_bf16_peak"] for m in f) if f and all(m["mfu_bf16_peak"] is not None for m in f) else None
+        return {"shape": bf16.shape, "model": self.shapes[bf16.shape], "compiled": bf16.compiled,
+                "bf16_tokens_per_s": b_tps, "fp8_tokens_per_s": f_tps, "fp8_over_bf16": f_tps / b_tps if b_tps and f_tps else None,
+                "bf16_mfu": b_mfu, "fp8_mfu_bf16_peak": f_mfu, "rounds": [len(b), len(f)],
+                "fp8_emulated": self.dry_run or any(m.get("fp8_emulated") for m in f),
+                "status": _status(self.scalelab.get(bf16, []) + self.scalelab.get(fp8, [])),
+                "targets": self.targets(bf16, None, b_mfu, with_ratio=False)}
+
+    def targets(self, key: Key, ratio: float | None, mfu: float | None, with_ratio: bool = True) -> list[dict]:
+        """The GPU targets of a key and whether they were met (None: no figure, or a dry run,
+        whose CPU figures are held against no target)."""
+        met = lambda value, goal: None if value is None or self.dry_run else value >= goal  # noqa: E731
+        out = [{"target": f"ratio >= {TARGETS['ratio']}", "met": met(ratio, TARGETS["ratio"])}] if with_ratio else []
+        goal = TARGETS.get((key.shape, key.precision, key.compiled))
+        if goal is not None and not key.tf32:
+            out.append({"target": f"MFU >= {goal}", "met": met(mfu, goal)})
+        return out
+
+    # -- JSON
+    def record(self) -> dict:
+        points = comparison_points(self.dry_run)
+        return {"dry_run": self.dry_run, "figures": "CPU figures: they say nothing about a GPU" if self.dry_run else "GPU figures",
+                "deadline_s": self.deadline_s, "elapsed_s": self.elapsed(), "targets": TARGETS_TEXT,
+                "shapes": self.shapes, "steps": dict(zip(("steps", "warmup_steps"), STEPS[self.kind])),
+                "parts": self.parts,
+                "comparisons": [self.comparison(k) for part in ("bench", "rest") for k in points[part]
+                                if k in self.scalelab or k in self.plain],
+                "fp8": [self.fp8_row(b, f) for b, f in fp8_points(self.dry_run) if b in self.scalelab or f in self.scalelab],
+                "measurements": {"scalelab": {k.label: v for k, v in self.scalelab.items()},
+                                 "plain": {k.label: v for k, v in self.plain.items()}}}
+
+    def write(self) -> None:
+        (self.out / "gpu-check.json").write_text(json.dumps(self.record(), indent=2, default=str))
 
 
-def _bench_line(r: dict) -> str:
-    if r["status"] != "ok":
-        return f"{r['label']:<18} {r['status']}: {r['reason']}"
-    fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
-    ratio = (r["peak_bytes_measured"] / r["peak_bytes_predicted"]) if r["peak_bytes_measured"] and r["peak_bytes_predicted"] else None
-    return (f"{r['label']:<18} {fmt(r['tokens_per_s'], ',.0f'):>10} tok/s  MFU {fmt(r['mfu'], '.3f')} "
-            f"(bf16 peak {fmt(r['mfu_bf16_peak'], '.3f')})  peak {fmt((r['peak_bytes_measured'] or 0) / 2**30, '.2f')} GiB "
-            f"measured / {fmt((r['peak_bytes_predicted'] or 0) / 2**30, '.2f')} predicted device memory ({fmt(ratio, '.3f')}; "
-            "on a CPU the measured figure is the process RSS)"
-            f"  compile {fmt(r['compile_time_s'], '.1f')} s")
+def _status(measurements: list[dict]) -> str:
+    """One status for several: "ok", or "partial: <the others>" where some are ok, else theirs."""
+    if not measurements:
+        return "not run"
+    statuses = set()
+    for m in measurements:  # a combined status counts as its parts
+        status = m["status"]
+        if status.startswith("partial: "):
+            statuses.add("ok")
+            status = status[len("partial: "):]
+        statuses.update(status.split(", "))
+    others = ", ".join(sorted(statuses - {"ok"}))
+    return "ok" if not others else f"partial: {others}" if "ok" in statuses else others
 
 
-def gpu_suite(out: Path, dry_run: bool) -> int:
+def run_bounded(cmd: list[str], timeout_s: float, **kwargs) -> tuple[int | None, str]:
+    """(exit code, stdout and stderr) of cmd in a process group of its own; at the timeout the
+    whole group is stopped (SIGTERM, then SIGKILL) and the exit code is None."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            **kwargs)
+    try:
+        out, _ = proc.communicate(timeout=max(1.0, timeout_s))
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 30)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                out, _ = proc.communicate(timeout=grace)
+                break
+            except subprocess.TimeoutExpired:
+                out = ""
+        return None, out or ""
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _measure_line(m: dict) -> str:
+    head = f"  {m['side']:<8} {m['key']:<26}"
+    if m["status"] != "ok":
+        return f"{head} {m['status']}: {m.get('reason')}"
+    gib = lambda v: "-" if not v else f"{v / 2**30:.2f} GiB"  # noqa: E731
+    line = f"{head} {m['tokens_per_s']:>12,.0f} tok/s (median step {m['step_time_s_median'] * 1e3:.1f} ms)"
+    if m["side"] == "scalelab":
+        ratio = m["peak_bytes_measured"] / m["peak_bytes_predicted"] if m["peak_bytes_measured"] and m["peak_bytes_predicted"] else None
+        line += (f"  MFU {_fmt(m['mfu'], '.3f')} (bf16 peak {_fmt(m['mfu_bf16_peak'], '.3f')})  peak {gib(m['peak_bytes_measured'])} "
+                 f"{m['peak_bytes_measured_is']} / {gib(m['peak_bytes_predicted'])} predicted ({_fmt(ratio, '.2f')})"
+                 f"  compile {_fmt(m['compile_time_s'], '.1f')} s")
+    else:
+        line += f"  peak {gib(m['peak_bytes_measured'])}  first step {m['first_step_s']:.1f} s"
+    return line + f"  [{m['wall_s']:.0f} s]"
+
+
+def _targets_text(targets: list[dict]) -> str:
+    return "; ".join(f"{t['target']}: {'n/a' if t['met'] is None else 'met' if t['met'] else 'MISSED'}" for t in targets)
+
+
+def comparison_table(rows: list[dict], dry_run: bool) -> str:
+    head = (f"{'label':<26} {'scalelab tok/s':>15} {'plain tok/s':>13} {'ratio':>7} {'scalelab MFU':>13}  targets"
+            + ("   (CPU figures: they say nothing about a GPU)" if dry_run else ""))
+    lines = [head]
+    for r in rows:
+        lines.append(f"{r['label']:<26} {_fmt(r['scalelab_tokens_per_s'], ',.0f'):>15} {_fmt(r['plain_tokens_per_s'], ',.0f'):>13} "
+                     f"{_fmt(r['ratio'], '.3f'):>7} {_fmt(r['scalelab_mfu'], '.3f'):>13}  {_targets_text(r['targets'])}"
+                     + ("" if r["status"] == "ok" else f"  [{r['status']}]"))
+    return "\n".join(lines)
+
+
+def fp8_table(rows: list[dict], dry_run: bool) -> str:
+    lines = [f"{'size':<6} {'model':<22} {'bf16 tok/s':>12} {'fp8 tok/s':>12} {'fp8/bf16':>9} {'bf16 MFU':>9} "
+             f"{'fp8 MFU*':>9}  targets (* against the bf16 peak)"
+             + ("   (fp8 EMULATED on the CPU: CPU figures, they say nothing about a GPU)" if dry_run else "")]
+    for r in rows:
+        m = r["model"]
+        model = f"{m['n_layers']}x{m['d_model']}, seq {m['seq_len']}, b{m['batch']}"
+        lines.append(f"{r['shape']:<6} {model:<22} {_fmt(r['bf16_tokens_per_s'], ',.0f'):>12} {_fmt(r['fp8_tokens_per_s'], ',.0f'):>12} "
+                     f"{_fmt(r['fp8_over_bf16'], '.3f'):>9} {_fmt(r['bf16_mfu'], '.3f'):>9} {_fmt(r['fp8_mfu_bf16_peak'], '.3f'):>9}  "
+                     f"{_targets_text(r['targets'])}"
+                     + ("" if r["status"] == "ok" else f"  [{r['status']}]"))
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the parts
+def gpu_suite(check: Check) -> dict:
     """`pytest -m gpu`: on a GPU machine it runs them, elsewhere it shows they skip with a reason."""
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=540)
-    (out / "gpu-suite.log").write_text(proc.stdout + proc.stderr)
-    print(proc.stdout[-3000:], flush=True)
-    return proc.returncode
+    if check.left() < MIN_LEFT_SUITE_S[check.kind]:
+        return {"status": "not run: deadline", "figures": f"{max(check.left(), 0):.0f} s left"}
+    rc, output = run_bounded([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider"],
+                             check.left(), cwd=REPO_ROOT)
+    (check.out / "gpu-suite.log").write_text(output)
+    print(output[-3000:], flush=True)
+    tail = next((line.strip("= ") for line in reversed(output.splitlines()) if line.strip()), "")  # "33 skipped, ... in 5.2s"
+    if rc is None:
+        return {"status": "timeout", "figures": f"stopped at the deadline; {tail}"}
+    # 5: no test collected (none marked gpu) is no failure
+    return {"status": "ok" if rc in (0, 5) else f"failed (pytest exit {rc})", "figures": tail, "returncode": rc,
+            "failed": rc not in (0, 5)}
 
 
-def reference_sweep(out: Path, dry_run: bool) -> Path:
+def _compare(check: Check, part: str) -> dict:
+    rows = []
+    for key in comparison_points(check.dry_run)[part]:
+        if key not in check.scalelab or not any(m["status"] == "ok" for m in check.scalelab[key]):
+            check.measure_scalelab(key)
+        check.measure_plain(key)
+        rows.append(check.comparison(key))
+    print(comparison_table(rows, check.dry_run), flush=True)
+    return {"status": _status([{"status": r["status"]} for r in rows]),
+            "points": [r["label"] for r in rows]}
+
+
+def bench(check: Check) -> dict:
+    """scalelab against the plain loop, bf16 eager and compiled."""
+    return _compare(check, "bench")
+
+
+def rest(check: Check) -> dict:
+    """The other precisions against the plain loop."""
+    return _compare(check, "rest")
+
+
+def fp8(check: Check) -> dict:
+    """fp8 against bf16, compiled, at two sizes (a bf16 run the bench part measured counts)."""
+    rows = []
+    for bf16, f8 in fp8_points(check.dry_run):
+        for key in (bf16, f8):
+            if not any(m["status"] == "ok" for m in check.scalelab.get(key, [])):
+                check.measure_scalelab(key)
+        rows.append(check.fp8_row(bf16, f8))
+    print(fp8_table(rows, check.dry_run), flush=True)
+    return {"status": _status([{"status": r["status"]} for r in rows]), "points": [r["shape"] for r in rows]}
+
+
+def reference_sweep(check: Check) -> dict:
     """A small world-size-1 sweep through the workflow, kept as reference results."""
     import yaml
 
     from scalelab.harness.testing import snakemake_cmd, tiny_config
     from scalelab.training.launch import git_provenance
 
+    if check.left() < MIN_LEFT_SWEEP_S[check.kind]:
+        return {"status": "not run: deadline", "figures": f"{max(check.left(), 0):.0f} s left"}
     date = datetime.date.today().isoformat()
     # reference results (kept, committed) only from a GPU; a dry run's stay in --out
-    results = out / f"reference-cpu-dry-run-{date}" if dry_run else REPO_ROOT / "results" / "reference" / f"{_gpu_slug()}-{date}"
-    cfg = tiny_config(sweep={"precision": ["fp32", "bf16"] if dry_run else ["fp32", "bf16", "fp16"],
+    results = (check.out / f"reference-cpu-dry-run-{date}" if check.dry_run
+               else REPO_ROOT / "results" / "reference" / f"{_gpu_slug()}-{date}")
+    cfg = tiny_config(sweep={"precision": ["fp32", "bf16"] if check.dry_run else ["fp32", "bf16", "fp16"],
                              "zero_stage": [0, 3], "world_size": [1]})
     cfg["results_dir"] = str(results)
-    cfg["train"]["device"] = "cpu" if dry_run else "cuda"
-    work = Path(tempfile.mkdtemp(prefix="scalelab-reference-"))
+    cfg["train"]["device"] = "cpu" if check.dry_run else "cuda"
+    work = check.work / "reference"
+    work.mkdir(parents=True, exist_ok=True)
     (work / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     env = {**os.environ}
     provenance = git_provenance(REPO_ROOT)
     if provenance["git_commit"] and "SCALELAB_GIT_COMMIT" not in env:
         env["SCALELAB_GIT_COMMIT"] = provenance["git_commit"]
-    proc = subprocess.run(snakemake_cmd(work, "--cores", str(os.cpu_count() or 1)), env=env, capture_output=True,
-                          text=True, timeout=540)
-    (out / "reference-sweep.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise RuntimeError(f"the reference sweep failed; see {out / 'reference-sweep.log'}")
+    rc, output = run_bounded(snakemake_cmd(work, "--cores", str(os.cpu_count() or 1)), check.left(), env=env)
+    (check.out / "reference-sweep.log").write_text(output)
+    if rc != 0:
+        why = "stopped at the deadline" if rc is None else f"snakemake exit {rc}"
+        print(f"the reference sweep failed ({why}); see {check.out / 'reference-sweep.log'}", flush=True)
+        return {"status": "timeout" if rc is None else "failed", "figures": why, "failed": rc is not None}
+    summaries = [json.loads(p.read_text()) for p in sorted((results / "runs").glob("*/summary.json"))]
+    ok = sum(s.get("status") == "ok" for s in summaries)
     print(f"reference results: {results} (report: {results / 'report' / 'report.html'})", flush=True)
-    return results
+    return {"status": "ok", "figures": f"{ok}/{len(summaries)} runs ok; {results}", "results": str(results)}
+
+
+def repeat_rounds(check: Check, parts: list[str]) -> None:
+    """With the time every part left: further rounds of the comparisons (scalelab then plain) and
+    of the fp8 pairs (bf16 then fp8), in the parts' order of value, up to check.rounds
+    measurements of each side; a round only where its first one's time fits in what is left."""
+    points = comparison_points(check.dry_run)
+    todo = []  # (what, [(side, key)])
+    for part in ("bench", "fp8", "rest"):
+        if part in parts and part == "fp8":
+            todo += [(f"fp8 against bf16 at {b.shape}", [("scalelab", b), ("scalelab", f)]) for b, f in fp8_points(check.dry_run)]
+        elif part in parts:
+            todo += [(k.label, [("scalelab", k), ("plain", k)]) for k in points[part]]
+    for round_ in range(2, check.rounds + 1):
+        for what, sides in todo:
+            ok = {(side, key): [m for m in getattr(check, side).get(key, []) if m["status"] == "ok"] for side, key in sides}
+            if not all(ok.values()):
+                continue  # a side that never ran, or failed, is not repeated
+            due = [(side, key) for side, key in sides if len(ok[(side, key)]) < round_]
+            if not due:
+                continue
+            needed = sum(max(m["wall_s"] for m in ok[s]) for s in due) * 1.2
+            if check.left() < needed:
+                print(f"  no round {round_} of {what}: {max(check.left(), 0):.0f} s left, it took ~{needed / 1.2:.0f} s",
+                      flush=True)
+                continue
+            for side, key in due:
+                (check.measure_scalelab if side == "scalelab" else check.measure_plain)(key)
 
 
 def _gpu_slug() -> str:
@@ -154,32 +597,121 @@ def _gpu_slug() -> str:
     return re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name(0).lower()).strip("-")
 
 
-PARTS = {"suite": gpu_suite, "bench": benchmark, "sweep": reference_sweep}
+def diagnose(check: Check) -> dict:
+    """What a scalelab/plain gap comes from: the plain loop with one of scalelab's differences at a
+    time (compile scope, DDP at world size 1) against the plain loop itself; each variant's ratio
+    below 1 is what that difference costs. What is left of the gap is scalelab's own (instrumentation,
+    per-step synchronisation)."""
+    rows = []
+    for key in diagnose_points(check.dry_run):
+        if not any(m["status"] == "ok" for m in check.plain.get(key.base, [])):
+            check.measure_plain(key.base)
+        last = check.measure_plain(key)
+        base = [m["tokens_per_s"] for m in check.plain.get(key.base, []) if m["status"] == "ok"]
+        mine = [m["tokens_per_s"] for m in check.plain.get(key, []) if m["status"] == "ok"]
+        ratio = statistics.median(mine) / statistics.median(base) if base and mine else None
+        rows.append({"label": key.label, "status": _status(check.plain.get(key) or [last]), "ratio_to_plain": ratio})
+        print(f"plain loop {key.label}: {_fmt(ratio, '.3f')} of the plain loop as a user writes it"
+              + (" (CPU figure)" if check.dry_run else ""), flush=True)
+    return {"status": _status([{"status": r["status"]} for r in rows]), "variants": rows,
+            "figures": "; ".join(f"{r['label']}: {_fmt(r['ratio_to_plain'], '.3f')} of plain" for r in rows)}
+
+
+PARTS = {"suite": gpu_suite, "bench": bench, "fp8": fp8, "sweep": reference_sweep, "diagnose": diagnose, "rest": rest}
+"""The parts in order of value: each runs with the time the ones before it left."""
+
+
+def summary(check: Check, parts: list[str]) -> str:
+    record = check.record()
+    lines = [f"== summary: {check.elapsed():.0f} s of the {check.deadline_s:g} s deadline"
+             + (" -- DRY RUN on the CPU: CPU figures, they say nothing about a GPU" if check.dry_run else ""),
+             TARGETS_TEXT,
+             f"{'part':<6} {'point':<26} {'status':<27} figures"]
+    for name in PARTS:
+        part = check.parts.get(name)
+        if part is None:
+            status = "not selected" if name not in parts else "not run"
+            lines.append(f"{name:<6} {'':<26} {status:<27}")
+            continue
+        if name in ("bench", "rest"):
+            for r in (c for c in record["comparisons"] if c["label"] in part.get("points", [])):
+                lines.append(f"{name:<6} {r['label']:<26} {r['status']:<27} scalelab {_fmt(r['scalelab_tokens_per_s'], ',.0f')} "
+                             f"plain {_fmt(r['plain_tokens_per_s'], ',.0f')} tok/s, ratio {_fmt(r['ratio'], '.3f')}, "
+                             f"MFU {_fmt(r['scalelab_mfu'], '.3f')}, rounds {r['rounds'][0]}+{r['rounds'][1]}; "
+                             f"{_targets_text(r['targets'])}")
+        elif name == "fp8":
+            for r in record["fp8"]:
+                lines.append(f"{name:<6} {r['shape'] + (' (emulated)' if r['fp8_emulated'] else ''):<26} {r['status']:<27} "
+                             f"bf16 {_fmt(r['bf16_tokens_per_s'], ',.0f')} fp8 {_fmt(r['fp8_tokens_per_s'], ',.0f')} tok/s, "
+                             f"fp8/bf16 {_fmt(r['fp8_over_bf16'], '.3f')}, bf16 MFU {_fmt(r['bf16_mfu'], '.3f')}, "
+                             f"rounds {r['rounds'][0]}+{r['rounds'][1]}"
+                             + (f"; {_targets_text(r['targets'])}" if r["targets"] else ""))
+        else:
+            lines.append(f"{name:<6} {'':<26} {part['status']:<27} {part.get('figures', '')}")
+    lines.append(f"results: {check.out / 'gpu-check.json'}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scalelab.harness.gpu_check", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dry-run", action="store_true", help="every step that needs no CUDA, on the CPU, tiny model")
+    parser.add_argument("--dry-run", action="store_true", help="every step on the CPU, tiny models")
     parser.add_argument("--only", choices=list(PARTS), action="append", help="run only these parts (repeatable)")
     parser.add_argument("--out", default=str(REPO_ROOT / "results" / "gpu-check"), help="where the JSON and logs go")
+    parser.add_argument("--deadline-s", type=float, default=540.0, help="the whole check's time (default 540 s)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="at most this many rounds of each comparison, time allowing (default 2; dry run 1)")
+    parser.add_argument("--bundle-requirements", action="store_true",
+                        help="print the requirements `make gpu-bundle` downloads wheels for, and exit")
     args = parser.parse_args(argv)
+    if args.bundle_requirements:
+        print("\n".join(bundle_requirements()))
+        return 0
     import torch
 
     if not args.dry_run and not torch.cuda.is_available():
         print("gpu_check: no CUDA device is visible (use --dry-run to check the CPU path)", file=sys.stderr)
         return 2
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
           + (f"{torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "no GPU")
-          + (" -- DRY RUN on the CPU: these figures are CPU figures" if args.dry_run else ""), flush=True)
-    failed = 0
-    for name in args.only or list(PARTS):
-        print(f"== {name}", flush=True)
-        result = PARTS[name](out, args.dry_run)
-        failed += name == "suite" and result not in (0, 5)  # 5: no test collected (none marked gpu)
-    return 1 if failed else 0
+          + (" -- DRY RUN on the CPU: these figures are CPU figures" if args.dry_run else "")
+          + f"; deadline {args.deadline_s:g} s", flush=True)
+    print(TARGETS_TEXT + (" (a dry run measures none of them)" if args.dry_run else ""), flush=True)
+    parts = [name for name in PARTS if name in (args.only or PARTS)]
+    with tempfile.TemporaryDirectory(prefix="scalelab-gpu-check-") as work:
+        check = Check(out, args.dry_run, args.deadline_s, Path(work),
+                      rounds=args.rounds if args.rounds is not None else 1 if args.dry_run else 2)
+        for name in parts:
+            print(f"== {name} ({max(check.left(), 0):.0f} s left)", flush=True)
+            try:
+                check.parts[name] = PARTS[name](check)
+            except Exception as err:  # a check on a lent machine goes on to its other parts
+                import traceback
+
+                traceback.print_exc()
+                check.parts[name] = {"status": "failed", "figures": f"{type(err).__name__}: {err}"[:300], "failed": True}
+            check.write()
+        if check.rounds > 1:
+            print(f"== further rounds ({max(check.left(), 0):.0f} s left)", flush=True)
+            repeat_rounds(check, parts)
+        record = check.record()
+        for name, part in check.parts.items():  # the measuring parts' status, further rounds included
+            if "points" in part:
+                rows = ([r for r in record["comparisons"] if r["label"] in part["points"]] if name != "fp8"
+                        else [r for r in record["fp8"] if r["shape"] in part["points"]])
+                part["status"] = _status([{"status": r["status"]} for r in rows])
+                part["failed"] = any("failed" in r["status"] for r in rows)
+        check.write()
+        if any(n in check.parts for n in ("bench", "rest")):
+            print("== scalelab against the plain loop (tokens/s from the median step; ratio = scalelab / plain)", flush=True)
+            print(comparison_table(check.record()["comparisons"], args.dry_run), flush=True)
+        if "fp8" in check.parts:
+            print(f"== fp8 against bf16, {'eager, fp8 EMULATED' if args.dry_run else 'compiled'}", flush=True)
+            print(fp8_table(check.record()["fp8"], args.dry_run), flush=True)
+        print(summary(check, parts), flush=True)
+    return 1 if any(p.get("failed") for p in check.parts.values()) else 0
 
 
 if __name__ == "__main__":
