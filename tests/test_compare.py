@@ -116,9 +116,11 @@ def test_identical_sweeps_with_skipped_runs_raise_no_provenance_alarm(tmp_path):
     assert "what was trained differs" not in md
 
 
-def test_another_model_is_named_and_its_losses_not_compared(tmp_path):
-    """Between two models (sequence length, tokens per step, shape, lr), compare names every
-    difference and reports no loss agreement between runs that trained different things."""
+def test_another_model_is_named_and_never_paired(tmp_path):
+    """Between two models (sequence length, width), compare names every difference and pairs no run:
+    a run id that trained another model on each side is two runs (scalelab.analysis.like), each listed
+    on its side with what differs. The same model with another batch and schedule is paired, and its
+    losses are not compared."""
     a, b = tmp_path / "a", tmp_path / "b"
     synthetic_results(a, n_runs=12, n_steps=5)
     runs = pd.read_parquet(a / "metrics.parquet")
@@ -134,14 +136,84 @@ def test_another_model_is_named_and_its_losses_not_compared(tmp_path):
     steps.to_parquet(b / "steps.parquet")
     runs_a, steps_a = load_tables(a)
     runs_b, steps_b = load_tables(b)
-    table = compare_runs(runs_a, runs_b, steps_a, steps_b)
-    assert table["loss_max_rel_diff"].isna().all(), "no loss agreement between different models"
-    seq = runs_a["seq_len"].iloc[0]
-    assert table["loss_not_compared"].str.contains(f"seq_len {seq} vs {seq * 2}").all()
+    assert compare_runs(runs_a, runs_b, steps_a, steps_b).empty, "no pair between different models"
     build_compare(a, b, tmp_path / "out")
     md = (tmp_path / "out" / "compare.md").read_text()
     line = next(x for x in md.splitlines() if x.startswith("- what was trained differs: "))
     for col in ("d_model", "seq_len", "tokens_per_step", "peak_lr"):
         assert f" {col} " in line or f": {col} " in line, (col, line)
     assert "n_layers" not in line and "dataset" not in line, "only what differs"
+    assert "loss agreement" not in md and "throughput (B / A)" not in md
+    assert ("- runs on one side only: 12 in A, 12 in B; 12 run id(s) on both sides trained another model on each, so they "
+            "are not paired (d_model 64 vs 128; seq_len 32 vs 64)") in md, md
+    for side in ("A", "B"):
+        assert re.search(rf"\| {side} only \| fp32-z0-w1 \| ok \| [\d,]+ \| the other side's run of this id trained another "
+                         r"model: d_model 64 vs 128; seq_len 32 vs 64 \|", md), md
+
+    # the same model, with twice the batch and three times the learning rate: paired, losses not compared
+    runs = pd.read_parquet(a / "metrics.parquet").assign(tokens_per_step=512)
+    runs.to_parquet(b / "metrics.parquet")
+    runs_b, steps_b = load_tables(b)
+    table = compare_runs(runs_a, runs_b, steps_a, steps_b)
+    assert len(table) == 12 and table["loss_max_rel_diff"].isna().all(), "no loss agreement between different schedules"
+    assert table["loss_not_compared"].str.contains("tokens_per_step 256 vs 512").all()
+    build_compare(a, b, tmp_path / "out")
+    md = (tmp_path / "out" / "compare.md").read_text()
     assert "loss agreement" not in md and "losses not compared for" in md and "they trained different things" in md
+
+
+def test_compare_pairs_within_each_model_and_judges_each_against_its_own_noise(tmp_path):
+    """Two models in each sweep, each with a repeated point: every pair is of one model, and each
+    change is judged against its model's noise (pooled over that model's repeats in both sweeps,
+    never the other model's)."""
+    import math
+
+    from scalelab.analysis.compare import noise_limits, summary_lines
+    from scalelab.analysis.noise import t_quantile
+
+    def sweep(tps):
+        rows = []
+        for model, values in tps.items():
+            suffix = "" if model == "base" else f"-{model}"
+            for (point, repeat), v in values.items():
+                rows.append({"run_id": point + suffix + (f"-r{repeat}" if repeat > 1 else ""), "model": model, "repeat": repeat,
+                             "precision": "fp32", "zero_stage": 0, "world_size": int(point[-1]), "status": "ok", "tokens_per_s": v,
+                             "d_model": 64 if model == "base" else 32, "step_time_s_median": 1.0, "model_state_bytes_measured": 1e6,
+                             "mfu": 0.1, "final_loss": 3.0, "peak_rss_bytes": 1e8})
+        return pd.DataFrame(rows)
+
+    quiet = {("fp32-z0-w1", 1): 1000, ("fp32-z0-w1", 2): 1001, ("fp32-z0-w1", 3): 999, ("fp32-z0-w2", 1): 1800}
+    noisy = {("fp32-z0-w1", 1): 400, ("fp32-z0-w1", 2): 500, ("fp32-z0-w1", 3): 450, ("fp32-z0-w2", 1): 700}
+    a = sweep({"base": quiet, "mine": noisy})
+    b = sweep({"base": {**quiet, ("fp32-z0-w2", 1): 1900}, "mine": {**noisy, ("fp32-z0-w2", 1): 770}})
+    steps = pd.DataFrame({"run_id": pd.Series([], dtype=str), "step": pd.Series([], dtype=int), "loss": pd.Series([], dtype=float)})
+    table = compare_runs(a, b, steps, steps).set_index("run_id")
+    assert len(table) == 8 and (table["model"] == table.index.map(lambda r: "mine" if "mine" in r else "base")).all()
+    limits = noise_limits(a, b)
+    sigma = {m: math.sqrt(sum((math.log(v) - sum(map(math.log, g)) / 3) ** 2 for v in g) / 2)
+             for m, g in (("base", [1000, 1001, 999]), ("mine", [400, 500, 450]))}
+    expected = {m: math.expm1(t_quantile(4) * sigma[m] * math.sqrt(2)) for m in sigma}
+    assert sorted(limits.round(12).tolist()) == sorted(round(v, 12) for v in expected.values())
+    # +5.6% is beyond base's noise (its repeats agree to 0.1%); +10% is within mine's (its repeats spread 25%)
+    assert table.loc["fp32-z0-w2", "throughput_change"] == "beyond noise"
+    assert table.loc["fp32-z0-w2-mine", "throughput_change"] == "within noise"
+    assert table.loc["fp32-z0-w2", "noise_limit"] == pytest.approx(expected["base"])
+    assert table.loc["fp32-z0-w2-mine", "noise_limit"] == pytest.approx(expected["mine"])
+    lines = summary_lines(table.reset_index(), pd.DataFrame(columns=["side"]), pd.DataFrame({"column": [], "same": []}))
+    line = next(x for x in lines if x.startswith("throughput changes beyond the run-to-run noise"))
+    assert f"per model: base {expected['base']:.1%}, mine {expected['mine']:.1%}" in line and "1 of 8 runs (fp32-z0-w2)" in line
+
+
+def test_config_hash_is_not_called_a_difference(tmp_path):
+    """config_hash hashes the whole config, results_dir included: two results folders of one config
+    differ in it whatever they ran, so compare shows it but never lists it as a difference."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    synthetic_results(a, n_runs=12, n_steps=5)
+    runs = pd.read_parquet(a / "metrics.parquet").assign(config_hash="aaaa")
+    runs.to_parquet(a / "metrics.parquet")
+    shutil.copytree(a, b)
+    runs.assign(config_hash="bbbb").to_parquet(b / "metrics.parquet")
+    build_compare(a, b, tmp_path / "out")
+    md = (tmp_path / "out" / "compare.md").read_text()
+    assert "- provenance differs in: nothing (same versions, devices, commit)" in md, md
+    assert "| config | config_hash | aaaa | bbbb | not compared: it hashes the whole config, results_dir included" in md

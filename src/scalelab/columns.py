@@ -221,8 +221,10 @@ RUN = [
     Column("tokens_per_s_per_device", pa.float64(), "tokens/s", "tokens_per_s / world_size: throughput of one device",
            "collect", OK),
     Column("scaling_efficiency", pa.float64(), "fraction", "tokens_per_s / (world_size × the median tokens_per_s of the ok "
-           "world-size-1 runs of the same precision and ZeRO stage), as the report computes it (1 = linear scaling)",
-           "collect", sometimes("when ok runs at world size 1 of its precision and stage exist", OK)),
+           "world-size-1 runs of the same model (name, family, shape, sequence length, vocabulary), precision, ZeRO stage "
+           "and levers; hybrid sharding's replicas aside: its baseline is its stage's), as the report computes it "
+           "(scalelab.analysis.like; 1 = linear scaling)",
+           "collect", sometimes("when ok runs at world size 1 of its model, precision, stage and levers exist", OK)),
     # The step-time model's prediction of the run (scalelab.prediction), made at collection: compute from the runs of
     # the same configuration at the sweep's smallest world size, communication from <results>/calibration/comm.parquet.
     Column("predicted_step_time_s", pa.float64(), "s", "predicted mean step time (scalelab.prediction): compute measured on "

@@ -199,7 +199,9 @@ def _device(row) -> str:
 def peak_warnings(runs: pd.DataFrame) -> list[str]:
     """Runs whose peak FLOP/s (MFU's denominator) is more than PEAK_TOLERANCE off the median peak of
     the ok runs of the same precision on the same device (and threads per rank): their MFU moves
-    where their throughput does not. One line per run, or one per group where more than 3 are off."""
+    where their throughput does not. One line per run, or one per group where more than 3 are off.
+    Across models on purpose: a peak is the device's matmul rate (a datasheet, or a calibration
+    measured the same way whatever the model), not the run's step, so every model's runs measure it alike."""
     need = ["run_id", "status", "precision", "peak_flops_per_device", "mfu", "tokens_per_s", "world_size"]
     if not set(need) <= set(runs.columns):
         return []
@@ -270,18 +272,30 @@ def _speed_ratios(cpu: pd.DataFrame) -> str:
     ok = cpu[(cpu["status"] == "ok") & cpu["tokens_per_s"].notna()]
     if "fp32" not in set(ok["precision"]):
         return ""
-    from scalelab.sweep import SWEEP_AXES
+    from scalelab.analysis.like import OVER_PRECISION, by_model, like_key
 
-    keys = [a for a in SWEEP_AXES if a != "precision" and a in ok]
-    table = ok.pivot_table(index=keys, columns="precision", values="tokens_per_s", aggfunc="median", dropna=False) \
-        if keys else ok.groupby("precision")["tokens_per_s"].median().to_frame().T
-    parts = []
-    for p in LOW_PRECISIONS:
-        if p in table:
-            ratio = (table[p] / table["fp32"]).dropna()
-            if not ratio.empty:
-                parts.append(f"{p} at {ratio.median():.2f}×")
-    return (" and ".join(parts) + " fp32's tokens/s here") if parts else ""
+    models = list(by_model(ok))
+    said = []
+    for model, mine in models:
+        # each low-precision run against its fp32 twin: the same model, stage, world size and levers
+        table = mine.assign(_like=like_key(mine, OVER_PRECISION)).pivot_table(
+            index="_like", columns="precision", values="tokens_per_s", aggfunc="median")
+        parts = []
+        for p in LOW_PRECISIONS:
+            if p in table and "fp32" in table:
+                ratio = (table[p] / table["fp32"]).dropna()
+                if not ratio.empty:
+                    parts.append(f"{p} at {ratio.median():.2f}×")
+        if parts:
+            said.append(" and ".join(parts) + (f" in model {model}" if len(models) > 1 else ""))
+    if not said:
+        return ""
+    # 'bf16 at 0.48× fp32's tokens/s here', or per model: '... here in model base, and bf16 at 0.61× in model ltiny'
+    first, *rest = said
+    if len(models) > 1:
+        head, model = first.rsplit(" in model ", 1)
+        return f"{head} fp32's tokens/s here in model {model}" + "".join(f", and {s}" for s in rest)
+    return f"{first} fp32's tokens/s here"
 
 
 def cpu_notice(runs: pd.DataFrame) -> str | None:
@@ -343,8 +357,10 @@ def noise_warnings(runs: pd.DataFrame, best: pd.DataFrame) -> list[str]:
     warnings = [f"{point}: its {int(r['n'])} identical runs differ by {r['spread']:.0%} in tokens/s ({r['min']:,.0f} to "
                 f"{r['max']:,.0f}); a difference between points smaller than that is noise (was the machine busy?)"
                 for point, r in spreads[spreads["spread"] > NOISY_SPREAD].iterrows()]
+    several = "model" in best and best["model"].nunique() > 1
     for r in best[best["within_noise"].fillna("") != ""].itertuples():
-        warnings.append(f"world size {r.world_size}: the fastest point {r.run_id} is within run-to-run noise of "
+        warnings.append(f"{f'model {r.model}, ' if several else ''}world size {r.world_size}: the fastest point {r.run_id} is "
+                        f"within run-to-run noise of "
                         f"{r.within_noise}: the sweep cannot rank them (more repeats narrow the noise: repeats.points)")
     return warnings
 

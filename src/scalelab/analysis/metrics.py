@@ -47,13 +47,15 @@ def _with_identity(table: pa.Table, identity: dict | None) -> pa.Table:
 def with_collected_columns(runs: pa.Table, results_dir: Path | None = None) -> pa.Table:
     """The run columns collection fills from the runs together (scalelab.columns, writer
     "collect"): tokens_per_s_per_device, and scaling_efficiency by the report's own function
-    (scalelab.analysis.tables.scaling_efficiency: one formula, the world-size-1 median as baseline),
-    and the step-time model's prediction (with_predictions). Null in rows that did not end ok."""
+    (scalelab.analysis.tables.scaling_efficiency: one formula, the world-size-1 median of the same
+    model, precision, stage and levers as baseline: scalelab.analysis.like), and the step-time model's
+    prediction (with_predictions). Null in rows that did not end ok."""
     import numpy as np
 
+    from scalelab.analysis.like import READS
     from scalelab.analysis.tables import scaling_efficiency
 
-    frame = runs.select(["status", "precision", "zero_stage", "world_size", "tokens_per_s"]).to_pandas()
+    frame = runs.select([c for c in dict.fromkeys((*READS, "tokens_per_s")) if c in runs.column_names]).to_pandas()
     ok = (frame["status"] == "ok").to_numpy()
     tokens_per_s = frame["tokens_per_s"].to_numpy(dtype=float, na_value=np.nan)
     filled = {"tokens_per_s_per_device": tokens_per_s / frame["world_size"].to_numpy(dtype=float),

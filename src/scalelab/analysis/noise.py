@@ -4,7 +4,9 @@ A sweep repeats points (the config's ``repeats:``: at least its baseline): repea
 but timing (same seed, same data, bit-identical losses), so their tokens/s say how far a second run
 of the same sweep could move any figure. Every comparison the report draws (best configuration,
 scaling efficiency, precision and stage ratios) and ``scalelab compare`` read it from here: a
-difference that noise alone could produce is labelled "within noise", never ranked.
+difference that noise alone could produce is labelled "within noise", never ranked. The noise is
+pooled within one model (``model_noise``; scalelab.analysis.like): another model's step takes
+another time, and its repeats do not say how far this one's move.
 
 Two figures describe the noise:
 - the spread, (max - min) / median of a point's ok repeats, the largest over repeated points: what
@@ -140,6 +142,8 @@ def relative_change(a, b):
 
 
 def sweep_noise(runs: pd.DataFrame, value: str = MEASURED) -> Noise:
+    """The noise pooled over the repeated points of ``runs``. Pool one model's runs only
+    (``model_noise``): another model's steps take another time, and its repeats say nothing of these."""
     spreads = repeat_spreads(runs, value)
     repeated = spreads[spreads["n"] >= 2]
     if repeated.empty:
@@ -148,6 +152,37 @@ def sweep_noise(runs: pd.DataFrame, value: str = MEASURED) -> Noise:
     runs_n, dof = int(repeated["n"].sum()), int((repeated["n"] - 1).sum())
     return Noise(float(repeated.loc[worst, "spread"]), str(worst), len(repeated), runs_n,
                  sigma=math.sqrt(float(repeated["ss_log"].sum()) / dof), dof=dof)
+
+
+@dataclass(frozen=True)
+class ModelNoise:
+    """The run-to-run noise of a sweep of several models: each pooled over its own model's repeated
+    points (scalelab.analysis.like), never over another's. ``of(model)`` is one model's Noise."""
+    by_model: dict[str, Noise]
+
+    def of(self, model: str) -> Noise:
+        return self.by_model[model]
+
+    @property
+    def known(self) -> bool:
+        """Whether every model's noise is known."""
+        return all(n.known for n in self.by_model.values())
+
+    def text(self) -> str:
+        """One line per model."""
+        return "\n".join(f"model {m}: {n.text()}" for m, n in self.by_model.items())
+
+    def sentence(self) -> str:
+        return " ".join(f"Model {m}: {n.text()}." for m, n in self.by_model.items())
+
+
+def model_noise(runs: pd.DataFrame, value: str = MEASURED) -> Noise | ModelNoise:
+    """The run-to-run noise of a sweep, pooled within each model (scalelab.analysis.like): a Noise
+    where the runs hold one model, else a ModelNoise."""
+    from scalelab.analysis.like import by_model
+
+    noises = {label: sweep_noise(mine, value) for label, mine in by_model(runs)}
+    return next(iter(noises.values())) if len(noises) == 1 else ModelNoise(noises) if noises else sweep_noise(runs, value)
 
 
 def margin_between(noise_a: Noise, runs_a: tuple[int, ...], noise_b: Noise, runs_b: tuple[int, ...]) -> float | None:

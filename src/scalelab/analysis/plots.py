@@ -486,7 +486,7 @@ def loss_curves(runs: pd.DataFrame, steps: pd.DataFrame):
                       lw=0, label="min-max over runs")
     left.set(title=f"{ref_precision} loss (the reference)", xlabel="step", ylabel="loss (nats/token)")
     left.legend()
-    twin = loss_vs_fp32_twin(st)
+    twin = loss_vs_fp32_twin(st, runs)  # each against its like (scalelab.analysis.like), the model from the runs
     for precision in precs:
         curve = twin[twin["precision"] == precision]
         if curve.empty:
@@ -499,7 +499,7 @@ def loss_curves(runs: pd.DataFrame, steps: pd.DataFrame):
         zero_log_y(mid, twin["max_abs_dloss"])  # an exact 0 (identical losses) stays on the axis, at 0
         mid.legend(title="precision")
     mid.set(title="|loss − loss of the fp32 twin|", xlabel="step", ylabel="largest |Δloss| (nats/token, log)")
-    dev = largest_deviation_vs_stage0(st)
+    dev = largest_deviation_vs_stage0(st, runs)
     dev = dev[dev["zero_stage"] != 0]
     if not dev.empty:
         stages = sorted(dev["zero_stage"].unique())

@@ -24,8 +24,9 @@ from scalelab import __version__
 from scalelab.analysis import checks, dictionary
 from scalelab.analysis.figures import FIGURES_DIR, Drawn, start_figures
 from scalelab.analysis.levers import baseline, fp8_table, lever_table
+from scalelab.analysis.like import OVER_STAGE, OVER_WORLD_SIZE, like_key, model_labels, several_models
 from scalelab.analysis.metrics import schema_version
-from scalelab.analysis.tables import MFU_LIMIT, best_configurations, loss_deviation_vs_stage0, scaling_efficiency, standing
+from scalelab.analysis.tables import MFU_LIMIT, best_configurations, loss_deviation_vs_stage0, noise_of, scaling_efficiency, standing
 from scalelab.io import building_dir
 from scalelab.sweep import SWEEP_AXES
 
@@ -55,7 +56,9 @@ fp16 and bf16 runs at stages 2 and 3 all-gather parameters in 2 bytes (FSDP2 Mix
 compute dtype: half of fp32's all-gather bytes) and, with the grad_reduce lever at compute, reduce gradients in 2 bytes
 (reduce_dtype = compute dtype; DDP's bf16/fp16 compress hook at stages 0 and 1); ZeRO-1's broadcast stays fp32; fp16
 adds its loss scaler's 8-byte inf/NaN flag. On a ring each rank sends (N−1)/N of this.</li>
-<li><b>Scaling efficiency</b> = tokens/s at N / (N × tokens/s at world size 1), same precision and stage.</li>
+<li><b>Scaling efficiency</b> = tokens/s at N / (N × the median tokens/s at world size 1 of the same model, precision,
+stage and levers): never another model's, whose tokens cost otherwise (scalelab.analysis.like). Hybrid sharding
+divides by its stage's world-size-1 run (one rank has no replicas).</li>
 <li><b>Activations</b> kept for backward per layer and micro-batch. Korthikanti et al. 2022 (2-byte values, no tensor
 parallelism): s·b·h·(34 + 5·a·s/h), and 2·s·b·h with full recomputation ("paper" columns, scaled by width / 2). For this
 model: scaled_dot_product_attention never stores the a·s² scores and there is no dropout, which leaves 16·s·b·h values
@@ -133,19 +136,39 @@ def find_warnings(runs: pd.DataFrame, steps: pd.DataFrame, best: pd.DataFrame | 
         if comm_off[r.Index]:
             warnings.append(f"{r.run_id}: measured communication {r.comm_bytes_per_step_measured:.0f} B/step is more than "
                             f"{COMM_TOLERANCE:.0%} off the prediction {r.comm_bytes_per_step_predicted:.0f} B/step")
-    fp32 = steps[(steps["precision"] == "fp32") & steps["run_id"].isin(ok["run_id"])]
-    if not fp32.empty:
-        # Every fp32 run of one model should follow the same loss trajectory (models differ: a sweep over
-        # several shapes or families compares each with itself).
-        ref = fp32.groupby([fp32["model"].astype(str), "step"])["loss"].agg(["min", "max"])
-        spread = ((ref["max"] - ref["min"]) / ref["min"].abs()).max()
-        if spread > FP32_PARITY_RTOL:
-            warnings.append(f"fp32 parity broken: losses of fp32 runs differ by up to {spread:.2e} (relative) at one step; "
-                            f"expected < {FP32_PARITY_RTOL:g} across stages and world sizes")
+    warnings += fp32_parity_warnings(ok, steps)
     # What a reader would miss in the figures: loss spikes, grad-norm jumps, MFU peaks out of line (scalelab.analysis.checks).
     best = best if best is not None else best_configurations(runs)
     return (warnings + checks.spike_warnings(steps, runs) + checks.peak_warnings(runs) + checks.noise_warnings(runs, best)
             + checks.prediction_warnings(runs) + checks.fp8_warnings(runs))
+
+
+def fp32_parity_warnings(ok: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
+    """Every fp32 run of one like across stages and world sizes (scalelab.analysis.like: the same model
+    and levers; a LoRA run or another model learns otherwise) should follow the same loss trajectory:
+    one warning per model whose runs differ by more than FP32_PARITY_RTOL at a step."""
+    fp32_runs = ok[ok["precision"] == "fp32"].drop_duplicates("run_id")
+    if fp32_runs.empty:
+        return []
+    fp32 = steps[(steps["precision"] == "fp32") & steps["run_id"].isin(fp32_runs["run_id"])]
+    if fp32.empty:
+        return []
+    ids = fp32_runs["run_id"].astype(str).to_numpy()
+    like_code, _ = pd.factorize(like_key(fp32_runs, OVER_STAGE + OVER_WORLD_SIZE))
+    label = model_labels(fp32_runs).to_numpy()
+    label_of_like = pd.Series(label).groupby(like_code).first()
+    # per run, not per step row: a categorical run_id factorizes on its codes (no string work on the steps)
+    codes, uniques = pd.factorize(fp32["run_id"])
+    group = pd.Series(like_code, index=ids).reindex(np.asarray(uniques, dtype=object).astype(str)).to_numpy()[codes]
+    step = fp32["step"].to_numpy(dtype=np.int64)
+    n_steps = int(step.max()) + 1
+    ref = pd.Series(fp32["loss"].to_numpy(dtype=float)).groupby(group * n_steps + step).agg(["min", "max"])
+    spread = ((ref["max"] - ref["min"]) / ref["min"].abs()).groupby(ref.index // n_steps).max()
+    worst = spread.groupby(label_of_like.reindex(spread.index).to_numpy()).max()
+    several = len(set(label)) > 1
+    return [f"fp32 parity broken{f' in model {model}' if several else ''}: losses of fp32 runs differ by up to {value:.2e} "
+            f"(relative) at one step; expected < {FP32_PARITY_RTOL:g} across stages and world sizes (runs of the same "
+            "model and levers)" for model, value in worst.items() if value > FP32_PARITY_RTOL]
 
 
 MODEL_KEYS = ["model", "model_family", "n_params", "n_layers", "d_model", "n_heads", "seq_len", "vocab_size"]
@@ -227,7 +250,8 @@ def _fmt_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 # Columns derived for the tables (not in the Parquet files): their unit and meaning.
 DERIVED = {
-    "scaling_efficiency": ("fraction", "tokens/s at N / (N × tokens/s at world size 1), same precision and stage"),
+    "scaling_efficiency": ("fraction", "tokens/s at N / (N × the median tokens/s at world size 1 of the same model, precision, "
+                                       "stage and levers)"),
     "step_ms_measured": ("ms", "step_time_s_mean x 1000: the mean optimizer step after warm-up"),
     "step_ms_predicted": ("ms", "predicted_step_time_s x 1000: the step-time model's prediction (band and how it was "
                                 "made in metrics.parquet's predicted_step_time_s_low/_high and prediction_note)"),
@@ -249,8 +273,13 @@ DERIVED = {
     "loss_max_rel_diff": ("-", "largest |loss B - loss A| / |loss A| over the steps both recorded"),
     "common_steps": ("steps", "steps recorded by both sides"),
     "loss_not_compared": ("-", "why the losses of this run in A and B were not compared: what it trained differently"),
+    "noise_limit": ("fraction", "the change of one run's tokens/s between A and B that noise alone exceeds 1 time in 100, from "
+                                "the repeats of its model in either sweep (blank: neither repeated a point of it)"),
+    "note": ("-", "why a run id on both sides is not paired: the other side's run trained another model"),
     "peak_lr": ("1", "the largest learning rate of a run's steps (after warm-up)"),
-    "max_abs_dloss": ("nats/token", "largest |loss - loss of the stage-0 run| over steps, same precision and world size"),
+    "max_abs_dloss": ("nats/token", "largest |loss - loss of the stage-0 runs| over steps, same model, precision, world size and "
+                                    "levers"),
+    "levers": ("-", "the levers away from their defaults (none: every lever at its default)"),
 }
 
 
@@ -316,25 +345,45 @@ def markdown_table(df: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-SUMMARY_COLUMNS = ["run_id", "status", "tokens_per_s", "mfu", "model_state_mib_measured", "model_state_mib_predicted", "final_loss"]
+SUMMARY_COLUMNS = ["run_id", "model", "status", "tokens_per_s", "scaling_efficiency", "mfu", "model_state_mib_measured",
+                   "model_state_mib_predicted", "final_loss"]
 
 
-BEST_COLUMNS = {  # best_configurations' column -> the header shown
-    "world_size": "world size", "run_id": "fastest ok point", "tokens_per_s": "tokens/s (median of its runs)",
+BEST_COLUMNS = {  # best_configurations' column -> the header shown (model: in a sweep of several models)
+    "model": "model", "world_size": "world size", "run_id": "fastest ok point", "tokens_per_s": "tokens/s (median of its runs)",
     "tokens_per_s_per_device": "tokens/s per device", "repeats": "runs", "standing": "against the next (run-to-run noise)",
     "peak_mib_per_rank": "peak MiB per rank", "model_state_mib_per_rank": "model state MiB per rank", "ok_runs": "ok points",
     "did_not_fit": "did not fit (oom, predicted_oom)",
 }
 
 
+def _with_model(table: pd.DataFrame, runs: pd.DataFrame, several: bool) -> pd.DataFrame:
+    """A table of runs (by run_id) with each row's model after its run id, in a sweep of several models."""
+    if not several or table.empty or "run_id" not in table or "model" in table:
+        return table
+    first = runs.drop_duplicates("run_id")
+    labels = pd.Series(model_labels(first).to_numpy(), index=first["run_id"].astype(str).to_numpy())
+    out = table.copy()
+    out.insert(int(out.columns.get_loc("run_id")) + 1, "model", out["run_id"].astype(str).map(labels))
+    return out
+
+
+def _deviation_table(dev: pd.DataFrame, several: bool) -> pd.DataFrame:
+    """loss_deviation_vs_stage0 as shown: the model column in a sweep of several models, the levers
+    column where a row has a lever away from its default."""
+    drop = [c for c, shown in (("model", several), ("levers", bool((dev["levers"] != "").any()) if not dev.empty else False))
+            if not shown]
+    return dev.drop(columns=drop)
+
+
 def _best_table(best: pd.DataFrame) -> pd.DataFrame:
-    """best_configurations' table as shown."""
-    noise = best.attrs["noise"]
-    best = best.copy()
+    """best_configurations' table as shown: a row per world size, per model where the sweep holds several."""
+    raw, best = best, best.copy()
     best["did_not_fit"] = best["did_not_fit"].replace("", "-")
     best["run_id"] = best["run_id"].fillna("no run ended ok")
-    best["standing"] = [standing(r, noise).removeprefix("; ") or "-" for r in best.itertuples()]
-    return best[list(BEST_COLUMNS)].rename(columns=BEST_COLUMNS)
+    best["standing"] = [standing(r, noise_of(raw, r.model)).removeprefix("; ") or "-" for r in best.itertuples()]
+    shown = [c for c in BEST_COLUMNS if c != "model" or best["model"].nunique() > 1]
+    return best[shown].rename(columns=BEST_COLUMNS)
 
 
 def _best_note(best: pd.DataFrame) -> str:
@@ -525,8 +574,12 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
         warnings = find_warnings(runs, steps, best_raw)
         table = _fmt_table(runs)
         best, best_note = _best_table(best_raw), _best_note(best_raw)
-        dev = loss_deviation_vs_stage0(steps[steps["run_id"].isin(base.loc[base["status"] == "ok", "run_id"])])
-        inter_node = inter_node_table(runs)
+        several = several_models(runs)
+        dev = _deviation_table(loss_deviation_vs_stage0(steps[steps["run_id"].isin(base.loc[base["status"] == "ok", "run_id"])], runs),
+                               several)
+        # A sweep of several models names each row's model (scalelab.analysis.like): a row compares within it.
+        inter_node = _with_model(inter_node_table(runs), runs, several)
+        levers, fp8 = _with_model(levers, runs, several), _with_model(fp8, runs, several)
         tables = {"best": table_model(best), "levers": table_model(levers) if not levers.empty else None,
                   "inter_node": table_model(inter_node) if not inter_node.empty else None,
                   "fp8": table_model(fp8) if not fp8.empty else None, "runs_table": table_model(table, wrap_headers=True),
@@ -546,7 +599,7 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
             "no_runs": None, "n_runs": len(runs), "n_ok": int((runs["status"] == "ok").sum()), "n_steps": len(steps),
             "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "version": __version__,
             "results_dir": str(results_dir), "schema": schema_version(results_dir / "metrics.parquet"),
-            "warnings": warnings, "n_base": len(base), **tables, "best_note": best_note,
+            "warnings": warnings, "n_base": len(base), **tables, "best_note": best_note, "best_per_model": several,
             # beside every comparison the figures and lever tables draw: what identical runs differed by
             "noise": best_raw.attrs["noise"].sentence(),
             "cpu_notice": checks.cpu_notice(runs), "cpu_best_note": checks.cpu_best_note(runs),
@@ -565,12 +618,14 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
             + f"{len(runs)} runs ({context['n_ok']} ok); the full report is report.html beside this file.\n\n"
             + (f"> {context['cpu_notice']}\n\n" if context["cpu_notice"] else "")
             + "## Best configuration per world size\n\n"
-            "The fastest point that ended ok per world size, by the median tokens/s of its runs, its lead against the run-to-run "
+            + "The fastest point that ended ok per world size" + (" and model (each ranked against its own configurations)"
+                                                                   if several else "")
+            + ", by the median tokens/s of its runs, its lead against the run-to-run "
             "noise, and the configurations that did not fit (oom / predicted_oom). "
             + context["best_note"] + (" " + context["cpu_best_note"] if context["cpu_best_note"] else "")
             + "\n\n" + markdown_table(best)
             + ("\n## Traffic between nodes\n\nBytes rank 0 handed per step to collectives whose group spans nodes "
                "(inter-node) and within a node, measured and predicted; nodes of one machine share its cores "
                "(timings over-committed).\n\n" + markdown_table(inter_node) if not inter_node.empty else "")
-            + "\n## Runs\n\n" + markdown_table(table[SUMMARY_COLUMNS])
+            + "\n## Runs\n\n" + markdown_table(table[[c for c in SUMMARY_COLUMNS if c != "model" or several]])
             + ("\n## Warnings\n\n" + "\n".join(f"- {w}" for w in warnings) + "\n" if warnings else ""))

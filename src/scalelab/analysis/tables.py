@@ -8,9 +8,19 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from scalelab.analysis.noise import CONFIDENCE, medians, sweep_noise
+from scalelab.analysis.like import (
+    MODEL,
+    OVER_PRECISION,
+    OVER_STAGE,
+    OVER_WORLD_SIZE,
+    by_model,
+    lever_text,
+    like_key,
+    model_labels,
+)
+from scalelab.analysis.noise import CONFIDENCE, ModelNoise, medians, sweep_noise
 from scalelab.precisions import PRECISION_NAMES
-from scalelab.sweep import SWEEP_AXES
+from scalelab.sweep import LEVER_AXES
 
 PRECISION_ORDER = list(PRECISION_NAMES)  # the registry's order (scalelab.precisions)
 MiB = 2 ** 20
@@ -42,14 +52,16 @@ def device_peak_bytes(runs: pd.DataFrame, suffix: str = "") -> pd.Series:
 
 
 def scaling_efficiency(runs: pd.DataFrame) -> pd.Series:
-    """tokens/s at N over N x tokens/s at world size 1, same precision and stage; the world-size-1
-    figure is the median of its repeats (scalelab.analysis.noise), so one noisy baseline run does not
-    move every efficiency of its row."""
-    ok = runs[runs["status"] == "ok"]
-    base = ok[ok["world_size"] == 1].groupby(["precision", "zero_stage"])["tokens_per_s"].median()
-    key = pd.MultiIndex.from_frame(runs[["precision", "zero_stage"]])
-    ref = base.reindex(key).to_numpy()
-    return pd.Series(runs["tokens_per_s"].to_numpy() / (runs["world_size"].to_numpy() * ref), index=runs.index)
+    """tokens/s at N over N x tokens/s at world size 1 of its like (scalelab.analysis.like: the same
+    model, precision, stage and levers; never another model's, whose tokens cost otherwise); the
+    world-size-1 figure is the median of its ok runs (repeats: scalelab.analysis.noise), so one noisy
+    baseline run does not move every efficiency of its row. NaN without such a run."""
+    key = like_key(runs, OVER_WORLD_SIZE)
+    tokens_per_s = pd.to_numeric(runs["tokens_per_s"], errors="coerce").astype(float)
+    single = ((runs["status"] == "ok") & tokens_per_s.notna() & (runs["world_size"] == 1)).to_numpy()
+    base = tokens_per_s[single].groupby(key[single].to_numpy()).median()
+    ref = key.map(base).to_numpy(dtype=float)
+    return pd.Series(tokens_per_s.to_numpy() / (runs["world_size"].to_numpy(dtype=float) * ref), index=runs.index)
 
 
 def throughput_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -79,13 +91,27 @@ def _run_codes(steps: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
     return codes, per_run
 
 
-def _loss_against(steps: pd.DataFrame, group_by: list[str], is_reference: np.ndarray):
-    """|loss - mean loss of the reference rows with the same group_by values at the same step|, per
-    row (NaN where there is no reference), with the run codes and the runs table of _run_codes."""
+def _with_model(per_run: pd.DataFrame, runs: pd.DataFrame | None) -> pd.DataFrame:
+    """The per-run rows of a steps table with the model's identity columns of the runs table (the
+    steps hold the model axis's name only; a name may hold another shape in results copied together)."""
+    if runs is None or runs.empty:
+        return per_run
+    first = runs.drop_duplicates("run_id")
+    lookup = first.set_index(first["run_id"].astype(str))
+    ids = per_run["run_id"].astype(str)
+    extra = {c: ids.map(lookup[c]) for c in MODEL if c in lookup and c not in per_run}
+    return per_run.assign(**extra) if extra else per_run
+
+
+def _loss_against(steps: pd.DataFrame, over: tuple[str, ...], is_reference: np.ndarray, runs: pd.DataFrame | None = None):
+    """|loss - mean loss of the reference rows of the same like (scalelab.analysis.like, a comparison
+    over ``over``) at the same step|, per row (NaN where there is none), with the run codes and the
+    runs table of _run_codes (the model's columns added from ``runs`` where given)."""
     codes, per_run = _run_codes(steps)
-    group_of_run = per_run.groupby(group_by, dropna=False, sort=False, observed=True).ngroup()
+    per_run = _with_model(per_run, runs)
+    group_of_run, _ = pd.factorize(like_key(per_run, over))
     lookup = np.full(int(codes.max()) + 1, -1, dtype=np.int64)
-    lookup[group_of_run.index.to_numpy()] = group_of_run.to_numpy()
+    lookup[per_run.index.to_numpy()] = group_of_run
     group = lookup[codes]
     step = steps["step"].to_numpy(dtype=np.int64)
     loss = steps["loss"].to_numpy(dtype=float)
@@ -111,34 +137,43 @@ def _max_per_run(values: np.ndarray, codes: np.ndarray, keep: np.ndarray, per_ru
     return per_run[sel].assign(value=out[idx[sel]])
 
 
-def loss_deviation_vs_stage0(steps: pd.DataFrame) -> pd.DataFrame:
-    """Per (precision, world size, stage): the largest |loss - loss(stage 0)| over steps, stage 0
-    being the mean of the stage-0 runs of the same precision and world size at that step."""
-    cols = ["precision", "world_size", "zero_stage", "max_abs_dloss"]
+DEVIATION_COLUMNS = ["model", "precision", "world_size", "zero_stage", "levers", "max_abs_dloss"]
+
+
+def loss_deviation_vs_stage0(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per (model, precision, world size, stage other than 0, levers): the largest |loss - loss(stage 0)|
+    over steps, stage 0 being the mean of the stage-0 runs of the same like (scalelab.analysis.like:
+    model, precision, world size, levers) at that step. Stage 0 itself is the reference (left out:
+    0 by definition). runs: the runs table, for the model's identity beyond its name."""
     if steps.empty:
-        return pd.DataFrame(columns=cols)
-    dloss, codes, per_run = _loss_against(steps, ["precision", "world_size"], (steps["zero_stage"] == 0).to_numpy())
-    runs = _max_per_run(dloss, codes, np.isfinite(dloss), per_run)
-    runs = runs.assign(precision=runs["precision"].astype(str))
-    return (runs.groupby(["precision", "world_size", "zero_stage"], as_index=False, sort=True)["value"].max()
-            .rename(columns={"value": "max_abs_dloss"})[cols])
+        return pd.DataFrame(columns=DEVIATION_COLUMNS)
+    dloss, codes, per_run = _loss_against(steps, OVER_STAGE, (steps["zero_stage"] == 0).to_numpy(), runs)
+    found = _max_per_run(dloss, codes, np.isfinite(dloss), per_run)
+    found = found[found["zero_stage"] != 0]
+    if found.empty:
+        return pd.DataFrame(columns=DEVIATION_COLUMNS)
+    found = found.assign(precision=found["precision"].astype(str), model=model_labels(found), levers=lever_text(found))
+    return (found.groupby(DEVIATION_COLUMNS[:-1], as_index=False, sort=True)["value"].max()
+            .rename(columns={"value": "max_abs_dloss"})[DEVIATION_COLUMNS])
 
 
-def largest_deviation_vs_stage0(steps: pd.DataFrame) -> pd.DataFrame:
-    """Per (precision, stage): the largest |Δloss| vs stage 0 over steps *and world sizes*."""
-    dev = loss_deviation_vs_stage0(steps)
+def largest_deviation_vs_stage0(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per (precision, stage): the largest |Δloss| vs stage 0 over steps, world sizes, models and
+    levers (each measured within its like)."""
+    dev = loss_deviation_vs_stage0(steps, runs)
     return dev.groupby(["precision", "zero_stage"], as_index=False)["max_abs_dloss"].max()
 
 
-def loss_vs_fp32_twin(steps: pd.DataFrame) -> pd.DataFrame:
+def loss_vs_fp32_twin(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per (precision, step), precisions other than fp32: the largest |loss - loss of the fp32
-    twin| over configurations, the twin being the fp32 run with the same stage, world size and
-    levers (the mean of several such runs). Columns precision, step, max_abs_dloss, runs."""
+    twin| over configurations, the twin being the fp32 run of the same like (scalelab.analysis.like:
+    model, stage, world size, levers; the mean of several such runs). Columns precision, step,
+    max_abs_dloss, runs."""
     cols = ["precision", "step", "max_abs_dloss", "runs"]
     is_fp32 = (steps["precision"] == "fp32").to_numpy()
     if steps.empty or is_fp32.all() or not is_fp32.any():
         return pd.DataFrame(columns=cols)
-    dloss, _, _ = _loss_against(steps, [a for a in SWEEP_AXES if a != "precision"], is_fp32)
+    dloss, _, _ = _loss_against(steps, OVER_PRECISION, is_fp32, runs)
     keep = ~is_fp32 & np.isfinite(dloss)
     precision, names = pd.factorize(steps["precision"][keep])  # on the categorical's codes, no strings
     step = steps["step"].to_numpy(dtype=np.int64)[keep]
@@ -152,18 +187,36 @@ def loss_vs_fp32_twin(steps: pd.DataFrame) -> pd.DataFrame:
                          "max_abs_dloss": largest[hit], "runs": runs[hit]})[cols]
 
 
+BEST_COLUMNS = ["model", "world_size", "run_id", "precision", "zero_stage", "tokens_per_s", "tokens_per_s_per_device", "repeats",
+                "within_noise", "runner_up", "lead", "noise_margin", "peak_mib_per_rank", "peak_memory", "model_state_mib_per_rank",
+                "ok_runs", "did_not_fit"]
+
+
 def best_configurations(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per world size: the fastest point that ended ok, by the median tokens/s of its repeats (its
-    configuration, tokens/s in total and per device, peak and model-state memory per rank), the
-    points within the sweep's run-to-run noise of it (scalelab.analysis.noise: a ranking between
-    them means nothing), the runner-up's lead otherwise, and the configurations that did not fit
-    (status oom / predicted_oom), by run id."""
-    noise = sweep_noise(runs)
-    rows = []
+    """Per model and world size (scalelab.analysis.like: configurations of one model ranked against
+    each other, never against another model's, whose tokens cost otherwise): the fastest point that
+    ended ok, by the median tokens/s of its repeats (its configuration, tokens/s in total and per
+    device, peak and model-state memory per rank), the points within the model's run-to-run noise of
+    it (scalelab.analysis.noise: a ranking between them means nothing), the runner-up's lead
+    otherwise, and the configurations that did not fit (status oom / predicted_oom), by run id.
+    ``attrs["noise"]``: the noise (a ModelNoise where the sweep holds several models)."""
     # The columns read below only: selecting rows of all ~100 columns, 8 world sizes over, costs a
     # 1,000-run report a tenth of a second.
-    runs = runs[[c for c in ("run_id", "status", "world_size", "precision", "zero_stage", "tokens_per_s", "repeat",
-                             "model_state_bytes_measured", "peak_mem_allocated_bytes", "peak_rss_bytes") if c in runs]]
+    runs = runs[[c for c in dict.fromkeys(("run_id", "status", "world_size", "precision", "zero_stage", "tokens_per_s", "repeat",
+                                           "model_state_bytes_measured", "peak_mem_allocated_bytes", "peak_rss_bytes",
+                                           "accumulation_steps", *MODEL, *LEVER_AXES)) if c in runs]]
+    tables, noises = [], {}
+    for label, mine in by_model(runs):
+        noises[label] = sweep_noise(mine)
+        tables.append(_best_of_one_model(mine, noises[label]).assign(model=label))
+    table = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+    table = table.reindex(columns=BEST_COLUMNS)
+    table.attrs["noise"] = ModelNoise(noises) if len(noises) > 1 else next(iter(noises.values())) if noises else sweep_noise(runs)
+    return table
+
+
+def _best_of_one_model(runs: pd.DataFrame, noise) -> pd.DataFrame:
+    rows = []
     points = medians(runs)
     ok = points[(points["status"] == "ok") & points["tokens_per_s"].notna()]
     for ws in sorted(runs["world_size"].dropna().unique()):
@@ -189,16 +242,17 @@ def best_configurations(runs: pd.DataFrame) -> pd.DataFrame:
         did_not_fit = runs[(runs["world_size"] == ws) & runs["status"].isin(NOT_FIT)]
         row["did_not_fit"] = ", ".join(f"{r.run_id} ({r.status})" for r in did_not_fit.sort_values("run_id").itertuples())
         rows.append(row)
-    cols = ["world_size", "run_id", "precision", "zero_stage", "tokens_per_s", "tokens_per_s_per_device", "repeats",
-            "within_noise", "runner_up", "lead", "noise_margin", "peak_mib_per_rank", "peak_memory", "model_state_mib_per_rank", "ok_runs",
-            "did_not_fit"]
-    table = pd.DataFrame(rows).reindex(columns=cols)
-    table.attrs["noise"] = noise
-    return table
+    return pd.DataFrame(rows)
+
+
+def noise_of(best: pd.DataFrame, model: str | None = None):
+    """The run-to-run noise a row of best_configurations(runs) was judged by: its model's."""
+    noise = best.attrs["noise"]
+    return noise.of(model) if isinstance(noise, ModelNoise) else noise
 
 
 def standing(r, noise) -> str:
-    """How far the best point is ahead, against the noise: the part of the answer a ranking needs."""
+    """How far the best point is ahead, against the noise (its model's): the part of the answer a ranking needs."""
     if not isinstance(r.run_id, str):  # no point of this world size ended ok
         return ""
     if isinstance(r.within_noise, str) and r.within_noise:
@@ -212,20 +266,22 @@ def standing(r, noise) -> str:
 
 def best_configurations_text(runs: pd.DataFrame) -> str:
     """The best-configuration table as plain text (terminal, summary.md), each best point with how
-    far it is ahead of the next, against the sweep's run-to-run noise."""
+    far it is ahead of the next, against the run-to-run noise of its model; a sweep of several
+    models names the model on each line."""
     best = best_configurations(runs)
-    noise = best.attrs["noise"]
+    several = isinstance(best.attrs["noise"], ModelNoise)
     lines = []
     for r in best.itertuples():
+        where = (f"model {r.model}, " if several else "") + f"world size {r.world_size}"
         if pd.isna(r.run_id):
-            head = f"world size {r.world_size}: no run ended ok"
+            head = f"{where}: no run ended ok"
         else:
             median = f"median of {r.repeats} runs, " if r.repeats > 1 else ""
-            head = (f"world size {r.world_size}: {r.run_id}  {r.tokens_per_s:,.0f} tokens/s ({median}{r.tokens_per_s_per_device:,.0f} per device), "
+            head = (f"{where}: {r.run_id}  {r.tokens_per_s:,.0f} tokens/s ({median}{r.tokens_per_s_per_device:,.0f} per device), "
                     f"peak {r.peak_mib_per_rank:,.1f} MiB per rank ({r.peak_memory}), model state {r.model_state_mib_per_rank:,.2f} MiB"
-                    + standing(r, noise))
+                    + standing(r, noise_of(best, r.model)))
         lines.append(head + (f"; did not fit: {r.did_not_fit}" if r.did_not_fit else ""))
-    lines.append(noise.text())
+    lines += best.attrs["noise"].text().split("\n")
     return "\n".join(lines)
 
 
