@@ -7,7 +7,7 @@ from scalelab.config import dataset_config
 from scalelab.data import DataError, source_files
 from scalelab.placement import carry_slurm_conf, launch_plan, sweep_device_plan, train_job_resources
 from scalelab.migrate import OldLayout, check_layout
-from scalelab.invocation import check_trained_with
+from scalelab.status import check_trained_with
 from scalelab.sweep import RunPoint, data_result_params, result_params, sweep_plan
 
 RESULTS = Path(config["results_dir"])

@@ -156,6 +156,13 @@ def test_cpu_notice_names_the_device_threads_and_what_the_figures_do_not_show():
     # A GPU sweep: no notice, no note.
     gpu = runs.assign(device_type="cuda", device_name="NVIDIA H100 80GB HBM3")
     assert checks.cpu_notice(gpu) is None and checks.cpu_best_note(gpu) is None
+    # issue #41: a run that never started trained on nothing; runs across nodes talk across them
+    skipped = runs.head(1).assign(status="skipped")
+    assert checks.cpu_notice(skipped) is None
+    assert checks.cpu_notice(runs.head(1)).startswith("CPU results: the one run trained on a CPU")
+    two_nodes = runs[runs["world_size"] == 2].assign(nodes_used=2, nodes_share_machine=True)
+    notice = checks.cpu_notice(two_nodes)
+    assert "across nodes (network namespaces of one machine" in notice and "host memory" not in notice
 
 
 @pytest.mark.unit
@@ -167,7 +174,8 @@ def test_sweep_end_text_opens_with_the_cpu_notice_and_only_on_cpu(tmp_path):
     (tmp_path / "report").mkdir()
     (tmp_path / "report" / "report.html").write_text("built after the tables")
     text = sweep_end_text(tmp_path)
-    assert text.startswith("scalelab: CPU results: all 24 runs trained on a CPU (synthetic, "), text
+    # the synthetic set's run 7 was skipped: it trained on nothing
+    assert text.startswith("scalelab: CPU results: 23 of the 24 runs trained on a CPU (synthetic, "), text
     best = text.index("Best configuration per world size:")
     assert re.search(r"\n  Fastest on this CPU \(synthetic, .*not a recommendation for a GPU\.\n", text[best:]), text
     runs = pd.read_parquet(tmp_path / "metrics.parquet")

@@ -99,3 +99,11 @@ def test_estimate_says_whether_fp8_pays_at_the_models_width(capsys):
     assert code == 0 and "fp8 against bf16: costs at d_model 1024: about 0.84x bf16" in out and "H200" in out
     code, out, _ = _estimate(capsys, "memory", "--params", "1e9", "--world-size", "8")
     assert code == 0 and "fp8 against bf16" not in out  # no shape, no width to judge by
+
+
+@pytest.mark.unit
+def test_an_mfu_prints_as_given_not_rounded_to_a_whole_percent(capsys):
+    """`estimate time --mfu 0.397` printed "MFU 40%" (issue #41)."""
+    code, out, _ = _estimate(capsys, "time", "--params", "1e9", "--tokens", "1e12", "--gpus", "8", "--gpu", "H100",
+                             "--mfu", "0.397")
+    assert code == 0 and "at MFU 39.7%:" in out, out

@@ -76,8 +76,10 @@ def test_model_axis_and_lora_axis_in_the_sweep():
     config["models"] = {"tiny": {"n_layers": 1, "d_model": 32, "n_heads": 2}}
     config["sweep"].update(model=["base", "tiny"], lora_rank=[None, 8])
     points = sweep_points(config)
-    assert len(points) == 24 * 4 + 2 * 2  # the baseline is the first model, full training
+    # each model's baseline (full training) repeated: each model measures its own noise
+    assert len(points) == 24 * 4 + 2 * 2 * 2
     ids = {p.run_id for p in points}
+    assert {"fp32-z0-w1-r3", "fp32-z0-w1-tiny-r3"} <= ids and "fp32-z0-w1-lora8-r2" not in ids
     assert {"fp32-z0-w1", "fp32-z0-w1-tiny", "fp32-z0-w1-lora8", "fp32-z0-w1-tiny-lora8"} <= ids
     tiny = model_config(config, name="tiny")
     assert (tiny.n_layers, tiny.d_model, tiny.n_heads, tiny.seq_len) == (1, 32, 2, config["model"]["seq_len"])

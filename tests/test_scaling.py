@@ -163,7 +163,7 @@ def test_the_table_labels_its_figures_predictions_and_shows_its_assumptions(caps
     code, out, _ = _estimate(capsys, *EXAMPLE)
     assert code == 0
     assert out.startswith("PREDICTION, not a measurement")
-    assert "MFU 40% without communication (default; --mfu)" in out
+    assert "MFU 40.0% without communication (default; --mfu)" in out
     assert "efficiency 0.80 (default; --link-efficiency)" in out
     assert "intra-node link: nvlink-h100" in out and "inter-node link: ib-ndr" in out
     assert "spans nodes runs at the inter-node link" in out and "out of scope: hierarchical" in out
@@ -289,7 +289,7 @@ def test_the_compute_efficiency_can_come_from_a_sweeps_runs_without_communicatio
     assert code == 0 and result["assumptions"]["mfu_without_communication"] == pytest.approx(0.52)  # world size 1 only
     assert result["assumptions"]["mfu_source"]["runs"] == ["bf16-z3-w1", "bf16-z3-w1-r2"]
     code, out, _ = _estimate(capsys, *EXAMPLE, "--mfu-from", str(tmp_path))
-    assert "at MFU 52% without communication (measured: the median of 2 ok world-size-1 run(s)" in out
+    assert "at MFU 52.0% without communication (measured: the median of 2 ok world-size-1 run(s)" in out
     code, _, err = _estimate(capsys, *EXAMPLE, "--mfu-from", str(tmp_path), "--mfu", "0.4")
     assert code == 2 and "give --mfu or --mfu-from, not both" in err
 

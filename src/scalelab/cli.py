@@ -144,7 +144,7 @@ def _retry(args) -> int:
 
 
 def _resume(args) -> int:
-    from scalelab.invocation import resume
+    from scalelab.status import resume
 
     return resume(args.results_dir, dry_run=args.dry_run)
 

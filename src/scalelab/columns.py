@@ -38,7 +38,7 @@ SCHEMA_VERSION = "8"  # 2: lever identity columns; 3: device plan, launch and pr
 # 6: model families (model_family, model_module, n_kv_heads, ffn_dim, rope_base, flops_per_token_method), where ranks ran
 # (rank_hostnames, node_list, nodes_used); 7: hybrid sharding (replicas), bytes per step intra- and inter-node measured and
 # predicted, nodes_share_machine, the step-time model's prediction (predicted_step_time_s, its band, tokens/s, exposed comm, note);
-# 8: predicted_peak_bound, compiled runs' memory predicted with the compiled graphs' model
+# 8: predicted_peak_bound, compiled runs' memory predicted with the compiled graphs' model, timing_steps (train.measure_s)
 _META = {b"scalelab.schema_version": SCHEMA_VERSION.encode()}
 
 WRITERS = ("identity", "launch", "worker", "collect")
@@ -215,7 +215,11 @@ RUN = [
            "planned by the launcher, as the worker ran it", "launch"),
     Column("tokens_per_step", pa.int64(), "tokens", "tokens per optimizer step, all ranks together (global_batch × "
            "seq_len)", "worker", OK),
-    Column("measured_steps", pa.int32(), "-", "steps after warm-up that the run-level timings average over", "worker", OK),
+    Column("measured_steps", pa.int32(), "-", "steps after warm-up that the run-level timings are taken over (timing "
+           "steps included)", "worker", OK),
+    Column("timing_steps", pa.int32(), "-", "steps past train.steps that only lengthened the measurement to "
+           "train.measure_s seconds (no step record, no loss); 0 when the training steps sufficed",
+           "worker", Filled("status ok (null in rows older than schema 8)", None, _ok)),
     Column("tokens_per_s", pa.float64(), "tokens/s", "throughput over the measured steps, all ranks together (per device: "
            "tokens_per_s_per_device)", "worker", OK),
     Column("tokens_per_s_per_device", pa.float64(), "tokens/s", "tokens_per_s / world_size: throughput of one device",

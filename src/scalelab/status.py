@@ -19,6 +19,8 @@ resumes) unless --fresh.
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import socket
 import time
 from dataclasses import asdict, dataclass
@@ -213,3 +215,160 @@ def retry(results_dir: str | Path, statuses: tuple[str, ...] | list[str] = RETRY
         for name in DOWNSTREAM:  # collection and the report are due again (see the module's docstring)
             (Path(results_dir) / name).unlink(missing_ok=True)
     return done
+
+
+# ----------------------------------------------------------------------------- resume after an interrupt
+# Snakemake marks a job's outputs incomplete when it starts the job and clears the mark when it
+# sees the job end. Interrupted (Ctrl-C, SIGINT to its pid or group, a kill), it may never see the
+# end of a run that finished anyway: its complete summary.json stays marked, and the next
+# invocation stops with IncompleteFilesException, or with --rerun-incomplete retrains it.
+# `scalelab resume RESULTS` clears the marks of exactly the runs whose summary is complete and has
+# Snakemake record their provenance (--touch of their outputs alone, which checks that they trained
+# with the values the config holds now: else they are rerun), then runs the recorded command with
+# --rerun-incomplete, which reruns what really did not finish.
+
+INCOMPLETE_DIR = Path(".snakemake") / "incomplete"  # under Snakemake's working directory
+TRAINED_WITH = "results_depend_on.json"
+"""In a run folder: the values its results depend on (the train rule's results_depend_on param), as
+the run started: what `scalelab resume` checks before it records a finished run's provenance."""
+
+
+def record_trained_with(run_dir: Path, params: dict) -> None:
+    from scalelab.io import write_json
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / TRAINED_WITH, json.loads(json.dumps(params, default=str)))
+
+
+def check_trained_with(run_dir: Path, params: dict) -> None:
+    """Raise ValueError naming the values that differ, unless the run in run_dir started with params."""
+    try:
+        trained = json.loads((run_dir / TRAINED_WITH).read_text())
+    except (FileNotFoundError, ValueError) as err:
+        raise ValueError(f"{run_dir.name}: no record of the values it trained with ({TRAINED_WITH}: {err})") from None
+    now = json.loads(json.dumps(params, default=str))
+    changed = sorted(k for k in {*trained, *now} if trained.get(k) != now.get(k))
+    if changed:
+        raise ValueError(f"{run_dir.name} trained with other values than the config holds now: "
+                         + ", ".join(f"{k}: {trained.get(k)!r} then, {now.get(k)!r} now" for k in changed))
+
+
+def _marked_incomplete(workdir: Path) -> list[str]:
+    """The paths Snakemake marks incomplete in this working directory. Each mark is a file named by
+    the urlsafe base64 of the output's path, split into folders of at most NAME_MAX characters
+    with '@' before every part but the last (snakemake.persistence; read, never written here)."""
+    import base64
+
+    root = workdir / INCOMPLETE_DIR
+    marked = []
+    for mark in root.rglob("*") if root.is_dir() else []:
+        if not mark.is_file():
+            continue
+        parts = mark.relative_to(root).parts
+        encoded = "".join(part.removeprefix("@") for part in parts)
+        try:
+            marked.append(base64.urlsafe_b64decode(encoded.encode()).decode())
+        except ValueError:  # a mark of another shape (a migration's): not one of ours to judge
+            continue
+    return marked
+
+
+def finished_but_marked(results_dir: str | Path, workdir: str | Path) -> list[str]:
+    """The train outputs (as Snakemake names them) marked incomplete although their run finished:
+    its summary.json holds a status, and steps.parquet (written before it) is there."""
+    results, workdir = Path(results_dir).resolve(), Path(workdir).resolve()
+    found = []
+    for name in _marked_incomplete(workdir):
+        path = (workdir / name).resolve()
+        if path.name not in OUTPUTS or path.parent.parent != results / "runs":
+            continue
+        done = summary_status(path.parent)
+        if done is not None and done[0] != "corrupt" and all((path.parent / o).exists() for o in OUTPUTS):
+            found.append(name)
+    return sorted(found)
+
+
+def resume(results_dir: str | Path, dry_run: bool = False, timeout_s: float | None = None) -> int:
+    """Go on with an interrupted sweep: refused while its workflow still runs (the results lock's
+    holder is alive); else Snakemake's own lock, left by a killed Snakemake, is released
+    (--unlock), the marks of finished runs are cleared, and the recorded command runs with
+    --rerun-incomplete. Snakemake's exit status (2: refused, or no recorded command)."""
+    import subprocess
+    import sys
+
+    from scalelab.invocation import recorded
+    from scalelab.lock import LOCK_NAME, describe, read_lock
+
+    holder, _ = read_lock(Path(results_dir) / LOCK_NAME, settle_s=0.5)
+    if holder is not None and (not holder or stale_reason(holder) is None):
+        print(f"scalelab resume: the sweep in {results_dir} is still running ({describe(holder)}): wait for it, "
+              "or stop it first (Ctrl-C)", file=sys.stderr)
+        return 2
+    data = recorded(results_dir)
+    if data is None:
+        print(f"scalelab resume: {results_dir} recorded no command line (.scalelab/invocation.json); rerun it with the "
+              f"command that started it, with --rerun-incomplete", file=sys.stderr)
+        return 2
+    workdir = Path(data.get("cwd") or _directory_of(data["command"]) or Path.cwd())
+    env = {**os.environ}
+    if data.get("pythonpath"):
+        env["PYTHONPATH"] = data["pythonpath"]
+    command = shlex.split(data["command"])
+    beside = Path(sys.executable).parent / "snakemake"  # this environment's, as the sweep's own hints assume
+    if command[0] == "snakemake" and beside.exists():
+        command[0] = str(beside)
+    def snakemake(*extra: str, quiet: bool = False) -> subprocess.CompletedProcess:
+        proc = subprocess.run([*command, *extra], cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0 and not quiet:
+            print(proc.stdout[-2000:] + proc.stderr[-2000:], file=sys.stderr)
+        return proc
+
+    if any((workdir / ".snakemake" / "locks").glob("*.lock")):  # its holder is dead: the results lock says so
+        print("scalelab resume: releasing the lock the interrupted Snakemake left (snakemake --unlock)", file=sys.stderr)
+        if not dry_run and (proc := snakemake("--unlock")).returncode != 0:
+            return proc.returncode
+    stale = finished_but_marked(results_dir, workdir)
+    if stale:
+        print(f"scalelab resume: {len(stale)} output(s) of finished runs are marked incomplete by the interrupted "
+              f"invocation; clearing the marks (snakemake --cleanup-metadata): {', '.join(stale)}", file=sys.stderr)
+        if not dry_run and _keep_finished(results_dir, workdir, stale, snakemake) != 0:
+            return 2
+    rerun = [*command, "--rerun-incomplete"]
+    print(f"scalelab resume: {'would run' if dry_run else 'running'} (in {workdir}): "
+          + (f"PYTHONPATH={shlex.quote(data['pythonpath'])} " if data.get("pythonpath") else "") + shlex.join(rerun),
+          file=sys.stderr, flush=True)
+    if dry_run:
+        return 0
+    return subprocess.run(rerun, cwd=workdir, env=env, timeout=timeout_s).returncode
+
+
+def _keep_finished(results_dir, workdir: Path, stale: list[str], snakemake) -> int:
+    """Clear Snakemake's incomplete marks of finished runs' outputs, then record their provenance
+    (snakemake --touch --force of those outputs, train rules only: nothing else is touched) so that
+    a later change of a value they depend on reruns them. A run that trained with other values than
+    the config holds now is rerun instead: its outputs are removed. 0, or 2 when a mark stays."""
+    import sys
+
+    # --cleanup-metadata clears the mark, then fails for want of the record the interrupt kept
+    # Snakemake from writing ("the metadata was not present"): what counts is that no mark stays.
+    snakemake("--cleanup-metadata", *stale, quiet=True)
+    if left := finished_but_marked(results_dir, workdir):
+        print(f"scalelab resume: could not clear Snakemake's marks of {', '.join(left)}", file=sys.stderr)
+        return 2
+    for run in sorted({str(Path(name).parent) for name in stale}):
+        targets = [f"{run}/{output}" for output in OUTPUTS]
+        proc = snakemake("--touch", "--force", "--allowed-rules", "train", "train_multinode", "--cores", "1", *targets,
+                         quiet=True)
+        if proc.returncode != 0:
+            why = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("scalelab: ")]
+            print(f"scalelab resume: {Path(run).name} is rerun: " + (why[-1].removeprefix("scalelab: ") if why else
+                  f"recording its provenance failed:\n{proc.stderr[-2000:]}"), file=sys.stderr)
+            for output in OUTPUTS:
+                (workdir / run / output).unlink(missing_ok=True)
+    return 0
+
+
+def _directory_of(command: str) -> str | None:
+    """--directory's value in a recorded command (recorded absolute), if it has one."""
+    args = shlex.split(command)
+    return args[args.index("--directory") + 1] if "--directory" in args[:-1] else None

@@ -298,10 +298,13 @@ def sweep_plan(config: dict) -> tuple[list, list[tuple[Any, str]]]:
 
 
 def is_baseline(point, values: dict) -> bool:
-    """A baseline point: the sweep's first value of every axis but the world size (the first
-    precision and stage listed, levers at their first value), at any world size. The report's
-    comparisons divide by these (scaling efficiency, precision and stage ratios)."""
-    first = RunPoint(**{name: vals[0] for name, vals in values.items()} | {"world_size": point.world_size})
+    """A baseline point: the sweep's first value of every axis but the world size and the model
+    (the first precision and stage listed, levers at their first value), at any world size, of
+    every model. The report's comparisons divide by these (scaling efficiency, precision and stage
+    ratios), and each model's noise is pooled from its own repeats (scalelab.analysis.like): a
+    model without repeated points would have no noise to rank its configurations by."""
+    first = RunPoint(**{name: vals[0] for name, vals in values.items()} | {"world_size": point.world_size,
+                                                                          "model": point.model})
     return dataclasses.replace(point, repeat=1) == first
 
 

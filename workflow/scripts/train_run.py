@@ -5,8 +5,8 @@ import sys
 from pathlib import Path
 
 from scalelab.calibration import calibration_path, ensure_calibration
-from scalelab.invocation import record_trained_with
 from scalelab.placement import job_device_plan
+from scalelab.status import record_trained_with
 from scalelab.training.launch import launch_run
 from scalelab.training.prefork import die_with_parent
 

@@ -302,9 +302,12 @@ def cpu_notice(runs: pd.DataFrame) -> str | None:
     """What results from a CPU show and what they do not, made of the runs' own rows (device,
     threads, ranks, the precisions present and their speeds); None when no run trained on a CPU."""
     cpu = _cpu_runs(runs)
+    # the runs that trained: a skipped or predicted_oom run has a device in its row but never started
+    cpu = cpu[~cpu["status"].isin(("skipped", "predicted_oom"))] if "status" in cpu else cpu
     if cpu.empty:
         return None
-    n = f"all {len(cpu)} runs" if len(cpu) == len(runs) else f"{len(cpu)} of the {len(runs)} runs"
+    n = (("the one run" if len(cpu) == 1 else f"all {len(cpu)} runs") if len(cpu) == len(runs)
+         else f"{len(cpu)} of the {len(runs)} runs")
     shows = ("They show what each strategy holds and moves in bytes (device-independent, held against the formulas), "
              "whether configurations agree in loss, and how the configurations rank on this CPU.")
     nots = []
@@ -316,9 +319,19 @@ def cpu_notice(runs: pd.DataFrame) -> str | None:
                     f"without tensor cores{fp8}" + (f" ({ratios})" if ratios else ""))
     widest = int(cpu["world_size"].max()) if cpu["world_size"].notna().any() else 1
     if widest > 1:
-        nots.append(f"how the strategies scale across GPUs: a run's ranks (up to {widest}) share this machine's cores "
-                    "and talk over gloo through host memory, so scaling efficiency and communication times say nothing "
-                    "about NVLink or InfiniBand")
+        nodes = pd.to_numeric(cpu["nodes_used"], errors="coerce") if "nodes_used" in cpu else pd.Series(dtype=float)
+        spanning = nodes.fillna(1) > 1
+        one_machine = cpu.loc[spanning, "nodes_share_machine"].fillna(False).astype(bool).all() \
+            if "nodes_share_machine" in cpu and spanning.any() else False
+        how = "talk over gloo through host memory"
+        if spanning.all():
+            how = ("talk over gloo across nodes" + (" (network namespaces of one machine, whose cores they share)"
+                                                     if one_machine else " (TCP between the nodes' CPUs)"))
+        elif spanning.any():
+            how = ("talk over gloo through host memory within a node and across nodes"
+                   + (" (network namespaces of one machine)" if one_machine else " over TCP"))
+        nots.append(f"how the strategies scale across GPUs: a run's ranks (up to {widest}) share CPU cores "
+                    f"and {how}, so scaling efficiency and communication times say nothing about NVLink or InfiniBand")
     # One run's source as an example, fp32's where there is one (on a CPU: "measured fp32 matmul, 1 threads").
     sources = cpu.sort_values("precision", key=lambda p: p != "fp32")["peak_flops_source"].dropna() \
         if "peak_flops_source" in cpu else pd.Series(dtype=object)

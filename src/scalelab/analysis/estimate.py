@@ -606,7 +606,7 @@ def _render_scaling(r: dict) -> list[str]:
     lines = [f"PREDICTION, not a measurement: {model}, {how} "
              f"({r['strategy']}), {r['precision']}, seq {r['seq_len']}, micro-batch {r['micro_batch']} per GPU "
              f"({r['tokens_per_gpu_per_step']:,} tokens per GPU per step), {r['gpu']}, {r['gpus_per_node']} GPUs per node",
-             f"compute: {r['flops_per_token']:.3g} FLOP/token at MFU {a['mfu_without_communication']:.0%} without "
+             f"compute: {r['flops_per_token']:.3g} FLOP/token at MFU {_percent(a['mfu_without_communication'])} without "
              f"communication ({_mfu_origin(a)}) of the {r['precision']} dense peak "
              f"{r['peak_flops_per_gpu'] / 1e12:.1f} TFLOP/s = {r['rows'][0]['compute_s'] * 1e3:.1f} ms per step"]
     for side in ("intra_node", "inter_node"):
@@ -664,7 +664,7 @@ def render(kind: str, result: dict) -> str:
         r = result
         lines += [(f"{r['model']} ({r['family']}): " if "model" in r else "") +
                   f"{_human(r['n_params'])} parameters x {_human(r['tokens'])} tokens = {r['total_flops']:.3e} FLOPs ({r['flops_rule']})",
-                  f"on {r['gpus']} x {r['gpu']} ({r['precision']} dense peak {r['peak_flops_per_gpu'] / 1e12:.1f} TFLOP/s) at MFU {r['mfu']:.0%}:",
+                  f"on {r['gpus']} x {r['gpu']} ({r['precision']} dense peak {r['peak_flops_per_gpu'] / 1e12:.1f} TFLOP/s) at MFU {_percent(r['mfu'])}:",
                   f"  {r['days']:.2f} days ({r['gpu_hours']:.4g} GPU-hours)"]
         if "mfu_source" in r:
             source = r["mfu_source"]

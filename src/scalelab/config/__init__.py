@@ -123,6 +123,9 @@ class TrainConfig:
     """Optimizer steps."""
     warmup_steps: int = _default("train", "warmup_steps")
     """Steps excluded from throughput/MFU; also the LR warm-up length."""
+    measure_s: float = _default("train", "measure_s")
+    """Seconds of measured steps (after warm-up) a run's speed is taken over at least: timing steps
+    past ``steps`` where these are shorter (scalelab.training.worker.extend_measurement); 0 = the steps alone."""
     global_batch: int = _default("train", "global_batch")
     """Sequences per optimizer step at every world size."""
     lr: float = _default("train", "lr")

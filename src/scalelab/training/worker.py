@@ -217,6 +217,7 @@ class Tally:
     first_step_at: float | None = None  # unix time
     activations: dict | None = None  # measured on this attempt's first micro-batch
     loop_time: float = 0.0  # the whole loop after warm-up, measurement included
+    timing_steps: int = 0  # steps past train.steps that only lengthened the measurement (extend_measurement)
 
 
 @dataclass
@@ -450,21 +451,63 @@ def train(spec: dict) -> None:
 
                 with run.counter.paused():
                     checkpoint.save(run.ckpt_root, step, run.par, run.scaler)
+    if spec.get("save_final_params"):
+        save_final_params(run)  # the trained model: before any timing step moves it
+    tally.timing_steps = extend_measurement(run, tally)
     run.counter.enabled = False
     tally.loop_time = time.perf_counter() - loop_start
     if run.point.compile:
         tally.compile_graphs_in_loop = compiled_graphs() - graphs_before_loop
 
-    gathered = gather(run, bool(spec.get("save_final_params")))
+    gathered = gather(run)
     if run.rank == 0:
         result = results(run, tally, gathered)
         run.progress.close()
         write_json(run.run_dir / "worker_result.json", result)
 
 
-def gather(run: Run, save_final_params: bool) -> Gathered:
+MAX_TIMING_STEPS = 10_000
+"""At most this many timing steps past train.steps (extend_measurement): a bound, whatever measure_s says."""
+
+
+def extend_measurement(run: Run, tally: Tally) -> int:
+    """Timing steps: past train.steps, more optimizer steps until the measured steps (after warm-up)
+    add up to train.measure_s seconds, so that a run's speed is measured over what it must resolve,
+    not over a step count (a fast configuration's 50 steps last half a second, which a few seconds of
+    anything else on the host swing; issue #41). They train on (at the last step's learning rate) but
+    are not training steps: no step record, no loss, not in final_params.pt or the loss curve; the
+    summary counts them (timing_steps). Every rank stops at the same step: the decision is all-reduced
+    (the smallest vote), outside the communication count."""
+    cfg = run.train_cfg
+    if not cfg.measure_s:
+        return 0
+    for group in run.par.optimizer.param_groups:
+        group["lr"] = lr_at(cfg.steps - 1, cfg)
+    n = 0
+    while n < MAX_TIMING_STEPS:
+        more = torch.tensor(int(sum(tally.step_times) < cfg.measure_s), device=run.device)
+        with run.counter.paused():
+            dist.all_reduce(more, op=dist.ReduceOp.MIN)
+        if not more.item():
+            break
+        run.par.optimizer.zero_grad(set_to_none=True)
+        tally.step_times.append(train_step(run, cfg.steps + n, measure_activations=False).time_s)
+        n += 1
+    return n
+
+
+def save_final_params(run: Run) -> None:
+    """The whole final parameters to final_params.pt (rank 0; every rank gathers its shards)."""
+    full = {name: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu().clone()
+            for name, t in run.par.model.state_dict().items()}
+    if run.rank == 0:
+        torch.save({k.removeprefix("module.").replace("_orig_mod.", ""): v for k, v in full.items()},
+                   run.run_dir / "final_params.pt")
+
+
+def gather(run: Run) -> Gathered:
     """The collective end of the run, on every rank: model state and peak memory of each rank
-    to rank 0, the final parameters (whole) to final_params.pt if asked; stops counting."""
+    to rank 0; stops counting."""
     # Model state at rest: after the last optimizer step, gradients not yet freed.
     held = model_state_bytes(run.par)
     all_held = [None] * run.world_size
@@ -477,12 +520,6 @@ def gather(run: Run, save_final_params: bool) -> Gathered:
     all_mem = [None] * run.world_size
     dist.all_gather_object(all_mem, {**mem, "peak_rss_bytes": rss, "hostname": socket.gethostname(),  # each rank's host
                                      "boot_id": machine_id()})
-    if save_final_params:
-        full = {name: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu().clone()
-                for name, t in run.par.model.state_dict().items()}
-        if run.rank == 0:
-            torch.save({k.removeprefix("module.").replace("_orig_mod.", ""): v for k, v in full.items()},
-                       run.run_dir / "final_params.pt")
     counted = {"calls": dict(run.counter.calls), "bytes": dict(run.counter.bytes), "by_group": run.counter.by_group()}
     run.counter.uninstall()
     return Gathered(held=all_held, mem=all_mem, comm=counted)
@@ -536,6 +573,7 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "accumulation_steps": accum,
         "tokens_per_step": run.tokens_per_step,
         "measured_steps": n_measured,
+        "timing_steps": tally.timing_steps,
         "tokens_per_s": tokens_per_s,
         "step_time_s_mean": total_time / len(step_times),
         "step_time_s_median": statistics.median(step_times),
