@@ -171,6 +171,33 @@ def test_a_fitted_token_share_where_the_fit_set_has_two_micro_batches():
     assert prediction.predict_row(model, target)["predicted_step_time_s"] == pytest.approx(0.004 + 20e-6 * 128)
 
 
+def test_a_token_share_measured_by_the_runs_narrows_the_band_to_what_it_knows():
+    """A reference run that measured its own token share (half-batch steps, train.measure_s) carries
+    its compute to another token count with it: no assumed share between an estimate and 1, so the
+    band is the noise's, and a band wider than +-25% names what widens it (issue #41)."""
+    # compute = 4 ms per step + 20 us per token: at 512 tokens 14.24 ms; its true share 10.24 / 14.24
+    truth = 20e-6 * 512 / (0.004 + 20e-6 * 512)
+    measured = [run_row("fp32", 3, 1, 0.004 + 20e-6 * 512, repeat=r, token_share_measured=truth * f)
+                for r, f in ((1, 1.0), (2, 1.02), (3, 0.98))]
+    model = prediction.fit(pd.DataFrame(measured), bench_table())
+    assert model.references.iloc[0]["token_share_source"].startswith("measured: the half-batch steps of 3 run(s)")
+    target = run_row("fp32", 3, 1, 0.0, micro_batch=1)  # 64 tokens per rank, one rank
+    got = prediction.predict_row(model, target)
+    assert got["predicted_step_time_s"] == pytest.approx(0.004 + 20e-6 * 64)
+    half = (got["predicted_step_time_s_high"] - got["predicted_step_time_s_low"]) / 2 / got["predicted_step_time_s"]
+    assumed = prediction.fit(pd.DataFrame([{k: v for k, v in r.items() if k != "token_share_measured"} for r in measured]),
+                             bench_table())
+    wide = prediction.predict_row(assumed, target)
+    assumed_half = (wide["predicted_step_time_s_high"] - wide["predicted_step_time_s_low"]) / 2 / wide["predicted_step_time_s"]
+    assert half < 0.25 < assumed_half, (half, assumed_half)
+    assert "band" not in got["prediction_note"]
+    assert "wider than +-25%: mostly the assumed token share (measure it: train.measure_s)" in wide["prediction_note"]
+    summary = prediction.validate(pd.concat([pd.DataFrame(measured), pd.DataFrame([{**target, "step_time_s_mean": 0.0053,
+                                                                                    "run_id": "fp32-z3-w1-mb1"}])], ignore_index=True),
+                                  "micro_batch == 8", bench_table())["summary"]
+    assert summary["median_band_half_width"] == pytest.approx(half) and summary["inside_band_share"] == 1.0
+
+
 def test_without_a_bench_table_communicating_runs_get_null_and_the_reason():
     out = prediction.predict(prediction.fit(sweep(), None), sweep()).set_index("run_id")
     assert math.isnan(out.loc["fp32-z0-w2", "predicted_step_time_s"])

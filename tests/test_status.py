@@ -195,6 +195,7 @@ def test_hints_rerun_the_sweep_as_it_was_started(sweep, tmp_path, capsys, monkey
     were about that one invocation and are left out."""
     from scalelab.invocation import record
 
+    monkeypatch.delenv("PYTHONPATH", raising=False)  # recorded with the command (the next test): none here
     argv = ["--cores", "all", "--configfile", "my.yaml", "--config", "results_dir=mine", "-n", "--forcerun", "train",
             "--printshellcmds"]
     record(sweep, argv, [tmp_path / "my.yaml"], cwd=tmp_path)

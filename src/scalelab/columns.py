@@ -38,7 +38,8 @@ SCHEMA_VERSION = "8"  # 2: lever identity columns; 3: device plan, launch and pr
 # 6: model families (model_family, model_module, n_kv_heads, ffn_dim, rope_base, flops_per_token_method), where ranks ran
 # (rank_hostnames, node_list, nodes_used); 7: hybrid sharding (replicas), bytes per step intra- and inter-node measured and
 # predicted, nodes_share_machine, the step-time model's prediction (predicted_step_time_s, its band, tokens/s, exposed comm, note);
-# 8: predicted_peak_bound, compiled runs' memory predicted with the compiled graphs' model, timing_steps (train.measure_s)
+# 8: predicted_peak_bound, compiled runs' memory predicted with the compiled graphs' model, timing_steps (train.measure_s),
+# half_batch_steps, step_time_s_median_half_batch, token_share_measured
 _META = {b"scalelab.schema_version": SCHEMA_VERSION.encode()}
 
 WRITERS = ("identity", "launch", "worker", "collect")
@@ -217,6 +218,15 @@ RUN = [
            "seq_len)", "worker", OK),
     Column("measured_steps", pa.int32(), "-", "steps after warm-up that the run-level timings are taken over (timing "
            "steps included)", "worker", OK),
+    Column("half_batch_steps", pa.int32(), "-", "steps at half the micro-batch after the measured ones (train.measure_s "
+           "set, micro-batch >= 2): what token_share_measured is measured from", "worker",
+           Filled("status ok, train.measure_s set and a micro-batch of 2 or more (null in rows older than schema 8)", None, _ok)),
+    Column("step_time_s_median_half_batch", pa.float64(), "s", "median step time of the half-batch steps", "worker",
+           Filled("with half_batch_steps", None, _has("half_batch_steps"))),
+    Column("token_share_measured", pa.float64(), "fraction", "the share of the step that grows with the tokens a rank "
+           "processes: (1 - t_half / t) / (1 - (m // 2) / m), t the median step at micro-batch m, t_half at m // 2 "
+           "(clipped to [0, 1]); what the step-time model carries a step to another micro-batch or world size with",
+           "worker", Filled("with half_batch_steps", None, _has("half_batch_steps"))),
     Column("timing_steps", pa.int32(), "-", "steps past train.steps that only lengthened the measurement to "
            "train.measure_s seconds (no step record, no loss); 0 when the training steps sufficed",
            "worker", Filled("status ok (null in rows older than schema 8)", None, _ok)),

@@ -13,8 +13,10 @@ collectives on links fitted to a ``scalelab bench comm`` table, and the strategy
 * ``s``, the **token share**: the part of a step's compute that grows with the tokens a rank
   processes (forward, backward); the rest (optimizer, clipping, per-operator dispatch on tiny
   shapes) is paid once per step. Fitted when the fit set holds one configuration at two or more
-  token counts; otherwise, per configuration, the share of its step that its model FLOPs take at the
-  device's peak (FLOPs x tokens / peak over c_ref, at most 1): stated in every prediction.
+  token counts; else measured by the reference runs themselves (their half-batch steps, with
+  train.measure_s: ``token_share_measured``); otherwise, per configuration, the share of its step
+  that its model FLOPs take at the device's peak (FLOPs x tokens / peak over c_ref, at most 1),
+  an assumption whose band reaches to a share of 1: stated in every prediction.
 * ``alpha_c``, ``B_c``: latency per call and bus bandwidth per collective, fitted to the bench
   table's mean times (relative least squares; ``fit_link``), from its batched rows for what a
   strategy issues as a batch of async calls (Strategy.batched: ZeroRedundancyOptimizer's
@@ -31,8 +33,9 @@ Every parameter is printed with its source by ``scalelab predict`` (Model.parame
 
 The band (99%): the step moved by 2.576 sigma of its parts' noise: the run-to-run sigma of a step
 (scalelab.analysis.noise, pooled over the fit set's repeated points) on the run and on its compute
-reference's median, and the link fit's relative residual on each collective's time; widened, where
-the token share was defaulted, to the compute it would take at a share of 1. Where no bench table
+reference's median, the link fit's relative residual on each collective's time, and a measured token
+share's own error carried to the run's token count; widened, where the token share was defaulted,
+to the compute it would take at a share of 1. Where no bench table
 exists, or a configuration has no compute reference in the fit set, the prediction is null and
 ``prediction_note`` says why.
 
@@ -358,11 +361,18 @@ def fit(runs, table=None, table_path: str | None = None) -> Model:
                 comm = comm_seconds(sizes, calls, n, fits)
                 eta = DEFAULT_OVERLAP_EFFICIENCY.get(first.get("device_type"), 0.0)
                 exposed = step_time(first["zero_stage"], 0.0, comm, calls=calls, overlap_efficiency=eta).exposed_comm_s
-            compute = float(at[MEASURED].median()) - exposed
+            step = float(at[MEASURED].median())
+            compute = step - exposed
             flops = first["flops_per_token"] * tokens / first["peak_flops_per_device"] \
                 if not _missing(first.get("peak_flops_per_device")) and first.get("peak_flops_per_device") else math.nan
+            # the runs' own token share (half-batch steps), of their step: as a share of its compute
+            shares = pd.to_numeric(at["token_share_measured"], errors="coerce").dropna() \
+                if "token_share_measured" in at else pd.Series(dtype=float)
+            measured = min(float(shares.median()) * step / compute, 1.0) if len(shares) and compute > 0 else math.nan
             per_tokens.append({**dict(zip(COMPUTE_KEY, key, strict=True)), "world_size": n, "tokens_per_rank": tokens,
-                               "compute_s": compute, "runs": len(at), "flop_s": flops})
+                               "compute_s": compute, "runs": len(at), "flop_s": flops, "share_measured": measured,
+                               "share_runs": len(shares),
+                               "share_sem": float(shares.std(ddof=1) / math.sqrt(len(shares))) if len(shares) > 1 else math.nan})
         if not per_tokens:
             continue
         frame = pd.DataFrame(per_tokens)
@@ -373,6 +383,10 @@ def fit(runs, table=None, table_path: str | None = None) -> Model:
                 total = intercept + slope * frame.loc[i, "tokens_per_rank"]
                 frame.loc[i, "token_share"] = min(max(slope * frame.loc[i, "tokens_per_rank"] / total, 0.0), 1.0) if total > 0 else 1.0
             frame["token_share_source"] = f"fitted: {len(frame)} token counts of this configuration"
+        elif np.isfinite(frame["share_measured"].iloc[0]):
+            frame["token_share"] = frame["share_measured"]
+            frame["token_share_source"] = (f"measured: the half-batch steps of {int(frame['share_runs'].iloc[0])} run(s) "
+                                           "of this configuration (token_share_measured)")
         else:
             flop_s = frame["flop_s"].iloc[0]
             share = min(flop_s / frame["compute_s"].iloc[0], 1.0) if np.isfinite(flop_s) and frame["compute_s"].iloc[0] > 0 else 1.0
@@ -397,6 +411,8 @@ PREDICTED_COLUMNS = ("predicted_step_time_s", "predicted_step_time_s_low", "pred
 part is the step less its exposed communication."""
 
 
+BAND_GOAL = 0.25
+"""A band wider than this either side of its prediction names what widens it, in its note."""
 BAND_Z = 2.576
 """The band's half-width in sigmas: 99% of a normal error (the report's confidence, scalelab.analysis.noise),
 not Student's t of the few repeats a sweep has (t = 9.9 at 2 degrees of freedom would make every band
@@ -461,12 +477,26 @@ def predict_row(model: Model, row: dict) -> dict:
     eta = model.overlap_efficiency.get(row.get("device_type"), DEFAULT_OVERLAP_EFFICIENCY.get(row.get("device_type"), 0.0))
     st = step_time(row["zero_stage"], compute, parts.comm_s, calls=parts.calls, overlap_efficiency=eta)
     sigma = model.sigma or 0.0
-    half = BAND_Z * math.sqrt((sigma * st.step_s) ** 2 + (sigma * compute) ** 2 * median_variance(int(ref["runs"]))
-                              + parts.comm_sigma_s ** 2)
-    # a defaulted token share is an assumption between its estimate and 1 (all compute grows with tokens)
     ratio = parts.tokens / ref["tokens_per_rank"]
+    # a measured token share's own uncertainty, carried to this token count (d compute / d s = c_ref (ratio - 1)):
+    # the spread of the reference's runs' shares, or with one run the noise of its two medians (s ~ 2 (1 - t'/t))
+    share_sigma = 0.0
+    if str(ref["token_share_source"]).startswith("measured"):
+        sem = ref.get("share_sem")
+        share_sigma = float(sem) if sem is not None and np.isfinite(sem) else 2 * math.sqrt(2) * sigma
+    terms = {"run-to-run noise": (sigma * st.step_s) ** 2 + (sigma * compute) ** 2 * median_variance(int(ref["runs"])),
+             "the link fit's residual": parts.comm_sigma_s ** 2,
+             "the measured token share's error": (ref["compute_s"] * (ratio - 1) * share_sigma) ** 2}
+    half = BAND_Z * math.sqrt(sum(terms.values()))
+    # a defaulted token share is an assumption between its estimate and 1 (all compute grows with tokens)
     other = ref["compute_s"] * ratio if str(ref["token_share_source"]).startswith("defaulted") else compute
     low, high = min(compute, other) - compute, max(compute, other) - compute
+    width = {**{k: BAND_Z * math.sqrt(v) for k, v in terms.items()},
+             "the assumed token share (measure it: train.measure_s)": high - low}
+    wide = ""
+    if (high - low + 2 * half) / 2 > BAND_GOAL * st.step_s:
+        wide = (f"; band +-{(high - low + 2 * half) / 2 / st.step_s:.0%}, wider than +-{BAND_GOAL:.0%}: mostly "
+                f"{max(width, key=width.get)}" + ("" if sigma else " (run-to-run noise unknown: no repeats)"))
     tokens_per_step = row.get("tokens_per_step")
     if _missing(tokens_per_step):
         tokens_per_step = float(row["global_batch"]) * float(row["seq_len"])
@@ -478,7 +508,7 @@ def predict_row(model: Model, row: dict) -> dict:
         "prediction_note": ("in-sample: compute measured on this configuration at this world size and micro-batch"
                             if in_sample else f"compute from world size {int(ref['world_size'])}, "
                             f"{ref['tokens_per_rank']:g} tokens per rank (token share {float(ref['token_share']):.2f}, "
-                            f"{str(ref['token_share_source']).split(':')[0]})"),
+                            f"{str(ref['token_share_source']).split(':')[0]})") + wide,
     })
     return out
 
@@ -550,10 +580,13 @@ def validate(runs, fit_query: str, table=None, table_path: str | None = None) ->
                        "note": r["prediction_note"]})
     errors = [abs(p["error"]) for p in points if p["error"] is not None]
     inside = [p["inside_band"] for p in points if p["inside_band"] is not None]
+    half_widths = [(p["band_high_s"] - p["band_low_s"]) / 2 / p["predicted_step_time_s"] for p in points
+                   if p["predicted_step_time_s"]]
     summary = {"fit": fit_query, "fit_runs": model.fit_runs, "held_out": len(points), "predicted": len(errors),
                "mean_abs_error": float(np.mean(errors)) if errors else None,
                "max_abs_error": float(np.max(errors)) if errors else None,
                "inside_band_share": float(np.mean(inside)) if inside else None,
+               "median_band_half_width": float(np.median(half_widths)) if half_widths else None,
                "measured": MEASURED, "bench_table": table_path, "bench_host_load": bench_load(table)}
     return {"points": points, "summary": summary, "parameters": model.parameters()}
 
@@ -581,7 +614,9 @@ def format_validation(result: dict) -> str:
     else:
         lines.append(f"fit on {s['fit']!r} ({s['fit_runs']} runs); predicted {s['predicted']} of {s['held_out']} held-out runs: "
                      f"mean absolute error {s['mean_abs_error']:.1%}, max {s['max_abs_error']:.1%}, "
-                     f"inside their bands {s['inside_band_share']:.0%}")
+                     f"inside their bands {s['inside_band_share']:.0%}, median band half-width "
+                     f"{s['median_band_half_width']:.0%} of the prediction (a band says something only when both are good: "
+                     f"most inside, narrow)")
     load = s.get("bench_host_load")
     if load is not None:
         lines.append(f"the bench table was measured with a 1-minute host load of {load:.2f} before its ranks started"

@@ -90,14 +90,15 @@ def _chatter(message: str) -> bool:
 
 
 def job_line(record: logging.LogRecord, progress: str | None) -> str:
-    """One line for a job starting: the time, progress so far, the rule, its wildcards (a train
-    job's run id) and its log, relative as Snakemake names it."""
+    """One line for a job starting: the time, the rule, its wildcards (a train job's run id), the
+    jobs done before it, and its log, relative as Snakemake names it. "starts" first: a count of
+    jobs done beside a run's name read as if that run were done (issue #41)."""
     import time
 
     wildcards = getattr(record, "wildcards", None) or {}
     label = " ".join([str(getattr(record, "rule_name", "job")), *(str(v) for v in wildcards.values())])
     logs = list(getattr(record, "log", None) or [])
-    return (f"[{time.strftime('%H:%M:%S')}] " + (f"{progress} · " if progress else "") + label
+    return (f"[{time.strftime('%H:%M:%S')}] starts {label}" + (f" ({progress} before it)" if progress else "")
             + (f"  (log: {logs[0]})" if logs else ""))
 
 
@@ -145,7 +146,7 @@ class LogHandler(LogHandlerBase):
             self._short(record, job_line(record, self.progress))
         elif event == LogEvent.PROGRESS:
             done, total = getattr(record, "done", None), getattr(record, "total", None)
-            self.progress = f"{done}/{total} done"
+            self.progress = f"{done} of {total} jobs done"
             if done is not None and done == total:
                 self.inner.handle(record)  # the closing "N of N steps (100%) done"
         elif event == LogEvent.JOB_FINISHED:

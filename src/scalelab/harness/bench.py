@@ -319,12 +319,19 @@ def main(argv=None) -> int:
     rp.add_argument("--cores", default="all")
     rp.add_argument("--keep", help="keep both sweeps' folders here (default: a temporary folder, removed)")
     rp.add_argument("--timeout", type=float, default=1800, help="seconds per sweep")
+    rp.add_argument("--json", metavar="PATH", help="also write the figures here (docs/measured.json: the one source of "
+                    "the timings and counts the README and guide state, tests/test_docs.py)")
     args = parser.parse_args(argv)
     if args.what == "repeatability":
         from scalelab.harness.repeatability import bench_repeatability, print_repeatability
 
-        print_repeatability(bench_repeatability(Path(args.config), args.cores, Path(args.keep) if args.keep else None, args.timeout,
-                                                host_loop_s))
+        result = bench_repeatability(Path(args.config), args.cores, Path(args.keep) if args.keep else None, args.timeout,
+                                     host_loop_s)
+        print_repeatability(result)
+        if args.json:
+            from scalelab.harness.repeatability import record
+
+            Path(args.json).write_text(json.dumps(record(result, Path(args.config)), indent=1) + "\n")
         return 0
     if args.what == "startup":
         result = bench_startup(args.repeats, args.against, args.tiny)

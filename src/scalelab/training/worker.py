@@ -218,6 +218,7 @@ class Tally:
     activations: dict | None = None  # measured on this attempt's first micro-batch
     loop_time: float = 0.0  # the whole loop after warm-up, measurement included
     timing_steps: int = 0  # steps past train.steps that only lengthened the measurement (extend_measurement)
+    half_batch_step_times: list[float] = field(default_factory=list)  # measure_token_share's steps
 
 
 @dataclass
@@ -454,6 +455,7 @@ def train(spec: dict) -> None:
     if spec.get("save_final_params"):
         save_final_params(run)  # the trained model: before any timing step moves it
     tally.timing_steps = extend_measurement(run, tally)
+    tally.half_batch_step_times = measure_token_share(run, tally)
     run.counter.enabled = False
     tally.loop_time = time.perf_counter() - loop_start
     if run.point.compile:
@@ -483,17 +485,58 @@ def extend_measurement(run: Run, tally: Tally) -> int:
         return 0
     for group in run.par.optimizer.param_groups:
         group["lr"] = lr_at(cfg.steps - 1, cfg)
+    return _until(run, tally.step_times, cfg.measure_s, cfg.steps)
+
+
+def _until(run: Run, times: list[float], seconds: float, step_from: int, at_least: int = 0) -> list[float]:
+    """Take optimizer steps (numbered from step_from), appending each one's time to ``times``,
+    until they add up to ``seconds`` and number at least ``at_least`` (every rank stops at the
+    same step: the decision is all-reduced, the smallest vote, outside the communication count);
+    at most MAX_TIMING_STEPS. Returns how many it took."""
     n = 0
     while n < MAX_TIMING_STEPS:
-        more = torch.tensor(int(sum(tally.step_times) < cfg.measure_s), device=run.device)
+        more = torch.tensor(int(sum(times) < seconds or len(times) < at_least), device=run.device)
         with run.counter.paused():
             dist.all_reduce(more, op=dist.ReduceOp.MIN)
         if not more.item():
             break
         run.par.optimizer.zero_grad(set_to_none=True)
-        tally.step_times.append(train_step(run, cfg.steps + n, measure_activations=False).time_s)
+        times.append(train_step(run, step_from + n, measure_activations=False).time_s)
         n += 1
     return n
+
+
+HALF_BATCH_SHARE = 0.5
+"""Half-batch steps take this share of train.measure_s (measure_token_share)."""
+HALF_BATCH_MIN_STEPS = 5
+
+
+def measure_token_share(run: Run, tally: Tally) -> list[float]:
+    """Steps at half the micro-batch, after the measured steps: with the measured window's median
+    step time they give the **token share** of this configuration's step, the part that grows with
+    the tokens a rank processes (scalelab.prediction: it carries a measured step to another
+    micro-batch or world size; a share assumed instead spans a band from its estimate to 1, issue
+    #41). Taken when train.measure_s is set, for HALF_BATCH_SHARE of it (at least
+    HALF_BATCH_MIN_STEPS steps); none where the micro-batch is a single sequence. Like timing steps,
+    they train on but are no training steps, and count in no run-level timing but this one."""
+    cfg = run.train_cfg
+    if not cfg.measure_s or run.micro < 2:
+        return []
+    full, run.micro = run.micro, run.micro // 2
+    times: list[float] = []
+    try:
+        with run.counter.paused():  # the run's bytes per step are its full batch's
+            _until(run, times, HALF_BATCH_SHARE * cfg.measure_s, cfg.steps + tally.timing_steps, HALF_BATCH_MIN_STEPS)
+    finally:
+        run.micro = full
+    return times
+
+
+def token_share(step_s: float, half_step_s: float, micro: int) -> float:
+    """The share s of a step that grows with the tokens, from its time t at micro-batch m and t' at
+    m // 2 (step time = t ((1 - s) + s x tokens ratio)), clipped to [0, 1]."""
+    ratio = (micro // 2) / micro
+    return min(max((1 - half_step_s / step_s) / (1 - ratio), 0.0), 1.0)
 
 
 def save_final_params(run: Run) -> None:
@@ -574,6 +617,10 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "tokens_per_step": run.tokens_per_step,
         "measured_steps": n_measured,
         "timing_steps": tally.timing_steps,
+        "half_batch_steps": len(tally.half_batch_step_times) or None,
+        "step_time_s_median_half_batch": statistics.median(tally.half_batch_step_times) if tally.half_batch_step_times else None,
+        "token_share_measured": token_share(statistics.median(step_times), statistics.median(tally.half_batch_step_times),
+                                            run.micro) if tally.half_batch_step_times else None,
         "tokens_per_s": tokens_per_s,
         "step_time_s_mean": total_time / len(step_times),
         "step_time_s_median": statistics.median(step_times),
