@@ -24,3 +24,49 @@ def test_every_code_fence_closes_on_a_line_of_its_own(doc):
             opened = number
         inside = not inside
     assert not inside, f"{doc.name}:{opened}: a code fence never closes"
+
+
+def _measured() -> dict:
+    import json
+
+    return json.loads((REPO / "docs" / "measured.json").read_text())
+
+
+def _wall_phrase(measured: dict) -> str:
+    """The sweep's wall time as the docs state it: the two sweeps' mean, to 5 s."""
+    walls = [side["wall_s"] for side in measured["sweeps"].values()]
+    minutes, seconds = divmod(round(sum(walls) / len(walls) / 5) * 5, 60)
+    return f"about {minutes} min {seconds} s"
+
+
+@pytest.mark.unit
+def test_the_default_sweeps_timings_and_counts_come_from_the_measured_record():
+    """docs/measured.json (bench repeatability --json on the default config) is the one source of the
+    figures the README and the guide state, and it measured the sweep config.yaml plans now."""
+    import yaml
+
+    from scalelab.sweep import sweep_points
+
+    measured = _measured()
+    runs = len(sweep_points(yaml.safe_load((REPO / "config.yaml").read_text())))
+    assert {side["runs"] for side in measured["sweeps"].values()} == {runs}, "config.yaml's sweep changed: measure again"
+    phrase = _wall_phrase(measured)
+    for doc in (REPO / "README.md", REPO / "docs" / "guide.md"):
+        text = " ".join(doc.read_text().split())
+        assert phrase in text, f"{doc.name} does not state the measured wall time ({phrase})"
+        assert f"{runs} runs" in text, f"{doc.name} does not state the {runs} runs"
+
+
+@pytest.mark.unit
+def test_the_readmes_picture_is_of_a_current_report():
+    """docs/img/report.png is drawn by `python -m scalelab.harness.screenshot RESULTS` of a default sweep,
+    which stamps what it shows: a picture of tables of another schema, or of another sweep, is stale."""
+    from scalelab.columns import SCHEMA_VERSION
+    from scalelab.harness.screenshot import read_stamp
+
+    stamp = read_stamp(REPO / "docs" / "img" / "report.png")
+    assert stamp.get("scalelab-schema") == SCHEMA_VERSION, (
+        f"docs/img/report.png shows tables of schema {stamp.get('scalelab-schema')}, not {SCHEMA_VERSION}: "
+        "python -m scalelab.harness.screenshot results (of a default sweep) draws it again")
+    assert stamp["scalelab-runs"] == str(_measured()["sweeps"]["A"]["runs"]) == stamp["scalelab-ok-runs"]
+    assert "![The default sweep's report](docs/img/report.png)" in (REPO / "README.md").read_text()

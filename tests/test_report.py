@@ -20,6 +20,7 @@ from scalelab.analysis.figures import FIGURES, FIGURES_DIR, rst_captions
 from scalelab.analysis.metrics import SCHEMA_VERSION, collect, schema_version, steps_table, write_parquet
 from scalelab.analysis.report import build_report
 from scalelab.harness.fixtures import FAILURES, synthetic_results
+from scalelab.harness.screenshot import chromium, screenshot
 from scalelab.io import write_json
 from scalelab.sweep import RunPoint
 
@@ -218,21 +219,8 @@ def test_cli_report_on_another_results_folder(fixture_results, tmp_path):
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 
 
-def _chromium() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        if path := shutil.which(name):
-            return path
-    return None
-
-
 def _open_in_chromium(html: Path, shot: Path) -> str:
-    cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-           "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-           f"--user-data-dir={shot.parent / 'chrome-profile'}", "--enable-logging=stderr", "--v=0",
-           "--window-size=1280,3000", f"--screenshot={shot}", html.as_uri()]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert shot.exists() and shot.stat().st_size > 10_000, proc.stderr[-2000:]
-    return proc.stderr
+    return screenshot(html, shot, height=3000)  # Chromium's log: its console lines
 
 
 def _console_errors(log: str) -> list[str]:
@@ -268,7 +256,7 @@ def _laid_out(report: Path, tmp_path: Path, width: int = 1280) -> dict:
     measures it in an iframe and writes the numbers into its DOM, which --dump-dom prints)."""
     page = tmp_path / f"measure{width}.html"
     page.write_text(_MEASURE.replace("REPORT", report.as_uri()).replace("WIDTH", str(width)))
-    cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--allow-file-access-from-files",
+    cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--allow-file-access-from-files",
            f"--user-data-dir={tmp_path / f'chrome-measure{width}'}", "--virtual-time-budget=10000", "--dump-dom", page.as_uri()]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     found = re.search(r'<pre id="measured">(.*?)</pre>', proc.stdout, re.S)
@@ -277,7 +265,7 @@ def _laid_out(report: Path, tmp_path: Path, width: int = 1280) -> dict:
 
 
 @pytest.mark.browser
-@pytest.mark.skipif(_chromium() is None, reason="Chromium is not installed (apt-get install chromium; `make browser`)")
+@pytest.mark.skipif(chromium() is None, reason="Chromium is not installed (apt-get install chromium; `make browser`)")
 def test_report_opens_in_headless_chromium_without_console_errors(fixture_results, tmp_path):
     html = build_report(fixture_results)
     # Control: a page that does log an error must be caught, or the check below proves nothing.
