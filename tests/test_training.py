@@ -86,6 +86,27 @@ def test_fp16_inf_on_one_rank_makes_every_rank_skip(tmp_path, tiny_data, stage):
 
 
 @pytest.mark.run
+def test_a_measurement_window_in_seconds_leaves_the_training_untouched(tmp_path, tiny_data, fp32_runs):
+    """train.measure_s (issue #41): timing steps past train.steps until the measured steps hold that
+    many seconds, then half-batch steps measure the token share. The training is the same run's
+    bit for bit (losses, final parameters), its bytes per step are the full batch's, and only the
+    training steps are recorded."""
+    cfg = tiny_config(train={"steps": PARITY_STEPS, "warmup_steps": 2, "measure_s": 1.0},
+                      planning={"launch_overcommitted": True})
+    timed, steps, run_dir = _run(tmp_path, tiny_data, RunPoint("fp32", 0, 2), cfg=cfg, save_final_params=True)
+    plain, plain_steps, plain_dir = fp32_runs[(0, 2)]
+    assert timed["status"] == "ok", timed["reason"]
+    assert timed["timing_steps"] >= 1 and plain["timing_steps"] == 0 and plain["token_share_measured"] is None
+    assert timed["measured_steps"] == PARITY_STEPS - 2 + timed["timing_steps"]
+    assert timed["measured_steps"] * timed["step_time_s_mean"] >= 1.0
+    assert timed["half_batch_steps"] >= 5 and 0 <= timed["token_share_measured"] <= 1
+    assert len(steps) == PARITY_STEPS and np.array_equal(steps["loss"].to_numpy(), plain_steps["loss"].to_numpy())
+    final, before = torch.load(run_dir / "final_params.pt"), torch.load(plain_dir / "final_params.pt")
+    assert final.keys() == before.keys() and all(torch.equal(final[k], before[k]) for k in final)
+    assert timed["comm_bytes_per_step_measured"] == timed["comm_bytes_per_step_predicted"]
+
+
+@pytest.mark.run
 def test_crash_on_one_rank_is_a_failed_result(tmp_path, tiny_data):
     summary, steps, run_dir = _run(tmp_path, tiny_data, RunPoint("fp32", 0, 2), fault="crash@step=3,rank=1")
     assert summary["status"] == "failed"

@@ -25,7 +25,10 @@ def tiny_config(**overrides) -> dict:
     cfg["model"].update(n_layers=2, d_model=32, n_heads=2, seq_len=32)
     # device cpu: these configs test CPU semantics (gloo, several ranks on one machine), also
     # on a GPU machine; GPU tests and plans that need `auto` say so.
-    cfg["train"].update(steps=12, warmup_steps=2, global_batch=8, run_timeout_s=240, collective_timeout_s=60, device="cpu")
+    # measure_s 0: the steps alone (a test of the measurement window asks for one; 2 s of timing per run would
+    # double the suite)
+    cfg["train"].update(steps=12, warmup_steps=2, global_batch=8, run_timeout_s=240, collective_timeout_s=60, device="cpu",
+                        measure_s=0)
     cfg["sweep"].update(precision=["fp32"], zero_stage=[0], world_size=[1])
     cfg["repeats"].update(baseline=1)  # one run per point: a test that measures noise asks for repeats
     cfg["prediction"].update(bench_comm=False)  # ~13 s of collective timing: a test of the model asks for it
