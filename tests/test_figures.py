@@ -523,3 +523,24 @@ def test_loss_scale_figure_left_out_without_fp16_runs(results, tmp_path):
     drawn = draw_figures(fp32, steps[steps["run_id"].isin(fp32["run_id"])], lever_table(fp32), tmp_path, workers=1)
     assert "loss_scale" not in [d.figure.name for d in drawn] and not (tmp_path / "loss_scale.png").exists()
     matplotlib.pyplot.close("all")
+
+
+@pytest.mark.unit
+def test_a_figure_with_nothing_to_draw_says_why_in_lines_that_fit():
+    """The two-node report's predicted-vs-measured figure was a strip of clipped text: a long reason
+    on one line of a short figure ran off both edges (issue #41)."""
+    import matplotlib.pyplot as plt
+
+    from scalelab.analysis import plots
+
+    reason = "no step-time prediction: " + "no compute reference: the fit set has no ok run of this configuration " * 3
+    fig = plots._empty(reason)
+    try:
+        fig.canvas.draw()
+        (text,) = fig.axes[0].texts
+        lines = text.get_text().split("\n")
+        assert len(lines) > 1 and all(len(line) <= 90 for line in lines) and " ".join(lines) == " ".join(reason.split())
+        box = text.get_window_extent(renderer=fig.canvas.get_renderer())
+        assert box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y0 >= 0 and box.y1 <= fig.bbox.height
+    finally:
+        plt.close(fig)

@@ -149,9 +149,14 @@ def _below_axes(fig, text: str, **kwargs) -> None:
 
 
 def _empty(message: str):
-    fig, ax = plt.subplots(figsize=(6, 1.5))
+    """A figure that says why there is nothing to draw: wrapped to its width, so that a long reason
+    (a run's prediction note) reads whole instead of running off both edges (issue #41)."""
+    import textwrap
+
+    lines = textwrap.wrap(message, width=90) or [""]
+    fig, ax = plt.subplots(figsize=(7, 0.6 + 0.22 * len(lines)))
     ax.axis("off")
-    ax.text(0.5, 0.5, message, ha="center", va="center")
+    ax.text(0.0, 0.5, "\n".join(lines), ha="left", va="center", fontsize=9)
     return fig
 
 
