@@ -114,7 +114,8 @@ RUNS = {
     "ok": (RunPoint("fp16", 1, 2, micro_batch=1, activation_checkpointing=True, bucket_mb=0.002, lora_rank=2, grad_reduce="compute"),
            {}, None),
     "ok fp8": (RunPoint("fp8", 3, 2), {"fp8_emulate": True}, None),
-    "ok hybrid": (RunPoint("bf16", 3, 2, replicas=2), {}, None),  # 2 replicas of 1 shard
+    # 2 replicas of 1 shard; a measurement window (timing and half-batch steps: their columns)
+    "ok hybrid": (RunPoint("bf16", 3, 2, replicas=2), {"measure_s": 0.3}, None),
     "skipped": (RunPoint("fp32", 3, 1, cpu_offload=True), {}, None),
     "predicted_oom": (RunPoint("bf16", 0, 1), {}, None),
     "failed": (RunPoint("fp32", 0, 1), {}, "crash@step=1,rank=0"),

@@ -224,8 +224,8 @@ def test_bounds_for_the_launcher():
 @pytest.mark.run
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 @pytest.mark.parametrize("mode", list(MODES))
-# both shapes without checkpointing, one with (a checkpointed block keeps its input whatever its shape)
-@pytest.mark.parametrize("shape, checkpointing", [((2, 64, 64, 4), False), ((3, 32, 96, 6), False), ((3, 32, 96, 6), True)])
+# two shapes, one with checkpointing (a checkpointed block keeps its input whatever its shape)
+@pytest.mark.parametrize("shape, checkpointing", [((2, 64, 64, 4), False), ((3, 32, 96, 6), True)])
 def test_partitioner_saves_what_the_formulas_say(family, mode, shape, checkpointing):
     """Every family, precision, two shapes, with and without per-block checkpointing: the compiled
     formula is exactly what the partitioner keeps (llama with grouped-query attention). About a

@@ -10,12 +10,13 @@ import pytest
 import yaml
 
 from scalelab.cli import main
+from scalelab.harness.screenshot import chromium
 from scalelab.harness.testing import snakemake_cmd, snakemake_env, tiny_config, write_workdir
-from test_report import _chromium, _laid_out
+from test_report import _laid_out
 
 
 @pytest.mark.browser
-@pytest.mark.skipif(_chromium() is None, reason="Chromium is not installed (apt-get install chromium; `make browser`)")
+@pytest.mark.skipif(chromium() is None, reason="Chromium is not installed (apt-get install chromium; `make browser`)")
 def test_a_new_users_first_session(tmp_path, capsys, monkeypatch):
     work = write_workdir(tmp_path / "work", tiny_config())
     monkeypatch.chdir(tmp_path)

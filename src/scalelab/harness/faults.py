@@ -403,7 +403,7 @@ def _interrupt_and_resume(tmp: Path, name: str, signum: int, whole_group: bool) 
 
     d = Drill(name)
     cfg = tiny_config(sweep={"precision": ["fp32", "bf16"], "zero_stage": [0], "world_size": [1]},
-                      train={"steps": 400, "warmup_steps": 2})  # a few seconds each: time to interrupt the second
+                      train={"steps": 250, "warmup_steps": 2})  # seconds each: time to interrupt the second
     work = write_workdir(tmp, cfg)
     results = work / cfg["results_dir"]
     env = {k: v for k, v in snakemake_env().items() if k != PREFORK_ENV}  # its own prefork server, interrupted too
