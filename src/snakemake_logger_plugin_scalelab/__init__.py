@@ -138,10 +138,12 @@ class LogHandler(LogHandlerBase):
     def _print(self, record: logging.LogRecord) -> None:
         from snakemake_interface_logger_plugins.common import LogEvent
 
+        event = getattr(record, "event", None)
+        if event == LogEvent.SHELLCMD and getattr(record, "shellcmd", None) is None:
+            return  # a script: rule (every rule here) has no shell command: "Shell command: None" says nothing
         if self.detailed or record.levelno >= logging.WARNING or not self.inner.filter(record):
             self.inner.handle(record)  # the filter (quiet, printshellcmds) is applied again there
             return
-        event = getattr(record, "event", None)
         if event == LogEvent.JOB_INFO:
             self._short(record, job_line(record, self.progress))
         elif event == LogEvent.PROGRESS:
