@@ -296,7 +296,7 @@ def resume(results_dir: str | Path, dry_run: bool = False, timeout_s: float | No
     import subprocess
     import sys
 
-    from scalelab.invocation import recorded
+    from scalelab.invocation import recorded, rerun_command
     from scalelab.lock import LOCK_NAME, describe, read_lock
 
     holder, _ = read_lock(Path(results_dir) / LOCK_NAME, settle_s=0.5)
@@ -317,6 +317,7 @@ def resume(results_dir: str | Path, dry_run: bool = False, timeout_s: float | No
     beside = Path(sys.executable).parent / "snakemake"  # this environment's, as the sweep's own hints assume
     if command[0] == "snakemake" and beside.exists():
         command[0] = str(beside)
+
     def snakemake(*extra: str, quiet: bool = False) -> subprocess.CompletedProcess:
         proc = subprocess.run([*command, *extra], cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
         if proc.returncode != 0 and not quiet:
@@ -334,8 +335,7 @@ def resume(results_dir: str | Path, dry_run: bool = False, timeout_s: float | No
         if not dry_run and _keep_finished(results_dir, workdir, stale, snakemake) != 0:
             return 2
     rerun = [*command, "--rerun-incomplete"]
-    print(f"scalelab resume: {'would run' if dry_run else 'running'} (in {workdir}): "
-          + (f"PYTHONPATH={shlex.quote(data['pythonpath'])} " if data.get("pythonpath") else "") + shlex.join(rerun),
+    print(f"scalelab resume: {'would run' if dry_run else 'running'}: {rerun_command(results_dir, ' --rerun-incomplete')}",
           file=sys.stderr, flush=True)
     if dry_run:
         return 0

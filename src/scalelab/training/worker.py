@@ -488,7 +488,7 @@ def extend_measurement(run: Run, tally: Tally) -> int:
     return _until(run, tally.step_times, cfg.measure_s, cfg.steps)
 
 
-def _until(run: Run, times: list[float], seconds: float, step_from: int, at_least: int = 0) -> list[float]:
+def _until(run: Run, times: list[float], seconds: float, step_from: int, at_least: int = 0) -> int:
     """Take optimizer steps (numbered from step_from), appending each one's time to ``times``,
     until they add up to ``seconds`` and number at least ``at_least`` (every rank stops at the
     same step: the decision is all-reduced, the smallest vote, outside the communication count);
