@@ -39,7 +39,7 @@ SCHEMA_VERSION = "8"  # 2: lever identity columns; 3: device plan, launch and pr
 # (rank_hostnames, node_list, nodes_used); 7: hybrid sharding (replicas), bytes per step intra- and inter-node measured and
 # predicted, nodes_share_machine, the step-time model's prediction (predicted_step_time_s, its band, tokens/s, exposed comm, note);
 # 8: predicted_peak_bound, compiled runs' memory predicted with the compiled graphs' model, timing_steps (train.measure_s),
-# half_batch_steps, step_time_s_median_half_batch, token_share_measured
+# half_batch_steps, step_time_s_median_half_batch, token_share_measured, token_share_measured_sem
 _META = {b"scalelab.schema_version": SCHEMA_VERSION.encode()}
 
 WRITERS = ("identity", "launch", "worker", "collect")
@@ -226,6 +226,9 @@ RUN = [
     Column("token_share_measured", pa.float64(), "fraction", "the share of the step that grows with the tokens a rank "
            "processes: (1 - t_half / t) / (1 - (m // 2) / m), t the median step at micro-batch m, t_half at m // 2 "
            "(clipped to [0, 1]); what the step-time model carries a step to another micro-batch or world size with",
+           "worker", Filled("with half_batch_steps", None, _has("half_batch_steps"))),
+    Column("token_share_measured_sem", pa.float64(), "fraction", "standard error of token_share_measured from the "
+           "scatter of its two windows' steps (1.2533 x 1.4826 MAD / sqrt(n) per median): its error within the run",
            "worker", Filled("with half_batch_steps", None, _has("half_batch_steps"))),
     Column("timing_steps", pa.int32(), "-", "steps past train.steps that only lengthened the measurement to "
            "train.measure_s seconds (no step record, no loss); 0 when the training steps sufficed",

@@ -59,6 +59,17 @@ OVERLAP_WINDOWS = {"backward": 2 / 3, "step": 1.0}
 (about 2/3 of a step's FLOPs: 4N of 6N per token), prefetched gathers during forward and backward."""
 DEFAULT_OVERLAP_EFFICIENCY = {"cpu": 0.0, "cuda": 1.0}
 """eta where the fit set cannot fit it (module doc)."""
+DEFAULT_RANK_FACTOR = {"cpu": 1.12, "cuda": 1.0}
+"""f where the fit set cannot fit it. On a CPU: the median, over the 28 world-size-2 runs of two
+default sweeps (2-core VM, torch 2.13, 2026-11-26), of (measured step - predicted communication) over
+the compute predicted from world size 1 (1.10 and 1.14 per sweep): the ranks' gloo threads and the OS
+share the ranks' cores, and a sharded strategy's per-call work grows with ranks. A GPU rank owns its
+device: 1."""
+DEFAULT_MODEL_SIGMA = {"cpu": 0.09}
+"""The model's own error on a run predicted from a reference at a smaller world size (sigma of log
+measured / predicted, beyond run-to-run noise) where the fit set cannot measure it. On a CPU: the same
+28 runs, f applied (rms 0.101 less their noise). None for a GPU: none has been measured there, and
+the band says so."""
 MEASURED = "step_time_s_mean"
 """The measured figure the model predicts: the mean step time (tokens_per_s = tokens per step / it)."""
 COMPUTE_KEY = ("precision", "zero_stage", "model", "activation_checkpointing", "cpu_offload", "compile", "lora_rank",
@@ -283,6 +294,12 @@ class Model:
     and the per-step and per-token seconds where the fit set gives two token counts."""
     overlap_efficiency: dict[str, float] = field(default_factory=dict)
     overlap_source: dict[str, str] = field(default_factory=dict)
+    rank_factor: dict[str, float] = field(default_factory=dict)
+    """f per device type: a rank's compute at a world size above its reference's, over the reference's."""
+    rank_factor_source: dict[str, str] = field(default_factory=dict)
+    model_sigma: dict[str, float | None] = field(default_factory=dict)
+    """Per device type: the model's error on a run predicted across world sizes (None: unknown)."""
+    model_sigma_source: dict[str, str] = field(default_factory=dict)
     sigma: float | None = None
     """Run-to-run sigma of a run's log step time (scalelab.analysis.noise), pooled over repeated points."""
     sigma_source: str = ""
@@ -310,6 +327,12 @@ class Model:
                             "source": f"fitted: {f.rows} bench rows"})
         for device, eta in self.overlap_efficiency.items():
             out.append({"name": f"eta[{device}]", "value": eta, "unit": "overlap efficiency", "source": self.overlap_source[device]})
+        for device, f in self.rank_factor.items():
+            out.append({"name": f"f[{device}]", "value": f, "unit": "compute, across world sizes",
+                        "source": self.rank_factor_source[device]})
+        for device, m in self.model_sigma.items():
+            out.append({"name": f"sigma_model[{device}]", "value": m, "unit": "log step, across world sizes",
+                        "source": self.model_sigma_source[device]})
         out.append({"name": "sigma", "value": self.sigma, "unit": "log step time, one run", "source": self.sigma_source})
         if self.references is not None:
             for ref in self.references.itertuples():
@@ -369,10 +392,13 @@ def fit(runs, table=None, table_path: str | None = None) -> Model:
             shares = pd.to_numeric(at["token_share_measured"], errors="coerce").dropna() \
                 if "token_share_measured" in at else pd.Series(dtype=float)
             measured = min(float(shares.median()) * step / compute, 1.0) if len(shares) and compute > 0 else math.nan
+            # its error: the runs' spread where several measured it, else the one run's own (the scatter of its steps)
+            sems = pd.to_numeric(at.get("token_share_measured_sem", pd.Series(dtype=float)), errors="coerce").dropna()
+            sem = (float(shares.std(ddof=1) / math.sqrt(len(shares))) if len(shares) > 1
+                   else float(sems.iloc[0]) if len(shares) == 1 and len(sems) else math.nan)
             per_tokens.append({**dict(zip(COMPUTE_KEY, key, strict=True)), "world_size": n, "tokens_per_rank": tokens,
                                "compute_s": compute, "runs": len(at), "flop_s": flops, "share_measured": measured,
-                               "share_runs": len(shares),
-                               "share_sem": float(shares.std(ddof=1) / math.sqrt(len(shares))) if len(shares) > 1 else math.nan})
+                               "share_runs": len(shares), "share_sem": sem})
         if not per_tokens:
             continue
         frame = pd.DataFrame(per_tokens)
@@ -396,12 +422,12 @@ def fit(runs, table=None, table_path: str | None = None) -> Model:
                                            "defaulted to 1 (compute grows with tokens): one token count, no peak FLOP/s")
         refs.append(frame)
     model.references = pd.concat(refs, ignore_index=True) if refs else None
-    _fit_overlap(model, ok)
     noise = sweep_noise(ok.assign(_t=1.0 / ok[MEASURED]), "_t")
     if noise.known:
         model.sigma, model.sigma_source = noise.sigma, f"pooled over {noise.points} repeated point(s) of the fit set ({noise.runs} runs)"
     else:
         model.sigma_source = "unknown: no point of the fit set ran twice (the band holds the model's other parts only)"
+    _fit_across_ranks(model, ok)
     return model
 
 
@@ -425,9 +451,14 @@ class _Parts:
     ref: dict
     tokens: float
     compute_s: float
+    """The compute predicted for the run: base_compute_s times f where it runs across world sizes."""
     comm_s: dict
     calls: dict
     comm_sigma_s: float
+    base_compute_s: float
+    """The reference's compute carried to the run's tokens per rank."""
+    across: bool
+    """Whether the run's world size exceeds its reference's (f and the model's error apply)."""
 
 
 def _parts(model: Model, row: dict) -> _Parts | str:
@@ -444,8 +475,11 @@ def _parts(model: Model, row: dict) -> _Parts | str:
         return "no micro-batch or sequence length in the row"
     ref = mine.iloc[int(np.argmin(np.abs(np.log(mine["tokens_per_rank"].to_numpy(float) / tokens))))].to_dict()
     share = float(ref["token_share"])
-    compute = ref["compute_s"] * ((1 - share) + share * tokens / ref["tokens_per_rank"])
+    base = ref["compute_s"] * ((1 - share) + share * tokens / ref["tokens_per_rank"])
     n = int(row["world_size"])
+    across = n > int(ref["world_size"])
+    device = row.get("device_type")
+    compute = base * (model.rank_factor.get(device, DEFAULT_RANK_FACTOR.get(device, 1.0)) if across else 1.0)
     comm, calls, comm_sigma = {}, {}, 0.0
     if n > 1:
         fits = model.link_fits(n, strategy(row["zero_stage"]).batched)
@@ -459,14 +493,31 @@ def _parts(model: Model, row: dict) -> _Parts | str:
         comm = comm_seconds(sizes, calls, n, fits)
         # the fit's own error on the bench (systematic); a call's scatter about its mean averages out over a run's calls
         comm_sigma = math.sqrt(sum((comm[c] * fits[c].residual) ** 2 for c in comm))
-    return _Parts(ref, tokens, compute, comm, calls, comm_sigma)
+    return _Parts(ref, tokens, compute, comm, calls, comm_sigma, base, across)
+
+
+def _noise_terms(model: Model, parts: _Parts, step_s: float) -> dict[str, float]:
+    """The variances (s^2) of a prediction's measured inputs: run-to-run noise on the run and on its
+    reference's median, the link fit's residual, a measured token share's error."""
+    from scalelab.analysis.noise import median_variance
+
+    ref, sigma = parts.ref, model.sigma or 0.0
+    ratio = parts.tokens / ref["tokens_per_rank"]
+    # a measured token share's own uncertainty, carried to this token count (d compute / d s = c_ref (ratio - 1)):
+    # the spread of the reference's runs' shares, or the one run's own (token_share_measured_sem); in a table
+    # without it, the run-to-run noise of its two medians (s ~ 2 (1 - t'/t)): far wider than the within-run error
+    share_sigma = 0.0
+    if str(ref["token_share_source"]).startswith("measured"):
+        sem = ref.get("share_sem")
+        share_sigma = float(sem) if sem is not None and np.isfinite(sem) else 2 * math.sqrt(2) * sigma
+    return {"run-to-run noise": (sigma * step_s) ** 2 + (sigma * parts.compute_s) ** 2 * median_variance(int(ref["runs"])),
+            "the link fit's residual": parts.comm_sigma_s ** 2,
+            "the measured token share's error": (ref["compute_s"] * (ratio - 1) * share_sigma) ** 2}
 
 
 def predict_row(model: Model, row: dict) -> dict:
     """The prediction block of one run's row (PREDICTED_COLUMNS): null figures and the reason
     where the model has none."""
-    from scalelab.analysis.noise import median_variance
-
     out = dict.fromkeys(PREDICTED_COLUMNS)
     out["predicted_compute_s"] = None
     parts = _parts(model, row)
@@ -476,17 +527,10 @@ def predict_row(model: Model, row: dict) -> dict:
     ref, compute, n = parts.ref, parts.compute_s, int(row["world_size"])
     eta = model.overlap_efficiency.get(row.get("device_type"), DEFAULT_OVERLAP_EFFICIENCY.get(row.get("device_type"), 0.0))
     st = step_time(row["zero_stage"], compute, parts.comm_s, calls=parts.calls, overlap_efficiency=eta)
-    sigma = model.sigma or 0.0
-    ratio = parts.tokens / ref["tokens_per_rank"]
-    # a measured token share's own uncertainty, carried to this token count (d compute / d s = c_ref (ratio - 1)):
-    # the spread of the reference's runs' shares, or with one run the noise of its two medians (s ~ 2 (1 - t'/t))
-    share_sigma = 0.0
-    if str(ref["token_share_source"]).startswith("measured"):
-        sem = ref.get("share_sem")
-        share_sigma = float(sem) if sem is not None and np.isfinite(sem) else 2 * math.sqrt(2) * sigma
-    terms = {"run-to-run noise": (sigma * st.step_s) ** 2 + (sigma * compute) ** 2 * median_variance(int(ref["runs"])),
-             "the link fit's residual": parts.comm_sigma_s ** 2,
-             "the measured token share's error": (ref["compute_s"] * (ratio - 1) * share_sigma) ** 2}
+    model_sigma = model.model_sigma.get(row.get("device_type")) if parts.across else 0.0
+    terms = {**_noise_terms(model, parts, st.step_s),
+             "the model's error across world sizes": ((model_sigma or 0.0) * st.step_s) ** 2}
+    ratio, sigma = parts.tokens / ref["tokens_per_rank"], model.sigma or 0.0
     half = BAND_Z * math.sqrt(sum(terms.values()))
     # a defaulted token share is an assumption between its estimate and 1 (all compute grows with tokens)
     other = ref["compute_s"] * ratio if str(ref["token_share_source"]).startswith("defaulted") else compute
@@ -497,6 +541,9 @@ def predict_row(model: Model, row: dict) -> dict:
     if (high - low + 2 * half) / 2 > BAND_GOAL * st.step_s:
         wide = (f"; band +-{(high - low + 2 * half) / 2 / st.step_s:.0%}, wider than +-{BAND_GOAL:.0%}: mostly "
                 f"{max(width, key=width.get)}" + ("" if sigma else " (run-to-run noise unknown: no repeats)"))
+    if parts.across and model_sigma is None:
+        wide += (f"; the model's error across world sizes on {row.get('device_type')} is unknown (no run of the fit set "
+                 "beyond its reference, no measured default): the band holds noise and the link fit only")
     tokens_per_step = row.get("tokens_per_step")
     if _missing(tokens_per_step):
         tokens_per_step = float(row["global_batch"]) * float(row["seq_len"])
@@ -513,32 +560,74 @@ def predict_row(model: Model, row: dict) -> dict:
     return out
 
 
-def _fit_overlap(model: Model, ok) -> None:
-    """eta per device type: least squares over the fit set's runs that communicate beyond their
-    reference (measured - compute - all communication = -eta x what the strategy could hide),
-    clipped to [0, 1]; DEFAULT_OVERLAP_EFFICIENCY where no such run hides anything."""
-    sums: dict[str, list[float]] = {}
+def _fit_across_ranks(model: Model, ok) -> None:
+    """Per device type, from the fit set's runs beyond their reference (a larger world size):
+    eta, f and the model's error; each device's defaults where it has no such run.
+
+    eta: least squares of (measured - compute - all communication = -eta x what the strategy could
+    hide), clipped to [0, 1]. Runs slower than even no overlap (eta clipped at 0) carry f instead,
+    the median of (measured - exposed communication) / compute: the residual's sign decides which,
+    so the two never trade against each other. sigma_model: the rms of log measured / predicted over
+    those runs (3 at least), less the variance the band's other terms (_noise_terms) already hold."""
+    across: dict[str, list[tuple[dict, _Parts]]] = {}
     for row in ok.to_dict("records"):
         parts = _parts(model, row)
-        if isinstance(parts, str) or not parts.comm_s or int(parts.ref["world_size"]) == int(row["world_size"]):
-            continue
-        full = step_time(row["zero_stage"], parts.compute_s, parts.comm_s, calls=parts.calls, overlap_efficiency=1.0)
+        if not isinstance(parts, str) and parts.across and parts.comm_s:
+            across.setdefault(row.get("device_type"), []).append((row, parts))
+    for device in sorted({d for d in ok["device_type"].dropna()}):
+        mine = across.get(device, [])
+        _fit_overlap(model, device, mine)
+        eta = model.overlap_efficiency[device]
+        exposed = [step_time(r["zero_stage"], 0.0, p.comm_s, calls=p.calls, overlap_efficiency=eta).exposed_comm_s
+                   for r, p in mine]
+        if not mine:
+            model.rank_factor[device] = DEFAULT_RANK_FACTOR.get(device, 1.0)
+            model.rank_factor_source[device] = (f"defaulted: no run of the fit set beyond its reference (DEFAULT_RANK_FACTOR"
+                                                f"{'' if device in DEFAULT_RANK_FACTOR else ': none for this device, 1'})")
+        elif eta > 0:
+            model.rank_factor[device] = 1.0
+            model.rank_factor_source[device] = "1: the fit set's runs beyond their reference fit an overlap instead (eta)"
+        else:
+            ratios = [(float(r[MEASURED]) - e) / p.base_compute_s for (r, p), e in zip(mine, exposed, strict=True)]
+            model.rank_factor[device] = float(np.median(ratios))
+            model.rank_factor_source[device] = f"fitted: median of {len(mine)} run(s) of the fit set beyond their reference"
+        if len(mine) >= 3:
+            f = model.rank_factor[device]
+            steps = [p.base_compute_s * f + e for (_, p), e in zip(mine, exposed, strict=True)]
+            logs = [math.log(float(r[MEASURED]) / step) for (r, _), step in zip(mine, steps, strict=True)]
+            # what the band's other terms already hold (relative variance), so that the band is not wider than the errors
+            known = [sum(_noise_terms(model, p, step).values()) / step ** 2 for (_, p), step in zip(mine, steps, strict=True)]
+            model.model_sigma[device] = math.sqrt(max(float(np.mean(np.square(logs)) - np.mean(known)), 0.0))
+            model.model_sigma_source[device] = (f"fitted: rms of log measured / predicted over {len(mine)} run(s) of the fit "
+                                                "set beyond their reference, less the band's noise terms")
+        else:
+            model.model_sigma[device] = DEFAULT_MODEL_SIGMA.get(device)
+            model.model_sigma_source[device] = ("defaulted: " + ("fewer than 3 runs of the fit set beyond their reference"
+                                                                 if mine else "no run of the fit set beyond its reference")
+                                                + (" (DEFAULT_MODEL_SIGMA)" if device in DEFAULT_MODEL_SIGMA else
+                                                   "; none measured for this device: unknown"))
+
+
+def _fit_overlap(model: Model, device: str, mine: list[tuple[dict, _Parts]]) -> None:
+    """eta of one device type from its runs beyond their reference (least squares, clipped to [0, 1]);
+    DEFAULT_OVERLAP_EFFICIENCY where none of them hides anything."""
+    num = den = 0.0
+    runs = 0
+    for row, parts in mine:
+        full = step_time(row["zero_stage"], parts.base_compute_s, parts.comm_s, calls=parts.calls, overlap_efficiency=1.0)
         hidden = sum(parts.comm_s.values()) - full.exposed_comm_s
         if hidden <= 0:
             continue
-        residual = float(row[MEASURED]) - parts.compute_s - sum(parts.comm_s.values())
-        acc = sums.setdefault(row.get("device_type"), [0.0, 0.0, 0])
-        acc[0], acc[1], acc[2] = acc[0] - residual * hidden, acc[1] + hidden ** 2, acc[2] + 1
-    for device in sorted({d for d in ok["device_type"].dropna()}):
-        if device in sums:
-            num, den, runs = sums[device]
-            model.overlap_efficiency[device] = min(max(num / den, 0.0), 1.0)
-            model.overlap_source[device] = f"fitted: {runs} run(s) of the fit set that communicate beyond their reference"
-        else:
-            model.overlap_efficiency[device] = DEFAULT_OVERLAP_EFFICIENCY.get(device, 0.0)
-            model.overlap_source[device] = ("defaulted: no run of the fit set communicates beyond its reference ("
-                                            + ("one core per rank computes and communicates" if device == "cpu"
-                                               else "NCCL runs on its own stream") + ")")
+        residual = float(row[MEASURED]) - parts.base_compute_s - sum(parts.comm_s.values())
+        num, den, runs = num - residual * hidden, den + hidden ** 2, runs + 1
+    if runs:
+        model.overlap_efficiency[device] = min(max(num / den, 0.0), 1.0)
+        model.overlap_source[device] = f"fitted: {runs} run(s) of the fit set that communicate beyond their reference"
+    else:
+        model.overlap_efficiency[device] = DEFAULT_OVERLAP_EFFICIENCY.get(device, 0.0)
+        model.overlap_source[device] = ("defaulted: no run of the fit set communicates beyond its reference ("
+                                        + ("one core per rank computes and communicates" if device == "cpu"
+                                           else "NCCL runs on its own stream") + ")")
 
 
 def predict(model: Model, runs):

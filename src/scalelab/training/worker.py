@@ -539,6 +539,26 @@ def token_share(step_s: float, half_step_s: float, micro: int) -> float:
     return min(max((1 - half_step_s / step_s) / (1 - ratio), 0.0), 1.0)
 
 
+def median_sem(times: list[float]) -> float:
+    """The standard error of a median of step times: 1.2533 x sigma / sqrt(n), sigma from the
+    median absolute deviation (1.4826 MAD: robust to the odd slow step)."""
+    mid = statistics.median(times)
+    return 1.2533 * 1.4826 * statistics.median(abs(t - mid) for t in times) / math.sqrt(len(times))
+
+
+def half_batch_figures(step_times: list[float], half_times: list[float], micro: int) -> dict:
+    """The half-batch columns: their steps, median, the token share and its standard error from the
+    two medians' own scatter (within the run: the run-to-run noise is the step-time model's other term)."""
+    if not half_times:
+        return {"half_batch_steps": None, "step_time_s_median_half_batch": None, "token_share_measured": None,
+                "token_share_measured_sem": None}
+    t, h = statistics.median(step_times), statistics.median(half_times)
+    ratio = (micro // 2) / micro
+    sem = (h / t) / (1 - ratio) * math.hypot(median_sem(step_times) / t, median_sem(half_times) / h)
+    return {"half_batch_steps": len(half_times), "step_time_s_median_half_batch": h,
+            "token_share_measured": token_share(t, h, micro), "token_share_measured_sem": sem}
+
+
 def save_final_params(run: Run) -> None:
     """The whole final parameters to final_params.pt (rank 0; every rank gathers its shards)."""
     full = {name: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu().clone()
@@ -617,10 +637,7 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "tokens_per_step": run.tokens_per_step,
         "measured_steps": n_measured,
         "timing_steps": tally.timing_steps,
-        "half_batch_steps": len(tally.half_batch_step_times) or None,
-        "step_time_s_median_half_batch": statistics.median(tally.half_batch_step_times) if tally.half_batch_step_times else None,
-        "token_share_measured": token_share(statistics.median(step_times), statistics.median(tally.half_batch_step_times),
-                                            run.micro) if tally.half_batch_step_times else None,
+        **half_batch_figures(step_times, tally.half_batch_step_times, run.micro),
         "tokens_per_s": tokens_per_s,
         "step_time_s_mean": total_time / len(step_times),
         "step_time_s_median": statistics.median(step_times),
