@@ -56,8 +56,8 @@ def test_lever_axes_leave_out_combinations_they_do_not_apply_to():
 @pytest.mark.unit
 def test_the_compile_lever_is_off_by_default_and_doubles_a_sweep_when_listed():
     points, left_out = sweep_plan(load_config(REPO / "config.yaml"))
-    # 24 points, and the baseline (fp32-z0) at both world sizes twice more (repeats.baseline: 3)
-    assert len(points) == 24 + 2 * 2 and not left_out and not any(p.compile for p in points)
+    # 24 points, and the baseline (fp32-z0) at both world sizes four times more (repeats.baseline: 5)
+    assert len(points) == 24 + 2 * 4 and not left_out and not any(p.compile for p in points)
     base = tiny_config(sweep={"precision": ["fp32", "bf16"], "zero_stage": [0, 3], "world_size": [1, 2]})
     both = tiny_config(sweep={**base["sweep"], "compile": [False, True]})
     assert len(sweep_plan(both)[0]) == 2 * len(sweep_plan(base)[0]) == 16
@@ -262,3 +262,19 @@ def test_a_changed_setting_reruns_exactly_the_runs_it_affects():
     assert rerun(cluster={"cpus_per_rank": 2}, device="cuda") == []  # not a GPU run's compute
     assert rerun(cluster={"mem_mb_per_rank": 8000, "exclusive": False}) == []
     assert rerun(models={"small": {"n_layers": 1}}) == []  # a new shape no run of the sweep uses
+
+
+@pytest.mark.unit
+def test_the_logger_drops_the_slurm_plugins_account_guess_only_where_no_account_was_asked_for():
+    """The SLURM plugin (2.8) ignores --slurm-no-account and guesses an account with sacct; the
+    console of a sweep that asked for none does not print that guess's three warnings (issue #41).
+    A guessed account that was found is still printed: it contradicts the flag."""
+    from snakemake_logger_plugin_scalelab import account_guess_dropped
+
+    guess = ["No SLURM account given, trying to guess.",
+             "No account was given, not able to get a SLURM account via sacct: sacct: error: Problem talking to the database",
+             "Unable to guess SLURM account. Trying to proceed without."]
+    argv = ["--profile", "workflow/profiles/slurm", "--slurm-no-account"]
+    assert all(account_guess_dropped(m, argv) for m in guess)
+    assert not any(account_guess_dropped(m, argv[:-1]) for m in guess)
+    assert not account_guess_dropped("Guessed SLURM account: lab", argv)

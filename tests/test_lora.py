@@ -71,13 +71,13 @@ def test_lora_formulas():
 @pytest.mark.unit
 def test_model_axis_and_lora_axis_in_the_sweep():
     config = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())
-    # the default sweep: model base, full training, its baseline repeated (fp32-z0 at 2 world sizes, twice more)
-    assert len(sweep_points(config)) == 24 + 2 * 2
+    # the default sweep: model base, full training, its baseline repeated (fp32-z0 at 2 world sizes, four times more)
+    assert len(sweep_points(config)) == 24 + 2 * 4
     config["models"] = {"tiny": {"n_layers": 1, "d_model": 32, "n_heads": 2}}
     config["sweep"].update(model=["base", "tiny"], lora_rank=[None, 8])
     points = sweep_points(config)
     # each model's baseline (full training) repeated: each model measures its own noise
-    assert len(points) == 24 * 4 + 2 * 2 * 2
+    assert len(points) == 24 * 4 + 2 * 2 * 4
     ids = {p.run_id for p in points}
     assert {"fp32-z0-w1-r3", "fp32-z0-w1-tiny-r3"} <= ids and "fp32-z0-w1-lora8-r2" not in ids
     assert {"fp32-z0-w1", "fp32-z0-w1-tiny", "fp32-z0-w1-lora8", "fp32-z0-w1-tiny-lora8"} <= ids

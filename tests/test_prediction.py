@@ -124,7 +124,7 @@ def sweep() -> pd.DataFrame:
 def by_hand(stage: int, compute_1: float, table=None) -> float:
     """The model's prediction at world size 2 from a world-size-1 compute time, written out."""
     share = min(2e6 * 512 / PEAK / compute_1, 1.0)  # the FLOPs' share at the peak (defaulted: one token count)
-    compute = compute_1 * ((1 - share) + share * 0.5) * prediction.DEFAULT_RANK_FACTOR["cpu"]  # across world sizes: f
+    compute = compute_1 * ((1 - share) + share * 0.5) * prediction.default_rank_factor("cpu", stage)  # across world sizes: f
     cfg = ModelConfig(n_layers=2, d_model=64, n_heads=4, seq_len=64, vocab_size=256)
     sizes = collective_sizes(120_576, stage, 2, "fp32")
     calls = collective_calls(cfg, stage, "fp32", sizes)
@@ -276,21 +276,24 @@ def test_overlap_efficiency_is_fitted_where_the_fit_set_communicates_beyond_its_
     assert model.overlap_efficiency["cpu"] == pytest.approx(0.5)
     assert model.overlap_source["cpu"].startswith("fitted: 1 run")
     # an overlap explains the runs: their compute is not also scaled (f 1)
-    assert model.rank_factor["cpu"] == 1.0 and model.rank_factor_source["cpu"].startswith("1: ")
+    assert model.rank_factor["cpu", 3] == 1.0 and model.rank_factor_source["cpu", 3].startswith("1: ")
 
 
 def test_runs_slower_than_no_overlap_fit_the_rank_factor_and_the_models_error():
     """Runs beyond their reference that take longer than their compute and all their communication carry
-    f (the median of their compute ratios) and, three or more, the model's error: the band then holds it."""
+    f per stage (the median of their compute ratios) and, with degrees of freedom left, the model's error:
+    the band then holds them."""
     runs, table = sweep(), bench_table()
+    runs = pd.concat([runs, pd.DataFrame([run_row("fp32", 3, 2, 0.025, repeat=r) for r in (2, 3)])], ignore_index=True)
     base = prediction.fit(prediction.reference_rows(runs), table)
-    slow = {"fp32-z0-w2": 1.0, "fp32-z1-w2": 1.25, "fp32-z3-w2": 1.8}
+    slow = {"fp32-z0-w2": 1.0, "fp32-z1-w2": 1.25, "fp32-z3-w2": 1.2, "fp32-z3-w2-r2": 1.5, "fp32-z3-w2-r3": 1.9}
     for run_id, factor in slow.items():
         parts = prediction._parts(base, runs.set_index("run_id").loc[run_id].to_dict() | {"run_id": run_id})
         runs.loc[runs["run_id"] == run_id, "step_time_s_mean"] = parts.base_compute_s * factor + sum(parts.comm_s.values())
     model = prediction.fit(runs, table)
     assert model.overlap_efficiency["cpu"] == 0.0
-    assert model.rank_factor["cpu"] == pytest.approx(1.25) and model.rank_factor_source["cpu"].startswith("fitted: median of 3")
+    assert model.rank_factor["cpu", 3] == pytest.approx(1.5) and model.rank_factor["cpu", 1] == pytest.approx(1.25)
+    assert model.rank_factor_source["cpu", 3].startswith("fitted: median of 3")
     assert model.model_sigma["cpu"] > 0 and model.model_sigma_source["cpu"].startswith("fitted: rms")
     out = prediction.predict(model, runs).set_index("run_id")
     assert (out.loc[list(slow), "predicted_step_time_s_low"] <= out.loc[list(slow), "step_time_s_mean"]).all()
@@ -298,14 +301,14 @@ def test_runs_slower_than_no_overlap_fit_the_rank_factor_and_the_models_error():
     # in-sample rows carry neither f nor the model's error
     assert out.loc["fp32-z0-w1", "predicted_step_time_s"] == pytest.approx(0.020)
     names = [p["name"] for p in model.parameters()]
-    assert "f[cpu]" in names and "sigma_model[cpu]" in names
+    assert "f[cpu, z3]" in names and "sigma_model[cpu]" in names
 
 
 def test_a_device_without_a_measured_model_error_says_so_in_its_band():
     runs = sweep()
     runs["device_type"] = "cuda"
     model = prediction.fit(prediction.reference_rows(runs), bench_table())
-    assert model.rank_factor["cuda"] == 1.0 and model.model_sigma["cuda"] is None
+    assert model.rank_factor["cuda", 0] == 1.0 and model.model_sigma["cuda"] is None
     out = prediction.predict(model, runs).set_index("run_id")
     assert "error across world sizes on cuda is unknown" in out.loc["fp32-z0-w2", "prediction_note"]
     assert "unknown" not in out.loc["fp32-z0-w1", "prediction_note"]

@@ -135,6 +135,8 @@ def test_a_sweep_spans_two_nodes_with_the_config_at_the_default_path(tmp_path, c
     print(f"2-node sweep through SLURM: {sweep_s:.1f} s")
     # every rule runs a script: "Shell command: None" once per job said nothing (issue #41)
     assert "Shell command: None" not in proc.stdout + proc.stderr
+    # --slurm-no-account: the plugin's guess of an account (sacct, no accounting storage here) is not printed
+    assert "sacct" not in proc.stdout + proc.stderr and "trying to guess" not in proc.stdout + proc.stderr
 
     # Every job went through sbatch: data, 4 runs, collect, report.
     log_root = on_slurm / ".snakemake/slurm_logs"

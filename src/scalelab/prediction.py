@@ -28,13 +28,18 @@ collectives on links fitted to a ``scalelab bench comm`` table, and the strategy
   ``eta``, the **overlap efficiency**, is fitted (least squares, clipped to [0, 1]) where the fit set
   holds runs that communicate beyond their reference, else 0 on CPU (one core per rank computes and
   communicates: gloo has no other core to run on) and 1 on GPU (NCCL runs on its own stream).
+* ``f``, the **rank factor**: a rank's compute at a world size above its reference's, over the
+  reference's (applied to such runs only). Fitted where the fit set's runs beyond their reference ran
+  slower than even no overlap (the residual's sign chooses between eta and f), else DEFAULT_RANK_FACTOR.
 
 Every parameter is printed with its source by ``scalelab predict`` (Model.parameters).
 
 The band (99%): the step moved by 2.576 sigma of its parts' noise: the run-to-run sigma of a step
 (scalelab.analysis.noise, pooled over the fit set's repeated points) on the run and on its compute
-reference's median, the link fit's relative residual on each collective's time, and a measured token
-share's own error carried to the run's token count; widened, where the token share was defaulted,
+reference's median, the link fit's relative residual on each collective's time, a measured token
+share's own error carried to the run's token count and, for a run beyond its reference's world size,
+the model's own error there (``sigma_model``: fitted from the fit set's runs beyond their reference,
+else DEFAULT_MODEL_SIGMA; unknown on a GPU, which the row's note says); widened, where the token share was defaulted,
 to the compute it would take at a share of 1. Where no bench table
 exists, or a configuration has no compute reference in the fit set, the prediction is null and
 ``prediction_note`` says why.
@@ -59,17 +64,23 @@ OVERLAP_WINDOWS = {"backward": 2 / 3, "step": 1.0}
 (about 2/3 of a step's FLOPs: 4N of 6N per token), prefetched gathers during forward and backward."""
 DEFAULT_OVERLAP_EFFICIENCY = {"cpu": 0.0, "cuda": 1.0}
 """eta where the fit set cannot fit it (module doc)."""
-DEFAULT_RANK_FACTOR = {"cpu": 1.12, "cuda": 1.0}
-"""f where the fit set cannot fit it. On a CPU: the median, over the 28 world-size-2 runs of two
-default sweeps (2-core VM, torch 2.13, 2026-11-26), of (measured step - predicted communication) over
-the compute predicted from world size 1 (1.10 and 1.14 per sweep): the ranks' gloo threads and the OS
-share the ranks' cores, and a sharded strategy's per-call work grows with ranks. A GPU rank owns its
-device: 1."""
-DEFAULT_MODEL_SIGMA = {"cpu": 0.09}
+DEFAULT_RANK_FACTOR = {"cpu": {0: 1.08, 1: 1.57, 2: 1.22, 3: 1.35}}
+"""f per device type and ZeRO stage (hybrid sharding: 3's) where the fit set cannot fit it; 1 elsewhere
+(a GPU rank owns its device). On a CPU: the medians, over the 60 world-size-2 runs of four default
+sweeps (2-core VM, torch 2.13, 2026-11-26), of (measured step - predicted communication) over the
+compute predicted from world size 1. The ranks' gloo threads and the OS share the ranks' cores, and
+a sharded strategy's per-call work (FSDP2's copies and hooks, ZeroRedundancyOptimizer's per-parameter
+broadcasts) is nearly free at world size 1. They moved with the host's state: per sweep 1.03-1.25
+(stage 0) to 1.12-1.62 (stage 1)."""
+DEFAULT_MODEL_SIGMA = {"cpu": 0.055}
 """The model's own error on a run predicted from a reference at a smaller world size (sigma of log
-measured / predicted, beyond run-to-run noise) where the fit set cannot measure it. On a CPU: the same
-28 runs, f applied (rms 0.101 less their noise). None for a GPU: none has been measured there, and
-the band says so."""
+measured / predicted, beyond what the band's noise terms hold) where the fit set cannot measure it.
+On a CPU: the same 60 runs with those f (rms 0.102, of which the noise terms hold 0.086). None for a
+GPU: none has been measured there, and the band says so."""
+
+
+def default_rank_factor(device, stage) -> float:
+    return DEFAULT_RANK_FACTOR.get(device, {}).get(int(stage), 1.0)
 MEASURED = "step_time_s_mean"
 """The measured figure the model predicts: the mean step time (tokens_per_s = tokens per step / it)."""
 COMPUTE_KEY = ("precision", "zero_stage", "model", "activation_checkpointing", "cpu_offload", "compile", "lora_rank",
@@ -294,9 +305,9 @@ class Model:
     and the per-step and per-token seconds where the fit set gives two token counts."""
     overlap_efficiency: dict[str, float] = field(default_factory=dict)
     overlap_source: dict[str, str] = field(default_factory=dict)
-    rank_factor: dict[str, float] = field(default_factory=dict)
-    """f per device type: a rank's compute at a world size above its reference's, over the reference's."""
-    rank_factor_source: dict[str, str] = field(default_factory=dict)
+    rank_factor: dict[tuple[str, int], float] = field(default_factory=dict)
+    """f per (device type, ZeRO stage): a rank's compute at a world size above its reference's, over the reference's."""
+    rank_factor_source: dict[tuple[str, int], str] = field(default_factory=dict)
     model_sigma: dict[str, float | None] = field(default_factory=dict)
     """Per device type: the model's error on a run predicted across world sizes (None: unknown)."""
     model_sigma_source: dict[str, str] = field(default_factory=dict)
@@ -327,9 +338,9 @@ class Model:
                             "source": f"fitted: {f.rows} bench rows"})
         for device, eta in self.overlap_efficiency.items():
             out.append({"name": f"eta[{device}]", "value": eta, "unit": "overlap efficiency", "source": self.overlap_source[device]})
-        for device, f in self.rank_factor.items():
-            out.append({"name": f"f[{device}]", "value": f, "unit": "compute, across world sizes",
-                        "source": self.rank_factor_source[device]})
+        for (device, stage), f in self.rank_factor.items():
+            out.append({"name": f"f[{device}, z{stage}]", "value": f, "unit": "compute, across world sizes",
+                        "source": self.rank_factor_source[device, stage]})
         for device, m in self.model_sigma.items():
             out.append({"name": f"sigma_model[{device}]", "value": m, "unit": "log step, across world sizes",
                         "source": self.model_sigma_source[device]})
@@ -479,7 +490,8 @@ def _parts(model: Model, row: dict) -> _Parts | str:
     n = int(row["world_size"])
     across = n > int(ref["world_size"])
     device = row.get("device_type")
-    compute = base * (model.rank_factor.get(device, DEFAULT_RANK_FACTOR.get(device, 1.0)) if across else 1.0)
+    stage = int(row["zero_stage"])
+    compute = base * (model.rank_factor.get((device, stage), default_rank_factor(device, stage)) if across else 1.0)
     comm, calls, comm_sigma = {}, {}, 0.0
     if n > 1:
         fits = model.link_fits(n, strategy(row["zero_stage"]).batched)
@@ -542,7 +554,7 @@ def predict_row(model: Model, row: dict) -> dict:
         wide = (f"; band +-{(high - low + 2 * half) / 2 / st.step_s:.0%}, wider than +-{BAND_GOAL:.0%}: mostly "
                 f"{max(width, key=width.get)}" + ("" if sigma else " (run-to-run noise unknown: no repeats)"))
     if parts.across and model_sigma is None:
-        wide += (f"; the model's error across world sizes on {row.get('device_type')} is unknown (no run of the fit set "
+        wide += (f"; the model's error across world sizes on {row.get('device_type') or 'this device'} is unknown (no run of the fit set "
                  "beyond its reference, no measured default): the band holds noise and the link fit only")
     tokens_per_step = row.get("tokens_per_step")
     if _missing(tokens_per_step):
@@ -567,8 +579,9 @@ def _fit_across_ranks(model: Model, ok) -> None:
     eta: least squares of (measured - compute - all communication = -eta x what the strategy could
     hide), clipped to [0, 1]. Runs slower than even no overlap (eta clipped at 0) carry f instead,
     the median of (measured - exposed communication) / compute: the residual's sign decides which,
-    so the two never trade against each other. sigma_model: the rms of log measured / predicted over
-    those runs (3 at least), less the variance the band's other terms (_noise_terms) already hold."""
+    so the two never trade against each other; f per ZeRO stage. sigma_model: the rms of log measured /
+    predicted over those runs (per degree of freedom left by the fitted f: 2 at least), less the
+    variance the band's other terms (_noise_terms) already hold."""
     across: dict[str, list[tuple[dict, _Parts]]] = {}
     for row in ok.to_dict("records"):
         parts = _parts(model, row)
@@ -580,29 +593,38 @@ def _fit_across_ranks(model: Model, ok) -> None:
         eta = model.overlap_efficiency[device]
         exposed = [step_time(r["zero_stage"], 0.0, p.comm_s, calls=p.calls, overlap_efficiency=eta).exposed_comm_s
                    for r, p in mine]
-        if not mine:
-            model.rank_factor[device] = DEFAULT_RANK_FACTOR.get(device, 1.0)
-            model.rank_factor_source[device] = (f"defaulted: no run of the fit set beyond its reference (DEFAULT_RANK_FACTOR"
-                                                f"{'' if device in DEFAULT_RANK_FACTOR else ': none for this device, 1'})")
-        elif eta > 0:
-            model.rank_factor[device] = 1.0
-            model.rank_factor_source[device] = "1: the fit set's runs beyond their reference fit an overlap instead (eta)"
-        else:
-            ratios = [(float(r[MEASURED]) - e) / p.base_compute_s for (r, p), e in zip(mine, exposed, strict=True)]
-            model.rank_factor[device] = float(np.median(ratios))
-            model.rank_factor_source[device] = f"fitted: median of {len(mine)} run(s) of the fit set beyond their reference"
-        if len(mine) >= 3:
-            f = model.rank_factor[device]
-            steps = [p.base_compute_s * f + e for (_, p), e in zip(mine, exposed, strict=True)]
+        stages = sorted({int(s) for s in ok.loc[ok["device_type"] == device, "zero_stage"]})
+        for stage in stages:
+            of_stage = [((r, p), e) for (r, p), e in zip(mine, exposed, strict=True) if int(r["zero_stage"]) == stage]
+            if not of_stage:
+                model.rank_factor[device, stage] = default_rank_factor(device, stage)
+                model.rank_factor_source[device, stage] = (
+                    "defaulted: no run of the fit set at this stage beyond its reference ("
+                    + ("DEFAULT_RANK_FACTOR)" if device in DEFAULT_RANK_FACTOR else "none measured for this device: 1)"))
+            elif eta > 0:
+                model.rank_factor[device, stage] = 1.0
+                model.rank_factor_source[device, stage] = "1: the fit set's runs beyond their reference fit an overlap instead (eta)"
+            else:
+                ratios = [(float(r[MEASURED]) - e) / p.base_compute_s for (r, p), e in of_stage]
+                model.rank_factor[device, stage] = float(np.median(ratios))
+                model.rank_factor_source[device, stage] = (f"fitted: median of {len(of_stage)} run(s) of the fit set at this "
+                                                           "stage beyond their reference")
+        fitted = sum(1 for (d, _), src in model.rank_factor_source.items() if d == device and src.startswith("fitted"))
+        if len(mine) - fitted >= 2:  # degrees of freedom left once each fitted stage's f took one
+            steps = [p.base_compute_s * model.rank_factor[device, int(r["zero_stage"])] + e
+                     for (r, p), e in zip(mine, exposed, strict=True)]
             logs = [math.log(float(r[MEASURED]) / step) for (r, _), step in zip(mine, steps, strict=True)]
             # what the band's other terms already hold (relative variance), so that the band is not wider than the errors
             known = [sum(_noise_terms(model, p, step).values()) / step ** 2 for (_, p), step in zip(mine, steps, strict=True)]
-            model.model_sigma[device] = math.sqrt(max(float(np.mean(np.square(logs)) - np.mean(known)), 0.0))
+            mean_square = float(np.sum(np.square(logs))) / (len(mine) - fitted)
+            model.model_sigma[device] = math.sqrt(max(mean_square - float(np.mean(known)), 0.0))
             model.model_sigma_source[device] = (f"fitted: rms of log measured / predicted over {len(mine)} run(s) of the fit "
-                                                "set beyond their reference, less the band's noise terms")
+                                                f"set beyond their reference ({len(mine) - fitted} degrees of freedom), "
+                                                "less the band's noise terms")
         else:
             model.model_sigma[device] = DEFAULT_MODEL_SIGMA.get(device)
-            model.model_sigma_source[device] = ("defaulted: " + ("fewer than 3 runs of the fit set beyond their reference"
+            model.model_sigma_source[device] = ("defaulted: " + ("too few runs of the fit set beyond their reference (2 more "
+                                                                 "than the stages whose f they fit)"
                                                                  if mine else "no run of the fit set beyond its reference")
                                                 + (" (DEFAULT_MODEL_SIGMA)" if device in DEFAULT_MODEL_SIGMA else
                                                    "; none measured for this device: unknown"))

@@ -89,6 +89,18 @@ def _chatter(message: str) -> bool:
     return message.startswith(CHATTER) or re.fullmatch(r"Execute \d+ jobs\.\.\.\s*", message) is not None
 
 
+# snakemake-executor-plugin-slurm 2.8 declares --slurm-no-account but never reads it: without an
+# account it guesses one with `sacct`, which a cluster without accounting storage answers with an
+# error, printed as three warnings. Where the user said --slurm-no-account they say nothing.
+ACCOUNT_GUESS = ("No SLURM account given, trying to guess.", "No account was given, not able to get a SLURM account via sacct",
+                 "Unable to guess SLURM account. Trying to proceed without.")
+
+
+def account_guess_dropped(message: str, argv: list[str]) -> bool:
+    """Whether a record is the SLURM plugin's account guessing that --slurm-no-account asked it not to do."""
+    return "--slurm-no-account" in argv and message.startswith(ACCOUNT_GUESS)
+
+
 def job_line(record: logging.LogRecord, progress: str | None) -> str:
     """One line for a job starting: the time, the rule, its wildcards (a train job's run id), the
     jobs done before it, and its log, relative as Snakemake names it. "starts" first: a count of
@@ -141,6 +153,8 @@ class LogHandler(LogHandlerBase):
         event = getattr(record, "event", None)
         if event == LogEvent.SHELLCMD and getattr(record, "shellcmd", None) is None:
             return  # a script: rule (every rule here) has no shell command: "Shell command: None" says nothing
+        if record.levelno == logging.WARNING and account_guess_dropped(record.getMessage(), sys.argv):
+            return
         if self.detailed or record.levelno >= logging.WARNING or not self.inner.filter(record):
             self.inner.handle(record)  # the filter (quiet, printshellcmds) is applied again there
             return

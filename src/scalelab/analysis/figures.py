@@ -55,6 +55,11 @@ class Figure:
         return (self.varies is None or runs[self.varies].nunique() > 1) and (self.needs is None or self.needs(runs))
 
 
+def _stages_only(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs of the ZeRO stages alone (the Ψ figure draws their lines; hybrid sharding has its own lever figure)."""
+    return runs[pd.to_numeric(runs["replicas"], errors="coerce").fillna(1) <= 1] if "replicas" in runs else runs
+
+
 def _plots():
     from scalelab.analysis import plots
     return plots
@@ -78,20 +83,20 @@ def _prediction():
 FIGURES: tuple[Figure, ...] = (
     Figure(
         "memory_model_state", lambda t: _plots().model_state_memory(t.runs), formats=("png", "svg"),
-        caption="Model-state memory per rank (largest rank) vs world size (log2), one panel per ZeRO stage: measured points "
+        caption="Model-state memory per rank (largest rank) vs world size (log2), one panel per ZeRO stage (and per hybrid sharding, beside its ZeRO-3 twin): measured points "
                 "per precision (side by side around their world size, so that equal values stay visible) over the "
                 "predicted lines, each named in the legend (PyTorch AMP with fp32 master weights, solid; the ZeRO paper's "
                 "convention, dashed, per precision where it differs). Where many runs share a point (replicas), it is "
                 "their median, with a bar for their range, as the note says."),
     Figure(
         "memory_peak", lambda t: _plots().peak_device_memory(t.runs),
-        caption="Peak memory per rank vs world size (log2), one panel per ZeRO stage, precisions side by side. GPU runs: "
+        caption="Peak memory per rank vs world size (log2), one panel per ZeRO stage (and hybrid sharding), precisions side by side. GPU runs: "
                 "max allocated device memory, measured points over the predicted in-step peak (model state + in-step "
                 "parameters + activations, dashed). Results without GPU runs show the process peak RSS per rank instead "
                 "(CPU; includes the framework, not device memory), on an axis from 0. Where many runs share a point "
                 "(replicas), it is their median, with a bar for their range, as the note says."),
     Figure(
-        "memory_vs_psi", lambda t: _psi().memory_vs_psi(t.runs),
+        "memory_vs_psi", lambda t: _psi().memory_vs_psi(_stages_only(t.runs)),
         caption="Model state per rank vs parameter count Ψ (one point per model shape, stage and precision; full "
                 "training), one panel per world size N (four to a row), over the ZeRO lines: PyTorch's 16Ψ, 8Ψ+8Ψ/N, 16Ψ/N (solid) and the "
                 "paper's 16Ψ, 4Ψ+12Ψ/N, 2Ψ+14Ψ/N, 16Ψ/N (dashed). With a device budget (planning.device_memory_gib "
@@ -99,14 +104,14 @@ FIGURES: tuple[Figure, ...] = (
                 "(dotted: predicted; crosses: measured bytes per parameter on GPU, extrapolated)."),
     Figure(
         "throughput", lambda t: _plots().throughput(t.runs),
-        caption="Throughput vs world size (log2), one row per precision, a line per ZeRO stage: tokens/s of all ranks, "
+        caption="Throughput vs world size (log2), one row per precision, a line per ZeRO stage (and hybrid sharding): tokens/s of all ranks, "
                 "tokens/s per device, and scaling efficiency (tokens/s at N over N x tokens/s at 1; 1 is linear). A point "
                 "that ran more than once (repeats:) is the median of its runs, with a bar from the lowest to the highest: "
                 "the run-to-run spread; world size 1's median is what efficiency divides by."),
     Figure(
         "mfu_heatmap", lambda t: _plots().mfu_heatmap(t.runs),
         caption="MFU (fraction of the dense peak recorded in each row; the median of a point's repeats, ± half their "
-                "range) per precision and ZeRO stage (rows) and world size (columns). Cells of runs that did not finish "
+                "range) per precision and ZeRO stage or hybrid sharding (rows: z3, hsdp2 for 2 replicas) and world size (columns). Cells of runs that did not finish "
                 "ok show their status; an MFU above 1 (a peak too low for the path, e.g. emulated fp16 on a CPU) is "
                 "hatched, marked ‡ and left out of the colour scale."),
     Figure(
@@ -269,7 +274,7 @@ def start_figures(runs: pd.DataFrame, steps: pd.DataFrame, levers: pd.DataFrame,
     for figure in FIGURES:
         for file in figure.files:
             (out_dir / file).unlink(missing_ok=True)
-    base = baseline(runs)
+    base = baseline(runs, strategies=True)
     main = Tables(base, steps[steps["run_id"].isin(base["run_id"])], levers)
     every = Tables(runs, steps, levers)
     use_theme()

@@ -30,11 +30,14 @@ def _is_default(runs: pd.DataFrame) -> dict[str, pd.Series]:
     return {name: AXIS[name].is_default(runs) for name in LEVER_AXES}
 
 
-def baseline(runs: pd.DataFrame) -> pd.DataFrame:
+def baseline(runs: pd.DataFrame, strategies: bool = False) -> pd.DataFrame:
     """Rows with every lever at its default. A lever no row has at its default (a sweep that
-    lists only other values) does not filter."""
+    lists only other values) does not filter. ``strategies``: hybrid sharding's replicas too (a
+    strategy of its own, which the main figures draw beside its ZeRO-3 twin)."""
     keep = pd.Series(True, index=runs.index)
-    for is_default in _is_default(runs).values():
+    for lever, is_default in _is_default(runs).items():
+        if strategies and lever == "replicas":
+            continue
         if is_default.any():
             keep &= is_default
     return runs[keep]

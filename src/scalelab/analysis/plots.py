@@ -37,6 +37,8 @@ from scalelab.analysis.tables import (  # noqa: E402,F401  (re-exported for call
     mfu_flagged,
     precisions,
     scaling_efficiency,
+    strategies,
+    strategy_tick,
     throughput_table,
 )
 
@@ -54,6 +56,17 @@ def precision_colors(names) -> dict[str, str]:
 
 def stage_color(stage: int) -> str:
     return PALETTE[int(stage) % len(PALETTE)]
+
+
+def strategy_color(label: str) -> str:
+    """A stage's colour (stage_color); hybrid sharding after the stages, one colour per replica count."""
+    if label.startswith("hybrid"):
+        return PALETTE[(4 + int(label.split(", ")[1].split()[0])) % len(PALETTE)]
+    return stage_color(int(label.rsplit(" ", 1)[1]))
+
+
+def strategy_marker(label: str) -> str:
+    return STAGE_MARKERS[5] if label.startswith("hybrid") else STAGE_MARKERS[int(label.rsplit(" ", 1)[1]) % len(STAGE_MARKERS)]
 
 
 # What `save` draws around the figure: room for legends right of the panels and notes below
@@ -264,19 +277,20 @@ RUNS_PER_POINT = 8
 
 
 def _memory_panels(runs: pd.DataFrame, ok: pd.DataFrame, measured, lines: list[tuple], ylabel: str):
-    """One panel per ZeRO stage: measured points per precision (dodged around their world size)
+    """One panel per ZeRO stage (and hybrid sharding: tables.strategies): measured points per precision (dodged around their world size)
     and formula lines [(column, label, line style, which precisions or None for all)], each
     named in the legend (the mean over the runs it covers, per world size). Returns (figure,
     note): the note says so where points are medians (more than RUNS_PER_POINT runs at a point)."""
-    stages = sorted(runs["zero_stage"].unique())
+    stages = list(strategies(runs).cat.remove_unused_categories().cat.categories)
+    ok = ok.assign(_strategy=strategies(ok).astype(str))
     precs = precisions(runs)
     colors = precision_colors(precs)
     fig, axes = plt.subplots(1, len(stages), figsize=(2.9 * len(stages) + 0.4, 3.3), sharey=True, squeeze=False)
-    most = int(ok.groupby(["zero_stage", "precision", "world_size"], observed=True).size().max()) if len(ok) else 0
+    most = int(ok.groupby(["_strategy", "precision", "world_size"], observed=True).size().max()) if len(ok) else 0
     summarise = most > RUNS_PER_POINT
     values = []
     for ax, stage in zip(axes[0], stages):
-        sub = ok[ok["zero_stage"] == stage]
+        sub = ok[ok["_strategy"] == stage]
         for i, precision in enumerate(precs):
             g = sub[sub["precision"] == precision]
             y = measured(g) / MiB
@@ -298,7 +312,7 @@ def _memory_panels(runs: pd.DataFrame, ok: pd.DataFrame, measured, lines: list[t
                 ax.plot(curve.index, curve.to_numpy(), label=label, zorder=2, **style)
                 values += list(curve)
         _world_size_axis(ax, runs["world_size"].unique())
-        ax.set_title(f"ZeRO stage {stage}")
+        ax.set_title(stage)
     axes[0][0].set_ylabel(ylabel)
     for ax in axes[0]:
         _y_range(ax, values)
@@ -364,13 +378,13 @@ def throughput(runs: pd.DataFrame):
     for row, precision in zip(axes, precs):
         sub = table[table["precision"] == precision]
         for ax, (column, label) in zip(row, columns):
-            for stage, g in sub.groupby("zero_stage"):
+            for stage, g in sub.groupby("strategy", observed=True):
                 g = g.sort_values("world_size")
-                ax.plot(g["world_size"], g[column], marker=STAGE_MARKERS[int(stage) % len(STAGE_MARKERS)], lw=1.2,
-                        color=stage_color(stage), label=f"ZeRO stage {stage}")
+                ax.plot(g["world_size"], g[column], marker=strategy_marker(stage), lw=1.2,
+                        color=strategy_color(stage), label=stage)
                 spread = g[g["runs"] > 1]  # the run-to-run spread, where the point ran more than once
                 if not spread.empty:
-                    ax.vlines(spread["world_size"], spread[f"{column}_lo"], spread[f"{column}_hi"], color=stage_color(stage),
+                    ax.vlines(spread["world_size"], spread[f"{column}_lo"], spread[f"{column}_hi"], color=strategy_color(stage),
                               lw=3, alpha=0.45, zorder=1)
             ax.set_title(f"{precision}: {label}")
             ax.set_ylabel(label.split(",")[0].replace(" (1 = linear)", ""))
@@ -393,19 +407,21 @@ def throughput(runs: pd.DataFrame):
 
 
 def mfu_grid(runs: pd.DataFrame) -> dict:
-    """What the MFU heatmap draws: rows 'precision z<stage>', columns world sizes; the median MFU of
+    """What the MFU heatmap draws: rows 'precision z<stage>' (or 'precision hsdp<replicas>'), columns world sizes; the median MFU of
     ok runs per cell, and its run-to-run spread where a cell has several (``spread``: (max - min) /
     median); which cells are flagged (an MFU above MFU_LIMIT: left out of the colour scale); the
     status shown in cells without an ok run ('not run' where no run exists)."""
-    precs, stages, sizes = precisions(runs), sorted(runs["zero_stage"].unique()), sorted(runs["world_size"].unique())
-    rows = [(p, s) for p in precs for s in stages if ((runs["precision"] == p) & (runs["zero_stage"] == s)).any()]
+    runs = runs.assign(_strategy=strategies(runs).astype(str))
+    precs, sizes = precisions(runs), sorted(runs["world_size"].unique())
+    stages = list(strategies(runs).cat.remove_unused_categories().cat.categories)
+    rows = [(p, s) for p in precs for s in stages if ((runs["precision"] == p) & (runs["_strategy"] == s)).any()]
     ok = runs[runs["status"] == "ok"]
-    cells = ok.groupby(["precision", "zero_stage", "world_size"])["mfu"]
+    cells = ok.groupby(["precision", "_strategy", "world_size"])["mfu"]
     mean = cells.median()  # of a point's repeats
     # the run-to-run spread of a cell with several runs: (max - min) / median, as scalelab.analysis.noise
     spread_of = ((cells.max() - cells.min()) / mean).where(cells.size() > 1)
-    flagged = set(ok[mfu_flagged(ok)].set_index(["precision", "zero_stage", "world_size"]).index)
-    first_status = runs.groupby(["precision", "zero_stage", "world_size"])["status"].first()
+    flagged = set(ok[mfu_flagged(ok)].set_index(["precision", "_strategy", "world_size"]).index)
+    first_status = runs.groupby(["precision", "_strategy", "world_size"])["status"].first()
     value = np.full((len(rows), len(sizes)), np.nan)
     spread = np.full(value.shape, np.nan)
     flag = np.zeros(value.shape, dtype=bool)
@@ -419,7 +435,7 @@ def mfu_grid(runs: pd.DataFrame) -> dict:
                 status[i, j] = first_status[key]
     shown = np.where(flag, np.nan, value)
     vmax = float(np.nanmax(shown)) if np.isfinite(shown).any() else 1.0
-    return {"rows": [f"{p} z{s}" for p, s in rows], "world_sizes": [int(w) for w in sizes], "mfu": value, "flagged": flag,
+    return {"rows": [f"{p} {strategy_tick(s)}" for p, s in rows], "world_sizes": [int(w) for w in sizes], "mfu": value, "flagged": flag,
             "status": status, "vmin": 0.0, "vmax": vmax, "spread": spread}
 
 
@@ -555,11 +571,12 @@ def communication_table(runs: pd.DataFrame) -> pd.DataFrame:
     precision order): fp16 and bf16 gather 16-bit parameters at stages 2 and 3, so precisions
     are bars of their own, not averaged together."""
     ok = runs[runs["status"] == "ok"]
-    agg = ok.groupby(["zero_stage", "world_size", "precision"], as_index=False, observed=True)[
+    ok = ok.assign(strategy=strategies(ok))
+    agg = ok.groupby(["zero_stage", "strategy", "world_size", "precision"], as_index=False, observed=True)[
         ["comm_bytes_per_step_measured", "comm_bytes_per_step_predicted", "comm_bytes_per_step_predicted_paper"]].mean()
     order = {p: (PRECISION_ORDER.index(p) if p in PRECISION_ORDER else len(PRECISION_ORDER)) for p in agg["precision"].unique()}
-    agg = agg.assign(_order=agg["precision"].map(order)).sort_values(["zero_stage", "world_size", "_order"])
-    agg["label"] = "z" + agg["zero_stage"].astype(str) + "\nw" + agg["world_size"].astype(str)
+    agg = agg.assign(_order=agg["precision"].map(order)).sort_values(["strategy", "world_size", "_order"])
+    agg["label"] = agg["strategy"].astype(str).map(strategy_tick) + "\nw" + agg["world_size"].astype(str)
     return agg.drop(columns="_order").reset_index(drop=True)
 
 
@@ -571,11 +588,11 @@ def communication(runs: pd.DataFrame):
         return _empty("no ok runs")
     names = sorted(agg["precision"].unique(), key=lambda p: (PRECISION_ORDER.index(p) if p in PRECISION_ORDER else len(PRECISION_ORDER), p))
     colors = precision_colors(names)
-    groups = agg[["zero_stage", "world_size"]].drop_duplicates().reset_index(drop=True)
+    groups = agg[["label"]].drop_duplicates().reset_index(drop=True)
     slot = {p: i for i, p in enumerate(names)}
     width = 0.8 / len(slot)
-    group_index = {key: i for i, key in enumerate(zip(groups["zero_stage"], groups["world_size"]))}
-    group_of = np.array([group_index[key] for key in zip(agg["zero_stage"], agg["world_size"])])
+    group_index = {key: i for i, key in enumerate(groups["label"])}
+    group_of = np.array([group_index[key] for key in agg["label"]])
     x = group_of + (agg["precision"].map(slot).to_numpy() - (len(slot) - 1) / 2) * width
     fig, ax = plt.subplots(figsize=(max(5, 0.42 * len(groups) * max(1, len(slot) / 2) + 2), 3.4))
     for precision in slot:  # one container per precision, labelled by it
@@ -585,9 +602,9 @@ def communication(runs: pd.DataFrame):
     tick = 260 * min(1.0, width / 0.8) ** 2  # a tick as wide as its bar
     marks(ax, x, agg["comm_bytes_per_step_predicted"] / MiB, marker="_", size=tick, color="black", label="predicted (PyTorch)", zorder=3)
     marks(ax, x, agg["comm_bytes_per_step_predicted_paper"] / MiB, marker="_", size=tick, color="grey", label="predicted (paper, fp32 elements)", zorder=3)
-    ax.set_xticks(np.arange(len(groups)), "z" + groups["zero_stage"].astype(str) + "\nw" + groups["world_size"].astype(str))
+    ax.set_xticks(np.arange(len(groups)), groups["label"])
     ax.grid(axis="x", visible=False)
-    ax.set(ylabel="MiB per optimizer step", xlabel="ZeRO stage (z), world size (w)", title="bytes handed to collectives per step")
+    ax.set(ylabel="MiB per optimizer step", xlabel="ZeRO stage (z) or hybrid sharding's replicas (hsdp), world size (w)", title="bytes handed to collectives per step")
     ax.set_xlim(-0.6, len(groups) - 0.4)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     _not_ok_note(fig, runs)

@@ -38,6 +38,24 @@ def precisions(df: pd.DataFrame) -> list[str]:
     return [p for p in PRECISION_ORDER if p in present] + [p for p in present if p not in PRECISION_ORDER]
 
 
+def strategies(runs: pd.DataFrame) -> pd.Series:
+    """The series a main figure draws per row: its ZeRO stage ("ZeRO stage 3"), or hybrid sharding
+    with its replicas ("hybrid, 2 replicas") beside its ZeRO-3 twin; an ordered categorical (stages,
+    then hybrid by replicas), so that a groupby or a sort keeps that order."""
+    stage = runs["zero_stage"].astype(int)
+    replicas = pd.to_numeric(runs["replicas"], errors="coerce").fillna(1).astype(int) if "replicas" in runs \
+        else pd.Series(1, index=runs.index)
+    labels = [f"hybrid, {r} replicas" if r > 1 else f"ZeRO stage {s}" for s, r in zip(stage, replicas, strict=True)]
+    order = sorted(set(zip(stage, replicas, labels, strict=True)))
+    return pd.Series(pd.Categorical(labels, categories=list(dict.fromkeys(lab for _, _, lab in order)), ordered=True),
+                     index=runs.index)
+
+
+def strategy_tick(label: str) -> str:
+    """A strategy's short name for an axis tick or a heatmap row: z3, or hsdp2 (hybrid, 2 replicas)."""
+    return f"hsdp{label.split(', ')[1].split()[0]}" if label.startswith("hybrid") else f"z{label.rsplit(' ', 1)[1]}"
+
+
 def mfu_flagged(runs: pd.DataFrame) -> pd.Series:
     """Which ok runs have an MFU that means nothing (above MFU_LIMIT)."""
     return (runs["status"] == "ok") & (runs["mfu"] > MFU_LIMIT)
@@ -65,13 +83,13 @@ def scaling_efficiency(runs: pd.DataFrame) -> pd.Series:
 
 
 def throughput_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per (precision, stage, world size) over ok runs: median tokens/s in total and per device, and
+    """Per (precision, stage or hybrid strategy, world size) over ok runs: median tokens/s in total and per device, and
     the scaling efficiency (what the throughput figure draws), each with the lowest and highest of
     the runs it is the median of (``_lo``, ``_hi``: equal for a single run), and how many (``runs``)."""
     ok = runs[runs["status"] == "ok"]
     ok = ok.assign(tokens_per_s_per_device=ok["tokens_per_s"] / ok["world_size"], scaling_efficiency=scaling_efficiency(ok))
     columns = ["tokens_per_s", "tokens_per_s_per_device", "scaling_efficiency"]
-    grouped = ok.groupby(["precision", "zero_stage", "world_size"])[columns]
+    grouped = ok.assign(strategy=strategies(ok)).groupby(["precision", "zero_stage", "strategy", "world_size"], observed=True)[columns]
     table = grouped.median()
     table = table.join(grouped.min().add_suffix("_lo")).join(grouped.max().add_suffix("_hi"))
     table["runs"] = grouped.size()
