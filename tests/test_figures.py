@@ -30,7 +30,8 @@ def results(tmp_path_factory):
 
 
 def draw(name, runs, steps):
-    """The figure as draw_figures makes it: main figures from the baseline rows."""
+    """The figure as draw_figures makes it, main figures from the baseline rows, less hybrid sharding's
+    (draw_figures adds them as a strategy of their own: their own test below)."""
     plots.use_theme()
     figure = next(f for f in FIGURES if f.name == name)
     levers = lever_table(runs)
@@ -544,3 +545,39 @@ def test_a_figure_with_nothing_to_draw_says_why_in_lines_that_fit():
         assert box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y0 >= 0 and box.y1 <= fig.bbox.height
     finally:
         plt.close(fig)
+
+
+def test_hybrid_sharding_is_a_strategy_of_its_own_beside_zero3_in_the_main_figures(results):
+    """The main figures draw hybrid runs (replicas > 1, zero_stage 3) as their own panel, line, heatmap row
+    and bar group beside their ZeRO-3 twin (issue #41: the two-node experiment's point was left out)."""
+    runs, steps = results
+    drawn = baseline(runs, strategies=True)  # what draw_figures hands the main figures
+    hybrid = drawn[(drawn["replicas"] == 2) & (drawn["status"] == "ok")]
+    assert len(hybrid) >= 2 and hybrid["run_id"].str.endswith("-hsdp2").all()
+    assert not set(hybrid["run_id"]) & set(baseline(runs)["run_id"])  # the tables' baseline stays the stages'
+    plots.use_theme()
+    tables = Tables(drawn, steps[steps["run_id"].isin(drawn["run_id"])], lever_table(runs))
+    out = next(f for f in FIGURES if f.name == "memory_model_state").draw(tables)
+    fig = out[0] if isinstance(out, tuple) else out
+    np.testing.assert_allclose(points(marks(panel(fig, "hybrid, 2 replicas"), "fp32")),
+                               sorted(zip(hybrid["world_size"], hybrid["model_state_bytes_measured"] / MiB)))
+    twin = drawn[(drawn["zero_stage"] == 3) & (drawn["replicas"] == 1) & (drawn["precision"] == "fp32") & (drawn["status"] == "ok")]
+    np.testing.assert_allclose(points(marks(panel(fig, "ZeRO stage 3"), "fp32")),
+                               sorted(zip(twin["world_size"], twin["model_state_bytes_measured"] / MiB)))
+    fig = next(f for f in FIGURES if f.name == "throughput").draw(tables)
+    (line,) = lines(panel(fig, "fp32: tokens/s, all ranks"), "hybrid, 2 replicas")
+    expected = hybrid.groupby("world_size")["tokens_per_s"].median()
+    np.testing.assert_allclose(line.get_xdata(), expected.index)
+    np.testing.assert_allclose(line.get_ydata(), expected.to_numpy())
+    assert "fp32 hsdp2" in plots.mfu_grid(drawn)["rows"]
+    assert "hsdp2\nw2" in set(plots.communication_table(drawn)["label"])
+
+
+def test_a_formula_at_one_world_size_is_drawn_as_a_tick(results):
+    """A sweep of one world size (the two-node experiment): a formula's 'line' has one point, which a plain
+    line would not show."""
+    runs, steps = results
+    one = runs[runs["world_size"] == 2]
+    fig, _ = draw("memory_model_state", one, steps)
+    (pytorch,) = lines(panel(fig, "ZeRO stage 3"), "PyTorch AMP")
+    assert len(pytorch.get_xdata()) == 1 and pytorch.get_marker() == "_"

@@ -82,7 +82,9 @@ def test_report_from_parquet_alone(tmp_path):
     # Main figures compare the baseline runs; each lever run is set against its baseline twin.
     # 24 fp32 baselines, and the fp16 twins of the grad_reduce runs (a lever no fp32 run takes)
     twins = runs["run_id"].str.fullmatch(r"fp16-z\d-w\d+").sum()
-    assert twins and f"These figures show the {24 + twins} runs with every lever at its default" in html
+    hybrid = int((runs["replicas"] > 1).sum())  # drawn as a strategy of their own beside ZeRO-3
+    assert twins and hybrid and (f"These figures show the {24 + twins + hybrid} runs with every lever at its default but "
+                                 f"hybrid sharding's replicas ({hybrid} hybrid run(s)") in html
     assert re.search(r">fp32-z0-w2-ac<.*?>fp32-z0-w2<", html, re.S), "AC run paired with its baseline"
     assert "step_time_ratio_predicted" in html and "all_reduce_calls_predicted" in html
     assert "src='report/" not in html and "src=\"" not in html, "no external images"

@@ -308,8 +308,9 @@ def _memory_panels(runs: pd.DataFrame, ok: pd.DataFrame, measured, lines: list[t
             # .astype(bool): an empty stage's mask would be an object Series, read as column labels
             g = sub.loc[sub["precision"].map(only).astype(bool)] if only else sub
             curve = g.groupby("world_size")[column].mean().dropna() / MiB
-            if not curve.empty:
-                ax.plot(curve.index, curve.to_numpy(), label=label, zorder=2, **style)
+            if not curve.empty:  # one world size: a line of one point draws nothing, so a tick marks it
+                one = {"marker": "_", "markersize": 22, "markeredgewidth": style.get("lw", 1.0) + 0.4} if len(curve) == 1 else {}
+                ax.plot(curve.index, curve.to_numpy(), label=label, zorder=2, **one, **style)
                 values += list(curve)
         _world_size_axis(ax, runs["world_size"].unique())
         ax.set_title(stage)
@@ -391,6 +392,9 @@ def throughput(runs: pd.DataFrame):
             _world_size_axis(ax, runs["world_size"].unique())
             if column == "scaling_efficiency":
                 ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+                if not sub[column].notna().any():
+                    ax.text(0.5, 0.5, "no world-size-1 run:\nefficiency unknown", transform=ax.transAxes, ha="center",
+                            va="center", fontsize=8, color="#666666")
                 ax.set_ylim(0, max(1.1, float(np.nanmax(sub[column])) * 1.1) if sub[column].notna().any() else 1.1)
             elif column == "tokens_per_s":
                 ax.yaxis.set_major_formatter(FuncFormatter(_si))

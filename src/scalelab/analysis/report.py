@@ -560,6 +560,7 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
         return _no_runs_report(results_dir, out_dir)
     # The main figures compare precision x stage x world size with every lever at its default.
     base = baseline(runs)
+    in_figures = baseline(runs, strategies=True)  # what the main figures draw: hybrid sharding beside ZeRO-3 too
     levers, fp8 = lever_table(runs), fp8_table(runs)
     fig_dir = out_dir / FIGURES_DIR
     # A sweep that mixes model families draws each family's figures apart (figures/<family>/): a
@@ -599,7 +600,7 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
             "no_runs": None, "n_runs": len(runs), "n_ok": int((runs["status"] == "ok").sum()), "n_steps": len(steps),
             "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "version": __version__,
             "results_dir": str(results_dir), "schema": schema_version(results_dir / "metrics.parquet"),
-            "warnings": warnings, "n_base": len(base), **tables, "best_note": best_note, "best_per_model": several,
+            "warnings": warnings, "n_base": len(in_figures), "n_hybrid": len(in_figures) - len(base), **tables, "best_note": best_note, "best_per_model": several,
             # beside every comparison the figures and lever tables draw: what identical runs differed by
             "noise": best_raw.attrs["noise"].sentence(),
             "cpu_notice": checks.cpu_notice(runs), "cpu_best_note": checks.cpu_best_note(runs),
