@@ -73,3 +73,36 @@ def test_the_scan_sees_the_forms_a_branch_takes():
               "    def line(self):\n"
               "        return self.device.type == 'cuda'\n")
     assert device_branches(source, "probe.py") == [("probe.py", "f")] * 3 + [("probe.py", "P.line")]
+
+
+@pytest.mark.unit
+def test_the_gpu_state_beside_a_run_comes_from_nvidia_smi(tmp_path, monkeypatch):
+    """A simulated nvidia-smi (no GPU here): its --query-gpu answer for the rank's GPU, by UUID, becomes the
+    run's gpu_* columns; a field it cannot report is null; without it, or where it fails, nothing (a CPU run: {})."""
+    import os
+    from types import SimpleNamespace
+
+    import torch
+
+    from scalelab.training.devices import gpu_state
+    from scalelab.training.worker import gpu_state_columns
+
+    calls = tmp_path / "calls"
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n'
+                   'case "$*" in *--query-gpu=power.limit,clocks.sm,clocks.mem,temperature.gpu,driver_version*'
+                   '"-i GPU-1234"*) echo "700.00, 1980, 2619, [N/A], 550.54.15"; exit 0;; esac\nexit 6\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(uuid="1234"))
+    state = gpu_state(torch.device("cuda", 0))
+    assert state == {"gpu_power_limit_w": 700.0, "gpu_sm_clock_mhz": 1980.0, "gpu_mem_clock_mhz": 2619.0,
+                     "gpu_temperature_c": None, "gpu_driver_version": "550.54.15"}
+    assert "-i GPU-1234" in calls.read_text()
+    columns = gpu_state_columns(state, {**state, "gpu_sm_clock_mhz": 1755.0})
+    assert columns["gpu_sm_clock_mhz_start"] == 1980.0 and columns["gpu_sm_clock_mhz_end"] == 1755.0
+    assert columns["gpu_power_limit_w"] == 700.0 and columns["gpu_driver_version"] == "550.54.15"
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(uuid="GPU-9999"))
+    assert gpu_state(torch.device("cuda", 0)) == {}  # nvidia-smi refused: the columns stay null
+    assert gpu_state(torch.device("cpu")) == {}
+    assert set(gpu_state_columns({}, {}).values()) == {None}

@@ -312,3 +312,19 @@ def test_a_device_without_a_measured_model_error_says_so_in_its_band():
     out = prediction.predict(model, runs).set_index("run_id")
     assert "error across world sizes on cuda is unknown" in out.loc["fp32-z0-w2", "prediction_note"]
     assert "unknown" not in out.loc["fp32-z0-w1", "prediction_note"]
+
+
+def test_traced_runs_give_the_overlap_efficiency_they_measured():
+    """exposed_comm_s_measured (a trace, scalelab.training.trace) sets eta where runs beyond their reference
+    were traced: all their communication less what they left exposed, over what the strategy could hide."""
+    runs, table = sweep(), bench_table()
+    base = prediction.fit(prediction.reference_rows(runs), table)
+    row = runs.set_index("run_id").loc["fp32-z3-w2"].to_dict() | {"run_id": "fp32-z3-w2"}
+    parts = prediction._parts(base, row)
+    full = prediction.step_time(3, parts.base_compute_s, parts.comm_s, calls=parts.calls, overlap_efficiency=1.0)
+    hidden = sum(parts.comm_s.values()) - full.exposed_comm_s
+    runs["exposed_comm_s_measured"] = None
+    runs.loc[runs["run_id"] == "fp32-z3-w2", "exposed_comm_s_measured"] = sum(parts.comm_s.values()) - 0.25 * hidden
+    model = prediction.fit(runs, table)
+    assert model.overlap_efficiency["cpu"] == pytest.approx(0.25)
+    assert model.overlap_source["cpu"].startswith("measured: the traces of 1 run")

@@ -309,5 +309,5 @@ def test_slurm_profile_dry_run_plans_the_default_sweep_with_resources(tmp_path):
                                                           "PYTHONPATH": str(SLURM_PLUGIN_DIR)})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
-    # 24 points and the baseline's two repeats at each world size (repeats.baseline: 3)
-    assert out.count("rule train:") == 24 + 2 * 2 and "slurm_partition=gpu" in out and "runtime=" in out
+    # 24 points and the baseline's four repeats at each world size (repeats.baseline: 5)
+    assert out.count("rule train:") == 24 + 2 * 4 and "slurm_partition=gpu" in out and "runtime=" in out

@@ -39,7 +39,9 @@ SCHEMA_VERSION = "8"  # 2: lever identity columns; 3: device plan, launch and pr
 # (rank_hostnames, node_list, nodes_used); 7: hybrid sharding (replicas), bytes per step intra- and inter-node measured and
 # predicted, nodes_share_machine, the step-time model's prediction (predicted_step_time_s, its band, tokens/s, exposed comm, note);
 # 8: predicted_peak_bound, compiled runs' memory predicted with the compiled graphs' model, timing_steps (train.measure_s),
-# half_batch_steps, step_time_s_median_half_batch, token_share_measured, token_share_measured_sem
+# half_batch_steps, step_time_s_median_half_batch, token_share_measured, token_share_measured_sem; the trace columns
+# (profiled_steps, trace_files, memory_snapshot_files, exposed_comm_s_measured), the GPU's state (gpu_power_limit_w,
+# gpu_driver_version, gpu_{sm,mem}_clock_mhz_{start,end}, gpu_temperature_c_{start,end})
 _META = {b"scalelab.schema_version": SCHEMA_VERSION.encode()}
 
 WRITERS = ("identity", "launch", "worker", "collect")
@@ -96,6 +98,8 @@ NOT_OK = _exactly("status other than ok", lambda row: not _ok(row))
 LAUNCHED = _exactly("the ranks were started (every status but skipped and predicted_oom, unless stopped before launch)",
                     lambda row: _ok(row) or row.get("completed_steps") is not None)
 GPU = _exactly("a GPU run", lambda row: row.get("device_type") == "cuda")
+GPU_STATE = Filled("GPU runs where nvidia-smi answered (null in rows older than schema 8)", None,
+                   lambda row: row.get("device_type") == "cuda")
 CPU = _exactly("a CPU run", lambda row: row.get("device_type") == "cpu")
 _SCALED = tuple(p.name for p in PRECISIONS.values() if p.loss_scaling)
 _CONVERTED = tuple(p.name for p in PRECISIONS.values() if p.linears)
@@ -258,6 +262,30 @@ RUN = [
            sometimes("with predicted_step_time_s", OK)),
     Column("predicted_exposed_comm_s", pa.float64(), "s", "communication in predicted_step_time_s: the strategy's "
            "collectives less what its overlap hides", "collect", sometimes("with predicted_step_time_s", OK)),
+    # The GPU beside the run (nvidia-smi on rank 0's GPU; scalelab.training.devices.gpu_state): what explains an MFU gap
+    # between two machines of one product
+    Column("gpu_power_limit_w", pa.float64(), "W", "the power limit of rank 0's GPU (nvidia-smi power.limit) at the run's "
+           "start", "worker", GPU_STATE),
+    Column("gpu_driver_version", pa.string(), "-", "the NVIDIA driver (nvidia-smi driver_version)", "worker", GPU_STATE),
+    *[Column(f"{stem}_{when}", pa.float64(), unit, f"{what} of rank 0's GPU {'before' if when == 'start' else 'after'} the "
+             f"steps (nvidia-smi {query})", "worker", GPU_STATE)
+      for stem, unit, what, query in (("gpu_sm_clock_mhz", "MHz", "the SM clock", "clocks.sm"),
+                                      ("gpu_mem_clock_mhz", "MHz", "the memory clock", "clocks.mem"),
+                                      ("gpu_temperature_c", "°C", "the temperature", "temperature.gpu"))
+      for when in ("start", "end")],
+    # What a trace shows (train.profile, train.memory_snapshot; scalelab.training.trace)
+    Column("profiled_steps", pa.string(), "-", "the steps train.profile traced, 'first-last' (inclusive); left out of "
+           "the run's timings", "worker", Filled("status ok with train.profile", None, _has("profiled_steps"))),
+    Column("trace_files", pa.string(), "-", "each rank's torch.profiler trace (Chrome trace JSON: Perfetto), relative to "
+           "the run folder, and how many", "worker", Filled("with profiled_steps", None, _has("profiled_steps"))),
+    Column("memory_snapshot_files", pa.string(), "-", "each rank's CUDA allocator snapshot with its history "
+           "(pytorch.org/memory_viz), relative to the run folder: after the traced steps, else at the run's end; an out-of-"
+           "memory run writes rank<R>.oom.pickle instead", "worker",
+           Filled("GPU runs with train.memory_snapshot", None, lambda row: row.get("device_type") == "cuda")),
+    Column("exposed_comm_s_measured", pa.float64(), "s", "communication that nothing computed beside, per traced step "
+           "(the median over them), read from rank 0's trace: NCCL kernels not overlapped by other kernels on a GPU; on a "
+           "CPU gloo's work not overlapped by the main thread's operators. Beside predicted_exposed_comm_s; traced runs "
+           "calibrate the overlap efficiency", "worker", Filled("with profiled_steps", None, _has("profiled_steps"))),
     Column("prediction_note", pa.string(), "-", "how predicted_step_time_s was made (the reference's world size and "
            "tokens, the token share and whether it was fitted), or why there is none", "collect", OK),
     Column("step_time_s_mean", pa.float64(), "s", "mean step time over the measured steps", "worker", OK),

@@ -601,7 +601,7 @@ def _fit_across_ranks(model: Model, ok) -> None:
                 model.rank_factor_source[device, stage] = (
                     "defaulted: no run of the fit set at this stage beyond its reference ("
                     + ("DEFAULT_RANK_FACTOR)" if device in DEFAULT_RANK_FACTOR else "none measured for this device: 1)"))
-            elif eta > 0:
+            elif eta > 0 and model.overlap_source[device].startswith("fitted"):  # the step times chose eta over f
                 model.rank_factor[device, stage] = 1.0
                 model.rank_factor_source[device, stage] = "1: the fit set's runs beyond their reference fit an overlap instead (eta)"
             else:
@@ -631,8 +631,23 @@ def _fit_across_ranks(model: Model, ok) -> None:
 
 
 def _fit_overlap(model: Model, device: str, mine: list[tuple[dict, _Parts]]) -> None:
-    """eta of one device type from its runs beyond their reference (least squares, clipped to [0, 1]);
-    DEFAULT_OVERLAP_EFFICIENCY where none of them hides anything."""
+    """eta of one device type from its runs beyond their reference (least squares, clipped to [0, 1]):
+    from their traces where some were traced (exposed_comm_s_measured = all communication - eta x
+    hidden), else from their step times; DEFAULT_OVERLAP_EFFICIENCY where none of them hides anything."""
+    num = den = 0.0
+    traced = 0
+    for row, parts in mine:
+        exposed = row.get("exposed_comm_s_measured")
+        full = step_time(row["zero_stage"], parts.base_compute_s, parts.comm_s, calls=parts.calls, overlap_efficiency=1.0)
+        hidden = sum(parts.comm_s.values()) - full.exposed_comm_s
+        if _missing(exposed) or hidden <= 0:
+            continue
+        num, den, traced = num + (sum(parts.comm_s.values()) - float(exposed)) * hidden, den + hidden ** 2, traced + 1
+    if traced:
+        model.overlap_efficiency[device] = min(max(num / den, 0.0), 1.0)
+        model.overlap_source[device] = (f"measured: the traces of {traced} run(s) of the fit set beyond their reference "
+                                        "(exposed_comm_s_measured)")
+        return
     num = den = 0.0
     runs = 0
     for row, parts in mine:

@@ -391,6 +391,8 @@ def result_params(config: dict, point, device: str) -> dict:
     train = train_config(config)
     changed = _changed(train, exclude=NOT_RESULT_KEYS)
     changed = {key: value for key, value in changed.items() if TRAIN_KEY_APPLIES.get(key, lambda p: True)(point)}
+    if device != "cuda":
+        changed.pop("memory_snapshot", None)  # the CUDA allocator's history: nothing to record elsewhere
     if changed.get("peak_tflops"):
         peaks = {key: value for key, value in sorted(changed["peak_tflops"].items()) if key in _peak_keys(point, train)}
         changed = {k: v for k, v in changed.items() if k != "peak_tflops"} | ({"peak_tflops": peaks} if peaks else {})

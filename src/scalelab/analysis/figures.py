@@ -83,7 +83,8 @@ def _prediction():
 FIGURES: tuple[Figure, ...] = (
     Figure(
         "memory_model_state", lambda t: _plots().model_state_memory(t.runs), formats=("png", "svg"),
-        caption="Model-state memory per rank (largest rank) vs world size (log2), one panel per ZeRO stage (and per hybrid sharding, beside its ZeRO-3 twin): measured points "
+        caption="Model-state memory per rank (largest rank) vs world size (log2), one panel per ZeRO stage (and per hybrid "
+                "sharding, beside its ZeRO-3 twin): measured points "
                 "per precision (side by side around their world size, so that equal values stay visible) over the "
                 "predicted lines, each named in the legend (PyTorch AMP with fp32 master weights, solid; the ZeRO paper's "
                 "convention, dashed, per precision where it differs). Where many runs share a point (replicas), it is "
@@ -111,7 +112,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure(
         "mfu_heatmap", lambda t: _plots().mfu_heatmap(t.runs),
         caption="MFU (fraction of the dense peak recorded in each row; the median of a point's repeats, ± half their "
-                "range) per precision and ZeRO stage or hybrid sharding (rows: z3, hsdp2 for 2 replicas) and world size (columns). Cells of runs that did not finish "
+                "range) per precision and ZeRO stage or hybrid sharding (rows: z3, hsdp2 for 2 replicas) and world size "
+                "(columns). Cells of runs that did not finish "
                 "ok show their status; an MFU above 1 (a peak too low for the path, e.g. emulated fp16 on a CPU) is "
                 "hatched, marked ‡ and left out of the colour scale."),
     Figure(

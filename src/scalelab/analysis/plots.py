@@ -608,7 +608,8 @@ def communication(runs: pd.DataFrame):
     marks(ax, x, agg["comm_bytes_per_step_predicted_paper"] / MiB, marker="_", size=tick, color="grey", label="predicted (paper, fp32 elements)", zorder=3)
     ax.set_xticks(np.arange(len(groups)), groups["label"])
     ax.grid(axis="x", visible=False)
-    ax.set(ylabel="MiB per optimizer step", xlabel="ZeRO stage (z) or hybrid sharding's replicas (hsdp), world size (w)", title="bytes handed to collectives per step")
+    ax.set(ylabel="MiB per optimizer step", xlabel="ZeRO stage (z) or hybrid sharding's replicas (hsdp), world size (w)",
+           title="bytes handed to collectives per step")
     ax.set_xlim(-0.6, len(groups) - 0.4)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     _not_ok_note(fig, runs)

@@ -240,10 +240,20 @@ def _fmt_table(runs: pd.DataFrame) -> pd.DataFrame:
     t["comm_mib_per_step_predicted"] = t["comm_bytes_per_step_predicted"] / 2 ** 20
     t["peak_mib_predicted"] = t["predicted_peak_bytes"] / 2 ** 20
     t["peak_mib_measured_gpu"] = t["peak_mem_allocated_bytes"] / 2 ** 20
-    t = t[TABLE_COLUMNS].sort_values([*SWEEP_AXES, "run_id"])
+    # a traced run (train.profile) shows its exposed communication beside the model's and where its files lie
+    traced = [c for c in TRACE_COLUMNS if c in t and t[c].notna().any()]
+    if "profiled_steps" in traced:
+        t["exposed_comm_ms_measured"] = t["exposed_comm_s_measured"] * 1e3
+        t["exposed_comm_ms_predicted"] = t["predicted_exposed_comm_s"] * 1e3
+        traced = ["exposed_comm_ms_measured", "exposed_comm_ms_predicted", *[c for c in traced if c != "exposed_comm_s_measured"]]
+    t = t[TABLE_COLUMNS + traced].sort_values([*SWEEP_AXES, "run_id"])
     varies = [a for a in SWEEP_AXES if t[a].nunique(dropna=False) > 1]
     shared = [a for a in SWEEP_AXES if a not in varies]
-    return t[["run_id", "status", *varies, *KEY_COLUMNS, *LATER_COLUMNS, *shared, "reason"]]
+    return t[["run_id", "status", *varies, *KEY_COLUMNS, *LATER_COLUMNS, *traced, *shared, "reason"]]
+
+
+TRACE_COLUMNS = ["exposed_comm_s_measured", "profiled_steps", "trace_files", "memory_snapshot_files"]
+"""What the run table adds where a run was traced (train.profile) or its memory recorded (train.memory_snapshot)."""
 
 
 # --------------------------------------------------------------------------- number formats per column
@@ -260,6 +270,9 @@ DERIVED = {
     "comm_mib_per_step_measured": ("MiB/step", "comm_bytes_per_step_measured / 2^20"),
     "comm_mib_per_step_predicted": ("MiB/step", "comm_bytes_per_step_predicted / 2^20"),
     "peak_mib_predicted": ("MiB", "predicted_peak_bytes / 2^20"),
+    "exposed_comm_ms_measured": ("ms", "exposed_comm_s_measured x 1000: communication nothing computed beside, per traced "
+                                       "step, read from rank 0's trace"),
+    "exposed_comm_ms_predicted": ("ms", "predicted_exposed_comm_s x 1000: the step-time model's exposed communication"),
     "peak_mib_measured_gpu": ("MiB", "peak_mem_allocated_bytes / 2^20 (GPU runs)"),
     "tokens_per_s_per_device": ("tokens/s", "tokens_per_s / world_size"),
     "peak_mib_per_rank": ("MiB", "peak memory per rank: GPU max allocated, else process peak RSS"),
@@ -600,7 +613,8 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
             "no_runs": None, "n_runs": len(runs), "n_ok": int((runs["status"] == "ok").sum()), "n_steps": len(steps),
             "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "version": __version__,
             "results_dir": str(results_dir), "schema": schema_version(results_dir / "metrics.parquet"),
-            "warnings": warnings, "n_base": len(in_figures), "n_hybrid": len(in_figures) - len(base), **tables, "best_note": best_note, "best_per_model": several,
+            "warnings": warnings, "n_base": len(in_figures), "n_hybrid": len(in_figures) - len(base), **tables,
+            "best_note": best_note, "best_per_model": several,
             # beside every comparison the figures and lever tables draw: what identical runs differed by
             "noise": best_raw.attrs["noise"].sentence(),
             "cpu_notice": checks.cpu_notice(runs), "cpu_best_note": checks.cpu_best_note(runs),

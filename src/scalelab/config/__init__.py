@@ -126,6 +126,14 @@ class TrainConfig:
     measure_s: float = _default("train", "measure_s")
     """Seconds of measured steps (after warm-up) a run's speed is taken over at least: timing steps
     past ``steps`` where these are shorter (scalelab.training.worker.extend_measurement); 0 = the steps alone."""
+    profile: list[int] | None = _default("train", "profile")
+    """[first, last]: the steps (inclusive) traced by torch.profiler into each rank's run folder
+    (scalelab.training.trace), left out of the timings; None = no trace."""
+    profile_stacks: bool = _default("train", "profile_stacks")
+    """Record Python stacks in the trace (the slow part of a dump)."""
+    memory_snapshot: bool = _default("train", "memory_snapshot")
+    """GPU runs: record the CUDA allocator's history from the first step, dumped after the traced steps
+    and whenever the run ends out of memory."""
     global_batch: int = _default("train", "global_batch")
     """Sequences per optimizer step at every world size."""
     lr: float = _default("train", "lr")

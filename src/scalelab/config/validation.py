@@ -151,6 +151,20 @@ def _check_warmup(config: dict, base_dir: str | Path) -> None:
                           f"(train.steps={train.steps})", key=("train", "warmup_steps"))
 
 
+def _check_profile(config: dict, base_dir: str | Path) -> None:
+    train = train_config(config)
+    if train.profile is not None:
+        first, last = train.profile
+        if not first <= last < train.steps:
+            raise ConfigError(f"train.profile={list(train.profile)} must be [first, last] steps with first <= last < "
+                              f"train.steps={train.steps} (the steps traced, inclusive)", key=("train", "profile"))
+        traced = len(set(range(first, last + 1)) & set(range(train.warmup_steps, train.steps)))
+        if not train.measure_s and traced >= train.steps - train.warmup_steps:
+            raise ConfigError(f"train.profile={list(train.profile)} traces every measured step (after train.warmup_steps="
+                              f"{train.warmup_steps}), which the timings leave out: trace fewer, or set train.measure_s",
+                              key=("train", "profile"))
+
+
 def _check_plans(config: dict, base_dir: str | Path) -> None:
     for point in sweep_points(config):
         launch_plan(config, point.world_size)
@@ -159,7 +173,8 @@ def _check_plans(config: dict, base_dir: str | Path) -> None:
 
 # The cross-field checks, each independent of the others' outcome: every one runs, and the first
 # problem of each is reported (within one, a later rule may assume the earlier held).
-CROSS_FIELD_CHECKS = (check_results_dir, _check_dataset, _check_models, _check_tf32, _check_warmup, _check_plans)
+CROSS_FIELD_CHECKS = (check_results_dir, _check_dataset, _check_models, _check_tf32, _check_warmup, _check_profile,
+                      _check_plans)
 
 
 def _problems_of(checks, config: dict, base_dir: str | Path) -> list[ConfigError]:

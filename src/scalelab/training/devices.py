@@ -36,11 +36,15 @@ BRANCHES = (
     Branch("training/worker.py", "main", "the process group's backend: NCCL carries CUDA tensors, gloo CPU tensors"),
     Branch("training/worker.py", "pin_cpu_rank", "CPU ranks are pinned to disjoint cores; a GPU rank's compute is its GPU"),
     # measuring on the device
+    Branch("training/devices.py", "gpu_state", "nvidia-smi reports a GPU's power cap, clocks and temperature; a CPU has none"),
     Branch("training/devices.py", "synchronize", "CUDA kernels run asynchronously: a step ends when the GPU is done; CPU ops return done"),
     Branch("training/worker.py", "compile_warm_up", "the CUDA generator's state is kept apart from the CPU's and restored apart"),
     Branch("training/worker.py", "train", "the CUDA caching allocator's peak is reset before the steps; a CPU run's peak is its RSS"),
     Branch("training/worker.py", "gather", "device memory peaks (allocated, reserved) exist on a GPU; a CPU run reports its RSS"),
     Branch("training/worker.py", "results", "device memory columns are a GPU run's (the column table: null on a CPU run)"),
+    Branch("training/trace.py", "StepTracer.__init__", "the CUDA allocator's history exists on a GPU only"),
+    Branch("training/trace.py", "StepTracer.step", "a GPU run's trace holds its CUDA kernels too"),
+    Branch("training/worker.py", "trace_figures", "memory snapshots are the CUDA allocator's: a GPU run's"),
     Branch("training/progress.py", "Progress.line", "the progress line shows device memory on a GPU, the peak RSS on a CPU"),
     # what torch offers on each device
     Branch("training/parallel.py", "_ddp", "DDP takes device_ids for a CUDA module only"),
@@ -81,3 +85,40 @@ def synchronize(device: torch.device) -> None:
     """Wait until the device has done the work queued on it (a step's end, a timed matmul)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+GPU_STATE_QUERY = {"power.limit": "gpu_power_limit_w", "clocks.sm": "gpu_sm_clock_mhz", "clocks.mem": "gpu_mem_clock_mhz",
+                   "temperature.gpu": "gpu_temperature_c", "driver_version": "gpu_driver_version"}
+"""What nvidia-smi says of a GPU beside a run (``--query-gpu`` field -> column stem): the numbers that explain an
+MFU gap between two machines of one product (a lower power cap, a hot card throttling its clocks)."""
+
+
+def gpu_state(device: torch.device, timeout_s: float = 10) -> dict:
+    """The rank's GPU as nvidia-smi reports it now (GPU_STATE_QUERY's fields, by column stem; numbers as
+    floats, the driver as text); {} on a CPU, without nvidia-smi, or where it fails (a run does not stop
+    for it: its columns stay null)."""
+    import shutil
+    import subprocess
+
+    if device.type != "cuda" or shutil.which("nvidia-smi") is None:
+        return {}
+    uuid = str(torch.cuda.get_device_properties(device).uuid)
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(GPU_STATE_QUERY)}", "--format=csv,noheader,nounits",
+                              "-i", uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"],
+                             capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    fields = [f.strip() for f in out.stdout.strip().splitlines()[0].split(",")] if out.returncode == 0 and out.stdout.strip() else []
+    if len(fields) != len(GPU_STATE_QUERY):
+        return {}
+    state = {}
+    for (query, stem), value in zip(GPU_STATE_QUERY.items(), fields, strict=True):
+        if query == "driver_version":
+            state[stem] = value
+        else:
+            try:
+                state[stem] = float(value)
+            except ValueError:  # "[N/A]", "[Not Supported]"
+                state[stem] = None
+    return state

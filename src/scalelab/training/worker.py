@@ -51,7 +51,7 @@ from scalelab.strategies import strategy
 from scalelab.sweep import RunPoint, micro_batch_plan
 from scalelab.training.activations import SavedActivationMeter
 from scalelab.training.comm import CommCounter, bytes_by_link
-from scalelab.training.devices import device_name, synchronize
+from scalelab.training.devices import device_name, gpu_state, synchronize
 from scalelab.training.lora import apply_lora
 from scalelab.training.model import build_model
 from scalelab.training.model import counted as counted_by_module
@@ -65,6 +65,7 @@ from scalelab.training.parallel import (
 )
 from scalelab.training.precision import autocast, convert_linears, grad_scaler, unsupported_reason
 from scalelab.training.progress import Progress
+from scalelab.training.trace import MEMORY_DIR, TRACE_DIR, StepTracer, read_exposed_comm
 
 
 def lr_at(step: int, train: TrainConfig) -> float:
@@ -116,21 +117,25 @@ class Fault:
 
     kinds: inf_grad (a non-finite gradient element on that rank), crash (raise), oom (raise
     torch's out-of-memory error, as a GPU would), hang
-    (sleep before the step's collectives), exit (hard exit without cleanup), teardown
-    (abort in process-group teardown, after the results are written). Any other value
-    (scalelab.io.fault_point's names) injects nothing here.
+    (sleep before the step's collectives), delay (sleep ``ms=`` milliseconds before each step
+    of ``step=A-B``: a straggler the other ranks wait for in their first collective), exit (hard
+    exit without cleanup), teardown (abort in process-group teardown, after the results are
+    written). Any other value (scalelab.io.fault_point's names) injects nothing here.
     """
 
     # The moment each kind strikes: the hook is called at every one of them.
     MOMENT = {"hang": "before_step", "crash": "before_step", "oom": "before_step", "exit": "before_step",
-              "inf_grad": "after_backward", "teardown": "teardown"}
+              "delay": "before_step", "inf_grad": "after_backward", "teardown": "teardown"}
 
     def __init__(self, spec: str | None):
         self.kind = None
         if spec:
             self.kind, _, args = spec.partition("@")
             kv = dict(item.split("=") for item in args.split(",") if item)
-            self.step, self.rank = int(kv.get("step", 0)), int(kv.get("rank", 0))
+            first, _, last = str(kv.get("step", 0)).partition("-")
+            self.steps = range(int(first), int(last or first) + 1)
+            self.step, self.rank = int(first), int(kv.get("rank", 0))
+            self.ms = float(kv.get("ms", 0))
 
     @classmethod
     def from_env(cls) -> "Fault":
@@ -139,9 +144,11 @@ class Fault:
     def inject(self, moment: str, step: int, rank: int, model: torch.nn.Module | None = None) -> None:
         """The one hook: inject this fault if it is due at this moment of this step on this rank.
         model: the wrapped model whose gradients inf_grad spoils (at "after_backward")."""
-        if self.MOMENT.get(self.kind) != moment or (self.step, self.rank) != (step, rank):
+        if self.MOMENT.get(self.kind) != moment or step not in self.steps or rank != self.rank:
             return
-        if self.kind == "hang":
+        if self.kind == "delay":
+            time.sleep(self.ms / 1e3)
+        elif self.kind == "hang":
             time.sleep(10 ** 6)
         elif self.kind == "crash":
             raise RuntimeError(f"injected crash at step {step} on rank {rank}")
@@ -216,9 +223,12 @@ class Tally:
     skipped_steps: int = 0
     first_step_at: float | None = None  # unix time
     activations: dict | None = None  # measured on this attempt's first micro-batch
+    loop_start: float = 0.0  # perf_counter at the first step after warm-up (the loop's start before it)
     loop_time: float = 0.0  # the whole loop after warm-up, measurement included
     timing_steps: int = 0  # steps past train.steps that only lengthened the measurement (extend_measurement)
     half_batch_step_times: list[float] = field(default_factory=list)  # measure_token_share's steps
+    gpu_start: dict = field(default_factory=dict)  # rank 0's GPU before the steps and after them (devices.gpu_state)
+    gpu_end: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -415,22 +425,52 @@ def train(spec: dict) -> None:
     graphs_before_loop = compiled_graphs()
     if run.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(run.device)
-    loop_start = time.perf_counter()
+    tally.loop_start = time.perf_counter()
     log = Progress(cfg.steps, run.tokens_per_step, run.device, run.start_step)
+    tracer = StepTracer(cfg.profile, cfg.profile_stacks, cfg.memory_snapshot, run.device, run.run_dir, run.rank)
+    tally.gpu_start = gpu_state(run.device) if run.rank == 0 else {}
+    try:
+        _steps(run, tally, tracer, log)
+    except torch.OutOfMemoryError:
+        tracer.dump_memory(oom=True)  # what the allocator held when it ran out (train.memory_snapshot)
+        raise
+    if tracer.memory and cfg.profile is None:
+        tracer.dump_memory()  # no traced steps to dump after: the whole run's history
+    if spec.get("save_final_params"):
+        save_final_params(run)  # the trained model: before any timing step moves it
+    tally.timing_steps = extend_measurement(run, tally)
+    tally.half_batch_step_times = measure_token_share(run, tally)
+    run.counter.enabled = False
+    tally.loop_time = time.perf_counter() - tally.loop_start
+    tally.gpu_end = gpu_state(run.device) if run.rank == 0 else {}
+    if run.point.compile:
+        tally.compile_graphs_in_loop = compiled_graphs() - graphs_before_loop
+
+    gathered = gather(run)
+    if run.rank == 0:
+        result = results(run, tally, gathered)
+        run.progress.close()
+        write_json(run.run_dir / "worker_result.json", result)
+
+
+def _steps(run: Run, tally: Tally, tracer: StepTracer, log: Progress) -> None:
+    """The training steps this attempt has left (traced ones, train.profile, left out of the timings)."""
+    cfg = run.train_cfg
     for step in range(run.start_step, cfg.steps):
         lr = lr_at(step, cfg)
         for group in run.par.optimizer.param_groups:
             group["lr"] = lr
         run.counter.enabled = step >= cfg.warmup_steps
         if step == cfg.warmup_steps:
-            loop_start = time.perf_counter()  # whole-loop time, measurement included
+            tally.loop_start = time.perf_counter()  # whole-loop time, measurement included
         if tally.first_step_at is None:
             tally.first_step_at = time.time()
-        out = train_step(run, step, measure_activations=tally.activations is None)
+        with tracer.step(step):
+            out = train_step(run, step, measure_activations=tally.activations is None)
         if out.activations is not None:
             tally.activations = out.activations
         tally.skipped_steps += out.skipped
-        if step >= cfg.warmup_steps:
+        if step >= cfg.warmup_steps and not tracer.traced(step):  # a traced step pays the profiler's bookkeeping
             tally.step_times.append(out.time_s)
         if run.progress is not None:
             record = {
@@ -452,20 +492,6 @@ def train(spec: dict) -> None:
 
                 with run.counter.paused():
                     checkpoint.save(run.ckpt_root, step, run.par, run.scaler)
-    if spec.get("save_final_params"):
-        save_final_params(run)  # the trained model: before any timing step moves it
-    tally.timing_steps = extend_measurement(run, tally)
-    tally.half_batch_step_times = measure_token_share(run, tally)
-    run.counter.enabled = False
-    tally.loop_time = time.perf_counter() - loop_start
-    if run.point.compile:
-        tally.compile_graphs_in_loop = compiled_graphs() - graphs_before_loop
-
-    gathered = gather(run)
-    if run.rank == 0:
-        result = results(run, tally, gathered)
-        run.progress.close()
-        write_json(run.run_dir / "worker_result.json", result)
 
 
 MAX_TIMING_STEPS = 10_000
@@ -537,6 +563,28 @@ def token_share(step_s: float, half_step_s: float, micro: int) -> float:
     m // 2 (step time = t ((1 - s) + s x tokens ratio)), clipped to [0, 1]."""
     ratio = (micro // 2) / micro
     return min(max((1 - half_step_s / step_s) / (1 - ratio), 0.0), 1.0)
+
+
+def gpu_state_columns(start: dict, end: dict) -> dict:
+    """Rank 0's GPU beside the run (devices.gpu_state): power cap and driver once, clocks and temperature
+    before and after the steps; every column null where nvidia-smi said nothing (a CPU run)."""
+    out = {"gpu_power_limit_w": start.get("gpu_power_limit_w"), "gpu_driver_version": start.get("gpu_driver_version")}
+    for stem in ("gpu_sm_clock_mhz", "gpu_mem_clock_mhz", "gpu_temperature_c"):
+        out[f"{stem}_start"], out[f"{stem}_end"] = start.get(stem), end.get(stem)
+    return out
+
+
+def trace_figures(run: Run) -> dict:
+    """The trace columns (train.profile, train.memory_snapshot): which steps were traced, where each
+    rank's files lie (relative to the run folder), and rank 0's exposed communication per traced step
+    (their median), read from its trace."""
+    cfg = run.train_cfg
+    exposed = read_exposed_comm(run.run_dir, 0) if cfg.profile is not None else None
+    snapshots = cfg.memory_snapshot and run.device.type == "cuda"
+    return {"profiled_steps": f"{cfg.profile[0]}-{cfg.profile[1]}" if cfg.profile is not None else None,
+            "trace_files": f"{TRACE_DIR}/rank*.json ({run.world_size})" if cfg.profile is not None else None,
+            "memory_snapshot_files": f"{MEMORY_DIR}/rank*.pickle ({run.world_size})" if snapshots else None,
+            "exposed_comm_s_measured": statistics.median(exposed.values()) if exposed else None}
 
 
 def median_sem(times: list[float]) -> float:
@@ -637,6 +685,8 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "tokens_per_step": run.tokens_per_step,
         "measured_steps": n_measured,
         "timing_steps": tally.timing_steps,
+        **trace_figures(run),
+        **gpu_state_columns(tally.gpu_start, tally.gpu_end),
         **half_batch_figures(step_times, tally.half_batch_step_times, run.micro),
         "tokens_per_s": tokens_per_s,
         "step_time_s_mean": total_time / len(step_times),
