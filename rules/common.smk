@@ -106,27 +106,6 @@ def train_resources(wildcards) -> dict:
     return train_job_resources(plan_for(wildcards), DEVICE_PLAN.device, CLUSTER, local=workflow.local_exec)
 
 
-# SLURM: one-node runs of one world size (the same resources) packed cluster.runs_per_job to a
-# submission with Snakemake's job groups: a group id per world size, whose number of components
-# is set when Snakemake first asks a job for its group (the command line's group settings replace
-# the workflow's after the Snakefile is read), unless --group-components names it. Locally
-# Snakemake ignores groups.
-RUNS_PER_JOB = int(CLUSTER.get("runs_per_job", 1))
-
-
-def train_group(wildcards):
-    point = point_of(wildcards)
-    if launch_plan(config, point.world_size).multi_launcher:
-        return None  # a run over several nodes is a job of its own
-    group = f"train-w{point.world_size}"
-    settings = workflow.group_settings
-    if group not in settings.group_components:
-        import immutables
-
-        settings.group_components = immutables.Map({**settings.group_components, group: RUNS_PER_JOB})
-    return group
-
-
 def _run_id_regex(run_ids) -> str:
     """A wildcard constraint matching exactly these run ids (or nothing)."""
     return "|".join(re.escape(r) for r in sorted(run_ids)) or "(?!)"

@@ -125,7 +125,6 @@ def test_virtual_clusters_start_in_seconds_run_side_by_side_and_leave_nothing(tm
 @pytest.mark.cluster(cost_s=150)
 def test_a_sweep_spans_two_nodes_with_the_config_at_the_default_path(tmp_path, clusters):
     cfg = _cfg(zero_stage=[0, 3], world_size=[1, 2])
-    cfg["cluster"]["runs_per_job"] = 2  # the two one-node runs in one submission (issue #45); a spanning run is its own
     on_slurm = write_workdir(tmp_path / "slurm_run", cfg)
     with clusters(tmp_path / "cluster", nodes=2) as cluster:
         started = time.monotonic()
@@ -139,13 +138,11 @@ def test_a_sweep_spans_two_nodes_with_the_config_at_the_default_path(tmp_path, c
     # --slurm-no-account: the plugin's guess of an account (sacct, no accounting storage here) is not printed
     assert "sacct" not in proc.stdout + proc.stderr and "trying to guess" not in proc.stdout + proc.stderr
 
-    # Every job went through sbatch: data, the two world-size-1 runs as one group job (cluster.runs_per_job),
-    # the two runs spanning nodes one job each, collect, report.
+    # Every job went through sbatch: data, 4 runs, collect, report.
     log_root = on_slurm / ".snakemake/slurm_logs"
     assert {p.relative_to(log_root).parts[0] for p in log_root.rglob("*.log")} == {
-        "rule_prepare_data", "group_train-w1_train", "rule_train_multinode", "rule_collect", "rule_report"}
-    assert len(list((log_root / "group_train-w1_train").rglob("*.log"))) == 1
-    assert submitted == 6, submitted
+        "rule_prepare_data", "rule_train", "rule_train_multinode", "rule_collect", "rule_report"}
+    assert submitted == 7, submitted
 
     runs = _runs(on_slurm)
     assert (runs["status"] == "ok").all(), runs[["status", "reason"]]
