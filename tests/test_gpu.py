@@ -173,3 +173,39 @@ def test_two_ranks_on_one_gpu_over_gloo_match_one_rank(gloo_on_one_gpu, stage, p
     assert one["fused"] and two["fused"]
     for a, b in zip(one["steps"], two["steps"], strict=True):
         assert abs(a["loss"] - b["loss"]) <= MULTI_RANK_RTOL[precision] * abs(a["loss"]), (stage, precision, a, b)
+
+
+# ----------------------------------------------------------------------------- seeing inside a GPU run (issue #45)
+
+def test_a_traced_gpu_run_has_kernels_a_memory_snapshot_and_its_gpu_state(tmp_path, gpu_data):
+    """train.profile on a GPU: the trace holds CUDA kernels, and exposed communication is read from them (one
+    rank: only the loss all-reduce's NCCL kernel); train.memory_snapshot dumps the allocator's history after
+    the traced steps; nvidia-smi's figures sit beside the run."""
+    import json
+    import pickle
+
+    from scalelab.sweep import RunPoint
+    from scalelab.training.trace import snapshot_file, trace_file
+
+    cfg = _gpu_config(steps=10, profile=[5, 6], memory_snapshot=True)
+    summary = _launch(tmp_path, gpu_data, RunPoint("bf16", 3, 1), cfg)
+    assert summary["status"] == "ok", summary["reason"]
+    run_dir = tmp_path / RunPoint("bf16", 3, 1).path
+    trace = json.loads(trace_file(run_dir, 0).read_text())
+    assert any(str(e.get("cat", "")).lower() == "kernel" for e in trace["traceEvents"])
+    assert 0 <= summary["exposed_comm_s_measured"] < 0.1 * summary["step_time_s_median"]
+    snapshot = pickle.loads(snapshot_file(run_dir, 0).read_bytes())
+    assert snapshot["segments"] and snapshot["device_traces"]
+    assert summary["memory_snapshot_files"] == "memory/rank*.pickle (1)"
+    assert summary["gpu_power_limit_w"] > 0 and summary["gpu_driver_version"]
+    assert summary["gpu_sm_clock_mhz_start"] > 0 and summary["gpu_temperature_c_end"] > 0
+
+
+def test_an_out_of_memory_run_dumps_its_memory_snapshot(tmp_path, gpu_data, monkeypatch):
+    from scalelab.sweep import RunPoint
+    from scalelab.training.trace import snapshot_file
+
+    monkeypatch.setenv("SCALELAB_FAULT", "oom@step=4,rank=0")
+    summary = _launch(tmp_path, gpu_data, RunPoint("bf16", 0, 1), _gpu_config(memory_snapshot=True))
+    assert summary["status"] == "oom", summary["reason"]
+    assert snapshot_file(tmp_path / RunPoint("bf16", 0, 1).path, 0, oom=True).stat().st_size > 0

@@ -8,10 +8,11 @@ per step the loss, gradient norm, tokens/s, step time, learning rate and fp16's 
 its final figures (RUN_METRICS). ``tensorboard --logdir OUT`` shows them.
 
 Trainer configurations (``scalelab export config RESULTS --to torchtitan|hf|lightning [--run RUN_ID]``):
-the best ok run (the highest tokens/s per device at the largest world size of the sweep's first model)
-or the named one, as that trainer spells its precision and sharding (TRAINERS: each mapping's source).
-Only what scalelab measured is carried: the strategy, mixed precision, activation checkpointing,
-gradient accumulation, the batch, compile, the optimizer's learning rate and clipping. The model and the
+the report's best point at the largest world size of the sweep's first model (the fastest by the
+median of its repeats, with how far it leads against the run-to-run noise) or the named run, as that
+trainer spells its precision and sharding (TRAINERS: each mapping's source). Only what scalelab
+measured is carried: the strategy, mixed precision, activation checkpointing, gradient accumulation,
+the batch, compile and clipping. The model and the
 data are the trainer's own, and a mapping a trainer lacks is said in a comment, never guessed.
 """
 from __future__ import annotations
@@ -91,19 +92,26 @@ TRAINERS = {
 
 
 def pick_run(runs: pd.DataFrame, run_id: str | None) -> dict:
-    """The named run, or the best ok run: the highest tokens/s per device at the largest world size that
-    ran ok, of the sweep's first model (another model's tokens cost otherwise)."""
+    """The named run, or the best point of the report (scalelab.analysis.tables.best_configurations: the
+    fastest by the median of its repeats) at the largest world size that has one, of the sweep's first
+    model; ``_standing`` says how far ahead it is against the run-to-run noise."""
+    from scalelab.analysis.tables import best_configurations, noise_of, standing
+
     if run_id is not None:
         match = runs[runs["run_id"].astype(str) == run_id]
         if match.empty:
             raise ValueError(f"no run {run_id!r} in these results ({len(runs)} runs)")
-        return match.iloc[0].to_dict()
-    ok = runs[runs["status"] == "ok"]
-    if ok.empty:
+        return {**match.iloc[0].to_dict(), "_standing": "named with --run"}
+    best = best_configurations(runs)
+    best = best[best["run_id"].notna()]
+    if best.empty:
         raise ValueError("no run ended ok: nothing to export (name one with --run)")
-    ok = ok[ok["model"].astype(str) == str(ok["model"].iloc[0])]
-    largest = ok[ok["world_size"] == ok["world_size"].max()]
-    return largest.loc[(largest["tokens_per_s"] / largest["world_size"]).idxmax()].to_dict()
+    model = best["model"].iloc[0]
+    row = best[best["model"] == model].sort_values("world_size").iloc[-1]
+    first = runs[runs["run_id"].astype(str) == row["run_id"]].iloc[0].to_dict()
+    note = standing(row, noise_of(best, model if best["model"].nunique() > 1 else None)).lstrip("; ")
+    return {**first, "tokens_per_s": row["tokens_per_s"], "_standing": f"the best at world size {int(row['world_size'])}"
+            + (f" ({note})" if note else "")}
 
 
 def _micro(row: dict) -> int:
@@ -117,7 +125,8 @@ def _replicas(row: dict) -> int:
 def torchtitan_toml(row: dict) -> str:
     stage, n, replicas = int(row["zero_stage"]), int(row["world_size"]), _replicas(row)
     precision = str(row["precision"])
-    lines = [f"# scalelab run {row['run_id']}: {row['tokens_per_s']:.0f} tokens/s on {n} rank(s) ({row.get('device_name', '')})",
+    lines = [f"# scalelab run {row['run_id']}: {row['tokens_per_s']:.0f} tokens/s on {n} rank(s) ({row.get('device_name', '')}); "
+             f"{row.get('_standing', '')}",
              "# torchtitan shards with FSDP2 over data_parallel_shard_degree and replicates over data_parallel_replicate_degree.",
              "[parallelism]"]
     if stage == 0:
@@ -147,7 +156,8 @@ def torchtitan_toml(row: dict) -> str:
 def hf_arguments(row: dict) -> dict:
     stage, replicas = int(row["zero_stage"]), _replicas(row)
     precision = str(row["precision"])
-    args = {"per_device_train_batch_size": _micro(row), "gradient_accumulation_steps": int(_plain(row.get("accumulation_steps")) or 1),
+    args = {"_scalelab": f"run {row['run_id']}: {row['tokens_per_s']:.0f} tokens/s; {row.get('_standing', '')}",
+            "per_device_train_batch_size": _micro(row), "gradient_accumulation_steps": int(_plain(row.get("accumulation_steps")) or 1),
             "bf16": precision == "bf16", "fp16": precision == "fp16", "gradient_checkpointing": bool(row.get("activation_checkpointing")),
             "torch_compile": bool(row.get("compile")), "max_grad_norm": float(row.get("grad_clip", 1.0) or 1.0)}
     if stage == 0:
@@ -172,7 +182,7 @@ def lightning_code(row: dict) -> str:
         sharding = {1: "SHARD_GRAD_OP", 2: "SHARD_GRAD_OP", 3: "HYBRID_SHARD" if replicas > 1 else "FULL_SHARD"}[stage]
         ac = ", activation_checkpointing_policy={Block}" if row.get("activation_checkpointing") else ""
         strategy = f'FSDPStrategy(sharding_strategy="{sharding}"{ac})'
-    lines = [f"# scalelab run {row['run_id']}: {row['tokens_per_s']:.0f} tokens/s on {n} rank(s)",
+    lines = [f"# scalelab run {row['run_id']}: {row['tokens_per_s']:.0f} tokens/s on {n} rank(s); {row.get('_standing', '')}",
              "from lightning.pytorch import Trainer",
              f"from lightning.pytorch.strategies import {'DDPStrategy' if stage == 0 else 'FSDPStrategy'}",
              "",
