@@ -107,3 +107,26 @@ def test_an_mfu_prints_as_given_not_rounded_to_a_whole_percent(capsys):
     code, out, _ = _estimate(capsys, "time", "--params", "1e9", "--tokens", "1e12", "--gpus", "8", "--gpu", "H100",
                              "--mfu", "0.397")
     assert code == 0 and "at MFU 39.7%:" in out, out
+
+
+@pytest.mark.unit
+def test_every_override_flag_wins_over_a_presets_field(capsys):
+    """--seq, --vocab and --untied with --model: the flag wins over the preset's own context, vocabulary and
+    head (issue #44: `estimate scaling --model llama3-8b --seq 8192` stopped with a TypeError)."""
+    import argparse
+
+    from scalelab.analysis.estimate import _model
+    from scalelab.presets import PRESETS
+
+    base = dict(model="gpt2-medium", params=None, config=None, layers=None, d_model=None, heads=None, vocab=None, seq=None,
+                untied=False)
+    _, plain = _model(argparse.Namespace(**base))
+    assert (plain.seq_len, plain.vocab_size, plain.tie_embeddings) == tuple(
+        PRESETS["gpt2-medium"].shape[k] for k in ("seq_len", "vocab_size", "tie_embeddings"))
+    n, cfg = _model(argparse.Namespace(**{**base, "seq": 8192, "vocab": 50_000, "untied": True}))
+    assert (cfg.seq_len, cfg.vocab_size, cfg.tie_embeddings) == (8192, 50_000, False) and n > _model(argparse.Namespace(**base))[0]
+    for kind, extra in (("memory", ["--world-size", "8"]), ("time", ["--tokens", "1e9", "--gpus", "8", "--gpu", "H100"]),
+                        ("scaling", ["--gpu", "H100", "--gpus", "8,16", "--zero-stage", "3", "--inter-node", "ib-ndr"])):
+        for flags in (["--seq", "8192"], ["--vocab", "50000"], ["--untied"]):
+            code, _, err = _estimate(capsys, kind, "--model", "llama3-8b", *flags, *extra)
+            assert code == 0, (kind, flags, err)

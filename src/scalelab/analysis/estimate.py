@@ -89,9 +89,11 @@ def _model(args) -> tuple[int, ModelConfig | None]:
             raise EstimateError("give the model either as --model NAME, or as --params, or as the shape, not several")
         if args.model not in PRESETS:
             raise EstimateError(f"--model {args.model!r} is not a preset: {', '.join(PRESETS)} (scalelab estimate models)")
-        # --seq and --vocab override the preset's context and vocabulary
-        cfg = ModelConfig(**PRESETS[args.model].shape, **{k: v for k, v in (("seq_len", args.seq), ("vocab_size", args.vocab))
-                                                          if v is not None})
+        # --seq and --vocab override the preset's context and vocabulary (a preset names both: the flag wins)
+        overrides = {k: v for k, v in (("seq_len", args.seq), ("vocab_size", args.vocab)) if v is not None}
+        if getattr(args, "untied", False):
+            overrides["tie_embeddings"] = False
+        cfg = ModelConfig(**{**PRESETS[args.model].shape, **overrides})
         return accounting.param_count(cfg), cfg
     if args.config:
         from scalelab.config import model_config
@@ -724,7 +726,7 @@ def add_parser(sub) -> None:
     def model_flags(p):
         g = p.add_argument_group("model (either --model, or --params, or the shape, or --config)")
         g.add_argument("--model", metavar="NAME", help="a preset shape by name (scalelab estimate models lists them: "
-                       "gpt2 ... llama3-70b, mistral-7b); --seq and --vocab override its context and vocabulary")
+                       "gpt2 ... llama3-70b, mistral-7b); --seq, --vocab and --untied override its context, vocabulary and head")
         g.add_argument("--params", type=count, help="parameter count: 1.3B, 350M, 7.5e9 (K, M, B, T as printed)")
         g.add_argument("--layers", type=int, help="transformer blocks")
         g.add_argument("--d-model", type=int, help="residual width")
