@@ -130,3 +130,45 @@ def test_every_override_flag_wins_over_a_presets_field(capsys):
         for flags in (["--seq", "8192"], ["--vocab", "50000"], ["--untied"]):
             code, _, err = _estimate(capsys, kind, "--model", "llama3-8b", *flags, *extra)
             assert code == 0, (kind, flags, err)
+
+
+@pytest.mark.unit
+def test_scaling_at_a_fixed_global_batch_accumulates_each_gpus_share(capsys):
+    """--global-batch (issue #44): each GPU's share G/n in micro-batches of at most --micro-batch, accumulated; the
+    time holds every micro-batch's compute and FSDP's per-micro-batch gathers, the memory one micro-batch's
+    activations; --activation-checkpointing adds the recompute to the time (MFU counts model FLOPs) and
+    takes the checkpointed activations."""
+    from scalelab import accounting
+    from scalelab.analysis.estimate import EstimateError, batch_plan
+
+    assert batch_plan(None, 4, 64) == (4, 1)  # a fixed per-GPU batch: weak scaling, as before
+    assert batch_plan(512, 2, 8) == (2, 32) and batch_plan(512, 2, 64) == (2, 4) and batch_plan(512, 16, 256) == (2, 1)
+    assert batch_plan(48, 5, 8) == (3, 2)  # a share of 6 in the largest micro-batch up to 5 that divides it
+    with pytest.raises(EstimateError, match="does not split evenly over 24 GPUs"):
+        batch_plan(512, 2, 24)
+    base = ["scaling", "--model", "llama3-8b", "--seq", "8192", "--zero-stage", "3", "--gpu", "H100", "--gpus", "8,64",
+            "--inter-node", "ib-ndr", "--micro-batch", "2", "--json"]
+    code, out, err = _estimate(capsys, *base, "--global-batch", "512")
+    assert code == 0, err
+    fixed = json.loads(out)
+    (r8, r64) = fixed["rows"]
+    assert (r8["micro_batch"], r8["accumulation_steps"], r64["accumulation_steps"]) == (2, 32, 4)
+    assert r8["tokens_per_gpu_per_step"] == 64 * 8192 == 8 * r64["tokens_per_gpu_per_step"]
+    assert r8["compute_s"] == pytest.approx(8 * r64["compute_s"])  # compute follows the share
+    assert r8["collective_calls"]["all_gather"] == 8 * r64["collective_calls"]["all_gather"]  # gathers per micro-batch
+    code, out, _ = _estimate(capsys, *base)  # a fixed per-GPU batch of 2 sequences holds the same micro-batch
+    weak = json.loads(out)
+    assert weak["rows"][0]["accumulation_steps"] == 1
+    assert fixed["rows"][0]["peak_memory_gib"] == pytest.approx(weak["rows"][0]["peak_memory_gib"], rel=0.02)
+    code, out, _ = _estimate(capsys, *base, "--global-batch", "512", "--activation-checkpointing")
+    checkpointed = json.loads(out)
+    cfg_ratio = 1 + checkpointed["recompute_flops_per_token"] / checkpointed["flops_per_token"]
+    assert checkpointed["rows"][0]["compute_s"] == pytest.approx(r8["compute_s"] * cfg_ratio)
+    assert checkpointed["rows"][0]["mfu"] < r8["mfu"] and checkpointed["rows"][0]["peak_memory_gib"] < r8["peak_memory_gib"] / 2
+    code, out, _ = _estimate(capsys, *base[:-1], "--global-batch", "512")
+    assert code == 0 and "global batch 512 sequences" in out and "2 x 32" in out
+    from scalelab.config import ModelConfig
+    from scalelab.presets import PRESETS
+
+    cfg = ModelConfig(**{**PRESETS["llama3-8b"].shape, "seq_len": 8192})
+    assert checkpointed["recompute_flops_per_token"] == accounting.recompute_flops_per_token(cfg)  # the run's own formula

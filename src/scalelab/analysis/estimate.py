@@ -473,9 +473,26 @@ def _overlap_text(stage) -> str:
     return "; ".join(hidden) + ", all calls but the last; the rest is exposed"
 
 
+def batch_plan(global_batch: int | None, micro_batch: int, gpus: int) -> tuple[int, int]:
+    """(micro-batch, accumulation steps) per GPU: the micro-batch itself at a fixed per-GPU batch (no
+    global batch: weak scaling); at a fixed global batch, each GPU's share G / n in micro-batches of the
+    largest size up to ``micro_batch`` that divides it (as the sweep plans accumulation)."""
+    if global_batch is None:
+        return micro_batch, 1
+    if global_batch % gpus:
+        raise EstimateError(f"--global-batch {global_batch} does not split evenly over {gpus} GPUs (every GPU takes "
+                            "the same number of sequences): choose a global batch divisible by every --gpus count")
+    share = global_batch // gpus
+    micro = max(m for m in range(1, min(micro_batch, share) + 1) if share % m == 0)
+    return micro, share // micro
+
+
 def scaling_table(args) -> dict:
     """Predicted step time, tokens/s per GPU, MFU, exposed communication and scaling efficiency per
-    GPU count, at a fixed micro-batch per GPU (weak scaling: the global batch grows with the GPUs)."""
+    GPU count: at a fixed micro-batch per GPU (weak scaling: the global batch grows with the GPUs), or
+    with --global-batch at a fixed global batch (each GPU's share shrinks as GPUs grow, accumulated in
+    micro-batches of at most --micro-batch); --activation-checkpointing adds the recompute to the time
+    and takes the checkpointed activations in the memory."""
     from scalelab import prediction
 
     n_params, cfg = _model(args)
@@ -518,22 +535,28 @@ def scaling_table(args) -> dict:
     eta = prediction.DEFAULT_OVERLAP_EFFICIENCY["cuda"] if args.overlap_efficiency is None else args.overlap_efficiency
     if not (math.isfinite(eta) and 0 <= eta <= 1):
         raise EstimateError(f"--overlap-efficiency must be in [0, 1], got {eta:g}")
-    tokens = micro * cfg.seq_len  # per GPU per step
+    global_batch = getattr(args, "global_batch", None)
+    checkpointing = bool(getattr(args, "activation_checkpointing", False))
     fpt = accounting.flops_per_token(cfg)
-    compute_s = fpt * tokens / (peak * mfu)
+    # the assumed MFU is the hardware's efficiency on what it computes: checkpointing computes every block's
+    # forward again (recompute_flops_per_token), which model FLOPs (MFU) do not count
+    hardware_fpt = fpt + (accounting.recompute_flops_per_token(cfg) if checkpointing else 0.0)
     rows = []
     for n in gpus:
+        micro_n, accumulation = batch_plan(global_batch, micro, n)
+        tokens = micro_n * accumulation * cfg.seq_len  # per GPU per optimizer step
+        compute_s = hardware_fpt * tokens / (peak * mfu)
         replicas = _replicas(n, per_node) if hybrid else 1
         # every collective of a step by the link its group uses (accounting: placement.link_of's rule), each run
         # over its group: the world, or under hybrid sharding the shard group (a node) and the replicate group
         by_link = accounting.comm_bytes_by_link(n_params, stage, n, args.precision, per_node, replicas=replicas,
-                                                grad_reduce=args.grad_reduce)
+                                                grad_reduce=args.grad_reduce, accumulation_steps=accumulation)
         group = {"intra_node": n // replicas, "inter_node": replicas if replicas > 1 else n}
         link_of = {"intra_node": intra, "inter_node": inter}
         comm, calls, sizes, used = {}, {}, {}, {}
         for side in ("intra_node", "inter_node"):
             side_sizes = {c: b / links.handed_per_size(c) for c, b in by_link[side].items()}
-            side_calls = collective_calls(cfg, key, args.precision, side_sizes)
+            side_calls = collective_calls(cfg, key, args.precision, side_sizes, accumulation_steps=accumulation)
             for c, size in side_sizes.items():
                 seconds = side_calls[c] * links.collective_seconds(c, size / side_calls[c], group[side], link_of[side])
                 comm[c], calls[c] = comm.get(c, 0.0) + seconds, calls.get(c, 0) + side_calls[c]
@@ -543,8 +566,10 @@ def scaling_table(args) -> dict:
         # one replica is plain stage 3 (strategy(3, 1)): its record's overlap facts apply
         step = prediction.step_time(key if replicas > 1 else stage, compute_s, comm, calls=calls, overlap_efficiency=eta)
         per_gpu = tokens / step.step_s
-        peak_mem = accounting.peak_memory(cfg, n_params, stage, n, args.precision, micro, replicas=replicas).total
+        peak_mem = accounting.peak_memory(cfg, n_params, stage, n, args.precision, micro_n, replicas=replicas,
+                                          activation_checkpointing=checkpointing, accumulation_steps=accumulation).total
         rows.append({"gpus": n, "nodes": math.ceil(n / per_node), "replicas": replicas, "links": used,
+                     "micro_batch": micro_n, "accumulation_steps": accumulation, "tokens_per_gpu_per_step": tokens,
                      "step_time_s": step.step_s, "compute_s": step.compute_s, "comm_s": dict(step.comm_s),
                      "exposed_comm_s": step.exposed_comm_s, "tokens_per_s_per_gpu": per_gpu,
                      "tokens_per_s": per_gpu * n, "mfu": accounting.mfu(per_gpu, fpt, peak, 1),
@@ -563,7 +588,9 @@ def scaling_table(args) -> dict:
     return {"prediction": True, **_named(args), "n_params": n_params, "zero_stage": key,
             "shape": {"family": cfg.family, "n_layers": cfg.n_layers, "d_model": cfg.d_model, "n_heads": cfg.n_heads},
             "strategy": strategy(key).name, "precision": args.precision, "grad_reduce": args.grad_reduce,
-            "seq_len": cfg.seq_len, "micro_batch": micro, "tokens_per_gpu_per_step": tokens, "flops_per_token": fpt,
+            "seq_len": cfg.seq_len, "micro_batch": micro, "global_batch": global_batch, "activation_checkpointing": checkpointing,
+            "tokens_per_gpu_per_step": rows[0]["tokens_per_gpu_per_step"], "flops_per_token": fpt,
+            "recompute_flops_per_token": hardware_fpt - fpt,
             "gpu": product.name, "peak_flops_per_gpu": peak, "gpus_per_node": per_node,
             "assumptions": {"mfu_without_communication": mfu, "mfu_default": args.mfu is None and source is None,
                             **({"mfu_source": source} if source else {}),
@@ -605,12 +632,16 @@ def _render_scaling(r: dict) -> list[str]:
              f"a {shape['family']} of {_human(r['n_params'])} parameters ({shape['n_layers']} layers, d_model "
              f"{shape['d_model']}, {shape['n_heads']} heads)")
     how = "hybrid sharding" if r["zero_stage"] == HYBRID_KEY else f"ZeRO stage {r['zero_stage']}"
+    batch = (f"global batch {r['global_batch']} sequences (each GPU's share in micro-batches of at most "
+             f"{r['micro_batch']}, accumulated)" if r.get("global_batch") else
+             f"micro-batch {r['micro_batch']} per GPU ({r['tokens_per_gpu_per_step']:,} tokens per GPU per step)")
+    recompute = (f" + {r['recompute_flops_per_token']:.3g} recomputed (activation checkpointing; MFU counts model FLOPs only)"
+                 if r.get("activation_checkpointing") else "")
     lines = [f"PREDICTION, not a measurement: {model}, {how} "
-             f"({r['strategy']}), {r['precision']}, seq {r['seq_len']}, micro-batch {r['micro_batch']} per GPU "
-             f"({r['tokens_per_gpu_per_step']:,} tokens per GPU per step), {r['gpu']}, {r['gpus_per_node']} GPUs per node",
-             f"compute: {r['flops_per_token']:.3g} FLOP/token at MFU {_percent(a['mfu_without_communication'])} without "
-             f"communication ({_mfu_origin(a)}) of the {r['precision']} dense peak "
-             f"{r['peak_flops_per_gpu'] / 1e12:.1f} TFLOP/s = {r['rows'][0]['compute_s'] * 1e3:.1f} ms per step"]
+             f"({r['strategy']}), {r['precision']}, seq {r['seq_len']}, {batch}, {r['gpu']}, {r['gpus_per_node']} GPUs per node",
+             f"compute: {r['flops_per_token']:.3g} FLOP/token{recompute} at {_percent(a['mfu_without_communication'])} of "
+             f"the {r['precision']} dense peak {r['peak_flops_per_gpu'] / 1e12:.1f} TFLOP/s without communication "
+             f"({_mfu_origin(a)}) = {r['rows'][0]['compute_s'] * 1e3:.1f} ms per step at {r['rows'][0]['gpus']} GPUs"]
     for side in ("intra_node", "inter_node"):
         link = a[side]
         if link:
@@ -626,7 +657,7 @@ def _render_scaling(r: dict) -> list[str]:
     lines.append(f"overlap: {a['overlap']}; overlap efficiency {a['overlap_efficiency']:g}"
                  + (" (default; --overlap-efficiency)" if a["overlap_efficiency_default"] else ""))
     lines.append(f"rule: {a['link_rule']}; out of scope: {a['out_of_scope']}")
-    lines.append(f"{'gpus':>5} {'nodes':>5} {'step ms':>8} {'compute':>8} {'comm':>8} {'exposed':>8} "
+    lines.append(f"{'gpus':>5} {'nodes':>5} {'mb x acc':>8} {'step ms':>8} {'compute':>8} {'comm':>8} {'exposed':>8} "
                  f"{'tok/s/GPU':>10} {'MFU':>6} {'scaling':>7} {'memory':>9}  links")
     for row in r["rows"]:
         comm = sum(row["comm_s"].values())
@@ -635,7 +666,9 @@ def _render_scaling(r: dict) -> list[str]:
             by_link.setdefault(name, []).append(_COLLECTIVE_SHORT[c])
         link = next(iter(by_link)) if len(by_link) == 1 else " ".join(f"{'+'.join(cs)}:{name}" for name, cs in by_link.items())
         memory = f"{row['peak_memory_gib']:.1f} GiB" + ("" if row["fits_memory"] else "!")
-        lines.append(f"{row['gpus']:>5} {row['nodes']:>5} {row['step_time_s'] * 1e3:>8.1f} "
+        batching = f"{row['micro_batch']} x {row['accumulation_steps']}"
+        lines.append(f"{row['gpus']:>5} {row['nodes']:>5} {batching:>8} "
+                     f"{row['step_time_s'] * 1e3:>8.1f} "
                      f"{row['compute_s'] * 1e3:>8.1f} {comm * 1e3:>8.1f} {row['exposed_comm_s'] * 1e3:>8.1f} "
                      f"{row['tokens_per_s_per_gpu']:>10,.0f} {row['mfu']:>6.1%} {row['scaling_efficiency']:>7.1%} "
                      f"{memory:>9}  {link or '-'}")
@@ -798,7 +831,14 @@ def add_parser(sub) -> None:
     sc.add_argument("--precision", default="bf16", choices=list(PRECISION_NAMES), help="training precision (default bf16)")
     sc.add_argument("--grad-reduce", default="fp32", choices=list(accounting.GRAD_REDUCE),
                     help="dtype gradients are reduced in: fp32 (default) or the compute dtype (fp16, bf16)")
-    sc.add_argument("--micro-batch", type=int, default=1, help="sequences per GPU per step (default 1); fixed as GPUs grow")
+    sc.add_argument("--micro-batch", type=int, default=1, help="sequences per GPU per forward (default 1): fixed as GPUs "
+                    "grow, or with --global-batch the largest micro-batch each GPU's share is accumulated in")
+    sc.add_argument("--global-batch", type=whole_count, default=None, metavar="SEQUENCES",
+                    help="a fixed global batch in sequences (as studies that scale out keep it): each GPU's share is "
+                         "global / GPUs, accumulated; time and memory follow (default: a fixed per-GPU batch)")
+    sc.add_argument("--activation-checkpointing", action="store_true",
+                    help="recompute every block's forward in backward: its FLOPs in the time, checkpointed activations "
+                         "in the memory")
     sc.add_argument("--gpu", required=True,
                     help=f"GPU product (case-insensitive): {', '.join(hardware.known_names())}")
     sc.add_argument("--gpus-per-node", type=whole_count, default=8, help="GPUs per node (default 8)")
