@@ -24,6 +24,7 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import dataclass
 
 from scalelab import accounting, hardware, links
 from scalelab.config import ModelConfig
@@ -473,6 +474,81 @@ def _overlap_text(stage) -> str:
     return "; ".join(hidden) + ", all calls but the last; the rest is exposed"
 
 
+@dataclass(frozen=True)
+class Point:
+    """One training configuration of a model, whatever the GPU count: what predict_point times and sizes."""
+    cfg: ModelConfig
+    n_params: int
+    key: int | str  # the strategy record's key: a ZeRO stage, or HYBRID_KEY
+    precision: str
+    grad_reduce: str = "fp32"
+    micro_batch: int = 1
+    global_batch: int | None = None  # None: a fixed per-GPU batch (micro_batch), no accumulation
+    activation_checkpointing: bool = False
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The GPUs and links a point runs on, and the assumed compute efficiency and overlap."""
+    product: object  # hardware's GPU record
+    peak_flops: float  # of the point's precision
+    mfu: float  # compute efficiency without communication (of the hardware FLOPs: the recompute included)
+    per_node: int
+    intra: links.Link
+    inter: links.Link | None
+    overlap_efficiency: float
+
+
+def predict_point(point: Point, machine: Machine, n: int) -> dict:
+    """A point's predicted step at n GPUs: compute at the assumed efficiency, every collective on the link
+    its group uses (accounting: placement.link_of's rule), the strategy's overlap, and the in-step peak
+    memory per GPU (one micro-batch's activations)."""
+    from scalelab import prediction
+
+    cfg, key = point.cfg, point.key
+    stage = strategy(key).stage  # hybrid sharding is stage 3 over a 2-D mesh (scalelab.strategies)
+    micro, accumulation = batch_plan(point.global_batch, point.micro_batch, n)
+    tokens = micro * accumulation * cfg.seq_len  # per GPU per optimizer step
+    fpt = accounting.flops_per_token(cfg)
+    # the assumed MFU is the hardware's efficiency on what it computes: checkpointing computes every block's
+    # forward again (recompute_flops_per_token), which model FLOPs (MFU) do not count
+    hardware_fpt = fpt + (accounting.recompute_flops_per_token(cfg) if point.activation_checkpointing else 0.0)
+    compute_s = hardware_fpt * tokens / (machine.peak_flops * machine.mfu)
+    replicas = _replicas(n, machine.per_node) if key == HYBRID_KEY else 1
+    # every collective of a step by the link its group uses, each run over its group: the world, or under
+    # hybrid sharding the shard group (a node) and the replicate group
+    by_link = accounting.comm_bytes_by_link(point.n_params, stage, n, point.precision, machine.per_node, replicas=replicas,
+                                            grad_reduce=point.grad_reduce, accumulation_steps=accumulation)
+    group = {"intra_node": n // replicas, "inter_node": replicas if replicas > 1 else n}
+    link_of = {"intra_node": machine.intra, "inter_node": machine.inter}
+    comm, calls, sizes, used = {}, {}, {}, {}
+    for side in ("intra_node", "inter_node"):
+        side_sizes = {c: b / links.handed_per_size(c) for c, b in by_link[side].items()}
+        side_calls = collective_calls(cfg, key, point.precision, side_sizes, accumulation_steps=accumulation)
+        for c, size in side_sizes.items():
+            seconds = side_calls[c] * links.collective_seconds(c, size / side_calls[c], group[side], link_of[side])
+            comm[c], calls[c] = comm.get(c, 0.0) + seconds, calls.get(c, 0) + side_calls[c]
+            sizes[c] = sizes.get(c, 0.0) + size
+            if group[side] > 1:
+                used[c] = link_of[side].name
+    # one replica is plain stage 3 (strategy(3, 1)): its record's overlap facts apply
+    step = prediction.step_time(key if replicas > 1 else stage, compute_s, comm, calls=calls,
+                                overlap_efficiency=machine.overlap_efficiency)
+    per_gpu = tokens / step.step_s
+    peak_mem = accounting.peak_memory(cfg, point.n_params, stage, n, point.precision, micro, replicas=replicas,
+                                      activation_checkpointing=point.activation_checkpointing,
+                                      accumulation_steps=accumulation).total
+    return {"gpus": n, "nodes": math.ceil(n / machine.per_node), "replicas": replicas, "links": used,
+            "micro_batch": micro, "accumulation_steps": accumulation, "tokens_per_gpu_per_step": tokens,
+            "step_time_s": step.step_s, "compute_s": step.compute_s, "comm_s": dict(step.comm_s),
+            "exposed_comm_s": step.exposed_comm_s, "tokens_per_s_per_gpu": per_gpu,
+            "tokens_per_s": per_gpu * n, "mfu": accounting.mfu(per_gpu, fpt, machine.peak_flops, 1),
+            "collective_bytes": sizes, "collective_calls": calls, "peak_memory_bytes": peak_mem,
+            "peak_memory_gib": peak_mem / UNITS["GiB"],
+            "fits_memory": peak_mem <= machine.product.memory_gib * UNITS["GiB"],
+            "flops_per_token": fpt, "recompute_flops_per_token": hardware_fpt - fpt}
+
+
 def batch_plan(global_batch: int | None, micro_batch: int, gpus: int) -> tuple[int, int]:
     """(micro-batch, accumulation steps) per GPU: the micro-batch itself at a fixed per-GPU batch (no
     global batch: weak scaling); at a fixed global batch, each GPU's share G / n in micro-batches of the
@@ -487,38 +563,27 @@ def batch_plan(global_batch: int | None, micro_batch: int, gpus: int) -> tuple[i
     return micro, share // micro
 
 
-def scaling_table(args) -> dict:
-    """Predicted step time, tokens/s per GPU, MFU, exposed communication and scaling efficiency per
-    GPU count: at a fixed micro-batch per GPU (weak scaling: the global batch grows with the GPUs), or
-    with --global-batch at a fixed global batch (each GPU's share shrinks as GPUs grow, accumulated in
-    micro-batches of at most --micro-batch); --activation-checkpointing adds the recompute to the time
-    and takes the checkpointed activations in the memory."""
+def machine_of(args, precision: str, gpus: list[int]) -> tuple[Machine, dict | None, list[str]]:
+    """The GPUs, links and assumed efficiencies of the command line (estimate scaling's and plan's flags):
+    (machine, the measured MFU's source or None, notes); ``gpus``, the counts asked about, need the
+    inter-node link where they span nodes."""
     from scalelab import prediction
 
-    n_params, cfg = _model(args)
-    if cfg is None:
-        raise EstimateError("estimate scaling needs the model's shape: --model NAME, or --layers/--d-model/--vocab/--seq "
-                            "(FSDP's collectives per step follow its blocks)")
     if args.mfu is not None and args.mfu_from is not None:
         raise EstimateError("give --mfu or --mfu-from, not both")
-    source = measured_mfu(args.mfu_from, args.precision, world_size=1) if args.mfu_from is not None else None
+    source = measured_mfu(args.mfu_from, precision, world_size=1) if args.mfu_from is not None else None
     mfu = source["median_mfu"] if source else (DEFAULT_MFU if args.mfu is None else args.mfu)
     if not (math.isfinite(mfu) and 0 < mfu <= 1):
         raise EstimateError(f"--mfu must be in (0, 1], got {mfu:g}")
     efficiency = args.link_efficiency
     if efficiency is not None and not (math.isfinite(efficiency) and 0 < efficiency <= 1):
         raise EstimateError(f"--link-efficiency must be in (0, 1], got {efficiency:g}")
-    micro = int(_positive("micro-batch", args.micro_batch))
     per_node = int(_positive("gpus-per-node", args.gpus_per_node))
-    gpus = args.gpus
     try:
         product = hardware.gpu_by_name(args.gpu)
-        peak = accounting.gpu_peak_flops(args.gpu, args.precision)
+        peak = accounting.gpu_peak_flops(args.gpu, precision)
     except ValueError as err:
         raise EstimateError(f"--gpu {args.gpu}: {err}") from None
-    hybrid = args.zero_stage == HYBRID_KEY
-    key = HYBRID_KEY if hybrid else int(args.zero_stage)  # the strategy record's key
-    stage = strategy(key).stage  # hybrid sharding is stage 3 over a 2-D mesh (scalelab.strategies)
     intra_spec = args.intra_node or links.DEFAULT_INTRA_NODE.get(product.name)
     if intra_spec is None:
         raise EstimateError(f"--intra-node: no default link for {product.name}; give a product "
@@ -531,50 +596,35 @@ def scaling_table(args) -> dict:
                             f"link between nodes: a product ({', '.join(links.known_names())}), a bandwidth in GB/s "
                             "or a `scalelab bench comm` table")
     inter = _link("--inter-node", args.inter_node, efficiency, notes) if args.inter_node is not None else None
-
     eta = prediction.DEFAULT_OVERLAP_EFFICIENCY["cuda"] if args.overlap_efficiency is None else args.overlap_efficiency
     if not (math.isfinite(eta) and 0 <= eta <= 1):
         raise EstimateError(f"--overlap-efficiency must be in [0, 1], got {eta:g}")
+    return Machine(product=product, peak_flops=peak, mfu=mfu, per_node=per_node, intra=intra, inter=inter,
+                   overlap_efficiency=eta), source, notes
+
+
+def scaling_table(args) -> dict:
+    """Predicted step time, tokens/s per GPU, MFU, exposed communication and scaling efficiency per
+    GPU count: at a fixed micro-batch per GPU (weak scaling: the global batch grows with the GPUs), or
+    with --global-batch at a fixed global batch (each GPU's share shrinks as GPUs grow, accumulated in
+    micro-batches of at most --micro-batch); --activation-checkpointing adds the recompute to the time
+    and takes the checkpointed activations in the memory."""
+    n_params, cfg = _model(args)
+    if cfg is None:
+        raise EstimateError("estimate scaling needs the model's shape: --model NAME, or --layers/--d-model/--vocab/--seq "
+                            "(FSDP's collectives per step follow its blocks)")
+    machine, source, notes = machine_of(args, args.precision, args.gpus)
+    product, peak, mfu, per_node, gpus = machine.product, machine.peak_flops, machine.mfu, machine.per_node, args.gpus
+    intra, inter, eta, efficiency = machine.intra, machine.inter, machine.overlap_efficiency, args.link_efficiency
+    micro = int(_positive("micro-batch", args.micro_batch))
+    key = HYBRID_KEY if args.zero_stage == HYBRID_KEY else int(args.zero_stage)  # the strategy record's key
     global_batch = getattr(args, "global_batch", None)
     checkpointing = bool(getattr(args, "activation_checkpointing", False))
-    fpt = accounting.flops_per_token(cfg)
-    # the assumed MFU is the hardware's efficiency on what it computes: checkpointing computes every block's
-    # forward again (recompute_flops_per_token), which model FLOPs (MFU) do not count
-    hardware_fpt = fpt + (accounting.recompute_flops_per_token(cfg) if checkpointing else 0.0)
-    rows = []
-    for n in gpus:
-        micro_n, accumulation = batch_plan(global_batch, micro, n)
-        tokens = micro_n * accumulation * cfg.seq_len  # per GPU per optimizer step
-        compute_s = hardware_fpt * tokens / (peak * mfu)
-        replicas = _replicas(n, per_node) if hybrid else 1
-        # every collective of a step by the link its group uses (accounting: placement.link_of's rule), each run
-        # over its group: the world, or under hybrid sharding the shard group (a node) and the replicate group
-        by_link = accounting.comm_bytes_by_link(n_params, stage, n, args.precision, per_node, replicas=replicas,
-                                                grad_reduce=args.grad_reduce, accumulation_steps=accumulation)
-        group = {"intra_node": n // replicas, "inter_node": replicas if replicas > 1 else n}
-        link_of = {"intra_node": intra, "inter_node": inter}
-        comm, calls, sizes, used = {}, {}, {}, {}
-        for side in ("intra_node", "inter_node"):
-            side_sizes = {c: b / links.handed_per_size(c) for c, b in by_link[side].items()}
-            side_calls = collective_calls(cfg, key, args.precision, side_sizes, accumulation_steps=accumulation)
-            for c, size in side_sizes.items():
-                seconds = side_calls[c] * links.collective_seconds(c, size / side_calls[c], group[side], link_of[side])
-                comm[c], calls[c] = comm.get(c, 0.0) + seconds, calls.get(c, 0) + side_calls[c]
-                sizes[c] = sizes.get(c, 0.0) + size
-                if group[side] > 1:
-                    used[c] = link_of[side].name
-        # one replica is plain stage 3 (strategy(3, 1)): its record's overlap facts apply
-        step = prediction.step_time(key if replicas > 1 else stage, compute_s, comm, calls=calls, overlap_efficiency=eta)
-        per_gpu = tokens / step.step_s
-        peak_mem = accounting.peak_memory(cfg, n_params, stage, n, args.precision, micro_n, replicas=replicas,
-                                          activation_checkpointing=checkpointing, accumulation_steps=accumulation).total
-        rows.append({"gpus": n, "nodes": math.ceil(n / per_node), "replicas": replicas, "links": used,
-                     "micro_batch": micro_n, "accumulation_steps": accumulation, "tokens_per_gpu_per_step": tokens,
-                     "step_time_s": step.step_s, "compute_s": step.compute_s, "comm_s": dict(step.comm_s),
-                     "exposed_comm_s": step.exposed_comm_s, "tokens_per_s_per_gpu": per_gpu,
-                     "tokens_per_s": per_gpu * n, "mfu": accounting.mfu(per_gpu, fpt, peak, 1),
-                     "collective_bytes": sizes, "collective_calls": calls,
-                     "peak_memory_gib": peak_mem / UNITS["GiB"], "fits_memory": peak_mem <= product.memory_gib * UNITS["GiB"]})
+    point = Point(cfg=cfg, n_params=n_params, key=key, precision=args.precision, grad_reduce=args.grad_reduce,
+                  micro_batch=micro, global_batch=global_batch, activation_checkpointing=checkpointing)
+    machine = Machine(product=product, peak_flops=peak, mfu=mfu, per_node=per_node, intra=intra, inter=inter,
+                      overlap_efficiency=eta)
+    rows = [predict_point(point, machine, n) for n in gpus]
     for row in rows:
         row["scaling_efficiency"] = row["tokens_per_s_per_gpu"] / rows[0]["tokens_per_s_per_gpu"]
 
@@ -589,8 +639,8 @@ def scaling_table(args) -> dict:
             "shape": {"family": cfg.family, "n_layers": cfg.n_layers, "d_model": cfg.d_model, "n_heads": cfg.n_heads},
             "strategy": strategy(key).name, "precision": args.precision, "grad_reduce": args.grad_reduce,
             "seq_len": cfg.seq_len, "micro_batch": micro, "global_batch": global_batch, "activation_checkpointing": checkpointing,
-            "tokens_per_gpu_per_step": rows[0]["tokens_per_gpu_per_step"], "flops_per_token": fpt,
-            "recompute_flops_per_token": hardware_fpt - fpt,
+            "tokens_per_gpu_per_step": rows[0]["tokens_per_gpu_per_step"], "flops_per_token": rows[0]["flops_per_token"],
+            "recompute_flops_per_token": rows[0]["recompute_flops_per_token"],
             "gpu": product.name, "peak_flops_per_gpu": peak, "gpus_per_node": per_node,
             "assumptions": {"mfu_without_communication": mfu, "mfu_default": args.mfu is None and source is None,
                             **({"mfu_source": source} if source else {}),
@@ -639,9 +689,11 @@ def _render_scaling(r: dict) -> list[str]:
                  if r.get("activation_checkpointing") else "")
     lines = [f"PREDICTION, not a measurement: {model}, {how} "
              f"({r['strategy']}), {r['precision']}, seq {r['seq_len']}, {batch}, {r['gpu']}, {r['gpus_per_node']} GPUs per node",
-             f"compute: {r['flops_per_token']:.3g} FLOP/token{recompute} at {_percent(a['mfu_without_communication'])} of "
-             f"the {r['precision']} dense peak {r['peak_flops_per_gpu'] / 1e12:.1f} TFLOP/s without communication "
-             f"({_mfu_origin(a)}) = {r['rows'][0]['compute_s'] * 1e3:.1f} ms per step at {r['rows'][0]['gpus']} GPUs"]
+             f"compute: {r['flops_per_token']:.3g} FLOP/token{recompute} at MFU {_percent(a['mfu_without_communication'])} "
+             f"without communication ({_mfu_origin(a)}) of the {r['precision']} dense peak "
+             f"{r['peak_flops_per_gpu'] / 1e12:.1f} TFLOP/s = {r['rows'][0]['compute_s'] * 1e3:.1f} ms per step"
+             + (f" at {r['rows'][0]['gpus']} GPUs (each GPU's share of the global batch shrinks as GPUs grow)"
+                if r.get("global_batch") else "")]
     for side in ("intra_node", "inter_node"):
         link = a[side]
         if link:
