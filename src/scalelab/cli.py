@@ -242,12 +242,14 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_predict)
     from scalelab.analysis.estimate import add_parser as add_estimate
     from scalelab.analysis.export import add_parser as add_export
+    from scalelab.analysis.plan import add_parser as add_plan
     from scalelab.commbench import add_parser as add_bench
     from scalelab.migrate import add_parser as add_migrate
 
     add_migrate(sub)
     add_estimate(sub)
     add_export(sub)
+    add_plan(sub)
     add_bench(sub)
     for command in sub.choices.values():  # estimate's subcommands set their own, which win
         command.set_defaults(usage_parser=command)

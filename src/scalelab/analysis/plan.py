@@ -1,0 +1,232 @@
+"""One answer before renting GPUs (issue #44): ``scalelab plan`` ranks every configuration a model could
+train in on a given cluster by its predicted time, keeps those whose predicted memory fits with a
+stated reserve, and prints the best, the runners-up with why each lost, and every assumption.
+
+Each configuration (precision x strategy x micro-batch x activation checkpointing) is timed and sized
+by the same code as ``scalelab estimate scaling`` (estimate.predict_point: compute at an assumed
+efficiency, each collective on the link its group uses, the strategy's overlap, the in-step peak
+memory of one micro-batch), at a fixed global batch whose per-GPU share is accumulated. A
+configuration fits when its predicted peak stays within the GPU's memory less the reserve
+(RESERVE: what the model does not count). fp8 is timed from bf16 by the tokens/s ratio measured on
+a GPU (scalelab.hardware.fp8_outlook), not at its datasheet peak, which its casts never reach.
+Every figure is a prediction: the output says so, and where each input comes from.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+
+from scalelab import accounting, hardware, links
+from scalelab.analysis.estimate import (
+    DEFAULT_MFU,
+    UNITS,
+    EstimateError,
+    Point,
+    _human,
+    _mfu_origin,
+    _model,
+    _percent,
+    count,
+    machine_of,
+    predict_point,
+    whole_count,
+)
+from scalelab.precisions import PRECISION_NAMES
+from scalelab.strategies import HYBRID_KEY, ZERO_STAGES, strategy
+
+TIE = 0.05
+"""Runners-up predicted within this of the best are not ranked against it: the step-time model's own error
+is larger (docs/prediction.md)."""
+RESERVE = {"fixed_gib": 2.0, "share": 0.05,
+           "source": "scalelab's default, not yet measured on a GPU: the CUDA context and the libraries' workspaces "
+                     "(about 1 GiB), NCCL's buffers (NCCL_BUFFSIZE 4 MiB per channel and peer: up to about 1 GiB at "
+                     "scale), and 5% of the device for the caching allocator's fragmentation; --reserve-gib sets it"}
+"""Device memory the predicted peak does not count: reserve = fixed_gib + share x the GPU's memory."""
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
+"""Micro-batches per GPU tried (each dividing the GPU's share of the global batch)."""
+
+
+def candidates(product, precisions: list[str] | None, gpus: int, per_node: int) -> list[tuple[str, int | str]]:
+    """(precision, strategy key) pairs worth timing: bf16 (fp16 on a GPU without it) and fp8 where the GPU
+    has FP8 tensor cores, or the precisions asked for; ZeRO stages 0-3, and hybrid sharding where the
+    GPUs fill several nodes."""
+    if precisions is None:
+        precisions = ["bf16" if product.peak("bf16") else "fp16"] + (["fp8"] if product.peak("fp8") else [])
+    keys: list[int | str] = list(ZERO_STAGES)
+    if gpus > per_node and gpus % per_node == 0:
+        keys.append(HYBRID_KEY)
+    return [(p, k) for p in precisions for k in keys]
+
+
+def plan(args) -> dict:
+    """Every configuration's prediction at --gpus GPUs, ranked; the best and the runners-up with reasons."""
+    n_params, cfg = _model(args)
+    if cfg is None:
+        raise EstimateError("scalelab plan needs the model's shape: --model NAME, or --layers/--d-model/--vocab/--seq")
+    n, tokens = int(args.gpus), float(args.tokens)
+    if args.global_batch % n:
+        raise EstimateError(f"--global-batch {args.global_batch} does not split evenly over --gpus {n}")
+    machine, source, notes = machine_of(args, "bf16", [n])
+    product = machine.product
+    memory = product.memory_gib * UNITS["GiB"]
+    reserve = (args.reserve_gib if args.reserve_gib is not None else RESERVE["fixed_gib"] + RESERVE["share"] * product.memory_gib)
+    budget = memory - reserve * UNITS["GiB"]
+    bf16_peak = accounting.gpu_peak_flops(args.gpu, "bf16") if product.peak("bf16") else None
+    fp8 = hardware.fp8_outlook(cfg.d_model)
+    share = args.global_batch // n
+    rows = []
+    for precision, key in candidates(product, args.precision, n, machine.per_node):
+        if precision == "fp8":  # timed from bf16 by the measured tokens/s ratio (module doc)
+            peak = accounting.gpu_peak_flops(args.gpu, "bf16") * fp8["ratio_estimate"]
+        else:
+            peak = accounting.gpu_peak_flops(args.gpu, precision)
+        for micro in [m for m in MICRO_BATCHES if share % m == 0]:
+            for checkpointing in (False, True):
+                point = Point(cfg=cfg, n_params=n_params, key=key, precision=precision, micro_batch=micro,
+                              global_batch=args.global_batch, activation_checkpointing=checkpointing)
+                row = predict_point(point, replace(machine, peak_flops=peak), n)
+                fpt = row["flops_per_token"]
+                rows.append({**row, "precision": precision, "strategy": key, "strategy_name": strategy(key).name,
+                             "activation_checkpointing": checkpointing, "fits": row["peak_memory_bytes"] <= budget,
+                             "mfu_of_bf16_peak": row["tokens_per_s_per_gpu"] * fpt / bf16_peak if bf16_peak else None,
+                             "days": tokens / (row["tokens_per_s_per_gpu"] * n) / 86400})
+    rows.sort(key=lambda r: (not r["fits"], -r["tokens_per_s_per_gpu"], r["peak_memory_bytes"]))
+    fitting = [r for r in rows if r["fits"]]
+    best = fitting[0] if fitting else None
+    runners_up = []
+    for precision, key in dict.fromkeys((r["precision"], r["strategy"]) for r in rows):
+        if best is not None and (precision, key) == (best["precision"], best["strategy"]):
+            continue
+        mine = [r for r in rows if (r["precision"], r["strategy"]) == (precision, key)]
+        # its fastest that fits; where none fits, its smallest (what it would take to fit)
+        shown = mine[0] if mine[0]["fits"] else min(mine, key=lambda r: r["peak_memory_bytes"])
+        runners_up.append({**shown, "why": _why_lost(shown, best, budget)})
+    runners_up.sort(key=lambda r: (not r["fits"], -r["tokens_per_s_per_gpu"]))
+    return {"prediction": True, "model": getattr(args, "model", None), "n_params": n_params, "gpus": n, "gpu": product.name,
+            "gpus_per_node": machine.per_node, "global_batch": args.global_batch, "seq_len": cfg.seq_len, "tokens": tokens,
+            "memory_gib": product.memory_gib, "reserve_gib": reserve, "budget_gib": budget / UNITS["GiB"],
+            "best": best, "runners_up": runners_up, "rows": rows,
+            "assumptions": {
+                "mfu_without_communication": machine.mfu, "mfu_default": args.mfu is None and source is None,
+                **({"mfu_source": source} if source else {}),
+                "mfu_note": "the hardware's efficiency on what it computes: activation checkpointing's recompute is "
+                            "computed at it too; MFU columns count model FLOPs",
+                "intra_node": f"{machine.intra.name} ({machine.intra.source})",
+                "inter_node": f"{machine.inter.name} ({machine.inter.source})" if machine.inter else None,
+                "link_efficiency": args.link_efficiency if args.link_efficiency is not None else links.DEFAULT_EFFICIENCY,
+                "overlap_efficiency": machine.overlap_efficiency,
+                "overlap_efficiency_default": args.overlap_efficiency is None,
+                "reserve": RESERVE["source"] if args.reserve_gib is None else "--reserve-gib",
+                "fp8": fp8 if product.peak("fp8") else None,
+                "out_of_scope": "tensor and pipeline parallelism, CPU offload, LoRA; the model's memory is the "
+                                "formula a run measures (scalelab.accounting.peak_memory)"},
+            **({"note": "; ".join(notes)} if notes else {})}
+
+
+def _why_lost(row: dict, best: dict | None, budget: float) -> str:
+    if not row["fits"]:
+        return (f"does not fit: {row['peak_memory_gib']:.1f} GiB at its smallest (micro-batch {row['micro_batch']}, "
+                f"{'with' if row['activation_checkpointing'] else 'without'} activation checkpointing) > the "
+                f"{budget / UNITS['GiB']:.1f} GiB budget")
+    if best is None:
+        return ""
+    slower = best["tokens_per_s_per_gpu"] / row["tokens_per_s_per_gpu"] - 1
+    if slower < TIE:
+        return f"{slower:.1%} slower: within {TIE:.0%} of the best, no ranking (the model's error is larger): measure both"
+    exposed = row["exposed_comm_s"] - best["exposed_comm_s"]
+    compute = row["compute_s"] - best["compute_s"]
+    cause = (f"{exposed:.2f} s more exposed communication per step" if exposed >= compute else
+             f"{compute:.2f} s more compute per step" + (" (recompute)" if row["activation_checkpointing"] and
+                                                           not best["activation_checkpointing"] else ""))
+    return f"{slower:.1%} slower: {cause}"
+
+
+def _label(r: dict) -> str:
+    how = "hybrid sharding" if r["strategy"] == HYBRID_KEY else f"ZeRO stage {r['strategy']}"
+    return (f"{r['precision']}, {how}, micro-batch {r['micro_batch']} x {r['accumulation_steps']} accumulated, "
+            f"activation checkpointing {'on' if r['activation_checkpointing'] else 'off'}")
+
+
+def render(result: dict) -> str:
+    a = result["assumptions"]
+    model = result["model"] or "the model"
+    lines = [f"PLAN: predicted, not measured. {model} ({result['n_params'] / 1e9:.3g}B parameters) on {result['gpus']} x "
+             f"{result['gpu']} ({result['gpus_per_node']} per node), global batch {result['global_batch']} x "
+             f"{result['seq_len']} tokens, {_human(result['tokens'])} tokens to train",
+             f"memory budget per GPU: {result['memory_gib']:g} GiB less a {result['reserve_gib']:.1f} GiB reserve = "
+             f"{result['budget_gib']:.1f} GiB"]
+    best = result["best"]
+    if best is None:
+        lines.append("NO configuration fits: every one's predicted peak exceeds the budget (more GPUs, a larger "
+                     "GPU, or LoRA: scalelab estimate advise)")
+    else:
+        mfu = best["mfu_of_bf16_peak"]
+        lines += [f"best: {_label(best)}",
+                  f"  {best['peak_memory_gib']:.1f} GiB per GPU; {best['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU "
+                  f"({best['tokens_per_s']:,.0f} in all)" + (f", MFU {mfu:.1%} of the bf16 peak" if mfu else "")
+                  + f"; step {best['step_time_s']:.2f} s (exposed communication {best['exposed_comm_s']:.2f} s); "
+                  f"{_human(result['tokens'])} tokens in {best['days']:.1f} days"]
+    lines.append("runners-up (the fastest of each other precision and strategy):")
+    for r in result["runners_up"]:
+        lines.append(f"  {_label(r)}: {r['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, {r['peak_memory_gib']:.1f} GiB; "
+                     f"{r['why']}")
+    lines.append("assumptions (each with its source):")
+    lines.append(f"  compute: MFU {_percent(a['mfu_without_communication'])} without communication "
+                 f"({_mfu_origin(a)}); {a['mfu_note']}")
+    lines.append(f"  links: within a node {a['intra_node']}" + (f"; between nodes {a['inter_node']}" if a["inter_node"] else "")
+                 + f"; link efficiency {a['link_efficiency']:g}")
+    lines.append(f"  overlap efficiency {a['overlap_efficiency']:g}" + (" (default: NCCL on its own stream; measured "
+                 "traces set it: train.profile, --overlap-efficiency)" if a["overlap_efficiency_default"] else ""))
+    lines.append(f"  memory reserve: {a['reserve']}")
+    if a["fp8"]:
+        lines.append(f"  fp8: {a['fp8']['verdict']} ({a['fp8']['basis']})")
+    lines.append(f"  out of scope: {a['out_of_scope']}")
+    return "\n".join(lines)
+
+
+def _run(args) -> int:
+    try:
+        result = plan(args)
+    except EstimateError as err:
+        args.usage_parser.error(str(err))
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        print(render(result))
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plan", help="one answer before renting GPUs: every precision x strategy x micro-batch x "
+                       "checkpointing ranked by predicted time, within the GPU's memory and a reserve",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("model (either --model, or the shape, or --config)")
+    g.add_argument("--model", metavar="NAME", help="a preset shape (scalelab estimate models); --seq and --vocab override it")
+    g.add_argument("--params", type=count, help=argparse.SUPPRESS)  # _model's interface; a plan needs the shape
+    g.add_argument("--layers", type=int, help="transformer blocks")
+    g.add_argument("--d-model", type=int, help="residual width")
+    g.add_argument("--heads", type=int, help="attention heads (default d_model / 64)")
+    g.add_argument("--vocab", type=whole_count, help="vocabulary size")
+    g.add_argument("--seq", type=int, help="sequence length")
+    g.add_argument("--untied", action="store_true", help="output head not tied to the embedding")
+    g.add_argument("--config", help="read the model from a scalelab config.yaml")
+    p.add_argument("--gpus", type=whole_count, required=True, help="GPUs in all")
+    p.add_argument("--gpu", required=True, help=f"GPU product: {', '.join(hardware.known_names())}")
+    p.add_argument("--gpus-per-node", type=whole_count, default=8, help="GPUs per node (default 8)")
+    p.add_argument("--intra-node", metavar="LINK", help="link within a node (default: the GPU's NVLink or PCIe)")
+    p.add_argument("--inter-node", metavar="LINK", help=f"link between nodes: {', '.join(links.known_names())}, GB/s, or "
+                   "a `scalelab bench comm` table")
+    p.add_argument("--link-efficiency", type=float, default=None, help=f"default {links.DEFAULT_EFFICIENCY}")
+    p.add_argument("--overlap-efficiency", type=float, default=None, help="default 1 (NCCL on its own stream)")
+    p.add_argument("--global-batch", type=whole_count, required=True, metavar="SEQUENCES", help="sequences per optimizer step")
+    p.add_argument("--tokens", type=count, required=True, help="tokens to train: 1T, 300B")
+    p.add_argument("--precision", nargs="+", choices=list(PRECISION_NAMES), default=None,
+                   help="only these precisions (default: bf16, and fp8 where the GPU has FP8 tensor cores)")
+    p.add_argument("--mfu", type=float, default=None, help=f"compute efficiency without communication (default {DEFAULT_MFU})")
+    p.add_argument("--mfu-from", metavar="RESULTS", default=None, help="the median MFU of a sweep's world-size-1 bf16 runs")
+    p.add_argument("--reserve-gib", type=float, default=None, help="device memory the prediction does not count "
+                   f"(default {RESERVE['fixed_gib']:g} GiB + {RESERVE['share']:.0%} of the GPU's memory)")
+    p.add_argument("--json", action="store_true", help="every configuration's row as JSON")
+    p.set_defaults(func=_run, usage_parser=p)
+
