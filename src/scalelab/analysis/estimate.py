@@ -255,10 +255,23 @@ def _rung(name: str, state: accounting.ModelStateBytes, extra: float, mem: float
             f"total_{u}": total / scale, "fits": total <= mem}
 
 
+def memory_reserve_bytes(memory_bytes: float, reserve_gib: float | None) -> float:
+    """Device memory a prediction does not count (the CUDA context, NCCL's buffers, fragmentation):
+    --reserve-gib, else scalelab.analysis.plan.RESERVE's default (the one plan and advise share)."""
+    from scalelab.analysis.plan import RESERVE
+
+    if reserve_gib is not None:
+        return reserve_gib * UNITS["GiB"]
+    return RESERVE["fixed_gib"] * UNITS["GiB"] + RESERVE["share"] * memory_bytes
+
+
 def advise(args) -> dict:
-    """The memory ladder made quantitative: DDP, then ZeRO stages 1, 2, 3, then LoRA."""
+    """The memory ladder made quantitative: DDP, then ZeRO stages 1, 2, 3, then LoRA, each against the
+    GPU's memory less the reserve plan keeps (what the formulas do not count)."""
     n_params, cfg = _model(args)
-    mem, gpus, precision = _gpu_memory(args), int(_positive("gpus", args.gpus)), args.precision
+    device, gpus, precision = _gpu_memory(args), int(_positive("gpus", args.gpus)), args.precision
+    reserve = memory_reserve_bytes(device, getattr(args, "reserve_gib", None))
+    mem = device - reserve
     scale, u = UNITS[args.unit], args.unit.lower()
     micro = int(_positive("micro-batch", args.micro_batch)) if args.micro_batch else None
     if micro and cfg is None:
@@ -274,7 +287,8 @@ def advise(args) -> dict:
                    accounting.model_state_bytes(n_params, stage, gpus, precision, "pytorch"), in_step(stage), mem, scale, u)
              for stage in ZERO_STAGES]
     fitting = [r for r in rungs if r["fits"]]
-    result = {"n_params": n_params, "gpus": gpus, f"gpu_memory_{u}": mem / scale, "unit": args.unit,
+    result = {"n_params": n_params, "gpus": gpus, f"gpu_memory_{u}": device / scale, f"reserve_{u}": reserve / scale,
+              f"budget_{u}": mem / scale, "unit": args.unit,
               "precision": precision, "micro_batch": micro, "rungs": rungs,
               "advice": f"use {fitting[0]['rung']}: the first rung of the ladder that fits" if fitting else None}
     if not fitting:
@@ -762,6 +776,9 @@ def render(kind: str, result: dict) -> str:
         u = result["unit"].lower()
         lines.append(f"{_human(result['n_params'])} parameters, {result['precision']}, {result['gpus']} GPUs of "
                      f"{result[f'gpu_memory_{u}']:g} {result['unit']}" + (f", micro-batch {result['micro_batch']}" if result["micro_batch"] else ""))
+        lines.append(f"fits: within {result[f'budget_{u}']:.3g} {result['unit']} per GPU, the GPU's memory less a "
+                     f"{result[f'reserve_{u}']:.3g} {result['unit']} reserve (CUDA context, NCCL buffers, fragmentation: "
+                     "--reserve-gib; scalelab plan keeps the same and ranks what fits by time)")
         lines.append(f"{'rung':<52} {'state':>9} {'in-step':>9} {'total':>9}  fits")
         for r in result["rungs"]:
             lines.append(f"{r['rung']:<52} {r[f'model_state_{u}']:>9.2f} {r[f'in_step_{u}']:>9.2f} {r[f'total_{u}']:>9.2f}  "
@@ -865,6 +882,8 @@ def add_parser(sub) -> None:
     a.add_argument("--micro-batch", type=int, help="sequences per GPU per step: adds activations (needs the shape)")
     a.add_argument("--activation-checkpointing", action="store_true", help="activations with every block recomputed in backward")
     a.add_argument("--precision", default="bf16", choices=list(MEMORY_PRECISIONS), help="training precision (default bf16)")
+    a.add_argument("--reserve-gib", type=float, default=None, help="device memory the formulas do not count (CUDA context, "
+                   "NCCL buffers, fragmentation; default 2 GiB + 5%% of the GPU's memory, as scalelab plan keeps)")
     c = kinds.add_parser("claim", help="the MFU a stated throughput implies, and whether the hardware can reach it")
     model_flags(c)
     c.add_argument("--tokens-per-s", type=count, help="the claimed training throughput, tokens per second (all GPUs), e.g. 2M")
