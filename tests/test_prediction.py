@@ -263,13 +263,18 @@ def test_the_report_warns_on_a_run_outside_its_band():
     assert any(w.startswith("fp32-z0-w2: measured step time") for w in warnings)
 
 
-def test_overlap_efficiency_is_fitted_where_the_fit_set_communicates_beyond_its_reference():
-    runs, table = sweep(), bench_table()
+def _z3_parts(runs, table):
+    """fp32-z3-w2's predicted parts from the world-size-1 references, and what its strategy could hide."""
     base = prediction.fit(prediction.reference_rows(runs), table)
     row = runs.set_index("run_id").loc["fp32-z3-w2"].to_dict() | {"run_id": "fp32-z3-w2"}
     parts = prediction._parts(base, row)
     full = prediction.step_time(3, parts.base_compute_s, parts.comm_s, calls=parts.calls, overlap_efficiency=1.0)
-    hidden = sum(parts.comm_s.values()) - full.exposed_comm_s
+    return parts, sum(parts.comm_s.values()) - full.exposed_comm_s
+
+
+def test_overlap_efficiency_is_fitted_where_the_fit_set_communicates_beyond_its_reference():
+    runs, table = sweep(), bench_table()
+    parts, hidden = _z3_parts(runs, table)
     assert hidden > 0
     runs.loc[runs["run_id"] == "fp32-z3-w2", "step_time_s_mean"] = parts.base_compute_s + sum(parts.comm_s.values()) - 0.5 * hidden
     model = prediction.fit(runs, table)
@@ -318,11 +323,7 @@ def test_traced_runs_give_the_overlap_efficiency_they_measured():
     """exposed_comm_s_measured (a trace, scalelab.training.trace) sets eta where runs beyond their reference
     were traced: all their communication less what they left exposed, over what the strategy could hide."""
     runs, table = sweep(), bench_table()
-    base = prediction.fit(prediction.reference_rows(runs), table)
-    row = runs.set_index("run_id").loc["fp32-z3-w2"].to_dict() | {"run_id": "fp32-z3-w2"}
-    parts = prediction._parts(base, row)
-    full = prediction.step_time(3, parts.base_compute_s, parts.comm_s, calls=parts.calls, overlap_efficiency=1.0)
-    hidden = sum(parts.comm_s.values()) - full.exposed_comm_s
+    parts, hidden = _z3_parts(runs, table)
     runs["exposed_comm_s_measured"] = None
     runs.loc[runs["run_id"] == "fp32-z3-w2", "exposed_comm_s_measured"] = sum(parts.comm_s.values()) - 0.25 * hidden
     model = prediction.fit(runs, table)

@@ -820,23 +820,25 @@ def render(kind: str, result: dict) -> str:
     return "\n".join(lines)
 
 
+def model_flags(p) -> None:
+    """The model flags every command that takes a model shares (estimate's, scalelab plan's): read by _model."""
+    g = p.add_argument_group("model (either --model, or --params, or the shape, or --config)")
+    g.add_argument("--model", metavar="NAME", help="a preset shape by name (scalelab estimate models lists them: "
+                   "gpt2 ... llama3-70b, mistral-7b); --seq, --vocab and --untied override its context, vocabulary and head")
+    g.add_argument("--params", type=count, help="parameter count: 1.3B, 350M, 7.5e9 (K, M, B, T as printed)")
+    g.add_argument("--layers", type=int, help="transformer blocks")
+    g.add_argument("--d-model", type=int, help="residual width")
+    g.add_argument("--heads", type=int, help="attention heads (default d_model / 64)")
+    g.add_argument("--vocab", type=whole_count, help="vocabulary size")
+    g.add_argument("--seq", type=int, help="sequence length")
+    g.add_argument("--untied", action="store_true", help="output head not tied to the embedding")
+    g.add_argument("--config", help="read the model from a scalelab config.yaml (vocab from --vocab, default 256)")
+
+
 def add_parser(sub) -> None:
     est = sub.add_parser("estimate", help="memory per rank, days to train, largest model that fits",
                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     kinds = est.add_subparsers(dest="kind", required=True)
-
-    def model_flags(p):
-        g = p.add_argument_group("model (either --model, or --params, or the shape, or --config)")
-        g.add_argument("--model", metavar="NAME", help="a preset shape by name (scalelab estimate models lists them: "
-                       "gpt2 ... llama3-70b, mistral-7b); --seq, --vocab and --untied override its context, vocabulary and head")
-        g.add_argument("--params", type=count, help="parameter count: 1.3B, 350M, 7.5e9 (K, M, B, T as printed)")
-        g.add_argument("--layers", type=int, help="transformer blocks")
-        g.add_argument("--d-model", type=int, help="residual width")
-        g.add_argument("--heads", type=int, help="attention heads (default d_model / 64)")
-        g.add_argument("--vocab", type=whole_count, help="vocabulary size")
-        g.add_argument("--seq", type=int, help="sequence length")
-        g.add_argument("--untied", action="store_true", help="output head not tied to the embedding")
-        g.add_argument("--config", help="read the model from a scalelab config.yaml (vocab from --vocab, default 256)")
 
     def gpu_memory_flags(p):
         p.add_argument("--gpu-memory", type=float, help="memory per GPU in --unit (e.g. 80)")

@@ -29,6 +29,7 @@ from scalelab.analysis.estimate import (
     _percent,
     count,
     machine_of,
+    model_flags,
     predict_point,
     whole_count,
 )
@@ -201,16 +202,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="one answer before renting GPUs: every precision x strategy x micro-batch x "
                        "checkpointing ranked by predicted time, within the GPU's memory and a reserve",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = p.add_argument_group("model (either --model, or the shape, or --config)")
-    g.add_argument("--model", metavar="NAME", help="a preset shape (scalelab estimate models); --seq and --vocab override it")
-    g.add_argument("--params", type=count, help=argparse.SUPPRESS)  # _model's interface; a plan needs the shape
-    g.add_argument("--layers", type=int, help="transformer blocks")
-    g.add_argument("--d-model", type=int, help="residual width")
-    g.add_argument("--heads", type=int, help="attention heads (default d_model / 64)")
-    g.add_argument("--vocab", type=whole_count, help="vocabulary size")
-    g.add_argument("--seq", type=int, help="sequence length")
-    g.add_argument("--untied", action="store_true", help="output head not tied to the embedding")
-    g.add_argument("--config", help="read the model from a scalelab config.yaml")
+    model_flags(p)  # a plan needs the shape: --model, the shape flags or --config
     p.add_argument("--gpus", type=whole_count, required=True, help="GPUs in all")
     p.add_argument("--gpu", required=True, help=f"GPU product: {', '.join(hardware.known_names())}")
     p.add_argument("--gpus-per-node", type=whole_count, default=8, help="GPUs per node (default 8)")
