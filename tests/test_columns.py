@@ -49,6 +49,11 @@ FILLED_ELSEWHERE = {
     "rope_base": "tests/test_families.py, the llama runs",
     "model_module": "tests/test_families.py, the model the test suite defines",
     "nodes_share_machine": "tests/test_slurm.py, runs across the virtual cluster's nodes",
+    # a traced run (train.profile) and the GPU's own state
+    **{name: "tests/test_trace.py, traced runs" for name in ("profiled_steps", "trace_files", "exposed_comm_s_measured")},
+    **{name: "GPU runs (tests/test_gpu.py; nvidia-smi simulated in tests/test_devices.py)" for name in (
+        "memory_snapshot_files", "gpu_power_limit_w", "gpu_driver_version", "gpu_sm_clock_mhz_start", "gpu_sm_clock_mhz_end",
+        "gpu_mem_clock_mhz_start", "gpu_mem_clock_mhz_end", "gpu_temperature_c_start", "gpu_temperature_c_end")},
     # the step-time model predicts from an ok run at the smallest world size (none here) and a bench comm table
     **{name: "tests/test_commbench.py, a sweep collected with its bench comm table" for name in (
         "predicted_step_time_s", "predicted_step_time_s_low", "predicted_step_time_s_high", "predicted_tokens_per_s",
