@@ -20,6 +20,7 @@ from dataclasses import replace
 from scalelab import accounting, hardware, links
 from scalelab.analysis.estimate import (
     DEFAULT_MFU,
+    RESERVE,
     UNITS,
     EstimateError,
     Point,
@@ -39,11 +40,6 @@ from scalelab.strategies import HYBRID_KEY, ZERO_STAGES, strategy
 TIE = 0.05
 """Runners-up predicted within this of the best are not ranked against it: the step-time model's own error
 is larger (docs/prediction.md)."""
-RESERVE = {"fixed_gib": 2.0, "share": 0.05,
-           "source": "scalelab's default, not yet measured on a GPU: the CUDA context and the libraries' workspaces "
-                     "(about 1 GiB), NCCL's buffers (NCCL_BUFFSIZE 4 MiB per channel and peer: up to about 1 GiB at "
-                     "scale), and 5% of the device for the caching allocator's fragmentation; --reserve-gib sets it"}
-"""Device memory the predicted peak does not count: reserve = fixed_gib + share x the GPU's memory."""
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
 """Micro-batches per GPU tried (each dividing the GPU's share of the global batch)."""
 
