@@ -103,7 +103,37 @@ def train_resources(wildcards) -> dict:
     """The scheduler's view of one run: nodes, GPUs per node, memory, exclusivity."""
     # Evaluated per job, once Snakemake knows its executor: only a local (workstation)
     # execution runs training one run at a time (profiles/default's train_slot=1).
-    return train_job_resources(plan_for(wildcards), DEVICE_PLAN.device, CLUSTER, local=workflow.local_exec)
+    return train_job_resources(plan_for(wildcards), DEVICE_PLAN.device, CLUSTER, local=workflow.local_exec,
+                               grouped=RUNS_PER_JOB > 1)
+
+
+# SLURM: one-node runs of one world size (the same resources) packed cluster.runs_per_job to a
+# submission with Snakemake's job groups: a group id per world size, whose number of components
+# is set when Snakemake first asks a job for its group (the command line's group settings replace
+# the workflow's after the Snakefile is read), unless --group-components names it. Locally
+# Snakemake ignores groups.
+RUNS_PER_JOB = int(CLUSTER.get("runs_per_job", 1))
+if RUNS_PER_JOB > 1 and "train_slot" not in workflow.global_resources:
+    # the pool a group job's runs share one at a time, in every Snakemake of the chain (the planning one has
+    # profiles/default's; the group job's and the one its job step runs parse this file without it)
+    workflow.register_resource("train_slot", 1)
+
+
+def train_group(wildcards):
+    point = point_of(wildcards)
+    if launch_plan(config, point.world_size).multi_launcher:
+        return None  # a run over several nodes is a job of its own
+    group = f"train-w{point.world_size}"
+    settings = workflow.group_settings
+    if group not in settings.group_components:
+        import immutables
+
+        settings.group_components = immutables.Map({**settings.group_components, group: RUNS_PER_JOB})
+    # train_slot (1 per grouped run, profiles/default's pool of 1) scoped to each group job: Snakemake then
+    # stacks a group's runs in series in one run's allocation (nodes, CPUs, memory of one; the time limits
+    # added), and the cluster-wide scheduler does not count it, so groups still run side by side
+    workflow.resource_scopes.update({"train_slot": "local"})
+    return group
 
 
 def _run_id_regex(run_ids) -> str:

@@ -29,6 +29,8 @@ rule train:
         LOGS / "runs" / "{run_id}.log",
     wildcard_constraints:
         run_id=SINGLE_LAUNCHER_RUN_IDS,
+    # SLURM: cluster.runs_per_job runs of one world size to a submission (rules/common.smk)
+    group: train_group if RUNS_PER_JOB > 1 else None
     # Each rank gets threads // world_size intra-op threads, so --cores all never over-commits the machine.
     threads: run_threads
     # What the scheduler sees (scalelab.placement.train_job_resources): a one-node job asks

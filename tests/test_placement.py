@@ -98,6 +98,8 @@ def test_one_node_job_resources():
     # a CPU run on a workstation takes the one training slot too: runs never train side by side
     cpu = placement.train_job_resources(LaunchPlan(1, 4, 1), "cpu", {**CLUSTER, "exclusive": False}, local=True)
     assert (cpu["gpu"], cpu["gres"], cpu["slurm_extra"], cpu["train_slot"]) == (0, "", "", 1)
+    # runs packed into one SLURM submission (cluster.runs_per_job) take a slot scoped to their group job: one at a time
+    assert placement.train_job_resources(LaunchPlan(1, 4, 1), "cuda", CLUSTER, local=False, grouped=True)["train_slot"] == 1
 
 
 def test_multi_node_job_asks_gpus_per_node_not_in_total():
@@ -105,6 +107,8 @@ def test_multi_node_job_asks_gpus_per_node_not_in_total():
     res = placement.train_job_resources(launch_plan(cfg, 16), "cuda", CLUSTER, local=False)
     assert res == {"nodes": 2, "tasks": 2, "cpus_per_task": 32, "mem_mb": 128000, "gpu": 0, "gres": "gpu:8",
                    "slurm_extra": "--exclusive", "train_slot": 0}
+    # a run spanning nodes is never grouped: no slot on a cluster
+    assert placement.train_job_resources(launch_plan(cfg, 16), "cuda", CLUSTER, local=False, grouped=True)["train_slot"] == 0
     packed = {**CLUSTER, "ranks_per_node": 2, "launchers_per_node": 2}
     res = placement.train_job_resources(launch_plan(tiny_config(cluster=packed), 8), "cuda", packed, local=False)
     assert (res["nodes"], res["tasks"], res["gres"], res["mem_mb"]) == (2, 4, "gpu:4", 64000)

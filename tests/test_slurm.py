@@ -125,6 +125,7 @@ def test_virtual_clusters_start_in_seconds_run_side_by_side_and_leave_nothing(tm
 @pytest.mark.cluster(cost_s=150)
 def test_a_sweep_spans_two_nodes_with_the_config_at_the_default_path(tmp_path, clusters):
     cfg = _cfg(zero_stage=[0, 3], world_size=[1, 2])
+    cfg["cluster"]["runs_per_job"] = 2  # the two one-node runs in one submission (issue #45); a spanning run is its own
     on_slurm = write_workdir(tmp_path / "slurm_run", cfg)
     with clusters(tmp_path / "cluster", nodes=2) as cluster:
         started = time.monotonic()
@@ -138,11 +139,13 @@ def test_a_sweep_spans_two_nodes_with_the_config_at_the_default_path(tmp_path, c
     # --slurm-no-account: the plugin's guess of an account (sacct, no accounting storage here) is not printed
     assert "sacct" not in proc.stdout + proc.stderr and "trying to guess" not in proc.stdout + proc.stderr
 
-    # Every job went through sbatch: data, 4 runs, collect, report.
+    # Every job went through sbatch: data, the two world-size-1 runs as one group job (cluster.runs_per_job),
+    # the two runs spanning nodes one job each, collect, report.
     log_root = on_slurm / ".snakemake/slurm_logs"
     assert {p.relative_to(log_root).parts[0] for p in log_root.rglob("*.log")} == {
-        "rule_prepare_data", "rule_train", "rule_train_multinode", "rule_collect", "rule_report"}
-    assert submitted == 7, submitted
+        "rule_prepare_data", "group_train-w1_train", "rule_train_multinode", "rule_collect", "rule_report"}
+    assert len(list((log_root / "group_train-w1_train").rglob("*.log"))) == 1
+    assert submitted == 6, submitted
 
     runs = _runs(on_slurm)
     assert (runs["status"] == "ok").all(), runs[["status", "reason"]]
@@ -151,6 +154,10 @@ def test_a_sweep_spans_two_nodes_with_the_config_at_the_default_path(tmp_path, c
     assert (spanning["launchers"] == 2).all() and (spanning["rank_hostnames"] == "n1,n2").all()
     assert (spanning["node_list"] == "n1,n2").all() and (spanning["nodes_used"] == 2).all()
     assert (runs[runs["world_size"] == 1]["nodes_used"] == 1).all()
+    # the grouped runs trained one after another in their one-node allocation, not side by side
+    first, second = runs[runs["world_size"] == 1].sort_values("started_utc").to_dict("records")
+    started = [pd.Timestamp(r["started_utc"]).timestamp() for r in (first, second)]
+    assert first["hostname"] == second["hostname"] and started[1] >= started[0] + first["wall_time_s"] - 1.0
     log2 = (on_slurm / "results/logs/runs" / f"{RunPoint('fp32', 3, 2).path}.log").read_text()
     assert " srun --ntasks=2 --nodes=2 --ntasks-per-node=1" in log2 and "--nnodes=2" in log2 and "--master-addr=n1" in log2
     # communication: what the ranks sent equals the formulas (scalelab.accounting)

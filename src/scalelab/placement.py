@@ -229,7 +229,7 @@ def ranks_per_node(plan: LaunchPlan, launchers_per_node: int) -> int:
     return plan.ranks_per_launcher * min(plan.launchers, launchers_per_node)
 
 
-def train_job_resources(plan: LaunchPlan, device: str, cluster: dict, *, local: bool) -> dict:
+def train_job_resources(plan: LaunchPlan, device: str, cluster: dict, *, local: bool, grouped: bool = False) -> dict:
     """What one training job asks the scheduler for (Snakemake resources, read by the SLURM
     executor plugin).
 
@@ -238,7 +238,9 @@ def train_job_resources(plan: LaunchPlan, device: str, cluster: dict, *, local: 
     keeps other jobs off the run's nodes (cluster.exclusive). ``train_slot`` is what the
     workstation profile limits to one at a time (a timed run never shares the machine with
     another run's training, on CPU as on GPU); it is 0 on a cluster, where the scheduler
-    places jobs (and ``exclusive`` keeps them apart)."""
+    places jobs (and ``exclusive`` keeps them apart), unless runs are ``grouped`` into one
+    submission (cluster.runs_per_job): there, scoped local to each group job, it runs the group's
+    runs one after another in one run's allocation."""
     gpu = device == "cuda"
     per_node = ranks_per_node(plan, cluster["launchers_per_node"])
     resources = {
@@ -249,7 +251,7 @@ def train_job_resources(plan: LaunchPlan, device: str, cluster: dict, *, local: 
         "gpu": per_node if gpu and not plan.multi_launcher else 0,
         "gres": f"gpu:{per_node}" if gpu and plan.multi_launcher else "",
         "slurm_extra": "--exclusive" if cluster["exclusive"] else "",
-        "train_slot": int(local),
+        "train_slot": int(local or (grouped and not plan.multi_launcher)),
     }
     if plan.multi_launcher:
         resources["tasks"] = plan.launchers

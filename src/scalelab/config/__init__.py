@@ -252,6 +252,8 @@ class ClusterConfig:
     """GPUs on each node; None = not stated (train.device auto then looks at the planning machine)."""
     exclusive: bool = _default("cluster", "exclusive")
     """SLURM: training jobs take whole nodes."""
+    runs_per_job: int = _default("cluster", "runs_per_job")
+    """SLURM: one-node training runs of one world size packed this many to a submission (Snakemake job groups)."""
 
 
 def cluster_config(config: dict) -> ClusterConfig:
