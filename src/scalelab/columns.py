@@ -663,4 +663,9 @@ def markdown() -> str:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(prog="python -m scalelab.columns",
+                            description="Print the data dictionary (docs/data-dictionary.md) as Markdown: "
+                                        "python -m scalelab.columns > docs/data-dictionary.md").parse_args()
     print(markdown(), end="")

@@ -478,7 +478,13 @@ DRILLS = {f.__name__: f for f in (kill_mid_step, kill_during_data_write, kill_du
 
 
 def main(argv: list[str] | None = None) -> int:
-    names = (argv if argv is not None else sys.argv[1:]) or list(DRILLS)
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m scalelab.harness.faults",
+                                     description="The fault drills: inject faults into real sweeps and count what was "
+                                                 "recovered, lost, duplicated or left running (docs/reliability.md).")
+    parser.add_argument("drills", nargs="*", metavar="DRILL", help=f"drills to run (default all): {', '.join(DRILLS)}")
+    names = parser.parse_args(argv if argv is not None else sys.argv[1:]).drills or list(DRILLS)
     unknown = [n for n in names if n not in DRILLS]
     if unknown:
         print(f"unknown drill(s) {unknown}; known: {', '.join(DRILLS)}", file=sys.stderr)
