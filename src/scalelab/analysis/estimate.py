@@ -840,6 +840,29 @@ def model_flags(p) -> None:
     g.add_argument("--config", help="read the model from a scalelab config.yaml (vocab from --vocab, default 256)")
 
 
+def cluster_flags(p) -> None:
+    """The GPUs, links and assumed efficiencies (estimate scaling's and scalelab plan's; read by machine_of)."""
+    p.add_argument("--gpu", required=True, help=f"GPU product (case-insensitive): {', '.join(hardware.known_names())}")
+    p.add_argument("--gpus-per-node", type=whole_count, default=8, help="GPUs per node (default 8)")
+    p.add_argument("--intra-node", metavar="LINK",
+                   help=f"link within a node: a product ({', '.join(links.known_names())}), a bandwidth in GB/s "
+                        "per GPU, unidirectional, each with an optional @EFFICIENCY for this link alone (46@1: a measured "
+                        "bus bandwidth), or a `scalelab bench comm` Parquet table (default: the GPU's NVLink or PCIe generation)")
+    p.add_argument("--inter-node", metavar="LINK", help="link between nodes (per GPU): as --intra-node; needed once "
+                                                        "GPUs span nodes")
+    p.add_argument("--link-efficiency", type=float, default=None,
+                   help=f"achievable over nominal bus bandwidth of products and numbers (default {links.DEFAULT_EFFICIENCY}; "
+                        "a measured table is taken as measured)")
+    p.add_argument("--overlap-efficiency", type=float, default=None,
+                   help="share of the overlappable communication that really hides behind compute, in [0, 1] "
+                        "(default 1: NCCL runs on its own stream)")
+    p.add_argument("--mfu", type=float, default=None,
+                   help=f"compute efficiency without communication, MFU in (0, 1] (default {DEFAULT_MFU})")
+    p.add_argument("--mfu-from", metavar="RESULTS", default=None,
+                   help="use the MFU a sweep measured without communication: the median of RESULTS/metrics.parquet's "
+                        "ok world-size-1 runs of --precision (run one node's sweep of your model on the GPU first)")
+
+
 def add_parser(sub) -> None:
     est = sub.add_parser("estimate", help="memory per rank, days to train, largest model that fits",
                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -917,29 +940,10 @@ def add_parser(sub) -> None:
     sc.add_argument("--activation-checkpointing", action="store_true",
                     help="recompute every block's forward in backward: its FLOPs in the time, checkpointed activations "
                          "in the memory")
-    sc.add_argument("--gpu", required=True,
-                    help=f"GPU product (case-insensitive): {', '.join(hardware.known_names())}")
-    sc.add_argument("--gpus-per-node", type=whole_count, default=8, help="GPUs per node (default 8)")
     sc.add_argument("--gpus", type=gpu_counts, default=SCALING_GPUS, metavar="N,N,...",
                     help=f"GPU counts (default {','.join(map(str, SCALING_GPUS))}; 8,16,...,1024 doubles up to 1024); "
                          "efficiency is against the smallest")
-    sc.add_argument("--intra-node", metavar="LINK",
-                    help=f"link within a node: a product ({', '.join(links.known_names())}), a bandwidth in GB/s "
-                         "per GPU, unidirectional, each with an optional @EFFICIENCY for this link alone (46@1: a measured "
-                         "bus bandwidth), or a `scalelab bench comm` Parquet table (default: the GPU's NVLink or PCIe generation)")
-    sc.add_argument("--inter-node", metavar="LINK", help="link between nodes (per GPU): as --intra-node; needed once "
-                                                         "a count spans nodes")
-    sc.add_argument("--link-efficiency", type=float, default=None,
-                    help=f"achievable over nominal bus bandwidth of products and numbers (default {links.DEFAULT_EFFICIENCY}; "
-                         "a measured table is taken as measured)")
-    sc.add_argument("--overlap-efficiency", type=float, default=None,
-                    help="share of the overlappable communication that really hides behind compute, in [0, 1] "
-                         "(default 1: NCCL runs on its own stream)")
-    sc.add_argument("--mfu", type=float, default=None,
-                    help=f"compute efficiency without communication, MFU in (0, 1] (default {DEFAULT_MFU})")
-    sc.add_argument("--mfu-from", metavar="RESULTS", default=None,
-                    help="use the MFU a sweep measured without communication: the median of RESULTS/metrics.parquet's "
-                         "ok world-size-1 runs of --precision (run one node's sweep of your model on the GPU first)")
+    cluster_flags(sc)
     lk = kinds.add_parser("links", help="the link products estimate scaling takes, per GPU, with their sources")
     for p in (m, t, f, a, c, ms, sc, lk):
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")

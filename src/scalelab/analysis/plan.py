@@ -19,7 +19,6 @@ from dataclasses import replace
 
 from scalelab import accounting, hardware, links
 from scalelab.analysis.estimate import (
-    DEFAULT_MFU,
     RESERVE,
     UNITS,
     EstimateError,
@@ -28,6 +27,7 @@ from scalelab.analysis.estimate import (
     _mfu_origin,
     _model,
     _percent,
+    cluster_flags,
     count,
     machine_of,
     model_flags,
@@ -200,19 +200,11 @@ def add_parser(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     model_flags(p)  # a plan needs the shape: --model, the shape flags or --config
     p.add_argument("--gpus", type=whole_count, required=True, help="GPUs in all")
-    p.add_argument("--gpu", required=True, help=f"GPU product: {', '.join(hardware.known_names())}")
-    p.add_argument("--gpus-per-node", type=whole_count, default=8, help="GPUs per node (default 8)")
-    p.add_argument("--intra-node", metavar="LINK", help="link within a node (default: the GPU's NVLink or PCIe)")
-    p.add_argument("--inter-node", metavar="LINK", help=f"link between nodes: {', '.join(links.known_names())}, GB/s, or "
-                   "a `scalelab bench comm` table")
-    p.add_argument("--link-efficiency", type=float, default=None, help=f"default {links.DEFAULT_EFFICIENCY}")
-    p.add_argument("--overlap-efficiency", type=float, default=None, help="default 1 (NCCL on its own stream)")
+    cluster_flags(p)
     p.add_argument("--global-batch", type=whole_count, required=True, metavar="SEQUENCES", help="sequences per optimizer step")
     p.add_argument("--tokens", type=count, required=True, help="tokens to train: 1T, 300B")
     p.add_argument("--precision", nargs="+", choices=list(PRECISION_NAMES), default=None,
                    help="only these precisions (default: bf16, and fp8 where the GPU has FP8 tensor cores)")
-    p.add_argument("--mfu", type=float, default=None, help=f"compute efficiency without communication (default {DEFAULT_MFU})")
-    p.add_argument("--mfu-from", metavar="RESULTS", default=None, help="the median MFU of a sweep's world-size-1 bf16 runs")
     p.add_argument("--reserve-gib", type=float, default=None, help="device memory the prediction does not count "
                    f"(default {RESERVE['fixed_gib']:g} GiB + {RESERVE['share']:.0%} of the GPU's memory)")
     p.add_argument("--json", action="store_true", help="every configuration's row as JSON")
