@@ -41,7 +41,8 @@ BRANCHES = (
     Branch("training/worker.py", "compile_warm_up", "the CUDA generator's state is kept apart from the CPU's and restored apart"),
     Branch("training/worker.py", "train", "the CUDA caching allocator's peak is reset before the steps; a CPU run's peak is its RSS"),
     Branch("training/worker.py", "gather", "device memory peaks (allocated, reserved) exist on a GPU; a CPU run reports its RSS"),
-    Branch("training/worker.py", "results", "device memory columns are a GPU run's (the column table: null on a CPU run)"),
+    Branch("training/worker.py", "memory_and_placement_columns", "device memory columns are a GPU run's (the column "
+           "table: null on a CPU run)"),
     Branch("training/trace.py", "StepTracer.__init__", "the CUDA allocator's history exists on a GPU only"),
     Branch("training/trace.py", "StepTracer.step", "a GPU run's trace holds its CUDA kernels too"),
     Branch("training/worker.py", "trace_figures", "memory snapshots are the CUDA allocator's: a GPU run's"),

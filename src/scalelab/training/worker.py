@@ -665,18 +665,6 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
     custom = counted_by_module(model_cfg) if model_cfg.module else None
     fpt = custom["flops_per_token"] if custom else accounting.flops_per_token(model_cfg)
     recompute_fpt = (custom["block_forward_flops_per_token"] if custom else accounting.recompute_flops_per_token(model_cfg)) if ac else 0.0
-    largest = max(range(world_size), key=lambda r: sum(all_held[r].values()))
-    predicted, predicted_paper, comm = _predictions(run)
-    dtypes = accounting.comm_dtypes(precision, point.zero_stage, point.grad_reduce)
-    on_gpu = run.device.type == "cuda"
-    # Traffic per link (issue #28): rank 0's counted bytes by the hosts its groups' ranks ran on,
-    # beside the formulas at torchrun's placement (each node's ranks consecutive, as many per node
-    # as on rank 0's host).
-    rank_hosts = [m["hostname"] for m in all_mem]
-    measured_links = bytes_by_link(counted["by_group"], rank_hosts)
-    predicted_links = accounting.comm_bytes_by_link(
-        run.n_params, point.zero_stage, world_size, precision, rank_hosts.count(rank_hosts[0]), point.replicas,
-        point.grad_reduce, accum, run.n_trainable)
     return {
         "n_params": run.n_params,
         "n_trainable_params": run.n_params if run.n_trainable is None else run.n_trainable,
@@ -722,6 +710,19 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "skipped_steps": tally.skipped_steps,
         "resumed_from_step": run.start_step - 1 if run.start_step else None,
         "final_loss_scale": run.scaler.get_scale() if run.scaler.is_enabled() else None,
+        **model_state_columns(run, all_held),
+        **comm_columns(run, counted, [m["hostname"] for m in all_mem], n_measured),
+        **memory_and_placement_columns(run, all_mem),
+        "first_step_unix": tally.first_step_at,
+        **environment(run.device, run.rank_cores),
+    }
+
+
+def model_state_columns(run: Run, all_held: list[dict]) -> dict:
+    """The largest rank's model state at rest, measured beside the formulas (PyTorch's and the paper's)."""
+    largest = max(range(run.world_size), key=lambda r: sum(all_held[r].values()))
+    predicted, predicted_paper, _ = _predictions(run)
+    return {
         "model_state_bytes_measured": sum(all_held[largest].values()),
         "model_state_params_bytes_measured": all_held[largest]["params"],
         "model_state_grads_bytes_measured": all_held[largest]["grads"],
@@ -732,11 +733,26 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "model_state_grads_bytes_predicted": predicted.grads,
         "model_state_optimizer_bytes_predicted": predicted.optimizer,
         "model_state_bytes_predicted_paper": predicted_paper.total,
+    }
+
+
+def comm_columns(run: Run, counted: dict, rank_hosts: list[str], n_measured: int) -> dict:
+    """Rank 0's collectives per measured step, counted beside the formulas, in all and per link: traffic
+    per link (issue #28) by the hosts its groups' ranks ran on, the formulas at torchrun's placement (each
+    node's ranks consecutive, as many per node as on rank 0's host)."""
+    point, precision, accum = run.point, run.point.precision, run.accum
+    _, _, comm = _predictions(run)
+    dtypes = accounting.comm_dtypes(precision, point.zero_stage, point.grad_reduce)
+    measured_links = bytes_by_link(counted["by_group"], rank_hosts)
+    predicted_links = accounting.comm_bytes_by_link(
+        run.n_params, point.zero_stage, run.world_size, precision, rank_hosts.count(rank_hosts[0]), point.replicas,
+        point.grad_reduce, accum, run.n_trainable)
+    return {
         "comm_calls_per_step": {k: v / n_measured for k, v in counted["calls"].items()},
         "comm_bytes_per_step_by_type": {k: v / n_measured for k, v in counted["bytes"].items()},
         "comm_bytes_per_step_measured": sum(counted["bytes"].values()) / n_measured,
         "comm_bytes_per_step_predicted": accounting.comm_bytes_per_step(
-            run.n_params, point.zero_stage, world_size, precision, accum, point.grad_reduce, run.n_trainable,
+            run.n_params, point.zero_stage, run.world_size, precision, accum, point.grad_reduce, run.n_trainable,
             point.replicas),
         **{f"comm_{link}_bytes_per_step_measured": sum(by_type.values()) / n_measured
            for link, by_type in measured_links.items()},
@@ -745,17 +761,23 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "comm_bytes_per_step_predicted_paper": 4 * comm("paper"),  # the paper's elements, counted at fp32's width
         "param_gather_dtype": dtypes.param_gather,
         "grad_reduce_dtype": dtypes.grad_reduce,
+    }
+
+
+def memory_and_placement_columns(run: Run, all_mem: list[dict]) -> dict:
+    """Peak memory over the ranks (device memory on a GPU, the process RSS everywhere) and where the ranks ran."""
+    on_gpu = run.device.type == "cuda"
+    hosts = [m["hostname"] for m in all_mem]
+    return {
         "peak_mem_allocated_bytes": max((m.get("peak_mem_allocated_bytes", 0) for m in all_mem), default=None) if on_gpu else None,
         "peak_mem_reserved_bytes": max((m.get("peak_mem_reserved_bytes", 0) for m in all_mem), default=None) if on_gpu else None,
         "peak_rss_bytes": max(m["peak_rss_bytes"] for m in all_mem),
-        "rank_hostnames": ",".join(m["hostname"] for m in all_mem),
-        "node_list": ",".join(dict.fromkeys(m["hostname"] for m in all_mem)),
-        "nodes_used": len({m["hostname"] for m in all_mem}),
+        "rank_hostnames": ",".join(hosts),
+        "node_list": ",".join(dict.fromkeys(hosts)),
+        "nodes_used": len(set(hosts)),
         # nodes of one kernel (a virtual cluster's namespaces): their ranks share its cores and memory
-        "nodes_share_machine": (len({m["boot_id"] for m in all_mem}) == 1 if len({m["hostname"] for m in all_mem}) > 1
+        "nodes_share_machine": (len({m["boot_id"] for m in all_mem}) == 1 if len(set(hosts)) > 1
                                 and all(m["boot_id"] for m in all_mem) else None),
-        "first_step_unix": tally.first_step_at,
-        **environment(run.device, run.rank_cores),
     }
 
 
