@@ -107,6 +107,19 @@ def test_an_mfu_prints_as_given_not_rounded_to_a_whole_percent(capsys):
     code, out, _ = _estimate(capsys, "time", "--params", "1e9", "--tokens", "1e12", "--gpus", "8", "--gpu", "H100",
                              "--mfu", "0.397")
     assert code == 0 and "at MFU 39.7%:" in out, out
+    # to the digit given (issue #44), in scaling and plan too; a default or measured MFU to one decimal
+    for mfu, shown in (("0.3975", "39.75%"), ("0.4", "40.0%"), ("0.41234", "41.234%")):
+        code, out, _ = _estimate(capsys, "time", "--params", "1e9", "--tokens", "1e12", "--gpus", "8", "--gpu", "H100",
+                                 "--mfu", mfu)
+        assert f"at MFU {shown}:" in out, out
+        code, out, _ = _estimate(capsys, "scaling", "--model", "gpt2", "--zero-stage", "3", "--gpu", "H100", "--gpus", "8",
+                                 "--mfu", mfu)
+        assert f"at MFU {shown} without communication (--mfu)" in out, out
+    from scalelab.cli import main
+
+    assert main(["plan", "--model", "gpt2", "--gpus", "8", "--gpu", "H100", "--global-batch", "64", "--tokens", "1B",
+                 "--mfu", "0.3975"]) == 0
+    assert "compute: MFU 39.75% without communication (--mfu)" in capsys.readouterr().out
 
 
 @pytest.mark.unit

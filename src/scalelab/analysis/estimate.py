@@ -73,6 +73,18 @@ def _percent(fraction: float) -> str:
     return f"{fraction:.1%}" if fraction == 0 or abs(fraction) >= 0.001 else f"{fraction * 100:.2g}%"
 
 
+def _as_given(fraction: float) -> str:
+    """A fraction the user wrote (--mfu 0.3975) as a percentage to the digit given: 39.75%, 40.0% for 0.4."""
+    digits = f"{fraction * 100:.10g}"  # its own digits, past float noise
+    decimals = min(max(len(digits.split(".")[1]) if "." in digits else 0, 1), 6)
+    return f"{fraction * 100:.{decimals}f}%"
+
+
+def _mfu_text(mfu: float, measured: bool, default: bool) -> str:
+    """The MFU an estimate used: a measured or default one to one decimal, the user's --mfu to the digit given."""
+    return _percent(mfu) if measured or default else _as_given(mfu)
+
+
 def _positive(name: str, value, allow_zero: bool = False):
     if value is None:
         return None
@@ -708,7 +720,8 @@ def _render_scaling(r: dict) -> list[str]:
                  if r.get("activation_checkpointing") else "")
     lines = [f"PREDICTION, not a measurement: {model}, {how} "
              f"({r['strategy']}), {r['precision']}, seq {r['seq_len']}, {batch}, {r['gpu']}, {r['gpus_per_node']} GPUs per node",
-             f"compute: {r['flops_per_token']:.3g} FLOP/token{recompute} at MFU {_percent(a['mfu_without_communication'])} "
+             f"compute: {r['flops_per_token']:.3g} FLOP/token{recompute} at MFU "
+             f"{_mfu_text(a['mfu_without_communication'], 'mfu_source' in a, a['mfu_default'])} "
              f"without communication ({_mfu_origin(a)}) of the {r['precision']} dense peak "
              f"{r['peak_flops_per_gpu'] / 1e12:.1f} TFLOP/s = {r['rows'][0]['compute_s'] * 1e3:.1f} ms per step"
              + (f" at {r['rows'][0]['gpus']} GPUs (each GPU's share of the global batch shrinks as GPUs grow)"
@@ -770,7 +783,8 @@ def render(kind: str, result: dict) -> str:
         r = result
         lines += [(f"{r['model']} ({r['family']}): " if "model" in r else "") +
                   f"{_human(r['n_params'])} parameters x {_human(r['tokens'])} tokens = {r['total_flops']:.3e} FLOPs ({r['flops_rule']})",
-                  f"on {r['gpus']} x {r['gpu']} ({r['precision']} dense peak {r['peak_flops_per_gpu'] / 1e12:.1f} TFLOP/s) at MFU {_percent(r['mfu'])}:",
+                  f"on {r['gpus']} x {r['gpu']} ({r['precision']} dense peak {r['peak_flops_per_gpu'] / 1e12:.1f} TFLOP/s) "
+                  f"at MFU {_mfu_text(r['mfu'], 'mfu_source' in r, r.get('mfu_default', False))}:",
                   f"  {r['days']:.2f} days ({r['gpu_hours']:.4g} GPU-hours)"]
         if "mfu_source" in r:
             source = r["mfu_source"]

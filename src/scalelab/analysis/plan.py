@@ -25,8 +25,8 @@ from scalelab.analysis.estimate import (
     Point,
     _human,
     _mfu_origin,
+    _mfu_text,
     _model,
-    _percent,
     cluster_flags,
     count,
     machine_of,
@@ -169,7 +169,8 @@ def render(result: dict) -> str:
         lines.append(f"  {_label(r)}: {r['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, {r['peak_memory_gib']:.1f} GiB; "
                      f"{r['why']}")
     lines.append("assumptions (each with its source):")
-    lines.append(f"  compute: MFU {_percent(a['mfu_without_communication'])} without communication "
+    lines.append(f"  compute: MFU {_mfu_text(a['mfu_without_communication'], 'mfu_source' in a, a['mfu_default'])} "
+                 "without communication "
                  f"({_mfu_origin(a)}); {a['mfu_note']}")
     lines.append(f"  links: within a node {a['intra_node']}" + (f"; between nodes {a['inter_node']}" if a["inter_node"] else "")
                  + f"; link efficiency {a['link_efficiency']:g}")
