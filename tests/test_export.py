@@ -90,7 +90,7 @@ def test_the_best_run_as_each_trainers_configuration(results, capsys):
             assert parallel["data_parallel_replicate_degree"] == int(row["replicas"])
         assert toml["training"]["mixed_precision_param"] == ("bfloat16" if row["precision"] in ("bf16", "fp8") else "float32")
         hf = json.loads(export_config(results, "hf", row["run_id"]))
-        assert set(hf) - {"_note", "_scalelab"} <= HF_KEYS and hf["bf16"] == (row["precision"] == "bf16")
+        assert set(hf) - {"_note", "_scalelab", "_not_carried"} <= HF_KEYS and hf["bf16"] == (row["precision"] == "bf16")
         assert ("fsdp" in hf) == (row["zero_stage"] > 0)
         if row["zero_stage"] == 3:
             assert hf["fsdp"].split()[0] == ("hybrid_shard" if row["replicas"] > 1 else "full_shard")
@@ -98,5 +98,13 @@ def test_the_best_run_as_each_trainers_configuration(results, capsys):
         compile(code, "<lightning>", "exec")  # Python that runs where Lightning is installed
         assert f"devices={row['world_size']}" in code
         assert {"fp32": '"32-true"', "fp16": '"16-mixed"', "bf16": '"bf16-mixed"'}.get(row["precision"], "") in code
+    # clipping off, a LoRA run, two nodes: said, not guessed
+    row = {**pick_run(runs, None), "grad_clip": 0.0, "lora_rank": 8, "world_size": 16, "nodes_used": 2, "zero_stage": 3}
+    from scalelab.analysis.export import hf_arguments, lightning_code, torchtitan_toml
+
+    assert "max_norm" not in tomllib.loads(torchtitan_toml(row))["training"] and "without clipping" in torchtitan_toml(row)
+    assert hf_arguments(row)["max_grad_norm"] == 0.0 and "LoRA rank 8" in hf_arguments(row)["_not_carried"][0]
+    assert "devices=8, num_nodes=2" in lightning_code(row) and "gradient_clip_val=None" in lightning_code(row)
+    assert "# not carried: LoRA rank 8" in lightning_code(row)
     assert main(["export", "config", str(results), "--to", "torchtitan", "--run", "nope"]) == 2
     assert "no run 'nope'" in capsys.readouterr().err

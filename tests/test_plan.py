@@ -55,6 +55,13 @@ def test_the_plan_ranks_what_fits_and_says_why_the_others_lost(capsys):
     assert "memory reserve: scalelab's default, not yet measured on a GPU" in text and "MFU 40.0% without communication" in text
 
 
+def test_a_gpu_without_bf16_plans_in_fp16(capsys):
+    code, out, err = _plan(capsys, "plan", "--model", "gpt2", "--gpus", "8", "--gpu", "V100 SXM2 32GB", "--global-batch", "64",
+                           "--tokens", "1B", "--json")
+    assert code == 0, err
+    assert {r["precision"] for r in json.loads(out)["rows"]} == {"fp16"}
+
+
 def test_a_plan_without_room_says_nothing_fits_and_a_bad_batch_is_named(capsys):
     code, out, _ = _plan(capsys, *ASK, "--reserve-gib", "79")
     assert code == 0 and "NO configuration fits" in out

@@ -325,7 +325,12 @@ def test_traced_runs_give_the_overlap_efficiency_they_measured():
     runs, table = sweep(), bench_table()
     parts, hidden = _z3_parts(runs, table)
     runs["exposed_comm_s_measured"] = None
-    runs.loc[runs["run_id"] == "fp32-z3-w2", "exposed_comm_s_measured"] = sum(parts.comm_s.values()) - 0.25 * hidden
+    exposed = sum(parts.comm_s.values()) - 0.25 * hidden
+    runs.loc[runs["run_id"] == "fp32-z3-w2", "exposed_comm_s_measured"] = exposed
+    runs.loc[runs["run_id"] == "fp32-z3-w2", "step_time_s_mean"] = parts.base_compute_s * 1.3 + exposed
     model = prediction.fit(runs, table)
     assert model.overlap_efficiency["cpu"] == pytest.approx(0.25)
     assert model.overlap_source["cpu"].startswith("measured: the traces of 1 run")
+    # f is fitted against the step with that overlap (the compute it hides behind): the run's prediction is its step
+    row = prediction.predict(model, runs).set_index("run_id").loc["fp32-z3-w2"]
+    assert row["predicted_step_time_s"] == pytest.approx(row["step_time_s_mean"], rel=0.05)

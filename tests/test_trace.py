@@ -35,6 +35,7 @@ def test_exposed_communication_is_what_no_compute_overlaps():
     # synchronize, so its kernels lie within its span on the host)
     gpu = {"traceEvents": [
         _event("scalelab step 0", 0, 1000),
+        _event("scalelab step 0", 700, 200, tid=7, cat="gpu_user_annotation"),  # the same span on a stream: not the step
         _event("ampere_sgemm", 50, 400, tid=7, cat="kernel"),
         _event("ncclDevKernel_AllGather_RING_LL", 300, 300, tid=8, cat="kernel"),
         _event("aten::mm", 0, 10),

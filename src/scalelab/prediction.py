@@ -591,7 +591,8 @@ def _fit_across_ranks(model: Model, ok) -> None:
         mine = across.get(device, [])
         _fit_overlap(model, device, mine)
         eta = model.overlap_efficiency[device]
-        exposed = [step_time(r["zero_stage"], 0.0, p.comm_s, calls=p.calls, overlap_efficiency=eta).exposed_comm_s
+        # what overlap leaves exposed depends on the compute it hides behind: the reference's, carried (f is not known yet)
+        exposed = [step_time(r["zero_stage"], p.base_compute_s, p.comm_s, calls=p.calls, overlap_efficiency=eta).exposed_comm_s
                    for r, p in mine]
         stages = sorted({int(s) for s in ok.loc[ok["device_type"] == device, "zero_stage"]})
         for stage in stages:
@@ -606,13 +607,14 @@ def _fit_across_ranks(model: Model, ok) -> None:
                 model.rank_factor_source[device, stage] = "1: the fit set's runs beyond their reference fit an overlap instead (eta)"
             else:
                 ratios = [(float(r[MEASURED]) - e) / p.base_compute_s for (r, p), e in of_stage]
-                model.rank_factor[device, stage] = float(np.median(ratios))
+                # at least 0: a negative median says the communication model alone exceeds those steps
+                model.rank_factor[device, stage] = max(float(np.median(ratios)), 0.0)
                 model.rank_factor_source[device, stage] = (f"fitted: median of {len(of_stage)} run(s) of the fit set at this "
                                                            "stage beyond their reference")
         fitted = sum(1 for (d, _), src in model.rank_factor_source.items() if d == device and src.startswith("fitted"))
         if len(mine) - fitted >= 2:  # degrees of freedom left once each fitted stage's f took one
-            steps = [p.base_compute_s * model.rank_factor[device, int(r["zero_stage"])] + e
-                     for (r, p), e in zip(mine, exposed, strict=True)]
+            steps = [step_time(r["zero_stage"], p.base_compute_s * model.rank_factor[device, int(r["zero_stage"])], p.comm_s,
+                               calls=p.calls, overlap_efficiency=eta).step_s for r, p in mine]
             logs = [math.log(float(r[MEASURED]) / step) for (r, _), step in zip(mine, steps, strict=True)]
             # what the band's other terms already hold (relative variance), so that the band is not wider than the errors
             known = [sum(_noise_terms(model, p, step).values()) / step ** 2 for (_, p), step in zip(mine, steps, strict=True)]

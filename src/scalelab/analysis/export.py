@@ -69,10 +69,7 @@ def export_tensorboard(results: Path, out: Path) -> list[str]:
                     value = _plain(record.get(column))
                     if value is not None:
                         writer.add_scalar(tag, float(value), int(record["step"]))
-            last = int(mine["step"].max()) if len(mine) else 0
             metrics = {tag: float(v) for column, tag in RUN_METRICS.items() if (v := _plain(row.get(column))) is not None}
-            for tag, value in metrics.items():
-                writer.add_scalar(tag, value, last)
             hparams = {axis: _plain(row.get(axis)) for axis in ("run_id", *SWEEP_AXES, "status", "device_type", "model_family")}
             writer.add_hparams({k: ("none" if v is None else v) for k, v in hparams.items()}, metrics, run_name=".")
         written.append(run_id)
@@ -109,9 +106,27 @@ def pick_run(runs: pd.DataFrame, run_id: str | None) -> dict:
     model = best["model"].iloc[0]
     row = best[best["model"] == model].sort_values("world_size").iloc[-1]
     first = runs[runs["run_id"].astype(str) == row["run_id"]].iloc[0].to_dict()
-    note = standing(row, noise_of(best, model if best["model"].nunique() > 1 else None)).lstrip("; ")
+    note = standing(row, noise_of(best, model)).lstrip("; ")
     return {**first, "tokens_per_s": row["tokens_per_s"], "_standing": f"the best at world size {int(row['world_size'])}"
             + (f" ({note})" if note else "")}
+
+
+def _clip(row: dict) -> float | None:
+    """The run's gradient clipping norm; None where train.grad_clip was 0 (no clipping)."""
+    value = row.get("grad_clip", 1.0)
+    return float(value) if value else None
+
+
+def not_carried(row: dict) -> list[str]:
+    """What the run did that the exported configuration does not carry (levers away from their defaults)."""
+    out = []
+    if _plain(row.get("lora_rank")) is not None:
+        out.append(f"LoRA rank {int(row['lora_rank'])} (only the adapters trained): the trainer's own PEFT setup")
+    if row.get("cpu_offload"):
+        out.append("CPU offload of parameters, gradients and optimizer state (FSDP's offload policy)")
+    if str(row.get("grad_reduce") or "fp32") not in ("fp32", "None"):
+        out.append(f"gradients reduced in the compute dtype (grad_reduce {row['grad_reduce']})")
+    return out
 
 
 def _micro(row: dict) -> int:
@@ -142,7 +157,8 @@ def torchtitan_toml(row: dict) -> str:
     accumulation = int(_plain(row.get("accumulation_steps")) or 1)
     lines += ["", "[training]", f"local_batch_size = {micro}", f"global_batch_size = {micro * accumulation * n}",
               *([f"seq_len = {int(_plain(row.get('seq_len')))}"] if _plain(row.get("seq_len")) is not None else []),
-              f"max_norm = {float(row.get('grad_clip', 1.0) or 1.0)}",
+              *([f"max_norm = {_clip(row)}"] if _clip(row) else
+                ["# scalelab ran without clipping (train.grad_clip 0): torchtitan clips at max_norm; set it very large"]),
               f'mixed_precision_param = "{"bfloat16" if precision in ("bf16", "fp8") else "float32"}"',
               'mixed_precision_reduce = "float32"', f"compile = {'true' if row.get('compile') else 'false'}"]
     if precision == "fp16":
@@ -150,6 +166,7 @@ def torchtitan_toml(row: dict) -> str:
     if precision == "fp8":
         lines += ["", "[model]", 'converters = ["float8"]']
     lines += ["", "[activation_checkpoint]", f'mode = "{"full" if row.get("activation_checkpointing") else "none"}"']
+    lines += [f"# not carried: {what}" for what in not_carried(row)]
     return "\n".join(lines) + "\n"
 
 
@@ -159,7 +176,7 @@ def hf_arguments(row: dict) -> dict:
     args = {"_scalelab": f"run {row['run_id']}: {row['tokens_per_s']:.0f} tokens/s; {row.get('_standing', '')}",
             "per_device_train_batch_size": _micro(row), "gradient_accumulation_steps": int(_plain(row.get("accumulation_steps")) or 1),
             "bf16": precision == "bf16", "fp16": precision == "fp16", "gradient_checkpointing": bool(row.get("activation_checkpointing")),
-            "torch_compile": bool(row.get("compile")), "max_grad_norm": float(row.get("grad_clip", 1.0) or 1.0)}
+            "torch_compile": bool(row.get("compile")), "max_grad_norm": _clip(row) or 0.0}  # 0: no clipping in transformers
     if stage == 0:
         args["_note"] = "ZeRO stage 0 is plain DDP: torchrun/accelerate launch with no fsdp setting"
     else:
@@ -170,11 +187,14 @@ def hf_arguments(row: dict) -> dict:
             args["_note"] = "ZeRO stage 1 (optimizer state sharded) has no FSDP mode: SHARD_GRAD_OP (stage 2) is the nearest"
     if precision == "fp8":
         args["_note"] = "fp8: accelerate's mixed_precision='fp8' (TransformerEngine or torchao backend); TrainingArguments has no flag"
+    if not_carried(row):
+        args["_not_carried"] = not_carried(row)
     return args
 
 
 def lightning_code(row: dict) -> str:
     stage, n, replicas = int(row["zero_stage"]), int(row["world_size"]), _replicas(row)
+    nodes = int(_plain(row.get("nodes_used")) or 1)
     precision = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed", "fp8": "transformer-engine"}.get(str(row["precision"]), "32-true")
     if stage == 0:
         strategy = "DDPStrategy()"
@@ -186,9 +206,9 @@ def lightning_code(row: dict) -> str:
              "from lightning.pytorch import Trainer",
              f"from lightning.pytorch.strategies import {'DDPStrategy' if stage == 0 else 'FSDPStrategy'}",
              "",
-             f"trainer = Trainer(devices={n}, strategy={strategy}, precision=\"{precision}\",",
+             f"trainer = Trainer(devices={n // nodes}, num_nodes={nodes}, strategy={strategy}, precision=\"{precision}\",",
              f"                  accumulate_grad_batches={int(_plain(row.get('accumulation_steps')) or 1)}, "
-             f"gradient_clip_val={float(row.get('grad_clip', 1.0) or 1.0)})",
+             f"gradient_clip_val={_clip(row)})",
              f"# per-device batch size: {_micro(row)} sequences of {_plain(row.get('seq_len')) or '?'} tokens"]
     if stage == 1:
         lines.append("# ZeRO stage 1 (optimizer state sharded) has no FSDP mode: SHARD_GRAD_OP (stage 2) is the nearest")
@@ -196,6 +216,7 @@ def lightning_code(row: dict) -> str:
         lines.append("# compile: model = torch.compile(model) before trainer.fit (scalelab compiled each block and the loss)")
     if row.get("activation_checkpointing"):
         lines.append("# {Block}: your model's transformer block class")
+    lines += [f"# not carried: {what}" for what in not_carried(row)]
     return "\n".join(lines) + "\n"
 
 
@@ -213,7 +234,7 @@ def export_config(results: Path, trainer: str, run_id: str | None) -> str:
     return lightning_code(row)
 
 
-def _grad_clip_of(results: Path) -> float:
+def _grad_clip_of(results: Path) -> float:  # 0: no clipping
     """The sweep's train.grad_clip, from the invocation record where there is one (the metrics carry none)."""
     record = Path(results) / ".scalelab" / "invocation.json"
     try:

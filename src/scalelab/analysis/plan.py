@@ -64,7 +64,12 @@ def plan(args) -> dict:
     n, tokens = int(args.gpus), float(args.tokens)
     if args.global_batch % n:
         raise EstimateError(f"--global-batch {args.global_batch} does not split evenly over --gpus {n}")
-    machine, source, notes = machine_of(args, "bf16", [n])
+    try:
+        product = hardware.gpu_by_name(args.gpu)
+    except ValueError as err:
+        raise EstimateError(f"--gpu {args.gpu}: {err}") from None
+    pairs = candidates(product, args.precision, n, int(args.gpus_per_node))
+    machine, source, notes = machine_of(args, pairs[0][0], [n])  # --mfu-from reads that precision's runs
     product = machine.product
     memory = product.memory_gib * UNITS["GiB"]
     reserve = (args.reserve_gib if args.reserve_gib is not None else RESERVE["fixed_gib"] + RESERVE["share"] * product.memory_gib)
@@ -73,7 +78,7 @@ def plan(args) -> dict:
     fp8 = hardware.fp8_outlook(cfg.d_model)
     share = args.global_batch // n
     rows = []
-    for precision, key in candidates(product, args.precision, n, machine.per_node):
+    for precision, key in pairs:
         if precision == "fp8":  # timed from bf16 by the measured tokens/s ratio (module doc)
             peak = accounting.gpu_peak_flops(args.gpu, "bf16") * fp8["ratio_estimate"]
         else:
@@ -133,9 +138,9 @@ def _why_lost(row: dict, best: dict | None, budget: float) -> str:
         return f"{slower:.1%} slower: within {TIE:.0%} of the best, no ranking (the model's error is larger): measure both"
     exposed = row["exposed_comm_s"] - best["exposed_comm_s"]
     compute = row["compute_s"] - best["compute_s"]
-    cause = (f"{exposed:.2f} s more exposed communication per step" if exposed >= compute else
-             f"{compute:.2f} s more compute per step" + (" (recompute)" if row["activation_checkpointing"] and
-                                                           not best["activation_checkpointing"] else ""))
+    cause = (f"{exposed * 1e3:.1f} ms more exposed communication per step" if exposed >= compute else
+             f"{compute * 1e3:.1f} ms more compute per step" + (" (recompute)" if row["activation_checkpointing"] and
+                                                                not best["activation_checkpointing"] else ""))
     return f"{slower:.1%} slower: {cause}"
 
 
@@ -162,7 +167,7 @@ def render(result: dict) -> str:
         lines += [f"best: {_label(best)}",
                   f"  {best['peak_memory_gib']:.1f} GiB per GPU; {best['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU "
                   f"({best['tokens_per_s']:,.0f} in all)" + (f", MFU {mfu:.1%} of the bf16 peak" if mfu else "")
-                  + f"; step {best['step_time_s']:.2f} s (exposed communication {best['exposed_comm_s']:.2f} s); "
+                  + f"; step {best['step_time_s']:.3g} s (exposed communication {best['exposed_comm_s'] * 1e3:.1f} ms); "
                   f"{_human(result['tokens'])} tokens in {best['days']:.1f} days"]
     lines.append("runners-up (the fastest of each other precision and strategy):")
     for r in result["runners_up"]:

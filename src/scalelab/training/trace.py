@@ -126,7 +126,8 @@ def exposed_comm_per_step(trace: dict) -> dict[int, float]:
     nothing computed (module doc): GPU kernels where the trace has any, else gloo's threads against
     the main thread's operators."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
-    spans = [e for e in events if str(e.get("name", "")).startswith(STEP_SPAN)]
+    # the host's span of each step (on a GPU, record_function also writes one per stream: gpu_user_annotation)
+    spans = [e for e in events if str(e.get("name", "")).startswith(STEP_SPAN) and e.get("cat") != "gpu_user_annotation"]
     kernels = [e for e in events if _is_kernel(e)]
     out = {}
     for span in spans:
