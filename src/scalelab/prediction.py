@@ -636,32 +636,25 @@ def _fit_overlap(model: Model, device: str, mine: list[tuple[dict, _Parts]]) -> 
     """eta of one device type from its runs beyond their reference (least squares, clipped to [0, 1]):
     from their traces where some were traced (exposed_comm_s_measured = all communication - eta x
     hidden), else from their step times; DEFAULT_OVERLAP_EFFICIENCY where none of them hides anything."""
-    num = den = 0.0
-    traced = 0
+    # per run that could hide something: what it could hide, and what it hid (all communication less what was
+    # exposed: its trace's measure where it has one, else its step less its compute)
+    hiding, traced = [], []
     for row, parts in mine:
-        exposed = row.get("exposed_comm_s_measured")
-        full = step_time(row["zero_stage"], parts.base_compute_s, parts.comm_s, calls=parts.calls, overlap_efficiency=1.0)
-        hidden = sum(parts.comm_s.values()) - full.exposed_comm_s
-        if _missing(exposed) or hidden <= 0:
-            continue
-        num, den, traced = num + (sum(parts.comm_s.values()) - float(exposed)) * hidden, den + hidden ** 2, traced + 1
-    if traced:
-        model.overlap_efficiency[device] = min(max(num / den, 0.0), 1.0)
-        model.overlap_source[device] = (f"measured: the traces of {traced} run(s) of the fit set beyond their reference "
-                                        "(exposed_comm_s_measured)")
-        return
-    num = den = 0.0
-    runs = 0
-    for row, parts in mine:
-        full = step_time(row["zero_stage"], parts.base_compute_s, parts.comm_s, calls=parts.calls, overlap_efficiency=1.0)
-        hidden = sum(parts.comm_s.values()) - full.exposed_comm_s
+        total = sum(parts.comm_s.values())
+        hidden = total - step_time(row["zero_stage"], parts.base_compute_s, parts.comm_s, calls=parts.calls,
+                                   overlap_efficiency=1.0).exposed_comm_s
         if hidden <= 0:
             continue
-        residual = float(row[MEASURED]) - parts.base_compute_s - sum(parts.comm_s.values())
-        num, den, runs = num - residual * hidden, den + hidden ** 2, runs + 1
-    if runs:
-        model.overlap_efficiency[device] = min(max(num / den, 0.0), 1.0)
-        model.overlap_source[device] = f"fitted: {runs} run(s) of the fit set that communicate beyond their reference"
+        hiding.append((hidden, total - (float(row[MEASURED]) - parts.base_compute_s)))
+        if not _missing(row.get("exposed_comm_s_measured")):
+            traced.append((hidden, total - float(row["exposed_comm_s_measured"])))
+    pairs = traced or hiding
+    if pairs:  # least squares of hid = eta x hidden, clipped to [0, 1]
+        eta = sum(h * hid for h, hid in pairs) / sum(h * h for h, _ in pairs)
+        model.overlap_efficiency[device] = min(max(eta, 0.0), 1.0)
+        model.overlap_source[device] = (
+            f"measured: the traces of {len(traced)} run(s) of the fit set beyond their reference (exposed_comm_s_measured)"
+            if traced else f"fitted: {len(hiding)} run(s) of the fit set that communicate beyond their reference")
     else:
         model.overlap_efficiency[device] = DEFAULT_OVERLAP_EFFICIENCY.get(device, 0.0)
         model.overlap_source[device] = ("defaulted: no run of the fit set communicates beyond its reference ("
