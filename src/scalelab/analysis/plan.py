@@ -30,6 +30,7 @@ from scalelab.analysis.estimate import (
     cluster_flags,
     count,
     machine_of,
+    memory_reserve_bytes,
     model_flags,
     predict_point,
     whole_count,
@@ -72,7 +73,7 @@ def plan(args) -> dict:
     machine, source, notes = machine_of(args, pairs[0][0], [n])  # --mfu-from reads that precision's runs
     product = machine.product
     memory = product.memory_gib * UNITS["GiB"]
-    reserve = (args.reserve_gib if args.reserve_gib is not None else RESERVE["fixed_gib"] + RESERVE["share"] * product.memory_gib)
+    reserve = memory_reserve_bytes(memory, args.reserve_gib) / UNITS["GiB"]  # the reserve advise keeps too
     budget = memory - reserve * UNITS["GiB"]
     bf16_peak = accounting.gpu_peak_flops(args.gpu, "bf16") if product.peak("bf16") else None
     fp8 = hardware.fp8_outlook(cfg.d_model)
@@ -80,7 +81,7 @@ def plan(args) -> dict:
     rows = []
     for precision, key in pairs:
         if precision == "fp8":  # timed from bf16 by the measured tokens/s ratio (module doc)
-            peak = accounting.gpu_peak_flops(args.gpu, "bf16") * fp8["ratio_estimate"]
+            peak = bf16_peak * fp8["ratio_estimate"]
         else:
             peak = accounting.gpu_peak_flops(args.gpu, precision)
         for micro in [m for m in MICRO_BATCHES if share % m == 0]:
