@@ -516,14 +516,15 @@ def extend_measurement(run: Run, tally: Tally) -> int:
 
 def _until(run: Run, times: list[float], seconds: float, step_from: int, at_least: int = 0) -> int:
     """Take optimizer steps (numbered from step_from), appending each one's time to ``times``,
-    until they add up to ``seconds`` and number at least ``at_least`` (every rank stops at the
-    same step: the decision is all-reduced, the smallest vote, outside the communication count);
+    until they add up to ``seconds`` and number at least ``at_least`` on every rank (each rank stops at
+    the same step: the decision is all-reduced, any rank short of it takes one more, outside the
+    communication count; rank 0's times are the run's, so a smallest vote left them short);
     at most MAX_TIMING_STEPS. Returns how many it took."""
     n = 0
     while n < MAX_TIMING_STEPS:
         more = torch.tensor(int(sum(times) < seconds or len(times) < at_least), device=run.device)
         with run.counter.paused():
-            dist.all_reduce(more, op=dist.ReduceOp.MIN)
+            dist.all_reduce(more, op=dist.ReduceOp.MAX)
         if not more.item():
             break
         run.par.optimizer.zero_grad(set_to_none=True)
