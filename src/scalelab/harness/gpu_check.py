@@ -1,7 +1,7 @@
 """The first GPU check, in one command: `make gpu-check` on a machine with an NVIDIA GPU.
 
     python -m scalelab.harness.gpu_check                  every part, within --deadline-s (needs CUDA)
-    python -m scalelab.harness.gpu_check --only bench     some parts: suite | bench | fp8 | sweep | diagnose | rest
+    python -m scalelab.harness.gpu_check --only bench     some parts: suite | bench | fp8 | sweep | diagnose | profile | rest
     python -m scalelab.harness.gpu_check --dry-run        the same steps on the CPU with tiny models
     python -m scalelab.harness.gpu_check --bundle-requirements   what `make gpu-bundle` downloads
 
@@ -19,7 +19,10 @@ The parts, in order of value (each gets the time the ones before it left, see --
 5. diagnose: what a scalelab/plain gap comes from: the plain loop with one of scalelab's
    differences at a time, bf16 compiled (compiled per block and loss instead of the whole model;
    in DDP at world size 1), each against the plain loop as a user writes it;
-6. rest: fp16 and fp32 with TF32, eager and compiled, against the plain loop.
+6. profile: one step of each side traced by torch.profiler (bf16 compiled): kernel time by class
+   (matmul, attention, compiled, copies, optimizer, communication...), the busiest kernels, the time
+   the device was busy; the traces kept under <out>/traces;
+7. rest: fp16 and fp32 with TF32, eager and compiled, against the plain loop.
 
 Once every part has had its turn, the time left repeats the comparisons of parts 2, 3 and 5 (a
 second scalelab run, then a second plain run; bf16, then fp8), up to --rounds measurements of
@@ -50,6 +53,7 @@ import datetime
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -122,7 +126,8 @@ class Key:
     compiled: bool = False
     variant: str = ""
     """The plain loop's variant (plain_loop's module doc): "" as a user writes it, "blocks" (compiled
-    per block and loss, as scalelab's compile lever), "ddp" (in DDP at world size 1, as scalelab's stage 0)."""
+    per block and loss, as scalelab's compile lever), "ddp" (in DDP at world size 1, as scalelab's stage 0
+    was); "traced" (either side): one step traced by torch.profiler, for the profile part."""
 
     @property
     def label(self) -> str:
@@ -221,6 +226,8 @@ class Check:
         data_dir = self._data()
         n = sum(m["status"] != "not run: deadline" for m in self.scalelab.get(key, []))
         cfg = self._config(key)
+        if key.variant == "traced":  # one step after the warm-up; the measurement window leaves it out
+            cfg["train"]["profile"] = [cfg["train"]["warmup_steps"] + 1] * 2
         lever = {"compile": key.compiled} if "compile" in AXIS else {}
         point = RunPoint(key.precision, 0, 1, **lever)
         started = time.monotonic()
@@ -240,7 +247,8 @@ class Check:
              "peak_bytes_measured": peak, "peak_bytes_measured_is": "device" if s.get("peak_mem_allocated_bytes") else "process RSS",
              "peak_bytes_predicted": s.get("predicted_peak_bytes"), "compile_time_s": s.get("compile_time_s"),
              "wall_s": time.monotonic() - started, "device_name": s.get("device_name"), "n_params": s.get("n_params"),
-             "fp8_emulated": s.get("fp8_emulated"), "log": str(self.out / "logs" / f"{name}.log")}
+             "fp8_emulated": s.get("fp8_emulated"), "log": str(self.out / "logs" / f"{name}.log"),
+             "trace": str(self.work / "runs" / name / "trace" / "rank0.json") if key.variant == "traced" else None}
         return self._keep("scalelab", key, m)
 
     def measure_plain(self, key: Key) -> dict:
@@ -261,6 +269,8 @@ class Check:
         cmd += ["--compile-scope", "blocks"] if key.variant == "blocks" else []
         cmd += ["--ddp"] if key.variant == "ddp" else []
         cmd += ["--tf32"] if key.tf32 else []
+        trace = self.work / f"{name}.trace.json" if key.variant == "traced" else None
+        cmd += ["--trace", str(trace)] if trace else []
         cmd += ["--threads", str(self.threads)]
         started = time.monotonic()
         env = {**os.environ, "OMP_NUM_THREADS": str(self.threads), "PYTHONUNBUFFERED": "1"}
@@ -273,7 +283,7 @@ class Check:
             m.update(status="ok", reason=None, tokens_per_s=r["tokens_per_s"], tokens_per_s_mean=r["tokens_per_s_mean"],
                      step_time_s_median=r["step_time_s_median"], peak_bytes_measured=r["peak_mem_allocated_bytes"],
                      first_step_s=r["first_step_s"], n_params=r["n_params"], device_name=r["device_name"],
-                     final_loss=r["final_loss"])
+                     final_loss=r["final_loss"], trace=str(trace) if trace else None)
         elif rc is None:
             m.update(status="timeout", reason=f"stopped at the deadline ({self.deadline_s:g} s)")
         else:
@@ -481,7 +491,11 @@ def gpu_suite(check: Check) -> dict:
     """`pytest -m gpu`: on a GPU machine it runs them, elsewhere it shows they skip with a reason."""
     if check.left() < MIN_LEFT_SUITE_S[check.kind]:
         return {"status": "not run: deadline", "figures": f"{max(check.left(), 0):.0f} s left"}
-    rc, output = run_bounded([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider"],
+    # Each GPU test starts runs of its own (seconds of start-up each, the GPU mostly idle): on a GPU
+    # machine several workers share it (the first check: 8 workers, 33 tests in 83 s; one by one
+    # they would not fit the deadline). A dry run on a small machine runs them one by one.
+    workers = [] if check.dry_run else ["-n", str(max(1, min(8, (os.cpu_count() or 2) // 2))), "--dist", "load"]
+    rc, output = run_bounded([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider", *workers],
                              check.left(), cwd=REPO_ROOT)
     (check.out / "gpu-suite.log").write_text(output)
     print(output[-3000:], flush=True)
@@ -617,7 +631,105 @@ def diagnose(check: Check) -> dict:
             "figures": "; ".join(f"{r['label']}: {_fmt(r['ratio_to_plain'], '.3f')} of plain" for r in rows)}
 
 
-PARTS = {"suite": gpu_suite, "bench": bench, "fp8": fp8, "sweep": reference_sweep, "diagnose": diagnose, "rest": rest}
+# Kernel classes of a trace, by a piece of the kernel's name (the first class that matches).
+KERNEL_CLASSES = (("communication", ("nccl",)), ("attention", ("flash", "fmha", "attention", "sdpa")),
+                  ("matmul", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "wgmma")),
+                  ("optimizer", ("adam", "multi_tensor")), ("copy, fill", ("memcpy", "memset", "copy", "fill")),
+                  ("compiled (triton)", ("triton",)), ("elementwise", ("elementwise", "vectorized", "unrolled")),
+                  ("reduction", ("reduce", "norm")))
+
+
+def kernel_class(name: str) -> str:
+    low = name.lower()
+    return next((cls for cls, pieces in KERNEL_CLASSES if any(p in low for p in pieces)), "other")
+
+
+def trace_summary(path: str | Path) -> dict:
+    """What one traced step did on the device: its GPU kernels (and copies) by class and the
+    busiest ones, their summed time, the time the GPU was busy (their union) and the span from the
+    first to the last. On a CPU (a dry run) the top-level CPU operators stand in for kernels."""
+    events = json.loads(Path(path).read_text())["traceEvents"]
+    work = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    device = "gpu"
+    if not work:
+        device = "cpu"
+        ops = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"), key=lambda e: e["ts"])
+        work, end = [], -1.0
+        for e in ops:  # the outermost operators only: nested ones are inside their parent's time
+            if e["ts"] >= end:
+                work.append(e)
+                end = e["ts"] + e.get("dur", 0)
+    intervals = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in work)
+    busy, cur_start, cur_end = 0.0, None, None
+    for start, end in intervals:
+        if cur_end is None or start > cur_end:
+            busy += (cur_end - cur_start) if cur_end is not None else 0.0
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    busy += (cur_end - cur_start) if cur_end is not None else 0.0
+    by_class: dict[str, list[float]] = {}
+    by_name: dict[str, list[float]] = {}
+    for e in work:
+        for table, k in ((by_class, kernel_class(e["name"]) if device == "gpu" else "cpu operators"), (by_name, e["name"])):
+            entry = table.setdefault(k, [0, 0.0])
+            entry[0] += 1
+            entry[1] += e.get("dur", 0) / 1e3
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:12]
+    return {"device": device, "kernels": len(work), "kernel_ms": sum(e.get("dur", 0) for e in work) / 1e3,
+            "busy_ms": busy / 1e3, "span_ms": (intervals[-1][1] - intervals[0][0]) / 1e3 if intervals else 0.0,
+            "by_class": {k: {"count": v[0], "ms": v[1]} for k, v in sorted(by_class.items(), key=lambda kv: -kv[1][1])},
+            "top": [{"name": k[:120], "count": v[0], "ms": v[1]} for k, v in top]}
+
+
+def profile_table(summaries: dict[str, dict]) -> str:
+    """The traced steps side by side: totals, then milliseconds per kernel class."""
+    sides = list(summaries)
+    lines = [f"{'one traced step':<22}" + "".join(f"{side:>22}" for side in sides)]
+    for field_, label in (("kernels", "kernels"), ("kernel_ms", "kernel time (ms)"), ("busy_ms", "device busy (ms)"),
+                          ("span_ms", "first to last (ms)")):
+        lines.append(f"{label:<22}" + "".join(f"{_fmt(summaries[s][field_], ',.1f'):>22}" for s in sides))
+    classes = sorted({c for s in sides for c in summaries[s]["by_class"]},
+                     key=lambda c: -max(summaries[s]["by_class"].get(c, {"ms": 0})["ms"] for s in sides))
+    for c in classes:
+        cells = [summaries[s]["by_class"].get(c) for s in sides]
+        texts = [f"{x['ms']:,.1f} ms / {x['count']}" if x else "-" for x in cells]
+        lines.append(f"{c:<22}" + "".join(f"{t:>22}" for t in texts))
+    return "\n".join(lines)
+
+
+def profile(check: Check) -> dict:
+    """One step of scalelab's run and of the plain loop, bf16 compiled (eager in a dry run), traced
+    by torch.profiler: where the device's time goes on each side, kernel class by class, and the
+    busiest kernels (gpu-check.json), so that a gap the bench part measures has its cause on record.
+    The traces are kept under <out>/traces."""
+    key = Key("tiny" if check.dry_run else "350M", "bf16", compiled=not check.dry_run, variant="traced")
+    sides = {"scalelab": check.measure_scalelab(key), "plain loop": check.measure_plain(key)}
+    summaries, failed = {}, []
+    (check.out / "traces").mkdir(exist_ok=True)
+    for side, m in sides.items():
+        trace = m.get("trace")
+        if m["status"] != "ok" or not trace or not Path(trace).exists():
+            failed.append(f"{side}: {m['status']}" + ("" if m["status"] != "ok" else " (no trace written)"))
+            continue
+        shutil.copy(trace, check.out / "traces" / f"{side.replace(' ', '-')}.json")
+        summaries[side] = trace_summary(trace)
+    if summaries:
+        print(profile_table(summaries), flush=True)
+        for side, summary_ in summaries.items():
+            print(f"{side}: the busiest kernels", flush=True)
+            for k in summary_["top"][:8]:
+                print(f"  {k['ms']:9.2f} ms {k['count']:5d}x  {k['name'][:100]}", flush=True)
+    figures = "; ".join(f"{side}: {s['kernels']} kernels, {s['kernel_ms']:.1f} ms of kernels, busy {s['busy_ms']:.1f} ms"
+                        for side, s in summaries.items())
+    if all(m["status"] == "not run: deadline" for m in sides.values()):
+        return {"status": "not run: deadline", "figures": f"{max(check.left(), 0):.0f} s left"}
+    return {"status": "ok" if not failed else "; ".join(failed), "figures": figures, "summaries": summaries,
+            "failed": bool(failed) and not any(m["status"].startswith("not run") for m in sides.values())}
+
+
+PARTS = {"suite": gpu_suite, "bench": bench, "fp8": fp8, "sweep": reference_sweep, "diagnose": diagnose, "profile": profile,
+         "rest": rest}
 """The parts in order of value: each runs with the time the ones before it left."""
 
 

@@ -25,7 +25,9 @@ scalelab run does.
 Two variants, to find what a difference from scalelab's runs comes from (gpu_check's diagnose
 part), each one change from the loop above: ``--compile-scope blocks`` compiles each block and the
 loss apart, as scalelab's compile lever does, instead of the whole model; ``--ddp`` wraps the model
-in DistributedDataParallel over a one-rank process group, as scalelab's stage 0 does at world size 1.
+in DistributedDataParallel over a one-rank process group, as scalelab's stage 0 did at world size 1.
+``--trace PATH`` writes a torch.profiler trace of the last step (left out of the timing), for
+gpu_check's profile part to set beside a scalelab run's.
 """
 from __future__ import annotations
 
@@ -118,6 +120,12 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
+def _profiler(on_gpu: bool):
+    from torch.profiler import ProfilerActivity, profile
+
+    return profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else []))
+
+
 def _free_port() -> int:
     import socket
 
@@ -132,9 +140,9 @@ AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 def train(n_layers: int, d_model: int, n_heads: int, seq_len: int, vocab_size: int, batch_size: int,
           steps: int = 30, warmup_steps: int = 10, precision: str = "bf16", compile: bool = False,
           tf32: bool = False, device: str | None = None, lr: float = 6e-4, weight_decay: float = 0.1,
-          seed: int = 0, compile_scope: str = "model", ddp: bool = False) -> dict:
+          seed: int = 0, compile_scope: str = "model", ddp: bool = False, trace: str | None = None) -> dict:
     """Train for ``steps`` steps and return what was measured (see the module's docstring)."""
-    if warmup_steps >= steps:
+    if warmup_steps >= steps - (1 if trace else 0):
         raise ValueError(f"warmup_steps={warmup_steps} leaves no step to measure out of steps={steps}")
     if compile_scope not in ("model", "blocks"):
         raise ValueError(f"compile_scope must be 'model' or 'blocks', not {compile_scope!r}")
@@ -178,7 +186,10 @@ def train(n_layers: int, d_model: int, n_heads: int, seq_len: int, vocab_size: i
         return data[:, :-1], data[:, 1:]
 
     step_times, losses = [], []
-    for _ in range(steps):
+    for i in range(steps):
+        # --trace: torch.profiler around the last step (CPU and CUDA activity), left out of the timing
+        profiler = _profiler(on_gpu) if trace and i == steps - 1 else nullcontext()
+        profiler.__enter__()
         t0 = time.perf_counter()
         x, y = get_batch()
         with ctx:
@@ -192,9 +203,12 @@ def train(n_layers: int, d_model: int, n_heads: int, seq_len: int, vocab_size: i
         if on_gpu:
             torch.cuda.synchronize()
         step_times.append(time.perf_counter() - t0)
+        profiler.__exit__(None, None, None)
         losses.append(loss.item())
+    if trace:
+        profiler.export_chrome_trace(trace)
 
-    measured = step_times[warmup_steps:]
+    measured = step_times[warmup_steps:len(step_times) - (1 if trace else 0)]
     median = statistics.median(measured)
     tokens_per_step = batch_size * seq_len
     if ddp:
@@ -237,12 +251,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when there is one)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     parser.add_argument("--json", default=None, help="write the measurements here")
+    parser.add_argument("--trace", default=None, help="write a torch.profiler trace (Chrome format) of the last step here; "
+                        "that step is left out of the timing")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     result = train(args.n_layers, args.d_model, args.n_heads, args.seq_len, args.vocab_size, args.batch_size,
                    args.steps, args.warmup_steps, args.precision, args.compile, args.tf32, args.device,
-                   compile_scope=args.compile_scope, ddp=args.ddp)
+                   compile_scope=args.compile_scope, ddp=args.ddp, trace=args.trace)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

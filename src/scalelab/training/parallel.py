@@ -2,7 +2,7 @@
 scalelab.strategies (which says what each shards and communicates).
 
 | stage | PyTorch                                                    |
-| 0     | DistributedDataParallel + local AdamW                      |
+| 0     | DistributedDataParallel + local AdamW (one rank: the model alone) |
 | 1     | DDP + torch.distributed.optim.ZeroRedundancyOptimizer      |
 | 2     | FSDP2 fully_shard(reshard_after_forward=False) per block   |
 | 3     | FSDP2 fully_shard(reshard_after_forward=True) per block    |
@@ -119,8 +119,13 @@ def _ddp(model: nn.Module, device: torch.device, bucket_mb: float, reduce_dtype:
 
 def parallelize_ddp(model: GPT, device, lr, weight_decay, bucket_mb=DDP_BUCKET_MB, cpu_offload=False,
                     param_dtype=None, reduce_dtype=None) -> Parallelized:
-    ddp = _ddp(model, device, bucket_mb, reduce_dtype)
     opt = torch.optim.AdamW(param_groups(model, weight_decay), **_adamw_kwargs(lr))
+    if dist.get_world_size() == 1:
+        # One rank: the model as a user trains it on one GPU, the baseline scaling is measured
+        # against. DDP would only copy the gradients into its buckets and all-reduce them over
+        # one rank (a 16-bit reduce dtype would even round them), for nothing.
+        return Parallelized(model, opt, lambda last: contextlib.nullcontext())
+    ddp = _ddp(model, device, bucket_mb, reduce_dtype)
     return Parallelized(ddp, opt, lambda last: contextlib.nullcontext() if last else ddp.no_sync(),
                         throwaway_backward=ddp.no_sync)
 
