@@ -102,9 +102,9 @@ def run_point(tmp_path, tiny_data, point, cfg=None, fault=None, **kwargs):
     return summary, steps.to_pandas(), run_dir
 
 
-def strategy_steps(out: Path, world_size: int, *args: str, timeout_s: float = 180) -> list[list[dict]]:
-    """Run tests/ranks/strategy_steps.py on world_size real ranks (gloo) with these arguments;
-    every rank's records (rank order), or an assertion with the ranks' output tails."""
+def strategy_steps(out: Path, world_size: int, *args: str, timeout_s: float = 180, script: str = "strategy_steps.py"):
+    """Run tests/ranks/<script> (strategy_steps.py unless said) on world_size real ranks (gloo) with
+    these arguments; what rank 0 wrote to out, or an assertion with the ranks' output tails."""
     import subprocess
     import sys
 
@@ -112,7 +112,7 @@ def strategy_steps(out: Path, world_size: int, *args: str, timeout_s: float = 18
 
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world_size),
            "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
-    procs = [subprocess.Popen([sys.executable, str(REPO / "tests" / "ranks" / "strategy_steps.py"), "--out", str(out), *args],
+    procs = [subprocess.Popen([sys.executable, str(REPO / "tests" / "ranks" / script), "--out", str(out), *args],
                               env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(world_size)]
     logs = []

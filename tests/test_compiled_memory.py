@@ -164,30 +164,34 @@ def test_compiled_loss_keeps_the_logits_not_the_log_softmax(precision, micro_bat
     assert compiled == eager - 4 * b * t * v - (8 * b * t if b > 1 else 0) + w * b * t * v + 8 * b * t
     peak = accounting.peak_memory(cfg, 1000, 0, 1, precision, micro_batch, compiled=True)
     assert peak.activations == (accounting.block_activation_bytes(cfg, micro_batch, precision, False, zero_stage=0,
-                                                                  compiled=True) + compiled + w * b * t * v)
+                                                                  device_type="cuda", compiled=True) + compiled + w * b * t * v)
 
 
-# Issue #40: max allocated on an H200 (torch 2.11), world size 1, micro-batch 16, seq 1024, vocab 50304,
-# 24 layers, 16 heads, tied embeddings: (d_model, precision, zero_stage, compiled, GiB measured)
-ISSUE_40 = {"350M bf16 eager": (1024, "bf16", 0, False, 28.84), "350M bf16 compiled": (1024, "bf16", 0, True, 22.70),
-            "350M fp8 compiled": (1024, "fp8", 0, True, 19.52),
-            "350M bf16 compiled stage 3": (1024, "bf16", 3, True, 19.32),
-            "1.3B bf16 compiled": (2048, "bf16", 0, True, 52.37), "1.3B fp8 compiled": (2048, "fp8", 0, True, 45.62)}
+# Max allocated at world size 1, micro-batch 16, seq 1024, vocab 50304, 24 layers, 16 heads, tied
+# embeddings: (d_model, precision, zero_stage, compiled, GiB measured). Stage 0 on an H100 (torch 2.11,
+# gpu_check at a28d347, results/reference/nvidia-h100-80gb-hbm3-2026-11-26): one rank without DDP, as a
+# plain loop trains (the plain loop measured the same 27.52 GiB eager); stage 3 on an H200 (issue #40).
+# (The H200's stage-0 figures held DDP's gradient buckets too: 4 bytes per parameter more.)
+GPU_PEAKS = {"350M bf16 eager": (1024, "bf16", 0, False, 27.52), "350M fp32 eager": (1024, "fp32", 0, False, 37.40),
+             "350M fp16 eager": (1024, "fp16", 0, False, 27.52), "350M bf16 compiled": (1024, "bf16", 0, True, 20.63),
+             "350M fp16 compiled": (1024, "fp16", 0, True, 20.63), "350M fp8 compiled": (1024, "fp8", 0, True, 15.57),
+             "350M bf16 compiled stage 3 (H200)": (1024, "bf16", 3, True, 19.32),
+             "1.3B bf16 compiled": (2048, "bf16", 0, True, 45.98), "1.3B fp8 compiled": (2048, "fp8", 0, True, 34.73)}
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("case", ISSUE_40)
-def test_issue_40_gpu_measurements(case):
-    """Modelled cases within 10% of the GPU's max allocated; fp8 compiled is an upper bound (the
-    bf16 compiled figure), above the measurement but no further than 15%."""
-    d, precision, stage, compiled, measured = ISSUE_40[case]
+@pytest.mark.parametrize("case", GPU_PEAKS)
+def test_gpu_measurements(case):
+    """Modelled cases within 2% of the GPU's max allocated; fp8 compiled is an upper bound (the bf16
+    compiled figure), above the measurement (by 32% on the H100: not modelled, the row says so)."""
+    d, precision, stage, compiled, measured = GPU_PEAKS[case]
     cfg = ModelConfig(24, d, 16, 1024, True, 50304)
     peak = accounting.peak_memory(cfg, accounting.param_count(cfg), stage, 1, precision, 16, compiled=compiled)
     error = peak.total / GIB / measured - 1
     if precision == "fp8":
-        assert peak.upper_bound and not peak.exact and 0 <= error < 0.15, (peak.total / GIB, peak.bound)
+        assert peak.upper_bound and not peak.exact and 0 <= error < 0.40, (peak.total / GIB, peak.bound)
     else:
-        assert peak.exact and abs(error) < 0.10, peak.total / GIB
+        assert peak.exact and abs(error) < 0.02, peak.total / GIB
 
 
 @pytest.mark.unit

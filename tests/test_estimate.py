@@ -172,7 +172,9 @@ def test_scaling_at_a_fixed_global_batch_accumulates_each_gpus_share(capsys):
     code, out, _ = _estimate(capsys, *base)  # a fixed per-GPU batch of 2 sequences holds the same micro-batch
     weak = json.loads(out)
     assert weak["rows"][0]["accumulation_steps"] == 1
-    assert fixed["rows"][0]["peak_memory_gib"] == pytest.approx(weak["rows"][0]["peak_memory_gib"], rel=0.02)
+    # the same micro-batch; accumulated, the gradients of the earlier micro-batches exist at the last one's peak
+    grads = accounting.model_state_bytes(fixed["n_params"], 3, 8, "bf16").grads / 2 ** 30
+    assert fixed["rows"][0]["peak_memory_gib"] == pytest.approx(weak["rows"][0]["peak_memory_gib"] + grads, rel=0.02)
     code, out, _ = _estimate(capsys, *base, "--global-batch", "512", "--activation-checkpointing")
     checkpointed = json.loads(out)
     cfg_ratio = 1 + checkpointed["recompute_flops_per_token"] / checkpointed["flops_per_token"]

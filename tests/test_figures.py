@@ -332,7 +332,8 @@ def check_lever_bucket_mb(runs, steps):
     fig, t = draw("lever_bucket_mb", runs, steps)
     left, right = fig.axes
     ddp = runs[(runs["status"] == "ok") & runs["bucket_mb"].notna() & ~runs["activation_checkpointing"] & ~runs["cpu_offload"]
-               & (runs["accumulation_steps"] == 1) & ~runs["compile"] & runs["lora_rank"].isna()]
+               & (runs["accumulation_steps"] == 1) & ~runs["compile"] & runs["lora_rank"].isna()
+               & ((runs["zero_stage"] != 0) | (runs["world_size"] > 1))]  # one rank at stage 0: no DDP, no buckets
     label = "z" + ddp["zero_stage"].astype(str) + " w" + ddp["world_size"].astype(str) + " " + ddp["precision"]
     varied = ddp[ddp.groupby(label)["bucket_mb"].transform("nunique") > 1]
     for name, g in varied.groupby(label[varied.index]):

@@ -417,8 +417,9 @@ def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, a
       backward, so s b h (4 - w) bytes where eager keeps 2 s b h (4 - w); the w-byte copies of the
       12 d^2 weights stay (2 x 12 d^2 bytes);
     * counted here, unlike the eager formula: the LayerNorms' mean and rstd (4 x s b values at the
-      residual's width) and the attention kernel's fp32 logsumexp (4 b H s), which makes the
-      compiled formula exact against the partitioner;
+      residual's width; on a GPU always fp32) and the attention kernel's fp32 logsumexp (4 b H s), and
+      on a GPU flash attention's philox seed and offset (16 bytes), which makes the compiled formula
+      exact against the partitioner (the CPU's; an H100's, torch 2.11, in tests/test_compiled_memory.py);
     * per-block checkpointing (traced into the graph) keeps the block input only, as in eager.
 
     fp8 under torch.compile is predicted as bf16 under torch.compile, an upper bound: the
@@ -443,7 +444,10 @@ def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, a
         return L * s * b * h * residual_width
     per_layer = 16 * s * b * h * width
     if compiled:  # what the partitioner saves (see the docstring)
-        per_layer += 2 * 2 * residual_width * s * b + 4 * b * cfg.n_heads * s
+        gpu = device_type == "cuda"
+        stats_width = 4 if gpu else residual_width  # CUDA's LayerNorm keeps fp32 mean and rstd for 16-bit inputs
+        flash_rng = 16 if gpu else 0  # flash attention's philox seed and offset, two int64 scalars
+        per_layer += 2 * 2 * stats_width * s * b + 4 * b * cfg.n_heads * s + flash_rng
         if amp:
             per_layer += s * b * h * (4 - width) + 2 * block_matmul_params(cfg)
         return L * per_layer
@@ -734,7 +738,8 @@ class PeakMemory:
     """Predicted peak memory of one rank within a training step, in bytes."""
 
     model_state: float
-    """Parameters + gradients + optimizer state held at rest (PyTorch convention)."""
+    """Parameters + optimizer state (PyTorch convention), + gradients where they exist at the peak
+    (grads_at_peak: DDP's buckets, or gradient accumulation)."""
     transient_params: float
     """Parameters materialised unsharded during the step (FSDP2 all-gather buffers)."""
     activations: float
@@ -766,11 +771,21 @@ def predicts_oom(peak: PeakMemory, limit_bytes: float | None) -> bool:
     return limit_bytes is not None and peak.total > limit_bytes and not peak.upper_bound
 
 
+def grads_at_peak(zero_stage: int, world_size: int, accumulation_steps: int = 1, replicas: int = 1) -> bool:
+    """Whether gradients exist at a step's peak, the start of the (last micro-batch's) backward:
+    only where DDP's buckets hold them between steps, or where an earlier micro-batch of the step
+    made them. Otherwise the optimizer's zero_grad(set_to_none=True) freed them (an H100, one rank
+    without DDP: bf16 and fp32, eager and compiled, within 0.3% once counted so; with them, 4 bytes
+    per parameter over)."""
+    return strategy(zero_stage, replicas).ddp_wraps(world_size) or accumulation_steps > 1
+
+
 def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: int, precision: str,
                 micro_batch: int, activation_checkpointing: bool = False, cpu_offload: bool = False,
                 accumulation_steps: int = 1, block_params: int | None = None, device_type: str = "cuda",
                 replicas: int = 1, compiled: bool = False) -> PeakMemory:
-    """Predicted in-step peak per rank on the device: model state at rest, plus what a step materialises.
+    """Predicted in-step peak per rank on the device: model state at rest (less the gradients where
+    none exist at the peak: no DDP buckets and one micro-batch), plus what a step materialises.
 
     Stage 2 keeps every block's unsharded parameters from forward to backward: +b Psi (N-1)/N,
     b = 4 bytes (fp32), 2 for fp16 and bf16, which FSDP2's MixedPrecisionPolicy gathers in their
@@ -791,9 +806,10 @@ def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: in
     outside_block_activation_bytes, LossPathBytes: the loss's transient drops from 8 B T V to w B T V).
     ``bound`` says whether the figure models the step or bounds it (activation_bound).
     """
-    state = model_state_bytes(n_params, zero_stage, world_size, precision, "pytorch", replicas).total
+    at_rest = model_state_bytes(n_params, zero_stage, world_size, precision, "pytorch", replicas)
     block_params = block_param_count(cfg) if block_params is None else block_params
     n = check_replicas(world_size, replicas)
+    state = at_rest.total if grads_at_peak(zero_stage, world_size, accumulation_steps, replicas) else at_rest.total - at_rest.grads
     gathered = comm_dtypes(precision, zero_stage).gather_bytes  # 2 for fp16/bf16 under FSDP2's MixedPrecisionPolicy
     transient = strategy(zero_stage, replicas).transient_psi(n_params, block_params, n, gathered)
     if cpu_offload:

@@ -109,6 +109,8 @@ LINEARS_CONVERTED = _exactly(f"converted linears (precision {' or '.join(_CONVER
 COMPILED = _exactly("compile lever on", lambda row: bool(row.get("compile")))
 LORA = _exactly("lora_rank set", _has("lora_rank"))
 BUCKETS = _exactly("a strategy with DDP buckets (ZeRO stages 0 and 1)", lambda row: strategy(row["zero_stage"]).ddp_buckets)
+DDP_WRAPS = _exactly("DDP wraps the model (stage 1; stage 0 on more than one rank)",
+                     lambda row: strategy(row["zero_stage"]).ddp_wraps(row["world_size"]))
 
 
 def _custom(row: dict) -> bool:
@@ -395,9 +397,9 @@ RUN = [
     Column("fp8_emulated", pa.bool_(), "-", "whether fp8 ran through torchao's emulated casts (no FP8 tensor cores)",
            "worker", OK & LINEARS_CONVERTED),
     Column("ddp_buckets_predicted", pa.int32(), "-", "predicted DDP gradient buckets, i.e. all-reduce calls per step "
-           "(stages 0 and 1)", "worker", OK & BUCKETS),
-    Column("predicted_peak_bytes", pa.float64(), "B", "predicted in-step peak per rank: model state + in-step parameters "
-           "+ activations", "launch"),
+           "(stage 1; stage 0 on more than one rank: one rank trains without DDP)", "worker", OK & DDP_WRAPS),
+    Column("predicted_peak_bytes", pa.float64(), "B", "predicted in-step peak per rank: model state (gradients only where they exist at "
+           "the peak: DDP's buckets, or accumulation) + in-step parameters + activations", "launch"),
     Column("predicted_activation_bytes", pa.float64(), "B", "the activation part of predicted_peak_bytes (every "
            "micro-batch in flight); null for a custom module (no activation formula: its predicted peak is model "
            "state and in-step parameters)", "launch", FORMULA),

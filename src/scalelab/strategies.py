@@ -53,9 +53,14 @@ class Strategy:
     """Parameter bytes materialised within a step beyond model state: f(n_params, block_params, N,
     bytes per gathered element: 4, or 2 where FSDP2 gathers in a 16-bit compute dtype)."""
     silent_at_world_size_1: bool
-    """Issues no collective at all on a one-rank mesh (FSDP2), where DDP still all-reduces."""
+    """Issues no collective at all on one rank: FSDP2, and stage 0, whose one rank trains the model
+    without DDP; ZeRO-1's DDP and ZeroRedundancyOptimizer still all-reduce and broadcast there."""
     ddp_buckets: bool
-    """Has DDP gradient buckets (the bucket_mb lever applies)."""
+    """Has DDP gradient buckets (the bucket_mb lever applies), where DDP wraps the model."""
+
+    def ddp_wraps(self, world_size: int) -> bool:
+        """Whether DDP wraps the model: its buckets then hold the gradients between steps."""
+        return self.ddp_buckets and not (self.silent_at_world_size_1 and world_size == 1)
     cpu_offload: bool
     """Can keep its sharded state in host memory (the cpu_offload lever applies)."""
     replicate_psi: float = 0.0
@@ -82,9 +87,10 @@ class Strategy:
 
 
 STRATEGIES: dict[int, Strategy] = {s.stage: s for s in (
+    # One rank trains the model alone (no DDP: scalelab.training.parallel.parallelize_ddp).
     Strategy(0, "DDP", "parallelize_ddp", (False, False, False), (False, False, False),
              grad_psi=2, param_psi=lambda k: 0, comm_psi_paper=2, transient_psi=lambda psi, block, n, b: 0.0,
-             silent_at_world_size_1=False, ddp_buckets=True, cpu_offload=False,
+             silent_at_world_size_1=True, ddp_buckets=True, cpu_offload=False,
              overlap=(("all_reduce", "backward"),)),
     # PyTorch all-reduces gradients and then broadcasts the updated shards: 3 Psi, not the paper's 2.
     Strategy(1, "DDP + ZeroRedundancyOptimizer", "parallelize_zero1", (False, False, True), (False, False, True),

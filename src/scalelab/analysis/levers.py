@@ -139,8 +139,11 @@ def lever_table(runs: pd.DataFrame) -> pd.DataFrame:
     runs = runs[[c for c in dict.fromkeys((*SWEEP_AXES, *_LEVER_TABLE_READS)) if c in runs]]
     for lever in LEVER_AXES:
         columns = {**PAIR_COLUMNS, **EVIDENCE.get(lever, {})}
+        pairs = _paired(runs, lever, defaults)
+        if lever == "bucket_mb" and not pairs.empty:  # one rank at stage 0 trains without DDP: the bucket size changes nothing there
+            pairs = pairs[(pairs["zero_stage"] != 0) | (pairs["world_size"] > 1)]
         # Records, not itertuples: itertuples takes each of the pairs' ~200 columns apart first.
-        for d in _paired(runs, lever, defaults).to_dict("records"):
+        for d in pairs.to_dict("records"):
             r = SimpleNamespace(**d)
             row = {"lever": lever, "run_id": r.run_id, "baseline_run_id": r.run_id_base,
                    "status": r.status, "value": d[lever], "baseline_value": d[f"{lever}_base"]}
@@ -301,6 +304,7 @@ def micro_batch_plot(runs: pd.DataFrame, steps: pd.DataFrame):
 
 def bucket_plot(runs: pd.DataFrame):
     ddp = runs[(runs["status"] == "ok") & runs["bucket_mb"].notna()]
+    ddp = ddp[(ddp["zero_stage"] != 0) | (ddp["world_size"] > 1)]  # one rank at stage 0 trains without DDP: no buckets
     ddp = ddp[_others_at_default(ddp, "bucket_mb")]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.4))
     data = _varied_configs(ddp, "bucket_mb") if not ddp.empty else ddp

@@ -122,6 +122,12 @@ def find_warnings(runs: pd.DataFrame, steps: pd.DataFrame, best: pd.DataFrame | 
     if len(devices) > 1:  # e.g. device: auto on a mixed cluster, or results copied together
         warnings.append("this sweep mixes devices, so its runs do not compare: " + "; ".join(
             f"{device} ({len(ids)} run(s), e.g. {ids[0]})" for device, ids in devices.items()))
+    # A one-rank stage-0 run trains without DDP (issue #40); one measured before that held DDP's all-reduce.
+    ddp_one_rank = ok[(ok["zero_stage"] == 0) & (ok["world_size"] == 1) & (ok["comm_bytes_per_step_measured"] > 64)]
+    for run_id in ddp_one_rank["run_id"]:
+        warnings.append(f"{run_id}: measured in DDP over one rank (scalelab before 26 Nov 2026, 3% slower on an H100 "
+                        "and 4 bytes per parameter more memory), not as the plain one-GPU baseline its scaling is "
+                        "held against: delete its run folder and run the workflow again")
     # Masks first, messages for the few rows they select (a loop over every row costs 1,000-run reports a tenth of a second).
     mem_pred = ok["model_state_bytes_predicted"].where(ok["model_state_bytes_predicted"] != 0)
     mem_off = (ok["model_state_bytes_measured"] / mem_pred - 1).abs() > MEMORY_TOLERANCE

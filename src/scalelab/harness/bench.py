@@ -79,8 +79,9 @@ def bench_data(corpus_mb: int, batch: int, seq_len: int, seconds: float) -> dict
 def bench_overhead(steps: int, repeats: int, threads: int) -> dict:
     """Steady-state time per step of scalelab.training.worker's whole loop (world size 1, stage 0,
     every measurement on: loss sync, records, comm counting) against bare loops on the same
-    model and batches: one with the same DDP wrapper (instrumentation cost alone) and one
-    plain single-process loop (instrumentation + DDP wrapper). Alternated, medians of means."""
+    model and batches: a plain single-process loop (the instrumentation's cost alone: one rank at
+    stage 0 trains the model without DDP) and the same loop in DDP over one rank (what the DDP
+    wrapper cost a one-rank run before it was dropped). Alternated, medians of means."""
     import torch
 
     from scalelab.config import dataset_config, model_config, train_config

@@ -15,7 +15,7 @@ import pyarrow as pa
 from scalelab import accounting
 from scalelab.analysis.metrics import STEP_SCHEMA, run_row, runs_table, write_parquet
 from scalelab.config import ModelConfig, TrainConfig
-from scalelab.strategies import ZERO_STAGES
+from scalelab.strategies import ZERO_STAGES, strategy
 from scalelab.sweep import AXIS, LEVER_AXES, RunPoint
 
 FAILURES = {3: ("oom", "rank 0: OutOfMemoryError: CUDA out of memory (injected)"),
@@ -108,7 +108,8 @@ def synthetic_results(out_dir: str | Path, n_runs: int = 24, n_steps: int = 60, 
         n = n_steps if status == "ok" else n_steps // 3
         loss = 5.5 * np.exp(-np.arange(n) / (n_steps / 4)) + 2.5 + rng.normal(0, 0.02, n)
         # DDP stages: 40 parameter tensors of 10k bytes each (the model's 400 kB), bucketed
-        buckets = accounting.ddp_bucket_count([10_000] * 40, bucket) if bucket is not None and stage < 2 else None
+        buckets = (accounting.ddp_bucket_count([10_000] * 40, bucket)
+                   if bucket is not None and strategy(stage).ddp_wraps(ws) else None)
         summary = {
             **identity, "accumulation_steps": PER_RANK_BATCH // (micro or PER_RANK_BATCH), "step_time_s_median": 512 / tps,
             "activation_bytes_measured": acts, "activation_bytes_predicted": acts,

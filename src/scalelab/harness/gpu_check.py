@@ -18,7 +18,8 @@ The parts, in order of value (each gets the time the ones before it left, see --
    with the commit recorded (SCALELAB_GIT_COMMIT: a copied tree has no .git);
 5. diagnose: what a scalelab/plain gap comes from: the plain loop with one of scalelab's
    differences at a time, bf16 compiled (compiled per block and loss instead of the whole model;
-   in DDP at world size 1), each against the plain loop as a user writes it;
+   in DDP at world size 1, as scalelab's one-rank stage 0 ran before the H100 measured it costing
+   3%), each against the plain loop as a user writes it;
 6. profile: one step of each side traced by torch.profiler (bf16 compiled): kernel time by class
    (matmul, attention, compiled, copies, optimizer, communication...), the busiest kernels, the time
    the device was busy; the traces kept under <out>/traces;

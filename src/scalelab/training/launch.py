@@ -128,7 +128,9 @@ def plan_memory(config: dict, model, point: RunPoint, micro_batch: int, device: 
                      else accounting.lora_trainable_params(model, point.lora_rank))
         state = accounting.lora_model_state_bytes(n_params, trainable, point.zero_stage, point.world_size,
                                                   point.precision, "pytorch", point.replicas)
-        peak = dataclasses.replace(peak, model_state=state.total)
+        held = state.total if accounting.grads_at_peak(point.zero_stage, point.world_size, accumulation_steps,
+                                                       point.replicas) else state.total - state.grads
+        peak = dataclasses.replace(peak, model_state=held)
     limit_gib = config.get("planning", {}).get("device_memory_gib")
     limit = limit_gib * 2 ** 30 if limit_gib else None
     if limit is None and device == "cuda":

@@ -78,7 +78,10 @@ def sharded_grad_scaler(device: torch.device, init_scale: float) -> torch.amp.Gr
       fp16 overflow in backward reaches every rank through the gradient reduction) reads 2, and
       the kernel applies the step: non-finite parameters (seen here on the CPU at stages 2 and 3).
       Clamped to 1 after the sum.
-    tests/test_fused_contract.py checks both on two ranks at every stage."""
+    And its scale update on the CPU is torch's own kernel (``torch._amp_update_scale_``), the one
+    it runs on a GPU: ShardedGradScaler's CPU version reads found_inf on the host, which on a GPU
+    would be a mid-step synchronisation, so the CPU suite would not see the GPU's step.
+    tests/test_fused_contract.py checks all three on two ranks at every stage."""
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
     class FusedReadyShardedGradScaler(ShardedGradScaler):
@@ -90,6 +93,10 @@ def sharded_grad_scaler(device: torch.device, init_scale: float) -> torch.amp.Gr
             if self._enabled:
                 for found_inf in self._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values():
                     found_inf.clamp_(max=1.0)
+
+        def _amp_update_scale_cpu_(self, found_inf):
+            torch._amp_update_scale_(self._scale, self._growth_tracker, found_inf, self._growth_factor,
+                                     self._backoff_factor, self._growth_interval)
 
     return FusedReadyShardedGradScaler(device.type, init_scale=init_scale, enabled=True)
 

@@ -353,7 +353,9 @@ def train_step(run: Run, step: int, measure_activations: bool) -> StepOutcome:
             scaler.scale(loss / run.accum).backward()
         loss_sum += loss.detach()
     run.fault.inject("after_backward", step, run.rank, model=par.model)
-    scale_before = scaler.get_scale() if scaler.is_enabled() else 1.0
+    # The scale the step used, kept on the device until the step ends: get_scale() (.item()) here
+    # would make the host wait for the backward mid-step, a synchronisation a plain loop has not.
+    scale_before = scaler._get_scale_async().clone() if scaler.is_enabled() else None
     scaler.unscale_(par.optimizer)
     max_norm = run.train_cfg.grad_clip if run.train_cfg.grad_clip > 0 else float("inf")
     grad_norm = clip_grad_norm(par, max_norm, device)
@@ -361,6 +363,7 @@ def train_step(run: Run, step: int, measure_activations: bool) -> StepOutcome:
     scaler.update()
     synchronize(device)
     step_time = time.perf_counter() - start
+    scale_before = float(scale_before) if scale_before is not None else 1.0
 
     # Measurement: the global batch's loss (mean over ranks) and the skip flag.
     with run.counter.paused():
@@ -707,7 +710,8 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
             model_cfg, run.micro, precision, ac, "paper"),
         "activation_bytes_outside_blocks_predicted": None if custom else accounting.outside_block_activation_bytes(
             model_cfg, run.micro, precision, accum, point.zero_stage, run.device.type, compiled=bool(point.compile)),
-        "ddp_buckets_predicted": accounting.ddp_bucket_count(run.param_bytes, point.bucket_mb) if point.bucket_mb else None,
+        "ddp_buckets_predicted": (accounting.ddp_bucket_count(run.param_bytes, point.bucket_mb)
+                                  if point.bucket_mb and strategy(point.zero_stage).ddp_wraps(run.world_size) else None),
         "skipped_steps": tally.skipped_steps,
         "resumed_from_step": run.start_step - 1 if run.start_step else None,
         "final_loss_scale": run.scaler.get_scale() if run.scaler.is_enabled() else None,
