@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from scalelab import links
+from scalelab.predicted_columns import model_of_row
 from scalelab.strategies import STRATEGIES, strategy
 
 OVERLAP_WINDOWS = {"backward": 2 / 3, "step": 1.0}
@@ -224,21 +225,6 @@ def link_fits(table, world_size: int, batched: tuple[str, ...] = ()) -> dict[str
 
 # ----------------------------------------------------------------------------- a sweep's runs
 
-def _config(row):
-    """The ModelConfig of a run's row (its shape columns)."""
-    from scalelab.config import ModelConfig
-
-    def value(name, default=None):
-        v = row.get(name, default)
-        return default if v is None or (isinstance(v, float) and math.isnan(v)) else v
-
-    return ModelConfig(n_layers=int(row["n_layers"]), d_model=int(row["d_model"]), n_heads=int(row["n_heads"]),
-                       seq_len=int(row["seq_len"]), tie_embeddings=bool(value("tie_embeddings", True)),
-                       vocab_size=int(row["vocab_size"]), family=value("model_family", "gpt2"),
-                       n_kv_heads=value("n_kv_heads") and int(value("n_kv_heads")),
-                       ffn_dim=value("ffn_dim") and int(value("ffn_dim")), rope_base=float(value("rope_base", 10000.0)))
-
-
 def _missing(value) -> bool:
     """None, NaN or pandas' NA (a nullable column's null)."""
     import pandas as pd
@@ -263,7 +249,7 @@ def collectives_of(row: dict, world_size: int | None = None) -> tuple[dict[str, 
     n = int(world_size or row["world_size"])
     stage, precision = int(row["zero_stage"]), row["precision"]
     k = int(row.get("accumulation_steps") or 1)
-    cfg = _config(row)
+    cfg = model_of_row(row)
     n_params = row.get("n_params")
     n_params = accounting.param_count(cfg) if _missing(n_params) else int(n_params)
     grad_reduce = row.get("grad_reduce") or "fp32"

@@ -24,6 +24,7 @@ from scalelab.columns import (  # noqa: F401
     write_parquet,
 )
 from scalelab.migrate import check_layout
+from scalelab.predicted_columns import refreshed
 from scalelab.sweep import POINT_FILE, RUN_DIR_GLOB, read_point
 
 
@@ -141,7 +142,7 @@ def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict
         except Exception as err:  # pyarrow raises several types for damaged files
             problems.append(f"{steps_path}: corrupt ({type(err).__name__}: {err})")
             row["steps_problem"] = f"{steps_path.name} is corrupt: {type(err).__name__}: {err}"[:500]
-        rows.append(row)
+        rows.append(refreshed(row))  # the formula columns by today's formulas: a fix reaches cached runs
     runs = with_collected_columns(runs_table(rows), results_dir)
     steps = pa.concat_tables(step_tables) if step_tables else STEP_SCHEMA.empty_table()
     write_parquet(runs, results_dir / "metrics.parquet")

@@ -14,7 +14,6 @@ the precision) is checked by the worker (scalelab.training.worker.preflight).
 """
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import os
@@ -111,7 +110,7 @@ def skip_reason(device: str, point: RunPoint, plan: LaunchPlan, launchers_per_no
 
 def plan_memory(config: dict, model, point: RunPoint, micro_batch: int, device: str, accumulation_steps: int = 1) -> dict:
     """Predicted in-step peak per rank against the device memory, before launch."""
-    from scalelab import accounting
+    from scalelab import accounting, predicted_columns
 
     own = None
     if model.module:  # the user's module: counted on the meta device (imports torch), no activation formula
@@ -119,18 +118,10 @@ def plan_memory(config: dict, model, point: RunPoint, micro_batch: int, device: 
 
         own = counted(model)
     n_params = own["n_params"] if own else accounting.param_count(model)
-    peak = accounting.peak_memory(model, n_params, point.zero_stage, point.world_size, point.precision, micro_batch,
-                                  point.activation_checkpointing, point.cpu_offload, accumulation_steps,
-                                  block_params=own["block_params"] if own else None, device_type=device,
-                                  replicas=point.replicas, compiled=point.compile)
-    if point.lora_rank and not point.cpu_offload:  # frozen weights: no gradient or optimizer state for them
-        trainable = (counted(model, point.lora_rank)["lora_trainable"] if own
-                     else accounting.lora_trainable_params(model, point.lora_rank))
-        state = accounting.lora_model_state_bytes(n_params, trainable, point.zero_stage, point.world_size,
-                                                  point.precision, "pytorch", point.replicas)
-        held = state.total if accounting.grads_at_peak(point.zero_stage, point.world_size, accumulation_steps,
-                                                       point.replicas) else state.total - state.grads
-        peak = dataclasses.replace(peak, model_state=held)
+    peak = predicted_columns.peak(model, n_params, {**point.values(), "micro_batch": micro_batch,
+                                                    "accumulation_steps": accumulation_steps, "device_type": device},
+                                  block_params=own["block_params"] if own else None,
+                                  n_trainable=counted(model, point.lora_rank)["lora_trainable"] if own and point.lora_rank else None)
     limit_gib = config.get("planning", {}).get("device_memory_gib")
     limit = limit_gib * 2 ** 30 if limit_gib else None
     if limit is None and device == "cuda":
@@ -144,10 +135,7 @@ def plan_memory(config: dict, model, point: RunPoint, micro_batch: int, device: 
                f"in-step parameters {peak.transient_params / 2**20:.1f} + activations {peak.activations / 2**20:.1f}"
                + ("" if peak.exact else f"; {peak.bound}") + f") exceeds the device memory {limit / 2**20:.1f} MiB; "
                "not launched (set planning.launch_predicted_oom: true to launch it anyway)")
-    return {"predicted_peak_bytes": peak.total, "predicted_activation_bytes": None if own else peak.activations,
-            "predicted_transient_param_bytes": peak.transient_params, "predicted_peak_bound": peak.bound,
-            "device_memory_bytes": limit,
-            "predicted_oom_reason": oom}
+    return {**predicted_columns.peak_columns(peak, custom=bool(own)), "device_memory_bytes": limit, "predicted_oom_reason": oom}
 
 
 def classify_failure(errors: list[dict], log: str) -> tuple[str, str]:

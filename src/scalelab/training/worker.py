@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh  # imported by torch itself: free
 
-from scalelab import accounting, hardware
+from scalelab import accounting, hardware, predicted_columns
 from scalelab.calibration import measure_matmul_peak, pin_this_rank
 from scalelab.calibration import peak_for as calibration_peak
 from scalelab.config import ModelConfig, TrainConfig
@@ -640,23 +640,6 @@ def gather(run: Run) -> Gathered:
     return Gathered(held=all_held, mem=all_mem, comm=counted)
 
 
-def _predictions(run: Run):
-    """(model state predicted in PyTorch's and the paper's convention, comm elements per step
-    by convention): full training, or LoRA's frozen weights beside the trainable A and B."""
-    stage, world_size, precision, accum = run.point.zero_stage, run.world_size, run.point.precision, run.accum
-    replicas = run.point.replicas
-    if run.n_trainable is None:
-        states = [accounting.model_state_bytes(run.n_params, stage, world_size, precision, c, replicas)
-                  for c in ("pytorch", "paper")]
-        return (*states, lambda convention: accounting.comm_elements_per_step(run.n_params, stage, world_size, accum,
-                                                                             convention, replicas))
-    n_frozen = run.n_params - run.n_trainable
-    states = [accounting.lora_model_state_bytes(n_frozen, run.n_trainable, stage, world_size, precision, c, replicas)
-              for c in ("pytorch", "paper")]
-    return (*states, lambda convention: accounting.lora_comm_elements_per_step(n_frozen, run.n_trainable, stage,
-                                                                              world_size, accum, convention, replicas))
-
-
 def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
     """worker_result.json (rank 0): the run-level measurements beside their predictions."""
     model_cfg, point, world_size, accum = run.model_cfg, run.point, run.world_size, run.accum
@@ -703,13 +686,6 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "activation_bytes_outside_blocks_measured": tally.activations["outside"] if tally.activations else None,
         "activation_measure": "bytes saved for backward by one micro-batch's forward on rank 0 (autograd saved-tensor hooks), "
                               "and outside the blocks what the forward returns",
-        "activation_bytes_predicted": None if custom else accounting.block_activation_bytes(
-            model_cfg, run.micro, precision, ac, zero_stage=point.zero_stage, device_type=run.device.type,
-            compiled=bool(point.compile)),
-        "activation_bytes_predicted_paper": None if custom else accounting.block_activation_bytes(
-            model_cfg, run.micro, precision, ac, "paper"),
-        "activation_bytes_outside_blocks_predicted": None if custom else accounting.outside_block_activation_bytes(
-            model_cfg, run.micro, precision, accum, point.zero_stage, run.device.type, compiled=bool(point.compile)),
         "ddp_buckets_predicted": (accounting.ddp_bucket_count(run.param_bytes, point.bucket_mb)
                                   if point.bucket_mb and strategy(point.zero_stage).ddp_wraps(run.world_size) else None),
         "skipped_steps": tally.skipped_steps,
@@ -717,6 +693,10 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "final_loss_scale": run.scaler.get_scale() if run.scaler.is_enabled() else None,
         **model_state_columns(run, all_held),
         **comm_columns(run, counted, [m["hostname"] for m in all_mem], n_measured),
+        # every formula beside them, from what the run counted (computed again at collection)
+        **predicted_columns.worker_columns(model_cfg, {
+            **point.values(), "micro_batch": run.micro, "accumulation_steps": accum, "device_type": run.device.type,
+            "n_params": run.n_params, "n_trainable_params": run.n_trainable}, [m["hostname"] for m in all_mem]),
         **memory_and_placement_columns(run, all_mem),
         "first_step_unix": tally.first_step_at,
         **environment(run.device, run.rank_cores),
@@ -724,46 +704,29 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
 
 
 def model_state_columns(run: Run, all_held: list[dict]) -> dict:
-    """The largest rank's model state at rest, measured beside the formulas (PyTorch's and the paper's)."""
+    """The largest rank's model state at rest, measured (the formulas: scalelab.predicted_columns)."""
     largest = max(range(run.world_size), key=lambda r: sum(all_held[r].values()))
-    predicted, predicted_paper, _ = _predictions(run)
     return {
         "model_state_bytes_measured": sum(all_held[largest].values()),
         "model_state_params_bytes_measured": all_held[largest]["params"],
         "model_state_grads_bytes_measured": all_held[largest]["grads"],
         "model_state_optimizer_bytes_measured": all_held[largest]["optimizer"],
         "model_state_bytes_measured_per_rank": [sum(h.values()) for h in all_held],
-        "model_state_bytes_predicted": predicted.total,
-        "model_state_params_bytes_predicted": predicted.params,
-        "model_state_grads_bytes_predicted": predicted.grads,
-        "model_state_optimizer_bytes_predicted": predicted.optimizer,
-        "model_state_bytes_predicted_paper": predicted_paper.total,
     }
 
 
 def comm_columns(run: Run, counted: dict, rank_hosts: list[str], n_measured: int) -> dict:
-    """Rank 0's collectives per measured step, counted beside the formulas, in all and per link: traffic
-    per link (issue #28) by the hosts its groups' ranks ran on, the formulas at torchrun's placement (each
-    node's ranks consecutive, as many per node as on rank 0's host)."""
-    point, precision, accum = run.point, run.point.precision, run.accum
-    _, _, comm = _predictions(run)
-    dtypes = accounting.comm_dtypes(precision, point.zero_stage, point.grad_reduce)
+    """Rank 0's collectives per measured step, counted, in all and per link: traffic per link (issue #28)
+    by the hosts its groups' ranks ran on (the formulas: scalelab.predicted_columns)."""
+    point = run.point
+    dtypes = accounting.comm_dtypes(point.precision, point.zero_stage, point.grad_reduce)
     measured_links = bytes_by_link(counted["by_group"], rank_hosts)
-    predicted_links = accounting.comm_bytes_by_link(
-        run.n_params, point.zero_stage, run.world_size, precision, rank_hosts.count(rank_hosts[0]), point.replicas,
-        point.grad_reduce, accum, run.n_trainable)
     return {
         "comm_calls_per_step": {k: v / n_measured for k, v in counted["calls"].items()},
         "comm_bytes_per_step_by_type": {k: v / n_measured for k, v in counted["bytes"].items()},
         "comm_bytes_per_step_measured": sum(counted["bytes"].values()) / n_measured,
-        "comm_bytes_per_step_predicted": accounting.comm_bytes_per_step(
-            run.n_params, point.zero_stage, run.world_size, precision, accum, point.grad_reduce, run.n_trainable,
-            point.replicas),
         **{f"comm_{link}_bytes_per_step_measured": sum(by_type.values()) / n_measured
            for link, by_type in measured_links.items()},
-        **{f"comm_{link}_bytes_per_step_predicted": float(sum(by_type.values()))
-           for link, by_type in predicted_links.items()},
-        "comm_bytes_per_step_predicted_paper": 4 * comm("paper"),  # the paper's elements, counted at fp32's width
         "param_gather_dtype": dtypes.param_gather,
         "grad_reduce_dtype": dtypes.grad_reduce,
     }
