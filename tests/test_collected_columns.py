@@ -68,7 +68,6 @@ def test_a_formula_fixed_after_a_run_reaches_its_cached_row_at_collection(tmp_pa
     (monkeypatched) and the folder is collected again: every predicted column follows the new
     formulas, the run folder is untouched (nothing retrained), and the measured columns stay."""
     from conftest import run_point
-
     from scalelab import accounting
 
     summary, _, run_dir = run_point(tmp_path / "runs", tiny_data, RunPoint("bf16", 3, 2))
