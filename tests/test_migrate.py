@@ -18,6 +18,7 @@ import pytest
 from scalelab import migrate as migrate_module
 from scalelab.analysis.metrics import collect
 from scalelab.migrate import OldLayout, check_layout, migrate, old_layout_runs
+from scalelab.predicted_columns import refreshed_at_collection
 from scalelab.sweep import read_point
 
 OLD = Path(__file__).parent / "data" / "old_layouts"
@@ -92,7 +93,8 @@ def test_migrated_tree_collects_every_run_with_identical_metrics(tmp_path, name)
     differences = [f"{run}.{col}: {old.at[run, col]!r} -> {new.at[run, col]!r}"
                    for col in old.columns if col != "run_path" for run in old.index
                    if not _same(old.at[run, col], new.at[run, col])]
-    assert differences == []
+    # the formula columns are computed anew at collection (scalelab.predicted_columns): today's formulas
+    assert [d for d in differences if not refreshed_at_collection(d.split(".", 1)[1].split(":")[0])] == []
     assert list(new["run_path"]) == list(new.index)  # the folder is the run id
     assert new["status"].isin(["ok", "skipped"]).all()
     old_steps = pd.read_parquet(results / "superseded" / "steps.parquet")

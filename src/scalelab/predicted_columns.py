@@ -23,6 +23,17 @@ from scalelab.config import ModelConfig
 
 PEAK_COLUMNS = ("predicted_peak_bytes", "predicted_activation_bytes", "predicted_transient_param_bytes", "predicted_peak_bound")
 """The launcher's formula columns (beside them, predicted_oom_reason: the launch decision, kept)."""
+WORKER_COLUMNS = ("activation_bytes_predicted", "activation_bytes_predicted_paper", "activation_bytes_outside_blocks_predicted",
+                  "model_state_bytes_predicted", "model_state_params_bytes_predicted", "model_state_grads_bytes_predicted",
+                  "model_state_optimizer_bytes_predicted", "model_state_bytes_predicted_paper", "comm_bytes_per_step_predicted",
+                  "comm_bytes_per_step_predicted_paper")
+"""The worker's formula columns, beside one per link (comm_<link>_bytes_per_step_predicted)."""
+
+
+def refreshed_at_collection(name: str) -> bool:
+    """Whether collection computes the column anew by today's formulas (:func:`refreshed`)."""
+    return (name in PEAK_COLUMNS or name in WORKER_COLUMNS
+            or (name.startswith("comm_") and name.endswith("_bytes_per_step_predicted")))
 
 
 def _value(row: Mapping, name: str, default=None):
