@@ -52,3 +52,21 @@ def test_the_package_has_no_import_cycle():
     cycles = sorted(" -> ".join([*cycle, cycle[0]]) for cycle in nx.simple_cycles(graph))
     assert graph.number_of_edges() > 50 and "scalelab.config" in graph
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+LONGEST_FUNCTION = 80
+"""Lines a function of the package may run to (issue #42): past it, a function does more than one thing."""
+
+
+@pytest.mark.unit
+def test_no_function_runs_past_eighty_lines():
+    import ast
+
+    long = []
+    for path in sorted((REPO / "src").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > LONGEST_FUNCTION:
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {lines} lines")
+    assert long == [], long

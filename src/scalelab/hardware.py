@@ -272,7 +272,8 @@ def cpu_name() -> str:
 FP8_MEASURED = ((1024, 0.84), (2048, 1.16))
 """(d_model, fp8 tokens/s over bf16 tokens/s), both compiled, measured on one H200 (torch 2.11,
 torchao 0.18 tensorwise scaling; GPT-2 shapes of 24 layers, seq 1024, micro-batch 16, world size 1,
-issue #40). fp8 runs the blocks' matmuls on FP8 tensor cores at twice the bf16 rate, but each
+issue #40). An H100 80GB HBM3 measured 0.888 and 1.062 at the same widths (26 Nov 2026,
+results/reference/): the same verdicts, break-even nearer 1,680. fp8 runs the blocks' matmuls on FP8 tensor cores at twice the bf16 rate, but each
 Float8Linear also casts its inputs, weights and output gradients: work that grows with the tensors
 (~d per token) while the matmuls grow with d^2, so fp8 pays only from some width on."""
 FP8_EAGER_MEASURED = (1024, 0.34)
@@ -291,7 +292,7 @@ def fp8_outlook(d_model: int, compiled: bool = True) -> dict:
 
     (d0, r0), (d1, r1) = FP8_MEASURED
     basis = (f"measured on one H200: fp8/bf16 tokens/s {r0:g} at d_model {d0}, {r1:g} at {d1} (both compiled; "
-             "torchao tensorwise)")
+             "torchao tensorwise); an H100 measured 0.888 and 1.062")
     if not compiled:
         return {"d_model": d_model, "compiled": False, "ratio_estimate": FP8_EAGER_MEASURED[1],
                 "verdict": "costs: without compile torchao's float8 scaling runs unfused "

@@ -877,6 +877,33 @@ def cluster_flags(p) -> None:
                         "ok world-size-1 runs of --precision (run one node's sweep of your model on the GPU first)")
 
 
+def _add_scaling_parser(kinds):
+    """`scalelab estimate scaling`'s options."""
+    sc = kinds.add_parser("scaling", help="predicted step time, tokens/s per GPU, MFU and scaling efficiency per GPU count",
+                          description="Predict, per GPU count, a step's time from an assumed compute efficiency (--mfu) "
+                                      "and each collective's time on the link its group uses (scalelab.links): "
+                                      "docs/prediction.md has the method and where it fails.")
+    model_flags(sc)
+    sc.add_argument("--zero-stage", required=True, choices=list(SCALING_STAGES),
+                    help="strategy: 0 (DDP), 1 (+ ZeroRedundancyOptimizer), 2, 3 (FSDP2), hybrid (HSDP)")
+    sc.add_argument("--precision", default="bf16", choices=list(PRECISION_NAMES), help="training precision (default bf16)")
+    sc.add_argument("--grad-reduce", default="fp32", choices=list(accounting.GRAD_REDUCE),
+                    help="dtype gradients are reduced in: fp32 (default) or the compute dtype (fp16, bf16)")
+    sc.add_argument("--micro-batch", type=int, default=1, help="sequences per GPU per forward (default 1): fixed as GPUs "
+                    "grow, or with --global-batch the largest micro-batch each GPU's share is accumulated in")
+    sc.add_argument("--global-batch", type=whole_count, default=None, metavar="SEQUENCES",
+                    help="a fixed global batch in sequences (as studies that scale out keep it): each GPU's share is "
+                         "global / GPUs, accumulated; time and memory follow (default: a fixed per-GPU batch)")
+    sc.add_argument("--activation-checkpointing", action="store_true",
+                    help="recompute every block's forward in backward: its FLOPs in the time, checkpointed activations "
+                         "in the memory")
+    sc.add_argument("--gpus", type=gpu_counts, default=SCALING_GPUS, metavar="N,N,...",
+                    help=f"GPU counts (default {','.join(map(str, SCALING_GPUS))}; 8,16,...,1024 doubles up to 1024); "
+                         "efficiency is against the smallest")
+    cluster_flags(sc)
+    return sc
+
+
 def add_parser(sub) -> None:
     est = sub.add_parser("estimate", help="memory per rank, days to train, largest model that fits",
                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -936,28 +963,7 @@ def add_parser(sub) -> None:
     c.add_argument("--gpus", type=whole_count, required=True, help="number of GPUs")
     gpu_flags(c)
     ms = kinds.add_parser("models", help="the preset shapes --model takes, with their parameter counts and sources")
-    sc = kinds.add_parser("scaling", help="predicted step time, tokens/s per GPU, MFU and scaling efficiency per GPU count",
-                          description="Predict, per GPU count, a step's time from an assumed compute efficiency (--mfu) "
-                                      "and each collective's time on the link its group uses (scalelab.links): "
-                                      "docs/prediction.md has the method and where it fails.")
-    model_flags(sc)
-    sc.add_argument("--zero-stage", required=True, choices=list(SCALING_STAGES),
-                    help="strategy: 0 (DDP), 1 (+ ZeroRedundancyOptimizer), 2, 3 (FSDP2), hybrid (HSDP)")
-    sc.add_argument("--precision", default="bf16", choices=list(PRECISION_NAMES), help="training precision (default bf16)")
-    sc.add_argument("--grad-reduce", default="fp32", choices=list(accounting.GRAD_REDUCE),
-                    help="dtype gradients are reduced in: fp32 (default) or the compute dtype (fp16, bf16)")
-    sc.add_argument("--micro-batch", type=int, default=1, help="sequences per GPU per forward (default 1): fixed as GPUs "
-                    "grow, or with --global-batch the largest micro-batch each GPU's share is accumulated in")
-    sc.add_argument("--global-batch", type=whole_count, default=None, metavar="SEQUENCES",
-                    help="a fixed global batch in sequences (as studies that scale out keep it): each GPU's share is "
-                         "global / GPUs, accumulated; time and memory follow (default: a fixed per-GPU batch)")
-    sc.add_argument("--activation-checkpointing", action="store_true",
-                    help="recompute every block's forward in backward: its FLOPs in the time, checkpointed activations "
-                         "in the memory")
-    sc.add_argument("--gpus", type=gpu_counts, default=SCALING_GPUS, metavar="N,N,...",
-                    help=f"GPU counts (default {','.join(map(str, SCALING_GPUS))}; 8,16,...,1024 doubles up to 1024); "
-                         "efficiency is against the smallest")
-    cluster_flags(sc)
+    sc = _add_scaling_parser(kinds)
     lk = kinds.add_parser("links", help="the link products estimate scaling takes, per GPU, with their sources")
     for p in (m, t, f, a, c, ms, sc, lk):
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")

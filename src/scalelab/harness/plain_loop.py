@@ -137,6 +137,26 @@ def _free_port() -> int:
 AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def _compiled_or_wrapped(model: GPT, compile: bool, compile_scope: str, ddp: bool, on_gpu: bool) -> nn.Module:
+    """The model as the variant runs it: compiled whole or per block and loss; in DDP over one rank."""
+    if compile and compile_scope == "blocks":
+        for i, block in enumerate(model.blocks):
+            model.blocks[i] = torch.compile(block)
+        model.loss_fn = torch.compile(GPT.loss_fn)
+    elif compile:
+        model = torch.compile(model)
+    if ddp:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        dist.init_process_group("nccl" if on_gpu else "gloo", rank=0, world_size=1)
+        model = DistributedDataParallel(model, device_ids=[torch.cuda.current_device()] if on_gpu else None,
+                                        gradient_as_bucket_view=True, bucket_cap_mb=25)
+    return model
+
+
 def train(n_layers: int, d_model: int, n_heads: int, seq_len: int, vocab_size: int, batch_size: int,
           steps: int = 30, warmup_steps: int = 10, precision: str = "bf16", compile: bool = False,
           tf32: bool = False, device: str | None = None, lr: float = 6e-4, weight_decay: float = 0.1,
@@ -163,21 +183,7 @@ def train(n_layers: int, d_model: int, n_heads: int, seq_len: int, vocab_size: i
     dtype = AUTOCAST[precision]
     ctx = torch.autocast(device_type="cuda" if on_gpu else "cpu", dtype=dtype) if dtype else nullcontext()
     scaler = torch.amp.GradScaler("cuda" if on_gpu else "cpu", enabled=precision == "fp16")
-    if compile and compile_scope == "blocks":
-        for i, block in enumerate(model.blocks):
-            model.blocks[i] = torch.compile(block)
-        model.loss_fn = torch.compile(GPT.loss_fn)
-    elif compile:
-        model = torch.compile(model)
-    if ddp:
-        import torch.distributed as dist
-        from torch.nn.parallel import DistributedDataParallel
-
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        dist.init_process_group("nccl" if on_gpu else "gloo", rank=0, world_size=1)
-        model = DistributedDataParallel(model, device_ids=[torch.cuda.current_device()] if on_gpu else None,
-                                        gradient_as_bucket_view=True, bucket_cap_mb=25)
+    model = _compiled_or_wrapped(model, compile, compile_scope, ddp, on_gpu)
 
     def get_batch():
         data = torch.randint(0, vocab_size, (batch_size, seq_len + 1))
