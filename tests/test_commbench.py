@@ -5,7 +5,7 @@ import os
 import pandas as pd
 import pytest
 
-from scalelab import commbench, links, prediction
+from scalelab import comm_table, commbench, links, prediction
 from scalelab.cli import main
 
 SIZES = [4096, 131072, 4194304]  # up to 4 MiB: times that grow beyond gloo's millisecond stalls on a busy host
@@ -22,7 +22,7 @@ def table(tmp_path_factory):
                  "--max-bytes", "4194304", "--factor", "32", "--reps", "2", "--warmup", "1", "--min-seconds", "0",
                  "--batches", "1,2", "--batch-max-bytes", "4194304", "--batched-collectives", ",".join(links.COLLECTIVES),
                  "--timeout", "120"]) == 0
-    return commbench.read_table(path)
+    return comm_table.read_table(path)
 
 
 @pytest.mark.run
@@ -69,7 +69,7 @@ def test_message_sizes_and_bad_options(tmp_path, capsys):
     assert not (tmp_path / "t.parquet").exists()
     pd.DataFrame({"collective": ["all_reduce"]}).to_parquet(tmp_path / "bad.parquet")
     with pytest.raises(ValueError, match="bad.parquet: not a bench comm table"):
-        commbench.read_table(tmp_path / "bad.parquet")
+        comm_table.read_table(tmp_path / "bad.parquet")
 
 
 @pytest.mark.workflow
@@ -100,7 +100,7 @@ def test_the_default_sweep_benches_its_links_alone_and_predicts_every_run(tmp_pa
     # at all here), so a job that asked PATH for one would fail
     run_snakemake(workdir, "--cores", "2", timeout=600, env={**os.environ, "PATH": path_without("python")})
     results = workdir / "results"
-    table = commbench.read_table(results / commbench.BENCH_FILE)
+    table = comm_table.read_table(results / comm_table.BENCH_FILE)
     assert set(table["world_size"]) == {2} and set(table["collective"]) == set(links.COLLECTIVES)
     # batches only for what a strategy issues as a batch (ZeRO-1's broadcasts), up to the CPU's default size
     assert set(table.loc[table["batch"] > 1, "collective"]) == set(commbench.BATCHED_COLLECTIVES) == {"broadcast"}

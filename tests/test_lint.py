@@ -1,6 +1,7 @@
 """The code style the project keeps: `ruff check` with the settings in pyproject.toml."""
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -70,3 +71,15 @@ def test_no_function_runs_past_eighty_lines():
                 if lines > LONGEST_FUNCTION:
                     long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {lines} lines")
     assert long == [], long
+
+
+@pytest.mark.run
+def test_the_import_contracts_hold():
+    """pyproject.toml's import-linter contracts (issue #42): torch only in the run code, the run code and
+    the report apart, the registries below the pipeline, the CLI and the harness on top."""
+    import os
+
+    lint = Path(sys.executable).parent / "lint-imports"
+    proc = subprocess.run([str(lint), "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert proc.returncode == 0 and "0 broken" in proc.stdout, proc.stdout[-4000:] + proc.stderr[-2000:]

@@ -9,7 +9,7 @@ import pytest
 
 from scalelab import links, prediction
 from scalelab.cli import main
-from scalelab.commbench import BENCH_FILE
+from scalelab.comm_table import BENCH_FILE
 from scalelab.config import ModelConfig
 from scalelab.links import collective_calls, collective_sizes
 from scalelab.strategies import STRATEGIES

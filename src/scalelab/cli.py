@@ -155,7 +155,7 @@ def _predict(args) -> int:
 
     import pandas as pd
 
-    from scalelab.commbench import BENCH_FILE, read_table
+    from scalelab.comm_table import BENCH_FILE, read_table
     from scalelab.prediction import format_validation, validate
 
     folders = [Path(f) for f in args.validate]

@@ -17,7 +17,8 @@ so the table measures the links a CPU run's ranks use. Every rank has an explici
 timeout and the ranks of a world size an overall time limit.
 
 The table is a Parquet file (default ``<results>/calibration/comm.parquet``, the workflow's
-``bench_comm`` target); scalelab.prediction fits a latency-bandwidth link to it.
+``bench_comm`` target; its format: scalelab.comm_table); scalelab.prediction fits a latency-bandwidth
+link to it.
 """
 from __future__ import annotations
 
@@ -32,14 +33,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from scalelab.comm_table import format_table, write_table
 from scalelab.links import COLLECTIVES, bus_factor
 from scalelab.strategies import STRATEGIES
 
 # all_gather and reduce_scatter run as all_gather_into_tensor and reduce_scatter_tensor: one flat
 # buffer, as FSDP2 calls them.
-
-BENCH_FILE = Path("calibration") / "comm.parquet"
-"""Below the results folder: a sweep's calibration lives with its results."""
 
 CPU_MAX_BYTES = 16 * 2 ** 20
 """The largest message on CPU/gloo by default: a 16 MiB all-reduce takes ~15 ms on 2 cores, well past
@@ -268,45 +267,6 @@ def bench_comm(world_sizes: list[int], *, device: str = "cpu", sizes: list[int] 
     table["busbw_Bps"] = table["algbw_Bps"] * [bus_factor(c, n) for c, n in zip(table["collective"], table["world_size"], strict=True)]
     table["load_1min_after"] = os.getloadavg()[0]  # the benchmark's own ranks included
     return table
-
-
-TABLE_COLUMNS = ("collective", "world_size", "bytes", "time_s", "algbw_Bps", "busbw_Bps")
-"""The columns a benchmark table must hold (scalelab.prediction.fit_link reads them)."""
-
-
-def write_table(table, path: str | Path) -> Path:
-    """Write the table atomically as Parquet."""
-    from scalelab.io import atomic_path
-
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        table.to_parquet(tmp, index=False)
-    return path
-
-
-def read_table(path: str | Path):
-    """A benchmark table, checked for its columns; ValueError naming the file and what it lacks."""
-    import pandas as pd
-
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no collective benchmark table (measure one: scalelab bench comm --out {path})")
-    table = pd.read_parquet(path)
-    missing = [c for c in TABLE_COLUMNS if c not in table.columns]
-    if missing:
-        raise ValueError(f"{path}: not a bench comm table (lacks {', '.join(missing)})")
-    return table
-
-
-def format_table(table) -> str:
-    """nccl-tests' columns, one line per row."""
-    lines = [f"{'collective':<15}{'n':>3}{'batch':>6}{'bytes':>12}{'time us':>12}{'mean us':>12}{'algbw GB/s':>12}"
-             f"{'busbw GB/s':>12}"]
-    for row in table.itertuples():
-        lines.append(f"{row.collective:<15}{row.world_size:>3}{row.batch:>6}{row.bytes:>12}{row.time_s * 1e6:>12.1f}"
-                     f"{row.time_s_mean * 1e6:>12.1f}"
-                     f"{row.algbw_Bps / 1e9:>12.3f}{row.busbw_Bps / 1e9:>12.3f}")
-    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- the command

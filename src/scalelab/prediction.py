@@ -157,7 +157,7 @@ def fit_link_rows(table, world_size: int | None = None, collective: str | None =
     time = alpha + bus_factor x bytes / B, least squares on the relative error, on the mean times
     (a step pays a collective's mean, stalls included) or the medians of a table without means.
     ValueError when the rows cannot determine both."""
-    from scalelab.commbench import TABLE_COLUMNS
+    from scalelab.comm_table import TABLE_COLUMNS
 
     missing = [c for c in TABLE_COLUMNS if c not in table.columns]
     if missing:
@@ -766,7 +766,7 @@ def sweep_predictions(runs, results_dir=None):
 
     import pandas as pd
 
-    from scalelab.commbench import BENCH_FILE, read_table
+    from scalelab.comm_table import BENCH_FILE, read_table
 
     frame = pd.DataFrame(index=range(len(runs)), columns=list(PREDICTED_COLUMNS), dtype=object)
     table, path = None, Path(results_dir) / BENCH_FILE if results_dir is not None else None
