@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from scalelab.io import atomic_path
 from scalelab.precisions import PRECISIONS
 from scalelab.strategies import strategy
-from scalelab.sweep import AXES
+from scalelab.sweep import AXES, run_id_grammar
 
 SCHEMA_VERSION = "8"  # 2: lever identity columns; 3: device plan, launch and provenance sources;
 # 4: the compile lever (identity column, compile time), MFU against the bf16 peak, activations outside the blocks predicted;
@@ -174,8 +174,7 @@ def _axis_column(axis) -> Column:
 
 # Repeated on every row of both tables: the run id, then one column per sweep axis (scalelab.sweep.AXES).
 IDENTITY = [
-    Column("run_id", pa.string(), "-", "short unique id of the sweep point, e.g. fp32-z0-w2, plus a part per lever away "
-           "from its default (-mb2, -ac, -offload, -bucket1)", "identity", nullable=False),
+    Column("run_id", pa.string(), "-", "short unique id of the sweep point: " + run_id_grammar(), "identity", nullable=False),
     *(_axis_column(axis) for axis in AXES),
 ]
 

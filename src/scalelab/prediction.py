@@ -59,6 +59,7 @@ import numpy as np
 from scalelab import links
 from scalelab.predicted_columns import model_of_row
 from scalelab.strategies import STRATEGIES, strategy
+from scalelab.sweep import AXES
 
 OVERLAP_WINDOWS = {"backward": 2 / 3, "step": 1.0}
 """Share of a step's compute a collective can hide behind: gradient reductions run during backward
@@ -84,10 +85,10 @@ def default_rank_factor(device, stage) -> float:
     return DEFAULT_RANK_FACTOR.get(device, {}).get(int(stage), 1.0)
 MEASURED = "step_time_s_mean"
 """The measured figure the model predicts: the mean step time (tokens_per_s = tokens per step / it)."""
-COMPUTE_KEY = ("precision", "zero_stage", "model", "activation_checkpointing", "cpu_offload", "compile", "lora_rank",
-               "grad_reduce", "device_type", "device_name", "threads_per_rank")
-"""What a compute reference must share with the run it predicts (the world size, micro-batch and
-accumulation may differ: the token share carries compute across them)."""
+COMPUTE_KEY = (*(axis.name for axis in AXES if axis.changes_compute), "device_type", "device_name", "threads_per_rank")
+"""What a compute reference must share with the run it predicts: every axis that changes a rank's
+compute (scalelab.sweep.Axis.changes_compute; the world size, micro-batch and accumulation may
+differ: the token share carries compute across them) and the device and threads it ran on."""
 
 
 # ----------------------------------------------------------------------------- one step

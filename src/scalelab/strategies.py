@@ -58,9 +58,6 @@ class Strategy:
     ddp_buckets: bool
     """Has DDP gradient buckets (the bucket_mb lever applies), where DDP wraps the model."""
 
-    def ddp_wraps(self, world_size: int) -> bool:
-        """Whether DDP wraps the model: its buckets then hold the gradients between steps."""
-        return self.ddp_buckets and not (self.silent_at_world_size_1 and world_size == 1)
     cpu_offload: bool
     """Can keep its sharded state in host memory (the cpu_offload lever applies)."""
     replicate_psi: float = 0.0
@@ -79,6 +76,10 @@ class Strategy:
     """Collectives issued as one batch of async calls, then waited (ZeroRedundancyOptimizer: a broadcast
     per parameter tensor): timed per call from ``scalelab bench comm``'s batched rows (on gloo a call of
     a batch costs several times one call alone)."""
+
+    def ddp_wraps(self, world_size: int) -> bool:
+        """Whether DDP wraps the model: its buckets then hold the gradients between steps."""
+        return self.ddp_buckets and not (self.silent_at_world_size_1 and world_size == 1)
 
     def comm_psi(self, k: int) -> float:
         """Elements handed to collectives per optimizer step, in units of Psi, for k accumulation

@@ -73,6 +73,10 @@ class Axis:
     (a model named ``ac``) would make one run id name two different runs, and is refused."""
     swept: bool = True
     """Whether the config's ``sweep:`` section lists its values (``repeat`` comes from ``repeats:``)."""
+    changes_compute: bool = True
+    """Whether it changes a rank's compute per token, so that a run's compute reference in the step-time
+    model must share it (scalelab.prediction.COMPUTE_KEY); False where the token share or the
+    communication carries it (world size, micro-batch, buckets, replicas, repeats)."""
 
 
 def _bucket_run_id(value):
@@ -112,14 +116,15 @@ AXES: tuple[Axis, ...] = (
          str, None, "string", False, run_id=lambda v: v, id_pattern="|".join(map(re.escape, PRECISIONS))),
     Axis("zero_stage", "the data-parallel strategy (scalelab.strategies)", int, None, "int8", False,
          from_path=int, run_id=lambda v: f"z{v}", id_pattern=r"z\d+"),
-    Axis("world_size", "ranks per run", int, None, "int32", False, from_path=int, run_id=lambda v: f"w{v}", id_pattern=r"w\d+"),
+    Axis("world_size", "ranks per run", int, None, "int32", False, from_path=int, run_id=lambda v: f"w{v}", id_pattern=r"w\d+",
+         changes_compute=False),
     # Levers: optional axes with one default value, so a sweep stays small unless asked.
     Axis("micro_batch", "sequences per rank per forward (gradient accumulation); None = the whole per-rank batch",
          int | None, None, "int32", True,
          from_path=_optional(int, "auto"),
          run_id=lambda v: None if v is None else f"mb{v}", id_pattern=r"mb\d+", left_out=_micro_batch_left_out,
          # 'auto' resolves to the whole per-rank batch, i.e. one micro-batch per step
-         is_default=lambda runs: runs["accumulation_steps"].isna() | (runs["accumulation_steps"] == 1)),
+         is_default=lambda runs: runs["accumulation_steps"].isna() | (runs["accumulation_steps"] == 1), changes_compute=False),
     Axis("activation_checkpointing", "recompute every transformer block's activations in backward", bool, False,
          "bool", False, from_path=_flag, run_id=lambda v: "ac" if v else None, id_pattern="ac",
          is_default=lambda runs: ~runs["activation_checkpointing"].astype(bool)),
@@ -134,7 +139,7 @@ AXES: tuple[Axis, ...] = (
          DDP_BUCKET_MB, "float64", True,
          from_path=_optional(float, "none"), run_id=_bucket_run_id, id_pattern=r"bucket.*",
          normalise=lambda point, v: float(v) if v is not None and strategy(point.zero_stage).ddp_buckets else None,
-         is_default=lambda runs: runs["bucket_mb"].isna() | (runs["bucket_mb"] == DDP_BUCKET_MB)),
+         is_default=lambda runs: runs["bucket_mb"].isna() | (runs["bucket_mb"] == DDP_BUCKET_MB), changes_compute=False),
     Axis("compile", "torch.compile (inductor) of every transformer block and of the loss, before DDP/FSDP2 wrapping",
          bool, False, "bool", False, from_path=_flag,
          run_id=lambda v: "compiled" if v else None, id_pattern="compiled", is_default=lambda runs: ~runs["compile"].astype(bool)),
@@ -161,14 +166,26 @@ AXES: tuple[Axis, ...] = (
          "only): parameters, gradients and optimizer state sharded over world_size / replicas ranks (a node), "
          "replicated across the groups; 1 = no replication (plain ZeRO-3 at stage 3)", int, 1, "int16", False,
          from_path=int, run_id=lambda v: None if v == 1 else f"hsdp{v}", id_pattern=r"hsdp\d+",
-         left_out=_replicas_left_out, is_default=lambda runs: runs["replicas"].isna() | (runs["replicas"] == 1)),
+         left_out=_replicas_left_out, is_default=lambda runs: runs["replicas"].isna() | (runs["replicas"] == 1),
+         changes_compute=False),
     # Last, so that a repeat's run id is its first run's plus "-r2", "-r3" (scalelab.analysis.noise).
     # Repeats of a point differ in nothing but what cannot be held equal (timing): same seed, same data,
     # bit-identical losses; their spread in time is the sweep's run-to-run noise.
     Axis("repeat", "which run of a repeated point (1 = the first; the config's repeats: section)", int, 1, "int16", False,
-         from_path=int, run_id=lambda v: None if v == 1 else f"r{v}", id_pattern=r"r\d+", swept=False),
+         from_path=int, run_id=lambda v: None if v == 1 else f"r{v}", id_pattern=r"r\d+", swept=False, changes_compute=False),
 )
 AXIS = {axis.name: axis for axis in AXES}
+
+
+def run_id_grammar() -> str:
+    """How a run id is built, from the axes: the three main parts, then one per axis away from its default."""
+    def example(axis: Axis) -> str:
+        return f"<{axis.name} name>" if axis.id_pattern is None else re.sub(r"\\d\+", "2", axis.id_pattern).replace(".*", "1")
+
+    main = [a.name for a in AXES[:3]]
+    assert main == ["precision", "zero_stage", "world_size"], main  # the grammar below names them
+    return ("<precision>-z<stage>-w<world size> (e.g. fp32-z0-w2), then a part per axis away from its default, in this "
+            "order: " + ", ".join("-" + example(axis) for axis in AXES[3:]))
 SWEEP_AXES = tuple(AXIS)
 LEVER_AXES = tuple(a.name for a in AXES if a.is_default is not None)
 RUN_DIR_GLOB = "[!.]*"

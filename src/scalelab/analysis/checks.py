@@ -30,6 +30,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from scalelab.precisions import PRECISIONS
+
 SPIKE_WINDOW = 10
 """Steps before a step that form its "recent range" (the default warm-up is 10 steps)."""
 LOSS_RELATIVE = 0.25
@@ -44,7 +46,8 @@ MAD_TO_SIGMA = 1.4826
 """Median absolute deviation to the standard deviation of normal noise."""
 NAMED_RUNS = 12
 """Runs named in one message; beyond, the first ones and a count."""
-LOW_PRECISIONS = ("fp16", "bf16", "fp8")
+LOW_PRECISIONS = tuple(p.name for p in PRECISIONS.values() if p.autocast)
+"""The precisions that compute below fp32 (under autocast), each set against fp32 in the CPU notice."""
 
 
 # --------------------------------------------------------------------------- loss spikes, grad-norm jumps

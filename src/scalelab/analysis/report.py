@@ -23,6 +23,7 @@ from markupsafe import Markup
 from scalelab import __version__
 from scalelab.analysis import checks, dictionary
 from scalelab.analysis.figures import FIGURES_DIR, Drawn, start_figures
+from scalelab.analysis.formulas import formulas_html
 from scalelab.analysis.levers import baseline, fp8_table, lever_table
 from scalelab.analysis.like import OVER_STAGE, OVER_WORLD_SIZE, like_key, model_labels, several_models
 from scalelab.analysis.metrics import schema_version
@@ -34,44 +35,6 @@ __all__ = ["MFU_LIMIT", "build_report", "find_warnings", "load_tables", "render"
 MEMORY_TOLERANCE = 0.10
 COMM_TOLERANCE = 0.10
 FP32_PARITY_RTOL = 1e-4
-
-FORMULAS = """
-<ul>
-<li><b>Parameters</b> Ψ = V·d + T·d + L·(12d² + 13d) + 2d (+ V·d if the head is untied).</li>
-<li><b>FLOPs per token</b> = 6·(12·L·d² + V·d) + 12·L·d·T (matmul weights forward and backward, plus attention
-scores and values; causal masking not halved, PaLM's convention). <b>MFU</b> = tokens/s × FLOPs per token /
-(peak × world size), against the dense peak of the precision named in each row (datasheet on known GPUs; on CPU
-the best matmul rate measured at run start).</li>
-<li><b>Model state per rank, at rest</b> (after the optimizer step). PyTorch AMP keeps fp32 parameters, fp32 gradients
-and fp32 AdamW moments in every precision: stage 0: 16Ψ; stage 1: 8Ψ + 8Ψ/N; stages 2 and 3 (FSDP2): 16Ψ/N.
-The ZeRO paper (mixed precision, K = 12): stage 0: 16Ψ; 1: 4Ψ + 12Ψ/N; 2: 2Ψ + 14Ψ/N; 3: 16Ψ/N.
-FSDP2's stage 2 reshards parameters after backward, so at rest it holds what stage 3 holds; the stages differ
-within a step (stage 2 keeps unsharded parameters from forward to backward).</li>
-<li><b>Communication per step</b>, in the ZeRO paper's unit (all-reduce of Ψ = 2Ψ; all-gather, reduce-scatter,
-broadcast of Ψ = Ψ): stage 0: 2Ψ; stage 1: 3Ψ with PyTorch's ZeroRedundancyOptimizer (all-reduce + broadcast of
-updated shards; the paper's 2Ψ); stage 2: 2Ψ; stage 3: 3Ψ; with k accumulation micro-batches FSDP2 stages 2/3
-move (k+1)Ψ and (2k+1)Ψ. At world size 1 FSDP2 issues no collectives (0 bytes) while DDP and ZeRO-1 still do.
-Bytes = gradient elements × the reduce width + parameter elements × the gather width: 4 bytes (fp32) except that
-fp16 and bf16 runs at stages 2 and 3 all-gather parameters in 2 bytes (FSDP2 MixedPrecisionPolicy, param_dtype =
-compute dtype: half of fp32's all-gather bytes) and, with the grad_reduce lever at compute, reduce gradients in 2 bytes
-(reduce_dtype = compute dtype; DDP's bf16/fp16 compress hook at stages 0 and 1); ZeRO-1's broadcast stays fp32; fp16
-adds its loss scaler's 8-byte inf/NaN flag. On a ring each rank sends (N−1)/N of this.</li>
-<li><b>Scaling efficiency</b> = tokens/s at N / (N × the median tokens/s at world size 1 of the same model, precision,
-stage and levers): never another model's, whose tokens cost otherwise (scalelab.analysis.like). Hybrid sharding
-divides by its stage's world-size-1 run (one rank has no replicas).</li>
-<li><b>Activations</b> kept for backward per layer and micro-batch. Korthikanti et al. 2022 (2-byte values, no tensor
-parallelism): s·b·h·(34 + 5·a·s/h), and 2·s·b·h with full recomputation ("paper" columns, scaled by width / 2). For this
-model: scaled_dot_product_attention never stores the a·s² scores and there is no dropout, which leaves 16·s·b·h values
-per layer; under autocast (fp16, bf16, fp8) the residual stream and LayerNorm inputs stay fp32 and the 16-bit copies
-of the 12·d² block weights are kept; with per-block checkpointing only the block input remains (s·b·h values at the
-residual's width). Measured: the bytes autograd saves during one micro-batch's forward on rank 0 (saved-tensor hooks,
-distinct storages, parameters excluded, block inputs included).</li>
-<li><b>Recompute cost</b> of checkpointing = one more forward of every block: 24·L·d² + 4·L·d·T FLOPs per token,
-predicted step-time ratio 1 + that / FLOPs per token. MFU counts model FLOPs only; HFU adds the recompute.</li>
-<li><b>DDP buckets</b>: gradients fill buckets of bucket_mb MiB in reverse registration order (about the order they
-become ready); one all-reduce per bucket per step.</li>
-</ul>
-"""
 
 # Every sweep axis (scalelab.sweep.AXES) shows: a LoRA run and its full twin, or a compiled run and
 # its eager one, differ in an axis column, not by id alone.
@@ -627,7 +590,7 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
             "figures": [_figure(fig_dir, d) for d in drawn if d.figure.kind == "main"],
             "lever_figures": [_figure(fig_dir, d) for d in drawn if d.figure.kind == "lever"],
             "levers_section": any(d.figure.kind == "lever" for d in drawn) or not levers.empty or not fp8.empty,
-            "formulas": Markup(FORMULAS), "trained": trained_lines(runs, steps),
+            "formulas": Markup(formulas_html(runs)), "trained": trained_lines(runs, steps),
             "family_figures": by_family,
             "families": table_model(family_table(runs, steps)) if len(families) > 1 else None,
         }
