@@ -1,5 +1,7 @@
 """One writer per results folder (scalelab.lock): unit tests with real holder processes, and
 two Snakemake workflows from two checkouts sharing one absolute results_dir."""
+import errno
+import fcntl
 import json
 import os
 import signal
@@ -15,7 +17,7 @@ import pytest
 import scalelab
 from conftest import tiny_config, write_workdir
 from scalelab.harness.testing import run_snakemake, snakemake_cmd, snakemake_env
-from scalelab.lock import LOCK_NAME, LockHeld, ResultsLock, results_lock
+from scalelab.lock import LOCK_NAME, LockHeld, ResultsLock, holder, results_lock
 from scalelab.sweep import RUN_DIR_GLOB
 
 SRC = str(Path(scalelab.__file__).resolve().parents[1])
@@ -76,9 +78,10 @@ def _dead_pid() -> int:
 
 
 def _write_record(results: Path, **record) -> Path:
+    """A record left in the lock file by a holder that is gone (no flock on it)."""
     results.mkdir(parents=True, exist_ok=True)
     base = {"pid": _dead_pid(), "host": socket.gethostname(), "started_utc": "2026-01-01T00:00:00+00:00",
-            "cwd": "/some/other/checkout", "command": "snakemake --cores all", "token": "t0"}
+            "cwd": "/some/other/checkout", "command": "snakemake --cores all"}
     (results / LOCK_NAME).write_text(json.dumps({**base, **record}))
     return results / LOCK_NAME
 
@@ -86,99 +89,115 @@ def _write_record(results: Path, **record) -> Path:
 @pytest.mark.unit
 def test_taken_with_its_holder_and_released(tmp_path):
     lock = ResultsLock(tmp_path / "results")
+    assert holder(tmp_path / "results") is None
     assert lock.acquire() is None
     record = json.loads(lock.path.read_text())
     assert record["pid"] == os.getpid() and record["host"] == socket.gethostname() and record["cwd"] == os.getcwd()
-    assert record["started_utc"] and record["token"] == lock.token
+    assert record["started_utc"] and record["command"]
     assert lock.acquire() is None, "taking it again in the same holder is a no-op"
-    assert lock.release() and not lock.path.exists()
+    assert lock.release() and lock.path.read_text() == "", "released: the record emptied, the file kept"
     assert not lock.release()
+    assert holder(tmp_path / "results") is None
 
 
 @pytest.mark.run
-def test_live_lock_refused_naming_holder_then_reclaimed_after_kill_9(tmp_path):
+def test_live_lock_refused_naming_holder_then_free_after_kill_9(tmp_path):
+    """The kernel releases the lock of a killed holder: the next taker finds it free and says the last
+    holder ended without releasing it."""
     results, elsewhere = tmp_path / "results", tmp_path / "checkout_a"
     elsewhere.mkdir()
     (tmp_path / "go").touch()
-    holder = _holder(tmp_path, results, "hold", cwd=elsewhere)
+    proc = _holder(tmp_path, results, "hold", cwd=elsewhere)
     try:
-        assert _first_line(holder).startswith("won")
+        assert _first_line(proc).startswith("won")
+        assert holder(results)["pid"] == proc.pid
         with pytest.raises(LockHeld) as err:
             ResultsLock(results).acquire()
         message = str(err.value)
-        for part in (str(results / LOCK_NAME), f"pid {holder.pid}", f"host {socket.gethostname()}", str(elsewhere), "delete"):
+        for part in (str(results / LOCK_NAME), f"pid {proc.pid}", f"host {socket.gethostname()}", str(elsewhere),
+                     "deleting the file does not stop"):
             assert part in message, (part, message)
-        os.killpg(holder.pid, signal.SIGKILL)  # no handler runs: the lock file stays behind
-        holder.wait(timeout=30)
-        assert (results / LOCK_NAME).exists()
+        os.killpg(proc.pid, signal.SIGKILL)  # no handler runs: the record stays behind, the lock does not
+        proc.wait(timeout=30)
+        assert holder(results) is None
         lock = ResultsLock(results)
         note = lock.acquire()
-        assert note and f"process {holder.pid} is dead" in note and str(elsewhere) in note
-        assert json.loads(lock.path.read_text())["token"] == lock.token
+        assert note and f"pid {proc.pid}" in note and "ended without releasing" in note and str(elsewhere) in note
+        assert json.loads(lock.path.read_text())["pid"] == os.getpid()
         lock.release()
     finally:
-        _stop(holder)
+        _stop(proc)
 
 
 @pytest.mark.run
 @pytest.mark.parametrize("mode", ["exit", "raise"])
 def test_released_when_the_holder_ends(tmp_path, mode):
     (tmp_path / "go").touch()
-    holder = _holder(tmp_path, tmp_path / "results", mode)
+    proc = _holder(tmp_path, tmp_path / "results", mode)
     try:
-        assert _first_line(holder).startswith("won")
-        assert holder.wait(timeout=30) == (0 if mode == "exit" else 1)
-        assert not (tmp_path / "results" / LOCK_NAME).exists()
+        assert _first_line(proc).startswith("won")
+        assert proc.wait(timeout=30) == (0 if mode == "exit" else 1)
+        assert holder(tmp_path / "results") is None
+        assert (tmp_path / "results" / LOCK_NAME).read_text() == "", "an ordinary end empties the record"
     finally:
-        _stop(holder)
+        _stop(proc)
 
 
 @pytest.mark.unit
-def test_stale_records_reclaimed_and_uncheckable_ones_refused(tmp_path):
+def test_a_record_without_its_lock_is_no_lock(tmp_path):
+    """What a killed holder leaves (its record, from this host or another, even a damaged one) holds
+    nothing: the kernel released its lock. The taker says whose record it found."""
     results = tmp_path / "results"
-    # the holder's pid now belongs to another process (here: this one, started at another time)
-    _write_record(results, pid=os.getpid(), pid_start="1")
+    for record in ({}, {"host": "node-that-is-not-this-one"}, {"pid": os.getpid(), "pid_start": "1"}):
+        path = _write_record(results, **record)
+        assert holder(results) is None
+        lock = ResultsLock(results)
+        assert "ended without releasing it" in lock.acquire()
+        lock.release()
+    path.write_text("{not json")  # damaged: nothing to name, and still no lock
     lock = ResultsLock(results)
-    assert "now belongs to another process" in lock.acquire()
-    lock.release()
-    _write_record(results, boot_id="another-boot")
-    assert "rebooted" in lock.acquire()
-    lock.release()
-    # another host: its processes cannot be checked here, so the lock is refused with what to do
-    path = _write_record(results, host="node-that-is-not-this-one")
-    with pytest.raises(LockHeld, match=r"host node-that-is-not-this-one.*/some/other/checkout.*delete .*\.scalelab\.lock"):
-        lock.acquire()
-    path.write_text("")  # a record being written (or damaged) is never taken for a free lock
-    with pytest.raises(LockHeld, match="unreadable"):
-        lock.acquire()
-    assert path.exists()
+    assert lock.acquire() is None and lock.release()
 
 
 @pytest.mark.unit
-def test_release_never_removes_another_holders_lock(tmp_path):
-    lock = ResultsLock(tmp_path / "results")
-    lock.acquire()
-    record = json.loads(lock.path.read_text())
-    lock.path.write_text(json.dumps({**record, "token": "someone else"}))
-    assert not lock.release() and lock.path.exists()
+def test_a_filesystem_that_cannot_lock_is_refused_by_name(tmp_path, monkeypatch):
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with pytest.raises(LockHeld, match=r"cannot lock files.*unlocked"):
+        ResultsLock(tmp_path / "results").acquire()
 
 
 @pytest.mark.run
-def test_one_of_many_simultaneous_reclaimers_wins(tmp_path):
-    """Six processes reclaim one stale lock at once: rename-aside makes exactly one the holder."""
+def test_release_is_only_the_holders(tmp_path):
+    """Another process's release (or this one's, not holding it) never frees a live holder's lock."""
+    (tmp_path / "go").touch()
+    proc = _holder(tmp_path, tmp_path / "results", "hold")
+    try:
+        assert _first_line(proc).startswith("won")
+        assert not ResultsLock(tmp_path / "results").release()
+        assert holder(tmp_path / "results")["pid"] == proc.pid
+    finally:
+        _stop(proc)
+
+
+@pytest.mark.run
+def test_one_of_many_simultaneous_takers_wins(tmp_path):
+    """Six processes take one free lock (a killed holder's record in it) at once: exactly one holds it."""
     results, go = tmp_path / "results", tmp_path / "go"
     _write_record(results)
-    holders = [_holder(tmp_path, results, "hold", go=go) for _ in range(6)]
+    procs = [_holder(tmp_path, results, "hold", go=go) for _ in range(6)]
     try:
         time.sleep(1.0)  # let them all start and wait on `go`
         go.touch()
-        outcomes = [_first_line(h).split()[0] for h in holders]
+        outcomes = [_first_line(p).split()[0] for p in procs]
         assert sorted(outcomes) == ["refused"] * 5 + ["won"], outcomes
-        winner = holders[outcomes.index("won")]
-        assert json.loads((results / LOCK_NAME).read_text())["pid"] == winner.pid
-        assert [p.name for p in results.iterdir()] == [LOCK_NAME], "no file left aside"
+        winner = procs[outcomes.index("won")]
+        assert holder(results)["pid"] == winner.pid
+        assert [p.name for p in results.iterdir()] == [LOCK_NAME], "no file beside it"
     finally:
-        _stop(*holders)
+        _stop(*procs)
 
 
 @pytest.mark.unit
@@ -207,7 +226,7 @@ def test_two_checkouts_one_results_dir(tmp_path):
     for part in ("is in use by another scalelab workflow", str(results / LOCK_NAME), f"pid {procs[winner].pid}",
                  f"host {socket.gethostname()}", f"working directory {works[winner]}"):
         assert part in message, (part, outputs[refused][-3000:])
-    assert not (results / LOCK_NAME).exists(), "released when the workflow ended"
+    assert holder(results) is None, "released when the workflow ended"
 
     def audit():
         summaries = sorted(results.glob(f"runs/{RUN_DIR_GLOB}/summary.json"))
@@ -223,7 +242,7 @@ def test_two_checkouts_one_results_dir(tmp_path):
     # the refused checkout, once the first is done: it takes the lock and writes
     rerun = run_snakemake(works[refused], "--cores", "1", "--forcerun", "collect", timeout=300)
     assert "is in use" not in rerun.stderr and "collect" in rerun.stderr
-    assert not (results / LOCK_NAME).exists()
+    assert holder(results) is None
     audit()
 
 

@@ -230,7 +230,7 @@ def test_a_user_modules_import_path_is_recorded_with_the_sweep(sweep, tmp_path, 
 def test_a_run_whose_launcher_is_gone_is_killed_at_once_and_a_live_one_runs_however_quiet(tmp_path):
     """The launcher's record in its run folder (launcher.json), not a quiet folder, says whether a run
     still trains on this host (issue #41: a dead run read `running` for up to 300 s)."""
-    from scalelab.lock import holder_record
+    from scalelab.processes import holder_record
 
     results = tmp_path / "results"
     gone = next(pid for pid in range(4_194_000, 4_194_300) if not Path(f"/proc/{pid}").exists())  # no such process

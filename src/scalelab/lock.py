@@ -8,112 +8,93 @@ a workflow about to run jobs, never ``-n``, ``--lint``, ``--report`` or ``--unlo
 that Snakemake spawns, e.g. on SLURM nodes, run with ``--no-hooks`` and never take it) and
 released when it ends (``onsuccess``/``onerror``, and at exit of that process).
 
-The lock file is created atomically (``O_CREAT | O_EXCL``) and holds a JSON record: pid,
-host, boot id and process start time, start time, working directory, command line and a
-random token. A lock whose holder is provably gone (same host and boot, and that pid is
-dead or now another process) is reclaimed: renamed to a name of our own (atomic: one
-reclaimer wins), checked to be the very record judged stale, and removed. A holder on
-another host cannot be checked from here: the refusal says how to proceed.
+The lock is ``fcntl.flock`` on that file, held by the open file for as long as the holder runs:
+the kernel releases it when the holder ends, however it ends (kill -9 and power loss included), so no
+lock is ever stale and nothing is reclaimed. The file holds the holder's record (pid, host, boot id
+and process start time, start time, working directory, command line), for the refusal message and
+for ``scalelab resume``; it is emptied on release and stays between holders. On NFS, Linux maps flock
+to the server's byte-range locks, so a holder on another host is seen too; a filesystem that cannot
+lock at all (Lustre mounted without ``flock``) is refused by name rather than left unlocked.
+
 """
 from __future__ import annotations
 
 import atexit
 import datetime
+import errno
+import fcntl
 import json
 import os
 import socket
 import sys
 import time
-import uuid
 from pathlib import Path
+
+from scalelab.processes import holder_record
 
 LOCK_NAME = ".scalelab.lock"
 
 
 class LockHeld(RuntimeError):
-    """Another live workflow holds the results folder; the message names it and what to do."""
+    """The results folder cannot be taken: another live workflow holds it (the message names it and
+    what to do), or its filesystem cannot lock files."""
 
 
-def _boot_id() -> str | None:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
-
-
-def _process_start(pid: int) -> str | None:
-    """The kernel's start time of pid (clock ticks since boot), which a reused pid does not share."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]  # field 22, after the parenthesised command name
-
-
-def _pid_alive(pid: int) -> bool:
-    """Whether pid runs: a zombie (ended, not yet reaped: its parent died too, and a container's
-    init may never reap it) answers kill(0) but is dead."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True  # no /proc: kill(0) is all there is
-    return state not in ("Z", "X")
-
-
-def holder_record() -> dict:
-    """This process as a lock or run record names it: pid, host, boot id and the pid's start time,
-    which is what :func:`stale_reason` checks."""
-    return {"pid": os.getpid(), "host": socket.gethostname(), "boot_id": _boot_id(), "pid_start": _process_start(os.getpid())}
-
-
-def stale_reason(record: dict) -> str | None:
-    """Why the holder of this lock record is certainly gone, or None (alive, or unknowable)."""
-    if record.get("host") != socket.gethostname():
-        return None  # another machine: its processes cannot be checked from here
-    if record.get("boot_id") and _boot_id() and record["boot_id"] != _boot_id():
-        return "its machine has rebooted since"
-    pid = record.get("pid")
-    if not isinstance(pid, int):
-        return None
-    if not _pid_alive(pid):
-        return f"process {pid} is dead"
-    started = _process_start(pid)
-    if record.get("pid_start") and started and started != record["pid_start"]:
-        return f"process {pid} is dead (its pid now belongs to another process)"
-    return None
-
-
-def read_lock(path: str | Path, settle_s: float = 2.0) -> tuple[dict | None, bytes | None]:
-    """(record, raw bytes) of the lock file, (None, None) when there is none. A file being
-    written (empty or partial just after its O_EXCL create) is read again until settle_s."""
-    path, deadline = Path(path), time.monotonic() + settle_s
-    while True:
+def _read_record(fd: int) -> dict:
+    """The record in the lock file ({} when empty or unreadable: a holder writes it just after
+    taking the lock, so a reader may catch it half written: read again briefly)."""
+    for _ in range(10):
+        raw = os.pread(fd, 1 << 16, 0)
         try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            return None, None
-        try:
-            record = json.loads(raw)
+            record = json.loads(raw) if raw.strip() else {}
             if isinstance(record, dict):
-                return record, raw
+                return record
         except ValueError:
             pass
-        if time.monotonic() > deadline:
-            return {}, raw  # unreadable: treated as held (refused), never as free
         time.sleep(0.05)
+    return {}
 
 
 def describe(record: dict) -> str:
     if not record:
-        return "an unreadable record"
+        return "a process whose record is not written yet (or unreadable)"
     return (f"pid {record.get('pid')} on host {record.get('host')}, started {record.get('started_utc')}, "
             f"working directory {record.get('cwd')}")
+
+
+def _open(path: Path) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by processes it starts (O_CLOEXEC)
+
+
+def _try_lock(fd: int, path: Path) -> bool:
+    """Take the flock without waiting: True if taken, False if another open file holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    except OSError as err:
+        if err.errno in (errno.ENOLCK, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+            raise LockHeld(f"the filesystem of {path} cannot lock files ({os.strerror(err.errno)}): scalelab will not "
+                           "run a workflow there unlocked; give it a results_dir on a filesystem that supports flock "
+                           "(on Lustre: mounted with -o flock)") from None
+        raise
+
+
+def holder(results_dir: str | Path) -> dict | None:
+    """The record of the process that holds the folder's lock, or None when nobody holds it."""
+    path = Path(results_dir) / LOCK_NAME
+    if not path.exists():
+        return None
+    fd = os.open(path, os.O_RDWR)
+    try:
+        if _try_lock(fd, path):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        return _read_record(fd)
+    finally:
+        os.close(fd)
 
 
 class ResultsLock:
@@ -122,95 +103,59 @@ class ResultsLock:
     def __init__(self, results_dir: str | Path):
         self.results_dir = Path(results_dir).absolute()
         self.path = self.results_dir / LOCK_NAME
-        self.token: str | None = None  # set while this process holds the lock
+        self.fd: int | None = None  # the open lock file while this process holds the lock
         self.owner_pid: int | None = None
 
     @property
     def held(self) -> bool:
-        return self.token is not None and self.owner_pid == os.getpid()
+        return self.fd is not None and self.owner_pid == os.getpid()
 
-    def acquire(self, attempts: int = 5) -> str | None:
-        """Take the lock; return a note when a stale lock was reclaimed (else None).
-        Raises LockHeld when a live workflow (or one that cannot be checked) holds it."""
+    def acquire(self) -> str | None:
+        """Take the lock; return a note when the last holder ended without releasing it (else None).
+        Raises LockHeld when a live workflow holds it, or the filesystem cannot lock."""
         if self.held:
             return None
-        self.results_dir.mkdir(parents=True, exist_ok=True)
-        note = None
-        for _ in range(attempts):
-            token = uuid.uuid4().hex
-            record = {
-                **holder_record(),
-                "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "cwd": os.getcwd(), "command": " ".join(sys.argv)[:2000], "token": token,
-            }
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                held, raw = read_lock(self.path)
-                if held is None:
-                    continue  # released meanwhile: try again
-                why = stale_reason(held)
-                if why is None:
-                    raise LockHeld(self._refusal(held)) from None
-                if self._reclaim(raw):
-                    note = (f"scalelab: reclaimed the stale lock {self.path} ({describe(held)}): {why}")
-                continue
-            with os.fdopen(fd, "w") as handle:
-                handle.write(json.dumps(record, indent=2) + "\n")
-                handle.flush()
-                os.fsync(handle.fileno())
-            self.token, self.owner_pid = token, os.getpid()
-            _HELD.append(self)
-            return note
-        raise LockHeld(f"could not take the lock {self.path} after {attempts} attempts "
-                       "(other workflows kept taking or reclaiming it); try again")
-
-    def _reclaim(self, stale_raw: bytes) -> bool:
-        """Remove the lock file if it is still exactly the stale record; True if we removed it.
-        The rename is atomic, so of several reclaimers only one moves the file; a mover that
-        finds a different (fresh) record moved puts it back without overwriting anything."""
-        aside = self.path.with_name(f"{LOCK_NAME}.stale.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+        fd = _open(self.path)
         try:
-            os.rename(self.path, aside)
-        except FileNotFoundError:
-            return False  # another reclaimer was first
-        try:
-            if aside.read_bytes() == stale_raw:
-                return True
-            try:  # a fresh lock was taken in between: restore it (link never overwrites)
-                os.link(aside, self.path)
-            except FileExistsError:
-                pass
-            return False
-        finally:
-            aside.unlink(missing_ok=True)
+            if not _try_lock(fd, self.path):
+                raise LockHeld(self._refusal(_read_record(fd)))
+            left = _read_record(fd)
+            record = {**holder_record(), "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                      "cwd": os.getcwd(), "command": " ".join(sys.argv)[:2000]}
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(record, indent=2) + "\n").encode(), 0)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)  # closing drops the flock too
+            raise
+        self.fd, self.owner_pid = fd, os.getpid()
+        _HELD.append(self)
+        if left:
+            return (f"scalelab: the last holder of {self.path} ({describe(left)}) ended without releasing it "
+                    "(killed?); its lock went with it")
+        return None
 
     def release(self) -> bool:
-        """Remove the lock file if this process holds it (its token); True if removed."""
+        """Empty the record and let the lock go, if this process holds it; True if it did."""
         if not self.held:
             return False
-        token, self.token = self.token, None
+        fd, self.fd = self.fd, None
         if self in _HELD:
             _HELD.remove(self)
-        record, _ = read_lock(self.path, settle_s=0)
-        if not record or record.get("token") != token:
-            return False  # not ours any more: never remove another workflow's lock
-        self.path.unlink(missing_ok=True)
+        try:
+            os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)  # the flock goes with the last close of the open file
         return True
 
     def _refusal(self, held: dict) -> str:
         here = socket.gethostname()
-        if held and held.get("host") != here:
-            gone = (f"if that workflow is gone (killed, or its machine {held.get('host')} went down), "
-                    f"delete {self.path} and start again; a lock from another host ({here} is this one) "
-                    "cannot be checked from here")
-        else:
-            gone = ("a lock left by a dead process on this host is taken over without asking, so this one is "
-                    f"alive: if you are sure no workflow writes there, delete {self.path} and start again")
+        where = (f" (host {held.get('host')}; this one is {here})" if held and held.get("host") != here else "")
         return (f"results folder {self.results_dir} is in use by another scalelab workflow: the lock "
                 f"{self.path} is held by {describe(held)}"
                 + (f", command: {held.get('command')}" if held.get("command") else "")
-                + f". Wait for it to finish, or give this workflow another results_dir; {gone}.")
+                + f"{where}. Wait for it to finish, or give this workflow another results_dir. The lock goes "
+                "with its holder, however it ends: deleting the file does not stop that workflow writing there.")
 
 
 _HELD: list[ResultsLock] = []
@@ -225,8 +170,7 @@ def results_lock(results_dir: str | Path) -> ResultsLock:
 
 @atexit.register
 def _release_at_exit() -> None:
-    """Whatever way the holder's interpreter ends (an exception, Ctrl-C), the lock goes with it.
-    A kill -9 leaves the file; the next workflow on this host reclaims it."""
+    """An ordinary end (an exception, Ctrl-C) empties the record too; any end releases the lock."""
     for lock in list(_HELD):
         try:
             lock.release()

@@ -26,8 +26,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from scalelab.lock import stale_reason
 from scalelab.migrate import check_layout
+from scalelab.processes import stale_reason
 from scalelab.sweep import LAUNCHER_FILE, RUN_DIR_GLOB
 
 ACTIVE_WITHIN_S = 300.0
@@ -297,11 +297,11 @@ def resume(results_dir: str | Path, dry_run: bool = False, timeout_s: float | No
     import sys
 
     from scalelab.invocation import recorded, rerun_command
-    from scalelab.lock import LOCK_NAME, describe, read_lock
+    from scalelab.lock import describe, holder
 
-    holder, _ = read_lock(Path(results_dir) / LOCK_NAME, settle_s=0.5)
-    if holder is not None and (not holder or stale_reason(holder) is None):
-        print(f"scalelab resume: the sweep in {results_dir} is still running ({describe(holder)}): wait for it, "
+    running = holder(results_dir)
+    if running is not None:
+        print(f"scalelab resume: the sweep in {results_dir} is still running ({describe(running)}): wait for it, "
               "or stop it first (Ctrl-C)", file=sys.stderr)
         return 2
     data = recorded(results_dir)

@@ -31,8 +31,8 @@ from scalelab.columns import steps_table, write_parquet
 from scalelab.config import config_hash, model_config, train_config
 from scalelab.data import read_meta, verify_tokens
 from scalelab.io import read_json, write_json
-from scalelab.lock import holder_record
 from scalelab.placement import LaunchPlan, launch_plan
+from scalelab.processes import holder_record
 from scalelab.sweep import LAUNCHER_FILE, POINT_FILE, RunPoint, micro_batch_plan
 from scalelab.training import prefork
 
