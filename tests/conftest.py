@@ -108,7 +108,7 @@ def strategy_steps(out: Path, world_size: int, *args: str, timeout_s: float = 18
     import subprocess
     import sys
 
-    from scalelab.training.launch import free_port
+    from scalelab.training.ranks import free_port
 
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world_size),
            "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}

@@ -26,8 +26,8 @@ from scalelab.columns import (
     summary_problems,
 )
 from scalelab.sweep import AXES, AXIS, LEVER_AXES, RunPoint
-from scalelab.training.launch import LOCAL_LAUNCH
 from scalelab.training.prefork import FORKED_LAUNCH, PREFORK_ENV
+from scalelab.training.ranks import LOCAL_LAUNCH
 
 # Columns no run of the fixture below fills on a CPU, and the runs that fill them (each is
 # checked there: conftest.run_point holds every real run of the suite against the table).

@@ -14,8 +14,8 @@ import pytest
 from conftest import PARITY_STEPS, run_point
 from scalelab.harness.testing import processes_mentioning
 from scalelab.sweep import RunPoint
-from scalelab.training.launch import LOCAL_LAUNCH
 from scalelab.training.prefork import FORKED_LAUNCH, PREFORK_ENV, start_server, stop_server
+from scalelab.training.ranks import LOCAL_LAUNCH
 
 pytestmark = pytest.mark.run
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from scalelab.harness.testing import processes_mentioning
-from scalelab.training.launch import _run_ranks
+from scalelab.training.ranks import run_ranks
 
 pytestmark = pytest.mark.run
 
@@ -62,7 +62,7 @@ def test_a_rank_that_dies_takes_the_others_down(tmp_path):
     marker = f"scalelab-test-marker-{os.getpid()}-dies"
     (tmp_path / "run").mkdir()
     start = time.monotonic()
-    status, reason, warning, _ = _run_ranks([_rank(SLEEPER, marker), _rank("import sys; sys.exit(5)", marker)],
+    status, reason, warning, _ = run_ranks([_rank(SLEEPER, marker), _rank("import sys; sys.exit(5)", marker)],
                                          tmp_path / "run.log", timeout_s=300, run_dir=tmp_path / "run")
     assert time.monotonic() - start < 60, "the surviving rank was left to its time limit"
     assert status == "failed" and reason.endswith("(rank 1 exit code 5)") and warning is None
@@ -73,7 +73,7 @@ def test_a_failure_names_the_process_that_really_ran(tmp_path):
     """A world-size-1 run is one rank the launcher started, not a torchrun (issue #40: the reason
     said "torchrun exit code 1")."""
     (tmp_path / "run").mkdir()
-    status, reason, _, _ = _run_ranks([_rank("import sys; sys.exit(3)", "one-rank")], tmp_path / "run.log",
+    status, reason, _, _ = run_ranks([_rank("import sys; sys.exit(3)", "one-rank")], tmp_path / "run.log",
                                       timeout_s=60, run_dir=tmp_path / "run")
     assert status == "failed" and reason.endswith("(rank 0 exit code 3)") and "torchrun" not in reason
 
@@ -82,7 +82,7 @@ def test_the_time_limit_stops_every_rank_and_their_children(tmp_path):
     marker = f"scalelab-test-marker-{os.getpid()}-limit"
     (tmp_path / "run").mkdir()
     start = time.monotonic()
-    status, reason, _, _ = _run_ranks([_rank(SLEEPER, marker), _rank(SLEEPER, marker)],
+    status, reason, _, _ = run_ranks([_rank(SLEEPER, marker), _rank(SLEEPER, marker)],
                                    tmp_path / "run.log", timeout_s=3, run_dir=tmp_path / "run")
     assert 3 <= time.monotonic() - start < 60
     assert status == "timeout" and "train.run_timeout_s=3 s" in reason

@@ -177,7 +177,7 @@ def run_world_size(world_size: int, *, device: str = "cpu", sizes: list[int], co
                    max_reps: int = MAX_REPS, batches=BATCHES, batch_max_bytes: int = BATCH_MAX_BYTES,
                    batched_collectives=BATCHED_COLLECTIVES, threads_per_rank: int = 1, collective_timeout_s: float = 60.0, timeout_s: float = 300.0) -> dict:
     """Start ``world_size`` ranks on this host, wait for them (at most timeout_s), return rank 0's record."""
-    from scalelab.training.launch import free_port
+    from scalelab.training.ranks import free_port
 
     if world_size < 1:
         raise ValueError(f"world size must be >= 1, got {world_size}")

@@ -18,9 +18,7 @@ import datetime
 import json
 import os
 import re
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -35,6 +33,7 @@ from scalelab.placement import LaunchPlan, launch_plan
 from scalelab.processes import holder_record
 from scalelab.sweep import LAUNCHER_FILE, POINT_FILE, RunPoint, micro_batch_plan
 from scalelab.training import prefork
+from scalelab.training.ranks import LOCAL_LAUNCH, local_rank_processes, run_ranks, torchrun_command
 
 GIT_COMMIT_ENV = "SCALELAB_GIT_COMMIT"
 """The commit of a tree without .git (a copy, a container, a cluster stage-in): set it where
@@ -136,55 +135,6 @@ def plan_memory(config: dict, model, point: RunPoint, micro_batch: int, device: 
                + ("" if peak.exact else f"; {peak.bound}") + f") exceeds the device memory {limit / 2**20:.1f} MiB; "
                "not launched (set planning.launch_predicted_oom: true to launch it anyway)")
     return {**predicted_columns.peak_columns(peak, custom=bool(own)), "device_memory_bytes": limit, "predicted_oom_reason": oom}
-
-
-def classify_failure(errors: list[dict], log: str) -> tuple[str, str]:
-    """(status, reason) from the ranks' error reports and this attempt's whole log.
-
-    The earliest error is the root cause: once one rank fails, the others fail with
-    secondary errors (a peer closed the connection, a collective timed out). NCCL's watchdog
-    aborts a hung rank without a Python exception, so its timeout is only in the log: it
-    wins over a plain failure that other ranks reported afterwards."""
-    from_log = placement.failure_from_log(log)
-    if errors:
-        first = min(errors, key=lambda e: e.get("time", 0))
-        where = f"rank {first['rank']}: {first['type']}: {first['message'][:1000]}"
-        text = f"{first['type']} {first['message']}".lower()
-        if first["type"] == "Unsupported":  # the worker's preflight: this device cannot run the point
-            return "skipped", first["message"]
-        if first["type"] == "OutOfMemoryError" or "out of memory" in text:
-            return "oom", where
-        if first["type"] == "Diverged":
-            return "diverged", where
-        if "timeout" in text or "timed out" in text:
-            return "timeout", "collective timed out: " + where
-        if from_log and from_log[0] == "timeout":
-            return "timeout", f"collective timed out: log: {from_log[1]} (then {where})"
-        return "failed", where
-    if from_log:
-        status, line = from_log
-        return status, ("collective timed out: " if status == "timeout" else "") + "log: " + line
-    if died := launcher_failure(log):
-        return "failed", "a rank exited abnormally: " + died
-    return "failed", "a rank exited abnormally; log tail: " + log[-1000:]
-
-
-_TORCHRUN_CHILD = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: \d+\)")
-_SRUN_TASK = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): ([^\n]+)")
-
-
-def launcher_failure(log: str) -> str | None:
-    """Which rank died, where and how, from the lines torchrun and srun print when a rank of a
-    multi-node run ends without an error report (killed by a signal, a hard exit): torchrun's
-    "failed (exitcode: -9) local_rank: 0" and srun's first "n2: task 1: Exited ..." line."""
-    child = _TORCHRUN_CHILD.search(log)
-    if child is None:
-        return None
-    code, local_rank = int(child.group(1)), child.group(2)
-    how = f"was killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else f"exited with code {code}"
-    task = _SRUN_TASK.search(log)
-    where = f" on node {task.group(1)} (SLURM task {task.group(2)}; srun: {task.group(3).strip()})" if task else ""
-    return f"local rank {local_rank} of a launcher{where} {how} (torchrun: exitcode {code}); the other ranks were stopped"
 
 
 def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str | Path,
@@ -292,7 +242,7 @@ def _run_workers(spec: dict, run_dir: Path, plan: LaunchPlan, cluster: dict, log
         processes = local_rank_processes(world_size, spec_path, env)
         launched = {"launch": LOCAL_LAUNCH, "launchers": 1}
         forkable = spec["device"] == "cpu"  # scalelab.training.prefork: CPU ranks only
-    status, reason, launched["teardown_warning"], forked = _run_ranks(processes, log_path, timeout_s, run_dir, forkable)
+    status, reason, launched["teardown_warning"], forked = run_ranks(processes, log_path, timeout_s, run_dir, forkable)
     if forked:
         launched["launch"] = prefork.FORKED_LAUNCH
     if status == "skipped":  # the workers' preflight: nothing ran, as with a skip decided here
@@ -326,171 +276,3 @@ def _write_results(run_dir: Path, log_path: Path, run_id: str, identity: dict, r
         import shutil
 
         shutil.rmtree(run_dir / "checkpoint", ignore_errors=True)
-
-
-def allocation_first_host() -> str:
-    """The first host of the SLURM allocation: where rank 0's launcher runs."""
-    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
-    if nodelist:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30,
-                             env=placement.srun_environment(os.environ))
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.split()[0]
-    import socket
-
-    return socket.gethostname()
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now (rendezvous, test daemons)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
-LOCAL_LAUNCH = "one process per rank (no torchrun agent)"
-"""The ``launch`` of a run whose ranks all run on this host."""
-
-WORKER = ["-m", "scalelab.training.worker", "--spec"]
-
-
-def local_rank_processes(world_size: int, spec_path: Path, env: dict) -> list[tuple[list[str], dict]]:
-    """(command, environment) of each rank of a run on this host, started by the launcher itself.
-
-    torchrun's elastic agent would be one more Python process importing torch (about 1.5 s of
-    every run's start-up on 2 cores) for what a single host does not need: rendezvous, restarts
-    (scalelab never restarts a rank; a run resumes from its checkpoint). The ranks get the
-    variables torchrun --standalone gives its workers (torch's LocalElasticAgent._start_workers)
-    that a worker without the agent's store reads: init_process_group's env:// rendezvous
-    (MASTER_ADDR, MASTER_PORT: rank 0 hosts the TCPStore on a free port, RANK, WORLD_SIZE),
-    LOCAL_RANK and LOCAL_WORLD_SIZE (GPU and core placement), and the group and role ranks of
-    one group; TORCHELASTIC_* stay unset, since no agent is there to serve a store."""
-    port = str(free_port())
-    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(world_size),
-              "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
-              "ROLE_NAME": "default", "ROLE_WORLD_SIZE": str(world_size),
-              "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")}
-    return [([sys.executable, *WORKER, str(spec_path)],
-             {**env, **common, "RANK": str(rank), "LOCAL_RANK": str(rank), "ROLE_RANK": str(rank)})
-            for rank in range(world_size)]
-
-
-def torchrun_command(plan: LaunchPlan, world_size: int, spec_path: Path, srun_options: list[str]) -> list[str]:
-    """The command that starts every rank of a run whose launchers span nodes (inside a SLURM
-    allocation; on one host the launcher starts the ranks itself, :func:`local_rank_processes`).
-
-    ``srun`` starts one torchrun per task, joined by static rendezvous on the allocation's first
-    host, each task's node rank taken from SLURM_PROCID (torchrun reads PET_NODE_RANK) and its
-    slot on its node from SLURM_LOCALID (packed launchers take distinct GPUs,
-    scalelab.placement.gpu_index). Static, not c10d: the sizes are fixed, node ranks stay
-    reproducible, and several launchers may share one host.
-    """
-    torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={plan.launchers}",
-                f"--nproc-per-node={plan.ranks_per_launcher}", f"--master-addr={allocation_first_host()}",
-                f"--master-port={free_port()}", *WORKER, str(spec_path)]
-    return ["srun", *srun_options, "--kill-on-bad-exit=1",
-            "bash", "-c", f'export PET_NODE_RANK="$SLURM_PROCID" {placement.LAUNCHER_SLOT_ENV}="$SLURM_LOCALID"; exec "$@"',
-            "bash", *torchrun]
-
-
-POLL_S = 0.05
-"""How often the launcher looks at its processes: how late at most it notices that a rank
-ended (torchrun's agent looks every 0.1 s)."""
-
-
-def _run_ranks(processes: list[tuple[list[str], dict]], log_path: Path, timeout_s: float,
-               run_dir: Path, forkable: bool = False) -> tuple[str, str | None, str | None, bool]:
-    """(status, reason, teardown warning, whether the ranks were forked) of one attempt: the ranks
-    (or srun x torchrun, one process) in one process group of their own, their output appended to
-    the log. forkable: ask the prefork server to fork the ranks (scalelab.training.prefork, which
-    keeps every guarantee below); without one, or where it refuses, they are new processes.
-
-    As torchrun did: the first process to exit abnormally ends the attempt, and the others are
-    stopped (a rank whose peer died would otherwise wait in a collective until its timeout); the
-    run's time limit stops them all; the whole group is killed, whatever happened, so no rank
-    outlives the attempt (and each rank dies with the launcher: PR_SET_PDEATHSIG)."""
-    attempt_start = log_path.stat().st_size if log_path.exists() else 0  # the log is appended across attempts
-    procs: list = []  # subprocess.Popen or prefork.ForkedRank
-    with open(log_path, "ab") as log:
-        for cmd, env in processes:
-            shown = " ".join(f"{k}={env[k]}" for k in ("RANK", "WORLD_SIZE", "MASTER_PORT") if k in env and len(processes) > 1)
-            if cmd[0] == "srun" and env.get("SLURM_CONF"):
-                shown = f"SLURM_CONF={env['SLURM_CONF']}"
-            log.write(f"$ {shown + ' ' if shown else ''}{' '.join(cmd)}\n".encode())
-        log.flush()
-        forked, why_not = prefork.fork_ranks(processes, log.fileno()) if forkable else (None, None)
-        if why_not:
-            log.write(f"scalelab: ranks started as new processes: {why_not}\n".encode())
-            log.flush()
-        try:
-            if forked is not None:
-                procs.extend(forked)
-            else:
-                for cmd, env in processes:
-                    # one group for all: rank 0 leads a new one, the others join it (killpg reaches every rank)
-                    group = {"start_new_session": True} if len(processes) == 1 else {"process_group": procs[0].pid if procs else 0}
-                    procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                  preexec_fn=prefork.die_with_parent, **group))
-            deadline = time.monotonic() + timeout_s
-            while True:
-                codes = [p.poll() for p in procs]
-                ended_badly = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
-                if ended_badly or all(c == 0 for c in codes):
-                    break
-                if time.monotonic() >= deadline:
-                    return "timeout", f"run exceeded train.run_timeout_s={timeout_s:g} s and was stopped", None, bool(forked)
-                time.sleep(POLL_S)
-        finally:
-            _kill_group(procs)  # no orphan ranks, whatever happened
-            if forked:
-                forked[0].channel.close()
-                if forked[0].channel.server_lost:
-                    log.write(b"scalelab: the prefork server ended (or stopped answering) during the run; its ranks were stopped\n")
-    if ended_badly:
-        index, code = ended_badly[0]
-        # srun x torchrun is one process for every rank; on one host each process is rank `index`
-        exit_code = f"srun x torchrun exit code {code}" if processes[index][0][0] == "srun" else f"rank {index} exit code {code}"
-    else:
-        exit_code = None
-    if (run_dir / "worker_result.json").exists():
-        # Rank 0 writes it after the last step and the final all-gathers, which every rank
-        # joined: the measurements are complete. A crash after that (process-group teardown)
-        # is worth a warning, not the run.
-        warning = None if exit_code is None else f"a rank exited abnormally after the results were written ({exit_code})"
-        return "ok", None, warning, bool(forked)
-    errors = [read_json(p) for p in sorted(run_dir.glob("rank*.error.json"))]
-    with open(log_path, "rb") as log:
-        log.seek(attempt_start)
-        status, reason = classify_failure(errors, log.read().decode(errors="replace"))
-    if status == "skipped":
-        return status, reason, None, bool(forked)
-    return status, f"{reason} ({exit_code or 'every rank exited 0 without results'})", None, bool(forked)
-
-
-def _kill_group(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM the run's process group (led by the first process), then SIGKILL what is left
-    after a grace period; every process is reaped."""
-    if not procs:
-        return
-    group = procs[0].pid
-    try:
-        os.killpg(group, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        for proc in procs:  # reap them, so a group with no live member reads as gone
-            proc.poll()
-        try:
-            os.killpg(group, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    try:
-        os.killpg(group, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for proc in procs:
-        proc.wait()

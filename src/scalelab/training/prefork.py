@@ -11,7 +11,7 @@ whole Snakemake invocation (started by the Snakefile's ``onstart``) or a pytest 
 Only CPU runs on this host go through it: a GPU run's ranks are new processes (CUDA and fork
 are not proven together here), and so are the launchers of a multi-node run (``srun``).
 
-The launcher's guarantees hold as with new processes (``scalelab.training.launch._run_ranks``):
+The launcher's guarantees hold as with new processes (``scalelab.training.ranks.run_ranks``):
 - the ranks of a run form one process group (led by rank 0) which the launcher kills whole;
 - a rank dies with the launcher: the launcher holds a connection to the server for the run's
   lifetime, and the server SIGKILLs the run's group when that connection closes early;

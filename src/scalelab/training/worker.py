@@ -415,7 +415,7 @@ class Diverged(RuntimeError):
 class Unsupported(RuntimeError):
     """The error type of a rank whose device cannot run the point (written by :func:`preflight`):
     the launcher records the run `skipped` with the message as the reason
-    (scalelab.training.launch.classify_failure)."""
+    (scalelab.training.ranks.classify_failure)."""
 
 
 def train(spec: dict) -> None:
