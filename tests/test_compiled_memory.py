@@ -387,3 +387,18 @@ def test_gpu_compiled_peak_within_ten_percent():
     predicted = accounting.peak_memory(cfg, accounting.param_count(cfg), 0, 1, "bf16", micro_batch, compiled=True)
     assert predicted.exact
     assert abs(measured / predicted.activations - 1) < 0.10, (measured / GIB, predicted.activations / GIB)
+
+
+@pytest.mark.unit
+def test_the_peak_is_at_least_the_model_state_at_rest():
+    """The optimizer step holds every gradient backward made: with few activations (checkpointed, one
+    sequence) that outweighs the start of backward, whose gradients the optimizer had freed."""
+    cfg = ModelConfig(24, 1024, 16, 1024, True, 50304)
+    n = accounting.param_count(cfg)
+    at_rest = accounting.model_state_bytes(n, 0, 1, "bf16").total
+    small = accounting.peak_memory(cfg, n, 0, 1, "bf16", 1, activation_checkpointing=True)
+    assert small.model_state + small.transient_params + small.activations < at_rest == small.at_rest == small.total
+    large = accounting.peak_memory(cfg, n, 0, 1, "bf16", 16)
+    assert large.total == large.model_state + large.transient_params + large.activations > at_rest
+    offloaded = accounting.peak_memory(cfg, n, 3, 2, "bf16", 1, cpu_offload=True)
+    assert offloaded.at_rest == 0 and offloaded.total == offloaded.transient_params + offloaded.activations

@@ -27,6 +27,7 @@ def test_the_strategy_lines_come_from_their_records():
     assert [comm_text(STRATEGIES[s]) for s in range(4)] == ["2Ψ", "3Ψ", "2Ψ, (k + 1)Ψ with k micro-batches",
                                                           "3Ψ, (2k + 1)Ψ with k micro-batches"]
     assert comm_text(HYBRID).endswith("plus 2Ψ/S all-reduced across the replicas (S = N/R, a shard group)")
+    assert model_state_text(HYBRID) == "16Ψ/S"  # sharded over the shard group, not the world
 
 
 @pytest.mark.unit

@@ -27,7 +27,8 @@ stage 0: 2 Psi; 1: 2 Psi (paper) / 3 Psi (PyTorch's ZeroRedundancyOptimizer all-
 gradients and broadcasts updated parameter shards); 2: 2 Psi; 3: 3 Psi. With k
 micro-batches of gradient accumulation FSDP2 all-gathers parameters for every
 micro-batch: stage 2: (k + 1) Psi, stage 3: (2k + 1) Psi. At world size 1 FSDP2 issues
-no collectives (measured: 0 bytes), while DDP and ZeroRedundancyOptimizer still do.
+no collectives (measured: 0 bytes), nor does stage 0 (one rank trains the model without DDP), while
+ZeRO-1's DDP and ZeroRedundancyOptimizer still do.
 
 Bytes per step (comm_bytes_per_step, what runs predict and CommCounter measures): the
 gradient elements at the reduce dtype's width plus the parameter elements at the gather
@@ -195,7 +196,7 @@ def comm_elements_per_step(n_params: int, zero_stage: int, world_size: int,
     if convention == "paper":
         return record.comm_psi_paper * psi + across
     if record.silent_at_world_size_1 and shard == 1:
-        return across  # FSDP2 on a one-rank shard group issues no all-gather or reduce-scatter at all
+        return across  # one rank at stage 0 (no DDP), or FSDP2 on a one-rank shard group: no collective at all
     return record.comm_psi(accumulation_steps) * psi + across
 
 
@@ -265,8 +266,8 @@ def comm_bytes_per_step(n_params: int, zero_stage: int, world_size: int, precisi
     (FSDP2 gathers every parameter, frozen or not: Psi; ZeroRedundancyOptimizer broadcasts its
     trainable shards: T), r and g the bytes per element of the reduce and gather dtypes
     (comm_dtypes; ZeroRedundancyOptimizer's broadcast is fp32), and 8 bytes for the fp16 loss
-    scaler's inf/NaN flag. At world size 1 FSDP2 issues no gather or reduce-scatter: only the
-    scaler's flag remains. In fp32 bytes (r = g = 4) this is 4 x comm_elements_per_step
+    scaler's inf/NaN flag. At world size 1 FSDP2 issues no gather or reduce-scatter and stage 0 no
+    all-reduce (no DDP): only the scaler's flag remains. In fp32 bytes (r = g = 4) this is 4 x comm_elements_per_step
     (lora_comm_elements_per_step with LoRA). Hybrid sharding (``replicas`` R > 1) adds the
     all-reduce of each rank's gradient shard across replicas, 2 T r / S (S = N/R), and its
     gathers and reduce-scatter run within the shard group (none when S = 1): the sum of
@@ -738,8 +739,8 @@ class PeakMemory:
     """Predicted peak memory of one rank within a training step, in bytes."""
 
     model_state: float
-    """Parameters + optimizer state (PyTorch convention), + gradients where they exist at the peak
-    (grads_at_peak: DDP's buckets, or gradient accumulation)."""
+    """Model state at the start of backward: parameters + optimizer state (PyTorch convention), +
+    gradients where they exist then (grads_at_peak: DDP's buckets, or gradient accumulation)."""
     transient_params: float
     """Parameters materialised unsharded during the step (FSDP2 all-gather buffers)."""
     activations: float
@@ -749,10 +750,16 @@ class PeakMemory:
     bound: str = MODELLED
     """What kind of figure ``activations`` (and so ``total``) is: ``"model"``, or ``"upper bound: <why>"``
     / ``"lower bound: <why>"`` (activation_bound)."""
+    at_rest: float = 0.0
+    """Model state at rest, gradients included: what the optimizer step holds, after backward made
+    every gradient."""
 
     @property
     def total(self) -> float:
-        return self.model_state + self.transient_params + self.activations
+        """The larger of the two peaks of a step: the start of backward (model state then, gathered
+        parameters, activations) and the optimizer step (model state at rest: with few activations,
+        checkpointed or a small micro-batch, the gradients made in backward outweigh them)."""
+        return max(self.model_state + self.transient_params + self.activations, self.at_rest)
 
     @property
     def exact(self) -> bool:
@@ -785,7 +792,11 @@ def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: in
                 accumulation_steps: int = 1, block_params: int | None = None, device_type: str = "cuda",
                 replicas: int = 1, compiled: bool = False) -> PeakMemory:
     """Predicted in-step peak per rank on the device: model state at rest (less the gradients where
-    none exist at the peak: no DDP buckets and one micro-batch), plus what a step materialises.
+    none exist at the start of backward: no DDP buckets and one micro-batch), plus what a step
+    materialises; at least the model state at rest with its gradients (the optimizer step:
+    PeakMemory.total). FSDP2 with accumulation keeps unsharded gradients between micro-batches
+    (set_requires_gradient_sync(False)), which only their sharded 4 bytes per parameter count for:
+    not modelled, an underestimate there.
 
     Stage 2 keeps every block's unsharded parameters from forward to backward: +b Psi (N-1)/N,
     b = 4 bytes (fp32), 2 for fp16 and bf16, which FSDP2's MixedPrecisionPolicy gathers in their
@@ -812,8 +823,9 @@ def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: in
     state = at_rest.total if grads_at_peak(zero_stage, world_size, accumulation_steps, replicas) else at_rest.total - at_rest.grads
     gathered = comm_dtypes(precision, zero_stage).gather_bytes  # 2 for fp16/bf16 under FSDP2's MixedPrecisionPolicy
     transient = strategy(zero_stage, replicas).transient_psi(n_params, block_params, n, gathered)
+    held = at_rest.total
     if cpu_offload:
-        state, transient = 0.0, 2 * gathered * block_params  # copied to the device, then gathered
+        state, held, transient = 0.0, 0.0, 2 * gathered * block_params  # copied to the device, then gathered
     acts = 0.0 if cfg.module else (  # a user's module: no activation formula (model state and gathers only)
         block_activation_bytes(cfg, micro_batch, precision, activation_checkpointing, zero_stage=zero_stage,
                                device_type=device_type, compiled=compiled)
@@ -821,7 +833,7 @@ def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: in
                                          compiled)
         + loss_path_bytes(cfg, micro_batch, precision, compiled).transient)
     return PeakMemory(state, transient, acts,
-                      activation_bound(cfg, precision, compiled, activation_checkpointing, device_type))
+                      activation_bound(cfg, precision, compiled, activation_checkpointing, device_type), at_rest=held)
 
 
 # ----------------------------------------------------------------------------- LoRA (the last rung)

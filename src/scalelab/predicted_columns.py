@@ -70,7 +70,7 @@ def peak(cfg: ModelConfig, n_params: int, row: Mapping, block_params: int | None
         trainable = n_trainable if n_trainable is not None else accounting.lora_trainable_params(cfg, int(lora_rank))
         state = accounting.lora_model_state_bytes(n_params, trainable, stage, world_size, precision, "pytorch", replicas)
         held = state.total if accounting.grads_at_peak(stage, world_size, accum, replicas) else state.total - state.grads
-        result = dataclasses.replace(result, model_state=held)
+        result = dataclasses.replace(result, model_state=held, at_rest=state.total)
     return result
 
 
@@ -122,15 +122,17 @@ def worker_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -> dic
 
 def refreshed(row: dict) -> dict:
     """A collected row with its formula columns computed anew by today's formulas: the launcher's where
-    the row has them and the model is a built-in family, the worker's where the worker wrote them
-    (a run that trained: it counted its parameters and hosts). Everything else as it was."""
+    the model is a built-in family, the worker's where the worker wrote them (a run that trained: it
+    counted its parameters and hosts). Only columns the row holds are replaced: one its writer left
+    null (a column newer than the run, whose measured twin is null too) stays null. ValueError from a
+    formula that rejects the row (the caller keeps the row as written and reports it)."""
     if row.get("model_family") is None or row.get("n_layers") is None:  # a row without its shape (missing, corrupt)
         return row
     cfg = model_of_row(row)
-    out = dict(row)
+    new = {}
     if cfg.module is None and row.get("predicted_peak_bytes") is not None and row.get("device_type") is not None:
-        out.update(peak_columns(peak(cfg, accounting.param_count(cfg), row), custom=False))
+        new.update(peak_columns(peak(cfg, accounting.param_count(cfg), row), custom=False))
     hosts = row.get("rank_hostnames")
     if row.get("model_state_bytes_predicted") is not None and hosts and row.get("n_params") is not None:
-        out.update(worker_columns(cfg, row, hosts.split(",")))
-    return out
+        new.update(worker_columns(cfg, row, hosts.split(",")))
+    return {**row, **{k: v for k, v in new.items() if row.get(k) is not None}}

@@ -165,7 +165,9 @@ def memory_table(args) -> dict:
     return {**_named(args), "n_params": n_params, "world_size": world_size, "unit": args.unit, "rows": rows,
             **({"fp8": hardware.fp8_outlook(cfg.d_model)} if cfg is not None else {}),
             "note": "model state per rank at rest; 'pytorch' = fp32 master params + fp32 grads + AdamW (what scalelab's "
-                    "strategies hold), 'paper' = ZeRO paper 2+2+12 (fp32: 4+4+8); peak adds in-step parameters and activations"}
+                    "strategies hold), 'paper' = ZeRO paper 2+2+12 (fp32: 4+4+8); peak: the start of backward (model state less "
+                    "the gradients no bucket or earlier micro-batch holds, in-step parameters, activations) or the "
+                    "optimizer step (model state at rest), whichever is larger"}
 
 
 def _table_points(args) -> list[tuple[str, int]]:
@@ -294,11 +296,14 @@ def advise(args) -> dict:
     if micro and cfg is None:
         raise EstimateError("--micro-batch needs the model's shape (--model, or --layers/--d-model/--vocab/--seq)")
 
-    def in_step(stage: int) -> float:  # what a step adds to the model state: in-step parameters, activations
-        if not micro:
-            return 0.0
-        peak = accounting.peak_memory(cfg, n_params, stage, gpus, precision, micro, args.activation_checkpointing)
-        return peak.transient_params + peak.activations
+    def peak(stage: int) -> accounting.PeakMemory | None:
+        return accounting.peak_memory(cfg, n_params, stage, gpus, precision, micro, args.activation_checkpointing) if micro else None
+
+    def in_step(stage: int) -> float:  # what the step's peak adds to the model state at rest (the freed gradients counted out)
+        return 0.0 if peak(stage) is None else peak(stage).total - accounting.model_state_bytes(n_params, stage, gpus, precision).total
+
+    def beside_frozen(stage: int) -> float:  # LoRA: frozen weights have no gradients; the step adds its gathers and activations
+        return 0.0 if peak(stage) is None else peak(stage).transient_params + peak(stage).activations
 
     rungs = [_rung(f"ZeRO stage {stage} ({strategy(stage).name})",
                    accounting.model_state_bytes(n_params, stage, gpus, precision, "pytorch"), in_step(stage), mem, scale, u)
@@ -309,7 +314,7 @@ def advise(args) -> dict:
               "precision": precision, "micro_batch": micro, "rungs": rungs,
               "advice": f"use {fitting[0]['rung']}: the first rung of the ladder that fits" if fitting else None}
     if not fitting:
-        result["lora"] = _lora_budget(cfg, n_params, gpus, precision, mem, in_step, scale, u)
+        result["lora"] = _lora_budget(cfg, n_params, gpus, precision, mem, beside_frozen, scale, u)
         result["advice"] = result["lora"]["advice"]
     if not micro:
         result["note"] = "model state only (give the shape and --micro-batch to add activations and in-step parameters)"

@@ -50,12 +50,14 @@ def _sum(terms: list[str]) -> str:
 
 def model_state_text(record: Strategy, paper: bool = False) -> str:
     """Model state per rank of a strategy from its record: the unsharded bytes per parameter in Ψ,
-    the sharded ones in Ψ/N (PyTorch's 4 + 4 + 8, or the paper's 2 + 2 + 12 at K = 12)."""
+    the sharded ones in Ψ/N (PyTorch's 4 + 4 + 8, or the paper's 2 + 2 + 12 at K = 12); hybrid
+    sharding shards over its shard group, Ψ/S."""
     sizes = (2, 2, 12) if paper else BYTES
     shards = record.shards_paper if paper else record.shards
     whole = sum(b for b, sharded in zip(sizes, shards, strict=True) if not sharded)
     split = sum(b for b, sharded in zip(sizes, shards, strict=True) if sharded)
-    return _sum(([f"{whole}Ψ"] if whole else []) + ([f"{split}Ψ/N"] if split else []))
+    over = "S" if record.replicate_psi else "N"
+    return _sum(([f"{whole}Ψ"] if whole else []) + ([f"{split}Ψ/{over}"] if split else []))
 
 
 def comm_text(record: Strategy) -> str:
@@ -93,9 +95,9 @@ def formulas_html(runs: pd.DataFrame) -> str:
         + "; ".join(f"{label}: {model_state_text(r)}" for label, r in records)
         + ". The ZeRO paper (mixed precision, K = 12): "
         + "; ".join(f"{label.split(' (')[0]}: {model_state_text(r, paper=True)}" for label, r in records) + ".",
-        "<b>Predicted in-step peak</b> = model state, less the gradients where none exist at the peak (the optimizer "
-        "frees them: only DDP's buckets or an earlier micro-batch hold them) + parameters gathered in the step + "
-        "activations.",
+        "<b>Predicted in-step peak</b> = the larger of the start of backward (model state less the gradients none holds "
+        "then: the optimizer frees them, and only DDP's buckets or an earlier micro-batch keep them; + parameters "
+        "gathered in the step + activations) and the optimizer step (model state at rest, gradients included).",
         "<b>Communication per step</b>, in the ZeRO paper's unit (all-reduce of Ψ = 2Ψ; all-gather, reduce-scatter, "
         "broadcast of Ψ = Ψ): " + "; ".join(f"{label.split(' (')[0]}: {comm_text(r)}" for label, r in records)
         + (f". On one rank {', '.join(label.split(' (')[0] for label in silent)} issue no collectives (0 bytes)" if silent else "")

@@ -22,6 +22,7 @@ from matplotlib.ticker import FuncFormatter, NullLocator
 from scalelab.analysis.plots import _si, log_y, marks
 from scalelab.analysis.tables import MiB, device_peak_bytes
 from scalelab.precisions import PRECISIONS
+from scalelab.strategies import strategy
 from scalelab.sweep import AXIS, LEVER_AXES, SWEEP_AXES
 
 
@@ -140,8 +141,8 @@ def lever_table(runs: pd.DataFrame) -> pd.DataFrame:
     for lever in LEVER_AXES:
         columns = {**PAIR_COLUMNS, **EVIDENCE.get(lever, {})}
         pairs = _paired(runs, lever, defaults)
-        if lever == "bucket_mb" and not pairs.empty:  # one rank at stage 0 trains without DDP: the bucket size changes nothing there
-            pairs = pairs[(pairs["zero_stage"] != 0) | (pairs["world_size"] > 1)]
+        if lever == "bucket_mb" and not pairs.empty:  # where DDP does not wrap (one rank at stage 0) buckets change nothing
+            pairs = pairs[_ddp_wraps(pairs)]
         # Records, not itertuples: itertuples takes each of the pairs' ~200 columns apart first.
         for d in pairs.to_dict("records"):
             r = SimpleNamespace(**d)
@@ -302,9 +303,15 @@ def micro_batch_plot(runs: pd.DataFrame, steps: pd.DataFrame):
     return fig
 
 
+def _ddp_wraps(runs: pd.DataFrame) -> pd.Series:
+    """The rows whose model DDP wraps (scalelab.strategies.Strategy.ddp_wraps)."""
+    return pd.Series([strategy(int(z)).ddp_wraps(int(n)) for z, n in zip(runs["zero_stage"], runs["world_size"], strict=True)],
+                     index=runs.index, dtype=bool)
+
+
 def bucket_plot(runs: pd.DataFrame):
     ddp = runs[(runs["status"] == "ok") & runs["bucket_mb"].notna()]
-    ddp = ddp[(ddp["zero_stage"] != 0) | (ddp["world_size"] > 1)]  # one rank at stage 0 trains without DDP: no buckets
+    ddp = ddp[_ddp_wraps(ddp)]  # one rank at stage 0 trains without DDP: no buckets
     ddp = ddp[_others_at_default(ddp, "bucket_mb")]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.4))
     data = _varied_configs(ddp, "bucket_mb") if not ddp.empty else ddp

@@ -142,7 +142,11 @@ def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict
         except Exception as err:  # pyarrow raises several types for damaged files
             problems.append(f"{steps_path}: corrupt ({type(err).__name__}: {err})")
             row["steps_problem"] = f"{steps_path.name} is corrupt: {type(err).__name__}: {err}"[:500]
-        rows.append(refreshed(row))  # the formula columns by today's formulas: a fix reaches cached runs
+        try:  # the formula columns by today's formulas: a fix reaches cached runs
+            row = refreshed(row)
+        except (ValueError, KeyError, TypeError) as err:  # kept as written, and said
+            problems.append(f"{summary_path}: formula columns kept as the run wrote them ({type(err).__name__}: {err})")
+        rows.append(row)
     runs = with_collected_columns(runs_table(rows), results_dir)
     steps = pa.concat_tables(step_tables) if step_tables else STEP_SCHEMA.empty_table()
     write_parquet(runs, results_dir / "metrics.parquet")

@@ -97,6 +97,7 @@ def find_warnings(runs: pd.DataFrame, steps: pd.DataFrame, best: pd.DataFrame | 
     pred, meas = ok["comm_bytes_per_step_predicted"], ok["comm_bytes_per_step_measured"]
     # A prediction of 0 (FSDP2 at world size 1) tolerates the loss scaler's few-byte inf check.
     comm_off = pred.notna() & ((meas - pred).abs() > np.maximum(COMM_TOLERANCE * pred, 64))
+    comm_off &= ~ok.index.isin(ddp_one_rank.index)  # said once, above: measured in DDP over one rank
     for r in ok.loc[mem_off | comm_off, ["run_id", "model_state_bytes_measured", "model_state_bytes_predicted",
                                          "comm_bytes_per_step_measured", "comm_bytes_per_step_predicted"]].itertuples():
         if mem_off[r.Index]:

@@ -130,8 +130,11 @@ def plan_memory(config: dict, model, point: RunPoint, micro_batch: int, device: 
             limit = torch.cuda.get_device_properties(0).total_memory
     oom = None
     if accounting.predicts_oom(peak, limit):  # never on an upper bound alone: such a run is launched and measured
-        oom = (f"predicted peak {peak.total / 2**20:.1f} MiB per rank (model state {peak.model_state / 2**20:.1f} + "
-               f"in-step parameters {peak.transient_params / 2**20:.1f} + activations {peak.activations / 2**20:.1f}"
+        parts = (f"the optimizer step: model state at rest {peak.at_rest / 2**20:.1f}"
+                 if peak.at_rest > peak.model_state + peak.transient_params + peak.activations else
+                 f"model state {peak.model_state / 2**20:.1f} + in-step parameters {peak.transient_params / 2**20:.1f} + "
+                 f"activations {peak.activations / 2**20:.1f}")
+        oom = (f"predicted peak {peak.total / 2**20:.1f} MiB per rank ({parts}"
                + ("" if peak.exact else f"; {peak.bound}") + f") exceeds the device memory {limit / 2**20:.1f} MiB; "
                "not launched (set planning.launch_predicted_oom: true to launch it anyway)")
     return {**predicted_columns.peak_columns(peak, custom=bool(own)), "device_memory_bytes": limit, "predicted_oom_reason": oom}
