@@ -73,7 +73,10 @@ sweeps (2-core VM, torch 2.13, 2026-11-26), of (measured step - predicted commun
 compute predicted from world size 1. The ranks' gloo threads and the OS share the ranks' cores, and
 a sharded strategy's per-call work (FSDP2's copies and hooks, ZeroRedundancyOptimizer's per-parameter
 broadcasts) is nearly free at world size 1. They moved with the host's state: per sweep 1.03-1.25
-(stage 0) to 1.12-1.62 (stage 1)."""
+(stage 0) to 1.12-1.62 (stage 1). Stage 0's was measured while its world-size-1 reference still ran
+in DDP (about 8% of a CPU step, scalelab.harness.bench overhead), which one rank no longer does: one
+default sweep since gave 1.34 / 2.15 / 1.55 / 1.70 (stages 0-3; every stage up with the host's
+state, stage 0 against stage 3 unchanged at 0.79), too noisy to move the default on."""
 DEFAULT_MODEL_SIGMA = {"cpu": 0.055}
 """The model's own error on a run predicted from a reference at a smaller world size (sigma of log
 measured / predicted, beyond what the band's noise terms hold) where the fit set cannot measure it.
