@@ -194,7 +194,7 @@ POINT_FILE = "point.json"
 """In every run folder: the run's value for every axis (``RunPoint.to_json``)."""
 LAUNCHER_FILE = "launcher.json"
 """In a run folder while its launcher runs (until summary.json): the launcher process
-(scalelab.lock.holder_record), which `scalelab status` checks to tell running from killed."""
+(scalelab.processes.holder_record), which `scalelab status` checks to tell running from killed."""
 
 
 def _stages_with(feature: str) -> list[int]:
