@@ -186,7 +186,8 @@ def test_on_a_gpu_the_parts_run_in_order_of_value_within_the_deadline(tmp_path, 
                    ("scalelab", "350M", "fp8", True), ("scalelab", "1.3B", "bf16", True),  # 95 s left: no 1.3B fp8,
                    ("scalelab", "350M", "fp16", False), ("plain", "350M", "fp16", False)], ran  # no sweep; the rest's start
     assert fake.calls[0][1] == pytest.approx(540 - gpu_check.RESERVE_S)  # the suite gets all the time there is
-    assert fake.calls[2][4] == pytest.approx(540 - gpu_check.RESERVE_S - 60 - 30)  # and each later process what is left
+    # and each later process what is left, a plain-loop measurement at most MAX_MEASURE_S (a hung one ends there)
+    assert fake.calls[2][4] == pytest.approx(min(540 - gpu_check.RESERVE_S - 60 - 30, gpu_check.MAX_MEASURE_S["gpu"]))
     check = json.loads((tmp_path / "gpu-check.json").read_text())
     assert check["parts"]["suite"]["status"] == "ok" and check["parts"]["sweep"]["status"] == "not run: deadline"
     assert check["parts"]["fp8"]["status"] == "partial: not run: deadline"

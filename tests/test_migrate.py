@@ -17,6 +17,7 @@ import pytest
 
 from scalelab import migrate as migrate_module
 from scalelab.analysis.metrics import collect
+from scalelab.lock import LOCK_NAME
 from scalelab.migrate import OldLayout, check_layout, migrate, old_layout_runs
 from scalelab.predicted_columns import refreshed_at_collection
 from scalelab.sweep import read_point
@@ -32,9 +33,10 @@ def _copy(name: str, dest: Path) -> Path:
 
 
 def _files(root: Path) -> dict[str, str]:
-    """relative path -> sha256 of every file under root."""
+    """relative path -> sha256 of every file under root, but the results lock's (scalelab.lock: the file
+    stays, emptied, once migrate has held and released the lock)."""
     return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != LOCK_NAME}
 
 
 def _same(a, b) -> bool:

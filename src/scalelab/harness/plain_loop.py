@@ -32,11 +32,12 @@ gpu_check's profile part to set beside a scalelab run's.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
-import os
 import statistics
 import sys
+import tempfile
 import time
 from contextlib import nullcontext
 
@@ -126,14 +127,6 @@ def _profiler(on_gpu: bool):
     return profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else []))
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -149,9 +142,11 @@ def _compiled_or_wrapped(model: GPT, compile: bool, compile_scope: str, ddp: boo
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        dist.init_process_group("nccl" if on_gpu else "gloo", rank=0, world_size=1)
+        # one rank: a file store, no port to find free or lose to another process, and a time limit
+        store = tempfile.NamedTemporaryFile(prefix="plain-loop-store-", delete=False)
+        store.close()
+        dist.init_process_group("nccl" if on_gpu else "gloo", init_method=f"file://{store.name}", rank=0, world_size=1,
+                                timeout=datetime.timedelta(seconds=120))
         model = DistributedDataParallel(model, device_ids=[torch.cuda.current_device()] if on_gpu else None,
                                         gradient_as_bucket_view=True, bucket_cap_mb=25)
     return model
