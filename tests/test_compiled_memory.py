@@ -398,7 +398,9 @@ def test_the_peak_is_at_least_the_model_state_at_rest():
     at_rest = accounting.model_state_bytes(n, 0, 1, "bf16").total
     small = accounting.peak_memory(cfg, n, 0, 1, "bf16", 1, activation_checkpointing=True)
     assert small.model_state + small.transient_params + small.activations < at_rest == small.at_rest == small.total
+    assert small.at_optimizer_step
     large = accounting.peak_memory(cfg, n, 0, 1, "bf16", 16)
     assert large.total == large.model_state + large.transient_params + large.activations > at_rest
+    assert not large.at_optimizer_step
     offloaded = accounting.peak_memory(cfg, n, 3, 2, "bf16", 1, cpu_offload=True)
     assert offloaded.at_rest == 0 and offloaded.total == offloaded.transient_params + offloaded.activations

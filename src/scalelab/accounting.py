@@ -755,11 +755,21 @@ class PeakMemory:
     every gradient."""
 
     @property
+    def start_of_backward(self) -> float:
+        """The model state then, the gathered parameters and the activations."""
+        return self.model_state + self.transient_params + self.activations
+
+    @property
+    def at_optimizer_step(self) -> bool:
+        """Whether the optimizer step is the peak: with few activations (checkpointed, a small
+        micro-batch) the gradients made in backward outweigh them."""
+        return self.at_rest > self.start_of_backward
+
+    @property
     def total(self) -> float:
-        """The larger of the two peaks of a step: the start of backward (model state then, gathered
-        parameters, activations) and the optimizer step (model state at rest: with few activations,
-        checkpointed or a small micro-batch, the gradients made in backward outweigh them)."""
-        return max(self.model_state + self.transient_params + self.activations, self.at_rest)
+        """The larger of the two peaks of a step: the start of backward and the optimizer step (the
+        model state at rest)."""
+        return self.at_rest if self.at_optimizer_step else self.start_of_backward
 
     @property
     def exact(self) -> bool:

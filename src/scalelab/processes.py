@@ -19,7 +19,7 @@ def _boot_id() -> str | None:
         return None
 
 
-def _process_start(pid: int) -> str | None:
+def process_start(pid: int) -> str | None:
     """The kernel's start time of pid (clock ticks since boot), which a reused pid does not share."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -47,7 +47,7 @@ def _pid_alive(pid: int) -> bool:
 def holder_record() -> dict:
     """This process as a lock or run record names it: pid, host, boot id and the pid's start time,
     which is what :func:`stale_reason` checks."""
-    return {"pid": os.getpid(), "host": socket.gethostname(), "boot_id": _boot_id(), "pid_start": _process_start(os.getpid())}
+    return {"pid": os.getpid(), "host": socket.gethostname(), "boot_id": _boot_id(), "pid_start": process_start(os.getpid())}
 
 
 def stale_reason(record: dict) -> str | None:
@@ -61,7 +61,7 @@ def stale_reason(record: dict) -> str | None:
         return None
     if not _pid_alive(pid):
         return f"process {pid} is dead"
-    started = _process_start(pid)
+    started = process_start(pid)
     if record.get("pid_start") and started and started != record["pid_start"]:
         return f"process {pid} is dead (its pid now belongs to another process)"
     return None

@@ -296,14 +296,14 @@ def advise(args) -> dict:
     if micro and cfg is None:
         raise EstimateError("--micro-batch needs the model's shape (--model, or --layers/--d-model/--vocab/--seq)")
 
-    def peak(stage: int) -> accounting.PeakMemory | None:
-        return accounting.peak_memory(cfg, n_params, stage, gpus, precision, micro, args.activation_checkpointing) if micro else None
+    peaks = {stage: accounting.peak_memory(cfg, n_params, stage, gpus, precision, micro, args.activation_checkpointing)
+             for stage in ZERO_STAGES} if micro else {}
 
     def in_step(stage: int) -> float:  # what the step's peak adds to the model state at rest (the freed gradients counted out)
-        return 0.0 if peak(stage) is None else peak(stage).total - accounting.model_state_bytes(n_params, stage, gpus, precision).total
+        return peaks[stage].total - peaks[stage].at_rest if micro else 0.0
 
     def beside_frozen(stage: int) -> float:  # LoRA: frozen weights have no gradients; the step adds its gathers and activations
-        return 0.0 if peak(stage) is None else peak(stage).transient_params + peak(stage).activations
+        return peaks[stage].transient_params + peaks[stage].activations if micro else 0.0
 
     rungs = [_rung(f"ZeRO stage {stage} ({strategy(stage).name})",
                    accounting.model_state_bytes(n_params, stage, gpus, precision, "pytorch"), in_step(stage), mem, scale, u)

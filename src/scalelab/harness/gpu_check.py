@@ -653,6 +653,8 @@ def trace_summary(path: str | Path) -> dict:
     """What one traced step did on the device: its GPU kernels (and copies) by class and the
     busiest ones, their summed time, the time the GPU was busy (their union) and the span from the
     first to the last. On a CPU (a dry run) the top-level CPU operators stand in for kernels."""
+    from scalelab.training.trace import covered
+
     events = json.loads(Path(path).read_text())["traceEvents"]
     work = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     device = "gpu"
@@ -665,14 +667,7 @@ def trace_summary(path: str | Path) -> dict:
                 work.append(e)
                 end = e["ts"] + e.get("dur", 0)
     intervals = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in work)
-    busy, cur_start, cur_end = 0.0, None, None
-    for start, end in intervals:
-        if cur_end is None or start > cur_end:
-            busy += (cur_end - cur_start) if cur_end is not None else 0.0
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    busy += (cur_end - cur_start) if cur_end is not None else 0.0
+    busy = covered(intervals)
     by_class: dict[str, list[float]] = {}
     by_name: dict[str, list[float]] = {}
     for e in work:

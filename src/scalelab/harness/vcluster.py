@@ -48,6 +48,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scalelab.processes import process_start
+
 DEFAULT_ROOT = Path(os.environ.get("SCALELAB_VCLUSTER_ROOT", "/tmp/scalelab-vcluster"))
 """Where the CLI keeps each cluster's folder (<root>/<name>): config, state, logs, PIDs."""
 SUBNET = "10.77.0"
@@ -86,12 +88,9 @@ def _run(argv: list[str], timeout: float = CMD_TIMEOUT_S, check: bool = True, **
 
 
 def _start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), None if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    """The process's start time in clock ticks since boot (scalelab.processes), None if gone."""
+    start = process_start(pid)
+    return None if start is None else int(start)
 
 
 def _alive(pid: int, started: int | None) -> bool:

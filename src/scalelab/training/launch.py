@@ -131,7 +131,7 @@ def plan_memory(config: dict, model, point: RunPoint, micro_batch: int, device: 
     oom = None
     if accounting.predicts_oom(peak, limit):  # never on an upper bound alone: such a run is launched and measured
         parts = (f"the optimizer step: model state at rest {peak.at_rest / 2**20:.1f}"
-                 if peak.at_rest > peak.model_state + peak.transient_params + peak.activations else
+                 if peak.at_optimizer_step else
                  f"model state {peak.model_state / 2**20:.1f} + in-step parameters {peak.transient_params / 2**20:.1f} + "
                  f"activations {peak.activations / 2**20:.1f}")
         oom = (f"predicted peak {peak.total / 2**20:.1f} MiB per rank ({parts}"

@@ -107,6 +107,11 @@ def _union(intervals: list[tuple[float, float]]) -> list[list[float]]:
     return merged
 
 
+def covered(intervals: list[tuple[float, float]]) -> float:
+    """The length of the union of ``intervals`` (the time a device was busy with any of them)."""
+    return sum(end - start for start, end in _union(intervals))
+
+
 def uncovered(intervals: list[tuple[float, float]], cover: list[tuple[float, float]]) -> float:
     """The length of the union of ``intervals`` that the union of ``cover`` does not overlap."""
     covering = _union(cover)

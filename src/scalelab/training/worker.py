@@ -645,6 +645,7 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
     model_cfg, point, world_size, accum = run.model_cfg, run.point, run.world_size, run.accum
     precision, ac = point.precision, point.activation_checkpointing
     step_times, all_held, all_mem, counted = tally.step_times, gathered.held, gathered.mem, gathered.comm
+    rank_hosts = [m["hostname"] for m in all_mem]
     n_measured = max(1, len(step_times))  # this attempt's steps after warm-up
     total_time = sum(step_times)
     tokens_per_s = run.tokens_per_step * len(step_times) / total_time
@@ -692,11 +693,11 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "resumed_from_step": run.start_step - 1 if run.start_step else None,
         "final_loss_scale": run.scaler.get_scale() if run.scaler.is_enabled() else None,
         **model_state_columns(run, all_held),
-        **comm_columns(run, counted, [m["hostname"] for m in all_mem], n_measured),
+        **comm_columns(run, counted, rank_hosts, n_measured),
         # every formula beside them, from what the run counted (computed again at collection)
         **predicted_columns.worker_columns(model_cfg, {
             **point.values(), "micro_batch": run.micro, "accumulation_steps": accum, "device_type": run.device.type,
-            "n_params": run.n_params, "n_trainable_params": run.n_trainable}, [m["hostname"] for m in all_mem]),
+            "n_params": run.n_params, "n_trainable_params": run.n_trainable}, rank_hosts),
         **memory_and_placement_columns(run, all_mem),
         "first_step_unix": tally.first_step_at,
         **environment(run.device, run.rank_cores),
