@@ -6,7 +6,7 @@ from snakemake.utils import min_version
 
 from scalelab.config import ConfigError, ConfigProblems
 from scalelab.config.reading import check_yaml_syntax
-from scalelab.config.validation import validate_config, validation_message
+from scalelab.plan.validation import validate_config, validation_message
 
 min_version("9.14.8")
 
@@ -30,7 +30,7 @@ if _syntax_errors:
 configfile: "config.yaml"
 
 
-# The one validation path (scalelab.config.validation.validate_config): schema with defaults, then the
+# The one validation path (scalelab.plan.validation.validate_config): schema with defaults, then the
 # cross-field rules. Bad values stop the workflow here, before any job: every problem at once, one
 # line each, naming the file and line that set the key (Snakemake merged the files into `config`, so
 # they are read again to find them), the key and the value.
@@ -54,14 +54,14 @@ rule all:
         RESULTS / "report" / "report.html",
 
 
-# One writer per results folder (scalelab.lock, <results_dir>/.scalelab.lock): taken by the
+# One writer per results folder (scalelab.results.lock, <results_dir>/.scalelab.lock): taken by the
 # process that runs the jobs, once it has jobs to run (onstart: never -n, --lint, --report or
 # --unlock), released when it ends; jobs spawned elsewhere (SLURM) have no hooks and never take it.
 import os
 import sys
 import time
 
-from scalelab.lock import LockHeld, results_lock
+from scalelab.results.lock import LockHeld, results_lock
 
 _INVOKED = time.time()  # SLURM job logs older than this belong to an earlier invocation
 _PREFORK = {}  # the prefork server this invocation started, if any: stopped when it ends
@@ -76,19 +76,19 @@ onstart:
         if _note:
             print(_note, file=sys.stderr)
         # The command line that selects this sweep (config files, --config, profile, cores), for
-        # every hint that says how to rerun it (scalelab.invocation): a bare `snakemake` would run
+        # every hint that says how to rerun it (scalelab.results.invocation): a bare `snakemake` would run
         # the default config into another folder.
-        from scalelab.invocation import record
+        from scalelab.results.invocation import record
 
         record(RESULTS, sys.argv[1:], workflow.overwrite_configfiles, cwd=Path.cwd(), snakefile=workflow.main_snakefile)
         # A CPU sweep's peak FLOP/s is measured once per results folder, by its first training job,
-        # on the idle machine (scalelab.calibration): a resumed or extended sweep keeps it, so every
+        # on the idle machine (scalelab.run.calibration): a resumed or extended sweep keeps it, so every
         # run's MFU is on one scale. Delete <results>/calibration/cpu.json to measure again.
         # The CPU runs' ranks are forked from one process that imports torch once, on the first
-        # run's request (scalelab.training.prefork): ~2 s less start-up per run. One inherited from
+        # run's request (scalelab.run.prefork): ~2 s less start-up per run. One inherited from
         # the caller (a test session) serves as well; a cluster's jobs run on other hosts, which
         # have no server, and start their ranks as new processes.
-        from scalelab.training.prefork import PREFORK_ENV, start_server
+        from scalelab.run.prefork import PREFORK_ENV, start_server
 
         if not workflow.local_exec:
             os.environ.pop(PREFORK_ENV, None)
@@ -98,22 +98,22 @@ onstart:
 
 # One handler per event (Snakemake keeps the last one defined): the sweep's end, then the lock.
 onsuccess:
-    from scalelab.analysis.tables import sweep_end_text
+    from scalelab.report.tables import sweep_end_text
 
     if (_text := sweep_end_text(RESULTS)) is not None:  # best configuration per world size, the report's path
         print(_text, flush=True)
-    from scalelab.training.prefork import stop_server
+    from scalelab.run.prefork import stop_server
 
     stop_server(_PREFORK.get("server"))
     results_lock(RESULTS).release()
 
 
 onerror:
-    from scalelab.training.prefork import stop_server
+    from scalelab.run.prefork import stop_server
 
     stop_server(_PREFORK.get("server"))
     results_lock(RESULTS).release()
-    from scalelab.placement import slurm_log_errors
+    from scalelab.plan.placement import slurm_log_errors
 
     # A SLURM job that failed before scalelab ran has no run log; SLURM's error is in its job log.
     _slurm_logs = getattr(workflow.executor_settings, "logdir", None) or ".snakemake/slurm_logs"

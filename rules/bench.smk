@@ -1,9 +1,9 @@
 # Calibration: the collective benchmark (scalelab bench comm) on the sweep's device and backend, at
 # its world sizes that fit one node, into <results>/calibration/comm.parquet: the step-time model
-# (scalelab.prediction) fits its links there, and collection predicts every run with them.
+# (scalelab.results.prediction) fits its links there, and collection predicts every run with them.
 #
 # A target of its own (`snakemake bench_comm`), measured once per results folder. Never an input of a
-# training run: Snakemake reruns a job whose input another job updates (scalelab.calibration's
+# training run: Snakemake reruns a job whose input another job updates (scalelab.run.calibration's
 # docstring), so a table an input of training would retrain every cached run. Collection takes it as
 # an input once it exists (rules/collect.smk): a new table re-collects and redraws the report, and
 # trains nothing.

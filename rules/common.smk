@@ -4,11 +4,11 @@ import sys
 from pathlib import Path
 
 from scalelab.config import dataset_config
-from scalelab.data import DataError, source_files
-from scalelab.placement import carry_slurm_conf, launch_plan, sweep_device_plan, train_job_resources
-from scalelab.migrate import OldLayout, check_layout
-from scalelab.status import check_trained_with
-from scalelab.sweep import RunPoint, data_result_params, result_params, sweep_plan
+from scalelab.run.data import DataError, source_files
+from scalelab.plan.placement import carry_slurm_conf, launch_plan, sweep_device_plan, train_job_resources
+from scalelab.results.migrate import OldLayout, check_layout
+from scalelab.results.status import check_trained_with
+from scalelab.plan.sweep import RunPoint, data_result_params, result_params, sweep_plan
 
 RESULTS = Path(config["results_dir"])
 DATASET = config["dataset"]["name"]
@@ -17,7 +17,7 @@ LOGS = RESULTS / "logs"
 
 
 def dataset_inputs(wildcards):
-    """Every file the data step reads (scalelab.data.source_files: a folder's non-hidden files,
+    """Every file the data step reads (scalelab.run.data.source_files: a folder's non-hidden files,
     sorted), not the folder: editing, adding or removing one re-prepares the data and reruns
     what depends on it. An unusable corpus is left to the data step, which names the problem."""
     try:
@@ -35,8 +35,8 @@ def _mark_data_stale_if_sources_changed(files):
     """A source whose bytes differ from what the data was prepared from marks the data stale,
     whatever its time says (a copy of another version with an older mtime: rsync -a, cp -p),
     so Snakemake re-prepares it as it does after an edit. Once per planning: Snakemake may call
-    an input function more than once, and a changed file is hashed (scalelab.data.changed_sources)."""
-    from scalelab.data import changed_sources, mark_stale
+    an input function more than once, and a changed file is hashed (scalelab.run.data.changed_sources)."""
+    from scalelab.run.data import changed_sources, mark_stale
 
     if _SOURCES_CHECKED:
         return
@@ -52,7 +52,7 @@ def _mark_data_stale_if_sources_changed(files):
 
 
 # The sweep, defined once: every run folder, run id and job derives from this table. A run's
-# folder is <results>/runs/<run id>/ (scalelab.sweep): the train rules are keyed by the run id
+# folder is <results>/runs/<run id>/ (scalelab.plan.sweep): the train rules are keyed by the run id
 # and look its point up here.
 _POINTS, _LEFT_OUT = sweep_plan(config)
 POINTS = {p.run_id: p for p in _POINTS}
@@ -75,7 +75,7 @@ def point_of(wildcards) -> RunPoint:
 
 
 def run_params(wildcards) -> dict:
-    """What a run's results depend on beyond its point (scalelab.sweep.result_params): the values
+    """What a run's results depend on beyond its point (scalelab.plan.sweep.result_params): the values
     that differ from the defaults, so a new config key at its default reruns nothing. With --touch
     (scalelab resume recording a finished run's provenance) only if the run trained with these."""
     params = result_params(config, point_of(wildcards), DEVICE_PLAN.device)
@@ -95,7 +95,7 @@ DEVICE_PLAN, _INHERITED = sweep_device_plan(config)
 if not _INHERITED:
     print(f"scalelab: runs train on {DEVICE_PLAN.device} ({DEVICE_PLAN.why})", file=sys.stderr)
 # A slurm.conf named only by SLURM_CONF reaches every srun of the sweep's jobs, though the SLURM
-# plugin's job step removes SLURM_* (scalelab.placement.carry_slurm_conf).
+# plugin's job step removes SLURM_* (scalelab.plan.placement.carry_slurm_conf).
 carry_slurm_conf()
 
 

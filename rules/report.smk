@@ -1,9 +1,9 @@
 # Stage 4: plots, report.html and summary.md from the two Parquet tables alone. Deleting
 # results/report/ and rerunning rebuilds only this (no training): its inputs are the tables.
-# The figures, their captions and formats are declared once, in scalelab.analysis.figures:
+# The figures, their captions and formats are declared once, in scalelab.report.figures:
 # every file lands in results/report/figures/, and Snakemake's report shows each PNG there
 # with its caption (workflow/report/figure.rst reads it from params.captions).
-from scalelab.analysis.figures import FIGURES_DIR, rst_captions
+from scalelab.report.figures import FIGURES_DIR, rst_captions
 
 
 rule report:

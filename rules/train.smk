@@ -24,7 +24,7 @@ rule train:
         # What a run's results depend on, as the values that differ from the defaults: changing
         # one reruns it; a new key at its default, a time limit or checkpoint frequency does not.
         results_depend_on=run_params,
-        device=DEVICE_PLAN.device,  # the reason travels in the environment (scalelab.placement)
+        device=DEVICE_PLAN.device,  # the reason travels in the environment (scalelab.plan.placement)
     log:
         LOGS / "runs" / "{run_id}.log",
     wildcard_constraints:
@@ -33,7 +33,7 @@ rule train:
     group: train_group if RUNS_PER_JOB > 1 else None
     # Each rank gets threads // world_size intra-op threads, so --cores all never over-commits the machine.
     threads: run_threads
-    # What the scheduler sees (scalelab.placement.train_job_resources): a one-node job asks
+    # What the scheduler sees (scalelab.plan.placement.train_job_resources): a one-node job asks
     # for `gpu` GPUs; a job over several nodes (train_multinode) for gres=gpu:<per node>.
     resources:
         runtime=run_minutes,

@@ -9,12 +9,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from scalelab.columns import IDENTITY as COLUMNS_IDENTITY
-from scalelab.columns import steps_problems, summary_problems
 from scalelab.harness import REPO_ROOT as REPO  # noqa: F401
 from scalelab.harness.testing import BIN, SNAKEMAKE, tiny_config, write_workdir  # noqa: F401
 from scalelab.harness.testing import run_snakemake as snakemake  # noqa: F401
-from scalelab.training.launch import launch_run
+from scalelab.plan.columns import IDENTITY as COLUMNS_IDENTITY
+from scalelab.plan.columns import steps_problems, summary_problems
+from scalelab.run.launch import launch_run
 
 PARITY_STEPS = 10
 
@@ -23,18 +23,18 @@ _PREFORK_SERVER = []
 
 
 def pytest_collection_finish(session):
-    """One prefork server per pytest worker (scalelab.training.prefork), named in the environment, so
+    """One prefork server per pytest worker (scalelab.run.prefork), named in the environment, so
     that the CPU runs this worker's tests launch, directly or through Snakemake, fork their ranks
     from it as a sweep's do from its own; not started when only unit tests run (nor by the xdist
     controller, which runs none). Started here, outside any test: the unit tier's guard would stop it."""
-    from scalelab.training.prefork import start_server
+    from scalelab.run.prefork import start_server
 
     if not session.config.getoption("collectonly") and any(not item.get_closest_marker("unit") for item in session.items):
         _PREFORK_SERVER.append(start_server())
 
 
 def pytest_sessionfinish(session):
-    from scalelab.training.prefork import stop_server
+    from scalelab.run.prefork import stop_server
 
     while _PREFORK_SERVER:
         stop_server(_PREFORK_SERVER.pop())
@@ -44,7 +44,7 @@ def pytest_sessionfinish(session):
 def tiny_data(tmp_path_factory) -> Path:
     """A prepared synthetic dataset (byte tokens) shared by the training tests."""
     from scalelab.config import dataset_config
-    from scalelab.data import prepare_dataset
+    from scalelab.run.data import prepare_dataset
 
     out = tmp_path_factory.mktemp("data") / "tiny"
     prepare_dataset(dataset_config(tiny_config()), out, seq_len=32)
@@ -52,17 +52,17 @@ def tiny_data(tmp_path_factory) -> Path:
 
 
 def suite_calibration(tiny_data: Path) -> Path:
-    """This worker's CPU peak record for one-thread ranks (scalelab.calibration), measured once, in
+    """This worker's CPU peak record for one-thread ranks (scalelab.run.calibration), measured once, in
     process, beside the shared data. A run a test launches outside the workflow otherwise times
     its own matmuls at start (its dtype's and bf16's, ~0.3-1 s of every run), which no test reads.
     A rank of another thread count (world size 1: two threads here) still measures its own, so that
-    path stays exercised. In process, not scalelab.calibration.ensure_calibration's subprocess: unit
+    path stays exercised. In process, not scalelab.run.calibration.ensure_calibration's subprocess: unit
     tests reach this through run_point (points that are skipped, never launched) and start no process."""
     path = tiny_data.parent / "cpu-calibration.json"
     if not path.exists():
         import torch
 
-        from scalelab.calibration import write_calibration
+        from scalelab.run.calibration import write_calibration
 
         threads = torch.get_num_threads()
         try:
@@ -93,7 +93,7 @@ def run_point(tmp_path, tiny_data, point, cfg=None, fault=None, **kwargs):
     log = (tmp_path / f"{point.run_id}.log").read_text()
     assert "deprecated" not in log, [line for line in log.splitlines() if "deprecated" in line]
     steps = pq.read_table(run_dir / "steps.parquet")
-    # Every real run of the suite against the column table (scalelab.columns). A compiled run
+    # Every real run of the suite against the column table (scalelab.plan.columns). A compiled run
     # without its warm-up (tests only) has no compile time, which the table says it has.
     if kwargs.get("compile_warm_up", True):
         assert summary_problems(summary) == [], (point.run_id, summary_problems(summary))
@@ -108,7 +108,7 @@ def strategy_steps(out: Path, world_size: int, *args: str, timeout_s: float = 18
     import subprocess
     import sys
 
-    from scalelab.training.ranks import free_port
+    from scalelab.run.ranks import free_port
 
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world_size),
            "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
@@ -286,7 +286,7 @@ def pytest_runtest_protocol(item, nextitem):
         for name in ("posix_spawn", "posix_spawnp", "system", "execv", "execve", "execvp", "execvpe"):
             if hasattr(os, name):
                 mp.setattr(os, name, _refuse(f"os.{name}"))
-        from scalelab.training.prefork import PREFORK_ENV
+        from scalelab.run.prefork import PREFORK_ENV
 
         mp.delenv(PREFORK_ENV, raising=False)  # ranks forked by the worker's server would start no program here
         _STARTED.clear()

@@ -8,10 +8,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import snakemake, tiny_config, write_workdir
-from scalelab import accounting
 from scalelab.config import ModelConfig
-from scalelab.sweep import RunPoint
-from scalelab.training.model import GPT
+from scalelab.formulas import accounting
+from scalelab.plan.sweep import RunPoint
+from scalelab.run.model import GPT
 
 SCALELAB = str(Path(sys.executable).parent / "scalelab")
 
@@ -64,7 +64,7 @@ def test_mfu_against_the_bf16_peak_on_a_gpu(monkeypatch):
     that mfu_bf16_peak divides by; a bf16 run's two peaks are one."""
     import torch
 
-    from scalelab.training.worker import bf16_peak_flops, peak_flops
+    from scalelab.run.worker import bf16_peak_flops, peak_flops
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     gpu = torch.device("cuda", 0)
@@ -252,7 +252,7 @@ def test_point_that_cannot_fit_is_recorded_without_launch(tmp_path):
 def test_the_schema_lists_the_precision_records():
     """One place per precision: the config schema's sweep enum and peak_tflops keys are the registry's."""
     from scalelab.config import SCHEMA
-    from scalelab.precisions import PEAK_KEYS, PRECISION_NAMES
+    from scalelab.spec.precisions import PEAK_KEYS, PRECISION_NAMES
 
     assert SCHEMA["properties"]["sweep"]["properties"]["precision"]["items"]["enum"] == list(PRECISION_NAMES)
     assert list(SCHEMA["properties"]["train"]["properties"]["peak_tflops"]["properties"]) == list(PEAK_KEYS)
@@ -261,12 +261,13 @@ def test_the_schema_lists_the_precision_records():
 @pytest.mark.unit
 def test_every_precision_table_is_read_off_the_records():
     """The autocast and compute dtypes, bytes per value, the paper's bytes per parameter, the
-    plot order, the estimates' choices and the linear recipes all come from scalelab.precisions."""
+    plot order, the estimates' choices and the linear recipes all come from scalelab.spec.precisions."""
     import torch
 
-    from scalelab.analysis import estimate, tables
-    from scalelab.precisions import PEAK_KEYS, PRECISION_NAMES, PRECISIONS
-    from scalelab.training import precision as policy
+    from scalelab.forecast import estimate
+    from scalelab.report import tables
+    from scalelab.run import precision as policy
+    from scalelab.spec.precisions import PEAK_KEYS, PRECISION_NAMES, PRECISIONS
 
     assert tables.PRECISION_ORDER == list(PRECISION_NAMES) and PRECISION_NAMES[0] == "fp32"
     for p in PRECISIONS.values():

@@ -5,11 +5,11 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from scalelab.analysis.metrics import collect
-from scalelab.analysis.tables import scaling_efficiency
-from scalelab.columns import RUN_COLUMNS, steps_table, write_parquet
 from scalelab.io import write_json
-from scalelab.sweep import RunPoint
+from scalelab.plan.columns import RUN_COLUMNS, steps_table, write_parquet
+from scalelab.plan.sweep import RunPoint
+from scalelab.report.tables import scaling_efficiency
+from scalelab.results.collect import collect
 
 # (precision, stage, world size, repeat, status, tokens/s): world size 1 of fp32-z0 has two
 # repeats (the baseline is their median, 110); fp32-z3 has no ok run at world size 1.
@@ -63,12 +63,12 @@ def test_integer_columns_stay_integer_in_pandas_with_a_skipped_row(tmp_path):
 @pytest.mark.run
 def test_a_formula_fixed_after_a_run_reaches_its_cached_row_at_collection(tmp_path, tiny_data, monkeypatch):
     """Issue #42: every formula column of a run is computed again at collection
-    (scalelab.predicted_columns), so a fix to a formula reaches cached runs without retraining. A real
+    (scalelab.formulas.predicted_columns), so a fix to a formula reaches cached runs without retraining. A real
     two-rank run is collected; then the activation, model-state, communication and peak formulas change
     (monkeypatched) and the folder is collected again: every predicted column follows the new
     formulas, the run folder is untouched (nothing retrained), and the measured columns stay."""
     from conftest import run_point
-    from scalelab import accounting
+    from scalelab.formulas import accounting
 
     summary, _, run_dir = run_point(tmp_path / "runs", tiny_data, RunPoint("bf16", 3, 2))
     assert summary["status"] == "ok", summary["reason"]

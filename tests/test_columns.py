@@ -1,4 +1,4 @@
-"""The column table (scalelab.columns) against real runs of every status and lever: each column
+"""The column table (scalelab.plan.columns) against real runs of every status and lever: each column
 written by its writer, no summary key that no column holds, null only where its contract says."""
 import copy
 import os
@@ -11,10 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import REPO, run_point, tiny_config
-from scalelab import columns
-from scalelab.analysis import dictionary
-from scalelab.analysis.metrics import collect
-from scalelab.columns import (
+from scalelab.plan import columns
+from scalelab.plan.columns import (
     IDENTITY,
     LAUNCHER_STATUSES,
     RUN_COLUMNS,
@@ -25,9 +23,11 @@ from scalelab.columns import (
     steps_problems,
     summary_problems,
 )
-from scalelab.sweep import AXES, AXIS, LEVER_AXES, RunPoint
-from scalelab.training.prefork import FORKED_LAUNCH, PREFORK_ENV
-from scalelab.training.ranks import LOCAL_LAUNCH
+from scalelab.plan.sweep import AXES, AXIS, LEVER_AXES, RunPoint
+from scalelab.report import dictionary
+from scalelab.results.collect import collect
+from scalelab.run.prefork import FORKED_LAUNCH, PREFORK_ENV
+from scalelab.run.ranks import LOCAL_LAUNCH
 
 # Columns no run of the fixture below fills on a CPU, and the runs that fill them (each is
 # checked there: conftest.run_point holds every real run of the suite against the table).
@@ -63,17 +63,17 @@ FILLED_ELSEWHERE = {
 
 @pytest.mark.run
 def test_the_column_table_sits_below_training_and_analysis():
-    """scalelab.columns imports neither training nor analysis (nor torch), and the launcher and the
+    """scalelab.plan.columns imports neither training nor analysis (nor torch), and the launcher and the
     worker import no analysis module: the dependency points down."""
     code = ("import sys, importlib; importlib.import_module(sys.argv[1]); "
-            "print(' '.join(m for m in sys.modules if m.startswith(('scalelab.analysis', 'scalelab.training', 'torch'))))")
+            "print(' '.join(m for m in sys.modules if m.startswith(('scalelab.report', 'scalelab.run', 'torch'))))")
     loaded = {name: subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True, check=True,
                                    timeout=300).stdout.split()
-              for name in ("scalelab.columns", "scalelab.training.launch", "scalelab.training.worker")}
-    assert loaded["scalelab.columns"] == []
-    assert "scalelab.training.launch" in loaded["scalelab.training.launch"]
-    for name in ("scalelab.training.launch", "scalelab.training.worker"):
-        assert [m for m in loaded[name] if m.startswith("scalelab.analysis")] == [], name
+              for name in ("scalelab.plan.columns", "scalelab.run.launch", "scalelab.run.worker")}
+    assert loaded["scalelab.plan.columns"] == []
+    assert "scalelab.run.launch" in loaded["scalelab.run.launch"]
+    for name in ("scalelab.run.launch", "scalelab.run.worker"):
+        assert [m for m in loaded[name] if m.startswith("scalelab.report")] == [], name
 
 
 @pytest.mark.unit
@@ -94,7 +94,7 @@ def test_schemas_metadata_dictionary_and_docs_derive_from_the_table():
     assert dictionary.run_columns() == {c.name: (c.unit, c.meaning) for c in RUN_COLUMNS.values()}
     assert dictionary.RUN["mfu"] == ("fraction", RUN_COLUMNS["mfu"].meaning)
     docs = (REPO / "docs" / "data-dictionary.md").read_text()
-    assert docs == columns.markdown(), "docs/data-dictionary.md is stale: python -m scalelab.columns > docs/data-dictionary.md"
+    assert docs == columns.markdown(), "docs/data-dictionary.md is stale: python -m scalelab.plan.columns > docs/data-dictionary.md"
 
 
 @pytest.mark.unit

@@ -5,8 +5,11 @@ import os
 import pandas as pd
 import pytest
 
-from scalelab import comm_table, commbench, links, prediction
 from scalelab.cli import main
+from scalelab.formulas import links
+from scalelab.plan import comm_table
+from scalelab.results import prediction
+from scalelab.run import commbench
 
 SIZES = [4096, 131072, 4194304]  # up to 4 MiB: times that grow beyond gloo's millisecond stalls on a busy host
 

@@ -5,10 +5,10 @@ import shutil
 import pandas as pd
 import pytest
 
-from scalelab.analysis.compare import build_compare, compare_runs
-from scalelab.analysis.report import load_tables
 from scalelab.cli import main
 from scalelab.harness.fixtures import synthetic_results
+from scalelab.report.compare import build_compare, compare_runs
+from scalelab.report.report import load_tables
 
 pytestmark = pytest.mark.unit
 
@@ -81,7 +81,7 @@ def test_report_and_compare_folders_are_made_with_the_users_umask(tmp_path, umas
     build makes aside and renames into place get the umask's mode, as mkdir would, not mkdtemp's 0700."""
     import os
 
-    from scalelab.analysis.report import build_report
+    from scalelab.report.report import build_report
 
     synthetic_results(tmp_path / "a", n_runs=6, n_steps=3)
     before = os.umask(umask)
@@ -118,7 +118,7 @@ def test_identical_sweeps_with_skipped_runs_raise_no_provenance_alarm(tmp_path):
 
 def test_another_model_is_named_and_never_paired(tmp_path):
     """Between two models (sequence length, width), compare names every difference and pairs no run:
-    a run id that trained another model on each side is two runs (scalelab.analysis.like), each listed
+    a run id that trained another model on each side is two runs (scalelab.results.like), each listed
     on its side with what differs. The same model with another batch and schedule is paired, and its
     losses are not compared."""
     a, b = tmp_path / "a", tmp_path / "b"
@@ -168,8 +168,8 @@ def test_compare_pairs_within_each_model_and_judges_each_against_its_own_noise(t
     never the other model's)."""
     import math
 
-    from scalelab.analysis.compare import noise_limits, summary_lines
-    from scalelab.analysis.noise import t_quantile
+    from scalelab.report.compare import noise_limits, summary_lines
+    from scalelab.results.noise import t_quantile
 
     def sweep(tps):
         rows = []

@@ -15,10 +15,10 @@ import dataclasses
 import pytest
 import torch
 
-from scalelab import accounting
 from scalelab.config import ModelConfig
-from scalelab.training.activations import SavedActivationMeter
-from scalelab.training.model import GPT, Block, Llama, LlamaBlock, cross_entropy_loss, rope_tables
+from scalelab.formulas import accounting
+from scalelab.run.activations import SavedActivationMeter
+from scalelab.run.model import GPT, Block, Llama, LlamaBlock, cross_entropy_loss, rope_tables
 
 GIB = 2 ** 30
 pytestmark = pytest.mark.filterwarnings(  # inductor's import of torch.utils.mkldnn, torch's own
@@ -92,7 +92,7 @@ def partitioned(fn, *args, autocast: torch.dtype | None = None) -> Saved:
 
 
 def compile_model(model, backend) -> None:
-    """What scalelab.training.parallel.apply_compile does, with another backend: each block and the loss."""
+    """What scalelab.run.parallel.apply_compile does, with another backend: each block and the loss."""
     for i, block in enumerate(model.blocks):
         model.blocks.register_module(str(i), torch.compile(block, backend=backend, fullgraph=True))
     model.loss_fn = torch.compile(model.loss_fn, backend=backend, fullgraph=True)
@@ -290,7 +290,7 @@ def test_fp8_compiled_keeps_less_than_its_bound(emulate):
     GPU does): the partitioner recomputes the float8 casts and keeps no weight copies, so the
     blocks keep less than the bf16 compiled figure that bounds them (on this CPU: x in fp32, q, k,
     v, the attention output and projection, the fc output: 4 + 9 w bytes per s b h value)."""
-    from scalelab.training.precision import convert_to_fp8
+    from scalelab.run.precision import convert_to_fp8
 
     cfg = ModelConfig(2, 64, 4, 64, True, 256)
     torch.manual_seed(0)
@@ -318,7 +318,7 @@ def test_fp8_compiled_keeps_less_than_its_bound(emulate):
 def test_apply_compile_keeps_what_the_partitioner_says():
     """scalelab's own compile lever (real inductor: C++ code generation) keeps what the partitioner
     backend reads, so the formulas hold for it too."""
-    from scalelab.training.parallel import apply_compile
+    from scalelab.run.parallel import apply_compile
 
     cfg = ModelConfig(1, 64, 4, 64, True, 256)
     torch.manual_seed(0)
@@ -360,7 +360,7 @@ def test_gpu_partitioner_saves_what_the_formula_says(mode):
 def test_gpu_compiled_peak_within_ten_percent():
     """A compiled bf16 step's max allocated above the parameters: the compiled activations
     prediction (blocks, outside them, the loss's transient) within 10%."""
-    from scalelab.training.parallel import apply_compile
+    from scalelab.run.parallel import apply_compile
 
     cfg = ModelConfig(4, 1024, 16, 1024, True, 50304)
     micro_batch = 8

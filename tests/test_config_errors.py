@@ -8,8 +8,8 @@ from snakemake.utils import update_config
 from conftest import tiny_config, write_workdir
 from scalelab.cli import main
 from scalelab.config import ConfigError, ConfigProblems
-from scalelab.config.validation import validate_config
 from scalelab.harness.faults import BAD_CONFIGS, bad_config_workdir
+from scalelab.plan.validation import validate_config
 from snakemake_logger_plugin_scalelab import NOT_YAML
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import tiny_config
 from scalelab.config import dataset_config
-from scalelab.data import (
+from scalelab.run.data import (
     BatchSampler,
     BPETokenizer,
     ByteTokenizer,
@@ -248,9 +248,9 @@ def test_verify_tokens_cheap_check_then_sha256(tmp_path, tiny_data):
 def test_run_refuses_tokens_rewritten_in_place(tmp_path, tiny_data):
     """train.bin rewritten after meta.json (same size, other bytes, newer mtime): the run ends
     `failed`, naming the file and what differs, and never starts training."""
-    from scalelab.columns import summary_problems
-    from scalelab.sweep import RunPoint
-    from scalelab.training.launch import launch_run
+    from scalelab.plan.columns import summary_problems
+    from scalelab.plan.sweep import RunPoint
+    from scalelab.run.launch import launch_run
 
     data = tmp_path / "data"
     shutil.copytree(tiny_data, data)
@@ -270,7 +270,7 @@ MEMORY_PROBE = r"""
 import resource, sys
 import numpy as np
 from scalelab.config import DatasetConfig
-from scalelab.data import prepare_dataset
+from scalelab.run.data import prepare_dataset
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 cfg = DatasetConfig(name="m", source="text", path=sys.argv[1], tokenizer="byte", bpe_vocab_size=300,
                     decode_errors="strict", tokenized_dtype="uint16", vocab_size=None, val_fraction=0.1,
@@ -334,7 +334,7 @@ def test_changed_sources_compares_content_whatever_the_time(tmp_path, monkeypatc
     """Planning's check (changed_sources): other bytes are a change whatever their mtime says;
     same bytes under another time (touch, a copy) are not; a file is hashed only when its size
     and mtime differ from meta.json's record."""
-    import scalelab.data as data
+    import scalelab.run.data as data
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -376,7 +376,7 @@ def test_changed_sources_compares_content_whatever_the_time(tmp_path, monkeypatc
 
 @pytest.mark.unit
 def test_mark_stale_dates_meta_back_to_1970(tmp_path, tiny_data):
-    from scalelab.data import STALE_MTIME_NS, mark_stale
+    from scalelab.run.data import STALE_MTIME_NS, mark_stale
 
     data = tmp_path / "data"
     shutil.copytree(tiny_data, data)

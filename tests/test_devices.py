@@ -1,4 +1,4 @@
-"""The inventory of device-type branches in the run code (scalelab.training.devices, issue #40):
+"""The inventory of device-type branches in the run code (scalelab.run.devices, issue #40):
 each comparison with "cuda" or "cpu", and each torch.cuda.is_available(), is listed there with its
 reason; a new one, or a listed one that is gone, fails here."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from scalelab.training.devices import BRANCHES, RUN_CODE
+from scalelab.run.devices import BRANCHES, RUN_CODE
 
 PACKAGE = REPO / "src" / "scalelab"
 DEVICE_WORDS = {"cuda", "cpu"}
@@ -55,7 +55,7 @@ def test_every_device_branch_of_the_run_code_is_in_the_inventory_with_a_reason()
                     for branch in device_branches(path.read_text(), path.relative_to(PACKAGE).as_posix()))
     listed = Counter((b.module, b.function) for b in BRANCHES)
     missing, stale = found - listed, listed - found
-    assert not missing, f"device-type branches not in scalelab.training.devices.BRANCHES (add each with its reason): {sorted(missing.elements())}"
+    assert not missing, f"device-type branches not in scalelab.run.devices.BRANCHES (add each with its reason): {sorted(missing.elements())}"
     assert not stale, f"inventory entries whose branch is gone (remove them): {sorted(stale.elements())}"
     assert all(len(b.reason) > 20 for b in BRANCHES)
 
@@ -84,8 +84,8 @@ def test_the_gpu_state_beside_a_run_comes_from_nvidia_smi(tmp_path, monkeypatch)
 
     import torch
 
-    from scalelab.training.devices import gpu_state
-    from scalelab.training.worker import gpu_state_columns
+    from scalelab.run.devices import gpu_state
+    from scalelab.run.worker import gpu_state_columns
 
     calls = tmp_path / "calls"
     smi = tmp_path / "nvidia-smi"

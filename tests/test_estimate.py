@@ -7,8 +7,8 @@ import json
 import pandas as pd
 import pytest
 
-from scalelab.analysis.estimate import _human, count
 from scalelab.cli import main
+from scalelab.forecast.estimate import _human, count
 
 
 def _estimate(capsys, *args) -> tuple[int, str, str]:
@@ -128,8 +128,8 @@ def test_every_override_flag_wins_over_a_presets_field(capsys):
     head (issue #44: `estimate scaling --model llama3-8b --seq 8192` stopped with a TypeError)."""
     import argparse
 
-    from scalelab.analysis.estimate import _model
-    from scalelab.presets import PRESETS
+    from scalelab.forecast.estimate import _model
+    from scalelab.spec.presets import PRESETS
 
     base = dict(model="gpt2-medium", params=None, config=None, layers=None, d_model=None, heads=None, vocab=None, seq=None,
                 untied=False)
@@ -151,8 +151,8 @@ def test_scaling_at_a_fixed_global_batch_accumulates_each_gpus_share(capsys):
     time holds every micro-batch's compute and FSDP's per-micro-batch gathers, the memory one micro-batch's
     activations; --activation-checkpointing adds the recompute to the time (MFU counts model FLOPs) and
     takes the checkpointed activations."""
-    from scalelab import accounting
-    from scalelab.analysis.estimate import EstimateError, batch_plan
+    from scalelab.forecast.estimate import EstimateError, batch_plan
+    from scalelab.formulas import accounting
 
     assert batch_plan(None, 4, 64) == (4, 1)  # a fixed per-GPU batch: weak scaling, as before
     assert batch_plan(512, 2, 8) == (2, 32) and batch_plan(512, 2, 64) == (2, 4) and batch_plan(512, 16, 256) == (2, 1)
@@ -183,7 +183,7 @@ def test_scaling_at_a_fixed_global_batch_accumulates_each_gpus_share(capsys):
     code, out, _ = _estimate(capsys, *base[:-1], "--global-batch", "512")
     assert code == 0 and "global batch 512 sequences" in out and "2 x 32" in out
     from scalelab.config import ModelConfig
-    from scalelab.presets import PRESETS
+    from scalelab.spec.presets import PRESETS
 
     cfg = ModelConfig(**{**PRESETS["llama3-8b"].shape, "seq_len": 8192})
     assert checkpointed["recompute_flops_per_token"] == accounting.recompute_flops_per_token(cfg)  # the run's own formula

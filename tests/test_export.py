@@ -5,10 +5,10 @@ import json
 import pytest
 import tomllib
 
-from scalelab.analysis.export import STEP_SCALARS, export_config, pick_run
-from scalelab.analysis.report import load_tables
 from scalelab.cli import main
 from scalelab.harness.fixtures import synthetic_results
+from scalelab.report.export import STEP_SCALARS, export_config, pick_run
+from scalelab.report.report import load_tables
 
 pytestmark = pytest.mark.unit
 
@@ -68,7 +68,7 @@ HF_KEYS = {"per_device_train_batch_size", "gradient_accumulation_steps", "bf16",
 
 def test_the_best_run_as_each_trainers_configuration(results, capsys):
     runs, _ = load_tables(results)
-    from scalelab.analysis.tables import best_configurations
+    from scalelab.report.tables import best_configurations
 
     best = pick_run(runs, None)  # the report's best point at the largest world size (median of its repeats)
     table = best_configurations(runs).dropna(subset=["run_id"]).sort_values("world_size")
@@ -100,7 +100,7 @@ def test_the_best_run_as_each_trainers_configuration(results, capsys):
         assert {"fp32": '"32-true"', "fp16": '"16-mixed"', "bf16": '"bf16-mixed"'}.get(row["precision"], "") in code
     # clipping off, a LoRA run, two nodes: said, not guessed
     row = {**pick_run(runs, None), "grad_clip": 0.0, "lora_rank": 8, "world_size": 16, "nodes_used": 2, "zero_stage": 3}
-    from scalelab.analysis.export import hf_arguments, lightning_code, torchtitan_toml
+    from scalelab.report.export import hf_arguments, lightning_code, torchtitan_toml
 
     assert "max_norm" not in tomllib.loads(torchtitan_toml(row))["training"] and "without clipping" in torchtitan_toml(row)
     assert hf_arguments(row)["max_grad_norm"] == 0.0 and "LoRA rank 8" in hf_arguments(row)["_not_carried"][0]

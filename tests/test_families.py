@@ -14,17 +14,17 @@ import torch
 import yaml
 
 from conftest import PARITY_STEPS, run_point, tiny_config
-from scalelab import accounting
 from scalelab.config import SCHEMA, ConfigError, ModelConfig, model_config, train_config
-from scalelab.config.validation import check_config
+from scalelab.formulas import accounting
 from scalelab.harness import REPO_ROOT
 from scalelab.harness.reference import bare_loop
-from scalelab.presets import PRESETS
-from scalelab.sweep import RunPoint, result_params, sweep_points
-from scalelab.training.activations import SavedActivationMeter
-from scalelab.training.lora import LoRALinear, apply_lora, trainable_parameters
-from scalelab.training.model import FAMILIES, Llama, build_model, counted
-from scalelab.training.precision import autocast
+from scalelab.plan.sweep import RunPoint, result_params, sweep_points
+from scalelab.plan.validation import check_config
+from scalelab.run.activations import SavedActivationMeter
+from scalelab.run.lora import LoRALinear, apply_lora, trainable_parameters
+from scalelab.run.model import FAMILIES, Llama, build_model, counted
+from scalelab.run.precision import autocast
+from scalelab.spec.presets import PRESETS
 
 TESTS = Path(__file__).parent
 LLAMA = {"family": "llama", "n_layers": 2, "d_model": 32, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 96}
@@ -208,7 +208,7 @@ def test_bad_model_entries_are_one_line_naming_the_key(entry, message):
 
 @pytest.mark.unit
 def test_unknown_preset_and_family_are_schema_errors():
-    from scalelab.config.validation import validate_config
+    from scalelab.plan.validation import validate_config
 
     with pytest.raises(ConfigError, match=r"models.m.preset: 'llama4' is not one of .*; did you mean llama3-8b\?"):
         validate_config(_config({"m": {"preset": "llama4"}}, ["m"]), REPO_ROOT)
@@ -342,8 +342,8 @@ def test_the_report_groups_a_sweep_that_mixes_families(tmp_path):
     while a broken trajectory within one model still is."""
     import pandas as pd
 
-    from scalelab.analysis.report import build_report, find_warnings
     from scalelab.harness.fixtures import synthetic_results
+    from scalelab.report.report import build_report, find_warnings
 
     synthetic_results(tmp_path, n_runs=24)
     runs, steps = pd.read_parquet(tmp_path / "metrics.parquet"), pd.read_parquet(tmp_path / "steps.parquet")

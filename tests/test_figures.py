@@ -10,11 +10,11 @@ import pytest
 from matplotlib.collections import QuadMesh
 from matplotlib.patches import Rectangle
 
-from scalelab.analysis import plots
-from scalelab.analysis.figures import FIGURES, Tables
-from scalelab.analysis.levers import baseline, lever_table
-from scalelab.analysis.report import load_tables
 from scalelab.harness.fixtures import synthetic_results
+from scalelab.report import plots
+from scalelab.report.figures import FIGURES, Tables
+from scalelab.report.levers import baseline, lever_table
+from scalelab.report.report import load_tables
 
 pytestmark = pytest.mark.unit
 
@@ -516,7 +516,7 @@ def test_exact_zero_dloss_stays_on_the_axis(results):
 
 def test_loss_scale_figure_left_out_without_fp16_runs(results, tmp_path):
     """No fp16 run, no loss scale: the figure, its placeholder and its caption are left out."""
-    from scalelab.analysis.figures import draw_figures
+    from scalelab.report.figures import draw_figures
 
     runs, steps = results
     fp32 = runs[runs["precision"] != "fp16"]
@@ -533,7 +533,7 @@ def test_a_figure_with_nothing_to_draw_says_why_in_lines_that_fit():
     on one line of a short figure ran off both edges (issue #41)."""
     import matplotlib.pyplot as plt
 
-    from scalelab.analysis import plots
+    from scalelab.report import plots
 
     reason = "no step-time prediction: " + "no compute reference: the fit set has no ok run of this configuration " * 3
     fig = plots._empty(reason)

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import strategy_steps
 from scalelab.harness.testing import tiny_config
-from scalelab.sweep import RunPoint
+from scalelab.plan.sweep import RunPoint
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_a_step_reads_no_device_value_before_its_end(tmp_path, tiny_data, monkey
     and two, through the worker's own setup and train_step (tests/ranks/host_reads.py). On a GPU
     each such read is a mid-step synchronisation: the host waits, the kernels after it start late
     (issue #40: fp16 runs read the loss scale after backward, 0.977 of a plain loop on an H100)."""
-    from scalelab.training import launch
+    from scalelab.run import launch
 
     spec_path = tmp_path / "spec.json"  # the spec the launcher hands its workers, caught before any starts
 

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from scalelab import hardware, placement
+from scalelab.plan import placement
+from scalelab.spec import hardware
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -16,7 +17,7 @@ def test_nvidia_smi_and_torch_agree_on_the_gpus():
 def test_this_gpu_has_a_datasheet_peak():
     name = torch.cuda.get_device_name(0)
     product = hardware.gpu_product(name)
-    assert product is not None, f"{name!r} is not in scalelab.hardware: add it with its datasheet figures"
+    assert product is not None, f"{name!r} is not in scalelab.spec.hardware: add it with its datasheet figures"
     peak, source = hardware.peak_flops_for(name, "bf16", tf32=False)
     assert peak > 1e14 and product.name in source
 
@@ -42,8 +43,8 @@ def _gpu_config(**train):
 @pytest.fixture(scope="module")
 def gpu_data(tmp_path_factory):
     from scalelab.config import dataset_config
-    from scalelab.data import prepare_dataset
     from scalelab.harness.testing import tiny_config
+    from scalelab.run.data import prepare_dataset
 
     out = tmp_path_factory.mktemp("gpudata") / "data"
     prepare_dataset(dataset_config(tiny_config(dataset={"synthetic_bytes": 2_000_000})), out, seq_len=1024)
@@ -51,7 +52,7 @@ def gpu_data(tmp_path_factory):
 
 
 def _launch(tmp_path, data, point, cfg):
-    from scalelab.training.launch import launch_run
+    from scalelab.run.launch import launch_run
 
     return launch_run(cfg, point, data, tmp_path / point.path, tmp_path / f"{point.run_id}.log", threads=4)
 
@@ -59,7 +60,7 @@ def _launch(tmp_path, data, point, cfg):
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 @pytest.mark.parametrize("precision, tf32", [("fp32", False), ("fp32", True), ("fp16", False), ("bf16", False), ("fp8", False)])
 def test_every_precision_and_stage_runs_on_the_gpu(tmp_path, gpu_data, precision, tf32, stage):
-    from scalelab.sweep import RunPoint
+    from scalelab.plan.sweep import RunPoint
 
     if precision == "fp8" and torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 needs compute capability >= 8.9")
@@ -77,8 +78,8 @@ def test_fused_adamw_on_the_gpu():
     import torch.distributed as dist
 
     from scalelab.config import ModelConfig
-    from scalelab.training.model import GPT
-    from scalelab.training.parallel import parallelize
+    from scalelab.run.model import GPT
+    from scalelab.run.parallel import parallelize
 
     if not dist.is_initialized():
         dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29533", rank=0, world_size=1)
@@ -91,7 +92,7 @@ def test_fused_adamw_on_the_gpu():
 
 def test_peak_memory_within_ten_percent_of_the_prediction(tmp_path, gpu_data):
     """A model large enough that the allocator's slack is small against what the step holds."""
-    from scalelab.sweep import RunPoint
+    from scalelab.plan.sweep import RunPoint
 
     cfg = _gpu_config(global_batch=8)
     cfg["model"].update(n_layers=12, d_model=768, n_heads=12, seq_len=1024)
@@ -105,7 +106,7 @@ def test_peak_memory_within_ten_percent_of_the_prediction(tmp_path, gpu_data):
 def test_compile_on_and_off_agree(tmp_path, gpu_data):
     import pandas as pd
 
-    from scalelab.sweep import AXIS, RunPoint
+    from scalelab.plan.sweep import AXIS, RunPoint
 
     if "compile" not in AXIS:
         pytest.skip("no compile lever in this version")
@@ -119,7 +120,7 @@ def test_compile_on_and_off_agree(tmp_path, gpu_data):
 
 
 def test_cpu_offload_keeps_model_state_off_the_gpu(tmp_path, gpu_data):
-    from scalelab.sweep import RunPoint
+    from scalelab.plan.sweep import RunPoint
 
     plain = _launch(tmp_path, gpu_data, RunPoint("bf16", 3, 1), _gpu_config())
     offloaded = _launch(tmp_path, gpu_data, RunPoint("bf16", 3, 1, cpu_offload=True), _gpu_config())
@@ -131,7 +132,7 @@ def test_bf16_attention_runs_a_flash_or_cudnn_kernel():
     from torch.profiler import ProfilerActivity, profile
 
     from scalelab.config import ModelConfig
-    from scalelab.training.model import GPT
+    from scalelab.run.model import GPT
 
     model = GPT(ModelConfig(2, 256, 4, 512, True, 256)).cuda()
     idx = torch.randint(0, 256, (4, 512), device="cuda")
@@ -184,8 +185,8 @@ def test_a_traced_gpu_run_has_kernels_a_memory_snapshot_and_its_gpu_state(tmp_pa
     import json
     import pickle
 
-    from scalelab.sweep import RunPoint
-    from scalelab.training.trace import snapshot_file, trace_file
+    from scalelab.plan.sweep import RunPoint
+    from scalelab.run.trace import snapshot_file, trace_file
 
     cfg = _gpu_config(steps=10, profile=[5, 6], memory_snapshot=True)
     summary = _launch(tmp_path, gpu_data, RunPoint("bf16", 3, 1), cfg)
@@ -202,8 +203,8 @@ def test_a_traced_gpu_run_has_kernels_a_memory_snapshot_and_its_gpu_state(tmp_pa
 
 
 def test_an_out_of_memory_run_dumps_its_memory_snapshot(tmp_path, gpu_data, monkeypatch):
-    from scalelab.sweep import RunPoint
-    from scalelab.training.trace import snapshot_file
+    from scalelab.plan.sweep import RunPoint
+    from scalelab.run.trace import snapshot_file
 
     monkeypatch.setenv("SCALELAB_FAULT", "oom@step=4,rank=0")
     summary = _launch(tmp_path, gpu_data, RunPoint("bf16", 0, 1), _gpu_config(memory_snapshot=True))

@@ -91,7 +91,7 @@ def test_the_plain_loop_is_scalelab_gpt_written_plainly():
     assert not [m for m in imported if m and m.startswith("scalelab")], imported
 
     from scalelab.config import ModelConfig
-    from scalelab.training.model import GPT
+    from scalelab.run.model import GPT
 
     shape = {"n_layers": 2, "d_model": 32, "n_heads": 2, "seq_len": 16}
     torch.manual_seed(0)
@@ -130,7 +130,7 @@ class _FakeGPU:
         monkeypatch.setattr(gpu_check, "time", types.SimpleNamespace(monotonic=lambda: self.now))
         monkeypatch.setattr(gpu_check, "run_bounded", self.run_bounded)
         monkeypatch.setattr(gpu_check.Check, "_data", lambda check: check.work)
-        monkeypatch.setattr("scalelab.training.launch.launch_run", self.launch_run)
+        monkeypatch.setattr("scalelab.run.launch.launch_run", self.launch_run)
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
 

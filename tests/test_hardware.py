@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from scalelab import accounting, hardware
+from scalelab.formulas import accounting
+from scalelab.spec import hardware
 
 SCALELAB = str(Path(sys.executable).parent / "scalelab")
 
@@ -206,7 +207,7 @@ def test_estimate_cli_knows_the_products():
 def test_peak_columns_come_from_the_precision_records():
     """A run's precision picks its datasheet column through its record (fp32 + TF32 -> tf32); a
     product naming a column no record has is refused."""
-    from scalelab.precisions import PEAK_KEYS, peak_key
+    from scalelab.spec.precisions import PEAK_KEYS, peak_key
 
     assert PEAK_KEYS == ("fp32", "tf32", "fp16", "bf16", "fp8")
     assert [peak_key(p, tf32=True) for p in ("fp32", "fp16", "bf16", "fp8")] == ["tf32", "fp16", "bf16", "fp8"]

@@ -2,9 +2,9 @@
 the classification of a collective's group by placement, and real gloo runs against ZeRO-3."""
 import pytest
 
-from scalelab import accounting
-from scalelab.placement import contiguous_nodes, link_of
-from scalelab.strategies import HYBRID, STRATEGIES, check_replicas, strategy
+from scalelab.formulas import accounting
+from scalelab.spec.strategies import HYBRID, STRATEGIES, check_replicas, strategy
+from scalelab.spec.topology import contiguous_nodes, link_of
 
 PSI = 1000
 
@@ -92,7 +92,7 @@ def test_bytes_by_link_hand_computed_two_nodes():
 
 @pytest.mark.unit
 def test_counted_bytes_by_link_from_the_ranks_hosts():
-    from scalelab.training.comm import bytes_by_link
+    from scalelab.run.comm import bytes_by_link
 
     by_group = [{"collective": "all_gather_single", "ranks": [0, 1], "bytes": 800},
                 {"collective": "reduce_scatter_single", "ranks": [0, 1], "bytes": 400},
@@ -109,7 +109,7 @@ def test_counted_bytes_by_link_from_the_ranks_hosts():
 def test_the_replicas_axis_keeps_old_run_ids_and_leaves_out_what_it_does_not_apply_to():
     from conftest import tiny_config
     from scalelab.config import ConfigError
-    from scalelab.sweep import RunPoint, sweep_plan
+    from scalelab.plan.sweep import RunPoint, sweep_plan
 
     assert RunPoint("fp32", 3, 4).run_id == "fp32-z3-w4"  # replicas 1: no id part, no cached run changes
     assert RunPoint("fp32", 3, 4, replicas=2).run_id == "fp32-z3-w4-hsdp2"
@@ -128,7 +128,7 @@ def test_the_replicas_axis_keeps_old_run_ids_and_leaves_out_what_it_does_not_app
 def test_the_schema_refuses_a_bad_replica_count():
     from conftest import tiny_config
     from scalelab.config import ConfigError
-    from scalelab.config.validation import validate_config
+    from scalelab.plan.validation import validate_config
 
     for bad in (0, 1.5, "two"):
         with pytest.raises(ConfigError, match="replicas"):
@@ -139,7 +139,7 @@ def test_the_schema_refuses_a_bad_replica_count():
 def test_the_report_shows_inter_node_bytes_only_for_runs_that_spanned_nodes():
     import pandas as pd
 
-    from scalelab.analysis.report import inter_node_table
+    from scalelab.report.report import inter_node_table
 
     def row(run_id, stage, replicas, nodes, inter, shared):
         return {"run_id": run_id, "status": "ok", "precision": "fp32", "zero_stage": stage, "world_size": 4,
@@ -165,7 +165,7 @@ HYBRID_STEPS = 4
 def hybrid_runs(tmp_path_factory, tiny_data):
     """fp32 ZeRO-3 and hybrid (2 replicas x 2 shards) at world size 4, and 2 x 1 beside ZeRO-3 at 2."""
     from conftest import run_point, tiny_config
-    from scalelab.sweep import RunPoint
+    from scalelab.plan.sweep import RunPoint
 
     tmp = tmp_path_factory.mktemp("hybrid")
     cfg = tiny_config(train={"steps": HYBRID_STEPS, "warmup_steps": 1}, planning={"launch_overcommitted": True})
@@ -221,7 +221,7 @@ def test_hybrid_bytes_are_exact_in_16_bit_precisions(tmp_path, tiny_data, precis
     """MixedPrecisionPolicy gathers in the compute dtype; gradients are reduce-scattered and
     all-reduced across replicas in the reduce dtype; fp16 adds its scaler's flag over the world."""
     from conftest import run_point, tiny_config
-    from scalelab.sweep import RunPoint
+    from scalelab.plan.sweep import RunPoint
 
     cfg = tiny_config(train={"steps": HYBRID_STEPS, "warmup_steps": 1}, planning={"launch_overcommitted": True})
     summary = run_point(tmp_path, tiny_data, RunPoint(precision, 3, 4, replicas=2, grad_reduce=grad_reduce), cfg=cfg)[0]

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import PARITY_STEPS, run_point, tiny_config
-from scalelab.sweep import RunPoint
+from scalelab.plan.sweep import RunPoint
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +54,11 @@ def test_what_the_step_holds_outside_the_blocks_is_predicted(precision, micro_ba
     measures exactly the prediction; the step's activation peak, measured by torch's
     MemTracker (live tensors on CPU), is the prediction (blocks + outside + the loss path's
     8 B T V of fp32 gradients at log_softmax's backward) within the blocks' small terms."""
-    from scalelab import accounting
     from scalelab.config import ModelConfig
-    from scalelab.training.activations import SavedActivationMeter
-    from scalelab.training.model import GPT
-    from scalelab.training.precision import autocast
+    from scalelab.formulas import accounting
+    from scalelab.run.activations import SavedActivationMeter
+    from scalelab.run.model import GPT
+    from scalelab.run.precision import autocast
 
     cfg, cpu = ModelConfig(2, 64, 4, 64, True, 256), torch.device("cpu")
     tokens = torch.randint(0, cfg.vocab_size, (4, cfg.seq_len + 1), generator=torch.Generator().manual_seed(0))
@@ -182,8 +182,8 @@ def test_offload_clipping_path_matches_torch(tmp_path):
 CLIP_SCRIPT = '''
 import datetime, torch, torch.distributed as dist
 from scalelab.config import ModelConfig
-from scalelab.training.model import GPT
-from scalelab.training.parallel import clip_grad_norm, parallelize
+from scalelab.run.model import GPT
+from scalelab.run.parallel import clip_grad_norm, parallelize
 
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 results = []
@@ -239,7 +239,7 @@ def test_compile_lever_same_fp32_losses_compilation_out_of_the_steps(tmp_path, t
     assert compiled["comm_bytes_per_step_measured"] == eager["comm_bytes_per_step_measured"]
     assert compiled["activation_bytes_measured"] > 0 and compiled["activation_bytes_outside_blocks_measured"] > 0
     # what the compiled graphs save for backward (the partitioner's choice, seen by the saved-tensor
-    # hooks) is what the compiled model predicts (scalelab.accounting, compiled=True; issue #40)
+    # hooks) is what the compiled model predicts (scalelab.formulas.accounting, compiled=True; issue #40)
     assert compiled["activation_bytes_measured"] == compiled["activation_bytes_predicted"]
     assert compiled["activation_bytes_outside_blocks_measured"] == compiled["activation_bytes_outside_blocks_predicted"]
     assert compiled["predicted_peak_bound"] == "model" and compiled["predicted_peak_bytes"] < eager["predicted_peak_bytes"]
@@ -290,7 +290,7 @@ def test_compile_lever_on_a_gpu(tmp_path, tiny_data, precision, rtol, stage):
 def test_mfu_against_the_bf16_datasheet_peak_on_a_gpu(tmp_path, tiny_data):
     """bf16 runs: one peak, the datasheet's dense bf16; fp8 runs (FP8 GPUs with torchao):
     their own peak is fp8's, and mfu_bf16_peak = mfu x fp8 peak / bf16 peak (2 on Hopper)."""
-    from scalelab.training.precision import fp8_unsupported_reason
+    from scalelab.run.precision import fp8_unsupported_reason
 
     cfg = _compile_config(device="cuda")
     bf16 = run_point(tmp_path, tiny_data, RunPoint("bf16", 0, 1), cfg=cfg)[0]
@@ -314,9 +314,9 @@ def test_every_lever_shows_its_own_evidence_and_no_other(tmp_path):
     EVIDENCE entry declares (and no other lever's), computed from the pair."""
     import pandas as pd
 
-    from scalelab.analysis.levers import EVIDENCE, PAIR_COLUMNS, lever_table
     from scalelab.harness.fixtures import synthetic_results
-    from scalelab.sweep import LEVER_AXES
+    from scalelab.plan.sweep import LEVER_AXES
+    from scalelab.report.levers import EVIDENCE, PAIR_COLUMNS, lever_table
 
     synthetic_results(tmp_path, n_runs=96, n_steps=5)
     runs = pd.read_parquet(tmp_path / "metrics.parquet")
@@ -341,9 +341,9 @@ def test_twin_table_follows_the_precision_records(tmp_path):
     """fp8 runs beside their bf16 twins because fp8's record names bf16 as its twin."""
     import pandas as pd
 
-    from scalelab.analysis.levers import fp8_table
     from scalelab.harness.fixtures import synthetic_results
-    from scalelab.precisions import PRECISIONS
+    from scalelab.report.levers import fp8_table
+    from scalelab.spec.precisions import PRECISIONS
 
     synthetic_results(tmp_path, n_runs=192, n_steps=5)
     runs = pd.read_parquet(tmp_path / "metrics.parquet")
@@ -358,7 +358,7 @@ def test_twin_table_follows_the_precision_records(tmp_path):
 
 @pytest.mark.unit
 def test_psi_figure_draws_every_strategy_record():
-    from scalelab.analysis import psi
-    from scalelab.strategies import STRATEGIES
+    from scalelab.report import psi
+    from scalelab.spec.strategies import STRATEGIES
 
     assert psi.STAGES == tuple(STRATEGIES)

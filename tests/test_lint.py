@@ -75,11 +75,26 @@ def test_no_function_runs_past_eighty_lines():
 
 @pytest.mark.run
 def test_the_import_contracts_hold():
-    """pyproject.toml's import-linter contracts (issue #42): torch only in the run code, the run code and
-    the report apart, the registries below the pipeline, the CLI and the harness on top."""
+    """pyproject.toml's import-linter contracts (issue #42): the layers by workflow stage, each importing
+    only the layers below it, and torch only in the run layer."""
     import os
 
     lint = Path(sys.executable).parent / "lint-imports"
     proc = subprocess.run([str(lint), "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(REPO / "src")})
     assert proc.returncode == 0 and "0 broken" in proc.stdout, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+@pytest.mark.unit
+def test_the_guide_shows_the_layers_as_the_contract_orders_them():
+    """docs/guide.md's map of src/scalelab/ is generated from the layers contract and the packages'
+    docstrings (scalelab.harness.layout): a package added, moved or described anew shows there, and
+    every package of src/scalelab/ is in a layer."""
+    from scalelab.harness.layout import PACKAGE_DIR, layers, layout
+
+    guide = (REPO / "docs" / "guide.md").read_text()
+    assert layout() in guide, "docs/guide.md's layout is stale: python -m scalelab.harness.layout --write"
+    placed = {name.removeprefix("scalelab.") for layer in layers() for name in layer}
+    packages = {p.name for p in PACKAGE_DIR.iterdir() if (p / "__init__.py").exists()}
+    modules = {p.stem for p in PACKAGE_DIR.glob("*.py") if p.name != "__init__.py"}
+    assert packages | modules == placed, f"in no layer: {sorted((packages | modules) - placed)}; gone: {sorted(placed - packages - modules)}"

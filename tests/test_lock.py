@@ -1,4 +1,4 @@
-"""One writer per results folder (scalelab.lock): unit tests with real holder processes, and
+"""One writer per results folder (scalelab.results.lock): unit tests with real holder processes, and
 two Snakemake workflows from two checkouts sharing one absolute results_dir."""
 import errno
 import fcntl
@@ -17,15 +17,15 @@ import pytest
 import scalelab
 from conftest import tiny_config, write_workdir
 from scalelab.harness.testing import run_snakemake, snakemake_cmd, snakemake_env
-from scalelab.lock import LOCK_NAME, LockHeld, ResultsLock, holder, results_lock
-from scalelab.sweep import RUN_DIR_GLOB
+from scalelab.plan.sweep import RUN_DIR_GLOB
+from scalelab.results.lock import LOCK_NAME, LockHeld, ResultsLock, holder, results_lock
 
 SRC = str(Path(scalelab.__file__).resolve().parents[1])
 
 # A holder process: waits for `go`, takes the lock, says so, then ends as `mode` says.
 HOLDER = r"""
 import sys, time, pathlib
-from scalelab.lock import LockHeld, results_lock
+from scalelab.results.lock import LockHeld, results_lock
 results, go, mode = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3]
 deadline = time.time() + 60
 while not go.exists() and time.time() < deadline:

@@ -8,14 +8,14 @@ import torch
 import yaml
 
 from conftest import run_point, tiny_config
-from scalelab import accounting
 from scalelab.config import ConfigError, ModelConfig, model_config
-from scalelab.config.validation import check_config
+from scalelab.formulas import accounting
 from scalelab.harness import REPO_ROOT
-from scalelab.sweep import RunPoint, sweep_points
-from scalelab.training.lora import LoRALinear, apply_lora, trainable_parameters
-from scalelab.training.model import GPT
-from scalelab.training.parallel import param_groups
+from scalelab.plan.sweep import RunPoint, sweep_points
+from scalelab.plan.validation import check_config
+from scalelab.run.lora import LoRALinear, apply_lora, trainable_parameters
+from scalelab.run.model import GPT
+from scalelab.run.parallel import param_groups
 
 
 def _twins(cfg: ModelConfig, rank: int = 4, seed: int = 0):

@@ -15,12 +15,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from scalelab import migrate as migrate_module
-from scalelab.analysis.metrics import collect
-from scalelab.lock import LOCK_NAME
-from scalelab.migrate import OldLayout, check_layout, migrate, old_layout_runs
-from scalelab.predicted_columns import refreshed_at_collection
-from scalelab.sweep import read_point
+from scalelab.formulas.predicted_columns import refreshed_at_collection
+from scalelab.plan.sweep import read_point
+from scalelab.results import migrate as migrate_module
+from scalelab.results.collect import collect
+from scalelab.results.lock import LOCK_NAME
+from scalelab.results.migrate import OldLayout, check_layout, migrate, old_layout_runs
 
 OLD = Path(__file__).parent / "data" / "old_layouts"
 TREES = sorted(p.name for p in OLD.iterdir() if p.is_dir())
@@ -33,7 +33,7 @@ def _copy(name: str, dest: Path) -> Path:
 
 
 def _files(root: Path) -> dict[str, str]:
-    """relative path -> sha256 of every file under root, but the results lock's (scalelab.lock: the file
+    """relative path -> sha256 of every file under root, but the results lock's (scalelab.results.lock: the file
     stays, emptied, once migrate has held and released the lock)."""
     return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file() and p.name != LOCK_NAME}
@@ -92,7 +92,7 @@ def test_migrated_tree_collects_every_run_with_identical_metrics(tmp_path, name)
     old = pd.read_parquet(results / "superseded" / "metrics.parquet").set_index("run_id").sort_index()
     new = pd.read_parquet(results / "metrics.parquet").set_index("run_id").sort_index()
     assert list(old.index) == list(new.index)
-    # the formula columns are computed anew at collection (scalelab.predicted_columns): today's formulas
+    # the formula columns are computed anew at collection (scalelab.formulas.predicted_columns): today's formulas
     differences = [f"{run}.{col}: {old.at[run, col]!r} -> {new.at[run, col]!r}"
                    for col in old.columns if col != "run_path" and not refreshed_at_collection(col) for run in old.index
                    if not _same(old.at[run, col], new.at[run, col])]
@@ -322,7 +322,7 @@ def test_a_killed_copy_of_a_finished_run_is_kept_aside_and_a_killed_run_stays_ki
     for path in [*run.iterdir(), *(lone / "logs" / "runs").rglob("world_size~2.log")]:
         os.utime(path, (1_600_000_000, 1_600_000_000))
     migrate(lone)
-    from scalelab.status import run_states
+    from scalelab.results.status import run_states
 
     states = {s.run_id: s.status for s in run_states(lone)}
     assert states == {"fp32-z0-w1": "ok", "fp32-z0-w2": "killed"}
@@ -330,7 +330,7 @@ def test_a_killed_copy_of_a_finished_run_is_kept_aside_and_a_killed_run_stays_ki
 
 @pytest.mark.run
 def test_migrate_waits_for_no_one_and_refuses_while_a_workflow_holds_the_results(tmp_path):
-    from scalelab.lock import results_lock
+    from scalelab.results.lock import results_lock
 
     results = _copy(TREES[0], tmp_path / "results")
     lock = results_lock(results)
@@ -355,6 +355,6 @@ def test_migrate_waits_for_no_one_and_refuses_while_a_workflow_holds_the_results
 ])
 def test_old_paths_of_every_stage_and_lever_name_their_run(old_path, run_id):
     """'none' and 'auto' are values too: no buckets under FSDP2, no accumulation, no LoRA."""
-    from scalelab.migrate import point_of_old_path
+    from scalelab.results.migrate import point_of_old_path
 
     assert point_of_old_path(old_path).run_id == run_id

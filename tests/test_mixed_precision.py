@@ -2,7 +2,7 @@
 their compute dtype at ZeRO stages 2 and 3 (FSDP2's MixedPrecisionPolicy), reduce gradients in
 fp32 unless the grad_reduce lever says compute (MixedPrecisionPolicy reduce_dtype, or DDP's
 bf16/fp16 compress hook at stages 0 and 1), and measured collective bytes equal the formulas
-(scalelab.accounting.comm_bytes_per_step) exactly, for every precision x stage x lever value.
+(scalelab.formulas.accounting.comm_bytes_per_step) exactly, for every precision x stage x lever value.
 
 The real runs are few and short (world size 2, 3 steps of the tiny model): byte counts are the
 same every step, so two measured steps say as much as ten."""
@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from conftest import run_point, tiny_config
-from scalelab import accounting
-from scalelab.columns import run_row
-from scalelab.sweep import RunPoint, result_params, sweep_plan
+from scalelab.formulas import accounting
+from scalelab.plan.columns import run_row
+from scalelab.plan.sweep import RunPoint, result_params, sweep_plan
 
 STEPS = 3
 LOSS_RTOL = 0.02

@@ -1,7 +1,7 @@
 """Every comparison within its like (issue #41): a sweep of several models compares each model with
 itself. A real sweep of the default GPT-2-shaped model and a llama-tiny one (fp32 and bf16, ZeRO
 stages 0 and 3, world sizes 1 and 2; the base model's baseline repeated) through Snakemake, and the
-grouping helper (scalelab.analysis.like) on synthetic frames."""
+grouping helper (scalelab.results.like) on synthetic frames."""
 import math
 import re
 import shutil
@@ -11,8 +11,10 @@ import pandas as pd
 import pytest
 
 from conftest import snakemake, tiny_config, write_workdir
-from scalelab.analysis.compare import build_compare, compare_runs, noise_limits
-from scalelab.analysis.like import (
+from scalelab.report.compare import build_compare, compare_runs, noise_limits
+from scalelab.report.report import load_tables
+from scalelab.report.tables import best_configurations, loss_deviation_vs_stage0, scaling_efficiency
+from scalelab.results.like import (
     OVER_CONFIGURATION,
     OVER_POINTS,
     OVER_STAGE,
@@ -21,9 +23,7 @@ from scalelab.analysis.like import (
     model_labels,
     models,
 )
-from scalelab.analysis.noise import ModelNoise, margin_between, model_noise, sweep_noise
-from scalelab.analysis.report import load_tables
-from scalelab.analysis.tables import best_configurations, loss_deviation_vs_stage0, scaling_efficiency
+from scalelab.results.noise import ModelNoise, margin_between, model_noise, sweep_noise
 
 MODELS = {"ltiny": {"preset": "llama-tiny", "n_layers": 1, "d_model": 32, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 64}}
 """llama-tiny's family (grouped-query attention, SwiGLU, RoPE), one block narrower, beside the base model (GPT-2, 2 x 32)."""
@@ -267,8 +267,8 @@ def test_warnings_compare_runs_of_one_model_and_levers():
     """fp32 parity holds each model, and each lever setting, to itself: two models' losses differ, and a
     LoRA run learns otherwise; a stage that breaks parity in one model is named with it. The CPU notice
     gives each model's bf16/fp32 speed apart."""
-    from scalelab.analysis.checks import cpu_notice
-    from scalelab.analysis.report import fp32_parity_warnings
+    from scalelab.report.checks import cpu_notice
+    from scalelab.report.report import fp32_parity_warnings
 
     runs = _frame([("fp32-z0-w1", "base", 64, 100.0), ("fp32-z3-w2", "base", 64, 150.0), ("bf16-z0-w1", "base", 64, 50.0),
                    ("fp32-z0-w1-mine", "mine", 32, 400.0), ("fp32-z3-w2-mine", "mine", 32, 700.0), ("bf16-z0-w1-mine", "mine", 32, 300.0),

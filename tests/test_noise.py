@@ -7,14 +7,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from scalelab.analysis.checks import noise_warnings
-from scalelab.analysis.compare import compare_runs, noise_limit, summary_lines
-from scalelab.analysis.noise import config_ids, medians, relative_change, repeat_spreads, sweep_noise, t_quantile
-from scalelab.analysis.tables import best_configurations, best_configurations_text, throughput_table
-from scalelab.calibration import describe_rank_cores, peak_for, rank_cores
 from scalelab.config import ConfigError
 from scalelab.harness.testing import tiny_config
-from scalelab.sweep import RunPoint, sweep_plan
+from scalelab.plan.sweep import RunPoint, sweep_plan
+from scalelab.report.checks import noise_warnings
+from scalelab.report.compare import compare_runs, noise_limit, summary_lines
+from scalelab.report.tables import best_configurations, best_configurations_text, throughput_table
+from scalelab.results.noise import config_ids, medians, relative_change, repeat_spreads, sweep_noise, t_quantile
+from scalelab.run.calibration import describe_rank_cores, peak_for, rank_cores
 
 pytestmark = pytest.mark.unit
 
@@ -218,7 +218,7 @@ def test_repeatability_verdicts_between_two_sweeps():
 
 
 def test_the_mfu_heatmap_shows_a_repeated_points_spread():
-    from scalelab.analysis.plots import mfu_grid
+    from scalelab.report.plots import mfu_grid
 
     g = mfu_grid(_runs(("fp32-z0-w1", 1000), ("fp32-z0-w1-r2", 1100), ("fp32-z0-w1-r3", 1050), ("bf16-z0-w1", 900)))
     rows = dict(zip(g["rows"], range(len(g["rows"]))))

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import REPO
 from scalelab.config import ConfigError
-from scalelab.config.validation import load_config, validate_config
+from scalelab.plan.validation import load_config, validate_config
 
 # Run by the fresh environment's Python, from a folder outside the repository.
 CHECK = textwrap.dedent('''
@@ -25,7 +25,7 @@ CHECK = textwrap.dedent('''
     import scalelab
     import scalelab.config
     from scalelab.config import ConfigError
-    from scalelab.config.validation import load_config, validate_config
+    from scalelab.plan.validation import load_config, validate_config
 
     fresh, repo = Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve()
     for module in (scalelab, scalelab.config):

@@ -8,13 +8,13 @@ import subprocess
 import pytest
 import torch
 
-from scalelab import placement
 from scalelab.config import ConfigError
 from scalelab.harness.testing import tiny_config
-from scalelab.placement import LaunchPlan, check_gpu_layout, launch_plan
-from scalelab.sweep import RunPoint
-from scalelab.training.launch import git_provenance, resolve_device, skip_reason
-from scalelab.training.ranks import classify_failure, torchrun_command
+from scalelab.plan import placement
+from scalelab.plan.placement import LaunchPlan, check_gpu_layout, launch_plan
+from scalelab.plan.sweep import RunPoint
+from scalelab.run.launch import git_provenance, resolve_device, skip_reason
+from scalelab.run.ranks import classify_failure, torchrun_command
 
 pytestmark = pytest.mark.unit
 
@@ -138,7 +138,7 @@ def test_gpu_index_beyond_the_visible_gpus_is_an_error():
 
 def test_srun_wrapper_hands_the_launcher_slot_to_the_ranks(monkeypatch, tmp_path):
     monkeypatch.setenv("SLURM_JOB_ID", "42")
-    monkeypatch.setattr("scalelab.training.ranks.allocation_first_host", lambda: "node1")
+    monkeypatch.setattr("scalelab.run.ranks.allocation_first_host", lambda: "node1")
     plan = LaunchPlan(2, 8, 2)
     cmd = torchrun_command(plan, 16, tmp_path / "spec.json", placement.srun_step_options(plan, "cuda", CLUSTER))
     assert cmd[0] == "srun" and f'{placement.LAUNCHER_SLOT_ENV}="$SLURM_LOCALID"' in " ".join(cmd)

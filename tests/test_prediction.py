@@ -1,4 +1,4 @@
-"""The step-time model (scalelab.prediction, issue #29): overlap per strategy, the link fit of a
+"""The step-time model (scalelab.results.prediction, issue #29): overlap per strategy, the link fit of a
 bench table, compute references, predictions with their bands and reasons, validation and its command."""
 import json
 import math
@@ -7,12 +7,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from scalelab import links, prediction
 from scalelab.cli import main
-from scalelab.comm_table import BENCH_FILE
 from scalelab.config import ModelConfig
-from scalelab.links import collective_calls, collective_sizes
-from scalelab.strategies import STRATEGIES
+from scalelab.formulas import links
+from scalelab.formulas.links import collective_calls, collective_sizes
+from scalelab.plan.comm_table import BENCH_FILE
+from scalelab.results import prediction
+from scalelab.spec.strategies import STRATEGIES
 
 pytestmark = pytest.mark.unit
 
@@ -253,7 +254,7 @@ def test_predict_command_prints_the_validation_as_json(tmp_path, capsys):
 
 
 def test_the_report_warns_on_a_run_outside_its_band():
-    from scalelab.analysis.checks import prediction_warnings
+    from scalelab.report.checks import prediction_warnings
 
     runs = prediction.predict(prediction.fit(prediction.reference_rows(sweep()), bench_table()), sweep())
     assert prediction_warnings(runs) == [] or all("outside its predicted band" in w for w in prediction_warnings(runs))
@@ -320,7 +321,7 @@ def test_a_device_without_a_measured_model_error_says_so_in_its_band():
 
 
 def test_traced_runs_give_the_overlap_efficiency_they_measured():
-    """exposed_comm_s_measured (a trace, scalelab.training.trace) sets eta where runs beyond their reference
+    """exposed_comm_s_measured (a trace, scalelab.run.trace) sets eta where runs beyond their reference
     were traced: all their communication less what they left exposed, over what the strategy could hide."""
     runs, table = sweep(), bench_table()
     parts, hidden = _z3_parts(runs, table)

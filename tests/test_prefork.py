@@ -1,4 +1,4 @@
-"""Ranks forked from the prefork server (scalelab.training.prefork) are the processes the launcher
+"""Ranks forked from the prefork server (scalelab.run.prefork) are the processes the launcher
 would have started: the same losses, the same command line in `ps`, the same process-group and
 lifetime guarantees (they die with the launcher, with the server, at the time limit); and where
 the server could differ from a new process, it refuses and the run starts new processes, saying why."""
@@ -13,9 +13,9 @@ import pytest
 
 from conftest import PARITY_STEPS, run_point
 from scalelab.harness.testing import processes_mentioning
-from scalelab.sweep import RunPoint
-from scalelab.training.prefork import FORKED_LAUNCH, PREFORK_ENV, start_server, stop_server
-from scalelab.training.ranks import LOCAL_LAUNCH
+from scalelab.plan.sweep import RunPoint
+from scalelab.run.prefork import FORKED_LAUNCH, PREFORK_ENV, start_server, stop_server
+from scalelab.run.ranks import LOCAL_LAUNCH
 
 pytestmark = pytest.mark.run
 
@@ -60,8 +60,8 @@ def test_a_server_refuses_what_a_new_process_would_import_differently(tmp_path, 
     assert "prefork server scalelab-prefork-nobody-listens not reachable" in log
 
 
-LAUNCH_RUN = ("import sys; from scalelab.harness.testing import tiny_config; from scalelab.sweep import RunPoint; "
-              "from scalelab.training.launch import launch_run; "
+LAUNCH_RUN = ("import sys; from scalelab.harness.testing import tiny_config; from scalelab.plan.sweep import RunPoint; "
+              "from scalelab.run.launch import launch_run; "
               "cfg = tiny_config(train={'steps': 20, 'warmup_steps': 1, 'run_timeout_s': float(sys.argv[3]) if sys.argv[3:] else 300}, "
               "planning={'launch_overcommitted': True})")
 """A launcher script's set-up: arguments data folder, output folder[, run time limit]."""
@@ -82,14 +82,14 @@ def _hanging_run(tmp_path, tiny_data, timeout_s: float = 300) -> subprocess.Pope
 
 def _ranks(tmp_path) -> list[str]:
     """The run's ranks as `ps` shows them: by their worker command line and its run folder."""
-    return [p for p in processes_mentioning(str(tmp_path / "run" / "spec.json")) if "scalelab.training.worker" in p]
+    return [p for p in processes_mentioning(str(tmp_path / "run" / "spec.json")) if "scalelab.run.worker" in p]
 
 
 def test_forked_ranks_die_with_their_launcher(tmp_path, tiny_data):
     launcher = _hanging_run(tmp_path, tiny_data)
     try:
         ranks = _wait_for(lambda: len(_ranks(tmp_path)) == 2 and _ranks(tmp_path), what="two forked ranks in ps")
-        assert all("-m scalelab.training.worker --spec" in r for r in ranks), ranks  # the title a new process has
+        assert all("-m scalelab.run.worker --spec" in r for r in ranks), ranks  # the title a new process has
         _wait_for(lambda: (tmp_path / "run" / "progress.jsonl").exists(), what="the first step")
     finally:
         launcher.kill()
@@ -129,9 +129,9 @@ def test_forked_ranks_die_with_the_server_and_the_run_fails_loudly(tmp_path, tin
 def test_the_server_answers_pids_in_rank_order(tmp_path):
     """The launcher names a failed rank by its place in the server's answer: rank 2 alone exits 2
     (argparse: no --spec), the others 1 (no such spec file)."""
-    from scalelab.training.prefork import fork_ranks
+    from scalelab.run.prefork import fork_ranks
 
-    worker = [sys.executable, "-m", "scalelab.training.worker"]
+    worker = [sys.executable, "-m", "scalelab.run.worker"]
     processes = [(worker + (["--no-such-option"] if rank == 2 else ["--spec", str(tmp_path / "absent.json")]),
                   dict(os.environ)) for rank in range(4)]
     with open(tmp_path / "ranks.log", "ab") as log:
@@ -175,14 +175,14 @@ def test_a_server_imports_torch_only_when_a_run_asks(tmp_path, monkeypatch):
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to connect as another user")
 def test_a_server_serves_its_own_user_only(tmp_path):
     """An abstract socket has no file permissions: the server checks who connected (SO_PEERCRED)."""
-    from scalelab.training.prefork import fork_ranks
+    from scalelab.run.prefork import fork_ranks
 
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # as nobody, ask for a rank
         try:
             os.setuid(65534)
-            ranks, why = fork_ranks([([sys.executable, "-m", "scalelab.training.worker", "--spec", "x"], dict(os.environ))], 1)
+            ranks, why = fork_ranks([([sys.executable, "-m", "scalelab.run.worker", "--spec", "x"], dict(os.environ))], 1)
             os.write(write, str(why).encode())
         finally:
             os._exit(0)
@@ -195,12 +195,12 @@ def test_a_server_serves_its_own_user_only(tmp_path):
 
 def test_a_server_exits_with_its_owner(tmp_path):
     owner = subprocess.Popen([sys.executable, "-c",
-                              "import time; from scalelab.training.prefork import start_server; "
+                              "import time; from scalelab.run.prefork import start_server; "
                               f"s = start_server(owner_dir={str(tmp_path)!r}); print(s.pid, flush=True); time.sleep(600)"],
                              stdout=subprocess.PIPE, text=True)
     try:
         server_pid = int(owner.stdout.readline())
-        assert any(str(tmp_path) in p for p in processes_mentioning("scalelab.training.prefork")), processes_mentioning("prefork")
+        assert any(str(tmp_path) in p for p in processes_mentioning("scalelab.run.prefork")), processes_mentioning("prefork")
     finally:
         owner.kill()
         owner.wait()

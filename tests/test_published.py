@@ -1,9 +1,9 @@
 """docs/prediction.md's table of the step-time model against published multi-node runs is what
-`python -m scalelab.analysis.published` computes now (issue #44): a model change that moves a figure
+`python -m scalelab.forecast.published` computes now (issue #44): a model change that moves a figure
 must show in the doc."""
 import pytest
 
-from scalelab.analysis.published import ROWS, _predicted, calibrated_mfu, markdown, validation
+from scalelab.forecast.published import ROWS, _predicted, calibrated_mfu, markdown, validation
 from scalelab.harness import REPO_ROOT
 
 pytestmark = pytest.mark.unit
@@ -13,7 +13,7 @@ def test_the_docs_table_is_the_validation_as_computed():
     rows = validation()
     doc = (REPO_ROOT / "docs" / "prediction.md").read_text()
     held = doc.split("<!-- published-validation -->\n", 1)[1].split("\n<!-- /published-validation -->", 1)[0]
-    assert held == markdown(rows), "docs/prediction.md is stale: python -m scalelab.analysis.published prints the table"
+    assert held == markdown(rows), "docs/prediction.md is stale: python -m scalelab.forecast.published prints the table"
     # every published row beyond its series' first is predicted, from two sources, up to 128 GPUs
     assert len(rows) == len(ROWS) - len({r.series for r in ROWS}) >= 6
     assert len({r["source"] for r in rows}) == 2 and max(r["gpus"] for r in rows) >= 128

@@ -16,13 +16,13 @@ import pytest
 from docutils.core import publish_parts
 
 from conftest import REPO
-from scalelab.analysis.figures import FIGURES, FIGURES_DIR, rst_captions
-from scalelab.analysis.metrics import SCHEMA_VERSION, collect, schema_version, steps_table, write_parquet
-from scalelab.analysis.report import build_report
 from scalelab.harness.fixtures import FAILURES, synthetic_results
 from scalelab.harness.screenshot import chromium, screenshot
 from scalelab.io import write_json
-from scalelab.sweep import RunPoint
+from scalelab.plan.sweep import RunPoint
+from scalelab.report.figures import FIGURES, FIGURES_DIR, rst_captions
+from scalelab.report.report import build_report
+from scalelab.results.collect import SCHEMA_VERSION, collect, schema_version, steps_table, write_parquet
 
 MAIN = [f for f in FIGURES if f.kind == "main"]
 
@@ -292,8 +292,8 @@ def test_report_opens_in_headless_chromium_without_console_errors(fixture_result
     # the run, its status, the axes that vary, throughput, memory, loss (it showed 13 of 23 columns).
     wide = _laid_out(html, tmp_path, width=1400)
     visible = [name for name, seen in wide["run_columns"] if seen]
-    from scalelab.analysis.report import KEY_COLUMNS, _fmt_table
-    from scalelab.sweep import SWEEP_AXES
+    from scalelab.plan.sweep import SWEEP_AXES
+    from scalelab.report.report import KEY_COLUMNS, _fmt_table
 
     table = _fmt_table(runs)
     assert [name for name, _ in wide["run_columns"]] == list(table.columns)
@@ -384,8 +384,8 @@ def test_run_table_numbers_formatted_per_column(fixture_results):
 def test_run_table_shows_every_sweep_axis(fixture_results):
     """The run table's axis columns are the registry's: a LoRA run and its full twin, or a compiled
     run and its eager one, differ in a column, not by id alone."""
-    from scalelab.analysis.report import _fmt_table
-    from scalelab.sweep import SWEEP_AXES
+    from scalelab.plan.sweep import SWEEP_AXES
+    from scalelab.report.report import _fmt_table
 
     table = _fmt_table(pd.read_parquet(fixture_results / "metrics.parquet")).set_index("run_id")
     assert set(SWEEP_AXES) <= set(table.columns), "every axis, those that vary first, those every run shares later"
@@ -408,9 +408,9 @@ def test_templates_are_package_data_of_a_non_editable_install(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(tmp_path / "site"),
                            str(wheel)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    templates = sorted(p.name for p in (tmp_path / "site/scalelab/analysis/templates").iterdir())
-    assert templates == sorted(p.name for p in (REPO / "src/scalelab/analysis/templates").glob("*.j2"))
-    check = ("import scalelab.analysis.report as r, sys; assert r.__file__.startswith(sys.argv[1]), r.__file__; "
+    templates = sorted(p.name for p in (tmp_path / "site/scalelab/report/templates").iterdir())
+    assert templates == sorted(p.name for p in (REPO / "src/scalelab/report/templates").glob("*.j2"))
+    check = ("import scalelab.report.report as r, sys; assert r.__file__.startswith(sys.argv[1]), r.__file__; "
              "print(r.render('report.html.j2', no_runs='nothing here'))")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run([sys.executable, "-c", check, str(tmp_path / "site")], capture_output=True, text=True, timeout=120,
@@ -437,7 +437,7 @@ def test_a_failed_report_build_leaves_the_last_complete_report(tmp_path, monkeyp
         raise RuntimeError("a figure failed")
 
     # One figure fails while the others are drawn (by forked processes where there are cores for them).
-    monkeypatch.setattr("scalelab.analysis.plots.throughput", broken)
+    monkeypatch.setattr("scalelab.report.plots.throughput", broken)
     for workers in (1, 2):
         with pytest.raises(RuntimeError, match="a figure failed"):
             build_report(tmp_path, workers=workers)
@@ -447,11 +447,11 @@ def test_a_failed_report_build_leaves_the_last_complete_report(tmp_path, monkeyp
 
 @pytest.mark.unit
 def test_data_dictionary_in_the_parquet_metadata_and_the_docs(fixture_results, tmp_path):
-    """One column table (scalelab.columns): every column of both tables has a unit, a meaning, a
+    """One column table (scalelab.plan.columns): every column of both tables has a unit, a meaning, a
     writer and a null contract, written into the files' field metadata; the report's dictionary and
     docs/data-dictionary.md (tests/test_columns.py) are generated from it."""
-    from scalelab.analysis import dictionary
-    from scalelab.columns import RUN_SCHEMA, STEP_SCHEMA
+    from scalelab.plan.columns import RUN_SCHEMA, STEP_SCHEMA
+    from scalelab.report import dictionary
 
     assert list(dictionary.run_columns()) == RUN_SCHEMA.names and list(dictionary.step_columns()) == STEP_SCHEMA.names
     for name, schema in (("metrics.parquet", RUN_SCHEMA), ("steps.parquet", STEP_SCHEMA)):

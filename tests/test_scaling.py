@@ -1,5 +1,5 @@
 """Extrapolation to large clusters (#29, point 4): the link table and the alpha-beta collective
-time (scalelab.links), the collective sizes per strategy against accounting's bytes, and
+time (scalelab.formulas.links), the collective sizes per strategy against accounting's bytes, and
 `scalelab estimate scaling`'s documented example, its figures' invariants and its errors.
 In process (unit tier)."""
 import json
@@ -7,13 +7,14 @@ import math
 
 import pytest
 
-from scalelab import accounting, hardware, links
-from scalelab.analysis.estimate import gpu_counts
 from scalelab.cli import main
 from scalelab.config import ModelConfig
-from scalelab.links import collective_calls, collective_sizes
-from scalelab.precisions import PRECISION_NAMES
-from scalelab.strategies import ZERO_STAGES
+from scalelab.forecast.estimate import gpu_counts
+from scalelab.formulas import accounting, links
+from scalelab.formulas.links import collective_calls, collective_sizes
+from scalelab.spec import hardware
+from scalelab.spec.precisions import PRECISION_NAMES
+from scalelab.spec.strategies import ZERO_STAGES
 
 # The guide's documented example (docs/prediction.md): a GPT-3 XL shape (~1.3B), ZeRO-3, bf16,
 # H100 SXM, 8 -> 512 GPUs over InfiniBand NDR.
@@ -216,7 +217,7 @@ def test_missing_links_and_shapes_are_named(capsys):
 
 
 def _bench_table(path, alpha_s: float, bandwidth_Bps: float, device_type: str, hosts: tuple[str, ...]):
-    """A `bench comm` table whose times are an alpha-beta link's exactly (scalelab.commbench's columns)."""
+    """A `bench comm` table whose times are an alpha-beta link's exactly (scalelab.run.commbench's columns)."""
     import pandas as pd
 
     link = links.Link("truth", bandwidth_Bps, alpha_s, "a test")

@@ -5,7 +5,7 @@ World size 1 takes the single-node path (the launcher starts the ranks inside th
 job step); world size 2, with cluster.ranks_per_node=1, takes the multi-node path: srun
 starts one torchrun launcher on each node, static rendezvous on n1. Both ways a site
 configures Slurm are run: slurm.conf at the default path, and named only by SLURM_CONF (which
-the executor plugin's job step removes: scalelab.placement.carry_slurm_conf).
+the executor plugin's job step removes: scalelab.plan.placement.carry_slurm_conf).
 """
 import json
 import os
@@ -23,8 +23,8 @@ from scalelab.config import model_config, train_config
 from scalelab.harness.reference import bare_loop
 from scalelab.harness.testing import SLURM_PLUGIN_DIR
 from scalelab.harness.vcluster import VirtualCluster, unavailable
-from scalelab.placement import slurm_log_errors
-from scalelab.sweep import RunPoint
+from scalelab.plan.placement import slurm_log_errors
+from scalelab.plan.sweep import RunPoint
 
 
 def _why_not() -> str | None:
@@ -160,7 +160,7 @@ def test_a_sweep_spans_two_nodes_with_the_config_at_the_default_path(tmp_path, c
     assert first["hostname"] == second["hostname"] and started[1] >= started[0] + first["wall_time_s"] - 1.0
     log2 = (on_slurm / "results/logs/runs" / f"{RunPoint('fp32', 3, 2).path}.log").read_text()
     assert " srun --ntasks=2 --nodes=2 --ntasks-per-node=1" in log2 and "--nnodes=2" in log2 and "--master-addr=n1" in log2
-    # communication: what the ranks sent equals the formulas (scalelab.accounting)
+    # communication: what the ranks sent equals the formulas (scalelab.formulas.accounting)
     np.testing.assert_allclose(spanning["comm_bytes_per_step_measured"], spanning["comm_bytes_per_step_predicted"], rtol=0)
 
     # Every run, across two nodes or on one, trains as one process on the global batch does (fp32,
@@ -292,7 +292,7 @@ def _wait_gone(cluster: VirtualCluster, job_id: str, timeout_s: float = 60) -> N
 
 
 def _wait_for_rank(cluster: VirtualCluster, node: int, run_id: str, timeout_s: float) -> int:
-    """The PID of a training rank (scalelab.training.worker) of a run running in node n<node>'s namespace."""
+    """The PID of a training rank (scalelab.run.worker) of a run running in node n<node>'s namespace."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for pid in cluster._ns_pids(cluster.node_ns(node)):
@@ -300,7 +300,7 @@ def _wait_for_rank(cluster: VirtualCluster, node: int, run_id: str, timeout_s: f
                 cmdline = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
             except OSError:
                 continue
-            if (b"scalelab.training.worker" in cmdline and b"torch.distributed.run" not in cmdline
+            if (b"scalelab.run.worker" in cmdline and b"torch.distributed.run" not in cmdline
                     and any(f"/{run_id}/".encode() in arg for arg in cmdline)):
                 return pid
         time.sleep(0.1)

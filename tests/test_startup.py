@@ -11,7 +11,7 @@ import time
 import pytest
 
 from scalelab.harness.testing import processes_mentioning
-from scalelab.training.ranks import run_ranks
+from scalelab.run.ranks import run_ranks
 
 pytestmark = pytest.mark.run
 
@@ -22,9 +22,9 @@ def test_a_cpu_runs_launcher_imports_no_torch(tmp_path, tiny_data):
     script = f"""
 import json, sys
 from scalelab.harness.testing import tiny_config
-from scalelab.placement import DevicePlan, job_device_plan
-from scalelab.sweep import RunPoint
-from scalelab.training.launch import launch_run
+from scalelab.plan.placement import DevicePlan, job_device_plan
+from scalelab.plan.sweep import RunPoint
+from scalelab.run.launch import launch_run
 cfg = tiny_config(train={{"steps": 4, "warmup_steps": 1}})
 plan = job_device_plan("cpu", cfg)
 summary = launch_run(cfg, RunPoint("fp32", 0, 1), {str(tiny_data)!r}, {str(tmp_path / "run")!r},
@@ -44,7 +44,7 @@ def test_the_worker_module_imports_no_strategy_it_may_not_use():
     imports it first thing)."""
     heavy = ["torch.distributed.fsdp", "torch.distributed.tensor", "torch.distributed.checkpoint",
              "torch.distributed.optim", "torchao", "torch._dynamo"]
-    script = f"import sys, scalelab.training.worker; print([m for m in {heavy!r} if m in sys.modules])"
+    script = f"import sys, scalelab.run.worker; print([m for m in {heavy!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "[]"

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from scalelab.analysis.metrics import steps_table, write_parquet
 from scalelab.cli import main
 from scalelab.io import write_json
-from scalelab.status import RetryError, format_status, retry, run_states
-from scalelab.sweep import RunPoint
+from scalelab.plan.sweep import RunPoint
+from scalelab.results.collect import steps_table, write_parquet
+from scalelab.results.status import RetryError, format_status, retry, run_states
 
 pytestmark = pytest.mark.unit
 
@@ -149,7 +149,7 @@ def test_retry_refuses_ok_and_running_runs_and_defaults_to_what_went_wrong(sweep
 
 def test_retry_leaves_a_run_that_finished_ok_meanwhile(sweep, monkeypatch):
     """Each summary is read again right before its folder is touched."""
-    from scalelab import status as status_module
+    from scalelab.results import status as status_module
 
     late = sweep / "runs" / RunPoint("bf16", 0, 2).path
     real = status_module.run_states
@@ -193,7 +193,7 @@ def test_hints_rerun_the_sweep_as_it_was_started(sweep, tmp_path, capsys, monkey
     a bare `snakemake --cores all` (which would run the default config into results/): status,
     retry and the end-of-sweep text print what the Snakefile's onstart recorded; -n and --forcerun
     were about that one invocation and are left out."""
-    from scalelab.invocation import record
+    from scalelab.results.invocation import record
 
     monkeypatch.delenv("PYTHONPATH", raising=False)  # recorded with the command (the next test): none here
     argv = ["--cores", "all", "--configfile", "my.yaml", "--config", "results_dir=mine", "-n", "--forcerun", "train",
@@ -219,7 +219,7 @@ def test_hints_without_a_recorded_command_say_what_to_add(sweep):
 def test_a_user_modules_import_path_is_recorded_with_the_sweep(sweep, tmp_path, monkeypatch):
     """A sweep of the user's own module (model.module) imports it through the PYTHONPATH it was
     started with: every rerun hint carries it, absolute (issue #41)."""
-    from scalelab.invocation import record, rerun_command
+    from scalelab.results.invocation import record, rerun_command
 
     monkeypatch.setenv("PYTHONPATH", "mine" + os.pathsep + "/opt/lib")
     record(sweep, ["--cores", "2"], [], cwd=tmp_path)
@@ -230,7 +230,7 @@ def test_a_user_modules_import_path_is_recorded_with_the_sweep(sweep, tmp_path, 
 def test_a_run_whose_launcher_is_gone_is_killed_at_once_and_a_live_one_runs_however_quiet(tmp_path):
     """The launcher's record in its run folder (launcher.json), not a quiet folder, says whether a run
     still trains on this host (issue #41: a dead run read `running` for up to 300 s)."""
-    from scalelab.processes import holder_record
+    from scalelab.run.processes import holder_record
 
     results = tmp_path / "results"
     gone = next(pid for pid in range(4_194_000, 4_194_300) if not Path(f"/proc/{pid}").exists())  # no such process

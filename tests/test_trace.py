@@ -1,5 +1,5 @@
 """Seeing inside a run (issue #45): train.profile's traces, and the exposed communication read from them
-(scalelab.training.trace). The analysis on hand-made traces; the traces of real gloo runs where the answer
+(scalelab.run.trace). The analysis on hand-made traces; the traces of real gloo runs where the answer
 is known: nothing exposed at world size 1, an injected straggler's delay exposed at stage 3."""
 import json
 
@@ -7,10 +7,10 @@ import pytest
 
 from conftest import run_point
 from scalelab.config import ConfigError
-from scalelab.config.validation import validate_config
 from scalelab.harness.testing import tiny_config
-from scalelab.sweep import RunPoint
-from scalelab.training.trace import exposed_comm_per_step, trace_file, uncovered
+from scalelab.plan.sweep import RunPoint
+from scalelab.plan.validation import validate_config
+from scalelab.run.trace import exposed_comm_per_step, trace_file, uncovered
 
 
 def _event(name, ts, dur, tid=1, cat="cpu_op"):

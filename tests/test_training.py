@@ -10,7 +10,7 @@ from conftest import PARITY_STEPS, tiny_config
 from conftest import run_point as _run
 from scalelab.config import model_config, train_config
 from scalelab.harness.reference import bare_loop
-from scalelab.sweep import RunPoint
+from scalelab.plan.sweep import RunPoint
 
 
 @pytest.fixture(scope="module")

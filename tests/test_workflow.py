@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import REPO, SNAKEMAKE, planned_jobs, snakemake, tiny_config, write_workdir
-from scalelab.analysis.figures import FIGURES
 from scalelab.harness.testing import snakemake_cmd, snakemake_env
-from scalelab.sweep import RUN_DIR_GLOB, RunPoint
+from scalelab.plan.sweep import RUN_DIR_GLOB, RunPoint
+from scalelab.report.figures import FIGURES
 
 pytestmark = pytest.mark.workflow
 
@@ -325,7 +325,7 @@ def test_compile_lever_end_to_end(tmp_path):
     html = (tmp_path / "results/report/report.html").read_text()
     assert "id='levers'" in html and "<figure id='lever_compile'>" in html and "compile_time_s" in html
     assert (tmp_path / "results/report/figures/lever_compile.png").stat().st_size > 1000
-    from scalelab.analysis.levers import lever_table
+    from scalelab.report.levers import lever_table
 
     table = lever_table(runs.reset_index())
     pairs = table[table["lever"] == "compile"].set_index("run_id")

@@ -5,11 +5,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from scalelab.migrate import OldLayout, check_layout
+from scalelab.results.migrate import OldLayout, check_layout
 
 
 def _collect(args) -> int:
-    from scalelab.analysis.metrics import collect
+    from scalelab.results.collect import collect
 
     result = collect(args.results_dir)
     for problem in result["problems"]:
@@ -19,8 +19,8 @@ def _collect(args) -> int:
 
 
 def _report(args) -> int:
-    from scalelab.analysis.metrics import collect
-    from scalelab.analysis.report import build_report
+    from scalelab.report.report import build_report
+    from scalelab.results.collect import collect
 
     results = Path(args.results_dir)
     if not results.is_dir():
@@ -47,8 +47,8 @@ def _check_config(args) -> int:
 
     from scalelab.config import ConfigError, ConfigProblems
     from scalelab.config.reading import read_yaml
-    from scalelab.config.validation import validate_config, validation_message
-    from scalelab.sweep import sweep_plan
+    from scalelab.plan.sweep import sweep_plan
+    from scalelab.plan.validation import validate_config, validation_message
 
     config: dict = {}
     try:
@@ -76,7 +76,7 @@ def _check_config(args) -> int:
 
 def _tables_of(results: Path) -> str | None:
     """Collect results/runs into the tables if they are absent; an error message if it cannot."""
-    from scalelab.analysis.metrics import collect
+    from scalelab.results.collect import collect
 
     if not results.is_dir():
         return f"results folder {results} does not exist"
@@ -90,7 +90,7 @@ def _tables_of(results: Path) -> str | None:
 
 
 def _compare(args) -> int:
-    from scalelab.analysis.compare import build_compare
+    from scalelab.report.compare import build_compare
 
     for results in (Path(args.a), Path(args.b)):
         error = _tables_of(results)
@@ -103,7 +103,7 @@ def _compare(args) -> int:
 
 
 def _status(args) -> int:
-    from scalelab.status import format_status, run_states, status_json
+    from scalelab.results.status import format_status, run_states, status_json
 
     results = Path(args.results_dir)
     if not (results / "runs").is_dir():
@@ -115,7 +115,7 @@ def _status(args) -> int:
 
 
 def _retry(args) -> int:
-    from scalelab.status import RETRY_DEFAULT, RetryError, retry
+    from scalelab.results.status import RETRY_DEFAULT, RetryError, retry
 
     results = Path(args.results_dir)
     if not (results / "runs").is_dir():
@@ -135,7 +135,7 @@ def _retry(args) -> int:
     elif not args.dry_run:
         print(f"removed the collected tables {results}/metrics.parquet, steps.parquet and {results}/report/report.html "
               "(the workflow rebuilds them; without that, Snakemake would see nothing to do)")
-        from scalelab.invocation import rerun_command
+        from scalelab.results.invocation import rerun_command
 
         # The sweep's own command line (config files, --config, profile): a bare snakemake would run another sweep.
         print(f"{len(done)} run(s) to rerun; now: scalelab resume {results}\n"
@@ -144,19 +144,19 @@ def _retry(args) -> int:
 
 
 def _resume(args) -> int:
-    from scalelab.status import resume
+    from scalelab.results.status import resume
 
     return resume(args.results_dir, dry_run=args.dry_run)
 
 
 def _predict(args) -> int:
-    """Fit the step-time model on the runs --fit selects, predict the others (scalelab.prediction.validate)."""
+    """Fit the step-time model on the runs --fit selects, predict the others (scalelab.results.prediction.validate)."""
     import json
 
     import pandas as pd
 
-    from scalelab.comm_table import BENCH_FILE, read_table
-    from scalelab.prediction import format_validation, validate
+    from scalelab.plan.comm_table import BENCH_FILE, read_table
+    from scalelab.results.prediction import format_validation, validate
 
     folders = [Path(f) for f in args.validate]
     tables = []
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("results_dir", help="the sweep's results folder")
     u.add_argument("--dry-run", action="store_true", help="say what would be cleared and run, do nothing")
     u.set_defaults(func=_resume)
-    p = sub.add_parser("predict", help="validate the step-time model (scalelab.prediction): fit on part of a sweep, "
+    p = sub.add_parser("predict", help="validate the step-time model (scalelab.results.prediction): fit on part of a sweep, "
                        "predict the rest, print errors and bands")
     p.add_argument("--validate", required=True, nargs="+", metavar="RESULTS",
                    help="results folders (metrics.parquet, or runs/ to collect), their runs taken together: a sweep, "
@@ -240,11 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="one JSON object: points, summary (mean_abs_error, max_abs_error, "
                    "inside_band_share), parameters")
     p.set_defaults(func=_predict)
-    from scalelab.analysis.estimate import add_parser as add_estimate
-    from scalelab.analysis.export import add_parser as add_export
-    from scalelab.analysis.plan import add_parser as add_plan
-    from scalelab.commbench import add_parser as add_bench
-    from scalelab.migrate import add_parser as add_migrate
+    from scalelab.forecast.estimate import add_parser as add_estimate
+    from scalelab.forecast.plan import add_parser as add_plan
+    from scalelab.report.export import add_parser as add_export
+    from scalelab.results.migrate import add_parser as add_migrate
+    from scalelab.run.commbench import add_parser as add_bench
 
     add_migrate(sub)
     add_estimate(sub)

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from scalelab.training import worker
+from scalelab.run import worker
 
 READS = ("item", "__float__", "__int__", "__bool__", "tolist")
 
@@ -62,7 +62,7 @@ def reads_during_steps(spec: dict, steps: int) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--spec", required=True, help="a run's spec.json (scalelab.training.launch)")
+    parser.add_argument("--spec", required=True, help="a run's spec.json (scalelab.run.launch)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--case", action="append", required=True, help="precision:stage, e.g. fp16:0")
     parser.add_argument("--steps", type=int, default=3)

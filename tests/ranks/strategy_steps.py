@@ -1,6 +1,6 @@
 """One rank of a multi-rank test (started by the test with RANK, WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT in its environment): for each stage x precision asked for, scalelab's own strategy
-wrapper, optimizer and loss scaler (scalelab.training.parallel, scalelab.training.precision) take
+wrapper, optimizer and loss scaler (scalelab.run.parallel, scalelab.run.precision) take
 steps as the worker takes them (scale, backward, unscale, clip, step, update) on one global batch
 split over the ranks, over gloo, on the CPU or on a GPU (every rank on the same one).
 
@@ -21,11 +21,11 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from scalelab import accounting
 from scalelab.config import ModelConfig
-from scalelab.training.model import build_model
-from scalelab.training.parallel import clip_grad_norm, parallelize
-from scalelab.training.precision import autocast, grad_scaler
+from scalelab.formulas import accounting
+from scalelab.run.model import build_model
+from scalelab.run.parallel import clip_grad_norm, parallelize
+from scalelab.run.precision import autocast, grad_scaler
 
 SHAPE = ModelConfig(n_layers=2, d_model=32, n_heads=2, seq_len=16, vocab_size=64)
 GLOBAL_BATCH = 4  # sequences per step, split over the ranks

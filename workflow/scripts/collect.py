@@ -1,8 +1,8 @@
-"""Snakemake adapter: collect run files into the Parquet tables (scalelab.analysis.metrics.collect)."""
+"""Snakemake adapter: collect run files into the Parquet tables (scalelab.results.collect.collect)."""
 import logging
 from pathlib import Path
 
-from scalelab.analysis.metrics import collect
+from scalelab.results.collect import collect
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s")
 results = Path(snakemake.output.runs).parent

@@ -1,9 +1,9 @@
-"""Snakemake adapter: prepare the dataset (scalelab.data.prepare_dataset)."""
+"""Snakemake adapter: prepare the dataset (scalelab.run.data.prepare_dataset)."""
 import logging
 from pathlib import Path
 
 from scalelab.config import dataset_config
-from scalelab.data import prepare_dataset
+from scalelab.run.data import prepare_dataset
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s")
 cfg = dataset_config(snakemake.config)  # the whole section (params hold what the data depends on)

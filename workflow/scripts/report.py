@@ -1,11 +1,11 @@
-"""Snakemake adapter: build the report from the Parquet tables (scalelab.analysis.report.build_report).
+"""Snakemake adapter: build the report from the Parquet tables (scalelab.report.report.build_report).
 The best configuration and the report's path are printed when the workflow ends (the onsuccess
 handler in rules/report.smk)."""
 import logging
 from pathlib import Path
 
-from scalelab.analysis.figures import FIGURES_DIR
-from scalelab.analysis.report import build_report
+from scalelab.report.figures import FIGURES_DIR
+from scalelab.report.report import build_report
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s")
 out_dir = Path(snakemake.output.html).parent

@@ -1,14 +1,14 @@
-"""Snakemake adapter: one training run (scalelab.training.launch.launch_run). Exits 0 whatever the
+"""Snakemake adapter: one training run (scalelab.run.launch.launch_run). Exits 0 whatever the
 run's status; the status and reason are in summary.json."""
 import signal
 import sys
 from pathlib import Path
 
-from scalelab.calibration import calibration_path, ensure_calibration
-from scalelab.placement import job_device_plan
-from scalelab.status import record_trained_with
-from scalelab.training.launch import launch_run
-from scalelab.training.prefork import die_with_parent
+from scalelab.plan.placement import job_device_plan
+from scalelab.results.status import record_trained_with
+from scalelab.run.calibration import calibration_path, ensure_calibration
+from scalelab.run.launch import launch_run
+from scalelab.run.prefork import die_with_parent
 
 # A killed Snakemake takes its training job with it (SIGTERM when the parent dies), and SIGTERM
 # unwinds the launcher, whose clean-up stops the ranks: nothing trains on into a folder that the

@@ -4,8 +4,8 @@ from a validated config dict, with the defaults the schema writes.
 The other jobs around a config live beside this module, each in one place:
 ``config.schema.yaml`` (types, enums, defaults; package data, read with importlib.resources),
 :mod:`scalelab.config.reading` (YAML files, located errors),
-:mod:`scalelab.config.validation` (the one validation path) and, next to the placement they
-decide, the launch plans (:mod:`scalelab.placement`). This module imports none of them, so
+:mod:`scalelab.plan.validation` (the one validation path) and, next to the placement they
+decide, the launch plans (:mod:`scalelab.plan.placement`). This module imports none of them, so
 any module may import it.
 """
 from __future__ import annotations
@@ -101,7 +101,7 @@ class ModelConfig:
     """Filled from the prepared dataset's meta.json."""
     family: str = "gpt2"
     """gpt2 (LayerNorm, GELU MLP of 4d, learned positions, full attention) | llama (RMSNorm, SwiGLU,
-    RoPE, grouped-query attention, untied head): scalelab.training.model.FAMILIES."""
+    RoPE, grouped-query attention, untied head): scalelab.run.model.FAMILIES."""
     n_kv_heads: int | None = None
     """Key/value heads of grouped-query attention (llama; divides n_heads); None = n_heads."""
     ffn_dim: int | None = None
@@ -109,7 +109,7 @@ class ModelConfig:
     rope_base: float = 10000.0
     """Base (theta) of the rotary position embedding's frequencies (llama)."""
     module: str | None = None
-    """``pkg.mod:build``: the user's own model (scalelab.training.model.build_model), instead of a family."""
+    """``pkg.mod:build``: the user's own model (scalelab.run.model.build_model), instead of a family."""
 
     @property
     def kind(self) -> str:
@@ -125,10 +125,10 @@ class TrainConfig:
     """Steps excluded from throughput/MFU; also the LR warm-up length."""
     measure_s: float = _default("train", "measure_s")
     """Seconds of measured steps (after warm-up) a run's speed is taken over at least: timing steps
-    past ``steps`` where these are shorter (scalelab.training.worker.extend_measurement); 0 = the steps alone."""
+    past ``steps`` where these are shorter (scalelab.run.worker.extend_measurement); 0 = the steps alone."""
     profile: list[int] | None = _default("train", "profile")
     """[first, last]: the steps (inclusive) traced by torch.profiler into each rank's run folder
-    (scalelab.training.trace), left out of the timings; None = no trace."""
+    (scalelab.run.trace), left out of the timings; None = no trace."""
     profile_stacks: bool = _default("train", "profile_stacks")
     """Record Python stacks in the trace (the slow part of a dump)."""
     memory_snapshot: bool = _default("train", "memory_snapshot")
@@ -145,7 +145,7 @@ class TrainConfig:
     seed: int = _default("train", "seed")
     """Seed of init and sampling."""
     device: str = _default("train", "device")
-    """auto | cpu | cuda. auto is decided once, where the sweep is planned (scalelab.placement)."""
+    """auto | cpu | cuda. auto is decided once, where the sweep is planned (scalelab.plan.placement)."""
     tf32: bool = _default("train", "tf32")
     """Allow TF32 matmuls for fp32 on GPU."""
     fp16_init_scale: float = _default("train", "fp16_init_scale")
@@ -162,7 +162,7 @@ class TrainConfig:
     """LoRA scaling numerator: the update B A is scaled by lora_alpha / lora_rank (sweep.lora_rank)."""
     peak_tflops: dict[str, float] | None = _default("train", "peak_tflops")
     """Dense peak TFLOP/s per GPU by precision key (fp32, tf32, fp16, bf16, fp8), for a GPU or a
-    key scalelab.hardware has no datasheet figure for; None = the table's figures only."""
+    key scalelab.spec.hardware has no datasheet figure for; None = the table's figures only."""
 
 
 def section(config: dict, key: str) -> dict:
@@ -192,13 +192,13 @@ MODEL_SHAPE_KEYS = ("n_layers", "d_model", "n_heads")
 MODEL_FAMILY_KEYS = ("family", "n_kv_heads", "ffn_dim", "rope_base")
 """What else a ``models:`` entry may set: its family and the Llama family's own keys."""
 MODEL_ENTRY_KEYS = (*MODEL_SHAPE_KEYS, *MODEL_FAMILY_KEYS, "preset", "module")
-"""Every key of a ``models:`` entry: ``preset`` names a shape of scalelab.presets (the entry's own
+"""Every key of a ``models:`` entry: ``preset`` names a shape of scalelab.spec.presets (the entry's own
 keys override it), ``module`` the user's own model (``pkg.mod:build``)."""
 LLAMA_ONLY_KEYS = ("n_kv_heads", "ffn_dim", "rope_base")
 
 
 def model_entry(name: str, entry: dict | None) -> dict:
-    """A ``models:`` entry as ModelConfig keys: its preset's shape (scalelab.presets) under its own
+    """A ``models:`` entry as ModelConfig keys: its preset's shape (scalelab.spec.presets) under its own
     keys; a Llama-family shape has an untied head. Raises ConfigError naming the key."""
     entry = dict(entry or {})
     unknown = set(entry) - set(MODEL_ENTRY_KEYS)
@@ -208,7 +208,7 @@ def model_entry(name: str, entry: dict | None) -> dict:
                           key=("models", name, sorted(unknown)[0]))
     shape = {}
     if "preset" in entry:
-        from scalelab.presets import PRESETS
+        from scalelab.spec.presets import PRESETS
 
         preset = entry.pop("preset")
         if preset not in PRESETS:

@@ -26,14 +26,14 @@ import time
 from pathlib import Path
 
 from scalelab.harness import REPO_ROOT
-from scalelab.training.prefork import PREFORK_ENV
+from scalelab.run.prefork import PREFORK_ENV
 
 _T0 = time.perf_counter()
 
 _PREPARE_CHILD = r"""
 import json, resource, sys, time
 from scalelab.config import DatasetConfig
-from scalelab.data import prepare_dataset
+from scalelab.run.data import prepare_dataset
 cfg = DatasetConfig(name="bench", source="text", path=sys.argv[1], tokenizer="byte", bpe_vocab_size=1024,
                     decode_errors="strict", tokenized_dtype="uint16", vocab_size=None, val_fraction=0.1,
                     synthetic_bytes=1000, seed=0)
@@ -45,7 +45,7 @@ print(json.dumps({"seconds": time.perf_counter() - start, "peak_rss_bytes": reso
 
 
 def bench_data(corpus_mb: int, batch: int, seq_len: int, seconds: float) -> dict:
-    from scalelab.data import BatchSampler, synthetic_text_chunks
+    from scalelab.run.data import BatchSampler, synthetic_text_chunks
 
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.txt"
@@ -77,7 +77,7 @@ def bench_data(corpus_mb: int, batch: int, seq_len: int, seconds: float) -> dict
 
 
 def bench_overhead(steps: int, repeats: int, threads: int) -> dict:
-    """Steady-state time per step of scalelab.training.worker's whole loop (world size 1, stage 0,
+    """Steady-state time per step of scalelab.run.worker's whole loop (world size 1, stage 0,
     every measurement on: loss sync, records, comm counting) against bare loops on the same
     model and batches: a plain single-process loop (the instrumentation's cost alone: one rank at
     stage 0 trains the model without DDP) and the same loop in DDP over one rank (what the DDP
@@ -85,12 +85,12 @@ def bench_overhead(steps: int, repeats: int, threads: int) -> dict:
     import torch
 
     from scalelab.config import dataset_config, model_config, train_config
-    from scalelab.config.validation import load_config
-    from scalelab.data import prepare_dataset
     from scalelab.harness import REPO_ROOT
     from scalelab.harness.reference import bare_loop
-    from scalelab.sweep import RunPoint
-    from scalelab.training.launch import launch_run
+    from scalelab.plan.sweep import RunPoint
+    from scalelab.plan.validation import load_config
+    from scalelab.run.data import prepare_dataset
+    from scalelab.run.launch import launch_run
 
     torch.set_num_threads(threads)
     config = load_config(REPO_ROOT / "config.yaml")
@@ -126,7 +126,7 @@ def bench_overhead(steps: int, repeats: int, threads: int) -> dict:
 def bench_compile(precision: str, steps: int, warmup: int, threads: int, model: dict) -> dict:
     """The compile lever, eager and compiled side by side in one process: two copies of the
     same model (same seed, AdamW, LR schedule, clipping, batches: scalelab.harness.reference's
-    loop, world size 1), the compiled one through scalelab.training.parallel.apply_compile.
+    loop, world size 1), the compiled one through scalelab.run.parallel.apply_compile.
     Each is compiled/warmed apart first (compile time = the compiled copy's first forward
     and backward); then the steps alternate between the two (which goes first alternates
     too), so that a load that changes over time (a shared machine) hits both alike. Step
@@ -136,13 +136,13 @@ def bench_compile(precision: str, steps: int, warmup: int, threads: int, model: 
     import torch
 
     from scalelab.config import dataset_config, model_config, train_config
-    from scalelab.config.validation import load_config
-    from scalelab.data import BatchSampler, prepare_dataset
     from scalelab.harness import REPO_ROOT
-    from scalelab.training.model import GPT
-    from scalelab.training.parallel import apply_compile, compiled_graphs, param_groups
-    from scalelab.training.precision import autocast
-    from scalelab.training.worker import lr_at
+    from scalelab.plan.validation import load_config
+    from scalelab.run.data import BatchSampler, prepare_dataset
+    from scalelab.run.model import GPT
+    from scalelab.run.parallel import apply_compile, compiled_graphs, param_groups
+    from scalelab.run.precision import autocast
+    from scalelab.run.worker import lr_at
 
     torch.set_num_threads(threads)
     config = load_config(REPO_ROOT / "config.yaml")
@@ -215,10 +215,10 @@ def bench_teardown(runs: int, steps: int, stages: list[int], precisions: list[st
     import shutil
 
     from scalelab.config import dataset_config
-    from scalelab.data import prepare_dataset
     from scalelab.harness.testing import tiny_config
-    from scalelab.sweep import RunPoint
-    from scalelab.training.launch import launch_run
+    from scalelab.plan.sweep import RunPoint
+    from scalelab.run.data import prepare_dataset
+    from scalelab.run.launch import launch_run
 
     cfg = tiny_config(train={"steps": steps, "warmup_steps": min(2, steps - 1)})
     combos = list(itertools.product(stages, precisions))
@@ -369,12 +369,12 @@ def host_loop_s(n: int = 2_000_000) -> float:
 
 # A build server: builds the report from argv[1] into argv[2] for each line read, prints wall and CPU
 # seconds (children included) and the peak RSS so far of the server and of its largest drawing
-# process (KiB). Only scalelab.analysis.report.build_report, so any checkout serves. The first build
+# process (KiB). Only scalelab.report.report.build_report, so any checkout serves. The first build
 # (imports, fonts, templates) is timed apart: a user's `scalelab report` pays it, the comparison not.
 _REPORT_SERVER = r"""
 import resource, sys, time
 t = time.perf_counter()
-from scalelab.analysis.report import build_report
+from scalelab.report.report import build_report
 def cpu():
     return sum(getattr(resource.getrusage(w), f) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN) for f in ("ru_utime", "ru_stime"))
 build_report(sys.argv[1], sys.argv[2])
@@ -403,7 +403,7 @@ def bench_report(n_runs: int, n_steps: int, repeats: int, against: str | None = 
     if against:
         checkouts["other"] = Path(against).resolve() / "src"
         if not (checkouts["other"] / "scalelab" / "analysis" / "report.py").is_file():
-            raise SystemExit(f"--against {against}: not a scalelab checkout (no src/scalelab/analysis/report.py)")
+            raise SystemExit(f"--against {against}: not a scalelab checkout (no src/scalelab/report/report.py)")
     builds: dict[str, list[tuple[float, ...]]] = {name: [] for name in checkouts}
     first, loops = {}, []
     with tempfile.TemporaryDirectory() as tmp:
@@ -467,7 +467,7 @@ def bench_report(n_runs: int, n_steps: int, repeats: int, against: str | None = 
 def _checkout(path: str | Path) -> Path:
     root = Path(path).resolve()
     if not (root / "Snakefile").is_file() or not (root / "src" / "scalelab" / "training" / "launch.py").is_file():
-        raise SystemExit(f"{path}: not a scalelab checkout (no Snakefile, src/scalelab/training/launch.py)")
+        raise SystemExit(f"{path}: not a scalelab checkout (no Snakefile, src/scalelab/run/launch.py)")
     return root
 
 

@@ -7,7 +7,7 @@ Each drill works in a temporary folder, drives Snakemake (and through it torchru
 for real, and returns counted facts (faults injected and recovered, rows lost or
 duplicated, corrupt files, orphan processes, ...). tests/test_faults.py asserts on the
 same drills; this module prints them. Faults are injected with SCALELAB_FAULT (see
-scalelab.training.worker.Fault and scalelab.io.fault_point).
+scalelab.run.worker.Fault and scalelab.io.fault_point).
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ import yaml
 from scalelab.config.reading import UniqueKeyLoader
 from scalelab.harness import REPO_ROOT
 from scalelab.harness.testing import processes_mentioning, run_snakemake, snakemake_cmd, snakemake_env, tiny_config, write_workdir
-from scalelab.sweep import RUN_DIR_GLOB, sweep_points
-from scalelab.training.prefork import FORKED_LAUNCH, PREFORK_ENV
+from scalelab.plan.sweep import RUN_DIR_GLOB, sweep_points
+from scalelab.run.prefork import FORKED_LAUNCH, PREFORK_ENV
 
 BAD_CONFIGS = REPO_ROOT / "tests" / "bad_configs"
 
@@ -399,7 +399,7 @@ def _interrupt_and_resume(tmp: Path, name: str, signum: int, whole_group: bool) 
     command `scalelab status` prints (scalelab resume): the sweep completes, every run that had
     ended keeps its files untouched (never retrained), no process outlives the interrupt, and
     status calls an interrupted run killed within seconds (its launcher's pid, not a quiet folder)."""
-    from scalelab.status import format_status, run_states
+    from scalelab.results.status import format_status, run_states
 
     d = Drill(name)
     cfg = tiny_config(sweep={"precision": ["fp32", "bf16"], "zero_stage": [0], "world_size": [1]},

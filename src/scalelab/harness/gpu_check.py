@@ -224,8 +224,8 @@ class Check:
         need = MIN_LEFT_S[(self.kind, key.compiled)]
         if self.left() < need:
             return self._not_run("scalelab", key, need)
-        from scalelab.sweep import AXIS, RunPoint
-        from scalelab.training.launch import launch_run
+        from scalelab.plan.sweep import AXIS, RunPoint
+        from scalelab.run.launch import launch_run
 
         data_dir = self._data()
         n = sum(m["status"] != "not run: deadline" for m in self.scalelab.get(key, []))
@@ -331,7 +331,7 @@ class Check:
             import numpy as np
 
             from scalelab.config import dataset_config
-            from scalelab.data import prepare_dataset
+            from scalelab.run.data import prepare_dataset
 
             shape = next(iter(self.shapes.values()))
             corpus = self.work / "corpus"
@@ -551,7 +551,7 @@ def reference_sweep(check: Check) -> dict:
     import yaml
 
     from scalelab.harness.testing import snakemake_cmd, tiny_config
-    from scalelab.training.launch import git_provenance
+    from scalelab.run.launch import git_provenance
 
     if check.left() < MIN_LEFT_SWEEP_S[check.kind]:
         return {"status": "not run: deadline", "figures": f"{max(check.left(), 0):.0f} s left"}
@@ -653,7 +653,7 @@ def trace_summary(path: str | Path) -> dict:
     """What one traced step did on the device: its GPU kernels (and copies) by class and the
     busiest ones, their summed time, the time the GPU was busy (their union) and the span from the
     first to the last. On a CPU (a dry run) the top-level CPU operators stand in for kernels."""
-    from scalelab.training.trace import covered
+    from scalelab.run.trace import covered
 
     events = json.loads(Path(path).read_text())["traceEvents"]
     work = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]

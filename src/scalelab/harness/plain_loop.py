@@ -5,7 +5,7 @@
 
 nanoGPT's shape, standalone on purpose (nothing of scalelab's model or training code is
 imported: the point is to compare against code that owes scalelab nothing). The model has the
-layers of scalelab's GPT family (scalelab.training.model.GPT): learned token and position
+layers of scalelab's GPT family (scalelab.run.model.GPT): learned token and position
 embeddings, pre-LayerNorm blocks (LayerNorm with bias), causal self-attention through
 scaled_dot_product_attention with a fused qkv projection (biases), a GELU MLP of 4 d (biases),
 a final LayerNorm and an output head without bias tied to the token embedding; the loss is the

@@ -1,7 +1,7 @@
 """A bare single-process training loop: the parity reference and the overhead baseline.
 
 Same model, initialisation, parameter groups, AdamW, LR schedule, clipping and batches as
-scalelab.training.worker, with none of the measurement (no per-step loss sync, no records, no
+scalelab.run.worker, with none of the measurement (no per-step loss sync, no records, no
 collective counting, no distributed wrapper).
 """
 from __future__ import annotations
@@ -11,11 +11,11 @@ import time
 import torch
 
 from scalelab.config import ModelConfig, TrainConfig
-from scalelab.data import BatchSampler
-from scalelab.training.model import build_model
-from scalelab.training.parallel import param_groups
-from scalelab.training.precision import autocast
-from scalelab.training.worker import lr_at
+from scalelab.run.data import BatchSampler
+from scalelab.run.model import build_model
+from scalelab.run.parallel import param_groups
+from scalelab.run.precision import autocast
+from scalelab.run.worker import lr_at
 
 
 def bare_loop(model_cfg: ModelConfig, train_cfg: TrainConfig, train_bin: str, token_dtype: str,

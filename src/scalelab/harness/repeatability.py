@@ -10,7 +10,7 @@ each, then prints:
 - every comparison the report draws, from each sweep's own tables: the best point per world size,
   scaling efficiency, precision ratios (against fp32 at the same stage and world size) and stage
   ratios (against stage 0 at the same precision and world size), each with what noise alone could
-  move it by between the sweeps (scalelab.analysis.noise: the variances of its points added, 99%)
+  move it by between the sweeps (scalelab.results.noise: the variances of its points added, 99%)
   and its verdict: ``agree`` (the same answer within that), ``within noise in both`` (each sweep
   finds the ratio within its own noise of 1: no difference claimed either time), or ``DISAGREE``.
 Figures, not assertions: the machine is shared and noisy.
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from scalelab.analysis.noise import Noise, margin_between, medians, relative_change, sweep_noise
-from scalelab.analysis.tables import best_configurations
+from scalelab.report.tables import best_configurations
+from scalelab.results.noise import Noise, margin_between, medians, relative_change, sweep_noise
 
 
 def _ratio_rows(points: pd.DataFrame) -> dict[str, tuple[float, tuple[int, int]]]:
@@ -202,7 +202,7 @@ def record(result: dict, config: Path) -> dict:
     import datetime
     import platform
 
-    from scalelab.training.launch import git_provenance
+    from scalelab.run.launch import git_provenance
 
     figures = goals(result)
     return {"what": "python -m scalelab.harness.bench repeatability: two identical sweeps of the config, back to back",

@@ -48,7 +48,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scalelab.processes import process_start
+from scalelab.run.processes import process_start
 
 DEFAULT_ROOT = Path(os.environ.get("SCALELAB_VCLUSTER_ROOT", "/tmp/scalelab-vcluster"))
 """Where the CLI keeps each cluster's folder (<root>/<name>): config, state, logs, PIDs."""
@@ -88,7 +88,7 @@ def _run(argv: list[str], timeout: float = CMD_TIMEOUT_S, check: bool = True, **
 
 
 def _start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (scalelab.processes), None if gone."""
+    """The process's start time in clock ticks since boot (scalelab.run.processes), None if gone."""
     start = process_start(pid)
     return None if start is None else int(start)
 

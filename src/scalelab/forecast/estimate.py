@@ -1,0 +1,989 @@
+"""`scalelab estimate`: napkin math made exact, before spending GPU hours.
+
+    scalelab estimate memory --params 7.5e9 --world-size 64
+    scalelab estimate memory --layers 24 --d-model 1024 --vocab 50257 --seq 1024 --world-size 8 --micro-batch 8
+    scalelab estimate memory --config config.yaml
+    scalelab estimate memory --params 1.3B --world-size 8 --precision bf16 --zero-stage 2 3
+    scalelab estimate time   --params 7B --tokens 1T --gpus 256 --gpu H100 --mfu 0.4
+    scalelab estimate time   --params 7B --tokens 1T --gpus 256 --gpu H100 --precision fp32 --mfu-from results
+    scalelab estimate fit    --gpu-memory 80 --unit GB --world-size 8
+    scalelab estimate advise --layers 32 --d-model 4096 --vocab 32000 --seq 4096 --micro-batch 1 --gpu-memory 80 --gpus 8
+    scalelab estimate claim  --params 70e9 --tokens-per-s 2e6 --gpus 64 --gpu H100
+    scalelab estimate memory --model llama3-8b --world-size 8 --micro-batch 1
+    scalelab estimate time   --model llama3-70b --tokens 15T --gpus 2048 --gpu H100
+    scalelab estimate models                      (the presets --model takes, with their parameter counts)
+    scalelab estimate scaling --layers 24 --d-model 2048 --heads 16 --vocab 50257 --seq 2048 --micro-batch 4 \
+                              --zero-stage 3 --gpu H100 --inter-node ib-ndr --gpus 8,16,32,64,128,256,512
+                                                  (predicted step time, tokens/s per GPU, MFU, exposed
+                                                   communication and scaling efficiency per GPU count)
+    scalelab estimate links                       (the link products --intra-node/--inter-node take, with sources)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+
+from scalelab.config import ModelConfig
+from scalelab.formulas import accounting, links
+from scalelab.formulas.links import collective_calls
+from scalelab.spec import hardware
+from scalelab.spec.precisions import ESTIMATE_MEMORY, PEAK_KEYS, PRECISION_NAMES
+from scalelab.spec.strategies import HYBRID_KEY, ZERO_STAGES, strategy
+
+# The precisions whose records say they have a memory convention of their own (fp8 holds bf16's
+# fp32 model state, and the ZeRO paper has no fp8 convention): fp32, fp16, bf16.
+MEMORY_PRECISIONS = ESTIMATE_MEMORY
+# `estimate time` and `claim` take a precision or a datasheet column (tf32).
+PEAK_CHOICES = tuple(dict.fromkeys((*PRECISION_NAMES, *PEAK_KEYS)))
+
+UNITS = {"GiB": 2 ** 30, "GB": 1e9}
+
+
+class EstimateError(ValueError):
+    pass
+
+
+COUNT_SUFFIXES = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
+"""What the output writes counts with (_human): 1.3B parameters, 2M tokens/s; counts are read so too."""
+
+
+def count(text: str) -> float:
+    """A count as the output prints it (1B, 20B, 350M, 1.3B, 2K, 1T; any case) or as a number
+    (7.5e9): argparse's type for parameters, tokens and throughputs."""
+    text = text.strip()
+    scale = COUNT_SUFFIXES.get(text[-1:].upper())
+    try:
+        return float(text[:-1]) * scale if scale else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count: write e.g. 1.3B, 350M, 20K, 1T or 7.5e9") from None
+
+
+def whole_count(text: str) -> int:
+    """A count of whole things (GPUs, ranks, tokens of a vocabulary), written as count() reads."""
+    value = count(text)
+    if not (math.isfinite(value) and value.is_integer()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    return int(value)
+
+
+def _percent(fraction: float) -> str:
+    """A fraction as a percentage that never rounds a nonzero value to 0.0%."""
+    return f"{fraction:.1%}" if fraction == 0 or abs(fraction) >= 0.001 else f"{fraction * 100:.2g}%"
+
+
+def _as_given(fraction: float) -> str:
+    """A fraction the user wrote (--mfu 0.3975) as a percentage to the digit given: 39.75%, 40.0% for 0.4."""
+    digits = f"{fraction * 100:.10g}"  # its own digits, past float noise
+    decimals = min(max(len(digits.split(".")[1]) if "." in digits else 0, 1), 6)
+    return f"{fraction * 100:.{decimals}f}%"
+
+
+def _mfu_text(mfu: float, measured: bool, default: bool) -> str:
+    """The MFU an estimate used: a measured or default one to one decimal, the user's --mfu to the digit given."""
+    return _percent(mfu) if measured or default else _as_given(mfu)
+
+
+def _positive(name: str, value, allow_zero: bool = False):
+    if value is None:
+        return None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise EstimateError(f"--{name} must be a positive number, got {value:g}")
+    return value
+
+
+def _model(args) -> tuple[int, ModelConfig | None]:
+    """(parameter count, model config if given by shape or preset)."""
+    if args.model:
+        from scalelab.spec.presets import PRESETS
+
+        if args.params is not None or args.config or any(v is not None for v in (args.layers, args.d_model, args.heads)):
+            raise EstimateError("give the model either as --model NAME, or as --params, or as the shape, not several")
+        if args.model not in PRESETS:
+            raise EstimateError(f"--model {args.model!r} is not a preset: {', '.join(PRESETS)} (scalelab estimate models)")
+        # --seq and --vocab override the preset's context and vocabulary (a preset names both: the flag wins)
+        overrides = {k: v for k, v in (("seq_len", args.seq), ("vocab_size", args.vocab)) if v is not None}
+        if getattr(args, "untied", False):
+            overrides["tie_embeddings"] = False
+        cfg = ModelConfig(**{**PRESETS[args.model].shape, **overrides})
+        return accounting.param_count(cfg), cfg
+    if args.config:
+        from scalelab.config import model_config
+        from scalelab.plan.validation import load_config
+
+        config = load_config(args.config)
+        cfg = model_config(config, vocab_size=args.vocab or 256)
+        return accounting.param_count(cfg), cfg
+    shape = [args.layers, args.d_model, args.vocab, args.seq]
+    if args.params is not None:
+        if any(v is not None for v in shape):
+            raise EstimateError("give the model either as --params or as --layers/--d-model/--vocab/--seq, not both")
+        n_params = _positive("params", args.params)
+        if n_params < 1000:  # --params 1.3 meaning billions: int() made it 1 parameter, and claim's MFU 0.0%
+            raise EstimateError(f"--params {n_params:g} is {n_params:g} parameters, a count: write {n_params:g}B for "
+                                f"{n_params:g} billion (or {n_params:g}e9)")
+        return int(n_params), None
+    if any(v is None for v in shape):
+        raise EstimateError("give the model as --model NAME, --params N, or all of --layers, --d-model, --vocab and --seq")
+    for name, v in zip(("layers", "d-model", "vocab", "seq"), shape):
+        _positive(name, v)
+    heads = args.heads or max(1, args.d_model // 64)
+    if args.d_model % heads:
+        raise EstimateError(f"--heads {heads} does not divide --d-model {args.d_model}")
+    cfg = ModelConfig(n_layers=args.layers, d_model=args.d_model, n_heads=heads, seq_len=args.seq,
+                      tie_embeddings=not args.untied, vocab_size=args.vocab)
+    return accounting.param_count(cfg), cfg
+
+
+def _named(args) -> dict:
+    """The preset a result is about, where --model named one (its JSON keeps n_params beside it)."""
+    if not args.model:
+        return {}
+    from scalelab.spec.presets import PRESETS
+
+    return {"model": args.model, "family": PRESETS[args.model].shape["family"]}
+
+
+def memory_table(args) -> dict:
+    n_params, cfg = _model(args)
+    world_size = int(_positive("world-size", args.world_size))
+    scale, u = UNITS[args.unit], args.unit.lower()  # JSON keys follow the unit: *_gib or *_gb
+    rows = []
+    for precision, stage in _table_points(args):
+        real = accounting.model_state_bytes(n_params, stage, world_size, precision, "pytorch")
+        paper = accounting.model_state_bytes(n_params, stage, world_size, precision, "paper")
+        row = {"precision": precision, "zero_stage": stage, "world_size": world_size,
+               f"pytorch_params_{u}": real.params / scale, f"pytorch_grads_{u}": real.grads / scale,
+               f"pytorch_optimizer_{u}": real.optimizer / scale, f"pytorch_total_{u}": real.total / scale,
+               f"paper_total_{u}": paper.total / scale}
+        if cfg is not None and args.micro_batch:
+            peak = accounting.peak_memory(cfg, n_params, stage, world_size, precision, args.micro_batch)
+            row[f"activations_{u}"] = peak.activations / scale
+            row[f"peak_{u}"] = peak.total / scale
+        rows.append(row)
+    return {**_named(args), "n_params": n_params, "world_size": world_size, "unit": args.unit, "rows": rows,
+            **({"fp8": hardware.fp8_outlook(cfg.d_model)} if cfg is not None else {}),
+            "note": "model state per rank at rest; 'pytorch' = fp32 master params + fp32 grads + AdamW (what scalelab's "
+                    "strategies hold), 'paper' = ZeRO paper 2+2+12 (fp32: 4+4+8); peak: the start of backward (model state less "
+                    "the gradients no bucket or earlier micro-batch holds, in-step parameters, activations) or the "
+                    "optimizer step (model state at rest), whichever is larger"}
+
+
+def _table_points(args) -> list[tuple[str, int]]:
+    """The (precision, ZeRO stage) rows of a memory or fit table: every one, or those --precision
+    and --zero-stage name (in the table's own order)."""
+    return [(precision, stage) for precision in MEMORY_PRECISIONS if not args.precision or precision in args.precision
+            for stage in ZERO_STAGES if args.zero_stage is None or stage in args.zero_stage]
+
+
+def measured_mfu(results, precision: str, world_size: int | None = None) -> dict:
+    """The MFU a sweep measured: the median ``mfu`` of RESULTS/metrics.parquet's ok runs of this
+    precision (of ``world_size`` when given: 1 is compute without communication), with the runs it
+    came from and, for CPU runs, that it says nothing about a GPU."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    table = Path(results) / "metrics.parquet"
+    if not table.exists():
+        raise EstimateError(f"--mfu-from {results}: no {table} (collect the runs first: scalelab collect {results})")
+    runs = pd.read_parquet(table, columns=["run_id", "status", "precision", "mfu", "device_type", "device_name",
+                                           *(["world_size"] if world_size is not None else [])])
+    ok = runs[(runs["status"] == "ok") & runs["mfu"].notna()]
+    if world_size is not None:
+        ok = ok[ok["world_size"] == world_size]
+    mine = ok[ok["precision"] == precision]
+    if mine.empty:
+        measured = ", ".join(sorted(ok["precision"].unique())) or "none"
+        at = f" at world size {world_size}" if world_size is not None else ""
+        raise EstimateError(f"--mfu-from {results}: no ok run of precision {precision}{at} with an MFU "
+                            f"(precisions measured{at}: {measured}); pick one with --precision")
+    mfu = float(mine["mfu"].median())
+    if not 0 < mfu <= 1:
+        raise EstimateError(f"--mfu-from {results}: the median MFU of its {precision} runs is {mfu:.3g}, not in (0, 1]")
+    devices = sorted(set(mine["device_type"].dropna()))
+    source = {"results": str(results), "precision": precision, "runs": sorted(mine["run_id"]), "median_mfu": mfu,
+              "devices": sorted(set(mine["device_name"].dropna())), "device_types": devices}
+    if "cpu" in devices:
+        source["warning"] = ("measured on CPU: a CPU's MFU (against its own measured matmul peak) says nothing about "
+                             "what a GPU reaches; give --mfu for a GPU estimate")
+    return source
+
+
+def time_estimate(args) -> dict:
+    tokens = _positive("tokens", args.tokens)
+    if args.mfu is not None and args.mfu_from is not None:
+        raise EstimateError("give --mfu or --mfu-from, not both")
+    source = measured_mfu(args.mfu_from, args.precision) if args.mfu_from is not None else None
+    mfu = source["median_mfu"] if source else (DEFAULT_MFU if args.mfu is None else args.mfu)
+    if not 0 < mfu <= 1:
+        raise EstimateError(f"--mfu must be in (0, 1], got {mfu}")
+    gpus = int(_positive("gpus", args.gpus))
+    try:
+        product = hardware.gpu_by_name(args.gpu)
+        peak = accounting.gpu_peak_flops(args.gpu, args.precision)
+    except ValueError as err:
+        raise EstimateError(str(err)) from None
+    n_params, cfg = _model(args)
+    fpt = accounting.flops_per_token(cfg) if cfg is not None else 6.0 * n_params
+    total = fpt * tokens
+    days = accounting.training_days(total, gpus, args.gpu, args.precision, mfu)
+    result = {**_named(args), "n_params": n_params, "tokens": tokens, "flops_per_token": fpt,
+              "flops_rule": "6N + attention term" if cfg is not None else "6N",
+              "total_flops": total, "gpus": gpus, "gpu": product.name, "precision": args.precision,
+              "peak_flops_per_gpu": peak, "mfu": mfu, "days": days, "gpu_hours": days * 24 * gpus}
+    if source:
+        result["mfu_source"] = source
+        if "warning" in source:
+            result["note"] = source["warning"]
+    return result
+
+
+def _gpu_memory(args) -> float:
+    """Bytes per GPU from --gpu-memory in --unit (or the older --gpu-memory-gib)."""
+    if args.gpu_memory is not None and args.gpu_memory_gib is not None:
+        raise EstimateError("give --gpu-memory (with --unit) or --gpu-memory-gib, not both")
+    if args.gpu_memory_gib is not None:
+        return _positive("gpu-memory-gib", args.gpu_memory_gib) * UNITS["GiB"]
+    if args.gpu_memory is None:
+        raise EstimateError("give the memory per GPU: --gpu-memory N (in --unit, default GiB)")
+    return _positive("gpu-memory", args.gpu_memory) * UNITS[args.unit]
+
+
+def fit_table(args) -> dict:
+    mem = _gpu_memory(args)
+    world_size = int(_positive("world-size", args.world_size))
+    rows = []
+    for precision, stage in _table_points(args):
+        rows.append({"precision": precision, "zero_stage": stage,
+                     "pytorch_max_params": accounting.largest_model(mem, stage, world_size, precision, "pytorch"),
+                     "paper_max_params": accounting.largest_model(mem, stage, world_size, precision, "paper")})
+    return {f"gpu_memory_{args.unit.lower()}": mem / UNITS[args.unit], "unit": args.unit, "world_size": world_size,
+            "rows": rows, "note": "model state only: leave room for activations, buffers and fragmentation"}
+
+
+def _rung(name: str, state: accounting.ModelStateBytes, extra: float, mem: float, scale: float, u: str) -> dict:
+    total = state.total + extra
+    return {"rung": name, f"model_state_{u}": state.total / scale, f"in_step_{u}": extra / scale,
+            f"total_{u}": total / scale, "fits": total <= mem}
+
+
+RESERVE = {"fixed_gib": 2.0, "share": 0.05,
+           "source": "scalelab's default, not yet measured on a GPU: the CUDA context and the libraries' workspaces "
+                     "(about 1 GiB), NCCL's buffers (NCCL_BUFFSIZE 4 MiB per channel and peer: up to about 1 GiB at "
+                     "scale), and 5% of the device for the caching allocator's fragmentation; --reserve-gib sets it"}
+"""Device memory the predicted peak does not count: reserve = fixed_gib + share x the GPU's memory."""
+
+
+def memory_reserve_bytes(memory_bytes: float, reserve_gib: float | None) -> float:
+    """Device memory a prediction does not count (the CUDA context, NCCL's buffers, fragmentation):
+    --reserve-gib, else RESERVE's default (the one advise and scalelab plan share)."""
+    if reserve_gib is not None:
+        return reserve_gib * UNITS["GiB"]
+    return RESERVE["fixed_gib"] * UNITS["GiB"] + RESERVE["share"] * memory_bytes
+
+
+def advise(args) -> dict:
+    """The memory ladder made quantitative: DDP, then ZeRO stages 1, 2, 3, then LoRA, each against the
+    GPU's memory less the reserve plan keeps (what the formulas do not count)."""
+    n_params, cfg = _model(args)
+    device, gpus, precision = _gpu_memory(args), int(_positive("gpus", args.gpus)), args.precision
+    reserve = memory_reserve_bytes(device, getattr(args, "reserve_gib", None))
+    mem = device - reserve
+    scale, u = UNITS[args.unit], args.unit.lower()
+    micro = int(_positive("micro-batch", args.micro_batch)) if args.micro_batch else None
+    if micro and cfg is None:
+        raise EstimateError("--micro-batch needs the model's shape (--model, or --layers/--d-model/--vocab/--seq)")
+
+    peaks = {stage: accounting.peak_memory(cfg, n_params, stage, gpus, precision, micro, args.activation_checkpointing)
+             for stage in ZERO_STAGES} if micro else {}
+
+    def in_step(stage: int) -> float:  # what the step's peak adds to the model state at rest (the freed gradients counted out)
+        return peaks[stage].total - peaks[stage].at_rest if micro else 0.0
+
+    def beside_frozen(stage: int) -> float:  # LoRA: frozen weights have no gradients; the step adds its gathers and activations
+        return peaks[stage].transient_params + peaks[stage].activations if micro else 0.0
+
+    rungs = [_rung(f"ZeRO stage {stage} ({strategy(stage).name})",
+                   accounting.model_state_bytes(n_params, stage, gpus, precision, "pytorch"), in_step(stage), mem, scale, u)
+             for stage in ZERO_STAGES]
+    fitting = [r for r in rungs if r["fits"]]
+    result = {"n_params": n_params, "gpus": gpus, f"gpu_memory_{u}": device / scale, f"reserve_{u}": reserve / scale,
+              f"budget_{u}": mem / scale, "unit": args.unit,
+              "precision": precision, "micro_batch": micro, "rungs": rungs,
+              "advice": f"use {fitting[0]['rung']}: the first rung of the ladder that fits" if fitting else None}
+    if not fitting:
+        result["lora"] = _lora_budget(cfg, n_params, gpus, precision, mem, beside_frozen, scale, u)
+        result["advice"] = result["lora"]["advice"]
+    if not micro:
+        result["note"] = "model state only (give the shape and --micro-batch to add activations and in-step parameters)"
+    return result
+
+
+def _lora_budget(cfg, n_params, gpus, precision, mem, in_step, scale, u) -> dict:
+    """The largest LoRA rank that fits at the stage that leaves it most room."""
+    if cfg is None:
+        return {"advice": "even ZeRO stage 3 does not fit; LoRA's rank budget needs the model's shape "
+                          "(--layers/--d-model/--vocab/--seq)"}
+    best = None
+    for stage in ZERO_STAGES:
+        fixed = accounting.lora_model_state_bytes(n_params, 0, stage, gpus, precision).total + in_step(stage)
+        per_rank = (accounting.lora_model_state_bytes(n_params, accounting.lora_trainable_params(cfg, 1), stage, gpus,
+                                                      precision).total + in_step(stage)) - fixed
+        rank = int((mem - fixed) // per_rank) if mem > fixed else 0
+        # the most rank, and where none fits, the least memory short
+        if best is None or (rank, -fixed) > (best["max_rank"], -best[f"frozen_and_in_step_{u}"] * scale):
+            best = {"zero_stage": stage, "max_rank": rank, f"frozen_and_in_step_{u}": fixed / scale,
+                    f"per_rank_{u}": per_rank / scale}
+    if best["max_rank"] < 1:
+        best["advice"] = (f"does not fit even with LoRA: frozen weights and one step need "
+                          f"{best[f'frozen_and_in_step_{u}']:.3g} {u.upper() if u == 'gb' else 'GiB'} per GPU at stage "
+                          f"{best['zero_stage']}; add GPUs or shrink the micro-batch")
+        return best
+    power = 2 ** int(math.log2(best["max_rank"]))
+    best["rank_power_of_two"] = power
+    best["trainable_params"] = accounting.lora_trainable_params(cfg, power)
+    best["advice"] = (f"switch to LoRA: ZeRO stage {best['zero_stage']} with rank up to {best['max_rank']} "
+                      f"(e.g. r={power}: {_human(best['trainable_params'])} trainable parameters) fits")
+    return best
+
+
+def claim_check(args) -> dict:
+    """The MFU a published throughput implies, and whether any GPU of that kind could do it."""
+    n_params, cfg = _model(args)
+    gpus = int(_positive("gpus", args.gpus))
+    if (args.tokens_per_s is None) == (args.tokens is None or args.days is None):
+        raise EstimateError("give the claim as --tokens-per-s, or as --tokens and --days")
+    tokens_per_s = (_positive("tokens-per-s", args.tokens_per_s) if args.tokens_per_s is not None
+                    else _positive("tokens", args.tokens) / (_positive("days", args.days) * 86400))
+    try:
+        product = hardware.gpu_by_name(args.gpu)
+        peak = accounting.gpu_peak_flops(args.gpu, args.precision)
+    except ValueError as err:
+        raise EstimateError(str(err)) from None
+    fpt = accounting.flops_per_token(cfg) if cfg is not None else 6.0 * n_params
+    implied = accounting.mfu(tokens_per_s, fpt, peak, gpus)
+    if math.isnan(implied):
+        verdict = f"unknown: no {args.precision} dense peak for {product.name}"
+    elif implied > 1:
+        verdict = (f"impossible as stated: it needs {implied:.0%} of the {args.precision} dense peak of {gpus} x "
+                   f"{product.name}; no hardware runs above its peak")
+    elif implied > 0.6:
+        verdict = f"implausible: {implied:.0%} MFU is above the best published training runs (about 40-60%)"
+    elif implied < 0.01:  # no lower bound printed "implied MFU 0.0%: plausible"
+        verdict = (f"implausibly low: {_percent(implied)} MFU, under 1% of the dense peak; check the units (tokens per "
+                   "second of all GPUs together, the parameter count as a count: 1.3B, not 1.3)")
+    else:
+        verdict = f"plausible: {_percent(implied)} MFU"
+    return {"n_params": n_params, "tokens_per_s": tokens_per_s, "flops_per_token": fpt, "gpus": gpus,
+            "gpu": product.name, "precision": args.precision, "peak_flops_per_gpu": peak, "implied_mfu": implied,
+            "verdict": verdict}
+
+
+def models_table(args) -> dict:
+    """The presets --model takes: family, shape and parameter count (with the published figure)."""
+    from scalelab.spec.presets import PRESETS
+
+    rows = []
+    for p in PRESETS.values():
+        cfg = ModelConfig(**p.shape)
+        rows.append({"model": p.name, "family": cfg.family, "n_params": accounting.param_count(cfg),
+                     "published_params": p.published_params, "n_layers": cfg.n_layers, "d_model": cfg.d_model,
+                     "n_heads": cfg.n_heads, "n_kv_heads": (cfg.n_kv_heads or cfg.n_heads) if cfg.family == "llama" else None,
+                     "ffn_dim": accounting.ffn_dim(cfg) if cfg.family == "llama" else 4 * cfg.d_model,
+                     "vocab_size": cfg.vocab_size, "seq_len": cfg.seq_len, "tied_head": cfg.tie_embeddings,
+                     "flops_per_token": accounting.flops_per_token(cfg), "source": p.source})
+    return {"rows": rows, "note": "parameters counted as the published checkpoints (embedding, head, norms); "
+                                  "flops_per_token at the preset's context, attention counted in full"}
+
+
+# ----------------------------------------------------------------------------- scaling (issue #29, point 4)
+DEFAULT_MFU = 0.4
+"""The MFU assumed when none is given: ``estimate time``'s end-to-end figure, and ``estimate
+scaling``'s compute efficiency without communication (the model adds the communication)."""
+SCALING_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
+SCALING_STAGES = (*(str(s) for s in ZERO_STAGES), HYBRID_KEY)
+LINK_RULE = ("a collective whose group spans nodes runs at the inter-node link, one within a node at the "
+             "intra-node link (a ring runs at its slowest link's rate)")
+OUT_OF_SCOPE = ("hierarchical and tree algorithms (NCCL's tree, NVLink SHARP, in-network reduction), the "
+                "network's topology (shared NICs, rails, oversubscribed spines), algorithm switching by message "
+                "size, power or clock limits")
+
+
+def gpu_counts(text: str) -> tuple[int, ...]:
+    """--gpus: whole counts separated by commas (1K as count() reads), sorted. ``...`` continues the
+    two counts before it up to the one after it: multiplying where the second is a multiple of the
+    first (8,16,...,1024 doubles), else in equal steps (8,16,24,...,64)."""
+    def bad(why: str) -> argparse.ArgumentTypeError:
+        return argparse.ArgumentTypeError(f"{text!r}: {why}, e.g. 8,16,32 or 8,16,...,1024")
+
+    parts = [p.strip() for p in text.split(",")]
+    counts: list[int] = []
+    for i, part in enumerate(parts):
+        if part == "...":
+            if len(counts) < 2 or i + 1 >= len(parts) or parts[i + 1] == "...":
+                raise bad("'...' needs two counts before it and one after it")
+            continue
+        try:
+            value = whole_count(part)
+        except argparse.ArgumentTypeError:
+            value = 0
+        if value < 1:
+            raise bad("every GPU count must be a whole number >= 1")
+        if i and parts[i - 1] == "...":
+            a, b = counts[-2], counts[-1]
+            if b <= a:
+                raise bad("the two counts before '...' must grow")
+            ratio = b // a if b % a == 0 else None  # a multiple: keep multiplying; else equal steps
+            while counts[-1] < value:
+                counts.append(counts[-1] * ratio if ratio else counts[-1] + b - a)
+            if counts[-1] != value:
+                raise bad(f"'...' from {a},{b} does not reach {value}")
+            continue
+        counts.append(value)
+    return tuple(sorted(set(counts)))
+
+
+def _link(option: str, spec: str, efficiency: float | None, notes: list[str]) -> links.Link:
+    """--intra-node / --inter-node: a product, a number in GB/s, or a `bench comm` Parquet table
+    (fitted by scalelab.results.prediction.fit_link: measured, so no efficiency applies). What a table
+    cannot say about a GPU cluster (measured on CPU, or within one host for --inter-node) goes
+    to ``notes``."""
+    from pathlib import Path
+
+    if spec.endswith(".parquet") or Path(spec).is_file():
+        import pandas as pd
+
+        from scalelab.results import prediction
+
+        path = Path(spec)
+        if not path.is_file():
+            raise EstimateError(f"{option} {spec}: no such file (a `scalelab bench comm` table, a link product "
+                                f"or a bandwidth in GB/s)")
+        try:
+            table = pd.read_parquet(path)
+            link = prediction.fit_link(table)
+        except (ValueError, KeyError, OSError) as err:
+            raise EstimateError(f"{option} {spec}: {err}") from None
+        if "device_type" in table and (table["device_type"] == "cpu").any():
+            notes.append(f"{option} {path.name} was measured on CPU (gloo): a CPU's link, not a GPU cluster's")
+        if option == "--inter-node" and "hostname" in table and table["hostname"].nunique() < 2:
+            notes.append(f"{option} {path.name} was measured within one host: its ranks shared no inter-node link")
+        return link
+    try:
+        return links.parse_link(spec, efficiency)
+    except ValueError as err:
+        raise EstimateError(f"{option}: {err}") from None
+
+
+def links_table(args) -> dict:
+    """The link products --intra-node and --inter-node take (scalelab.formulas.links), with their sources."""
+    rows = [{"link": p.name, "bandwidth_gb_per_s": p.bandwidth_Bps / links.GB, "latency_us": p.latency_s * 1e6,
+             "aliases": list(p.aliases), "source": p.source, "note": p.note} for p in links.PRODUCTS]
+    return {"rows": rows, "default_efficiency": links.DEFAULT_EFFICIENCY,
+            "note": "bus bandwidth per GPU, unidirectional, nominal (collectives run at it x the link efficiency, "
+                    f"default {links.DEFAULT_EFFICIENCY}); latency per collective call, assumed; a number given "
+                    "instead of a name is GB/s per GPU, unidirectional"}
+
+
+def _replicas(gpus: int, per_node: int) -> int:
+    """Hybrid sharding's replica count at a GPU count: shard groups of one node each (--gpus-per-node),
+    one replica within a node."""
+    if gpus <= per_node:
+        return 1
+    if gpus % per_node:
+        raise EstimateError(f"--gpus {gpus}: hybrid sharding shards within a node of {per_node} GPUs (--gpus-per-node) "
+                            "and replicates across nodes: a count above one node must be a whole number of nodes")
+    return gpus // per_node
+
+
+def _overlap_text(stage) -> str:
+    """The strategy's overlap facts (Strategy.overlap, scalelab.results.prediction's windows) in words."""
+    from scalelab.results import prediction
+
+    windows = {"backward": f"backward ({prediction.OVERLAP_WINDOWS['backward']:.0%} of compute)",
+               "step": "forward and backward (all of compute)"}
+    hidden = [f"{c} behind {windows.get(w, w)}" for c, w in strategy(stage).overlap]
+    if not hidden:
+        return "none stated in the strategy record (Strategy.overlap): every collective counted exposed"
+    return "; ".join(hidden) + ", all calls but the last; the rest is exposed"
+
+
+@dataclass(frozen=True)
+class Point:
+    """One training configuration of a model, whatever the GPU count: what predict_point times and sizes."""
+    cfg: ModelConfig
+    n_params: int
+    key: int | str  # the strategy record's key: a ZeRO stage, or HYBRID_KEY
+    precision: str
+    grad_reduce: str = "fp32"
+    micro_batch: int = 1
+    global_batch: int | None = None  # None: a fixed per-GPU batch (micro_batch), no accumulation
+    activation_checkpointing: bool = False
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The GPUs and links a point runs on, and the assumed compute efficiency and overlap."""
+    product: object  # hardware's GPU record
+    peak_flops: float  # of the point's precision
+    mfu: float  # compute efficiency without communication (of the hardware FLOPs: the recompute included)
+    per_node: int
+    intra: links.Link
+    inter: links.Link | None
+    overlap_efficiency: float
+
+
+def predict_point(point: Point, machine: Machine, n: int) -> dict:
+    """A point's predicted step at n GPUs: compute at the assumed efficiency, every collective on the link
+    its group uses (accounting: placement.link_of's rule), the strategy's overlap, and the in-step peak
+    memory per GPU (one micro-batch's activations)."""
+    from scalelab.results import prediction
+
+    cfg, key = point.cfg, point.key
+    stage = strategy(key).stage  # hybrid sharding is stage 3 over a 2-D mesh (scalelab.spec.strategies)
+    micro, accumulation = batch_plan(point.global_batch, point.micro_batch, n)
+    tokens = micro * accumulation * cfg.seq_len  # per GPU per optimizer step
+    fpt = accounting.flops_per_token(cfg)
+    # the assumed MFU is the hardware's efficiency on what it computes: checkpointing computes every block's
+    # forward again (recompute_flops_per_token), which model FLOPs (MFU) do not count
+    hardware_fpt = fpt + (accounting.recompute_flops_per_token(cfg) if point.activation_checkpointing else 0.0)
+    compute_s = hardware_fpt * tokens / (machine.peak_flops * machine.mfu)
+    replicas = _replicas(n, machine.per_node) if key == HYBRID_KEY else 1
+    # every collective of a step by the link its group uses, each run over its group: the world, or under
+    # hybrid sharding the shard group (a node) and the replicate group
+    by_link = accounting.comm_bytes_by_link(point.n_params, stage, n, point.precision, machine.per_node, replicas=replicas,
+                                            grad_reduce=point.grad_reduce, accumulation_steps=accumulation)
+    group = {"intra_node": n // replicas, "inter_node": replicas if replicas > 1 else n}
+    link_of = {"intra_node": machine.intra, "inter_node": machine.inter}
+    comm, calls, sizes, used = {}, {}, {}, {}
+    for side in ("intra_node", "inter_node"):
+        side_sizes = {c: b / links.handed_per_size(c) for c, b in by_link[side].items()}
+        side_calls = collective_calls(cfg, key, point.precision, side_sizes, accumulation_steps=accumulation)
+        for c, size in side_sizes.items():
+            seconds = side_calls[c] * links.collective_seconds(c, size / side_calls[c], group[side], link_of[side])
+            comm[c], calls[c] = comm.get(c, 0.0) + seconds, calls.get(c, 0) + side_calls[c]
+            sizes[c] = sizes.get(c, 0.0) + size
+            if group[side] > 1:
+                used[c] = link_of[side].name
+    # one replica is plain stage 3 (strategy(3, 1)): its record's overlap facts apply
+    step = prediction.step_time(key if replicas > 1 else stage, compute_s, comm, calls=calls,
+                                overlap_efficiency=machine.overlap_efficiency)
+    per_gpu = tokens / step.step_s
+    peak_mem = accounting.peak_memory(cfg, point.n_params, stage, n, point.precision, micro, replicas=replicas,
+                                      activation_checkpointing=point.activation_checkpointing,
+                                      accumulation_steps=accumulation).total
+    return {"gpus": n, "nodes": math.ceil(n / machine.per_node), "replicas": replicas, "links": used,
+            "micro_batch": micro, "accumulation_steps": accumulation, "tokens_per_gpu_per_step": tokens,
+            "step_time_s": step.step_s, "compute_s": step.compute_s, "comm_s": dict(step.comm_s),
+            "exposed_comm_s": step.exposed_comm_s, "tokens_per_s_per_gpu": per_gpu,
+            "tokens_per_s": per_gpu * n, "mfu": accounting.mfu(per_gpu, fpt, machine.peak_flops, 1),
+            "collective_bytes": sizes, "collective_calls": calls, "peak_memory_bytes": peak_mem,
+            "peak_memory_gib": peak_mem / UNITS["GiB"],
+            "fits_memory": peak_mem <= machine.product.memory_gib * UNITS["GiB"],
+            "flops_per_token": fpt, "recompute_flops_per_token": hardware_fpt - fpt}
+
+
+def batch_plan(global_batch: int | None, micro_batch: int, gpus: int) -> tuple[int, int]:
+    """(micro-batch, accumulation steps) per GPU: the micro-batch itself at a fixed per-GPU batch (no
+    global batch: weak scaling); at a fixed global batch, each GPU's share G / n in micro-batches of the
+    largest size up to ``micro_batch`` that divides it (as the sweep plans accumulation)."""
+    if global_batch is None:
+        return micro_batch, 1
+    if global_batch % gpus:
+        raise EstimateError(f"--global-batch {global_batch} does not split evenly over {gpus} GPUs (every GPU takes "
+                            "the same number of sequences): choose a global batch divisible by every --gpus count")
+    share = global_batch // gpus
+    micro = max(m for m in range(1, min(micro_batch, share) + 1) if share % m == 0)
+    return micro, share // micro
+
+
+def machine_of(args, precision: str, gpus: list[int]) -> tuple[Machine, dict | None, list[str]]:
+    """The GPUs, links and assumed efficiencies of the command line (estimate scaling's and plan's flags):
+    (machine, the measured MFU's source or None, notes); ``gpus``, the counts asked about, need the
+    inter-node link where they span nodes."""
+    from scalelab.results import prediction
+
+    if args.mfu is not None and args.mfu_from is not None:
+        raise EstimateError("give --mfu or --mfu-from, not both")
+    source = measured_mfu(args.mfu_from, precision, world_size=1) if args.mfu_from is not None else None
+    mfu = source["median_mfu"] if source else (DEFAULT_MFU if args.mfu is None else args.mfu)
+    if not (math.isfinite(mfu) and 0 < mfu <= 1):
+        raise EstimateError(f"--mfu must be in (0, 1], got {mfu:g}")
+    efficiency = args.link_efficiency
+    if efficiency is not None and not (math.isfinite(efficiency) and 0 < efficiency <= 1):
+        raise EstimateError(f"--link-efficiency must be in (0, 1], got {efficiency:g}")
+    per_node = int(_positive("gpus-per-node", args.gpus_per_node))
+    try:
+        product = hardware.gpu_by_name(args.gpu)
+        peak = accounting.gpu_peak_flops(args.gpu, precision)
+    except ValueError as err:
+        raise EstimateError(f"--gpu {args.gpu}: {err}") from None
+    intra_spec = args.intra_node or links.DEFAULT_INTRA_NODE.get(product.name)
+    if intra_spec is None:
+        raise EstimateError(f"--intra-node: no default link for {product.name}; give a product "
+                            f"({', '.join(links.known_names())}) or a bandwidth in GB/s")
+    notes: list[str] = [source["warning"]] if source and "warning" in source else []
+    intra = _link("--intra-node", intra_spec, efficiency, notes)
+    spanning = [n for n in gpus if n > per_node]
+    if spanning and args.inter_node is None:
+        raise EstimateError(f"--inter-node: {spanning[0]} GPUs span nodes of {per_node} (--gpus-per-node); give the "
+                            f"link between nodes: a product ({', '.join(links.known_names())}), a bandwidth in GB/s "
+                            "or a `scalelab bench comm` table")
+    inter = _link("--inter-node", args.inter_node, efficiency, notes) if args.inter_node is not None else None
+    eta = prediction.DEFAULT_OVERLAP_EFFICIENCY["cuda"] if args.overlap_efficiency is None else args.overlap_efficiency
+    if not (math.isfinite(eta) and 0 <= eta <= 1):
+        raise EstimateError(f"--overlap-efficiency must be in [0, 1], got {eta:g}")
+    return Machine(product=product, peak_flops=peak, mfu=mfu, per_node=per_node, intra=intra, inter=inter,
+                   overlap_efficiency=eta), source, notes
+
+
+def scaling_table(args) -> dict:
+    """Predicted step time, tokens/s per GPU, MFU, exposed communication and scaling efficiency per
+    GPU count: at a fixed micro-batch per GPU (weak scaling: the global batch grows with the GPUs), or
+    with --global-batch at a fixed global batch (each GPU's share shrinks as GPUs grow, accumulated in
+    micro-batches of at most --micro-batch); --activation-checkpointing adds the recompute to the time
+    and takes the checkpointed activations in the memory."""
+    n_params, cfg = _model(args)
+    if cfg is None:
+        raise EstimateError("estimate scaling needs the model's shape: --model NAME, or --layers/--d-model/--vocab/--seq "
+                            "(FSDP's collectives per step follow its blocks)")
+    machine, source, notes = machine_of(args, args.precision, args.gpus)
+    product, peak, mfu, per_node, gpus = machine.product, machine.peak_flops, machine.mfu, machine.per_node, args.gpus
+    intra, inter, eta, efficiency = machine.intra, machine.inter, machine.overlap_efficiency, args.link_efficiency
+    micro = int(_positive("micro-batch", args.micro_batch))
+    key = HYBRID_KEY if args.zero_stage == HYBRID_KEY else int(args.zero_stage)  # the strategy record's key
+    global_batch = getattr(args, "global_batch", None)
+    checkpointing = bool(getattr(args, "activation_checkpointing", False))
+    point = Point(cfg=cfg, n_params=n_params, key=key, precision=args.precision, grad_reduce=args.grad_reduce,
+                  micro_batch=micro, global_batch=global_batch, activation_checkpointing=checkpointing)
+    machine = Machine(product=product, peak_flops=peak, mfu=mfu, per_node=per_node, intra=intra, inter=inter,
+                      overlap_efficiency=eta)
+    rows = [predict_point(point, machine, n) for n in gpus]
+    for row in rows:
+        row["scaling_efficiency"] = row["tokens_per_s_per_gpu"] / rows[0]["tokens_per_s_per_gpu"]
+
+    def described(link: links.Link | None) -> dict | None:
+        if link is None:
+            return None
+        return {"name": link.name, "bandwidth_gb_per_s": link.bandwidth_Bps / links.GB, "efficiency": link.efficiency,
+                "achievable_gb_per_s": link.achievable_Bps / links.GB, "latency_us": link.latency_s * 1e6,
+                "source": link.source}
+
+    return {"prediction": True, **_named(args), "n_params": n_params, "zero_stage": key,
+            "shape": {"family": cfg.family, "n_layers": cfg.n_layers, "d_model": cfg.d_model, "n_heads": cfg.n_heads},
+            "strategy": strategy(key).name, "precision": args.precision, "grad_reduce": args.grad_reduce,
+            "seq_len": cfg.seq_len, "micro_batch": micro, "global_batch": global_batch, "activation_checkpointing": checkpointing,
+            "tokens_per_gpu_per_step": rows[0]["tokens_per_gpu_per_step"], "flops_per_token": rows[0]["flops_per_token"],
+            "recompute_flops_per_token": rows[0]["recompute_flops_per_token"],
+            "gpu": product.name, "peak_flops_per_gpu": peak, "gpus_per_node": per_node,
+            "assumptions": {"mfu_without_communication": mfu, "mfu_default": args.mfu is None and source is None,
+                            **({"mfu_source": source} if source else {}),
+                            "link_efficiency": efficiency if efficiency is not None else links.DEFAULT_EFFICIENCY,
+                            "link_efficiency_default": efficiency is None,
+                            "intra_node": described(intra), "inter_node": described(inter),
+                            "overlap_efficiency": eta, "overlap_efficiency_default": args.overlap_efficiency is None,
+                            "overlap": _overlap_text(key),
+                            "link_rule": LINK_RULE, "out_of_scope": OUT_OF_SCOPE,
+                            "collective_sizes": "nccl-tests' size: the whole buffer (an all-gather's output, a "
+                                                "reduce-scatter's input); seconds = calls x latency + bus factor x "
+                                                "bytes / achievable bus bandwidth"},
+            "rows": rows, **({"fp8": hardware.fp8_outlook(cfg.d_model)} if args.precision == "fp8" else {}),
+            **({"note": "; ".join(notes)} if notes else {})}
+
+
+def _human(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.3g}"
+
+
+_COLLECTIVE_SHORT = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "broadcast": "BC"}
+
+
+def _mfu_origin(a: dict) -> str:
+    if "mfu_source" in a:
+        source = a["mfu_source"]
+        return (f"measured: the median of {len(source['runs'])} ok world-size-1 run(s) of {source['results']}, "
+                f"{', '.join(source['devices']) or 'an unnamed device'}")
+    return "default; --mfu" if a["mfu_default"] else "--mfu"
+
+
+def _render_scaling(r: dict) -> list[str]:
+    a = r["assumptions"]
+    shape = r["shape"]
+    model = (f"{r['model']} ({_human(r['n_params'])} parameters)" if "model" in r else
+             f"a {shape['family']} of {_human(r['n_params'])} parameters ({shape['n_layers']} layers, d_model "
+             f"{shape['d_model']}, {shape['n_heads']} heads)")
+    how = "hybrid sharding" if r["zero_stage"] == HYBRID_KEY else f"ZeRO stage {r['zero_stage']}"
+    batch = (f"global batch {r['global_batch']} sequences (each GPU's share in micro-batches of at most "
+             f"{r['micro_batch']}, accumulated)" if r.get("global_batch") else
+             f"micro-batch {r['micro_batch']} per GPU ({r['tokens_per_gpu_per_step']:,} tokens per GPU per step)")
+    recompute = (f" + {r['recompute_flops_per_token']:.3g} recomputed (activation checkpointing; MFU counts model FLOPs only)"
+                 if r.get("activation_checkpointing") else "")
+    lines = [f"PREDICTION, not a measurement: {model}, {how} "
+             f"({r['strategy']}), {r['precision']}, seq {r['seq_len']}, {batch}, {r['gpu']}, {r['gpus_per_node']} GPUs per node",
+             f"compute: {r['flops_per_token']:.3g} FLOP/token{recompute} at MFU "
+             f"{_mfu_text(a['mfu_without_communication'], 'mfu_source' in a, a['mfu_default'])} "
+             f"without communication ({_mfu_origin(a)}) of the {r['precision']} dense peak "
+             f"{r['peak_flops_per_gpu'] / 1e12:.1f} TFLOP/s = {r['rows'][0]['compute_s'] * 1e3:.1f} ms per step"
+             + (f" at {r['rows'][0]['gpus']} GPUs (each GPU's share of the global batch shrinks as GPUs grow)"
+                if r.get("global_batch") else "")]
+    for side in ("intra_node", "inter_node"):
+        link = a[side]
+        if link:
+            eff = (f" x efficiency {link['efficiency']:.2f}" + (" (default; --link-efficiency)" if a["link_efficiency_default"]
+                                                                 and link["efficiency"] != 1 else "")
+                   if link["efficiency"] != 1 else " (measured)")
+            lines.append(f"{side.replace('_', '-')} link: {link['name']}, {link['bandwidth_gb_per_s']:.4g} GB/s per GPU{eff} = "
+                         f"{link['achievable_gb_per_s']:.4g} GB/s, latency {link['latency_us']:.3g} us per call "
+                         f"({link['source']})")
+    first = r["rows"][-1]
+    lines.append("collectives per step (nccl-tests size, calls): " + ", ".join(
+        f"{c} {first['collective_bytes'][c] / 1e9:.3g} GB in {first['collective_calls'][c]}" for c in first["collective_bytes"]))
+    lines.append(f"overlap: {a['overlap']}; overlap efficiency {a['overlap_efficiency']:g}"
+                 + (" (default; --overlap-efficiency)" if a["overlap_efficiency_default"] else ""))
+    lines.append(f"rule: {a['link_rule']}; out of scope: {a['out_of_scope']}")
+    lines.append(f"{'gpus':>5} {'nodes':>5} {'mb x acc':>8} {'step ms':>8} {'compute':>8} {'comm':>8} {'exposed':>8} "
+                 f"{'tok/s/GPU':>10} {'MFU':>6} {'scaling':>7} {'memory':>9}  links")
+    for row in r["rows"]:
+        comm = sum(row["comm_s"].values())
+        by_link: dict[str, list[str]] = {}
+        for c, name in row["links"].items():
+            by_link.setdefault(name, []).append(_COLLECTIVE_SHORT[c])
+        link = next(iter(by_link)) if len(by_link) == 1 else " ".join(f"{'+'.join(cs)}:{name}" for name, cs in by_link.items())
+        memory = f"{row['peak_memory_gib']:.1f} GiB" + ("" if row["fits_memory"] else "!")
+        batching = f"{row['micro_batch']} x {row['accumulation_steps']}"
+        lines.append(f"{row['gpus']:>5} {row['nodes']:>5} {batching:>8} "
+                     f"{row['step_time_s'] * 1e3:>8.1f} "
+                     f"{row['compute_s'] * 1e3:>8.1f} {comm * 1e3:>8.1f} {row['exposed_comm_s'] * 1e3:>8.1f} "
+                     f"{row['tokens_per_s_per_gpu']:>10,.0f} {row['mfu']:>6.1%} {row['scaling_efficiency']:>7.1%} "
+                     f"{memory:>9}  {link or '-'}")
+    if not all(row["fits_memory"] for row in r["rows"]):
+        lines.append(f"! the predicted peak per GPU exceeds the {r['gpu']}'s memory: the run would not fit")
+    lines.append("every figure above is predicted; times in ms per optimizer step; comm = every collective's time, "
+                 "exposed = what overlap leaves on the step; scaling = tokens/s per GPU against the smallest count"
+                 + ("; AR all-reduce, RS reduce-scatter, AG all-gather, BC broadcast" if any(
+                     len(set(row["links"].values())) > 1 for row in r["rows"]) else ""))
+    return lines
+
+
+def render(kind: str, result: dict) -> str:
+    lines = []
+    if kind == "memory":
+        u = result["unit"].lower()
+        named = f"{result['model']} ({result['family']}, {result['n_params']:,} parameters)" if "model" in result else \
+            f"{_human(result['n_params'])} parameters"
+        lines.append(f"model state per rank for {named} at world size {result['world_size']} ({result['unit']})")
+        extra = f"activations_{u}" in result["rows"][0]
+        head = f"{'precision':<9} {'stage':>5} {'params':>10} {'grads':>10} {'optimizer':>10} {'total':>10} {'paper':>10}"
+        lines.append(head + (f" {'activ.':>10} {'peak':>10}" if extra else ""))
+        for r in result["rows"]:
+            line = (f"{r['precision']:<9} {r['zero_stage']:>5} {r[f'pytorch_params_{u}']:>10.3f} {r[f'pytorch_grads_{u}']:>10.3f} "
+                    f"{r[f'pytorch_optimizer_{u}']:>10.3f} {r[f'pytorch_total_{u}']:>10.3f} {r[f'paper_total_{u}']:>10.3f}")
+            lines.append(line + (f" {r[f'activations_{u}']:>10.3f} {r[f'peak_{u}']:>10.3f}" if extra else ""))
+    elif kind == "time":
+        r = result
+        lines += [(f"{r['model']} ({r['family']}): " if "model" in r else "") +
+                  f"{_human(r['n_params'])} parameters x {_human(r['tokens'])} tokens = {r['total_flops']:.3e} FLOPs ({r['flops_rule']})",
+                  f"on {r['gpus']} x {r['gpu']} ({r['precision']} dense peak {r['peak_flops_per_gpu'] / 1e12:.1f} TFLOP/s) "
+                  f"at MFU {_mfu_text(r['mfu'], 'mfu_source' in r, r.get('mfu_default', False))}:",
+                  f"  {r['days']:.2f} days ({r['gpu_hours']:.4g} GPU-hours)"]
+        if "mfu_source" in r:
+            source = r["mfu_source"]
+            lines.append(f"MFU {_percent(r['mfu'])} measured: the median of {len(source['runs'])} ok {source['precision']} "
+                         f"run(s) of {source['results']} ({', '.join(source['runs'])}) on "
+                         f"{', '.join(source['devices']) or 'an unnamed device'}")
+    elif kind == "advise":
+        u = result["unit"].lower()
+        lines.append(f"{_human(result['n_params'])} parameters, {result['precision']}, {result['gpus']} GPUs of "
+                     f"{result[f'gpu_memory_{u}']:g} {result['unit']}" + (f", micro-batch {result['micro_batch']}" if result["micro_batch"] else ""))
+        lines.append(f"fits: within {result[f'budget_{u}']:.3g} {result['unit']} per GPU, the GPU's memory less a "
+                     f"{result[f'reserve_{u}']:.3g} {result['unit']} reserve (CUDA context, NCCL buffers, fragmentation: "
+                     "--reserve-gib; scalelab plan keeps the same and ranks what fits by time)")
+        lines.append(f"{'rung':<52} {'state':>9} {'in-step':>9} {'total':>9}  fits")
+        for r in result["rungs"]:
+            lines.append(f"{r['rung']:<52} {r[f'model_state_{u}']:>9.2f} {r[f'in_step_{u}']:>9.2f} {r[f'total_{u}']:>9.2f}  "
+                         + ("yes" if r["fits"] else "no"))
+        if "lora" in result and "max_rank" in result["lora"]:
+            lora = result["lora"]
+            lines.append(f"{'LoRA at ZeRO stage ' + str(lora['zero_stage']):<52} {lora[f'frozen_and_in_step_{u}']:>9.2f} "
+                         f"+ {lora[f'per_rank_{u}']:.4f} per rank: up to r={lora['max_rank']}")
+        lines.append(f"advice: {result['advice']}")
+    elif kind == "claim":
+        r = result
+        lines += [f"{_human(r['n_params'])} parameters at {_human(r['tokens_per_s'])} tokens/s on {r['gpus']} x {r['gpu']}: "
+                  f"{r['tokens_per_s'] * r['flops_per_token']:.3e} FLOP/s against {r['gpus']} x "
+                  f"{r['peak_flops_per_gpu'] / 1e12:.1f} TFLOP/s ({r['precision']} dense peak)",
+                  f"implied MFU {_percent(r['implied_mfu'])}: {r['verdict']}"]
+    elif kind == "models":
+        lines.append(f"{'model':<12} {'family':<6} {'params':>15} {'layers':>6} {'d_model':>7} {'heads':>5} {'kv':>3} "
+                     f"{'ffn':>6} {'vocab':>6} {'seq':>5}  source")
+        for r in result["rows"]:
+            lines.append(f"{r['model']:<12} {r['family']:<6} {r['n_params']:>15,} {r['n_layers']:>6} {r['d_model']:>7} "
+                         f"{r['n_heads']:>5} {r['n_kv_heads'] or '-':>3} {r['ffn_dim']:>6} {r['vocab_size']:>6} "
+                         f"{r['seq_len']:>5}  {r['source']}")
+    elif kind == "links":
+        lines.append(f"{'link':<16} {'GB/s':>7} {'lat us':>6}  source")
+        for r in result["rows"]:
+            lines.append(f"{r['link']:<16} {r['bandwidth_gb_per_s']:>7.4g} {r['latency_us']:>6g}  {r['source']}")
+    elif kind == "scaling":
+        lines += _render_scaling(result)
+    else:
+        u = result["unit"].lower()
+        lines.append(f"largest model whose model state fits {result[f'gpu_memory_{u}']:g} {result['unit']} per GPU x {result['world_size']} GPUs")
+        lines.append(f"{'precision':<9} {'stage':>5} {'pytorch':>10} {'paper':>10}")
+        for r in result["rows"]:
+            lines.append(f"{r['precision']:<9} {r['zero_stage']:>5} {_human(r['pytorch_max_params']):>10} {_human(r['paper_max_params']):>10}")
+    if "fp8" in result:
+        lines.append(f"fp8 against bf16: {result['fp8']['verdict']} (an estimate: {result['fp8']['basis']})")
+    if "note" in result:
+        lines.append(f"note: {result['note']}")
+    return "\n".join(lines)
+
+
+def model_flags(p) -> None:
+    """The model flags every command that takes a model shares (estimate's, scalelab plan's): read by _model."""
+    g = p.add_argument_group("model (either --model, or --params, or the shape, or --config)")
+    g.add_argument("--model", metavar="NAME", help="a preset shape by name (scalelab estimate models lists them: "
+                   "gpt2 ... llama3-70b, mistral-7b); --seq, --vocab and --untied override its context, vocabulary and head")
+    g.add_argument("--params", type=count, help="parameter count: 1.3B, 350M, 7.5e9 (K, M, B, T as printed)")
+    g.add_argument("--layers", type=int, help="transformer blocks")
+    g.add_argument("--d-model", type=int, help="residual width")
+    g.add_argument("--heads", type=int, help="attention heads (default d_model / 64)")
+    g.add_argument("--vocab", type=whole_count, help="vocabulary size")
+    g.add_argument("--seq", type=int, help="sequence length")
+    g.add_argument("--untied", action="store_true", help="output head not tied to the embedding")
+    g.add_argument("--config", help="read the model from a scalelab config.yaml (vocab from --vocab, default 256)")
+
+
+def cluster_flags(p) -> None:
+    """The GPUs, links and assumed efficiencies (estimate scaling's and scalelab plan's; read by machine_of)."""
+    p.add_argument("--gpu", required=True, help=f"GPU product (case-insensitive): {', '.join(hardware.known_names())}")
+    p.add_argument("--gpus-per-node", type=whole_count, default=8, help="GPUs per node (default 8)")
+    p.add_argument("--intra-node", metavar="LINK",
+                   help=f"link within a node: a product ({', '.join(links.known_names())}), a bandwidth in GB/s "
+                        "per GPU, unidirectional, each with an optional @EFFICIENCY for this link alone (46@1: a measured "
+                        "bus bandwidth), or a `scalelab bench comm` Parquet table (default: the GPU's NVLink or PCIe generation)")
+    p.add_argument("--inter-node", metavar="LINK", help="link between nodes (per GPU): as --intra-node; needed once "
+                                                        "GPUs span nodes")
+    p.add_argument("--link-efficiency", type=float, default=None,
+                   help=f"achievable over nominal bus bandwidth of products and numbers (default {links.DEFAULT_EFFICIENCY}; "
+                        "a measured table is taken as measured)")
+    p.add_argument("--overlap-efficiency", type=float, default=None,
+                   help="share of the overlappable communication that really hides behind compute, in [0, 1] "
+                        "(default 1: NCCL runs on its own stream)")
+    p.add_argument("--mfu", type=float, default=None,
+                   help=f"compute efficiency without communication, MFU in (0, 1] (default {DEFAULT_MFU})")
+    p.add_argument("--mfu-from", metavar="RESULTS", default=None,
+                   help="use the MFU a sweep measured without communication: the median of RESULTS/metrics.parquet's "
+                        "ok world-size-1 runs of --precision (run one node's sweep of your model on the GPU first)")
+
+
+def _add_scaling_parser(kinds):
+    """`scalelab estimate scaling`'s options."""
+    sc = kinds.add_parser("scaling", help="predicted step time, tokens/s per GPU, MFU and scaling efficiency per GPU count",
+                          description="Predict, per GPU count, a step's time from an assumed compute efficiency (--mfu) "
+                                      "and each collective's time on the link its group uses (scalelab.formulas.links): "
+                                      "docs/prediction.md has the method and where it fails.")
+    model_flags(sc)
+    sc.add_argument("--zero-stage", required=True, choices=list(SCALING_STAGES),
+                    help="strategy: 0 (DDP), 1 (+ ZeroRedundancyOptimizer), 2, 3 (FSDP2), hybrid (HSDP)")
+    sc.add_argument("--precision", default="bf16", choices=list(PRECISION_NAMES), help="training precision (default bf16)")
+    sc.add_argument("--grad-reduce", default="fp32", choices=list(accounting.GRAD_REDUCE),
+                    help="dtype gradients are reduced in: fp32 (default) or the compute dtype (fp16, bf16)")
+    sc.add_argument("--micro-batch", type=int, default=1, help="sequences per GPU per forward (default 1): fixed as GPUs "
+                    "grow, or with --global-batch the largest micro-batch each GPU's share is accumulated in")
+    sc.add_argument("--global-batch", type=whole_count, default=None, metavar="SEQUENCES",
+                    help="a fixed global batch in sequences (as studies that scale out keep it): each GPU's share is "
+                         "global / GPUs, accumulated; time and memory follow (default: a fixed per-GPU batch)")
+    sc.add_argument("--activation-checkpointing", action="store_true",
+                    help="recompute every block's forward in backward: its FLOPs in the time, checkpointed activations "
+                         "in the memory")
+    sc.add_argument("--gpus", type=gpu_counts, default=SCALING_GPUS, metavar="N,N,...",
+                    help=f"GPU counts (default {','.join(map(str, SCALING_GPUS))}; 8,16,...,1024 doubles up to 1024); "
+                         "efficiency is against the smallest")
+    cluster_flags(sc)
+    return sc
+
+
+def add_parser(sub) -> None:
+    est = sub.add_parser("estimate", help="memory per rank, days to train, largest model that fits",
+                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    kinds = est.add_subparsers(dest="kind", required=True)
+
+    def gpu_memory_flags(p):
+        p.add_argument("--gpu-memory", type=float, help="memory per GPU in --unit (e.g. 80)")
+        p.add_argument("--gpu-memory-gib", type=float, help="memory per GPU in GiB (same as --gpu-memory N --unit GiB)")
+        p.add_argument("--unit", choices=list(UNITS), default="GiB", help="GiB (2^30 bytes, default) or GB (10^9)")
+
+    def table_filters(p):
+        p.add_argument("--precision", nargs="+", choices=list(MEMORY_PRECISIONS), metavar="PRECISION",
+                       help=f"only these precisions' rows ({', '.join(MEMORY_PRECISIONS)}; default all)")
+        p.add_argument("--zero-stage", nargs="+", type=int, choices=list(ZERO_STAGES), metavar="STAGE",
+                       help=f"only these ZeRO stages' rows ({', '.join(map(str, ZERO_STAGES))}; default all)")
+
+    def gpu_flags(p):
+        p.add_argument("--gpu", required=True,
+                       help=f"GPU product (case-insensitive): {', '.join(hardware.known_names())}; "
+                            "bare A100, H100 and H200 mean the SXM parts")
+        p.add_argument("--precision", default="bf16", choices=list(PEAK_CHOICES),
+                       help="compute precision (default bf16; fp8 only on GPUs with fp8 tensor cores)")
+
+    m = kinds.add_parser("memory", help="model-state memory per rank, every stage x precision")
+    model_flags(m)
+    m.add_argument("--world-size", type=whole_count, default=1, help="ranks (GPUs) sharing the model (default 1)")
+    table_filters(m)
+    m.add_argument("--unit", choices=list(UNITS), default="GiB", help="GiB (2^30 bytes, default) or GB (10^9, the ZeRO paper's)")
+    m.add_argument("--micro-batch", type=int, help="sequences per rank per step: adds activations and the in-step peak (needs the shape)")
+    t = kinds.add_parser("time", help="days to train")
+    model_flags(t)
+    t.add_argument("--tokens", type=count, required=True, help="training tokens, e.g. 1T or 1e12")
+    t.add_argument("--gpus", type=whole_count, required=True, help="number of GPUs")
+    gpu_flags(t)
+    t.add_argument("--mfu", type=float, default=None, help="model FLOPs utilisation in (0, 1] (default 0.4)")
+    t.add_argument("--mfu-from", metavar="RESULTS", default=None,
+                   help="use the MFU a sweep measured: the median of RESULTS/metrics.parquet's ok runs of --precision "
+                        "(names the runs; CPU runs' MFU says nothing about a GPU)")
+    f = kinds.add_parser("fit", help="largest model whose model state fits the GPUs")
+    gpu_memory_flags(f)
+    f.add_argument("--world-size", type=whole_count, default=1, help="number of GPUs sharing the model (default 1)")
+    table_filters(f)
+    a = kinds.add_parser("advise", help="the memory ladder: the first of DDP, ZeRO 1, 2, 3 that fits, else LoRA's rank budget")
+    model_flags(a)
+    gpu_memory_flags(a)
+    a.add_argument("--gpus", type=whole_count, required=True, help="GPUs the model is trained on")
+    a.add_argument("--micro-batch", type=int, help="sequences per GPU per step: adds activations (needs the shape)")
+    a.add_argument("--activation-checkpointing", action="store_true", help="activations with every block recomputed in backward")
+    a.add_argument("--precision", default="bf16", choices=list(MEMORY_PRECISIONS), help="training precision (default bf16)")
+    a.add_argument("--reserve-gib", type=float, default=None, help="device memory the formulas do not count (CUDA context, "
+                   "NCCL buffers, fragmentation; default 2 GiB + 5%% of the GPU's memory, as scalelab plan keeps)")
+    c = kinds.add_parser("claim", help="the MFU a stated throughput implies, and whether the hardware can reach it")
+    model_flags(c)
+    c.add_argument("--tokens-per-s", type=count, help="the claimed training throughput, tokens per second (all GPUs), e.g. 2M")
+    c.add_argument("--tokens", type=count, help="or: the claimed training tokens (e.g. 1T) ...")
+    c.add_argument("--days", type=float, help="... in this many days")
+    c.add_argument("--gpus", type=whole_count, required=True, help="number of GPUs")
+    gpu_flags(c)
+    ms = kinds.add_parser("models", help="the preset shapes --model takes, with their parameter counts and sources")
+    sc = _add_scaling_parser(kinds)
+    lk = kinds.add_parser("links", help="the link products estimate scaling takes, per GPU, with their sources")
+    for p in (m, t, f, a, c, ms, sc, lk):
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        p.set_defaults(usage_parser=p)  # an unknown option is this subcommand's error, with its usage (scalelab.cli.main)
+    est.set_defaults(func=run)
+
+
+def run(args) -> int:
+    compute = {"memory": memory_table, "time": time_estimate, "fit": fit_table, "advise": advise, "claim": claim_check,
+               "models": models_table, "scaling": scaling_table, "links": links_table}[args.kind]
+    try:
+        result = compute(args)
+    except EstimateError as err:
+        print(f"scalelab estimate {args.kind}: error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2) if args.json else render(args.kind, result))
+    return 0

@@ -1,0 +1,220 @@
+"""One answer before renting GPUs (issue #44): ``scalelab plan`` ranks every configuration a model could
+train in on a given cluster by its predicted time, keeps those whose predicted memory fits with a
+stated reserve, and prints the best, the runners-up with why each lost, and every assumption.
+
+Each configuration (precision x strategy x micro-batch x activation checkpointing) is timed and sized
+by the same code as ``scalelab estimate scaling`` (estimate.predict_point: compute at an assumed
+efficiency, each collective on the link its group uses, the strategy's overlap, the in-step peak
+memory of one micro-batch), at a fixed global batch whose per-GPU share is accumulated. A
+configuration fits when its predicted peak stays within the GPU's memory less the reserve
+(RESERVE: what the model does not count). fp8 is timed from bf16 by the tokens/s ratio measured on
+a GPU (scalelab.spec.hardware.fp8_outlook), not at its datasheet peak, which its casts never reach.
+Every figure is a prediction: the output says so, and where each input comes from.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+
+from scalelab.forecast.estimate import (
+    RESERVE,
+    UNITS,
+    EstimateError,
+    Point,
+    _human,
+    _mfu_origin,
+    _mfu_text,
+    _model,
+    cluster_flags,
+    count,
+    machine_of,
+    memory_reserve_bytes,
+    model_flags,
+    predict_point,
+    whole_count,
+)
+from scalelab.formulas import accounting, links
+from scalelab.spec import hardware
+from scalelab.spec.precisions import PRECISION_NAMES
+from scalelab.spec.strategies import HYBRID_KEY, ZERO_STAGES, strategy
+
+TIE = 0.05
+"""Runners-up predicted within this of the best are not ranked against it: the step-time model's own error
+is larger (docs/prediction.md)."""
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
+"""Micro-batches per GPU tried (each dividing the GPU's share of the global batch)."""
+
+
+def candidates(product, precisions: list[str] | None, gpus: int, per_node: int) -> list[tuple[str, int | str]]:
+    """(precision, strategy key) pairs worth timing: bf16 (fp16 on a GPU without it) and fp8 where the GPU
+    has FP8 tensor cores, or the precisions asked for; ZeRO stages 0-3, and hybrid sharding where the
+    GPUs fill several nodes."""
+    if precisions is None:
+        precisions = ["bf16" if product.peak("bf16") else "fp16"] + (["fp8"] if product.peak("fp8") else [])
+    keys: list[int | str] = list(ZERO_STAGES)
+    if gpus > per_node and gpus % per_node == 0:
+        keys.append(HYBRID_KEY)
+    return [(p, k) for p in precisions for k in keys]
+
+
+def plan(args) -> dict:
+    """Every configuration's prediction at --gpus GPUs, ranked; the best and the runners-up with reasons."""
+    n_params, cfg = _model(args)
+    if cfg is None:
+        raise EstimateError("scalelab plan needs the model's shape: --model NAME, or --layers/--d-model/--vocab/--seq")
+    n, tokens = int(args.gpus), float(args.tokens)
+    if args.global_batch % n:
+        raise EstimateError(f"--global-batch {args.global_batch} does not split evenly over --gpus {n}")
+    try:
+        product = hardware.gpu_by_name(args.gpu)
+    except ValueError as err:
+        raise EstimateError(f"--gpu {args.gpu}: {err}") from None
+    pairs = candidates(product, args.precision, n, int(args.gpus_per_node))
+    machine, source, notes = machine_of(args, pairs[0][0], [n])  # --mfu-from reads that precision's runs
+    product = machine.product
+    memory = product.memory_gib * UNITS["GiB"]
+    reserve = memory_reserve_bytes(memory, args.reserve_gib) / UNITS["GiB"]  # the reserve advise keeps too
+    budget = memory - reserve * UNITS["GiB"]
+    bf16_peak = accounting.gpu_peak_flops(args.gpu, "bf16") if product.peak("bf16") else None
+    fp8 = hardware.fp8_outlook(cfg.d_model)
+    share = args.global_batch // n
+    rows = []
+    for precision, key in pairs:
+        if precision == "fp8":  # timed from bf16 by the measured tokens/s ratio (module doc)
+            peak = bf16_peak * fp8["ratio_estimate"]
+        else:
+            peak = accounting.gpu_peak_flops(args.gpu, precision)
+        for micro in [m for m in MICRO_BATCHES if share % m == 0]:
+            for checkpointing in (False, True):
+                point = Point(cfg=cfg, n_params=n_params, key=key, precision=precision, micro_batch=micro,
+                              global_batch=args.global_batch, activation_checkpointing=checkpointing)
+                row = predict_point(point, replace(machine, peak_flops=peak), n)
+                fpt = row["flops_per_token"]
+                rows.append({**row, "precision": precision, "strategy": key, "strategy_name": strategy(key).name,
+                             "activation_checkpointing": checkpointing, "fits": row["peak_memory_bytes"] <= budget,
+                             "mfu_of_bf16_peak": row["tokens_per_s_per_gpu"] * fpt / bf16_peak if bf16_peak else None,
+                             "days": tokens / (row["tokens_per_s_per_gpu"] * n) / 86400})
+    rows.sort(key=lambda r: (not r["fits"], -r["tokens_per_s_per_gpu"], r["peak_memory_bytes"]))
+    fitting = [r for r in rows if r["fits"]]
+    best = fitting[0] if fitting else None
+    runners_up = []
+    for precision, key in dict.fromkeys((r["precision"], r["strategy"]) for r in rows):
+        if best is not None and (precision, key) == (best["precision"], best["strategy"]):
+            continue
+        mine = [r for r in rows if (r["precision"], r["strategy"]) == (precision, key)]
+        # its fastest that fits; where none fits, its smallest (what it would take to fit)
+        shown = mine[0] if mine[0]["fits"] else min(mine, key=lambda r: r["peak_memory_bytes"])
+        runners_up.append({**shown, "why": _why_lost(shown, best, budget)})
+    runners_up.sort(key=lambda r: (not r["fits"], -r["tokens_per_s_per_gpu"]))
+    return {"prediction": True, "model": getattr(args, "model", None), "n_params": n_params, "gpus": n, "gpu": product.name,
+            "gpus_per_node": machine.per_node, "global_batch": args.global_batch, "seq_len": cfg.seq_len, "tokens": tokens,
+            "memory_gib": product.memory_gib, "reserve_gib": reserve, "budget_gib": budget / UNITS["GiB"],
+            "best": best, "runners_up": runners_up, "rows": rows,
+            "assumptions": {
+                "mfu_without_communication": machine.mfu, "mfu_default": args.mfu is None and source is None,
+                **({"mfu_source": source} if source else {}),
+                "mfu_note": "the hardware's efficiency on what it computes: activation checkpointing's recompute is "
+                            "computed at it too; MFU columns count model FLOPs",
+                "intra_node": f"{machine.intra.name} ({machine.intra.source})",
+                "inter_node": f"{machine.inter.name} ({machine.inter.source})" if machine.inter else None,
+                "link_efficiency": args.link_efficiency if args.link_efficiency is not None else links.DEFAULT_EFFICIENCY,
+                "overlap_efficiency": machine.overlap_efficiency,
+                "overlap_efficiency_default": args.overlap_efficiency is None,
+                "reserve": RESERVE["source"] if args.reserve_gib is None else "--reserve-gib",
+                "fp8": fp8 if product.peak("fp8") else None,
+                "out_of_scope": "tensor and pipeline parallelism, CPU offload, LoRA; the model's memory is the "
+                                "formula a run measures (scalelab.formulas.accounting.peak_memory)"},
+            **({"note": "; ".join(notes)} if notes else {})}
+
+
+def _why_lost(row: dict, best: dict | None, budget: float) -> str:
+    if not row["fits"]:
+        return (f"does not fit: {row['peak_memory_gib']:.1f} GiB at its smallest (micro-batch {row['micro_batch']}, "
+                f"{'with' if row['activation_checkpointing'] else 'without'} activation checkpointing) > the "
+                f"{budget / UNITS['GiB']:.1f} GiB budget")
+    if best is None:
+        return ""
+    slower = best["tokens_per_s_per_gpu"] / row["tokens_per_s_per_gpu"] - 1
+    if slower < TIE:
+        return f"{slower:.1%} slower: within {TIE:.0%} of the best, no ranking (the model's error is larger): measure both"
+    exposed = row["exposed_comm_s"] - best["exposed_comm_s"]
+    compute = row["compute_s"] - best["compute_s"]
+    cause = (f"{exposed * 1e3:.1f} ms more exposed communication per step" if exposed >= compute else
+             f"{compute * 1e3:.1f} ms more compute per step" + (" (recompute)" if row["activation_checkpointing"] and
+                                                                not best["activation_checkpointing"] else ""))
+    return f"{slower:.1%} slower: {cause}"
+
+
+def _label(r: dict) -> str:
+    how = "hybrid sharding" if r["strategy"] == HYBRID_KEY else f"ZeRO stage {r['strategy']}"
+    return (f"{r['precision']}, {how}, micro-batch {r['micro_batch']} x {r['accumulation_steps']} accumulated, "
+            f"activation checkpointing {'on' if r['activation_checkpointing'] else 'off'}")
+
+
+def render(result: dict) -> str:
+    a = result["assumptions"]
+    model = result["model"] or "the model"
+    lines = [f"PLAN: predicted, not measured. {model} ({result['n_params'] / 1e9:.3g}B parameters) on {result['gpus']} x "
+             f"{result['gpu']} ({result['gpus_per_node']} per node), global batch {result['global_batch']} x "
+             f"{result['seq_len']} tokens, {_human(result['tokens'])} tokens to train",
+             f"memory budget per GPU: {result['memory_gib']:g} GiB less a {result['reserve_gib']:.1f} GiB reserve = "
+             f"{result['budget_gib']:.1f} GiB"]
+    best = result["best"]
+    if best is None:
+        lines.append("NO configuration fits: every one's predicted peak exceeds the budget (more GPUs, a larger "
+                     "GPU, or LoRA: scalelab estimate advise)")
+    else:
+        mfu = best["mfu_of_bf16_peak"]
+        lines += [f"best: {_label(best)}",
+                  f"  {best['peak_memory_gib']:.1f} GiB per GPU; {best['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU "
+                  f"({best['tokens_per_s']:,.0f} in all)" + (f", MFU {mfu:.1%} of the bf16 peak" if mfu else "")
+                  + f"; step {best['step_time_s']:.3g} s (exposed communication {best['exposed_comm_s'] * 1e3:.1f} ms); "
+                  f"{_human(result['tokens'])} tokens in {best['days']:.1f} days"]
+    lines.append("runners-up (the fastest of each other precision and strategy):")
+    for r in result["runners_up"]:
+        lines.append(f"  {_label(r)}: {r['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, {r['peak_memory_gib']:.1f} GiB; "
+                     f"{r['why']}")
+    lines.append("assumptions (each with its source):")
+    lines.append(f"  compute: MFU {_mfu_text(a['mfu_without_communication'], 'mfu_source' in a, a['mfu_default'])} "
+                 "without communication "
+                 f"({_mfu_origin(a)}); {a['mfu_note']}")
+    lines.append(f"  links: within a node {a['intra_node']}" + (f"; between nodes {a['inter_node']}" if a["inter_node"] else "")
+                 + f"; link efficiency {a['link_efficiency']:g}")
+    lines.append(f"  overlap efficiency {a['overlap_efficiency']:g}" + (" (default: NCCL on its own stream; measured "
+                 "traces set it: train.profile, --overlap-efficiency)" if a["overlap_efficiency_default"] else ""))
+    lines.append(f"  memory reserve: {a['reserve']}")
+    if a["fp8"]:
+        lines.append(f"  fp8: {a['fp8']['verdict']} ({a['fp8']['basis']})")
+    lines.append(f"  out of scope: {a['out_of_scope']}")
+    return "\n".join(lines)
+
+
+def _run(args) -> int:
+    try:
+        result = plan(args)
+    except EstimateError as err:
+        args.usage_parser.error(str(err))
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        print(render(result))
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plan", help="one answer before renting GPUs: every precision x strategy x micro-batch x "
+                       "checkpointing ranked by predicted time, within the GPU's memory and a reserve",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    model_flags(p)  # a plan needs the shape: --model, the shape flags or --config
+    p.add_argument("--gpus", type=whole_count, required=True, help="GPUs in all")
+    cluster_flags(p)
+    p.add_argument("--global-batch", type=whole_count, required=True, metavar="SEQUENCES", help="sequences per optimizer step")
+    p.add_argument("--tokens", type=count, required=True, help="tokens to train: 1T, 300B")
+    p.add_argument("--precision", nargs="+", choices=list(PRECISION_NAMES), default=None,
+                   help="only these precisions (default: bf16, and fp8 where the GPU has FP8 tensor cores)")
+    p.add_argument("--reserve-gib", type=float, default=None, help="device memory the prediction does not count "
+                   f"(default {RESERVE['fixed_gib']:g} GiB + {RESERVE['share']:.0%} of the GPU's memory)")
+    p.add_argument("--json", action="store_true", help="every configuration's row as JSON")
+    p.set_defaults(func=_run, usage_parser=p)
+

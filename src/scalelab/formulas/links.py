@@ -1,0 +1,334 @@
+"""Links between GPUs and what a collective costs on one (issue #29).
+
+A ``Link`` is a **bus bandwidth per GPU, unidirectional, in bytes/s**, and a **latency per
+collective call, in seconds**: the two numbers of the latency-bandwidth (alpha-beta) model
+
+    collective_seconds = latency_s + bus_factor(collective, n) x nbytes / (bandwidth_Bps x efficiency)
+
+in nccl-tests' convention (NVIDIA/nccl-tests, doc/PERFORMANCE.md): ``nbytes`` is the buffer size
+of nccl-tests' "size" column, the whole buffer a rank holds before or after the collective:
+
+* all_reduce: the buffer reduced (input = output), bus factor 2 (n-1)/n;
+* reduce_scatter: the whole input (n x the shard each rank ends with), bus factor (n-1)/n;
+* all_gather: the whole output (n x the shard each rank contributes), bus factor (n-1)/n;
+* broadcast: the buffer sent from the root, bus factor 1.
+
+The bus bandwidth is what nccl-tests' ``busbw`` column reports: the bandwidth of the slowest
+link a ring algorithm uses, comparable with a link's per-GPU datasheet figure. A measured
+bench table (``scalelab bench comm``) fits straight to a Link (``scalelab.results.prediction.fit_link``,
+efficiency 1: it is already what the link achieves).
+
+Nominal figures are datasheet line rates; NCCL reaches less. ``efficiency`` is the achievable
+bus bandwidth over the nominal one, DEFAULT_EFFICIENCY unless given (see its note). Latencies
+of the products are the order of nccl-tests' small-message times (see LATENCY_*): an assumption
+to calibrate, not a measurement.
+
+A step's collectives (collective_sizes, collective_calls, at the end) turn scalelab.formulas.accounting's
+exact bytes per step into the sizes and calls this model times: scalelab.results.prediction and
+``scalelab estimate scaling`` both read them.
+
+Out of scope: hierarchical and tree algorithms (NCCL's tree, NVLink SHARP, in-network
+reductions), topology (a node's NICs shared, rails, oversubscribed spines) and algorithm
+switching by message size: a collective runs at one link's rate, as a ring would.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from scalelab.config import ModelConfig
+from scalelab.formulas import accounting
+from scalelab.spec.precisions import PRECISIONS
+from scalelab.spec.strategies import strategy
+
+GB = 1e9
+"""Decimal gigabyte: link bandwidths are quoted in GB/s (10^9 bytes/s) and Gb/s."""
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+"""The collectives the model times (the names torch.distributed and nccl-tests use, underscored)."""
+
+DEFAULT_EFFICIENCY = 0.8
+"""Achievable bus bandwidth over the nominal line rate, applied to products and numbers.
+
+NCCL's maintainers put the protocol overhead on NVLink at about 20%: an effective 370 GB/s of
+H100's 450 GB/s line rate, seen as busbw of ring collectives (NVIDIA/nccl-tests#212,
+https://github.com/NVIDIA/nccl-tests/issues/212). On InfiniBand NDR they expect 46-48 GB/s per
+400 Gb/s NIC, 0.92-0.96 (https://github.com/NVIDIA/nccl-tests/issues/290). 0.8 is the
+conservative of the two; override it (``--link-efficiency``) or measure (``bench comm``)."""
+
+LATENCY_INTRA_S = 10e-6
+"""Assumed latency of one collective call within a node (NVLink, PCIe): the order of
+nccl-tests' small-message all_reduce times on one 8-GPU node (a few to a few tens of us)."""
+LATENCY_INTER_S = 50e-6
+"""Assumed latency of one collective call across nodes (InfiniBand, RoCE): nccl-tests'
+4-byte all_reduce took 46-48 us on 2 nodes x 8 H20 over NDR (https://github.com/NVIDIA/nccl/issues/1244)."""
+LATENCY_NUMBER_S = LATENCY_INTER_S
+"""Latency of a link given as a bare bandwidth (``--inter-node 50``): the larger assumption."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link as the alpha-beta model sees it."""
+
+    name: str
+    bandwidth_Bps: float
+    """Bus bandwidth per GPU, unidirectional, bytes/s: nominal (a datasheet) or measured (a fit)."""
+    latency_s: float
+    """Seconds per collective call, whatever its size (alpha)."""
+    source: str
+    """Where the figures come from: a datasheet, a URL, "given on the command line", a bench table."""
+    efficiency: float = 1.0
+    """Achievable over nominal bandwidth: the fraction collective_seconds runs at (1 for measured links)."""
+
+    def __post_init__(self):
+        for field, value in (("bandwidth_Bps", self.bandwidth_Bps), ("efficiency", self.efficiency)):
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"link {self.name!r}: {field} must be a positive number, got {value!r}")
+        if self.efficiency > 1:
+            raise ValueError(f"link {self.name!r}: efficiency is a fraction of the nominal bandwidth, in (0, 1], "
+                             f"got {self.efficiency!r}")
+        if not (math.isfinite(self.latency_s) and self.latency_s >= 0):
+            raise ValueError(f"link {self.name!r}: latency_s must be >= 0 seconds, got {self.latency_s!r}")
+
+    @property
+    def achievable_Bps(self) -> float:
+        """The bus bandwidth collectives run at: bandwidth_Bps x efficiency."""
+        return self.bandwidth_Bps * self.efficiency
+
+    def with_efficiency(self, efficiency: float) -> Link:
+        return replace(self, efficiency=efficiency)
+
+
+def bus_factor(collective: str, n: int) -> float:
+    """nccl-tests' bus-bandwidth factor: busbw = algbw x factor, algbw = nbytes / time."""
+    if n < 1 or int(n) != n:
+        raise ValueError(f"a collective's group has a whole number >= 1 of ranks, got {n!r}")
+    if collective == "all_reduce":
+        return 2 * (n - 1) / n
+    if collective in ("reduce_scatter", "all_gather"):
+        return (n - 1) / n
+    if collective == "broadcast":
+        return 1.0
+    raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+
+
+HANDED_PER_SIZE = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1, "broadcast": 1}
+"""Bytes in scalelab's accounting unit (the ZeRO paper's, what CommCounter counts: an all-reduce of
+S bytes counts 2S, an all-gather its output, a reduce-scatter its input, a broadcast its tensor)
+per byte of nccl-tests' size."""
+
+
+def handed_per_size(collective: str) -> int:
+    if collective not in HANDED_PER_SIZE:
+        raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+    return HANDED_PER_SIZE[collective]
+
+
+def collective_seconds(collective: str, nbytes: float, n: int, link: Link) -> float:
+    """Predicted seconds of one collective call over ``n`` ranks on ``link``:
+    latency + bus_factor x nbytes / achievable bus bandwidth. ``nbytes`` is nccl-tests' "size"
+    (module doc: the whole buffer; for all_gather the gathered output). A one-rank group
+    moves nothing and costs nothing (FSDP2 issues no collective there)."""
+    factor = bus_factor(collective, n)
+    if not (math.isfinite(nbytes) and nbytes >= 0):
+        raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
+    if n == 1:
+        return 0.0
+    return link.latency_s + factor * nbytes / link.achievable_Bps
+
+
+# ----------------------------------------------------------------------------- products
+_GBIT = GB / 8  # 1 Gb/s in bytes/s
+
+
+@dataclass(frozen=True)
+class LinkProduct:
+    """A link product of the table: its per-GPU unidirectional bandwidth and its source."""
+
+    name: str
+    bandwidth_Bps: float
+    latency_s: float
+    source: str
+    note: str = ""
+    """How the per-GPU unidirectional figure follows from the datasheet's (halved, per NIC, ...)."""
+    aliases: tuple[str, ...] = ()
+
+    def link(self, efficiency: float = DEFAULT_EFFICIENCY) -> Link:
+        return Link(self.name, self.bandwidth_Bps, self.latency_s,
+                    f"{self.source}{'; ' + self.note if self.note else ''}", efficiency)
+
+
+_BIDIRECTIONAL = "the datasheet's total is bidirectional: halved for one direction"
+_PER_GPU_NIC = "one NIC per GPU (rail-optimized, e.g. DGX H100's 8 x ConnectX-7)"
+_PCIE = ("per direction after 128b/130b encoding; GPU to GPU through a PCIe switch or the CPU "
+         "reaches less")
+
+PRODUCTS: tuple[LinkProduct, ...] = (
+    # NVLink / NVSwitch, per GPU: the GPU datasheets' "NVLink" interconnect figure
+    LinkProduct("nvlink-v100", 150 * GB, LATENCY_INTRA_S,
+                "NVIDIA V100 Tensor Core GPU datasheet (SXM2): NVLink 300 GB/s",
+                _BIDIRECTIONAL + "; NVLink 2 (DGX-2: NVSwitch; DGX-1's hybrid cube-mesh is not all-to-all)",
+                ("nvlink2", "v100-nvlink")),
+    LinkProduct("nvlink-a100", 300 * GB, LATENCY_INTRA_S,
+                "NVIDIA A100 Tensor Core GPU datasheet (SXM): NVIDIA NVLink 600 GB/s",
+                _BIDIRECTIONAL + "; NVLink 3 over NVSwitch (DGX/HGX A100)", ("nvlink3", "a100-nvlink")),
+    LinkProduct("nvlink-h100", 450 * GB, LATENCY_INTRA_S,
+                "NVIDIA H100 Tensor Core GPU datasheet (SXM): NVIDIA NVLink 900 GB/s",
+                _BIDIRECTIONAL + "; NVLink 4 over NVSwitch (DGX/HGX H100, H200)",
+                ("nvlink4", "h100-nvlink", "nvlink-h200", "h200-nvlink")),
+    LinkProduct("nvlink-h100-nvl", 300 * GB, LATENCY_INTRA_S,
+                "NVIDIA H100 Tensor Core GPU datasheet (H100 NVL): NVIDIA NVLink 600 GB/s",
+                _BIDIRECTIONAL + "; an NVLink bridge joins pairs of boards only: other pairs talk over PCIe",
+                ("h100-nvl-bridge",)),
+    LinkProduct("nvlink-b200", 900 * GB, LATENCY_INTRA_S,
+                "NVIDIA HGX B200 specifications: NVLink (5th generation) 1.8 TB/s per GPU",
+                _BIDIRECTIONAL + "; NVLink 5 over NVSwitch", ("nvlink5", "b200-nvlink")),
+    # InfiniBand, one NIC per GPU: 4x-port data rates of the HDR/NDR/XDR generations
+    LinkProduct("ib-hdr", 200 * _GBIT, LATENCY_INTER_S,
+                "NVIDIA ConnectX-6 InfiniBand adapter datasheet: HDR 200 Gb/s per port",
+                _PER_GPU_NIC, ("hdr", "infiniband-hdr")),
+    LinkProduct("ib-ndr", 400 * _GBIT, LATENCY_INTER_S,
+                "NVIDIA ConnectX-7 InfiniBand adapter datasheet: NDR 400 Gb/s per port",
+                _PER_GPU_NIC, ("ndr", "infiniband-ndr")),
+    LinkProduct("ib-xdr", 800 * _GBIT, LATENCY_INTER_S,
+                "NVIDIA ConnectX-8 SuperNIC datasheet / Quantum-X800 platform: XDR 800 Gb/s per port",
+                _PER_GPU_NIC, ("xdr", "infiniband-xdr")),
+    # RoCE (RDMA over Converged Ethernet), one NIC per GPU: the Ethernet line rate
+    LinkProduct("roce-100g", 100 * _GBIT, LATENCY_INTER_S,
+                "IEEE 802.3ba (100 Gb/s Ethernet); e.g. NVIDIA ConnectX-6 Dx datasheet", _PER_GPU_NIC,
+                ("roce-100", "100gbe")),
+    LinkProduct("roce-200g", 200 * _GBIT, LATENCY_INTER_S,
+                "IEEE 802.3bs (200 Gb/s Ethernet); e.g. NVIDIA ConnectX-6 Dx datasheet", _PER_GPU_NIC,
+                ("roce-200", "200gbe")),
+    LinkProduct("roce-400g", 400 * _GBIT, LATENCY_INTER_S,
+                "IEEE 802.3bs (400 Gb/s Ethernet); e.g. NVIDIA ConnectX-7 datasheet", _PER_GPU_NIC,
+                ("roce-400", "400gbe")),
+    # PCIe x16: 8 GT/s (3.0), 16 GT/s (4.0) and 32 GT/s (5.0) per lane, 128b/130b encoding
+    LinkProduct("pcie3", 8 * 16 * (128 / 130) / 8 * GB, LATENCY_INTRA_S,
+                "PCI-SIG PCI Express Base Specification 3.0: 8 GT/s per lane, x16", _PCIE,
+                ("pcie3-x16", "pcie-gen3")),
+    LinkProduct("pcie4", 16 * 16 * (128 / 130) / 8 * GB, LATENCY_INTRA_S,
+                "PCI-SIG PCI Express Base Specification 4.0: 16 GT/s per lane, x16", _PCIE,
+                ("pcie4-x16", "pcie-gen4")),
+    LinkProduct("pcie5", 32 * 16 * (128 / 130) / 8 * GB, LATENCY_INTRA_S,
+                "PCI-SIG PCI Express Base Specification 5.0: 32 GT/s per lane, x16", _PCIE,
+                ("pcie5-x16", "pcie-gen5")),
+)
+
+
+def _key(name: str) -> str:
+    return "-".join(name.replace("_", " ").replace("-", " ").split()).casefold()
+
+
+_BY_NAME: dict[str, LinkProduct] = {}
+for _product in PRODUCTS:
+    for _name in (_product.name, *_product.aliases):
+        if _BY_NAME.setdefault(_key(_name), _product) is not _product:
+            raise AssertionError(f"{_name!r} names two link products")
+
+
+def known_names() -> list[str]:
+    """The products' names, in table order (aliases not listed)."""
+    return [p.name for p in PRODUCTS]
+
+
+def product(name: str) -> LinkProduct:
+    """A link product by name or alias (case, spaces, hyphens and underscores ignored)."""
+    found = _BY_NAME.get(_key(name))
+    if found is None:
+        raise ValueError(f"unknown link {name!r}; known: {', '.join(known_names())}, "
+                         "or a bandwidth in GB/s per GPU, unidirectional (e.g. 50)")
+    return found
+
+
+def parse_link(spec: str, efficiency: float | None = None) -> Link:
+    """A link from a command-line spec: a product name (PRODUCTS), or a number = GB/s per GPU,
+    unidirectional, nominal (latency LATENCY_NUMBER_S); ``@E`` after either sets this link's
+    efficiency (``46@1``: a bus bandwidth nccl-tests measured, 46 GB/s, taken as achieved).
+    ``efficiency``: DEFAULT_EFFICIENCY when None. A bench table is not parsed here:
+    scalelab.results.prediction.fit_link reads those."""
+    text, at, own = spec.strip().partition("@")
+    if at:
+        try:
+            efficiency = float(own)
+        except ValueError:
+            raise ValueError(f"link {spec!r}: the efficiency after '@' must be a number in (0, 1]") from None
+        if not (math.isfinite(efficiency) and 0 < efficiency <= 1):
+            raise ValueError(f"link {spec!r}: the efficiency after '@' must be a number in (0, 1], got {own}")
+    efficiency = DEFAULT_EFFICIENCY if efficiency is None else efficiency
+    text = text.strip()
+    try:
+        gb_per_s = float(text)
+    except ValueError:
+        return product(text).link(efficiency)
+    if not (math.isfinite(gb_per_s) and gb_per_s > 0):
+        raise ValueError(f"link bandwidth {spec!r} must be a positive number of GB/s per GPU")
+    return Link(f"{gb_per_s:g} GB/s", gb_per_s * GB, LATENCY_NUMBER_S,
+                "given as a number: GB/s per GPU, unidirectional; latency assumed", efficiency)
+
+
+DEFAULT_INTRA_NODE = {
+    "A100 SXM 40GB": "nvlink-a100", "A100 SXM 80GB": "nvlink-a100",
+    "H100 SXM": "nvlink-h100", "H200 SXM": "nvlink-h100", "B200": "nvlink-b200",
+    "V100 SXM2 16GB": "nvlink-v100", "V100 SXM2 32GB": "nvlink-v100",
+    "A100 PCIe 40GB": "pcie4", "A100 PCIe 80GB": "pcie4", "V100 PCIe 16GB": "pcie3", "V100 PCIe 32GB": "pcie3",
+    "H100 PCIe": "pcie5", "L40S": "pcie4", "L4": "pcie4", "A10": "pcie4",
+}
+"""The link within a node a GPU product (scalelab.spec.hardware's display name) implies: the SXM parts'
+NVLink over NVSwitch, the PCIe boards' slot generation (their datasheets' host interface). Not
+listed (H100/H200 NVL: bridged pairs; GH200: one GPU per superchip): give --intra-node."""
+
+
+# ----------------------------------------------------------------------------- a step's collectives
+# What one optimizer step hands to collectives, sized and counted for collective_seconds: shared by
+# scalelab.results.prediction (runs of a sweep) and `scalelab estimate scaling` (GPU counts not run).
+
+
+def collective_sizes(n_params: int, zero_stage: int, world_size: int, precision: str,
+                     accumulation_steps: int = 1, grad_reduce: str = "fp32") -> dict[str, float]:
+    """Bytes per optimizer step by collective, as nccl-tests sizes them (module doc: the whole
+    buffer; an all-reduce of S bytes is S here, 2S in accounting's unit): accounting.comm_bytes_by_type
+    converted (the gradient term an all-reduce where gradients are replicated, a reduce-scatter where
+    they are sharded; the parameter term an all-gather where parameters are sharded,
+    ZeroRedundancyOptimizer's fp32 broadcast otherwise; fp16's loss-scaler flag)."""
+    handed = accounting.comm_bytes_by_type(n_params, zero_stage, world_size, precision, accumulation_steps, grad_reduce)
+    return {c: b / handed_per_size(c) for c, b in handed.items()}
+
+
+def _parameter_tensors(cfg: ModelConfig) -> int:
+    """Parameter tensors of the family's model (scalelab.run.model): GPT-2 12 per block (qkv,
+    proj, fc, proj and their biases, two LayerNorms) + wte, wpe, ln_f (+ an untied head); llama 9
+    per block + wte, norm, head."""
+    if cfg.family == "llama":
+        return 9 * cfg.n_layers + 3
+    return 12 * cfg.n_layers + 4 + (0 if cfg.tie_embeddings else 1)
+
+
+def collective_calls(cfg: ModelConfig, zero_stage: int, precision: str, sizes: dict[str, float],
+                     accumulation_steps: int = 1, bucket_mb: float | None = None) -> dict[str, int]:
+    """Calls per optimizer step by collective, each paying the link's latency once: DDP one
+    all-reduce per gradient bucket of ``bucket_mb`` MiB (default strategies.DDP_BUCKET_MB); FSDP2 one all-gather per unit (every
+    block, and the root) per gathering pass, one reduce-scatter per unit (and under hybrid sharding
+    one all-reduce per unit across replicas); ZeroRedundancyOptimizer one broadcast per parameter
+    tensor (issued together: their latencies overlap, so this counts them high); fp16's loss scaler
+    one all-reduce of its flag."""
+    from scalelab.spec.strategies import DDP_BUCKET_MB
+
+    record, units = strategy(zero_stage), cfg.n_layers + 1
+    scaler = 1 if PRECISIONS[precision].loss_scaling else 0
+    calls = {}
+    for collective, size in sizes.items():
+        if collective == "all_reduce":
+            grads = size - scaler * accounting.LOSS_SCALER_COMM_BYTES / handed_per_size("all_reduce")
+            if record.ddp_buckets:
+                cap = DDP_BUCKET_MB if bucket_mb is None else float(bucket_mb)
+                calls[collective] = math.ceil(grads / (cap * 2 ** 20)) + scaler
+            else:  # hybrid sharding all-reduces each unit's gradient shard across replicas
+                calls[collective] = (units if grads > 0 else 0) + scaler
+        elif collective == "all_gather":
+            calls[collective] = math.ceil(record.param_psi(accumulation_steps)) * units
+        elif collective == "reduce_scatter":
+            calls[collective] = units
+        else:
+            calls[collective] = _parameter_tensors(cfg)
+    return calls

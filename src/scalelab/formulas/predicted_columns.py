@@ -1,0 +1,138 @@
+"""Every formula column of a run, computed from its row: the run's identity (precision, stage, world
+size, levers) and what it counted (parameters, micro-batch and accumulation, device, the hosts its
+ranks ran on). Torch-free.
+
+One place, called at two times (issue #42): by the launcher and the worker, so that a run's
+summary.json is whole; and again at collection (scalelab.results.collect.collect), so that a
+formula fixed after a run reaches its cached row without retraining (the code is no rerun trigger).
+Only the launch decision (``predicted_oom_reason``) stays as the launcher made it.
+
+* :func:`peak` - the predicted in-step peak per rank (``predicted_peak_bytes`` and its parts), from the
+  launcher's facts; refreshed at collection for the built-in families (a user's module's block
+  parameters are counted on torch's meta device at launch: its row keeps them).
+* :func:`worker_columns` - model state (PyTorch's and the paper's convention), activations, and
+  communication in all and per link (at torchrun's placement: as many ranks per node as on rank 0's host).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from scalelab.config import ModelConfig
+from scalelab.formulas import accounting
+
+PEAK_COLUMNS = ("predicted_peak_bytes", "predicted_activation_bytes", "predicted_transient_param_bytes", "predicted_peak_bound")
+"""The launcher's formula columns (beside them, predicted_oom_reason: the launch decision, kept)."""
+WORKER_COLUMNS = ("activation_bytes_predicted", "activation_bytes_predicted_paper", "activation_bytes_outside_blocks_predicted",
+                  "model_state_bytes_predicted", "model_state_params_bytes_predicted", "model_state_grads_bytes_predicted",
+                  "model_state_optimizer_bytes_predicted", "model_state_bytes_predicted_paper", "comm_bytes_per_step_predicted",
+                  "comm_bytes_per_step_predicted_paper")
+"""The worker's formula columns, beside one per link (comm_<link>_bytes_per_step_predicted)."""
+
+
+def refreshed_at_collection(name: str) -> bool:
+    """Whether collection computes the column anew by today's formulas (:func:`refreshed`)."""
+    return (name in PEAK_COLUMNS or name in WORKER_COLUMNS
+            or (name.startswith("comm_") and name.endswith("_bytes_per_step_predicted")))
+
+
+def _value(row: Mapping, name: str, default=None):
+    v = row.get(name, default)
+    return default if v is None or (isinstance(v, float) and math.isnan(v)) else v
+
+
+def model_of_row(row: Mapping) -> ModelConfig:
+    """The ModelConfig of a run's row (its shape columns)."""
+    return ModelConfig(n_layers=int(row["n_layers"]), d_model=int(row["d_model"]), n_heads=int(row["n_heads"]),
+                       seq_len=int(row["seq_len"]), tie_embeddings=bool(_value(row, "tie_embeddings", True)),
+                       vocab_size=int(row["vocab_size"]), family=_value(row, "model_family", "gpt2"),
+                       n_kv_heads=_value(row, "n_kv_heads") and int(_value(row, "n_kv_heads")),
+                       ffn_dim=_value(row, "ffn_dim") and int(_value(row, "ffn_dim")),
+                       rope_base=float(_value(row, "rope_base", 10000.0)), module=_value(row, "model_module"))
+
+
+def peak(cfg: ModelConfig, n_params: int, row: Mapping, block_params: int | None = None,
+         n_trainable: int | None = None) -> accounting.PeakMemory:
+    """The predicted in-step peak per rank of a run (row: its identity, ``accumulation_steps`` and
+    ``device_type``); LoRA (``lora_rank``): the frozen weights hold no gradient or optimizer state
+    (n_trainable: counted for a user's module, else the formula's)."""
+    import dataclasses
+
+    stage, world_size, precision = int(row["zero_stage"]), int(row["world_size"]), row["precision"]
+    replicas, accum = int(_value(row, "replicas", 1)), int(_value(row, "accumulation_steps", 1))
+    cpu_offload = bool(_value(row, "cpu_offload", False))
+    result = accounting.peak_memory(cfg, n_params, stage, world_size, precision, int(row["micro_batch"]),
+                                    bool(_value(row, "activation_checkpointing", False)), cpu_offload, accum,
+                                    block_params=block_params, device_type=row["device_type"], replicas=replicas,
+                                    compiled=bool(_value(row, "compile", False)))
+    lora_rank = _value(row, "lora_rank")
+    if lora_rank and not cpu_offload:  # frozen weights: no gradient or optimizer state for them
+        trainable = n_trainable if n_trainable is not None else accounting.lora_trainable_params(cfg, int(lora_rank))
+        state = accounting.lora_model_state_bytes(n_params, trainable, stage, world_size, precision, "pytorch", replicas)
+        held = state.total if accounting.grads_at_peak(stage, world_size, accum, replicas) else state.total - state.grads
+        result = dataclasses.replace(result, model_state=held, at_rest=state.total)
+    return result
+
+
+def peak_columns(result: accounting.PeakMemory, custom: bool) -> dict:
+    return {"predicted_peak_bytes": result.total, "predicted_activation_bytes": None if custom else result.activations,
+            "predicted_transient_param_bytes": result.transient_params, "predicted_peak_bound": result.bound}
+
+
+def worker_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -> dict:
+    """What the worker predicts beside what it measured, from the row's identity and counted facts:
+    ``n_params``, ``n_trainable_params`` (its n_params without LoRA), ``accumulation_steps``, the resolved
+    ``micro_batch``, ``device_type``; rank_hosts: each rank's host (rank order)."""
+    stage, world_size, precision = int(row["zero_stage"]), int(row["world_size"]), row["precision"]
+    replicas, accum, micro = int(_value(row, "replicas", 1)), int(row["accumulation_steps"]), int(row["micro_batch"])
+    ac, compiled, grad_reduce = bool(_value(row, "activation_checkpointing", False)), bool(_value(row, "compile", False)), \
+        _value(row, "grad_reduce", "fp32")
+    n_params = int(row["n_params"])
+    lora = _value(row, "lora_rank") is not None
+    n_trainable = int(row["n_trainable_params"]) if lora else None
+    if lora:
+        n_frozen = n_params - n_trainable
+        states = [accounting.lora_model_state_bytes(n_frozen, n_trainable, stage, world_size, precision, c, replicas)
+                  for c in ("pytorch", "paper")]
+        paper_elements = accounting.lora_comm_elements_per_step(n_frozen, n_trainable, stage, world_size, accum, "paper", replicas)
+    else:
+        states = [accounting.model_state_bytes(n_params, stage, world_size, precision, c, replicas) for c in ("pytorch", "paper")]
+        paper_elements = accounting.comm_elements_per_step(n_params, stage, world_size, accum, "paper", replicas)
+    custom = cfg.module is not None
+    device_type = row["device_type"]
+    links = accounting.comm_bytes_by_link(n_params, stage, world_size, precision, rank_hosts.count(rank_hosts[0]), replicas,
+                                          grad_reduce, accum, n_trainable)
+    return {
+        "activation_bytes_predicted": None if custom else accounting.block_activation_bytes(
+            cfg, micro, precision, ac, zero_stage=stage, device_type=device_type, compiled=compiled),
+        "activation_bytes_predicted_paper": None if custom else accounting.block_activation_bytes(cfg, micro, precision, ac, "paper"),
+        "activation_bytes_outside_blocks_predicted": None if custom else accounting.outside_block_activation_bytes(
+            cfg, micro, precision, accum, stage, device_type, compiled=compiled),
+        "model_state_bytes_predicted": states[0].total,
+        "model_state_params_bytes_predicted": states[0].params,
+        "model_state_grads_bytes_predicted": states[0].grads,
+        "model_state_optimizer_bytes_predicted": states[0].optimizer,
+        "model_state_bytes_predicted_paper": states[1].total,
+        "comm_bytes_per_step_predicted": accounting.comm_bytes_per_step(n_params, stage, world_size, precision, accum, grad_reduce,
+                                                                        n_trainable, replicas),
+        **{f"comm_{link}_bytes_per_step_predicted": float(sum(by_type.values())) for link, by_type in links.items()},
+        "comm_bytes_per_step_predicted_paper": 4 * paper_elements,  # the paper's elements, counted at fp32's width
+    }
+
+
+def refreshed(row: dict) -> dict:
+    """A collected row with its formula columns computed anew by today's formulas: the launcher's where
+    the model is a built-in family, the worker's where the worker wrote them (a run that trained: it
+    counted its parameters and hosts). Only columns the row holds are replaced: one its writer left
+    null (a column newer than the run, whose measured twin is null too) stays null. ValueError from a
+    formula that rejects the row (the caller keeps the row as written and reports it)."""
+    if row.get("model_family") is None or row.get("n_layers") is None:  # a row without its shape (missing, corrupt)
+        return row
+    cfg = model_of_row(row)
+    new = {}
+    if cfg.module is None and row.get("predicted_peak_bytes") is not None and row.get("device_type") is not None:
+        new.update(peak_columns(peak(cfg, accounting.param_count(cfg), row), custom=False))
+    hosts = row.get("rank_hostnames")
+    if row.get("model_state_bytes_predicted") is not None and hosts and row.get("n_params") is not None:
+        new.update(worker_columns(cfg, row, hosts.split(",")))
+    return {**row, **{k: v for k, v in new.items() if row.get(k) is not None}}

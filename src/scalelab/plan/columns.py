@@ -1,0 +1,672 @@
+"""The column table: every column of metrics.parquet and steps.parquet, declared once.
+
+Per column: its name, Arrow type, unit, meaning, the part that writes it and when it holds a
+value (``Filled``: which statuses and levers leave it null is part of the contract). The
+Parquet schemas (``RUN_SCHEMA``, ``STEP_SCHEMA``), their field metadata, the data dictionary
+the report shows (scalelab.report.dictionary) and docs/data-dictionary.md
+(``python -m scalelab.plan.columns > docs/data-dictionary.md``) are derived from it, and
+tests/test_columns.py holds real runs of every status and lever against it (``summary_problems``).
+
+Writers:
+
+- ``identity``: the sweep point, from scalelab.plan.sweep.AXES (the registry of axes), and its run id;
+- ``launch``: the launcher (scalelab.run.launch): plan, outcome, provenance;
+- ``worker``: rank 0's worker (scalelab.run.worker): the measurements, read back only from
+  a run whose ranks all finished (status ok);
+- ``collect``: collection of the run folders into the tables (scalelab.results.collect).
+
+A new metric is a ``Column`` here and the line of its writer that fills it. This module sits
+below ``training`` and ``analysis`` (both import it) and imports neither, nor torch.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from scalelab.io import atomic_path
+from scalelab.plan.sweep import AXES, run_id_grammar
+from scalelab.spec.precisions import PRECISIONS
+from scalelab.spec.strategies import strategy
+
+SCHEMA_VERSION = "8"  # 2: lever identity columns; 3: device plan, launch and provenance sources;
+# 4: the compile lever (identity column, compile time), MFU against the bf16 peak, activations outside the blocks predicted;
+# 5: run_path is the run id (run folders named by run id), field metadata names each column's writer and when it is filled;
+# 6: model families (model_family, model_module, n_kv_heads, ffn_dim, rope_base, flops_per_token_method), where ranks ran
+# (rank_hostnames, node_list, nodes_used); 7: hybrid sharding (replicas), bytes per step intra- and inter-node measured and
+# predicted, nodes_share_machine, the step-time model's prediction (predicted_step_time_s, its band, tokens/s, exposed comm, note);
+# 8: predicted_peak_bound, compiled runs' memory predicted with the compiled graphs' model, timing_steps (train.measure_s),
+# half_batch_steps, step_time_s_median_half_batch, token_share_measured, token_share_measured_sem; the trace columns
+# (profiled_steps, trace_files, memory_snapshot_files, exposed_comm_s_measured), the GPU's state (gpu_power_limit_w,
+# gpu_driver_version, gpu_{sm,mem}_clock_mhz_{start,end}, gpu_temperature_c_{start,end})
+_META = {b"scalelab.schema_version": SCHEMA_VERSION.encode()}
+
+WRITERS = ("identity", "launch", "worker", "collect")
+COLLECTIVES = ("all_reduce", "broadcast", "all_gather_single", "reduce_scatter_single")
+"""The collectives counted per type (scalelab.run.comm), one column pair each; a summary
+counting another is reported by ``unknown_summary_keys`` (collection names it)."""
+FLATTENED = {"comm_bytes_per_step_by_type": "comm_{}_bytes_per_step", "comm_calls_per_step": "comm_{}_calls_per_step"}
+"""Summary keys holding a dict by collective, spread by ``run_row`` over one column per collective."""
+LAUNCHER_STATUSES = ("ok", "oom", "predicted_oom", "timeout", "failed", "diverged", "skipped")
+"""Statuses the launcher writes into a run's summary.json."""
+COLLECTED_STATUSES = ("missing", "corrupt")
+"""Statuses collection gives a run folder without a readable summary: such a row holds its
+identity, status, reason and run_path only (the null contract below is for the launcher's rows)."""
+
+
+# ----------------------------------------------------------------------------- the null contract
+
+Row = Callable[[dict], bool]
+
+
+@dataclass(frozen=True)
+class Filled:
+    """When a column holds a value. ``rows``: the rows that must hold one (None: no row can be
+    named in advance, e.g. a teardown warning); ``at_most``: the only rows that may (None: any)."""
+    text: str
+    rows: Row | None
+    at_most: Row | None = None
+
+    def __and__(self, other: Filled) -> Filled:
+        """Both conditions: "status ok" & "precision fp16" -> filled exactly for fp16 runs that ended ok."""
+        def both(a: Row | None, b: Row | None) -> Row | None:
+            return None if a is None or b is None else (lambda row: a(row) and b(row))
+        return Filled(f"{self.text}, {other.text}", both(self.rows, other.rows), both(self.at_most, other.at_most))
+
+
+def _exactly(text: str, rows: Row) -> Filled:
+    """Filled in these rows and null in every other."""
+    return Filled(text, rows, rows)
+
+
+def _ok(row: dict) -> bool:
+    return row["status"] == "ok"
+
+
+def _has(name: str) -> Row:
+    return lambda row: row.get(name) is not None
+
+
+ALWAYS = Filled("always", lambda row: True)
+OK = _exactly("status ok", _ok)
+NOT_OK = _exactly("status other than ok", lambda row: not _ok(row))
+# The launcher counts the records whenever it started the ranks: that count marks a launch (a
+# skipped, a predicted_oom or a run stopped before launch, e.g. on a changed tokens file, has none).
+LAUNCHED = _exactly("the ranks were started (every status but skipped and predicted_oom, unless stopped before launch)",
+                    lambda row: _ok(row) or row.get("completed_steps") is not None)
+GPU = _exactly("a GPU run", lambda row: row.get("device_type") == "cuda")
+GPU_STATE = Filled("GPU runs where nvidia-smi answered (null in rows older than schema 8)", None,
+                   lambda row: row.get("device_type") == "cuda")
+CPU = _exactly("a CPU run", lambda row: row.get("device_type") == "cpu")
+_SCALED = tuple(p.name for p in PRECISIONS.values() if p.loss_scaling)
+_CONVERTED = tuple(p.name for p in PRECISIONS.values() if p.linears)
+LOSS_SCALER = _exactly(f"a loss scaler (precision {' or '.join(_SCALED)})", lambda row: row.get("precision") in _SCALED)
+LINEARS_CONVERTED = _exactly(f"converted linears (precision {' or '.join(_CONVERTED)})",
+                             lambda row: row.get("precision") in _CONVERTED)
+COMPILED = _exactly("compile lever on", lambda row: bool(row.get("compile")))
+LORA = _exactly("lora_rank set", _has("lora_rank"))
+BUCKETS = _exactly("a strategy with DDP buckets (ZeRO stages 0 and 1)", lambda row: strategy(row["zero_stage"]).ddp_buckets)
+DDP_WRAPS = _exactly("DDP wraps the model (stage 1; stage 0 on more than one rank)",
+                     lambda row: strategy(row["zero_stage"]).ddp_wraps(row["world_size"]))
+
+
+def _custom(row: dict) -> bool:
+    return row.get("model_family") == "custom"
+
+
+def _llama(row: dict) -> bool:
+    return row.get("model_family") == "llama"
+
+
+FORMULA = _exactly("a built-in model family (null for a custom module: no activation formula)",
+                   lambda row: not _custom(row))
+
+
+def sometimes(text: str, at_most: Filled | None = None) -> Filled:
+    """Filled in rows no status or lever names in advance (text says which); null outside at_most."""
+    return Filled(f"{at_most.text}, {text}" if at_most else text, None, at_most.at_most if at_most else None)
+
+
+# ----------------------------------------------------------------------------- the table
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: pa.DataType
+    unit: str
+    """``B`` bytes, ``s`` seconds, ``FLOP`` floating-point operations, ``-`` a dimensionless number or a label."""
+    meaning: str
+    writer: str
+    filled: Filled = ALWAYS
+    nullable: bool = True
+    """The Arrow field's flag: False only for the keys (run_id, the main axes, step)."""
+
+    def __post_init__(self):
+        if self.writer not in WRITERS:
+            raise ValueError(f"column {self.name}: writer {self.writer!r} is not one of {', '.join(WRITERS)}")
+
+    def field(self) -> pa.Field:
+        # The unit, meaning, writer and null contract travel in the file's field metadata.
+        meta = {b"unit": self.unit, b"description": self.meaning, b"writer": self.writer, b"filled": self.filled.text}
+        return pa.field(self.name, self.type, nullable=self.nullable, metadata={k: v.encode() for k, v in meta.items()})
+
+
+_AXIS_UNITS = {"world_size": "ranks", "micro_batch": "sequences", "bucket_mb": "MiB"}
+_AXIS_MEANINGS = {
+    "micro_batch": "sweep axis: sequences per rank per forward, as resolved at launch (the whole per-rank batch when the "
+                   "sweep says auto); null only for a missing or corrupt run whose folder said auto",
+}
+_AXIS_FILLED = {  # when the axes that may be null hold a value (a new nullable axis needs its entry)
+    "micro_batch": ALWAYS,  # resolved by the launcher; collection's missing/corrupt rows may lack it
+    "bucket_mb": BUCKETS,
+    "lora_rank": sometimes("LoRA runs (null: full training)"),
+}
+
+
+def _axis_column(axis) -> Column:
+    return Column(axis.name, pa.type_for_alias(axis.arrow), _AXIS_UNITS.get(axis.name, "-"),
+                  _AXIS_MEANINGS.get(axis.name, f"sweep axis: {axis.doc}"), "identity",
+                  _AXIS_FILLED[axis.name] if axis.nullable else ALWAYS, nullable=axis.nullable)
+
+
+# Repeated on every row of both tables: the run id, then one column per sweep axis (scalelab.plan.sweep.AXES).
+IDENTITY = [
+    Column("run_id", pa.string(), "-", "short unique id of the sweep point: " + run_id_grammar(), "identity", nullable=False),
+    *(_axis_column(axis) for axis in AXES),
+]
+
+# metrics.parquet: one row per run, after the identity columns.
+RUN = [
+    Column("status", pa.string(), "-", f"{' | '.join(LAUNCHER_STATUSES)}, and from collection "
+           f"{' | '.join(COLLECTED_STATUSES)}", "launch"),
+    Column("reason", pa.string(), "-", "why the run did not end ok (the root error, the limit hit, why it was skipped); "
+           "null when ok", "launch", NOT_OK),
+    Column("teardown_warning", pa.string(), "-", "a rank exited abnormally after the results were written; the "
+           "measurements are complete", "launch", sometimes("when a rank exited abnormally after the results", OK)),
+    Column("steps_problem", pa.string(), "-", "set by collection when the run's steps.parquet is missing or corrupt (its "
+           "steps are in no figure)", "collect", sometimes("when steps.parquet is missing or corrupt")),
+    Column("dataset", pa.string(), "-", "dataset name (config dataset.name)", "launch"),
+    Column("n_params", pa.int64(), "parameters", "model parameters Ψ (tied embeddings counted once)", "worker", OK),
+    Column("n_trainable_params", pa.int64(), "parameters", "parameters with gradients and optimizer state: Ψ in full "
+           "training, LoRA's A and B with lora_rank", "worker", OK),
+    Column("lora_alpha", pa.float64(), "-", "LoRA scaling numerator (train.lora_alpha): the update is scaled by alpha / "
+           "rank; null without LoRA", "worker", OK & LORA),
+    Column("model_family", pa.string(), "-", "the model's kind: gpt2 (LayerNorm, GELU MLP, learned positions, tied head "
+           "by default) | llama (RMSNorm, SwiGLU, RoPE, grouped-query attention, untied head) | custom (the user's own "
+           "module, models.<name>.module); every run before families were recorded is gpt2", "launch"),
+    Column("model_module", pa.string(), "-", "the user's model callable (pkg.mod:build) of a custom model; null for "
+           "the built-in families", "launch", _exactly("model_family custom", _custom)),
+    Column("n_kv_heads", pa.int32(), "-", "key/value heads of grouped-query attention (llama; n_heads = full "
+           "multi-head attention)", "launch", _exactly("model_family llama", _llama)),
+    Column("ffn_dim", pa.int32(), "-", "SwiGLU hidden size f (llama: models.<name>.ffn_dim, or 8/3·d rounded up to a "
+           "multiple of 256)", "launch", _exactly("model_family llama", _llama)),
+    Column("rope_base", pa.float64(), "-", "base (theta) of the rotary position embedding (llama)", "launch",
+           _exactly("model_family llama", _llama)),
+    Column("n_layers", pa.int32(), "-", "transformer blocks L", "launch"),
+    Column("d_model", pa.int32(), "-", "model width d", "launch"),
+    Column("n_heads", pa.int32(), "-", "attention heads a", "launch"),
+    Column("seq_len", pa.int32(), "tokens", "sequence length T", "launch"),
+    Column("vocab_size", pa.int64(), "tokens", "vocabulary size V", "launch"),
+    Column("tie_embeddings", pa.bool_(), "-", "whether the output head shares the embedding matrix", "launch"),
+    Column("steps", pa.int32(), "-", "optimizer steps the run was configured for (train.steps)", "launch"),
+    Column("completed_steps", pa.int32(), "-", "optimizer steps whose records were written (fewer than steps when a run "
+           "stopped early)", "launch", LAUNCHED),
+    Column("warmup_steps", pa.int32(), "-", "steps before measurement starts (train.warmup_steps); not in the run-level "
+           "timings", "launch"),
+    Column("global_batch", pa.int32(), "sequences", "sequences per optimizer step, all ranks together", "launch"),
+    Column("accumulation_steps", pa.int32(), "-", "micro-batches per rank per optimizer step (gradient accumulation); "
+           "planned by the launcher, as the worker ran it", "launch"),
+    Column("tokens_per_step", pa.int64(), "tokens", "tokens per optimizer step, all ranks together (global_batch × "
+           "seq_len)", "worker", OK),
+    Column("measured_steps", pa.int32(), "-", "steps after warm-up that the run-level timings are taken over (timing "
+           "steps included)", "worker", OK),
+    Column("half_batch_steps", pa.int32(), "-", "steps at half the micro-batch after the measured ones (train.measure_s "
+           "set, micro-batch >= 2): what token_share_measured is measured from", "worker",
+           Filled("status ok, train.measure_s set and a micro-batch of 2 or more (null in rows older than schema 8)", None, _ok)),
+    Column("step_time_s_median_half_batch", pa.float64(), "s", "median step time of the half-batch steps", "worker",
+           Filled("with half_batch_steps", None, _has("half_batch_steps"))),
+    Column("token_share_measured", pa.float64(), "fraction", "the share of the step that grows with the tokens a rank "
+           "processes: (1 - t_half / t) / (1 - (m // 2) / m), t the median step at micro-batch m, t_half at m // 2 "
+           "(clipped to [0, 1]); what the step-time model carries a step to another micro-batch or world size with",
+           "worker", Filled("with half_batch_steps", None, _has("half_batch_steps"))),
+    Column("token_share_measured_sem", pa.float64(), "fraction", "standard error of token_share_measured from the "
+           "scatter of its two windows' steps (1.2533 x 1.4826 MAD / sqrt(n) per median): its error within the run",
+           "worker", Filled("with half_batch_steps", None, _has("half_batch_steps"))),
+    Column("timing_steps", pa.int32(), "-", "steps past train.steps that only lengthened the measurement to "
+           "train.measure_s seconds (no step record, no loss); 0 when the training steps sufficed",
+           "worker", Filled("status ok (null in rows older than schema 8)", None, _ok)),
+    Column("tokens_per_s", pa.float64(), "tokens/s", "throughput over the measured steps, all ranks together (per device: "
+           "tokens_per_s_per_device)", "worker", OK),
+    Column("tokens_per_s_per_device", pa.float64(), "tokens/s", "tokens_per_s / world_size: throughput of one device",
+           "collect", OK),
+    Column("scaling_efficiency", pa.float64(), "fraction", "tokens_per_s / (world_size × the median tokens_per_s of the ok "
+           "world-size-1 runs of the same model (name, family, shape, sequence length, vocabulary), precision, ZeRO stage "
+           "and levers; hybrid sharding's replicas aside: its baseline is its stage's), as the report computes it "
+           "(scalelab.results.like; 1 = linear scaling)",
+           "collect", sometimes("when ok runs at world size 1 of its model, precision, stage and levers exist", OK)),
+    # The step-time model's prediction of the run (scalelab.results.prediction), made at collection: compute from the runs of
+    # the same configuration at the sweep's smallest world size, communication from <results>/calibration/comm.parquet.
+    Column("predicted_step_time_s", pa.float64(), "s", "predicted mean step time (scalelab.results.prediction): compute measured on "
+           "the same configuration at its smallest world size in the sweep, carried to this run's tokens per rank, plus "
+           "the communication its strategy leaves exposed, timed on links fitted to the sweep's bench comm table; "
+           "in-sample where the run is its own reference (prediction_note says which); null where prediction_note "
+           "says why (no bench table, no reference)", "collect", sometimes("when prediction_note gives no reason against", OK)),
+    Column("predicted_step_time_s_low", pa.float64(), "s", "lower end of the prediction's band (99%: run-to-run noise, "
+           "the link fit's error, an assumed token share's range)", "collect",
+           sometimes("with predicted_step_time_s", OK)),
+    Column("predicted_step_time_s_high", pa.float64(), "s", "upper end of the prediction's band; the report warns on a "
+           "measured step_time_s_mean outside it", "collect", sometimes("with predicted_step_time_s", OK)),
+    Column("predicted_tokens_per_s", pa.float64(), "tokens/s", "tokens_per_step / predicted_step_time_s", "collect",
+           sometimes("with predicted_step_time_s", OK)),
+    Column("predicted_exposed_comm_s", pa.float64(), "s", "communication in predicted_step_time_s: the strategy's "
+           "collectives less what its overlap hides", "collect", sometimes("with predicted_step_time_s", OK)),
+    # The GPU beside the run (nvidia-smi on rank 0's GPU; scalelab.run.devices.gpu_state): what explains an MFU gap
+    # between two machines of one product
+    Column("gpu_power_limit_w", pa.float64(), "W", "the power limit of rank 0's GPU (nvidia-smi power.limit) at the run's "
+           "start", "worker", GPU_STATE),
+    Column("gpu_driver_version", pa.string(), "-", "the NVIDIA driver (nvidia-smi driver_version)", "worker", GPU_STATE),
+    *[Column(f"{stem}_{when}", pa.float64(), unit, f"{what} of rank 0's GPU {'before' if when == 'start' else 'after'} the "
+             f"steps (nvidia-smi {query})", "worker", GPU_STATE)
+      for stem, unit, what, query in (("gpu_sm_clock_mhz", "MHz", "the SM clock", "clocks.sm"),
+                                      ("gpu_mem_clock_mhz", "MHz", "the memory clock", "clocks.mem"),
+                                      ("gpu_temperature_c", "°C", "the temperature", "temperature.gpu"))
+      for when in ("start", "end")],
+    # What a trace shows (train.profile, train.memory_snapshot; scalelab.run.trace)
+    Column("profiled_steps", pa.string(), "-", "the steps train.profile traced, 'first-last' (inclusive); left out of "
+           "the run's timings", "worker", Filled("status ok with train.profile", None, _has("profiled_steps"))),
+    Column("trace_files", pa.string(), "-", "each rank's torch.profiler trace (Chrome trace JSON: Perfetto), relative to "
+           "the run folder, and how many", "worker", Filled("with profiled_steps", None, _has("profiled_steps"))),
+    Column("memory_snapshot_files", pa.string(), "-", "each rank's CUDA allocator snapshot with its history "
+           "(pytorch.org/memory_viz), relative to the run folder: after the traced steps, else at the run's end; an out-of-"
+           "memory run writes rank<R>.oom.pickle instead", "worker",
+           Filled("GPU runs with train.memory_snapshot", None, lambda row: row.get("device_type") == "cuda")),
+    Column("exposed_comm_s_measured", pa.float64(), "s", "communication that nothing computed beside, per traced step "
+           "(the median over them), read from rank 0's trace: NCCL kernels not overlapped by other kernels on a GPU; on a "
+           "CPU gloo's work not overlapped by the main thread's operators. Beside predicted_exposed_comm_s; traced runs "
+           "calibrate the overlap efficiency", "worker", Filled("with profiled_steps", None, _has("profiled_steps"))),
+    Column("prediction_note", pa.string(), "-", "how predicted_step_time_s was made (the reference's world size and "
+           "tokens, the token share and whether it was fitted), or why there is none", "collect", OK),
+    Column("step_time_s_mean", pa.float64(), "s", "mean step time over the measured steps", "worker", OK),
+    Column("step_time_s_median", pa.float64(), "s", "median step time over the measured steps", "worker", OK),
+    Column("loop_time_s_per_step", pa.float64(), "s", "wall time of the whole training loop (records, loss sync "
+           "included) per measured step", "worker", OK),
+    Column("compile_time_s", pa.float64(), "s", "compile lever: wall time of the warm-up forward and backward that "
+           "compiles the graphs before the first step (kept out of every step time); null when not compiled", "worker",
+           OK & COMPILED),
+    Column("compile_graphs", pa.int32(), "-", "graphs torch.compile compiled in that warm-up (the block's and the loss's)",
+           "worker", OK & COMPILED),
+    Column("compile_graphs_in_loop", pa.int32(), "-", "graphs compiled during the measured steps: 0 means no step time "
+           "holds compilation", "worker", OK & COMPILED),
+    Column("flops_per_token", pa.float64(), "FLOP/token", "model FLOPs per token, forward and backward: 6·N + 12·L·d·T, "
+           "N the matmul weights (GPT-2: 12·L·d² + V·d; llama: L·(2d² + 2d·kv + 3d·f) + V·d), the attention term counted "
+           "in full although causal (PaLM's convention); a custom module's counted by torch.utils.flop_counter "
+           "(flops_per_token_method)", "worker", OK),
+    Column("flops_per_token_method", pa.string(), "-", "how flops_per_token was obtained: formula (the built-in "
+           "families, scalelab.formulas.accounting.flops_per_token) | counted (torch.utils.flop_counter, a custom module: one "
+           "sequence's forward and backward on the meta device)", "worker", OK),
+    Column("peak_flops_per_device", pa.float64(), "FLOP/s", "dense peak used for MFU, per device, for this precision "
+           "(NaN when unknown)", "worker", OK),
+    Column("peak_flops_source", pa.string(), "-", "where that peak comes from (datasheet, measured CPU matmul rate, "
+           "config) or why it is unknown", "worker", OK),
+    Column("mfu", pa.float64(), "fraction", "model FLOPs utilisation: tokens_per_s × flops_per_token / "
+           "(peak_flops_per_device × world_size); above 1 means the peak is too low for this path (e.g. emulated fp16 "
+           "on a CPU)", "worker", OK),
+    Column("peak_flops_bf16", pa.float64(), "FLOP/s", "dense bf16 peak per device (datasheet on a GPU; measured bf16 "
+           "matmul rate on a CPU): the common MFU convention for every precision", "worker", OK),
+    Column("peak_flops_bf16_source", pa.string(), "-", "where peak_flops_bf16 came from", "worker", OK),
+    Column("mfu_bf16_peak", pa.float64(), "-", "MFU against the bf16 dense peak (torchtitan's convention; fp8 runs show "
+           "their speed-up here), beside mfu against the run's own precision's peak", "worker", OK),
+    Column("final_loss", pa.float64(), "nats/token", "loss of the last recorded step", "launch",
+           Filled("a step was recorded (completed_steps > 0)", lambda row: bool(row.get("completed_steps")),
+                  LAUNCHED.at_most)),
+    Column("skipped_steps", pa.int32(), "-", "optimizer steps skipped by the fp16 loss scaler", "worker", OK),
+    Column("resumed_from_step", pa.int32(), "-", "the checkpoint step a resumed run started after; null when not resumed",
+           "worker", sometimes("when the run resumed from a checkpoint", OK)),
+    Column("final_loss_scale", pa.float64(), "-", "fp16 loss scale at the end of the run; null without a scaler", "worker",
+           OK & LOSS_SCALER),
+    Column("model_state_bytes_measured", pa.int64(), "B", "model state at rest (parameters + gradients + optimizer "
+           "state) on the largest rank, after the last step", "worker", OK),
+    Column("model_state_params_bytes_measured", pa.int64(), "B", "parameters held by the largest rank", "worker", OK),
+    Column("model_state_grads_bytes_measured", pa.int64(), "B", "gradients held by the largest rank", "worker", OK),
+    Column("model_state_optimizer_bytes_measured", pa.int64(), "B", "AdamW state held by the largest rank", "worker", OK),
+    Column("model_state_bytes_measured_per_rank", pa.list_(pa.int64()), "B", "model state at rest of each rank, rank 0 "
+           "first", "worker", OK),
+    Column("model_state_bytes_predicted", pa.float64(), "B", "predicted model state per rank, PyTorch AMP convention "
+           "(fp32 master: 16Ψ, 8Ψ + 8Ψ/N, 16Ψ/N)", "worker", OK),
+    Column("model_state_params_bytes_predicted", pa.float64(), "B", "predicted parameter bytes per rank (PyTorch "
+           "convention)", "worker", OK),
+    Column("model_state_grads_bytes_predicted", pa.float64(), "B", "predicted gradient bytes per rank (PyTorch "
+           "convention)", "worker", OK),
+    Column("model_state_optimizer_bytes_predicted", pa.float64(), "B", "predicted optimizer-state bytes per rank (PyTorch "
+           "convention)", "worker", OK),
+    Column("model_state_bytes_predicted_paper", pa.float64(), "B", "predicted model state per rank, ZeRO paper convention "
+           "(mixed precision 2 + 2 + 12 bytes per parameter)", "worker", OK),
+    Column("comm_bytes_per_step_measured", pa.float64(), "B/step", "bytes handed to collectives per optimizer step on "
+           "rank 0 (ZeRO paper's unit)", "worker", OK),
+    Column("comm_bytes_per_step_predicted", pa.float64(), "B/step", "predicted collective bytes per step, PyTorch "
+           "strategy", "worker", OK),
+    Column("comm_bytes_per_step_predicted_paper", pa.float64(), "B/step", "predicted collective bytes per step, ZeRO paper",
+           "worker", OK),
+    # Traffic per link (issue #28): rank 0's bytes split by where the collective's group ran. The rule
+    # (scalelab.plan.placement.link_of): every byte handed to a collective whose group's ranks ran on more
+    # than one host counts inter-node, every other byte intra-node; the two add up to the total.
+    *(Column(f"comm_{link}_bytes_per_step_{kind}", pa.float64(), "B/step",
+             f"{'predicted ' if kind == 'predicted' else ''}bytes rank 0 hands per optimizer step to collectives whose "
+             f"group's ranks ran {'on one host' if link == 'intra_node' else 'on more than one host'} (ZeRO paper's "
+             "unit; a collective whose group spans nodes counts wholly inter-node; "
+             + ("counted per process group, each group classified by the hosts its ranks recorded)" if kind == "measured"
+                else "scalelab.formulas.accounting.comm_bytes_by_link at torchrun's placement: consecutive ranks per node, as "
+                     "many per node as ran on rank 0's host)"),
+             "worker", sometimes("runs measured since traffic per link was counted (issue #28)", OK))
+      for link in ("intra_node", "inter_node") for kind in ("measured", "predicted")),
+    # The recipe of the run's collectives (scalelab.formulas.accounting.comm_dtypes); a summary written before
+    # they were recorded is read as what that code did (LEGACY_SUMMARY), never as today's recipe.
+    Column("param_gather_dtype", pa.string(), "-", "dtype FSDP2 all-gathers parameters in (float32, or the compute "
+           "dtype of fp16/bf16 at stages 2 and 3: MixedPrecisionPolicy param_dtype); null for strategies that gather "
+           "none (stages 0, 1). Runs measured before it was recorded gathered float32", "worker",
+           _exactly("status ok, a strategy that shards parameters (ZeRO stages 2 and 3)",
+                    lambda row: _ok(row) and strategy(row["zero_stage"]).shards[0])),
+    Column("grad_reduce_dtype", pa.string(), "-", "dtype gradients are reduced in (all-reduce, reduce-scatter): float32, "
+           "or the compute dtype with the grad_reduce lever at compute. Runs measured before it was recorded reduced "
+           "float32", "worker", OK),
+    # The summary holds these as one dict per kind (FLATTENED); run_row spreads them.
+    *(Column(f"comm_{c}_bytes_per_step", pa.float64(), "B/step", f"bytes handed to {c} per optimizer step on rank 0",
+             "worker", sometimes("when the strategy called it in the measured steps", OK)) for c in COLLECTIVES),
+    *(Column(f"comm_{c}_calls_per_step", pa.float64(), "calls/step", f"{c} calls per optimizer step on rank 0", "worker",
+             sometimes("when the strategy called it in the measured steps", OK)) for c in COLLECTIVES),
+    Column("activation_bytes_measured", pa.int64(), "B", "activations saved for backward by one micro-batch's forward on "
+           "rank 0, inside the blocks", "worker", OK),
+    Column("activation_bytes_outside_blocks_measured", pa.int64(), "B", "activations saved outside the transformer blocks "
+           "(embedding, head, loss)", "worker", OK),
+    Column("activation_bytes_predicted", pa.float64(), "B", "predicted activations per micro-batch: Korthikanti et al.'s "
+           "terms for this model", "worker", OK & FORMULA),
+    Column("activation_bytes_predicted_paper", pa.float64(), "B", "predicted activations per micro-batch: Korthikanti et "
+           "al. 2022 as published", "worker", OK & FORMULA),
+    Column("activation_bytes_outside_blocks_predicted", pa.float64(), "B", "predicted bytes saved for backward outside the "
+           "blocks (embeddings, final norm, head, the loss path) by one micro-batch", "worker", OK & FORMULA),
+    Column("activation_measure", pa.string(), "-", "how activation_bytes_measured was measured", "worker", OK),
+    Column("recompute_flops_per_token", pa.float64(), "FLOP/token", "extra FLOPs per token of activation checkpointing "
+           "(one more forward of every block); 0 without", "worker", OK),
+    Column("hfu", pa.float64(), "fraction", "hardware FLOPs utilisation: like mfu, with the recompute FLOPs added", "worker",
+           OK),
+    Column("fp8_linears", pa.int32(), "-", "linear layers converted to float8 (fp8 runs)", "worker", OK & LINEARS_CONVERTED),
+    Column("fp8_emulated", pa.bool_(), "-", "whether fp8 ran through torchao's emulated casts (no FP8 tensor cores)",
+           "worker", OK & LINEARS_CONVERTED),
+    Column("ddp_buckets_predicted", pa.int32(), "-", "predicted DDP gradient buckets, i.e. all-reduce calls per step "
+           "(stage 1; stage 0 on more than one rank: one rank trains without DDP)", "worker", OK & DDP_WRAPS),
+    Column("predicted_peak_bytes", pa.float64(), "B", "predicted in-step peak per rank: model state (gradients only where they exist at "
+           "the peak: DDP's buckets, or accumulation) + in-step parameters + activations", "launch"),
+    Column("predicted_activation_bytes", pa.float64(), "B", "the activation part of predicted_peak_bytes (every "
+           "micro-batch in flight); null for a custom module (no activation formula: its predicted peak is model "
+           "state and in-step parameters)", "launch", FORMULA),
+    Column("predicted_transient_param_bytes", pa.float64(), "B", "the in-step (unsharded) parameter part of "
+           "predicted_peak_bytes", "launch"),
+    Column("predicted_peak_bound", pa.string(), "-", "what predicted_peak_bytes is: 'model' (it models the step), 'upper "
+           "bound: why' (fp8, predicted as bf16: the step keeps less; never a reason to skip the run) or 'lower bound: "
+           "why' (a custom module: activations not predicted)", "launch",
+           Filled("every run planned since schema 8 (null in older rows)", None, _has("predicted_peak_bytes"))),
+    Column("device_memory_bytes", pa.float64(), "B", "memory of one device the prediction is held against "
+           "(planning.device_memory_gib, else the GPU's); null when unknown (CPU)", "launch",
+           Filled("planning.device_memory_gib set, or a GPU run that ended ok", lambda row: _ok(row) and GPU.rows(row))),
+    Column("predicted_oom_reason", pa.string(), "-", "why the run was predicted not to fit; null when it fits", "launch",
+           Filled("status predicted_oom (and a run launched anyway with planning.launch_predicted_oom)",
+                  lambda row: row["status"] == "predicted_oom")),
+    Column("peak_mem_allocated_bytes", pa.int64(), "B", "max memory allocated by PyTorch on a GPU, largest rank; null on "
+           "CPU", "worker", OK & GPU),
+    Column("peak_mem_reserved_bytes", pa.int64(), "B", "max memory reserved by PyTorch's caching allocator on a GPU, "
+           "largest rank; null on CPU", "worker", OK & GPU),
+    Column("peak_rss_bytes", pa.int64(), "B", "peak resident set size of a rank's process, largest rank (includes the "
+           "framework)", "worker", OK),
+    Column("wall_time_s", pa.float64(), "s", "wall time of the whole run, launch to results written", "launch"),
+    Column("startup_s", pa.float64(), "s", "launch to the first training step (process start, imports, process group, "
+           "model build): the worker's first-step time, less the launch time", "launch", OK),
+    Column("requested_device", pa.string(), "-", "train.device as configured: auto | cpu | cuda", "launch"),
+    Column("planned_device_reason", pa.string(), "-", "why the workflow planned the sweep on this device", "launch"),
+    Column("device_type", pa.string(), "-", "device the run trained on: cpu | cuda (planned by the launcher, as the "
+           "worker found it)", "launch"),
+    Column("device_name", pa.string(), "-", "device model (GPU name, or the CPU model)", "worker", OK),
+    Column("backend", pa.string(), "-", "torch.distributed backend: gloo | nccl", "worker", OK),
+    Column("launch", pa.string(), "-", "how the ranks were started (one process per rank on one host, started by the launcher or, "
+           "for a CPU run, forked from the prefork server that imported torch once; or srun x torchrun over nodes)", "launch",
+           LAUNCHED),
+    Column("launchers", pa.int32(), "-", "launchers of the run: 1 on one host, else torchrun launchers (SLURM tasks)", "launch", LAUNCHED),
+    Column("threads", pa.int32(), "-", "CPU threads given to the whole run", "launch"),
+    Column("threads_per_rank", pa.int32(), "-", "intra-op threads per rank", "worker", OK),
+    Column("rank_cores", pa.string(), "-", "CPU cores each rank of rank 0's launcher was pinned to (r0:0 r1:1), or why they "
+           "shared (an overcommitted run); null on GPU", "worker", OK & CPU),
+    Column("torch_version", pa.string(), "-", "torch.__version__", "worker", OK),
+    Column("cuda_version", pa.string(), "-", "torch.version.cuda; null for a CPU build", "worker",
+           Filled("status ok, a CUDA build of torch (every GPU run)", lambda row: _ok(row) and GPU.rows(row), OK.at_most)),
+    Column("nccl_version", pa.string(), "-", "NCCL version on GPU runs", "worker", OK & GPU),
+    Column("python_version", pa.string(), "-", "Python version of the ranks", "worker", OK),
+    Column("hostname", pa.string(), "-", "host of rank 0", "worker", OK),
+    Column("rank_hostnames", pa.string(), "-", "host of each rank, in rank order, comma-separated (socket.gethostname() "
+           "on the rank)", "worker", OK),
+    Column("node_list", pa.string(), "-", "the hosts the run's ranks ran on, each once, in rank order, comma-separated",
+           "worker", OK),
+    Column("nodes_used", pa.int32(), "-", "how many hosts the run's ranks ran on (1 on one host; a run whose launchers "
+           "span SLURM nodes: its nodes)", "worker", OK),
+    Column("nodes_share_machine", pa.bool_(), "-", "the run's nodes are one machine (every rank read the same kernel boot "
+           "id: a virtual cluster's network namespaces), so their ranks shared its cores and memory and its timings "
+           "over-commit compute; null on one host", "worker",
+           sometimes("runs over more than one host, measured since issue #28", OK)),
+    Column("git_commit", pa.string(), "-", "commit of the code that ran", "launch",
+           _exactly("unless git_commit_source says unknown", lambda row: not (row.get("git_commit_source") or "unknown").startswith("unknown"))),
+    Column("git_dirty", pa.bool_(), "-", "whether the checkout had uncommitted changes", "launch",
+           Filled("git_commit_source git (from the environment: when SCALELAB_GIT_DIRTY is set)",
+                  lambda row: row.get("git_commit_source") == "git")),
+    Column("git_commit_source", pa.string(), "-", "where git_commit comes from (git, an environment variable) or why it "
+           "is unknown", "launch"),
+    Column("dataset_sha256_train", pa.string(), "-", "SHA-256 of the tokenized training split", "launch"),
+    Column("seed", pa.int64(), "-", "random seed (train.seed)", "launch"),
+    Column("config_hash", pa.string(), "-", "hash of the configuration the results depend on", "launch"),
+    Column("started_utc", pa.string(), "-", "when the run started, ISO 8601, UTC", "launch"),
+    Column("run_path", pa.string(), "-", "the run's folder under `<results>/runs/`: its run id", "collect"),
+]
+
+# steps.parquet: one row per optimizer step, after the identity columns. The worker writes a
+# record per step (progress.jsonl); the launcher turns the records into the run's table.
+STEP = [
+    Column("step", pa.int32(), "-", "optimizer step, from 0 (warm-up steps included)", "worker", nullable=False),
+    Column("loss", pa.float64(), "nats/token", "training loss of the step, mean over all ranks and micro-batches "
+           "(cross-entropy)", "worker"),
+    Column("grad_norm", pa.float64(), "-", "global L2 norm of the gradients before clipping", "worker"),
+    Column("lr", pa.float64(), "-", "learning rate used by the step (warm-up then cosine)", "worker"),
+    Column("loss_scale", pa.float64(), "-", "fp16 dynamic loss scale the step used; null without a scaler (fp32, bf16, "
+           "fp8)", "worker", LOSS_SCALER),
+    Column("skipped", pa.bool_(), "-", "true when the fp16 loss scaler skipped the optimizer step (inf/NaN gradients)",
+           "worker"),
+    Column("step_time_s", pa.float64(), "s", "wall time of the step on rank 0 (forward, backward, communication, "
+           "optimizer)", "worker"),
+    Column("tokens", pa.int64(), "tokens", "tokens processed by the step, all ranks together", "worker"),
+    Column("tokens_per_s", pa.float64(), "tokens/s", "tokens / step_time_s: the step's throughput, all ranks together",
+           "launch"),
+]
+
+RUN_COLUMNS = {c.name: c for c in IDENTITY + RUN}
+STEP_COLUMNS = {c.name: c for c in IDENTITY + STEP}
+IDENTITY_FIELDS = [c.field() for c in IDENTITY]
+RUN_SCHEMA = pa.schema([c.field() for c in RUN_COLUMNS.values()], metadata=_META)
+STEP_SCHEMA = pa.schema([c.field() for c in STEP_COLUMNS.values()], metadata=_META)
+
+
+# ----------------------------------------------------------------------------- building and writing the tables
+
+def steps_table(identity: dict, records: list[dict]) -> pa.Table:
+    """A run's steps.parquet from the worker's step records."""
+    columns = {f.name: [] for f in STEP_SCHEMA}
+    for rec in records:
+        row = {**rec, **identity}
+        t = rec.get("step_time_s")
+        row["tokens_per_s"] = rec["tokens"] / t if t else None
+        for name in columns:
+            columns[name].append(row.get(name))
+    return pa.Table.from_pydict(columns, schema=STEP_SCHEMA)
+
+
+LEGACY_SUMMARY: dict[str, Callable[[dict], object]] = {
+    "param_gather_dtype": lambda row: "float32" if strategy(row["zero_stage"]).shards[0] else None,
+    "grad_reduce_dtype": lambda row: "float32",
+}
+"""Keys an ok summary written by an older scalelab lacks, filled with what that code did: before
+FSDP2's MixedPrecisionPolicy every run gathered and reduced in fp32 (a bf16 stage 2 run of then
+reads float32, not the compute dtype its rerun gathers in)."""
+
+
+def run_row(summary: dict, run_path: str) -> dict:
+    """Flatten a run's summary.json into one row of RUN_SCHEMA (an older ok summary's missing
+    recipe keys filled as LEGACY_SUMMARY says)."""
+    row = dict(summary)
+    if row.get("status") in LAUNCHER_STATUSES:
+        row.setdefault("model_family", "gpt2")  # written before families: every model was GPT-2
+    if row.get("status") == "ok" and row.get("zero_stage") is not None:
+        row.update({key: fill(row) for key, fill in LEGACY_SUMMARY.items() if key not in row})
+    for key, column in FLATTENED.items():
+        for c in COLLECTIVES:
+            row[column.format(c)] = (summary.get(key) or {}).get(c)
+    row["run_path"] = run_path
+    return {f.name: row.get(f.name) for f in RUN_SCHEMA}
+
+
+def runs_table(rows: list[dict]) -> pa.Table:
+    table = pa.Table.from_pylist(rows, schema=RUN_SCHEMA)
+    return table.replace_schema_metadata({**table.schema.metadata, b"pandas": _pandas_integers()})
+
+
+def _pandas_integers() -> bytes:
+    """pandas' own metadata naming every integer column of the runs (RUN) a nullable integer (Int64,
+    Int32): pd.read_parquet then reads n_params as an integer even where a skipped row leaves it
+    null (without it pandas makes such a column float, numpy's int64 holding no null). Not the
+    sweep axes (IDENTITY): their null is a value ("no accumulation", "no LoRA") that filters compare
+    with == and !=, which pandas' NA answers with NA; they read as pyarrow's types say, as before."""
+    import pandas as pd  # here, not at import: the training worker imports this module
+
+    ints = {c.name: f"Int{c.type.bit_width}" for c in RUN if pa.types.is_integer(c.type)}
+    empty = pd.DataFrame({name: pd.array([], dtype=dtype) for name, dtype in ints.items()})
+    return pa.Schema.from_pandas(empty, preserve_index=False).metadata[b"pandas"]
+
+
+def unknown_summary_keys(summary: dict) -> list[str]:
+    """Keys of a run's summary that no column of RUN_SCHEMA holds (they would be lost), a
+    collective no column counts as ``comm_calls_per_step.<name>``."""
+    lost = set(summary) - set(RUN_SCHEMA.names) - set(FLATTENED)
+    lost |= {f"{key}.{c}" for key in FLATTENED for c in (summary.get(key) or {}) if c not in COLLECTIVES}
+    return sorted(lost)
+
+
+def type_problems(row: dict) -> list[str]:
+    """'field=value (expected type)' for each value of a row its RUN_SCHEMA column cannot hold."""
+    bad = []
+    for f in RUN_SCHEMA:
+        try:
+            pa.array([row.get(f.name)], type=f.type)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            bad.append(f"{f.name}={row.get(f.name)!r} (expected {f.type})")
+    return bad
+
+
+def write_parquet(table: pa.Table, path: str | Path) -> None:
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def schema_version(path: str | Path) -> str | None:
+    meta = pq.read_schema(path).metadata or {}
+    value = meta.get(b"scalelab.schema_version")
+    return value.decode() if value else None
+
+
+# ----------------------------------------------------------------------------- holding rows to the contract
+
+def null_problems(row: dict, columns: dict[str, Column]) -> list[str]:
+    """What in one row (of either table) breaks its columns' null contract."""
+    if row.get("status") in COLLECTED_STATUSES:
+        kept = {c.name for c in IDENTITY} | {"status", "reason", "run_path", "steps_problem"}
+        return [f"{n}: holds {row[n]!r} in a {row['status']} row" for n in columns if n not in kept and row.get(n) is not None]
+    bad = []
+    for name, column in columns.items():
+        value, filled = row.get(name), column.filled
+        if value is None and filled.rows is not None and filled.rows(row):
+            bad.append(f"{name}: null, but the table says filled: {filled.text}")
+        elif value is not None and filled.at_most is not None and not filled.at_most(row):
+            bad.append(f"{name}: holds {value!r}, but the table says filled only: {filled.text}")
+    return bad
+
+
+def summary_problems(summary: dict) -> list[str]:
+    """Where a run's summary.json (the launcher's) and the column table disagree: a key no column
+    holds, a column its writer leaves out or fills against its null contract, a column only
+    collection writes. Empty when they agree."""
+    bad = [f"{key}: no column holds it" for key in unknown_summary_keys(summary)]
+    flattened = {pattern.format(c) for pattern in FLATTENED.values() for c in COLLECTIVES}
+    for column in RUN:
+        if column.writer == "collect" and column.name in summary:
+            bad.append(f"{column.name}: written by the launcher, but a collection column")
+        # the worker writes every key of its result, null or not; the launcher merges it on status ok
+        elif column.writer == "worker" and summary.get("status") == "ok" and column.name not in summary \
+                and column.name not in flattened:
+            bad.append(f"{column.name}: the worker's result lacks it")
+    # the launcher's columns only: collection fills its own (tokens_per_s_per_device) from every run
+    return bad + null_problems(run_row(summary, "-"), {n: c for n, c in RUN_COLUMNS.items() if c.writer != "collect"})
+
+
+def steps_problems(steps: pa.Table, identity: dict) -> list[str]:
+    """Where a run's steps.parquet breaks the contract: identity other than its run's, nulls."""
+    bad = [] if steps.schema.equals(STEP_SCHEMA, check_metadata=True) else ["schema differs from STEP_SCHEMA"]
+    for row in steps.to_pylist():
+        bad += [f"{k}: {row[k]!r}, the run's is {v!r}" for k, v in identity.items() if row[k] != v]
+        bad += [f"step {row['step']}: {p}" for p in null_problems(row, STEP_COLUMNS)]
+    return sorted(set(bad))
+
+
+# ----------------------------------------------------------------------------- docs/data-dictionary.md
+
+def markdown() -> str:
+    """docs/data-dictionary.md: both tables, in schema order."""
+    def table(columns: dict[str, Column]) -> list[str]:
+        rows = ["| column | type | unit | written by | filled | meaning |", "|---|---|---|---|---|---|"]
+        for c in columns.values():
+            cells = [f"`{c.name}`", f"`{c.type}`", c.unit, c.writer, c.filled.text, c.meaning]
+            rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+        return rows
+
+    lines = [
+        "# Data dictionary",
+        "",
+        "<!-- Generated from src/scalelab/plan/columns.py by `python -m scalelab.plan.columns > docs/data-dictionary.md`; "
+        "tests/test_columns.py checks it. -->",
+        "",
+        "Every column of the two result tables: its Arrow type, unit, meaning, the part that writes it and",
+        "when it holds a value. The same text is in each Parquet file's field metadata (keys `unit`,",
+        "`description`, `writer` and `filled`), e.g.",
+        "`pyarrow.parquet.read_schema('results/metrics.parquet').field('mfu').metadata`.",
+        "The identity columns (`run_id` and one per sweep axis) are on every row of both tables.",
+        "",
+        "Written by: `identity` the sweep point; `launch` the launcher; `worker` rank 0's worker, read back",
+        "only from a run whose ranks all finished (status ok); `collect` the collection into the tables.",
+        "Filled: the rows that hold a value; the others hold null. A row collection makes for a run folder",
+        f"without a readable summary (status {' or '.join(COLLECTED_STATUSES)}) holds its identity, status, reason and",
+        "run_path only.",
+        "",
+        f"## results/metrics.parquet: one row per run ({len(RUN_COLUMNS)} columns)",
+        "",
+        *table(RUN_COLUMNS),
+        "",
+        f"## results/steps.parquet: one row per optimizer step ({len(STEP_COLUMNS)} columns)",
+        "",
+        *table(STEP_COLUMNS),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(prog="python -m scalelab.plan.columns",
+                            description="Print the data dictionary (docs/data-dictionary.md) as Markdown: "
+                                        "python -m scalelab.plan.columns > docs/data-dictionary.md").parse_args()
+    print(markdown(), end="")

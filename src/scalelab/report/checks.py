@@ -1,0 +1,413 @@
+"""Checks of the results a reader would miss, and what CPU results do not show.
+
+Pure pandas and numpy, from the two Parquet tables alone (metrics.parquet's runs, steps.parquet's
+steps). The report (scalelab.report.report.find_warnings) adds their messages to its warnings;
+the CPU notice opens the report, summary.md and the workflow's end-of-sweep text
+(scalelab.report.tables.sweep_end_text).
+
+Loss spikes and grad-norm jumps: each step is held against the previous ``SPIKE_WINDOW``
+recorded steps of its own run (steps before a full window, and warm-up steps, are never held):
+
+* a **loss spike**: loss above the window's median by more than ``LOSS_RELATIVE`` of it *and* by
+  more than ``LOSS_DEVIATIONS`` robust deviations (1.4826 × the median absolute deviation, the
+  standard deviation of normal noise). Both, because either alone misfires: a flat, quiet loss
+  has a tiny deviation (a 3% wiggle would be "many deviations"), a noisy one a wide relative band.
+* a **grad-norm jump**: grad norm above ``GRAD_NORM_FACTOR`` × the window's median.
+
+Calibrated on the default sweep (24 runs of 60 steps, 2 and 4 layers): after warm-up its loss
+wanders within ±5% of the window median and its grad norm within 0.3–2.6× of it; the spikes
+these checks are for are 2.5–3.5× in loss and 100–900× in grad norm. Non-finite grad norms (the
+fp16 loss scaler's skipped steps, reported as skipped_steps) are neither held nor part of a window.
+
+Peaks out of line: MFU divides by a peak FLOP/s; on a CPU each run measured its own, under
+whatever ran beside it, so a run whose peak is ``PEAK_TOLERANCE`` off the median peak of the
+runs of its precision on the same device shows an MFU that says more about the moment of
+measurement than about the run. Written against the columns alone: with one calibration per
+sweep (or a datasheet) every peak is equal and nothing is flagged.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from scalelab.spec.precisions import PRECISIONS
+
+SPIKE_WINDOW = 10
+"""Steps before a step that form its "recent range" (the default warm-up is 10 steps)."""
+LOSS_RELATIVE = 0.25
+"""A loss spike is more than this fraction above the window's median loss..."""
+LOSS_DEVIATIONS = 6.0
+"""...and more than this many robust deviations above it."""
+GRAD_NORM_FACTOR = 10.0
+"""A grad-norm jump is more than this many times the window's median grad norm."""
+PEAK_TOLERANCE = 0.25
+"""A run's peak FLOP/s more than this fraction off the median peak of its precision and device is flagged."""
+MAD_TO_SIGMA = 1.4826
+"""Median absolute deviation to the standard deviation of normal noise."""
+NAMED_RUNS = 12
+"""Runs named in one message; beyond, the first ones and a count."""
+LOW_PRECISIONS = tuple(p.name for p in PRECISIONS.values() if p.autocast)
+"""The precisions that compute below fp32 (under autocast), each set against fp32 in the CPU notice."""
+
+
+# --------------------------------------------------------------------------- loss spikes, grad-norm jumps
+
+def _previous(values: np.ndarray, codes: np.ndarray, k: int, rows: np.ndarray) -> np.ndarray:
+    """For each of rows: the k values before it in the same run (NaN where there is none). Rows sorted by run, then step."""
+    before = rows[:, None] - np.arange(k, 0, -1)[None, :]
+    inside = before >= 0
+    before = np.where(inside, before, 0)
+    return np.where(inside & (codes[before] == codes[rows][:, None]), values[before], np.nan)
+
+
+def _floor(values: np.ndarray, codes: np.ndarray, k: int) -> np.ndarray:
+    """Each row's smallest finite value over the k rows before it in the same run (NaN if none): a
+    step k times above it may be k times above the window's median, one that is not cannot be. A
+    cheap first pass (k vectorised shifts) so that medians are taken of the few rows it lets through."""
+    out = np.full(len(values), np.nan)
+    for j in range(1, min(k, len(values) - 1) + 1):
+        shifted = np.where(codes[j:] == codes[:-j], values[:-j], np.nan)
+        out[j:] = np.fmin(out[j:], shifted)
+    return out
+
+
+def _nan_median(windows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(median of each row's finite values, how many there are). A sort puts NaN last: cheaper than
+    np.nanmedian on half a million rows."""
+    ordered = np.sort(windows, axis=1)
+    count = np.isfinite(windows).sum(axis=1)
+    lo, hi = np.maximum((count - 1) // 2, 0), np.maximum(count // 2, 0)
+    rows = np.arange(len(windows))
+    with np.errstate(invalid="ignore"):
+        median = np.where(count > 0, (ordered[rows, lo] + ordered[rows, hi]) / 2, np.nan) if len(windows) else np.empty(0)
+    return median, count
+
+
+def step_outliers(steps: pd.DataFrame, runs: pd.DataFrame | None = None, window: int = SPIKE_WINDOW) -> pd.DataFrame:
+    """One row per (run, step) whose loss spikes or whose grad norm jumps (module docstring): run_id,
+    step, loss_spike, grad_jump, loss, loss_median, loss_lo, loss_hi (the window's), grad_norm,
+    grad_median, next_step, next_loss (the run's following record).
+    runs (optional): its warmup_steps keep each run's warm-up out."""
+    cols = ["run_id", "step", "loss_spike", "grad_jump", "loss", "loss_median", "loss_lo", "loss_hi", "grad_norm",
+            "grad_median", "next_step", "next_loss"]
+    if steps.empty:
+        return pd.DataFrame(columns=cols)
+    run_id = steps["run_id"]
+    codes, names = pd.factorize(run_id, sort=False)  # a categorical's codes: no string work
+    step = steps["step"].to_numpy(dtype=np.int64)
+    order = np.lexsort((step, codes))
+    codes, step = codes[order], step[order]
+    loss = steps["loss"].to_numpy(dtype=float)[order]
+    grad = steps["grad_norm"].to_numpy(dtype=float)[order]
+    grad = np.where(np.isfinite(grad), grad, np.nan)
+    start = np.full(len(names), window, dtype=np.int64)
+    if runs is not None and "warmup_steps" in runs:
+        warmup = runs.set_index("run_id")["warmup_steps"]
+        warmup = warmup[~warmup.index.duplicated()].reindex(np.asarray(names, dtype=object))
+        start = np.maximum(start, warmup.fillna(0).to_numpy(dtype=np.int64))
+    held = step >= start[codes]
+
+    with np.errstate(invalid="ignore"):
+        # Medians only where the floor of the window lets a spike through (a few rows of half a million).
+        rows = np.nonzero(held & ((loss > _floor(loss, codes, window) * (1 + LOSS_RELATIVE))
+                                  | (grad > _floor(grad, codes, window) * GRAD_NORM_FACTOR)))[0]
+        loss_prev = _previous(loss, codes, window, rows)
+        loss_med, loss_n = _nan_median(loss_prev)
+        loss_dev, _ = _nan_median(np.abs(loss_prev - loss_med[:, None]))
+        loss_spike = ((loss_n == window) & (loss[rows] > loss_med * (1 + LOSS_RELATIVE))
+                      & (loss[rows] > loss_med + LOSS_DEVIATIONS * MAD_TO_SIGMA * loss_dev))
+        grad_med, grad_n = _nan_median(_previous(grad, codes, window, rows))
+        grad_jump = (grad_n > window // 2) & (grad_med > 0) & (grad[rows] > GRAD_NORM_FACTOR * grad_med)
+    flagged = loss_spike | grad_jump
+    hit, loss_prev, loss_med, grad_med = rows[flagged], loss_prev[flagged], loss_med[flagged], grad_med[flagged]
+    loss_spike, grad_jump = loss_spike[flagged], grad_jump[flagged]
+    if not hit.size:
+        return pd.DataFrame(columns=cols)
+    after = np.minimum(hit + 1, len(step) - 1)
+    has_next = (hit + 1 < len(step)) & (codes[after] == codes[hit])
+    return pd.DataFrame({
+        "run_id": np.asarray(names, dtype=object)[codes[hit]], "step": step[hit], "loss_spike": loss_spike,
+        "grad_jump": grad_jump, "loss": loss[hit], "loss_median": loss_med,
+        "loss_lo": np.nanmin(loss_prev, axis=1), "loss_hi": np.nanmax(loss_prev, axis=1),
+        "grad_norm": grad[hit], "grad_median": grad_med,
+        "next_step": np.where(has_next, step[after], -1), "next_loss": np.where(has_next, loss[after], np.nan),
+    })[cols]
+
+
+def _g(value: float) -> str:
+    return f"{value:.3g}"
+
+
+def _span(values: pd.Series) -> str:
+    """'2.84' for one value (or equal ones), '6.8–7.2' for several."""
+    lo, hi = _g(values.min()), _g(values.max())
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def _named(run_ids: list[str]) -> str:
+    shown = ", ".join(run_ids[:NAMED_RUNS])
+    return shown + (f" and {len(run_ids) - NAMED_RUNS} more" if len(run_ids) > NAMED_RUNS else "")
+
+
+def _recovery(group: pd.DataFrame) -> str:
+    """Whether the loss is back in its recent range at each run's next recorded step."""
+    if (group["next_step"] < 0).all():
+        return "the last recorded step"
+    back = group["next_loss"] <= group["loss_median"] * (1 + LOSS_RELATIVE)
+    nxt = group.loc[group["next_step"] >= 0, "next_step"]
+    where = f"step {nxt.iloc[0]}" if nxt.nunique() == 1 else "the next step"
+    if back.all():
+        return f"back at {where}" if len(group) == 1 else f"back at {where} in every run"
+    if not back.any():
+        return f"still {_span(group['next_loss'].dropna())} at {where}"
+    return f"back at {where} in {int(back.sum())} of {len(group)} runs"
+
+
+def spike_warnings(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> list[str]:
+    """The report's lines on loss spikes and grad-norm jumps: one per step that several runs share
+    (a bad batch or a learning-rate setting hits every configuration at the same step), else one per run."""
+    found = step_outliers(steps, runs)
+    if found.empty:
+        return []
+    recorded = steps.groupby("step", observed=True)["run_id"].nunique()
+    window = f"the previous {SPIKE_WINDOW} steps"
+    lines = []
+    for (step, is_loss), group in found.groupby(["step", "loss_spike"], sort=True):
+        ids = sorted(group["run_id"])
+        grad = (f"grad norm {_span(group['grad_norm'])} against a median of {_span(group['grad_median'])}"
+                if group["grad_norm"].notna().any() else "grad norm not recorded")
+        if is_loss:
+            what = (f"loss {_span(group['loss'])} against {_span(pd.concat([group['loss_lo'], group['loss_hi']]))} over "
+                    f"{window} (median {_span(group['loss_median'])}); {grad}; {_recovery(group)}")
+            kind = "loss spike"
+        else:
+            what = f"{grad} ({_span(group['grad_norm'] / group['grad_median'])}× it); loss {_span(group['loss'])}, not spiking"
+            kind = "grad-norm jump"
+        if len(group) == 1:
+            lines.append(f"{ids[0]}: {kind} at step {step}: {what}")
+        else:
+            of = recorded.get(step, len(group))
+            share = f"all {len(group)} runs" if len(group) == of else f"{len(group)} of {of} runs"
+            lines.append(f"{kind} at step {step} in {share} ({_named(ids)}): {what}")
+    return lines
+
+
+# --------------------------------------------------------------------------- peaks out of line
+
+def _device(row) -> str:
+    name = row.get("device_name")
+    return name if isinstance(name, str) and name else str(row.get("device_type") or "an unnamed device")
+
+
+def peak_warnings(runs: pd.DataFrame) -> list[str]:
+    """Runs whose peak FLOP/s (MFU's denominator) is more than PEAK_TOLERANCE off the median peak of
+    the ok runs of the same precision on the same device (and threads per rank): their MFU moves
+    where their throughput does not. One line per run, or one per group where more than 3 are off.
+    Across models on purpose: a peak is the device's matmul rate (a datasheet, or a calibration
+    measured the same way whatever the model), not the run's step, so every model's runs measure it alike."""
+    need = ["run_id", "status", "precision", "peak_flops_per_device", "mfu", "tokens_per_s", "world_size"]
+    if not set(need) <= set(runs.columns):
+        return []
+    keys = [c for c in ("precision", "device_type", "device_name", "threads_per_rank") if c in runs]
+    cols = list(dict.fromkeys(need + keys + [c for c in ("peak_flops_source",) if c in runs]))
+    ok = runs.loc[(runs["status"] == "ok") & (runs["peak_flops_per_device"] > 0), cols]
+    lines = []
+    for _, group in ok.groupby(keys, dropna=False, sort=True):
+        if len(group) < 2:
+            continue
+        median = group["peak_flops_per_device"].median()
+        ratio = group["peak_flops_per_device"] / median
+        off = group[(ratio - 1).abs() > PEAK_TOLERANCE]
+        if off.empty:
+            continue
+        first = group.iloc[0]
+        precision = first["precision"]
+        where = f"the {len(group)} ok {precision} runs on {_device(first)}"
+        if len(off) > 3:
+            lines.append(
+                f"peaks out of line: {where} used peaks from {_g(group['peak_flops_per_device'].min())} to "
+                f"{_g(group['peak_flops_per_device'].max())} FLOP/s (median {_g(median)}); {len(off)} are more than "
+                f"{PEAK_TOLERANCE:.0%} off it ({_named(sorted(off['run_id']))}): their MFUs compare the moments the peaks "
+                "were measured (under load or not), not the runs; compare tokens/s, or measure the peak once per sweep")
+            continue
+        for r in off.itertuples():
+            side = "below" if r.peak_flops_per_device < median else "above"
+            source = f" ({r.peak_flops_source})" if isinstance(getattr(r, "peak_flops_source", None), str) else ""
+            lines.append(
+                f"{r.run_id}: peak {_g(r.peak_flops_per_device)} FLOP/s{source} is "
+                f"{abs(r.peak_flops_per_device / median - 1):.0%} {side} the median {_g(median)} of {where}: its MFU "
+                f"{r.mfu:.3f} would be {r.mfu * r.peak_flops_per_device / median:.3f} against the median peak, at the "
+                f"same {r.tokens_per_s / r.world_size:,.0f} tokens/s per device: the peak's measurement (under another "
+                "load), not the run, sets it apart")
+    return lines
+
+
+# --------------------------------------------------------------------------- what CPU results do not show
+
+def _range(values, unit: str) -> str:
+    vals = sorted({int(v) for v in values if pd.notna(v)})
+    if not vals:
+        return ""
+    text = str(vals[0]) if len(vals) == 1 else f"{vals[0]}–{vals[-1]}"
+    return f"{text} {unit}{'' if text == '1' else 's'}"
+
+
+def _cpu_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    if "device_type" not in runs:
+        return runs.iloc[:0]
+    return runs[runs["device_type"] == "cpu"]
+
+
+def _cpu_setup(cpu: pd.DataFrame) -> str:
+    """'AMD EPYC, 1 thread per rank, 1–2 ranks per run' from the rows."""
+    names = sorted(set(cpu["device_name"].dropna())) if "device_name" in cpu else []
+    per_rank = cpu["threads_per_rank"] if "threads_per_rank" in cpu else pd.Series(dtype=float)
+    if per_rank.isna().all() and "threads" in cpu:  # runs that did not start: the launch's threads per run
+        per_rank = cpu["threads"] / cpu["world_size"]
+    parts = [" and ".join(names) if names else "an unnamed CPU", _range(per_rank, "thread") + " per rank" if per_rank.notna().any() else "",
+             _range(cpu["world_size"], "rank") + " per run"]
+    return ", ".join(p for p in parts if p)
+
+
+def _speed_ratios(cpu: pd.DataFrame) -> str:
+    """'bf16 at 0.48× and fp16 at 0.13× fp32's tokens/s': per low precision, the median over
+    configurations (same stage, world size and levers) of its tokens/s over fp32's."""
+    ok = cpu[(cpu["status"] == "ok") & cpu["tokens_per_s"].notna()]
+    if "fp32" not in set(ok["precision"]):
+        return ""
+    from scalelab.results.like import OVER_PRECISION, by_model, like_key
+
+    models = list(by_model(ok))
+    said = []
+    for model, mine in models:
+        # each low-precision run against its fp32 twin: the same model, stage, world size and levers
+        table = mine.assign(_like=like_key(mine, OVER_PRECISION)).pivot_table(
+            index="_like", columns="precision", values="tokens_per_s", aggfunc="median")
+        parts = []
+        for p in LOW_PRECISIONS:
+            if p in table and "fp32" in table:
+                ratio = (table[p] / table["fp32"]).dropna()
+                if not ratio.empty:
+                    parts.append(f"{p} at {ratio.median():.2f}×")
+        if parts:
+            said.append(" and ".join(parts) + (f" in model {model}" if len(models) > 1 else ""))
+    if not said:
+        return ""
+    # 'bf16 at 0.48× fp32's tokens/s here', or per model: '... here in model base, and bf16 at 0.61× in model ltiny'
+    first, *rest = said
+    if len(models) > 1:
+        head, model = first.rsplit(" in model ", 1)
+        return f"{head} fp32's tokens/s here in model {model}" + "".join(f", and {s}" for s in rest)
+    return f"{first} fp32's tokens/s here"
+
+
+def cpu_notice(runs: pd.DataFrame) -> str | None:
+    """What results from a CPU show and what they do not, made of the runs' own rows (device,
+    threads, ranks, the precisions present and their speeds); None when no run trained on a CPU."""
+    cpu = _cpu_runs(runs)
+    # the runs that trained: a skipped or predicted_oom run has a device in its row but never started
+    cpu = cpu[~cpu["status"].isin(("skipped", "predicted_oom"))] if "status" in cpu else cpu
+    if cpu.empty:
+        return None
+    n = (("the one run" if len(cpu) == 1 else f"all {len(cpu)} runs") if len(cpu) == len(runs)
+         else f"{len(cpu)} of the {len(runs)} runs")
+    shows = ("They show what each strategy holds and moves in bytes (device-independent, held against the formulas), "
+             "whether configurations agree in loss, and how the configurations rank on this CPU.")
+    nots = []
+    low = [p for p in LOW_PRECISIONS if p in set(cpu["precision"])]
+    if low:
+        ratios = _speed_ratios(cpu)
+        fp8 = " (fp8 through torchao's emulated float8 casts)" if "fp8" in low else ""
+        nots.append(f"what {' and '.join(low)} buy on a GPU: on this CPU they run on CPU kernels, partly emulated, "
+                    f"without tensor cores{fp8}" + (f" ({ratios})" if ratios else ""))
+    widest = int(cpu["world_size"].max()) if cpu["world_size"].notna().any() else 1
+    if widest > 1:
+        nodes = pd.to_numeric(cpu["nodes_used"], errors="coerce") if "nodes_used" in cpu else pd.Series(dtype=float)
+        spanning = nodes.fillna(1) > 1
+        one_machine = cpu.loc[spanning, "nodes_share_machine"].fillna(False).astype(bool).all() \
+            if "nodes_share_machine" in cpu and spanning.any() else False
+        how = "talk over gloo through host memory"
+        if spanning.all():
+            how = ("talk over gloo across nodes" + (" (network namespaces of one machine, whose cores they share)"
+                                                     if one_machine else " (TCP between the nodes' CPUs)"))
+        elif spanning.any():
+            how = ("talk over gloo through host memory within a node and across nodes"
+                   + (" (network namespaces of one machine)" if one_machine else " over TCP"))
+        nots.append(f"how the strategies scale across GPUs: a run's ranks (up to {widest}) share CPU cores "
+                    f"and {how}, so scaling efficiency and communication times say nothing about NVLink or InfiniBand")
+    # One run's source as an example, fp32's where there is one (on a CPU: "measured fp32 matmul, 1 threads").
+    sources = cpu.sort_values("precision", key=lambda p: p != "fp32")["peak_flops_source"].dropna() \
+        if "peak_flops_source" in cpu else pd.Series(dtype=object)
+    measured = f" (e.g. {sources.iloc[0]})" if len(sources) else ""
+    nots.append(f"a GPU's utilisation: MFU is against a CPU matmul rate measured on this machine{measured}, not a datasheet peak")
+    return (f"CPU results: {n} trained on a CPU ({_cpu_setup(cpu)}). {shows} They do not show "
+            + "; nor ".join(nots) + ".")
+
+
+def cpu_best_note(runs: pd.DataFrame) -> str | None:
+    """The short note beside "best configuration" when runs trained on a CPU; None otherwise."""
+    cpu = _cpu_runs(runs)
+    if cpu.empty:
+        return None
+    low = [p for p in LOW_PRECISIONS if p in set(cpu["precision"])]
+    why = ["its ranks shared the machine's cores over gloo"] if cpu["world_size"].max() > 1 else []
+    why = ([f"{'/'.join(low)} ran without tensor cores"] if low else []) + why
+    return (f"Fastest on this CPU ({_cpu_setup(cpu)})" + (f": {' and '.join(why)}" if why else "")
+            + "; not a recommendation for a GPU.")
+
+
+# ----------------------------------------------------------------------------- run-to-run noise
+
+NOISY_SPREAD = 0.10
+"""A point whose identical runs differ by more than this is named in the warnings: on an idle machine
+with runs measured one at a time, repeats stay within a few percent."""
+
+
+def noise_warnings(runs: pd.DataFrame, best: pd.DataFrame) -> list[str]:
+    """Repeated points whose runs differ by more than NOISY_SPREAD, and world sizes whose fastest points
+    are within the sweep's run-to-run noise of each other (scalelab.results.noise; ``best``: the table of
+    scalelab.report.tables.best_configurations): comparisons the spread of identical runs could overturn."""
+    from scalelab.results.noise import repeat_spreads
+
+    spreads = repeat_spreads(runs)
+    warnings = [f"{point}: its {int(r['n'])} identical runs differ by {r['spread']:.0%} in tokens/s ({r['min']:,.0f} to "
+                f"{r['max']:,.0f}); a difference between points smaller than that is noise (was the machine busy?)"
+                for point, r in spreads[spreads["spread"] > NOISY_SPREAD].iterrows()]
+    several = "model" in best and best["model"].nunique() > 1
+    for r in best[best["within_noise"].fillna("") != ""].itertuples():
+        warnings.append(f"{f'model {r.model}, ' if several else ''}world size {r.world_size}: the fastest point {r.run_id} is "
+                        f"within run-to-run noise of "
+                        f"{r.within_noise}: the sweep cannot rank them (more repeats narrow the noise: repeats.points)")
+    return warnings
+
+
+def prediction_warnings(runs: pd.DataFrame) -> list[str]:
+    """Runs whose measured step time lies outside the step-time model's band (scalelab.results.prediction)."""
+    from scalelab.results.prediction import MEASURED, outside_band
+
+    if "predicted_step_time_s" not in runs:
+        return []
+    return [f"{r.run_id}: measured step time {getattr(r, MEASURED) * 1e3:.2f} ms is outside its predicted band "
+            f"{r.predicted_step_time_s_low * 1e3:.2f}-{r.predicted_step_time_s_high * 1e3:.2f} ms (predicted "
+            f"{r.predicted_step_time_s * 1e3:.2f} ms; {r.prediction_note})" for r in outside_band(runs).itertuples()]
+
+
+def fp8_warnings(runs: pd.DataFrame) -> list[str]:
+    """fp8 runs: whether fp8 is expected to pay against bf16 at their model's width on a GPU
+    (scalelab.spec.hardware.fp8_outlook, from one GPU's measurements), once per width and compile
+    setting, and that fp8 without compile runs unfused."""
+    from scalelab.spec.hardware import fp8_outlook
+
+    fp8 = runs[(runs["precision"] == "fp8") & (runs["status"] == "ok")]
+    if fp8.empty or "d_model" not in fp8:
+        return []
+    compiled = fp8["compile"].fillna(False).astype(bool) if "compile" in fp8 else pd.Series(False, index=fp8.index)
+    warnings = []
+    for (d_model, on), group in fp8.groupby([fp8["d_model"], compiled]):
+        outlook = fp8_outlook(int(d_model), compiled=bool(on))
+        ids = ", ".join(group["run_id"].head(3)) + (" ..." if len(group) > 3 else "")
+        cpu = " These runs are on a CPU (float8 emulated): their speed says nothing about it." \
+            if (group.get("device_type") == "cpu").any() else ""
+        warnings.append(f"fp8 ({ids}): on a GPU, fp8 against bf16 {outlook['verdict']} (an estimate: "
+                        f"{outlook['basis']}).{cpu}")
+    return warnings

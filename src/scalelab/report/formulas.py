@@ -1,0 +1,127 @@
+"""The report's formulas section, written for the sweep it reports: the model families, strategies
+and levers its runs used, the strategy lines generated from their records (scalelab.spec.strategies),
+so a Llama sweep reads Llama's formulas and a hybrid run its replica all-reduce (issue #42: the
+section was GPT-2's for every sweep)."""
+from __future__ import annotations
+
+import pandas as pd
+
+from scalelab.spec.strategies import HYBRID, STRATEGIES, Strategy
+
+FAMILY_FORMULAS = {
+    "gpt2": {
+        "parameters": "Ψ = V·d + T·d + L·(12d² + 13d) + 2d (+ V·d if the head is untied)",
+        "flops": "6·(12·L·d² + V·d) + 12·L·d·T",
+        "activations": ("scaled_dot_product_attention never stores the a·s² scores and there is no dropout, which leaves "
+                        "16·s·b·h values per layer; under autocast (fp16, bf16, fp8) the residual stream and LayerNorm inputs "
+                        "stay fp32 and the 16-bit copies of the 12·d² block weights are kept"),
+        "recompute": "24·L·d² + 4·L·d·T",
+    },
+    "llama": {
+        "parameters": "Ψ = 2·V·d + L·(2d² + 2·d·kv + 3·d·f + 2d) + d (kv = key/value heads × head size, f the SwiGLU "
+                      "width; untied head, no position embedding)",
+        "flops": "6·(L·(2d² + 2·d·kv + 3·d·f) + V·d) + 12·L·d·T (grouped-query attention still takes every query "
+                 "head's dot products)",
+        "activations": ("RMSNorm, the rotated q and k, v, SwiGLU's gate, up and product, and the fused attention's "
+                        "log-sum-exp (scalelab.formulas.accounting.llama_block_activation_bytes; on a GPU fp32 grouped-query "
+                        "attention runs SDPA's math path and keeps the a·s² probabilities)"),
+        "recompute": "2·L·(2d² + 2·d·kv + 3·d·f) + 4·L·d·T",
+    },
+    "custom": {
+        "parameters": "counted from the module (torch's meta device)",
+        "flops": "counted by torch.utils.flop_counter on one forward and backward",
+        "activations": "not predicted (no formula for a user's module): measured only",
+        "recompute": "one more forward of every block, counted",
+    },
+}
+"""Each model family's formulas in words, as scalelab.formulas.accounting computes them (custom: a user's module)."""
+
+BYTES = (4, 4, 8)
+"""PyTorch AMP's bytes per parameter of (parameters, gradients, AdamW moments), in every precision."""
+
+
+def _psi(coefficient: float) -> str:
+    return "" if coefficient == 1 else f"{coefficient:g}"
+
+
+def _sum(terms: list[str]) -> str:
+    return " + ".join(terms) if terms else "0"
+
+
+def model_state_text(record: Strategy, paper: bool = False) -> str:
+    """Model state per rank of a strategy from its record: the unsharded bytes per parameter in Ψ,
+    the sharded ones in Ψ/N (PyTorch's 4 + 4 + 8, or the paper's 2 + 2 + 12 at K = 12); hybrid
+    sharding shards over its shard group, Ψ/S."""
+    sizes = (2, 2, 12) if paper else BYTES
+    shards = record.shards_paper if paper else record.shards
+    whole = sum(b for b, sharded in zip(sizes, shards, strict=True) if not sharded)
+    split = sum(b for b, sharded in zip(sizes, shards, strict=True) if sharded)
+    over = "S" if record.replicate_psi else "N"
+    return _sum(([f"{whole}Ψ"] if whole else []) + ([f"{split}Ψ/{over}"] if split else []))
+
+
+def comm_text(record: Strategy) -> str:
+    """Elements handed to collectives per step, in Ψ, with k accumulation micro-batches where they count."""
+    one, two = record.comm_psi(1), record.comm_psi(2)
+    slope = two - one
+    text = f"{one:g}Ψ" if slope == 0 else f"{one:g}Ψ, ({_psi(slope)}k + {one - slope:g})Ψ with k micro-batches"
+    if record.replicate_psi:
+        text += f", plus {record.replicate_psi:g}Ψ/S all-reduced across the replicas (S = N/R, a shard group)"
+    return text
+
+
+def formulas_html(runs: pd.DataFrame) -> str:
+    """The formulas section of the report, for the families, strategies and levers in ``runs``."""
+    families = [f for f in FAMILY_FORMULAS if f in set(runs.get("model_family", pd.Series(["gpt2"])).dropna())] or ["gpt2"]
+    stages = sorted(int(s) for s in runs["zero_stage"].dropna().unique()) if "zero_stage" in runs else sorted(STRATEGIES)
+    hybrid = "replicas" in runs and bool((runs["replicas"].fillna(1) > 1).any())
+    lora = "lora_rank" in runs and bool(runs["lora_rank"].notna().any())
+    several = len(families) > 1
+
+    def per_family(key: str) -> str:
+        return "; ".join((f"{f}: " if several else "") + FAMILY_FORMULAS[f][key] for f in families)
+
+    records = [(f"stage {s} ({STRATEGIES[s].name})", STRATEGIES[s]) for s in stages] + (
+        [(f"hybrid ({HYBRID.name})", HYBRID)] if hybrid else [])
+    silent = [label for label, r in records if r.silent_at_world_size_1 and not r.replicate_psi]  # hybrid needs 2 ranks
+    items = [
+        f"<b>Parameters</b> {per_family('parameters')}.",
+        f"<b>FLOPs per token</b> = {per_family('flops')} (matmul weights forward and backward, plus attention scores "
+        "and values; causal masking not halved, PaLM's convention). <b>MFU</b> = tokens/s × FLOPs per token / (peak × "
+        "world size), against the dense peak of the precision named in each row (datasheet on known GPUs; on CPU the "
+        "best matmul rate measured at run start).",
+        "<b>Model state per rank, at rest</b> (after the optimizer step). PyTorch AMP keeps fp32 parameters, fp32 "
+        "gradients and fp32 AdamW moments in every precision: "
+        + "; ".join(f"{label}: {model_state_text(r)}" for label, r in records)
+        + ". The ZeRO paper (mixed precision, K = 12): "
+        + "; ".join(f"{label.split(' (')[0]}: {model_state_text(r, paper=True)}" for label, r in records) + ".",
+        "<b>Predicted in-step peak</b> = the larger of the start of backward (model state less the gradients none holds "
+        "then: the optimizer frees them, and only DDP's buckets or an earlier micro-batch keep them; + parameters "
+        "gathered in the step + activations) and the optimizer step (model state at rest, gradients included).",
+        "<b>Communication per step</b>, in the ZeRO paper's unit (all-reduce of Ψ = 2Ψ; all-gather, reduce-scatter, "
+        "broadcast of Ψ = Ψ): " + "; ".join(f"{label.split(' (')[0]}: {comm_text(r)}" for label, r in records)
+        + (f". On one rank {', '.join(label.split(' (')[0] for label in silent)} issue no collectives (0 bytes)" if silent else "")
+        + ". Bytes = gradient elements × the reduce width + parameter elements × the gather width: 4 bytes (fp32), "
+        "except that fp16 and bf16 runs at stages 2 and 3 all-gather parameters in 2 bytes (FSDP2 MixedPrecisionPolicy) "
+        "and, with the grad_reduce lever at compute, reduce gradients in 2 bytes; fp16 adds its loss scaler's 8-byte "
+        "inf/NaN flag. On a ring each rank sends (N−1)/N of this.",
+        "<b>Scaling efficiency</b> = tokens/s at N / (N × the median tokens/s at world size 1 of the same model, "
+        "precision, stage and levers): never another model's (scalelab.results.like)."
+        + (" Hybrid sharding divides by its stage's world-size-1 run (one rank has no replicas)." if hybrid else ""),
+        "<b>Activations</b> kept for backward per layer and micro-batch. Korthikanti et al. 2022 (2-byte values, no "
+        "tensor parallelism): s·b·h·(34 + 5·a·s/h), and 2·s·b·h with full recomputation (\"paper\" columns, scaled by "
+        f"width / 2). This sweep's models: {per_family('activations')}; with per-block checkpointing only the block "
+        "input remains. Measured: the bytes "
+        "autograd saves during one micro-batch's forward on rank 0 (saved-tensor hooks, distinct storages, parameters "
+        "excluded, block inputs included).",
+        f"<b>Recompute cost</b> of checkpointing = one more forward of every block: {per_family('recompute')} FLOPs per "
+        "token; predicted step-time ratio 1 + that / FLOPs per token. MFU counts model FLOPs only; HFU adds the recompute.",
+    ]
+    if lora:
+        items.append("<b>LoRA</b> (rank r on every block's linears): the frozen weights keep 4 bytes per parameter, "
+                     "sharded as the strategy shards parameters; the trainable A and B carry the full 16; gradient "
+                     "collectives move the trainable parameters only, parameter gathers move every parameter.")
+    if any(r.ddp_buckets for _, r in records):
+        items.append("<b>DDP buckets</b>: gradients fill buckets of bucket_mb MiB in reverse registration order (about "
+                     "the order they become ready); one all-reduce per bucket per step (none on one rank: no DDP).")
+    return "<ul>\n" + "\n".join(f"<li>{item}</li>" for item in items) + "\n</ul>\n"

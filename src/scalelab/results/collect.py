@@ -1,0 +1,154 @@
+"""Collection: every run folder's summary.json and steps.parquet into the two result tables
+(the schemas come from the column table, scalelab.plan.columns)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from scalelab.formulas.predicted_columns import refreshed
+
+# The schemas and the functions that build and write the tables live with the column table
+# (scalelab.plan.columns, below training/ and analysis/); imported here for collect() and for callers.
+from scalelab.plan.columns import (  # noqa: F401
+    COLLECTIVES,
+    IDENTITY_FIELDS,
+    RUN_SCHEMA,
+    SCHEMA_VERSION,
+    STEP_SCHEMA,
+    run_row,
+    runs_table,
+    schema_version,
+    steps_table,
+    type_problems,
+    unknown_summary_keys,
+    write_parquet,
+)
+from scalelab.plan.sweep import POINT_FILE, RUN_DIR_GLOB, read_point
+from scalelab.results.migrate import check_layout
+
+
+def _identity_of(run_dir: Path) -> dict | None:
+    """The identity columns of a run folder, from its point.json (None without a readable one)."""
+    try:
+        return read_point(run_dir).identity()
+    except (OSError, ValueError):
+        return None
+
+
+def _with_identity(table: pa.Table, identity: dict | None) -> pa.Table:
+    """A run's steps with every identity column of STEP_SCHEMA: steps written before an axis
+    existed lack its column, which holds the run's value (its point.json says it: the default)."""
+    for f in IDENTITY_FIELDS:
+        if f.name not in table.column_names and identity is not None:
+            table = table.append_column(f.name, pa.array([identity.get(f.name)] * table.num_rows, type=f.type))
+    return table.select(STEP_SCHEMA.names).cast(STEP_SCHEMA)
+
+
+def with_collected_columns(runs: pa.Table, results_dir: Path | None = None) -> pa.Table:
+    """The run columns collection fills from the runs together (scalelab.plan.columns, writer
+    "collect"): tokens_per_s_per_device, and scaling_efficiency by the report's own function
+    (scalelab.results.like.scaling_efficiency: one formula, the world-size-1 median of the same
+    model, precision, stage and levers as baseline: scalelab.results.like), and the step-time model's
+    prediction (with_predictions). Null in rows that did not end ok."""
+    import numpy as np
+
+    from scalelab.results.like import READS, scaling_efficiency
+
+    frame = runs.select([c for c in dict.fromkeys((*READS, "tokens_per_s")) if c in runs.column_names]).to_pandas()
+    ok = (frame["status"] == "ok").to_numpy()
+    tokens_per_s = frame["tokens_per_s"].to_numpy(dtype=float, na_value=np.nan)
+    filled = {"tokens_per_s_per_device": tokens_per_s / frame["world_size"].to_numpy(dtype=float),
+              "scaling_efficiency": scaling_efficiency(frame).to_numpy(dtype=float, na_value=np.nan)}
+    for name, values in filled.items():
+        i = runs.schema.get_field_index(name)
+        values = np.where(ok, values, np.nan)
+        runs = runs.set_column(i, runs.schema.field(i), pa.array(values, type=pa.float64(), from_pandas=True))
+    return with_predictions(runs, results_dir)
+
+
+def with_predictions(runs: pa.Table, results_dir: Path | None) -> pa.Table:
+    """The step-time model's columns (scalelab.results.prediction.sweep_predictions), ok rows only: fitted on the
+    sweep's own runs and its bench comm table (<results>/calibration/comm.parquet), where it has one."""
+    import pandas as pd
+
+    from scalelab.results.prediction import PREDICTED_COLUMNS, sweep_predictions
+
+    frame = runs.to_pandas()
+    predicted = sweep_predictions(frame, results_dir)
+    ok = (frame["status"] == "ok").to_numpy()
+    for name in PREDICTED_COLUMNS:
+        i = runs.schema.get_field_index(name)
+        values = [v if keep and not pd.isna(v) else None for v, keep in zip(predicted[name].tolist(), ok, strict=True)]
+        runs = runs.set_column(i, runs.schema.field(i), pa.array(values, type=runs.schema.field(i).type, from_pandas=True))
+    return runs
+
+
+def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict:
+    """Gather every run's summary.json and steps.parquet under results_dir/runs/<run id>/ into
+    results_dir/metrics.parquet (one row per run) and results_dir/steps.parquet (one row per
+    step). A missing or corrupt file is reported by name and kept as a row with status
+    'missing' or 'corrupt'; the rest is still collected. Returns {'runs', 'steps', 'problems'}.
+    Raises OldLayout for a results folder holding run folders of an earlier layout.
+    """
+    import json
+
+    results_dir = Path(results_dir)
+    runs_root = results_dir / "runs"
+    check_layout(results_dir)
+    if run_paths is None:
+        run_paths = sorted({p.parent.name for name in ("summary.json", "steps.parquet", POINT_FILE)
+                            for p in runs_root.glob(f"{RUN_DIR_GLOB}/{name}")})
+    rows, step_tables, problems = [], [], []
+    for run_path in run_paths:
+        run_dir = runs_root / run_path
+        identity = _identity_of(run_dir)
+        summary_path, steps_path = run_dir / "summary.json", run_dir / "steps.parquet"
+        try:
+            summary = json.loads(summary_path.read_text())
+            if not isinstance(summary, dict) or "status" not in summary:
+                raise ValueError("no 'status' field")
+        except FileNotFoundError:
+            problems.append(f"{summary_path}: missing")
+            if identity:
+                rows.append(run_row({**identity, "status": "missing", "reason": f"{summary_path} is missing"}, run_path))
+            continue
+        except (ValueError, UnicodeDecodeError) as err:
+            problems.append(f"{summary_path}: corrupt ({err})")
+            if identity:
+                rows.append(run_row({**identity, "status": "corrupt", "reason": f"{summary_path} is corrupt: {err}"}, run_path))
+            continue
+        lost = unknown_summary_keys(summary)
+        if lost:  # a writer and the schema disagree: say so, never drop a field silently
+            problems.append(f"{summary_path}: fields not in the metrics schema, not collected: {', '.join(lost)}")
+        # identity from point.json under the summary's own (micro_batch resolved at launch): a summary
+        # written before an axis existed lacks it
+        row = run_row({**(identity or {}), **{k: v for k, v in summary.items() if v is not None or k not in (identity or {})}},
+                      run_path)
+        wrong = type_problems(row)
+        if wrong:  # one bad field makes a 'corrupt' row naming it; the other runs are still collected
+            problems.append(f"{summary_path}: corrupt ({'; '.join(wrong)})")
+            row = run_row({**(identity or {}), "status": "corrupt",
+                           "reason": f"{summary_path} does not match the metrics schema: {'; '.join(wrong)}"}, run_path)
+            if not identity:
+                continue
+        try:
+            table = pq.read_table(steps_path)
+            step_tables.append(_with_identity(table, identity))
+        except FileNotFoundError:
+            problems.append(f"{steps_path}: missing")
+            row["steps_problem"] = f"{steps_path.name} is missing"
+        except Exception as err:  # pyarrow raises several types for damaged files
+            problems.append(f"{steps_path}: corrupt ({type(err).__name__}: {err})")
+            row["steps_problem"] = f"{steps_path.name} is corrupt: {type(err).__name__}: {err}"[:500]
+        try:  # the formula columns by today's formulas: a fix reaches cached runs
+            row = refreshed(row)
+        except (ValueError, KeyError, TypeError) as err:  # kept as written, and said
+            problems.append(f"{summary_path}: formula columns kept as the run wrote them ({type(err).__name__}: {err})")
+        rows.append(row)
+    runs = with_collected_columns(runs_table(rows), results_dir)
+    steps = pa.concat_tables(step_tables) if step_tables else STEP_SCHEMA.empty_table()
+    write_parquet(runs, results_dir / "metrics.parquet")
+    write_parquet(steps, results_dir / "steps.parquet")
+    return {"runs": runs.num_rows, "steps": steps.num_rows, "problems": problems}

@@ -1,0 +1,202 @@
+"""A CPU sweep's peak FLOP/s, measured once on the idle machine, and each CPU rank's cores.
+
+MFU divides by a peak. A GPU has a datasheet figure (scalelab.spec.hardware); a CPU has none here, so
+its peak is the best matmul rate measured on it. Measured inside each run, it measured whatever
+ran beside the run: one bf16 run got 4.68e10 FLOP/s against 7.8-8.4e10 for the others, and its
+MFU read as perfect scaling while its throughput halved. So a CPU sweep measures it once per
+invocation: the Snakefile's onstart forgets the last invocation's record, and the first training
+job measures it before its run starts (``ensure_calibration``), when no other run trains (one at
+a time: profiles/default's train_slot); every run reads that record and names it in
+``peak_flops_source``. Not a job of its own: a calibration job made anew in every invocation
+would be an input newer than every cached run, and Snakemake reruns a job whose input another
+job updates (``ancient`` does not stop that), so retrying one run would retrain them all.
+A run started outside the workflow (tests, scripts), on another host than the record's (a cluster
+node), or whose ranks have another thread count, measures its own at start, and says so.
+
+Torch is imported by the measuring process only (``python -m scalelab.run.calibration``): the
+workflow's planning process and the run's launcher import this module.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from scalelab.io import write_json
+from scalelab.spec.hardware import cpu_name
+from scalelab.spec.precisions import PRECISIONS
+from scalelab.spec.precisions import precision as precision_record
+
+CALIBRATION_SECONDS = 0.1
+"""Matmul time per size and dtype, for the sweep's calibration and a run measuring its own alike:
+the best of a few short bursts (``BURSTS``) within it. Measured here (one thread, idle): the best of
+5 bursts of 0.02 s reads the same peak as a 0.5 s average to 1% (fp32 and bf16 at 128, bf16 at 512),
+or up to 8% higher (fp32 at 512: the average carries the slower stretches), in a fifth of the time.
+A sweep's calibration takes about 1 s instead of 4 (every Snakemake invocation measures one)."""
+BURSTS = 5
+CALIBRATED = tuple(sorted({p.matmul_precision for p in PRECISIONS.values()}))
+"""The precisions whose matmuls CPU runs time (fp8's are bf16 there): every one is measured."""
+MATMUL_SIZES = (128, 512)
+"""Square matmul sizes: on a CPU the fastest size differs by dtype (emulated fp16 is fastest on
+small matrices, bf16 on large ones), so the peak is the best of several."""
+
+
+def measure_matmul_peak(device, dtype_name: str, seconds: float = CALIBRATION_SECONDS) -> float:
+    """Best FLOP/s of square matmuls in a dtype (``float32``, ``bfloat16``, ``float16``) on a
+    device, with the calling thread's intra-op threads: the device's practical peak. Per size, the
+    best of up to ``BURSTS`` bursts of ``seconds / BURSTS`` (at least one matmul each; at least two
+    bursts, so a size whose single matmul outlasts ``seconds``, emulated fp16 at 512, takes two)."""
+    import torch
+
+    from scalelab.run.devices import synchronize
+
+    dtype = getattr(torch, dtype_name)
+    best = 0.0
+    for n in MATMUL_SIZES:
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        a @ a  # warm-up
+        size_started = time.perf_counter()
+        for burst in range(BURSTS):
+            reps, start = 0, time.perf_counter()
+            while True:
+                a @ a
+                reps += 1
+                synchronize(device)
+                elapsed = time.perf_counter() - start
+                if elapsed >= seconds / BURSTS:
+                    break
+            best = max(best, 2 * n ** 3 * reps / elapsed)
+            if burst >= 1 and time.perf_counter() - size_started >= seconds:
+                break
+    return best
+
+
+def matmul_precision(precision: str) -> str:
+    """The precision whose matmuls a precision's run times on a CPU (fp8 runs compute in bf16 there)."""
+    return precision_record(precision).matmul_precision
+
+
+def calibrate_cpu(threads: int, seconds: float = CALIBRATION_SECONDS) -> dict:
+    """Measure the matmul peak of every precision of CALIBRATED, with ``threads`` intra-op threads
+    (one rank's), and return the record a run reads (``peak_for``)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    device = torch.device("cpu")
+    started = time.time()
+    peaks = {name: measure_matmul_peak(device, precision_record(name).compute, seconds) for name in CALIBRATED}
+    return {
+        "device_type": "cpu", "device_name": cpu_name(), "hostname": socket.gethostname(),
+        "threads": threads, "peaks_flops": peaks, "seconds_per_size": seconds,
+        "measured_utc": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+CALIBRATION_FILE = Path("calibration") / "cpu.json"
+"""Below the results folder."""
+
+
+def calibration_path(results_dir: str | Path) -> Path:
+    return Path(results_dir) / CALIBRATION_FILE
+
+
+def write_calibration(path: str | Path, threads: int) -> dict:
+    record = calibrate_cpu(threads)
+    write_json(Path(path), record)
+    return record
+
+
+def ensure_calibration(path: str | Path, threads: int, timeout_s: float = 120.0) -> Path | None:
+    """The path of this invocation's calibration on this host, measured now (in a process of its own:
+    the launcher imports no torch) when there is none; None when measuring failed (the run then
+    measures its own, and its row says so)."""
+    import subprocess
+    import sys
+
+    path = Path(path)
+    if path.exists() and _applies(read_calibration(path), threads):
+        return path
+    proc = subprocess.run([sys.executable, "-m", "scalelab.run.calibration", str(path), str(threads)],
+                          capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0:
+        print(f"scalelab: measuring the CPU's peak FLOP/s failed; each run measures its own:\n{proc.stderr[-2000:]}",
+              file=sys.stderr)
+        return None
+    print(proc.stdout.strip(), file=sys.stderr)
+    return path
+
+
+def read_calibration(path: str | Path | None) -> dict | None:
+    """The calibration record at ``path``, or None (no path: a run outside the workflow)."""
+    if not path:
+        return None
+    return json.loads(Path(path).read_text())
+
+
+def _applies(calibration: dict | None, threads: int) -> bool:
+    """Whether a record measured what a rank of this host with ``threads`` intra-op threads runs on."""
+    return bool(calibration) and calibration.get("threads") == threads and calibration.get("hostname") == socket.gethostname()
+
+
+def peak_for(calibration: dict | None, precision: str, threads: int) -> tuple[float, str] | None:
+    """(peak FLOP/s, its source) of a precision from the sweep's calibration, or None when there
+    is none that applies: no record, another host, another thread count per rank."""
+    if not _applies(calibration, threads):
+        return None
+    dtype = matmul_precision(precision)
+    peak = calibration["peaks_flops"].get(dtype)
+    if peak is None:
+        return None
+    return float(peak), (f"sweep calibration: measured {dtype} matmul, {threads} thread(s), idle machine, "
+                         f"{calibration['measured_utc']}")
+
+
+# ----------------------------------------------------------------------------- a CPU rank's cores
+
+def rank_cores(allowed: list[int], local_rank: int, local_ranks: int, threads_per_rank: int,
+               launcher_slot: int = 0) -> list[int] | None:
+    """The cores a CPU rank is pinned to: its own ``threads_per_rank`` of the launcher's allowed
+    cores (a SLURM task's, or the machine's). Launchers packed on one host (launchers_per_node > 1,
+    scalelab.plan.placement.gpu_index's rule for GPUs) see the same cores, so slot s takes the s-th block.
+    None when the ranks do not fit (an overcommitted run, launched on purpose): they share the cores,
+    and the run's row says so."""
+    allowed = sorted(allowed)
+    per_launcher = local_ranks * threads_per_rank
+    first = 0 if len(allowed) == per_launcher else launcher_slot * per_launcher
+    first += local_rank * threads_per_rank
+    if first + threads_per_rank > len(allowed) or per_launcher > len(allowed):
+        return None
+    return allowed[first:first + threads_per_rank]
+
+
+def describe_rank_cores(allowed: list[int], local_ranks: int, threads_per_rank: int, launcher_slot: int = 0) -> str:
+    """What the run's row says about its cores (column ``rank_cores``): ``r0:0 r1:1`` or why shared."""
+    plans = [rank_cores(allowed, r, local_ranks, threads_per_rank, launcher_slot) for r in range(local_ranks)]
+    if any(cores is None for cores in plans):
+        return (f"shared: {local_ranks} rank(s) x {threads_per_rank} thread(s) on {len(allowed)} core(s) "
+                "(overcommitted on purpose; not a measurement)")
+    return " ".join(f"r{r}:{','.join(map(str, cores))}" for r, cores in enumerate(plans))
+
+
+def pin_this_rank(local_rank: int, local_ranks: int, threads_per_rank: int, launcher_slot: int = 0) -> str | None:
+    """Pin this CPU rank to its own cores, before its intra-op threads start (they inherit it), so
+    ranks neither share a core nor migrate; return the launcher's core plan (``describe_rank_cores``),
+    or None where the OS has no affinity call."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    cores = rank_cores(allowed, local_rank, local_ranks, threads_per_rank, launcher_slot)
+    if cores is not None:
+        os.sched_setaffinity(0, cores)
+    return describe_rank_cores(allowed, local_ranks, threads_per_rank, launcher_slot)
+
+
+if __name__ == "__main__":  # python -m scalelab.run.calibration PATH THREADS (ensure_calibration)
+    import sys
+
+    _record = write_calibration(sys.argv[1], int(sys.argv[2]))
+    print(f"scalelab: CPU peak per rank ({_record['threads']} thread(s)), measured on the idle machine: "
+          + ", ".join(f"{name} {flops / 1e9:.1f} GFLOP/s" for name, flops in _record["peaks_flops"].items()))

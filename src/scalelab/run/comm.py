@@ -1,0 +1,106 @@
+"""Count the data handed to collectives, by collective type and by process group.
+
+Every strategy issues its collectives through ``torch.distributed`` Python functions
+(DDP through its registered all-reduce hook, ZeRO-1 through ``broadcast``, FSDP2 through
+``all_gather_single`` / ``reduce_scatter_single``), so wrapping those functions sees all
+of them. Volumes use the ZeRO paper's unit (see scalelab.formulas.accounting): an all-reduce of S
+elements counts 2S, an all-gather counts its output, a reduce-scatter its input, a
+broadcast its tensor.
+
+Each call is also counted under its process group's global ranks (``group=`` or its position;
+none = the world), so a run can say which bytes crossed nodes: scalelab.plan.placement.link_of
+classifies a group from the hosts its ranks ran on (a group spanning nodes is inter-node).
+Hybrid sharding's shard group, its replicate group and the world are told apart this way.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+
+import torch
+import torch.distributed as dist
+
+# function name -> (argument holding the counted tensor, position, volume factor, position of group=)
+_COUNTED = {
+    "all_reduce": ("tensor", 0, 2, 2),
+    "broadcast": ("tensor", 0, 1, 2),
+    "all_gather_single": ("output_tensor", 0, 1, 2),
+    "all_gather_into_tensor": ("output_tensor", 0, 1, 2),
+    "reduce_scatter_single": ("input", 1, 1, 3),
+    "reduce_scatter_tensor": ("input", 1, 1, 3),
+}
+
+
+class CommCounter:
+    """Counts collective calls and bytes while ``enabled``."""
+
+    def __init__(self):
+        self.enabled = False
+        self.calls = collections.Counter()
+        self.bytes = collections.Counter()
+        self.group_bytes = collections.Counter()
+        """(collective, the group's global ranks) -> bytes."""
+        self._originals = {}
+        self._ranks = {}  # id(group) -> its global ranks (groups live as long as the run)
+
+    def install(self) -> "CommCounter":
+        for name, (kw, pos, factor, group_pos) in _COUNTED.items():
+            original = getattr(dist, name, None)
+            if original is None:
+                continue
+            self._originals[name] = original
+            setattr(dist, name, self._wrap(name, original, kw, pos, factor, group_pos))
+        return self
+
+    def _group_ranks(self, group) -> tuple[int, ...]:
+        group = group or dist.group.WORLD
+        if id(group) not in self._ranks:
+            self._ranks[id(group)] = tuple(dist.get_process_group_ranks(group))
+        return self._ranks[id(group)]
+
+    def by_group(self) -> list[dict]:
+        """The counted bytes per (collective, group): JSON-ready records."""
+        return [{"collective": name, "ranks": list(ranks), "bytes": nbytes}
+                for (name, ranks), nbytes in sorted(self.group_bytes.items())]
+
+    def uninstall(self) -> None:
+        for name, original in self._originals.items():
+            setattr(dist, name, original)
+        self._originals.clear()
+
+    def _wrap(self, name, original, kw, pos, factor, group_pos):
+        @functools.wraps(original)
+        def counted(*args, **kwargs):
+            if self.enabled:
+                tensor = kwargs.get(kw, args[pos] if len(args) > pos else None)
+                if torch.is_tensor(tensor):
+                    nbytes = factor * tensor.numel() * tensor.element_size()
+                    self.calls[name] += 1
+                    self.bytes[name] += nbytes
+                    group = kwargs.get("group", args[group_pos] if len(args) > group_pos else None)
+                    self.group_bytes[name, self._group_ranks(group)] += nbytes
+            return original(*args, **kwargs)
+
+        return counted
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Leave the measurement's own collectives (loss logging) out of the count."""
+        was, self.enabled = self.enabled, False
+        try:
+            yield
+        finally:
+            self.enabled = was
+
+
+def bytes_by_link(by_group: list[dict], rank_hosts: list[str]) -> dict[str, dict[str, float]]:
+    """Counted bytes (CommCounter.by_group's records) by link and collective, each group's link
+    from the hosts its ranks ran on (``rank_hosts[r]``: rank r's host; scalelab.plan.placement.link_of)."""
+    from scalelab.spec.topology import LINKS, link_of
+
+    out: dict[str, dict[str, float]] = {link: {} for link in LINKS}
+    for record in by_group:
+        by_type = out[link_of(record["ranks"], rank_hosts)]
+        by_type[record["collective"]] = by_type.get(record["collective"], 0) + record["bytes"]
+    return out

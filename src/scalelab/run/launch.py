@@ -1,0 +1,281 @@
+"""Launch one training run (one sweep point) and always leave a result behind.
+
+Starts the run's ranks (one process each on this host, or ``srun`` x ``torchrun`` over
+several nodes) with a wall-clock limit, then writes the run's
+``summary.json`` and ``steps.parquet`` atomically whatever happened: status ``ok``,
+``oom``, ``timeout``, ``failed`` or ``skipped``, with the reason. The process exits 0 in
+every one of those cases, because Snakemake deletes the outputs of failed jobs and a sweep
+must keep its failures as results. Only a kill of the launcher itself leaves no summary
+(so ``snakemake --rerun-incomplete`` redoes the run).
+
+Nothing here imports torch for a CPU run (about 1.5 s of every run's start-up on 2 cores): the
+device comes from the workflow's plan, and what needs torch to check (whether the device runs
+the precision) is checked by the worker (scalelab.run.worker.preflight).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from scalelab.config import config_hash, model_config, train_config
+from scalelab.formulas.accounting import ffn_dim
+from scalelab.io import read_json, write_json
+from scalelab.plan import placement
+from scalelab.plan.columns import steps_table, write_parquet
+from scalelab.plan.placement import LaunchPlan, launch_plan
+from scalelab.plan.sweep import LAUNCHER_FILE, POINT_FILE, RunPoint, micro_batch_plan
+from scalelab.run import prefork
+from scalelab.run.calibration import read_calibration
+from scalelab.run.data import read_meta, verify_tokens
+from scalelab.run.processes import holder_record
+from scalelab.run.ranks import LOCAL_LAUNCH, local_rank_processes, run_ranks, torchrun_command
+
+GIT_COMMIT_ENV = "SCALELAB_GIT_COMMIT"
+"""The commit of a tree without .git (a copy, a container, a cluster stage-in): set it where
+the tree is copied, e.g. SCALELAB_GIT_COMMIT=$(git rev-parse HEAD); SCALELAB_GIT_DIRTY=0|1 optional."""
+
+
+def git_provenance(cwd: Path) -> dict:
+    """git_commit, git_dirty and where they came from: git itself, else the environment
+    (GIT_COMMIT_ENV), else nothing, and the source says why."""
+    def git(*args):
+        try:
+            out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
+            return out.stdout.strip() if out.returncode == 0 else None
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+
+    # Only a git checkout of this project counts: a copied tree inside some other repository
+    # would otherwise record that repository's commit.
+    top = git("rev-parse", "--show-toplevel")
+    commit = git("rev-parse", "HEAD") if top and (Path(top) / "src" / "scalelab").is_dir() else None
+    if commit:
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        return {"git_commit": commit, "git_dirty": bool(dirty), "git_commit_source": "git"}
+    given = os.environ.get(GIT_COMMIT_ENV, "").strip()
+    if given:
+        if not re.fullmatch(r"[0-9a-fA-F]{7,40}", given):  # recorded as unknown, never as a wrong commit
+            return {"git_commit": None, "git_dirty": None,
+                    "git_commit_source": f"unknown: {GIT_COMMIT_ENV}={given[:60]!r} is not a commit hash (7-40 hex digits)"}
+        dirty = os.environ.get("SCALELAB_GIT_DIRTY", "").strip().lower()
+        return {"git_commit": given.lower(), "git_dirty": {"1": True, "true": True, "0": False, "false": False}.get(dirty),
+                "git_commit_source": f"environment {GIT_COMMIT_ENV}"}
+    return {"git_commit": None, "git_dirty": None,
+            "git_commit_source": f"unknown: no git checkout at {Path(cwd).resolve()} and {GIT_COMMIT_ENV} unset"}
+
+
+def resolve_device(requested: str, planned: str | None = None) -> tuple[str, str | None]:
+    """('cpu'|'cuda', reason to skip or None). planned: the device the workflow planned the
+    sweep for (scalelab.plan.placement.plan_device); a run planned for a GPU never trains elsewhere.
+    A run planned for the CPU imports no torch here."""
+    if planned == "cpu" or (planned is None and requested == "cpu"):
+        return "cpu", None
+    import torch
+
+    if planned is None:  # launched outside the workflow: decide here
+        planned = "cuda" if requested == "cuda" or torch.cuda.is_available() else "cpu"
+    if planned == "cuda" and not torch.cuda.is_available():
+        build = f"torch {torch.__version__}, CUDA {torch.version.cuda}" if torch.version.cuda else \
+            f"torch {torch.__version__} is a CPU-only build"
+        return "cuda", f"this run was planned for a GPU (train.device={requested}) but no CUDA device is visible ({build})"
+    return planned, None
+
+
+def skip_reason(device: str, point: RunPoint, plan: LaunchPlan, launchers_per_node: int,
+                fp8_emulate: bool = False) -> str | None:
+    """Why this run is not launched here, as far as the launcher can tell. A GPU run's checks
+    need torch (GPU count, compute capability); a CPU run's precision is checked by its
+    worker instead (scalelab.run.worker.preflight: the run ends `skipped` all the same),
+    so that a CPU job's launcher never imports torch."""
+    if point.cpu_offload and device != "cuda":
+        return (f"cpu_offload moves model state from GPU memory to host memory; this run is on {device}, "
+                "where the model state is in host memory already")
+    if device != "cuda":
+        return None
+    import torch
+
+    from scalelab.run.precision import unsupported_reason
+
+    shortfall = placement.gpu_shortfall(plan, point.world_size, launchers_per_node, torch.cuda.device_count())
+    if shortfall:
+        return shortfall
+    return unsupported_reason(point.precision, torch.device(device), fp8_emulate)
+
+
+def plan_memory(config: dict, model, point: RunPoint, micro_batch: int, device: str, accumulation_steps: int = 1) -> dict:
+    """Predicted in-step peak per rank against the device memory, before launch."""
+    from scalelab.formulas import accounting, predicted_columns
+
+    own = None
+    if model.module:  # the user's module: counted on the meta device (imports torch), no activation formula
+        from scalelab.run.model import counted
+
+        own = counted(model)
+    n_params = own["n_params"] if own else accounting.param_count(model)
+    peak = predicted_columns.peak(model, n_params, {**point.values(), "micro_batch": micro_batch,
+                                                    "accumulation_steps": accumulation_steps, "device_type": device},
+                                  block_params=own["block_params"] if own else None,
+                                  n_trainable=counted(model, point.lora_rank)["lora_trainable"] if own and point.lora_rank else None)
+    limit_gib = config.get("planning", {}).get("device_memory_gib")
+    limit = limit_gib * 2 ** 30 if limit_gib else None
+    if limit is None and device == "cuda":
+        import torch
+
+        if torch.cuda.is_available():  # a cuda run on a machine without one is skipped anyway
+            limit = torch.cuda.get_device_properties(0).total_memory
+    oom = None
+    if accounting.predicts_oom(peak, limit):  # never on an upper bound alone: such a run is launched and measured
+        parts = (f"the optimizer step: model state at rest {peak.at_rest / 2**20:.1f}"
+                 if peak.at_optimizer_step else
+                 f"model state {peak.model_state / 2**20:.1f} + in-step parameters {peak.transient_params / 2**20:.1f} + "
+                 f"activations {peak.activations / 2**20:.1f}")
+        oom = (f"predicted peak {peak.total / 2**20:.1f} MiB per rank ({parts}"
+               + ("" if peak.exact else f"; {peak.bound}") + f") exceeds the device memory {limit / 2**20:.1f} MiB; "
+               "not launched (set planning.launch_predicted_oom: true to launch it anyway)")
+    return {**predicted_columns.peak_columns(peak, custom=bool(own)), "device_memory_bytes": limit, "predicted_oom_reason": oom}
+
+
+def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str | Path,
+               log_path: str | Path, threads: int = 1, repo_dir: str | Path = ".",
+               save_final_params: bool = False, device_plan: placement.DevicePlan | None = None,
+               compile_warm_up: bool = True, calibration: str | Path | None = None) -> dict:
+    """Run one sweep point; write point.json, then summary.json and steps.parquet into run_dir; return the summary.
+    device_plan: the workflow's decision for the sweep; None decides here (tests, scripts).
+    calibration: the sweep's CPU peak record (scalelab.run.calibration); None: a CPU run measures its own.
+    compile_warm_up=False (tests only) leaves a compiled run's compilation to its first step."""
+    started = time.time()
+    run_dir, log_path = Path(run_dir), Path(log_path)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / POINT_FILE, point.to_json())  # first: a folder says which point it holds, whatever happens next
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(run_dir, resuming=bool(config["train"].get("checkpoint_every")) and (run_dir / "checkpoint").is_dir())
+    # Who runs this folder, until summary.json is written: `scalelab status` sees at once that a
+    # killed launcher is gone (scalelab.results.status), instead of waiting for the folder to go quiet.
+    write_json(run_dir / LAUNCHER_FILE, {**holder_record(), "started": started})
+
+    meta = read_meta(data_dir)
+    tokens_problem = verify_tokens(data_dir, meta)  # never train on tokens other than meta.json's
+    model = model_config(config, vocab_size=meta["vocab_size"], name=point.model)
+    train = train_config(config)
+    micro, accum = micro_batch_plan(train, point.world_size, point.micro_batch)
+    identity = point.identity(micro_batch=micro)
+    plan = launch_plan(config, point.world_size)
+    device, reason = resolve_device(train.device, device_plan.device if device_plan else None)
+    if reason is None:
+        reason = skip_reason(device, point, plan, int((config.get("cluster") or {}).get("launchers_per_node", 1)),
+                             train.fp8_emulate)
+    memory_plan = plan_memory(config, model, point, micro, device, accum)
+    if reason is None and device == "cpu" and not config.get("planning", {}).get("launch_overcommitted", False):
+        launchers_per_node = int((config.get("cluster") or {}).get("launchers_per_node", 1))
+        ranks_here = placement.ranks_per_node(plan, launchers_per_node) if placement.spans_nodes(plan) else None
+        reason = placement.overcommit_reason(point.world_size, threads, memory_plan["predicted_peak_bytes"],
+                                             placement.host_memory_available(), ranks_here)
+        if reason:
+            reason += "; not launched (set planning.launch_overcommitted: true to launch it anyway)"
+    summary = {
+        **identity,
+        "dataset": meta["dataset"], "dataset_sha256_train": meta["sha256"]["train.bin"],
+        "model_family": model.kind, "model_module": model.module,
+        **({"n_kv_heads": model.n_kv_heads or model.n_heads, "ffn_dim": ffn_dim(model),
+            "rope_base": model.rope_base} if model.kind == "llama" else {}),
+        "n_layers": model.n_layers, "d_model": model.d_model, "n_heads": model.n_heads,
+        "seq_len": model.seq_len, "vocab_size": model.vocab_size, "tie_embeddings": model.tie_embeddings,
+        "steps": train.steps, "warmup_steps": train.warmup_steps, "global_batch": train.global_batch,
+        "accumulation_steps": accum, "seed": train.seed,
+        "config_hash": config_hash(config), "requested_device": train.device, "device_type": device,
+        "planned_device_reason": device_plan.why if device_plan else "decided by the launcher (no workflow plan)",
+        "threads": threads, "started_utc": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(timespec="seconds"),
+        **git_provenance(Path(repo_dir)),
+    }
+
+    summary.update(memory_plan)
+    records: list[dict] = []
+    if tokens_problem is not None:
+        status, reason = "failed", tokens_problem
+    elif reason is not None:
+        status = "skipped"
+    elif memory_plan["predicted_oom_reason"] and not config.get("planning", {}).get("launch_predicted_oom", False):
+        status, reason = "predicted_oom", memory_plan["predicted_oom_reason"]
+    else:
+        spec = {
+            "run_dir": str(run_dir.resolve()), "device": device, "point": point.values(),
+            "train_bin": str((Path(data_dir) / "train.bin").resolve()),
+            "token_dtype": meta["dtype"], "model": model.__dict__, "train": train.__dict__,
+            "threads_per_rank": max(1, threads // point.world_size), "save_final_params": save_final_params,
+            "compile_warm_up": compile_warm_up, "calibration": read_calibration(calibration),
+        }
+        status, reason, records, launched = _run_workers(spec, run_dir, plan, config["cluster"], log_path,
+                                                         train.run_timeout_s, started)
+        summary.update(launched)
+
+    summary.update(status=status, reason=reason, wall_time_s=time.time() - started)
+    _write_results(run_dir, log_path, point.run_id, identity, records, summary)
+    return summary
+
+
+def _remove_leftovers(run_dir: Path, resuming: bool) -> None:
+    """Delete what a killed attempt left in run_dir; a resumed run keeps the step records up
+    to its checkpoint."""
+    stale = [*run_dir.glob("rank*.error.json"), run_dir / "worker_result.json"]
+    if not resuming:
+        stale.append(run_dir / "progress.jsonl")
+    for path in stale:
+        path.unlink(missing_ok=True)
+
+
+def _run_workers(spec: dict, run_dir: Path, plan: LaunchPlan, cluster: dict, log_path: Path, timeout_s: float,
+                 started: float) -> tuple[str, str | None, list[dict], dict]:
+    """Start the ranks on the spec, then read back what the workers left: (status, reason, step
+    records, summary fields: how the ranks were launched, what they measured)."""
+    spec_path = (run_dir / "spec.json").resolve()
+    write_json(spec_path, spec)
+    world_size = spec["point"]["world_size"]
+    env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads_per_rank"]), "PYTHONUNBUFFERED": "1"}
+    forkable = False
+    if placement.spans_nodes(plan):
+        cmd = torchrun_command(plan, world_size, spec_path, placement.srun_step_options(plan, spec["device"], cluster))
+        processes = [(cmd, placement.srun_environment(env))]
+        launched = {"launch": "srun x torchrun (static rendezvous)", "launchers": plan.launchers}
+    else:
+        processes = local_rank_processes(world_size, spec_path, env)
+        launched = {"launch": LOCAL_LAUNCH, "launchers": 1}
+        forkable = spec["device"] == "cpu"  # scalelab.run.prefork: CPU ranks only
+    status, reason, launched["teardown_warning"], forked = run_ranks(processes, log_path, timeout_s, run_dir, forkable)
+    if forked:
+        launched["launch"] = prefork.FORKED_LAUNCH
+    if status == "skipped":  # the workers' preflight: nothing ran, as with a skip decided here
+        spec_path.unlink(missing_ok=True)
+        return status, reason, [], {}
+    records = []
+    if (run_dir / "progress.jsonl").exists():
+        records = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines() if line.strip()]
+    if status == "ok":
+        launched.update(read_json(run_dir / "worker_result.json"))
+        launched["startup_s"] = launched.pop("first_step_unix") - started
+    launched["completed_steps"] = len(records)
+    if records:
+        launched["final_loss"] = records[-1]["loss"]
+    spec_path.unlink(missing_ok=True)
+    return status, reason, records, launched
+
+
+def _write_results(run_dir: Path, log_path: Path, run_id: str, identity: dict, records: list[dict], summary: dict) -> None:
+    """Log the outcome, write steps.parquet and then summary.json, and remove the scratch files."""
+    status, reason = summary["status"], summary["reason"]
+    with open(log_path, "a") as log:
+        log.write(f"scalelab: {run_id} finished with status {status}" + (f": {reason}" if reason else "") + "\n")
+    write_parquet(steps_table(identity, records), run_dir / "steps.parquet")
+    write_json(run_dir / "summary.json", summary)  # last: its presence means the run is complete
+    for scratch in [run_dir / "worker_result.json", run_dir / "progress.jsonl", *run_dir.glob("rank*.error.json"),
+                    run_dir / LAUNCHER_FILE]:
+        if status == "ok" or scratch.name in ("worker_result.json", LAUNCHER_FILE):
+            scratch.unlink(missing_ok=True)
+    if status == "ok":  # checkpoints exist to resume an unfinished run; this one is finished
+        import shutil
+
+        shutil.rmtree(run_dir / "checkpoint", ignore_errors=True)

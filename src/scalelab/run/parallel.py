@@ -1,0 +1,276 @@
+"""Data-parallel strategies: one function per strategy, named by its record in
+scalelab.spec.strategies (which says what each shards and communicates).
+
+| stage | PyTorch                                                    |
+| 0     | DistributedDataParallel + local AdamW (one rank: the model alone) |
+| 1     | DDP + torch.distributed.optim.ZeroRedundancyOptimizer      |
+| 2     | FSDP2 fully_shard(reshard_after_forward=False) per block   |
+| 3     | FSDP2 fully_shard(reshard_after_forward=True) per block    |
+| 3, replicas R > 1 | hybrid sharding (HSDP): the same over a 2-D mesh (R replicas x N/R shards) |
+
+Hybrid sharding builds torchtitan's mesh, ``init_device_mesh(..., (R, N/R),
+mesh_dim_names=("dp_replicate", "dp_shard"))``, and hands it to ``fully_shard``, which shards
+over the inner dimension (consecutive ranks: one node under torchrun's placement) and
+all-reduces each reduced gradient shard over the outer one (across nodes).
+
+Levers: ``bucket_mb`` sets DDP's gradient bucket size (stages 0, 1); ``cpu_offload`` gives
+stage 3 FSDP2's CPUOffloadPolicy (sharded state in pinned host memory, optimizer step on
+the CPU); ``compile`` is :func:`apply_compile`, applied before any of these wrappers.
+
+Collective dtypes (scalelab.formulas.accounting.comm_dtypes says which for a run): ``param_dtype`` and
+``reduce_dtype`` of :func:`parallelize`. FSDP2 takes both as its MixedPrecisionPolicy
+(torchtitan's bf16 recipe: param_dtype=bf16, reduce_dtype=fp32): the fp32 shards stay what the
+optimizer steps, the unsharded parameters are gathered, used and freed in param_dtype, gradients
+are reduce-scattered in reduce_dtype and land in fp32. Autocast still runs around the forward
+(its casts of 16-bit weights are no-ops; LayerNorm and the loss still run in fp32), so the
+ShardedGradScaler, activation checkpointing (recomputation gathers again, in param_dtype),
+compile (the blocks are compiled before fully_shard wraps them; FSDP2's casts run in its hooks,
+outside the graphs), LoRA (frozen weights are gathered in param_dtype too; gradients exist for A
+and B only) and cpu_offload (the fp32 shards live on the host, the copy on the device is cast
+before its all-gather) work unchanged. DDP (stages 0, 1) has no parameter gather; a 16-bit
+``reduce_dtype`` registers torch's bf16_compress_hook / fp16_compress_hook in place of its
+plain all-reduce hook (fp32 buckets cast down, all-reduced, decompressed in place).
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from scalelab.run.model import GPT
+from scalelab.spec.strategies import DDP_BUCKET_MB, HYBRID, check_replicas, strategy
+
+
+@dataclass
+class Parallelized:
+    """A model wrapped for a stage, its optimizer, and how to skip gradient sync."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    no_sync: Callable[[bool], contextlib.AbstractContextManager]
+    """no_sync(is_last_micro_batch): context for one micro-batch's backward."""
+    state_on_host: bool = False
+    """Parameters, gradients and optimizer state live in host memory (CPU offload)."""
+    throwaway_backward: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    """Context for a forward and backward whose gradients are dropped (the compile warm-up):
+    DDP's no_sync, so no all-reduce runs and DDP's reducer (its bucket rebuild after the first
+    synchronised backward) is left as the first real step expects it. FSDP2 keeps its
+    reduce-scatter: its no-sync mode accumulates unsharded gradients that dropping ``.grad``
+    would not free."""
+
+    def local_optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer that holds this rank's state (ZeRO-1 wraps a local one)."""
+        opt = self.optimizer
+        optim = sys.modules.get("torch.distributed.optim")  # not imported: no ZeRO-1 optimizer exists
+        return opt.optim if optim is not None and isinstance(opt, optim.ZeroRedundancyOptimizer) else opt
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Decay matrices (dim >= 2), not biases and norms; a tied weight appears once (parameters()
+    yields each shared Parameter once)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
+def _adamw_kwargs(lr: float, state_on_host: bool = False) -> dict:
+    """Fused AdamW (one kernel for all parameters) on every device: torch has it on the CPU too,
+    so CPU runs take the GPU's path, the loss scaler's hand-over into the kernel included
+    (scalelab.run.precision.sharded_grad_scaler). Offloaded state steps on the host while
+    the fp16 scaler's inf check stays on the device, which one fused kernel cannot take: foreach."""
+    return {"lr": lr, "betas": (0.9, 0.95), "eps": 1e-8, "fused": not state_on_host}
+
+
+def _ddp(model: nn.Module, device: torch.device, bucket_mb: float, reduce_dtype: torch.dtype | None = None) -> DDP:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    # gradient_as_bucket_view: gradients live in the all-reduce buckets instead of beside
+    # them, so DDP holds 4 bytes of gradient per parameter, not 8. An explicit bucket_cap_mb
+    # caps the first bucket too (PyTorch's default alone starts with a 1 MiB bucket).
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+              gradient_as_bucket_view=True, bucket_cap_mb=bucket_mb)
+    # The stock hooks, registered so DDP's all-reduce goes through torch.distributed.all_reduce,
+    # where scalelab.run.comm counts it: the plain one (fp32 buckets), or the compression
+    # hook of the reduce dtype (the grad_reduce lever at 'compute').
+    hooks = {None: default_hooks.allreduce_hook, torch.float32: default_hooks.allreduce_hook,
+             torch.bfloat16: default_hooks.bf16_compress_hook, torch.float16: default_hooks.fp16_compress_hook}
+    hook = hooks[reduce_dtype]
+    if hook is default_hooks.bf16_compress_hook and device.type == "cpu":
+        # DDP refuses this hook by its name without CUDA and NCCL >= 2.10 (NCCL's bf16 sum); on a
+        # CPU the all-reduce is gloo's, which sums bf16 (measured: tests/test_mixed_precision.py).
+        # The same hook under another name; on a GPU the stock hook and DDP's check stay.
+        def bf16_compress_hook_gloo(process_group, bucket):
+            return default_hooks.bf16_compress_hook(process_group, bucket)
+
+        hook = bf16_compress_hook_gloo
+    ddp.register_comm_hook(dist.group.WORLD, hook)
+    return ddp
+
+
+def parallelize_ddp(model: GPT, device, lr, weight_decay, bucket_mb=DDP_BUCKET_MB, cpu_offload=False,
+                    param_dtype=None, reduce_dtype=None) -> Parallelized:
+    opt = torch.optim.AdamW(param_groups(model, weight_decay), **_adamw_kwargs(lr))
+    if dist.get_world_size() == 1:
+        # One rank: the model as a user trains it on one GPU, the baseline scaling is measured
+        # against. DDP would only copy the gradients into its buckets and all-reduce them over
+        # one rank (a 16-bit reduce dtype would even round them), for nothing.
+        return Parallelized(model, opt, lambda last: contextlib.nullcontext())
+    ddp = _ddp(model, device, bucket_mb, reduce_dtype)
+    return Parallelized(ddp, opt, lambda last: contextlib.nullcontext() if last else ddp.no_sync(),
+                        throwaway_backward=ddp.no_sync)
+
+
+def parallelize_zero1(model: GPT, device, lr, weight_decay, bucket_mb=DDP_BUCKET_MB, cpu_offload=False,
+                      param_dtype=None, reduce_dtype=None) -> Parallelized:
+    ddp = _ddp(model, device, bucket_mb, reduce_dtype)
+    # imported here, as FSDP2 below: torch.distributed.optim's __init__ imports FSDP, DTensor and
+    # sympy, about 1 s of a rank's start-up on 2 cores, which a stage 0 run does not need
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    # ZeroRedundancyOptimizer takes one parameter group; the second is added after, so
+    # weight decay is handled as in the other stages.
+    groups = param_groups(model, weight_decay)
+    opt = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=torch.optim.AdamW,
+                                  weight_decay=weight_decay, **_adamw_kwargs(lr))
+    opt.add_param_group({"params": groups[1]["params"], "weight_decay": 0.0})
+    return Parallelized(ddp, opt, lambda last: contextlib.nullcontext() if last else ddp.no_sync(),
+                        throwaway_backward=ddp.no_sync)
+
+
+def _parallelize_fsdp(model: GPT, device, lr, weight_decay, reshard_after_forward: bool,
+                      cpu_offload: bool = False, param_dtype=None, reduce_dtype=None, replicas: int = 1) -> Parallelized:
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    # FSDP2 needs an explicit mesh on CPU; one dimension = plain data parallelism, two = hybrid
+    # sharding (replicate x shard: FSDP2 shards over the last, replicates over the first).
+    world_size = dist.get_world_size()
+    if replicas == 1:
+        mesh = init_device_mesh(device.type, (world_size,))
+    else:
+        shard = check_replicas(world_size, replicas)
+        mesh = init_device_mesh(device.type, (replicas, shard), mesh_dim_names=HYBRID.mesh_dims)
+    offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
+    # None, None: FSDP2's default, everything in the parameters' own fp32. reduce_dtype is given
+    # explicitly (fp32 by default): left None, FSDP2 would reduce in param_dtype.
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    for block in model.blocks:  # one all-gather/reduce-scatter group per transformer block
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload, mp_policy=mp)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload, mp_policy=mp)
+    opt = torch.optim.AdamW(param_groups(model, weight_decay), **_adamw_kwargs(lr, cpu_offload))
+    assert isinstance(model, FSDPModule)
+
+    def no_sync(last: bool):
+        model.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+
+    return Parallelized(model, opt, no_sync, state_on_host=cpu_offload)
+
+
+def parallelize_fsdp_keep(model, device, lr, weight_decay, bucket_mb=None, cpu_offload=False,
+                          param_dtype=None, reduce_dtype=None) -> Parallelized:
+    return _parallelize_fsdp(model, device, lr, weight_decay, reshard_after_forward=False,
+                             param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+
+
+def parallelize_fsdp_reshard(model, device, lr, weight_decay, bucket_mb=None, cpu_offload=False,
+                             param_dtype=None, reduce_dtype=None) -> Parallelized:
+    return _parallelize_fsdp(model, device, lr, weight_decay, reshard_after_forward=True, cpu_offload=cpu_offload,
+                             param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+
+
+def parallelize_hsdp(model, device, lr, weight_decay, bucket_mb=None, cpu_offload=False,
+                     param_dtype=None, reduce_dtype=None, replicas: int = 2) -> Parallelized:
+    return _parallelize_fsdp(model, device, lr, weight_decay, reshard_after_forward=True,
+                             param_dtype=param_dtype, reduce_dtype=reduce_dtype, replicas=replicas)
+
+
+def apply_compile(model: GPT) -> None:
+    """torch.compile (inductor, fullgraph) each transformer block and the loss, as torchtitan
+    does (its ``apply_compile`` and compiled loss): per block, because the blocks are alike
+    (one graph serves them all) and the embeddings stay out; after activation checkpointing
+    (set inside Block.forward, traced into the graph, so backward recomputes the compiled
+    forward) and fp8 conversion (the Float8Linear layers are traced too), before DDP/FSDP2
+    wrap the blocks, so their hooks stay outside the compiled code. ``fullgraph``: a graph
+    break is an error, never a silent fall back to eager. Compilation itself happens at the
+    first forward and backward (scalelab.run.worker.compile_warm_up runs one before the
+    first step). The compiled blocks replace the blocks in ``model.blocks``
+    (``blocks.0._orig_mod.…`` in state dicts; DCP's helpers drop the ``_orig_mod``)."""
+    if isinstance(model.blocks, nn.ModuleList):
+        for name, block in model.blocks.named_children():
+            model.blocks.register_module(name, torch.compile(block, fullgraph=True))
+    else:  # a user's module (scalelab.run.model.UserModel): each block replaced where it sits
+        for i, block in enumerate(model.blocks):
+            model.set_block(i, torch.compile(block, fullgraph=True))
+    model.loss_fn = torch.compile(model.loss_fn, fullgraph=True)
+
+
+def compiled_graphs() -> int:
+    """Graphs TorchDynamo has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def parallelize(model: GPT, zero_stage: int, device: torch.device, lr: float, weight_decay: float,
+                bucket_mb: float | None = DDP_BUCKET_MB, cpu_offload: bool = False,
+                param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
+                replicas: int = 1) -> Parallelized:
+    """Wrap the model as the stage's strategy record says (scalelab.spec.strategies). param_dtype: what
+    FSDP2 gathers parameters in (None: their fp32; strategies that gather none ignore it);
+    reduce_dtype: what gradients are reduced in (None: fp32); replicas > 1: hybrid sharding
+    (stage 3). See the module doc."""
+    record = strategy(zero_stage, replicas)
+    if cpu_offload and not record.cpu_offload:
+        raise ValueError(f"cpu_offload does not apply to {record.name} (zero_stage {zero_stage})")
+    wrap = globals()[record.wrapper]
+    extra = {"replicas": replicas} if replicas != 1 else {}
+    return wrap(model, device, lr, weight_decay, bucket_mb=bucket_mb, cpu_offload=cpu_offload,
+                param_dtype=param_dtype, reduce_dtype=reduce_dtype, **extra)
+
+
+def clip_grad_norm(par: Parallelized, max_norm: float, comm_device: torch.device) -> torch.Tensor:
+    """Clip the global gradient norm to max_norm; return the norm before clipping.
+
+    torch's clip_grad_norm_ in every case but offloaded state: there the gradients are
+    DTensors in host memory over a GPU mesh, whose norm reduction NCCL cannot do. That path
+    sums the squares of the local shards, all-reduces that one number on comm_device, and
+    scales the shards in place."""
+    params = [p for p in par.model.parameters() if p.grad is not None]
+    if not par.state_on_host:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    grads = [_local(p.grad) for p in params]
+    squares = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum().to(comm_device)
+    if any(hasattr(p.grad, "to_local") for p in params):  # sharded: each rank holds a part
+        dist.all_reduce(squares)
+    norm = squares.sqrt()
+    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0).to(grads[0].device)
+    if coef.item() < 1.0:
+        torch._foreach_mul_(grads, coef)
+    return norm
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def model_state_bytes(par: Parallelized) -> dict[str, int]:
+    """Bytes of parameters, gradients and optimizer state this rank really holds."""
+    params = list(par.model.parameters())  # a tied weight once
+    p_bytes = sum(_local(p).numel() * p.element_size() for p in params)
+    g_bytes = sum(_local(p.grad).numel() * p.grad.element_size() for p in params if p.grad is not None)
+    o_bytes = 0
+    for state in par.local_optimizer().state.values():
+        for value in state.values():
+            if torch.is_tensor(value):
+                o_bytes += _local(value).numel() * value.element_size()
+    return {"params": p_bytes, "grads": g_bytes, "optimizer": o_bytes}

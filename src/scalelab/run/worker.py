@@ -1,0 +1,890 @@
+"""The training worker: one process per rank (``python -m scalelab.run.worker``), started by the launcher.
+
+It reads a run spec written by :mod:`scalelab.run.launch`, trains for ``train.steps`` steps,
+and has rank 0 write ``worker_result.json`` (run-level measurements) and
+``progress.jsonl`` (one line per step) into the run folder. The launcher turns those into
+the run's ``summary.json`` and ``steps.parquet``, and decides the status when a rank fails.
+A rank that raises writes ``rank<R>.error.json`` first, so the launcher can tell OOM from
+a timeout from a crash.
+
+:func:`train` is :func:`setup` (everything before the first step), with the ``compile``
+lever :func:`compile_warm_up` (compilation, timed apart), a loop of :func:`train_step` (one
+optimizer step), then :func:`gather` (every rank) and :func:`results` (rank 0's
+``worker_result.json``). Tests and fault drills inject faults
+from ``SCALELAB_FAULT`` through one hook, :meth:`Fault.inject`.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import gc
+import importlib
+import json
+import math
+import os
+import platform
+import resource
+import socket
+import statistics
+import sys
+import time
+import traceback
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh  # imported by torch itself: free
+
+from scalelab.config import ModelConfig, TrainConfig
+from scalelab.formulas import accounting, predicted_columns
+from scalelab.io import write_json
+from scalelab.plan.placement import LAUNCHER_SLOT_ENV, gpu_index
+from scalelab.plan.sweep import RunPoint, micro_batch_plan
+from scalelab.run.activations import SavedActivationMeter
+from scalelab.run.calibration import measure_matmul_peak, pin_this_rank
+from scalelab.run.calibration import peak_for as calibration_peak
+from scalelab.run.comm import CommCounter, bytes_by_link
+from scalelab.run.data import BatchSampler
+from scalelab.run.devices import device_name, gpu_state, synchronize
+from scalelab.run.lora import apply_lora
+from scalelab.run.model import build_model
+from scalelab.run.model import counted as counted_by_module
+from scalelab.run.parallel import (
+    Parallelized,
+    apply_compile,
+    clip_grad_norm,
+    compiled_graphs,
+    model_state_bytes,
+    parallelize,
+)
+from scalelab.run.precision import autocast, convert_linears, grad_scaler, unsupported_reason
+from scalelab.run.progress import Progress
+from scalelab.run.trace import MEMORY_DIR, TRACE_DIR, StepTracer, read_exposed_comm
+from scalelab.spec import hardware
+from scalelab.spec.precisions import precision as precision_record
+from scalelab.spec.strategies import strategy
+
+
+def lr_at(step: int, train: TrainConfig) -> float:
+    """Linear warm-up over warmup_steps, then cosine decay to 10% of the peak."""
+    if step < train.warmup_steps:
+        return train.lr * (step + 1) / train.warmup_steps
+    progress = (step - train.warmup_steps) / max(1, train.steps - train.warmup_steps)
+    return train.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def peak_flops(device: torch.device, precision: str, tf32: bool,
+               configured_tflops: dict[str, float] | None = None, calibration: dict | None = None) -> tuple[float, str]:
+    """(dense peak FLOP/s per device, where the figure came from). On a GPU: the datasheet
+    figure of the exact product (scalelab.spec.hardware), or train.peak_tflops for one the table
+    lacks; otherwise NaN and the reason, never a timed guess (small timed matmuls sit far
+    below a GPU's peak and would inflate MFU). On a CPU, which has no datasheet figure here:
+    the sweep's calibration (scalelab.run.calibration: measured once on the idle machine) where it
+    applies, else the best matmul rate measured at start, beside whatever else runs."""
+    if device.type == "cuda":
+        return hardware.peak_flops_for(torch.cuda.get_device_name(device), precision, tf32, configured_tflops)
+    if calibrated := calibration_peak(calibration, precision, torch.get_num_threads()):
+        return calibrated
+    # named by the dtype it measures: an fp8 run's is a bf16 matmul (float8 is emulated on a CPU)
+    dtype = precision_record(precision).matmul_precision
+    return (measure_matmul_peak(device, precision_record(dtype).compute),
+            f"measured {dtype} matmul at run start, {torch.get_num_threads()} threads (no sweep calibration)")
+
+
+def bf16_peak_flops(device: torch.device, precision: str, tf32: bool, run_peak: tuple[float, str],
+                    configured_tflops: dict[str, float] | None = None, calibration: dict | None = None) -> tuple[float, str]:
+    """(dense bf16 peak FLOP/s per device, its source): the denominator of ``mfu_bf16_peak``,
+    every run's MFU on one scale (scalelab.formulas.accounting's docstring). A run whose own peak is
+    the bf16 one (bf16; fp8 on a CPU, whose fp8 runs compute in bf16) reuses it."""
+    if precision == "bf16" or (device.type != "cuda" and precision_record(precision).matmul_precision == "bf16"):
+        return run_peak
+    return peak_flops(device, "bf16", tf32, configured_tflops, calibration)
+
+
+def nccl_version() -> str:
+    """NCCL's version: a tuple in recent torch, an int (e.g. 21803) in older releases."""
+    version = torch.cuda.nccl.version()
+    if isinstance(version, int):
+        return f"{version // 10000}.{version // 100 % 100}.{version % 100}"
+    return ".".join(map(str, version))
+
+
+class Fault:
+    """Fault injection for tests and drills, from SCALELAB_FAULT="kind@step=S,rank=R".
+
+    kinds: inf_grad (a non-finite gradient element on that rank), crash (raise), oom (raise
+    torch's out-of-memory error, as a GPU would), hang
+    (sleep before the step's collectives), delay (sleep ``ms=`` milliseconds before each step
+    of ``step=A-B``: a straggler the other ranks wait for in their first collective), exit (hard
+    exit without cleanup), teardown (abort in process-group teardown, after the results are
+    written). Any other value (scalelab.io.fault_point's names) injects nothing here.
+    """
+
+    # The moment each kind strikes: the hook is called at every one of them.
+    MOMENT = {"hang": "before_step", "crash": "before_step", "oom": "before_step", "exit": "before_step",
+              "delay": "before_step", "inf_grad": "after_backward", "teardown": "teardown"}
+
+    def __init__(self, spec: str | None):
+        self.kind = None
+        if spec:
+            self.kind, _, args = spec.partition("@")
+            kv = dict(item.split("=") for item in args.split(",") if item)
+            first, _, last = str(kv.get("step", 0)).partition("-")
+            self.steps = range(int(first), int(last or first) + 1)
+            self.step, self.rank = int(first), int(kv.get("rank", 0))
+            self.ms = float(kv.get("ms", 0))
+
+    @classmethod
+    def from_env(cls) -> "Fault":
+        return cls(os.environ.get("SCALELAB_FAULT"))
+
+    def inject(self, moment: str, step: int, rank: int, model: torch.nn.Module | None = None) -> None:
+        """The one hook: inject this fault if it is due at this moment of this step on this rank.
+        model: the wrapped model whose gradients inf_grad spoils (at "after_backward")."""
+        if self.MOMENT.get(self.kind) != moment or step not in self.steps or rank != self.rank:
+            return
+        if self.kind == "delay":
+            time.sleep(self.ms / 1e3)
+        elif self.kind == "hang":
+            time.sleep(10 ** 6)
+        elif self.kind == "crash":
+            raise RuntimeError(f"injected crash at step {step} on rank {rank}")
+        elif self.kind == "oom":
+            raise torch.OutOfMemoryError(f"injected: out of memory at step {step} on rank {rank}")
+        elif self.kind == "exit":
+            os._exit(17)
+        elif self.kind == "inf_grad":
+            grad = next(p.grad for p in model.parameters() if p.grad is not None)
+            (grad.to_local() if hasattr(grad, "to_local") else grad).view(-1)[0] = float("inf")
+        elif self.kind == "teardown":
+            os.abort()
+
+
+@dataclass
+class Run:
+    """What one rank sets up before its first step and keeps for the whole run."""
+    rank: int
+    world_size: int
+    run_dir: Path
+    device: torch.device
+    model_cfg: ModelConfig
+    train_cfg: TrainConfig
+    point: RunPoint
+    micro: int  # sequences per micro-batch
+    accum: int  # micro-batches per step
+    fault: Fault
+    peak: float  # dense peak FLOP/s per device, and where that figure came from
+    peak_source: str
+    peak_bf16: float  # the dense bf16 peak (mfu_bf16_peak), and its source
+    peak_bf16_source: str
+    n_params: int
+    param_bytes: list[int]  # per parameter, in model order (predicts DDP's buckets)
+    fp8_linears: int | None
+    blocks: list[torch.nn.Module]  # the transformer blocks, whose saved activations are measured
+    par: Parallelized
+    scaler: torch.amp.GradScaler  # fp16: torch.distributed.fsdp's ShardedGradScaler
+    sampler: BatchSampler
+    counter: CommCounter
+    start_step: int  # 0, or the step after the checkpoint this attempt resumed from
+    progress: TextIO | None  # rank 0's progress.jsonl, open for appending step records
+    n_trainable: int | None = None  # LoRA's trainable parameters (A and B); None = full training
+    rank_cores: str | None = None  # the launcher's CPU core plan (pin_cpu_rank); None on a GPU
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.train_cfg.global_batch * self.model_cfg.seq_len
+
+    @property
+    def ckpt_root(self) -> Path:
+        return self.run_dir / "checkpoint"
+
+
+@dataclass
+class StepOutcome:
+    """What train_step hands the loop to record."""
+    loss: torch.Tensor  # the global batch's mean loss over every rank
+    grad_norm: torch.Tensor  # before clipping
+    loss_scale: float | None  # the fp16 loss scale this step used; None without a scaler
+    skipped: bool  # the scaler skipped the optimizer step (a non-finite gradient on some rank)
+    time_s: float
+    activations: dict | None  # bytes saved for backward by the first micro-batch, when asked to measure
+
+
+@dataclass
+class Tally:
+    """What the loop accumulates for the run-level results (this attempt's steps only)."""
+    compile_time_s: float | None = None  # compile_warm_up's wall time (the compile lever)
+    compile_graphs: int | None = None  # graphs TorchDynamo compiled in it
+    compile_graphs_in_loop: int | None = None  # graphs compiled during the steps: 0 keeps compilation out of step times
+    step_times: list[float] = field(default_factory=list)  # steps after warm-up
+    skipped_steps: int = 0
+    first_step_at: float | None = None  # unix time
+    activations: dict | None = None  # measured on this attempt's first micro-batch
+    loop_start: float = 0.0  # perf_counter at the first step after warm-up (the loop's start before it)
+    loop_time: float = 0.0  # the whole loop after warm-up, measurement included
+    timing_steps: int = 0  # steps past train.steps that only lengthened the measurement (extend_measurement)
+    half_batch_step_times: list[float] = field(default_factory=list)  # measure_token_share's steps
+    gpu_start: dict = field(default_factory=dict)  # rank 0's GPU before the steps and after them (devices.gpu_state)
+    gpu_end: dict = field(default_factory=dict)
+
+
+@dataclass
+class Gathered:
+    """Measurements every rank contributes after the last step."""
+    held: list[dict]  # model state bytes at rest, per rank, by kind
+    mem: list[dict]  # peak memory per rank
+    comm: dict  # this rank's counted collective calls and bytes, by type
+
+
+def rank_device(requested: str) -> torch.device:
+    """This rank's device: the CPU, or its own GPU (scalelab.plan.placement.gpu_index), made current."""
+    device = torch.device(requested)
+    if device.type == "cuda":
+        device = torch.device("cuda", gpu_index(int(os.environ.get("LOCAL_RANK", 0)),
+                                                int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+                                                int(os.environ.get(LAUNCHER_SLOT_ENV) or 0), torch.cuda.device_count()))
+        torch.cuda.set_device(device)
+    return device
+
+
+def setup(spec: dict) -> Run:
+    """Everything before the first step: device, configs, model, strategy, scaler, sampler,
+    communication counter, resume from a checkpoint, progress file."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    run_dir = Path(spec["run_dir"])
+    device = rank_device(spec["device"])
+    model_cfg = ModelConfig(**spec["model"])
+    train_cfg = TrainConfig(**spec["train"])
+    point = RunPoint(**spec["point"])
+    micro, accum = micro_batch_plan(train_cfg, world_size, point.micro_batch)
+    fault = Fault.from_env()
+    torch.backends.cuda.matmul.allow_tf32 = train_cfg.tf32  # CUDA's switches: no effect on a CPU (which tf32 refuses)
+    torch.backends.cudnn.allow_tf32 = train_cfg.tf32
+
+    calibration = spec.get("calibration")  # the sweep's CPU peaks (scalelab.run.calibration), None outside the workflow
+    peak, peak_source = peak_flops(device, point.precision, train_cfg.tf32, train_cfg.peak_tflops, calibration)
+    peak_bf16, peak_bf16_source = bf16_peak_flops(device, point.precision, train_cfg.tf32, (peak, peak_source),
+                                                  train_cfg.peak_tflops, calibration)
+
+    torch.manual_seed(train_cfg.seed)  # identical initial weights on every rank
+    model = build_model(model_cfg).to(device)  # its family's class, or the user's module
+    # LoRA after the model is built: the base weights are those of the full-training twin.
+    n_trainable = apply_lora(model, point.lora_rank, train_cfg.lora_alpha) if point.lora_rank else None
+    n_params = model.num_parameters()
+    # DDP fills buckets (trainable parameters only) in gradient-ready order, about the reverse of this one.
+    param_bytes = [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
+    model.set_activation_checkpointing(point.activation_checkpointing)
+    fp8_linears = convert_linears(point.precision, model, train_cfg.fp8_emulate)
+    if fp8_linears is not None and not point.compile and rank == 0:
+        print(f"scalelab worker: warning: fp8 without compile: {hardware.fp8_outlook(model_cfg.d_model, compiled=False)['verdict']}",
+              flush=True)
+    # (converted before sharding: FSDP2 then shards the Float8Linear weights)
+    if point.compile:  # after checkpointing and fp8, before wrapping (torchtitan's order)
+        apply_compile(model)
+    blocks = list(model.blocks)
+    # The dtypes its collectives carry (scalelab.formulas.accounting.comm_dtypes): fp16 and bf16 gather in
+    # their compute dtype at stages 2 and 3 (FSDP2's MixedPrecisionPolicy); fp32 is FSDP2's default.
+    dtypes = accounting.comm_dtypes(point.precision, point.zero_stage, point.grad_reduce)
+    par = parallelize(model, point.zero_stage, device, train_cfg.lr, train_cfg.weight_decay,
+                      bucket_mb=point.bucket_mb, cpu_offload=point.cpu_offload, replicas=point.replicas,
+                      param_dtype=None if dtypes.param_gather in (None, "float32") else getattr(torch, dtypes.param_gather),
+                      reduce_dtype=getattr(torch, dtypes.grad_reduce))
+    scaler = grad_scaler(point.precision, device, train_cfg.fp16_init_scale)
+    sampler = BatchSampler(spec["train_bin"], spec["token_dtype"], model_cfg.seq_len, train_cfg.seed)
+    counter = CommCounter().install()
+    start_step, progress = resume(run_dir, train_cfg, par, scaler, rank)
+    return Run(rank=rank, world_size=world_size, run_dir=run_dir, device=device, model_cfg=model_cfg,
+               train_cfg=train_cfg, point=point, micro=micro, accum=accum, fault=fault, peak=peak,
+               peak_source=peak_source, peak_bf16=peak_bf16, peak_bf16_source=peak_bf16_source, n_params=n_params,
+               param_bytes=param_bytes, fp8_linears=fp8_linears,
+               blocks=blocks, par=par, scaler=scaler, sampler=sampler, counter=counter, start_step=start_step,
+               progress=progress, n_trainable=n_trainable, rank_cores=spec.get("rank_cores"))
+
+
+def resume(run_dir: Path, train_cfg: TrainConfig, par: Parallelized, scaler: torch.amp.GradScaler,
+           rank: int) -> tuple[int, TextIO | None]:
+    """(first step to run, rank 0's progress file or None): resumes from the newest complete
+    checkpoint, and rank 0 keeps the step records up to it."""
+    start_step = 0
+    found = None
+    if train_cfg.checkpoint_every:
+        # here, not at the top: torch.distributed.checkpoint imports DTensor (about 0.7 s per rank)
+        from scalelab.run import checkpoint
+
+        found = checkpoint.latest(run_dir / "checkpoint")
+    kept = []
+    if found:
+        checkpoint.load(found[1], par, scaler)
+        start_step = found[0] + 1
+        if rank == 0 and (run_dir / "progress.jsonl").exists():
+            kept = [line for line in (run_dir / "progress.jsonl").read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] < start_step]
+    progress = None
+    if rank == 0:
+        progress = open(run_dir / "progress.jsonl", "w")
+        progress.writelines(line + "\n" for line in kept)
+        progress.flush()
+    return start_step, progress
+
+
+def train_step(run: Run, step: int, measure_activations: bool) -> StepOutcome:
+    """One optimizer step on this rank's share of the global batch: the micro-batches with
+    gradient accumulation, loss scaling, clipping; then the global loss, outside the
+    communication count. Fault points: before the step and after backward."""
+    par, scaler, device = run.par, run.scaler, run.device
+    run.fault.inject("before_step", step, run.rank)
+    start = time.perf_counter()
+
+    tokens = torch.from_numpy(run.sampler.batch(step, run.rank, run.micro * run.accum, run.world_size)).to(device, non_blocking=True)
+    loss_sum = torch.zeros((), device=device)
+    activations = None
+    for m in range(run.accum):
+        chunk = tokens[m * run.micro:(m + 1) * run.micro]
+        measure = measure_activations and m == 0
+        with par.no_sync(m == run.accum - 1):
+            meter = SavedActivationMeter(par.model, run.blocks) if measure else contextlib.nullcontext()
+            with meter, autocast(run.point.precision, device):
+                loss = par.model(chunk[:, :-1], chunk[:, 1:])
+            if measure:
+                activations = {"inside": meter.inside_blocks, "outside": meter.outside_blocks}
+            scaler.scale(loss / run.accum).backward()
+        loss_sum += loss.detach()
+    run.fault.inject("after_backward", step, run.rank, model=par.model)
+    # The scale the step used, kept on the device until the step ends: get_scale() (.item()) here
+    # would make the host wait for the backward mid-step, a synchronisation a plain loop has not.
+    scale_before = scaler._get_scale_async().clone() if scaler.is_enabled() else None
+    scaler.unscale_(par.optimizer)
+    max_norm = run.train_cfg.grad_clip if run.train_cfg.grad_clip > 0 else float("inf")
+    grad_norm = clip_grad_norm(par, max_norm, device)
+    scaler.step(par.optimizer)
+    scaler.update()
+    synchronize(device)
+    step_time = time.perf_counter() - start
+    scale_before = float(scale_before) if scale_before is not None else 1.0
+
+    # Measurement: the global batch's loss (mean over ranks) and the skip flag.
+    with run.counter.paused():
+        loss_global = loss_sum / run.accum
+        dist.all_reduce(loss_global, op=dist.ReduceOp.SUM)  # gloo has no AVG
+        loss_global /= run.world_size
+    scale_after = scaler.get_scale() if scaler.is_enabled() else 1.0
+    return StepOutcome(loss=loss_global, grad_norm=grad_norm,
+                       loss_scale=scale_before if scaler.is_enabled() else None,
+                       skipped=bool(scaler.is_enabled() and scale_after < scale_before),
+                       time_s=step_time, activations=activations)
+
+
+def compile_warm_up(run: Run) -> tuple[float, int]:
+    """Compile before the first step, so that no step time holds compilation: one forward and
+    backward of the first step's first micro-batch (the shapes every step uses), under the
+    run's autocast, gradients dropped. Returns (seconds, graphs compiled).
+
+    It leaves what the loop computes unchanged: no optimizer step, no loss scaler, the
+    gradients set to None (as between steps), the RNG state restored, DDP's all-reduce
+    skipped (Parallelized.throwaway_backward), communication uncounted. The seconds are
+    compilation plus one micro-batch's compiled forward and backward (milliseconds); a warm
+    inductor cache (TORCHINDUCTOR_CACHE_DIR) makes a repeated run compile faster."""
+    par, device = run.par, run.device
+    graphs_before = compiled_graphs()
+    rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    tokens = torch.from_numpy(run.sampler.batch(run.start_step, run.rank, run.micro * run.accum, run.world_size)).to(device)
+    chunk = tokens[:run.micro]
+    start = time.perf_counter()
+    with run.counter.paused(), par.throwaway_backward():
+        with autocast(run.point.precision, device):
+            loss = par.model(chunk[:, :-1], chunk[:, 1:])
+        loss.backward()
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    for p in par.model.parameters():
+        p.grad = None
+    torch.set_rng_state(rng)
+    if cuda_rng is not None:
+        torch.cuda.set_rng_state(cuda_rng, device)
+    return seconds, compiled_graphs() - graphs_before
+
+
+class Diverged(RuntimeError):
+    """The loss is no longer finite: every further step would measure nothing."""
+
+
+class Unsupported(RuntimeError):
+    """The error type of a rank whose device cannot run the point (written by :func:`preflight`):
+    the launcher records the run `skipped` with the message as the reason
+    (scalelab.run.ranks.classify_failure)."""
+
+
+def train(spec: dict) -> None:
+    """Set up, run the steps this attempt has left, and have rank 0 write the results."""
+    run = setup(spec)
+    cfg = run.train_cfg
+    tally = Tally()
+    if run.point.compile and spec.get("compile_warm_up", True):
+        tally.compile_time_s, tally.compile_graphs = compile_warm_up(run)
+    graphs_before_loop = compiled_graphs()
+    if run.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(run.device)
+    tally.loop_start = time.perf_counter()
+    log = Progress(cfg.steps, run.tokens_per_step, run.device, run.start_step)
+    tracer = StepTracer(cfg.profile, cfg.profile_stacks, cfg.memory_snapshot, run.device, run.run_dir, run.rank)
+    tally.gpu_start = gpu_state(run.device) if run.rank == 0 else {}
+    try:
+        _steps(run, tally, tracer, log)
+    except torch.OutOfMemoryError:
+        tracer.dump_memory(oom=True)  # what the allocator held when it ran out (train.memory_snapshot)
+        raise
+    if tracer.memory and cfg.profile is None:
+        tracer.dump_memory()  # no traced steps to dump after: the whole run's history
+    if spec.get("save_final_params"):
+        save_final_params(run)  # the trained model: before any timing step moves it
+    tally.timing_steps = extend_measurement(run, tally)
+    tally.half_batch_step_times = measure_token_share(run, tally)
+    run.counter.enabled = False
+    tally.loop_time = time.perf_counter() - tally.loop_start
+    tally.gpu_end = gpu_state(run.device) if run.rank == 0 else {}
+    if run.point.compile:
+        tally.compile_graphs_in_loop = compiled_graphs() - graphs_before_loop
+
+    gathered = gather(run)
+    if run.rank == 0:
+        result = results(run, tally, gathered)
+        run.progress.close()
+        write_json(run.run_dir / "worker_result.json", result)
+
+
+def _steps(run: Run, tally: Tally, tracer: StepTracer, log: Progress) -> None:
+    """The training steps this attempt has left (traced ones, train.profile, left out of the timings)."""
+    cfg = run.train_cfg
+    for step in range(run.start_step, cfg.steps):
+        lr = lr_at(step, cfg)
+        for group in run.par.optimizer.param_groups:
+            group["lr"] = lr
+        run.counter.enabled = step >= cfg.warmup_steps
+        if step == cfg.warmup_steps:
+            tally.loop_start = time.perf_counter()  # whole-loop time, measurement included
+        if tally.first_step_at is None:
+            tally.first_step_at = time.time()
+        with tracer.step(step):
+            out = train_step(run, step, measure_activations=tally.activations is None)
+        if out.activations is not None:
+            tally.activations = out.activations
+        tally.skipped_steps += out.skipped
+        if step >= cfg.warmup_steps and not tracer.traced(step):  # a traced step pays the profiler's bookkeeping
+            tally.step_times.append(out.time_s)
+        if run.progress is not None:
+            record = {
+                "step": step, "loss": out.loss.item(), "grad_norm": float(out.grad_norm),
+                "lr": lr, "loss_scale": out.loss_scale,
+                "skipped": out.skipped, "step_time_s": out.time_s, "tokens": run.tokens_per_step,
+            }
+            run.progress.write(json.dumps(record) + "\n")
+            run.progress.flush()
+            if log.due(step):  # rank 0's stdout is the run's log
+                print(log.line(step, record["loss"], out.time_s), flush=True)
+        loss = out.loss.item()  # the global batch's loss, the same on every rank: all stop together
+        if not math.isfinite(loss):
+            raise Diverged(f"the loss became {loss} at step {step}: training diverged (lr={lr:g})")
+        if step < cfg.steps - 1:
+            run.par.optimizer.zero_grad(set_to_none=True)
+            if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
+                from scalelab.run import checkpoint  # imported by resume() already
+
+                with run.counter.paused():
+                    checkpoint.save(run.ckpt_root, step, run.par, run.scaler)
+
+
+MAX_TIMING_STEPS = 10_000
+"""At most this many timing steps past train.steps (extend_measurement): a bound, whatever measure_s says."""
+
+
+def extend_measurement(run: Run, tally: Tally) -> int:
+    """Timing steps: past train.steps, more optimizer steps until the measured steps (after warm-up)
+    add up to train.measure_s seconds, so that a run's speed is measured over what it must resolve,
+    not over a step count (a fast configuration's 50 steps last half a second, which a few seconds of
+    anything else on the host swing; issue #41). They train on (at the last step's learning rate) but
+    are not training steps: no step record, no loss, not in final_params.pt or the loss curve; the
+    summary counts them (timing_steps). Every rank stops at the same step: the decision is all-reduced
+    (the smallest vote), outside the communication count."""
+    cfg = run.train_cfg
+    if not cfg.measure_s:
+        return 0
+    for group in run.par.optimizer.param_groups:
+        group["lr"] = lr_at(cfg.steps - 1, cfg)
+    return _until(run, tally.step_times, cfg.measure_s, cfg.steps)
+
+
+def _until(run: Run, times: list[float], seconds: float, step_from: int, at_least: int = 0) -> int:
+    """Take optimizer steps (numbered from step_from), appending each one's time to ``times``,
+    until they add up to ``seconds`` and number at least ``at_least`` on every rank (each rank stops at
+    the same step: the decision is all-reduced, any rank short of it takes one more, outside the
+    communication count; rank 0's times are the run's, so a smallest vote left them short);
+    at most MAX_TIMING_STEPS. Returns how many it took."""
+    n = 0
+    while n < MAX_TIMING_STEPS:
+        more = torch.tensor(int(sum(times) < seconds or len(times) < at_least), device=run.device)
+        with run.counter.paused():
+            dist.all_reduce(more, op=dist.ReduceOp.MAX)
+        if not more.item():
+            break
+        run.par.optimizer.zero_grad(set_to_none=True)
+        times.append(train_step(run, step_from + n, measure_activations=False).time_s)
+        n += 1
+    return n
+
+
+HALF_BATCH_SHARE = 0.5
+"""Half-batch steps take this share of train.measure_s (measure_token_share)."""
+HALF_BATCH_MIN_STEPS = 5
+
+
+def measure_token_share(run: Run, tally: Tally) -> list[float]:
+    """Steps at half the micro-batch, after the measured steps: with the measured window's median
+    step time they give the **token share** of this configuration's step, the part that grows with
+    the tokens a rank processes (scalelab.results.prediction: it carries a measured step to another
+    micro-batch or world size; a share assumed instead spans a band from its estimate to 1, issue
+    #41). Taken when train.measure_s is set, for HALF_BATCH_SHARE of it (at least
+    HALF_BATCH_MIN_STEPS steps); none where the micro-batch is a single sequence. Like timing steps,
+    they train on but are no training steps, and count in no run-level timing but this one."""
+    cfg = run.train_cfg
+    if not cfg.measure_s or run.micro < 2:
+        return []
+    full, run.micro = run.micro, run.micro // 2
+    times: list[float] = []
+    try:
+        with run.counter.paused():  # the run's bytes per step are its full batch's
+            _until(run, times, HALF_BATCH_SHARE * cfg.measure_s, cfg.steps + tally.timing_steps, HALF_BATCH_MIN_STEPS)
+    finally:
+        run.micro = full
+    return times
+
+
+def token_share(step_s: float, half_step_s: float, micro: int) -> float:
+    """The share s of a step that grows with the tokens, from its time t at micro-batch m and t' at
+    m // 2 (step time = t ((1 - s) + s x tokens ratio)), clipped to [0, 1]."""
+    ratio = (micro // 2) / micro
+    return min(max((1 - half_step_s / step_s) / (1 - ratio), 0.0), 1.0)
+
+
+def gpu_state_columns(start: dict, end: dict) -> dict:
+    """Rank 0's GPU beside the run (devices.gpu_state): power cap and driver once, clocks and temperature
+    before and after the steps; every column null where nvidia-smi said nothing (a CPU run)."""
+    out = {"gpu_power_limit_w": start.get("gpu_power_limit_w"), "gpu_driver_version": start.get("gpu_driver_version")}
+    for stem in ("gpu_sm_clock_mhz", "gpu_mem_clock_mhz", "gpu_temperature_c"):
+        out[f"{stem}_start"], out[f"{stem}_end"] = start.get(stem), end.get(stem)
+    return out
+
+
+def trace_figures(run: Run) -> dict:
+    """The trace columns (train.profile, train.memory_snapshot): which steps were traced, where each
+    rank's files lie (relative to the run folder), and rank 0's exposed communication per traced step
+    (their median), read from its trace."""
+    cfg = run.train_cfg
+    exposed = read_exposed_comm(run.run_dir, 0) if cfg.profile is not None else None
+    snapshots = cfg.memory_snapshot and run.device.type == "cuda"
+    return {"profiled_steps": f"{cfg.profile[0]}-{cfg.profile[1]}" if cfg.profile is not None else None,
+            "trace_files": f"{TRACE_DIR}/rank*.json ({run.world_size})" if cfg.profile is not None else None,
+            "memory_snapshot_files": f"{MEMORY_DIR}/rank*.pickle ({run.world_size})" if snapshots else None,
+            "exposed_comm_s_measured": statistics.median(exposed.values()) if exposed else None}
+
+
+def median_sem(times: list[float]) -> float:
+    """The standard error of a median of step times: 1.2533 x sigma / sqrt(n), sigma from the
+    median absolute deviation (1.4826 MAD: robust to the odd slow step)."""
+    mid = statistics.median(times)
+    return 1.2533 * 1.4826 * statistics.median(abs(t - mid) for t in times) / math.sqrt(len(times))
+
+
+def half_batch_figures(step_times: list[float], half_times: list[float], micro: int) -> dict:
+    """The half-batch columns: their steps, median, the token share and its standard error from the
+    two medians' own scatter (within the run: the run-to-run noise is the step-time model's other term)."""
+    if not half_times:
+        return {"half_batch_steps": None, "step_time_s_median_half_batch": None, "token_share_measured": None,
+                "token_share_measured_sem": None}
+    t, h = statistics.median(step_times), statistics.median(half_times)
+    ratio = (micro // 2) / micro
+    sem = (h / t) / (1 - ratio) * math.hypot(median_sem(step_times) / t, median_sem(half_times) / h)
+    return {"half_batch_steps": len(half_times), "step_time_s_median_half_batch": h,
+            "token_share_measured": token_share(t, h, micro), "token_share_measured_sem": sem}
+
+
+def save_final_params(run: Run) -> None:
+    """The whole final parameters to final_params.pt (rank 0; every rank gathers its shards)."""
+    full = {name: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu().clone()
+            for name, t in run.par.model.state_dict().items()}
+    if run.rank == 0:
+        torch.save({k.removeprefix("module.").replace("_orig_mod.", ""): v for k, v in full.items()},
+                   run.run_dir / "final_params.pt")
+
+
+def gather(run: Run) -> Gathered:
+    """The collective end of the run, on every rank: model state and peak memory of each rank
+    to rank 0; stops counting."""
+    # Model state at rest: after the last optimizer step, gradients not yet freed.
+    held = model_state_bytes(run.par)
+    all_held = [None] * run.world_size
+    dist.all_gather_object(all_held, held)
+    mem = {}
+    if run.device.type == "cuda":
+        mem = {"peak_mem_allocated_bytes": torch.cuda.max_memory_allocated(run.device),
+               "peak_mem_reserved_bytes": torch.cuda.max_memory_reserved(run.device)}
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    all_mem = [None] * run.world_size
+    dist.all_gather_object(all_mem, {**mem, "peak_rss_bytes": rss, "hostname": socket.gethostname(),  # each rank's host
+                                     "boot_id": machine_id()})
+    counted = {"calls": dict(run.counter.calls), "bytes": dict(run.counter.bytes), "by_group": run.counter.by_group()}
+    run.counter.uninstall()
+    return Gathered(held=all_held, mem=all_mem, comm=counted)
+
+
+def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
+    """worker_result.json (rank 0): the run-level measurements beside their predictions."""
+    model_cfg, point, world_size, accum = run.model_cfg, run.point, run.world_size, run.accum
+    precision, ac = point.precision, point.activation_checkpointing
+    step_times, all_held, all_mem, counted = tally.step_times, gathered.held, gathered.mem, gathered.comm
+    rank_hosts = [m["hostname"] for m in all_mem]
+    n_measured = max(1, len(step_times))  # this attempt's steps after warm-up
+    total_time = sum(step_times)
+    tokens_per_s = run.tokens_per_step * len(step_times) / total_time
+    # a family's formulas; a user's module: its FLOPs counted (torch.utils.flop_counter), no activation prediction
+    custom = counted_by_module(model_cfg) if model_cfg.module else None
+    fpt = custom["flops_per_token"] if custom else accounting.flops_per_token(model_cfg)
+    recompute_fpt = (custom["block_forward_flops_per_token"] if custom else accounting.recompute_flops_per_token(model_cfg)) if ac else 0.0
+    return {
+        "n_params": run.n_params,
+        "n_trainable_params": run.n_params if run.n_trainable is None else run.n_trainable,
+        "lora_alpha": run.train_cfg.lora_alpha if run.n_trainable is not None else None,
+        "accumulation_steps": accum,
+        "tokens_per_step": run.tokens_per_step,
+        "measured_steps": n_measured,
+        "timing_steps": tally.timing_steps,
+        **trace_figures(run),
+        **gpu_state_columns(tally.gpu_start, tally.gpu_end),
+        **half_batch_figures(step_times, tally.half_batch_step_times, run.micro),
+        "tokens_per_s": tokens_per_s,
+        "step_time_s_mean": total_time / len(step_times),
+        "step_time_s_median": statistics.median(step_times),
+        "loop_time_s_per_step": tally.loop_time / n_measured,
+        "compile_time_s": tally.compile_time_s,
+        "compile_graphs": tally.compile_graphs,
+        "compile_graphs_in_loop": tally.compile_graphs_in_loop,
+        "flops_per_token": fpt,
+        "flops_per_token_method": "counted (torch.utils.flop_counter)" if custom else "formula",
+        "peak_flops_per_device": run.peak,
+        "peak_flops_source": run.peak_source,
+        "mfu": accounting.mfu(tokens_per_s, fpt, run.peak, world_size),
+        "peak_flops_bf16": run.peak_bf16,
+        "peak_flops_bf16_source": run.peak_bf16_source,
+        "mfu_bf16_peak": accounting.mfu(tokens_per_s, fpt, run.peak_bf16, world_size),
+        "recompute_flops_per_token": recompute_fpt,
+        "fp8_linears": run.fp8_linears,
+        "fp8_emulated": bool(run.train_cfg.fp8_emulate) if precision_record(precision).linears else None,
+        "hfu": accounting.mfu(tokens_per_s, fpt + recompute_fpt, run.peak, world_size),
+        "activation_bytes_measured": tally.activations["inside"] if tally.activations else None,
+        "activation_bytes_outside_blocks_measured": tally.activations["outside"] if tally.activations else None,
+        "activation_measure": "bytes saved for backward by one micro-batch's forward on rank 0 (autograd saved-tensor hooks), "
+                              "and outside the blocks what the forward returns",
+        "ddp_buckets_predicted": (accounting.ddp_bucket_count(run.param_bytes, point.bucket_mb)
+                                  if point.bucket_mb and strategy(point.zero_stage).ddp_wraps(run.world_size) else None),
+        "skipped_steps": tally.skipped_steps,
+        "resumed_from_step": run.start_step - 1 if run.start_step else None,
+        "final_loss_scale": run.scaler.get_scale() if run.scaler.is_enabled() else None,
+        **model_state_columns(run, all_held),
+        **comm_columns(run, counted, rank_hosts, n_measured),
+        # every formula beside them, from what the run counted (computed again at collection)
+        **predicted_columns.worker_columns(model_cfg, {
+            **point.values(), "micro_batch": run.micro, "accumulation_steps": accum, "device_type": run.device.type,
+            "n_params": run.n_params, "n_trainable_params": run.n_trainable}, rank_hosts),
+        **memory_and_placement_columns(run, all_mem),
+        "first_step_unix": tally.first_step_at,
+        **environment(run.device, run.rank_cores),
+    }
+
+
+def model_state_columns(run: Run, all_held: list[dict]) -> dict:
+    """The largest rank's model state at rest, measured (the formulas: scalelab.formulas.predicted_columns)."""
+    largest = max(range(run.world_size), key=lambda r: sum(all_held[r].values()))
+    return {
+        "model_state_bytes_measured": sum(all_held[largest].values()),
+        "model_state_params_bytes_measured": all_held[largest]["params"],
+        "model_state_grads_bytes_measured": all_held[largest]["grads"],
+        "model_state_optimizer_bytes_measured": all_held[largest]["optimizer"],
+        "model_state_bytes_measured_per_rank": [sum(h.values()) for h in all_held],
+    }
+
+
+def comm_columns(run: Run, counted: dict, rank_hosts: list[str], n_measured: int) -> dict:
+    """Rank 0's collectives per measured step, counted, in all and per link: traffic per link (issue #28)
+    by the hosts its groups' ranks ran on (the formulas: scalelab.formulas.predicted_columns)."""
+    point = run.point
+    dtypes = accounting.comm_dtypes(point.precision, point.zero_stage, point.grad_reduce)
+    measured_links = bytes_by_link(counted["by_group"], rank_hosts)
+    return {
+        "comm_calls_per_step": {k: v / n_measured for k, v in counted["calls"].items()},
+        "comm_bytes_per_step_by_type": {k: v / n_measured for k, v in counted["bytes"].items()},
+        "comm_bytes_per_step_measured": sum(counted["bytes"].values()) / n_measured,
+        **{f"comm_{link}_bytes_per_step_measured": sum(by_type.values()) / n_measured
+           for link, by_type in measured_links.items()},
+        "param_gather_dtype": dtypes.param_gather,
+        "grad_reduce_dtype": dtypes.grad_reduce,
+    }
+
+
+def memory_and_placement_columns(run: Run, all_mem: list[dict]) -> dict:
+    """Peak memory over the ranks (device memory on a GPU, the process RSS everywhere) and where the ranks ran."""
+    on_gpu = run.device.type == "cuda"
+    hosts = [m["hostname"] for m in all_mem]
+    return {
+        "peak_mem_allocated_bytes": max((m.get("peak_mem_allocated_bytes", 0) for m in all_mem), default=None) if on_gpu else None,
+        "peak_mem_reserved_bytes": max((m.get("peak_mem_reserved_bytes", 0) for m in all_mem), default=None) if on_gpu else None,
+        "peak_rss_bytes": max(m["peak_rss_bytes"] for m in all_mem),
+        "rank_hostnames": ",".join(hosts),
+        "node_list": ",".join(dict.fromkeys(hosts)),
+        "nodes_used": len(set(hosts)),
+        # nodes of one kernel (a virtual cluster's namespaces): their ranks share its cores and memory
+        "nodes_share_machine": (len({m["boot_id"] for m in all_mem}) == 1 if len(set(hosts)) > 1
+                                and all(m["boot_id"] for m in all_mem) else None),
+    }
+
+
+def machine_id() -> str | None:
+    """The running kernel's boot id: the same for every network namespace of one machine (the
+    virtual cluster's nodes), different between machines; None where the kernel has none."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def pin_cpu_rank(spec: dict) -> str | None:
+    """A CPU rank takes its own cores (its launcher's allowed cores split by local rank) before
+    torch's intra-op threads start, which inherit the affinity: ranks neither share a core nor
+    migrate. Returns the launcher's core plan the row states (``rank_cores``); None on a GPU."""
+    if spec["device"] != "cpu":
+        return None
+    return pin_this_rank(int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+                         int(spec["threads_per_rank"]), int(os.environ.get(LAUNCHER_SLOT_ENV) or 0))
+
+
+def environment(device: torch.device, rank_cores: str | None) -> dict:
+    """Where the run ran: device, backend, threads, cores (pin_cpu_rank's plan), library versions, host."""
+    return {
+        "device_type": device.type,
+        "device_name": device_name(device),
+        "backend": dist.get_backend(),
+        "threads_per_rank": torch.get_num_threads(),
+        "rank_cores": rank_cores,
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda,
+        "nccl_version": nccl_version() if device.type == "cuda" else None,
+        "hostname": socket.gethostname(),
+        "python_version": platform.python_version(),
+    }
+
+
+def preflight(spec: dict) -> bool:
+    """Whether this device cannot run this point's precision; if so, this rank says why in its
+    error file (type Unsupported: the launcher records the run `skipped` with the reason) before
+    any process group exists. The launcher checks what it can without importing torch
+    (scalelab.run.launch.skip_reason); this check needs torch, so a CPU run's is made here."""
+    reason = unsupported_reason(spec["point"]["precision"], torch.device(spec["device"]),
+                                bool(spec["train"].get("fp8_emulate")))
+    if reason is None:
+        return False
+    rank = int(os.environ.get("RANK", 0))
+    write_json(Path(spec["run_dir"]) / f"rank{rank}.error.json", {
+        "rank": rank, "type": Unsupported.__name__, "message": reason, "time": time.time(), "traceback": ""})
+    if rank == 0:
+        print(f"scalelab worker: not run: {reason}", flush=True)
+    return True
+
+
+def modules_this_run_imports(spec: dict) -> list[str]:
+    """The heavy modules this run's code imports on its way to the first step, to import before
+    the process group exists. Imported for the first time deeper down (TorchDynamo from DDP's
+    constructor or FSDP2, torch 2.13; ZeroRedundancyOptimizer's package once DDP is built; DCP in
+    resume(), the fp16 loss scaler), they left the process group referenced after destroy_process_group() (shutdown()'s
+    warning in the run's log, measured on stages 0, 1 and 3); imported here they cost no more."""
+    modules = ["torch._dynamo"]
+    if strategy(spec["point"]["zero_stage"]).wrapper == "parallelize_zero1":
+        modules.append("torch.distributed.optim")
+    if precision_record(spec["point"]["precision"]).loss_scaling:
+        modules.append("torch.distributed.fsdp.sharded_grad_scaler")  # scalelab.run.precision.grad_scaler
+    if spec["train"].get("checkpoint_every"):
+        modules.append("scalelab.run.checkpoint")
+    return modules
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="scalelab training worker (one rank; started by scalelab.run.launch)")
+    parser.add_argument("--spec", required=True, help="run spec JSON written by scalelab.run.launch")
+    args = parser.parse_args(argv)
+    spec = json.loads(Path(args.spec).read_text())
+    spec["rank_cores"] = pin_cpu_rank(spec)  # what the run's row states; set before the threads start
+    torch.set_num_threads(int(spec["threads_per_rank"]))
+    if preflight(spec):
+        return 3
+    for module in modules_this_run_imports(spec):
+        importlib.import_module(module)
+    backend = "nccl" if spec["device"] == "cuda" else "gloo"
+    timeout = datetime.timedelta(seconds=float(spec["train"]["collective_timeout_s"]))
+    dist.init_process_group(backend, timeout=timeout)
+    rank = dist.get_rank()
+    try:
+        train(spec)
+    except BaseException as err:
+        write_json(Path(spec["run_dir"]) / f"rank{rank}.error.json", {
+            "rank": rank, "type": type(err).__name__, "message": str(err)[:4000], "time": time.time(),
+            "traceback": traceback.format_exc()[-8000:],
+        })
+        raise
+    Fault.from_env().inject("teardown", 0, rank)  # a teardown fault names no step: step 0
+    shutdown()
+    return 0
+
+
+def shutdown() -> None:
+    """Tear the process group down while the interpreter is whole (issue #18, point 7).
+
+    gloo's worker threads free a finished collective (its tensors, and through a barrier's
+    weak references the collectives before it) after the caller has moved on, and freeing a
+    tensor that Python created takes the GIL. A thread that asks for the GIL once the
+    interpreter is finalizing is ended by Python with pthread_exit inside a C++ destructor:
+    std::terminate, "terminate called without an active exception", SIGABRT. The process
+    group's destructor joins those threads with the GIL released, so it must run here, inside
+    destroy_process_group(), which drops only torch's own references. Others remain: DDP
+    (stages 0, 1) keeps the group in its comm-hook list, in reference cycles that only the
+    finalizing interpreter's collection frees; FSDP2's DeviceMesh (stages 2, 3) keeps it in its
+    group registry, and DTensor's global caches keep the mesh, so that group is never destroyed.
+    """
+    world = weakref.ref(dist.group.WORLD)
+    # A barrier right before tear-down: without it gloo's destroy_process_group() hung
+    # intermittently on torch 2.13 CPU.
+    dist.barrier()
+    gc.collect()  # the strategy's wrappers, left in reference cycles by train()
+    for obj in gc.get_objects():
+        # the class, not isinstance: DeviceMesh's metaclass inspects the instance, and one object
+        # here is torch.distributed's deprecated reduce_op, which warns when touched (a
+        # FutureWarning per rank in every run's log)
+        if issubclass(type(obj), DeviceMesh):
+            getattr(obj, "_pg_registry", {}).clear()
+    dist.destroy_process_group()  # drops the last reference: the group joins its threads
+    if world() is not None:
+        print("scalelab worker: the process group is still referenced after destroy_process_group(); "
+              "its gloo threads outlive the interpreter and may abort the process at exit", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    code = main()  # an exception propagates: its traceback and exit status as Python gives them
+    # Results written, process group torn down: skip the interpreter's finalization, which takes
+    # about a second with torch and TorchDynamo loaded (measured: main returned 1.2 s before the
+    # launcher saw the rank exit), i.e. ~25 s of a default sweep, and is where gloo threads used to
+    # abort a finished run (shutdown's docstring). The launcher kills the run's process group once
+    # its ranks exit, so nothing a library started (inductor's compile workers) outlives the run.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,161 @@
+"""The data-parallel strategies, one record each: how a strategy wraps the model, what it
+shards, what it communicates, which levers it takes. The formulas (scalelab.formulas.accounting),
+the sweep's rules (scalelab.plan.sweep), the wrappers (scalelab.run.parallel) and the
+report read these records; nothing else knows what a stage means.
+
+Keyed by the sweep's ``zero_stage``. Hybrid sharding (HSDP, :data:`HYBRID`) is ZeRO stage 3
+with ``replicas`` > 1 (the sweep's ``replicas`` axis): FSDP2 over a 2-D mesh (replicate x shard),
+parameters, gradients and optimizer state sharded over the N/R ranks of a shard group (a node)
+and replicated over the R groups (across nodes). It is selected that way, not by a new
+``zero_stage`` key, because it *is* stage 3 inside each shard group (same shards, same per-block
+gathers, same wrapper code with a 2-D mesh), ``replicas=1`` is exactly stage 3, and so the one
+``replicas`` axis spans the whole family (2 = 2 x 1 is plain replication through FSDP2) while
+``zero_stage`` stays the small integer every table, run id and figure already keys on (no cached
+run id changes). ``strategy(3, replicas)`` returns its record; ``strategy("hybrid")`` too.
+
+Shard factors are per model-state kind (parameters, gradients, optimizer state): True = that
+kind is divided over the ranks of a shard group at rest (all N ranks; N/R under hybrid
+sharding), False = every rank holds all of it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+DDP_BUCKET_MB = 25.0
+"""PyTorch DDP's default bucket size (MiB): stages 0 and 1 reduce gradients in buckets of this
+size unless the sweep's bucket_mb axis says otherwise."""
+
+ShardFactors = tuple[bool, bool, bool]
+"""(parameters, gradients, optimizer state) sharded over the ranks at rest."""
+
+
+@dataclass(frozen=True)
+class Strategy:
+    stage: int
+    """Key in the sweep (``zero_stage``)."""
+    name: str
+    """What PyTorch runs, in a few words (report, README)."""
+    wrapper: str
+    """Function in scalelab.run.parallel that wraps the model and builds the optimizer."""
+    shards: ShardFactors
+    """What PyTorch's implementation holds sharded at rest (fp32 master weights, fp32 grads, AdamW)."""
+    shards_paper: ShardFactors
+    """What the ZeRO paper's stage shards (its 2 + 2 + K convention)."""
+    grad_psi: float
+    """Gradient elements handed to collectives per optimizer step, in units of Psi (PyTorch's
+    implementation; ZeRO paper's unit: all-reduce 2 Psi, reduce-scatter Psi). They travel in the
+    run's reduce dtype (scalelab.formulas.accounting.comm_dtypes)."""
+    param_psi: Callable[[int], float]
+    """Parameter elements handed to collectives per optimizer step, in units of Psi, for k
+    accumulation micro-batches: ZeroRedundancyOptimizer's broadcast of updated shards (fp32),
+    FSDP2's all-gathers (in the gather dtype: the compute dtype under a MixedPrecisionPolicy)."""
+    comm_psi_paper: float
+    """The same in the ZeRO paper (no accumulation)."""
+    transient_psi: Callable[[float, float, int, int], float]
+    """Parameter bytes materialised within a step beyond model state: f(n_params, block_params, N,
+    bytes per gathered element: 4, or 2 where FSDP2 gathers in a 16-bit compute dtype)."""
+    silent_at_world_size_1: bool
+    """Issues no collective at all on one rank: FSDP2, and stage 0, whose one rank trains the model
+    without DDP; ZeRO-1's DDP and ZeroRedundancyOptimizer still all-reduce and broadcast there."""
+    ddp_buckets: bool
+    """Has DDP gradient buckets (the bucket_mb lever applies), where DDP wraps the model."""
+
+    cpu_offload: bool
+    """Can keep its sharded state in host memory (the cpu_offload lever applies)."""
+    replicate_psi: float = 0.0
+    """Gradient elements all-reduced across replicas per optimizer step, in units of Psi / S (S =
+    the shard group's size, N/R): hybrid sharding all-reduces each rank's reduce-scattered shard
+    over its replicate group (2 Psi/S in the paper's unit), in the reduce dtype; 0 elsewhere."""
+    mesh_dims: tuple[str, ...] = ("dp",)
+    """The device mesh's dimension names (FSDP2 strategies): one data-parallel dimension, or
+    torchtitan's ("dp_replicate", "dp_shard") for hybrid sharding."""
+    overlap: tuple[tuple[str, str], ...] = ()
+    """Collectives that run behind compute, each with the window it hides in (scalelab.results.prediction:
+    ``backward`` or the whole ``step``): DDP's gradient buckets all-reduce during backward, FSDP2
+    prefetches its all-gathers and reduce-scatters during backward. A collective not listed
+    (ZeroRedundancyOptimizer's broadcast after the step) is waited for; none listed: all exposed."""
+    batched: tuple[str, ...] = ()
+    """Collectives issued as one batch of async calls, then waited (ZeroRedundancyOptimizer: a broadcast
+    per parameter tensor): timed per call from ``scalelab bench comm``'s batched rows (on gloo a call of
+    a batch costs several times one call alone)."""
+
+    def ddp_wraps(self, world_size: int) -> bool:
+        """Whether DDP wraps the model: its buckets then hold the gradients between steps."""
+        return self.ddp_buckets and not (self.silent_at_world_size_1 and world_size == 1)
+
+    def comm_psi(self, k: int) -> float:
+        """Elements handed to collectives per optimizer step, in units of Psi, for k accumulation
+        micro-batches: gradients plus parameters."""
+        return self.grad_psi + self.param_psi(k)
+
+
+STRATEGIES: dict[int, Strategy] = {s.stage: s for s in (
+    # One rank trains the model alone (no DDP: scalelab.run.parallel.parallelize_ddp).
+    Strategy(0, "DDP", "parallelize_ddp", (False, False, False), (False, False, False),
+             grad_psi=2, param_psi=lambda k: 0, comm_psi_paper=2, transient_psi=lambda psi, block, n, b: 0.0,
+             silent_at_world_size_1=True, ddp_buckets=True, cpu_offload=False,
+             overlap=(("all_reduce", "backward"),)),
+    # PyTorch all-reduces gradients and then broadcasts the updated shards: 3 Psi, not the paper's 2.
+    Strategy(1, "DDP + ZeroRedundancyOptimizer", "parallelize_zero1", (False, False, True), (False, False, True),
+             grad_psi=2, param_psi=lambda k: 1, comm_psi_paper=2, transient_psi=lambda psi, block, n, b: 0.0,
+             silent_at_world_size_1=False, ddp_buckets=True, cpu_offload=False,
+             overlap=(("all_reduce", "backward"),), batched=("broadcast",)),  # the broadcasts follow the step: exposed
+    # FSDP2 reshards after backward, so at rest stage 2 holds what stage 3 holds; it keeps every
+    # block's unsharded parameters (fp32, or the compute dtype under a MixedPrecisionPolicy) from
+    # forward to backward (+b Psi (N-1)/N in the step), and all-gathers once per micro-batch:
+    # k Psi of parameters + Psi of gradients reduce-scattered.
+    Strategy(2, "FSDP2, reshard_after_forward=False", "parallelize_fsdp_keep", (True, True, True), (False, True, True),
+             grad_psi=1, param_psi=lambda k: k, comm_psi_paper=2, transient_psi=lambda psi, block, n, b: b * psi * (n - 1) / n,
+             silent_at_world_size_1=True, ddp_buckets=False, cpu_offload=False,
+             overlap=(("all_gather", "step"), ("reduce_scatter", "backward"))),
+    # Stage 3 gathers one block at a time (two in flight with prefetch), forward and backward: 2k Psi + Psi.
+    Strategy(3, "FSDP2, reshard_after_forward=True", "parallelize_fsdp_reshard", (True, True, True), (True, True, True),
+             grad_psi=1, param_psi=lambda k: 2 * k, comm_psi_paper=3,
+             transient_psi=lambda psi, block, n, b: 2 * b * block * (n - 1) / n,
+             silent_at_world_size_1=True, ddp_buckets=False, cpu_offload=True,
+             overlap=(("all_gather", "step"), ("reduce_scatter", "backward"))),
+)}
+ZERO_STAGES = tuple(STRATEGIES)
+
+# Hybrid sharding (HSDP): stage 3 within a shard group of S = N/R ranks (a node), R replicas
+# across nodes. Per step: 2k Psi all-gathered and Psi reduce-scattered within the shard group, then
+# each rank's Psi/S gradient shard all-reduced over its replicate group (2 Psi/S): the only traffic
+# that crosses nodes when a shard group is a node, where ZeRO-3 sends everything over the world.
+# Derived from stage 3's record, so every field stage 3 has (shards, gathers, transient, and any
+# step-time field added later) is hybrid's within its shard group; offload is not run with it here.
+HYBRID = dataclasses.replace(STRATEGIES[3], name="FSDP2 HSDP, 2-D mesh (replicate x shard), reshard_after_forward=True",
+                             wrapper="parallelize_hsdp", cpu_offload=False, replicate_psi=2,
+                             mesh_dims=("dp_replicate", "dp_shard"),
+                             # each block's all-reduce across replicas follows its reduce-scatter in backward
+                             overlap=(*STRATEGIES[3].overlap, ("all_reduce", "backward")))
+HYBRID_KEY = "hybrid"
+"""What ``strategy()`` and ``scalelab estimate`` accept for hybrid sharding beside the stages."""
+
+
+def check_replicas(world_size: int, replicas: int) -> int:
+    """The shard group's size N/R; ValueError naming the culprit when R does not divide N."""
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+        raise ValueError(f"replicas must be a whole number >= 1, got {replicas!r}")
+    if world_size % replicas:
+        raise ValueError(f"replicas={replicas} does not divide world_size={world_size}: every replica "
+                         "(shard group) must have the same number of ranks")
+    return world_size // replicas
+
+
+def strategy(stage: int | str, replicas: int = 1) -> Strategy:
+    """The record of a stage (with ``replicas`` > 1: hybrid sharding, stage 3 only), or of
+    ``"hybrid"``; ValueError naming the known ones."""
+    if stage == HYBRID_KEY:
+        return HYBRID
+    if stage not in STRATEGIES:
+        raise ValueError(f"zero_stage must be one of {', '.join(map(str, ZERO_STAGES))} "
+                         f"(or {HYBRID_KEY!r}), got {stage!r}")
+    if replicas != 1:
+        if stage != HYBRID.stage:
+            raise ValueError(f"replicas={replicas} is hybrid sharding, which is zero_stage {HYBRID.stage} "
+                             f"(FSDP2 over a replicate x shard mesh); zero_stage {stage} has no replicas")
+        check_replicas(replicas, replicas)
+        return HYBRID
+    return STRATEGIES[stage]
