@@ -9,8 +9,8 @@
 # trains nothing.
 BENCH_TABLE = RESULTS / "calibration" / "comm.parquet"
 # Single-node world sizes above 1 (a one-rank group moves nothing); 2 where the sweep has none.
-_BENCH_SIZES = sorted({p.world_size for p in POINTS.values()
-                       if p.world_size > 1 and not launch_plan(config, p.world_size).multi_launcher}) or [2]
+_BENCH_SIZES = sorted({plan.point.world_size for plan in PLANS.values()
+                       if plan.point.world_size > 1 and not plan.launch.multi_launcher}) or [2]
 
 
 rule bench_comm:

@@ -5,10 +5,11 @@ from pathlib import Path
 
 from scalelab.config import dataset_config
 from scalelab.run.data import DataError, source_files
-from scalelab.plan.placement import carry_slurm_conf, launch_plan, sweep_device_plan, train_job_resources
+from scalelab.plan.placement import carry_slurm_conf, sweep_device_plan, train_job_resources
+from scalelab.plan.run_plan import result_params, run_plan
 from scalelab.results.migrate import OldLayout, check_layout
 from scalelab.results.status import check_trained_with
-from scalelab.plan.sweep import RunPoint, data_result_params, result_params, sweep_plan
+from scalelab.plan.sweep import RunPoint, data_result_params, sweep_plan
 
 RESULTS = Path(config["results_dir"])
 DATASET = config["dataset"]["name"]
@@ -74,11 +75,16 @@ def point_of(wildcards) -> RunPoint:
     return POINTS[wildcards.run_id]
 
 
+def plan_of(wildcards):
+    """The run's plan (scalelab.plan.run_plan): its micro-batch, launch plan, device and comm dtypes."""
+    return PLANS[wildcards.run_id]
+
+
 def run_params(wildcards) -> dict:
-    """What a run's results depend on beyond its point (scalelab.plan.sweep.result_params): the values
+    """What a run's results depend on beyond its point (scalelab.plan.run_plan.result_params): the values
     that differ from the defaults, so a new config key at its default reruns nothing. With --touch
     (scalelab resume recording a finished run's provenance) only if the run trained with these."""
-    params = result_params(config, point_of(wildcards), DEVICE_PLAN.device)
+    params = result_params(config, plan_of(wildcards))
     if workflow.touch:
         try:
             check_trained_with(RESULTS / "runs" / wildcards.run_id, params)
@@ -94,6 +100,11 @@ CLUSTER = config["cluster"]
 DEVICE_PLAN, _INHERITED = sweep_device_plan(config)
 if not _INHERITED:
     print(f"scalelab: runs train on {DEVICE_PLAN.device} ({DEVICE_PLAN.why})", file=sys.stderr)
+# Each run's plan, made once here (scalelab.plan.run_plan): what the rules size its job with and what
+# its results depend on. The job's launcher makes the same plan with the data's vocabulary and the
+# device the job finds (scalelab.run.launch).
+PLANS = {run_id: run_plan(config, point, device=DEVICE_PLAN.device, device_reason=DEVICE_PLAN.why)
+         for run_id, point in POINTS.items()}
 # A slurm.conf named only by SLURM_CONF reaches every srun of the sweep's jobs, though the SLURM
 # plugin's job step removes SLURM_* (scalelab.plan.placement.carry_slurm_conf).
 carry_slurm_conf()
@@ -103,7 +114,7 @@ def train_resources(wildcards) -> dict:
     """The scheduler's view of one run: nodes, GPUs per node, memory, exclusivity."""
     # Evaluated per job, once Snakemake knows its executor: only a local (workstation)
     # execution runs training one run at a time (profiles/default's train_slot=1).
-    return train_job_resources(plan_for(wildcards), DEVICE_PLAN.device, CLUSTER, local=workflow.local_exec,
+    return train_job_resources(plan_of(wildcards).launch, DEVICE_PLAN.device, CLUSTER, local=workflow.local_exec,
                                grouped=RUNS_PER_JOB > 1)
 
 
@@ -121,7 +132,7 @@ if RUNS_PER_JOB > 1 and "train_slot" not in workflow.global_resources:
 
 def train_group(wildcards):
     point = point_of(wildcards)
-    if launch_plan(config, point.world_size).multi_launcher:
+    if plan_of(wildcards).launch.multi_launcher:
         return None  # a run over several nodes is a job of its own
     group = f"train-w{point.world_size}"
     settings = workflow.group_settings
@@ -142,13 +153,9 @@ def _run_id_regex(run_ids) -> str:
 
 
 # Runs that fit one node (train) and runs spanning several launchers (train_multinode).
-_MULTI = {run_id: launch_plan(config, p.world_size).multi_launcher for run_id, p in POINTS.items()}
+_MULTI = {run_id: plan.launch.multi_launcher for run_id, plan in PLANS.items()}
 SINGLE_LAUNCHER_RUN_IDS = _run_id_regex(r for r, multi in _MULTI.items() if not multi)
 MULTI_LAUNCHER_RUN_IDS = _run_id_regex(r for r, multi in _MULTI.items() if multi)
-
-
-def plan_for(wildcards):
-    return launch_plan(config, point_of(wildcards).world_size)
 
 
 def run_threads(wildcards) -> int:

@@ -239,7 +239,8 @@ def test_the_shipped_experiment_configs_are_valid(name):
 def test_a_changed_setting_reruns_exactly_the_runs_it_affects():
     """A run's params (scalelab.plan.sweep.result_params) change with a setting only for the runs that
     read it: Snakemake reruns those, and nothing else."""
-    from scalelab.plan.sweep import result_params, sweep_points
+    from scalelab.plan.run_plan import result_params, run_plan
+    from scalelab.plan.sweep import sweep_points
 
     sweep = {"precision": ["fp32", "fp16", "bf16"], "zero_stage": [0], "world_size": [1, 16], "lora_rank": [None, 4]}
     base = {"global_batch": 32, "device": "auto"}
@@ -247,7 +248,10 @@ def test_a_changed_setting_reruns_exactly_the_runs_it_affects():
     def rerun(train=None, device="cpu", **sections):
         a = validate_config(tiny_config(sweep=sweep, train=base))
         b = validate_config(tiny_config(sweep=sweep, train={**base, **(train or {})}, **sections))
-        return sorted(p.run_id for p in sweep_points(a) if repr(result_params(a, p, device)) != repr(result_params(b, p, device)))
+        def params(config, point):
+            return repr(result_params(config, run_plan(config, point, device=device)))
+
+        return sorted(p.run_id for p in sweep_points(a) if params(a, p) != params(b, p))
 
     everything = sorted(p.run_id for p in sweep_points(validate_config(tiny_config(sweep=sweep, train=base))))
     assert rerun({"lr": 0.001}) == everything

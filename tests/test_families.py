@@ -18,12 +18,14 @@ from scalelab.config import SCHEMA, ConfigError, ModelConfig, model_config, trai
 from scalelab.formulas import accounting
 from scalelab.harness import REPO_ROOT
 from scalelab.harness.reference import bare_loop
-from scalelab.plan.sweep import RunPoint, result_params, sweep_points
+from scalelab.plan.run_plan import result_params, run_plan
+from scalelab.plan.sweep import RunPoint, sweep_points
 from scalelab.plan.validation import check_config
 from scalelab.run.activations import SavedActivationMeter
 from scalelab.run.lora import LoRALinear, apply_lora, trainable_parameters
-from scalelab.run.model import FAMILIES, Llama, build_model, counted
+from scalelab.run.model import Llama, build_model, counted
 from scalelab.run.precision import autocast
+from scalelab.spec.families import FAMILIES, llama_ffn_dim
 from scalelab.spec.presets import PRESETS
 
 TESTS = Path(__file__).parent
@@ -81,9 +83,9 @@ def test_llama_counts_and_flops_are_the_modules(shape):
 
 @pytest.mark.unit
 def test_meta_rule_for_the_swiglu_width():
-    assert accounting.ffn_dim(ModelConfig(d_model=4096, n_heads=32, family="llama")) == 11008  # Llama 2 7B's
-    assert accounting.ffn_dim(ModelConfig(d_model=64, family="llama")) == 256
-    assert accounting.ffn_dim(ModelConfig(d_model=64, family="llama", ffn_dim=100)) == 100
+    assert llama_ffn_dim(ModelConfig(d_model=4096, n_heads=32, family="llama")) == 11008  # Llama 2 7B's
+    assert llama_ffn_dim(ModelConfig(d_model=64, family="llama")) == 256
+    assert llama_ffn_dim(ModelConfig(d_model=64, family="llama", ffn_dim=100)) == 100
 
 
 @pytest.mark.unit
@@ -134,7 +136,7 @@ def test_lora_adapts_the_attention_and_swiglu_projections():
     lora = Llama(cfg)
     added = apply_lora(lora, 4, alpha=16)
     adapted = {name.split(".", 2)[2] for name, m in lora.named_modules() if isinstance(m, LoRALinear)}
-    assert adapted == set(accounting.LLAMA_LORA_TARGETS) == {"attn.q", "attn.k", "attn.v", "attn.o", "mlp.gate", "mlp.up", "mlp.down"}
+    assert adapted == set(accounting.lora_targets(cfg)) == {"attn.q", "attn.k", "attn.v", "attn.o", "mlp.gate", "mlp.up", "mlp.down"}
     assert added == trainable_parameters(lora) == accounting.lora_trainable_params(cfg, 4)
     # q 32+32, k and v 32+16, o 32+32, gate and up 32+96, down 96+32 per rank, per block
     assert added == 2 * 4 * (64 + 48 + 48 + 64 + 128 + 128 + 128)
@@ -187,10 +189,10 @@ def test_gpt2_runs_keep_their_params_and_ids():
     config = _config({"small": {"n_layers": 1, "d_model": 16, "n_heads": 2}}, ["base", "small"])
     check_config(config, REPO_ROOT)
     for point in sweep_points(config)[:4]:
-        params = result_params(config, point, "cpu")
+        params = result_params(config, run_plan(config, point, device="cpu"))
         assert set(params["model"]) <= {"n_layers", "d_model", "n_heads", "seq_len", "tie_embeddings"}, params
-    assert result_params(config, RunPoint("fp32", 0, 1), "cpu")["model"] == {}
-    assert result_params(config, RunPoint("fp32", 0, 1, model="small"), "cpu")["model"] == {"n_layers": 1, "d_model": 16, "n_heads": 2}
+    assert result_params(config, run_plan(config, RunPoint("fp32", 0, 1), device="cpu"))["model"] == {}
+    assert result_params(config, run_plan(config, RunPoint("fp32", 0, 1, model="small"), device="cpu"))["model"] == {"n_layers": 1, "d_model": 16, "n_heads": 2}
 
 
 @pytest.mark.unit
@@ -368,3 +370,35 @@ def test_the_report_groups_a_sweep_that_mixes_families(tmp_path):
         assert (tmp_path / "report/figures" / family / "throughput.png").stat().st_size > 1000
         assert f"figures/{family}/throughput.png" in html
     assert "gpt2 family" in html and "llama family" in html  # the Trained lines
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_every_family_record_agrees_with_the_module_it_names(name):
+    """scalelab.spec.families is the one place a family is described: for each record, the module
+    class it names builds, and its counts, LoRA targets and own keys are the module's and the
+    config's and the result columns' (a family added with a wrong record fails here)."""
+    import dataclasses
+
+    from scalelab.config import MODEL_FAMILY_KEYS
+    from scalelab.plan.columns import RUN_COLUMNS
+    from scalelab.run.lora import apply_lora
+    from scalelab.spec.families import family
+
+    record = family(name)
+    cfg = ModelConfig(**{**PRESETS["llama-tiny"].shape, "family": name,
+                         **({"tie_embeddings": False} if record.untied_head else {})})
+    model = build_model(cfg)
+    assert type(model).__name__ == record.module.rpartition(":")[2]
+    assert accounting.param_count(cfg) == model.num_parameters() == sum(p.numel() for p in model.parameters())
+    assert accounting.block_param_count(cfg) == sum(p.numel() for p in model.blocks[0].parameters())
+    assert record.parameter_tensors(cfg) == len(list(model.parameters()))
+    block = model.blocks[0]
+    for path, (d_in, d_out) in accounting.lora_targets(cfg).items():
+        linear = block.get_submodule(path)
+        assert (linear.in_features, linear.out_features) == (d_in, d_out), path
+    assert apply_lora(model, 2, 4.0) == accounting.lora_trainable_params(cfg, 2)
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    assert set(record.own_keys) <= fields & set(MODEL_FAMILY_KEYS) & set(RUN_COLUMNS)
+    assert set(record.own_columns(cfg)) == set(record.own_keys)
+    assert set(record.formulas) == {"parameters", "flops", "activations", "recompute"}

@@ -9,8 +9,6 @@ scaler hands the optimizer is 0-dim and a flag (the fused kernels skip a step on
 exactly 1); and a non-finite gradient on one rank, or on both, skips the step on both."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from conftest import strategy_steps
@@ -70,10 +68,10 @@ def test_a_step_reads_no_device_value_before_its_end(tmp_path, tiny_data, monkey
     (issue #40: fp16 runs read the loss scale after backward, 0.977 of a plain loop on an H100)."""
     from scalelab.run import launch
 
-    spec_path = tmp_path / "spec.json"  # the spec the launcher hands its workers, caught before any starts
+    spec_path = tmp_path / "spec.json"  # the plan the launcher hands its workers, caught before any starts
 
-    def caught(spec, *args):
-        spec_path.write_text(json.dumps(spec))
+    def caught(plan, *args):
+        plan.write(spec_path)
         return "failed", "caught", [], {}
 
     monkeypatch.setattr(launch, "_run_workers", caught)

@@ -13,7 +13,8 @@ import pytest
 from conftest import run_point, tiny_config
 from scalelab.formulas import accounting
 from scalelab.plan.columns import run_row
-from scalelab.plan.sweep import RunPoint, result_params, sweep_plan
+from scalelab.plan.run_plan import result_params, run_plan
+from scalelab.plan.sweep import RunPoint, sweep_plan
 
 STEPS = 3
 LOSS_RTOL = 0.02
@@ -95,13 +96,13 @@ def test_result_params_change_for_sixteen_bit_sharded_runs_only():
     cfg = tiny_config()
     for precision in ("fp32", "fp16", "bf16", "fp8"):
         for stage in STAGES:
-            params = result_params(cfg, RunPoint(precision, stage, 2), "cpu")
+            params = result_params(cfg, run_plan(cfg, RunPoint(precision, stage, 2), device="cpu"))
             if precision in ("fp16", "bf16") and stage >= 2:
                 gathered = {"fp16": "float16", "bf16": "bfloat16"}[precision]
                 assert params["comm_dtypes"] == {"param_gather_dtype": gathered}
             else:
                 assert "comm_dtypes" not in params
-    lever = result_params(cfg, RunPoint("bf16", 0, 2, grad_reduce="compute"), "cpu")
+    lever = result_params(cfg, run_plan(cfg, RunPoint("bf16", 0, 2, grad_reduce="compute"), device="cpu"))
     assert lever["comm_dtypes"] == {"grad_reduce_dtype": "bfloat16"}
 
 

@@ -1,5 +1,5 @@
 """One rank of a multi-rank test (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in its environment)
-that takes steps through scalelab's own worker (``setup``, ``train_step``) from a run's spec.json,
+that takes steps through scalelab's own worker (``setup``, ``train_step``) from a run's plan (spec.json),
 for each precision x stage asked for, and records every host read of a tensor's value (``item``,
 ``float``, ``int``, ``bool``, ``tolist``) made between a step's start and its end-of-step
 ``synchronize``, with the line that made it.
@@ -12,7 +12,7 @@ a GPU step needs, checked without one. Rank 0 writes {case: [reads]} as JSON to 
 Used by tests/test_fused_contract.py.
 """
 import argparse
-import copy
+import dataclasses
 import json
 import traceback
 from pathlib import Path
@@ -20,13 +20,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from scalelab.formulas.accounting import comm_dtypes
+from scalelab.plan.run_plan import RunPlan
+from scalelab.plan.sweep import micro_batch_plan
 from scalelab.run import worker
 
 READS = ("item", "__float__", "__int__", "__bool__", "tolist")
 
 
-def reads_during_steps(spec: dict, steps: int) -> list[str]:
-    run = worker.setup(spec)
+def reads_during_steps(plan: RunPlan, steps: int) -> list[str]:
+    run = worker.setup(plan)
     reads, window = [], {"open": False}
     originals = {name: getattr(torch.Tensor, name) for name in READS}
 
@@ -68,15 +71,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
     dist.init_process_group("gloo")
-    base = json.loads(Path(args.spec).read_text())
+    base = RunPlan.read(args.spec)
     records = {}
     for case in args.case:
         precision, stage = case.split(":")
-        spec = copy.deepcopy(base)
-        spec["point"].update(precision=precision, zero_stage=int(stage), world_size=dist.get_world_size())
-        spec["run_dir"] = f"{base['run_dir']}-{precision}-z{stage}"
-        Path(spec["run_dir"]).mkdir(parents=True, exist_ok=True)
-        records[case] = reads_during_steps(spec, args.steps)
+        point = dataclasses.replace(base.point, precision=precision, zero_stage=int(stage), world_size=dist.get_world_size())
+        micro, accumulation = micro_batch_plan(base.train, point.world_size, point.micro_batch)
+        plan = dataclasses.replace(base, point=point, micro_batch=micro, accumulation_steps=accumulation,
+                                   comm=comm_dtypes(precision, int(stage), point.grad_reduce),
+                                   run_dir=f"{base.run_dir}-{precision}-z{stage}")
+        Path(plan.run_dir).mkdir(parents=True, exist_ok=True)
+        records[case] = reads_during_steps(plan, args.steps)
         dist.barrier()
     if dist.get_rank() == 0:
         Path(args.out).write_text(json.dumps(records, indent=1))

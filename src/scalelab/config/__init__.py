@@ -18,6 +18,8 @@ from importlib import resources
 
 import yaml
 
+from scalelab.spec.families import DEFAULT_FAMILY, FAMILIES, OWN_KEYS
+
 SCHEMA_FILE = resources.files(__name__) / "config.schema.yaml"
 """The config schema, shipped inside the package (an installed wheel validates without a checkout)."""
 SCHEMA: dict = yaml.safe_load(SCHEMA_FILE.read_text(encoding="utf-8"))
@@ -99,9 +101,9 @@ class ModelConfig:
     """Share token embedding and output head weights."""
     vocab_size: int = 256
     """Filled from the prepared dataset's meta.json."""
-    family: str = "gpt2"
+    family: str = DEFAULT_FAMILY
     """gpt2 (LayerNorm, GELU MLP of 4d, learned positions, full attention) | llama (RMSNorm, SwiGLU,
-    RoPE, grouped-query attention, untied head): scalelab.run.model.FAMILIES."""
+    RoPE, grouped-query attention, untied head): scalelab.spec.families.FAMILIES."""
     n_kv_heads: int | None = None
     """Key/value heads of grouped-query attention (llama; divides n_heads); None = n_heads."""
     ffn_dim: int | None = None
@@ -189,17 +191,16 @@ def dataset_config(config: dict) -> DatasetConfig:
 
 MODEL_SHAPE_KEYS = ("n_layers", "d_model", "n_heads")
 """The shape keys every family has; seq_len and tie_embeddings stay in ``model:`` for every shape."""
-MODEL_FAMILY_KEYS = ("family", "n_kv_heads", "ffn_dim", "rope_base")
-"""What else a ``models:`` entry may set: its family and the Llama family's own keys."""
+MODEL_FAMILY_KEYS = ("family", *OWN_KEYS)
+"""What else a ``models:`` entry may set: its family and the families' own keys (scalelab.spec.families)."""
 MODEL_ENTRY_KEYS = (*MODEL_SHAPE_KEYS, *MODEL_FAMILY_KEYS, "preset", "module")
 """Every key of a ``models:`` entry: ``preset`` names a shape of scalelab.spec.presets (the entry's own
 keys override it), ``module`` the user's own model (``pkg.mod:build``)."""
-LLAMA_ONLY_KEYS = ("n_kv_heads", "ffn_dim", "rope_base")
 
 
 def model_entry(name: str, entry: dict | None) -> dict:
     """A ``models:`` entry as ModelConfig keys: its preset's shape (scalelab.spec.presets) under its own
-    keys; a Llama-family shape has an untied head. Raises ConfigError naming the key."""
+    keys; a family whose head is never tied (llama) has an untied head. Raises ConfigError naming the key."""
     entry = dict(entry or {})
     unknown = set(entry) - set(MODEL_ENTRY_KEYS)
     if unknown:
@@ -216,7 +217,8 @@ def model_entry(name: str, entry: dict | None) -> dict:
                               key=("models", name, "preset"))
         shape = {k: v for k, v in PRESETS[preset].shape.items() if k not in ("vocab_size", "seq_len", "tie_embeddings")}
     shape.update(entry)
-    if shape.get("family", "gpt2") == "llama":
+    record = FAMILIES.get(shape.get("family", DEFAULT_FAMILY))  # an unknown name is the schema check's to report
+    if record is not None and record.untied_head:
         shape["tie_embeddings"] = False
     return shape
 

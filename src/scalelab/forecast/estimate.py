@@ -30,6 +30,7 @@ from scalelab.config import ModelConfig
 from scalelab.formulas import accounting, links
 from scalelab.formulas.links import collective_calls
 from scalelab.spec import hardware
+from scalelab.spec.families import family
 from scalelab.spec.precisions import ESTIMATE_MEMORY, PEAK_KEYS, PRECISION_NAMES
 from scalelab.spec.strategies import HYBRID_KEY, ZERO_STAGES, strategy
 
@@ -391,8 +392,8 @@ def models_table(args) -> dict:
         cfg = ModelConfig(**p.shape)
         rows.append({"model": p.name, "family": cfg.family, "n_params": accounting.param_count(cfg),
                      "published_params": p.published_params, "n_layers": cfg.n_layers, "d_model": cfg.d_model,
-                     "n_heads": cfg.n_heads, "n_kv_heads": (cfg.n_kv_heads or cfg.n_heads) if cfg.family == "llama" else None,
-                     "ffn_dim": accounting.ffn_dim(cfg) if cfg.family == "llama" else 4 * cfg.d_model,
+                     "n_heads": cfg.n_heads, "n_kv_heads": family(cfg.family).own_columns(cfg).get("n_kv_heads"),
+                     "ffn_dim": family(cfg.family).mlp_width(cfg),
                      "vocab_size": cfg.vocab_size, "seq_len": cfg.seq_len, "tied_head": cfg.tie_embeddings,
                      "flops_per_token": accounting.flops_per_token(cfg), "source": p.source})
     return {"rows": rows, "note": "parameters counted as the published checkpoints (embedding, head, norms); "

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 
 from scalelab.config import ModelConfig
 from scalelab.spec import hardware
+from scalelab.spec.families import ActivationCase, Family, family
 from scalelab.spec.precisions import AUTOCAST, PRECISIONS, peak_key
 from scalelab.spec.precisions import precision as precision_record
 from scalelab.spec.strategies import check_replicas, strategy
@@ -64,9 +65,8 @@ DTYPE_BYTES = {p.name: p.activation_bytes for p in PRECISIONS.values()}
 
 
 # ----------------------------------------------------------------------------- model families
-# Per family (scalelab.run.model.FAMILIES): the block's matmul weights, its norms, the
-# embeddings. ``kv`` = n_kv_heads x head_dim (grouped-query attention), ``f`` = the SwiGLU width.
-# A user's own module (ModelConfig.module) has no formula: its parameters are counted from the
+# Per family (scalelab.spec.families: one record each): the block's matmul weights, its norms, the
+# embeddings, the activations. A user's own module (ModelConfig.module) has no formula: its parameters are counted from the
 # module, its FLOPs by torch.utils.flop_counter (scalelab.run.worker), and no activation
 # prediction is made.
 
@@ -76,46 +76,31 @@ def _no_formula(cfg: ModelConfig, what: str) -> None:
         raise ValueError(f"{cfg.module}: a user's module has no {what} formula (counted from the module instead)")
 
 
-def _kv_dim(cfg: ModelConfig) -> int:
-    return (cfg.n_kv_heads or cfg.n_heads) * (cfg.d_model // cfg.n_heads)
-
-
-def ffn_dim(cfg: ModelConfig) -> int:
-    """The llama family's SwiGLU hidden size: ``ffn_dim``, or Meta's rule: 2/3 of 4d, rounded up
-    to a multiple of 256 (4096 -> 11008, Llama 2 7B's)."""
-    if cfg.ffn_dim is not None:
-        return cfg.ffn_dim
-    hidden = int(2 * 4 * cfg.d_model / 3)
-    return 256 * ((hidden + 255) // 256)
+def _family(cfg: ModelConfig, what: str) -> Family:
+    _no_formula(cfg, what)
+    return family(cfg.family)
 
 
 def block_matmul_params(cfg: ModelConfig) -> int:
-    """Weights of one block's matrix products: GPT-2: 12 d^2 (qkv 3 d^2, proj d^2, MLP 8 d^2);
-    llama: 2 d^2 + 2 d kv (q, o; k, v) + 3 d f (gate, up, down)."""
-    _no_formula(cfg, "parameter")
-    d = cfg.d_model
-    if cfg.family == "llama":
-        return 2 * d * d + 2 * d * _kv_dim(cfg) + 3 * d * ffn_dim(cfg)
-    return 12 * d * d
+    """Weights of one block's matrix products (the family's record): GPT-2: 12 d^2 (qkv 3 d^2, proj
+    d^2, MLP 8 d^2); llama: 2 d^2 + 2 d kv (q, o; k, v) + 3 d f (gate, up, down)."""
+    return _family(cfg, "parameter").block_matmul_params(cfg)
 
 
 def block_param_count(cfg: ModelConfig) -> int:
     """Every parameter of one block: its matmul weights, plus GPT-2's biases and two LayerNorms
     (13 d) or the llama family's two RMSNorm weights (2 d, no biases)."""
-    d = cfg.d_model
-    return block_matmul_params(cfg) + (2 * d if cfg.family == "llama" else 13 * d)
+    record = _family(cfg, "parameter")
+    return record.block_matmul_params(cfg) + record.block_other_params(cfg)
 
 
 def param_count(cfg: ModelConfig) -> int:
     """Exact parameter count of the family's model (scalelab.run.model), as published
-    checkpoints count it. GPT-2: token and position embeddings, the blocks, the final LayerNorm,
-    and the head unless tied (a tied weight counts once). llama: token embedding, the blocks, the
-    final RMSNorm and the untied head (no position embedding: RoPE has no parameters)."""
-    d, V, T, L = cfg.d_model, cfg.vocab_size, cfg.seq_len, cfg.n_layers
-    if cfg.family == "llama":
-        return V * d + L * block_param_count(cfg) + d + V * d
-    head = 0 if cfg.tie_embeddings else V * d
-    return V * d + T * d + L * block_param_count(cfg) + 2 * d + head
+    checkpoints count it: the blocks and what the family keeps outside them. GPT-2: token and
+    position embeddings, the final LayerNorm, and the head unless tied (a tied weight counts once).
+    llama: token embedding, the final RMSNorm and the untied head (no position embedding: RoPE has
+    no parameters)."""
+    return _family(cfg, "parameter").outside_params(cfg) + cfg.n_layers * block_param_count(cfg)
 
 
 def matmul_params(cfg: ModelConfig) -> int:
@@ -379,10 +364,15 @@ def _sixteen_bit_params(precision: str, zero_stage: int | None) -> bool:
     return zero_stage is not None and comm_dtypes(precision, zero_stage).gather_bytes < 4
 
 
-def _compiled_math_attention(cfg: ModelConfig, precision: str, device_type: str) -> bool:
-    """fp32 grouped-query attention of the llama family on a GPU: SDPA's math path (no fused kernel
-    takes it), whose compiled partition is not modelled (the eager figure stands, an upper bound)."""
-    return cfg.family == "llama" and device_type == "cuda" and DTYPE_BYTES[precision] == 4 and _kv_dim(cfg) < cfg.d_model
+def activation_case(precision: str, micro_batch: int = 1, activation_checkpointing: bool = False,
+                    zero_stage: int | None = None, device_type: str = "cpu", compiled: bool = False) -> ActivationCase:
+    """What decides a block's saved tensors besides its shape, for the family records
+    (scalelab.spec.families): the compute width, autocast over fp32 parameters or 16-bit parameters,
+    the levers and the device."""
+    sixteen = _sixteen_bit_params(precision, zero_stage)
+    return ActivationCase(micro_batch=micro_batch, width=DTYPE_BYTES[precision], amp=precision in AUTOCAST and not sixteen,
+                          sixteen_bit_params=sixteen, checkpointing=activation_checkpointing, gpu=device_type == "cuda",
+                          compiled=compiled)
 
 
 def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, activation_checkpointing: bool,
@@ -401,8 +391,9 @@ def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, a
     and 3 (``zero_stage``: 16-bit parameters under MixedPrecisionPolicy) keep neither: the residual
     stream is 16-bit and there are no weight copies, 16 s b h values at 2 bytes (measured within
     1.5%: the LayerNorms' fp32 mean and rstd, 8 s b bytes each, are not counted, as in fp32).
-    The llama family: llama_block_activation_bytes (``device_type``: its kernels save differently
-    on a GPU; the GPT-2 terms are the same on both).
+    Each family's terms are its record's (scalelab.spec.families: the llama family's kernels save
+    differently on a GPU, ``device_type``; the GPT-2 terms are the same on both but for the compiled
+    LayerNorm statistics and flash attention's RNG state).
 
     ``compiled=True``: the blocks under torch.compile (the compile lever: inductor, one graph per
     block), which keep what AOTAutograd's min-cut partitioner (``min_cut_rematerialization_partition``,
@@ -436,102 +427,8 @@ def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, a
         return L * activation_bytes_per_layer(s, b, h, cfg.n_heads, recompute, width)
     if convention != "model":
         raise ValueError(f"unknown convention {convention!r}: 'model' or 'paper'")
-    if cfg.family == "llama":
-        return llama_block_activation_bytes(cfg, micro_batch, precision, activation_checkpointing, zero_stage, device_type,
-                                            compiled)
-    amp = precision in AUTOCAST and not _sixteen_bit_params(precision, zero_stage)
-    residual_width = 4 if amp else width
-    if activation_checkpointing:
-        return L * s * b * h * residual_width
-    per_layer = 16 * s * b * h * width
-    if compiled:  # what the partitioner saves (see the docstring)
-        gpu = device_type == "cuda"
-        stats_width = 4 if gpu else residual_width  # CUDA's LayerNorm keeps fp32 mean and rstd for 16-bit inputs
-        flash_rng = 16 if gpu else 0  # flash attention's philox seed and offset, two int64 scalars
-        per_layer += 2 * 2 * stats_width * s * b + 4 * b * cfg.n_heads * s + flash_rng
-        if amp:
-            per_layer += s * b * h * (4 - width) + 2 * block_matmul_params(cfg)
-        return L * per_layer
-    if amp:
-        per_layer += 2 * s * b * h * (4 - width) + 2 * 12 * h * h
-    return L * per_layer
-
-
-def llama_block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, activation_checkpointing: bool,
-                                 zero_stage: int | None = None, device_type: str = "cpu", compiled: bool = False) -> float:
-    """What the llama family's blocks keep for backward, one micro-batch, in bytes (s = T, b the
-    micro-batch, h = d, kv = n_kv_heads x D, f the SwiGLU width, H heads, w the compute width).
-    Measured term by term with autograd's saved-tensor hooks (torch 2.13, CPU):
-
-    * per RMSNorm (torch.nn.RMSNorm, computed in fp32): its fp32 input and x rstd (the latter
-      saved for the weight's gradient), and rstd (4 s b); in fp32 also its output, which the
-      next linears save; under autocast (fp32 parameters) the linears save their own w-byte
-      casts of it instead (one each: q, k, v after the first norm, gate and up after the
-      second); with 16-bit parameters (fp16 and bf16 at stages 2, 3) the norm upcasts its input
-      to fp32 and returns w bytes, which the linears share. The block input is counted once;
-    * attention: the rotated q (s b h) and k (s b kv), v (s b kv) and the output (s b h) at w,
-      and scaled_dot_product_attention's fp32 logsumexp (4 b H s); the rotation's cos and sin:
-      the fp32 tables once for all blocks, or their w-byte casts in every block (autocast: the
-      cast to q's dtype; 16-bit parameters: FSDP2 casts the block's inputs);
-    * SwiGLU: gate's output (silu's input), silu's output, up's output and the product (down's
-      input): 4 s b f values at w;
-    * autocast with fp32 parameters: the w-byte copies of the block's matmul weights.
-
-    So per layer, fp32: 4 (8 s b h + 2 s b kv + 4 s b f); autocast: (16 + 5w + 2w) s b h + 2w s b kv
-    + 4w s b f + 2 P; 16-bit parameters: (3w + 16 + 2w) s b h + 2w s b kv + 4w s b f; each + 8 s b
-    + 4 b H s. With per-block checkpointing each block keeps its input (s b h at the residual's
-    width) and the cos and sin it is handed. fp8 (Float8Linear's own casts) is predicted as bf16.
-
-    On a GPU (``device_type='cuda'``, measured on an H100, torch 2.11) RMSNorm is one fused kernel
-    that keeps its input and rstd only, not x rstd: 8 s b h bytes less per layer (fp32 and
-    autocast), and with 16-bit parameters the norms keep their w-byte inputs and outputs (4w s b h);
-    and fp32 grouped-query attention has no fused kernel there (flash takes 16-bit inputs, the
-    memory-efficient kernel no enable_gqa), so SDPA's math path keeps the attention probabilities
-    (4 b H s^2) and k and v repeated to H heads (+ 2w s b (h - kv)), and no logsumexp.
-
-    ``compiled=True`` (torch.compile, read from the min-cut partitioner's saved tensors as
-    block_activation_bytes says): RMSNorm is decomposed into the graph (on a GPU too), which keeps
-    the block input at the residual's width r (4, or w with 16-bit parameters), each norm's rstd (4 s
-    b) and its w-byte output (once: the linears share it), the rotated q and k, v, the attention output
-    and the o projection's output (the second norm's input x + attn is recomputed), the
-    logsumexp, and of SwiGLU gate's and up's outputs and their product (silu's output is
-    recomputed); autocast's weight copies and the RoPE tables as in eager:
-    (r + 5w) s b h + 2w s b kv + 3w s b f + 8 s b + 4 b H s per layer (+ 2 P under autocast). Per-block
-    checkpointing: as in eager. fp32 grouped-query attention on a GPU (SDPA's math path, traced into
-    the graph) is not modelled: the eager figure, an upper bound (activation_bound).
-    """
-    s, b, h, L, heads = cfg.seq_len, micro_batch, cfg.d_model, cfg.n_layers, cfg.n_heads
-    kv, f, head_dim = _kv_dim(cfg), ffn_dim(cfg), h // heads
-    w = DTYPE_BYTES[precision]
-    sixteen = _sixteen_bit_params(precision, zero_stage)
-    amp = precision in AUTOCAST and not sixteen
-    rope_once, rope_per_layer = (0.0, 2 * s * head_dim * w) if (amp or sixteen) else (2 * s * head_dim * 4, 0.0)
-    if activation_checkpointing:
-        residual = w if sixteen else 4
-        rope_once, rope_per_layer = (0.0, rope_per_layer) if sixteen else (2 * s * head_dim * 4, 0.0)
-        return L * (s * b * h * residual + rope_per_layer) + rope_once
-    gpu = device_type == "cuda"
-    if compiled and not _compiled_math_attention(cfg, precision, device_type):
-        residual = w if sixteen else 4
-        per_layer = ((residual + 5 * w) * s * b * h + 2 * w * s * b * kv + 3 * w * s * b * f
-                     + 8 * s * b + 4 * b * heads * s + rope_per_layer)
-        if amp:
-            per_layer += 2 * block_matmul_params(cfg)
-        return L * per_layer + rope_once
-    if sixteen:
-        norms = 4 * w if gpu else 3 * w + 16
-    elif amp:
-        norms = (8 if gpu else 16) + 5 * w
-    else:
-        norms = 16 if gpu else 24
-    attention = 4 * b * heads * s  # the logsumexp of the fused kernels (flash; CPU's for every dtype)
-    if gpu and w == 4 and kv < h:  # fp32 grouped-query attention on a GPU: the math path
-        attention = 4 * b * heads * s * s + 2 * w * s * b * (h - kv)
-    per_layer = ((norms + 2 * w) * s * b * h + 2 * w * s * b * kv + 4 * w * s * b * f
-                 + 8 * s * b + attention + rope_per_layer)
-    if amp:
-        per_layer += 2 * block_matmul_params(cfg)
-    return L * per_layer + rope_once
+    case = activation_case(precision, micro_batch, activation_checkpointing, zero_stage, device_type, compiled)
+    return family(cfg.family).block_activation_bytes(cfg, case)
 
 
 @dataclass(frozen=True)
@@ -621,25 +518,15 @@ def outside_block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision
     place of the fp32 log-softmax output (4 B T V), each row's max and log-sum-exp (2 x 4 B T), and
     the targets as handed in (a view of the token batch: no flattened copy)."""
     _no_formula(cfg, "activation")
-    b, t, c, v = micro_batch, cfg.seq_len, cfg.d_model, cfg.vocab_size
+    b, t, v = micro_batch, cfg.seq_len, cfg.vocab_size
     width = DTYPE_BYTES[precision]
-    sixteen_bit_params = _sixteen_bit_params(precision, zero_stage)
-    amp = precision in AUTOCAST and not sixteen_bit_params
     # the loss's saved tensors: eager, log_softmax's fp32 output and the flattened targets (a copy when
     # B > 1); compiled, the logits at w with each row's max and log-sum-exp, and the targets as given
     loss = (width * b * t * v + 2 * 4 * b * t) if compiled else (4 * b * t * v + (8 * b * t if b > 1 else 0))
     ids = 8 * accumulation_steps * b * (t + 1)
-    if cfg.family == "llama":
-        # the final RMSNorm keeps its fp32 input (or upcast) and x rstd (8 B T C) and rstd (4 B T);
-        # the head's input: the norm's output at w (fp32, 16-bit parameters) or autocast's w-byte
-        # cast of it, with the 16-bit copy of the untied head weight under autocast; no positions
-        # (on a GPU the fused RMSNorm keeps its input only: 4 B T C, or w B T C with 16-bit parameters)
-        head = width * b * t * c + (2 * v * c if amp else 0)
-        norm = ((width if sixteen_bit_params else 4) if device_type == "cuda" else 8) * b * t * c + 4 * b * t
-        return float(loss + norm + head + ids + 2 * 4)
-    final_norm = (width if sixteen_bit_params else 4) * b * t * c + 2 * 4 * b * t
-    head = width * b * t * c + (2 * v * c if amp else 0)
-    return float(loss + final_norm + head + ids + 8 * t + 2 * 4)
+    # the family's final norm, the head's input and the positions (scalelab.spec.families)
+    case = activation_case(precision, micro_batch, zero_stage=zero_stage, device_type=device_type, compiled=compiled)
+    return float(loss + family(cfg.family).outside_block_bytes(cfg, case) + ids + 2 * 4)
 
 
 def recompute_flops_per_token(cfg: ModelConfig) -> float:
@@ -728,7 +615,8 @@ def activation_bound(cfg: ModelConfig, precision: str, compiled: bool = False, a
         return (f"{UPPER_BOUND}: {precision} is predicted as {precision_record(precision).matmul_precision}"
                 f"{' under torch.compile' if compiled else ''}; its float8 linears keep less "
                 f"({'their float8 casts are recomputed in backward, ' if compiled else ''}no 16-bit weight copies)")
-    if compiled and _compiled_math_attention(cfg, precision, device_type):
+    if compiled and family(cfg.family).compiled_unmodelled(cfg, activation_case(precision, device_type=device_type,
+                                                                                  compiled=True)):
         return (f"{UPPER_BOUND}: fp32 grouped-query attention on a GPU runs SDPA's math path, whose compiled "
                 "partition is not modelled (the eager figure)")
     return MODELLED
@@ -848,25 +736,12 @@ def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: in
 
 # ----------------------------------------------------------------------------- LoRA (the last rung)
 # LoRA (Hu et al. 2021) freezes the weights W0 and trains a low-rank update B A on chosen
-# linear layers: here every block's attention (qkv, proj) and MLP (fc, proj) linears, the
-# common choice. A linear d_in -> d_out gains r (d_in + d_out) trainable parameters.
-LORA_TARGETS = {"attn.qkv": (1, 3), "attn.proj": (1, 1), "mlp.fc": (1, 4), "mlp.proj": (4, 1)}
-"""Adapted linears of a block and their (d_in, d_out) in units of d_model."""
-
-
-LLAMA_LORA_TARGETS = ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.gate", "mlp.up", "mlp.down")
-"""The llama family's adapted linears: the four attention projections and the three SwiGLU ones
-(PEFT's q_proj ... down_proj)."""
-
-
+# linear layers, each family's (scalelab.spec.families: GPT-2 every block's attention qkv and proj
+# and MLP fc and proj, the common choice; llama the four attention and three SwiGLU projections).
+# A linear d_in -> d_out gains r (d_in + d_out) trainable parameters.
 def lora_targets(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
     """The adapted linears of a block by name, with their (d_in, d_out)."""
-    _no_formula(cfg, "LoRA")
-    d = cfg.d_model
-    if cfg.family == "llama":
-        kv, f = _kv_dim(cfg), ffn_dim(cfg)
-        return dict(zip(LLAMA_LORA_TARGETS, ((d, d), (d, kv), (d, kv), (d, d), (d, f), (d, f), (f, d)), strict=True))
-    return {name: (d_in * d, d_out * d) for name, (d_in, d_out) in LORA_TARGETS.items()}
+    return _family(cfg, "LoRA").lora_targets(cfg)
 
 
 def lora_trainable_params(cfg: ModelConfig, rank: int) -> int:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 
 from scalelab.config import ModelConfig
 from scalelab.formulas import accounting
+from scalelab.spec.families import family
 from scalelab.spec.precisions import PRECISIONS
 from scalelab.spec.strategies import strategy
 
@@ -296,12 +297,9 @@ def collective_sizes(n_params: int, zero_stage: int, world_size: int, precision:
 
 
 def _parameter_tensors(cfg: ModelConfig) -> int:
-    """Parameter tensors of the family's model (scalelab.run.model): GPT-2 12 per block (qkv,
-    proj, fc, proj and their biases, two LayerNorms) + wte, wpe, ln_f (+ an untied head); llama 9
-    per block + wte, norm, head."""
-    if cfg.family == "llama":
-        return 9 * cfg.n_layers + 3
-    return 12 * cfg.n_layers + 4 + (0 if cfg.tie_embeddings else 1)
+    """Parameter tensors of the family's model (scalelab.spec.families: GPT-2 12 per block + wte, wpe,
+    ln_f (+ an untied head); llama 9 per block + wte, norm, head)."""
+    return family(cfg.family).parameter_tensors(cfg)
 
 
 def collective_calls(cfg: ModelConfig, zero_stage: int, precision: str, sizes: dict[str, float],

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 
 from scalelab.config import ModelConfig
 from scalelab.formulas import accounting
+from scalelab.spec.families import DEFAULT_FAMILY
 
 PEAK_COLUMNS = ("predicted_peak_bytes", "predicted_activation_bytes", "predicted_transient_param_bytes", "predicted_peak_bound")
 """The launcher's formula columns (beside them, predicted_oom_reason: the launch decision, kept)."""
@@ -45,7 +46,7 @@ def model_of_row(row: Mapping) -> ModelConfig:
     """The ModelConfig of a run's row (its shape columns)."""
     return ModelConfig(n_layers=int(row["n_layers"]), d_model=int(row["d_model"]), n_heads=int(row["n_heads"]),
                        seq_len=int(row["seq_len"]), tie_embeddings=bool(_value(row, "tie_embeddings", True)),
-                       vocab_size=int(row["vocab_size"]), family=_value(row, "model_family", "gpt2"),
+                       vocab_size=int(row["vocab_size"]), family=_value(row, "model_family", DEFAULT_FAMILY),
                        n_kv_heads=_value(row, "n_kv_heads") and int(_value(row, "n_kv_heads")),
                        ffn_dim=_value(row, "ffn_dim") and int(_value(row, "ffn_dim")),
                        rope_base=float(_value(row, "rope_base", 10000.0)), module=_value(row, "model_module"))

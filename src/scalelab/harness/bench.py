@@ -369,12 +369,16 @@ def host_loop_s(n: int = 2_000_000) -> float:
 
 # A build server: builds the report from argv[1] into argv[2] for each line read, prints wall and CPU
 # seconds (children included) and the peak RSS so far of the server and of its largest drawing
-# process (KiB). Only scalelab.report.report.build_report, so any checkout serves. The first build
+# process (KiB). Only build_report, so any checkout serves: scalelab.report.report, or
+# scalelab.analysis.report in a checkout from before the layers by workflow stage. The first build
 # (imports, fonts, templates) is timed apart: a user's `scalelab report` pays it, the comparison not.
 _REPORT_SERVER = r"""
 import resource, sys, time
 t = time.perf_counter()
-from scalelab.report.report import build_report
+try:
+    from scalelab.report.report import build_report
+except ImportError:
+    from scalelab.analysis.report import build_report
 def cpu():
     return sum(getattr(resource.getrusage(w), f) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN) for f in ("ru_utime", "ru_stime"))
 build_report(sys.argv[1], sys.argv[2])
@@ -402,7 +406,7 @@ def bench_report(n_runs: int, n_steps: int, repeats: int, against: str | None = 
     checkouts = {"this": Path(__file__).resolve().parents[2]}
     if against:
         checkouts["other"] = Path(against).resolve() / "src"
-        if not (checkouts["other"] / "scalelab" / "analysis" / "report.py").is_file():
+        if not any((checkouts["other"] / "scalelab" / layer / "report.py").is_file() for layer in ("report", "analysis")):
             raise SystemExit(f"--against {against}: not a scalelab checkout (no src/scalelab/report/report.py)")
     builds: dict[str, list[tuple[float, ...]]] = {name: [] for name in checkouts}
     first, loops = {}, []
@@ -466,7 +470,8 @@ def bench_report(n_runs: int, n_steps: int, repeats: int, against: str | None = 
 
 def _checkout(path: str | Path) -> Path:
     root = Path(path).resolve()
-    if not (root / "Snakefile").is_file() or not (root / "src" / "scalelab" / "training" / "launch.py").is_file():
+    launchers = [root / "src" / "scalelab" / layer / "launch.py" for layer in ("run", "training")]  # "training": before the layers
+    if not (root / "Snakefile").is_file() or not any(path.is_file() for path in launchers):
         raise SystemExit(f"{path}: not a scalelab checkout (no Snakefile, src/scalelab/run/launch.py)")
     return root
 

@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 
 from scalelab.io import atomic_path
 from scalelab.plan.sweep import AXES, run_id_grammar
+from scalelab.spec.families import DEFAULT_FAMILY, FAMILIES
 from scalelab.spec.precisions import PRECISIONS
 from scalelab.spec.strategies import strategy
 
@@ -117,8 +118,10 @@ def _custom(row: dict) -> bool:
     return row.get("model_family") == "custom"
 
 
-def _llama(row: dict) -> bool:
-    return row.get("model_family") == "llama"
+def _family_has(key: str):
+    """Set exactly where the row's family takes ``key`` (scalelab.spec.families: its own keys)."""
+    owners = [f.name for f in FAMILIES.values() if key in f.own_keys]
+    return _exactly(f"model_family {' or '.join(owners)}", lambda row: row.get("model_family") in owners)
 
 
 FORMULA = _exactly("a built-in model family (null for a custom module: no activation formula)",
@@ -194,17 +197,18 @@ RUN = [
            "training, LoRA's A and B with lora_rank", "worker", OK),
     Column("lora_alpha", pa.float64(), "-", "LoRA scaling numerator (train.lora_alpha): the update is scaled by alpha / "
            "rank; null without LoRA", "worker", OK & LORA),
-    Column("model_family", pa.string(), "-", "the model's kind: gpt2 (LayerNorm, GELU MLP, learned positions, tied head "
-           "by default) | llama (RMSNorm, SwiGLU, RoPE, grouped-query attention, untied head) | custom (the user's own "
-           "module, models.<name>.module); every run before families were recorded is gpt2", "launch"),
+    Column("model_family", pa.string(), "-", "the model's kind: "
+           + " | ".join(f"{f.name} ({f.description})" for f in FAMILIES.values())
+           + " | custom (the user's own module, models.<name>.module); every run before families were recorded is "
+           + DEFAULT_FAMILY, "launch"),
     Column("model_module", pa.string(), "-", "the user's model callable (pkg.mod:build) of a custom model; null for "
            "the built-in families", "launch", _exactly("model_family custom", _custom)),
     Column("n_kv_heads", pa.int32(), "-", "key/value heads of grouped-query attention (llama; n_heads = full "
-           "multi-head attention)", "launch", _exactly("model_family llama", _llama)),
+           "multi-head attention)", "launch", _family_has("n_kv_heads")),
     Column("ffn_dim", pa.int32(), "-", "SwiGLU hidden size f (llama: models.<name>.ffn_dim, or 8/3·d rounded up to a "
-           "multiple of 256)", "launch", _exactly("model_family llama", _llama)),
+           "multiple of 256)", "launch", _family_has("ffn_dim")),
     Column("rope_base", pa.float64(), "-", "base (theta) of the rotary position embedding (llama)", "launch",
-           _exactly("model_family llama", _llama)),
+           _family_has("rope_base")),
     Column("n_layers", pa.int32(), "-", "transformer blocks L", "launch"),
     Column("d_model", pa.int32(), "-", "model width d", "launch"),
     Column("n_heads", pa.int32(), "-", "attention heads a", "launch"),
@@ -521,7 +525,7 @@ def run_row(summary: dict, run_path: str) -> dict:
     recipe keys filled as LEGACY_SUMMARY says)."""
     row = dict(summary)
     if row.get("status") in LAUNCHER_STATUSES:
-        row.setdefault("model_family", "gpt2")  # written before families: every model was GPT-2
+        row.setdefault("model_family", DEFAULT_FAMILY)  # written before families: every model was GPT-2, the default
     if row.get("status") == "ok" and row.get("zero_stage") is not None:
         row.update({key: fill(row) for key, fill in LEGACY_SUMMARY.items() if key not in row})
     for key, column in FLATTENED.items():

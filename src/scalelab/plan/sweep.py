@@ -22,11 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalelab.config import ConfigError, TrainConfig, cluster_config, model_config, section, train_config
-from scalelab.formulas.accounting import GRAD_REDUCE, MIXED_COMM, comm_dtypes
-from scalelab.plan.placement import launch_plan
+from scalelab.config import ConfigError, TrainConfig, section, train_config
+from scalelab.formulas.accounting import GRAD_REDUCE, MIXED_COMM
 from scalelab.spec.precisions import PRECISIONS
-from scalelab.spec.precisions import precision as precision_record
 from scalelab.spec.strategies import DDP_BUCKET_MB, HYBRID, strategy
 
 BASE_MODEL = "base"
@@ -362,72 +360,6 @@ def _check_distinct(points: list, values: dict) -> None:
 def sweep_points(config: dict) -> list:
     """Every runnable combination of the sweep axes, in a stable order."""
     return sweep_plan(config)[0]
-
-
-NOT_RESULT_KEYS = ("run_timeout_s", "collective_timeout_s", "checkpoint_every", "device")
-"""Train keys that do not change what a run measures: a new time limit must not retrain a finished
-sweep; the device a run trains on is its job's own param (the planned device, not the setting)."""
-
-
-def _precision(point):
-    return precision_record(point.precision)
-
-
-TRAIN_KEY_APPLIES: dict[str, Callable[[Any], bool]] = {
-    "lora_alpha": lambda point: point.lora_rank is not None,
-    "fp16_init_scale": lambda point: _precision(point).loss_scaling,
-    "fp8_emulate": lambda point: _precision(point).linears is not None,
-    "tf32": lambda point: _precision(point).tf32_peak_key is not None,
-}
-"""Train keys that only some runs read: a change reruns those runs, not the others (no LoRA, no
-loss scaling, no float8 linears, no fp32 matmuls). Every other key applies to every run."""
-
-
-def _peak_keys(point, train: TrainConfig) -> set[str]:
-    """The ``train.peak_tflops`` keys a run's MFU columns divide by: its precision's datasheet
-    column (TF32's with train.tf32), and bf16's (every run records MFU against the bf16 peak too)."""
-    record = _precision(point)
-    return {record.peak_key, "bf16", *([record.tf32_peak_key] if train.tf32 and record.tf32_peak_key else [])}
-
-
-def _changed(config_obj, exclude=()) -> dict:
-    """The fields of a config dataclass whose value differs from its default (the schema's)."""
-    return {f.name: getattr(config_obj, f.name) for f in dataclasses.fields(config_obj)
-            if f.name not in exclude and f.default is not dataclasses.MISSING and getattr(config_obj, f.name) != f.default}
-
-
-def result_params(config: dict, point, device: str) -> dict:
-    """What a run's results depend on beyond its point (Snakemake params of its job: a change reruns
-    it): its model's shape, the train settings it reads and how its ranks are laid out, each as the
-    values that differ from the schema's defaults, so that a config key added later at its default
-    reruns nothing, and a changed value reruns exactly the runs it affects (a ``models:`` entry the
-    runs of that model, ``fp16_init_scale`` the fp16 runs, a peak the runs measured against it).
-    device: the one the run is planned on (a CPU rank's threads are its compute; a GPU run's are not)."""
-    train = train_config(config)
-    changed = _changed(train, exclude=NOT_RESULT_KEYS)
-    changed = {key: value for key, value in changed.items() if TRAIN_KEY_APPLIES.get(key, lambda p: True)(point)}
-    if device != "cuda":
-        changed.pop("memory_snapshot", None)  # the CUDA allocator's history: nothing to record elsewhere
-    if changed.get("peak_tflops"):
-        peaks = {key: value for key, value in sorted(changed["peak_tflops"].items()) if key in _peak_keys(point, train)}
-        changed = {k: v for k, v in changed.items() if k != "peak_tflops"} | ({"peak_tflops": peaks} if peaks else {})
-    params = {"model": _changed(model_config(config, name=point.model), exclude=("vocab_size",)),  # vocab: the data's
-              "train": changed}
-    layout = {k: v for k, v in _changed(cluster_config(config)).items() if k == "cpus_per_rank" and device == "cpu"}
-    plan = launch_plan(config, point.world_size)
-    if plan.multi_launcher:  # which ranks share a node, and so which links a collective crosses
-        layout.update(launchers=plan.launchers, ranks_per_launcher=plan.ranks_per_launcher, nodes=plan.nodes)
-    if layout:
-        params["layout"] = layout
-    # What its collectives carry where it is not fp32: fp16 and bf16 runs at stages 2 and 3 gather in
-    # their compute dtype since FSDP2's MixedPrecisionPolicy (their results measured before in fp32
-    # are rerun, no other run), and the grad_reduce lever's reduce dtype.
-    dtypes = comm_dtypes(point.precision, point.zero_stage, point.grad_reduce)
-    comm = {key: value for key, value in (("param_gather_dtype", dtypes.param_gather),
-                                          ("grad_reduce_dtype", dtypes.grad_reduce)) if value not in (None, "float32")}
-    if comm:
-        params["comm_dtypes"] = comm
-    return params
 
 
 def read_point(run_dir) -> RunPoint:

@@ -23,7 +23,8 @@ from snakemake.utils import validate
 
 from scalelab.config import SCHEMA, SCHEMA_FILE, ConfigError, ConfigProblems, dataset_config, model_config, section, train_config
 from scalelab.config.reading import locate, read_yaml, shown
-from scalelab.plan.placement import check_gpu_layout, launch_plan
+from scalelab.plan.placement import check_gpu_layout
+from scalelab.plan.run_plan import run_plan
 from scalelab.plan.sweep import sweep_points
 
 # Keys of earlier config layouts, with where they went.
@@ -101,9 +102,11 @@ def _check_models(config: dict, base_dir: str | Path) -> None:
 
 
 def _check_model_entry(name: str, entry: dict, shape) -> None:
-    """A models: entry's family keys: the Llama family's own keys only with family llama, a
-    grouped-query split that divides, RoPE's even head width, a module callable that exists."""
-    from scalelab.config import LLAMA_ONLY_KEYS, MODEL_FAMILY_KEYS
+    """A models: entry's family keys: a family's own keys only with that family, a shape the family
+    can build (its record's shape_problem: for llama a grouped-query split that divides and RoPE's even
+    head width), a module callable that exists."""
+    from scalelab.config import MODEL_FAMILY_KEYS
+    from scalelab.spec.families import FAMILIES, OWN_KEYS, family
 
     if shape.module:
         given = sorted(k for k in MODEL_FAMILY_KEYS if k in entry) + (["preset"] if "preset" in entry else [])
@@ -122,19 +125,17 @@ def _check_model_entry(name: str, entry: dict, shape) -> None:
             raise ConfigError(f"models.{name}.module={shape.module!r}: no module {module_name!r} on the Python path{why}",
                               key=("models", name, "module"))
         return
-    if shape.family != "llama":
-        given = [k for k in LLAMA_ONLY_KEYS if k in entry]
-        if given:
-            raise ConfigError(f"models.{name}.{given[0]}={entry[given[0]]!r} applies to family llama; this entry's "
-                              f"family is {shape.family} (set family: llama)", key=("models", name, given[0]))
-        return
-    kv = shape.n_kv_heads or shape.n_heads
-    if shape.n_heads % kv:
-        raise ConfigError(f"models.{name}.n_kv_heads={kv} does not divide n_heads={shape.n_heads} (each key/value head "
-                          "serves the same number of query heads)", key=("models", name, "n_kv_heads"))
-    if (shape.d_model // shape.n_heads) % 2:
-        raise ConfigError(f"models.{name}: the head width d_model/n_heads={shape.d_model // shape.n_heads} is odd; "
-                          "rotary embeddings rotate pairs of values (make it even)", key=("models", name, "n_heads"))
+    record = family(shape.family)
+    given = [k for k in OWN_KEYS if k in entry and k not in record.own_keys]
+    if given:
+        owners = [f.name for f in FAMILIES.values() if given[0] in f.own_keys]
+        raise ConfigError(f"models.{name}.{given[0]}={entry[given[0]]!r} applies to family {' or '.join(owners)}; this "
+                          f"entry's family is {shape.family} (set family: {owners[0]})", key=("models", name, given[0]))
+    problem = record.shape_problem(shape)
+    if problem:
+        key, message = problem  # "key=value ..." reads as models.<name>.key=value
+        where = f"models.{name}." if message.startswith(f"{key}=") else f"models.{name}: "
+        raise ConfigError(where + message, key=("models", name, key))
 
 
 def _check_tf32(config: dict, base_dir: str | Path) -> None:
@@ -167,7 +168,7 @@ def _check_profile(config: dict, base_dir: str | Path) -> None:
 
 def _check_plans(config: dict, base_dir: str | Path) -> None:
     for point in sweep_points(config):
-        launch_plan(config, point.world_size)
+        run_plan(config, point)  # ConfigError where a point cannot be laid out
     check_gpu_layout(config)
 
 

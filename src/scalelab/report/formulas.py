@@ -6,27 +6,11 @@ from __future__ import annotations
 
 import pandas as pd
 
+from scalelab.spec.families import DEFAULT_FAMILY, FAMILIES
 from scalelab.spec.strategies import HYBRID, STRATEGIES, Strategy
 
 FAMILY_FORMULAS = {
-    "gpt2": {
-        "parameters": "Ψ = V·d + T·d + L·(12d² + 13d) + 2d (+ V·d if the head is untied)",
-        "flops": "6·(12·L·d² + V·d) + 12·L·d·T",
-        "activations": ("scaled_dot_product_attention never stores the a·s² scores and there is no dropout, which leaves "
-                        "16·s·b·h values per layer; under autocast (fp16, bf16, fp8) the residual stream and LayerNorm inputs "
-                        "stay fp32 and the 16-bit copies of the 12·d² block weights are kept"),
-        "recompute": "24·L·d² + 4·L·d·T",
-    },
-    "llama": {
-        "parameters": "Ψ = 2·V·d + L·(2d² + 2·d·kv + 3·d·f + 2d) + d (kv = key/value heads × head size, f the SwiGLU "
-                      "width; untied head, no position embedding)",
-        "flops": "6·(L·(2d² + 2·d·kv + 3·d·f) + V·d) + 12·L·d·T (grouped-query attention still takes every query "
-                 "head's dot products)",
-        "activations": ("RMSNorm, the rotated q and k, v, SwiGLU's gate, up and product, and the fused attention's "
-                        "log-sum-exp (scalelab.formulas.accounting.llama_block_activation_bytes; on a GPU fp32 grouped-query "
-                        "attention runs SDPA's math path and keeps the a·s² probabilities)"),
-        "recompute": "2·L·(2d² + 2·d·kv + 3·d·f) + 4·L·d·T",
-    },
+    **{name: record.formulas for name, record in FAMILIES.items()},
     "custom": {
         "parameters": "counted from the module (torch's meta device)",
         "flops": "counted by torch.utils.flop_counter on one forward and backward",
@@ -34,7 +18,7 @@ FAMILY_FORMULAS = {
         "recompute": "one more forward of every block, counted",
     },
 }
-"""Each model family's formulas in words, as scalelab.formulas.accounting computes them (custom: a user's module)."""
+"""Each model family's formulas in words, from its record (scalelab.spec.families; custom: a user's module)."""
 
 BYTES = (4, 4, 8)
 """PyTorch AMP's bytes per parameter of (parameters, gradients, AdamW moments), in every precision."""
@@ -72,7 +56,7 @@ def comm_text(record: Strategy) -> str:
 
 def formulas_html(runs: pd.DataFrame) -> str:
     """The formulas section of the report, for the families, strategies and levers in ``runs``."""
-    families = [f for f in FAMILY_FORMULAS if f in set(runs.get("model_family", pd.Series(["gpt2"])).dropna())] or ["gpt2"]
+    families = [f for f in FAMILY_FORMULAS if f in set(runs.get("model_family", pd.Series([DEFAULT_FAMILY])).dropna())] or [DEFAULT_FAMILY]
     stages = sorted(int(s) for s in runs["zero_stage"].dropna().unique()) if "zero_stage" in runs else sorted(STRATEGIES)
     hybrid = "replicas" in runs and bool((runs["replicas"].fillna(1) > 1).any())
     lora = "lora_rank" in runs and bool(runs["lora_rank"].notna().any())

@@ -30,6 +30,7 @@ from scalelab.report.levers import baseline, fp8_table, lever_table
 from scalelab.report.tables import MFU_LIMIT, best_configurations, loss_deviation_vs_stage0, noise_of, standing
 from scalelab.results.collect import schema_version
 from scalelab.results.like import OVER_STAGE, OVER_WORLD_SIZE, like_key, model_labels, scaling_efficiency, several_models
+from scalelab.spec.families import DEFAULT_FAMILY
 
 __all__ = ["MFU_LIMIT", "build_report", "find_warnings", "load_tables", "render", "table_model"]
 MEMORY_TOLERANCE = 0.10
@@ -424,12 +425,12 @@ def _dictionary_table() -> pd.DataFrame:
 def model_families(runs: pd.DataFrame) -> list[str]:
     """The model families of a sweep's runs, sorted (a run recorded before families is gpt2)."""
     if "model_family" not in runs:
-        return ["gpt2"]
-    return sorted(runs["model_family"].fillna("gpt2").astype(str).unique()) or ["gpt2"]
+        return [DEFAULT_FAMILY]
+    return sorted(runs["model_family"].fillna(DEFAULT_FAMILY).astype(str).unique()) or [DEFAULT_FAMILY]
 
 
 def _of_family(runs: pd.DataFrame, steps: pd.DataFrame, family: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    mine = runs[runs["model_family"].fillna("gpt2").astype(str) == family]
+    mine = runs[runs["model_family"].fillna(DEFAULT_FAMILY).astype(str) == family]
     return mine, steps[steps["run_id"].isin(mine["run_id"])]
 
 
@@ -481,7 +482,7 @@ def family_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     activations from their formulas, the spread of its fp32 losses across stages and world sizes,
     and its fastest ok run per world size."""
     rows = []
-    runs = runs.assign(model_family=runs["model_family"].fillna("gpt2"))
+    runs = runs.assign(model_family=runs["model_family"].fillna(DEFAULT_FAMILY))
     for (family, model), group in runs.groupby(["model_family", "model"], sort=True):
         ok = group[group["status"] == "ok"]
         state = (ok["model_state_bytes_measured"] / ok["model_state_bytes_predicted"] - 1).abs()

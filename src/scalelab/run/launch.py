@@ -14,6 +14,7 @@ the precision) is checked by the worker (scalelab.run.worker.preflight).
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -22,18 +23,19 @@ import subprocess
 import time
 from pathlib import Path
 
-from scalelab.config import config_hash, model_config, train_config
-from scalelab.formulas.accounting import ffn_dim
+from scalelab.config import config_hash, train_config
 from scalelab.io import read_json, write_json
 from scalelab.plan import placement
 from scalelab.plan.columns import steps_table, write_parquet
-from scalelab.plan.placement import LaunchPlan, launch_plan
-from scalelab.plan.sweep import LAUNCHER_FILE, POINT_FILE, RunPoint, micro_batch_plan
+from scalelab.plan.placement import LaunchPlan
+from scalelab.plan.run_plan import SPEC_FILE, RunPlan, run_plan
+from scalelab.plan.sweep import LAUNCHER_FILE, POINT_FILE, RunPoint
 from scalelab.run import prefork
 from scalelab.run.calibration import read_calibration
 from scalelab.run.data import read_meta, verify_tokens
 from scalelab.run.processes import holder_record
 from scalelab.run.ranks import LOCAL_LAUNCH, local_rank_processes, run_ranks, torchrun_command
+from scalelab.spec.families import family
 
 GIT_COMMIT_ENV = "SCALELAB_GIT_COMMIT"
 """The commit of a tree without .git (a copy, a container, a cluster stage-in): set it where
@@ -107,9 +109,11 @@ def skip_reason(device: str, point: RunPoint, plan: LaunchPlan, launchers_per_no
     return unsupported_reason(point.precision, torch.device(device), fp8_emulate)
 
 
-def plan_memory(config: dict, model, point: RunPoint, micro_batch: int, device: str, accumulation_steps: int = 1) -> dict:
+def plan_memory(config: dict, plan: RunPlan) -> dict:
     """Predicted in-step peak per rank against the device memory, before launch."""
     from scalelab.formulas import accounting, predicted_columns
+
+    model, point, device = plan.model, plan.point, plan.device
 
     own = None
     if model.module:  # the user's module: counted on the meta device (imports torch), no activation formula
@@ -117,8 +121,8 @@ def plan_memory(config: dict, model, point: RunPoint, micro_batch: int, device: 
 
         own = counted(model)
     n_params = own["n_params"] if own else accounting.param_count(model)
-    peak = predicted_columns.peak(model, n_params, {**point.values(), "micro_batch": micro_batch,
-                                                    "accumulation_steps": accumulation_steps, "device_type": device},
+    peak = predicted_columns.peak(model, n_params, {**point.values(), "micro_batch": plan.micro_batch,
+                                                    "accumulation_steps": plan.accumulation_steps, "device_type": device},
                                   block_params=own["block_params"] if own else None,
                                   n_trainable=counted(model, point.lora_rank)["lora_trainable"] if own and point.lora_rank else None)
     limit_gib = config.get("planning", {}).get("device_memory_gib")
@@ -145,6 +149,7 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
                save_final_params: bool = False, device_plan: placement.DevicePlan | None = None,
                compile_warm_up: bool = True, calibration: str | Path | None = None) -> dict:
     """Run one sweep point; write point.json, then summary.json and steps.parquet into run_dir; return the summary.
+    Its RunPlan (scalelab.plan.run_plan) is made here once, and is what the ranks read.
     device_plan: the workflow's decision for the sweep; None decides here (tests, scripts).
     calibration: the sweep's CPU peak record (scalelab.run.calibration); None: a CPU run measures its own.
     compile_warm_up=False (tests only) leaves a compiled run's compilation to its first step."""
@@ -160,19 +165,21 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
 
     meta = read_meta(data_dir)
     tokens_problem = verify_tokens(data_dir, meta)  # never train on tokens other than meta.json's
-    model = model_config(config, vocab_size=meta["vocab_size"], name=point.model)
     train = train_config(config)
-    micro, accum = micro_batch_plan(train, point.world_size, point.micro_batch)
-    identity = point.identity(micro_batch=micro)
-    plan = launch_plan(config, point.world_size)
     device, reason = resolve_device(train.device, device_plan.device if device_plan else None)
+    plan = run_plan(config, point, device=device,
+                    device_reason=device_plan.why if device_plan else "decided by the launcher (no workflow plan)")
+    plan = plan.at(vocab_size=meta["vocab_size"], train_bin=Path(data_dir) / "train.bin", token_dtype=meta["dtype"],
+                   run_dir=run_dir, threads=threads, save_final_params=save_final_params, compile_warm_up=compile_warm_up)
+    model, accum = plan.model, plan.accumulation_steps
+    identity = point.identity(micro_batch=plan.micro_batch)
     if reason is None:
-        reason = skip_reason(device, point, plan, int((config.get("cluster") or {}).get("launchers_per_node", 1)),
+        reason = skip_reason(device, point, plan.launch, int((config.get("cluster") or {}).get("launchers_per_node", 1)),
                              train.fp8_emulate)
-    memory_plan = plan_memory(config, model, point, micro, device, accum)
+    memory_plan = plan_memory(config, plan)
     if reason is None and device == "cpu" and not config.get("planning", {}).get("launch_overcommitted", False):
         launchers_per_node = int((config.get("cluster") or {}).get("launchers_per_node", 1))
-        ranks_here = placement.ranks_per_node(plan, launchers_per_node) if placement.spans_nodes(plan) else None
+        ranks_here = placement.ranks_per_node(plan.launch, launchers_per_node) if placement.spans_nodes(plan.launch) else None
         reason = placement.overcommit_reason(point.world_size, threads, memory_plan["predicted_peak_bytes"],
                                              placement.host_memory_available(), ranks_here)
         if reason:
@@ -181,14 +188,13 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
         **identity,
         "dataset": meta["dataset"], "dataset_sha256_train": meta["sha256"]["train.bin"],
         "model_family": model.kind, "model_module": model.module,
-        **({"n_kv_heads": model.n_kv_heads or model.n_heads, "ffn_dim": ffn_dim(model),
-            "rope_base": model.rope_base} if model.kind == "llama" else {}),
+        **({} if model.module else family(model.family).own_columns(model)),  # the family's own keys, resolved
         "n_layers": model.n_layers, "d_model": model.d_model, "n_heads": model.n_heads,
         "seq_len": model.seq_len, "vocab_size": model.vocab_size, "tie_embeddings": model.tie_embeddings,
         "steps": train.steps, "warmup_steps": train.warmup_steps, "global_batch": train.global_batch,
         "accumulation_steps": accum, "seed": train.seed,
         "config_hash": config_hash(config), "requested_device": train.device, "device_type": device,
-        "planned_device_reason": device_plan.why if device_plan else "decided by the launcher (no workflow plan)",
+        "planned_device_reason": plan.device_reason,
         "threads": threads, "started_utc": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(timespec="seconds"),
         **git_provenance(Path(repo_dir)),
     }
@@ -202,15 +208,8 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
     elif memory_plan["predicted_oom_reason"] and not config.get("planning", {}).get("launch_predicted_oom", False):
         status, reason = "predicted_oom", memory_plan["predicted_oom_reason"]
     else:
-        spec = {
-            "run_dir": str(run_dir.resolve()), "device": device, "point": point.values(),
-            "train_bin": str((Path(data_dir) / "train.bin").resolve()),
-            "token_dtype": meta["dtype"], "model": model.__dict__, "train": train.__dict__,
-            "threads_per_rank": max(1, threads // point.world_size), "save_final_params": save_final_params,
-            "compile_warm_up": compile_warm_up, "calibration": read_calibration(calibration),
-        }
-        status, reason, records, launched = _run_workers(spec, run_dir, plan, config["cluster"], log_path,
-                                                         train.run_timeout_s, started)
+        plan = dataclasses.replace(plan, calibration=read_calibration(calibration))  # read only for a run that starts
+        status, reason, records, launched = _run_workers(plan, config["cluster"], log_path, started)
         summary.update(launched)
 
     summary.update(status=status, reason=reason, wall_time_s=time.time() - started)
@@ -228,24 +227,25 @@ def _remove_leftovers(run_dir: Path, resuming: bool) -> None:
         path.unlink(missing_ok=True)
 
 
-def _run_workers(spec: dict, run_dir: Path, plan: LaunchPlan, cluster: dict, log_path: Path, timeout_s: float,
-                 started: float) -> tuple[str, str | None, list[dict], dict]:
-    """Start the ranks on the spec, then read back what the workers left: (status, reason, step
-    records, summary fields: how the ranks were launched, what they measured)."""
-    spec_path = (run_dir / "spec.json").resolve()
-    write_json(spec_path, spec)
-    world_size = spec["point"]["world_size"]
-    env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads_per_rank"]), "PYTHONUNBUFFERED": "1"}
+def _run_workers(plan: RunPlan, cluster: dict, log_path: Path, started: float) -> tuple[str, str | None, list[dict], dict]:
+    """Start the ranks on the plan (written as spec.json: what each rank reads), then read back what the
+    workers left: (status, reason, step records, summary fields: how the ranks were launched, what they measured)."""
+    run_dir = Path(plan.run_dir)
+    spec_path = run_dir / SPEC_FILE
+    plan.write(spec_path)
+    world_size, launch = plan.point.world_size, plan.launch
+    env = {**os.environ, "OMP_NUM_THREADS": str(plan.threads_per_rank), "PYTHONUNBUFFERED": "1"}
     forkable = False
-    if placement.spans_nodes(plan):
-        cmd = torchrun_command(plan, world_size, spec_path, placement.srun_step_options(plan, spec["device"], cluster))
+    if placement.spans_nodes(launch):
+        cmd = torchrun_command(launch, world_size, spec_path, placement.srun_step_options(launch, plan.device, cluster))
         processes = [(cmd, placement.srun_environment(env))]
         launched = {"launch": "srun x torchrun (static rendezvous)", "launchers": plan.launchers}
     else:
         processes = local_rank_processes(world_size, spec_path, env)
         launched = {"launch": LOCAL_LAUNCH, "launchers": 1}
-        forkable = spec["device"] == "cpu"  # scalelab.run.prefork: CPU ranks only
-    status, reason, launched["teardown_warning"], forked = run_ranks(processes, log_path, timeout_s, run_dir, forkable)
+        forkable = plan.device == "cpu"  # scalelab.run.prefork: CPU ranks only
+    status, reason, launched["teardown_warning"], forked = run_ranks(processes, log_path, plan.train.run_timeout_s, run_dir,
+                                                                     forkable)
     if forked:
         launched["launch"] = prefork.FORKED_LAUNCH
     if status == "skipped":  # the workers' preflight: nothing ran, as with a skip decided here

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from scalelab.config import ModelConfig
-from scalelab.formulas.accounting import ffn_dim
+from scalelab.spec.families import family, llama_ffn_dim
 
 
 def cross_entropy_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -180,7 +180,7 @@ class GroupedQueryAttention(nn.Module):
 class SwiGLU(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        hidden = ffn_dim(cfg)
+        hidden = llama_ffn_dim(cfg)
         self.gate = nn.Linear(cfg.d_model, hidden, bias=False)
         self.up = nn.Linear(cfg.d_model, hidden, bias=False)
         self.down = nn.Linear(hidden, cfg.d_model, bias=False)
@@ -316,15 +316,11 @@ def build_user_model(cfg: ModelConfig) -> UserModel:
     return UserModel(*result, cfg)
 
 
-FAMILIES = {"gpt2": GPT, "llama": Llama}
-"""The built-in model families by the name a ``models:`` entry gives as ``family``."""
-
-
 def build_model(cfg: ModelConfig) -> nn.Module:
     """The model of a config: the user's module where one is named, else its family's class."""
     if cfg.module:
         return build_user_model(cfg)
-    return FAMILIES[cfg.family](cfg)
+    return load_builder(family(cfg.family).module)(cfg)  # the class its record names (scalelab.spec.families)
 
 
 def counted(cfg: ModelConfig, lora_rank: int | None = None) -> dict:

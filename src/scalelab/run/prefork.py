@@ -306,8 +306,7 @@ class _Server:
         # every module a CPU rank may import before its process group (whatever its stage, precision
         # and checkpointing), and FSDP2, which stages 2 and 3 import when they wrap the model
         early = {module for stage in STRATEGIES for precision in PRECISIONS for every in (0, 1)
-                 for module in worker.modules_this_run_imports(
-                     {"point": {"zero_stage": stage, "precision": precision}, "train": {"checkpoint_every": every}})}
+                 for module in worker.modules_this_run_imports(stage, precision, bool(every))}
         for module in sorted(early) + ["torch.distributed.fsdp"]:
             importlib.import_module(module)
         # what torch's imports set for themselves (TorchDynamo: TORCHINDUCTOR_CACHE_DIR): a launcher

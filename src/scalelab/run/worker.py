@@ -1,6 +1,6 @@
 """The training worker: one process per rank (``python -m scalelab.run.worker``), started by the launcher.
 
-It reads a run spec written by :mod:`scalelab.run.launch`, trains for ``train.steps`` steps,
+It reads the run's plan (scalelab.plan.run_plan, spec.json) written by :mod:`scalelab.run.launch`, trains for ``train.steps`` steps,
 and has rank 0 write ``worker_result.json`` (run-level measurements) and
 ``progress.jsonl`` (one line per step) into the run folder. The launcher turns those into
 the run's ``summary.json`` and ``steps.parquet``, and decides the status when a rank fails.
@@ -43,7 +43,8 @@ from scalelab.config import ModelConfig, TrainConfig
 from scalelab.formulas import accounting, predicted_columns
 from scalelab.io import write_json
 from scalelab.plan.placement import LAUNCHER_SLOT_ENV, gpu_index
-from scalelab.plan.sweep import RunPoint, micro_batch_plan
+from scalelab.plan.run_plan import RunPlan
+from scalelab.plan.sweep import RunPoint
 from scalelab.run.activations import SavedActivationMeter
 from scalelab.run.calibration import measure_matmul_peak, pin_this_rank
 from scalelab.run.calibration import peak_for as calibration_peak
@@ -167,6 +168,7 @@ class Fault:
 @dataclass
 class Run:
     """What one rank sets up before its first step and keeps for the whole run."""
+    plan: RunPlan  # what the launcher decided (scalelab.plan.run_plan)
     rank: int
     world_size: int
     run_dir: Path
@@ -251,21 +253,19 @@ def rank_device(requested: str) -> torch.device:
     return device
 
 
-def setup(spec: dict) -> Run:
-    """Everything before the first step: device, configs, model, strategy, scaler, sampler,
-    communication counter, resume from a checkpoint, progress file."""
+def setup(plan: RunPlan, rank_cores: str | None = None) -> Run:
+    """Everything before the first step: device, model, strategy, scaler, sampler, communication
+    counter, resume from a checkpoint, progress file; the rest is the plan's (scalelab.plan.run_plan)."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    run_dir = Path(spec["run_dir"])
-    device = rank_device(spec["device"])
-    model_cfg = ModelConfig(**spec["model"])
-    train_cfg = TrainConfig(**spec["train"])
-    point = RunPoint(**spec["point"])
-    micro, accum = micro_batch_plan(train_cfg, world_size, point.micro_batch)
+    run_dir = Path(plan.run_dir)
+    device = rank_device(plan.device)
+    model_cfg, train_cfg, point = plan.model, plan.train, plan.point
+    micro, accum = plan.micro_batch, plan.accumulation_steps
     fault = Fault.from_env()
     torch.backends.cuda.matmul.allow_tf32 = train_cfg.tf32  # CUDA's switches: no effect on a CPU (which tf32 refuses)
     torch.backends.cudnn.allow_tf32 = train_cfg.tf32
 
-    calibration = spec.get("calibration")  # the sweep's CPU peaks (scalelab.run.calibration), None outside the workflow
+    calibration = plan.calibration  # the sweep's CPU peaks (scalelab.run.calibration), None outside the workflow
     peak, peak_source = peak_flops(device, point.precision, train_cfg.tf32, train_cfg.peak_tflops, calibration)
     peak_bf16, peak_bf16_source = bf16_peak_flops(device, point.precision, train_cfg.tf32, (peak, peak_source),
                                                   train_cfg.peak_tflops, calibration)
@@ -286,23 +286,23 @@ def setup(spec: dict) -> Run:
     if point.compile:  # after checkpointing and fp8, before wrapping (torchtitan's order)
         apply_compile(model)
     blocks = list(model.blocks)
-    # The dtypes its collectives carry (scalelab.formulas.accounting.comm_dtypes): fp16 and bf16 gather in
-    # their compute dtype at stages 2 and 3 (FSDP2's MixedPrecisionPolicy); fp32 is FSDP2's default.
-    dtypes = accounting.comm_dtypes(point.precision, point.zero_stage, point.grad_reduce)
+    # The dtypes its collectives carry (the plan's, scalelab.formulas.accounting.comm_dtypes): fp16 and bf16
+    # gather in their compute dtype at stages 2 and 3 (FSDP2's MixedPrecisionPolicy); fp32 is FSDP2's default.
+    dtypes = plan.comm
     par = parallelize(model, point.zero_stage, device, train_cfg.lr, train_cfg.weight_decay,
                       bucket_mb=point.bucket_mb, cpu_offload=point.cpu_offload, replicas=point.replicas,
                       param_dtype=None if dtypes.param_gather in (None, "float32") else getattr(torch, dtypes.param_gather),
                       reduce_dtype=getattr(torch, dtypes.grad_reduce))
     scaler = grad_scaler(point.precision, device, train_cfg.fp16_init_scale)
-    sampler = BatchSampler(spec["train_bin"], spec["token_dtype"], model_cfg.seq_len, train_cfg.seed)
+    sampler = BatchSampler(plan.train_bin, plan.token_dtype, model_cfg.seq_len, train_cfg.seed)
     counter = CommCounter().install()
     start_step, progress = resume(run_dir, train_cfg, par, scaler, rank)
-    return Run(rank=rank, world_size=world_size, run_dir=run_dir, device=device, model_cfg=model_cfg,
+    return Run(plan=plan, rank=rank, world_size=world_size, run_dir=run_dir, device=device, model_cfg=model_cfg,
                train_cfg=train_cfg, point=point, micro=micro, accum=accum, fault=fault, peak=peak,
                peak_source=peak_source, peak_bf16=peak_bf16, peak_bf16_source=peak_bf16_source, n_params=n_params,
                param_bytes=param_bytes, fp8_linears=fp8_linears,
                blocks=blocks, par=par, scaler=scaler, sampler=sampler, counter=counter, start_step=start_step,
-               progress=progress, n_trainable=n_trainable, rank_cores=spec.get("rank_cores"))
+               progress=progress, n_trainable=n_trainable, rank_cores=rank_cores)
 
 
 def resume(run_dir: Path, train_cfg: TrainConfig, par: Parallelized, scaler: torch.amp.GradScaler,
@@ -419,12 +419,12 @@ class Unsupported(RuntimeError):
     (scalelab.run.ranks.classify_failure)."""
 
 
-def train(spec: dict) -> None:
+def train(plan: RunPlan, rank_cores: str | None = None) -> None:
     """Set up, run the steps this attempt has left, and have rank 0 write the results."""
-    run = setup(spec)
+    run = setup(plan, rank_cores)
     cfg = run.train_cfg
     tally = Tally()
-    if run.point.compile and spec.get("compile_warm_up", True):
+    if run.point.compile and plan.compile_warm_up:
         tally.compile_time_s, tally.compile_graphs = compile_warm_up(run)
     graphs_before_loop = compiled_graphs()
     if run.device.type == "cuda":
@@ -440,7 +440,7 @@ def train(spec: dict) -> None:
         raise
     if tracer.memory and cfg.profile is None:
         tracer.dump_memory()  # no traced steps to dump after: the whole run's history
-    if spec.get("save_final_params"):
+    if plan.save_final_params:
         save_final_params(run)  # the trained model: before any timing step moves it
     tally.timing_steps = extend_measurement(run, tally)
     tally.half_batch_step_times = measure_token_share(run, tally)
@@ -720,8 +720,7 @@ def model_state_columns(run: Run, all_held: list[dict]) -> dict:
 def comm_columns(run: Run, counted: dict, rank_hosts: list[str], n_measured: int) -> dict:
     """Rank 0's collectives per measured step, counted, in all and per link: traffic per link (issue #28)
     by the hosts its groups' ranks ran on (the formulas: scalelab.formulas.predicted_columns)."""
-    point = run.point
-    dtypes = accounting.comm_dtypes(point.precision, point.zero_stage, point.grad_reduce)
+    dtypes = run.plan.comm
     measured_links = bytes_by_link(counted["by_group"], rank_hosts)
     return {
         "comm_calls_per_step": {k: v / n_measured for k, v in counted["calls"].items()},
@@ -760,14 +759,14 @@ def machine_id() -> str | None:
         return None
 
 
-def pin_cpu_rank(spec: dict) -> str | None:
+def pin_cpu_rank(plan: RunPlan) -> str | None:
     """A CPU rank takes its own cores (its launcher's allowed cores split by local rank) before
     torch's intra-op threads start, which inherit the affinity: ranks neither share a core nor
     migrate. Returns the launcher's core plan the row states (``rank_cores``); None on a GPU."""
-    if spec["device"] != "cpu":
+    if plan.device != "cpu":
         return None
     return pin_this_rank(int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
-                         int(spec["threads_per_rank"]), int(os.environ.get(LAUNCHER_SLOT_ENV) or 0))
+                         plan.threads_per_rank, int(os.environ.get(LAUNCHER_SLOT_ENV) or 0))
 
 
 def environment(device: torch.device, rank_cores: str | None) -> dict:
@@ -786,58 +785,57 @@ def environment(device: torch.device, rank_cores: str | None) -> dict:
     }
 
 
-def preflight(spec: dict) -> bool:
+def preflight(plan: RunPlan) -> bool:
     """Whether this device cannot run this point's precision; if so, this rank says why in its
     error file (type Unsupported: the launcher records the run `skipped` with the reason) before
     any process group exists. The launcher checks what it can without importing torch
     (scalelab.run.launch.skip_reason); this check needs torch, so a CPU run's is made here."""
-    reason = unsupported_reason(spec["point"]["precision"], torch.device(spec["device"]),
-                                bool(spec["train"].get("fp8_emulate")))
+    reason = unsupported_reason(plan.point.precision, torch.device(plan.device), plan.train.fp8_emulate)
     if reason is None:
         return False
     rank = int(os.environ.get("RANK", 0))
-    write_json(Path(spec["run_dir"]) / f"rank{rank}.error.json", {
+    write_json(Path(plan.run_dir) / f"rank{rank}.error.json", {
         "rank": rank, "type": Unsupported.__name__, "message": reason, "time": time.time(), "traceback": ""})
     if rank == 0:
         print(f"scalelab worker: not run: {reason}", flush=True)
     return True
 
 
-def modules_this_run_imports(spec: dict) -> list[str]:
+def modules_this_run_imports(zero_stage: int, precision: str, checkpointing: bool) -> list[str]:
     """The heavy modules this run's code imports on its way to the first step, to import before
     the process group exists. Imported for the first time deeper down (TorchDynamo from DDP's
     constructor or FSDP2, torch 2.13; ZeroRedundancyOptimizer's package once DDP is built; DCP in
     resume(), the fp16 loss scaler), they left the process group referenced after destroy_process_group() (shutdown()'s
     warning in the run's log, measured on stages 0, 1 and 3); imported here they cost no more."""
     modules = ["torch._dynamo"]
-    if strategy(spec["point"]["zero_stage"]).wrapper == "parallelize_zero1":
+    if strategy(zero_stage).wrapper == "parallelize_zero1":
         modules.append("torch.distributed.optim")
-    if precision_record(spec["point"]["precision"]).loss_scaling:
+    if precision_record(precision).loss_scaling:
         modules.append("torch.distributed.fsdp.sharded_grad_scaler")  # scalelab.run.precision.grad_scaler
-    if spec["train"].get("checkpoint_every"):
+    if checkpointing:
         modules.append("scalelab.run.checkpoint")
     return modules
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="scalelab training worker (one rank; started by scalelab.run.launch)")
-    parser.add_argument("--spec", required=True, help="run spec JSON written by scalelab.run.launch")
+    parser.add_argument("--spec", required=True, help="the run's plan (spec.json) written by scalelab.run.launch")
     args = parser.parse_args(argv)
-    spec = json.loads(Path(args.spec).read_text())
-    spec["rank_cores"] = pin_cpu_rank(spec)  # what the run's row states; set before the threads start
-    torch.set_num_threads(int(spec["threads_per_rank"]))
-    if preflight(spec):
+    plan = RunPlan.read(args.spec)
+    rank_cores = pin_cpu_rank(plan)  # what the run's row states; set before the threads start
+    torch.set_num_threads(plan.threads_per_rank)
+    if preflight(plan):
         return 3
-    for module in modules_this_run_imports(spec):
+    for module in modules_this_run_imports(plan.point.zero_stage, plan.point.precision, bool(plan.train.checkpoint_every)):
         importlib.import_module(module)
-    backend = "nccl" if spec["device"] == "cuda" else "gloo"
-    timeout = datetime.timedelta(seconds=float(spec["train"]["collective_timeout_s"]))
+    backend = "nccl" if plan.device == "cuda" else "gloo"
+    timeout = datetime.timedelta(seconds=float(plan.train.collective_timeout_s))
     dist.init_process_group(backend, timeout=timeout)
     rank = dist.get_rank()
     try:
-        train(spec)
+        train(plan, rank_cores)
     except BaseException as err:
-        write_json(Path(spec["run_dir"]) / f"rank{rank}.error.json", {
+        write_json(Path(plan.run_dir) / f"rank{rank}.error.json", {
             "rank": rank, "type": type(err).__name__, "message": str(err)[:4000], "time": time.time(),
             "traceback": traceback.format_exc()[-8000:],
         })

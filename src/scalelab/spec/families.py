@@ -1,0 +1,325 @@
+"""The model families, one record each: what a family is (its ``nn.Module`` class, named by import
+path so this module imports no torch), the config keys only it takes, and its shape formulas:
+parameters, the block's matmul weights, the activations its blocks and loss path keep, the
+parameter tensors its strategies communicate, its LoRA targets, and the same in words for the
+report. scalelab.formulas.accounting, the config's checks, the result columns, the estimates, the
+report and the worker read these records; nothing else branches on a family's name.
+
+Adding a family touches its record here, its ``nn.Module`` (the class ``module`` names), its
+presets (scalelab.spec.presets) and the schema's ``family`` enum (a test pins the enum to
+:data:`FAMILIES`). A family with config keys of its own also adds them to ModelConfig and to the
+result columns.
+
+Shapes: ``cfg`` is a scalelab.config.ModelConfig (read by attribute); s = T the sequence length,
+b the micro-batch, h = d the width, L the blocks, H the heads, kv = key/value heads x head width
+(grouped-query attention), f the MLP width, V the vocabulary, w the compute width in bytes.
+A user's own module (ModelConfig.module) is no family: it has no formula (accounting says so).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ActivationCase:
+    """What decides a block's saved tensors besides its shape (scalelab.formulas.accounting builds it
+    from the run's precision, stage and levers)."""
+
+    micro_batch: int
+    width: int
+    """w: bytes per value of the compute dtype."""
+    amp: bool
+    """Autocast over fp32 parameters (fp16, bf16, fp8 where the parameters stay fp32)."""
+    sixteen_bit_params: bool
+    """fp16 and bf16 at stages 2 and 3: FSDP2's MixedPrecisionPolicy hands the blocks 16-bit parameters."""
+    checkpointing: bool
+    """Per-block activation checkpointing: each block keeps its input only."""
+    gpu: bool
+    """On a CUDA device (its kernels save differently from the CPU's for some ops)."""
+    compiled: bool
+    """The blocks under torch.compile: what AOTAutograd's min-cut partitioner saves."""
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    description: str
+    """One line: what sets it apart (the result column model_family and the docs)."""
+    module: str
+    """``pkg.mod:Class``: the ``nn.Module`` built with the ModelConfig (scalelab.run.model.build_model)."""
+    own_keys: tuple[str, ...]
+    """ModelConfig keys only this family reads (a ``models:`` entry of another family may not set them)."""
+    untied_head: bool
+    """True: the output head is never tied to the embedding, whatever ``tie_embeddings`` says."""
+    block_matmul_params: Callable
+    """cfg -> weights of one block's matrix products."""
+    block_other_params: Callable
+    """cfg -> one block's parameters outside matrix products (norms, biases)."""
+    outside_params: Callable
+    """cfg -> every parameter outside the blocks (embeddings, final norm, an untied head)."""
+    parameter_tensors: Callable
+    """cfg -> the model's parameter tensors (the units FSDP2 and DDP's buckets move)."""
+    mlp_width: Callable
+    """cfg -> the MLP's hidden width f."""
+    kv_heads: Callable
+    """cfg -> key/value heads (the query heads where attention is not grouped)."""
+    block_activation_bytes: Callable
+    """(cfg, ActivationCase) -> bytes every block keeps for backward, one micro-batch."""
+    outside_block_bytes: Callable
+    """(cfg, ActivationCase) -> what the final norm, the head's input and the position ids keep."""
+    lora_targets: Callable
+    """cfg -> {linear's path in a block: (d_in, d_out)}: the linears LoRA adapts."""
+    own_columns: Callable
+    """cfg -> the family's own result columns (its own keys, resolved: scalelab.plan.columns)."""
+    formulas: dict[str, str] = field(default_factory=dict)
+    """The report's words for parameters, flops, activations and recompute (scalelab.report.formulas)."""
+    shape_problem: Callable = lambda cfg: None
+    """cfg -> (key, message) where the shape cannot be built, else None (scalelab.plan.validation)."""
+    compiled_unmodelled: Callable = lambda cfg, case: False
+    """(cfg, ActivationCase) -> True where the compiled partition of the blocks is not modelled (the
+    eager figure stands as an upper bound: scalelab.formulas.accounting.activation_bound)."""
+
+
+def head_width(cfg) -> int:
+    return cfg.d_model // cfg.n_heads
+
+
+# ----------------------------------------------------------------------------- gpt2
+def _gpt2_block_activations(cfg, case: ActivationCase) -> float:
+    """GPT-2's blocks (the terms scalelab.formulas.accounting.block_activation_bytes derives): 16 s b h
+    values per layer at w; under autocast the fp32 residual stream and LayerNorm inputs and the w-byte
+    weight copies; compiled, the partitioner's set (LayerNorm statistics, the attention logsumexp and,
+    on a GPU, flash attention's RNG state); with checkpointing the block input alone."""
+    s, b, h, L, w = cfg.seq_len, case.micro_batch, cfg.d_model, cfg.n_layers, case.width
+    residual_width = 4 if case.amp else w
+    if case.checkpointing:
+        return L * s * b * h * residual_width
+    per_layer = 16 * s * b * h * w
+    if case.compiled:  # what the partitioner saves
+        stats_width = 4 if case.gpu else residual_width  # CUDA's LayerNorm keeps fp32 mean and rstd for 16-bit inputs
+        flash_rng = 16 if case.gpu else 0  # flash attention's philox seed and offset, two int64 scalars
+        per_layer += 2 * 2 * stats_width * s * b + 4 * b * cfg.n_heads * s + flash_rng
+        if case.amp:
+            per_layer += s * b * h * (4 - w) + 2 * _gpt2_matmul(cfg)
+        return L * per_layer
+    if case.amp:
+        per_layer += 2 * s * b * h * (4 - w) + 2 * _gpt2_matmul(cfg)
+    return L * per_layer
+
+
+def _gpt2_outside(cfg, case: ActivationCase) -> float:
+    """The final LayerNorm's input (the residual stream: fp32, or w with 16-bit parameters) with its mean
+    and rstd, the head's input at w (and autocast's 16-bit copy of the head weight), the positions."""
+    b, t, c, v, w = case.micro_batch, cfg.seq_len, cfg.d_model, cfg.vocab_size, case.width
+    final_norm = (w if case.sixteen_bit_params else 4) * b * t * c + 2 * 4 * b * t
+    head = w * b * t * c + (2 * v * c if case.amp else 0)
+    return float(final_norm + head + 8 * t)
+
+
+def _gpt2_matmul(cfg) -> int:
+    return 12 * cfg.d_model * cfg.d_model  # qkv 3 d^2, proj d^2, MLP 8 d^2
+
+
+_GPT2_LORA = {"attn.qkv": (1, 3), "attn.proj": (1, 1), "mlp.fc": (1, 4), "mlp.proj": (4, 1)}
+"""Every block's attention (qkv, proj) and MLP (fc, proj) linears, in units of d (the common choice)."""
+
+GPT2 = Family(
+    name="gpt2",
+    description="LayerNorm, GELU MLP of 4d, learned positions, full attention, tied head by default",
+    module="scalelab.run.model:GPT",
+    own_keys=(),
+    untied_head=False,
+    block_matmul_params=_gpt2_matmul,
+    block_other_params=lambda cfg: 13 * cfg.d_model,  # biases and two LayerNorms
+    outside_params=lambda cfg: (cfg.vocab_size * cfg.d_model + cfg.seq_len * cfg.d_model + 2 * cfg.d_model
+                                + (0 if cfg.tie_embeddings else cfg.vocab_size * cfg.d_model)),
+    # 12 per block (qkv, proj, fc, proj and their biases, two LayerNorms) + wte, wpe, ln_f (+ an untied head)
+    parameter_tensors=lambda cfg: 12 * cfg.n_layers + 4 + (0 if cfg.tie_embeddings else 1),
+    mlp_width=lambda cfg: 4 * cfg.d_model,
+    kv_heads=lambda cfg: cfg.n_heads,
+    block_activation_bytes=_gpt2_block_activations,
+    outside_block_bytes=_gpt2_outside,
+    lora_targets=lambda cfg: {name: (i * cfg.d_model, o * cfg.d_model) for name, (i, o) in _GPT2_LORA.items()},
+    own_columns=lambda cfg: {},
+    formulas={
+        "parameters": "Ψ = V·d + T·d + L·(12d² + 13d) + 2d (+ V·d if the head is untied)",
+        "flops": "6·(12·L·d² + V·d) + 12·L·d·T",
+        "activations": ("scaled_dot_product_attention never stores the a·s² scores and there is no dropout, which leaves "
+                        "16·s·b·h values per layer; under autocast (fp16, bf16, fp8) the residual stream and LayerNorm inputs "
+                        "stay fp32 and the 16-bit copies of the 12·d² block weights are kept"),
+        "recompute": "24·L·d² + 4·L·d·T",
+    },
+)
+
+
+# ----------------------------------------------------------------------------- llama
+def llama_ffn_dim(cfg) -> int:
+    """The SwiGLU hidden size: ``ffn_dim``, or Meta's rule: 2/3 of 4d, rounded up to a multiple of
+    256 (4096 -> 11008, Llama 2 7B's)."""
+    if cfg.ffn_dim is not None:
+        return cfg.ffn_dim
+    hidden = int(2 * 4 * cfg.d_model / 3)
+    return 256 * ((hidden + 255) // 256)
+
+
+def _llama_kv_dim(cfg) -> int:
+    return (cfg.n_kv_heads or cfg.n_heads) * head_width(cfg)
+
+
+def _llama_matmul(cfg) -> int:
+    d = cfg.d_model
+    return 2 * d * d + 2 * d * _llama_kv_dim(cfg) + 3 * d * llama_ffn_dim(cfg)  # q, o; k, v; gate, up, down
+
+
+def _llama_math_attention(cfg, case: ActivationCase) -> bool:
+    """fp32 grouped-query attention on a GPU: SDPA's math path (no fused kernel takes fp32 with
+    enable_gqa), which keeps the attention probabilities."""
+    return case.gpu and case.width == 4 and _llama_kv_dim(cfg) < cfg.d_model
+
+
+def _llama_block_activations(cfg, case: ActivationCase) -> float:
+    """What the llama family's blocks keep for backward, one micro-batch, in bytes. Measured term
+    by term with autograd's saved-tensor hooks (torch 2.13, CPU):
+
+    * per RMSNorm (torch.nn.RMSNorm, computed in fp32): its fp32 input and x rstd (the latter
+      saved for the weight's gradient), and rstd (4 s b); in fp32 also its output, which the
+      next linears save; under autocast (fp32 parameters) the linears save their own w-byte
+      casts of it instead (one each: q, k, v after the first norm, gate and up after the
+      second); with 16-bit parameters (fp16 and bf16 at stages 2, 3) the norm upcasts its input
+      to fp32 and returns w bytes, which the linears share. The block input is counted once;
+    * attention: the rotated q (s b h) and k (s b kv), v (s b kv) and the output (s b h) at w,
+      and scaled_dot_product_attention's fp32 logsumexp (4 b H s); the rotation's cos and sin:
+      the fp32 tables once for all blocks, or their w-byte casts in every block (autocast: the
+      cast to q's dtype; 16-bit parameters: FSDP2 casts the block's inputs);
+    * SwiGLU: gate's output (silu's input), silu's output, up's output and the product (down's
+      input): 4 s b f values at w;
+    * autocast with fp32 parameters: the w-byte copies of the block's matmul weights.
+
+    So per layer, fp32: 4 (8 s b h + 2 s b kv + 4 s b f); autocast: (16 + 5w + 2w) s b h + 2w s b kv
+    + 4w s b f + 2 P; 16-bit parameters: (3w + 16 + 2w) s b h + 2w s b kv + 4w s b f; each + 8 s b
+    + 4 b H s. With per-block checkpointing each block keeps its input (s b h at the residual's
+    width) and the cos and sin it is handed. fp8 (Float8Linear's own casts) is predicted as bf16.
+
+    On a GPU (measured on an H100, torch 2.11) RMSNorm is one fused kernel that keeps its input and
+    rstd only, not x rstd: 8 s b h bytes less per layer (fp32 and autocast), and with 16-bit
+    parameters the norms keep their w-byte inputs and outputs (4w s b h); and fp32 grouped-query
+    attention has no fused kernel there (flash takes 16-bit inputs, the memory-efficient kernel no
+    enable_gqa), so SDPA's math path keeps the attention probabilities (4 b H s^2) and k and v
+    repeated to H heads (+ 2w s b (h - kv)), and no logsumexp.
+
+    Compiled (torch.compile, read from the min-cut partitioner's saved tensors): RMSNorm is
+    decomposed into the graph (on a GPU too), which keeps the block input at the residual's width r
+    (4, or w with 16-bit parameters), each norm's rstd (4 s b) and its w-byte output (once: the
+    linears share it), the rotated q and k, v, the attention output and the o projection's output
+    (the second norm's input x + attn is recomputed), the logsumexp, and of SwiGLU gate's and up's
+    outputs and their product (silu's output is recomputed); autocast's weight copies and the RoPE
+    tables as in eager: (r + 5w) s b h + 2w s b kv + 3w s b f + 8 s b + 4 b H s per layer (+ 2 P
+    under autocast). Per-block checkpointing: as in eager. fp32 grouped-query attention on a GPU
+    (SDPA's math path, traced into the graph) is not modelled: the eager figure, an upper bound.
+    """
+    s, b, h, L, heads = cfg.seq_len, case.micro_batch, cfg.d_model, cfg.n_layers, cfg.n_heads
+    kv, f, head_dim = _llama_kv_dim(cfg), llama_ffn_dim(cfg), head_width(cfg)
+    w, sixteen, amp, gpu = case.width, case.sixteen_bit_params, case.amp, case.gpu
+    rope_once, rope_per_layer = (0.0, 2 * s * head_dim * w) if (amp or sixteen) else (2 * s * head_dim * 4, 0.0)
+    if case.checkpointing:
+        residual = w if sixteen else 4
+        rope_once, rope_per_layer = (0.0, rope_per_layer) if sixteen else (2 * s * head_dim * 4, 0.0)
+        return L * (s * b * h * residual + rope_per_layer) + rope_once
+    if case.compiled and not _llama_math_attention(cfg, case):
+        residual = w if sixteen else 4
+        per_layer = ((residual + 5 * w) * s * b * h + 2 * w * s * b * kv + 3 * w * s * b * f
+                     + 8 * s * b + 4 * b * heads * s + rope_per_layer)
+        if amp:
+            per_layer += 2 * _llama_matmul(cfg)
+        return L * per_layer + rope_once
+    if sixteen:
+        norms = 4 * w if gpu else 3 * w + 16
+    elif amp:
+        norms = (8 if gpu else 16) + 5 * w
+    else:
+        norms = 16 if gpu else 24
+    attention = 4 * b * heads * s  # the logsumexp of the fused kernels (flash; CPU's for every dtype)
+    if _llama_math_attention(cfg, case):
+        attention = 4 * b * heads * s * s + 2 * w * s * b * (h - kv)
+    per_layer = ((norms + 2 * w) * s * b * h + 2 * w * s * b * kv + 4 * w * s * b * f
+                 + 8 * s * b + attention + rope_per_layer)
+    if amp:
+        per_layer += 2 * _llama_matmul(cfg)
+    return L * per_layer + rope_once
+
+
+def _llama_outside(cfg, case: ActivationCase) -> float:
+    """The final RMSNorm keeps its fp32 input (or upcast) and x rstd (8 B T C) and rstd (4 B T); the
+    head's input: the norm's output at w (fp32, 16-bit parameters) or autocast's w-byte cast of it,
+    with the 16-bit copy of the untied head weight under autocast; no positions (on a GPU the fused
+    RMSNorm keeps its input only: 4 B T C, or w B T C with 16-bit parameters)."""
+    b, t, c, v, w = case.micro_batch, cfg.seq_len, cfg.d_model, cfg.vocab_size, case.width
+    head = w * b * t * c + (2 * v * c if case.amp else 0)
+    norm = ((w if case.sixteen_bit_params else 4) if case.gpu else 8) * b * t * c + 4 * b * t
+    return float(norm + head)
+
+
+def _llama_lora(cfg) -> dict[str, tuple[int, int]]:
+    """The four attention projections and the three SwiGLU ones (PEFT's q_proj ... down_proj)."""
+    d, kv, f = cfg.d_model, _llama_kv_dim(cfg), llama_ffn_dim(cfg)
+    return {"attn.q": (d, d), "attn.k": (d, kv), "attn.v": (d, kv), "attn.o": (d, d),
+            "mlp.gate": (d, f), "mlp.up": (d, f), "mlp.down": (f, d)}
+
+
+def _llama_shape_problem(cfg):
+    kv = cfg.n_kv_heads or cfg.n_heads
+    if cfg.n_heads % kv:
+        return "n_kv_heads", (f"n_kv_heads={kv} does not divide n_heads={cfg.n_heads} (each key/value head serves "
+                              "the same number of query heads)")
+    if head_width(cfg) % 2:
+        return "n_heads", (f"the head width d_model/n_heads={head_width(cfg)} is odd; rotary embeddings rotate pairs "
+                           "of values (make it even)")
+    return None
+
+
+LLAMA = Family(
+    name="llama",
+    description="RMSNorm, SwiGLU, RoPE, grouped-query attention, untied head",
+    module="scalelab.run.model:Llama",
+    own_keys=("n_kv_heads", "ffn_dim", "rope_base"),
+    untied_head=True,
+    block_matmul_params=_llama_matmul,
+    block_other_params=lambda cfg: 2 * cfg.d_model,  # two RMSNorm weights, no biases
+    outside_params=lambda cfg: 2 * cfg.vocab_size * cfg.d_model + cfg.d_model,  # embedding, head, final norm
+    parameter_tensors=lambda cfg: 9 * cfg.n_layers + 3,  # 7 linears and 2 norms per block + wte, norm, head
+    mlp_width=llama_ffn_dim,
+    kv_heads=lambda cfg: cfg.n_kv_heads or cfg.n_heads,
+    block_activation_bytes=_llama_block_activations,
+    outside_block_bytes=_llama_outside,
+    lora_targets=_llama_lora,
+    own_columns=lambda cfg: {"n_kv_heads": cfg.n_kv_heads or cfg.n_heads, "ffn_dim": llama_ffn_dim(cfg),
+                             "rope_base": cfg.rope_base},
+    formulas={
+        "parameters": "Ψ = 2·V·d + L·(2d² + 2·d·kv + 3·d·f + 2d) + d (kv = key/value heads × head size, f the SwiGLU "
+                      "width; untied head, no position embedding)",
+        "flops": "6·(L·(2d² + 2·d·kv + 3·d·f) + V·d) + 12·L·d·T (grouped-query attention still takes every query "
+                 "head's dot products)",
+        "activations": ("RMSNorm, the rotated q and k, v, SwiGLU's gate, up and product, and the fused attention's "
+                        "log-sum-exp (scalelab.spec.families, the llama record; on a GPU fp32 grouped-query "
+                        "attention runs SDPA's math path and keeps the a·s² probabilities)"),
+        "recompute": "2·L·(2d² + 2·d·kv + 3·d·f) + 4·L·d·T",
+    },
+    shape_problem=_llama_shape_problem,
+    compiled_unmodelled=_llama_math_attention,
+)
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (GPT2, LLAMA)}
+"""The built-in model families by the name a ``models:`` entry gives as ``family``."""
+DEFAULT_FAMILY = GPT2.name
+"""``model.family``'s default, and the family of every run recorded before families were."""
+OWN_KEYS = tuple(dict.fromkeys(key for f in FAMILIES.values() for key in f.own_keys))
+"""Every family's own ModelConfig keys, in record order."""
+
+
+def family(name: str) -> Family:
+    """The record of a family name (ValueError naming the known ones)."""
+    if name not in FAMILIES:
+        raise ValueError(f"unknown model family {name!r}: {', '.join(FAMILIES)}")
+    return FAMILIES[name]
