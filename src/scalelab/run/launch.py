@@ -239,7 +239,7 @@ def _run_workers(plan: RunPlan, cluster: dict, log_path: Path, started: float) -
     if placement.spans_nodes(launch):
         cmd = torchrun_command(launch, world_size, spec_path, placement.srun_step_options(launch, plan.device, cluster))
         processes = [(cmd, placement.srun_environment(env))]
-        launched = {"launch": "srun x torchrun (static rendezvous)", "launchers": plan.launchers}
+        launched = {"launch": "srun x torchrun (static rendezvous)", "launchers": launch.launchers}
     else:
         processes = local_rank_processes(world_size, spec_path, env)
         launched = {"launch": LOCAL_LAUNCH, "launchers": 1}
