@@ -8,7 +8,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 CORES ?= all
 
-.PHONY: setup run test test-fast report browser slurm clean-results gpu-bundle gpu-check
+.PHONY: setup run test test-fast lint report browser slurm clean-results gpu-bundle gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,11 +37,17 @@ TEST_WORKERS ?= 2
 test: setup
 	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=30
 
-# The unit tier (pyproject.toml's markers): tests that start no process (no run, no Snakemake, no
-# CLI in a subprocess), checked by tests/conftest.py. Whole files per worker would leave one worker
-# with the biggest file: unit tests are independent, so they are dealt out one by one.
+# The unit tier, tests/unit/ (a test's tier is its folder: tests/<tier>/): tests that start no process
+# (no run, no Snakemake, no CLI in a subprocess), checked by tests/conftest.py. Whole files per worker
+# would leave one worker with the biggest file: unit tests are independent, so they are dealt out one by one.
 test-fast: setup
 	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) -m unit --durations=10
+
+# What CI checks before any test (seconds): the code style, the workflow's own lint, the import layers.
+lint: setup
+	$(VENV)/bin/ruff check src tests workflow
+	$(VENV)/bin/snakemake --lint --cores 1
+	$(VENV)/bin/lint-imports --no-cache
 
 report: setup
 	$(VENV)/bin/snakemake --cores $(CORES) report

@@ -1,23 +1,14 @@
-"""Shared fixtures; the helpers themselves live in scalelab.harness.testing (the fault drills use them too)."""
+"""The suite's fixtures and hooks: a test's tier is its folder (tests/<tier>/), the costliest work first,
+a unit test starts no program. The helpers tests share are in tests/support (``from support import``)."""
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
-from scalelab.harness import REPO_ROOT as REPO  # noqa: F401
-from scalelab.harness.testing import BIN, SNAKEMAKE, tiny_config, write_workdir  # noqa: F401
-from scalelab.harness.testing import run_snakemake as snakemake  # noqa: F401
-from scalelab.plan.columns import IDENTITY as COLUMNS_IDENTITY
-from scalelab.plan.columns import steps_problems, summary_problems
-from scalelab.run.launch import launch_run
-
-PARITY_STEPS = 10
-
+from support import tiny_config
 
 _PREFORK_SERVER = []
 
@@ -40,6 +31,15 @@ def pytest_sessionfinish(session):
         stop_server(_PREFORK_SERVER.pop())
 
 
+@pytest.fixture
+def fixture_results(tmp_path):
+    """A synthetic results folder (scalelab.harness.fixtures): 30 runs of 40 steps, Parquet alone."""
+    from scalelab.harness.fixtures import synthetic_results
+
+    synthetic_results(tmp_path, n_runs=30, n_steps=40)
+    return tmp_path
+
+
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
     """A prepared synthetic dataset (byte tokens) shared by the training tests."""
@@ -51,126 +51,51 @@ def tiny_data(tmp_path_factory) -> Path:
     return out
 
 
-def suite_calibration(tiny_data: Path) -> Path:
-    """This worker's CPU peak record for one-thread ranks (scalelab.run.calibration), measured once, in
-    process, beside the shared data. A run a test launches outside the workflow otherwise times
-    its own matmuls at start (its dtype's and bf16's, ~0.3-1 s of every run), which no test reads.
-    A rank of another thread count (world size 1: two threads here) still measures its own, so that
-    path stays exercised. In process, not scalelab.run.calibration.ensure_calibration's subprocess: unit
-    tests reach this through run_point (points that are skipped, never launched) and start no process."""
-    path = tiny_data.parent / "cpu-calibration.json"
-    if not path.exists():
-        import torch
-
-        from scalelab.run.calibration import write_calibration
-
-        threads = torch.get_num_threads()
-        try:
-            write_calibration(path, threads=1)
-        finally:
-            torch.set_num_threads(threads)  # this process's own tests keep theirs
-    return path
 
 
-def run_point(tmp_path, tiny_data, point, cfg=None, fault=None, **kwargs):
-    """Launch one sweep point for real (torchrun, gloo); return (summary, steps table, run folder).
-    fault: a SCALELAB_FAULT spec for this run only."""
-    # Parity runs up to world size 4 on 2 cores: correctness, not measurement, so over-commit is allowed.
-    cfg = cfg or tiny_config(train={"steps": PARITY_STEPS, "warmup_steps": 2}, planning={"launch_overcommitted": True})
-    kwargs.setdefault("calibration", suite_calibration(tiny_data))
-    run_dir = tmp_path / point.path
-    old = os.environ.pop("SCALELAB_FAULT", None)
-    if fault:
-        os.environ["SCALELAB_FAULT"] = fault
-    try:
-        summary = launch_run(cfg, point, tiny_data, run_dir, tmp_path / f"{point.run_id}.log", threads=2, **kwargs)
-    finally:
-        os.environ.pop("SCALELAB_FAULT", None)
-        if old is not None:
-            os.environ["SCALELAB_FAULT"] = old
-    assert json.loads((run_dir / "summary.json").read_text()) == json.loads(json.dumps(summary, default=str))
-    # no deprecation warning of the project's making between the progress lines and the status
-    log = (tmp_path / f"{point.run_id}.log").read_text()
-    assert "deprecated" not in log, [line for line in log.splitlines() if "deprecated" in line]
-    steps = pq.read_table(run_dir / "steps.parquet")
-    # Every real run of the suite against the column table (scalelab.plan.columns). A compiled run
-    # without its warm-up (tests only) has no compile time, which the table says it has.
-    if kwargs.get("compile_warm_up", True):
-        assert summary_problems(summary) == [], (point.run_id, summary_problems(summary))
-        identity = {c.name: summary[c.name] for c in COLUMNS_IDENTITY}
-        assert steps_problems(steps, identity) == [], (point.run_id, steps_problems(steps, identity))
-    return summary, steps.to_pandas(), run_dir
 
 
-def strategy_steps(out: Path, world_size: int, *args: str, timeout_s: float = 180, script: str = "strategy_steps.py"):
-    """Run tests/ranks/<script> (strategy_steps.py unless said) on world_size real ranks (gloo) with
-    these arguments; what rank 0 wrote to out, or an assertion with the ranks' output tails."""
-    import subprocess
-    import sys
-
-    from scalelab.run.ranks import free_port
-
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world_size),
-           "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
-    procs = [subprocess.Popen([sys.executable, str(REPO / "tests" / "ranks" / script), "--out", str(out), *args],
-                              env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(world_size)]
-    logs = []
-    try:
-        for proc in procs:
-            logs.append(proc.communicate(timeout=timeout_s)[0])
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
-    return json.loads(out.read_text())
 
 
-def planned_jobs(dry_run_output: str) -> list[dict]:
-    """The jobs of a `snakemake -n` printout: rule, wildcards and resources of each."""
-    jobs = []
-    for block in re.split(r"^(?:localrule|rule) ", dry_run_output, flags=re.M)[1:]:
-        job = {"rule": block.split(":", 1)[0], "wildcards": {}, "resources": {}}
-        threads = re.search(r"^\s+threads: (\d+)$", block, flags=re.M)
-        job["threads"] = int(threads.group(1)) if threads else 1
-        for key in ("wildcards", "resources"):
-            line = re.search(rf"^\s+{key}: (.*)$", block, flags=re.M)
-            if line:
-                job[key] = dict(item.split("=", 1) for item in line.group(1).split(", "))
-        jobs.append(job)
-    return jobs
 
 
-def path_without(tool: str, *first: Path) -> str:
-    """PATH with `first` in front and no folder holding `tool` (simulates a machine without it)."""
-    folders = [str(f) for f in first] + [d for d in os.environ["PATH"].split(os.pathsep)
-                                          if d and not (Path(d) / tool).exists()]
-    return os.pathsep.join(folders)
 
 
 # ---- Test tiers by cost (pyproject.toml registers them; `make test-fast` runs `-m unit`) ----
 TIERS = ("unit", "run", "workflow", "cluster", "browser", "gpu")
+TESTS = Path(__file__).resolve().parent
+
+
+def folder_tier(path: Path) -> str | None:
+    """The tier a test file's folder names (tests/<tier>/test_*.py), or None outside one."""
+    return path.parent.name if path.parent.parent == TESTS and path.parent.name in TIERS else None
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_make_collect_report(collector):
-    """Every test carries exactly one tier marker, so a new test cannot slip out of `make test-fast`'s
-    accounting (untiered) nor be counted twice. A file with a test that has none, or two, fails to
-    collect, naming them: with `-m unit` too (a test must be tiered even when not selected), and
-    under xdist (where an error raised at collection would only crash the workers)."""
+    """A test's tier is its folder, tests/<tier>/: its mark is applied here, as the file is collected, so
+    `-m unit` selects exactly tests/unit/ and a new test cannot slip out of `make test-fast`'s
+    accounting. A test outside a tier folder, or marked with another tier than its folder's (a tier
+    marker may stay on a test to give its cost: `@pytest.mark.workflow(cost_s=200)`), fails to collect,
+    naming it: with `-m unit` too, and under xdist (where an error raised at collection would only crash
+    the workers)."""
     report = yield
     if report.passed:
         wrong = []
         for item in report.result:
             if isinstance(item, pytest.Item):
-                tiers = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
-                if len(tiers) != 1:
-                    wrong.append(f"  {item.nodeid}: {', '.join(tiers) or 'no tier'}")
+                tier = folder_tier(item.path)
+                marked = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
+                if tier is None:
+                    wrong.append(f"  {item.nodeid}: not in a tier folder (tests/{{{','.join(TIERS)}}}/)")
+                elif marked and marked != [tier]:
+                    wrong.append(f"  {item.nodeid}: marked {', '.join(marked)} in tests/{tier}/")
+                elif not marked:
+                    item.add_marker(getattr(pytest.mark, tier))
         if wrong:
             report.outcome, report.result = "failed", []
-            report.longrepr = (f"every test needs exactly one tier marker of {', '.join(TIERS)} (a module's "
-                               f"`pytestmark` or a test's `@pytest.mark.<tier>`; see pyproject.toml):\n" + "\n".join(wrong))
+            report.longrepr = ("a test's tier is its folder, tests/<tier>/ (see pyproject.toml's markers):\n"
+                               + "\n".join(wrong))
         # On an xdist worker, `dist` reads "no" (xdist resets it there); `loadgroup` says what the
         # controller was asked for.
         elif collector.config.getoption("loadgroup", False) or collector.config.getoption("dist", None) == "loadgroup":
@@ -215,7 +140,7 @@ def _work_unit(item) -> str:
     shares = any(getattr(d, "scope", "function") in ("module", "package", "class")
                  for name in getattr(item, "fixturenames", ()) for d in fixtures.get(name, ()))
     if tier is None or tier.name == "unit" or shares:
-        return item.path.name
+        return f"{item.path.parent.name}/{item.path.name}"
     return re.sub(r"[^\w.:/-]", "_", item.nodeid)  # xdist splits a group name at '@' and ']'
 
 

@@ -9,7 +9,7 @@ start late: a synchronisation a plain training loop does not have (issue #40's f
 scale after backward). On the CPU nothing waits, but the reads are the same code: this is the contract
 a GPU step needs, checked without one. Rank 0 writes {case: [reads]} as JSON to --out.
 
-Used by tests/test_fused_contract.py.
+Used by tests/run/test_fused_contract.py.
 """
 import argparse
 import dataclasses

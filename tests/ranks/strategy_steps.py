@@ -11,7 +11,7 @@ rank 1 only, step 2 on every rank (as an fp16 overflow in backward reaches every
 gradient reduction). Rank 0 writes the records as JSON to --out; a case that raises is recorded
 with its error, so one collective gloo lacks does not hide the others.
 
-Used by tests/test_fused_contract.py (CPU) and tests/test_gpu.py (CUDA tensors over gloo).
+Used by tests/run/test_fused_contract.py (CPU) and tests/gpu/test_gpu.py (CUDA tensors over gloo).
 """
 import argparse
 import datetime

@@ -2,7 +2,7 @@
 is calibrated at its smallest GPU count, and the model predicts the larger counts' tokens/s per GPU
 (estimate.predict_point: every collective on the link its group uses, the strategy's overlap at the
 default efficiency). ``python -m scalelab.forecast.published`` prints the table docs/prediction.md
-holds, and tests/test_published.py holds the two to each other and to the error targets.
+holds, and tests/unit/test_published.py holds the two to each other and to the error targets.
 
 The rows are FSDP (FULL_SHARD) runs on H100s, from two sources:
 * llm-foundry's MPT training benchmarks (scripts/train/benchmarking/README.md, "H100 80GB BF16": MPT

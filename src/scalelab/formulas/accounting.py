@@ -399,7 +399,7 @@ def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, a
     block), which keep what AOTAutograd's min-cut partitioner (``min_cut_rematerialization_partition``,
     behind inductor's joint-graph passes) saves from the block's forward graph, not what eager
     autograd's ops save. Read from the partitioner's saved tensors (torch 2.13, CPU; the partitioner
-    is device-independent; tests/test_compiled_memory.py), per layer:
+    is device-independent; tests/*/test_compiled_memory.py), per layer:
 
     * the same 16 s b h values (x, the LayerNorm outputs at w, q, k, v, the attention output, the
       attention projection's output, the MLP's fc output and GELU output): at w in fp32 and with
@@ -411,7 +411,7 @@ def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, a
     * counted here, unlike the eager formula: the LayerNorms' mean and rstd (4 x s b values at the
       residual's width; on a GPU always fp32) and the attention kernel's fp32 logsumexp (4 b H s), and
       on a GPU flash attention's philox seed and offset (16 bytes), which makes the compiled formula
-      exact against the partitioner (the CPU's; an H100's, torch 2.11, in tests/test_compiled_memory.py);
+      exact against the partitioner (the CPU's; an H100's, torch 2.11, in tests/*/test_compiled_memory.py);
     * per-block checkpointing (traced into the graph) keeps the block input only, as in eager.
 
     fp8 under torch.compile is predicted as bf16 under torch.compile, an upper bound: the
@@ -599,7 +599,7 @@ def activation_bound(cfg: ModelConfig, precision: str, compiled: bool = False, a
     * ``upper bound``: fp8 without per-block checkpointing, eager or compiled, is predicted as bf16
       (the same run without Float8Linear), and keeps less: Float8Linear saves no 16-bit weight copies
       (eager, measured on the CPU), and compiled the partitioner recomputes its inputs' float8 casts
-      (tests/test_compiled_memory.py; issue #40 on an H200: the bf16 compiled figure is 11-12% above
+      (tests/*/test_compiled_memory.py; issue #40 on an H200: the bf16 compiled figure is 11-12% above
       the fp8 compiled runs' peaks); the llama family's fp32 grouped-query attention compiled on a
       GPU (SDPA's math path traced into the graph: the eager figure);
     * ``lower bound``: a user's module (ModelConfig.module), whose activations are not predicted (0:

@@ -321,7 +321,7 @@ def main(argv=None) -> int:
     rp.add_argument("--keep", help="keep both sweeps' folders here (default: a temporary folder, removed)")
     rp.add_argument("--timeout", type=float, default=1800, help="seconds per sweep")
     rp.add_argument("--json", metavar="PATH", help="also write the figures here (docs/measured.json: the one source of "
-                    "the timings and counts the README and guide state, tests/test_docs.py)")
+                    "the timings and counts the README and guide state, tests/unit/test_docs.py)")
     args = parser.parse_args(argv)
     if args.what == "repeatability":
         from scalelab.harness.repeatability import bench_repeatability, print_repeatability

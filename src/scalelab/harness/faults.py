@@ -5,7 +5,7 @@
 
 Each drill works in a temporary folder, drives Snakemake (and through it torchrun/gloo)
 for real, and returns counted facts (faults injected and recovered, rows lost or
-duplicated, corrupt files, orphan processes, ...). tests/test_faults.py asserts on the
+duplicated, corrupt files, orphan processes, ...). tests/*/test_faults.py asserts on the
 same drills; this module prints them. Faults are injected with SCALELAB_FAULT (see
 scalelab.run.worker.Fault and scalelab.io.fault_point).
 """
@@ -266,7 +266,7 @@ def silent_wrong_results(tmp: Path) -> Drill:
 def bad_config_workdir(path: Path, work: Path) -> tuple[list[str], list[str]]:
     """A working folder for one file of tests/bad_configs: its ``# expect:`` lines, and the names
     of the files to pass with --configfile over work/config.yaml (the drill's Snakemake run and
-    tests/test_config_errors.py's in-process check read the same folder).
+    tests/unit/test_config_errors.py's in-process check read the same folder).
 
     A file is a fragment merged into the tiny config; one that is not valid YAML (or gives a
     key twice) is the whole config.yaml; one with a ``# given: --configfile`` line is passed

@@ -167,7 +167,7 @@ def diagnose_points(dry_run: bool) -> list[Key]:
 def fp8_points(dry_run: bool) -> list[tuple[Key, Key]]:
     """(bf16, fp8) pairs at two sizes: compiled on a GPU; eager in a dry run, where fp8 is emulated
     (torchao's float8 casts in bf16) and a compilation per point would cost half a minute of CPU
-    for figures that mean nothing (tests/test_levers.py compiles emulated fp8)."""
+    for figures that mean nothing (tests/*/test_levers.py compiles emulated fp8)."""
     shapes = DRY_SHAPES if dry_run else GPU_SHAPES
     return [(Key(s, "bf16", compiled=not dry_run), Key(s, "fp8", compiled=not dry_run)) for s in shapes]
 

@@ -5,7 +5,7 @@
 
 Headless Chromium (`make browser`) draws RESULTS/report/report.html at 1280 pixels wide; the PNG
 carries, as text chunks, what it shows (the tables' schema version, the runs, the sweep's points,
-the date), which tests/test_docs.py holds against the code and docs/measured.json.
+the date), which tests/unit/test_docs.py holds against the code and docs/measured.json.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ value (``Filled``: which statuses and levers leave it null is part of the contra
 Parquet schemas (``RUN_SCHEMA``, ``STEP_SCHEMA``), their field metadata, the data dictionary
 the report shows (scalelab.report.dictionary) and docs/data-dictionary.md
 (``python -m scalelab.plan.columns > docs/data-dictionary.md``) are derived from it, and
-tests/test_columns.py holds real runs of every status and lever against it (``summary_problems``).
+tests/*/test_columns.py holds real runs of every status and lever against it (``summary_problems``).
 
 Writers:
 
@@ -641,7 +641,7 @@ def markdown() -> str:
         "# Data dictionary",
         "",
         "<!-- Generated from src/scalelab/plan/columns.py by `python -m scalelab.plan.columns > docs/data-dictionary.md`; "
-        "tests/test_columns.py checks it. -->",
+        "tests/*/test_columns.py checks it. -->",
         "",
         "Every column of the two result tables: its Arrow type, unit, meaning, the part that writes it and",
         "when it holds a value. The same text is in each Parquet file's field metadata (keys `unit`,",

@@ -7,7 +7,7 @@ holds every axis value. Run ids name only values away from their defaults, so an
 with a default changes no existing run's id, folder or params (a ``point.json`` without it reads
 as the default). ``RunPoint`` (its fields), the sweep plan, the
 identity columns, the launcher's run spec and the report's lever tables all loop over
-``AXES``; ``tests/test_config.py`` checks the config schema's ``sweep`` keys against it.
+``AXES``; ``tests/*/test_config.py`` checks the config schema's ``sweep`` keys against it.
 Adding an axis: an entry here, its key in the schema and ``config.yaml``, and the code
 that implements the lever.
 """

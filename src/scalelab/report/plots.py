@@ -7,7 +7,7 @@ scalelab.report.figures, which saves the figures with `save`. Runs that did not 
 `ok` are never silent gaps: every figure lists them, and the heatmap marks their cells.
 
 What a figure draws comes from scalelab.report.tables, and each artist carries a label
-(precision, stage, formula) so that tests/test_figures.py can read the plotted data back and
+(precision, stage, formula) so that tests/unit/test_figures.py can read the plotted data back and
 hold it against the table. World sizes are drawn on a log2 axis ticked at the sizes run.
 """
 from __future__ import annotations

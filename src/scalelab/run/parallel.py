@@ -106,7 +106,7 @@ def _ddp(model: nn.Module, device: torch.device, bucket_mb: float, reduce_dtype:
     hook = hooks[reduce_dtype]
     if hook is default_hooks.bf16_compress_hook and device.type == "cpu":
         # DDP refuses this hook by its name without CUDA and NCCL >= 2.10 (NCCL's bf16 sum); on a
-        # CPU the all-reduce is gloo's, which sums bf16 (measured: tests/test_mixed_precision.py).
+        # CPU the all-reduce is gloo's, which sums bf16 (measured: tests/*/test_mixed_precision.py).
         # The same hook under another name; on a GPU the stock hook and DDP's check stay.
         def bf16_compress_hook_gloo(process_group, bucket):
             return default_hooks.bf16_compress_hook(process_group, bucket)

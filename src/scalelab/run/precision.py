@@ -81,7 +81,7 @@ def sharded_grad_scaler(device: torch.device, init_scale: float) -> torch.amp.Gr
     And its scale update on the CPU is torch's own kernel (``torch._amp_update_scale_``), the one
     it runs on a GPU: ShardedGradScaler's CPU version reads found_inf on the host, which on a GPU
     would be a mid-step synchronisation, so the CPU suite would not see the GPU's step.
-    tests/test_fused_contract.py checks all three on two ranks at every stage."""
+    tests/run/test_fused_contract.py checks all three on two ranks at every stage."""
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
     class FusedReadyShardedGradScaler(ShardedGradScaler):

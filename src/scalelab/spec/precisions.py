@@ -6,7 +6,7 @@ how the report and ``scalelab estimate`` show it. The autocast policy
 nothing else lists the precisions.
 
 Keyed by the sweep's ``precision``. Adding one (say ``mxfp8``): a record here, its name in
-the config schema's ``sweep.precision`` enum (tests/test_accounting.py checks the two agree),
+the config schema's ``sweep.precision`` enum (tests/*/test_accounting.py checks the two agree),
 and the code that implements it in scalelab.run.precision (a converter named by
 ``linears``, as torchao's float8 recipe is). A new datasheet column (``peak_key``) also
 needs its figures in scalelab.spec.hardware and its key under the schema's ``train.peak_tflops``.

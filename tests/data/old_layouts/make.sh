@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates the results trees in this folder with the real code of earlier commits, one per
 # run-folder layout this project has written (3, 7, 9 and 10 folder levels per run), for the
-# migration tests (tests/test_migrate.py). Run from the repository root with the project's venv:
+# migration tests (tests/*/test_migrate.py). Run from the repository root with the project's venv:
 #   bash tests/data/old_layouts/make.sh
 # Each tree: a tiny sweep (the sweep-N.yaml beside it) run by `snakemake` in a worktree of that
 # commit; kept: runs/, logs/runs/, the collected tables and, for the newest, the prepared data and

@@ -1,0 +1,52 @@
+"""scalelab bench comm (issue #29, point 1): real gloo ranks time every collective; the table's
+columns follow nccl-tests (algorithm and bus bandwidth); bad options are named."""
+
+import os
+
+import pytest
+
+from scalelab.cli import main
+from scalelab.formulas import links
+from scalelab.plan import comm_table
+from scalelab.results import prediction
+
+SIZES = [4096, 131072, 4194304]  # up to 4 MiB: times that grow beyond gloo's millisecond stalls on a busy host
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    """World sizes 1 and 2, every collective, one call at a time and batches of 2 (few repetitions: a
+    check of the bench, not a measurement)."""
+    path = tmp_path_factory.mktemp("bench") / "comm.parquet"
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("two ranks need two cores")
+    assert main(["bench", "comm", "--out", str(path), "--world-sizes", "1,2", "--device", "cpu", "--min-bytes", "4096",
+                 "--max-bytes", "4194304", "--factor", "32", "--reps", "2", "--warmup", "1", "--min-seconds", "0",
+                 "--batches", "1,2", "--batch-max-bytes", "4194304", "--batched-collectives", ",".join(links.COLLECTIVES),
+                 "--timeout", "120"]) == 0
+    return comm_table.read_table(path)
+
+
+def test_every_collective_world_size_size_and_batch_is_timed(table):
+    expected = {(c, n, s, b) for c in links.COLLECTIVES for n in (1, 2) for s in SIZES for b in (1, 2)}
+    assert set(zip(table["collective"], table["world_size"], table["bytes"], table["batch"])) == expected
+    assert (table["time_s"] > 0).all() and (table["time_s_min"] <= table["time_s"]).all()
+    assert (table["time_s"] <= table["time_s_max"]).all() and (table["reps"] == 2).all()
+    assert set(table["backend"]) == {"gloo"} and set(table["device_type"]) == {"cpu"}
+    # each rank pinned to its own core, as training ranks are
+    two_ranks = table.loc[table["world_size"] == 2, "rank_cores"]
+    assert all(c.startswith("r0:") and " r1:" in c for c in two_ranks)
+
+
+def test_bandwidths_follow_nccl_tests(table):
+    assert table["algbw_Bps"].tolist() == pytest.approx((table["bytes"] / table["time_s"]).tolist())
+    factors = {"all_reduce": 1.0, "reduce_scatter": 0.5, "all_gather": 0.5, "broadcast": 1.0}  # n = 2
+    two = table[table["world_size"] == 2]
+    assert two["busbw_Bps"].tolist() == pytest.approx((two["algbw_Bps"] * two["collective"].map(factors)).tolist())
+    one = table[(table["world_size"] == 1) & (table["collective"] != "broadcast")]
+    assert (one["busbw_Bps"] == 0).all()  # a one-rank group moves nothing over a link
+
+
+def test_the_table_fits_a_link(table):
+    fitted = prediction.fit_link(table)
+    assert fitted.bandwidth_Bps > 0 and fitted.latency_s >= 0 and "gloo" in fitted.source

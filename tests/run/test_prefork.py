@@ -1,0 +1,205 @@
+"""Ranks forked from the prefork server (scalelab.run.prefork) are the processes the launcher
+would have started: the same losses, the same command line in `ps`, the same process-group and
+lifetime guarantees (they die with the launcher, with the server, at the time limit); and where
+the server could differ from a new process, it refuses and the run starts new processes, saying why."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from scalelab.harness.testing import processes_mentioning
+from scalelab.plan.sweep import RunPoint
+from scalelab.run.prefork import FORKED_LAUNCH, PREFORK_ENV, start_server, stop_server
+from scalelab.run.ranks import LOCAL_LAUNCH
+from support import PARITY_STEPS, run_point
+
+
+def _wait_for(predicate, timeout_s: float = 60.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_forked_run_trains_as_a_new_process_does(tmp_path, tiny_data, monkeypatch):
+    """Stage 3 at world size 2 (the most collectives), forked and then as new processes: the same
+    losses to the bit, the launch recorded as it happened, and no refusal in the log."""
+    assert os.environ.get(PREFORK_ENV), "the suite's worker has a prefork server (tests/conftest.py)"
+    point = RunPoint("fp32", 3, 2)
+    forked, forked_steps, _ = run_point(tmp_path / "forked", tiny_data, point)
+    monkeypatch.delenv(PREFORK_ENV)
+    new, new_steps, _ = run_point(tmp_path / "new", tiny_data, point)
+    assert (forked["status"], new["status"]) == ("ok", "ok")
+    assert (forked["launch"], new["launch"]) == (FORKED_LAUNCH, LOCAL_LAUNCH)
+    assert forked_steps["loss"].tolist() == new_steps["loss"].tolist() and len(new_steps) == PARITY_STEPS
+    assert "ranks started as new processes" not in (tmp_path / "forked" / f"{point.run_id}.log").read_text()
+
+
+def test_a_server_refuses_what_a_new_process_would_import_differently(tmp_path, tiny_data, monkeypatch):
+    """A variable torch reads while loading, set after the server started: the run starts new
+    processes and its log names the variable; a server that is gone: the same, and says so."""
+    point = RunPoint("fp32", 0, 1)
+    monkeypatch.setenv("TORCH_SHOW_CPP_STACKTRACES", "1")
+    summary, _, _ = run_point(tmp_path / "a", tiny_data, point)
+    log = (tmp_path / "a" / f"{point.run_id}.log").read_text()
+    assert summary["status"] == "ok" and summary["launch"] == LOCAL_LAUNCH
+    assert "refused: import-time environment differs from the server's: TORCH_SHOW_CPP_STACKTRACES" in log
+    monkeypatch.delenv("TORCH_SHOW_CPP_STACKTRACES")
+    monkeypatch.setenv(PREFORK_ENV, "scalelab-prefork-nobody-listens")
+    summary, _, _ = run_point(tmp_path / "b", tiny_data, point)
+    log = (tmp_path / "b" / f"{point.run_id}.log").read_text()
+    assert summary["status"] == "ok" and summary["launch"] == LOCAL_LAUNCH
+    assert "prefork server scalelab-prefork-nobody-listens not reachable" in log
+
+
+LAUNCH_RUN = ("import sys; from scalelab.harness.testing import tiny_config; from scalelab.plan.sweep import RunPoint; "
+              "from scalelab.run.launch import launch_run; "
+              "cfg = tiny_config(train={'steps': 20, 'warmup_steps': 1, 'run_timeout_s': float(sys.argv[3]) if sys.argv[3:] else 300}, "
+              "planning={'launch_overcommitted': True})")
+"""A launcher script's set-up: arguments data folder, output folder[, run time limit]."""
+
+LAUNCH_HANGING_RUN = LAUNCH_RUN + """
+import json
+summary = launch_run(cfg, RunPoint("fp32", 0, 2), sys.argv[1], sys.argv[2] + "/run", sys.argv[2] + "/run.log", threads=2)
+print(json.dumps({k: summary[k] for k in ("status", "reason", "launch")}))
+"""
+
+
+def _hanging_run(tmp_path, tiny_data, timeout_s: float = 300) -> subprocess.Popen:
+    """A launcher (a new process, as a Snakemake job is) whose rank 1 hangs at step 2."""
+    env = {**os.environ, "SCALELAB_FAULT": "hang@step=2,rank=1"}
+    return subprocess.Popen([sys.executable, "-c", LAUNCH_HANGING_RUN, str(tiny_data), str(tmp_path), str(timeout_s)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _ranks(tmp_path) -> list[str]:
+    """The run's ranks as `ps` shows them: by their worker command line and its run folder."""
+    return [p for p in processes_mentioning(str(tmp_path / "run" / "spec.json")) if "scalelab.run.worker" in p]
+
+
+def test_forked_ranks_die_with_their_launcher(tmp_path, tiny_data):
+    launcher = _hanging_run(tmp_path, tiny_data)
+    try:
+        ranks = _wait_for(lambda: len(_ranks(tmp_path)) == 2 and _ranks(tmp_path), what="two forked ranks in ps")
+        assert all("-m scalelab.run.worker --spec" in r for r in ranks), ranks  # the title a new process has
+        _wait_for(lambda: (tmp_path / "run" / "progress.jsonl").exists(), what="the first step")
+    finally:
+        launcher.kill()
+        launcher.communicate()
+    _wait_for(lambda: not _ranks(tmp_path), timeout_s=10, what="the ranks to die with their launcher")
+
+
+def test_forked_ranks_stop_at_the_time_limit(tmp_path, tiny_data):
+    launcher = _hanging_run(tmp_path, tiny_data, timeout_s=8)
+    out, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 0, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["launch"] == FORKED_LAUNCH
+    assert result["status"] == "timeout" and "train.run_timeout_s=8 s" in result["reason"]
+    assert not _ranks(tmp_path)
+
+
+def test_forked_ranks_die_with_the_server_and_the_run_fails_loudly(tmp_path, tiny_data, monkeypatch):
+    """A server of the test's own (so the suite's survives): SIGKILLed mid-run, its ranks get
+    SIGTERM (PR_SET_PDEATHSIG) and the launcher records the run failed, not ok."""
+    monkeypatch.delenv(PREFORK_ENV)
+    server = start_server(owner_dir=tmp_path)
+    try:
+        launcher = _hanging_run(tmp_path, tiny_data)
+        _wait_for(lambda: len(_ranks(tmp_path)) == 2, what="two forked ranks")
+        os.kill(server.pid, signal.SIGKILL)
+        out, err = launcher.communicate(timeout=60)
+    finally:
+        stop_server(server)
+    assert launcher.returncode == 0, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["launch"] == FORKED_LAUNCH and result["status"] == "failed", result
+    assert "scalelab: the prefork server ended (or stopped answering) during the run" in (tmp_path / "run.log").read_text()
+    assert not _ranks(tmp_path)
+
+
+def test_the_server_answers_pids_in_rank_order(tmp_path):
+    """The launcher names a failed rank by its place in the server's answer: rank 2 alone exits 2
+    (argparse: no --spec), the others 1 (no such spec file)."""
+    from scalelab.run.prefork import fork_ranks
+
+    worker = [sys.executable, "-m", "scalelab.run.worker"]
+    processes = [(worker + (["--no-such-option"] if rank == 2 else ["--spec", str(tmp_path / "absent.json")]),
+                  dict(os.environ)) for rank in range(4)]
+    with open(tmp_path / "ranks.log", "ab") as log:
+        ranks, why = fork_ranks(processes, log.fileno())
+    assert why is None and len(ranks) == 4
+    try:
+        assert [rank.wait() for rank in ranks] == [1, 1, 2, 1]
+    finally:
+        ranks[0].channel.close()
+    assert "absent.json" in (tmp_path / "ranks.log").read_text()  # their tracebacks, in the log they were given
+
+
+def test_a_forked_rank_takes_its_launchers_cores(tmp_path, tiny_data):
+    """A launcher allowed core 1 only gives its forked rank that core, as a new process would
+    inherit it, not the server's."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores")
+    script = (f"import json; {LAUNCH_RUN}; "
+              "summary = launch_run(cfg, RunPoint('fp32', 0, 1), sys.argv[1], sys.argv[2] + '/run', sys.argv[2] + '/run.log', threads=1); "
+              "print(json.dumps({k: summary[k] for k in ('status', 'launch', 'rank_cores')}))")
+    out = subprocess.run([sys.executable, "-c", script, str(tiny_data), str(tmp_path / "one_core")], capture_output=True,
+                         text=True, timeout=300, preexec_fn=lambda: os.sched_setaffinity(0, {1}))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"status": "ok", "launch": FORKED_LAUNCH, "rank_cores": "r0:1"}
+
+
+def test_a_server_imports_torch_only_when_a_run_asks(tmp_path, monkeypatch):
+    """A sweep that trains nothing on the CPU (a report from cached runs) never pays for the import,
+    and the import never overlaps the calibration that the first training job makes before it asks."""
+    monkeypatch.delenv(PREFORK_ENV)
+    server = start_server(owner_dir=tmp_path)
+    try:
+        time.sleep(2)
+        maps = open(f"/proc/{server.pid}/maps").read()
+        assert server.poll() is None and "scalelab" in open(f"/proc/{server.pid}/cmdline").read()
+        assert "libtorch" not in maps
+    finally:
+        stop_server(server)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to connect as another user")
+def test_a_server_serves_its_own_user_only(tmp_path):
+    """An abstract socket has no file permissions: the server checks who connected (SO_PEERCRED)."""
+    from scalelab.run.prefork import fork_ranks
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # as nobody, ask for a rank
+        try:
+            os.setuid(65534)
+            ranks, why = fork_ranks([([sys.executable, "-m", "scalelab.run.worker", "--spec", "x"], dict(os.environ))], 1)
+            os.write(write, str(why).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        why = answer.read()
+    os.waitpid(pid, 0)
+    assert "refused: the server serves user 0 only, not 65534" in why
+
+
+def test_a_server_exits_with_its_owner(tmp_path):
+    owner = subprocess.Popen([sys.executable, "-c",
+                              "import time; from scalelab.run.prefork import start_server; "
+                              f"s = start_server(owner_dir={str(tmp_path)!r}); print(s.pid, flush=True); time.sleep(600)"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        server_pid = int(owner.stdout.readline())
+        assert any(str(tmp_path) in p for p in processes_mentioning("scalelab.run.prefork")), processes_mentioning("prefork")
+    finally:
+        owner.kill()
+        owner.wait()
+    _wait_for(lambda: not processes_mentioning(str(tmp_path)), timeout_s=10, what=f"server {server_pid} to exit")

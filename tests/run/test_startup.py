@@ -1,0 +1,85 @@
+"""Run start-up cut to what a run needs (#27, point 1): the launcher of a CPU run imports no torch,
+the worker module imports no FSDP/DTensor/DCP/torchao/dynamo by itself, and the ranks the
+launcher starts itself (no torchrun agent) end together: a rank that dies takes the others
+down, the time limit stops them all, and nothing of the process group outlives the attempt."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+from scalelab.harness.testing import processes_mentioning
+from scalelab.run.ranks import run_ranks
+
+
+def test_a_cpu_runs_launcher_imports_no_torch(tmp_path, tiny_data):
+    """What the Snakemake job script does (the device from the workflow's plan, then launch_run),
+    in a fresh interpreter: the run trains, and torch was never imported in that process."""
+    script = f"""
+import json, sys
+from scalelab.harness.testing import tiny_config
+from scalelab.plan.placement import DevicePlan, job_device_plan
+from scalelab.plan.sweep import RunPoint
+from scalelab.run.launch import launch_run
+cfg = tiny_config(train={{"steps": 4, "warmup_steps": 1}})
+plan = job_device_plan("cpu", cfg)
+summary = launch_run(cfg, RunPoint("fp32", 0, 1), {str(tiny_data)!r}, {str(tmp_path / "run")!r},
+                     {str(tmp_path / "run.log")!r}, threads=1, device_plan=plan)
+print(json.dumps({{"status": summary["status"], "reason": summary["reason"], "torch": "torch" in sys.modules}}))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["status"] == "ok", result["reason"]
+    assert result["torch"] is False, "the launcher of a CPU run imported torch"
+
+
+def test_the_worker_module_imports_no_strategy_it_may_not_use():
+    """FSDP2, DTensor, DCP, ZeroRedundancyOptimizer (whose package imports FSDP), torchao and
+    TorchDynamo are imported by the code that uses them, not with the worker module (each rank
+    imports it first thing)."""
+    heavy = ["torch.distributed.fsdp", "torch.distributed.tensor", "torch.distributed.checkpoint",
+             "torch.distributed.optim", "torchao", "torch._dynamo"]
+    script = f"import sys, scalelab.run.worker; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "[]"
+
+
+def _rank(code: str, marker: str) -> tuple[list[str], dict]:
+    return [sys.executable, "-c", code, marker], {**os.environ}
+
+
+SLEEPER = "import subprocess, sys, time; subprocess.Popen(['sleep', '600', sys.argv[1]]); time.sleep(600)"
+"""A rank that never ends by itself, with a child of its own (killed with the group, not by its parent)."""
+
+
+def test_a_rank_that_dies_takes_the_others_down(tmp_path):
+    marker = f"scalelab-test-marker-{os.getpid()}-dies"
+    (tmp_path / "run").mkdir()
+    start = time.monotonic()
+    status, reason, warning, _ = run_ranks([_rank(SLEEPER, marker), _rank("import sys; sys.exit(5)", marker)],
+                                         tmp_path / "run.log", timeout_s=300, run_dir=tmp_path / "run")
+    assert time.monotonic() - start < 60, "the surviving rank was left to its time limit"
+    assert status == "failed" and reason.endswith("(rank 1 exit code 5)") and warning is None
+    assert processes_mentioning(marker) == []
+
+
+def test_a_failure_names_the_process_that_really_ran(tmp_path):
+    """A world-size-1 run is one rank the launcher started, not a torchrun (issue #40: the reason
+    said "torchrun exit code 1")."""
+    (tmp_path / "run").mkdir()
+    status, reason, _, _ = run_ranks([_rank("import sys; sys.exit(3)", "one-rank")], tmp_path / "run.log",
+                                      timeout_s=60, run_dir=tmp_path / "run")
+    assert status == "failed" and reason.endswith("(rank 0 exit code 3)") and "torchrun" not in reason
+
+
+def test_the_time_limit_stops_every_rank_and_their_children(tmp_path):
+    marker = f"scalelab-test-marker-{os.getpid()}-limit"
+    (tmp_path / "run").mkdir()
+    start = time.monotonic()
+    status, reason, _, _ = run_ranks([_rank(SLEEPER, marker), _rank(SLEEPER, marker)],
+                                   tmp_path / "run.log", timeout_s=3, run_dir=tmp_path / "run")
+    assert 3 <= time.monotonic() - start < 60
+    assert status == "timeout" and "train.run_timeout_s=3 s" in reason
+    assert processes_mentioning(marker) == []

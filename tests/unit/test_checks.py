@@ -1,0 +1,187 @@
+"""Warnings a reader would miss (loss spikes, grad-norm jumps, peaks out of line) and the CPU notice:
+scalelab.report.checks on step and run tables made here, on the default sweep's recorded steps, and
+on one real run that spikes."""
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from scalelab.report import checks
+
+DATA = Path(__file__).parents[1] / "data"
+
+
+def _steps(run_ids, n=60, seed=0, noise=0.03) -> pd.DataFrame:
+    """Step records shaped like the default sweep's: the loss falls from 5.5 through warm-up to ~2.8 and
+    wanders by ±noise; the grad norm starts at ~4.5 and settles to ~0.5 with a log-uniform 0.5–2× wobble."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for run_id in run_ids:
+        t = np.arange(n)
+        loss = (2.8 + 2.7 * np.exp(-t / 8)) * (1 + rng.uniform(-noise, noise, n))
+        grad = (0.5 + 4 * np.exp(-t / 6)) * np.exp(rng.uniform(np.log(0.5), np.log(2), n))
+        rows.append(pd.DataFrame({"run_id": run_id, "step": t, "loss": loss, "grad_norm": grad}))
+    return pd.concat(rows, ignore_index=True)
+
+
+def _spike(steps, run_id, step, loss=None, grad=None):
+    at = (steps["run_id"] == run_id) & (steps["step"] == step)
+    if loss is not None:
+        steps.loc[at, "loss"] = loss
+    if grad is not None:
+        steps.loc[at, "grad_norm"] = grad
+
+
+RUNS8 = [f"{p}-z{z}-w{w}" for p in ("fp32", "bf16") for z in (0, 1) for w in (1, 2)]
+
+
+def test_a_loss_spike_is_named_with_its_run_step_value_and_recent_range():
+    steps = _steps(["fp32-z0-w1", "fp32-z1-w1"])
+    _spike(steps, "fp32-z0-w1", 24, loss=9.55, grad=84.2)
+    recent = steps[(steps["run_id"] == "fp32-z0-w1") & steps["step"].between(14, 23)]["loss"]
+    (line,) = checks.spike_warnings(steps)
+    assert line.startswith("fp32-z0-w1: loss spike at step 24: loss 9.55 against "
+                           f"{recent.min():.3g}–{recent.max():.3g} over the previous 10 steps"), line
+    assert "grad norm 84.2 against a median of" in line and line.endswith("back at step 25")
+    # the spike as the last record: nothing to come back at
+    (line,) = checks.spike_warnings(steps[steps["step"] <= 24])
+    assert line.endswith("the last recorded step"), line
+
+
+def test_a_spike_every_run_shares_is_one_line_naming_the_step_and_the_runs():
+    """The issue's case: all 8 runs jump from ~2.84 to 6.8–7.2 at step 15 (grad norm 0.8 -> 600–735)
+    and are back at step 16; and one run's own grad-norm jump elsewhere keeps a line of its own."""
+    steps = _steps(RUNS8)
+    for i, run_id in enumerate(RUNS8):
+        _spike(steps, run_id, 15, loss=6.8 + 0.4 * i / 7, grad=600 + 135 * i / 7)
+    _spike(steps, "bf16-z1-w2", 40, grad=30.0)
+    lines = checks.spike_warnings(steps)
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("loss spike at step 15 in all 8 runs (" + ", ".join(sorted(RUNS8)) + "): loss 6.8–7.2 against")
+    assert "grad norm 600–735 against a median of" in lines[0] and lines[0].endswith("back at step 16 in every run")
+    assert lines[1].startswith("bf16-z1-w2: grad-norm jump at step 40: grad norm 30 against a median of")
+    # some of the runs only: how many of how many
+    part = _steps(RUNS8)
+    for run_id in RUNS8[:3]:
+        _spike(part, run_id, 30, loss=8.0)
+    (line,) = checks.spike_warnings(part)
+    assert line.startswith(f"loss spike at step 30 in 3 of 8 runs ({', '.join(sorted(RUNS8[:3]))})"), line
+
+
+def test_silent_on_warm_up_and_on_normal_noise():
+    steps = _steps(RUNS8, noise=0.05)
+    assert checks.spike_warnings(steps) == []
+    # A jump inside warm-up (here warmup_steps 20, longer than the window) is warm-up, not a spike...
+    _spike(steps, "fp32-z0-w1", 15, loss=12.0, grad=500.0)
+    runs = pd.DataFrame({"run_id": RUNS8, "warmup_steps": 20})
+    assert checks.spike_warnings(steps, runs) == []
+    # ...and is one after it (without the runs table the window alone starts the checks).
+    assert len(checks.spike_warnings(steps)) == 1
+
+
+def test_silent_on_the_default_sweeps_recorded_steps():
+    """The 24 runs of a default sweep (commit ee3f0b0, 60 steps each, this machine), as recorded: its
+    loss stays within 3% of the recent median after warm-up and its grad norm within 0.25–1.6× of it."""
+    steps = pd.read_csv(DATA / "default-sweep-steps.csv.gz")
+    assert steps["run_id"].nunique() == 24 and len(steps) == 24 * 60
+    assert checks.spike_warnings(steps) == []
+    assert checks.step_outliers(steps).empty
+    # The same records with one step of one run made a spike are caught: the check can fire on them.
+    _spike(steps, "bf16-z2-w2", 33, loss=7.0)
+    (line,) = checks.spike_warnings(steps)
+    assert line.startswith("bf16-z2-w2: loss spike at step 33: loss 7 against"), line
+
+
+def test_skipped_fp16_steps_non_finite_grad_norms_are_not_jumps():
+    steps = _steps(["fp16-z0-w1"])
+    steps.loc[steps["step"].isin([20, 21, 22, 35]), "grad_norm"] = np.inf  # the loss scaler's skipped steps
+    steps.loc[steps["step"] == 41, "grad_norm"] = np.nan
+    assert checks.spike_warnings(steps) == []
+
+
+def _runs(n=8, peak=8e10, precision="bf16", device=("cpu", "AMD EPYC")) -> pd.DataFrame:
+    return pd.DataFrame({
+        "run_id": [f"{precision}-z{i % 4}-w{1 + i // 4}" for i in range(n)], "status": "ok", "precision": precision,
+        "world_size": [1 + i // 4 for i in range(n)], "zero_stage": [i % 4 for i in range(n)],
+        "tokens_per_s": 14_000.0, "peak_flops_per_device": peak, "mfu": 0.11, "threads_per_rank": 1,
+        "peak_flops_source": f"measured {precision} matmul, 1 threads", "device_type": device[0], "device_name": device[1]})
+
+
+def test_a_peak_out_of_line_with_its_precision_is_flagged_with_what_it_does_to_mfu():
+    """The issue's case: one bf16 run's peak measured at 4.68e10 against ~8e10 for the others, so its MFU
+    (0.203) read as perfect scaling while its throughput per device halved."""
+    runs = _runs()
+    assert checks.peak_warnings(runs) == [], "equal peaks (one calibration, or a datasheet): nothing"
+    runs["peak_flops_per_device"] = [7.8e10, 8.0e10, 8.4e10, 8.1e10, 4.68e10, 7.9e10, 8.2e10, 8.3e10]
+    runs.loc[4, ["mfu", "tokens_per_s"]] = [0.203, 14_000.0]
+    (line,) = checks.peak_warnings(runs)
+    median = runs["peak_flops_per_device"].median()
+    assert line.startswith(f"bf16-z0-w2: peak 4.68e+10 FLOP/s (measured bf16 matmul, 1 threads) is "
+                           f"{1 - 4.68e10 / median:.0%} below the median {median:.3g} of the 8 ok bf16 runs on AMD EPYC"), line
+    assert f"its MFU 0.203 would be {0.203 * 4.68e10 / median:.3f} against the median peak" in line
+    # Other precisions, devices and thread counts are not held against it.
+    others = pd.concat([runs, _runs(precision="fp32", peak=2e10), _runs(4, peak=4e10, device=("cpu", "Intel Xeon"))])
+    assert checks.peak_warnings(others) == [line]
+    # More than three off in one group: one line for the group.
+    runs["peak_flops_per_device"] = [2.1e10, 4.9e10, 2.9e10, 6.0e10, 2.5e10, 7.2e10, 2.4e10, 3.9e10]
+    (line,) = checks.peak_warnings(runs)
+    assert line.startswith("peaks out of line: the 8 ok bf16 runs on AMD EPYC used peaks from 2.1e+10 to 7.2e+10"), line
+
+
+def test_cpu_notice_names_the_device_threads_and_what_the_figures_do_not_show():
+    runs = pd.concat([_runs(precision="fp32", peak=9e10).assign(tokens_per_s=40_000.0), _runs()])
+    notice = checks.cpu_notice(runs)
+    assert notice.startswith("CPU results: all 16 runs trained on a CPU (AMD EPYC, 1 thread per rank, 1–2 ranks per run).")
+    assert "bf16 at 0.35× fp32's tokens/s here" in notice and "without tensor cores" in notice
+    assert "up to 2" in notice and "gloo" in notice and "NVLink or InfiniBand" in notice
+    assert "measured on this machine (e.g. measured fp32 matmul, 1 threads)" in notice
+    note = checks.cpu_best_note(runs)
+    assert note.startswith("Fastest on this CPU (AMD EPYC, 1 thread per rank, 1–2 ranks per run): bf16 ran without "
+                           "tensor cores and its ranks shared the machine's cores over gloo"), note
+    # fp32 at world size 1 only: nothing about low precision or links, the MFU part stays
+    alone = runs[(runs["precision"] == "fp32") & (runs["world_size"] == 1)]
+    assert "tensor cores" not in checks.cpu_notice(alone) and "gloo" not in checks.cpu_notice(alone)
+    assert "MFU is against a CPU matmul rate" in checks.cpu_notice(alone)
+    # A GPU sweep: no notice, no note.
+    gpu = runs.assign(device_type="cuda", device_name="NVIDIA H100 80GB HBM3")
+    assert checks.cpu_notice(gpu) is None and checks.cpu_best_note(gpu) is None
+    # issue #41: a run that never started trained on nothing; runs across nodes talk across them
+    skipped = runs.head(1).assign(status="skipped")
+    assert checks.cpu_notice(skipped) is None
+    assert checks.cpu_notice(runs.head(1)).startswith("CPU results: the one run trained on a CPU")
+    two_nodes = runs[runs["world_size"] == 2].assign(nodes_used=2, nodes_share_machine=True)
+    notice = checks.cpu_notice(two_nodes)
+    assert "across nodes (network namespaces of one machine" in notice and "host memory" not in notice
+
+
+def test_sweep_end_text_opens_with_the_cpu_notice_and_only_on_cpu(tmp_path):
+    from scalelab.harness.fixtures import synthetic_results
+    from scalelab.report.tables import sweep_end_text
+
+    synthetic_results(tmp_path, n_runs=24, n_steps=12)
+    (tmp_path / "report").mkdir()
+    (tmp_path / "report" / "report.html").write_text("built after the tables")
+    text = sweep_end_text(tmp_path)
+    # the synthetic set's run 7 was skipped: it trained on nothing
+    assert text.startswith("scalelab: CPU results: 23 of the 24 runs trained on a CPU (synthetic, "), text
+    best = text.index("Best configuration per world size:")
+    assert re.search(r"\n  Fastest on this CPU \(synthetic, .*not a recommendation for a GPU\.\n", text[best:]), text
+    runs = pd.read_parquet(tmp_path / "metrics.parquet")
+    runs.assign(device_type="cuda", device_name="NVIDIA H100 80GB HBM3", backend="nccl").to_parquet(tmp_path / "metrics.parquet")
+    (tmp_path / "report" / "report.html").write_text("rebuilt")
+    text = sweep_end_text(tmp_path)
+    assert text.startswith("scalelab: 24 runs") and "CPU" not in text, text
+
+
+def test_fp8_runs_are_told_whether_fp8_pays_at_their_width_and_that_eager_costs():
+    runs = pd.DataFrame({"run_id": ["fp8-z0-w1", "fp8-z0-w1-compile", "bf16-z0-w1", "fp8-z0-w2"],
+                         "precision": ["fp8", "fp8", "bf16", "fp8"], "status": ["ok", "ok", "ok", "failed"],
+                         "d_model": [2048, 2048, 2048, 2048], "compile": [False, True, False, False],
+                         "device_type": ["cuda"] * 4})
+    warnings = checks.fp8_warnings(runs)
+    assert len(warnings) == 2, warnings  # one per width and compile setting; failed and bf16 runs say nothing
+    eager, compiled = sorted(warnings, key=lambda w: "-compile" in w)
+    assert eager.startswith("fp8 (fp8-z0-w1)") and "without compile" in eager
+    assert "fp8-z0-w1-compile" in compiled and "pays at d_model 2048" in compiled and "CPU" not in compiled
+    assert checks.fp8_warnings(runs.assign(precision="bf16")) == []

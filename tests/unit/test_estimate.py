@@ -1,0 +1,179 @@
+"""`scalelab estimate` as a new user meets it (#32): counts written as the output prints them,
+row filters, a subcommand's own usage on a bad option, claims that cannot be right said so,
+and the MFU a sweep measured. In process (unit tier); tests/*/test_accounting.py runs the command."""
+import argparse
+import json
+
+import pandas as pd
+import pytest
+
+from scalelab.cli import main
+from scalelab.forecast.estimate import _human, count
+
+
+def _estimate(capsys, *args) -> tuple[int, str, str]:
+    code = main(["estimate", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("text, value", [("1B", 1e9), ("20B", 20e9), ("350M", 350e6), ("1.3B", 1.3e9), ("2k", 2e3),
+                                         ("1T", 1e12), ("7.5e9", 7.5e9), ("120", 120.0)])
+def test_counts_are_read_as_the_output_prints_them(text, value):
+    assert count(text) == pytest.approx(value)
+    assert count(_human(value)) == pytest.approx(value, rel=1e-3)  # what it prints, it reads
+
+
+def test_a_count_that_is_not_one_is_refused_by_the_subcommand(capsys):
+    with pytest.raises(argparse.ArgumentTypeError, match="1.3X"):
+        count("1.3X")
+    code, out, _ = _estimate(capsys, "time", "--params", "20B", "--tokens", "1T", "--gpus", "1K", "--gpu", "H100", "--json")
+    result = json.loads(out)
+    assert code == 0 and (result["n_params"], result["tokens"], result["gpus"]) == (20_000_000_000, 1e12, 1000)
+
+
+def test_memory_and_fit_tables_filter_by_precision_and_stage(capsys):
+    code, out, _ = _estimate(capsys, "memory", "--params", "1B", "--world-size", "8", "--precision", "bf16",
+                             "--zero-stage", "2", "3", "--json")
+    assert code == 0 and [(r["precision"], r["zero_stage"]) for r in json.loads(out)["rows"]] == [("bf16", 2), ("bf16", 3)]
+    code, out, _ = _estimate(capsys, "fit", "--gpu-memory", "80", "--world-size", "8", "--zero-stage", "3", "--json")
+    assert code == 0 and [(r["precision"], r["zero_stage"]) for r in json.loads(out)["rows"]] == [
+        ("fp32", 3), ("fp16", 3), ("bf16", 3)]
+
+
+def test_an_unknown_option_is_the_subcommands_error_with_its_usage(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["estimate", "memory", "--params", "1e9", "--precison", "bf16"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert err.startswith("usage: scalelab estimate memory ")
+    assert err.rstrip().endswith("scalelab estimate memory: error: unrecognized arguments: --precison bf16")
+
+
+def test_claim_says_when_an_implied_mfu_is_too_low_to_be_right(capsys):
+    """It printed 'implied MFU 0.0%: plausible': no lower bound, a percentage rounded to zero, and
+    --params 1.3 (meaning billions) truncated by int() to one parameter."""
+    code, _, err = _estimate(capsys, "claim", "--params", "1.3", "--tokens-per-s", "2M", "--gpus", "8", "--gpu", "H100")
+    assert code == 2 and "--params 1.3 is 1.3 parameters, a count: write 1.3B" in err
+    code, out, _ = _estimate(capsys, "claim", "--params", "1.3B", "--tokens", "1e9", "--days", "30", "--gpus", "8",
+                             "--gpu", "H100")
+    assert code == 0 and "implied MFU 0.038%: implausibly low" in out and "0.0%" not in out
+    code, out, _ = _estimate(capsys, "claim", "--params", "1.3B", "--tokens-per-s", "100K", "--gpus", "8", "--gpu", "H100")
+    assert code == 0 and "implied MFU 9.9%: plausible" in out
+
+
+def test_time_takes_the_mfu_a_sweep_measured(tmp_path, capsys):
+    pd.DataFrame({
+        "run_id": ["fp32-z0-w1", "fp32-z0-w2", "fp32-z3-w2", "fp32-z1-w2", "bf16-z0-w1"],
+        "status": ["ok", "ok", "ok", "failed", "ok"],
+        "precision": ["fp32", "fp32", "fp32", "fp32", "bf16"],
+        "mfu": [0.10, 0.30, 0.20, None, 0.05],
+        "device_type": ["cpu"] * 5,
+        "device_name": ["AMD EPYC"] * 5,
+    }).to_parquet(tmp_path / "metrics.parquet")
+    base = ["time", "--params", "1B", "--tokens", "1e10", "--gpus", "8", "--gpu", "H100", "--precision", "fp32"]
+    code, out, _ = _estimate(capsys, *base, "--mfu-from", str(tmp_path), "--json")
+    result = json.loads(out)
+    assert code == 0 and result["mfu"] == pytest.approx(0.20)  # the median of the three ok fp32 runs
+    assert result["mfu_source"]["runs"] == ["fp32-z0-w1", "fp32-z0-w2", "fp32-z3-w2"]
+    assert "says nothing about what a GPU reaches" in result["note"]
+    code, out, _ = _estimate(capsys, *base, "--mfu-from", str(tmp_path))
+    assert "MFU 20.0% measured: the median of 3 ok fp32 run(s)" in out and "measured on CPU" in out
+    code, _, err = _estimate(capsys, *base[:-1], "fp16", "--mfu-from", str(tmp_path))
+    assert code == 2 and "no ok run of precision fp16 with an MFU (precisions measured: bf16, fp32)" in err
+    code, _, err = _estimate(capsys, *base, "--mfu", "0.4", "--mfu-from", str(tmp_path))
+    assert code == 2 and "not both" in err
+    code, _, err = _estimate(capsys, *base, "--mfu-from", str(tmp_path / "nowhere"))
+    assert code == 2 and "scalelab collect" in err
+
+
+def test_estimate_says_whether_fp8_pays_at_the_models_width(capsys):
+    code, out, _ = _estimate(capsys, "memory", "--model", "gpt2-medium", "--world-size", "8")
+    assert code == 0 and "fp8 against bf16: costs at d_model 1024: about 0.84x bf16" in out and "H200" in out
+    code, out, _ = _estimate(capsys, "memory", "--params", "1e9", "--world-size", "8")
+    assert code == 0 and "fp8 against bf16" not in out  # no shape, no width to judge by
+
+
+def test_an_mfu_prints_as_given_not_rounded_to_a_whole_percent(capsys):
+    """`estimate time --mfu 0.397` printed "MFU 40%" (issue #41)."""
+    code, out, _ = _estimate(capsys, "time", "--params", "1e9", "--tokens", "1e12", "--gpus", "8", "--gpu", "H100",
+                             "--mfu", "0.397")
+    assert code == 0 and "at MFU 39.7%:" in out, out
+    # to the digit given (issue #44), in scaling and plan too; a default or measured MFU to one decimal
+    for mfu, shown in (("0.3975", "39.75%"), ("0.4", "40.0%"), ("0.41234", "41.234%")):
+        code, out, _ = _estimate(capsys, "time", "--params", "1e9", "--tokens", "1e12", "--gpus", "8", "--gpu", "H100",
+                                 "--mfu", mfu)
+        assert f"at MFU {shown}:" in out, out
+        code, out, _ = _estimate(capsys, "scaling", "--model", "gpt2", "--zero-stage", "3", "--gpu", "H100", "--gpus", "8",
+                                 "--mfu", mfu)
+        assert f"at MFU {shown} without communication (--mfu)" in out, out
+    from scalelab.cli import main
+
+    assert main(["plan", "--model", "gpt2", "--gpus", "8", "--gpu", "H100", "--global-batch", "64", "--tokens", "1B",
+                 "--mfu", "0.3975"]) == 0
+    assert "compute: MFU 39.75% without communication (--mfu)" in capsys.readouterr().out
+
+
+def test_every_override_flag_wins_over_a_presets_field(capsys):
+    """--seq, --vocab and --untied with --model: the flag wins over the preset's own context, vocabulary and
+    head (issue #44: `estimate scaling --model llama3-8b --seq 8192` stopped with a TypeError)."""
+    import argparse
+
+    from scalelab.forecast.estimate import _model
+    from scalelab.spec.presets import PRESETS
+
+    base = dict(model="gpt2-medium", params=None, config=None, layers=None, d_model=None, heads=None, vocab=None, seq=None,
+                untied=False)
+    _, plain = _model(argparse.Namespace(**base))
+    assert (plain.seq_len, plain.vocab_size, plain.tie_embeddings) == tuple(
+        PRESETS["gpt2-medium"].shape[k] for k in ("seq_len", "vocab_size", "tie_embeddings"))
+    n, cfg = _model(argparse.Namespace(**{**base, "seq": 8192, "vocab": 50_000, "untied": True}))
+    assert (cfg.seq_len, cfg.vocab_size, cfg.tie_embeddings) == (8192, 50_000, False) and n > _model(argparse.Namespace(**base))[0]
+    for kind, extra in (("memory", ["--world-size", "8"]), ("time", ["--tokens", "1e9", "--gpus", "8", "--gpu", "H100"]),
+                        ("scaling", ["--gpu", "H100", "--gpus", "8,16", "--zero-stage", "3", "--inter-node", "ib-ndr"])):
+        for flags in (["--seq", "8192"], ["--vocab", "50000"], ["--untied"]):
+            code, _, err = _estimate(capsys, kind, "--model", "llama3-8b", *flags, *extra)
+            assert code == 0, (kind, flags, err)
+
+
+def test_scaling_at_a_fixed_global_batch_accumulates_each_gpus_share(capsys):
+    """--global-batch (issue #44): each GPU's share G/n in micro-batches of at most --micro-batch, accumulated; the
+    time holds every micro-batch's compute and FSDP's per-micro-batch gathers, the memory one micro-batch's
+    activations; --activation-checkpointing adds the recompute to the time (MFU counts model FLOPs) and
+    takes the checkpointed activations."""
+    from scalelab.forecast.estimate import EstimateError, batch_plan
+    from scalelab.formulas import accounting
+
+    assert batch_plan(None, 4, 64) == (4, 1)  # a fixed per-GPU batch: weak scaling, as before
+    assert batch_plan(512, 2, 8) == (2, 32) and batch_plan(512, 2, 64) == (2, 4) and batch_plan(512, 16, 256) == (2, 1)
+    assert batch_plan(48, 5, 8) == (3, 2)  # a share of 6 in the largest micro-batch up to 5 that divides it
+    with pytest.raises(EstimateError, match="does not split evenly over 24 GPUs"):
+        batch_plan(512, 2, 24)
+    base = ["scaling", "--model", "llama3-8b", "--seq", "8192", "--zero-stage", "3", "--gpu", "H100", "--gpus", "8,64",
+            "--inter-node", "ib-ndr", "--micro-batch", "2", "--json"]
+    code, out, err = _estimate(capsys, *base, "--global-batch", "512")
+    assert code == 0, err
+    fixed = json.loads(out)
+    (r8, r64) = fixed["rows"]
+    assert (r8["micro_batch"], r8["accumulation_steps"], r64["accumulation_steps"]) == (2, 32, 4)
+    assert r8["tokens_per_gpu_per_step"] == 64 * 8192 == 8 * r64["tokens_per_gpu_per_step"]
+    assert r8["compute_s"] == pytest.approx(8 * r64["compute_s"])  # compute follows the share
+    assert r8["collective_calls"]["all_gather"] == 8 * r64["collective_calls"]["all_gather"]  # gathers per micro-batch
+    code, out, _ = _estimate(capsys, *base)  # a fixed per-GPU batch of 2 sequences holds the same micro-batch
+    weak = json.loads(out)
+    assert weak["rows"][0]["accumulation_steps"] == 1
+    # the same micro-batch; accumulated, the gradients of the earlier micro-batches exist at the last one's peak
+    grads = accounting.model_state_bytes(fixed["n_params"], 3, 8, "bf16").grads / 2 ** 30
+    assert fixed["rows"][0]["peak_memory_gib"] == pytest.approx(weak["rows"][0]["peak_memory_gib"] + grads, rel=0.02)
+    code, out, _ = _estimate(capsys, *base, "--global-batch", "512", "--activation-checkpointing")
+    checkpointed = json.loads(out)
+    cfg_ratio = 1 + checkpointed["recompute_flops_per_token"] / checkpointed["flops_per_token"]
+    assert checkpointed["rows"][0]["compute_s"] == pytest.approx(r8["compute_s"] * cfg_ratio)
+    assert checkpointed["rows"][0]["mfu"] < r8["mfu"] and checkpointed["rows"][0]["peak_memory_gib"] < r8["peak_memory_gib"] / 2
+    code, out, _ = _estimate(capsys, *base[:-1], "--global-batch", "512")
+    assert code == 0 and "global batch 512 sequences" in out and "2 x 32" in out
+    from scalelab.config import ModelConfig
+    from scalelab.spec.presets import PRESETS
+
+    cfg = ModelConfig(**{**PRESETS["llama3-8b"].shape, "seq_len": 8192})
+    assert checkpointed["recompute_flops_per_token"] == accounting.recompute_flops_per_token(cfg)  # the run's own formula

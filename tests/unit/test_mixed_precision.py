@@ -1,0 +1,109 @@
+"""Mixed precision as people run it (issue #31, part 3): fp16 and bf16 runs gather parameters in
+their compute dtype at ZeRO stages 2 and 3 (FSDP2's MixedPrecisionPolicy), reduce gradients in
+fp32 unless the grad_reduce lever says compute (MixedPrecisionPolicy reduce_dtype, or DDP's
+bf16/fp16 compress hook at stages 0 and 1), and measured collective bytes equal the formulas
+(scalelab.formulas.accounting.comm_bytes_per_step) exactly, for every precision x stage x lever value.
+
+The real runs are few and short (world size 2, 3 steps of the tiny model): byte counts are the
+same every step, so two measured steps say as much as ten."""
+from __future__ import annotations
+
+import pytest
+
+from scalelab.formulas import accounting
+from scalelab.plan.columns import run_row
+from scalelab.plan.run_plan import result_params, run_plan
+from scalelab.plan.sweep import RunPoint, sweep_plan
+from support import tiny_config
+from support.mixed_precision import STAGES
+
+"""|loss - loss of the fp32 twin| / loss of the fp32 twin, per step: what fp16/bf16 autocast kept
+before the policy on this model (measured: below 1e-3), with room for the 16-bit gathers."""
+
+
+# ----------------------------------------------------------------------------- formulas (no process)
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_fp32_bytes_are_four_per_element_of_the_paper_unit(stage):
+    for world_size in (1, 2, 8):
+        for k in (1, 4):
+            assert accounting.comm_bytes_per_step(1000, stage, world_size, "fp32", k) == \
+                4 * accounting.comm_elements_per_step(1000, stage, world_size, k)
+            # LoRA: 700 frozen + 300 trainable
+            assert accounting.comm_bytes_per_step(1000, stage, world_size, "fp32", k, n_trainable=300) == \
+                4 * accounting.lora_comm_elements_per_step(700, 300, stage, world_size, k)
+
+
+def test_sixteen_bit_gathers_halve_the_all_gather_bytes_and_nothing_else():
+    psi, n, k = 1000, 2, 2
+    for precision in ("fp16", "bf16"):
+        scaler = accounting.LOSS_SCALER_COMM_BYTES if precision == "fp16" else 0
+        # stage 2: k gathers at 2 bytes + one fp32 reduce-scatter; stage 3: 2k gathers
+        assert accounting.comm_bytes_per_step(psi, 2, n, precision, k) == k * psi * 2 + psi * 4 + scaler
+        assert accounting.comm_bytes_per_step(psi, 3, n, precision, k) == 2 * k * psi * 2 + psi * 4 + scaler
+        assert accounting.comm_bytes_per_step(psi, 3, n, precision, k, "compute") == 2 * k * psi * 2 + psi * 2 + scaler
+        # DDP: fp32 all-reduce unless the lever compresses it; ZeRO-1's broadcast stays fp32
+        assert accounting.comm_bytes_per_step(psi, 0, n, precision) == 2 * psi * 4 + scaler
+        assert accounting.comm_bytes_per_step(psi, 0, n, precision, 1, "compute") == 2 * psi * 2 + scaler
+        assert accounting.comm_bytes_per_step(psi, 1, n, precision, 1, "compute") == 2 * psi * 2 + psi * 4 + scaler
+        assert accounting.comm_bytes_per_step(psi, 2, 1, precision) == scaler  # FSDP2 alone: no collective
+    # fp8 keeps its fp32 collectives, and the lever does not lower fp32's
+    assert accounting.comm_dtypes("fp8", 3) == accounting.CommDtypes("float32", "float32")
+    assert accounting.comm_dtypes("fp32", 0, "compute") == accounting.CommDtypes(None, "float32")
+    assert accounting.comm_dtypes("bf16", 2) == accounting.CommDtypes("bfloat16", "float32")
+    with pytest.raises(ValueError, match="grad_reduce must be one of"):
+        accounting.comm_dtypes("bf16", 2, "bf16")
+
+
+def test_in_step_gathered_parameters_follow_the_gather_dtype():
+    cfg = tiny_config()
+    from scalelab.config import model_config
+
+    model = model_config(cfg, 256)
+    n = accounting.param_count(model)
+    for stage in (2, 3):
+        fp32 = accounting.peak_memory(model, n, stage, 2, "fp32", 4)
+        for precision in ("fp16", "bf16"):
+            mixed = accounting.peak_memory(model, n, stage, 2, precision, 4)
+            assert mixed.transient_params == fp32.transient_params / 2
+            assert mixed.model_state == fp32.model_state  # fp32 shards, grads and AdamW at rest
+    assert accounting.peak_memory(model, n, 0, 2, "bf16", 4).transient_params == 0
+
+
+def test_the_lever_is_one_axis_whose_default_changes_no_run_id():
+    cfg = tiny_config(sweep={"precision": ["fp32", "fp16", "bf16", "fp8"], "zero_stage": [0, 2], "world_size": [2],
+                             "grad_reduce": ["fp32", "compute"]})
+    points, left_out = sweep_plan(cfg)
+    ids = {p.run_id for p in points}
+    assert {"bf16-z0-w2", "bf16-z0-w2-reduce16", "fp16-z2-w2-reduce16", "fp32-z2-w2"} <= ids
+    assert not any(p.grad_reduce == "compute" and p.precision in ("fp32", "fp8") for p in points)
+    assert {(p.precision, p.zero_stage) for p, _ in left_out} == {("fp32", 0), ("fp32", 2), ("fp8", 0), ("fp8", 2)}
+    assert all("applies to fp16 and bf16" in reason for _, reason in left_out)
+    assert RunPoint("bf16", 3, 2).run_id == "bf16-z3-w2"
+
+
+def test_result_params_change_for_sixteen_bit_sharded_runs_only():
+    """The bf16/fp16 stage 2 and 3 runs measured with fp32 gathers rerun; no other run does."""
+    cfg = tiny_config()
+    for precision in ("fp32", "fp16", "bf16", "fp8"):
+        for stage in STAGES:
+            params = result_params(cfg, run_plan(cfg, RunPoint(precision, stage, 2), device="cpu"))
+            if precision in ("fp16", "bf16") and stage >= 2:
+                gathered = {"fp16": "float16", "bf16": "bfloat16"}[precision]
+                assert params["comm_dtypes"] == {"param_gather_dtype": gathered}
+            else:
+                assert "comm_dtypes" not in params
+    lever = result_params(cfg, run_plan(cfg, RunPoint("bf16", 0, 2, grad_reduce="compute"), device="cpu"))
+    assert lever["comm_dtypes"] == {"grad_reduce_dtype": "bfloat16"}
+
+
+def test_an_old_summary_reads_as_the_fp32_recipe_it_ran():
+    old = {"run_id": "bf16-z3-w2", "precision": "bf16", "zero_stage": 3, "world_size": 2, "status": "ok"}
+    row = run_row(old, "bf16-z3-w2")
+    assert (row["param_gather_dtype"], row["grad_reduce_dtype"]) == ("float32", "float32")
+    row = run_row({**old, "zero_stage": 0, "run_id": "bf16-z0-w2"}, "bf16-z0-w2")
+    assert (row["param_gather_dtype"], row["grad_reduce_dtype"]) == (None, "float32")
+    new = run_row({**old, "param_gather_dtype": "bfloat16", "grad_reduce_dtype": "float32"}, "bf16-z3-w2")
+    assert new["param_gather_dtype"] == "bfloat16"
+    failed = run_row({**old, "status": "failed"}, "bf16-z3-w2")
+    assert failed["param_gather_dtype"] is None  # no measurement, no recipe

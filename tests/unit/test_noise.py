@@ -1,0 +1,225 @@
+"""Repeats and their spread (issue #31, point 2): the sweep's repeats, the noise they measure, and the
+comparisons that read it (best configuration, throughput figure's table, compare, warnings)."""
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from scalelab.config import ConfigError
+from scalelab.harness.testing import tiny_config
+from scalelab.plan.sweep import RunPoint, sweep_plan
+from scalelab.report.checks import noise_warnings
+from scalelab.report.compare import compare_runs, noise_limit, summary_lines
+from scalelab.report.tables import best_configurations, best_configurations_text, throughput_table
+from scalelab.results.noise import config_ids, medians, relative_change, repeat_spreads, sweep_noise, t_quantile
+from scalelab.run.calibration import describe_rank_cores, peak_for, rank_cores
+
+
+def _runs(*rows) -> pd.DataFrame:
+    """Rows (run_id, tokens/s[, status]); the point's axes read from the run id."""
+    out = []
+    for run_id, tps, *status in rows:
+        parts = run_id.split("-")
+        repeat = int(parts[-1][1:]) if parts[-1].startswith("r") else 1
+        out.append({"run_id": run_id, "precision": parts[0], "zero_stage": int(parts[1][1:]), "world_size": int(parts[2][1:]),
+                    "repeat": repeat, "tokens_per_s": tps, "status": status[0] if status else "ok", "mfu": tps / 1e4,
+                    "model_state_bytes_measured": 1e6, "peak_rss_bytes": 3e8, "step_time_s_median": 512 / tps, "final_loss": 3.0})
+    return pd.DataFrame(out)
+
+
+# ----------------------------------------------------------------------------- the sweep's repeats
+
+def test_repeats_run_the_baseline_more_often_with_run_ids_of_their_own():
+    cfg = tiny_config(sweep={"precision": ["fp32", "bf16"], "zero_stage": [0, 3], "world_size": [1, 2]}, repeats={"baseline": 3})
+    points, _ = sweep_plan(cfg)
+    ids = [p.run_id for p in points]
+    assert len(ids) == len(set(ids)) == 8 + 2 * 2
+    # the baseline is the first precision and stage listed, at every world size; its repeats follow it
+    assert ids[:3] == ["fp32-z0-w1", "fp32-z0-w1-r2", "fp32-z0-w1-r3"]
+    assert {p.run_id for p in points if p.repeat > 1} == {"fp32-z0-w1-r2", "fp32-z0-w1-r3", "fp32-z0-w2-r2", "fp32-z0-w2-r3"}
+    # a repeat differs from its first run in the repeat only, and reads back from point.json
+    r2 = next(p for p in points if p.run_id == "fp32-z0-w2-r2")
+    assert r2.values() == {**RunPoint("fp32", 0, 2).values(), "repeat": 2}
+    assert RunPoint.from_json(json.loads(json.dumps(r2.to_json()))) == r2
+    assert RunPoint.from_json({"precision": "fp32", "zero_stage": 0, "world_size": 2}).repeat == 1  # a point.json of before
+    every = sweep_plan(tiny_config(sweep={"precision": ["fp32", "bf16"], "world_size": [1]}, repeats={"points": 2, "baseline": 1}))[0]
+    assert [p.run_id for p in every] == ["fp32-z0-w1", "fp32-z0-w1-r2", "bf16-z0-w1", "bf16-z0-w1-r2"]
+
+
+def test_a_model_named_like_a_repeat_is_refused():
+    cfg = tiny_config(models={"r2": {"n_layers": 1, "d_model": 32, "n_heads": 2}}, sweep={"model": ["r2"]})
+    with pytest.raises(ConfigError, match="models.r2: a model name must not read as a run-id part of repeat"):
+        sweep_plan(cfg)
+
+
+# ----------------------------------------------------------------------------- the noise
+
+def _sigma(*groups) -> float:
+    """Pooled standard deviation of log tokens/s, each group around its own mean (what Noise.sigma is)."""
+    ss = sum(float(((np.log(g) - np.log(g).mean()) ** 2).sum()) for g in map(np.asarray, groups))
+    return math.sqrt(ss / sum(len(g) - 1 for g in groups))
+
+
+def test_spread_sigma_and_medians_of_repeats():
+    runs = _runs(("fp32-z0-w1", 1000), ("fp32-z0-w1-r2", 1100), ("fp32-z0-w1-r3", 1050), ("bf16-z0-w1", 900),
+                 ("fp32-z0-w2", 1500), ("fp32-z0-w2-r2", 1800, "failed"))
+    assert list(config_ids(runs)) == ["fp32-z0-w1"] * 3 + ["bf16-z0-w1", "fp32-z0-w2", "fp32-z0-w2"]
+    spreads = repeat_spreads(runs)
+    assert spreads.loc["fp32-z0-w1", "spread"] == pytest.approx(100 / 1050)
+    assert spreads.loc["fp32-z0-w2", "n"] == 1 and pd.isna(spreads.loc["fp32-z0-w2", "spread"])  # a failed repeat is no sample
+    noise = sweep_noise(runs)
+    assert (noise.spread, noise.worst, noise.points, noise.runs, noise.dof) == (pytest.approx(100 / 1050), "fp32-z0-w1", 1, 3, 2)
+    assert noise.sigma == pytest.approx(_sigma([1000, 1100, 1050]))
+    # two single runs: within noise up to exp(t(99%, 2 dof) * sigma * sqrt(2)) - 1; a median of 3 runs is surer
+    single = math.expm1(t_quantile(2) * noise.sigma * math.sqrt(2))
+    assert t_quantile(2) == 9.925 and noise.margin(1, 1) == pytest.approx(single)
+    assert noise.within(1000, 1000 * (1 + single) * 0.999) and not noise.within(1000, 1000 * (1 + single) * 1.001)
+    assert noise.margin(3, 1) < noise.margin(2, 1) < noise.margin(1, 1) < noise.margin(1, 1, 1)
+    m = medians(runs).set_index("run_id")
+    assert m.loc["fp32-z0-w1", ["tokens_per_s", "repeats", "tokens_per_s_min", "tokens_per_s_max"]].tolist() == [1050, 3, 1000, 1100]
+    assert m.loc["fp32-z0-w1", "step_time_s_median"] == pytest.approx(512 / 1050, rel=0.05)
+    assert len(m) == 3
+    assert sweep_noise(_runs(("fp32-z0-w1", 1000))).spread is None
+    assert sweep_noise(_runs(("fp32-z0-w1", 1000))).margin(1, 1) is None
+    assert "no point ran twice" in sweep_noise(_runs(("fp32-z0-w1", 1000))).text()
+    assert "sigma 4.8% per run, 2 degree(s) of freedom" in noise.text()
+
+
+def test_t_quantiles_are_conservative_between_table_rows():
+    assert [t_quantile(d) for d in (1, 4, 11, 200)] == [63.657, 4.604, 3.169, 2.576]
+    assert all(t_quantile(d) >= t_quantile(d + 1) for d in range(1, 130))
+    with pytest.raises(ValueError):
+        t_quantile(0)
+
+
+def test_identical_points_are_called_different_about_one_time_in_a_hundred():
+    """The rule's false-alarm rate, by simulation: sweeps whose every run has the same true speed and a
+    lognormal noise of 8%, the default repeats (two points of three runs), then two single-run points
+    compared. The range rule this replaced (a difference beyond the largest spread of repeats is
+    real) called about a quarter of such pairs different."""
+    rng = np.random.default_rng(0)
+    trials, false_alarms, range_rule = 600, 0, 0
+    for _ in range(trials):
+        tps = 1000 * np.exp(rng.normal(0, 0.08, size=8))
+        runs = _runs(*zip(["fp32-z0-w1", "fp32-z0-w1-r2", "fp32-z0-w1-r3", "fp32-z0-w2", "fp32-z0-w2-r2", "fp32-z0-w2-r3",
+                           "bf16-z0-w1", "fp16-z0-w1"], tps))
+        noise = sweep_noise(runs)
+        false_alarms += not noise.within(tps[6], tps[7])
+        range_rule += relative_change(tps[6], tps[7]) > noise.spread
+    assert false_alarms / trials <= 0.025, false_alarms
+    assert range_rule / trials > 0.15, range_rule
+
+
+def test_best_configuration_names_points_within_noise_and_a_real_lead():
+    runs = _runs(("fp32-z0-w1", 1000), ("fp32-z0-w1-r2", 1100), ("fp32-z0-w1-r3", 1050), ("bf16-z0-w1", 1080),
+                 ("fp16-z0-w1", 500), ("fp32-z0-w2", 1500), ("fp32-z0-w2-r2", 1550), ("bf16-z0-w2", 900))
+    best = best_configurations(runs).set_index("world_size")
+    noise = best.attrs["noise"]
+    assert noise.dof == 3 and noise.sigma == pytest.approx(_sigma([1000, 1100, 1050], [1500, 1550]))
+    # world size 1: bf16 (one run, 1080) is ahead of fp32's median of 3 (1050) by 2.9%: within noise; fp16 is not
+    assert best.loc[1, "run_id"] == "bf16-z0-w1" and best.loc[1, "within_noise"] == "fp32-z0-w1"
+    assert best.loc[2, "run_id"] == "fp32-z0-w2" and best.loc[2, "within_noise"] == "" and best.loc[2, "repeats"] == 2
+    assert best.loc[2, "tokens_per_s"] == 1525 and best.loc[2, "lead"] == pytest.approx(1525 / 900 - 1)
+    assert best.loc[2, "noise_margin"] == pytest.approx(noise.margin(2, 1)) and 0.2 < noise.margin(2, 1) < 1525 / 900 - 1
+    text = best_configurations_text(runs)
+    assert "world size 1: bf16-z0-w1" in text and "within run-to-run noise of it: fp32-z0-w1" in text
+    assert f"ahead of bf16-z0-w2 by 69%, beyond the {noise.margin(2, 1):.0%} noise alone reaches (99%)" in text
+    assert text.splitlines()[-1].startswith("run-to-run spread of tokens/s: up to 9.5% between identical runs (fp32-z0-w1")
+    # single runs: the lead is stated, and that the spread is unknown
+    single = best_configurations_text(_runs(("fp32-z0-w1", 1000), ("bf16-z0-w1", 1200)))
+    assert "ahead of fp32-z0-w1 by 20% (single runs: spread unknown)" in single
+
+
+def test_throughput_table_draws_the_median_with_the_range_of_repeats():
+    runs = _runs(("fp32-z0-w1", 1000), ("fp32-z0-w1-r2", 1200), ("fp32-z0-w1-r3", 1100), ("fp32-z0-w2", 1650))
+    t = throughput_table(runs).set_index("world_size")
+    assert t.loc[1, ["tokens_per_s", "tokens_per_s_lo", "tokens_per_s_hi", "runs"]].tolist() == [1100, 1000, 1200, 3]
+    # efficiency divides by world size 1's median, not by one of its runs
+    assert t.loc[2, "scaling_efficiency"] == pytest.approx(1650 / (2 * 1100))
+    assert t.loc[2, "scaling_efficiency_lo"] == t.loc[2, "scaling_efficiency_hi"] == t.loc[2, "scaling_efficiency"]
+
+
+def test_compare_marks_which_changes_exceed_the_noise_of_either_sweep():
+    a = _runs(("fp32-z0-w1", 1000), ("fp32-z0-w1-r2", 1050), ("fp32-z0-w1-r3", 1020), ("bf16-z0-w1", 800))
+    b = _runs(("fp32-z0-w1", 1020), ("fp32-z0-w1-r2", 1030), ("fp32-z0-w1-r3", 1010), ("bf16-z0-w1", 1300))
+    steps = pd.DataFrame({"run_id": pd.Series([], dtype=str), "step": pd.Series([], dtype=int), "loss": pd.Series([], dtype=float)})
+    # one run in A against one in B: both sweeps' variances added, t at their 4 degrees of freedom together
+    limit = math.expm1(t_quantile(4) * math.hypot(_sigma([1000, 1050, 1020]), _sigma([1020, 1030, 1010])))
+    assert noise_limit(a, b) == pytest.approx(limit) and 0.05 < limit < 0.3
+    table = compare_runs(a, b, steps, steps).set_index("run_id")
+    assert table["throughput_change"].to_dict() == {"bf16-z0-w1": "beyond noise", "fp32-z0-w1": "within noise",
+                                                     "fp32-z0-w1-r2": "within noise", "fp32-z0-w1-r3": "within noise"}
+    lines = summary_lines(table.reset_index(), pd.DataFrame(columns=["side"]), pd.DataFrame({"column": [], "same": []}),
+                          noise_limit(a, b))
+    assert any(line.startswith(f"throughput changes beyond the run-to-run noise ({limit:.1%}") and "1 of 4 runs (bf16-z0-w1)" in line
+               for line in lines), lines
+    single = compare_runs(_runs(("fp32-z0-w1", 1000)), _runs(("fp32-z0-w1", 1300)), steps, steps)
+    assert single["throughput_change"].tolist() == ["unknown (no repeats)"]
+    # a sweep without repeats borrows the other's noise
+    assert noise_limit(_runs(("fp32-z0-w1", 1000)), b) == pytest.approx(math.expm1(t_quantile(2) * _sigma([1020, 1030, 1010]) * math.sqrt(2)))
+
+
+def test_noise_warnings_name_noisy_points_and_unrankable_bests():
+    runs = _runs(("fp32-z0-w1", 1000), ("fp32-z0-w1-r2", 1300), ("fp32-z0-w1-r3", 1050), ("bf16-z0-w1", 1080))
+    warnings = noise_warnings(runs, best_configurations(runs))
+    assert warnings[0].startswith("fp32-z0-w1: its 3 identical runs differ by 29% in tokens/s (1,000 to 1,300)")
+    assert warnings[1] == ("world size 1: the fastest point bf16-z0-w1 is within run-to-run noise of fp32-z0-w1: "
+                           "the sweep cannot rank them (more repeats narrow the noise: repeats.points)")
+    quiet = _runs(("fp32-z0-w1", 1000), ("fp32-z0-w1-r2", 1030), ("fp32-z0-w1-r3", 1010),
+                  ("fp32-z0-w2", 1900), ("fp32-z0-w2-r2", 1950), ("fp32-z0-w2-r3", 1920), ("bf16-z0-w1", 1300))
+    assert noise_warnings(quiet, best_configurations(quiet)) == []
+
+
+# ----------------------------------------------------------------------------- isolation: cores and the calibration
+
+def test_each_cpu_rank_gets_cores_of_its_own_or_the_row_says_they_share():
+    assert rank_cores([0, 1, 2, 3], 1, 2, 2) == [2, 3]
+    assert describe_rank_cores([0, 1], 2, 1) == "r0:0 r1:1"
+    assert describe_rank_cores([4, 5, 6, 7], 2, 1, launcher_slot=1) == "r0:6 r1:7"  # two launchers packed on one host
+    assert describe_rank_cores([2, 3], 2, 1, launcher_slot=1) == "r0:2 r1:3"  # a SLURM task sees its own cores only
+    assert describe_rank_cores([0, 1], 4, 1).startswith("shared: 4 rank(s) x 1 thread(s) on 2 core(s)")
+    assert rank_cores([0, 1], 3, 4, 1) is None
+
+
+def test_a_run_uses_the_sweep_calibration_only_where_it_applies():
+    import socket
+
+    record = {"hostname": socket.gethostname(), "threads": 1, "measured_utc": "2026-11-24T07:00:00+00:00",
+              "peaks_flops": {"fp32": 8e10, "bf16": 2e11, "fp16": 5e10}}
+    assert peak_for(record, "fp8", 1) == (2e11, "sweep calibration: measured bf16 matmul, 1 thread(s), idle machine, "
+                                                "2026-11-24T07:00:00+00:00")  # fp8 computes in bf16 on a CPU
+    assert peak_for(record, "fp32", 2) is None  # another thread count: the run measures its own
+    assert peak_for({**record, "hostname": "elsewhere"}, "fp32", 1) is None  # measured on another node
+    assert peak_for(None, "fp32", 1) is None
+
+
+def test_repeatability_verdicts_between_two_sweeps():
+    """The benchmark's judgement (python -m scalelab.harness.bench repeatability) on two hand-made sweeps."""
+    from scalelab.harness.repeatability import run_ratios, verdicts
+
+    a = _runs(("fp32-z0-w1", 1000), ("fp32-z0-w1-r2", 1040), ("fp32-z0-w1-r3", 1020), ("bf16-z0-w1", 1010),
+              ("fp32-z0-w2", 1600), ("fp32-z0-w2-r2", 1620), ("fp32-z0-w2-r3", 1580), ("bf16-z0-w2", 800))
+    b = _runs(("fp32-z0-w1", 1030), ("fp32-z0-w1-r2", 1000), ("fp32-z0-w1-r3", 1015), ("bf16-z0-w1", 1000),
+              ("fp32-z0-w2", 1590), ("fp32-z0-w2-r2", 1610), ("fp32-z0-w2-r3", 1600), ("bf16-z0-w2", 1700))
+    assert run_ratios(a, b)["bf16-z0-w2"] == pytest.approx(1700 / 800)
+    table = verdicts(a, b).set_index("comparison")["verdict"].to_dict()
+    # noise: sigma about 1.5% per run in each, 4 degrees of freedom. bf16/fp32 at w1: A 0.99, B 0.985: the same answer
+    assert table["bf16/fp32 z0 w1"] == "agree"
+    assert table["efficiency fp32-z0-w2"] == "agree"  # 1600/2040 against 1600/2030
+    # at w2 bf16 went from half fp32's speed to ahead of it: no noise explains that
+    assert table["bf16/fp32 z0 w2"] == "DISAGREE" and table["efficiency bf16-z0-w2"] == "DISAGREE"
+    assert table["best at w2"] == "DISAGREE"
+    # world size 1: bf16 and fp32 are within noise of each other in both sweeps: no ranking was claimed
+    assert table["best at w1"] in ("agree", "within noise in both")
+
+
+def test_the_mfu_heatmap_shows_a_repeated_points_spread():
+    from scalelab.report.plots import mfu_grid
+
+    g = mfu_grid(_runs(("fp32-z0-w1", 1000), ("fp32-z0-w1-r2", 1100), ("fp32-z0-w1-r3", 1050), ("bf16-z0-w1", 900)))
+    rows = dict(zip(g["rows"], range(len(g["rows"]))))
+    assert g["mfu"][rows["fp32 z0"], 0] == pytest.approx(0.105)  # the median of 0.100, 0.110, 0.105
+    assert g["spread"][rows["fp32 z0"], 0] == pytest.approx(0.01 / 0.105)
+    assert np.isnan(g["spread"][rows["bf16 z0"], 0])  # one run: no spread to show

@@ -1,0 +1,68 @@
+"""scalelab plan (issue #44): one answer before renting GPUs, from the same predictions as estimate scaling."""
+import json
+
+import pytest
+
+from scalelab.cli import main
+
+ASK = ["plan", "--model", "llama3-8b", "--gpus", "64", "--gpu", "H100", "--inter-node", "ib-ndr", "--global-batch", "512",
+       "--seq", "8192", "--tokens", "1T"]
+
+
+def _plan(capsys, *args):
+    code = main([*args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_the_plan_ranks_what_fits_and_says_why_the_others_lost(capsys):
+    code, out, err = _plan(capsys, *ASK, "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    best, rows = result["best"], result["rows"]
+    budget = result["budget_gib"]
+    assert result["reserve_gib"] == pytest.approx(2.0 + 0.05 * 80) and budget == pytest.approx(80 - 6)
+    assert best["fits"] and best["peak_memory_gib"] <= budget
+    assert best["tokens_per_s_per_gpu"] == max(r["tokens_per_s_per_gpu"] for r in rows if r["fits"])
+    assert all(not r["fits"] for r in rows if r["peak_memory_gib"] > budget)
+    assert best["days"] == pytest.approx(1e12 / (best["tokens_per_s_per_gpu"] * 64) / 86400)
+    pairs = {(r["precision"], str(r["strategy"])) for r in rows}
+    assert {("bf16", s) for s in ("0", "1", "2", "3", "hybrid")} <= pairs and ("fp8", "3") in pairs  # H100: fp8 too
+    shown = {(r["precision"], str(r["strategy"])) for r in result["runners_up"]}
+    assert shown == pairs - {(best["precision"], str(best["strategy"]))}
+    for r in result["runners_up"]:
+        if not r["fits"]:  # its smallest configuration, against the budget
+            assert r["why"].startswith(f"does not fit: {r['peak_memory_gib']:.1f} GiB at its smallest"), r["why"]
+            mine = [x for x in rows if (x["precision"], x["strategy"]) == (r["precision"], r["strategy"])]
+            assert r["peak_memory_gib"] == min(x["peak_memory_gib"] for x in mine)
+        else:
+            slower = best["tokens_per_s_per_gpu"] / r["tokens_per_s_per_gpu"] - 1
+            assert r["why"].startswith(f"{slower:.1%} slower: ") and ("no ranking" in r["why"]) == (slower < 0.05), r["why"]
+    # the same numbers as estimate scaling for that configuration: one prediction, two commands
+    strategy = str(best["strategy"])
+    scaling = ["estimate", "scaling", "--model", "llama3-8b", "--seq", "8192", "--gpu", "H100", "--gpus", "64",
+               "--inter-node", "ib-ndr", "--global-batch", "512", "--zero-stage", strategy, "--precision", best["precision"],
+               "--micro-batch", str(best["micro_batch"]), "--json"] + (["--activation-checkpointing"]
+                                                                        if best["activation_checkpointing"] else [])
+    code, out, _ = _plan(capsys, *scaling)
+    (row,) = json.loads(out)["rows"]
+    assert row["tokens_per_s_per_gpu"] == pytest.approx(best["tokens_per_s_per_gpu"])
+    assert row["peak_memory_gib"] == pytest.approx(best["peak_memory_gib"])
+    code, text, _ = _plan(capsys, *ASK)
+    assert "PLAN: predicted, not measured" in text and "best: " in text and "days" in text and "runners-up" in text
+    assert "memory reserve: scalelab's default, not yet measured on a GPU" in text and "MFU 40.0% without communication" in text
+
+
+def test_a_gpu_without_bf16_plans_in_fp16(capsys):
+    code, out, err = _plan(capsys, "plan", "--model", "gpt2", "--gpus", "8", "--gpu", "V100 SXM2 32GB", "--global-batch", "64",
+                           "--tokens", "1B", "--json")
+    assert code == 0, err
+    assert {r["precision"] for r in json.loads(out)["rows"]} == {"fp16"}
+
+
+def test_a_plan_without_room_says_nothing_fits_and_a_bad_batch_is_named(capsys):
+    code, out, _ = _plan(capsys, *ASK, "--reserve-gib", "79")
+    assert code == 0 and "NO configuration fits" in out
+    with pytest.raises(SystemExit):
+        main([*ASK[:-6], "--global-batch", "500", "--seq", "8192", "--tokens", "1T"])
+    assert "--global-batch 500 does not split evenly over --gpus 64" in capsys.readouterr().err

@@ -1,0 +1,314 @@
+"""Extrapolation to large clusters (#29, point 4): the link table and the alpha-beta collective
+time (scalelab.formulas.links), the collective sizes per strategy against accounting's bytes, and
+`scalelab estimate scaling`'s documented example, its figures' invariants and its errors.
+In process (unit tier)."""
+import json
+import math
+
+import pytest
+
+from scalelab.cli import main
+from scalelab.config import ModelConfig
+from scalelab.forecast.estimate import gpu_counts
+from scalelab.formulas import accounting, links
+from scalelab.formulas.links import collective_calls, collective_sizes
+from scalelab.spec import hardware
+from scalelab.spec.precisions import PRECISION_NAMES
+from scalelab.spec.strategies import ZERO_STAGES
+
+# The guide's documented example (docs/prediction.md): a GPT-3 XL shape (~1.3B), ZeRO-3, bf16,
+# H100 SXM, 8 -> 512 GPUs over InfiniBand NDR.
+EXAMPLE = ["scaling", "--layers", "24", "--d-model", "2048", "--heads", "16", "--vocab", "50257", "--seq", "2048",
+           "--micro-batch", "4", "--zero-stage", "3", "--precision", "bf16", "--gpu", "H100",
+           "--inter-node", "ib-ndr", "--gpus", "8,16,32,64,128,256,512"]
+EXAMPLE_CFG = ModelConfig(n_layers=24, d_model=2048, n_heads=16, seq_len=2048, vocab_size=50257)
+
+
+def _estimate(capsys, *args) -> tuple[int, str, str]:
+    code = main(["estimate", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def example():
+    """The documented example's JSON (run once for the module)."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["estimate", *EXAMPLE, "--json"])
+    assert code == 0
+    return json.loads(out.getvalue())
+
+
+# ----------------------------------------------------------------------------- links
+@pytest.mark.parametrize("collective, n, factor", [("all_reduce", 8, 1.75), ("all_reduce", 2, 1.0), ("reduce_scatter", 8, 0.875),
+                                                   ("all_gather", 4, 0.75), ("broadcast", 16, 1.0)])
+def test_bus_factors_are_nccl_tests(collective, n, factor):
+    assert links.bus_factor(collective, n) == pytest.approx(factor)
+
+
+def test_collective_seconds_is_latency_plus_bus_bytes_over_achievable_bandwidth():
+    link = links.Link("test", 100e9, 10e-6, "a test", efficiency=0.5)  # 50 GB/s achieved
+    # all-reduce of 1 GB over 8 ranks: 10 us + 2 x 7/8 x 1e9 / 50e9 s
+    assert links.collective_seconds("all_reduce", 1e9, 8, link) == pytest.approx(10e-6 + 0.035)
+    assert links.collective_seconds("all_gather", 1e9, 8, link) == pytest.approx(10e-6 + 0.0175)
+    assert links.collective_seconds("broadcast", 0, 8, link) == pytest.approx(10e-6)
+    assert links.collective_seconds("all_reduce", 1e9, 1, link) == 0.0  # one rank moves nothing
+    with pytest.raises(ValueError, match="unknown collective 'allreduce'"):
+        links.collective_seconds("allreduce", 1e9, 8, link)
+    with pytest.raises(ValueError, match="nbytes"):
+        links.collective_seconds("all_reduce", -1, 8, link)
+    with pytest.raises(ValueError, match="efficiency"):
+        links.Link("bad", 1e9, 0.0, "a test", efficiency=1.5)
+
+
+def test_link_products_are_per_gpu_unidirectional_with_sources():
+    by_name = {p.name: p for p in links.PRODUCTS}
+    assert by_name["nvlink-h100"].bandwidth_Bps == 900e9 / 2  # the datasheet's 900 GB/s is both directions
+    assert by_name["nvlink-b200"].bandwidth_Bps == 1.8e12 / 2
+    assert by_name["ib-ndr"].bandwidth_Bps == 400e9 / 8  # 400 Gb/s per NIC
+    assert by_name["ib-hdr"].bandwidth_Bps == 200e9 / 8 and by_name["ib-xdr"].bandwidth_Bps == 800e9 / 8
+    assert by_name["pcie5"].bandwidth_Bps == pytest.approx(63.0e9, rel=1e-3)  # 32 GT/s x 16, 128b/130b
+    assert all(p.source and p.bandwidth_Bps > 0 for p in links.PRODUCTS)
+    for gpu, link in links.DEFAULT_INTRA_NODE.items():
+        assert gpu in hardware.known_names() and link in links.known_names()
+
+
+def test_a_link_is_named_or_a_number_in_gb_per_s():
+    assert links.parse_link("NDR").name == links.parse_link("ib_ndr").name == "ib-ndr"
+    ndr = links.parse_link("InfiniBand NDR", efficiency=0.9)
+    assert (ndr.bandwidth_Bps, ndr.efficiency) == (50e9, 0.9)
+    number = links.parse_link("25")
+    assert (number.bandwidth_Bps, number.efficiency) == (25e9, links.DEFAULT_EFFICIENCY)
+    with pytest.raises(ValueError, match="unknown link 'infiniband-qdr'; known: nvlink-v100, .*ib-ndr.*pcie5"):
+        links.parse_link("infiniband-qdr")
+    for bad in ("0", "-5", "nan", "inf"):
+        with pytest.raises(ValueError, match="positive number of GB/s"):
+            links.parse_link(bad)
+    measured = links.parse_link("46@1", efficiency=0.5)  # nccl-tests' busbw, taken as achieved: its own efficiency wins
+    assert (measured.bandwidth_Bps, measured.efficiency, measured.achievable_Bps) == (46e9, 1.0, 46e9)
+    assert links.parse_link("ndr@0.9").achievable_Bps == pytest.approx(45e9)
+    for bad in ("ndr@", "ndr@1.5", "ndr@x", "46@0"):
+        with pytest.raises(ValueError, match="the efficiency after '@' must be a number in"):
+            links.parse_link(bad)
+
+
+# ----------------------------------------------------------------------------- collective sizes
+@pytest.mark.parametrize("stage", ZERO_STAGES)
+def test_collective_sizes_add_up_to_accountings_bytes(stage):
+    """The sizes are nccl-tests' (an all-reduce of S is S); accounting counts an all-reduce 2S."""
+    for precision in PRECISION_NAMES:
+        for grad_reduce in accounting.GRAD_REDUCE:
+            for n in (1, 2, 8):
+                sizes = collective_sizes(1_000_003, stage, n, precision, grad_reduce=grad_reduce)
+                handed = sum(size * links.handed_per_size(c) for c, size in sizes.items())
+                assert handed == accounting.comm_bytes_per_step(1_000_003, stage, n, precision, grad_reduce=grad_reduce)
+
+
+def test_collective_kinds_and_calls_follow_the_strategy():
+    psi = accounting.param_count(EXAMPLE_CFG)
+    assert collective_sizes(psi, 0, 8, "bf16") == {"all_reduce": 4 * psi}  # fp32 gradients all-reduced
+    assert collective_sizes(psi, 1, 8, "fp32") == {"all_reduce": 4 * psi, "broadcast": 4 * psi}
+    assert collective_sizes(psi, 3, 8, "bf16") == {"reduce_scatter": 4 * psi, "all_gather": 2 * 2 * psi}
+    sizes = collective_sizes(psi, 3, 8, "bf16")
+    assert collective_calls(EXAMPLE_CFG, 3, "bf16", sizes) == {"reduce_scatter": 25, "all_gather": 50}  # 24 blocks + root
+    ddp = collective_calls(EXAMPLE_CFG, 0, "fp16", collective_sizes(psi, 0, 8, "fp16"))
+    assert ddp == {"all_reduce": math.ceil(4 * psi / (25 * 2 ** 20)) + 1}  # 25 MiB buckets + the scaler's flag
+    big = collective_calls(EXAMPLE_CFG, 0, "fp16", collective_sizes(psi, 0, 8, "fp16"), bucket_mb=100)
+    assert big == {"all_reduce": math.ceil(4 * psi / (100 * 2 ** 20)) + 1}  # a run's own bucket cap
+
+
+# ----------------------------------------------------------------------------- the command
+def test_the_documented_example_runs_and_its_figures_hold_together(example):
+    rows = example["rows"]
+    assert example["prediction"] is True and [r["gpus"] for r in rows] == [8, 16, 32, 64, 128, 256, 512]
+    assert rows[0]["scaling_efficiency"] == 1.0
+    per_gpu = [r["tokens_per_s_per_gpu"] for r in rows]
+    assert all(b <= a for a, b in zip(per_gpu, per_gpu[1:]))  # ZeRO-3 at a fixed per-GPU batch: never better
+    assert per_gpu[-1] < per_gpu[0]  # leaving NVLink for NDR costs something
+    for r in rows:
+        assert r["step_time_s"] == pytest.approx(r["compute_s"] + r["exposed_comm_s"])
+        assert 0 <= r["exposed_comm_s"] <= sum(r["comm_s"].values()) + 1e-12
+        assert r["tokens_per_s_per_gpu"] == pytest.approx(4 * 2048 / r["step_time_s"])
+        assert r["mfu"] == pytest.approx(r["tokens_per_s_per_gpu"] * example["flops_per_token"] / 989.5e12)
+        assert r["links"] == dict.fromkeys(("reduce_scatter", "all_gather"), "nvlink-h100" if r["gpus"] <= 8 else "ib-ndr")
+    a = example["assumptions"]
+    assert a["mfu_without_communication"] == 0.4 and a["mfu_default"] and a["link_efficiency"] == links.DEFAULT_EFFICIENCY
+    assert rows[0]["compute_s"] == pytest.approx(example["flops_per_token"] * 4 * 2048 / (989.5e12 * 0.4))
+
+
+def test_one_rows_communication_computed_by_hand(example):
+    """16 GPUs = 2 nodes: every collective spans them and runs at NDR's 50 GB/s x 0.8, 50 us a call."""
+    psi = accounting.param_count(EXAMPLE_CFG)
+    row = next(r for r in example["rows"] if r["gpus"] == 16)
+    bandwidth, latency, units = 50e9 * 0.8, 50e-6, 24 + 1
+    gather = 2 * units * latency + (15 / 16) * (2 * psi * 2) / bandwidth  # forward + backward, bf16
+    scatter = units * latency + (15 / 16) * (psi * 4) / bandwidth  # fp32 gradients
+    assert row["comm_s"]["all_gather"] == pytest.approx(gather, rel=1e-9)
+    assert row["comm_s"]["reduce_scatter"] == pytest.approx(scatter, rel=1e-9)
+
+
+def test_the_table_labels_its_figures_predictions_and_shows_its_assumptions(capsys):
+    code, out, _ = _estimate(capsys, *EXAMPLE)
+    assert code == 0
+    assert out.startswith("PREDICTION, not a measurement")
+    assert "MFU 40.0% without communication (default; --mfu)" in out
+    assert "efficiency 0.80 (default; --link-efficiency)" in out
+    assert "intra-node link: nvlink-h100" in out and "inter-node link: ib-ndr" in out
+    assert "spans nodes runs at the inter-node link" in out and "out of scope: hierarchical" in out
+    assert "every figure above is predicted" in out
+
+
+def test_a_node_alone_needs_no_inter_node_link(capsys):
+    code, out, _ = _estimate(capsys, "scaling", "--model", "gpt2", "--zero-stage", "0", "--gpu", "A100", "--gpus", "1,2,4,8",
+                             "--intra-node", "300", "--link-efficiency", "1", "--mfu", "0.5", "--json")
+    rows = json.loads(out)["rows"]
+    assert code == 0 and [r["links"] for r in rows] == [{}] + [{"all_reduce": "300 GB/s"}] * 3
+    assert rows[0]["exposed_comm_s"] == 0.0 and rows[0]["scaling_efficiency"] == 1.0
+
+
+@pytest.mark.parametrize("change, message", [
+    (["--inter-node", "ib-qdr"], "--inter-node: unknown link 'ib-qdr'; known: nvlink-v100"),
+    (["--inter-node", "0"], "--inter-node: link bandwidth '0' must be a positive number"),
+    (["--inter-node", "nowhere/bench.parquet"], "--inter-node nowhere/bench.parquet: no such file"),
+    (["--mfu", "1.5"], "--mfu must be in (0, 1], got 1.5"),
+    (["--link-efficiency", "0"], "--link-efficiency must be in (0, 1], got 0"),
+    (["--micro-batch", "0"], "--micro-batch must be a positive number"),
+    (["--gpu", "H900"], "--gpu H900: unknown GPU type 'H900'"),
+    (["--zero-stage", "hybrid", "--gpus", "8,12"], "--gpus 12: hybrid sharding shards within a node of 8 GPUs"),
+])
+def test_bad_inputs_name_the_option(capsys, change, message):
+    args = list(EXAMPLE)
+    for option, value in zip(change[::2], change[1::2]):
+        if option in args:
+            args[args.index(option) + 1] = value
+        else:
+            args += [option, value]
+    code, _, err = _estimate(capsys, *args)
+    assert code == 2 and message in err, err
+
+
+def test_missing_links_and_shapes_are_named(capsys):
+    without_inter = [a for a in EXAMPLE if a not in ("--inter-node", "ib-ndr")]
+    code, _, err = _estimate(capsys, *without_inter)
+    assert code == 2 and "--inter-node: 16 GPUs span nodes of 8 (--gpus-per-node)" in err
+    code, _, err = _estimate(capsys, "scaling", "--params", "1.3B", "--zero-stage", "3", "--gpu", "H100", "--gpus", "8")
+    assert code == 2 and "needs the model's shape" in err
+    code, _, err = _estimate(capsys, "scaling", "--model", "gpt2", "--zero-stage", "3", "--gpu", "H100 NVL", "--gpus", "8")
+    assert code == 2 and "--intra-node: no default link for H100 NVL" in err
+    with pytest.raises(SystemExit):
+        main(["estimate", "scaling", "--model", "gpt2", "--zero-stage", "3", "--gpu", "H100", "--gpus", "8,x"])
+    assert "argument --gpus: '8,x': every GPU count must be a whole number" in capsys.readouterr().err
+
+
+def _bench_table(path, alpha_s: float, bandwidth_Bps: float, device_type: str, hosts: tuple[str, ...]):
+    """A `bench comm` table whose times are an alpha-beta link's exactly (scalelab.run.commbench's columns)."""
+    import pandas as pd
+
+    link = links.Link("truth", bandwidth_Bps, alpha_s, "a test")
+    rows = [{"collective": c, "world_size": n, "bytes": b, "batch": 1, "time_s": links.collective_seconds(c, b, n, link)}
+            for c in links.COLLECTIVES for n in (2, 4) for b in (4096, 2 ** 20, 64 * 2 ** 20)]
+    table = pd.DataFrame(rows)
+    table["algbw_Bps"] = table["bytes"] / table["time_s"]
+    table["busbw_Bps"] = table["algbw_Bps"] * [links.bus_factor(c, n) for c, n in zip(table["collective"], table["world_size"])]
+    table["backend"], table["device_type"], table["device_name"] = "nccl" if device_type == "cuda" else "gloo", device_type, "x"
+    table["hostname"] = [hosts[i % len(hosts)] for i in range(len(table))]
+    table.to_parquet(path)
+    return path
+
+
+def test_a_measured_bench_table_is_the_link_as_measured(tmp_path, capsys):
+    table = _bench_table(tmp_path / "comm.parquet", 30e-6, 20e9, "cuda", ("node1", "node2"))
+    code, out, _ = _estimate(capsys, *EXAMPLE[:EXAMPLE.index("--inter-node") + 1], str(table), "--gpus", "16", "--json")
+    result = json.loads(out)
+    inter = result["assumptions"]["inter_node"]
+    assert code == 0 and inter["efficiency"] == 1.0  # measured: no efficiency on top
+    assert inter["achievable_gb_per_s"] == pytest.approx(20.0, rel=1e-6) and inter["latency_us"] == pytest.approx(30.0, rel=1e-6)
+    psi = accounting.param_count(EXAMPLE_CFG)
+    expected = 2 * 25 * 30e-6 + (15 / 16) * (2 * psi * 2) / 20e9
+    assert result["rows"][0]["comm_s"]["all_gather"] == pytest.approx(expected, rel=1e-6)
+    assert "note" not in result
+
+    cpu = _bench_table(tmp_path / "cpu.parquet", 30e-6, 1e9, "cpu", ("laptop",))
+    code, out, _ = _estimate(capsys, *EXAMPLE[:EXAMPLE.index("--inter-node") + 1], str(cpu), "--gpus", "16")
+    assert code == 0 and "measured on CPU (gloo): a CPU's link" in out and "measured within one host" in out
+    assert "x efficiency" not in out.split("inter-node link:")[1].split("\n")[0]  # shown as measured
+
+
+def test_hybrid_sharding_keeps_its_gathers_in_the_node_and_sends_one_all_reduce_across(capsys, example):
+    """HSDP (#28): shard groups of one node (NVLink), replicas across nodes (NDR): only each rank's
+    gradient shard, all-reduced over its replicate group, crosses nodes."""
+    args = list(EXAMPLE)
+    args[args.index("--zero-stage") + 1] = "hybrid"
+    code, out, _ = _estimate(capsys, *args, "--json")
+    result = json.loads(out)
+    assert code == 0 and result["zero_stage"] == "hybrid"
+    psi = accounting.param_count(EXAMPLE_CFG)
+    for row, zero3 in zip(result["rows"], example["rows"]):
+        n = row["gpus"]
+        assert row["replicas"] == max(1, n // 8)
+        assert row["links"]["all_gather"] == row["links"]["reduce_scatter"] == "nvlink-h100"
+        assert row["step_time_s"] == pytest.approx(row["compute_s"] + row["exposed_comm_s"])
+        if n > 8:
+            assert row["links"]["all_reduce"] == "ib-ndr"
+            replicas = n // 8
+            # 25 calls (24 blocks + root), each a unit's fp32 gradient shard: Psi x 4 / 8 bytes in all
+            by_hand = 25 * 50e-6 + 2 * (replicas - 1) / replicas * (psi * 4 / 8) / (50e9 * 0.8)
+            assert row["comm_s"]["all_reduce"] == pytest.approx(by_hand, rel=1e-9)
+            assert sum(row["comm_s"].values()) < sum(zero3["comm_s"].values())  # what crosses nodes shrinks 8x
+        else:
+            assert "all_reduce" not in row["links"]
+            assert row["step_time_s"] == pytest.approx(zero3["step_time_s"])  # one replica is ZeRO-3
+
+
+def test_the_compute_efficiency_can_come_from_a_sweeps_runs_without_communication(tmp_path, capsys):
+    import pandas as pd
+
+    pd.DataFrame({"run_id": ["bf16-z3-w1", "bf16-z3-w1-r2", "bf16-z3-w2", "fp32-z3-w1"], "status": ["ok"] * 4,
+                  "precision": ["bf16", "bf16", "bf16", "fp32"], "mfu": [0.50, 0.54, 0.30, 0.2], "world_size": [1, 1, 2, 1],
+                  "device_type": ["cuda"] * 4, "device_name": ["NVIDIA H100 80GB HBM3"] * 4}).to_parquet(tmp_path / "metrics.parquet")
+    code, out, _ = _estimate(capsys, *EXAMPLE, "--mfu-from", str(tmp_path), "--json")
+    result = json.loads(out)
+    assert code == 0 and result["assumptions"]["mfu_without_communication"] == pytest.approx(0.52)  # world size 1 only
+    assert result["assumptions"]["mfu_source"]["runs"] == ["bf16-z3-w1", "bf16-z3-w1-r2"]
+    code, out, _ = _estimate(capsys, *EXAMPLE, "--mfu-from", str(tmp_path))
+    assert "at MFU 52.0% without communication (measured: the median of 2 ok world-size-1 run(s)" in out
+    code, _, err = _estimate(capsys, *EXAMPLE, "--mfu-from", str(tmp_path), "--mfu", "0.4")
+    assert code == 2 and "give --mfu or --mfu-from, not both" in err
+
+
+def test_the_method_doc_shows_the_documented_examples_output_and_every_link(capsys):
+    """docs/prediction.md: the example's command is EXAMPLE and its output what the command prints now
+    (regenerate the block after a model change), and the link table lists every product."""
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "prediction.md").read_text()
+    command = "$ scalelab estimate " + " ".join(EXAMPLE)
+    assert command in doc, "docs/prediction.md: the documented example's command differs from tests' EXAMPLE"
+    block = doc.split(command + "\n", 1)[1].split("\n```", 1)[0]
+    code, out, _ = _estimate(capsys, *EXAMPLE)
+    assert code == 0 and block == out.rstrip("\n"), (
+        "docs/prediction.md's example output is stale: paste the output of `" + command[2:] + "`")
+    table = {cells[0].strip("` "): (float(cells[1]), float(cells[2]))
+             for cells in (line.strip("|").split("|") for line in doc.splitlines() if line.startswith("| `"))
+             if cells[0].strip("` ") in links.known_names()}
+    assert sorted(table) == sorted(links.known_names())
+    for product in links.PRODUCTS:
+        gb_per_s, latency_us = table[product.name]
+        assert gb_per_s == pytest.approx(product.bandwidth_Bps / 1e9, rel=2e-3), product.name
+        assert latency_us == pytest.approx(product.latency_s * 1e6), product.name
+
+
+def test_gpu_counts_are_listed_or_continued_as_the_issue_writes_them():
+    import argparse
+
+    assert gpu_counts("8,16,...,1024") == (8, 16, 32, 64, 128, 256, 512, 1024)
+    assert gpu_counts("8,16,24,...,48") == (8, 16, 24, 32, 40, 48)
+    assert gpu_counts("64, 8,1K") == (8, 64, 1000)
+    for bad, why in (("8,...,64", "needs two counts before it"), ("8,16,...", "needs two counts before it and one after"),
+                     ("8,16,...,100", "does not reach 100"), ("16,8,...,64", "must grow"), ("8,0", "whole number >= 1")):
+        with pytest.raises(argparse.ArgumentTypeError, match=why):
+            gpu_counts(bad)

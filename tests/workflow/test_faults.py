@@ -1,0 +1,26 @@
+"""The fault drills (scalelab.harness.faults) as tests: real processes, counted outcomes.
+
+Run them alone with `pytest -m faults`; `python -m scalelab.harness.faults` prints their figures.
+"""
+import pytest
+
+from scalelab.harness.faults import DRILLS
+
+# The two drills that take twice a workflow test's usual time (measured: 124 s and 110 s under
+# load, the others 33-60 s); only the order `make test` hands out work reads it (tests/conftest.py).
+COST_S = {"silent_wrong_results": 60, "kill_mid_step": 55, "sigint_to_snakemake": 60, "sigint_to_group": 55, "sigkill_snakemake": 45}
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.workflow(cost_s=COST_S[name])) if name in COST_S
+                                  else name for name in DRILLS])
+def test_drill(tmp_path, name):
+    drill = DRILLS[name](tmp_path)
+    assert drill.checks_failed == [], drill.checks_failed
+    assert (drill.rows_lost, drill.rows_duplicated, drill.corrupt_files, drill.orphan_processes) == (0, 0, 0, 0), drill.notes
+    assert drill.faults_recovered == drill.faults_injected
+    assert drill.bad_configs_rejected == drill.bad_configs_tried
+    assert drill.timeouts_honoured == drill.timeouts_tried
+    if name == "bad_configs":
+        assert drill.bad_configs_tried >= 31
+    if name == "hang":
+        assert drill.timeouts_tried >= 1
