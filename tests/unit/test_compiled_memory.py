@@ -1,13 +1,5 @@
-"""Issue #40: memory of compiled runs (the compile lever: each block and the loss under torch.compile).
-
-What a compiled graph keeps for backward is what AOTAutograd's min-cut partitioner saves from its
-forward graph, not what eager autograd's ops save. ``partitioned`` compiles a function with a backend
-built from AOTAutograd and inductor's own partition function (its joint-graph passes, then
-``min_cut_rematerialization_partition``), with inductor's decompositions, and reads the forward
-graph's saved outputs: their fake values' storages, less the parameters (static-lifetime inputs).
-No code is generated, so it takes about a second and starts no process; the run-tier test checks
-that real inductor, through scalelab's own ``apply_compile``, keeps the same.
-"""
+"""Issue #40: memory of compiled runs, without compiling: the formulas against hand-computed figures, the
+measurements recorded on GPUs, the launcher's bounds (the partitioner's checks: tests/run/test_compiled_memory.py)."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,11 +1,5 @@
-"""Mixed precision as people run it (issue #31, part 3): fp16 and bf16 runs gather parameters in
-their compute dtype at ZeRO stages 2 and 3 (FSDP2's MixedPrecisionPolicy), reduce gradients in
-fp32 unless the grad_reduce lever says compute (MixedPrecisionPolicy reduce_dtype, or DDP's
-bf16/fp16 compress hook at stages 0 and 1), and measured collective bytes equal the formulas
-(scalelab.formulas.accounting.comm_bytes_per_step) exactly, for every precision x stage x lever value.
-
-The real runs are few and short (world size 2, 3 steps of the tiny model): byte counts are the
-same every step, so two measured steps say as much as ten."""
+"""Mixed precision's collective dtypes and bytes from the formulas and the sweep's axes, without a run
+(the real runs, measured bytes equal to the formulas: tests/run/test_mixed_precision.py)."""
 from __future__ import annotations
 
 import pytest

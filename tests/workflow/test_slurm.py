@@ -1,12 +1,5 @@
-"""The workflow through a real 2-node SLURM cluster on this machine (scalelab.harness.vcluster:
-network namespaces n1 and n2, Debian's Slurm 22.05 and munge), end to end.
-
-World size 1 takes the single-node path (the launcher starts the ranks inside the plugin's
-job step); world size 2, with cluster.ranks_per_node=1, takes the multi-node path: srun
-starts one torchrun launcher on each node, static rendezvous on n1. Both ways a site
-configures Slurm are run: slurm.conf at the default path, and named only by SLURM_CONF (which
-the executor plugin's job step removes: scalelab.plan.placement.carry_slurm_conf).
-"""
+"""The SLURM profile without a cluster: a dry run plans the default sweep with each job's resources
+(the workflow through a real 2-node cluster: tests/cluster/test_slurm.py)."""
 import os
 import subprocess
 
