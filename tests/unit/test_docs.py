@@ -70,8 +70,8 @@ def test_the_readmes_picture_is_of_a_current_report():
 
 
 def test_every_test_file_the_repository_names_exists():
-    """The docs, the code's docstrings and the config cite test files (tests/<tier>/test_x.py, or
-    tests/*/test_x.py for a subject tested in several tiers): each names a file that exists, so a test
+    """The docs, the code's docstrings and the config cite test files (tests/<tier>/test_<subject>.py,
+    or a glob over the tier folders for a subject tested in several): each names a file that exists, so a test
     moved or renamed takes its citations along."""
     import re
     import subprocess
