@@ -21,21 +21,13 @@ import pytest
 from scalelab.config import model_config, train_config
 from scalelab.harness.reference import bare_loop
 from scalelab.harness.testing import SLURM_PLUGIN_DIR
-from scalelab.harness.vcluster import VirtualCluster, unavailable
+from scalelab.harness.vcluster import VirtualCluster
 from scalelab.plan.placement import slurm_log_errors
 from scalelab.plan.sweep import RunPoint
 from support import BIN, REPO, SNAKEMAKE, tiny_config, write_workdir
+from support.slurm import cluster_unavailable
 
-
-def _why_not() -> str | None:
-    if reason := unavailable():
-        return reason
-    if not (SLURM_PLUGIN_DIR / "snakemake_executor_plugin_slurm").is_dir():
-        return f"the SLURM executor plugin is not in {SLURM_PLUGIN_DIR} (`make setup` puts it there)"
-    return None
-
-
-pytestmark = [pytest.mark.skipif(_why_not() is not None, reason=f"no virtual SLURM cluster: {_why_not()}")]
+pytestmark = [pytest.mark.skipif(cluster_unavailable() is not None, reason=f"no virtual SLURM cluster: {cluster_unavailable()}")]
 
 SWEEP_TIMEOUT_S = 300  # a limit against a hang, not the budget: the 2-node sweep takes 70-90 s here
 

@@ -11,6 +11,8 @@ from scalelab.harness import REPO_ROOT
 DOCUMENTS = [REPO_ROOT / "README.md", REPO_ROOT / "Makefile", *sorted((REPO_ROOT / "docs").glob("*.md")),
              *sorted((REPO_ROOT / "workflow" / "configs").glob("*.yaml"))]
 
+pytestmark = pytest.mark.run(cost_s=6)  # the tier's own mark (its folder's), with this file's cost per test
+
 
 def documented_modules() -> list[str]:
     found = set()

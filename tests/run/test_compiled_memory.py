@@ -19,6 +19,9 @@ from scalelab.run.activations import SavedActivationMeter
 from scalelab.run.model import GPT, Block, Llama, LlamaBlock, cross_entropy_loss, rope_tables
 from support.compiled_memory import MODES, partitioned, partitioner_backend
 
+pytestmark = pytest.mark.filterwarnings(  # inductor's import of torch.utils.mkldnn, torch's own
+    "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+
 
 def compile_model(model, backend) -> None:
     """What scalelab.run.parallel.apply_compile does, with another backend: each block and the loss."""

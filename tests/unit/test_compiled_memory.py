@@ -10,6 +10,9 @@ from scalelab.config import ModelConfig
 from scalelab.formulas import accounting
 from support.compiled_memory import GIB
 
+pytestmark = pytest.mark.filterwarnings(  # inductor's import of torch.utils.mkldnn, torch's own
+    "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+
 
 # ----------------------------------------------------------------------------- formulas (no compiling)
 def test_compiled_formulas_hand_computed():

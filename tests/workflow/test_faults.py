@@ -10,6 +10,8 @@ from scalelab.harness.faults import DRILLS
 # load, the others 33-60 s); only the order `make test` hands out work reads it (tests/conftest.py).
 COST_S = {"silent_wrong_results": 60, "kill_mid_step": 55, "sigint_to_snakemake": 60, "sigint_to_group": 55, "sigkill_snakemake": 45}
 
+pytestmark = pytest.mark.faults  # not a tier: `pytest -m faults` runs the drills
+
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.workflow(cost_s=COST_S[name])) if name in COST_S
                                   else name for name in DRILLS])

@@ -3,8 +3,13 @@
 import os
 import subprocess
 
+import pytest
+
 from scalelab.harness.testing import SLURM_PLUGIN_DIR
 from support import BIN, REPO, SNAKEMAKE
+from support.slurm import cluster_unavailable
+
+pytestmark = [pytest.mark.skipif(cluster_unavailable() is not None, reason=f"no virtual SLURM cluster: {cluster_unavailable()}")]
 
 
 def test_slurm_profile_dry_run_plans_the_default_sweep_with_resources(tmp_path):

@@ -51,6 +51,7 @@ import sys
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 PREFORK_ENV = "SCALELAB_PREFORK"
@@ -88,6 +89,57 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
         pass
+
+
+def import_rank_modules() -> None:
+    """Import every module a CPU rank may import before its process group (whatever its stage, precision
+    and checkpointing), and FSDP2, which stages 2 and 3 import when they wrap the model: what the server
+    imports before it forks a rank, and what a rank started as a new process imports before it forks
+    its own (run_forked)."""
+    import importlib
+
+    from scalelab.run import worker
+    from scalelab.spec.precisions import PRECISIONS
+    from scalelab.spec.strategies import STRATEGIES
+
+    early = {module for stage in STRATEGIES for precision in PRECISIONS for every in (0, 1)
+             for module in worker.modules_this_run_imports(stage, precision, bool(every))}
+    for module in sorted(early) + ["torch.distributed.fsdp"]:
+        importlib.import_module(module)
+
+
+def run_forked(main: Callable[[], int]) -> int:
+    """Run a CPU rank started as a new process (by torchrun, or by a launcher without a server) in a
+    child forked after the server's imports, so that every CPU rank reports its peak RSS the same way,
+    forked by the server or not. A forked child's resident set holds its parent's anonymous memory
+    but none of the library pages the imports touched until it touches them itself (after torch's
+    import: 293 MiB resident in the importer, 220 MiB in its child, the difference all file-backed),
+    so a rank that ran in its own importing process read ~45 MiB higher. This process waits, passes
+    SIGINT, SIGTERM and SIGHUP on to the rank, and ends as it ended (its exit status, or its signal)."""
+    import_rank_modules()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            die_with_parent()
+            code = main()
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: os.kill(pid, signum))
+    _, status = os.waitpid(pid, 0)  # retried by Python when a passed-on signal interrupts it
+    if os.WIFSIGNALED(status):  # the launcher reads a signal from the exit status (SIGKILL: out of memory)
+        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+        os.kill(os.getpid(), os.WTERMSIG(status))
+    return os.waitstatus_to_exitcode(status)
 
 
 def code_stamp() -> str:
@@ -297,18 +349,7 @@ class _Server:
     def import_once(self) -> None:
         if self.env_after_import is not None:
             return
-        import importlib
-
-        from scalelab.run import worker
-        from scalelab.spec.precisions import PRECISIONS
-        from scalelab.spec.strategies import STRATEGIES
-
-        # every module a CPU rank may import before its process group (whatever its stage, precision
-        # and checkpointing), and FSDP2, which stages 2 and 3 import when they wrap the model
-        early = {module for stage in STRATEGIES for precision in PRECISIONS for every in (0, 1)
-                 for module in worker.modules_this_run_imports(stage, precision, bool(every))}
-        for module in sorted(early) + ["torch.distributed.fsdp"]:
-            importlib.import_module(module)
+        import_rank_modules()
         # what torch's imports set for themselves (TorchDynamo: TORCHINDUCTOR_CACHE_DIR): a launcher
         # that has imported torch passes them on, with the values the child has already
         self.env_after_import = import_time_env(os.environ)

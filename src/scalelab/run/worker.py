@@ -817,10 +817,14 @@ def modules_this_run_imports(zero_stage: int, precision: str, checkpointing: boo
     return modules
 
 
-def main(argv: list[str] | None = None) -> int:
+def main_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="scalelab training worker (one rank; started by scalelab.run.launch)")
     parser.add_argument("--spec", required=True, help="the run's plan (spec.json) written by scalelab.run.launch")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = main_parser().parse_args(argv)
     plan = RunPlan.read(args.spec)
     rank_cores = pin_cpu_rank(plan)  # what the run's row states; set before the threads start
     torch.set_num_threads(plan.threads_per_rank)
@@ -877,7 +881,12 @@ def shutdown() -> None:
 
 
 if __name__ == "__main__":
-    code = main()  # an exception propagates: its traceback and exit status as Python gives them
+    from scalelab.run.prefork import run_forked
+
+    # A CPU rank runs in a child forked after the imports, as the prefork server's ranks do: the same
+    # peak RSS either way (run_forked). A GPU rank never forks (CUDA and fork do not mix).
+    forked = RunPlan.read(main_parser().parse_args().spec).device == "cpu"
+    code = run_forked(main) if forked else main()  # an exception propagates: its traceback and exit status
     # Results written, process group torn down: skip the interpreter's finalization, which takes
     # about a second with torch and TorchDynamo loaded (measured: main returned 1.2 s before the
     # launcher saw the rank exit), i.e. ~25 s of a default sweep, and is where gloo threads used to
