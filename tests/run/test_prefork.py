@@ -207,3 +207,52 @@ def test_a_server_exits_with_its_owner(tmp_path):
         owner.kill()
         owner.wait()
     _wait_for(lambda: not processes_mentioning(str(tmp_path)), timeout_s=10, what=f"server {server_pid} to exit")
+
+
+_RUN_FORKED = r'''
+import os, signal, sys, time
+import scalelab.run.prefork as prefork
+prefork.import_rank_modules = lambda: None  # the imports are not what this checks
+def main():
+    how = sys.argv[1]
+    if how == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how == "abort":
+        os.abort()
+    if how == "sleep":
+        print("child", os.getpid(), flush=True)
+        time.sleep(60)
+    if how == "exit":
+        sys.exit("the rank's message")
+    if how == "raise":
+        raise RuntimeError("the rank's error")
+    return {"ok": 0, "three": 3}[how]
+sys.exit(prefork.run_forked(main))
+'''
+
+
+@pytest.mark.parametrize("how, code, says", [("ok", 0, ""), ("three", 3, ""), ("exit", 1, "the rank's message"),
+                                             ("raise", 1, "RuntimeError: the rank's error"),
+                                             ("sigkill", -signal.SIGKILL, ""), ("abort", -signal.SIGABRT, "")])
+def test_a_new_rank_forked_after_its_imports_ends_as_the_rank_ended(tmp_path, how, code, says):
+    """scalelab.run.prefork.run_forked: the process the launcher started ends with its rank's exit status,
+    or by its signal (the launcher reads SIGKILL as out of memory), and says what the rank said."""
+    proc = subprocess.run([sys.executable, "-c", _RUN_FORKED, how], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == code, proc.stderr[-2000:]
+    assert says in proc.stderr
+    assert len(list(tmp_path.glob("core*"))) <= 1, "no second core file beside the rank's own"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_the_started_process_reaches_its_forked_rank(tmp_path, sig):
+    proc = subprocess.Popen([sys.executable, "-c", _RUN_FORKED, "sleep"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path)
+    try:
+        child = int(proc.stdout.readline().split()[1])
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == -sig
+        _wait_for(lambda: not os.path.exists(f"/proc/{child}") or open(f"/proc/{child}/stat").read().split()[2] == "Z",
+                  what="the forked rank to end")
+    finally:
+        proc.kill()
+        proc.wait()

@@ -3,7 +3,7 @@
 A sweep started with ``snakemake --cores all --configfile my.yaml`` writes its results where
 my.yaml says; a hint saying ``snakemake --cores all`` would run the default config into
 ``results/`` instead. So the Snakefile's ``onstart`` records the command line that selects the
-sweep in ``<results>/.scalelab/results/invocation.json``: the working directory and, from the command
+sweep in ``<results>/.scalelab/invocation.json``: the working directory and, from the command
 line Snakemake parsed, only the options that choose what runs and where (Snakefile, directory,
 config files, --config, profiles, cores, jobs, executor), never -n, --forcerun and the like,
 which were about that one invocation. ``rerun_command(results)`` reads it back for `scalelab
@@ -25,7 +25,7 @@ SELECTING = (("cores", "--cores"), ("jobs", "--jobs"), ("executor", "--executor"
              ("configfile", "--configfile"), ("config", "--config"))
 FALLBACK = "snakemake --cores all"
 UNRECORDED = ("(add the --configfile / --config options this sweep was started with: "
-              "it recorded no command line, being older than .scalelab/results/invocation.json)")
+              "it recorded no command line, being older than .scalelab/invocation.json)")
 
 
 def selecting_args(argv: list[str]) -> list[str] | None:
@@ -105,7 +105,7 @@ def command_of(argv: list[str], absolute: dict[str, list[str]] | None = None) ->
 
 def record(results_dir: str | Path, argv: list[str], configfiles: list[str | Path], cwd: str | Path | None = None,
            snakefile: str | Path | None = None) -> Path:
-    """Write <results>/.scalelab/results/invocation.json from the Snakemake process's argv (without the
+    """Write <results>/.scalelab/invocation.json from the Snakemake process's argv (without the
     program). configfiles: the files Snakemake merged (workflow.overwrite_configfiles), kept beside
     the command, which names them as typed."""
     cwd = Path(cwd or os.getcwd()).resolve()

@@ -306,7 +306,7 @@ def resume(results_dir: str | Path, dry_run: bool = False, timeout_s: float | No
         return 2
     data = recorded(results_dir)
     if data is None:
-        print(f"scalelab resume: {results_dir} recorded no command line (.scalelab/results/invocation.json); rerun it with the "
+        print(f"scalelab resume: {results_dir} recorded no command line (.scalelab/invocation.json); rerun it with the "
               f"command that started it, with --rerun-incomplete", file=sys.stderr)
         return 2
     workdir = Path(data.get("cwd") or _directory_of(data["command"]) or Path.cwd())

@@ -125,6 +125,13 @@ def run_forked(main: Callable[[], int]) -> int:
             code = main()
         except SystemExit as exit_:
             code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+            if exit_.code is not None and not isinstance(exit_.code, int):
+                print(exit_.code, file=sys.stderr)  # as Python prints it
+        except KeyboardInterrupt:  # as Python ends on one: its traceback, then the signal's own death
+            traceback.print_exc()
+            sys.stderr.flush()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
         except BaseException:
             traceback.print_exc()
         finally:
@@ -136,9 +143,14 @@ def run_forked(main: Callable[[], int]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: os.kill(pid, signum))
     _, status = os.waitpid(pid, 0)  # retried by Python when a passed-on signal interrupts it
-    if os.WIFSIGNALED(status):  # the launcher reads a signal from the exit status (SIGKILL: out of memory)
-        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
-        os.kill(os.getpid(), os.WTERMSIG(status))
+    if os.WIFSIGNALED(status):
+        # End by the same signal: the launcher reads it from the exit status (SIGKILL: out of memory).
+        # No second core file beside the rank's own; SIGKILL takes no handler and needs none reset.
+        sig = os.WTERMSIG(status)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
     return os.waitstatus_to_exitcode(status)
 
 
