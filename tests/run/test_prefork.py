@@ -245,8 +245,11 @@ def test_a_new_rank_forked_after_its_imports_ends_as_the_rank_ended(tmp_path, ho
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_to_the_started_process_reaches_its_forked_rank(tmp_path, sig):
+    """SIGINT and SIGTERM to the process the launcher started end its forked rank, by that signal. (SIGINT
+    at its default, as a shell leaves it: a pytest-xdist worker ignores it, and an ignored signal stays
+    ignored in the processes it starts, the rank too.)"""
     proc = subprocess.Popen([sys.executable, "-c", _RUN_FORKED, "sleep"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=tmp_path)
+                            text=True, cwd=tmp_path, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         child = int(proc.stdout.readline().split()[1])
         proc.send_signal(sig)
