@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import math
 import statistics
@@ -213,6 +214,12 @@ def train(n_layers: int, d_model: int, n_heads: int, seq_len: int, vocab_size: i
     median = statistics.median(measured)
     tokens_per_step = batch_size * seq_len
     if ddp:
+        # As scalelab.run.worker.shutdown: DDP dropped and a barrier before the tear-down. Without them gloo's
+        # destroy_process_group() hung intermittently on torch 2.13 CPU (a dry run's DDP variant, under
+        # load, waited out its 120 s limit without a line of output).
+        del model, optimizer
+        gc.collect()
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     return {
         "n_params": n_params, "device": device,
