@@ -37,6 +37,9 @@ def test_every_point_plans_as_its_parts_and_reads_back_as_written(tmp_path):
         placed.write(tmp_path / "spec.json")
         assert RunPlan.read(tmp_path / "spec.json") == placed, point.run_id
         json.dumps(placed.to_json())  # plain JSON, what a rank reads without scalelab's types
+        row = plan.formula_row()  # what the formulas read of it, as of a result row
+        assert row == {**point.values(), "micro_batch": plan.micro_batch, "accumulation_steps": plan.accumulation_steps,
+                       "device_type": "cpu"}
     spanning = [run_plan(config, p).launch for p in points if p.world_size == 4]
     assert spanning and all(launch.multi_launcher and launch.launchers == 2 for launch in spanning)
 

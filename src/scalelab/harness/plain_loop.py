@@ -153,6 +153,15 @@ def _compiled_or_wrapped(model: GPT, compile: bool, compile_scope: str, ddp: boo
     return model
 
 
+def _leave_group() -> None:
+    """Tear the one-rank group down as scalelab.run.worker.shutdown does: what referenced it collected, a
+    barrier first. Without them gloo's destroy_process_group() hung intermittently on torch 2.13 CPU (a dry
+    run's DDP variant, under load, waited out its 120 s limit without a line of output)."""
+    gc.collect()
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
 def train(n_layers: int, d_model: int, n_heads: int, seq_len: int, vocab_size: int, batch_size: int,
           steps: int = 30, warmup_steps: int = 10, precision: str = "bf16", compile: bool = False,
           tf32: bool = False, device: str | None = None, lr: float = 6e-4, weight_decay: float = 0.1,
@@ -214,13 +223,8 @@ def train(n_layers: int, d_model: int, n_heads: int, seq_len: int, vocab_size: i
     median = statistics.median(measured)
     tokens_per_step = batch_size * seq_len
     if ddp:
-        # As scalelab.run.worker.shutdown: DDP dropped and a barrier before the tear-down. Without them gloo's
-        # destroy_process_group() hung intermittently on torch 2.13 CPU (a dry run's DDP variant, under
-        # load, waited out its 120 s limit without a line of output).
-        del model, optimizer
-        gc.collect()
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+        del model, optimizer  # DDP's references to the group go before it (_leave_group)
+        _leave_group()
     return {
         "n_params": n_params, "device": device,
         "device_name": torch.cuda.get_device_name() if on_gpu else "cpu",

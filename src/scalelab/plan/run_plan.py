@@ -64,6 +64,12 @@ class RunPlan:
     def precision(self) -> Precision:
         return precision_record(self.point.precision)
 
+    def formula_row(self) -> dict:
+        """What the formulas read of a run (scalelab.formulas.predicted_columns): its point, its micro-batch
+        and accumulation, its device; the same record collection hands them from a result row."""
+        return {**self.point.values(), "micro_batch": self.micro_batch, "accumulation_steps": self.accumulation_steps,
+                "device_type": self.device}
+
     def at(self, *, vocab_size: int, train_bin: str | Path, token_dtype: str, run_dir: str | Path, threads: int,
            calibration: dict | None = None, save_final_params: bool = False, compile_warm_up: bool = True) -> RunPlan:
         """This plan where the job runs it: the prepared data's vocabulary and tokens, the run folder, the

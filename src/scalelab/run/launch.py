@@ -121,8 +121,7 @@ def plan_memory(config: dict, plan: RunPlan) -> dict:
 
         own = counted(model)
     n_params = own["n_params"] if own else accounting.param_count(model)
-    peak = predicted_columns.peak(model, n_params, {**point.values(), "micro_batch": plan.micro_batch,
-                                                    "accumulation_steps": plan.accumulation_steps, "device_type": device},
+    peak = predicted_columns.peak(model, n_params, plan.formula_row(),
                                   block_params=own["block_params"] if own else None,
                                   n_trainable=counted(model, point.lora_rank)["lora_trainable"] if own and point.lora_rank else None)
     limit_gib = config.get("planning", {}).get("device_memory_gib")

@@ -697,8 +697,7 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         **comm_columns(run, counted, rank_hosts, n_measured),
         # every formula beside them, from what the run counted (computed again at collection)
         **predicted_columns.worker_columns(model_cfg, {
-            **point.values(), "micro_batch": run.micro, "accumulation_steps": accum, "device_type": run.device.type,
-            "n_params": run.n_params, "n_trainable_params": run.n_trainable}, rank_hosts),
+            **run.plan.formula_row(), "n_params": run.n_params, "n_trainable_params": run.n_trainable}, rank_hosts),
         **memory_and_placement_columns(run, all_mem),
         "first_step_unix": tally.first_step_at,
         **environment(run.device, run.rank_cores),
