@@ -19,6 +19,7 @@ from typing import Any
 
 from scalelab.config import ModelConfig, TrainConfig, cluster_config, model_config, train_config
 from scalelab.formulas.accounting import CommDtypes, comm_dtypes
+from scalelab.io import write_json
 from scalelab.plan.placement import LaunchPlan, launch_plan
 from scalelab.plan.sweep import RunPoint, micro_batch_plan
 from scalelab.spec.precisions import Precision
@@ -90,8 +91,6 @@ class RunPlan:
         return cls(**{key: typed[key](value) if key in typed else value for key, value in values.items()})
 
     def write(self, path: str | Path) -> None:
-        from scalelab.io import write_json
-
         write_json(path, self.to_json())
 
     @classmethod

@@ -33,7 +33,7 @@ BRANCHES = (
     Branch("run/worker.py", "bf16_peak_flops", "fp8 on a CPU computes in bf16 (emulated float8): its own peak is the bf16 one"),
     Branch("run/worker.py", "rank_device", "a GPU rank takes its own GPU and makes it current; the CPU is one device"),
     Branch("run/worker.py", "environment", "NCCL exists only with CUDA: its version is a GPU run's"),
-    Branch("run/worker.py", "main", "the process group's backend: NCCL carries CUDA tensors, gloo CPU tensors"),
+    Branch("run/worker.py", "rank_main", "the process group's backend: NCCL carries CUDA tensors, gloo CPU tensors"),
     Branch("run/worker.py", "<module>", "a new CPU rank runs in a child forked after the imports, as the prefork server's "
            "ranks do (the same peak RSS); CUDA does not survive a fork"),
     Branch("run/worker.py", "pin_cpu_rank", "CPU ranks are pinned to disjoint cores; a GPU rank's compute is its GPU"),

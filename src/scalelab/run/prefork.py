@@ -53,6 +53,7 @@ import traceback
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 PREFORK_ENV = "SCALELAB_PREFORK"
 """The abstract socket name of the server that forks this process tree's ranks."""
@@ -108,6 +109,32 @@ def import_rank_modules() -> None:
         importlib.import_module(module)
 
 
+def end_as_a_process(main: Callable[[], int]) -> NoReturn:
+    """In a forked child: run main, then end as a new Python process running it would (its exit status; a
+    SystemExit's message; an uncaught exception's traceback and 1; a KeyboardInterrupt's traceback and death
+    by SIGINT), without the interpreter's finalization, as the worker's __main__ ends."""
+    code = 1
+    try:
+        code = main()
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        if exit_.code is not None and not isinstance(exit_.code, int):
+            print(exit_.code, file=sys.stderr)  # as Python prints it
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
 def run_forked(main: Callable[[], int]) -> int:
     """Run a CPU rank started as a new process (by torchrun, or by a launcher without a server) in a
     child forked after the server's imports, so that every CPU rank reports its peak RSS the same way,
@@ -119,27 +146,11 @@ def run_forked(main: Callable[[], int]) -> int:
     import_rank_modules()
     pid = os.fork()
     if pid == 0:
-        code = 1
-        try:
+        def the_rank() -> int:
             die_with_parent()
-            code = main()
-        except SystemExit as exit_:
-            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-            if exit_.code is not None and not isinstance(exit_.code, int):
-                print(exit_.code, file=sys.stderr)  # as Python prints it
-        except KeyboardInterrupt:  # as Python ends on one: its traceback, then the signal's own death
-            traceback.print_exc()
-            sys.stderr.flush()
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGINT)
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            try:
-                sys.stdout.flush()
-                sys.stderr.flush()
-            finally:
-                os._exit(code)
+            return main()
+
+        end_as_a_process(the_rank)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: os.kill(pid, signum))
     _, status = os.waitpid(pid, 0)  # retried by Python when a passed-on signal interrupts it
@@ -470,9 +481,8 @@ class _Server:
             pass
         return pid
 
-    def child(self, rank: dict, request: dict, log_fd: int, group: int, server: int) -> None:
-        code = 1
-        try:
+    def child(self, rank: dict, request: dict, log_fd: int, group: int, server: int) -> NoReturn:
+        def become_the_rank() -> int:
             os.setpgid(0, group)
             for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_DFL)
@@ -504,17 +514,9 @@ class _Server:
             sys.argv = [rank["argv"][2], *rank["argv"][3:]]
             from scalelab.run import worker
 
-            code = worker.main(rank["argv"][3:])
-        except SystemExit as exit_:
-            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-        except BaseException:
-            traceback.print_exc()  # to the run's log, as a new process's uncaught exception
-        finally:
-            try:
-                sys.stdout.flush()
-                sys.stderr.flush()
-            finally:
-                os._exit(code)  # as the worker's __main__: no interpreter finalization
+            return worker.main(rank["argv"][3:])
+
+        end_as_a_process(become_the_rank)
 
     def reap(self) -> None:
         while True:

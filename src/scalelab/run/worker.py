@@ -168,16 +168,11 @@ class Fault:
 @dataclass
 class Run:
     """What one rank sets up before its first step and keeps for the whole run."""
-    plan: RunPlan  # what the launcher decided (scalelab.plan.run_plan)
+    plan: RunPlan  # what the launcher decided (scalelab.plan.run_plan): the point, configs, batch split
     rank: int
     world_size: int
-    run_dir: Path
     device: torch.device
-    model_cfg: ModelConfig
-    train_cfg: TrainConfig
-    point: RunPoint
-    micro: int  # sequences per micro-batch
-    accum: int  # micro-batches per step
+    micro: int  # sequences per micro-batch: the plan's, halved while measure_token_share times half batches
     fault: Fault
     peak: float  # dense peak FLOP/s per device, and where that figure came from
     peak_source: str
@@ -195,6 +190,26 @@ class Run:
     progress: TextIO | None  # rank 0's progress.jsonl, open for appending step records
     n_trainable: int | None = None  # LoRA's trainable parameters (A and B); None = full training
     rank_cores: str | None = None  # the launcher's CPU core plan (pin_cpu_rank); None on a GPU
+
+    @property
+    def point(self) -> RunPoint:
+        return self.plan.point
+
+    @property
+    def model_cfg(self) -> ModelConfig:
+        return self.plan.model
+
+    @property
+    def train_cfg(self) -> TrainConfig:
+        return self.plan.train
+
+    @property
+    def accum(self) -> int:  # micro-batches per step
+        return self.plan.accumulation_steps
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.plan.run_dir)
 
     @property
     def tokens_per_step(self) -> int:
@@ -260,7 +275,6 @@ def setup(plan: RunPlan, rank_cores: str | None = None) -> Run:
     run_dir = Path(plan.run_dir)
     device = rank_device(plan.device)
     model_cfg, train_cfg, point = plan.model, plan.train, plan.point
-    micro, accum = plan.micro_batch, plan.accumulation_steps
     fault = Fault.from_env()
     torch.backends.cuda.matmul.allow_tf32 = train_cfg.tf32  # CUDA's switches: no effect on a CPU (which tf32 refuses)
     torch.backends.cudnn.allow_tf32 = train_cfg.tf32
@@ -297,8 +311,7 @@ def setup(plan: RunPlan, rank_cores: str | None = None) -> Run:
     sampler = BatchSampler(plan.train_bin, plan.token_dtype, model_cfg.seq_len, train_cfg.seed)
     counter = CommCounter().install()
     start_step, progress = resume(run_dir, train_cfg, par, scaler, rank)
-    return Run(plan=plan, rank=rank, world_size=world_size, run_dir=run_dir, device=device, model_cfg=model_cfg,
-               train_cfg=train_cfg, point=point, micro=micro, accum=accum, fault=fault, peak=peak,
+    return Run(plan=plan, rank=rank, world_size=world_size, device=device, micro=plan.micro_batch, fault=fault, peak=peak,
                peak_source=peak_source, peak_bf16=peak_bf16, peak_bf16_source=peak_bf16_source, n_params=n_params,
                param_bytes=param_bytes, fp8_linears=fp8_linears,
                blocks=blocks, par=par, scaler=scaler, sampler=sampler, counter=counter, start_step=start_step,
@@ -644,7 +657,7 @@ def gather(run: Run) -> Gathered:
 def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
     """worker_result.json (rank 0): the run-level measurements beside their predictions."""
     model_cfg, point, world_size, accum = run.model_cfg, run.point, run.world_size, run.accum
-    precision, ac = point.precision, point.activation_checkpointing
+    ac = point.activation_checkpointing
     step_times, all_held, all_mem, counted = tally.step_times, gathered.held, gathered.mem, gathered.comm
     rank_hosts = [m["hostname"] for m in all_mem]
     n_measured = max(1, len(step_times))  # this attempt's steps after warm-up
@@ -682,14 +695,14 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "mfu_bf16_peak": accounting.mfu(tokens_per_s, fpt, run.peak_bf16, world_size),
         "recompute_flops_per_token": recompute_fpt,
         "fp8_linears": run.fp8_linears,
-        "fp8_emulated": bool(run.train_cfg.fp8_emulate) if precision_record(precision).linears else None,
+        "fp8_emulated": bool(run.train_cfg.fp8_emulate) if run.plan.precision.linears else None,
         "hfu": accounting.mfu(tokens_per_s, fpt + recompute_fpt, run.peak, world_size),
         "activation_bytes_measured": tally.activations["inside"] if tally.activations else None,
         "activation_bytes_outside_blocks_measured": tally.activations["outside"] if tally.activations else None,
         "activation_measure": "bytes saved for backward by one micro-batch's forward on rank 0 (autograd saved-tensor hooks), "
                               "and outside the blocks what the forward returns",
         "ddp_buckets_predicted": (accounting.ddp_bucket_count(run.param_bytes, point.bucket_mb)
-                                  if point.bucket_mb and strategy(point.zero_stage).ddp_wraps(run.world_size) else None),
+                                  if point.bucket_mb and run.plan.strategy.ddp_wraps(run.world_size) else None),
         "skipped_steps": tally.skipped_steps,
         "resumed_from_step": run.start_step - 1 if run.start_step else None,
         "final_loss_scale": run.scaler.get_scale() if run.scaler.is_enabled() else None,
@@ -816,15 +829,18 @@ def modules_this_run_imports(zero_stage: int, precision: str, checkpointing: boo
     return modules
 
 
-def main_parser() -> argparse.ArgumentParser:
+def read_plan(argv: list[str] | None = None) -> RunPlan:
     parser = argparse.ArgumentParser(description="scalelab training worker (one rank; started by scalelab.run.launch)")
     parser.add_argument("--spec", required=True, help="the run's plan (spec.json) written by scalelab.run.launch")
-    return parser
+    return RunPlan.read(parser.parse_args(argv).spec)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = main_parser().parse_args(argv)
-    plan = RunPlan.read(args.spec)
+    return rank_main(read_plan(argv))
+
+
+def rank_main(plan: RunPlan) -> int:
+    """One rank of the plan: pinned, checked, in its process group, trained, torn down."""
     rank_cores = pin_cpu_rank(plan)  # what the run's row states; set before the threads start
     torch.set_num_threads(plan.threads_per_rank)
     if preflight(plan):
@@ -884,8 +900,9 @@ if __name__ == "__main__":
 
     # A CPU rank runs in a child forked after the imports, as the prefork server's ranks do: the same
     # peak RSS either way (run_forked). A GPU rank never forks (CUDA and fork do not mix).
-    forked = RunPlan.read(main_parser().parse_args().spec).device == "cpu"
-    code = run_forked(main) if forked else main()  # an exception propagates: its traceback and exit status
+    plan = read_plan()
+    # an exception propagates: its traceback and exit status
+    code = run_forked(lambda: rank_main(plan)) if plan.device == "cpu" else rank_main(plan)
     # Results written, process group torn down: skip the interpreter's finalization, which takes
     # about a second with torch and TorchDynamo loaded (measured: main returned 1.2 s before the
     # launcher saw the rank exit), i.e. ~25 s of a default sweep, and is where gloo threads used to
