@@ -1,7 +1,7 @@
 """The first GPU check, in one command: `make gpu-check` on a machine with an NVIDIA GPU.
 
     python -m scalelab.harness.gpu_check                  every part, within --deadline-s (needs CUDA)
-    python -m scalelab.harness.gpu_check --only bench     some parts: suite | bench | fp8 | sweep | diagnose | profile | rest
+    python -m scalelab.harness.gpu_check --only bench     some parts: suite | bench | fp8 | sweep | diagnose | fsdp | profile | rest
     python -m scalelab.harness.gpu_check --dry-run        the same steps on the CPU with tiny models
     python -m scalelab.harness.gpu_check --bundle-requirements   what `make gpu-bundle` downloads
 
@@ -20,10 +20,12 @@ The parts, in order of value (each gets the time the ones before it left, see --
    differences at a time, bf16 compiled (compiled per block and loss instead of the whole model;
    in DDP at world size 1, as scalelab's one-rank stage 0 ran before the H100 measured it costing
    3%), each against the plain loop as a user writes it;
-6. profile: one step of each side traced by torch.profiler (bf16 compiled): kernel time by class
+6. fsdp: what FSDP2 costs over one GPU, where it shards nothing: scalelab at stages 3 and 2, bf16
+   compiled, each with one step traced, against its stage-0 run (tokens/s, device busy time);
+7. profile: one step of each side traced by torch.profiler (bf16 compiled): kernel time by class
    (matmul, attention, compiled, copies, optimizer, communication...), the busiest kernels, the time
    the device was busy; the traces kept under <out>/traces;
-7. rest: fp16 and fp32 with TF32, eager and compiled, against the plain loop.
+8. rest: fp16 and fp32 with TF32, eager and compiled, against the plain loop.
 
 Once every part has had its turn, the time left repeats the comparisons of parts 2, 3 and 5 (a
 second scalelab run, then a second plain run; bf16, then fp8), up to --rounds measurements of
@@ -129,15 +131,18 @@ class Key:
     """The plain loop's variant (plain_loop's module doc): "" as a user writes it, "blocks" (compiled
     per block and loss, as scalelab's compile lever), "ddp" (in DDP at world size 1, as scalelab's stage 0
     was); "traced" (either side): one step traced by torch.profiler, for the profile part."""
+    stage: int = 0
+    """scalelab's ZeRO stage (world size 1): 0 trains the model as a user does, 2 and 3 are FSDP2 over
+    one device (the fsdp part)."""
 
     @property
     def label(self) -> str:
         return (f"{self.shape} {self.precision}{'+tf32' if self.tf32 else ''} {'compiled' if self.compiled else 'eager'}"
-                + (f" [{self.variant}]" if self.variant else ""))
+                + (f" stage {self.stage}" if self.stage else "") + (f" [{self.variant}]" if self.variant else ""))
 
     @property
     def base(self) -> "Key":
-        return dataclasses.replace(self, variant="")
+        return dataclasses.replace(self, variant="", stage=0)
 
     @property
     def slug(self) -> str:
@@ -233,7 +238,7 @@ class Check:
         if key.variant == "traced":  # one step after the warm-up; the measurement window leaves it out
             cfg["train"]["profile"] = [cfg["train"]["warmup_steps"] + 1] * 2
         lever = {"compile": key.compiled} if "compile" in AXIS else {}
-        point = RunPoint(key.precision, 0, 1, **lever)
+        point = RunPoint(key.precision, key.stage, 1, **lever)
         started = time.monotonic()
         name = f"scalelab-{key.slug}-{n + 1}"
         try:
@@ -447,7 +452,7 @@ def _fmt(v, spec: str) -> str:
 
 
 def _measure_line(m: dict) -> str:
-    head = f"  {m['side']:<8} {m['key']:<26}"
+    head = f"  {m['side']:<8} {m['key']:<34}"
     if m["status"] != "ok":
         return f"{head} {m['status']}: {m.get('reason')}"
     gib = lambda v: "-" if not v else f"{v / 2**30:.2f} GiB"  # noqa: E731
@@ -636,6 +641,46 @@ def diagnose(check: Check) -> dict:
             "figures": "; ".join(f"{r['label']}: {_fmt(r['ratio_to_plain'], '.3f')} of plain" for r in rows)}
 
 
+def fsdp_points(dry_run: bool) -> list[Key]:
+    """scalelab's FSDP2 stages over one device, bf16 compiled on a GPU (eager in a dry run), each
+    with one step traced: stage 3 (the issue-#40 figure: 0.79 of its stage-0 twin on an H200), then
+    stage 2 (no re-gather in backward: what resharding costs)."""
+    shape = "tiny" if dry_run else "350M"
+    return [Key(shape, "bf16", compiled=not dry_run, stage=s, variant="traced") for s in (3, 2)]
+
+
+def fsdp(check: Check) -> dict:
+    """What FSDP2 costs on one device, where it shards nothing: each stage's tokens/s against scalelab's
+    stage-0 run of the same shape (the bench's, else measured here), and its traced step's device
+    time (busy against first-to-last: a device waiting on the host shows as the gap), the traces
+    kept under <out>/traces beside the profile part's."""
+    points = fsdp_points(check.dry_run)
+    base = points[0].base
+    if not any(m["status"] == "ok" for m in check.scalelab.get(base, [])):
+        check.measure_scalelab(base)
+    base_tps = [m["tokens_per_s"] for m in check.scalelab.get(base, []) if m["status"] == "ok"]
+    rows, summaries = [], {}
+    (check.out / "traces").mkdir(exist_ok=True)
+    for key in points:
+        m = check.measure_scalelab(key)
+        ratio = m["tokens_per_s"] / statistics.median(base_tps) if m["status"] == "ok" and base_tps else None
+        row = {"label": key.label, "status": m["status"], "ratio_to_stage_0": ratio, "mfu": m.get("mfu"),
+               "peak_bytes_measured": m.get("peak_bytes_measured"), "peak_bytes_predicted": m.get("peak_bytes_predicted")}
+        if m["status"] == "ok" and m.get("trace") and Path(m["trace"]).exists():
+            shutil.copy(m["trace"], check.out / "traces" / f"scalelab-{key.slug}.json")
+            summaries[f"stage {key.stage}"] = row["trace"] = trace_summary(m["trace"])
+        rows.append(row)
+        print(f"scalelab {key.label}: {_fmt(ratio, '.3f')} of its stage-0 run"
+              + (" (CPU figure)" if check.dry_run else ""), flush=True)
+    if summaries:
+        print(profile_table(summaries), flush=True)
+    if all(r["status"] == "not run: deadline" for r in rows):
+        return {"status": "not run: deadline", "figures": f"{max(check.left(), 0):.0f} s left"}
+    return {"status": _status([{"status": r["status"]} for r in rows]), "variants": rows,
+            "figures": "; ".join(f"{r['label']}: {_fmt(r['ratio_to_stage_0'], '.3f')} of stage 0" for r in rows),
+            "failed": any("failed" in r["status"] for r in rows)}
+
+
 # Kernel classes of a trace, by a piece of the kernel's name (the first class that matches).
 KERNEL_CLASSES = (("communication", ("nccl",)), ("attention", ("flash", "fmha", "attention", "sdpa")),
                   ("matmul", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "wgmma")),
@@ -728,8 +773,8 @@ def profile(check: Check) -> dict:
             "failed": bool(failed) and not any(m["status"].startswith("not run") for m in sides.values())}
 
 
-PARTS = {"suite": gpu_suite, "bench": bench, "fp8": fp8, "sweep": reference_sweep, "diagnose": diagnose, "profile": profile,
-         "rest": rest}
+PARTS = {"suite": gpu_suite, "bench": bench, "fp8": fp8, "sweep": reference_sweep, "diagnose": diagnose, "fsdp": fsdp,
+         "profile": profile, "rest": rest}
 """The parts in order of value: each runs with the time the ones before it left."""
 
 
@@ -738,28 +783,28 @@ def summary(check: Check, parts: list[str]) -> str:
     lines = [f"== summary: {check.elapsed():.0f} s of the {check.deadline_s:g} s deadline"
              + (" -- DRY RUN on the CPU: CPU figures, they say nothing about a GPU" if check.dry_run else ""),
              TARGETS_TEXT,
-             f"{'part':<6} {'point':<26} {'status':<27} figures"]
+             f"{'part':<8} {'point':<24} {'status':<27} figures"]
     for name in PARTS:
         part = check.parts.get(name)
         if part is None:
             status = "not selected" if name not in parts else "not run"
-            lines.append(f"{name:<6} {'':<26} {status:<27}")
+            lines.append(f"{name:<8} {'':<24} {status:<27}")
             continue
         if name in ("bench", "rest"):
             for r in (c for c in record["comparisons"] if c["label"] in part.get("points", [])):
-                lines.append(f"{name:<6} {r['label']:<26} {r['status']:<27} scalelab {_fmt(r['scalelab_tokens_per_s'], ',.0f')} "
+                lines.append(f"{name:<8} {r['label']:<24} {r['status']:<27} scalelab {_fmt(r['scalelab_tokens_per_s'], ',.0f')} "
                              f"plain {_fmt(r['plain_tokens_per_s'], ',.0f')} tok/s, ratio {_fmt(r['ratio'], '.3f')}, "
                              f"MFU {_fmt(r['scalelab_mfu'], '.3f')}, rounds {r['rounds'][0]}+{r['rounds'][1]}; "
                              f"{_targets_text(r['targets'])}")
         elif name == "fp8":
             for r in record["fp8"]:
-                lines.append(f"{name:<6} {r['shape'] + (' (emulated)' if r['fp8_emulated'] else ''):<26} {r['status']:<27} "
+                lines.append(f"{name:<8} {r['shape'] + (' (emulated)' if r['fp8_emulated'] else ''):<24} {r['status']:<27} "
                              f"bf16 {_fmt(r['bf16_tokens_per_s'], ',.0f')} fp8 {_fmt(r['fp8_tokens_per_s'], ',.0f')} tok/s, "
                              f"fp8/bf16 {_fmt(r['fp8_over_bf16'], '.3f')}, bf16 MFU {_fmt(r['bf16_mfu'], '.3f')}, "
                              f"rounds {r['rounds'][0]}+{r['rounds'][1]}"
                              + (f"; {_targets_text(r['targets'])}" if r["targets"] else ""))
         else:
-            lines.append(f"{name:<6} {'':<26} {part['status']:<27} {part.get('figures', '')}")
+            lines.append(f"{name:<8} {'':<24} {part['status']:<27} {part.get('figures', '')}")
     lines.append(f"results: {check.out / 'gpu-check.json'}")
     return "\n".join(lines)
 
