@@ -80,7 +80,9 @@ class _FakeGPU:
 
     SECONDS = {"pytest": 60, "snakemake": 100, False: 30, True: 80}  # a run: eager / compiled
     TOKENS_PER_S = {("350M", "bf16"): 100_000, ("350M", "fp8"): 84_000, ("1.3B", "bf16"): 30_000,
-                    ("1.3B", "fp8"): 34_800, ("350M", "fp16"): 99_000, ("350M", "fp32"): 40_000}
+                    ("1.3B", "fp8"): 34_800, ("350M", "fp16"): 99_000, ("350M", "fp32"): 40_000, ("memory", "bf16"): 1}
+
+    STAGE_COST = {0: 1.0, 2: 0.55, 3: 0.6}  # FSDP2 over one GPU (the fsdp part), about as an H200 measured it
 
     def __init__(self, monkeypatch):
         import types
@@ -89,18 +91,19 @@ class _FakeGPU:
         monkeypatch.setattr(gpu_check, "time", types.SimpleNamespace(monotonic=lambda: self.now))
         monkeypatch.setattr(gpu_check, "run_bounded", self.run_bounded)
         monkeypatch.setattr(gpu_check.Check, "_data", lambda check: check.work)
+        monkeypatch.setattr(gpu_check.Check, "memory_data", lambda check, cfg: check.work)
         monkeypatch.setattr("scalelab.run.launch.launch_run", self.launch_run)
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
 
     def shape(self, d_model: int) -> str:
-        return {1024: "350M", 2048: "1.3B"}[d_model]
+        return {1024: "350M", 2048: "1.3B", 768: "memory"}[d_model]
 
     def launch_run(self, cfg, point, data_dir, run_dir, log_path, threads=1):
         shape, compiled = self.shape(cfg["model"]["d_model"]), point.compile
         self.calls.append(("scalelab", shape, point.precision, compiled, cfg["train"]["run_timeout_s"]))
         self.now += self.SECONDS[compiled]
-        tps = self.TOKENS_PER_S[(shape, point.precision)] * (1.2 if compiled else 1.0)
+        tps = self.TOKENS_PER_S[(shape, point.precision)] * (1.2 if compiled else 1.0) * self.STAGE_COST[point.zero_stage]
         per_step = cfg["train"]["global_batch"] * cfg["model"]["seq_len"]
         return {"status": "ok", "tokens_per_step": per_step, "step_time_s_median": per_step / tps, "tokens_per_s": tps,
                 "mfu": tps / 200_000, "mfu_bf16_peak": tps / 200_000, "peak_mem_allocated_bytes": 2**34,
@@ -142,7 +145,8 @@ def test_on_a_gpu_the_parts_run_in_order_of_value_within_the_deadline(tmp_path, 
     assert ran == [("suite",), ("scalelab", "350M", "bf16", False), ("plain", "350M", "bf16", False),
                    ("scalelab", "350M", "bf16", True), ("plain", "350M", "bf16", True),
                    ("scalelab", "350M", "fp8", True), ("scalelab", "1.3B", "bf16", True),  # 95 s left: no 1.3B fp8,
-                   ("scalelab", "350M", "fp16", False), ("plain", "350M", "fp16", False)], ran  # no sweep; the rest's start
+                   ("scalelab", "memory", "bf16", False), ("scalelab", "memory", "bf16", False)], ran  # no sweep, no
+    # diagnose, fsdp or profile (compiled: 100 s each); the memory part's two eager runs leave no time for the rest
     assert fake.calls[0][1] == pytest.approx(540 - gpu_check.RESERVE_S)  # the suite gets all the time there is
     # and each later process what is left, a plain-loop measurement at most MAX_MEASURE_S (a hung one ends there)
     assert fake.calls[2][4] == pytest.approx(min(540 - gpu_check.RESERVE_S - 60 - 30, gpu_check.MAX_MEASURE_S["gpu"]))
@@ -154,8 +158,10 @@ def test_on_a_gpu_the_parts_run_in_order_of_value_within_the_deadline(tmp_path, 
     assert rows["350M bf16 compiled"]["ratio"] == pytest.approx(1.2 / 1.25)
     assert rows["350M bf16 compiled"]["targets"] == [{"target": "ratio >= 0.98", "met": False},
                                                      {"target": "MFU >= 0.45", "met": True}]
-    assert [label for label, r in rows.items() if r["status"] == "ok"] == ["350M bf16 eager", "350M bf16 compiled", "350M fp16 eager"]
-    assert check["parts"]["rest"]["status"] == "partial: not run: deadline"
+    assert [label for label, r in rows.items() if r["status"] == "ok"] == ["350M bf16 eager", "350M bf16 compiled"]
+    assert check["parts"]["rest"]["status"] == "not run: deadline"
+    memory = check["parts"]["memory"]
+    assert memory["status"] == "ok" and [c["measured_over_predicted"] for c in memory["cases"]] == [1.0, 1.0]
     assert check["parts"]["diagnose"]["status"] == "not run: deadline"
     fp8 = {r["shape"]: r for r in check["fp8"]}
     assert fp8["350M"]["fp8_over_bf16"] == pytest.approx(0.84) and fp8["350M"]["status"] == "ok"
@@ -193,3 +199,52 @@ def test_diagnose_holds_each_of_scalelabs_differences_against_the_plain_loop(tmp
     figures = check["parts"]["diagnose"]["figures"]
     assert check["parts"]["diagnose"]["status"] == "ok"
     assert "350M bf16 compiled [blocks]: 0.900 of plain" in figures and "350M bf16 compiled [ddp]: 0.990 of plain" in figures
+
+
+def test_fsdp_holds_each_fsdp2_stage_against_scalelabs_stage_0(tmp_path, monkeypatch):
+    """FSDP2 over one GPU: stage 3, then stage 2, each one traced run, against scalelab's stage-0 run
+    of the same shape (measured first where the bench did not): the ratio is what FSDP2 costs."""
+    fake = _FakeGPU(monkeypatch)
+    assert gpu_check.main(["--deadline-s", "5000", "--out", str(tmp_path), "--only", "fsdp"]) == 0
+    assert [c[:4] for c in fake.calls] == [("scalelab", "350M", "bf16", True)] * 3
+    part = json.loads((tmp_path / "gpu-check.json").read_text())["parts"]["fsdp"]
+    assert part["status"] == "ok" and [v["label"] for v in part["variants"]] == [
+        "350M bf16 compiled stage 3 [traced]", "350M bf16 compiled stage 2 [traced]"]
+    assert [v["ratio_to_stage_0"] for v in part["variants"]] == pytest.approx([0.6, 0.55])
+
+
+def test_a_trace_kernel_is_classed_by_what_it_does():
+    """Inductor's fused kernels are named after their ops ("..._to_copy_add_native_layer_norm"): they are
+    compiled work, not copies (an H200 trace read 10 ms of "copies" that were LayerNorm kernels)."""
+    cls = gpu_check.kernel_class
+    assert cls("triton_per_fused__to_copy_add_native_layer_norm_native_layer_norm_backward_view_10") == "compiled (triton)"
+    assert cls("Memcpy DtoD (Device -> Device)") == cls("Memset (Device)") == "copy, fill"
+    assert cls("ncclDevKernel_AllGather_RING_LL") == "communication"
+    assert cls("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "matmul"
+    assert cls("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3") == "attention"
+    assert cls("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>") == "elementwise"
+
+
+def test_the_peak_of_an_allocator_history_and_what_was_live_then(tmp_path):
+    """snapshot_peak replays a CUDA allocator snapshot's history (torch.cuda.memory._dump_snapshot's
+    format): the peak of the bytes allocated within it, what was allocated before it began (from the
+    segments at the dump), and the live allocations at the peak by site, largest first."""
+    import pickle
+
+    frame = lambda name, filename="??", line=0: {"name": name, "filename": filename, "line": line}  # noqa: E731
+    alloc = lambda addr, size, *frames: {"action": "alloc", "addr": addr, "size": size, "frames": list(frames)}  # noqa: E731
+    free = lambda addr, size: {"action": "free_completed", "addr": addr, "size": size}  # noqa: E731
+    history = [alloc(1, 100, frame("c10::cuda::CUDACachingAllocator::malloc"), frame("forward", "/x/scalelab/run/model.py", 64)),
+               alloc(2, 50, frame("torch::unwind::unwind()"), frame("at::empty_strided"), frame("MmBackward0::apply")),
+               free(2, 50),
+               alloc(3, 70, frame("linear", "/t/torch/nn/modules/linear.py", 134), frame("step", "/x/scalelab/run/worker.py", 3)),
+               alloc(4, 30, frame("MmBackward0::apply")),
+               free(1, 100), free(4, 30)]
+    blocks = [{"size": 70, "state": "active_allocated"}, {"size": 1000, "state": "active_allocated"}, {"size": 8, "state": "inactive"}]
+    path = tmp_path / "rank0.pickle"
+    path.write_bytes(pickle.dumps({"segments": [{"blocks": blocks}], "device_traces": [[], history]}))
+    peak = gpu_check.snapshot_peak(path)
+    assert (peak["before_history_bytes"], peak["peak_in_history_bytes"], peak["peak_bytes"]) == (1000, 200, 1200)
+    assert peak["at_peak"] == "MmBackward0::apply"
+    assert [(g["site"], g["bytes"]) for g in peak["live_at_peak"]] == [
+        ("model.py:64 forward", 100), ("linear.py:134 linear <- worker.py:3 step", 70), ("MmBackward0::apply", 30)]

@@ -14,7 +14,8 @@ from support import REPO
 def test_gpu_check_dry_path_runs_every_step_on_the_cpu(tmp_path):
     """`make gpu-check`'s steps on the CPU: the gpu suite collected (and skipped here), scalelab
     against the plain loop (bf16 eager and compiled, fp32 eager), emulated fp8 against bf16 at two
-    sizes, the reference sweep through the workflow; the summary last, everything in gpu-check.json."""
+    sizes, the reference sweep through the workflow, FSDP2 over one device against stage 0, the memory
+    case; the summary last, everything in gpu-check.json."""
 
     proc = subprocess.run([sys.executable, "-m", "scalelab.harness.gpu_check", "--dry-run", "--out", str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=900)
@@ -41,5 +42,11 @@ def test_gpu_check_dry_path_runs_every_step_on_the_cpu(tmp_path):
     assert all(r["status"] == "ok" and r["fp8_emulated"] and r["fp8_over_bf16"] > 0 for r in fp8.values()), fp8
     plain = check["measurements"]["plain"]["tiny bf16 compiled"][0]
     assert plain["status"] == "ok" and plain["peak_bytes_measured"] is None  # no device memory on a CPU
+    fsdp = check["parts"]["fsdp"]["variants"]  # FSDP2 over one device against stage 0, one step traced each
+    assert [v["label"] for v in fsdp] == ["tiny bf16 eager stage 3 [traced]", "tiny bf16 eager stage 2 [traced]"]
+    assert all(v["ratio_to_stage_0"] > 0 and v["trace"]["kernels"] > 0 for v in fsdp), fsdp
+    memory = check["parts"]["memory"]["cases"]  # the CPU path: predictions, and no allocator history to read
+    assert [c["label"] for c in memory] == ["bf16 stage 3", "bf16 stage 0"]
+    assert all(c["status"] == "ok" and c["predicted_bytes"] > 0 and "snapshot" not in c for c in memory), memory
     reports = list(tmp_path.glob("reference-cpu-dry-run-*/report/report.html"))
     assert len(reports) == 1 and "fp32-z3-w1" in reports[0].read_text()

@@ -696,10 +696,12 @@ def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: in
     (set_requires_gradient_sync(False)), which only their sharded 4 bytes per parameter count for:
     not modelled, an underestimate there.
 
-    Stage 2 keeps every block's unsharded parameters from forward to backward: +b Psi (N-1)/N,
-    b = 4 bytes (fp32), 2 for fp16 and bf16, which FSDP2's MixedPrecisionPolicy gathers in their
-    compute dtype (comm_dtypes). Stage 3 gathers one block at a time (two in flight with
-    prefetch): +2 blocks' parameters at b bytes each. Activations, at the start of backward, when every block's are still
+    Stage 2 keeps every group's unsharded parameters from forward to backward: +b Psi, b = 4 bytes
+    (fp32), 2 for fp16 and bf16, which FSDP2's MixedPrecisionPolicy gathers in their compute dtype
+    (comm_dtypes); FSDP2 gathers into a buffer of its own, the whole group at any world size (an
+    H200 at world size 1, issue #40). Stage 3 gathers one block at a time (two in flight with
+    prefetch), beside the root group (the parameters of no block, whose backward runs first): +b
+    (2 blocks + the rest). Activations, at the start of backward, when every block's are still
     kept: block_activation_bytes (Korthikanti et al.), outside_block_activation_bytes (the
     fp32 log-softmax output, the final LayerNorm's and the head's inputs, ids) and the loss
     path's transient (LossPathBytes: 8 B T V, the two fp32 gradients at log_softmax's
@@ -717,13 +719,14 @@ def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: in
     """
     at_rest = model_state_bytes(n_params, zero_stage, world_size, precision, "pytorch", replicas)
     block_params = block_param_count(cfg) if block_params is None else block_params
-    n = check_replicas(world_size, replicas)
+    check_replicas(world_size, replicas)  # a replica count the world size cannot take raises here
     state = at_rest.total if grads_at_peak(zero_stage, world_size, accumulation_steps, replicas) else at_rest.total - at_rest.grads
     gathered = comm_dtypes(precision, zero_stage).gather_bytes  # 2 for fp16/bf16 under FSDP2's MixedPrecisionPolicy
-    transient = strategy(zero_stage, replicas).transient_psi(n_params, block_params, n, gathered)
+    outside_params = max(0.0, n_params - cfg.n_layers * block_params)  # embeddings, final norm, head: FSDP2's root group
+    transient = strategy(zero_stage, replicas).transient_psi(n_params, block_params, outside_params, gathered)
     held = at_rest.total
-    if cpu_offload:
-        state, held, transient = 0.0, 0.0, 2 * gathered * block_params  # copied to the device, then gathered
+    if cpu_offload:  # copied to the device, then gathered
+        state, held, transient = 0.0, 0.0, gathered * (2 * block_params + outside_params)
     acts = 0.0 if cfg.module else (  # a user's module: no activation formula (model state and gathers only)
         block_activation_bytes(cfg, micro_batch, precision, activation_checkpointing, zero_stage=zero_stage,
                                device_type=device_type, compiled=compiled)

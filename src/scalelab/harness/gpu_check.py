@@ -353,6 +353,16 @@ class Check:
                             seq_len=shape["seq_len"])
         return self.data_dir
 
+    def memory_data(self, cfg: dict) -> Path:
+        """The memory case's byte-token data (the GPU test's), prepared once."""
+        from scalelab.config import dataset_config
+        from scalelab.run.data import prepare_dataset
+
+        data = self.work / "memory-data"
+        if not data.exists():
+            prepare_dataset(dataset_config(cfg), data, seq_len=cfg["model"]["seq_len"])
+        return data
+
     # -- derived figures
     def comparison(self, key: Key) -> dict:
         """scalelab against the plain loop at one key: each side's median over its rounds."""
@@ -693,7 +703,7 @@ ALLOCATOR_FRAMES = ("c10::", "CUDACachingAllocator", "at::empty", "at::native::e
                     "at::TensorBase::", "at::_ops::empty", "allocate", "Allocator", "??", "torch::unwrap_dispatch",
                     "_record_memory_history", "gather_traceback", "at::native::_to_copy", "at::_ops::",
                     "c10::impl::", "at::(anonymous", "torch::autograd::VariableType", "wrap_kernel_functor",
-                    "c10::BoxedKernel", "c10::Dispatcher", "at::native::")
+                    "c10::BoxedKernel", "c10::Dispatcher", "at::native::", "torch::unwind", "CapturedTraceback")
 
 
 def allocation_site(frames: list[dict]) -> str:
@@ -753,14 +763,11 @@ def memory(check: Check) -> dict:
     warm-up (train.memory_snapshot), then what was live at the history's peak, by the line that
     allocated it (snapshot_peak), beside the measured and predicted peaks. A dry run takes the CPU
     path and has no allocator history (the GPU's alone)."""
-    from scalelab.config import dataset_config
     from scalelab.harness.testing import tiny_config
     from scalelab.plan.sweep import RunPoint
-    from scalelab.run.data import prepare_dataset
     from scalelab.run.launch import launch_run
 
     rows = []
-    data = check.work / "memory-data"
     for precision, stage in MEMORY_CASES:
         label = f"{precision} stage {stage}"
         need = MIN_LEFT_S[(check.kind, False)]
@@ -772,8 +779,7 @@ def memory(check: Check) -> dict:
                                  "global_batch": 8 if not check.dry_run else 4, "profile": [4, 4], "memory_snapshot": True,
                                  "run_timeout_s": max(1.0, check.left() - LAUNCH_TEARDOWN_S)})
         cfg["model"].update(MEMORY_MODEL[check.kind])
-        if not data.exists():
-            prepare_dataset(dataset_config(cfg), data, seq_len=cfg["model"]["seq_len"])
+        data = check.memory_data(cfg)
         run_dir = check.work / "runs" / f"memory-{precision}-{stage}"
         try:
             s = launch_run(cfg, RunPoint(precision, stage, 1), data, run_dir, check.out / "logs" / f"memory-{precision}-{stage}.log",
@@ -804,8 +810,11 @@ def memory(check: Check) -> dict:
 # Kernel classes of a trace, by a piece of the kernel's name (the first class that matches).
 KERNEL_CLASSES = (("communication", ("nccl",)), ("attention", ("flash", "fmha", "attention", "sdpa")),
                   ("matmul", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "wgmma")),
-                  ("optimizer", ("adam", "multi_tensor")), ("copy, fill", ("memcpy", "memset", "copy", "fill")),
-                  ("compiled (triton)", ("triton",)), ("elementwise", ("elementwise", "vectorized", "unrolled")),
+                  ("optimizer", ("adam", "multi_tensor")),
+                  # before the copies: inductor names its fused kernels after their ops ("triton_per_fused__to_copy_add_
+                  # native_layer_norm_..."), which would read as copies
+                  ("compiled (triton)", ("triton",)), ("copy, fill", ("memcpy", "memset", "copy", "fill")),
+                  ("elementwise", ("elementwise", "vectorized", "unrolled")),
                   ("reduction", ("reduce", "norm")))
 
 

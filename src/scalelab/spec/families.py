@@ -89,8 +89,9 @@ def head_width(cfg) -> int:
 def _gpt2_block_activations(cfg, case: ActivationCase) -> float:
     """GPT-2's blocks (the terms scalelab.formulas.accounting.block_activation_bytes derives): 16 s b h
     values per layer at w; under autocast the fp32 residual stream and LayerNorm inputs and the w-byte
-    weight copies; compiled, the partitioner's set (LayerNorm statistics, the attention logsumexp and,
-    on a GPU, flash attention's RNG state); with checkpointing the block input alone."""
+    weight copies; with 16-bit parameters on a GPU, eager, the LayerNorms' fp32 input copies; compiled,
+    the partitioner's set (LayerNorm statistics, the attention logsumexp and, on a GPU, flash
+    attention's RNG state); with checkpointing the block input alone."""
     s, b, h, L, w = cfg.seq_len, case.micro_batch, cfg.d_model, cfg.n_layers, case.width
     residual_width = 4 if case.amp else w
     if case.checkpointing:
@@ -105,14 +106,19 @@ def _gpt2_block_activations(cfg, case: ActivationCase) -> float:
         return L * per_layer
     if case.amp:
         per_layer += 2 * s * b * h * (4 - w) + 2 * _gpt2_matmul(cfg)
+    elif case.sixteen_bit_params and case.gpu:
+        # CUDA's autocast runs layer_norm in fp32 (the CPU's keeps its input dtype): each LayerNorm saves an
+        # fp32 copy of its 16-bit input (an H200: eager bf16 at stage 3 measured 13.7% over the formula without it)
+        per_layer += 2 * s * b * h * (4 - w)
     return L * per_layer
 
 
 def _gpt2_outside(cfg, case: ActivationCase) -> float:
-    """The final LayerNorm's input (the residual stream: fp32, or w with 16-bit parameters) with its mean
-    and rstd, the head's input at w (and autocast's 16-bit copy of the head weight), the positions."""
+    """The final LayerNorm's input (the residual stream: fp32, or w with 16-bit parameters on a CPU;
+    on a GPU autocast's fp32 copy of it, the final LayerNorm being eager in compiled runs too) with its
+    mean and rstd, the head's input at w (and autocast's 16-bit copy of the head weight), the positions."""
     b, t, c, v, w = case.micro_batch, cfg.seq_len, cfg.d_model, cfg.vocab_size, case.width
-    final_norm = (w if case.sixteen_bit_params else 4) * b * t * c + 2 * 4 * b * t
+    final_norm = (w if case.sixteen_bit_params and not case.gpu else 4) * b * t * c + 2 * 4 * b * t
     head = w * b * t * c + (2 * v * c if case.amp else 0)
     return float(final_norm + head + 8 * t)
 

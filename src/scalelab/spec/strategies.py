@@ -53,9 +53,12 @@ class Strategy:
     FSDP2's all-gathers (in the gather dtype: the compute dtype under a MixedPrecisionPolicy)."""
     comm_psi_paper: float
     """The same in the ZeRO paper (no accumulation)."""
-    transient_psi: Callable[[float, float, int, int], float]
-    """Parameter bytes materialised within a step beyond model state: f(n_params, block_params, N,
-    bytes per gathered element: 4, or 2 where FSDP2 gathers in a 16-bit compute dtype)."""
+    transient_psi: Callable[[float, float, float, int], float]
+    """Parameter bytes materialised at a step's peak (the start of backward) beyond model state:
+    f(n_params, block_params, outside_params (those of no block: embeddings, final norm, head),
+    bytes per gathered element: 4, or 2 where FSDP2 gathers in a 16-bit compute dtype). FSDP2
+    all-gathers into a buffer of its own, the whole unsharded group at any world size (one GPU too:
+    an H200's stage 2 and 3 peaks, issue #40)."""
     silent_at_world_size_1: bool
     """Issues no collective at all on one rank: FSDP2, and stage 0, whose one rank trains the model
     without DDP; ZeRO-1's DDP and ZeroRedundancyOptimizer still all-reduce and broadcast there."""
@@ -94,26 +97,28 @@ class Strategy:
 STRATEGIES: dict[int, Strategy] = {s.stage: s for s in (
     # One rank trains the model alone (no DDP: scalelab.run.parallel.parallelize_ddp).
     Strategy(0, "DDP", "parallelize_ddp", (False, False, False), (False, False, False),
-             grad_psi=2, param_psi=lambda k: 0, comm_psi_paper=2, transient_psi=lambda psi, block, n, b: 0.0,
+             grad_psi=2, param_psi=lambda k: 0, comm_psi_paper=2, transient_psi=lambda psi, block, outside, b: 0.0,
              silent_at_world_size_1=True, ddp_buckets=True, cpu_offload=False,
              overlap=(("all_reduce", "backward"),)),
     # PyTorch all-reduces gradients and then broadcasts the updated shards: 3 Psi, not the paper's 2.
     Strategy(1, "DDP + ZeroRedundancyOptimizer", "parallelize_zero1", (False, False, True), (False, False, True),
-             grad_psi=2, param_psi=lambda k: 1, comm_psi_paper=2, transient_psi=lambda psi, block, n, b: 0.0,
+             grad_psi=2, param_psi=lambda k: 1, comm_psi_paper=2, transient_psi=lambda psi, block, outside, b: 0.0,
              silent_at_world_size_1=False, ddp_buckets=True, cpu_offload=False,
              overlap=(("all_reduce", "backward"),), batched=("broadcast",)),  # the broadcasts follow the step: exposed
     # FSDP2 reshards after backward, so at rest stage 2 holds what stage 3 holds; it keeps every
-    # block's unsharded parameters (fp32, or the compute dtype under a MixedPrecisionPolicy) from
-    # forward to backward (+b Psi (N-1)/N in the step), and all-gathers once per micro-batch:
+    # group's unsharded parameters (fp32, or the compute dtype under a MixedPrecisionPolicy) from
+    # forward to backward (+b Psi in the step), and all-gathers once per micro-batch:
     # k Psi of parameters + Psi of gradients reduce-scattered.
     Strategy(2, "FSDP2, reshard_after_forward=False", "parallelize_fsdp_keep", (True, True, True), (False, True, True),
-             grad_psi=1, param_psi=lambda k: k, comm_psi_paper=2, transient_psi=lambda psi, block, n, b: b * psi * (n - 1) / n,
+             grad_psi=1, param_psi=lambda k: k, comm_psi_paper=2, transient_psi=lambda psi, block, outside, b: b * psi,
              silent_at_world_size_1=True, ddp_buckets=False, cpu_offload=False,
              overlap=(("all_gather", "step"), ("reduce_scatter", "backward"))),
     # Stage 3 gathers one block at a time (two in flight with prefetch), forward and backward: 2k Psi + Psi.
+    # At the start of backward the root group (the parameters of no block: the head's backward runs
+    # first) is gathered beside two blocks.
     Strategy(3, "FSDP2, reshard_after_forward=True", "parallelize_fsdp_reshard", (True, True, True), (True, True, True),
              grad_psi=1, param_psi=lambda k: 2 * k, comm_psi_paper=3,
-             transient_psi=lambda psi, block, n, b: 2 * b * block * (n - 1) / n,
+             transient_psi=lambda psi, block, outside, b: b * (2 * block + outside),
              silent_at_world_size_1=True, ddp_buckets=False, cpu_offload=True,
              overlap=(("all_gather", "step"), ("reduce_scatter", "backward"))),
 )}
