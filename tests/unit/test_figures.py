@@ -293,7 +293,8 @@ def check_lever_micro_batch(runs, steps):
     fig, t = draw("lever_micro_batch", runs, steps)
     loss_ax, tput_ax, _ = fig.axes
     ok = runs[(runs["status"] == "ok") & runs["cpu_offload"].eq(False) & ~runs["activation_checkpointing"]
-              & (runs["bucket_mb"].isna() | (runs["bucket_mb"] == 25.0)) & ~runs["compile"] & runs["lora_rank"].isna()]
+              & (runs["bucket_mb"].isna() | (runs["bucket_mb"] == 25.0)) & ~runs["compile"] & runs["lora_rank"].isna()
+              & (runs["tensor_parallel"].isna() | (runs["tensor_parallel"] == 1))]
     label = "z" + ok["zero_stage"].astype(str) + " w" + ok["world_size"].astype(str) + " " + ok["precision"]
     varied = ok[ok.groupby(label)["micro_batch"].transform("nunique") > 1]
     fp32 = steps[steps["run_id"].isin(varied.loc[varied["precision"] == "fp32", "run_id"])]
@@ -331,7 +332,8 @@ def check_lever_bucket_mb(runs, steps):
     left, right = fig.axes
     ddp = runs[(runs["status"] == "ok") & runs["bucket_mb"].notna() & ~runs["activation_checkpointing"] & ~runs["cpu_offload"]
                & (runs["accumulation_steps"] == 1) & ~runs["compile"] & runs["lora_rank"].isna()
-               & ((runs["zero_stage"] != 0) | (runs["world_size"] > 1))]  # one rank at stage 0: no DDP, no buckets
+               # one data-parallel rank at stage 0 (world size 1, or all ranks tensor-parallel): no DDP, no buckets
+               & ((runs["zero_stage"] != 0) | (runs["world_size"] > runs["tensor_parallel"].fillna(1)))]
     label = "z" + ddp["zero_stage"].astype(str) + " w" + ddp["world_size"].astype(str) + " " + ddp["precision"]
     varied = ddp[ddp.groupby(label)["bucket_mb"].transform("nunique") > 1]
     for name, g in varied.groupby(label[varied.index]):

@@ -310,9 +310,9 @@ def comm_groups(world_size: int, replicas: int, rank: int = 0) -> dict[str, list
             "replicate": list(range(rank % shard, world_size, shard))}
 
 
-def comm_bytes_by_link(n_params: int, zero_stage: int, world_size: int, precision: str, ranks_per_node: int,
+def comm_bytes_by_link(n_params: float, zero_stage: int, world_size: int, precision: str, ranks_per_node: int,
                        replicas: int = 1, grad_reduce: str = "fp32", accumulation_steps: int = 1,
-                       n_trainable: int | None = None, rank: int = 0) -> dict[str, dict[str, float]]:
+                       n_trainable: int | None = None, rank: int = 0, tensor_parallel: int = 1) -> dict[str, dict[str, float]]:
     """Bytes one rank (rank 0 by default: the rank a run measures) hands to collectives per
     optimizer step, by link and collective: ``{"intra_node": {collective: bytes}, "inter_node":
     {...}}``, the module doc's unit, summing to comm_bytes_per_step. Ranks sit on nodes as torchrun
@@ -321,9 +321,24 @@ def comm_bytes_by_link(n_params: int, zero_stage: int, world_size: int, precisio
 
     DDP, ZeRO-1 and ZeRO-3 issue everything over the world: inter-node once N > P. Hybrid
     sharding with its shard group inside a node (S <= P) keeps the gathers and the reduce-scatter
-    within it and sends only the all-reduce across replicas, 2 Psi r / S, between nodes."""
+    within it and sends only the all-reduce across replicas, 2 Psi r / S, between nodes.
+
+    Under tensor parallelism (``tensor_parallel`` T > 1: ``world_size`` and ``n_params`` are then the
+    data-parallel ranks and one rank's share: scalelab.formulas.predicted_columns.split_of) the world is
+    T x world_size ranks and the strategy's collectives run over rank 0's data-parallel group, every
+    T-th rank (tensor parallelism's own, over ranks 0..T-1: tensor_parallel_comm, counted apart)."""
     if ranks_per_node < 1:
         raise ValueError(f"ranks_per_node must be >= 1, got {ranks_per_node}")
+    if tensor_parallel > 1:
+        nodes = contiguous_nodes(world_size * tensor_parallel, ranks_per_node)
+        out = {link: {} for link in LINKS}
+        data_group = list(range(0, world_size * tensor_parallel, tensor_parallel))
+        for collective, _, nbytes in _comm_terms(n_params, zero_stage, world_size, precision, accumulation_steps,
+                                                 grad_reduce, n_trainable, 1):
+            if nbytes:
+                by_type = out[link_of(data_group, nodes)]
+                by_type[collective] = by_type.get(collective, 0.0) + nbytes
+        return out
     nodes, groups = contiguous_nodes(world_size, ranks_per_node), comm_groups(world_size, replicas, rank)
     out: dict[str, dict[str, float]] = {link: {} for link in LINKS}
     for collective, group, nbytes in _comm_terms(n_params, zero_stage, world_size, precision, accumulation_steps,
@@ -332,6 +347,48 @@ def comm_bytes_by_link(n_params: int, zero_stage: int, world_size: int, precisio
             by_type = out[link_of(groups[group], nodes)]
             by_type[collective] = by_type.get(collective, 0.0) + nbytes
     return out
+
+
+# ----------------------------------------------------------------------------- tensor parallelism
+# T ranks split every block's planned linears (scalelab.spec.families: Family.tensor_parallel; Megatron's
+# column and row parallel linears, scalelab.run.tensor_parallel); a run of world size N holds N/T data-parallel
+# replicas of that split, and its strategy (stage 0, or FSDP2 at 2 and 3) works over those N/T ranks on each
+# rank's share of the parameters, as it works over N ranks on the whole model without tensor parallelism.
+def tensor_parallel_params(cfg: ModelConfig, n_params: float, degree: int) -> float:
+    """Parameters one rank holds under tensor parallelism of ``degree``: 1/T of what the plan splits,
+    the rest (embeddings, norms, rowwise biases, the head) whole."""
+    if degree == 1:
+        return n_params
+    from scalelab.spec.families import tensor_parallel_split_params
+
+    split = cfg.n_layers * tensor_parallel_split_params(cfg)
+    return n_params - split + split / degree
+
+
+def data_parallel_size(world_size: int, tensor_parallel: int) -> int:
+    """The data-parallel ranks of a run: its world size over its tensor-parallel degree."""
+    if tensor_parallel < 1 or world_size % tensor_parallel:
+        raise ValueError(f"tensor_parallel {tensor_parallel} does not divide world_size {world_size}")
+    return world_size // tensor_parallel
+
+
+def tensor_parallel_comm(cfg: ModelConfig, micro_batch: int, accumulation_steps: int, degree: int, precision: str,
+                         zero_stage: int = 0, device_type: str = "cpu") -> dict[str, float]:
+    """Bytes one rank hands to tensor parallelism's collectives per optimizer step (the module doc's
+    unit: an all-reduce of S bytes counts 2 S), by direction: four all-reduces per block and
+    micro-batch of B T d values each, over the T ranks of the rank's tensor-parallel group.
+
+    ``forward``: the rowwise linears' partial outputs (after attention, after the MLP), at the matmul's
+    width (4 in fp32; 2 under autocast). ``backward``: the gradients of the colwise linears' inputs
+    (the norms' outputs), at the norm output's width: fp32 under autocast over fp32 parameters (a
+    norm of an fp32 residual stream), the compute width with FSDP2's 16-bit parameters on a CPU, fp32
+    on a GPU (CUDA's autocast runs norms in fp32)."""
+    if degree == 1:
+        return {"forward": 0.0, "backward": 0.0}
+    values = 2 * cfg.n_layers * accumulation_steps * micro_batch * cfg.seq_len * cfg.d_model  # two all-reduces each way
+    width = DTYPE_BYTES[precision]
+    norm_width = width if _sixteen_bit_params(precision, zero_stage) and device_type != "cuda" else 4
+    return {"forward": 2 * values * width, "backward": 2 * values * (4 if precision == "fp32" else norm_width)}
 
 
 def activation_bytes_per_layer(seq_len: int, micro_batch: int, d_model: int, n_heads: int,

@@ -52,6 +52,18 @@ def model_of_row(row: Mapping) -> ModelConfig:
                        rope_base=float(_value(row, "rope_base", 10000.0)), module=_value(row, "model_module"))
 
 
+def split_of(cfg: ModelConfig, n_params: float, row: Mapping) -> tuple[float, int, int]:
+    """(parameters one rank holds, data-parallel ranks, tensor-parallel degree) of a row: under tensor
+    parallelism the strategy's formulas apply to each rank's share over the data-parallel ranks."""
+    degree = int(_value(row, "tensor_parallel", 1))
+    return (accounting.tensor_parallel_params(cfg, n_params, degree),
+            accounting.data_parallel_size(int(row["world_size"]), degree), degree)
+
+
+TP_ACTIVATIONS_BOUND = ("upper bound: a tensor-parallel rank's activations are predicted as without tensor parallelism "
+                        "(it keeps less: its heads' and its MLP share's; Korthikanti et al.'s terms not modelled yet)")
+
+
 def peak(cfg: ModelConfig, n_params: int, row: Mapping, block_params: int | None = None,
          n_trainable: int | None = None) -> accounting.PeakMemory:
     """The predicted in-step peak per rank of a run (row: its identity, ``accumulation_steps`` and
@@ -59,7 +71,12 @@ def peak(cfg: ModelConfig, n_params: int, row: Mapping, block_params: int | None
     (n_trainable: counted for a user's module, else the formula's)."""
     import dataclasses
 
-    stage, world_size, precision = int(row["zero_stage"]), int(row["world_size"]), row["precision"]
+    stage, precision = int(row["zero_stage"]), row["precision"]
+    n_params, world_size, degree = split_of(cfg, n_params, row)  # world_size: the data-parallel ranks
+    if degree > 1:  # a gathered block is this rank's share of it
+        from scalelab.spec.families import tensor_parallel_split_params
+
+        block_params = accounting.block_param_count(cfg) - tensor_parallel_split_params(cfg) * (1 - 1 / degree)
     replicas, accum = int(_value(row, "replicas", 1)), int(_value(row, "accumulation_steps", 1))
     cpu_offload = bool(_value(row, "cpu_offload", False))
     result = accounting.peak_memory(cfg, n_params, stage, world_size, precision, int(row["micro_batch"]),
@@ -72,6 +89,8 @@ def peak(cfg: ModelConfig, n_params: int, row: Mapping, block_params: int | None
         state = accounting.lora_model_state_bytes(n_params, trainable, stage, world_size, precision, "pytorch", replicas)
         held = state.total if accounting.grads_at_peak(stage, world_size, accum, replicas) else state.total - state.grads
         result = dataclasses.replace(result, model_state=held, at_rest=state.total)
+    if degree > 1:
+        result = dataclasses.replace(result, bound=TP_ACTIVATIONS_BOUND)
     return result
 
 
@@ -84,11 +103,12 @@ def worker_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -> dic
     """What the worker predicts beside what it measured, from the row's identity and counted facts:
     ``n_params``, ``n_trainable_params`` (its n_params without LoRA), ``accumulation_steps``, the resolved
     ``micro_batch``, ``device_type``; rank_hosts: each rank's host (rank order)."""
-    stage, world_size, precision = int(row["zero_stage"]), int(row["world_size"]), row["precision"]
+    stage, precision = int(row["zero_stage"]), row["precision"]
     replicas, accum, micro = int(_value(row, "replicas", 1)), int(row["accumulation_steps"]), int(row["micro_batch"])
     ac, compiled, grad_reduce = bool(_value(row, "activation_checkpointing", False)), bool(_value(row, "compile", False)), \
         _value(row, "grad_reduce", "fp32")
-    n_params = int(row["n_params"])
+    # under tensor parallelism the strategy's formulas take each rank's share over the data-parallel ranks
+    n_params, world_size, degree = split_of(cfg, int(row["n_params"]), row)
     lora = _value(row, "lora_rank") is not None
     n_trainable = int(row["n_trainable_params"]) if lora else None
     if lora:
@@ -101,13 +121,16 @@ def worker_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -> dic
         paper_elements = accounting.comm_elements_per_step(n_params, stage, world_size, accum, "paper", replicas)
     custom = cfg.module is not None
     device_type = row["device_type"]
+    tp_bytes = sum(accounting.tensor_parallel_comm(cfg, micro, accum, degree, precision, stage, device_type).values())
     links = accounting.comm_bytes_by_link(n_params, stage, world_size, precision, rank_hosts.count(rank_hosts[0]), replicas,
-                                          grad_reduce, accum, n_trainable)
+                                          grad_reduce, accum, n_trainable, tensor_parallel=degree)
+    no_activations = custom or degree > 1  # a tensor-parallel rank's activations: not modelled yet (TP_ACTIVATIONS_BOUND)
     return {
-        "activation_bytes_predicted": None if custom else accounting.block_activation_bytes(
+        "activation_bytes_predicted": None if no_activations else accounting.block_activation_bytes(
             cfg, micro, precision, ac, zero_stage=stage, device_type=device_type, compiled=compiled),
-        "activation_bytes_predicted_paper": None if custom else accounting.block_activation_bytes(cfg, micro, precision, ac, "paper"),
-        "activation_bytes_outside_blocks_predicted": None if custom else accounting.outside_block_activation_bytes(
+        "activation_bytes_predicted_paper": None if no_activations else accounting.block_activation_bytes(cfg, micro, precision, ac,
+                                                                                                     "paper"),
+        "activation_bytes_outside_blocks_predicted": None if no_activations else accounting.outside_block_activation_bytes(
             cfg, micro, precision, accum, stage, device_type, compiled=compiled),
         "model_state_bytes_predicted": states[0].total,
         "model_state_params_bytes_predicted": states[0].params,
@@ -116,6 +139,7 @@ def worker_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -> dic
         "model_state_bytes_predicted_paper": states[1].total,
         "comm_bytes_per_step_predicted": accounting.comm_bytes_per_step(n_params, stage, world_size, precision, accum, grad_reduce,
                                                                         n_trainable, replicas),
+        "comm_tensor_parallel_bytes_per_step_predicted": tp_bytes,
         **{f"comm_{link}_bytes_per_step_predicted": float(sum(by_type.values())) for link, by_type in links.items()},
         "comm_bytes_per_step_predicted_paper": 4 * paper_elements,  # the paper's elements, counted at fp32's width
     }

@@ -36,7 +36,7 @@ _LORA_SHAPE = ModelConfig(n_layers=1, d_model=16, n_heads=1, seq_len=16, vocab_s
 # The value away from its default that the lever runs take, per lever of scalelab.plan.sweep.LEVER_AXES:
 # a flag is switched on; any other lever needs a value here (a lever added to the registry
 # without one stops this module at import, naming it).
-_LEVER_VALUES = {"micro_batch": 1, "bucket_mb": 0.1, "lora_rank": 4, "grad_reduce": "compute", "replicas": 2}
+_LEVER_VALUES = {"micro_batch": 1, "bucket_mb": 0.1, "lora_rank": 4, "grad_reduce": "compute", "replicas": 2, "tensor_parallel": 2}
 _missing = [a for a in LEVER_AXES if AXIS[a].type is not bool and a not in _LEVER_VALUES]
 if _missing:
     raise ValueError(f"scalelab.harness.fixtures: no synthetic value for the lever(s) {', '.join(_missing)}")

@@ -109,9 +109,10 @@ LINEARS_CONVERTED = _exactly(f"converted linears (precision {' or '.join(_CONVER
                              lambda row: row.get("precision") in _CONVERTED)
 COMPILED = _exactly("compile lever on", lambda row: bool(row.get("compile")))
 LORA = _exactly("lora_rank set", _has("lora_rank"))
-BUCKETS = _exactly("a strategy with DDP buckets (ZeRO stages 0 and 1)", lambda row: strategy(row["zero_stage"]).ddp_buckets)
-DDP_WRAPS = _exactly("DDP wraps the model (stage 1; stage 0 on more than one rank)",
-                     lambda row: strategy(row["zero_stage"]).ddp_wraps(row["world_size"]))
+BUCKETS = _exactly("a strategy with DDP buckets (ZeRO stages 0 and 1), no tensor parallelism",
+                   lambda row: strategy(row["zero_stage"]).ddp_buckets and (row.get("tensor_parallel") or 1) == 1)
+DDP_WRAPS = _exactly("DDP wraps the model (stage 1; stage 0 on more than one data-parallel rank)",
+                     lambda row: strategy(row["zero_stage"]).ddp_wraps(row["world_size"] // (row.get("tensor_parallel") or 1)))
 
 
 def _custom(row: dict) -> bool:
@@ -126,6 +127,9 @@ def _family_has(key: str):
 
 FORMULA = _exactly("a built-in model family (null for a custom module: no activation formula)",
                    lambda row: not _custom(row))
+ACTIVATION_FORMULA = _exactly("a built-in model family, no tensor parallelism (null for a custom module: no activation "
+                              "formula; for a tensor-parallel run: not modelled yet)",
+                              lambda row: not _custom(row) and (row.get("tensor_parallel") or 1) == 1)
 
 
 def sometimes(text: str, at_most: Filled | None = None) -> Filled:
@@ -366,6 +370,21 @@ RUN = [
                      "many per node as ran on rank 0's host)"),
              "worker", sometimes("runs measured since traffic per link was counted (issue #28)", OK))
       for link in ("intra_node", "inter_node") for kind in ("measured", "predicted")),
+    # Tensor parallelism's collectives (issue #43), apart from the strategy's above: DTensor's all-reduces over rank 0's
+    # tensor-parallel group (scalelab.run.comm.FunctionalCollectiveCounter), 0 without tensor parallelism.
+    Column("comm_tensor_parallel_bytes_per_step_measured", pa.float64(), "B/step", "bytes rank 0 hands per optimizer step "
+           "to tensor parallelism's collectives (the ZeRO paper's unit: an all-reduce of S bytes counts 2S), counted over "
+           "the warm-up steps by a dispatch mode the timed steps do without; 0 without tensor parallelism; null for a "
+           "compiled tensor-parallel run (its graphs run them out of the mode's sight)", "worker",
+           sometimes("runs measured since tensor parallelism (issue #43); null for compiled tensor-parallel runs", OK)),
+    Column("comm_tensor_parallel_bytes_per_step_predicted", pa.float64(), "B/step", "predicted tensor-parallel bytes per "
+           "step: four all-reduces of B T d values per block and micro-batch (scalelab.formulas.accounting."
+           "tensor_parallel_comm); 0 without tensor parallelism", "worker",
+           sometimes("runs measured since tensor parallelism (issue #43)", OK)),
+    Column("comm_tensor_parallel_link", pa.string(), "-", "the link rank 0's tensor-parallel group ran on (intra_node: one "
+           "host; inter_node: several), from its ranks' hosts; null without tensor parallelism", "worker",
+           _exactly("status ok, tensor_parallel > 1",
+                    lambda row: _ok(row) and (row.get("tensor_parallel") or 1) > 1)),
     # The recipe of the run's collectives (scalelab.formulas.accounting.comm_dtypes); a summary written before
     # they were recorded is read as what that code did (LEGACY_SUMMARY), never as today's recipe.
     Column("param_gather_dtype", pa.string(), "-", "dtype FSDP2 all-gathers parameters in (float32, or the compute "
@@ -386,11 +405,11 @@ RUN = [
     Column("activation_bytes_outside_blocks_measured", pa.int64(), "B", "activations saved outside the transformer blocks "
            "(embedding, head, loss)", "worker", OK),
     Column("activation_bytes_predicted", pa.float64(), "B", "predicted activations per micro-batch: Korthikanti et al.'s "
-           "terms for this model", "worker", OK & FORMULA),
+           "terms for this model", "worker", OK & ACTIVATION_FORMULA),
     Column("activation_bytes_predicted_paper", pa.float64(), "B", "predicted activations per micro-batch: Korthikanti et "
-           "al. 2022 as published", "worker", OK & FORMULA),
+           "al. 2022 as published", "worker", OK & ACTIVATION_FORMULA),
     Column("activation_bytes_outside_blocks_predicted", pa.float64(), "B", "predicted bytes saved for backward outside the "
-           "blocks (embeddings, final norm, head, the loss path) by one micro-batch", "worker", OK & FORMULA),
+           "blocks (embeddings, final norm, head, the loss path) by one micro-batch", "worker", OK & ACTIVATION_FORMULA),
     Column("activation_measure", pa.string(), "-", "how activation_bytes_measured was measured", "worker", OK),
     Column("recompute_flops_per_token", pa.float64(), "FLOP/token", "extra FLOPs per token of activation checkpointing "
            "(one more forward of every block); 0 without", "worker", OK),

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalelab.config import ModelConfig, TrainConfig, cluster_config, model_config, train_config
+from scalelab.config import ConfigError, ModelConfig, TrainConfig, cluster_config, model_config, train_config
 from scalelab.formulas.accounting import CommDtypes, comm_dtypes
 from scalelab.io import write_json
 from scalelab.plan.placement import LaunchPlan, launch_plan
-from scalelab.plan.sweep import RunPoint, micro_batch_plan
+from scalelab.plan.sweep import RunPoint, data_parallel_ranks, micro_batch_plan
 from scalelab.spec.precisions import Precision
 from scalelab.spec.precisions import precision as precision_record
 from scalelab.spec.strategies import Strategy, strategy
@@ -106,14 +106,32 @@ def _plain(value):
     return value
 
 
+def tensor_parallel_problem(model, degree: int) -> None:
+    """ConfigError where a model cannot be split ``degree`` ways: no plan in its family's record (a user's
+    module), or heads, key/value heads or the MLP's width that the degree does not divide."""
+    from scalelab.spec.families import family
+
+    if model.module or not family(model.family).tensor_parallel:
+        raise ConfigError(f"sweep.tensor_parallel={degree}: model {model.module or model.family} has no tensor-parallel "
+                          "plan (a family's record gives one; a user's module is not split)")
+    counts = {"n_heads": model.n_heads, "n_kv_heads": model.n_kv_heads or model.n_heads,
+              "the MLP's width": family(model.family).mlp_width(model)}
+    bad = [f"{name} {n}" for name, n in counts.items() if n % degree]
+    if bad:
+        raise ConfigError(f"sweep.tensor_parallel={degree} does not divide the model's {', '.join(bad)}")
+
+
 def run_plan(config: dict, point: RunPoint, *, device: str = "cpu", device_reason: str = "",
              vocab_size: int = 256) -> RunPlan:
     """The plan of one point of a validated config (ConfigError where the point cannot be laid out:
     a global batch the world size does not split, ranks that do not fill nodes evenly). The model's
     vocabulary is the data's: the launcher sets it (RunPlan.at); planning reads none of it."""
     train = train_config(config)
-    micro, accumulation = micro_batch_plan(train, point.world_size, point.micro_batch)
-    return RunPlan(point=point, model=model_config(config, vocab_size=vocab_size, name=point.model), train=train,
+    micro, accumulation = micro_batch_plan(train, data_parallel_ranks(point), point.micro_batch)
+    model = model_config(config, vocab_size=vocab_size, name=point.model)
+    if point.tensor_parallel > 1:
+        tensor_parallel_problem(model, point.tensor_parallel)
+    return RunPlan(point=point, model=model, train=train,
                    micro_batch=micro, accumulation_steps=accumulation, launch=launch_plan(config, point.world_size),
                    device=device, device_reason=device_reason,
                    comm=comm_dtypes(point.precision, point.zero_stage, point.grad_reduce))

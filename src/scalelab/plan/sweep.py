@@ -82,9 +82,15 @@ def _bucket_run_id(value):
     return f"bucket{text if float(text) == value else repr(value)}"
 
 
+def data_parallel_ranks(point) -> int:
+    """A point's data-parallel ranks: its world size over its tensor-parallel degree (each data-parallel
+    rank's tensor-parallel group takes one share of the global batch)."""
+    return point.world_size // point.tensor_parallel if point.world_size % point.tensor_parallel == 0 else point.world_size
+
+
 def _micro_batch_left_out(point, train: TrainConfig) -> str | None:
     try:
-        micro_batch_plan(train, point.world_size, point.micro_batch)
+        micro_batch_plan(train, data_parallel_ranks(point), point.micro_batch)
     except ConfigError as err:
         return str(err)
     return None
@@ -99,6 +105,32 @@ def _replicas_left_out(point, train: TrainConfig) -> str | None:
     if point.world_size % point.replicas:
         return (f"replicas={point.replicas} does not divide world_size={point.world_size} (every replica holds "
                 "world_size / replicas ranks)")
+    return None
+
+
+def _tensor_parallel_left_out(point, train: TrainConfig) -> str | None:
+    """What tensor parallelism is not run with (scalelab.run.tensor_parallel), each with why."""
+    t = point.tensor_parallel
+    if t == 1:
+        return None
+    if point.world_size % t:
+        return f"tensor_parallel={t} does not divide world_size={point.world_size} (world = data-parallel ranks x {t})"
+    if point.zero_stage == 1 or (point.zero_stage == 0 and point.world_size > t):
+        return (f"zero_stage {point.zero_stage} with tensor parallelism runs only where every rank is in the tensor-"
+                "parallel group (world_size == tensor_parallel): DDP and ZeroRedundancyOptimizer take no DTensor "
+                "parameters (torch's bridge for DDP is private); stages 2 and 3 (FSDP2) compose over the data-parallel ranks"
+                if point.zero_stage == 0 else
+                "zero_stage 1 with tensor parallelism: ZeroRedundancyOptimizer takes no DTensor parameters")
+    for reason, applies in ((f"replicas={point.replicas}: hybrid sharding with tensor parallelism (a 3-D mesh) is not run",
+                             point.replicas > 1),
+                            ("fp8's float8 linears are not split (torchao's float8 tensor-parallel styles are not wired)",
+                             point.precision == "fp8"),
+                            (f"lora_rank={point.lora_rank}: LoRA adapters on split linears are not run", bool(point.lora_rank)),
+                            ("cpu_offload with tensor parallelism is not run", point.cpu_offload),
+                            ("checkpoints of tensor-parallel runs are not written yet (set train.checkpoint_every: 0)",
+                             bool(train is not None and train.checkpoint_every))):
+        if applies:
+            return reason
     return None
 
 
@@ -134,7 +166,8 @@ AXES: tuple[Axis, ...] = (
     Axis("bucket_mb", "DDP gradient bucket size, MiB; None for strategies without buckets", float | None,
          DDP_BUCKET_MB, "float64", True,
          from_path=_optional(float, "none"), run_id=_bucket_run_id, id_pattern=r"bucket.*",
-         normalise=lambda point, v: float(v) if v is not None and strategy(point.zero_stage).ddp_buckets else None,
+         normalise=lambda point, v: (float(v) if v is not None and strategy(point.zero_stage).ddp_buckets
+                                     and point.tensor_parallel == 1 else None),  # no DDP under tensor parallelism
          is_default=lambda runs: runs["bucket_mb"].isna() | (runs["bucket_mb"] == DDP_BUCKET_MB), changes_compute=False),
     Axis("compile", "torch.compile (inductor) of every transformer block and of the loss, before DDP/FSDP2 wrapping",
          bool, False, "bool", False, from_path=_flag,
@@ -164,6 +197,13 @@ AXES: tuple[Axis, ...] = (
          from_path=int, run_id=lambda v: None if v == 1 else f"hsdp{v}", id_pattern=r"hsdp\d+",
          left_out=_replicas_left_out, is_default=lambda runs: runs["replicas"].isna() | (runs["replicas"] == 1),
          changes_compute=False),
+    # Tensor parallelism (issue #43): the blocks' linears split over T ranks (scalelab.run.tensor_parallel), the
+    # world size T x the data-parallel ranks (a 2-D mesh, tensor-parallel inner: within a node). Added with its
+    # default (1: no id part), so no earlier run's id changes.
+    Axis("tensor_parallel", "tensor-parallel degree T: every block's linears split over T ranks (Megatron's column and "
+         "row parallel linears on DTensor), world_size / T data-parallel ranks; 1 = none", int, 1, "int16", False,
+         from_path=int, run_id=lambda v: None if v == 1 else f"tp{v}", id_pattern=r"tp\d+",
+         left_out=_tensor_parallel_left_out, is_default=lambda runs: runs["tensor_parallel"].isna() | (runs["tensor_parallel"] == 1)),
     # Last, so that a repeat's run id is its first run's plus "-r2", "-r3" (scalelab.results.noise).
     # Repeats of a point differ in nothing but what cannot be held equal (timing): same seed, same data,
     # bit-identical losses; their spread in time is the sweep's run-to-run noise.
@@ -262,7 +302,8 @@ RunPoint.__module__ = __name__  # pickling (Snakemake params) finds it here
 
 
 def micro_batch_plan(train: TrainConfig, world_size: int, micro_batch: int | None = None) -> tuple[int, int]:
-    """(micro_batch, accumulation_steps) per rank for a world size; raises ConfigError."""
+    """(micro_batch, accumulation_steps) per rank for a world size of data-parallel ranks (a tensor-parallel
+    group shares one rank's batch: data_parallel_ranks); raises ConfigError."""
     if train.global_batch % world_size:
         raise ConfigError(
             f"train.global_batch={train.global_batch} is not divisible by "

@@ -20,6 +20,7 @@ import functools
 
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # function name -> (argument holding the counted tensor, position, volume factor, position of group=)
 _COUNTED = {
@@ -92,6 +93,35 @@ class CommCounter:
             yield
         finally:
             self.enabled = was
+
+
+class FunctionalCollectiveCounter(TorchDispatchMode):
+    """Counts torch's functional collectives, the ones DTensor issues (tensor parallelism's all-reduces),
+    which call no torch.distributed function CommCounter wraps: by (collective, the group's global ranks),
+    in CommCounter's unit. A dispatch mode sees every operator: the worker runs it over warm-up steps only."""
+
+    # op name -> (volume factor, position of the group's name among the op's arguments)
+    OPS = {"all_reduce": (2, 2), "all_reduce_": (2, 2), "all_gather_into_tensor": (None, 2),
+           "reduce_scatter_tensor": (1, 3), "all_to_all_single": (1, 3)}
+
+    def __init__(self):
+        super().__init__()
+        self.group_bytes = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func._schema.name
+        if name.startswith("_c10d_functional::") and name.split("::")[1] in self.OPS:
+            op = name.split("::")[1]
+            factor, group_pos = self.OPS[op]
+            tensor = args[0]
+            nbytes = tensor.numel() * tensor.element_size()
+            nbytes *= args[1] if factor is None else factor  # an all-gather counts its output: input x group size
+            from torch.distributed.distributed_c10d import _resolve_process_group
+
+            ranks = tuple(dist.get_process_group_ranks(_resolve_process_group(args[group_pos])))
+            self.group_bytes[op.rstrip("_"), ranks] += nbytes
+        return func(*args, **kwargs)
 
 
 def bytes_by_link(by_group: list[dict], rank_hosts: list[str]) -> dict[str, dict[str, float]]:

@@ -41,7 +41,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from scalelab.run.model import GPT
@@ -58,6 +58,8 @@ class Parallelized:
     """no_sync(is_last_micro_batch): context for one micro-batch's backward."""
     state_on_host: bool = False
     """Parameters, gradients and optimizer state live in host memory (CPU offload)."""
+    tensor_parallel: int = 1
+    """The tensor-parallel degree its blocks are split over (scalelab.run.tensor_parallel)."""
     throwaway_backward: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     """Context for a forward and backward whose gradients are dropped (the compile warm-up):
     DDP's no_sync, so no all-reduce runs and DDP's reducer (its bucket rebuild after the first
@@ -74,12 +76,19 @@ class Parallelized:
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Decay matrices (dim >= 2), not biases and norms; a tied weight appears once (parameters()
-    yields each shared Parameter once)."""
+    yields each shared Parameter once). Under tensor parallelism each of the two is split by the
+    mesh its parameters live on (none: plain tensors): a fused or foreach kernel takes a group's
+    tensors at once and refuses DTensors beside plain tensors or another mesh's."""
     params = [p for p in model.parameters() if p.requires_grad]
-    return [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
+    groups = []
+    for decay in (True, False):
+        by_mesh: dict[int, list] = {}
+        for p in params:
+            if (p.dim() >= 2) == decay:
+                by_mesh.setdefault(id(getattr(p, "device_mesh", None)), []).append(p)
+        groups += [{"params": members, "weight_decay": weight_decay if decay else 0.0}
+                   for members in (list(by_mesh.values()) or [[]])]
+    return groups
 
 
 def _adamw_kwargs(lr: float, state_on_host: bool = False) -> dict:
@@ -147,15 +156,17 @@ def parallelize_zero1(model: GPT, device, lr, weight_decay, bucket_mb=DDP_BUCKET
 
 
 def _parallelize_fsdp(model: GPT, device, lr, weight_decay, reshard_after_forward: bool,
-                      cpu_offload: bool = False, param_dtype=None, reduce_dtype=None, replicas: int = 1) -> Parallelized:
+                      cpu_offload: bool = False, param_dtype=None, reduce_dtype=None, replicas: int = 1,
+                      mesh: DeviceMesh | None = None) -> Parallelized:
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     # FSDP2 needs an explicit mesh on CPU; one dimension = plain data parallelism, two = hybrid
-    # sharding (replicate x shard: FSDP2 shards over the last, replicates over the first).
+    # sharding (replicate x shard: FSDP2 shards over the last, replicates over the first); a tensor-parallel
+    # model's data-parallel mesh where given.
     world_size = dist.get_world_size()
-    if replicas == 1:
+    if mesh is None and replicas == 1:
         mesh = init_device_mesh(device.type, (world_size,))
-    else:
+    elif mesh is None:
         shard = check_replicas(world_size, replicas)
         mesh = init_device_mesh(device.type, (replicas, shard), mesh_dim_names=HYBRID.mesh_dims)
     offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
@@ -223,40 +234,81 @@ def compiled_graphs() -> int:
 def parallelize(model: GPT, zero_stage: int, device: torch.device, lr: float, weight_decay: float,
                 bucket_mb: float | None = DDP_BUCKET_MB, cpu_offload: bool = False,
                 param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
-                replicas: int = 1) -> Parallelized:
+                replicas: int = 1, dp_mesh: DeviceMesh | None = None, tensor_parallel: int = 1) -> Parallelized:
     """Wrap the model as the stage's strategy record says (scalelab.spec.strategies). param_dtype: what
     FSDP2 gathers parameters in (None: their fp32; strategies that gather none ignore it);
     reduce_dtype: what gradients are reduced in (None: fp32); replicas > 1: hybrid sharding
-    (stage 3). See the module doc."""
+    (stage 3). A model split by tensor parallelism (scalelab.run.tensor_parallel, ``tensor_parallel``
+    ranks) is wrapped over its data-parallel mesh ``dp_mesh``: FSDP2 shards each rank's share over it;
+    stage 0 with one data-parallel rank trains it as it is (scalelab.plan.sweep leaves the rest out).
+    See the module doc."""
     record = strategy(zero_stage, replicas)
     if cpu_offload and not record.cpu_offload:
         raise ValueError(f"cpu_offload does not apply to {record.name} (zero_stage {zero_stage})")
+    if tensor_parallel > 1:
+        return _parallelize_split(model, zero_stage, device, lr, weight_decay, param_dtype, reduce_dtype, dp_mesh,
+                                  tensor_parallel)
     wrap = globals()[record.wrapper]
     extra = {"replicas": replicas} if replicas != 1 else {}
     return wrap(model, device, lr, weight_decay, bucket_mb=bucket_mb, cpu_offload=cpu_offload,
                 param_dtype=param_dtype, reduce_dtype=reduce_dtype, **extra)
 
 
+def _parallelize_split(model, zero_stage, device, lr, weight_decay, param_dtype, reduce_dtype, dp_mesh: DeviceMesh,
+                       tensor_parallel: int) -> Parallelized:
+    """A tensor-parallel model's data parallelism: FSDP2 over the data-parallel mesh at stages 2 and 3;
+    at stage 0 with one data-parallel rank, nothing (DDP takes no DTensor parameters)."""
+    if zero_stage in (2, 3):
+        par = _parallelize_fsdp(model, device, lr, weight_decay, reshard_after_forward=zero_stage == 3,
+                                param_dtype=param_dtype, reduce_dtype=reduce_dtype, mesh=dp_mesh)
+        par.tensor_parallel = tensor_parallel
+        return par
+    if zero_stage != 0 or dp_mesh.size() != 1:
+        raise ValueError(f"zero_stage {zero_stage} over {dp_mesh.size()} data-parallel ranks with tensor parallelism "
+                         "is not run (scalelab.plan.sweep says why)")
+    opt = torch.optim.AdamW(param_groups(model, weight_decay), **_adamw_kwargs(lr))
+    return Parallelized(model, opt, lambda last: contextlib.nullcontext(), tensor_parallel=tensor_parallel)
+
+
 def clip_grad_norm(par: Parallelized, max_norm: float, comm_device: torch.device) -> torch.Tensor:
     """Clip the global gradient norm to max_norm; return the norm before clipping.
 
-    torch's clip_grad_norm_ in every case but offloaded state: there the gradients are
-    DTensors in host memory over a GPU mesh, whose norm reduction NCCL cannot do. That path
-    sums the squares of the local shards, all-reduces that one number on comm_device, and
-    scales the shards in place."""
+    torch's clip_grad_norm_ in every case but two, where it cannot reduce the norm: offloaded state
+    (DTensors in host memory over a GPU mesh: NCCL cannot reduce them) and tensor parallelism (DTensors
+    split over the tensor-parallel mesh beside plain replicated tensors, which torch's norm refuses to
+    mix). There the squares of each rank's parts are summed, all-reduced on comm_device over the mesh
+    dimensions each part is split along (global_squares), and the parts scaled in place."""
     params = [p for p in par.model.parameters() if p.grad is not None]
-    if not par.state_on_host:
+    if not par.state_on_host and par.tensor_parallel == 1:
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-    grads = [_local(p.grad) for p in params]
-    squares = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum().to(comm_device)
-    if any(hasattr(p.grad, "to_local") for p in params):  # sharded: each rank holds a part
-        dist.all_reduce(squares)
-    norm = squares.sqrt()
-    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0).to(grads[0].device)
+    grads = [p.grad for p in params]
+    norm = global_squares(grads, comm_device).sqrt()
+    local = [_local(g) for g in grads]
+    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0).to(local[0].device)
     if coef.item() < 1.0:
-        torch._foreach_mul_(grads, coef)
+        torch._foreach_mul_(local, coef)
     return norm
+
+
+def global_squares(tensors: list[torch.Tensor], comm_device: torch.device) -> torch.Tensor:
+    """The sum of squares over whole tensors that may be DTensors split along some dimensions of their
+    mesh (each rank holds a part: its squares are all-reduced over those dimensions' groups) or plain
+    and replicated (every rank holds the whole: counted once)."""
+    parts: dict[tuple, list] = {}  # (mesh, the dims it is split along) -> [mesh, dims, squares]
+    for t in tensors:
+        squares = _local(t).detach().float().pow(2).sum()
+        mesh = getattr(t, "device_mesh", None)
+        dims = tuple(i for i, p in enumerate(getattr(t, "placements", ())) if not p.is_replicate())  # Shard, _StridedShard
+        entry = parts.setdefault((id(mesh), dims), [mesh, dims, 0.0])
+        entry[2] = entry[2] + squares
+    total = torch.zeros((), device=comm_device)
+    for mesh, dims, squares in parts.values():
+        squares = torch.as_tensor(squares, dtype=torch.float32).to(comm_device)
+        for dim in dims:  # c10d's own function: a scalar of the clipping, left out of the strategy's count (CommCounter)
+            dist.distributed_c10d.all_reduce(squares, group=mesh.get_group(dim))
+        total = total + squares
+    return total
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -37,7 +37,7 @@ from typing import TextIO
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh  # imported by torch itself: free
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh  # imported by torch itself: free
 
 from scalelab.config import ModelConfig, TrainConfig
 from scalelab.formulas import accounting, predicted_columns
@@ -48,7 +48,7 @@ from scalelab.plan.sweep import RunPoint
 from scalelab.run.activations import SavedActivationMeter
 from scalelab.run.calibration import measure_matmul_peak, pin_this_rank
 from scalelab.run.calibration import peak_for as calibration_peak
-from scalelab.run.comm import CommCounter, bytes_by_link
+from scalelab.run.comm import CommCounter, FunctionalCollectiveCounter, bytes_by_link
 from scalelab.run.data import BatchSampler
 from scalelab.run.devices import device_name, gpu_state, synchronize
 from scalelab.run.lora import apply_lora
@@ -190,6 +190,22 @@ class Run:
     progress: TextIO | None  # rank 0's progress.jsonl, open for appending step records
     n_trainable: int | None = None  # LoRA's trainable parameters (A and B); None = full training
     rank_cores: str | None = None  # the launcher's CPU core plan (pin_cpu_rank); None on a GPU
+    tp_bytes: float = 0.0  # tensor parallelism's collective bytes counted over the warm-up steps (FunctionalCollectiveCounter)
+    tp_steps: int = 0  # the warm-up steps they were counted over
+    tp_by_group: dict = field(default_factory=dict)  # (collective, group ranks) -> those bytes
+
+    @property
+    def tensor_parallel(self) -> int:
+        return self.plan.point.tensor_parallel
+
+    @property
+    def data_rank(self) -> int:
+        """This rank's data-parallel index: a tensor-parallel group (consecutive ranks) shares one share of the batch."""
+        return self.rank // self.tensor_parallel
+
+    @property
+    def data_ranks(self) -> int:
+        return self.world_size // self.tensor_parallel
 
     @property
     def point(self) -> RunPoint:
@@ -286,6 +302,16 @@ def setup(plan: RunPlan, rank_cores: str | None = None) -> Run:
 
     torch.manual_seed(train_cfg.seed)  # identical initial weights on every rank
     model = build_model(model_cfg).to(device)  # its family's class, or the user's module
+    # Tensor parallelism first, as torchtitan orders it (then checkpointing, compile, the data-parallel wrapper):
+    # a 2-D mesh, tensor-parallel ranks inner (consecutive: within a node), the strategy over the outer one.
+    dp_mesh = None
+    if point.tensor_parallel > 1:
+        from scalelab.run.tensor_parallel import apply_tensor_parallel  # here: DTensor's import costs a rank ~0.7 s
+
+        mesh = init_device_mesh(device.type, (world_size // point.tensor_parallel, point.tensor_parallel),
+                                mesh_dim_names=("dp", "tp"))
+        apply_tensor_parallel(model, mesh["tp"])
+        dp_mesh = mesh["dp"]
     # LoRA after the model is built: the base weights are those of the full-training twin.
     n_trainable = apply_lora(model, point.lora_rank, train_cfg.lora_alpha) if point.lora_rank else None
     n_params = model.num_parameters()
@@ -306,7 +332,7 @@ def setup(plan: RunPlan, rank_cores: str | None = None) -> Run:
     par = parallelize(model, point.zero_stage, device, train_cfg.lr, train_cfg.weight_decay,
                       bucket_mb=point.bucket_mb, cpu_offload=point.cpu_offload, replicas=point.replicas,
                       param_dtype=None if dtypes.param_gather in (None, "float32") else getattr(torch, dtypes.param_gather),
-                      reduce_dtype=getattr(torch, dtypes.grad_reduce))
+                      reduce_dtype=getattr(torch, dtypes.grad_reduce), dp_mesh=dp_mesh, tensor_parallel=point.tensor_parallel)
     scaler = grad_scaler(point.precision, device, train_cfg.fp16_init_scale)
     sampler = BatchSampler(plan.train_bin, plan.token_dtype, model_cfg.seq_len, train_cfg.seed)
     counter = CommCounter().install()
@@ -352,7 +378,7 @@ def train_step(run: Run, step: int, measure_activations: bool) -> StepOutcome:
     run.fault.inject("before_step", step, run.rank)
     start = time.perf_counter()
 
-    tokens = torch.from_numpy(run.sampler.batch(step, run.rank, run.micro * run.accum, run.world_size)).to(device, non_blocking=True)
+    tokens = torch.from_numpy(run.sampler.batch(step, run.data_rank, run.micro * run.accum, run.data_ranks)).to(device, non_blocking=True)
     loss_sum = torch.zeros((), device=device)
     activations = None
     for m in range(run.accum):
@@ -405,7 +431,7 @@ def compile_warm_up(run: Run) -> tuple[float, int]:
     graphs_before = compiled_graphs()
     rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    tokens = torch.from_numpy(run.sampler.batch(run.start_step, run.rank, run.micro * run.accum, run.world_size)).to(device)
+    tokens = torch.from_numpy(run.sampler.batch(run.start_step, run.data_rank, run.micro * run.accum, run.data_ranks)).to(device)
     chunk = tokens[:run.micro]
     start = time.perf_counter()
     with run.counter.paused(), par.throwaway_backward():
@@ -470,6 +496,23 @@ def train(plan: RunPlan, rank_cores: str | None = None) -> None:
         write_json(run.run_dir / "worker_result.json", result)
 
 
+@contextlib.contextmanager
+def tensor_parallel_count(run: Run, step: int):
+    """Counts tensor parallelism's collectives (DTensor's functional ones, which CommCounter's wrappers do
+    not see) over the warm-up steps of an eager run, with a dispatch mode the timed steps do without
+    (it sees every operator); a compiled block runs them inside its graph, out of the mode's sight."""
+    if run.tensor_parallel == 1 or step >= run.train_cfg.warmup_steps or run.point.compile:
+        yield
+        return
+    counter = FunctionalCollectiveCounter()
+    with counter:
+        yield
+    run.tp_bytes += sum(counter.group_bytes.values())
+    run.tp_steps += 1
+    for key, nbytes in counter.group_bytes.items():
+        run.tp_by_group[key] = run.tp_by_group.get(key, 0) + nbytes
+
+
 def _steps(run: Run, tally: Tally, tracer: StepTracer, log: Progress) -> None:
     """The training steps this attempt has left (traced ones, train.profile, left out of the timings)."""
     cfg = run.train_cfg
@@ -482,7 +525,7 @@ def _steps(run: Run, tally: Tally, tracer: StepTracer, log: Progress) -> None:
             tally.loop_start = time.perf_counter()  # whole-loop time, measurement included
         if tally.first_step_at is None:
             tally.first_step_at = time.time()
-        with tracer.step(step):
+        with tracer.step(step), tensor_parallel_count(run, step):
             out = train_step(run, step, measure_activations=tally.activations is None)
         if out.activations is not None:
             tally.activations = out.activations
@@ -627,8 +670,9 @@ def half_batch_figures(step_times: list[float], half_times: list[float], micro: 
 
 def save_final_params(run: Run) -> None:
     """The whole final parameters to final_params.pt (rank 0; every rank gathers its shards)."""
-    full = {name: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu().clone()
-            for name, t in run.par.model.state_dict().items()}
+    from scalelab.run.tensor_parallel import full_state
+
+    full = full_state(run.par.model, run.tensor_parallel)  # DTensors gathered, a fused q, k, v in the model's order
     if run.rank == 0:
         torch.save({k.removeprefix("module.").replace("_orig_mod.", ""): v for k, v in full.items()},
                    run.run_dir / "final_params.pt")
@@ -702,7 +746,7 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "activation_measure": "bytes saved for backward by one micro-batch's forward on rank 0 (autograd saved-tensor hooks), "
                               "and outside the blocks what the forward returns",
         "ddp_buckets_predicted": (accounting.ddp_bucket_count(run.param_bytes, point.bucket_mb)
-                                  if point.bucket_mb and run.plan.strategy.ddp_wraps(run.world_size) else None),
+                                  if point.bucket_mb and run.plan.strategy.ddp_wraps(run.data_ranks) else None),
         "skipped_steps": tally.skipped_steps,
         "resumed_from_step": run.start_step - 1 if run.start_step else None,
         "final_loss_scale": run.scaler.get_scale() if run.scaler.is_enabled() else None,
@@ -742,7 +786,20 @@ def comm_columns(run: Run, counted: dict, rank_hosts: list[str], n_measured: int
            for link, by_type in measured_links.items()},
         "param_gather_dtype": dtypes.param_gather,
         "grad_reduce_dtype": dtypes.grad_reduce,
+        **tensor_parallel_comm_columns(run, rank_hosts),
     }
+
+
+def tensor_parallel_comm_columns(run: Run, rank_hosts: list[str]) -> dict:
+    """Tensor parallelism's collectives, counted apart from the strategy's (scalelab.run.comm's
+    FunctionalCollectiveCounter, over the warm-up steps of an eager run), and the link its group ran on."""
+    from scalelab.spec.topology import link_of
+
+    if run.tensor_parallel == 1:
+        return {"comm_tensor_parallel_bytes_per_step_measured": 0.0, "comm_tensor_parallel_link": None}
+    group = list(range(run.tensor_parallel))  # rank 0's tensor-parallel group: the mesh's inner dimension
+    return {"comm_tensor_parallel_bytes_per_step_measured": run.tp_bytes / run.tp_steps if run.tp_steps else None,
+            "comm_tensor_parallel_link": link_of(group, rank_hosts)}
 
 
 def memory_and_placement_columns(run: Run, all_mem: list[dict]) -> dict:

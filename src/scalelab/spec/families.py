@@ -72,6 +72,15 @@ class Family:
     """cfg -> {linear's path in a block: (d_in, d_out)}: the linears LoRA adapts."""
     own_columns: Callable
     """cfg -> the family's own result columns (its own keys, resolved: scalelab.plan.columns)."""
+    tensor_parallel: dict[str, str] = field(default_factory=dict)
+    """{linear's path in a block: how tensor parallelism shards it}, Megatron's: "colwise" (its output
+    features: weight rows and bias split), "rowwise" (its input features: weight columns split, the
+    partial outputs summed by an all-reduce, the bias replicated), "colwise by head" (a fused q, k, v
+    projection: its rows reordered so that each rank's share holds its heads' q, k and v). Everything
+    else of a block (norms, a rowwise bias) and outside the blocks is replicated. Empty: no tensor
+    parallelism (scalelab.run.tensor_parallel applies the plan)."""
+    linear_biases: bool = False
+    """Whether a block's linears have biases (a colwise bias is split with its rows, a rowwise one is not)."""
     formulas: dict[str, str] = field(default_factory=dict)
     """The report's words for parameters, flops, activations and recompute (scalelab.report.formulas)."""
     shape_problem: Callable = lambda cfg: None
@@ -79,6 +88,15 @@ class Family:
     compiled_unmodelled: Callable = lambda cfg, case: False
     """(cfg, ActivationCase) -> True where the compiled partition of the blocks is not modelled (the
     eager figure stands as an upper bound: scalelab.formulas.accounting.activation_bound)."""
+
+
+def tensor_parallel_split_params(cfg) -> int:
+    """A block's parameters tensor parallelism splits (its record's plan): the planned linears' weights
+    and the colwise ones' biases; the rest of the block (norms, rowwise biases) stays whole."""
+    fam = family(cfg.family)
+    sizes = fam.lora_targets(cfg)  # every planned linear is one LoRA adapts: (d_in, d_out)
+    return sum(sizes[path][0] * sizes[path][1] + (sizes[path][1] if fam.linear_biases and how.startswith("colwise") else 0)
+               for path, how in fam.tensor_parallel.items())
 
 
 def head_width(cfg) -> int:
@@ -148,6 +166,8 @@ GPT2 = Family(
     outside_block_bytes=_gpt2_outside,
     lora_targets=lambda cfg: {name: (i * cfg.d_model, o * cfg.d_model) for name, (i, o) in _GPT2_LORA.items()},
     own_columns=lambda cfg: {},
+    tensor_parallel={"attn.qkv": "colwise by head", "attn.proj": "rowwise", "mlp.fc": "colwise", "mlp.proj": "rowwise"},
+    linear_biases=True,
     formulas={
         "parameters": "Ψ = V·d + T·d + L·(12d² + 13d) + 2d (+ V·d if the head is untied)",
         "flops": "6·(12·L·d² + V·d) + 12·L·d·T",
@@ -299,6 +319,9 @@ LLAMA = Family(
     block_activation_bytes=_llama_block_activations,
     outside_block_bytes=_llama_outside,
     lora_targets=_llama_lora,
+    # torchtitan's plan: q, k, v and SwiGLU's gate and up colwise, the output and down projections rowwise
+    tensor_parallel={"attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise", "attn.o": "rowwise",
+                     "mlp.gate": "colwise", "mlp.up": "colwise", "mlp.down": "rowwise"},
     own_columns=lambda cfg: {"n_kv_heads": cfg.n_kv_heads or cfg.n_heads, "ffn_dim": llama_ffn_dim(cfg),
                              "rope_base": cfg.rope_base},
     formulas={
