@@ -25,7 +25,9 @@ def tp_runs(request, tmp_path_factory, tiny_data):
     if request.param == "llama":
         cfg["model"].update(LLAMA)
     else:
-        cfg["model"].update(n_heads=4)  # two heads per rank
+        # two heads per rank; wide enough that what GPT-2's eager formula leaves out (the LayerNorms' statistics, the
+        # attention's logsumexp: about 0.6 / d_model of a layer) stays under the 1% the activations are held to
+        cfg["model"].update(n_heads=4, d_model=128)
     return {(p, s, w, t): run_point(tmp, tiny_data, RunPoint(p, s, w, tensor_parallel=t), cfg=cfg, save_final_params=True)
             for p, s, w, t in POINTS}
 
@@ -40,7 +42,9 @@ def test_tensor_parallel_fp32_follows_the_single_process(tp_runs, point):
     final, reference = torch.load(run_dir / "final_params.pt"), torch.load(single_dir / "final_params.pt")
     assert final.keys() == reference.keys()
     for name, ref in reference.items():
-        torch.testing.assert_close(final[name], ref, atol=1e-5, rtol=1e-5, msg=name)
+        # atol 1e-4: the all-reduces sum in another order, and AdamW's first steps move a weight whose
+        # gradient is near zero by about lr (6e-4) either way; a misplaced row would be off by ~0.1
+        torch.testing.assert_close(final[name], ref, atol=1e-4, rtol=1e-5, msg=name)
 
 
 @pytest.mark.parametrize("point", POINTS[1:], ids=["tp2", "tp2-dp2-z3", "tp2-dp2-z3-bf16"])
@@ -70,6 +74,21 @@ def test_each_ranks_model_state_and_the_collectives_are_the_formulas(tp_runs, po
     assert tp == 2 * 2 * cfg.n_layers * micro_tokens * sum(widths)
     assert summary["comm_bytes_per_step_measured"] == summary["comm_bytes_per_step_predicted"]
     assert summary["comm_tensor_parallel_link"] == "intra_node"
+
+
+@pytest.mark.parametrize("point", POINTS[1:], ids=["tp2", "tp2-dp2-z3", "tp2-dp2-z3-bf16"])
+def test_a_ranks_activations_are_the_split_formula(tp_runs, point):
+    """Inside the blocks: the norms' and the residual's terms whole, the rest halved (within 1%: GPT-2's
+    eager formula leaves out the LayerNorms' statistics and the attention's logsumexp, under 1% at d 128); outside
+    the blocks nothing is split (within 1%: the final norm's statistics in 16 bits with FSDP2's bf16 parameters).
+    Less than the same run without tensor parallelism."""
+    summary = tp_runs[point][0]
+    assert summary["activation_bytes_measured"] == pytest.approx(summary["activation_bytes_predicted"], rel=0.01)
+    assert summary["activation_bytes_outside_blocks_measured"] == pytest.approx(
+        summary["activation_bytes_outside_blocks_predicted"], rel=0.01)
+    assert summary["activation_bytes_measured"] < 0.75 * tp_runs[POINTS[0]][0]["activation_bytes_measured"] * (
+        1 if point[0] == "fp32" else 0.8)
+    assert summary["predicted_peak_bound"] == "model"
 
 
 def test_bf16_under_tensor_parallelism_trains_beside_fp32(tp_runs):

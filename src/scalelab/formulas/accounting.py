@@ -392,9 +392,10 @@ def tensor_parallel_comm(cfg: ModelConfig, micro_batch: int, accumulation_steps:
 
 
 def activation_bytes_per_layer(seq_len: int, micro_batch: int, d_model: int, n_heads: int,
-                               recompute: str = "none", bytes_per_value: int = 2) -> float:
-    """Activation memory of one transformer layer (Korthikanti et al. 2022, eq. 1 without
-    tensor/sequence parallelism): s b h (34 + 5 a s / h) bytes for 16-bit activations.
+                               recompute: str = "none", bytes_per_value: int = 2, tensor_parallel: int = 1) -> float:
+    """Activation memory of one transformer layer (Korthikanti et al. 2022, eq. 1): s b h (34 + 5 a s / h)
+    bytes for 16-bit activations; with tensor parallelism of t (eq. 2, no sequence parallelism)
+    s b h (10 + 24 / t + 5 a s / (h t)): the layer norms' and dropouts' 10 stay whole on every rank.
 
     ``recompute='selective'`` drops the attention-score term (s b h 34): what a layer saves
     when the attention core is recomputed, and also what a fused attention kernel
@@ -403,12 +404,12 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, d_model: int, n_h
     constants assume 2-byte activations (1-byte dropout masks); other widths scale them by
     bytes_per_value / 2.
     """
-    s, b, h, a = seq_len, micro_batch, d_model, n_heads
+    s, b, h, a, t = seq_len, micro_batch, d_model, n_heads, tensor_parallel
     scale = bytes_per_value / 2
     if recompute == "none":
-        return s * b * h * (34 + 5 * a * s / h) * scale
+        return s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) * scale
     if recompute == "selective":
-        return s * b * h * 34 * scale
+        return s * b * h * (10 + 24 / t) * scale
     if recompute == "full":
         return 2 * s * b * h * scale
     raise ValueError(f"recompute must be none, selective or full, got {recompute!r}")
@@ -422,19 +423,20 @@ def _sixteen_bit_params(precision: str, zero_stage: int | None) -> bool:
 
 
 def activation_case(precision: str, micro_batch: int = 1, activation_checkpointing: bool = False,
-                    zero_stage: int | None = None, device_type: str = "cpu", compiled: bool = False) -> ActivationCase:
+                    zero_stage: int | None = None, device_type: str = "cpu", compiled: bool = False,
+                    tensor_parallel: int = 1) -> ActivationCase:
     """What decides a block's saved tensors besides its shape, for the family records
     (scalelab.spec.families): the compute width, autocast over fp32 parameters or 16-bit parameters,
     the levers and the device."""
     sixteen = _sixteen_bit_params(precision, zero_stage)
     return ActivationCase(micro_batch=micro_batch, width=DTYPE_BYTES[precision], amp=precision in AUTOCAST and not sixteen,
                           sixteen_bit_params=sixteen, checkpointing=activation_checkpointing, gpu=device_type == "cuda",
-                          compiled=compiled)
+                          compiled=compiled, tensor_parallel=tensor_parallel)
 
 
 def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, activation_checkpointing: bool,
                            convention: str = "model", zero_stage: int | None = None, device_type: str = "cpu",
-                           compiled: bool = False) -> float:
+                           compiled: bool = False, tensor_parallel: int = 1) -> float:
     """Predicted activations all transformer blocks keep for backward, one micro-batch.
 
     ``convention='paper'``: Korthikanti et al. as published at the run's width: s b h (34 +
@@ -451,6 +453,10 @@ def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, a
     Each family's terms are its record's (scalelab.spec.families: the llama family's kernels save
     differently on a GPU, ``device_type``; the GPT-2 terms are the same on both but for the compiled
     LayerNorm statistics and flash attention's RNG state).
+
+    ``tensor_parallel`` T: a rank of T that split the blocks' linears (ActivationCase.tensor_parallel:
+    Korthikanti et al.'s split without sequence parallelism, their (10 + 24/T) s b h bytes per layer at 2 bytes
+    in the paper's terms; here each family's split and whole terms, measured).
 
     ``compiled=True``: the blocks under torch.compile (the compile lever: inductor, one graph per
     block), which keep what AOTAutograd's min-cut partitioner (``min_cut_rematerialization_partition``,
@@ -481,10 +487,11 @@ def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, a
     width = DTYPE_BYTES[precision]
     if convention == "paper":
         recompute = "full" if activation_checkpointing else "none"
-        return L * activation_bytes_per_layer(s, b, h, cfg.n_heads, recompute, width)
+        return L * activation_bytes_per_layer(s, b, h, cfg.n_heads, recompute, width, tensor_parallel)
     if convention != "model":
         raise ValueError(f"unknown convention {convention!r}: 'model' or 'paper'")
-    case = activation_case(precision, micro_batch, activation_checkpointing, zero_stage, device_type, compiled)
+    case = activation_case(precision, micro_batch, activation_checkpointing, zero_stage, device_type, compiled,
+                           tensor_parallel)
     return family(cfg.family).block_activation_bytes(cfg, case)
 
 
@@ -648,7 +655,7 @@ LOWER_BOUND = "lower bound"
 
 
 def activation_bound(cfg: ModelConfig, precision: str, compiled: bool = False, activation_checkpointing: bool = False,
-                     device_type: str = "cuda") -> str:
+                     device_type: str = "cuda", tensor_parallel: int = 1) -> str:
     """What kind of figure peak_memory's activations are for a run: ``"model"`` (MODELLED) where
     the formulas model what the step keeps (checked against saved-tensor hooks, or the compiled
     graph's partitioner), else ``"upper bound: <why>"`` or ``"lower bound: <why>"``:
@@ -672,6 +679,9 @@ def activation_bound(cfg: ModelConfig, precision: str, compiled: bool = False, a
         return (f"{UPPER_BOUND}: {precision} is predicted as {precision_record(precision).matmul_precision}"
                 f"{' under torch.compile' if compiled else ''}; its float8 linears keep less "
                 f"({'their float8 casts are recomputed in backward, ' if compiled else ''}no 16-bit weight copies)")
+    if compiled and tensor_parallel > 1:
+        return (f"{UPPER_BOUND}: compiled blocks under tensor parallelism are predicted as unsplit (their partition is "
+                "not modelled; a rank keeps less)")
     if compiled and family(cfg.family).compiled_unmodelled(cfg, activation_case(precision, device_type=device_type,
                                                                                   compiled=True)):
         return (f"{UPPER_BOUND}: fp32 grouped-query attention on a GPU runs SDPA's math path, whose compiled "
@@ -745,7 +755,7 @@ def grads_at_peak(zero_stage: int, world_size: int, accumulation_steps: int = 1,
 def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: int, precision: str,
                 micro_batch: int, activation_checkpointing: bool = False, cpu_offload: bool = False,
                 accumulation_steps: int = 1, block_params: int | None = None, device_type: str = "cuda",
-                replicas: int = 1, compiled: bool = False) -> PeakMemory:
+                replicas: int = 1, compiled: bool = False, tensor_parallel: int = 1) -> PeakMemory:
     """Predicted in-step peak per rank on the device: model state at rest (less the gradients where
     none exist at the start of backward: no DDP buckets and one micro-batch), plus what a step
     materialises; at least the model state at rest with its gradients (the optimizer step:
@@ -786,12 +796,13 @@ def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: in
         state, held, transient = 0.0, 0.0, gathered * (2 * block_params + outside_params)
     acts = 0.0 if cfg.module else (  # a user's module: no activation formula (model state and gathers only)
         block_activation_bytes(cfg, micro_batch, precision, activation_checkpointing, zero_stage=zero_stage,
-                               device_type=device_type, compiled=compiled)
+                               device_type=device_type, compiled=compiled, tensor_parallel=tensor_parallel)
         + outside_block_activation_bytes(cfg, micro_batch, precision, accumulation_steps, zero_stage, device_type,
                                          compiled)
         + loss_path_bytes(cfg, micro_batch, precision, compiled).transient)
     return PeakMemory(state, transient, acts,
-                      activation_bound(cfg, precision, compiled, activation_checkpointing, device_type), at_rest=held)
+                      activation_bound(cfg, precision, compiled, activation_checkpointing, device_type, tensor_parallel),
+                      at_rest=held)
 
 
 # ----------------------------------------------------------------------------- LoRA (the last rung)

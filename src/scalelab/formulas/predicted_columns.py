@@ -60,10 +60,6 @@ def split_of(cfg: ModelConfig, n_params: float, row: Mapping) -> tuple[float, in
             accounting.data_parallel_size(int(row["world_size"]), degree), degree)
 
 
-TP_ACTIVATIONS_BOUND = ("upper bound: a tensor-parallel rank's activations are predicted as without tensor parallelism "
-                        "(it keeps less: its heads' and its MLP share's; Korthikanti et al.'s terms not modelled yet)")
-
-
 def peak(cfg: ModelConfig, n_params: int, row: Mapping, block_params: int | None = None,
          n_trainable: int | None = None) -> accounting.PeakMemory:
     """The predicted in-step peak per rank of a run (row: its identity, ``accumulation_steps`` and
@@ -82,15 +78,13 @@ def peak(cfg: ModelConfig, n_params: int, row: Mapping, block_params: int | None
     result = accounting.peak_memory(cfg, n_params, stage, world_size, precision, int(row["micro_batch"]),
                                     bool(_value(row, "activation_checkpointing", False)), cpu_offload, accum,
                                     block_params=block_params, device_type=row["device_type"], replicas=replicas,
-                                    compiled=bool(_value(row, "compile", False)))
+                                    compiled=bool(_value(row, "compile", False)), tensor_parallel=degree)
     lora_rank = _value(row, "lora_rank")
     if lora_rank and not cpu_offload:  # frozen weights: no gradient or optimizer state for them
         trainable = n_trainable if n_trainable is not None else accounting.lora_trainable_params(cfg, int(lora_rank))
         state = accounting.lora_model_state_bytes(n_params, trainable, stage, world_size, precision, "pytorch", replicas)
         held = state.total if accounting.grads_at_peak(stage, world_size, accum, replicas) else state.total - state.grads
         result = dataclasses.replace(result, model_state=held, at_rest=state.total)
-    if degree > 1:
-        result = dataclasses.replace(result, bound=TP_ACTIVATIONS_BOUND)
     return result
 
 
@@ -124,13 +118,12 @@ def worker_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -> dic
     tp_bytes = sum(accounting.tensor_parallel_comm(cfg, micro, accum, degree, precision, stage, device_type).values())
     links = accounting.comm_bytes_by_link(n_params, stage, world_size, precision, rank_hosts.count(rank_hosts[0]), replicas,
                                           grad_reduce, accum, n_trainable, tensor_parallel=degree)
-    no_activations = custom or degree > 1  # a tensor-parallel rank's activations: not modelled yet (TP_ACTIVATIONS_BOUND)
     return {
-        "activation_bytes_predicted": None if no_activations else accounting.block_activation_bytes(
-            cfg, micro, precision, ac, zero_stage=stage, device_type=device_type, compiled=compiled),
-        "activation_bytes_predicted_paper": None if no_activations else accounting.block_activation_bytes(cfg, micro, precision, ac,
-                                                                                                     "paper"),
-        "activation_bytes_outside_blocks_predicted": None if no_activations else accounting.outside_block_activation_bytes(
+        "activation_bytes_predicted": None if custom else accounting.block_activation_bytes(
+            cfg, micro, precision, ac, zero_stage=stage, device_type=device_type, compiled=compiled, tensor_parallel=degree),
+        "activation_bytes_predicted_paper": None if custom else accounting.block_activation_bytes(
+            cfg, micro, precision, ac, "paper", tensor_parallel=degree),
+        "activation_bytes_outside_blocks_predicted": None if custom else accounting.outside_block_activation_bytes(
             cfg, micro, precision, accum, stage, device_type, compiled=compiled),
         "model_state_bytes_predicted": states[0].total,
         "model_state_params_bytes_predicted": states[0].params,

@@ -127,9 +127,7 @@ def _family_has(key: str):
 
 FORMULA = _exactly("a built-in model family (null for a custom module: no activation formula)",
                    lambda row: not _custom(row))
-ACTIVATION_FORMULA = _exactly("a built-in model family, no tensor parallelism (null for a custom module: no activation "
-                              "formula; for a tensor-parallel run: not modelled yet)",
-                              lambda row: not _custom(row) and (row.get("tensor_parallel") or 1) == 1)
+
 
 
 def sometimes(text: str, at_most: Filled | None = None) -> Filled:
@@ -405,11 +403,11 @@ RUN = [
     Column("activation_bytes_outside_blocks_measured", pa.int64(), "B", "activations saved outside the transformer blocks "
            "(embedding, head, loss)", "worker", OK),
     Column("activation_bytes_predicted", pa.float64(), "B", "predicted activations per micro-batch: Korthikanti et al.'s "
-           "terms for this model", "worker", OK & ACTIVATION_FORMULA),
+           "terms for this model", "worker", OK & FORMULA),
     Column("activation_bytes_predicted_paper", pa.float64(), "B", "predicted activations per micro-batch: Korthikanti et "
-           "al. 2022 as published", "worker", OK & ACTIVATION_FORMULA),
+           "al. 2022 as published", "worker", OK & FORMULA),
     Column("activation_bytes_outside_blocks_predicted", pa.float64(), "B", "predicted bytes saved for backward outside the "
-           "blocks (embeddings, final norm, head, the loss path) by one micro-batch", "worker", OK & ACTIVATION_FORMULA),
+           "blocks (embeddings, final norm, head, the loss path) by one micro-batch", "worker", OK & FORMULA),
     Column("activation_measure", pa.string(), "-", "how activation_bytes_measured was measured", "worker", OK),
     Column("recompute_flops_per_token", pa.float64(), "FLOP/token", "extra FLOPs per token of activation checkpointing "
            "(one more forward of every block); 0 without", "worker", OK),

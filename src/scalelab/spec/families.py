@@ -39,6 +39,12 @@ class ActivationCase:
     """On a CUDA device (its kernels save differently from the CPU's for some ops)."""
     compiled: bool
     """The blocks under torch.compile: what AOTAutograd's min-cut partitioner saves."""
+    tensor_parallel: int = 1
+    """T ranks split the block's planned linears (Family.tensor_parallel): a rank keeps 1/T of what they
+    and the attention between them make (q, k, v, the attention output, the MLP's hidden values, the
+    weight copies), and all of what the norms and the residual stream keep (Korthikanti et al. 2022's
+    split without sequence parallelism). Eager only: compiled blocks under tensor parallelism are not
+    modelled (scalelab.formulas.accounting.activation_bound)."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +120,10 @@ def _gpt2_block_activations(cfg, case: ActivationCase) -> float:
     residual_width = 4 if case.amp else w
     if case.checkpointing:
         return L * s * b * h * residual_width
-    per_layer = 16 * s * b * h * w
+    t = 1 if case.compiled else case.tensor_parallel  # compiled: the unsplit figure, an upper bound
+    # x, both LayerNorm outputs and x + attn whole on every rank; q, k, v, the attention output, the projection's
+    # output and the MLP's 4h fc and GELU outputs split (measured on the CPU with saved-tensor hooks, T = 2)
+    per_layer = (4 + 12 / t) * s * b * h * w
     if case.compiled:  # what the partitioner saves
         stats_width = 4 if case.gpu else residual_width  # CUDA's LayerNorm keeps fp32 mean and rstd for 16-bit inputs
         flash_rng = 16 if case.gpu else 0  # flash attention's philox seed and offset, two int64 scalars
@@ -123,7 +132,7 @@ def _gpt2_block_activations(cfg, case: ActivationCase) -> float:
             per_layer += s * b * h * (4 - w) + 2 * _gpt2_matmul(cfg)
         return L * per_layer
     if case.amp:
-        per_layer += 2 * s * b * h * (4 - w) + 2 * _gpt2_matmul(cfg)
+        per_layer += 2 * s * b * h * (4 - w) + 2 * _gpt2_matmul(cfg) / t
     elif case.sixteen_bit_params and case.gpu:
         # CUDA's autocast runs layer_norm in fp32 (the CPU's keeps its input dtype): each LayerNorm saves an
         # fp32 copy of its 16-bit input (an H200: eager bf16 at stage 3 measured 13.7% over the formula without it)
@@ -268,10 +277,11 @@ def _llama_block_activations(cfg, case: ActivationCase) -> float:
     attention = 4 * b * heads * s  # the logsumexp of the fused kernels (flash; CPU's for every dtype)
     if _llama_math_attention(cfg, case):
         attention = 4 * b * heads * s * s + 2 * w * s * b * (h - kv)
-    per_layer = ((norms + 2 * w) * s * b * h + 2 * w * s * b * kv + 4 * w * s * b * f
-                 + 8 * s * b + attention + rope_per_layer)
-    if amp:
-        per_layer += 2 * _llama_matmul(cfg)
+    # the norms, their rstd and the RoPE casts whole on every rank; q, k, v, the attention output and its
+    # kernel's keep, SwiGLU's hidden values and the weight copies split (measured on the CPU, T = 2)
+    t = case.tensor_parallel
+    split = 2 * w * s * b * h + 2 * w * s * b * kv + 4 * w * s * b * f + attention + (2 * _llama_matmul(cfg) if amp else 0)
+    per_layer = norms * s * b * h + 8 * s * b + rope_per_layer + split / t
     return L * per_layer + rope_once
 
 
