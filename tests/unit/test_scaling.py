@@ -312,3 +312,31 @@ def test_gpu_counts_are_listed_or_continued_as_the_issue_writes_them():
                      ("8,16,...,100", "does not reach 100"), ("16,8,...,64", "must grow"), ("8,0", "whole number >= 1")):
         with pytest.raises(argparse.ArgumentTypeError, match=why):
             gpu_counts(bad)
+
+
+def test_tensor_parallel_collectives_are_on_the_critical_path_over_their_link(capsys):
+    """--tensor-parallel T: T GPUs split every block, the strategy runs over N / T data-parallel ranks; the
+    tensor-parallel all-reduces (four per block and micro-batch of B T d values) run over NVLink while T fits
+    a node, over the inter-node link once it does not, and are exposed (added to the step)."""
+    base = ["scaling", "--model", "llama3-8b", "--zero-stage", "3", "--gpu", "H100", "--inter-node", "ib-ndr"]
+    code, out, _ = _estimate(capsys, *base, "--tensor-parallel", "8", "--gpus", "8,16,...,512")
+    assert code == 0 and "tensor parallelism: 8 GPUs split every block" in out and "over nvlink-h100" in out
+    assert "TP AR:nvlink-h100, ib-ndr" in out  # from 16 GPUs the data-parallel ranks span nodes
+    code, out, _ = _estimate(capsys, *base, "--tensor-parallel", "8", "--gpus", "8,64", "--json")
+    result = json.loads(out)
+    from scalelab.spec.presets import PRESETS
+
+    cfg = ModelConfig(**PRESETS["llama3-8b"].shape)
+    for row in result["rows"]:
+        tp = row["tensor_parallel_comm"]
+        assert (row["tensor_parallel"], row["data_parallel"]) == (8, row["gpus"] // 8)
+        assert tp["bytes"] == sum(accounting.tensor_parallel_comm(cfg, 1, 1, 8, "bf16", 3, "cuda").values())
+        assert tp["calls"] == 4 * cfg.n_layers and tp["link"] == "nvlink-h100" and tp["exposed"]
+        assert row["exposed_comm_s"] >= tp["seconds"] > 0
+    assert result["rows"][0]["collective_bytes"] == {}  # one data-parallel rank: no strategy traffic
+    one = json.loads(_estimate(capsys, *base, "--gpus", "8", "--json")[1])["rows"][0]
+    assert result["rows"][0]["peak_memory_bytes"] < one["peak_memory_bytes"]  # 1/8 of the blocks' weights and activations
+    code, out, _ = _estimate(capsys, *base, "--tensor-parallel", "16", "--gpus", "16", "--json")
+    assert code == 0 and json.loads(out)["rows"][0]["tensor_parallel_comm"]["link"] == "ib-ndr"  # 16 > 8 per node
+    code, _, err = _estimate(capsys, *base, "--tensor-parallel", "3", "--gpus", "8")
+    assert code == 2 and "--tensor-parallel 3 does not divide 8 GPUs" in err

@@ -523,6 +523,7 @@ class Point:
     micro_batch: int = 1
     global_batch: int | None = None  # None: a fixed per-GPU batch (micro_batch), no accumulation
     activation_checkpointing: bool = False
+    tensor_parallel: int = 1  # T GPUs split every block (scalelab.run.tensor_parallel); the strategy runs over N / T
 
 
 @dataclass(frozen=True)
@@ -543,21 +544,28 @@ def predict_point(point: Point, machine: Machine, n: int) -> dict:
     memory per GPU (one micro-batch's activations)."""
     from scalelab.results import prediction
 
-    cfg, key = point.cfg, point.key
+    cfg, key, t = point.cfg, point.key, point.tensor_parallel
     stage = strategy(key).stage  # hybrid sharding is stage 3 over a 2-D mesh (scalelab.spec.strategies)
-    micro, accumulation = batch_plan(point.global_batch, point.micro_batch, n)
-    tokens = micro * accumulation * cfg.seq_len  # per GPU per optimizer step
+    if n % t or (t > 1 and key == HYBRID_KEY):
+        raise EstimateError(f"--tensor-parallel {t} does not divide {n} GPUs" if n % t else
+                            "hybrid sharding with tensor parallelism (a 3-D mesh) is not predicted")
+    dp = n // t  # data-parallel ranks: each is a tensor-parallel group of t GPUs sharing one share of the batch
+    micro, accumulation = batch_plan(point.global_batch, point.micro_batch, dp)
+    tokens = micro * accumulation * cfg.seq_len / t  # per GPU per optimizer step
     fpt = accounting.flops_per_token(cfg)
     # the assumed MFU is the hardware's efficiency on what it computes: checkpointing computes every block's
-    # forward again (recompute_flops_per_token), which model FLOPs (MFU) do not count
+    # forward again (recompute_flops_per_token), which model FLOPs (MFU) do not count; under tensor parallelism
+    # each GPU computes 1/t of the blocks and the whole head (replicated: its 6 V d FLOPs per token on every GPU)
     hardware_fpt = fpt + (accounting.recompute_flops_per_token(cfg) if point.activation_checkpointing else 0.0)
-    compute_s = hardware_fpt * tokens / (machine.peak_flops * machine.mfu)
+    head = 6 * cfg.vocab_size * cfg.d_model if t > 1 else 0.0
+    compute_s = ((hardware_fpt - head) / t + head) * tokens * t / (machine.peak_flops * machine.mfu)
     replicas = _replicas(n, machine.per_node) if key == HYBRID_KEY else 1
-    # every collective of a step by the link its group uses, each run over its group: the world, or under
-    # hybrid sharding the shard group (a node) and the replicate group
-    by_link = accounting.comm_bytes_by_link(point.n_params, stage, n, point.precision, machine.per_node, replicas=replicas,
-                                            grad_reduce=point.grad_reduce, accumulation_steps=accumulation)
-    group = {"intra_node": n // replicas, "inter_node": replicas if replicas > 1 else n}
+    n_local = accounting.tensor_parallel_params(cfg, point.n_params, t)  # what each GPU holds of the parameters
+    # every collective of a step by the link its group uses, each run over its group: the world (the data-parallel
+    # ranks under tensor parallelism), or under hybrid sharding the shard group (a node) and the replicate group
+    by_link = accounting.comm_bytes_by_link(n_local, stage, dp, point.precision, machine.per_node, replicas=replicas,
+                                            grad_reduce=point.grad_reduce, accumulation_steps=accumulation, tensor_parallel=t)
+    group = {"intra_node": dp // replicas, "inter_node": replicas if replicas > 1 else dp}
     link_of = {"intra_node": machine.intra, "inter_node": machine.inter}
     comm, calls, sizes, used = {}, {}, {}, {}
     for side in ("intra_node", "inter_node"):
@@ -572,19 +580,46 @@ def predict_point(point: Point, machine: Machine, n: int) -> dict:
     # one replica is plain stage 3 (strategy(3, 1)): its record's overlap facts apply
     step = prediction.step_time(key if replicas > 1 else stage, compute_s, comm, calls=calls,
                                 overlap_efficiency=machine.overlap_efficiency)
-    per_gpu = tokens / step.step_s
-    peak_mem = accounting.peak_memory(cfg, point.n_params, stage, n, point.precision, micro, replicas=replicas,
+    tp = _tensor_parallel_step(point, machine, micro, accumulation)
+    step_s, exposed = step.step_s + tp["seconds"], step.exposed_comm_s + tp["seconds"]  # on the critical path
+    per_gpu = tokens / step_s
+    block_params = None
+    if t > 1:
+        from scalelab.spec.families import tensor_parallel_split_params
+
+        block_params = accounting.block_param_count(cfg) - tensor_parallel_split_params(cfg) * (1 - 1 / t)
+    peak_mem = accounting.peak_memory(cfg, n_local, stage, dp, point.precision, micro, replicas=replicas,
                                       activation_checkpointing=point.activation_checkpointing,
-                                      accumulation_steps=accumulation).total
+                                      accumulation_steps=accumulation, block_params=block_params, tensor_parallel=t).total
     return {"gpus": n, "nodes": math.ceil(n / machine.per_node), "replicas": replicas, "links": used,
+            "tensor_parallel": t, "data_parallel": dp, "tensor_parallel_comm": tp,
             "micro_batch": micro, "accumulation_steps": accumulation, "tokens_per_gpu_per_step": tokens,
-            "step_time_s": step.step_s, "compute_s": step.compute_s, "comm_s": dict(step.comm_s),
-            "exposed_comm_s": step.exposed_comm_s, "tokens_per_s_per_gpu": per_gpu,
+            "step_time_s": step_s, "compute_s": step.compute_s, "comm_s": dict(step.comm_s),
+            "exposed_comm_s": exposed, "tokens_per_s_per_gpu": per_gpu,
             "tokens_per_s": per_gpu * n, "mfu": accounting.mfu(per_gpu, fpt, machine.peak_flops, 1),
             "collective_bytes": sizes, "collective_calls": calls, "peak_memory_bytes": peak_mem,
             "peak_memory_gib": peak_mem / UNITS["GiB"],
             "fits_memory": peak_mem <= machine.product.memory_gib * UNITS["GiB"],
             "flops_per_token": fpt, "recompute_flops_per_token": hardware_fpt - fpt}
+
+
+def _tensor_parallel_step(point: Point, machine: Machine, micro: int, accumulation: int) -> dict:
+    """Tensor parallelism's all-reduces in a step (accounting.tensor_parallel_comm: four per block and
+    micro-batch of B T d values) over a group of T GPUs, within a node where T fits one: their time is on
+    the critical path, for every block's forward waits for its own (no schedule here hides them: the
+    asynchronous or sequence-parallel overlaps of Megatron and torchtitan are out of scope)."""
+    t, cfg = point.tensor_parallel, point.cfg
+    if t == 1:
+        return {"bytes": 0.0, "calls": 0, "seconds": 0.0, "link": None, "exposed": True}
+    nbytes = sum(accounting.tensor_parallel_comm(cfg, micro, accumulation, t, point.precision, strategy(point.key).stage,
+                                                 "cuda").values())
+    calls = 4 * cfg.n_layers * accumulation
+    link = machine.intra if t <= machine.per_node else machine.inter
+    if link is None:
+        raise EstimateError(f"--tensor-parallel {t} spans nodes of {machine.per_node} GPUs: give --inter-node")
+    size = nbytes / links.handed_per_size("all_reduce") / calls
+    return {"bytes": nbytes, "calls": calls, "seconds": calls * links.collective_seconds("all_reduce", size, t, link),
+            "link": link.name, "exposed": True}
 
 
 def batch_plan(global_batch: int | None, micro_batch: int, gpus: int) -> tuple[int, int]:
@@ -658,8 +693,10 @@ def scaling_table(args) -> dict:
     key = HYBRID_KEY if args.zero_stage == HYBRID_KEY else int(args.zero_stage)  # the strategy record's key
     global_batch = getattr(args, "global_batch", None)
     checkpointing = bool(getattr(args, "activation_checkpointing", False))
+    tensor_parallel = int(_positive("tensor-parallel", getattr(args, "tensor_parallel", 1)))
     point = Point(cfg=cfg, n_params=n_params, key=key, precision=args.precision, grad_reduce=args.grad_reduce,
-                  micro_batch=micro, global_batch=global_batch, activation_checkpointing=checkpointing)
+                  micro_batch=micro, global_batch=global_batch, activation_checkpointing=checkpointing,
+                  tensor_parallel=tensor_parallel)
     machine = Machine(product=product, peak_flops=peak, mfu=mfu, per_node=per_node, intra=intra, inter=inter,
                       overlap_efficiency=eta)
     rows = [predict_point(point, machine, n) for n in gpus]
@@ -677,6 +714,7 @@ def scaling_table(args) -> dict:
             "shape": {"family": cfg.family, "n_layers": cfg.n_layers, "d_model": cfg.d_model, "n_heads": cfg.n_heads},
             "strategy": strategy(key).name, "precision": args.precision, "grad_reduce": args.grad_reduce,
             "seq_len": cfg.seq_len, "micro_batch": micro, "global_batch": global_batch, "activation_checkpointing": checkpointing,
+            "tensor_parallel": tensor_parallel,
             "tokens_per_gpu_per_step": rows[0]["tokens_per_gpu_per_step"], "flops_per_token": rows[0]["flops_per_token"],
             "recompute_flops_per_token": rows[0]["recompute_flops_per_token"],
             "gpu": product.name, "peak_flops_per_gpu": peak, "gpus_per_node": per_node,
@@ -720,9 +758,11 @@ def _render_scaling(r: dict) -> list[str]:
              f"a {shape['family']} of {_human(r['n_params'])} parameters ({shape['n_layers']} layers, d_model "
              f"{shape['d_model']}, {shape['n_heads']} heads)")
     how = "hybrid sharding" if r["zero_stage"] == HYBRID_KEY else f"ZeRO stage {r['zero_stage']}"
-    batch = (f"global batch {r['global_batch']} sequences (each GPU's share in micro-batches of at most "
+    t = r.get("tensor_parallel", 1)
+    per = "GPU" if t == 1 else f"tensor-parallel group of {t} GPUs"
+    batch = (f"global batch {r['global_batch']} sequences (each {per}'s share in micro-batches of at most "
              f"{r['micro_batch']}, accumulated)" if r.get("global_batch") else
-             f"micro-batch {r['micro_batch']} per GPU ({r['tokens_per_gpu_per_step']:,} tokens per GPU per step)")
+             f"micro-batch {r['micro_batch']} per {per} ({r['tokens_per_gpu_per_step']:,.0f} tokens per GPU per step)")
     recompute = (f" + {r['recompute_flops_per_token']:.3g} recomputed (activation checkpointing; MFU counts model FLOPs only)"
                  if r.get("activation_checkpointing") else "")
     lines = [f"PREDICTION, not a measurement: {model}, {how} "
@@ -745,17 +785,25 @@ def _render_scaling(r: dict) -> list[str]:
     first = r["rows"][-1]
     lines.append("collectives per step (nccl-tests size, calls): " + ", ".join(
         f"{c} {first['collective_bytes'][c] / 1e9:.3g} GB in {first['collective_calls'][c]}" for c in first["collective_bytes"]))
+    if r.get("tensor_parallel", 1) > 1:
+        tp = first["tensor_parallel_comm"]
+        lines.append(f"tensor parallelism: {r['tensor_parallel']} GPUs split every block (the strategy runs over "
+                     f"GPUs / {r['tensor_parallel']} data-parallel ranks, each GPU holds 1/{r['tensor_parallel']} of the "
+                     f"blocks' linears): all_reduce {tp['bytes'] / 1e9:.3g} GB in {tp['calls']} per step over {tp['link']}, "
+                     "on the critical path (exposed: no schedule here hides them)")
     lines.append(f"overlap: {a['overlap']}; overlap efficiency {a['overlap_efficiency']:g}"
                  + (" (default; --overlap-efficiency)" if a["overlap_efficiency_default"] else ""))
     lines.append(f"rule: {a['link_rule']}; out of scope: {a['out_of_scope']}")
     lines.append(f"{'gpus':>5} {'nodes':>5} {'mb x acc':>8} {'step ms':>8} {'compute':>8} {'comm':>8} {'exposed':>8} "
                  f"{'tok/s/GPU':>10} {'MFU':>6} {'scaling':>7} {'memory':>9}  links")
     for row in r["rows"]:
-        comm = sum(row["comm_s"].values())
+        comm = sum(row["comm_s"].values()) + row.get("tensor_parallel_comm", {}).get("seconds", 0.0)
         by_link: dict[str, list[str]] = {}
         for c, name in row["links"].items():
             by_link.setdefault(name, []).append(_COLLECTIVE_SHORT[c])
         link = next(iter(by_link)) if len(by_link) == 1 else " ".join(f"{'+'.join(cs)}:{name}" for name, cs in by_link.items())
+        if row.get("tensor_parallel", 1) > 1:
+            link = f"TP AR:{row['tensor_parallel_comm']['link']}" + (f", {link}" if by_link else "")
         memory = f"{row['peak_memory_gib']:.1f} GiB" + ("" if row["fits_memory"] else "!")
         batching = f"{row['micro_batch']} x {row['accumulation_steps']}"
         lines.append(f"{row['gpus']:>5} {row['nodes']:>5} {batching:>8} "
@@ -904,6 +952,9 @@ def _add_scaling_parser(kinds):
     sc.add_argument("--activation-checkpointing", action="store_true",
                     help="recompute every block's forward in backward: its FLOPs in the time, checkpointed activations "
                          "in the memory")
+    sc.add_argument("--tensor-parallel", type=whole_count, default=1, metavar="T",
+                    help="GPUs that split every block (Megatron's tensor parallelism, within a node where T fits one); "
+                         "the strategy runs over GPUs / T data-parallel ranks (default 1: none)")
     sc.add_argument("--gpus", type=gpu_counts, default=SCALING_GPUS, metavar="N,N,...",
                     help=f"GPU counts (default {','.join(map(str, SCALING_GPUS))}; 8,16,...,1024 doubles up to 1024); "
                          "efficiency is against the smallest")

@@ -1,0 +1,80 @@
+"""Tensor parallelism's planning (issue #43): which points run and why the others do not, the models
+that cannot be split, and the reordering of GPT-2's fused q, k, v projection (tests/run/ runs it)."""
+import pytest
+import torch
+
+from scalelab.config import ConfigError, ModelConfig
+from scalelab.formulas import accounting
+from scalelab.plan.run_plan import run_plan
+from scalelab.plan.sweep import RunPoint, sweep_plan
+from support import tiny_config
+
+
+def test_tensor_parallel_runs_with_stage_0_alone_and_with_fsdp2_over_the_data_parallel_ranks():
+    cfg = tiny_config(sweep={"precision": ["fp32"], "zero_stage": [0, 1, 3], "world_size": [2, 4], "tensor_parallel": [1, 2]})
+    cfg["model"].update(n_heads=4, d_model=32)
+    points, left_out = sweep_plan(cfg)
+    split = sorted(p.run_id for p in points if p.tensor_parallel == 2)
+    assert split == ["fp32-z0-w2-tp2", "fp32-z3-w2-tp2", "fp32-z3-w4-tp2"]
+    why = {p.run_id: reason for p, reason in left_out}
+    assert "DDP and ZeroRedundancyOptimizer take no DTensor parameters" in why["fp32-z0-w4-tp2"]
+    assert "ZeroRedundancyOptimizer takes no DTensor parameters" in why["fp32-z1-w2-tp2"]
+    assert all(p.bucket_mb is None for p in points if p.tensor_parallel == 2)  # no DDP, no buckets
+    # the data-parallel ranks share the global batch: at w4 x tp2, two shares of 4 sequences
+    plan = run_plan(cfg, next(p for p in points if p.run_id == "fp32-z3-w4-tp2"))
+    assert (plan.micro_batch, plan.accumulation_steps) == (cfg["train"]["global_batch"] // 2, 1)
+
+
+@pytest.mark.parametrize("overrides, left_out", [
+    ({"zero_stage": [3], "world_size": [4], "replicas": [2]}, "hybrid sharding with tensor parallelism"),
+    ({"zero_stage": [3], "world_size": [2], "tp": 4}, "does not divide world_size=2"),
+    ({"zero_stage": [3], "world_size": [2], "lora_rank": [4]}, "LoRA adapters on split linears"),
+    ({"zero_stage": [3], "world_size": [2], "precision": ["fp8"]}, "float8 linears are not split"),
+])
+def test_what_tensor_parallelism_is_not_run_with_is_said(overrides, left_out):
+    """A tensor-parallel degree no point of the sweep can take stops the plan with the reason."""
+    overrides = dict(overrides)
+    cfg = tiny_config(sweep={"precision": ["fp32"], "tensor_parallel": [1, overrides.pop("tp", 2)], **overrides})
+    cfg["model"].update(n_heads=4, d_model=32)
+    with pytest.raises(ConfigError, match=f"sweep.tensor_parallel=.*{left_out}"):
+        sweep_plan(cfg)
+
+
+def test_checkpoints_of_tensor_parallel_runs_are_refused_with_the_key_to_change():
+    cfg = tiny_config(sweep={"precision": ["fp32"], "zero_stage": [3], "world_size": [2], "tensor_parallel": [2]},
+                      train={"checkpoint_every": 2})
+    cfg["model"].update(n_heads=4, d_model=32)
+    with pytest.raises(ConfigError, match=r"train\.checkpoint_every: 0"):
+        sweep_plan(cfg)
+
+
+@pytest.mark.parametrize("model, message", [
+    ({"n_heads": 2, "d_model": 32}, "does not divide the model's n_heads 2"),
+    ({"n_heads": 4, "d_model": 32, "family": "llama", "n_kv_heads": 1, "tie_embeddings": False}, "n_kv_heads 1"),
+])
+def test_a_model_that_cannot_be_split_stops_the_plan_naming_the_dimension(model, message):
+    cfg = tiny_config(sweep={"precision": ["fp32"], "zero_stage": [3], "world_size": [4], "tensor_parallel": [4]})
+    cfg["model"].update(model)
+    with pytest.raises(ConfigError, match=message):
+        run_plan(cfg, RunPoint("fp32", 3, 4, tensor_parallel=4))
+
+
+def test_gpt2s_fused_qkv_rows_are_reordered_by_head_and_back():
+    """Rank r's contiguous third of the rows is its heads' q, then k, then v; the inverse restores the order."""
+    from scalelab.run.tensor_parallel import head_major_rows
+
+    rows = head_major_rows(4, 2).tolist()  # d 4 over 2 ranks: 2 rows of q, k and v each per rank
+    assert rows == [0, 1, 4, 5, 8, 9, 2, 3, 6, 7, 10, 11]
+    weight = torch.arange(12.0)
+    assert torch.equal(weight[head_major_rows(4, 2)][torch.argsort(head_major_rows(4, 2))], weight)
+
+
+def test_a_ranks_parameters_are_its_share_of_the_split_linears_and_the_rest_whole():
+    cfg = ModelConfig(2, 64, 4, 32, True, 256)
+    n = accounting.param_count(cfg)
+    split = 2 * (12 * 64 * 64 + 7 * 64)  # per block: qkv, proj, fc, proj weights and the colwise biases
+    assert accounting.tensor_parallel_params(cfg, n, 1) == n
+    assert accounting.tensor_parallel_params(cfg, n, 4) == n - split + split / 4
+    assert accounting.data_parallel_size(8, 2) == 4
+    with pytest.raises(ValueError, match="does not divide"):
+        accounting.data_parallel_size(6, 4)
