@@ -26,14 +26,17 @@ def test_the_plan_ranks_what_fits_and_says_why_the_others_lost(capsys):
     assert best["tokens_per_s_per_gpu"] == max(r["tokens_per_s_per_gpu"] for r in rows if r["fits"])
     assert all(not r["fits"] for r in rows if r["peak_memory_gib"] > budget)
     assert best["days"] == pytest.approx(1e12 / (best["tokens_per_s_per_gpu"] * 64) / 86400)
-    pairs = {(r["precision"], str(r["strategy"])) for r in rows}
-    assert {("bf16", s) for s in ("0", "1", "2", "3", "hybrid")} <= pairs and ("fp8", "3") in pairs  # H100: fp8 too
-    shown = {(r["precision"], str(r["strategy"])) for r in result["runners_up"]}
-    assert shown == pairs - {(best["precision"], str(best["strategy"]))}
+    pairs = {(r["precision"], str(r["strategy"]), r["tensor_parallel"]) for r in rows}
+    assert {("bf16", s, 1) for s in ("0", "1", "2", "3", "hybrid")} <= pairs and ("fp8", "3", 1) in pairs  # H100: fp8 too
+    # tensor parallelism within a node (8 GPUs): degrees 2, 4, 8 split llama3-8b's 32 heads, 8 key/value heads, 14336
+    assert {t for _, _, t in pairs} == {1, 2, 4, 8} and not [p for p in pairs if p[1] == "hybrid" and p[2] > 1]
+    shown = {(r["precision"], str(r["strategy"]), r["tensor_parallel"]) for r in result["runners_up"]}
+    assert shown == pairs - {(best["precision"], str(best["strategy"]), best["tensor_parallel"])}
     for r in result["runners_up"]:
         if not r["fits"]:  # its smallest configuration, against the budget
             assert r["why"].startswith(f"does not fit: {r['peak_memory_gib']:.1f} GiB at its smallest"), r["why"]
-            mine = [x for x in rows if (x["precision"], x["strategy"]) == (r["precision"], r["strategy"])]
+            mine = [x for x in rows if (x["precision"], x["strategy"], x["tensor_parallel"])
+                    == (r["precision"], r["strategy"], r["tensor_parallel"])]
             assert r["peak_memory_gib"] == min(x["peak_memory_gib"] for x in mine)
         else:
             slower = best["tokens_per_s_per_gpu"] / r["tokens_per_s_per_gpu"] - 1
@@ -42,7 +45,8 @@ def test_the_plan_ranks_what_fits_and_says_why_the_others_lost(capsys):
     strategy = str(best["strategy"])
     scaling = ["estimate", "scaling", "--model", "llama3-8b", "--seq", "8192", "--gpu", "H100", "--gpus", "64",
                "--inter-node", "ib-ndr", "--global-batch", "512", "--zero-stage", strategy, "--precision", best["precision"],
-               "--micro-batch", str(best["micro_batch"]), "--json"] + (["--activation-checkpointing"]
+               "--micro-batch", str(best["micro_batch"]), "--tensor-parallel", str(best["tensor_parallel"]),
+               "--json"] + (["--activation-checkpointing"]
                                                                         if best["activation_checkpointing"] else [])
     code, out, _ = _plan(capsys, *scaling)
     (row,) = json.loads(out)["rows"]
@@ -51,6 +55,9 @@ def test_the_plan_ranks_what_fits_and_says_why_the_others_lost(capsys):
     code, text, _ = _plan(capsys, *ASK)
     assert "PLAN: predicted, not measured" in text and "best: " in text and "days" in text and "runners-up" in text
     assert "memory reserve: scalelab's default, not yet measured on a GPU" in text and "MFU 40.0% without communication" in text
+    assert "tensor parallelism: degrees 1, 2, 4, 8 (within a node" in text
+    code, out, _ = _plan(capsys, *ASK, "--tensor-parallel", "1", "--json")  # without it, as before tensor parallelism
+    assert {r["tensor_parallel"] for r in json.loads(out)["rows"]} == {1}
 
 
 def test_a_gpu_without_bf16_plans_in_fp16(capsys):

@@ -2,7 +2,8 @@
 train in on a given cluster by its predicted time, keeps those whose predicted memory fits with a
 stated reserve, and prints the best, the runners-up with why each lost, and every assumption.
 
-Each configuration (precision x strategy x micro-batch x activation checkpointing) is timed and sized
+Each configuration (precision x strategy x tensor-parallel degree x micro-batch x activation checkpointing) is
+timed and sized
 by the same code as ``scalelab estimate scaling`` (estimate.predict_point: compute at an assumed
 efficiency, each collective on the link its group uses, the strategy's overlap, the in-step peak
 memory of one micro-batch), at a fixed global batch whose per-GPU share is accumulated. A
@@ -44,6 +45,21 @@ TIE = 0.05
 is larger (docs/prediction.md)."""
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
 """Micro-batches per GPU tried (each dividing the GPU's share of the global batch)."""
+TENSOR_PARALLEL = (1, 2, 4, 8)
+"""Tensor-parallel degrees tried: those within a node that split the model's heads and MLP evenly."""
+
+
+def tensor_parallel_degrees(cfg, gpus: int, per_node: int, asked: list[int] | None = None) -> list[int]:
+    """The degrees a model can be split by on this cluster (a family's plan; heads, key/value heads and the
+    MLP's width divisible; within a node, so its all-reduces stay on the intra-node link)."""
+    from scalelab.spec.families import family
+
+    record = family(cfg.family)
+    if cfg.module or not record.tensor_parallel:
+        return [1]
+    sizes = (cfg.n_heads, cfg.n_kv_heads or cfg.n_heads, record.mlp_width(cfg))
+    return [t for t in (asked or TENSOR_PARALLEL)
+            if t == 1 or (t <= per_node and gpus % t == 0 and all(size % t == 0 for size in sizes))]
 
 
 def candidates(product, precisions: list[str] | None, gpus: int, per_node: int) -> list[tuple[str, int | str]]:
@@ -78,31 +94,33 @@ def plan(args) -> dict:
     budget = memory - reserve * UNITS["GiB"]
     bf16_peak = accounting.gpu_peak_flops(args.gpu, "bf16") if product.peak("bf16") else None
     fp8 = hardware.fp8_outlook(cfg.d_model)
-    share = args.global_batch // n
+    degrees = tensor_parallel_degrees(cfg, n, machine.per_node, getattr(args, "tensor_parallel", None))
     rows = []
     for precision, key in pairs:
         if precision == "fp8":  # timed from bf16 by the measured tokens/s ratio (module doc)
             peak = bf16_peak * fp8["ratio_estimate"]
         else:
             peak = accounting.gpu_peak_flops(args.gpu, precision)
-        for micro in [m for m in MICRO_BATCHES if share % m == 0]:
-            for checkpointing in (False, True):
-                point = Point(cfg=cfg, n_params=n_params, key=key, precision=precision, micro_batch=micro,
-                              global_batch=args.global_batch, activation_checkpointing=checkpointing)
-                row = predict_point(point, replace(machine, peak_flops=peak), n)
-                fpt = row["flops_per_token"]
-                rows.append({**row, "precision": precision, "strategy": key, "strategy_name": strategy(key).name,
-                             "activation_checkpointing": checkpointing, "fits": row["peak_memory_bytes"] <= budget,
-                             "mfu_of_bf16_peak": row["tokens_per_s_per_gpu"] * fpt / bf16_peak if bf16_peak else None,
-                             "days": tokens / (row["tokens_per_s_per_gpu"] * n) / 86400})
+        for t in degrees if key != HYBRID_KEY else [1]:  # hybrid sharding with tensor parallelism: not predicted
+            share = args.global_batch // (n // t)  # each tensor-parallel group's share
+            for micro in [m for m in MICRO_BATCHES if share % m == 0]:
+                for checkpointing in (False, True):
+                    point = Point(cfg=cfg, n_params=n_params, key=key, precision=precision, micro_batch=micro,
+                                  global_batch=args.global_batch, activation_checkpointing=checkpointing, tensor_parallel=t)
+                    row = predict_point(point, replace(machine, peak_flops=peak), n)
+                    fpt = row["flops_per_token"]
+                    rows.append({**row, "precision": precision, "strategy": key, "strategy_name": strategy(key).name,
+                                 "activation_checkpointing": checkpointing, "fits": row["peak_memory_bytes"] <= budget,
+                                 "mfu_of_bf16_peak": row["tokens_per_s_per_gpu"] * fpt / bf16_peak if bf16_peak else None,
+                                 "days": tokens / (row["tokens_per_s_per_gpu"] * n) / 86400})
     rows.sort(key=lambda r: (not r["fits"], -r["tokens_per_s_per_gpu"], r["peak_memory_bytes"]))
     fitting = [r for r in rows if r["fits"]]
     best = fitting[0] if fitting else None
     runners_up = []
-    for precision, key in dict.fromkeys((r["precision"], r["strategy"]) for r in rows):
-        if best is not None and (precision, key) == (best["precision"], best["strategy"]):
+    for precision, key, t in dict.fromkeys((r["precision"], r["strategy"], r["tensor_parallel"]) for r in rows):
+        if best is not None and (precision, key, t) == (best["precision"], best["strategy"], best["tensor_parallel"]):
             continue
-        mine = [r for r in rows if (r["precision"], r["strategy"]) == (precision, key)]
+        mine = [r for r in rows if (r["precision"], r["strategy"], r["tensor_parallel"]) == (precision, key, t)]
         # its fastest that fits; where none fits, its smallest (what it would take to fit)
         shown = mine[0] if mine[0]["fits"] else min(mine, key=lambda r: r["peak_memory_bytes"])
         runners_up.append({**shown, "why": _why_lost(shown, best, budget)})
@@ -123,8 +141,11 @@ def plan(args) -> dict:
                 "overlap_efficiency_default": args.overlap_efficiency is None,
                 "reserve": RESERVE["source"] if args.reserve_gib is None else "--reserve-gib",
                 "fp8": fp8 if product.peak("fp8") else None,
-                "out_of_scope": "tensor and pipeline parallelism, CPU offload, LoRA; the model's memory is the "
-                                "formula a run measures (scalelab.formulas.accounting.peak_memory)"},
+                "tensor_parallel": f"degrees {', '.join(map(str, degrees))} (within a node; their all-reduces on the "
+                                   "critical path: estimate scaling --tensor-parallel)",
+                "out_of_scope": "pipeline and sequence parallelism, hybrid sharding with tensor parallelism, CPU offload, "
+                                "LoRA; the model's memory is the formula a run measures "
+                                "(scalelab.formulas.accounting.peak_memory)"},
             **({"note": "; ".join(notes)} if notes else {})}
 
 
@@ -148,6 +169,8 @@ def _why_lost(row: dict, best: dict | None, budget: float) -> str:
 
 def _label(r: dict) -> str:
     how = "hybrid sharding" if r["strategy"] == HYBRID_KEY else f"ZeRO stage {r['strategy']}"
+    if r.get("tensor_parallel", 1) > 1:
+        how += f" x tensor parallel {r['tensor_parallel']}"
     return (f"{r['precision']}, {how}, micro-batch {r['micro_batch']} x {r['accumulation_steps']} accumulated, "
             f"activation checkpointing {'on' if r['activation_checkpointing'] else 'off'}")
 
@@ -184,6 +207,7 @@ def render(result: dict) -> str:
     lines.append(f"  overlap efficiency {a['overlap_efficiency']:g}" + (" (default: NCCL on its own stream; measured "
                  "traces set it: train.profile, --overlap-efficiency)" if a["overlap_efficiency_default"] else ""))
     lines.append(f"  memory reserve: {a['reserve']}")
+    lines.append(f"  tensor parallelism: {a['tensor_parallel']}")
     if a["fp8"]:
         lines.append(f"  fp8: {a['fp8']['verdict']} ({a['fp8']['basis']})")
     lines.append(f"  out of scope: {a['out_of_scope']}")
@@ -215,6 +239,9 @@ def add_parser(sub) -> None:
                    help="only these precisions (default: bf16, and fp8 where the GPU has FP8 tensor cores)")
     p.add_argument("--reserve-gib", type=float, default=None, help="device memory the prediction does not count "
                    f"(default {RESERVE['fixed_gib']:g} GiB + {RESERVE['share']:.0%} of the GPU's memory)")
+    p.add_argument("--tensor-parallel", nargs="+", type=whole_count, default=None, metavar="T",
+                   help=f"only these tensor-parallel degrees (default: {', '.join(map(str, TENSOR_PARALLEL))}, those within a "
+                        "node that split the model evenly; 1 = none)")
     p.add_argument("--json", action="store_true", help="every configuration's row as JSON")
     p.set_defaults(func=_run, usage_parser=p)
 
