@@ -395,6 +395,27 @@ def check_lever_compile(runs, steps):
     np.testing.assert_allclose([b.get_height() for b in right.containers[0]], 12.0)
 
 
+def check_lever_tensor_parallel(runs, steps):
+    """Each split run beside its twin without tensor parallelism: memory per rank stacked (model state, then
+    activations) and bytes per step stacked (the strategy's, then the tensor-parallel all-reduces)."""
+    fig, t = draw("lever_tensor_parallel", runs, steps)
+    pairs = _pairs(runs, "tensor_parallel")
+    assert len(pairs) > 0
+    left, right = panel(fig, "memory per rank"), panel(fig, "communication")
+    memory = {c.get_label(): c for c in left.containers}
+    np.testing.assert_allclose([b.get_height() for b in memory["without: model state"]], pairs["baseline_model_state_mib"])
+    np.testing.assert_allclose([b.get_height() for b in memory["tensor parallel: model state"]], pairs["model_state_mib"])
+    split_acts = memory["tensor parallel: activations"]
+    np.testing.assert_allclose([b.get_height() for b in split_acts], pairs["activation_mib_measured"])
+    np.testing.assert_allclose([b.get_y() for b in split_acts], pairs["model_state_mib"])  # stacked on the model state
+    comm = {c.get_label(): c for c in right.containers}
+    np.testing.assert_allclose([b.get_height() for b in comm["without: strategy"]], pairs["baseline_strategy_mb"])
+    np.testing.assert_allclose([b.get_height() for b in comm["tensor parallel: strategy"]], pairs["strategy_mb"])
+    np.testing.assert_allclose([b.get_height() for b in comm["tensor parallel: all-reduces"]],
+                               pairs["tensor_parallel_mb"].fillna(0))
+    assert [tx.get_text() for tx in left.get_xticklabels()] == list(pairs["baseline_run_id"])
+
+
 CHECKS = {name.removeprefix("check_"): fn for name, fn in globals().items() if name.startswith("check_")}
 
 

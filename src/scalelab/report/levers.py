@@ -76,7 +76,8 @@ _LEVER_TABLE_READS = (
     "activation_bytes_measured", "activation_bytes_predicted", "activation_bytes_predicted_paper",
     "recompute_flops_per_token", "flops_per_token", "model_state_bytes_measured", "model_state_bytes_predicted",
     "n_trainable_params", "n_params", "comm_all_reduce_calls_per_step", "ddp_buckets_predicted",
-    "compile_time_s", "compile_graphs_in_loop", "final_loss", "comm_bytes_per_step_measured", "comm_bytes_per_step_predicted")
+    "compile_time_s", "compile_graphs_in_loop", "final_loss", "comm_bytes_per_step_measured", "comm_bytes_per_step_predicted",
+    "comm_tensor_parallel_bytes_per_step_measured", "comm_tensor_parallel_bytes_per_step_predicted")
 
 
 Pair = Callable[[SimpleNamespace], float]
@@ -110,6 +111,19 @@ EVIDENCE: dict[str, dict[str, Pair]] = {
     "bucket_mb": {
         "all_reduce_calls_per_step": lambda r: r.comm_all_reduce_calls_per_step,
         "all_reduce_calls_predicted": lambda r: r.ddp_buckets_predicted},
+    # each rank's model state and the bytes per step, the strategy's and tensor parallelism's, measured and
+    # predicted, beside the twin without it at the same world size (lever_tensor_parallel)
+    "tensor_parallel": {
+        "model_state_mib": lambda r: r.model_state_bytes_measured / MiB,
+        "model_state_mib_predicted": lambda r: r.model_state_bytes_predicted / MiB,
+        "baseline_model_state_mib": lambda r: r.model_state_bytes_measured_base / MiB,
+        "baseline_model_state_mib_predicted": lambda r: r.model_state_bytes_predicted_base / MiB,
+        "strategy_mb": lambda r: r.comm_bytes_per_step_measured / 1e6,
+        "strategy_mb_predicted": lambda r: r.comm_bytes_per_step_predicted / 1e6,
+        "tensor_parallel_mb": lambda r: r.comm_tensor_parallel_bytes_per_step_measured / 1e6,
+        "tensor_parallel_mb_predicted": lambda r: r.comm_tensor_parallel_bytes_per_step_predicted / 1e6,
+        "baseline_strategy_mb": lambda r: r.comm_bytes_per_step_measured_base / 1e6,
+        "baseline_strategy_mb_predicted": lambda r: r.comm_bytes_per_step_predicted_base / 1e6},
     # step time without compilation, which is timed apart before the first step, and the losses (lever_compile)
     "compile": {
         "step_ms": lambda r: r.step_time_s_median * 1e3,
@@ -370,6 +384,39 @@ def compile_plot(pairs: pd.DataFrame):
     right.bar(x, ok["compile_time_s"], 0.5, color="C4")
     right.set_xticks(x, labels, rotation=45, ha="right")
     right.set(ylabel="seconds", title="compilation (before the first step)")
+    return fig
+
+
+def tensor_parallel_plot(pairs: pd.DataFrame):
+    """Left: each rank's model state and one micro-batch's activations, the twin without tensor parallelism
+    beside the split run (bars: measured; black ticks: predicted). Right: bytes per step, the twin's strategy
+    beside the split run's strategy and tensor-parallel all-reduces stacked (ticks: predicted)."""
+    fig, panels = _pair_panels(pairs)
+    if panels is None:
+        return fig
+    left, right, ok, x, labels = panels
+    for offset, state, acts, state_pred, acts_pred, name, color in (
+            (-0.2, "baseline_model_state_mib", "baseline_activation_mib_measured", "baseline_model_state_mib_predicted",
+             "baseline_activation_mib_predicted", "without", "C0"),
+            (0.2, "model_state_mib", "activation_mib_measured", "model_state_mib_predicted", "activation_mib_predicted",
+             "tensor parallel", "C5")):
+        left.bar(x + offset, ok[state], 0.4, color=color, label=f"{name}: model state")
+        left.bar(x + offset, ok[acts], 0.4, bottom=ok[state], color=color, alpha=0.45, label=f"{name}: activations")
+        left.scatter(x + offset, ok[state_pred] + ok[acts_pred], marker="_", s=300, color="black", zorder=3,
+                     label="predicted" if offset > 0 else None)
+    _pair_ticks(left, x, labels)
+    left.set(ylabel="per rank (MiB)", title="memory per rank")
+    _side_legend(left)
+    right.bar(x - 0.2, ok["baseline_strategy_mb"], 0.4, color="C0", label="without: strategy")
+    right.bar(x + 0.2, ok["strategy_mb"], 0.4, color="C5", label="tensor parallel: strategy")
+    right.bar(x + 0.2, ok["tensor_parallel_mb"].fillna(0), 0.4, bottom=ok["strategy_mb"], color="C5", alpha=0.45,
+              label="tensor parallel: all-reduces")
+    right.scatter(x - 0.2, ok["baseline_strategy_mb_predicted"], marker="_", s=300, color="black", zorder=3, label="predicted")
+    right.scatter(x + 0.2, ok["strategy_mb_predicted"] + ok["tensor_parallel_mb_predicted"], marker="_", s=300,
+                  color="black", zorder=3)
+    _pair_ticks(right, x, labels)
+    right.set(ylabel="MB per optimizer step (rank 0)", title="communication")
+    _side_legend(right)
     return fig
 
 
