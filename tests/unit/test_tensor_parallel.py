@@ -78,3 +78,20 @@ def test_a_ranks_parameters_are_its_share_of_the_split_linears_and_the_rest_whol
     assert accounting.data_parallel_size(8, 2) == 4
     with pytest.raises(ValueError, match="does not divide"):
         accounting.data_parallel_size(6, 4)
+
+
+def test_the_report_pairs_a_split_run_with_its_twin_whose_micro_batch_is_its_share(tmp_path):
+    """At one world size and global batch a tensor-parallel run's data-parallel rank takes T times its twin's
+    micro-batch: the lever table pairs them on everything else (the accumulation too), as the report draws them."""
+    from scalelab.harness.fixtures import synthetic_results
+    from scalelab.report.levers import lever_pairs, lever_table
+    from scalelab.report.report import load_tables
+
+    synthetic_results(tmp_path, n_runs=96, n_steps=5)
+    runs, _ = load_tables(tmp_path)
+    split = runs["tensor_parallel"] == 2
+    assert split.any()
+    runs.loc[split, "micro_batch"] *= 2  # as a real split run resolves it
+    pairs = lever_pairs(lever_table(runs), "tensor_parallel")
+    assert sorted(pairs["run_id"]) == sorted(runs.loc[split, "run_id"])
+    assert all(b == r.removesuffix("-tp2") for r, b in zip(pairs["run_id"], pairs["baseline_run_id"]))

@@ -66,6 +66,13 @@ def lever_points() -> list:
     return [p for turn in turns for p in turn if p is not None][:96 - len(BASELINES)]
 
 
+def _tensor_parallel_columns(point) -> dict:
+    """Tensor parallelism's all-reduces: four per block (the synthetic model's 2) of B T d values (T 256, d 64), fp32."""
+    nbytes = 0.0 if point.tensor_parallel == 1 else 2.0 * 4 * 2 * PER_RANK_BATCH * 256 * 64 * 4
+    return {"comm_tensor_parallel_bytes_per_step_measured": nbytes, "comm_tensor_parallel_bytes_per_step_predicted": nbytes,
+            "comm_tensor_parallel_link": "intra_node" if point.tensor_parallel > 1 else None}
+
+
 def synthetic_results(out_dir: str | Path, n_runs: int = 24, n_steps: int = 60, seed: int = 0) -> dict:
     """n_runs runs. Runs 0-23: baselines (fp32, every stage, world sizes 1-32); runs 24-95: the
     baselines again with one lever of scalelab.plan.sweep.LEVER_AXES each away from its default (the
@@ -123,6 +130,7 @@ def synthetic_results(out_dir: str | Path, n_runs: int = 24, n_steps: int = 60, 
             "model_state_bytes_predicted": pred.total, "model_state_bytes_predicted_paper": paper.total,
             "comm_bytes_per_step_measured": comm, "comm_bytes_per_step_predicted": comm,
             "comm_bytes_per_step_predicted_paper": comm_paper,
+            **_tensor_parallel_columns(point),
             **dict(zip(("param_gather_dtype", "grad_reduce_dtype"),
                        dataclasses.astuple(accounting.comm_dtypes(precision, stage, point.grad_reduce)))),
             "peak_rss_bytes": int(3e8 * rng.uniform(0.98, 1.02)),

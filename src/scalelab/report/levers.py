@@ -60,7 +60,13 @@ def _paired(runs: pd.DataFrame, lever: str, defaults: dict[str, pd.Series]) -> p
     # Every other axis equal: the main ones (precision, stage, world size, model) and the other levers,
     # whose default may take more than one value (bucket_mb: 25 under DDP, none under FSDP2).
     key = [a for a in SWEEP_AXES if a != lever and a in runs]
+    if lever == "tensor_parallel":
+        # a split run's micro-batch is its data-parallel rank's share (T times its twin's), and it has no DDP buckets
+        key = [a for a in key if a not in ("micro_batch", "bucket_mb")]
     merged = variants.merge(bases, on=key, suffixes=("", "_base"))
+    if lever == "tensor_parallel" and "accumulation_steps" in merged:  # the same accumulation where both ran to say it
+        mine, theirs = merged["accumulation_steps"], merged["accumulation_steps_base"]
+        merged = merged[(mine == theirs) | mine.isna() | theirs.isna()]
     # One twin per variant: where several baseline runs share its configuration (results copied
     # together, replicas), the one whose run id sorts first (fp32-z0-w2 before fp32-z0-w2-r1).
     merged = merged.sort_values(["run_id", "run_id_base"]).drop_duplicates("run_id", keep="first")
@@ -77,7 +83,7 @@ _LEVER_TABLE_READS = (
     "recompute_flops_per_token", "flops_per_token", "model_state_bytes_measured", "model_state_bytes_predicted",
     "n_trainable_params", "n_params", "comm_all_reduce_calls_per_step", "ddp_buckets_predicted",
     "compile_time_s", "compile_graphs_in_loop", "final_loss", "comm_bytes_per_step_measured", "comm_bytes_per_step_predicted",
-    "comm_tensor_parallel_bytes_per_step_measured", "comm_tensor_parallel_bytes_per_step_predicted")
+    "comm_tensor_parallel_bytes_per_step_measured", "comm_tensor_parallel_bytes_per_step_predicted", "accumulation_steps")
 
 
 Pair = Callable[[SimpleNamespace], float]
@@ -200,7 +206,7 @@ def _not_run_text(pairs: pd.DataFrame) -> str | None:
     bad = pairs if pairs.empty else pairs[(pairs["status"] != "ok") | (pairs["reason"].notna() if "reason" in pairs else False)]
     if not pairs.empty and len(bad) < len(pairs):
         return None
-    reasons = sorted(set(bad["reason"].fillna("").str.slice(0, 150)))
+    reasons = sorted(set(bad["reason"].fillna("").str.slice(0, 150))) if "reason" in bad else []
     return "no run with this lever finished ok:\n" + "\n".join(reasons[:3])
 
 
@@ -240,6 +246,11 @@ def _pair_ticks(ax, x, labels) -> None:
 
 def _side_legend(ax) -> None:
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
+
+
+def _legend_below(ax) -> None:
+    """Under the panel, clear of its rotated tick labels and of the panel beside it."""
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.38), ncol=2, fontsize=7)
 
 
 def _config_label(runs: pd.DataFrame) -> pd.Series:
@@ -406,7 +417,7 @@ def tensor_parallel_plot(pairs: pd.DataFrame):
                      label="predicted" if offset > 0 else None)
     _pair_ticks(left, x, labels)
     left.set(ylabel="per rank (MiB)", title="memory per rank")
-    _side_legend(left)
+    _legend_below(left)
     right.bar(x - 0.2, ok["baseline_strategy_mb"], 0.4, color="C0", label="without: strategy")
     right.bar(x + 0.2, ok["strategy_mb"], 0.4, color="C5", label="tensor parallel: strategy")
     right.bar(x + 0.2, ok["tensor_parallel_mb"].fillna(0), 0.4, bottom=ok["strategy_mb"], color="C5", alpha=0.45,
@@ -416,7 +427,7 @@ def tensor_parallel_plot(pairs: pd.DataFrame):
                   color="black", zorder=3)
     _pair_ticks(right, x, labels)
     right.set(ylabel="MB per optimizer step (rank 0)", title="communication")
-    _side_legend(right)
+    _legend_below(right)
     return fig
 
 
