@@ -94,3 +94,30 @@ def test_a_ranks_activations_are_the_split_formula(tp_runs, point):
 def test_bf16_under_tensor_parallelism_trains_beside_fp32(tp_runs):
     bf16, fp32 = tp_runs[POINTS[3]][1], tp_runs[POINTS[2]][1]
     np.testing.assert_allclose(bf16["loss"].to_numpy(), fp32["loss"].to_numpy(), rtol=2e-2)
+
+
+def test_checkpointing_and_compile_compose_with_tensor_parallelism(tmp_path, tiny_data):
+    """GPT-2, TP 2 under ZeRO-3 over 2 ranks: with per-block checkpointing the same losses, each block's input
+    kept (exact) and one more forward all-reduce per block (the recomputed attention projection's: exact);
+    compiled, the same losses, no recompilation in the loop, its TP bytes not counted (its graphs run them) and
+    its activations an upper bound, as the columns say."""
+    from scalelab.plan.sweep import RunPoint
+    from support import run_point, tiny_config
+
+    cfg = tiny_config(train={"steps": TP_STEPS, "warmup_steps": 1}, planning={"launch_overcommitted": True})
+    cfg["model"].update(n_heads=4, d_model=64)
+    base = run_point(tmp_path, tiny_data, RunPoint("fp32", 3, 2), cfg=cfg)
+    ac = run_point(tmp_path, tiny_data, RunPoint("fp32", 3, 2, tensor_parallel=2, activation_checkpointing=True), cfg=cfg)
+    compiled = run_point(tmp_path, tiny_data, RunPoint("fp32", 3, 2, tensor_parallel=2, compile=True), cfg=cfg)
+    for summary, steps, _ in (ac, compiled):
+        assert summary["status"] == "ok", summary["reason"]
+        np.testing.assert_allclose(steps["loss"].to_numpy(), base[1]["loss"].to_numpy(), rtol=1e-5)
+    s = ac[0]
+    assert s["activation_bytes_measured"] == s["activation_bytes_predicted"]
+    assert s["comm_tensor_parallel_bytes_per_step_measured"] == s["comm_tensor_parallel_bytes_per_step_predicted"]
+    assert s["comm_tensor_parallel_bytes_per_step_measured"] == 2 * 5 * cfg["model"]["n_layers"] * s["micro_batch"] * \
+        s["seq_len"] * s["d_model"] * 4
+    s = compiled[0]
+    assert s["compile_graphs_in_loop"] == 0 and s["comm_tensor_parallel_bytes_per_step_measured"] is None
+    assert s["predicted_peak_bound"].startswith("upper bound: compiled blocks under tensor parallelism")
+    assert s["activation_bytes_measured"] < s["activation_bytes_predicted"]

@@ -613,8 +613,8 @@ def _tensor_parallel_step(point: Point, machine: Machine, micro: int, accumulati
     if t == 1:
         return {"bytes": 0.0, "calls": 0, "seconds": 0.0, "link": None, "exposed": True}
     nbytes = sum(accounting.tensor_parallel_comm(cfg, micro, accumulation, t, point.precision, strategy(point.key).stage,
-                                                 "cuda").values())
-    calls = 4 * cfg.n_layers * accumulation
+                                                 "cuda", point.activation_checkpointing).values())
+    calls = (5 if point.activation_checkpointing else 4) * cfg.n_layers * accumulation
     link = machine.intra if t <= machine.per_node else machine.inter
     if link is None:
         raise EstimateError(f"--tensor-parallel {t} spans nodes of {machine.per_node} GPUs: give --inter-node")

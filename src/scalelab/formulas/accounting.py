@@ -373,7 +373,7 @@ def data_parallel_size(world_size: int, tensor_parallel: int) -> int:
 
 
 def tensor_parallel_comm(cfg: ModelConfig, micro_batch: int, accumulation_steps: int, degree: int, precision: str,
-                         zero_stage: int = 0, device_type: str = "cpu") -> dict[str, float]:
+                         zero_stage: int = 0, device_type: str = "cpu", activation_checkpointing: bool = False) -> dict[str, float]:
     """Bytes one rank hands to tensor parallelism's collectives per optimizer step (the module doc's
     unit: an all-reduce of S bytes counts 2 S), by direction: four all-reduces per block and
     micro-batch of B T d values each, over the T ranks of the rank's tensor-parallel group.
@@ -382,13 +382,16 @@ def tensor_parallel_comm(cfg: ModelConfig, micro_batch: int, accumulation_steps:
     width (4 in fp32; 2 under autocast). ``backward``: the gradients of the colwise linears' inputs
     (the norms' outputs), at the norm output's width: fp32 under autocast over fp32 parameters (a
     norm of an fp32 residual stream), the compute width with FSDP2's 16-bit parameters on a CPU, fp32
-    on a GPU (CUDA's autocast runs norms in fp32)."""
+    on a GPU (CUDA's autocast runs norms in fp32). ``activation_checkpointing``: backward recomputes each block's
+    forward up to the last tensor it needs, the attention projection's all-reduce again but not the MLP's (torch's
+    non-reentrant checkpoint stops there; measured): one more forward all-reduce per block."""
     if degree == 1:
         return {"forward": 0.0, "backward": 0.0}
-    values = 2 * cfg.n_layers * accumulation_steps * micro_batch * cfg.seq_len * cfg.d_model  # two all-reduces each way
+    values = cfg.n_layers * accumulation_steps * micro_batch * cfg.seq_len * cfg.d_model  # per all-reduce per block
     width = DTYPE_BYTES[precision]
     norm_width = width if _sixteen_bit_params(precision, zero_stage) and device_type != "cuda" else 4
-    return {"forward": 2 * values * width, "backward": 2 * values * (4 if precision == "fp32" else norm_width)}
+    forward_calls = 3 if activation_checkpointing else 2
+    return {"forward": 2 * forward_calls * values * width, "backward": 2 * 2 * values * (4 if precision == "fp32" else norm_width)}
 
 
 def activation_bytes_per_layer(seq_len: int, micro_batch: int, d_model: int, n_heads: int,

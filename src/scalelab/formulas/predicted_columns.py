@@ -115,7 +115,7 @@ def worker_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -> dic
         paper_elements = accounting.comm_elements_per_step(n_params, stage, world_size, accum, "paper", replicas)
     custom = cfg.module is not None
     device_type = row["device_type"]
-    tp_bytes = sum(accounting.tensor_parallel_comm(cfg, micro, accum, degree, precision, stage, device_type).values())
+    tp_bytes = sum(accounting.tensor_parallel_comm(cfg, micro, accum, degree, precision, stage, device_type, ac).values())
     links = accounting.comm_bytes_by_link(n_params, stage, world_size, precision, rank_hosts.count(rank_hosts[0]), replicas,
                                           grad_reduce, accum, n_trainable, tensor_parallel=degree)
     return {
