@@ -95,3 +95,25 @@ def test_the_report_pairs_a_split_run_with_its_twin_whose_micro_batch_is_its_sha
     pairs = lever_pairs(lever_table(runs), "tensor_parallel")
     assert sorted(pairs["run_id"]) == sorted(runs.loc[split, "run_id"])
     assert all(b == r.removesuffix("-tp2") for r, b in zip(pairs["run_id"], pairs["baseline_run_id"]))
+
+
+def test_estimate_memory_takes_each_ranks_share_under_tensor_parallelism(capsys):
+    """--tensor-parallel T: each rank holds its share of the blocks' linears, the stage works over the N/T
+    data-parallel ranks; without the model's shape it stops, naming why."""
+    import json
+
+    from scalelab.cli import main
+    from scalelab.spec.presets import PRESETS
+
+    assert main(["estimate", "memory", "--model", "llama3-8b", "--world-size", "16", "--tensor-parallel", "8",
+                 "--precision", "bf16", "--zero-stage", "0", "3", "--micro-batch", "1", "--unit", "GB", "--json"]) == 0
+    rows = {r["zero_stage"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    cfg = ModelConfig(**PRESETS["llama3-8b"].shape)
+    local = accounting.tensor_parallel_params(cfg, accounting.param_count(cfg), 8)
+    assert rows[0]["pytorch_total_gb"] == pytest.approx(16 * local / 1e9)
+    assert rows[3]["pytorch_total_gb"] == pytest.approx(16 * local / 2 / 1e9)  # ZeRO-3 over 2 data-parallel ranks
+    assert rows[3]["tensor_parallel"] == 8 and rows[3]["peak_gb"] < rows[0]["peak_gb"]
+    assert main(["estimate", "memory", "--params", "7e9", "--world-size", "8", "--tensor-parallel", "8"]) == 2
+    assert "--tensor-parallel needs the model's shape" in capsys.readouterr().err
+    assert main(["estimate", "memory", "--model", "llama3-8b", "--world-size", "12", "--tensor-parallel", "8"]) == 2
+    assert "--tensor-parallel 8 does not divide --world-size 12" in capsys.readouterr().err

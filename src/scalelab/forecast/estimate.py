@@ -152,16 +152,29 @@ def memory_table(args) -> dict:
     n_params, cfg = _model(args)
     world_size = int(_positive("world-size", args.world_size))
     scale, u = UNITS[args.unit], args.unit.lower()  # JSON keys follow the unit: *_gib or *_gb
+    t = int(_positive("tensor-parallel", getattr(args, "tensor_parallel", 1)))
+    local, data_ranks, block_params = n_params, world_size, None
+    if t > 1:  # each rank's share of the split linears, the strategy over the data-parallel ranks
+        from scalelab.spec.families import tensor_parallel_split_params
+
+        if cfg is None or cfg.module:
+            raise EstimateError("--tensor-parallel needs the model's shape (--model NAME or the shape flags): what it "
+                                "splits is the blocks' linears")
+        if world_size % t:
+            raise EstimateError(f"--tensor-parallel {t} does not divide --world-size {world_size}")
+        local, data_ranks = accounting.tensor_parallel_params(cfg, n_params, t), world_size // t
+        block_params = accounting.block_param_count(cfg) - tensor_parallel_split_params(cfg) * (1 - 1 / t)
     rows = []
     for precision, stage in _table_points(args):
-        real = accounting.model_state_bytes(n_params, stage, world_size, precision, "pytorch")
-        paper = accounting.model_state_bytes(n_params, stage, world_size, precision, "paper")
-        row = {"precision": precision, "zero_stage": stage, "world_size": world_size,
+        real = accounting.model_state_bytes(local, stage, data_ranks, precision, "pytorch")
+        paper = accounting.model_state_bytes(local, stage, data_ranks, precision, "paper")
+        row = {"precision": precision, "zero_stage": stage, "world_size": world_size, "tensor_parallel": t,
                f"pytorch_params_{u}": real.params / scale, f"pytorch_grads_{u}": real.grads / scale,
                f"pytorch_optimizer_{u}": real.optimizer / scale, f"pytorch_total_{u}": real.total / scale,
                f"paper_total_{u}": paper.total / scale}
         if cfg is not None and args.micro_batch:
-            peak = accounting.peak_memory(cfg, n_params, stage, world_size, precision, args.micro_batch)
+            peak = accounting.peak_memory(cfg, local, stage, data_ranks, precision, args.micro_batch, block_params=block_params,
+                                          tensor_parallel=t)
             row[f"activations_{u}"] = peak.activations / scale
             row[f"peak_{u}"] = peak.total / scale
         rows.append(row)
@@ -834,7 +847,11 @@ def render(kind: str, result: dict) -> str:
         u = result["unit"].lower()
         named = f"{result['model']} ({result['family']}, {result['n_params']:,} parameters)" if "model" in result else \
             f"{_human(result['n_params'])} parameters"
-        lines.append(f"model state per rank for {named} at world size {result['world_size']} ({result['unit']})")
+        tp = result["rows"][0].get("tensor_parallel", 1) if result["rows"] else 1
+        lines.append(f"model state per rank for {named} at world size {result['world_size']}"
+                     + (f" = {result['world_size'] // tp} data-parallel x {tp} tensor-parallel ranks (each holds 1/{tp} of "
+                        "the blocks' linears; the stage works over the data-parallel ranks)" if tp > 1 else "")
+                     + f" ({result['unit']})")
         extra = f"activations_{u}" in result["rows"][0]
         head = f"{'precision':<9} {'stage':>5} {'params':>10} {'grads':>10} {'optimizer':>10} {'total':>10} {'paper':>10}"
         lines.append(head + (f" {'activ.':>10} {'peak':>10}" if extra else ""))
@@ -999,6 +1016,8 @@ def add_parser(sub) -> None:
     table_filters(m)
     m.add_argument("--unit", choices=list(UNITS), default="GiB", help="GiB (2^30 bytes, default) or GB (10^9, the ZeRO paper's)")
     m.add_argument("--micro-batch", type=int, help="sequences per rank per step: adds activations and the in-step peak (needs the shape)")
+    m.add_argument("--tensor-parallel", type=whole_count, default=1, metavar="T",
+                   help="ranks that split every block's linears (needs the shape; default 1: none)")
     t = kinds.add_parser("time", help="days to train")
     model_flags(t)
     t.add_argument("--tokens", type=count, required=True, help="training tokens, e.g. 1T or 1e12")
