@@ -39,6 +39,8 @@ def test_tensor_parallel_fp32_follows_the_single_process(tp_runs, point):
     assert summary["run_id"] == f"fp32-z{point[1]}-w{point[2]}-tp2"
     single, single_steps, single_dir = tp_runs[POINTS[0]]
     np.testing.assert_allclose(steps["loss"].to_numpy(), single_steps["loss"].to_numpy(), rtol=1e-5, atol=0)
+    # the clipped norm too: AdamW alone would not show a wrong one (it is invariant to a gradient's scale)
+    np.testing.assert_allclose(steps["grad_norm"].to_numpy(), single_steps["grad_norm"].to_numpy(), rtol=1e-5)
     final, reference = torch.load(run_dir / "final_params.pt"), torch.load(single_dir / "final_params.pt")
     assert final.keys() == reference.keys()
     for name, ref in reference.items():

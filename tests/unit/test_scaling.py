@@ -336,7 +336,7 @@ def test_tensor_parallel_collectives_are_on_the_critical_path_over_their_link(ca
     assert result["rows"][0]["collective_bytes"] == {}  # one data-parallel rank: no strategy traffic
     one = json.loads(_estimate(capsys, *base, "--gpus", "8", "--json")[1])["rows"][0]
     assert result["rows"][0]["peak_memory_bytes"] < one["peak_memory_bytes"]  # 1/8 of the blocks' weights and activations
-    code, out, _ = _estimate(capsys, *base, "--tensor-parallel", "16", "--gpus", "16", "--json")
-    assert code == 0 and json.loads(out)["rows"][0]["tensor_parallel_comm"]["link"] == "ib-ndr"  # 16 > 8 per node
-    code, _, err = _estimate(capsys, *base, "--tensor-parallel", "3", "--gpus", "8")
-    assert code == 2 and "--tensor-parallel 3 does not divide 8 GPUs" in err
+    code, out, _ = _estimate(capsys, *base, "--tensor-parallel", "8", "--gpus", "16", "--gpus-per-node", "4", "--json")
+    assert code == 0 and json.loads(out)["rows"][0]["tensor_parallel_comm"]["link"] == "ib-ndr"  # 8 > 4 per node
+    code, _, err = _estimate(capsys, *base, "--tensor-parallel", "4", "--gpus", "6")
+    assert code == 2 and "--tensor-parallel 4 does not divide 6 GPUs" in err

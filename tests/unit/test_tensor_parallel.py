@@ -30,6 +30,7 @@ def test_tensor_parallel_runs_with_stage_0_alone_and_with_fsdp2_over_the_data_pa
     ({"zero_stage": [3], "world_size": [2], "tp": 4}, "does not divide world_size=2"),
     ({"zero_stage": [3], "world_size": [2], "lora_rank": [4]}, "LoRA adapters on split linears"),
     ({"zero_stage": [3], "world_size": [2], "precision": ["fp8"]}, "float8 linears are not split"),
+    ({"zero_stage": [3], "world_size": [2], "precision": ["fp16"]}, "fp16 with tensor parallelism is not run yet"),
 ])
 def test_what_tensor_parallelism_is_not_run_with_is_said(overrides, left_out):
     """A tensor-parallel degree no point of the sweep can take stops the plan with the reason."""
@@ -117,3 +118,43 @@ def test_estimate_memory_takes_each_ranks_share_under_tensor_parallelism(capsys)
     assert "--tensor-parallel needs the model's shape" in capsys.readouterr().err
     assert main(["estimate", "memory", "--model", "llama3-8b", "--world-size", "12", "--tensor-parallel", "8"]) == 2
     assert "--tensor-parallel 8 does not divide --world-size 12" in capsys.readouterr().err
+
+
+def test_tensor_parallel_runs_need_a_warm_up_step_to_count_their_collectives():
+    cfg = tiny_config(sweep={"precision": ["fp32"], "zero_stage": [3], "world_size": [2], "tensor_parallel": [2]},
+                      train={"warmup_steps": 0})
+    cfg["model"].update(n_heads=4, d_model=32)
+    with pytest.raises(ConfigError, match=r"train\.warmup_steps >= 1"):
+        sweep_plan(cfg)
+
+
+def test_plan_and_estimates_refuse_a_degree_that_does_not_split_the_model(capsys):
+    """As a run would: the degree must divide the heads, key/value heads and MLP width (llama3-8b: 32, 8, 14336);
+    the plan ranks tensor parallelism only as scalelab runs it (stages 2-3, or stage 0 as one group)."""
+    import json
+
+    from scalelab.cli import main
+
+    assert main(["estimate", "scaling", "--model", "llama3-8b", "--zero-stage", "3", "--gpu", "H100", "--gpus", "6",
+                 "--tensor-parallel", "3"]) == 2
+    assert "--tensor-parallel 3 does not divide the model's n_heads 32" in capsys.readouterr().err
+    ask = ["plan", "--model", "llama3-8b", "--gpus", "64", "--gpu", "H100", "--inter-node", "ib-ndr", "--global-batch", "512",
+           "--seq", "8192", "--tokens", "1T"]
+    with pytest.raises(SystemExit):
+        main([*ask, "--tensor-parallel", "3"])
+    assert "--tensor-parallel 3 does not divide" in capsys.readouterr().err
+    assert main([*ask, "--json"]) == 0
+    split = [r for r in json.loads(capsys.readouterr().out)["rows"] if r["tensor_parallel"] > 1]
+    assert split and {r["strategy"] for r in split} == {2, 3} and {r["precision"] for r in split} == {"bf16"}
+
+
+def test_an_exported_torchtitan_config_carries_the_tensor_parallel_degree():
+    """The data-parallel degrees are the world over T, the global batch the data-parallel ranks' shares."""
+    from scalelab.report.export import not_carried, torchtitan_toml
+
+    row = {"run_id": "bf16-z3-w4-tp2", "tokens_per_s": 1000.0, "zero_stage": 3, "world_size": 4, "tensor_parallel": 2,
+           "replicas": 1, "precision": "bf16", "micro_batch": 4, "accumulation_steps": 1, "seq_len": 64, "grad_clip": 1.0}
+    toml = torchtitan_toml(row)
+    assert "tensor_parallel_degree = 2" in toml and "data_parallel_shard_degree = 2" in toml
+    assert "global_batch_size = 8" in toml  # 4 sequences x 2 data-parallel ranks
+    assert any("tensor parallelism over 2 ranks" in line for line in not_carried(row))

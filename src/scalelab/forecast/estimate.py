@@ -157,9 +157,7 @@ def memory_table(args) -> dict:
     if t > 1:  # each rank's share of the split linears, the strategy over the data-parallel ranks
         from scalelab.spec.families import tensor_parallel_split_params
 
-        if cfg is None or cfg.module:
-            raise EstimateError("--tensor-parallel needs the model's shape (--model NAME or the shape flags): what it "
-                                "splits is the blocks' linears")
+        check_tensor_parallel(cfg, t)
         if world_size % t:
             raise EstimateError(f"--tensor-parallel {t} does not divide --world-size {world_size}")
         local, data_ranks = accounting.tensor_parallel_params(cfg, n_params, t), world_size // t
@@ -617,6 +615,23 @@ def predict_point(point: Point, machine: Machine, n: int) -> dict:
             "flops_per_token": fpt, "recompute_flops_per_token": hardware_fpt - fpt}
 
 
+def check_tensor_parallel(cfg: ModelConfig | None, degree: int) -> None:
+    """EstimateError where a model cannot be split ``degree`` ways as a run would refuse it (no shape, no family
+    plan, heads, key/value heads or the MLP's width the degree does not divide: scalelab.plan.run_plan)."""
+    from scalelab.config import ConfigError
+    from scalelab.plan.run_plan import tensor_parallel_problem
+
+    if degree == 1:
+        return
+    if cfg is None:
+        raise EstimateError("--tensor-parallel needs the model's shape (--model NAME or the shape flags): what it splits "
+                            "is the blocks' linears")
+    try:
+        tensor_parallel_problem(cfg, degree)
+    except ConfigError as err:
+        raise EstimateError(str(err).replace("sweep.tensor_parallel=", "--tensor-parallel ")) from None
+
+
 def _tensor_parallel_step(point: Point, machine: Machine, micro: int, accumulation: int) -> dict:
     """Tensor parallelism's all-reduces in a step (accounting.tensor_parallel_comm: four per block and
     micro-batch of B T d values) over a group of T GPUs, within a node where T fits one: their time is on
@@ -715,6 +730,7 @@ def scaling_table(args) -> dict:
     global_batch = getattr(args, "global_batch", None)
     checkpointing = bool(getattr(args, "activation_checkpointing", False))
     tensor_parallel = int(_positive("tensor-parallel", getattr(args, "tensor_parallel", 1)))
+    check_tensor_parallel(cfg, tensor_parallel)
     point = Point(cfg=cfg, n_params=n_params, key=key, precision=args.precision, grad_reduce=args.grad_reduce,
                   micro_batch=micro, global_batch=global_batch, activation_checkpointing=checkpointing,
                   tensor_parallel=tensor_parallel)

@@ -51,15 +51,30 @@ TENSOR_PARALLEL = (1, 2, 4, 8)
 
 def tensor_parallel_degrees(cfg, gpus: int, per_node: int, asked: list[int] | None = None) -> list[int]:
     """The degrees a model can be split by on this cluster (a family's plan; heads, key/value heads and the
-    MLP's width divisible; within a node, so its all-reduces stay on the intra-node link)."""
-    from scalelab.spec.families import family
+    MLP's width divisible; within a node, so its all-reduces stay on the intra-node link). A degree asked
+    for (--tensor-parallel) that cannot be is an EstimateError naming why."""
+    from scalelab.forecast.estimate import check_tensor_parallel
 
-    record = family(cfg.family)
-    if cfg.module or not record.tensor_parallel:
-        return [1]
-    sizes = (cfg.n_heads, cfg.n_kv_heads or cfg.n_heads, record.mlp_width(cfg))
-    return [t for t in (asked or TENSOR_PARALLEL)
-            if t == 1 or (t <= per_node and gpus % t == 0 and all(size % t == 0 for size in sizes))]
+    fits = []
+    for t in asked or TENSOR_PARALLEL:
+        try:
+            check_tensor_parallel(cfg, t)
+            if t > per_node or gpus % t:
+                raise EstimateError(f"--tensor-parallel {t} does not fit a node of {per_node} GPUs and divide --gpus {gpus}")
+            fits.append(t)
+        except EstimateError:
+            if asked:
+                raise
+    return fits
+
+
+def runs_with_tensor_parallelism(precision: str, key, gpus: int, degree: int) -> bool:
+    """Whether scalelab runs (and so can check) this combination (scalelab.plan.sweep's rules): stages 2 and 3
+    over the data-parallel ranks, stage 0 where every GPU is in the one tensor-parallel group; not fp8 or fp16,
+    not stage 1 nor hybrid sharding."""
+    if degree == 1:
+        return True
+    return precision not in ("fp8", "fp16") and key not in (1, HYBRID_KEY) and (key != 0 or gpus == degree)
 
 
 def candidates(product, precisions: list[str] | None, gpus: int, per_node: int) -> list[tuple[str, int | str]]:
@@ -101,7 +116,7 @@ def plan(args) -> dict:
             peak = bf16_peak * fp8["ratio_estimate"]
         else:
             peak = accounting.gpu_peak_flops(args.gpu, precision)
-        for t in degrees if key != HYBRID_KEY else [1]:  # hybrid sharding with tensor parallelism: not predicted
+        for t in [t for t in degrees if runs_with_tensor_parallelism(precision, key, n, t)]:
             share = args.global_batch // (n // t)  # each tensor-parallel group's share
             for micro in [m for m in MICRO_BATCHES if share % m == 0]:
                 for checkpointing in (False, True):
@@ -142,7 +157,9 @@ def plan(args) -> dict:
                 "reserve": RESERVE["source"] if args.reserve_gib is None else "--reserve-gib",
                 "fp8": fp8 if product.peak("fp8") else None,
                 "tensor_parallel": f"degrees {', '.join(map(str, degrees))} (within a node; their all-reduces on the "
-                                   "critical path: estimate scaling --tensor-parallel)",
+                                   "critical path: estimate scaling --tensor-parallel), as scalelab runs them: with ZeRO "
+                                   "stages 2 and 3 over the data-parallel ranks, or stage 0 where all GPUs are one "
+                                   "tensor-parallel group; not with fp8, fp16, stage 1 or hybrid sharding",
                 "out_of_scope": "pipeline and sequence parallelism, hybrid sharding with tensor parallelism, CPU offload, "
                                 "LoRA; the model's memory is the formula a run measures "
                                 "(scalelab.formulas.accounting.peak_memory)"},
@@ -238,7 +255,7 @@ def add_parser(sub) -> None:
     p.add_argument("--precision", nargs="+", choices=list(PRECISION_NAMES), default=None,
                    help="only these precisions (default: bf16, and fp8 where the GPU has FP8 tensor cores)")
     p.add_argument("--reserve-gib", type=float, default=None, help="device memory the prediction does not count "
-                   f"(default {RESERVE['fixed_gib']:g} GiB + {RESERVE['share']:.0%} of the GPU's memory)")
+                   f"(default {RESERVE['fixed_gib']:g} GiB + {RESERVE['share'] * 100:.0f}%% of the GPU's memory)")
     p.add_argument("--tensor-parallel", nargs="+", type=whole_count, default=None, metavar="T",
                    help=f"only these tensor-parallel degrees (default: {', '.join(map(str, TENSOR_PARALLEL))}, those within a "
                         "node that split the model evenly; 1 = none)")

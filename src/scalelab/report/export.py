@@ -126,11 +126,20 @@ def not_carried(row: dict) -> list[str]:
         out.append("CPU offload of parameters, gradients and optimizer state (FSDP's offload policy)")
     if str(row.get("grad_reduce") or "fp32") not in ("fp32", "None"):
         out.append(f"gradients reduced in the compute dtype (grad_reduce {row['grad_reduce']})")
+    if _tensor_parallel(row) > 1:
+        out.append(f"tensor parallelism over {_tensor_parallel(row)} ranks (torchtitan: tensor_parallel_degree, written "
+                   "above; Hugging Face's Trainer and Lightning's FSDP strategy here: not carried)")
     return out
 
 
+def _tensor_parallel(row: dict) -> int:
+    return int(_plain(row.get("tensor_parallel")) or 1)
+
+
 def _micro(row: dict) -> int:
-    return int(row["micro_batch"]) if _plain(row.get("micro_batch")) is not None else int(row["global_batch"]) // int(row["world_size"])
+    if _plain(row.get("micro_batch")) is not None:
+        return int(row["micro_batch"])
+    return int(row["global_batch"]) // (int(row["world_size"]) // _tensor_parallel(row))
 
 
 def _replicas(row: dict) -> int:
@@ -138,7 +147,8 @@ def _replicas(row: dict) -> int:
 
 
 def torchtitan_toml(row: dict) -> str:
-    stage, n, replicas = int(row["zero_stage"]), int(row["world_size"]), _replicas(row)
+    stage, replicas, tp = int(row["zero_stage"]), _replicas(row), _tensor_parallel(row)
+    n = int(row["world_size"]) // tp  # the data-parallel ranks (the world under no tensor parallelism)
     precision = str(row["precision"])
     lines = [f"# scalelab run {row['run_id']}: {row['tokens_per_s']:.0f} tokens/s on {n} rank(s) ({row.get('device_name', '')}); "
              f"{row.get('_standing', '')}",
@@ -153,6 +163,8 @@ def torchtitan_toml(row: dict) -> str:
                          "forward keeps them gathered, as stage 2 does")
         lines += [f"data_parallel_replicate_degree = {replicas}", f"data_parallel_shard_degree = {n // replicas}",
                   f'fsdp_reshard_after_forward = "{"always" if stage == 3 else "never"}"']
+    if tp > 1:
+        lines.append(f"tensor_parallel_degree = {tp}  # within a node; the degrees above are the data-parallel ranks")
     micro = _micro(row)
     accumulation = int(_plain(row.get("accumulation_steps")) or 1)
     lines += ["", "[training]", f"local_batch_size = {micro}", f"global_batch_size = {micro * accumulation * n}",

@@ -250,6 +250,9 @@ def collectives_of(row: dict, world_size: int | None = None) -> tuple[dict[str, 
         raise ValueError("a LoRA run: its collectives move the trainable parameters only, which the model does not size")
     if not _missing(row.get("replicas")) and int(row["replicas"]) > 1:
         raise ValueError("hybrid sharding: its collectives over replica and shard groups are not sized by the model yet")
+    if not _missing(row.get("tensor_parallel")) and int(row["tensor_parallel"]) > 1:
+        raise ValueError("tensor parallelism: its all-reduces and its strategy over the data-parallel ranks are not in "
+                         "the step-time model yet")
     n = int(world_size or row["world_size"])
     stage, precision = int(row["zero_stage"]), row["precision"]
     k = int(row.get("accumulation_steps") or 1)
