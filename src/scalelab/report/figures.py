@@ -175,8 +175,6 @@ FIGURES: tuple[Figure, ...] = (
         caption="torch.compile (every transformer block and the loss). Left: median step time, eager twin vs "
                 "compiled run (compilation excluded). Right: compilation time, spent in a warm-up forward and backward "
                 "before the first step."),
-)
-FIGURES += (
     Figure(
         "lever_tensor_parallel", kind="lever", varies="tensor_parallel",
         draw=lambda t: _levers().tensor_parallel_plot(_levers().lever_pairs(t.levers, "tensor_parallel")),
@@ -185,7 +183,7 @@ FIGURES += (
                 "bars, predicted ticks): a rank holds its share of the blocks' linears and of what they compute. "
                 "Right: bytes per optimizer step on rank 0, the strategy's collectives (over the data-parallel ranks "
                 "under tensor parallelism) and the tensor-parallel all-reduces stacked (four per block and "
-                "micro-batch; not counted in compiled runs), measured bars, predicted ticks."),
+                "micro-batch, five with checkpointing; not counted in compiled runs), measured bars, predicted ticks."),
 )
 if len({f.name for f in FIGURES}) != len(FIGURES):
     raise ValueError("figure names must be unique")
