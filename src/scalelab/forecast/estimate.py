@@ -153,15 +153,12 @@ def memory_table(args) -> dict:
     world_size = int(_positive("world-size", args.world_size))
     scale, u = UNITS[args.unit], args.unit.lower()  # JSON keys follow the unit: *_gib or *_gb
     t = int(_positive("tensor-parallel", getattr(args, "tensor_parallel", 1)))
-    local, data_ranks, block_params = n_params, world_size, None
+    local, data_ranks = n_params, world_size
     if t > 1:  # each rank's share of the split linears, the strategy over the data-parallel ranks
-        from scalelab.spec.families import tensor_parallel_split_params
-
         check_tensor_parallel(cfg, t)
         if world_size % t:
             raise EstimateError(f"--tensor-parallel {t} does not divide --world-size {world_size}")
         local, data_ranks = accounting.tensor_parallel_params(cfg, n_params, t), world_size // t
-        block_params = accounting.block_param_count(cfg) - tensor_parallel_split_params(cfg) * (1 - 1 / t)
     rows = []
     for precision, stage in _table_points(args):
         real = accounting.model_state_bytes(local, stage, data_ranks, precision, "pytorch")
@@ -171,8 +168,7 @@ def memory_table(args) -> dict:
                f"pytorch_optimizer_{u}": real.optimizer / scale, f"pytorch_total_{u}": real.total / scale,
                f"paper_total_{u}": paper.total / scale}
         if cfg is not None and args.micro_batch:
-            peak = accounting.peak_memory(cfg, local, stage, data_ranks, precision, args.micro_batch, block_params=block_params,
-                                          tensor_parallel=t)
+            peak = accounting.peak_memory(cfg, local, stage, data_ranks, precision, args.micro_batch, tensor_parallel=t)
             row[f"activations_{u}"] = peak.activations / scale
             row[f"peak_{u}"] = peak.total / scale
         rows.append(row)
@@ -595,14 +591,9 @@ def predict_point(point: Point, machine: Machine, n: int) -> dict:
     tp = _tensor_parallel_step(point, machine, micro, accumulation)
     step_s, exposed = step.step_s + tp["seconds"], step.exposed_comm_s + tp["seconds"]  # on the critical path
     per_gpu = tokens / step_s
-    block_params = None
-    if t > 1:
-        from scalelab.spec.families import tensor_parallel_split_params
-
-        block_params = accounting.block_param_count(cfg) - tensor_parallel_split_params(cfg) * (1 - 1 / t)
     peak_mem = accounting.peak_memory(cfg, n_local, stage, dp, point.precision, micro, replicas=replicas,
                                       activation_checkpointing=point.activation_checkpointing,
-                                      accumulation_steps=accumulation, block_params=block_params, tensor_parallel=t).total
+                                      accumulation_steps=accumulation, tensor_parallel=t).total
     return {"gpus": n, "nodes": math.ceil(n / machine.per_node), "replicas": replicas, "links": used,
             "tensor_parallel": t, "data_parallel": dp, "tensor_parallel_comm": tp,
             "micro_batch": micro, "accumulation_steps": accumulation, "tokens_per_gpu_per_step": tokens,

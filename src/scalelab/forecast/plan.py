@@ -27,6 +27,7 @@ from scalelab.forecast.estimate import (
     _mfu_origin,
     _mfu_text,
     _model,
+    _replicas,
     cluster_flags,
     count,
     machine_of,
@@ -36,6 +37,7 @@ from scalelab.forecast.estimate import (
     whole_count,
 )
 from scalelab.formulas import accounting, links
+from scalelab.plan.sweep import AXIS, RunPoint
 from scalelab.spec import hardware
 from scalelab.spec.precisions import PRECISION_NAMES
 from scalelab.spec.strategies import HYBRID_KEY, ZERO_STAGES, strategy
@@ -68,15 +70,6 @@ def tensor_parallel_degrees(cfg, gpus: int, per_node: int, asked: list[int] | No
     return fits
 
 
-def runs_with_tensor_parallelism(precision: str, key, gpus: int, degree: int) -> bool:
-    """Whether scalelab runs (and so can check) this combination (scalelab.plan.sweep's rules): stages 2 and 3
-    over the data-parallel ranks, stage 0 where every GPU is in the one tensor-parallel group; not fp8 or fp16,
-    not stage 1 nor hybrid sharding."""
-    if degree == 1:
-        return True
-    return precision not in ("fp8", "fp16") and key not in (1, HYBRID_KEY) and (key != 0 or gpus == degree)
-
-
 def candidates(product, precisions: list[str] | None, gpus: int, per_node: int) -> list[tuple[str, int | str]]:
     """(precision, strategy key) pairs worth timing: bf16 (fp16 on a GPU without it) and fp8 where the GPU
     has FP8 tensor cores, or the precisions asked for; ZeRO stages 0-3, and hybrid sharding where the
@@ -87,6 +80,14 @@ def candidates(product, precisions: list[str] | None, gpus: int, per_node: int) 
     if gpus > per_node and gpus % per_node == 0:
         keys.append(HYBRID_KEY)
     return [(p, k) for p in precisions for k in keys]
+
+
+def _runs(precision: str, key, gpus: int, per_node: int, degree: int) -> bool:
+    """Whether scalelab runs (and so can check) tensor parallelism of ``degree`` with this precision and
+    strategy: the sweep's own rule (scalelab.plan.sweep, the tensor_parallel axis)."""
+    point = RunPoint(precision, strategy(key).stage, gpus, replicas=_replicas(gpus, per_node) if key == HYBRID_KEY else 1,
+                     tensor_parallel=degree)
+    return AXIS["tensor_parallel"].left_out(point, None) is None
 
 
 def plan(args) -> dict:
@@ -116,7 +117,7 @@ def plan(args) -> dict:
             peak = bf16_peak * fp8["ratio_estimate"]
         else:
             peak = accounting.gpu_peak_flops(args.gpu, precision)
-        for t in [t for t in degrees if runs_with_tensor_parallelism(precision, key, n, t)]:
+        for t in [t for t in degrees if _runs(precision, key, n, machine.per_node, t)]:
             share = args.global_batch // (n // t)  # each tensor-parallel group's share
             for micro in [m for m in MICRO_BATCHES if share % m == 0]:
                 for checkpointing in (False, True):

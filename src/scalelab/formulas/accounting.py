@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 from scalelab.config import ModelConfig
 from scalelab.spec import hardware
-from scalelab.spec.families import ActivationCase, Family, family
+from scalelab.spec.families import ActivationCase, Family, family, tensor_parallel_split_params
 from scalelab.spec.precisions import AUTOCAST, PRECISIONS, peak_key
 from scalelab.spec.precisions import precision as precision_record
 from scalelab.spec.strategies import check_replicas, strategy
@@ -359,8 +359,6 @@ def tensor_parallel_params(cfg: ModelConfig, n_params: float, degree: int) -> fl
     the rest (embeddings, norms, rowwise biases, the head) whole."""
     if degree == 1:
         return n_params
-    from scalelab.spec.families import tensor_parallel_split_params
-
     split = cfg.n_layers * tensor_parallel_split_params(cfg)
     return n_params - split + split / degree
 
@@ -788,7 +786,10 @@ def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: in
     ``bound`` says whether the figure models the step or bounds it (activation_bound).
     """
     at_rest = model_state_bytes(n_params, zero_stage, world_size, precision, "pytorch", replicas)
-    block_params = block_param_count(cfg) if block_params is None else block_params
+    if block_params is None:  # a block of the family's formula; under tensor parallelism this rank's share of it
+        block_params = block_param_count(cfg)
+        if tensor_parallel > 1:
+            block_params -= tensor_parallel_split_params(cfg) * (1 - 1 / tensor_parallel)
     check_replicas(world_size, replicas)  # a replica count the world size cannot take raises here
     state = at_rest.total if grads_at_peak(zero_stage, world_size, accumulation_steps, replicas) else at_rest.total - at_rest.grads
     gathered = comm_dtypes(precision, zero_stage).gather_bytes  # 2 for fp16/bf16 under FSDP2's MixedPrecisionPolicy

@@ -69,10 +69,6 @@ def peak(cfg: ModelConfig, n_params: int, row: Mapping, block_params: int | None
 
     stage, precision = int(row["zero_stage"]), row["precision"]
     n_params, world_size, degree = split_of(cfg, n_params, row)  # world_size: the data-parallel ranks
-    if degree > 1:  # a gathered block is this rank's share of it
-        from scalelab.spec.families import tensor_parallel_split_params
-
-        block_params = accounting.block_param_count(cfg) - tensor_parallel_split_params(cfg) * (1 - 1 / degree)
     replicas, accum = int(_value(row, "replicas", 1)), int(_value(row, "accumulation_steps", 1))
     cpu_offload = bool(_value(row, "cpu_offload", False))
     result = accounting.peak_memory(cfg, n_params, stage, world_size, precision, int(row["micro_batch"]),

@@ -27,6 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, parallelize_module
 
+from scalelab.plan.run_plan import tensor_parallel_problem
 from scalelab.spec.families import family
 
 STYLES = {"colwise": ColwiseParallel, "colwise by head": ColwiseParallel, "rowwise": RowwiseParallel}
@@ -51,21 +52,11 @@ def plan_of(model: nn.Module) -> dict[str, str]:
     return plan
 
 
-def check_shape(model: nn.Module, degree: int) -> None:
-    """Every split dimension divides by the degree: heads (and key/value heads), d_model, the MLP's width."""
-    cfg = model.cfg
-    counts = {"n_heads": cfg.n_heads, "n_kv_heads": getattr(model.blocks[0].attn, "n_kv_heads", cfg.n_heads),
-              "MLP width": family(cfg.family).mlp_width(cfg)}
-    bad = {name: n for name, n in counts.items() if n % degree}
-    if bad:
-        raise ValueError(f"tensor_parallel {degree} does not divide " + ", ".join(f"{k} {v}" for k, v in bad.items()))
-
-
 def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
     """Split every block's linears over ``mesh`` (1-D: the tensor-parallel ranks) in place."""
     plan = plan_of(model)
     degree = mesh.size()
-    check_shape(model, degree)
+    tensor_parallel_problem(model.cfg, degree)  # the planner's check (ConfigError), should a caller not have planned
     for block in model.blocks:
         for path, how in plan.items():
             if how == "colwise by head":
