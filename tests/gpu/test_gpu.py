@@ -176,6 +176,27 @@ def test_two_ranks_on_one_gpu_over_gloo_match_one_rank(gloo_on_one_gpu, stage, p
         assert abs(a["loss"] - b["loss"]) <= MULTI_RANK_RTOL[precision] * abs(a["loss"]), (stage, precision, a, b)
 
 
+@pytest.fixture(scope="module")
+def tensor_parallel_on_one_gpu(tmp_path_factory):
+    from support import strategy_steps
+
+    tmp = tmp_path_factory.mktemp("tp-cuda")
+    steps = ("--device", "cuda:0", "--steps", str(MULTI_RANK_STEPS), "--stages", "0", "--precisions", "fp32,bf16")
+    return (strategy_steps(tmp / "ws1.json", 1, *steps)[0],
+            strategy_steps(tmp / "tp2.json", 2, *steps, "--tensor-parallel", "2", timeout_s=400)[0])
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_tensor_parallel_on_one_gpu_over_gloo_matches_one_rank(tensor_parallel_on_one_gpu, precision):
+    """Tensor parallelism's CUDA path (DTensor's sharded linears, their all-reduces, the clipped norm over
+    the split parameters) with the model split over two ranks: the losses equal world size 1's."""
+    one, split = ({c["precision"]: c for c in cases}[precision] for cases in tensor_parallel_on_one_gpu)
+    assert "error" not in one, one.get("traceback")
+    assert "error" not in split, f"TP 2 over gloo with CUDA tensors: {split['error']}\n{split.get('traceback')}"
+    for a, b in zip(one["steps"], split["steps"], strict=True):
+        assert abs(a["loss"] - b["loss"]) <= MULTI_RANK_RTOL[precision] * abs(a["loss"]), (precision, a, b)
+
+
 # ----------------------------------------------------------------------------- seeing inside a GPU run (issue #45)
 
 def test_a_traced_gpu_run_has_kernels_a_memory_snapshot_and_its_gpu_state(tmp_path, gpu_data):

@@ -3,6 +3,8 @@ MASTER_PORT in its environment): for each stage x precision asked for, scalelab'
 wrapper, optimizer and loss scaler (scalelab.run.parallel, scalelab.run.precision) take
 steps as the worker takes them (scale, backward, unscale, clip, step, update) on one global batch
 split over the ranks, over gloo, on the CPU or on a GPU (every rank on the same one).
+``--tensor-parallel T``: the model split over T ranks first (the worker's 2-D mesh, data-parallel
+outer), the batch split over the data-parallel ranks only.
 
 Recorded per case: the global loss of each step, whether the optimizer is fused, what the scaler
 hands the optimizer's kernel (found_inf, grad_scale: shape and value), the loss scale around each
@@ -43,14 +45,23 @@ def record_hand_over(optimizer, seen: list) -> None:
     optimizer.step = step
 
 
-def case(stage: int, precision: str, device: torch.device, steps: int, inject_inf: bool) -> dict:
+def case(stage: int, precision: str, device: torch.device, steps: int, inject_inf: bool, tensor_parallel: int = 1) -> dict:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = build_model(SHAPE).to(device)
+    dp_mesh = None
+    if tensor_parallel > 1:  # as the worker builds it
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from scalelab.run.tensor_parallel import apply_tensor_parallel
+
+        mesh = init_device_mesh(device.type, (world_size // tensor_parallel, tensor_parallel), mesh_dim_names=("dp", "tp"))
+        apply_tensor_parallel(model, mesh["tp"])
+        dp_mesh = mesh["dp"]
     dtypes = accounting.comm_dtypes(precision, stage)
     par = parallelize(model, stage, device, 1e-3, 0.1,
                       param_dtype=None if dtypes.param_gather in (None, "float32") else getattr(torch, dtypes.param_gather),
-                      reduce_dtype=getattr(torch, dtypes.grad_reduce))
+                      reduce_dtype=getattr(torch, dtypes.grad_reduce), dp_mesh=dp_mesh, tensor_parallel=tensor_parallel)
     scaler = grad_scaler(precision, device, 2.0 ** 8)
     local = par.local_optimizer()
     seen: list = []
@@ -58,10 +69,11 @@ def case(stage: int, precision: str, device: torch.device, steps: int, inject_in
     if local is not par.optimizer:  # ZeRO-1: its wrapped local optimizer steps too
         record_hand_over(local, seen)
     records = []
-    per_rank = GLOBAL_BATCH // world_size
+    data_ranks, data_rank = world_size // tensor_parallel, rank // tensor_parallel  # a tensor-parallel group shares its tokens
+    per_rank = GLOBAL_BATCH // data_ranks
     for step in range(steps):
         batch = torch.randint(0, SHAPE.vocab_size, (GLOBAL_BATCH, SHAPE.seq_len + 1), generator=torch.Generator().manual_seed(step))
-        tokens = batch[rank * per_rank:(rank + 1) * per_rank].to(device)
+        tokens = batch[data_rank * per_rank:(data_rank + 1) * per_rank].to(device)
         with autocast(precision, device):
             loss = par.model(tokens[:, :-1], tokens[:, 1:])
         scaler.scale(loss).backward()
@@ -75,7 +87,7 @@ def case(stage: int, precision: str, device: torch.device, steps: int, inject_in
         scaler.step(par.optimizer)
         scaler.update()
         global_loss = loss.detach().float().clone()
-        dist.all_reduce(global_loss)
+        dist.all_reduce(global_loss)  # a tensor-parallel group's ranks hold the same loss: the mean is unchanged
         records.append({"loss": float(global_loss) / world_size, "scale_before": scale_before,
                         "scale_after": scaler.get_scale() if scaler.is_enabled() else None,
                         "params_unchanged": all(torch.equal(a, b) for a, b in zip(before, par.model.parameters()))})
@@ -92,6 +104,7 @@ def main() -> None:
     parser.add_argument("--precisions", default="fp32,bf16,fp16")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--inject-inf", action="store_true")
+    parser.add_argument("--tensor-parallel", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(1)
     device = torch.device(args.device)
@@ -103,7 +116,7 @@ def main() -> None:
         for precision in args.precisions.split(","):
             record = {"stage": stage, "precision": precision}
             try:
-                record.update(case(stage, precision, device, args.steps, args.inject_inf))
+                record.update(case(stage, precision, device, args.steps, args.inject_inf, args.tensor_parallel))
             except Exception as err:  # e.g. a collective gloo lacks for CUDA tensors
                 record["error"] = f"{type(err).__name__}: {err}"[:2000]
                 record["traceback"] = traceback.format_exc()[-3000:]

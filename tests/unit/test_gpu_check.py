@@ -21,7 +21,8 @@ def test_a_part_without_the_time_it_needs_is_recorded_not_run(tmp_path, capsys):
     assert "not run: deadline" in summary and "== " not in summary[len("== summary"):]
     check = json.loads((tmp_path / "gpu-check.json").read_text())
     assert {p["status"] for p in check["parts"].values()} == {"not run: deadline"}, check["parts"]
-    assert {r["label"] for r in check["comparisons"]} == {"tiny bf16 eager", "tiny bf16 compiled", "tiny fp32 eager"}
+    assert {r["label"] for r in check["comparisons"]} == {"tiny bf16 eager", "tiny bf16 compiled", "small bf16 eager",
+                                                          "tiny fp32 eager"}
     assert all(r["status"] == "not run: deadline" and r["ratio"] is None for r in check["comparisons"])
     assert {r["shape"]: r["status"] for r in check["fp8"]} == {"tiny": "not run: deadline", "small": "not run: deadline"}
     assert all(r["fp8_over_bf16"] is None for r in check["fp8"])
@@ -135,21 +136,22 @@ class _FakeGPU:
 
 def test_on_a_gpu_the_parts_run_in_order_of_value_within_the_deadline(tmp_path, monkeypatch, capsys):
     """The GPU schedule (faked): the suite, then scalelab and the plain loop alternately at 350M
-    bf16, then fp8 against bf16 at 350M (the bench's bf16 run counts) and 1.3B; what the deadline
+    bf16 and at 1.3B, then fp8 against bf16 at 350M and 1.3B (the bench's and the large part's bf16 runs count); what the deadline
     leaves no time for is "not run: deadline", each process's timeout is the time left, the
     targets are judged, and the summary comes last."""
     fake = _FakeGPU(monkeypatch)
-    assert gpu_check.main(["--deadline-s", "540", "--out", str(tmp_path)]) == 0
+    assert gpu_check.main(["--deadline-s", "600", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     ran = [c[:4] if c[0] in ("scalelab", "plain") else c[:1] for c in fake.calls]
     assert ran == [("suite",), ("scalelab", "350M", "bf16", False), ("plain", "350M", "bf16", False),
                    ("scalelab", "350M", "bf16", True), ("plain", "350M", "bf16", True),
-                   ("scalelab", "350M", "fp8", True), ("scalelab", "1.3B", "bf16", True),  # 95 s left: no 1.3B fp8,
+                   ("scalelab", "1.3B", "bf16", True), ("plain", "1.3B", "bf16", True),  # the large part
+                   ("scalelab", "350M", "fp8", True),  # the large part's 1.3B bf16 run counts: 95 s left, no 1.3B fp8,
                    ("scalelab", "memory", "bf16", False), ("scalelab", "memory", "bf16", False)], ran  # no sweep, no
     # diagnose, fsdp or profile (compiled: 100 s each); the memory part's two eager runs leave no time for the rest
-    assert fake.calls[0][1] == pytest.approx(540 - gpu_check.RESERVE_S)  # the suite gets all the time there is
+    assert fake.calls[0][1] == pytest.approx(600 - gpu_check.RESERVE_S)  # the suite gets all the time there is
     # and each later process what is left, a plain-loop measurement at most MAX_MEASURE_S (a hung one ends there)
-    assert fake.calls[2][4] == pytest.approx(min(540 - gpu_check.RESERVE_S - 60 - 30, gpu_check.MAX_MEASURE_S["gpu"]))
+    assert fake.calls[2][4] == pytest.approx(min(600 - gpu_check.RESERVE_S - 60 - 30, gpu_check.MAX_MEASURE_S["gpu"]))
     check = json.loads((tmp_path / "gpu-check.json").read_text())
     assert check["parts"]["suite"]["status"] == "ok" and check["parts"]["sweep"]["status"] == "not run: deadline"
     assert check["parts"]["fp8"]["status"] == "partial: not run: deadline"
@@ -158,7 +160,9 @@ def test_on_a_gpu_the_parts_run_in_order_of_value_within_the_deadline(tmp_path, 
     assert rows["350M bf16 compiled"]["ratio"] == pytest.approx(1.2 / 1.25)
     assert rows["350M bf16 compiled"]["targets"] == [{"target": "ratio >= 0.98", "met": False},
                                                      {"target": "MFU >= 0.45", "met": True}]
-    assert [label for label, r in rows.items() if r["status"] == "ok"] == ["350M bf16 eager", "350M bf16 compiled"]
+    assert [label for label, r in rows.items() if r["status"] == "ok"] == ["350M bf16 eager", "350M bf16 compiled",
+                                                                           "1.3B bf16 compiled"]
+    assert rows["1.3B bf16 compiled"]["targets"][1] == {"target": "MFU >= 0.55", "met": False}
     assert check["parts"]["rest"]["status"] == "not run: deadline"
     memory = check["parts"]["memory"]
     assert memory["status"] == "ok" and [c["measured_over_predicted"] for c in memory["cases"]] == [1.0, 1.0]

@@ -1,7 +1,7 @@
 """The first GPU check, in one command: `make gpu-check` on a machine with an NVIDIA GPU.
 
     python -m scalelab.harness.gpu_check                  every part, within --deadline-s (needs CUDA)
-    python -m scalelab.harness.gpu_check --only bench     some parts: suite | bench | fp8 | sweep | diagnose | fsdp | memory | profile | rest
+    python -m scalelab.harness.gpu_check --only bench     some parts: suite | bench | large | fp8 | sweep | diagnose | fsdp | memory | profile | rest
     python -m scalelab.harness.gpu_check --dry-run        the same steps on the CPU with tiny models
     python -m scalelab.harness.gpu_check --bundle-requirements   what `make gpu-bundle` downloads
 
@@ -12,25 +12,27 @@ The parts, in order of value (each gets the time the ones before it left, see --
    nothing of scalelab's code) at the ~350M GPT (24 layers, d 1024, 16 heads, seq 1024, vocab
    50304, batch 16), bf16 eager and compiled: each a world-size-1 stage-0 scalelab run and the
    plain loop of the same shape and batch, each a fresh process, alternated;
-3. fp8: scalelab's fp8 against its bf16, compiled, at the ~350M shape (the bench's bf16 run
+3. large: the same at 1.3B (24 x 2048), bf16 compiled: the 1.3B MFU target's point against
+   what the plain loop reaches at that size;
+4. fp8: scalelab's fp8 against its bf16, compiled, at the ~350M shape (the bench's bf16 run
    counts) and at 1.3B (24 layers, d 2048, 16 heads, seq 1024, batch 16): fp8/bf16 tokens/s per size;
-4. sweep: a small world-size-1 sweep through the workflow into results/reference/<device>-<date>/,
+5. sweep: a small world-size-1 sweep through the workflow into results/reference/<device>-<date>/,
    with the commit recorded (SCALELAB_GIT_COMMIT: a copied tree has no .git);
-5. diagnose: what a scalelab/plain gap comes from: the plain loop with one of scalelab's
+6. diagnose: what a scalelab/plain gap comes from: the plain loop with one of scalelab's
    differences at a time, bf16 compiled (compiled per block and loss instead of the whole model;
    in DDP at world size 1, as scalelab's one-rank stage 0 ran before the H100 measured it costing
    3%), each against the plain loop as a user writes it;
-6. fsdp: what FSDP2 costs over one GPU, where it shards nothing: scalelab at stages 3 and 2, bf16
+7. fsdp: what FSDP2 costs over one GPU, where it shards nothing: scalelab at stages 3 and 2, bf16
    compiled, each with one step traced, against its stage-0 run (tokens/s, device busy time);
-7. memory: where a memory prediction misses: the GPU test's memory case (12 x 768, seq 1024, batch
+8. memory: where a memory prediction misses: the GPU test's memory case (12 x 768, seq 1024, batch
    8), eager bf16 at stages 3 and 0, with the CUDA allocator's history over one step: what was live
    at its peak, by the line that allocated it, beside the measured and predicted peaks;
-8. profile: one step of each side traced by torch.profiler (bf16 compiled): kernel time by class
+9. profile: one step of each side traced by torch.profiler (bf16 compiled): kernel time by class
    (matmul, attention, compiled, copies, optimizer, communication...), the busiest kernels, the time
    the device was busy; the traces kept under <out>/traces;
-9. rest: fp16 and fp32 with TF32, eager and compiled, against the plain loop.
+10. rest: fp16 and fp32 with TF32, eager and compiled, against the plain loop.
 
-Once every part has had its turn, the time left repeats the comparisons of parts 2, 3 and 5 (a
+Once every part has had its turn, the time left repeats the comparisons of parts 2, 3, 4 and 10 (a
 second scalelab run, then a second plain run; bf16, then fp8), up to --rounds measurements of
 each side, and each side's figure becomes the median of its rounds. Tokens/s of both sides is
 from the median step time after the warm-up steps (the same steps, batch and shape); scalelab's
@@ -152,15 +154,21 @@ class Key:
         return re.sub(r"[^A-Za-z0-9.]+", "-", self.label)
 
 
+COMPARISON_PARTS = ("bench", "large", "rest")
+"""The parts that hold scalelab against the plain loop, point by point."""
+
+
 def comparison_points(dry_run: bool) -> dict[str, list[Key]]:
-    """The scalelab-against-plain points of the parts bench and rest."""
+    """The scalelab-against-plain points of the parts bench, large and rest."""
     shape = "tiny" if dry_run else "350M"
     bench = [Key(shape, "bf16", compiled=c) for c in (False, True)]
+    # large: the 1.3B MFU target's point, so a miss can be told apart from what torch reaches there
+    large = [Key("small", "bf16")] if dry_run else [Key("1.3B", "bf16", compiled=True)]
     if dry_run:  # fp16 and TF32 mean nothing on a CPU; bf16 took the compiled path of both sides already
         rest = [Key(shape, "fp32")]
-    else:
-        rest = [Key(shape, p, tf32=p == "fp32", compiled=c) for p in ("fp16", "fp32") for c in (False, True)]
-    return {"bench": bench, "rest": rest}
+    else:  # compiled first: the scalelab/plain gap the first GPU found was a compiled one
+        rest = [Key(shape, p, tf32=p == "fp32", compiled=c) for c in (True, False) for p in ("fp16", "fp32")]
+    return {"bench": bench, "large": large, "rest": rest}
 
 
 def diagnose_points(dry_run: bool) -> list[Key]:
@@ -413,8 +421,8 @@ class Check:
                 "deadline_s": self.deadline_s, "elapsed_s": self.elapsed(), "targets": TARGETS_TEXT,
                 "shapes": self.shapes, "steps": dict(zip(("steps", "warmup_steps"), STEPS[self.kind])),
                 "parts": self.parts,
-                "comparisons": [self.comparison(k) for part in ("bench", "rest") for k in points[part]
-                                if k in self.scalelab or k in self.plain],
+                "comparisons": [self.comparison(k) for part in COMPARISON_PARTS if part in self.parts for k in points[part]
+                                if k in self.scalelab or k in self.plain],  # not the fp8 part's 1.3B bf16 run alone
                 "fp8": [self.fp8_row(b, f) for b, f in fp8_points(self.dry_run) if b in self.scalelab or f in self.scalelab],
                 "measurements": {"scalelab": {k.label: v for k, v in self.scalelab.items()},
                                  "plain": {k.label: v for k, v in self.plain.items()}}}
@@ -547,6 +555,11 @@ def bench(check: Check) -> dict:
     return _compare(check, "bench")
 
 
+def large(check: Check) -> dict:
+    """scalelab against the plain loop at 1.3B, bf16 compiled (the fp8 part reuses scalelab's run)."""
+    return _compare(check, "large")
+
+
 def rest(check: Check) -> dict:
     """The other precisions against the plain loop."""
     return _compare(check, "rest")
@@ -606,7 +619,7 @@ def repeat_rounds(check: Check, parts: list[str]) -> None:
     measurements of each side; a round only where its first one's time fits in what is left."""
     points = comparison_points(check.dry_run)
     todo = []  # (what, [(side, key)])
-    for part in ("bench", "fp8", "rest"):
+    for part in ("bench", "large", "fp8", "rest"):
         if part in parts and part == "fp8":
             todo += [(f"fp8 against bf16 at {b.shape}", [("scalelab", b), ("scalelab", f)]) for b, f in fp8_points(check.dry_run)]
         elif part in parts:
@@ -902,7 +915,7 @@ def profile(check: Check) -> dict:
             "failed": bool(failed) and not any(m["status"].startswith("not run") for m in sides.values())}
 
 
-PARTS = {"suite": gpu_suite, "bench": bench, "fp8": fp8, "sweep": reference_sweep, "diagnose": diagnose, "fsdp": fsdp,
+PARTS = {"suite": gpu_suite, "bench": bench, "large": large, "fp8": fp8, "sweep": reference_sweep, "diagnose": diagnose, "fsdp": fsdp,
          "memory": memory, "profile": profile, "rest": rest}
 """The parts in order of value: each runs with the time the ones before it left."""
 
@@ -919,7 +932,7 @@ def summary(check: Check, parts: list[str]) -> str:
             status = "not selected" if name not in parts else "not run"
             lines.append(f"{name:<8} {'':<24} {status:<27}")
             continue
-        if name in ("bench", "rest"):
+        if name in COMPARISON_PARTS:
             for r in (c for c in record["comparisons"] if c["label"] in part.get("points", [])):
                 lines.append(f"{name:<8} {r['label']:<24} {r['status']:<27} scalelab {_fmt(r['scalelab_tokens_per_s'], ',.0f')} "
                              f"plain {_fmt(r['plain_tokens_per_s'], ',.0f')} tok/s, ratio {_fmt(r['ratio'], '.3f')}, "
@@ -990,7 +1003,7 @@ def main(argv: list[str] | None = None) -> int:
                 part["status"] = _status([{"status": r["status"]} for r in rows])
                 part["failed"] = any("failed" in r["status"] for r in rows)
         check.write()
-        if any(n in check.parts for n in ("bench", "rest")):
+        if any(n in check.parts for n in COMPARISON_PARTS):
             print("== scalelab against the plain loop (tokens/s from the median step; ratio = scalelab / plain)", flush=True)
             print(comparison_table(check.record()["comparisons"], args.dry_run), flush=True)
         if "fp8" in check.parts:
