@@ -4,9 +4,11 @@ Works on every device (the CPU has no allocator statistics to read a peak from),
 the measured counterpart of Korthikanti et al.'s prediction everywhere; on GPU the run's
 ``peak_mem_allocated_bytes`` is measured as well.
 
-What is counted: every distinct storage that a saved-tensor pack hook sees, plus each
-transformer block's input (activation checkpointing keeps it for the recomputation, and
-without checkpointing the first LayerNorm saves it anyway), plus what the model's forward
+What is counted: every distinct storage that a saved-tensor pack hook sees, plus the input of
+each checkpointed transformer block (activation checkpointing keeps it for the recomputation, out of
+our hooks' sight; without checkpointing the input counts only where an op saves it: a norm that
+upcasts a 16-bit input saves the copy, and the input itself is freed once the block is done, its
+address free for a later tensor that a count by address would then miss), plus what the model's forward
 returns (outside the blocks: the training step holds it until its backward, so the logits
 would count here if the forward returned them; it returns the loss alone). Parameter
 storages are not activations and are left out. Under autocast the 16-bit copies of weights are saved too and
@@ -84,7 +86,8 @@ class SavedActivationMeter:
     def _block_pre(self, module, args):
         self._block_params = self._param_ptrs(module)
         self._in_block += 1
-        self._count(args[0])  # the block input: kept for backward with or without checkpointing
+        if getattr(module, "activation_checkpointing", False):  # the recomputation's input, kept by checkpoint
+            self._count(args[0])
 
     def _block_post(self, module, args, output):
         self._in_block -= 1

@@ -287,6 +287,7 @@ class UserModel(nn.Module):
 
     def set_activation_checkpointing(self, enabled: bool) -> None:
         for block in self.blocks:
+            block.activation_checkpointing = enabled  # as the families' blocks say it (SavedActivationMeter reads it)
             if enabled and "forward" not in block.__dict__:
                 plain = block.forward
 

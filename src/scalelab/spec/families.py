@@ -222,7 +222,9 @@ def _llama_block_activations(cfg, case: ActivationCase) -> float:
       next linears save; under autocast (fp32 parameters) the linears save their own w-byte
       casts of it instead (one each: q, k, v after the first norm, gate and up after the
       second); with 16-bit parameters (fp16 and bf16 at stages 2, 3) the norm upcasts its input
-      to fp32 and returns w bytes, which the linears share. The block input is counted once;
+      to fp32 and returns w bytes, which the linears share; the w-byte block input itself is then
+      kept by nothing (freed once the block is done) and not counted. Otherwise the block input is
+      the first norm's input, counted once;
     * attention: the rotated q (s b h) and k (s b kv), v (s b kv) and the output (s b h) at w,
       and scaled_dot_product_attention's fp32 logsumexp (4 b H s); the rotation's cos and sin:
       the fp32 tables once for all blocks, or their w-byte casts in every block (autocast: the
@@ -232,7 +234,7 @@ def _llama_block_activations(cfg, case: ActivationCase) -> float:
     * autocast with fp32 parameters: the w-byte copies of the block's matmul weights.
 
     So per layer, fp32: 4 (8 s b h + 2 s b kv + 4 s b f); autocast: (16 + 5w + 2w) s b h + 2w s b kv
-    + 4w s b f + 2 P; 16-bit parameters: (3w + 16 + 2w) s b h + 2w s b kv + 4w s b f; each + 8 s b
+    + 4w s b f + 2 P; 16-bit parameters: (2w + 16 + 2w) s b h + 2w s b kv + 4w s b f; each + 8 s b
     + 4 b H s. With per-block checkpointing each block keeps its input (s b h at the residual's
     width) and the cos and sin it is handed. fp8 (Float8Linear's own casts) is predicted as bf16.
 
@@ -269,7 +271,7 @@ def _llama_block_activations(cfg, case: ActivationCase) -> float:
             per_layer += 2 * _llama_matmul(cfg)
         return L * per_layer + rope_once
     if sixteen:
-        norms = 4 * w if gpu else 3 * w + 16
+        norms = 4 * w if gpu else 2 * w + 16
     elif amp:
         norms = (8 if gpu else 16) + 5 * w
     else:
