@@ -1,7 +1,8 @@
 """Tensor parallelism (issue #43) on real gloo ranks: both families split over 2 ranks, alone (stage 0,
-world size 2) and under FSDP2 over 2 data-parallel ranks (stage 3, world size 4), against the single
-process: the same losses, the same final parameters (a fused q, k, v projection back in its order),
-each rank's model state and the collectives' bytes as the formulas say."""
+world size 2), replicated over 2 data-parallel ranks (stage 0, world size 4: FSDP2's replicate) and under
+FSDP2 over 2 data-parallel ranks (stage 3, world size 4), in fp32 and bf16, against the single process:
+the same losses, the same final parameters (a fused q, k, v projection back in its order), each rank's
+model state and the collectives' bytes as the formulas say."""
 import numpy as np
 import pytest
 import torch
@@ -11,12 +12,14 @@ from scalelab.formulas import accounting
 TP_STEPS = 4
 LLAMA = {"family": "llama", "n_layers": 2, "d_model": 32, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 64,
          "tie_embeddings": False}
-POINTS = (("fp32", 0, 1, 1), ("fp32", 0, 2, 2), ("fp32", 3, 4, 2), ("bf16", 3, 4, 2))
+POINTS = (("fp32", 0, 1, 1), ("fp32", 0, 2, 2), ("fp32", 3, 4, 2), ("bf16", 3, 4, 2), ("fp32", 0, 4, 2), ("bf16", 0, 4, 2))
+IDS = ["tp2", "tp2-dp2-z3", "tp2-dp2-z3-bf16", "tp2-dp2-z0", "tp2-dp2-z0-bf16"]  # of POINTS[1:]
+FP32 = [p for p in POINTS[1:] if p[0] == "fp32"]
 
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
 def tp_runs(request, tmp_path_factory, tiny_data):
-    """Each family at world size 1, TP 2 alone and TP 2 x DP 2 under ZeRO-3 (fp32, and bf16's recipe)."""
+    """Each family at world size 1, TP 2 alone and TP 2 x DP 2 at stages 0 and 3 (fp32, and bf16's recipe)."""
     from scalelab.plan.sweep import RunPoint
     from support import run_point, tiny_config
 
@@ -32,7 +35,7 @@ def tp_runs(request, tmp_path_factory, tiny_data):
             for p, s, w, t in POINTS}
 
 
-@pytest.mark.parametrize("point", POINTS[1:3], ids=["tp2", "tp2-dp2-z3"])
+@pytest.mark.parametrize("point", FP32, ids=[i for p, i in zip(POINTS[1:], IDS) if p in FP32])
 def test_tensor_parallel_fp32_follows_the_single_process(tp_runs, point):
     summary, steps, run_dir = tp_runs[point]
     assert summary["status"] == "ok", summary["reason"]
@@ -49,7 +52,7 @@ def test_tensor_parallel_fp32_follows_the_single_process(tp_runs, point):
         torch.testing.assert_close(final[name], ref, atol=1e-4, rtol=1e-5, msg=name)
 
 
-@pytest.mark.parametrize("point", POINTS[1:], ids=["tp2", "tp2-dp2-z3", "tp2-dp2-z3-bf16"])
+@pytest.mark.parametrize("point", POINTS[1:], ids=IDS)
 def test_each_ranks_model_state_and_the_collectives_are_the_formulas(tp_runs, point):
     """Model state: each rank holds 1/2 of the split linears and all the rest, then ZeRO-3 shards that
     over the data-parallel ranks (within 1%: FSDP2 pads its shards). Tensor parallelism's all-reduces:
@@ -72,13 +75,16 @@ def test_each_ranks_model_state_and_the_collectives_are_the_formulas(tp_runs, po
     tp = summary["comm_tensor_parallel_bytes_per_step_measured"]
     assert tp == summary["comm_tensor_parallel_bytes_per_step_predicted"] > 0
     micro_tokens = summary["micro_batch"] * summary["seq_len"] * summary["d_model"] * summary["accumulation_steps"]
-    widths = (4, 4) if precision == "fp32" else (2, 2)  # forward at the matmul's width; backward at the norm output's
+    # forward at the matmul's width; backward at the norm output's: fp32 over fp32 parameters (autocast at stage 0)
+    widths = (4, 4) if precision == "fp32" else (2, 2) if stage == 3 else (2, 4)
     assert tp == 2 * 2 * cfg.n_layers * micro_tokens * sum(widths)
     assert summary["comm_bytes_per_step_measured"] == summary["comm_bytes_per_step_predicted"]
+    if world > degree:  # the data-parallel group's collectives: stage 0's all-reduce of this rank's gradients
+        assert summary["comm_bytes_per_step_measured"] >= (2 * local * 4 if stage == 0 else local * 4)
     assert summary["comm_tensor_parallel_link"] == "intra_node"
 
 
-@pytest.mark.parametrize("point", POINTS[1:], ids=["tp2", "tp2-dp2-z3", "tp2-dp2-z3-bf16"])
+@pytest.mark.parametrize("point", POINTS[1:], ids=IDS)
 def test_a_ranks_activations_are_the_split_formula(tp_runs, point):
     """Inside the blocks: the norms' and the residual's terms whole, the rest halved (within 1%: GPT-2's
     eager formula leaves out the LayerNorms' statistics and the attention's logsumexp, under 1% at d 128); outside
@@ -93,8 +99,9 @@ def test_a_ranks_activations_are_the_split_formula(tp_runs, point):
     assert summary["predicted_peak_bound"] == "model"
 
 
-def test_bf16_under_tensor_parallelism_trains_beside_fp32(tp_runs):
-    bf16, fp32 = tp_runs[POINTS[3]][1], tp_runs[POINTS[2]][1]
+@pytest.mark.parametrize("stage", [0, 3])
+def test_bf16_under_tensor_parallelism_trains_beside_fp32(tp_runs, stage):
+    bf16, fp32 = tp_runs[("bf16", stage, 4, 2)][1], tp_runs[("fp32", stage, 4, 2)][1]
     np.testing.assert_allclose(bf16["loss"].to_numpy(), fp32["loss"].to_numpy(), rtol=2e-2)
 
 

@@ -10,14 +10,13 @@ from scalelab.plan.sweep import RunPoint, sweep_plan
 from support import tiny_config
 
 
-def test_tensor_parallel_runs_with_stage_0_alone_and_with_fsdp2_over_the_data_parallel_ranks():
+def test_tensor_parallel_runs_at_stage_0_and_with_fsdp2_over_the_data_parallel_ranks():
     cfg = tiny_config(sweep={"precision": ["fp32"], "zero_stage": [0, 1, 3], "world_size": [2, 4], "tensor_parallel": [1, 2]})
     cfg["model"].update(n_heads=4, d_model=32)
     points, left_out = sweep_plan(cfg)
     split = sorted(p.run_id for p in points if p.tensor_parallel == 2)
-    assert split == ["fp32-z0-w2-tp2", "fp32-z3-w2-tp2", "fp32-z3-w4-tp2"]
+    assert split == ["fp32-z0-w2-tp2", "fp32-z0-w4-tp2", "fp32-z3-w2-tp2", "fp32-z3-w4-tp2"]
     why = {p.run_id: reason for p, reason in left_out}
-    assert "DDP and ZeroRedundancyOptimizer take no DTensor parameters" in why["fp32-z0-w4-tp2"]
     assert "ZeroRedundancyOptimizer takes no DTensor parameters" in why["fp32-z1-w2-tp2"]
     assert all(p.bucket_mb is None for p in points if p.tensor_parallel == 2)  # no DDP, no buckets
     # the data-parallel ranks share the global batch: at w4 x tp2, two shares of 4 sequences
@@ -130,7 +129,7 @@ def test_tensor_parallel_runs_need_a_warm_up_step_to_count_their_collectives():
 
 def test_plan_and_estimates_refuse_a_degree_that_does_not_split_the_model(capsys):
     """As a run would: the degree must divide the heads, key/value heads and MLP width (llama3-8b: 32, 8, 14336);
-    the plan ranks tensor parallelism only as scalelab runs it (stages 2-3, or stage 0 as one group)."""
+    the plan ranks tensor parallelism only as scalelab runs it (stages 0, 2 and 3; not stage 1)."""
     import json
 
     from scalelab.cli import main
@@ -145,7 +144,7 @@ def test_plan_and_estimates_refuse_a_degree_that_does_not_split_the_model(capsys
     assert "--tensor-parallel 3 does not divide" in capsys.readouterr().err
     assert main([*ask, "--json"]) == 0
     split = [r for r in json.loads(capsys.readouterr().out)["rows"] if r["tensor_parallel"] > 1]
-    assert split and {r["strategy"] for r in split} == {2, 3} and {r["precision"] for r in split} == {"bf16"}
+    assert split and {r["strategy"] for r in split} == {0, 2, 3} and {r["precision"] for r in split} == {"bf16"}
 
 
 def test_an_exported_torchtitan_config_carries_the_tensor_parallel_degree():

@@ -744,13 +744,14 @@ def predicts_oom(peak: PeakMemory, limit_bytes: float | None) -> bool:
     return limit_bytes is not None and peak.total > limit_bytes and not peak.upper_bound
 
 
-def grads_at_peak(zero_stage: int, world_size: int, accumulation_steps: int = 1, replicas: int = 1) -> bool:
+def grads_at_peak(zero_stage: int, world_size: int, accumulation_steps: int = 1, replicas: int = 1,
+                  tensor_parallel: int = 1) -> bool:
     """Whether gradients exist at a step's peak, the start of the (last micro-batch's) backward:
     only where DDP's buckets hold them between steps, or where an earlier micro-batch of the step
     made them. Otherwise the optimizer's zero_grad(set_to_none=True) freed them (an H100, one rank
     without DDP: bf16 and fp32, eager and compiled, within 0.3% once counted so; with them, 4 bytes
     per parameter over)."""
-    return strategy(zero_stage, replicas).ddp_wraps(world_size) or accumulation_steps > 1
+    return strategy(zero_stage, replicas).ddp_wraps(world_size, tensor_parallel) or accumulation_steps > 1
 
 
 def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: int, precision: str,
@@ -791,7 +792,8 @@ def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: in
         if tensor_parallel > 1:
             block_params -= tensor_parallel_split_params(cfg) * (1 - 1 / tensor_parallel)
     check_replicas(world_size, replicas)  # a replica count the world size cannot take raises here
-    state = at_rest.total if grads_at_peak(zero_stage, world_size, accumulation_steps, replicas) else at_rest.total - at_rest.grads
+    state = (at_rest.total if grads_at_peak(zero_stage, world_size, accumulation_steps, replicas, tensor_parallel)
+             else at_rest.total - at_rest.grads)
     gathered = comm_dtypes(precision, zero_stage).gather_bytes  # 2 for fp16/bf16 under FSDP2's MixedPrecisionPolicy
     outside_params = max(0.0, n_params - cfg.n_layers * block_params)  # embeddings, final norm, head: FSDP2's root group
     transient = strategy(zero_stage, replicas).transient_psi(n_params, block_params, outside_params, gathered)

@@ -79,7 +79,7 @@ def peak(cfg: ModelConfig, n_params: int, row: Mapping, block_params: int | None
     if lora_rank and not cpu_offload:  # frozen weights: no gradient or optimizer state for them
         trainable = n_trainable if n_trainable is not None else accounting.lora_trainable_params(cfg, int(lora_rank))
         state = accounting.lora_model_state_bytes(n_params, trainable, stage, world_size, precision, "pytorch", replicas)
-        held = state.total if accounting.grads_at_peak(stage, world_size, accum, replicas) else state.total - state.grads
+        held = state.total if accounting.grads_at_peak(stage, world_size, accum, replicas, degree) else state.total - state.grads
         result = dataclasses.replace(result, model_state=held, at_rest=state.total)
     return result
 

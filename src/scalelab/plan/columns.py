@@ -111,8 +111,9 @@ COMPILED = _exactly("compile lever on", lambda row: bool(row.get("compile")))
 LORA = _exactly("lora_rank set", _has("lora_rank"))
 BUCKETS = _exactly("a strategy with DDP buckets (ZeRO stages 0 and 1), no tensor parallelism",
                    lambda row: strategy(row["zero_stage"]).ddp_buckets and (row.get("tensor_parallel") or 1) == 1)
-DDP_WRAPS = _exactly("DDP wraps the model (stage 1; stage 0 on more than one data-parallel rank)",
-                     lambda row: strategy(row["zero_stage"]).ddp_wraps(row["world_size"] // (row.get("tensor_parallel") or 1)))
+DDP_WRAPS = _exactly("DDP wraps the model (stage 1; stage 0 on more than one data-parallel rank; no tensor parallelism)",
+                     lambda row: strategy(row["zero_stage"]).ddp_wraps(row["world_size"] // (row.get("tensor_parallel") or 1),
+                                                                      row.get("tensor_parallel") or 1))
 
 
 def _custom(row: dict) -> bool:

@@ -115,12 +115,8 @@ def _tensor_parallel_left_out(point, train: TrainConfig) -> str | None:
         return None
     if point.world_size % t:
         return f"tensor_parallel={t} does not divide world_size={point.world_size} (world = data-parallel ranks x {t})"
-    if point.zero_stage == 1 or (point.zero_stage == 0 and point.world_size > t):
-        return (f"zero_stage {point.zero_stage} with tensor parallelism runs only where every rank is in the tensor-"
-                "parallel group (world_size == tensor_parallel): DDP and ZeroRedundancyOptimizer take no DTensor "
-                "parameters (torch's bridge for DDP is private); stages 2 and 3 (FSDP2) compose over the data-parallel ranks"
-                if point.zero_stage == 0 else
-                "zero_stage 1 with tensor parallelism: ZeroRedundancyOptimizer takes no DTensor parameters")
+    if point.zero_stage == 1:
+        return "zero_stage 1 with tensor parallelism: ZeroRedundancyOptimizer takes no DTensor parameters"
     for reason, applies in ((f"replicas={point.replicas}: hybrid sharding with tensor parallelism (a 3-D mesh) is not run",
                              point.replicas > 1),
                             ("fp8's float8 linears are not split (torchao's float8 tensor-parallel styles are not wired)",

@@ -7,6 +7,7 @@ scalelab.spec.strategies (which says what each shards and communicates).
 | 2     | FSDP2 fully_shard(reshard_after_forward=False) per block   |
 | 3     | FSDP2 fully_shard(reshard_after_forward=True) per block    |
 | 3, replicas R > 1 | hybrid sharding (HSDP): the same over a 2-D mesh (R replicas x N/R shards) |
+| 0, tensor parallel | the split model alone, or FSDP2's replicate per block over the data-parallel ranks |
 
 Hybrid sharding builds torchtitan's mesh, ``init_device_mesh(..., (R, N/R),
 mesh_dim_names=("dp_replicate", "dp_shard"))``, and hands it to ``fully_shard``, which shards
@@ -257,17 +258,34 @@ def parallelize(model: GPT, zero_stage: int, device: torch.device, lr: float, we
 def _parallelize_split(model, zero_stage, device, lr, weight_decay, param_dtype, reduce_dtype, dp_mesh: DeviceMesh,
                        tensor_parallel: int) -> Parallelized:
     """A tensor-parallel model's data parallelism: FSDP2 over the data-parallel mesh at stages 2 and 3;
-    at stage 0 with one data-parallel rank, nothing (DDP takes no DTensor parameters)."""
+    at stage 0 with one data-parallel rank, nothing; with several, torch's FSDP2-based ``replicate``
+    (torch.distributed._composable.replicate_with_fsdp: DDP takes no DTensor parameters) per block and
+    at the root, as fully_shard groups them: each block's gradients all-reduced over the data-parallel
+    ranks in reduce_dtype as its backward ends, freed by the step (no buckets)."""
     if zero_stage in (2, 3):
         par = _parallelize_fsdp(model, device, lr, weight_decay, reshard_after_forward=zero_stage == 3,
                                 param_dtype=param_dtype, reduce_dtype=reduce_dtype, mesh=dp_mesh)
         par.tensor_parallel = tensor_parallel
         return par
-    if zero_stage != 0 or dp_mesh.size() != 1:
-        raise ValueError(f"zero_stage {zero_stage} over {dp_mesh.size()} data-parallel ranks with tensor parallelism "
-                         "is not run (scalelab.plan.sweep says why)")
+    if zero_stage != 0:
+        raise ValueError(f"zero_stage {zero_stage} with tensor parallelism is not run (scalelab.plan.sweep says why)")
+    if dp_mesh.size() == 1:
+        opt = torch.optim.AdamW(param_groups(model, weight_decay), **_adamw_kwargs(lr))
+        return Parallelized(model, opt, lambda last: contextlib.nullcontext(), tensor_parallel=tensor_parallel)
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    for block in model.blocks:
+        replicate(block, mesh=dp_mesh, mp_policy=mp)
+    replicate(model, mesh=dp_mesh, mp_policy=mp)
     opt = torch.optim.AdamW(param_groups(model, weight_decay), **_adamw_kwargs(lr))
-    return Parallelized(model, opt, lambda last: contextlib.nullcontext(), tensor_parallel=tensor_parallel)
+
+    def no_sync(last: bool):
+        model.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+
+    return Parallelized(model, opt, no_sync, tensor_parallel=tensor_parallel)
 
 
 def clip_grad_norm(par: Parallelized, max_norm: float, comm_device: torch.device) -> torch.Tensor:

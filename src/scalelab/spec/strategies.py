@@ -84,9 +84,11 @@ class Strategy:
     per parameter tensor): timed per call from ``scalelab bench comm``'s batched rows (on gloo a call of
     a batch costs several times one call alone)."""
 
-    def ddp_wraps(self, world_size: int) -> bool:
-        """Whether DDP wraps the model: its buckets then hold the gradients between steps."""
-        return self.ddp_buckets and not (self.silent_at_world_size_1 and world_size == 1)
+    def ddp_wraps(self, world_size: int, tensor_parallel: int = 1) -> bool:
+        """Whether DDP wraps the model (``world_size``: its data-parallel ranks): its buckets then hold the
+        gradients between steps. Never a model split by tensor parallelism: DDP takes no DTensor parameters,
+        and stage 0 replicates such a model with FSDP2's replicate (no buckets, gradients freed by each step)."""
+        return self.ddp_buckets and tensor_parallel == 1 and not (self.silent_at_world_size_1 and world_size == 1)
 
     def comm_psi(self, k: int) -> float:
         """Elements handed to collectives per optimizer step, in units of Psi, for k accumulation
