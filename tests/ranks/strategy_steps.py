@@ -26,7 +26,7 @@ import torch.distributed as dist
 from scalelab.config import ModelConfig
 from scalelab.formulas import accounting
 from scalelab.run.model import build_model
-from scalelab.run.parallel import clip_grad_norm, parallelize
+from scalelab.run.parallel import clip_grad_norm, parallelize, reduce_partial_grads
 from scalelab.run.precision import autocast, grad_scaler
 
 SHAPE = ModelConfig(n_layers=2, d_model=32, n_heads=2, seq_len=16, vocab_size=64)
@@ -45,7 +45,8 @@ def record_hand_over(optimizer, seen: list) -> None:
     optimizer.step = step
 
 
-def case(stage: int, precision: str, device: torch.device, steps: int, inject_inf: bool, tensor_parallel: int = 1) -> dict:
+def case(stage: int, precision: str, device: torch.device, steps: int, inject_inf: bool, tensor_parallel: int = 1,
+         sequence_parallel: bool = False) -> dict:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = build_model(SHAPE).to(device)
@@ -56,7 +57,7 @@ def case(stage: int, precision: str, device: torch.device, steps: int, inject_in
         from scalelab.run.tensor_parallel import apply_tensor_parallel
 
         mesh = init_device_mesh(device.type, (world_size // tensor_parallel, tensor_parallel), mesh_dim_names=("dp", "tp"))
-        apply_tensor_parallel(model, mesh["tp"])
+        apply_tensor_parallel(model, mesh["tp"], sequence_parallel)
         dp_mesh = mesh["dp"]
     dtypes = accounting.comm_dtypes(precision, stage)
     par = parallelize(model, stage, device, 1e-3, 0.1,
@@ -80,6 +81,7 @@ def case(stage: int, precision: str, device: torch.device, steps: int, inject_in
         if inject_inf and ((step == 1 and rank == 1) or step == 2):
             grad = next(p.grad for p in par.model.parameters() if p.grad is not None)
             (grad.to_local() if hasattr(grad, "to_local") else grad).view(-1)[0] = float("inf")
+        reduce_partial_grads(par)
         before = [p.detach().clone() for p in par.model.parameters()]
         scale_before = scaler.get_scale() if scaler.is_enabled() else None
         scaler.unscale_(par.optimizer)
@@ -105,6 +107,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--inject-inf", action="store_true")
     parser.add_argument("--tensor-parallel", type=int, default=1)
+    parser.add_argument("--sequence-parallel", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
     device = torch.device(args.device)
@@ -116,7 +119,8 @@ def main() -> None:
         for precision in args.precisions.split(","):
             record = {"stage": stage, "precision": precision}
             try:
-                record.update(case(stage, precision, device, args.steps, args.inject_inf, args.tensor_parallel))
+                record.update(case(stage, precision, device, args.steps, args.inject_inf, args.tensor_parallel,
+                                   args.sequence_parallel))
             except Exception as err:  # e.g. a collective gloo lacks for CUDA tensors
                 record["error"] = f"{type(err).__name__}: {err}"[:2000]
                 record["traceback"] = traceback.format_exc()[-3000:]

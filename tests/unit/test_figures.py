@@ -416,6 +416,24 @@ def check_lever_tensor_parallel(runs, steps):
     assert [tx.get_text() for tx in left.get_xticklabels()] == list(pairs["baseline_run_id"])
 
 
+def check_lever_sequence_parallel(runs, steps):
+    """Each sequence-parallel run beside its twin with tensor parallelism alone (the same degree): activations per
+    rank and tensor parallelism's bytes per step, measured bars."""
+    fig, t = draw("lever_sequence_parallel", runs, steps)
+    pairs = _pairs(runs, "sequence_parallel")
+    assert len(pairs) > 0
+    twins = runs.set_index("run_id").loc[pairs["baseline_run_id"]]
+    assert (twins["tensor_parallel"] == 2).all() and not twins["sequence_parallel"].any()  # its twin: TP alone
+    left, right = panel(fig, "activations kept for backward, per rank"), panel(fig, "tensor-parallel communication")
+    acts = {c.get_label(): c for c in left.containers}
+    np.testing.assert_allclose([b.get_height() for b in acts["TP alone, measured"]], pairs["baseline_activation_mib_measured"])
+    np.testing.assert_allclose([b.get_height() for b in acts["TP + SP, measured"]], pairs["activation_mib_measured"])
+    comm = {c.get_label(): c for c in right.containers}
+    np.testing.assert_allclose([b.get_height() for b in comm["TP + SP: all-gathers, reduce-scatters"]],
+                               pairs["tensor_parallel_mb"].fillna(0))
+    assert [tx.get_text() for tx in left.get_xticklabels()] == list(pairs["baseline_run_id"])
+
+
 CHECKS = {name.removeprefix("check_"): fn for name, fn in globals().items() if name.startswith("check_")}
 
 

@@ -371,32 +371,53 @@ def data_parallel_size(world_size: int, tensor_parallel: int) -> int:
 
 
 def tensor_parallel_comm(cfg: ModelConfig, micro_batch: int, accumulation_steps: int, degree: int, precision: str,
-                         zero_stage: int = 0, device_type: str = "cpu", activation_checkpointing: bool = False) -> dict[str, float]:
+                         zero_stage: int = 0, device_type: str = "cpu", activation_checkpointing: bool = False,
+                         sequence_parallel: bool = False) -> dict[str, float]:
     """Bytes one rank hands to tensor parallelism's collectives per optimizer step (the module doc's
-    unit: an all-reduce of S bytes counts 2 S), by direction: four all-reduces per block and
-    micro-batch of B T d values each, over the T ranks of the rank's tensor-parallel group.
+    unit: an all-reduce of S bytes counts 2 S, an all-gather its output, a reduce-scatter its input), by
+    direction, over the T ranks of the rank's tensor-parallel group; V = B T d values per micro-batch.
 
-    ``forward``: the rowwise linears' partial outputs (after attention, after the MLP), at the matmul's
-    width (4 in fp32; 2 under autocast). ``backward``: the gradients of the colwise linears' inputs
-    (the norms' outputs), at the norm output's width: fp32 under autocast over fp32 parameters (a
-    norm of an fp32 residual stream), the compute width with FSDP2's 16-bit parameters on a CPU, fp32
-    on a GPU (CUDA's autocast runs norms in fp32). ``activation_checkpointing``: backward recomputes each block's
-    forward up to the last tensor it needs, the attention projection's all-reduce again but not the MLP's (torch's
-    non-reentrant checkpoint stops there; measured): one more forward all-reduce per block."""
+    Without sequence parallelism, four all-reduces per block and micro-batch of V values each. ``forward``:
+    the rowwise linears' partial outputs (after attention, after the MLP), at the matmul's width w (4 in fp32;
+    2 under autocast). ``backward``: the gradients of the colwise linears' inputs (the norms' outputs), at the
+    norm output's width n: fp32 under autocast over fp32 parameters (a norm of an fp32 residual stream), the
+    compute width with FSDP2's 16-bit parameters on a CPU, fp32 on a GPU (CUDA's autocast runs norms in fp32).
+    ``activation_checkpointing``: backward recomputes each block's forward up to the last tensor it needs, the
+    attention projection's all-reduce again but not the MLP's (torch's non-reentrant checkpoint stops there;
+    measured): one more forward all-reduce per block.
+
+    ``sequence_parallel``: each all-reduce becomes its two halves, the same bytes: before each colwise module
+    an all-gather of the norm's output (forward, n) and in backward a reduce-scatter of its gradient (n);
+    after each rowwise linear a reduce-scatter (forward, w) and in backward an all-gather of its gradient (w).
+    Outside the blocks, per micro-batch: the final norm's output all-gathered for the head (forward, n) and the
+    first block's input gradient all-gathered for the embeddings (backward, the residual's width r); per
+    step (``gradients``): the norms' parameter gradients, partial over the ranks' tokens, all-reduced in their
+    dtype (fp32; w with FSDP2's 16-bit parameters, before its reduce_dtype cast)."""
     if degree == 1:
         return {"forward": 0.0, "backward": 0.0}
-    values = cfg.n_layers * accumulation_steps * micro_batch * cfg.seq_len * cfg.d_model  # per all-reduce per block
+    values = accumulation_steps * micro_batch * cfg.seq_len * cfg.d_model  # per collective per block
     width = DTYPE_BYTES[precision]
-    norm_width = width if _sixteen_bit_params(precision, zero_stage) and device_type != "cuda" else 4
+    sixteen = _sixteen_bit_params(precision, zero_stage)
+    norm_width = 4 if precision == "fp32" else width if sixteen and device_type != "cuda" else 4
     forward_calls = 3 if activation_checkpointing else 2
-    return {"forward": 2 * forward_calls * values * width, "backward": 2 * 2 * values * (4 if precision == "fp32" else norm_width)}
+    if not sequence_parallel:
+        return {"forward": 2 * forward_calls * values * width * cfg.n_layers, "backward": 2 * 2 * values * norm_width * cfg.n_layers}
+    residual_width = width if sixteen else 4
+    fam = family(cfg.family)
+    norm_params = (2 * cfg.n_layers + 1) * fam.norm_params(cfg)
+    return {"forward": cfg.n_layers * 2 * values * (norm_width + width) + values * norm_width,
+            "backward": cfg.n_layers * 2 * values * (norm_width + width) + values * residual_width,
+            "gradients": 2 * norm_params * (width if sixteen else 4)}
 
 
 def activation_bytes_per_layer(seq_len: int, micro_batch: int, d_model: int, n_heads: int,
-                               recompute: str = "none", bytes_per_value: int = 2, tensor_parallel: int = 1) -> float:
+                               recompute: str = "none", bytes_per_value: int = 2, tensor_parallel: int = 1,
+                               sequence_parallel: bool = False) -> float:
     """Activation memory of one transformer layer (Korthikanti et al. 2022, eq. 1): s b h (34 + 5 a s / h)
     bytes for 16-bit activations; with tensor parallelism of t (eq. 2, no sequence parallelism)
-    s b h (10 + 24 / t + 5 a s / (h t)): the layer norms' and dropouts' 10 stay whole on every rank.
+    s b h (10 + 24 / t + 5 a s / (h t)): the layer norms' and dropouts' 10 stay whole on every rank;
+    with sequence parallelism (eq. 4) every term / t: s b h (34 + 5 a s / h) / t (full recomputation: the
+    layer input's share, 2 s b h / t).
 
     ``recompute='selective'`` drops the attention-score term (s b h 34): what a layer saves
     when the attention core is recomputed, and also what a fused attention kernel
@@ -407,12 +428,13 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, d_model: int, n_h
     """
     s, b, h, a, t = seq_len, micro_batch, d_model, n_heads, tensor_parallel
     scale = bytes_per_value / 2
+    whole = 10 / t if sequence_parallel else 10  # the norms' and dropouts' terms: split over the tokens with SP
     if recompute == "none":
-        return s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) * scale
+        return s * b * h * (whole + 24 / t + 5 * a * s / (h * t)) * scale
     if recompute == "selective":
-        return s * b * h * (10 + 24 / t) * scale
+        return s * b * h * (whole + 24 / t) * scale
     if recompute == "full":
-        return 2 * s * b * h * scale
+        return 2 * s * b * h * scale / (t if sequence_parallel else 1)
     raise ValueError(f"recompute must be none, selective or full, got {recompute!r}")
 
 
@@ -425,19 +447,20 @@ def _sixteen_bit_params(precision: str, zero_stage: int | None) -> bool:
 
 def activation_case(precision: str, micro_batch: int = 1, activation_checkpointing: bool = False,
                     zero_stage: int | None = None, device_type: str = "cpu", compiled: bool = False,
-                    tensor_parallel: int = 1) -> ActivationCase:
+                    tensor_parallel: int = 1, sequence_parallel: bool = False) -> ActivationCase:
     """What decides a block's saved tensors besides its shape, for the family records
     (scalelab.spec.families): the compute width, autocast over fp32 parameters or 16-bit parameters,
     the levers and the device."""
     sixteen = _sixteen_bit_params(precision, zero_stage)
     return ActivationCase(micro_batch=micro_batch, width=DTYPE_BYTES[precision], amp=precision in AUTOCAST and not sixteen,
                           sixteen_bit_params=sixteen, checkpointing=activation_checkpointing, gpu=device_type == "cuda",
-                          compiled=compiled, tensor_parallel=tensor_parallel)
+                          compiled=compiled, tensor_parallel=tensor_parallel,
+                          sequence_parallel=sequence_parallel and tensor_parallel > 1)
 
 
 def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, activation_checkpointing: bool,
                            convention: str = "model", zero_stage: int | None = None, device_type: str = "cpu",
-                           compiled: bool = False, tensor_parallel: int = 1) -> float:
+                           compiled: bool = False, tensor_parallel: int = 1, sequence_parallel: bool = False) -> float:
     """Predicted activations all transformer blocks keep for backward, one micro-batch.
 
     ``convention='paper'``: Korthikanti et al. as published at the run's width: s b h (34 +
@@ -488,11 +511,11 @@ def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, a
     width = DTYPE_BYTES[precision]
     if convention == "paper":
         recompute = "full" if activation_checkpointing else "none"
-        return L * activation_bytes_per_layer(s, b, h, cfg.n_heads, recompute, width, tensor_parallel)
+        return L * activation_bytes_per_layer(s, b, h, cfg.n_heads, recompute, width, tensor_parallel, sequence_parallel)
     if convention != "model":
         raise ValueError(f"unknown convention {convention!r}: 'model' or 'paper'")
     case = activation_case(precision, micro_batch, activation_checkpointing, zero_stage, device_type, compiled,
-                           tensor_parallel)
+                           tensor_parallel, sequence_parallel)
     return family(cfg.family).block_activation_bytes(cfg, case)
 
 
@@ -559,7 +582,8 @@ def loss_path_bytes(cfg: ModelConfig, micro_batch: int, precision: str, compiled
 
 def outside_block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str,
                                    accumulation_steps: int = 1, zero_stage: int | None = None,
-                                   device_type: str = "cpu", compiled: bool = False) -> float:
+                                   device_type: str = "cpu", compiled: bool = False, tensor_parallel: int = 1,
+                                   sequence_parallel: bool = False) -> float:
     """Predicted bytes kept for backward outside the transformer blocks by one micro-batch's
     forward, plus what that forward returns: what SavedActivationMeter measures as
     ``outside_blocks``. B = micro_batch, w = the compute width (LossPathBytes).
@@ -581,7 +605,10 @@ def outside_block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision
     ``compiled=True``: the loss under torch.compile (the compile lever; the final norm, the head and
     the embeddings stay eager, so their terms stand). Its partitioner saves the logits (w B T V) in
     place of the fp32 log-softmax output (4 B T V), each row's max and log-sum-exp (2 x 4 B T), and
-    the targets as handed in (a view of the token batch: no flattened copy)."""
+    the targets as handed in (a view of the token batch: no flattened copy).
+
+    ``sequence_parallel`` over ``tensor_parallel`` T ranks: the final norm keeps its share of the tokens
+    (its input and statistics / T); the head's input, all-gathered, is whole."""
     _no_formula(cfg, "activation")
     b, t, v = micro_batch, cfg.seq_len, cfg.vocab_size
     width = DTYPE_BYTES[precision]
@@ -590,7 +617,8 @@ def outside_block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision
     loss = (width * b * t * v + 2 * 4 * b * t) if compiled else (4 * b * t * v + (8 * b * t if b > 1 else 0))
     ids = 8 * accumulation_steps * b * (t + 1)
     # the family's final norm, the head's input and the positions (scalelab.spec.families)
-    case = activation_case(precision, micro_batch, zero_stage=zero_stage, device_type=device_type, compiled=compiled)
+    case = activation_case(precision, micro_batch, zero_stage=zero_stage, device_type=device_type, compiled=compiled,
+                           tensor_parallel=tensor_parallel, sequence_parallel=sequence_parallel)
     return float(loss + family(cfg.family).outside_block_bytes(cfg, case) + ids + 2 * 4)
 
 
@@ -757,7 +785,8 @@ def grads_at_peak(zero_stage: int, world_size: int, accumulation_steps: int = 1,
 def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: int, precision: str,
                 micro_batch: int, activation_checkpointing: bool = False, cpu_offload: bool = False,
                 accumulation_steps: int = 1, block_params: int | None = None, device_type: str = "cuda",
-                replicas: int = 1, compiled: bool = False, tensor_parallel: int = 1) -> PeakMemory:
+                replicas: int = 1, compiled: bool = False, tensor_parallel: int = 1,
+                sequence_parallel: bool = False) -> PeakMemory:
     """Predicted in-step peak per rank on the device: model state at rest (less the gradients where
     none exist at the start of backward: no DDP buckets and one micro-batch), plus what a step
     materialises; at least the model state at rest with its gradients (the optimizer step:
@@ -802,9 +831,10 @@ def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: in
         state, held, transient = 0.0, 0.0, gathered * (2 * block_params + outside_params)
     acts = 0.0 if cfg.module else (  # a user's module: no activation formula (model state and gathers only)
         block_activation_bytes(cfg, micro_batch, precision, activation_checkpointing, zero_stage=zero_stage,
-                               device_type=device_type, compiled=compiled, tensor_parallel=tensor_parallel)
+                               device_type=device_type, compiled=compiled, tensor_parallel=tensor_parallel,
+                               sequence_parallel=sequence_parallel)
         + outside_block_activation_bytes(cfg, micro_batch, precision, accumulation_steps, zero_stage, device_type,
-                                         compiled)
+                                         compiled, tensor_parallel, sequence_parallel)
         + loss_path_bytes(cfg, micro_batch, precision, compiled).transient)
     return PeakMemory(state, transient, acts,
                       activation_bound(cfg, precision, compiled, activation_checkpointing, device_type, tensor_parallel),

@@ -74,7 +74,8 @@ def peak(cfg: ModelConfig, n_params: int, row: Mapping, block_params: int | None
     result = accounting.peak_memory(cfg, n_params, stage, world_size, precision, int(row["micro_batch"]),
                                     bool(_value(row, "activation_checkpointing", False)), cpu_offload, accum,
                                     block_params=block_params, device_type=row["device_type"], replicas=replicas,
-                                    compiled=bool(_value(row, "compile", False)), tensor_parallel=degree)
+                                    compiled=bool(_value(row, "compile", False)), tensor_parallel=degree,
+                                    sequence_parallel=bool(_value(row, "sequence_parallel", False)))
     lora_rank = _value(row, "lora_rank")
     if lora_rank and not cpu_offload:  # frozen weights: no gradient or optimizer state for them
         trainable = n_trainable if n_trainable is not None else accounting.lora_trainable_params(cfg, int(lora_rank))
@@ -111,16 +112,18 @@ def worker_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -> dic
         paper_elements = accounting.comm_elements_per_step(n_params, stage, world_size, accum, "paper", replicas)
     custom = cfg.module is not None
     device_type = row["device_type"]
-    tp_bytes = sum(accounting.tensor_parallel_comm(cfg, micro, accum, degree, precision, stage, device_type, ac).values())
+    sp = bool(_value(row, "sequence_parallel", False))
+    tp_bytes = sum(accounting.tensor_parallel_comm(cfg, micro, accum, degree, precision, stage, device_type, ac, sp).values())
     links = accounting.comm_bytes_by_link(n_params, stage, world_size, precision, rank_hosts.count(rank_hosts[0]), replicas,
                                           grad_reduce, accum, n_trainable, tensor_parallel=degree)
     return {
         "activation_bytes_predicted": None if custom else accounting.block_activation_bytes(
-            cfg, micro, precision, ac, zero_stage=stage, device_type=device_type, compiled=compiled, tensor_parallel=degree),
+            cfg, micro, precision, ac, zero_stage=stage, device_type=device_type, compiled=compiled, tensor_parallel=degree,
+            sequence_parallel=sp),
         "activation_bytes_predicted_paper": None if custom else accounting.block_activation_bytes(
-            cfg, micro, precision, ac, "paper", tensor_parallel=degree),
+            cfg, micro, precision, ac, "paper", tensor_parallel=degree, sequence_parallel=sp),
         "activation_bytes_outside_blocks_predicted": None if custom else accounting.outside_block_activation_bytes(
-            cfg, micro, precision, accum, stage, device_type, compiled=compiled),
+            cfg, micro, precision, accum, stage, device_type, compiled, degree, sp),
         "model_state_bytes_predicted": states[0].total,
         "model_state_params_bytes_predicted": states[0].params,
         "model_state_grads_bytes_predicted": states[0].grads,

@@ -41,29 +41,33 @@ _missing = [a for a in LEVER_AXES if AXIS[a].type is not bool and a not in _LEVE
 if _missing:
     raise ValueError(f"scalelab.harness.fixtures: no synthetic value for the lever(s) {', '.join(_missing)}")
 LEVER_VALUES = {a: (not AXIS[a].default) if AXIS[a].type is bool else _LEVER_VALUES[a] for a in LEVER_AXES}
-_LEVER_PRECISION = {"grad_reduce": "fp16"}
-"""Levers that apply to no fp32 run: their runs come in pairs of this precision, the baseline twin
-(every lever at its default) and the run with the lever away from it."""
+_LEVER_TWIN = {"grad_reduce": {"precision": "fp16"}, "sequence_parallel": {"tensor_parallel": 2}}
+"""Levers that apply only beside another axis's value (grad_reduce to no fp32 run, sequence parallelism only
+with tensor parallelism): their runs come in pairs with that value, the twin (every lever but the one it
+runs beside at its default) and the run with the lever away from it."""
 
 
 def _applies(point, lever: str) -> bool:
     """Whether the sweep would run this point (the lever's own rule: offload on stage 3 only, no
     buckets under FSDP2), at the synthetic per-rank batch."""
     train = dataclasses.replace(TrainConfig(), global_batch=PER_RANK_BATCH * point.world_size)
-    return getattr(point, lever) == LEVER_VALUES[lever] and AXIS[lever].left_out(point, train) is None
+    rules = (lever, *_LEVER_TWIN.get(lever, {}))  # and the rule of the axis it runs beside
+    return getattr(point, lever) == LEVER_VALUES[lever] and all(AXIS[a].left_out(point, train) is None for a in rules
+                                                                 if AXIS[a].left_out is not None)
 
 
 def lever_points() -> list:
     """Runs 24-95: each baseline with one lever away from its default, where that lever applies,
     taken in turn from every lever of LEVER_AXES (so that 30 runs already vary each lever once)."""
     per_lever = [[p for p in (dataclasses.replace(b, **{lever: LEVER_VALUES[lever]}) for b in BASELINES)
-                  if _applies(p, lever)] if lever not in _LEVER_PRECISION else
-                 [p for b in BASELINES for twin in [dataclasses.replace(b, precision=_LEVER_PRECISION[lever])]
+                  if _applies(p, lever)] if lever not in _LEVER_TWIN else
+                 [p for b in BASELINES for twin in [dataclasses.replace(b, **_LEVER_TWIN[lever])]
                   for p in (twin, dataclasses.replace(twin, **{lever: LEVER_VALUES[lever]}))
                   if _applies(dataclasses.replace(twin, **{lever: LEVER_VALUES[lever]}), lever)]
                  for lever in LEVER_AXES]
     turns = itertools.zip_longest(*per_lever)
-    return [p for turn in turns for p in turn if p is not None][:96 - len(BASELINES)]
+    # once each: a twin one lever needs may be another lever's run already (tensor parallelism's, for sequence parallelism)
+    return list(dict.fromkeys(p for turn in turns for p in turn if p is not None))[:96 - len(BASELINES)]
 
 
 def _tensor_parallel_columns(point) -> dict:

@@ -106,9 +106,10 @@ def _plain(value):
     return value
 
 
-def tensor_parallel_problem(model, degree: int) -> None:
+def tensor_parallel_problem(model, degree: int, sequence_parallel: bool = False) -> None:
     """ConfigError where a model cannot be split ``degree`` ways: no plan in its family's record (a user's
-    module), or heads, key/value heads or the MLP's width that the degree does not divide."""
+    module), or heads, key/value heads or the MLP's width that the degree does not divide; with
+    ``sequence_parallel`` a sequence length it does not divide."""
     from scalelab.spec.families import family
 
     if model.module or not family(model.family).tensor_parallel:
@@ -116,6 +117,8 @@ def tensor_parallel_problem(model, degree: int) -> None:
                           "plan (a family's record gives one; a user's module is not split)")
     counts = {"n_heads": model.n_heads, "n_kv_heads": model.n_kv_heads or model.n_heads,
               "the MLP's width": family(model.family).mlp_width(model)}
+    if sequence_parallel:
+        counts["seq_len"] = model.seq_len
     bad = [f"{name} {n}" for name, n in counts.items() if n % degree]
     if bad:
         raise ConfigError(f"sweep.tensor_parallel={degree} does not divide the model's {', '.join(bad)}")
@@ -130,7 +133,7 @@ def run_plan(config: dict, point: RunPoint, *, device: str = "cpu", device_reaso
     micro, accumulation = micro_batch_plan(train, data_parallel_ranks(point), point.micro_batch)
     model = model_config(config, vocab_size=vocab_size, name=point.model)
     if point.tensor_parallel > 1:
-        tensor_parallel_problem(model, point.tensor_parallel)
+        tensor_parallel_problem(model, point.tensor_parallel, point.sequence_parallel)
     return RunPlan(point=point, model=model, train=train,
                    micro_batch=micro, accumulation_steps=accumulation, launch=launch_plan(config, point.world_size),
                    device=device, device_reason=device_reason,

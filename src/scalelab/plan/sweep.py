@@ -204,6 +204,14 @@ AXES: tuple[Axis, ...] = (
          "row parallel linears on DTensor), world_size / T data-parallel ranks; 1 = none", int, 1, "int16", False,
          from_path=int, run_id=lambda v: None if v == 1 else f"tp{v}", id_pattern=r"tp\d+",
          left_out=_tensor_parallel_left_out, is_default=lambda runs: runs["tensor_parallel"].isna() | (runs["tensor_parallel"] == 1)),
+    # Sequence parallelism (issue #43): with T > 1, the norms and the residual stream on 1/T of the tokens per rank.
+    Axis("sequence_parallel", "sequence parallelism (Megatron's, with tensor_parallel > 1): the norms and the residual "
+         "stream on each rank's 1/T of the tokens, all-gathered before the split linears and reduce-scattered after "
+         "them instead of all-reduced", bool, False, "bool", False, from_path=_flag,
+         run_id=lambda v: "sp" if v else None, id_pattern="sp",
+         left_out=lambda point, train: None if not point.sequence_parallel or point.tensor_parallel > 1 else
+         "sequence_parallel needs tensor_parallel > 1 (it splits the tokens over the tensor-parallel ranks)",
+         is_default=lambda runs: ~runs["sequence_parallel"].fillna(False).astype(bool)),
     # Last, so that a repeat's run id is its first run's plus "-r2", "-r3" (scalelab.results.noise).
     # Repeats of a point differ in nothing but what cannot be held equal (timing): same seed, same data,
     # bit-identical losses; their spread in time is the sweep's run-to-run noise.

@@ -184,6 +184,16 @@ FIGURES: tuple[Figure, ...] = (
                 "Right: bytes per optimizer step on rank 0, the strategy's collectives (over the data-parallel ranks "
                 "under tensor parallelism) and the tensor-parallel all-reduces stacked (four per block and "
                 "micro-batch, five with checkpointing; not counted in compiled runs), measured bars, predicted ticks."),
+    Figure(
+        "lever_sequence_parallel", kind="lever", varies="sequence_parallel",
+        draw=lambda t: _levers().sequence_parallel_plot(_levers().lever_pairs(t.levers, "sequence_parallel")),
+        caption="Sequence parallelism, each run beside its twin with tensor parallelism alone (the same degree, "
+                "stage and world size). Left: one micro-batch's activations per rank (measured bars; predicted "
+                "ticks, grey: Korthikanti et al.'s eq. 4, where all of a layer's activations split): the norms and "
+                "the residual stream keep each rank's share of the tokens, while the split linears keep their "
+                "all-gathered inputs whole. Right: tensor parallelism's bytes per optimizer step: the all-reduces "
+                "become all-gathers and reduce-scatters of the same volume, plus the head's input gathered, the "
+                "embeddings' gradient gathered and the norms' partial gradients summed."),
 )
 if len({f.name for f in FIGURES}) != len(FIGURES):
     raise ValueError("figure names must be unique")

@@ -44,9 +44,15 @@ def baseline(runs: pd.DataFrame, strategies: bool = False) -> pd.DataFrame:
     return runs[keep]
 
 
+BESIDE = {"sequence_parallel": "tensor_parallel"}
+"""Levers that run only beside another lever away from its default: a variant and its twin share that one
+(sequence parallelism at T > 1 against tensor parallelism alone at the same T)."""
+
+
 def _others_at_default(runs: pd.DataFrame, lever: str, defaults: dict[str, pd.Series] | None = None) -> pd.Series:
-    """Which rows have every lever but `lever` at its default (defaults: _is_default(runs), if known)."""
-    others = [v for k, v in (defaults or _is_default(runs)).items() if k != lever]
+    """Which rows have every lever but `lever` (and the one it runs beside) at its default (defaults:
+    _is_default(runs), if known)."""
+    others = [v for k, v in (defaults or _is_default(runs)).items() if k not in (lever, BESIDE.get(lever))]
     return pd.concat(others, axis=1).all(axis=1) if others and not runs.empty else pd.Series(True, index=runs.index)
 
 
@@ -130,6 +136,13 @@ EVIDENCE: dict[str, dict[str, Pair]] = {
         "tensor_parallel_mb_predicted": lambda r: r.comm_tensor_parallel_bytes_per_step_predicted / 1e6,
         "baseline_strategy_mb": lambda r: r.comm_bytes_per_step_measured_base / 1e6,
         "baseline_strategy_mb_predicted": lambda r: r.comm_bytes_per_step_predicted_base / 1e6},
+    # tensor parallelism's bytes per step with and without it (its all-gathers and reduce-scatters against the
+    # all-reduces), measured and predicted; the activations are every pair's (lever_sequence_parallel)
+    "sequence_parallel": {
+        "tensor_parallel_mb": lambda r: r.comm_tensor_parallel_bytes_per_step_measured / 1e6,
+        "tensor_parallel_mb_predicted": lambda r: r.comm_tensor_parallel_bytes_per_step_predicted / 1e6,
+        "baseline_tensor_parallel_mb": lambda r: r.comm_tensor_parallel_bytes_per_step_measured_base / 1e6,
+        "baseline_tensor_parallel_mb_predicted": lambda r: r.comm_tensor_parallel_bytes_per_step_predicted_base / 1e6},
     # step time without compilation, which is timed apart before the first step, and the losses (lever_compile)
     "compile": {
         "step_ms": lambda r: r.step_time_s_median * 1e3,
@@ -428,6 +441,33 @@ def tensor_parallel_plot(pairs: pd.DataFrame):
     _pair_ticks(right, x, labels)
     right.set(ylabel="MB per optimizer step (rank 0)", title="communication")
     _legend_below(right)
+    return fig
+
+
+def sequence_parallel_plot(pairs: pd.DataFrame):
+    """Left: one micro-batch's activations per rank, tensor parallelism alone beside it with sequence parallelism
+    (bars: measured; ticks: predicted, and Korthikanti et al.'s). Right: tensor parallelism's bytes per step,
+    the same pair (ticks: predicted)."""
+    fig, panels = _pair_panels(pairs)
+    if panels is None:
+        return fig
+    left, right, ok, x, labels = panels
+    _bars_off_on(left, x, labels, ok["baseline_activation_mib_measured"], ok["activation_mib_measured"],
+                 "TP alone, measured", "TP + SP, measured", "C5")
+    marks(left, x - 0.2, ok["baseline_activation_mib_predicted"], marker="_", size=300, color="black", zorder=3, label="predicted")
+    marks(left, x + 0.2, ok["activation_mib_predicted"], marker="_", size=300, color="black", zorder=3)
+    marks(left, x - 0.2, ok["baseline_activation_mib_predicted_paper"], marker="_", size=300, color="grey", zorder=3,
+          label="predicted (paper)")
+    marks(left, x + 0.2, ok["activation_mib_predicted_paper"], marker="_", size=300, color="grey", zorder=3)
+    left.set(ylabel="MiB per micro-batch", title="activations kept for backward, per rank")
+    _side_legend(left)
+    _bars_off_on(right, x, labels, ok["baseline_tensor_parallel_mb"].fillna(0), ok["tensor_parallel_mb"].fillna(0),
+                 "TP alone: all-reduces", "TP + SP: all-gathers, reduce-scatters", "C5")
+    marks(right, x - 0.2, ok["baseline_tensor_parallel_mb_predicted"], marker="_", size=300, color="black", zorder=3,
+          label="predicted")
+    marks(right, x + 0.2, ok["tensor_parallel_mb_predicted"], marker="_", size=300, color="black", zorder=3)
+    right.set(ylabel="MB per optimizer step (rank 0)", title="tensor-parallel communication")
+    _side_legend(right)
     return fig
 
 

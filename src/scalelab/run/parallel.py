@@ -292,6 +292,19 @@ def _parallelize_split(model, zero_stage, device, lr, weight_decay, param_dtype,
     return Parallelized(model, opt, no_sync, tensor_parallel=tensor_parallel)
 
 
+def reduce_partial_grads(par: Parallelized) -> None:
+    """Sum the gradients sequence parallelism leaves partial over the tensor-parallel ranks (the parameters its
+    sharded tokens reach whole: the norms'; each rank's gradient covers its own tokens) into whole ones, one
+    all-reduce each. FSDP2 (stages 2 and 3, and its replicate at stage 0) does this in its reduction already;
+    a split model trained alone would step each rank's norms with its own share, and the replicas drift apart."""
+    if par.tensor_parallel == 1:
+        return
+    for p in par.model.parameters():
+        grad = p.grad
+        if grad is not None and any(placement.is_partial() for placement in getattr(grad, "placements", ())):
+            p.grad = grad.redistribute(grad.device_mesh, p.placements)
+
+
 def clip_grad_norm(par: Parallelized, max_norm: float, comm_device: torch.device) -> torch.Tensor:
     """Clip the global gradient norm to max_norm; return the norm before clipping.
 

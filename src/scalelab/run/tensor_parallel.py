@@ -15,6 +15,15 @@ plain split would hand rank 0 all of q. :func:`apply_tensor_parallel` reorders t
 that rank r's contiguous share is its heads' q, then k, then v (the attention views heads by their
 width: a rank attends over its own heads), and :func:`full_state` puts them back in the model's order,
 so that a tensor-parallel run's parameters compare byte for byte with any other run's.
+
+Sequence parallelism (Megatron's, ``sequence_parallel=True``; torchtitan's styles): between the
+linears each rank holds 1/T of the tokens (the residual stream and the norms, ``Family.norms``, on
+a (B, T/T', d) share). Before a module's colwise linears the norm's output is all-gathered over the
+sequence; after a rowwise linear the partial outputs are reduce-scattered over it instead of
+all-reduced (the same volume, the two halves of an all-reduce). The replicated embeddings hand the
+first block its share (a slice; in backward the input gradient is all-gathered back), and the final
+norm's output is all-gathered for the replicated head. The parameters the sharded tokens reach
+whole (the norms', a rowwise bias) get partial gradients: all-reduced over the mesh in backward.
 """
 from __future__ import annotations
 
@@ -24,13 +33,15 @@ import re
 import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate
-from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, parallelize_module
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel, parallelize_module
 
 from scalelab.plan.run_plan import tensor_parallel_problem
 from scalelab.spec.families import family
 
 STYLES = {"colwise": ColwiseParallel, "colwise by head": ColwiseParallel, "rowwise": RowwiseParallel}
+TOKENS = Shard(1)
+"""A sequence-parallel activation's placement: (B, T, d) split over its tokens."""
 
 
 def head_major_rows(d_model: int, degree: int) -> torch.Tensor:
@@ -52,11 +63,12 @@ def plan_of(model: nn.Module) -> dict[str, str]:
     return plan
 
 
-def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
-    """Split every block's linears over ``mesh`` (1-D: the tensor-parallel ranks) in place."""
+def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel: bool = False) -> nn.Module:
+    """Split every block's linears over ``mesh`` (1-D: the tensor-parallel ranks) in place; with
+    ``sequence_parallel`` the norms and the residual stream over the tokens as well (the module doc)."""
     plan = plan_of(model)
     degree = mesh.size()
-    tensor_parallel_problem(model.cfg, degree)  # the planner's check (ConfigError), should a caller not have planned
+    tensor_parallel_problem(model.cfg, degree, sequence_parallel)  # the planner's check (ConfigError), should a caller not have planned
     for block in model.blocks:
         for path, how in plan.items():
             if how == "colwise by head":
@@ -66,11 +78,31 @@ def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
                     linear.weight.copy_(linear.weight[rows])
                     if linear.bias is not None:
                         linear.bias.copy_(linear.bias[rows])
-        styles = {path: STYLES[how]() for path, how in plan.items()}
-        for parent in _colwise_parents(plan):
-            styles[parent] = _shared_input(block.get_submodule(parent))
+        parents = _colwise_parents(plan)
+        styles = {path: _style(path, how, parents, sequence_parallel) for path, how in plan.items()}
+        for parent in parents:
+            styles[parent] = _shared_input(block.get_submodule(parent), sequence_parallel)
+        if sequence_parallel:
+            styles.update({norm: SequenceParallel() for norm in family(model.cfg.family).norms[:-1]})
         parallelize_module(block, mesh, styles)
+    if sequence_parallel:
+        final_norm = family(model.cfg.family).norms[-1]
+        parallelize_module(model, mesh, {
+            "blocks.0": _first_input(model.blocks[0], Replicate(), TOKENS),  # the embeddings' output: this rank's tokens
+            final_norm: SequenceParallel(),
+            "head": PrepareModuleInput(input_layouts=(TOKENS,), desired_input_layouts=(Replicate(),), use_local_output=True)})
     return model
+
+
+def _style(path: str, how: str, shared_parents: list[str], sequence_parallel: bool):
+    """A planned linear's style: under sequence parallelism a colwise linear gathers its input's tokens
+    (unless its module gathered them once for all its colwise linears) and a rowwise one scatters them."""
+    if not sequence_parallel:
+        return STYLES[how]()
+    if how == "rowwise":
+        return RowwiseParallel(output_layouts=TOKENS)
+    shared = "." in path and path.rsplit(".", 1)[0] in shared_parents
+    return ColwiseParallel() if shared else ColwiseParallel(input_layouts=TOKENS)
 
 
 def _colwise_parents(plan: dict[str, str]) -> list[str]:
@@ -79,14 +111,20 @@ def _colwise_parents(plan: dict[str, str]) -> list[str]:
     return [p for p in dict.fromkeys(parents) if parents.count(p) > 1]
 
 
-def _shared_input(module: nn.Module) -> PrepareModuleInput:
+def _shared_input(module: nn.Module, sequence_parallel: bool = False) -> PrepareModuleInput:
     """The module's first input as one replicated DTensor for all its colwise linears: in backward their
     input gradients add up on it and are all-reduced once (torchtitan's PrepareModuleInput), not once per
-    linear; its other inputs (RoPE's tables) pass as they are."""
+    linear; under sequence parallelism it arrives as this rank's tokens and is all-gathered once."""
+    return _first_input(module, TOKENS if sequence_parallel else Replicate(), Replicate(), use_local_output=False)
+
+
+def _first_input(module: nn.Module, layout, desired, use_local_output: bool = True) -> PrepareModuleInput:
+    """A module's first input from ``layout`` to ``desired``; its other inputs (RoPE's tables) pass as they are."""
     n_inputs = len([p for p in inspect.signature(module.forward).parameters.values()
                     if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)])
-    return PrepareModuleInput(input_layouts=(Replicate(),) + (None,) * (n_inputs - 1),
-                              desired_input_layouts=(Replicate(),) + (None,) * (n_inputs - 1), use_local_output=False)
+    rest = (None,) * (n_inputs - 1)
+    return PrepareModuleInput(input_layouts=(layout,) + rest, desired_input_layouts=(desired,) + rest,
+                              use_local_output=use_local_output)
 
 
 def full_state(model: nn.Module, degree: int) -> dict[str, torch.Tensor]:

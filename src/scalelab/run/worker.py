@@ -61,6 +61,7 @@ from scalelab.run.parallel import (
     compiled_graphs,
     model_state_bytes,
     parallelize,
+    reduce_partial_grads,
 )
 from scalelab.run.precision import autocast, convert_linears, grad_scaler, unsupported_reason
 from scalelab.run.progress import Progress
@@ -310,7 +311,7 @@ def setup(plan: RunPlan, rank_cores: str | None = None) -> Run:
 
         mesh = init_device_mesh(device.type, (world_size // point.tensor_parallel, point.tensor_parallel),
                                 mesh_dim_names=("dp", "tp"))
-        apply_tensor_parallel(model, mesh["tp"])
+        apply_tensor_parallel(model, mesh["tp"], point.sequence_parallel)
         dp_mesh = mesh["dp"]
     # LoRA after the model is built: the base weights are those of the full-training twin.
     n_trainable = apply_lora(model, point.lora_rank, train_cfg.lora_alpha) if point.lora_rank else None
@@ -392,6 +393,7 @@ def train_step(run: Run, step: int, measure_activations: bool) -> StepOutcome:
                 activations = {"inside": meter.inside_blocks, "outside": meter.outside_blocks}
             scaler.scale(loss / run.accum).backward()
         loss_sum += loss.detach()
+    reduce_partial_grads(par)  # sequence parallelism's partial gradients, where no FSDP2 reduction summed them
     run.fault.inject("after_backward", step, run.rank, model=par.model)
     # The scale the step used, kept on the device until the step ends: get_scale() (.item()) here
     # would make the host wait for the backward mid-step, a synchronisation a plain loop has not.

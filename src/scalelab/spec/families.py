@@ -45,6 +45,10 @@ class ActivationCase:
     weight copies), and all of what the norms and the residual stream keep (Korthikanti et al. 2022's
     split without sequence parallelism). Eager only: compiled blocks under tensor parallelism are not
     modelled (scalelab.formulas.accounting.activation_bound)."""
+    sequence_parallel: bool = False
+    """With tensor_parallel > 1: what the norms keep of the residual stream (their inputs, statistics) and the
+    residual stream itself are each rank's 1/T of the tokens; the norms' outputs, all-gathered for the split
+    linears, are kept whole by the linears (torch's colwise style saves its gathered input)."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,11 @@ class Family:
     parallelism (scalelab.run.tensor_parallel applies the plan)."""
     linear_biases: bool = False
     """Whether a block's linears have biases (a colwise bias is split with its rows, a rowwise one is not)."""
+    norms: tuple[str, ...] = ()
+    """A block's norms (paths in the block), then the final norm's (a path in the model): what sequence
+    parallelism runs on each rank's share of the tokens (scalelab.run.tensor_parallel)."""
+    norm_params: Callable = lambda cfg: 0
+    """cfg -> one norm's parameters (LayerNorm's weight and bias, RMSNorm's weight)."""
     formulas: dict[str, str] = field(default_factory=dict)
     """The report's words for parameters, flops, activations and recompute (scalelab.report.formulas)."""
     shape_problem: Callable = lambda cfg: None
@@ -115,15 +124,18 @@ def _gpt2_block_activations(cfg, case: ActivationCase) -> float:
     values per layer at w; under autocast the fp32 residual stream and LayerNorm inputs and the w-byte
     weight copies; with 16-bit parameters on a GPU, eager, the LayerNorms' fp32 input copies; compiled,
     the partitioner's set (LayerNorm statistics, the attention logsumexp and, on a GPU, flash
-    attention's RNG state); with checkpointing the block input alone."""
+    attention's RNG state); with checkpointing the block input alone. Sequence parallelism: x and x + attn
+    (the LayerNorms' inputs, and the fp32 copies of them where kept) per rank's tokens, the LayerNorms'
+    outputs whole (all-gathered, kept by qkv and fc)."""
     s, b, h, L, w = cfg.seq_len, case.micro_batch, cfg.d_model, cfg.n_layers, case.width
     residual_width = 4 if case.amp else w
-    if case.checkpointing:
-        return L * s * b * h * residual_width
     t = 1 if case.compiled else case.tensor_parallel  # compiled: the unsplit figure, an upper bound
+    share = 1 / t if case.sequence_parallel else 1  # of the residual stream's terms
+    if case.checkpointing:
+        return L * s * b * h * residual_width * share
     # x, both LayerNorm outputs and x + attn whole on every rank; q, k, v, the attention output, the projection's
     # output and the MLP's 4h fc and GELU outputs split (measured on the CPU with saved-tensor hooks, T = 2)
-    per_layer = (4 + 12 / t) * s * b * h * w
+    per_layer = (2 + 2 * share + 12 / t) * s * b * h * w
     if case.compiled:  # what the partitioner saves
         stats_width = 4 if case.gpu else residual_width  # CUDA's LayerNorm keeps fp32 mean and rstd for 16-bit inputs
         flash_rng = 16 if case.gpu else 0  # flash attention's philox seed and offset, two int64 scalars
@@ -132,20 +144,22 @@ def _gpt2_block_activations(cfg, case: ActivationCase) -> float:
             per_layer += s * b * h * (4 - w) + 2 * _gpt2_matmul(cfg)
         return L * per_layer
     if case.amp:
-        per_layer += 2 * s * b * h * (4 - w) + 2 * _gpt2_matmul(cfg) / t
+        per_layer += 2 * s * b * h * (4 - w) * share + 2 * _gpt2_matmul(cfg) / t
     elif case.sixteen_bit_params and case.gpu:
         # CUDA's autocast runs layer_norm in fp32 (the CPU's keeps its input dtype): each LayerNorm saves an
         # fp32 copy of its 16-bit input (an H200: eager bf16 at stage 3 measured 13.7% over the formula without it)
-        per_layer += 2 * s * b * h * (4 - w)
+        per_layer += 2 * s * b * h * (4 - w) * share
     return L * per_layer
 
 
 def _gpt2_outside(cfg, case: ActivationCase) -> float:
     """The final LayerNorm's input (the residual stream: fp32, or w with 16-bit parameters on a CPU;
     on a GPU autocast's fp32 copy of it, the final LayerNorm being eager in compiled runs too) with its
-    mean and rstd, the head's input at w (and autocast's 16-bit copy of the head weight), the positions."""
+    mean and rstd (per rank's tokens under sequence parallelism), the head's input at w (and autocast's
+    16-bit copy of the head weight), the positions."""
     b, t, c, v, w = case.micro_batch, cfg.seq_len, cfg.d_model, cfg.vocab_size, case.width
     final_norm = (w if case.sixteen_bit_params and not case.gpu else 4) * b * t * c + 2 * 4 * b * t
+    final_norm /= case.tensor_parallel if case.sequence_parallel else 1
     head = w * b * t * c + (2 * v * c if case.amp else 0)
     return float(final_norm + head + 8 * t)
 
@@ -177,6 +191,8 @@ GPT2 = Family(
     own_columns=lambda cfg: {},
     tensor_parallel={"attn.qkv": "colwise by head", "attn.proj": "rowwise", "mlp.fc": "colwise", "mlp.proj": "rowwise"},
     linear_biases=True,
+    norms=("ln1", "ln2", "ln_f"),
+    norm_params=lambda cfg: 2 * cfg.d_model,
     formulas={
         "parameters": "Ψ = V·d + T·d + L·(12d² + 13d) + 2d (+ V·d if the head is untied)",
         "flops": "6·(12·L·d² + V·d) + 12·L·d·T",
@@ -258,11 +274,13 @@ def _llama_block_activations(cfg, case: ActivationCase) -> float:
     s, b, h, L, heads = cfg.seq_len, case.micro_batch, cfg.d_model, cfg.n_layers, cfg.n_heads
     kv, f, head_dim = _llama_kv_dim(cfg), llama_ffn_dim(cfg), head_width(cfg)
     w, sixteen, amp, gpu = case.width, case.sixteen_bit_params, case.amp, case.gpu
+    t = case.tensor_parallel
+    share = 1 / t if case.sequence_parallel else 1  # of what the norms keep of the residual stream
     rope_once, rope_per_layer = (0.0, 2 * s * head_dim * w) if (amp or sixteen) else (2 * s * head_dim * 4, 0.0)
     if case.checkpointing:
         residual = w if sixteen else 4
         rope_once, rope_per_layer = (0.0, rope_per_layer) if sixteen else (2 * s * head_dim * 4, 0.0)
-        return L * (s * b * h * residual + rope_per_layer) + rope_once
+        return L * (s * b * h * residual * share + rope_per_layer) + rope_once
     if case.compiled and not _llama_math_attention(cfg, case):
         residual = w if sixteen else 4
         per_layer = ((residual + 5 * w) * s * b * h + 2 * w * s * b * kv + 3 * w * s * b * f
@@ -270,20 +288,21 @@ def _llama_block_activations(cfg, case: ActivationCase) -> float:
         if amp:
             per_layer += 2 * _llama_matmul(cfg)
         return L * per_layer + rope_once
+    # the norms' bytes per s b h value: (what they keep of their inputs, per rank's tokens under sequence
+    # parallelism; what the linears keep of their outputs, whole)
     if sixteen:
-        norms = 4 * w if gpu else 2 * w + 16
+        norms_in, norms_out = (2 * w if gpu else 16), 2 * w
     elif amp:
-        norms = (8 if gpu else 16) + 5 * w
+        norms_in, norms_out = (8 if gpu else 16), 5 * w
     else:
-        norms = 16 if gpu else 24
+        norms_in, norms_out = (8 if gpu else 16), 8
     attention = 4 * b * heads * s  # the logsumexp of the fused kernels (flash; CPU's for every dtype)
     if _llama_math_attention(cfg, case):
         attention = 4 * b * heads * s * s + 2 * w * s * b * (h - kv)
     # the norms, their rstd and the RoPE casts whole on every rank; q, k, v, the attention output and its
     # kernel's keep, SwiGLU's hidden values and the weight copies split (measured on the CPU, T = 2)
-    t = case.tensor_parallel
     split = 2 * w * s * b * h + 2 * w * s * b * kv + 4 * w * s * b * f + attention + (2 * _llama_matmul(cfg) if amp else 0)
-    per_layer = norms * s * b * h + 8 * s * b + rope_per_layer + split / t
+    per_layer = (norms_in * share + norms_out) * s * b * h + 8 * s * b * share + rope_per_layer + split / t
     return L * per_layer + rope_once
 
 
@@ -291,10 +310,12 @@ def _llama_outside(cfg, case: ActivationCase) -> float:
     """The final RMSNorm keeps its fp32 input (or upcast) and x rstd (8 B T C) and rstd (4 B T); the
     head's input: the norm's output at w (fp32, 16-bit parameters) or autocast's w-byte cast of it,
     with the 16-bit copy of the untied head weight under autocast; no positions (on a GPU the fused
-    RMSNorm keeps its input only: 4 B T C, or w B T C with 16-bit parameters)."""
+    RMSNorm keeps its input only: 4 B T C, or w B T C with 16-bit parameters); under sequence parallelism
+    the norm's terms per rank's tokens, the head's input (all-gathered) whole."""
     b, t, c, v, w = case.micro_batch, cfg.seq_len, cfg.d_model, cfg.vocab_size, case.width
     head = w * b * t * c + (2 * v * c if case.amp else 0)
     norm = ((w if case.sixteen_bit_params else 4) if case.gpu else 8) * b * t * c + 4 * b * t
+    norm /= case.tensor_parallel if case.sequence_parallel else 1
     return float(norm + head)
 
 
@@ -334,6 +355,8 @@ LLAMA = Family(
     # torchtitan's plan: q, k, v and SwiGLU's gate and up colwise, the output and down projections rowwise
     tensor_parallel={"attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise", "attn.o": "rowwise",
                      "mlp.gate": "colwise", "mlp.up": "colwise", "mlp.down": "rowwise"},
+    norms=("norm1", "norm2", "norm"),
+    norm_params=lambda cfg: cfg.d_model,
     own_columns=lambda cfg: {"n_kv_heads": cfg.n_kv_heads or cfg.n_heads, "ffn_dim": llama_ffn_dim(cfg),
                              "rope_base": cfg.rope_base},
     formulas={
