@@ -15,11 +15,16 @@ LLAMA = {"family": "llama", "n_layers": 2, "d_model": 32, "n_heads": 4, "n_kv_he
 POINTS = (("fp32", 0, 1, 1), ("fp32", 0, 2, 2), ("fp32", 3, 4, 2), ("bf16", 3, 4, 2), ("fp32", 0, 4, 2), ("bf16", 0, 4, 2))
 IDS = ["tp2", "tp2-dp2-z3", "tp2-dp2-z3-bf16", "tp2-dp2-z0", "tp2-dp2-z0-bf16"]  # of POINTS[1:]
 FP32 = [p for p in POINTS[1:] if p[0] == "fp32"]
+SP_POINTS = (("fp32", 0, 2, False), ("fp32", 3, 4, False), ("bf16", 0, 4, False), ("fp32", 3, 2, True))
+"""Sequence parallelism over TP 2: (precision, stage, world size, activation checkpointing); each one's twin with
+tensor parallelism alone is a point of POINTS, or run beside it (checkpointing)."""
+SP_IDS = ["z0-w2", "z3-w4", "bf16-z0-w4", "z3-w2-ac"]
 
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
 def tp_runs(request, tmp_path_factory, tiny_data):
-    """Each family at world size 1, TP 2 alone and TP 2 x DP 2 at stages 0 and 3 (fp32, and bf16's recipe)."""
+    """Each family at world size 1, TP 2 alone and TP 2 x DP 2 at stages 0 and 3 (fp32, and bf16's recipe), and
+    sequence parallelism (SP_POINTS)."""
     from scalelab.plan.sweep import RunPoint
     from support import run_point, tiny_config
 
@@ -31,8 +36,19 @@ def tp_runs(request, tmp_path_factory, tiny_data):
         # two heads per rank; wide enough that what GPT-2's eager formula leaves out (the LayerNorms' statistics, the
         # attention's logsumexp: about 0.6 / d_model of a layer) stays under the 1% the activations are held to
         cfg["model"].update(n_heads=4, d_model=128)
-    return {(p, s, w, t): run_point(tmp, tiny_data, RunPoint(p, s, w, tensor_parallel=t), cfg=cfg, save_final_params=True)
+    runs = {(p, s, w, t): run_point(tmp, tiny_data, RunPoint(p, s, w, tensor_parallel=t), cfg=cfg, save_final_params=True)
             for p, s, w, t in POINTS}
+    for p, s, w, ac in SP_POINTS:  # with sequence parallelism ("sp"), and the checkpointed point's twin without it
+        for sp in (True, False) if ac else (True,):
+            point = RunPoint(p, s, w, tensor_parallel=2, sequence_parallel=sp, activation_checkpointing=ac)
+            runs["sp" if sp else "tp", p, s, w, ac] = run_point(tmp, tiny_data, point, cfg=cfg, save_final_params=True)
+    return runs
+
+
+def _sp_pair(tp_runs, point):
+    """A sequence-parallel run's summary and its twin's, tensor parallelism alone."""
+    p, s, w, ac = point
+    return tp_runs["sp", p, s, w, ac][0], (tp_runs["tp", p, s, w, ac] if ac else tp_runs[p, s, w, 2])[0]
 
 
 @pytest.mark.parametrize("point", FP32, ids=[i for p, i in zip(POINTS[1:], IDS) if p in FP32])
@@ -130,3 +146,40 @@ def test_checkpointing_and_compile_compose_with_tensor_parallelism(tmp_path, tin
     assert s["compile_graphs_in_loop"] == 0 and s["comm_tensor_parallel_bytes_per_step_measured"] is None
     assert s["predicted_peak_bound"].startswith("upper bound: compiled blocks under tensor parallelism")
     assert s["activation_bytes_measured"] < s["activation_bytes_predicted"]
+
+
+@pytest.mark.parametrize("point", [p for p in SP_POINTS if p[0] == "fp32"], ids=[i for p, i in zip(SP_POINTS, SP_IDS)
+                                                                                if p[0] == "fp32"])
+def test_sequence_parallel_fp32_follows_the_single_process(tp_runs, point):
+    """The same losses, clipped norms and final parameters as one process: the norms' gradients, each rank's
+    share of the tokens, are summed before the step (by FSDP2, or after backward where none reduces)."""
+    summary, steps, run_dir = tp_runs[("sp", *point)]
+    assert summary["status"] == "ok", summary["reason"]
+    assert summary["run_id"].endswith("-tp2-sp")
+    _, single_steps, single_dir = tp_runs[POINTS[0]]
+    np.testing.assert_allclose(steps["loss"].to_numpy(), single_steps["loss"].to_numpy(), rtol=1e-5, atol=0)
+    np.testing.assert_allclose(steps["grad_norm"].to_numpy(), single_steps["grad_norm"].to_numpy(), rtol=1e-5)
+    final, reference = torch.load(run_dir / "final_params.pt"), torch.load(single_dir / "final_params.pt")
+    for name, ref in reference.items():
+        torch.testing.assert_close(final[name], ref, atol=1e-4, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("point", SP_POINTS, ids=SP_IDS)
+def test_sequence_parallel_bytes_and_memory_are_the_formulas(tp_runs, point):
+    """Tensor parallelism's bytes exact (all-gathers and reduce-scatters, the head's and the embeddings' gathers,
+    the norms' gradients; the recomputation's with checkpointing), the strategy's exact, the model state as
+    without sequence parallelism (within 1%: FSDP2's padding); activations within 1% (exact with checkpointing)
+    and less than the twin's."""
+    summary, twin = _sp_pair(tp_runs, point)
+    assert summary["status"] == twin["status"] == "ok"
+    assert summary["comm_tensor_parallel_bytes_per_step_measured"] == summary["comm_tensor_parallel_bytes_per_step_predicted"]
+    assert summary["comm_bytes_per_step_measured"] == summary["comm_bytes_per_step_predicted"] == twin["comm_bytes_per_step_measured"]
+    assert summary["model_state_bytes_predicted"] == twin["model_state_bytes_predicted"]
+    for rank_bytes in summary["model_state_bytes_measured_per_rank"]:
+        assert rank_bytes == pytest.approx(summary["model_state_bytes_predicted"], rel=0.01)
+    acts, twin_acts = summary["activation_bytes_measured"], twin["activation_bytes_measured"]
+    assert acts == pytest.approx(summary["activation_bytes_predicted"], rel=0 if point[3] else 0.01)
+    assert summary["activation_bytes_outside_blocks_measured"] == pytest.approx(
+        summary["activation_bytes_outside_blocks_predicted"], rel=0.01)
+    assert acts < twin_acts and summary["activation_bytes_outside_blocks_measured"] < twin["activation_bytes_outside_blocks_measured"]
+    assert summary["activation_bytes_predicted_paper"] < twin["activation_bytes_predicted_paper"]

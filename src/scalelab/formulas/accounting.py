@@ -390,7 +390,9 @@ def tensor_parallel_comm(cfg: ModelConfig, micro_batch: int, accumulation_steps:
     an all-gather of the norm's output (forward, n) and in backward a reduce-scatter of its gradient (n);
     after each rowwise linear a reduce-scatter (forward, w) and in backward an all-gather of its gradient (w).
     Outside the blocks, per micro-batch: the final norm's output all-gathered for the head (forward, n) and the
-    first block's input gradient all-gathered for the embeddings (backward, the residual's width r); per
+    first block's input gradient all-gathered for the embeddings (backward, the residual's width r). With
+    checkpointing the recomputed forward runs up to the MLP's gathered input (which fc or gate and up keep):
+    two all-gathers (n) and attention's reduce-scatter (w) again per block (measured). Per
     step (``gradients``): the norms' parameter gradients, partial over the ranks' tokens, all-reduced in their
     dtype (fp32; w with FSDP2's 16-bit parameters, before its reduce_dtype cast)."""
     if degree == 1:
@@ -405,7 +407,8 @@ def tensor_parallel_comm(cfg: ModelConfig, micro_batch: int, accumulation_steps:
     residual_width = width if sixteen else 4
     fam = family(cfg.family)
     norm_params = (2 * cfg.n_layers + 1) * fam.norm_params(cfg)
-    return {"forward": cfg.n_layers * 2 * values * (norm_width + width) + values * norm_width,
+    recomputed = values * (2 * norm_width + width) if activation_checkpointing else 0
+    return {"forward": cfg.n_layers * (2 * values * (norm_width + width) + recomputed) + values * norm_width,
             "backward": cfg.n_layers * 2 * values * (norm_width + width) + values * residual_width,
             "gradients": 2 * norm_params * (width if sixteen else 4)}
 
