@@ -470,13 +470,14 @@ def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, a
     5 a s / h) per layer, or 2 s b h with full recomputation.
     ``convention='model'``: the same terms for this model. scaled_dot_product_attention never
     stores the a s^2 b scores and the model has no dropout (no masks), which leaves 16 s b h
-    values per layer (32 s b h bytes at 2 bytes). Under autocast (fp16, bf16, fp8) the residual
+    values per layer (32 s b h bytes at 2 bytes), plus the LayerNorms' mean and rstd (4 s b values at the
+    LayerNorm input's width; fp32 on a GPU) and the attention's fp32 logsumexp (a s b values). Under autocast (fp16, bf16, fp8) the residual
     stream and the LayerNorm inputs stay fp32 (2 s b h values at 4 bytes instead of 2) and
     the 16-bit copies of the 12 d^2 block weights are kept too. With per-block checkpointing
     only each block's input stays: s b h values at the residual's width. fp16 and bf16 at stages 2
     and 3 (``zero_stage``: 16-bit parameters under MixedPrecisionPolicy) keep neither: the residual
-    stream is 16-bit and there are no weight copies, 16 s b h values at 2 bytes (measured within
-    1.5%: the LayerNorms' fp32 mean and rstd, 8 s b bytes each, are not counted, as in fp32).
+    stream is 16-bit and there are no weight copies, 16 s b h values at 2 bytes (exact on the CPU,
+    measured with saved-tensor hooks).
     Each family's terms are its record's (scalelab.spec.families: the llama family's kernels save
     differently on a GPU, ``device_type``; the GPT-2 terms are the same on both but for the compiled
     LayerNorm statistics and flash attention's RNG state).

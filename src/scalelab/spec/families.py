@@ -121,7 +121,8 @@ def head_width(cfg) -> int:
 # ----------------------------------------------------------------------------- gpt2
 def _gpt2_block_activations(cfg, case: ActivationCase) -> float:
     """GPT-2's blocks (the terms scalelab.formulas.accounting.block_activation_bytes derives): 16 s b h
-    values per layer at w; under autocast the fp32 residual stream and LayerNorm inputs and the w-byte
+    values per layer at w, the LayerNorms' statistics (4 s b values at their input's width) and the
+    attention's fp32 logsumexp (b H s); under autocast the fp32 residual stream and LayerNorm inputs and the w-byte
     weight copies; with 16-bit parameters on a GPU, eager, the LayerNorms' fp32 input copies; compiled,
     the partitioner's set (LayerNorm statistics, the attention logsumexp and, on a GPU, flash
     attention's RNG state); with checkpointing the block input alone. Sequence parallelism: x and x + attn
@@ -143,6 +144,10 @@ def _gpt2_block_activations(cfg, case: ActivationCase) -> float:
         if case.amp:
             per_layer += s * b * h * (4 - w) + 2 * _gpt2_matmul(cfg)
         return L * per_layer
+    # the LayerNorms' mean and rstd (2 x 2 per token, at their input's width; fp32 on a GPU) and the attention's
+    # fp32 logsumexp (per head: split with them); measured on the CPU with saved-tensor hooks
+    stats_width = 4 if case.gpu else residual_width
+    per_layer += 2 * 2 * stats_width * s * b * share + 4 * b * cfg.n_heads * s / t
     if case.amp:
         per_layer += 2 * s * b * h * (4 - w) * share + 2 * _gpt2_matmul(cfg) / t
     elif case.sixteen_bit_params and case.gpu:
@@ -158,7 +163,8 @@ def _gpt2_outside(cfg, case: ActivationCase) -> float:
     mean and rstd (per rank's tokens under sequence parallelism), the head's input at w (and autocast's
     16-bit copy of the head weight), the positions."""
     b, t, c, v, w = case.micro_batch, cfg.seq_len, cfg.d_model, cfg.vocab_size, case.width
-    final_norm = (w if case.sixteen_bit_params and not case.gpu else 4) * b * t * c + 2 * 4 * b * t
+    width = w if case.sixteen_bit_params and not case.gpu else 4  # its input's, and its statistics'
+    final_norm = width * b * t * c + 2 * width * b * t
     final_norm /= case.tensor_parallel if case.sequence_parallel else 1
     head = w * b * t * c + (2 * v * c if case.amp else 0)
     return float(final_norm + head + 8 * t)
