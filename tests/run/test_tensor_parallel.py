@@ -178,3 +178,21 @@ def test_sequence_parallel_bytes_and_memory_are_the_formulas(tp_runs, point):
     assert summary["activation_bytes_outside_blocks_measured"] == summary["activation_bytes_outside_blocks_predicted"]
     assert acts < twin_acts and summary["activation_bytes_outside_blocks_measured"] < twin["activation_bytes_outside_blocks_measured"]
     assert summary["activation_bytes_predicted_paper"] < twin["activation_bytes_predicted_paper"]
+
+
+@pytest.mark.parametrize("world_size, stages", [(2, "0"), (4, "0,3")], ids=["tp2", "tp2-dp2"])
+def test_fp16_under_tensor_parallelism_skips_an_overflowing_step_on_every_rank(tmp_path, world_size, stages):
+    """fp16's loss scaler over split and whole gradients (over one data-parallel rank the split linears' are DTensors
+    beside the embeddings' plain ones): a non-finite gradient on one rank (step 1) and on every rank (step 2) skips
+    the step on all ranks, the scale halves each time, the flag handed the fused optimizer is 0-dim, 0 or 1."""
+    from support import strategy_steps
+
+    out = tmp_path / "steps.json"
+    by_rank = strategy_steps(out, world_size, "--steps", "3", "--stages", stages, "--precisions", "fp16", "--tensor-parallel",
+                             "2", "--sequence-parallel", "--inject-inf", timeout_s=240)
+    for cases in by_rank:
+        for case in cases:
+            assert "error" not in case, case.get("traceback")
+            assert [s["params_unchanged"] for s in case["steps"]] == [False, True, True]
+            assert [s["scale_after"] for s in case["steps"]] == [256.0, 128.0, 64.0]
+            assert [h["found_inf"] for h in case["handed"]] == [{"shape": [], "value": v} for v in (0.0, 1.0, 1.0)]

@@ -121,8 +121,6 @@ def _tensor_parallel_left_out(point, train: TrainConfig) -> str | None:
                              point.replicas > 1),
                             ("fp8's float8 linears are not split (torchao's float8 tensor-parallel styles are not wired)",
                              point.precision == "fp8"),
-                            ("fp16 with tensor parallelism is not run yet (its loss scaler over split and whole gradients is "
-                             "untested)", point.precision == "fp16"),
                             ("tensor parallelism needs train.warmup_steps >= 1 (its collectives are counted over the warm-up "
                              "steps)", bool(train is not None and train.warmup_steps < 1)),
                             (f"lora_rank={point.lora_rank}: LoRA adapters on split linears are not run", bool(point.lora_rank)),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from types import SimpleNamespace
 
 import torch
 
@@ -62,6 +63,11 @@ def grad_scaler(precision: str, device: torch.device, init_scale: float) -> torc
     return sharded_grad_scaler(device, init_scale)
 
 
+def _local_grad(param: torch.Tensor) -> torch.Tensor | None:
+    grad = param.grad
+    return grad.to_local() if grad is not None and hasattr(grad, "to_local") else grad
+
+
 def sharded_grad_scaler(device: torch.device, init_scale: float) -> torch.amp.GradScaler:
     """torch's ShardedGradScaler, with its inf check shaped as fused optimizers need it.
 
@@ -86,7 +92,12 @@ def sharded_grad_scaler(device: torch.device, init_scale: float) -> torch.amp.Gr
 
     class FusedReadyShardedGradScaler(ShardedGradScaler):
         def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16=True):
-            return super()._unscale_grads_(optimizer, inv_scale, found_inf.reshape(()), allow_fp16)
+            # Each gradient as this rank holds it: tensor parallelism over one data-parallel rank leaves DTensor
+            # gradients (the split linears') beside plain ones (the embeddings'), which one foreach kernel refuses
+            # to mix; their local tensors are unscaled in place, and the flag is summed over all ranks as before.
+            local = SimpleNamespace(param_groups=[{"params": [SimpleNamespace(grad=_local_grad(p)) for p in group["params"]]}
+                                                  for group in optimizer.param_groups])
+            return super()._unscale_grads_(local, inv_scale, found_inf.reshape(()), allow_fp16)
 
         def unscale_(self, optimizer):
             super().unscale_(optimizer)  # checks every rank's gradients, sums the flags over the ranks
