@@ -332,3 +332,44 @@ def test_traced_runs_give_the_overlap_efficiency_they_measured():
     # f is fitted against the step with that overlap (the compute it hides behind): the run's prediction is its step
     row = prediction.predict(model, runs).set_index("run_id").loc["fp32-z3-w2"]
     assert row["predicted_step_time_s"] == pytest.approx(row["step_time_s_mean"], rel=0.05)
+
+
+def test_tensor_parallel_runs_are_predicted_with_their_collectives_on_the_critical_path():
+    """A TP 2 run's reference is its own configuration at its smallest world size (TP alone: its all-reduces all
+    exposed, compute = step less them); at TP 2 x DP 2 the strategy's collectives run over the data-parallel pair on
+    each rank's share, and tensor parallelism's over the TP pair, none of them hidden (written out here)."""
+    from scalelab.formulas import accounting
+
+    cfg = ModelConfig(n_layers=2, d_model=64, n_heads=4, seq_len=64, vocab_size=256)
+    table = bench_table()
+    tp_alone = run_row("fp32", 3, 2, 0.030, tensor_parallel=2, sequence_parallel=True, micro_batch=8, n_params=120_576)
+    wider = run_row("fp32", 3, 4, 0.0, tensor_parallel=2, sequence_parallel=True, micro_batch=4, n_params=120_576,
+                    run_id="fp32-z3-w4-tp2-sp")
+    model = prediction.fit(pd.DataFrame([tp_alone]), table)
+    fits = prediction.link_fits(table, 2)
+
+    def tp_seconds(micro):
+        comm = accounting.tensor_parallel_comm(cfg, micro, 1, 2, "fp32", 3, "cpu", False, True)
+        assert set(comm) == {"all_gather", "reduce_scatter", "all_reduce"}  # sequence parallelism's
+        return sum(calls * links.collective_seconds(c, nbytes / links.handed_per_size(c) / calls, 2, fits[c].link)
+                   for c, (nbytes, calls) in comm.items())
+
+    compute = 0.030 - tp_seconds(8)  # nothing of it hides: its reference's compute is the step less all of it
+    ref = model.references.iloc[0]
+    assert ref["compute_s"] == pytest.approx(compute)
+    share = float(ref["token_share"])
+    local = int(accounting.tensor_parallel_params(cfg, 120_576, 2))
+    sizes = collective_sizes(local, 3, 2, "fp32")
+    calls = collective_calls(cfg, 3, "fp32", sizes)
+    strategy_s = sum(calls[c] * links.collective_seconds(c, sizes[c] / calls[c], 2, fits[c].link) for c in sizes)
+    expected = compute * ((1 - share) + share * 0.5) * prediction.default_rank_factor("cpu", 3) + strategy_s + tp_seconds(4)
+    out = prediction.predict_row(model, wider)
+    assert out["predicted_step_time_s"] == pytest.approx(expected)  # eta 0 on a CPU: the strategy's exposed too
+    assert out["predicted_exposed_comm_s"] == pytest.approx(strategy_s + tp_seconds(4))
+    parts = prediction._parts(model, wider)
+    assert {c for c in parts.comm_s if c.startswith(prediction.TENSOR_PARALLEL)} == {
+        "tensor_parallel all_gather", "tensor_parallel reduce_scatter", "tensor_parallel all_reduce"}
+    # on a GPU (eta 1) the strategy's prefetched gathers hide, tensor parallelism's do not
+    full = prediction.step_time(3, 1.0, parts.comm_s, calls=parts.calls, overlap_efficiency=1.0)
+    tp_part = sum(s for c, s in parts.comm_s.items() if c.startswith(prediction.TENSOR_PARALLEL))
+    assert full.exposed_comm_s >= tp_part

@@ -631,9 +631,8 @@ def _tensor_parallel_step(point: Point, machine: Machine, micro: int, accumulati
     t, cfg = point.tensor_parallel, point.cfg
     if t == 1:
         return {"bytes": 0.0, "calls": 0, "seconds": 0.0, "link": None, "exposed": True}
-    nbytes = sum(accounting.tensor_parallel_comm(cfg, micro, accumulation, t, point.precision, strategy(point.key).stage,
-                                                 "cuda", point.activation_checkpointing).values())
-    calls = (5 if point.activation_checkpointing else 4) * cfg.n_layers * accumulation
+    nbytes, calls = accounting.tensor_parallel_comm(cfg, micro, accumulation, t, point.precision, strategy(point.key).stage,
+                                                    "cuda", point.activation_checkpointing)["all_reduce"]
     link = machine.intra if t <= machine.per_node else machine.inter
     if link is None:
         raise EstimateError(f"--tensor-parallel {t} spans nodes of {machine.per_node} GPUs: give --inter-node")

@@ -372,45 +372,51 @@ def data_parallel_size(world_size: int, tensor_parallel: int) -> int:
 
 def tensor_parallel_comm(cfg: ModelConfig, micro_batch: int, accumulation_steps: int, degree: int, precision: str,
                          zero_stage: int = 0, device_type: str = "cpu", activation_checkpointing: bool = False,
-                         sequence_parallel: bool = False) -> dict[str, float]:
-    """Bytes one rank hands to tensor parallelism's collectives per optimizer step (the module doc's
-    unit: an all-reduce of S bytes counts 2 S, an all-gather its output, a reduce-scatter its input), by
-    direction, over the T ranks of the rank's tensor-parallel group; V = B T d values per micro-batch.
+                         sequence_parallel: bool = False) -> dict[str, tuple[float, int]]:
+    """Tensor parallelism's collectives in one optimizer step of one rank, over the T ranks of its tensor-parallel
+    group: {collective: (bytes in the module doc's unit, calls)} (an all-reduce of S bytes counts 2 S, an
+    all-gather its output, a reduce-scatter its input); V = B T d values per micro-batch and block.
 
-    Without sequence parallelism, four all-reduces per block and micro-batch of V values each. ``forward``:
-    the rowwise linears' partial outputs (after attention, after the MLP), at the matmul's width w (4 in fp32;
-    2 under autocast). ``backward``: the gradients of the colwise linears' inputs (the norms' outputs), at the
-    norm output's width n: fp32 under autocast over fp32 parameters (a norm of an fp32 residual stream), the
-    compute width with FSDP2's 16-bit parameters on a CPU, fp32 on a GPU (CUDA's autocast runs norms in fp32).
-    ``activation_checkpointing``: backward recomputes each block's forward up to the last tensor it needs, the
-    attention projection's all-reduce again but not the MLP's (torch's non-reentrant checkpoint stops there;
-    measured): one more forward all-reduce per block.
+    Without sequence parallelism, four all-reduces per block and micro-batch of V values each: in forward the
+    rowwise linears' partial outputs (after attention, after the MLP), at the matmul's width w (4 in fp32; 2 under
+    autocast); in backward the gradients of the colwise linears' inputs (the norms' outputs), at the norm output's
+    width n: fp32 under autocast over fp32 parameters (a norm of an fp32 residual stream), the compute width with
+    FSDP2's 16-bit parameters on a CPU, fp32 on a GPU (CUDA's autocast runs norms in fp32). With checkpointing,
+    backward recomputes each block's forward up to the last tensor it needs, the attention projection's all-reduce
+    again but not the MLP's (torch's non-reentrant checkpoint stops there; measured): a fifth per block.
 
-    ``sequence_parallel``: each all-reduce becomes its two halves, the same bytes: before each colwise module
-    an all-gather of the norm's output (forward, n) and in backward a reduce-scatter of its gradient (n);
-    after each rowwise linear a reduce-scatter (forward, w) and in backward an all-gather of its gradient (w).
-    Outside the blocks, per micro-batch: the final norm's output all-gathered for the head (forward, n) and the
-    first block's input gradient all-gathered for the embeddings (backward, the residual's width r). With
-    checkpointing the recomputed forward runs up to the MLP's gathered input (which fc or gate and up keep):
-    two all-gathers (n) and attention's reduce-scatter (w) again per block (measured). Per
-    step (``gradients``): the norms' parameter gradients, partial over the ranks' tokens, all-reduced in their
-    dtype (fp32; w with FSDP2's 16-bit parameters, before its reduce_dtype cast)."""
+    ``sequence_parallel``: each all-reduce becomes its two halves, the same bytes: before each colwise module an
+    all-gather of the norm's output (forward, n) and in backward a reduce-scatter of its gradient (n); after each
+    rowwise linear a reduce-scatter (forward, w) and in backward an all-gather of its gradient (w). Outside the
+    blocks, per micro-batch: the final norm's output all-gathered for the head (forward, n) and the first block's
+    input gradient all-gathered for the embeddings (backward, the residual's width r). With checkpointing the
+    recomputed forward runs up to the MLP's gathered input (which fc or gate and up keep): two all-gathers (n) and
+    attention's reduce-scatter (w) again per block. Per step: the norms' parameter gradients, partial over the
+    ranks' tokens, all-reduced in their dtype (fp32; w with FSDP2's 16-bit parameters, before its reduce_dtype
+    cast), one call per parameter tensor (measured, FSDP2 and scalelab.run.parallel.reduce_partial_grads alike)."""
     if degree == 1:
-        return {"forward": 0.0, "backward": 0.0}
-    values = accumulation_steps * micro_batch * cfg.seq_len * cfg.d_model  # per collective per block
+        return {}
+    L, k = cfg.n_layers, accumulation_steps
+    values = k * micro_batch * cfg.seq_len * cfg.d_model  # per collective and block, over the step's micro-batches
     width = DTYPE_BYTES[precision]
     sixteen = _sixteen_bit_params(precision, zero_stage)
     norm_width = 4 if precision == "fp32" else width if sixteen and device_type != "cuda" else 4
-    forward_calls = 3 if activation_checkpointing else 2
+    ac = activation_checkpointing
     if not sequence_parallel:
-        return {"forward": 2 * forward_calls * values * width * cfg.n_layers, "backward": 2 * 2 * values * norm_width * cfg.n_layers}
+        forward = 3 if ac else 2
+        return {"all_reduce": (2 * L * values * (forward * width + 2 * norm_width), L * k * (forward + 2))}
     residual_width = width if sixteen else 4
     fam = family(cfg.family)
-    norm_params = (2 * cfg.n_layers + 1) * fam.norm_params(cfg)
-    recomputed = values * (2 * norm_width + width) if activation_checkpointing else 0
-    return {"forward": cfg.n_layers * (2 * values * (norm_width + width) + recomputed) + values * norm_width,
-            "backward": cfg.n_layers * 2 * values * (norm_width + width) + values * residual_width,
-            "gradients": 2 * norm_params * (width if sixteen else 4)}
+    norms = 2 * L + 1
+    return {"all_gather": (L * values * (2 * norm_width + 2 * width + (2 * norm_width if ac else 0))
+                           + values * (norm_width + residual_width), k * (4 * L + 2 + (2 * L if ac else 0))),
+            "reduce_scatter": (L * values * (2 * width + 2 * norm_width + (width if ac else 0)), k * (4 * L + (L if ac else 0))),
+            "all_reduce": (2 * norms * fam.norm_params(cfg) * (width if sixteen else 4), norms * fam.norm_tensors)}
+
+
+def tensor_parallel_bytes(*args, **kwargs) -> float:
+    """Tensor parallelism's bytes per step, all its collectives (tensor_parallel_comm's arguments)."""
+    return float(sum(nbytes for nbytes, _ in tensor_parallel_comm(*args, **kwargs).values()))
 
 
 def activation_bytes_per_layer(seq_len: int, micro_batch: int, d_model: int, n_heads: int,

@@ -113,7 +113,7 @@ def worker_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -> dic
     custom = cfg.module is not None
     device_type = row["device_type"]
     sp = bool(_value(row, "sequence_parallel", False))
-    tp_bytes = sum(accounting.tensor_parallel_comm(cfg, micro, accum, degree, precision, stage, device_type, ac, sp).values())
+    tp_bytes = accounting.tensor_parallel_bytes(cfg, micro, accum, degree, precision, stage, device_type, ac, sp)
     links = accounting.comm_bytes_by_link(n_params, stage, world_size, precision, rank_hosts.count(rank_hosts[0]), replicas,
                                           grad_reduce, accum, n_trainable, tensor_parallel=degree)
     return {

@@ -96,6 +96,11 @@ differ: the token share carries compute across them) and the device and threads 
 
 # ----------------------------------------------------------------------------- one step
 
+TENSOR_PARALLEL = "tensor_parallel "
+"""The prefix of tensor parallelism's collectives among a step's (``tensor_parallel all_reduce``): no strategy's
+overlap names them, so step_time leaves them on the critical path, where each block's forward and backward wait
+for their own (the asynchronous overlaps of Megatron and torchtitan are not run here)."""
+
 @dataclass(frozen=True)
 class StepTime:
     """One optimizer step, predicted: seconds."""
@@ -119,8 +124,9 @@ def step_time(zero_stage, compute_s: float, comm_s: Mapping[str, float], *, call
     if not 0 <= overlap_efficiency <= 1:
         raise ValueError(f"overlap_efficiency must be in [0, 1], got {overlap_efficiency!r}")
     for c, s in comm_s.items():
-        if c not in links.COLLECTIVES or not (math.isfinite(s) and s >= 0):
-            raise ValueError(f"comm_s[{c!r}] = {s!r}: collectives are {', '.join(links.COLLECTIVES)}, seconds >= 0")
+        if c.removeprefix(TENSOR_PARALLEL) not in links.COLLECTIVES or not (math.isfinite(s) and s >= 0):
+            raise ValueError(f"comm_s[{c!r}] = {s!r}: collectives are {', '.join(links.COLLECTIVES)} (tensor parallelism's "
+                             f"prefixed {TENSOR_PARALLEL!r}), seconds >= 0")
     windows = dict(strategy(zero_stage).overlap)
     by_window: dict[str, float] = {}
     for c, seconds in comm_s.items():
@@ -250,15 +256,15 @@ def collectives_of(row: dict, world_size: int | None = None) -> tuple[dict[str, 
         raise ValueError("a LoRA run: its collectives move the trainable parameters only, which the model does not size")
     if not _missing(row.get("replicas")) and int(row["replicas"]) > 1:
         raise ValueError("hybrid sharding: its collectives over replica and shard groups are not sized by the model yet")
-    if not _missing(row.get("tensor_parallel")) and int(row["tensor_parallel"]) > 1:
-        raise ValueError("tensor parallelism: its all-reduces and its strategy over the data-parallel ranks are not in "
-                         "the step-time model yet")
     n = int(world_size or row["world_size"])
     stage, precision = int(row["zero_stage"]), row["precision"]
     k = int(row.get("accumulation_steps") or 1)
     cfg = model_of_row(row)
     n_params = row.get("n_params")
     n_params = accounting.param_count(cfg) if _missing(n_params) else int(n_params)
+    degree = _tensor_parallel(row)
+    if degree > 1:  # the strategy over the data-parallel ranks, on each rank's share
+        n, n_params = accounting.data_parallel_size(n, degree), int(accounting.tensor_parallel_params(cfg, n_params, degree))
     grad_reduce = row.get("grad_reduce") or "fp32"
     sizes = collective_sizes(n_params, stage, n, precision, accumulation_steps=k, grad_reduce=grad_reduce)
     bucket_mb = row.get("bucket_mb")  # the run's own bucket cap (null for strategies without buckets)
@@ -269,8 +275,59 @@ def collectives_of(row: dict, world_size: int | None = None) -> tuple[dict[str, 
 
 def comm_seconds(sizes: Mapping[str, float], calls: Mapping[str, int], world_size: int,
                  fits: Mapping[str, LinkFit]) -> dict[str, float]:
-    """Seconds per step of each collective: its calls, each of its share of the bytes."""
-    return {c: calls[c] * links.collective_seconds(c, sizes[c] / calls[c], world_size, fits[c].link) for c in sizes}
+    """Seconds per step of each collective: its calls, each of its share of the bytes (a tensor-parallel one's
+    kind read past its prefix)."""
+    return {c: calls[c] * links.collective_seconds(c.removeprefix(TENSOR_PARALLEL), sizes[c] / calls[c], world_size,
+                                                   fits[c].link) for c in sizes}
+
+
+def _tensor_parallel(row) -> int:
+    return 1 if _missing(row.get("tensor_parallel")) else int(row["tensor_parallel"])
+
+
+def tensor_parallel_collectives(row: dict) -> tuple[dict[str, float], dict[str, int]]:
+    """(bytes per step as nccl-tests sizes them, calls per step) of a run's tensor-parallel collectives over its
+    group (accounting.tensor_parallel_comm), keyed ``tensor_parallel <collective>``; none without it."""
+    from scalelab.formulas import accounting
+
+    degree = _tensor_parallel(row)
+    if degree == 1:
+        return {}, {}
+    comm = accounting.tensor_parallel_comm(
+        model_of_row(row), int(row["micro_batch"]), int(row.get("accumulation_steps") or 1), degree, row["precision"],
+        int(row["zero_stage"]), row.get("device_type") or "cpu", bool(row.get("activation_checkpointing")),
+        bool(row.get("sequence_parallel")))
+    sizes = {TENSOR_PARALLEL + c: nbytes / links.handed_per_size(c) for c, (nbytes, _) in comm.items()}
+    return sizes, {TENSOR_PARALLEL + c: calls for c, (_, calls) in comm.items()}
+
+
+def run_comm(model: "Model", row: dict, world_size: int | None = None) -> tuple[dict[str, float], dict[str, int], float] | str:
+    """A run's communication at ``world_size`` (its own by default): (seconds per collective, calls, the link fits'
+    error in seconds), or why there is none. The strategy's collectives over its data-parallel ranks; tensor
+    parallelism's over its group (TENSOR_PARALLEL), each on the bench table's links fitted at that group's size."""
+    n = int(world_size or row["world_size"])
+    degree = _tensor_parallel(row)
+    data_ranks = n // degree
+    try:
+        sizes, calls = collectives_of(row, n)
+        tp_sizes, tp_calls = tensor_parallel_collectives(row)
+    except (ValueError, TypeError, KeyError) as err:  # TypeError, KeyError: a row without the model's shape
+        return f"no communication model: {err}"
+    comm, sigma2 = {}, 0.0
+    for group, group_sizes, group_calls, batched in ((data_ranks, sizes, calls, strategy(row["zero_stage"]).batched),
+                                                     (degree, tp_sizes, tp_calls, ())):
+        if group < 2 or not group_sizes:
+            continue  # a one-rank group moves nothing
+        fits = model.link_fits(group, batched)
+        if fits is None:
+            return (f"no bench comm table: communication over {group} ranks unknown (measure one: snakemake bench_comm, "
+                    "or scalelab bench comm)")
+        fitted = {c: fits[c.removeprefix(TENSOR_PARALLEL)] for c in group_sizes}
+        seconds = comm_seconds(group_sizes, group_calls, group, fitted)
+        comm.update(seconds)
+        # the fit's own error on the bench (systematic); a call's scatter about its mean averages out over a run's calls
+        sigma2 += sum((seconds[c] * fitted[c].residual) ** 2 for c in seconds)
+    return comm, {**calls, **tp_calls}, math.sqrt(sigma2)
 
 
 def _tokens_or_nan(row) -> float:
@@ -381,11 +438,10 @@ def fit(runs, table=None, table_path: str | None = None) -> Model:
             first = at.iloc[0].to_dict()
             exposed = 0.0
             if n > 1:
-                fits = model.link_fits(n, strategy(first["zero_stage"]).batched)
-                if fits is None:
-                    continue  # no bench table: communication unknown, so is compute
-                sizes, calls = collectives_of(first)
-                comm = comm_seconds(sizes, calls, n, fits)
+                measured = run_comm(model, first)
+                if isinstance(measured, str):
+                    continue  # no bench table (or no model of its collectives): communication unknown, so is compute
+                comm, calls, _ = measured
                 eta = DEFAULT_OVERLAP_EFFICIENCY.get(first.get("device_type"), 0.0)
                 exposed = step_time(first["zero_stage"], 0.0, comm, calls=calls, overlap_efficiency=eta).exposed_comm_s
             step = float(at[MEASURED].median())
@@ -487,17 +543,10 @@ def _parts(model: Model, row: dict) -> _Parts | str:
     compute = base * (model.rank_factor.get((device, stage), default_rank_factor(device, stage)) if across else 1.0)
     comm, calls, comm_sigma = {}, {}, 0.0
     if n > 1:
-        fits = model.link_fits(n, strategy(row["zero_stage"]).batched)
-        if fits is None:
-            return (f"no bench comm table: communication at world size {n} unknown (measure one: snakemake bench_comm, "
-                    "or scalelab bench comm)")
-        try:
-            sizes, calls = collectives_of(row)
-        except (ValueError, TypeError, KeyError) as err:  # TypeError, KeyError: a row without the model's shape
-            return f"no communication model: {err}"
-        comm = comm_seconds(sizes, calls, n, fits)
-        # the fit's own error on the bench (systematic); a call's scatter about its mean averages out over a run's calls
-        comm_sigma = math.sqrt(sum((comm[c] * fits[c].residual) ** 2 for c in comm))
+        measured = run_comm(model, row)
+        if isinstance(measured, str):
+            return measured
+        comm, calls, comm_sigma = measured
     return _Parts(ref, tokens, compute, comm, calls, comm_sigma, base, across)
 
 

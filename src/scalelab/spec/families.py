@@ -96,6 +96,8 @@ class Family:
     parallelism runs on each rank's share of the tokens (scalelab.run.tensor_parallel)."""
     norm_params: Callable = lambda cfg: 0
     """cfg -> one norm's parameters (LayerNorm's weight and bias, RMSNorm's weight)."""
+    norm_tensors: int = 1
+    """One norm's parameter tensors (LayerNorm: weight and bias)."""
     formulas: dict[str, str] = field(default_factory=dict)
     """The report's words for parameters, flops, activations and recompute (scalelab.report.formulas)."""
     shape_problem: Callable = lambda cfg: None
@@ -199,6 +201,7 @@ GPT2 = Family(
     linear_biases=True,
     norms=("ln1", "ln2", "ln_f"),
     norm_params=lambda cfg: 2 * cfg.d_model,
+    norm_tensors=2,
     formulas={
         "parameters": "Ψ = V·d + T·d + L·(12d² + 13d) + 2d (+ V·d if the head is untied)",
         "flops": "6·(12·L·d² + V·d) + 12·L·d·T",
