@@ -271,18 +271,24 @@ def _config_label(runs: pd.DataFrame) -> pd.Series:
     return "z" + runs["zero_stage"].astype(str) + " w" + runs["world_size"].astype(str) + " " + runs["precision"]
 
 
+def _activation_bars(ax, x, labels, ok: pd.DataFrame, off_label: str, on_label: str, color: str) -> None:
+    """One micro-batch's activations of each pair, measured bars (baseline left, lever right) with the predicted
+    ticks (black: the model's; grey: Korthikanti et al.'s)."""
+    _bars_off_on(ax, x, labels, ok["baseline_activation_mib_measured"], ok["activation_mib_measured"], off_label, on_label,
+                 color)
+    for offset, prefix in ((-0.2, "baseline_"), (0.2, "")):
+        marks(ax, x + offset, ok[f"{prefix}activation_mib_predicted"], marker="_", size=300, color="black", zorder=3,
+              label="predicted" if offset < 0 else None)
+        marks(ax, x + offset, ok[f"{prefix}activation_mib_predicted_paper"], marker="_", size=300, color="grey", zorder=3,
+              label="predicted (paper)" if offset < 0 else None)
+
+
 def activation_checkpointing_plot(pairs: pd.DataFrame):
     fig, panels = _pair_panels(pairs)
     if panels is None:
         return fig
     left, right, ok, x, labels = panels
-    _bars_off_on(left, x, labels, ok["baseline_activation_mib_measured"], ok["activation_mib_measured"],
-                 "off, measured", "on, measured", "C1")
-    marks(left, x - 0.2, ok["baseline_activation_mib_predicted"], marker="_", size=300, color="black", zorder=3, label="predicted")
-    marks(left, x + 0.2, ok["activation_mib_predicted"], marker="_", size=300, color="black", zorder=3)
-    marks(left, x - 0.2, ok["baseline_activation_mib_predicted_paper"], marker="_", size=300, color="grey", zorder=3,
-          label="predicted (paper)")
-    marks(left, x + 0.2, ok["activation_mib_predicted_paper"], marker="_", size=300, color="grey", zorder=3)
+    _activation_bars(left, x, labels, ok, "off, measured", "on, measured", "C1")
     left.set(ylabel="MiB per micro-batch (log)", title="activations kept for backward")
     log_y(left)
     _side_legend(left)
@@ -452,13 +458,7 @@ def sequence_parallel_plot(pairs: pd.DataFrame):
     if panels is None:
         return fig
     left, right, ok, x, labels = panels
-    _bars_off_on(left, x, labels, ok["baseline_activation_mib_measured"], ok["activation_mib_measured"],
-                 "TP alone, measured", "TP + SP, measured", "C5")
-    marks(left, x - 0.2, ok["baseline_activation_mib_predicted"], marker="_", size=300, color="black", zorder=3, label="predicted")
-    marks(left, x + 0.2, ok["activation_mib_predicted"], marker="_", size=300, color="black", zorder=3)
-    marks(left, x - 0.2, ok["baseline_activation_mib_predicted_paper"], marker="_", size=300, color="grey", zorder=3,
-          label="predicted (paper)")
-    marks(left, x + 0.2, ok["activation_mib_predicted_paper"], marker="_", size=300, color="grey", zorder=3)
+    _activation_bars(left, x, labels, ok, "TP alone, measured", "TP + SP, measured", "C5")
     left.set(ylabel="MiB per micro-batch", title="activations kept for backward, per rank")
     _side_legend(left)
     _bars_off_on(right, x, labels, ok["baseline_tensor_parallel_mb"].fillna(0), ok["tensor_parallel_mb"].fillna(0),
