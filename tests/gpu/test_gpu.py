@@ -181,16 +181,21 @@ def tensor_parallel_on_one_gpu(tmp_path_factory):
     from support import strategy_steps
 
     tmp = tmp_path_factory.mktemp("tp-cuda")
-    steps = ("--device", "cuda:0", "--steps", str(MULTI_RANK_STEPS), "--stages", "0", "--precisions", "fp32,bf16")
+    steps = ("--device", "cuda:0", "--steps", str(MULTI_RANK_STEPS), "--stages", "0", "--precisions", "fp32,bf16,fp16")
     return (strategy_steps(tmp / "ws1.json", 1, *steps)[0],
-            strategy_steps(tmp / "tp2.json", 2, *steps, "--tensor-parallel", "2", timeout_s=400)[0])
+            {sp: strategy_steps(tmp / f"tp2-{sp}.json", 2, *steps, "--tensor-parallel", "2",
+                                *(["--sequence-parallel"] if sp else []), timeout_s=400)[0] for sp in (False, True)})
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_tensor_parallel_on_one_gpu_over_gloo_matches_one_rank(tensor_parallel_on_one_gpu, precision):
-    """Tensor parallelism's CUDA path (DTensor's sharded linears, their all-reduces, the clipped norm over
-    the split parameters) with the model split over two ranks: the losses equal world size 1's."""
-    one, split = ({c["precision"]: c for c in cases}[precision] for cases in tensor_parallel_on_one_gpu)
+@pytest.mark.parametrize("sequence_parallel", [False, True], ids=["tp", "tp-sp"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_tensor_parallel_on_one_gpu_over_gloo_matches_one_rank(tensor_parallel_on_one_gpu, precision, sequence_parallel):
+    """Tensor parallelism's CUDA path (DTensor's sharded linears, their all-reduces, or sequence parallelism's
+    gathers and scatters and its norms' partial gradients; the clipped norm over the split parameters; fp16's
+    scaler over DTensor and plain gradients) with the model split over two ranks: the losses equal world size 1's."""
+    one, by_sp = tensor_parallel_on_one_gpu
+    one = {c["precision"]: c for c in one}[precision]
+    split = {c["precision"]: c for c in by_sp[sequence_parallel]}[precision]
     assert "error" not in one, one.get("traceback")
     assert "error" not in split, f"TP 2 over gloo with CUDA tensors: {split['error']}\n{split.get('traceback')}"
     for a, b in zip(one["steps"], split["steps"], strict=True):
