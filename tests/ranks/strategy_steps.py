@@ -18,6 +18,7 @@ Used by tests/run/test_fused_contract.py (CPU) and tests/gpu/test_gpu.py (CUDA t
 import argparse
 import datetime
 import json
+import os
 import traceback
 
 import torch
@@ -108,12 +109,13 @@ def main() -> None:
     parser.add_argument("--inject-inf", action="store_true")
     parser.add_argument("--tensor-parallel", type=int, default=1)
     parser.add_argument("--sequence-parallel", action="store_true")
+    parser.add_argument("--backend", default="gloo", help="gloo (every rank on --device), or nccl (rank r on cuda:r)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    device = torch.device(args.device)
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if args.backend == "nccl" else torch.device(args.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=60))
     results = []
     for stage in map(int, args.stages.split(",")):
         for precision in args.precisions.split(","):
