@@ -172,8 +172,9 @@ def test_traffic_per_link_across_two_nodes_is_exact_for_ddp_zero3_and_hybrid(tmp
     inter-node link; hybrid sharding (2 replicas x 2 shards) keeps its gathers and reduce-scatter
     within a node and sends only the all-reduce of each gradient shard between nodes. Tensor
     parallelism 2 within a node x ZeRO-3 over 2 data-parallel ranks across (issue #43): its all-reduces
-    within a node, ZeRO-3's collectives between nodes. Measured per process group and placed by the
-    ranks' hosts, both links equal the formulas exactly, and hybrid's and the split run's fp32 losses
+    within a node, ZeRO-3's collectives between nodes; and within a node x stage 0 across (FSDP2's replicate:
+    the gradients' all-reduce between nodes). Measured per process group and placed by the
+    ranks' hosts, both links equal the formulas exactly, and hybrid's and the split runs' fp32 losses
     equal ZeRO-3's. 4 ranks on this machine's cores: over-committed on purpose."""
     cfg = tiny_config(sweep={"precision": ["fp32"], "zero_stage": [0, 3], "world_size": [4], "replicas": [1, 2],
                              "tensor_parallel": [1, 2]},
@@ -186,23 +187,24 @@ def test_traffic_per_link_across_two_nodes_is_exact_for_ddp_zero3_and_hybrid(tmp
         proc = _snakemake_on(cluster, work)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:] + cluster.logs()
     runs = _runs(work)
-    assert list(runs.index) == ["fp32-z0-w4", "fp32-z3-w4", "fp32-z3-w4-hsdp2", "fp32-z3-w4-tp2"], runs
+    assert list(runs.index) == ["fp32-z0-w4", "fp32-z0-w4-tp2", "fp32-z3-w4", "fp32-z3-w4-hsdp2", "fp32-z3-w4-tp2"], runs
     assert (runs["status"] == "ok").all(), runs[["status", "reason"]]
     assert (runs["rank_hostnames"] == "n1,n1,n2,n2").all() and runs["nodes_share_machine"].all()
     for link in ("intra_node", "inter_node"):
         np.testing.assert_array_equal(runs[f"comm_{link}_bytes_per_step_measured"],
                                       runs[f"comm_{link}_bytes_per_step_predicted"], err_msg=link)
-    ddp, zero3, hybrid, split = (runs.loc[r] for r in runs.index)
-    # tensor parallelism within each node (ranks 0-1 on n1), ZeRO-3 over the data-parallel ranks 0 and 2 across
-    assert split["comm_tensor_parallel_link"] == "intra_node"
-    assert split["comm_tensor_parallel_bytes_per_step_measured"] == split["comm_tensor_parallel_bytes_per_step_predicted"] > 0
-    assert split["comm_intra_node_bytes_per_step_measured"] == 0 < split["comm_inter_node_bytes_per_step_measured"]
+    ddp, split_ddp, zero3, hybrid, split = (runs.loc[r] for r in runs.index)
+    # tensor parallelism within each node (ranks 0-1 on n1), the strategy over the data-parallel ranks 0 and 2 across
+    for run in (split, split_ddp):
+        assert run["comm_tensor_parallel_link"] == "intra_node"
+        assert run["comm_tensor_parallel_bytes_per_step_measured"] == run["comm_tensor_parallel_bytes_per_step_predicted"] > 0
+        assert run["comm_intra_node_bytes_per_step_measured"] == 0 < run["comm_inter_node_bytes_per_step_measured"]
     assert ddp["comm_intra_node_bytes_per_step_measured"] == zero3["comm_intra_node_bytes_per_step_measured"] == 0
     psi = hybrid["n_params"]
     assert hybrid["comm_inter_node_bytes_per_step_measured"] == 2 * psi * 4 / 2  # 2 Psi/S, S = 2, fp32
     assert hybrid["comm_inter_node_bytes_per_step_measured"] < zero3["comm_inter_node_bytes_per_step_measured"] / 2
     steps = pd.read_parquet(work / "results/steps.parquet").sort_values(["run_id", "step"])
-    for run_id in ("fp32-z3-w4-hsdp2", "fp32-z3-w4-tp2"):
+    for run_id in ("fp32-z3-w4-hsdp2", "fp32-z3-w4-tp2", "fp32-z0-w4-tp2"):
         np.testing.assert_allclose(steps[steps["run_id"] == run_id]["loss"].to_numpy(),
                                    steps[steps["run_id"] == "fp32-z3-w4"]["loss"].to_numpy(), rtol=1e-5, err_msg=run_id)
 

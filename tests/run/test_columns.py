@@ -85,7 +85,8 @@ RUNS = {
     "ok fp8": (RunPoint("fp8", 3, 2), {"fp8_emulate": True}, None),
     # 2 replicas of 1 shard; a measurement window (timing and half-batch steps: their columns)
     "ok hybrid": (RunPoint("bf16", 3, 2, replicas=2), {"measure_s": 0.3}, None),
-    "ok tensor parallel": (RunPoint("fp32", 3, 2, tensor_parallel=2), {}, None),  # its columns: comm_tensor_parallel_*
+    # its columns: comm_tensor_parallel_*; sequence parallelism a lever of its own
+    "ok tensor parallel": (RunPoint("fp32", 3, 2, tensor_parallel=2, sequence_parallel=True), {}, None),
     "skipped": (RunPoint("fp32", 3, 1, cpu_offload=True), {}, None),
     "predicted_oom": (RunPoint("bf16", 0, 1), {}, None),
     "failed": (RunPoint("fp32", 0, 1), {}, "crash@step=1,rank=0"),

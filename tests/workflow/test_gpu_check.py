@@ -32,7 +32,7 @@ def test_gpu_check_dry_path_runs_every_step_on_the_cpu(tmp_path):
     assert check["dry_run"] and check["figures"].startswith("CPU figures")
     assert {name: part["status"] for name, part in check["parts"].items()} == dict.fromkeys(gpu_check.PARTS, "ok"), check["parts"]
     rows = {r["label"]: r for r in check["comparisons"]}
-    assert set(rows) == {"tiny bf16 eager", "tiny bf16 compiled", "tiny fp32 eager"}
+    assert set(rows) == {"tiny bf16 eager", "tiny bf16 compiled", "small bf16 eager", "tiny fp32 eager"}
     for r in rows.values():
         assert r["status"] == "ok" and r["scalelab_tokens_per_s"] > 0 and r["plain_tokens_per_s"] > 0, r
         assert r["ratio"] == pytest.approx(r["scalelab_tokens_per_s"] / r["plain_tokens_per_s"])
