@@ -10,7 +10,8 @@ from scalelab.formulas import links
 from scalelab.plan import comm_table
 from scalelab.results import prediction
 
-SIZES = [4096, 131072, 4194304]  # up to 4 MiB: times that grow beyond gloo's millisecond stalls on a busy host
+SIZES = [4096, 262144, 16777216]  # up to 16 MiB: times that grow beyond gloo's stalls on a busy host (4 MiB was
+# not always enough: a CI run beside another test's ranks timed 4 KiB as slow as 4 MiB, leaving no bandwidth to fit)
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +22,8 @@ def table(tmp_path_factory):
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("two ranks need two cores")
     assert main(["bench", "comm", "--out", str(path), "--world-sizes", "1,2", "--device", "cpu", "--min-bytes", "4096",
-                 "--max-bytes", "4194304", "--factor", "32", "--reps", "2", "--warmup", "1", "--min-seconds", "0",
-                 "--batches", "1,2", "--batch-max-bytes", "4194304", "--batched-collectives", ",".join(links.COLLECTIVES),
+                 "--max-bytes", "16777216", "--factor", "64", "--reps", "2", "--warmup", "1", "--min-seconds", "0",
+                 "--batches", "1,2", "--batch-max-bytes", "16777216", "--batched-collectives", ",".join(links.COLLECTIVES),
                  "--timeout", "120"]) == 0
     return comm_table.read_table(path)
 
