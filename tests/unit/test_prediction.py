@@ -372,4 +372,17 @@ def test_tensor_parallel_runs_are_predicted_with_their_collectives_on_the_critic
     # on a GPU (eta 1) the strategy's prefetched gathers hide, tensor parallelism's do not
     full = prediction.step_time(3, 1.0, parts.comm_s, calls=parts.calls, overlap_efficiency=1.0)
     tp_part = sum(s for c, s in parts.comm_s.items() if c.startswith(prediction.TENSOR_PARALLEL))
-    assert full.exposed_comm_s >= tp_part
+    strategy_only = {c: s for c, s in parts.comm_s.items() if not c.startswith(prediction.TENSOR_PARALLEL)}
+    hidden_strategy = prediction.step_time(3, 1.0, strategy_only, calls=parts.calls, overlap_efficiency=1.0)
+    assert hidden_strategy.exposed_comm_s < strategy_s  # something of the strategy's hides...
+    assert full.exposed_comm_s == pytest.approx(hidden_strategy.exposed_comm_s + tp_part)  # ...and nothing of TP's
+
+
+def test_stage_0_under_tensor_parallelism_all_reduces_per_unit_not_per_bucket():
+    """A split model at stage 0 is replicated by FSDP2's replicate, one all-reduce per block and the root, not DDP's
+    25 MiB buckets (a small model's one bucket would leave nothing of it to hide behind backward)."""
+    row = run_row("fp32", 0, 4, 0.02, tensor_parallel=2, micro_batch=4, n_params=120_576, bucket_mb=None)
+    _, calls = prediction.collectives_of(row)
+    assert calls["all_reduce"] == 2 + 1  # n_layers + the root
+    _, ddp = prediction.collectives_of(run_row("fp32", 0, 2, 0.02, bucket_mb=None))
+    assert ddp["all_reduce"] == 1

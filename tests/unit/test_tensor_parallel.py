@@ -29,6 +29,8 @@ def test_tensor_parallel_runs_at_stage_0_and_with_fsdp2_over_the_data_parallel_r
     ({"zero_stage": [3], "world_size": [2], "tp": 4}, "does not divide world_size=2"),
     ({"zero_stage": [3], "world_size": [2], "lora_rank": [4]}, "LoRA adapters on split linears"),
     ({"zero_stage": [3], "world_size": [2], "precision": ["fp8"]}, "float8 linears are not split"),
+    ({"zero_stage": [3], "world_size": [2], "compile": [True], "activation_checkpointing": [True]},
+     "compiled checkpoint saves a DTensor's DeviceMesh"),
 ])
 def test_what_tensor_parallelism_is_not_run_with_is_said(overrides, left_out):
     """A tensor-parallel degree no point of the sweep can take stops the plan with the reason."""

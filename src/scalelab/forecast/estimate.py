@@ -578,7 +578,8 @@ def predict_point(point: Point, machine: Machine, n: int) -> dict:
     comm, calls, sizes, used = {}, {}, {}, {}
     for side in ("intra_node", "inter_node"):
         side_sizes = {c: b / links.handed_per_size(c) for c, b in by_link[side].items()}
-        side_calls = collective_calls(cfg, key, point.precision, side_sizes, accumulation_steps=accumulation)
+        side_calls = collective_calls(cfg, key, point.precision, side_sizes, accumulation_steps=accumulation,
+                                      tensor_parallel=t)
         for c, size in side_sizes.items():
             seconds = side_calls[c] * links.collective_seconds(c, size / side_calls[c], group[side], link_of[side])
             comm[c], calls[c] = comm.get(c, 0.0) + seconds, calls.get(c, 0) + side_calls[c]

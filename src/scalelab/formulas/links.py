@@ -303,9 +303,10 @@ def _parameter_tensors(cfg: ModelConfig) -> int:
 
 
 def collective_calls(cfg: ModelConfig, zero_stage: int, precision: str, sizes: dict[str, float],
-                     accumulation_steps: int = 1, bucket_mb: float | None = None) -> dict[str, int]:
+                     accumulation_steps: int = 1, bucket_mb: float | None = None, tensor_parallel: int = 1) -> dict[str, int]:
     """Calls per optimizer step by collective, each paying the link's latency once: DDP one
-    all-reduce per gradient bucket of ``bucket_mb`` MiB (default strategies.DDP_BUCKET_MB); FSDP2 one all-gather per unit (every
+    all-reduce per gradient bucket of ``bucket_mb`` MiB (default strategies.DDP_BUCKET_MB; a model split by tensor
+    parallelism is replicated per unit by FSDP2's replicate instead: one all-reduce per unit); FSDP2 one all-gather per unit (every
     block, and the root) per gathering pass, one reduce-scatter per unit (and under hybrid sharding
     one all-reduce per unit across replicas); ZeroRedundancyOptimizer one broadcast per parameter
     tensor (issued together: their latencies overlap, so this counts them high); fp16's loss scaler
@@ -318,10 +319,10 @@ def collective_calls(cfg: ModelConfig, zero_stage: int, precision: str, sizes: d
     for collective, size in sizes.items():
         if collective == "all_reduce":
             grads = size - scaler * accounting.LOSS_SCALER_COMM_BYTES / handed_per_size("all_reduce")
-            if record.ddp_buckets:
+            if record.ddp_wraps(2, tensor_parallel):  # DDP's buckets (a data-parallel group: calls exist)
                 cap = DDP_BUCKET_MB if bucket_mb is None else float(bucket_mb)
                 calls[collective] = math.ceil(grads / (cap * 2 ** 20)) + scaler
-            else:  # hybrid sharding all-reduces each unit's gradient shard across replicas
+            else:  # hybrid sharding all-reduces each unit's gradient shard across replicas; replicate each unit's gradients
                 calls[collective] = (units if grads > 0 else 0) + scaler
         elif collective == "all_gather":
             calls[collective] = math.ceil(record.param_psi(accumulation_steps)) * units

@@ -124,6 +124,10 @@ def _tensor_parallel_left_out(point, train: TrainConfig) -> str | None:
                             ("tensor parallelism needs train.warmup_steps >= 1 (its collectives are counted over the warm-up "
                              "steps)", bool(train is not None and train.warmup_steps < 1)),
                             (f"lora_rank={point.lora_rank}: LoRA adapters on split linears are not run", bool(point.lora_rank)),
+                            ("compile with activation_checkpointing under tensor parallelism: torch's compiled checkpoint "
+                             "saves a DTensor's DeviceMesh for backward and fails (torch 2.13: 'expected all "
+                             "tensors_saved_with_vc_check to be Tensors'); each lever runs alone",
+                             point.compile and point.activation_checkpointing),
                             ("cpu_offload with tensor parallelism is not run", point.cpu_offload),
                             ("checkpoints of tensor-parallel runs are not written yet (set train.checkpoint_every: 0)",
                              bool(train is not None and train.checkpoint_every))):

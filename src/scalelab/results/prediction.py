@@ -269,7 +269,7 @@ def collectives_of(row: dict, world_size: int | None = None) -> tuple[dict[str, 
     sizes = collective_sizes(n_params, stage, n, precision, accumulation_steps=k, grad_reduce=grad_reduce)
     bucket_mb = row.get("bucket_mb")  # the run's own bucket cap (null for strategies without buckets)
     calls = collective_calls(cfg, stage, precision, sizes, accumulation_steps=k,
-                             bucket_mb=None if _missing(bucket_mb) else float(bucket_mb))
+                             bucket_mb=None if _missing(bucket_mb) else float(bucket_mb), tensor_parallel=degree)
     return sizes, calls
 
 
@@ -285,6 +285,11 @@ def _tensor_parallel(row) -> int:
     return 1 if _missing(row.get("tensor_parallel")) else int(row["tensor_parallel"])
 
 
+def _flag(value) -> bool:
+    """A lever's flag, null (an older table's NaN or NA) read as off."""
+    return not _missing(value) and bool(value)
+
+
 def tensor_parallel_collectives(row: dict) -> tuple[dict[str, float], dict[str, int]]:
     """(bytes per step as nccl-tests sizes them, calls per step) of a run's tensor-parallel collectives over its
     group (accounting.tensor_parallel_comm), keyed ``tensor_parallel <collective>``; none without it."""
@@ -295,8 +300,8 @@ def tensor_parallel_collectives(row: dict) -> tuple[dict[str, float], dict[str, 
         return {}, {}
     comm = accounting.tensor_parallel_comm(
         model_of_row(row), int(row["micro_batch"]), int(row.get("accumulation_steps") or 1), degree, row["precision"],
-        int(row["zero_stage"]), row.get("device_type") or "cpu", bool(row.get("activation_checkpointing")),
-        bool(row.get("sequence_parallel")))
+        int(row["zero_stage"]), row.get("device_type") or "cpu", _flag(row.get("activation_checkpointing")),
+        _flag(row.get("sequence_parallel")))
     sizes = {TENSOR_PARALLEL + c: nbytes / links.handed_per_size(c) for c, (nbytes, _) in comm.items()}
     return sizes, {TENSOR_PARALLEL + c: calls for c, (_, calls) in comm.items()}
 
@@ -305,9 +310,11 @@ def run_comm(model: "Model", row: dict, world_size: int | None = None) -> tuple[
     """A run's communication at ``world_size`` (its own by default): (seconds per collective, calls, the link fits'
     error in seconds), or why there is none. The strategy's collectives over its data-parallel ranks; tensor
     parallelism's over its group (TENSOR_PARALLEL), each on the bench table's links fitted at that group's size."""
+    from scalelab.formulas import accounting
+
     n = int(world_size or row["world_size"])
     degree = _tensor_parallel(row)
-    data_ranks = n // degree
+    data_ranks = accounting.data_parallel_size(n, degree)
     try:
         sizes, calls = collectives_of(row, n)
         tp_sizes, tp_calls = tensor_parallel_collectives(row)

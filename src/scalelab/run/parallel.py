@@ -272,11 +272,10 @@ def _parallelize_split(model, zero_stage, device, lr, weight_decay, param_dtype,
     if dp_mesh.size() == 1:
         opt = torch.optim.AdamW(param_groups(model, weight_decay), **_adamw_kwargs(lr))
         return Parallelized(model, opt, lambda last: contextlib.nullcontext(), tensor_parallel=tensor_parallel)
-    try:  # torch 2.10 on: a one-dimensional data-parallel mesh (the replicate of torch 2.9 took a 2-D one)
-        from torch.distributed._composable.replicate_with_fsdp import replicate
-    except ImportError as err:
+    if torch.__version__ < (2, 10):  # torch 2.10 on: a one-dimensional mesh (torch 2.9's replicate takes a 2-D one)
         raise RuntimeError(f"tensor parallelism at stage 0 over {dp_mesh.size()} data-parallel ranks needs torch's "
-                           f"FSDP2-based replicate (torch >= 2.10; this is {torch.__version__}): use stage 2 or 3") from err
+                           f"FSDP2-based replicate of torch >= 2.10 (this is {torch.__version__}): use stage 2 or 3")
+    from torch.distributed._composable.replicate_with_fsdp import replicate
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)

@@ -7,8 +7,9 @@ after it keeps 1/T of its input features (its weight's columns) and all-reduces 
 over the mesh: one all-reduce after attention and one after the MLP in forward, and one before each
 (the colwise inputs' gradients: once per module where several colwise linears share an input, as
 attention's q, k, v do) in backward, of B T d values each. The embeddings, the norms, a
-rowwise bias and the head stay whole on every rank; their gradients are the same on every rank, for
-their inputs are (Megatron's f and g operators, torch's ColwiseParallel and RowwiseParallel).
+rowwise bias and the head stay whole on every rank; without sequence parallelism their gradients are the
+same on every rank, for their inputs are (Megatron's f and g operators, torch's ColwiseParallel and
+RowwiseParallel).
 
 GPT-2's fused ``qkv`` ("colwise by head"): its 3d output rows are q, k, v one after the other, so a
 plain split would hand rank 0 all of q. :func:`apply_tensor_parallel` reorders them first, by head, so
@@ -22,8 +23,10 @@ a (B, T/T', d) share). Before a module's colwise linears the norm's output is al
 sequence; after a rowwise linear the partial outputs are reduce-scattered over it instead of
 all-reduced (the same volume, the two halves of an all-reduce). The replicated embeddings hand the
 first block its share (a slice; in backward the input gradient is all-gathered back), and the final
-norm's output is all-gathered for the replicated head. The parameters the sharded tokens reach
-whole (the norms', a rowwise bias) get partial gradients: all-reduced over the mesh in backward.
+norm's output is all-gathered for the replicated head. The norms' parameters meet each rank's tokens only,
+so their gradients are partial sums over the mesh: FSDP2 sums them in its reduction, and where none runs
+scalelab.run.parallel.reduce_partial_grads does after backward. (A rowwise bias is added before the
+reduce-scatter, to the whole partial output: its gradient is whole.)
 """
 from __future__ import annotations
 

@@ -132,12 +132,14 @@ def _gpt2_block_activations(cfg, case: ActivationCase) -> float:
     outputs whole (all-gathered, kept by qkv and fc)."""
     s, b, h, L, w = cfg.seq_len, case.micro_batch, cfg.d_model, cfg.n_layers, case.width
     residual_width = 4 if case.amp else w
-    t = 1 if case.compiled else case.tensor_parallel  # compiled: the unsplit figure, an upper bound
-    share = 1 / t if case.sequence_parallel else 1  # of the residual stream's terms
-    if case.checkpointing:
+    share = 1 / case.tensor_parallel if case.sequence_parallel else 1  # of the residual stream's terms
+    if case.checkpointing:  # the block input, this rank's tokens under sequence parallelism (compiled too)
         return L * s * b * h * residual_width * share
-    # x, both LayerNorm outputs and x + attn whole on every rank; q, k, v, the attention output, the projection's
-    # output and the MLP's 4h fc and GELU outputs split (measured on the CPU with saved-tensor hooks, T = 2)
+    t = 1 if case.compiled else case.tensor_parallel  # compiled: the unsplit figure, an upper bound
+    share = 1 if case.compiled else share
+    # both LayerNorm outputs whole on every rank, x and x + attn too (per rank's tokens under sequence parallelism);
+    # q, k, v, the attention output, the projection's output and the MLP's 4h fc and GELU outputs split (measured on
+    # the CPU with saved-tensor hooks, T = 2)
     per_layer = (2 + 2 * share + 12 / t) * s * b * h * w
     if case.compiled:  # what the partitioner saves
         stats_width = 4 if case.gpu else residual_width  # CUDA's LayerNorm keeps fp32 mean and rstd for 16-bit inputs
