@@ -400,7 +400,7 @@ def tensor_parallel_comm(cfg: ModelConfig, micro_batch: int, accumulation_steps:
     values = k * micro_batch * cfg.seq_len * cfg.d_model  # per collective and block, over the step's micro-batches
     width = DTYPE_BYTES[precision]
     sixteen = _sixteen_bit_params(precision, zero_stage)
-    norm_width = 4 if precision == "fp32" else width if sixteen and device_type != "cuda" else 4
+    norm_width = width if sixteen and device_type != "cuda" else 4
     ac = activation_checkpointing
     if not sequence_parallel:
         forward = 3 if ac else 2

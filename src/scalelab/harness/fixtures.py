@@ -41,10 +41,12 @@ _missing = [a for a in LEVER_AXES if AXIS[a].type is not bool and a not in _LEVE
 if _missing:
     raise ValueError(f"scalelab.harness.fixtures: no synthetic value for the lever(s) {', '.join(_missing)}")
 LEVER_VALUES = {a: (not AXIS[a].default) if AXIS[a].type is bool else _LEVER_VALUES[a] for a in LEVER_AXES}
-_LEVER_TWIN = {"grad_reduce": {"precision": "fp16"}, "sequence_parallel": {"tensor_parallel": 2}}
-"""Levers that apply only beside another axis's value (grad_reduce to no fp32 run, sequence parallelism only
-with tensor parallelism): their runs come in pairs with that value, the twin (every lever but the one it
-runs beside at its default) and the run with the lever away from it."""
+_LEVER_TWIN = {"grad_reduce": {"precision": "fp16"},
+               **{a: {AXIS[a].beside: LEVER_VALUES[AXIS[a].beside]} for a in LEVER_AXES if AXIS[a].beside}}
+"""Levers that apply only beside another axis's value (grad_reduce to no fp32 run; a lever with Axis.beside, as
+sequence parallelism with tensor parallelism, only with that lever's synthetic value): their runs come in pairs
+with that value, the twin (every lever but the one it runs beside at its default) and the run with the lever
+away from it."""
 
 
 def _applies(point, lever: str) -> bool:

@@ -377,8 +377,10 @@ RUN = [
            "compiled tensor-parallel run (its graphs run them out of the mode's sight)", "worker",
            sometimes("runs measured since tensor parallelism (issue #43); null for compiled tensor-parallel runs", OK)),
     Column("comm_tensor_parallel_bytes_per_step_predicted", pa.float64(), "B/step", "predicted tensor-parallel bytes per "
-           "step: four all-reduces of B T d values per block and micro-batch, five with activation checkpointing "
-           "(scalelab.formulas.accounting.tensor_parallel_comm); 0 without tensor parallelism", "worker",
+           "step: four all-reduces of B T d values per block and micro-batch, five with activation checkpointing; "
+           "with sequence parallelism all-gathers and reduce-scatters of the same volume plus the head's and the "
+           "embeddings' gathers and the norms' gradients (scalelab.formulas.accounting.tensor_parallel_comm); 0 without "
+           "tensor parallelism", "worker",
            sometimes("runs measured since tensor parallelism (issue #43)", OK)),
     Column("comm_tensor_parallel_link", pa.string(), "-", "the link rank 0's tensor-parallel group ran on (intra_node: one "
            "host; inter_node: several), from its ranks' hosts; null without tensor parallelism", "worker",

@@ -69,6 +69,9 @@ class Axis:
     (a model named ``ac``) would make one run id name two different runs, and is refused."""
     swept: bool = True
     """Whether the config's ``sweep:`` section lists its values (``repeat`` comes from ``repeats:``)."""
+    beside: str | None = None
+    """The lever this one runs only beside, away from that one's default (sequence parallelism: tensor
+    parallelism); a run of it pairs with its twin at the same value of that lever (scalelab.report.levers)."""
     changes_compute: bool = True
     """Whether it changes a rank's compute per token, so that a run's compute reference in the step-time
     model must share it (scalelab.results.prediction.COMPUTE_KEY); False where the token share or the
@@ -210,7 +213,7 @@ AXES: tuple[Axis, ...] = (
     Axis("sequence_parallel", "sequence parallelism (Megatron's, with tensor_parallel > 1): the norms and the residual "
          "stream on each rank's 1/T of the tokens, all-gathered before the split linears and reduce-scattered after "
          "them instead of all-reduced", bool, False, "bool", False, from_path=_flag,
-         run_id=lambda v: "sp" if v else None, id_pattern="sp",
+         run_id=lambda v: "sp" if v else None, id_pattern="sp", beside="tensor_parallel",
          left_out=lambda point, train: None if not point.sequence_parallel or point.tensor_parallel > 1 else
          "sequence_parallel needs tensor_parallel > 1 (it splits the tokens over the tensor-parallel ranks)",
          is_default=lambda runs: ~runs["sequence_parallel"].fillna(False).astype(bool)),

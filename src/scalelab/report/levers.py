@@ -44,15 +44,10 @@ def baseline(runs: pd.DataFrame, strategies: bool = False) -> pd.DataFrame:
     return runs[keep]
 
 
-BESIDE = {"sequence_parallel": "tensor_parallel"}
-"""Levers that run only beside another lever away from its default: a variant and its twin share that one
-(sequence parallelism at T > 1 against tensor parallelism alone at the same T)."""
-
-
 def _others_at_default(runs: pd.DataFrame, lever: str, defaults: dict[str, pd.Series] | None = None) -> pd.Series:
-    """Which rows have every lever but `lever` (and the one it runs beside) at its default (defaults:
-    _is_default(runs), if known)."""
-    others = [v for k, v in (defaults or _is_default(runs)).items() if k not in (lever, BESIDE.get(lever))]
+    """Which rows have every lever but `lever` (and the one it runs beside, Axis.beside: a variant and its twin
+    share that one) at its default (defaults: _is_default(runs), if known)."""
+    others = [v for k, v in (defaults or _is_default(runs)).items() if k not in (lever, AXIS[lever].beside)]
     return pd.concat(others, axis=1).all(axis=1) if others and not runs.empty else pd.Series(True, index=runs.index)
 
 
@@ -271,16 +266,20 @@ def _config_label(runs: pd.DataFrame) -> pd.Series:
     return "z" + runs["zero_stage"].astype(str) + " w" + runs["world_size"].astype(str) + " " + runs["precision"]
 
 
+def _ticks_off_on(ax, x, off: pd.Series, on: pd.Series, label: str, color: str = "black") -> None:
+    """Predicted ticks over _bars_off_on's bars: the baseline's (left, labelled) and the lever's (right)."""
+    marks(ax, x - 0.2, off, marker="_", size=300, color=color, zorder=3, label=label)
+    marks(ax, x + 0.2, on, marker="_", size=300, color=color, zorder=3)
+
+
 def _activation_bars(ax, x, labels, ok: pd.DataFrame, off_label: str, on_label: str, color: str) -> None:
     """One micro-batch's activations of each pair, measured bars (baseline left, lever right) with the predicted
     ticks (black: the model's; grey: Korthikanti et al.'s)."""
     _bars_off_on(ax, x, labels, ok["baseline_activation_mib_measured"], ok["activation_mib_measured"], off_label, on_label,
                  color)
-    for offset, prefix in ((-0.2, "baseline_"), (0.2, "")):
-        marks(ax, x + offset, ok[f"{prefix}activation_mib_predicted"], marker="_", size=300, color="black", zorder=3,
-              label="predicted" if offset < 0 else None)
-        marks(ax, x + offset, ok[f"{prefix}activation_mib_predicted_paper"], marker="_", size=300, color="grey", zorder=3,
-              label="predicted (paper)" if offset < 0 else None)
+    _ticks_off_on(ax, x, ok["baseline_activation_mib_predicted"], ok["activation_mib_predicted"], "predicted")
+    _ticks_off_on(ax, x, ok["baseline_activation_mib_predicted_paper"], ok["activation_mib_predicted_paper"],
+                  "predicted (paper)", "grey")
 
 
 def activation_checkpointing_plot(pairs: pd.DataFrame):
@@ -463,9 +462,7 @@ def sequence_parallel_plot(pairs: pd.DataFrame):
     _side_legend(left)
     _bars_off_on(right, x, labels, ok["baseline_tensor_parallel_mb"].fillna(0), ok["tensor_parallel_mb"].fillna(0),
                  "TP alone: all-reduces", "TP + SP: all-gathers, reduce-scatters", "C5")
-    marks(right, x - 0.2, ok["baseline_tensor_parallel_mb_predicted"], marker="_", size=300, color="black", zorder=3,
-          label="predicted")
-    marks(right, x + 0.2, ok["tensor_parallel_mb_predicted"], marker="_", size=300, color="black", zorder=3)
+    _ticks_off_on(right, x, ok["baseline_tensor_parallel_mb_predicted"], ok["tensor_parallel_mb_predicted"], "predicted")
     right.set(ylabel="MB per optimizer step (rank 0)", title="tensor-parallel communication")
     _side_legend(right)
     return fig

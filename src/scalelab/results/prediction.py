@@ -306,17 +306,16 @@ def tensor_parallel_collectives(row: dict) -> tuple[dict[str, float], dict[str, 
     return sizes, {TENSOR_PARALLEL + c: calls for c, (_, calls) in comm.items()}
 
 
-def run_comm(model: "Model", row: dict, world_size: int | None = None) -> tuple[dict[str, float], dict[str, int], float] | str:
-    """A run's communication at ``world_size`` (its own by default): (seconds per collective, calls, the link fits'
-    error in seconds), or why there is none. The strategy's collectives over its data-parallel ranks; tensor
-    parallelism's over its group (TENSOR_PARALLEL), each on the bench table's links fitted at that group's size."""
+def run_comm(model: "Model", row: dict) -> tuple[dict[str, float], dict[str, int], float] | str:
+    """A run's communication: (seconds per collective, calls, the link fits' error in seconds), or why there is
+    none. The strategy's collectives over its data-parallel ranks; tensor parallelism's over its group
+    (TENSOR_PARALLEL), each on the bench table's links fitted at that group's size."""
     from scalelab.formulas import accounting
 
-    n = int(world_size or row["world_size"])
     degree = _tensor_parallel(row)
-    data_ranks = accounting.data_parallel_size(n, degree)
+    data_ranks = accounting.data_parallel_size(int(row["world_size"]), degree)
     try:
-        sizes, calls = collectives_of(row, n)
+        sizes, calls = collectives_of(row)
         tp_sizes, tp_calls = tensor_parallel_collectives(row)
     except (ValueError, TypeError, KeyError) as err:  # TypeError, KeyError: a row without the model's shape
         return f"no communication model: {err}"

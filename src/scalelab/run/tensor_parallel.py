@@ -69,7 +69,8 @@ def plan_of(model: nn.Module) -> dict[str, str]:
 def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel: bool = False) -> nn.Module:
     """Split every block's linears over ``mesh`` (1-D: the tensor-parallel ranks) in place; with
     ``sequence_parallel`` the norms and the residual stream over the tokens as well (the module doc)."""
-    plan = plan_of(model)
+    plan, norms = plan_of(model), family(model.cfg.family).norms
+    parents = _colwise_parents(plan)
     degree = mesh.size()
     tensor_parallel_problem(model.cfg, degree, sequence_parallel)  # the planner's check (ConfigError), should a caller not have planned
     for block in model.blocks:
@@ -81,18 +82,16 @@ def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel:
                     linear.weight.copy_(linear.weight[rows])
                     if linear.bias is not None:
                         linear.bias.copy_(linear.bias[rows])
-        parents = _colwise_parents(plan)
         styles = {path: _style(path, how, parents, sequence_parallel) for path, how in plan.items()}
         for parent in parents:
             styles[parent] = _shared_input(block.get_submodule(parent), sequence_parallel)
         if sequence_parallel:
-            styles.update({norm: SequenceParallel() for norm in family(model.cfg.family).norms[:-1]})
+            styles.update({norm: SequenceParallel() for norm in norms[:-1]})
         parallelize_module(block, mesh, styles)
     if sequence_parallel:
-        final_norm = family(model.cfg.family).norms[-1]
         parallelize_module(model, mesh, {
             "blocks.0": _first_input(model.blocks[0], Replicate(), TOKENS),  # the embeddings' output: this rank's tokens
-            final_norm: SequenceParallel(),
+            norms[-1]: SequenceParallel(),
             "head": PrepareModuleInput(input_layouts=(TOKENS,), desired_input_layouts=(Replicate(),), use_local_output=True)})
     return model
 
