@@ -459,12 +459,12 @@ def sequence_parallel_plot(pairs: pd.DataFrame):
     left, right, ok, x, labels = panels
     _activation_bars(left, x, labels, ok, "TP alone, measured", "TP + SP, measured", "C5")
     left.set(ylabel="MiB per micro-batch", title="activations kept for backward, per rank")
-    _side_legend(left)
+    _legend_below(left)  # beside it, the legend would run into the right panel's axis label
     _bars_off_on(right, x, labels, ok["baseline_tensor_parallel_mb"].fillna(0), ok["tensor_parallel_mb"].fillna(0),
                  "TP alone: all-reduces", "TP + SP: all-gathers, reduce-scatters", "C5")
     _ticks_off_on(right, x, ok["baseline_tensor_parallel_mb_predicted"], ok["tensor_parallel_mb_predicted"], "predicted")
     right.set(ylabel="MB per optimizer step (rank 0)", title="tensor-parallel communication")
-    _side_legend(right)
+    _legend_below(right)
     return fig
 
 
