@@ -3,11 +3,13 @@ import re
 import sys
 from pathlib import Path
 
-from scalelab.config import dataset_config
+from scalelab.config import ConfigError, dataset_config
+from scalelab.forecast.pruning import plan_forecast, summary_line as forecast_summary, read as read_forecast, top_k
 from scalelab.run.data import DataError, source_files
 from scalelab.plan.placement import carry_slurm_conf, sweep_device_plan, train_job_resources
 from scalelab.plan.run_plan import result_params, run_plan
 from scalelab.results.migrate import OldLayout, check_layout
+from scalelab.run.calibration import calibration_path, ensure_calibration, read_calibration
 from scalelab.results.status import check_trained_with
 from scalelab.plan.sweep import RunPoint, data_result_params, sweep_plan
 
@@ -85,6 +87,8 @@ def run_params(wildcards) -> dict:
     that differ from the defaults, so a new config key at its default reruns nothing. With --touch
     (scalelab resume recording a finished run's provenance) only if the run trained with these."""
     params = result_params(config, plan_of(wildcards))
+    if wildcards.run_id in PRUNED:  # recorded skipped by the forecast: selected later, it trains
+        params["pruned_by_forecast"] = {"top_k": top_k(config)}  # a new k records its reason anew (no training)
     if workflow.touch:
         try:
             check_trained_with(RESULTS / "runs" / wildcards.run_id, params)
@@ -105,6 +109,22 @@ if not _INHERITED:
 # device the job finds (scalelab.run.launch).
 PLANS = {run_id: run_plan(config, point, device=DEVICE_PLAN.device, device_reason=DEVICE_PLAN.why)
          for run_id, point in POINTS.items()}
+# planning.top_k: the forecast ranks every point before any job starts (scalelab.forecast.pruning); the
+# planning process decides and records it in <results>/plan/forecast.json, the jobs read that record.
+if top_k(config) is None:
+    DECISIONS = {}
+elif workflow.remote_exec or workflow.subprocess_exec:
+    DECISIONS = read_forecast(RESULTS)
+else:
+    _calibration = None
+    if DEVICE_PLAN.device == "cpu":  # the CPU's peak: the results folder's one calibration, measured now where it has none
+        _calibration = read_calibration(ensure_calibration(calibration_path(RESULTS), int(CLUSTER["cpus_per_rank"])))
+    try:
+        DECISIONS = plan_forecast(config, PLANS, RESULTS, _calibration)
+    except ConfigError as err:
+        raise WorkflowError(f"scalelab: {err}") from None
+    print(forecast_summary(DECISIONS, top_k(config)), file=sys.stderr)
+PRUNED = {run_id for run_id, decision in DECISIONS.items() if decision.pruned}
 # A slurm.conf named only by SLURM_CONF reaches every srun of the sweep's jobs, though the SLURM
 # plugin's job step removes SLURM_* (scalelab.plan.placement.carry_slurm_conf).
 carry_slurm_conf()
@@ -152,8 +172,10 @@ def _run_id_regex(run_ids) -> str:
     return "|".join(re.escape(r) for r in sorted(run_ids)) or "(?!)"
 
 
-# Runs that fit one node (train) and runs spanning several launchers (train_multinode).
-_MULTI = {run_id: plan.launch.multi_launcher for run_id, plan in PLANS.items()}
+# Runs that fit one node (train), runs spanning several launchers (train_multinode), and the points the
+# forecast pruned (record_pruned: a local job that records them skipped, never a cluster submission).
+_MULTI = {run_id: plan.launch.multi_launcher for run_id, plan in PLANS.items() if run_id not in PRUNED}
+PRUNED_RUN_IDS = _run_id_regex(PRUNED)
 SINGLE_LAUNCHER_RUN_IDS = _run_id_regex(r for r, multi in _MULTI.items() if not multi)
 MULTI_LAUNCHER_RUN_IDS = _run_id_regex(r for r, multi in _MULTI.items() if multi)
 

@@ -69,3 +69,30 @@ use rule train as train_multinode with:
         slurm_extra=lambda wildcards: train_resources(wildcards)["slurm_extra"],
         tasks_per_gpu=0,
         train_slot=lambda wildcards: train_resources(wildcards)["train_slot"],
+
+
+# Points the forecast pruned (planning.top_k, scalelab.forecast.pruning): recorded `skipped` with their
+# forecast and the reason, by a job on the planning machine (no cluster submission, no rank started).
+localrules:
+    record_pruned,
+
+
+rule record_pruned:
+    input:
+        meta=DATA_DIR / "meta.json",
+        train=DATA_DIR / "train.bin",
+    output:
+        summary=RESULTS / "runs" / "{run_id}" / "summary.json",
+        steps=RESULTS / "runs" / "{run_id}" / "steps.parquet",
+    params:
+        point=point_of,
+        results_depend_on=run_params,
+        device=DEVICE_PLAN.device,
+    log:
+        LOGS / "runs" / "{run_id}.log",
+    wildcard_constraints:
+        run_id=PRUNED_RUN_IDS,
+    conda:
+        "../workflow/envs/scalelab.yaml"
+    script:
+        "../workflow/scripts/train_run.py"

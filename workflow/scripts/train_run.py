@@ -4,6 +4,7 @@ import signal
 import sys
 from pathlib import Path
 
+from scalelab.forecast.pruning import read as read_forecast
 from scalelab.plan.placement import job_device_plan
 from scalelab.results.status import record_trained_with
 from scalelab.run.calibration import calibration_path, ensure_calibration
@@ -19,8 +20,13 @@ signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 results_dir = Path(snakemake.output.summary).parents[2]  # <results>/runs/<run id>/summary.json
 record_trained_with(Path(snakemake.output.summary).parent, snakemake.params.results_depend_on)
 device_plan = job_device_plan(snakemake.params.device, snakemake.config)
+# planning.top_k: the planning process's forecast of this point, and whether it pruned it (its params say)
+decision = read_forecast(results_dir).get(snakemake.params.point.run_id)
+pruned = None
+if snakemake.params.results_depend_on.get("pruned_by_forecast"):
+    pruned = decision.reason if decision and decision.reason else "pruned by prediction (planning.top_k)"
 calibration = None
-if device_plan.device == "cpu":  # a CPU sweep's peak FLOP/s: measured by the invocation's first run, before it starts
+if device_plan.device == "cpu" and pruned is None:  # a CPU sweep's peak FLOP/s: measured by the invocation's first run, before it starts
     calibration = ensure_calibration(calibration_path(results_dir), snakemake.config["cluster"]["cpus_per_rank"])
 
 launch_run(
@@ -33,4 +39,6 @@ launch_run(
     repo_dir=snakemake.scriptdir,
     device_plan=device_plan,
     calibration=calibration,
+    forecast=decision.forecast if decision else None,
+    pruned=pruned,
 )

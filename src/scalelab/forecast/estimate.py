@@ -537,7 +537,7 @@ class Point:
 @dataclass(frozen=True)
 class Machine:
     """The GPUs and links a point runs on, and the assumed compute efficiency and overlap."""
-    product: object  # hardware's GPU record
+    product: object  # hardware's GPU record; None for a CPU (a sweep's forecast: scalelab.forecast.pruning)
     peak_flops: float  # of the point's precision
     mfu: float  # compute efficiency without communication (of the hardware FLOPs: the recompute included)
     per_node: int
@@ -603,7 +603,7 @@ def predict_point(point: Point, machine: Machine, n: int) -> dict:
             "tokens_per_s": per_gpu * n, "mfu": accounting.mfu(per_gpu, fpt, machine.peak_flops, 1),
             "collective_bytes": sizes, "collective_calls": calls, "peak_memory_bytes": peak_mem,
             "peak_memory_gib": peak_mem / UNITS["GiB"],
-            "fits_memory": peak_mem <= machine.product.memory_gib * UNITS["GiB"],
+            "fits_memory": peak_mem <= machine.product.memory_gib * UNITS["GiB"] if machine.product else None,
             "flops_per_token": fpt, "recompute_flops_per_token": hardware_fpt - fpt}
 
 

@@ -33,7 +33,7 @@ from scalelab.spec.families import DEFAULT_FAMILY, FAMILIES
 from scalelab.spec.precisions import PRECISIONS
 from scalelab.spec.strategies import strategy
 
-SCHEMA_VERSION = "8"  # 2: lever identity columns; 3: device plan, launch and provenance sources;
+SCHEMA_VERSION = "9"  # 2: lever identity columns; 3: device plan, launch and provenance sources;
 # 4: the compile lever (identity column, compile time), MFU against the bf16 peak, activations outside the blocks predicted;
 # 5: run_path is the run id (run folders named by run id), field metadata names each column's writer and when it is filled;
 # 6: model families (model_family, model_module, n_kv_heads, ffn_dim, rope_base, flops_per_token_method), where ranks ran
@@ -42,7 +42,8 @@ SCHEMA_VERSION = "8"  # 2: lever identity columns; 3: device plan, launch and pr
 # 8: predicted_peak_bound, compiled runs' memory predicted with the compiled graphs' model, timing_steps (train.measure_s),
 # half_batch_steps, step_time_s_median_half_batch, token_share_measured, token_share_measured_sem; the trace columns
 # (profiled_steps, trace_files, memory_snapshot_files, exposed_comm_s_measured), the GPU's state (gpu_power_limit_w,
-# gpu_driver_version, gpu_{sm,mem}_clock_mhz_{start,end}, gpu_temperature_c_{start,end})
+# gpu_driver_version, gpu_{sm,mem}_clock_mhz_{start,end}, gpu_temperature_c_{start,end}); 9: tensor and sequence parallelism
+# (tensor_parallel, sequence_parallel, comm_tensor_parallel_*), the forecast that ranks a sweep (forecast_*: planning.top_k)
 _META = {b"scalelab.schema_version": SCHEMA_VERSION.encode()}
 
 WRITERS = ("identity", "launch", "worker", "collect")
@@ -53,6 +54,13 @@ FLATTENED = {"comm_bytes_per_step_by_type": "comm_{}_bytes_per_step", "comm_call
 """Summary keys holding a dict by collective, spread by ``run_row`` over one column per collective."""
 LAUNCHER_STATUSES = ("ok", "oom", "predicted_oom", "timeout", "failed", "diverged", "skipped")
 """Statuses the launcher writes into a run's summary.json."""
+PRUNED_REASON = "pruned by prediction"
+"""How the reason of a point the sweep's forecast did not run begins (status skipped; planning.top_k,
+scalelab.forecast.pruning): a decision, not a failure."""
+
+
+def is_pruned(status, reason) -> bool:
+    return status == "skipped" and str(reason or "").startswith(PRUNED_REASON)
 COLLECTED_STATUSES = ("missing", "corrupt")
 """Statuses collection gives a run folder without a readable summary: such a row holds its
 identity, status, reason and run_path only (the null contract below is for the launcher's rows)."""
@@ -438,6 +446,16 @@ RUN = [
     Column("predicted_oom_reason", pa.string(), "-", "why the run was predicted not to fit; null when it fits", "launch",
            Filled("status predicted_oom (and a run launched anyway with planning.launch_predicted_oom)",
                   lambda row: row["status"] == "predicted_oom")),
+    Column("forecast_step_time_s", pa.float64(), "s", "the sweep's forecast of the step time before any run (planning.top_k: "
+           "scalelab plan's model, assumptions in forecast_note); what ranked the point, not the step-time model's "
+           "prediction (predicted_step_time_s)", "launch", sometimes("planning.top_k set: the points the forecast ranked")),
+    Column("forecast_tokens_per_s", pa.float64(), "tokens/s", "the run's tokens/s as the forecast ranked it "
+           "(global batch tokens / forecast_step_time_s)", "launch", sometimes("planning.top_k set: the points the forecast ranked")),
+    Column("forecast_rank", pa.int32(), "-", "the point's rank by forecast_tokens_per_s among its model's points at its world "
+           "size predicted to fit (1 = fastest); planning.top_k runs ranks 1..k and the baselines", "launch",
+           sometimes("planning.top_k set: the points the forecast ranked")),
+    Column("forecast_note", pa.string(), "-", "the forecast's assumptions (peak, MFU, links, overlap, what it does not "
+           "model), or why a point was not forecast (and so not pruned)", "launch", sometimes("planning.top_k set")),
     Column("peak_mem_allocated_bytes", pa.int64(), "B", "max memory allocated by PyTorch on a GPU, largest rank; null on "
            "CPU", "worker", OK & GPU),
     Column("peak_mem_reserved_bytes", pa.int64(), "B", "max memory reserved by PyTorch's caching allocator on a GPU, "

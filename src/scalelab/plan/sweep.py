@@ -332,6 +332,12 @@ def micro_batch_plan(train: TrainConfig, world_size: int, micro_batch: int | Non
     return micro, per_rank // micro
 
 
+def sweep_values(config: dict) -> dict[str, list]:
+    """Every axis's values as the sweep lists them (its default alone where it lists none), in AXES order."""
+    sweep = section(config, "sweep")
+    return {axis.name: sweep.get(axis.name, [axis.default]) if axis.swept else [axis.default] for axis in AXES}
+
+
 def sweep_plan(config: dict) -> tuple[list, list[tuple[Any, str]]]:
     """(points to run, [(point left out, why)]) from the sweep section, in a stable order.
 
@@ -339,9 +345,8 @@ def sweep_plan(config: dict) -> tuple[list, list[tuple[Any, str]]]:
     values an axis normalises away (bucket_mb under FSDP2) give one point. Raises
     ConfigError for a global batch a world size does not split, and for a lever value that
     fits no point at all."""
-    sweep = section(config, "sweep")
     train = train_config(config)
-    values = {axis.name: sweep.get(axis.name, [axis.default]) if axis.swept else [axis.default] for axis in AXES}
+    values = sweep_values(config)
     _check_model_names({*section(config, "models"), *values["model"]} - {BASE_MODEL})
     for world_size in values["world_size"]:
         micro_batch_plan(train, int(world_size))  # raises when the global batch does not split evenly

@@ -22,12 +22,20 @@ from markupsafe import Markup
 
 from scalelab import __version__
 from scalelab.io import building_dir
+from scalelab.plan.columns import is_pruned
 from scalelab.plan.sweep import SWEEP_AXES
 from scalelab.report import checks, dictionary
 from scalelab.report.figures import FIGURES_DIR, Drawn, start_figures
 from scalelab.report.formulas import formulas_html
 from scalelab.report.levers import baseline, fp8_table, lever_table
-from scalelab.report.tables import MFU_LIMIT, best_configurations, loss_deviation_vs_stage0, noise_of, standing
+from scalelab.report.tables import (
+    MFU_LIMIT,
+    best_configurations,
+    forecast_ranking,
+    loss_deviation_vs_stage0,
+    noise_of,
+    standing,
+)
 from scalelab.results.collect import schema_version
 from scalelab.results.like import OVER_STAGE, OVER_WORLD_SIZE, like_key, model_labels, scaling_efficiency, several_models
 from scalelab.spec.families import DEFAULT_FAMILY
@@ -72,7 +80,8 @@ def find_warnings(runs: pd.DataFrame, steps: pd.DataFrame, best: pd.DataFrame | 
     # 1,000-run report a tenth of a second.
     ok = runs[runs["status"] == "ok"]
     for r in runs.loc[runs["status"] != "ok", ["run_id", "status", "reason"]].itertuples():
-        warnings.append(f"{r.run_id}: status {r.status}: {r.reason}")
+        if not is_pruned(r.status, r.reason):  # a decision (planning.top_k), in its own section
+            warnings.append(f"{r.run_id}: status {r.status}: {r.reason}")
     for r in ok.loc[ok["mfu"] > MFU_LIMIT, ["run_id", "mfu", "peak_flops_source"]].itertuples():
         warnings.append(f"{r.run_id}: MFU {r.mfu:.2f} is above 100% of the peak used ({r.peak_flops_source}); "
                         "the peak is too low for this path (e.g. emulated fp16 on a CPU)")
@@ -564,12 +573,20 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
                                several)
         # A sweep of several models names each row's model (scalelab.results.like): a row compares within it.
         inter_node = _with_model(inter_node_table(runs), runs, several)
+        ranking = forecast_ranking(runs)
+        pruned = ranking["outcome"] == "pruned: forecast only" if not ranking.empty else None
         levers, fp8 = _with_model(levers, runs, several), _with_model(fp8, runs, several)
         tables = {"best": table_model(best), "levers": table_model(levers) if not levers.empty else None,
                   "inter_node": table_model(inter_node) if not inter_node.empty else None,
                   "fp8": table_model(fp8) if not fp8.empty else None, "runs_table": table_model(table, wrap_headers=True),
                   "deviation": table_model(dev) if not dev.empty else None, "provenance": table_model(_provenance(runs)),
-                  "dictionary": table_model(_dictionary_table())}
+                  "dictionary": table_model(_dictionary_table()),
+                  "forecast_ran": table_model(ranking[~pruned].drop(columns="outcome")) if not ranking.empty else None,
+                  "forecast_pruned": (table_model(ranking[pruned].drop(columns=["measured_tokens_per_s", "measured_rank", "runs",
+                                                                                "outcome"])
+                                                  .merge(runs[["run_id", "reason"]], left_on="point", right_on="run_id")
+                                                  .drop(columns="run_id"))
+                                      if not ranking.empty and pruned.any() else None)}
         drawn = job.wait()
         by_family = []
         if len(families) > 1:

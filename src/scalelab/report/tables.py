@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from scalelab.plan.columns import is_pruned
 from scalelab.plan.sweep import LEVER_AXES
 from scalelab.results.like import (
     MODEL,
@@ -19,7 +20,7 @@ from scalelab.results.like import (
     model_labels,
     scaling_efficiency,
 )
-from scalelab.results.noise import CONFIDENCE, ModelNoise, medians, sweep_noise
+from scalelab.results.noise import CONFIDENCE, ModelNoise, config_ids, medians, sweep_noise
 from scalelab.spec.precisions import PRECISION_NAMES
 
 PRECISION_ORDER = list(PRECISION_NAMES)  # the registry's order (scalelab.spec.precisions)
@@ -303,6 +304,8 @@ def sweep_end_text(results_dir) -> str | None:
     if runs.empty:
         return f"scalelab: no runs; report: {html.resolve()}"
     n_ok = int((runs["status"] == "ok").sum())
+    n_pruned = sum(is_pruned(status, reason) for status, reason in zip(runs["status"], runs["reason"]))
+    n_wrong = len(runs) - n_ok - n_pruned
     import textwrap
 
     from scalelab.report.checks import cpu_best_note, cpu_notice
@@ -311,11 +314,38 @@ def sweep_end_text(results_dir) -> str | None:
     # CPU results say so before their best configuration, and beside it (scalelab.report.checks).
     notice, note = cpu_notice(runs), cpu_best_note(runs)
     return ((textwrap.fill(f"scalelab: {notice}", width=110, subsequent_indent="  ") + "\n" if notice else "")
-            + f"scalelab: {len(runs)} runs, {n_ok} ok. Best configuration per world size:\n"
+            + f"scalelab: {len(runs)} runs, {n_ok} ok" + (f", {n_pruned} pruned by the forecast (planning.top_k)" if n_pruned else "")
+            + ". Best configuration per world size:\n"
             + "\n".join("  " + line for line in best_configurations_text(runs).splitlines())
             + (f"\n  {note}" if note else "")
             + f"\nscalelab: report: {html.resolve()}"
             # rerun with the command that started this sweep (scalelab.results.invocation), not the default config's
-            + (f"\nscalelab: {len(runs) - n_ok} run(s) not ok: scalelab status {results_dir.resolve()}\n"
+            + (f"\nscalelab: {n_wrong} run(s) not ok: scalelab status {results_dir.resolve()}\n"
                f"scalelab: to rerun them: scalelab retry {results_dir.resolve()}, then: {rerun_command(results_dir)}"
-               if n_ok < len(runs) else ""))
+               if n_wrong else ""))
+
+
+
+def forecast_ranking(runs: pd.DataFrame) -> pd.DataFrame:
+    """A sweep pruned by its forecast (planning.top_k, scalelab.forecast.pruning): one row per point the
+    forecast ranked, by model, world size and forecast rank, with what was measured where the point ran
+    (the median tokens/s of its ok runs, and its rank among the measured points of its model and world
+    size); a pruned point has no measurement: its figures are predictions only. Empty where no row
+    carries a forecast rank."""
+    if "forecast_rank" not in runs or runs["forecast_rank"].isna().all():
+        return pd.DataFrame()
+    ranked = runs[runs["forecast_rank"].notna()].assign(point=lambda df: config_ids(df))
+    ranked["pruned"] = [is_pruned(status, reason) for status, reason in zip(ranked["status"], ranked["reason"])]
+    measured = ranked[ranked["status"] == "ok"].groupby("point")["tokens_per_s"].median()
+    rows = []
+    for point, group in ranked.groupby("point", sort=False):
+        first = group.iloc[0]
+        peak = first.get("predicted_peak_bytes")
+        rows.append({"model": first["model"], "world_size": int(first["world_size"]), "point": point,
+                     "forecast_rank": int(first["forecast_rank"]), "forecast_tokens_per_s": float(first["forecast_tokens_per_s"]),
+                     "predicted_peak_mib": float(peak) / MiB if pd.notna(peak) else np.nan,
+                     "measured_tokens_per_s": measured.get(point, np.nan), "runs": len(group),
+                     "outcome": "pruned: forecast only" if group["pruned"].all() else ", ".join(sorted(group["status"].unique()))})
+    table = pd.DataFrame(rows)
+    table["measured_rank"] = table.groupby(["model", "world_size"])["measured_tokens_per_s"].rank(ascending=False, method="min")
+    return table.sort_values(["model", "world_size", "forecast_rank", "point"]).reset_index(drop=True)

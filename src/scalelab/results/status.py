@@ -26,6 +26,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from scalelab.plan.columns import is_pruned
 from scalelab.plan.sweep import LAUNCHER_FILE, RUN_DIR_GLOB
 from scalelab.results.migrate import check_layout
 from scalelab.run.processes import stale_reason
@@ -155,7 +156,11 @@ def format_status(results_dir: str | Path, states: list[RunState]) -> str:
         return ["", title, *(f"  {s.run_id:<{id_width}}  {s.status:<13} {' '.join((s.reason or '').split())}" for s in order)]
 
     lines += listed("running:", [s for s in states if s.status == "running"])
-    lines += listed("not ok:", [s for s in states if s.status not in ("ok", "running")])
+    lines += listed("not ok:", [s for s in states if s.status not in ("ok", "running") and not is_pruned(s.status, s.reason)])
+    pruned = [s for s in states if is_pruned(s.status, s.reason)]
+    if pruned:  # a decision, not a failure: each reason names its rank
+        lines += ["", f"pruned by the forecast (planning.top_k; raise it to run them): {len(pruned)}, "
+                      f"{', '.join(s.run_id for s in sorted(pruned, key=lambda s: s.run_id))}"]
     retryable = sorted({s.status for s in states if s.status in RETRY_DEFAULT})
     # scalelab resume runs the command that started this sweep (its config files, --config,
     # profile: a bare `snakemake --cores all` would run the default config into results/), and

@@ -146,12 +146,15 @@ def plan_memory(config: dict, plan: RunPlan) -> dict:
 def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str | Path,
                log_path: str | Path, threads: int = 1, repo_dir: str | Path = ".",
                save_final_params: bool = False, device_plan: placement.DevicePlan | None = None,
-               compile_warm_up: bool = True, calibration: str | Path | None = None) -> dict:
+               compile_warm_up: bool = True, calibration: str | Path | None = None, forecast: dict | None = None,
+               pruned: str | None = None) -> dict:
     """Run one sweep point; write point.json, then summary.json and steps.parquet into run_dir; return the summary.
     Its RunPlan (scalelab.plan.run_plan) is made here once, and is what the ranks read.
     device_plan: the workflow's decision for the sweep; None decides here (tests, scripts).
     calibration: the sweep's CPU peak record (scalelab.run.calibration); None: a CPU run measures its own.
-    compile_warm_up=False (tests only) leaves a compiled run's compilation to its first step."""
+    compile_warm_up=False (tests only) leaves a compiled run's compilation to its first step.
+    forecast: the sweep's forecast of this point (scalelab.forecast.pruning: its forecast_* columns), recorded;
+    pruned: why the forecast pruned it (status skipped, nothing started)."""
     started = time.time()
     run_dir, log_path = Path(run_dir), Path(log_path)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -172,6 +175,8 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
                    run_dir=run_dir, threads=threads, save_final_params=save_final_params, compile_warm_up=compile_warm_up)
     model, accum = plan.model, plan.accumulation_steps
     identity = point.identity(micro_batch=plan.micro_batch)
+    if reason is None:
+        reason = pruned
     if reason is None:
         reason = skip_reason(device, point, plan.launch, int((config.get("cluster") or {}).get("launchers_per_node", 1)),
                              train.fp8_emulate)
@@ -199,6 +204,7 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
     }
 
     summary.update(memory_plan)
+    summary.update(forecast or {})
     records: list[dict] = []
     if tokens_problem is not None:
         status, reason = "failed", tokens_problem

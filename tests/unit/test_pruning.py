@@ -1,0 +1,130 @@
+"""planning.top_k (issue #44): the forecast that ranks a sweep before any run, what it prunes and keeps,
+and how the report and `scalelab status` show the pruned points apart."""
+import dataclasses
+
+import pandas as pd
+import pytest
+
+from scalelab.config import ConfigError
+from scalelab.forecast import pruning
+from scalelab.forecast.estimate import Machine, Point, predict_point
+from scalelab.formulas import accounting
+from scalelab.harness.testing import tiny_config
+from scalelab.plan.columns import is_pruned
+from scalelab.plan.run_plan import run_plan
+from scalelab.plan.sweep import sweep_plan
+from scalelab.report.tables import forecast_ranking
+from scalelab.results.status import RunState, format_status
+
+CALIBRATION = {"peaks_flops": {"fp32": 1.0e11, "bf16": 6.0e10, "fp16": 2.0e10}, "measured_utc": "2026-11-27T00:00:00+00:00"}
+
+
+def _plans(cfg, device="cpu"):
+    points, _ = sweep_plan(cfg)
+    return {p.run_id: run_plan(cfg, p, device=device) for p in points}
+
+
+def _cpu_sweep(**planning):
+    return tiny_config(sweep={"precision": ["fp32", "bf16", "fp16"], "zero_stage": [0, 3], "world_size": [1, 2]},
+                       repeats={"points": 1, "baseline": 3}, planning={"top_k": 1, **planning})
+
+
+def test_each_model_and_world_size_runs_its_top_k_and_the_baselines_the_rest_pruned_with_their_rank():
+    cfg = _cpu_sweep()
+    decisions = pruning.decide(cfg, _plans(cfg), CALIBRATION)
+    ran = {r for r, d in decisions.items() if not d.pruned}
+    # baselines (fp32 z0) and their repeats always run; at world size 1 the stages cannot differ (no
+    # communication): their forecasts tie, and ties share a rank, so both of the fastest precision run
+    assert ran == {"fp32-z0-w1", "fp32-z0-w1-r2", "fp32-z0-w1-r3", "fp32-z0-w2", "fp32-z0-w2-r2", "fp32-z0-w2-r3",
+                   "fp32-z3-w1"}, ran
+    w2 = {r: d.forecast["forecast_rank"] for r, d in decisions.items() if r.endswith("-w2")}
+    assert w2["fp32-z0-w2"] == 1 < w2["fp32-z3-w2"]  # ZeRO-3 moves 1.5x DDP's bytes, exposed on a CPU
+    pruned = decisions["bf16-z3-w2"]
+    assert pruned.pruned and is_pruned("skipped", pruned.reason)
+    assert f"rank {w2['bf16-z3-w2']} of 6 of model base at world size 2" in pruned.reason and "planning.top_k = 1" in pruned.reason
+    # the forecast is the plan's model: compute at the calibrated peak x MFU, DDP's all-reduce on the assumed gloo link
+    plan = _plans(cfg)["fp32-z0-w2"]
+    expected = predict_point(Point(cfg=plan.model, n_params=accounting.param_count(plan.model), key=0, precision="fp32",
+                                   micro_batch=plan.micro_batch, global_batch=8), Machine(
+        product=None, peak_flops=1.0e11, mfu=0.4, per_node=2, intra=pruning.CPU_LINK, inter=pruning.CPU_LINK,
+        overlap_efficiency=0.0), 2)
+    assert decisions["fp32-z0-w2"].forecast["forecast_step_time_s"] == pytest.approx(expected["step_time_s"])
+    assert "CPU fp32 matmul peak 100.0 GFLOP/s" in decisions["fp32-z0-w2"].forecast["forecast_note"]
+
+
+def test_a_point_that_already_ended_ok_is_never_pruned_and_without_top_k_nothing_is():
+    cfg = _cpu_sweep()
+    kept = pruning.decide(cfg, _plans(cfg), CALIBRATION, measured_ok=frozenset({"bf16-z3-w2"}))
+    assert not kept["bf16-z3-w2"].pruned and kept["fp16-z3-w2"].pruned
+    cfg["planning"]["top_k"] = None
+    assert not any(d.pruned or d.forecast for d in pruning.decide(cfg, _plans(cfg), CALIBRATION).values())
+
+
+def test_a_gpu_sweep_ranks_by_its_gpus_datasheet_and_never_prunes_a_point_predicted_not_to_fit():
+    cfg = tiny_config(sweep={"precision": ["fp32", "bf16"], "zero_stage": [0, 3], "world_size": [8]},
+                      cluster={"ranks_per_node": 8}, repeats={"points": 1, "baseline": 1},
+                      planning={"top_k": 1, "forecast": {"gpu": "H100"}})
+    cfg["model"].update(n_layers=24, d_model=2048, n_heads=16, seq_len=1024)
+    decisions = pruning.decide(cfg, _plans(cfg, "cuda"))
+    rank = {r: d.forecast["forecast_rank"] for r, d in decisions.items()}
+    # bf16 at the datasheet's bf16 peak, ~15x fp32's; ZeRO-3 gathers bf16 weights where DDP all-reduces fp32 gradients
+    assert rank == {"bf16-z3-w8": 1, "bf16-z0-w8": 2, "fp32-z0-w8": 3, "fp32-z3-w8": 3}, rank
+    assert [r for r, d in decisions.items() if d.pruned] == ["fp32-z3-w8", "bf16-z0-w8"]  # fp32-z0: the baseline
+    assert "H100 SXM datasheet bf16 peak" in decisions["bf16-z0-w8"].forecast["forecast_note"]
+    # at 10 GiB a device, DDP's full model state (1.3B x 16 B) cannot fit: such points are left to the launcher
+    # (predicted_oom), neither ranked nor pruned; ZeRO-3's shards fit and are the ones ranked
+    cfg["planning"]["device_memory_gib"] = 10
+    small = pruning.decide(cfg, _plans(cfg, "cuda"))
+    assert not small["bf16-z0-w8"].pruned and "forecast_rank" not in small["bf16-z0-w8"].forecast
+    assert {r: d.forecast.get("forecast_rank") for r, d in small.items() if d.pruned} == {"fp32-z3-w8": 2}
+
+
+def test_a_gpu_sweep_without_a_known_gpu_says_which_key_to_set(monkeypatch):
+    monkeypatch.setattr("scalelab.plan.placement.visible_gpus", lambda: [])
+    cfg = tiny_config(sweep={"precision": ["fp32", "bf16"], "zero_stage": [0], "world_size": [1]}, planning={"top_k": 1})
+    with pytest.raises(ConfigError, match="planning.forecast.gpu"):
+        pruning.decide(cfg, _plans(cfg, "cuda"))
+
+
+def test_points_the_forecast_cannot_tell_apart_run_and_say_why():
+    cfg = tiny_config(sweep={"precision": ["fp32"], "zero_stage": [0, 3], "world_size": [2], "lora_rank": [None, 4]},
+                      repeats={"points": 1, "baseline": 1}, planning={"top_k": 1})
+    decisions = pruning.decide(cfg, _plans(cfg), CALIBRATION)
+    lora = [d for r, d in decisions.items() if "lora" in r]
+    assert lora and not any(d.pruned for d in lora)
+    assert all(d.forecast["forecast_note"].startswith("not forecast, so not pruned: LoRA") for d in lora)
+    assert "LoRA" in pruning.summary_line(decisions, 1)
+
+
+def test_the_report_lists_pruned_points_apart_with_measured_ranks_beside_the_forecast():
+    rows = [("fp32-z0-w2", 1, "ok", None, 1, 900.0, 1000.0), ("fp32-z0-w2-r2", 2, "ok", None, 1, 900.0, 1100.0),
+            ("bf16-z0-w2", 1, "ok", None, 2, 800.0, 1200.0),
+            ("fp16-z0-w2", 1, "skipped", "pruned by prediction, rank 3 of 3 ...", 3, 500.0, None),
+            ("fp16-z3-w2", 1, "skipped", "world_size=2 needs 2 GPUs", None, None, None)]
+    runs = pd.DataFrame(rows, columns=["run_id", "repeat", "status", "reason", "forecast_rank", "forecast_tokens_per_s",
+                                       "tokens_per_s"]).assign(model="base", world_size=2, predicted_peak_bytes=2 ** 20)
+    table = forecast_ranking(runs)
+    assert list(table["point"]) == ["fp32-z0-w2", "bf16-z0-w2", "fp16-z0-w2"]
+    first = table.iloc[0]
+    assert first["measured_tokens_per_s"] == 1050.0 and first["runs"] == 2 and first["measured_rank"] == 2
+    assert table.iloc[1]["measured_rank"] == 1  # the forecast ranked it second; measured, it was first
+    assert table.iloc[2]["outcome"] == "pruned: forecast only" and pd.isna(table.iloc[2]["measured_tokens_per_s"])
+    assert forecast_ranking(runs.drop(columns="forecast_rank")).empty
+
+
+def test_status_lists_pruned_points_apart_from_the_runs_that_went_wrong(tmp_path):
+    states = [RunState("fp32-z0-w1", "fp32-z0-w1", "ok"),
+              RunState("bf16-z3-w1", "bf16-z3-w1", "skipped", "pruned by prediction, rank 4 of 4"),
+              RunState("fp16-z0-w1", "fp16-z0-w1", "failed", "boom")]
+    text = format_status(tmp_path, states)
+    wrong = text.split("not ok:")[1].split("pruned by the forecast")[0]
+    assert "fp16-z0-w1" in wrong and "bf16-z3-w1" not in wrong
+    assert "pruned by the forecast (planning.top_k; raise it to run them): 1, bf16-z3-w1" in text
+
+
+def test_the_forecast_record_round_trips(tmp_path):
+    cfg = _cpu_sweep()
+    decisions = pruning.plan_forecast(cfg, _plans(cfg), tmp_path, CALIBRATION)
+    assert pruning.read(tmp_path) == decisions
+    assert pruning.read(tmp_path / "elsewhere") == {}
+    assert dataclasses.asdict(decisions["fp16-z3-w2"])["pruned"]

@@ -1,0 +1,49 @@
+"""planning.top_k through the real workflow (issue #44): a sweep runs only what its forecast ranks worth
+running, records the rest as pruned with their forecast, shows them apart in the report, and trains a
+pruned point once top_k is raised, without retraining anything that ran."""
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from support import snakemake, tiny_config, write_workdir
+
+
+@pytest.mark.workflow(cost_s=40)
+def test_a_top_k_sweep_runs_the_ranked_points_and_records_the_rest_with_their_forecast(tmp_path):
+    cfg = tiny_config(train={"steps": 4, "warmup_steps": 1}, repeats={"points": 1, "baseline": 1},
+                      prediction={"bench_comm": False}, planning={"top_k": 1},
+                      sweep={"precision": ["fp32", "bf16"], "zero_stage": [0, 3], "world_size": [1]})
+    workdir = write_workdir(tmp_path, cfg)
+    first = snakemake(workdir, "--cores", "2")
+    plan = json.loads((tmp_path / "results/plan/forecast.json").read_text())
+    pruned = sorted(run_id for run_id, d in plan.items() if d["pruned"])
+    # one world size, one model: the baseline (fp32 z0) always runs; the points of rank 1 run (at world size 1
+    # the stages tie: no communication); which precision ranks first is this CPU's calibrated matmul peak
+    assert pruned and "fp32-z0-w1" not in pruned and all(plan[r]["forecast"]["forecast_rank"] > 1 for r in pruned), plan
+    assert f"{len(pruned)} pruned" in first.stderr
+
+    runs = pq.read_table(tmp_path / "results/metrics.parquet").to_pandas().set_index("run_id")
+    ran = runs.drop(index=pruned)
+    assert (ran["status"] == "ok").all() and (runs.loc[pruned, "status"] == "skipped").all(), runs[["status", "reason"]]
+    assert runs.loc[pruned, "reason"].str.startswith("pruned by prediction, rank ").all()
+    assert runs.loc[pruned, "completed_steps"].isna().all()  # nothing started
+    assert runs["forecast_tokens_per_s"].gt(0).all() and runs["forecast_rank"].notna().all()
+    assert runs["forecast_note"].str.contains("sweep's calibration").all()
+    html = (tmp_path / "results/report/report.html").read_text()
+    section = html.split("id=\"forecast\"")[1].split("id=\"warnings\"")[0]
+    ran_part, pruned_part = section.split("Pruned: forecast only")
+    assert all(r in ran_part for r in ran.index) and not any(r in ran_part for r in pruned)
+    assert all(r in pruned_part for r in pruned)
+    warnings = html.split("id=\"warnings\"")[1].split("<h2")[0]
+    assert not any(r in warnings for r in pruned)  # a decision, not a warning
+
+    # raise top_k past every rank: the pruned points train; the runs that ended ok are not retrained
+    started = {r: json.loads((tmp_path / "results/runs" / r / "summary.json").read_text())["started_utc"] for r in ran.index}
+    cfg["planning"]["top_k"] = 4
+    write_workdir(tmp_path, cfg)
+    snakemake(workdir, "--cores", "2")
+    after = pq.read_table(tmp_path / "results/metrics.parquet").to_pandas().set_index("run_id")
+    assert (after["status"] == "ok").all(), after[["status", "reason"]]
+    for run_id, when in started.items():
+        assert json.loads((tmp_path / "results/runs" / run_id / "summary.json").read_text())["started_utc"] == when, run_id
