@@ -128,3 +128,14 @@ def test_the_forecast_record_round_trips(tmp_path):
     assert pruning.read(tmp_path) == decisions
     assert pruning.read(tmp_path / "elsewhere") == {}
     assert dataclasses.asdict(decisions["fp16-z3-w2"])["pruned"]
+
+
+def test_a_gpu_sweep_spanning_nodes_needs_the_link_between_them():
+    cfg = tiny_config(sweep={"precision": ["bf16"], "zero_stage": [0, 3], "world_size": [16]}, cluster={"ranks_per_node": 8},
+                      train={"global_batch": 32}, repeats={"points": 1, "baseline": 1},
+                      planning={"top_k": 1, "forecast": {"gpu": "H100"}})
+    with pytest.raises(ConfigError, match="planning.forecast.inter_node: bf16-z0-w16 spans nodes of 8 GPUs"):
+        pruning.decide(cfg, _plans(cfg, "cuda"))
+    cfg["planning"]["forecast"]["inter_node"] = "ib-ndr"
+    decisions = pruning.decide(cfg, _plans(cfg, "cuda"))
+    assert "ib-ndr between nodes" in decisions["bf16-z3-w16"].forecast["forecast_note"]

@@ -70,13 +70,14 @@ def top_k(config: dict) -> int | None:
     return section(config, "planning").get("top_k")
 
 
-def _machine(config: dict, device: str, precision: str, per_node: int, calibration: dict | None) -> tuple[Machine, str]:
-    """The forecast's machine for one precision, and where its figures come from."""
+def _machine(config: dict, device: str, point, per_node: int, calibration: dict | None, d_model: int) -> tuple[Machine, str]:
+    """The forecast's machine for one point's precision, and where its figures come from."""
     from scalelab.results import prediction
 
     forecast = section(config, "planning").get("forecast") or {}
     mfu = forecast.get("mfu") or DEFAULT_MFU
     eta = prediction.DEFAULT_OVERLAP_EFFICIENCY[device]
+    precision = point.precision
     if device == "cpu":
         from scalelab.spec.precisions import precision as precision_record
 
@@ -91,7 +92,8 @@ def _machine(config: dict, device: str, precision: str, per_node: int, calibrati
                        overlap_efficiency=eta), source
     product = _gpu(config)
     if precision == "fp8":  # as scalelab plan times it: bf16's peak by the tokens/s ratio measured on a GPU
-        peak = accounting.gpu_peak_flops(product.name, "bf16") * hardware.fp8_outlook(0)["ratio_estimate"]
+        peak = (accounting.gpu_peak_flops(product.name, "bf16")
+                * hardware.fp8_outlook(d_model, compiled=bool(point.compile))["ratio_estimate"])
     else:
         peak = accounting.gpu_peak_flops(product.name, precision)
     intra_spec = forecast.get("intra_node") or links.DEFAULT_INTRA_NODE.get(product.name)
@@ -100,6 +102,9 @@ def _machine(config: dict, device: str, precision: str, per_node: int, calibrati
                           f"({', '.join(links.known_names())}) or a bandwidth in GB/s")
     intra = links.parse_link(intra_spec)
     inter = links.parse_link(forecast["inter_node"]) if forecast.get("inter_node") else None
+    if inter is None and point.world_size > per_node:
+        raise ConfigError(f"planning.forecast.inter_node: {point.run_id} spans nodes of {per_node} GPUs; give the link "
+                          f"between nodes the forecast puts its collectives on ({', '.join(links.known_names())}, or GB/s)")
     source = (f"{product.name} datasheet {precision} peak x MFU {mfu:g}; {intra.name} within a node"
               + (f", {inter.name} between nodes" if inter else "") + f"; overlap {eta:g}")
     return Machine(product=product, peak_flops=peak, mfu=mfu, per_node=per_node, intra=intra, inter=inter,
@@ -134,7 +139,7 @@ def _forecast(config: dict, plan: RunPlan, calibration: dict | None) -> tuple[di
     n_params = accounting.param_count(model)
     stage, replicas = point.zero_stage, point.replicas
     per_node = point.world_size // replicas if replicas > 1 else plan.launch.ranks_per_launcher
-    machine, source = _machine(config, plan.device, point.precision, per_node, calibration)
+    machine, source = _machine(config, plan.device, point, per_node, calibration, model.d_model)
     forecast_point = Point(cfg=model, n_params=n_params, key=HYBRID_KEY if replicas > 1 else stage,
                            precision=point.precision, micro_batch=plan.micro_batch, global_batch=plan.train.global_batch,
                            activation_checkpointing=point.activation_checkpointing, tensor_parallel=point.tensor_parallel)
