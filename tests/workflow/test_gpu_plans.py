@@ -1,6 +1,7 @@
 """What the workflow plans for GPUs, asserted job by job from Snakemake dry runs on a machine
 without a GPU: a fake `nvidia-smi` stands in for a workstation's GPUs, and the SLURM
 profile's plans are fed to the executor plugin's own sbatch builder."""
+import json
 import os
 import re
 import subprocess
@@ -100,3 +101,20 @@ def test_slurm_auto_without_gpu_facts_says_plainly_the_sweep_runs_on_cpu(tmp_pat
             "cluster.gpus_per_node is not set. For GPU nodes elsewhere (SLURM), set cluster.gpus_per_node or train.device: cuda)") in out
     assert jobs[1]["resources"]["gpu"] == "0" and jobs[16]["resources"]["gres"] == ""
     assert {j["resources"]["slurm_extra"] for j in jobs.values()} == {""}
+
+
+def test_a_top_k_sweep_on_a_workstations_gpus_forecasts_with_the_gpu_nvidia_smi_lists(tmp_path):
+    """planning.top_k with no planning.forecast.gpu: the forecast reads the product nvidia-smi names; the pruned
+    points are local record_pruned jobs (no GPU, no training slot), the rest train on the GPUs."""
+    cfg = tiny_config(train={"device": "auto"}, repeats={"points": 1, "baseline": 1}, planning={"top_k": 1},
+                      sweep={"precision": ["fp32", "bf16"], "zero_stage": [0, 3], "world_size": [2]})
+    smi = fake_nvidia_smi(tmp_path / "bin", ["NVIDIA H100 80GB HBM3"] * 2)
+    out, _ = dry_run(write_workdir(tmp_path / "w", cfg), path=path_without("nvidia-smi", smi, BIN))
+    forecast = json.loads((tmp_path / "w/results/plan/forecast.json").read_text())
+    assert "H100 SXM datasheet bf16 peak" in forecast["bf16-z0-w2"]["forecast"]["forecast_note"]
+    pruned = sorted(r for r, d in forecast.items() if d["pruned"])
+    assert pruned and "fp32-z0-w2" not in pruned and f"{len(pruned)} pruned" in out
+    jobs = {j["wildcards"]["run_id"]: j for j in planned_jobs(out) if "run_id" in j["wildcards"]}
+    assert sorted(r for r, j in jobs.items() if j["rule"] == "record_pruned") == pruned
+    assert all(j["rule"] == "train" and j["resources"]["gpu"] == "2" for r, j in jobs.items() if r not in pruned)
+    assert all(j["resources"].get("gpu") is None for r, j in jobs.items() if r in pruned)
