@@ -4,7 +4,8 @@ import sys
 from pathlib import Path
 
 from scalelab.config import ConfigError, dataset_config
-from scalelab.forecast.pruning import plan_forecast, summary_line as forecast_summary, read as read_forecast, top_k
+from scalelab.forecast.pruning import decide as decide_forecast, measured_ok, read as read_forecast, top_k
+from scalelab.forecast.pruning import summary_line as forecast_summary
 from scalelab.run.data import DataError, source_files
 from scalelab.plan.placement import carry_slurm_conf, sweep_device_plan, train_job_resources
 from scalelab.plan.run_plan import result_params, run_plan
@@ -88,7 +89,8 @@ def run_params(wildcards) -> dict:
     (scalelab resume recording a finished run's provenance) only if the run trained with these."""
     params = result_params(config, plan_of(wildcards))
     if wildcards.run_id in PRUNED:  # recorded skipped by the forecast: selected later, it trains
-        params["pruned_by_forecast"] = {"top_k": top_k(config)}  # a new k records its reason anew (no training)
+        # a new k or rank records the point anew (a local job, no training)
+        params["pruned_by_forecast"] = {"top_k": top_k(config), "rank": DECISIONS[wildcards.run_id].rank}
     if workflow.touch:
         try:
             check_trained_with(RESULTS / "runs" / wildcards.run_id, params)
@@ -109,8 +111,9 @@ if not _INHERITED:
 # device the job finds (scalelab.run.launch).
 PLANS = {run_id: run_plan(config, point, device=DEVICE_PLAN.device, device_reason=DEVICE_PLAN.why)
          for run_id, point in POINTS.items()}
-# planning.top_k: the forecast ranks every point before any job starts (scalelab.forecast.pruning); the
-# planning process decides and records it in <results>/plan/forecast.json, the jobs read that record.
+# planning.top_k: the forecast ranks every point before any job starts (scalelab.forecast.pruning). The
+# planning process decides; the process that runs the jobs records the decision in onstart, under the
+# results folder's lock (<results>/plan/forecast.json); the jobs, which parse this file again, read it.
 if top_k(config) is None:
     DECISIONS = {}
 elif workflow.remote_exec or workflow.subprocess_exec:
@@ -118,9 +121,14 @@ elif workflow.remote_exec or workflow.subprocess_exec:
 else:
     _calibration = None
     if DEVICE_PLAN.device == "cpu":  # the CPU's peak: the results folder's one calibration, measured now where it has none
-        _calibration = read_calibration(ensure_calibration(calibration_path(RESULTS), int(CLUSTER["cpus_per_rank"])))
+        import subprocess
+
+        try:
+            _calibration = read_calibration(ensure_calibration(calibration_path(RESULTS), int(CLUSTER["cpus_per_rank"])))
+        except subprocess.TimeoutExpired:
+            _calibration = None  # decide() says the forecast needs it
     try:
-        DECISIONS = plan_forecast(config, PLANS, RESULTS, _calibration)
+        DECISIONS = decide_forecast(config, PLANS, _calibration, measured_ok(RESULTS, PLANS))
     except ConfigError as err:
         raise WorkflowError(f"scalelab: {err}") from None
     print(forecast_summary(DECISIONS, top_k(config)), file=sys.stderr)

@@ -92,6 +92,8 @@ rule record_pruned:
         LOGS / "runs" / "{run_id}.log",
     wildcard_constraints:
         run_id=PRUNED_RUN_IDS,
+    # recorded before any training starts, never beside a timed run
+    priority: 100
     conda:
         "../workflow/envs/scalelab.yaml"
     script:

@@ -1,7 +1,5 @@
 """planning.top_k (issue #44): the forecast that ranks a sweep before any run, what it prunes and keeps,
 and how the report and `scalelab status` show the pruned points apart."""
-import dataclasses
-
 import pandas as pd
 import pytest
 
@@ -54,8 +52,10 @@ def test_each_model_and_world_size_runs_its_top_k_and_the_baselines_the_rest_pru
 
 def test_a_point_that_already_ended_ok_is_never_pruned_and_without_top_k_nothing_is():
     cfg = _cpu_sweep()
+    cfg["repeats"]["points"] = 2
     kept = pruning.decide(cfg, _plans(cfg), CALIBRATION, measured_ok=frozenset({"bf16-z3-w2"}))
-    assert not kept["bf16-z3-w2"].pruned and kept["fp16-z3-w2"].pruned
+    assert not kept["bf16-z3-w2"].pruned and not kept["bf16-z3-w2-r2"].pruned and kept["fp16-z3-w2"].pruned
+    assert kept["bf16-z3-w2-r2"].forecast["forecast_decision"].startswith("run: ended ok before (rank ")
     cfg["planning"]["top_k"] = None
     assert not any(d.pruned or d.forecast for d in pruning.decide(cfg, _plans(cfg), CALIBRATION).values())
 
@@ -70,12 +70,13 @@ def test_a_gpu_sweep_ranks_by_its_gpus_datasheet_and_never_prunes_a_point_predic
     # bf16 at the datasheet's bf16 peak, ~15x fp32's; ZeRO-3 gathers bf16 weights where DDP all-reduces fp32 gradients
     assert rank == {"bf16-z3-w8": 1, "bf16-z0-w8": 2, "fp32-z0-w8": 3, "fp32-z3-w8": 3}, rank
     assert [r for r, d in decisions.items() if d.pruned] == ["fp32-z3-w8", "bf16-z0-w8"]  # fp32-z0: the baseline
-    assert "H100 SXM datasheet bf16 peak" in decisions["bf16-z0-w8"].forecast["forecast_note"]
+    assert "datasheet dense bf16: H100 SXM" in decisions["bf16-z0-w8"].forecast["forecast_note"]
     # at 10 GiB a device, DDP's full model state (1.3B x 16 B) cannot fit: such points are left to the launcher
     # (predicted_oom), neither ranked nor pruned; ZeRO-3's shards fit and are the ones ranked
     cfg["planning"]["device_memory_gib"] = 10
     small = pruning.decide(cfg, _plans(cfg, "cuda"))
     assert not small["bf16-z0-w8"].pruned and "forecast_rank" not in small["bf16-z0-w8"].forecast
+    assert "predicted not to fit" in small["bf16-z0-w8"].forecast["forecast_decision"]
     assert {r: d.forecast.get("forecast_rank") for r, d in small.items() if d.pruned} == {"fp32-z3-w8": 2}
 
 
@@ -92,24 +93,27 @@ def test_points_the_forecast_cannot_tell_apart_run_and_say_why():
     decisions = pruning.decide(cfg, _plans(cfg), CALIBRATION)
     lora = [d for r, d in decisions.items() if "lora" in r]
     assert lora and not any(d.pruned for d in lora)
-    assert all(d.forecast["forecast_note"].startswith("not forecast, so not pruned: LoRA") for d in lora)
-    assert "LoRA" in pruning.summary_line(decisions, 1)
+    assert all(d.forecast["forecast_decision"].startswith("run: not ranked: LoRA") for d in lora)
+    assert "not ranked, so run: LoRA" in pruning.summary_line(decisions, 1)
 
 
 def test_the_report_lists_pruned_points_apart_with_measured_ranks_beside_the_forecast():
-    rows = [("fp32-z0-w2", 1, "ok", None, 1, 900.0, 1000.0), ("fp32-z0-w2-r2", 2, "ok", None, 1, 900.0, 1100.0),
-            ("bf16-z0-w2", 1, "ok", None, 2, 800.0, 1200.0),
-            ("fp16-z0-w2", 1, "skipped", "pruned by prediction, rank 3 of 3 ...", 3, 500.0, None),
-            ("fp16-z3-w2", 1, "skipped", "world_size=2 needs 2 GPUs", None, None, None)]
+    rows = [("fp32-z0-w2", 1, "ok", None, 1, 900.0, 1000.0, "run: a baseline"),
+            ("fp32-z0-w2-r2", 2, "ok", None, 1, 900.0, 1100.0, "run: a baseline"),
+            ("bf16-z0-w2", 1, "ok", None, 2, 800.0, 1200.0, "run: rank 2 <= top_k 2"),
+            ("fp16-z0-w2", 1, "skipped", "pruned by prediction, rank 3 of 3 ...", 3, 500.0, None, "pruned: rank 3 > top_k 2"),
+            ("fp16-z3-w2", 1, "skipped", "world_size=2 needs 2 GPUs", None, None, None, "run: not ranked: fp8")]
     runs = pd.DataFrame(rows, columns=["run_id", "repeat", "status", "reason", "forecast_rank", "forecast_tokens_per_s",
-                                       "tokens_per_s"]).assign(model="base", world_size=2, predicted_peak_bytes=2 ** 20)
+                                       "tokens_per_s", "forecast_decision"]).assign(model="base", world_size=2,
+                                                                                    predicted_peak_bytes=2 ** 20)
     table = forecast_ranking(runs)
-    assert list(table["point"]) == ["fp32-z0-w2", "bf16-z0-w2", "fp16-z0-w2"]
+    assert list(table["point"]) == ["fp32-z0-w2", "bf16-z0-w2", "fp16-z0-w2", "fp16-z3-w2"]
     first = table.iloc[0]
     assert first["measured_tokens_per_s"] == 1050.0 and first["runs"] == 2 and first["measured_rank"] == 2
     assert table.iloc[1]["measured_rank"] == 1  # the forecast ranked it second; measured, it was first
-    assert table.iloc[2]["outcome"] == "pruned: forecast only" and pd.isna(table.iloc[2]["measured_tokens_per_s"])
-    assert forecast_ranking(runs.drop(columns="forecast_rank")).empty
+    assert list(table["pruned"]) == [False, False, True, False]  # a skip of the launcher's is no pruning
+    assert pd.isna(table.iloc[2]["measured_tokens_per_s"])
+    assert forecast_ranking(runs.drop(columns="forecast_decision")).empty
 
 
 def test_status_lists_pruned_points_apart_from_the_runs_that_went_wrong(tmp_path):
@@ -124,10 +128,11 @@ def test_status_lists_pruned_points_apart_from_the_runs_that_went_wrong(tmp_path
 
 def test_the_forecast_record_round_trips(tmp_path):
     cfg = _cpu_sweep()
-    decisions = pruning.plan_forecast(cfg, _plans(cfg), tmp_path, CALIBRATION)
+    decisions = pruning.decide(cfg, _plans(cfg), CALIBRATION)
+    pruning.write(tmp_path, decisions)
     assert pruning.read(tmp_path) == decisions
     assert pruning.read(tmp_path / "elsewhere") == {}
-    assert dataclasses.asdict(decisions["fp16-z3-w2"])["pruned"]
+    assert decisions["fp16-z3-w2"].pruned and decisions["fp16-z3-w2"].rank > 1
 
 
 def test_a_gpu_sweep_spanning_nodes_needs_the_link_between_them():
@@ -139,3 +144,29 @@ def test_a_gpu_sweep_spanning_nodes_needs_the_link_between_them():
     cfg["planning"]["forecast"]["inter_node"] = "ib-ndr"
     decisions = pruning.decide(cfg, _plans(cfg, "cuda"))
     assert "ib-ndr between nodes" in decisions["bf16-z3-w16"].forecast["forecast_note"]
+
+
+def test_the_gpu_forecast_reads_tf32_a_hybrid_within_a_node_and_leaves_fp8_to_a_gpu_that_has_it():
+    cfg = tiny_config(sweep={"precision": ["fp32", "fp8"], "zero_stage": [3], "world_size": [8], "replicas": [1, 2]},
+                      cluster={"ranks_per_node": 8}, repeats={"points": 1, "baseline": 1},
+                      planning={"top_k": 1, "forecast": {"gpu": "A100"}})
+    cfg["model"].update(n_layers=24, d_model=2048, n_heads=16, seq_len=1024)  # compute-bound: the peak shows
+    plain = pruning.decide(cfg, _plans(cfg, "cuda"))
+    assert "dense fp32" in plain["fp32-z3-w8"].forecast["forecast_note"]
+    # hybrid sharding within one node of 8: shard groups of 4, every collective on NVLink (no link between nodes asked)
+    assert plain["fp32-z3-w8-hsdp2"].rank is not None
+    # the A100 has no FP8: the launcher skips such a point, so it takes no rank from one that runs
+    assert plain["fp8-z3-w8"].forecast["forecast_decision"].startswith("run: not ranked: fp8 on A100")
+    cfg["train"]["tf32"] = True
+    tf32 = pruning.decide(cfg, _plans(cfg, "cuda"))
+    assert "dense tf32" in tf32["fp32-z3-w8"].forecast["forecast_note"]
+    assert tf32["fp32-z3-w8"].forecast["forecast_tokens_per_s"] > 5 * plain["fp32-z3-w8"].forecast["forecast_tokens_per_s"]
+
+
+def test_a_link_the_forecast_cannot_read_names_its_key():
+    cfg = tiny_config(sweep={"precision": ["bf16"], "zero_stage": [0], "world_size": [2]},
+                      planning={"top_k": 1, "forecast": {"gpu": "H100", "intra_node": "bogus"}})
+    with pytest.raises(ConfigError, match="planning.forecast.intra_node: "):
+        pruning.decide(cfg, _plans(cfg, "cuda"))
+    cfg["planning"]["forecast"]["intra_node"] = 300  # a bandwidth in GB/s, as a number
+    assert "300 GB/s within a node" in pruning.decide(cfg, _plans(cfg, "cuda"))["bf16-z0-w2"].forecast["forecast_note"]

@@ -1,7 +1,6 @@
 """What the workflow plans for GPUs, asserted job by job from Snakemake dry runs on a machine
 without a GPU: a fake `nvidia-smi` stands in for a workstation's GPUs, and the SLURM
 profile's plans are fed to the executor plugin's own sbatch builder."""
-import json
 import os
 import re
 import subprocess
@@ -110,9 +109,19 @@ def test_a_top_k_sweep_on_a_workstations_gpus_forecasts_with_the_gpu_nvidia_smi_
                       sweep={"precision": ["fp32", "bf16"], "zero_stage": [0, 3], "world_size": [2]})
     smi = fake_nvidia_smi(tmp_path / "bin", ["NVIDIA H100 80GB HBM3"] * 2)
     out, _ = dry_run(write_workdir(tmp_path / "w", cfg), path=path_without("nvidia-smi", smi, BIN))
-    forecast = json.loads((tmp_path / "w/results/plan/forecast.json").read_text())
-    assert "H100 SXM datasheet bf16 peak" in forecast["bf16-z0-w2"]["forecast"]["forecast_note"]
-    pruned = sorted(r for r, d in forecast.items() if d["pruned"])
+    assert not (tmp_path / "w/results/plan/forecast.json").exists()  # recorded by a sweep that runs jobs, under its lock
+    # the same decision, in process, with the product nvidia-smi named (the planner's printout says how many it pruned)
+    from scalelab.forecast import pruning
+    from scalelab.plan.run_plan import run_plan
+    from scalelab.plan.sweep import sweep_plan
+
+    os.environ["PATH"], saved = path_without("nvidia-smi", smi, BIN), os.environ["PATH"]
+    try:
+        decisions = pruning.decide(cfg, {p.run_id: run_plan(cfg, p, device="cuda") for p in sweep_plan(cfg)[0]})
+    finally:
+        os.environ["PATH"] = saved
+    assert "datasheet dense bf16: H100 SXM" in decisions["bf16-z0-w2"].forecast["forecast_note"]
+    pruned = sorted(r for r, d in decisions.items() if d.pruned)
     assert pruned and "fp32-z0-w2" not in pruned and f"{len(pruned)} pruned" in out
     jobs = {j["wildcards"]["run_id"]: j for j in planned_jobs(out) if "run_id" in j["wildcards"]}
     assert sorted(r for r, j in jobs.items() if j["rule"] == "record_pruned") == pruned

@@ -17,7 +17,7 @@ def test_a_top_k_sweep_runs_the_ranked_points_and_records_the_rest_with_their_fo
     workdir = write_workdir(tmp_path, cfg)
     first = snakemake(workdir, "--cores", "2")
     plan = json.loads((tmp_path / "results/plan/forecast.json").read_text())
-    pruned = sorted(run_id for run_id, d in plan.items() if d["pruned"])
+    pruned = sorted(run_id for run_id, d in plan.items() if d["reason"])
     # one world size, one model: the baseline (fp32 z0) always runs; the points of rank 1 run (at world size 1
     # the stages tie: no communication); which precision ranks first is this CPU's calibrated matmul peak
     assert pruned and "fp32-z0-w1" not in pruned and all(plan[r]["forecast"]["forecast_rank"] > 1 for r in pruned), plan
@@ -30,6 +30,8 @@ def test_a_top_k_sweep_runs_the_ranked_points_and_records_the_rest_with_their_fo
     assert runs.loc[pruned, "completed_steps"].isna().all()  # nothing started
     assert runs["forecast_tokens_per_s"].gt(0).all() and runs["forecast_rank"].notna().all()
     assert runs["forecast_note"].str.contains("sweep's calibration").all()
+    assert runs.loc[pruned, "forecast_decision"].str.startswith("pruned: rank ").all()
+    assert runs.loc["fp32-z0-w1", "forecast_decision"].startswith(("run: a baseline", "run: rank 1 "))
     html = (tmp_path / "results/report/report.html").read_text()
     section = html.split("id=\"forecast\"")[1].split("id=\"warnings\"")[0]
     ran_part, pruned_part = section.split("Pruned: forecast only")
@@ -37,6 +39,7 @@ def test_a_top_k_sweep_runs_the_ranked_points_and_records_the_rest_with_their_fo
     assert all(r in pruned_part for r in pruned)
     warnings = html.split("id=\"warnings\"")[1].split("<h2")[0]
     assert not any(r in warnings for r in pruned)  # a decision, not a warning
+    assert f"{len(pruned)} pruned by the forecast" in html.split("id=\"best\"")[0]
 
     # raise top_k past every rank: the pruned points train; the runs that ended ok are not retrained
     started = {r: json.loads((tmp_path / "results/runs" / r / "summary.json").read_text())["started_utc"] for r in ran.index}

@@ -5,6 +5,8 @@ import sys
 from pathlib import Path
 
 from scalelab.forecast.pruning import read as read_forecast
+from scalelab.forecast.pruning import top_k
+from scalelab.plan.columns import PRUNED_REASON
 from scalelab.plan.placement import job_device_plan
 from scalelab.results.status import record_trained_with
 from scalelab.run.calibration import calibration_path, ensure_calibration
@@ -20,11 +22,12 @@ signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 results_dir = Path(snakemake.output.summary).parents[2]  # <results>/runs/<run id>/summary.json
 record_trained_with(Path(snakemake.output.summary).parent, snakemake.params.results_depend_on)
 device_plan = job_device_plan(snakemake.params.device, snakemake.config)
-# planning.top_k: the planning process's forecast of this point, and whether it pruned it (its params say)
-decision = read_forecast(results_dir).get(snakemake.params.point.run_id)
+# planning.top_k: the planning process's forecast of this point (a record left by an earlier sweep with top_k is
+# not this one's), and whether it pruned it (its params say)
+decision = read_forecast(results_dir).get(snakemake.params.point.run_id) if top_k(snakemake.config) is not None else None
 pruned = None
 if snakemake.params.results_depend_on.get("pruned_by_forecast"):
-    pruned = decision.reason if decision and decision.reason else "pruned by prediction (planning.top_k)"
+    pruned = decision.reason if decision and decision.reason else f"{PRUNED_REASON} (planning.top_k)"
 calibration = None
 if device_plan.device == "cpu" and pruned is None:  # a CPU sweep's peak FLOP/s: measured by the invocation's first run, before it starts
     calibration = ensure_calibration(calibration_path(results_dir), snakemake.config["cluster"]["cpus_per_rank"])

@@ -532,6 +532,7 @@ class Point:
     global_batch: int | None = None  # None: a fixed per-GPU batch (micro_batch), no accumulation
     activation_checkpointing: bool = False
     tensor_parallel: int = 1  # T GPUs split every block (scalelab.run.tensor_parallel); the strategy runs over N / T
+    replicas: int | None = None  # hybrid sharding's replicas; None: one shard group per node (_replicas)
 
 
 @dataclass(frozen=True)
@@ -567,7 +568,7 @@ def predict_point(point: Point, machine: Machine, n: int) -> dict:
     hardware_fpt = fpt + (accounting.recompute_flops_per_token(cfg) if point.activation_checkpointing else 0.0)
     head = 6 * cfg.vocab_size * cfg.d_model if t > 1 else 0.0
     compute_s = ((hardware_fpt - head) / t + head) * tokens * t / (machine.peak_flops * machine.mfu)
-    replicas = _replicas(n, machine.per_node) if key == HYBRID_KEY else 1
+    replicas = (point.replicas or _replicas(n, machine.per_node)) if key == HYBRID_KEY else 1
     n_local = accounting.tensor_parallel_params(cfg, point.n_params, t)  # what each GPU holds of the parameters
     # every collective of a step by the link its group uses, each run over its group: the world (the data-parallel
     # ranks under tensor parallelism), or under hybrid sharding the shard group (a node) and the replicate group

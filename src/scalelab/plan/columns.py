@@ -60,7 +60,10 @@ scalelab.forecast.pruning): a decision, not a failure."""
 
 
 def is_pruned(status, reason) -> bool:
+    """Whether a run's row records a point the forecast pruned (planning.top_k)."""
     return status == "skipped" and str(reason or "").startswith(PRUNED_REASON)
+
+
 COLLECTED_STATUSES = ("missing", "corrupt")
 """Statuses collection gives a run folder without a readable summary: such a row holds its
 identity, status, reason and run_path only (the null contract below is for the launcher's rows)."""
@@ -454,8 +457,11 @@ RUN = [
     Column("forecast_rank", pa.int32(), "-", "the point's rank by forecast_tokens_per_s among its model's points at its world "
            "size predicted to fit (1 = fastest); planning.top_k runs ranks 1..k and the baselines", "launch",
            sometimes("planning.top_k set: the points the forecast ranked")),
+    Column("forecast_decision", pa.string(), "-", "what planning.top_k decided for the point and why: 'run: rank 2 of 6 ... "
+           "<= top_k 3', 'run: a baseline', 'run: ended ok before', 'run: not ranked: why' (not forecast, or predicted not "
+           "to fit) or 'pruned: rank 5 of 6 ... > top_k 3'", "launch", sometimes("planning.top_k set")),
     Column("forecast_note", pa.string(), "-", "the forecast's assumptions (peak, MFU, links, overlap, what it does not "
-           "model), or why a point was not forecast (and so not pruned)", "launch", sometimes("planning.top_k set")),
+           "model)", "launch", sometimes("planning.top_k set: the points the forecast timed")),
     Column("peak_mem_allocated_bytes", pa.int64(), "B", "max memory allocated by PyTorch on a GPU, largest rank; null on "
            "CPU", "worker", OK & GPU),
     Column("peak_mem_reserved_bytes", pa.int64(), "B", "max memory reserved by PyTorch's caching allocator on a GPU, "

@@ -547,6 +547,17 @@ def _no_runs_report(results_dir: Path, out_dir: Path) -> None:
     (out_dir / "summary.md").write_text(f"# scalelab summary\n\n{message}\n")
 
 
+def _forecast_tables(ranking: pd.DataFrame) -> dict:
+    """The forecast's ranking (planning.top_k) as the report shows it: the points that ran, their measured
+    rank beside the forecast's, and apart, the pruned points (forecast only, never trained)."""
+    if ranking.empty:
+        return {"forecast_ran": None, "forecast_pruned": None}
+    ran, pruned = ranking[~ranking["pruned"]], ranking[ranking["pruned"]]
+    return {"forecast_ran": table_model(ran.drop(columns=["pruned", "reason"])),
+            "forecast_pruned": table_model(pruned[["model", "world_size", "point", "forecast_rank", "forecast_tokens_per_s",
+                                                   "predicted_peak_mib", "reason"]]) if not pruned.empty else None}
+
+
 def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None:
     runs, steps = load_tables(results_dir)
     if runs.empty:
@@ -574,19 +585,13 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
         # A sweep of several models names each row's model (scalelab.results.like): a row compares within it.
         inter_node = _with_model(inter_node_table(runs), runs, several)
         ranking = forecast_ranking(runs)
-        pruned = ranking["outcome"] == "pruned: forecast only" if not ranking.empty else None
         levers, fp8 = _with_model(levers, runs, several), _with_model(fp8, runs, several)
         tables = {"best": table_model(best), "levers": table_model(levers) if not levers.empty else None,
                   "inter_node": table_model(inter_node) if not inter_node.empty else None,
                   "fp8": table_model(fp8) if not fp8.empty else None, "runs_table": table_model(table, wrap_headers=True),
                   "deviation": table_model(dev) if not dev.empty else None, "provenance": table_model(_provenance(runs)),
                   "dictionary": table_model(_dictionary_table()),
-                  "forecast_ran": table_model(ranking[~pruned].drop(columns="outcome")) if not ranking.empty else None,
-                  "forecast_pruned": (table_model(ranking[pruned].drop(columns=["measured_tokens_per_s", "measured_rank", "runs",
-                                                                                "outcome"])
-                                                  .merge(runs[["run_id", "reason"]], left_on="point", right_on="run_id")
-                                                  .drop(columns="run_id"))
-                                      if not ranking.empty and pruned.any() else None)}
+                  **_forecast_tables(ranking)}
         drawn = job.wait()
         by_family = []
         if len(families) > 1:
@@ -599,6 +604,7 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
 
         context = {
             "no_runs": None, "n_runs": len(runs), "n_ok": int((runs["status"] == "ok").sum()), "n_steps": len(steps),
+            "n_pruned": sum(is_pruned(status, reason) for status, reason in zip(runs["status"], runs["reason"])),
             "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "version": __version__,
             "results_dir": str(results_dir), "schema": schema_version(results_dir / "metrics.parquet"),
             "warnings": warnings, "n_base": len(in_figures), "n_hybrid": len(in_figures) - len(base), **tables,

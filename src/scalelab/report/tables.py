@@ -325,16 +325,15 @@ def sweep_end_text(results_dir) -> str | None:
                if n_wrong else ""))
 
 
-
 def forecast_ranking(runs: pd.DataFrame) -> pd.DataFrame:
-    """A sweep pruned by its forecast (planning.top_k, scalelab.forecast.pruning): one row per point the
-    forecast ranked, by model, world size and forecast rank, with what was measured where the point ran
-    (the median tokens/s of its ok runs, and its rank among the measured points of its model and world
-    size); a pruned point has no measurement: its figures are predictions only. Empty where no row
-    carries a forecast rank."""
-    if "forecast_rank" not in runs or runs["forecast_rank"].isna().all():
+    """A sweep ranked by its forecast (planning.top_k, scalelab.forecast.pruning): one row per point the
+    forecast decided on, by model, world size and forecast rank, with its decision (why it ran, or that it
+    was pruned), and what was measured where the point ran (the median tokens/s of its ok runs, and its rank
+    among the measured points of its model and world size); a pruned point (column ``pruned``) has no
+    measurement: its figures are predictions only. Empty where no row carries a forecast decision."""
+    if "forecast_decision" not in runs or runs["forecast_decision"].isna().all():
         return pd.DataFrame()
-    ranked = runs[runs["forecast_rank"].notna()].assign(point=lambda df: config_ids(df))
+    ranked = runs[runs["forecast_decision"].notna()].assign(point=lambda df: config_ids(df))
     ranked["pruned"] = [is_pruned(status, reason) for status, reason in zip(ranked["status"], ranked["reason"])]
     measured = ranked[ranked["status"] == "ok"].groupby("point")["tokens_per_s"].median()
     rows = []
@@ -342,10 +341,11 @@ def forecast_ranking(runs: pd.DataFrame) -> pd.DataFrame:
         first = group.iloc[0]
         peak = first.get("predicted_peak_bytes")
         rows.append({"model": first["model"], "world_size": int(first["world_size"]), "point": point,
-                     "forecast_rank": int(first["forecast_rank"]), "forecast_tokens_per_s": float(first["forecast_tokens_per_s"]),
+                     "forecast_rank": first["forecast_rank"], "forecast_tokens_per_s": first["forecast_tokens_per_s"],
                      "predicted_peak_mib": float(peak) / MiB if pd.notna(peak) else np.nan,
                      "measured_tokens_per_s": measured.get(point, np.nan), "runs": len(group),
-                     "outcome": "pruned: forecast only" if group["pruned"].all() else ", ".join(sorted(group["status"].unique()))})
+                     "decision": first["forecast_decision"], "pruned": bool(group["pruned"].all()),
+                     "status": ", ".join(sorted(group["status"].unique())), "reason": first["reason"]})
     table = pd.DataFrame(rows)
     table["measured_rank"] = table.groupby(["model", "world_size"])["measured_tokens_per_s"].rank(ascending=False, method="min")
-    return table.sort_values(["model", "world_size", "forecast_rank", "point"]).reset_index(drop=True)
+    return table.sort_values(["model", "world_size", "forecast_rank", "point"], na_position="last").reset_index(drop=True)

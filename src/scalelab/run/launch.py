@@ -168,15 +168,16 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
     meta = read_meta(data_dir)
     tokens_problem = verify_tokens(data_dir, meta)  # never train on tokens other than meta.json's
     train = train_config(config)
-    device, reason = resolve_device(train.device, device_plan.device if device_plan else None)
+    if pruned is not None:  # a decision made before any job: written where it was planned (a SLURM login node has no GPU)
+        device, reason = (device_plan.device if device_plan else "cpu"), pruned
+    else:
+        device, reason = resolve_device(train.device, device_plan.device if device_plan else None)
     plan = run_plan(config, point, device=device,
                     device_reason=device_plan.why if device_plan else "decided by the launcher (no workflow plan)")
     plan = plan.at(vocab_size=meta["vocab_size"], train_bin=Path(data_dir) / "train.bin", token_dtype=meta["dtype"],
                    run_dir=run_dir, threads=threads, save_final_params=save_final_params, compile_warm_up=compile_warm_up)
     model, accum = plan.model, plan.accumulation_steps
     identity = point.identity(micro_batch=plan.micro_batch)
-    if reason is None:
-        reason = pruned
     if reason is None:
         reason = skip_reason(device, point, plan.launch, int((config.get("cluster") or {}).get("launchers_per_node", 1)),
                              train.fp8_emulate)

@@ -240,8 +240,13 @@ def peak_flops_for(device_name: str, precision: str, tf32: bool,
     or a key its datasheet lacks.
     Without either: (NaN, the reason).
     """
+    return product_peak_flops(gpu_product(device_name), device_name, precision, tf32, configured_tflops)
+
+
+def product_peak_flops(product: GpuProduct | None, device_name: str, precision: str, tf32: bool,
+                       configured_tflops: dict[str, float] | None = None) -> tuple[float, str]:
+    """peak_flops_for of a product already found (None: a GPU the table does not know, named device_name)."""
     key = peak_key(precision, tf32)
-    product = gpu_product(device_name)
     peak = product.peak(key) if product else None
     if peak is not None:
         return peak, f"datasheet dense {key}: {product.name} ({product.source})"
