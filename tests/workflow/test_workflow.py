@@ -309,14 +309,16 @@ def test_timed_out_runs_are_retried_with_one_command_and_ok_runs_are_untouched(t
 def test_compile_lever_end_to_end(tmp_path):
     """The compile lever swept on and off: every run ok, each compiled run paired with its
     eager twin in the report's lever table, with its compilation time and the lever figure."""
-    cfg = tiny_config(sweep={"precision": ["fp32", "bf16"], "zero_stage": [0, 3], "world_size": [1], "compile": [False, True]},
+    # fp32 alone: a 16-bit compiled run is the GPU check's dry run's (bf16) and tests/run/test_levers.py's (fp8's
+    # bf16 compute); each compiled run costs ~8 s of compilation on this CPU
+    cfg = tiny_config(sweep={"precision": ["fp32"], "zero_stage": [0, 3], "world_size": [1], "compile": [False, True]},
                       train={"run_timeout_s": 900})
     workdir = write_workdir(tmp_path, cfg)
     snakemake(workdir, "--cores", "2", timeout=1800)
     runs = pq.read_table(tmp_path / "results/metrics.parquet").to_pandas().set_index("run_id")
-    assert len(runs) == 8 and (runs["status"] == "ok").all(), runs[["status", "reason"]]
+    assert len(runs) == 4 and (runs["status"] == "ok").all(), runs[["status", "reason"]]
     compiled = runs[runs["compile"]]
-    assert sorted(compiled.index) == ["bf16-z0-w1-compiled", "bf16-z3-w1-compiled", "fp32-z0-w1-compiled", "fp32-z3-w1-compiled"]
+    assert sorted(compiled.index) == ["fp32-z0-w1-compiled", "fp32-z3-w1-compiled"]
     assert (compiled["compile_time_s"] > 0).all() and (compiled["compile_graphs_in_loop"] == 0).all()
     assert runs.loc[~runs["compile"], "compile_time_s"].isna().all()
     assert (tmp_path / "results/runs" / RunPoint("fp32", 3, 1, compile=True).path / "summary.json").exists()
