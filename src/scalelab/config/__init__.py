@@ -22,7 +22,8 @@ from scalelab.spec.families import DEFAULT_FAMILY, FAMILIES, OWN_KEYS
 
 SCHEMA_FILE = resources.files(__name__) / "config.schema.yaml"
 """The config schema, shipped inside the package (an installed wheel validates without a checkout)."""
-SCHEMA: dict = yaml.safe_load(SCHEMA_FILE.read_text(encoding="utf-8"))
+# libyaml's parser where PyYAML has it: every Snakemake start (and SLURM job) reads the schema
+SCHEMA: dict = yaml.load(SCHEMA_FILE.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 class ConfigError(ValueError):

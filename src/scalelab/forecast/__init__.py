@@ -1,2 +1,3 @@
 """Answers before any run: `scalelab estimate` (memory, time, scaling, advice), `scalelab plan`,
-and the check against published multi-node figures."""
+the check against published multi-node figures,
+and the forecast that ranks a sweep's points before it runs (planning.top_k)."""

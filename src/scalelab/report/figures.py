@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas only when a figure is drawn: every Snakemake start parses this module (~0.3 s)
+    import pandas as pd
 
 FIGURES_DIR = "figures"  # inside the report folder: results/report/figures/
 FORMATS = ("png", "svg")
@@ -57,6 +58,8 @@ class Figure:
 
 def _stages_only(runs: pd.DataFrame) -> pd.DataFrame:
     """The runs of the ZeRO stages alone (the Ψ figure draws their lines; hybrid sharding has its own lever figure)."""
+    import pandas as pd
+
     return runs[pd.to_numeric(runs["replicas"], errors="coerce").fillna(1) <= 1] if "replicas" in runs else runs
 
 
