@@ -147,6 +147,8 @@ def sometimes(text: str, at_most: Filled | None = None) -> Filled:
     return Filled(f"{at_most.text}, {text}" if at_most else text, None, at_most.at_most if at_most else None)
 
 
+FORECAST_TIMED = sometimes("planning.top_k set: the points the forecast timed (not a user's module, LoRA or offload)")
+
 # ----------------------------------------------------------------------------- the table
 
 @dataclass(frozen=True)
@@ -451,17 +453,17 @@ RUN = [
                   lambda row: row["status"] == "predicted_oom")),
     Column("forecast_step_time_s", pa.float64(), "s", "the sweep's forecast of the step time before any run (planning.top_k: "
            "scalelab plan's model, assumptions in forecast_note); what ranked the point, not the step-time model's "
-           "prediction (predicted_step_time_s)", "launch", sometimes("planning.top_k set: the points the forecast ranked")),
+           "prediction (predicted_step_time_s)", "launch", FORECAST_TIMED),
     Column("forecast_tokens_per_s", pa.float64(), "tokens/s", "the run's tokens/s as the forecast ranked it "
-           "(global batch tokens / forecast_step_time_s)", "launch", sometimes("planning.top_k set: the points the forecast ranked")),
+           "(global batch tokens / forecast_step_time_s)", "launch", FORECAST_TIMED),
     Column("forecast_rank", pa.int32(), "-", "the point's rank by forecast_tokens_per_s among its model's points at its world "
            "size predicted to fit (1 = fastest); planning.top_k runs ranks 1..k and the baselines", "launch",
-           sometimes("planning.top_k set: the points the forecast ranked")),
+           sometimes("planning.top_k set: the points the forecast ranked (timed and predicted to fit)")),
     Column("forecast_decision", pa.string(), "-", "what planning.top_k decided for the point and why: 'run: rank 2 of 6 ... "
            "<= top_k 3', 'run: a baseline', 'run: ended ok before', 'run: not ranked: why' (not forecast, or predicted not "
            "to fit) or 'pruned: rank 5 of 6 ... > top_k 3'", "launch", sometimes("planning.top_k set")),
     Column("forecast_note", pa.string(), "-", "the forecast's assumptions (peak, MFU, links, overlap, what it does not "
-           "model)", "launch", sometimes("planning.top_k set: the points the forecast timed")),
+           "model)", "launch", FORECAST_TIMED),
     Column("peak_mem_allocated_bytes", pa.int64(), "B", "max memory allocated by PyTorch on a GPU, largest rank; null on "
            "CPU", "worker", OK & GPU),
     Column("peak_mem_reserved_bytes", pa.int64(), "B", "max memory reserved by PyTorch's caching allocator on a GPU, "
