@@ -49,6 +49,9 @@ FILLED_ELSEWHERE = {
     **{name: "GPU runs (tests/gpu/test_gpu.py; nvidia-smi simulated in tests/unit/test_devices.py)" for name in (
         "memory_snapshot_files", "gpu_power_limit_w", "gpu_driver_version", "gpu_sm_clock_mhz_start", "gpu_sm_clock_mhz_end",
         "gpu_mem_clock_mhz_start", "gpu_mem_clock_mhz_end", "gpu_temperature_c_start", "gpu_temperature_c_end")},
+    # planning.top_k's forecast: written only by a sweep that sets it
+    **{name: "tests/*/test_pruning.py, a sweep with planning.top_k, and tests/*/test_pruned_record.py" for name in (
+        "forecast_step_time_s", "forecast_tokens_per_s", "forecast_rank", "forecast_decision", "forecast_note")},
     # the step-time model predicts from an ok run at the smallest world size (none here) and a bench comm table
     **{name: "tests/*/test_commbench.py, a sweep collected with its bench comm table" for name in (
         "predicted_step_time_s", "predicted_step_time_s_low", "predicted_step_time_s_high", "predicted_tokens_per_s",

@@ -30,13 +30,13 @@ def _cpu_sweep(**planning):
 def test_each_model_and_world_size_runs_its_top_k_and_the_baselines_the_rest_pruned_with_their_rank():
     cfg = _cpu_sweep()
     decisions = pruning.decide(cfg, _plans(cfg), CALIBRATION)
-    ran = {r for r, d in decisions.items() if not d.pruned}
-    # baselines (fp32 z0) and their repeats always run; at world size 1 the stages cannot differ (no
-    # communication): their forecasts tie, and ties share a rank, so both of the fastest precision run
-    assert ran == {"fp32-z0-w1", "fp32-z0-w1-r2", "fp32-z0-w1-r3", "fp32-z0-w2", "fp32-z0-w2-r2", "fp32-z0-w2-r3",
-                   "fp32-z3-w1"}, ran
+    # a CPU forecasts every precision at fp32's peak: at world size 1 nothing tells the points apart (no
+    # communication), they tie and ties share a rank, so all run; at world size 2 DDP's one all-reduce beats
+    # ZeRO-3's gathers and reduce-scatters per block (exposed on a CPU), and fp16's loss scaler adds calls
+    assert sorted(r for r, d in decisions.items() if d.pruned) == ["bf16-z3-w2", "fp16-z0-w2", "fp16-z3-w2", "fp32-z3-w2"]
     w2 = {r: d.forecast["forecast_rank"] for r, d in decisions.items() if r.endswith("-w2")}
-    assert w2["fp32-z0-w2"] == 1 < w2["fp32-z3-w2"]  # ZeRO-3 moves 1.5x DDP's bytes, exposed on a CPU
+    assert w2["fp32-z0-w2"] == w2["bf16-z0-w2"] == 1 < w2["fp16-z0-w2"] < w2["fp32-z3-w2"]
+    assert decisions["fp32-z0-w2-r3"].forecast["forecast_decision"].startswith("run: rank 1 of 6")  # a repeat follows its point
     pruned = decisions["bf16-z3-w2"]
     assert pruned.pruned and is_pruned("skipped", pruned.reason)
     assert f"rank {w2['bf16-z3-w2']} of 6 of model base at world size 2" in pruned.reason and "planning.top_k = 1" in pruned.reason
@@ -47,7 +47,11 @@ def test_each_model_and_world_size_runs_its_top_k_and_the_baselines_the_rest_pru
         product=None, peak_flops=1.0e11, mfu=0.4, per_node=2, intra=pruning.CPU_LINK, inter=pruning.CPU_LINK,
         overlap_efficiency=0.0), 2)
     assert decisions["fp32-z0-w2"].forecast["forecast_step_time_s"] == pytest.approx(expected["step_time_s"])
-    assert "CPU fp32 matmul peak 100.0 GFLOP/s" in decisions["fp32-z0-w2"].forecast["forecast_note"]
+    assert "CPU fp32 matmul peak 100.0 GFLOP/s for every precision" in decisions["bf16-z0-w2"].forecast["forecast_note"]
+    # the baseline runs whatever its rank: with a forecast that ranks it last (ZeRO-3 made the first stage listed)
+    cfg["sweep"]["zero_stage"] = [3, 0]
+    flipped = pruning.decide(cfg, _plans(cfg), CALIBRATION)
+    assert flipped["fp32-z3-w2"].forecast["forecast_decision"].startswith("run: a baseline (rank ")
 
 
 def test_a_point_that_already_ended_ok_is_never_pruned_and_without_top_k_nothing_is():

@@ -140,15 +140,15 @@ class _Machines:
         """(the point's machine, its figures' sources), or (None, why the point cannot be forecast)."""
         point, train = plan.point, plan.train
         if self.product is None:
-            from scalelab.spec.precisions import precision as precision_record
-
-            dtype = precision_record(point.precision).matmul_precision
-            peak = (self.calibration or {}).get("peaks_flops", {}).get(dtype)
+            # Every precision at fp32's measured peak: a CPU's 16-bit matmul rate at the calibration's sizes says little
+            # about a small model's step (here bf16 measured 4.9x fp32's peak, and its runs 0.57x fp32's tokens/s), so
+            # the forecast ranks a CPU sweep's points by what it can tell apart: their communication and recompute.
+            peak = (self.calibration or {}).get("peaks_flops", {}).get("fp32")
             if not peak:
-                raise ConfigError(f"planning.top_k: the CPU forecast needs the sweep's measured {dtype} matmul peak "
+                raise ConfigError("planning.top_k: the CPU forecast needs the sweep's measured fp32 matmul peak "
                                   "(<results>/calibration/cpu.json), and measuring it failed (see above); the sweep "
                                   "stops here rather than rank without it")
-            source = (f"CPU {dtype} matmul peak {peak / 1e9:.1f} GFLOP/s (the sweep's calibration, "
+            source = (f"CPU fp32 matmul peak {peak / 1e9:.1f} GFLOP/s for every precision (the sweep's calibration, "
                       f"{self.calibration['measured_utc']}) x MFU {self.mfu:g}; {CPU_LINK.name}; overlap {self.eta:g}")
         else:
             if point.world_size > self.per_node and self.inter is None:
