@@ -1,4 +1,9 @@
 # Stage 3: every run's summary.json + steps.parquet -> results/metrics.parquet + results/steps.parquet.
+# Collection and the report (rules/report.smk) read files and draw figures in seconds: under SLURM they run
+# where Snakemake runs (the login node, on the shared filesystem) rather than wait in the queue for a node.
+localrules:
+    collect,
+    report,
 
 
 rule collect:

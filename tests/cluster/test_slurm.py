@@ -130,13 +130,15 @@ def test_a_sweep_spans_two_nodes_with_the_config_at_the_default_path(tmp_path, c
     # --slurm-no-account: the plugin's guess of an account (sacct, no accounting storage here) is not printed
     assert "sacct" not in proc.stdout + proc.stderr and "trying to guess" not in proc.stdout + proc.stderr
 
-    # Every job went through sbatch: data, the two world-size-1 runs as one group job (cluster.runs_per_job),
-    # the two runs spanning nodes one job each, collect, report.
+    # Every job but collection and the report (local rules: seconds of reading and drawing, never queued) went
+    # through sbatch: data, the two world-size-1 runs as one group job (cluster.runs_per_job), the two runs
+    # spanning nodes one job each.
     log_root = on_slurm / ".snakemake/slurm_logs"
     assert {p.relative_to(log_root).parts[0] for p in log_root.rglob("*.log")} == {
-        "rule_prepare_data", "group_train-w1_train", "rule_train_multinode", "rule_collect", "rule_report"}
+        "rule_prepare_data", "group_train-w1_train", "rule_train_multinode"}
     assert len(list((log_root / "group_train-w1_train").rglob("*.log"))) == 1
-    assert submitted == 6, submitted
+    assert submitted == 4, submitted
+    assert (on_slurm / "results/report/report.html").exists()
 
     runs = _runs(on_slurm)
     assert (runs["status"] == "ok").all(), runs[["status", "reason"]]
