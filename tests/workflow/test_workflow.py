@@ -252,8 +252,8 @@ def _files(folder: Path) -> dict:
 
 
 # Each of the two hung runs waits this long: long enough for a 12-step one-rank run to end ok on a
-# loaded 2-core machine (~3 s idle), short enough not to idle the suite (it was 25 s).
-RETRY_TIMEOUT_S = 15
+# loaded 2-core machine (0.5 s of wall time idle, its ranks forked), short enough not to idle the suite (it was 15 s).
+RETRY_TIMEOUT_S = 8
 
 
 @pytest.mark.workflow(cost_s=70)  # the order `make test` hands out work (tests/conftest.py)

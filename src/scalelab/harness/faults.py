@@ -360,10 +360,10 @@ def concurrency_and_reruns(tmp: Path) -> Drill:
     """A second Snakemake on the same folder is refused; complete sweeps rerun nothing;
     unrelated changes rerun nothing; a training change reruns exactly the affected runs."""
     d = Drill("concurrency and reruns")
-    cfg = _sweep_cfg(steps=150, collective_timeout_s=15)
+    cfg = _sweep_cfg(steps=150, collective_timeout_s=10)
     work = write_workdir(tmp, cfg)
-    # The first Snakemake must still run when the second asks for the folder (~3 s later): its
-    # two-rank run hangs until its collective timeout (it ends `timeout`, a complete result). Its
+    # The first Snakemake must still run when the second asks for the folder (~1-3 s later): its
+    # two-rank run hangs until its collective timeout (10 s; it ends `timeout`, a complete result). Its
     # 150 steps alone end in about a second now that ranks start forked.
     first = subprocess.Popen(snakemake_cmd(work, "--cores", "2"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, start_new_session=True, env=snakemake_env(SCALELAB_FAULT="hang@step=1,rank=1"))
