@@ -75,8 +75,7 @@ class Decision:
 class _Forecast(NamedTuple):
     columns: dict | None
     """forecast_step_time_s, forecast_tokens_per_s, forecast_note; None where not forecast."""
-    fits: bool
-    why_not: str | None
+    why_not: str | None = None
     """Why the point is not ranked (not forecast, or predicted not to fit); None when it is."""
 
 
@@ -121,7 +120,7 @@ class _Machines:
         from scalelab.results import prediction
 
         forecast = section(config, "planning").get("forecast") or {}
-        self.config, self.device, self.calibration = config, device, calibration
+        self.calibration = calibration
         self.mfu = forecast.get("mfu") or DEFAULT_MFU
         self.eta = prediction.DEFAULT_OVERLAP_EFFICIENCY[device]
         self.per_node = int(section(config, "cluster").get("ranks_per_node", 1))
@@ -184,13 +183,13 @@ def _device_limit(config: dict, product) -> float | None:
 def _forecast(config: dict, plan: RunPlan, machines: _Machines) -> _Forecast:
     point, model = plan.point, plan.model
     if model.module:
-        return _Forecast(None, True, f"model {point.model} is a user's module (its size is counted by torch at launch)")
+        return _Forecast(None, f"model {point.model} is a user's module (its size is counted by torch at launch)")
     unmodelled = [text for name, text in NOT_FORECAST.items() if getattr(point, name) not in (None, False)]
     if unmodelled:
-        return _Forecast(None, True, f"{', '.join(unmodelled)} on")
+        return _Forecast(None, f"{', '.join(unmodelled)} on")
     machine, source = machines.of(plan)
     if machine is None:
-        return _Forecast(None, True, source)
+        return _Forecast(None, source)
     n_params = accounting.param_count(model)
     forecast_point = Point(cfg=model, n_params=n_params, key=HYBRID_KEY if point.replicas > 1 else point.zero_stage,
                            precision=point.precision, grad_reduce=point.grad_reduce, micro_batch=plan.micro_batch,
@@ -199,13 +198,14 @@ def _forecast(config: dict, plan: RunPlan, machines: _Machines) -> _Forecast:
     try:
         row = predict_point(forecast_point, machine, point.world_size)
     except EstimateError as err:
-        return _Forecast(None, True, str(err))
+        return _Forecast(None, str(err))
     peak = predicted_columns.peak(model, n_params, plan.formula_row())
-    fits = not accounting.predicts_oom(peak, _device_limit(config, machines.product))
     columns = {"forecast_step_time_s": row["step_time_s"], "forecast_tokens_per_s": row["tokens_per_s"],
                "forecast_note": f"{source}; {UNMODELLED}"}
-    return _Forecast(columns, fits, None if fits else
-                     f"predicted not to fit ({peak.total / 2**30:.2f} GiB per rank): left to the launcher (predicted_oom)")
+    if accounting.predicts_oom(peak, _device_limit(config, machines.product)):
+        return _Forecast(columns, f"predicted not to fit ({peak.total / 2**30:.2f} GiB per rank): left to the launcher "
+                                  "(predicted_oom)")
+    return _Forecast(columns)
 
 
 def _first_run_id(point) -> str:
@@ -235,7 +235,7 @@ def decide(config: dict, plans: dict[str, RunPlan], calibration: dict | None = N
     for run_id, plan in plans.items():
         point = plan.point
         first = _first_run_id(point)  # a repeat follows its point
-        columns, _, why_not = forecasts[first]
+        columns, why_not = forecasts[first]
         columns = dict(columns or {})
         reason = None
         if first in rank_of:

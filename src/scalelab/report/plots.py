@@ -26,7 +26,6 @@ from matplotlib.colors import Normalize  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, MaxNLocator, NullFormatter, NullLocator  # noqa: E402
 
-from scalelab.plan.columns import is_pruned  # noqa: E402
 from scalelab.report.tables import (  # noqa: E402,F401  (re-exported for callers of plots)
     MFU_LIMIT,
     PRECISION_ORDER,
@@ -37,6 +36,7 @@ from scalelab.report.tables import (  # noqa: E402,F401  (re-exported for caller
     loss_vs_fp32_twin,
     mfu_flagged,
     precisions,
+    pruned_rows,
     strategies,
     strategy_tick,
     throughput_table,
@@ -141,8 +141,7 @@ def marks(ax, x, y, *, size: float, color, marker: str = "o", edgecolor=None, ed
 
 def _not_ok_note(fig, runs: pd.DataFrame) -> None:
     """Name the runs missing from a figure because they did not finish ok."""
-    bad = runs.loc[runs["status"] != "ok", ["run_id", "status", "reason"]]
-    bad = bad[[not is_pruned(status, reason) for status, reason in zip(bad["status"], bad["reason"])]]  # a decision, not a failure
+    bad = runs.loc[(runs["status"] != "ok") & ~pruned_rows(runs), ["run_id", "status"]]  # a pruned point: a decision
     if bad.empty:
         return
     shown = ", ".join(f"{r.run_id}: {r.status}" for r in bad.head(12).itertuples())

@@ -22,7 +22,6 @@ from markupsafe import Markup
 
 from scalelab import __version__
 from scalelab.io import building_dir
-from scalelab.plan.columns import is_pruned
 from scalelab.plan.sweep import SWEEP_AXES
 from scalelab.report import checks, dictionary
 from scalelab.report.figures import FIGURES_DIR, Drawn, start_figures
@@ -34,6 +33,7 @@ from scalelab.report.tables import (
     forecast_ranking,
     loss_deviation_vs_stage0,
     noise_of,
+    pruned_rows,
     standing,
 )
 from scalelab.results.collect import schema_version
@@ -79,9 +79,9 @@ def find_warnings(runs: pd.DataFrame, steps: pd.DataFrame, best: pd.DataFrame | 
     # Rows are picked from the few columns a message needs: picking from all ~100 costs a
     # 1,000-run report a tenth of a second.
     ok = runs[runs["status"] == "ok"]
-    for r in runs.loc[runs["status"] != "ok", ["run_id", "status", "reason"]].itertuples():
-        if not is_pruned(r.status, r.reason):  # a decision (planning.top_k), in its own section
-            warnings.append(f"{r.run_id}: status {r.status}: {r.reason}")
+    # a pruned point is a decision (planning.top_k), shown in its own section
+    for r in runs.loc[(runs["status"] != "ok") & ~pruned_rows(runs), ["run_id", "status", "reason"]].itertuples():
+        warnings.append(f"{r.run_id}: status {r.status}: {r.reason}")
     for r in ok.loc[ok["mfu"] > MFU_LIMIT, ["run_id", "mfu", "peak_flops_source"]].itertuples():
         warnings.append(f"{r.run_id}: MFU {r.mfu:.2f} is above 100% of the peak used ({r.peak_flops_source}); "
                         "the peak is too low for this path (e.g. emulated fp16 on a CPU)")
@@ -604,7 +604,7 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
 
         context = {
             "no_runs": None, "n_runs": len(runs), "n_ok": int((runs["status"] == "ok").sum()), "n_steps": len(steps),
-            "n_pruned": sum(is_pruned(status, reason) for status, reason in zip(runs["status"], runs["reason"])),
+            "n_pruned": int(pruned_rows(runs).sum()),
             "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "version": __version__,
             "results_dir": str(results_dir), "schema": schema_version(results_dir / "metrics.parquet"),
             "warnings": warnings, "n_base": len(in_figures), "n_hybrid": len(in_figures) - len(base), **tables,

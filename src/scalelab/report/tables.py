@@ -304,7 +304,7 @@ def sweep_end_text(results_dir) -> str | None:
     if runs.empty:
         return f"scalelab: no runs; report: {html.resolve()}"
     n_ok = int((runs["status"] == "ok").sum())
-    n_pruned = sum(is_pruned(status, reason) for status, reason in zip(runs["status"], runs["reason"]))
+    n_pruned = int(pruned_rows(runs).sum())
     n_wrong = len(runs) - n_ok - n_pruned
     import textwrap
 
@@ -325,6 +325,13 @@ def sweep_end_text(results_dir) -> str | None:
                if n_wrong else ""))
 
 
+def pruned_rows(runs: pd.DataFrame) -> pd.Series:
+    """Which rows record a point the forecast pruned (planning.top_k; plan.columns.is_pruned): decisions, which
+    the report, its figures and the sweep's end count apart from runs that went wrong."""
+    return pd.Series([is_pruned(status, reason) for status, reason in zip(runs["status"], runs["reason"])],
+                     index=runs.index, dtype=bool)
+
+
 def forecast_ranking(runs: pd.DataFrame) -> pd.DataFrame:
     """A sweep ranked by its forecast (planning.top_k, scalelab.forecast.pruning): one row per point the
     forecast decided on, by model, world size and forecast rank, with its decision (why it ran, or that it
@@ -334,7 +341,7 @@ def forecast_ranking(runs: pd.DataFrame) -> pd.DataFrame:
     if "forecast_decision" not in runs or runs["forecast_decision"].isna().all():
         return pd.DataFrame()
     ranked = runs[runs["forecast_decision"].notna()].assign(point=lambda df: config_ids(df))
-    ranked["pruned"] = [is_pruned(status, reason) for status, reason in zip(ranked["status"], ranked["reason"])]
+    ranked["pruned"] = pruned_rows(ranked)
     measured = ranked[ranked["status"] == "ok"].groupby("point")["tokens_per_s"].median()
     rows = []
     for point, group in ranked.groupby("point", sort=False):
