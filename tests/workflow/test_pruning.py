@@ -39,6 +39,7 @@ def test_a_top_k_sweep_runs_the_ranked_points_and_records_the_rest_with_their_fo
     assert all(r in pruned_part for r in pruned)
     warnings = html.split("id=\"warnings\"")[1].split("<h2")[0]
     assert not any(r in warnings for r in pruned)  # a decision, not a warning
+    assert "every run ok" not in warnings or f"but the {len(pruned)} the forecast pruned" in warnings
     assert f"{len(pruned)} pruned by the forecast" in html.split("id=\"best\"")[0]
 
     # raise top_k past every rank: the pruned points train; the runs that ended ok are not retrained
