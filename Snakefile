@@ -123,9 +123,13 @@ onerror:
 
     # A SLURM job that failed before scalelab ran has no run log; SLURM's error is in its job log.
     _slurm_logs = getattr(workflow.executor_settings, "logdir", None) or ".snakemake/slurm_logs"
+    # Through Snakemake's logger, not print: its lines are written by a logging thread, and a print
+    # here landed inside its last line ("Look above for error messagesscalelab: ...").
+    from snakemake.logging import logger
+
     for _line in slurm_log_errors(_slurm_logs, since=_INVOKED):
-        print(f"scalelab: SLURM job log {_line}", file=sys.stderr)
+        logger.error(f"scalelab: SLURM job log {_line}")
 
     # After Snakemake's own error lines (the failing rule, its log): what went wrong per run, and how to rerun.
-    print(f"scalelab: which runs failed and why: scalelab status {RESULTS}\n"
-          f"scalelab: to rerun them: scalelab retry {RESULTS}, then: scalelab resume {RESULTS}", file=sys.stderr)
+    logger.error(f"scalelab: which runs failed and why: scalelab status {RESULTS}\n"
+                 f"scalelab: to rerun them: scalelab retry {RESULTS}, then: scalelab resume {RESULTS}")
