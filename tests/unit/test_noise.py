@@ -223,3 +223,20 @@ def test_the_mfu_heatmap_shows_a_repeated_points_spread():
     assert g["mfu"][rows["fp32 z0"], 0] == pytest.approx(0.105)  # the median of 0.100, 0.110, 0.105
     assert g["spread"][rows["fp32 z0"], 0] == pytest.approx(0.01 / 0.105)
     assert np.isnan(g["spread"][rows["bf16 z0"], 0])  # one run: no spread to show
+
+
+def test_the_host_floor_probe_times_its_windows_and_gives_the_process_back_as_it_was():
+    """bench repeatability's host floor: at least three windows of the asked length, a sigma of their
+    rates, and the caller's thread count and cores restored (it pins itself to one core)."""
+    import os
+
+    import torch
+
+    from scalelab.harness.repeatability import floor_text, host_floor
+
+    threads, cores = torch.get_num_threads(), os.sched_getaffinity(0)
+    floor = host_floor(0.02, 0.05)
+    assert floor["windows"] >= 3 and floor["window_s"] == 0.02
+    assert 0 <= floor["sigma"] < 1 and 0 < floor["slowest_over_fastest"] <= 1
+    assert torch.get_num_threads() == threads and os.sched_getaffinity(0) == cores
+    assert f"{floor['windows']} windows of 0.02 s" in floor_text(floor)

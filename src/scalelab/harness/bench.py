@@ -320,6 +320,8 @@ def main(argv=None) -> int:
     rp.add_argument("--cores", default="all")
     rp.add_argument("--keep", help="keep both sweeps' folders here (default: a temporary folder, removed)")
     rp.add_argument("--timeout", type=float, default=1800, help="seconds per sweep")
+    rp.add_argument("--floor-s", type=float, default=60.0, help="seconds of the host-floor probe before the sweeps "
+                    "(a fixed matmul on one pinned core, in windows of train.measure_s); 0 = none")
     rp.add_argument("--json", metavar="PATH", help="also write the figures here (docs/measured.json: the one source of "
                     "the timings and counts the README and guide state, tests/unit/test_docs.py)")
     args = parser.parse_args(argv)
@@ -327,7 +329,7 @@ def main(argv=None) -> int:
         from scalelab.harness.repeatability import bench_repeatability, print_repeatability
 
         result = bench_repeatability(Path(args.config), args.cores, Path(args.keep) if args.keep else None, args.timeout,
-                                     host_loop_s)
+                                     host_loop_s, args.floor_s)
         print_repeatability(result)
         if args.json:
             from scalelab.harness.repeatability import record
