@@ -31,7 +31,6 @@ from scalelab.forecast.estimate import DEFAULT_MFU, EstimateError, Machine, Poin
 from scalelab.forecast.plan import TIE
 from scalelab.formulas import accounting, links, predicted_columns
 from scalelab.io import write_json
-from scalelab.plan.columns import PRUNED_REASON
 from scalelab.plan.run_plan import RunPlan
 from scalelab.plan.sweep import is_baseline, sweep_values
 from scalelab.spec import hardware
@@ -219,6 +218,8 @@ def decide(config: dict, plans: dict[str, RunPlan], calibration: dict | None = N
     k = top_k(config)
     if k is None:
         return {run_id: Decision(run_id, None) for run_id in plans}
+    from scalelab.plan.columns import PRUNED_REASON  # here: the column table imports pyarrow, which a Snakefile's parse need not
+
     values = sweep_values(config)
     machines = _Machines(config, next(iter(plans.values())).device, calibration)
     forecasts = {run_id: _forecast(config, plan, machines) for run_id, plan in plans.items() if plan.point.repeat == 1}
