@@ -31,6 +31,7 @@ from scalelab.forecast.estimate import DEFAULT_MFU, EstimateError, Machine, Poin
 from scalelab.forecast.plan import TIE
 from scalelab.formulas import accounting, links, predicted_columns
 from scalelab.io import write_json
+from scalelab.plan.placement import device_memory_limit
 from scalelab.plan.run_plan import RunPlan
 from scalelab.plan.sweep import is_baseline, sweep_values
 from scalelab.spec import hardware
@@ -170,15 +171,6 @@ class _Machines:
                        inter=self.inter, overlap_efficiency=self.eta), source
 
 
-def _device_limit(config: dict, product) -> float | None:
-    """The memory a point is held against, as the launcher holds it (planning.device_memory_gib, else the GPU's;
-    the launcher reads torch's total, the forecast the datasheet's; a CPU has none)."""
-    limit_gib = section(config, "planning").get("device_memory_gib")
-    if limit_gib:
-        return limit_gib * 2 ** 30
-    return product.memory_gib * 2 ** 30 if product else None
-
-
 def _forecast(config: dict, plan: RunPlan, machines: _Machines) -> _Forecast:
     point, model = plan.point, plan.model
     if model.module:
@@ -201,7 +193,7 @@ def _forecast(config: dict, plan: RunPlan, machines: _Machines) -> _Forecast:
     peak = predicted_columns.peak(model, n_params, plan.formula_row())
     columns = {"forecast_step_time_s": row["step_time_s"], "forecast_tokens_per_s": row["tokens_per_s"],
                "forecast_note": f"{source}; {UNMODELLED}"}
-    if accounting.predicts_oom(peak, _device_limit(config, machines.product)):
+    if accounting.predicts_oom(peak, device_memory_limit(config, machines.product.memory_gib * 2 ** 30 if machines.product else None)):
         return _Forecast(columns, f"predicted not to fit ({peak.total / 2**30:.2f} GiB per rank): left to the launcher "
                                   "(predicted_oom)")
     return _Forecast(columns)

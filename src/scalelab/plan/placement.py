@@ -89,6 +89,13 @@ def check_gpu_layout(config: dict) -> None:
             f"places {per_node} ranks on a node with cluster.gpus_per_node={gpus}: every rank needs a GPU of its own")
 
 
+def device_memory_limit(config: dict, device_total_bytes: float | None) -> float | None:
+    """The memory a point is held against (bytes): planning.device_memory_gib where set, else the device's
+    own total as the caller knows it (the launcher: torch's; the forecast: the datasheet's); None on a CPU."""
+    limit_gib = (config.get("planning") or {}).get("device_memory_gib")
+    return limit_gib * 2 ** 30 if limit_gib else device_total_bytes
+
+
 def visible_gpus(timeout_s: float = 10) -> list[str]:
     """Names of the GPUs this process may use: what ``nvidia-smi -L`` lists, narrowed by
     CUDA_VISIBLE_DEVICES as CUDA narrows it (indices or UUIDs, up to the first entry that

@@ -124,8 +124,7 @@ def plan_memory(config: dict, plan: RunPlan) -> dict:
     peak = predicted_columns.peak(model, n_params, plan.formula_row(),
                                   block_params=own["block_params"] if own else None,
                                   n_trainable=counted(model, point.lora_rank)["lora_trainable"] if own and point.lora_rank else None)
-    limit_gib = config.get("planning", {}).get("device_memory_gib")
-    limit = limit_gib * 2 ** 30 if limit_gib else None
+    limit = placement.device_memory_limit(config, None)
     if limit is None and device == "cuda":
         import torch
 
