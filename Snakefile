@@ -83,10 +83,12 @@ onstart:
         record(RESULTS, sys.argv[1:], workflow.overwrite_configfiles, cwd=Path.cwd(), snakefile=workflow.main_snakefile)
         # planning.top_k's decision (rules/common.smk), for the jobs to read: written here, under the lock, by the
         # process that runs them (never by a dry run, nor by a second invocation the lock turns away)
-        if DECISIONS:
-            from scalelab.forecast.pruning import write as write_forecast
+        from scalelab.plan import forecast_record
 
-            write_forecast(RESULTS, DECISIONS)
+        if DECISIONS:
+            forecast_record.write(RESULTS, DECISIONS)
+        else:  # no top_k this time: collection must not give new runs an earlier invocation's forecast
+            forecast_record.forget(RESULTS)
         # A CPU sweep's peak FLOP/s is measured once per results folder, by its first training job,
         # on the idle machine (scalelab.run.calibration): a resumed or extended sweep keeps it, so every
         # run's MFU is on one scale. Delete <results>/calibration/cpu.json to measure again.

@@ -4,8 +4,9 @@ import sys
 from pathlib import Path
 
 from scalelab.config import ConfigError, dataset_config
-from scalelab.forecast.pruning import decide as decide_forecast, measured_ok, read as read_forecast, top_k
+from scalelab.forecast.pruning import decide as decide_forecast, measured_ok, top_k
 from scalelab.forecast.pruning import summary_line as forecast_summary
+from scalelab.plan.forecast_record import read as read_forecast
 from scalelab.run.data import DataError, source_files
 from scalelab.plan.placement import carry_slurm_conf, sweep_device_plan, train_job_resources
 from scalelab.plan.run_plan import result_params, run_plan

@@ -8,6 +8,7 @@ from scalelab.forecast import pruning
 from scalelab.forecast.estimate import Machine, Point, predict_point
 from scalelab.formulas import accounting
 from scalelab.harness.testing import tiny_config
+from scalelab.plan import forecast_record
 from scalelab.plan.columns import is_pruned
 from scalelab.plan.run_plan import run_plan
 from scalelab.plan.sweep import sweep_plan
@@ -133,9 +134,11 @@ def test_status_lists_pruned_points_apart_from_the_runs_that_went_wrong(tmp_path
 def test_the_forecast_record_round_trips(tmp_path):
     cfg = _cpu_sweep()
     decisions = pruning.decide(cfg, _plans(cfg), CALIBRATION)
-    pruning.write(tmp_path, decisions)
-    assert pruning.read(tmp_path) == decisions
-    assert pruning.read(tmp_path / "elsewhere") == {}
+    forecast_record.write(tmp_path, decisions)
+    assert forecast_record.read(tmp_path) == decisions
+    assert forecast_record.read(tmp_path / "elsewhere") == {}
+    forecast_record.forget(tmp_path)
+    assert forecast_record.read(tmp_path) == {}
     assert decisions["fp16-z3-w2"].pruned and decisions["fp16-z3-w2"].rank > 1
 
 

@@ -51,3 +51,15 @@ def test_a_top_k_sweep_runs_the_ranked_points_and_records_the_rest_with_their_fo
     assert (after["status"] == "ok").all(), after[["status", "reason"]]
     for run_id, when in started.items():
         assert json.loads((tmp_path / "results/runs" / run_id / "summary.json").read_text())["started_utc"] == when, run_id
+
+    # a run measured before top_k was set keeps no forecast of its own: collection gives it the plan's
+    summary_path = tmp_path / "results/runs/fp32-z0-w2/summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary_path.write_text(json.dumps({k: v for k, v in summary.items() if not k.startswith("forecast_")}))
+    from scalelab.results.collect import collect
+
+    collect(tmp_path / "results")
+    again = pq.read_table(tmp_path / "results/metrics.parquet").to_pandas().set_index("run_id")
+    final = json.loads((tmp_path / "results/plan/forecast.json").read_text())["fp32-z0-w2"]["forecast"]
+    assert again.loc["fp32-z0-w2", "forecast_rank"] == final["forecast_rank"]
+    assert again.loc["fp32-z0-w2", "forecast_decision"] == final["forecast_decision"]

@@ -20,9 +20,7 @@ runs already ended ok is never pruned afterwards: pruning decides what to launch
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -30,15 +28,12 @@ from scalelab.config import ConfigError, section
 from scalelab.forecast.estimate import DEFAULT_MFU, EstimateError, Machine, Point, predict_point
 from scalelab.forecast.plan import TIE
 from scalelab.formulas import accounting, links, predicted_columns
-from scalelab.io import write_json
+from scalelab.plan.forecast_record import Decision
 from scalelab.plan.placement import device_memory_limit
 from scalelab.plan.run_plan import RunPlan
 from scalelab.plan.sweep import is_baseline, sweep_values
 from scalelab.spec import hardware
 from scalelab.spec.strategies import HYBRID_KEY
-
-FORECAST_FILE = Path("plan") / "forecast.json"
-"""Below the results folder: the planning process's forecast and decision, read by the jobs."""
 
 CPU_LINK = links.Link("gloo on one host (assumed)", 2.0e9, 250e-6,
                       "assumed: the order `scalelab bench comm` measured for gloo between CPU ranks of one 2-core VM "
@@ -52,35 +47,11 @@ NOT_FORECAST = {"lora_rank": "LoRA (the forecast trains every weight)", "cpu_off
 UNMODELLED = "compile, DDP bucket size and sequence parallelism are forecast as at their defaults"
 
 
-@dataclass(frozen=True)
-class Decision:
-    """What the plan decided for one point."""
-    run_id: str
-    forecast: dict | None
-    """The rows' forecast columns: forecast_decision always (why it runs or not); forecast_step_time_s,
-    forecast_tokens_per_s, forecast_note where the point was forecast; forecast_rank where it was ranked.
-    None where planning.top_k is unset."""
-    reason: str | None = None
-    """Why it is not run (status skipped, starting with PRUNED_REASON); None when it runs."""
-
-    @property
-    def pruned(self) -> bool:
-        return self.reason is not None
-
-    @property
-    def rank(self) -> int | None:
-        return (self.forecast or {}).get("forecast_rank")
-
-
 class _Forecast(NamedTuple):
     columns: dict | None
     """forecast_step_time_s, forecast_tokens_per_s, forecast_note; None where not forecast."""
     why_not: str | None = None
     """Why the point is not ranked (not forecast, or predicted not to fit); None when it is."""
-
-
-def forecast_path(results_dir: str | Path) -> Path:
-    return Path(results_dir) / FORECAST_FILE
 
 
 def top_k(config: dict) -> int | None:
@@ -261,20 +232,6 @@ def measured_ok(results_dir: str | Path, plans: dict[str, RunPlan]) -> frozenset
         if state is not None and state[0] == "ok":
             ok.add(_first_run_id(plan.point))
     return frozenset(ok)
-
-
-def write(results_dir: str | Path, decisions: dict[str, Decision]) -> Path:
-    path = forecast_path(results_dir)
-    write_json(path, {run_id: {"forecast": d.forecast, "reason": d.reason} for run_id, d in decisions.items()})
-    return path
-
-
-def read(results_dir: str | Path) -> dict[str, Decision]:
-    """The planning process's decisions ({} where it made none: planning.top_k unset, or an older sweep)."""
-    path = forecast_path(results_dir)
-    if not path.exists():
-        return {}
-    return {run_id: Decision(run_id, d["forecast"], d["reason"]) for run_id, d in json.loads(path.read_text()).items()}
 
 
 def summary_line(decisions: dict[str, Decision], k: int) -> str:

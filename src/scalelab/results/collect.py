@@ -11,6 +11,7 @@ from scalelab.formulas.predicted_columns import refreshed
 
 # The schemas and the functions that build and write the tables live with the column table
 # (scalelab.plan.columns, below training/ and analysis/); imported here for collect() and for callers.
+from scalelab.plan import forecast_record
 from scalelab.plan.columns import (  # noqa: F401
     COLLECTIVES,
     IDENTITY_FIELDS,
@@ -101,6 +102,7 @@ def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict
         run_paths = sorted({p.parent.name for name in ("summary.json", "steps.parquet", POINT_FILE)
                             for p in runs_root.glob(f"{RUN_DIR_GLOB}/{name}")})
     rows, step_tables, problems = [], [], []
+    forecasts = {run_id: d.forecast for run_id, d in forecast_record.read(results_dir).items() if d.forecast}
     for run_path in run_paths:
         run_dir = runs_root / run_path
         identity = _identity_of(run_dir)
@@ -119,6 +121,10 @@ def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict
             if identity:
                 rows.append(run_row({**identity, "status": "corrupt", "reason": f"{summary_path} is corrupt: {err}"}, run_path))
             continue
+        if "forecast_decision" not in summary and run_path in forecasts:
+            # measured before planning.top_k was set (a full sweep, then top_k): the forecast that kept it, as its
+            # rank beside the measured one is what the report's forecast table is for
+            summary = {**forecasts[run_path], **summary}
         lost = unknown_summary_keys(summary)
         if lost:  # a writer and the schema disagree: say so, never drop a field silently
             problems.append(f"{summary_path}: fields not in the metrics schema, not collected: {', '.join(lost)}")
