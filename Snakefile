@@ -133,5 +133,6 @@ onerror:
         logger.error(f"scalelab: SLURM job log {_line}")
 
     # After Snakemake's own error lines (the failing rule, its log): what went wrong per run, and how to rerun.
-    logger.error(f"scalelab: which runs failed and why: scalelab status {RESULTS}\n"
-                 f"scalelab: to rerun them: scalelab retry {RESULTS}, then: scalelab resume {RESULTS}")
+    _where = Path(RESULTS).resolve()  # Snakemake runs in its working directory (-d), the user's shell may not
+    logger.error(f"scalelab: which runs failed and why: scalelab status {_where}\n"
+                 f"scalelab: to rerun them: scalelab retry {_where}, then: scalelab resume {_where}")
