@@ -73,8 +73,10 @@ onstart:
             _note = results_lock(RESULTS).acquire()
         except LockHeld as err:
             raise WorkflowError(f"scalelab: {err}") from None
-        if _note:
-            print(_note, file=sys.stderr)
+        if _note:  # through Snakemake's logger: a print here races its logging thread (see onerror)
+            from snakemake.logging import logger
+
+            logger.warning(_note)
         # The command line that selects this sweep (config files, --config, profile, cores), for
         # every hint that says how to rerun it (scalelab.results.invocation): a bare `snakemake` would run
         # the default config into another folder.

@@ -13,6 +13,11 @@ rule collect:
         # the step-time model's links (rules/bench.smk): measured before collection where the config's
         # prediction.bench_comm asks (the default), else taken once measured on request; a new table re-collects
         bench=lambda wildcards: [BENCH_TABLE] if config["prediction"]["bench_comm"] or BENCH_TABLE.exists() else [],
+    params:
+        # planning.top_k's forecast (rules/common.smk): collection gives it to runs measured before it; setting,
+        # changing or unsetting top_k collects again, and so makes the invocation that writes or removes its file
+        # (onstart runs only when there are jobs)
+        forecast=FORECAST_STAMP,
     output:
         runs=RESULTS / "metrics.parquet",
         steps=RESULTS / "steps.parquet",

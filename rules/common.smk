@@ -6,7 +6,7 @@ from pathlib import Path
 from scalelab.config import ConfigError, dataset_config
 from scalelab.forecast.pruning import decide as decide_forecast, measured_ok, top_k
 from scalelab.forecast.pruning import summary_line as forecast_summary
-from scalelab.plan.forecast_record import read as read_forecast
+from scalelab.plan.forecast_record import read as read_forecast, stamp as forecast_stamp
 from scalelab.run.data import DataError, source_files
 from scalelab.plan.placement import carry_slurm_conf, sweep_device_plan, train_job_resources
 from scalelab.plan.run_plan import result_params, run_plan
@@ -114,7 +114,8 @@ PLANS = {run_id: run_plan(config, point, device=DEVICE_PLAN.device, device_reaso
          for run_id, point in POINTS.items()}
 # planning.top_k: the forecast ranks every point before any job starts (scalelab.forecast.pruning). The
 # planning process decides; the process that runs the jobs records the decision in onstart, under the
-# results folder's lock (<results>/plan/forecast.json); the jobs, which parse this file again, read it.
+# results folder's lock (<results>/plan/forecast.json, removed there without top_k); the jobs, which parse
+# this file again, and collection (runs measured before top_k: scalelab.plan.forecast_record) read it.
 if top_k(config) is None:
     DECISIONS = {}
 elif workflow.remote_exec or workflow.subprocess_exec:
@@ -134,6 +135,7 @@ else:
         raise WorkflowError(f"scalelab: {err}") from None
     print(forecast_summary(DECISIONS, top_k(config)), file=sys.stderr)
 PRUNED = {run_id for run_id, decision in DECISIONS.items() if decision.pruned}
+FORECAST_STAMP = forecast_stamp(DECISIONS)  # a param of collect (rules/collect.smk)
 # A slurm.conf named only by SLURM_CONF reaches every srun of the sweep's jobs, though the SLURM
 # plugin's job step removes SLURM_* (scalelab.plan.placement.carry_slurm_conf).
 carry_slurm_conf()

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 
@@ -21,16 +20,14 @@ import pytest
 
 from scalelab.config import model_config, train_config
 from scalelab.harness.reference import bare_loop
-from scalelab.harness.testing import SLURM_PLUGIN_DIR
 from scalelab.harness.vcluster import VirtualCluster
 from scalelab.plan.placement import slurm_log_errors
 from scalelab.plan.sweep import RunPoint
 from support import BIN, REPO, SNAKEMAKE, tiny_config, write_workdir
-from support.slurm import cluster_unavailable
+from support.slurm import PLUGIN_PYTHONPATH, cluster_unavailable
 
 pytestmark = [pytest.mark.skipif(cluster_unavailable() is not None, reason=f"no virtual SLURM cluster: {cluster_unavailable()}")]
 
-POLL_CAP_DIR = REPO / "tests" / "support" / "slurm_poll"  # caps the plugin's wait between status checks (its sitecustomize.py)
 SWEEP_TIMEOUT_S = 300  # a limit against a hang, not the budget: the 2-node sweep takes 70-90 s here
 
 
@@ -70,28 +67,12 @@ def _snakemake_on(cluster: VirtualCluster, workdir, timeout=SWEEP_TIMEOUT_S, sna
            "--slurm-keep-successful-logs", "--default-resources", "slurm_partition=vc", "runtime=10", "mem_mb=1000",
            "--latency-wait", "5", "--retries", "0"]
     environment = {**cluster.env, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-                   "PYTHONPATH": os.pathsep.join(map(str, (POLL_CAP_DIR, SLURM_PLUGIN_DIR))), **env}
+                   "PYTHONPATH": PLUGIN_PYTHONPATH, **env}
     return subprocess.run(cluster.command(cmd), env=environment, capture_output=True, text=True, timeout=timeout)
 
 
 def _runs(workdir) -> pd.DataFrame:
     return pd.read_parquet(workdir / "results/metrics.parquet").set_index("run_id").sort_index()
-
-
-def test_the_suites_poll_cap_shortens_only_the_plugins_wait_between_status_checks():
-    """tests/support/slurm_poll: with its folder on PYTHONPATH, the plugin's Executor caps every wait it
-    sets (the plugin adds 10 s after each check that finds no job done) at POLL_CAP_S; a shorter wait
-    (its initial one) is kept as set."""
-    probe = ("import snakemake_executor_plugin_slurm as p\n"
-             "e = p.Executor.__new__(p.Executor)\n"
-             "e.next_seconds_between_status_checks = 41\n"
-             "capped = e.next_seconds_between_status_checks\n"
-             "e.next_seconds_between_status_checks = 1\n"
-             "print(capped, e.next_seconds_between_status_checks)")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (POLL_CAP_DIR, SLURM_PLUGIN_DIR)))}
-    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split() == ["2", "1"], out.stdout
 
 
 def test_virtual_clusters_start_in_seconds_run_side_by_side_and_leave_nothing(tmp_path, clusters):

@@ -1,6 +1,14 @@
-"""What the SLURM tests share (tests/cluster and tests/workflow): why a virtual cluster cannot run here."""
+"""What the SLURM tests share (tests/cluster and tests/workflow): why a virtual cluster cannot run here,
+and the PYTHONPATH their Snakemake runs the SLURM executor plugin with."""
+import os
+from pathlib import Path
+
 from scalelab.harness.testing import SLURM_PLUGIN_DIR
 from scalelab.harness.vcluster import unavailable
+
+POLL_CAP_DIR = Path(__file__).parent / "slurm_poll"
+"""Its sitecustomize.py caps the plugin's wait between status checks (tests/workflow/test_slurm.py holds it)."""
+PLUGIN_PYTHONPATH = os.pathsep.join(map(str, (POLL_CAP_DIR, SLURM_PLUGIN_DIR)))
 
 
 def cluster_unavailable() -> str | None:

@@ -52,14 +52,25 @@ def test_a_top_k_sweep_runs_the_ranked_points_and_records_the_rest_with_their_fo
     for run_id, when in started.items():
         assert json.loads((tmp_path / "results/runs" / run_id / "summary.json").read_text())["started_utc"] == when, run_id
 
-    # a run measured before top_k was set keeps no forecast of its own: collection gives it the plan's
-    summary_path = tmp_path / "results/runs/fp32-z0-w2/summary.json"
-    summary = json.loads(summary_path.read_text())
-    summary_path.write_text(json.dumps({k: v for k, v in summary.items() if not k.startswith("forecast_")}))
-    from scalelab.results.collect import collect
 
-    collect(tmp_path / "results")
-    again = pq.read_table(tmp_path / "results/metrics.parquet").to_pandas().set_index("run_id")
-    final = json.loads((tmp_path / "results/plan/forecast.json").read_text())["fp32-z0-w2"]["forecast"]
-    assert again.loc["fp32-z0-w2", "forecast_rank"] == final["forecast_rank"]
-    assert again.loc["fp32-z0-w2", "forecast_decision"] == final["forecast_decision"]
+    # top_k unset: its record goes (no new run may take an earlier forecast), and new points train without one
+    del cfg["planning"]["top_k"]
+    cfg["sweep"]["precision"].append("fp16")
+    write_workdir(tmp_path, cfg)
+    snakemake(workdir, "--cores", "2")
+    assert not (tmp_path / "results/plan/forecast.json").exists()
+    plain = pq.read_table(tmp_path / "results/metrics.parquet").to_pandas().set_index("run_id")
+    assert plain.loc[["fp16-z0-w2", "fp16-z3-w2"], "forecast_decision"].isna().all()
+    assert plain.loc["bf16-z3-w2", "forecast_rank"] > 1  # a run launched under top_k keeps its own
+
+    # top_k set again over runs measured without it: nothing trains, collection gives them the plan's forecast
+    cfg["planning"]["top_k"] = 1
+    write_workdir(tmp_path, cfg)
+    again = snakemake(workdir, "--cores", "2")
+    assert "rule train" not in again.stdout + again.stderr and "starts train" not in again.stdout + again.stderr
+    plan = json.loads((tmp_path / "results/plan/forecast.json").read_text())
+    ranked = pq.read_table(tmp_path / "results/metrics.parquet").to_pandas().set_index("run_id")
+    for run_id in ("fp16-z0-w2", "fp16-z3-w2"):
+        assert ranked.loc[run_id, "forecast_rank"] == plan[run_id]["forecast"]["forecast_rank"], ranked.loc[run_id]
+        assert ranked.loc[run_id, "forecast_decision"] == plan[run_id]["forecast"]["forecast_decision"]
+    assert ranked.loc["fp16-z3-w2", "forecast_decision"].startswith("run: ended ok before")

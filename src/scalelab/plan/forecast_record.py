@@ -4,11 +4,13 @@ The planning process ranks the points (scalelab.forecast.pruning) and decides wh
 process that runs the jobs writes the decision here, under the results folder's lock; the jobs
 (which parse the Snakefile again, on another node under SLURM) and collection read it. Collection
 gives a run measured before the forecast existed (a sweep run in full, then with top_k) the
-forecast columns it lacks from here. Written by every invocation with top_k, removed by every
-invocation without it: the file is always the last invocation's decision, never a stale one.
+forecast columns it lacks from here. Written by every invocation with top_k that runs jobs, removed
+by every one without top_k that runs jobs (onstart); collection's params carry the decision's
+``stamp``, so setting, changing or unsetting top_k is always such an invocation.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +57,14 @@ def read(results_dir: str | Path) -> dict[str, Decision]:
     if not path.exists():
         return {}
     return {run_id: Decision(run_id, d["forecast"], d["reason"]) for run_id, d in json.loads(path.read_text()).items()}
+
+
+def stamp(decisions: dict[str, Decision]) -> str | None:
+    """A short digest of the decisions' forecasts (None without any): what collection gives rows changes with it."""
+    if not decisions:
+        return None
+    forecasts = {run_id: d.forecast for run_id, d in sorted(decisions.items())}
+    return hashlib.sha256(json.dumps(forecasts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def forget(results_dir: str | Path) -> None:

@@ -90,8 +90,9 @@ def check_gpu_layout(config: dict) -> None:
 
 
 def device_memory_limit(config: dict, device_total_bytes: float | None) -> float | None:
-    """The memory a point is held against (bytes): planning.device_memory_gib where set, else the device's
-    own total as the caller knows it (the launcher: torch's; the forecast: the datasheet's); None on a CPU."""
+    """The memory a point is held against (bytes): planning.device_memory_gib where set, else
+    ``device_total_bytes``, the device's own total as the caller knows it (the forecast: the datasheet's;
+    the launcher passes None and then asks torch, which the planning layers do not import)."""
     limit_gib = (config.get("planning") or {}).get("device_memory_gib")
     return limit_gib * 2 ** 30 if limit_gib else device_total_bytes
 

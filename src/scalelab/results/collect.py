@@ -102,7 +102,8 @@ def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict
         run_paths = sorted({p.parent.name for name in ("summary.json", "steps.parquet", POINT_FILE)
                             for p in runs_root.glob(f"{RUN_DIR_GLOB}/{name}")})
     rows, step_tables, problems = [], [], []
-    forecasts = {run_id: d.forecast for run_id, d in forecast_record.read(results_dir).items() if d.forecast}
+    # a pruned point's record carries its forecast: a row without one under a pruned decision is an older run, not it
+    forecasts = {run_id: d.forecast for run_id, d in forecast_record.read(results_dir).items() if d.forecast and not d.pruned}
     for run_path in run_paths:
         run_dir = runs_root / run_path
         identity = _identity_of(run_dir)
@@ -121,10 +122,15 @@ def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict
             if identity:
                 rows.append(run_row({**identity, "status": "corrupt", "reason": f"{summary_path} is corrupt: {err}"}, run_path))
             continue
-        if "forecast_decision" not in summary and run_path in forecasts:
+        if "forecast_decision" not in summary:
             # measured before planning.top_k was set (a full sweep, then top_k): the forecast that kept it, as its
-            # rank beside the measured one is what the report's forecast table is for
-            summary = {**forecasts[run_path], **summary}
+            # rank beside the measured one is what the report's forecast table is for; a repeat the config no longer
+            # lists (an earlier repeats.baseline) takes its point's, as the listed repeats do
+            repeat = summary.get("repeat") or 1
+            point_id = run_path.removesuffix(f"-r{repeat}") if repeat > 1 else run_path
+            forecast = forecasts.get(run_path) or forecasts.get(point_id)
+            if forecast:
+                summary = {**forecast, **summary}
         lost = unknown_summary_keys(summary)
         if lost:  # a writer and the schema disagree: say so, never drop a field silently
             problems.append(f"{summary_path}: fields not in the metrics schema, not collected: {', '.join(lost)}")

@@ -5,10 +5,12 @@ The plugin waits 10 s longer after every check that finds no job finished (its o
 init_seconds_before_status_checks only sets where it starts again), so a job of a few seconds
 was seen done ~11 s late, and the cluster tests spent most of their time waiting. Every
 submission, status query and failure report is still the plugin's; only the wait between its
-queries is shorter. Nothing else is touched: a process that never imports the plugin (a job's
-own Snakemake on a node) only gains an import hook that never fires."""
+queries is shorter. A process that never imports the plugin (a job's own Snakemake on a node)
+only gains an import hook that never fires; a sitecustomize further down sys.path (a distribution's,
+a coverage set-up's), which this one shadows, is run after it."""
 import importlib.abc
 import importlib.util
+import os
 import sys
 
 POLL_CAP_S = 2
@@ -40,3 +42,16 @@ class _CapOnImport(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, _CapOnImport())
+
+
+def _run_the_shadowed_sitecustomize() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    for entry in sys.path:
+        candidate = os.path.join(os.path.abspath(entry or "."), "sitecustomize.py")
+        if os.path.dirname(candidate) != here and os.path.isfile(candidate):
+            with open(candidate) as source:
+                exec(compile(source.read(), candidate, "exec"), {"__name__": "sitecustomize", "__file__": candidate})
+            return
+
+
+_run_the_shadowed_sitecustomize()
