@@ -9,7 +9,7 @@ from scalelab.forecast.estimate import Machine, Point, predict_point
 from scalelab.formulas import accounting
 from scalelab.harness.testing import tiny_config
 from scalelab.plan import forecast_record
-from scalelab.plan.columns import is_pruned
+from scalelab.plan.forecast_record import is_pruned
 from scalelab.plan.run_plan import run_plan
 from scalelab.plan.sweep import sweep_plan
 from scalelab.report.tables import forecast_ranking

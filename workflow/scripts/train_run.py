@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from scalelab.forecast.pruning import top_k
-from scalelab.plan.columns import PRUNED_REASON
+from scalelab.plan.forecast_record import PRUNED_REASON
 from scalelab.plan.forecast_record import read as read_forecast
 from scalelab.plan.placement import job_device_plan
 from scalelab.results.status import record_trained_with

@@ -28,7 +28,7 @@ from scalelab.config import ConfigError, section
 from scalelab.forecast.estimate import DEFAULT_MFU, EstimateError, Machine, Point, predict_point
 from scalelab.forecast.plan import TIE
 from scalelab.formulas import accounting, links, predicted_columns
-from scalelab.plan.forecast_record import Decision
+from scalelab.plan.forecast_record import PRUNED_REASON, Decision
 from scalelab.plan.placement import device_memory_limit
 from scalelab.plan.run_plan import RunPlan
 from scalelab.plan.sweep import is_baseline, sweep_values
@@ -181,8 +181,6 @@ def decide(config: dict, plans: dict[str, RunPlan], calibration: dict | None = N
     k = top_k(config)
     if k is None:
         return {run_id: Decision(run_id, None) for run_id in plans}
-    from scalelab.plan.columns import PRUNED_REASON  # here: the column table imports pyarrow, which a Snakefile's parse need not
-
     values = sweep_values(config)
     machines = _Machines(config, next(iter(plans.values())).device, calibration)
     forecasts = {run_id: _forecast(config, plan, machines) for run_id, plan in plans.items() if plan.point.repeat == 1}

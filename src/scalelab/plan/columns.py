@@ -54,16 +54,6 @@ FLATTENED = {"comm_bytes_per_step_by_type": "comm_{}_bytes_per_step", "comm_call
 """Summary keys holding a dict by collective, spread by ``run_row`` over one column per collective."""
 LAUNCHER_STATUSES = ("ok", "oom", "predicted_oom", "timeout", "failed", "diverged", "skipped")
 """Statuses the launcher writes into a run's summary.json."""
-PRUNED_REASON = "pruned by prediction"
-"""How the reason of a point the sweep's forecast did not run begins (status skipped; planning.top_k,
-scalelab.forecast.pruning): a decision, not a failure."""
-
-
-def is_pruned(status, reason) -> bool:
-    """Whether a run's row records a point the forecast pruned (planning.top_k)."""
-    return status == "skipped" and str(reason or "").startswith(PRUNED_REASON)
-
-
 COLLECTED_STATUSES = ("missing", "corrupt")
 """Statuses collection gives a run folder without a readable summary: such a row holds its
 identity, status, reason and run_path only (the null contract below is for the launcher's rows)."""

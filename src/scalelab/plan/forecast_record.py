@@ -6,7 +6,9 @@ process that runs the jobs writes the decision here, under the results folder's 
 gives a run measured before the forecast existed (a sweep run in full, then with top_k) the
 forecast columns it lacks from here. Written by every invocation with top_k that runs jobs, removed
 by every one without top_k that runs jobs (onstart); collection's params carry the decision's
-``stamp``, so setting, changing or unsetting top_k is always such an invocation.
+``stamp``, so setting, changing or unsetting top_k is always such an invocation. A pruned point's
+row says so by its reason (``PRUNED_REASON``, ``is_pruned``): status, the report and the launcher
+read it from here, a module that imports no table library (a Snakefile's parse imports it).
 """
 from __future__ import annotations
 
@@ -16,6 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scalelab.io import write_json
+
+PRUNED_REASON = "pruned by prediction"
+"""How the reason of a point the sweep's forecast did not run begins (status skipped; planning.top_k,
+scalelab.forecast.pruning): a decision, not a failure."""
+
+
+def is_pruned(status, reason) -> bool:
+    """Whether a run's row records a point the forecast pruned (planning.top_k)."""
+    return status == "skipped" and str(reason or "").startswith(PRUNED_REASON)
+
 
 FORECAST_FILE = Path("plan") / "forecast.json"
 """Below the results folder."""

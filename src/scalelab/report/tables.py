@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from scalelab.plan.columns import is_pruned
+from scalelab.plan.forecast_record import is_pruned
 from scalelab.plan.sweep import LEVER_AXES
 from scalelab.results.like import (
     MODEL,
@@ -326,7 +326,7 @@ def sweep_end_text(results_dir) -> str | None:
 
 
 def pruned_rows(runs: pd.DataFrame) -> pd.Series:
-    """Which rows record a point the forecast pruned (planning.top_k; plan.columns.is_pruned): decisions, which
+    """Which rows record a point the forecast pruned (planning.top_k; plan.forecast_record.is_pruned): decisions, which
     the report, its figures and the sweep's end count apart from runs that went wrong."""
     return pd.Series([is_pruned(status, reason) for status, reason in zip(runs["status"], runs["reason"])],
                      index=runs.index, dtype=bool)

@@ -26,6 +26,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from scalelab.plan.forecast_record import is_pruned
 from scalelab.plan.sweep import LAUNCHER_FILE, RUN_DIR_GLOB
 from scalelab.results.migrate import check_layout
 from scalelab.run.processes import stale_reason
@@ -143,8 +144,6 @@ def counts(states: list[RunState]) -> dict[str, int]:
 def format_status(results_dir: str | Path, states: list[RunState]) -> str:
     """What `scalelab status` prints: counts by status, the runs still running, then each run that
     ended not ok, with its whole reason on its line (never cut: its end is often the fix)."""
-    from scalelab.plan.columns import is_pruned  # here: the column table imports pyarrow, and a Snakefile's parse imports this module
-
     lines = [f"{results_dir}: {len(states)} run(s)"]
     for status, n in counts(states).items():
         lines.append(f"  {status:<14}{n:>5}")
