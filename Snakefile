@@ -111,7 +111,9 @@ onsuccess:
     from scalelab.report.tables import sweep_end_text
 
     if (_text := sweep_end_text(RESULTS)) is not None:  # best configuration per world size, the report's path
-        print(_text, flush=True)
+        from snakemake.logging import logger
+
+        logger.info(_text)  # after Snakemake's closing progress line, never inside it (see onerror)
     from scalelab.run.prefork import stop_server
 
     stop_server(_PREFORK.get("server"))
