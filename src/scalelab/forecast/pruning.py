@@ -164,7 +164,8 @@ def _forecast(config: dict, plan: RunPlan, machines: _Machines) -> _Forecast:
     peak = predicted_columns.peak(model, n_params, plan.formula_row())
     columns = {"forecast_step_time_s": row["step_time_s"], "forecast_tokens_per_s": row["tokens_per_s"],
                "forecast_note": f"{source}; {UNMODELLED}"}
-    if accounting.predicts_oom(peak, device_memory_limit(config, machines.product.memory_gib * 2 ** 30 if machines.product else None)):
+    datasheet_bytes = machines.product.memory_gib * 2 ** 30 if machines.product else None  # a CPU: none
+    if accounting.predicts_oom(peak, device_memory_limit(config, datasheet_bytes)):
         return _Forecast(columns, f"predicted not to fit ({peak.total / 2**30:.2f} GiB per rank): left to the launcher "
                                   "(predicted_oom)")
     return _Forecast(columns)
