@@ -2,6 +2,7 @@
 # Table of contents only: helpers live in rules/common.smk, one stage per rules/*.smk.
 from pathlib import Path
 
+from snakemake.logging import logger
 from snakemake.utils import min_version
 
 from scalelab.config import ConfigError, ConfigProblems
@@ -74,8 +75,6 @@ onstart:
         except LockHeld as err:
             raise WorkflowError(f"scalelab: {err}") from None
         if _note:  # through Snakemake's logger: a print here races its logging thread (see onerror)
-            from snakemake.logging import logger
-
             logger.warning(_note)
         # The command line that selects this sweep (config files, --config, profile, cores), for
         # every hint that says how to rerun it (scalelab.results.invocation): a bare `snakemake` would run
@@ -111,8 +110,6 @@ onsuccess:
     from scalelab.report.tables import sweep_end_text
 
     if (_text := sweep_end_text(RESULTS)) is not None:  # best configuration per world size, the report's path
-        from snakemake.logging import logger
-
         logger.info(_text)  # after Snakemake's closing progress line, never inside it (see onerror)
     from scalelab.run.prefork import stop_server
 
@@ -131,8 +128,6 @@ onerror:
     _slurm_logs = getattr(workflow.executor_settings, "logdir", None) or ".snakemake/slurm_logs"
     # Through Snakemake's logger, not print: its lines are written by a logging thread, and a print
     # here landed inside its last line ("Look above for error messagesscalelab: ...").
-    from snakemake.logging import logger
-
     for _line in slurm_log_errors(_slurm_logs, since=_INVOKED):
         logger.error(f"scalelab: SLURM job log {_line}")
 

@@ -19,7 +19,6 @@ runs already ended ok is never pruned afterwards: pruning decides what to launch
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 from typing import NamedTuple
@@ -171,10 +170,6 @@ def _forecast(config: dict, plan: RunPlan, machines: _Machines) -> _Forecast:
     return _Forecast(columns)
 
 
-def _first_run_id(point) -> str:
-    return dataclasses.replace(point, repeat=1).run_id
-
-
 def decide(config: dict, plans: dict[str, RunPlan], calibration: dict | None = None,
            measured_ok: frozenset[str] = frozenset()) -> dict[str, Decision]:
     """Every point's decision under planning.top_k (every point runs, with no forecast, where it is unset).
@@ -197,7 +192,7 @@ def decide(config: dict, plans: dict[str, RunPlan], calibration: dict | None = N
     decisions = {}
     for run_id, plan in plans.items():
         point = plan.point
-        first = _first_run_id(point)  # a repeat follows its point
+        first = point.first_run_id  # a repeat follows its point
         columns, why_not = forecasts[first]
         columns = dict(columns or {})
         reason = None
@@ -229,7 +224,7 @@ def measured_ok(results_dir: str | Path, plans: dict[str, RunPlan]) -> frozenset
     for run_id, plan in plans.items():
         state = summary_status(Path(results_dir) / "runs" / run_id)
         if state is not None and state[0] == "ok":
-            ok.add(_first_run_id(plan.point))
+            ok.add(plan.point.first_run_id)
     return frozenset(ok)
 
 

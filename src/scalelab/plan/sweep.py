@@ -296,6 +296,11 @@ class _PointMethods:
         parts = (axis.run_id(getattr(self, axis.name)) for axis in AXES)
         return "-".join(part for part in parts if part is not None)
 
+    @property
+    def first_run_id(self) -> str:
+        """The run id of this point's first run (a repeat's without its ``-rN``): what its repeats share."""
+        return dataclasses.replace(self, repeat=1).run_id
+
     def identity(self, **resolved) -> dict:
         """The identity columns of this run's rows; ``resolved`` gives values known only at
         launch (the resolved micro_batch size)."""

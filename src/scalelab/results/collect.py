@@ -30,10 +30,10 @@ from scalelab.plan.sweep import POINT_FILE, RUN_DIR_GLOB, read_point
 from scalelab.results.migrate import check_layout
 
 
-def _identity_of(run_dir: Path) -> dict | None:
-    """The identity columns of a run folder, from its point.json (None without a readable one)."""
+def _point_of(run_dir: Path):
+    """A run folder's point, from its point.json (None without a readable one)."""
     try:
-        return read_point(run_dir).identity()
+        return read_point(run_dir)
     except (OSError, ValueError):
         return None
 
@@ -106,7 +106,8 @@ def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict
     forecasts = {run_id: d.forecast for run_id, d in forecast_record.read(results_dir).items() if d.forecast and not d.pruned}
     for run_path in run_paths:
         run_dir = runs_root / run_path
-        identity = _identity_of(run_dir)
+        point = _point_of(run_dir)
+        identity = point.identity() if point else None
         summary_path, steps_path = run_dir / "summary.json", run_dir / "steps.parquet"
         try:
             summary = json.loads(summary_path.read_text())
@@ -126,9 +127,7 @@ def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict
             # measured before planning.top_k was set (a full sweep, then top_k): the forecast that kept it, as its
             # rank beside the measured one is what the report's forecast table is for; a repeat the config no longer
             # lists (an earlier repeats.baseline) takes its point's, as the listed repeats do
-            repeat = summary.get("repeat") or 1
-            point_id = run_path.removesuffix(f"-r{repeat}") if repeat > 1 else run_path
-            forecast = forecasts.get(run_path) or forecasts.get(point_id)
+            forecast = forecasts.get(run_path) or (forecasts.get(point.first_run_id) if point else None)
             if forecast:
                 summary = {**forecast, **summary}
         lost = unknown_summary_keys(summary)
