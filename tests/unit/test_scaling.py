@@ -88,12 +88,29 @@ def test_a_link_is_named_or_a_number_in_gb_per_s():
     for bad in ("0", "-5", "nan", "inf"):
         with pytest.raises(ValueError, match="positive number of GB/s"):
             links.parse_link(bad)
-    measured = links.parse_link("46@1", efficiency=0.5)  # nccl-tests' busbw, taken as achieved: its own efficiency wins
+    measured = links.parse_link("46@1", efficiency=0.5)  # nccl-tests' busbw per NIC, taken as achieved: its own efficiency wins
     assert (measured.bandwidth_Bps, measured.efficiency, measured.achievable_Bps) == (46e9, 1.0, 46e9)
     assert links.parse_link("ndr@0.9").achievable_Bps == pytest.approx(45e9)
     for bad in ("ndr@", "ndr@1.5", "ndr@x", "46@0"):
         with pytest.raises(ValueError, match="the efficiency after '@' must be a number in"):
             links.parse_link(bad)
+
+
+def test_a_group_spanning_nodes_runs_on_the_nics_its_ranks_hold_up_to_the_node_link():
+    """links.across_nodes: NCCL's ring channels cross between nodes one per NIC, so a group with k ranks on each
+    node gets k NICs' bus bandwidth, no more than the intra-node link carries; a measured bus bandwidth (a bench
+    table's fit) is already what its groups reached."""
+    ndr, nvlink = links.parse_link("ib-ndr"), links.parse_link("nvlink-h100")
+    assert ndr.per_nic and links.parse_link("46@1").per_nic and not nvlink.per_nic
+    assert links.across_nodes(ndr, nvlink, 1) is ndr  # hybrid's replicate group: one rank, one NIC per node
+    four = links.across_nodes(ndr, nvlink, 4)
+    assert four.achievable_Bps == pytest.approx(4 * 40e9) and four.latency_s == ndr.latency_s and four.name == "ib-ndr x 4 rails"
+    capped = links.across_nodes(links.parse_link("ib-xdr"), nvlink, 8)  # 8 x 80 GB/s > NVLink's 360
+    assert capped.achievable_Bps == pytest.approx(360e9) and "capped by nvlink-h100" in capped.name
+    measured = links.Link("bench nccl", 300e9, 30e-6, "a bench table")
+    assert links.across_nodes(measured, nvlink, 8) is measured
+    with pytest.raises(ValueError, match="whole number >= 1 of ranks per node"):
+        links.across_nodes(ndr, nvlink, 0)
 
 
 # ----------------------------------------------------------------------------- collective sizes
@@ -134,17 +151,20 @@ def test_the_documented_example_runs_and_its_figures_hold_together(example):
         assert 0 <= r["exposed_comm_s"] <= sum(r["comm_s"].values()) + 1e-12
         assert r["tokens_per_s_per_gpu"] == pytest.approx(4 * 2048 / r["step_time_s"])
         assert r["mfu"] == pytest.approx(r["tokens_per_s_per_gpu"] * example["flops_per_token"] / 989.5e12)
-        assert r["links"] == dict.fromkeys(("reduce_scatter", "all_gather"), "nvlink-h100" if r["gpus"] <= 8 else "ib-ndr")
+        # across nodes every GPU of a node carries the ring on its own NIC: 8 rails (links.across_nodes)
+        assert r["links"] == dict.fromkeys(("reduce_scatter", "all_gather"),
+                                           "nvlink-h100" if r["gpus"] <= 8 else "ib-ndr x 8 rails")
     a = example["assumptions"]
     assert a["mfu_without_communication"] == 0.4 and a["mfu_default"] and a["link_efficiency"] == links.DEFAULT_EFFICIENCY
     assert rows[0]["compute_s"] == pytest.approx(example["flops_per_token"] * 4 * 2048 / (989.5e12 * 0.4))
 
 
 def test_one_rows_communication_computed_by_hand(example):
-    """16 GPUs = 2 nodes: every collective spans them and runs at NDR's 50 GB/s x 0.8, 50 us a call."""
+    """16 GPUs = 2 nodes: every collective spans them and runs on the 8 NICs of each node, NDR's 50 GB/s x 0.8
+    each (320 GB/s, below NVLink's 360), 50 us a call."""
     psi = accounting.param_count(EXAMPLE_CFG)
     row = next(r for r in example["rows"] if r["gpus"] == 16)
-    bandwidth, latency, units = 50e9 * 0.8, 50e-6, 24 + 1
+    bandwidth, latency, units = 8 * 50e9 * 0.8, 50e-6, 24 + 1
     gather = 2 * units * latency + (15 / 16) * (2 * psi * 2) / bandwidth  # forward + backward, bf16
     scatter = units * latency + (15 / 16) * (psi * 4) / bandwidth  # fp32 gradients
     assert row["comm_s"]["all_gather"] == pytest.approx(gather, rel=1e-9)
@@ -158,7 +178,7 @@ def test_the_table_labels_its_figures_predictions_and_shows_its_assumptions(caps
     assert "MFU 40.0% without communication (default; --mfu)" in out
     assert "efficiency 0.80 (default; --link-efficiency)" in out
     assert "intra-node link: nvlink-h100" in out and "inter-node link: ib-ndr" in out
-    assert "spans nodes runs at the inter-node link" in out and "out of scope: hierarchical" in out
+    assert "spans nodes at the inter-node link times the group's ranks per node" in out and "out of scope: hierarchical" in out
     assert "every figure above is predicted" in out
 
 
@@ -228,7 +248,7 @@ def test_a_measured_bench_table_is_the_link_as_measured(tmp_path, capsys):
     assert code == 0 and inter["efficiency"] == 1.0  # measured: no efficiency on top
     assert inter["achievable_gb_per_s"] == pytest.approx(20.0, rel=1e-6) and inter["latency_us"] == pytest.approx(30.0, rel=1e-6)
     psi = accounting.param_count(EXAMPLE_CFG)
-    expected = 2 * 25 * 30e-6 + (15 / 16) * (2 * psi * 2) / 20e9
+    expected = 2 * 25 * 30e-6 + (15 / 16) * (2 * psi * 2) / 20e9  # a measured bus bandwidth: no rails on top
     assert result["rows"][0]["comm_s"]["all_gather"] == pytest.approx(expected, rel=1e-6)
     assert "note" not in result
 
@@ -253,12 +273,15 @@ def test_hybrid_sharding_keeps_its_gathers_in_the_node_and_sends_one_all_reduce_
         assert row["links"]["all_gather"] == row["links"]["reduce_scatter"] == "nvlink-h100"
         assert row["step_time_s"] == pytest.approx(row["compute_s"] + row["exposed_comm_s"])
         if n > 8:
-            assert row["links"]["all_reduce"] == "ib-ndr"
+            assert row["links"]["all_reduce"] == "ib-ndr"  # a replicate group holds one rank per node: one NIC
             replicas = n // 8
             # 25 calls (24 blocks + root), each a unit's fp32 gradient shard: Psi x 4 / 8 bytes in all
             by_hand = 25 * 50e-6 + 2 * (replicas - 1) / replicas * (psi * 4 / 8) / (50e9 * 0.8)
             assert row["comm_s"]["all_reduce"] == pytest.approx(by_hand, rel=1e-9)
-            assert sum(row["comm_s"].values()) < sum(zero3["comm_s"].values())  # what crosses nodes shrinks 8x
+            # what crosses nodes shrinks 8x (the gradient shard, not the whole gradient), and so does the rate it
+            # crosses at (one NIC per replicate group, where ZeRO-3's ring has a node's 8): no faster on rails
+            assert row["collective_bytes"]["all_reduce"] == pytest.approx(zero3["collective_bytes"]["reduce_scatter"] / 8)
+            assert row["comm_s"]["all_reduce"] > zero3["comm_s"]["reduce_scatter"]
         else:
             assert "all_reduce" not in row["links"]
             assert row["step_time_s"] == pytest.approx(zero3["step_time_s"])  # one replica is ZeRO-3
@@ -337,6 +360,7 @@ def test_tensor_parallel_collectives_are_on_the_critical_path_over_their_link(ca
     one = json.loads(_estimate(capsys, *base, "--gpus", "8", "--json")[1])["rows"][0]
     assert result["rows"][0]["peak_memory_bytes"] < one["peak_memory_bytes"]  # 1/8 of the blocks' weights and activations
     code, out, _ = _estimate(capsys, *base, "--tensor-parallel", "8", "--gpus", "16", "--gpus-per-node", "4", "--json")
-    assert code == 0 and json.loads(out)["rows"][0]["tensor_parallel_comm"]["link"] == "ib-ndr"  # 8 > 4 per node
+    # 8 > 4 per node: the group spans two nodes, four of its ranks (four NICs) on each
+    assert code == 0 and json.loads(out)["rows"][0]["tensor_parallel_comm"]["link"] == "ib-ndr x 4 rails"
     code, _, err = _estimate(capsys, *base, "--tensor-parallel", "4", "--gpus", "6")
     assert code == 2 and "--tensor-parallel 4 does not divide 6 GPUs" in err

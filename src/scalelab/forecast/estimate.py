@@ -414,11 +414,12 @@ DEFAULT_MFU = 0.4
 scaling``'s compute efficiency without communication (the model adds the communication)."""
 SCALING_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
 SCALING_STAGES = (*(str(s) for s in ZERO_STAGES), HYBRID_KEY)
-LINK_RULE = ("a collective whose group spans nodes runs at the inter-node link, one within a node at the "
-             "intra-node link (a ring runs at its slowest link's rate)")
+LINK_RULE = ("a collective within a node runs at the intra-node link; one whose group spans nodes at the "
+             "inter-node link times the group's ranks per node, a NIC each (NCCL's ring channels, one per rail), "
+             "up to the intra-node link")
 OUT_OF_SCOPE = ("hierarchical and tree algorithms (NCCL's tree, NVLink SHARP, in-network reduction), the "
-                "network's topology (shared NICs, rails, oversubscribed spines), algorithm switching by message "
-                "size, power or clock limits")
+                "network's topology beyond one NIC per GPU (shared NICs, oversubscribed spines), algorithm "
+                "switching by message size, power or clock limits")
 
 
 def gpu_counts(text: str) -> tuple[int, ...]:
@@ -575,7 +576,12 @@ def predict_point(point: Point, machine: Machine, n: int) -> dict:
     by_link = accounting.comm_bytes_by_link(n_local, stage, dp, point.precision, machine.per_node, replicas=replicas,
                                             grad_reduce=point.grad_reduce, accumulation_steps=accumulation, tensor_parallel=t)
     group = {"intra_node": dp // replicas, "inter_node": replicas if replicas > 1 else dp}
-    link_of = {"intra_node": machine.intra, "inter_node": machine.inter}
+    # the group that spans nodes strides over the world (tensor parallelism's t, hybrid's shard group): its ranks
+    # on each node carry its ring between nodes, a NIC each (links.across_nodes)
+    stride = t * (dp // replicas if replicas > 1 else 1)
+    link_of = {"intra_node": machine.intra,
+               "inter_node": machine.inter and links.across_nodes(machine.inter, machine.intra,
+                                                                  max(machine.per_node // stride, 1))}
     comm, calls, sizes, used = {}, {}, {}, {}
     for side in ("intra_node", "inter_node"):
         side_sizes = {c: b / links.handed_per_size(c) for c, b in by_link[side].items()}
@@ -635,9 +641,9 @@ def _tensor_parallel_step(point: Point, machine: Machine, micro: int, accumulati
         return {"bytes": 0.0, "calls": 0, "seconds": 0.0, "link": None, "exposed": True}
     nbytes, calls = accounting.tensor_parallel_comm(cfg, micro, accumulation, t, point.precision, strategy(point.key).stage,
                                                     "cuda", point.activation_checkpointing)["all_reduce"]
-    link = machine.intra if t <= machine.per_node else machine.inter
-    if link is None:
+    if t > machine.per_node and machine.inter is None:
         raise EstimateError(f"--tensor-parallel {t} spans nodes of {machine.per_node} GPUs: give --inter-node")
+    link = machine.intra if t <= machine.per_node else links.across_nodes(machine.inter, machine.intra, machine.per_node)
     size = nbytes / links.handed_per_size("all_reduce") / calls
     return {"bytes": nbytes, "calls": calls, "seconds": calls * links.collective_seconds("all_reduce", size, t, link),
             "link": link.name, "exposed": True}

@@ -19,6 +19,7 @@ import json
 from dataclasses import replace
 
 from scalelab.forecast.estimate import (
+    LINK_RULE,
     RESERVE,
     UNITS,
     EstimateError,
@@ -153,6 +154,7 @@ def plan(args) -> dict:
                 "intra_node": f"{machine.intra.name} ({machine.intra.source})",
                 "inter_node": f"{machine.inter.name} ({machine.inter.source})" if machine.inter else None,
                 "link_efficiency": args.link_efficiency if args.link_efficiency is not None else links.DEFAULT_EFFICIENCY,
+                "link_rule": LINK_RULE,
                 "overlap_efficiency": machine.overlap_efficiency,
                 "overlap_efficiency_default": args.overlap_efficiency is None,
                 "reserve": RESERVE["source"] if args.reserve_gib is None else "--reserve-gib",
@@ -221,7 +223,7 @@ def render(result: dict) -> str:
                  "without communication "
                  f"({_mfu_origin(a)}); {a['mfu_note']}")
     lines.append(f"  links: within a node {a['intra_node']}" + (f"; between nodes {a['inter_node']}" if a["inter_node"] else "")
-                 + f"; link efficiency {a['link_efficiency']:g}")
+                 + f"; link efficiency {a['link_efficiency']:g}; {a['link_rule']}")
     lines.append(f"  overlap efficiency {a['overlap_efficiency']:g}" + (" (default: NCCL on its own stream; measured "
                  "traces set it: train.profile, --overlap-efficiency)" if a["overlap_efficiency_default"] else ""))
     lines.append(f"  memory reserve: {a['reserve']}")

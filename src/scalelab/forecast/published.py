@@ -1,7 +1,7 @@
 """The step-time model against published multi-node runs (issue #44): each series' compute efficiency
 is calibrated at its smallest GPU count, and the model predicts the larger counts' tokens/s per GPU
-(estimate.predict_point: every collective on the link its group uses, the strategy's overlap at the
-default efficiency). ``python -m scalelab.forecast.published`` prints the table docs/prediction.md
+(estimate.predict_point: every collective on the link its group uses, a group spanning nodes on the NICs
+its ranks hold there, the strategy's overlap at the default efficiency). ``python -m scalelab.forecast.published`` prints the table docs/prediction.md
 holds, and tests/unit/test_published.py holds the two to each other and to the error targets.
 
 The rows are FSDP (FULL_SHARD) runs on H100s, from two sources:

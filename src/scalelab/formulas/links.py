@@ -27,9 +27,13 @@ A step's collectives (collective_sizes, collective_calls, at the end) turn scale
 exact bytes per step into the sizes and calls this model times: scalelab.results.prediction and
 ``scalelab estimate scaling`` both read them.
 
+A collective whose group spans nodes runs on its rails (across_nodes): NCCL gives each NIC of a node a
+ring channel of its own, so the group's bus bandwidth is the inter-node link's per-GPU figure times the
+group's ranks on each node, up to the link within the node.
+
 Out of scope: hierarchical and tree algorithms (NCCL's tree, NVLink SHARP, in-network
-reductions), topology (a node's NICs shared, rails, oversubscribed spines) and algorithm
-switching by message size: a collective runs at one link's rate, as a ring would.
+reductions), topology beyond one NIC per GPU (a node's NICs shared, oversubscribed spines) and
+algorithm switching by message size: a collective runs at one link's rate, as a ring would.
 """
 from __future__ import annotations
 
@@ -80,6 +84,10 @@ class Link:
     """Where the figures come from: a datasheet, a URL, "given on the command line", a bench table."""
     efficiency: float = 1.0
     """Achievable over nominal bandwidth: the fraction collective_seconds runs at (1 for measured links)."""
+    per_nic: bool = False
+    """The figure is one GPU's own NIC (a product with a NIC per GPU, a number given per GPU): a group that spans
+    nodes runs over as many as it has ranks on each node (across_nodes). False for a bench table's fit: the bus
+    bandwidth its groups reached, as they were laid out."""
 
     def __post_init__(self):
         for field, value in (("bandwidth_Bps", self.bandwidth_Bps), ("efficiency", self.efficiency)):
@@ -138,6 +146,30 @@ def collective_seconds(collective: str, nbytes: float, n: int, link: Link) -> fl
     return link.latency_s + factor * nbytes / link.achievable_Bps
 
 
+def across_nodes(inter: Link, intra: Link, ranks_per_node: int) -> Link:
+    """The link a ring collective runs at when its group spans nodes with ``ranks_per_node`` of its ranks on
+    each node, each with a NIC of its own (the products' rail-optimized nodes): NCCL builds a ring channel per
+    NIC and each channel crosses between nodes through its own, so the group's bus bandwidth is
+    ``ranks_per_node`` times the inter-node link's per-GPU figure, up to the intra-node link, which every
+    rank's share of every channel crosses. Measured: NCCL's maintainers expect 46-48 GB/s of bus bandwidth per
+    400 Gb/s NDR NIC on a two-node ring (https://github.com/NVIDIA/nccl-tests/issues/290) and read a two-node
+    ring's 95 GB/s as "~24GB/s per NIC" (https://github.com/NVIDIA/nccl-tests/issues/252); 248 nodes of 8 H200s
+    measured about 350 GB/s (https://github.com/NVIDIA/nccl-tests/issues/283). A group with one rank per node
+    (hybrid sharding's replicas) runs at one NIC's rate, and so does a measured link (not ``per_nic``): its
+    figure is already the bus bandwidth its groups reached."""
+    if ranks_per_node < 1 or int(ranks_per_node) != ranks_per_node:
+        raise ValueError(f"a group spanning nodes holds a whole number >= 1 of ranks per node, got {ranks_per_node!r}")
+    if ranks_per_node == 1 or not inter.per_nic:
+        return inter
+    rails = ranks_per_node * inter.achievable_Bps
+    if rails <= intra.achievable_Bps:
+        return Link(f"{inter.name} x {ranks_per_node} rails", rails, inter.latency_s,
+                    f"{inter.source}; {ranks_per_node} ranks of the group per node, a NIC each (rails)")
+    return Link(f"{inter.name} x {ranks_per_node} rails (capped by {intra.name})", intra.achievable_Bps, inter.latency_s,
+                f"{inter.source}; {ranks_per_node} NICs per node would carry {rails / GB:.0f} GB/s, more than "
+                f"{intra.name} within the node ({intra.source})")
+
+
 # ----------------------------------------------------------------------------- products
 _GBIT = GB / 8  # 1 Gb/s in bytes/s
 
@@ -156,7 +188,7 @@ class LinkProduct:
 
     def link(self, efficiency: float = DEFAULT_EFFICIENCY) -> Link:
         return Link(self.name, self.bandwidth_Bps, self.latency_s,
-                    f"{self.source}{'; ' + self.note if self.note else ''}", efficiency)
+                    f"{self.source}{'; ' + self.note if self.note else ''}", efficiency, per_nic=self.note == _PER_GPU_NIC)
 
 
 _BIDIRECTIONAL = "the datasheet's total is bidirectional: halved for one direction"
@@ -245,7 +277,7 @@ def product(name: str) -> LinkProduct:
 def parse_link(spec: str, efficiency: float | None = None) -> Link:
     """A link from a command-line spec: a product name (PRODUCTS), or a number = GB/s per GPU,
     unidirectional, nominal (latency LATENCY_NUMBER_S); ``@E`` after either sets this link's
-    efficiency (``46@1``: a bus bandwidth nccl-tests measured, 46 GB/s, taken as achieved).
+    efficiency (``46@1``: 46 GB/s achieved per NIC, as nccl-tests' busbw reads with one rank on each of two nodes).
     ``efficiency``: DEFAULT_EFFICIENCY when None. A bench table is not parsed here:
     scalelab.results.prediction.fit_link reads those."""
     text, at, own = spec.strip().partition("@")
@@ -265,7 +297,7 @@ def parse_link(spec: str, efficiency: float | None = None) -> Link:
     if not (math.isfinite(gb_per_s) and gb_per_s > 0):
         raise ValueError(f"link bandwidth {spec!r} must be a positive number of GB/s per GPU")
     return Link(f"{gb_per_s:g} GB/s", gb_per_s * GB, LATENCY_NUMBER_S,
-                "given as a number: GB/s per GPU, unidirectional; latency assumed", efficiency)
+                "given as a number: GB/s per GPU, unidirectional; latency assumed", efficiency, per_nic=True)
 
 
 DEFAULT_INTRA_NODE = {

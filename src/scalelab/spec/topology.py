@@ -13,7 +13,8 @@ def link_of(group_ranks, node_of) -> str:
     The convention: every byte a rank hands to a collective whose group spans nodes counts as
     inter-node, although a ring or a hierarchical algorithm sends part of it between ranks of one
     node; a collective within a node counts wholly intra-node. It is what decides whether the
-    collective runs at the inter-node link's rate (a ring runs at its slowest link's)."""
+    collective runs between nodes (at the inter-node link's rate, over as many NICs as the group has ranks
+    on each node: scalelab.formulas.links.across_nodes)."""
     nodes = {node_of[r] for r in group_ranks}
     if not nodes:
         raise ValueError("a collective's group has no ranks")
