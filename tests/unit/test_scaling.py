@@ -364,3 +364,39 @@ def test_tensor_parallel_collectives_are_on_the_critical_path_over_their_link(ca
     assert code == 0 and json.loads(out)["rows"][0]["tensor_parallel_comm"]["link"] == "ib-ndr x 4 rails"
     code, _, err = _estimate(capsys, *base, "--tensor-parallel", "4", "--gpus", "6")
     assert code == 2 and "--tensor-parallel 4 does not divide 6 GPUs" in err
+
+
+@pytest.mark.parametrize("args, strategy_link, tp_link", [
+    (["--gpus", "16", "--tensor-parallel", "2"], "ib-ndr x 4 rails", "nvlink-h100"),  # each data-parallel group: 4 per node
+    (["--gpus", "16", "--tensor-parallel", "8"], "ib-ndr", "nvlink-h100"),  # one rank of each per node: one NIC
+    (["--gpus", "12"], "ib-ndr x 4 rails", None),  # the second node holds 4 of the 12: the ring's thinnest node
+    (["--gpus", "12", "--tensor-parallel", "4"], "ib-ndr", "nvlink-h100"),  # group {0, 4, 8}: one rank on node 2
+    (["--gpus", "12", "--gpus-per-node", "6", "--tensor-parallel", "4"], "ib-ndr", "ib-ndr x 2 rails"),  # {4..7} straddles
+    (["--gpus", "24", "--gpus-per-node", "6", "--tensor-parallel", "8"], "ib-ndr", "ib-ndr x 2 rails"),
+])
+def test_a_groups_rails_are_its_fewest_ranks_on_a_node_over_every_group_of_its_kind(capsys, args, strategy_link, tp_link):
+    """estimate.groups_link: the strategy's groups (every t-th rank) and tensor parallelism's (t consecutive ranks) run
+    at once; the slowest paces the step: within a node the intra-node link, else the NICs of the spanning group with
+    the fewest ranks on one of its nodes."""
+    code, out, err = _estimate(capsys, "scaling", "--model", "llama3-8b", "--zero-stage", "3", "--gpu", "H100",
+                               "--inter-node", "ib-ndr", *args, "--json")
+    assert code == 0, err
+    row = json.loads(out)["rows"][0]
+    assert row["links"] == {"reduce_scatter": strategy_link, "all_gather": strategy_link}
+    assert row["tensor_parallel_comm"]["link"] == tp_link
+
+
+def test_hybrid_sharding_whose_shard_group_spans_nodes_times_each_group_over_its_own_ranks():
+    """A sweep's forecast takes any replicas (planning.top_k): 32 GPUs as 2 replicas of 16 shard their gathers and
+    reduce-scatters over 16 ranks on two nodes' rails, and all-reduce across the 2 replicas on one NIC each."""
+    from scalelab.forecast.estimate import HYBRID_KEY, Machine, Point, predict_point
+
+    psi = accounting.param_count(EXAMPLE_CFG)
+    machine = Machine(product=hardware.gpu_by_name("H100"), peak_flops=989.5e12, mfu=0.4, per_node=8,
+                      intra=links.parse_link("nvlink-h100"), inter=links.parse_link("ib-ndr"), overlap_efficiency=1.0)
+    point = Point(cfg=EXAMPLE_CFG, n_params=psi, key=HYBRID_KEY, precision="bf16", micro_batch=4, replicas=2)
+    row = predict_point(point, machine, 32)
+    assert row["links"] == {"reduce_scatter": "ib-ndr x 8 rails", "all_gather": "ib-ndr x 8 rails", "all_reduce": "ib-ndr"}
+    rails, nic = 8 * 50e9 * 0.8, 50e9 * 0.8
+    assert row["comm_s"]["reduce_scatter"] == pytest.approx(25 * 50e-6 + 15 / 16 * psi * 4 / rails, rel=1e-9)
+    assert row["comm_s"]["all_reduce"] == pytest.approx(25 * 50e-6 + 2 * (1 / 2) * (psi * 4 / 16) / nic, rel=1e-9)

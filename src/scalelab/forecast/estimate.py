@@ -25,6 +25,7 @@ import dataclasses
 import json
 import math
 import sys
+from collections import Counter
 from dataclasses import dataclass
 
 from scalelab.config import ModelConfig
@@ -494,7 +495,8 @@ def links_table(args) -> dict:
              "aliases": list(p.aliases), "source": p.source, "note": p.note} for p in links.PRODUCTS]
     return {"rows": rows, "default_efficiency": links.DEFAULT_EFFICIENCY,
             "note": "bus bandwidth per GPU, unidirectional, nominal (collectives run at it x the link efficiency, "
-                    f"default {links.DEFAULT_EFFICIENCY}); latency per collective call, assumed; a number given "
+                    f"default {links.DEFAULT_EFFICIENCY}; a group spanning nodes at it x its ranks per node, one NIC "
+                    "each, up to the intra-node link); latency per collective call, assumed; a number given "
                     "instead of a name is GB/s per GPU, unidirectional"}
 
 
@@ -571,32 +573,36 @@ def predict_point(point: Point, machine: Machine, n: int) -> dict:
     compute_s = ((hardware_fpt - head) / t + head) * tokens * t / (machine.peak_flops * machine.mfu)
     replicas = (point.replicas or _replicas(n, machine.per_node)) if key == HYBRID_KEY else 1
     n_local = accounting.tensor_parallel_params(cfg, point.n_params, t)  # what each GPU holds of the parameters
-    # every collective of a step by the link its group uses, each run over its group: the world (the data-parallel
-    # ranks under tensor parallelism), or under hybrid sharding the shard group (a node) and the replicate group
-    by_link = accounting.comm_bytes_by_link(n_local, stage, dp, point.precision, machine.per_node, replicas=replicas,
-                                            grad_reduce=point.grad_reduce, accumulation_steps=accumulation, tensor_parallel=t)
-    group = {"intra_node": dp // replicas, "inter_node": replicas if replicas > 1 else dp}
-    # the group that spans nodes strides over the world (tensor parallelism's t, hybrid's shard group): its ranks
-    # on each node carry its ring between nodes, a NIC each (links.across_nodes)
-    stride = t * (dp // replicas if replicas > 1 else 1)
-    link_of = {"intra_node": machine.intra,
-               "inter_node": machine.inter and links.across_nodes(machine.inter, machine.intra,
-                                                                  max(machine.per_node // stride, 1))}
+    # every collective of a step over its group: the world (the data-parallel ranks under tensor parallelism), or
+    # under hybrid sharding the shard group and the replicate group (fp16's one-flag all-reduce over the world
+    # counted with the replicate group's); each kind of group on the link its slowest member needs (groups_link)
+    by_group = accounting.comm_bytes_by_group(n_local, stage, dp, point.precision, replicas=replicas,
+                                              grad_reduce=point.grad_reduce, accumulation_steps=accumulation)
+    if replicas > 1:
+        shard = dp // replicas
+        replicate = dict(by_group.get("replicate", {}))
+        for c, b in by_group.get("world", {}).items():
+            replicate[c] = replicate.get(c, 0.0) + b
+        kinds = {"shard": (by_group.get("shard", {}), shard, [range(s * shard, (s + 1) * shard) for s in range(replicas)]),
+                 "replicate": (replicate, replicas, [range(j, dp, shard) for j in range(shard)])}
+    else:
+        kinds = {"world": (by_group.get("world", {}), dp, [range(j, n, t) for j in range(t)])}
     comm, calls, sizes, used = {}, {}, {}, {}
-    for side in ("intra_node", "inter_node"):
-        side_sizes = {c: b / links.handed_per_size(c) for c, b in by_link[side].items()}
-        side_calls = collective_calls(cfg, key, point.precision, side_sizes, accumulation_steps=accumulation,
+    for kind_bytes, group_size, groups in kinds.values():
+        link = groups_link(groups, machine)
+        kind_sizes = {c: b / links.handed_per_size(c) for c, b in kind_bytes.items()}
+        kind_calls = collective_calls(cfg, key, point.precision, kind_sizes, accumulation_steps=accumulation,
                                       tensor_parallel=t)
-        for c, size in side_sizes.items():
-            seconds = side_calls[c] * links.collective_seconds(c, size / side_calls[c], group[side], link_of[side])
-            comm[c], calls[c] = comm.get(c, 0.0) + seconds, calls.get(c, 0) + side_calls[c]
+        for c, size in kind_sizes.items():
+            seconds = kind_calls[c] * links.collective_seconds(c, size / kind_calls[c], group_size, link)
+            comm[c], calls[c] = comm.get(c, 0.0) + seconds, calls.get(c, 0) + kind_calls[c]
             sizes[c] = sizes.get(c, 0.0) + size
-            if group[side] > 1:
-                used[c] = link_of[side].name
+            if group_size > 1:
+                used[c] = link.name
     # one replica is plain stage 3 (strategy(3, 1)): its record's overlap facts apply
     step = prediction.step_time(key if replicas > 1 else stage, compute_s, comm, calls=calls,
                                 overlap_efficiency=machine.overlap_efficiency)
-    tp = _tensor_parallel_step(point, machine, micro, accumulation)
+    tp = _tensor_parallel_step(point, machine, n, micro, accumulation)
     step_s, exposed = step.step_s + tp["seconds"], step.exposed_comm_s + tp["seconds"]  # on the critical path
     per_gpu = tokens / step_s
     peak_mem = accounting.peak_memory(cfg, n_local, stage, dp, point.precision, micro, replicas=replicas,
@@ -631,9 +637,27 @@ def check_tensor_parallel(cfg: ModelConfig | None, degree: int) -> None:
         raise EstimateError(str(err).replace("sweep.tensor_parallel=", "--tensor-parallel ")) from None
 
 
-def _tensor_parallel_step(point: Point, machine: Machine, micro: int, accumulation: int) -> dict:
+def groups_link(groups, machine: Machine) -> links.Link:
+    """The link a kind of group (its groups run at once, each of global ranks placed as torchrun places them:
+    ``machine.per_node`` consecutive ranks per node) moves at: the intra-node link where every group stays in a
+    node; else between nodes, on the NICs of the spanning group that holds the fewest ranks on one of its nodes
+    (links.across_nodes: the slowest group paces the step, and a ring runs at its thinnest node's rails)."""
+    fewest = None
+    for group in groups:
+        per_node = Counter(rank // machine.per_node for rank in group)
+        if len(per_node) > 1:
+            fewest = min(per_node.values()) if fewest is None else min(fewest, *per_node.values())
+    if fewest is None:
+        return machine.intra
+    if machine.inter is None:
+        raise EstimateError(f"--inter-node: groups of {len(groups[0])} GPUs span nodes of {machine.per_node} "
+                            "(--gpus-per-node); give the link between nodes")
+    return links.across_nodes(machine.inter, machine.intra, fewest)
+
+
+def _tensor_parallel_step(point: Point, machine: Machine, gpus: int, micro: int, accumulation: int) -> dict:
     """Tensor parallelism's all-reduces in a step (accounting.tensor_parallel_comm: four per block and
-    micro-batch of B T d values) over a group of T GPUs, within a node where T fits one: their time is on
+    micro-batch of B T d values) over each group of T GPUs, on the link its groups need (groups_link): their time is on
     the critical path, for every block's forward waits for its own (no schedule here hides them: the
     asynchronous or sequence-parallel overlaps of Megatron and torchtitan are out of scope)."""
     t, cfg = point.tensor_parallel, point.cfg
@@ -641,9 +665,10 @@ def _tensor_parallel_step(point: Point, machine: Machine, micro: int, accumulati
         return {"bytes": 0.0, "calls": 0, "seconds": 0.0, "link": None, "exposed": True}
     nbytes, calls = accounting.tensor_parallel_comm(cfg, micro, accumulation, t, point.precision, strategy(point.key).stage,
                                                     "cuda", point.activation_checkpointing)["all_reduce"]
-    if t > machine.per_node and machine.inter is None:
-        raise EstimateError(f"--tensor-parallel {t} spans nodes of {machine.per_node} GPUs: give --inter-node")
-    link = machine.intra if t <= machine.per_node else links.across_nodes(machine.inter, machine.intra, machine.per_node)
+    try:  # every tensor-parallel group at once: one that straddles a node boundary paces the step
+        link = groups_link([range(k * t, (k + 1) * t) for k in range(gpus // t)], machine)
+    except EstimateError:
+        raise EstimateError(f"--tensor-parallel {t} spans nodes of {machine.per_node} GPUs: give --inter-node") from None
     size = nbytes / links.handed_per_size("all_reduce") / calls
     return {"bytes": nbytes, "calls": calls, "seconds": calls * links.collective_seconds("all_reduce", size, t, link),
             "link": link.name, "exposed": True}
@@ -956,8 +981,11 @@ def cluster_flags(p) -> None:
                    help=f"link within a node: a product ({', '.join(links.known_names())}), a bandwidth in GB/s "
                         "per GPU, unidirectional, each with an optional @EFFICIENCY for this link alone (46@1: a measured "
                         "bus bandwidth), or a `scalelab bench comm` Parquet table (default: the GPU's NVLink or PCIe generation)")
-    p.add_argument("--inter-node", metavar="LINK", help="link between nodes (per GPU): as --intra-node; needed once "
-                                                        "GPUs span nodes")
+    p.add_argument("--inter-node", metavar="LINK",
+                   help="link between nodes, one GPU's NIC: as --intra-node (46@1: nccl-tests' busbw with one rank on each of "
+                        "two nodes; with every GPU of both, divide it by the NICs per node); a group spanning nodes runs on "
+                        "as many NICs as it has ranks on a node, up to the intra-node link (a bench table: as measured); "
+                        "needed once GPUs span nodes"),
     p.add_argument("--link-efficiency", type=float, default=None,
                    help=f"achievable over nominal bus bandwidth of products and numbers (default {links.DEFAULT_EFFICIENCY}; "
                         "a measured table is taken as measured)")

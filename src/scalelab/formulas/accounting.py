@@ -297,6 +297,20 @@ def comm_bytes_by_type(n_params: int, zero_stage: int, world_size: int, precisio
     return {c: b for c, b in out.items() if b}
 
 
+def comm_bytes_by_group(n_params: float, zero_stage: int, world_size: int, precision: str, replicas: int = 1,
+                        grad_reduce: str = "fp32", accumulation_steps: int = 1) -> dict[str, dict[str, float]]:
+    """comm_bytes_per_step by the group each collective runs over (``world``; under hybrid sharding also
+    ``shard`` and ``replicate``: comm_groups) and by collective, the module doc's unit; groups and collectives a
+    run does not use are left out."""
+    out: dict[str, dict[str, float]] = {}
+    for collective, group, nbytes in _comm_terms(n_params, zero_stage, world_size, precision, accumulation_steps,
+                                                 grad_reduce, None, replicas):
+        if nbytes:
+            by_type = out.setdefault(group, {})
+            by_type[collective] = by_type.get(collective, 0.0) + nbytes
+    return out
+
+
 def comm_groups(world_size: int, replicas: int, rank: int = 0) -> dict[str, list[int]]:
     """The global ranks of the process groups ``rank`` issues collectives over: ``world``, and under
     hybrid sharding its ``shard`` group (S = N/R consecutive ranks: the mesh's inner dimension,

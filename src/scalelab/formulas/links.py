@@ -13,8 +13,9 @@ of nccl-tests' "size" column, the whole buffer a rank holds before or after the 
 * all_gather: the whole output (n x the shard each rank contributes), bus factor (n-1)/n;
 * broadcast: the buffer sent from the root, bus factor 1.
 
-The bus bandwidth is what nccl-tests' ``busbw`` column reports: the bandwidth of the slowest
-link a ring algorithm uses, comparable with a link's per-GPU datasheet figure. A measured
+The bus bandwidth is what nccl-tests' ``busbw`` column reports: within a node comparable with a
+link's per-GPU datasheet figure; between nodes with that of the NICs a group's ranks hold on one
+node together (across_nodes). A measured
 bench table (``scalelab bench comm``) fits straight to a Link (``scalelab.results.prediction.fit_link``,
 efficiency 1: it is already what the link achieves).
 
@@ -33,7 +34,7 @@ group's ranks on each node, up to the link within the node.
 
 Out of scope: hierarchical and tree algorithms (NCCL's tree, NVLink SHARP, in-network
 reductions), topology beyond one NIC per GPU (a node's NICs shared, oversubscribed spines) and
-algorithm switching by message size: a collective runs at one link's rate, as a ring would.
+algorithm switching by message size: a collective runs at one rate, as a ring would.
 """
 from __future__ import annotations
 
@@ -151,10 +152,11 @@ def across_nodes(inter: Link, intra: Link, ranks_per_node: int) -> Link:
     each node, each with a NIC of its own (the products' rail-optimized nodes): NCCL builds a ring channel per
     NIC and each channel crosses between nodes through its own, so the group's bus bandwidth is
     ``ranks_per_node`` times the inter-node link's per-GPU figure, up to the intra-node link, which every
-    rank's share of every channel crosses. Measured: NCCL's maintainers expect 46-48 GB/s of bus bandwidth per
-    400 Gb/s NDR NIC on a two-node ring (https://github.com/NVIDIA/nccl-tests/issues/290) and read a two-node
-    ring's 95 GB/s as "~24GB/s per NIC" (https://github.com/NVIDIA/nccl-tests/issues/252); 248 nodes of 8 H200s
-    measured about 350 GB/s (https://github.com/NVIDIA/nccl-tests/issues/283). A group with one rank per node
+    rank's share of every channel crosses. NCCL's maintainers: "around 48GB/s from each CX7 NIC at 400Gbps ...
+    aggregated to achieve up to ~396GB/s with the RING protocol" on NVLink nodes
+    (https://github.com/NVIDIA/nccl-tests/issues/319; 46-48 GB/s per NDR NIC, issues/290), and "on an Nvidia
+    DGX-A100 system we have 8x200Gbit/s IB cards and we measure 192GB/s AllReduce BusBW"
+    (https://github.com/NVIDIA/nccl/issues/812), 8 x 24. A group with one rank per node
     (hybrid sharding's replicas) runs at one NIC's rate, and so does a measured link (not ``per_nic``): its
     figure is already the bus bandwidth its groups reached."""
     if ranks_per_node < 1 or int(ranks_per_node) != ranks_per_node:
@@ -185,10 +187,12 @@ class LinkProduct:
     note: str = ""
     """How the per-GPU unidirectional figure follows from the datasheet's (halved, per NIC, ...)."""
     aliases: tuple[str, ...] = ()
+    per_nic: bool = False
+    """The figure is one GPU's own NIC (Link.per_nic): a group spanning nodes runs on several (across_nodes)."""
 
     def link(self, efficiency: float = DEFAULT_EFFICIENCY) -> Link:
         return Link(self.name, self.bandwidth_Bps, self.latency_s,
-                    f"{self.source}{'; ' + self.note if self.note else ''}", efficiency, per_nic=self.note == _PER_GPU_NIC)
+                    f"{self.source}{'; ' + self.note if self.note else ''}", efficiency, per_nic=self.per_nic)
 
 
 _BIDIRECTIONAL = "the datasheet's total is bidirectional: halved for one direction"
@@ -219,23 +223,23 @@ PRODUCTS: tuple[LinkProduct, ...] = (
     # InfiniBand, one NIC per GPU: 4x-port data rates of the HDR/NDR/XDR generations
     LinkProduct("ib-hdr", 200 * _GBIT, LATENCY_INTER_S,
                 "NVIDIA ConnectX-6 InfiniBand adapter datasheet: HDR 200 Gb/s per port",
-                _PER_GPU_NIC, ("hdr", "infiniband-hdr")),
+                _PER_GPU_NIC, ("hdr", "infiniband-hdr"), per_nic=True),
     LinkProduct("ib-ndr", 400 * _GBIT, LATENCY_INTER_S,
                 "NVIDIA ConnectX-7 InfiniBand adapter datasheet: NDR 400 Gb/s per port",
-                _PER_GPU_NIC, ("ndr", "infiniband-ndr")),
+                _PER_GPU_NIC, ("ndr", "infiniband-ndr"), per_nic=True),
     LinkProduct("ib-xdr", 800 * _GBIT, LATENCY_INTER_S,
                 "NVIDIA ConnectX-8 SuperNIC datasheet / Quantum-X800 platform: XDR 800 Gb/s per port",
-                _PER_GPU_NIC, ("xdr", "infiniband-xdr")),
+                _PER_GPU_NIC, ("xdr", "infiniband-xdr"), per_nic=True),
     # RoCE (RDMA over Converged Ethernet), one NIC per GPU: the Ethernet line rate
     LinkProduct("roce-100g", 100 * _GBIT, LATENCY_INTER_S,
                 "IEEE 802.3ba (100 Gb/s Ethernet); e.g. NVIDIA ConnectX-6 Dx datasheet", _PER_GPU_NIC,
-                ("roce-100", "100gbe")),
+                ("roce-100", "100gbe"), per_nic=True),
     LinkProduct("roce-200g", 200 * _GBIT, LATENCY_INTER_S,
                 "IEEE 802.3bs (200 Gb/s Ethernet); e.g. NVIDIA ConnectX-6 Dx datasheet", _PER_GPU_NIC,
-                ("roce-200", "200gbe")),
+                ("roce-200", "200gbe"), per_nic=True),
     LinkProduct("roce-400g", 400 * _GBIT, LATENCY_INTER_S,
                 "IEEE 802.3bs (400 Gb/s Ethernet); e.g. NVIDIA ConnectX-7 datasheet", _PER_GPU_NIC,
-                ("roce-400", "400gbe")),
+                ("roce-400", "400gbe"), per_nic=True),
     # PCIe x16: 8 GT/s (3.0), 16 GT/s (4.0) and 32 GT/s (5.0) per lane, 128b/130b encoding
     LinkProduct("pcie3", 8 * 16 * (128 / 130) / 8 * GB, LATENCY_INTRA_S,
                 "PCI-SIG PCI Express Base Specification 3.0: 8 GT/s per lane, x16", _PCIE,
