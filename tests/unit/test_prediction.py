@@ -122,7 +122,7 @@ def sweep() -> pd.DataFrame:
 def by_hand(stage: int, compute_1: float, table=None) -> float:
     """The model's prediction at world size 2 from a world-size-1 compute time, written out."""
     share = min(2e6 * 512 / PEAK / compute_1, 1.0)  # the FLOPs' share at the peak (defaulted: one token count)
-    compute = compute_1 * ((1 - share) + share * 0.5) * prediction.default_rank_factor("cpu", stage)  # across world sizes: f
+    compute = compute_1 * ((1 - share) + share * 0.5) * prediction.default_rank_factor("cpu", stage, "fp32")  # across world sizes: f
     cfg = ModelConfig(n_layers=2, d_model=64, n_heads=4, seq_len=64, vocab_size=256)
     sizes = collective_sizes(120_576, stage, 2, "fp32")
     calls = collective_calls(cfg, stage, "fp32", sizes)
@@ -362,7 +362,7 @@ def test_tensor_parallel_runs_are_predicted_with_their_collectives_on_the_critic
     sizes = collective_sizes(local, 3, 2, "fp32")
     calls = collective_calls(cfg, 3, "fp32", sizes)
     strategy_s = sum(calls[c] * links.collective_seconds(c, sizes[c] / calls[c], 2, fits[c].link) for c in sizes)
-    expected = compute * ((1 - share) + share * 0.5) * prediction.default_rank_factor("cpu", 3) + strategy_s + tp_seconds(4)
+    expected = compute * ((1 - share) + share * 0.5) * prediction.default_rank_factor("cpu", 3, "fp32") + strategy_s + tp_seconds(4)
     out = prediction.predict_row(model, wider)
     assert out["predicted_step_time_s"] == pytest.approx(expected)  # eta 0 on a CPU: the strategy's exposed too
     assert out["predicted_exposed_comm_s"] == pytest.approx(strategy_s + tp_seconds(4))

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -66,26 +66,36 @@ OVERLAP_WINDOWS = {"backward": 2 / 3, "step": 1.0}
 (about 2/3 of a step's FLOPs: 4N of 6N per token), prefetched gathers during forward and backward."""
 DEFAULT_OVERLAP_EFFICIENCY = {"cpu": 0.0, "cuda": 1.0}
 """eta where the fit set cannot fit it (module doc)."""
-DEFAULT_RANK_FACTOR = {"cpu": {0: 1.08, 1: 1.57, 2: 1.22, 3: 1.35}}
-"""f per device type and ZeRO stage (hybrid sharding: 3's) where the fit set cannot fit it; 1 elsewhere
-(a GPU rank owns its device). On a CPU: the medians, over the 60 world-size-2 runs of four default
-sweeps (2-core VM, torch 2.13, 2026-11-26), of (measured step - predicted communication) over the
-compute predicted from world size 1. The ranks' gloo threads and the OS share the ranks' cores, and
-a sharded strategy's per-call work (FSDP2's copies and hooks, ZeroRedundancyOptimizer's per-parameter
-broadcasts) is nearly free at world size 1. They moved with the host's state: per sweep 1.03-1.25
-(stage 0) to 1.12-1.62 (stage 1). Stage 0's was measured while its world-size-1 reference still ran
-in DDP (about 8% of a CPU step, scalelab.harness.bench overhead), which one rank no longer does: one
-default sweep since gave 1.34 / 2.15 / 1.55 / 1.70 (stages 0-3; every stage up with the host's
-state, stage 0 against stage 3 unchanged at 0.79), too noisy to move the default on."""
-DEFAULT_MODEL_SIGMA = {"cpu": 0.055}
+DEFAULT_RANK_FACTOR = {"cpu": {0: {"fp32": 1.27, "fp16": 1.25, "bf16": 1.18, None: 1.25},
+                                1: {"fp32": 1.70, "fp16": 1.56, "bf16": 1.79, None: 1.65},
+                                2: {"fp32": 1.50, "fp16": 1.27, "bf16": 1.34, None: 1.35},
+                                3: {"fp32": 1.75, "fp16": 1.50, "bf16": 1.48, None: 1.52}}}
+"""f per device type, ZeRO stage (hybrid sharding: 3's) and precision (None: any other, the stage's median over
+every precision) where the fit set cannot fit it; 1 elsewhere (a GPU rank owns its device). On a CPU: the medians,
+over the 96 world-size-2 runs of six default sweeps (2-core VM, torch 2.13, 2026-11-27, at 4 times of the day:
+commits fa0e9bf, 25dada1 and four back to back at 2f1dc55), of (measured step - predicted communication) over the
+compute predicted from world size 1. The ranks' gloo threads and the OS share the ranks' cores, and a sharded
+strategy's per-call work (FSDP2's copies and hooks, ZeroRedundancyOptimizer's per-parameter broadcasts) is nearly
+free at world size 1. fp32 at stage 3 came out above bf16 and fp16 in all six sweeps (1.49-2.22 against
+1.38-1.60), and at stage 2 in five: FSDP2 copies fp32 parameters and gradients, twice the 16-bit policies' bytes,
+on the cores that compute. Per sweep the stage's median moved by up to +-15% with the host's state (stage 1:
+1.47-1.97): DEFAULT_MODEL_SIGMA holds that spread."""
+DEFAULT_MODEL_SIGMA = {"cpu": 0.044}
 """The model's own error on a run predicted from a reference at a smaller world size (sigma of log
 measured / predicted, beyond what the band's noise terms hold) where the fit set cannot measure it.
-On a CPU: the same 60 runs with those f (rms 0.102, of which the noise terms hold 0.086). None for a
-GPU: none has been measured there, and the band says so."""
+On a CPU: the same 96 runs with those f (rms 0.074 per degree of freedom left by the 12 f, of which the
+noise terms hold 0.059). None for a GPU: none has been measured there, and the band says so."""
 
 
-def default_rank_factor(device, stage) -> float:
-    return DEFAULT_RANK_FACTOR.get(device, {}).get(int(stage), 1.0)
+def default_rank_factor(device, stage, precision=None) -> float:
+    """f where the fit set has no run of the stage beyond its reference: DEFAULT_RANK_FACTOR's, 1 for a device
+    without one."""
+    by_precision = DEFAULT_RANK_FACTOR.get(device, {}).get(int(stage))
+    if by_precision is None:
+        return 1.0
+    return by_precision.get(precision, by_precision[None])
+
+
 MEASURED = "step_time_s_mean"
 """The measured figure the model predicts: the mean step time (tokens_per_s = tokens per step / it)."""
 COMPUTE_KEY = (*(axis.name for axis in AXES if axis.changes_compute), "device_type", "device_name", "threads_per_rank")
@@ -361,8 +371,9 @@ class Model:
     and the per-step and per-token seconds where the fit set gives two token counts."""
     overlap_efficiency: dict[str, float] = field(default_factory=dict)
     overlap_source: dict[str, str] = field(default_factory=dict)
-    rank_factor: dict[tuple[str, int], float] = field(default_factory=dict)
-    """f per (device type, ZeRO stage): a rank's compute at a world size above its reference's, over the reference's."""
+    rank_factor: dict[tuple[str, int], float | None] = field(default_factory=dict)
+    """f per (device type, ZeRO stage): a rank's compute at a world size above its reference's, over the reference's
+    (None: defaulted per precision, default_rank_factor)."""
     rank_factor_source: dict[tuple[str, int], str] = field(default_factory=dict)
     model_sigma: dict[str, float | None] = field(default_factory=dict)
     """Per device type: the model's error on a run predicted across world sizes (None: unknown)."""
@@ -395,8 +406,11 @@ class Model:
         for device, eta in self.overlap_efficiency.items():
             out.append({"name": f"eta[{device}]", "value": eta, "unit": "overlap efficiency", "source": self.overlap_source[device]})
         for (device, stage), f in self.rank_factor.items():
-            out.append({"name": f"f[{device}, z{stage}]", "value": f, "unit": "compute, across world sizes",
-                        "source": self.rank_factor_source[device, stage]})
+            defaults = DEFAULT_RANK_FACTOR[device][int(stage)].items() if f is None else [(None, f)]
+            for precision, value in defaults:
+                out.append({"name": f"f[{device}, z{stage}{', ' + precision if precision else ''}]", "value": value,
+                            "unit": "compute, across world sizes", "source": self.rank_factor_source[device, stage]
+                            + ("" if f is not None or precision else ": any other precision")})
         for device, m in self.model_sigma.items():
             out.append({"name": f"sigma_model[{device}]", "value": m, "unit": "log step, across world sizes",
                         "source": self.model_sigma_source[device]})
@@ -546,7 +560,9 @@ def _parts(model: Model, row: dict) -> _Parts | str:
     across = n > int(ref["world_size"])
     device = row.get("device_type")
     stage = int(row["zero_stage"])
-    compute = base * (model.rank_factor.get((device, stage), default_rank_factor(device, stage)) if across else 1.0)
+    fitted = model.rank_factor.get((device, stage))  # None: defaulted, per precision
+    compute = base * ((default_rank_factor(device, stage, row.get("precision")) if fitted is None else fitted)
+                      if across else 1.0)
     comm, calls, comm_sigma = {}, {}, 0.0
     if n > 1:
         measured = run_comm(model, row)
@@ -645,11 +661,11 @@ def _fit_across_ranks(model: Model, ok) -> None:
         stages = sorted({int(s) for s in ok.loc[ok["device_type"] == device, "zero_stage"]})
         for stage in stages:
             of_stage = [((r, p), e) for (r, p), e in zip(mine, exposed, strict=True) if int(r["zero_stage"]) == stage]
-            if not of_stage:
-                model.rank_factor[device, stage] = default_rank_factor(device, stage)
+            if not of_stage:  # None: DEFAULT_RANK_FACTOR's, per precision, where a run is predicted
+                model.rank_factor[device, stage] = None if device in DEFAULT_RANK_FACTOR else 1.0
                 model.rank_factor_source[device, stage] = (
                     "defaulted: no run of the fit set at this stage beyond its reference ("
-                    + ("DEFAULT_RANK_FACTOR)" if device in DEFAULT_RANK_FACTOR else "none measured for this device: 1)"))
+                    + ("DEFAULT_RANK_FACTOR, per precision)" if device in DEFAULT_RANK_FACTOR else "none measured for this device: 1)"))
             elif eta > 0 and model.overlap_source[device].startswith("fitted"):  # the step times chose eta over f
                 model.rank_factor[device, stage] = 1.0
                 model.rank_factor_source[device, stage] = "1: the fit set's runs beyond their reference fit an overlap instead (eta)"
@@ -661,8 +677,10 @@ def _fit_across_ranks(model: Model, ok) -> None:
                                                            "stage beyond their reference")
         fitted = sum(1 for (d, _), src in model.rank_factor_source.items() if d == device and src.startswith("fitted"))
         if len(mine) - fitted >= 2:  # degrees of freedom left once each fitted stage's f took one
-            steps = [step_time(r["zero_stage"], p.base_compute_s * model.rank_factor[device, int(r["zero_stage"])], p.comm_s,
-                               calls=p.calls, overlap_efficiency=eta).step_s for r, p in mine]
+            # each run's parts at its stage's fitted f (they were taken before f was known)
+            mine = [(r, replace(p, compute_s=p.base_compute_s * model.rank_factor[device, int(r["zero_stage"])])) for r, p in mine]
+            steps = [step_time(r["zero_stage"], p.compute_s, p.comm_s, calls=p.calls, overlap_efficiency=eta).step_s
+                     for r, p in mine]
             logs = [math.log(float(r[MEASURED]) / step) for (r, _), step in zip(mine, steps, strict=True)]
             # what the band's other terms already hold (relative variance), so that the band is not wider than the errors
             known = [sum(_noise_terms(model, p, step).values()) / step ** 2 for (_, p), step in zip(mine, steps, strict=True)]
