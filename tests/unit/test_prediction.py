@@ -386,3 +386,43 @@ def test_stage_0_under_tensor_parallelism_all_reduces_per_unit_not_per_bucket():
     assert calls["all_reduce"] == 2 + 1  # n_layers + the root
     _, ddp = prediction.collectives_of(run_row("fp32", 0, 2, 0.02, bucket_mb=None))
     assert ddp["all_reduce"] == 1
+
+
+def test_a_defaulted_rank_factor_is_the_runs_precisions_and_the_parameters_list_each():
+    """Where the fit set has no run of a stage beyond its reference, f is DEFAULT_RANK_FACTOR's for the predicted
+    run's precision (a precision without its own value: the stage's median), and `scalelab predict` lists every
+    value it may use."""
+    defaults = prediction.DEFAULT_RANK_FACTOR["cpu"]
+    assert prediction.default_rank_factor("cpu", 0, "bf16") == defaults[0]["bf16"] != defaults[0][None]
+    assert prediction.default_rank_factor("cpu", 0, "fp8") == prediction.default_rank_factor("cpu", 0) == defaults[0][None]
+    assert prediction.default_rank_factor("cuda", 3, "fp32") == 1.0  # a GPU rank owns its device
+    runs, table = sweep(), bench_table()
+    runs = pd.concat([runs, pd.DataFrame([run_row("bf16", 0, 1, 0.020), run_row("bf16", 3, 1, 0.030),
+                                          run_row("bf16", 3, 2, 0.040)])], ignore_index=True)
+    model = prediction.fit(prediction.reference_rows(runs), table)
+    assert model.rank_factor["cpu", 3] is None  # defaulted: read per precision when a run is predicted
+    out = prediction.predict(model, runs).set_index("run_id")
+    for run_id, precision in (("fp32-z3-w2", "fp32"), ("bf16-z3-w2", "bf16")):
+        parts = prediction._parts(model, runs.set_index("run_id").loc[run_id].to_dict() | {"run_id": run_id})
+        assert parts.compute_s == pytest.approx(parts.base_compute_s * prediction.default_rank_factor("cpu", 3, precision))
+        assert out.loc[run_id, "predicted_step_time_s"] > 0
+    assert defaults[3]["fp32"] != defaults[3][None]  # so the two runs above took different f
+    params = {p["name"]: p for p in model.parameters()}
+    assert params["f[cpu, z3, fp32]"]["value"] == defaults[3]["fp32"]
+    assert params["f[cpu, z3]"]["value"] == defaults[3][None] and params["f[cpu, z3]"]["source"].endswith(": any other precision")
+    assert params["f[cpu, z1]"]["value"] == defaults[1][None] and "any other precision" not in params["f[cpu, z1]"]["source"]
+
+
+def test_the_models_error_across_world_sizes_is_measured_at_the_fitted_f_not_the_default(monkeypatch):
+    """sigma_model is the runs' error beyond the band's noise terms, those terms taken at the f the runs fitted:
+    a default the fit set overrode leaves it unchanged."""
+    runs, table = sweep(), bench_table()
+    runs = pd.concat([runs, pd.DataFrame([run_row("fp32", 3, 2, 0.025, repeat=r) for r in (2, 3)])], ignore_index=True)
+    base = prediction.fit(prediction.reference_rows(runs), table)
+    for run_id, factor in {"fp32-z0-w2": 1.0, "fp32-z1-w2": 1.25, "fp32-z3-w2": 1.2, "fp32-z3-w2-r2": 1.5,
+                           "fp32-z3-w2-r3": 1.9}.items():
+        parts = prediction._parts(base, runs.set_index("run_id").loc[run_id].to_dict() | {"run_id": run_id})
+        runs.loc[runs["run_id"] == run_id, "step_time_s_mean"] = parts.base_compute_s * factor + sum(parts.comm_s.values())
+    fitted = prediction.fit(runs, table).model_sigma["cpu"]
+    monkeypatch.setattr(prediction, "DEFAULT_RANK_FACTOR", {"cpu": {s: {None: 50.0} for s in range(4)}})
+    assert fitted > 0 and prediction.fit(runs, table).model_sigma["cpu"] == pytest.approx(fitted)

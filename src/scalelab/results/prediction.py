@@ -66,20 +66,23 @@ OVERLAP_WINDOWS = {"backward": 2 / 3, "step": 1.0}
 (about 2/3 of a step's FLOPs: 4N of 6N per token), prefetched gathers during forward and backward."""
 DEFAULT_OVERLAP_EFFICIENCY = {"cpu": 0.0, "cuda": 1.0}
 """eta where the fit set cannot fit it (module doc)."""
-DEFAULT_RANK_FACTOR = {"cpu": {0: {"fp32": 1.27, "fp16": 1.25, "bf16": 1.18, None: 1.25},
-                                1: {"fp32": 1.70, "fp16": 1.56, "bf16": 1.79, None: 1.65},
-                                2: {"fp32": 1.50, "fp16": 1.27, "bf16": 1.34, None: 1.35},
-                                3: {"fp32": 1.75, "fp16": 1.50, "bf16": 1.48, None: 1.52}}}
-"""f per device type, ZeRO stage (hybrid sharding: 3's) and precision (None: any other, the stage's median over
-every precision) where the fit set cannot fit it; 1 elsewhere (a GPU rank owns its device). On a CPU: the medians,
-over the 96 world-size-2 runs of six default sweeps (2-core VM, torch 2.13, 2026-11-27, at 4 times of the day:
-commits fa0e9bf, 25dada1 and four back to back at 2f1dc55), of (measured step - predicted communication) over the
-compute predicted from world size 1. The ranks' gloo threads and the OS share the ranks' cores, and a sharded
-strategy's per-call work (FSDP2's copies and hooks, ZeroRedundancyOptimizer's per-parameter broadcasts) is nearly
-free at world size 1. fp32 at stage 3 came out above bf16 and fp16 in all six sweeps (1.49-2.22 against
-1.38-1.60), and at stage 2 in five: FSDP2 copies fp32 parameters and gradients, twice the 16-bit policies' bytes,
-on the cores that compute. Per sweep the stage's median moved by up to +-15% with the host's state (stage 1:
-1.47-1.97): DEFAULT_MODEL_SIGMA holds that spread."""
+DEFAULT_RANK_FACTOR = {"cpu": {0: {"bf16": 1.18, None: 1.25},
+                                1: {None: 1.65},
+                                2: {"fp32": 1.50, None: 1.35},
+                                3: {"fp32": 1.75, None: 1.52}}}
+"""f per device type, ZeRO stage (hybrid sharding: 3's) and precision (None: any precision without its own value)
+where the fit set cannot fit it; 1 elsewhere (a GPU rank owns its device). On a CPU: the medians, over the 96
+world-size-2 runs of six default sweeps (2-core VM, torch 2.13, 2026-11-27: one at fa0e9bf, one at 25dada1, four
+back to back at 2f1dc55), of (measured step - predicted communication) over the compute predicted from world size
+1; None's is the stage's median over every precision. The ranks' gloo threads and the OS share the ranks' cores,
+and a sharded strategy's per-call work (FSDP2's copies and hooks, ZeroRedundancyOptimizer's per-parameter
+broadcasts) is nearly free at world size 1. A precision has its own value where it stood apart from the others in
+at least five of the six sweeps: fp32 above bf16 and fp16 at stage 3 in all six (1.49-2.22 against 1.38-1.60) and
+at stage 2 in five (FSDP2 gathers fp32 parameters, twice the 16-bit policies' bytes, on the cores that compute);
+bf16 below the others at stage 0 in five. At stage 1 the order changed from sweep to sweep. Per sweep a stage's
+median moved with the host's state (stage 1: 1.47-1.97, -11% to +19% of its default), more than
+DEFAULT_MODEL_SIGMA's band alone holds (2.576 x its sigma is 11%): the run-to-run noise terms widen the band
+on such a host too."""
 DEFAULT_MODEL_SIGMA = {"cpu": 0.044}
 """The model's own error on a run predicted from a reference at a smaller world size (sigma of log
 measured / predicted, beyond what the band's noise terms hold) where the fit set cannot measure it.
@@ -406,11 +409,11 @@ class Model:
         for device, eta in self.overlap_efficiency.items():
             out.append({"name": f"eta[{device}]", "value": eta, "unit": "overlap efficiency", "source": self.overlap_source[device]})
         for (device, stage), f in self.rank_factor.items():
-            defaults = DEFAULT_RANK_FACTOR[device][int(stage)].items() if f is None else [(None, f)]
-            for precision, value in defaults:
+            values = list(DEFAULT_RANK_FACTOR[device][int(stage)].items()) if f is None else [(None, f)]
+            for precision, value in values:
                 out.append({"name": f"f[{device}, z{stage}{', ' + precision if precision else ''}]", "value": value,
                             "unit": "compute, across world sizes", "source": self.rank_factor_source[device, stage]
-                            + ("" if f is not None or precision else ": any other precision")})
+                            + (": any other precision" if precision is None and len(values) > 1 else "")})
         for device, m in self.model_sigma.items():
             out.append({"name": f"sigma_model[{device}]", "value": m, "unit": "log step, across world sizes",
                         "source": self.model_sigma_source[device]})
@@ -662,10 +665,11 @@ def _fit_across_ranks(model: Model, ok) -> None:
         for stage in stages:
             of_stage = [((r, p), e) for (r, p), e in zip(mine, exposed, strict=True) if int(r["zero_stage"]) == stage]
             if not of_stage:  # None: DEFAULT_RANK_FACTOR's, per precision, where a run is predicted
-                model.rank_factor[device, stage] = None if device in DEFAULT_RANK_FACTOR else 1.0
+                model.rank_factor[device, stage] = None if stage in DEFAULT_RANK_FACTOR.get(device, {}) else 1.0
                 model.rank_factor_source[device, stage] = (
                     "defaulted: no run of the fit set at this stage beyond its reference ("
-                    + ("DEFAULT_RANK_FACTOR, per precision)" if device in DEFAULT_RANK_FACTOR else "none measured for this device: 1)"))
+                    + ("DEFAULT_RANK_FACTOR, per precision)" if stage in DEFAULT_RANK_FACTOR.get(device, {})
+                       else "none measured for this device: 1)"))
             elif eta > 0 and model.overlap_source[device].startswith("fitted"):  # the step times chose eta over f
                 model.rank_factor[device, stage] = 1.0
                 model.rank_factor_source[device, stage] = "1: the fit set's runs beyond their reference fit an overlap instead (eta)"
