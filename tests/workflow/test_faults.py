@@ -26,3 +26,16 @@ def test_drill(tmp_path, name):
         assert drill.bad_configs_tried >= 31
     if name == "hang":
         assert drill.timeouts_tried >= 1
+
+
+def test_a_preimported_snakemake_is_the_command_line_in_a_process_of_its_own(tmp_path):
+    """The bad-config drill's Snakemake (harness.testing.PreimportedSnakemake) answers as the snakemake script does:
+    its output, its exit code, its refusal of a bad config before any job."""
+    from scalelab.harness.testing import PreimportedSnakemake, run_snakemake, write_workdir
+
+    snakemake = PreimportedSnakemake()
+    version = snakemake.run(tmp_path, "--version")
+    assert version.returncode == 0 and version.stdout.strip() == run_snakemake(tmp_path, "--version").stdout.strip()
+    work = write_workdir(tmp_path / "bad", {"results_dir": "results", "no_such_key": 1})
+    bad = snakemake.run(work, "--cores", "1")
+    assert bad.returncode == 1 and "no_such_key" in bad.stdout + bad.stderr and not (work / "results").exists()

@@ -56,6 +56,63 @@ def snakemake_env(**extra: str) -> dict:
     return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **extra}
 
 
+SNAKEFILE_IMPORTS = ("snakemake.logging", "snakemake.utils", "scalelab.config", "scalelab.config.reading",
+                     "scalelab.plan.validation", "scalelab.plan.placement", "scalelab.plan.run_plan", "scalelab.plan.sweep",
+                     "scalelab.plan.forecast_record", "scalelab.forecast.pruning", "scalelab.results.migrate",
+                     "scalelab.results.status", "scalelab.results.lock", "scalelab.run.data", "scalelab.run.calibration",
+                     "scalelab.report.figures")
+"""What the Snakefile and its rules import at parse (PreimportedSnakemake's server imports them once)."""
+
+
+class PreimportedSnakemake:
+    """Snakemake's own command line (``snakemake.cli.main``, what the ``snakemake`` script runs), each invocation a
+    fresh process forked from a server that imported it once (multiprocessing's forkserver, preloading it): a drill
+    that starts Snakemake dozens of times to watch it reject configs pays its ~1 s of imports once, not each time.
+    Each child takes run_snakemake's environment and arguments and writes its own stdout and stderr; a child past
+    ``timeout`` is killed. The server is multiprocessing's: it exits with the process that started it."""
+
+    def __init__(self):
+        import multiprocessing
+
+        self._context = multiprocessing.get_context("forkserver")
+        self._context.set_forkserver_preload(["snakemake.cli", *SNAKEFILE_IMPORTS])
+
+    def run(self, workdir: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        import tempfile
+
+        cmd = snakemake_cmd(workdir, *args)
+        with tempfile.TemporaryDirectory(prefix="scalelab-snakemake-") as tmp:
+            out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+            child = self._context.Process(target=_snakemake_main, args=(cmd[1:], snakemake_env(), str(out), str(err)))
+            child.start()
+            child.join(timeout)
+            if child.is_alive():
+                child.kill()
+                child.join()
+                raise subprocess.TimeoutExpired(cmd, timeout)
+            return subprocess.CompletedProcess(cmd, child.exitcode, out.read_text(), err.read_text())
+
+
+def _snakemake_main(argv: list[str], env: dict, stdout: str, stderr: str) -> None:
+    """A PreimportedSnakemake child: the command line with this environment, its streams to these files."""
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, stdout), (2, stderr)):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    sys.argv = [SNAKEMAKE, *argv]
+    from snakemake.cli import main
+
+    code = 1
+    try:
+        main(argv)
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
 def run_snakemake(workdir: Path, *args: str, timeout: float = 600, check: bool = True,
                   env: dict | None = None) -> subprocess.CompletedProcess:
     proc = subprocess.run(snakemake_cmd(workdir, *args), capture_output=True, text=True, timeout=timeout,
