@@ -77,12 +77,9 @@ def test_a_snakefile_parse_imports_no_table_library():
     """Every Snakemake start parses the Snakefile and its rules (a SLURM job's too): the scalelab modules
     they import at top level pull in neither pyarrow nor pandas (~0.1 s of each start; the column table and
     the analysis import them where they are used)."""
-    import re
+    from scalelab.harness.testing import snakefile_imports
 
-    from support import REPO
-
-    sources = [REPO / "Snakefile", *sorted((REPO / "rules").glob("*.smk"))]
-    modules = sorted({m for path in sources for m in re.findall(r"^(?:from|import) (scalelab[\w.]*)", path.read_text(), re.M)})
+    modules = snakefile_imports()
     assert "scalelab.forecast.pruning" in modules and "scalelab.results.status" in modules, modules
     code = ("import sys, importlib; [importlib.import_module(m) for m in sys.argv[1:]]; "
             "print(' '.join(m for m in ('pyarrow', 'pandas', 'torch') if m in sys.modules))")

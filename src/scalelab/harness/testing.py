@@ -56,12 +56,13 @@ def snakemake_env(**extra: str) -> dict:
     return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **extra}
 
 
-SNAKEFILE_IMPORTS = ("snakemake.logging", "snakemake.utils", "scalelab.config", "scalelab.config.reading",
-                     "scalelab.plan.validation", "scalelab.plan.placement", "scalelab.plan.run_plan", "scalelab.plan.sweep",
-                     "scalelab.plan.forecast_record", "scalelab.forecast.pruning", "scalelab.results.migrate",
-                     "scalelab.results.status", "scalelab.results.lock", "scalelab.run.data", "scalelab.run.calibration",
-                     "scalelab.report.figures")
-"""What the Snakefile and its rules import at parse (PreimportedSnakemake's server imports them once)."""
+def snakefile_imports() -> list[str]:
+    """The scalelab modules the Snakefile and its rules import at top level: what every Snakemake start (a SLURM
+    job's too) imports when it parses them."""
+    import re
+
+    sources = [REPO_ROOT / "Snakefile", *sorted((REPO_ROOT / "rules").glob("*.smk"))]
+    return sorted({m for path in sources for m in re.findall(r"^(?:from|import) (scalelab[\w.]*)", path.read_text(), re.M)})
 
 
 class PreimportedSnakemake:
@@ -75,7 +76,7 @@ class PreimportedSnakemake:
         import multiprocessing
 
         self._context = multiprocessing.get_context("forkserver")
-        self._context.set_forkserver_preload(["snakemake.cli", *SNAKEFILE_IMPORTS])
+        self._context.set_forkserver_preload(["snakemake.cli", *snakefile_imports()])
 
     def run(self, workdir: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         import tempfile
