@@ -583,12 +583,13 @@ def predict_point(point: Point, machine: Machine, n: int) -> dict:
         replicate = dict(by_group.get("replicate", {}))
         for c, b in by_group.get("world", {}).items():
             replicate[c] = replicate.get(c, 0.0) + b
-        kinds = {"shard": (by_group.get("shard", {}), shard, [range(s * shard, (s + 1) * shard) for s in range(replicas)]),
-                 "replicate": (replicate, replicas, [range(j, dp, shard) for j in range(shard)])}
+        kinds = [(by_group.get("shard", {}), shard, [range(s * shard, (s + 1) * shard) for s in range(replicas)]),
+                 (replicate, replicas, [range(j, dp, shard) for j in range(shard)])]
     else:
-        kinds = {"world": (by_group.get("world", {}), dp, [range(j, n, t) for j in range(t)])}
+        kinds = [(by_group.get("world", {}), dp, [range(j, n, t) for j in range(t)])]
     comm, calls, sizes, used = {}, {}, {}, {}
-    for kind_bytes, group_size, groups in kinds.values():
+    # each kind of group: (bytes by collective, ranks in one group, every group of the kind, as global ranks)
+    for kind_bytes, group_size, groups in kinds:
         link = groups_link(groups, machine)
         kind_sizes = {c: b / links.handed_per_size(c) for c, b in kind_bytes.items()}
         kind_calls = collective_calls(cfg, key, point.precision, kind_sizes, accumulation_steps=accumulation,
