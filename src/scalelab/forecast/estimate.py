@@ -992,7 +992,7 @@ def cluster_flags(p) -> None:
                         "a measured table is taken as measured)")
     p.add_argument("--overlap-efficiency", type=float, default=None,
                    help="share of the overlappable communication that really hides behind compute, in [0, 1] "
-                        "(default 1: NCCL runs on its own stream)")
+                        "(default: fitted to published multi-node runs, docs/prediction.md; the output prints it)")
     p.add_argument("--mfu", type=float, default=None,
                    help=f"compute efficiency without communication, MFU in (0, 1] (default {DEFAULT_MFU})")
     p.add_argument("--mfu-from", metavar="RESULTS", default=None,

@@ -224,7 +224,7 @@ def render(result: dict) -> str:
                  f"({_mfu_origin(a)}); {a['mfu_note']}")
     lines.append(f"  links: within a node {a['intra_node']}" + (f"; between nodes {a['inter_node']}" if a["inter_node"] else "")
                  + f"; link efficiency {a['link_efficiency']:g}; {a['link_rule']}")
-    lines.append(f"  overlap efficiency {a['overlap_efficiency']:g}" + (" (default: NCCL on its own stream; measured "
+    lines.append(f"  overlap efficiency {a['overlap_efficiency']:g}" + (" (default: fitted to published multi-node runs; measured "
                  "traces set it: train.profile, --overlap-efficiency)" if a["overlap_efficiency_default"] else ""))
     lines.append(f"  memory reserve: {a['reserve']}")
     lines.append(f"  tensor parallelism: {a['tensor_parallel']}")

@@ -1,17 +1,30 @@
 """The step-time model against published multi-node runs (issue #44): each series' compute efficiency
 is calibrated at its smallest GPU count, and the model predicts the larger counts' tokens/s per GPU
 (estimate.predict_point: every collective on the link its group uses, a group spanning nodes on the NICs
-its ranks hold there, the strategy's overlap at the default efficiency). ``python -m scalelab.forecast.published`` prints the table docs/prediction.md
-holds, and tests/unit/test_published.py holds the two to each other and to the error targets.
+its ranks hold there, the strategy's overlap at the GPU's default efficiency). ``python -m scalelab.forecast.published``
+prints the tables docs/prediction.md holds, and tests/unit/test_published.py holds the two to each other and to
+the error targets.
 
-The rows are FSDP (FULL_SHARD) runs on H100s, from two sources:
+FSDP (FULL_SHARD) on H100s, from two sources:
 * llm-foundry's MPT training benchmarks (scripts/train/benchmarking/README.md, "H100 80GB BF16": MPT
   with learned positions, vocab 50,368, sequence 2,048; the micro-batch and accumulation each row
   states; MosaicML's cluster, taken as one 400 Gb/s InfiniBand NIC per GPU);
 * torchtitan's docs/performance.md (Llama 3.1 8B, sequence 8,192, local batch 2, selective activation
   checkpointing; H100 HBM2e at 500 W, 400 Gb/s RDMA per GPU), 8 and 128 GPUs.
-Pure data parallelism is not among them: no published multi-node DDP series of a transformer with
-its batch and links stated was found; the model's DDP overlap stays unvalidated on GPUs.
+
+Pure data parallelism (DDP), from two sources:
+* the Ultra-Scale Playbook (Hugging Face, nanotron): its data-parallel scaling figure
+  (assets/data/benchmarks/dp_scaling.html, the runs' settings in benchmarks_interactive.html): a 1B Llama
+  (16 layers, width 2,048, 32 heads, SwiGLU 8,192, vocab 131,072, tied embeddings: 1.34B parameters), sequence
+  4,096, 256 sequences per step at every count, bf16 with fp32 gradient all-reduce in 25 MB buckets, nodes of
+  8 H100s over EFA. The links are the source's own NCCL all-reduce bus bandwidth at each node count
+  (pp_comm_bandwidth.html, 256 MB): 436 GB/s on one node down to 32.9 GB/s on 64. They are given as a user
+  calibrates (docs/prediction.md): the all-GPU busbw divided by the 8 NICs of a node, at efficiency 1;
+* NVIDIA DeepLearningExamples' BERT-Large pre-training (PyTorch/LanguageModeling/BERT/README.md, "Pre-training
+  NVIDIA DGX A100 (8x A100 80GB) Multi-node Scaling", mixed precision, sequence 128): 65,536 sequences per step
+  at every count, micro-batch 256, fp16 all-reduce after accumulation. Its links are not stated: taken as the
+  DGX A100's 8 x 200 Gb/s HDR, one NIC per GPU. Its step is compute-bound at every count (the all-reduce is
+  about 2% of it), so the rows check that the model adds nothing there; they do not weigh the overlap.
 """
 from __future__ import annotations
 
@@ -34,10 +47,27 @@ class Published:
     accumulation: int
     activation_checkpointing: bool
     tokens_per_s_per_gpu: float
+    gpu: str = "H100"
+    key: int = 3
+    """The strategy: a ZeRO stage (3: FSDP FULL_SHARD, 0: DDP)."""
+    precision: str = "bf16"
+    grad_reduce: str = "fp32"
+    inter_node: str = "ib-ndr"
+    """The link between nodes as a user gives it (--inter-node)."""
+    intra_node: str | None = None
+    """The link within a node as a user gives it (--intra-node); None: the GPU's own (links.DEFAULT_INTRA_NODE)."""
+    n_params: int | None = None
+    """The parameters where the shape's family counts others (a tied embedding a llama shape unties); None: the shape's."""
+
+    @property
+    def strategy(self) -> str:
+        return "DDP" if self.key == 0 else "FSDP"
 
 
 MPT = "llm-foundry MPT benchmarks (H100 80GB BF16)"
 TITAN = "torchtitan docs/performance.md (Tables 1 and 3)"
+PLAYBOOK = "Ultra-Scale Playbook, data-parallel scaling (H100, EFA)"
+BERT = "NVIDIA DeepLearningExamples BERT (DGX A100 80GB)"
 
 
 def _mpt(n_layers: int, d_model: int, n_heads: int) -> ModelConfig:
@@ -46,6 +76,21 @@ def _mpt(n_layers: int, d_model: int, n_heads: int) -> ModelConfig:
 
 
 _LLAMA8B = ModelConfig(**{**PRESETS["llama3-8b"].shape, "seq_len": 8192})
+_PLAYBOOK_1B = ModelConfig(n_layers=16, d_model=2048, n_heads=32, seq_len=4096, tie_embeddings=False, vocab_size=131072,
+                           family="llama", n_kv_heads=32, ffn_dim=8192)
+_PLAYBOOK_PARAMS = accounting.param_count(_PLAYBOOK_1B) - 131072 * 2048  # its head is the tied embedding
+PLAYBOOK_BUSBW_GB = {1: 436.0, 2: 361.7, 4: 160.1, 8: 99.6, 16: 84.7, 32: 64.9, 64: 32.9}
+"""The playbook's measured all-reduce bus bandwidth (GB/s, 256 MB, median) over every GPU of N nodes of 8."""
+_BERT_LARGE = ModelConfig(n_layers=24, d_model=1024, n_heads=16, seq_len=128, tie_embeddings=True, vocab_size=30522)
+
+
+def _playbook(gpus: int, micro: int, accumulation: int, tokens: float) -> Published:
+    nodes = gpus // 8
+    return Published("1B Llama, DDP", PLAYBOOK, _PLAYBOOK_1B, gpus, micro, accumulation, False, tokens,
+                     key=0, inter_node=f"{PLAYBOOK_BUSBW_GB[nodes] / 8:g}@1", intra_node=f"{PLAYBOOK_BUSBW_GB[1]:g}@1",
+                     n_params=_PLAYBOOK_PARAMS)
+
+
 ROWS = (
     *[Published("MPT-13B, micro-batch 2", MPT, _mpt(40, 5120, 40), n, 2, 1, False, t)
       for n, t in ((8, 4792), (16, 4767), (32, 4811), (64, 4800))],
@@ -55,48 +100,84 @@ ROWS = (
     *[Published(f"Llama 3.1 8B, FSDP{label}", TITAN, _LLAMA8B, n, 2, 1, True, t)
       for label, rows in (("", ((8, 5762), (128, 5605))), (" + compile", ((8, 6667), (128, 6514))))
       for n, t in rows],
+    # the figure's best micro-batch at each count, as it plots them (256 sequences per step)
+    *[_playbook(n, micro, acc, t) for n, micro, acc, t in (
+        (8, 2, 16, 40149.94), (16, 1, 16, 37609.69), (32, 1, 8, 35367.61), (64, 1, 4, 31112.23), (128, 2, 1, 26446.44),
+        (256, 1, 1, 15700.38))],
+    # sequences/s of the whole run, per GPU; micro-batch 256, accumulation to 65,536 sequences
+    *[Published("BERT-Large, DDP, sequence 128", BERT, _BERT_LARGE, n, 256, 65536 // (256 * n), False, s * 128 / n,
+                gpu="A100 SXM 80GB", key=0, precision="fp16", grad_reduce="compute", inter_node="ib-hdr")
+      for n, s in ((8, 4553), (16, 9191), (32, 18119), (64, 35774), (128, 70555), (256, 138294))],
 )
-"""(series, source, shape, GPUs, micro-batch, accumulation, activation checkpointing, published tokens/s per GPU)."""
-INTER_NODE = "ib-ndr"
-"""Both sources' links between nodes: 400 Gb/s per GPU (MosaicML's 3,200 Gb/s per 8-GPU node; torchtitan's RDMA)."""
-GPU = "H100"
+"""(series, source, shape, GPUs, micro-batch, accumulation, activation checkpointing, published tokens/s per GPU,
+and where a series differs from the FSDP rows' H100s on NDR: its GPU, strategy, precision and links)."""
 
 
-def _predicted(row: Published, mfu: float) -> float:
+def default_overlap_efficiency() -> float:
+    from scalelab.results.prediction import DEFAULT_OVERLAP_EFFICIENCY
+
+    return DEFAULT_OVERLAP_EFFICIENCY["cuda"]
+
+
+def _predicted(row: Published, mfu: float, overlap_efficiency: float | None = None) -> float:
     from scalelab.forecast.estimate import Machine, Point, predict_point
 
-    product = hardware.gpu_by_name(GPU)
-    machine = Machine(product=product, peak_flops=accounting.gpu_peak_flops(GPU, "bf16"), mfu=mfu, per_node=8,
-                      intra=links.parse_link(links.DEFAULT_INTRA_NODE[product.name], None),
-                      inter=links.parse_link(INTER_NODE, None), overlap_efficiency=1.0)
-    point = Point(cfg=row.cfg, n_params=accounting.param_count(row.cfg), key=3, precision="bf16",
-                  micro_batch=row.micro_batch, global_batch=row.micro_batch * row.accumulation * row.gpus,
+    product = hardware.gpu_by_name(row.gpu)
+    eta = default_overlap_efficiency() if overlap_efficiency is None else overlap_efficiency
+    machine = Machine(product=product, peak_flops=accounting.gpu_peak_flops(row.gpu, row.precision), mfu=mfu, per_node=8,
+                      intra=links.parse_link(row.intra_node or links.DEFAULT_INTRA_NODE[product.name], None),
+                      inter=links.parse_link(row.inter_node, None), overlap_efficiency=eta)
+    point = Point(cfg=row.cfg, n_params=row.n_params or accounting.param_count(row.cfg), key=row.key,
+                  precision=row.precision, grad_reduce=row.grad_reduce, micro_batch=row.micro_batch,
+                  global_batch=row.micro_batch * row.accumulation * row.gpus,
                   activation_checkpointing=row.activation_checkpointing)
     return predict_point(point, machine, row.gpus)["tokens_per_s_per_gpu"]
 
 
-def calibrated_mfu(row: Published) -> float:
+def calibrated_mfu(row: Published, overlap_efficiency: float | None = None) -> float:
     """The compute efficiency at which the model gives the row's published tokens/s (bisection: tokens/s
     grows with it)."""
     low, high = 1e-3, 1.0
     for _ in range(60):
         mid = (low + high) / 2
-        low, high = (mid, high) if _predicted(row, mid) < row.tokens_per_s_per_gpu else (low, mid)
+        fast_enough = _predicted(row, mid, overlap_efficiency) >= row.tokens_per_s_per_gpu
+        low, high = (low, mid) if fast_enough else (mid, high)
     return (low + high) / 2
 
 
-def validation() -> list[dict]:
+def validation(overlap_efficiency: float | None = None) -> list[dict]:
     """Per published row beyond its series' smallest count: published and predicted tokens/s per GPU,
-    and the error (predicted / published - 1), the series' efficiency calibrated at its smallest count."""
+    and the error (predicted / published - 1), the series' efficiency calibrated at its smallest count;
+    at the GPU's default overlap efficiency, or the one given."""
     out = []
     for series in dict.fromkeys(r.series for r in ROWS):
         mine = sorted((r for r in ROWS if r.series == series), key=lambda r: r.gpus)
-        mfu = calibrated_mfu(mine[0])
+        mfu = calibrated_mfu(mine[0], overlap_efficiency)
         for row in mine[1:]:
-            predicted = _predicted(row, mfu)
-            out.append({"series": series, "source": row.source, "calibrated_at": mine[0].gpus, "mfu": mfu,
-                        "gpus": row.gpus, "published": row.tokens_per_s_per_gpu, "predicted": predicted,
+            predicted = _predicted(row, mfu, overlap_efficiency)
+            out.append({"series": series, "source": row.source, "strategy": row.strategy, "calibrated_at": mine[0].gpus,
+                        "mfu": mfu, "gpus": row.gpus, "published": row.tokens_per_s_per_gpu, "predicted": predicted,
                         "error": predicted / row.tokens_per_s_per_gpu - 1})
+    return out
+
+
+def mean_absolute_error(rows: list[dict], strategy: str | None = None) -> float:
+    errors = [abs(r["error"]) for r in rows if strategy in (None, r["strategy"])]
+    return sum(errors) / len(errors)
+
+
+OVERLAP_GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
+"""The overlap efficiencies the sensitivity table recalibrates and predicts every series at."""
+
+
+def overlap_sensitivity(grid=OVERLAP_GRID) -> list[dict]:
+    """Per overlap efficiency: the mean absolute error of the DDP rows, of the FSDP rows and of all, and the worst."""
+    out = []
+    for eta in grid:
+        rows = validation(eta)
+        out.append({"overlap_efficiency": eta, "ddp": mean_absolute_error(rows, "DDP"),
+                    "fsdp": mean_absolute_error(rows, "FSDP"), "all": mean_absolute_error(rows),
+                    "worst": max(abs(r["error"]) for r in rows)})
     return out
 
 
@@ -106,15 +187,35 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         lines.append(f"| {r['series']} | {r['source']} | {r['calibrated_at']} GPUs (MFU {r['mfu']:.1%}) | {r['gpus']} | "
                      f"{r['published']:,.0f} | {r['predicted']:,.0f} | {r['error']:+.1%} |")
-    errors = [abs(r["error"]) for r in rows]
     lines.append("")
-    lines.append(f"Mean absolute error {sum(errors) / len(errors):.1%}, worst {max(errors):.1%} ({len(rows)} points).")
+    per = ", ".join(f"{s} {mean_absolute_error(rows, s):.1%} ({sum(r['strategy'] == s for r in rows)} points)"
+                    for s in dict.fromkeys(r["strategy"] for r in rows))
+    lines.append(f"Mean absolute error {mean_absolute_error(rows):.1%}, worst {max(abs(r['error']) for r in rows):.1%} "
+                 f"({len(rows)} points; {per}), at overlap efficiency {default_overlap_efficiency():g}.")
     return "\n".join(lines)
 
 
+def sensitivity_markdown(table: list[dict]) -> str:
+    lines = ["| overlap efficiency | DDP rows | FSDP rows | all rows | worst |", "|---:|---:|---:|---:|---:|"]
+    for t in table:
+        lines.append(f"| {t['overlap_efficiency']:g} | {t['ddp']:.1%} | {t['fsdp']:.1%} | {t['all']:.1%} | {t['worst']:.1%} |")
+    return "\n".join(lines)
+
+
+def document(sensitivity: bool = True) -> str:
+    """What docs/prediction.md holds between its published-validation markers: the table at the default overlap
+    efficiency, then (``sensitivity``) the errors at each efficiency of OVERLAP_GRID."""
+    parts = [markdown(validation())]
+    if sensitivity:
+        parts.append("Recalibrated and predicted at each overlap efficiency:\n\n" + sensitivity_markdown(overlap_sensitivity()))
+    return "\n\n".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
-    print(markdown(validation()))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sensitivity", action="store_true",
+                        help="also the mean absolute errors with every series recalibrated at each overlap efficiency")
+    print(document(parser.parse_args(argv).sensitivity))
     return 0
 
 
