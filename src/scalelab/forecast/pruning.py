@@ -117,8 +117,11 @@ class _Machines:
                 raise ConfigError("planning.top_k: the CPU forecast needs the sweep's measured fp32 matmul peak "
                                   "(<results>/calibration/cpu.json), and measuring it failed (see above); the sweep "
                                   "stops here rather than rank without it")
-            source = (f"CPU fp32 matmul peak {peak / 1e9:.1f} GFLOP/s for every precision (the sweep's calibration, "
-                      f"{self.calibration['measured_utc']}) x MFU {self.mfu:g}; {CPU_LINK.name}; overlap {self.eta:g}")
+            # the host is named: under SLURM the planning (login) node measured it, not the nodes the runs take, so
+            # the figures are on its scale; the ranking is not (every point at one peak)
+            source = (f"CPU fp32 matmul peak {peak / 1e9:.1f} GFLOP/s for every precision (the sweep's calibration on "
+                      f"{self.calibration.get('hostname', 'an unnamed host')}, {self.calibration['measured_utc']}) x MFU "
+                      f"{self.mfu:g}; {CPU_LINK.name}; overlap {self.eta:g}")
         else:
             if point.world_size > self.per_node and self.inter is None:
                 raise ConfigError(f"planning.forecast.inter_node: {point.run_id} spans nodes of {self.per_node} GPUs; "
