@@ -27,7 +27,7 @@ collectives on links fitted to a ``scalelab bench comm`` table, and the strategy
   the compute of the window it hides in (backward: 2/3 of compute; the step: all of it).
   ``eta``, the **overlap efficiency**, is fitted (least squares, clipped to [0, 1]) where the fit set
   holds runs that communicate beyond their reference, else DEFAULT_OVERLAP_EFFICIENCY: 0 on CPU (one core
-  per rank computes and communicates: gloo has no other core to run on), 0.2 on GPU (fitted to published runs).
+  per rank computes and communicates: gloo has no other core to run on), 0.05 on GPU (fitted to published runs).
 * ``f``, the **rank factor**: a rank's compute at a world size above its reference's, over the
   reference's (applied to such runs only). Fitted where the fit set's runs beyond their reference ran
   slower than even no overlap (the residual's sign chooses between eta and f), else DEFAULT_RANK_FACTOR.
@@ -64,13 +64,17 @@ from scalelab.spec.strategies import STRATEGIES, strategy
 OVERLAP_WINDOWS = {"backward": 2 / 3, "step": 1.0}
 """Share of a step's compute a collective can hide behind: gradient reductions run during backward
 (about 2/3 of a step's FLOPs: 4N of 6N per token), prefetched gathers during forward and backward."""
-DEFAULT_OVERLAP_EFFICIENCY = {"cpu": 0.0, "cuda": 0.2}
+DEFAULT_OVERLAP_EFFICIENCY = {"cpu": 0.0, "cuda": 0.05}
 """eta where the fit set cannot fit it (module doc). On a CPU, 0: one core per rank computes and communicates.
-On a GPU, 0.2: the value (on a grid of 0.05) at which the step-time model, each series recalibrated at its smallest
-GPU count, follows 18 published multi-node rows best (scalelab.forecast.published, docs/prediction.md: DDP on 16-256
-H100s and A100s, FSDP on 16-128 H100s; mean absolute error 3.0%, worst 6.5%; at 1, which NCCL's own stream suggests,
-DDP over EFA was predicted up to 51% fast). FSDP's rows alone lean towards 1 (1.8% there, 3.4% at 0.2): a
-traced run of the user's own (train.profile) measures it."""
+On a GPU, 0.05: the value (on a grid of 0.05) at which the step-time model, each series calibrated at its smallest
+GPU count (one node), follows 18 published multi-node rows best (scalelab.forecast.published, docs/prediction.md: DDP
+on 16-256 H100s and A100s, FSDP on 16-128 H100s; mean absolute error 2.8%, worst 7.5%). Anything from 0 to 0.25 fits
+about as well (2.8-3.1%): the rows say that little of the communication added between nodes hides, not a precise
+figure. At 1, which NCCL's own stream suggests, DDP over EFA was predicted up to 60% fast. The within-node overlap
+is folded into each series' calibrated efficiency, so the rows do not measure it. A traced run of the user's own
+(train.profile) measures eta. The compute reference of ``scalelab predict`` on a GPU subtracts the communication
+exposed at this value too, so a GPU configuration whose reference runs at more than one rank predicts differently
+when it changes, fitted eta or not."""
 DEFAULT_RANK_FACTOR = {"cpu": {0: {"bf16": 1.18, None: 1.25},
                                 1: {None: 1.65},
                                 2: {"fp32": 1.50, None: 1.35},
