@@ -72,9 +72,10 @@ def test_a_gpu_sweep_ranks_by_its_gpus_datasheet_and_never_prunes_a_point_predic
     cfg["model"].update(n_layers=24, d_model=2048, n_heads=16, seq_len=1024)
     decisions = pruning.decide(cfg, _plans(cfg, "cuda"))
     rank = {r: d.forecast["forecast_rank"] for r, d in decisions.items()}
-    # bf16 at the datasheet's bf16 peak, ~15x fp32's; ZeRO-3 gathers bf16 weights where DDP all-reduces fp32 gradients
-    assert rank == {"bf16-z3-w8": 1, "bf16-z0-w8": 2, "fp32-z0-w8": 3, "fp32-z3-w8": 3}, rank
-    assert [r for r, d in decisions.items() if d.pruned] == ["fp32-z3-w8", "bf16-z0-w8"]  # fp32-z0: the baseline
+    # bf16 at the datasheet's bf16 peak, ~15x fp32's; within a precision ZeRO-3's bf16 gathers and fp32 reduce-scatters
+    # take about as long as DDP's fp32 all-reduce (3% apart at the GPU's default overlap): tied, both run
+    assert rank == {"bf16-z3-w8": 1, "bf16-z0-w8": 1, "fp32-z0-w8": 3, "fp32-z3-w8": 3}, rank
+    assert [r for r, d in decisions.items() if d.pruned] == ["fp32-z3-w8"]  # fp32-z0: the baseline
     assert "datasheet dense bf16: H100 SXM" in decisions["bf16-z0-w8"].forecast["forecast_note"]
     # at 10 GiB a device, DDP's full model state (1.3B x 16 B) cannot fit: such points are left to the launcher
     # (predicted_oom), neither ranked nor pruned; ZeRO-3's shards fit and are the ones ranked
