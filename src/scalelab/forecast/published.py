@@ -20,9 +20,10 @@ Pure data parallelism (DDP), from two sources:
   nodes of 8 H100s over EFA; bf16 with gradients accumulated and all-reduced in fp32 (DDP's 25 MB buckets), as
   the base config of nanotron's scripts/scaling_benchmarks.py says (examples/config_tiny_llama_bench.yaml:
   dtype bfloat16, accumulate_grad_in_fp32 true, tie_word_embeddings true). A bf16 all-reduce would halve the
-  bytes, and no overlap efficiency would then fit these rows. The links are the source's own NCCL all-reduce bus bandwidth at each node count
-  (pp_comm_bandwidth.html, 256 MB): 436 GB/s on one node down to 32.9 GB/s on 64. They are given as a user
-  calibrates (docs/prediction.md): the all-GPU busbw divided by the 8 NICs of a node, at efficiency 1;
+  bytes, and no overlap efficiency would then fit these rows. The links are the source's own NCCL all-reduce
+  bus bandwidth at each node count (pp_comm_bandwidth.html, 256 MB): 436 GB/s on one node down to 32.9 GB/s on
+  64. They are given as a user calibrates (docs/prediction.md): the all-GPU busbw divided by the 8 NICs of a
+  node, at efficiency 1;
 * NVIDIA DeepLearningExamples' BERT-Large pre-training (PyTorch/LanguageModeling/BERT/README.md, "Pre-training
   NVIDIA DGX A100 (8x A100 80GB) Multi-node Scaling", mixed precision, sequence 128): 65,536 sequences per step
   at every count, micro-batch 256, fp16 all-reduce after accumulation. Its links are not stated: taken as the
@@ -81,7 +82,7 @@ def _mpt(n_layers: int, d_model: int, n_heads: int) -> ModelConfig:
 _LLAMA8B = ModelConfig(**{**PRESETS["llama3-8b"].shape, "seq_len": 8192})
 _PLAYBOOK_1B = ModelConfig(n_layers=16, d_model=2048, n_heads=32, seq_len=4096, tie_embeddings=False, vocab_size=131072,
                            family="llama", n_kv_heads=32, ffn_dim=8192)
-_PLAYBOOK_PARAMS = accounting.param_count(_PLAYBOOK_1B) - 131072 * 2048  # its head is the tied embedding
+_PLAYBOOK_PARAMS = accounting.param_count(_PLAYBOOK_1B) - _PLAYBOOK_1B.vocab_size * _PLAYBOOK_1B.d_model  # head tied
 PLAYBOOK_BUSBW_GB = {1: 436.0, 2: 361.7, 4: 160.1, 8: 99.6, 16: 84.7, 32: 64.9, 64: 32.9}
 """The playbook's measured all-reduce bus bandwidth (GB/s, 256 MB, median) over every GPU of N nodes of 8."""
 _BERT_LARGE = ModelConfig(n_layers=24, d_model=1024, n_heads=16, seq_len=128, tie_embeddings=True, vocab_size=30522)
