@@ -202,3 +202,27 @@ def test_fp8_outlook_follows_the_gpu_measurements_and_says_its_basis():
     assert all("H200" in o["basis"] for o in at.values())
     eager = hardware.fp8_outlook(4096, compiled=False)
     assert eager["verdict"].startswith("costs: without compile") and eager["ratio_estimate"] == pytest.approx(0.34)
+
+
+MILAN = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 1
+model name\t: AMD EPYC
+flags\t\t: fpu sse2 avx avx2 fma
+
+processor\t: 1
+model name\t: something else
+"""
+
+
+def test_cpus_a_hypervisor_names_alike_are_told_apart_by_family_model_and_matmul_instructions(monkeypatch):
+    """Two VMs both called "AMD EPYC" (Zen 3, AVX2; Zen 4, AVX-512 BF16) ran the same sweep twice apart: rows key
+    their compute references and peak checks by device_name, so it must differ."""
+    genoa = MILAN.replace("model\t\t: 1", "model\t\t: 17").replace("avx2 fma", "avx2 fma avx512f avx512_bf16")
+    assert hardware.cpu_name(MILAN) == "AMD EPYC [family 25 model 1, AVX2]"  # the first processor's block only
+    assert hardware.cpu_name(genoa) == "AMD EPYC [family 25 model 17, AVX-512 BF16]"
+    bare = "processor\t: 0\nmodel name\t: Some CPU\n"
+    assert hardware.cpu_name(bare) == "Some CPU"  # no family, model or flags: the name alone
+    monkeypatch.setattr(hardware.platform, "processor", lambda: "x86_64")  # uname -p is a process: not here
+    assert hardware.cpu_name("") == "x86_64"

@@ -467,7 +467,9 @@ RUN = [
     Column("planned_device_reason", pa.string(), "-", "why the workflow planned the sweep on this device", "launch"),
     Column("device_type", pa.string(), "-", "device the run trained on: cpu | cuda (planned by the launcher, as the "
            "worker found it)", "launch"),
-    Column("device_name", pa.string(), "-", "device model (GPU name, or the CPU model)", "worker", OK),
+    Column("device_name", pa.string(), "-", "device model: the GPU's name, or the CPU's model name with its family, model "
+           "and widest matmul instructions (e.g. 'AMD EPYC [family 25 model 1, AVX2]': a hypervisor may give generations "
+           "one name; rows before 2026-11-27 hold the name alone)", "worker", OK),
     Column("backend", pa.string(), "-", "torch.distributed backend: gloo | nccl", "worker", OK),
     Column("launch", pa.string(), "-", "how the ranks were started (one process per rank on one host, started by the launcher or, "
            "for a CPU run, forked from the prefork server that imported torch once; or srun x torchrun over nodes)", "launch",

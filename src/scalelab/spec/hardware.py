@@ -262,15 +262,35 @@ def product_peak_flops(product: GpuProduct | None, device_name: str, precision: 
                       f"({product.source}); set train.peak_tflops.{key} to get MFU")
 
 
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), else what the platform module says."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+CPU_MATMUL_ISA = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX-512 BF16"), ("avx512f", "AVX-512"), ("avx2", "AVX2"),
+                  ("asimd", "NEON"))
+"""(/proc/cpuinfo flag, label), widest first: the matrix or vector instructions torch's CPU matmuls run on, which a
+calibrated peak and a step's speed depend on (16-bit ones most: without AVX-512 BF16 a CPU emulates bf16)."""
+
+
+def cpu_name(cpuinfo: str | None = None) -> str:
+    """The CPU's model name with its family, model and widest matmul instructions, from /proc/cpuinfo (or the text
+    given): a hypervisor may name every generation alike ("AMD EPYC" for Zen 3 with AVX2 and for Zen 4 with AVX-512
+    BF16, whose runs differ twofold), and runs on different silicon must not be compared as one device. Else what
+    the platform module says."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.split("\n\n", 1)[0].splitlines():  # the first processor's block
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name")
+    if not name:
+        return platform.processor() or platform.machine()
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    detail = [f"family {fields['cpu family']} model {fields['model']}" if "cpu family" in fields and "model" in fields else "",
+              next((label for flag, label in CPU_MATMUL_ISA if flag in flags), "")]
+    detail = [d for d in detail if d]
+    return f"{name} [{', '.join(detail)}]" if detail else name
 
 
 # ----------------------------------------------------------------------------- when fp8 pays
