@@ -65,7 +65,9 @@ class Published:
 
     @property
     def strategy(self) -> str:
-        return "DDP" if self.key == 0 else "FSDP"
+        """The row's kind in the tables: only stages 0 and 3 are published here (a row of another stage is a KeyError,
+        not a mislabelled FSDP row)."""
+        return {0: "DDP", 3: "FSDP"}[self.key]
 
 
 MPT = "llm-foundry MPT benchmarks (H100 80GB BF16)"
