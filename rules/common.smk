@@ -11,7 +11,8 @@ from scalelab.run.data import DataError, source_files
 from scalelab.plan.placement import carry_slurm_conf, sweep_device_plan, train_job_resources
 from scalelab.plan.run_plan import result_params, run_plan
 from scalelab.results.migrate import OldLayout, check_layout
-from scalelab.run.calibration import calibration_path, ensure_calibration, read_calibration
+from scalelab.run.calibration import calibration_path, read_calibration
+from scalelab.run.sweep_calibration import ensure_calibration
 from scalelab.results.status import check_trained_with
 from scalelab.plan.sweep import RunPoint, data_result_params, sweep_plan
 

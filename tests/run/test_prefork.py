@@ -174,6 +174,33 @@ def test_a_server_imports_torch_only_when_a_run_asks(tmp_path, monkeypatch):
         stop_server(server)
 
 
+def test_the_sweeps_calibration_is_forked_by_the_server_else_a_new_process(tmp_path, monkeypatch, capsys):
+    """The first training job's calibration: forked by the invocation's server, which has imported torch (no
+    interpreter starts); without a server, a new process; a calibration that fails says why and returns None
+    (each run then measures its own)."""
+    from scalelab.run import calibration, sweep_calibration
+
+    assert os.environ.get(PREFORK_ENV), "tests/conftest.py starts a server per pytest worker"
+    real_run = subprocess.run
+
+    def no_new_process(*args, **kwargs):
+        raise AssertionError(f"a new process: {args[0]}")
+
+    monkeypatch.setattr(subprocess, "run", no_new_process)
+    forked = sweep_calibration.ensure_calibration(tmp_path / "forked.json", 1)
+    assert forked == tmp_path / "forked.json" and calibration.read_calibration(forked)["threads"] == 1
+    assert "scalelab: CPU peak per rank (1 thread(s)), measured on the idle machine: bf16" in capsys.readouterr().err
+    failed = sweep_calibration.ensure_calibration(tmp_path / "failed.json", 0)  # torch.set_num_threads(0) raises
+    assert failed is None and not (tmp_path / "failed.json").exists()
+    err = capsys.readouterr().err
+    assert "measuring the CPU's peak FLOP/s failed; each run measures its own" in err and "RuntimeError" in err, err
+
+    monkeypatch.setattr(subprocess, "run", real_run)
+    monkeypatch.delenv(PREFORK_ENV)
+    alone = sweep_calibration.ensure_calibration(tmp_path / "alone.json", 1)
+    assert alone == tmp_path / "alone.json" and calibration.read_calibration(alone)["threads"] == 1
+
+
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to connect as another user")
 def test_a_server_serves_its_own_user_only(tmp_path):
     """An abstract socket has no file permissions: the server checks who connected (SO_PEERCRED)."""

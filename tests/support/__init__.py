@@ -30,7 +30,7 @@ def suite_calibration(tiny_data: Path) -> Path:
     process, beside the shared data. A run a test launches outside the workflow otherwise times
     its own matmuls at start (its dtype's and bf16's, ~0.3-1 s of every run), which no test reads.
     A rank of another thread count (world size 1: two threads here) still measures its own, so that
-    path stays exercised. In process, not scalelab.run.calibration.ensure_calibration's subprocess: unit
+    path stays exercised. In process, not scalelab.run.sweep_calibration's child: unit
     tests reach this through run_point (points that are skipped, never launched) and start no process."""
     path = tiny_data.parent / "cpu-calibration.json"
     if not path.exists():

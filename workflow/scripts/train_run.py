@@ -9,9 +9,10 @@ from scalelab.plan.forecast_record import PRUNED_REASON
 from scalelab.plan.forecast_record import read as read_forecast
 from scalelab.plan.placement import job_device_plan
 from scalelab.results.status import record_trained_with
-from scalelab.run.calibration import calibration_path, ensure_calibration
+from scalelab.run.calibration import calibration_path
 from scalelab.run.launch import launch_run
 from scalelab.run.prefork import die_with_parent
+from scalelab.run.sweep_calibration import ensure_calibration
 
 # A killed Snakemake takes its training job with it (SIGTERM when the parent dies), and SIGTERM
 # unwinds the launcher, whose clean-up stops the ranks: nothing trains on into a folder that the

@@ -5,7 +5,7 @@ its peak is the best matmul rate measured on it. Measured inside each run, it me
 ran beside the run: one bf16 run got 4.68e10 FLOP/s against 7.8-8.4e10 for the others, and its
 MFU read as perfect scaling while its throughput halved. So a CPU sweep measures it once per
 invocation: the Snakefile's onstart forgets the last invocation's record, and the first training
-job measures it before its run starts (``ensure_calibration``), when no other run trains (one at
+job measures it before its run starts (scalelab.run.sweep_calibration), when no other run trains (one at
 a time: profiles/default's train_slot); every run reads that record and names it in
 ``peak_flops_source``. Not a job of its own: a calibration job made anew in every invocation
 would be an input newer than every cached run, and Snakemake reruns a job whose input another
@@ -13,8 +13,9 @@ job updates (``ancient`` does not stop that), so retrying one run would retrain 
 A run started outside the workflow (tests, scripts), on another host than the record's (a cluster
 node), or whose ranks have another thread count, measures its own at start, and says so.
 
-Torch is imported by the measuring process only (``python -m scalelab.run.calibration``): the
-workflow's planning process and the run's launcher import this module.
+Torch is imported by the measuring process only (``python -m scalelab.run.calibration``, forked by the
+invocation's prefork server when it has one: scalelab.run.sweep_calibration): the workflow's planning process
+and the run's launcher import this module.
 """
 from __future__ import annotations
 
@@ -109,26 +110,6 @@ def write_calibration(path: str | Path, threads: int) -> dict:
     return record
 
 
-def ensure_calibration(path: str | Path, threads: int, timeout_s: float = 120.0) -> Path | None:
-    """The path of this invocation's calibration on this host, measured now (in a process of its own:
-    the launcher imports no torch) when there is none; None when measuring failed (the run then
-    measures its own, and its row says so)."""
-    import subprocess
-    import sys
-
-    path = Path(path)
-    if path.exists() and _applies(read_calibration(path), threads):
-        return path
-    proc = subprocess.run([sys.executable, "-m", "scalelab.run.calibration", str(path), str(threads)],
-                          capture_output=True, text=True, timeout=timeout_s)
-    if proc.returncode != 0:
-        print(f"scalelab: measuring the CPU's peak FLOP/s failed; each run measures its own:\n{proc.stderr[-2000:]}",
-              file=sys.stderr)
-        return None
-    print(proc.stdout.strip(), file=sys.stderr)
-    return path
-
-
 def read_calibration(path: str | Path | None) -> dict | None:
     """The calibration record at ``path``, or None (no path: a run outside the workflow)."""
     if not path:
@@ -136,7 +117,7 @@ def read_calibration(path: str | Path | None) -> dict | None:
     return json.loads(Path(path).read_text())
 
 
-def _applies(calibration: dict | None, threads: int) -> bool:
+def applies(calibration: dict | None, threads: int) -> bool:
     """Whether a record measured what a rank of this host with ``threads`` intra-op threads runs on."""
     return bool(calibration) and calibration.get("threads") == threads and calibration.get("hostname") == socket.gethostname()
 
@@ -144,7 +125,7 @@ def _applies(calibration: dict | None, threads: int) -> bool:
 def peak_for(calibration: dict | None, precision: str, threads: int) -> tuple[float, str] | None:
     """(peak FLOP/s, its source) of a precision from the sweep's calibration, or None when there
     is none that applies: no record, another host, another thread count per rank."""
-    if not _applies(calibration, threads):
+    if not applies(calibration, threads):
         return None
     dtype = matmul_precision(precision)
     peak = calibration["peaks_flops"].get(dtype)
@@ -194,9 +175,15 @@ def pin_this_rank(local_rank: int, local_ranks: int, threads_per_rank: int, laun
     return describe_rank_cores(allowed, local_ranks, threads_per_rank, launcher_slot)
 
 
-if __name__ == "__main__":  # python -m scalelab.run.calibration PATH THREADS (ensure_calibration)
+def main(argv: list[str]) -> int:
+    """``python -m scalelab.run.calibration PATH THREADS``: measure, write the record, print the peaks."""
+    record = write_calibration(argv[0], int(argv[1]))
+    print(f"scalelab: CPU peak per rank ({record['threads']} thread(s)), measured on the idle machine: "
+          + ", ".join(f"{name} {flops / 1e9:.1f} GFLOP/s" for name, flops in record["peaks_flops"].items()))
+    return 0
+
+
+if __name__ == "__main__":  # scalelab.run.sweep_calibration, where no prefork server forks it
     import sys
 
-    _record = write_calibration(sys.argv[1], int(sys.argv[2]))
-    print(f"scalelab: CPU peak per rank ({_record['threads']} thread(s)), measured on the idle machine: "
-          + ", ".join(f"{name} {flops / 1e9:.1f} GFLOP/s" for name, flops in _record["peaks_flops"].items()))
+    sys.exit(main(sys.argv[1:]))

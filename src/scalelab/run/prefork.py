@@ -4,7 +4,7 @@ A rank started as a new process spends most of its start-up importing torch and 
 distributed stack (2.5-3 s of a CPU run's ~3 s on 2 cores, more when another run starts
 beside it). A prefork server imports all of it once, then forks one child per rank on
 request, each of which runs :func:`scalelab.run.worker.main` exactly as a new process
-would: its own environment, working directory, process group and log. One server serves a
+would (or, asked once per invocation, the CPU calibration: ``FORKABLE``): its own environment, working directory, process group and log. One server serves a
 whole Snakemake invocation (started by the Snakefile's ``onstart``) or a pytest worker
 (``tests/conftest.py``); the launcher finds it through ``SCALELAB_PREFORK``.
 
@@ -30,8 +30,9 @@ server's, where new processes would each draw one) and warnings printed once at 
 server's output, not each run's log).
 
 The server imports torch on its first request, not at start: a sweep that trains nothing on the
-CPU (a report from cached runs, a GPU sweep) never pays for it, and the import never overlaps a
-calibration or the collective benchmark, which the first training job runs before its ranks.
+CPU (a report from cached runs, a GPU sweep) never pays for it, and the import never overlaps the
+collective benchmark; the calibration, which the first training job asks for before its ranks, is
+forked once the import has ended.
 
     python -m scalelab.run.prefork --name NAME [--for PATH]   (started by start_server)
 """
@@ -55,6 +56,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+FORKABLE = ("scalelab.run.worker", "scalelab.run.calibration")
+"""The modules (``python -m MODULE``, each with ``main(argv) -> int``) the server forks a child to run: a rank,
+and a CPU sweep's calibration, which the first training job asks for before its ranks (the import it would
+otherwise pay, 2-3 s on 2 cores, is the server's once)."""
 PREFORK_ENV = "SCALELAB_PREFORK"
 """The abstract socket name of the server that forks this process tree's ranks."""
 
@@ -314,7 +319,7 @@ class ForkedRank:
 
 def fork_ranks(processes: list[tuple[list[str], dict]], log_fd: int) -> tuple[list[ForkedRank] | None, str | None]:
     """Ask the server named in the environment to fork these ranks (commands ``python -m
-    scalelab.run.worker ...`` with their environments), their output on log_fd: (ranks in
+    scalelab.run.worker ...``, or another module of ``FORKABLE``, with their environments), their output on log_fd: (ranks in
     the order given, None), or (None, why not) when there is no server or it refused; the caller
     then starts new processes. The ranks' group is led by the first."""
     name = os.environ.get(PREFORK_ENV)
@@ -386,7 +391,7 @@ class _Server:
                    "(edited since the server started?)"
         for rank in request["ranks"]:
             argv = rank["argv"]
-            if interpreter(argv[0]) != interpreter(sys.executable) or argv[1:3] != ["-m", "scalelab.run.worker"]:
+            if interpreter(argv[0]) != interpreter(sys.executable) or argv[1] != "-m" or argv[2] not in FORKABLE:
                 return f"not a scalelab worker: {' '.join(argv[:3])}"
             asked = import_time_env(rank["env"])
             keys = sorted(k for k in asked.keys() | self.env.keys()
@@ -512,9 +517,9 @@ class _Server:
 
             setproctitle.setproctitle(" ".join(rank["argv"]))
             sys.argv = [rank["argv"][2], *rank["argv"][3:]]
-            from scalelab.run import worker
+            import importlib
 
-            return worker.main(rank["argv"][3:])
+            return importlib.import_module(rank["argv"][2]).main(rank["argv"][3:])
 
         end_as_a_process(become_the_rank)
 
