@@ -176,8 +176,8 @@ def test_a_server_imports_torch_only_when_a_run_asks(tmp_path, monkeypatch):
 
 def test_the_sweeps_calibration_is_forked_by_the_server_else_a_new_process(tmp_path, monkeypatch, capsys):
     """The first training job's calibration: forked by the invocation's server, which has imported torch (no
-    interpreter starts); without a server, a new process; a calibration that fails says why and returns None
-    (each run then measures its own)."""
+    interpreter starts); a server that refuses, a new process and why; without a server, a new process; a
+    calibration that fails says why and returns None (each run then measures its own)."""
     from scalelab.run import calibration, sweep_calibration
 
     assert os.environ.get(PREFORK_ENV), "tests/conftest.py starts a server per pytest worker"
@@ -196,9 +196,16 @@ def test_the_sweeps_calibration_is_forked_by_the_server_else_a_new_process(tmp_p
     assert "measuring the CPU's peak FLOP/s failed; each run measures its own" in err and "RuntimeError" in err, err
 
     monkeypatch.setattr(subprocess, "run", real_run)
+    monkeypatch.setenv("TORCH_SHOW_CPP_STACKTRACES", "1")  # read while torch loads: the server refuses, and says why
+    refused = sweep_calibration.ensure_calibration(tmp_path / "refused.json", 1)
+    assert refused == tmp_path / "refused.json" and calibration.read_calibration(refused)["threads"] == 1
+    assert ("scalelab: the CPU calibration runs in a new process: prefork server" in (err := capsys.readouterr().err)
+            and "refused: import-time environment differs from the server's: TORCH_SHOW_CPP_STACKTRACES" in err), err
+    monkeypatch.delenv("TORCH_SHOW_CPP_STACKTRACES")
     monkeypatch.delenv(PREFORK_ENV)
     alone = sweep_calibration.ensure_calibration(tmp_path / "alone.json", 1)
     assert alone == tmp_path / "alone.json" and calibration.read_calibration(alone)["threads"] == 1
+    assert "new process" not in capsys.readouterr().err  # no server at all: nothing to explain
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to connect as another user")

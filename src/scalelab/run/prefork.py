@@ -4,9 +4,10 @@ A rank started as a new process spends most of its start-up importing torch and 
 distributed stack (2.5-3 s of a CPU run's ~3 s on 2 cores, more when another run starts
 beside it). A prefork server imports all of it once, then forks one child per rank on
 request, each of which runs :func:`scalelab.run.worker.main` exactly as a new process
-would (or, asked once per invocation, the CPU calibration: ``FORKABLE``): its own environment, working directory, process group and log. One server serves a
-whole Snakemake invocation (started by the Snakefile's ``onstart``) or a pytest worker
-(``tests/conftest.py``); the launcher finds it through ``SCALELAB_PREFORK``.
+would (or, asked once per invocation, the CPU calibration: ``FORKABLE``): its own environment,
+working directory, process group and log. One server serves a whole Snakemake invocation
+(started by the Snakefile's ``onstart``) or a pytest worker (``tests/conftest.py``); the
+launcher finds it through ``SCALELAB_PREFORK``.
 
 Only CPU runs on this host go through it: a GPU run's ranks are new processes (CUDA and fork
 are not proven together here), and so are the launchers of a multi-node run (``srun``).
@@ -319,9 +320,9 @@ class ForkedRank:
 
 def fork_ranks(processes: list[tuple[list[str], dict]], log_fd: int) -> tuple[list[ForkedRank] | None, str | None]:
     """Ask the server named in the environment to fork these ranks (commands ``python -m
-    scalelab.run.worker ...``, or another module of ``FORKABLE``, with their environments), their output on log_fd: (ranks in
-    the order given, None), or (None, why not) when there is no server or it refused; the caller
-    then starts new processes. The ranks' group is led by the first."""
+    scalelab.run.worker ...``, or another module of ``FORKABLE``, with their environments), their
+    output on log_fd: (ranks in the order given, None), or (None, why not) when there is no server
+    or it refused; the caller then starts new processes. The ranks' group is led by the first."""
     name = os.environ.get(PREFORK_ENV)
     if not name:
         return None, None

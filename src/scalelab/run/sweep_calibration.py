@@ -24,7 +24,9 @@ def ensure_calibration(path: str | Path, threads: int, timeout_s: float = 120.0)
         return path
     cmd = [sys.executable, "-m", "scalelab.run.calibration", str(path), str(threads)]
     with tempfile.TemporaryFile() as out:
-        forked, _ = prefork.fork_ranks([(cmd, dict(os.environ))], out.fileno())  # refused or no server: a new process
+        forked, why_not = prefork.fork_ranks([(cmd, dict(os.environ))], out.fileno())
+        if why_not:  # refused, or gone: a new process, and why (as the ranks' launcher logs it)
+            print(f"scalelab: the CPU calibration runs in a new process: {why_not}", file=sys.stderr)
         if forked is not None:
             try:
                 code = forked[0].wait(timeout_s)
