@@ -183,6 +183,26 @@ def test_each_cpu_rank_gets_cores_of_its_own_or_the_row_says_they_share():
     assert rank_cores([0, 1], 3, 4, 1) is None
 
 
+def test_the_hypervisors_share_of_a_ranks_cores_is_read_from_proc_stat(tmp_path):
+    """core_ticks sums /proc/stat's user..steal of the named cores (guest time is inside user), steal_share divides
+    the steal between two readings by all their ticks."""
+    from scalelab.run.calibration import core_ticks, steal_share
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  300 0 30 600 6 0 4 60 5 0\n"
+                    "cpu0 100 0 10 200 2 0 1 20 5 0\n"
+                    "cpu1 200 0 20 400 4 0 3 40 0 0\n"
+                    "intr 12345 0 0\nctxt 999\n")
+    assert core_ticks([1], stat) == (40, 667)
+    assert core_ticks([0, 1], stat) == core_ticks(None, stat) == (60, 1000)  # None: every core, not the summary line
+    assert core_ticks([7], stat) is None  # a core the table does not list
+    assert core_ticks([0], tmp_path / "absent") is None  # no /proc (not Linux)
+    (tmp_path / "old").write_text("cpu0 100 0 10 200 2 0 1\n")  # a kernel without the steal field
+    assert core_ticks([0], tmp_path / "old") is None
+    assert steal_share((40, 667), (90, 1667)) == 0.05
+    assert steal_share(None, (90, 1667)) is None and steal_share((40, 667), (40, 667)) is None  # no tick between
+
+
 def test_a_run_uses_the_sweep_calibration_only_where_it_applies():
     import socket
 

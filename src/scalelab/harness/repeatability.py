@@ -112,6 +112,16 @@ def ranking(runs: pd.DataFrame) -> list[dict]:
     return out
 
 
+def _steals(runs: pd.DataFrame) -> pd.Series:
+    """The runs' host_steal_share where measured (tables before schema 10 have none)."""
+    return runs["host_steal_share"].dropna() if "host_steal_share" in runs else pd.Series(dtype=float)
+
+
+def _steal(runs: pd.DataFrame, how: str) -> float | None:
+    steal = _steals(runs)
+    return None if steal.empty else float(getattr(steal, how)())
+
+
 def goals(result: dict) -> dict:
     """The sweep's figures against GOALS: sigma, margin, ranking per world size, wall time (each sweep)."""
     out = {}
@@ -120,6 +130,7 @@ def goals(result: dict) -> dict:
         ranks = ranking(runs)
         out[side] = {"runs": len(runs), "sigma": noise.sigma, "dof": noise.dof, "margin_two_single_runs": noise.margin(1, 1),
                      "ranking": ranks, "wall_s": result["wall_s"]["AB".index(side)],
+                     "host_steal_share_median": _steal(runs, "median"), "host_steal_share_max": _steal(runs, "max"),
                      "met": {"sigma": noise.sigma is not None and noise.sigma <= GOALS["sigma"],
                              "margin": noise.margin(1, 1) is not None and noise.margin(1, 1) <= GOALS["margin"],
                              "ranking": bool(ranks) and all(r["beyond_noise_of"] >= GOALS["beyond_share"] * r["others"]
@@ -143,6 +154,8 @@ def host_floor(window_s: float, duration_s: float = HOST_FLOOR_S, size: int = 25
     import numpy as np
     import torch
 
+    from scalelab.run.calibration import steal_share, this_rank_ticks
+
     threads = torch.get_num_threads()
     affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     torch.set_num_threads(1)
@@ -151,6 +164,7 @@ def host_floor(window_s: float, duration_s: float = HOST_FLOOR_S, size: int = 25
     try:
         a = torch.randn(size, size)
         a @ a  # warm-up
+        ticks = this_rank_ticks()  # the pinned core's
         rates: list[float] = []
         end = time.perf_counter() + duration_s
         while time.perf_counter() < end or len(rates) < 3:
@@ -159,13 +173,14 @@ def host_floor(window_s: float, duration_s: float = HOST_FLOOR_S, size: int = 25
                 a @ a
                 n += 1
             rates.append(n / elapsed)
+        steal = steal_share(ticks, this_rank_ticks())
     finally:
         torch.set_num_threads(threads)
         if affinity:
             os.sched_setaffinity(0, affinity)
     logs = np.log(rates)
     return {"window_s": window_s, "windows": len(rates), "sigma": float(np.std(logs, ddof=1)),
-            "slowest_over_fastest": float(min(rates) / max(rates))}
+            "slowest_over_fastest": float(min(rates) / max(rates)), "steal_share": steal}
 
 
 FLOOR_WINDOW_S = 2.0
@@ -175,7 +190,16 @@ FLOOR_WINDOW_S = 2.0
 def floor_text(floor: dict) -> str:
     return (f"a fixed one-thread matmul on one pinned core, timed in {floor['windows']} windows of {floor['window_s']:g} s: "
             f"sigma {floor['sigma']:.1%} per window, the slowest {1 - floor['slowest_over_fastest']:.0%} below the fastest "
-            "(the steadiest a run can be on this host now)")
+            "(the steadiest a run can be on this host now)"
+            + ("" if floor.get("steal_share") is None else f"; the hypervisor took {floor['steal_share']:.1%} of the core's time"))
+
+
+def steal_text(runs: pd.DataFrame) -> str:
+    """The hypervisor's share of the runs' cores (host_steal_share): median and largest over the sweep's runs."""
+    steal = _steals(runs)
+    if steal.empty:
+        return "steal unknown"
+    return f"steal median {steal.median():.1%}, largest {steal.max():.1%} ({runs.loc[steal.idxmax(), 'run_id']})"
 
 
 def run_ratios(runs_a: pd.DataFrame, runs_b: pd.DataFrame) -> pd.Series:
@@ -216,7 +240,7 @@ def bench_repeatability(config: Path, cores: str, keep: Path | None, timeout_s: 
             console = proc.stdout + proc.stderr  # what the user saw
             print(f"sweep {side}: {len(runs)} runs, {int((runs['status'] == 'ok').sum())} ok, {wall:.0f} s; "
                   f"host loop before it {loop:.3f} s; console {len(console.splitlines())} lines, "
-                  f"{len(console.encode())} bytes", flush=True)
+                  f"{len(console.encode())} bytes; {steal_text(runs)}", flush=True)
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -237,6 +261,7 @@ def print_repeatability(result: dict) -> None:
         print(f"  median {statistics.median(ratios):.3f}, from {ratios.min():.3f} ({ratios.idxmin()}) to {ratios.max():.3f} "
               f"({ratios.idxmax()}); host loop {result['host_loop_s'][0]:.3f} s before A, {result['host_loop_s'][1]:.3f} s before B")
     print(f"noise: A {result['noise_a'].text()}\n       B {result['noise_b'].text()}")
+    print(f"the hypervisor's share of the runs' cores: A {steal_text(result['runs_a'])}; B {steal_text(result['runs_b'])}")
     print("\ncomparisons the report draws:")
     with pd.option_context("display.width", 200, "display.max_rows", 500, "display.max_colwidth", 80):
         print(table.to_string(index=False))

@@ -33,7 +33,7 @@ from scalelab.spec.families import DEFAULT_FAMILY, FAMILIES
 from scalelab.spec.precisions import PRECISIONS
 from scalelab.spec.strategies import strategy
 
-SCHEMA_VERSION = "9"  # 2: lever identity columns; 3: device plan, launch and provenance sources;
+SCHEMA_VERSION = "10"  # 2: lever identity columns; 3: device plan, launch and provenance sources;
 # 4: the compile lever (identity column, compile time), MFU against the bf16 peak, activations outside the blocks predicted;
 # 5: run_path is the run id (run folders named by run id), field metadata names each column's writer and when it is filled;
 # 6: model families (model_family, model_module, n_kv_heads, ffn_dim, rope_base, flops_per_token_method), where ranks ran
@@ -43,7 +43,8 @@ SCHEMA_VERSION = "9"  # 2: lever identity columns; 3: device plan, launch and pr
 # half_batch_steps, step_time_s_median_half_batch, token_share_measured, token_share_measured_sem; the trace columns
 # (profiled_steps, trace_files, memory_snapshot_files, exposed_comm_s_measured), the GPU's state (gpu_power_limit_w,
 # gpu_driver_version, gpu_{sm,mem}_clock_mhz_{start,end}, gpu_temperature_c_{start,end}); 9: tensor and sequence parallelism
-# (tensor_parallel, sequence_parallel, comm_tensor_parallel_*), the forecast that ranks a sweep (forecast_*: planning.top_k)
+# (tensor_parallel, sequence_parallel, comm_tensor_parallel_*), the forecast that ranks a sweep (forecast_*: planning.top_k);
+# 10: host_steal_share (the hypervisor's share of the ranks' cores during the timed steps)
 _META = {b"scalelab.schema_version": SCHEMA_VERSION.encode()}
 
 WRITERS = ("identity", "launch", "worker", "collect")
@@ -479,6 +480,11 @@ RUN = [
     Column("threads_per_rank", pa.int32(), "-", "intra-op threads per rank", "worker", OK),
     Column("rank_cores", pa.string(), "-", "CPU cores each rank of rank 0's launcher was pinned to (r0:0 r1:1), or why they "
            "shared (an overcommitted run); null on GPU", "worker", OK & CPU),
+    Column("host_steal_share", pa.float64(), "share", "the share of its cores' time the hypervisor gave to something else "
+           "during the timed steps (steal ticks in /proc/stat over all ticks of the cores each rank may run on; the "
+           "largest over ranks): a virtual machine's busy neighbours. The run's speed reads low by about this share, and "
+           "the report warns above 2%; 0 on bare metal; null where the kernel keeps no such count", "worker",
+           sometimes("Linux hosts, runs measured since schema 10", OK)),
     Column("torch_version", pa.string(), "-", "torch.__version__", "worker", OK),
     Column("cuda_version", pa.string(), "-", "torch.version.cuda; null for a CPU build", "worker",
            Filled("status ok, a CUDA build of torch (every GPU run)", lambda row: _ok(row) and GPU.rows(row), OK.at_most)),

@@ -381,6 +381,27 @@ def noise_warnings(runs: pd.DataFrame, best: pd.DataFrame) -> list[str]:
     return warnings
 
 
+STEAL_WARN = 0.02
+"""A run whose cores lost more than this share of their time to the hypervisor (host_steal_share) is named in the
+warnings: its speed reads low by about as much, at the scale of the differences a sweep ranks (a 2-core VM with busy
+neighbours lost 0-13% per 2-s window here)."""
+
+
+def steal_warnings(runs: pd.DataFrame) -> list[str]:
+    """Runs whose cores the hypervisor took more than STEAL_WARN of during the timed steps: one line for all,
+    the worst first (a busy host slows every run of a stretch; naming each would bury the other warnings)."""
+    if "host_steal_share" not in runs:
+        return []
+    stolen = runs[(runs["status"] == "ok") & (runs["host_steal_share"] > STEAL_WARN)].sort_values("host_steal_share", ascending=False)
+    if stolen.empty:
+        return []
+    ids = ", ".join(f"{r.run_id} {r.host_steal_share:.0%}" for r in stolen.head(5).itertuples())
+    more = f" and {len(stolen) - 5} more" if len(stolen) > 5 else ""
+    return [f"{len(stolen)} run(s) lost more than {STEAL_WARN:.0%} of their cores' time to the hypervisor (steal: a virtual "
+            f"machine's neighbours were busy): {ids}{more}. Their speed reads low by about as much; a comparison with "
+            "them can be the host's, not the configuration's (column host_steal_share; rerun them on a quiet host)"]
+
+
 def prediction_warnings(runs: pd.DataFrame) -> list[str]:
     """Runs whose measured step time lies outside the step-time model's band (scalelab.results.prediction)."""
     from scalelab.results.prediction import MEASURED, outside_band

@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -173,6 +174,48 @@ def pin_this_rank(local_rank: int, local_ranks: int, threads_per_rank: int, laun
     if cores is not None:
         os.sched_setaffinity(0, cores)
     return describe_rank_cores(allowed, local_ranks, threads_per_rank, launcher_slot)
+
+
+# ----------------------------------------------------------------------------- the hypervisor's share of them
+
+STAT = Path("/proc/stat")
+
+
+def core_ticks(cores: list[int] | None = None, stat: Path = STAT) -> tuple[int, int] | None:
+    """(steal, total) clock ticks of these cores since boot (/proc/stat's ``cpuN`` lines; all cores where
+    None): steal is the time the hypervisor ran something else while this guest's core wanted to run. A
+    virtual machine with busy neighbours loses seconds of it by the minute, and a run's speed reads low by
+    about its share (seen here: a 2-s window's throughput followed steal with correlation -0.91). None where
+    the kernel keeps no such table (not Linux) or reports no steal field (kernels before 2.6.11)."""
+    try:
+        lines = stat.read_text().splitlines()
+    except OSError:
+        return None
+    steal = total = 0
+    found = False
+    for line in lines:
+        fields = line.split()
+        core = re.fullmatch(r"cpu(\d+)", fields[0]) if fields else None  # a core's line, not the machine's sum
+        if core is None or len(fields) < 9 or (cores is not None and int(core.group(1)) not in cores):
+            continue
+        ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal (guest is in user)
+        steal += ticks[7]
+        total += sum(ticks)
+        found = True
+    return (steal, total) if found else None
+
+
+def this_rank_ticks() -> tuple[int, int] | None:
+    """core_ticks of the cores this process may run on (a pinned CPU rank's own; a GPU rank's host cores)."""
+    return core_ticks(sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None)
+
+
+def steal_share(start: tuple[int, int] | None, end: tuple[int, int] | None) -> float | None:
+    """The share of the cores' ticks between two core_ticks readings that the hypervisor took; None
+    without both readings or without a tick between them (a window shorter than one tick)."""
+    if start is None or end is None or end[1] <= start[1]:
+        return None
+    return (end[0] - start[0]) / (end[1] - start[1])
 
 
 def main(argv: list[str]) -> int:

@@ -46,7 +46,7 @@ from scalelab.plan.placement import LAUNCHER_SLOT_ENV, gpu_index
 from scalelab.plan.run_plan import RunPlan
 from scalelab.plan.sweep import RunPoint
 from scalelab.run.activations import SavedActivationMeter
-from scalelab.run.calibration import measure_matmul_peak, pin_this_rank
+from scalelab.run.calibration import measure_matmul_peak, pin_this_rank, steal_share, this_rank_ticks
 from scalelab.run.calibration import peak_for as calibration_peak
 from scalelab.run.comm import CommCounter, FunctionalCollectiveCounter, bytes_by_link
 from scalelab.run.data import BatchSampler
@@ -260,10 +260,20 @@ class Tally:
     activations: dict | None = None  # measured on this attempt's first micro-batch
     loop_start: float = 0.0  # perf_counter at the first step after warm-up (the loop's start before it)
     loop_time: float = 0.0  # the whole loop after warm-up, measurement included
+    ticks_start: tuple[int, int] | None = None  # this rank's cores' (steal, total) ticks at loop_start, and at loop_time's end
+    ticks_end: tuple[int, int] | None = None
     timing_steps: int = 0  # steps past train.steps that only lengthened the measurement (extend_measurement)
     half_batch_step_times: list[float] = field(default_factory=list)  # measure_token_share's steps
     gpu_start: dict = field(default_factory=dict)  # rank 0's GPU before the steps and after them (devices.gpu_state)
     gpu_end: dict = field(default_factory=dict)
+
+    def start_loop(self) -> None:
+        self.loop_start = time.perf_counter()
+        self.ticks_start = this_rank_ticks()
+
+    def end_loop(self) -> None:
+        self.loop_time = time.perf_counter() - self.loop_start
+        self.ticks_end = this_rank_ticks()
 
 
 @dataclass
@@ -470,7 +480,7 @@ def train(plan: RunPlan, rank_cores: str | None = None) -> None:
     graphs_before_loop = compiled_graphs()
     if run.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(run.device)
-    tally.loop_start = time.perf_counter()
+    tally.start_loop()
     log = Progress(cfg.steps, run.tokens_per_step, run.device, run.start_step)
     tracer = StepTracer(cfg.profile, cfg.profile_stacks, cfg.memory_snapshot, run.device, run.run_dir, run.rank)
     tally.gpu_start = gpu_state(run.device) if run.rank == 0 else {}
@@ -486,12 +496,12 @@ def train(plan: RunPlan, rank_cores: str | None = None) -> None:
     tally.timing_steps = extend_measurement(run, tally)
     tally.half_batch_step_times = measure_token_share(run, tally)
     run.counter.enabled = False
-    tally.loop_time = time.perf_counter() - tally.loop_start
+    tally.end_loop()
     tally.gpu_end = gpu_state(run.device) if run.rank == 0 else {}
     if run.point.compile:
         tally.compile_graphs_in_loop = compiled_graphs() - graphs_before_loop
 
-    gathered = gather(run)
+    gathered = gather(run, steal_share(tally.ticks_start, tally.ticks_end))
     if run.rank == 0:
         result = results(run, tally, gathered)
         run.progress.close()
@@ -524,7 +534,7 @@ def _steps(run: Run, tally: Tally, tracer: StepTracer, log: Progress) -> None:
             group["lr"] = lr
         run.counter.enabled = step >= cfg.warmup_steps
         if step == cfg.warmup_steps:
-            tally.loop_start = time.perf_counter()  # whole-loop time, measurement included
+            tally.start_loop()  # whole-loop time, measurement included
         if tally.first_step_at is None:
             tally.first_step_at = time.time()
         with tracer.step(step), tensor_parallel_count(run, step):
@@ -680,9 +690,9 @@ def save_final_params(run: Run) -> None:
                    run.run_dir / "final_params.pt")
 
 
-def gather(run: Run) -> Gathered:
-    """The collective end of the run, on every rank: model state and peak memory of each rank
-    to rank 0; stops counting."""
+def gather(run: Run, steal: float | None) -> Gathered:
+    """The collective end of the run, on every rank: model state, peak memory and the hypervisor's share of its
+    cores during the timed loop (``steal``) of each rank to rank 0; stops counting."""
     # Model state at rest: after the last optimizer step, gradients not yet freed.
     held = model_state_bytes(run.par)
     all_held = [None] * run.world_size
@@ -694,7 +704,7 @@ def gather(run: Run) -> Gathered:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     all_mem = [None] * run.world_size
     dist.all_gather_object(all_mem, {**mem, "peak_rss_bytes": rss, "hostname": socket.gethostname(),  # each rank's host
-                                     "boot_id": machine_id()})
+                                     "boot_id": machine_id(), "host_steal_share": steal})
     counted = {"calls": dict(run.counter.calls), "bytes": dict(run.counter.bytes), "by_group": run.counter.by_group()}
     run.counter.uninstall()
     return Gathered(held=all_held, mem=all_mem, comm=counted)
@@ -812,6 +822,8 @@ def memory_and_placement_columns(run: Run, all_mem: list[dict]) -> dict:
         "peak_mem_allocated_bytes": max((m.get("peak_mem_allocated_bytes", 0) for m in all_mem), default=None) if on_gpu else None,
         "peak_mem_reserved_bytes": max((m.get("peak_mem_reserved_bytes", 0) for m in all_mem), default=None) if on_gpu else None,
         "peak_rss_bytes": max(m["peak_rss_bytes"] for m in all_mem),
+        # the slowest rank sets the step: the largest share any rank's cores lost to the hypervisor
+        "host_steal_share": max((m["host_steal_share"] for m in all_mem if m["host_steal_share"] is not None), default=None),
         "rank_hostnames": ",".join(hosts),
         "node_list": ",".join(dict.fromkeys(hosts)),
         "nodes_used": len(set(hosts)),
