@@ -203,6 +203,19 @@ def test_the_hypervisors_share_of_a_ranks_cores_is_read_from_proc_stat(tmp_path)
     assert steal_share(None, (90, 1667)) is None and steal_share((40, 667), (40, 667)) is None  # no tick between
 
 
+def test_the_calibration_records_and_says_what_the_hypervisor_took_while_it_measured(tmp_path, monkeypatch, capsys):
+    import json
+
+    from scalelab.run import calibration
+
+    readings = iter([(0, 1000), (100, 2000)])  # 100 of 1,000 ticks stolen
+    monkeypatch.setattr(calibration, "this_rank_ticks", lambda: next(readings))
+    assert calibration.main([str(tmp_path / "cpu.json"), "1"]) == 0
+    assert json.loads((tmp_path / "cpu.json").read_text())["steal_share"] == 0.1
+    assert capsys.readouterr().out.rstrip().endswith(
+        "; the hypervisor took 10% of the cores' time meanwhile (busy neighbours): the peaks may read low, and the runs' MFU high")
+
+
 def test_a_run_uses_the_sweep_calibration_only_where_it_applies():
     import socket
 

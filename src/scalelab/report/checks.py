@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from scalelab.spec.hardware import STEAL_WARN
 from scalelab.spec.precisions import PRECISIONS
 
 SPIKE_WINDOW = 10
@@ -381,15 +382,10 @@ def noise_warnings(runs: pd.DataFrame, best: pd.DataFrame) -> list[str]:
     return warnings
 
 
-STEAL_WARN = 0.02
-"""A run whose cores lost more than this share of their time to the hypervisor (host_steal_share) is named in the
-warnings: its speed reads low by about as much, at the scale of the differences a sweep ranks (a 2-core VM with busy
-neighbours lost 0-13% per 2-s window here)."""
-
-
 def steal_warnings(runs: pd.DataFrame) -> list[str]:
-    """Runs whose cores the hypervisor took more than STEAL_WARN of during the timed steps: one line for all,
-    the worst first (a busy host slows every run of a stretch; naming each would bury the other warnings)."""
+    """Runs whose cores the hypervisor took more than STEAL_WARN of during the timed steps (host_steal_share):
+    one line for all, the worst first (a busy host slows every run of a stretch; naming each would bury the other
+    warnings)."""
     if "host_steal_share" not in runs:
         return []
     stolen = runs[(runs["status"] == "ok") & (runs["host_steal_share"] > STEAL_WARN)].sort_values("host_steal_share", ascending=False)

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from scalelab.io import write_json
-from scalelab.spec.hardware import cpu_name
+from scalelab.spec.hardware import STEAL_WARN, cpu_name
 from scalelab.spec.precisions import PRECISIONS
 from scalelab.spec.precisions import precision as precision_record
 
@@ -83,14 +83,16 @@ def matmul_precision(precision: str) -> str:
 
 def calibrate_cpu(threads: int, seconds: float = CALIBRATION_SECONDS) -> dict:
     """Measure the matmul peak of every precision of CALIBRATED, with ``threads`` intra-op threads
-    (one rank's), and return the record a run reads (``peak_for``)."""
+    (one rank's), and return the record a run reads (``peak_for``), with the hypervisor's share of the cores
+    while it measured (``steal_share``)."""
     import torch
 
     torch.set_num_threads(threads)
     device = torch.device("cpu")
-    started = time.time()
+    started, ticks = time.time(), this_rank_ticks()
     peaks = {name: measure_matmul_peak(device, precision_record(name).compute, seconds) for name in CALIBRATED}
     return {
+        "steal_share": steal_share(ticks, this_rank_ticks()),  # a busy host's peaks read low: the runs' MFU high
         "device_type": "cpu", "device_name": cpu_name(), "hostname": socket.gethostname(),
         "threads": threads, "peaks_flops": peaks, "seconds_per_size": seconds,
         "measured_utc": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -222,7 +224,10 @@ def main(argv: list[str]) -> int:
     """``python -m scalelab.run.calibration PATH THREADS``: measure, write the record, print the peaks."""
     record = write_calibration(argv[0], int(argv[1]))
     print(f"scalelab: CPU peak per rank ({record['threads']} thread(s)), measured on the idle machine: "
-          + ", ".join(f"{name} {flops / 1e9:.1f} GFLOP/s" for name, flops in record["peaks_flops"].items()))
+          + ", ".join(f"{name} {flops / 1e9:.1f} GFLOP/s" for name, flops in record["peaks_flops"].items())
+          + ("" if (record["steal_share"] or 0) <= STEAL_WARN else
+             f"; the hypervisor took {record['steal_share']:.0%} of the cores' time meanwhile (busy neighbours): the peaks "
+             "may read low, and the runs' MFU high"))
     return 0
 
 

@@ -268,6 +268,12 @@ CPU_MATMUL_ISA = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX-512 BF16"), ("avx512
 calibrated peak and a step's speed depend on (16-bit ones most: without AVX-512 BF16 a CPU emulates bf16)."""
 
 
+STEAL_WARN = 0.02
+"""A share of a CPU's time its hypervisor gave elsewhere (steal) above which a measurement says so: a run's warning in the
+report (host_steal_share), the calibration's line. Its speed reads low by about that share, at the scale of the
+differences a sweep ranks (a 2-core VM with busy neighbours lost 0-13% per 2-s window here)."""
+
+
 def cpu_name(cpuinfo: str | None = None) -> str:
     """The CPU's model name with its family, model and widest matmul instructions, from /proc/cpuinfo (or the text
     given): a hypervisor may name every generation alike ("AMD EPYC" for Zen 3 with AVX2 and for Zen 4 with AVX-512
