@@ -165,6 +165,9 @@ def test_noise_warnings_name_noisy_points_and_unrankable_bests():
     runs = _runs(("fp32-z0-w1", 1000), ("fp32-z0-w1-r2", 1300), ("fp32-z0-w1-r3", 1050), ("bf16-z0-w1", 1080))
     warnings = noise_warnings(runs, best_configurations(runs))
     assert warnings[0].startswith("fp32-z0-w1: its 3 identical runs differ by 29% in tokens/s (1,000 to 1,300)")
+    assert warnings[0].endswith("(was the machine busy?)")  # no steal measured (tables before schema 10)
+    stolen = noise_warnings(runs.assign(host_steal_share=[0.01, 0.07, 0.0, 0.3]), best_configurations(runs))[0]
+    assert stolen.endswith("(the hypervisor took up to 7% of their cores' time: the host was busy)")  # the point's own runs
     assert warnings[1] == ("world size 1: the fastest point bf16-z0-w1 is within run-to-run noise of fp32-z0-w1: "
                            "the sweep cannot rank them (more repeats narrow the noise: repeats.points)")
     quiet = _runs(("fp32-z0-w1", 1000), ("fp32-z0-w1-r2", 1030), ("fp32-z0-w1-r3", 1010),

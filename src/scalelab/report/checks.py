@@ -372,7 +372,9 @@ def noise_warnings(runs: pd.DataFrame, best: pd.DataFrame) -> list[str]:
 
     spreads = repeat_spreads(runs)
     warnings = [f"{point}: its {int(r['n'])} identical runs differ by {r['spread']:.0%} in tokens/s ({r['min']:,.0f} to "
-                f"{r['max']:,.0f}); a difference between points smaller than that is noise (was the machine busy?)"
+                f"{r['max']:,.0f}); a difference between points smaller than that is noise ("
+                + (f"the hypervisor took up to {r['steal_max']:.0%} of their cores' time: the host was busy)"
+                   if r["steal_max"] > STEAL_WARN else "was the machine busy?)")
                 for point, r in spreads[spreads["spread"] > NOISY_SPREAD].iterrows()]
     several = "model" in best and best["model"].nunique() > 1
     for r in best[best["within_noise"].fillna("") != ""].itertuples():

@@ -72,14 +72,16 @@ def config_ids(runs: pd.DataFrame) -> pd.Series:
 
 def repeat_spreads(runs: pd.DataFrame, value: str = MEASURED) -> pd.DataFrame:
     """Per point (config_id) over its ok runs: n, median, min, max, the relative spread
-    (max - min) / median (NaN with one run) and the sum of squared deviations of log value from the
-    point's mean (``ss_log``: what sigma pools)."""
+    (max - min) / median (NaN with one run), the sum of squared deviations of log value from the
+    point's mean (``ss_log``: what sigma pools) and the largest host_steal_share of its runs (``steal_max``)."""
     ok = runs[(runs["status"] == "ok") & runs[value].notna() & (runs[value] > 0)]
     ok = ok.assign(config_id=config_ids(ok), _log=np.log(ok[value].astype(float)))
     grouped = ok.groupby("config_id")
     table = grouped[value].agg(n="size", median="median", min="min", max="max")
     table["spread"] = np.where(table["n"] >= 2, (table["max"] - table["min"]) / table["median"], np.nan)
     table["ss_log"] = grouped["_log"].agg(lambda x: float(((x - x.mean()) ** 2).sum()))
+    # the most the hypervisor took from any of the point's runs (tables before schema 10: unknown)
+    table["steal_max"] = grouped["host_steal_share"].max() if "host_steal_share" in ok else np.nan
     return table
 
 
