@@ -1,4 +1,5 @@
-"""A CPU sweep's peak FLOP/s, measured once on the idle machine, and each CPU rank's cores.
+"""A CPU sweep's peak FLOP/s, measured once on the idle machine, each CPU rank's cores, and the hypervisor's
+share of them (steal: the time a virtual machine's host gave to other guests).
 
 MFU divides by a peak. A GPU has a datasheet figure (scalelab.spec.hardware); a CPU has none here, so
 its peak is the best matmul rate measured on it. Measured inside each run, it measured whatever
