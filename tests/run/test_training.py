@@ -99,6 +99,8 @@ def test_a_measurement_window_in_seconds_leaves_the_training_untouched(tmp_path,
     final, before = torch.load(run_dir / "final_params.pt"), torch.load(plain_dir / "final_params.pt")
     assert final.keys() == before.keys() and all(torch.equal(final[k], before[k]) for k in final)
     assert timed["comm_bytes_per_step_measured"] == timed["comm_bytes_per_step_predicted"]
+    # the hypervisor's share of the ranks' cores over 1.5 s or more of timed steps; a run of 0.1 s has none (under a second)
+    assert 0 <= timed["host_steal_share"] < 1 and plain["host_steal_share"] is None, (timed["host_steal_share"], plain["host_steal_share"])
 
 
 def test_crash_on_one_rank_is_a_failed_result(tmp_path, tiny_data):

@@ -177,11 +177,12 @@ def test_sweep_end_text_opens_with_the_cpu_notice_and_only_on_cpu(tmp_path):
 def test_runs_whose_cores_the_hypervisor_took_are_named_in_one_line_the_worst_first():
     runs = pd.DataFrame({"run_id": [f"fp32-z0-w{i}" for i in range(1, 9)],
                          "status": ["ok"] * 7 + ["failed"],
-                         "host_steal_share": [0.01, 0.13, 0.03, 0.05, 0.06, 0.07, 0.08, 0.5]})
+                         "host_steal_share": [0.02, 0.13, 0.024, 0.05, 0.06, 0.07, 0.08, 0.5]})
     (line,) = checks.steal_warnings(runs)
     assert line.startswith("6 run(s) lost more than 2% of their cores' time to the hypervisor")
-    assert "fp32-z0-w2 13%, fp32-z0-w7 8%, fp32-z0-w6 7%, fp32-z0-w5 6%, fp32-z0-w4 5% and 1 more." in line
-    assert "fp32-z0-w8" not in line and "fp32-z0-w1 " not in line  # a failed run times nothing; 1% is below the line
+    assert "fp32-z0-w2 13.0%, fp32-z0-w7 8.0%, fp32-z0-w6 7.0%, fp32-z0-w5 6.0%, fp32-z0-w4 5.0% and 1 more." in line
+    assert "fp32-z0-w8" not in line and "fp32-z0-w1 " not in line  # a failed run times nothing; 2% is not above the line
+    assert "fp32-z0-w3 2.4%" in checks.steal_warnings(runs[runs["run_id"] != "fp32-z0-w2"])[0]  # not rounded to "2%"
     assert checks.steal_warnings(runs.assign(host_steal_share=[0.0] * 7 + [None])) == []  # bare metal: silent
     assert checks.steal_warnings(runs.drop(columns="host_steal_share")) == []  # tables before schema 10
 

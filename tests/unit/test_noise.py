@@ -167,7 +167,8 @@ def test_noise_warnings_name_noisy_points_and_unrankable_bests():
     assert warnings[0].startswith("fp32-z0-w1: its 3 identical runs differ by 29% in tokens/s (1,000 to 1,300)")
     assert warnings[0].endswith("(was the machine busy?)")  # no steal measured (tables before schema 10)
     stolen = noise_warnings(runs.assign(host_steal_share=[0.01, 0.07, 0.0, 0.3]), best_configurations(runs))[0]
-    assert stolen.endswith("(the hypervisor took up to 7% of their cores' time: the host was busy)")  # the point's own runs
+    assert stolen.endswith("(the hypervisor took up to 7.0% of their cores' time: other guests of the physical host were "
+                           "busy)")  # the point's own runs
     assert warnings[1] == ("world size 1: the fastest point bf16-z0-w1 is within run-to-run noise of fp32-z0-w1: "
                            "the sweep cannot rank them (more repeats narrow the noise: repeats.points)")
     quiet = _runs(("fp32-z0-w1", 1000), ("fp32-z0-w1-r2", 1030), ("fp32-z0-w1-r3", 1010),
@@ -187,36 +188,36 @@ def test_each_cpu_rank_gets_cores_of_its_own_or_the_row_says_they_share():
 
 
 def test_the_hypervisors_share_of_a_ranks_cores_is_read_from_proc_stat(tmp_path):
-    """core_ticks sums /proc/stat's user..steal of the named cores (guest time is inside user), steal_share divides
-    the steal between two readings by all their ticks."""
-    from scalelab.run.calibration import core_ticks, steal_share
+    """core_ticks sums /proc/stat's steal and the ticks the named cores wanted (all but idle and iowait; guest time is
+    inside user), steal_share divides the steal between two readings by the wanted ticks, from one second of them."""
+    from scalelab.run.calibration import STEAL_MIN_TICKS, core_ticks, steal_share
 
     stat = tmp_path / "stat"
     stat.write_text("cpu  300 0 30 600 6 0 4 60 5 0\n"
                     "cpu0 100 0 10 200 2 0 1 20 5 0\n"
-                    "cpu1 200 0 20 400 4 0 3 40 0 0\n"
+                    "cpu1 200 3 20 400 4 0 3 40 0 0\n"
                     "intr 12345 0 0\nctxt 999\n")
-    assert core_ticks([1], stat) == (40, 667)
-    assert core_ticks([0, 1], stat) == core_ticks(None, stat) == (60, 1000)  # None: every core, not the summary line
-    assert core_ticks([7], stat) is None  # a core the table does not list
+    assert core_ticks([1], stat) == (40, 266)  # 200 + 3 + 20 + 0 + 3 + 40: idle and iowait left out
+    assert core_ticks([0, 1], stat) == core_ticks(None, stat) == (60, 397)  # None: every core, not the summary line
+    assert core_ticks([1, 7], stat) is None  # a core the table does not list (a renumbered container's): not another's
     assert core_ticks([0], tmp_path / "absent") is None  # no /proc (not Linux)
     (tmp_path / "old").write_text("cpu0 100 0 10 200 2 0 1\n")  # a kernel without the steal field
     assert core_ticks([0], tmp_path / "old") is None
-    assert steal_share((40, 667), (90, 1667)) == 0.05
-    assert steal_share(None, (90, 1667)) is None and steal_share((40, 667), (40, 667)) is None  # no tick between
+    assert steal_share((40, 266), (90, 1266)) == 0.05
+    assert steal_share(None, (90, 1266)) is None
+    assert steal_share((40, 266), (41, 266 + STEAL_MIN_TICKS - 1)) is None  # under a second of one core: one tick reads 1%+
+    assert steal_share((40, 266), (41, 266 + STEAL_MIN_TICKS)) == 1 / STEAL_MIN_TICKS
 
 
-def test_the_calibration_records_and_says_what_the_hypervisor_took_while_it_measured(tmp_path, monkeypatch, capsys):
-    import json
+def test_repeatability_states_the_hypervisors_share_of_the_sweeps_and_the_floors_cores():
+    from scalelab.harness.repeatability import floor_text, steal_text
 
-    from scalelab.run import calibration
-
-    readings = iter([(0, 1000), (100, 2000)])  # 100 of 1,000 ticks stolen
-    monkeypatch.setattr(calibration, "this_rank_ticks", lambda: next(readings))
-    assert calibration.main([str(tmp_path / "cpu.json"), "1"]) == 0
-    assert json.loads((tmp_path / "cpu.json").read_text())["steal_share"] == 0.1
-    assert capsys.readouterr().out.rstrip().endswith(
-        "; the hypervisor took 10% of the cores' time meanwhile (busy neighbours): the peaks may read low, and the runs' MFU high")
+    runs = pd.DataFrame({"run_id": ["a", "b", "c"], "host_steal_share": [0.01, None, 0.05]})
+    assert steal_text(runs) == "median 3.0%, largest 5.0% (c)"
+    assert steal_text(runs.drop(columns="host_steal_share")) == "unknown"  # tables before schema 10
+    floor = {"windows": 30, "window_s": 2.0, "sigma": 0.076, "slowest_over_fastest": 0.79}
+    assert floor_text({**floor, "steal_share": 0.031}).endswith("; the hypervisor took 3.1% of the core's time")
+    assert "hypervisor" not in floor_text({**floor, "steal_share": None})
 
 
 def test_a_run_uses_the_sweep_calibration_only_where_it_applies():

@@ -162,7 +162,6 @@ def test_sweep_end_to_end_then_nothing_to_do(tmp_path):
         assert summary["peak_flops_source"].startswith("sweep calibration: measured"), summary["peak_flops_source"]
         assert f"{summary['peak_flops_per_device'] / 1e9:.1f} GFLOP/s" in calibration.group(1)
         assert summary["rank_cores"] == ("r0:0" if summary["world_size"] == 1 else "r0:0 r1:1"), summary["rank_cores"]
-        assert 0 <= summary["host_steal_share"] < 1, summary["host_steal_share"]  # each rank's pinned core, read on Linux
         started.append((summary["started_utc"], summary["wall_time_s"], summary["run_id"]))
     assert {p.parent.name for p in summaries} >= {"fp32-z0-w1-r2", "fp32-z0-w2-r2"}
     # one run at a time (profiles/default's train_slot): no run started before the one before it ended

@@ -198,8 +198,8 @@ def steal_text(runs: pd.DataFrame) -> str:
     """The hypervisor's share of the runs' cores (host_steal_share): median and largest over the sweep's runs."""
     steal = _steals(runs)
     if steal.empty:
-        return "steal unknown"
-    return f"steal median {steal.median():.1%}, largest {steal.max():.1%} ({runs.loc[steal.idxmax(), 'run_id']})"
+        return "unknown"
+    return f"median {steal.median():.1%}, largest {steal.max():.1%} ({runs.loc[steal.idxmax(), 'run_id']})"
 
 
 def run_ratios(runs_a: pd.DataFrame, runs_b: pd.DataFrame) -> pd.Series:
@@ -240,7 +240,7 @@ def bench_repeatability(config: Path, cores: str, keep: Path | None, timeout_s: 
             console = proc.stdout + proc.stderr  # what the user saw
             print(f"sweep {side}: {len(runs)} runs, {int((runs['status'] == 'ok').sum())} ok, {wall:.0f} s; "
                   f"host loop before it {loop:.3f} s; console {len(console.splitlines())} lines, "
-                  f"{len(console.encode())} bytes; {steal_text(runs)}", flush=True)
+                  f"{len(console.encode())} bytes", flush=True)
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)

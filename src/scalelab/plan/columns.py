@@ -480,10 +480,11 @@ RUN = [
     Column("threads_per_rank", pa.int32(), "-", "intra-op threads per rank", "worker", OK),
     Column("rank_cores", pa.string(), "-", "CPU cores each rank of rank 0's launcher was pinned to (r0:0 r1:1), or why they "
            "shared (an overcommitted run); null on GPU", "worker", OK & CPU),
-    Column("host_steal_share", pa.float64(), "share", "the share of its cores' time the hypervisor gave to something else "
-           "during the timed steps (steal ticks in /proc/stat over all ticks of the cores each rank may run on; the "
-           "largest over ranks): a virtual machine's busy neighbours. The run's speed reads low by about this share, and "
-           "the report warns above 2%; 0 on bare metal; null where the kernel keeps no such count", "worker",
+    Column("host_steal_share", pa.float64(), "fraction", "the share of the time its cores wanted to run that the "
+           "hypervisor gave to other guests during the timed steps (steal over busy and stolen ticks in /proc/stat, of the "
+           "cores each rank may run on: a CPU rank's own, a GPU rank's host cores; the largest over ranks). A CPU run's "
+           "speed reads low by about this share, and the report warns above 2%; 0 on bare metal; null where the kernel "
+           "keeps no such count or the timed steps were under one second of one core's time", "worker",
            sometimes("Linux hosts, runs measured since schema 10", OK)),
     Column("torch_version", pa.string(), "-", "torch.__version__", "worker", OK),
     Column("cuda_version", pa.string(), "-", "torch.version.cuda; null for a CPU build", "worker",

@@ -373,7 +373,8 @@ def noise_warnings(runs: pd.DataFrame, best: pd.DataFrame) -> list[str]:
     spreads = repeat_spreads(runs)
     warnings = [f"{point}: its {int(r['n'])} identical runs differ by {r['spread']:.0%} in tokens/s ({r['min']:,.0f} to "
                 f"{r['max']:,.0f}); a difference between points smaller than that is noise ("
-                + (f"the hypervisor took up to {r['steal_max']:.0%} of their cores' time: the host was busy)"
+                + (f"the hypervisor took up to {r['steal_max']:.1%} of their cores' time: other guests of the physical "
+                   "host were busy)"
                    if r["steal_max"] > STEAL_WARN else "was the machine busy?)")
                 for point, r in spreads[spreads["spread"] > NOISY_SPREAD].iterrows()]
     several = "model" in best and best["model"].nunique() > 1
@@ -393,11 +394,12 @@ def steal_warnings(runs: pd.DataFrame) -> list[str]:
     stolen = runs[(runs["status"] == "ok") & (runs["host_steal_share"] > STEAL_WARN)].sort_values("host_steal_share", ascending=False)
     if stolen.empty:
         return []
-    ids = ", ".join(f"{r.run_id} {r.host_steal_share:.0%}" for r in stolen.head(5).itertuples())
+    ids = ", ".join(f"{r.run_id} {r.host_steal_share:.1%}" for r in stolen.head(5).itertuples())
     more = f" and {len(stolen) - 5} more" if len(stolen) > 5 else ""
-    return [f"{len(stolen)} run(s) lost more than {STEAL_WARN:.0%} of their cores' time to the hypervisor (steal: a virtual "
-            f"machine's neighbours were busy): {ids}{more}. Their speed reads low by about as much; a comparison with "
-            "them can be the host's, not the configuration's (column host_steal_share; rerun them on a quiet host)"]
+    return [f"{len(stolen)} run(s) lost more than {STEAL_WARN:.0%} of their cores' time to the hypervisor (steal: other "
+            f"guests of the physical host were busy): {ids}{more}. Their speed reads low by about as much; a difference "
+            "involving them may come from the host, not the configuration (column host_steal_share; rerun them on a quiet "
+            "host)"]
 
 
 def prediction_warnings(runs: pd.DataFrame) -> list[str]:

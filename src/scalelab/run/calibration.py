@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from scalelab.io import write_json
-from scalelab.spec.hardware import STEAL_WARN, cpu_name
+from scalelab.spec.hardware import cpu_name
 from scalelab.spec.precisions import PRECISIONS
 from scalelab.spec.precisions import precision as precision_record
 
@@ -84,16 +84,14 @@ def matmul_precision(precision: str) -> str:
 
 def calibrate_cpu(threads: int, seconds: float = CALIBRATION_SECONDS) -> dict:
     """Measure the matmul peak of every precision of CALIBRATED, with ``threads`` intra-op threads
-    (one rank's), and return the record a run reads (``peak_for``), with the hypervisor's share of the cores
-    while it measured (``steal_share``)."""
+    (one rank's), and return the record a run reads (``peak_for``)."""
     import torch
 
     torch.set_num_threads(threads)
     device = torch.device("cpu")
-    started, ticks = time.time(), this_rank_ticks()
+    started = time.time()
     peaks = {name: measure_matmul_peak(device, precision_record(name).compute, seconds) for name in CALIBRATED}
     return {
-        "steal_share": steal_share(ticks, this_rank_ticks()),  # a busy host's peaks read low: the runs' MFU high
         "device_type": "cpu", "device_name": cpu_name(), "hostname": socket.gethostname(),
         "threads": threads, "peaks_flops": peaks, "seconds_per_size": seconds,
         "measured_utc": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -185,27 +183,30 @@ STAT = Path("/proc/stat")
 
 
 def core_ticks(cores: list[int] | None = None, stat: Path = STAT) -> tuple[int, int] | None:
-    """(steal, total) clock ticks of these cores since boot (/proc/stat's ``cpuN`` lines; all cores where
-    None): steal is the time the hypervisor ran something else while this guest's core wanted to run. A
-    virtual machine with busy neighbours loses seconds of it by the minute, and a run's speed reads low by
-    about its share (seen here: a 2-s window's throughput followed steal with correlation -0.91). None where
-    the kernel keeps no such table (not Linux) or reports no steal field (kernels before 2.6.11)."""
+    """(steal, wanted) clock ticks of these cores since boot (/proc/stat's ``cpuN`` lines; all cores where
+    None): steal is the time the hypervisor ran something else while this guest's core wanted to run, wanted
+    every tick the cores ran or wanted to (all but idle and iowait: an idle core neither runs nor loses time, so
+    a process free to use many cores, mostly idle, is not diluted). A virtual machine with busy neighbours loses
+    seconds of it by the minute, and a run's speed reads low by about its share (a 2-core VM: a 2-s window's
+    throughput followed steal with correlation -0.91). None where the kernel keeps no such table (not Linux),
+    reports no steal field (kernels before 2.6.11), or lists not every one of these cores (a container whose
+    /proc/stat is rewritten and renumbered, LXCFS: its lines are not these cores)."""
     try:
         lines = stat.read_text().splitlines()
     except OSError:
         return None
-    steal = total = 0
-    found = False
+    steal = wanted = 0
+    seen = set()
     for line in lines:
         fields = line.split()
         core = re.fullmatch(r"cpu(\d+)", fields[0]) if fields else None  # a core's line, not the machine's sum
         if core is None or len(fields) < 9 or (cores is not None and int(core.group(1)) not in cores):
             continue
-        ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal (guest is in user)
-        steal += ticks[7]
-        total += sum(ticks)
-        found = True
-    return (steal, total) if found else None
+        user, nice, system, _idle, _iowait, irq, softirq, stolen = (int(v) for v in fields[1:9])  # guest time is in user
+        steal += stolen
+        wanted += user + nice + system + irq + softirq + stolen
+        seen.add(int(core.group(1)))
+    return (steal, wanted) if seen and (cores is None or seen == set(cores)) else None
 
 
 def this_rank_ticks() -> tuple[int, int] | None:
@@ -213,10 +214,16 @@ def this_rank_ticks() -> tuple[int, int] | None:
     return core_ticks(sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None)
 
 
+STEAL_MIN_TICKS = 100
+"""Fewer wanted ticks than this between two readings give no share: at the usual 100 ticks per second, one second
+of one core's time, so a single stolen tick reads 1% at most, below spec.hardware.STEAL_WARN (a test run's 0.1 s
+of steps would read 10% per tick)."""
+
+
 def steal_share(start: tuple[int, int] | None, end: tuple[int, int] | None) -> float | None:
-    """The share of the cores' ticks between two core_ticks readings that the hypervisor took; None
-    without both readings or without a tick between them (a window shorter than one tick)."""
-    if start is None or end is None or end[1] <= start[1]:
+    """The share of the ticks the cores wanted between two core_ticks readings that the hypervisor took; None
+    without both readings or with fewer than STEAL_MIN_TICKS between them (too short a window to say)."""
+    if start is None or end is None or end[1] - start[1] < STEAL_MIN_TICKS:
         return None
     return (end[0] - start[0]) / (end[1] - start[1])
 
@@ -225,10 +232,7 @@ def main(argv: list[str]) -> int:
     """``python -m scalelab.run.calibration PATH THREADS``: measure, write the record, print the peaks."""
     record = write_calibration(argv[0], int(argv[1]))
     print(f"scalelab: CPU peak per rank ({record['threads']} thread(s)), measured on the idle machine: "
-          + ", ".join(f"{name} {flops / 1e9:.1f} GFLOP/s" for name, flops in record["peaks_flops"].items())
-          + ("" if (record["steal_share"] or 0) <= STEAL_WARN else
-             f"; the hypervisor took {record['steal_share']:.0%} of the cores' time meanwhile (busy neighbours): the peaks "
-             "may read low, and the runs' MFU high"))
+          + ", ".join(f"{name} {flops / 1e9:.1f} GFLOP/s" for name, flops in record["peaks_flops"].items()))
     return 0
 
 
