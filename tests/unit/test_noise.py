@@ -155,6 +155,14 @@ def test_compare_marks_which_changes_exceed_the_noise_of_either_sweep():
                           noise_limit(a, b))
     assert any(line.startswith(f"throughput changes beyond the run-to-run noise ({limit:.1%}") and "1 of 4 runs (bf16-z0-w1)" in line
                for line in lines), lines
+    assert not any("hypervisor" in line for line in lines)  # no steal recorded (tables before schema 10)
+    # the hypervisor took 6% of bf16-z0-w1's cores in A: its change is named as possibly the host's
+    stolen = compare_runs(a.assign(host_steal_share=[0.0, 0.0, 0.0, 0.06]), b.assign(host_steal_share=0.01), steps, steps)
+    assert stolen.set_index("run_id")["host_steal_share_max"].to_dict() == {"bf16-z0-w1": 0.06, "fp32-z0-w1": 0.01,
+                                                                          "fp32-z0-w1-r2": 0.01, "fp32-z0-w1-r3": 0.01}
+    assert ("of those, 1 lost more than 2% of their cores' time to the hypervisor on a side (bf16-z0-w1 6.0%): their change "
+            "may be the host's, not the sweep's (column host_steal_share_max)") in summary_lines(
+                stolen, pd.DataFrame(columns=["side"]), pd.DataFrame({"column": [], "same": []}))
     single = compare_runs(_runs(("fp32-z0-w1", 1000)), _runs(("fp32-z0-w1", 1300)), steps, steps)
     assert single["throughput_change"].tolist() == ["unknown (no repeats)"]
     # a sweep without repeats borrows the other's noise

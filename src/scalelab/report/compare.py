@@ -23,6 +23,7 @@ from scalelab.io import building_dir
 from scalelab.report.tables import MiB, device_peak_bytes
 from scalelab.results.like import MODEL, model_key, model_labels
 from scalelab.results.noise import CONFIDENCE, margin_between, relative_change, sweep_noise
+from scalelab.spec.hardware import STEAL_WARN
 
 PROVENANCE = ["device_type", "device_name", "backend", "torch_version", "cuda_version", "nccl_version", "python_version",
               "hostname", "git_commit", "git_dirty", "threads_per_rank"]
@@ -95,7 +96,8 @@ def compare_runs(runs_a: pd.DataFrame, runs_b: pd.DataFrame, steps_a: pd.DataFra
 
     def prepared(runs):
         runs = _keyed(runs)
-        return runs[keep + ["_model", "model_label"]].assign(peak_mib=device_peak_bytes(runs) / MiB,
+        steal = runs["host_steal_share"] if "host_steal_share" in runs else np.nan  # tables before schema 10: unknown
+        return runs[keep + ["_model", "model_label"]].assign(host_steal_share=steal,peak_mib=device_peak_bytes(runs) / MiB,
                                                              model_state_mib=runs["model_state_bytes_measured"] / MiB)
 
     a, b = prepared(runs_a), prepared(runs_b)
@@ -108,6 +110,8 @@ def compare_runs(runs_a: pd.DataFrame, runs_b: pd.DataFrame, steps_a: pd.DataFra
         "peak_mib_a": merged["peak_mib_a"], "peak_mib_b": merged["peak_mib_b"], "peak_mib_ratio": merged["peak_mib_b"] / merged["peak_mib_a"],
         "model_state_mib_ratio": merged["model_state_mib_b"] / merged["model_state_mib_a"],
         "mfu_a": merged["mfu_a"], "mfu_b": merged["mfu_b"],
+        # the most the hypervisor took from the run's cores on either side (host_steal_share): a change it can explain
+        "host_steal_share_max": merged[["host_steal_share_a", "host_steal_share_b"]].astype(float).max(axis=1),
     })
     out["noise_limit"] = merged["_model"].map(noise_limits(runs_a, runs_b)).astype(float).to_numpy()
     out["throughput_change"] = throughput_verdicts(out, out["noise_limit"])
@@ -245,6 +249,13 @@ def summary_lines(table: pd.DataFrame, only: pd.DataFrame, prov: pd.DataFrame, l
         lines.append(f"throughput changes beyond the run-to-run noise ({stated}: what noise alone exceeds between a run in A "
                      f"and in B {1 - CONFIDENCE:.0%} of the time, from both sweeps' repeats"
                      + (" of the run's model" if per_model is not None else "") + f"): {len(beyond)} of {len(both_ok)} runs" + named)
+        steal = both_ok["host_steal_share_max"] if "host_steal_share_max" in both_ok else pd.Series(dtype=float)
+        stolen = [r for r in beyond if steal.get(r, 0) > STEAL_WARN]
+        if stolen:
+            lines.append(f"of those, {len(stolen)} lost more than {STEAL_WARN:.0%} of their cores' time to the hypervisor on a "
+                         f"side ({', '.join(f'{r} {steal[r]:.1%}' for r in stolen[:8])}"
+                         + (", ..." if len(stolen) > 8 else "") + "): their change may be the host's, not the sweep's "
+                         "(column host_steal_share_max)")
     elif not both_ok.empty:
         lines.append("throughput changes: neither sweep repeated a point, so which changes are noise is unknown "
                      "(identical sweeps on a shared machine have differed by up to 1.77x per run)")
