@@ -174,6 +174,24 @@ def test_sweep_end_text_opens_with_the_cpu_notice_and_only_on_cpu(tmp_path):
     assert text.startswith("scalelab: 24 runs") and "CPU" not in text, text
 
 
+def test_mfu_above_the_peak_is_one_line_per_precision_and_peak_where_more_than_three_share_it():
+    """An AVX2 CPU's sweep: every 16-bit run reads above 100% against the calibration's emulated matmuls."""
+    cal = "sweep calibration: measured bf16 matmul, 1 thread(s), idle machine, 2026-11-27T19:32:52+00:00"
+    runs = pd.DataFrame({"run_id": [f"bf16-z{z}-w1" for z in range(4)] + ["bf16-z0-w2", "fp16-z0-w1", "fp16-z1-w1", "fp32-z0-w1", "bf16-z1-w2"],
+                         "status": ["ok"] * 8 + ["failed"], "precision": ["bf16"] * 5 + ["fp16", "fp16", "fp32", "bf16"],
+                         "mfu": [1.69, 1.57, 1.73, 1.76, 1.41, 1.19, 1.15, 0.4, 3.0],
+                         "peak_flops_source": [cal] * 5 + ["sweep calibration: measured fp16 matmul"] * 2 + [cal, cal]})
+    lines = checks.mfu_over_peak_warnings(runs)
+    assert lines == [
+        f"5 bf16 runs have an MFU above 100% of the peak used (1.41 to 1.76: bf16-z0-w1, bf16-z0-w2, bf16-z1-w1, bf16-z2-w1, "
+        f"bf16-z3-w1; {cal}): the peak is too low for this path (e.g. bf16 matmuls a CPU emulates, where the calibration's "
+        "square matmuls run slower than the model's); compare their tokens/s, not their MFU",
+        "fp16-z0-w1: MFU 1.19 is above 100% of the peak used (sweep calibration: measured fp16 matmul); the peak is too "
+        "low for this path (e.g. emulated fp16 on a CPU)",
+        "fp16-z1-w1: MFU 1.15 is above 100% of the peak used (sweep calibration: measured fp16 matmul); the peak is too "
+        "low for this path (e.g. emulated fp16 on a CPU)"], lines  # fp32 at 0.4 and a failed run: nothing
+
+
 def test_runs_whose_cores_the_hypervisor_took_are_named_in_one_line_the_worst_first():
     runs = pd.DataFrame({"run_id": [f"fp32-z0-w{i}" for i in range(1, 9)],
                          "status": ["ok"] * 7 + ["failed"],

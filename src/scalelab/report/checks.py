@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from scalelab.report.tables import MFU_LIMIT
 from scalelab.spec.hardware import STEAL_WARN
 from scalelab.spec.precisions import PRECISIONS
 
@@ -198,6 +199,24 @@ def spike_warnings(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> lis
 def _device(row) -> str:
     name = row.get("device_name")
     return name if isinstance(name, str) and name else str(row.get("device_type") or "an unnamed device")
+
+
+def mfu_over_peak_warnings(runs: pd.DataFrame) -> list[str]:
+    """Ok runs whose MFU is above MFU_LIMIT: the peak they divide by is no peak for their path. One line per run, or
+    one per precision and peak where more than 3 share it (an AVX2 CPU emulates bf16 and fp16 matmuls, and every
+    16-bit run of a sweep reads above 100% against the calibration's square matmuls: 10 lines said one thing)."""
+    over = runs[(runs["status"] == "ok") & (runs["mfu"] > MFU_LIMIT)]
+    lines = []
+    for (precision, source), group in over.groupby([over["precision"], over["peak_flops_source"].fillna("unknown")], sort=True):
+        if len(group) > 3:
+            lines.append(f"{len(group)} {precision} runs have an MFU above 100% of the peak used ({group['mfu'].min():.2f} to "
+                         f"{group['mfu'].max():.2f}: {_named(sorted(group['run_id']))}; {source}): the peak is too low "
+                         f"for this path (e.g. {precision} matmuls a CPU emulates, where the calibration's square matmuls "
+                         "run slower than the model's); compare their tokens/s, not their MFU")
+            continue
+        lines += [f"{r.run_id}: MFU {r.mfu:.2f} is above 100% of the peak used ({source}); the peak is too low for this path "
+                  "(e.g. emulated fp16 on a CPU)" for r in group.itertuples()]
+    return lines
 
 
 def peak_warnings(runs: pd.DataFrame) -> list[str]:

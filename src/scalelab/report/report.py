@@ -82,9 +82,7 @@ def find_warnings(runs: pd.DataFrame, steps: pd.DataFrame, best: pd.DataFrame | 
     # a pruned point is a decision (planning.top_k), shown in its own section
     for r in runs.loc[(runs["status"] != "ok") & ~pruned_rows(runs), ["run_id", "status", "reason"]].itertuples():
         warnings.append(f"{r.run_id}: status {r.status}: {r.reason}")
-    for r in ok.loc[ok["mfu"] > MFU_LIMIT, ["run_id", "mfu", "peak_flops_source"]].itertuples():
-        warnings.append(f"{r.run_id}: MFU {r.mfu:.2f} is above 100% of the peak used ({r.peak_flops_source}); "
-                        "the peak is too low for this path (e.g. emulated fp16 on a CPU)")
+    warnings += checks.mfu_over_peak_warnings(ok)
     for r in runs.loc[runs["steps_problem"].notna(), ["run_id", "steps_problem"]].itertuples():
         warnings.append(f"{r.run_id}: {r.steps_problem}: its steps are in no figure or table")
     for r in ok.loc[ok["teardown_warning"].notna(), ["run_id", "teardown_warning"]].itertuples():
