@@ -37,6 +37,11 @@ def test_every_collective_world_size_size_and_batch_is_timed(table):
     # each rank pinned to its own core, as training ranks are
     two_ranks = table.loc[table["world_size"] == 2, "rank_cores"]
     assert all(c.startswith("r0:") and " r1:" in c for c in two_ranks)
+    # the hypervisor's share of the ranks' cores while timed, one per world size: a share, or unknown where its ranks
+    # ran under a second of one core's ticks
+    steal = table["host_steal_share"].astype(float)
+    assert (steal.isna() | ((steal >= 0) & (steal < 1))).all(), steal.tolist()
+    assert (steal.groupby(table["world_size"]).nunique(dropna=False) == 1).all(), steal.tolist()
 
 
 def test_bandwidths_follow_nccl_tests(table):

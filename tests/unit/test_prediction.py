@@ -223,6 +223,23 @@ def test_validate_reports_per_point_and_summary():
         prediction.validate(runs, "world_size > 0", bench_table())
 
 
+def test_validation_says_what_the_hypervisor_took_from_the_bench_ranks():
+    """bench comm records the largest share of its ranks' cores the hypervisor took while it timed them; validation
+    states it, and says above 2% that the table's times (the model's communication) run high."""
+    runs = sweep()
+    assert prediction.validate(runs, "world_size == 1", bench_table())["summary"]["bench_steal_share"] is None  # no column
+    assert prediction.bench_steal(bench_table().assign(host_steal_share=None)) is None  # off Linux, or too short to say
+    quiet = prediction.validate(runs, "world_size == 1", bench_table().assign(host_steal_share=0.004))
+    assert quiet["summary"]["bench_steal_share"] == 0.004
+    assert prediction.format_validation(quiet).splitlines()[-1] == ("the hypervisor took 0.4% of the bench ranks' cores' "
+                                                                    "time while they were timed")
+    busy = prediction.validate(runs, "world_size == 1", bench_table().assign(host_steal_share=[0.0] + [0.094] * (len(bench_table()) - 1)))
+    assert prediction.format_validation(busy).splitlines()[-1] == (
+        "the hypervisor took 9.4% of the bench ranks' cores' time while they were timed (other guests of the physical "
+        "host were busy): its times (and this model's communication) run high; `scalelab bench comm` on a quiet host "
+        "measures them again")
+
+
 def test_predict_command_prints_the_validation_as_json(tmp_path, capsys):
     # a collected table holds the sweep's own predictions: validation replaces them with its fit's
     sweep().assign(predicted_step_time_s=1.0, prediction_note="collected").to_parquet(tmp_path / "metrics.parquet")

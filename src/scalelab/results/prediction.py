@@ -59,6 +59,7 @@ import numpy as np
 from scalelab.formulas import links
 from scalelab.formulas.predicted_columns import model_of_row
 from scalelab.plan.sweep import AXES
+from scalelab.spec.hardware import STEAL_WARN
 from scalelab.spec.strategies import STRATEGIES, strategy
 
 OVERLAP_WINDOWS = {"backward": 2 / 3, "step": 1.0}
@@ -789,7 +790,8 @@ def validate(runs, fit_query: str, table=None, table_path: str | None = None) ->
                "max_abs_error": float(np.max(errors)) if errors else None,
                "inside_band_share": float(np.mean(inside)) if inside else None,
                "median_band_half_width": float(np.median(half_widths)) if half_widths else None,
-               "measured": MEASURED, "bench_table": table_path, "bench_host_load": bench_load(table)}
+               "measured": MEASURED, "bench_table": table_path, "bench_host_load": bench_load(table),
+               "bench_steal_share": bench_steal(table)}
     return {"points": points, "summary": summary, "parameters": model.parameters()}
 
 
@@ -824,6 +826,11 @@ def format_validation(result: dict) -> str:
         lines.append(f"the bench table was measured with a 1-minute host load of {load:.2f} before its ranks started"
                      + (": other work shared the host, so its times (and this model's communication) run high"
                         if load > BUSY_LOAD else ""))
+    steal = s.get("bench_steal_share")
+    if steal is not None:
+        lines.append(f"the hypervisor took {steal:.1%} of the bench ranks' cores' time while they were timed"
+                     + (" (other guests of the physical host were busy): its times (and this model's communication) run "
+                        "high; `scalelab bench comm` on a quiet host measures them again" if steal > STEAL_WARN else ""))
     return "\n".join(lines)
 
 
@@ -838,6 +845,15 @@ def bench_load(table) -> float | None:
     if table is None or "load_1min_before" not in table.columns:
         return None
     return float(table["load_1min_before"].max())
+
+
+def bench_steal(table) -> float | None:
+    """The largest share of its ranks' cores the hypervisor took while bench comm timed them (per world size), or None
+    for a table without it (measured before schema 10's steal, or off Linux)."""
+    if table is None or "host_steal_share" not in table.columns:
+        return None
+    steal = float(table["host_steal_share"].astype(float).max())
+    return None if math.isnan(steal) else steal
 
 
 def reference_rows(runs):

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from scalelab.formulas.links import COLLECTIVES, bus_factor
 from scalelab.plan.comm_table import format_table, write_table
+from scalelab.spec.hardware import STEAL_WARN
 from scalelab.spec.strategies import STRATEGIES
 
 # all_gather and reduce_scatter run as all_gather_into_tensor and reduce_scatter_tensor: one flat
@@ -83,7 +84,7 @@ def _rank_main(spec: dict) -> None:
     import torch
     import torch.distributed as dist
 
-    from scalelab.run.calibration import pin_this_rank
+    from scalelab.run.calibration import pin_this_rank, steal_share, this_rank_ticks
     from scalelab.run.devices import device_name, synchronize
 
     local_rank, world_size = int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
@@ -103,6 +104,7 @@ def _rank_main(spec: dict) -> None:
     def sync():
         synchronize(device)
 
+    ticks = this_rank_ticks()  # the rank's own cores once pinned: what the hypervisor takes of them while timed
     rows = []
     for collective in spec["collectives"]:
         for batch in spec["batches"]:
@@ -110,9 +112,13 @@ def _rank_main(spec: dict) -> None:
                 if batch > 1 and (size > spec["batch_max_bytes"] or collective not in spec["batched_collectives"]):
                     continue
                 rows.append(_time_collective(dist, torch, collective, size, batch, n, device, sync, spec))
+    steals = [None] * n
+    dist.all_gather_object(steals, steal_share(ticks, this_rank_ticks()))
+    measured = [s for s in steals if s is not None]
     if rank == 0:
         Path(spec["out"]).write_text(json.dumps({"rows": rows, "rank_cores": cores, "backend": backend,
-                                                 "device_name": device_name(device), "torch_version": torch.__version__}))
+                                                 "device_name": device_name(device), "torch_version": torch.__version__,
+                                                 "host_steal_share": max(measured) if measured else None}))
     dist.barrier()  # before tear-down: gloo's destroy_process_group() hung without it (torch 2.13 CPU)
     dist.destroy_process_group()
 
@@ -261,6 +267,7 @@ def bench_comm(world_sizes: list[int], *, device: str = "cpu", sizes: list[int] 
         frame["threads_per_rank"], frame["rank_cores"] = threads_per_rank, record["rank_cores"]
         frame["hostname"], frame["torch_version"], frame["measured_utc"] = socket.gethostname(), record["torch_version"], started
         frame["load_1min_before"] = load_before
+        frame["host_steal_share"] = record.get("host_steal_share")  # the largest over its ranks (worker's column alike)
         frames.append(frame)
     table = pd.concat(frames, ignore_index=True)
     table["algbw_Bps"] = table["bytes"] / table["time_s"]
@@ -351,6 +358,10 @@ def _bench_comm(args) -> int:
     if device == "cpu" and busy > 0.5:
         print(f"warning: the host's 1-minute load was {busy:.2f} before the ranks started: other processes shared its "
               "cores, and these times include their work (measure on an idle machine)", file=sys.stderr)
+    stolen = table["host_steal_share"].astype(float).max()  # NaN where unknown
+    if stolen > STEAL_WARN:
+        print(f"warning: the hypervisor took {stolen:.1%} of the ranks' cores' time while they were timed (other guests of "
+              "the physical host were busy): these times run high (measure again on a quiet host)", file=sys.stderr)
     print(f"bench comm: {len(table)} rows ({device}, {table['backend'].iloc[0]}, load {os.getloadavg()[0]:.2f}) -> {path}")
     return 0
 
