@@ -163,6 +163,8 @@ def test_compare_marks_which_changes_exceed_the_noise_of_either_sweep():
     assert ("of those, 1 lost more than 2% of their cores' time to the hypervisor on a side (bf16-z0-w1 6.0%): their change "
             "may be the host's, not the sweep's (column host_steal_share_max)") in summary_lines(
                 stolen, pd.DataFrame(columns=["side"]), pd.DataFrame({"column": [], "same": []}))
+    older = compare_runs(a, b.assign(host_steal_share=[0.0, 0.0, 0.0, 0.06]), steps, steps)  # A before schema 10
+    assert older.set_index("run_id")["host_steal_share_max"].to_dict()["bf16-z0-w1"] == 0.06
     single = compare_runs(_runs(("fp32-z0-w1", 1000)), _runs(("fp32-z0-w1", 1300)), steps, steps)
     assert single["throughput_change"].tolist() == ["unknown (no repeats)"]
     # a sweep without repeats borrows the other's noise

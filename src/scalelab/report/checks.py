@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from scalelab.report.tables import MFU_LIMIT
+from scalelab.report.tables import mfu_flagged
 from scalelab.spec.hardware import STEAL_WARN
 from scalelab.spec.precisions import PRECISIONS
 
@@ -201,18 +201,24 @@ def _device(row) -> str:
     return name if isinstance(name, str) and name else str(row.get("device_type") or "an unnamed device")
 
 
+GROUPED_ABOVE = 3
+"""More runs than this sharing one MFU warning (a precision and a peak) get one line, not one each."""
+
+
 def mfu_over_peak_warnings(runs: pd.DataFrame) -> list[str]:
     """Ok runs whose MFU is above MFU_LIMIT: the peak they divide by is no peak for their path. One line per run, or
     one per precision and peak where more than 3 share it (an AVX2 CPU emulates bf16 and fp16 matmuls, and every
     16-bit run of a sweep reads above 100% against the calibration's square matmuls: 10 lines said one thing)."""
-    over = runs[(runs["status"] == "ok") & (runs["mfu"] > MFU_LIMIT)]
+    over = runs[mfu_flagged(runs)]
     lines = []
     for (precision, source), group in over.groupby([over["precision"], over["peak_flops_source"].fillna("unknown")], sort=True):
-        if len(group) > 3:
+        if len(group) > GROUPED_ABOVE:
+            on_cpu = "device_type" in group and (group["device_type"] == "cpu").all()
+            why = (f"{precision} matmuls a CPU emulates, where the calibration's square matmuls run slower than the model's"
+                   if on_cpu else "a datasheet figure of another variant of the device, or train.peak_tflops set low")
             lines.append(f"{len(group)} {precision} runs have an MFU above 100% of the peak used ({group['mfu'].min():.2f} to "
                          f"{group['mfu'].max():.2f}: {_named(sorted(group['run_id']))}; {source}): the peak is too low "
-                         f"for this path (e.g. {precision} matmuls a CPU emulates, where the calibration's square matmuls "
-                         "run slower than the model's); compare their tokens/s, not their MFU")
+                         f"for this path (e.g. {why}); compare their tokens/s, not their MFU")
             continue
         lines += [f"{r.run_id}: MFU {r.mfu:.2f} is above 100% of the peak used ({source}); the peak is too low for this path "
                   "(e.g. emulated fp16 on a CPU)" for r in group.itertuples()]

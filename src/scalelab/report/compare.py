@@ -249,13 +249,14 @@ def summary_lines(table: pd.DataFrame, only: pd.DataFrame, prov: pd.DataFrame, l
         lines.append(f"throughput changes beyond the run-to-run noise ({stated}: what noise alone exceeds between a run in A "
                      f"and in B {1 - CONFIDENCE:.0%} of the time, from both sweeps' repeats"
                      + (" of the run's model" if per_model is not None else "") + f"): {len(beyond)} of {len(both_ok)} runs" + named)
-        steal = both_ok["host_steal_share_max"] if "host_steal_share_max" in both_ok else pd.Series(dtype=float)
-        stolen = [r for r in beyond if steal.get(r, 0) > STEAL_WARN]
-        if stolen:
-            lines.append(f"of those, {len(stolen)} lost more than {STEAL_WARN:.0%} of their cores' time to the hypervisor on a "
-                         f"side ({', '.join(f'{r} {steal[r]:.1%}' for r in stolen[:8])}"
-                         + (", ..." if len(stolen) > 8 else "") + "): their change may be the host's, not the sweep's "
-                         "(column host_steal_share_max)")
+        if "host_steal_share_max" in both_ok:  # the worst first, as the report's steal warning
+            stolen = both_ok[(both_ok["throughput_change"] == "beyond noise") & (both_ok["host_steal_share_max"] > STEAL_WARN)]
+            stolen = stolen["host_steal_share_max"].sort_values(ascending=False)
+            if not stolen.empty:
+                lines.append(f"of those, {len(stolen)} lost more than {STEAL_WARN:.0%} of their cores' time to the hypervisor "
+                             f"on a side ({', '.join(f'{r} {v:.1%}' for r, v in stolen.head(8).items())}"
+                             + (", ..." if len(stolen) > 8 else "") + "): their change may be the host's, not the sweep's "
+                             "(column host_steal_share_max)")
     elif not both_ok.empty:
         lines.append("throughput changes: neither sweep repeated a point, so which changes are noise is unknown "
                      "(identical sweeps on a shared machine have differed by up to 1.77x per run)")

@@ -258,6 +258,8 @@ DERIVED = {
     "ok_runs": ("runs", "runs at this world size that ended ok"),
     "did_not_fit": ("-", "runs at this world size with status oom or predicted_oom"),
     "tokens_per_s_ratio": ("-", "tokens/s of B / tokens/s of A"),
+    "host_steal_share_max": ("fraction", "the larger host_steal_share of the run in A and in B: the share of its cores' time "
+                                         "the hypervisor gave to other guests (a change it can explain)"),
     "step_time_ratio": ("-", "median step time of B / of A (compare), or of the lever run / its baseline twin (levers)"),
     "peak_mib_ratio": ("-", "peak memory per rank of B / of A (GPU: max allocated, CPU: process RSS)"),
     "model_state_mib_ratio": ("-", "model state per rank of B / of A"),

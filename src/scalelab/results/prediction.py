@@ -59,7 +59,7 @@ import numpy as np
 from scalelab.formulas import links
 from scalelab.formulas.predicted_columns import model_of_row
 from scalelab.plan.sweep import AXES
-from scalelab.spec.hardware import STEAL_WARN
+from scalelab.spec.hardware import STEAL_WARN, largest_steal
 from scalelab.spec.strategies import STRATEGIES, strategy
 
 OVERLAP_WINDOWS = {"backward": 2 / 3, "step": 1.0}
@@ -848,12 +848,13 @@ def bench_load(table) -> float | None:
 
 
 def bench_steal(table) -> float | None:
-    """The largest share of its ranks' cores the hypervisor took while bench comm timed them (per world size), or None
-    for a table without it (measured before schema 10's steal, or off Linux)."""
+    """The largest share of its ranks' cores the hypervisor took while bench comm timed the rows the model fits (CPU
+    rows of two ranks or more: fit_link_rows), or None for a table without it (written before bench comm measured it,
+    off Linux, or a GPU's: NCCL's times hardly depend on the host's cores)."""
     if table is None or "host_steal_share" not in table.columns:
         return None
-    steal = float(table["host_steal_share"].astype(float).max())
-    return None if math.isnan(steal) else steal
+    fitted = (table["world_size"] >= 2) & (table["device_type"] == "cpu") if "device_type" in table else table["world_size"] >= 2
+    return largest_steal(table.loc[fitted, "host_steal_share"])
 
 
 def reference_rows(runs):

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from scalelab.formulas.links import COLLECTIVES, bus_factor
 from scalelab.plan.comm_table import format_table, write_table
-from scalelab.spec.hardware import STEAL_WARN
+from scalelab.spec.hardware import STEAL_WARN, largest_steal
 from scalelab.spec.strategies import STRATEGIES
 
 # all_gather and reduce_scatter run as all_gather_into_tensor and reduce_scatter_tensor: one flat
@@ -114,11 +114,10 @@ def _rank_main(spec: dict) -> None:
                 rows.append(_time_collective(dist, torch, collective, size, batch, n, device, sync, spec))
     steals = [None] * n
     dist.all_gather_object(steals, steal_share(ticks, this_rank_ticks()))
-    measured = [s for s in steals if s is not None]
     if rank == 0:
         Path(spec["out"]).write_text(json.dumps({"rows": rows, "rank_cores": cores, "backend": backend,
                                                  "device_name": device_name(device), "torch_version": torch.__version__,
-                                                 "host_steal_share": max(measured) if measured else None}))
+                                                 "host_steal_share": largest_steal(steals)}))
     dist.barrier()  # before tear-down: gloo's destroy_process_group() hung without it (torch 2.13 CPU)
     dist.destroy_process_group()
 
@@ -358,8 +357,8 @@ def _bench_comm(args) -> int:
     if device == "cpu" and busy > 0.5:
         print(f"warning: the host's 1-minute load was {busy:.2f} before the ranks started: other processes shared its "
               "cores, and these times include their work (measure on an idle machine)", file=sys.stderr)
-    stolen = table["host_steal_share"].astype(float).max()  # NaN where unknown
-    if stolen > STEAL_WARN:
+    stolen = largest_steal(table["host_steal_share"])
+    if device == "cpu" and stolen is not None and stolen > STEAL_WARN:
         print(f"warning: the hypervisor took {stolen:.1%} of the ranks' cores' time while they were timed (other guests of "
               "the physical host were busy): these times run high (measure again on a quiet host)", file=sys.stderr)
     print(f"bench comm: {len(table)} rows ({device}, {table['backend'].iloc[0]}, load {os.getloadavg()[0]:.2f}) -> {path}")

@@ -823,7 +823,7 @@ def memory_and_placement_columns(run: Run, all_mem: list[dict]) -> dict:
         "peak_mem_reserved_bytes": max((m.get("peak_mem_reserved_bytes", 0) for m in all_mem), default=None) if on_gpu else None,
         "peak_rss_bytes": max(m["peak_rss_bytes"] for m in all_mem),
         # the slowest rank sets the step: the largest share any rank's cores lost to the hypervisor
-        "host_steal_share": max((m["host_steal_share"] for m in all_mem if m["host_steal_share"] is not None), default=None),
+        "host_steal_share": hardware.largest_steal(m["host_steal_share"] for m in all_mem),
         "rank_hostnames": ",".join(hosts),
         "node_list": ",".join(dict.fromkeys(hosts)),
         "nodes_used": len(set(hosts)),

@@ -274,6 +274,13 @@ report (host_steal_share), the calibration's line. Its speed reads low by about 
 differences a sweep ranks (a 2-core VM with busy neighbours lost 0-13% per 2-s window here)."""
 
 
+def largest_steal(shares) -> float | None:
+    """The largest of several ranks' (or world sizes') steal shares, those measured; None where none was: the slowest
+    rank sets a step, so the most any rank lost is the run's figure."""
+    known = [float(s) for s in shares if s is not None and s == s]  # s == s: not NaN
+    return max(known) if known else None
+
+
 def cpu_name(cpuinfo: str | None = None) -> str:
     """The CPU's model name with its family, model and widest matmul instructions, from /proc/cpuinfo (or the text
     given): a hypervisor may name every generation alike ("AMD EPYC" for Zen 3 with AVX2 and for Zen 4 with AVX-512
