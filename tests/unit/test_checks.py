@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from scalelab.report import checks
+from scalelab.report.tables import mfu_flagged
 
 DATA = Path(__file__).parents[1] / "data"
 
@@ -181,7 +182,7 @@ def test_mfu_above_the_peak_is_one_line_per_precision_and_peak_where_more_than_t
                          "status": ["ok"] * 8 + ["failed"], "precision": ["bf16"] * 5 + ["fp16", "fp16", "fp32", "bf16"],
                          "mfu": [1.69, 1.57, 1.73, 1.76, 1.41, 1.19, 1.15, 0.4, 3.0], "device_type": "cpu",
                          "peak_flops_source": [cal] * 5 + ["sweep calibration: measured fp16 matmul"] * 2 + [cal, cal]})
-    lines = checks.mfu_over_peak_warnings(runs)
+    lines = checks.mfu_over_peak_warnings(runs[mfu_flagged(runs)])
     assert lines == [
         f"5 bf16 runs have an MFU above 100% of the peak used (1.41 to 1.76: bf16-z0-w1, bf16-z0-w2, bf16-z1-w1, bf16-z2-w1, "
         f"bf16-z3-w1; {cal}): the peak is too low for this path (e.g. bf16 matmuls a CPU emulates, where the calibration's "
@@ -191,9 +192,9 @@ def test_mfu_above_the_peak_is_one_line_per_precision_and_peak_where_more_than_t
         "fp16-z1-w1: MFU 1.15 is above 100% of the peak used (sweep calibration: measured fp16 matmul); the peak is too "
         "low for this path (e.g. emulated fp16 on a CPU)"], lines  # fp32 at 0.4 and a failed run: nothing
     # three runs sharing one are still named one by one; four GPU runs on a datasheet peak are not told about emulation
-    assert len(checks.mfu_over_peak_warnings(runs.drop(index=[3, 4]))) == 3 + 2
+    assert len(checks.mfu_over_peak_warnings(runs[mfu_flagged(runs)].drop(index=[3, 4]))) == 3 + 2
     gpu = runs.head(4).assign(device_type="cuda", peak_flops_source="NVIDIA H100 datasheet", mfu=1.2)
-    (line,) = checks.mfu_over_peak_warnings(gpu)
+    (line,) = checks.mfu_over_peak_warnings(gpu[mfu_flagged(gpu)])
     assert line.startswith("4 bf16 runs have an MFU above 100% of the peak used (1.20 to 1.20") and "emulates" not in line
     assert "(e.g. a datasheet figure of another variant of the device, or train.peak_tflops set low)" in line
 

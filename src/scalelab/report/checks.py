@@ -30,7 +30,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from scalelab.report.tables import mfu_flagged
 from scalelab.spec.hardware import STEAL_WARN
 from scalelab.spec.precisions import PRECISIONS
 
@@ -205,11 +204,11 @@ GROUPED_ABOVE = 3
 """More runs than this sharing one MFU warning (a precision and a peak) get one line, not one each."""
 
 
-def mfu_over_peak_warnings(runs: pd.DataFrame) -> list[str]:
-    """Ok runs whose MFU is above MFU_LIMIT: the peak they divide by is no peak for their path. One line per run, or
+def mfu_over_peak_warnings(over: pd.DataFrame) -> list[str]:
+    """``over``: the ok runs whose MFU is above MFU_LIMIT (scalelab.report.tables.mfu_flagged, which imports this
+    module): the peak they divide by is no peak for their path. One line per run, or
     one per precision and peak where more than 3 share it (an AVX2 CPU emulates bf16 and fp16 matmuls, and every
     16-bit run of a sweep reads above 100% against the calibration's square matmuls: 10 lines said one thing)."""
-    over = runs[mfu_flagged(runs)]
     lines = []
     for (precision, source), group in over.groupby([over["precision"], over["peak_flops_source"].fillna("unknown")], sort=True):
         if len(group) > GROUPED_ABOVE:

@@ -32,6 +32,7 @@ from scalelab.report.tables import (
     best_configurations,
     forecast_ranking,
     loss_deviation_vs_stage0,
+    mfu_flagged,
     noise_of,
     pruned_rows,
     standing,
@@ -82,7 +83,7 @@ def find_warnings(runs: pd.DataFrame, steps: pd.DataFrame, best: pd.DataFrame | 
     # a pruned point is a decision (planning.top_k), shown in its own section
     for r in runs.loc[(runs["status"] != "ok") & ~pruned_rows(runs), ["run_id", "status", "reason"]].itertuples():
         warnings.append(f"{r.run_id}: status {r.status}: {r.reason}")
-    warnings += checks.mfu_over_peak_warnings(ok)
+    warnings += checks.mfu_over_peak_warnings(runs[mfu_flagged(runs)])
     for r in runs.loc[runs["steps_problem"].notna(), ["run_id", "steps_problem"]].itertuples():
         warnings.append(f"{r.run_id}: {r.steps_problem}: its steps are in no figure or table")
     for r in ok.loc[ok["teardown_warning"].notna(), ["run_id", "teardown_warning"]].itertuples():

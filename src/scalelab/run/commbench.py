@@ -353,16 +353,26 @@ def _bench_comm(args) -> int:
         return 2
     path = write_table(table, args.out)
     print(format_table(table))
-    busy = float(table["load_1min_before"].max())
-    if device == "cpu" and busy > 0.5:
-        print(f"warning: the host's 1-minute load was {busy:.2f} before the ranks started: other processes shared its "
-              "cores, and these times include their work (measure on an idle machine)", file=sys.stderr)
-    stolen = largest_steal(table["host_steal_share"])
-    if device == "cpu" and stolen is not None and stolen > STEAL_WARN:
-        print(f"warning: the hypervisor took {stolen:.1%} of the ranks' cores' time while they were timed (other guests of "
-              "the physical host were busy): these times run high (measure again on a quiet host)", file=sys.stderr)
+    if device == "cpu":  # a GPU's collectives hardly depend on the host's cores
+        for warning in busy_host_warnings(table):
+            print(f"warning: {warning}", file=sys.stderr)
     print(f"bench comm: {len(table)} rows ({device}, {table['backend'].iloc[0]}, load {os.getloadavg()[0]:.2f}) -> {path}")
     return 0
+
+
+def busy_host_warnings(table) -> list[str]:
+    """What says a CPU table's times include other work than its ranks': the host's load before they started, and the
+    hypervisor's share of their cores while they were timed."""
+    warnings = []
+    busy = float(table["load_1min_before"].max())
+    if busy > 0.5:
+        warnings.append(f"the host's 1-minute load was {busy:.2f} before the ranks started: other processes shared its "
+                        "cores, and these times include their work (measure on an idle machine)")
+    stolen = largest_steal(table["host_steal_share"])
+    if stolen is not None and stolen > STEAL_WARN:
+        warnings.append(f"the hypervisor took {stolen:.1%} of the ranks' cores' time while they were timed (other guests "
+                        "of the physical host were busy): these times run high (measure again on a quiet host)")
+    return warnings
 
 
 if __name__ == "__main__":
