@@ -53,3 +53,45 @@ def test_the_hypervisors_share_of_the_ranks_cores_is_kept_per_world_size_and_war
     assert "hypervisor" not in capsys.readouterr().err
     assert prediction.bench_steal(comm_table.read_table(out)) is None
     assert prediction.bench_steal(table.assign(device_type="cuda")) is None  # NCCL's times hardly depend on the host's cores
+
+
+def test_the_ranks_own_cores_busy_as_they_start_are_warned_about_not_the_machines_load(tmp_path, monkeypatch, capsys):
+    """bench comm records, per world size, the share of its ranks' cores other processes kept busy in the half second
+    before the ranks started, and warns above 10%. The machine's 1-minute load is kept as context only: on a 16-core
+    GPU machine, its 2 pinned cores idle, a load of 3.35 (work on its other cores, or ended) warned 'other work shared
+    the host' before."""
+    busy = {1: 0.0, 2: 0.0}
+    seen_cores = []
+
+    def sample(cores):
+        seen_cores.append(cores)
+        return busy[len(seen_cores) % 2 or 2]  # world size 1, then 2
+
+    def timed(n, **_):
+        rows = [{"collective": "all_reduce", "bytes": 4096, "batch": 1, "time_s": 1e-4, "time_s_mean": 1e-4,
+                 "time_s_min": 1e-4, "time_s_max": 1e-4, "reps": 2}]
+        return {"rows": rows, "rank_cores": "r0:0", "backend": "gloo", "device_name": "cpu", "torch_version": "x",
+                "host_steal_share": 0.0}
+
+    monkeypatch.setattr(commbench, "run_world_size", timed)
+    monkeypatch.setattr(commbench, "busy_share", sample)
+    monkeypatch.setattr(commbench, "planned_cores", lambda n, threads: list(range(n * threads)))
+    monkeypatch.setattr(commbench.os, "getloadavg", lambda: (3.35, 3.0, 2.0))
+    out = tmp_path / "comm.parquet"
+    assert main(["bench", "comm", "--out", str(out), "--device", "cpu", "--world-sizes", "1,2"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert seen_cores == [[0], [0, 1]]  # the cores each world size's ranks pin to
+    table = comm_table.read_table(out)
+    assert table.set_index("world_size")["busy_share_before"].to_dict() == {1: 0.0, 2: 0.0}
+    assert table["load_1min_before"].eq(3.35).all()
+    assert comm_table.busy_before(table) == 0.0
+
+    busy.update({1: 0.0, 2: 0.34})
+    seen_cores.clear()
+    assert main(["bench", "comm", "--out", str(out), "--device", "cpu", "--world-sizes", "1,2"]) == 0
+    assert ("warning: other processes kept 34% of the ranks' cores busy as the ranks started (they shared the cores: "
+            "these times include their work; measure again on an idle machine)") in capsys.readouterr().err
+    table = comm_table.read_table(out)
+    assert comm_table.busy_before(table) == 0.34
+    assert comm_table.busy_before(table.assign(device_type="cuda")) is None  # NCCL's times hardly depend on the host's cores
+    assert comm_table.busy_before(table.drop(columns="busy_share_before")) is None  # a table from before the column

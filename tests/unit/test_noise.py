@@ -219,6 +219,27 @@ def test_the_hypervisors_share_of_a_ranks_cores_is_read_from_proc_stat(tmp_path)
     assert steal_share((40, 266), (41, 266 + STEAL_MIN_TICKS)) == 1 / STEAL_MIN_TICKS
 
 
+def test_the_busy_share_of_the_cores_a_measurement_will_use_is_read_from_proc_stat(tmp_path, monkeypatch):
+    """busy_share watches the named cores' /proc/stat lines over a short sleep: processes' ticks (user, nice, system,
+    irq, softirq) over all of them; planned_cores names the cores CPU ranks will pin to (all allowed if they share)."""
+    from scalelab.run import calibration
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu0 100 0 10 200 2 0 1 20\ncpu1 200 3 20 400 4 0 3 40\ncpu2 0 0 0 0 0 0 0 0\n")
+    later = "cpu0 120 0 20 260 2 0 1 20\ncpu1 230 3 20 470 4 0 3 40\ncpu2 0 0 0 0 0 0 0 0\n"
+    monkeypatch.setattr(calibration.time, "sleep", lambda s: stat.write_text(later))
+    assert calibration.busy_share([0], stat=stat) == pytest.approx(30 / 90)  # 20 user + 10 system of 90 ticks
+    stat.write_text("cpu0 100 0 10 200 2 0 1 20\ncpu1 200 3 20 400 4 0 3 40\ncpu2 0 0 0 0 0 0 0 0\n")
+    assert calibration.busy_share([0, 1], stat=stat) == pytest.approx(60 / 190)
+    assert calibration.busy_share([2], stat=stat) is None  # no tick counted: nothing to say
+    assert calibration.busy_share([0, 9], stat=stat) is None  # a core the table does not list
+    assert calibration.busy_share([0], stat=tmp_path / "absent") is None  # not Linux
+    monkeypatch.setattr(calibration.os, "sched_getaffinity", lambda pid: {4, 5, 6, 7}, raising=False)
+    assert calibration.planned_cores(2, 1) == [4, 5]
+    assert calibration.planned_cores(2, 2) == [4, 5, 6, 7]
+    assert calibration.planned_cores(3, 2) == [4, 5, 6, 7]  # they would share: every core they may use
+
+
 def test_repeatability_states_the_hypervisors_share_of_the_sweeps_and_the_floors_cores():
     from scalelab.harness.repeatability import floor_text, steal_text
 

@@ -240,6 +240,26 @@ def test_validation_says_what_the_hypervisor_took_from_the_bench_ranks():
         "measures them again")
 
 
+def test_validation_says_whether_the_bench_ranks_cores_were_busy_as_they_started():
+    """The bench table's busy share of its ranks' cores (bench comm records it) is stated, with its meaning above 10%; a
+    table from before it states the machine's 1-minute load as context, without a verdict it cannot give."""
+    runs = sweep()
+    table = bench_table().assign(device_type="cpu", host_steal_share=0.0, load_1min_before=3.35)
+    quiet = prediction.validate(runs, "world_size == 1", table.assign(busy_share_before=0.01))
+    assert quiet["summary"]["bench_busy_share"] == 0.01 and quiet["summary"]["bench_host_load"] == 3.35
+    assert prediction.format_validation(quiet).splitlines()[-2] == (
+        "other processes kept 1% of the bench ranks' cores busy as the ranks started")
+    busy = prediction.validate(runs, "world_size == 1", table.assign(busy_share_before=0.34))
+    assert prediction.format_validation(busy).splitlines()[-2] == (
+        "other processes kept 34% of the bench ranks' cores busy as the ranks started (they shared the cores: these "
+        "times include their work; measure again on an idle machine)")
+    old = prediction.validate(runs, "world_size == 1", table)
+    assert old["summary"]["bench_busy_share"] is None
+    assert prediction.format_validation(old).splitlines()[-2] == (
+        "the bench table was measured with a 1-minute load of 3.35 on the whole machine before its ranks started "
+        "(whether their own cores were busy, this table cannot say: `scalelab bench comm` now records it)")
+
+
 def test_predict_command_prints_the_validation_as_json(tmp_path, capsys):
     # a collected table holds the sweep's own predictions: validation replaces them with its fit's
     sweep().assign(predicted_step_time_s=1.0, prediction_note="collected").to_parquet(tmp_path / "metrics.parquet")

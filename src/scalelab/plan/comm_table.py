@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from scalelab.spec.hardware import OTHER_WORK_WARN
+
 BENCH_FILE = Path("calibration") / "comm.parquet"
 """Below the results folder: a sweep's calibration lives with its results."""
 
@@ -34,6 +36,31 @@ def read_table(path: str | Path):
     if missing:
         raise ValueError(f"{path}: not a bench comm table (lacks {', '.join(missing)})")
     return table
+
+
+BUSY_COLUMN = "busy_share_before"
+"""The share of the ranks' cores other processes kept busy in the half second before each world size's ranks
+started (scalelab.run.calibration.busy_share); tables from before it hold only the machine's 1-minute load."""
+
+
+def busy_before(table) -> float | None:
+    """The largest share of a CPU table's ranks' cores other processes kept busy as its ranks started, over its world
+    sizes; None for a GPU table (NCCL's times hardly depend on the host's cores), a table from before the column,
+    or where /proc/stat could not say."""
+    if table is None or BUSY_COLUMN not in table.columns:
+        return None
+    if "device_type" in table.columns and (table["device_type"] != "cpu").any():
+        return None
+    known = table[BUSY_COLUMN].dropna()
+    return float(known.max()) if len(known) else None
+
+
+def busy_text(share: float, whose: str) -> str:
+    """What a table's busy share says, one sentence: the share, and above OTHER_WORK_WARN what it means."""
+    text = f"other processes kept {share:.0%} of {whose} cores busy as the ranks started"
+    if share > OTHER_WORK_WARN:
+        text += " (they shared the cores: these times include their work; measure again on an idle machine)"
+    return text
 
 
 def format_table(table) -> str:

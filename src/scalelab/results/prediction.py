@@ -58,6 +58,7 @@ import numpy as np
 
 from scalelab.formulas import links
 from scalelab.formulas.predicted_columns import model_of_row
+from scalelab.plan.comm_table import busy_before, busy_text
 from scalelab.plan.sweep import AXES
 from scalelab.spec.hardware import STEAL_WARN, largest_steal
 from scalelab.spec.strategies import STRATEGIES, strategy
@@ -790,7 +791,7 @@ def validate(runs, fit_query: str, table=None, table_path: str | None = None) ->
                "max_abs_error": float(np.max(errors)) if errors else None,
                "inside_band_share": float(np.mean(inside)) if inside else None,
                "median_band_half_width": float(np.median(half_widths)) if half_widths else None,
-               "measured": MEASURED, "bench_table": table_path, "bench_host_load": bench_load(table),
+               "measured": MEASURED, "bench_table": table_path, "bench_host_load": bench_load(table), "bench_busy_share": busy_before(table),
                "bench_steal_share": bench_steal(table)}
     return {"points": points, "summary": summary, "parameters": model.parameters()}
 
@@ -821,11 +822,12 @@ def format_validation(result: dict) -> str:
                      f"inside their bands {s['inside_band_share']:.0%}, median band half-width "
                      f"{s['median_band_half_width']:.0%} of the prediction (a band says something only when both are good: "
                      f"most inside, narrow)")
-    load = s.get("bench_host_load")
-    if load is not None:
-        lines.append(f"the bench table was measured with a 1-minute host load of {load:.2f} before its ranks started"
-                     + (": other work shared the host, so its times (and this model's communication) run high"
-                        if load > BUSY_LOAD else ""))
+    busy, load = s.get("bench_busy_share"), s.get("bench_host_load")
+    if busy is not None:
+        lines.append(busy_text(busy, "the bench ranks'"))
+    elif load is not None:  # a table from before busy_share_before
+        lines.append(f"the bench table was measured with a 1-minute load of {load:.2f} on the whole machine before its ranks "
+                     "started (whether their own cores were busy, this table cannot say: `scalelab bench comm` now records it)")
     steal = s.get("bench_steal_share")
     if steal is not None:
         lines.append(f"the hypervisor took {steal:.1%} of the bench ranks' cores' time while they were timed"
@@ -834,14 +836,10 @@ def format_validation(result: dict) -> str:
     return "\n".join(lines)
 
 
-BUSY_LOAD = 0.5
-"""A 1-minute load average above this before the bench's ranks started means other processes were
-running: on a CPU host they share the cores the ranks are pinned to."""
-
-
 def bench_load(table) -> float | None:
-    """The host's largest 1-minute load average before the bench's ranks started (bench comm records
-    it per world size), or None for a table without it."""
+    """The machine's largest 1-minute load average before the bench's ranks started (bench comm records it per world
+    size), or None for a table without it: context only, the whole machine's over the past minute (bench_busy_share
+    says whether the ranks' own cores were busy)."""
     if table is None or "load_1min_before" not in table.columns:
         return None
     return float(table["load_1min_before"].max())

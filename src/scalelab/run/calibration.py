@@ -182,31 +182,70 @@ def pin_this_rank(local_rank: int, local_ranks: int, threads_per_rank: int, laun
 STAT = Path("/proc/stat")
 
 
-def core_ticks(cores: list[int] | None = None, stat: Path = STAT) -> tuple[int, int] | None:
-    """(steal, wanted) clock ticks of these cores since boot (/proc/stat's ``cpuN`` lines; all cores where
-    None): steal is the time the hypervisor ran something else while this guest's core wanted to run, wanted
-    every tick the cores ran or wanted to (all but idle and iowait: an idle core neither runs nor loses time, so
-    a process free to use many cores, mostly idle, is not diluted). A virtual machine with busy neighbours loses
-    seconds of it by the minute, and a run's speed reads low by about its share (a 2-core VM: a 2-s window's
-    throughput followed steal with correlation -0.91). None where the kernel keeps no such table (not Linux),
-    reports no steal field (kernels before 2.6.11), or lists not every one of these cores (a container whose
-    /proc/stat is rewritten and renumbered, LXCFS: its lines are not these cores)."""
+def _core_fields(cores: list[int] | None, stat: Path) -> tuple[int, ...] | None:
+    """The sums over these cores (all where None) of /proc/stat's first eight fields of a ``cpuN`` line (user, nice,
+    system, idle, iowait, irq, softirq, steal; guest time is in user); None where the kernel keeps no such table
+    (not Linux), reports no steal field (kernels before 2.6.11), or lists not every one of these cores (a container
+    whose /proc/stat is rewritten and renumbered, LXCFS: its lines are not these cores)."""
     try:
         lines = stat.read_text().splitlines()
     except OSError:
         return None
-    steal = wanted = 0
+    sums = [0] * 8
     seen = set()
     for line in lines:
         fields = line.split()
         core = re.fullmatch(r"cpu(\d+)", fields[0]) if fields else None  # a core's line, not the machine's sum
         if core is None or len(fields) < 9 or (cores is not None and int(core.group(1)) not in cores):
             continue
-        user, nice, system, _idle, _iowait, irq, softirq, stolen = (int(v) for v in fields[1:9])  # guest time is in user
-        steal += stolen
-        wanted += user + nice + system + irq + softirq + stolen
+        sums = [total + int(v) for total, v in zip(sums, fields[1:9])]
         seen.add(int(core.group(1)))
-    return (steal, wanted) if seen and (cores is None or seen == set(cores)) else None
+    return tuple(sums) if seen and (cores is None or seen == set(cores)) else None
+
+
+def core_ticks(cores: list[int] | None = None, stat: Path = STAT) -> tuple[int, int] | None:
+    """(steal, wanted) clock ticks of these cores since boot (all cores where None): steal is the time the hypervisor
+    ran something else while this guest's core wanted to run, wanted every tick the cores ran or wanted to (all but
+    idle and iowait: an idle core neither runs nor loses time, so a process free to use many cores, mostly idle, is
+    not diluted). A virtual machine with busy neighbours loses seconds of it by the minute, and a run's speed reads
+    low by about its share (a 2-core VM: a 2-s window's throughput followed steal with correlation -0.91). None
+    where _core_fields is."""
+    fields = _core_fields(cores, stat)
+    if fields is None:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, stolen = fields
+    return stolen, user + nice + system + irq + softirq + stolen
+
+
+BUSY_SAMPLE_S = 0.5
+"""How long busy_share watches the cores before a measurement starts: 100 ticks of two cores at the usual 100 per
+second, so one tick reads 1%."""
+
+
+def busy_share(cores: list[int] | None, seconds: float = BUSY_SAMPLE_S, stat: Path = STAT) -> float | None:
+    """The share of these cores' time (all cores where None) that processes kept busy over the next ``seconds``, this
+    one sleeping: what else the host runs on the cores a measurement is about to use. The 1-minute load average
+    cannot say it: it counts the whole machine (a 16-core host's other cores) and the past minute (work already
+    ended). None where _core_fields is, or where the cores counted no tick."""
+    start = _core_fields(cores, stat)
+    time.sleep(seconds)
+    end = _core_fields(cores, stat)
+    if start is None or end is None:
+        return None
+    delta = [b - a for a, b in zip(start, end)]
+    user, nice, system, _idle, _iowait, irq, softirq, _stolen = delta
+    total = sum(delta)
+    return (user + nice + system + irq + softirq) / total if total > 0 else None
+
+
+def planned_cores(local_ranks: int, threads_per_rank: int, launcher_slot: int = 0) -> list[int] | None:
+    """The cores this process's CPU ranks will pin themselves to (pin_this_rank), all it may use where they would
+    share them; None where the OS has no affinity call."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    plans = [rank_cores(allowed, r, local_ranks, threads_per_rank, launcher_slot) for r in range(local_ranks)]
+    return allowed if any(cores is None for cores in plans) else sorted(c for cores in plans for c in cores)
 
 
 def this_rank_ticks() -> tuple[int, int] | None:

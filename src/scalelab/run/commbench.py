@@ -34,8 +34,9 @@ import time
 from pathlib import Path
 
 from scalelab.formulas.links import COLLECTIVES, bus_factor
-from scalelab.plan.comm_table import format_table, write_table
-from scalelab.spec.hardware import STEAL_WARN, largest_steal
+from scalelab.plan.comm_table import BUSY_COLUMN, busy_before, busy_text, format_table, write_table
+from scalelab.run.calibration import busy_share, planned_cores
+from scalelab.spec.hardware import OTHER_WORK_WARN, STEAL_WARN, largest_steal
 from scalelab.spec.strategies import STRATEGIES
 
 # all_gather and reduce_scatter run as all_gather_into_tensor and reduce_scatter_tensor: one flat
@@ -254,7 +255,8 @@ def bench_comm(world_sizes: list[int], *, device: str = "cpu", sizes: list[int] 
     frames = []
     for n in world_sizes:
         started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        load_before = os.getloadavg()[0]  # what else ran on the host (uptime's first figure), before the ranks start
+        load_before = os.getloadavg()[0]  # the whole machine's, over the past minute: context (BUSY_COLUMN says whether
+        busy = busy_share(planned_cores(n, threads_per_rank)) if device == "cpu" else None  # the ranks' own cores were busy)
         record = run_world_size(n, device=device, sizes=sizes, collectives=collectives, reps=reps, warmup=warmup,
                                 min_seconds=min_seconds, max_reps=max_reps, batches=batches,
                                 batch_max_bytes=batch_max_bytes, batched_collectives=batched_collectives,
@@ -265,7 +267,7 @@ def bench_comm(world_sizes: list[int], *, device: str = "cpu", sizes: list[int] 
         frame["backend"], frame["device_type"], frame["device_name"] = record["backend"], device, record["device_name"]
         frame["threads_per_rank"], frame["rank_cores"] = threads_per_rank, record["rank_cores"]
         frame["hostname"], frame["torch_version"], frame["measured_utc"] = socket.gethostname(), record["torch_version"], started
-        frame["load_1min_before"] = load_before
+        frame["load_1min_before"], frame[BUSY_COLUMN] = load_before, busy
         frame["host_steal_share"] = record.get("host_steal_share")  # the largest over its ranks (worker's column alike)
         frames.append(frame)
     table = pd.concat(frames, ignore_index=True)
@@ -361,13 +363,12 @@ def _bench_comm(args) -> int:
 
 
 def busy_host_warnings(table) -> list[str]:
-    """What says a CPU table's times include other work than its ranks': the host's load before they started, and the
-    hypervisor's share of their cores while they were timed."""
+    """What says a CPU table's times include other work than its ranks': other processes on the ranks' cores as they
+    started, and the hypervisor's share of them while they were timed."""
     warnings = []
-    busy = float(table["load_1min_before"].max())
-    if busy > 0.5:
-        warnings.append(f"the host's 1-minute load was {busy:.2f} before the ranks started: other processes shared its "
-                        "cores, and these times include their work (measure on an idle machine)")
+    busy = busy_before(table)
+    if busy is not None and busy > OTHER_WORK_WARN:
+        warnings.append(busy_text(busy, "the ranks'"))
     stolen = largest_steal(table["host_steal_share"])
     if stolen is not None and stolen > STEAL_WARN:
         warnings.append(f"the hypervisor took {stolen:.1%} of the ranks' cores' time while they were timed (other guests "

@@ -71,6 +71,8 @@ BRANCHES = (
     Branch("run/commbench.py", "_rank_main", "a GPU rank makes its GPU current"),
     Branch("run/commbench.py", "_rank_main", "NCCL binds the process group to the GPU (device_id)"),
     Branch("run/commbench.py", "bench_comm", "message sizes: gloo over host memory is timed to 16 MiB, NCCL further"),
+    Branch("run/commbench.py", "bench_comm", "a CPU benchmark's cores are watched for other processes before its ranks "
+           "start (a GPU's collectives hardly depend on the host's cores)"),
     Branch("run/commbench.py", "_bench_comm", "message sizes: gloo over host memory is timed to 16 MiB, NCCL further"),
     Branch("run/commbench.py", "_bench_comm", "CPU ranks need cores of their own: refused when they would share"),
     Branch("run/commbench.py", "_bench_comm", "a busy host skews a CPU benchmark: warned"),

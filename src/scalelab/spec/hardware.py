@@ -274,6 +274,13 @@ report (host_steal_share), the calibration's line. Its speed reads low by about 
 differences a sweep ranks (a 2-core VM with busy neighbours lost 0-13% per 2-s window here)."""
 
 
+OTHER_WORK_WARN = 0.1
+"""A share of the cores a CPU measurement is about to use that other processes kept busy as it started
+(scalelab.run.calibration.busy_share) above which the measurement says so: bench comm's table
+(busy_share_before). Its times then include that work's (a table measured while the host was still busy gave
+the step-time model 14.7% error where an idle host's gave 8.0-9.6%)."""
+
+
 def largest_steal(shares) -> float | None:
     """The largest of several ranks' (or world sizes') steal shares, those measured; None where none was: the slowest
     rank sets a step, so the most any rank lost is the run's figure."""
