@@ -46,6 +46,8 @@ FILLED_ELSEWHERE = {
     "nodes_share_machine": "tests/*/test_slurm.py, runs across the virtual cluster's nodes",
     # under a second of one core's ticks says nothing (these runs time a few steps); a second or more does
     "host_steal_share": "tests/*/test_training.py, the measurement window's run",
+    # 20 measured steps or more (these runs time fewer)
+    "step_time_drift": "tests/*/test_training.py, the measurement window's run",
     # a traced run (train.profile) and the GPU's own state
     **{name: "tests/*/test_trace.py, traced runs" for name in ("profiled_steps", "trace_files", "exposed_comm_s_measured")},
     **{name: "GPU runs (tests/gpu/test_gpu.py; nvidia-smi simulated in tests/unit/test_devices.py)" for name in (

@@ -101,6 +101,9 @@ def test_a_measurement_window_in_seconds_leaves_the_training_untouched(tmp_path,
     assert timed["comm_bytes_per_step_measured"] == timed["comm_bytes_per_step_predicted"]
     # the hypervisor's share of the ranks' cores over 1.5 s or more of timed steps; a run of 0.1 s has none (under a second)
     assert 0 <= timed["host_steal_share"] < 1 and plain["host_steal_share"] is None, (timed["host_steal_share"], plain["host_steal_share"])
+    # the median step time's change between the halves of the timed steps: a ratio less 1 (a steady host: near 0);
+    # none under 20 timed steps
+    assert -1 < timed["step_time_drift"] < 10 and (plain["step_time_drift"] is None) == (plain["measured_steps"] < 20)
 
 
 def test_crash_on_one_rank_is_a_failed_result(tmp_path, tiny_data):

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from scalelab.report import checks
 from scalelab.report.tables import mfu_flagged
@@ -210,6 +211,31 @@ def test_runs_whose_cores_the_hypervisor_took_are_named_in_one_line_the_worst_fi
     assert "fp32-z0-w3 2.4%" in checks.steal_warnings(runs[runs["run_id"] != "fp32-z0-w2"])[0]  # not rounded to "2%"
     assert checks.steal_warnings(runs.assign(host_steal_share=[0.0] * 7 + [None])) == []  # bare metal: silent
     assert checks.steal_warnings(runs.drop(columns="host_steal_share")) == []  # tables before schema 10
+
+
+def test_runs_whose_host_changed_speed_while_they_ran_are_named_in_one_line_the_largest_change_first():
+    """step_time_drift beyond 10% either way: the halves of a run's timed steps ran at two speeds (the H200 machine's
+    idle CPU slice: 9.3 -> 12.4 ms, +33%; 11.9 -> 8.5 ms, -29%)."""
+    runs = pd.DataFrame({"run_id": [f"fp32-z0-w{i}" for i in range(1, 10)],
+                         "status": ["ok"] * 8 + ["failed"],
+                         "step_time_drift": [0.1, 0.33, -0.29, 0.02, -0.105, 0.5, -0.8, None, 0.9]})
+    (line,) = checks.drift_warnings(runs)
+    assert line.startswith("5 run(s) changed speed by more than 10% between the first and the second half of their timed "
+                           "steps (median step time, second half against first): fp32-z0-w7 -80.0%, fp32-z0-w6 +50.0%, "
+                           "fp32-z0-w2 +33.0%, fp32-z0-w3 -29.0%, fp32-z0-w5 -10.5%. The host's speed changed"), line
+    assert "fp32-z0-w1 " not in line and "fp32-z0-w9" not in line  # 10% is not beyond the line; a failed run: nothing
+    assert "(column step_time_drift; repeat those points: repeats.points)" in line
+    assert checks.drift_warnings(runs.assign(step_time_drift=[0.01, -0.03] + [None] * 7)) == []  # a steady host: silent
+    assert checks.drift_warnings(runs.drop(columns="step_time_drift")) == []  # tables before schema 11
+
+
+def test_step_time_drift_compares_the_halves_medians():
+    from scalelab.run.worker import DRIFT_MIN_STEPS, step_time_drift
+
+    assert step_time_drift([0.008] * 10 + [0.012] * 10) == pytest.approx(0.5)
+    assert step_time_drift([0.012] * 11 + [0.008] * 11) == pytest.approx(-1 / 3)
+    assert step_time_drift([0.01, 0.5] * 10) == pytest.approx(0.0)  # a stall now and then moves no median
+    assert step_time_drift([0.01] * (DRIFT_MIN_STEPS - 1)) is None
 
 
 def test_fp8_runs_are_told_whether_fp8_pays_at_their_width_and_that_eager_costs():

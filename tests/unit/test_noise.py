@@ -250,6 +250,11 @@ def test_repeatability_states_the_hypervisors_share_of_the_sweeps_and_the_floors
     assert floor_text({**floor, "steal_share": 0.031}).endswith("; the hypervisor took 3.1% of the core's time")
     assert "hypervisor" not in floor_text({**floor, "steal_share": None})
 
+    from scalelab.harness.repeatability import drifted
+
+    runs = pd.DataFrame({"status": ["ok", "ok", "ok", "failed"], "step_time_drift": [0.33, -0.12, 0.05, 0.9]})
+    assert drifted(runs) == 2 and drifted(runs.drop(columns="step_time_drift")) is None  # tables before schema 11
+
 
 def test_a_run_uses_the_sweep_calibration_only_where_it_applies():
     import socket

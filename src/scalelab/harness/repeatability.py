@@ -28,6 +28,7 @@ import pandas as pd
 
 from scalelab.report.tables import best_configurations
 from scalelab.results.noise import Noise, margin_between, medians, relative_change, sweep_noise
+from scalelab.spec.hardware import DRIFT_WARN
 
 
 def _ratio_rows(points: pd.DataFrame) -> dict[str, tuple[float, tuple[int, int]]]:
@@ -122,6 +123,15 @@ def _steal(runs: pd.DataFrame, how: str) -> float | None:
     return None if steal.empty else float(getattr(steal, how)())
 
 
+def drifted(runs: pd.DataFrame) -> int | None:
+    """How many ok runs changed speed beyond DRIFT_WARN between the halves of their timed steps (step_time_drift;
+    tables before schema 11: None)."""
+    if "step_time_drift" not in runs:
+        return None
+    ok = runs[runs["status"] == "ok"]
+    return int((ok["step_time_drift"].abs() > DRIFT_WARN).sum())
+
+
 def goals(result: dict) -> dict:
     """The sweep's figures against GOALS: sigma, margin, ranking per world size, wall time (each sweep)."""
     out = {}
@@ -131,6 +141,7 @@ def goals(result: dict) -> dict:
         out[side] = {"runs": len(runs), "sigma": noise.sigma, "dof": noise.dof, "margin_two_single_runs": noise.margin(1, 1),
                      "ranking": ranks, "wall_s": result["wall_s"]["AB".index(side)],
                      "host_steal_share_median": _steal(runs, "median"), "host_steal_share_max": _steal(runs, "max"),
+                     "runs_drifted": drifted(runs),
                      "met": {"sigma": noise.sigma is not None and noise.sigma <= GOALS["sigma"],
                              "margin": noise.margin(1, 1) is not None and noise.margin(1, 1) <= GOALS["margin"],
                              "ranking": bool(ranks) and all(r["beyond_noise_of"] >= GOALS["beyond_share"] * r["others"]
@@ -262,6 +273,9 @@ def print_repeatability(result: dict) -> None:
               f"({ratios.idxmax()}); host loop {result['host_loop_s'][0]:.3f} s before A, {result['host_loop_s'][1]:.3f} s before B")
     print(f"noise: A {result['noise_a'].text()}\n       B {result['noise_b'].text()}")
     print(f"the hypervisor's share of the runs' cores: A {steal_text(result['runs_a'])}; B {steal_text(result['runs_b'])}")
+    moved = {side: drifted(result[f"runs_{side.lower()}"]) for side in "AB"}
+    print(f"runs whose speed changed by more than {DRIFT_WARN:.0%} between the halves of their timed steps (the host's "
+          f"speed changed while they ran): " + "; ".join(f"{side} {'unknown' if n is None else n}" for side, n in moved.items()))
     print("\ncomparisons the report draws:")
     with pd.option_context("display.width", 200, "display.max_rows", 500, "display.max_colwidth", 80):
         print(table.to_string(index=False))

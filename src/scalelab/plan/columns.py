@@ -33,7 +33,7 @@ from scalelab.spec.families import DEFAULT_FAMILY, FAMILIES
 from scalelab.spec.precisions import PRECISIONS
 from scalelab.spec.strategies import strategy
 
-SCHEMA_VERSION = "10"  # 2: lever identity columns; 3: device plan, launch and provenance sources;
+SCHEMA_VERSION = "11"  # 2: lever identity columns; 3: device plan, launch and provenance sources;
 # 4: the compile lever (identity column, compile time), MFU against the bf16 peak, activations outside the blocks predicted;
 # 5: run_path is the run id (run folders named by run id), field metadata names each column's writer and when it is filled;
 # 6: model families (model_family, model_module, n_kv_heads, ffn_dim, rope_base, flops_per_token_method), where ranks ran
@@ -45,6 +45,7 @@ SCHEMA_VERSION = "10"  # 2: lever identity columns; 3: device plan, launch and p
 # gpu_driver_version, gpu_{sm,mem}_clock_mhz_{start,end}, gpu_temperature_c_{start,end}); 9: tensor and sequence parallelism
 # (tensor_parallel, sequence_parallel, comm_tensor_parallel_*), the forecast that ranks a sweep (forecast_*: planning.top_k);
 # 10: host_steal_share (the hypervisor's share of the ranks' cores during the timed steps)
+# 11: step_time_drift (the change of the median step time between the halves of the timed steps)
 _META = {b"scalelab.schema_version": SCHEMA_VERSION.encode()}
 
 WRITERS = ("identity", "launch", "worker", "collect")
@@ -302,6 +303,12 @@ RUN = [
            "tokens, the token share and whether it was fitted), or why there is none", "collect", OK),
     Column("step_time_s_mean", pa.float64(), "s", "mean step time over the measured steps", "worker", OK),
     Column("step_time_s_median", pa.float64(), "s", "median step time over the measured steps", "worker", OK),
+    Column("step_time_drift", pa.float64(), "fraction", "the median step time of the second half of the measured steps "
+           "over the first half's, less 1 (rank 0's steps): near 0 where the host held its speed; the report warns beyond "
+           "10% either way (the host's speed changed while the run was timed, and its figures mix two speeds); null under "
+           "20 measured steps", "worker",
+           Filled("status ok, 20 measured steps or more (runs measured since schema 11)",
+                  lambda row: _ok(row) and (row.get("measured_steps") or 0) >= 20, OK.at_most)),
     Column("loop_time_s_per_step", pa.float64(), "s", "wall time of the whole training loop (records, loss sync "
            "included) per measured step", "worker", OK),
     Column("compile_time_s", pa.float64(), "s", "compile lever: wall time of the warm-up forward and backward that "

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from scalelab.spec.hardware import STEAL_WARN
+from scalelab.spec.hardware import DRIFT_WARN, STEAL_WARN
 from scalelab.spec.precisions import PRECISIONS
 
 SPIKE_WINDOW = 10
@@ -424,6 +424,25 @@ def steal_warnings(runs: pd.DataFrame) -> list[str]:
             f"guests of the physical host were busy): {ids}{more}. Their speed reads low by about as much; a difference "
             "involving them may come from the host, not the configuration (column host_steal_share; rerun them on a quiet "
             "host)"]
+
+
+def drift_warnings(runs: pd.DataFrame) -> list[str]:
+    """Runs whose median step time moved more than DRIFT_WARN between the halves of their timed steps
+    (step_time_drift): the host's speed changed while they ran. One line for all, the largest change first."""
+    if "step_time_drift" not in runs:  # tables before schema 11
+        return []
+    ok = runs[runs["status"] == "ok"]
+    moved = ok[ok["step_time_drift"].abs() > DRIFT_WARN]
+    if moved.empty:
+        return []
+    moved = moved.loc[moved["step_time_drift"].abs().sort_values(ascending=False).index]
+    ids = ", ".join(f"{r.run_id} {r.step_time_drift:+.1%}" for r in moved.head(5).itertuples())
+    more = f" and {len(moved) - 5} more" if len(moved) > 5 else ""
+    return [f"{len(moved)} run(s) changed speed by more than {DRIFT_WARN:.0%} between the first and the second half of "
+            f"their timed steps (median step time, second half against first): {ids}{more}. The host's speed changed "
+            "while they ran (a cloud VM's can switch by 1.45x for seconds, without steal), so their figures mix two "
+            "speeds; a difference involving them may come from the host (column step_time_drift; repeat those points: "
+            "repeats.points)"]
 
 
 def prediction_warnings(runs: pd.DataFrame) -> list[str]:

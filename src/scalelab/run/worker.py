@@ -710,6 +710,21 @@ def gather(run: Run, steal: float | None) -> Gathered:
     return Gathered(held=all_held, mem=all_mem, comm=counted)
 
 
+DRIFT_MIN_STEPS = 20
+"""Fewer timed steps than this give no step_time_drift: ten a half, or a median is one step's noise."""
+
+
+def step_time_drift(step_times: list[float]) -> float | None:
+    """The median step time of the second half of the timed steps over the first half's, less 1 (rank 0's steps,
+    which its collectives keep in step with the others'): near 0 where the host held its speed, far from it where
+    the host's speed changed while the run was timed (scalelab.spec.hardware.DRIFT_WARN). None under
+    DRIFT_MIN_STEPS steps."""
+    if len(step_times) < DRIFT_MIN_STEPS:
+        return None
+    half = len(step_times) // 2
+    return statistics.median(step_times[half:]) / statistics.median(step_times[:half]) - 1
+
+
 def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
     """worker_result.json (rank 0): the run-level measurements beside their predictions."""
     model_cfg, point, world_size, accum = run.model_cfg, run.point, run.world_size, run.accum
@@ -737,6 +752,7 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "tokens_per_s": tokens_per_s,
         "step_time_s_mean": total_time / len(step_times),
         "step_time_s_median": statistics.median(step_times),
+        "step_time_drift": step_time_drift(step_times),
         "loop_time_s_per_step": tally.loop_time / n_measured,
         "compile_time_s": tally.compile_time_s,
         "compile_graphs": tally.compile_graphs,

@@ -274,6 +274,13 @@ report (host_steal_share), the calibration's line. Its speed reads low by about 
 differences a sweep ranks (a 2-core VM with busy neighbours lost 0-13% per 2-s window here)."""
 
 
+DRIFT_WARN = 0.1
+"""A change of a run's median step time between the first and the second half of its timed steps (step_time_drift)
+above which the report says the host's speed changed while it ran: its figure then mixes two speeds. An idle 2-core
+slice of a 16-core cloud VM switched between two speeds 1.45x apart, held for seconds, within runs (28-42% between
+halves) where steady runs moved 0-5%."""
+
+
 OTHER_WORK_WARN = 0.1
 """A share of the cores a CPU measurement is about to use that other processes kept busy as it started
 (scalelab.run.calibration.busy_share) above which the measurement says so: bench comm's table
