@@ -399,7 +399,9 @@ def noise_warnings(runs: pd.DataFrame, best: pd.DataFrame) -> list[str]:
                 f"{r['max']:,.0f}); a difference between points smaller than that is noise ("
                 + (f"the hypervisor took up to {r['steal_max']:.1%} of their cores' time: other guests of the physical "
                    "host were busy)"
-                   if r["steal_max"] > STEAL_WARN else "was the machine busy?)")
+                   if r["steal_max"] > STEAL_WARN else
+                   f"{int(r['drifted'])} of them changed speed while timed: the host's speed changed)" if r["drifted"] else
+                   "was the machine busy?)")
                 for point, r in spreads[spreads["spread"] > NOISY_SPREAD].iterrows()]
     several = "model" in best and best["model"].nunique() > 1
     for r in best[best["within_noise"].fillna("") != ""].itertuples():

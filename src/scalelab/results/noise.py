@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from scalelab.spec.hardware import DRIFT_WARN
+
 MEASURED = "tokens_per_s"
 """The figure repeats are compared on (step time and MFU move with it)."""
 
@@ -73,7 +75,8 @@ def config_ids(runs: pd.DataFrame) -> pd.Series:
 def repeat_spreads(runs: pd.DataFrame, value: str = MEASURED) -> pd.DataFrame:
     """Per point (config_id) over its ok runs: n, median, min, max, the relative spread
     (max - min) / median (NaN with one run), the sum of squared deviations of log value from the
-    point's mean (``ss_log``: what sigma pools) and the largest host_steal_share of its runs (``steal_max``)."""
+    point's mean (``ss_log``: what sigma pools), the largest host_steal_share of its runs (``steal_max``) and how many
+    of them changed speed beyond DRIFT_WARN while timed (``drifted``, from step_time_drift)."""
     ok = runs[(runs["status"] == "ok") & runs[value].notna() & (runs[value] > 0)]
     ok = ok.assign(config_id=config_ids(ok), _log=np.log(ok[value].astype(float)))
     grouped = ok.groupby("config_id")
@@ -82,6 +85,9 @@ def repeat_spreads(runs: pd.DataFrame, value: str = MEASURED) -> pd.DataFrame:
     table["ss_log"] = grouped["_log"].agg(lambda x: float(((x - x.mean()) ** 2).sum()))
     # the most the hypervisor took from any of the point's runs (tables before schema 10: unknown)
     table["steal_max"] = grouped["host_steal_share"].max() if "host_steal_share" in ok else np.nan
+    # runs whose host changed speed while they were timed (tables before schema 11: none known)
+    table["drifted"] = (grouped["step_time_drift"].agg(lambda x: int((x.abs() > DRIFT_WARN).sum()))
+                        if "step_time_drift" in ok else 0)
     return table
 
 
