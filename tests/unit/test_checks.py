@@ -222,7 +222,7 @@ def test_runs_whose_host_changed_speed_while_they_ran_are_named_in_one_line_the_
     (line,) = checks.drift_warnings(runs)
     assert line.startswith("5 run(s) changed speed by more than 10% between the first and the second half of their timed "
                            "steps (median step time, second half against first): fp32-z0-w7 -80.0%, fp32-z0-w6 +50.0%, "
-                           "fp32-z0-w2 +33.0%, fp32-z0-w3 -29.0%, fp32-z0-w5 -10.5%. The host's speed changed"), line
+                           "fp32-z0-w2 +33.0%, fp32-z0-w3 -29.0%, fp32-z0-w5 -10.5%. Their speed was not steady"), line
     assert "fp32-z0-w1 " not in line and "fp32-z0-w9" not in line  # 10% is not beyond the line; a failed run: nothing
     assert "(column step_time_drift; repeat those points: repeats.points)" in line
     assert checks.drift_warnings(runs.assign(step_time_drift=[0.01, -0.03] + [None] * 7)) == []  # a steady host: silent

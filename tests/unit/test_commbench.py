@@ -89,7 +89,7 @@ def test_the_ranks_own_cores_busy_as_they_start_are_warned_about_not_the_machine
     busy.update({1: 0.0, 2: 0.34})
     seen_cores.clear()
     assert main(["bench", "comm", "--out", str(out), "--device", "cpu", "--world-sizes", "1,2"]) == 0
-    assert ("warning: other processes kept 34% of the ranks' cores busy as the ranks started (they shared the cores: "
+    assert ("warning: other processes kept 34.0% of the ranks' cores busy as the ranks started (they shared the cores: "
             "these times include their work; measure again on an idle machine)") in capsys.readouterr().err
     table = comm_table.read_table(out)
     assert comm_table.busy_before(table) == 0.34

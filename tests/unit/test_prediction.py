@@ -248,10 +248,10 @@ def test_validation_says_whether_the_bench_ranks_cores_were_busy_as_they_started
     quiet = prediction.validate(runs, "world_size == 1", table.assign(busy_share_before=0.01))
     assert quiet["summary"]["bench_busy_share"] == 0.01 and quiet["summary"]["bench_host_load"] == 3.35
     assert prediction.format_validation(quiet).splitlines()[-2] == (
-        "other processes kept 1% of the bench ranks' cores busy as the ranks started")
+        "other processes kept 1.0% of the bench ranks' cores busy as the ranks started")
     busy = prediction.validate(runs, "world_size == 1", table.assign(busy_share_before=0.34))
     assert prediction.format_validation(busy).splitlines()[-2] == (
-        "other processes kept 34% of the bench ranks' cores busy as the ranks started (they shared the cores: these "
+        "other processes kept 34.0% of the bench ranks' cores busy as the ranks started (they shared the cores: these "
         "times include their work; measure again on an idle machine)")
     old = prediction.validate(runs, "world_size == 1", table)
     assert old["summary"]["bench_busy_share"] is None

@@ -57,7 +57,7 @@ def busy_before(table) -> float | None:
 
 def busy_text(share: float, whose: str) -> str:
     """What a table's busy share says, one sentence: the share, and above OTHER_WORK_WARN what it means."""
-    text = f"other processes kept {share:.0%} of {whose} cores busy as the ranks started"
+    text = f"other processes kept {share:.1%} of {whose} cores busy as the ranks started"
     if share > OTHER_WORK_WARN:
         text += " (they shared the cores: these times include their work; measure again on an idle machine)"
     return text

@@ -400,7 +400,7 @@ def noise_warnings(runs: pd.DataFrame, best: pd.DataFrame) -> list[str]:
                 + (f"the hypervisor took up to {r['steal_max']:.1%} of their cores' time: other guests of the physical "
                    "host were busy)"
                    if r["steal_max"] > STEAL_WARN else
-                   f"{int(r['drifted'])} of them changed speed while timed: the host's speed changed)" if r["drifted"] else
+                   f"{int(r['drifted'])} of them changed speed while timed: step_time_drift)" if r["drifted"] else
                    "was the machine busy?)")
                 for point, r in spreads[spreads["spread"] > NOISY_SPREAD].iterrows()]
     several = "model" in best and best["model"].nunique() > 1
@@ -441,10 +441,10 @@ def drift_warnings(runs: pd.DataFrame) -> list[str]:
     ids = ", ".join(f"{r.run_id} {r.step_time_drift:+.1%}" for r in moved.head(5).itertuples())
     more = f" and {len(moved) - 5} more" if len(moved) > 5 else ""
     return [f"{len(moved)} run(s) changed speed by more than {DRIFT_WARN:.0%} between the first and the second half of "
-            f"their timed steps (median step time, second half against first): {ids}{more}. The host's speed changed "
-            "while they ran (a cloud VM's can switch by 1.45x for seconds, without steal), so their figures mix two "
-            "speeds; a difference involving them may come from the host (column step_time_drift; repeat those points: "
-            "repeats.points)"]
+            f"their timed steps (median step time, second half against first): {ids}{more}. Their speed was not steady "
+            "while they were timed (a cloud VM's host can change its speed by 1.45x for seconds, without steal), so their "
+            "figures mix two speeds; a difference involving them may come from the host (column step_time_drift; repeat "
+            "those points: repeats.points)"]
 
 
 def prediction_warnings(runs: pd.DataFrame) -> list[str]:
