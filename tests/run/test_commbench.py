@@ -45,7 +45,6 @@ def test_every_collective_world_size_size_and_batch_is_timed(table):
     # the share of those cores other processes kept busy in the half second before the ranks started: read on Linux
     busy = table["busy_share_before"].astype(float)
     assert ((busy >= 0) & (busy <= 1)).all(), busy.tolist()
-    assert (busy.groupby(table["world_size"]).nunique() == 1).all(), busy.tolist()
 
 
 def test_bandwidths_follow_nccl_tests(table):

@@ -237,7 +237,8 @@ def test_the_busy_share_of_the_cores_a_measurement_will_use_is_read_from_proc_st
     assert calibration.busy_share([0, 9], stat=stat) is None  # a core the table does not list
     assert calibration.busy_share([0], stat=tmp_path / "absent") is None  # not Linux
     monkeypatch.setattr(calibration.os, "sched_getaffinity", lambda pid: {4, 5, 6, 7}, raising=False)
-    assert calibration.planned_cores(2, 1) == [4, 5]
+    assert calibration.planned_cores(2, 1) == [4, 5]  # as the ranks pin themselves:
+    assert calibration.describe_rank_cores([4, 5, 6, 7], 2, 1) == "r0:4 r1:5"
     assert calibration.planned_cores(2, 2) == [4, 5, 6, 7]
     assert calibration.planned_cores(3, 2) == [4, 5, 6, 7]  # they would share: every core they may use
 
@@ -256,6 +257,7 @@ def test_repeatability_states_the_hypervisors_share_of_the_sweeps_and_the_floors
 
     runs = pd.DataFrame({"status": ["ok", "ok", "ok", "failed"], "step_time_drift": [0.33, -0.12, 0.05, 0.9]})
     assert drifted(runs) == 2 and drifted(runs.drop(columns="step_time_drift")) is None  # tables before schema 11
+    assert drifted(runs.assign(step_time_drift=None)) is None  # no run timed enough steps to say: unknown, not 0
 
 
 def test_a_run_uses_the_sweep_calibration_only_where_it_applies():

@@ -251,13 +251,19 @@ def test_validation_says_whether_the_bench_ranks_cores_were_busy_as_they_started
         "other processes kept 1.0% of the bench ranks' cores busy as the ranks started")
     busy = prediction.validate(runs, "world_size == 1", table.assign(busy_share_before=0.34))
     assert prediction.format_validation(busy).splitlines()[-2] == (
-        "other processes kept 34.0% of the bench ranks' cores busy as the ranks started (they shared the cores: these "
-        "times include their work; measure again on an idle machine)")
+        "other processes kept 34.0% of the bench ranks' cores busy as the ranks started (if they went on, they shared "
+        "the cores: these times may include their work; measure again on an idle machine)")
     old = prediction.validate(runs, "world_size == 1", table)
     assert old["summary"]["bench_busy_share"] is None
     assert prediction.format_validation(old).splitlines()[-2] == (
         "the bench table was measured with a 1-minute load of 3.35 on the whole machine before its ranks started "
         "(whether their own cores were busy, this table cannot say: `scalelab bench comm` now records it)")
+    unread = prediction.validate(runs, "world_size == 1", table.assign(busy_share_before=None))
+    assert prediction.format_validation(unread).splitlines()[-2].endswith(
+        "(whether their own cores were busy, this table cannot say: /proc/stat could not be read)")
+    gpu = prediction.validate(runs, "world_size == 1", table.assign(device_type="cuda", busy_share_before=None))
+    assert gpu["summary"]["bench_host_load"] is None and gpu["summary"]["bench_busy_share"] is None
+    assert "1-minute load" not in prediction.format_validation(gpu)  # NCCL's times hardly depend on the host's cores
 
 
 def test_predict_command_prints_the_validation_as_json(tmp_path, capsys):

@@ -28,7 +28,7 @@ import pandas as pd
 
 from scalelab.report.tables import best_configurations
 from scalelab.results.noise import Noise, margin_between, medians, relative_change, sweep_noise
-from scalelab.spec.hardware import DRIFT_WARN
+from scalelab.spec.hardware import DRIFT_WARN, unsteady
 
 
 def _ratio_rows(points: pd.DataFrame) -> dict[str, tuple[float, tuple[int, int]]]:
@@ -124,12 +124,12 @@ def _steal(runs: pd.DataFrame, how: str) -> float | None:
 
 
 def drifted(runs: pd.DataFrame) -> int | None:
-    """How many ok runs changed speed beyond DRIFT_WARN between the halves of their timed steps (step_time_drift;
-    tables before schema 11: None)."""
+    """How many ok runs changed speed beyond DRIFT_WARN between the halves of their timed steps (step_time_drift);
+    None where no run measured it (tables before schema 11, runs under DRIFT_MIN_STEPS steps)."""
     if "step_time_drift" not in runs:
         return None
-    ok = runs[runs["status"] == "ok"]
-    return int((ok["step_time_drift"].abs() > DRIFT_WARN).sum())
+    drift = runs.loc[runs["status"] == "ok", "step_time_drift"]
+    return int(unsteady(drift).sum()) if drift.notna().any() else None
 
 
 def goals(result: dict) -> dict:
@@ -274,8 +274,8 @@ def print_repeatability(result: dict) -> None:
     print(f"noise: A {result['noise_a'].text()}\n       B {result['noise_b'].text()}")
     print(f"the hypervisor's share of the runs' cores: A {steal_text(result['runs_a'])}; B {steal_text(result['runs_b'])}")
     moved = {side: drifted(result[f"runs_{side.lower()}"]) for side in "AB"}
-    print(f"runs whose speed changed by more than {DRIFT_WARN:.0%} between the halves of their timed steps (the host's "
-          f"speed changed while they ran): " + "; ".join(f"{side} {'unknown' if n is None else n}" for side, n in moved.items()))
+    print(f"runs whose speed changed by more than {DRIFT_WARN:.0%} between the halves of their timed steps (their speed "
+          "was not steady while timed): " + "; ".join(f"{side} {'unknown' if n is None else n}" for side, n in moved.items()))
     print("\ncomparisons the report draws:")
     with pd.option_context("display.width", 200, "display.max_rows", 500, "display.max_colwidth", 80):
         print(table.to_string(index=False))

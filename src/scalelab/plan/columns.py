@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from scalelab.io import atomic_path
 from scalelab.plan.sweep import AXES, run_id_grammar
 from scalelab.spec.families import DEFAULT_FAMILY, FAMILIES
+from scalelab.spec.hardware import DRIFT_MIN_STEPS, DRIFT_WARN
 from scalelab.spec.precisions import PRECISIONS
 from scalelab.spec.strategies import strategy
 
@@ -304,11 +305,12 @@ RUN = [
     Column("step_time_s_mean", pa.float64(), "s", "mean step time over the measured steps", "worker", OK),
     Column("step_time_s_median", pa.float64(), "s", "median step time over the measured steps", "worker", OK),
     Column("step_time_drift", pa.float64(), "fraction", "the median step time of the second half of the measured steps "
-           "over the first half's, less 1 (rank 0's steps): near 0 where the host held its speed; the report warns beyond "
-           "10% either way (the host's speed changed while the run was timed, and its figures mix two speeds); null under "
-           "20 measured steps", "worker",
-           Filled("status ok, 20 measured steps or more (runs measured since schema 11)",
-                  lambda row: _ok(row) and (row.get("measured_steps") or 0) >= 20, OK.at_most)),
+           "over the first half's, less 1 (rank 0's steps): near 0 where the run's speed was steady; the report warns "
+           f"beyond {DRIFT_WARN:.0%} either way (the speed changed while the run was timed, and its figures mix two speeds: "
+           f"on a cloud VM, the host's; on a GPU, heat or power lowering its clocks); null under {DRIFT_MIN_STEPS} measured "
+           "steps", "worker",
+           Filled(f"status ok, {DRIFT_MIN_STEPS} measured steps or more (runs measured since schema 11)",
+                  lambda row: _ok(row) and (row.get("measured_steps") or 0) >= DRIFT_MIN_STEPS, OK.at_most)),
     Column("loop_time_s_per_step", pa.float64(), "s", "wall time of the whole training loop (records, loss sync "
            "included) per measured step", "worker", OK),
     Column("compile_time_s", pa.float64(), "s", "compile lever: wall time of the warm-up forward and backward that "

@@ -47,19 +47,27 @@ def busy_before(table) -> float | None:
     """The largest share of a CPU table's ranks' cores other processes kept busy as its ranks started, over its world
     sizes; None for a GPU table (NCCL's times hardly depend on the host's cores), a table from before the column,
     or where /proc/stat could not say."""
-    if table is None or BUSY_COLUMN not in table.columns:
-        return None
-    if "device_type" in table.columns and (table["device_type"] != "cpu").any():
+    if table is None or BUSY_COLUMN not in table.columns or not cpu_table(table):
         return None
     known = table[BUSY_COLUMN].dropna()
     return float(known.max()) if len(known) else None
 
 
+def cpu_table(table) -> bool:
+    """A CPU benchmark's table (tables without device_type are taken as CPU ones: bench comm wrote it from the start)."""
+    return "device_type" not in table.columns or bool((table["device_type"] == "cpu").all())
+
+
+def busy_warns(share: float | None) -> bool:
+    """Whether a busy share (busy_before) is beyond OTHER_WORK_WARN."""
+    return share is not None and share > OTHER_WORK_WARN
+
+
 def busy_text(share: float, whose: str) -> str:
-    """What a table's busy share says, one sentence: the share, and above OTHER_WORK_WARN what it means."""
+    """What a table's busy share says, one sentence: the share, and beyond OTHER_WORK_WARN what it means."""
     text = f"other processes kept {share:.1%} of {whose} cores busy as the ranks started"
-    if share > OTHER_WORK_WARN:
-        text += " (they shared the cores: these times include their work; measure again on an idle machine)"
+    if busy_warns(share):
+        text += " (if they went on, they shared the cores: these times may include their work; measure again on an idle machine)"
     return text
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from scalelab.spec.hardware import DRIFT_WARN, STEAL_WARN
+from scalelab.spec.hardware import DRIFT_WARN, STEAL_WARN, unsteady
 from scalelab.spec.precisions import PRECISIONS
 
 SPIKE_WINDOW = 10
@@ -430,14 +430,13 @@ def steal_warnings(runs: pd.DataFrame) -> list[str]:
 
 def drift_warnings(runs: pd.DataFrame) -> list[str]:
     """Runs whose median step time moved more than DRIFT_WARN between the halves of their timed steps
-    (step_time_drift): the host's speed changed while they ran. One line for all, the largest change first."""
+    (step_time_drift): their speed was not steady while timed. One line for all, the largest change first."""
     if "step_time_drift" not in runs:  # tables before schema 11
         return []
     ok = runs[runs["status"] == "ok"]
-    moved = ok[ok["step_time_drift"].abs() > DRIFT_WARN]
+    moved = ok[unsteady(ok["step_time_drift"])].sort_values("step_time_drift", key=abs, ascending=False)
     if moved.empty:
         return []
-    moved = moved.loc[moved["step_time_drift"].abs().sort_values(ascending=False).index]
     ids = ", ".join(f"{r.run_id} {r.step_time_drift:+.1%}" for r in moved.head(5).itertuples())
     more = f" and {len(moved) - 5} more" if len(moved) > 5 else ""
     return [f"{len(moved)} run(s) changed speed by more than {DRIFT_WARN:.0%} between the first and the second half of "

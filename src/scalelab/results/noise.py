@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from scalelab.spec.hardware import DRIFT_WARN
+from scalelab.spec.hardware import unsteady
 
 MEASURED = "tokens_per_s"
 """The figure repeats are compared on (step time and MFU move with it)."""
@@ -85,9 +85,8 @@ def repeat_spreads(runs: pd.DataFrame, value: str = MEASURED) -> pd.DataFrame:
     table["ss_log"] = grouped["_log"].agg(lambda x: float(((x - x.mean()) ** 2).sum()))
     # the most the hypervisor took from any of the point's runs (tables before schema 10: unknown)
     table["steal_max"] = grouped["host_steal_share"].max() if "host_steal_share" in ok else np.nan
-    # runs whose host changed speed while they were timed (tables before schema 11: none known)
-    table["drifted"] = (grouped["step_time_drift"].agg(lambda x: int((x.abs() > DRIFT_WARN).sum()))
-                        if "step_time_drift" in ok else 0)
+    # runs whose speed was not steady while they were timed (tables before schema 11: none known)
+    table["drifted"] = grouped["step_time_drift"].agg(lambda x: int(unsteady(x).sum())) if "step_time_drift" in ok else 0
     return table
 
 

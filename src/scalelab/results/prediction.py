@@ -58,7 +58,7 @@ import numpy as np
 
 from scalelab.formulas import links
 from scalelab.formulas.predicted_columns import model_of_row
-from scalelab.plan.comm_table import busy_before, busy_text
+from scalelab.plan.comm_table import BUSY_COLUMN, busy_before, busy_text, cpu_table
 from scalelab.plan.sweep import AXES
 from scalelab.spec.hardware import STEAL_WARN, largest_steal
 from scalelab.spec.strategies import STRATEGIES, strategy
@@ -792,6 +792,7 @@ def validate(runs, fit_query: str, table=None, table_path: str | None = None) ->
                "inside_band_share": float(np.mean(inside)) if inside else None,
                "median_band_half_width": float(np.median(half_widths)) if half_widths else None,
                "measured": MEASURED, "bench_table": table_path, "bench_host_load": bench_load(table), "bench_busy_share": busy_before(table),
+               "bench_busy_recorded": table is not None and BUSY_COLUMN in table.columns,
                "bench_steal_share": bench_steal(table)}
     return {"points": points, "summary": summary, "parameters": model.parameters()}
 
@@ -825,9 +826,11 @@ def format_validation(result: dict) -> str:
     busy, load = s.get("bench_busy_share"), s.get("bench_host_load")
     if busy is not None:
         lines.append(busy_text(busy, "the bench ranks'"))
-    elif load is not None:  # a table from before busy_share_before
+    elif load is not None:  # a CPU table without a busy share: written before the column, or /proc/stat unreadable
         lines.append(f"the bench table was measured with a 1-minute load of {load:.2f} on the whole machine before its ranks "
-                     "started (whether their own cores were busy, this table cannot say: `scalelab bench comm` now records it)")
+                     "started (whether their own cores were busy, this table cannot say"
+                     + (": /proc/stat could not be read)" if s.get("bench_busy_recorded") else
+                        ": `scalelab bench comm` now records it)"))
     steal = s.get("bench_steal_share")
     if steal is not None:
         lines.append(f"the hypervisor took {steal:.1%} of the bench ranks' cores' time while they were timed"
@@ -837,10 +840,10 @@ def format_validation(result: dict) -> str:
 
 
 def bench_load(table) -> float | None:
-    """The machine's largest 1-minute load average before the bench's ranks started (bench comm records it per world
-    size), or None for a table without it: context only, the whole machine's over the past minute (bench_busy_share
+    """A CPU table's largest 1-minute load average before the bench's ranks started (bench comm records it per world
+    size), or None for a table without it or a GPU's: context only, the whole machine's over the past minute (bench_busy_share
     says whether the ranks' own cores were busy)."""
-    if table is None or "load_1min_before" not in table.columns:
+    if table is None or "load_1min_before" not in table.columns or not cpu_table(table):  # a GPU's: beside the point
         return None
     return float(table["load_1min_before"].max())
 

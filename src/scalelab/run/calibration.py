@@ -228,9 +228,11 @@ def busy_share(cores: list[int] | None, seconds: float = BUSY_SAMPLE_S, stat: Pa
     cannot say it: it counts the whole machine (a 16-core host's other cores) and the past minute (work already
     ended). None where _core_fields is, or where the cores counted no tick."""
     start = _core_fields(cores, stat)
+    if start is None:  # not Linux, or not these cores' table: nothing to wait for
+        return None
     time.sleep(seconds)
     end = _core_fields(cores, stat)
-    if start is None or end is None:
+    if end is None:
         return None
     delta = [b - a for a, b in zip(start, end)]
     user, nice, system, _idle, _iowait, irq, softirq, _stolen = delta

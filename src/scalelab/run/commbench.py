@@ -34,9 +34,9 @@ import time
 from pathlib import Path
 
 from scalelab.formulas.links import COLLECTIVES, bus_factor
-from scalelab.plan.comm_table import BUSY_COLUMN, busy_before, busy_text, format_table, write_table
+from scalelab.plan.comm_table import BUSY_COLUMN, busy_before, busy_text, busy_warns, format_table, write_table
 from scalelab.run.calibration import busy_share, planned_cores
-from scalelab.spec.hardware import OTHER_WORK_WARN, STEAL_WARN, largest_steal
+from scalelab.spec.hardware import STEAL_WARN, largest_steal
 from scalelab.spec.strategies import STRATEGIES
 
 # all_gather and reduce_scatter run as all_gather_into_tensor and reduce_scatter_tensor: one flat
@@ -367,7 +367,7 @@ def busy_host_warnings(table) -> list[str]:
     started, and the hypervisor's share of them while they were timed."""
     warnings = []
     busy = busy_before(table)
-    if busy is not None and busy > OTHER_WORK_WARN:
+    if busy_warns(busy):
         warnings.append(busy_text(busy, "the ranks'"))
     stolen = largest_steal(table["host_steal_share"])
     if stolen is not None and stolen > STEAL_WARN:

@@ -710,16 +710,11 @@ def gather(run: Run, steal: float | None) -> Gathered:
     return Gathered(held=all_held, mem=all_mem, comm=counted)
 
 
-DRIFT_MIN_STEPS = 20
-"""Fewer timed steps than this give no step_time_drift: ten a half, or a median is one step's noise."""
-
-
 def step_time_drift(step_times: list[float]) -> float | None:
     """The median step time of the second half of the timed steps over the first half's, less 1 (rank 0's steps,
-    which its collectives keep in step with the others'): near 0 where the host held its speed, far from it where
-    the host's speed changed while the run was timed (scalelab.spec.hardware.DRIFT_WARN). None under
-    DRIFT_MIN_STEPS steps."""
-    if len(step_times) < DRIFT_MIN_STEPS:
+    which its collectives keep in step with the others'): near 0 where the run's speed was steady, far from it where
+    it changed while the run was timed (scalelab.spec.hardware.DRIFT_WARN). None under DRIFT_MIN_STEPS steps."""
+    if len(step_times) < hardware.DRIFT_MIN_STEPS:
         return None
     half = len(step_times) // 2
     return statistics.median(step_times[half:]) / statistics.median(step_times[:half]) - 1

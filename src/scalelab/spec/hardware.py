@@ -276,9 +276,18 @@ differences a sweep ranks (a 2-core VM with busy neighbours lost 0-13% per 2-s w
 
 DRIFT_WARN = 0.1
 """A change of a run's median step time between the first and the second half of its timed steps (step_time_drift)
-above which the report says the host's speed changed while it ran: its figure then mixes two speeds. An idle 2-core
-slice of a 16-core cloud VM switched between two speeds 1.45x apart, held for seconds, within runs (28-42% between
-halves) where steady runs moved 0-5%."""
+beyond which the report says its speed was not steady while it was timed: its figure then mixes two speeds. On a
+cloud VM the host's speed is one cause (an idle 2-core slice of a 16-core VM switched between two speeds 1.45x
+apart, held for seconds, within runs: 28-42% between halves, where steady runs moved 0-5%); on a GPU, clocks
+lowered by heat or power, or graphs compiled inside the loop, are others."""
+
+DRIFT_MIN_STEPS = 20
+"""Fewer timed steps than this give no step_time_drift: ten a half, or a median is one step's noise."""
+
+
+def unsteady(drift):
+    """Which step_time_drift values (a pandas Series) are beyond DRIFT_WARN either way; null ones are not."""
+    return drift.abs() > DRIFT_WARN
 
 
 OTHER_WORK_WARN = 0.1
