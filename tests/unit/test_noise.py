@@ -260,6 +260,16 @@ def test_repeatability_states_the_hypervisors_share_of_the_sweeps_and_the_floors
     assert drifted(runs.assign(step_time_drift=None)) is None  # no run timed enough steps to say: unknown, not 0
 
 
+def test_repeatability_names_the_cpu_and_the_cores_its_sweeps_could_use(monkeypatch):
+    """--json's machine: the machine's CPU count and the cores the sweeps ran on (a taskset slice: fewer)."""
+    from scalelab.harness import repeatability
+
+    monkeypatch.setattr(repeatability.os, "sched_getaffinity", lambda pid: {1, 2}, raising=False)
+    monkeypatch.setattr(repeatability.os, "cpu_count", lambda: 16)
+    figures = repeatability.machine()
+    assert figures["cpus"] == 16 and figures["cores_used"] == 2 and figures["cpu"] and figures["python"].count(".") == 2
+
+
 def test_a_run_uses_the_sweep_calibration_only_where_it_applies():
     import socket
 

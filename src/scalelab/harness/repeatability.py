@@ -302,10 +302,20 @@ def print_repeatability(result: dict) -> None:
         print("DISAGREE: " + ", ".join(table.loc[table["verdict"] == "DISAGREE", "comparison"]))
 
 
+def machine() -> dict:
+    """What ran the sweeps: the CPU (model, family, matmul instructions), the machine's CPUs and the cores this process
+    may use (a sweep under taskset uses fewer than the machine has: 2 of 16 on the H200 machine's slice)."""
+    import platform
+
+    from scalelab.spec.hardware import cpu_name
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu": cpu_name(), "cpus": os.cpu_count(), "cores_used": cores, "python": platform.python_version()}
+
+
 def record(result: dict, config: Path) -> dict:
     """The figures as JSON: what the docs state about the default sweep comes from here."""
     import datetime
-    import platform
 
     from scalelab.run.launch import git_provenance
 
@@ -313,5 +323,5 @@ def record(result: dict, config: Path) -> dict:
     return {"what": "python -m scalelab.harness.bench repeatability: two identical sweeps of the config, back to back",
             "measured_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "config": config.name, "git_commit": git_provenance(Path(config).parent)["git_commit"],
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "machine": machine(),
             "host_loop_s": list(result["host_loop_s"]), "host_floor": result.get("host_floor"), "goals": GOALS, "sweeps": figures}
