@@ -47,6 +47,8 @@ MAD_TO_SIGMA = 1.4826
 """Median absolute deviation to the standard deviation of normal noise."""
 NAMED_RUNS = 12
 """Runs named in one message; beyond, the first ones and a count."""
+WORST_NAMED = 5
+"""Runs named, worst first, in a one-line warning about the host (steal, drift); beyond, a count."""
 LOW_PRECISIONS = tuple(p.name for p in PRECISIONS.values() if p.autocast)
 """The precisions that compute below fp32 (under autocast), each set against fp32 in the CPU notice."""
 
@@ -145,9 +147,9 @@ def _span(values: pd.Series) -> str:
     return lo if lo == hi else f"{lo}–{hi}"
 
 
-def _named(run_ids: list[str]) -> str:
-    shown = ", ".join(run_ids[:NAMED_RUNS])
-    return shown + (f" and {len(run_ids) - NAMED_RUNS} more" if len(run_ids) > NAMED_RUNS else "")
+def _named(run_ids: list[str], limit: int = NAMED_RUNS) -> str:
+    shown = ", ".join(run_ids[:limit])
+    return shown + (f" and {len(run_ids) - limit} more" if len(run_ids) > limit else "")
 
 
 def _recovery(group: pd.DataFrame) -> str:
@@ -420,10 +422,9 @@ def steal_warnings(runs: pd.DataFrame) -> list[str]:
     stolen = runs[(runs["status"] == "ok") & (runs["host_steal_share"] > STEAL_WARN)].sort_values("host_steal_share", ascending=False)
     if stolen.empty:
         return []
-    ids = ", ".join(f"{r.run_id} {r.host_steal_share:.1%}" for r in stolen.head(5).itertuples())
-    more = f" and {len(stolen) - 5} more" if len(stolen) > 5 else ""
+    ids = _named([f"{r.run_id} {r.host_steal_share:.1%}" for r in stolen.itertuples()], WORST_NAMED)
     return [f"{len(stolen)} run(s) lost more than {STEAL_WARN:.0%} of their cores' time to the hypervisor (steal: other "
-            f"guests of the physical host were busy): {ids}{more}. Their speed reads low by about as much; a difference "
+            f"guests of the physical host were busy): {ids}. Their speed reads low by about as much; a difference "
             "involving them may come from the host, not the configuration (column host_steal_share; rerun them on a quiet "
             "host)"]
 
@@ -437,10 +438,9 @@ def drift_warnings(runs: pd.DataFrame) -> list[str]:
     moved = ok[unsteady(ok["step_time_drift"])].sort_values("step_time_drift", key=abs, ascending=False)
     if moved.empty:
         return []
-    ids = ", ".join(f"{r.run_id} {r.step_time_drift:+.1%}" for r in moved.head(5).itertuples())
-    more = f" and {len(moved) - 5} more" if len(moved) > 5 else ""
+    ids = _named([f"{r.run_id} {r.step_time_drift:+.1%}" for r in moved.itertuples()], WORST_NAMED)
     return [f"{len(moved)} run(s) changed speed by more than {DRIFT_WARN:.0%} between the first and the second half of "
-            f"their timed steps (median step time, second half against first): {ids}{more}. Their speed was not steady "
+            f"their timed steps (median step time, second half against first): {ids}. Their speed was not steady "
             "while they were timed (a cloud VM's host can change its speed by 1.45x for seconds, without steal), so their "
             "figures mix two speeds; a difference involving them may come from the host (column step_time_drift; repeat "
             "those points: repeats.points)"]
