@@ -59,3 +59,22 @@ def test_bandwidths_follow_nccl_tests(table):
 def test_the_table_fits_a_link(table):
     fitted = prediction.fit_link(table)
     assert fitted.bandwidth_Bps > 0 and fitted.latency_s >= 0 and "gloo" in fitted.source
+
+
+def test_a_rendezvous_port_taken_is_retried_on_a_new_one(monkeypatch):
+    """As a run's launcher does (scalelab.run.ranks.RENDEZVOUS_ATTEMPTS): the benchmark's rank 0 finds
+    its port taken by another process, and the ranks start again on a new port."""
+    import socket
+
+    from scalelab.run import commbench
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = iter([taken.getsockname()[1]])
+        real_free_port = commbench.free_port
+        monkeypatch.setattr(commbench, "free_port", lambda: next(ports, None) or real_free_port())
+        record = commbench.run_world_size(2, sizes=[1024], collectives=["all_reduce"], reps=2, warmup=1, min_seconds=0,
+                                          batches=[1], batched_collectives=[], timeout_s=120)
+    assert next(ports, "used") == "used"  # the taken port was handed out, and the retry went on
+    assert {r["collective"] for r in record["rows"]} == {"all_reduce"}

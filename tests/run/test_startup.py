@@ -83,3 +83,45 @@ def test_the_time_limit_stops_every_rank_and_their_children(tmp_path):
     assert 3 <= time.monotonic() - start < 60
     assert status == "timeout" and "train.run_timeout_s=3 s" in reason
     assert processes_mentioning(marker) == []
+
+
+def test_a_rendezvous_port_taken_before_rank_0_listens_is_retried_on_a_new_one(tmp_path, tiny_data, monkeypatch):
+    """free_port's port is free when chosen and bound only by rank 0's TCPStore: another process can
+    take it in between (8 GPU test workers did, on an H100). The launcher starts the ranks again on
+    a new port, and the run is ok; the log says what happened."""
+    import socket
+
+    from scalelab.plan.sweep import RunPoint
+    from scalelab.run import ranks
+    from support import run_point
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = iter([taken.getsockname()[1]])  # the first attempt gets the taken port, the next a free one
+        real_free_port = ranks.free_port
+        monkeypatch.setattr(ranks, "free_port", lambda: next(ports, None) or real_free_port())
+        summary, steps, run_dir = run_point(tmp_path, tiny_data, RunPoint("fp32", 0, 2))
+    assert summary["status"] == "ok", summary["reason"]
+    log = (tmp_path / "fp32-z0-w2.log").read_text()
+    assert "address already in use" in log.lower()
+    assert "starting the ranks again on a new port (attempt 2 of 3)" in log
+    assert len(steps) > 0
+
+
+def test_a_port_taken_every_time_ends_the_run_failed_with_its_reason(tmp_path, tiny_data, monkeypatch):
+    """Three attempts, then a failed run that names the cause: never a retry loop without end."""
+    import socket
+
+    from scalelab.plan.sweep import RunPoint
+    from scalelab.run import ranks
+    from support import run_point
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setattr(ranks, "free_port", lambda: taken.getsockname()[1])
+        summary, _, _ = run_point(tmp_path, tiny_data, RunPoint("fp32", 0, 2))
+    assert summary["status"] == "failed"
+    assert "address already in use" in summary["reason"]
+    assert (tmp_path / "fp32-z0-w2.log").read_text().count("starting the ranks again on a new port") == 2

@@ -82,21 +82,24 @@ def strategy_steps(out: Path, world_size: int, *args: str, timeout_s: float = 18
     import subprocess
     import sys
 
-    from scalelab.run.ranks import free_port
+    from scalelab.run.ranks import RENDEZVOUS_ATTEMPTS, free_port, rendezvous_port_taken
 
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world_size),
-           "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
-    procs = [subprocess.Popen([sys.executable, str(REPO / "tests" / "ranks" / script), "--out", str(out), *args],
-                              env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(world_size)]
-    logs = []
-    try:
-        for proc in procs:
-            logs.append(proc.communicate(timeout=timeout_s)[0])
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
+    for _ in range(RENDEZVOUS_ATTEMPTS):  # a new port when rank 0 found its own taken, as the launcher does
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world_size),
+               "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+        procs = [subprocess.Popen([sys.executable, str(REPO / "tests" / "ranks" / script), "--out", str(out), *args],
+                                  env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(world_size)]
+        logs = []
+        try:
+            for proc in procs:
+                logs.append(proc.communicate(timeout=timeout_s)[0])
+        finally:
+            for proc in procs:
+                proc.kill()
+                proc.wait()
+        if not (procs[0].returncode and rendezvous_port_taken(logs[0])):
+            break
     assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
     return json.loads(out.read_text())
 

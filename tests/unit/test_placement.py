@@ -13,6 +13,7 @@ from scalelab.harness.testing import tiny_config
 from scalelab.plan import placement
 from scalelab.plan.placement import LaunchPlan, check_gpu_layout, launch_plan
 from scalelab.plan.sweep import RunPoint
+from scalelab.run import ranks
 from scalelab.run.launch import git_provenance, resolve_device, skip_reason
 from scalelab.run.ranks import classify_failure, torchrun_command
 from support import fake_nvidia_smi
@@ -262,6 +263,15 @@ def test_the_watchdog_timeout_wins_over_a_secondary_rank_error():
 def test_a_log_without_evidence_stays_a_plain_failure():
     status, reason = classify_failure([], "step 3 ok\n" + TORCHRUN_TAIL)
     assert status == "failed" and reason.startswith("a rank exited abnormally")
+
+
+def test_a_rendezvous_port_found_taken_is_the_status_the_launcher_retries():
+    """TCPStore's message when another process took rank 0's port (seen on an H100 with 8 test workers)."""
+    log = ("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. "
+           "port: 34965, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use\n")
+    status, reason = classify_failure([], "$ RANK=0 ...\n" + log)
+    assert status == ranks.PORT_TAKEN and "address already in use" in reason
+    assert classify_failure([], "step 3 ok\n" + TORCHRUN_TAIL)[0] != ranks.PORT_TAKEN
 
 
 # ----------------------------------------------------------------------------- provenance without .git

@@ -36,6 +36,7 @@ from pathlib import Path
 from scalelab.formulas.links import COLLECTIVES, bus_factor
 from scalelab.plan.comm_table import BUSY_COLUMN, busy_before, busy_text, busy_warns, format_table, write_table
 from scalelab.run.calibration import busy_share, planned_cores
+from scalelab.run.ranks import RENDEZVOUS_ATTEMPTS, free_port, rendezvous_port_taken
 from scalelab.spec.hardware import STEAL_WARN, largest_steal
 from scalelab.spec.strategies import STRATEGIES
 
@@ -183,8 +184,6 @@ def run_world_size(world_size: int, *, device: str = "cpu", sizes: list[int], co
                    max_reps: int = MAX_REPS, batches=BATCHES, batch_max_bytes: int = BATCH_MAX_BYTES,
                    batched_collectives=BATCHED_COLLECTIVES, threads_per_rank: int = 1, collective_timeout_s: float = 60.0, timeout_s: float = 300.0) -> dict:
     """Start ``world_size`` ranks on this host, wait for them (at most timeout_s), return rank 0's record."""
-    from scalelab.run.ranks import free_port
-
     if world_size < 1:
         raise ValueError(f"world size must be >= 1, got {world_size}")
     unknown = [c for c in (*collectives, *batched_collectives) if c not in COLLECTIVES]
@@ -201,34 +200,42 @@ def run_world_size(world_size: int, *, device: str = "cpu", sizes: list[int], co
                 "collective_timeout_s": collective_timeout_s, "out": str(Path(tmp) / "rank0.json")}
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(spec))
-        log_path = Path(tmp) / "ranks.log"
-        port = str(free_port())
-        procs, timed_out = [], False
-        with open(log_path, "wb") as log:
-            try:
-                for rank in range(world_size):
-                    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(world_size),
-                           "RANK": str(rank), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world_size)}
-                    # one process group, led by rank 0 (killpg reaches every rank), as the launcher's
-                    group = {"process_group": procs[0].pid if procs else 0}
-                    procs.append(subprocess.Popen([sys.executable, "-m", "scalelab.run.commbench", "--rank-spec", str(spec_path)],
-                                                  env=env, stdout=log, stderr=subprocess.STDOUT, **group))
-                deadline = time.monotonic() + timeout_s
-                while any(p.poll() is None for p in procs):
-                    if any(p.poll() not in (None, 0) for p in procs):
-                        break  # a rank failed: its peers would wait in a collective until their timeout
-                    if time.monotonic() > deadline:
-                        timed_out = True
-                        break
-                    time.sleep(0.05)
-            finally:
-                _kill(procs)
-        codes = [p.returncode for p in procs]
-        if timed_out or any(codes) or not Path(spec["out"]).exists():
+        for attempt in range(1, RENDEZVOUS_ATTEMPTS + 1):  # a new port when rank 0 found its own taken
+            log_path = Path(tmp) / f"ranks-{attempt}.log"
+            codes, timed_out = _start_ranks(world_size, spec_path, log_path, timeout_s)
             tail = log_path.read_text(errors="replace")[-3000:]
+            if not (any(codes) and rendezvous_port_taken(tail)):
+                break
+        if timed_out or any(codes) or not Path(spec["out"]).exists():
             why = f"timed out after {timeout_s:g} s" if timed_out else f"exit codes {codes}"
             raise BenchError(f"bench comm at world size {world_size} failed ({why}):\n{tail}")
         return json.loads(Path(spec["out"]).read_text())
+
+
+def _start_ranks(world_size: int, spec_path: Path, log_path: Path, timeout_s: float) -> tuple[list[int], bool]:
+    """Start the ranks on a new rendezvous port and wait for them: (exit codes, whether they ran out of time)."""
+    port = str(free_port())
+    procs, timed_out = [], False
+    with open(log_path, "wb") as log:
+        try:
+            for rank in range(world_size):
+                env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(world_size),
+                       "RANK": str(rank), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world_size)}
+                # one process group, led by rank 0 (killpg reaches every rank), as the launcher's
+                group = {"process_group": procs[0].pid if procs else 0}
+                procs.append(subprocess.Popen([sys.executable, "-m", "scalelab.run.commbench", "--rank-spec", str(spec_path)],
+                                              env=env, stdout=log, stderr=subprocess.STDOUT, **group))
+            deadline = time.monotonic() + timeout_s
+            while any(p.poll() is None for p in procs):
+                if any(p.poll() not in (None, 0) for p in procs):
+                    break  # a rank failed: its peers would wait in a collective until their timeout
+                if time.monotonic() > deadline:
+                    timed_out = True
+                    break
+                time.sleep(0.05)
+        finally:
+            _kill(procs)
+    return [p.returncode for p in procs], timed_out
 
 
 def _kill(procs: list[subprocess.Popen]) -> None:

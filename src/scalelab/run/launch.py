@@ -34,7 +34,14 @@ from scalelab.run import prefork
 from scalelab.run.calibration import read_calibration
 from scalelab.run.data import read_meta, verify_tokens
 from scalelab.run.processes import holder_record
-from scalelab.run.ranks import LOCAL_LAUNCH, local_rank_processes, run_ranks, torchrun_command
+from scalelab.run.ranks import (
+    LOCAL_LAUNCH,
+    PORT_TAKEN,
+    RENDEZVOUS_ATTEMPTS,
+    local_rank_processes,
+    run_ranks,
+    torchrun_command,
+)
 from scalelab.spec.families import family
 
 GIT_COMMIT_ENV = "SCALELAB_GIT_COMMIT"
@@ -240,17 +247,29 @@ def _run_workers(plan: RunPlan, cluster: dict, log_path: Path, started: float) -
     plan.write(spec_path)
     world_size, launch = plan.point.world_size, plan.launch
     env = {**os.environ, "OMP_NUM_THREADS": str(plan.threads_per_rank), "PYTHONUNBUFFERED": "1"}
-    forkable = False
-    if placement.spans_nodes(launch):
-        cmd = torchrun_command(launch, world_size, spec_path, placement.srun_step_options(launch, plan.device, cluster))
-        processes = [(cmd, placement.srun_environment(env))]
+    spans_nodes = placement.spans_nodes(launch)
+    if spans_nodes:
         launched = {"launch": "srun x torchrun (static rendezvous)", "launchers": launch.launchers}
     else:
-        processes = local_rank_processes(world_size, spec_path, env)
         launched = {"launch": LOCAL_LAUNCH, "launchers": 1}
-        forkable = plan.device == "cpu"  # scalelab.run.prefork: CPU ranks only
-    status, reason, launched["teardown_warning"], forked = run_ranks(processes, log_path, plan.train.run_timeout_s, run_dir,
-                                                                     forkable)
+    for attempt in range(1, RENDEZVOUS_ATTEMPTS + 1):
+        if spans_nodes:  # each attempt on a new rendezvous port (free_port)
+            cmd = torchrun_command(launch, world_size, spec_path, placement.srun_step_options(launch, plan.device, cluster))
+            processes = [(cmd, placement.srun_environment(env))]
+        else:
+            processes = local_rank_processes(world_size, spec_path, env)
+        steps_before = _progress_lines(run_dir)
+        status, reason, launched["teardown_warning"], forked = run_ranks(
+            processes, log_path, plan.train.run_timeout_s, run_dir,
+            forkable=not spans_nodes and plan.device == "cpu")  # scalelab.run.prefork: CPU ranks only
+        if status != PORT_TAKEN:
+            break
+        if attempt == RENDEZVOUS_ATTEMPTS or _progress_lines(run_dir) != steps_before:  # a step ran: not the start-up race
+            status = "failed"
+            break
+        _remove_leftovers(run_dir, resuming=True)  # this attempt's error reports; a resumed run's steps stay
+        with open(log_path, "a") as log:
+            log.write(f"scalelab: {reason}; starting the ranks again on a new port (attempt {attempt + 1} of {RENDEZVOUS_ATTEMPTS})\n")
     if forked:
         launched["launch"] = prefork.FORKED_LAUNCH
     if status == "skipped":  # the workers' preflight: nothing ran, as with a skip decided here
@@ -267,6 +286,12 @@ def _run_workers(plan: RunPlan, cluster: dict, log_path: Path, started: float) -
         launched["final_loss"] = records[-1]["loss"]
     spec_path.unlink(missing_ok=True)
     return status, reason, records, launched
+
+
+def _progress_lines(run_dir: Path) -> int:
+    """How many step records the ranks have written so far."""
+    progress = run_dir / "progress.jsonl"
+    return progress.read_text().count("\n") if progress.exists() else 0
 
 
 def _write_results(run_dir: Path, log_path: Path, run_id: str, identity: dict, records: list[dict], summary: dict) -> None:

@@ -19,6 +19,25 @@ from scalelab.plan import placement
 from scalelab.plan.placement import LaunchPlan
 from scalelab.run import prefork
 
+PORT_TAKEN = "port_taken"
+"""The status of an attempt whose rank 0 found its rendezvous port taken: the launcher starts the
+ranks again on a new port (:data:`RENDEZVOUS_ATTEMPTS`); never a run's status."""
+
+RENDEZVOUS_ATTEMPTS = 3
+"""How many times ranks start at most when each attempt finds its rendezvous port taken.
+:func:`free_port` picks a port nobody listens on, but it is only bound later, by rank 0's
+TCPStore: another process may take it in between. Runs starting at once make that likely (8 GPU
+test workers did, on an H100: EADDRINUSE). torch's own tests retry the same way
+(common_utils.retry_on_connect_failures)."""
+
+_ADDRESS_IN_USE = re.compile(r"EADDRINUSE|address already in use", re.IGNORECASE)
+
+
+def rendezvous_port_taken(log: str) -> bool:
+    """Whether this attempt's log says a listening socket found its address in use (TCPStore's
+    DistNetworkError): the race :data:`RENDEZVOUS_ATTEMPTS` retries."""
+    return _ADDRESS_IN_USE.search(log) is not None
+
 
 def classify_failure(errors: list[dict], log: str) -> tuple[str, str]:
     """(status, reason) from the ranks' error reports and this attempt's whole log.
@@ -26,7 +45,10 @@ def classify_failure(errors: list[dict], log: str) -> tuple[str, str]:
     The earliest error is the root cause: once one rank fails, the others fail with
     secondary errors (a peer closed the connection, a collective timed out). NCCL's watchdog
     aborts a hung rank without a Python exception, so its timeout is only in the log: it
-    wins over a plain failure that other ranks reported afterwards."""
+    wins over a plain failure that other ranks reported afterwards. A rendezvous port found
+    taken is :data:`PORT_TAKEN`, for the launcher to retry."""
+    if rendezvous_port_taken(log):
+        return PORT_TAKEN, "a rank could not listen on its port (address already in use: another process took it first)"
     from_log = placement.failure_from_log(log)
     if errors:
         first = min(errors, key=lambda e: e.get("time", 0))
