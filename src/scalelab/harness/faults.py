@@ -99,6 +99,12 @@ def count_orphans(marker: str, drill: Drill, grace_s: float = 5.0) -> None:
     drill.notes += [f"orphan: {p}" for p in left]
 
 
+TABLES = "collect"
+"""The target of the drills' sweeps: the tables their audit reads. The report is drawn from those
+tables alone and no drill injects a fault while it is drawn (~5 s of each sweep on 2 cores); the
+interrupt drills resume with `scalelab resume`, the whole workflow, report included."""
+
+
 def _sweep_cfg(**train) -> dict:
     """Two runs: one single-process, one two-rank (stage 3, the most collectives)."""
     return tiny_config(sweep={"precision": ["fp32"], "zero_stage": [3], "world_size": [1, 2]},
@@ -134,7 +140,7 @@ def kill_mid_step(tmp: Path) -> Drill:
     count_orphans(str(work), d)
     d.check(not (killed_run / "summary.json").exists(), "no summary for the killed run")
     run_snakemake(work, "--unlock")
-    run_snakemake(work, "--cores", "2", "--rerun-incomplete")
+    run_snakemake(work, "--cores", "2", "--rerun-incomplete", TABLES)
     summary = json.loads((killed_run / "summary.json").read_text())
     d.check(summary.get("resumed_from_step") is not None, "the killed run resumed from its checkpoint")
     d.notes.append(f"{summary['run_id']} resumed from step {summary.get('resumed_from_step')}")
@@ -148,12 +154,12 @@ def _kill_at(tmp: Path, fault: str, name: str) -> Drill:
     d = Drill(name)
     cfg = _sweep_cfg()
     work = write_workdir(tmp, cfg)
-    first = run_snakemake(work, "--cores", "2", check=False, env=snakemake_env(SCALELAB_FAULT=fault))
+    first = run_snakemake(work, "--cores", "2", TABLES, check=False, env=snakemake_env(SCALELAB_FAULT=fault))
     d.faults_injected += 1
     d.check(first.returncode != 0, f"the {fault} kill failed the first attempt")
     count_orphans(str(work), d)
     run_snakemake(work, "--unlock")
-    run_snakemake(work, "--cores", "2", "--rerun-incomplete")
+    run_snakemake(work, "--cores", "2", "--rerun-incomplete", TABLES)
     audit(work, cfg, d)
     d.faults_recovered += not d.checks_failed and d.rows_lost == 0 and d.corrupt_files == 0
     return d
@@ -179,7 +185,7 @@ def _faulty_sweep(tmp: Path, d: Drill, cfg: dict, fault: str):
     import pandas as pd
 
     work = write_workdir(tmp, cfg)
-    run_snakemake(work, "--cores", "2", env=snakemake_env(SCALELAB_FAULT=fault))
+    run_snakemake(work, "--cores", "2", TABLES, env=snakemake_env(SCALELAB_FAULT=fault))
     count_orphans(str(work), d)
     audit(work, cfg, d)
     runs = pd.read_parquet(work / "results/metrics.parquet").set_index("run_id")
@@ -233,7 +239,7 @@ def silent_wrong_results(tmp: Path) -> Drill:
 
     d = Drill("silent wrong results")
     work = write_workdir(tmp / "diverge", _sweep_cfg(lr=1e30))
-    run_snakemake(work, "--cores", "2")
+    run_snakemake(work, "--cores", "2", TABLES)
     runs = pd.read_parquet(work / "results/metrics.parquet")
     d.faults_injected += len(runs)
     diverged = (runs["status"] == "diverged") & runs["reason"].str.contains("at step")
@@ -248,12 +254,12 @@ def silent_wrong_results(tmp: Path) -> Drill:
     cfg = _sweep_cfg()
     cfg["dataset"].update(name="nanogpt", source="tokenized", path=str(corpus), vocab_size=256)
     work = write_workdir(tmp / "stale", cfg)
-    run_snakemake(work, "--cores", "2")
+    run_snakemake(work, "--cores", "2", TABLES)
     before = json.loads((work / "results/data/nanogpt/meta.json").read_text())["sha256"]["train.bin"]
     rng.integers(0, 200, 60_000, dtype=np.uint16).tofile(corpus / "train.bin")  # prepare.py writes it again
     d.faults_injected += 1
     planned = _planned_jobs(work)
-    run_snakemake(work, "--cores", "2")
+    run_snakemake(work, "--cores", "2", TABLES)
     after = pd.read_parquet(work / "results/metrics.parquet")
     fresh = (planned.get("prepare_data") == 1 and planned.get("train") == 2 and (after["status"] == "ok").all()
              and (after["dataset_sha256_train"] != before).all())
@@ -336,7 +342,7 @@ def determinism(tmp: Path) -> Drill:
     for name, seed in (("a", 0), ("b", 0), ("c", 1)):
         cfg = tiny_config(sweep={"precision": ["fp32"], "zero_stage": [2], "world_size": [2]}, train={"seed": seed})
         work = write_workdir(tmp / name, cfg)
-        run_snakemake(work, "--cores", "2", "collect")  # the tables are what is compared: no report
+        run_snakemake(work, "--cores", "2", TABLES)
         losses[name] = pd.read_parquet(work / "results/steps.parquet")["loss"].tolist()
         runs = pd.read_parquet(work / "results/metrics.parquet")
         for column in ("seed", "config_hash", "git_commit", "torch_version", "device_name", "hostname",
