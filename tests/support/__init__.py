@@ -81,23 +81,31 @@ def strategy_steps(out: Path, world_size: int, *args: str, timeout_s: float = 18
     these arguments; what rank 0 wrote to out, or an assertion with the ranks' output tails."""
     import subprocess
     import sys
+    import tempfile
+    import time
 
     from scalelab.run.ranks import RENDEZVOUS_ATTEMPTS, free_port, rendezvous_port_taken
 
     for _ in range(RENDEZVOUS_ATTEMPTS):  # a new port when rank 0 found its own taken, as the launcher does
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world_size),
                "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
-        procs = [subprocess.Popen([sys.executable, str(REPO / "tests" / "ranks" / script), "--out", str(out), *args],
-                                  env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(world_size)]
-        logs = []
-        try:
-            for proc in procs:
-                logs.append(proc.communicate(timeout=timeout_s)[0])
-        finally:
-            for proc in procs:
-                proc.kill()
-                proc.wait()
+        with tempfile.TemporaryDirectory(prefix="scalelab-ranks-") as tmp:
+            outputs = [open(Path(tmp) / f"rank{rank}.log", "w+") for rank in range(world_size)]
+            procs = [subprocess.Popen([sys.executable, str(REPO / "tests" / "ranks" / script), "--out", str(out), *args],
+                                      env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                                      stdout=outputs[rank], stderr=subprocess.STDOUT, text=True) for rank in range(world_size)]
+            try:  # as the launcher: the first rank to fail ends the attempt (its peers would wait for it)
+                deadline = time.monotonic() + timeout_s
+                while any(p.poll() is None for p in procs) and not any(p.poll() for p in procs):
+                    assert time.monotonic() < deadline, f"ranks still running after {timeout_s} s"
+                    time.sleep(0.05)
+            finally:
+                for proc in procs:
+                    proc.kill()
+                    proc.wait()
+            logs = [(f.seek(0), f.read())[1] for f in outputs]
+            for f in outputs:
+                f.close()
         if not (procs[0].returncode and rendezvous_port_taken(logs[0])):
             break
     assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)

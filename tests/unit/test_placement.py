@@ -270,8 +270,14 @@ def test_a_rendezvous_port_found_taken_is_the_status_the_launcher_retries():
     log = ("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. "
            "port: 34965, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use\n")
     status, reason = classify_failure([], "$ RANK=0 ...\n" + log)
-    assert status == ranks.PORT_TAKEN and "address already in use" in reason
-    assert classify_failure([], "step 3 ok\n" + TORCHRUN_TAIL)[0] != ranks.PORT_TAKEN
+    assert status == ranks.PORT_TAKEN and "EADDRINUSE" in reason
+    # the launcher's last attempt: what the attempt is otherwise
+    assert classify_failure([], "$ RANK=0 ...\n" + log, retry=False)[0] == "failed"
+    # a rank that reported an error got past the rendezvous: its error is the cause, whatever the log holds
+    oom = [{"rank": 0, "type": "OutOfMemoryError", "message": "CUDA out of memory", "time": 5.0}]
+    assert classify_failure(oom, log)[0] == "oom"
+    # "address already in use" from anything but the store's listen is no rendezvous race
+    assert classify_failure([], "OSError: [Errno 98] Address already in use\n")[0] == "failed"
 
 
 # ----------------------------------------------------------------------------- provenance without .git

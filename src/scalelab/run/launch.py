@@ -252,22 +252,24 @@ def _run_workers(plan: RunPlan, cluster: dict, log_path: Path, started: float) -
         launched = {"launch": "srun x torchrun (static rendezvous)", "launchers": launch.launchers}
     else:
         launched = {"launch": LOCAL_LAUNCH, "launchers": 1}
+    retried_s = 0.0  # the attempts that found their port taken: not the run's start-up
     for attempt in range(1, RENDEZVOUS_ATTEMPTS + 1):
         if spans_nodes:  # each attempt on a new rendezvous port (free_port)
             cmd = torchrun_command(launch, world_size, spec_path, placement.srun_step_options(launch, plan.device, cluster))
             processes = [(cmd, placement.srun_environment(env))]
         else:
             processes = local_rank_processes(world_size, spec_path, env)
-        steps_before = _progress_lines(run_dir)
+        attempt_started = time.time()
         status, reason, launched["teardown_warning"], forked = run_ranks(
             processes, log_path, plan.train.run_timeout_s, run_dir,
             forkable=not spans_nodes and plan.device == "cpu")  # scalelab.run.prefork: CPU ranks only
-        if status != PORT_TAKEN:
+        if status != PORT_TAKEN:  # the store's port is bound before any step: nothing else ran
             break
-        if attempt == RENDEZVOUS_ATTEMPTS or _progress_lines(run_dir) != steps_before:  # a step ran: not the start-up race
+        if attempt == RENDEZVOUS_ATTEMPTS:
             status = "failed"
             break
-        _remove_leftovers(run_dir, resuming=True)  # this attempt's error reports; a resumed run's steps stay
+        retried_s += time.time() - attempt_started
+        _remove_leftovers(run_dir, resuming=True)  # none expected (no rank got past the rendezvous); a resumed run's steps stay
         with open(log_path, "a") as log:
             log.write(f"scalelab: {reason}; starting the ranks again on a new port (attempt {attempt + 1} of {RENDEZVOUS_ATTEMPTS})\n")
     if forked:
@@ -280,18 +282,12 @@ def _run_workers(plan: RunPlan, cluster: dict, log_path: Path, started: float) -
         records = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines() if line.strip()]
     if status == "ok":
         launched.update(read_json(run_dir / "worker_result.json"))
-        launched["startup_s"] = launched.pop("first_step_unix") - started
+        launched["startup_s"] = launched.pop("first_step_unix") - started - retried_s
     launched["completed_steps"] = len(records)
     if records:
         launched["final_loss"] = records[-1]["loss"]
     spec_path.unlink(missing_ok=True)
     return status, reason, records, launched
-
-
-def _progress_lines(run_dir: Path) -> int:
-    """How many step records the ranks have written so far."""
-    progress = run_dir / "progress.jsonl"
-    return progress.read_text().count("\n") if progress.exists() else 0
 
 
 def _write_results(run_dir: Path, log_path: Path, run_id: str, identity: dict, records: list[dict], summary: dict) -> None:

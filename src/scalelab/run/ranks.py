@@ -30,25 +30,28 @@ TCPStore: another process may take it in between. Runs starting at once make tha
 test workers did, on an H100: EADDRINUSE). torch's own tests retry the same way
 (common_utils.retry_on_connect_failures)."""
 
-_ADDRESS_IN_USE = re.compile(r"EADDRINUSE|address already in use", re.IGNORECASE)
+_STORE_PORT_TAKEN = re.compile(r"server socket has failed to listen on any local network address\..*EADDRINUSE")
+"""TCPStore's DistNetworkError when its port is taken (torch 2.11-2.13, seen on an H100)."""
 
 
 def rendezvous_port_taken(log: str) -> bool:
-    """Whether this attempt's log says a listening socket found its address in use (TCPStore's
-    DistNetworkError): the race :data:`RENDEZVOUS_ATTEMPTS` retries."""
-    return _ADDRESS_IN_USE.search(log) is not None
+    """Whether this attempt's log holds TCPStore's failure to listen on a port already in use: the
+    race :data:`RENDEZVOUS_ATTEMPTS` retries."""
+    return _STORE_PORT_TAKEN.search(log) is not None
 
 
-def classify_failure(errors: list[dict], log: str) -> tuple[str, str]:
+def classify_failure(errors: list[dict], log: str, retry: bool = True) -> tuple[str, str]:
     """(status, reason) from the ranks' error reports and this attempt's whole log.
 
     The earliest error is the root cause: once one rank fails, the others fail with
     secondary errors (a peer closed the connection, a collective timed out). NCCL's watchdog
     aborts a hung rank without a Python exception, so its timeout is only in the log: it
     wins over a plain failure that other ranks reported afterwards. A rendezvous port found
-    taken is :data:`PORT_TAKEN`, for the launcher to retry."""
-    if rendezvous_port_taken(log):
-        return PORT_TAKEN, "a rank could not listen on its port (address already in use: another process took it first)"
+    taken is :data:`PORT_TAKEN`, for the launcher to retry (retry=False: what the attempt is
+    otherwise), and only where no rank reported an error: a rank reports errors once
+    init_process_group has passed, so any report means the rendezvous worked."""
+    if retry and not errors and rendezvous_port_taken(log):
+        return PORT_TAKEN, "rank 0 could not listen on its rendezvous port (EADDRINUSE: another process took it first)"
     from_log = placement.failure_from_log(log)
     if errors:
         first = min(errors, key=lambda e: e.get("time", 0))
