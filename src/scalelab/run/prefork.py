@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gc
 import json
 import os
 import resource
@@ -113,6 +114,10 @@ def import_rank_modules() -> None:
              for module in worker.modules_this_run_imports(stage, precision, bool(every))}
     for module in sorted(early) + ["torch.distributed.fsdp"]:
         importlib.import_module(module)
+    # The imports' ~300,000 objects live as long as the process: frozen, no collection in a rank
+    # forked after this walks them (gc.freeze). The one a rank runs at its teardown
+    # (worker.shutdown) took ~0.26 s of CPU walking them, in every rank of every run.
+    gc.freeze()
 
 
 def end_as_a_process(main: Callable[[], int]) -> NoReturn:
