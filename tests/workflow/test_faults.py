@@ -28,14 +28,22 @@ def test_drill(tmp_path, name):
         assert drill.timeouts_tried >= 1
 
 
-def test_a_preimported_snakemake_is_the_command_line_in_a_process_of_its_own(tmp_path):
-    """The bad-config drill's Snakemake (harness.testing.PreimportedSnakemake) answers as the snakemake script does:
-    its output, its exit code, its refusal of a bad config before any job."""
-    from scalelab.harness.testing import PreimportedSnakemake, run_snakemake, write_workdir
+def test_a_preimported_snakemake_is_the_command_line_in_a_process_of_its_own(tmp_path, monkeypatch):
+    """run_snakemake's Snakemake (harness.testing.PreimportedSnakemake, what the tests and drills start) answers as
+    the snakemake script does: its output, its exit code, its refusal of a bad config before any job, the
+    caller's working directory (the drills that inject faults through the environment show that it reaches the jobs)."""
+    import subprocess
 
-    snakemake = PreimportedSnakemake()
-    version = snakemake.run(tmp_path, "--version")
-    assert version.returncode == 0 and version.stdout.strip() == run_snakemake(tmp_path, "--version").stdout.strip()
+    from scalelab.harness.testing import run_snakemake, snakemake_cmd, snakemake_env, write_workdir
+
+    version = run_snakemake(tmp_path, "--version")
+    script = subprocess.run(snakemake_cmd(tmp_path, "--version"), capture_output=True, text=True, timeout=120, env=snakemake_env())
+    assert version.returncode == 0 and version.stdout.strip() == script.stdout.strip()
     work = write_workdir(tmp_path / "bad", {"results_dir": "results", "no_such_key": 1})
-    bad = snakemake.run(work, "--cores", "1")
+    bad = run_snakemake(work, "--cores", "1", check=False)
     assert bad.returncode == 1 and "no_such_key" in bad.stdout + bad.stderr and not (work / "results").exists()
+    # a relative configfile is found from the caller's working directory
+    (tmp_path / "other.yaml").write_text("results_dir: results\nno_such_key_either: 1\n")
+    monkeypatch.chdir(tmp_path)
+    relative = run_snakemake(work, "--cores", "1", "--configfile", "other.yaml", check=False)
+    assert relative.returncode == 1 and "no_such_key_either" in relative.stdout + relative.stderr

@@ -1,6 +1,7 @@
 """Helpers for tests and fault drills: tiny configs, work folders, running Snakemake."""
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -67,10 +68,13 @@ def snakefile_imports() -> list[str]:
 
 class PreimportedSnakemake:
     """Snakemake's own command line (``snakemake.cli.main``, what the ``snakemake`` script runs), each invocation a
-    fresh process forked from a server that imported it once (multiprocessing's forkserver, preloading it): a drill
-    that starts Snakemake dozens of times to watch it reject configs pays its ~1 s of imports once, not each time.
-    Each child takes run_snakemake's environment and arguments and writes its own stdout and stderr; a child past
-    ``timeout`` is killed. The server is multiprocessing's: it exits with the process that started it."""
+    fresh process forked from a server that imported it once (multiprocessing's forkserver, preloading it): the
+    tests and drills start Snakemake ~130 times, and its imports (SQLAlchemy and pydantic among them) took ~1.3 s
+    of CPU of each start. Each child takes run_snakemake's environment, working directory and arguments, writes its
+    own stdout and stderr, and exits as the script would (its exit handlers run); a child past ``timeout`` is
+    killed, as subprocess.run kills one. The server is multiprocessing's: it exits with the process that started
+    it. What a test must see as the real script (a signal to Snakemake's pid or group, its command line in ``ps``)
+    starts ``snakemake_cmd`` itself."""
 
     def __init__(self):
         import multiprocessing
@@ -78,13 +82,14 @@ class PreimportedSnakemake:
         self._context = multiprocessing.get_context("forkserver")
         self._context.set_forkserver_preload(["snakemake.cli", *snakefile_imports()])
 
-    def run(self, workdir: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    def run(self, workdir: Path, *args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
         import tempfile
 
         cmd = snakemake_cmd(workdir, *args)
         with tempfile.TemporaryDirectory(prefix="scalelab-snakemake-") as tmp:
             out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-            child = self._context.Process(target=_snakemake_main, args=(cmd[1:], snakemake_env(), str(out), str(err)))
+            child = self._context.Process(target=_snakemake_main,
+                                          args=(cmd[1:], env or snakemake_env(), os.getcwd(), str(out), str(err)))
             child.start()
             child.join(timeout)
             if child.is_alive():
@@ -94,10 +99,14 @@ class PreimportedSnakemake:
             return subprocess.CompletedProcess(cmd, child.exitcode, out.read_text(), err.read_text())
 
 
-def _snakemake_main(argv: list[str], env: dict, stdout: str, stderr: str) -> None:
-    """A PreimportedSnakemake child: the command line with this environment, its streams to these files."""
+def _snakemake_main(argv: list[str], env: dict, cwd: str, stdout: str, stderr: str) -> None:
+    """A PreimportedSnakemake child: the command line with this environment and working directory, its streams to
+    these files."""
+    import atexit
+
     os.environ.clear()
     os.environ.update(env)
+    os.chdir(cwd)
     for fd, path in ((1, stdout), (2, stderr)):
         os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
     sys.argv = [SNAKEMAKE, *argv]
@@ -109,15 +118,21 @@ def _snakemake_main(argv: list[str], env: dict, stdout: str, stderr: str) -> Non
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     finally:
+        atexit._run_exitfuncs()  # what the interpreter's exit would run (logging's last flush among them)
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(code)
 
 
+@functools.cache
+def _preimported_snakemake() -> PreimportedSnakemake:
+    return PreimportedSnakemake()
+
+
 def run_snakemake(workdir: Path, *args: str, timeout: float = 600, check: bool = True,
                   env: dict | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run(snakemake_cmd(workdir, *args), capture_output=True, text=True, timeout=timeout,
-                          env=env or snakemake_env())
+    """Snakemake's command line on a work folder, in a process forked from this process's PreimportedSnakemake."""
+    proc = _preimported_snakemake().run(workdir, *args, timeout=timeout, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n"
                              f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
