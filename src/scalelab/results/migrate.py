@@ -23,6 +23,7 @@ Safe by construction:
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import sys
@@ -98,8 +99,6 @@ def point_of_old_path(old_path: str) -> RunPoint:
     allows it; axes added since at their default. ValueError naming the part it cannot read."""
     import jsonschema
 
-    from scalelab.config import SCHEMA
-
     values = {}
     for part in old_path.split("/"):
         axis, text = _axis_part(part) or (None, None)
@@ -108,13 +107,30 @@ def point_of_old_path(old_path: str) -> RunPoint:
         try:
             value = AXIS[axis].from_path(text)
             if value is not None:  # None: not applicable (no buckets under FSDP2, no accumulation, no LoRA)
-                jsonschema.validate([value], SCHEMA["properties"]["sweep"]["properties"][axis])
+                error = jsonschema.exceptions.best_match(_axis_validator(axis).iter_errors([value]))
+                if error is not None:
+                    raise error
         except (ValueError, jsonschema.ValidationError) as err:
             raise ValueError(f"{part!r}: {getattr(err, 'message', err)}") from None
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{part!r}: not a finite number")
         values[axis] = value
     return RunPoint.from_json(values)
+
+
+@functools.cache
+def _axis_validator(axis: str):
+    """The config schema's validator of one sweep axis, built once: jsonschema.validate checks the schema
+    itself against its metaschema at every call, ~6 ms each, and a migration reads every part of every
+    old run path (a tree of a few hundred runs took seconds of it)."""
+    from jsonschema import validators
+
+    from scalelab.config import SCHEMA
+
+    schema = SCHEMA["properties"]["sweep"]["properties"][axis]
+    cls = validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
 
 
 @dataclass
