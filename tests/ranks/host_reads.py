@@ -72,6 +72,7 @@ def main() -> None:
     args = parser.parse_args()
     dist.init_process_group("gloo")
     base = RunPlan.read(args.spec)
+    torch.set_num_threads(base.threads_per_rank)  # as a rank of the worker sets them (its calibration's thread count)
     records = {}
     for case in args.case:
         precision, stage = case.split(":")

@@ -40,6 +40,9 @@ def test_gpu_check_dry_path_runs_every_step_on_the_cpu(tmp_path):
     fp8 = {r["shape"]: r for r in check["fp8"]}
     assert set(fp8) == {"tiny", "small"} and fp8["small"]["model"]["d_model"] > fp8["tiny"]["model"]["d_model"]
     assert all(r["status"] == "ok" and r["fp8_emulated"] and r["fp8_over_bf16"] > 0 for r in fp8.values()), fp8
+    # one CPU calibration for the dry run's scalelab runs, as a sweep has one: their MFU on one scale
+    ours = [m for ms in check["measurements"]["scalelab"].values() for m in ms if m["status"] == "ok"]
+    assert len(ours) >= 8 and all(m["peak_flops_source"].startswith("sweep calibration") for m in ours), ours
     plain = check["measurements"]["plain"]["tiny bf16 compiled"][0]
     assert plain["status"] == "ok" and plain["peak_bytes_measured"] is None  # no device memory on a CPU
     fsdp = check["parts"]["fsdp"]["variants"]  # FSDP2 over one device against stage 0, one step traced each

@@ -82,11 +82,14 @@ def repeat_spreads(runs: pd.DataFrame, value: str = MEASURED) -> pd.DataFrame:
     grouped = ok.groupby("config_id")
     table = grouped[value].agg(n="size", median="median", min="min", max="max")
     table["spread"] = np.where(table["n"] >= 2, (table["max"] - table["min"]) / table["median"], np.nan)
-    table["ss_log"] = grouped["_log"].agg(lambda x: float(((x - x.mean()) ** 2).sum()))
+    # whole columns, then one grouped sum each: a function per point (groupby's agg(lambda)) made this a tenth
+    # of a report's time, which asks for the noise of its runs many times
+    table["ss_log"] = ((ok["_log"] - grouped["_log"].transform("mean")) ** 2).groupby(ok["config_id"]).sum()
     # the most the hypervisor took from any of the point's runs (tables before schema 10: unknown)
     table["steal_max"] = grouped["host_steal_share"].max() if "host_steal_share" in ok else np.nan
     # runs whose speed was not steady while they were timed (tables before schema 11: none known)
-    table["drifted"] = grouped["step_time_drift"].agg(lambda x: int(unsteady(x).sum())) if "step_time_drift" in ok else 0
+    table["drifted"] = (unsteady(ok["step_time_drift"]).groupby(ok["config_id"]).sum().astype(int)
+                        if "step_time_drift" in ok else 0)
     return table
 
 
