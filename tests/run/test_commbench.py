@@ -67,17 +67,12 @@ def test_a_rendezvous_port_taken_is_retried_on_a_new_one(monkeypatch):
     import socket
 
     from scalelab.run import commbench
+    from support import taken_port_first
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        handed = []
-        real_free_port = commbench.free_port
-
-        def first_the_taken_port():
-            handed.append(taken.getsockname()[1] if not handed else real_free_port())
-            return handed[-1]
-
+        first_the_taken_port, handed = taken_port_first(taken.getsockname()[1], commbench.free_port)
         monkeypatch.setattr(commbench, "free_port", first_the_taken_port)
         record = commbench.run_world_size(2, sizes=[1024], collectives=["all_reduce"], reps=2, warmup=1, min_seconds=0,
                                           batches=[1], batched_collectives=[], timeout_s=120)

@@ -93,16 +93,16 @@ def test_a_rendezvous_port_taken_before_rank_0_listens_is_retried_on_a_new_one(t
 
     from scalelab.plan.sweep import RunPoint
     from scalelab.run import ranks
-    from support import run_point
+    from support import run_point, taken_port_first
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        ports = iter([taken.getsockname()[1]])  # the first attempt gets the taken port, the next a free one
-        real_free_port = ranks.free_port
-        monkeypatch.setattr(ranks, "free_port", lambda: next(ports, None) or real_free_port())
+        first_the_taken_port, handed = taken_port_first(taken.getsockname()[1], ranks.free_port)
+        monkeypatch.setattr(ranks, "free_port", first_the_taken_port)
         summary, steps, run_dir = run_point(tmp_path, tiny_data, RunPoint("fp32", 0, 2))
     assert summary["status"] == "ok", summary["reason"]
+    assert len(handed) == 2  # the taken port, then a new one for the second attempt
     log = (tmp_path / "fp32-z0-w2.log").read_text()
     assert log.count("name: EADDRINUSE") == 1  # TCPStore's own message, once: the first attempt's
     assert "starting the ranks again on a new port (attempt 2 of 3)" in log

@@ -20,7 +20,7 @@ from scalelab.plan.columns import steps_problems, summary_problems
 from scalelab.run.launch import launch_run
 
 __all__ = ["BIN", "PARITY_STEPS", "REPO", "SNAKEMAKE", "fake_nvidia_smi", "path_without", "planned_jobs", "run_point", "snakemake",
-           "strategy_steps", "suite_calibration", "tiny_config", "write_workdir"]
+           "strategy_steps", "suite_calibration", "taken_port_first", "tiny_config", "write_workdir"]
 
 PARITY_STEPS = 10
 
@@ -110,6 +110,18 @@ def strategy_steps(out: Path, world_size: int, *args: str, timeout_s: float = 18
             break
     assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
     return json.loads(out.read_text())
+
+
+def taken_port_first(taken_port: int, free_port):
+    """(a stand-in for free_port, the ports it handed out): the taken port to the first attempt, then what free_port
+    finds, as another process taking a run's rendezvous port before rank 0 binds it would leave it."""
+    handed = []
+
+    def first_the_taken_port() -> int:
+        handed.append(free_port() if handed else taken_port)
+        return handed[-1]
+
+    return first_the_taken_port, handed
 
 
 def planned_jobs(dry_run_output: str) -> list[dict]:

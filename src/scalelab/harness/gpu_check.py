@@ -58,6 +58,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import re
@@ -213,7 +214,6 @@ class Check:
     plain: dict = field(default_factory=dict)  # Key -> [measurement]
     parts: dict = field(default_factory=dict)  # part name -> record
     data_dir: Path | None = None
-    calibration: Path | None | bool = None  # a dry run's CPU peak record (False: measuring it failed)
 
     @property
     def kind(self) -> str:
@@ -255,7 +255,7 @@ class Check:
         name = f"scalelab-{key.slug}-{n + 1}"
         try:
             s = launch_run(cfg, point, data_dir, self.work / "runs" / name, self.out / "logs" / f"{name}.log",
-                           threads=self.threads, calibration=self._cpu_calibration())
+                           threads=self.threads, calibration=self.cpu_calibration)
         except Exception as err:  # a check on a lent machine goes on to its other points
             s = {"status": "failed", "reason": f"launch_run raised {type(err).__name__}: {err}"}
         per_step = s.get("tokens_per_step")
@@ -328,17 +328,16 @@ class Check:
         print(_measure_line(m), flush=True)
         return m
 
-    def _cpu_calibration(self) -> Path | None:
+    @functools.cached_property
+    def cpu_calibration(self) -> Path | None:
         """A dry run's CPU peak, measured once for all its scalelab runs as a sweep measures one
         (scalelab.run.sweep_calibration): their MFU on one scale, and no run timing its own matmuls at
         start. None on a GPU (datasheet peaks), or where measuring failed (each run then measures its own)."""
         if not self.dry_run:
             return None
-        if self.calibration is None:
-            from scalelab.run.sweep_calibration import ensure_calibration
+        from scalelab.run.sweep_calibration import ensure_calibration
 
-            self.calibration = ensure_calibration(self.work / "calibration" / "cpu.json", self.threads) or False
-        return self.calibration or None
+        return ensure_calibration(self.work / "calibration" / "cpu.json", self.threads)
 
     def _config(self, key: Key) -> dict:
         from scalelab.harness.testing import tiny_config
