@@ -66,6 +66,13 @@ def snakefile_imports() -> list[str]:
     return sorted({m for path in sources for m in re.findall(r"^(?:from|import) (scalelab[\w.]*)", path.read_text(), re.M)})
 
 
+SWEEP_IMPORTS = ("pandas", "pyarrow.dataset", "smart_open", "nbformat", "snakemake.report", "snakemake.report.html_reporter",
+                 "scalelab.report.checks", "scalelab.report.tables", "scalelab.results.invocation")
+"""What a sweep's Snakemake imports after it starts (seen with ``python -X importtime``), ~1.2 s of each: pandas
+(Snakemake asks whether each job's params are DataFrames), its report module (the report rule's outputs), the
+scalelab modules its start and end hooks import. A module one version of these lacks is skipped."""
+
+
 class PreimportedSnakemake:
     """Snakemake's own command line (``snakemake.cli.main``, what the ``snakemake`` script runs), each invocation a
     fresh process forked from a server that imported it once (multiprocessing's forkserver, preloading it): the
@@ -80,7 +87,7 @@ class PreimportedSnakemake:
         import multiprocessing
 
         self._context = multiprocessing.get_context("forkserver")
-        self._context.set_forkserver_preload(["snakemake.cli", *snakefile_imports()])
+        self._context.set_forkserver_preload(["snakemake.cli", *SWEEP_IMPORTS, *snakefile_imports()])
 
     def run(self, workdir: Path, *args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
         import tempfile
