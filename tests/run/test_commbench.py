@@ -78,3 +78,28 @@ def test_a_rendezvous_port_taken_is_retried_on_a_new_one(monkeypatch):
                                           batches=[1], batched_collectives=[], timeout_s=120)
     assert len(handed) == 2  # the taken port, then a new one for the second attempt
     assert {r["collective"] for r in record["rows"]} == {"all_reduce"}
+
+
+@pytest.mark.parametrize("server", [True, False], ids=["forked", "new-processes"])
+def test_a_cpu_benchmarks_ranks_start_as_a_cpu_runs_do(monkeypatch, server):
+    """Forked by the prefork server when there is one (this pytest worker's), as a CPU run's ranks are, else new
+    processes: either way both ranks end 0 and rank 0's rows come back (scalelab.run.ranks.start_and_wait, watched
+    as it runs for real)."""
+    from scalelab.run import commbench
+    from scalelab.run.prefork import PREFORK_ENV
+
+    if not server:
+        monkeypatch.delenv(PREFORK_ENV, raising=False)
+    assert bool(os.environ.get(PREFORK_ENV)) == server
+    waits = []
+
+    def watched(*args, **kwargs):
+        waits.append(real(*args, **kwargs))
+        return waits[-1]
+
+    real = commbench.start_and_wait
+    monkeypatch.setattr(commbench, "start_and_wait", watched)
+    record = commbench.run_world_size(2, sizes=[4096], collectives=("all_reduce",), reps=1, warmup=0, min_seconds=0,
+                                      batches=[1], batched_collectives=(), timeout_s=120)
+    assert waits == [([0, 0], False, server)]
+    assert [(r["collective"], r["bytes"], r["batch"]) for r in record["rows"]] == [("all_reduce", 4096, 1)]

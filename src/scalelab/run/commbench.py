@@ -25,9 +25,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +34,7 @@ from pathlib import Path
 from scalelab.formulas.links import COLLECTIVES, bus_factor
 from scalelab.plan.comm_table import BUSY_COLUMN, busy_before, busy_text, busy_warns, format_table, write_table
 from scalelab.run.calibration import busy_share, planned_cores
-from scalelab.run.ranks import RENDEZVOUS_ATTEMPTS, free_port, rendezvous_port_taken
+from scalelab.run.ranks import RENDEZVOUS_ATTEMPTS, free_port, rendezvous_port_taken, start_and_wait
 from scalelab.spec.hardware import STEAL_WARN, largest_steal
 from scalelab.spec.strategies import STRATEGIES
 
@@ -202,7 +200,7 @@ def run_world_size(world_size: int, *, device: str = "cpu", sizes: list[int], co
         spec_path.write_text(json.dumps(spec))
         for attempt in range(1, RENDEZVOUS_ATTEMPTS + 1):  # a new port when rank 0 found its own taken
             log_path = Path(tmp) / f"ranks-{attempt}.log"
-            codes, timed_out = _start_ranks(world_size, spec_path, log_path, timeout_s)
+            codes, timed_out = _start_ranks(world_size, spec_path, log_path, timeout_s, device)
             tail = log_path.read_text(errors="replace")[-3000:]
             if not (any(codes) and rendezvous_port_taken(tail)):
                 break
@@ -212,42 +210,18 @@ def run_world_size(world_size: int, *, device: str = "cpu", sizes: list[int], co
         return json.loads(Path(spec["out"]).read_text())
 
 
-def _start_ranks(world_size: int, spec_path: Path, log_path: Path, timeout_s: float) -> tuple[list[int], bool]:
-    """Start the ranks on a new rendezvous port and wait for them: (exit codes, whether they ran out of time)."""
+def _start_ranks(world_size: int, spec_path: Path, log_path: Path, timeout_s: float, device: str) -> tuple[list[int | None], bool]:
+    """Start the ranks on a new rendezvous port and wait for them, as the launcher starts and waits for a run's
+    (scalelab.run.ranks.start_and_wait: one process group, the first failure ends the wait; a CPU benchmark's
+    ranks forked by the prefork server when there is one): (exit codes, whether they ran out of time)."""
     port = str(free_port())
-    procs, timed_out = [], False
-    with open(log_path, "wb") as log:
-        try:
-            for rank in range(world_size):
-                env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(world_size),
-                       "RANK": str(rank), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world_size)}
-                # one process group, led by rank 0 (killpg reaches every rank), as the launcher's
-                group = {"process_group": procs[0].pid if procs else 0}
-                procs.append(subprocess.Popen([sys.executable, "-m", "scalelab.run.commbench", "--rank-spec", str(spec_path)],
-                                              env=env, stdout=log, stderr=subprocess.STDOUT, **group))
-            deadline = time.monotonic() + timeout_s
-            while any(p.poll() is None for p in procs):
-                if any(p.poll() not in (None, 0) for p in procs):
-                    break  # a rank failed: its peers would wait in a collective until their timeout
-                if time.monotonic() > deadline:
-                    timed_out = True
-                    break
-                time.sleep(0.05)
-        finally:
-            _kill(procs)
-    return [p.returncode for p in procs], timed_out
-
-
-def _kill(procs: list[subprocess.Popen]) -> None:
-    """End the ranks' process group (led by rank 0) and reap every rank."""
-    if not procs:
-        return
-    try:
-        os.killpg(procs[0].pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for p in procs:
-        p.wait(timeout=30)
+    processes = [([sys.executable, "-m", "scalelab.run.commbench", "--rank-spec", str(spec_path)],
+                  {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(world_size),
+                   "RANK": str(rank), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world_size)})
+                 for rank in range(world_size)]
+    with open(log_path, "ab") as log:
+        codes, timed_out, _ = start_and_wait(processes, log, timeout_s, forkable=device == "cpu")
+    return codes, timed_out
 
 
 def bench_comm(world_sizes: list[int], *, device: str = "cpu", sizes: list[int] | None = None, collectives=COLLECTIVES,
@@ -383,9 +357,14 @@ def busy_host_warnings(table) -> list[str]:
     return warnings
 
 
+def main(argv: list[str]) -> int:
+    """A rank: ``python -m scalelab.run.commbench --rank-spec SPEC``, or that command forked by the prefork server."""
+    if len(argv) != 2 or argv[0] != "--rank-spec":
+        raise SystemExit("usage: scalelab bench comm (this module's entry point is for its ranks)")
+    _rank_main(json.loads(Path(argv[1]).read_text()))
+    sys.stdout.flush()
+    return 0
+
+
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--rank-spec":
-        _rank_main(json.loads(Path(sys.argv[2]).read_text()))
-        sys.stdout.flush()
-        os._exit(0)  # skip the interpreter's finalization (gloo threads; see scalelab.run.worker)
-    raise SystemExit("usage: scalelab bench comm (this module's entry point is for its ranks)")
+    os._exit(main(sys.argv[1:]))  # skip the interpreter's finalization (gloo threads; see scalelab.run.worker)

@@ -65,6 +65,8 @@ BRANCHES = (
     Branch("run/launch.py", "_run_workers", "CPU ranks fork from the prefork server (torch imported once); a GPU rank "
            "starts fresh (CUDA cannot be used in a child forked after the parent initialised it)"),
     # the collective benchmark (scalelab bench comm)
+    Branch("run/commbench.py", "_start_ranks", "CPU ranks fork from the prefork server, as a CPU run's do; a GPU rank "
+           "starts fresh (CUDA and fork)"),
     Branch("run/commbench.py", "_rank_main", "CPU ranks are pinned to disjoint cores"),
     Branch("run/commbench.py", "_rank_main", "the process group's backend: NCCL carries CUDA tensors, gloo CPU tensors"),
     Branch("run/commbench.py", "_rank_main", "a GPU rank times its own GPU"),

@@ -4,7 +4,7 @@ A rank started as a new process spends most of its start-up importing torch and 
 distributed stack (2.5-3 s of a CPU run's ~3 s on 2 cores, more when another run starts
 beside it). A prefork server imports all of it once, then forks one child per rank on
 request, each of which runs :func:`scalelab.run.worker.main` exactly as a new process
-would (or, asked once per invocation, the CPU calibration: ``FORKABLE``): its own environment,
+would (or the CPU calibration, or a collective benchmark's rank: ``FORKABLE``): its own environment,
 working directory, process group and log. One server serves a whole Snakemake invocation
 (started by the Snakefile's ``onstart``) or a pytest worker (``tests/conftest.py``); the
 launcher finds it through ``SCALELAB_PREFORK``.
@@ -58,10 +58,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-FORKABLE = ("scalelab.run.worker", "scalelab.run.calibration")
+FORKABLE = ("scalelab.run.worker", "scalelab.run.calibration", "scalelab.run.commbench")
 """The modules (``python -m MODULE``, each with ``main(argv) -> int``) the server forks a child to run: a rank,
-and a CPU sweep's calibration, which the first training job asks for before its ranks (the import it would
-otherwise pay, 2-3 s on 2 cores, is the server's once)."""
+a CPU sweep's calibration, which the first training job asks for before its ranks, and the ranks of the
+collective benchmark (the bench_comm step): the import each would otherwise pay, 2-3 s on 2 cores, is the
+server's once."""
 PREFORK_ENV = "SCALELAB_PREFORK"
 """The abstract socket name of the server that forks this process tree's ranks."""
 

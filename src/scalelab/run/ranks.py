@@ -169,16 +169,9 @@ ended (torchrun's agent looks every 0.1 s)."""
 def run_ranks(processes: list[tuple[list[str], dict]], log_path: Path, timeout_s: float,
                run_dir: Path, forkable: bool = False) -> tuple[str, str | None, str | None, bool]:
     """(status, reason, teardown warning, whether the ranks were forked) of one attempt: the ranks
-    (or srun x torchrun, one process) in one process group of their own, their output appended to
-    the log. forkable: ask the prefork server to fork the ranks (scalelab.run.prefork, which
-    keeps every guarantee below); without one, or where it refuses, they are new processes.
-
-    As torchrun did: the first process to exit abnormally ends the attempt, and the others are
-    stopped (a rank whose peer died would otherwise wait in a collective until its timeout); the
-    run's time limit stops them all; the whole group is killed, whatever happened, so no rank
-    outlives the attempt (and each rank dies with the launcher: PR_SET_PDEATHSIG)."""
+    (or srun x torchrun, one process) started and waited for by start_and_wait, their commands and
+    output appended to the log, and what they left in run_dir read back."""
     attempt_start = log_path.stat().st_size if log_path.exists() else 0  # the log is appended across attempts
-    procs: list = []  # subprocess.Popen or prefork.ForkedRank
     with open(log_path, "ab") as log:
         for cmd, env in processes:
             shown = " ".join(f"{k}={env[k]}" for k in ("RANK", "WORLD_SIZE", "MASTER_PORT") if k in env and len(processes) > 1)
@@ -186,34 +179,10 @@ def run_ranks(processes: list[tuple[list[str], dict]], log_path: Path, timeout_s
                 shown = f"SLURM_CONF={env['SLURM_CONF']}"
             log.write(f"$ {shown + ' ' if shown else ''}{' '.join(cmd)}\n".encode())
         log.flush()
-        forked, why_not = prefork.fork_ranks(processes, log.fileno()) if forkable else (None, None)
-        if why_not:
-            log.write(f"scalelab: ranks started as new processes: {why_not}\n".encode())
-            log.flush()
-        try:
-            if forked is not None:
-                procs.extend(forked)
-            else:
-                for cmd, env in processes:
-                    # one group for all: rank 0 leads a new one, the others join it (killpg reaches every rank)
-                    group = {"start_new_session": True} if len(processes) == 1 else {"process_group": procs[0].pid if procs else 0}
-                    procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                  preexec_fn=prefork.die_with_parent, **group))
-            deadline = time.monotonic() + timeout_s
-            while True:
-                codes = [p.poll() for p in procs]
-                ended_badly = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
-                if ended_badly or all(c == 0 for c in codes):
-                    break
-                if time.monotonic() >= deadline:
-                    return "timeout", f"run exceeded train.run_timeout_s={timeout_s:g} s and was stopped", None, bool(forked)
-                time.sleep(POLL_S)
-        finally:
-            _kill_group(procs)  # no orphan ranks, whatever happened
-            if forked:
-                forked[0].channel.close()
-                if forked[0].channel.server_lost:
-                    log.write(b"scalelab: the prefork server ended (or stopped answering) during the run; its ranks were stopped\n")
+        codes, timed_out, forked = start_and_wait(processes, log, timeout_s, forkable)
+    if timed_out:
+        return "timeout", f"run exceeded train.run_timeout_s={timeout_s:g} s and was stopped", None, forked
+    ended_badly = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
     if ended_badly:
         index, code = ended_badly[0]
         # srun x torchrun is one process for every rank; on one host each process is rank `index`
@@ -225,14 +194,56 @@ def run_ranks(processes: list[tuple[list[str], dict]], log_path: Path, timeout_s
         # joined: the measurements are complete. A crash after that (process-group teardown)
         # is worth a warning, not the run.
         warning = None if exit_code is None else f"a rank exited abnormally after the results were written ({exit_code})"
-        return "ok", None, warning, bool(forked)
+        return "ok", None, warning, forked
     errors = [read_json(p) for p in sorted(run_dir.glob("rank*.error.json"))]
     with open(log_path, "rb") as log:
         log.seek(attempt_start)
         status, reason = classify_failure(errors, log.read().decode(errors="replace"))
     if status == "skipped":
-        return status, reason, None, bool(forked)
-    return status, f"{reason} ({exit_code or 'every rank exited 0 without results'})", None, bool(forked)
+        return status, reason, None, forked
+    return status, f"{reason} ({exit_code or 'every rank exited 0 without results'})", None, forked
+
+
+def start_and_wait(processes: list[tuple[list[str], dict]], log, timeout_s: float,
+                   forkable: bool = False) -> tuple[list[int | None], bool, bool]:
+    """Start processes (a run's ranks, srun x torchrun, a benchmark's ranks) in one process group of
+    their own, their output on the open file log, and wait for them: (their exit codes when the wait
+    ended, None for one still running then; whether timeout_s ran out; whether they were forked).
+    forkable: ask the prefork server to fork them (scalelab.run.prefork, which keeps every guarantee
+    below); without one, or where it refuses (said in the log), they are new processes.
+
+    As torchrun did: the first process to exit abnormally ends the wait, and the others are stopped
+    (a rank whose peer died would otherwise wait in a collective until its timeout); timeout_s stops
+    them all; the whole group is killed, whatever happened, so no process outlives the wait (and each
+    dies with its starter: PR_SET_PDEATHSIG)."""
+    procs: list = []  # subprocess.Popen or prefork.ForkedRank
+    forked, why_not = prefork.fork_ranks(processes, log.fileno()) if forkable else (None, None)
+    if why_not:
+        log.write(f"scalelab: ranks started as new processes: {why_not}\n".encode())
+        log.flush()
+    try:
+        if forked is not None:
+            procs.extend(forked)
+        else:
+            for cmd, env in processes:
+                # one group for all: rank 0 leads a new one, the others join it (killpg reaches every rank)
+                group = {"start_new_session": True} if len(processes) == 1 else {"process_group": procs[0].pid if procs else 0}
+                procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                              preexec_fn=prefork.die_with_parent, **group))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            codes = [p.poll() for p in procs]
+            if any(c not in (None, 0) for c in codes) or all(c == 0 for c in codes):
+                return codes, False, bool(forked)
+            if time.monotonic() >= deadline:
+                return codes, True, bool(forked)
+            time.sleep(POLL_S)
+    finally:
+        _kill_group(procs)  # no orphan ranks, whatever happened
+        if forked:
+            forked[0].channel.close()
+            if forked[0].channel.server_lost:
+                log.write(b"scalelab: the prefork server ended (or stopped answering) during the run; its ranks were stopped\n")
 
 
 def _kill_group(procs: list[subprocess.Popen]) -> None:
