@@ -78,37 +78,26 @@ def run_point(tmp_path, tiny_data, point, cfg=None, fault=None, **kwargs):
 
 def strategy_steps(out: Path, world_size: int, *args: str, timeout_s: float = 180, script: str = "strategy_steps.py"):
     """Run tests/ranks/<script> (strategy_steps.py unless said) on world_size real ranks (gloo) with
-    these arguments; what rank 0 wrote to out, or an assertion with the ranks' output tails."""
-    import subprocess
+    these arguments, started and waited for as the launcher's (scalelab.run.ranks.start_and_wait: the first
+    rank to fail ends the attempt); what rank 0 wrote to out, or an assertion with the ranks' output's tail."""
     import sys
     import tempfile
-    import time
 
-    from scalelab.run.ranks import RENDEZVOUS_ATTEMPTS, free_port, rendezvous_port_taken
+    from scalelab.run.ranks import RENDEZVOUS_ATTEMPTS, free_port, rendezvous_port_taken, start_and_wait
 
     for _ in range(RENDEZVOUS_ATTEMPTS):  # a new port when rank 0 found its own taken, as the launcher does
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world_size),
                "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
-        with tempfile.TemporaryDirectory(prefix="scalelab-ranks-") as tmp:
-            outputs = [open(Path(tmp) / f"rank{rank}.log", "w+") for rank in range(world_size)]
-            procs = [subprocess.Popen([sys.executable, str(REPO / "tests" / "ranks" / script), "--out", str(out), *args],
-                                      env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                                      stdout=outputs[rank], stderr=subprocess.STDOUT, text=True) for rank in range(world_size)]
-            try:  # as the launcher: the first rank to fail ends the attempt (its peers would wait for it)
-                deadline = time.monotonic() + timeout_s
-                while any(p.poll() is None for p in procs) and not any(p.poll() for p in procs):
-                    assert time.monotonic() < deadline, f"ranks still running after {timeout_s} s"
-                    time.sleep(0.05)
-            finally:
-                for proc in procs:
-                    proc.kill()
-                    proc.wait()
-            logs = [(f.seek(0), f.read())[1] for f in outputs]
-            for f in outputs:
-                f.close()
-        if not (procs[0].returncode and rendezvous_port_taken(logs[0])):
+        processes = [([sys.executable, str(REPO / "tests" / "ranks" / script), "--out", str(out), *args],
+                      {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}) for rank in range(world_size)]
+        with tempfile.TemporaryFile() as log:
+            codes, timed_out, _ = start_and_wait(processes, log, timeout_s)
+            log.seek(0)
+            tail = log.read().decode(errors="replace")[-6000:]
+        if not (codes[0] and rendezvous_port_taken(tail)):
             break
-    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+    assert not timed_out, f"ranks still running after {timeout_s} s:\n{tail}"
+    assert codes == [0] * world_size, f"exit codes {codes}:\n{tail}"
     return json.loads(out.read_text())
 
 
