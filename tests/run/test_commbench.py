@@ -90,7 +90,7 @@ def test_a_cpu_benchmarks_ranks_start_as_a_cpu_runs_do(monkeypatch, server):
 
     if not server:
         monkeypatch.delenv(PREFORK_ENV, raising=False)
-    assert bool(os.environ.get(PREFORK_ENV)) == server
+    assert bool(os.environ.get(PREFORK_ENV)) == server, "the suite's pytest worker has a prefork server (tests/conftest.py)"
     waits = []
 
     def watched(*args, **kwargs):
@@ -101,5 +101,5 @@ def test_a_cpu_benchmarks_ranks_start_as_a_cpu_runs_do(monkeypatch, server):
     monkeypatch.setattr(commbench, "start_and_wait", watched)
     record = commbench.run_world_size(2, sizes=[4096], collectives=("all_reduce",), reps=1, warmup=0, min_seconds=0,
                                       batches=[1], batched_collectives=(), timeout_s=120)
-    assert waits == [([0, 0], False, server)]
+    assert waits == [([0, 0], False, server, None)]
     assert [(r["collective"], r["bytes"], r["batch"]) for r in record["rows"]] == [("all_reduce", 4096, 1)]

@@ -91,9 +91,9 @@ def strategy_steps(out: Path, world_size: int, *args: str, timeout_s: float = 18
         processes = [([sys.executable, str(REPO / "tests" / "ranks" / script), "--out", str(out), *args],
                       {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}) for rank in range(world_size)]
         with tempfile.TemporaryFile() as log:
-            codes, timed_out, _ = start_and_wait(processes, log, timeout_s)
+            codes, timed_out, _, _ = start_and_wait(processes, log, timeout_s)
             log.seek(0)
-            tail = log.read().decode(errors="replace")[-6000:]
+            tail = log.read().decode(errors="replace")[-12000:]
         if not (codes[0] and rendezvous_port_taken(tail)):
             break
     assert not timed_out, f"ranks still running after {timeout_s} s:\n{tail}"

@@ -95,3 +95,23 @@ def test_the_ranks_own_cores_busy_as_they_start_are_warned_about_not_the_machine
     assert comm_table.busy_before(table) == 0.34
     assert comm_table.busy_before(table.assign(device_type="cuda")) is None  # NCCL's times hardly depend on the host's cores
     assert comm_table.busy_before(table.drop(columns="busy_share_before")) is None  # a table from before the column
+
+
+@pytest.mark.parametrize("device, forkable", [("cpu", True), ("cuda", False)])
+def test_only_a_cpu_benchmarks_ranks_are_offered_to_the_prefork_server(tmp_path, monkeypatch, capsys, device, forkable):
+    """A GPU's ranks are always new processes (CUDA and fork); a CPU's are offered to the server, and a refusal is
+    said on stderr (the bench_comm job's log in a sweep). start_and_wait stands in: it starts nothing here (the
+    real one, both ways, is tests/run/test_commbench.py's)."""
+    from scalelab.run.ranks import Waited
+
+    asked = []
+
+    def stand_in(processes, log, timeout_s, forkable=False):
+        asked.append((len(processes), forkable))
+        return Waited([0] * len(processes), False, False, "prefork server x refused: another Python" if forkable else None)
+
+    monkeypatch.setattr(commbench, "start_and_wait", stand_in)
+    assert commbench._start_ranks(2, tmp_path / "spec.json", tmp_path / "ranks.log", 10, device) == ([0, 0], False)
+    assert asked == [(2, forkable)]
+    said = "scalelab: the benchmark's ranks run as new processes: prefork server x refused: another Python"
+    assert (said in capsys.readouterr().err) == forkable

@@ -32,9 +32,13 @@ def test_a_preimported_snakemake_is_the_command_line_in_a_process_of_its_own(tmp
     """run_snakemake's Snakemake (harness.testing.PreimportedSnakemake, what the tests and drills start) answers as
     the snakemake script does: its output, its exit code, its refusal of a bad config before any job, the
     caller's working directory (the drills that inject faults through the environment show that it reaches the jobs)."""
+    import importlib.util
     import subprocess
 
-    from scalelab.harness.testing import run_snakemake, snakemake_cmd, snakemake_env, write_workdir
+    from scalelab.harness.testing import SWEEP_IMPORTS, run_snakemake, snakemake_cmd, snakemake_env, write_workdir
+
+    # the server skips a preload it cannot import: a module renamed would only cost time, silently
+    assert [m for m in SWEEP_IMPORTS if importlib.util.find_spec(m) is None] == []
 
     version = run_snakemake(tmp_path, "--version")
     script = subprocess.run(snakemake_cmd(tmp_path, "--version"), capture_output=True, text=True, timeout=120, env=snakemake_env())

@@ -11,7 +11,8 @@ all-gather's output, the reduce-scatter's input (float32 elements). The step-tim
 mean (scalelab.results.prediction): on a CPU a call's time is heavy-tailed, and a step pays the mean.
 
 Ranks are real processes on this host, started as the launcher starts a run's ranks (one process
-per rank, env:// rendezvous on a free port), on the sweep's backend (gloo on CPU, NCCL on GPU);
+per rank, env:// rendezvous on a free port; CPU ranks forked by the prefork server where one answers,
+scalelab.run.prefork), on the sweep's backend (gloo on CPU, NCCL on GPU);
 a CPU rank is pinned to its own cores as a training rank is (scalelab.run.calibration.pin_this_rank),
 so the table measures the links a CPU run's ranks use. Every rank has an explicit collective
 timeout and the ranks of a world size an overall time limit.
@@ -213,15 +214,18 @@ def run_world_size(world_size: int, *, device: str = "cpu", sizes: list[int], co
 def _start_ranks(world_size: int, spec_path: Path, log_path: Path, timeout_s: float, device: str) -> tuple[list[int | None], bool]:
     """Start the ranks on a new rendezvous port and wait for them, as the launcher starts and waits for a run's
     (scalelab.run.ranks.start_and_wait: one process group, the first failure ends the wait; a CPU benchmark's
-    ranks forked by the prefork server when there is one): (exit codes, whether they ran out of time)."""
+    ranks forked by the prefork server when there is one, a GPU's always new processes): (exit codes, None for a
+    rank stopped when another failed or the time ran out; whether it ran out)."""
     port = str(free_port())
     processes = [([sys.executable, "-m", "scalelab.run.commbench", "--rank-spec", str(spec_path)],
                   {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(world_size),
                    "RANK": str(rank), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world_size)})
                  for rank in range(world_size)]
     with open(log_path, "ab") as log:
-        codes, timed_out, _ = start_and_wait(processes, log, timeout_s, forkable=device == "cpu")
-    return codes, timed_out
+        waited = start_and_wait(processes, log, timeout_s, forkable=device == "cpu")
+    if waited.why_not_forked:  # a server that refused: said where the benchmark's output goes (its log in a sweep)
+        print(f"scalelab: the benchmark's ranks run as new processes: {waited.why_not_forked}", file=sys.stderr)
+    return waited.codes, waited.timed_out
 
 
 def bench_comm(world_sizes: list[int], *, device: str = "cpu", sizes: list[int] | None = None, collectives=COLLECTIVES,

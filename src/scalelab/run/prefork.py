@@ -9,10 +9,11 @@ working directory, process group and log. One server serves a whole Snakemake in
 (started by the Snakefile's ``onstart``) or a pytest worker (``tests/conftest.py``); the
 launcher finds it through ``SCALELAB_PREFORK``.
 
-Only CPU runs on this host go through it: a GPU run's ranks are new processes (CUDA and fork
-are not proven together here), and so are the launchers of a multi-node run (``srun``).
+Only CPU work on this host goes through it (a run's ranks, the calibration, the collective
+benchmark's ranks): a GPU run's ranks are new processes (CUDA and fork are not proven together
+here), and so are the launchers of a multi-node run (``srun``).
 
-The launcher's guarantees hold as with new processes (``scalelab.run.ranks.run_ranks``):
+The launcher's guarantees hold as with new processes (``scalelab.run.ranks.start_and_wait``):
 - the ranks of a run form one process group (led by rank 0) which the launcher kills whole;
 - a rank dies with the launcher: the launcher holds a connection to the server for the run's
   lifetime, and the server SIGKILLs the run's group when that connection closes early;
@@ -21,8 +22,8 @@ The launcher's guarantees hold as with new processes (``scalelab.run.ranks.run_r
 - each child shows the command line a new process would have (``ps``: ``python -m
   scalelab.run.worker --spec ...``), so orphan checks find it by its run folder.
 
-The server refuses a request (the launcher then starts new processes and says why in the run's
-log) when what it imported could differ from what a new process would import: another Python,
+The server refuses a request (the caller then starts new processes and says why: in the run's
+log, or the benchmark's) when what it imported could differ from what a new process would import: another Python,
 another copy or edit of scalelab's source, or a different value of a variable that torch or
 the interpreter reads while loading (``IMPORT_TIME_PREFIXES``); and it serves only its own
 user (SO_PEERCRED). A child takes the launcher's working directory, environment, CPU affinity,
@@ -31,9 +32,10 @@ server's, where new processes would each draw one) and warnings printed once at 
 server's output, not each run's log).
 
 The server imports torch on its first request, not at start: a sweep that trains nothing on the
-CPU (a report from cached runs, a GPU sweep) never pays for it, and the import never overlaps the
-collective benchmark; the calibration, which the first training job asks for before its ranks, is
-forked once the import has ended.
+CPU (a report from cached runs, a GPU sweep) never pays for it. The import never overlaps a
+measurement: a request waits for it to end before its children are forked (the collective
+benchmark's ranks, when the sweep measures its links first; else the calibration, which the first
+training job asks for before its ranks).
 
     python -m scalelab.run.prefork --name NAME [--for PATH]   (started by start_server)
 """

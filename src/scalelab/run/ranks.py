@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from scalelab.io import read_json
 from scalelab.plan import placement
@@ -179,7 +180,7 @@ def run_ranks(processes: list[tuple[list[str], dict]], log_path: Path, timeout_s
                 shown = f"SLURM_CONF={env['SLURM_CONF']}"
             log.write(f"$ {shown + ' ' if shown else ''}{' '.join(cmd)}\n".encode())
         log.flush()
-        codes, timed_out, forked = start_and_wait(processes, log, timeout_s, forkable)
+        codes, timed_out, forked, _ = start_and_wait(processes, log, timeout_s, forkable)
     if timed_out:
         return "timeout", f"run exceeded train.run_timeout_s={timeout_s:g} s and was stopped", None, forked
     ended_badly = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
@@ -204,11 +205,19 @@ def run_ranks(processes: list[tuple[list[str], dict]], log_path: Path, timeout_s
     return status, f"{reason} ({exit_code or 'every rank exited 0 without results'})", None, forked
 
 
-def start_and_wait(processes: list[tuple[list[str], dict]], log, timeout_s: float,
-                   forkable: bool = False) -> tuple[list[int | None], bool, bool]:
+class Waited(NamedTuple):
+    """What start_and_wait saw: each process's exit code when the wait ended (None: still running then, and
+    stopped), whether timeout_s ran out, whether the prefork server forked them, and why it did not (None: it
+    did, or was not asked, or there is no server)."""
+    codes: list[int | None]
+    timed_out: bool
+    forked: bool
+    why_not_forked: str | None
+
+
+def start_and_wait(processes: list[tuple[list[str], dict]], log, timeout_s: float, forkable: bool = False) -> Waited:
     """Start processes (a run's ranks, srun x torchrun, a benchmark's ranks) in one process group of
-    their own, their output on the open file log, and wait for them: (their exit codes when the wait
-    ended, None for one still running then; whether timeout_s ran out; whether they were forked).
+    their own, their output on the open file log, and wait for them.
     forkable: ask the prefork server to fork them (scalelab.run.prefork, which keeps every guarantee
     below); without one, or where it refuses (said in the log), they are new processes.
 
@@ -234,16 +243,16 @@ def start_and_wait(processes: list[tuple[list[str], dict]], log, timeout_s: floa
         while True:
             codes = [p.poll() for p in procs]
             if any(c not in (None, 0) for c in codes) or all(c == 0 for c in codes):
-                return codes, False, bool(forked)
+                return Waited(codes, False, bool(forked), why_not)
             if time.monotonic() >= deadline:
-                return codes, True, bool(forked)
+                return Waited(codes, True, bool(forked), why_not)
             time.sleep(POLL_S)
     finally:
         _kill_group(procs)  # no orphan ranks, whatever happened
         if forked:
             forked[0].channel.close()
             if forked[0].channel.server_lost:
-                log.write(b"scalelab: the prefork server ended (or stopped answering) during the run; its ranks were stopped\n")
+                log.write(b"scalelab: the prefork server ended (or stopped answering) while the ranks ran; they were stopped\n")
 
 
 def _kill_group(procs: list[subprocess.Popen]) -> None:
