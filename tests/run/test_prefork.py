@@ -124,7 +124,7 @@ def test_forked_ranks_die_with_the_server_and_the_run_fails_loudly(tmp_path, tin
     assert launcher.returncode == 0, err[-3000:]
     result = json.loads(out.strip().splitlines()[-1])
     assert result["launch"] == FORKED_LAUNCH and result["status"] == "failed", result
-    assert "scalelab: the prefork server ended (or stopped answering) during the run" in (tmp_path / "run.log").read_text()
+    assert "scalelab: the prefork server ended (or stopped answering) while the ranks ran; they were stopped" in (tmp_path / "run.log").read_text()
     assert not _ranks(tmp_path)
 
 
