@@ -91,6 +91,24 @@ def test_a_snakefile_parse_imports_no_table_library():
     assert loaded.stdout.split() == [], (loaded.stdout, modules)
 
 
+
+def test_a_training_jobs_launcher_imports_no_pandas(tmp_path, tiny_data):
+    """A sweep's training job (the launcher, a process per run) writes steps.parquet without pandas: pyarrow
+    imports it on its first conversion of Python objects, ~0.4 s of CPU in every job (scalelab.plan.columns.
+    steps_table reads the rows with Arrow's JSON reader instead). A real run, its ranks forked."""
+    import json
+
+    cfg = tiny_config(train={"steps": 3, "warmup_steps": 1})
+    code = ("import json, sys; from pathlib import Path; from scalelab.run.launch import launch_run; "
+            "from scalelab.plan.sweep import RunPoint; a = json.loads(sys.argv[1]); "
+            "s = launch_run(a['cfg'], RunPoint('fp32', 0, 1), Path(a['data']), Path(a['run']), Path(a['log'])); "
+            "print(s['status'], 'pandas' in sys.modules)")
+    args = {"cfg": cfg, "data": str(tiny_data), "run": str(tmp_path / "run"), "log": str(tmp_path / "run.log")}
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["ok", "False"], (proc.stdout, (tmp_path / "run.log").read_text()[-3000:])
+    assert pq.read_table(tmp_path / "run" / "steps.parquet").num_rows == 3
+
 # ----------------------------------------------------------------------------- real runs
 
 

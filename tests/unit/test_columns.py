@@ -42,3 +42,36 @@ def test_worker_columns_are_null_unless_the_run_ended_ok():
     for column in RUN_COLUMNS.values():
         if column.writer == "worker":
             assert column.filled.at_most is not None and not column.filled.at_most({"status": "failed"}), column.name
+
+
+def test_steps_table_holds_what_arrow_makes_of_the_records():
+    """steps_table (read through Arrow's JSON reader) equals the table pyarrow builds from the same rows: NaN
+    and infinite losses of a diverged run, nulls, an int where a float goes, no rows, and more rows than
+    one of the reader's blocks holds."""
+    import math
+
+    identity = {"run_id": "fp16-z0-w1", "precision": "fp16", "zero_stage": 0, "world_size": 1, "micro_batch": 4,
+                "activation_checkpointing": False, "cpu_offload": False, "bucket_mb": None, "compile": False,
+                "model": "base", "lora_rank": None, "grad_reduce": "fp32", "replicas": 1, "tensor_parallel": 1,
+                "sequence_parallel": False, "repeat": 1}
+    assert set(identity) == {c.name for c in IDENTITY}
+    records = [{"step": 0, "loss": 5.0, "grad_norm": 1, "lr": 0, "loss_scale": 65536.0, "skipped": False,
+                "step_time_s": 0.25, "tokens": 256},
+               {"step": 1, "loss": math.nan, "grad_norm": math.inf, "lr": 1e-3, "loss_scale": 32768.0, "skipped": True,
+                "step_time_s": None, "tokens": 256},
+               {"step": 2, "loss": -math.inf, "grad_norm": None, "lr": 1e-3, "loss_scale": None, "skipped": None,
+                "step_time_s": 0.0, "tokens": 256}]
+    many = [{**records[0], "step": i} for i in range(5000)]  # ~2.5 MB of rows: several of the reader's 1 MiB blocks
+    for recs in (records, [], many):
+        built = columns.steps_table(identity, recs)
+        rows = [{**r, **identity, "tokens_per_s": r["tokens"] / r["step_time_s"] if r["step_time_s"] else None} for r in recs]
+        expected = pa.Table.from_pylist(rows, schema=STEP_SCHEMA)
+        assert built.schema.equals(STEP_SCHEMA, check_metadata=True)
+        assert _nan_equal(built.to_pylist(), expected.to_pylist()), recs[:3]
+
+
+def _nan_equal(a: list[dict], b: list[dict]) -> bool:
+    import math
+
+    same = lambda x, y: x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))  # noqa: E731
+    return len(a) == len(b) and all(r.keys() == s.keys() and all(same(r[k], s[k]) for k in r) for r, s in zip(a, b))
