@@ -48,7 +48,7 @@ def test_a_top_k_sweep_runs_the_ranked_points_and_records_the_rest_with_their_fo
     started = {r: json.loads((tmp_path / "results/runs" / r / "summary.json").read_text())["started_utc"] for r in ran.index}
     cfg["planning"]["top_k"] = 4
     write_workdir(tmp_path, cfg)
-    snakemake(workdir, "--cores", "2")
+    snakemake(workdir, "--cores", "2", "collect")  # the tables from here on: the report was read above
     after = pq.read_table(tmp_path / "results/metrics.parquet").to_pandas().set_index("run_id")
     assert (after["status"] == "ok").all(), after[["status", "reason"]]
     for run_id, when in started.items():
@@ -59,7 +59,7 @@ def test_a_top_k_sweep_runs_the_ranked_points_and_records_the_rest_with_their_fo
     del cfg["planning"]["top_k"]
     cfg["sweep"]["precision"].append("fp16")
     write_workdir(tmp_path, cfg)
-    snakemake(workdir, "--cores", "2")
+    snakemake(workdir, "--cores", "2", "collect")
     assert not (tmp_path / "results/plan/forecast.json").exists()
     plain = pq.read_table(tmp_path / "results/metrics.parquet").to_pandas().set_index("run_id")
     assert plain.loc[["fp16-z0-w2", "fp16-z3-w2"], "forecast_decision"].isna().all()
@@ -68,7 +68,7 @@ def test_a_top_k_sweep_runs_the_ranked_points_and_records_the_rest_with_their_fo
     # top_k set again over runs measured without it: nothing trains, collection gives them the plan's forecast
     cfg["planning"]["top_k"] = 1
     write_workdir(tmp_path, cfg)
-    again = snakemake(workdir, "--cores", "2")
+    again = snakemake(workdir, "--cores", "2", "collect")
     assert "rule train" not in again.stdout + again.stderr and "starts train" not in again.stdout + again.stderr
     plan = json.loads((tmp_path / "results/plan/forecast.json").read_text())
     ranked = pq.read_table(tmp_path / "results/metrics.parquet").to_pandas().set_index("run_id")
