@@ -61,16 +61,6 @@ def tiny_data(tmp_path_factory) -> Path:
     return out
 
 
-
-
-
-
-
-
-
-
-
-
 # ---- Test tiers by cost (pyproject.toml registers them; `make test-fast` runs `-m unit`) ----
 TIERS = ("unit", "run", "workflow", "cluster", "browser", "gpu")
 TESTS = Path(__file__).resolve().parent
