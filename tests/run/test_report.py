@@ -48,14 +48,14 @@ def test_report_benchmark_builds_two_checkouts_alternately(tmp_path):
     """`bench report --against`: two build servers, one per checkout (here this one twice), taking turns."""
     from scalelab.harness.bench import bench_report
 
-    result = bench_report(n_runs=24, n_steps=5, repeats=2, against=str(REPO))
-    assert result["runs"] == 24 and result["builds"] == 2 and result["other"] == str(REPO.resolve())
+    result = bench_report(n_runs=6, n_steps=5, repeats=2, against=str(REPO))
+    assert result["runs"] == 6 and result["builds"] == 2 and result["other"] == str(REPO.resolve())
     for name in ("this", "other"):
         assert 0 < result[f"{name}_report_s_min"] <= result[f"{name}_report_s_median"] <= result[f"{name}_report_s_max"]
         assert result[f"{name}_cpu_s_median"] > 0 and result[f"{name}_first_build_s"] > 0
     assert result["ratio_q1"] <= result["ratio_median"] <= result["ratio_q3"] and result["cpu_ratio_median"] > 0
     with pytest.raises(SystemExit, match="not a scalelab checkout"):
-        bench_report(n_runs=24, n_steps=5, repeats=1, against=str(tmp_path))
+        bench_report(n_runs=6, n_steps=5, repeats=1, against=str(tmp_path))
 
 
 def test_report_benchmark_prints_time_memory_and_host_speed():
@@ -64,8 +64,8 @@ def test_report_benchmark_prints_time_memory_and_host_speed():
     each (a shared host's speed drifts; figures from different moments compare only beside it)."""
     from scalelab.harness.bench import bench_report
 
-    result = bench_report(n_runs=24, n_steps=5, repeats=2)
-    assert result["runs"] == 24 and result["builds"] == 2
+    result = bench_report(n_runs=6, n_steps=5, repeats=2)
+    assert result["runs"] == 6 and result["builds"] == 2
     assert 0 < result["report_s_min"] <= result["report_s_median"] <= result["report_s_max"]
     assert 50 < result["peak_rss_mib"] < 4096 and result["drawing_peak_rss_mib"] >= 0
     assert 0 < result["host_loop_s_median"] <= result["host_loop_s_max"]

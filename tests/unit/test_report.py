@@ -97,8 +97,18 @@ def test_lever_figures_only_while_their_lever_varies(tmp_path):
     assert "id='levers'" not in html
 
 
-def test_memory_peak_note_follows_its_caption(fixture_results):
-    html = build_report(fixture_results).read_text()  # CPU fixture: no GPU runs
+@pytest.fixture(scope="module")
+def fixture_report(tmp_path_factory) -> str:
+    """The HTML of conftest's fixture_results (30 runs of 40 steps), built once for the tests that only read it."""
+    from scalelab.harness.fixtures import synthetic_results
+
+    results = tmp_path_factory.mktemp("fixture_report")
+    synthetic_results(results, n_runs=30, n_steps=40)
+    return build_report(results).read_text()
+
+
+def test_memory_peak_note_follows_its_caption(fixture_report):
+    html = fixture_report  # CPU fixture: no GPU runs
     caption = _escaped(next(f.caption for f in FIGURES if f.name == "memory_peak"))
     assert re.search(re.escape(caption) + r" <em>No GPU runs in these results: process peak RSS", html)
 
@@ -251,8 +261,8 @@ def test_best_configuration_first_in_report_and_summary(fixture_results):
     assert "| 4 | " in summary and "fp32-z0-w4 (predicted_oom)" in summary
 
 
-def test_run_table_numbers_formatted_per_column(fixture_results):
-    html = build_report(fixture_results).read_text()
+def test_run_table_numbers_formatted_per_column(fixture_report):
+    html = fixture_report
     table = html[html.index('id="run-table"'):]
     table = table[:table.index("</table>")]
     header = re.findall(r"<th[^>]*>(.+?)</th>", table.replace("<wbr>", ""))
