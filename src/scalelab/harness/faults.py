@@ -355,8 +355,8 @@ def determinism(tmp: Path) -> Drill:
     return d
 
 
-def _planned_jobs(work: Path) -> dict[str, int]:
-    out = run_snakemake(work, "-n", "--cores", "2").stdout
+def _planned_jobs(work: Path, *targets: str) -> dict[str, int]:
+    out = run_snakemake(work, "-n", "--cores", "2", *targets).stdout
     if "Job stats:" not in out:
         return {}
     import re
@@ -373,30 +373,30 @@ def concurrency_and_reruns(tmp: Path) -> Drill:
     # The first Snakemake must still run when the second asks for the folder (~1-3 s later): its
     # two-rank run hangs until its collective timeout (10 s; it ends `timeout`, a complete result). Its
     # 150 steps alone end in about a second now that ranks start forked.
-    first = subprocess.Popen(snakemake_cmd(work, "--cores", "2"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    first = subprocess.Popen(snakemake_cmd(work, "--cores", "2", TABLES), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, start_new_session=True, env=snakemake_env(SCALELAB_FAULT="hang@step=1,rank=1"))
     deadline = time.time() + 60
     while time.time() < deadline and not list(work.glob(f"results/runs/{RUN_DIR_GLOB}/progress.jsonl")):
         time.sleep(0.2)
-    second = run_snakemake(work, "--cores", "2", check=False, timeout=120)
+    second = run_snakemake(work, "--cores", "2", TABLES, check=False, timeout=120)
     d.check(second.returncode != 0 and "cannot be locked" in (second.stdout + second.stderr), "second snakemake refused")
     d.check(first.wait(timeout=600) == 0, "the first snakemake completed")
-    d.check(_planned_jobs(work) == {}, "a complete sweep reruns nothing")
+    d.check(_planned_jobs(work, TABLES) == {}, "a complete sweep reruns nothing")
     (work / "notes.txt").write_text("unrelated")
     os.utime(work / "config.yaml")
-    d.check(_planned_jobs(work) == {}, "touching unrelated files reruns nothing")
+    d.check(_planned_jobs(work, TABLES) == {}, "touching unrelated files reruns nothing")
     write_workdir(work, {**cfg, "train": {**cfg["train"], "run_timeout_s": 999}, "cluster": {**cfg["cluster"], "mem_mb_per_rank": 8000}})
-    d.check(_planned_jobs(work) == {}, "changing limits and memory requests reruns nothing")
+    d.check(_planned_jobs(work, TABLES) == {}, "changing limits and memory requests reruns nothing")
     write_workdir(work, {**cfg, "cluster": {**cfg["cluster"], "cpus_per_rank": 2}})  # a CPU rank's threads: its compute
-    planned = _planned_jobs(work)
+    planned = _planned_jobs(work, TABLES)
     d.check(planned.get("train", 0) + planned.get("train_multinode", 0) == len(sweep_points(cfg)),
             f"cpus_per_rank reruns every CPU run: {planned}")
     write_workdir(work, {**cfg, "train": {**cfg["train"], "lr": cfg["train"]["lr"] / 2}})
-    planned = _planned_jobs(work)
+    planned = _planned_jobs(work, TABLES)
     n_runs = len(sweep_points(cfg))
     d.check(planned.get("train", 0) + planned.get("train_multinode", 0) == n_runs, f"lr change reruns all {n_runs} runs: {planned}")
     write_workdir(work, {**cfg, "sweep": {**cfg["sweep"], "precision": ["fp32", "bf16"]}})
-    planned = _planned_jobs(work)
+    planned = _planned_jobs(work, TABLES)
     d.check(planned.get("train", 0) + planned.get("train_multinode", 0) == n_runs and "prepare_data" not in planned,
             f"adding bf16 runs exactly the {n_runs} new points: {planned}")
     return d
