@@ -1,6 +1,7 @@
 """`scalelab estimate` as a new user meets it (#32): counts written as the output prints them,
 row filters, a subcommand's own usage on a bad option, claims that cannot be right said so,
-and the MFU a sweep measured. In process (unit tier); tests/*/test_accounting.py runs the command."""
+and the MFU a sweep measured; each subcommand's JSON, the advice ladder down to LoRA, and bad input
+refused with a clear error. In process (unit tier); tests/run/test_accounting.py runs the installed command."""
 import argparse
 import json
 
@@ -8,7 +9,9 @@ import pandas as pd
 import pytest
 
 from scalelab.cli import main
+from scalelab.config import ModelConfig
 from scalelab.forecast.estimate import _human, count
+from scalelab.formulas import accounting
 
 
 def _estimate(capsys, *args) -> tuple[int, str, str]:
@@ -177,3 +180,103 @@ def test_scaling_at_a_fixed_global_batch_accumulates_each_gpus_share(capsys):
 
     cfg = ModelConfig(**{**PRESETS["llama3-8b"].shape, "seq_len": 8192})
     assert checkpointed["recompute_flops_per_token"] == accounting.recompute_flops_per_token(cfg)  # the run's own formula
+
+
+class _Ran:
+    """What a `scalelab estimate` command line printed and returned, run in process."""
+
+    def __init__(self, code: int, out: str, err: str):
+        self.returncode, self.stdout, self.stderr = code, out, err
+
+
+def _cli(capsys, *args) -> _Ran:
+    """`scalelab estimate ARGS` in process, ended as the command ends (argparse's refusals exit 2)."""
+    try:
+        code = main(["estimate", *args])
+    except SystemExit as exited:
+        code = exited.code
+    out = capsys.readouterr()
+    return _Ran(code, out.out, out.err)
+
+
+# ----------------------------------------------------------------------------- the subcommands' answers
+
+
+def test_estimate_json_outputs(capsys):
+    mem = json.loads(_cli(capsys, "memory", "--params", "7.5e9", "--world-size", "64", "--unit", "GB", "--json").stdout)
+    paper = {(r["precision"], r["zero_stage"]): r["paper_total_gb"] for r in mem["rows"]}  # keys follow --unit
+    assert round(paper[("bf16", 1)], 1) == 31.4
+    shaped = json.loads(_cli(capsys, "memory", "--layers", "24", "--d-model", "1024", "--vocab", "50257", "--seq", "1024",
+                             "--micro-batch", "8", "--world-size", "8", "--json").stdout)
+    assert shaped["n_params"] == accounting.param_count(ModelConfig(24, 1024, 16, 1024, True, 50257))
+    assert all(r["peak_gib"] > r["pytorch_total_gib"] for r in shaped["rows"])
+    t = json.loads(_cli(capsys, "time", "--params", "7e9", "--tokens", "1e12", "--gpus", "256", "--gpu", "h100", "--mfu", "0.4", "--json").stdout)
+    assert t["days"] == pytest.approx(4.797, abs=1e-3)
+    fit = json.loads(_cli(capsys, "fit", "--gpu-memory-gib", "80", "--world-size", "8", "--json").stdout)
+    assert len(fit["rows"]) == 12
+    fit_gb = json.loads(_cli(capsys, "fit", "--gpu-memory", "80", "--unit", "GB", "--world-size", "8", "--json").stdout)
+    assert fit_gb["gpu_memory_gb"] == 80 and fit_gb["unit"] == "GB"
+    by_row = {(r["precision"], r["zero_stage"]): r["pytorch_max_params"] for r in fit_gb["rows"]}
+    assert by_row[("bf16", 3)] == pytest.approx(80e9 * 8 / 16)  # 16 bytes per parameter, sharded 8 ways
+    assert json.loads(_cli(capsys, "time", "--params", "7e9", "--tokens", "1e12", "--gpus", "256", "--gpu", "h100",
+                           "--precision", "fp8", "--json").stdout)["peak_flops_per_gpu"] == pytest.approx(1979e12)
+
+
+SEVEN_B = ["--layers", "32", "--d-model", "4096", "--vocab", "32000", "--seq", "4096", "--micro-batch", "1"]
+
+
+def test_advise_climbs_the_ladder(capsys):
+    """8 x 80 GiB for a 6.6B model: DDP (16 bytes per parameter, unsharded) does not fit; ZeRO-2 does."""
+    out = json.loads(_cli(capsys, "advise", *SEVEN_B, "--gpu-memory", "80", "--gpus", "8", "--json").stdout)
+    fits = [r["fits"] for r in out["rungs"]]
+    assert fits == [False, False, True, True] and out["advice"].startswith("use ZeRO stage 2")
+    n = out["n_params"]
+    assert out["rungs"][0]["model_state_gib"] == pytest.approx(16 * n / 2**30)
+    assert out["rungs"][3]["model_state_gib"] == pytest.approx(16 * n / 8 / 2**30)
+
+
+def test_advise_falls_back_to_lora_with_its_rank_budget(capsys):
+    """One 80 GiB GPU: no stage shards anything at world size 1, so LoRA: frozen fp32 weights
+    (4 bytes each) plus 16 bytes per trainable parameter, 16 x d_model x rank per block."""
+    out = json.loads(_cli(capsys, "advise", *SEVEN_B, "--gpu-memory", "80", "--gpus", "1", "--json").stdout)
+    assert not any(r["fits"] for r in out["rungs"])
+    lora, n = out["lora"], out["n_params"]
+    cfg = ModelConfig(32, 4096, 64, 4096, True, 32000)
+    assert accounting.lora_trainable_params(cfg, 1) == 32 * 16 * 4096
+    assert lora["per_rank_gib"] == pytest.approx(16 * 32 * 16 * 4096 / 2**30)
+    assert out["budget_gib"] == pytest.approx(80 - 2 - 0.05 * 80)  # less the reserve plan keeps (CUDA, NCCL, fragmentation)
+    budget = (out["budget_gib"] - lora["frozen_and_in_step_gib"]) / lora["per_rank_gib"]
+    # the largest power of two within the budget (1024 since fp16/bf16 stages 2 and 3 compute with 16-bit
+    # parameters under MixedPrecisionPolicy: smaller activations leave LoRA more room; 512 before)
+    power = lora["rank_power_of_two"]
+    assert lora["max_rank"] == int(budget) and power & (power - 1) == 0 and power <= lora["max_rank"] < 2 * power
+    assert lora["frozen_and_in_step_gib"] > 4 * n / 2**30, "frozen weights plus the step's activations"
+    assert out["advice"].startswith("switch to LoRA")
+    tight = json.loads(_cli(capsys, "advise", "--layers", "80", "--d-model", "8192", "--vocab", "32000", "--seq", "4096",
+                            "--micro-batch", "1", "--gpu-memory", "80", "--gpus", "8", "--json").stdout)
+    assert tight["lora"]["max_rank"] == 0 and "does not fit even with LoRA" in tight["advice"]
+
+
+def test_claim_check_says_when_a_throughput_exceeds_the_hardware(capsys):
+    impossible = json.loads(_cli(capsys, "claim", "--params", "70e9", "--tokens-per-s", "2e6", "--gpus", "64", "--gpu", "H100",
+                                 "--json").stdout)
+    assert impossible["implied_mfu"] == pytest.approx(2e6 * 6 * 70e9 / (64 * 989.5e12))
+    assert impossible["verdict"].startswith("impossible as stated")
+    plausible = _cli(capsys, "claim", "--params", "7e9", "--tokens", "1e12", "--days", "30", "--gpus", "256", "--gpu", "H100").stdout
+    assert "plausible: " in plausible and "implausible" not in plausible
+
+
+@pytest.mark.parametrize("args, message", [
+    (["memory", "--params", "-5"], "--params must be a positive number"),
+    (["memory", "--layers", "2"], "all of --layers, --d-model, --vocab and --seq"),
+    (["time", "--params", "1e9", "--tokens", "1e9", "--gpus", "8", "--gpu", "Foo9000"], "unknown GPU type 'Foo9000'"),
+    (["time", "--params", "1e9", "--tokens", "1e9", "--gpus", "8", "--gpu", "H100", "--mfu", "0"], "--mfu must be in (0, 1]"),
+    (["time", "--params", "1e9", "--tokens", "1e9", "--gpus", "8", "--gpu", "H100", "--mfu", "1.5"], "--mfu must be in (0, 1]"),
+    (["fit", "--gpu-memory-gib", "-80"], "--gpu-memory-gib must be a positive number"),
+    (["fit", "--gpu-memory", "80", "--gpu-memory-gib", "80"], "not both"),
+    (["claim", "--params", "7e9", "--gpus", "8", "--gpu", "H100"], "give the claim as --tokens-per-s, or as --tokens and --days"),
+    (["advise", "--params", "7e9", "--gpus", "8", "--gpu-memory", "80", "--micro-batch", "2"], "--micro-batch needs the model's shape"),
+])
+def test_estimate_bad_input_is_a_clear_error(capsys, args, message):
+    proc = _cli(capsys, *args)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
