@@ -46,8 +46,8 @@ def test_worker_columns_are_null_unless_the_run_ended_ok():
 
 def test_steps_table_holds_what_arrow_makes_of_the_records():
     """steps_table (read through Arrow's JSON reader) equals the table pyarrow builds from the same rows: NaN
-    and infinite losses of a diverged run, nulls, an int where a float goes, no rows, and more rows than
-    one of the reader's blocks holds."""
+    and infinite losses of a diverged run, nulls, an int where a float goes, no rows, more rows than one
+    of the reader's blocks holds, and a float where an int goes (which the reader refuses)."""
     import math
 
     identity = {"run_id": "fp16-z0-w1", "precision": "fp16", "zero_stage": 0, "world_size": 1, "micro_batch": 4,
@@ -62,7 +62,8 @@ def test_steps_table_holds_what_arrow_makes_of_the_records():
                {"step": 2, "loss": -math.inf, "grad_norm": None, "lr": 1e-3, "loss_scale": None, "skipped": None,
                 "step_time_s": 0.0, "tokens": 256}]
     many = [{**records[0], "step": i} for i in range(5000)]  # ~2.5 MB of rows: several of the reader's 1 MiB blocks
-    for recs in (records, [], many):
+    integral_float = [{**records[0], "tokens": 256.0}]  # the reader refuses it where pyarrow converts it: still written
+    for recs in (records, [], many, integral_float):
         built = columns.steps_table(identity, recs)
         rows = [{**r, **identity, "tokens_per_s": r["tokens"] / r["step_time_s"] if r["step_time_s"] else None} for r in recs]
         expected = pa.Table.from_pylist(rows, schema=STEP_SCHEMA)

@@ -576,7 +576,10 @@ def steps_table(identity: dict, records: list[dict]) -> pa.Table:
     lines = "\n".join(json.dumps(row) for row in rows).encode()
     nullable = pa.schema([field.with_nullable(True) for field in STEP_SCHEMA])
     options = pa_json.ParseOptions(explicit_schema=nullable, unexpected_field_behavior="error")
-    parsed = pa_json.read_json(io.BytesIO(lines), pa_json.ReadOptions(use_threads=False), options)
+    try:
+        parsed = pa_json.read_json(io.BytesIO(lines), pa_json.ReadOptions(use_threads=False), options)
+    except pa.ArrowInvalid:  # a value the reader converts more strictly (256.0 in an integer column): pyarrow's own way
+        return pa.Table.from_pylist(rows, schema=STEP_SCHEMA)
     return pa.Table.from_arrays(parsed.columns, schema=STEP_SCHEMA)
 
 
