@@ -15,7 +15,12 @@ from scalelab.formulas import accounting
 
 
 def _estimate(capsys, *args) -> tuple[int, str, str]:
-    code = main(["estimate", *args])
+    """`scalelab estimate ARGS` in process: (exit status, stdout, stderr), ended as the command ends (argparse's
+    refusals exit 2)."""
+    try:
+        code = main(["estimate", *args])
+    except SystemExit as exited:
+        code = exited.code
     out = capsys.readouterr()
     return code, out.out, out.err
 
@@ -145,7 +150,6 @@ def test_scaling_at_a_fixed_global_batch_accumulates_each_gpus_share(capsys):
     activations; --activation-checkpointing adds the recompute to the time (MFU counts model FLOPs) and
     takes the checkpointed activations."""
     from scalelab.forecast.estimate import EstimateError, batch_plan
-    from scalelab.formulas import accounting
 
     assert batch_plan(None, 4, 64) == (4, 1)  # a fixed per-GPU batch: weak scaling, as before
     assert batch_plan(512, 2, 8) == (2, 32) and batch_plan(512, 2, 64) == (2, 4) and batch_plan(512, 16, 256) == (2, 1)
@@ -175,51 +179,34 @@ def test_scaling_at_a_fixed_global_batch_accumulates_each_gpus_share(capsys):
     assert checkpointed["rows"][0]["mfu"] < r8["mfu"] and checkpointed["rows"][0]["peak_memory_gib"] < r8["peak_memory_gib"] / 2
     code, out, _ = _estimate(capsys, *base[:-1], "--global-batch", "512")
     assert code == 0 and "global batch 512 sequences" in out and "2 x 32" in out
-    from scalelab.config import ModelConfig
     from scalelab.spec.presets import PRESETS
 
     cfg = ModelConfig(**{**PRESETS["llama3-8b"].shape, "seq_len": 8192})
     assert checkpointed["recompute_flops_per_token"] == accounting.recompute_flops_per_token(cfg)  # the run's own formula
 
 
-class _Ran:
-    """What a `scalelab estimate` command line printed and returned, run in process."""
-
-    def __init__(self, code: int, out: str, err: str):
-        self.returncode, self.stdout, self.stderr = code, out, err
-
-
-def _cli(capsys, *args) -> _Ran:
-    """`scalelab estimate ARGS` in process, ended as the command ends (argparse's refusals exit 2)."""
-    try:
-        code = main(["estimate", *args])
-    except SystemExit as exited:
-        code = exited.code
-    out = capsys.readouterr()
-    return _Ran(code, out.out, out.err)
-
 
 # ----------------------------------------------------------------------------- the subcommands' answers
 
 
 def test_estimate_json_outputs(capsys):
-    mem = json.loads(_cli(capsys, "memory", "--params", "7.5e9", "--world-size", "64", "--unit", "GB", "--json").stdout)
+    mem = json.loads(_estimate(capsys, "memory", "--params", "7.5e9", "--world-size", "64", "--unit", "GB", "--json")[1])
     paper = {(r["precision"], r["zero_stage"]): r["paper_total_gb"] for r in mem["rows"]}  # keys follow --unit
     assert round(paper[("bf16", 1)], 1) == 31.4
-    shaped = json.loads(_cli(capsys, "memory", "--layers", "24", "--d-model", "1024", "--vocab", "50257", "--seq", "1024",
-                             "--micro-batch", "8", "--world-size", "8", "--json").stdout)
+    shaped = json.loads(_estimate(capsys, "memory", "--layers", "24", "--d-model", "1024", "--vocab", "50257", "--seq", "1024",
+                             "--micro-batch", "8", "--world-size", "8", "--json")[1])
     assert shaped["n_params"] == accounting.param_count(ModelConfig(24, 1024, 16, 1024, True, 50257))
     assert all(r["peak_gib"] > r["pytorch_total_gib"] for r in shaped["rows"])
-    t = json.loads(_cli(capsys, "time", "--params", "7e9", "--tokens", "1e12", "--gpus", "256", "--gpu", "h100", "--mfu", "0.4", "--json").stdout)
+    t = json.loads(_estimate(capsys, "time", "--params", "7e9", "--tokens", "1e12", "--gpus", "256", "--gpu", "h100", "--mfu", "0.4", "--json")[1])
     assert t["days"] == pytest.approx(4.797, abs=1e-3)
-    fit = json.loads(_cli(capsys, "fit", "--gpu-memory-gib", "80", "--world-size", "8", "--json").stdout)
+    fit = json.loads(_estimate(capsys, "fit", "--gpu-memory-gib", "80", "--world-size", "8", "--json")[1])
     assert len(fit["rows"]) == 12
-    fit_gb = json.loads(_cli(capsys, "fit", "--gpu-memory", "80", "--unit", "GB", "--world-size", "8", "--json").stdout)
+    fit_gb = json.loads(_estimate(capsys, "fit", "--gpu-memory", "80", "--unit", "GB", "--world-size", "8", "--json")[1])
     assert fit_gb["gpu_memory_gb"] == 80 and fit_gb["unit"] == "GB"
     by_row = {(r["precision"], r["zero_stage"]): r["pytorch_max_params"] for r in fit_gb["rows"]}
     assert by_row[("bf16", 3)] == pytest.approx(80e9 * 8 / 16)  # 16 bytes per parameter, sharded 8 ways
-    assert json.loads(_cli(capsys, "time", "--params", "7e9", "--tokens", "1e12", "--gpus", "256", "--gpu", "h100",
-                           "--precision", "fp8", "--json").stdout)["peak_flops_per_gpu"] == pytest.approx(1979e12)
+    assert json.loads(_estimate(capsys, "time", "--params", "7e9", "--tokens", "1e12", "--gpus", "256", "--gpu", "h100",
+                           "--precision", "fp8", "--json")[1])["peak_flops_per_gpu"] == pytest.approx(1979e12)
 
 
 SEVEN_B = ["--layers", "32", "--d-model", "4096", "--vocab", "32000", "--seq", "4096", "--micro-batch", "1"]
@@ -227,7 +214,7 @@ SEVEN_B = ["--layers", "32", "--d-model", "4096", "--vocab", "32000", "--seq", "
 
 def test_advise_climbs_the_ladder(capsys):
     """8 x 80 GiB for a 6.6B model: DDP (16 bytes per parameter, unsharded) does not fit; ZeRO-2 does."""
-    out = json.loads(_cli(capsys, "advise", *SEVEN_B, "--gpu-memory", "80", "--gpus", "8", "--json").stdout)
+    out = json.loads(_estimate(capsys, "advise", *SEVEN_B, "--gpu-memory", "80", "--gpus", "8", "--json")[1])
     fits = [r["fits"] for r in out["rungs"]]
     assert fits == [False, False, True, True] and out["advice"].startswith("use ZeRO stage 2")
     n = out["n_params"]
@@ -238,7 +225,7 @@ def test_advise_climbs_the_ladder(capsys):
 def test_advise_falls_back_to_lora_with_its_rank_budget(capsys):
     """One 80 GiB GPU: no stage shards anything at world size 1, so LoRA: frozen fp32 weights
     (4 bytes each) plus 16 bytes per trainable parameter, 16 x d_model x rank per block."""
-    out = json.loads(_cli(capsys, "advise", *SEVEN_B, "--gpu-memory", "80", "--gpus", "1", "--json").stdout)
+    out = json.loads(_estimate(capsys, "advise", *SEVEN_B, "--gpu-memory", "80", "--gpus", "1", "--json")[1])
     assert not any(r["fits"] for r in out["rungs"])
     lora, n = out["lora"], out["n_params"]
     cfg = ModelConfig(32, 4096, 64, 4096, True, 32000)
@@ -252,17 +239,17 @@ def test_advise_falls_back_to_lora_with_its_rank_budget(capsys):
     assert lora["max_rank"] == int(budget) and power & (power - 1) == 0 and power <= lora["max_rank"] < 2 * power
     assert lora["frozen_and_in_step_gib"] > 4 * n / 2**30, "frozen weights plus the step's activations"
     assert out["advice"].startswith("switch to LoRA")
-    tight = json.loads(_cli(capsys, "advise", "--layers", "80", "--d-model", "8192", "--vocab", "32000", "--seq", "4096",
-                            "--micro-batch", "1", "--gpu-memory", "80", "--gpus", "8", "--json").stdout)
+    tight = json.loads(_estimate(capsys, "advise", "--layers", "80", "--d-model", "8192", "--vocab", "32000", "--seq", "4096",
+                            "--micro-batch", "1", "--gpu-memory", "80", "--gpus", "8", "--json")[1])
     assert tight["lora"]["max_rank"] == 0 and "does not fit even with LoRA" in tight["advice"]
 
 
 def test_claim_check_says_when_a_throughput_exceeds_the_hardware(capsys):
-    impossible = json.loads(_cli(capsys, "claim", "--params", "70e9", "--tokens-per-s", "2e6", "--gpus", "64", "--gpu", "H100",
-                                 "--json").stdout)
+    impossible = json.loads(_estimate(capsys, "claim", "--params", "70e9", "--tokens-per-s", "2e6", "--gpus", "64", "--gpu", "H100",
+                                 "--json")[1])
     assert impossible["implied_mfu"] == pytest.approx(2e6 * 6 * 70e9 / (64 * 989.5e12))
     assert impossible["verdict"].startswith("impossible as stated")
-    plausible = _cli(capsys, "claim", "--params", "7e9", "--tokens", "1e12", "--days", "30", "--gpus", "256", "--gpu", "H100").stdout
+    plausible = _estimate(capsys, "claim", "--params", "7e9", "--tokens", "1e12", "--days", "30", "--gpus", "256", "--gpu", "H100")[1]
     assert "plausible: " in plausible and "implausible" not in plausible
 
 
@@ -278,5 +265,5 @@ def test_claim_check_says_when_a_throughput_exceeds_the_hardware(capsys):
     (["advise", "--params", "7e9", "--gpus", "8", "--gpu-memory", "80", "--micro-batch", "2"], "--micro-batch needs the model's shape"),
 ])
 def test_estimate_bad_input_is_a_clear_error(capsys, args, message):
-    proc = _cli(capsys, *args)
-    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    code, _, err = _estimate(capsys, *args)
+    assert code == 2 and message in err, err
