@@ -19,6 +19,9 @@ $(VENV)/.installed: pyproject.toml
 	# waits ~9 s on a machine with SLURM's tools but no controller (every start, seen here).
 	$(VENV)/bin/pip install -q --no-deps --target $(VENV)/slurm-plugin \
 		snakemake-executor-plugin-slurm==2.8.0 snakemake-executor-plugin-slurm-jobstep==0.6.1
+	# matplotlib builds its font cache on first import, running fc-list: here, once, not inside the unit
+	# tier (which refuses to start programs) on a machine whose cache is new
+	$(VENV)/bin/python -c 'import matplotlib.pyplot'
 	touch $@
 
 setup: $(VENV)/.installed

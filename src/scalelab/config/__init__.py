@@ -41,9 +41,18 @@ class ConfigProblems(ConfigError):
     (``my.yaml:7: model.n_layer: unknown key; did you mean n_layers?``) where a file sets the key;
     str() is the lines, one per line."""
 
+    errors: list[ConfigError] = []
+    """The problems as keyed errors, where a check raised several at once (each then located by its key)."""
+
     def __init__(self, problems: list[str]):
         self.problems = list(problems)
         super().__init__("\n".join(self.problems))
+
+    @classmethod
+    def of(cls, errors: list[ConfigError]) -> ConfigProblems:
+        found = cls([str(e) for e in errors])
+        found.errors = list(errors)
+        return found
 
     def __reduce__(self):  # pickled across processes: rebuilt from its lines
         return (type(self), (self.problems,))

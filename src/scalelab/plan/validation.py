@@ -92,13 +92,66 @@ def _check_models(config: dict, base_dir: str | Path) -> None:
     if "base" in section(config, "models"):
         raise ConfigError("models.base: 'base' names the model: section itself (the model axis's default); "
                           "give the shape another name", key=("models", "base"))
+    found, modules = [], {}  # every model's problem at once: a sweep of several user modules names each that fails
     for name in section(config, "sweep").get("model", ["base"]):
         shape = model_config(config, name=name)
-        if shape.d_model % shape.n_heads:
-            raise ConfigError(f"models.{name}: n_heads={shape.n_heads} does not divide d_model={shape.d_model}",
-                              key=("models", name))
-        if name != "base":
-            _check_model_entry(name, section(config, "models")[name] or {}, shape)
+        try:
+            if shape.d_model % shape.n_heads:
+                raise ConfigError(f"models.{name}: n_heads={shape.n_heads} does not divide d_model={shape.d_model}",
+                                  key=("models", name))
+            if name != "base":
+                _check_model_entry(name, section(config, "models")[name] or {}, shape)
+        except ConfigError as err:
+            found.append(err)
+        else:
+            if shape.module:
+                modules[name] = shape
+    # a module that is found is tried as the launcher will use it: imported, built, counted
+    for (name, shape), problem in zip(modules.items(), probe_modules(list(modules.values())) if modules else []):
+        if problem:
+            found.append(ConfigError(f"models.{name}.module={shape.module!r} cannot be trained: {problem}",
+                                     key=("models", name, "module")))
+    if len(found) == 1:
+        raise found[0]
+    if found:
+        raise ConfigProblems.of(found)
+
+
+MODULE_PROBE_TIMEOUT_S = 120.0
+"""How long the users' modules may take to import, build and count on the meta device, in the config check."""
+_PROBED: dict[str, str | None] = {}  # one probe per module and shape in a process (Snakemake validates more than once)
+
+
+def probe_modules(shapes: list) -> list[str | None]:
+    """Why each user's module of these shapes cannot be built and counted (scalelab.run.module_probe, all in
+    one throwaway process: an import that raises, exits or hangs stops nothing here); None where it can."""
+    import dataclasses
+    import json
+    import os
+    import subprocess
+    import sys
+
+    given = [json.dumps(dataclasses.asdict(shape), sort_keys=True) for shape in shapes]
+    todo = list(dict.fromkeys(g for g in given if g not in _PROBED))
+    if todo:
+        # the modules were found on this process's path: the probe gets the same path
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        try:
+            done = subprocess.run([sys.executable, "-m", "scalelab.run.module_probe"], input=f"[{', '.join(todo)}]",
+                                  env=env, capture_output=True, text=True, timeout=MODULE_PROBE_TIMEOUT_S)
+            answers, ended = [json.loads(line)["problem"] for line in done.stdout.splitlines() if line.startswith('{"problem"')], done
+        except subprocess.TimeoutExpired:
+            answers, ended = [], None
+        for i, shape in enumerate(todo):
+            if i < len(answers):
+                _PROBED[shape] = answers[i]
+            elif ended is None:
+                _PROBED[shape] = f"importing, building and counting it took over {MODULE_PROBE_TIMEOUT_S:.0f} s"
+            else:  # this module ended the probe itself (os._exit, a crash): its last words
+                tail = " ".join((ended.stderr.strip().splitlines() or ["no output"])[-1].split())[:300]
+                _PROBED[shape] = f"the process trying it ended with exit status {ended.returncode}: {tail}"
+                break  # the modules after it were not tried: the next check tries them
+    return [_PROBED.get(g, "not tried: a module before it ended the check's process") for g in given]
 
 
 def _check_model_entry(name: str, entry: dict, shape) -> None:
@@ -184,7 +237,7 @@ def _problems_of(checks, config: dict, base_dir: str | Path) -> list[ConfigError
         try:
             check(config, base_dir)
         except ConfigProblems as err:
-            found.extend(ConfigError(line) for line in err.problems)
+            found.extend(err.errors or [ConfigError(line) for line in err.problems])
         except ConfigError as err:
             found.append(err)
     return found

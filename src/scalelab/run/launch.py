@@ -166,6 +166,38 @@ def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json(run_dir / POINT_FILE, point.to_json())  # first: a folder says which point it holds, whatever happens next
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return _launch(config, point, Path(data_dir), run_dir, log_path, started, threads=threads, repo_dir=repo_dir,
+                       save_final_params=save_final_params, device_plan=device_plan, compile_warm_up=compile_warm_up,
+                       calibration=calibration, forecast=forecast, pruned=pruned)
+    except Exception as err:  # noqa: BLE001 - any failure of this run's launcher is this run's result, never the sweep's end
+        return _launcher_failed(point, run_dir, log_path, started, err)
+
+
+def _launcher_failed(point: RunPoint, run_dir: Path, log_path: Path, started: float, err: Exception) -> dict:
+    """A `failed` summary for a run whose launcher raised before its ranks ended (a user's model module
+    that does not import or build, an unreadable data folder, a full disk): the sweep goes on with the other
+    points, and `scalelab status` names the cause. The traceback goes to the run's log. A kill (SIGTERM,
+    Ctrl-C) is no Exception: it leaves no summary, and the run is rerun."""
+    import errno
+    import traceback
+
+    cause = "no space left on device" if getattr(err, "errno", None) == errno.ENOSPC else type(err).__name__
+    reason = f"the launcher failed before the run ended ({cause}): {' '.join(str(err).split())[:500]}"
+    try:
+        with open(log_path, "a") as log:
+            log.write("".join(traceback.format_exception(err)))
+    except OSError:
+        pass  # a full disk: the summary below may still fit (it is small), else the run reads killed
+    summary = {**point.identity(), "status": "failed", "reason": reason,
+               "wall_time_s": time.time() - started}
+    _write_results(run_dir, log_path, point.run_id, point.identity(), [], summary)
+    return summary
+
+
+def _launch(config: dict, point: RunPoint, data_dir: Path, run_dir: Path, log_path: Path, started: float, *,
+            threads: int, repo_dir: str | Path, save_final_params: bool, device_plan: placement.DevicePlan | None,
+            compile_warm_up: bool, calibration: str | Path | None, forecast: dict | None, pruned: str | None) -> dict:
     _remove_leftovers(run_dir, resuming=bool(config["train"].get("checkpoint_every")) and (run_dir / "checkpoint").is_dir())
     # Who runs this folder, until summary.json is written: `scalelab status` sees at once that a
     # killed launcher is gone (scalelab.results.status), instead of waiting for the folder to go quiet.
