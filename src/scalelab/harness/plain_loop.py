@@ -28,6 +28,16 @@ loss apart, as scalelab's compile lever does, instead of the whole model; ``--dd
 in DistributedDataParallel over a one-rank process group, as scalelab's stage 0 did at world size 1.
 ``--trace PATH`` writes a torch.profiler trace of the last step (left out of the timing), for
 gpu_check's profile part to set beside a scalelab run's.
+
+The plain FSDP2 loop (``--fsdp reshard`` or ``--fsdp keep``), the peer of scalelab's sharded stages, is
+written as torchtitan writes it (its parallelize's apply_compile and apply_fsdp, and its training step):
+each block compiled (``--compile``: per block and the loss, torchtitan's scope), then ``fully_shard`` per
+block and at the root (the embeddings, the final norm and the tied head: a tied weight lives in one group)
+over a device mesh, one dimension or, with ``--replicas R``, torchtitan's (dp_replicate, dp_shard) mesh;
+``reshard_after_forward`` True (reshard: ZeRO-3) or False (keep: ZeRO-2); a ``MixedPrecisionPolicy`` in
+place of autocast (bf16: parameters gathered in bf16, gradients reduced in fp32; fp32: none); the same
+fused AdamW, stepping the DTensor shards; clipping by torch's clip_grad_norm_. Over one rank unless
+torchrun's environment (WORLD_SIZE) says otherwise. torchtitan trains no fp16: neither does this loop.
 """
 from __future__ import annotations
 
@@ -36,6 +46,7 @@ import datetime
 import gc
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -129,6 +140,9 @@ def _profiler(on_gpu: bool):
 
 
 AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+FSDP_PARAM_DTYPE = {"fp32": None, "bf16": torch.bfloat16}
+"""The plain FSDP2 loop's MixedPrecisionPolicy param_dtype per precision (it runs no autocast)."""
+FSDP_RESHARD = {"reshard": True, "keep": False}
 
 
 def _compiled_or_wrapped(model: GPT, compile: bool, compile_scope: str, ddp: bool, on_gpu: bool) -> nn.Module:
@@ -140,17 +154,92 @@ def _compiled_or_wrapped(model: GPT, compile: bool, compile_scope: str, ddp: boo
     elif compile:
         model = torch.compile(model)
     if ddp:
-        import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
-        # one rank: a file store, no port to find free or lose to another process, and a time limit
-        store = tempfile.NamedTemporaryFile(prefix="plain-loop-store-", delete=False)
-        store.close()
-        dist.init_process_group("nccl" if on_gpu else "gloo", init_method=f"file://{store.name}", rank=0, world_size=1,
-                                timeout=datetime.timedelta(seconds=120))
+        _join_group(on_gpu)
         model = DistributedDataParallel(model, device_ids=[torch.cuda.current_device()] if on_gpu else None,
                                         gradient_as_bucket_view=True, bucket_cap_mb=25)
     return model
+
+
+def _prepared(model: GPT, precision: str, compile: bool, compile_scope: str, ddp: bool, fsdp: str | None,
+              replicas: int, on_gpu: bool, lr: float, weight_decay: float):
+    """(model, optimizer, autocast context, loss scaler) as the variant trains them: the FSDP2 loop shards
+    before its optimizer is built (it steps the DTensor shards) and runs no autocast (its policy casts)."""
+    if fsdp is not None:
+        _join_group(on_gpu)
+        model = fully_shard_model(model, FSDP_RESHARD[fsdp], precision, compile, replicas)
+        scaler = torch.amp.GradScaler("cuda" if on_gpu else "cpu", enabled=False)
+        return model, adamw(model, lr, weight_decay), nullcontext(), scaler
+    optimizer = adamw(model, lr, weight_decay)
+    dtype = AUTOCAST[precision]
+    ctx = torch.autocast(device_type="cuda" if on_gpu else "cpu", dtype=dtype) if dtype else nullcontext()
+    scaler = torch.amp.GradScaler("cuda" if on_gpu else "cpu", enabled=precision == "fp16")
+    return _compiled_or_wrapped(model, compile, compile_scope, ddp, on_gpu), optimizer, ctx, scaler
+
+
+def _join_group(on_gpu: bool) -> None:
+    """The process group: torchrun's (its environment) where there is one, else one rank over a file store
+    (no port to find free or lose to another process), each with a time limit."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    timeout = datetime.timedelta(seconds=120)
+    if "WORLD_SIZE" in os.environ:
+        dist.init_process_group("nccl" if on_gpu else "gloo", timeout=timeout)
+        return
+    store = tempfile.NamedTemporaryFile(prefix="plain-loop-store-", delete=False)
+    store.close()
+    dist.init_process_group("nccl" if on_gpu else "gloo", init_method=f"file://{store.name}", rank=0, world_size=1,
+                            timeout=timeout)
+
+
+def fully_shard_model(model: GPT, reshard_after_forward: bool, precision: str, compile: bool = False,
+                      replicas: int = 1) -> GPT:
+    """torchtitan's recipe (the module's doc): compile each block and the loss, then fully_shard each block
+    and the root under one MixedPrecisionPolicy. The process group must exist (_join_group)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if precision not in FSDP_PARAM_DTYPE:
+        raise ValueError(f"the plain FSDP2 loop trains {' or '.join(FSDP_PARAM_DTYPE)}, as torchtitan does, not {precision}")
+    device_type = model.wte.weight.device.type
+    world = dist.get_world_size()
+    mesh = (init_device_mesh(device_type, (world,)) if replicas == 1 else
+            init_device_mesh(device_type, (replicas, world // replicas), mesh_dim_names=("dp_replicate", "dp_shard")))
+    if compile:
+        for i, block in enumerate(model.blocks):
+            model.blocks[i] = torch.compile(block, fullgraph=True)
+        model.loss_fn = torch.compile(GPT.loss_fn, fullgraph=True)
+    mp = MixedPrecisionPolicy(param_dtype=FSDP_PARAM_DTYPE[precision], reduce_dtype=torch.float32)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    return model
+
+
+def adamw(model: nn.Module, lr: float = 6e-4, weight_decay: float = 0.1) -> torch.optim.Optimizer:
+    """Fused AdamW, weight decay on the parameters of two or more dimensions (DTensors under FSDP2)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, scaler, ctx, x, y) -> torch.Tensor:
+    """One step as the loop takes it: forward, backward, clipping at 1.0, the optimizer step, zeroed gradients."""
+    with ctx:
+        loss = model(x, y)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return loss
 
 
 def _leave_group() -> None:
@@ -165,7 +254,8 @@ def _leave_group() -> None:
 def train(n_layers: int, d_model: int, n_heads: int, seq_len: int, vocab_size: int, batch_size: int,
           steps: int = 30, warmup_steps: int = 10, precision: str = "bf16", compile: bool = False,
           tf32: bool = False, device: str | None = None, lr: float = 6e-4, weight_decay: float = 0.1,
-          seed: int = 0, compile_scope: str = "model", ddp: bool = False, trace: str | None = None) -> dict:
+          seed: int = 0, compile_scope: str = "model", ddp: bool = False, trace: str | None = None,
+          fsdp: str | None = None, replicas: int = 1) -> dict:
     """Train for ``steps`` steps and return what was measured (see the module's docstring)."""
     if warmup_steps >= steps - (1 if trace else 0):
         raise ValueError(f"warmup_steps={warmup_steps} leaves no step to measure out of steps={steps}")
@@ -180,15 +270,8 @@ def train(n_layers: int, d_model: int, n_heads: int, seq_len: int, vocab_size: i
 
     model = GPT(n_layers, d_model, n_heads, seq_len, vocab_size).to(device)
     n_params = sum(p.numel() for p in model.parameters())
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
-    dtype = AUTOCAST[precision]
-    ctx = torch.autocast(device_type="cuda" if on_gpu else "cpu", dtype=dtype) if dtype else nullcontext()
-    scaler = torch.amp.GradScaler("cuda" if on_gpu else "cpu", enabled=precision == "fp16")
-    model = _compiled_or_wrapped(model, compile, compile_scope, ddp, on_gpu)
+    model, optimizer, ctx, scaler = _prepared(model, precision, compile, compile_scope, ddp, fsdp, replicas, on_gpu,
+                                              lr, weight_decay)
 
     def get_batch():
         data = torch.randint(0, vocab_size, (batch_size, seq_len + 1))
@@ -203,14 +286,7 @@ def train(n_layers: int, d_model: int, n_heads: int, seq_len: int, vocab_size: i
         profiler.__enter__()
         t0 = time.perf_counter()
         x, y = get_batch()
-        with ctx:
-            loss = model(x, y)
-        scaler.scale(loss).backward()
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        loss = train_step(model, optimizer, scaler, ctx, x, y)
         if on_gpu:
             torch.cuda.synchronize()
         step_times.append(time.perf_counter() - t0)
@@ -222,8 +298,8 @@ def train(n_layers: int, d_model: int, n_heads: int, seq_len: int, vocab_size: i
     measured = step_times[warmup_steps:len(step_times) - (1 if trace else 0)]
     median = statistics.median(measured)
     tokens_per_step = batch_size * seq_len
-    if ddp:
-        del model, optimizer  # DDP's references to the group go before it (_leave_group)
+    if ddp or fsdp:
+        del model, optimizer  # DDP's and FSDP2's references to the group go before it (_leave_group)
         _leave_group()
     return {
         "n_params": n_params, "device": device,
@@ -232,7 +308,8 @@ def train(n_layers: int, d_model: int, n_heads: int, seq_len: int, vocab_size: i
         "shape": {"n_layers": n_layers, "d_model": d_model, "n_heads": n_heads, "seq_len": seq_len,
                   "vocab_size": vocab_size},
         "batch_size": batch_size, "precision": precision, "tf32": tf32, "compile": compile,
-        "compile_scope": compile_scope if compile else None, "ddp": ddp,
+        "compile_scope": "blocks" if compile and fsdp else compile_scope if compile else None, "ddp": ddp,
+        "fsdp": fsdp, "replicas": replicas,
         "steps": steps, "warmup_steps": warmup_steps, "tokens_per_step": tokens_per_step,
         "tokens_per_s": tokens_per_step / median,
         "tokens_per_s_mean": tokens_per_step * len(measured) / sum(measured),
@@ -259,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile-scope", choices=["model", "blocks"], default="model",
                         help="blocks: compile each block and the loss apart (scalelab's compile lever)")
     parser.add_argument("--ddp", action="store_true", help="wrap the model in DDP over a one-rank process group")
+    parser.add_argument("--fsdp", choices=list(FSDP_RESHARD), default=None,
+                        help="the plain FSDP2 loop (torchtitan's recipe): reshard (ZeRO-3) or keep (ZeRO-2) after forward")
+    parser.add_argument("--replicas", type=int, default=1, help="with --fsdp: hybrid sharding over R replicas")
     parser.add_argument("--tf32", action="store_true", help="allow TF32 matmuls (GPU)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when there is one)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
@@ -270,8 +350,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     result = train(args.n_layers, args.d_model, args.n_heads, args.seq_len, args.vocab_size, args.batch_size,
                    args.steps, args.warmup_steps, args.precision, args.compile, args.tf32, args.device,
-                   compile_scope=args.compile_scope, ddp=args.ddp, trace=args.trace)
-    if args.json:
+                   compile_scope=args.compile_scope, ddp=args.ddp, trace=args.trace, fsdp=args.fsdp,
+                   replicas=args.replicas)
+    if args.json and os.environ.get("RANK", "0") == "0":  # torchrun's ranks: the first one writes
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
     peak = result["peak_mem_allocated_bytes"]
