@@ -261,6 +261,28 @@ def main(argv: list[str] | None = None) -> int:
     except OldLayout as err:  # run folders of an earlier layout: say what to run instead of "no runs"
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # a missing or unreadable file the user named: which one, and why, in one line
+        if err.filename is None:
+            return _internal_error(args, err)
+        print(f"error: {err.filename}: {err.strerror or err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"scalelab {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # noqa: BLE001 - no traceback reaches a user: one line, the traceback kept in a file
+        return _internal_error(args, err)
+
+
+def _internal_error(args, err: BaseException) -> int:
+    """A failure no check foresaw: one line naming it and the file that keeps its traceback (for a bug report)."""
+    import tempfile
+    import traceback
+
+    with tempfile.NamedTemporaryFile("w", prefix="scalelab-error-", suffix=".txt", delete=False) as kept:
+        kept.write(f"scalelab {' '.join(sys.argv[1:])}\n" + "".join(traceback.format_exception(err)))
+    print(f"error: scalelab {args.command} failed: {type(err).__name__}: {' '.join(str(err).split())[:300]} "
+          f"(a bug: its traceback is in {kept.name})", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -85,6 +85,13 @@ CHATTER = ("Select jobs to execute", "Building DAG of jobs", "Using shell:", "Pr
            "Singularity containers: ignored", "Assuming unrestricted shared filesystem usage", "Removing temporary output")
 
 
+def missing_configfile(message: str, argv: list[str]) -> str | None:
+    """The --configfile of the command line that Snakemake's loader found missing (it prints the traceback of
+    its FileNotFoundError), or None."""
+    found = re.search(r"FileNotFoundError: \[Errno 2\] No such file or directory: '([^']+)'", message)
+    return found.group(1) if found and found.group(1) in command_line_configfiles(argv) else None
+
+
 def _chatter(message: str) -> bool:
     return message.startswith(CHATTER) or re.fullmatch(r"Execute \d+ jobs\.\.\.\s*", message) is not None
 
@@ -154,6 +161,9 @@ class LogHandler(LogHandlerBase):
         if event == LogEvent.SHELLCMD and getattr(record, "shellcmd", None) is None:
             return  # a script: rule (every rule here) has no shell command: "Shell command: None" says nothing
         if record.levelno == logging.WARNING and account_guess_dropped(record.getMessage(), sys.argv):
+            return
+        if record.levelno >= logging.ERROR and (missing := missing_configfile(str(record.msg), sys.argv[1:])):
+            self._short(record, f"--configfile {missing}: no such file")  # Snakemake's loader raised: a traceback
             return
         if self.detailed or record.levelno >= logging.WARNING or not self.inner.filter(record):
             self.inner.handle(record)  # the filter (quiet, printshellcmds) is applied again there

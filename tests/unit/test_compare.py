@@ -222,3 +222,18 @@ def test_config_hash_is_not_called_a_difference(tmp_path):
     md = (tmp_path / "out" / "compare.md").read_text()
     assert "- provenance differs in: nothing (same versions, devices, commit)" in md, md
     assert "| config | config_hash | aaaa | bbbb | not compared: it hashes the whole config, results_dir included" in md
+
+
+def test_names_from_the_results_are_escaped_in_every_format(tmp_path):
+    """A model named like markup stays text: compare.md escapes it as compare.html does (a Markdown renderer
+    shows raw HTML as HTML)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    synthetic_results(a, n_runs=6, n_steps=3)
+    runs = pd.read_parquet(a / "metrics.parquet")
+    runs["model"] = "<script>alert(1)</script>"
+    runs.to_parquet(a / "metrics.parquet")
+    shutil.copytree(a, b)
+    build_compare(a, b, tmp_path / "out")
+    for name in ("compare.md", "compare.html"):
+        text = (tmp_path / "out" / name).read_text()
+        assert "<script>alert(1)" not in text and "&lt;script&gt;alert(1)" in text, name

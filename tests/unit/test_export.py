@@ -72,9 +72,9 @@ def test_the_best_run_as_each_trainers_configuration(results, capsys):
     table = best_configurations(runs).dropna(subset=["run_id"]).sort_values("world_size")
     assert best["run_id"] == table["run_id"].iloc[-1] and best["tokens_per_s"] == table["tokens_per_s"].iloc[-1]
     assert best["_standing"].startswith(f"the best at world size {table['world_size'].iloc[-1]}")
-    assert best["_standing"] in export_config(results, "torchtitan", None).splitlines()[0]
+    assert best["_standing"] in export_config(results, "torchtitan", None)[0].splitlines()[0]
     for row in runs[runs["status"] == "ok"].drop_duplicates(["precision", "zero_stage", "replicas"]).to_dict("records"):
-        toml = tomllib.loads(export_config(results, "torchtitan", row["run_id"]))
+        toml = tomllib.loads(export_config(results, "torchtitan", row["run_id"])[0])
         for section, keys in toml.items():
             assert set(keys) <= TORCHTITAN_KEYS[section], (section, set(keys) - TORCHTITAN_KEYS[section])
             for key, value in keys.items():
@@ -87,12 +87,13 @@ def test_the_best_run_as_each_trainers_configuration(results, capsys):
             assert parallel["fsdp_reshard_after_forward"] == "always"
             assert parallel["data_parallel_replicate_degree"] == int(row["replicas"])
         assert toml["training"]["mixed_precision_param"] == ("bfloat16" if row["precision"] in ("bf16", "fp8") else "float32")
-        hf = json.loads(export_config(results, "hf", row["run_id"]))
-        assert set(hf) - {"_note", "_scalelab", "_not_carried"} <= HF_KEYS and hf["bf16"] == (row["precision"] == "bf16")
+        text, notes = export_config(results, "hf", row["run_id"])
+        hf = json.loads(text)  # TrainingArguments' fields alone: the notes are printed apart
+        assert set(hf) <= HF_KEYS and hf["bf16"] == (row["precision"] == "bf16") and row["run_id"] in notes[0]
         assert ("fsdp" in hf) == (row["zero_stage"] > 0)
         if row["zero_stage"] == 3:
             assert hf["fsdp"].split()[0] == ("hybrid_shard" if row["replicas"] > 1 else "full_shard")
-        code = export_config(results, "lightning", row["run_id"])
+        code = export_config(results, "lightning", row["run_id"])[0]
         compile(code, "<lightning>", "exec")  # Python that runs where Lightning is installed
         assert f"devices={row['world_size']}" in code
         assert {"fp32": '"32-true"', "fp16": '"16-mixed"', "bf16": '"bf16-mixed"'}.get(row["precision"], "") in code
@@ -101,8 +102,51 @@ def test_the_best_run_as_each_trainers_configuration(results, capsys):
     from scalelab.report.export import hf_arguments, lightning_code, torchtitan_toml
 
     assert "max_norm" not in tomllib.loads(torchtitan_toml(row))["training"] and "without clipping" in torchtitan_toml(row)
-    assert hf_arguments(row)["max_grad_norm"] == 0.0 and "LoRA rank 8" in hf_arguments(row)["_not_carried"][0]
+    args, notes = hf_arguments(row)
+    assert args["max_grad_norm"] == 0.0 and any(n.startswith("not carried: LoRA rank 8") for n in notes)
     assert "devices=8, num_nodes=2" in lightning_code(row) and "gradient_clip_val=None" in lightning_code(row)
     assert "# not carried: LoRA rank 8" in lightning_code(row)
     assert main(["export", "config", str(results), "--to", "torchtitan", "--run", "nope"]) == 2
     assert "no run 'nope'" in capsys.readouterr().err
+
+
+def test_the_hf_file_loads_in_transformers_as_written(results, tmp_path, capsys):
+    """`export config --to hf > args.json` holds TrainingArguments' own keys alone (notes go to stderr), so that
+    HfArgumentParser takes the file where transformers is installed; elsewhere the keys are held to its fields."""
+    row = pick_run(load_tables(results)[0], None)
+    assert main(["export", "config", str(results), "--to", "hf", "--run", row["run_id"]]) == 0
+    out, err = capsys.readouterr()
+    args = json.loads(out)
+    assert set(args) <= HF_KEYS and not any(k.startswith("_") for k in args), args
+    assert f"note: scalelab run {row['run_id']}" in err
+    transformers = pytest.importorskip("transformers", reason="transformers not installed: the keys are held to HF_KEYS above")
+    (tmp_path / "args.json").write_text(json.dumps({**args, "output_dir": str(tmp_path)}))
+    transformers.HfArgumentParser(transformers.TrainingArguments).parse_json_file(str(tmp_path / "args.json"))
+
+
+def test_a_run_that_did_not_end_ok_is_refused_in_one_line(results, capsys):
+    runs, _ = load_tables(results)
+    failed = runs[runs["status"] != "ok"]
+    assert not failed.empty, "the fixture has runs that did not end ok"
+    run_id = failed["run_id"].iloc[0]
+    for trainer in ("hf", "torchtitan", "lightning"):
+        assert main(["export", "config", str(results), "--to", trainer, "--run", run_id]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: run '{run_id}' ended {failed['status'].iloc[0]}") and "\n" not in err, err
+
+
+def test_a_run_id_that_is_no_folder_name_writes_nothing_outside(results, tmp_path, capsys):
+    """A run id read back from disk is checked against the run-id grammar before a path is built from it."""
+    import pyarrow.parquet as pq
+
+    tampered = tmp_path / "tampered"
+    tampered.mkdir()
+    table = pq.read_table(results / "metrics.parquet")
+    ids = table.column("run_id").to_pylist()
+    ids[0] = "../../escaped"
+    pq.write_table(table.set_column(table.schema.get_field_index("run_id"), "run_id", [ids]), tampered / "metrics.parquet")
+    pq.write_table(pq.read_table(results / "steps.parquet"), tampered / "steps.parquet")
+    pytest.importorskip("tensorboard", reason="export tensorboard needs the tensorboard package")
+    assert main(["export", "tensorboard", str(tampered), str(tmp_path / "out" / "tb")]) == 2
+    assert "run id '../../escaped' is not one" in capsys.readouterr().err
+    assert not (tmp_path / "escaped").exists() and not (tmp_path / "out" / "escaped").exists()

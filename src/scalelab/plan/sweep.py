@@ -235,6 +235,19 @@ def run_id_grammar() -> str:
     assert main == ["precision", "zero_stage", "world_size"], main  # the grammar below names them
     return ("<precision>-z<stage>-w<world size> (e.g. fp32-z0-w2), then a part per axis away from its default, in this "
             "order: " + ", ".join("-" + example(axis) for axis in AXES[3:]))
+RUN_ID_CHARACTERS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+"""What every run id is made of (axis values and model names): one folder name, never '..' nor a path."""
+
+
+def run_id_problem(run_id: object) -> str | None:
+    """Why a run id read back from disk (a summary, a table) cannot name a run folder; None when it can.
+    Checked before any path is built from it: a hand-edited summary must not write outside its folder."""
+    if not isinstance(run_id, str) or not RUN_ID_CHARACTERS.fullmatch(run_id) or ".." in run_id:
+        return (f"run id {str(run_id)[:80]!r} is not one (a run id is one folder name of letters, digits, "
+                "'.', '_', '+' and '-', as " + run_id_grammar().split(" (")[0] + ")")
+    return None
+
+
 SWEEP_AXES = tuple(AXIS)
 LEVER_AXES = tuple(a.name for a in AXES if a.is_default is not None)
 RUN_DIR_GLOB = "[!.]*"

@@ -282,7 +282,7 @@ def summary_lines(table: pd.DataFrame, only: pd.DataFrame, prov: pd.DataFrame, l
 
 def build_compare(a: str | Path, b: str | Path, out_dir: str | Path | None = None) -> Path:
     """Write <out_dir>/compare.html and compare.md (default out_dir: B/compare); return the HTML path."""
-    from scalelab.report.report import markdown_table, render, table_model
+    from scalelab.report.report import markdown_table, markdown_text, render, table_model
 
     a, b = Path(a), Path(b)
     out_dir = Path(out_dir) if out_dir else b / "compare"
@@ -299,7 +299,7 @@ def build_compare(a: str | Path, b: str | Path, out_dir: str | Path | None = Non
                   only=table_model(only) if not only.empty else None)
     md = (f"# scalelab compare\n\nA: `{a}` ({len(runs_a)} runs)  \nB: `{b}` ({len(runs_b)} runs)  \n"
           f"{len(table)} runs in both (matched by run_id within one model); ratios are B / A.\n\n## Summary\n\n"
-          + "".join(f"- {line}\n" for line in lines)
+          + "".join(f"- {markdown_text(line)}\n" for line in lines)
           + "\n## Provenance\n\n" + markdown_table(prov) + "\n## Runs in both\n\n" + markdown_table(table)
           + "\n## Runs in one side only\n\n" + (markdown_table(only) if not only.empty else "None.\n"))
     out_dir.parent.mkdir(parents=True, exist_ok=True)

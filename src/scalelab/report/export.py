@@ -50,7 +50,7 @@ def export_tensorboard(results: Path, out: Path) -> list[str]:
     except ImportError as err:  # torch raises ImportError without the tensorboard package
         raise RuntimeError(f"scalelab export tensorboard needs the tensorboard package ({err}): "
                            "pip install 'scalelab[tensorboard]'") from None
-    from scalelab.plan.sweep import SWEEP_AXES
+    from scalelab.plan.sweep import SWEEP_AXES, run_id_problem
     from scalelab.report.report import load_tables
     from scalelab.report.tables import scaling_efficiency
 
@@ -61,7 +61,10 @@ def export_tensorboard(results: Path, out: Path) -> list[str]:
     by_run = dict(tuple(steps.groupby("run_id", sort=False)))
     written = []
     for row in runs.to_dict("records"):
-        run_id = str(row["run_id"])
+        run_id = row["run_id"]
+        problem = run_id_problem(run_id)
+        if problem:  # a path is built from it: a hand-edited table must not write outside OUT
+            raise ValueError(f"{results}/metrics.parquet: {problem}; nothing written for it")
         with SummaryWriter(log_dir=str(Path(out) / run_id)) as writer:
             mine = by_run.get(run_id, pd.DataFrame())
             for record in mine.to_dict("records"):
@@ -97,8 +100,14 @@ def pick_run(runs: pd.DataFrame, run_id: str | None) -> dict:
     if run_id is not None:
         match = runs[runs["run_id"].astype(str) == run_id]
         if match.empty:
-            raise ValueError(f"no run {run_id!r} in these results ({len(runs)} runs)")
-        return {**match.iloc[0].to_dict(), "_standing": "named with --run"}
+            raise ValueError(f"no run {run_id!r} in these results ({len(runs)} runs; a killed run has no row: "
+                             "scalelab status names it)")
+        row = match.iloc[0].to_dict()
+        if row.get("status") != "ok":
+            raise ValueError(f"run {run_id!r} ended {row.get('status')}"
+                             + (f" ({' '.join(str(row['reason']).split())[:200]})" if _plain(row.get("reason")) else "")
+                             + ": it measured no configuration worth exporting; name a run that ended ok")
+        return {**row, "_standing": "named with --run"}
     best = best_configurations(runs)
     best = best[best["run_id"].notna()]
     if best.empty:
@@ -182,26 +191,32 @@ def torchtitan_toml(row: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def hf_arguments(row: dict) -> dict:
+HF_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "gradient_checkpointing",
+             "torch_compile", "max_grad_norm", "fsdp", "fsdp_config")
+"""The TrainingArguments fields the file sets (transformers' training_args.py): nothing else, so that
+HfArgumentParser(TrainingArguments).parse_json_file and TrainingArguments(**json) take the file as written."""
+
+
+def hf_arguments(row: dict) -> tuple[dict, list[str]]:
+    """(TrainingArguments keys, notes): the notes say what the keys cannot (printed apart, never in the file)."""
     stage, replicas = int(row["zero_stage"]), _replicas(row)
     precision = str(row["precision"])
-    args = {"_scalelab": f"run {row['run_id']}: {row['tokens_per_s']:.0f} tokens/s; {row.get('_standing', '')}",
-            "per_device_train_batch_size": _micro(row), "gradient_accumulation_steps": int(_plain(row.get("accumulation_steps")) or 1),
+    notes = [f"scalelab run {row['run_id']}: {row['tokens_per_s']:.0f} tokens/s; {row.get('_standing', '')}"]
+    args = {"per_device_train_batch_size": _micro(row), "gradient_accumulation_steps": int(_plain(row.get("accumulation_steps")) or 1),
             "bf16": precision == "bf16", "fp16": precision == "fp16", "gradient_checkpointing": bool(row.get("activation_checkpointing")),
             "torch_compile": bool(row.get("compile")), "max_grad_norm": _clip(row) or 0.0}  # 0: no clipping in transformers
     if stage == 0:
-        args["_note"] = "ZeRO stage 0 is plain DDP: torchrun/accelerate launch with no fsdp setting"
+        notes.append("ZeRO stage 0 is plain DDP: torchrun/accelerate launch with no fsdp setting")
     else:
         strategy = {1: "shard_grad_op", 2: "shard_grad_op", 3: "hybrid_shard" if replicas > 1 else "full_shard"}[stage]
         args["fsdp"] = f"{strategy} auto_wrap"
         args["fsdp_config"] = {"fsdp_version": 2, "reshard_after_forward": stage == 3}
         if stage == 1:
-            args["_note"] = "ZeRO stage 1 (optimizer state sharded) has no FSDP mode: SHARD_GRAD_OP (stage 2) is the nearest"
+            notes.append("ZeRO stage 1 (optimizer state sharded) has no FSDP mode: SHARD_GRAD_OP (stage 2) is the nearest")
     if precision == "fp8":
-        args["_note"] = "fp8: accelerate's mixed_precision='fp8' (TransformerEngine or torchao backend); TrainingArguments has no flag"
-    if not_carried(row):
-        args["_not_carried"] = not_carried(row)
-    return args
+        notes.append("fp8: accelerate's mixed_precision='fp8' (TransformerEngine or torchao backend); TrainingArguments has no flag")
+    notes += [f"not carried: {what}" for what in not_carried(row)]
+    return args, notes
 
 
 def lightning_code(row: dict) -> str:
@@ -232,7 +247,9 @@ def lightning_code(row: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def export_config(results: Path, trainer: str, run_id: str | None) -> str:
+def export_config(results: Path, trainer: str, run_id: str | None) -> tuple[str, list[str]]:
+    """(the trainer's configuration as its own file holds it, notes for the reader that the file format cannot
+    carry: JSON has no comments; the TOML and the code carry theirs as comments)."""
     from scalelab.report.report import load_tables
 
     runs, _ = load_tables(results)
@@ -240,10 +257,11 @@ def export_config(results: Path, trainer: str, run_id: str | None) -> str:
     if "grad_clip" not in row:
         row["grad_clip"] = _grad_clip_of(results)
     if trainer == "torchtitan":
-        return torchtitan_toml(row)
+        return torchtitan_toml(row), []
     if trainer == "hf":
-        return json.dumps(hf_arguments(row), indent=2) + "\n"
-    return lightning_code(row)
+        args, notes = hf_arguments(row)
+        return json.dumps(args, indent=2) + "\n", notes
+    return lightning_code(row), []
 
 
 def _grad_clip_of(results: Path) -> float:  # 0: no clipping
@@ -261,7 +279,7 @@ def _tensorboard(args) -> int:
     results, out = Path(args.results_dir), Path(args.out)
     try:
         written = export_tensorboard(results, out)
-    except (FileNotFoundError, RuntimeError) as err:
+    except (FileNotFoundError, RuntimeError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"tensorboard: {len(written)} run(s) under {out} (tensorboard --logdir {out})")
@@ -270,10 +288,13 @@ def _tensorboard(args) -> int:
 
 def _config(args) -> int:
     try:
-        print(export_config(Path(args.results_dir), args.to, args.run), end="")
+        text, notes = export_config(Path(args.results_dir), args.to, args.run)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    print(text, end="")
+    for note in notes:  # on stderr: `scalelab export config R --to hf > args.json` writes the keys alone
+        print(f"note: {note}", file=sys.stderr)
     return 0
 
 

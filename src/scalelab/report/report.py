@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import datetime
 import functools
+import html
 import shutil
 from pathlib import Path
 
@@ -330,12 +331,19 @@ def table_model(df: pd.DataFrame, long: tuple[str, ...] = ("reason", "did_not_fi
     return {"columns": columns, "rows": list(zip(*cells)) if cells else [() for _ in range(len(df))]}
 
 
+def markdown_text(text: str) -> str:
+    """Text of the results (model names, reasons, paths) made inert in Markdown: a renderer shows raw HTML
+    (a model named ``<script>``) as HTML, as the HTML pages' autoescaping never does."""
+    return html.escape(str(text), quote=False)
+
+
 def markdown_table(df: pd.DataFrame) -> str:
-    """The same formats, as a Markdown table."""
+    """The same formats, as a Markdown table (every cell escaped: markdown_text)."""
     model = table_model(df)
-    lines = ["| " + " | ".join(c["name"] for c in model["columns"]) + " |",
+    lines = ["| " + " | ".join(markdown_text(c["name"]) for c in model["columns"]) + " |",
              "|" + "".join("---:|" if c["kind"] == "num" else "---|" for c in model["columns"])]
-    lines += ["| " + " | ".join(text.replace("|", "\\|").replace("\n", " ") for _, text in row) + " |" for row in model["rows"]]
+    lines += ["| " + " | ".join(markdown_text(text).replace("|", "\\|").replace("\n", " ") for _, text in row) + " |"
+              for row in model["rows"]]
     return "\n".join(lines) + "\n"
 
 
@@ -624,7 +632,7 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
         (out_dir / "report.html").write_text(render("report.html.j2", **context), encoding="utf-8")
         (out_dir / "summary.md").write_text(
             "# scalelab summary\n\n"
-            + "".join(f"**Trained:** {line}  \n" for line in context["trained"]) + ("\n" if context["trained"] else "")
+            + "".join(f"**Trained:** {markdown_text(line)}  \n" for line in context["trained"]) + ("\n" if context["trained"] else "")
             + f"{len(runs)} runs ({context['n_ok']} ok); the full report is report.html beside this file.\n\n"
             + (f"> {context['cpu_notice']}\n\n" if context["cpu_notice"] else "")
             + "## Best configuration per world size\n\n"
@@ -638,4 +646,4 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
                "(inter-node) and within a node, measured and predicted; nodes of one machine share its cores "
                "(timings over-committed).\n\n" + markdown_table(inter_node) if not inter_node.empty else "")
             + "\n## Runs\n\n" + markdown_table(table[[c for c in SUMMARY_COLUMNS if c != "model" or several]])
-            + ("\n## Warnings\n\n" + "\n".join(f"- {w}" for w in warnings) + "\n" if warnings else ""))
+            + ("\n## Warnings\n\n" + "\n".join(f"- {markdown_text(w)}" for w in warnings) + "\n" if warnings else ""))
