@@ -10,7 +10,8 @@ import pytest
 
 from scalelab.cli import main
 from scalelab.config import ModelConfig
-from scalelab.forecast.estimate import _human, count
+from scalelab.forecast.estimate import _human
+from scalelab.forecast.inputs import count
 from scalelab.formulas import accounting
 
 
@@ -70,29 +71,43 @@ def test_claim_says_when_an_implied_mfu_is_too_low_to_be_right(capsys):
     assert code == 0 and "implied MFU 9.9%: plausible" in out
 
 
-def test_time_takes_the_mfu_a_sweep_measured(tmp_path, capsys):
+def test_time_and_plan_take_one_mfu_from_a_sweep_and_both_warn_of_a_cpu(tmp_path, capsys):
+    """estimate time and plan read the same runs of a sweep (world size 1: compute without communication), so the
+    same results give them one MFU; both say a CPU's MFU says nothing about a GPU."""
     pd.DataFrame({
-        "run_id": ["fp32-z0-w1", "fp32-z0-w2", "fp32-z3-w2", "fp32-z1-w2", "bf16-z0-w1"],
-        "status": ["ok", "ok", "ok", "failed", "ok"],
-        "precision": ["fp32", "fp32", "fp32", "fp32", "bf16"],
-        "mfu": [0.10, 0.30, 0.20, None, 0.05],
-        "device_type": ["cpu"] * 5,
-        "device_name": ["AMD EPYC"] * 5,
+        "run_id": ["fp32-z0-w1", "fp32-z0-w1-r2", "fp32-z0-w2", "fp32-z1-w1", "bf16-z0-w1", "bf16-z0-w1-r2"],
+        "status": ["ok", "ok", "ok", "failed", "ok", "ok"],
+        "precision": ["fp32", "fp32", "fp32", "fp32", "bf16", "bf16"],
+        "world_size": [1, 1, 2, 1, 1, 1],
+        "mfu": [0.10, 0.30, 0.20, None, 0.05, 0.07],
+        "device_type": ["cpu"] * 6,
+        "device_name": ["AMD EPYC"] * 6,
     }).to_parquet(tmp_path / "metrics.parquet")
     base = ["time", "--params", "1B", "--tokens", "1e10", "--gpus", "8", "--gpu", "H100", "--precision", "fp32"]
     code, out, _ = _estimate(capsys, *base, "--mfu-from", str(tmp_path), "--json")
     result = json.loads(out)
-    assert code == 0 and result["mfu"] == pytest.approx(0.20)  # the median of the three ok fp32 runs
-    assert result["mfu_source"]["runs"] == ["fp32-z0-w1", "fp32-z0-w2", "fp32-z3-w2"]
+    assert code == 0 and result["mfu"] == pytest.approx(0.20)  # the median of the two ok fp32 runs at world size 1
+    assert result["mfu_source"]["runs"] == ["fp32-z0-w1", "fp32-z0-w1-r2"]
     assert "says nothing about what a GPU reaches" in result["note"]
     code, out, _ = _estimate(capsys, *base, "--mfu-from", str(tmp_path))
-    assert "MFU 20.0% measured: the median of 3 ok fp32 run(s)" in out and "measured on CPU" in out
+    assert "MFU 20.0% measured: the median of 2 ok fp32 run(s)" in out and "measured on CPU" in out
     code, _, err = _estimate(capsys, *base[:-1], "fp16", "--mfu-from", str(tmp_path))
-    assert code == 2 and "no ok run of precision fp16 with an MFU (precisions measured: bf16, fp32)" in err
+    assert code == 2 and "no ok run of precision fp16 at world size 1 with an MFU (precisions measured at world size 1: " \
+                         "bf16, fp32)" in err
     code, _, err = _estimate(capsys, *base, "--mfu", "0.4", "--mfu-from", str(tmp_path))
     assert code == 2 and "not both" in err
     code, _, err = _estimate(capsys, *base, "--mfu-from", str(tmp_path / "nowhere"))
     assert code == 2 and "scalelab collect" in err
+    bf16 = json.loads(_estimate(capsys, "time", "--model", "llama3.2-1b", "--tokens", "1e10", "--gpus", "8", "--gpu", "H100",
+                                "--mfu-from", str(tmp_path), "--json")[1])
+    try:
+        code = main(["plan", "--model", "llama3.2-1b", "--gpus", "8", "--gpu", "H100", "--global-batch", "64", "--tokens",
+                     "1e10", "--precision", "bf16", "--mfu-from", str(tmp_path)])
+    except SystemExit as exited:
+        code = exited.code
+    out = capsys.readouterr().out
+    assert code == 0 and bf16["mfu"] == pytest.approx(0.06) and "MFU 6.0% without communication" in out
+    assert "note: measured on CPU" in out and "measured on CPU" in bf16["note"]
 
 
 def test_estimate_says_whether_fp8_pays_at_the_models_width(capsys):

@@ -72,4 +72,4 @@ def test_a_plan_without_room_says_nothing_fits_and_a_bad_batch_is_named(capsys):
     assert code == 0 and "NO configuration fits" in out
     with pytest.raises(SystemExit):
         main([*ASK[:-6], "--global-batch", "500", "--seq", "8192", "--tokens", "1T"])
-    assert "--global-batch 500 does not split evenly over --gpus 64" in capsys.readouterr().err
+    assert "--global-batch 500 does not split evenly over the data-parallel ranks of --gpus 64" in capsys.readouterr().err

@@ -29,6 +29,19 @@ from collections import Counter
 from dataclasses import dataclass
 
 from scalelab.config import ModelConfig
+from scalelab.forecast.inputs import (
+    EstimateError,
+    finite_number,
+    non_negative,
+    positive_count,
+    positive_number,
+    positive_whole,
+    whole_count,
+)
+from scalelab.forecast.inputs import positive as _positive
+from scalelab.forecast.model_input import described as _named
+from scalelab.forecast.model_input import model_flags
+from scalelab.forecast.model_input import model_from_args as _model
 from scalelab.formulas import accounting, links
 from scalelab.formulas.links import collective_calls
 from scalelab.spec import hardware
@@ -43,33 +56,6 @@ MEMORY_PRECISIONS = ESTIMATE_MEMORY
 PEAK_CHOICES = tuple(dict.fromkeys((*PRECISION_NAMES, *PEAK_KEYS)))
 
 UNITS = {"GiB": 2 ** 30, "GB": 1e9}
-
-
-class EstimateError(ValueError):
-    pass
-
-
-COUNT_SUFFIXES = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
-"""What the output writes counts with (_human): 1.3B parameters, 2M tokens/s; counts are read so too."""
-
-
-def count(text: str) -> float:
-    """A count as the output prints it (1B, 20B, 350M, 1.3B, 2K, 1T; any case) or as a number
-    (7.5e9): argparse's type for parameters, tokens and throughputs."""
-    text = text.strip()
-    scale = COUNT_SUFFIXES.get(text[-1:].upper())
-    try:
-        return float(text[:-1]) * scale if scale else float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a count: write e.g. 1.3B, 350M, 20K, 1T or 7.5e9") from None
-
-
-def whole_count(text: str) -> int:
-    """A count of whole things (GPUs, ranks, tokens of a vocabulary), written as count() reads."""
-    value = count(text)
-    if not (math.isfinite(value) and value.is_integer()):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
-    return int(value)
 
 
 def _percent(fraction: float) -> str:
@@ -87,66 +73,6 @@ def _as_given(fraction: float) -> str:
 def _mfu_text(mfu: float, measured: bool, default: bool) -> str:
     """The MFU an estimate used: a measured or default one to one decimal, the user's --mfu to the digit given."""
     return _percent(mfu) if measured or default else _as_given(mfu)
-
-
-def _positive(name: str, value, allow_zero: bool = False):
-    if value is None:
-        return None
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        raise EstimateError(f"--{name} must be a positive number, got {value:g}")
-    return value
-
-
-def _model(args) -> tuple[int, ModelConfig | None]:
-    """(parameter count, model config if given by shape or preset)."""
-    if args.model:
-        from scalelab.spec.presets import PRESETS
-
-        if args.params is not None or args.config or any(v is not None for v in (args.layers, args.d_model, args.heads)):
-            raise EstimateError("give the model either as --model NAME, or as --params, or as the shape, not several")
-        if args.model not in PRESETS:
-            raise EstimateError(f"--model {args.model!r} is not a preset: {', '.join(PRESETS)} (scalelab estimate models)")
-        # --seq and --vocab override the preset's context and vocabulary (a preset names both: the flag wins)
-        overrides = {k: v for k, v in (("seq_len", args.seq), ("vocab_size", args.vocab)) if v is not None}
-        if getattr(args, "untied", False):
-            overrides["tie_embeddings"] = False
-        cfg = ModelConfig(**{**PRESETS[args.model].shape, **overrides})
-        return accounting.param_count(cfg), cfg
-    if args.config:
-        from scalelab.config import model_config
-        from scalelab.plan.validation import load_config
-
-        config = load_config(args.config)
-        cfg = model_config(config, vocab_size=args.vocab or 256)
-        return accounting.param_count(cfg), cfg
-    shape = [args.layers, args.d_model, args.vocab, args.seq]
-    if args.params is not None:
-        if any(v is not None for v in shape):
-            raise EstimateError("give the model either as --params or as --layers/--d-model/--vocab/--seq, not both")
-        n_params = _positive("params", args.params)
-        if n_params < 1000:  # --params 1.3 meaning billions: int() made it 1 parameter, and claim's MFU 0.0%
-            raise EstimateError(f"--params {n_params:g} is {n_params:g} parameters, a count: write {n_params:g}B for "
-                                f"{n_params:g} billion (or {n_params:g}e9)")
-        return int(n_params), None
-    if any(v is None for v in shape):
-        raise EstimateError("give the model as --model NAME, --params N, or all of --layers, --d-model, --vocab and --seq")
-    for name, v in zip(("layers", "d-model", "vocab", "seq"), shape):
-        _positive(name, v)
-    heads = args.heads or max(1, args.d_model // 64)
-    if args.d_model % heads:
-        raise EstimateError(f"--heads {heads} does not divide --d-model {args.d_model}")
-    cfg = ModelConfig(n_layers=args.layers, d_model=args.d_model, n_heads=heads, seq_len=args.seq,
-                      tie_embeddings=not args.untied, vocab_size=args.vocab)
-    return accounting.param_count(cfg), cfg
-
-
-def _named(args) -> dict:
-    """The preset a result is about, where --model named one (its JSON keeps n_params beside it)."""
-    if not args.model:
-        return {}
-    from scalelab.spec.presets import PRESETS
-
-    return {"model": args.model, "family": PRESETS[args.model].shape["family"]}
 
 
 def memory_table(args) -> dict:
@@ -226,7 +152,9 @@ def time_estimate(args) -> dict:
     tokens = _positive("tokens", args.tokens)
     if args.mfu is not None and args.mfu_from is not None:
         raise EstimateError("give --mfu or --mfu-from, not both")
-    source = measured_mfu(args.mfu_from, args.precision) if args.mfu_from is not None else None
+    # the MFU scalelab plan and estimate scaling read too (world-size-1 runs: compute without communication), so
+    # that one sweep gives them one figure; this estimate adds no communication, plan does
+    source = measured_mfu(args.mfu_from, args.precision, world_size=1) if args.mfu_from is not None else None
     mfu = source["median_mfu"] if source else (DEFAULT_MFU if args.mfu is None else args.mfu)
     if not 0 < mfu <= 1:
         raise EstimateError(f"--mfu must be in (0, 1], got {mfu}")
@@ -235,7 +163,7 @@ def time_estimate(args) -> dict:
         product = hardware.gpu_by_name(args.gpu)
         peak = accounting.gpu_peak_flops(args.gpu, args.precision)
     except ValueError as err:
-        raise EstimateError(str(err)) from None
+        raise EstimateError(f"--gpu {args.gpu}: {err}") from None
     n_params, cfg = _model(args)
     fpt = accounting.flops_per_token(cfg) if cfg is not None else 6.0 * n_params
     total = fpt * tokens
@@ -291,6 +219,8 @@ def memory_reserve_bytes(memory_bytes: float, reserve_gib: float | None) -> floa
     """Device memory a prediction does not count (the CUDA context, NCCL's buffers, fragmentation):
     --reserve-gib, else RESERVE's default (the one advise and scalelab plan share)."""
     if reserve_gib is not None:
+        if reserve_gib * UNITS["GiB"] >= memory_bytes:
+            raise EstimateError(f"--reserve-gib {reserve_gib:g} leaves nothing of the GPU's {memory_bytes / UNITS['GiB']:g} GiB")
         return reserve_gib * UNITS["GiB"]
     return RESERVE["fixed_gib"] * UNITS["GiB"] + RESERVE["share"] * memory_bytes
 
@@ -364,7 +294,8 @@ def claim_check(args) -> dict:
     """The MFU a published throughput implies, and whether any GPU of that kind could do it."""
     n_params, cfg = _model(args)
     gpus = int(_positive("gpus", args.gpus))
-    if (args.tokens_per_s is None) == (args.tokens is None or args.days is None):
+    total = (args.tokens, args.days)
+    if (args.tokens_per_s is None) == all(v is None for v in total) or (args.tokens_per_s is None and None in total):
         raise EstimateError("give the claim as --tokens-per-s, or as --tokens and --days")
     tokens_per_s = (_positive("tokens-per-s", args.tokens_per_s) if args.tokens_per_s is not None
                     else _positive("tokens", args.tokens) / (_positive("days", args.days) * 86400))
@@ -372,7 +303,7 @@ def claim_check(args) -> dict:
         product = hardware.gpu_by_name(args.gpu)
         peak = accounting.gpu_peak_flops(args.gpu, args.precision)
     except ValueError as err:
-        raise EstimateError(str(err)) from None
+        raise EstimateError(f"--gpu {args.gpu}: {err}") from None
     fpt = accounting.flops_per_token(cfg) if cfg is not None else 6.0 * n_params
     implied = accounting.mfu(tokens_per_s, fpt, peak, gpus)
     if math.isnan(implied):
@@ -959,25 +890,10 @@ def render(kind: str, result: dict) -> str:
     return "\n".join(lines)
 
 
-def model_flags(p) -> None:
-    """The model flags every command that takes a model shares (estimate's, scalelab plan's): read by _model."""
-    g = p.add_argument_group("model (either --model, or --params, or the shape, or --config)")
-    g.add_argument("--model", metavar="NAME", help="a preset shape by name (scalelab estimate models lists them: "
-                   "gpt2 ... llama3-70b, mistral-7b); --seq, --vocab and --untied override its context, vocabulary and head")
-    g.add_argument("--params", type=count, help="parameter count: 1.3B, 350M, 7.5e9 (K, M, B, T as printed)")
-    g.add_argument("--layers", type=int, help="transformer blocks")
-    g.add_argument("--d-model", type=int, help="residual width")
-    g.add_argument("--heads", type=int, help="attention heads (default d_model / 64)")
-    g.add_argument("--vocab", type=whole_count, help="vocabulary size")
-    g.add_argument("--seq", type=int, help="sequence length")
-    g.add_argument("--untied", action="store_true", help="output head not tied to the embedding")
-    g.add_argument("--config", help="read the model from a scalelab config.yaml (vocab from --vocab, default 256)")
-
-
 def cluster_flags(p) -> None:
     """The GPUs, links and assumed efficiencies (estimate scaling's and scalelab plan's; read by machine_of)."""
     p.add_argument("--gpu", required=True, help=f"GPU product (case-insensitive): {', '.join(hardware.known_names())}")
-    p.add_argument("--gpus-per-node", type=whole_count, default=8, help="GPUs per node (default 8)")
+    p.add_argument("--gpus-per-node", type=positive_whole, default=8, help="GPUs per node (default 8)")
     p.add_argument("--intra-node", metavar="LINK",
                    help=f"link within a node: a product ({', '.join(links.known_names())}), a bandwidth in GB/s "
                         "per GPU, unidirectional, each with an optional @EFFICIENCY for this link alone (46@1: a measured "
@@ -987,13 +903,13 @@ def cluster_flags(p) -> None:
                         "two nodes; with every GPU of both, divide it by the NICs per node); a group spanning nodes runs on "
                         "as many NICs as it has ranks on a node, up to the intra-node link (a bench table: as measured); "
                         "needed once GPUs span nodes"),
-    p.add_argument("--link-efficiency", type=float, default=None,
+    p.add_argument("--link-efficiency", type=finite_number, default=None,
                    help=f"achievable over nominal bus bandwidth of products and numbers (default {links.DEFAULT_EFFICIENCY}; "
                         "a measured table is taken as measured)")
-    p.add_argument("--overlap-efficiency", type=float, default=None,
+    p.add_argument("--overlap-efficiency", type=finite_number, default=None,
                    help="share of the overlappable communication that really hides behind compute, in [0, 1] "
                         "(default: fitted to published multi-node runs, docs/prediction.md; the output prints it)")
-    p.add_argument("--mfu", type=float, default=None,
+    p.add_argument("--mfu", type=finite_number, default=None,
                    help=f"compute efficiency without communication, MFU in (0, 1] (default {DEFAULT_MFU})")
     p.add_argument("--mfu-from", metavar="RESULTS", default=None,
                    help="use the MFU a sweep measured without communication: the median of RESULTS/metrics.parquet's "
@@ -1014,13 +930,13 @@ def _add_scaling_parser(kinds):
                     help="dtype gradients are reduced in: fp32 (default) or the compute dtype (fp16, bf16)")
     sc.add_argument("--micro-batch", type=int, default=1, help="sequences per GPU per forward (default 1): fixed as GPUs "
                     "grow, or with --global-batch the largest micro-batch each GPU's share is accumulated in")
-    sc.add_argument("--global-batch", type=whole_count, default=None, metavar="SEQUENCES",
+    sc.add_argument("--global-batch", type=positive_whole, default=None, metavar="SEQUENCES",
                     help="a fixed global batch in sequences (as studies that scale out keep it): each GPU's share is "
                          "global / GPUs, accumulated; time and memory follow (default: a fixed per-GPU batch)")
     sc.add_argument("--activation-checkpointing", action="store_true",
                     help="recompute every block's forward in backward: its FLOPs in the time, checkpointed activations "
                          "in the memory")
-    sc.add_argument("--tensor-parallel", type=whole_count, default=1, metavar="T",
+    sc.add_argument("--tensor-parallel", type=positive_whole, default=1, metavar="T",
                     help="GPUs that split every block (Megatron's tensor parallelism, within a node where T fits one); "
                          "the strategy runs over GPUs / T data-parallel ranks (default 1: none)")
     sc.add_argument("--gpus", type=gpu_counts, default=SCALING_GPUS, metavar="N,N,...",
@@ -1036,8 +952,8 @@ def add_parser(sub) -> None:
     kinds = est.add_subparsers(dest="kind", required=True)
 
     def gpu_memory_flags(p):
-        p.add_argument("--gpu-memory", type=float, help="memory per GPU in --unit (e.g. 80)")
-        p.add_argument("--gpu-memory-gib", type=float, help="memory per GPU in GiB (same as --gpu-memory N --unit GiB)")
+        p.add_argument("--gpu-memory", type=finite_number, help="memory per GPU in --unit (e.g. 80)")
+        p.add_argument("--gpu-memory-gib", type=finite_number, help="memory per GPU in GiB (same as --gpu-memory N --unit GiB)")
         p.add_argument("--unit", choices=list(UNITS), default="GiB", help="GiB (2^30 bytes, default) or GB (10^9)")
 
     def table_filters(p):
@@ -1055,40 +971,40 @@ def add_parser(sub) -> None:
 
     m = kinds.add_parser("memory", help="model-state memory per rank, every stage x precision")
     model_flags(m)
-    m.add_argument("--world-size", type=whole_count, default=1, help="ranks (GPUs) sharing the model (default 1)")
+    m.add_argument("--world-size", type=positive_whole, default=1, help="ranks (GPUs) sharing the model (default 1)")
     table_filters(m)
     m.add_argument("--unit", choices=list(UNITS), default="GiB", help="GiB (2^30 bytes, default) or GB (10^9, the ZeRO paper's)")
-    m.add_argument("--micro-batch", type=int, help="sequences per rank per step: adds activations and the in-step peak (needs the shape)")
-    m.add_argument("--tensor-parallel", type=whole_count, default=1, metavar="T",
+    m.add_argument("--micro-batch", type=positive_whole, help="sequences per rank per step: adds activations and the in-step peak (needs the shape)")
+    m.add_argument("--tensor-parallel", type=positive_whole, default=1, metavar="T",
                    help="ranks that split every block's linears (needs the shape; default 1: none)")
     t = kinds.add_parser("time", help="days to train")
     model_flags(t)
-    t.add_argument("--tokens", type=count, required=True, help="training tokens, e.g. 1T or 1e12")
-    t.add_argument("--gpus", type=whole_count, required=True, help="number of GPUs")
+    t.add_argument("--tokens", type=positive_count, required=True, help="training tokens, e.g. 1T or 1e12")
+    t.add_argument("--gpus", type=positive_whole, required=True, help="number of GPUs")
     gpu_flags(t)
-    t.add_argument("--mfu", type=float, default=None, help="model FLOPs utilisation in (0, 1] (default 0.4)")
+    t.add_argument("--mfu", type=finite_number, default=None, help="model FLOPs utilisation in (0, 1] (default 0.4)")
     t.add_argument("--mfu-from", metavar="RESULTS", default=None,
                    help="use the MFU a sweep measured: the median of RESULTS/metrics.parquet's ok runs of --precision "
                         "(names the runs; CPU runs' MFU says nothing about a GPU)")
     f = kinds.add_parser("fit", help="largest model whose model state fits the GPUs")
     gpu_memory_flags(f)
-    f.add_argument("--world-size", type=whole_count, default=1, help="number of GPUs sharing the model (default 1)")
+    f.add_argument("--world-size", type=positive_whole, default=1, help="number of GPUs sharing the model (default 1)")
     table_filters(f)
     a = kinds.add_parser("advise", help="the memory ladder: the first of DDP, ZeRO 1, 2, 3 that fits, else LoRA's rank budget")
     model_flags(a)
     gpu_memory_flags(a)
-    a.add_argument("--gpus", type=whole_count, required=True, help="GPUs the model is trained on")
-    a.add_argument("--micro-batch", type=int, help="sequences per GPU per step: adds activations (needs the shape)")
+    a.add_argument("--gpus", type=positive_whole, required=True, help="GPUs the model is trained on")
+    a.add_argument("--micro-batch", type=positive_whole, help="sequences per GPU per step: adds activations (needs the shape)")
     a.add_argument("--activation-checkpointing", action="store_true", help="activations with every block recomputed in backward")
     a.add_argument("--precision", default="bf16", choices=list(MEMORY_PRECISIONS), help="training precision (default bf16)")
-    a.add_argument("--reserve-gib", type=float, default=None, help="device memory the formulas do not count (CUDA context, "
+    a.add_argument("--reserve-gib", type=non_negative, default=None, help="device memory the formulas do not count (CUDA context, "
                    "NCCL buffers, fragmentation; default 2 GiB + 5%% of the GPU's memory, as scalelab plan keeps)")
     c = kinds.add_parser("claim", help="the MFU a stated throughput implies, and whether the hardware can reach it")
     model_flags(c)
-    c.add_argument("--tokens-per-s", type=count, help="the claimed training throughput, tokens per second (all GPUs), e.g. 2M")
-    c.add_argument("--tokens", type=count, help="or: the claimed training tokens (e.g. 1T) ...")
-    c.add_argument("--days", type=float, help="... in this many days")
-    c.add_argument("--gpus", type=whole_count, required=True, help="number of GPUs")
+    c.add_argument("--tokens-per-s", type=positive_count, help="the claimed training throughput, tokens per second (all GPUs), e.g. 2M")
+    c.add_argument("--tokens", type=positive_count, help="or: the claimed training tokens (e.g. 1T) ...")
+    c.add_argument("--days", type=positive_number, help="... in this many days")
+    c.add_argument("--gpus", type=positive_whole, required=True, help="number of GPUs")
     gpu_flags(c)
     ms = kinds.add_parser("models", help="the preset shapes --model takes, with their parameter counts and sources")
     sc = _add_scaling_parser(kinds)

@@ -28,15 +28,16 @@ from scalelab.forecast.estimate import (
     _mfu_origin,
     _mfu_text,
     _model,
+    _named,
     _replicas,
     cluster_flags,
-    count,
     machine_of,
     memory_reserve_bytes,
     model_flags,
     predict_point,
-    whole_count,
 )
+from scalelab.forecast.inputs import non_negative, positive_count, positive_whole
+from scalelab.forecast.model_input import shape_text
 from scalelab.formulas import accounting, links
 from scalelab.plan.sweep import AXIS, RunPoint
 from scalelab.spec import hardware
@@ -97,8 +98,6 @@ def plan(args) -> dict:
     if cfg is None:
         raise EstimateError("scalelab plan needs the model's shape: --model NAME, or --layers/--d-model/--vocab/--seq")
     n, tokens = int(args.gpus), float(args.tokens)
-    if args.global_batch % n:
-        raise EstimateError(f"--global-batch {args.global_batch} does not split evenly over --gpus {n}")
     try:
         product = hardware.gpu_by_name(args.gpu)
     except ValueError as err:
@@ -112,6 +111,11 @@ def plan(args) -> dict:
     bf16_peak = accounting.gpu_peak_flops(args.gpu, "bf16") if product.peak("bf16") else None
     fp8 = hardware.fp8_outlook(cfg.d_model)
     degrees = tensor_parallel_degrees(cfg, n, machine.per_node, getattr(args, "tensor_parallel", None))
+    splits = [t for t in degrees if args.global_batch % (n // t) == 0]  # every data-parallel rank the same share
+    if not splits:
+        raise EstimateError(f"--global-batch {args.global_batch} does not split evenly over the data-parallel ranks of "
+                            f"--gpus {n} at any tensor-parallel degree tried ({', '.join(map(str, degrees))})")
+    degrees = splits
     rows = []
     for precision, key in pairs:
         if precision == "fp8":  # timed from bf16 by the measured tokens/s ratio (module doc)
@@ -142,7 +146,7 @@ def plan(args) -> dict:
         shown = mine[0] if mine[0]["fits"] else min(mine, key=lambda r: r["peak_memory_bytes"])
         runners_up.append({**shown, "why": _why_lost(shown, best, budget)})
     runners_up.sort(key=lambda r: (not r["fits"], -r["tokens_per_s_per_gpu"]))
-    return {"prediction": True, "model": getattr(args, "model", None), "n_params": n_params, "gpus": n, "gpu": product.name,
+    return {"prediction": True, "model": _named(args).get("model"), "shape": shape_text(cfg), "n_params": n_params, "gpus": n, "gpu": product.name,
             "gpus_per_node": machine.per_node, "global_batch": args.global_batch, "seq_len": cfg.seq_len, "tokens": tokens,
             "memory_gib": product.memory_gib, "reserve_gib": reserve, "budget_gib": budget / UNITS["GiB"],
             "best": best, "runners_up": runners_up, "rows": rows,
@@ -201,6 +205,7 @@ def render(result: dict) -> str:
     lines = [f"PLAN: predicted, not measured. {model} ({result['n_params'] / 1e9:.3g}B parameters) on {result['gpus']} x "
              f"{result['gpu']} ({result['gpus_per_node']} per node), global batch {result['global_batch']} x "
              f"{result['seq_len']} tokens, {_human(result['tokens'])} tokens to train",
+             f"model: {result['shape']}",
              f"memory budget per GPU: {result['memory_gib']:g} GiB less a {result['reserve_gib']:.1f} GiB reserve = "
              f"{result['budget_gib']:.1f} GiB"]
     best = result["best"]
@@ -231,6 +236,8 @@ def render(result: dict) -> str:
     if a["fp8"]:
         lines.append(f"  fp8: {a['fp8']['verdict']} ({a['fp8']['basis']})")
     lines.append(f"  out of scope: {a['out_of_scope']}")
+    if "note" in result:
+        lines.append(f"note: {result['note']}")
     return "\n".join(lines)
 
 
@@ -250,16 +257,16 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="one answer before renting GPUs: every precision x strategy x micro-batch x "
                        "checkpointing ranked by predicted time, within the GPU's memory and a reserve",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    model_flags(p)  # a plan needs the shape: --model, the shape flags or --config
-    p.add_argument("--gpus", type=whole_count, required=True, help="GPUs in all")
+    model_flags(p, params=False)  # a plan needs the shape (its memory): --model, the shape flags or --config
+    p.add_argument("--gpus", type=positive_whole, required=True, help="GPUs in all")
     cluster_flags(p)
-    p.add_argument("--global-batch", type=whole_count, required=True, metavar="SEQUENCES", help="sequences per optimizer step")
-    p.add_argument("--tokens", type=count, required=True, help="tokens to train: 1T, 300B")
+    p.add_argument("--global-batch", type=positive_whole, required=True, metavar="SEQUENCES", help="sequences per optimizer step")
+    p.add_argument("--tokens", type=positive_count, required=True, help="tokens to train: 1T, 300B")
     p.add_argument("--precision", nargs="+", choices=list(PRECISION_NAMES), default=None,
                    help="only these precisions (default: bf16, and fp8 where the GPU has FP8 tensor cores)")
-    p.add_argument("--reserve-gib", type=float, default=None, help="device memory the prediction does not count "
+    p.add_argument("--reserve-gib", type=non_negative, default=None, help="device memory the prediction does not count "
                    f"(default {RESERVE['fixed_gib']:g} GiB + {RESERVE['share'] * 100:.0f}%% of the GPU's memory)")
-    p.add_argument("--tensor-parallel", nargs="+", type=whole_count, default=None, metavar="T",
+    p.add_argument("--tensor-parallel", nargs="+", type=positive_whole, default=None, metavar="T",
                    help=f"only these tensor-parallel degrees (default: {', '.join(map(str, TENSOR_PARALLEL))}, those within a "
                         "node that split the model evenly; 1 = none)")
     p.add_argument("--json", action="store_true", help="every configuration's row as JSON")

@@ -61,7 +61,8 @@ class Family:
     own_keys: tuple[str, ...]
     """ModelConfig keys only this family reads (a ``models:`` entry of another family may not set them)."""
     untied_head: bool
-    """True: the output head is never tied to the embedding, whatever ``tie_embeddings`` says."""
+    """True: the family's runs train an untied head (its module builds one; a ``models:`` entry's head is
+    untied). Its formulas still follow ``tie_embeddings``, so a forecast can price a tied one (Llama 3.2 1B, 3B)."""
     block_matmul_params: Callable
     """cfg -> weights of one block's matrix products."""
     block_other_params: Callable
@@ -356,8 +357,10 @@ LLAMA = Family(
     untied_head=True,
     block_matmul_params=_llama_matmul,
     block_other_params=lambda cfg: 2 * cfg.d_model,  # two RMSNorm weights, no biases
-    outside_params=lambda cfg: 2 * cfg.vocab_size * cfg.d_model + cfg.d_model,  # embedding, head, final norm
-    parameter_tensors=lambda cfg: 9 * cfg.n_layers + 3,  # 7 linears and 2 norms per block + wte, norm, head
+    # embedding, final norm, and the head unless tied (Llama 3.2 1B and 3B tie theirs: the weight counts once)
+    outside_params=lambda cfg: (1 if cfg.tie_embeddings else 2) * cfg.vocab_size * cfg.d_model + cfg.d_model,
+    # 7 linears and 2 norms per block + wte, norm (+ an untied head)
+    parameter_tensors=lambda cfg: 9 * cfg.n_layers + 2 + (0 if cfg.tie_embeddings else 1),
     mlp_width=llama_ffn_dim,
     kv_heads=lambda cfg: cfg.n_kv_heads or cfg.n_heads,
     block_activation_bytes=_llama_block_activations,
@@ -372,7 +375,7 @@ LLAMA = Family(
                              "rope_base": cfg.rope_base},
     formulas={
         "parameters": "Ψ = 2·V·d + L·(2d² + 2·d·kv + 3·d·f + 2d) + d (kv = key/value heads × head size, f the SwiGLU "
-                      "width; untied head, no position embedding)",
+                      "width; untied head, V·d less where tied; no position embedding)",
         "flops": "6·(L·(2d² + 2·d·kv + 3·d·f) + V·d) + 12·L·d·T (grouped-query attention still takes every query "
                  "head's dot products)",
         "activations": ("RMSNorm, the rotated q and k, v, SwiGLU's gate, up and product, and the fused attention's "

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import math
 import platform
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -224,10 +225,37 @@ def gpu_by_name(name: str) -> GpuProduct:
     A100 SXM 80GB; the 40GB board has the same peaks), as they did before the table knew
     the PCIe and NVL boards; "GH200" is the 96 GB HBM3 part and "V100" the SXM2 32GB.
     """
-    product = _BY_NAME.get(_cli_key(name)) or gpu_product(name)
+    product = _BY_NAME.get(_cli_key(name)) or gpu_product(name) or _as_written(name)
     if product is None:
         raise ValueError(f"unknown GPU type {name!r}; known: {', '.join(known_names())}")
     return product
+
+
+_NOISE = {"nvidia", "tesla", "hbm2", "hbm2e", "hbm3", "hbm3e", "gpu"}
+"""Words people write around a product's name that tell no two products apart."""
+
+
+def _words(key: str) -> set[str]:
+    return {re.sub(r"^sxm\d$", "sxm", w) for w in key.split()} - _NOISE
+
+
+def _as_written(name: str) -> GpuProduct | None:
+    """A product as people write it ("H100 80GB", "A100 40GB", "NVIDIA H100 SXM5 80GB"): its words (the
+    form factor's generation dropped: SXM5 is SXM) within a product's name or aliases, its memory where
+    given; of several, the one the bare name means (H100: the SXM part), else the SXM part; None when
+    no product, or more than one, fits."""
+    key = _cli_key(name)
+    memory = re.search(r"\b(\d+)\s*gi?b\b", key)
+    words = _words(re.sub(r"\b\d+\s*gi?b\b", " ", key))
+    if not words:
+        return None
+    fits = [p for p in PRODUCTS if words <= set().union(*(_words(_cli_key(n)) for n in (p.name, *p.aliases)))
+            and (memory is None or p.memory_gib == int(memory.group(1)))]
+    bare = _BY_NAME.get(" ".join(sorted(words)))
+    if bare in fits:
+        return bare
+    sxm = [p for p in fits if "sxm" in _words(_cli_key(p.name))]
+    return fits[0] if len(fits) == 1 else (sxm[0] if len(sxm) == 1 else None)
 
 
 def peak_flops_for(device_name: str, precision: str, tf32: bool,

@@ -30,9 +30,9 @@ def _gpt2(layers: int, d: int, heads: int) -> dict:
             "seq_len": 1024, "tie_embeddings": True}
 
 
-def _llama(layers: int, d: int, heads: int, kv: int, ffn: int, vocab: int, seq: int, base: float) -> dict:
+def _llama(layers: int, d: int, heads: int, kv: int, ffn: int, vocab: int, seq: int, base: float, tied: bool = False) -> dict:
     return {"family": "llama", "n_layers": layers, "d_model": d, "n_heads": heads, "n_kv_heads": kv, "ffn_dim": ffn,
-            "vocab_size": vocab, "seq_len": seq, "rope_base": base, "tie_embeddings": False}
+            "vocab_size": vocab, "seq_len": seq, "rope_base": base, "tie_embeddings": tied}
 
 
 _HF = "https://huggingface.co/{}/blob/main/config.json"
@@ -47,6 +47,12 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
            _HF.format("meta-llama/Llama-2-13b-hf"), 13_015_864_320),
     Preset("llama2-70b", _llama(80, 8192, 64, 8, 28672, 32000, 4096, 10000.0),
            _HF.format("meta-llama/Llama-2-70b-hf"), 68_976_648_192),
+    # Llama 3.2's small models tie their heads (tie_word_embeddings: true); pretrained at 8192 tokens
+    # (rope_scaling's original_max_position_embeddings) before their context was extended to 131072
+    Preset("llama3.2-1b", _llama(16, 2048, 32, 8, 8192, 128256, 8192, 500000.0, tied=True),
+           _HF.format("meta-llama/Llama-3.2-1B") + " (Hub safetensors parameters, BF16)", 1_235_814_400),
+    Preset("llama3.2-3b", _llama(28, 3072, 24, 8, 8192, 128256, 8192, 500000.0, tied=True),
+           _HF.format("meta-llama/Llama-3.2-3B") + " (Hub safetensors parameters, BF16)", 3_212_749_824),
     Preset("llama3-8b", _llama(32, 4096, 32, 8, 14336, 128256, 8192, 500000.0),
            _HF.format("meta-llama/Meta-Llama-3-8B"), 8_030_261_248),
     Preset("llama3-70b", _llama(80, 8192, 64, 8, 28672, 128256, 8192, 500000.0),
