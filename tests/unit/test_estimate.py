@@ -164,7 +164,8 @@ def test_scaling_at_a_fixed_global_batch_accumulates_each_gpus_share(capsys):
     time holds every micro-batch's compute and FSDP's per-micro-batch gathers, the memory one micro-batch's
     activations; --activation-checkpointing adds the recompute to the time (MFU counts model FLOPs) and
     takes the checkpointed activations."""
-    from scalelab.forecast.estimate import EstimateError, batch_plan
+    from scalelab.forecast.estimate import EstimateError
+    from scalelab.forecast.step import batch_plan
 
     assert batch_plan(None, 4, 64) == (4, 1)  # a fixed per-GPU batch: weak scaling, as before
     assert batch_plan(512, 2, 8) == (2, 32) and batch_plan(512, 2, 64) == (2, 4) and batch_plan(512, 16, 256) == (2, 1)

@@ -8,6 +8,9 @@ from __future__ import annotations
 import argparse
 import math
 
+UNITS = {"GiB": 2 ** 30, "GB": 1e9}
+"""Memory units the forecasts print and take: GiB (2^30 bytes) and GB (10^9)."""
+
 
 class EstimateError(ValueError):
     """A forecast's input it cannot answer for: one line naming the flag or key."""

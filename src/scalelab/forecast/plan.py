@@ -29,7 +29,6 @@ from scalelab.forecast.estimate import (
     _mfu_text,
     _model,
     _named,
-    _replicas,
     cluster_flags,
     machine_of,
     memory_reserve_bytes,
@@ -38,6 +37,7 @@ from scalelab.forecast.estimate import (
 )
 from scalelab.forecast.inputs import non_negative, positive_count, positive_whole
 from scalelab.forecast.model_input import shape_text
+from scalelab.forecast.step import _replicas
 from scalelab.formulas import accounting, links
 from scalelab.plan.sweep import AXIS, RunPoint
 from scalelab.spec import hardware
@@ -57,7 +57,7 @@ def tensor_parallel_degrees(cfg, gpus: int, per_node: int, asked: list[int] | No
     """The degrees a model can be split by on this cluster (a family's plan; heads, key/value heads and the
     MLP's width divisible; within a node, so its all-reduces stay on the intra-node link). A degree asked
     for (--tensor-parallel) that cannot be is an EstimateError naming why."""
-    from scalelab.forecast.estimate import check_tensor_parallel
+    from scalelab.forecast.step import check_tensor_parallel
 
     fits = []
     for t in asked or TENSOR_PARALLEL:

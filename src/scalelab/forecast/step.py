@@ -1,0 +1,198 @@
+"""The step-time model every forecast shares (estimate scaling, scalelab plan, the sweep's pruning, the published
+validation): one training configuration (Point) on a cluster (Machine) at n GPUs, timed from an assumed compute
+efficiency and each collective on the link its group uses, with the strategy's overlap, and sized by its in-step
+peak memory. The trainer priced is the Point's: scalelab's own strategies as it runs them, or ZeRO-1 as the
+trainers that scale run it (scalelab.spec.strategies.TRAINERS).
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+from scalelab.config import ModelConfig
+from scalelab.forecast.inputs import UNITS, EstimateError
+from scalelab.formulas import accounting, links
+from scalelab.formulas.links import collective_calls
+from scalelab.spec.strategies import HYBRID_KEY, strategy
+
+
+def _replicas(gpus: int, per_node: int) -> int:
+    """Hybrid sharding's replica count at a GPU count: shard groups of one node each (--gpus-per-node),
+    one replica within a node."""
+    if gpus <= per_node:
+        return 1
+    if gpus % per_node:
+        raise EstimateError(f"--gpus {gpus}: hybrid sharding shards within a node of {per_node} GPUs (--gpus-per-node) "
+                            "and replicates across nodes: a count above one node must be a whole number of nodes")
+    return gpus // per_node
+
+
+
+
+@dataclass(frozen=True)
+class Point:
+    """One training configuration of a model, whatever the GPU count: what predict_point times and sizes."""
+    cfg: ModelConfig
+    n_params: int
+    key: int | str  # the strategy record's key: a ZeRO stage, or HYBRID_KEY
+    precision: str
+    grad_reduce: str = "fp32"
+    micro_batch: int = 1
+    global_batch: int | None = None  # None: a fixed per-GPU batch (micro_batch), no accumulation
+    activation_checkpointing: bool = False
+    tensor_parallel: int = 1  # T GPUs split every block (scalelab.run.tensor_parallel); the strategy runs over N / T
+    replicas: int | None = None  # hybrid sharding's replicas; None: one shard group per node (_replicas)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The GPUs and links a point runs on, and the assumed compute efficiency and overlap."""
+    product: object  # hardware's GPU record; None for a CPU (a sweep's forecast: scalelab.forecast.pruning)
+    peak_flops: float  # of the point's precision
+    mfu: float  # compute efficiency without communication (of the hardware FLOPs: the recompute included)
+    per_node: int
+    intra: links.Link
+    inter: links.Link | None
+    overlap_efficiency: float
+
+
+def predict_point(point: Point, machine: Machine, n: int) -> dict:
+    """A point's predicted step at n GPUs: compute at the assumed efficiency, every collective on the link
+    its group uses (accounting: placement.link_of's rule), the strategy's overlap, and the in-step peak
+    memory per GPU (one micro-batch's activations)."""
+    from scalelab.results import prediction
+
+    cfg, key, t = point.cfg, point.key, point.tensor_parallel
+    stage = strategy(key).stage  # hybrid sharding is stage 3 over a 2-D mesh (scalelab.spec.strategies)
+    if n % t or (t > 1 and key == HYBRID_KEY):
+        raise EstimateError(f"--tensor-parallel {t} does not divide {n} GPUs" if n % t else
+                            "hybrid sharding with tensor parallelism (a 3-D mesh) is not predicted")
+    dp = n // t  # data-parallel ranks: each is a tensor-parallel group of t GPUs sharing one share of the batch
+    micro, accumulation = batch_plan(point.global_batch, point.micro_batch, dp)
+    tokens = micro * accumulation * cfg.seq_len / t  # per GPU per optimizer step
+    fpt = accounting.flops_per_token(cfg)
+    # the assumed MFU is the hardware's efficiency on what it computes: checkpointing computes every block's
+    # forward again (recompute_flops_per_token), which model FLOPs (MFU) do not count; under tensor parallelism
+    # each GPU computes 1/t of the blocks and the whole head (replicated: its 6 V d FLOPs per token on every GPU)
+    hardware_fpt = fpt + (accounting.recompute_flops_per_token(cfg) if point.activation_checkpointing else 0.0)
+    head = 6 * cfg.vocab_size * cfg.d_model if t > 1 else 0.0
+    compute_s = ((hardware_fpt - head) / t + head) * tokens * t / (machine.peak_flops * machine.mfu)
+    replicas = (point.replicas or _replicas(n, machine.per_node)) if key == HYBRID_KEY else 1
+    n_local = accounting.tensor_parallel_params(cfg, point.n_params, t)  # what each GPU holds of the parameters
+    # every collective of a step over its group: the world (the data-parallel ranks under tensor parallelism), or
+    # under hybrid sharding the shard group and the replicate group (fp16's one-flag all-reduce over the world
+    # counted with the replicate group's); each kind of group on the link its slowest member needs (groups_link)
+    by_group = accounting.comm_bytes_by_group(n_local, stage, dp, point.precision, replicas=replicas,
+                                              grad_reduce=point.grad_reduce, accumulation_steps=accumulation)
+    if replicas > 1:
+        shard = dp // replicas
+        replicate = dict(by_group.get("replicate", {}))
+        for c, b in by_group.get("world", {}).items():
+            replicate[c] = replicate.get(c, 0.0) + b
+        kinds = [(by_group.get("shard", {}), shard, [range(s * shard, (s + 1) * shard) for s in range(replicas)]),
+                 (replicate, replicas, [range(j, dp, shard) for j in range(shard)])]
+    else:
+        kinds = [(by_group.get("world", {}), dp, [range(j, n, t) for j in range(t)])]
+    comm, calls, sizes, used = {}, {}, {}, {}
+    # each kind of group: (bytes by collective, ranks in one group, every group of the kind, as global ranks)
+    for kind_bytes, group_size, groups in kinds:
+        link = groups_link(groups, machine)
+        kind_sizes = {c: b / links.handed_per_size(c) for c, b in kind_bytes.items()}
+        kind_calls = collective_calls(cfg, key, point.precision, kind_sizes, accumulation_steps=accumulation,
+                                      tensor_parallel=t)
+        for c, size in kind_sizes.items():
+            seconds = kind_calls[c] * links.collective_seconds(c, size / kind_calls[c], group_size, link)
+            comm[c], calls[c] = comm.get(c, 0.0) + seconds, calls.get(c, 0) + kind_calls[c]
+            sizes[c] = sizes.get(c, 0.0) + size
+            if group_size > 1:
+                used[c] = link.name
+    # one replica is plain stage 3 (strategy(3, 1)): its record's overlap facts apply
+    step = prediction.step_time(key if replicas > 1 else stage, compute_s, comm, calls=calls,
+                                overlap_efficiency=machine.overlap_efficiency)
+    tp = _tensor_parallel_step(point, machine, n, micro, accumulation)
+    step_s, exposed = step.step_s + tp["seconds"], step.exposed_comm_s + tp["seconds"]  # on the critical path
+    per_gpu = tokens / step_s
+    peak_mem = accounting.peak_memory(cfg, n_local, stage, dp, point.precision, micro, replicas=replicas,
+                                      activation_checkpointing=point.activation_checkpointing,
+                                      accumulation_steps=accumulation, tensor_parallel=t).total
+    return {"gpus": n, "nodes": math.ceil(n / machine.per_node), "replicas": replicas, "links": used,
+            "tensor_parallel": t, "data_parallel": dp, "tensor_parallel_comm": tp,
+            "micro_batch": micro, "accumulation_steps": accumulation, "tokens_per_gpu_per_step": tokens,
+            "step_time_s": step_s, "compute_s": step.compute_s, "comm_s": dict(step.comm_s),
+            "exposed_comm_s": exposed, "tokens_per_s_per_gpu": per_gpu,
+            "tokens_per_s": per_gpu * n, "mfu": accounting.mfu(per_gpu, fpt, machine.peak_flops, 1),
+            "collective_bytes": sizes, "collective_calls": calls, "peak_memory_bytes": peak_mem,
+            "peak_memory_gib": peak_mem / UNITS["GiB"],
+            "fits_memory": peak_mem <= machine.product.memory_gib * UNITS["GiB"] if machine.product else None,
+            "flops_per_token": fpt, "recompute_flops_per_token": hardware_fpt - fpt}
+
+
+def check_tensor_parallel(cfg: ModelConfig | None, degree: int) -> None:
+    """EstimateError where a model cannot be split ``degree`` ways as a run would refuse it (no shape, no family
+    plan, heads, key/value heads or the MLP's width the degree does not divide: scalelab.plan.run_plan)."""
+    from scalelab.config import ConfigError
+    from scalelab.plan.run_plan import tensor_parallel_problem
+
+    if degree == 1:
+        return
+    if cfg is None:
+        raise EstimateError("--tensor-parallel needs the model's shape (--model NAME or the shape flags): what it splits "
+                            "is the blocks' linears")
+    try:
+        tensor_parallel_problem(cfg, degree)
+    except ConfigError as err:
+        raise EstimateError(str(err).replace("sweep.tensor_parallel=", "--tensor-parallel ")) from None
+
+
+def groups_link(groups, machine: Machine) -> links.Link:
+    """The link a kind of group (its groups run at once, each of global ranks placed as torchrun places them:
+    ``machine.per_node`` consecutive ranks per node) moves at: the intra-node link where every group stays in a
+    node; else between nodes, on the NICs of the spanning group that holds the fewest ranks on one of its nodes
+    (links.across_nodes: the slowest group paces the step, and a ring runs at its thinnest node's rails)."""
+    fewest = None
+    for group in groups:
+        per_node = Counter(rank // machine.per_node for rank in group)
+        if len(per_node) > 1:
+            fewest = min(per_node.values()) if fewest is None else min(fewest, *per_node.values())
+    if fewest is None:
+        return machine.intra
+    if machine.inter is None:
+        raise EstimateError(f"--inter-node: groups of {len(groups[0])} GPUs span nodes of {machine.per_node} "
+                            "(--gpus-per-node); give the link between nodes")
+    return links.across_nodes(machine.inter, machine.intra, fewest)
+
+
+def _tensor_parallel_step(point: Point, machine: Machine, gpus: int, micro: int, accumulation: int) -> dict:
+    """Tensor parallelism's all-reduces in a step (accounting.tensor_parallel_comm: four per block and
+    micro-batch of B T d values) over each group of T GPUs, on the link its groups need (groups_link): their time is on
+    the critical path, for every block's forward waits for its own (no schedule here hides them: the
+    asynchronous or sequence-parallel overlaps of Megatron and torchtitan are out of scope)."""
+    t, cfg = point.tensor_parallel, point.cfg
+    if t == 1:
+        return {"bytes": 0.0, "calls": 0, "seconds": 0.0, "link": None, "exposed": True}
+    nbytes, calls = accounting.tensor_parallel_comm(cfg, micro, accumulation, t, point.precision, strategy(point.key).stage,
+                                                    "cuda", point.activation_checkpointing)["all_reduce"]
+    try:  # every tensor-parallel group at once: one that straddles a node boundary paces the step
+        link = groups_link([range(k * t, (k + 1) * t) for k in range(gpus // t)], machine)
+    except EstimateError:
+        raise EstimateError(f"--tensor-parallel {t} spans nodes of {machine.per_node} GPUs: give --inter-node") from None
+    size = nbytes / links.handed_per_size("all_reduce") / calls
+    return {"bytes": nbytes, "calls": calls, "seconds": calls * links.collective_seconds("all_reduce", size, t, link),
+            "link": link.name, "exposed": True}
+
+
+def batch_plan(global_batch: int | None, micro_batch: int, gpus: int) -> tuple[int, int]:
+    """(micro-batch, accumulation steps) per GPU: the micro-batch itself at a fixed per-GPU batch (no
+    global batch: weak scaling); at a fixed global batch, each GPU's share G / n in micro-batches of the
+    largest size up to ``micro_batch`` that divides it (as the sweep plans accumulation)."""
+    if global_batch is None:
+        return micro_batch, 1
+    if global_batch % gpus:
+        raise EstimateError(f"--global-batch {global_batch} does not split evenly over {gpus} GPUs (every GPU takes "
+                            "the same number of sequences): choose a global batch divisible by every --gpus count")
+    share = global_batch // gpus
+    micro = max(m for m in range(1, min(micro_batch, share) + 1) if share % m == 0)
+    return micro, share // micro
+
+
