@@ -129,6 +129,11 @@ class ModelConfig:
         return "custom" if self.module else self.family
 
 
+HALF_BATCH_SHARE = 0.5
+"""Half-batch steps take this share of train.measure_s (scalelab.run.worker.measure_token_share): a run's
+measurement window past its steps lasts up to (1 + HALF_BATCH_SHARE) x measure_s."""
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     steps: int = _default("train", "steps")

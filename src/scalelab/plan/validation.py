@@ -42,9 +42,25 @@ def file_kind(path: str | Path) -> str:
     return "a special file"
 
 
+SNAKEMAKE_PATH_MARKUP = re.compile(r"[{}<>]")
+"""What Snakemake reads in a rule's input or output path: {name} a wildcard, <name> a path variable."""
+
+
+def snakemake_path_problem(key: tuple, value: str) -> ConfigError | None:
+    """A path that becomes a rule's input or output must hold none of Snakemake's markup: it would stop the
+    workflow after the check, with Snakemake's own exception."""
+    found = SNAKEMAKE_PATH_MARKUP.search(str(value))
+    if not found:
+        return None
+    return ConfigError(f"{'.'.join(key)}={value!r} holds {found.group()!r}, which Snakemake reads in a path as a "
+                       "wildcard ({name}) or a path variable (<name>); name a path without {, }, < and >", key=key)
+
+
 def check_results_dir(config: dict, base_dir: str | Path = ".") -> None:
-    """results_dir must be a folder or not exist yet, under a path made of folders."""
+    """results_dir must be a folder or not exist yet, under a path made of folders, and a path Snakemake can take."""
     value = config.get("results_dir", SCHEMA["properties"]["results_dir"]["default"])
+    if problem := snakemake_path_problem(("results_dir",), value):
+        raise problem
     results = Path(base_dir, value)
     for existing in (results, *results.parents):
         if existing.exists():
@@ -57,6 +73,8 @@ def check_results_dir(config: dict, base_dir: str | Path = ".") -> None:
 
 def _check_dataset(config: dict, base_dir: str | Path) -> None:
     dataset = dataset_config(config)
+    if problem := snakemake_path_problem(("dataset", "path"), dataset.path or ""):  # the name's pattern keeps it plain
+        raise problem
     if dataset.name.startswith("."):
         raise ConfigError(
             f"dataset.name={dataset.name!r} starts with a dot: '.' and '..' would write the data into "
@@ -227,7 +245,21 @@ def _check_plans(config: dict, base_dir: str | Path) -> None:
 
 # The cross-field checks, each independent of the others' outcome: every one runs, and the first
 # problem of each is reported (within one, a later rule may assume the earlier held).
-CROSS_FIELD_CHECKS = (check_results_dir, _check_dataset, _check_models, _check_tf32, _check_warmup, _check_profile,
+def _check_durations(config: dict, base_dir: str | Path) -> None:
+    """A measurement window that cannot end inside the run's time limit: every run would end `timeout`."""
+    from scalelab.config import HALF_BATCH_SHARE
+
+    train = train_config(config)
+    window = (1 + HALF_BATCH_SHARE) * train.measure_s
+    if window >= train.run_timeout_s:
+        raise ConfigError(f"train.measure_s={train.measure_s:g} makes a run time steps for up to {window:g} s past "
+                          f"train.steps ({train.measure_s:g} s at its batch, {HALF_BATCH_SHARE * train.measure_s:g} s at "
+                          "half of it), not less than "
+                          f"train.run_timeout_s={train.run_timeout_s:g}: every run would time out; lower measure_s "
+                          "or raise run_timeout_s", key=("train", "measure_s"))
+
+
+CROSS_FIELD_CHECKS = (check_results_dir, _check_durations, _check_dataset, _check_models, _check_tf32, _check_warmup, _check_profile,
                       _check_plans)
 
 

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh  # imported by torch itself: free
 
-from scalelab.config import ModelConfig, TrainConfig
+from scalelab.config import HALF_BATCH_SHARE, ModelConfig, TrainConfig
 from scalelab.formulas import accounting, predicted_columns
 from scalelab.io import write_json
 from scalelab.plan.placement import LAUNCHER_SLOT_ENV, gpu_index
@@ -481,7 +481,8 @@ def train(plan: RunPlan, rank_cores: str | None = None) -> None:
     if run.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(run.device)
     tally.start_loop()
-    log = Progress(cfg.steps, run.tokens_per_step, run.device, run.start_step)
+    log = Progress(cfg.steps, run.tokens_per_step, run.device, run.start_step, measure_s=cfg.measure_s,
+                   warmup_steps=cfg.warmup_steps, half_batch_share=HALF_BATCH_SHARE if run.micro >= 2 else 0.0)
     tracer = StepTracer(cfg.profile, cfg.profile_stacks, cfg.memory_snapshot, run.device, run.run_dir, run.rank)
     tally.gpu_start = gpu_state(run.device) if run.rank == 0 else {}
     try:
@@ -605,8 +606,6 @@ def _until(run: Run, times: list[float], seconds: float, step_from: int, at_leas
     return n
 
 
-HALF_BATCH_SHARE = 0.5
-"""Half-batch steps take this share of train.measure_s (measure_token_share)."""
 HALF_BATCH_MIN_STEPS = 5
 
 
