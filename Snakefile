@@ -131,7 +131,8 @@ onerror:
     for _line in slurm_log_errors(_slurm_logs, since=_INVOKED):
         logger.error(f"scalelab: SLURM job log {_line}")
 
-    # After Snakemake's own error lines (the failing rule, its log): what went wrong per run, and how to rerun.
-    _where = Path(RESULTS).resolve()  # Snakemake runs in its working directory (-d), the user's shell may not
-    logger.error(f"scalelab: which runs failed and why: scalelab status {_where}\n"
-                 f"scalelab: to rerun them: scalelab retry {_where}, then: scalelab resume {_where}")
+    # After Snakemake's own error lines (the failing rule, its log): what went wrong per run and how to rerun
+    # it, or, when no run failed (Ctrl-C), how to go on.
+    from scalelab.results.status import stopped_lines
+
+    logger.error("\n".join(stopped_lines(RESULTS)))

@@ -288,7 +288,8 @@ def test_a_job_that_fails_before_scalelab_runs_is_reported_with_its_slurm_log_er
     assert reported and "rule_prepare_data" in reported[0], err[-3000:]
     assert "Could not establish a configuration source" in reported[0] or "Unable to establish control machine address" in reported[0]
     # each on its own line: printed beside Snakemake's logging thread, they once landed inside its last line
-    assert f"\nscalelab: which runs failed and why: scalelab status {(work / 'results').resolve()}\n" in err, err[-3000:]
+    assert "\nscalelab: no run failed; the sweep stopped before its end" in err, err[-3000:]  # the data job failed
+    assert f"where it stands: scalelab status {(work / 'results').resolve()}\n" in err, err[-3000:]
 
 
 def _wait_gone(cluster: VirtualCluster, job_id: str, timeout_s: float = 60) -> None:

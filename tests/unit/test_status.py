@@ -241,3 +241,85 @@ def test_a_run_whose_launcher_is_gone_is_killed_at_once_and_a_live_one_runs_howe
     states = {s.run_id: s for s in run_states(results)}
     assert states["fp32-z0-w1"].status == "killed" and "launcher is gone" in states["fp32-z0-w1"].reason
     assert states["bf16-z0-w1"].status == "running" and f"launcher pid {os.getpid()} alive" in states["bf16-z0-w1"].reason
+
+
+def test_a_truncated_step_table_makes_its_run_corrupt_and_retry_reruns_it(tmp_path, capsys):
+    """An ok run whose steps.parquet was cut short (a full disk, a copy interrupted) has lost its step rows: status
+    and collection call it corrupt, never ok, and `retry --status corrupt` removes its outputs so the workflow reruns it."""
+    from scalelab.results.collect import collect
+
+    whole = _run(tmp_path, RunPoint("fp32", 0, 1), "ok")
+    cut = _run(tmp_path, RunPoint("bf16", 0, 1), "ok")
+    data = (cut / "steps.parquet").read_bytes()
+    (cut / "steps.parquet").write_bytes(data[: len(data) // 2])
+    states = {s.run_id: s for s in run_states(tmp_path)}
+    assert states["fp32-z0-w1"].status == "ok"
+    assert states["bf16-z0-w1"].status == "corrupt", states["bf16-z0-w1"]
+    assert states["bf16-z0-w1"].reason.startswith("steps.parquet is corrupt") and "its summary says ok" in states["bf16-z0-w1"].reason
+    collect(tmp_path)
+    import pandas as pd
+
+    runs = pd.read_parquet(tmp_path / "metrics.parquet").set_index("run_id")
+    assert runs.loc["bf16-z0-w1", "status"] == "corrupt" and runs.loc["fp32-z0-w1", "status"] == "ok"
+    assert main(["retry", str(tmp_path), "--status", "corrupt"]) == 0
+    assert not (cut / "summary.json").exists() and not (cut / "steps.parquet").exists()
+    assert (whole / "summary.json").exists() and (whole / "steps.parquet").exists()
+
+
+def test_a_run_whose_launcher_has_not_started_is_starting_while_a_workflow_holds_the_folder(tmp_path, monkeypatch):
+    """Snakemake makes a run's folder before its launcher records itself: while a workflow holds the results
+    folder that is a run starting, never `killed`; once nothing holds it (Ctrl-C before the launcher), nothing
+    will start it, and it is never `running`. A full disk is named as the likely cause."""
+    from scalelab.results import status as status_module
+    from scalelab.results.lock import results_lock
+
+    run_dir = tmp_path / "runs" / "fp32-z0-w2"
+    run_dir.mkdir(parents=True)
+    lock = results_lock(tmp_path)
+    lock.acquire()
+    try:
+        state = run_states(tmp_path)[0]
+        assert state.status == "starting" and "launcher has not recorded itself yet" in state.reason, state
+        assert main(["retry", str(tmp_path), "--status", "starting"]) == 2  # never retried
+    finally:
+        lock.release()
+    state = run_states(tmp_path)[0]
+    assert state.status == "killed" and "its launcher never started" in state.reason, state
+    assert "no space left" not in state.reason
+    monkeypatch.setattr(status_module, "LOW_DISK_BYTES", 1 << 62)  # every disk is full, as far as the check can tell
+    assert "no space left on device" in run_states(tmp_path)[0].reason
+
+
+def test_resume_refuses_a_copied_results_folder_naming_both(tmp_path, capsys):
+    """The record names the folder the sweep wrote: resuming a copy would rerun the original's command (and
+    report "Nothing to be done" while the copy stays incomplete)."""
+    import shutil
+
+    from scalelab.results.invocation import record
+    from scalelab.results.status import resume
+
+    original = tmp_path / "results"
+    _run(original, RunPoint("fp32", 0, 1), "ok")
+    record(original, ["--cores", "2"], [], cwd=tmp_path)
+    copy = tmp_path / "copied"
+    shutil.copytree(original, copy)
+    assert resume(copy, dry_run=True) == 2
+    err = capsys.readouterr().err
+    assert f"{copy.resolve()} was copied or moved from {original.resolve()}" in err and "results_dir=" in err, err
+    assert resume(original, dry_run=True) == 0  # the original still resumes
+
+
+def test_the_closing_lines_advise_only_what_can_help(tmp_path):
+    """Stopped with no run gone wrong (Ctrl-C): go on with resume, never 'retry the failed runs'; with runs gone
+    wrong: name their statuses and the retry that reruns exactly them."""
+    from scalelab.results.status import stopped_lines
+
+    _run(tmp_path, RunPoint("fp32", 0, 1), "ok")
+    _run(tmp_path, RunPoint("fp32", 0, 2), None, progress_steps=2, age_s=3600)  # killed by the interrupt
+    lines = stopped_lines(tmp_path)
+    assert "no run failed" in lines[0] and lines[1].endswith(f"scalelab resume {tmp_path.resolve()}")
+    assert not any("retry" in line for line in lines)
+    _run(tmp_path, RunPoint("bf16", 0, 2), "timeout")
+    lines = stopped_lines(tmp_path)
+    assert "runs that ended timeout" in lines[0]
+    assert f"scalelab retry {tmp_path.resolve()} --status timeout, then: scalelab resume" in lines[1]

@@ -153,6 +153,9 @@ def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict
         except Exception as err:  # pyarrow raises several types for damaged files
             problems.append(f"{steps_path}: corrupt ({type(err).__name__}: {err})")
             row["steps_problem"] = f"{steps_path.name} is corrupt: {type(err).__name__}: {err}"[:500]
+            # its step rows are gone: never an `ok` row without them (scalelab retry --status corrupt reruns it)
+            row["reason"] = f"{row['steps_problem']} (its summary says {row['status']})"
+            row["status"] = "corrupt"
         try:  # the formula columns by today's formulas: a fix reaches cached runs
             row = refreshed(row)
         except (ValueError, KeyError, TypeError) as err:  # kept as written, and said

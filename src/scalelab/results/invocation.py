@@ -122,6 +122,8 @@ def record(results_dir: str | Path, argv: list[str], configfiles: list[str | Pat
         data = {"command": command_of(argv, absolute), "cwd": None, "configfiles": files}
     else:
         data = {"command": command_of(argv), "cwd": str(cwd), "configfiles": files}
+    # where the sweep wrote: `scalelab resume` on a copy or a moved folder must not rerun the original's command
+    data["results_dir"] = str(Path(results_dir).resolve())
     # A user's module (model.module: "pkg.mod:build") imports through the PYTHONPATH the sweep was
     # started with: every rerun needs it too, absolute (relative entries were relative to cwd).
     if os.environ.get("PYTHONPATH"):

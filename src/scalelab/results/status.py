@@ -28,17 +28,18 @@ from pathlib import Path
 
 from scalelab.plan.forecast_record import is_pruned
 from scalelab.plan.sweep import LAUNCHER_FILE, RUN_DIR_GLOB
+from scalelab.results.lock import holder
 from scalelab.results.migrate import check_layout
 from scalelab.run.processes import stale_reason
 
 ACTIVE_WITHIN_S = 300.0
 """A run folder without a summary counts as running if anything of it was written this recently."""
-ORDER = ("ok", "running", "killed", "failed", "timeout", "oom", "predicted_oom", "diverged", "skipped", "corrupt", "not started")
+ORDER = ("ok", "running", "starting", "killed", "failed", "timeout", "oom", "predicted_oom", "diverged", "skipped", "corrupt", "not started")
 RETRY_DEFAULT = ("failed", "timeout", "oom", "diverged", "corrupt", "killed")
 """What `scalelab retry` reruns when no --status is given: the runs that went wrong. skipped and
 predicted_oom are decisions (no device, or a prediction) that a rerun would repeat; name them
 to rerun them anyway (say after setting planning.launch_predicted_oom)."""
-NEVER_RETRIED = ("ok", "running", "not started")
+NEVER_RETRIED = ("ok", "running", "starting", "not started")
 OUTPUTS = ("summary.json", "steps.parquet")  # the train rule's outputs: removing them reruns the run
 DOWNSTREAM = ("metrics.parquet", "steps.parquet", "report/report.html")  # collect's and report's outputs, rebuilt by the workflow
 
@@ -63,7 +64,24 @@ def summary_status(run_dir: Path) -> tuple[str, str | None, str | None] | None:
         return "corrupt", f"summary.json is corrupt: {err}", None
     if not isinstance(summary, dict) or not isinstance(summary.get("status"), str):
         return "corrupt", "summary.json has no status", None
+    damaged = steps_damage(run_dir / "steps.parquet")
+    if damaged:  # the run's step rows are gone: its result is not whole, whatever its summary says
+        return "corrupt", f"{damaged} (its summary says {summary['status']})", summary.get("run_id")
     return summary["status"], summary.get("reason"), summary.get("run_id")
+
+
+def steps_damage(path: Path) -> str | None:
+    """Why a run's steps.parquet cannot be read (truncated, overwritten, not Parquet), from its footer alone;
+    None when it reads, or when it is absent (a run still training has none yet)."""
+    import pyarrow.parquet as pq
+
+    try:
+        pq.read_metadata(path)
+    except FileNotFoundError:
+        return None
+    except Exception as err:  # noqa: BLE001 - pyarrow raises several types for a damaged file
+        return f"steps.parquet is corrupt: {type(err).__name__}: {' '.join(str(err).split())[:200]}"
+    return None
 
 
 def _unfinished(run_dir: Path, log: Path, now: float, active_within_s: float) -> tuple[str, str, float | None]:
@@ -85,15 +103,41 @@ def _unfinished(run_dir: Path, log: Path, now: float, active_within_s: float) ->
     if launcher is not None:
         gone = stale_reason(launcher)
         if gone is not None:
-            return "killed", f"no summary.json and its launcher is gone ({gone}); " + "; ".join(parts), ago
+            return "killed", f"no summary.json and its launcher is gone ({gone}); " + "; ".join(parts) + _disk_note(run_dir), ago
         if launcher.get("host") == socket.gethostname():
             return "running", f"no summary.json yet, launcher pid {launcher['pid']} alive; " + "; ".join(parts), ago
+    elif not steps and not checkpoints:  # its job made the folder; its launcher has not recorded itself yet (or never will)
+        created_ago = max(0.0, now - run_dir.stat().st_mtime)
+        if holder(run_dir.parents[1]) is None:  # no workflow drives this folder: nothing will start it
+            return "killed", ("no summary.json, and its launcher never started: the sweep was stopped first (no "
+                              "workflow holds the results folder)" + _disk_note(run_dir)), ago
+        if created_ago <= active_within_s:
+            return "starting", f"its job began {created_ago:.0f} s ago; its launcher has not recorded itself yet", ago
     if ago is None:
-        return "killed", "empty run folder, no summary.json", None
+        return "killed", "empty run folder, no summary.json" + _disk_note(run_dir), None
     span = f"{ago:.0f} s" if ago < 120 else f"{ago / 60:.0f} min" if ago < 7200 else f"{ago / 3600:.0f} h"
     if ago <= active_within_s:
         return "running", f"no summary.json yet, last write {span} ago; " + "; ".join(parts), ago
-    return "killed", f"no summary.json, nothing written for {span} (launcher killed, or hung); " + "; ".join(parts), ago
+    return ("killed", f"no summary.json, nothing written for {span} (launcher killed, or hung); " + "; ".join(parts)
+            + _disk_note(run_dir), ago)
+
+
+LOW_DISK_BYTES = 64 * 2**20
+"""Below this much free space where a run writes, a run that stopped without a word likely met a full disk."""
+
+
+def _disk_note(run_dir: Path) -> str:
+    """What a killed run's folder says of its disk: a full one is the likely cause, and the fix is not a retry."""
+    import shutil
+
+    try:
+        free = shutil.disk_usage(run_dir).free
+    except OSError:
+        return ""
+    if free >= LOW_DISK_BYTES:
+        return ""
+    return (f"; the disk holding it has {free / 2**20:.0f} MiB free: no space left on device, likely what stopped it "
+            "(free some space, then scalelab resume)")
 
 
 def _launcher(run_dir: Path) -> dict | None:
@@ -155,8 +199,9 @@ def format_status(results_dir: str | Path, states: list[RunState]) -> str:
         order = sorted(chosen, key=lambda s: (ORDER.index(s.status) if s.status in ORDER else len(ORDER), s.run_id))
         return ["", title, *(f"  {s.run_id:<{id_width}}  {s.status:<13} {' '.join((s.reason or '').split())}" for s in order)]
 
-    lines += listed("running:", [s for s in states if s.status == "running"])
-    lines += listed("not ok:", [s for s in states if s.status not in ("ok", "running") and not is_pruned(s.status, s.reason)])
+    lines += listed("running:", [s for s in states if s.status in ("running", "starting")])
+    lines += listed("not ok:", [s for s in states if s.status not in ("ok", "running", "starting")
+                                and not is_pruned(s.status, s.reason)])
     pruned = [s for s in states if is_pruned(s.status, s.reason)]
     if pruned:  # a decision, not a failure: each reason names its rank
         lines += ["", f"pruned by the forecast (planning.top_k; raise it to run them): {len(pruned)}, "
@@ -174,6 +219,23 @@ def format_status(results_dir: str | Path, states: list[RunState]) -> str:
         lines += [f"{'      then' if retryable else 'go on with the sweep'}: scalelab resume {results_dir}",
                   f"            (finished runs are kept; it runs the sweep's command: {rerun_command(results_dir, ' --rerun-incomplete')})"]
     return "\n".join(lines)
+
+
+def stopped_lines(results_dir: str | Path) -> list[str]:
+    """What the workflow says when it stops before its end: the runs that went wrong and how to rerun them, or,
+    when none did (Ctrl-C, another job failed), how to go on. Never advice that cannot help."""
+    where = Path(results_dir).resolve()
+    try:
+        states = run_states(where) if (where / "runs").is_dir() else []
+    except Exception:  # noqa: BLE001 - the closing lines never hide Snakemake's own error
+        states = []
+    wrong = sorted({s.status for s in states if s.status in RETRY_DEFAULT and s.status != "killed"})
+    if wrong:
+        return [f"scalelab: runs that ended {', '.join(wrong)}, and why: scalelab status {where}",
+                f"scalelab: to rerun them: scalelab retry {where} --status {','.join(wrong)}, then: scalelab resume {where}"]
+    return [f"scalelab: no run failed; the sweep stopped before its end (interrupted, or a job failed: the lines above "
+            f"say which); where it stands: scalelab status {where}",
+            f"scalelab: to go on (finished runs are kept): scalelab resume {where}"]
 
 
 def status_json(states: list[RunState]) -> str:
@@ -314,6 +376,13 @@ def resume(results_dir: str | Path, dry_run: bool = False, timeout_s: float | No
         print(f"scalelab resume: {results_dir} recorded no command line (.scalelab/invocation.json); rerun it with the "
               f"command that started it, with --rerun-incomplete", file=sys.stderr)
         return 2
+    here, there = Path(results_dir).resolve(), data.get("results_dir")
+    if there and Path(there) != here:
+        print(f"scalelab resume: {here} was copied or moved from {there}, where its recorded command writes: "
+              f"resuming would go on with that folder, not this one. Rerun this one with the sweep's command and "
+              f"results_dir set to it (e.g. add --config results_dir={shlex.quote(str(here))}), or resume {there}",
+              file=sys.stderr)
+        return 2
     workdir = Path(data.get("cwd") or _directory_of(data["command"]) or Path.cwd())
     env = {**os.environ}
     if data.get("pythonpath"):
@@ -344,7 +413,28 @@ def resume(results_dir: str | Path, dry_run: bool = False, timeout_s: float | No
           file=sys.stderr, flush=True)
     if dry_run:
         return 0
-    return subprocess.run(rerun, cwd=workdir, env=env, timeout=timeout_s).returncode
+    return _run_in_foreground(rerun, workdir, env, timeout_s)
+
+
+def _run_in_foreground(command: list[str], workdir: Path, env: dict, timeout_s: float | None) -> int:
+    """Run Snakemake and wait for it. A Ctrl-C reaches it too (one process group): it stops its jobs and
+    cleans up by itself, while this process waits for it instead of raising (and killing it) half way."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(command, cwd=workdir, env=env)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        code = proc.wait(timeout=60)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if code in (130, -signal.SIGINT):
+        print("scalelab resume: interrupted; run it again to go on", file=sys.stderr)
+    return code
 
 
 def _keep_finished(results_dir, workdir: Path, stale: list[str], snakemake) -> int:
