@@ -38,9 +38,15 @@ def test_the_plan_ranks_what_fits_and_says_why_the_others_lost(capsys):
             mine = [x for x in rows if (x["precision"], x["strategy"], x["tensor_parallel"])
                     == (r["precision"], r["strategy"], r["tensor_parallel"])]
             assert r["peak_memory_gib"] == min(x["peak_memory_gib"] for x in mine)
+        elif r["precision"] != best["precision"]:  # across precisions: said so, never ranked as like against like
+            slower = best["tokens_per_s_per_gpu"] / r["tokens_per_s_per_gpu"] - 1
+            assert r["why"].startswith(f"{slower:.1%} slower than the best at {best['precision']} (another precision"), r["why"]
         else:
             slower = best["tokens_per_s_per_gpu"] / r["tokens_per_s_per_gpu"] - 1
             assert r["why"].startswith(f"{slower:.1%} slower: ") and ("no ranking" in r["why"]) == (slower < 0.05), r["why"]
+    # the best's precision first, then the others
+    same = [r["precision"] == best["precision"] for r in result["runners_up"]]
+    assert same == sorted(same, reverse=True)
     # the same numbers as estimate scaling for that configuration: one prediction, two commands
     strategy = str(best["strategy"])
     scaling = ["estimate", "scaling", "--model", "llama3-8b", "--seq", "8192", "--gpu", "H100", "--gpus", "64",
@@ -55,7 +61,12 @@ def test_the_plan_ranks_what_fits_and_says_why_the_others_lost(capsys):
     code, text, _ = _plan(capsys, *ASK)
     assert "PLAN: predicted, not measured" in text and "best: " in text and "days" in text and "runners-up" in text
     assert "memory reserve: scalelab's default, not yet measured on a GPU" in text and "MFU 40.0% without communication" in text
-    assert "tensor parallelism: degrees 1, 2, 4, 8 (within a node" in text
+    assert "tensor parallelism: degrees 1, 2, 4, 8 within a node" in text
+    # the notes match the rows: every combination left out is named with why, and none of them is a row
+    left = "\n".join(result["left_out"])
+    assert "bf16 ZeRO-1 x TP 2, bf16 ZeRO-1 x TP 4, bf16 ZeRO-1 x TP 8, fp8 ZeRO-1 x TP 2, fp8 ZeRO-1 x TP 4, fp8 ZeRO-1 x TP 8: " \
+           "scalelab does not run it: zero_stage 1" in left
+    assert "fp8 ZeRO-3 x TP 2" in left and not [p for p in pairs if p[1] == "1" and p[2] > 1]
     code, out, _ = _plan(capsys, *ASK, "--tensor-parallel", "1", "--json")  # without it, as before tensor parallelism
     assert {r["tensor_parallel"] for r in json.loads(out)["rows"]} == {1}
 
@@ -73,3 +84,21 @@ def test_a_plan_without_room_says_nothing_fits_and_a_bad_batch_is_named(capsys):
     with pytest.raises(SystemExit):
         main([*ASK[:-6], "--global-batch", "500", "--seq", "8192", "--tokens", "1T"])
     assert "--global-batch 500 does not split evenly over the data-parallel ranks of --gpus 64" in capsys.readouterr().err
+
+
+def test_a_plan_for_a_distributed_optimizer_prices_zero1_as_it_runs_and_times_it_with_tensor_parallelism(capsys):
+    """ZeRO-1 as DeepSpeed, Megatron's distributed optimizer and nanotron run it: a reduce-scatter and an all-gather
+    in the compute dtype (2 Psi x 2 bytes), where scalelab's ZeroRedundancyOptimizer all-reduces and broadcasts fp32
+    (3 Psi x 4 bytes); such trainers run it under tensor parallelism, so the plan times it."""
+    ours = json.loads(_plan(capsys, *ASK, "--precision", "bf16", "--json")[1])
+    theirs = json.loads(_plan(capsys, *ASK, "--precision", "bf16", "--trainer", "distributed-optimizer", "--json")[1])
+    pick = lambda result, t: next(r for r in result["rows"] if r["strategy"] == 1 and r["tensor_parallel"] == t)  # noqa: E731
+    assert set(pick(ours, 1)["collective_bytes"]) == {"all_reduce", "broadcast"}
+    assert set(pick(theirs, 1)["collective_bytes"]) == {"reduce_scatter", "all_gather"}
+    local = pick(theirs, 1)["collective_bytes"]
+    assert local["reduce_scatter"] == pytest.approx(2 * theirs["n_params"]) == pytest.approx(local["all_gather"])
+    assert pick(ours, 1)["collective_bytes"]["all_reduce"] == pytest.approx(4 * ours["n_params"])
+    assert pick(theirs, 1)["exposed_comm_s"] < pick(ours, 1)["exposed_comm_s"]
+    assert pick(theirs, 4)["strategy_name"].startswith("ZeRO-1, distributed optimizer")
+    assert theirs["assumptions"]["trainer"] == "distributed-optimizer" and theirs["assumptions"]["grad_reduce"] == "compute"
+    assert not [line for line in theirs["left_out"] if "ZeRO-1" in line]

@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import sys
@@ -45,13 +44,14 @@ from scalelab.forecast.step import (  # the step-time model, shared by plan, pru
     Machine,
     Point,
     check_tensor_parallel,
+    fp8_machine,
     predict_point,
 )
 from scalelab.formulas import accounting, links
 from scalelab.spec import hardware
 from scalelab.spec.families import family
 from scalelab.spec.precisions import ESTIMATE_MEMORY, PEAK_KEYS, PRECISION_NAMES
-from scalelab.spec.strategies import HYBRID_KEY, ZERO_STAGES, strategy
+from scalelab.spec.strategies import HYBRID_KEY, TRAINERS, ZERO_STAGES, strategy
 
 # The precisions whose records say they have a memory convention of their own (fp8 holds bf16's
 # fp32 model state, and the ZeRO paper has no fp8 convention): fp32, fp16, bf16.
@@ -498,12 +498,8 @@ def scaling_table(args) -> dict:
                             "(FSDP's collectives per step follow its blocks)")
     machine, source, notes = machine_of(args, args.precision, args.gpus)
     if args.precision == "fp8" and machine.product.peak("bf16"):
-        # timed from bf16 by the tokens/s ratio a GPU measured at this width, as scalelab plan times it: fp8's
-        # casts never let it reach its datasheet peak (scalelab.spec.hardware.fp8_outlook)
-        machine = dataclasses.replace(machine, peak_flops=machine.product.peak("bf16")
-                                      * hardware.fp8_outlook(cfg.d_model)["ratio_estimate"])
-        notes.append("fp8 timed at the bf16 peak x the fp8/bf16 tokens/s ratio measured at this width "
-                     "(scalelab.spec.hardware.fp8_outlook), not at its datasheet peak")
+        machine, fp8_note = fp8_machine(machine, cfg.d_model)  # its datasheet peak, the measured ratio apart
+        notes.append(fp8_note)
     product, peak, mfu, per_node, gpus = machine.product, machine.peak_flops, machine.mfu, machine.per_node, args.gpus
     intra, inter, eta, efficiency = machine.intra, machine.inter, machine.overlap_efficiency, args.link_efficiency
     micro = int(_positive("micro-batch", args.micro_batch))
@@ -512,7 +508,8 @@ def scaling_table(args) -> dict:
     checkpointing = bool(getattr(args, "activation_checkpointing", False))
     tensor_parallel = int(_positive("tensor-parallel", getattr(args, "tensor_parallel", 1)))
     check_tensor_parallel(cfg, tensor_parallel)
-    point = Point(cfg=cfg, n_params=n_params, key=key, precision=args.precision, grad_reduce=args.grad_reduce,
+    grad_reduce = grad_reduce_of(args)
+    point = Point(cfg=cfg, n_params=n_params, key=key, precision=args.precision, grad_reduce=grad_reduce, trainer=args.trainer,
                   micro_batch=micro, global_batch=global_batch, activation_checkpointing=checkpointing,
                   tensor_parallel=tensor_parallel)
     machine = Machine(product=product, peak_flops=peak, mfu=mfu, per_node=per_node, intra=intra, inter=inter,
@@ -530,7 +527,8 @@ def scaling_table(args) -> dict:
 
     return {"prediction": True, **_named(args), "n_params": n_params, "zero_stage": key,
             "shape": {"family": cfg.family, "n_layers": cfg.n_layers, "d_model": cfg.d_model, "n_heads": cfg.n_heads},
-            "strategy": strategy(key).name, "precision": args.precision, "grad_reduce": args.grad_reduce,
+            "strategy": strategy(point.priced).name, "trainer": args.trainer, "trainer_priced": TRAINERS[args.trainer],
+            "precision": args.precision, "grad_reduce": grad_reduce,
             "seq_len": cfg.seq_len, "micro_batch": micro, "global_batch": global_batch, "activation_checkpointing": checkpointing,
             "tensor_parallel": tensor_parallel,
             "tokens_per_gpu_per_step": rows[0]["tokens_per_gpu_per_step"], "flops_per_token": rows[0]["flops_per_token"],
@@ -542,7 +540,7 @@ def scaling_table(args) -> dict:
                             "link_efficiency_default": efficiency is None,
                             "intra_node": described(intra), "inter_node": described(inter),
                             "overlap_efficiency": eta, "overlap_efficiency_default": args.overlap_efficiency is None,
-                            "overlap": _overlap_text(key),
+                            "overlap": _overlap_text(point.priced),
                             "link_rule": LINK_RULE, "out_of_scope": OUT_OF_SCOPE,
                             "collective_sizes": "nccl-tests' size: the whole buffer (an all-gather's output, a "
                                                 "reduce-scatter's input); seconds = calls x latency + bus factor x "
@@ -591,6 +589,8 @@ def _render_scaling(r: dict) -> list[str]:
              f"{r['peak_flops_per_gpu'] / 1e12:.1f} TFLOP/s = {r['rows'][0]['compute_s'] * 1e3:.1f} ms per step"
              + (f" at {r['rows'][0]['gpus']} GPUs (each GPU's share of the global batch shrinks as GPUs grow)"
                 if r.get("global_batch") else "")]
+    lines.append(f"trainer priced: {r['trainer']} ({r['trainer_priced']}); gradients reduced in "
+                 f"{'fp32' if r['grad_reduce'] == 'fp32' else 'the compute dtype'}")
     for side in ("intra_node", "inter_node"):
         link = a[side]
         if link:
@@ -742,6 +742,19 @@ def cluster_flags(p) -> None:
                         "ok world-size-1 runs of --precision (run one node's sweep of your model on the GPU first)")
 
 
+def trainer_flag(p) -> None:
+    """--trainer: whose implementation of the strategies a forecast prices (estimate scaling's and plan's)."""
+    p.add_argument("--trainer", default="scalelab", choices=list(TRAINERS),
+                   help="; ".join(f"{k}: {v}" for k, v in TRAINERS.items()) + " (default scalelab)")
+
+
+def grad_reduce_of(args) -> str:
+    """--grad-reduce as given, else the trainer's default: the compute dtype for a distributed optimizer, fp32 for
+    scalelab's own strategies."""
+    given = getattr(args, "grad_reduce", None)
+    return given or ("compute" if getattr(args, "trainer", "scalelab") == "distributed-optimizer" else "fp32")
+
+
 def _add_scaling_parser(kinds):
     """`scalelab estimate scaling`'s options."""
     sc = kinds.add_parser("scaling", help="predicted step time, tokens/s per GPU, MFU and scaling efficiency per GPU count",
@@ -752,8 +765,10 @@ def _add_scaling_parser(kinds):
     sc.add_argument("--zero-stage", required=True, choices=list(SCALING_STAGES),
                     help="strategy: 0 (DDP), 1 (+ ZeroRedundancyOptimizer), 2, 3 (FSDP2), hybrid (HSDP)")
     sc.add_argument("--precision", default="bf16", choices=list(PRECISION_NAMES), help="training precision (default bf16)")
-    sc.add_argument("--grad-reduce", default="fp32", choices=list(accounting.GRAD_REDUCE),
-                    help="dtype gradients are reduced in: fp32 (default) or the compute dtype (fp16, bf16)")
+    sc.add_argument("--grad-reduce", default=None, choices=list(accounting.GRAD_REDUCE),
+                    help="dtype gradients are reduced in: fp32 or the compute dtype (fp16, bf16); default fp32, the "
+                         "compute dtype with --trainer distributed-optimizer")
+    trainer_flag(sc)
     sc.add_argument("--micro-batch", type=int, default=1, help="sequences per GPU per forward (default 1): fixed as GPUs "
                     "grow, or with --global-batch the largest micro-batch each GPU's share is accumulated in")
     sc.add_argument("--global-batch", type=positive_whole, default=None, metavar="SEQUENCES",

@@ -30,10 +30,13 @@ from scalelab.forecast.estimate import (
     _model,
     _named,
     cluster_flags,
+    fp8_machine,
+    grad_reduce_of,
     machine_of,
     memory_reserve_bytes,
     model_flags,
     predict_point,
+    trainer_flag,
 )
 from scalelab.forecast.inputs import non_negative, positive_count, positive_whole
 from scalelab.forecast.model_input import shape_text
@@ -42,7 +45,7 @@ from scalelab.formulas import accounting, links
 from scalelab.plan.sweep import AXIS, RunPoint
 from scalelab.spec import hardware
 from scalelab.spec.precisions import PRECISION_NAMES
-from scalelab.spec.strategies import HYBRID_KEY, ZERO_STAGES, strategy
+from scalelab.spec.strategies import HYBRID_KEY, TRAINERS, ZERO_STAGES, strategy
 
 TIE = 0.05
 """Runners-up predicted within this of the best are not ranked against it: the step-time model's own error
@@ -84,93 +87,130 @@ def candidates(product, precisions: list[str] | None, gpus: int, per_node: int) 
     return [(p, k) for p in precisions for k in keys]
 
 
-def _runs(precision: str, key, gpus: int, per_node: int, degree: int) -> bool:
-    """Whether scalelab runs (and so can check) tensor parallelism of ``degree`` with this precision and
-    strategy: the sweep's own rule (scalelab.plan.sweep, the tensor_parallel axis)."""
+def _runs(precision: str, key, gpus: int, per_node: int, degree: int, trainer: str = "scalelab") -> bool:
+    """Whether the trainer priced runs tensor parallelism of ``degree`` with this precision and strategy: for
+    scalelab (which can then check it) the sweep's own rule (scalelab.plan.sweep, the tensor_parallel axis); the
+    trainers that scale run it with every stage but hybrid sharding (a 3-D mesh, not predicted)."""
+    if trainer != "scalelab":
+        return degree == 1 or key != HYBRID_KEY
     point = RunPoint(precision, strategy(key).stage, gpus, replicas=_replicas(gpus, per_node) if key == HYBRID_KEY else 1,
                      tensor_parallel=degree)
     return AXIS["tensor_parallel"].left_out(point, None) is None
 
 
+def _left_out(pairs, degrees: list[int], gpus: int, per_node: int, trainer: str) -> list[str]:
+    """The (precision, strategy, tensor-parallel degree) combinations the plan does not time, each with why: what
+    the trainer priced does not run (for scalelab, the sweep's own rule)."""
+    out: dict[str, list[str]] = {}
+    for precision, key in pairs:
+        for t in degrees:
+            if _runs(precision, key, gpus, per_node, t, trainer):
+                continue
+            why = "hybrid sharding with tensor parallelism (a 3-D mesh) is not predicted"
+            if trainer == "scalelab":
+                point = RunPoint(precision, strategy(key).stage, gpus, tensor_parallel=t,
+                                 replicas=_replicas(gpus, per_node) if key == HYBRID_KEY else 1)
+                why = "scalelab does not run it: " + AXIS["tensor_parallel"].left_out(point, None)
+            out.setdefault(why, []).append(f"{precision} {'hybrid' if key == HYBRID_KEY else f'ZeRO-{key}'} x TP {t}")
+    return [f"{', '.join(which)}: {why}" for why, which in out.items()]
+
+
+def _rows(args, cfg, n_params: int, pairs, degrees: list[int], machine, budget: float, grad_reduce: str) -> tuple[list, list]:
+    """Every configuration's row (precision x strategy x tensor-parallel degree x micro-batch x checkpointing) at
+    --gpus, and the notes on how fp8 was timed."""
+    n, rows, notes = int(args.gpus), [], []
+    bf16_peak = machine.product.peak("bf16")
+    for precision, key in pairs:
+        if precision == "fp8":
+            timed, note = fp8_machine(machine, cfg.d_model)  # its datasheet peak, the measured fp8/bf16 ratio apart
+            notes = [note]
+        else:
+            timed = replace(machine, peak_flops=accounting.gpu_peak_flops(args.gpu, precision))
+        for t in [t for t in degrees if _runs(precision, key, n, machine.per_node, t, args.trainer)]:
+            share = args.global_batch // (n // t)  # each tensor-parallel group's share
+            for micro in [m for m in MICRO_BATCHES if share % m == 0]:
+                for checkpointing in (False, True):
+                    point = Point(cfg=cfg, n_params=n_params, key=key, precision=precision, micro_batch=micro,
+                                  trainer=args.trainer, grad_reduce=grad_reduce, global_batch=args.global_batch,
+                                  activation_checkpointing=checkpointing, tensor_parallel=t)
+                    row = predict_point(point, timed, n)
+                    fpt = row["flops_per_token"]
+                    rows.append({**row, "precision": precision, "strategy": key, "strategy_name": strategy(point.priced).name,
+                                 "activation_checkpointing": checkpointing, "fits": row["peak_memory_bytes"] <= budget,
+                                 "mfu_of_bf16_peak": row["tokens_per_s_per_gpu"] * fpt / bf16_peak if bf16_peak else None,
+                                 "days": float(args.tokens) / (row["tokens_per_s_per_gpu"] * n) / 86400})
+    rows.sort(key=lambda r: (not r["fits"], -r["tokens_per_s_per_gpu"], r["peak_memory_bytes"]))
+    return rows, notes
+
+
+def _runners_up(rows: list[dict], best: dict | None, budget: float) -> list[dict]:
+    """The fastest of each other (precision, strategy, degree) that fits, else its smallest, with why it lost: those
+    at the best's precision first (like against like), then the other precisions."""
+    group = lambda r: (r["precision"], r["strategy"], r["tensor_parallel"])  # noqa: E731
+    out = []
+    for key in dict.fromkeys(group(r) for r in rows):
+        if best is not None and key == group(best):
+            continue
+        mine = [r for r in rows if group(r) == key]
+        shown = mine[0] if mine[0]["fits"] else min(mine, key=lambda r: r["peak_memory_bytes"])
+        out.append({**shown, "why": _why_lost(shown, best, budget)})
+    same = (best or {}).get("precision")
+    return sorted(out, key=lambda r: (r["precision"] != same, not r["fits"], -r["tokens_per_s_per_gpu"]))
+
+
 def plan(args) -> dict:
     """Every configuration's prediction at --gpus GPUs, ranked; the best and the runners-up with reasons."""
     n_params, cfg = _model(args)
-    if cfg is None:
-        raise EstimateError("scalelab plan needs the model's shape: --model NAME, or --layers/--d-model/--vocab/--seq")
-    n, tokens = int(args.gpus), float(args.tokens)
+    n = int(args.gpus)
     try:
         product = hardware.gpu_by_name(args.gpu)
     except ValueError as err:
         raise EstimateError(f"--gpu {args.gpu}: {err}") from None
     pairs = candidates(product, args.precision, n, int(args.gpus_per_node))
     machine, source, notes = machine_of(args, pairs[0][0], [n])  # --mfu-from reads that precision's runs
-    product = machine.product
-    memory = product.memory_gib * UNITS["GiB"]
+    memory = machine.product.memory_gib * UNITS["GiB"]
     reserve = memory_reserve_bytes(memory, args.reserve_gib) / UNITS["GiB"]  # the reserve advise keeps too
     budget = memory - reserve * UNITS["GiB"]
-    bf16_peak = accounting.gpu_peak_flops(args.gpu, "bf16") if product.peak("bf16") else None
-    fp8 = hardware.fp8_outlook(cfg.d_model)
+    grad_reduce = grad_reduce_of(args)
     degrees = tensor_parallel_degrees(cfg, n, machine.per_node, getattr(args, "tensor_parallel", None))
     splits = [t for t in degrees if args.global_batch % (n // t) == 0]  # every data-parallel rank the same share
     if not splits:
         raise EstimateError(f"--global-batch {args.global_batch} does not split evenly over the data-parallel ranks of "
                             f"--gpus {n} at any tensor-parallel degree tried ({', '.join(map(str, degrees))})")
-    degrees = splits
-    rows = []
-    for precision, key in pairs:
-        if precision == "fp8":  # timed from bf16 by the measured tokens/s ratio (module doc)
-            peak = bf16_peak * fp8["ratio_estimate"]
-        else:
-            peak = accounting.gpu_peak_flops(args.gpu, precision)
-        for t in [t for t in degrees if _runs(precision, key, n, machine.per_node, t)]:
-            share = args.global_batch // (n // t)  # each tensor-parallel group's share
-            for micro in [m for m in MICRO_BATCHES if share % m == 0]:
-                for checkpointing in (False, True):
-                    point = Point(cfg=cfg, n_params=n_params, key=key, precision=precision, micro_batch=micro,
-                                  global_batch=args.global_batch, activation_checkpointing=checkpointing, tensor_parallel=t)
-                    row = predict_point(point, replace(machine, peak_flops=peak), n)
-                    fpt = row["flops_per_token"]
-                    rows.append({**row, "precision": precision, "strategy": key, "strategy_name": strategy(key).name,
-                                 "activation_checkpointing": checkpointing, "fits": row["peak_memory_bytes"] <= budget,
-                                 "mfu_of_bf16_peak": row["tokens_per_s_per_gpu"] * fpt / bf16_peak if bf16_peak else None,
-                                 "days": tokens / (row["tokens_per_s_per_gpu"] * n) / 86400})
-    rows.sort(key=lambda r: (not r["fits"], -r["tokens_per_s_per_gpu"], r["peak_memory_bytes"]))
-    fitting = [r for r in rows if r["fits"]]
-    best = fitting[0] if fitting else None
-    runners_up = []
-    for precision, key, t in dict.fromkeys((r["precision"], r["strategy"], r["tensor_parallel"]) for r in rows):
-        if best is not None and (precision, key, t) == (best["precision"], best["strategy"], best["tensor_parallel"]):
-            continue
-        mine = [r for r in rows if (r["precision"], r["strategy"], r["tensor_parallel"]) == (precision, key, t)]
-        # its fastest that fits; where none fits, its smallest (what it would take to fit)
-        shown = mine[0] if mine[0]["fits"] else min(mine, key=lambda r: r["peak_memory_bytes"])
-        runners_up.append({**shown, "why": _why_lost(shown, best, budget)})
-    runners_up.sort(key=lambda r: (not r["fits"], -r["tokens_per_s_per_gpu"]))
-    return {"prediction": True, "model": _named(args).get("model"), "shape": shape_text(cfg), "n_params": n_params, "gpus": n, "gpu": product.name,
-            "gpus_per_node": machine.per_node, "global_batch": args.global_batch, "seq_len": cfg.seq_len, "tokens": tokens,
-            "memory_gib": product.memory_gib, "reserve_gib": reserve, "budget_gib": budget / UNITS["GiB"],
-            "best": best, "runners_up": runners_up, "rows": rows,
-            "assumptions": {
-                "mfu_without_communication": machine.mfu, "mfu_default": args.mfu is None and source is None,
-                **({"mfu_source": source} if source else {}),
-                "mfu_note": "the hardware's efficiency on what it computes: activation checkpointing's recompute is "
-                            "computed at it too; MFU columns count model FLOPs",
-                "intra_node": f"{machine.intra.name} ({machine.intra.source})",
-                "inter_node": f"{machine.inter.name} ({machine.inter.source})" if machine.inter else None,
-                "link_efficiency": args.link_efficiency if args.link_efficiency is not None else links.DEFAULT_EFFICIENCY,
-                "link_rule": LINK_RULE,
-                "overlap_efficiency": machine.overlap_efficiency,
-                "overlap_efficiency_default": args.overlap_efficiency is None,
-                "reserve": RESERVE["source"] if args.reserve_gib is None else "--reserve-gib",
-                "fp8": fp8 if product.peak("fp8") else None,
-                "tensor_parallel": f"degrees {', '.join(map(str, degrees))} (within a node; their all-reduces on the "
-                                   "critical path: estimate scaling --tensor-parallel), as scalelab runs them: with ZeRO "
-                                   "stages 2 and 3 over the data-parallel ranks, or stage 0 where all GPUs are one "
-                                   "tensor-parallel group; not with fp8, fp16, stage 1 or hybrid sharding",
-                "out_of_scope": "pipeline and sequence parallelism, hybrid sharding with tensor parallelism, CPU offload, "
-                                "LoRA; the model's memory is the formula a run measures "
-                                "(scalelab.formulas.accounting.peak_memory)"},
+    left_out = [f"TP {t}: --global-batch {args.global_batch} does not split over its {n // t} data-parallel ranks"
+                for t in degrees if t not in splits] + _left_out(pairs, splits, n, machine.per_node, args.trainer)
+    rows, fp8_notes = _rows(args, cfg, n_params, pairs, splits, machine, budget, grad_reduce)
+    best = next((r for r in rows if r["fits"]), None)
+    return {"prediction": True, "model": _named(args).get("model"), "shape": shape_text(cfg), "n_params": n_params,
+            "gpus": n, "gpu": machine.product.name, "gpus_per_node": machine.per_node, "global_batch": args.global_batch,
+            "seq_len": cfg.seq_len, "tokens": float(args.tokens), "memory_gib": machine.product.memory_gib,
+            "reserve_gib": reserve, "budget_gib": budget / UNITS["GiB"], "best": best,
+            "runners_up": _runners_up(rows, best, budget), "rows": rows, "left_out": left_out,
+            "assumptions": _assumptions(args, machine, source, splits, grad_reduce, cfg, fp8_notes),
             **({"note": "; ".join(notes)} if notes else {})}
+
+
+def _assumptions(args, machine, source, degrees: list[int], grad_reduce: str, cfg, fp8_notes: list[str]) -> dict:
+    return {
+        "mfu_without_communication": machine.mfu, "mfu_default": args.mfu is None and source is None,
+        **({"mfu_source": source} if source else {}),
+        "mfu_note": "the hardware's efficiency on what it computes: activation checkpointing's recompute is "
+                    "computed at it too; MFU columns count model FLOPs",
+        "intra_node": f"{machine.intra.name} ({machine.intra.source})",
+        "inter_node": f"{machine.inter.name} ({machine.inter.source})" if machine.inter else None,
+        "link_efficiency": args.link_efficiency if args.link_efficiency is not None else links.DEFAULT_EFFICIENCY,
+        "link_rule": LINK_RULE,
+        "overlap_efficiency": machine.overlap_efficiency,
+        "overlap_efficiency_default": args.overlap_efficiency is None,
+        "trainer": args.trainer, "trainer_priced": TRAINERS[args.trainer], "grad_reduce": grad_reduce,
+        "reserve": RESERVE["source"] if args.reserve_gib is None else "--reserve-gib",
+        "fp8": {**hardware.fp8_outlook(cfg.d_model), "timing": fp8_notes[0]} if fp8_notes else None,
+        "tensor_parallel": f"degrees {', '.join(map(str, degrees))} within a node (their all-reduces on the critical "
+                           "path: estimate scaling --tensor-parallel); the combinations timed are the rows, those left "
+                           "out are listed with why",
+        "out_of_scope": "pipeline and sequence parallelism, hybrid sharding with tensor parallelism, CPU offload, "
+                        "LoRA; the model's memory is the formula a run measures "
+                        "(scalelab.formulas.accounting.peak_memory)"}
 
 
 def _why_lost(row: dict, best: dict | None, budget: float) -> str:
@@ -181,6 +221,9 @@ def _why_lost(row: dict, best: dict | None, budget: float) -> str:
     if best is None:
         return ""
     slower = best["tokens_per_s_per_gpu"] / row["tokens_per_s_per_gpu"] - 1
+    if row["precision"] != best["precision"]:  # across precisions: compute and casts differ, say so first
+        return (f"{slower:.1%} slower than the best at {best['precision']} (another precision: its compute at the "
+                f"{row['precision']} efficiency, {row['compute_s'] * 1e3:.1f} against {best['compute_s'] * 1e3:.1f} ms per step)")
     if slower < TIE:
         return f"{slower:.1%} slower: within {TIE:.0%} of the best, no ranking (the model's error is larger): measure both"
     exposed = row["exposed_comm_s"] - best["exposed_comm_s"]
@@ -231,10 +274,14 @@ def render(result: dict) -> str:
                  + f"; link efficiency {a['link_efficiency']:g}; {a['link_rule']}")
     lines.append(f"  overlap efficiency {a['overlap_efficiency']:g}" + (" (default: fitted to published multi-node runs; measured "
                  "traces set it: train.profile, --overlap-efficiency)" if a["overlap_efficiency_default"] else ""))
+    lines.append(f"  trainer priced: {a['trainer']} ({a['trainer_priced']}); gradients reduced in "
+                 f"{'fp32' if a['grad_reduce'] == 'fp32' else 'the compute dtype'}")
     lines.append(f"  memory reserve: {a['reserve']}")
     lines.append(f"  tensor parallelism: {a['tensor_parallel']}")
+    for line in result["left_out"]:
+        lines.append(f"    left out: {line}")
     if a["fp8"]:
-        lines.append(f"  fp8: {a['fp8']['verdict']} ({a['fp8']['basis']})")
+        lines.append(f"  fp8: {a['fp8']['verdict']} ({a['fp8']['basis']}); {a['fp8']['timing']}")
     lines.append(f"  out of scope: {a['out_of_scope']}")
     if "note" in result:
         lines.append(f"note: {result['note']}")
@@ -269,6 +316,10 @@ def add_parser(sub) -> None:
     p.add_argument("--tensor-parallel", nargs="+", type=positive_whole, default=None, metavar="T",
                    help=f"only these tensor-parallel degrees (default: {', '.join(map(str, TENSOR_PARALLEL))}, those within a "
                         "node that split the model evenly; 1 = none)")
+    trainer_flag(p)
+    p.add_argument("--grad-reduce", default=None, choices=list(accounting.GRAD_REDUCE),
+                   help="dtype gradients are reduced in (default: fp32 for scalelab, the compute dtype for a distributed "
+                        "optimizer)")
     p.add_argument("--json", action="store_true", help="every configuration's row as JSON")
     p.set_defaults(func=_run, usage_parser=p)
 

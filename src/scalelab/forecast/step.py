@@ -14,7 +14,7 @@ from scalelab.config import ModelConfig
 from scalelab.forecast.inputs import UNITS, EstimateError
 from scalelab.formulas import accounting, links
 from scalelab.formulas.links import collective_calls
-from scalelab.spec.strategies import HYBRID_KEY, strategy
+from scalelab.spec.strategies import HYBRID_KEY, ZERO1_SHARDED_KEY, strategy
 
 
 def _replicas(gpus: int, per_node: int) -> int:
@@ -43,6 +43,12 @@ class Point:
     activation_checkpointing: bool = False
     tensor_parallel: int = 1  # T GPUs split every block (scalelab.run.tensor_parallel); the strategy runs over N / T
     replicas: int | None = None  # hybrid sharding's replicas; None: one shard group per node (_replicas)
+    trainer: str = "scalelab"  # whose implementation of the strategy is priced (scalelab.spec.strategies.TRAINERS)
+
+    @property
+    def priced(self) -> int | str:
+        """The strategy record the step is priced by: ZeRO-1's distributed-optimizer form where the trainer runs it so."""
+        return ZERO1_SHARDED_KEY if self.trainer == "distributed-optimizer" and self.key == 1 else self.key
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,8 @@ def predict_point(point: Point, machine: Machine, n: int) -> dict:
     # counted with the replicate group's); each kind of group on the link its slowest member needs (groups_link)
     by_group = accounting.comm_bytes_by_group(n_local, stage, dp, point.precision, replicas=replicas,
                                               grad_reduce=point.grad_reduce, accumulation_steps=accumulation)
+    if point.priced == ZERO1_SHARDED_KEY:
+        by_group = {"world": accounting.sharded_zero1_bytes(n_local, point.precision, point.grad_reduce)} if dp > 1 else {}
     if replicas > 1:
         shard = dp // replicas
         replicate = dict(by_group.get("replicate", {}))
@@ -99,7 +107,7 @@ def predict_point(point: Point, machine: Machine, n: int) -> dict:
     for kind_bytes, group_size, groups in kinds:
         link = groups_link(groups, machine)
         kind_sizes = {c: b / links.handed_per_size(c) for c, b in kind_bytes.items()}
-        kind_calls = collective_calls(cfg, key, point.precision, kind_sizes, accumulation_steps=accumulation,
+        kind_calls = collective_calls(cfg, point.priced, point.precision, kind_sizes, accumulation_steps=accumulation,
                                       tensor_parallel=t)
         for c, size in kind_sizes.items():
             seconds = kind_calls[c] * links.collective_seconds(c, size / kind_calls[c], group_size, link)
@@ -108,7 +116,8 @@ def predict_point(point: Point, machine: Machine, n: int) -> dict:
             if group_size > 1:
                 used[c] = link.name
     # one replica is plain stage 3 (strategy(3, 1)): its record's overlap facts apply
-    step = prediction.step_time(key if replicas > 1 else stage, compute_s, comm, calls=calls,
+    step = prediction.step_time(key if replicas > 1 else (ZERO1_SHARDED_KEY if point.priced == ZERO1_SHARDED_KEY else stage),
+                                compute_s, comm, calls=calls,
                                 overlap_efficiency=machine.overlap_efficiency)
     tp = _tensor_parallel_step(point, machine, n, micro, accumulation)
     step_s, exposed = step.step_s + tp["seconds"], step.exposed_comm_s + tp["seconds"]  # on the critical path
@@ -195,4 +204,20 @@ def batch_plan(global_batch: int | None, micro_batch: int, gpus: int) -> tuple[i
     micro = max(m for m in range(1, min(micro_batch, share) + 1) if share % m == 0)
     return micro, share // micro
 
+
+def fp8_machine(machine: Machine, d_model: int) -> tuple[Machine, str]:
+    """The machine an fp8 point runs on: the GPU's fp8 datasheet peak, at the efficiency that times fp8 as a GPU
+    measured it against bf16 (the assumed bf16 MFU x the fp8/bf16 tokens/s ratio at this width: fp8's casts never
+    let it near its datasheet peak), with the sentence that says so. The ratio stays apart from the peak."""
+    from dataclasses import replace
+
+    from scalelab.spec import hardware
+
+    fp8_peak, bf16_peak = machine.product.peak("fp8"), machine.product.peak("bf16")
+    ratio = hardware.fp8_outlook(d_model)["ratio_estimate"]
+    mfu = machine.mfu * bf16_peak * ratio / fp8_peak
+    note = (f"fp8: the {machine.product.name}'s fp8 datasheet peak {fp8_peak / 1e12:,.1f} TFLOP/s at MFU {mfu:.1%}, i.e. "
+            f"the bf16 MFU {machine.mfu:.1%} x the fp8/bf16 tokens/s ratio {ratio:.3g} measured at d_model {d_model} "
+            f"(scalelab.spec.hardware.fp8_outlook) / the fp8/bf16 peak ratio {fp8_peak / bf16_peak:.3g}")
+    return replace(machine, peak_flops=fp8_peak, mfu=mfu), note
 

@@ -311,6 +311,18 @@ def comm_bytes_by_group(n_params: float, zero_stage: int, world_size: int, preci
     return out
 
 
+def sharded_zero1_bytes(n_params: float, precision: str, grad_reduce: str = "compute") -> dict[str, float]:
+    """ZeRO-1 as distributed optimizers run it (scalelab.spec.strategies.ZERO1_SHARDED), per optimizer step over the
+    data-parallel group, the module doc's unit: the gradients reduce-scattered (Psi in the reduce dtype:
+    ``grad_reduce`` as comm_dtypes reads it), the updated parameters all-gathered in the compute dtype (fp16,
+    bf16; fp32 otherwise), and fp16's loss-scaler flag."""
+    dtypes = comm_dtypes(precision, 3, grad_reduce)  # the dtypes of a strategy that gathers its parameters
+    out = {"reduce_scatter": float(n_params) * dtypes.reduce_bytes, "all_gather": float(n_params) * dtypes.gather_bytes}
+    if precision_record(precision).loss_scaling:
+        out["all_reduce"] = float(LOSS_SCALER_COMM_BYTES)
+    return out
+
+
 def comm_groups(world_size: int, replicas: int, rank: int = 0) -> dict[str, list[int]]:
     """The global ranks of the process groups ``rank`` issues collectives over: ``world``, and under
     hybrid sharding its ``shard`` group (S = N/R consecutive ranks: the mesh's inner dimension,

@@ -137,6 +137,25 @@ HYBRID = dataclasses.replace(STRATEGIES[3], name="FSDP2 HSDP, 2-D mesh (replicat
                              mesh_dims=("dp_replicate", "dp_shard"),
                              # each block's all-reduce across replicas follows its reduce-scatter in backward
                              overlap=(*STRATEGIES[3].overlap, ("all_reduce", "backward")))
+# ZeRO-1 as the trainers that scale run it (DeepSpeed's stage 1, Megatron-LM's distributed optimizer, nanotron's
+# zero_stage 1): each rank reduce-scatters the gradients (Psi handed, in the reduce dtype), steps its optimizer
+# shard, and all-gathers the updated parameters in the compute dtype (Psi): 2 Psi, the ZeRO paper's, where
+# scalelab's own ZeroRedundancyOptimizer all-reduces (2 Psi) and broadcasts fp32 shards (Psi). The reduce-scatter
+# runs behind backward (their bucketed overlap, as DDP's all-reduce); the all-gather follows the step, exposed.
+# A record for forecasts (scalelab.forecast.step): scalelab's sweep does not run it.
+ZERO1_SHARDED = dataclasses.replace(
+    STRATEGIES[1], name="ZeRO-1, distributed optimizer (reduce-scatter, all-gather in the compute dtype)",
+    wrapper="", grad_psi=1, overlap=(("reduce_scatter", "backward"),), batched=())
+ZERO1_SHARDED_KEY = "zero1-sharded"
+"""What ``strategy()`` takes for ZERO1_SHARDED (forecasts only)."""
+TRAINERS = {
+    "scalelab": "scalelab's own strategies as its runs run them (ZeRO-1: PyTorch's ZeroRedundancyOptimizer, an fp32 "
+                "all-reduce then an fp32 broadcast of the updated shards)",
+    "distributed-optimizer": "ZeRO-1 as DeepSpeed, Megatron-LM's distributed optimizer and nanotron run it: gradients "
+                             "reduce-scattered and parameters all-gathered in the compute dtype (other stages as scalelab "
+                             "runs them)",
+}
+"""The trainers a forecast prices (``--trainer``): the name and what it changes."""
 HYBRID_KEY = "hybrid"
 """What ``strategy()`` and ``scalelab estimate`` accept for hybrid sharding beside the stages."""
 
@@ -156,6 +175,8 @@ def strategy(stage: int | str, replicas: int = 1) -> Strategy:
     ``"hybrid"``; ValueError naming the known ones."""
     if stage == HYBRID_KEY:
         return HYBRID
+    if stage == ZERO1_SHARDED_KEY:
+        return ZERO1_SHARDED
     if stage not in STRATEGIES:
         raise ValueError(f"zero_stage must be one of {', '.join(map(str, ZERO_STAGES))} "
                          f"(or {HYBRID_KEY!r}), got {stage!r}")
