@@ -368,22 +368,31 @@ def sweep_plan(config: dict) -> tuple[list, list[tuple[Any, str]]]:
     _check_model_names({*section(config, "models"), *values["model"]} - {BASE_MODEL})
     for world_size in values["world_size"]:
         micro_batch_plan(train, int(world_size))  # raises when the global batch does not split evenly
-    points, left_out, seen = [], [], set()
+    points, left_out, seen, blamed = [], [], set(), {}
     for combo in itertools.product(*values.values()):
         point = RunPoint(**dict(zip(SWEEP_AXES, combo, strict=True)))
         if point in seen:
             continue
         seen.add(point)
-        reason = next((r for r in (axis.left_out(point, train) for axis in AXES) if r), None)
-        (left_out.append((point, reason)) if reason else points.append(point))
+        axis, reason = next(((a.name, r) for a in AXES if (r := a.left_out(point, train))), (None, None))
+        if reason:
+            left_out.append((point, reason))
+            blamed[reason] = axis  # the axis whose rule left it out: the key an error names
+        else:
+            points.append(point)
     _check_distinct([*points, *(p for p, _ in left_out)], values)
+    listed = section(config, "sweep")
     for name in LEVER_AXES:  # replicas among them: hybrid sharding pairs with its ZeRO-3 twin
         for value in values[name]:
             if not any(getattr(p, name) == value for p in points) and any(getattr(p, name) == value for p, _ in left_out):
-                raise ConfigError(f"sweep.{name}={value} fits no world size, stage or precision of the sweep: "
-                                  + next(r for p, r in left_out if getattr(p, name) == value))
+                point, reason = next((p, r) for p, r in left_out if getattr(p, name) == value)
+                culprit = blamed[reason]  # the axis whose rule left it out, not the lever found without a point
+                raise ConfigError(f"sweep.{culprit}={getattr(point, culprit)} fits no world size, stage or precision of "
+                                  f"the sweep: {reason}", key=("sweep", culprit) if culprit in listed else ())
     if not points:
-        raise ConfigError("the sweep has no runnable point: " + "; ".join(sorted({r for _, r in left_out})))
+        axis = blamed[left_out[0][1]] if left_out else "world_size"
+        raise ConfigError(f"the sweep has no runnable point: sweep.{axis}={listed.get(axis, values[axis])}: "
+                          + "; ".join(sorted({r for _, r in left_out})), key=("sweep", axis) if axis in listed else ())
     return with_repeats(points, values, section(config, "repeats")), left_out
 
 
