@@ -323,3 +323,21 @@ def test_the_closing_lines_advise_only_what_can_help(tmp_path):
     lines = stopped_lines(tmp_path)
     assert "runs that ended timeout" in lines[0]
     assert f"scalelab retry {tmp_path.resolve()} --status timeout, then: scalelab resume" in lines[1]
+
+
+def test_status_counts_the_points_that_never_started_from_the_sweeps_own_config(tmp_path):
+    """Without --config, the config files the sweep was started with (its invocation record) give its points."""
+    import yaml
+
+    from scalelab.harness.testing import tiny_config
+    from scalelab.results.invocation import record
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "config.yaml").write_text(yaml.safe_dump(tiny_config(sweep={"precision": ["fp32", "bf16"], "zero_stage": [0],
+                                                                         "world_size": [1]})))
+    results = work / "results"
+    _run(results, RunPoint("fp32", 0, 1), "ok")
+    record(results, ["--cores", "2"], [], cwd=work)
+    states = {s.run_id: s.status for s in run_states(results)}
+    assert states == {"fp32-z0-w1": "ok", "bf16-z0-w1": "not started"}, states

@@ -168,14 +168,41 @@ def run_states(results_dir: str | Path, config_path: str | Path | None = None,
             log = results_dir / "logs" / "runs" / f"{run_path}.log"
             status, reason, ago = _unfinished(run_dir, log, now, active_within_s)
             states.append(RunState(run_path, run_path, status, reason, ago))
-    if config_path is not None:
+    config = _sweep_config(results_dir, config_path)
+    if config is not None:
         from scalelab.plan.sweep import sweep_plan
-        from scalelab.plan.validation import load_config
 
         present = {s.run_path for s in states}
-        points, _ = sweep_plan(load_config(config_path))
+        points, _ = sweep_plan(config)
         states += [RunState(p.path, p.run_id, "not started", "no run folder yet") for p in points if p.path not in present]
     return sorted(states, key=lambda s: s.run_path)
+
+
+def _sweep_config(results_dir: Path, config_path: str | Path | None) -> dict | None:
+    """The sweep's config, to count its points that never started: the file given, else the files the sweep
+    was started with (its invocation record: the working directory's config.yaml, then each --configfile; a
+    --config on its command line is not replayed); None when neither is there or they no longer validate."""
+    from scalelab.plan.validation import load_config, validate_config
+
+    if config_path is not None:
+        return load_config(config_path)
+    from snakemake.utils import update_config
+
+    from scalelab.config import ConfigError
+    from scalelab.config.reading import read_yaml
+    from scalelab.results.invocation import recorded
+
+    data = recorded(results_dir)
+    if not data or not data.get("cwd"):
+        return None
+    files = [Path(data["cwd"]) / "config.yaml", *map(Path, data.get("configfiles") or [])]
+    config: dict = {}
+    try:
+        for path in files:
+            update_config(config, read_yaml(path) or {})
+        return validate_config(config, base_dir=data["cwd"], files=files)
+    except (ConfigError, OSError):
+        return None
 
 
 def counts(states: list[RunState]) -> dict[str, int]:
