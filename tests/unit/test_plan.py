@@ -91,7 +91,7 @@ def test_a_plan_for_a_distributed_optimizer_prices_zero1_as_it_runs_and_times_it
     in the compute dtype (2 Psi x 2 bytes), where scalelab's ZeroRedundancyOptimizer all-reduces and broadcasts fp32
     (3 Psi x 4 bytes); such trainers run it under tensor parallelism, so the plan times it."""
     ours = json.loads(_plan(capsys, *ASK, "--precision", "bf16", "--json")[1])
-    theirs = json.loads(_plan(capsys, *ASK, "--precision", "bf16", "--trainer", "distributed-optimizer", "--json")[1])
+    theirs = json.loads(_plan(capsys, *ASK, "--precision", "bf16", "--trainer", "megatron", "--json")[1])
     pick = lambda result, t: next(r for r in result["rows"] if r["strategy"] == 1 and r["tensor_parallel"] == t)  # noqa: E731
     assert set(pick(ours, 1)["collective_bytes"]) == {"all_reduce", "broadcast"}
     assert set(pick(theirs, 1)["collective_bytes"]) == {"reduce_scatter", "all_gather"}
@@ -100,5 +100,5 @@ def test_a_plan_for_a_distributed_optimizer_prices_zero1_as_it_runs_and_times_it
     assert pick(ours, 1)["collective_bytes"]["all_reduce"] == pytest.approx(4 * ours["n_params"])
     assert pick(theirs, 1)["exposed_comm_s"] < pick(ours, 1)["exposed_comm_s"]
     assert pick(theirs, 4)["strategy_name"].startswith("ZeRO-1, distributed optimizer")
-    assert theirs["assumptions"]["trainer"] == "distributed-optimizer" and theirs["assumptions"]["grad_reduce"] == "compute"
+    assert theirs["assumptions"]["trainer"] == "megatron" and theirs["assumptions"]["grad_reduce"] == "compute"
     assert not [line for line in theirs["left_out"] if "ZeRO-1" in line]

@@ -353,7 +353,9 @@ def test_tensor_parallel_collectives_are_on_the_critical_path_over_their_link(ca
     for row in result["rows"]:
         tp = row["tensor_parallel_comm"]
         assert (row["tensor_parallel"], row["data_parallel"]) == (8, row["gpus"] // 8)
-        assert tp["bytes"] == accounting.tensor_parallel_bytes(cfg, 1, 1, 8, "bf16", 3, "cuda")
+        # nccl-tests' size: accounting's unit counts an all-reduce of S bytes as 2 S; a ring moves 2 (T-1)/T of S per GPU
+        assert tp["size_bytes"] == accounting.tensor_parallel_bytes(cfg, 1, 1, 8, "bf16", 3, "cuda") / 2
+        assert tp["ring_bytes_per_gpu"] == pytest.approx(tp["size_bytes"] * 2 * 7 / 8)
         assert tp["calls"] == 4 * cfg.n_layers and tp["link"] == "nvlink-h100" and tp["exposed"]
         assert row["exposed_comm_s"] >= tp["seconds"] > 0
     assert result["rows"][0]["collective_bytes"] == {}  # one data-parallel rank: no strategy traffic

@@ -511,7 +511,7 @@ def scaling_table(args) -> dict:
     grad_reduce = grad_reduce_of(args)
     point = Point(cfg=cfg, n_params=n_params, key=key, precision=args.precision, grad_reduce=grad_reduce, trainer=args.trainer,
                   micro_batch=micro, global_batch=global_batch, activation_checkpointing=checkpointing,
-                  tensor_parallel=tensor_parallel)
+                  tensor_parallel=tensor_parallel, sequence_parallel=bool(getattr(args, "sequence_parallel", False)))
     machine = Machine(product=product, peak_flops=peak, mfu=mfu, per_node=per_node, intra=intra, inter=inter,
                       overlap_efficiency=eta)
     rows = [predict_point(point, machine, n) for n in gpus]
@@ -605,10 +605,12 @@ def _render_scaling(r: dict) -> list[str]:
         f"{c} {first['collective_bytes'][c] / 1e9:.3g} GB in {first['collective_calls'][c]}" for c in first["collective_bytes"]))
     if r.get("tensor_parallel", 1) > 1:
         tp = first["tensor_parallel_comm"]
+        kinds = ", ".join(f"{c} {v['size_bytes'] / 1e9:.3g} GB in {v['calls']}" for c, v in tp["collectives"].items())
         lines.append(f"tensor parallelism: {r['tensor_parallel']} GPUs split every block (the strategy runs over "
                      f"GPUs / {r['tensor_parallel']} data-parallel ranks, each GPU holds 1/{r['tensor_parallel']} of the "
-                     f"blocks' linears): all_reduce {tp['bytes'] / 1e9:.3g} GB in {tp['calls']} per step over {tp['link']}, "
-                     "on the critical path (exposed: no schedule here hides them)")
+                     f"blocks' linears): per step {kinds} (nccl-tests size: the buffers reduced or gathered); a ring moves "
+                     f"{tp['ring_bytes_per_gpu'] / 1e9:.3g} GB per GPU of it (x the bus factor) over {tp['link']}, "
+                     f"{tp['seconds'] * 1e3:.1f} ms on the critical path (exposed: no schedule here hides them)")
     lines.append(f"overlap: {a['overlap']}; overlap efficiency {a['overlap_efficiency']:g}"
                  + (" (default; --overlap-efficiency)" if a["overlap_efficiency_default"] else ""))
     lines.append(f"rule: {a['link_rule']}; out of scope: {a['out_of_scope']}")
@@ -752,7 +754,7 @@ def grad_reduce_of(args) -> str:
     """--grad-reduce as given, else the trainer's default: the compute dtype for a distributed optimizer, fp32 for
     scalelab's own strategies."""
     given = getattr(args, "grad_reduce", None)
-    return given or ("compute" if getattr(args, "trainer", "scalelab") == "distributed-optimizer" else "fp32")
+    return given or ("compute" if getattr(args, "trainer", "scalelab") == "megatron" else "fp32")
 
 
 def _add_scaling_parser(kinds):
@@ -767,7 +769,7 @@ def _add_scaling_parser(kinds):
     sc.add_argument("--precision", default="bf16", choices=list(PRECISION_NAMES), help="training precision (default bf16)")
     sc.add_argument("--grad-reduce", default=None, choices=list(accounting.GRAD_REDUCE),
                     help="dtype gradients are reduced in: fp32 or the compute dtype (fp16, bf16); default fp32, the "
-                         "compute dtype with --trainer distributed-optimizer")
+                         "compute dtype with --trainer megatron")
     trainer_flag(sc)
     sc.add_argument("--micro-batch", type=int, default=1, help="sequences per GPU per forward (default 1): fixed as GPUs "
                     "grow, or with --global-batch the largest micro-batch each GPU's share is accumulated in")
@@ -780,6 +782,9 @@ def _add_scaling_parser(kinds):
     sc.add_argument("--tensor-parallel", type=positive_whole, default=1, metavar="T",
                     help="GPUs that split every block (Megatron's tensor parallelism, within a node where T fits one); "
                          "the strategy runs over GPUs / T data-parallel ranks (default 1: none)")
+    sc.add_argument("--sequence-parallel", action="store_true",
+                    help="with --tensor-parallel: the norms and the residual stream split over the tokens (each all-reduce "
+                         "a reduce-scatter and an all-gather)")
     sc.add_argument("--gpus", type=gpu_counts, default=SCALING_GPUS, metavar="N,N,...",
                     help=f"GPU counts (default {','.join(map(str, SCALING_GPUS))}; 8,16,...,1024 doubles up to 1024); "
                          "efficiency is against the smallest")

@@ -128,17 +128,19 @@ def _rows(args, cfg, n_params: int, pairs, degrees: list[int], machine, budget: 
             timed = replace(machine, peak_flops=accounting.gpu_peak_flops(args.gpu, precision))
         for t in [t for t in degrees if _runs(precision, key, n, machine.per_node, t, args.trainer)]:
             share = args.global_batch // (n // t)  # each tensor-parallel group's share
-            for micro in [m for m in MICRO_BATCHES if share % m == 0]:
-                for checkpointing in (False, True):
-                    point = Point(cfg=cfg, n_params=n_params, key=key, precision=precision, micro_batch=micro,
-                                  trainer=args.trainer, grad_reduce=grad_reduce, global_batch=args.global_batch,
-                                  activation_checkpointing=checkpointing, tensor_parallel=t)
-                    row = predict_point(point, timed, n)
-                    fpt = row["flops_per_token"]
-                    rows.append({**row, "precision": precision, "strategy": key, "strategy_name": strategy(point.priced).name,
-                                 "activation_checkpointing": checkpointing, "fits": row["peak_memory_bytes"] <= budget,
-                                 "mfu_of_bf16_peak": row["tokens_per_s_per_gpu"] * fpt / bf16_peak if bf16_peak else None,
-                                 "days": float(args.tokens) / (row["tokens_per_s_per_gpu"] * n) / 86400})
+            levers = [(m, c, sp) for m in MICRO_BATCHES if share % m == 0 for c in (False, True)
+                      for sp in ((False, True) if t > 1 else (False,))]
+            for micro, checkpointing, sp in levers:
+                point = Point(cfg=cfg, n_params=n_params, key=key, precision=precision, micro_batch=micro,
+                              trainer=args.trainer, grad_reduce=grad_reduce, global_batch=args.global_batch,
+                              activation_checkpointing=checkpointing, tensor_parallel=t, sequence_parallel=sp)
+                row = predict_point(point, timed, n)
+                fpt = row["flops_per_token"]
+                rows.append({**row, "precision": precision, "strategy": key, "strategy_name": strategy(point.priced).name,
+                             "activation_checkpointing": checkpointing, "sequence_parallel": sp,
+                             "fits": row["peak_memory_bytes"] <= budget,
+                             "mfu_of_bf16_peak": row["tokens_per_s_per_gpu"] * fpt / bf16_peak if bf16_peak else None,
+                             "days": float(args.tokens) / (row["tokens_per_s_per_gpu"] * n) / 86400})
     rows.sort(key=lambda r: (not r["fits"], -r["tokens_per_s_per_gpu"], r["peak_memory_bytes"]))
     return rows, notes
 
@@ -206,9 +208,10 @@ def _assumptions(args, machine, source, degrees: list[int], grad_reduce: str, cf
         "reserve": RESERVE["source"] if args.reserve_gib is None else "--reserve-gib",
         "fp8": {**hardware.fp8_outlook(cfg.d_model), "timing": fp8_notes[0]} if fp8_notes else None,
         "tensor_parallel": f"degrees {', '.join(map(str, degrees))} within a node (their all-reduces on the critical "
-                           "path: estimate scaling --tensor-parallel); the combinations timed are the rows, those left "
+                           "path: estimate scaling --tensor-parallel), each with and without sequence parallelism; the "
+                           "combinations timed are the rows, those left "
                            "out are listed with why",
-        "out_of_scope": "pipeline and sequence parallelism, hybrid sharding with tensor parallelism, CPU offload, "
+        "out_of_scope": "pipeline and context parallelism, hybrid sharding with tensor parallelism, CPU offload, "
                         "LoRA; the model's memory is the formula a run measures "
                         "(scalelab.formulas.accounting.peak_memory)"}
 
@@ -237,7 +240,7 @@ def _why_lost(row: dict, best: dict | None, budget: float) -> str:
 def _label(r: dict) -> str:
     how = "hybrid sharding" if r["strategy"] == HYBRID_KEY else f"ZeRO stage {r['strategy']}"
     if r.get("tensor_parallel", 1) > 1:
-        how += f" x tensor parallel {r['tensor_parallel']}"
+        how += f" x tensor parallel {r['tensor_parallel']}" + (" with sequence parallelism" if r.get("sequence_parallel") else "")
     return (f"{r['precision']}, {how}, micro-batch {r['micro_batch']} x {r['accumulation_steps']} accumulated, "
             f"activation checkpointing {'on' if r['activation_checkpointing'] else 'off'}")
 

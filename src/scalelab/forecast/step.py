@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from scalelab.config import ModelConfig
 from scalelab.forecast.inputs import UNITS, EstimateError
-from scalelab.formulas import accounting, links
+from scalelab.formulas import accounting, links, megatron_style
 from scalelab.formulas.links import collective_calls
 from scalelab.spec.strategies import HYBRID_KEY, ZERO1_SHARDED_KEY, strategy
 
@@ -44,11 +44,17 @@ class Point:
     tensor_parallel: int = 1  # T GPUs split every block (scalelab.run.tensor_parallel); the strategy runs over N / T
     replicas: int | None = None  # hybrid sharding's replicas; None: one shard group per node (_replicas)
     trainer: str = "scalelab"  # whose implementation of the strategy is priced (scalelab.spec.strategies.TRAINERS)
+    sequence_parallel: bool = False  # with tensor parallelism: the norms and residual split over the tokens
+
+    @property
+    def megatron(self) -> bool:
+        """Priced as Megatron-LM and nanotron run it (scalelab.formulas.megatron_style): stages 0 and 1."""
+        return self.trainer == "megatron" and self.key in (0, 1)
 
     @property
     def priced(self) -> int | str:
-        """The strategy record the step is priced by: ZeRO-1's distributed-optimizer form where the trainer runs it so."""
-        return ZERO1_SHARDED_KEY if self.trainer == "distributed-optimizer" and self.key == 1 else self.key
+        """The strategy record the step is priced by: ZeRO-1's distributed-optimizer form (the megatron trainer's) where the trainer runs it so."""
+        return ZERO1_SHARDED_KEY if self.trainer == "megatron" and self.key == 1 else self.key
 
 
 @dataclass(frozen=True)
@@ -82,10 +88,12 @@ def predict_point(point: Point, machine: Machine, n: int) -> dict:
     # forward again (recompute_flops_per_token), which model FLOPs (MFU) do not count; under tensor parallelism
     # each GPU computes 1/t of the blocks and the whole head (replicated: its 6 V d FLOPs per token on every GPU)
     hardware_fpt = fpt + (accounting.recompute_flops_per_token(cfg) if point.activation_checkpointing else 0.0)
-    head = 6 * cfg.vocab_size * cfg.d_model if t > 1 else 0.0
+    head = 6 * cfg.vocab_size * cfg.d_model if t > 1 and not point.megatron else 0.0  # split over the vocabulary there
     compute_s = ((hardware_fpt - head) / t + head) * tokens * t / (machine.peak_flops * machine.mfu)
     replicas = (point.replicas or _replicas(n, machine.per_node)) if key == HYBRID_KEY else 1
-    n_local = accounting.tensor_parallel_params(cfg, point.n_params, t)  # what each GPU holds of the parameters
+    # what each GPU holds of the parameters: the embedding and head split over the vocabulary too where the trainer does
+    n_local = (megatron_style.local_params(cfg, point.n_params, t) if point.megatron
+               else accounting.tensor_parallel_params(cfg, point.n_params, t))
     # every collective of a step over its group: the world (the data-parallel ranks under tensor parallelism), or
     # under hybrid sharding the shard group and the replicate group (fp16's one-flag all-reduce over the world
     # counted with the replicate group's); each kind of group on the link its slowest member needs (groups_link)
@@ -122,9 +130,13 @@ def predict_point(point: Point, machine: Machine, n: int) -> dict:
     tp = _tensor_parallel_step(point, machine, n, micro, accumulation)
     step_s, exposed = step.step_s + tp["seconds"], step.exposed_comm_s + tp["seconds"]  # on the critical path
     per_gpu = tokens / step_s
-    peak_mem = accounting.peak_memory(cfg, n_local, stage, dp, point.precision, micro, replicas=replicas,
-                                      activation_checkpointing=point.activation_checkpointing,
-                                      accumulation_steps=accumulation, tensor_parallel=t).total
+    if point.megatron:
+        peak_mem = megatron_style.peak_memory(cfg, n_local, stage, dp, point.precision, micro, t, point.sequence_parallel,
+                                              point.activation_checkpointing)["total"]
+    else:
+        peak_mem = accounting.peak_memory(cfg, n_local, stage, dp, point.precision, micro, replicas=replicas,
+                                          activation_checkpointing=point.activation_checkpointing,
+                                          accumulation_steps=accumulation, tensor_parallel=t).total
     return {"gpus": n, "nodes": math.ceil(n / machine.per_node), "replicas": replicas, "links": used,
             "tensor_parallel": t, "data_parallel": dp, "tensor_parallel_comm": tp,
             "micro_batch": micro, "accumulation_steps": accumulation, "tokens_per_gpu_per_step": tokens,
@@ -173,22 +185,32 @@ def groups_link(groups, machine: Machine) -> links.Link:
 
 
 def _tensor_parallel_step(point: Point, machine: Machine, gpus: int, micro: int, accumulation: int) -> dict:
-    """Tensor parallelism's all-reduces in a step (accounting.tensor_parallel_comm: four per block and
-    micro-batch of B T d values) over each group of T GPUs, on the link its groups need (groups_link): their time is on
-    the critical path, for every block's forward waits for its own (no schedule here hides them: the
-    asynchronous or sequence-parallel overlaps of Megatron and torchtitan are out of scope)."""
+    """Tensor parallelism's collectives in a step over each group of T GPUs, on the link its groups need (groups_link):
+    scalelab's (accounting.tensor_parallel_comm: four all-reduces per block and micro-batch of B T d values, backward's
+    in fp32) or the megatron trainer's (scalelab.formulas.megatron_style). Their time is on the critical path, for every
+    block's forward waits for its own (no schedule here hides them: asynchronous tensor parallelism is out of scope).
+    ``size_bytes``: nccl-tests' size summed over the calls; ``ring_bytes_per_gpu``: what a ring moves per GPU (size x
+    the bus factor); the time is calls x latency + ring bytes / the link's bus bandwidth."""
     t, cfg = point.tensor_parallel, point.cfg
     if t == 1:
-        return {"bytes": 0.0, "calls": 0, "seconds": 0.0, "link": None, "exposed": True}
-    nbytes, calls = accounting.tensor_parallel_comm(cfg, micro, accumulation, t, point.precision, strategy(point.key).stage,
-                                                    "cuda", point.activation_checkpointing)["all_reduce"]
+        return {"size_bytes": 0.0, "ring_bytes_per_gpu": 0.0, "calls": 0, "seconds": 0.0, "link": None, "exposed": True,
+                "collectives": {}}
+    if point.megatron:
+        by_type = megatron_style.tensor_parallel_comm(cfg, micro, accumulation, t, point.precision, point.sequence_parallel,
+                                                      point.activation_checkpointing)
+    else:  # accounting's unit counts an all-reduce of S bytes as 2 S: back to nccl-tests' size
+        by_type = {c: (b / links.handed_per_size(c), n) for c, (b, n) in accounting.tensor_parallel_comm(
+            cfg, micro, accumulation, t, point.precision, strategy(point.key).stage, "cuda", point.activation_checkpointing,
+            point.sequence_parallel).items()}
     try:  # every tensor-parallel group at once: one that straddles a node boundary paces the step
         link = groups_link([range(k * t, (k + 1) * t) for k in range(gpus // t)], machine)
     except EstimateError:
         raise EstimateError(f"--tensor-parallel {t} spans nodes of {machine.per_node} GPUs: give --inter-node") from None
-    size = nbytes / links.handed_per_size("all_reduce") / calls
-    return {"bytes": nbytes, "calls": calls, "seconds": calls * links.collective_seconds("all_reduce", size, t, link),
-            "link": link.name, "exposed": True}
+    seconds = sum(n * links.collective_seconds(c, size / n, t, link) for c, (size, n) in by_type.items() if n)
+    return {"size_bytes": sum(size for size, _ in by_type.values()), "calls": sum(n for _, n in by_type.values()),
+            "ring_bytes_per_gpu": sum(links.bus_factor(c, t) * size for c, (size, _) in by_type.items()),
+            "seconds": seconds, "link": link.name, "exposed": True,
+            "collectives": {c: {"size_bytes": size, "calls": n} for c, (size, n) in by_type.items()}}
 
 
 def batch_plan(global_batch: int | None, micro_batch: int, gpus: int) -> tuple[int, int]:

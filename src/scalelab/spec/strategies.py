@@ -150,10 +150,12 @@ ZERO1_SHARDED_KEY = "zero1-sharded"
 """What ``strategy()`` takes for ZERO1_SHARDED (forecasts only)."""
 TRAINERS = {
     "scalelab": "scalelab's own strategies as its runs run them (ZeRO-1: PyTorch's ZeroRedundancyOptimizer, an fp32 "
-                "all-reduce then an fp32 broadcast of the updated shards)",
-    "distributed-optimizer": "ZeRO-1 as DeepSpeed, Megatron-LM's distributed optimizer and nanotron run it: gradients "
-                             "reduce-scattered and parameters all-gathered in the compute dtype (other stages as scalelab "
-                             "runs them)",
+                "all-reduce then an fp32 broadcast of the updated shards; tensor parallelism with the embedding and head "
+                "whole, its backward all-reduces in fp32)",
+    "megatron": "Megatron-LM and nanotron (DeepSpeed's ZeRO-1 alike): ZeRO-1 as a distributed optimizer, gradients "
+                "reduce-scattered and parameters all-gathered in the compute dtype; bf16 parameters with an fp32 gradient "
+                "buffer; tensor parallelism with the embedding, head and loss split over the vocabulary, its collectives "
+                "in the compute dtype (scalelab.formulas.megatron_style)",
 }
 """The trainers a forecast prices (``--trainer``): the name and what it changes."""
 HYBRID_KEY = "hybrid"
