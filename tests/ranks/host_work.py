@@ -17,7 +17,8 @@ appended: each block and the loss compiled on both sides), both sides take
   model's step is mostly the host's own work);
 - ``losses``: the global batch's loss of every step (the mean over the ranks).
 
-Rank 0 writes {case: {"scalelab": ..., "plain": ...}} as JSON to --out. Used by tests/run/test_sharded_host_work.py.
+On a GPU (a plan whose device is cuda) both sides run there, gloo between the ranks: the host work then
+includes what CUDA's autocast adds. Rank 0 writes {case: {"scalelab": ..., "plain": ...}} as JSON to --out. Used by tests/run/test_sharded_host_work.py.
 """
 import argparse
 import collections
@@ -104,25 +105,29 @@ def scalelab_side(plan: RunPlan, warm_up: int, steps: int) -> dict:
     return counted(step, run.par.local_optimizer(), run.par.model, warm_up, steps)
 
 
-def plain_side(plan: RunPlan, replicas: int, warm_up: int, steps: int) -> dict:
-    """The plain FSDP2 loop from the weights scalelab's worker starts from, on the batches it reads."""
+def plain_side(plan: RunPlan, replicas: int, warm_up: int, steps: int, device: torch.device, autocast: bool) -> dict:
+    """The plain FSDP2 loop from the weights scalelab's worker starts from, on the batches it reads; autocast:
+    around its forward too, as scalelab runs it over the policy."""
     cfg, train = plan.model, plan.train
     torch.manual_seed(train.seed)  # as the worker builds its model
     weights = build_model(cfg).state_dict()
     model = plain_loop.GPT(cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.seq_len, cfg.vocab_size)
     model.load_state_dict(weights)
+    model.to(device)
     reshard = plan.point.zero_stage == 3
     model = plain_loop.fully_shard_model(model, reshard, plan.point.precision, plan.point.compile, replicas)
     optimizer = plain_loop.adamw(model, train.lr, train.weight_decay)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    scaler = torch.amp.GradScaler(device.type, enabled=False)
+    dtype = plain_loop.AUTOCAST[plan.point.precision]
+    ctx = torch.autocast(device.type, dtype=dtype) if autocast and dtype else nullcontext()
     sampler = worker.BatchSampler(plan.train_bin, plan.token_dtype, cfg.seq_len, train.seed)
     world, rank = dist.get_world_size(), dist.get_rank()
 
     def step(i: int) -> float:
         for group in optimizer.param_groups:
             group["lr"] = worker.lr_at(i, train)
-        tokens = torch.from_numpy(sampler.batch(i, rank, plan.micro_batch, world))
-        loss = plain_loop.train_step(model, optimizer, scaler, nullcontext(), tokens[:, :-1], tokens[:, 1:])
+        tokens = torch.from_numpy(sampler.batch(i, rank, plan.micro_batch, world)).to(device)
+        loss = plain_loop.train_step(model, optimizer, scaler, ctx, tokens[:, :-1], tokens[:, 1:])
         loss = loss.detach().clone()
         dist.all_reduce(loss)
         return loss.item() / world
@@ -151,6 +156,7 @@ def main() -> None:
     parser.add_argument("--case", action="append", required=True, help="precision:stage[:compiled], e.g. bf16:3, bf16:hybrid or bf16:2:compiled")
     parser.add_argument("--warm-up", type=int, default=2)
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--plain-autocast", action="store_true", help="the plain loop under autocast too (scalelab's recipe)")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     base = RunPlan.read(args.spec)
@@ -159,8 +165,9 @@ def main() -> None:
     for case in args.case:
         plan, replicas = case_plan(base, case)
         records[case] = {"scalelab": scalelab_side(plan, args.warm_up, args.steps)}
-        if plan.point.zero_stage != 1:  # ZeRO-1 is DDP's: FSDP2 has no peer of it, its figures are set beside stage 2's loop
-            records[case]["plain"] = plain_side(plan, replicas, args.warm_up, args.steps)
+        if plan.point.zero_stage != 1:  # ZeRO-1 is DDP's: FSDP2 has no peer of it
+            device = worker.rank_device(plan.device)  # the worker's: a GPU rank's own GPU
+            records[case]["plain"] = plain_side(plan, replicas, args.warm_up, args.steps, device, args.plain_autocast)
         dist.barrier()
     if dist.get_rank() == 0:
         Path(args.out).write_text(json.dumps(records, indent=1))

@@ -1,7 +1,7 @@
 """The first GPU check, in one command: `make gpu-check` on a machine with an NVIDIA GPU.
 
     python -m scalelab.harness.gpu_check                  every part, within --deadline-s (needs CUDA)
-    python -m scalelab.harness.gpu_check --only bench     some parts: suite | bench | large | fp8 | sweep | diagnose | fsdp | memory | profile | rest
+    python -m scalelab.harness.gpu_check --only bench     some parts: suite | bench | large | fp8 | sweep | diagnose | fsdp | memory | profile | rest | stages
     python -m scalelab.harness.gpu_check --dry-run        the same steps on the CPU with tiny models
     python -m scalelab.harness.gpu_check --bundle-requirements   what `make gpu-bundle` downloads
 
@@ -30,7 +30,10 @@ The parts, in order of value (each gets the time the ones before it left, see --
 9. profile: one step of each side traced by torch.profiler (bf16 compiled): kernel time by class
    (matmul, attention, compiled, copies, optimizer, communication...), the busiest kernels, the time
    the device was busy; the traces kept under <out>/traces;
-10. rest: fp16 and fp32 with TF32, eager and compiled, against the plain loop.
+10. rest: fp16 and fp32 with TF32, eager and compiled, against the plain loop;
+11. stages: every sharded stage (1, 2, 3, hybrid) against the plain FSDP2 loop (torchtitan's recipe), bf16 eager
+    and compiled at 350M and 1.3B, with each side's device-busy share and kernel count from one traced step
+    (scalelab.harness.stage_check). New, so last here: a session lent a GPU for it runs ``--only stages``.
 
 Once every part has had its turn, the time left repeats the comparisons of parts 2, 3, 4 and 10 (a
 second scalelab run, then a second plain run; bf16, then fp8), up to --rounds measurements of
@@ -73,6 +76,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalelab.harness import REPO_ROOT
+from scalelab.harness.stage_check import plain_fsdp_args, plain_launcher, stages
 
 # ----------------------------------------------------------------------------- what the GPU machine lacks
 GPU_MACHINE_HAS = frozenset({
@@ -139,16 +143,23 @@ class Key:
     was); "traced" (either side): one step traced by torch.profiler, for the profile part."""
     stage: int = 0
     """scalelab's ZeRO stage (world size 1): 0 trains the model as a user does, 2 and 3 are FSDP2 over
-    one device (the fsdp part)."""
+    one device (the fsdp part); the plain side of a key with a stage is the plain FSDP2 loop (the stages part)."""
+    replicas: int = 1
+    """Hybrid sharding over this many replicas of one shard each (world size = replicas): the stages part."""
 
     @property
     def label(self) -> str:
         return (f"{self.shape} {self.precision}{'+tf32' if self.tf32 else ''} {'compiled' if self.compiled else 'eager'}"
-                + (f" stage {self.stage}" if self.stage else "") + (f" [{self.variant}]" if self.variant else ""))
+                + (f" stage {self.stage}" if self.stage and self.replicas == 1 else "")
+                + (f" hybrid x{self.replicas}" if self.replicas > 1 else "") + (f" [{self.variant}]" if self.variant else ""))
+
+    @property
+    def traced(self) -> bool:
+        return self.variant.startswith("traced")
 
     @property
     def base(self) -> "Key":
-        return dataclasses.replace(self, variant="", stage=0)
+        return dataclasses.replace(self, variant="", stage=0, replicas=1)
 
     @property
     def slug(self) -> str:
@@ -247,10 +258,12 @@ class Check:
         data_dir = self._data()
         n = sum(m["status"] != "not run: deadline" for m in self.scalelab.get(key, []))
         cfg = self._config(key)
-        if key.variant == "traced":  # one step after the warm-up; the measurement window leaves it out
+        if key.traced:  # one step after the warm-up; the measurement window leaves it out
             cfg["train"]["profile"] = [cfg["train"]["warmup_steps"] + 1] * 2
+        if self.dry_run and key.replicas > 1:  # hybrid's ranks on a small CPU: a check of the path, not a measurement
+            cfg["planning"]["launch_overcommitted"] = True
         lever = {"compile": key.compiled} if "compile" in AXIS else {}
-        point = RunPoint(key.precision, key.stage, 1, **lever)
+        point = RunPoint(key.precision, key.stage, key.replicas, replicas=key.replicas, **lever)
         started = time.monotonic()
         name = f"scalelab-{key.slug}-{n + 1}"
         try:
@@ -269,7 +282,7 @@ class Check:
              "peak_bytes_predicted": s.get("predicted_peak_bytes"), "compile_time_s": s.get("compile_time_s"),
              "wall_s": time.monotonic() - started, "device_name": s.get("device_name"), "n_params": s.get("n_params"),
              "fp8_emulated": s.get("fp8_emulated"), "log": str(self.out / "logs" / f"{name}.log"),
-             "trace": str(self.work / "runs" / name / "trace" / "rank0.json") if key.variant == "traced" else None}
+             "trace": str(self.work / "runs" / name / "trace" / "rank0.json") if key.traced else None}
         return self._keep("scalelab", key, m)
 
     def measure_plain(self, key: Key) -> dict:
@@ -281,16 +294,17 @@ class Check:
         n = sum(m["status"] != "not run: deadline" for m in self.plain.get(key, []))
         name = f"plain-{key.slug}-{n + 1}"
         result_path = self.work / f"{name}.json"
-        cmd = [sys.executable, "-m", "scalelab.harness.plain_loop", "--n-layers", str(shape["n_layers"]),
+        cmd = [*plain_launcher(key), "-m", "scalelab.harness.plain_loop", "--n-layers", str(shape["n_layers"]),
                "--d-model", str(shape["d_model"]), "--n-heads", str(shape["n_heads"]), "--seq-len", str(shape["seq_len"]),
-               "--vocab-size", str(shape["vocab_size"]), "--batch-size", str(shape["batch"]), "--steps", str(steps),
+               "--vocab-size", str(shape["vocab_size"]), "--batch-size", str(shape["batch"] // key.replicas), "--steps", str(steps),
                "--warmup-steps", str(warmup), "--precision", key.precision, "--device", "cpu" if self.dry_run else "cuda",
                "--json", str(result_path)]
         cmd += ["--compile"] if key.compiled else []
         cmd += ["--compile-scope", "blocks"] if key.variant == "blocks" else []
         cmd += ["--ddp"] if key.variant == "ddp" else []
         cmd += ["--tf32"] if key.tf32 else []
-        trace = self.work / f"{name}.trace.json" if key.variant == "traced" else None
+        cmd += plain_fsdp_args(key)
+        trace = self.work / f"{name}.trace.json" if key.traced else None
         cmd += ["--trace", str(trace)] if trace else []
         cmd += ["--threads", str(self.threads)]
         started = time.monotonic()
@@ -930,8 +944,9 @@ def profile(check: Check) -> dict:
 
 
 PARTS = {"suite": gpu_suite, "bench": bench, "large": large, "fp8": fp8, "sweep": reference_sweep, "diagnose": diagnose, "fsdp": fsdp,
-         "memory": memory, "profile": profile, "rest": rest}
-"""The parts in order of value: each runs with the time the ones before it left."""
+         "memory": memory, "profile": profile, "rest": rest, "stages": stages}
+"""The parts in order of value: each runs with the time the ones before it left. The stages part, new, comes
+last in a whole check; a session lent a GPU for it runs it alone (``--only stages``)."""
 
 
 def summary(check: Check, parts: list[str]) -> str:

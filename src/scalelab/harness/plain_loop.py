@@ -37,7 +37,9 @@ over a device mesh, one dimension or, with ``--replicas R``, torchtitan's (dp_re
 ``reshard_after_forward`` True (reshard: ZeRO-3) or False (keep: ZeRO-2); a ``MixedPrecisionPolicy`` in
 place of autocast (bf16: parameters gathered in bf16, gradients reduced in fp32; fp32: none); the same
 fused AdamW, stepping the DTensor shards; clipping by torch's clip_grad_norm_. Over one rank unless
-torchrun's environment (WORLD_SIZE) says otherwise. torchtitan trains no fp16: neither does this loop.
+torchrun's environment (WORLD_SIZE) says otherwise (a GPU a rank). torchtitan trains no fp16: neither does this
+loop. ``--autocast`` adds autocast around the forward, as scalelab's sharded stages run it over the policy (on a
+GPU autocast runs LayerNorm in fp32, with its casts): what that costs, apart from the rest.
 """
 from __future__ import annotations
 
@@ -163,17 +165,18 @@ def _compiled_or_wrapped(model: GPT, compile: bool, compile_scope: str, ddp: boo
 
 
 def _prepared(model: GPT, precision: str, compile: bool, compile_scope: str, ddp: bool, fsdp: str | None,
-              replicas: int, on_gpu: bool, lr: float, weight_decay: float):
+              replicas: int, fsdp_autocast: bool, on_gpu: bool, lr: float, weight_decay: float):
     """(model, optimizer, autocast context, loss scaler) as the variant trains them: the FSDP2 loop shards
-    before its optimizer is built (it steps the DTensor shards) and runs no autocast (its policy casts)."""
+    before its optimizer is built (it steps the DTensor shards) and runs no autocast (its policy casts)
+    unless asked (fsdp_autocast: scalelab's sharded stages run autocast around the policy too)."""
+    dtype = AUTOCAST[precision]
+    ctx = torch.autocast(device_type="cuda" if on_gpu else "cpu", dtype=dtype) if dtype else nullcontext()
     if fsdp is not None:
         _join_group(on_gpu)
         model = fully_shard_model(model, FSDP_RESHARD[fsdp], precision, compile, replicas)
         scaler = torch.amp.GradScaler("cuda" if on_gpu else "cpu", enabled=False)
-        return model, adamw(model, lr, weight_decay), nullcontext(), scaler
+        return model, adamw(model, lr, weight_decay), ctx if fsdp_autocast else nullcontext(), scaler
     optimizer = adamw(model, lr, weight_decay)
-    dtype = AUTOCAST[precision]
-    ctx = torch.autocast(device_type="cuda" if on_gpu else "cpu", dtype=dtype) if dtype else nullcontext()
     scaler = torch.amp.GradScaler("cuda" if on_gpu else "cpu", enabled=precision == "fp16")
     return _compiled_or_wrapped(model, compile, compile_scope, ddp, on_gpu), optimizer, ctx, scaler
 
@@ -187,6 +190,8 @@ def _join_group(on_gpu: bool) -> None:
         return
     timeout = datetime.timedelta(seconds=120)
     if "WORLD_SIZE" in os.environ:
+        if on_gpu:  # one device a rank
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group("nccl" if on_gpu else "gloo", timeout=timeout)
         return
     store = tempfile.NamedTemporaryFile(prefix="plain-loop-store-", delete=False)
@@ -251,27 +256,10 @@ def _leave_group() -> None:
     torch.distributed.destroy_process_group()
 
 
-def train(n_layers: int, d_model: int, n_heads: int, seq_len: int, vocab_size: int, batch_size: int,
-          steps: int = 30, warmup_steps: int = 10, precision: str = "bf16", compile: bool = False,
-          tf32: bool = False, device: str | None = None, lr: float = 6e-4, weight_decay: float = 0.1,
-          seed: int = 0, compile_scope: str = "model", ddp: bool = False, trace: str | None = None,
-          fsdp: str | None = None, replicas: int = 1) -> dict:
-    """Train for ``steps`` steps and return what was measured (see the module's docstring)."""
-    if warmup_steps >= steps - (1 if trace else 0):
-        raise ValueError(f"warmup_steps={warmup_steps} leaves no step to measure out of steps={steps}")
-    if compile_scope not in ("model", "blocks"):
-        raise ValueError(f"compile_scope must be 'model' or 'blocks', not {compile_scope!r}")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+def _loop(model, optimizer, scaler, ctx, steps: int, batch_size: int, seq_len: int, vocab_size: int, device: str,
+          trace: str | None) -> tuple[list[float], list[float]]:
+    """The timed steps on a fresh random batch each: (each step's wall time, its loss)."""
     on_gpu = device.startswith("cuda")
-    torch.manual_seed(seed)
-    if on_gpu:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.backends.cudnn.allow_tf32 = tf32
-
-    model = GPT(n_layers, d_model, n_heads, seq_len, vocab_size).to(device)
-    n_params = sum(p.numel() for p in model.parameters())
-    model, optimizer, ctx, scaler = _prepared(model, precision, compile, compile_scope, ddp, fsdp, replicas, on_gpu,
-                                              lr, weight_decay)
 
     def get_batch():
         data = torch.randint(0, vocab_size, (batch_size, seq_len + 1))
@@ -292,15 +280,42 @@ def train(n_layers: int, d_model: int, n_heads: int, seq_len: int, vocab_size: i
         step_times.append(time.perf_counter() - t0)
         profiler.__exit__(None, None, None)
         losses.append(loss.item())
-    if trace:
+    if trace and os.environ.get("RANK", "0") == "0":  # every rank traced its step alike; the first one's is kept
         profiler.export_chrome_trace(trace)
+    return step_times, losses
 
-    measured = step_times[warmup_steps:len(step_times) - (1 if trace else 0)]
-    median = statistics.median(measured)
-    tokens_per_step = batch_size * seq_len
+
+def train(n_layers: int, d_model: int, n_heads: int, seq_len: int, vocab_size: int, batch_size: int,
+          steps: int = 30, warmup_steps: int = 10, precision: str = "bf16", compile: bool = False,
+          tf32: bool = False, device: str | None = None, lr: float = 6e-4, weight_decay: float = 0.1,
+          seed: int = 0, compile_scope: str = "model", ddp: bool = False, trace: str | None = None,
+          fsdp: str | None = None, replicas: int = 1, fsdp_autocast: bool = False) -> dict:
+    """Train for ``steps`` steps and return what was measured (see the module's docstring)."""
+    if warmup_steps >= steps - (1 if trace else 0):
+        raise ValueError(f"warmup_steps={warmup_steps} leaves no step to measure out of steps={steps}")
+    if compile_scope not in ("model", "blocks"):
+        raise ValueError(f"compile_scope must be 'model' or 'blocks', not {compile_scope!r}")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    on_gpu = device.startswith("cuda")
+    torch.manual_seed(seed)
+    if on_gpu:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+
+    if fsdp is not None:
+        _join_group(on_gpu)  # before the model is moved: torchrun's rank picks its device
+    model = GPT(n_layers, d_model, n_heads, seq_len, vocab_size).to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    ranks = torch.distributed.get_world_size() if fsdp is not None else 1
+    model, optimizer, ctx, scaler = _prepared(model, precision, compile, compile_scope, ddp, fsdp, replicas,
+                                              fsdp_autocast, on_gpu, lr, weight_decay)
+
+    step_times, losses = _loop(model, optimizer, scaler, ctx, steps, batch_size, seq_len, vocab_size, device, trace)
     if ddp or fsdp:
         del model, optimizer  # DDP's and FSDP2's references to the group go before it (_leave_group)
         _leave_group()
+    measured = step_times[warmup_steps:len(step_times) - (1 if trace else 0)]
+    tokens_per_step = batch_size * seq_len * ranks  # the global batch's: batch_size a rank
     return {
         "n_params": n_params, "device": device,
         "device_name": torch.cuda.get_device_name() if on_gpu else "cpu",
@@ -309,15 +324,19 @@ def train(n_layers: int, d_model: int, n_heads: int, seq_len: int, vocab_size: i
                   "vocab_size": vocab_size},
         "batch_size": batch_size, "precision": precision, "tf32": tf32, "compile": compile,
         "compile_scope": "blocks" if compile and fsdp else compile_scope if compile else None, "ddp": ddp,
-        "fsdp": fsdp, "replicas": replicas,
-        "steps": steps, "warmup_steps": warmup_steps, "tokens_per_step": tokens_per_step,
-        "tokens_per_s": tokens_per_step / median,
-        "tokens_per_s_mean": tokens_per_step * len(measured) / sum(measured),
-        "step_time_s_median": median, "step_time_s_mean": sum(measured) / len(measured),
-        "first_step_s": step_times[0], "step_times_s": step_times,
+        "fsdp": fsdp, "replicas": replicas, "fsdp_autocast": fsdp_autocast,
+        "steps": steps, "warmup_steps": warmup_steps, **_timings(tokens_per_step, step_times, measured),
         "peak_mem_allocated_bytes": torch.cuda.max_memory_allocated() if on_gpu else None,
         "final_loss": losses[-1],
     }
+
+
+def _timings(tokens_per_step: int, step_times: list[float], measured: list[float]) -> dict:
+    median = statistics.median(measured)
+    return {"tokens_per_step": tokens_per_step, "tokens_per_s": tokens_per_step / median,
+            "tokens_per_s_mean": tokens_per_step * len(measured) / sum(measured),
+            "step_time_s_median": median, "step_time_s_mean": sum(measured) / len(measured),
+            "first_step_s": step_times[0], "step_times_s": step_times}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -339,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fsdp", choices=list(FSDP_RESHARD), default=None,
                         help="the plain FSDP2 loop (torchtitan's recipe): reshard (ZeRO-3) or keep (ZeRO-2) after forward")
     parser.add_argument("--replicas", type=int, default=1, help="with --fsdp: hybrid sharding over R replicas")
+    parser.add_argument("--autocast", action="store_true",
+                        help="with --fsdp: autocast around the forward too, as scalelab's sharded stages run it")
     parser.add_argument("--tf32", action="store_true", help="allow TF32 matmuls (GPU)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when there is one)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
@@ -351,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     result = train(args.n_layers, args.d_model, args.n_heads, args.seq_len, args.vocab_size, args.batch_size,
                    args.steps, args.warmup_steps, args.precision, args.compile, args.tf32, args.device,
                    compile_scope=args.compile_scope, ddp=args.ddp, trace=args.trace, fsdp=args.fsdp,
-                   replicas=args.replicas)
+                   replicas=args.replicas, fsdp_autocast=args.autocast)
     if args.json and os.environ.get("RANK", "0") == "0":  # torchrun's ranks: the first one writes
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
