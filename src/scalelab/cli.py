@@ -5,12 +5,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from scalelab.io import OutputTaken
 from scalelab.results.migrate import OldLayout, check_layout
 
 
 def _collect(args) -> int:
     from scalelab.results.collect import collect
 
+    if not (Path(args.results_dir) / "runs").is_dir():  # never a new folder of empty tables for a mistyped path
+        print(f"error: {args.results_dir} has no runs/ folder to collect", file=sys.stderr)
+        return 2
     result = collect(args.results_dir)
     for problem in result["problems"]:
         print(f"warning: {problem}", file=sys.stderr)
@@ -258,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         getattr(args, "usage_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return args.func(args)
-    except OldLayout as err:  # run folders of an earlier layout: say what to run instead of "no runs"
+    except (OldLayout, OutputTaken) as err:  # old run folders (say what to run), an --out that is not ours to replace
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # a missing or unreadable file the user named: which one, and why, in one line

@@ -79,3 +79,21 @@ def write_json(path: str | Path, obj) -> None:
 
 def read_json(path: str | Path):
     return json.loads(Path(path).read_text())
+
+
+class OutputTaken(ValueError):
+    """An output folder that holds something else than an earlier output of the same kind: never replaced."""
+
+
+def check_replaceable(out_dir: Path, written: tuple[str, ...]) -> None:
+    """A report or comparison replaces its output folder whole: only an absent one, or one holding nothing but what
+    that output writes (``written``: its file and folder names; an earlier output, or what Snakemake left of one),
+    so that an `--out` that names a file or a folder of one's own loses nothing."""
+    if not out_dir.exists() and not out_dir.is_symlink():
+        return
+    if not out_dir.is_dir():
+        raise OutputTaken(f"{out_dir} is a file, not an output folder: name a folder (it is created if missing)")
+    others = sorted(p.name for p in out_dir.iterdir() if p.name not in written)
+    if others:
+        raise OutputTaken(f"{out_dir} holds files this output does not write ({', '.join(others[:3])}"
+                          f"{', ...' if len(others) > 3 else ''}) and would be replaced whole: name a new or empty folder")

@@ -282,10 +282,12 @@ def summary_lines(table: pd.DataFrame, only: pd.DataFrame, prov: pd.DataFrame, l
 
 def build_compare(a: str | Path, b: str | Path, out_dir: str | Path | None = None) -> Path:
     """Write <out_dir>/compare.html and compare.md (default out_dir: B/compare); return the HTML path."""
+    from scalelab.io import check_replaceable
     from scalelab.report.report import markdown_table, markdown_text, render, table_model
 
     a, b = Path(a), Path(b)
     out_dir = Path(out_dir) if out_dir else b / "compare"
+    check_replaceable(out_dir, ("compare.html", "compare.md"))
     runs_a, steps_a = _side(a)
     runs_b, steps_b = _side(b)
     table = compare_runs(runs_a, runs_b, steps_a, steps_b)

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from markupsafe import Markup
 
 from scalelab import __version__
-from scalelab.io import building_dir
+from scalelab.io import building_dir, check_replaceable
 from scalelab.plan.sweep import SWEEP_AXES
 from scalelab.report import checks, dictionary
 from scalelab.report.figures import FIGURES_DIR, Drawn, start_figures
@@ -530,6 +530,7 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None, wor
     figures (scalelab.report.figures.drawing_workers)."""
     results_dir = Path(results_dir)
     out_dir = Path(out_dir) if out_dir else results_dir / "report"
+    check_replaceable(out_dir, ("report.html", "summary.md", FIGURES_DIR))
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     building = building_dir(out_dir)
     try:

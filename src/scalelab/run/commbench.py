@@ -308,6 +308,19 @@ def _ints(text: str, what: str) -> list[int]:
     return values
 
 
+def _check_numbers(args) -> None:
+    """Every count and duration in range, before any rank starts (ValueError naming the flag)."""
+    import math
+
+    for flag, value, low, strict in (("--threads-per-rank", args.threads_per_rank, 1, False), ("--reps", args.reps, 1, False),
+                                     ("--warmup", args.warmup, 0, False), ("--max-reps", args.max_reps, 1, False),
+                                     ("--min-seconds", args.min_seconds, 0, False),
+                                     ("--collective-timeout", args.collective_timeout, 0, True),
+                                     ("--timeout", args.timeout, 0, True), ("--batch-max-bytes", args.batch_max_bytes, 1, False)):
+        if not math.isfinite(value) or value < low or (strict and value == low):
+            raise ValueError(f"{flag} must be {'>' if strict else '>='} {low} and finite, got {value}")
+
+
 def _names(text: str) -> tuple[str, ...]:
     """A comma-separated option's names (checked against COLLECTIVES by run_world_size)."""
     return tuple(name.strip() for name in text.split(",") if name.strip())
@@ -320,6 +333,7 @@ def _bench_comm(args) -> int:
 
         device = "cuda" if visible_gpus() else "cpu"
     try:
+        _check_numbers(args)
         world_sizes = _ints(args.world_sizes, "--world-sizes")
         max_bytes = args.max_bytes or (CPU_MAX_BYTES if device == "cpu" else GPU_MAX_BYTES)
         sizes = message_sizes(args.min_bytes, max_bytes, args.factor)
