@@ -113,6 +113,20 @@ if not _INHERITED:
 # device the job finds (scalelab.run.launch).
 PLANS = {run_id: run_plan(config, point, device=DEVICE_PLAN.device, device_reason=DEVICE_PLAN.why)
          for run_id, point in POINTS.items()}
+# An upgrade in place must not retrain finished runs silently: values a run depends on that changed since it
+# trained, and that the user's own config does not set (a new release's defaults), stop the workflow here,
+# naming the runs and how to keep them (scalelab.results.retrain_guard). Planning processes only.
+if not (workflow.remote_exec or workflow.subprocess_exec or workflow.touch) and not config["planning"]["retrain_changed_defaults"]:
+    from scalelab.config.reading import read_yaml
+    from scalelab.results import retrain_guard
+
+    _own = [dict(workflow.config_settings.overwrite_config)]
+    if Path("config.yaml").resolve() != (Path(workflow.basedir) / "config.yaml").resolve():
+        _own.append(read_yaml("config.yaml") or {})  # the working directory's own config.yaml, not the shipped one
+    _changed = retrain_guard.changed_defaults(
+        RESULTS, {run_id: result_params(config, plan) for run_id, plan in PLANS.items()}, retrain_guard.user_keys(_own))
+    if _changed:
+        raise WorkflowError(retrain_guard.refusal(_changed))
 # planning.top_k: the forecast ranks every point before any job starts (scalelab.forecast.pruning). The
 # planning process decides; the process that runs the jobs records the decision in onstart, under the
 # results folder's lock (<results>/plan/forecast.json, removed there without top_k); the jobs, which parse

@@ -2,6 +2,7 @@
 raises, its builder is missing, it returns something else), and, when it fails only once a run launches,
 that run ends `failed` with the cause while every other point of the sweep trains."""
 import json
+import re
 import os
 import subprocess
 import sys
@@ -60,3 +61,32 @@ def test_a_module_failing_in_its_launcher_fails_its_run_and_the_others_train(tmp
                             capture_output=True, text=True, timeout=60)
     assert "failed" in status.stdout and "breaks in the launcher" in status.stdout and "killed" not in status.stdout, status.stdout
     assert (workdir / "results" / "report" / "report.html").exists()  # the sweep went on to its report
+
+
+def test_an_upgrade_that_changes_a_shipped_default_stops_before_retraining(tmp_path):
+    """A checkout's own config.yaml is the shipped one: a new release that changes one of its values would rerun every
+    finished run that depends on it. The workflow stops first, naming the runs, the value then and now, and what
+    keeps them; a user's own --configfile setting the value is what they asked for, and reruns."""
+    import shutil
+
+    import yaml
+
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    for part in ("Snakefile", "rules", "workflow", "profiles"):
+        (shutil.copytree if (REPO / part).is_dir() else shutil.copy)(REPO / part, checkout / part)
+    shipped = tiny_config(train={"steps": 4, "warmup_steps": 1})
+    (checkout / "config.yaml").write_text(yaml.safe_dump(shipped, sort_keys=False))
+    run = ["-s", str(checkout / "Snakefile")]
+    snakemake(checkout, *run, "--cores", "2", timeout=300)
+    assert json.loads((checkout / "results/runs/fp32-z0-w1/summary.json").read_text())["status"] == "ok"
+    shipped["train"]["lr"] = 0.001  # the next release's default
+    (checkout / "config.yaml").write_text(yaml.safe_dump(shipped, sort_keys=False))
+    refused = snakemake(checkout, *run, "-n", "--cores", "2", check=False, timeout=120)
+    said = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "1 finished run(s) would be retrained" in said, said[-3000:]
+    assert "train.lr: 0.003 then, 0.001 now" in said and "fp32-z0-w1" in said and "Traceback" not in said, said[-3000:]
+    (tmp_path / "mine.yaml").write_text("train: {lr: 0.001}\n")  # the user's own choice: rerun, no question
+    planned = snakemake(checkout, *run, "-n", "--cores", "2", "--configfile", str(tmp_path / "mine.yaml"), timeout=120)
+    said = planned.stdout + planned.stderr
+    assert re.search(r"\btrain +1\b", said) and "would be retrained" not in said, said[-3000:]
