@@ -176,10 +176,7 @@ def _parallelize_fsdp(model: GPT, device, lr, weight_decay, reshard_after_forwar
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for block in model.blocks:  # one all-gather/reduce-scatter group per transformer block
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload, mp_policy=mp)
-    # The root (embeddings, final norm, tied head) keeps its parameters after forward, as FSDP2 does by default
-    # and torchtitan leaves it: backward starts with the head, which would gather them straight back. Passed
-    # True, FSDP2 frees them and gathers them again every step (an all-gather, or its casts on one rank).
-    fully_shard(model, mesh=mesh, offload_policy=offload, mp_policy=mp)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload, mp_policy=mp)
     opt = torch.optim.AdamW(param_groups(model, weight_decay), **_adamw_kwargs(lr, cpu_offload))
     assert isinstance(model, FSDPModule)
 
