@@ -2,8 +2,8 @@
 raises, its builder is missing, it returns something else), and, when it fails only once a run launches,
 that run ends `failed` with the cause while every other point of the sweep trains."""
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 
