@@ -40,3 +40,30 @@ def test_the_gpu_default_overlap_efficiency_is_where_the_published_rows_agree_be
     assert {0.0, 0.25, 0.5, 0.75, 1.0, eta} == set(coarse)  # the doc's table holds the default's row
     assert coarse[eta]["all"] == pytest.approx(best["all"])
     assert coarse[1.0]["worst"] > 0.20, "at 1 the DDP rows over EFA miss by far: the reason the default is not 1"
+
+
+def test_the_playbook_sweeps_tensor_parallel_rows_meet_the_targets_in_and_out_of_sample():
+    """The sweep's tensor-parallel rows at 64-256 GPUs, each series calibrated at its smallest count: mean absolute error
+    <= 15% with >= 75% within 20%, and the rows held out of the fit <= 15% too; >= 90% of the series calibrate at an MFU
+    <= 0.65; >= 90% of the runs (all of which ran in 80 GB) are predicted to fit, and >= 75% within 20% of their memory."""
+    from scalelab.forecast import published_sweep
+
+    rows, memory = published_sweep.validation(), published_sweep.memory_validation()
+    t = published_sweep.targets(rows, memory)
+    assert t["tp_rows"] >= 100 and {r["model"] for r in rows} == {"1B", "3B", "8B"}
+    assert t["tp_mae"] <= 0.15 and t["tp_within_20"] >= 0.75 and t["tp_held_out_mae"] <= 0.15, t
+    assert t["mfu_at_most_0_65"] >= 0.90 and t["ran_predicted_to_fit"] >= 0.90 and t["memory_within_20"] >= 0.75, t
+    assert min(t["zero1_3b_mae"].values()) <= 0.10, t  # a pure data-parallel ZeRO-1 series of the 3B model
+    for r in rows:
+        assert r["error"] == pytest.approx(r["predicted"] / r["published"] - 1) and r["gpus"] > r["calibrated_at"]
+
+
+def test_the_megatron_trainers_overlap_efficiency_is_fitted_on_the_fit_set_alone():
+    """The constant is the grid's best for the 1B series (in-sample); the held-out series play no part in it."""
+    from scalelab.forecast import published_sweep
+    from scalelab.spec.strategies import MEGATRON_OVERLAP_EFFICIENCY, TRAINERS
+
+    fine = published_sweep.eta_fit([i / 20 for i in range(21)])
+    assert min(fine, key=lambda f: f["fit"])["overlap_efficiency"] == pytest.approx(MEGATRON_OVERLAP_EFFICIENCY)
+    assert TRAINERS["megatron"].overlap_efficiency == MEGATRON_OVERLAP_EFFICIENCY
+    assert published_sweep.FIT_MODELS == ("1B",)

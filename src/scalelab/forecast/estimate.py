@@ -479,7 +479,10 @@ def machine_of(args, precision: str, gpus: list[int]) -> tuple[Machine, dict | N
                             f"link between nodes: a product ({', '.join(links.known_names())}), a bandwidth in GB/s "
                             "or a `scalelab bench comm` table")
     inter = _link("--inter-node", args.inter_node, efficiency, notes) if args.inter_node is not None else None
-    eta = prediction.DEFAULT_OVERLAP_EFFICIENCY["cuda"] if args.overlap_efficiency is None else args.overlap_efficiency
+    eta = args.overlap_efficiency
+    if eta is None:  # the trainer's, where fitted to its published runs; else the GPU's
+        eta = TRAINERS[getattr(args, "trainer", "scalelab")].overlap_efficiency
+        eta = prediction.DEFAULT_OVERLAP_EFFICIENCY["cuda"] if eta is None else eta
     if not (math.isfinite(eta) and 0 <= eta <= 1):
         raise EstimateError(f"--overlap-efficiency must be in [0, 1], got {eta:g}")
     return Machine(product=product, peak_flops=peak, mfu=mfu, per_node=per_node, intra=intra, inter=inter,
@@ -527,7 +530,7 @@ def scaling_table(args) -> dict:
 
     return {"prediction": True, **_named(args), "n_params": n_params, "zero_stage": key,
             "shape": {"family": cfg.family, "n_layers": cfg.n_layers, "d_model": cfg.d_model, "n_heads": cfg.n_heads},
-            "strategy": strategy(point.priced).name, "trainer": args.trainer, "trainer_priced": TRAINERS[args.trainer],
+            "strategy": strategy(point.priced).name, "trainer": args.trainer, "trainer_priced": TRAINERS[args.trainer].description,
             "precision": args.precision, "grad_reduce": grad_reduce,
             "seq_len": cfg.seq_len, "micro_batch": micro, "global_batch": global_batch, "activation_checkpointing": checkpointing,
             "tensor_parallel": tensor_parallel,
@@ -747,7 +750,7 @@ def cluster_flags(p) -> None:
 def trainer_flag(p) -> None:
     """--trainer: whose implementation of the strategies a forecast prices (estimate scaling's and plan's)."""
     p.add_argument("--trainer", default="scalelab", choices=list(TRAINERS),
-                   help="; ".join(f"{k}: {v}" for k, v in TRAINERS.items()) + " (default scalelab)")
+                   help="; ".join(f"{k}: {v.description}" for k, v in TRAINERS.items()) + " (default scalelab)")
 
 
 def grad_reduce_of(args) -> str:

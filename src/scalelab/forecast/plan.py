@@ -204,7 +204,7 @@ def _assumptions(args, machine, source, degrees: list[int], grad_reduce: str, cf
         "link_rule": LINK_RULE,
         "overlap_efficiency": machine.overlap_efficiency,
         "overlap_efficiency_default": args.overlap_efficiency is None,
-        "trainer": args.trainer, "trainer_priced": TRAINERS[args.trainer], "grad_reduce": grad_reduce,
+        "trainer": args.trainer, "trainer_priced": TRAINERS[args.trainer].description, "grad_reduce": grad_reduce,
         "reserve": RESERVE["source"] if args.reserve_gib is None else "--reserve-gib",
         "fp8": {**hardware.fp8_outlook(cfg.d_model), "timing": fp8_notes[0]} if fp8_notes else None,
         "tensor_parallel": f"degrees {', '.join(map(str, degrees))} within a node (their all-reduces on the critical "

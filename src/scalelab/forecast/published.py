@@ -29,6 +29,10 @@ Pure data parallelism (DDP), from two sources:
   at every count, micro-batch 256, fp16 all-reduce after accumulation. Its links are not stated: taken as the
   DGX A100's 8 x 200 Gb/s HDR, one NIC per GPU. Its step is compute-bound at every count (the all-reduce is
   about 2% of it), so the rows check that the model adds nothing there; they do not weigh the overlap.
+
+Tensor parallelism and ZeRO-1: the Ultra-Scale Playbook's benchmark sweep (SWEEP_ROWS; the data and its source in
+scalelab.forecast.playbook_sweep), priced as nanotron runs them and validated, fit set and held-out rows apart, by
+scalelab.forecast.published_sweep, whose tables follow these.
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ import argparse
 from dataclasses import dataclass
 
 from scalelab.config import ModelConfig
+from scalelab.forecast import playbook_sweep
 from scalelab.formulas import accounting, links
 from scalelab.spec import hardware
 from scalelab.spec.presets import PRESETS
@@ -61,13 +66,19 @@ class Published:
     intra_node: str | None = None
     """The link within a node as a user gives it (--intra-node); None: the GPU's own (links.DEFAULT_INTRA_NODE)."""
     n_params: int | None = None
-    """The parameters where the shape's family counts others (a tied embedding a llama shape unties); None: the shape's."""
+    """The parameters where the shape's family counts others; None: the shape's."""
+    tensor_parallel: int = 1
+    sequence_parallel: bool = False
+    trainer: str = "scalelab"
+    """Whose implementation is priced (scalelab.spec.strategies.TRAINERS): nanotron's runs are the megatron form."""
+    memory_gb: float | None = None
+    """The peak GPU memory the source states, GB, where it does."""
 
     @property
     def strategy(self) -> str:
-        """The row's kind in the tables: only stages 0 and 3 are published here (a row of another stage is a KeyError,
-        not a mislabelled FSDP row)."""
-        return {0: "DDP", 3: "FSDP"}[self.key]
+        """The row's kind in the tables: stages 0, 1 and 3, with tensor parallelism where used (a row of another stage is
+        a KeyError, not a mislabelled row)."""
+        return {0: "DDP", 1: "ZeRO-1", 3: "FSDP"}[self.key] + (" x TP" if self.tensor_parallel > 1 else "")
 
 
 MPT = "llm-foundry MPT benchmarks (H100 80GB BF16)"
@@ -82,19 +93,33 @@ def _mpt(n_layers: int, d_model: int, n_heads: int) -> ModelConfig:
 
 
 _LLAMA8B = ModelConfig(**{**PRESETS["llama3-8b"].shape, "seq_len": 8192})
-_PLAYBOOK_1B = ModelConfig(n_layers=16, d_model=2048, n_heads=32, seq_len=4096, tie_embeddings=False, vocab_size=131072,
-                           family="llama", n_kv_heads=32, ffn_dim=8192)
-_PLAYBOOK_PARAMS = accounting.param_count(_PLAYBOOK_1B) - _PLAYBOOK_1B.vocab_size * _PLAYBOOK_1B.d_model  # head tied
-PLAYBOOK_BUSBW_GB = {1: 436.0, 2: 361.7, 4: 160.1, 8: 99.6, 16: 84.7, 32: 64.9, 64: 32.9}
-"""The playbook's measured all-reduce bus bandwidth (GB/s, 256 MB, median) over every GPU of N nodes of 8."""
+PLAYBOOK_BUSBW_GB = playbook_sweep.BUSBW_GB
 _BERT_LARGE = ModelConfig(n_layers=24, d_model=1024, n_heads=16, seq_len=128, tie_embeddings=True, vocab_size=30522)
 
 
 def _playbook(gpus: int, micro: int, accumulation: int, tokens: float) -> Published:
+    """The playbook's data-parallel scaling series as scalelab's DDP prices it (fp32 buckets all-reduced)."""
     nodes = gpus // 8
-    return Published("1B Llama, DDP, micro-batch 1", PLAYBOOK, _PLAYBOOK_1B, gpus, micro, accumulation, False, tokens,
-                     key=0, inter_node=f"{PLAYBOOK_BUSBW_GB[nodes] / 8:g}@1", intra_node=f"{PLAYBOOK_BUSBW_GB[1]:g}@1",
-                     n_params=_PLAYBOOK_PARAMS)
+    return Published("1B Llama, DDP, micro-batch 1", PLAYBOOK, playbook_sweep.MODELS["1B"], gpus, micro, accumulation, False,
+                     tokens, key=0, inter_node=f"{PLAYBOOK_BUSBW_GB[nodes] / 8:g}@1", intra_node=f"{PLAYBOOK_BUSBW_GB[1]:g}@1")
+
+
+SWEEP = "Ultra-Scale Playbook benchmark sweep (nanotron, H100, EFA)"
+
+
+def _sweep_rows() -> list[Published]:
+    """The playbook sweep's series (scalelab.forecast.playbook_sweep) as nanotron runs them: the megatron trainer's
+    ZeRO-1 and tensor parallelism with sequence parallelism, gradients reduced in fp32; the links as measured."""
+    rows = []
+    for model, tp, zero, micro, points in playbook_sweep.SWEEP:
+        for nodes, tokens, memory in points:
+            data_parallel = 8 * nodes // tp
+            rows.append(Published(f"{model} TP {tp} ZeRO-{zero} mb {micro}", SWEEP, playbook_sweep.MODELS[model], 8 * nodes,
+                                  micro, playbook_sweep.GLOBAL_BATCH // (data_parallel * micro), False, tokens, key=zero,
+                                  tensor_parallel=tp, sequence_parallel=tp > 1, trainer="megatron",
+                                  inter_node=f"{PLAYBOOK_BUSBW_GB[nodes] / 8:g}@1", intra_node=f"{PLAYBOOK_BUSBW_GB[1]:g}@1",
+                                  memory_gb=memory))
+    return rows
 
 
 ROWS = (
@@ -118,25 +143,43 @@ ROWS = (
 and where a series differs from the FSDP rows' H100s on NDR: its GPU, strategy, precision and links)."""
 
 
-def default_overlap_efficiency() -> float:
+SWEEP_ROWS = tuple(_sweep_rows())
+"""The playbook sweep's rows (scalelab.forecast.published_sweep validates them)."""
+
+
+def default_overlap_efficiency(trainer: str = "scalelab") -> float:
+    """The overlap efficiency a forecast uses for the trainer: its own where fitted, else the GPU's default."""
     from scalelab.results.prediction import DEFAULT_OVERLAP_EFFICIENCY
+    from scalelab.spec.strategies import TRAINERS
 
-    return DEFAULT_OVERLAP_EFFICIENCY["cuda"]
+    own = TRAINERS[trainer].overlap_efficiency
+    return DEFAULT_OVERLAP_EFFICIENCY["cuda"] if own is None else own
 
 
-def _predicted(row: Published, mfu: float, overlap_efficiency: float | None = None) -> float:
-    from scalelab.forecast.estimate import Machine, Point, predict_point
+def predicted_row(row: Published, mfu: float, overlap_efficiency: float | None = None) -> dict:
+    """The step-time model's row (scalelab.forecast.step.predict_point) for a published run at a compute efficiency."""
+    from scalelab.forecast.step import Machine, predict_point
 
     product = hardware.gpu_by_name(row.gpu)
-    eta = default_overlap_efficiency() if overlap_efficiency is None else overlap_efficiency
+    eta = default_overlap_efficiency(row.trainer) if overlap_efficiency is None else overlap_efficiency
     machine = Machine(product=product, peak_flops=accounting.gpu_peak_flops(row.gpu, row.precision), mfu=mfu, per_node=8,
                       intra=links.parse_link(row.intra_node or links.DEFAULT_INTRA_NODE[product.name], None),
                       inter=links.parse_link(row.inter_node, None), overlap_efficiency=eta)
-    point = Point(cfg=row.cfg, n_params=row.n_params or accounting.param_count(row.cfg), key=row.key,
-                  precision=row.precision, grad_reduce=row.grad_reduce, micro_batch=row.micro_batch,
-                  global_batch=row.micro_batch * row.accumulation * row.gpus,
-                  activation_checkpointing=row.activation_checkpointing)
-    return predict_point(point, machine, row.gpus)["tokens_per_s_per_gpu"]
+    return predict_point(_point(row), machine, row.gpus)
+
+
+def _predicted(row: Published, mfu: float, overlap_efficiency: float | None = None) -> float:
+    return predicted_row(row, mfu, overlap_efficiency)["tokens_per_s_per_gpu"]
+
+
+def _point(row: Published):
+    from scalelab.forecast.step import Point
+
+    return Point(cfg=row.cfg, n_params=row.n_params or accounting.param_count(row.cfg), key=row.key,
+                 precision=row.precision, grad_reduce=row.grad_reduce, micro_batch=row.micro_batch,
+                 global_batch=row.micro_batch * row.accumulation * row.gpus // row.tensor_parallel,
+                 activation_checkpointing=row.activation_checkpointing, tensor_parallel=row.tensor_parallel,
+                 sequence_parallel=row.sequence_parallel, trainer=row.trainer)
 
 
 def calibrated_mfu(row: Published, overlap_efficiency: float | None = None) -> float:
@@ -153,13 +196,13 @@ def calibrated_mfu(row: Published, overlap_efficiency: float | None = None) -> f
     return (low + high) / 2
 
 
-def validation(overlap_efficiency: float | None = None) -> list[dict]:
+def validation(overlap_efficiency: float | None = None, rows: tuple[Published, ...] = ROWS) -> list[dict]:
     """Per published row beyond its series' smallest count: published and predicted tokens/s per GPU,
     and the error (predicted / published - 1), the series' efficiency calibrated at its smallest count;
-    at the GPU's default overlap efficiency, or the one given."""
+    at the trainer's overlap efficiency (scalelab's: the GPU's default), or the one given."""
     out = []
-    for series in dict.fromkeys(r.series for r in ROWS):
-        mine = sorted((r for r in ROWS if r.series == series), key=lambda r: r.gpus)
+    for series in dict.fromkeys(r.series for r in rows):
+        mine = sorted((r for r in rows if r.series == series), key=lambda r: r.gpus)
         mfu = calibrated_mfu(mine[0], overlap_efficiency)
         for row in mine[1:]:
             predicted = _predicted(row, mfu, overlap_efficiency)
@@ -217,9 +260,12 @@ def sensitivity_markdown(table: list[dict]) -> str:
 def document(sensitivity: bool = True) -> str:
     """What docs/prediction.md holds between its published-validation markers: the table at the default overlap
     efficiency, then (``sensitivity``) the errors at each efficiency of overlap_grid()."""
+    from scalelab.forecast import published_sweep
+
     parts = [markdown(validation())]
     if sensitivity:
         parts.append("Recalibrated and predicted at each overlap efficiency:\n\n" + sensitivity_markdown(overlap_sensitivity()))
+    parts.append(published_sweep.document())
     return "\n\n".join(parts)
 
 

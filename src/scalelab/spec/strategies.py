@@ -148,16 +148,28 @@ ZERO1_SHARDED = dataclasses.replace(
     wrapper="", grad_psi=1, overlap=(("reduce_scatter", "backward"),), batched=())
 ZERO1_SHARDED_KEY = "zero1-sharded"
 """What ``strategy()`` takes for ZERO1_SHARDED (forecasts only)."""
-TRAINERS = {
-    "scalelab": "scalelab's own strategies as its runs run them (ZeRO-1: PyTorch's ZeroRedundancyOptimizer, an fp32 "
-                "all-reduce then an fp32 broadcast of the updated shards; tensor parallelism with the embedding and head "
-                "whole, its backward all-reduces in fp32)",
-    "megatron": "Megatron-LM and nanotron (DeepSpeed's ZeRO-1 alike): ZeRO-1 as a distributed optimizer, gradients "
-                "reduce-scattered and parameters all-gathered in the compute dtype; bf16 parameters with an fp32 gradient "
-                "buffer; tensor parallelism with the embedding, head and loss split over the vocabulary, its collectives "
-                "in the compute dtype (scalelab.formulas.megatron_style)",
-}
-"""The trainers a forecast prices (``--trainer``): the name and what it changes."""
+@dataclass(frozen=True)
+class Trainer:
+    name: str
+    description: str
+    overlap_efficiency: float | None
+    """The share of its overlappable communication that hides behind compute (scalelab.results.prediction's eta) where
+    fitted to this trainer's published runs; None: the GPU's default there."""
+
+
+MEGATRON_OVERLAP_EFFICIENCY = 0.2
+"""eta of the megatron trainer: the value (on a grid of 0.05) at which the step-time model follows the Ultra-Scale
+Playbook sweep's 1B series best at up to 256 GPUs, each series calibrated at its smallest count (the fit set:
+scalelab.forecast.published.FIT_MODELS); its 3B and 8B series are held out (docs/prediction.md)."""
+TRAINERS = {t.name: t for t in (
+    Trainer("scalelab", "scalelab's own strategies as its runs run them (ZeRO-1: PyTorch's ZeroRedundancyOptimizer, an "
+                        "fp32 all-reduce then an fp32 broadcast of the updated shards; tensor parallelism with the embedding "
+                        "and head whole, its backward all-reduces in fp32)", None),
+    Trainer("megatron", "Megatron-LM and nanotron (DeepSpeed's ZeRO-1 alike): ZeRO-1 as a distributed optimizer, gradients "
+                        "reduce-scattered and parameters all-gathered in the compute dtype; bf16 parameters with an fp32 "
+                        "gradient buffer; tensor parallelism with the embedding, head and loss split over the vocabulary, its "
+                        "collectives in the compute dtype (scalelab.formulas.megatron_style)", MEGATRON_OVERLAP_EFFICIENCY),
+)}
 HYBRID_KEY = "hybrid"
 """What ``strategy()`` and ``scalelab estimate`` accept for hybrid sharding beside the stages."""
 
