@@ -176,6 +176,9 @@ def _parallelize_fsdp(model: GPT, device, lr, weight_decay, reshard_after_forwar
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for block in model.blocks:  # one all-gather/reduce-scatter group per transformer block
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload, mp_policy=mp)
+    # The root (embeddings, final norm, tied head) is resharded after forward too, and gathered again as backward
+    # starts: FSDP2's default and torchtitan keep it, one all-gather (on one rank, its casts) less per step. The
+    # communication formulas count the re-gather (stage 3: 2 Psi gathered), so the two change together.
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload, mp_policy=mp)
     opt = torch.optim.AdamW(param_groups(model, weight_decay), **_adamw_kwargs(lr, cpu_offload))
     assert isinstance(model, FSDPModule)
