@@ -89,3 +89,21 @@ def test_every_test_file_the_repository_names_exists():
     assert len(cited) > 20
     missing = {path: where for path, where in cited.items() if not list(REPO.glob(path))}
     assert not missing, f"cited test files that do not exist: {missing}"
+
+
+def test_the_drill_table_is_what_the_drills_own_command_recorded():
+    """docs/reliability.md's drill table is rendered from docs/drills.json, which `python -m scalelab.harness.faults
+    --record` writes from one run of every drill: each drill is in it, none failed, nothing was lost."""
+    import json
+
+    from scalelab.harness.drill_record import DOC, RECORD, TABLE_BEGIN, TABLE_END, drills_table
+    from scalelab.harness.faults import DRILLS
+
+    record = json.loads(RECORD.read_text())
+    assert [row["drill"] for row in record["drills"]] == list(DRILLS), "every drill, recorded in one run"
+    for row in record["drills"]:
+        assert row["checks_failed"] == [] and row["faults_recovered"] == row["faults_injected"], row
+        assert (row["rows_lost"], row["rows_duplicated"], row["corrupt_files"], row["orphan_processes"]) == (0, 0, 0, 0), row
+        assert row["does"] == " ".join((DRILLS[row["drill"]].__doc__ or "").split()), "the docstring the drill has now"
+    shown = DOC.read_text().split(TABLE_BEGIN, 1)[1].split(TABLE_END, 1)[0]
+    assert shown.strip() == drills_table(record).strip()

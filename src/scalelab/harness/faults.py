@@ -26,6 +26,7 @@ import yaml
 
 from scalelab.config.reading import UniqueKeyLoader
 from scalelab.harness import REPO_ROOT
+from scalelab.harness.drill_record import DOC, RECORD, drill_row, write_record
 from scalelab.harness.testing import processes_mentioning, run_snakemake, snakemake_cmd, snakemake_env, tiny_config, write_workdir
 from scalelab.plan.sweep import RUN_DIR_GLOB, sweep_points
 from scalelab.run.prefork import FORKED_LAUNCH, PREFORK_ENV
@@ -479,10 +480,81 @@ def sigkill_snakemake(tmp: Path) -> Drill:
     return _interrupt_and_resume(tmp, "SIGKILL to snakemake", signal.SIGKILL, whole_group=False)
 
 
+def broken_user_module(tmp: Path) -> Drill:
+    """A user's model module that imports in the config check and fails in its run's launcher: its runs end
+    `failed` naming the cause (the traceback in their logs), every other point of the sweep trains, and
+    `scalelab status` calls them failed, not killed."""
+    from scalelab.results.status import format_status, run_states
+
+    d = Drill("broken user module")
+    cfg = tiny_config(models={"late": {"module": "models.breaks_in_launcher:build"}},
+                      sweep={"model": ["base", "late"], "precision": ["fp32"], "zero_stage": [0, 3], "world_size": [1]},
+                      train={"steps": 6, "warmup_steps": 1})
+    work = write_workdir(tmp, cfg)
+    env = snakemake_env(PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    run_snakemake(work, "--cores", "2", TABLES, env=env)  # exits 0: a failed run is a result
+    count_orphans(str(work), d)
+    states = {s.run_id: s for s in run_states(work / cfg["results_dir"])}
+    broken = [s for s in states.values() if s.run_id.endswith("-late")]
+    d.faults_injected += len(broken)
+    named = [s for s in broken if s.status == "failed" and "RuntimeError" in (s.reason or "")
+             and "breaks in the launcher" in s.reason]
+    d.check(len(named) == len(broken) == 2, f"the broken model's runs are failed with the cause: {broken}")
+    d.check(all(s.status == "ok" for s in states.values() if not s.run_id.endswith("-late")), "the other points trained")
+    d.check("killed" not in format_status(work / cfg["results_dir"], list(states.values())), "status says failed, not killed")
+    audit(work, cfg, d)
+    d.faults_recovered += len(named) if not d.checks_failed else 0
+    return d
+
+
+def damaged_and_moved_results(tmp: Path) -> Drill:
+    """A results folder damaged or moved after the sweep: a truncated steps.parquet makes its run `corrupt`
+    (never ok without its rows) and `retry --status corrupt` + `resume` retrain it; `resume` on a copy of the
+    folder refuses, naming both, instead of rerunning the original; a run id that is no folder name, read back
+    from a table, makes `export tensorboard` refuse before it writes outside its folder."""
+    import pyarrow.parquet as pq
+
+    from scalelab.results.status import run_states
+
+    d = Drill("damaged and moved results")
+    cfg = _sweep_cfg()
+    work = write_workdir(tmp, cfg)
+    results = work / cfg["results_dir"]
+    run_snakemake(work, "--cores", "2", TABLES)
+    scalelab = [sys.executable, "-m", "scalelab.cli"]
+    cut = results / "runs" / "fp32-z3-w1" / "steps.parquet"
+    cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
+    d.faults_injected += 1
+    d.check({s.run_id: s.status for s in run_states(results)}.get("fp32-z3-w1") == "corrupt", "a cut step table reads corrupt")
+    retried = subprocess.run([*scalelab, "retry", str(results), "--status", "corrupt"], capture_output=True, text=True, timeout=60)
+    resumed = subprocess.run([*scalelab, "resume", str(results)], capture_output=True, text=True, timeout=600)
+    d.check(retried.returncode == resumed.returncode == 0, f"retry and resume: {retried.stderr[-500:]} {resumed.stderr[-1500:]}")
+    d.faults_recovered += int(d.check(len(pq.read_table(cut)) == cfg["train"]["steps"], "the corrupt run was retrained whole"))
+    copied = work / "copied"
+    import shutil
+
+    shutil.copytree(results, copied)
+    d.faults_injected += 1
+    refused = subprocess.run([*scalelab, "resume", str(copied)], capture_output=True, text=True, timeout=120)
+    d.faults_recovered += int(d.check(refused.returncode == 2 and "was copied or moved from" in refused.stderr,
+                                      f"resume on a copy refuses naming both: {refused.stderr[-500:]}"))
+    table = pq.read_table(copied / "metrics.parquet")
+    ids = ["../../escaped", *table.column("run_id").to_pylist()[1:]]
+    pq.write_table(table.set_column(table.schema.get_field_index("run_id"), "run_id", [ids]), copied / "metrics.parquet")
+    d.faults_injected += 1
+    exported = subprocess.run([*scalelab, "export", "tensorboard", str(copied), str(work / "tb" / "out")],
+                              capture_output=True, text=True, timeout=120)
+    outside = [p for p in (work / "escaped", work / "tb" / "escaped", tmp / "escaped") if p.exists()]
+    d.faults_recovered += int(d.check(exported.returncode == 2 and not outside and "is not one" in exported.stderr,
+                                      f"export refuses a run id that is no folder name: {exported.stderr[-500:]} {outside}"))
+    audit(work, cfg, d)
+    return d
+
+
 DRILLS = {f.__name__: f for f in (kill_mid_step, kill_during_data_write, kill_during_result_write,
                                   kill_during_collection, hang, crash, teardown_crash, silent_wrong_results,
                                   bad_configs, determinism, concurrency_and_reruns, sigint_to_snakemake,
-                                  sigint_to_group, sigkill_snakemake)}
+                                  sigint_to_group, sigkill_snakemake, broken_user_module, damaged_and_moved_results)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -492,17 +564,24 @@ def main(argv: list[str] | None = None) -> int:
                                      description="The fault drills: inject faults into real sweeps and count what was "
                                                  "recovered, lost, duplicated or left running (docs/reliability.md).")
     parser.add_argument("drills", nargs="*", metavar="DRILL", help=f"drills to run (default all): {', '.join(DRILLS)}")
-    names = parser.parse_args(argv if argv is not None else sys.argv[1:]).drills or list(DRILLS)
+    parser.add_argument("--record", action="store_true", help="write the figures to docs/drills.json and the table in "
+                        "docs/reliability.md (every drill must run)")
+    args = parser.parse_args(argv if argv is not None else sys.argv[1:])
+    names = args.drills or list(DRILLS)
+    if args.record and names != list(DRILLS):
+        print("--record runs every drill: name none", file=sys.stderr)
+        return 2
     unknown = [n for n in names if n not in DRILLS]
     if unknown:
         print(f"unknown drill(s) {unknown}; known: {', '.join(DRILLS)}", file=sys.stderr)
         return 2
-    drills = []
+    drills, rows = [], []
     for name in names:
         start = time.time()
         with tempfile.TemporaryDirectory(prefix=f"scalelab-{name}-") as tmp:
             drill = DRILLS[name](Path(tmp))
         drills.append(drill)
+        rows.append(drill_row(name, DRILLS[name].__doc__, drill, time.time() - start))
         status = "ok" if not drill.checks_failed else "FAILED: " + "; ".join(drill.checks_failed)
         figures = (f"injected {drill.faults_injected} recovered {drill.faults_recovered} lost {drill.rows_lost} "
                    f"dup {drill.rows_duplicated} corrupt {drill.corrupt_files} orphans {drill.orphan_processes}")
@@ -521,6 +600,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"orphan processes            : {totals['orphan_processes']}")
     failed = [d for d in drills if d.checks_failed]
     print(f"checks failed               : {sum(len(d.checks_failed) for d in failed)}")
+    if args.record:
+        write_record(rows)
+        print(f"recorded: {RECORD.relative_to(REPO_ROOT)} and the table in {DOC.relative_to(REPO_ROOT)}")
     return 1 if failed else 0
 
 
