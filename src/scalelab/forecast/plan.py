@@ -75,14 +75,20 @@ def tensor_parallel_degrees(cfg, gpus: int, per_node: int, asked: list[int] | No
     return fits
 
 
-def candidates(product, precisions: list[str] | None, gpus: int, per_node: int) -> list[tuple[str, int | str]]:
+MEGATRON_STAGES = (0, 1)
+"""The stages the megatron trainer is priced at (scalelab.formulas.megatron_style: nanotron's, and Megatron's data
+parallelism with its distributed optimizer); FSDP is scalelab's (--trainer scalelab)."""
+
+
+def candidates(product, precisions: list[str] | None, gpus: int, per_node: int,
+               trainer: str = "scalelab") -> list[tuple[str, int | str]]:
     """(precision, strategy key) pairs worth timing: bf16 (fp16 on a GPU without it) and fp8 where the GPU
     has FP8 tensor cores, or the precisions asked for; ZeRO stages 0-3, and hybrid sharding where the
-    GPUs fill several nodes."""
+    GPUs fill several nodes (the megatron trainer: stages 0 and 1)."""
     if precisions is None:
         precisions = ["bf16" if product.peak("bf16") else "fp16"] + (["fp8"] if product.peak("fp8") else [])
-    keys: list[int | str] = list(ZERO_STAGES)
-    if gpus > per_node and gpus % per_node == 0:
+    keys: list[int | str] = list(MEGATRON_STAGES if trainer == "megatron" else ZERO_STAGES)
+    if gpus > per_node and gpus % per_node == 0 and trainer != "megatron":
         keys.append(HYBRID_KEY)
     return [(p, k) for p in precisions for k in keys]
 
@@ -168,7 +174,7 @@ def plan(args) -> dict:
         product = hardware.gpu_by_name(args.gpu)
     except ValueError as err:
         raise EstimateError(f"--gpu {args.gpu}: {err}") from None
-    pairs = candidates(product, args.precision, n, int(args.gpus_per_node))
+    pairs = candidates(product, args.precision, n, int(args.gpus_per_node), args.trainer)
     machine, source, notes = machine_of(args, pairs[0][0], [n])  # --mfu-from reads that precision's runs
     memory = machine.product.memory_gib * UNITS["GiB"]
     reserve = memory_reserve_bytes(memory, args.reserve_gib) / UNITS["GiB"]  # the reserve advise keeps too
@@ -181,6 +187,9 @@ def plan(args) -> dict:
                             f"--gpus {n} at any tensor-parallel degree tried ({', '.join(map(str, degrees))})")
     left_out = [f"TP {t}: --global-batch {args.global_batch} does not split over its {n // t} data-parallel ranks"
                 for t in degrees if t not in splits] + _left_out(pairs, splits, n, machine.per_node, args.trainer)
+    if args.trainer == "megatron":
+        left_out.append("ZeRO stages 2, 3 and hybrid sharding: the megatron trainer is priced at stages 0 and 1 (its "
+                        "distributed optimizer); FSDP as scalelab runs it: --trainer scalelab")
     rows, fp8_notes = _rows(args, cfg, n_params, pairs, splits, machine, budget, grad_reduce)
     best = next((r for r in rows if r["fits"]), None)
     return {"prediction": True, "model": _named(args).get("model"), "shape": shape_text(cfg), "n_params": n_params,

@@ -140,12 +140,13 @@ HYBRID = dataclasses.replace(STRATEGIES[3], name="FSDP2 HSDP, 2-D mesh (replicat
 # ZeRO-1 as the trainers that scale run it (DeepSpeed's stage 1, Megatron-LM's distributed optimizer, nanotron's
 # zero_stage 1): each rank reduce-scatters the gradients (Psi handed, in the reduce dtype), steps its optimizer
 # shard, and all-gathers the updated parameters in the compute dtype (Psi): 2 Psi, the ZeRO paper's, where
-# scalelab's own ZeroRedundancyOptimizer all-reduces (2 Psi) and broadcasts fp32 shards (Psi). The reduce-scatter
-# runs behind backward (their bucketed overlap, as DDP's all-reduce); the all-gather follows the step, exposed.
+# scalelab's own ZeroRedundancyOptimizer all-reduces (2 Psi) and broadcasts fp32 shards (Psi). Both follow backward
+# and the step, exposed: Megatron's overlap_grad_reduce and overlap_param_gather are off by default, and nanotron
+# reduce-scatters after backward (its sweep's ZeRO-1 runs fit so: scalelab.forecast.published_sweep).
 # A record for forecasts (scalelab.forecast.step): scalelab's sweep does not run it.
 ZERO1_SHARDED = dataclasses.replace(
     STRATEGIES[1], name="ZeRO-1, distributed optimizer (reduce-scatter, all-gather in the compute dtype)",
-    wrapper="", grad_psi=1, overlap=(("reduce_scatter", "backward"),), batched=())
+    wrapper="", grad_psi=1, overlap=(), batched=())
 ZERO1_SHARDED_KEY = "zero1-sharded"
 """What ``strategy()`` takes for ZERO1_SHARDED (forecasts only)."""
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ class Trainer:
     fitted to this trainer's published runs; None: the GPU's default there."""
 
 
-MEGATRON_OVERLAP_EFFICIENCY = 0.2
+MEGATRON_OVERLAP_EFFICIENCY = 0.75
 """eta of the megatron trainer: the value (on a grid of 0.05) at which the step-time model follows the Ultra-Scale
 Playbook sweep's 1B series best at up to 256 GPUs, each series calibrated at its smallest count (the fit set:
 scalelab.forecast.published.FIT_MODELS); its 3B and 8B series are held out (docs/prediction.md)."""
