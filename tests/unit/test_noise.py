@@ -124,12 +124,45 @@ def test_best_configuration_names_points_within_noise_and_a_real_lead():
     assert best.loc[2, "tokens_per_s"] == 1525 and best.loc[2, "lead"] == pytest.approx(1525 / 900 - 1)
     assert best.loc[2, "noise_margin"] == pytest.approx(noise.margin(2, 1)) and 0.2 < noise.margin(2, 1) < 1525 / 900 - 1
     text = best_configurations_text(runs)
-    assert "world size 1: bf16-z0-w1" in text and "within run-to-run noise of it: fp32-z0-w1" in text
+    assert "world size 1: tied within run-to-run noise: bf16-z0-w1, fp32-z0-w1; first by median: bf16-z0-w1" in text
+    assert "no single fastest point: bf16-z0-w1 leads fp32-z0-w1 by less than run-to-run noise" in text
     assert f"ahead of bf16-z0-w2 by 69%, beyond the {noise.margin(2, 1):.0%} noise alone reaches (99%)" in text
     assert text.splitlines()[-1].startswith("run-to-run spread of tokens/s: up to 9.5% between identical runs (fp32-z0-w1")
     # single runs: the lead is stated, and that the spread is unknown
     single = best_configurations_text(_runs(("fp32-z0-w1", 1000), ("bf16-z0-w1", 1200)))
     assert "ahead of fp32-z0-w1 by 20% (single runs: spread unknown)" in single
+
+
+def _one_model(runs: pd.DataFrame) -> pd.DataFrame:
+    """_runs' rows with the columns the families table reads."""
+    return runs.assign(model="base", model_family="gpt2", n_params=1e5, flops_per_token=6e5, model_state_bytes_predicted=1e6,
+                       activation_bytes_measured=np.nan, activation_bytes_predicted=np.nan)
+
+
+def test_every_surface_names_one_best_point_by_the_median_rule_and_ties_within_noise():
+    """The families table picked the fastest single run (a baseline's lucky repeat), while "Best
+    configuration" ranked points by the median of their repeats; and a single run ahead of a
+    five-run median by less than noise was named the winner. Now one rule, and a tie is a tie."""
+    from scalelab.report.report import _best_table, family_table
+    from scalelab.report.tables import answer
+
+    runs = _one_model(_runs(("fp32-z0-w1", 1000), ("fp32-z0-w1-r2", 1060), ("fp32-z0-w1-r3", 980), ("fp32-z0-w1-r4", 1010),
+                            ("fp32-z0-w1-r5", 990), ("bf16-z0-w1", 1040), ("fp32-z0-w2", 1900), ("fp32-z0-w2-r2", 1880),
+                            ("bf16-z0-w2", 1000)))
+    best = best_configurations(runs).set_index("world_size", drop=False)
+    tie, lead = best.loc[1], best.loc[2]
+    assert answer(tie) == "tied within run-to-run noise: bf16-z0-w1, fp32-z0-w1" and answer(lead) == "fp32-z0-w2"
+    steps = pd.DataFrame({"run_id": pd.Series([], dtype=str), "step": pd.Series([], dtype=int), "loss": pd.Series([], dtype=float)})
+    # the families table: points by their median, never the fastest single run (fp32-z0-w1-r2, 1,060)
+    assert family_table(runs, steps)["fastest_per_world_size"].tolist() == [
+        "w1: tied within run-to-run noise: bf16-z0-w1, fp32-z0-w1 (1,040 tokens/s, 1 run), "
+        "w2: fp32-z0-w2 (1,890 tokens/s, median of 2 runs)"]
+    # the report's table and the console say the same
+    shown = _best_table(best_configurations(runs))
+    assert shown.iloc[:, 1].tolist() == [answer(tie), "fp32-z0-w2"]
+    text = best_configurations_text(runs).splitlines()
+    assert text[0].startswith("world size 1: tied within run-to-run noise: bf16-z0-w1, fp32-z0-w1; first by median")
+    assert text[1].startswith("world size 2: fp32-z0-w2  1,890 tokens/s (median of 2 runs")
 
 
 def test_throughput_table_draws_the_median_with_the_range_of_repeats():
@@ -181,8 +214,8 @@ def test_noise_warnings_name_noisy_points_and_unrankable_bests():
                            "busy)")  # the point's own runs
     moved = noise_warnings(runs.assign(step_time_drift=[0.33, -0.12, 0.05, 0.5]), best_configurations(runs))[0]
     assert moved.endswith("(2 of them changed speed while timed: step_time_drift)")  # step_time_drift beyond 10%
-    assert warnings[1] == ("world size 1: the fastest point bf16-z0-w1 is within run-to-run noise of fp32-z0-w1: "
-                           "the sweep cannot rank them (more repeats narrow the noise: repeats.points)")
+    assert warnings[1] == ("world size 1: no single fastest point: bf16-z0-w1 and fp32-z0-w1 are within run-to-run noise "
+                           "of each other (tied): the sweep cannot rank them (more repeats narrow the noise: repeats.points)")
     quiet = _runs(("fp32-z0-w1", 1000), ("fp32-z0-w1-r2", 1030), ("fp32-z0-w1-r3", 1010),
                   ("fp32-z0-w2", 1900), ("fp32-z0-w2-r2", 1950), ("fp32-z0-w2-r3", 1920), ("bf16-z0-w1", 1300))
     assert noise_warnings(quiet, best_configurations(quiet)) == []

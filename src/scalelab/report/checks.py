@@ -407,9 +407,9 @@ def noise_warnings(runs: pd.DataFrame, best: pd.DataFrame) -> list[str]:
                 for point, r in spreads[spreads["spread"] > NOISY_SPREAD].iterrows()]
     several = "model" in best and best["model"].nunique() > 1
     for r in best[best["within_noise"].fillna("") != ""].itertuples():
-        warnings.append(f"{f'model {r.model}, ' if several else ''}world size {r.world_size}: the fastest point {r.run_id} is "
-                        f"within run-to-run noise of "
-                        f"{r.within_noise}: the sweep cannot rank them (more repeats narrow the noise: repeats.points)")
+        warnings.append(f"{f'model {r.model}, ' if several else ''}world size {r.world_size}: no single fastest point: "
+                        f"{r.run_id} and {r.within_noise} are within run-to-run noise of each other (tied): "
+                        f"the sweep cannot rank them (more repeats narrow the noise: repeats.points)")
     return warnings
 
 

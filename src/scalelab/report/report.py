@@ -30,6 +30,7 @@ from scalelab.report.formulas import formulas_html
 from scalelab.report.levers import baseline, fp8_table, lever_table
 from scalelab.report.tables import (
     MFU_LIMIT,
+    answer,
     best_configurations,
     forecast_ranking,
     loss_deviation_vs_stage0,
@@ -352,7 +353,7 @@ SUMMARY_COLUMNS = ["run_id", "model", "status", "tokens_per_s", "scaling_efficie
 
 
 BEST_COLUMNS = {  # best_configurations' column -> the header shown (model: in a sweep of several models)
-    "model": "model", "world_size": "world size", "run_id": "fastest ok point", "tokens_per_s": "tokens/s (median of its runs)",
+    "model": "model", "world_size": "world size", "run_id": "fastest ok point (or points tied within noise)", "tokens_per_s": "tokens/s (median of its runs)",
     "tokens_per_s_per_device": "tokens/s per device", "repeats": "runs", "standing": "against the next (run-to-run noise)",
     "peak_mib_per_rank": "peak MiB per rank", "model_state_mib_per_rank": "model state MiB per rank", "ok_runs": "ok points",
     "did_not_fit": "did not fit (oom, predicted_oom)",
@@ -382,7 +383,7 @@ def _best_table(best: pd.DataFrame) -> pd.DataFrame:
     """best_configurations' table as shown: a row per world size, per model where the sweep holds several."""
     raw, best = best, best.copy()
     best["did_not_fit"] = best["did_not_fit"].replace("", "-")
-    best["run_id"] = best["run_id"].fillna("no run ended ok")
+    best["run_id"] = [answer(r) for r in raw.itertuples()]  # the one answer, worded as the console words it
     best["standing"] = [standing(r, noise_of(raw, r.model)).removeprefix("; ") or "-" for r in best.itertuples()]
     shown = [c for c in BEST_COLUMNS if c != "model" or best["model"].nunique() > 1]
     return best[shown].rename(columns=BEST_COLUMNS)
@@ -498,7 +499,7 @@ def family_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """One row per model of a sweep that mixes families: its family, parameters, FLOPs per token
     (and whether formula or counted), its runs, the largest deviations of model state and block
     activations from their formulas, the spread of its fp32 losses across stages and world sizes,
-    and its fastest ok run per world size."""
+    and its best point per world size, by the one rule every best point is named by (_fastest_text)."""
     rows = []
     runs = runs.assign(model_family=runs["model_family"].fillna(DEFAULT_FAMILY))
     for (family, model), group in runs.groupby(["model_family", "model"], sort=True):
@@ -507,7 +508,6 @@ def family_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         acts = (ok["activation_bytes_measured"] / ok["activation_bytes_predicted"] - 1).abs()
         fp32 = steps[steps["run_id"].isin(ok.loc[ok["precision"] == "fp32", "run_id"])]
         spread = fp32.groupby("step")["loss"].agg(["min", "max"]) if not fp32.empty else None
-        fastest = ok.loc[ok.groupby("world_size")["tokens_per_s"].idxmax()] if not ok.empty else ok
         rows.append({"model_family": family, "model": model,
                      "n_params": ", ".join(f"{int(n):,}" for n in sorted(ok["n_params"].dropna().unique())) or "-",
                      "flops_per_token": ok["flops_per_token"].max() if not ok.empty else np.nan,
@@ -518,9 +518,17 @@ def family_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
                      "activation_max_deviation": acts.max() if acts.notna().any() else np.nan,
                      "fp32_loss_spread": f"{((spread['max'] - spread['min']) / spread['min'].abs()).max():.1e}"
                      if spread is not None else "-",
-                     "fastest_per_world_size": ", ".join(f"w{int(r.world_size)}: {r.run_id} ({r.tokens_per_s:,.0f} tokens/s)"
-                                                         for r in fastest.itertuples())})
+                     "fastest_per_world_size": _fastest_text(group)})
     return pd.DataFrame(rows)
+
+
+def _fastest_text(group: pd.DataFrame) -> str:
+    """A model's best point per world size by the rule "Best configuration" and the console use
+    (best_configurations: the median of a point's repeats, ties within run-to-run noise named as ties)."""
+    best = best_configurations(group)
+    best = best[best["run_id"].notna()]
+    return ", ".join(f"w{int(r.world_size)}: {answer(r)} ({r.tokens_per_s:,.0f} tokens/s"
+                     + (f", median of {int(r.repeats)} runs)" if r.repeats > 1 else ", 1 run)") for r in best.itertuples()) or "-"
 
 
 def build_report(results_dir: str | Path, out_dir: str | Path | None = None, workers: int | None = None) -> Path:

@@ -257,12 +257,31 @@ def noise_of(best: pd.DataFrame, model: str | None = None):
     return noise.of(model) if isinstance(noise, ModelNoise) else noise
 
 
+def tied_points(r) -> list[str]:
+    """The points a row of best_configurations cannot rank: its fastest by median and those within the
+    run-to-run noise of it; [] where one point leads beyond noise (or no point ended ok)."""
+    if not isinstance(r.run_id, str) or not (isinstance(r.within_noise, str) and r.within_noise):
+        return []
+    return [r.run_id, *r.within_noise.split(", ")]
+
+
+def answer(r) -> str:
+    """The one answer a row of best_configurations gives, worded alike wherever a best point is named
+    (the report's tables, summary.md, the sweep's end): the fastest point by the median tokens/s of its
+    repeats, or, where noise could overturn its lead, the points tied (no single winner)."""
+    if not isinstance(r.run_id, str):
+        return "no run ended ok"
+    tied = tied_points(r)
+    return f"tied within run-to-run noise: {', '.join(tied)}" if tied else r.run_id
+
+
 def standing(r, noise) -> str:
     """How far the best point is ahead, against the noise (its model's): the part of the answer a ranking needs."""
     if not isinstance(r.run_id, str):  # no point of this world size ended ok
         return ""
-    if isinstance(r.within_noise, str) and r.within_noise:
-        return f"; within run-to-run noise of it: {r.within_noise}"
+    if tied_points(r):
+        return (f"; no single fastest point: {r.run_id} leads {r.within_noise} by less than run-to-run noise "
+                "alone can move them (a tie)")
     if pd.isna(r.lead):
         return ""
     if not noise.known:
@@ -283,7 +302,8 @@ def best_configurations_text(runs: pd.DataFrame) -> str:
             head = f"{where}: no run ended ok"
         else:
             median = f"median of {r.repeats} runs, " if r.repeats > 1 else ""
-            head = (f"{where}: {r.run_id}  {r.tokens_per_s:,.0f} tokens/s ({median}{r.tokens_per_s_per_device:,.0f} per device), "
+            first = f"{answer(r)}; first by median: {r.run_id}" if tied_points(r) else r.run_id
+            head = (f"{where}: {first}  {r.tokens_per_s:,.0f} tokens/s ({median}{r.tokens_per_s_per_device:,.0f} per device), "
                     f"peak {r.peak_mib_per_rank:,.1f} MiB per rank ({r.peak_memory}), model state {r.model_state_mib_per_rank:,.2f} MiB"
                     + standing(r, noise_of(best, r.model)))
         lines.append(head + (f"; did not fit: {r.did_not_fit}" if r.did_not_fit else ""))
