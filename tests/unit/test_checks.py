@@ -250,3 +250,45 @@ def test_fp8_runs_are_told_whether_fp8_pays_at_their_width_and_that_eager_costs(
     assert eager.startswith("fp8 (fp8-z0-w1)") and "without compile" in eager
     assert "fp8-z0-w1-compile" in compiled and "pays at d_model 2048" in compiled and "CPU" not in compiled
     assert checks.fp8_warnings(runs.assign(precision="bf16")) == []
+
+
+def _tps(*rows) -> pd.DataFrame:
+    """Runs (run_id, tokens/s): the point's axes read from the run id, repeats from its -rN."""
+    out = []
+    for run_id, tps in rows:
+        parts = run_id.split("-")
+        out.append({"run_id": run_id, "precision": parts[0], "zero_stage": int(parts[1][1:]), "world_size": int(parts[2][1:]),
+                    "repeat": int(parts[3][1:]) if len(parts) > 3 else 1, "tokens_per_s": float(tps), "status": "ok"})
+    return pd.DataFrame(out)
+
+
+def test_a_run_far_outside_its_twins_spread_is_named_and_quiet_twins_are_not():
+    """A baseline repeat 10x slower than its four twins went unflagged."""
+    runs = _tps(("fp32-z0-w1", 1000), ("fp32-z0-w1-r2", 1020), ("fp32-z0-w1-r3", 100), ("fp32-z0-w1-r4", 990),
+                ("fp32-z0-w1-r5", 1010), ("fp32-z0-w2", 1800), ("fp32-z0-w2-r2", 180), ("bf16-z0-w1", 700))
+    warnings = checks.outlier_warnings(runs)
+    assert len(warnings) == 2, warnings
+    assert warnings[0].startswith("fp32-z0-w1-r3: an outlier, 10.1x slower than the median of its 4 twins (the same "
+                                  "configuration: 100 against 1,005 tokens/s; they differ among themselves by 3%)")
+    # a pair cannot say which run was disturbed: said once, naming both
+    assert warnings[1].startswith("fp32-z0-w2-r2 and its twin fp32-z0-w2 (the same configuration) differ 10.0x in tokens/s")
+    # twins within their usual spread, and different configurations, are no outliers
+    quiet = _tps(("fp32-z0-w1", 1000), ("fp32-z0-w1-r2", 1300), ("fp32-z0-w1-r3", 1100), ("bf16-z0-w1", 300))
+    assert checks.outlier_warnings(quiet) == []
+
+
+def test_a_superlinear_efficiency_beyond_noise_says_its_baseline_was_likely_slowed():
+    """World-size-1 slowdowns read as scaling efficiencies of 2.8-3.2 with no warning."""
+    runs = _tps(("fp32-z0-w1", 1000), ("fp32-z0-w1-r2", 1020), ("fp32-z0-w1-r3", 990), ("fp32-z0-w2", 1900),
+                ("fp32-z0-w2-r2", 1880), ("fp32-z0-w2-r3", 1910), ("bf16-z1-w1", 400), ("bf16-z1-w2", 2400),
+                ("fp16-z0-w1", 1000), ("fp16-z0-w2", 2040))
+    warnings = checks.superlinear_warnings(runs)
+    assert len(warnings) == 1, warnings
+    # bf16 z1: 2,400 / (2 x 400) = 3.0; fp16's 1.02 is within the noise of three-run points
+    assert warnings[0].startswith("1 point(s) scaled superlinearly, scaling efficiency above 1 by more than run-to-run "
+                                  "noise alone reaches: bf16-z1-w2 3.00 (baseline bf16-z1-w1)")
+    assert "baseline was likely slowed (a busy machine" in warnings[0]
+    # a disturbed baseline repeat does not widen the noise past every test: still flagged
+    disturbed = pd.concat([runs, _tps(("fp32-z0-w1-r4", 100))], ignore_index=True)
+    assert len(checks.superlinear_warnings(disturbed)) == 1
+    assert checks.superlinear_warnings(runs[runs["run_id"] != "bf16-z1-w2"]) == []

@@ -476,3 +476,93 @@ def fp8_warnings(runs: pd.DataFrame) -> list[str]:
         warnings.append(f"fp8 ({ids}): on a GPU, fp8 against bf16 {outlook['verdict']} (an estimate: "
                         f"{outlook['basis']}).{cpu}")
     return warnings
+
+
+# ----------------------------------------------------------------------------- runs out of line with their twins
+
+OUTLIER_CHANGE = 0.5
+"""A run whose tokens/s is more than this (relative: |a - b| over the smaller) away from the median of its
+twins (the other runs of its configuration: the repeats of its point, or identical configurations) is
+named as an outlier, where it is also beyond OUTLIER_SPREADS times its twins' own spread. Repeats on an
+idle machine stay within a few percent (NOISY_SPREAD names those beyond 10%); a run 1.5x off its twins
+was disturbed (a busy machine, a stall), and its figures say nothing of its configuration."""
+OUTLIER_SPREADS = 3.0
+
+
+def _ok_timed(runs: pd.DataFrame) -> pd.DataFrame:
+    return runs[(runs["status"] == "ok") & (pd.to_numeric(runs["tokens_per_s"], errors="coerce") > 0)]
+
+
+def outliers(runs: pd.DataFrame) -> list[tuple[str, float, pd.Series]]:
+    """(run id, its tokens/s, its twins' tokens/s by run id) per ok run far outside its twins' spread
+    (OUTLIER_CHANGE, OUTLIER_SPREADS); a pair too far apart gives its slower run."""
+    from scalelab.results.like import like_key
+    from scalelab.results.noise import relative_change
+
+    ok = _ok_timed(runs)
+    found = []
+    for _, group in ok.groupby(like_key(ok).to_numpy(), sort=False) if not ok.empty else ():
+        tps = group.set_index(group["run_id"].astype(str))["tokens_per_s"].astype(float)
+        for run_id, value in tps.items() if len(tps) >= 2 else ():
+            twins = tps.drop(run_id)
+            centre = float(twins.median())
+            spread = float(twins.max() - twins.min()) / centre
+            far = float(relative_change(value, centre)) > max(OUTLIER_CHANGE, OUTLIER_SPREADS * spread)
+            if far and (len(twins) > 1 or value < centre):  # a pair is said once, from its slower run
+                found.append((run_id, value, twins))
+    return found
+
+
+def outlier_warnings(runs: pd.DataFrame) -> list[str]:
+    """Ok runs far outside their twins' spread (outliers): one line each. Two runs alone cannot say which
+    of them was disturbed; three or more name the one out of line."""
+    warnings = []
+    for run_id, value, twins in outliers(runs):
+        centre = float(twins.median())
+        how = f"{max(value, centre) / min(value, centre):.1f}x"
+        if len(twins) == 1:
+            warnings.append(f"{run_id} and its twin {twins.index[0]} (the same configuration) differ {how} in tokens/s "
+                            f"({value:,.0f} against {centre:,.0f}): one of them was disturbed (was the machine busy?); "
+                            "a figure built on either is in doubt (repeat the point: repeats.points)")
+        else:
+            spread = float(twins.max() - twins.min()) / centre
+            warnings.append(f"{run_id}: an outlier, {how} {'slower' if value < centre else 'faster'} than the median of "
+                            f"its {len(twins)} twins (the same configuration: {value:,.0f} against {centre:,.0f} tokens/s; "
+                            f"they differ among themselves by {spread:.0%}): it was disturbed (was the machine busy?); its "
+                            "point's median keeps it out of the ranking, but its own figures say nothing of its configuration")
+    return warnings
+
+
+def superlinear_warnings(runs: pd.DataFrame) -> list[str]:
+    """Points whose scaling efficiency (tokens/s at N over N x the world-size-1 median of their like) is above 1
+    by more than run-to-run noise alone reaches (scalelab.results.noise; any excess where the noise is unknown).
+    Ranks that share one machine do not compute faster together: the baseline was slowed. One line for all."""
+    from scalelab.results.like import OVER_WORLD_SIZE, by_model, like_key, scaling_efficiency
+    from scalelab.results.noise import sweep_noise
+
+    ok = _ok_timed(runs)
+    # the noise without the runs out of line with three or more twins: one disturbed run would widen it past any test
+    ok = ok[~ok["run_id"].astype(str).isin([run_id for run_id, _, twins in outliers(ok) if len(twins) > 1])]
+    found = []
+    for _, mine in by_model(ok):
+        noise = sweep_noise(mine)
+        mine = mine.assign(_eff=scaling_efficiency(mine), _like=like_key(mine, OVER_WORLD_SIZE).to_numpy(),
+                           _point=like_key(mine).to_numpy())
+        base_runs = mine[mine["world_size"] == 1].groupby("_like")["run_id"].agg(list)
+        for _, point in mine[mine["world_size"] > 1].groupby("_point", sort=False):
+            eff = float(point["_eff"].median())
+            if not np.isfinite(eff) or eff <= 1:
+                continue
+            baseline = base_runs.get(point["_like"].iloc[0], [])
+            margin = noise.margin(len(point), len(baseline)) if noise.known else 0.0
+            if eff - 1 > margin:
+                found.append((eff, str(point["run_id"].iloc[0]), baseline))
+    if not found:
+        return []
+    found.sort(reverse=True)
+    named = _named([f"{run_id} {eff:.2f} (baseline {', '.join(base[:3])}{' ...' if len(base) > 3 else ''})"
+                    for eff, run_id, base in found], WORST_NAMED)
+    return [f"{len(found)} point(s) scaled superlinearly, scaling efficiency above 1 by more than run-to-run noise "
+            f"alone reaches: {named}. More ranks do not compute faster per rank than one alone: their world-size-1 "
+            "baseline was likely slowed (a busy machine, a disturbed run), so these efficiencies overstate; rerun the "
+            "baseline on a quiet machine"]
