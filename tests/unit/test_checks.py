@@ -292,3 +292,13 @@ def test_a_superlinear_efficiency_beyond_noise_says_its_baseline_was_likely_slow
     disturbed = pd.concat([runs, _tps(("fp32-z0-w1-r4", 100))], ignore_index=True)
     assert len(checks.superlinear_warnings(disturbed)) == 1
     assert checks.superlinear_warnings(runs[runs["run_id"] != "bf16-z1-w2"]) == []
+
+
+def test_a_calibration_on_a_busy_machine_is_said_in_the_warnings():
+    busy = ("sweep calibration: measured fp32 matmul, 1 thread(s), busy machine (load 5.6 on 2 cores, above the core "
+            "count: the peak reads low), 2026-12-06T10:00:00+00:00")
+    runs = pd.DataFrame({"run_id": ["fp32-z0-w1", "fp32-z0-w2"], "peak_flops_source": [busy, busy]})
+    (line,) = checks.busy_calibration_warnings(runs)
+    assert line.startswith(f"2 run(s) divide their MFU by a CPU peak measured on a busy machine ({busy})")
+    idle = runs.assign(peak_flops_source=busy.replace("busy machine (load 5.6", "idle machine (load 0.4"))
+    assert checks.busy_calibration_warnings(idle) == []

@@ -308,8 +308,13 @@ def test_a_run_uses_the_sweep_calibration_only_where_it_applies():
 
     record = {"hostname": socket.gethostname(), "threads": 1, "measured_utc": "2026-11-24T07:00:00+00:00",
               "peaks_flops": {"fp32": 8e10, "bf16": 2e11, "fp16": 5e10}}
-    assert peak_for(record, "fp8", 1) == (2e11, "sweep calibration: measured bf16 matmul, 1 thread(s), idle machine, "
-                                                "2026-11-24T07:00:00+00:00")  # fp8 computes in bf16 on a CPU
+    assert peak_for(record, "fp8", 1) == (2e11, "sweep calibration: measured bf16 matmul, 1 thread(s), machine load not "
+                                                "recorded, 2026-11-24T07:00:00+00:00")  # fp8 computes in bf16 on a CPU
+    # the load the calibration met: busy above the host's core count (it said "idle machine" at a load of 5-6)
+    assert peak_for({**record, "load_1min": 5.6, "host_cores": 2}, "fp32", 1)[1] == (
+        "sweep calibration: measured fp32 matmul, 1 thread(s), busy machine (load 5.6 on 2 cores, above the core count: "
+        "the peak reads low), 2026-11-24T07:00:00+00:00")
+    assert "idle machine (load 1.9 on 2 cores)" in peak_for({**record, "load_1min": 1.9, "host_cores": 2}, "fp32", 1)[1]
     assert peak_for(record, "fp32", 2) is None  # another thread count: the run measures its own
     assert peak_for({**record, "hostname": "elsewhere"}, "fp32", 1) is None  # measured on another node
     assert peak_for(None, "fp32", 1) is None

@@ -566,3 +566,16 @@ def superlinear_warnings(runs: pd.DataFrame) -> list[str]:
             f"alone reaches: {named}. More ranks do not compute faster per rank than one alone: their world-size-1 "
             "baseline was likely slowed (a busy machine, a disturbed run), so these efficiencies overstate; rerun the "
             "baseline on a quiet machine"]
+
+
+def busy_calibration_warnings(runs: pd.DataFrame) -> list[str]:
+    """CPU runs whose peak FLOP/s was measured on a busy machine (scalelab.run.calibration.load_text): one line."""
+    if "peak_flops_source" not in runs:
+        return []
+    source = runs["peak_flops_source"].astype("string")
+    busy = runs[source.str.contains("busy machine", regex=False, na=False).to_numpy()]
+    if busy.empty:
+        return []
+    return [f"{len(busy)} run(s) divide their MFU by a CPU peak measured on a busy machine ({busy['peak_flops_source'].iloc[0]}): "
+            f"the peak reads low and their MFU high ({_named(busy['run_id'].astype(str).tolist(), WORST_NAMED)}); "
+            "run the sweep on an idle machine (load below its core count) for an MFU that means something"]

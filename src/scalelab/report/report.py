@@ -121,7 +121,7 @@ def find_warnings(runs: pd.DataFrame, steps: pd.DataFrame, best: pd.DataFrame | 
     # What a reader would miss in the figures: loss spikes, grad-norm jumps, MFU peaks out of line (scalelab.report.checks).
     best = best if best is not None else best_configurations(runs)
     return (warnings + checks.spike_warnings(steps, runs) + checks.peak_warnings(runs) + checks.noise_warnings(runs, best)
-            + checks.outlier_warnings(runs) + checks.superlinear_warnings(runs)
+            + checks.outlier_warnings(runs) + checks.superlinear_warnings(runs) + checks.busy_calibration_warnings(runs)
             + checks.steal_warnings(runs) + checks.drift_warnings(runs) + checks.prediction_warnings(runs) + checks.fp8_warnings(runs))
 
 

@@ -1,5 +1,5 @@
-"""A CPU sweep's peak FLOP/s, measured once on the idle machine, each CPU rank's cores, and the hypervisor's
-share of them (steal: the time a virtual machine's host gave to other guests).
+"""A CPU sweep's peak FLOP/s, measured once (with the machine's load: busy above its core count), each CPU
+rank's cores, and the hypervisor's share of them (steal: the time a virtual machine's host gave to other guests).
 
 MFU divides by a peak. A GPU has a datasheet figure (scalelab.spec.hardware); a CPU has none here, so
 its peak is the best matmul rate measured on it. Measured inside each run, it measured whatever
@@ -89,13 +89,42 @@ def calibrate_cpu(threads: int, seconds: float = CALIBRATION_SECONDS) -> dict:
 
     torch.set_num_threads(threads)
     device = torch.device("cpu")
+    load = machine_load()  # before measuring: the measurement's own threads add to it
     started = time.time()
     peaks = {name: measure_matmul_peak(device, precision_record(name).compute, seconds) for name in CALIBRATED}
     return {
         "device_type": "cpu", "device_name": cpu_name(), "hostname": socket.gethostname(),
-        "threads": threads, "peaks_flops": peaks, "seconds_per_size": seconds,
+        "threads": threads, "peaks_flops": peaks, "seconds_per_size": seconds, **load,
         "measured_utc": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+BUSY_LOAD_PER_CORE = 1.0
+"""A 1-minute load average above this many runnable processes per core the host has makes the calibration's
+machine busy: more work wanted its cores than they could run, so the measured peak reads low (and every CPU
+run's MFU high). A sweep's own launch can leave the load above the core count for a minute after it."""
+
+
+def machine_load() -> dict:
+    """The host's 1-minute load average and core count when a calibration starts (no load on a platform
+    without getloadavg)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        load = None
+    return {"load_1min": load, "host_cores": os.cpu_count()}
+
+
+def load_text(record: dict) -> str:
+    """How busy the machine was as its calibration measured: 'idle machine (load 0.4 on 2 cores)', 'busy
+    machine (load 5.6 on 2 cores, above BUSY_LOAD_PER_CORE per core: the peak reads low)', or that a record
+    of before this field did not measure it."""
+    load, cores = record.get("load_1min"), record.get("host_cores")
+    if load is None or not cores:
+        return "machine load not recorded"
+    if load > BUSY_LOAD_PER_CORE * cores:
+        return f"busy machine (load {load:.1f} on {cores} cores, above the core count: the peak reads low)"
+    return f"idle machine (load {load:.1f} on {cores} cores)"
 
 
 CALIBRATION_FILE = Path("calibration") / "cpu.json"
@@ -133,7 +162,7 @@ def peak_for(calibration: dict | None, precision: str, threads: int) -> tuple[fl
     peak = calibration["peaks_flops"].get(dtype)
     if peak is None:
         return None
-    return float(peak), (f"sweep calibration: measured {dtype} matmul, {threads} thread(s), idle machine, "
+    return float(peak), (f"sweep calibration: measured {dtype} matmul, {threads} thread(s), {load_text(calibration)}, "
                          f"{calibration['measured_utc']}")
 
 
@@ -272,7 +301,7 @@ def steal_share(start: tuple[int, int] | None, end: tuple[int, int] | None) -> f
 def main(argv: list[str]) -> int:
     """``python -m scalelab.run.calibration PATH THREADS``: measure, write the record, print the peaks."""
     record = write_calibration(argv[0], int(argv[1]))
-    print(f"scalelab: CPU peak per rank ({record['threads']} thread(s)), measured on the idle machine: "
+    print(f"scalelab: CPU peak per rank ({record['threads']} thread(s)), measured on the {load_text(record)}: "
           + ", ".join(f"{name} {flops / 1e9:.1f} GFLOP/s" for name, flops in record["peaks_flops"].items()))
     return 0
 
