@@ -65,7 +65,10 @@ def test_compare_of_a_sweep_with_itself(tmp_path):
     html = build_compare(tmp_path / "a", tmp_path / "a", tmp_path / "out").read_text()
     md = (tmp_path / "out" / "compare.md").read_text()
     assert "provenance differs in: nothing" in md and "None." in md and "both sides have the same runs" in html
-    assert "throughput (B / A): median 1.000, from 1.000" in md
+    # nothing changed: said so, never as a range "from 1.000 (x) to 1.000 (y)"
+    assert "- throughput (B / A): 1.000 in all 8 run(s): unchanged" in md
+    assert "- peak memory per rank (B / A): 1.000 in all 8 run(s): unchanged" in md
+    assert not re.search(r"from (\S+) \(\S+\) to \1 ", md), md
 
 
 def test_compare_collects_run_folders_and_names_a_missing_side(tmp_path, capsys):

@@ -215,7 +215,10 @@ def _median_range(series: pd.Series, what: str) -> str | None:
     s = series.replace([np.inf, -np.inf], np.nan).dropna()
     if s.empty:
         return None
-    return f"{what} (B / A): median {s.median():.3f}, from {s.min():.3f} ({s.idxmin()}) to {s.max():.3f} ({s.idxmax()})"
+    low, high = f"{s.min():.3f}", f"{s.max():.3f}"
+    if low == high:  # one value at the precision shown: a range "from 1.000 (x) to 1.000 (x)" says nothing
+        return f"{what} (B / A): {low} in all {len(s)} run(s)" + (": unchanged" if low == "1.000" else "")
+    return f"{what} (B / A): median {s.median():.3f}, from {low} ({s.idxmin()}) to {high} ({s.idxmax()})"
 
 
 def summary_lines(table: pd.DataFrame, only: pd.DataFrame, prov: pd.DataFrame, limit: float | None = None,
