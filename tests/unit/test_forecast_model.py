@@ -103,3 +103,17 @@ def test_the_gpu_names_people_write_are_accepted(name, product, capsys):
 def test_a_gpu_name_no_product_fits_is_refused(name):
     with pytest.raises(ValueError, match="unknown GPU type"):
         hardware.gpu_by_name(name)
+
+
+def test_a_measured_busbw_is_given_as_nccl_tests_printed_it(capsys):
+    """busbw:GBPS/RANKS: nccl-tests' all-reduce busbw over RANKS ranks (every GPU of their nodes); scalelab divides it by
+    the NICs of a node, so the playbook's 64.9 GB/s over 256 ranks is the same link as 64.9/8 per GPU at efficiency 1."""
+    base = ["estimate", "scaling", "--model", "llama3.2-1b", "--zero-stage", "1", "--gpu", "H100", "--gpus", "256", "--json"]
+    measured = json.loads(_run(capsys, *base, "--inter-node", "busbw:64.9/256", "--intra-node", "busbw:436/8")[1])
+    by_hand = json.loads(_run(capsys, *base, "--inter-node", "8.1125@1", "--intra-node", "436@1")[1])
+    assert measured["rows"][0]["step_time_s"] == pytest.approx(by_hand["rows"][0]["step_time_s"])
+    assert measured["assumptions"]["inter_node"]["achievable_gb_per_s"] == pytest.approx(64.9 / 8)
+    for bad, why in (("busbw:64.9/8", "every GPU of two nodes or more"), ("busbw:64.9", "busbw:GBPS/RANKS"),
+                     ("busbw:-1/256", "positive number")):
+        code, _, err = _run(capsys, *base, "--inter-node", bad)
+        assert code == 2 and why in err and len(err.strip().splitlines()) == 1, err

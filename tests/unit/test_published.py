@@ -67,3 +67,16 @@ def test_the_megatron_trainers_overlap_efficiency_is_fitted_on_the_fit_set_alone
     assert min(fine, key=lambda f: f["fit"])["overlap_efficiency"] == pytest.approx(MEGATRON_OVERLAP_EFFICIENCY)
     assert TRAINERS["megatron"].overlap_efficiency == MEGATRON_OVERLAP_EFFICIENCY
     assert published_sweep.FIT_MODELS == ("1B",)
+
+
+def test_the_plan_picks_tensor_parallelism_at_256_gpus_and_answers_at_512_on_the_sweeps_cluster():
+    """scalelab plan for the sweep's 1B and 3B models (global batch 256 x 4096, its measured links as busbw:GBPS/RANKS):
+    at 256 GPUs a tensor-parallel pick; at 512, where the global batch no longer splits over 512 data-parallel ranks, an
+    answer with TP >= 2; every pick's family compared with the sweep's best run at that count."""
+    from scalelab.forecast import published_sweep
+
+    rows = published_sweep.plan_check(counts=(256, 512))
+    assert {(r["model"], r["gpus"]) for r in rows} == {("1B", 256), ("1B", 512), ("3B", 256), ("3B", 512)}
+    assert all(r["tensor_parallel"] >= 2 for r in rows), rows
+    for r in rows:
+        assert r["published_best"] >= (r["family_best"] or 0) and r["predicted"] > 0

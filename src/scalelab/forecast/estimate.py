@@ -391,7 +391,7 @@ def gpu_counts(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(counts)))
 
 
-def _link(option: str, spec: str, efficiency: float | None, notes: list[str]) -> links.Link:
+def _link(option: str, spec: str, efficiency: float | None, notes: list[str], per_node: int = 8) -> links.Link:
     """--intra-node / --inter-node: a product, a number in GB/s, or a `bench comm` Parquet table
     (fitted by scalelab.results.prediction.fit_link: measured, so no efficiency applies). What a table
     cannot say about a GPU cluster (measured on CPU, or within one host for --inter-node) goes
@@ -418,6 +418,8 @@ def _link(option: str, spec: str, efficiency: float | None, notes: list[str]) ->
             notes.append(f"{option} {path.name} was measured within one host: its ranks shared no inter-node link")
         return link
     try:
+        if spec.strip().startswith("busbw:"):  # what nccl-tests printed, over its ranks
+            return links.measured_busbw(spec, per_node, option == "--inter-node")
         return links.parse_link(spec, efficiency)
     except ValueError as err:
         raise EstimateError(f"{option}: {err}") from None
@@ -472,13 +474,13 @@ def machine_of(args, precision: str, gpus: list[int]) -> tuple[Machine, dict | N
         raise EstimateError(f"--intra-node: no default link for {product.name}; give a product "
                             f"({', '.join(links.known_names())}) or a bandwidth in GB/s")
     notes: list[str] = [source["warning"]] if source and "warning" in source else []
-    intra = _link("--intra-node", intra_spec, efficiency, notes)
+    intra = _link("--intra-node", intra_spec, efficiency, notes, per_node)
     spanning = [n for n in gpus if n > per_node]
     if spanning and args.inter_node is None:
         raise EstimateError(f"--inter-node: {spanning[0]} GPUs span nodes of {per_node} (--gpus-per-node); give the "
                             f"link between nodes: a product ({', '.join(links.known_names())}), a bandwidth in GB/s "
                             "or a `scalelab bench comm` table")
-    inter = _link("--inter-node", args.inter_node, efficiency, notes) if args.inter_node is not None else None
+    inter = _link("--inter-node", args.inter_node, efficiency, notes, per_node) if args.inter_node is not None else None
     eta = args.overlap_efficiency
     if eta is None:  # the trainer's, where fitted to its published runs; else the GPU's
         eta = TRAINERS[getattr(args, "trainer", "scalelab")].overlap_efficiency
@@ -728,12 +730,13 @@ def cluster_flags(p) -> None:
     p.add_argument("--intra-node", metavar="LINK",
                    help=f"link within a node: a product ({', '.join(links.known_names())}), a bandwidth in GB/s "
                         "per GPU, unidirectional, each with an optional @EFFICIENCY for this link alone (46@1: a measured "
-                        "bus bandwidth), or a `scalelab bench comm` Parquet table (default: the GPU's NVLink or PCIe generation)")
+                        "bus bandwidth), busbw:GBPS/RANKS (nccl-tests' all-reduce busbw within a node, e.g. busbw:436/8), "
+                        "or a `scalelab bench comm` Parquet table (default: the GPU's NVLink or PCIe generation)")
     p.add_argument("--inter-node", metavar="LINK",
-                   help="link between nodes, one GPU's NIC: as --intra-node (46@1: nccl-tests' busbw with one rank on each of "
-                        "two nodes; with every GPU of both, divide it by the NICs per node); a group spanning nodes runs on "
-                        "as many NICs as it has ranks on a node, up to the intra-node link (a bench table: as measured); "
-                        "needed once GPUs span nodes"),
+                   help="link between nodes, one GPU's NIC: as --intra-node, or what nccl-tests measured: busbw:GBPS/RANKS "
+                        "(the all-reduce busbw over RANKS ranks, every GPU of their nodes, e.g. busbw:64.9/256; scalelab "
+                        "divides by the NICs per node); a group spanning nodes runs on as many NICs as it has ranks on a "
+                        "node, up to the intra-node link (a bench table: as measured); needed once GPUs span nodes"),
     p.add_argument("--link-efficiency", type=finite_number, default=None,
                    help=f"achievable over nominal bus bandwidth of products and numbers (default {links.DEFAULT_EFFICIENCY}; "
                         "a measured table is taken as measured)")

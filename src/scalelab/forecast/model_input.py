@@ -19,6 +19,7 @@ from pathlib import Path
 from scalelab.config import MODEL_FAMILY_KEYS, ConfigError, ModelConfig, model_config
 from scalelab.forecast.inputs import EstimateError, count, positive, positive_whole
 from scalelab.formulas import accounting
+from scalelab.spec.families import DEFAULT_FAMILY, FAMILIES
 from scalelab.spec.presets import PRESETS
 
 IN_MODEL_SECTION = (*MODEL_FAMILY_KEYS, "preset")
@@ -43,6 +44,13 @@ def model_flags(p, params: bool = True) -> None:
     g.add_argument("--vocab", type=positive_whole, help="vocabulary size")
     g.add_argument("--seq", type=positive_whole, help="sequence length")
     g.add_argument("--untied", action="store_true", help="output head not tied to the embedding")
+    g.add_argument("--family", choices=list(FAMILIES), default=None,
+                   help="with the shape flags: the model family (default gpt2; llama: RMSNorm, SwiGLU, RoPE, grouped-query "
+                        "attention, the head tied unless --untied)")
+    g.add_argument("--kv-heads", type=positive_whole, default=None, help="with --family llama: key/value heads (default: "
+                   "--heads)")
+    g.add_argument("--ffn-dim", type=positive_whole, default=None, help="with --family llama: the SwiGLU width (default: "
+                   "8/3 d_model rounded up to 256)")
     g.add_argument("--config", metavar="FILE", help="read the model from a scalelab config file as the workflow does "
                    "(model:, models: with family keys, presets or a module, sweep.model; --model NAME picks an entry); "
                    "vocab from --vocab, a preset's, else 256")
@@ -58,7 +66,7 @@ def model_from_args(args) -> tuple[int, ModelConfig | None]:
         cfg, _ = config_model(args.config, args.model, args.vocab, args.seq)
         return accounting.param_count(cfg), cfg
     if args.model:
-        if params is not None or any(v is not None for v in (args.layers, args.d_model, args.heads)):
+        if params is not None or any(v is not None for v in (args.layers, args.d_model, args.heads, getattr(args, "family", None))):
             raise EstimateError("give the model either as --model NAME, or as --params, or as the shape, not several")
         if args.model not in PRESETS:
             raise EstimateError(f"--model {args.model!r} is not a preset: {', '.join(PRESETS)} (scalelab estimate models)")
@@ -82,11 +90,24 @@ def model_from_args(args) -> tuple[int, ModelConfig | None]:
                             "--vocab and --seq" if hasattr(args, "params") else
                             "give the model's shape: --model NAME, --config FILE, or all of --layers, --d-model, --vocab "
                             "and --seq")
+    return _shape_model(args)
+
+
+def _shape_model(args) -> tuple[int, ModelConfig]:
+    """The model of the shape flags, its family's keys included; EstimateError naming the flag its family refuses."""
     heads = args.heads or max(1, args.d_model // 64)
     if args.d_model % heads:
         raise EstimateError(f"--heads {heads} does not divide --d-model {args.d_model}")
+    name = getattr(args, "family", None) or DEFAULT_FAMILY
+    own = {k: v for k, v in (("n_kv_heads", getattr(args, "kv_heads", None)), ("ffn_dim", getattr(args, "ffn_dim", None)))
+           if v is not None}
+    if own and name != "llama":
+        raise EstimateError(f"--{next(iter(own)).replace('n_', '').replace('_', '-')} needs --family llama")
     cfg = ModelConfig(n_layers=args.layers, d_model=args.d_model, n_heads=heads, seq_len=args.seq,
-                      tie_embeddings=not args.untied, vocab_size=args.vocab)
+                      tie_embeddings=not args.untied, vocab_size=args.vocab, family=name, **own)
+    problem = FAMILIES[name].shape_problem(cfg)
+    if problem:
+        raise EstimateError(problem[1].replace("n_kv_heads=", "--kv-heads ").replace("n_heads=", "--heads "))
     return accounting.param_count(cfg), cfg
 
 

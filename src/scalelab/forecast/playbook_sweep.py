@@ -12,8 +12,8 @@ tensor parallelism in nanotron's REDUCE_SCATTER mode (sequence parallelism, with
 nodes of 8 H100s over EFA. Its measured NCCL all-reduce bus bandwidth over every GPU of N nodes (pp_comm_bandwidth.html,
 256 MB, median) is BUSBW_GB.
 
-SWEEP holds every point of the figure with pipeline parallelism 1 and tensor parallelism 2, 4 or 8 (ZeRO 0 or 1), and
-the pure data-parallel ZeRO-1 points, as series (model, TP, ZeRO stage, micro-batch) of two counts or more:
+SWEEP holds every point of the figure with pipeline parallelism 1 and tensor parallelism 1, 2, 4 or 8 (ZeRO 0 or 1)
+as series (model, TP, ZeRO stage, micro-batch) of two counts or more:
 (nodes, tokens/s per GPU, GPU memory in GB as printed). Five configurations the figure shows twice with two different
 figures are left out (one of them, 8B TP 8 ZeRO-1 micro-batch 1 on 2 nodes, would be a point here).
 """
@@ -35,6 +35,8 @@ GLOBAL_BATCH = 256
 
 SWEEP = (
     # (model, TP, ZeRO stage, micro-batch, ((nodes, tokens/s per GPU, GPU memory GB), ...))
+    ('1B', 1, 0, 1, ((1, 39273, 36.7), (2, 37610, 36.7), (4, 35368, 36.7), (8, 31112, 36.7), (16, 24494, 36.7), (32, 15700, 36.6))),
+    ('1B', 1, 0, 2, ((1, 40150, 50.2), (8, 16057, 50.2), (16, 26446, 48.5))),
     ('1B', 1, 1, 1, ((1, 39006, 24.2), (2, 37698, 24.0), (4, 35951, 23.8), (8, 31297, 23.8), (16, 22042, 23.7), (32, 11327, 21.7))),
     ('1B', 1, 1, 2, ((2, 38840, 35.0), (4, 36990, 34.9), (8, 30842, 34.8), (16, 22794, 30.8))),
     ('1B', 2, 0, 1, ((1, 29274, 19.5), (2, 28191, 19.6), (4, 26964, 19.5), (8, 23062, 19.6), (16, 21306, 18.5), (32, 15459, 19.5), (64, 697, 18.5))),

@@ -112,6 +112,8 @@ def _sweep_rows() -> list[Published]:
     ZeRO-1 and tensor parallelism with sequence parallelism, gradients reduced in fp32; the links as measured."""
     rows = []
     for model, tp, zero, micro, points in playbook_sweep.SWEEP:
+        if (tp, zero) == (1, 0):  # pure DDP: the first table's, as scalelab's DDP prices it
+            continue
         for nodes, tokens, memory in points:
             data_parallel = 8 * nodes // tp
             rows.append(Published(f"{model} TP {tp} ZeRO-{zero} mb {micro}", SWEEP, playbook_sweep.MODELS[model], 8 * nodes,

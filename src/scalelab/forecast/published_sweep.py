@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import statistics
 
+from scalelab.forecast import playbook_sweep
 from scalelab.forecast.published import SWEEP_ROWS, Published, calibrated_mfu, predicted_row
 
 FIT_MODELS = ("1B",)
@@ -124,6 +125,56 @@ def eta_fit(grid=None) -> list[dict]:
     return out
 
 
+PLAN_COUNTS = (64, 128, 256, 512)
+
+
+def _plan_args(model: str, gpus: int) -> list[str]:
+    """`scalelab plan` for a sweep model on the sweep's cluster: its measured links as nccl-tests printed them."""
+    cfg = playbook_sweep.MODELS[model]
+    busbw = playbook_sweep.BUSBW_GB
+    return ["plan", "--family", "llama", "--layers", str(cfg.n_layers), "--d-model", str(cfg.d_model), "--heads",
+            str(cfg.n_heads), "--kv-heads", str(cfg.n_kv_heads), "--ffn-dim", str(cfg.ffn_dim), "--vocab",
+            str(cfg.vocab_size), "--seq", str(cfg.seq_len), *([] if cfg.tie_embeddings else ["--untied"]),
+            "--gpus", str(gpus), "--gpu", "H100", "--global-batch", str(playbook_sweep.GLOBAL_BATCH), "--tokens", "1T",
+            "--intra-node", f"busbw:{busbw[1]:g}/8", "--inter-node", f"busbw:{busbw[gpus // 8]:g}/{gpus}",
+            "--trainer", "megatron", "--precision", "bf16", "--grad-reduce", "fp32"]
+
+
+def plan_check(models=("1B", "3B"), counts=PLAN_COUNTS) -> list[dict]:
+    """`scalelab plan`'s pick for the sweep's models at each count, and the sweep's own runs there: the best of any
+    configuration, and the best of the pick's family (its tensor-parallel degree and ZeRO stage, any micro-batch)."""
+    import argparse
+
+    from scalelab.forecast.plan import add_parser, plan
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    out = []
+    for model in models:
+        for gpus in counts:
+            best = plan(parser.parse_args(_plan_args(model, gpus)))["best"]
+            ran = [(tp, zero, tokens) for m, tp, zero, _, points in playbook_sweep.SWEEP if m == model
+                   for nodes, tokens, _ in points if 8 * nodes == gpus]
+            family = [tokens for tp, zero, tokens in ran if (tp, zero) == (best["tensor_parallel"], best["strategy"])]
+            top = max(ran, key=lambda r: r[2])
+            out.append({"model": model, "gpus": gpus, "tensor_parallel": best["tensor_parallel"], "zero_stage": best["strategy"],
+                        "predicted": best["tokens_per_s_per_gpu"], "published_best": top[2], "best_family": top[:2],
+                        "family_best": max(family) if family else None})
+    return out
+
+
+def plan_markdown(rows: list[dict]) -> str:
+    lines = ["| model | GPUs | plan's pick | predicted tok/s/GPU | its family's best run | the best run (TP, ZeRO) | family vs best |",
+             "|---|---:|---|---:|---:|---:|---:|"]
+    for r in rows:
+        family = f"{r['family_best']:,}" if r["family_best"] else "not run"
+        gap = f"{r['family_best'] / r['published_best'] - 1:+.0%}" if r["family_best"] else "-"
+        lines.append(f"| {r['model']} | {r['gpus']} | TP {r['tensor_parallel']}, ZeRO-{r['zero_stage']} | "
+                     f"{r['predicted']:,.0f} | {family} | {r['published_best']:,} (TP {r['best_family'][0]}, "
+                     f"ZeRO-{r['best_family'][1]}) | {gap} |")
+    return "\n".join(lines)
+
+
 def document() -> str:
     """The sweep's section of docs/prediction.md's published-validation block."""
     from scalelab.spec.strategies import MEGATRON_OVERLAP_EFFICIENCY
@@ -148,5 +199,8 @@ def document() -> str:
         f"{t['memory_median_ratio']:.2f}; {t['ran_predicted_to_fit']:.0%} of the runs (all ran in 80 GB) predicted to fit.",
         "The overlap efficiency fitted: each series recalibrated and predicted at each value:",
         "\n".join(eta_lines),
+        "`scalelab plan` for the sweep's 1B and 3B models on its cluster (`--trainer megatron`, the measured links as "
+        "`busbw:GBPS/RANKS`, the default MFU), against the sweep's runs at each count:",
+        plan_markdown(plan_check()),
         "Each series: calibrated at its smallest count (MFU), its error at each larger count:",
         series_markdown(rows)])

@@ -304,6 +304,29 @@ def parse_link(spec: str, efficiency: float | None = None) -> Link:
                 "given as a number: GB/s per GPU, unidirectional; latency assumed", efficiency, per_nic=True)
 
 
+def measured_busbw(spec: str, per_node: int, between_nodes: bool) -> Link:
+    """A link from what nccl-tests printed: ``busbw:GBPS/RANKS``, the all-reduce bus bandwidth (its "busbw" column, GB/s,
+    at a large size) measured over RANKS ranks, every GPU of RANKS / per_node nodes (``mpirun -np RANKS
+    all_reduce_perf``). Within a node (RANKS <= per_node) it is the intra-node link as measured. Between nodes it is
+    the ring over every rank's own NIC: one NIC's share is GBPS / per_node, the per-GPU figure a group spanning nodes
+    multiplies by its ranks on a node (across_nodes). Measured: efficiency 1, no factor to remember."""
+    body = spec.strip().removeprefix("busbw:")
+    gbps, slash, ranks = body.partition("/")
+    try:
+        value, n = float(gbps), int(ranks)
+    except ValueError:
+        raise ValueError(f"link {spec!r}: write busbw:GBPS/RANKS, e.g. busbw:64.9/256 (nccl-tests' all-reduce busbw "
+                         "over 256 ranks)") from None
+    if not (slash and math.isfinite(value) and value > 0 and n >= 2):
+        raise ValueError(f"link {spec!r}: GBPS must be a positive number and RANKS a whole number >= 2")
+    if between_nodes and (n <= per_node or n % per_node):
+        raise ValueError(f"link {spec!r}: between nodes, RANKS must be every GPU of two nodes or more ({per_node} per node)")
+    per_gpu = value / per_node if between_nodes else value
+    return Link(f"busbw {value:g} GB/s over {n} ranks", per_gpu * GB, LATENCY_NUMBER_S,
+                f"measured: nccl-tests all-reduce busbw {value:g} GB/s over {n} ranks"
+                + (f", / {per_node} NICs per node" if between_nodes else ""), 1.0, per_nic=between_nodes)
+
+
 DEFAULT_INTRA_NODE = {
     "A100 SXM 40GB": "nvlink-a100", "A100 SXM 80GB": "nvlink-a100",
     "H100 SXM": "nvlink-h100", "H200 SXM": "nvlink-h100", "B200": "nvlink-b200",
