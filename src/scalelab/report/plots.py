@@ -35,6 +35,7 @@ from scalelab.report.tables import (  # noqa: E402,F401  (re-exported for caller
     loss_deviation_vs_stage0,
     loss_vs_fp32_twin,
     mfu_flagged,
+    mfu_grid,
     precisions,
     pruned_rows,
     strategies,
@@ -410,46 +411,14 @@ def throughput(runs: pd.DataFrame):
     return fig
 
 
-def mfu_grid(runs: pd.DataFrame) -> dict:
-    """What the MFU heatmap draws: rows 'precision z<stage>' (or 'precision hsdp<replicas>'), columns world sizes; the median MFU of
-    ok runs per cell, and its run-to-run spread where a cell has several (``spread``: (max - min) /
-    median); which cells are flagged (an MFU above MFU_LIMIT: left out of the colour scale); the
-    status shown in cells without an ok run ('not run' where no run exists)."""
-    runs = runs.assign(_strategy=strategies(runs).astype(str))
-    precs, sizes = precisions(runs), sorted(runs["world_size"].unique())
-    stages = list(strategies(runs).cat.remove_unused_categories().cat.categories)
-    rows = [(p, s) for p in precs for s in stages if ((runs["precision"] == p) & (runs["_strategy"] == s)).any()]
-    ok = runs[runs["status"] == "ok"]
-    cells = ok.groupby(["precision", "_strategy", "world_size"])["mfu"]
-    mean = cells.median()  # of a point's repeats
-    # the run-to-run spread of a cell with several runs: (max - min) / median, as scalelab.results.noise
-    spread_of = ((cells.max() - cells.min()) / mean).where(cells.size() > 1)
-    flagged = set(ok[mfu_flagged(ok)].set_index(["precision", "_strategy", "world_size"]).index)
-    first_status = runs.groupby(["precision", "_strategy", "world_size"])["status"].first()
-    value = np.full((len(rows), len(sizes)), np.nan)
-    spread = np.full(value.shape, np.nan)
-    flag = np.zeros(value.shape, dtype=bool)
-    status = np.full(value.shape, "not run", dtype=object)
-    for i, (p, s) in enumerate(rows):
-        for j, w in enumerate(sizes):
-            key = (p, s, w)
-            if key in mean.index:
-                value[i, j], status[i, j], flag[i, j], spread[i, j] = mean[key], "ok", key in flagged, spread_of[key]
-            elif key in first_status.index:
-                status[i, j] = first_status[key]
-    shown = np.where(flag, np.nan, value)
-    vmax = float(np.nanmax(shown)) if np.isfinite(shown).any() else 1.0
-    return {"rows": [f"{p} {strategy_tick(s)}" for p, s in rows], "world_sizes": [int(w) for w in sizes], "mfu": value, "flagged": flag,
-            "status": status, "vmin": 0.0, "vmax": vmax, "spread": spread}
-
-
 def mfu_heatmap(runs: pd.DataFrame):
     g = mfu_grid(runs)
     n_rows, n_cols = len(g["rows"]), len(g["world_sizes"])
     fig, ax = plt.subplots(figsize=(1.5 + 0.85 * n_cols + 1.0, 0.9 + 0.32 * n_rows))
     ax.grid(False)
     ax.set_facecolor("#f4cccc")  # non-ok / missing cells show through in red
-    shown = np.ma.masked_invalid(np.where(g["flagged"], np.nan, g["mfu"]))
+    apart = g["flagged"] | g["emulated"]  # drawn grey and hatched, out of the colour scale
+    shown = np.ma.masked_invalid(np.where(apart, np.nan, g["mfu"]))
     mesh = ax.pcolormesh(np.arange(n_cols + 1), np.arange(n_rows + 1), shown, cmap="viridis",
                          norm=Normalize(g["vmin"], g["vmax"]), edgecolors="white", linewidth=0.6)
     mesh.set_label("mfu")
@@ -461,6 +430,10 @@ def mfu_heatmap(runs: pd.DataFrame):
                 ax.add_patch(Rectangle((j, i), 1, 1, facecolor="#dddddd", edgecolor="#888888", hatch=FLAG_HATCH, lw=0.6,
                                        label="_flagged"))
                 text, color = f"{v:.2f}‡", "black"
+            elif g["emulated"][i, j]:
+                ax.add_patch(Rectangle((j, i), 1, 1, facecolor="#ececec", edgecolor="#c4c4c4", hatch="...", lw=0.6,
+                                       label="_emulated"))
+                text, color = f"{v:.3f}†", "#555555"
             elif st == "ok":
                 text = f"{v:.3f}" if pd.notna(v) else "n/a"
                 if pd.notna(v) and np.isfinite(g["spread"][i, j]):  # a point that ran more than once: its spread
@@ -481,9 +454,15 @@ def mfu_heatmap(runs: pd.DataFrame):
     ax.set(xlabel="world size (ranks)", ylabel="precision, ZeRO stage", title="MFU (fraction of the dense peak per device)")
     bar = fig.colorbar(mesh, ax=ax, fraction=0.05, pad=0.02)
     bar.set_label("MFU")
+    notes = []
+    if g["emulated"].any():
+        notes.append("† dotted grey: 16-bit precisions on a CPU, whose matmuls it emulates, against a peak measured on that "
+                     "same emulated path: a high MFU there is not speed (compare tokens/s); left out of the colour scale.")
     if g["flagged"].any():
-        _below_axes(fig, f"‡ hatched: MFU above {MFU_LIMIT:g} (100% of the peak recorded for the run): that peak is too low "
-                    "for this path (e.g. emulated fp16 on a CPU), so the value means nothing; left out of the colour scale.")
+        notes.append(f"‡ hatched: MFU above {MFU_LIMIT:g} (100% of the peak recorded for the run): that peak is too low "
+                     "for this path (e.g. emulated fp16 on a CPU), so the value means nothing; left out of the colour scale.")
+    if notes:
+        _below_axes(fig, " ".join(notes))
     return fig
 
 

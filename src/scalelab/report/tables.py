@@ -57,6 +57,11 @@ def strategy_tick(label: str) -> str:
     return f"hsdp{label.split(', ')[1].split()[0]}" if label.startswith("hybrid") else f"z{label.rsplit(' ', 1)[1]}"
 
 
+EMULATED_ON_CPU = tuple(p for p in PRECISION_NAMES if p != "fp32")
+"""Precisions whose matmuls a CPU runs on emulated or narrow kernels (no tensor cores): their MFU is against a
+peak measured on that same path, so it does not compare with fp32's (it read brightest where it runs slowest)."""
+
+
 def mfu_flagged(runs: pd.DataFrame) -> pd.Series:
     """Which ok runs have an MFU that means nothing (above MFU_LIMIT)."""
     return (runs["status"] == "ok") & (runs["mfu"] > MFU_LIMIT)
@@ -376,3 +381,42 @@ def forecast_ranking(runs: pd.DataFrame) -> pd.DataFrame:
     table = pd.DataFrame(rows)
     table["measured_rank"] = table.groupby(["model", "world_size"])["measured_tokens_per_s"].rank(ascending=False, method="min")
     return table.sort_values(["model", "world_size", "forecast_rank", "point"], na_position="last").reset_index(drop=True)
+
+
+def mfu_grid(runs: pd.DataFrame) -> dict:
+    """What the MFU heatmap draws: rows 'precision z<stage>' (or 'precision hsdp<replicas>'), columns world sizes; the median MFU of
+    ok runs per cell, and its run-to-run spread where a cell has several (``spread``: (max - min) /
+    median); which cells are flagged (an MFU above MFU_LIMIT) or emulated (EMULATED_ON_CPU on a CPU), both left out
+    of the colour scale; the
+    status shown in cells without an ok run ('not run' where no run exists)."""
+    runs = runs.assign(_strategy=strategies(runs).astype(str))
+    precs, sizes = precisions(runs), sorted(runs["world_size"].unique())
+    stages = list(strategies(runs).cat.remove_unused_categories().cat.categories)
+    rows = [(p, s) for p in precs for s in stages if ((runs["precision"] == p) & (runs["_strategy"] == s)).any()]
+    ok = runs[runs["status"] == "ok"]
+    cells = ok.groupby(["precision", "_strategy", "world_size"])["mfu"]
+    mean = cells.median()  # of a point's repeats
+    # the run-to-run spread of a cell with several runs: (max - min) / median, as scalelab.results.noise
+    spread_of = ((cells.max() - cells.min()) / mean).where(cells.size() > 1)
+    flagged = set(ok[mfu_flagged(ok)].set_index(["precision", "_strategy", "world_size"]).index)
+    on_cpu = set(ok[ok["device_type"] == "cpu"].set_index(["precision", "_strategy", "world_size"]).index) \
+        if "device_type" in ok else set()
+    first_status = runs.groupby(["precision", "_strategy", "world_size"])["status"].first()
+    value = np.full((len(rows), len(sizes)), np.nan)
+    spread = np.full(value.shape, np.nan)
+    flag = np.zeros(value.shape, dtype=bool)
+    status = np.full(value.shape, "not run", dtype=object)
+    for i, (p, s) in enumerate(rows):
+        for j, w in enumerate(sizes):
+            key = (p, s, w)
+            if key in mean.index:
+                value[i, j], status[i, j], flag[i, j], spread[i, j] = mean[key], "ok", key in flagged, spread_of[key]
+            elif key in first_status.index:
+                status[i, j] = first_status[key]
+    # 16-bit precisions on a CPU: matmuls it emulates, divided by a peak measured on that emulated path, read
+    # brightest while they run slowest; drawn apart and out of the colour scale, so fp32 sets it
+    emulated = np.array([[p in EMULATED_ON_CPU and (p, s, w) in on_cpu for w in sizes] for p, s in rows], dtype=bool).reshape(value.shape)
+    shown = np.where(flag | emulated, np.nan, value)
+    vmax = float(np.nanmax(shown)) if np.isfinite(shown).any() else 1.0
+    return {"rows": [f"{p} {strategy_tick(s)}" for p, s in rows], "world_sizes": [int(w) for w in sizes], "mfu": value, "flagged": flag,
+            "emulated": emulated, "status": status, "vmin": 0.0, "vmax": vmax, "spread": spread}
