@@ -631,3 +631,20 @@ def test_a_formula_at_one_world_size_is_drawn_as_a_tick(results):
     fig, _ = draw("memory_model_state", one, steps)
     (pytorch,) = lines(panel(fig, "ZeRO stage 3"), "PyTorch AMP")
     assert len(pytorch.get_xdata()) == 1 and pytorch.get_marker() == "_"
+
+
+@pytest.mark.parametrize("values", [[0.0, 7e-4, 0.06], [0.0, 3e-8, 2e-3, 0.4], [0.0, 0.05, 0.09]])
+def test_a_zero_keeping_log_axis_draws_its_tick_labels_apart(values):
+    """The |Δloss| panels drew "0" over the first decade's label (0 sat a third of a decade below it)."""
+    import matplotlib.pyplot as plt
+
+    plots.use_theme()
+    fig, ax = plt.subplots(figsize=(4, 3.3))
+    ax.plot(range(len(values)), values)
+    plots.zero_log_y(ax, values)
+    fig.canvas.draw()
+    labels = [t for t in ax.get_yticklabels() if t.get_text() and ax.get_ylim()[0] <= t.get_position()[1] <= ax.get_ylim()[1]]
+    boxes = sorted((t.get_window_extent() for t in labels), key=lambda b: b.y0)
+    assert [t.get_text() for t in labels][0] == "0" and len(labels) >= 3
+    assert all(low.y1 <= high.y0 for low, high in zip(boxes, boxes[1:])), [(t.get_text(), b.y0, b.y1) for t, b in zip(labels, boxes)]
+    plt.close(fig)

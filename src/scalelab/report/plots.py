@@ -231,11 +231,13 @@ def zero_log_y(ax, values, top: float = 1.6) -> None:
         ax.set_ylim(-0.05, 1)
         ax.set_yticks([0])
         return
-    lo = positive.min()
-    ax.set_yscale("symlog", linthresh=lo, linscale=0.3)
+    first = np.floor(np.log10(positive.min()))
+    # 0 a whole decade's height below the first decade tick: squeezed into a third of one (linscale 0.3, its
+    # threshold at the smallest value) the labels "0" and "1e-4" were drawn over each other
+    ax.set_yscale("symlog", linthresh=10.0 ** first, linscale=1.0)
     ax.set_ylim(0, positive.max() * top)
-    decades = np.arange(np.floor(np.log10(lo)), np.ceil(np.log10(positive.max() * top)) + 1)
-    step = max(1, int(np.ceil(len(decades) / 6)))
+    decades = np.arange(first, np.ceil(np.log10(positive.max() * top)) + 1)
+    step = max(1, int(np.ceil(len(decades) / 5)))
     ax.yaxis.set_major_locator(FixedLocator([0.0, *10.0 ** decades[::step]]))
     ax.yaxis.set_major_formatter(FuncFormatter(_sci))
     ax.yaxis.set_minor_locator(NullLocator())
