@@ -4,8 +4,8 @@ work of one training step, counted without a GPU, for scalelab's sharded step (t
 torchtitan recipe) from the same weights and the same batches.
 
 For each case (``precision:stage`` or ``precision:hybrid``: stage 3 over replicas x shards; ``:compiled``
-appended: each block and the loss compiled on both sides), both sides take
-``--warm-up`` steps, then ``--steps`` steps under torch.profiler (CPU activity). Per step, each side records:
+appended: each block and the loss compiled on both sides), both sides take ``--warm-up`` steps, then
+``--steps`` steps under torch.profiler (CPU activity). Per step, each side records:
 
 - ``ops``: the ATen operators the profiler saw (nested ones included: each is a dispatch the host makes);
   ``copies`` (``aten::copy_``) and ``fills`` (``aten::fill_``), what a GPU runs as copy and fill kernels;
@@ -18,7 +18,9 @@ appended: each block and the loss compiled on both sides), both sides take
 - ``losses``: the global batch's loss of every step (the mean over the ranks).
 
 On a GPU (a plan whose device is cuda) both sides run there, gloo between the ranks: the host work then
-includes what CUDA's autocast adds. Rank 0 writes {case: {"scalelab": ..., "plain": ...}} as JSON to --out. Used by tests/run/test_sharded_host_work.py.
+includes what CUDA's autocast adds (``--plain-autocast`` runs the plain loop under it too). Rank 0 writes
+{case: {"scalelab": ..., "plain": ...}} as JSON to --out. Used by tests/run/test_sharded_host_work.py and
+tests/gpu/test_stages.py (through tests/support/host_work.py).
 """
 import argparse
 import collections
