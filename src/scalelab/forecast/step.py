@@ -240,6 +240,8 @@ def fp8_machine(machine: Machine, d_model: int) -> tuple[Machine, str]:
     mfu = machine.mfu * bf16_peak * ratio / fp8_peak
     note = (f"fp8: the {machine.product.name}'s fp8 datasheet peak {fp8_peak / 1e12:,.1f} TFLOP/s at MFU {mfu:.1%}, i.e. "
             f"the bf16 MFU {machine.mfu:.1%} x the fp8/bf16 tokens/s ratio {ratio:.3g} measured at d_model {d_model} "
-            f"(scalelab.spec.hardware.fp8_outlook) / the fp8/bf16 peak ratio {fp8_peak / bf16_peak:.3g}")
+            f"(scalelab.spec.hardware.fp8_outlook) / the fp8/bf16 peak ratio {fp8_peak / bf16_peak:.3g}; its memory at "
+            "stages 2 and 3 holds 4 bytes per gathered parameter where bf16 holds 2: torchao's float8 linears cast from the "
+            "fp32 masters inside each matmul, so FSDP2 gathers fp32 (scalelab.formulas.accounting.MIXED_COMM)")
     return replace(machine, peak_flops=fp8_peak, mfu=mfu), note
 
