@@ -181,7 +181,7 @@ def document() -> str:
 
     rows, memory = validation(), memory_validation()
     t = targets(rows, memory)
-    fit = eta_fit([i / 4 for i in range(5)] + [MEGATRON_OVERLAP_EFFICIENCY])
+    fit = eta_fit(sorted({i / 4 for i in range(5)} | {MEGATRON_OVERLAP_EFFICIENCY}))
     eta_lines = ["| overlap efficiency | fit set (1B, up to 256 GPUs) | held out (3B, 8B, 64-256 GPUs) |", "|---:|---:|---:|"]
     eta_lines += [f"| {f['overlap_efficiency']:g} | {f['fit']:.1%} | {f['held_out']:.1%} |"
                   for f in sorted(fit, key=lambda f: f["overlap_efficiency"])]
