@@ -94,10 +94,34 @@ def predict_point(point: Point, machine: Machine, n: int) -> dict:
     # what each GPU holds of the parameters: the embedding and head split over the vocabulary too where the trainer does
     n_local = (megatron_style.local_params(cfg, point.n_params, t) if point.megatron
                else accounting.tensor_parallel_params(cfg, point.n_params, t))
-    # every collective of a step over its group: the world (the data-parallel ranks under tensor parallelism), or
-    # under hybrid sharding the shard group and the replicate group (fp16's one-flag all-reduce over the world
-    # counted with the replicate group's); each kind of group on the link its slowest member needs (groups_link)
-    by_group = accounting.comm_bytes_by_group(n_local, stage, dp, point.precision, replicas=replicas,
+    comm, calls, sizes, used = _strategy_comm(point, machine, n, n_local, replicas, accumulation)
+    # one replica is plain stage 3 (strategy(3, 1)): its record's overlap facts apply
+    step = prediction.step_time(key if replicas > 1 else (ZERO1_SHARDED_KEY if point.priced == ZERO1_SHARDED_KEY else stage),
+                                compute_s, comm, calls=calls,
+                                overlap_efficiency=machine.overlap_efficiency)
+    tp = _tensor_parallel_step(point, machine, n, micro, accumulation)
+    step_s, exposed = step.step_s + tp["seconds"], step.exposed_comm_s + tp["seconds"]  # on the critical path
+    per_gpu = tokens / step_s
+    peak_mem = _peak_memory(point, n_local, dp, micro, accumulation, replicas)
+    return {"gpus": n, "nodes": math.ceil(n / machine.per_node), "replicas": replicas, "links": used,
+            "tensor_parallel": t, "data_parallel": dp, "tensor_parallel_comm": tp,
+            "micro_batch": micro, "accumulation_steps": accumulation, "tokens_per_gpu_per_step": tokens,
+            "step_time_s": step_s, "compute_s": step.compute_s, "comm_s": dict(step.comm_s),
+            "exposed_comm_s": exposed, "tokens_per_s_per_gpu": per_gpu,
+            "tokens_per_s": per_gpu * n, "mfu": accounting.mfu(per_gpu, fpt, machine.peak_flops, 1),
+            "collective_bytes": sizes, "collective_calls": calls, "peak_memory_bytes": peak_mem,
+            "peak_memory_gib": peak_mem / UNITS["GiB"],
+            "fits_memory": peak_mem <= machine.product.memory_gib * UNITS["GiB"] if machine.product else None,
+            "flops_per_token": fpt, "recompute_flops_per_token": hardware_fpt - fpt}
+
+
+def _strategy_comm(point: Point, machine: Machine, n: int, n_local: float, replicas: int, accumulation: int):
+    """Every collective of the strategy in a step over its group: the world (the data-parallel ranks under tensor
+    parallelism), or under hybrid sharding the shard group and the replicate group (fp16's one-flag all-reduce over the
+    world counted with the replicate group's); each kind of group on the link its slowest member needs (groups_link).
+    (seconds, calls, nccl-tests sizes, links) by collective."""
+    cfg, t, dp = point.cfg, point.tensor_parallel, n // point.tensor_parallel
+    by_group = accounting.comm_bytes_by_group(n_local, strategy(point.key).stage, dp, point.precision, replicas=replicas,
                                               grad_reduce=point.grad_reduce, accumulation_steps=accumulation)
     if point.priced == ZERO1_SHARDED_KEY:
         by_group = {"world": accounting.sharded_zero1_bytes(n_local, point.precision, point.grad_reduce)} if dp > 1 else {}
@@ -123,30 +147,19 @@ def predict_point(point: Point, machine: Machine, n: int) -> dict:
             sizes[c] = sizes.get(c, 0.0) + size
             if group_size > 1:
                 used[c] = link.name
-    # one replica is plain stage 3 (strategy(3, 1)): its record's overlap facts apply
-    step = prediction.step_time(key if replicas > 1 else (ZERO1_SHARDED_KEY if point.priced == ZERO1_SHARDED_KEY else stage),
-                                compute_s, comm, calls=calls,
-                                overlap_efficiency=machine.overlap_efficiency)
-    tp = _tensor_parallel_step(point, machine, n, micro, accumulation)
-    step_s, exposed = step.step_s + tp["seconds"], step.exposed_comm_s + tp["seconds"]  # on the critical path
-    per_gpu = tokens / step_s
+    return comm, calls, sizes, used
+
+
+def _peak_memory(point: Point, n_local: float, dp: int, micro: int, accumulation: int, replicas: int) -> float:
+    """The in-step peak per GPU: the megatron trainer's recipe (scalelab.formulas.megatron_style) or what scalelab's
+    runs measure (scalelab.formulas.accounting.peak_memory)."""
+    stage, t = strategy(point.key).stage, point.tensor_parallel
     if point.megatron:
-        peak_mem = megatron_style.peak_memory(cfg, n_local, stage, dp, point.precision, micro, t, point.sequence_parallel,
-                                              point.activation_checkpointing)["total"]
-    else:
-        peak_mem = accounting.peak_memory(cfg, n_local, stage, dp, point.precision, micro, replicas=replicas,
-                                          activation_checkpointing=point.activation_checkpointing,
-                                          accumulation_steps=accumulation, tensor_parallel=t).total
-    return {"gpus": n, "nodes": math.ceil(n / machine.per_node), "replicas": replicas, "links": used,
-            "tensor_parallel": t, "data_parallel": dp, "tensor_parallel_comm": tp,
-            "micro_batch": micro, "accumulation_steps": accumulation, "tokens_per_gpu_per_step": tokens,
-            "step_time_s": step_s, "compute_s": step.compute_s, "comm_s": dict(step.comm_s),
-            "exposed_comm_s": exposed, "tokens_per_s_per_gpu": per_gpu,
-            "tokens_per_s": per_gpu * n, "mfu": accounting.mfu(per_gpu, fpt, machine.peak_flops, 1),
-            "collective_bytes": sizes, "collective_calls": calls, "peak_memory_bytes": peak_mem,
-            "peak_memory_gib": peak_mem / UNITS["GiB"],
-            "fits_memory": peak_mem <= machine.product.memory_gib * UNITS["GiB"] if machine.product else None,
-            "flops_per_token": fpt, "recompute_flops_per_token": hardware_fpt - fpt}
+        return megatron_style.peak_memory(point.cfg, n_local, stage, dp, point.precision, micro, t, point.sequence_parallel,
+                                          point.activation_checkpointing)["total"]
+    return accounting.peak_memory(point.cfg, n_local, stage, dp, point.precision, micro, replicas=replicas,
+                                  activation_checkpointing=point.activation_checkpointing,
+                                  accumulation_steps=accumulation, tensor_parallel=t).total
 
 
 def check_tensor_parallel(cfg: ModelConfig | None, degree: int) -> None:
