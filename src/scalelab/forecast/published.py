@@ -145,6 +145,20 @@ ROWS = (
 and where a series differs from the FSDP rows' H100s on NDR: its GPU, strategy, precision and links)."""
 
 
+TITAN_2D = "torchtitan docs/performance.md (Tables 1, 3 and 4)"
+CROSS_MODEL_ROWS = tuple(
+    Published("torchtitan Llama 3.1 8B FSDP -> 70B FSDP 32 x TP 8, compile + Float8", TITAN_2D, cfg, n, micro, 1, ac, t,
+              key=3, precision="fp8", tensor_parallel=tp, sequence_parallel=tp > 1)
+    for cfg, n, micro, ac, t, tp in (
+        (_LLAMA8B, 8, 2, False, 8532, 1), (_LLAMA8B, 128, 2, False, 8380, 1),
+        (ModelConfig(**{**PRESETS["llama3-70b"].shape, "seq_len": 8192}), 256, 16, True, 829, 8)))
+"""A second source's tensor-parallel run, predicted across model sizes: torchtitan's only 2D row (Table 4: Llama 3.1
+70B on 256 H100s, FSDP 32 x TP 8 with its sequence parallelism, torch.compile, Float8, full activation checkpointing,
+16 sequences per data-parallel rank; 829 tokens/s per GPU without AsyncTP), from the efficiency of its 8B FSDP runs with
+the same compile and Float8 (Tables 1 and 3, selective checkpointing priced as none). scalelab's own form prices it
+(torchtitan's FSDP2 and tensor-parallel plan are the ones scalelab runs), though torchtitan also splits the embedding,
+head and loss over the vocabulary, which that form keeps whole."""
+
 SWEEP_ROWS = tuple(_sweep_rows())
 """The playbook sweep's rows (scalelab.forecast.published_sweep validates them)."""
 

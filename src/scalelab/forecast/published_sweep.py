@@ -202,5 +202,17 @@ def document() -> str:
         "`scalelab plan` for the sweep's 1B and 3B models on its cluster (`--trainer megatron`, the measured links as "
         "`busbw:GBPS/RANKS`, the default MFU), against the sweep's runs at each count:",
         plan_markdown(plan_check()),
+        cross_model_markdown(),
         "Each series: calibrated at its smallest count (MFU), its error at each larger count:",
         series_markdown(rows)])
+
+
+def cross_model_markdown() -> str:
+    """The second source's tensor-parallel run (scalelab.forecast.published.CROSS_MODEL_ROWS), out-of-sample, apart."""
+    from scalelab.forecast.published import CROSS_MODEL_ROWS, validation
+
+    rows = validation(rows=CROSS_MODEL_ROWS)
+    cells = "; ".join(f"{r['gpus']} GPUs ({r['strategy']}, {'70B' if r['gpus'] == 256 else '8B'}): published "
+                      f"{r['published']:,.0f}, predicted {r['predicted']:,.0f}, {r['error']:+.1%}" for r in rows)
+    return (f"A second source, across model sizes (out-of-sample, not in the targets): torchtitan's only tensor-parallel "
+            f"run, from its 8B FSDP runs' efficiency (calibrated at 8 GPUs, MFU {rows[0]['mfu']:.1%} of the fp8 peak): {cells}.")
