@@ -649,7 +649,8 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
             + "The fastest point that ended ok per world size" + (" and model (each ranked against its own configurations)"
                                                                    if several else "")
             + ", by the median tokens/s of its runs, its lead against the run-to-run "
-            "noise, and the configurations that did not fit (oom / predicted_oom). "
+            "noise (points within it of each other are named as tied: no single winner), and the configurations that "
+            "did not fit (oom / predicted_oom). "
             + context["best_note"] + (" " + context["cpu_best_note"] if context["cpu_best_note"] else "")
             + "\n\n" + markdown_table(best)
             + ("\n## Traffic between nodes\n\nBytes rank 0 handed per step to collectives whose group spans nodes "
