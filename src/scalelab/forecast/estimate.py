@@ -554,6 +554,12 @@ def scaling_table(args) -> dict:
             **({"note": "; ".join(notes)} if notes else {})}
 
 
+def _size(value: float) -> str:
+    """A memory figure in a table's unit to three decimals, or to three significant digits where those would print a
+    nonzero size as 0.000 (a tiny model's)."""
+    return f"{value:>10.3f}" if value == 0 or value >= 0.0005 else f"{value:>10.3g}"
+
+
 def _human(n: float) -> str:
     for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if abs(n) >= scale:
@@ -659,10 +665,10 @@ def render(kind: str, result: dict) -> str:
         extra = f"activations_{u}" in result["rows"][0]
         head = f"{'precision':<9} {'stage':>5} {'params':>10} {'grads':>10} {'optimizer':>10} {'total':>10} {'paper':>10}"
         lines.append(head + (f" {'activ.':>10} {'peak':>10}" if extra else ""))
+        keys = ["pytorch_params", "pytorch_grads", "pytorch_optimizer", "pytorch_total", "paper_total",
+                *(["activations", "peak"] if extra else [])]
         for r in result["rows"]:
-            line = (f"{r['precision']:<9} {r['zero_stage']:>5} {r[f'pytorch_params_{u}']:>10.3f} {r[f'pytorch_grads_{u}']:>10.3f} "
-                    f"{r[f'pytorch_optimizer_{u}']:>10.3f} {r[f'pytorch_total_{u}']:>10.3f} {r[f'paper_total_{u}']:>10.3f}")
-            lines.append(line + (f" {r[f'activations_{u}']:>10.3f} {r[f'peak_{u}']:>10.3f}" if extra else ""))
+            lines.append(f"{r['precision']:<9} {r['zero_stage']:>5} " + " ".join(_size(r[f"{k}_{u}"]) for k in keys))
     elif kind == "time":
         r = result
         lines += [(f"{r['model']} ({r['family']}): " if "model" in r else "") +
