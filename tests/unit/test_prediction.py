@@ -469,3 +469,32 @@ def test_the_models_error_across_world_sizes_is_measured_at_the_fitted_f_not_the
     fitted = prediction.fit(runs, table).model_sigma["cpu"]
     monkeypatch.setattr(prediction, "DEFAULT_RANK_FACTOR", {"cpu": {s: {None: 50.0} for s in range(4)}})
     assert fitted > 0 and prediction.fit(runs, table).model_sigma["cpu"] == pytest.approx(fitted)
+
+
+def _quiet_sweep(spread: float) -> pd.DataFrame:
+    """World size 1 at five repeats of the baseline (their log times spread by about ``spread``) and one run of
+    stages 1 and 3; world size 2 of each stage."""
+    rows = [run_row("fp32", 0, 1, 0.020 * (1 + spread * k), repeat=i + 1) for i, k in enumerate((0, 1, -1, 0.5, -0.5))]
+    rows += [run_row("fp32", s, 1, t) for s, t in ((1, 0.022), (3, 0.030))]
+    rows += [run_row("fp32", s, 2, 0.03) for s in (0, 1, 3)]
+    return pd.DataFrame(rows)
+
+
+def test_a_quiet_sweeps_band_holds_the_shift_of_the_hosts_state_and_widens_with_the_noise_measured():
+    """A sweep's world-size-2 runs move together with the host's state, by up to 15% from one sweep to the next,
+    which no world-size-1 run sees. The band of a defaulted rank factor held it only where the sweep's own noise
+    was large (the model's error was taken less the noise six other sweeps had): an idle default sweep had 81% of
+    its runs inside their bands. Now a quiet sweep's band holds that shift, and a noisier one's is wider."""
+    table = bench_table()
+    quiet, noisy = _quiet_sweep(0.01), _quiet_sweep(0.06)
+    widths = {}
+    for name, runs in (("quiet", quiet), ("noisy", noisy)):
+        model = prediction.fit(runs[runs["world_size"] == 1], table)
+        assert model.model_sigma_source["cpu"].startswith("defaulted")
+        out = prediction.predict(model, runs[runs["world_size"] == 2]).set_index("run_id")
+        for run_id, r in out.iterrows():
+            for shift in (0.85, 1.15):  # the host's state, as far as six default sweeps moved it
+                assert r["predicted_step_time_s_low"] < r["predicted_step_time_s"] * shift < r["predicted_step_time_s_high"], (
+                    name, run_id, shift, r["prediction_note"])
+        widths[name] = (out["predicted_step_time_s_high"] - out["predicted_step_time_s_low"]) / out["predicted_step_time_s"]
+    assert (widths["noisy"] > widths["quiet"]).all()
