@@ -145,7 +145,8 @@ def test_sweep_end_to_end_then_nothing_to_do(tmp_path):
     out = snakemake(workdir, "--cores", "2")
     summaries = sorted((tmp_path / "results/runs").glob(f"{RUN_DIR_GLOB}/summary.json"))
     assert len(summaries) == 8 + 2
-    calibration = re.search(r"scalelab: CPU peak per rank \(1 thread\(s\)\), measured on the idle machine: (.*)", out.stderr)
+    calibration = re.search(r"scalelab: CPU peak per rank \(1 thread\(s\)\), measured on the (?:idle|busy) machine "
+                            r"\(load [\d.]+ on \d+ cores[^)]*\): (.*)", out.stderr)
     assert calibration and out.stderr.count("scalelab: CPU peak per rank") == 1, out.stderr[-3000:]  # once per results folder
     started = []
     for path in summaries:
