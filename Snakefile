@@ -81,7 +81,8 @@ onstart:
         # the default config into another folder.
         from scalelab.results.invocation import record
 
-        record(RESULTS, sys.argv[1:], workflow.overwrite_configfiles, cwd=Path.cwd(), snakefile=workflow.main_snakefile)
+        if not workflow.touch:  # scalelab resume's --touch of finished runs (--cores 1) is not the sweep's command
+            record(RESULTS, sys.argv[1:], workflow.overwrite_configfiles, cwd=Path.cwd(), snakefile=workflow.main_snakefile)
         # planning.top_k's decision (rules/common.smk), for the jobs to read: written here, under the lock, by the
         # process that runs them (never by a dry run, nor by a second invocation the lock turns away)
         from scalelab.plan import forecast_record

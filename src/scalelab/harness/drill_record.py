@@ -18,9 +18,9 @@ COUNTS = ("faults_injected", "faults_recovered", "rows_lost", "rows_duplicated",
 def drill_row(name: str, docstring: str | None, drill, seconds: float) -> dict:
     """One drill's line of the record: what it does (its docstring), its counts, its checks."""
     doc = " ".join((docstring or "").split())
-    return {"drill": name, "does": doc, "seconds": round(seconds, 1), **{k: getattr(drill, k) for k in COUNTS},
-            "bad_configs": [drill.bad_configs_rejected, drill.bad_configs_tried],
-            "timeouts": [drill.timeouts_honoured, drill.timeouts_tried], "checks_failed": list(drill.checks_failed)}
+    return {"drill": name, "does": doc, "seconds": round(seconds, 1), **{k: int(getattr(drill, k)) for k in COUNTS},
+            "bad_configs": [int(drill.bad_configs_rejected), int(drill.bad_configs_tried)],
+            "timeouts": [int(drill.timeouts_honoured), int(drill.timeouts_tried)], "checks_failed": list(drill.checks_failed)}
 
 
 def drills_table(record: dict) -> str:

@@ -455,6 +455,8 @@ def _interrupt_and_resume(tmp: Path, name: str, signum: int, whole_group: bool) 
             "the resumed sweep kept the folder's CPU calibration (its MFU on one scale)")
     d.check(resumed.returncode == 0, f"scalelab resume completed the sweep: {resumed.stderr[-3000:]}")
     d.notes += [line for line in resumed.stderr.splitlines() if line.startswith("scalelab resume:")]
+    reran = [line for line in resumed.stderr.splitlines() if line.startswith("scalelab resume: running:")]
+    d.check(bool(reran) and " --cores 2 " in reran[0], f"resume reran the sweep's own command (--cores 2): {reran}")
     for path, content in finished.items():
         d.check(path.read_bytes() == content, f"{path.parent.name} had ended and was not retrained")
     d.notes.append(f"{len(finished)} run(s) had ended by the interrupt, kept: {', '.join(p.parent.name for p in finished)}")
@@ -492,7 +494,9 @@ def broken_user_module(tmp: Path) -> Drill:
                       train={"steps": 6, "warmup_steps": 1})
     work = write_workdir(tmp, cfg)
     env = snakemake_env(PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
-    run_snakemake(work, "--cores", "2", TABLES, env=env)  # exits 0: a failed run is a result
+    # a Snakemake of its own, started with that path as a user starts it (a preimported one keeps its own sys.path)
+    done = subprocess.run(snakemake_cmd(work, "--cores", "2", TABLES), env=env, capture_output=True, text=True, timeout=600)
+    d.check(done.returncode == 0, f"the sweep ended 0 (a failed run is a result): {done.stderr[-2000:]}")
     count_orphans(str(work), d)
     states = {s.run_id: s for s in run_states(work / cfg["results_dir"])}
     broken = [s for s in states.values() if s.run_id.endswith("-late")]
@@ -579,7 +583,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         start = time.time()
         with tempfile.TemporaryDirectory(prefix=f"scalelab-{name}-") as tmp:
-            drill = DRILLS[name](Path(tmp))
+            try:
+                drill = DRILLS[name](Path(tmp))
+            except Exception as err:  # noqa: BLE001 - one drill that raises is a failed drill; the others still run
+                drill = Drill(name, checks_failed=[f"raised {type(err).__name__}: {' '.join(str(err).split())[:500]}"])
         drills.append(drill)
         rows.append(drill_row(name, DRILLS[name].__doc__, drill, time.time() - start))
         status = "ok" if not drill.checks_failed else "FAILED: " + "; ".join(drill.checks_failed)
