@@ -113,3 +113,20 @@ def test_a_model_the_test_suite_defines(tmp_path, tiny_data, monkeypatch):
     assert abs(measured - predicted) <= 0.01 * predicted, (measured, predicted)
     assert summary["activation_bytes_predicted"] is None and summary["predicted_activation_bytes"] is None
     assert summary["activation_bytes_measured"] > 0 and np.isfinite(steps["loss"]).all()
+
+
+def test_a_tied_llama_trains_as_its_reference_at_stage_3(tmp_path, tiny_data):
+    """A llama entry with a tied head (as Llama 3.2 1B and 3B): FSDP2 over two ranks trains the one weight as the
+    single-process loop does, and its model state is what the formulas count (the tied weight once)."""
+    config = tiny_config(train={"steps": PARITY_STEPS, "warmup_steps": 2}, planning={"launch_overcommitted": True},
+                         models={"llama": {**LLAMA, "tie_embeddings": True}}, sweep={"model": ["llama"]})
+    summary, steps, _ = run_point(tmp_path, tiny_data, RunPoint("fp32", 3, 2, model="llama"), cfg=config)
+    assert summary["status"] == "ok", summary["reason"]
+    assert summary["tie_embeddings"] is True
+    meta = json.loads((tiny_data / "meta.json").read_text())
+    cfg = model_config(config, meta["vocab_size"], name="llama")
+    losses, _, _ = bare_loop(cfg, train_config(config), str(tiny_data / "train.bin"), meta["dtype"])
+    np.testing.assert_allclose(steps["loss"].to_numpy(), losses, rtol=1e-5, atol=0)
+    assert summary["n_params"] == accounting.param_count(cfg) == accounting.param_count(_llama(vocab_size=cfg.vocab_size)) - cfg.vocab_size * cfg.d_model
+    measured, predicted = summary["model_state_bytes_measured"], summary["model_state_bytes_predicted"]
+    assert abs(measured - predicted) <= 0.01 * predicted, (measured, predicted)

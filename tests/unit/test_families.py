@@ -309,3 +309,25 @@ def test_every_family_record_agrees_with_the_module_it_names(name):
     assert set(record.own_keys) <= fields & set(MODEL_FAMILY_KEYS) & set(RUN_COLUMNS)
     assert set(record.own_columns(cfg)) == set(record.own_keys)
     assert set(record.formulas) == {"parameters", "flops", "activations", "recompute"}
+
+
+def test_a_llama_entry_ties_its_head_where_it_or_its_preset_says_so():
+    """Llama 3.2 1B and 3B tie their heads: a models: entry of the llama family is untied by default, whatever
+    model.tie_embeddings says for GPT-2's, and tied where the entry or its preset says so; the module then trains
+    one weight for both, counted once as the formulas count it."""
+    import torch
+
+    from scalelab.config import model_config
+    from scalelab.run.model import build_model
+
+    config = {"model": {"tie_embeddings": True, "seq_len": 32},
+              "models": {"untied": LLAMA, "tied": {**LLAMA, "tie_embeddings": True}, "preset": {"preset": "llama3.2-1b"}}}
+    assert model_config(config, name="untied").tie_embeddings is False
+    assert model_config(config, name="tied").tie_embeddings is True
+    assert model_config(config, name="preset").tie_embeddings is True
+    for name, tied in (("untied", False), ("tied", True)):
+        cfg = model_config(config, name=name)
+        with torch.device("meta"):
+            model = build_model(cfg)
+        assert (model.head.weight is model.wte.weight) is tied
+        assert model.num_parameters() == accounting.param_count(cfg)

@@ -205,24 +205,25 @@ def dataset_config(config: dict) -> DatasetConfig:
 
 
 MODEL_SHAPE_KEYS = ("n_layers", "d_model", "n_heads")
-"""The shape keys every family has; seq_len and tie_embeddings stay in ``model:`` for every shape."""
+"""The shape keys every family has; seq_len stays in ``model:`` for every shape."""
 MODEL_FAMILY_KEYS = ("family", *OWN_KEYS)
 """What else a ``models:`` entry may set: its family and the families' own keys (scalelab.spec.families)."""
-MODEL_ENTRY_KEYS = (*MODEL_SHAPE_KEYS, *MODEL_FAMILY_KEYS, "preset", "module")
+MODEL_ENTRY_KEYS = (*MODEL_SHAPE_KEYS, *MODEL_FAMILY_KEYS, "tie_embeddings", "preset", "module")
 """Every key of a ``models:`` entry: ``preset`` names a shape of scalelab.spec.presets (the entry's own
 keys override it), ``module`` the user's own model (``pkg.mod:build``)."""
 
 
 def model_entry(name: str, entry: dict | None) -> dict:
     """A ``models:`` entry as ModelConfig keys: its preset's shape (scalelab.spec.presets) under its own
-    keys; a family whose head is never tied (llama) has an untied head. Raises ConfigError naming the key."""
+    keys; a family whose head is untied by default (llama) is untied unless the entry or its preset ties it.
+    Raises ConfigError naming the key."""
     entry = dict(entry or {})
     unknown = set(entry) - set(MODEL_ENTRY_KEYS)
     if unknown:
         raise ConfigError(f"models.{name}: unknown key(s) {sorted(unknown)}; a models: entry sets "
-                          f"{', '.join(MODEL_ENTRY_KEYS)} (seq_len and tie_embeddings stay in model:)",
+                          f"{', '.join(MODEL_ENTRY_KEYS)} (seq_len stays in model:)",
                           key=("models", name, sorted(unknown)[0]))
-    shape = {}
+    shape, preset_tie = {}, None
     if "preset" in entry:
         from scalelab.spec.presets import PRESETS
 
@@ -230,11 +231,13 @@ def model_entry(name: str, entry: dict | None) -> dict:
         if preset not in PRESETS:
             raise ConfigError(f"models.{name}.preset={preset!r} is not a preset: {', '.join(PRESETS)}",
                               key=("models", name, "preset"))
+        preset_tie = PRESETS[preset].shape.get("tie_embeddings")
         shape = {k: v for k, v in PRESETS[preset].shape.items() if k not in ("vocab_size", "seq_len", "tie_embeddings")}
     shape.update(entry)
     record = FAMILIES.get(shape.get("family", DEFAULT_FAMILY))  # an unknown name is the schema check's to report
-    if record is not None and record.untied_head:
-        shape["tie_embeddings"] = False
+    if record is not None and record.untied_head and "tie_embeddings" not in entry:
+        # untied unless the entry or its preset ties it (Llama 3.2 1B, 3B): never model:'s GPT-2 default
+        shape["tie_embeddings"] = bool(preset_tie)
     return shape
 
 

@@ -218,18 +218,18 @@ LLAMA_NORM_EPS = 1e-5
 
 class Llama(nn.Module):
     """The Llama family: token embedding, pre-RMSNorm blocks with RoPE and grouped-query
-    attention, a final RMSNorm and an untied head. The RoPE tables are buffers (not parameters,
-    not in the state dict), handed to every block."""
+    attention, a final RMSNorm and a head, untied unless the config ties it (tie_embeddings: Llama 3.2
+    1B and 3B). The RoPE tables are buffers (not parameters, not in the state dict), handed to every block."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        if cfg.tie_embeddings:
-            raise ValueError("the llama family has an untied output head (tie_embeddings must be false)")
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(LlamaBlock(cfg) for _ in range(cfg.n_layers))
         self.norm = nn.RMSNorm(cfg.d_model, eps=LLAMA_NORM_EPS)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:  # Llama 3.2 1B and 3B tie theirs
+            self.head.weight = self.wte.weight
         cos, sin = rope_tables(cfg)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)

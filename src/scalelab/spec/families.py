@@ -61,8 +61,8 @@ class Family:
     own_keys: tuple[str, ...]
     """ModelConfig keys only this family reads (a ``models:`` entry of another family may not set them)."""
     untied_head: bool
-    """True: the family's runs train an untied head (its module builds one; a ``models:`` entry's head is
-    untied). Its formulas still follow ``tie_embeddings``, so a forecast can price a tied one (Llama 3.2 1B, 3B)."""
+    """True: the family's head is untied by default: a ``models:`` entry's head is untied unless the entry (or its
+    preset: Llama 3.2 1B, 3B) sets ``tie_embeddings: true``, whatever ``model:`` says for GPT-2's."""
     block_matmul_params: Callable
     """cfg -> weights of one block's matrix products."""
     block_other_params: Callable
