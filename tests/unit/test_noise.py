@@ -160,6 +160,8 @@ def test_every_surface_names_one_best_point_by_the_median_rule_and_ties_within_n
     # the report's table and the console say the same
     shown = _best_table(best_configurations(runs))
     assert shown.iloc[:, 1].tolist() == [answer(tie), "fp32-z0-w2"]
+    assert shown.iloc[0, 5] == ("no single fastest point: bf16-z0-w1 leads fp32-z0-w1 by less than run-to-run noise alone "
+                                "can move them (a tie)")
     text = best_configurations_text(runs).splitlines()
     assert text[0].startswith("world size 1: tied within run-to-run noise: bf16-z0-w1, fp32-z0-w1; first by median")
     assert text[1].startswith("world size 2: fp32-z0-w2  1,890 tokens/s (median of 2 runs")

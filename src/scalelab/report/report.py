@@ -385,7 +385,7 @@ def _best_table(best: pd.DataFrame) -> pd.DataFrame:
     raw, best = best, best.copy()
     best["did_not_fit"] = best["did_not_fit"].replace("", "-")
     best["run_id"] = [answer(r) for r in raw.itertuples()]  # the one answer, worded as the console words it
-    best["standing"] = [standing(r, noise_of(raw, r.model)).removeprefix("; ") or "-" for r in best.itertuples()]
+    best["standing"] = [standing(r, noise_of(raw, r.model)).removeprefix("; ") or "-" for r in raw.itertuples()]
     shown = [c for c in BEST_COLUMNS if c != "model" or best["model"].nunique() > 1]
     return best[shown].rename(columns=BEST_COLUMNS)
 
