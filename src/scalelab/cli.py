@@ -192,7 +192,8 @@ def _predict(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand and its flags (estimate, export, plan, migrate and bench add their own)."""
     parser = argparse.ArgumentParser(prog="scalelab", description="Reproducible scaling experiments: tables, reports, estimates.")
     sub = parser.add_subparsers(dest="command", required=True)
     c = sub.add_parser("collect", help="gather run files under RESULTS/runs into RESULTS/{metrics,steps}.parquet")
@@ -257,6 +258,11 @@ def main(argv: list[str] | None = None) -> int:
     add_bench(sub)
     for command in sub.choices.values():  # estimate's subcommands set their own, which win
         command.set_defaults(usage_parser=command)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # the subcommand's own error and usage: parse_args would print the top-level usage
         getattr(args, "usage_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")

@@ -221,7 +221,7 @@ def test_fsdp_holds_each_fsdp2_stage_against_scalelabs_stage_0(tmp_path, monkeyp
 def test_a_trace_kernel_is_classed_by_what_it_does():
     """Inductor's fused kernels are named after their ops ("..._to_copy_add_native_layer_norm"): they are
     compiled work, not copies (an H200 trace read 10 ms of "copies" that were LayerNorm kernels)."""
-    cls = gpu_check.kernel_class
+    from scalelab.harness.gpu_measure import kernel_class as cls
     assert cls("triton_per_fused__to_copy_add_native_layer_norm_native_layer_norm_backward_view_10") == "compiled (triton)"
     assert cls("Memcpy DtoD (Device -> Device)") == cls("Memset (Device)") == "copy, fill"
     assert cls("ncclDevKernel_AllGather_RING_LL") == "communication"

@@ -46,10 +46,10 @@ def test_the_playbook_sweeps_tensor_parallel_rows_meet_the_targets_in_and_out_of
     """The sweep's tensor-parallel rows at 64-256 GPUs, each series calibrated at its smallest count: mean absolute error
     <= 15% with >= 75% within 20%, and the rows held out of the fit <= 15% too; >= 90% of the series calibrate at an MFU
     <= 0.65; >= 90% of the runs (all of which ran in 80 GB) are predicted to fit, and >= 75% within 20% of their memory."""
-    from scalelab.forecast import published_sweep
+    from scalelab.forecast import published as sweep
 
-    rows, memory = published_sweep.validation(), published_sweep.memory_validation()
-    t = published_sweep.targets(rows, memory)
+    rows, memory = sweep.sweep_validation(), sweep.memory_validation()
+    t = sweep.targets(rows, memory)
     assert t["tp_rows"] >= 100 and {r["model"] for r in rows} == {"1B", "3B", "8B"}
     assert t["tp_mae"] <= 0.15 and t["tp_within_20"] >= 0.75 and t["tp_held_out_mae"] <= 0.15, t
     assert t["mfu_at_most_0_65"] >= 0.90 and t["ran_predicted_to_fit"] >= 0.90 and t["memory_within_20"] >= 0.75, t
@@ -60,22 +60,22 @@ def test_the_playbook_sweeps_tensor_parallel_rows_meet_the_targets_in_and_out_of
 
 def test_the_megatron_trainers_overlap_efficiency_is_fitted_on_the_fit_set_alone():
     """The constant is the grid's best for the 1B series (in-sample); the held-out series play no part in it."""
-    from scalelab.forecast import published_sweep
+    from scalelab.forecast import published as sweep
     from scalelab.spec.strategies import MEGATRON_OVERLAP_EFFICIENCY, TRAINERS
 
-    fine = published_sweep.eta_fit([i / 20 for i in range(21)])
+    fine = sweep.eta_fit([i / 20 for i in range(21)])
     assert min(fine, key=lambda f: f["fit"])["overlap_efficiency"] == pytest.approx(MEGATRON_OVERLAP_EFFICIENCY)
     assert TRAINERS["megatron"].overlap_efficiency == MEGATRON_OVERLAP_EFFICIENCY
-    assert published_sweep.FIT_MODELS == ("1B",)
+    assert sweep.FIT_MODELS == ("1B",)
 
 
 def test_the_plan_picks_tensor_parallelism_at_256_gpus_and_answers_at_512_on_the_sweeps_cluster():
     """scalelab plan for the sweep's 1B and 3B models (global batch 256 x 4096, its measured links as busbw:GBPS/RANKS):
     at 256 GPUs a tensor-parallel pick; at 512, where the global batch no longer splits over 512 data-parallel ranks, an
     answer with TP >= 2; every pick's family compared with the sweep's best run at that count."""
-    from scalelab.forecast import published_sweep
+    from scalelab.forecast import published as sweep
 
-    rows = published_sweep.plan_check(counts=(256, 512))
+    rows = sweep.plan_check(counts=(256, 512))
     assert {(r["model"], r["gpus"]) for r in rows} == {("1B", 256), ("1B", 512), ("3B", 256), ("3B", 512)}
     assert all(r["tensor_parallel"] >= 2 for r in rows), rows
     for r in rows:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from scalelab.harness import stage_check
-from scalelab.harness.gpu_check import Key
+from scalelab.harness.gpu_measure import Key
 
 
 class _FakeCheck:

@@ -59,7 +59,6 @@ the plain loop in DDP (eager).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import functools
 import json
@@ -76,6 +75,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalelab.harness import REPO_ROOT
+from scalelab.harness.gpu_measure import MIN_LEFT_S, Key, _fmt, _status, trace_summary
 from scalelab.harness.stage_check import plain_fsdp_args, plain_launcher, stages
 
 # ----------------------------------------------------------------------------- what the GPU machine lacks
@@ -129,43 +129,6 @@ TARGETS_TEXT = ("GPU targets: scalelab/plain tokens/s >= 0.98, eager and compile
                 "350M bf16 compiled MFU >= 0.45; 1.3B (24 x 2048) bf16 compiled MFU >= 0.55")
 
 
-@dataclass(frozen=True)
-class Key:
-    """One measured configuration: a shape, a precision, TF32, compiled or eager."""
-
-    shape: str
-    precision: str
-    tf32: bool = False
-    compiled: bool = False
-    variant: str = ""
-    """The plain loop's variant (plain_loop's module doc): "" as a user writes it, "blocks" (compiled
-    per block and loss, as scalelab's compile lever), "ddp" (in DDP at world size 1, as scalelab's stage 0
-    was); "traced" (either side): one step traced by torch.profiler, for the profile part."""
-    stage: int = 0
-    """scalelab's ZeRO stage (world size 1): 0 trains the model as a user does, 2 and 3 are FSDP2 over
-    one device (the fsdp part); the plain side of a key with a stage is the plain FSDP2 loop (the stages part)."""
-    replicas: int = 1
-    """Hybrid sharding over this many replicas of one shard each (world size = replicas): the stages part."""
-
-    @property
-    def label(self) -> str:
-        return (f"{self.shape} {self.precision}{'+tf32' if self.tf32 else ''} {'compiled' if self.compiled else 'eager'}"
-                + (f" stage {self.stage}" if self.stage and self.replicas == 1 else "")
-                + (f" hybrid x{self.replicas}" if self.replicas > 1 else "") + (f" [{self.variant}]" if self.variant else ""))
-
-    @property
-    def traced(self) -> bool:
-        return self.variant.startswith("traced")
-
-    @property
-    def base(self) -> "Key":
-        return dataclasses.replace(self, variant="", stage=0, replicas=1)
-
-    @property
-    def slug(self) -> str:
-        return re.sub(r"[^A-Za-z0-9.]+", "-", self.label)
-
-
 COMPARISON_PARTS = ("bench", "large", "rest")
 """The parts that hold scalelab against the plain loop, point by point."""
 
@@ -202,7 +165,6 @@ def fp8_points(dry_run: bool) -> list[tuple[Key, Key]]:
 
 # The least time a measurement may start with (seconds): what one needs, start-up and compilation
 # included, on each kind of machine; with less left it is recorded as "not run: deadline".
-MIN_LEFT_S = {("gpu", False): 40, ("gpu", True): 100, ("dry", False): 8, ("dry", True): 25}
 MIN_LEFT_SUITE_S = {"gpu": 30, "dry": 10}
 MIN_LEFT_SWEEP_S = {"gpu": 150, "dry": 20}
 MAX_MEASURE_S = {"gpu": 300, "dry": 120}
@@ -457,21 +419,6 @@ class Check:
         (self.out / "gpu-check.json").write_text(json.dumps(self.record(), indent=2, default=str))
 
 
-def _status(measurements: list[dict]) -> str:
-    """One status for several: "ok", or "partial: <the others>" where some are ok, else theirs."""
-    if not measurements:
-        return "not run"
-    statuses = set()
-    for m in measurements:  # a combined status counts as its parts
-        status = m["status"]
-        if status.startswith("partial: "):
-            statuses.add("ok")
-            status = status[len("partial: "):]
-        statuses.update(status.split(", "))
-    others = ", ".join(sorted(statuses - {"ok"}))
-    return "ok" if not others else f"partial: {others}" if "ok" in statuses else others
-
-
 def run_bounded(cmd: list[str], timeout_s: float, **kwargs) -> tuple[int | None, str]:
     """(exit code, stdout and stderr) of cmd in a process group of its own; at the timeout the
     whole group is stopped (SIGTERM, then SIGKILL) and the exit code is None."""
@@ -492,10 +439,6 @@ def run_bounded(cmd: list[str], timeout_s: float, **kwargs) -> tuple[int | None,
             except subprocess.TimeoutExpired:
                 out = ""
         return None, out or ""
-
-
-def _fmt(v, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
 
 
 def _measure_line(m: dict) -> str:
@@ -846,55 +789,6 @@ def memory(check: Check) -> dict:
     return {"status": _status([{"status": r["status"]} for r in rows]), "cases": rows,
             "figures": "; ".join(f"{r['label']}: {_fmt(r.get('measured_over_predicted'), '.3f')} of predicted" for r in rows),
             "failed": any("failed" in r["status"] for r in rows)}
-
-
-# Kernel classes of a trace, by a piece of the kernel's name (the first class that matches).
-KERNEL_CLASSES = (("communication", ("nccl",)), ("attention", ("flash", "fmha", "attention", "sdpa")),
-                  ("matmul", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "wgmma")),
-                  ("optimizer", ("adam", "multi_tensor")),
-                  # before the copies: inductor names its fused kernels after their ops ("triton_per_fused__to_copy_add_
-                  # native_layer_norm_..."), which would read as copies
-                  ("compiled (triton)", ("triton",)), ("copy, fill", ("memcpy", "memset", "copy", "fill")),
-                  ("elementwise", ("elementwise", "vectorized", "unrolled")),
-                  ("reduction", ("reduce", "norm")))
-
-
-def kernel_class(name: str) -> str:
-    low = name.lower()
-    return next((cls for cls, pieces in KERNEL_CLASSES if any(p in low for p in pieces)), "other")
-
-
-def trace_summary(path: str | Path) -> dict:
-    """What one traced step did on the device: its GPU kernels (and copies) by class and the
-    busiest ones, their summed time, the time the GPU was busy (their union) and the span from the
-    first to the last. On a CPU (a dry run) the top-level CPU operators stand in for kernels."""
-    from scalelab.run.trace import covered
-
-    events = json.loads(Path(path).read_text())["traceEvents"]
-    work = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    device = "gpu"
-    if not work:
-        device = "cpu"
-        ops = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"), key=lambda e: e["ts"])
-        work, end = [], -1.0
-        for e in ops:  # the outermost operators only: nested ones are inside their parent's time
-            if e["ts"] >= end:
-                work.append(e)
-                end = e["ts"] + e.get("dur", 0)
-    intervals = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in work)
-    busy = covered(intervals)
-    by_class: dict[str, list[float]] = {}
-    by_name: dict[str, list[float]] = {}
-    for e in work:
-        for table, k in ((by_class, kernel_class(e["name"]) if device == "gpu" else "cpu operators"), (by_name, e["name"])):
-            entry = table.setdefault(k, [0, 0.0])
-            entry[0] += 1
-            entry[1] += e.get("dur", 0) / 1e3
-    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:12]
-    return {"device": device, "kernels": len(work), "kernel_ms": sum(e.get("dur", 0) for e in work) / 1e3,
-            "busy_ms": busy / 1e3, "span_ms": (intervals[-1][1] - intervals[0][0]) / 1e3 if intervals else 0.0,
-            "by_class": {k: {"count": v[0], "ms": v[1]} for k, v in sorted(by_class.items(), key=lambda kv: -kv[1][1])},
-            "top": [{"name": k[:120], "count": v[0], "ms": v[1]} for k, v in top]}
 
 
 def profile_table(summaries: dict[str, dict]) -> str:

@@ -34,7 +34,7 @@ RATIO_TARGET = 0.98
 
 def stage_keys(dry_run: bool) -> list:
     """The stages part's keys, in order of value (the module's doc)."""
-    from scalelab.harness.gpu_check import Key
+    from scalelab.harness.gpu_measure import Key
 
     modes = [("tiny", False)] if dry_run else [("350M", True), ("350M", False), ("1.3B", True), ("1.3B", False)]
     keys = [Key(shape, "bf16", compiled=compiled, stage=stage, replicas=replicas, variant="traced")
@@ -74,7 +74,7 @@ def _devices(check) -> int:
 
 def _side(measurements: list[dict]) -> dict:
     """One side of a point: the median tokens/s of its rounds, and its (last) traced step's figures."""
-    from scalelab.harness.gpu_check import trace_summary
+    from scalelab.harness.gpu_measure import trace_summary
 
     ok = [m for m in measurements if m["status"] == "ok"]
     traced = [m["trace"] for m in ok if m.get("trace") and Path(m["trace"]).exists()]
@@ -86,7 +86,7 @@ def _side(measurements: list[dict]) -> dict:
 
 def stage_row(check, key) -> dict:
     """A point's row: each side, the ratio, the target met (None: no figure, or CPU figures)."""
-    from scalelab.harness.gpu_check import _status
+    from scalelab.harness.gpu_measure import _status
 
     ours = check.scalelab.get(dataclasses.replace(key, variant="traced"), [])  # the autocast point: stage 3's run
     theirs = check.plain.get(plain_key(key), [])
@@ -112,7 +112,7 @@ def _measure_point(check, key, round_: int) -> None:
 
 def stages(check) -> dict:
     """The part: every point once, then further rounds while time is left; the table, and the rows as record."""
-    from scalelab.harness.gpu_check import MIN_LEFT_S
+    from scalelab.harness.gpu_measure import MIN_LEFT_S
 
     keys = [k for k in stage_keys(check.dry_run) if k.replicas <= _devices(check)]
     skipped = [k for k in stage_keys(check.dry_run) if k.replicas > _devices(check)]
@@ -127,7 +127,7 @@ def stages(check) -> dict:
     print(stage_table(rows, check.dry_run), flush=True)
     if rows and all(r["status"].startswith("not run") for r in rows):
         return {"status": "not run: deadline", "figures": f"{max(check.left(), 0):.0f} s left", "rows": rows}
-    from scalelab.harness.gpu_check import _fmt, _status
+    from scalelab.harness.gpu_measure import _fmt, _status
 
     return {"status": _status([{"status": r["status"]} for r in rows if "hybrid needs" not in r["status"]]),
             "rows": rows, "failed": any("failed" in r["status"] for r in rows),
@@ -136,7 +136,7 @@ def stages(check) -> dict:
 
 def stage_table(rows: list[dict], dry_run: bool) -> str:
     """scalelab's sharded stages against the plain FSDP2 loop, one row a point."""
-    from scalelab.harness.gpu_check import _fmt
+    from scalelab.harness.gpu_measure import _fmt
 
     lines = ["== sharded stages against the plain FSDP2 loop (ratio = scalelab / plain; busy and kernels: scalelab's / "
              "plain's traced step, busy as a share of it)" + ("   (CPU figures: they say nothing about a GPU)" if dry_run else ""),

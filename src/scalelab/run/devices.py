@@ -61,7 +61,7 @@ BRANCHES = (
     Branch("run/launch.py", "skip_reason", "GPU placement checks (GPUs per node, precision support) apply to GPU runs"),
     Branch("run/launch.py", "plan_memory", "the device memory limit is the GPU's, unless planning.device_memory_gib says"),
     Branch("run/launch.py", "plan_memory", "the GPU's memory is read only where torch sees one (else the run is skipped)"),
-    Branch("run/launch.py", "launch_run", "CPU ranks share the host's cores: an over-committed CPU run is refused"),
+    Branch("run/launch.py", "_launch", "CPU ranks share the host's cores: an over-committed CPU run is refused"),
     Branch("run/launch.py", "_run_workers", "CPU ranks fork from the prefork server (torch imported once); a GPU rank "
            "starts fresh (CUDA cannot be used in a child forked after the parent initialised it)"),
     # the collective benchmark (scalelab bench comm)

@@ -142,7 +142,7 @@ HYBRID = dataclasses.replace(STRATEGIES[3], name="FSDP2 HSDP, 2-D mesh (replicat
 # shard, and all-gathers the updated parameters in the compute dtype (Psi): 2 Psi, the ZeRO paper's, where
 # scalelab's own ZeroRedundancyOptimizer all-reduces (2 Psi) and broadcasts fp32 shards (Psi). Both follow backward
 # and the step, exposed: Megatron's overlap_grad_reduce and overlap_param_gather are off by default, and nanotron
-# reduce-scatters after backward (its sweep's ZeRO-1 runs fit so: scalelab.forecast.published_sweep).
+# reduce-scatters after backward (its sweep's ZeRO-1 runs fit so: scalelab.forecast.published).
 # A record for forecasts (scalelab.forecast.step): scalelab's sweep does not run it.
 ZERO1_SHARDED = dataclasses.replace(
     STRATEGIES[1], name="ZeRO-1, distributed optimizer (reduce-scatter, all-gather in the compute dtype)",
