@@ -100,7 +100,8 @@ On a CPU: the same 96 runs at their 12 medians per stage and precision, rms 0.07
 Not less the 0.059 the noise terms held on average over those six sweeps: most of that error is how far one
 sweep's rank factors sit from the six sweeps' medians (the host's state moves a sweep's world-size-2 runs
 together, by up to +-15%), which no world-size-1 run sees and a quiet sweep's small noise terms do not hold.
-Taken less them (0.044), an idle default sweep had 81% of its world-size-2 runs inside bands of half-width 21%.
+On one default sweep's 16 world-size-2 runs (2026-12-06, 2-core VM; mean error 8.6%, largest 20.6%), bands at
+an idle sweep's run-to-run sigma (2-3%) held 81% of them at 0.044 (half-width 15-16%), 94% at 0.074 (21-22%).
 None for a GPU: none has been measured there, and the band says so."""
 
 
@@ -293,10 +294,13 @@ def collectives_of(row: dict, world_size: int | None = None) -> tuple[dict[str, 
     if degree > 1:  # the strategy over the data-parallel ranks, on each rank's share
         n, n_params = accounting.data_parallel_size(n, degree), int(accounting.tensor_parallel_params(cfg, n_params, degree))
     grad_reduce = row.get("grad_reduce") or "fp32"
-    sizes = collective_sizes(n_params, stage, n, precision, accumulation_steps=k, grad_reduce=grad_reduce)
+    kept = 0.0 if _missing(row.get("last_block_params_kept")) else float(row["last_block_params_kept"])  # null: gathered twice
+    sizes = collective_sizes(n_params, stage, n, precision, accumulation_steps=k, grad_reduce=grad_reduce,
+                             last_block_params=kept)
     bucket_mb = row.get("bucket_mb")  # the run's own bucket cap (null for strategies without buckets)
     calls = collective_calls(cfg, stage, precision, sizes, accumulation_steps=k,
-                             bucket_mb=None if _missing(bucket_mb) else float(bucket_mb), tensor_parallel=degree)
+                             bucket_mb=None if _missing(bucket_mb) else float(bucket_mb), tensor_parallel=degree,
+                             last_block_kept=kept > 0)
     return sizes, calls
 
 
