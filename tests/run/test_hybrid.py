@@ -46,9 +46,11 @@ def test_hybrid_model_state_and_collective_bytes_match_their_formulas(hybrid_run
     assert summary["model_state_bytes_predicted"] == 16 * n / shard
     for rank_bytes in summary["model_state_bytes_measured_per_rank"]:
         assert abs(rank_bytes - summary["model_state_bytes_predicted"]) / summary["model_state_bytes_predicted"] < 0.01
-    # exact, by type: gathers and the reduce-scatter within the shard group (none on one rank), the
-    # all-reduce of each shard across replicas
-    by_type = accounting.comm_bytes_by_type(n, 3, world_size, "fp32", replicas=replicas)
+    # exact, by type: gathers and the reduce-scatter within the shard group (none on one rank; the last block
+    # gathered once per micro-batch, kept from its forward to its backward), the all-reduce of each shard across replicas
+    kept = summary["last_block_params_kept"]
+    assert 0 < kept < n / 2
+    by_type = accounting.comm_bytes_by_type(n, 3, world_size, "fp32", replicas=replicas, last_block_params=kept)
     assert summary["comm_bytes_per_step_by_type"] == {
         {"all_gather": "all_gather_single", "reduce_scatter": "reduce_scatter_single"}.get(k, k): v for k, v in by_type.items()}
     assert summary["comm_bytes_per_step_measured"] == summary["comm_bytes_per_step_predicted"]
@@ -72,8 +74,9 @@ def test_hybrid_bytes_are_exact_in_16_bit_precisions(tmp_path, tiny_data, precis
     summary = run_point(tmp_path, tiny_data, RunPoint(precision, 3, 4, replicas=2, grad_reduce=grad_reduce), cfg=cfg)[0]
     assert summary["status"] == "ok", summary["reason"]
     n, reduce = summary["n_params"], 2 if grad_reduce == "compute" else 4
+    kept = summary["last_block_params_kept"]  # the last block: gathered once per micro-batch, not twice
     assert summary["comm_bytes_per_step_by_type"] == {
-        "all_gather_single": 2 * n * 2, "reduce_scatter_single": n * reduce,
+        "all_gather_single": (2 * n - kept) * 2, "reduce_scatter_single": n * reduce,
         "all_reduce": 2 * n * reduce / 2 + (8 if precision == "fp16" else 0)}
     assert summary["comm_bytes_per_step_measured"] == summary["comm_bytes_per_step_predicted"]
     assert abs(summary["model_state_bytes_measured"] - 16 * n / 2) / (16 * n / 2) < 0.01

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from scalelab.harness.testing import tiny_config
-from support.host_work import ROOT_REGATHER, excess, host_work
+from support.host_work import excess, host_work
 
 CASES = ("fp32:3", "bf16:2", "bf16:3", "bf16:hybrid")
 STEPS = 2
@@ -34,8 +34,7 @@ def test_the_plain_fsdp2_loop_gives_scalelabs_stage_3_losses(records):
     assert sides["plain"]["losses"][0] != sides["plain"]["losses"][-1]  # it trained: the loss moved
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=ROOT_REGATHER) if c in ("bf16:3", "bf16:hybrid") else c
-                                  for c in CASES if c.startswith("bf16")])
+@pytest.mark.parametrize("case", [c for c in CASES if c.startswith("bf16")])
 def test_a_sharded_step_issues_no_more_host_work_than_the_plain_fsdp2_loop(records, case):
     ours, plain = records[case]["scalelab"], records[case]["plain"]
     assert excess(ours, plain) == [], case

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from scalelab.plan.sweep import RunPoint
 from support import strategy_steps, suite_calibration
 
@@ -16,13 +14,6 @@ the device, the loss summed over micro-batches, the global loss's all-reduce) is
 copies at every sharded stage whatever the model's depth, and its attention takes q, k, v by chunk where the
 plain model splits (one more dispatch a block, no kernel): 28 operators at the tests' 2 layers. A per-group,
 per-block or per-parameter excess (a copy, a gather) of more than a few does not fit."""
-
-ROOT_REGATHER = pytest.mark.xfail(strict=True, reason=(
-    "scalelab reshards FSDP2's root (embeddings, tied head) after forward and gathers it again as backward starts "
-    "(scalelab.run.parallel); torchtitan and FSDP2's default keep it. Keeping it changes what the communication "
-    "formulas count (stage 3 gathers 2 Psi less the root's), so it waits for them: then this passes, and the mark goes"))
-"""The cases that carry it: stage 3 and hybrid."""
-
 
 def host_work(tmp: Path, data: Path, cfg: dict, world_size: int, cases: list[str], *args: str, steps: int = 2) -> dict:
     """tests/ranks/host_work.py's records for these cases on world_size real ranks (gloo), from the plan the

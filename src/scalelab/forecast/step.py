@@ -122,7 +122,8 @@ def _strategy_comm(point: Point, machine: Machine, n: int, n_local: float, repli
     (seconds, calls, nccl-tests sizes, links) by collective."""
     cfg, t, dp = point.cfg, point.tensor_parallel, n // point.tensor_parallel
     by_group = accounting.comm_bytes_by_group(n_local, strategy(point.key).stage, dp, point.precision, replicas=replicas,
-                                              grad_reduce=point.grad_reduce, accumulation_steps=accumulation)
+                                              grad_reduce=point.grad_reduce, accumulation_steps=accumulation,
+                                              last_block_params=accounting.last_block_params(cfg, t))
     if point.priced == ZERO1_SHARDED_KEY:
         by_group = {"world": accounting.sharded_zero1_bytes(n_local, point.precision, point.grad_reduce)} if dp > 1 else {}
     if replicas > 1:
@@ -140,7 +141,7 @@ def _strategy_comm(point: Point, machine: Machine, n: int, n_local: float, repli
         link = groups_link(groups, machine)
         kind_sizes = {c: b / links.handed_per_size(c) for c, b in kind_bytes.items()}
         kind_calls = collective_calls(cfg, point.priced, point.precision, kind_sizes, accumulation_steps=accumulation,
-                                      tensor_parallel=t)
+                                      tensor_parallel=t, last_block_kept=True)
         for c, size in kind_sizes.items():
             seconds = kind_calls[c] * links.collective_seconds(c, size / kind_calls[c], group_size, link)
             comm[c], calls[c] = comm.get(c, 0.0) + seconds, calls.get(c, 0) + kind_calls[c]

@@ -241,7 +241,7 @@ def comm_dtypes(precision: str, zero_stage: int, grad_reduce: str = "fp32") -> C
 
 def comm_bytes_per_step(n_params: int, zero_stage: int, world_size: int, precision: str,
                         accumulation_steps: int = 1, grad_reduce: str = "fp32", n_trainable: int | None = None,
-                        replicas: int = 1) -> float:
+                        replicas: int = 1, last_block_params: float = 0.0) -> float:
     """Bytes handed to collectives per optimizer step, PyTorch's strategies (the module doc's
     unit: an all-reduce of S bytes counts 2S), what CommCounter measures, exactly:
 
@@ -258,13 +258,15 @@ def comm_bytes_per_step(n_params: int, zero_stage: int, world_size: int, precisi
     gathers and reduce-scatter run within the shard group (none when S = 1): the sum of
     comm_bytes_by_type."""
     return sum(comm_bytes_by_type(n_params, zero_stage, world_size, precision, accumulation_steps, grad_reduce,
-                                  n_trainable, replicas).values())
+                                  n_trainable, replicas, last_block_params).values())
 
 
 def _comm_terms(n_params, zero_stage, world_size, precision, accumulation_steps, grad_reduce, n_trainable,
-                replicas) -> list[tuple[str, str, float]]:
+                replicas, last_block_params: float = 0.0) -> list[tuple[str, str, float]]:
     """(collective, group, bytes in the module doc's unit) of one optimizer step; group: ``world``,
-    ``shard`` (hybrid sharding's shard group, N/R ranks) or ``replicate`` (its R replicas)."""
+    ``shard`` (hybrid sharding's shard group, N/R ranks) or ``replicate`` (its R replicas). ``last_block_params``:
+    the elements of the block FSDP2 keeps gathered from its forward to its backward (Strategy.last_block_kept), whose
+    second gather per micro-batch a strategy that reshards after forward does not issue (0: a run that re-gathered it)."""
     record, dtypes = strategy(zero_stage, replicas), comm_dtypes(precision, zero_stage, grad_reduce)
     shard = check_replicas(world_size, replicas)
     terms = []
@@ -277,8 +279,9 @@ def _comm_terms(n_params, zero_stage, world_size, precision, accumulation_steps,
         moved = psi if record.shards[0] else trainable  # gathered whole (FSDP2) or the trainable shards broadcast (ZeRO-1)
         terms.append(("reduce_scatter" if record.shards[1] else "all_reduce", within,
                       record.grad_psi * trainable * dtypes.reduce_bytes))
+        kept = accumulation_steps * last_block_params if record.last_block_kept else 0.0
         terms.append(("all_gather" if record.shards[0] else "broadcast", within,
-                      record.param_psi(accumulation_steps) * moved * dtypes.gather_bytes))
+                      (record.param_psi(accumulation_steps) * moved - kept) * dtypes.gather_bytes))
     if replicas > 1:
         terms.append(("all_reduce", "replicate", record.replicate_psi * trainable * dtypes.reduce_bytes / shard))
     return terms
@@ -286,25 +289,26 @@ def _comm_terms(n_params, zero_stage, world_size, precision, accumulation_steps,
 
 def comm_bytes_by_type(n_params: int, zero_stage: int, world_size: int, precision: str,
                        accumulation_steps: int = 1, grad_reduce: str = "fp32", n_trainable: int | None = None,
-                       replicas: int = 1) -> dict[str, float]:
+                       replicas: int = 1, last_block_params: float = 0.0) -> dict[str, float]:
     """comm_bytes_per_step split by collective (scalelab.formulas.links.COLLECTIVES' names: all_reduce,
     reduce_scatter, all_gather, broadcast), the module doc's unit; collectives a run does not
     issue are left out."""
     out: dict[str, float] = {}
     for collective, _, nbytes in _comm_terms(n_params, zero_stage, world_size, precision, accumulation_steps,
-                                             grad_reduce, n_trainable, replicas):
+                                             grad_reduce, n_trainable, replicas, last_block_params):
         out[collective] = out.get(collective, 0.0) + nbytes
     return {c: b for c, b in out.items() if b}
 
 
 def comm_bytes_by_group(n_params: float, zero_stage: int, world_size: int, precision: str, replicas: int = 1,
-                        grad_reduce: str = "fp32", accumulation_steps: int = 1) -> dict[str, dict[str, float]]:
+                        grad_reduce: str = "fp32", accumulation_steps: int = 1,
+                        last_block_params: float = 0.0) -> dict[str, dict[str, float]]:
     """comm_bytes_per_step by the group each collective runs over (``world``; under hybrid sharding also
     ``shard`` and ``replicate``: comm_groups) and by collective, the module doc's unit; groups and collectives a
     run does not use are left out."""
     out: dict[str, dict[str, float]] = {}
     for collective, group, nbytes in _comm_terms(n_params, zero_stage, world_size, precision, accumulation_steps,
-                                                 grad_reduce, None, replicas):
+                                                 grad_reduce, None, replicas, last_block_params):
         if nbytes:
             by_type = out.setdefault(group, {})
             by_type[collective] = by_type.get(collective, 0.0) + nbytes
@@ -338,7 +342,8 @@ def comm_groups(world_size: int, replicas: int, rank: int = 0) -> dict[str, list
 
 def comm_bytes_by_link(n_params: float, zero_stage: int, world_size: int, precision: str, ranks_per_node: int,
                        replicas: int = 1, grad_reduce: str = "fp32", accumulation_steps: int = 1,
-                       n_trainable: int | None = None, rank: int = 0, tensor_parallel: int = 1) -> dict[str, dict[str, float]]:
+                       n_trainable: int | None = None, rank: int = 0, tensor_parallel: int = 1,
+                       last_block_params: float = 0.0) -> dict[str, dict[str, float]]:
     """Bytes one rank (rank 0 by default: the rank a run measures) hands to collectives per
     optimizer step, by link and collective: ``{"intra_node": {collective: bytes}, "inter_node":
     {...}}``, the module doc's unit, summing to comm_bytes_per_step. Ranks sit on nodes as torchrun
@@ -360,7 +365,7 @@ def comm_bytes_by_link(n_params: float, zero_stage: int, world_size: int, precis
         out = {link: {} for link in LINKS}
         data_group = list(range(0, world_size * tensor_parallel, tensor_parallel))
         for collective, _, nbytes in _comm_terms(n_params, zero_stage, world_size, precision, accumulation_steps,
-                                                 grad_reduce, n_trainable, 1):
+                                                 grad_reduce, n_trainable, 1, last_block_params):
             if nbytes:
                 by_type = out[link_of(data_group, nodes)]
                 by_type[collective] = by_type.get(collective, 0.0) + nbytes
@@ -368,7 +373,7 @@ def comm_bytes_by_link(n_params: float, zero_stage: int, world_size: int, precis
     nodes, groups = contiguous_nodes(world_size, ranks_per_node), comm_groups(world_size, replicas, rank)
     out: dict[str, dict[str, float]] = {link: {} for link in LINKS}
     for collective, group, nbytes in _comm_terms(n_params, zero_stage, world_size, precision, accumulation_steps,
-                                                 grad_reduce, n_trainable, replicas):
+                                                 grad_reduce, n_trainable, replicas, last_block_params):
         if nbytes:
             by_type = out[link_of(groups[group], nodes)]
             by_type[collective] = by_type.get(collective, 0.0) + nbytes
@@ -387,6 +392,15 @@ def tensor_parallel_params(cfg: ModelConfig, n_params: float, degree: int) -> fl
         return n_params
     split = cfg.n_layers * tensor_parallel_split_params(cfg)
     return n_params - split + split / degree
+
+
+def last_block_params(cfg: ModelConfig, degree: int = 1) -> float:
+    """Parameters of a family model's last block on one rank (1/T of what tensor parallelism splits): what FSDP2 keeps
+    gathered from that block's forward to its backward at a stage that reshards after forward."""
+    record = family(cfg.family)
+    whole = record.block_matmul_params(cfg) + record.block_other_params(cfg)
+    split = tensor_parallel_split_params(cfg) if degree > 1 else 0
+    return whole - split + split / degree
 
 
 def data_parallel_size(world_size: int, tensor_parallel: int) -> int:

@@ -345,13 +345,14 @@ listed (H100/H200 NVL: bridged pairs; GH200: one GPU per superchip): give --intr
 
 
 def collective_sizes(n_params: int, zero_stage: int, world_size: int, precision: str,
-                     accumulation_steps: int = 1, grad_reduce: str = "fp32") -> dict[str, float]:
+                     accumulation_steps: int = 1, grad_reduce: str = "fp32", last_block_params: float = 0.0) -> dict[str, float]:
     """Bytes per optimizer step by collective, as nccl-tests sizes them (module doc: the whole
     buffer; an all-reduce of S bytes is S here, 2S in accounting's unit): accounting.comm_bytes_by_type
     converted (the gradient term an all-reduce where gradients are replicated, a reduce-scatter where
     they are sharded; the parameter term an all-gather where parameters are sharded,
     ZeroRedundancyOptimizer's fp32 broadcast otherwise; fp16's loss-scaler flag)."""
-    handed = accounting.comm_bytes_by_type(n_params, zero_stage, world_size, precision, accumulation_steps, grad_reduce)
+    handed = accounting.comm_bytes_by_type(n_params, zero_stage, world_size, precision, accumulation_steps, grad_reduce,
+                                           last_block_params=last_block_params)
     return {c: b / handed_per_size(c) for c, b in handed.items()}
 
 
@@ -362,11 +363,13 @@ def _parameter_tensors(cfg: ModelConfig) -> int:
 
 
 def collective_calls(cfg: ModelConfig, zero_stage: int, precision: str, sizes: dict[str, float],
-                     accumulation_steps: int = 1, bucket_mb: float | None = None, tensor_parallel: int = 1) -> dict[str, int]:
+                     accumulation_steps: int = 1, bucket_mb: float | None = None, tensor_parallel: int = 1,
+                     last_block_kept: bool = False) -> dict[str, int]:
     """Calls per optimizer step by collective, each paying the link's latency once: DDP one
     all-reduce per gradient bucket of ``bucket_mb`` MiB (default strategies.DDP_BUCKET_MB; a model split by tensor
     parallelism is replicated per unit by FSDP2's replicate instead: one all-reduce per unit); FSDP2 one all-gather per unit (every
-    block, and the root) per gathering pass, one reduce-scatter per unit (and under hybrid sharding
+    block, and the root) per gathering pass (last_block_kept: the last block's second gather not issued), one
+    reduce-scatter per unit (and under hybrid sharding
     one all-reduce per unit across replicas); ZeroRedundancyOptimizer one broadcast per parameter
     tensor (issued together: their latencies overlap, so this counts them high); fp16's loss scaler
     one all-reduce of its flag."""
@@ -383,8 +386,9 @@ def collective_calls(cfg: ModelConfig, zero_stage: int, precision: str, sizes: d
                 calls[collective] = math.ceil(grads / (cap * 2 ** 20)) + scaler
             else:  # hybrid sharding all-reduces each unit's gradient shard across replicas; replicate each unit's gradients
                 calls[collective] = (units if grads > 0 else 0) + scaler
-        elif collective == "all_gather":
-            calls[collective] = math.ceil(record.param_psi(accumulation_steps)) * units
+        elif collective == "all_gather":  # less the last block's second gather per micro-batch, where it is kept
+            kept = accumulation_steps if last_block_kept and record.last_block_kept else 0
+            calls[collective] = math.ceil(record.param_psi(accumulation_steps)) * units - kept
         elif collective == "reduce_scatter":
             calls[collective] = units
         else:

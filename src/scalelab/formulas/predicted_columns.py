@@ -114,8 +114,9 @@ def worker_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -> dic
     device_type = row["device_type"]
     sp = bool(_value(row, "sequence_parallel", False))
     tp_bytes = accounting.tensor_parallel_bytes(cfg, micro, accum, degree, precision, stage, device_type, ac, sp)
+    kept = float(_value(row, "last_block_params_kept", 0) or 0)  # null: a run that gathered its last block twice
     links = accounting.comm_bytes_by_link(n_params, stage, world_size, precision, rank_hosts.count(rank_hosts[0]), replicas,
-                                          grad_reduce, accum, n_trainable, tensor_parallel=degree)
+                                          grad_reduce, accum, n_trainable, tensor_parallel=degree, last_block_params=kept)
     return {
         "activation_bytes_predicted": None if custom else accounting.block_activation_bytes(
             cfg, micro, precision, ac, zero_stage=stage, device_type=device_type, compiled=compiled, tensor_parallel=degree,
@@ -130,7 +131,7 @@ def worker_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -> dic
         "model_state_optimizer_bytes_predicted": states[0].optimizer,
         "model_state_bytes_predicted_paper": states[1].total,
         "comm_bytes_per_step_predicted": accounting.comm_bytes_per_step(n_params, stage, world_size, precision, accum, grad_reduce,
-                                                                        n_trainable, replicas),
+                                                                        n_trainable, replicas, kept),
         "comm_tensor_parallel_bytes_per_step_predicted": tp_bytes,
         **{f"comm_{link}_bytes_per_step_predicted": float(sum(by_type.values())) for link, by_type in links.items()},
         "comm_bytes_per_step_predicted_paper": 4 * paper_elements,  # the paper's elements, counted at fp32's width

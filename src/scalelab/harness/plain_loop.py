@@ -219,9 +219,11 @@ def fully_shard_model(model: GPT, reshard_after_forward: bool, precision: str, c
             model.blocks[i] = torch.compile(block, fullgraph=True)
         model.loss_fn = torch.compile(GPT.loss_fn, fullgraph=True)
     mp = MixedPrecisionPolicy(param_dtype=FSDP_PARAM_DTYPE[precision], reduce_dtype=torch.float32)
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
+    # torchtitan's apply_fsdp without pipeline parallelism: every block but the last resharded after forward (the
+    # last is gathered straight back by backward), and the root as the blocks are
+    for i, block in enumerate(model.blocks):
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward and i < len(model.blocks) - 1)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     return model
 
 

@@ -37,7 +37,7 @@ from scalelab.spec.hardware import DRIFT_MIN_STEPS, DRIFT_WARN
 from scalelab.spec.precisions import PRECISIONS
 from scalelab.spec.strategies import strategy
 
-SCHEMA_VERSION = "11"  # 2: lever identity columns; 3: device plan, launch and provenance sources;
+SCHEMA_VERSION = "12"  # 2: lever identity columns; 3: device plan, launch and provenance sources;
 # 4: the compile lever (identity column, compile time), MFU against the bf16 peak, activations outside the blocks predicted;
 # 5: run_path is the run id (run folders named by run id), field metadata names each column's writer and when it is filled;
 # 6: model families (model_family, model_module, n_kv_heads, ffn_dim, rope_base, flops_per_token_method), where ranks ran
@@ -50,6 +50,7 @@ SCHEMA_VERSION = "11"  # 2: lever identity columns; 3: device plan, launch and p
 # (tensor_parallel, sequence_parallel, comm_tensor_parallel_*), the forecast that ranks a sweep (forecast_*: planning.top_k);
 # 10: host_steal_share (the hypervisor's share of the ranks' cores during the timed steps)
 # 11: step_time_drift (the change of the median step time between the halves of the timed steps)
+# 12: last_block_params_kept (FSDP2 keeps the last block gathered from its forward to its backward)
 _META = {b"scalelab.schema_version": SCHEMA_VERSION.encode()}
 
 WRITERS = ("identity", "launch", "worker", "collect")
@@ -207,6 +208,10 @@ RUN = [
     Column("n_params", pa.int64(), "parameters", "model parameters Ψ (tied embeddings counted once)", "worker", OK),
     Column("n_trainable_params", pa.int64(), "parameters", "parameters with gradients and optimizer state: Ψ in full "
            "training, LoRA's A and B with lora_rank", "worker", OK),
+    Column("last_block_params_kept", pa.int64(), "parameters", "the last block's parameters on rank 0 that FSDP2 keeps "
+           "gathered from its forward to its backward (torchtitan's recipe, at the stages that reshard after forward: one "
+           "gather of them fewer per micro-batch; 0 at the others); null for runs that gathered it twice (before it was "
+           "kept): their communication is predicted as they ran", "worker", sometimes("at every stage since it was kept", OK)),
     Column("lora_alpha", pa.float64(), "-", "LoRA scaling numerator (train.lora_alpha): the update is scaled by alpha / "
            "rank; null without LoRA", "worker", OK & LORA),
     Column("model_family", pa.string(), "-", "the model's kind: "

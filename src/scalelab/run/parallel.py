@@ -174,11 +174,14 @@ def _parallelize_fsdp(model: GPT, device, lr, weight_decay, reshard_after_forwar
     # None, None: FSDP2's default, everything in the parameters' own fp32. reduce_dtype is given
     # explicitly (fp32 by default): left None, FSDP2 would reduce in param_dtype.
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    for block in model.blocks:  # one all-gather/reduce-scatter group per transformer block
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload, mp_policy=mp)
-    # The root (embeddings, final norm, tied head) is resharded after forward too, and gathered again as backward
-    # starts: FSDP2's default and torchtitan keep it, one all-gather (on one rank, its casts) less per step. The
-    # communication formulas count the re-gather (stage 3: 2 Psi gathered), so the two change together.
+    blocks = list(model.blocks)
+    for i, block in enumerate(blocks):  # one all-gather/reduce-scatter group per transformer block
+        # torchtitan's recipe: the last block stays gathered after its forward (backward starts with it, and would
+        # gather it straight back); the strategies' records say so (last_block_kept), and the formulas count it
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward and i < len(blocks) - 1,
+                    offload_policy=offload, mp_policy=mp)
+    # The root (embeddings, final norm, tied head) is resharded after forward as torchtitan does without pipeline
+    # parallelism, and gathered again as backward starts: the formulas count that re-gather (2 Psi gathered).
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload, mp_policy=mp)
     opt = torch.optim.AdamW(param_groups(model, weight_decay), **_adamw_kwargs(lr, cpu_offload))
     assert isinstance(model, FSDPModule)

@@ -190,6 +190,7 @@ class Run:
     start_step: int  # 0, or the step after the checkpoint this attempt resumed from
     progress: TextIO | None  # rank 0's progress.jsonl, open for appending step records
     n_trainable: int | None = None  # LoRA's trainable parameters (A and B); None = full training
+    last_block_kept: int = 0  # the last block's parameters (this rank's tensor-parallel share) FSDP2 keeps gathered
     rank_cores: str | None = None  # the launcher's CPU core plan (pin_cpu_rank); None on a GPU
     tp_bytes: float = 0.0  # tensor parallelism's collective bytes counted over the warm-up steps (FunctionalCollectiveCounter)
     tp_steps: int = 0  # the warm-up steps they were counted over
@@ -326,6 +327,10 @@ def setup(plan: RunPlan, rank_cores: str | None = None) -> Run:
     # LoRA after the model is built: the base weights are those of the full-training twin.
     n_trainable = apply_lora(model, point.lora_rank, train_cfg.lora_alpha) if point.lora_rank else None
     n_params = model.num_parameters()
+    # what FSDP2 keeps gathered from the last block's forward to its backward (scalelab.run.parallel): counted here,
+    # after tensor parallelism split it and LoRA added to it, as the formulas count it
+    last_block_kept = (sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.blocks[-1].parameters())
+                       if plan.strategy.last_block_kept else 0)
     # DDP fills buckets (trainable parameters only) in gradient-ready order, about the reverse of this one.
     param_bytes = [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
     model.set_activation_checkpointing(point.activation_checkpointing)
@@ -352,7 +357,7 @@ def setup(plan: RunPlan, rank_cores: str | None = None) -> Run:
                peak_source=peak_source, peak_bf16=peak_bf16, peak_bf16_source=peak_bf16_source, n_params=n_params,
                param_bytes=param_bytes, fp8_linears=fp8_linears,
                blocks=blocks, par=par, scaler=scaler, sampler=sampler, counter=counter, start_step=start_step,
-               progress=progress, n_trainable=n_trainable, rank_cores=rank_cores)
+               progress=progress, n_trainable=n_trainable, rank_cores=rank_cores, last_block_kept=last_block_kept)
 
 
 def resume(run_dir: Path, train_cfg: TrainConfig, par: Parallelized, scaler: torch.amp.GradScaler,
@@ -735,6 +740,7 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
     return {
         "n_params": run.n_params,
         "n_trainable_params": run.n_params if run.n_trainable is None else run.n_trainable,
+        "last_block_params_kept": run.last_block_kept,
         "lora_alpha": run.train_cfg.lora_alpha if run.n_trainable is not None else None,
         "accumulation_steps": accum,
         "tokens_per_step": run.tokens_per_step,
@@ -776,7 +782,8 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         **comm_columns(run, counted, rank_hosts, n_measured),
         # every formula beside them, from what the run counted (computed again at collection)
         **predicted_columns.worker_columns(model_cfg, {
-            **run.plan.formula_row(), "n_params": run.n_params, "n_trainable_params": run.n_trainable}, rank_hosts),
+            **run.plan.formula_row(), "n_params": run.n_params, "n_trainable_params": run.n_trainable,
+            "last_block_params_kept": run.last_block_kept}, rank_hosts),
         **memory_and_placement_columns(run, all_mem),
         "first_step_unix": tally.first_step_at,
         **environment(run.device, run.rank_cores),

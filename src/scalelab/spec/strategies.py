@@ -79,6 +79,10 @@ class Strategy:
     ``backward`` or the whole ``step``): DDP's gradient buckets all-reduce during backward, FSDP2
     prefetches its all-gathers and reduce-scatters during backward. A collective not listed
     (ZeroRedundancyOptimizer's broadcast after the step) is waited for; none listed: all exposed."""
+    last_block_kept: bool = False
+    """FSDP2 keeps the last block's parameters gathered from its forward to its backward (torchtitan's recipe: backward
+    starts with that block, so a reshard would gather it straight back): one block's all-gather fewer per micro-batch
+    at a stage that reshards after forward (scalelab.formulas.accounting: ``last_block_params``)."""
     batched: tuple[str, ...] = ()
     """Collectives issued as one batch of async calls, then waited (ZeroRedundancyOptimizer: a broadcast
     per parameter tensor): timed per call from ``scalelab bench comm``'s batched rows (on gloo a call of
@@ -115,14 +119,14 @@ STRATEGIES: dict[int, Strategy] = {s.stage: s for s in (
              grad_psi=1, param_psi=lambda k: k, comm_psi_paper=2, transient_psi=lambda psi, block, outside, b: b * psi,
              silent_at_world_size_1=True, ddp_buckets=False, cpu_offload=False,
              overlap=(("all_gather", "step"), ("reduce_scatter", "backward"))),
-    # Stage 3 gathers one block at a time (two in flight with prefetch), forward and backward: 2k Psi + Psi.
-    # At the start of backward the root group (the parameters of no block: the head's backward runs
-    # first) is gathered beside two blocks.
+    # Stage 3 gathers one block at a time (two in flight with prefetch), forward and backward: 2k Psi + Psi, less the
+    # last block's second gather (kept from its forward to its backward, as torchtitan keeps it). At the start of
+    # backward the root group (the parameters of no block: the head's backward runs first) is gathered beside two blocks.
     Strategy(3, "FSDP2, reshard_after_forward=True", "parallelize_fsdp_reshard", (True, True, True), (True, True, True),
              grad_psi=1, param_psi=lambda k: 2 * k, comm_psi_paper=3,
              transient_psi=lambda psi, block, outside, b: b * (2 * block + outside),
              silent_at_world_size_1=True, ddp_buckets=False, cpu_offload=True,
-             overlap=(("all_gather", "step"), ("reduce_scatter", "backward"))),
+             overlap=(("all_gather", "step"), ("reduce_scatter", "backward")), last_block_kept=True),
 )}
 ZERO_STAGES = tuple(STRATEGIES)
 
