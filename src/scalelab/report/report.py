@@ -577,6 +577,29 @@ def _forecast_tables(ranking: pd.DataFrame) -> dict:
                                                    "predicted_peak_mib", "reason"]]) if not pruned.empty else None}
 
 
+def _summary_markdown(context: dict, n_runs: int, best: pd.DataFrame, inter_node: pd.DataFrame,
+                      runs_table: pd.DataFrame) -> str:
+    """summary.md: what was trained, the best configuration per world size, traffic between nodes, the runs and the
+    warnings, from the report's context (every name from the results escaped: markdown_text, markdown_table)."""
+    return ("# scalelab summary\n\n"
+            + "".join(f"**Trained:** {markdown_text(line)}  \n" for line in context["trained"]) + ("\n" if context["trained"] else "")
+            + f"{n_runs} runs ({context['n_ok']} ok); the full report is report.html beside this file.\n\n"
+            + (f"> {context['cpu_notice']}\n\n" if context["cpu_notice"] else "")
+            + "## Best configuration per world size\n\n"
+            + "The fastest point that ended ok per world size" + (" and model (each ranked against its own configurations)"
+                                                                   if context['best_per_model'] else "")
+            + ", by the median tokens/s of its runs, its lead against the run-to-run "
+            "noise (points within it of each other are named as tied: no single winner), and the configurations that "
+            "did not fit (oom / predicted_oom). "
+            + context["best_note"] + (" " + context["cpu_best_note"] if context["cpu_best_note"] else "")
+            + "\n\n" + markdown_table(best)
+            + ("\n## Traffic between nodes\n\nBytes rank 0 handed per step to collectives whose group spans nodes "
+               "(inter-node) and within a node, measured and predicted; nodes of one machine share its cores "
+               "(timings over-committed).\n\n" + markdown_table(inter_node) if not inter_node.empty else "")
+            + "\n## Runs\n\n" + markdown_table(runs_table)
+            + ("\n## Warnings\n\n" + "\n".join(f"- {markdown_text(w)}" for w in context["warnings"]) + "\n" if context["warnings"] else ""))
+
+
 def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None:
     runs, steps = load_tables(results_dir)
     if runs.empty:
@@ -640,21 +663,5 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
         }
         context["levers_section"] |= any(g["lever_figures"] for g in by_family)
         (out_dir / "report.html").write_text(render("report.html.j2", **context), encoding="utf-8")
-        (out_dir / "summary.md").write_text(
-            "# scalelab summary\n\n"
-            + "".join(f"**Trained:** {markdown_text(line)}  \n" for line in context["trained"]) + ("\n" if context["trained"] else "")
-            + f"{len(runs)} runs ({context['n_ok']} ok); the full report is report.html beside this file.\n\n"
-            + (f"> {context['cpu_notice']}\n\n" if context["cpu_notice"] else "")
-            + "## Best configuration per world size\n\n"
-            + "The fastest point that ended ok per world size" + (" and model (each ranked against its own configurations)"
-                                                                   if several else "")
-            + ", by the median tokens/s of its runs, its lead against the run-to-run "
-            "noise (points within it of each other are named as tied: no single winner), and the configurations that "
-            "did not fit (oom / predicted_oom). "
-            + context["best_note"] + (" " + context["cpu_best_note"] if context["cpu_best_note"] else "")
-            + "\n\n" + markdown_table(best)
-            + ("\n## Traffic between nodes\n\nBytes rank 0 handed per step to collectives whose group spans nodes "
-               "(inter-node) and within a node, measured and predicted; nodes of one machine share its cores "
-               "(timings over-committed).\n\n" + markdown_table(inter_node) if not inter_node.empty else "")
-            + "\n## Runs\n\n" + markdown_table(table[[c for c in SUMMARY_COLUMNS if c != "model" or several]])
-            + ("\n## Warnings\n\n" + "\n".join(f"- {markdown_text(w)}" for w in warnings) + "\n" if warnings else ""))
+        (out_dir / "summary.md").write_text(_summary_markdown(context, len(runs), best, inter_node,
+                                                              table[[c for c in SUMMARY_COLUMNS if c != "model" or several]]))

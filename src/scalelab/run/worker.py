@@ -85,7 +85,7 @@ def peak_flops(device: torch.device, precision: str, tf32: bool,
     figure of the exact product (scalelab.spec.hardware), or train.peak_tflops for one the table
     lacks; otherwise NaN and the reason, never a timed guess (small timed matmuls sit far
     below a GPU's peak and would inflate MFU). On a CPU, which has no datasheet figure here:
-    the sweep's calibration (scalelab.run.calibration: measured once on the idle machine) where it
+    the sweep's calibration (scalelab.run.calibration: measured once per results folder, with the load it saw) where it
     applies, else the best matmul rate measured at start, beside whatever else runs."""
     if device.type == "cuda":
         return hardware.peak_flops_for(torch.cuda.get_device_name(device), precision, tf32, configured_tflops)
