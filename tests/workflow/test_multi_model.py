@@ -116,8 +116,12 @@ def test_best_configuration_per_world_size_within_each_model(sweep):
     header, rows = _table(sweep["html"], 'id="best-table"')
     assert header[:2] == ["model", "world size"] and [row[:2] for row in rows] == [["base", "1"], ["base", "2"], ["ltiny", "1"], ["ltiny", "2"]]
     assert "| model | world size |" in sweep["summary"]
-    for r in best.itertuples():  # the end-of-sweep text, a line per model and world size
-        assert f"model {r.model}, world size {r.world_size}: {r.run_id} " in sweep["out"], sweep["out"][-3000:]
+    for r in best.itertuples():  # the end-of-sweep text, a line per model and world size: its point, or the points
+        # tied with it within the run-to-run noise (which a busy machine widens), first by median
+        line = f"model {r.model}, world size {r.world_size}: "
+        assert (f"{line}{r.run_id} " in sweep["out"]
+                or re.search(re.escape(line) + r"tied within run-to-run noise: [^\n]*; first by median: " + re.escape(r.run_id) + " ",
+                             sweep["out"])), sweep["out"][-3000:]
 
 
 @pytest.mark.workflow(cost_s=1)

@@ -152,10 +152,12 @@ def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict
             row["steps_problem"] = f"{steps_path.name} is missing"
         except Exception as err:  # pyarrow raises several types for damaged files
             problems.append(f"{steps_path}: corrupt ({type(err).__name__}: {err})")
-            row["steps_problem"] = f"{steps_path.name} is corrupt: {type(err).__name__}: {err}"[:500]
-            # its step rows are gone: never an `ok` row without them (scalelab retry --status corrupt reruns it)
-            row["reason"] = f"{row['steps_problem']} (its summary says {row['status']})"
-            row["status"] = "corrupt"
+            damage = f"{steps_path.name} is corrupt: {type(err).__name__}: {err}"[:500]
+            # its step rows are gone: a corrupt row as for a damaged summary, never an `ok` one without them (scalelab
+            # retry --status corrupt reruns it)
+            known = identity or {f.name: summary.get(f.name) for f in IDENTITY_FIELDS}  # no point.json: the summary's
+            row = run_row({**known, "status": "corrupt", "steps_problem": damage,
+                           "reason": f"{damage} (its summary says {summary['status']})"}, run_path)
         try:  # the formula columns by today's formulas: a fix reaches cached runs
             row = refreshed(row)
         except (ValueError, KeyError, TypeError) as err:  # kept as written, and said
