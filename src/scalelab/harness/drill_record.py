@@ -27,11 +27,14 @@ def drills_table(record: dict) -> str:
     """docs/reliability.md's drill table, from the record alone."""
     lines = [f"Measured {record['measured']} ({record['machine']}), commit {record['commit']}:", "",
              "| drill | what is done and what must hold | injected / recovered | rows lost / duplicated | corrupt files "
-             "| orphans | checks failed | time |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| orphans | bad configs or timeouts handled / tried | checks failed | time |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in record["drills"]:
-        lines.append(f"| `{row['drill']}` | {row['does']} | {row['faults_injected']} / {row['faults_recovered']} | "
+        tried = [f"{done} / {of} {what}" for what, (done, of) in (("configs", row["bad_configs"]), ("timeouts", row["timeouts"]))
+                 if of]
+        lines.append(f"| `{row['drill']}` | {row['does'].replace('|', chr(92) + '|')} | {row['faults_injected']} / {row['faults_recovered']} | "
                      f"{row['rows_lost']} / {row['rows_duplicated']} | {row['corrupt_files']} | {row['orphan_processes']} | "
-                     f"{len(row['checks_failed'])} | {row['seconds']:.0f} s |")
+                     f"{', '.join(tried) or '-'} | {len(row['checks_failed'])} | {row['seconds']:.0f} s |")
     return "\n".join(lines) + "\n"
 
 
