@@ -165,7 +165,8 @@ def test_one_rows_communication_computed_by_hand(example):
     psi = accounting.param_count(EXAMPLE_CFG)
     row = next(r for r in example["rows"] if r["gpus"] == 16)
     bandwidth, latency, units = 8 * 50e9 * 0.8, 50e-6, 24 + 1
-    gather = 2 * units * latency + (15 / 16) * (2 * psi * 2) / bandwidth  # forward + backward, bf16
+    last = accounting.last_block_params(EXAMPLE_CFG)  # kept gathered from its forward to its backward: gathered once
+    gather = (2 * units - 1) * latency + (15 / 16) * ((2 * psi - last) * 2) / bandwidth  # forward + backward, bf16
     scatter = units * latency + (15 / 16) * (psi * 4) / bandwidth  # fp32 gradients
     assert row["comm_s"]["all_gather"] == pytest.approx(gather, rel=1e-9)
     assert row["comm_s"]["reduce_scatter"] == pytest.approx(scatter, rel=1e-9)
@@ -248,7 +249,8 @@ def test_a_measured_bench_table_is_the_link_as_measured(tmp_path, capsys):
     assert code == 0 and inter["efficiency"] == 1.0  # measured: no efficiency on top
     assert inter["achievable_gb_per_s"] == pytest.approx(20.0, rel=1e-6) and inter["latency_us"] == pytest.approx(30.0, rel=1e-6)
     psi = accounting.param_count(EXAMPLE_CFG)
-    expected = 2 * 25 * 30e-6 + (15 / 16) * (2 * psi * 2) / 20e9  # a measured bus bandwidth: no rails on top
+    last = accounting.last_block_params(EXAMPLE_CFG)  # the last block gathered once per micro-batch
+    expected = (2 * 25 - 1) * 30e-6 + (15 / 16) * ((2 * psi - last) * 2) / 20e9  # a measured bus bandwidth: no rails on top
     assert result["rows"][0]["comm_s"]["all_gather"] == pytest.approx(expected, rel=1e-6)
     assert "note" not in result
 

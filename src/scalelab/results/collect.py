@@ -86,6 +86,27 @@ def with_predictions(runs: pa.Table, results_dir: Path | None) -> pa.Table:
     return runs
 
 
+def _with_steps(row: dict, summary: dict, steps_path: Path, identity: dict | None, run_path: str, step_tables: list,
+                problems: list) -> dict:
+    """The run's steps.parquet into step_tables; the row, or where the table cannot be read a corrupt row (its step
+    rows are gone: never an `ok` row without them; scalelab retry --status corrupt reruns it)."""
+    try:
+        table = pq.read_table(steps_path)
+        step_tables.append(_with_identity(table, identity))
+    except FileNotFoundError:
+        problems.append(f"{steps_path}: missing")
+        row["steps_problem"] = f"{steps_path.name} is missing"
+    except Exception as err:  # pyarrow raises several types for damaged files
+        problems.append(f"{steps_path}: corrupt ({type(err).__name__}: {err})")
+        damage = f"{steps_path.name} is corrupt: {type(err).__name__}: {err}"[:500]
+        # its step rows are gone: a corrupt row as for a damaged summary, never an `ok` one without them (scalelab
+        # retry --status corrupt reruns it)
+        known = identity or {f.name: summary.get(f.name) for f in IDENTITY_FIELDS}  # no point.json: the summary's
+        row = run_row({**known, "status": "corrupt", "steps_problem": damage,
+                       "reason": f"{damage} (its summary says {summary['status']})"}, run_path)
+    return row
+
+
 def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict:
     """Gather every run's summary.json and steps.parquet under results_dir/runs/<run id>/ into
     results_dir/metrics.parquet (one row per run) and results_dir/steps.parquet (one row per
@@ -144,20 +165,7 @@ def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict
                            "reason": f"{summary_path} does not match the metrics schema: {'; '.join(wrong)}"}, run_path)
             if not identity:
                 continue
-        try:
-            table = pq.read_table(steps_path)
-            step_tables.append(_with_identity(table, identity))
-        except FileNotFoundError:
-            problems.append(f"{steps_path}: missing")
-            row["steps_problem"] = f"{steps_path.name} is missing"
-        except Exception as err:  # pyarrow raises several types for damaged files
-            problems.append(f"{steps_path}: corrupt ({type(err).__name__}: {err})")
-            damage = f"{steps_path.name} is corrupt: {type(err).__name__}: {err}"[:500]
-            # its step rows are gone: a corrupt row as for a damaged summary, never an `ok` one without them (scalelab
-            # retry --status corrupt reruns it)
-            known = identity or {f.name: summary.get(f.name) for f in IDENTITY_FIELDS}  # no point.json: the summary's
-            row = run_row({**known, "status": "corrupt", "steps_problem": damage,
-                           "reason": f"{damage} (its summary says {summary['status']})"}, run_path)
+        row = _with_steps(row, summary, steps_path, identity, run_path, step_tables, problems)
         try:  # the formula columns by today's formulas: a fix reaches cached runs
             row = refreshed(row)
         except (ValueError, KeyError, TypeError) as err:  # kept as written, and said
