@@ -150,3 +150,18 @@ def test_a_run_id_that_is_no_folder_name_writes_nothing_outside(results, tmp_pat
     assert main(["export", "tensorboard", str(tampered), str(tmp_path / "out" / "tb")]) == 2
     assert "run id '../../escaped' is not one" in capsys.readouterr().err
     assert not (tmp_path / "escaped").exists() and not (tmp_path / "out" / "escaped").exists()
+
+
+def test_every_export_names_the_trainer_and_strategy_it_was_measured_with(results):
+    """What another trainer's configuration carries over, and how scalelab ran it: ZeRO-1 is DDP with
+    ZeroRedundancyOptimizer here, not Megatron's distributed optimizer (scalelab plan --trainer says which it prices)."""
+    runs, _ = load_tables(results)
+    for row in runs[runs["status"] == "ok"].drop_duplicates(["zero_stage"]).to_dict("records"):
+        from scalelab.spec.strategies import strategy
+
+        name = strategy(int(row["zero_stage"]), int(row.get("replicas") or 1)).name
+        toml, _ = export_config(results, "torchtitan", row["run_id"])
+        code, _ = export_config(results, "lightning", row["run_id"])
+        _, notes = export_config(results, "hf", row["run_id"])
+        for text in (toml, code, "\n".join(notes)):
+            assert f"measured with scalelab's own trainer ({name}" in text and "--trainer scalelab" in text, text[:300]

@@ -155,12 +155,24 @@ def _replicas(row: dict) -> int:
     return int(_plain(row.get("replicas")) or 1)
 
 
+def measured_with(row: dict) -> str:
+    """The trainer the exported run was measured with, and its strategy as it ran: what another trainer's configuration
+    carries over, and how (its ZeRO-1 is DDP with ZeroRedundancyOptimizer, not a distributed optimizer)."""
+    from scalelab.spec.strategies import strategy
+
+    record = strategy(int(row["zero_stage"]), _replicas(row))
+    tp = _tensor_parallel(row)
+    return (f"measured with scalelab's own trainer ({record.name}" + (f", tensor parallel {tp}" if tp > 1 else "")
+            + f", {row['precision']}): scalelab plan --trainer scalelab prices this")
+
+
 def torchtitan_toml(row: dict) -> str:
     stage, replicas, tp = int(row["zero_stage"]), _replicas(row), _tensor_parallel(row)
     n = int(row["world_size"]) // tp  # the data-parallel ranks (the world under no tensor parallelism)
     precision = str(row["precision"])
     lines = [f"# scalelab run {row['run_id']}: {row['tokens_per_s']:.0f} tokens/s on {n} rank(s) ({row.get('device_name', '')}); "
              f"{row.get('_standing', '')}",
+             f"# {measured_with(row)}",
              "# torchtitan shards with FSDP2 over data_parallel_shard_degree and replicates over data_parallel_replicate_degree.",
              "[parallelism]"]
     if stage == 0:
@@ -201,7 +213,7 @@ def hf_arguments(row: dict) -> tuple[dict, list[str]]:
     """(TrainingArguments keys, notes): the notes say what the keys cannot (printed apart, never in the file)."""
     stage, replicas = int(row["zero_stage"]), _replicas(row)
     precision = str(row["precision"])
-    notes = [f"scalelab run {row['run_id']}: {row['tokens_per_s']:.0f} tokens/s; {row.get('_standing', '')}"]
+    notes = [f"scalelab run {row['run_id']}: {row['tokens_per_s']:.0f} tokens/s; {row.get('_standing', '')}", measured_with(row)]
     args = {"per_device_train_batch_size": _micro(row), "gradient_accumulation_steps": int(_plain(row.get("accumulation_steps")) or 1),
             "bf16": precision == "bf16", "fp16": precision == "fp16", "gradient_checkpointing": bool(row.get("activation_checkpointing")),
             "torch_compile": bool(row.get("compile")), "max_grad_norm": _clip(row) or 0.0}  # 0: no clipping in transformers
@@ -230,6 +242,7 @@ def lightning_code(row: dict) -> str:
         ac = ", activation_checkpointing_policy={Block}" if row.get("activation_checkpointing") else ""
         strategy = f'FSDPStrategy(sharding_strategy="{sharding}"{ac})'
     lines = [f"# scalelab run {row['run_id']}: {row['tokens_per_s']:.0f} tokens/s on {n} rank(s); {row.get('_standing', '')}",
+             f"# {measured_with(row)}",
              "from lightning.pytorch import Trainer",
              f"from lightning.pytorch.strategies import {'DDPStrategy' if stage == 0 else 'FSDPStrategy'}",
              "",
