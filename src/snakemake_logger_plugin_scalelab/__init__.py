@@ -111,7 +111,7 @@ def account_guess_dropped(message: str, argv: list[str]) -> bool:
 def job_line(record: logging.LogRecord, progress: str | None) -> str:
     """One line for a job starting: the time, the rule, its wildcards (a train job's run id), the
     jobs done before it, and its log, relative as Snakemake names it. "starts" first: a count of
-    jobs done beside a run's name read as if that run were done (issue #41)."""
+    jobs done beside a run's name read as if that run were done."""
     import time
 
     wildcards = getattr(record, "wildcards", None) or {}

@@ -343,7 +343,7 @@ def models_table(args) -> dict:
                                   "flops_per_token at the preset's context, attention counted in full"}
 
 
-# ----------------------------------------------------------------------------- scaling (issue #29, point 4)
+# ----------------------------------------------------------------------------- scaling
 DEFAULT_MFU = 0.4
 """The MFU assumed when none is given: ``estimate time``'s end-to-end figure, and ``estimate
 scaling``'s compute efficiency without communication (the model adds the communication)."""

@@ -1,4 +1,4 @@
-"""One answer before renting GPUs (issue #44): ``scalelab plan`` ranks every configuration a model could
+"""One answer before renting GPUs: ``scalelab plan`` ranks every configuration a model could
 train in on a given cluster by its predicted time, keeps those whose predicted memory fits with a
 stated reserve, and prints the best, the runners-up with why each lost, and every assumption.
 

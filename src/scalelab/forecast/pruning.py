@@ -1,4 +1,4 @@
-"""Sweeps that run what the forecast ranks (``planning.top_k``, issue #44): before any job starts, every
+"""Sweeps that run what the forecast ranks (``planning.top_k``): before any job starts, every
 point of the sweep is forecast by ``scalelab plan``'s model (estimate.predict_point: compute at an
 assumed efficiency, each collective on its link, the strategy's overlap, the in-step peak memory), and
 only the points ranked 1..``top_k`` by forecast tokens/s within each model and world size (among those

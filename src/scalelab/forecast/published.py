@@ -1,4 +1,4 @@
-"""The step-time model against published multi-node runs (issue #44): each series' compute efficiency
+"""The step-time model against published multi-node runs: each series' compute efficiency
 is calibrated at its smallest GPU count, and the model predicts the larger counts' tokens/s per GPU
 (estimate.predict_point: every collective on the link its group uses, a group spanning nodes on the NICs
 its ranks hold there, the strategy's overlap at the GPU's default efficiency). ``python -m scalelab.forecast.published``

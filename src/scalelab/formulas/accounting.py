@@ -37,7 +37,7 @@ all-gather parameters in their compute dtype (FSDP2 MixedPrecisionPolicy, param_
 dtype: half of fp32's all-gather bytes) and, with the grad_reduce lever at ``compute``, reduce
 gradients in it at every stage; fp16 adds its loss scaler's 8-byte inf/NaN flag.
 
-MFU is recorded against two peaks (issue #14, point 2). ``mfu`` (and ``hfu``) divide by the
+MFU is recorded against two peaks. ``mfu`` (and ``hfu``) divide by the
 dense peak of the run's own precision (``peak_flops_per_device``: fp8 runs by the fp8
 tensor-core peak, twice the bf16 one on Hopper); ``mfu_bf16_peak`` divides every run, whatever
 its precision, by the dense bf16 peak (``peak_flops_bf16``), the common convention (torchtitan's)
@@ -554,7 +554,7 @@ def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, a
     fp8 under torch.compile is predicted as bf16 under torch.compile, an upper bound: the
     partitioner recomputes the Float8Linear inputs' float8 casts and keeps no weight copies (on the
     CPU: 4 + 9w bytes per s b h value, the fc output and attention terms); an H200 measured more
-    than that and less than the bound (issue #40), so it is not modelled (activation_bound).
+    than that and less than the bound, so it is not modelled (activation_bound).
     """
     _no_formula(cfg, "activation")
     s, b, h, L = cfg.seq_len, micro_batch, cfg.d_model, cfg.n_layers
@@ -742,7 +742,7 @@ def activation_bound(cfg: ModelConfig, precision: str, compiled: bool = False, a
     * ``upper bound``: fp8 without per-block checkpointing, eager or compiled, is predicted as bf16
       (the same run without Float8Linear), and keeps less: Float8Linear saves no 16-bit weight copies
       (eager, measured on the CPU), and compiled the partitioner recomputes its inputs' float8 casts
-      (tests/*/test_compiled_memory.py; issue #40 on an H200: the bf16 compiled figure is 11-12% above
+      (tests/*/test_compiled_memory.py; on an H200: the bf16 compiled figure is 11-12% above
       the fp8 compiled runs' peaks); the llama family's fp32 grouped-query attention compiled on a
       GPU (SDPA's math path traced into the graph: the eager figure);
     * ``lower bound``: a user's module (ModelConfig.module), whose activations are not predicted (0:
@@ -847,13 +847,13 @@ def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: in
     Stage 2 keeps every group's unsharded parameters from forward to backward: +b Psi, b = 4 bytes
     (fp32), 2 for fp16 and bf16, which FSDP2's MixedPrecisionPolicy gathers in their compute dtype
     (comm_dtypes); FSDP2 gathers into a buffer of its own, the whole group at any world size (an
-    H200 at world size 1, issue #40). Stage 3 gathers one block at a time (two in flight with
+    H200 at world size 1). Stage 3 gathers one block at a time (two in flight with
     prefetch), beside the root group (the parameters of no block, whose backward runs first): +b
     (2 blocks + the rest). Activations, at the start of backward, when every block's are still
     kept: block_activation_bytes (Korthikanti et al.), outside_block_activation_bytes (the
     fp32 log-softmax output, the final LayerNorm's and the head's inputs, ids) and the loss
     path's transient (LossPathBytes: 8 B T V, the two fp32 gradients at log_softmax's
-    backward). Before issue #14 the step also held the logits through backward (w B T V
+    backward). Before the model returned the loss alone, the step also held the logits through backward (w B T V
     more) and the prediction counted 2 x 4 B T V in all. With cpu_offload (stage 3) the
     model state lives in host memory and only the gathered blocks occupy the device.
     block_params: one block's parameters where no formula gives them (a user's module, counted);

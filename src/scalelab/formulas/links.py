@@ -1,4 +1,4 @@
-"""Links between GPUs and what a collective costs on one (issue #29).
+"""Links between GPUs and what a collective costs on one.
 
 A ``Link`` is a **bus bandwidth per GPU, unidirectional, in bytes/s**, and a **latency per
 collective call, in seconds**: the two numbers of the latency-bandwidth (alpha-beta) model

@@ -2,7 +2,7 @@
 size, levers) and what it counted (parameters, micro-batch and accumulation, device, the hosts its
 ranks ran on). Torch-free.
 
-One place, called at two times (issue #42): by the launcher and the worker, so that a run's
+One place, called at two times: by the launcher and the worker, so that a run's
 summary.json is whole; and again at collection (scalelab.results.collect.collect), so that a
 formula fixed after a run reaches its cached row without retraining (the code is no rerun trigger).
 Only the launch decision (``predicted_oom_reason``) stays as the launcher made it.

@@ -148,7 +148,7 @@ def comparison_points(dry_run: bool) -> dict[str, list[Key]]:
 
 def diagnose_points(dry_run: bool) -> list[Key]:
     """The plain loop's variants, each one of scalelab's differences from it, at bf16 compiled on a
-    GPU (the issue-#40 gap: scalelab compiled ran 0.889 of the plain loop): compile scope and DDP.
+    GPU (the first GPU check's gap: scalelab compiled ran 0.889 of the plain loop): compile scope and DDP.
     A dry run takes the DDP variant eager (a CPU compilation costs half a minute for nothing)."""
     if dry_run:
         return [Key("tiny", "fp32", variant="ddp")]
@@ -640,7 +640,7 @@ def diagnose(check: Check) -> dict:
 
 def fsdp_points(dry_run: bool) -> list[Key]:
     """scalelab's FSDP2 stages over one device, bf16 compiled on a GPU (eager in a dry run), each
-    with one step traced: stage 3 (the issue-#40 figure: 0.79 of its stage-0 twin on an H200), then
+    with one step traced: stage 3 (the first GPU check's figure: 0.79 of its stage-0 twin on an H200), then
     stage 2 (no re-gather in backward: what resharding costs)."""
     shape = "tiny" if dry_run else "350M"
     return [Key(shape, "bf16", compiled=not dry_run, stage=s, variant="traced") for s in (3, 2)]
@@ -679,7 +679,7 @@ def fsdp(check: Check) -> dict:
 
 
 # The GPU test's memory case (tests/gpu/test_gpu.py: 12 x 768, seq 1024, batch 8, byte tokens), eager:
-# bf16 at stage 3 measured 13.7% over its prediction on an H200 (issue #40), stage 0 within 1%.
+# bf16 at stage 3 measured 13.7% over its prediction on an H200, stage 0 within 1%.
 MEMORY_MODEL = {"gpu": {"n_layers": 12, "d_model": 768, "n_heads": 12, "seq_len": 1024},
                 "dry": {"n_layers": 2, "d_model": 64, "n_heads": 4, "seq_len": 64}}
 MEMORY_CASES = (("bf16", 3), ("bf16", 0))

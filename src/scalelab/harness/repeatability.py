@@ -93,7 +93,7 @@ def verdicts(runs_a: pd.DataFrame, runs_b: pd.DataFrame) -> pd.DataFrame:
 
 
 GOALS = {"sigma": 0.03, "margin": 0.15, "beyond_share": 0.5, "wall_s": 180.0}
-"""What a sweep must resolve (issue #41), on an idle 2-core machine: run-to-run sigma per run, the
+"""What a sweep must resolve, on an idle 2-core machine: run-to-run sigma per run, the
 99% margin between two single runs, the share of the other points at each world size that its
 fastest point is beyond noise of, and the sweep's wall time."""
 
@@ -282,7 +282,7 @@ def print_repeatability(result: dict) -> None:
     counts = table["verdict"].value_counts()
     print("\n" + ", ".join(f"{n} {v}" for v, n in counts.items()) + f" (of {len(table)})")
     print(f"wall time: A {result['wall_s'][0]:.0f} s, B {result['wall_s'][1]:.0f} s")
-    print(f"\ngoals (issue #41, an idle 2-core machine): sigma <= {GOALS['sigma']:.0%} per run, two single runs' 99% "
+    print(f"\ngoals (an idle 2-core machine): sigma <= {GOALS['sigma']:.0%} per run, two single runs' 99% "
           f"margin <= {GOALS['margin']:.0%}, the fastest point beyond noise of at least {GOALS['beyond_share']:.0%} of the "
           f"others at each world size, wall time <= {GOALS['wall_s']:.0f} s")
     floor = result.get("host_floor")

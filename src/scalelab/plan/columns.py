@@ -378,7 +378,7 @@ RUN = [
            "strategy", "worker", OK),
     Column("comm_bytes_per_step_predicted_paper", pa.float64(), "B/step", "predicted collective bytes per step, ZeRO paper",
            "worker", OK),
-    # Traffic per link (issue #28): rank 0's bytes split by where the collective's group ran. The rule
+    # Traffic per link: rank 0's bytes split by where the collective's group ran. The rule
     # (scalelab.plan.placement.link_of): every byte handed to a collective whose group's ranks ran on more
     # than one host counts inter-node, every other byte intra-node; the two add up to the total.
     *(Column(f"comm_{link}_bytes_per_step_{kind}", pa.float64(), "B/step",
@@ -388,21 +388,21 @@ RUN = [
              + ("counted per process group, each group classified by the hosts its ranks recorded)" if kind == "measured"
                 else "scalelab.formulas.accounting.comm_bytes_by_link at torchrun's placement: consecutive ranks per node, as "
                      "many per node as ran on rank 0's host)"),
-             "worker", sometimes("runs measured since traffic per link was counted (issue #28)", OK))
+             "worker", sometimes("runs measured since traffic per link was counted", OK))
       for link in ("intra_node", "inter_node") for kind in ("measured", "predicted")),
-    # Tensor parallelism's collectives (issue #43), apart from the strategy's above: DTensor's all-reduces over rank 0's
+    # Tensor parallelism's collectives, apart from the strategy's above: DTensor's all-reduces over rank 0's
     # tensor-parallel group (scalelab.run.comm.FunctionalCollectiveCounter), 0 without tensor parallelism.
     Column("comm_tensor_parallel_bytes_per_step_measured", pa.float64(), "B/step", "bytes rank 0 hands per optimizer step "
            "to tensor parallelism's collectives (the ZeRO paper's unit: an all-reduce of S bytes counts 2S), counted over "
            "the warm-up steps by a dispatch mode the timed steps do without; 0 without tensor parallelism; null for a "
            "compiled tensor-parallel run (its graphs run them out of the mode's sight)", "worker",
-           sometimes("runs measured since tensor parallelism (issue #43); null for compiled tensor-parallel runs", OK)),
+           sometimes("runs measured since tensor parallelism; null for compiled tensor-parallel runs", OK)),
     Column("comm_tensor_parallel_bytes_per_step_predicted", pa.float64(), "B/step", "predicted tensor-parallel bytes per "
            "step: four all-reduces of B T d values per block and micro-batch, five with activation checkpointing; "
            "with sequence parallelism all-gathers and reduce-scatters of the same volume plus the head's and the "
            "embeddings' gathers and the norms' gradients (scalelab.formulas.accounting.tensor_parallel_comm); 0 without "
            "tensor parallelism", "worker",
-           sometimes("runs measured since tensor parallelism (issue #43)", OK)),
+           sometimes("runs measured since tensor parallelism", OK)),
     Column("comm_tensor_parallel_link", pa.string(), "-", "the link rank 0's tensor-parallel group ran on (intra_node: one "
            "host; inter_node: several), from its ranks' hosts; null without tensor parallelism", "worker",
            _exactly("status ok, tensor_parallel > 1",
@@ -518,7 +518,7 @@ RUN = [
     Column("nodes_share_machine", pa.bool_(), "-", "the run's nodes are one machine (every rank read the same kernel boot "
            "id: a virtual cluster's network namespaces), so their ranks shared its cores and memory and its timings "
            "over-commit compute; null on one host", "worker",
-           sometimes("runs over more than one host, measured since issue #28", OK)),
+           sometimes("runs over more than one host, measured since traffic per link was counted", OK)),
     Column("git_commit", pa.string(), "-", "commit of the code that ran", "launch",
            _exactly("unless git_commit_source says unknown", lambda row: not (row.get("git_commit_source") or "unknown").startswith("unknown"))),
     Column("git_dirty", pa.bool_(), "-", "whether the checkout had uncommitted changes", "launch",

@@ -194,7 +194,7 @@ AXES: tuple[Axis, ...] = (
          f"grad_reduce={point.grad_reduce} applies to {' and '.join(MIXED_COMM)} (fp32 reduces in its compute dtype "
          "already; fp8 keeps torchao's recipe, see scalelab.formulas.accounting.MIXED_COMM)",
          is_default=lambda runs: runs["grad_reduce"].isna() | (runs["grad_reduce"] == GRAD_REDUCE[0])),
-    # Hybrid sharding (issue #28): zero_stage 3 over R replicas of N/R-rank shard groups (scalelab.spec.strategies.HYBRID).
+    # Hybrid sharding: zero_stage 3 over R replicas of N/R-rank shard groups (scalelab.spec.strategies.HYBRID).
     # Added with its default (1: no id part), so no earlier run's id changes.
     Axis("replicas", "replica groups of hybrid sharding (HSDP: FSDP2 over a replicate x shard mesh, zero_stage 3 "
          "only): parameters, gradients and optimizer state sharded over world_size / replicas ranks (a node), "
@@ -202,14 +202,14 @@ AXES: tuple[Axis, ...] = (
          from_path=int, run_id=lambda v: None if v == 1 else f"hsdp{v}", id_pattern=r"hsdp\d+",
          left_out=_replicas_left_out, is_default=lambda runs: runs["replicas"].isna() | (runs["replicas"] == 1),
          changes_compute=False),
-    # Tensor parallelism (issue #43): the blocks' linears split over T ranks (scalelab.run.tensor_parallel), the
+    # Tensor parallelism: the blocks' linears split over T ranks (scalelab.run.tensor_parallel), the
     # world size T x the data-parallel ranks (a 2-D mesh, tensor-parallel inner: within a node). Added with its
     # default (1: no id part), so no earlier run's id changes.
     Axis("tensor_parallel", "tensor-parallel degree T: every block's linears split over T ranks (Megatron's column and "
          "row parallel linears on DTensor), world_size / T data-parallel ranks; 1 = none", int, 1, "int16", False,
          from_path=int, run_id=lambda v: None if v == 1 else f"tp{v}", id_pattern=r"tp\d+",
          left_out=_tensor_parallel_left_out, is_default=lambda runs: runs["tensor_parallel"].isna() | (runs["tensor_parallel"] == 1)),
-    # Sequence parallelism (issue #43): with T > 1, the norms and the residual stream on 1/T of the tokens per rank.
+    # Sequence parallelism: with T > 1, the norms and the residual stream on 1/T of the tokens per rank.
     Axis("sequence_parallel", "sequence parallelism (Megatron's, with tensor_parallel > 1): the norms and the residual "
          "stream on each rank's 1/T of the tokens, all-gathered before the split linears and reduce-scattered after "
          "them instead of all-reduced", bool, False, "bool", False, from_path=_flag,

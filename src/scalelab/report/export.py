@@ -1,4 +1,4 @@
-"""Results taken where people work (issue #45): ``scalelab export tensorboard`` writes a sweep's runs as
+"""Results taken where people work: ``scalelab export tensorboard`` writes a sweep's runs as
 TensorBoard event files, ``scalelab export config`` prints a run's configuration as a trainer's own.
 
 TensorBoard (``scalelab export tensorboard RESULTS OUT``): one folder per run under OUT (its run id),

@@ -1,6 +1,6 @@
 """The report's formulas section, written for the sweep it reports: the model families, strategies
 and levers its runs used, the strategy lines generated from their records (scalelab.spec.strategies),
-so a Llama sweep reads Llama's formulas and a hybrid run its replica all-reduce (issue #42: the
+so a Llama sweep reads Llama's formulas and a hybrid run its replica all-reduce (the
 section was GPT-2's for every sweep)."""
 from __future__ import annotations
 

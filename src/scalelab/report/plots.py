@@ -164,7 +164,7 @@ def _below_axes(fig, text: str, **kwargs) -> None:
 
 def _empty(message: str):
     """A figure that says why there is nothing to draw: wrapped to its width, so that a long reason
-    (a run's prediction note) reads whole instead of running off both edges (issue #41)."""
+    (a run's prediction note) reads whole instead of running off both edges."""
     import textwrap
 
     lines = textwrap.wrap(message, width=90) or [""]

@@ -96,7 +96,7 @@ def find_warnings(runs: pd.DataFrame, steps: pd.DataFrame, best: pd.DataFrame | 
     if len(devices) > 1:  # e.g. device: auto on a mixed cluster, or results copied together
         warnings.append("this sweep mixes devices, so its runs do not compare: " + "; ".join(
             f"{device} ({len(ids)} run(s), e.g. {ids[0]})" for device, ids in devices.items()))
-    # A one-rank stage-0 run trains without DDP (issue #40); one measured before that held DDP's all-reduce.
+    # A one-rank stage-0 run trains without DDP; one measured before that held DDP's all-reduce.
     ddp_one_rank = ok[(ok["zero_stage"] == 0) & (ok["world_size"] == 1) & (ok["comm_bytes_per_step_measured"] > 64)]
     for run_id in ddp_one_rank["run_id"]:
         warnings.append(f"{run_id}: measured in DDP over one rank (scalelab before 26 Nov 2026, 3% slower on an H100 "
@@ -464,7 +464,7 @@ MiB = 2 ** 20
 
 
 def inter_node_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Traffic per link (issue #28) of the runs that spanned nodes, by strategy and world size:
+    """Traffic per link of the runs that spanned nodes, by strategy and world size:
     rank 0's bytes per step on the inter-node link (collectives whose group spans nodes) and within
     a node, measured beside the formulas, with the run's speed. Empty where no run spanned nodes:
     on one host every byte is intra-node, and a table of zeros would say nothing (the formulas

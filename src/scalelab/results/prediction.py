@@ -1,4 +1,4 @@
-"""The step-time model (issue #29): a training step's time from measured compute, each strategy's
+"""The step-time model: a training step's time from measured compute, each strategy's
 collectives on links fitted to a ``scalelab bench comm`` table, and the strategy's overlap.
 
     step_s = compute_s + exposed_comm_s

@@ -1,4 +1,4 @@
-"""A collective benchmark in nccl-tests' convention (``scalelab bench comm``, issue #29).
+"""A collective benchmark in nccl-tests' convention (``scalelab bench comm``).
 
 Per collective (all_reduce, reduce_scatter, all_gather, broadcast), world size, message size and
 batch (calls issued together): the median time per call of the repetitions after ``warmup`` (each

@@ -1,8 +1,8 @@
-"""Where run code still branches on the device type, and why: the one inventory (issue #40).
+"""Where run code still branches on the device type, and why: the one inventory.
 
 CPU runs take the GPU's code path wherever torch allows it, so that the CPU suite exercises what a
-GPU runs (the first GPU run failed on paths that only a GPU took: fp16's fused optimizer, issue
-#40). Each branch that remains is listed here with its reason; tests/unit/test_devices.py finds every
+GPU runs (the first GPU run failed on paths that only a GPU took: fp16's fused optimizer).
+Each branch that remains is listed here with its reason; tests/unit/test_devices.py finds every
 comparison with "cuda" or "cpu" (and every ``torch.cuda.is_available()``) in the run code by
 reading its syntax tree, and fails on one this inventory lacks, or on an entry whose branch is gone.
 """

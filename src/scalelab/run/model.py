@@ -13,7 +13,7 @@ its block class (:func:`build_model`).
 Shapes: B batch, T sequence, C = d_model, H heads, D = C / H, V vocabulary.
 
 Given targets, ``GPT.forward`` returns the loss alone: the (B, T, V) logits are freed as soon
-as the loss is computed instead of being held by the caller through backward (issue #14; at
+as the loss is computed instead of being held by the caller through backward (at
 V = 50k the logits of one micro-batch are as large as several blocks' activations).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Seeing inside a run (issue #45): a torch.profiler trace of chosen steps, the CUDA allocator's
+"""Seeing inside a run: a torch.profiler trace of chosen steps, the CUDA allocator's
 history, and the communication a traced step left exposed, read from the trace.
 
 ``train.profile: [first, last]`` traces those steps (inclusive) on every rank into

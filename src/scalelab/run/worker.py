@@ -580,7 +580,7 @@ def extend_measurement(run: Run, tally: Tally) -> int:
     """Timing steps: past train.steps, more optimizer steps until the measured steps (after warm-up)
     add up to train.measure_s seconds, so that a run's speed is measured over what it must resolve,
     not over a step count (a fast configuration's 50 steps last half a second, which a few seconds of
-    anything else on the host swing; issue #41). They train on (at the last step's learning rate) but
+    anything else on the host swing). They train on (at the last step's learning rate) but
     are not training steps: no step record, no loss, not in final_params.pt or the loss curve; the
     summary counts them (timing_steps). Every rank stops at the same step: the decision is all-reduced
     (the smallest vote), outside the communication count."""
@@ -618,8 +618,8 @@ def measure_token_share(run: Run, tally: Tally) -> list[float]:
     """Steps at half the micro-batch, after the measured steps: with the measured window's median
     step time they give the **token share** of this configuration's step, the part that grows with
     the tokens a rank processes (scalelab.results.prediction: it carries a measured step to another
-    micro-batch or world size; a share assumed instead spans a band from its estimate to 1, issue
-    #41). Taken when train.measure_s is set, for HALF_BATCH_SHARE of it (at least
+    micro-batch or world size; a share assumed instead spans a band from its estimate to 1).
+    Taken when train.measure_s is set, for HALF_BATCH_SHARE of it (at least
     HALF_BATCH_MIN_STEPS steps); none where the micro-batch is a single sequence. Like timing steps,
     they train on but are no training steps, and count in no run-level timing but this one."""
     cfg = run.train_cfg
@@ -803,7 +803,7 @@ def model_state_columns(run: Run, all_held: list[dict]) -> dict:
 
 
 def comm_columns(run: Run, counted: dict, rank_hosts: list[str], n_measured: int) -> dict:
-    """Rank 0's collectives per measured step, counted, in all and per link: traffic per link (issue #28)
+    """Rank 0's collectives per measured step, counted, in all and per link: traffic per link
     by the hosts its groups' ranks ran on (the formulas: scalelab.formulas.predicted_columns)."""
     dtypes = run.plan.comm
     measured_links = bytes_by_link(counted["by_group"], rank_hosts)
@@ -953,7 +953,7 @@ def rank_main(plan: RunPlan) -> int:
 
 
 def shutdown() -> None:
-    """Tear the process group down while the interpreter is whole (issue #18, point 7).
+    """Tear the process group down while the interpreter is whole.
 
     gloo's worker threads free a finished collective (its tensors, and through a barrier's
     weak references the collectives before it) after the caller has moved on, and freeing a

@@ -1,4 +1,4 @@
-"""GPU products and their dense datasheet peaks, by exact product (issue #13, point 6).
+"""GPU products and their dense datasheet peaks, by exact product.
 
 Conventions
 
@@ -360,8 +360,8 @@ def cpu_name(cpuinfo: str | None = None) -> str:
 # ----------------------------------------------------------------------------- when fp8 pays
 FP8_MEASURED = ((1024, 0.84), (2048, 1.16))
 """(d_model, fp8 tokens/s over bf16 tokens/s), both compiled, measured on one H200 (torch 2.11,
-torchao 0.18 tensorwise scaling; GPT-2 shapes of 24 layers, seq 1024, micro-batch 16, world size 1,
-issue #40). An H100 80GB HBM3 measured 0.888 and 1.062 at the same widths (26 Nov 2026,
+torchao 0.18 tensorwise scaling; GPT-2 shapes of 24 layers, seq 1024, micro-batch 16, world size 1).
+An H100 80GB HBM3 measured 0.888 and 1.062 at the same widths (26 Nov 2026,
 results/reference/): the same verdicts, break-even nearer 1,680. fp8 runs the blocks' matmuls on FP8 tensor cores at twice the bf16 rate, but each
 Float8Linear also casts its inputs, weights and output gradients: work that grows with the tensors
 (~d per token) while the matmuls grow with d^2, so fp8 pays only from some width on."""

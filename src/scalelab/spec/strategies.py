@@ -58,7 +58,7 @@ class Strategy:
     f(n_params, block_params, outside_params (those of no block: embeddings, final norm, head),
     bytes per gathered element: 4, or 2 where FSDP2 gathers in a 16-bit compute dtype). FSDP2
     all-gathers into a buffer of its own, the whole unsharded group at any world size (one GPU too:
-    an H200's stage 2 and 3 peaks, issue #40)."""
+    an H200's stage 2 and 3 peaks)."""
     silent_at_world_size_1: bool
     """Issues no collective at all on one rank: FSDP2, and stage 0, whose one rank trains the model
     without DDP; ZeRO-1's DDP and ZeroRedundancyOptimizer still all-reduce and broadcast there."""

@@ -1,4 +1,4 @@
-"""Which link a collective's bytes travel (issue #28): within one node or across nodes, and
+"""Which link a collective's bytes travel: within one node or across nodes, and
 which node each rank sits on under torchrun's contiguous placement."""
 
 LINKS = ("intra_node", "inter_node")
