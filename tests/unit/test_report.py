@@ -13,10 +13,11 @@ from docutils.core import publish_parts
 
 from scalelab.harness.fixtures import FAILURES, synthetic_results
 from scalelab.io import write_json
+from scalelab.plan.columns import SCHEMA_VERSION, schema_version, steps_table, write_parquet
 from scalelab.plan.sweep import RunPoint
 from scalelab.report.figures import FIGURES, FIGURES_DIR, rst_captions
 from scalelab.report.report import build_report
-from scalelab.results.collect import SCHEMA_VERSION, collect, schema_version, steps_table, write_parquet
+from scalelab.results.collect import collect
 from support import REPO
 
 MAIN = [f for f in FIGURES if f.kind == "main"]

@@ -10,8 +10,8 @@ import pytest
 
 from scalelab.cli import main
 from scalelab.io import write_json
+from scalelab.plan.columns import steps_table, write_parquet
 from scalelab.plan.sweep import RunPoint
-from scalelab.results.collect import steps_table, write_parquet
 from scalelab.results.status import RetryError, format_status, retry, run_states
 
 REASONS = {

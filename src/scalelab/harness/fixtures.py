@@ -14,8 +14,8 @@ import pyarrow as pa
 
 from scalelab.config import ModelConfig, TrainConfig
 from scalelab.formulas import accounting
+from scalelab.plan.columns import STEP_SCHEMA, run_row, runs_table, write_parquet
 from scalelab.plan.sweep import AXIS, LEVER_AXES, RunPoint
-from scalelab.results.collect import STEP_SCHEMA, run_row, runs_table, write_parquet
 from scalelab.spec.strategies import ZERO_STAGES, strategy
 
 FAILURES = {3: ("oom", "rank 0: OutOfMemoryError: CUDA out of memory (injected)"),

@@ -23,6 +23,7 @@ from markupsafe import Markup
 
 from scalelab import __version__
 from scalelab.io import building_dir, check_replaceable
+from scalelab.plan.columns import schema_version
 from scalelab.plan.sweep import SWEEP_AXES
 from scalelab.report import checks, dictionary
 from scalelab.report.figures import FIGURES_DIR, Drawn, start_figures
@@ -39,7 +40,6 @@ from scalelab.report.tables import (
     pruned_rows,
     standing,
 )
-from scalelab.results.collect import schema_version
 from scalelab.results.like import OVER_STAGE, OVER_WORLD_SIZE, like_key, model_labels, scaling_efficiency, several_models
 from scalelab.spec.families import DEFAULT_FAMILY
 

@@ -8,20 +8,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from scalelab.formulas.predicted_columns import refreshed
-
-# The schemas and the functions that build and write the tables live with the column table
-# (scalelab.plan.columns, below training/ and analysis/); imported here for collect() and for callers.
 from scalelab.plan import forecast_record
-from scalelab.plan.columns import (  # noqa: F401
-    COLLECTIVES,
+from scalelab.plan.columns import (
     IDENTITY_FIELDS,
-    RUN_SCHEMA,
-    SCHEMA_VERSION,
     STEP_SCHEMA,
     run_row,
     runs_table,
-    schema_version,
-    steps_table,
     type_problems,
     unknown_summary_keys,
     write_parquet,
