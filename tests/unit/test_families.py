@@ -331,3 +331,19 @@ def test_a_llama_entry_ties_its_head_where_it_or_its_preset_says_so():
             model = build_model(cfg)
         assert (model.head.weight is model.wte.weight) is tied
         assert model.num_parameters() == accounting.param_count(cfg)
+
+
+def test_every_familys_own_key_is_read_back_from_a_row_and_held_by_the_model_identity():
+    """A family's own keys come from the registry wherever a row is read: a row's model (predicted_columns.model_of_row)
+    and the identity comparisons hold by (results.like.MODEL). A key added to a family is never dropped silently."""
+    from scalelab.formulas.predicted_columns import model_of_row
+    from scalelab.results.like import MODEL
+    from scalelab.spec.families import FAMILIES, OWN_KEYS
+
+    assert set(OWN_KEYS) == {k for f in FAMILIES.values() for k in f.own_keys} and OWN_KEYS
+    assert set(OWN_KEYS) <= set(MODEL)
+    row = {"n_layers": 2, "d_model": 32, "n_heads": 4, "seq_len": 32, "vocab_size": 256, "tie_embeddings": False,
+           "model_family": "llama", "model_module": None}
+    for key in OWN_KEYS:
+        given = {"n_kv_heads": 2, "ffn_dim": 96, "rope_base": 500000.0}.get(key, 3)
+        assert getattr(model_of_row({**row, key: given}), key) == given, key

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 from scalelab.config import ModelConfig
 from scalelab.formulas import accounting
-from scalelab.spec.families import DEFAULT_FAMILY
+from scalelab.spec.families import DEFAULT_FAMILY, OWN_KEYS
 
 PEAK_COLUMNS = ("predicted_peak_bytes", "predicted_activation_bytes", "predicted_transient_param_bytes", "predicted_peak_bound")
 """The launcher's formula columns (beside them, predicted_oom_reason: the launch decision, kept)."""
@@ -43,13 +43,16 @@ def _value(row: Mapping, name: str, default=None):
 
 
 def model_of_row(row: Mapping) -> ModelConfig:
-    """The ModelConfig of a run's row (its shape columns)."""
+    """The ModelConfig of a run's row (its shape columns, and every family's own keys the registry names: a new
+    family's key is read back as soon as it is registered, never dropped)."""
+    own = {}
+    for key in OWN_KEYS:  # typed as ModelConfig types them: a float default (rope_base) reads a float, the rest ints
+        if (value := _value(row, key)) is not None:
+            own[key] = float(value) if isinstance(ModelConfig.__dataclass_fields__[key].default, float) else int(value)
     return ModelConfig(n_layers=int(row["n_layers"]), d_model=int(row["d_model"]), n_heads=int(row["n_heads"]),
                        seq_len=int(row["seq_len"]), tie_embeddings=bool(_value(row, "tie_embeddings", True)),
                        vocab_size=int(row["vocab_size"]), family=_value(row, "model_family", DEFAULT_FAMILY),
-                       n_kv_heads=_value(row, "n_kv_heads") and int(_value(row, "n_kv_heads")),
-                       ffn_dim=_value(row, "ffn_dim") and int(_value(row, "ffn_dim")),
-                       rope_base=float(_value(row, "rope_base", 10000.0)), module=_value(row, "model_module"))
+                       module=_value(row, "model_module"), **own)
 
 
 def split_of(cfg: ModelConfig, n_params: float, row: Mapping) -> tuple[float, int, int]:

@@ -32,10 +32,11 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import pandas as pd
 
+from scalelab.config import MODEL_SHAPE_KEYS
 from scalelab.plan.sweep import AXIS, BASE_MODEL, LEVER_AXES
+from scalelab.spec.families import OWN_KEYS
 
-MODEL = ("model", "model_family", "model_module", "n_layers", "d_model", "n_heads", "n_kv_heads", "ffn_dim", "rope_base",
-         "seq_len", "vocab_size", "tie_embeddings")
+MODEL = ("model", "model_family", "model_module", *MODEL_SHAPE_KEYS, *OWN_KEYS, "seq_len", "vocab_size", "tie_embeddings")
 """The model's identity as the rows give it: name (the model axis), family, module, shape, sequence
 length, vocabulary. A run's tokens cost what these say."""
 MAIN = ("precision", "zero_stage", "world_size")
