@@ -12,7 +12,7 @@ baselines at every world size answer).
 
 The planning process decides once per Snakemake invocation (rules/common.smk); the process that runs
 the jobs writes the decision to ``<results>/plan/forecast.json`` under the results folder's lock (the
-Snakefile's onstart), and the sweep's jobs (another host under SLURM) read it, never forecast again.
+workflow's onstart, rules/hooks.smk), and the sweep's jobs (another host under SLURM) read it, never forecast again.
 It depends on the config and, on a CPU, the results folder's one calibration of the peak FLOP/s
 (measured when planning if the folder has none yet, as the first run would). A point any of whose
 runs already ended ok is never pruned afterwards: pruning decides what to launch, not what to forget.

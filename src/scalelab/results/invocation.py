@@ -2,7 +2,7 @@
 
 A sweep started with ``snakemake --cores all --configfile my.yaml`` writes its results where
 my.yaml says; a hint saying ``snakemake --cores all`` would run the default config into
-``results/`` instead. So the Snakefile's ``onstart`` records the command line that selects the
+``results/`` instead. So the workflow's ``onstart`` (rules/hooks.smk) records the command line that selects the
 sweep in ``<results>/.scalelab/invocation.json``: the working directory and, from the command
 line Snakemake parsed, only the options that choose what runs and where (Snakefile, directory,
 config files, --config, profiles, cores, jobs, executor), never -n, --forcerun and the like,

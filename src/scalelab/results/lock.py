@@ -3,7 +3,7 @@
 Snakemake's own lock lives in the working directory's ``.snakemake/``, so two checkouts
 whose configs name one absolute ``results_dir`` would both write into it: their runs delete
 each other's scratch files (false ``failed`` rows) and read half-written JSON. This lock is
-taken by the process that plans and drives the workflow (the Snakefile's ``onstart``: only
+taken by the process that plans and drives the workflow (the workflow's ``onstart``, rules/hooks.smk: only
 a workflow about to run jobs, never ``-n``, ``--lint``, ``--report`` or ``--unlock``; jobs
 that Snakemake spawns, e.g. on SLURM nodes, run with ``--no-hooks`` and never take it) and
 released when it ends (``onsuccess``/``onerror``, and at exit of that process).

@@ -5,7 +5,7 @@ MFU divides by a peak. A GPU has a datasheet figure (scalelab.spec.hardware); a 
 its peak is the best matmul rate measured on it. Measured inside each run, it measured whatever
 ran beside the run: one bf16 run got 4.68e10 FLOP/s against 7.8-8.4e10 for the others, and its
 MFU read as perfect scaling while its throughput halved. So a CPU sweep measures it once per
-invocation: the Snakefile's onstart forgets the last invocation's record, and the first training
+invocation: the workflow's onstart (rules/hooks.smk) forgets the last invocation's record, and the first training
 job measures it before its run starts (scalelab.run.sweep_calibration), when no other run trains (one at
 a time: profiles/default's train_slot); every run reads that record and names it in
 ``peak_flops_source``. Not a job of its own: a calibration job made anew in every invocation

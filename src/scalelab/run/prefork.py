@@ -6,7 +6,7 @@ beside it). A prefork server imports all of it once, then forks one child per ra
 request, each of which runs :func:`scalelab.run.worker.main` exactly as a new process
 would (or the CPU calibration, or a collective benchmark's rank: ``FORKABLE``): its own environment,
 working directory, process group and log. One server serves a whole Snakemake invocation
-(started by the Snakefile's ``onstart``) or a pytest worker (``tests/conftest.py``); the
+(started by the workflow's ``onstart``, rules/hooks.smk) or a pytest worker (``tests/conftest.py``); the
 launcher finds it through ``SCALELAB_PREFORK``.
 
 Only CPU work on this host goes through it (a run's ranks, the calibration, the collective
