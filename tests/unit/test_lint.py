@@ -61,13 +61,13 @@ def test_no_function_runs_past_eighty_lines():
 
 
 def test_the_guide_shows_the_layers_as_the_contract_orders_them():
-    """docs/guide.md's map of src/scalelab/ is generated from the layers contract and the packages'
+    """docs/contributing.md's map of src/scalelab/ is generated from the layers contract and the packages'
     docstrings (scalelab.harness.layout): a package added, moved or described anew shows there, and
     every package of src/scalelab/ is in a layer."""
     from scalelab.harness.layout import PACKAGE_DIR, layers, layout
 
-    guide = (REPO / "docs" / "guide.md").read_text()
-    assert layout() in guide, "docs/guide.md's layout is stale: python -m scalelab.harness.layout --write"
+    guide = (REPO / "docs" / "contributing.md").read_text()
+    assert layout() in guide, "docs/contributing.md's layout is stale: python -m scalelab.harness.layout --write"
     placed = {name.removeprefix("scalelab.") for layer in layers() for name in layer}
     packages = {p.name for p in PACKAGE_DIR.iterdir() if (p / "__init__.py").exists()}
     modules = {p.stem for p in PACKAGE_DIR.glob("*.py") if p.name != "__init__.py"}
