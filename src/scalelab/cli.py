@@ -47,29 +47,12 @@ def _check_config(args) -> int:
     """Validate config files the way the Snakefile does, merged in order like Snakemake's
     `configfile:` + `--configfile`: every problem of every file at once, one line each, naming
     the file and line (a file that is not YAML, with its column), the key and the value."""
-    from snakemake.utils import update_config
-
-    from scalelab.config import ConfigError, ConfigProblems
-    from scalelab.config.reading import read_yaml
+    from scalelab.config import ConfigError
     from scalelab.plan.sweep import sweep_plan
-    from scalelab.plan.validation import validate_config, validation_message
+    from scalelab.plan.validation import load_configs, validation_message
 
-    config: dict = {}
     try:
-        unreadable = []
-        for path in args.files:
-            try:
-                content = read_yaml(path)
-            except ConfigError as err:
-                unreadable.append(str(err))
-                continue
-            if not isinstance(content, dict | None):
-                unreadable.append(f"{path}: a config file holds keys at top level, got {type(content).__name__}")
-                continue
-            update_config(config, content or {})
-        if unreadable:
-            raise ConfigProblems(unreadable)
-        validate_config(config, base_dir=Path.cwd(), files=args.files)
+        config = load_configs(args.files, base_dir=Path.cwd())
         points, left_out = sweep_plan(config)
     except ConfigError as err:
         print(validation_message(err), file=sys.stderr)

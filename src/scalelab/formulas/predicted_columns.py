@@ -42,6 +42,17 @@ def _value(row: Mapping, name: str, default=None):
     return default if v is None or (isinstance(v, float) and math.isnan(v)) else v
 
 
+def last_block_kept(row: Mapping) -> float:
+    """The parameters a run's FSDP2 kept gathered from its last block's forward to its backward
+    (``last_block_params_kept``); 0 where it kept none, or where the column is null: a run measured before, which
+    gathered that block twice, is predicted as it ran."""
+    try:
+        kept = float(row.get("last_block_params_kept"))
+    except TypeError:  # None, or pandas' NA in a table's row
+        return 0.0
+    return 0.0 if math.isnan(kept) else kept
+
+
 def model_of_row(row: Mapping) -> ModelConfig:
     """The ModelConfig of a run's row (its shape columns, and every family's own keys the registry names: a new
     family's key is read back as soon as it is registered, never dropped)."""
@@ -117,7 +128,7 @@ def worker_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -> dic
     device_type = row["device_type"]
     sp = bool(_value(row, "sequence_parallel", False))
     tp_bytes = accounting.tensor_parallel_bytes(cfg, micro, accum, degree, precision, stage, device_type, ac, sp)
-    kept = float(_value(row, "last_block_params_kept", 0) or 0)  # null: a run that gathered its last block twice
+    kept = last_block_kept(row)
     links = accounting.comm_bytes_by_link(n_params, stage, world_size, precision, rank_hosts.count(rank_hosts[0]), replicas,
                                           grad_reduce, accum, n_trainable, tensor_parallel=degree, last_block_params=kept)
     return {

@@ -19,7 +19,7 @@ from pathlib import Path
 from jsonschema import validators
 from jsonschema.exceptions import ValidationError
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import validate
+from snakemake.utils import update_config, validate
 
 from scalelab.config import SCHEMA, SCHEMA_FILE, ConfigError, ConfigProblems, dataset_config, model_config, section, train_config
 from scalelab.config.reading import locate, read_yaml, shown
@@ -471,6 +471,27 @@ def validation_message(err: ConfigError) -> str:
     if len(lines) == 1:
         return f"invalid config: {lines[0]}"
     return f"invalid config, {len(lines)} problems:\n" + "\n".join(lines)
+
+
+def load_configs(files: list, base_dir: str | Path) -> dict:
+    """Config files read and merged in order, as Snakemake merges ``configfile:`` and each ``--configfile`` (the last
+    that sets a key wins), then validated (validate_config). Raises ConfigProblems naming every file that is not YAML
+    or holds no keys at top level, all at once, before any validation."""
+    config: dict = {}
+    unreadable = []
+    for path in files:
+        try:
+            content = read_yaml(path)
+        except ConfigError as err:
+            unreadable.append(str(err))
+            continue
+        if not isinstance(content, dict | None):
+            unreadable.append(f"{path}: a config file holds keys at top level, got {type(content).__name__}")
+            continue
+        update_config(config, content or {})
+    if unreadable:
+        raise ConfigProblems(unreadable)
+    return validate_config(config, base_dir=base_dir, files=files)
 
 
 def load_config(path: str | Path) -> dict:

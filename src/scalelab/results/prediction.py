@@ -57,7 +57,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from scalelab.formulas import links
-from scalelab.formulas.predicted_columns import model_of_row
+from scalelab.formulas.predicted_columns import last_block_kept, model_of_row
 from scalelab.plan.comm_table import BUSY_COLUMN, busy_before, busy_text, cpu_table
 from scalelab.plan.sweep import AXES
 from scalelab.spec.hardware import STEAL_WARN, largest_steal
@@ -294,7 +294,7 @@ def collectives_of(row: dict, world_size: int | None = None) -> tuple[dict[str, 
     if degree > 1:  # the strategy over the data-parallel ranks, on each rank's share
         n, n_params = accounting.data_parallel_size(n, degree), int(accounting.tensor_parallel_params(cfg, n_params, degree))
     grad_reduce = row.get("grad_reduce") or "fp32"
-    kept = 0.0 if _missing(row.get("last_block_params_kept")) else float(row["last_block_params_kept"])  # null: gathered twice
+    kept = last_block_kept(row)
     sizes = collective_sizes(n_params, stage, n, precision, accumulation_steps=k, grad_reduce=grad_reduce,
                              last_block_params=kept)
     bucket_mb = row.get("bucket_mb")  # the run's own bucket cap (null for strategies without buckets)

@@ -182,25 +182,19 @@ def _sweep_config(results_dir: Path, config_path: str | Path | None) -> dict | N
     """The sweep's config, to count its points that never started: the file given, else the files the sweep
     was started with (its invocation record: the working directory's config.yaml, then each --configfile; a
     --config on its command line is not replayed); None when neither is there or they no longer validate."""
-    from scalelab.plan.validation import load_config, validate_config
+    from scalelab.plan.validation import load_config, load_configs
 
     if config_path is not None:
         return load_config(config_path)
-    from snakemake.utils import update_config
-
     from scalelab.config import ConfigError
-    from scalelab.config.reading import read_yaml
     from scalelab.results.invocation import recorded
 
     data = recorded(results_dir)
     if not data or not data.get("cwd"):
         return None
     files = [Path(data["cwd"]) / "config.yaml", *map(Path, data.get("configfiles") or [])]
-    config: dict = {}
     try:
-        for path in files:
-            update_config(config, read_yaml(path) or {})
-        return validate_config(config, base_dir=data["cwd"], files=files)
+        return load_configs(files, base_dir=data["cwd"])
     except (ConfigError, OSError):
         return None
 

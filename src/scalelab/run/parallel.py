@@ -324,7 +324,7 @@ def clip_grad_norm(par: Parallelized, max_norm: float, comm_device: torch.device
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
     grads = [p.grad for p in params]
     norm = global_squares(grads, comm_device).sqrt()
-    local = [_local(g) for g in grads]
+    local = [local_shard(g) for g in grads]
     coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0).to(local[0].device)
     if coef.item() < 1.0:
         torch._foreach_mul_(local, coef)
@@ -337,7 +337,7 @@ def global_squares(tensors: list[torch.Tensor], comm_device: torch.device) -> to
     and replicated (every rank holds the whole: counted once)."""
     parts: dict[tuple, list] = {}  # (mesh, the dims it is split along) -> [mesh, dims, squares]
     for t in tensors:
-        squares = _local(t).detach().float().pow(2).sum()
+        squares = local_shard(t).detach().float().pow(2).sum()
         mesh = getattr(t, "device_mesh", None)
         dims = tuple(i for i, p in enumerate(getattr(t, "placements", ())) if not p.is_replicate())  # Shard, _StridedShard
         entry = parts.setdefault((id(mesh), dims), [mesh, dims, 0.0])
@@ -351,18 +351,19 @@ def global_squares(tensors: list[torch.Tensor], comm_device: torch.device) -> to
     return total
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_shard(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor: a DTensor's local shard (tensor parallelism, FSDP2), a plain tensor itself."""
     return t.to_local() if hasattr(t, "to_local") else t
 
 
 def model_state_bytes(par: Parallelized) -> dict[str, int]:
     """Bytes of parameters, gradients and optimizer state this rank really holds."""
     params = list(par.model.parameters())  # a tied weight once
-    p_bytes = sum(_local(p).numel() * p.element_size() for p in params)
-    g_bytes = sum(_local(p.grad).numel() * p.grad.element_size() for p in params if p.grad is not None)
+    p_bytes = sum(local_shard(p).numel() * p.element_size() for p in params)
+    g_bytes = sum(local_shard(p.grad).numel() * p.grad.element_size() for p in params if p.grad is not None)
     o_bytes = 0
     for state in par.local_optimizer().state.values():
         for value in state.values():
             if torch.is_tensor(value):
-                o_bytes += _local(value).numel() * value.element_size()
+                o_bytes += local_shard(value).numel() * value.element_size()
     return {"params": p_bytes, "grads": g_bytes, "optimizer": o_bytes}

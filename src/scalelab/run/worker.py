@@ -59,6 +59,7 @@ from scalelab.run.parallel import (
     apply_compile,
     clip_grad_norm,
     compiled_graphs,
+    local_shard,
     model_state_bytes,
     parallelize,
     reduce_partial_grads,
@@ -329,8 +330,7 @@ def setup(plan: RunPlan, rank_cores: str | None = None) -> Run:
     n_params = model.num_parameters()
     # what FSDP2 keeps gathered from the last block's forward to its backward (scalelab.run.parallel): counted here,
     # after tensor parallelism split it and LoRA added to it, as the formulas count it
-    last_block_kept = (sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.blocks[-1].parameters())
-                       if plan.strategy.last_block_kept else 0)
+    last_block_kept = sum(local_shard(p).numel() for p in model.blocks[-1].parameters()) if plan.strategy.last_block_kept else 0
     # DDP fills buckets (trainable parameters only) in gradient-ready order, about the reverse of this one.
     param_bytes = [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
     model.set_activation_checkpointing(point.activation_checkpointing)
