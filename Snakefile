@@ -36,7 +36,10 @@ configfile: "config.yaml"
 # line each, naming the file and line that set the key (Snakemake merged the files into `config`, so
 # they are read again to find them), the key and the value.
 try:
-    validate_config(config, base_dir=Path.cwd(), files=CONFIG_FILES)  # paths are relative to the working directory
+    # paths are relative to the working directory; the users' modules are tried by the process that plans the jobs,
+    # not again by every job that parses this file (a SLURM job: its launcher fails its run on a module that breaks)
+    validate_config(config, base_dir=Path.cwd(), files=CONFIG_FILES,
+                    try_modules=not (workflow.remote_exec or workflow.subprocess_exec))
 except ConfigError as err:
     raise WorkflowError(validation_message(err)) from None
 

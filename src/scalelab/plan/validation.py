@@ -110,7 +110,7 @@ def _check_models(config: dict, base_dir: str | Path) -> None:
     if "base" in section(config, "models"):
         raise ConfigError("models.base: 'base' names the model: section itself (the model axis's default); "
                           "give the shape another name", key=("models", "base"))
-    found, modules = [], {}  # every model's problem at once: a sweep of several user modules names each that fails
+    found = []  # every model's problem at once: a sweep of several user modules names each that fails
     for name in section(config, "sweep").get("model", ["base"]):
         shape = model_config(config, name=name)
         try:
@@ -121,18 +121,23 @@ def _check_models(config: dict, base_dir: str | Path) -> None:
                 _check_model_entry(name, section(config, "models")[name] or {}, shape)
         except ConfigError as err:
             found.append(err)
-        else:
-            if shape.module:
-                modules[name] = shape
-    # a module that is found is tried as the launcher will use it: imported, built, counted
-    for (name, shape), problem in zip(modules.items(), probe_modules(list(modules.values())) if modules else []):
-        if problem:
-            found.append(ConfigError(f"models.{name}.module={shape.module!r} cannot be trained: {problem}",
-                                     key=("models", name, "module")))
     if len(found) == 1:
         raise found[0]
     if found:
         raise ConfigProblems.of(found)
+
+
+def module_problems(config: dict, flawed: set[str]) -> list[ConfigError]:
+    """The sweep's user modules tried as the launcher will use them (imported, built, counted: probe_modules), all
+    in one throwaway process; a model whose entry the static checks already refused (``flawed``) is not tried."""
+    modules = {}
+    for name in section(config, "sweep").get("model", ["base"]):
+        if name not in flawed and (shape := model_config(config, name=name)).module:
+            modules[name] = shape
+    if not modules:
+        return []
+    return [ConfigError(f"models.{name}.module={shape.module!r} cannot be trained: {problem}", key=("models", name, "module"))
+            for (name, shape), problem in zip(modules.items(), probe_modules(list(modules.values()))) if problem]
 
 
 MODULE_PROBE_TIMEOUT_S = 120.0
@@ -439,13 +444,15 @@ def _raise(problems: list[ConfigError], files: list | None = None) -> None:
     raise ConfigProblems([line for _, line in sorted(located, key=lambda item: item[0])])
 
 
-def validate_config(config: dict, base_dir: str | Path = ".", files: list | None = None) -> dict:
+def validate_config(config: dict, base_dir: str | Path = ".", files: list | None = None, try_modules: bool = True) -> dict:
     """The one validation path (the Snakefile and load_config): keys of earlier layouts named,
     exponent numbers read (3e-4), numbers checked (finite; no float for an integer key), the schema
     applied (types, enums, unknown keys; defaults filled in place), then the cross-field checks.
     ``files``: the config files merged into ``config``, in order (the last one that sets a key
     wins), to name the file and line of each problem. Raises ConfigProblems (a ConfigError) holding
-    every problem found, one line each; returns the config."""
+    every problem found, one line each; returns the config. ``try_modules``: the users' model modules are also
+    tried in a throwaway process (module_problems, ~2 s), as a process that plans the runs needs; one that only reads
+    the sweep (a SLURM job parsing the workflow again, `scalelab status`) leaves them to the launcher."""
     read_exponent_numbers(config)
     problems = _moved_key_problems(config) + _number_problems(config, SCHEMA, ())
     # One line per key: a moved key is also unknown to the schema, 2.5 at an integer key also not
@@ -460,7 +467,10 @@ def validate_config(config: dict, base_dir: str | Path = ".", files: list | None
             validate(config, str(schema_path), set_default=True)
     except (ValidationError, WorkflowError) as err:  # the schema passed above: only a broken schema file
         raise ConfigError(str(err)) from None
-    _raise(_problems_of(CROSS_FIELD_CHECKS, config, base_dir), files)
+    problems = _problems_of(CROSS_FIELD_CHECKS, config, base_dir)
+    if try_modules:
+        problems += module_problems(config, {p.key[1] for p in problems if len(p.key) > 1 and p.key[0] == "models"})
+    _raise(problems, files)
     return config
 
 
@@ -473,7 +483,7 @@ def validation_message(err: ConfigError) -> str:
     return f"invalid config, {len(lines)} problems:\n" + "\n".join(lines)
 
 
-def load_configs(files: list, base_dir: str | Path) -> dict:
+def load_configs(files: list, base_dir: str | Path, try_modules: bool = True) -> dict:
     """Config files read and merged in order, as Snakemake merges ``configfile:`` and each ``--configfile`` (the last
     that sets a key wins), then validated (validate_config). Raises ConfigProblems naming every file that is not YAML
     or holds no keys at top level, all at once, before any validation."""
@@ -491,10 +501,9 @@ def load_configs(files: list, base_dir: str | Path) -> dict:
         update_config(config, content or {})
     if unreadable:
         raise ConfigProblems(unreadable)
-    return validate_config(config, base_dir=base_dir, files=files)
+    return validate_config(config, base_dir=base_dir, files=files, try_modules=try_modules)
 
 
-def load_config(path: str | Path) -> dict:
-    """Read a config YAML and validate it (validate_config); paths in it are relative to its folder."""
-    path = Path(path)
-    return validate_config(read_yaml(path) or {}, base_dir=path.parent, files=[path])
+def load_config(path: str | Path, try_modules: bool = True) -> dict:
+    """Read a config YAML and validate it (load_configs); paths in it are relative to its folder."""
+    return load_configs([Path(path)], base_dir=Path(path).parent, try_modules=try_modules)

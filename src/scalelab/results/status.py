@@ -185,7 +185,7 @@ def _sweep_config(results_dir: Path, config_path: str | Path | None) -> dict | N
     from scalelab.plan.validation import load_config, load_configs
 
     if config_path is not None:
-        return load_config(config_path)
+        return load_config(config_path, try_modules=False)  # the points alone: the launcher tries the modules
     from scalelab.config import ConfigError
     from scalelab.results.invocation import recorded
 
@@ -194,7 +194,7 @@ def _sweep_config(results_dir: Path, config_path: str | Path | None) -> dict | N
         return None
     files = [Path(data["cwd"]) / "config.yaml", *map(Path, data.get("configfiles") or [])]
     try:
-        return load_configs(files, base_dir=data["cwd"])
+        return load_configs(files, base_dir=data["cwd"], try_modules=False)
     except (ConfigError, OSError):
         return None
 
