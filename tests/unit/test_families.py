@@ -347,3 +347,19 @@ def test_every_familys_own_key_is_read_back_from_a_row_and_held_by_the_model_ide
     for key in OWN_KEYS:
         given = {"n_kv_heads": 2, "ffn_dim": 96, "rope_base": 500000.0}.get(key, 3)
         assert getattr(model_of_row({**row, key: given}), key) == given, key
+
+
+def test_a_forecast_of_a_config_prices_the_head_the_sweep_of_that_file_trains(tmp_path, capsys):
+    """`estimate --config` reads a models: entry's head as the workflow does: a llama entry is untied whatever
+    model.tie_embeddings says for GPT-2's, and tied where the entry says so."""
+    from scalelab.cli import main
+
+    for tie in (None, True):
+        entry = {**LLAMA, **({"tie_embeddings": tie} if tie is not None else {})}
+        config = {"model": {"tie_embeddings": True, "seq_len": 32}, "models": {"l": entry}, "sweep": {"model": ["l"]}}
+        path = tmp_path / f"tie-{tie}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        assert main(["estimate", "memory", "--config", str(path), "--world-size", "1", "--json"]) == 0
+        n_params = json.loads(capsys.readouterr().out)["n_params"]
+        assert n_params == accounting.param_count(model_config(config, name="l")), tie
+        assert model_config(config, name="l").tie_embeddings is bool(tie)

@@ -207,9 +207,10 @@ def config_model(path: str, name: str | None, vocab: int | None, seq: int | None
         fixed["vocab_size"] = preset.shape["vocab_size"]
         if "seq_len" not in model:
             fixed["seq_len"] = preset.shape["seq_len"]
-        fixed["tie_embeddings"] = preset.shape["tie_embeddings"]
-    if "tie_embeddings" in model:  # written: it holds for every family
+    if "tie_embeddings" in model and chosen in (_OWN, "base"):  # the model: section's own head, written
         fixed["tie_embeddings"] = bool(model["tie_embeddings"])
+    # an entry's head is the workflow's (config.model_entry: its own tie_embeddings, else its preset's for a family
+    # untied by default, else model:'s), so that a forecast prices the model a sweep of the same file trains
     if vocab is None and preset is None:
         fixed["vocab_size"] = _dataset_vocab(raw)
     fixed.update({k: v for k, v in (("vocab_size", vocab), ("seq_len", seq)) if v is not None})
