@@ -17,9 +17,9 @@ def test_a_changed_default_names_the_runs_and_the_line_that_keeps_them(tmp_path)
     (tmp_path / "runs" / "fp32-z3-w1").mkdir()  # not finished: rerun anyway, nothing to say
     planned = {run_id: {"model": {}, "train": {"measure_s": 2}} for run_id in ("fp32-z0-w1", "bf16-z0-w1", "fp32-z3-w1")}
     found = changed_defaults(tmp_path, planned, mine=set())
-    assert found == {"fp32-z0-w1": ["train.measure_s: 0 then, 2 now"]}, found
+    assert found == {"fp32-z0-w1": [("train.measure_s", "0", "2")]}, found
     text = refusal(found)
-    assert "1 finished run(s) would be retrained" in text and "fp32-z0-w1" in text
+    assert "1 finished run(s) would be retrained" in text and "fp32-z0-w1" in text and "train.measure_s: 0 then, 2 now" in text
     assert "set in your config what they trained with (train.measure_s: 0)" in text
     assert "planning.retrain_changed_defaults: true" in text
     # the user set it: what they asked for, no question
@@ -29,5 +29,5 @@ def test_a_changed_default_names_the_runs_and_the_line_that_keeps_them(tmp_path)
 def test_a_model_key_the_user_set_in_a_models_entry_is_theirs(tmp_path):
     _finished(tmp_path, "fp32-z0-w1-small", {"model": {"n_layers": 1}, "train": {}})
     planned = {"fp32-z0-w1-small": {"model": {"n_layers": 2}, "train": {}}}
-    assert changed_defaults(tmp_path, planned, mine=set()) == {"fp32-z0-w1-small": ["model.n_layers: 1 then, 2 now"]}
+    assert changed_defaults(tmp_path, planned, mine=set()) == {"fp32-z0-w1-small": [("model.n_layers", "1", "2")]}
     assert changed_defaults(tmp_path, planned, mine=user_keys([{"models": {"small": {"n_layers": 2}}}])) == {}

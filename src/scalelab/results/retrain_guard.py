@@ -57,9 +57,9 @@ def _set_by_user(key: str, mine: set[str]) -> bool:
     return key in mine or section == "comm_dtypes"  # what a run gathers and reduces in follows its point
 
 
-def changed_defaults(results_dir: str | Path, planned: dict[str, dict], mine: set[str]) -> dict[str, list[str]]:
-    """{run id: ['train.measure_s: 0 then, 2 now', ...]} for every finished run that would be retrained only
-    because values the user did not set changed since it trained."""
+def changed_defaults(results_dir: str | Path, planned: dict[str, dict], mine: set[str]) -> dict[str, list[tuple[str, str, str]]]:
+    """{run id: [(key, value then, value now), ...], each value as the config writes it} for every finished run that
+    would be retrained only because values the user did not set changed since it trained."""
     found = {}
     for run_id, params in planned.items():
         run_dir = Path(results_dir) / "runs" / run_id
@@ -72,7 +72,7 @@ def changed_defaults(results_dir: str | Path, planned: dict[str, dict], mine: se
         then, now = _leaves(trained), _leaves(json.loads(json.dumps(params, default=str)))
         diff = sorted(k for k in {*then, *now} if then.get(k) != now.get(k) and not _set_by_user(k, mine))
         if diff:
-            found[run_id] = [f"{k}: {_shown(k, then.get(k))} then, {_shown(k, now.get(k))} now" for k in diff]
+            found[run_id] = [(k, _shown(k, then.get(k)), _shown(k, now.get(k))) for k in diff]
     return found
 
 
@@ -86,12 +86,13 @@ def _shown(key: str, value) -> str:
     return json.dumps(value)
 
 
-def refusal(found: dict[str, list[str]]) -> str:
+def refusal(found: dict[str, list[tuple[str, str, str]]]) -> str:
     """What the workflow says before it would retrain them: the runs, the values, and the two ways on."""
-    changes = sorted({c for cs in found.values() for c in cs})
+    changes = sorted({change for cs in found.values() for change in cs})
     runs = sorted(found)
-    keep = "; ".join(sorted({c.split(":")[0] + ": " + c.split(": ", 1)[1].split(" then,")[0] for c in changes}))
+    keep = "; ".join(sorted({f"{key}: {then}" for key, then, _ in changes}))
     return (f"scalelab: {len(runs)} finished run(s) would be retrained because values they depend on changed since "
-            f"they ran, not in your config (an upgrade's new defaults): {'; '.join(changes)}. Runs: "
+            f"they ran, not in your config (an upgrade's new defaults): "
+            f"{'; '.join(f'{key}: {then} then, {now} now' for key, then, now in changes)}. Runs: "
             f"{', '.join(runs[:8])}{' ...' if len(runs) > 8 else ''}. To keep them, set in your config what they "
             f"trained with ({keep}); to retrain them, set {'.'.join(OPT_IN)}: true. Nothing was run.")
