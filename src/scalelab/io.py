@@ -42,9 +42,16 @@ def fault_point(name: str) -> None:
 
 def _remove_stale_temporaries(path: Path) -> None:
     """Temporaries of this target left by a killed writer (its pid no longer alive)."""
-    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+    remove_stale_temporaries(path.parent, path.name)
+
+
+def remove_stale_temporaries(folder: Path, target: str = "*") -> None:
+    """Temporaries in ``folder`` (of ``target``, a file name or a glob of them) that atomic_path's writers left when
+    they were killed mid-write (their pid no longer alive): a rank killed while writing its error file leaves one
+    that no later write of the same file would remove."""
+    for tmp in Path(folder).glob(f".{target}.*.tmp"):
         try:
-            pid = int(tmp.name[len(path.name) + 2:].split(".", 1)[0])
+            pid = int(tmp.name[:-len(".tmp")].rsplit(".", 2)[-2])
             if pid == os.getpid():
                 continue
             os.kill(pid, 0)

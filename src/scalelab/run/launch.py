@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from scalelab.config import config_hash, train_config
-from scalelab.io import read_json, write_json
+from scalelab.io import read_json, remove_stale_temporaries, write_json
 from scalelab.plan import placement
 from scalelab.plan.columns import steps_table, write_parquet
 from scalelab.plan.placement import LaunchPlan
@@ -329,6 +329,7 @@ def _write_results(run_dir: Path, log_path: Path, run_id: str, identity: dict, r
         log.write(f"scalelab: {run_id} finished with status {status}" + (f": {reason}" if reason else "") + "\n")
     write_parquet(steps_table(identity, records), run_dir / "steps.parquet")
     write_json(run_dir / "summary.json", summary)  # last: its presence means the run is complete
+    remove_stale_temporaries(run_dir)  # of the ranks' files, where a rank was killed mid-write
     for scratch in [run_dir / "worker_result.json", run_dir / "progress.jsonl", *run_dir.glob("rank*.error.json"),
                     run_dir / LAUNCHER_FILE]:
         if status == "ok" or scratch.name in ("worker_result.json", LAUNCHER_FILE):
