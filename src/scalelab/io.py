@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import tempfile
 from pathlib import Path
@@ -20,7 +21,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temporaries(path)
+    remove_stale_temporaries(path.parent, path.name)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp = Path(tmp_name)
@@ -40,18 +41,23 @@ def fault_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _remove_stale_temporaries(path: Path) -> None:
-    """Temporaries of this target left by a killed writer (its pid no longer alive)."""
-    remove_stale_temporaries(path.parent, path.name)
+# A writer's temporary: ".<target>.<pid>.tmp", or atomic_path's ".<target>.<pid>.<random>.tmp"; the pid is the first
+# all-digit part after the target (the shortest target that fits: run folders' and data files' names have none)
+_TEMPORARY = re.compile(r"^\.(?P<target>.+?)\.(?P<pid>\d+)(?:\.[^.]+)?\.tmp$")
 
 
-def remove_stale_temporaries(folder: Path, target: str = "*") -> None:
-    """Temporaries in ``folder`` (of ``target``, a file name or a glob of them) that atomic_path's writers left when
-    they were killed mid-write (their pid no longer alive): a rank killed while writing its error file leaves one
-    that no later write of the same file would remove."""
-    for tmp in Path(folder).glob(f".{target}.*.tmp"):
+def remove_stale_temporaries(folder: Path, target: str | None = None) -> None:
+    """Temporaries in ``folder`` (of the file named ``target``, else of any file) that writers left when they were
+    killed mid-write (their pid no longer alive): a rank killed while writing its error file leaves one that no later
+    write of the same file would remove."""
+    for tmp in Path(folder).glob(f".{target or '*'}.*.tmp"):
+        if target is not None:  # the target's own name ends where its pid starts
+            pid_text = tmp.name[len(target) + 2:].split(".", 1)[0]
+        else:
+            found = _TEMPORARY.match(tmp.name)
+            pid_text = found["pid"] if found else ""
         try:
-            pid = int(tmp.name[:-len(".tmp")].rsplit(".", 2)[-2])
+            pid = int(pid_text)
             if pid == os.getpid():
                 continue
             os.kill(pid, 0)

@@ -10,9 +10,14 @@ def test_temporaries_of_dead_writers_go_and_a_live_writers_stay(tmp_path):
     stray = tmp_path / f".rank0.error.json.{dead}.abcd1234.tmp"
     busy = tmp_path / f".rank1.error.json.{alive}.efgh5678.tmp"
     old_summary = tmp_path / f".summary.json.{dead}.ijkl9012.tmp"
-    for path in (stray, busy, old_summary):
+    data = tmp_path / f".val.bin.{dead}.tmp"  # the data step's own form: no random part
+    for path in (stray, busy, old_summary, data):
         path.write_text("half written")
     write_json(tmp_path / "summary.json", {"status": "ok"})  # the same target written again: its own temporaries go
-    assert not old_summary.exists() and stray.exists()
+    assert not old_summary.exists() and stray.exists() and data.exists()
+    write_json(tmp_path / "val.bin", {})  # (any writer of val.bin removes the data step's form too)
+    assert not data.exists()
+    (tmp_path / "val.bin").unlink()
+    data.write_text("half written")
     remove_stale_temporaries(tmp_path)  # the folder's end: every dead writer's
     assert sorted(p.name for p in tmp_path.iterdir()) == [busy.name, "summary.json"]

@@ -250,9 +250,9 @@ class MemmapTokenWriter:
     def __init__(self, path: Path, dtype: np.dtype):
         self.path, self.dtype = Path(path), np.dtype(dtype)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        from scalelab.io import _remove_stale_temporaries
+        from scalelab.io import remove_stale_temporaries
 
-        _remove_stale_temporaries(self.path)  # left by a killed writer
+        remove_stale_temporaries(self.path.parent, self.path.name)  # left by a killed writer
         self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         self.tmp.write_bytes(b"")
         self.n_tokens = 0
