@@ -45,6 +45,8 @@ class Point:
     replicas: int | None = None  # hybrid sharding's replicas; None: one shard group per node (_replicas)
     trainer: str = "scalelab"  # whose implementation of the strategy is priced (scalelab.spec.strategies.TRAINERS)
     sequence_parallel: bool = False  # with tensor parallelism: the norms and residual split over the tokens
+    pipeline_parallel: int = 1  # P stages of consecutive blocks (scalelab.forecast.pipeline_step); world = DP x TP x P
+    pipeline_schedule: str = "1f1b"  # one of scalelab.formulas.pipeline.SCHEDULES
 
     @property
     def megatron(self) -> bool:
@@ -75,6 +77,10 @@ def predict_point(point: Point, machine: Machine, n: int) -> dict:
     memory per GPU (one micro-batch's activations)."""
     from scalelab.results import prediction
 
+    if point.pipeline_parallel > 1:  # the stages, their bubble and the sends between them
+        from scalelab.forecast.pipeline_step import predict_pipeline
+
+        return predict_pipeline(point, machine, n)
     cfg, key, t = point.cfg, point.key, point.tensor_parallel
     stage = strategy(key).stage  # hybrid sharding is stage 3 over a 2-D mesh (scalelab.spec.strategies)
     if n % t or (t > 1 and key == HYBRID_KEY):
@@ -115,12 +121,16 @@ def predict_point(point: Point, machine: Machine, n: int) -> dict:
             "flops_per_token": fpt, "recompute_flops_per_token": hardware_fpt - fpt}
 
 
-def _strategy_comm(point: Point, machine: Machine, n: int, n_local: float, replicas: int, accumulation: int):
+def _strategy_comm(point: Point, machine: Machine, n: int, n_local: float, replicas: int, accumulation: int,
+                   stage_cfg: ModelConfig | None = None):
     """Every collective of the strategy in a step over its group: the world (the data-parallel ranks under tensor
     parallelism), or under hybrid sharding the shard group and the replicate group (fp16's one-flag all-reduce over the
     world counted with the replicate group's); each kind of group on the link its slowest member needs (groups_link).
+    Under pipeline parallelism each stage's data-parallel ranks (mesh order pp, dp, tp: a stage is DP x TP consecutive
+    ranks) reduce that stage's parameters (n_local), its blocks (stage_cfg) counting the calls.
     (seconds, calls, nccl-tests sizes, links) by collective."""
-    cfg, t, dp = point.cfg, point.tensor_parallel, n // point.tensor_parallel
+    cfg, t, pp = point.cfg, point.tensor_parallel, point.pipeline_parallel
+    dp = n // (t * pp)
     by_group = accounting.comm_bytes_by_group(n_local, strategy(point.key).stage, dp, point.precision, replicas=replicas,
                                               grad_reduce=point.grad_reduce, accumulation_steps=accumulation,
                                               last_block_params=accounting.last_block_params(cfg, t))
@@ -134,13 +144,14 @@ def _strategy_comm(point: Point, machine: Machine, n: int, n_local: float, repli
         kinds = [(by_group.get("shard", {}), shard, [range(s * shard, (s + 1) * shard) for s in range(replicas)]),
                  (replicate, replicas, [range(j, dp, shard) for j in range(shard)])]
     else:
-        kinds = [(by_group.get("world", {}), dp, [range(j, n, t) for j in range(t)])]
+        slab = dp * t  # one pipeline stage's ranks
+        kinds = [(by_group.get("world", {}), dp, [range(p * slab + j, (p + 1) * slab, t) for p in range(pp) for j in range(t)])]
     comm, calls, sizes, used = {}, {}, {}, {}
     # each kind of group: (bytes by collective, ranks in one group, every group of the kind, as global ranks)
     for kind_bytes, group_size, groups in kinds:
         link = groups_link(groups, machine)
         kind_sizes = {c: b / links.handed_per_size(c) for c, b in kind_bytes.items()}
-        kind_calls = collective_calls(cfg, point.priced, point.precision, kind_sizes, accumulation_steps=accumulation,
+        kind_calls = collective_calls(stage_cfg or cfg, point.priced, point.precision, kind_sizes, accumulation_steps=accumulation,
                                       tensor_parallel=t, last_block_kept=True)
         for c, size in kind_sizes.items():
             seconds = kind_calls[c] * links.collective_seconds(c, size / kind_calls[c], group_size, link)
