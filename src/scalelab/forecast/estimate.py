@@ -40,6 +40,7 @@ from scalelab.forecast.inputs import positive as _positive
 from scalelab.forecast.model_input import described as _named
 from scalelab.forecast.model_input import model_flags
 from scalelab.forecast.model_input import model_from_args as _model
+from scalelab.forecast.pipeline_step import pipeline_problem
 from scalelab.forecast.step import (  # the step-time model, shared by plan, pruning and the published validation
     Machine,
     Point,
@@ -48,6 +49,7 @@ from scalelab.forecast.step import (  # the step-time model, shared by plan, pru
     predict_point,
 )
 from scalelab.formulas import accounting, links
+from scalelab.formulas.pipeline import DEFAULT_SCHEDULE, SCHEDULES
 from scalelab.spec import hardware
 from scalelab.spec.families import family
 from scalelab.spec.precisions import ESTIMATE_MEMORY, PEAK_KEYS, PRECISION_NAMES
@@ -357,6 +359,12 @@ OUT_OF_SCOPE = ("hierarchical and tree algorithms (NCCL's tree, NVLink SHARP, in
                 "switching by message size, power or clock limits")
 
 
+PIPELINE_READING = ("the slowest stage's compute and tensor-parallel time over (1 - bubble), bubble = (P - 1) / "
+                    "(V m + P - 1) (V chunks per rank, m micro-batches per step); the sends between consecutive stages "
+                    "exposed, on their link; the strategy's collectives over each stage's data-parallel ranks on its "
+                    "parameters; memory per stage with its in-flight micro-batches (scalelab.forecast.pipeline_step)")
+
+
 def gpu_counts(text: str) -> tuple[int, ...]:
     """--gpus: whole counts separated by commas (1K as count() reads), sorted. ``...`` continues the
     two counts before it up to the one after it: multiplying where the second is a multiple of the
@@ -513,10 +521,16 @@ def scaling_table(args) -> dict:
     checkpointing = bool(getattr(args, "activation_checkpointing", False))
     tensor_parallel = int(_positive("tensor-parallel", getattr(args, "tensor_parallel", 1)))
     check_tensor_parallel(cfg, tensor_parallel)
+    pipeline_parallel = int(_positive("pipeline-parallel", getattr(args, "pipeline_parallel", 1)))
+    schedule = getattr(args, "schedule", DEFAULT_SCHEDULE)
+    why = pipeline_problem(cfg, pipeline_parallel, schedule)
+    if why:
+        raise EstimateError(why)
     grad_reduce = grad_reduce_of(args)
     point = Point(cfg=cfg, n_params=n_params, key=key, precision=args.precision, grad_reduce=grad_reduce, trainer=args.trainer,
                   micro_batch=micro, global_batch=global_batch, activation_checkpointing=checkpointing,
-                  tensor_parallel=tensor_parallel, sequence_parallel=bool(getattr(args, "sequence_parallel", False)))
+                  tensor_parallel=tensor_parallel, sequence_parallel=bool(getattr(args, "sequence_parallel", False)),
+                  pipeline_parallel=pipeline_parallel, pipeline_schedule=schedule)
     machine = Machine(product=product, peak_flops=peak, mfu=mfu, per_node=per_node, intra=intra, inter=inter,
                       overlap_efficiency=eta)
     rows = [predict_point(point, machine, n) for n in gpus]
@@ -535,7 +549,8 @@ def scaling_table(args) -> dict:
             "strategy": strategy(point.priced).name, "trainer": args.trainer, "trainer_priced": TRAINERS[args.trainer].description,
             "precision": args.precision, "grad_reduce": grad_reduce,
             "seq_len": cfg.seq_len, "micro_batch": micro, "global_batch": global_batch, "activation_checkpointing": checkpointing,
-            "tensor_parallel": tensor_parallel,
+            "tensor_parallel": tensor_parallel, "pipeline_parallel": pipeline_parallel,
+            **({"pipeline_schedule": schedule, "pipeline_reading": PIPELINE_READING} if pipeline_parallel > 1 else {}),
             "tokens_per_gpu_per_step": rows[0]["tokens_per_gpu_per_step"], "flops_per_token": rows[0]["flops_per_token"],
             "recompute_flops_per_token": rows[0]["recompute_flops_per_token"],
             "gpu": product.name, "peak_flops_per_gpu": peak, "gpus_per_node": per_node,
@@ -622,11 +637,24 @@ def _render_scaling(r: dict) -> list[str]:
                      f"blocks' linears): per step {kinds} (nccl-tests size: the buffers reduced or gathered); a ring moves "
                      f"{tp['ring_bytes_per_gpu'] / 1e9:.3g} GB per GPU of it (x the bus factor) over {tp['link']}, "
                      f"{tp['seconds'] * 1e3:.1f} ms on the critical path (exposed: no schedule here hides them)")
+    if r.get("pipeline_parallel", 1) > 1:
+        pl = first["pipeline"]
+        memory = ", ".join(f"{s['peak_memory_bytes'] / UNITS['GiB']:.1f}" for s in pl["stages"])
+        lines.append(f"pipeline parallelism: {r['pipeline_parallel']} stages, {r['pipeline_schedule']}, at {first['gpus']} "
+                     f"GPUs {pl['microbatches']} micro-batches per step: bubble {_percent(pl['bubble_fraction'])} "
+                     f"({pl['bubble_s'] * 1e3:.1f} ms); sends {pl['boundary_bytes'] / 1e6:.3g} MB per micro-batch and "
+                     f"boundary, {pl['p2p_sent_bytes'] / 1e9:.3g} GB per step from the busiest rank over {pl['p2p_link']} "
+                     f"({'across nodes' if pl['p2p_across_nodes'] else 'within a node'}), {pl['p2p_s'] * 1e3:.1f} ms"
+                     + (f"; tied embedding sync {pl['tied_sync_s'] * 1e3:.1f} ms" if pl["tied_sync_bytes"] else "")
+                     + f"; peak GiB per stage: {memory}")
+        lines.append(f"pipeline step: {r['pipeline_reading']}")
     lines.append(f"overlap: {a['overlap']}; overlap efficiency {a['overlap_efficiency']:g}"
                  + (" (default; --overlap-efficiency)" if a["overlap_efficiency_default"] else ""))
     lines.append(f"rule: {a['link_rule']}; out of scope: {a['out_of_scope']}")
+    piped = r.get("pipeline_parallel", 1) > 1
     lines.append(f"{'gpus':>5} {'nodes':>5} {'mb x acc':>8} {'step ms':>8} {'compute':>8} {'comm':>8} {'exposed':>8} "
-                 f"{'tok/s/GPU':>10} {'MFU':>6} {'scaling':>7} {'memory':>9}  links")
+                 + (f"{'bubble':>7} {'P2P ms':>7} " if piped else "")
+                 + f"{'tok/s/GPU':>10} {'MFU':>6} {'scaling':>7} {'memory':>9}  links")
     for row in r["rows"]:
         comm = sum(row["comm_s"].values()) + row.get("tensor_parallel_comm", {}).get("seconds", 0.0)
         by_link: dict[str, list[str]] = {}
@@ -640,7 +668,8 @@ def _render_scaling(r: dict) -> list[str]:
         lines.append(f"{row['gpus']:>5} {row['nodes']:>5} {batching:>8} "
                      f"{row['step_time_s'] * 1e3:>8.1f} "
                      f"{row['compute_s'] * 1e3:>8.1f} {comm * 1e3:>8.1f} {row['exposed_comm_s'] * 1e3:>8.1f} "
-                     f"{row['tokens_per_s_per_gpu']:>10,.0f} {row['mfu']:>6.1%} {row['scaling_efficiency']:>7.1%} "
+                     + (f"{row['pipeline']['bubble_fraction']:>7.1%} {row['pipeline']['p2p_s'] * 1e3:>7.1f} " if piped else "")
+                     + f"{row['tokens_per_s_per_gpu']:>10,.0f} {row['mfu']:>6.1%} {row['scaling_efficiency']:>7.1%} "
                      f"{memory:>9}  {link or '-'}")
     if not all(row["fits_memory"] for row in r["rows"]):
         lines.append(f"! the predicted peak per GPU exceeds the {r['gpu']}'s memory: the run would not fit")
@@ -797,6 +826,13 @@ def _add_scaling_parser(kinds):
     sc.add_argument("--sequence-parallel", action="store_true",
                     help="with --tensor-parallel: the norms and the residual stream split over the tokens (each all-reduce "
                          "a reduce-scatter and an all-gather)")
+    sc.add_argument("--pipeline-parallel", type=positive_whole, default=1, metavar="P",
+                    help="pipeline stages of consecutive blocks (the outermost mesh axis: world = DP x TP x P; "
+                         "consecutive stages on different nodes once DP x TP fills one); the step gains the schedule's "
+                         "bubble and the sends between stages, memory is per stage (default 1: none)")
+    sc.add_argument("--schedule", default=DEFAULT_SCHEDULE, choices=list(SCHEDULES),
+                    help="with --pipeline-parallel: the pipeline schedule (" + "; ".join(
+                        f"{k}: {v.doc}" for k, v in SCHEDULES.items()) + f"; default {DEFAULT_SCHEDULE})")
     sc.add_argument("--gpus", type=gpu_counts, default=SCALING_GPUS, metavar="N,N,...",
                     help=f"GPU counts (default {','.join(map(str, SCALING_GPUS))}; 8,16,...,1024 doubles up to 1024); "
                          "efficiency is against the smallest")
