@@ -30,13 +30,15 @@ def test_the_plan_ranks_what_fits_and_says_why_the_others_lost(capsys):
     assert {("bf16", s, 1) for s in ("0", "1", "2", "3", "hybrid")} <= pairs and ("fp8", "3", 1) in pairs  # H100: fp8 too
     # tensor parallelism within a node (8 GPUs): degrees 2, 4, 8 split llama3-8b's 32 heads, 8 key/value heads, 14336
     assert {t for _, _, t in pairs} == {1, 2, 4, 8} and not [p for p in pairs if p[1] == "hybrid" and p[2] > 1]
-    shown = {(r["precision"], str(r["strategy"]), r["tensor_parallel"]) for r in result["runners_up"]}
-    assert shown == pairs - {(best["precision"], str(best["strategy"]), best["tensor_parallel"])}
+    # one runner-up per other (precision, strategy, tensor-parallel degree, pipeline degree and schedule)
+    group = lambda r: (r["precision"], str(r["strategy"]), r["tensor_parallel"], r["pipeline_parallel"],  # noqa: E731
+                       r.get("pipeline_schedule"))
+    shown = {group(r) for r in result["runners_up"]}
+    assert shown == {group(r) for r in rows} - {group(best)}
     for r in result["runners_up"]:
         if not r["fits"]:  # its smallest configuration, against the budget
             assert r["why"].startswith(f"does not fit: {r['peak_memory_gib']:.1f} GiB at its smallest"), r["why"]
-            mine = [x for x in rows if (x["precision"], x["strategy"], x["tensor_parallel"])
-                    == (r["precision"], r["strategy"], r["tensor_parallel"])]
+            mine = [x for x in rows if group(x) == group(r)]
             assert r["peak_memory_gib"] == min(x["peak_memory_gib"] for x in mine)
         elif r["precision"] != best["precision"]:  # across precisions: said so, never ranked as like against like
             slower = best["tokens_per_s_per_gpu"] / r["tokens_per_s_per_gpu"] - 1
@@ -52,6 +54,7 @@ def test_the_plan_ranks_what_fits_and_says_why_the_others_lost(capsys):
     scaling = ["estimate", "scaling", "--model", "llama3-8b", "--seq", "8192", "--gpu", "H100", "--gpus", "64",
                "--inter-node", "ib-ndr", "--global-batch", "512", "--zero-stage", strategy, "--precision", best["precision"],
                "--micro-batch", str(best["micro_batch"]), "--tensor-parallel", str(best["tensor_parallel"]),
+               "--pipeline-parallel", str(best["pipeline_parallel"]), "--schedule", best.get("pipeline_schedule", "1f1b"),
                "--json"] + (["--activation-checkpointing"]
                                                                         if best["activation_checkpointing"] else [])
     code, out, _ = _plan(capsys, *scaling)
@@ -92,7 +95,8 @@ def test_a_plan_for_a_distributed_optimizer_prices_zero1_as_it_runs_and_times_it
     (3 Psi x 4 bytes); such trainers run it under tensor parallelism, so the plan times it."""
     ours = json.loads(_plan(capsys, *ASK, "--precision", "bf16", "--json")[1])
     theirs = json.loads(_plan(capsys, *ASK, "--precision", "bf16", "--trainer", "megatron", "--json")[1])
-    pick = lambda result, t: next(r for r in result["rows"] if r["strategy"] == 1 and r["tensor_parallel"] == t)  # noqa: E731
+    pick = lambda result, t: next(r for r in result["rows"] if r["strategy"] == 1 and r["tensor_parallel"] == t  # noqa: E731
+                                  and r["pipeline_parallel"] == 1)
     assert set(pick(ours, 1)["collective_bytes"]) == {"all_reduce", "broadcast"}
     assert set(pick(theirs, 1)["collective_bytes"]) == {"reduce_scatter", "all_gather"}
     local = pick(theirs, 1)["collective_bytes"]

@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from scalelab.forecast.estimate import (
     LINK_RULE,
+    PIPELINE_READING,
     RESERVE,
     UNITS,
     EstimateError,
@@ -42,6 +43,7 @@ from scalelab.forecast.inputs import non_negative, positive_count, positive_whol
 from scalelab.forecast.model_input import shape_text
 from scalelab.forecast.step import _replicas
 from scalelab.formulas import accounting, links
+from scalelab.formulas.pipeline import SCHEDULES
 from scalelab.plan.sweep import AXIS, RunPoint
 from scalelab.spec import hardware
 from scalelab.spec.precisions import PRECISION_NAMES
@@ -54,6 +56,12 @@ MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
 """Micro-batches per GPU tried (each dividing the GPU's share of the global batch)."""
 TENSOR_PARALLEL = (1, 2, 4, 8)
 """Tensor-parallel degrees tried: those within a node that split the model's heads and MLP evenly."""
+PIPELINE_PARALLEL = (1, 2, 4, 8)
+"""Pipeline-parallel degrees tried: those whose stages split the blocks evenly and whose data-parallel share of the
+global batch gives the schedule enough micro-batches."""
+PLAN_SCHEDULES = ("1f1b", "interleaved_1f1b")
+"""The schedules tried under pipelining: GPipe has 1F1B's bubble and holds every micro-batch's activations, so it never
+wins on time or memory (scalelab estimate scaling --schedule gpipe prices it)."""
 
 
 def tensor_parallel_degrees(cfg, gpus: int, per_node: int, asked: list[int] | None = None) -> list[int]:
@@ -121,10 +129,38 @@ def _left_out(pairs, degrees: list[int], gpus: int, per_node: int, trainer: str)
     return [f"{', '.join(which)}: {why}" for why, which in out.items()]
 
 
-def _rows(args, cfg, n_params: int, pairs, degrees: list[int], machine, budget: float, grad_reduce: str) -> tuple[list, list]:
-    """Every configuration's row (precision x strategy x tensor-parallel degree x micro-batch x checkpointing) at
-    --gpus, and the notes on how fp8 was timed."""
+def pipeline_choices(cfg, gpus: int, degrees: list[int], global_batch: int, pipelines: list[int],
+                     schedules: list[str]) -> tuple[list[tuple[int, int, str]], list[str]]:
+    """The (tensor-parallel degree, pipeline degree, schedule) combinations a plan times, and why each other was left
+    out: the blocks split evenly, the GPUs and the global batch split over DP x TP x P, and each data-parallel rank's
+    share fills the schedule with one sequence per micro-batch at least."""
+    from scalelab.forecast.pipeline_step import pipeline_problem
+
+    out, why = [], {}
+    for t in degrees:
+        for p in pipelines:
+            for sched in (schedules if p > 1 else ["1f1b"]):
+                if gpus % (t * p):
+                    why.setdefault(f"PP {p} x TP {t}: does not divide --gpus {gpus}", None)
+                    continue
+                dp = gpus // (t * p)
+                problem = (f"--global-batch {global_batch} does not split over its {dp} data-parallel ranks"
+                           if global_batch % dp else pipeline_problem(cfg, p, sched, global_batch // dp))
+                if problem:
+                    why.setdefault(f"PP {p} ({sched}) x TP {t}: {problem}", None)
+                else:
+                    out.append((t, p, sched))
+    return out, list(why)
+
+
+def _rows(args, cfg, n_params: int, pairs, degrees: list[int], machine, budget: float, grad_reduce: str,
+          pipelines: list[tuple[int, int, str]] | None = None) -> tuple[list, list]:
+    """Every configuration's row (precision x strategy x tensor-parallel degree x pipeline degree and schedule x
+    micro-batch x checkpointing) at --gpus, and the notes on how fp8 was timed."""
+    from scalelab.forecast.pipeline_step import pipeline_problem
+
     n, rows, notes = int(args.gpus), [], []
+    pipelines = pipelines if pipelines is not None else [(t, 1, "1f1b") for t in degrees]
     bf16_peak = machine.product.peak("bf16")
     for precision, key in pairs:
         if precision == "fp8":
@@ -132,15 +168,19 @@ def _rows(args, cfg, n_params: int, pairs, degrees: list[int], machine, budget: 
             notes = [note]
         else:
             timed = replace(machine, peak_flops=accounting.gpu_peak_flops(args.gpu, precision))
-        for t in [t for t in degrees if _runs(precision, key, n, machine.per_node, t, args.trainer)]:
-            share = args.global_batch // (n // t)  # each tensor-parallel group's share
-            levers = [(m, c, sp) for m in MICRO_BATCHES if share % m == 0 for c in (False, True)
+        for t, pp, sched in [c for c in pipelines if _runs(precision, key, n, machine.per_node, c[0], args.trainer)
+                             and (c[1] == 1 or key != HYBRID_KEY)]:
+            share = args.global_batch // (n // (t * pp))  # each data-parallel rank's share
+            levers = [(m, c, sp) for m in MICRO_BATCHES if share % m == 0
+                      and pipeline_problem(cfg, pp, sched, share // m) is None for c in (False, True)
                       for sp in ((False, True) if t > 1 else (False,))]
             for micro, checkpointing, sp in levers:
                 point = Point(cfg=cfg, n_params=n_params, key=key, precision=precision, micro_batch=micro,
                               trainer=args.trainer, grad_reduce=grad_reduce, global_batch=args.global_batch,
-                              activation_checkpointing=checkpointing, tensor_parallel=t, sequence_parallel=sp)
+                              activation_checkpointing=checkpointing, tensor_parallel=t, sequence_parallel=sp,
+                              pipeline_parallel=pp, pipeline_schedule=sched)
                 row = predict_point(point, timed, n)
+                row.setdefault("pipeline_parallel", 1)
                 fpt = row["flops_per_token"]
                 rows.append({**row, "precision": precision, "strategy": key, "strategy_name": strategy(point.priced).name,
                              "activation_checkpointing": checkpointing, "sequence_parallel": sp,
@@ -154,7 +194,8 @@ def _rows(args, cfg, n_params: int, pairs, degrees: list[int], machine, budget: 
 def _runners_up(rows: list[dict], best: dict | None, budget: float) -> list[dict]:
     """The fastest of each other (precision, strategy, degree) that fits, else its smallest, with why it lost: those
     at the best's precision first (like against like), then the other precisions."""
-    group = lambda r: (r["precision"], r["strategy"], r["tensor_parallel"])  # noqa: E731
+    group = lambda r: (r["precision"], r["strategy"], r["tensor_parallel"], r["pipeline_parallel"],  # noqa: E731
+                       r.get("pipeline_schedule"))
     out = []
     for key in dict.fromkeys(group(r) for r in rows):
         if best is not None and key == group(best):
@@ -190,14 +231,21 @@ def plan(args) -> dict:
     if args.trainer == "megatron":
         left_out.append("ZeRO stages 2, 3 and hybrid sharding: the megatron trainer is priced at stages 0 and 1 (its "
                         "distributed optimizer); FSDP as scalelab runs it: --trainer scalelab")
-    rows, fp8_notes = _rows(args, cfg, n_params, pairs, splits, machine, budget, grad_reduce)
+    pipelines, pipeline_left_out = pipeline_choices(cfg, n, degrees, args.global_batch,
+                                                    _pipeline_degrees(cfg, getattr(args, "pipeline_parallel", None)),
+                                                    getattr(args, "schedule", None) or list(PLAN_SCHEDULES))
+    left_out += [why for why in pipeline_left_out if not why.startswith("PP 1 ")]
+    if any(p > 1 for _, p, _ in pipelines) and any(key == HYBRID_KEY for _, key in pairs):
+        left_out.append("hybrid sharding with pipeline parallelism: not predicted")
+    rows, fp8_notes = _rows(args, cfg, n_params, pairs, splits, machine, budget, grad_reduce, pipelines)
     best = next((r for r in rows if r["fits"]), None)
     return {"prediction": True, "model": _named(args).get("model"), "shape": shape_text(cfg), "n_params": n_params,
             "gpus": n, "gpu": machine.product.name, "gpus_per_node": machine.per_node, "global_batch": args.global_batch,
             "seq_len": cfg.seq_len, "tokens": float(args.tokens), "memory_gib": machine.product.memory_gib,
             "reserve_gib": reserve, "budget_gib": budget / UNITS["GiB"], "best": best,
             "runners_up": _runners_up(rows, best, budget), "rows": rows, "left_out": left_out,
-            "assumptions": _assumptions(args, machine, source, splits, grad_reduce, cfg, fp8_notes),
+            "assumptions": {**_assumptions(args, machine, source, splits, grad_reduce, cfg, fp8_notes),
+                            "pipeline_parallel": _pipeline_text(pipelines)},
             **({"note": "; ".join(notes)} if notes else {})}
 
 
@@ -220,9 +268,23 @@ def _assumptions(args, machine, source, degrees: list[int], grad_reduce: str, cf
                            "path: estimate scaling --tensor-parallel), each with and without sequence parallelism; the "
                            "combinations timed are the rows, those left "
                            "out are listed with why",
-        "out_of_scope": "pipeline and context parallelism, hybrid sharding with tensor parallelism, CPU offload, "
+        "out_of_scope": "context parallelism, hybrid sharding with tensor or pipeline parallelism, CPU offload, "
                         "LoRA; the model's memory is the formula a run measures "
                         "(scalelab.formulas.accounting.peak_memory)"}
+
+
+def _pipeline_degrees(cfg, asked: list[int] | None) -> list[int]:
+    """The pipeline degrees tried: --pipeline-parallel's, else PIPELINE_PARALLEL's (1 always: no pipelining)."""
+    return sorted(set(asked)) if asked else list(PIPELINE_PARALLEL)
+
+
+def _pipeline_text(pipelines: list[tuple[int, int, str]]) -> str:
+    timed = sorted({(p, s) for _, p, s in pipelines if p > 1})
+    if not timed:
+        return "none timed (degree 1 alone: no degree > 1 split the blocks and gave its schedule enough micro-batches)"
+    return (", ".join(f"PP {p} {s}" for p, s in timed) + " (mesh order pp, dp, tp: consecutive stages on different "
+            f"nodes once DP x TP fills one); {PIPELINE_READING}; GPipe not tried (1F1B's bubble, every micro-batch's "
+            "activations held)")
 
 
 def _why_lost(row: dict, best: dict | None, budget: float) -> str:
@@ -250,6 +312,10 @@ def _label(r: dict) -> str:
     how = "hybrid sharding" if r["strategy"] == HYBRID_KEY else f"ZeRO stage {r['strategy']}"
     if r.get("tensor_parallel", 1) > 1:
         how += f" x tensor parallel {r['tensor_parallel']}" + (" with sequence parallelism" if r.get("sequence_parallel") else "")
+    if r.get("pipeline_parallel", 1) > 1:
+        p = r["pipeline"]
+        how += (f" x pipeline parallel {r['pipeline_parallel']} ({r['pipeline_schedule']}, bubble "
+                f"{p['bubble_fraction']:.1%}, sends {'across nodes' if p['p2p_across_nodes'] else 'within a node'})")
     return (f"{r['precision']}, {how}, micro-batch {r['micro_batch']} x {r['accumulation_steps']} accumulated, "
             f"activation checkpointing {'on' if r['activation_checkpointing'] else 'off'}")
 
@@ -290,6 +356,7 @@ def render(result: dict) -> str:
                  f"{'fp32' if a['grad_reduce'] == 'fp32' else 'the compute dtype'}")
     lines.append(f"  memory reserve: {a['reserve']}")
     lines.append(f"  tensor parallelism: {a['tensor_parallel']}")
+    lines.append(f"  pipeline parallelism: {a['pipeline_parallel']}")
     for line in result["left_out"]:
         lines.append(f"    left out: {line}")
     if a["fp8"]:
@@ -328,6 +395,11 @@ def add_parser(sub) -> None:
     p.add_argument("--tensor-parallel", nargs="+", type=positive_whole, default=None, metavar="T",
                    help=f"only these tensor-parallel degrees (default: {', '.join(map(str, TENSOR_PARALLEL))}, those within a "
                         "node that split the model evenly; 1 = none)")
+    p.add_argument("--pipeline-parallel", nargs="+", type=positive_whole, default=None, metavar="P",
+                   help=f"only these pipeline-parallel degrees (default: {', '.join(map(str, PIPELINE_PARALLEL))}, those "
+                        "whose stages split the blocks and whose global batch fills the schedule; 1 = none)")
+    p.add_argument("--schedule", nargs="+", choices=list(SCHEDULES), default=None,
+                   help=f"only these pipeline schedules (default: {', '.join(PLAN_SCHEDULES)})")
     trainer_flag(p)
     p.add_argument("--grad-reduce", default=None, choices=list(accounting.GRAD_REDUCE),
                    help="dtype gradients are reduced in (default: fp32 for scalelab, the compute dtype for a distributed "

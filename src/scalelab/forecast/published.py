@@ -407,7 +407,8 @@ def _plan_args(model: str, gpus: int) -> list[str]:
             str(cfg.vocab_size), "--seq", str(cfg.seq_len), *([] if cfg.tie_embeddings else ["--untied"]),
             "--gpus", str(gpus), "--gpu", "H100", "--global-batch", str(playbook_sweep.GLOBAL_BATCH), "--tokens", "1T",
             "--intra-node", f"busbw:{busbw[1]:g}/8", "--inter-node", f"busbw:{busbw[gpus // 8]:g}/{gpus}",
-            "--trainer", "megatron", "--precision", "bf16", "--grad-reduce", "fp32"]
+            "--trainer", "megatron", "--precision", "bf16", "--grad-reduce", "fp32",
+            "--pipeline-parallel", "1"]  # SWEEP holds the runs without pipelining: like against like
 
 
 def plan_check(models=("1B", "3B"), counts=PLAN_COUNTS) -> list[dict]:
