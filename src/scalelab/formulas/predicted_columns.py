@@ -15,11 +15,12 @@ Only the launch decision (``predicted_oom_reason``) stays as the launcher made i
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 
 from scalelab.config import ModelConfig
-from scalelab.formulas import accounting
+from scalelab.formulas import accounting, pipeline
 from scalelab.spec.families import DEFAULT_FAMILY, OWN_KEYS
 
 PEAK_COLUMNS = ("predicted_peak_bytes", "predicted_activation_bytes", "predicted_transient_param_bytes", "predicted_peak_bound")
@@ -27,7 +28,7 @@ PEAK_COLUMNS = ("predicted_peak_bytes", "predicted_activation_bytes", "predicted
 WORKER_COLUMNS = ("activation_bytes_predicted", "activation_bytes_predicted_paper", "activation_bytes_outside_blocks_predicted",
                   "model_state_bytes_predicted", "model_state_params_bytes_predicted", "model_state_grads_bytes_predicted",
                   "model_state_optimizer_bytes_predicted", "model_state_bytes_predicted_paper", "comm_bytes_per_step_predicted",
-                  "comm_bytes_per_step_predicted_paper")
+                  "comm_bytes_per_step_predicted_paper", *pipeline.PREDICTED_COLUMNS)
 """The worker's formula columns, beside one per link (comm_<link>_bytes_per_step_predicted)."""
 
 
@@ -67,11 +68,38 @@ def model_of_row(row: Mapping) -> ModelConfig:
 
 
 def split_of(cfg: ModelConfig, n_params: float, row: Mapping) -> tuple[float, int, int]:
-    """(parameters one rank holds, data-parallel ranks, tensor-parallel degree) of a row: under tensor
-    parallelism the strategy's formulas apply to each rank's share over the data-parallel ranks."""
-    degree = int(_value(row, "tensor_parallel", 1))
-    return (accounting.tensor_parallel_params(cfg, n_params, degree),
-            accounting.data_parallel_size(int(row["world_size"]), degree), degree)
+    """(parameters rank 0 holds, data-parallel ranks, tensor-parallel degree) of a row: under tensor and pipeline
+    parallelism the strategy's formulas apply to each rank's share over the data-parallel ranks (rank 0: the first
+    pipeline stage's)."""
+    degree, pp = int(_value(row, "tensor_parallel", 1)), int(_value(row, "pipeline_parallel", 1))
+    dp = accounting.data_parallel_size(int(row["world_size"]), degree * pp)
+    if pp > 1:
+        return pipeline.rank_params(cfg, accounting.last_block_params(cfg, degree), 0, pp, _schedule(row)), dp, degree
+    return accounting.tensor_parallel_params(cfg, n_params, degree), dp, degree
+
+
+def _schedule(row: Mapping) -> str:
+    return _value(row, "pipeline_schedule", pipeline.DEFAULT_SCHEDULE)
+
+
+def largest_rank_params(cfg: ModelConfig, n_params: float, row: Mapping) -> float:
+    """The parameters of the rank holding the most (every rank's share alike without a pipeline)."""
+    degree, pp = int(_value(row, "tensor_parallel", 1)), int(_value(row, "pipeline_parallel", 1))
+    if pp == 1:
+        return accounting.tensor_parallel_params(cfg, n_params, degree)
+    return max(pipeline.rank_params(cfg, accounting.last_block_params(cfg, degree), k, pp, _schedule(row)) for k in range(pp))
+
+
+def pipeline_columns(cfg: ModelConfig, row: Mapping) -> dict:
+    """The pipeline's predicted columns of a row (scalelab.formulas.pipeline.predicted_columns)."""
+    pp, degree = int(_value(row, "pipeline_parallel", 1)), int(_value(row, "tensor_parallel", 1))
+    if pp == 1 or cfg.module is not None:
+        return dict.fromkeys(pipeline.PREDICTED_COLUMNS)
+    return pipeline.predicted_columns(
+        cfg, pp, _schedule(row), int(row["micro_batch"]), int(row["accumulation_steps"]), row["precision"],
+        int(row["zero_stage"]), accounting.data_parallel_size(int(row["world_size"]), degree * pp), degree,
+        bool(_value(row, "sequence_parallel", False)), bool(_value(row, "activation_checkpointing", False)),
+        row["device_type"], bool(_value(row, "compile", False)))
 
 
 def peak(cfg: ModelConfig, n_params: int, row: Mapping, block_params: int | None = None,
@@ -114,6 +142,7 @@ def worker_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -> dic
         _value(row, "grad_reduce", "fp32")
     # under tensor parallelism the strategy's formulas take each rank's share over the data-parallel ranks
     n_params, world_size, degree = split_of(cfg, int(row["n_params"]), row)
+    state_params = largest_rank_params(cfg, int(row["n_params"]), row)  # the measured state is the largest rank's
     lora = _value(row, "lora_rank") is not None
     n_trainable = int(row["n_trainable_params"]) if lora else None
     if lora:
@@ -122,12 +151,16 @@ def worker_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -> dic
                   for c in ("pytorch", "paper")]
         paper_elements = accounting.lora_comm_elements_per_step(n_frozen, n_trainable, stage, world_size, accum, "paper", replicas)
     else:
-        states = [accounting.model_state_bytes(n_params, stage, world_size, precision, c, replicas) for c in ("pytorch", "paper")]
+        states = [accounting.model_state_bytes(state_params, stage, world_size, precision, c, replicas)
+                  for c in ("pytorch", "paper")]
         paper_elements = accounting.comm_elements_per_step(n_params, stage, world_size, accum, "paper", replicas)
     custom = cfg.module is not None
     device_type = row["device_type"]
     sp = bool(_value(row, "sequence_parallel", False))
-    tp_bytes = accounting.tensor_parallel_bytes(cfg, micro, accum, degree, precision, stage, device_type, ac, sp)
+    pp = int(_value(row, "pipeline_parallel", 1))
+    blocks = cfg if pp == 1 else dataclasses.replace(  # rank 0's blocks carry its tensor-parallel collectives
+        cfg, n_layers=len(pipeline.chunks(cfg.n_layers, pp, _schedule(row))[0]) * len(pipeline.rank_chunks(0, pp, _schedule(row))))
+    tp_bytes = accounting.tensor_parallel_bytes(blocks, micro, accum, degree, precision, stage, device_type, ac, sp)
     kept = last_block_kept(row)
     links = accounting.comm_bytes_by_link(n_params, stage, world_size, precision, rank_hosts.count(rank_hosts[0]), replicas,
                                           grad_reduce, accum, n_trainable, tensor_parallel=degree, last_block_params=kept)
@@ -149,6 +182,7 @@ def worker_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -> dic
         "comm_tensor_parallel_bytes_per_step_predicted": tp_bytes,
         **{f"comm_{link}_bytes_per_step_predicted": float(sum(by_type.values())) for link, by_type in links.items()},
         "comm_bytes_per_step_predicted_paper": 4 * paper_elements,  # the paper's elements, counted at fp32's width
+        **pipeline_columns(cfg, row),
     }
 
 

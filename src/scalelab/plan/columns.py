@@ -37,7 +37,7 @@ from scalelab.spec.hardware import DRIFT_MIN_STEPS, DRIFT_WARN
 from scalelab.spec.precisions import PRECISIONS
 from scalelab.spec.strategies import strategy
 
-SCHEMA_VERSION = "12"  # 2: lever identity columns; 3: device plan, launch and provenance sources;
+SCHEMA_VERSION = "13"  # 2: lever identity columns; 3: device plan, launch and provenance sources;
 # 4: the compile lever (identity column, compile time), MFU against the bf16 peak, activations outside the blocks predicted;
 # 5: run_path is the run id (run folders named by run id), field metadata names each column's writer and when it is filled;
 # 6: model families (model_family, model_module, n_kv_heads, ffn_dim, rope_base, flops_per_token_method), where ranks ran
@@ -51,6 +51,8 @@ SCHEMA_VERSION = "12"  # 2: lever identity columns; 3: device plan, launch and p
 # 10: host_steal_share (the hypervisor's share of the ranks' cores during the timed steps)
 # 11: step_time_drift (the change of the median step time between the halves of the timed steps)
 # 12: last_block_params_kept (FSDP2 keeps the last block gathered from its forward to its backward)
+# 13: pipeline parallelism (pipeline_parallel, pipeline_schedule, pipeline_microbatches, comm_pipeline_*, bubble_fraction_*,
+# pipeline_activation_bytes_*_per_stage)
 _META = {b"scalelab.schema_version": SCHEMA_VERSION.encode()}
 
 WRITERS = ("identity", "launch", "worker", "collect")
@@ -117,11 +119,20 @@ LINEARS_CONVERTED = _exactly(f"converted linears (precision {' or '.join(_CONVER
                              lambda row: row.get("precision") in _CONVERTED)
 COMPILED = _exactly("compile lever on", lambda row: bool(row.get("compile")))
 LORA = _exactly("lora_rank set", _has("lora_rank"))
-BUCKETS = _exactly("a strategy with DDP buckets (ZeRO stages 0 and 1), no tensor parallelism",
-                   lambda row: strategy(row["zero_stage"]).ddp_buckets and (row.get("tensor_parallel") or 1) == 1)
-DDP_WRAPS = _exactly("DDP wraps the model (stage 1; stage 0 on more than one data-parallel rank; no tensor parallelism)",
-                     lambda row: strategy(row["zero_stage"]).ddp_wraps(row["world_size"] // (row.get("tensor_parallel") or 1),
-                                                                      row.get("tensor_parallel") or 1))
+NO_PIPELINE = _exactly("no pipeline parallelism", lambda row: (row.get("pipeline_parallel") or 1) == 1)
+_PIPELINE = _exactly("status ok, pipeline_parallel > 1", lambda row: _ok(row) and (row.get("pipeline_parallel") or 1) > 1)
+
+
+def _model_parallel(row: dict) -> int:
+    """Ranks of one data-parallel rank's model: its tensor-parallel degree x its pipeline stages."""
+    return (row.get("tensor_parallel") or 1) * (row.get("pipeline_parallel") or 1)
+
+
+BUCKETS = _exactly("a strategy with DDP buckets (ZeRO stages 0 and 1), no tensor or pipeline parallelism",
+                   lambda row: strategy(row["zero_stage"]).ddp_buckets and _model_parallel(row) == 1)
+DDP_WRAPS = _exactly("DDP wraps the model (stage 1; stage 0 on more than one data-parallel rank; no tensor or pipeline "
+                     "parallelism)", lambda row: strategy(row["zero_stage"]).ddp_wraps(row["world_size"] // _model_parallel(row),
+                                                                                     _model_parallel(row)))
 
 
 def _custom(row: dict) -> bool:
@@ -407,6 +418,39 @@ RUN = [
            "host; inter_node: several), from its ranks' hosts; null without tensor parallelism", "worker",
            _exactly("status ok, tensor_parallel > 1",
                     lambda row: _ok(row) and (row.get("tensor_parallel") or 1) > 1)),
+    # Pipeline parallelism (scalelab.run.pipeline, its formulas scalelab.formulas.pipeline): rank 0's pipeline, one
+    # rank per stage; null without a pipeline.
+    Column("pipeline_microbatches", pa.int32(), "-", "micro-batches each step passes through the pipeline (the "
+           "data-parallel rank's share of the global batch over micro_batch)", "worker", _PIPELINE),
+    *(Column(f"comm_pipeline_bytes_per_step_{kind}", pa.float64(), "B/step",
+             ("predicted " if kind == "predicted" else "") + "bytes rank 0 sends and receives point-to-point per step: "
+             "each micro-batch's activations forward and their gradient backward at every boundary of its chunks, B x "
+             "seq_len x d_model values at the residual stream's width" + (
+                 " (scalelab.formulas.pipeline.p2p_bytes)" if kind == "predicted" else
+                 " (counted on the ops torch's stages hand to batch_isend_irecv)"), "worker", _PIPELINE)
+      for kind in ("measured", "predicted")),
+    *(Column(f"comm_pipeline_bytes_per_step_{kind}_per_stage", pa.list_(pa.float64()), "B/step",
+             f"the same, {kind}, for each stage of rank 0's pipeline (first stage first)", "worker", _PIPELINE)
+      for kind in ("measured", "predicted")),
+    *(Column(f"comm_pipeline_tied_bytes_per_step_{kind}", pa.float64(), "B/step",
+             ("predicted " if kind == "predicted" else "") + "bytes of rank 0's all-reduce that sums a tied embedding's "
+             "gradient with the last stage's head copy (fp32, an all-reduce of S bytes counts 2 S); 0 for an untied "
+             "head", "worker", _PIPELINE) for kind in ("measured", "predicted")),
+    Column("bubble_fraction_measured", pa.float64(), "-", "the share of the schedule's time a rank computed nothing, "
+           "1 - (its forwards' and backwards' time) / (the schedule's time), the median over the timed steps, averaged "
+           "over the stages of rank 0's pipeline; it holds the point-to-point waits and the stages' imbalance the "
+           "formula leaves out", "worker", _PIPELINE),
+    Column("bubble_fraction_measured_per_stage", pa.list_(pa.float64()), "-", "the same for each stage (first first)",
+           "worker", _PIPELINE),
+    Column("bubble_fraction_predicted", pa.float64(), "-", "the schedule's bubble, (P - 1) / (V m + P - 1) with V "
+           "chunks per rank (scalelab.formulas.pipeline.bubble_fraction)", "worker", _PIPELINE),
+    Column("pipeline_activation_bytes_measured_per_stage", pa.list_(pa.int64()), "B", "the most bytes of block "
+           "activations each stage held at once in one step (saved-tensor hooks, released as autograd frees them)",
+           "worker", _PIPELINE),
+    Column("pipeline_activation_bytes_predicted_per_stage", pa.list_(pa.float64()), "B", "predicted: the schedule's "
+           "in-flight micro-batches on the stage x its blocks x one block's activations (scalelab.formulas.pipeline."
+           "held_block_activations); null under activation checkpointing", "worker",
+           sometimes("status ok, pipeline_parallel > 1, no activation checkpointing", _PIPELINE)),
     # The recipe of the run's collectives (scalelab.formulas.accounting.comm_dtypes); a summary written before
     # they were recorded is read as what that code did (LEGACY_SUMMARY), never as today's recipe.
     Column("param_gather_dtype", pa.string(), "-", "dtype FSDP2 all-gathers parameters in (float32, or the compute "
@@ -423,9 +467,10 @@ RUN = [
     *(Column(f"comm_{c}_calls_per_step", pa.float64(), "calls/step", f"{c} calls per optimizer step on rank 0", "worker",
              sometimes("when the strategy called it in the measured steps", OK)) for c in COLLECTIVES),
     Column("activation_bytes_measured", pa.int64(), "B", "activations saved for backward by one micro-batch's forward on "
-           "rank 0, inside the blocks", "worker", OK),
+           "rank 0, inside the blocks; null under pipeline parallelism (pipeline_activation_bytes_measured_per_stage)",
+           "worker", OK & NO_PIPELINE),
     Column("activation_bytes_outside_blocks_measured", pa.int64(), "B", "activations saved outside the transformer blocks "
-           "(embedding, head, loss)", "worker", OK),
+           "(embedding, head, loss); null under pipeline parallelism", "worker", OK & NO_PIPELINE),
     Column("activation_bytes_predicted", pa.float64(), "B", "predicted activations per micro-batch: Korthikanti et al.'s "
            "terms for this model", "worker", OK & FORMULA),
     Column("activation_bytes_predicted_paper", pa.float64(), "B", "predicted activations per micro-batch: Korthikanti et "

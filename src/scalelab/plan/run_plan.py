@@ -124,6 +124,20 @@ def tensor_parallel_problem(model, degree: int, sequence_parallel: bool = False)
         raise ConfigError(f"sweep.tensor_parallel={degree} does not divide the model's {', '.join(bad)}")
 
 
+def pipeline_problem(model, degree: int, schedule_name: str) -> None:
+    """ConfigError where a model's blocks cannot be split into ``degree`` pipeline stages: a user's module (its
+    forward runs whole: scalelab cannot hand one stage's output to the next), or blocks that do not split evenly."""
+    from scalelab.formulas.pipeline import chunks
+
+    if model.module:
+        raise ConfigError(f"sweep.pipeline_parallel={degree}: model {model.module} is a user's module, whose forward "
+                          "runs whole; pipeline stages split the families' models (gpt2, llama)")
+    try:
+        chunks(model.n_layers, degree, schedule_name)
+    except ValueError as err:
+        raise ConfigError(f"sweep.pipeline_parallel={degree}: {err}") from None
+
+
 def run_plan(config: dict, point: RunPoint, *, device: str = "cpu", device_reason: str = "",
              vocab_size: int = 256) -> RunPlan:
     """The plan of one point of a validated config (ConfigError where the point cannot be laid out:
@@ -134,6 +148,8 @@ def run_plan(config: dict, point: RunPoint, *, device: str = "cpu", device_reaso
     model = model_config(config, vocab_size=vocab_size, name=point.model)
     if point.tensor_parallel > 1:
         tensor_parallel_problem(model, point.tensor_parallel, point.sequence_parallel)
+    if point.pipeline_parallel > 1:
+        pipeline_problem(model, point.pipeline_parallel, point.pipeline_schedule)
     return RunPlan(point=point, model=model, train=train,
                    micro_batch=micro, accumulation_steps=accumulation, launch=launch_plan(config, point.world_size),
                    device=device, device_reason=device_reason,

@@ -24,6 +24,7 @@ from typing import Any
 
 from scalelab.config import ConfigError, TrainConfig, section, train_config
 from scalelab.formulas.accounting import GRAD_REDUCE, MIXED_COMM
+from scalelab.formulas.pipeline import DEFAULT_SCHEDULE, SCHEDULES, microbatches_problem
 from scalelab.spec.precisions import PRECISIONS
 from scalelab.spec.strategies import DDP_BUCKET_MB, HYBRID, strategy
 
@@ -86,9 +87,10 @@ def _bucket_run_id(value):
 
 
 def data_parallel_ranks(point) -> int:
-    """A point's data-parallel ranks: its world size over its tensor-parallel degree (each data-parallel
-    rank's tensor-parallel group takes one share of the global batch)."""
-    return point.world_size // point.tensor_parallel if point.world_size % point.tensor_parallel == 0 else point.world_size
+    """A point's data-parallel ranks: its world size over its tensor-parallel and pipeline degrees (each
+    data-parallel rank's tensor-parallel groups, one per pipeline stage, take one share of the global batch)."""
+    model_ranks = point.tensor_parallel * point.pipeline_parallel
+    return point.world_size // model_ranks if point.world_size % model_ranks == 0 else point.world_size
 
 
 def _micro_batch_left_out(point, train: TrainConfig) -> str | None:
@@ -139,6 +141,42 @@ def _tensor_parallel_left_out(point, train: TrainConfig) -> str | None:
     return None
 
 
+def _pipeline_left_out(point, train: TrainConfig) -> str | None:
+    """What pipeline parallelism is not run with (scalelab.run.pipeline), each with why; a model whose blocks do not
+    split is refused by the run plan (scalelab.plan.run_plan.pipeline_problem)."""
+    p = point.pipeline_parallel
+    if p == 1:
+        return None
+    if point.world_size % (p * point.tensor_parallel):
+        return (f"pipeline_parallel={p} x tensor_parallel={point.tensor_parallel} does not divide world_size="
+                f"{point.world_size} (world = data-parallel ranks x tensor_parallel x pipeline_parallel)")
+    for reason, applies in (
+            ("zero_stage 1 with pipeline parallelism is not run (ZeroRedundancyOptimizer over one stage's data-parallel "
+             "ranks is not wired); stages 0, 2 and 3 are", point.zero_stage == 1),
+            (f"replicas={point.replicas}: hybrid sharding with pipeline parallelism is not run", point.replicas > 1),
+            (f"{point.precision} with pipeline parallelism is not run (torch's schedules call backward themselves: the "
+             "fp16 loss scaler and fp8's linears are not wired into them); fp32 and bf16 are",
+             point.precision in ("fp16", "fp8")),
+            ("cpu_offload with pipeline parallelism is not run", point.cpu_offload),
+            ("compile with pipeline parallelism is not run yet (the warm-up that keeps compilation out of the step times "
+             "runs a whole model's forward)", point.compile),
+            ("sequence_parallel with pipeline parallelism is not run", point.sequence_parallel),
+            (f"lora_rank={point.lora_rank}: LoRA with pipeline parallelism is not run", bool(point.lora_rank)),
+            ("pipeline parallelism needs train.warmup_steps >= 2 (the first step infers the shapes its stages send, the "
+             "second measures the activations they hold)", bool(train is not None and train.warmup_steps < 2)),
+            ("checkpoints of pipeline-parallel runs are not written yet (set train.checkpoint_every: 0)",
+             bool(train is not None and train.checkpoint_every))):
+        if applies:
+            return reason
+    if train is not None:
+        try:
+            _, m = micro_batch_plan(train, data_parallel_ranks(point), point.micro_batch)
+        except ConfigError:
+            return None  # the micro_batch axis says why
+        return microbatches_problem(p, m, point.pipeline_schedule)
+    return None
+
+
 def _strategy_of(point):
     """The point's strategy record: hybrid sharding where its replicas apply, else its stage's."""
     return strategy(point.zero_stage, point.replicas if _replicas_left_out(point, None) is None else 1)
@@ -172,7 +210,8 @@ AXES: tuple[Axis, ...] = (
          DDP_BUCKET_MB, "float64", True,
          from_path=_optional(float, "none"), run_id=_bucket_run_id, id_pattern=r"bucket.*",
          normalise=lambda point, v: (float(v) if v is not None and strategy(point.zero_stage).ddp_buckets
-                                     and point.tensor_parallel == 1 else None),  # no DDP under tensor parallelism
+                                     and point.tensor_parallel == 1 and point.pipeline_parallel == 1 else None),
+         # no DDP under tensor or pipeline parallelism (FSDP2's replicate)
          is_default=lambda runs: runs["bucket_mb"].isna() | (runs["bucket_mb"] == DDP_BUCKET_MB), changes_compute=False),
     Axis("compile", "torch.compile (inductor) of every transformer block and of the loss, before DDP/FSDP2 wrapping",
          bool, False, "bool", False, from_path=_flag,
@@ -217,6 +256,21 @@ AXES: tuple[Axis, ...] = (
          left_out=lambda point, train: None if not point.sequence_parallel or point.tensor_parallel > 1 else
          "sequence_parallel needs tensor_parallel > 1 (it splits the tokens over the tensor-parallel ranks)",
          is_default=lambda runs: ~runs["sequence_parallel"].fillna(False).astype(bool)),
+    # Pipeline parallelism: the blocks split into stages on P ranks each (scalelab.run.pipeline), world size = data-parallel
+    # ranks x T x P (a 3-D mesh: pipeline outermost, tensor-parallel innermost). Added with its default (1: no id part).
+    Axis("pipeline_parallel", "pipeline-parallel degree P: the blocks split into P stages (the embeddings with the first, "
+         "the final norm, head and loss with the last), each step's micro-batches passed through them by "
+         "torch.distributed.pipelining's schedule; world_size / (T x P) data-parallel ranks; 1 = none", int, 1, "int16",
+         False, from_path=int, run_id=lambda v: None if v == 1 else f"pp{v}", id_pattern=r"pp\d+",
+         left_out=_pipeline_left_out,
+         is_default=lambda runs: runs["pipeline_parallel"].isna() | (runs["pipeline_parallel"] == 1)),
+    Axis("pipeline_schedule", "the pipeline's schedule (with pipeline_parallel > 1): " + "; ".join(
+         f"{s.name}: {s.doc}" for s in SCHEDULES.values()), str, DEFAULT_SCHEDULE, "string", False,
+         run_id=lambda v: None if v == DEFAULT_SCHEDULE else v.replace("_", ""),
+         id_pattern="|".join(s.replace("_", "") for s in SCHEDULES if s != DEFAULT_SCHEDULE), beside="pipeline_parallel",
+         normalise=lambda point, v: v if point.pipeline_parallel > 1 else DEFAULT_SCHEDULE,  # one point without a pipeline
+         is_default=lambda runs: runs["pipeline_schedule"].isna() | (runs["pipeline_schedule"] == DEFAULT_SCHEDULE),
+         changes_compute=False),
     # Last, so that a repeat's run id is its first run's plus "-r2", "-r3" (scalelab.results.noise).
     # Repeats of a point differ in nothing but what cannot be held equal (timing): same seed, same data,
     # bit-identical losses; their spread in time is the sweep's run-to-run noise.

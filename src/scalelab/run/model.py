@@ -90,7 +90,22 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+class StageBlocks(nn.ModuleDict):
+    """One pipeline stage's blocks (scalelab.run.pipeline), under their indices in the whole model, so that parameter
+    names (``blocks.6.attn.qkv.weight``) are the whole model's; iterated and indexed as a list, as ``blocks`` are."""
+
+    def __iter__(self):
+        return iter(self.values())
+
+    def __getitem__(self, key):
+        return list(self.values())[key] if isinstance(key, int) else super().__getitem__(key)
+
+
 class GPT(nn.Module):
+    FIRST_STAGE_PARTS = ("wte", "wpe")
+    """What a pipeline's first stage holds beside its blocks (scalelab.run.pipeline), and its last stage:"""
+    LAST_STAGE_PARTS = ("ln_f", "head")
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -118,12 +133,17 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """The logits (B, T, V) without targets; with targets the loss only (a scalar), so that
-        nothing holds the logits once the loss is computed."""
-        B, T = idx.shape
-        pos = torch.arange(T, device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
+        nothing holds the logits once the loss is computed. A pipeline stage without the embeddings takes the
+        previous stage's activations (B, T, C) and, without the head, returns its own."""
+        if self.wte is not None:
+            pos = torch.arange(idx.shape[1], device=idx.device)
+            x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
+        else:
+            x = idx
         for block in self.blocks:
             x = block(x)
+        if self.head is None:
+            return x
         logits = self.head(self.ln_f(x))  # (B, T, V)
         if targets is None:
             return logits
@@ -241,10 +261,12 @@ class Llama(nn.Module):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        """As GPT.forward: the logits without targets, the loss alone with them."""
-        x = self.wte(idx)  # (B, T, C)
+        """As GPT.forward: the logits without targets, the loss alone with them (a pipeline stage's as GPT's)."""
+        x = self.wte(idx) if self.wte is not None else idx  # (B, T, C)
         for block in self.blocks:
             x = block(x, self.rope_cos, self.rope_sin)
+        if self.head is None:
+            return x
         logits = self.head(self.norm(x))
         if targets is None:
             return logits

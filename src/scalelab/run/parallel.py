@@ -68,6 +68,12 @@ class Parallelized:
     reduce-scatter: its no-sync mode accumulates unsharded gradients that dropping ``.grad``
     would not free."""
 
+    pipeline_group: object = None
+    """The pipeline-parallel group of this rank's stage (scalelab.run.pipeline): the gradient norm sums over it."""
+    norm_excluded: frozenset = frozenset()
+    """ids of parameters the gradient norm leaves out: a tied head's copy on the last pipeline stage (its gradient is
+    the embedding's, counted on the first)."""
+
     def local_optimizer(self) -> torch.optim.Optimizer:
         """The optimizer that holds this rank's state (ZeRO-1 wraps a local one)."""
         opt = self.optimizer
@@ -159,8 +165,6 @@ def parallelize_zero1(model: GPT, device, lr, weight_decay, bucket_mb=DDP_BUCKET
 def _parallelize_fsdp(model: GPT, device, lr, weight_decay, reshard_after_forward: bool,
                       cpu_offload: bool = False, param_dtype=None, reduce_dtype=None, replicas: int = 1,
                       mesh: DeviceMesh | None = None) -> Parallelized:
-    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-
     # FSDP2 needs an explicit mesh on CPU; one dimension = plain data parallelism, two = hybrid
     # sharding (replicate x shard: FSDP2 shards over the last, replicates over the first); a tensor-parallel
     # model's data-parallel mesh where given.
@@ -170,6 +174,21 @@ def _parallelize_fsdp(model: GPT, device, lr, weight_decay, reshard_after_forwar
     elif mesh is None:
         shard = check_replicas(world_size, replicas)
         mesh = init_device_mesh(device.type, (replicas, shard), mesh_dim_names=HYBRID.mesh_dims)
+    fsdp_wrap(model, mesh, reshard_after_forward, cpu_offload, param_dtype, reduce_dtype)
+    opt = torch.optim.AdamW(param_groups(model, weight_decay), **_adamw_kwargs(lr, cpu_offload))
+
+    def no_sync(last: bool):
+        model.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+
+    return Parallelized(model, opt, no_sync, state_on_host=cpu_offload)
+
+
+def fsdp_wrap(model: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool, cpu_offload: bool = False,
+              param_dtype=None, reduce_dtype=None) -> None:
+    """FSDP2 over ``mesh``: one all-gather/reduce-scatter group per block, and the root's."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
     offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
     # None, None: FSDP2's default, everything in the parameters' own fp32. reduce_dtype is given
     # explicitly (fp32 by default): left None, FSDP2 would reduce in param_dtype.
@@ -183,14 +202,7 @@ def _parallelize_fsdp(model: GPT, device, lr, weight_decay, reshard_after_forwar
     # The root (embeddings, final norm, tied head) is resharded after forward as torchtitan does without pipeline
     # parallelism, and gathered again as backward starts: the formulas count that re-gather (2 Psi gathered).
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload, mp_policy=mp)
-    opt = torch.optim.AdamW(param_groups(model, weight_decay), **_adamw_kwargs(lr, cpu_offload))
     assert isinstance(model, FSDPModule)
-
-    def no_sync(last: bool):
-        model.set_requires_gradient_sync(last)
-        return contextlib.nullcontext()
-
-    return Parallelized(model, opt, no_sync, state_on_host=cpu_offload)
 
 
 def parallelize_fsdp_keep(model, device, lr, weight_decay, bucket_mb=None, cpu_offload=False,
@@ -222,7 +234,7 @@ def apply_compile(model: GPT) -> None:
     first forward and backward (scalelab.run.worker.compile_warm_up runs one before the
     first step). The compiled blocks replace the blocks in ``model.blocks``
     (``blocks.0._orig_mod.…`` in state dicts; DCP's helpers drop the ``_orig_mod``)."""
-    if isinstance(model.blocks, nn.ModuleList):
+    if isinstance(model.blocks, (nn.ModuleList, nn.ModuleDict)):  # a pipeline stage's StageBlocks: a ModuleDict
         for name, block in model.blocks.named_children():
             model.blocks.register_module(name, torch.compile(block, fullgraph=True))
     else:  # a user's module (scalelab.run.model.UserModel): each block replaced where it sits
@@ -263,23 +275,35 @@ def parallelize(model: GPT, zero_stage: int, device: torch.device, lr: float, we
 
 def _parallelize_split(model, zero_stage, device, lr, weight_decay, param_dtype, reduce_dtype, dp_mesh: DeviceMesh,
                        tensor_parallel: int) -> Parallelized:
-    """A tensor-parallel model's data parallelism: FSDP2 over the data-parallel mesh at stages 2 and 3;
-    at stage 0 with one data-parallel rank, nothing; with several, torch's FSDP2-based ``replicate``
-    (torch.distributed._composable.replicate_with_fsdp: DDP takes no DTensor parameters) per block and
-    at the root, as fully_shard groups them: each block's gradients all-reduced over the data-parallel
-    ranks in reduce_dtype as its backward ends, freed by the step (no buckets)."""
-    if zero_stage in (2, 3):
-        par = _parallelize_fsdp(model, device, lr, weight_decay, reshard_after_forward=zero_stage == 3,
-                                param_dtype=param_dtype, reduce_dtype=reduce_dtype, mesh=dp_mesh)
-        par.tensor_parallel = tensor_parallel
-        return par
-    if zero_stage != 0:
-        raise ValueError(f"zero_stage {zero_stage} with tensor parallelism is not run (scalelab.plan.sweep says why)")
-    if dp_mesh.size() == 1:
-        opt = torch.optim.AdamW(param_groups(model, weight_decay), **_adamw_kwargs(lr))
+    """A tensor-parallel model's data parallelism (:func:`data_parallel_wrap`), its optimizer, its no_sync."""
+    wrapped = data_parallel_wrap(model, zero_stage, param_dtype, reduce_dtype, dp_mesh)
+    opt = torch.optim.AdamW(param_groups(model, weight_decay), **_adamw_kwargs(lr))
+    if not wrapped:
         return Parallelized(model, opt, lambda last: contextlib.nullcontext(), tensor_parallel=tensor_parallel)
+
+    def no_sync(last: bool):
+        model.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+
+    return Parallelized(model, opt, no_sync, tensor_parallel=tensor_parallel)
+
+
+def data_parallel_wrap(model: nn.Module, zero_stage: int, param_dtype, reduce_dtype, dp_mesh: DeviceMesh) -> bool:
+    """Data parallelism over ``dp_mesh`` for a model split by tensor parallelism or a pipeline stage (whose
+    data-parallel ranks are a sub-mesh): FSDP2 at stages 2 and 3; at stage 0 with one data-parallel rank, nothing;
+    with several, torch's FSDP2-based ``replicate`` (torch.distributed._composable.replicate_with_fsdp: DDP takes no
+    DTensor parameters, and torch's pipeline schedules drive FSDP2's gradient sync) per block and at the root, as
+    fully_shard groups them: each block's gradients all-reduced over the data-parallel ranks in reduce_dtype as its
+    backward ends, freed by the step (no buckets). Returns whether it wrapped the model."""
+    if zero_stage in (2, 3):
+        fsdp_wrap(model, dp_mesh, reshard_after_forward=zero_stage == 3, param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+        return True
+    if zero_stage != 0:
+        raise ValueError(f"zero_stage {zero_stage} with tensor or pipeline parallelism is not run (scalelab.plan.sweep says why)")
+    if dp_mesh.size() == 1:
+        return False
     if torch.__version__ < (2, 10):  # torch 2.10 on: a one-dimensional mesh (torch 2.9's replicate takes a 2-D one)
-        raise RuntimeError(f"tensor parallelism at stage 0 over {dp_mesh.size()} data-parallel ranks needs torch's "
+        raise RuntimeError(f"stage 0 over a sub-mesh of {dp_mesh.size()} data-parallel ranks needs torch's "
                            f"FSDP2-based replicate of torch >= 2.10 (this is {torch.__version__}): use stage 2 or 3")
     from torch.distributed._composable.replicate_with_fsdp import replicate
     from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -288,13 +312,7 @@ def _parallelize_split(model, zero_stage, device, lr, weight_decay, param_dtype,
     for block in model.blocks:
         replicate(block, mesh=dp_mesh, mp_policy=mp)
     replicate(model, mesh=dp_mesh, mp_policy=mp)
-    opt = torch.optim.AdamW(param_groups(model, weight_decay), **_adamw_kwargs(lr))
-
-    def no_sync(last: bool):
-        model.set_requires_gradient_sync(last)
-        return contextlib.nullcontext()
-
-    return Parallelized(model, opt, no_sync, tensor_parallel=tensor_parallel)
+    return True
 
 
 def reduce_partial_grads(par: Parallelized) -> None:
@@ -316,15 +334,18 @@ def clip_grad_norm(par: Parallelized, max_norm: float, comm_device: torch.device
     torch's clip_grad_norm_ in every case but two, where it cannot reduce the norm: offloaded state
     (DTensors in host memory over a GPU mesh: NCCL cannot reduce them) and tensor parallelism (DTensors
     split over the tensor-parallel mesh beside plain replicated tensors, which torch's norm refuses to
-    mix). There the squares of each rank's parts are summed, all-reduced on comm_device over the mesh
-    dimensions each part is split along (global_squares), and the parts scaled in place."""
+    mix), and pipeline stages (each holds its own parameters). There the squares of each rank's parts are summed,
+    all-reduced on comm_device over the mesh dimensions each part is split along (global_squares) and over the
+    pipeline, and the parts scaled in place."""
     params = [p for p in par.model.parameters() if p.grad is not None]
-    if not par.state_on_host and par.tensor_parallel == 1:
+    if not par.state_on_host and par.tensor_parallel == 1 and par.pipeline_group is None:
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-    grads = [p.grad for p in params]
-    norm = global_squares(grads, comm_device).sqrt()
-    local = [local_shard(g) for g in grads]
+    squares = global_squares([p.grad for p in params if id(p) not in par.norm_excluded], comm_device)
+    if par.pipeline_group is not None:  # each stage's parameters are its own: their squares add up over the pipeline
+        dist.distributed_c10d.all_reduce(squares, group=par.pipeline_group)
+    norm = squares.sqrt()
+    local = [local_shard(p.grad) for p in params]
     coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0).to(local[0].device)
     if coef.item() < 1.0:
         torch._foreach_mul_(local, coef)

@@ -33,7 +33,7 @@ import traceback
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import torch
 import torch.distributed as dist
@@ -70,6 +70,9 @@ from scalelab.run.trace import MEMORY_DIR, TRACE_DIR, StepTracer, read_exposed_c
 from scalelab.spec import hardware
 from scalelab.spec.precisions import precision as precision_record
 from scalelab.spec.strategies import strategy
+
+if TYPE_CHECKING:
+    from scalelab.run.pipeline import Pipeline
 
 
 def lr_at(step: int, train: TrainConfig) -> float:
@@ -196,19 +199,28 @@ class Run:
     tp_bytes: float = 0.0  # tensor parallelism's collective bytes counted over the warm-up steps (FunctionalCollectiveCounter)
     tp_steps: int = 0  # the warm-up steps they were counted over
     tp_by_group: dict = field(default_factory=dict)  # (collective, group ranks) -> those bytes
+    pipe: Pipeline | None = None  # this rank's pipeline stages (scalelab.run.pipeline), under pipeline parallelism
+    pipe_busy: list[float] = field(default_factory=list)  # per timed step: the share of the schedule's time it computed
+    pipe_timeline: list = field(default_factory=list)  # the last timed step's forward and backward intervals
+    pipe_held: int | None = None  # the most bytes of block activations held at once on the measured step
 
     @property
     def tensor_parallel(self) -> int:
         return self.plan.point.tensor_parallel
 
     @property
+    def pipeline_parallel(self) -> int:
+        return self.plan.point.pipeline_parallel
+
+    @property
     def data_rank(self) -> int:
-        """This rank's data-parallel index: a tensor-parallel group (consecutive ranks) shares one share of the batch."""
-        return self.rank // self.tensor_parallel
+        """This rank's data-parallel index on the (pp, dp, tp) mesh: a tensor-parallel group (consecutive ranks) of
+        every pipeline stage shares one share of the batch."""
+        return (self.rank // self.tensor_parallel) % self.data_ranks
 
     @property
     def data_ranks(self) -> int:
-        return self.world_size // self.tensor_parallel
+        return self.world_size // (self.tensor_parallel * self.pipeline_parallel)
 
     @property
     def point(self) -> RunPoint:
@@ -284,6 +296,7 @@ class Gathered:
     held: list[dict]  # model state bytes at rest, per rank, by kind
     mem: list[dict]  # peak memory per rank
     comm: dict  # this rank's counted collective calls and bytes, by type
+    pipe: list | None = None  # every rank's pipeline figures (scalelab.run.pipeline.rank_figures); None without one
 
 
 def rank_device(requested: str) -> torch.device:
@@ -316,21 +329,31 @@ def setup(plan: RunPlan, rank_cores: str | None = None) -> Run:
     torch.manual_seed(train_cfg.seed)  # identical initial weights on every rank
     model = build_model(model_cfg).to(device)  # its family's class, or the user's module
     # Tensor parallelism first, as torchtitan orders it (then checkpointing, compile, the data-parallel wrapper):
-    # a 2-D mesh, tensor-parallel ranks inner (consecutive: within a node), the strategy over the outer one.
-    dp_mesh = None
-    if point.tensor_parallel > 1:
-        from scalelab.run.tensor_parallel import apply_tensor_parallel  # here: DTensor's import costs a rank ~0.7 s
+    # a 2-D mesh, tensor-parallel ranks inner (consecutive: within a node), the strategy over the outer one; under
+    # pipeline parallelism a (pp, dp, tp) mesh, and this rank's chunks of the model (scalelab.run.pipeline).
+    dp_mesh, tp_mesh, mesh, chunks = None, None, None, [(0, model)]
+    if point.pipeline_parallel > 1:
+        from scalelab.run import pipeline
 
+        mesh = pipeline.build_mesh(device.type, world_size, point.pipeline_parallel, point.tensor_parallel)
+        chunks = pipeline.chunk_modules(model, mesh["pp"].get_local_rank(), point.pipeline_parallel, point.pipeline_schedule)
+        dp_mesh, tp_mesh = mesh["dp"], mesh["tp"] if point.tensor_parallel > 1 else None
+    elif point.tensor_parallel > 1:
         mesh = init_device_mesh(device.type, (world_size // point.tensor_parallel, point.tensor_parallel),
                                 mesh_dim_names=("dp", "tp"))
-        apply_tensor_parallel(model, mesh["tp"], point.sequence_parallel)
-        dp_mesh = mesh["dp"]
+        dp_mesh, tp_mesh = mesh["dp"], mesh["tp"]
+    if tp_mesh is not None:
+        from scalelab.run.tensor_parallel import apply_tensor_parallel  # here: DTensor's import costs a rank ~0.7 s
+
+        for _, chunk in chunks:
+            apply_tensor_parallel(chunk, tp_mesh, point.sequence_parallel)
     # LoRA after the model is built: the base weights are those of the full-training twin.
     n_trainable = apply_lora(model, point.lora_rank, train_cfg.lora_alpha) if point.lora_rank else None
-    n_params = model.num_parameters()
-    # what FSDP2 keeps gathered from the last block's forward to its backward (scalelab.run.parallel): counted here,
-    # after tensor parallelism split it and LoRA added to it, as the formulas count it
-    last_block_kept = sum(local_shard(p).numel() for p in model.blocks[-1].parameters()) if plan.strategy.last_block_kept else 0
+    n_params = model.num_parameters()  # the whole model's (a pipeline rank's chunks share its parameters)
+    # what FSDP2 keeps gathered from each chunk's last block's forward to its backward (scalelab.run.parallel): counted
+    # here, after tensor parallelism split it and LoRA added to it, as the formulas count it
+    last_block_kept = sum(sum(local_shard(p).numel() for p in chunk.blocks[-1].parameters())
+                          for _, chunk in chunks) if plan.strategy.last_block_kept else 0
     # DDP fills buckets (trainable parameters only) in gradient-ready order, about the reverse of this one.
     param_bytes = [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
     model.set_activation_checkpointing(point.activation_checkpointing)
@@ -340,15 +363,23 @@ def setup(plan: RunPlan, rank_cores: str | None = None) -> Run:
               flush=True)
     # (converted before sharding: FSDP2 then shards the Float8Linear weights)
     if point.compile:  # after checkpointing and fp8, before wrapping (torchtitan's order)
-        apply_compile(model)
-    blocks = list(model.blocks)
+        for _, chunk in chunks:
+            apply_compile(chunk)
     # The dtypes its collectives carry (the plan's, scalelab.formulas.accounting.comm_dtypes): fp16 and bf16
     # gather in their compute dtype at stages 2 and 3 (FSDP2's MixedPrecisionPolicy); fp32 is FSDP2's default.
     dtypes = plan.comm
-    par = parallelize(model, point.zero_stage, device, train_cfg.lr, train_cfg.weight_decay,
-                      bucket_mb=point.bucket_mb, cpu_offload=point.cpu_offload, replicas=point.replicas,
-                      param_dtype=None if dtypes.param_gather in (None, "float32") else getattr(torch, dtypes.param_gather),
-                      reduce_dtype=getattr(torch, dtypes.grad_reduce), dp_mesh=dp_mesh, tensor_parallel=point.tensor_parallel)
+    param_dtype = None if dtypes.param_gather in (None, "float32") else getattr(torch, dtypes.param_gather)
+    pipe = None
+    if point.pipeline_parallel > 1:
+        par, pipe = pipeline.parallelize(chunks, mesh, plan, device, param_dtype, getattr(torch, dtypes.grad_reduce),
+                                         lambda: autocast(point.precision, device))
+        model = chunks[-1][1]
+    else:
+        par = parallelize(model, point.zero_stage, device, train_cfg.lr, train_cfg.weight_decay,
+                          bucket_mb=point.bucket_mb, cpu_offload=point.cpu_offload, replicas=point.replicas,
+                          param_dtype=param_dtype, reduce_dtype=getattr(torch, dtypes.grad_reduce), dp_mesh=dp_mesh,
+                          tensor_parallel=point.tensor_parallel)
+    blocks = [block for _, chunk in chunks for block in chunk.blocks]
     scaler = grad_scaler(point.precision, device, train_cfg.fp16_init_scale)
     sampler = BatchSampler(plan.train_bin, plan.token_dtype, model_cfg.seq_len, train_cfg.seed)
     counter = CommCounter().install()
@@ -357,7 +388,7 @@ def setup(plan: RunPlan, rank_cores: str | None = None) -> Run:
                peak_source=peak_source, peak_bf16=peak_bf16, peak_bf16_source=peak_bf16_source, n_params=n_params,
                param_bytes=param_bytes, fp8_linears=fp8_linears,
                blocks=blocks, par=par, scaler=scaler, sampler=sampler, counter=counter, start_step=start_step,
-               progress=progress, n_trainable=n_trainable, rank_cores=rank_cores, last_block_kept=last_block_kept)
+               progress=progress, n_trainable=n_trainable, rank_cores=rank_cores, last_block_kept=last_block_kept, pipe=pipe)
 
 
 def resume(run_dir: Path, train_cfg: TrainConfig, par: Parallelized, scaler: torch.amp.GradScaler,
@@ -397,7 +428,9 @@ def train_step(run: Run, step: int, measure_activations: bool) -> StepOutcome:
     tokens = torch.from_numpy(run.sampler.batch(step, run.data_rank, run.micro * run.accum, run.data_ranks)).to(device, non_blocking=True)
     loss_sum = torch.zeros((), device=device)
     activations = None
-    for m in range(run.accum):
+    if run.pipe is not None:  # the schedule runs every micro-batch's forward and backward over the stages
+        loss_sum = pipeline_step(run, tokens, measure_activations)
+    for m in range(run.accum if run.pipe is None else 0):
         chunk = tokens[m * run.micro:(m + 1) * run.micro]
         measure = measure_activations and m == 0
         with par.no_sync(m == run.accum - 1):
@@ -426,12 +459,31 @@ def train_step(run: Run, step: int, measure_activations: bool) -> StepOutcome:
     with run.counter.paused():
         loss_global = loss_sum / run.accum
         dist.all_reduce(loss_global, op=dist.ReduceOp.SUM)  # gloo has no AVG
-        loss_global /= run.world_size
+        loss_global /= run.world_size // run.pipeline_parallel  # the last stage's ranks hold the losses
     scale_after = scaler.get_scale() if scaler.is_enabled() else 1.0
     return StepOutcome(loss=loss_global, grad_norm=grad_norm,
                        loss_scale=scale_before if scaler.is_enabled() else None,
                        skipped=bool(scaler.is_enabled() and scale_after < scale_before),
                        time_s=step_time, activations=activations)
+
+
+def pipeline_step(run: Run, tokens: torch.Tensor, measure_held: bool) -> torch.Tensor:
+    """One step's schedule on this rank's stages (scalelab.run.pipeline), counted while the step is, its busy share
+    and timeline kept for a timed step; ``measure_held``: the block activations it holds at most, measured."""
+    from scalelab.run import pipeline
+
+    pipe = run.pipe
+    pipe.counting = run.counter.enabled
+    meter = pipeline.LiveSavedBytes(run.blocks) if measure_held else contextlib.nullcontext()
+    with meter:
+        loss_sum = pipeline.step(pipe, tokens)
+    if measure_held:
+        meter.remove()
+        run.pipe_held = meter.peak
+    if run.counter.enabled:
+        run.pipe_busy.append(pipe.busy_share())
+        run.pipe_timeline = list(pipe.timeline)
+    return loss_sum
 
 
 def compile_warm_up(run: Run) -> tuple[float, int]:
@@ -543,8 +595,11 @@ def _steps(run: Run, tally: Tally, tracer: StepTracer, log: Progress) -> None:
             tally.start_loop()  # whole-loop time, measurement included
         if tally.first_step_at is None:
             tally.first_step_at = time.time()
+        # the first step of an attempt measures a micro-batch's activations; under pipelining the second measures what
+        # the stages hold at once (the first infers the shapes its stages send)
+        measure = step == run.start_step + 1 if run.pipe is not None else tally.activations is None
         with tracer.step(step), tensor_parallel_count(run, step):
-            out = train_step(run, step, measure_activations=tally.activations is None)
+            out = train_step(run, step, measure_activations=measure)
         if out.activations is not None:
             tally.activations = out.activations
         tally.skipped_steps += out.skipped
@@ -623,7 +678,7 @@ def measure_token_share(run: Run, tally: Tally) -> list[float]:
     HALF_BATCH_MIN_STEPS steps); none where the micro-batch is a single sequence. Like timing steps,
     they train on but are no training steps, and count in no run-level timing but this one."""
     cfg = run.train_cfg
-    if not cfg.measure_s or run.micro < 2:
+    if not cfg.measure_s or run.micro < 2 or run.pipe is not None:  # a pipeline's stages send the shapes they inferred
         return []
     full, run.micro = run.micro, run.micro // 2
     times: list[float] = []
@@ -711,7 +766,13 @@ def gather(run: Run, steal: float | None) -> Gathered:
                                      "boot_id": machine_id(), "host_steal_share": steal})
     counted = {"calls": dict(run.counter.calls), "bytes": dict(run.counter.bytes), "by_group": run.counter.by_group()}
     run.counter.uninstall()
-    return Gathered(held=all_held, mem=all_mem, comm=counted)
+    all_pipe = None
+    if run.pipe is not None:
+        from scalelab.run.pipeline import rank_figures
+
+        all_pipe = [None] * run.world_size
+        dist.all_gather_object(all_pipe, rank_figures(run.pipe, run.pipe_busy, run.pipe_held, run.pipe_timeline))
+    return Gathered(held=all_held, mem=all_mem, comm=counted, pipe=all_pipe)
 
 
 def step_time_drift(step_times: list[float]) -> float | None:
@@ -785,9 +846,25 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
             **run.plan.formula_row(), "n_params": run.n_params, "n_trainable_params": run.n_trainable,
             "last_block_params_kept": run.last_block_kept}, rank_hosts),
         **memory_and_placement_columns(run, all_mem),
+        **pipeline_columns(run, gathered.pipe, n_measured),
         "first_step_unix": tally.first_step_at,
         **environment(run.device, run.rank_cores),
     }
+
+
+def pipeline_columns(run: Run, figures: list[dict] | None, n_measured: int) -> dict:
+    """The measured pipeline columns, of rank 0's pipeline (scalelab.run.pipeline.measured_columns); the timeline of
+    its last timed step in the run folder (pipeline_timeline.json)."""
+    from scalelab.formulas.pipeline import MEASURED_COLUMNS
+
+    if figures is None:
+        return dict.fromkeys(MEASURED_COLUMNS)
+    from scalelab.run.pipeline import TIMELINE_FILE, measured_columns, timeline_record
+
+    stride = run.world_size // run.pipeline_parallel  # rank 0's pipeline: one rank per stage, DP x TP apart
+    stages = [figures[k * stride] for k in range(run.pipeline_parallel)]
+    write_json(run.run_dir / TIMELINE_FILE, timeline_record(stages, run.point.pipeline_schedule, run.accum))
+    return {"pipeline_microbatches": run.accum, **measured_columns(stages, n_measured)}
 
 
 def model_state_columns(run: Run, all_held: list[dict]) -> dict:

@@ -1,0 +1,215 @@
+"""Pipeline parallelism's formulas: how the blocks split into stages, what each rank holds and sends, and the
+bubble its schedule leaves. Torch-free; scalelab.run.pipeline runs what these predict, on
+``torch.distributed.pipelining``.
+
+P ranks of one pipeline each hold V consecutive-block chunks ("virtual stages": V = 1 for GPipe and 1F1B, V = 2
+for interleaved 1F1B), P V chunks in all; chunk c lives on rank c mod P. The embeddings go with chunk 0, the final
+norm, the head and the loss with chunk P V - 1. A step's micro-batches m are the data-parallel rank's share of the
+global batch in micro-batches (the accumulation steps of the run without pipelining).
+
+* Bubble (Narayanan et al. 2021, with equal chunks and no communication time): each rank idles (P - 1) chunk-times
+  of forward and backward while the pipeline fills and drains, against m V chunk-times of work:
+  (P - 1) / (V m + P - 1) of the step.
+* Activations held: a micro-batch's activations on a chunk live from its forward to its backward. GPipe runs every
+  forward first: m per chunk. 1F1B runs P - i forwards on rank i before its first backward, then one backward per
+  forward: min(m, P - i). torch's interleaved 1F1B runs (V - 1) r + 2 (P - 1 - i) warm-up forwards (r: micro-batches
+  per round), then backward-first pairs: that many plus one chunk-micro-batches, at most m V.
+* Point-to-point bytes: at every boundary between chunks, each micro-batch's output activations forward and their
+  gradient backward, B x seq_len x d_model values (1/T of the tokens under sequence parallelism) at the residual
+  stream's width.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scalelab.config import ModelConfig
+from scalelab.spec.families import family
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str
+    torch_class: str
+    """Its class in torch.distributed.pipelining.schedules."""
+    chunks_per_rank: int
+    """V: consecutive-block chunks per rank (interleaved: 2)."""
+    doc: str
+
+
+SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
+    Schedule("gpipe", "ScheduleGPipe", 1, "every micro-batch's forward, then every backward (fill and drain)"),
+    Schedule("1f1b", "Schedule1F1B", 1, "P - i warm-up forwards on rank i, then one forward and one backward in turn"),
+    Schedule("interleaved_1f1b", "ScheduleInterleaved1F1B", 2,
+             "1F1B over two chunks of blocks per rank (chunk c on rank c mod P): a smaller bubble for twice the messages"),
+)}
+DEFAULT_SCHEDULE = "1f1b"
+
+
+def schedule(name: str) -> Schedule:
+    try:
+        return SCHEDULES[name]
+    except KeyError:
+        raise ValueError(f"pipeline_schedule {name!r}: one of {', '.join(SCHEDULES)}") from None
+
+
+def chunks(n_layers: int, pp: int, schedule_name: str = DEFAULT_SCHEDULE) -> list[range]:
+    """The blocks of each chunk (P V of them, in model order); ValueError where the blocks do not split evenly."""
+    n = pp * schedule(schedule_name).chunks_per_rank
+    if n_layers % n:
+        raise ValueError(f"{n_layers} blocks do not split into {n} equal pipeline chunks "
+                         f"(pipeline_parallel={pp}, {schedule_name}: {n // pp} per rank)")
+    size = n_layers // n
+    return [range(c * size, (c + 1) * size) for c in range(n)]
+
+
+def rank_chunks(pp_rank: int, pp: int, schedule_name: str = DEFAULT_SCHEDULE) -> list[int]:
+    """The chunks pipeline rank i runs: i, i + P, ... (torch's looped placement)."""
+    return [pp_rank + k * pp for k in range(schedule(schedule_name).chunks_per_rank)]
+
+
+def microbatches_problem(pp: int, m: int, schedule_name: str) -> str | None:
+    """Why m micro-batches per step cannot fill this pipeline's schedule; None where they can."""
+    if pp == 1:
+        return None
+    if m < pp:
+        return (f"{m} micro-batch(es) per step cannot fill {pp} pipeline stages (at least {pp}: set a smaller "
+                "sweep.micro_batch or a larger train.global_batch)")
+    if schedule(schedule_name).chunks_per_rank > 1:
+        rounds = max(1, m // pp)
+        if m % rounds:
+            return f"{schedule_name} takes a multiple of {rounds} micro-batches per step (got {m}: torch's rounds of {pp})"
+    return None
+
+
+def bubble_fraction(pp: int, m: int, schedule_name: str = DEFAULT_SCHEDULE) -> float:
+    """The share of a step each rank idles: (P - 1) / (V m + P - 1); 0 without pipelining."""
+    v = schedule(schedule_name).chunks_per_rank
+    return (pp - 1) / (v * m + pp - 1) if pp > 1 else 0.0
+
+
+def in_flight(pp_rank: int, pp: int, m: int, schedule_name: str = DEFAULT_SCHEDULE) -> int:
+    """Chunk-micro-batches whose activations rank ``pp_rank`` holds at once, at most (the module doc)."""
+    if pp == 1:
+        return 1
+    if schedule_name == "gpipe":
+        return m
+    if schedule_name == "1f1b":
+        return min(m, pp - pp_rank)
+    v = schedule(schedule_name).chunks_per_rank
+    per_round = m // max(1, m // pp)
+    warm_up = min((v - 1) * per_round + 2 * (pp - 1 - pp_rank), m * v)
+    return min(warm_up + 1, m * v)
+
+
+def held_block_activations(per_block: float, n_layers: int, pp_rank: int, pp: int, m: int,
+                           schedule_name: str = DEFAULT_SCHEDULE) -> float:
+    """The most bytes of block activations rank ``pp_rank`` holds: in-flight chunk-micro-batches x blocks per chunk x
+    one block's bytes for one micro-batch (per_block)."""
+    blocks_per_chunk = len(chunks(n_layers, pp, schedule_name)[0])
+    return in_flight(pp_rank, pp, m, schedule_name) * blocks_per_chunk * per_block
+
+
+def boundary_values(micro_batch: int, seq_len: int, d_model: int, tensor_parallel: int = 1,
+                    sequence_parallel: bool = False) -> int:
+    """Values one micro-batch sends across a boundary (each tensor-parallel rank its own copy, 1/T of the tokens
+    under sequence parallelism)."""
+    tokens = micro_batch * seq_len // (tensor_parallel if sequence_parallel else 1)
+    return tokens * d_model
+
+
+def p2p_bytes(pp_rank: int, pp: int, m: int, boundary_bytes: float, schedule_name: str = DEFAULT_SCHEDULE) -> dict[str, float]:
+    """Bytes rank ``pp_rank`` sends and receives per step: {"sent", "received"}. Each of its chunks but the model's
+    last sends each micro-batch's activations forward and receives their gradient; each but the first receives the
+    activations and sends the gradient back."""
+    if pp == 1:
+        return {"sent": 0.0, "received": 0.0}
+    n = pp * schedule(schedule_name).chunks_per_rank
+    sent = received = 0.0
+    for c in rank_chunks(pp_rank, pp, schedule_name):
+        if c < n - 1:  # activations out, their gradient in
+            sent += m * boundary_bytes
+            received += m * boundary_bytes
+        if c > 0:  # activations in, their gradient out
+            sent += m * boundary_bytes
+            received += m * boundary_bytes
+    return {"sent": sent, "received": received}
+
+
+def outside_parts(cfg: ModelConfig) -> dict[str, int]:
+    """Parameters outside the blocks by the chunk that holds them: ``first`` (the embeddings) and ``last`` (the final
+    norm and the head: under pipelining a tied head is its own copy on the last rank, its gradient summed with the
+    embedding's every step)."""
+    record = family(cfg.family)
+    head = cfg.vocab_size * cfg.d_model
+    outside = record.outside_params(cfg)  # embeddings, final norm, an untied head (a tied one counted once)
+    norm = record.norm_params(cfg)
+    return {"first": outside - norm - (0 if cfg.tie_embeddings else head), "last": norm + head}
+
+
+def rank_params(cfg: ModelConfig, block_params: float, pp_rank: int, pp: int,
+                schedule_name: str = DEFAULT_SCHEDULE) -> float:
+    """Parameters pipeline rank ``pp_rank`` holds (block_params: one block's, on this rank: its tensor-parallel share),
+    its blocks and the parts outside them its chunks hold; the whole model's count without pipelining."""
+    if pp == 1:
+        return cfg.n_layers * block_params + family(cfg.family).outside_params(cfg)
+    parts = outside_parts(cfg)
+    all_chunks = chunks(cfg.n_layers, pp, schedule_name)
+    mine = rank_chunks(pp_rank, pp, schedule_name)
+    held = sum(len(all_chunks[c]) for c in mine) * block_params
+    held += parts["first"] if 0 in mine else 0
+    held += parts["last"] if len(all_chunks) - 1 in mine else 0
+    return held
+
+
+def tied_sync_bytes(cfg: ModelConfig, pp: int, pp_rank: int, sharded_over: int = 1) -> float:
+    """Bytes of the all-reduce that sums a tied embedding's gradient with its head copy's (fp32; this rank's shard
+    where FSDP2 shards it over ``sharded_over`` data-parallel ranks: dim 0's rows, the first rank's ceil(V / N)), per
+    step, on the first and the last pipeline rank; counted as the collectives are (an all-reduce of S bytes, 2 S)."""
+    if pp == 1 or not cfg.tie_embeddings or pp_rank not in (0, pp - 1):
+        return 0.0
+    rows = -(-cfg.vocab_size // sharded_over)
+    return 2 * 4 * rows * cfg.d_model
+
+
+MEASURED_COLUMNS = ("pipeline_microbatches", "comm_pipeline_bytes_per_step_measured",
+                    "comm_pipeline_bytes_per_step_measured_per_stage", "comm_pipeline_tied_bytes_per_step_measured",
+                    "bubble_fraction_measured", "bubble_fraction_measured_per_stage",
+                    "pipeline_activation_bytes_measured_per_stage")
+"""The worker's measured pipeline columns (scalelab.run.pipeline.measured_columns): null without a pipeline."""
+PREDICTED_COLUMNS = ("comm_pipeline_bytes_per_step_predicted", "comm_pipeline_bytes_per_step_predicted_per_stage",
+                     "comm_pipeline_tied_bytes_per_step_predicted", "bubble_fraction_predicted",
+                     "pipeline_activation_bytes_predicted_per_stage")
+
+
+def residual_width(precision: str, zero_stage: int) -> int:
+    """Bytes of a value of the residual stream a stage sends: fp32 under autocast over fp32 parameters, the compute
+    width where FSDP2 gathers 16-bit parameters (stages 2 and 3, bf16)."""
+    from scalelab.formulas.accounting import DTYPE_BYTES, _sixteen_bit_params
+
+    return DTYPE_BYTES[precision] if _sixteen_bit_params(precision, zero_stage) else 4
+
+
+def predicted_columns(cfg: ModelConfig, pp: int, schedule_name: str, micro_batch: int, m: int, precision: str,
+                      zero_stage: int, data_parallel: int, tensor_parallel: int = 1, sequence_parallel: bool = False,
+                      activation_checkpointing: bool = False, device_type: str = "cpu", compiled: bool = False) -> dict:
+    """The pipeline's predicted columns of a run (null without a pipeline): rank 0's point-to-point bytes per step
+    and each stage's, rank 0's tied-embedding sum, the schedule's bubble, and each stage's most block activations
+    held (null under activation checkpointing: the measurement does not see a checkpointed block's input)."""
+    if pp == 1:
+        return dict.fromkeys(PREDICTED_COLUMNS)
+    from scalelab.formulas.accounting import block_activation_bytes
+
+    boundary = boundary_values(micro_batch, cfg.seq_len, cfg.d_model, tensor_parallel, sequence_parallel) \
+        * residual_width(precision, zero_stage)
+    per_stage = [sum(p2p_bytes(k, pp, m, boundary, schedule_name).values()) for k in range(pp)]
+    per_block = block_activation_bytes(cfg, micro_batch, precision, activation_checkpointing, zero_stage=zero_stage,
+                                       device_type=device_type, compiled=compiled, tensor_parallel=tensor_parallel,
+                                       sequence_parallel=sequence_parallel) / cfg.n_layers
+    held = None if activation_checkpointing else [held_block_activations(per_block, cfg.n_layers, k, pp, m, schedule_name)
+                                                  for k in range(pp)]
+    return {"comm_pipeline_bytes_per_step_predicted": per_stage[0],
+            "comm_pipeline_bytes_per_step_predicted_per_stage": per_stage,
+            "comm_pipeline_tied_bytes_per_step_predicted": tied_sync_bytes(
+                cfg, pp, 0, data_parallel if zero_stage in (2, 3) else 1),
+            "bubble_fraction_predicted": bubble_fraction(pp, m, schedule_name),
+            "pipeline_activation_bytes_predicted_per_stage": held}

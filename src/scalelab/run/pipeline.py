@@ -1,0 +1,319 @@
+"""Pipeline parallelism (``sweep.pipeline_parallel``): the model's blocks split into stages over P ranks, each step's
+micro-batches passed through them by a schedule of ``torch.distributed.pipelining`` (PipelineStage, ScheduleGPipe,
+Schedule1F1B, ScheduleInterleaved1F1B), as torchtitan runs it.
+
+The mesh is (pp, dp[, tp]): pipeline stages outermost, tensor-parallel ranks innermost (consecutive ranks: one
+node), so rank = (pp_rank x DP + dp_rank) x T + tp_rank. Every rank builds the whole model from the run's seed (the
+weights of the run without pipelining) and keeps its chunks' parts (scalelab.formulas.pipeline.chunks): its blocks,
+under their whole-model names (scalelab.run.model.StageBlocks), the embeddings on the first chunk, the final norm and
+the head on the last. A tied head is the last chunk's own copy of the embedding; the two gradients are summed every
+step over the tied group (first and last pipeline rank of one data- and tensor-parallel coordinate), so both copies
+step alike, and the gradient norm counts it once.
+
+Each chunk is split by tensor parallelism, then wrapped for data parallelism over the dp sub-mesh
+(scalelab.run.parallel.data_parallel_wrap: FSDP2 at stages 2 and 3, its replicate at stage 0), and handed to a
+PipelineStage; torch's schedule drives FSDP2's gradient sync (only the last micro-batch's backward reduces) and
+divides the gradients by the micro-batches (scale_grads), as the run without pipelining divides each loss.
+
+What a step measures, besides the step time: the bytes each rank's stages send and receive (the ops torch's stages
+hand to batch_isend_irecv: activations forward, their gradients backward), each chunk's forward and backward
+intervals (the timeline: the bubble is the share of the pipeline's time a rank computed nothing), and, on the
+measured step, the most bytes of block activations the rank held at once (saved-tensor hooks, released as autograd
+frees them): the schedule's in-flight micro-batches times a micro-batch's.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+
+from scalelab.formulas.pipeline import chunks as chunk_blocks
+from scalelab.formulas.pipeline import rank_chunks
+from scalelab.formulas.pipeline import schedule as schedule_record
+from scalelab.run.model import StageBlocks
+
+
+def build_mesh(device_type: str, world_size: int, pp: int, tp: int):
+    """The run's (pp, dp[, tp]) mesh."""
+    dp = world_size // (pp * tp)
+    if tp > 1:
+        return init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+    return init_device_mesh(device_type, (pp, dp), mesh_dim_names=("pp", "dp"))
+
+
+def chunk_modules(model: nn.Module, pp_rank: int, pp: int, schedule_name: str) -> list[tuple[int, nn.Module]]:
+    """This rank's chunks of a whole model: (chunk index, module holding only its parts), sharing the model's
+    parameters (nothing copied); the parts it does not hold are None (the families' forwards skip them)."""
+    all_chunks = chunk_blocks(model.cfg.n_layers, pp, schedule_name)
+    out = []
+    for c in rank_chunks(pp_rank, pp, schedule_name):
+        part = nn.Module.__new__(type(model))
+        part.__dict__ = {**model.__dict__, "_modules": dict(model._modules), "_parameters": dict(model._parameters),
+                         "_buffers": dict(model._buffers)}
+        part.blocks = StageBlocks({str(i): model.blocks[i] for i in all_chunks[c]})
+        if c > 0:
+            for name in type(model).FIRST_STAGE_PARTS:
+                setattr(part, name, None)
+        if c < len(all_chunks) - 1:
+            for name in type(model).LAST_STAGE_PARTS:
+                setattr(part, name, None)
+        out.append((c, part))
+    return out
+
+
+class LiveSavedBytes:
+    """The most bytes the blocks' saved tensors hold at once (saved-tensor hooks: a storage counts while autograd
+    keeps any tensor of it for backward, once however many keep it); parameters left out."""
+
+    def __init__(self, blocks: list[nn.Module]):
+        self.now = self.peak = 0
+        self._live: dict[int, list[int]] = {}  # storage address -> [holders, bytes]
+        self._params: set[int] = set()
+        self._inside = 0
+        self._handles = [h for b in blocks for h in (b.register_forward_pre_hook(self._enter),
+                                                     b.register_forward_hook(self._leave))]
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def _enter(self, block, args):
+        self._inside += 1
+        self._params = {p.untyped_storage().data_ptr() for p in block.parameters()}  # gathered ones under FSDP2
+
+    def _leave(self, block, args, out):
+        self._inside -= 1
+
+    def _pack(self, t: torch.Tensor):
+        if not self._inside or isinstance(t, nn.Parameter):
+            return t
+        local = t.to_local() if hasattr(t, "to_local") else t
+        try:
+            storage = local.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return t
+        ptr = storage.data_ptr()
+        if ptr in self._params:
+            return t
+        entry = self._live.setdefault(ptr, [0, storage.nbytes()])
+        if entry[0] == 0:
+            self.now += entry[1]
+            self.peak = max(self.peak, self.now)
+        entry[0] += 1
+        holder = _Held(t)
+        weakref.finalize(holder, self._release, ptr)
+        return holder
+
+    @staticmethod
+    def _unpack(held):
+        return held.tensor if isinstance(held, _Held) else held
+
+    def _release(self, ptr: int) -> None:
+        entry = self._live[ptr]
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.now -= entry[1]
+            del self._live[ptr]
+
+    def __enter__(self):
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._hooks.__exit__(*exc)
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+class _Held:
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+
+@dataclass
+class Pipeline:
+    """One rank's part of the pipeline, and what it measures."""
+    schedule: object
+    stages: list
+    pp_rank: int
+    pp_size: int
+    has_first: bool
+    has_last: bool
+    group: dist.ProcessGroup
+    tied: tuple | None = None  # (this rank's copy of a tied embedding, the tied group) on the first and last rank
+    counting: bool = False
+    p2p: dict = field(default_factory=lambda: {"sent": 0, "received": 0})
+    tied_bytes: float = 0.0
+    timeline: list = field(default_factory=list)  # this step's (kind, chunk, micro-batch, start, end), seconds
+    step_start: float = 0.0
+    pipeline_s: float = 0.0  # this step's schedule time (every micro-batch's forward and backward)
+
+    def busy_share(self) -> float:
+        """The share of this step's pipeline time the rank computed: 1 - its bubble."""
+        busy = sum(end - start for _, _, _, start, end in self.timeline)
+        return busy / self.pipeline_s if self.pipeline_s else 0.0
+
+
+def build(chunks: list[tuple[int, nn.Module]], pp_mesh, device: torch.device, schedule_name: str, n_microbatches: int,
+          loss_fn, precision_context) -> Pipeline:
+    """PipelineStages for this rank's (wrapped) chunks and the schedule over them, with counting and timing
+    wrapped around each stage's sends, receives, forwards and backwards."""
+    from torch.distributed.pipelining import PipelineStage, schedules
+
+    record = schedule_record(schedule_name)
+    pp, pp_rank = pp_mesh.size(), pp_mesh.get_local_rank()
+    n_chunks = pp * record.chunks_per_rank
+    group = pp_mesh.get_group()
+    stages = [PipelineStage(module, c, n_chunks, device, group=group) for c, module in chunks]
+    pipe = Pipeline(schedule=None, stages=stages, pp_rank=pp_rank, pp_size=pp, has_first=chunks[0][0] == 0,
+                    has_last=chunks[-1][0] == n_chunks - 1, group=group)
+    for stage in stages:
+        _instrument(stage, pipe, precision_context)
+    cls = getattr(schedules, record.torch_class)
+    pipe.schedule = cls(stages if record.chunks_per_rank > 1 else stages[0], n_microbatches=n_microbatches,
+                        loss_fn=loss_fn, scale_grads=True)
+    return pipe
+
+
+def _instrument(stage, pipe: Pipeline, precision_context) -> None:
+    """Count what the stage's point-to-point ops carry and time its computations (autocast around each forward,
+    as the run without pipelining enters it per micro-batch)."""
+    def counted(method, key):
+        def wrapper(*args, **kwargs):
+            ops = method(*args, **kwargs)
+            if pipe.counting:
+                pipe.p2p[key] += sum(op.tensor.numel() * op.tensor.element_size() for op in ops)
+            return ops
+        return wrapper
+
+    def timed(method, kind, autocast: bool):
+        def wrapper(chunk_id, *args, **kwargs):
+            start = time.perf_counter()
+            with precision_context() if autocast else contextlib.nullcontext():
+                out = method(chunk_id, *args, **kwargs)
+            if stage.device.type == "cuda":
+                torch.cuda.synchronize(stage.device)  # the interval ends when its kernels do
+            pipe.timeline.append((kind, stage.stage_index, chunk_id, start - pipe.step_start,
+                                  time.perf_counter() - pipe.step_start))
+            return out
+        return wrapper
+
+    for name, key in (("get_fwd_send_ops", "sent"), ("get_bwd_send_ops", "sent"),
+                      ("get_fwd_recv_ops", "received"), ("get_bwd_recv_ops", "received")):
+        setattr(stage, name, counted(getattr(stage, name), key))
+    stage.forward_one_chunk = timed(stage.forward_one_chunk, "F", autocast=True)
+    stage.backward_one_chunk = timed(stage.backward_one_chunk, "B", autocast=False)
+
+
+def tie(pipe: Pipeline, chunks: list[tuple[int, nn.Module]], mesh) -> frozenset:
+    """Sum a tied head's gradient with its embedding's every step (first and last pipeline rank of each data- and
+    tensor-parallel coordinate: every rank creates every such group, as new_group asks); returns the ids of the
+    parameters the gradient norm leaves out (the last rank's copy)."""
+    ranks = mesh.mesh.reshape(mesh.mesh.shape[0], -1)  # (pp, dp x tp)
+    mine = None
+    for column in range(ranks.shape[1]):
+        pair = sorted({int(ranks[0, column]), int(ranks[-1, column])})
+        group = dist.new_group(pair)
+        if dist.get_rank() in pair:
+            mine = group
+    first = next((m for c, m in chunks if c == 0), None)
+    last = next((m for c, m in chunks if m.head is not None), None) if pipe.has_last else None
+    if first is not None:
+        pipe.tied = (first.wte.weight, mine)
+    if last is not None:
+        pipe.tied = (last.head.weight, mine)
+        return frozenset({id(last.head.weight)})
+    return frozenset()
+
+
+def sync_tied(pipe: Pipeline) -> None:
+    """The tied embedding's and head's gradients summed on both ranks (fp32, this rank's shard)."""
+    if pipe.tied is None:
+        return
+    param, group = pipe.tied
+    grad = param.grad.to_local() if hasattr(param.grad, "to_local") else param.grad
+    dist.distributed_c10d.all_reduce(grad, group=group)
+    if pipe.counting:
+        pipe.tied_bytes += 2 * grad.numel() * grad.element_size()
+
+
+def step(pipe: Pipeline, tokens: torch.Tensor) -> torch.Tensor:
+    """One step's forwards and backwards over this rank's stages; the sum of its micro-batches' losses on the ranks
+    holding the last chunk (zero on the others)."""
+    pipe.timeline = []
+    pipe.step_start = time.perf_counter()
+    losses: list[torch.Tensor] = []
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    if pipe.has_first:
+        pipe.schedule.step(inputs, target=targets, losses=losses, return_outputs=False)
+    else:
+        pipe.schedule.step(target=targets, losses=losses, return_outputs=False)
+    pipe.pipeline_s = time.perf_counter() - pipe.step_start
+    sync_tied(pipe)
+    if losses:
+        return torch.stack([loss.detach().float() for loss in losses]).sum()
+    return torch.zeros((), device=tokens.device)
+
+
+def parallelize(chunks: list[tuple[int, nn.Module]], mesh, plan, device: torch.device, param_dtype, reduce_dtype,
+                precision_context):
+    """This rank's chunks wrapped for data parallelism over the dp sub-mesh, one optimizer over them all, and the
+    pipeline that runs them: (Parallelized, Pipeline)."""
+    from scalelab.run.parallel import Parallelized, _adamw_kwargs, data_parallel_wrap, param_groups
+
+    point, train = plan.point, plan.train
+    for _, chunk in chunks:
+        data_parallel_wrap(chunk, point.zero_stage, param_dtype, reduce_dtype, mesh["dp"])
+    holder = chunks[0][1] if len(chunks) == 1 else nn.ModuleList(chunk for _, chunk in chunks)
+    opt = torch.optim.AdamW(param_groups(holder, train.weight_decay), **_adamw_kwargs(train.lr))
+    last = chunks[-1][1]
+
+    def loss_fn(logits, targets):  # the model's loss (a compiled one under compile), under the run's autocast
+        with precision_context():
+            return last.loss_fn(logits, targets)
+
+    pipe = build(chunks, mesh["pp"], device, point.pipeline_schedule, plan.accumulation_steps, loss_fn, precision_context)
+    excluded = tie(pipe, chunks, mesh) if plan.model.tie_embeddings else frozenset()
+    par = Parallelized(holder, opt, lambda last_micro_batch: contextlib.nullcontext(), tensor_parallel=point.tensor_parallel,
+                       pipeline_group=pipe.group, norm_excluded=excluded)
+    return par, pipe
+
+
+TIMELINE_FILE = "pipeline_timeline.json"
+"""In a pipeline run's folder: every stage's forward and backward intervals in its last timed step (the report's
+per-stage timeline)."""
+
+
+def rank_figures(pipe: Pipeline, busy: list[float], held: int | None, timeline: list) -> dict:
+    """What one rank measured of its stages over the run (gathered to rank 0)."""
+    import statistics
+
+    return {"pp_rank": pipe.pp_rank, "sent": pipe.p2p["sent"], "received": pipe.p2p["received"],
+            "tied": pipe.tied_bytes, "busy": statistics.median(busy) if busy else None, "held": held,
+            "timeline": timeline}
+
+
+def measured_columns(stages: list[dict], n_measured: int) -> dict:
+    """The measured columns of one pipeline (its ranks' figures, stage order); bytes per measured step."""
+    per_stage = [(f["sent"] + f["received"]) / n_measured for f in stages]
+    bubbles = [1 - f["busy"] for f in stages if f["busy"] is not None]
+    return {"comm_pipeline_bytes_per_step_measured": per_stage[0],
+            "comm_pipeline_bytes_per_step_measured_per_stage": per_stage,
+            "comm_pipeline_tied_bytes_per_step_measured": stages[0]["tied"] / n_measured,
+            "bubble_fraction_measured": sum(bubbles) / len(bubbles) if bubbles else None,
+            "bubble_fraction_measured_per_stage": [1 - f["busy"] if f["busy"] is not None else None for f in stages],
+            "pipeline_activation_bytes_measured_per_stage": [f["held"] for f in stages]}
+
+
+def timeline_record(stages: list[dict], schedule_name: str, n_microbatches: int) -> dict:
+    return {"schedule": schedule_name, "microbatches": n_microbatches,
+            "stages": [{"pp_rank": f["pp_rank"], "intervals": [
+                {"kind": kind, "chunk": chunk, "microbatch": mb, "start_s": start, "end_s": end}
+                for kind, chunk, mb, start, end in f["timeline"]]} for f in stages]}
