@@ -40,12 +40,12 @@ from scalelab.forecast.inputs import positive as _positive
 from scalelab.forecast.model_input import described as _named
 from scalelab.forecast.model_input import model_flags
 from scalelab.forecast.model_input import model_from_args as _model
-from scalelab.forecast.pipeline_step import pipeline_problem
 from scalelab.forecast.step import (  # the step-time model, shared by plan, pruning and the published validation
     Machine,
     Point,
     check_tensor_parallel,
     fp8_machine,
+    pipeline_problem,
     predict_point,
 )
 from scalelab.formulas import accounting, links
@@ -362,7 +362,7 @@ OUT_OF_SCOPE = ("hierarchical and tree algorithms (NCCL's tree, NVLink SHARP, in
 PIPELINE_READING = ("the slowest stage's compute and tensor-parallel time over (1 - bubble), bubble = (P - 1) / "
                     "(V m + P - 1) (V chunks per rank, m micro-batches per step); the sends between consecutive stages "
                     "exposed, on their link; the strategy's collectives over each stage's data-parallel ranks on its "
-                    "parameters; memory per stage with its in-flight micro-batches (scalelab.forecast.pipeline_step)")
+                    "parameters; memory per stage with its in-flight micro-batches (scalelab.forecast.step)")
 
 
 def gpu_counts(text: str) -> tuple[int, ...]:
@@ -593,6 +593,24 @@ def _mfu_origin(a: dict) -> str:
     return "default; --mfu" if a["mfu_default"] else "--mfu"
 
 
+def _render_pipeline(r: dict, first: dict) -> list[str]:
+    """estimate scaling's pipeline lines (none without pipelining): at the largest count, its bubble, sends and memory
+    per stage, and how a pipelined step is read."""
+    lines: list[str] = []
+    if r.get("pipeline_parallel", 1) > 1:
+        pl = first["pipeline"]
+        memory = ", ".join(f"{s['peak_memory_bytes'] / UNITS['GiB']:.1f}" for s in pl["stages"])
+        lines.append(f"pipeline parallelism: {r['pipeline_parallel']} stages, {r['pipeline_schedule']}, at {first['gpus']} "
+                     f"GPUs {pl['microbatches']} micro-batches per step: bubble {_percent(pl['bubble_fraction'])} "
+                     f"({pl['bubble_s'] * 1e3:.1f} ms); sends {pl['boundary_bytes'] / 1e6:.3g} MB per micro-batch and "
+                     f"boundary, {pl['p2p_sent_bytes'] / 1e9:.3g} GB per step from the busiest rank over {pl['p2p_link']} "
+                     f"({'across nodes' if pl['p2p_across_nodes'] else 'within a node'}), {pl['p2p_s'] * 1e3:.1f} ms"
+                     + (f"; tied embedding sync {pl['tied_sync_s'] * 1e3:.1f} ms" if pl["tied_sync_bytes"] else "")
+                     + f"; peak GiB per stage: {memory}")
+        lines.append(f"pipeline step: {r['pipeline_reading']}")
+    return lines
+
+
 def _render_scaling(r: dict) -> list[str]:
     a = r["assumptions"]
     shape = r["shape"]
@@ -637,17 +655,7 @@ def _render_scaling(r: dict) -> list[str]:
                      f"blocks' linears): per step {kinds} (nccl-tests size: the buffers reduced or gathered); a ring moves "
                      f"{tp['ring_bytes_per_gpu'] / 1e9:.3g} GB per GPU of it (x the bus factor) over {tp['link']}, "
                      f"{tp['seconds'] * 1e3:.1f} ms on the critical path (exposed: no schedule here hides them)")
-    if r.get("pipeline_parallel", 1) > 1:
-        pl = first["pipeline"]
-        memory = ", ".join(f"{s['peak_memory_bytes'] / UNITS['GiB']:.1f}" for s in pl["stages"])
-        lines.append(f"pipeline parallelism: {r['pipeline_parallel']} stages, {r['pipeline_schedule']}, at {first['gpus']} "
-                     f"GPUs {pl['microbatches']} micro-batches per step: bubble {_percent(pl['bubble_fraction'])} "
-                     f"({pl['bubble_s'] * 1e3:.1f} ms); sends {pl['boundary_bytes'] / 1e6:.3g} MB per micro-batch and "
-                     f"boundary, {pl['p2p_sent_bytes'] / 1e9:.3g} GB per step from the busiest rank over {pl['p2p_link']} "
-                     f"({'across nodes' if pl['p2p_across_nodes'] else 'within a node'}), {pl['p2p_s'] * 1e3:.1f} ms"
-                     + (f"; tied embedding sync {pl['tied_sync_s'] * 1e3:.1f} ms" if pl["tied_sync_bytes"] else "")
-                     + f"; peak GiB per stage: {memory}")
-        lines.append(f"pipeline step: {r['pipeline_reading']}")
+    lines += _render_pipeline(r, first)
     lines.append(f"overlap: {a['overlap']}; overlap efficiency {a['overlap_efficiency']:g}"
                  + (" (default; --overlap-efficiency)" if a["overlap_efficiency_default"] else ""))
     lines.append(f"rule: {a['link_rule']}; out of scope: {a['out_of_scope']}")

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from scalelab.config import ModelConfig
 from scalelab.forecast import playbook_sweep
-from scalelab.forecast.pipeline_step import pipeline_problem
+from scalelab.forecast.step import pipeline_problem
 from scalelab.formulas import accounting, links
 from scalelab.spec import hardware
 from scalelab.spec.presets import PRESETS
@@ -522,7 +522,7 @@ def cross_model_markdown() -> str:
 
 # ----------------------------------------------------------------------------- the sweep's pipelined runs
 # The same sweep's runs with pipeline parallelism 2, 4 and 8 (PIPELINE_ROWS), priced by the same trainer and links, each
-# pipelined step as scalelab.forecast.pipeline_step prices it (1F1B's bubble, the sends between stages, the strategy over
+# pipelined step as scalelab.forecast.step prices it (1F1B's bubble, the sends between stages, the strategy over
 # each stage's data-parallel ranks, memory per stage). Nothing is fitted on them: the megatron trainer's overlap
 # efficiency was fitted on the 1B series without pipelining (FIT_MODELS), so the 1B pipelined series are reported as
 # in-sample (their model's) and the 3B and 8B ones as held out. Each series is calibrated at its smallest count, as the
@@ -612,7 +612,7 @@ def pipeline_document() -> str:
     by_degree = ", ".join(f"PP {p} {e:.1%}" for p, e in t["by_degree"].items())
     return "\n\n".join([
         f"The same sweep's pipelined runs ({len(PIPELINE_ROWS)} runs in {len({r.series for r in PIPELINE_ROWS})} series: "
-        "PP 2, 4, 8 x TP 1-8 x ZeRO-0/1, priced as 1F1B by scalelab.forecast.pipeline_step, nothing fitted on them; "
+        "PP 2, 4, 8 x TP 1-8 x ZeRO-0/1, priced as 1F1B by scalelab.forecast.step, nothing fitted on them; "
         f"{len(degraded())} degraded runs left out: under half the speed of their configuration on more nodes), each "
         "series calibrated at its smallest count, per GPU count (in-sample: the 1B series, whose model fitted the "
         "overlap efficiency; held out: 3B and 8B):",
