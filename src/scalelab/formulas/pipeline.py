@@ -102,11 +102,23 @@ def in_flight(pp_rank: int, pp: int, m: int, schedule_name: str = DEFAULT_SCHEDU
 
 
 def held_block_activations(per_block: float, n_layers: int, pp_rank: int, pp: int, m: int,
-                           schedule_name: str = DEFAULT_SCHEDULE) -> float:
+                           schedule_name: str = DEFAULT_SCHEDULE, once: float = 0.0) -> float:
     """The most bytes of block activations rank ``pp_rank`` holds: in-flight chunk-micro-batches x blocks per chunk x
-    one block's bytes for one micro-batch (per_block)."""
+    one block's bytes for one micro-batch (per_block), plus what every block shares once (``once``: the llama
+    family's fp32 RoPE tables, saved by every block and micro-batch but one storage)."""
     blocks_per_chunk = len(chunks(n_layers, pp, schedule_name)[0])
-    return in_flight(pp_rank, pp, m, schedule_name) * blocks_per_chunk * per_block
+    return in_flight(pp_rank, pp, m, schedule_name) * blocks_per_chunk * per_block + once
+
+
+def per_block_and_once(cfg: ModelConfig, micro_batch: int, precision: str, **case) -> tuple[float, float]:
+    """(one block's activations for one micro-batch, what all blocks share once) from the families' formula for the
+    whole model, L x per block + once, taken at one and two blocks."""
+    import dataclasses
+
+    from scalelab.formulas.accounting import block_activation_bytes
+
+    one, two = (block_activation_bytes(dataclasses.replace(cfg, n_layers=n), micro_batch, precision, **case) for n in (1, 2))
+    return two - one, 2 * one - two
 
 
 def boundary_values(micro_batch: int, seq_len: int, d_model: int, tensor_parallel: int = 1,
@@ -197,19 +209,31 @@ def predicted_columns(cfg: ModelConfig, pp: int, schedule_name: str, micro_batch
     held (null under activation checkpointing: the measurement does not see a checkpointed block's input)."""
     if pp == 1:
         return dict.fromkeys(PREDICTED_COLUMNS)
-    from scalelab.formulas.accounting import block_activation_bytes
-
     boundary = boundary_values(micro_batch, cfg.seq_len, cfg.d_model, tensor_parallel, sequence_parallel) \
         * residual_width(precision, zero_stage)
     per_stage = [sum(p2p_bytes(k, pp, m, boundary, schedule_name).values()) for k in range(pp)]
-    per_block = block_activation_bytes(cfg, micro_batch, precision, activation_checkpointing, zero_stage=zero_stage,
-                                       device_type=device_type, compiled=compiled, tensor_parallel=tensor_parallel,
-                                       sequence_parallel=sequence_parallel) / cfg.n_layers
-    held = None if activation_checkpointing else [held_block_activations(per_block, cfg.n_layers, k, pp, m, schedule_name)
-                                                  for k in range(pp)]
+    per_block, once = per_block_and_once(cfg, micro_batch, precision, activation_checkpointing=activation_checkpointing,
+                                         zero_stage=zero_stage, device_type=device_type, compiled=compiled,
+                                         tensor_parallel=tensor_parallel, sequence_parallel=sequence_parallel)
+    held = None if activation_checkpointing else [
+        held_block_activations(per_block, cfg.n_layers, k, pp, m, schedule_name, once) for k in range(pp)]
     return {"comm_pipeline_bytes_per_step_predicted": per_stage[0],
             "comm_pipeline_bytes_per_step_predicted_per_stage": per_stage,
             "comm_pipeline_tied_bytes_per_step_predicted": tied_sync_bytes(
                 cfg, pp, 0, data_parallel if zero_stage in (2, 3) else 1),
             "bubble_fraction_predicted": bubble_fraction(pp, m, schedule_name),
             "pipeline_activation_bytes_predicted_per_stage": held}
+
+
+def sharded_comm_bytes(stage_params: float, kept: float, m: int, zero_stage: int, gather_bytes: int,
+                       reduce_bytes: int, schedule_name: str = DEFAULT_SCHEDULE) -> float | None:
+    """FSDP2's bytes per step on one pipeline rank over its data-parallel ranks (stages 2 and 3; an all-gather counts
+    its output, a reduce-scatter its input). torch's schedules keep a stage's parameters gathered from the first
+    micro-batch's backward to the last one's and reduce the gradients once, after the last backward. Stage 2 gathers
+    once; stage 3 gathers whole for the first forward, then each of the m - 1 further forwards and the first backward
+    gather all but the block it keeps (``kept``: measured on gloo, GPipe and 1F1B alike). None under the interleaved
+    schedule, whose two chunks per rank gather more often than this (measured, not modelled)."""
+    if schedule(schedule_name).chunks_per_rank > 1:
+        return None
+    gathered = stage_params if zero_stage == 2 else stage_params + m * (stage_params - kept)
+    return gathered * gather_bytes + stage_params * reduce_bytes

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from scalelab.config import ModelConfig
 from scalelab.formulas import accounting, pipeline
 from scalelab.spec.families import DEFAULT_FAMILY, OWN_KEYS
+from scalelab.spec.topology import link_of
 
 PEAK_COLUMNS = ("predicted_peak_bytes", "predicted_activation_bytes", "predicted_transient_param_bytes", "predicted_peak_bound")
 """The launcher's formula columns (beside them, predicted_oom_reason: the launch decision, kept)."""
@@ -106,9 +107,9 @@ def peak(cfg: ModelConfig, n_params: int, row: Mapping, block_params: int | None
          n_trainable: int | None = None) -> accounting.PeakMemory:
     """The predicted in-step peak per rank of a run (row: its identity, ``accumulation_steps`` and
     ``device_type``); LoRA (``lora_rank``): the frozen weights hold no gradient or optimizer state
-    (n_trainable: counted for a user's module, else the formula's)."""
-    import dataclasses
-
+    (n_trainable: counted for a user's module, else the formula's). Under pipeline parallelism: the model state of
+    the rank holding the most parameters, and the activations of the stage holding the most micro-batches' (the
+    embeddings' and the head's terms counted whole: an upper figure for a stage that holds only one of them)."""
     stage, precision = int(row["zero_stage"]), row["precision"]
     n_params, world_size, degree = split_of(cfg, n_params, row)  # world_size: the data-parallel ranks
     replicas, accum = int(_value(row, "replicas", 1)), int(_value(row, "accumulation_steps", 1))
@@ -118,6 +119,21 @@ def peak(cfg: ModelConfig, n_params: int, row: Mapping, block_params: int | None
                                     block_params=block_params, device_type=row["device_type"], replicas=replicas,
                                     compiled=bool(_value(row, "compile", False)), tensor_parallel=degree,
                                     sequence_parallel=bool(_value(row, "sequence_parallel", False)))
+    pp = int(_value(row, "pipeline_parallel", 1))
+    if pp > 1:  # the rank holding the most parameters, and the stage holding the most micro-batches' activations
+        sp, ac = bool(_value(row, "sequence_parallel", False)), bool(_value(row, "activation_checkpointing", False))
+        state = accounting.peak_memory(cfg, largest_rank_params(cfg, n_params, row), stage, world_size, precision,
+                                       int(row["micro_batch"]), ac, cpu_offload, accum, block_params=block_params,
+                                       device_type=row["device_type"], replicas=replicas,
+                                       compiled=bool(_value(row, "compile", False)), tensor_parallel=degree,
+                                       sequence_parallel=sp)
+        case = {"activation_checkpointing": ac, "zero_stage": stage, "device_type": row["device_type"],
+                "tensor_parallel": degree, "sequence_parallel": sp}
+        blocks = accounting.block_activation_bytes(cfg, int(row["micro_batch"]), precision, **case)
+        per_block, once = pipeline.per_block_and_once(cfg, int(row["micro_batch"]), precision, **case)
+        held = max(pipeline.held_block_activations(per_block, cfg.n_layers, k, pp, accum, _schedule(row), once)
+                   for k in range(pp))
+        result = dataclasses.replace(state, activations=state.activations - blocks + held)
     lora_rank = _value(row, "lora_rank")
     if lora_rank and not cpu_offload:  # frozen weights: no gradient or optimizer state for them
         trainable = n_trainable if n_trainable is not None else accounting.lora_trainable_params(cfg, int(lora_rank))
@@ -164,6 +180,17 @@ def worker_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -> dic
     kept = last_block_kept(row)
     links = accounting.comm_bytes_by_link(n_params, stage, world_size, precision, rank_hosts.count(rank_hosts[0]), replicas,
                                           grad_reduce, accum, n_trainable, tensor_parallel=degree, last_block_params=kept)
+    comm_total = accounting.comm_bytes_per_step(n_params, stage, world_size, precision, accum, grad_reduce, n_trainable,
+                                                replicas, kept)
+    if pp > 1 and stage in (2, 3) and world_size > 1:  # FSDP2 under torch's schedules gathers and reduces otherwise
+        dtypes = accounting.comm_dtypes(precision, stage, grad_reduce)
+        comm_total = pipeline.sharded_comm_bytes(n_params, kept, accum, stage, dtypes.gather_bytes, dtypes.reduce_bytes,
+                                                 _schedule(row))
+        dp_group = [k * degree for k in range(world_size)]  # rank 0's data-parallel ranks on the (pp, dp, tp) mesh
+        links = {"intra_node": {}, "inter_node": {}}
+        links[link_of(dp_group, rank_hosts)] = {"sharded": comm_total}
+        if comm_total is None:
+            links = {"intra_node": {"sharded": None}, "inter_node": {"sharded": None}}
     return {
         "activation_bytes_predicted": None if custom else accounting.block_activation_bytes(
             cfg, micro, precision, ac, zero_stage=stage, device_type=device_type, compiled=compiled, tensor_parallel=degree,
@@ -177,10 +204,10 @@ def worker_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -> dic
         "model_state_grads_bytes_predicted": states[0].grads,
         "model_state_optimizer_bytes_predicted": states[0].optimizer,
         "model_state_bytes_predicted_paper": states[1].total,
-        "comm_bytes_per_step_predicted": accounting.comm_bytes_per_step(n_params, stage, world_size, precision, accum, grad_reduce,
-                                                                        n_trainable, replicas, kept),
+        "comm_bytes_per_step_predicted": comm_total,
         "comm_tensor_parallel_bytes_per_step_predicted": tp_bytes,
-        **{f"comm_{link}_bytes_per_step_predicted": float(sum(by_type.values())) for link, by_type in links.items()},
+        **{f"comm_{link}_bytes_per_step_predicted": None if None in by_type.values() else float(sum(by_type.values()))
+           for link, by_type in links.items()},
         "comm_bytes_per_step_predicted_paper": 4 * paper_elements,  # the paper's elements, counted at fp32's width
         **pipeline_columns(cfg, row),
     }

@@ -386,7 +386,8 @@ RUN = [
     Column("comm_bytes_per_step_measured", pa.float64(), "B/step", "bytes handed to collectives per optimizer step on "
            "rank 0 (ZeRO paper's unit)", "worker", OK),
     Column("comm_bytes_per_step_predicted", pa.float64(), "B/step", "predicted collective bytes per step, PyTorch "
-           "strategy", "worker", OK),
+           "strategy; null where FSDP2 runs under the interleaved pipeline schedule (its gathers there are not "
+           "modelled)", "worker", Filled("status ok but FSDP2 (stages 2, 3) under interleaved_1f1b", None, _ok)),
     Column("comm_bytes_per_step_predicted_paper", pa.float64(), "B/step", "predicted collective bytes per step, ZeRO paper",
            "worker", OK),
     # Traffic per link: rank 0's bytes split by where the collective's group ran. The rule
@@ -399,7 +400,8 @@ RUN = [
              + ("counted per process group, each group classified by the hosts its ranks recorded)" if kind == "measured"
                 else "scalelab.formulas.accounting.comm_bytes_by_link at torchrun's placement: consecutive ranks per node, as "
                      "many per node as ran on rank 0's host)"),
-             "worker", sometimes("runs measured since traffic per link was counted", OK))
+             "worker", sometimes("runs measured since traffic per link was counted; predicted: as "
+                                 "comm_bytes_per_step_predicted", OK))
       for link in ("intra_node", "inter_node") for kind in ("measured", "predicted")),
     # Tensor parallelism's collectives, apart from the strategy's above: DTensor's all-reduces over rank 0's
     # tensor-parallel group (scalelab.run.comm.FunctionalCollectiveCounter), 0 without tensor parallelism.

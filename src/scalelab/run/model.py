@@ -240,6 +240,8 @@ class Llama(nn.Module):
     """The Llama family: token embedding, pre-RMSNorm blocks with RoPE and grouped-query
     attention, a final RMSNorm and a head, untied unless the config ties it (tie_embeddings: Llama 3.2
     1B and 3B). The RoPE tables are buffers (not parameters, not in the state dict), handed to every block."""
+    FIRST_STAGE_PARTS = ("wte",)
+    LAST_STAGE_PARTS = ("norm", "head")
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

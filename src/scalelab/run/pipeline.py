@@ -82,7 +82,9 @@ class LiveSavedBytes:
 
     def _enter(self, block, args):
         self._inside += 1
-        self._params = {p.untyped_storage().data_ptr() for p in block.parameters()}  # gathered ones under FSDP2
+        # the block's parameters as they are now (FSDP2 has gathered them), this rank's part of a DTensor
+        self._params = {(p.to_local() if hasattr(p, "to_local") else p).untyped_storage().data_ptr()
+                        for p in block.parameters()}
 
     def _leave(self, block, args, out):
         self._inside -= 1
@@ -317,3 +319,19 @@ def timeline_record(stages: list[dict], schedule_name: str, n_microbatches: int)
             "stages": [{"pp_rank": f["pp_rank"], "intervals": [
                 {"kind": kind, "chunk": chunk, "microbatch": mb, "start_s": start, "end_s": end}
                 for kind, chunk, mb, start, end in f["timeline"]]} for f in stages]}
+
+
+def whole_state(pipe: Pipeline, degree: int, sends: bool) -> dict[str, torch.Tensor] | None:
+    """The whole model's parameters on rank 0 (None elsewhere): every rank gathers its chunks' DTensors (a collective
+    over its meshes), and one rank per stage (``sends``: data- and tensor-parallel index 0) hands its chunks' to
+    rank 0, under their whole-model names."""
+    from scalelab.run.tensor_parallel import full_state
+
+    mine: dict[str, torch.Tensor] = {}
+    for stage in pipe.stages:
+        mine.update(full_state(stage.submod, degree))
+    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(mine if sends else None, parts, dst=0)
+    if parts is None:
+        return None
+    return {name: tensor for part in parts if part for name, tensor in part.items()}

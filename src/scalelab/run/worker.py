@@ -571,7 +571,9 @@ def tensor_parallel_count(run: Run, step: int):
     """Counts tensor parallelism's collectives (DTensor's functional ones, which CommCounter's wrappers do
     not see) over the warm-up steps of an eager run, with a dispatch mode the timed steps do without
     (it sees every operator); a compiled block runs them inside its graph, out of the mode's sight."""
-    if run.tensor_parallel == 1 or step >= run.train_cfg.warmup_steps or run.point.compile:
+    # (a pipeline's first step also runs a forward that infers the shapes its stages send: not counted)
+    if (run.tensor_parallel == 1 or step >= run.train_cfg.warmup_steps or run.point.compile
+            or (run.pipe is not None and step == run.start_step)):
         yield
         return
     counter = FunctionalCollectiveCounter()
@@ -743,7 +745,12 @@ def save_final_params(run: Run) -> None:
     """The whole final parameters to final_params.pt (rank 0; every rank gathers its shards)."""
     from scalelab.run.tensor_parallel import full_state
 
-    full = full_state(run.par.model, run.tensor_parallel)  # DTensors gathered, a fused q, k, v in the model's order
+    if run.pipe is not None:  # every stage's part, on rank 0
+        from scalelab.run.pipeline import whole_state
+
+        full = whole_state(run.pipe, run.tensor_parallel, sends=run.data_rank == 0 and run.rank % run.tensor_parallel == 0)
+    else:
+        full = full_state(run.par.model, run.tensor_parallel)  # DTensors gathered, a fused q, k, v in the model's order
     if run.rank == 0:
         torch.save({k.removeprefix("module.").replace("_orig_mod.", ""): v for k, v in full.items()},
                    run.run_dir / "final_params.pt")
