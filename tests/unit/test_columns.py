@@ -53,7 +53,7 @@ def test_steps_table_holds_what_arrow_makes_of_the_records():
     identity = {"run_id": "fp16-z0-w1", "precision": "fp16", "zero_stage": 0, "world_size": 1, "micro_batch": 4,
                 "activation_checkpointing": False, "cpu_offload": False, "bucket_mb": None, "compile": False,
                 "model": "base", "lora_rank": None, "grad_reduce": "fp32", "replicas": 1, "tensor_parallel": 1,
-                "sequence_parallel": False, "repeat": 1}
+                "sequence_parallel": False, "pipeline_parallel": 1, "pipeline_schedule": "1f1b", "repeat": 1}
     assert set(identity) == {c.name for c in IDENTITY}
     records = [{"step": 0, "loss": 5.0, "grad_norm": 1, "lr": 0, "loss_scale": 65536.0, "skipped": False,
                 "step_time_s": 0.25, "tokens": 256},

@@ -305,7 +305,8 @@ def check_lever_micro_batch(runs, steps):
     loss_ax, tput_ax, _ = fig.axes
     ok = runs[(runs["status"] == "ok") & runs["cpu_offload"].eq(False) & ~runs["activation_checkpointing"]
               & (runs["bucket_mb"].isna() | (runs["bucket_mb"] == 25.0)) & ~runs["compile"] & runs["lora_rank"].isna()
-              & (runs["tensor_parallel"].isna() | (runs["tensor_parallel"] == 1))]
+              & (runs["tensor_parallel"].isna() | (runs["tensor_parallel"] == 1))
+              & (runs["pipeline_parallel"].isna() | (runs["pipeline_parallel"] == 1))]
     label = "z" + ok["zero_stage"].astype(str) + " w" + ok["world_size"].astype(str) + " " + ok["precision"]
     varied = ok[ok.groupby(label)["micro_batch"].transform("nunique") > 1]
     fp32 = steps[steps["run_id"].isin(varied.loc[varied["precision"] == "fp32", "run_id"])]

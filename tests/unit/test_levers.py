@@ -68,7 +68,9 @@ def test_every_lever_shows_its_own_evidence_and_no_other(tmp_path):
         rows = ok[ok["lever"] == lever]
         own = [*PAIR_COLUMNS, *EVIDENCE.get(lever, {})]
         others = {c for name, cols in EVIDENCE.items() if name != lever for c in cols} - set(own)
-        assert len(rows) and rows[own].notna().all().all(), lever
+        # a pipeline's activations are its stages' (its own evidence), not one micro-batch's on rank 0
+        measured_once = {"activation_mib_measured", "baseline_activation_mib_measured"} if lever.startswith("pipeline") else set()
+        assert len(rows) and rows[[c for c in own if c not in measured_once]].notna().all().all(), lever
         assert rows[sorted(others)].isna().all().all(), lever
     ac = ok[ok["lever"] == "activation_checkpointing"]
     np.testing.assert_allclose(ac["step_time_ratio_predicted"], 1 + 2.3e5 / 7e5)  # the fixture's recompute FLOPs

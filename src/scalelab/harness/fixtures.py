@@ -36,13 +36,16 @@ _LORA_SHAPE = ModelConfig(n_layers=1, d_model=16, n_heads=1, seq_len=16, vocab_s
 # The value away from its default that the lever runs take, per lever of scalelab.plan.sweep.LEVER_AXES:
 # a flag is switched on; any other lever needs a value here (a lever added to the registry
 # without one stops this module at import, naming it).
-_LEVER_VALUES = {"micro_batch": 1, "bucket_mb": 0.1, "lora_rank": 4, "grad_reduce": "compute", "replicas": 2, "tensor_parallel": 2}
+_LEVER_VALUES = {"micro_batch": 1, "bucket_mb": 0.1, "lora_rank": 4, "grad_reduce": "compute", "replicas": 2, "tensor_parallel": 2,
+                 "pipeline_parallel": 2, "pipeline_schedule": "gpipe"}
 _missing = [a for a in LEVER_AXES if AXIS[a].type is not bool and a not in _LEVER_VALUES]
 if _missing:
     raise ValueError(f"scalelab.harness.fixtures: no synthetic value for the lever(s) {', '.join(_missing)}")
 LEVER_VALUES = {a: (not AXIS[a].default) if AXIS[a].type is bool else _LEVER_VALUES[a] for a in LEVER_AXES}
 _LEVER_TWIN = {"grad_reduce": {"precision": "fp16"},
-               **{a: {AXIS[a].beside: LEVER_VALUES[AXIS[a].beside]} for a in LEVER_AXES if AXIS[a].beside}}
+               **{a: {AXIS[a].beside: LEVER_VALUES[AXIS[a].beside]} for a in LEVER_AXES if AXIS[a].beside},
+               # beside a pipeline, which runs beside a micro-batch (Axis.beside): both
+               "pipeline_schedule": {"pipeline_parallel": LEVER_VALUES["pipeline_parallel"], "micro_batch": 1}}
 """Levers that apply only beside another axis's value (grad_reduce to no fp32 run; a lever with Axis.beside, as
 sequence parallelism with tensor parallelism, only with that lever's synthetic value): their runs come in pairs
 with that value, the twin (every lever but the one it runs beside at its default) and the run with the lever
@@ -77,6 +80,28 @@ def _tensor_parallel_columns(point) -> dict:
     nbytes = 0.0 if point.tensor_parallel == 1 else 2.0 * 4 * 2 * PER_RANK_BATCH * 256 * 64 * 4
     return {"comm_tensor_parallel_bytes_per_step_measured": nbytes, "comm_tensor_parallel_bytes_per_step_predicted": nbytes,
             "comm_tensor_parallel_link": "intra_node" if point.tensor_parallel > 1 else None}
+
+
+def _pipeline_columns(point, accumulation: int) -> dict:
+    """A pipeline's columns: two stages' point-to-point bytes (B T d values each way per micro-batch, fp32), the
+    schedule's bubble measured 30% above the formula, and the activations each stage holds (GPipe: every
+    micro-batch's, 1F1B: P - i)."""
+    from scalelab.formulas import pipeline
+
+    pp = point.pipeline_parallel
+    if pp == 1:
+        return dict.fromkeys(pipeline.MEASURED_COLUMNS + pipeline.PREDICTED_COLUMNS)
+    p2p = [2.0 * accumulation * 256 * 64 * 4] * pp
+    bubble = pipeline.bubble_fraction(pp, accumulation, point.pipeline_schedule)
+    held = [pipeline.held_block_activations(34 * 64 * 256 * 4, 2, k, pp, accumulation, point.pipeline_schedule)
+            for k in range(pp)]
+    return {"pipeline_microbatches": accumulation, "comm_pipeline_bytes_per_step_measured": p2p[0],
+            "comm_pipeline_bytes_per_step_predicted": p2p[0], "comm_pipeline_bytes_per_step_measured_per_stage": p2p,
+            "comm_pipeline_bytes_per_step_predicted_per_stage": p2p, "comm_pipeline_tied_bytes_per_step_measured": 0.0,
+            "comm_pipeline_tied_bytes_per_step_predicted": 0.0, "bubble_fraction_predicted": bubble,
+            "bubble_fraction_measured": 1.3 * bubble, "bubble_fraction_measured_per_stage": [1.3 * bubble] * pp,
+            "pipeline_activation_bytes_measured_per_stage": [int(h) for h in held],
+            "pipeline_activation_bytes_predicted_per_stage": held}
 
 
 def synthetic_results(out_dir: str | Path, n_runs: int = 24, n_steps: int = 60, seed: int = 0) -> dict:
@@ -125,7 +150,8 @@ def synthetic_results(out_dir: str | Path, n_runs: int = 24, n_steps: int = 60, 
                    if bucket is not None and strategy(stage).ddp_wraps(ws) else None)
         summary = {
             **identity, "accumulation_steps": PER_RANK_BATCH // (micro or PER_RANK_BATCH), "step_time_s_median": 512 / tps,
-            "activation_bytes_measured": acts, "activation_bytes_predicted": acts,
+            "activation_bytes_measured": acts if point.pipeline_parallel == 1 else None, "activation_bytes_predicted": acts,
+            **_tensor_parallel_columns(point), **_pipeline_columns(point, PER_RANK_BATCH // (micro or PER_RANK_BATCH)),
             "activation_bytes_predicted_paper": (2 if ac else 34 + 5 * 4 * 256 / 64) * 64 * (micro or PER_RANK_BATCH) * 256 * 2 * 4,
             "flops_per_token": 7e5, "recompute_flops_per_token": 2.3e5 if ac else 0.0,
             "status": status, "reason": reason, "n_params": n_params, "n_trainable_params": n_trainable, "steps": n_steps,
@@ -136,7 +162,6 @@ def synthetic_results(out_dir: str | Path, n_runs: int = 24, n_steps: int = 60, 
             "model_state_bytes_predicted": pred.total, "model_state_bytes_predicted_paper": paper.total,
             "comm_bytes_per_step_measured": comm, "comm_bytes_per_step_predicted": comm,
             "comm_bytes_per_step_predicted_paper": comm_paper,
-            **_tensor_parallel_columns(point),
             **dict(zip(("param_gather_dtype", "grad_reduce_dtype"),
                        dataclasses.astuple(accounting.comm_dtypes(precision, stage, point.grad_reduce)))),
             "peak_rss_bytes": int(3e8 * rng.uniform(0.98, 1.02)),

@@ -262,7 +262,7 @@ AXES: tuple[Axis, ...] = (
          "the final norm, head and loss with the last), each step's micro-batches passed through them by "
          "torch.distributed.pipelining's schedule; world_size / (T x P) data-parallel ranks; 1 = none", int, 1, "int16",
          False, from_path=int, run_id=lambda v: None if v == 1 else f"pp{v}", id_pattern=r"pp\d+",
-         left_out=_pipeline_left_out,
+         left_out=_pipeline_left_out, beside="micro_batch",  # a step's one micro-batch cannot fill a pipeline
          is_default=lambda runs: runs["pipeline_parallel"].isna() | (runs["pipeline_parallel"] == 1)),
     Axis("pipeline_schedule", "the pipeline's schedule (with pipeline_parallel > 1): " + "; ".join(
          f"{s.name}: {s.doc}" for s in SCHEDULES.values()), str, DEFAULT_SCHEDULE, "string", False,

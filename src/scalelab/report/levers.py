@@ -45,9 +45,13 @@ def baseline(runs: pd.DataFrame, strategies: bool = False) -> pd.DataFrame:
 
 
 def _others_at_default(runs: pd.DataFrame, lever: str, defaults: dict[str, pd.Series] | None = None) -> pd.Series:
-    """Which rows have every lever but `lever` (and the one it runs beside, Axis.beside: a variant and its twin
-    share that one) at its default (defaults: _is_default(runs), if known)."""
-    others = [v for k, v in (defaults or _is_default(runs)).items() if k not in (lever, AXIS[lever].beside)]
+    """Which rows have every lever but `lever` (and those it runs beside, Axis.beside and theirs in turn: a variant
+    and its twin share them; a pipeline schedule runs beside a pipeline, which runs beside a micro-batch) at its default
+    (defaults: _is_default(runs), if known)."""
+    chain = [lever]
+    while AXIS[chain[-1]].beside:
+        chain.append(AXIS[chain[-1]].beside)
+    others = [v for k, v in (defaults or _is_default(runs)).items() if k not in chain]
     return pd.concat(others, axis=1).all(axis=1) if others and not runs.empty else pd.Series(True, index=runs.index)
 
 
@@ -64,6 +68,8 @@ def _paired(runs: pd.DataFrame, lever: str, defaults: dict[str, pd.Series]) -> p
     if lever == "tensor_parallel":
         # a split run's micro-batch is its data-parallel rank's share (T times its twin's), and it has no DDP buckets
         key = [a for a in key if a not in ("micro_batch", "bucket_mb")]
+    elif lever == "pipeline_parallel":  # a pipeline's stages have no DDP buckets (FSDP2's replicate at stage 0)
+        key = [a for a in key if a != "bucket_mb"]
     merged = variants.merge(bases, on=key, suffixes=("", "_base"))
     if lever == "tensor_parallel" and "accumulation_steps" in merged:  # the same accumulation where both ran to say it
         mine, theirs = merged["accumulation_steps"], merged["accumulation_steps_base"]
@@ -84,7 +90,19 @@ _LEVER_TABLE_READS = (
     "recompute_flops_per_token", "flops_per_token", "model_state_bytes_measured", "model_state_bytes_predicted",
     "n_trainable_params", "n_params", "comm_all_reduce_calls_per_step", "ddp_buckets_predicted",
     "compile_time_s", "compile_graphs_in_loop", "final_loss", "comm_bytes_per_step_measured", "comm_bytes_per_step_predicted",
-    "comm_tensor_parallel_bytes_per_step_measured", "comm_tensor_parallel_bytes_per_step_predicted", "accumulation_steps")
+    "comm_tensor_parallel_bytes_per_step_measured", "comm_tensor_parallel_bytes_per_step_predicted", "accumulation_steps",
+    "comm_pipeline_bytes_per_step_measured", "comm_pipeline_bytes_per_step_predicted", "bubble_fraction_measured",
+    "bubble_fraction_predicted", "pipeline_activation_bytes_measured_per_stage", "pipeline_activation_bytes_predicted_per_stage")
+
+
+def _first_stage(values) -> float:
+    """The first stage's figure of a per-stage column (the stage holding the most under 1F1B); NaN where null."""
+    return float(values[0]) if values is not None and len(values) else float("nan")
+
+
+def _mib(value) -> float:
+    """Bytes in MiB; NaN where null (a pipeline run measures its stages' activations, not one micro-batch's)."""
+    return float("nan") if value is None or value is pd.NA else value / MiB
 
 
 Pair = Callable[[SimpleNamespace], float]
@@ -95,10 +113,10 @@ PAIR_COLUMNS: dict[str, Pair] = {
     "tokens_per_s_ratio": lambda r: r.tokens_per_s / r.tokens_per_s_base,
     "peak_mib": lambda r: r.peak_bytes / MiB,
     "baseline_peak_mib": lambda r: r.peak_bytes_base / MiB,
-    "activation_mib_measured": lambda r: r.activation_bytes_measured / MiB,
+    "activation_mib_measured": lambda r: _mib(r.activation_bytes_measured),
     "activation_mib_predicted": lambda r: r.activation_bytes_predicted / MiB,
     "activation_mib_predicted_paper": lambda r: r.activation_bytes_predicted_paper / MiB,
-    "baseline_activation_mib_measured": lambda r: r.activation_bytes_measured_base / MiB,
+    "baseline_activation_mib_measured": lambda r: _mib(r.activation_bytes_measured_base),
     "baseline_activation_mib_predicted": lambda r: r.activation_bytes_predicted_base / MiB,
     "baseline_activation_mib_predicted_paper": lambda r: r.activation_bytes_predicted_paper_base / MiB,
 }
@@ -138,6 +156,26 @@ EVIDENCE: dict[str, dict[str, Pair]] = {
         "tensor_parallel_mb_predicted": lambda r: r.comm_tensor_parallel_bytes_per_step_predicted / 1e6,
         "baseline_tensor_parallel_mb": lambda r: r.comm_tensor_parallel_bytes_per_step_measured_base / 1e6,
         "baseline_tensor_parallel_mb_predicted": lambda r: r.comm_tensor_parallel_bytes_per_step_predicted_base / 1e6},
+    # each rank's model state (the largest stage's) beside the twin's, the bytes its stages send, the bubble and the
+    # activations the first stage holds, measured and predicted (lever_pipeline_parallel)
+    "pipeline_parallel": {
+        "model_state_mib": lambda r: r.model_state_bytes_measured / MiB,
+        "model_state_mib_predicted": lambda r: r.model_state_bytes_predicted / MiB,
+        "baseline_model_state_mib": lambda r: r.model_state_bytes_measured_base / MiB,
+        "pipeline_mb": lambda r: r.comm_pipeline_bytes_per_step_measured / 1e6,
+        "pipeline_mb_predicted": lambda r: r.comm_pipeline_bytes_per_step_predicted / 1e6,
+        "bubble_measured": lambda r: r.bubble_fraction_measured,
+        "bubble_predicted": lambda r: r.bubble_fraction_predicted,
+        "first_stage_activation_mib": lambda r: _first_stage(r.pipeline_activation_bytes_measured_per_stage) / MiB,
+        "first_stage_activation_mib_predicted": lambda r: _first_stage(r.pipeline_activation_bytes_predicted_per_stage) / MiB},
+    # one schedule against 1F1B: the bubble and the first stage's activations, both sides (lever_pipeline_schedule)
+    "pipeline_schedule": {
+        "bubble_measured": lambda r: r.bubble_fraction_measured,
+        "bubble_predicted": lambda r: r.bubble_fraction_predicted,
+        "baseline_bubble_measured": lambda r: r.bubble_fraction_measured_base,
+        "baseline_bubble_predicted": lambda r: r.bubble_fraction_predicted_base,
+        "first_stage_activation_mib": lambda r: _first_stage(r.pipeline_activation_bytes_measured_per_stage) / MiB,
+        "baseline_first_stage_activation_mib": lambda r: _first_stage(r.pipeline_activation_bytes_measured_per_stage_base) / MiB},
     # step time without compilation, which is timed apart before the first step, and the losses (lever_compile)
     "compile": {
         "step_ms": lambda r: r.step_time_s_median * 1e3,

@@ -36,6 +36,8 @@ BRANCHES = (
     Branch("run/worker.py", "rank_main", "the process group's backend: NCCL carries CUDA tensors, gloo CPU tensors"),
     Branch("run/worker.py", "<module>", "a new CPU rank runs in a child forked after the imports, as the prefork server's "
            "ranks do (the same peak RSS); CUDA does not survive a fork"),
+    Branch("run/pipeline.py", "wrapper", "a GPU stage's forward or backward ends when its kernels do: synchronized before "
+           "its interval is timed (the bubble's timeline); a CPU computes as it is called"),
     Branch("run/worker.py", "pin_cpu_rank", "CPU ranks are pinned to disjoint cores; a GPU rank's compute is its GPU"),
     # measuring on the device
     Branch("run/devices.py", "gpu_state", "nvidia-smi reports a GPU's power cap, clocks and temperature; a CPU has none"),
