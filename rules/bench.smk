@@ -1,3 +1,5 @@
+import os
+
 # Calibration: the collective benchmark (scalelab bench comm) on the sweep's device and backend, at
 # its world sizes that fit one node, into <results>/calibration/comm.parquet: the step-time model
 # (scalelab.results.prediction) fits its links there, and collection predicts every run with them.
@@ -8,9 +10,15 @@
 # an input once it exists (rules/collect.smk): a new table re-collects and redraws the report, and
 # trains nothing.
 BENCH_TABLE = RESULTS / "calibration" / "comm.parquet"
-# Single-node world sizes above 1 (a one-rank group moves nothing); 2 where the sweep has none.
+# Single-node world sizes above 1 (a one-rank group moves nothing); 2 where the sweep has none. On this machine's CPU,
+# only those whose ranks get their own cores: a run that planning.launch_overcommitted lets share them is timed as
+# contention, and so would its bench be (scalelab bench comm refuses it; the step-time model then has no table row
+# for that size, and says so).
+_BENCH_CORES = (len(os.sched_getaffinity(0)) // CLUSTER["cpus_per_rank"]
+                if DEVICE_PLAN.device == "cpu" and hasattr(os, "sched_getaffinity") else None)
 _BENCH_SIZES = sorted({plan.point.world_size for plan in PLANS.values()
-                       if plan.point.world_size > 1 and not plan.launch.multi_launcher}) or [2]
+                       if plan.point.world_size > 1 and not plan.launch.multi_launcher
+                       and (_BENCH_CORES is None or plan.point.world_size <= _BENCH_CORES)}) or [2]
 
 
 rule bench_comm:

@@ -101,15 +101,25 @@ def candidates(product, precisions: list[str] | None, gpus: int, per_node: int,
     return [(p, k) for p in precisions for k in keys]
 
 
-def _runs(precision: str, key, gpus: int, per_node: int, degree: int, trainer: str = "scalelab") -> bool:
-    """Whether the trainer priced runs tensor parallelism of ``degree`` with this precision and strategy: for
-    scalelab (which can then check it) the sweep's own rule (scalelab.plan.sweep, the tensor_parallel axis); the
-    trainers that scale run it with every stage but hybrid sharding (a 3-D mesh, not predicted)."""
+def _runs(precision: str, key, gpus: int, per_node: int, degree: int, trainer: str = "scalelab", pipeline: int = 1,
+          schedule: str = "1f1b") -> bool:
+    """Whether the trainer priced runs tensor parallelism of ``degree`` and a pipeline of ``pipeline`` stages with this
+    precision and strategy: for scalelab (which can then check it) the sweep's own rules (scalelab.plan.sweep, the
+    tensor_parallel and pipeline_parallel axes); the trainers that scale run them with every stage but hybrid
+    sharding (a 3-D mesh, not predicted)."""
+    return _not_run(precision, key, gpus, per_node, degree, trainer, pipeline, schedule) is None
+
+
+def _not_run(precision: str, key, gpus: int, per_node: int, degree: int, trainer: str, pipeline: int = 1,
+             schedule: str = "1f1b") -> str | None:
+    """Why the trainer priced does not run this combination (:func:`_runs`); None where it does."""
     if trainer != "scalelab":
-        return degree == 1 or key != HYBRID_KEY
+        return None if (degree == 1 and pipeline == 1) or key != HYBRID_KEY else "hybrid sharding with tensor or pipeline " \
+            "parallelism (a 3-D mesh) is not predicted"
     point = RunPoint(precision, strategy(key).stage, gpus, replicas=_replicas(gpus, per_node) if key == HYBRID_KEY else 1,
-                     tensor_parallel=degree)
-    return AXIS["tensor_parallel"].left_out(point, None) is None
+                     tensor_parallel=degree, pipeline_parallel=pipeline, pipeline_schedule=schedule)
+    why = AXIS["tensor_parallel"].left_out(point, None) or AXIS["pipeline_parallel"].left_out(point, None)
+    return None if why is None else "scalelab does not run it: " + why
 
 
 def _left_out(pairs, degrees: list[int], gpus: int, per_node: int, trainer: str) -> list[str]:
@@ -127,6 +137,22 @@ def _left_out(pairs, degrees: list[int], gpus: int, per_node: int, trainer: str)
                 why = "scalelab does not run it: " + AXIS["tensor_parallel"].left_out(point, None)
             out.setdefault(why, []).append(f"{precision} {'hybrid' if key == HYBRID_KEY else f'ZeRO-{key}'} x TP {t}")
     return [f"{', '.join(which)}: {why}" for why, which in out.items()]
+
+
+def _pipeline_not_run(pairs, pipelines: list[tuple[int, int, str]], gpus: int, per_node: int, trainer: str) -> list[str]:
+    """The pipelined (precision, strategy) combinations scalelab does not run, each with why (the sweep's pipeline
+    rule: ZeRO-1, fp16 and fp8 are not run with a pipeline); the trainers that scale run them all."""
+    out: dict[str, list[str]] = {}
+    for precision, key in pairs:
+        for _, p, sched in pipelines:
+            if p == 1 or key == HYBRID_KEY or trainer != "scalelab":
+                continue
+            why = AXIS["pipeline_parallel"].left_out(RunPoint(precision, strategy(key).stage, gpus, pipeline_parallel=p,
+                                                              pipeline_schedule=sched), None)
+            name = f"{precision} ZeRO-{key} x PP {p}"
+            if why is not None and name not in out.setdefault(why, []):
+                out[why].append(name)
+    return [f"{', '.join(which)}: scalelab does not run it: {why}" for why, which in out.items()]
 
 
 def pipeline_choices(cfg, gpus: int, degrees: list[int], global_batch: int, pipelines: list[int],
@@ -168,8 +194,8 @@ def _rows(args, cfg, n_params: int, pairs, degrees: list[int], machine, budget: 
             notes = [note]
         else:
             timed = replace(machine, peak_flops=accounting.gpu_peak_flops(args.gpu, precision))
-        for t, pp, sched in [c for c in pipelines if _runs(precision, key, n, machine.per_node, c[0], args.trainer)
-                             and (c[1] == 1 or key != HYBRID_KEY)]:
+        for t, pp, sched in [(t, p, s) for t, p, s in pipelines if _runs(precision, key, n, machine.per_node, t, args.trainer,
+                                                                          p, s) and (p == 1 or key != HYBRID_KEY)]:
             share = args.global_batch // (n // (t * pp))  # each data-parallel rank's share
             levers = [(m, c, sp) for m in MICRO_BATCHES if share % m == 0
                       and pipeline_problem(cfg, pp, sched, share // m) is None for c in (False, True)
@@ -234,7 +260,8 @@ def plan(args) -> dict:
     pipelines, pipeline_left_out = pipeline_choices(cfg, n, degrees, args.global_batch,
                                                     _pipeline_degrees(cfg, getattr(args, "pipeline_parallel", None)),
                                                     getattr(args, "schedule", None) or list(PLAN_SCHEDULES))
-    left_out += [why for why in pipeline_left_out if not why.startswith("PP 1 ")]
+    left_out += [why for why in pipeline_left_out if not why.startswith("PP 1 ")] + _pipeline_not_run(
+        pairs, pipelines, n, machine.per_node, args.trainer)
     if any(p > 1 for _, p, _ in pipelines) and any(key == HYBRID_KEY for _, key in pairs):
         left_out.append("hybrid sharding with pipeline parallelism: not predicted")
     rows, fp8_notes = _rows(args, cfg, n_params, pairs, splits, machine, budget, grad_reduce, pipelines)
