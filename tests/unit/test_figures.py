@@ -27,17 +27,19 @@ def results(tmp_path_factory):
     return load_tables(path)
 
 
-def draw(name, runs, steps):
+def draw(name, runs, steps, results_dir=None, with_note=False):
     """The figure as draw_figures makes it, main figures from the baseline rows, less hybrid sharding's
-    (draw_figures adds them as a strategy of their own: their own test below)."""
+    (draw_figures adds them as a strategy of their own: their own test below); results_dir: the results folder
+    whose run folders it may read."""
     plots.use_theme()
     figure = next(f for f in FIGURES if f.name == name)
     levers = lever_table(runs)
     base = baseline(runs)
-    tables = Tables(base, steps[steps["run_id"].isin(base["run_id"])], levers) if figure.kind == "main" else Tables(runs, steps, levers)
+    tables = Tables(base, steps[steps["run_id"].isin(base["run_id"])], levers, results_dir) if figure.kind == "main" \
+        else Tables(runs, steps, levers, results_dir)
     out = figure.draw(tables)
-    fig, _ = out if isinstance(out, tuple) else (out, None)
-    return fig, tables
+    fig, note = out if isinstance(out, tuple) else (out, None)
+    return (fig, tables, note) if with_note else (fig, tables)
 
 
 def panel(fig, title):
@@ -444,6 +446,141 @@ def check_lever_sequence_parallel(runs, steps):
     np.testing.assert_allclose([b.get_height() for b in comm["TP + SP: all-gathers, reduce-scatters"]],
                                pairs["tensor_parallel_mb"].fillna(0))
     assert [tx.get_text() for tx in left.get_xticklabels()] == list(pairs["baseline_run_id"])
+
+
+def _pipelines(runs):
+    """The fixture's pipeline runs (P 2 under 1F1B and GPipe, 4 micro-batches each) and more of them: each again at 2
+    and 8 micro-batches, an interleaved 1F1B and a P 4 series, each measuring a bubble 1.4 times the formula's
+    (computed here the plain way), and one pipeline run that ran out of memory."""
+    pipe = runs[(runs["pipeline_parallel"] > 1) & (runs["status"] == "ok")].astype({"run_id": str, "run_path": str})
+    assert len(pipe) >= 2 and set(pipe["pipeline_schedule"]) == {"1f1b", "gpipe"}
+    more = []
+    for m, schedule, pp in ((2, None, 2), (8, None, 2), (4, "interleaved_1f1b", 2), (8, "interleaved_1f1b", 2), (8, "1f1b", 4)):
+        copy = pipe.assign(pipeline_microbatches=m, pipeline_parallel=pp,
+                           pipeline_schedule=schedule or pipe["pipeline_schedule"],
+                           run_id=pipe["run_id"] + f"-m{m}-{schedule or 'same'}-p{pp}")
+        v = np.where(copy["pipeline_schedule"] == "interleaved_1f1b", 2, 1)
+        formula = (pp - 1) / (v * m + pp - 1)
+        more.append(copy.assign(run_path=copy["run_id"], bubble_fraction_predicted=formula, bubble_fraction_measured=1.4 * formula,
+                                bubble_fraction_measured_per_stage=[[1.4 * f + 0.01 * k for k in range(pp)] for f in formula]))
+    failed = pipe.head(1).assign(run_id="pp-oom", run_path="pp-oom", status="oom", bubble_fraction_measured=np.nan)
+    return pd.concat([runs.astype({"run_id": str, "run_path": str}), *more, failed], ignore_index=True)
+
+
+def check_lever_pipeline_bubble(runs, steps):
+    """Each ok pipeline run's measured bubble at its micro-batches (a series per schedule and degree, side by side around
+    m), and the formula's curve per degree and chunks per rank; the note gives the ratio, and on a CPU says what the
+    formula leaves out."""
+    runs = _pipelines(runs)
+    fig, t, note = draw("lever_pipeline_bubble", runs, steps, with_note=True)
+    ax = fig.axes[0]
+    ok = runs[(runs["pipeline_parallel"] > 1) & (runs["status"] == "ok")]
+    assert len(ok) == len(t.runs[(t.runs["pipeline_parallel"] > 1) & (t.runs["status"] == "ok")]), "drawn from every run"
+    for (schedule, pp), g in ok.groupby(["pipeline_schedule", "pipeline_parallel"]):
+        drawn = np.array(sorted(map(tuple, marks(ax, f"measured: {schedule}, P {pp}"))))
+        expected = np.array(sorted(zip(g["pipeline_microbatches"].astype(float), g["bubble_fraction_measured"])))
+        np.testing.assert_allclose(drawn[:, 1], expected[:, 1])
+        dodge = drawn[:, 0] / expected[:, 0]  # beside its m, by one factor per series
+        np.testing.assert_allclose(dodge, dodge[0])
+        assert 0.8 < dodge[0] < 1.25
+    curves = {ln.get_label(): ln for ln in ax.get_lines() if ln.get_label().startswith("formula")}
+    v_of = {"gpipe": 1, "1f1b": 1, "interleaved_1f1b": 2}
+    assert set(curves) == {"formula: P 2, V 1 (gpipe, 1f1b)", "formula: P 2, V 2 (interleaved_1f1b)", "formula: P 4, V 1 (1f1b)"}
+    for label, line in curves.items():
+        pp, v = int(label.split("P ")[1].split(",")[0]), int(label.split("V ")[1].split(" ")[0])
+        x = np.asarray(line.get_xdata(), dtype=float)
+        assert x[0] == pp, "from the fewest micro-batches that fill the pipeline"
+        np.testing.assert_allclose(line.get_ydata(), (pp - 1) / (v * x + pp - 1))
+        mine = ok[(ok["pipeline_parallel"] == pp) & (ok["pipeline_schedule"].map(v_of) == v)]
+        # each run's predicted column lies on its curve
+        np.testing.assert_allclose(np.interp(mine["pipeline_microbatches"].astype(float), x, line.get_ydata()),
+                                   mine["bubble_fraction_predicted"])
+    assert ax.get_ylim()[0] == 0 and "micro-batches" in ax.get_xlabel()
+    assert note.startswith("Measured over the formula: 1.40× (median of") and "trained on a CPU" in note
+    texts = " ".join(" ".join(tx.get_text().split()) for tx in ax.texts)
+    assert "pp-oom: oom" in texts, "the pipeline run that did not end ok is named"
+    # elsewhere than a CPU, the note says nothing of one
+    _, _, note = draw("lever_pipeline_bubble", runs.assign(device_type="cuda"), steps, with_note=True)
+    assert "CPU" not in note and "1.40×" in note
+
+
+def _write_timeline(results_dir, folder, schedule, m, pp, v=1):
+    """A traced step as the worker writes it (scalelab.run.pipeline.timeline_record): every chunk's forwards, then
+    its backwards (GPipe's order), stage k starting k ms late; returns the intervals by stage."""
+    import json
+
+    from scalelab.run.pipeline import TIMELINE_FILE, timeline_record
+
+    stages = []
+    for k in range(pp):
+        t, timeline = 1e-3 * k, []
+        for kind, duration in (("F", 2e-3), ("B", 3e-3)):
+            for c in range(v):
+                for mb in range(m):
+                    timeline.append((kind, k + c * pp, mb, t, t + duration))
+                    t += duration + 5e-4
+        stages.append({"pp_rank": k, "timeline": timeline})
+    (results_dir / "runs" / folder).mkdir(parents=True, exist_ok=True)
+    (results_dir / "runs" / folder / TIMELINE_FILE).write_text(json.dumps(timeline_record(stages, schedule, m)))
+    return [s["timeline"] for s in stages]
+
+
+def _bars(ax, label):
+    (bars,) = [c for c in ax.containers if c.get_label() == label]
+    return sorted((b.get_y() + b.get_height() / 2, b.get_x(), b.get_width()) for b in bars)
+
+
+def check_lever_pipeline_timeline(runs, steps):
+    """The traced step of the ok pipeline run with the most micro-batches (then the first run id) whose folder holds
+    its timeline: a row per stage, each interval a bar at its times (ms from the earliest start), numbered by
+    micro-batch, the rank's second chunk apart; without a timeline file, a line that says so."""
+    import tempfile
+    from pathlib import Path
+
+    runs = _pipelines(runs)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = Path(tmp)
+        fig, _, note = draw("lever_pipeline_timeline", runs, steps, results, with_note=True)
+        assert "no pipeline timeline to draw" in fig.axes[0].texts[0].get_text() and "pipeline_timeline.json" in note
+        ok = runs[(runs["pipeline_parallel"] > 1) & (runs["status"] == "ok")]
+        most = ok[ok["pipeline_microbatches"] == ok["pipeline_microbatches"].max()].sort_values("run_id")
+        (first, first_pp), (second, second_pp) = most[["run_id", "pipeline_parallel"]].head(2).itertuples(index=False)
+        assert ok["pipeline_microbatches"].max() == 8 and "pp-oom" not in most["run_id"].to_list()
+        expected = _write_timeline(results, first, "1f1b", 8, first_pp)
+        _write_timeline(results, second, "1f1b", 8, second_pp)
+        fig, _, note = draw("lever_pipeline_timeline", runs, steps, results, with_note=True)
+        ax = fig.axes[0]
+        assert ax.get_title().startswith(f"{first}: 1f1b, P {first_pp}, 8 micro-batches") and first in note
+        t0 = min(start for stage in expected for _, _, _, start, _ in stage)
+        end = max(stop for stage in expected for *_, stop in stage)
+        for kind, label in (("F", "forward (F)"), ("B", "backward (B)")):
+            want = sorted((k, (start - t0) * 1e3, (stop - start) * 1e3) for k, stage in enumerate(expected)
+                          for what, _, _, start, stop in stage if what == kind)
+            np.testing.assert_allclose(_bars(ax, label), want, atol=1e-9)
+        # behind them each row's whole span, idle where no bar covers it
+        np.testing.assert_allclose(_bars(ax, "idle (no forward or backward)"), [(k, 0, (end - t0) * 1e3) for k in range(first_pp)])
+        numbers = sorted(int(tx.get_text()) for tx in ax.texts)
+        assert numbers == sorted(mb for stage in expected for _, _, mb, _, _ in stage), "every bar numbered by micro-batch"
+        labels = [tx.get_text() for tx in ax.get_yticklabels()]
+        per_stage = runs.set_index("run_id").loc[first, "bubble_fraction_measured_per_stage"]
+        assert labels == [f"stage {k}\nbubble {b:.2f}" for k, b in enumerate(per_stage)]
+        assert ax.get_ylim()[0] > ax.get_ylim()[1], "stage 0 on top"
+        # the first's file gone: the next in order is drawn, and the note says whose folder had none
+        (results / "runs" / first / "pipeline_timeline.json").unlink()
+        _write_timeline(results, second, "interleaved_1f1b", 8, second_pp, v=2)
+        fig, _, note = draw("lever_pipeline_timeline", runs, steps, results, with_note=True)
+        ax = fig.axes[0]
+        assert ax.get_title().startswith(f"{second}: interleaved_1f1b") and f"no readable timeline in the folder of {first}" in note
+        second_chunk = [c for c in ax.containers if "chunk 2 of 2" in c.get_label()]
+        assert len(second_chunk) == 2 and all(b.get_hatch() for c in second_chunk for b in c)
+        assert sum(len(c) for c in ax.containers if c.get_label() != "idle (no forward or backward)") == second_pp * 2 * 8 * 2
+        # a file that does not read as a timeline is passed over, not a failed report
+        (results / "runs" / second / "pipeline_timeline.json").write_text("{\"stages\": [{\"pp_rank\": 0}]}")
+        fig, _, note = draw("lever_pipeline_timeline", runs, steps, results, with_note=True)
+        assert "no pipeline timeline to draw" in fig.axes[0].texts[0].get_text()
+    # no results folder (the tables alone): a line that says so
+    fig, _ = draw("lever_pipeline_timeline", runs, steps)
+    assert "no results folder" in fig.axes[0].texts[0].get_text()
 
 
 CHECKS = {name.removeprefix("check_"): fn for name, fn in globals().items() if name.startswith("check_")}

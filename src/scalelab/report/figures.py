@@ -5,7 +5,8 @@ Everything else loops over FIGURES: `draw_figures` (called by build_report) writ
 <report>/figures/, rules/report.smk declares that folder and hands Snakemake's report the
 captions, and the tests derive the expected files from it. Captions are written here and
 nowhere else; a figure may add a short note of its own (e.g. that no GPU run was found),
-shown after the caption.
+shown after the caption. Figures draw from the result tables; the pipeline timeline alone reads a
+file of one run folder (<results>/runs/<run>/pipeline_timeline.json), and says so where there is none.
 
 This module is imported when the Snakefile is parsed (by every job), so it imports the
 drawing modules (matplotlib) only when a figure is drawn.
@@ -25,11 +26,13 @@ FORMATS = ("png", "svg")
 
 @dataclass(frozen=True)
 class Tables:
-    """What a figure is drawn from: the runs and steps (baseline rows only, for a main figure)
-    and lever_table(runs)."""
+    """What a figure is drawn from: the runs and steps (baseline rows only, for a main figure),
+    lever_table(runs), and the results folder where the report is built from one (the pipeline
+    timeline reads one run folder's file there; None: no run folder is read)."""
     runs: pd.DataFrame
     steps: pd.DataFrame
     levers: pd.DataFrame
+    results_dir: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,13 @@ class Figure:
 
     def applies(self, runs: pd.DataFrame) -> bool:
         return (self.varies is None or runs[self.varies].nunique() > 1) and (self.needs is None or self.needs(runs))
+
+
+def _pipeline_ok(runs: pd.DataFrame) -> bool:
+    """Whether a pipeline run (pipeline_parallel above 1) ended ok."""
+    from scalelab.report.tables import pipeline_rows
+
+    return bool((pipeline_rows(runs) & (runs["status"] == "ok")).any())
 
 
 def _stages_only(runs: pd.DataFrame) -> pd.DataFrame:
@@ -197,6 +207,29 @@ FIGURES: tuple[Figure, ...] = (
                 "all-gathered inputs whole. Right: tensor parallelism's bytes per optimizer step: the all-reduces "
                 "become all-gathers and reduce-scatters of the same volume, plus the head's input gathered, the "
                 "embeddings' gradient gathered and the norms' partial gradients summed."),
+    Figure(
+        "lever_pipeline_bubble", kind="lever", varies="pipeline_parallel", needs=_pipeline_ok,
+        draw=lambda t: _plots().pipeline_bubble(t.runs),
+        caption="Pipeline bubble against micro-batches per step m: the share of a step a stage computed nothing (one "
+                "minus its forwards' and backwards' time over the schedule's; the mean over rank 0's pipeline's stages, "
+                "the median over the measured steps), a point per ok pipeline run, coloured by schedule, shaped by its "
+                "degree P; the lines are the formula (P − 1)/(V m + P − 1) (V = 2 chunks per rank for interleaved 1F1B, "
+                "else 1; GPipe and 1F1B share it), which takes equal stages and sends that cost no time. The note "
+                "gives the measured bubble over the formula's. On a CPU the measured bubble also holds the waits for "
+                "the point-to-point sends and the stages' unequal work (the first stage holds the embeddings, the last "
+                "the head and the loss), which the formula leaves out: it typically sits well above the lines there, "
+                "and the points say how far, not whether the formula holds."),
+    Figure(
+        "lever_pipeline_timeline", kind="lever", varies="pipeline_parallel", needs=_pipeline_ok,
+        draw=lambda t: _plots().pipeline_timeline(t.runs, t.results_dir),
+        caption="One traced step of one pipeline run (the ok pipeline run with the most micro-batches per step, then "
+                "the first by run id, whose folder holds pipeline_timeline.json: the last timed step of rank 0's "
+                "pipeline), a row per stage: each forward (F) and backward (B) of a micro-batch as a bar, numbered by "
+                "micro-batch (from 0, as torch's schedules count), the grey between them idle time (the bubble, and "
+                "the waits for sends). Each row's times count from that rank's own start of the step (the ranks' "
+                "clocks are not synchronised: rows align only as well as the ranks start together). Beside each "
+                "stage, its measured bubble (one minus its busy share, the median over the measured steps). Where no "
+                "run folder holds the file (results copied without their run folders), a line says so instead."),
 )
 if len({f.name for f in FIGURES}) != len(FIGURES):
     raise ValueError("figure names must be unique")
@@ -285,9 +318,10 @@ _DRAW_ORDER = ("memory_vs_psi", "throughput", "memory_model_state", "loss_curves
 
 
 def start_figures(runs: pd.DataFrame, steps: pd.DataFrame, levers: pd.DataFrame, out_dir: Path,
-                  workers: int | None = None) -> FigureJob:
+                  workers: int | None = None, results_dir: Path | None = None) -> FigureJob:
     """Start drawing every main figure from the baseline rows (every lever at its default) and
-    every lever figure whose lever varies, into out_dir. Files of registered figures not drawn this
+    every lever figure whose lever varies, into out_dir; results_dir: the results folder whose run
+    folders a figure may read (the pipeline timeline). Files of registered figures not drawn this
     time (a lever an earlier build varied) are removed. With more than one worker the figures are
     drawn by forked processes (Agg only, no display) while the caller goes on."""
     global _JOB
@@ -299,8 +333,8 @@ def start_figures(runs: pd.DataFrame, steps: pd.DataFrame, levers: pd.DataFrame,
         for file in figure.files:
             (out_dir / file).unlink(missing_ok=True)
     base = baseline(runs, strategies=True)
-    main = Tables(base, steps[steps["run_id"].isin(base["run_id"])], levers)
-    every = Tables(runs, steps, levers)
+    main = Tables(base, steps[steps["run_id"].isin(base["run_id"])], levers, results_dir)
+    every = Tables(runs, steps, levers, results_dir)
     use_theme()
     figures = [f for f in FIGURES if f.applies(runs)]
     names = sorted((f.name for f in figures), key=lambda n: _DRAW_ORDER.index(n) if n in _DRAW_ORDER else len(_DRAW_ORDER))
@@ -326,7 +360,7 @@ def start_figures(runs: pd.DataFrame, steps: pd.DataFrame, levers: pd.DataFrame,
 
 
 def draw_figures(runs: pd.DataFrame, steps: pd.DataFrame, levers: pd.DataFrame, out_dir: Path,
-                 workers: int | None = None) -> list[Drawn]:
+                 workers: int | None = None, results_dir: Path | None = None) -> list[Drawn]:
     """Draw the figures (start_figures) and wait for them; return them in registry order."""
-    with start_figures(runs, steps, levers, out_dir, workers) as job:
+    with start_figures(runs, steps, levers, out_dir, workers, results_dir) as job:
         return job.wait()

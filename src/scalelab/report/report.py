@@ -1,7 +1,8 @@
 """The report: best configuration, warnings, plots, run table, formulas, provenance, from the Parquet alone.
 
-``build_report(results_dir)`` reads ``metrics.parquet`` and ``steps.parquet`` (nothing
-else: no run folders, no training) and writes ``report/report.html`` (one self-contained
+``build_report(results_dir)`` reads ``metrics.parquet`` and ``steps.parquet`` (and one pipeline
+run's traced step, ``runs/<run>/pipeline_timeline.json``, where its folder is there; no training)
+and writes ``report/report.html`` (one self-contained
 file, images embedded, rendered from the Jinja2 templates in
 scalelab/report/templates/), ``report/summary.md`` and the figures in ``report/figures/``
 (the registry in scalelab.report.figures names them and holds their captions). Numbers
@@ -616,7 +617,7 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
     first_dir = fig_dir / families[0] if len(families) > 1 else fig_dir
     # Drawn by other processes while the tables are made; they are reaped on leaving the block,
     # once the report is written (or stopped, if making it failed).
-    with start_figures(*first, lever_table(first[0]) if len(families) > 1 else levers, first_dir, workers) as job:
+    with start_figures(*first, lever_table(first[0]) if len(families) > 1 else levers, first_dir, workers, results_dir) as job:
         best_raw = best_configurations(runs)
         warnings = find_warnings(runs, steps, best_raw)
         table = _fmt_table(runs)
@@ -640,7 +641,7 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
             by_family.append(_family_figures(families[0], first_dir, drawn))
             for family in families[1:]:
                 f_runs, f_steps = _of_family(runs, steps, family)
-                with start_figures(f_runs, f_steps, lever_table(f_runs), fig_dir / family, workers) as f_job:
+                with start_figures(f_runs, f_steps, lever_table(f_runs), fig_dir / family, workers, results_dir) as f_job:
                     by_family.append(_family_figures(family, fig_dir / family, f_job.wait()))
             drawn = []
 

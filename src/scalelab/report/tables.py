@@ -420,3 +420,41 @@ def mfu_grid(runs: pd.DataFrame) -> dict:
     vmax = float(np.nanmax(shown)) if np.isfinite(shown).any() else 1.0
     return {"rows": [f"{p} {strategy_tick(s)}" for p, s in rows], "world_sizes": [int(w) for w in sizes], "mfu": value, "flagged": flag,
             "emulated": emulated, "status": status, "vmin": 0.0, "vmax": vmax, "spread": spread}
+
+
+def pipeline_rows(runs: pd.DataFrame) -> pd.Series:
+    """Which rows are pipeline runs (pipeline_parallel above 1); none in results from before pipelining."""
+    if "pipeline_parallel" not in runs:
+        return pd.Series(False, index=runs.index)
+    return pd.to_numeric(runs["pipeline_parallel"], errors="coerce").fillna(1) > 1
+
+
+def pipeline_bubbles(runs: pd.DataFrame) -> pd.DataFrame:
+    """What the bubble figure draws: the ok pipeline runs with a measured bubble, one row each (run_id, schedule,
+    pp, chunks per rank V, micro-batches m, device_type), their measured bubble and the formula's (P - 1) / (V m + P - 1)
+    at their m (scalelab.formulas.pipeline.bubble_fraction), sorted by schedule, P, m and run id."""
+    from scalelab.formulas.pipeline import SCHEDULES, bubble_fraction
+
+    mine = runs[pipeline_rows(runs) & (runs["status"] == "ok")]
+    mine = mine[mine["bubble_fraction_measured"].notna() & mine["pipeline_microbatches"].notna()]
+    table = pd.DataFrame({
+        "run_id": mine["run_id"].astype(str), "schedule": mine["pipeline_schedule"].astype(str),
+        "pp": mine["pipeline_parallel"].astype(int), "m": mine["pipeline_microbatches"].astype(int),
+        "measured": mine["bubble_fraction_measured"].astype(float),
+        "device_type": mine["device_type"].astype(str) if "device_type" in mine else "unknown"})
+    table["chunks_per_rank"] = [SCHEDULES[s].chunks_per_rank if s in SCHEDULES else 1 for s in table["schedule"]]
+    table["formula"] = [bubble_fraction(p, m, s) if s in SCHEDULES else float("nan")
+                        for p, m, s in zip(table["pp"], table["m"], table["schedule"])]
+    return table.sort_values(["schedule", "pp", "m", "run_id"]).reset_index(drop=True)
+
+
+def timeline_candidates(runs: pd.DataFrame) -> pd.DataFrame:
+    """The ok pipeline runs whose traced step the timeline figure may draw, in the order it tries them: the most
+    micro-batches per step first (the most to see), then by run id; each with its folder under <results>/runs/
+    (run_path, else the run id)."""
+    mine = runs[pipeline_rows(runs) & (runs["status"] == "ok")]
+    folder = mine["run_path"].astype("string").fillna(mine["run_id"].astype("string")) if "run_path" in mine \
+        else mine["run_id"].astype("string")
+    table = mine.assign(_m=pd.to_numeric(mine["pipeline_microbatches"], errors="coerce").fillna(0), _id=mine["run_id"].astype(str),
+                        folder=folder.astype(str))
+    return table.sort_values(["_m", "_id"], ascending=[False, True]).drop(columns=["_m", "_id"]).reset_index(drop=True)
