@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from scalelab.formulas.pipeline import SCHEDULES
+from scalelab.report.tables import pipeline_rows
 from scalelab.spec.families import DEFAULT_FAMILY, FAMILIES
 from scalelab.spec.strategies import HYBRID, STRATEGIES, Strategy
 
@@ -54,12 +56,32 @@ def comm_text(record: Strategy) -> str:
     return text
 
 
+def pipeline_text(schedules: list[str]) -> str:
+    """Pipeline parallelism's formulas in words (scalelab.formulas.pipeline), naming the schedules the sweep ran."""
+    ran = ", ".join(f"{name} (V = {SCHEDULES[name].chunks_per_rank})" for name in schedules if name in SCHEDULES)
+    return ("<b>Pipeline</b> (P stages, m micro-batches per step, V chunks of consecutive blocks per rank: 2 for "
+            "interleaved 1F1B, else 1" + (f"; this sweep: {ran}" if ran else "") + "; the embeddings on the first chunk, "
+            "the final norm, head and loss on the last). <b>Bubble</b>, the share of a step each stage idles: "
+            "(P − 1)/(V m + P − 1) (Narayanan et al. 2021: equal chunks, sends that cost no time); measured: one minus "
+            "a stage's forward and backward time over the schedule's, the mean over rank 0's pipeline's stages. "
+            "<b>Point-to-point bytes</b> per step: at every boundary between chunks, each micro-batch's activations "
+            "forward and their gradient backward, b·s·h values each (s/T under sequence parallelism) at the residual "
+            "stream's width (4 bytes; the compute dtype's where FSDP2 gathers 16-bit parameters); each side of a chunk "
+            "that has a neighbour sends m of them and receives m (the first stage under GPipe or 1F1B: m·b·s·h values "
+            "sent and as many received; a middle stage twice that). <b>Micro-batches in flight</b> (activations "
+            "held at once on stage i): GPipe m per chunk, 1F1B min(m, P − i), interleaved 1F1B (V − 1)·r + "
+            "2·(P − 1 − i) + 1 chunk-micro-batches, at most V·m (r micro-batches per round). A tied head is the last "
+            "stage's own copy of the embedding, its gradient summed with the first stage's every step (an all-reduce "
+            "of the embedding's fp32 gradient).")
+
+
 def formulas_html(runs: pd.DataFrame) -> str:
     """The formulas section of the report, for the families, strategies and levers in ``runs``."""
     families = [f for f in FAMILY_FORMULAS if f in set(runs.get("model_family", pd.Series([DEFAULT_FAMILY])).dropna())] or [DEFAULT_FAMILY]
     stages = sorted(int(s) for s in runs["zero_stage"].dropna().unique()) if "zero_stage" in runs else sorted(STRATEGIES)
     hybrid = "replicas" in runs and bool((runs["replicas"].fillna(1) > 1).any())
     lora = "lora_rank" in runs and bool(runs["lora_rank"].notna().any())
+    pipelined = bool(pipeline_rows(runs).any())
     several = len(families) > 1
 
     def per_family(key: str) -> str:
@@ -105,6 +127,8 @@ def formulas_html(runs: pd.DataFrame) -> str:
         items.append("<b>LoRA</b> (rank r on every block's linears): the frozen weights keep 4 bytes per parameter, "
                      "sharded as the strategy shards parameters; the trainable A and B carry the full 16; gradient "
                      "collectives move the trainable parameters only, parameter gathers move every parameter.")
+    if pipelined:
+        items.append(pipeline_text(sorted(set(runs.loc[pipeline_rows(runs), "pipeline_schedule"].dropna().astype(str)))))
     if any(r.ddp_buckets for _, r in records):
         items.append("<b>DDP buckets</b>: gradients fill buckets of bucket_mb MiB in reverse registration order (about "
                      "the order they become ready); one all-reduce per bucket per step (none on one rank: no DDP).")
