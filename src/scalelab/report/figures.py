@@ -216,9 +216,9 @@ FIGURES: tuple[Figure, ...] = (
                 "degree P; the lines are the formula (P − 1)/(V m + P − 1) (V = 2 chunks per rank for interleaved 1F1B, "
                 "else 1; GPipe and 1F1B share it), which takes equal stages and sends that cost no time. The note "
                 "gives the measured bubble over the formula's. On a CPU the measured bubble also holds the waits for "
-                "the point-to-point sends and the stages' unequal work (the first stage holds the embeddings, the last "
-                "the head and the loss), which the formula leaves out: it typically sits well above the lines there, "
-                "and the points say how far, not whether the formula holds."),
+                "gloo's point-to-point sends, the stages' unequal work (the last stage also computes the head and the "
+                "loss) and ranks sharing the machine's cores, which the formula leaves out: it typically sits well "
+                "above the lines there, and the points say how far, not whether the formula holds."),
     Figure(
         "lever_pipeline_timeline", kind="lever", varies="pipeline_parallel", needs=_pipeline_ok,
         draw=lambda t: _plots().pipeline_timeline(t.runs, t.results_dir),

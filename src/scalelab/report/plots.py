@@ -660,9 +660,9 @@ def _bubble_note(table: pd.DataFrame) -> str:
     cpu = table[table["device_type"] == "cpu"]
     if len(cpu):
         share = "These runs" if len(cpu) == n else f"{len(cpu)} of these {n} runs"
-        note += (f" {share} trained on a CPU: their measured bubble also holds the waits for point-to-point sends (gloo) "
-                 "and the stages' unequal work (the first holds the embeddings, the last the head and the loss), which the "
-                 "formula leaves out; it is not a test of the formula there.")
+        note += (f" {share} trained on a CPU: their measured bubble also holds the waits for gloo's point-to-point "
+                 "sends, the stages' unequal work (the last stage also computes the head and the loss) and ranks sharing "
+                 "the machine's cores, which the formula leaves out; it is not a test of the formula there.")
     return note.strip()
 
 
