@@ -97,7 +97,7 @@ def test_the_bubble_is_measured_beside_its_formula(pp_runs, case):
     import json
 
     from scalelab.formulas import pipeline
-    from scalelab.run.pipeline import TIMELINE_FILE
+    from scalelab.formulas.pipeline import TIMELINE_FILE
 
     summary, _, run_dir = pp_runs[case]
     schedule = case[1][3]

@@ -509,7 +509,8 @@ def _write_timeline(results_dir, folder, schedule, m, pp, v=1):
     its backwards (GPipe's order), stage k starting k ms late; returns the intervals by stage."""
     import json
 
-    from scalelab.run.pipeline import TIMELINE_FILE, timeline_record
+    from scalelab.formulas.pipeline import TIMELINE_FILE
+    from scalelab.run.pipeline import timeline_record
 
     stages = []
     for k in range(pp):

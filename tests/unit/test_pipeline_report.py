@@ -15,7 +15,8 @@ from scalelab.report.report import build_report
 def test_the_report_draws_the_traced_step_from_the_runs_folder(tmp_path):
     """build_report hands its results folder to the figures: the timeline of the one pipeline run of a small sweep,
     written by the worker's own record (timeline_record) into that run's folder, is drawn and named in its note."""
-    from scalelab.run.pipeline import TIMELINE_FILE, timeline_record
+    from scalelab.formulas.pipeline import TIMELINE_FILE
+    from scalelab.run.pipeline import timeline_record
 
     synthetic_results(tmp_path, n_runs=36, n_steps=5)
     runs = pd.read_parquet(tmp_path / "metrics.parquet")

@@ -183,9 +183,12 @@ def tied_sync_bytes(cfg: ModelConfig, pp: int, pp_rank: int, sharded_over: int =
     return 2 * 4 * rows * cfg.d_model
 
 
+TIMELINE_FILE = "pipeline_timeline.json"
+"""In a pipeline run's folder: every stage's forward and backward intervals in its last timed step (the report's
+per-stage timeline; scalelab.run.pipeline.timeline_record)."""
 MEASURED_COLUMNS = ("pipeline_microbatches", "comm_pipeline_bytes_per_step_measured",
                     "comm_pipeline_bytes_per_step_measured_per_stage", "comm_pipeline_tied_bytes_per_step_measured",
-                    "bubble_fraction_measured", "bubble_fraction_measured_per_stage",
+                    "bubble_fraction_measured", "bubble_fraction_measured_per_stage", "bubble_fraction_stage_times",
                     "pipeline_activation_bytes_measured_per_stage")
 """The worker's measured pipeline columns (scalelab.run.pipeline.measured_columns): null without a pipeline."""
 PREDICTED_COLUMNS = ("comm_pipeline_bytes_per_step_predicted", "comm_pipeline_bytes_per_step_predicted_per_stage",

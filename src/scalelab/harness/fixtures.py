@@ -100,6 +100,7 @@ def _pipeline_columns(point, accumulation: int) -> dict:
             "comm_pipeline_bytes_per_step_predicted_per_stage": p2p, "comm_pipeline_tied_bytes_per_step_measured": 0.0,
             "comm_pipeline_tied_bytes_per_step_predicted": 0.0, "bubble_fraction_predicted": bubble,
             "bubble_fraction_measured": 1.3 * bubble, "bubble_fraction_measured_per_stage": [1.3 * bubble] * pp,
+            "bubble_fraction_stage_times": 1.1 * bubble,
             "pipeline_activation_bytes_measured_per_stage": [int(h) for h in held],
             "pipeline_activation_bytes_predicted_per_stage": held}
 

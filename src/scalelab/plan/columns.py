@@ -444,6 +444,11 @@ RUN = [
            "formula leaves out", "worker", _PIPELINE),
     Column("bubble_fraction_measured_per_stage", pa.list_(pa.float64()), "-", "the same for each stage (first first)",
            "worker", _PIPELINE),
+    Column("bubble_fraction_stage_times", pa.float64(), "-", "the bubble the stages would leave with free sends, from "
+           "their own compute in the timeline's step: each rank's time per chunk-micro-batch t, the schedule lasting "
+           "(V m - 1) max t + sum t, averaged over the stages (scalelab.run.pipeline.stage_time_bubble). Above the "
+           "formula: the stages' imbalance (the last computes the head and the loss); below the measured bubble: the "
+           "sends and the schedule's own work", "worker", _PIPELINE),
     Column("bubble_fraction_predicted", pa.float64(), "-", "the schedule's bubble, (P - 1) / (V m + P - 1) with V "
            "chunks per rank (scalelab.formulas.pipeline.bubble_fraction)", "worker", _PIPELINE),
     Column("pipeline_activation_bytes_measured_per_stage", pa.list_(pa.int64()), "B", "the most bytes of block "

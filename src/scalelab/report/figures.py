@@ -226,8 +226,8 @@ FIGURES: tuple[Figure, ...] = (
                 "the first by run id, whose folder holds pipeline_timeline.json: the last timed step of rank 0's "
                 "pipeline), a row per stage: each forward (F) and backward (B) of a micro-batch as a bar, numbered by "
                 "micro-batch (from 0, as torch's schedules count), the grey between them idle time (the bubble, and "
-                "the waits for sends). Each row's times count from that rank's own start of the step (the ranks' "
-                "clocks are not synchronised: rows align only as well as the ranks start together). Beside each "
+                "the waits for sends). The rows share one clock: times count from the earliest stage's start of the "
+                "step, on the machine's clock (across nodes, as well as their clocks agree). Beside each "
                 "stage, its measured bubble (one minus its busy share, the median over the measured steps). Where no "
                 "run folder holds the file (results copied without their run folders), a line says so instead."),
 )

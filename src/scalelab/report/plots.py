@@ -27,6 +27,7 @@ from matplotlib.colors import Normalize  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, MaxNLocator, NullFormatter, NullLocator  # noqa: E402
 
+from scalelab.formulas.pipeline import TIMELINE_FILE  # noqa: E402  (a pipeline run's traced step, in its folder)
 from scalelab.report.tables import (  # noqa: E402,F401  (re-exported for callers of plots)
     MFU_LIMIT,
     PRECISION_ORDER,
@@ -603,9 +604,6 @@ def communication(runs: pd.DataFrame):
 
 # Pipeline parallelism: the bubble against micro-batches, and one traced step's timeline per stage.
 
-TIMELINE_FILE = "pipeline_timeline.json"
-"""A pipeline run's traced step in its folder, as scalelab.run.pipeline.TIMELINE_FILE names it (named again here: the
-report starts without torch, which that module imports)."""
 PIPELINE_LINESTYLES = ["-", "--", ":", "-."]
 KIND_COLORS = {"F": PALETTE[0], "B": PALETTE[1]}
 KIND_NAMES = {"F": "forward (F)", "B": "backward (B)"}
@@ -628,6 +626,10 @@ def pipeline_bubble(runs: pd.DataFrame):
         marks(ax, g["m"] * _dodge(len(series), i), g["measured"], size=30, color=PALETTE[schedules.index(schedule) % len(PALETTE)],
               marker=STAGE_MARKERS[degrees.index(pp) % len(STAGE_MARKERS)], edgecolor="white", edgewidth=0.4, zorder=3,
               label=f"measured: {schedule}, P {pp}")
+    timed = table[table["stage_times"].notna()]
+    if len(timed):  # what the stages' own compute leaves idle with free sends: the imbalance, without the sends
+        ax.scatter(timed["m"], timed["stage_times"], s=30, facecolors="none", edgecolors="black", linewidths=0.8, zorder=3,
+                   label="from the stages' own times (free sends)")
     top = max(int(table["m"].max()), 2 * int(max(degrees)))
     curves = []
     for (pp, v), g in table.groupby(["pp", "chunks_per_rank"]):
@@ -657,6 +659,14 @@ def _bubble_note(table: pd.DataFrame) -> str:
     n = len(table)
     note = (f"Measured over the formula: {ratio.median():.2f}× (median of {len(ratio)} run{'s' if len(ratio) != 1 else ''}"
             + (f", {ratio.min():.2f}× to {ratio.max():.2f}×)." if len(ratio) > 1 else ").")) if len(ratio) else ""
+    timed = table[table["stage_times"].notna()]
+    if len(timed):
+        gap = timed["measured"] - timed["formula"]
+        share = ((timed["stage_times"] - timed["formula"]) / gap).where(gap > 0).dropna()
+        note += (f" The stages' own times (hollow points: their compute, sends free) leave {timed['stage_times'].median():.0%} "
+                 f"idle at the median against the formula's {timed['formula'].median():.0%}"
+                 + (f": their unequal work explains {share.median():.0%} of the gap at the median, the sends and the "
+                    "schedule's own work the rest." if len(share) else "."))
     cpu = table[table["device_type"] == "cpu"]
     if len(cpu):
         share = "These runs" if len(cpu) == n else f"{len(cpu)} of these {n} runs"
@@ -744,7 +754,7 @@ def _timeline_figure(row, record: dict):
     ax.set_ylim(pp - 0.5, -0.5)  # stage 0 on top
     ax.set_xlim(0, (end - t0) * 1e3 * 1.01 or 1)
     ax.grid(axis="y", visible=False)
-    ax.set(xlabel="time in the step (ms, from each stage's own start of it)",
+    ax.set(xlabel="time in the step (ms, from the earliest stage's start of it)",
            title=f"{row.run_id}: {record.get('schedule', '?')}, P {pp}, {record.get('microbatches', '?')} micro-batches "
                  "(numbered on the bars), one traced step")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))

@@ -431,8 +431,9 @@ def pipeline_rows(runs: pd.DataFrame) -> pd.Series:
 
 def pipeline_bubbles(runs: pd.DataFrame) -> pd.DataFrame:
     """What the bubble figure draws: the ok pipeline runs with a measured bubble, one row each (run_id, schedule,
-    pp, chunks per rank V, micro-batches m, device_type), their measured bubble and the formula's (P - 1) / (V m + P - 1)
-    at their m (scalelab.formulas.pipeline.bubble_fraction), sorted by schedule, P, m and run id."""
+    pp, chunks per rank V, micro-batches m, device_type), their measured bubble, the one their stages' own compute
+    leaves with free sends (stage_times: bubble_fraction_stage_times) and the formula's (P - 1) / (V m + P - 1) at
+    their m (scalelab.formulas.pipeline.bubble_fraction), sorted by schedule, P, m and run id."""
     from scalelab.formulas.pipeline import SCHEDULES, bubble_fraction
 
     mine = runs[pipeline_rows(runs) & (runs["status"] == "ok")]
@@ -441,6 +442,8 @@ def pipeline_bubbles(runs: pd.DataFrame) -> pd.DataFrame:
         "run_id": mine["run_id"].astype(str), "schedule": mine["pipeline_schedule"].astype(str),
         "pp": mine["pipeline_parallel"].astype(int), "m": mine["pipeline_microbatches"].astype(int),
         "measured": mine["bubble_fraction_measured"].astype(float),
+        "stage_times": pd.to_numeric(mine["bubble_fraction_stage_times"], errors="coerce") if "bubble_fraction_stage_times"
+        in mine else float("nan"),
         "device_type": mine["device_type"].astype(str) if "device_type" in mine else "unknown"})
     table["chunks_per_rank"] = [SCHEDULES[s].chunks_per_rank if s in SCHEDULES else 1 for s in table["schedule"]]
     table["formula"] = [bubble_fraction(p, m, s) if s in SCHEDULES else float("nan")

@@ -469,6 +469,8 @@ def fit(runs, table=None, table_path: str | None = None) -> Model:
     ok["_key"] = [_key(r) for r in ok.to_dict("records")]
     ok["_tokens"] = [_tokens_or_nan(r) for r in ok.to_dict("records")]
     ok = ok[ok["_tokens"].notna()]  # a row without micro-batch or sequence length cannot be a reference
+    if "pipeline_parallel" in ok:  # nor a pipeline's (not modelled: _parts)
+        ok = ok[ok["pipeline_parallel"].fillna(1) == 1]
     # The compute references: each key's runs at its smallest world size, less their communication.
     refs = []
     for key, group in ok.groupby("_key", sort=False):
@@ -487,6 +489,8 @@ def fit(runs, table=None, table_path: str | None = None) -> Model:
                 exposed = step_time(first["zero_stage"], 0.0, comm, calls=calls, overlap_efficiency=eta).exposed_comm_s
             step = float(at[MEASURED].median())
             compute = step - exposed
+            if compute <= 0:  # the modelled communication outlasts the measured step: its compute is unknown
+                continue
             flops = first["flops_per_token"] * tokens / first["peak_flops_per_device"] \
                 if not _missing(first.get("peak_flops_per_device")) and first.get("peak_flops_per_device") else math.nan
             # the runs' own token share (half-batch steps), of their step: as a share of its compute
@@ -564,6 +568,9 @@ class _Parts:
 
 def _parts(model: Model, row: dict) -> _Parts | str:
     """The parts of a run's prediction, or the reason there are none."""
+    if int(row.get("pipeline_parallel") or 1) > 1:
+        return ("pipeline runs are not predicted by the step-time model yet (its compute reference and collectives "
+                "take every rank to hold the whole model; scalelab estimate scaling --pipeline-parallel prices them)")
     refs = model.references
     key = _key(row)
     mine = None if refs is None else refs[[tuple(None if _missing(v) else v for v in r) == key

@@ -155,6 +155,7 @@ class Pipeline:
     tied_bytes: float = 0.0
     timeline: list = field(default_factory=list)  # this step's (kind, chunk, micro-batch, start, end), seconds
     step_start: float = 0.0
+    step_start_unix: float = 0.0  # the same moment on the machine's clock: the stages' timelines share it
     pipeline_s: float = 0.0  # this step's schedule time (every micro-batch's forward and backward)
 
     def busy_share(self) -> float:
@@ -250,7 +251,7 @@ def step(pipe: Pipeline, tokens: torch.Tensor) -> torch.Tensor:
     """One step's forwards and backwards over this rank's stages; the sum of its micro-batches' losses on the ranks
     holding the last chunk (zero on the others)."""
     pipe.timeline = []
-    pipe.step_start = time.perf_counter()
+    pipe.step_start, pipe.step_start_unix = time.perf_counter(), time.time()
     losses: list[torch.Tensor] = []
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     if pipe.has_first:
@@ -288,25 +289,21 @@ def parallelize(chunks: list[tuple[int, nn.Module]], mesh, plan, device: torch.d
     return par, pipe
 
 
-TIMELINE_FILE = "pipeline_timeline.json"
-"""In a pipeline run's folder: every stage's forward and backward intervals in its last timed step (the report's
-per-stage timeline)."""
-
-
-def rank_figures(pipe: Pipeline, busy: list[float], held: int | None, timeline: list) -> dict:
-    """What one rank measured of its stages over the run (gathered to rank 0)."""
+def rank_figures(pipe: Pipeline, busy: list[float], held: int | None, timeline: list, timeline_start: float) -> dict:
+    """What one rank measured of its stages over the run (gathered to rank 0); ``timeline_start``: the unix time its
+    timeline's step started (the stages' clocks are one machine's, or NTP's across nodes)."""
     import statistics
 
     return {"pp_rank": pipe.pp_rank, "sent": pipe.p2p["sent"], "received": pipe.p2p["received"],
             "tied": pipe.tied_bytes, "busy": statistics.median(busy) if busy else None, "held": held,
-            "timeline": timeline}
+            "timeline": timeline, "timeline_start": timeline_start}
 
 
 def measured_columns(stages: list[dict], n_measured: int) -> dict:
     """The measured columns of one pipeline (its ranks' figures, stage order); bytes per measured step."""
     per_stage = [(f["sent"] + f["received"]) / n_measured for f in stages]
     bubbles = [1 - f["busy"] for f in stages if f["busy"] is not None]
-    return {"comm_pipeline_bytes_per_step_measured": per_stage[0],
+    return {"bubble_fraction_stage_times": stage_time_bubble(stages), "comm_pipeline_bytes_per_step_measured": per_stage[0],
             "comm_pipeline_bytes_per_step_measured_per_stage": per_stage,
             "comm_pipeline_tied_bytes_per_step_measured": stages[0]["tied"] / n_measured,
             "bubble_fraction_measured": sum(bubbles) / len(bubbles) if bubbles else None,
@@ -314,11 +311,33 @@ def measured_columns(stages: list[dict], n_measured: int) -> dict:
             "pipeline_activation_bytes_measured_per_stage": [f["held"] for f in stages]}
 
 
+def stage_time_bubble(stages: list[dict]) -> float | None:
+    """The bubble these stages would leave with free sends, from their own compute in the timed step the timeline
+    holds: each rank's time per chunk-micro-batch t (its forwards' and backwards' time over their count), the schedule
+    then lasting (V m - 1) max t + sum of t (the slowest rank sets the steady state, every rank's time fills and
+    drains the pipeline; (V m + P - 1) t for equal stages, the formula's), and each rank idle for what its own work
+    leaves of that; their mean. Between it and the measured bubble: the sends and the schedule's own work."""
+    per_rank = []
+    for f in stages:
+        intervals = f["timeline"]
+        if not intervals:
+            return None
+        busy = sum(end - start for _, _, _, start, end in intervals)
+        per_rank.append((busy, busy / (len(intervals) / 2)))  # one forward and one backward per chunk-micro-batch
+    chunk_micro_batches = len(stages[0]["timeline"]) / 2
+    span = (chunk_micro_batches - 1) * max(t for _, t in per_rank) + sum(t for _, t in per_rank)
+    return sum(1 - busy / span for busy, _ in per_rank) / len(per_rank)
+
+
 def timeline_record(stages: list[dict], schedule_name: str, n_microbatches: int) -> dict:
+    """The timeline file: each stage's intervals in seconds from the earliest stage's start of the step (rank 0's
+    pipeline steps together: the stages' timed steps are one step)."""
+    first = min(f.get("timeline_start", 0.0) for f in stages)
     return {"schedule": schedule_name, "microbatches": n_microbatches,
             "stages": [{"pp_rank": f["pp_rank"], "intervals": [
-                {"kind": kind, "chunk": chunk, "microbatch": mb, "start_s": start, "end_s": end}
-                for kind, chunk, mb, start, end in f["timeline"]]} for f in stages]}
+                {"kind": kind, "chunk": chunk, "microbatch": mb, "start_s": start + shift, "end_s": end + shift}
+                for kind, chunk, mb, start, end in f["timeline"]]}
+                for f in stages for shift in [f.get("timeline_start", 0.0) - first]]}
 
 
 def whole_state(pipe: Pipeline, degree: int, sends: bool) -> dict[str, torch.Tensor] | None:

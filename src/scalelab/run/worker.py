@@ -203,6 +203,7 @@ class Run:
     pipe_busy: list[float] = field(default_factory=list)  # per timed step: the share of the schedule's time it computed
     pipe_timeline: list = field(default_factory=list)  # the last timed step's forward and backward intervals
     pipe_held: int | None = None  # the most bytes of block activations held at once on the measured step
+    pipe_timeline_start: float = 0.0  # the unix time that step started
 
     @property
     def tensor_parallel(self) -> int:
@@ -482,7 +483,7 @@ def pipeline_step(run: Run, tokens: torch.Tensor, measure_held: bool) -> torch.T
         run.pipe_held = meter.peak
     if run.counter.enabled:
         run.pipe_busy.append(pipe.busy_share())
-        run.pipe_timeline = list(pipe.timeline)
+        run.pipe_timeline, run.pipe_timeline_start = list(pipe.timeline), pipe.step_start_unix
     return loss_sum
 
 
@@ -778,7 +779,8 @@ def gather(run: Run, steal: float | None) -> Gathered:
         from scalelab.run.pipeline import rank_figures
 
         all_pipe = [None] * run.world_size
-        dist.all_gather_object(all_pipe, rank_figures(run.pipe, run.pipe_busy, run.pipe_held, run.pipe_timeline))
+        dist.all_gather_object(all_pipe, rank_figures(run.pipe, run.pipe_busy, run.pipe_held, run.pipe_timeline,
+                                                      run.pipe_timeline_start))
     return Gathered(held=all_held, mem=all_mem, comm=counted, pipe=all_pipe)
 
 
@@ -862,11 +864,11 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
 def pipeline_columns(run: Run, figures: list[dict] | None, n_measured: int) -> dict:
     """The measured pipeline columns, of rank 0's pipeline (scalelab.run.pipeline.measured_columns); the timeline of
     its last timed step in the run folder (pipeline_timeline.json)."""
-    from scalelab.formulas.pipeline import MEASURED_COLUMNS
+    from scalelab.formulas.pipeline import MEASURED_COLUMNS, TIMELINE_FILE
 
     if figures is None:
         return dict.fromkeys(MEASURED_COLUMNS)
-    from scalelab.run.pipeline import TIMELINE_FILE, measured_columns, timeline_record
+    from scalelab.run.pipeline import measured_columns, timeline_record
 
     stride = run.world_size // run.pipeline_parallel  # rank 0's pipeline: one rank per stage, DP x TP apart
     stages = [figures[k * stride] for k in range(run.pipeline_parallel)]
