@@ -15,11 +15,12 @@ LLAMA = {"family": "llama", "n_layers": 4, "d_model": 32, "n_heads": 4, "n_kv_he
 # (stage, world size, tensor parallel, schedule); micro-batch 1: the data-parallel rank's share of the global batch in
 # micro-batches per step
 POINTS = {
-    "gpt2": ((0, 2, 1, "1f1b"), (0, 2, 1, "gpipe"), (3, 4, 1, "1f1b"), (0, 4, 2, "1f1b"), (0, 2, 1, "interleaved_1f1b")),
+    "gpt2": ((0, 2, 1, "1f1b"), (0, 2, 1, "gpipe"), (3, 4, 1, "1f1b"), (0, 4, 2, "1f1b"), (0, 2, 1, "interleaved_1f1b"),
+             (3, 8, 1, "1f1b", 2)),  # hybrid sharding: 2 replicas of 2-rank shard groups per stage
     "llama": ((0, 2, 1, "1f1b"), (3, 4, 1, "gpipe")),
 }
 CASES = [(family, point) for family, points in POINTS.items() for point in points]
-IDS = [f"{family}-z{s}-w{w}-tp{t}-{sched}" for family, (s, w, t, sched) in CASES]
+IDS = [f"{family}-z{p[0]}-w{p[1]}-tp{p[2]}-{p[3]}" + (f"-hsdp{p[4]}" if len(p) > 4 else "") for family, p in CASES]
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +36,11 @@ def pp_runs(tmp_path_factory, tiny_data):
         cfg["model"].update(GPT if family == "gpt2" else LLAMA)
         runs[family, None] = run_point(tmp, tiny_data, RunPoint("fp32", 0, 1, micro_batch=1), cfg=cfg,
                                        save_final_params=True)
-        for stage, world, tp, schedule in points:
+        for stage, world, tp, schedule, *replicas in points:
             point = RunPoint("fp32", stage, world, micro_batch=1, tensor_parallel=tp, pipeline_parallel=2,
-                             pipeline_schedule=schedule)
-            runs[family, (stage, world, tp, schedule)] = run_point(tmp, tiny_data, point, cfg=cfg, save_final_params=True)
+                             pipeline_schedule=schedule, replicas=replicas[0] if replicas else 1)
+            runs[family, (stage, world, tp, schedule, *replicas)] = run_point(tmp, tiny_data, point, cfg=cfg,
+                                                                               save_final_params=True)
     return runs
 
 
@@ -64,7 +66,7 @@ def test_bytes_and_held_activations_are_the_formulas(pp_runs, case):
     from scalelab.formulas import pipeline
 
     summary = pp_runs[case][0]
-    stage, world, tp, schedule = case[1]
+    stage, world, tp, schedule = case[1][:4]
     m = summary["pipeline_microbatches"]
     data_parallel = world // (2 * tp)
     assert m == summary["accumulation_steps"] == summary["tokens_per_step"] // summary["seq_len"] // data_parallel

@@ -206,7 +206,8 @@ def residual_width(precision: str, zero_stage: int) -> int:
 
 def predicted_columns(cfg: ModelConfig, pp: int, schedule_name: str, micro_batch: int, m: int, precision: str,
                       zero_stage: int, data_parallel: int, tensor_parallel: int = 1, sequence_parallel: bool = False,
-                      activation_checkpointing: bool = False, device_type: str = "cpu", compiled: bool = False) -> dict:
+                      activation_checkpointing: bool = False, device_type: str = "cpu", compiled: bool = False,
+                      replicas: int = 1) -> dict:
     """The pipeline's predicted columns of a run (null without a pipeline): rank 0's point-to-point bytes per step
     and each stage's, rank 0's tied-embedding sum, the schedule's bubble, and each stage's most block activations
     held (null under activation checkpointing: the measurement does not see a checkpointed block's input)."""
@@ -223,20 +224,24 @@ def predicted_columns(cfg: ModelConfig, pp: int, schedule_name: str, micro_batch
     return {"comm_pipeline_bytes_per_step_predicted": per_stage[0],
             "comm_pipeline_bytes_per_step_predicted_per_stage": per_stage,
             "comm_pipeline_tied_bytes_per_step_predicted": tied_sync_bytes(
-                cfg, pp, 0, data_parallel if zero_stage in (2, 3) else 1),
+                cfg, pp, 0, data_parallel // replicas if zero_stage in (2, 3) else 1),
             "bubble_fraction_predicted": bubble_fraction(pp, m, schedule_name),
             "pipeline_activation_bytes_predicted_per_stage": held}
 
 
 def sharded_comm_bytes(stage_params: float, kept: float, m: int, zero_stage: int, gather_bytes: int,
-                       reduce_bytes: int, schedule_name: str = DEFAULT_SCHEDULE) -> float | None:
-    """FSDP2's bytes per step on one pipeline rank over its data-parallel ranks (stages 2 and 3; an all-gather counts
-    its output, a reduce-scatter its input). torch's schedules keep a stage's parameters gathered from the first
+                       reduce_bytes: int, schedule_name: str = DEFAULT_SCHEDULE, shard: int = 2,
+                       replicas: int = 1) -> dict[str, float] | None:
+    """FSDP2's bytes per step on one pipeline rank (stages 2 and 3; an all-gather counts its output, a reduce-scatter
+    its input, an all-reduce of S bytes 2 S), by group: {"shard": over its ``shard`` data-parallel ranks, "replicate":
+    across hybrid sharding's ``replicas``}. torch's schedules keep a stage's parameters gathered from the first
     micro-batch's backward to the last one's and reduce the gradients once, after the last backward. Stage 2 gathers
     once; stage 3 gathers whole for the first forward, then each of the m - 1 further forwards and the first backward
-    gather all but the block it keeps (``kept``: measured on gloo, GPipe and 1F1B alike). None under the interleaved
+    gather all but the block it keeps (``kept``: measured on gloo, GPipe and 1F1B alike); a shard group of one rank
+    moves nothing. Hybrid sharding then all-reduces each reduced shard across the replicas. None under the interleaved
     schedule, whose two chunks per rank gather more often than this (measured, not modelled)."""
     if schedule(schedule_name).chunks_per_rank > 1:
         return None
     gathered = stage_params if zero_stage == 2 else stage_params + m * (stage_params - kept)
-    return gathered * gather_bytes + stage_params * reduce_bytes
+    return {"shard": 0.0 if shard == 1 else gathered * gather_bytes + stage_params * reduce_bytes,
+            "replicate": 0.0 if replicas == 1 else 2 * stage_params / shard * reduce_bytes}

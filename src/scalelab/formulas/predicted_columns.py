@@ -100,7 +100,7 @@ def pipeline_columns(cfg: ModelConfig, row: Mapping) -> dict:
         cfg, pp, _schedule(row), int(row["micro_batch"]), int(row["accumulation_steps"]), row["precision"],
         int(row["zero_stage"]), accounting.data_parallel_size(int(row["world_size"]), degree * pp), degree,
         bool(_value(row, "sequence_parallel", False)), bool(_value(row, "activation_checkpointing", False)),
-        row["device_type"], bool(_value(row, "compile", False)))
+        row["device_type"], bool(_value(row, "compile", False)), int(_value(row, "replicas", 1)))
 
 
 def peak(cfg: ModelConfig, n_params: int, row: Mapping, block_params: int | None = None,
@@ -184,13 +184,18 @@ def worker_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -> dic
                                                 replicas, kept)
     if pp > 1 and stage in (2, 3) and world_size > 1:  # FSDP2 under torch's schedules gathers and reduces otherwise
         dtypes = accounting.comm_dtypes(precision, stage, grad_reduce)
-        comm_total = pipeline.sharded_comm_bytes(n_params, kept, accum, stage, dtypes.gather_bytes, dtypes.reduce_bytes,
-                                                 _schedule(row))
-        dp_group = [k * degree for k in range(world_size)]  # rank 0's data-parallel ranks on the (pp, dp, tp) mesh
+        shard = world_size // replicas
+        by_group = pipeline.sharded_comm_bytes(n_params, kept, accum, stage, dtypes.gather_bytes, dtypes.reduce_bytes,
+                                               _schedule(row), shard, replicas)
         links = {"intra_node": {}, "inter_node": {}}
-        links[link_of(dp_group, rank_hosts)] = {"sharded": comm_total}
-        if comm_total is None:
-            links = {"intra_node": {"sharded": None}, "inter_node": {"sharded": None}}
+        if by_group is None:
+            comm_total, links = None, {"intra_node": {"sharded": None}, "inter_node": {"sharded": None}}
+        else:  # rank 0's groups on the (pp, dp_replicate, dp_shard, tp) mesh: its shard group, its replicas
+            comm_total = sum(by_group.values())
+            groups = {"shard": [k * degree for k in range(shard)], "replicate": [k * shard * degree for k in range(replicas)]}
+            for name, nbytes in by_group.items():
+                by_type = links[link_of(groups[name], rank_hosts)]
+                by_type[name] = by_type.get(name, 0.0) + nbytes
     return {
         "activation_bytes_predicted": None if custom else accounting.block_activation_bytes(
             cfg, micro, precision, ac, zero_stage=stage, device_type=device_type, compiled=compiled, tensor_parallel=degree,

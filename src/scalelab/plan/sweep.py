@@ -110,6 +110,9 @@ def _replicas_left_out(point, train: TrainConfig) -> str | None:
     if point.world_size % point.replicas:
         return (f"replicas={point.replicas} does not divide world_size={point.world_size} (every replica holds "
                 "world_size / replicas ranks)")
+    if data_parallel_ranks(point) % point.replicas:
+        return (f"replicas={point.replicas} does not divide the {data_parallel_ranks(point)} data-parallel ranks of a "
+                f"pipeline stage (world_size={point.world_size} / pipeline_parallel={point.pipeline_parallel})")
     return None
 
 
@@ -153,7 +156,6 @@ def _pipeline_left_out(point, train: TrainConfig) -> str | None:
     for reason, applies in (
             ("zero_stage 1 with pipeline parallelism is not run (ZeroRedundancyOptimizer over one stage's data-parallel "
              "ranks is not wired); stages 0, 2 and 3 are", point.zero_stage == 1),
-            (f"replicas={point.replicas}: hybrid sharding with pipeline parallelism is not run", point.replicas > 1),
             (f"{point.precision} with pipeline parallelism is not run (torch's schedules call backward themselves: the "
              "fp16 loss scaler and fp8's linears are not wired into them); fp32 and bf16 are",
              point.precision in ("fp16", "fp8")),

@@ -39,12 +39,23 @@ from scalelab.formulas.pipeline import schedule as schedule_record
 from scalelab.run.model import StageBlocks
 
 
-def build_mesh(device_type: str, world_size: int, pp: int, tp: int):
-    """The run's (pp, dp[, tp]) mesh."""
+def build_mesh(device_type: str, world_size: int, pp: int, tp: int, replicas: int = 1):
+    """The run's (pp, dp[, tp]) mesh; under hybrid sharding (replicas R > 1) (pp, dp_replicate, dp_shard[, tp]), the
+    data-parallel ranks of a stage R replicas of consecutive shard groups, as hybrid sharding lays them out without a
+    pipeline (scalelab.spec.strategies.HYBRID)."""
+    from scalelab.spec.strategies import HYBRID
+
     dp = world_size // (pp * tp)
-    if tp > 1:
-        return init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
-    return init_device_mesh(device_type, (pp, dp), mesh_dim_names=("pp", "dp"))
+    data = (("dp", dp),) if replicas == 1 else tuple(zip(HYBRID.mesh_dims, (replicas, dp // replicas), strict=True))
+    dims = (("pp", pp), *data, *((("tp", tp),) if tp > 1 else ()))
+    return init_device_mesh(device_type, tuple(n for _, n in dims), mesh_dim_names=tuple(name for name, _ in dims))
+
+
+def data_parallel_mesh(mesh):
+    """A stage's data-parallel sub-mesh: 1-D, or hybrid sharding's (replicate, shard)."""
+    from scalelab.spec.strategies import HYBRID
+
+    return mesh[HYBRID.mesh_dims] if HYBRID.mesh_dims[0] in mesh.mesh_dim_names else mesh["dp"]
 
 
 def chunk_modules(model: nn.Module, pp_rank: int, pp: int, schedule_name: str) -> list[tuple[int, nn.Module]]:
@@ -273,7 +284,7 @@ def parallelize(chunks: list[tuple[int, nn.Module]], mesh, plan, device: torch.d
 
     point, train = plan.point, plan.train
     for _, chunk in chunks:
-        data_parallel_wrap(chunk, point.zero_stage, param_dtype, reduce_dtype, mesh["dp"])
+        data_parallel_wrap(chunk, point.zero_stage, param_dtype, reduce_dtype, data_parallel_mesh(mesh))
     holder = chunks[0][1] if len(chunks) == 1 else nn.ModuleList(chunk for _, chunk in chunks)
     opt = torch.optim.AdamW(param_groups(holder, train.weight_decay), **_adamw_kwargs(train.lr))
     last = chunks[-1][1]

@@ -336,9 +336,9 @@ def setup(plan: RunPlan, rank_cores: str | None = None) -> Run:
     if point.pipeline_parallel > 1:
         from scalelab.run import pipeline
 
-        mesh = pipeline.build_mesh(device.type, world_size, point.pipeline_parallel, point.tensor_parallel)
+        mesh = pipeline.build_mesh(device.type, world_size, point.pipeline_parallel, point.tensor_parallel, point.replicas)
         chunks = pipeline.chunk_modules(model, mesh["pp"].get_local_rank(), point.pipeline_parallel, point.pipeline_schedule)
-        dp_mesh, tp_mesh = mesh["dp"], mesh["tp"] if point.tensor_parallel > 1 else None
+        tp_mesh = mesh["tp"] if point.tensor_parallel > 1 else None
     elif point.tensor_parallel > 1:
         mesh = init_device_mesh(device.type, (world_size // point.tensor_parallel, point.tensor_parallel),
                                 mesh_dim_names=("dp", "tp"))
