@@ -153,7 +153,7 @@ def test_a_sweep_spans_two_nodes_with_the_config_at_the_default_path(tmp_path, c
     assert first["hostname"] == second["hostname"] and started[1] >= started[0] + first["wall_time_s"] - 1.0
     log2 = (on_slurm / "results/logs/runs" / f"{RunPoint('fp32', 3, 2).path}.log").read_text()
     assert " srun --ntasks=2 --nodes=2 --ntasks-per-node=1" in log2 and "--nnodes=2" in log2 and "--master-addr=n1" in log2
-    # communication: what the ranks sent equals the formulas (scalelab.formulas.accounting), all of it between
+    # communication: what the ranks sent equals the formulas (scalelab.formulas.communication), all of it between
     # the nodes (one rank on each: DDP's all-reduce and ZeRO-3's collectives cross the link)
     np.testing.assert_allclose(spanning["comm_bytes_per_step_measured"], spanning["comm_bytes_per_step_predicted"], rtol=0)
     for link in ("intra_node", "inter_node"):

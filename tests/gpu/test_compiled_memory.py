@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from scalelab.config import ModelConfig
-from scalelab.formulas import accounting
+from scalelab.formulas import activation_memory, flops, peak_memory
 from scalelab.run.model import GPT, Block
 from support.compiled_memory import GIB, MODES, partitioned
 
@@ -29,7 +29,7 @@ def test_gpu_partitioner_saves_what_the_formula_says(mode):
     block = Block(cfg).to("cuda", dtype)
     x = torch.randn(4, 512, 1024, device="cuda", dtype=dtype, requires_grad=True)
     saved = partitioned(block, x, autocast=autocast)
-    formula = accounting.block_activation_bytes(cfg, 4, precision, False, zero_stage=stage, device_type="cuda",
+    formula = activation_memory.block_activation_bytes(cfg, 4, precision, False, zero_stage=stage, device_type="cuda",
                                                 compiled=True)
     assert saved.bytes == formula, f"saved {saved.bytes}, formula {formula}:\n{saved}"
 
@@ -62,6 +62,6 @@ def test_gpu_compiled_peak_within_ten_percent():
     step()
     torch.cuda.synchronize()
     measured = torch.cuda.max_memory_allocated() - base
-    predicted = accounting.peak_memory(cfg, accounting.param_count(cfg), 0, 1, "bf16", micro_batch, compiled=True)
+    predicted = peak_memory.peak_memory(cfg, flops.param_count(cfg), 0, 1, "bf16", micro_batch, compiled=True)
     assert predicted.exact
     assert abs(measured / predicted.activations - 1) < 0.10, (measured / GIB, predicted.activations / GIB)

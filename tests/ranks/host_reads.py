@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from scalelab.formulas.accounting import comm_dtypes
+from scalelab.formulas.communication import comm_dtypes
 from scalelab.plan.run_plan import RunPlan
 from scalelab.plan.sweep import micro_batch_plan
 from scalelab.run import worker

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
-from scalelab.formulas.accounting import comm_dtypes
+from scalelab.formulas.communication import comm_dtypes
 from scalelab.harness import plain_loop
 from scalelab.plan.run_plan import RunPlan
 from scalelab.plan.sweep import micro_batch_plan

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from scalelab.config import ModelConfig
-from scalelab.formulas import accounting
+from scalelab.formulas import communication
 from scalelab.run.model import build_model
 from scalelab.run.parallel import clip_grad_norm, parallelize, reduce_partial_grads
 from scalelab.run.precision import autocast, grad_scaler
@@ -60,7 +60,7 @@ def case(stage: int, precision: str, device: torch.device, steps: int, inject_in
         mesh = init_device_mesh(device.type, (world_size // tensor_parallel, tensor_parallel), mesh_dim_names=("dp", "tp"))
         apply_tensor_parallel(model, mesh["tp"], sequence_parallel)
         dp_mesh = mesh["dp"]
-    dtypes = accounting.comm_dtypes(precision, stage)
+    dtypes = communication.comm_dtypes(precision, stage)
     par = parallelize(model, stage, device, 1e-3, 0.1,
                       param_dtype=None if dtypes.param_gather in (None, "float32") else getattr(torch, dtypes.param_gather),
                       reduce_dtype=getattr(torch, dtypes.grad_reduce), dp_mesh=dp_mesh, tensor_parallel=tensor_parallel)

@@ -15,7 +15,7 @@ def test_a_formula_fixed_after_a_run_reaches_its_cached_row_at_collection(tmp_pa
     two-rank run is collected; then the activation, model-state, communication and peak formulas change
     (monkeypatched) and the folder is collected again: every predicted column follows the new
     formulas, the run folder is untouched (nothing retrained), and the measured columns stay."""
-    from scalelab.formulas import accounting
+    from scalelab.formulas import accounting, activation_memory, communication, model_state
     from support import run_point
 
     summary, _, run_dir = run_point(tmp_path / "runs", tiny_data, RunPoint("bf16", 3, 2))
@@ -28,14 +28,21 @@ def test_a_formula_fixed_after_a_run_reaches_its_cached_row_at_collection(tmp_pa
                  "comm_intra_node_bytes_per_step_predicted", "predicted_peak_bytes", "model_state_bytes_predicted_paper"):
         assert old[name] == pytest.approx(summary[name]), name
 
-    real = {name: getattr(accounting, name) for name in ("block_activation_bytes", "model_state_bytes", "comm_bytes_per_step",
-                                                         "comm_bytes_by_link", "peak_memory")}
-    monkeypatch.setattr(accounting, "block_activation_bytes", lambda *a, **k: 2 * real["block_activation_bytes"](*a, **k))
-    monkeypatch.setattr(accounting, "model_state_bytes", lambda *a, **k: accounting.ModelStateBytes(
-        *(3 * v for v in dataclasses.astuple(real["model_state_bytes"](*a, **k)))))
-    monkeypatch.setattr(accounting, "comm_bytes_per_step", lambda *a, **k: real["comm_bytes_per_step"](*a, **k) + 1000.0)
-    monkeypatch.setattr(accounting, "comm_bytes_by_link", lambda *a, **k: {
-        link: {c: b + 7.0 for c, b in by_type.items()} for link, by_type in real["comm_bytes_by_link"](*a, **k).items()})
+    homes = {"block_activation_bytes": activation_memory, "model_state_bytes": model_state,
+             "comm_bytes_per_step": communication, "comm_bytes_by_link": communication}
+    real = {name: getattr(home, name) for name, home in homes.items()}
+    changed = {
+        "block_activation_bytes": lambda *a, **k: 2 * real["block_activation_bytes"](*a, **k),
+        "model_state_bytes": lambda *a, **k: model_state.ModelStateBytes(
+            *(3 * v for v in dataclasses.astuple(real["model_state_bytes"](*a, **k)))),
+        "comm_bytes_per_step": lambda *a, **k: real["comm_bytes_per_step"](*a, **k) + 1000.0,
+        "comm_bytes_by_link": lambda *a, **k: {
+            link: {c: b + 7.0 for c, b in by_type.items()} for link, by_type in real["comm_bytes_by_link"](*a, **k).items()},
+    }
+    for name, home in homes.items():
+        # each formula where it lives, and where the predicted columns still read it (scalelab.formulas.accounting)
+        monkeypatch.setattr(home, name, changed[name])
+        monkeypatch.setattr(accounting, name, changed[name])
     assert collect(tmp_path)["problems"] == []
     new = pd.read_parquet(tmp_path / "metrics.parquet").iloc[0]
     assert new["activation_bytes_predicted"] == pytest.approx(2 * old["activation_bytes_predicted"])

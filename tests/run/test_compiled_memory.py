@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from scalelab.config import ModelConfig
-from scalelab.formulas import accounting
+from scalelab.formulas import activation_memory, flops, peak_memory
 from scalelab.run.activations import SavedActivationMeter
 from scalelab.run.model import GPT, Block, Llama, LlamaBlock, cross_entropy_loss, rope_tables
 from support.compiled_memory import MODES, partitioned, partitioner_backend
@@ -58,11 +58,11 @@ def test_partitioner_saves_what_the_formulas_say(family, mode, shape, checkpoint
     block, args, cfg = one_block(family, mode, batch, seq, d, heads, heads // 2 if family == "llama" else None,
                                  checkpointing)
     saved = partitioned(block, *args, autocast=autocast)
-    formula = accounting.block_activation_bytes(cfg, batch, precision, checkpointing, zero_stage=stage,
+    formula = activation_memory.block_activation_bytes(cfg, batch, precision, checkpointing, zero_stage=stage,
                                                 device_type="cpu", compiled=True)
     assert saved.bytes == formula, f"saved {saved.bytes}, formula {formula}:\n{saved}"
     assert len(saved.uncounted) == checkpointing  # the generator state for SDPA's recomputation
-    eager = accounting.block_activation_bytes(cfg, batch, precision, checkpointing, zero_stage=stage, device_type="cpu")
+    eager = activation_memory.block_activation_bytes(cfg, batch, precision, checkpointing, zero_stage=stage, device_type="cpu")
     if family == "gpt2" and autocast and stage == 0 and not checkpointing:
         assert formula < eager  # the fp32 residual x + attn is recomputed in backward
 
@@ -74,7 +74,7 @@ def test_compiled_loss_partition(precision):
     logits = torch.randn(b, t, v, dtype=dtype, requires_grad=True)
     targets = torch.randint(0, v, (b, t + 1))[:, 1:]  # as the worker hands them: a view of the token windows
     saved = partitioned(cross_entropy_loss, logits, targets, autocast=None if precision == "fp32" else dtype)
-    w = accounting.DTYPE_BYTES[precision]
+    w = activation_memory.DTYPE_BYTES[precision]
     # the logits, the targets' storage (the token windows, counted with the ids), the row max and
     # log-sum-exp, the total weight
     assert saved.bytes == w * b * t * v + 8 * b * (t + 1) + 2 * 4 * b * t + 4, str(saved)
@@ -96,8 +96,8 @@ def test_meter_measures_compiled_models(family, precision, micro_batch):
         with SavedActivationMeter(model, model.blocks) as meter:
             loss = model(tokens[:, :-1], tokens[:, 1:])
     loss.backward()
-    assert meter.inside_blocks == accounting.block_activation_bytes(cfg, micro_batch, precision, False, compiled=True)
-    assert meter.outside_blocks == accounting.outside_block_activation_bytes(cfg, micro_batch, precision, compiled=True)
+    assert meter.inside_blocks == activation_memory.block_activation_bytes(cfg, micro_batch, precision, False, compiled=True)
+    assert meter.outside_blocks == activation_memory.outside_block_activation_bytes(cfg, micro_batch, precision, compiled=True)
 
 
 @pytest.mark.parametrize("emulate", [True, False])
@@ -119,14 +119,14 @@ def test_fp8_compiled_keeps_less_than_its_bound(emulate):
         with SavedActivationMeter(model, model.blocks) as meter:
             loss = model(tokens[:, :-1], tokens[:, 1:])
     loss.backward()
-    bound = accounting.block_activation_bytes(cfg, 2, "fp8", False, compiled=True)
-    assert bound == accounting.block_activation_bytes(cfg, 2, "bf16", False, compiled=True)
+    bound = activation_memory.block_activation_bytes(cfg, 2, "fp8", False, compiled=True)
+    assert bound == activation_memory.block_activation_bytes(cfg, 2, "bf16", False, compiled=True)
     sbh = 2 * 64 * 64
     scales = 4 if emulate else 8  # fp32 scalars per block: the inputs' scales, and their inverses for _scaled_mm
     small = 2 * (2 * 2 * 4 * 2 * 64 + 4 * 2 * 4 * 64 + 4 * scales)  # per block: LayerNorm stats, logsumexp, scales
     assert meter.inside_blocks == 2 * (4 + 9 * 2) * sbh + small < bound, str(graphs[0])
-    assert meter.outside_blocks == accounting.outside_block_activation_bytes(cfg, 2, "fp8", compiled=True)
-    peak = accounting.peak_memory(cfg, accounting.param_count(cfg), 0, 1, "fp8", 2, compiled=True)
+    assert meter.outside_blocks == activation_memory.outside_block_activation_bytes(cfg, 2, "fp8", compiled=True)
+    peak = peak_memory.peak_memory(cfg, flops.param_count(cfg), 0, 1, "fp8", 2, compiled=True)
     assert peak.upper_bound
 
 
@@ -146,5 +146,5 @@ def test_apply_compile_keeps_what_the_partitioner_says():
         with SavedActivationMeter(model, model.blocks) as meter:
             loss = model(tokens[:, :-1], tokens[:, 1:])
     loss.backward()
-    assert meter.inside_blocks == accounting.block_activation_bytes(cfg, 2, "bf16", False, compiled=True)
-    assert meter.outside_blocks == accounting.outside_block_activation_bytes(cfg, 2, "bf16", compiled=True)
+    assert meter.inside_blocks == activation_memory.block_activation_bytes(cfg, 2, "bf16", False, compiled=True)
+    assert meter.outside_blocks == activation_memory.outside_block_activation_bytes(cfg, 2, "bf16", compiled=True)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from scalelab.config import model_config, train_config
-from scalelab.formulas import accounting
+from scalelab.formulas import flops, lora_training
 from scalelab.harness.reference import bare_loop
 from scalelab.plan.sweep import RunPoint
 from scalelab.run.model import counted
@@ -65,8 +65,8 @@ def test_llama_fp32_parity_and_formulas(llama_runs, llama_reference, stage, worl
     for name, ref in ref_state.items():
         torch.testing.assert_close(final[name], ref, atol=1e-4, rtol=0, msg=name)
     cfg = _llama(vocab_size=summary["vocab_size"])
-    assert summary["n_params"] == accounting.param_count(cfg)
-    assert summary["flops_per_token"] == accounting.flops_per_token(cfg) and summary["flops_per_token_method"] == "formula"
+    assert summary["n_params"] == flops.param_count(cfg)
+    assert summary["flops_per_token"] == flops.flops_per_token(cfg) and summary["flops_per_token_method"] == "formula"
     measured, predicted = summary["model_state_bytes_measured"], summary["model_state_bytes_predicted"]
     granularity = 8 * summary["vocab_size"] * summary["d_model"] if stage == 1 else 0  # ZeRO-1 shards whole tensors
     assert abs(measured - predicted) <= max(0.01 * predicted, granularity), (measured, predicted)
@@ -83,7 +83,7 @@ def test_llama_with_levers_at_stage_3(tmp_path, tiny_data, llama_runs):
                                                                 model="llama", lora_rank=4), cfg=_llama_config())
     assert summary["status"] == "ok", summary["reason"]
     cfg = _llama(vocab_size=summary["vocab_size"])
-    assert summary["n_trainable_params"] == accounting.lora_trainable_params(cfg, 4)
+    assert summary["n_trainable_params"] == lora_training.lora_trainable_params(cfg, 4)
     for kind in ("", "params_", "grads_", "optimizer_"):
         measured, predicted = summary[f"model_state_{kind}bytes_measured"], summary[f"model_state_{kind}bytes_predicted"]
         assert abs(measured - predicted) <= 0.01 * predicted, (kind, measured, predicted)
@@ -127,6 +127,6 @@ def test_a_tied_llama_trains_as_its_reference_at_stage_3(tmp_path, tiny_data):
     cfg = model_config(config, meta["vocab_size"], name="llama")
     losses, _, _ = bare_loop(cfg, train_config(config), str(tiny_data / "train.bin"), meta["dtype"])
     np.testing.assert_allclose(steps["loss"].to_numpy(), losses, rtol=1e-5, atol=0)
-    assert summary["n_params"] == accounting.param_count(cfg) == accounting.param_count(_llama(vocab_size=cfg.vocab_size)) - cfg.vocab_size * cfg.d_model
+    assert summary["n_params"] == flops.param_count(cfg) == flops.param_count(_llama(vocab_size=cfg.vocab_size)) - cfg.vocab_size * cfg.d_model
     measured, predicted = summary["model_state_bytes_measured"], summary["model_state_bytes_predicted"]
     assert abs(measured - predicted) <= 0.01 * predicted, (measured, predicted)

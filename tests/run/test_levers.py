@@ -184,7 +184,7 @@ def test_compile_lever_same_fp32_losses_compilation_out_of_the_steps(tmp_path, t
     assert compiled["comm_bytes_per_step_measured"] == eager["comm_bytes_per_step_measured"]
     assert compiled["activation_bytes_measured"] > 0 and compiled["activation_bytes_outside_blocks_measured"] > 0
     # what the compiled graphs save for backward (the partitioner's choice, seen by the saved-tensor
-    # hooks) is what the compiled model predicts (scalelab.formulas.accounting, compiled=True; issue #40)
+    # hooks) is what the compiled model predicts (scalelab.formulas.activation_memory, compiled=True; issue #40)
     assert compiled["activation_bytes_measured"] == compiled["activation_bytes_predicted"]
     assert compiled["activation_bytes_outside_blocks_measured"] == compiled["activation_bytes_outside_blocks_predicted"]
     assert compiled["predicted_peak_bound"] == "model" and compiled["predicted_peak_bytes"] < eager["predicted_peak_bytes"]

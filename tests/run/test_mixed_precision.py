@@ -2,7 +2,7 @@
 their compute dtype at ZeRO stages 2 and 3 (FSDP2's MixedPrecisionPolicy), reduce gradients in
 fp32 unless the grad_reduce lever says compute (MixedPrecisionPolicy reduce_dtype, or DDP's
 bf16/fp16 compress hook at stages 0 and 1), and measured collective bytes equal the formulas
-(scalelab.formulas.accounting.comm_bytes_per_step) exactly, for every precision x stage x lever value.
+(scalelab.formulas.communication.comm_bytes_per_step) exactly, for every precision x stage x lever value.
 
 The real runs are few and short (world size 2, 3 steps of the tiny model): byte counts are the
 same every step, so two measured steps say as much as ten."""
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from scalelab.formulas import accounting
+from scalelab.formulas import communication
 from scalelab.plan.sweep import RunPoint
 from support import run_point, tiny_config
 from support.mixed_precision import STAGES
@@ -46,7 +46,7 @@ def test_measured_collective_bytes_equal_the_prediction_exactly(runs, run_id):
     summary, _ = runs[run_id]
     assert summary["comm_bytes_per_step_measured"] == summary["comm_bytes_per_step_predicted"], \
         (summary["comm_bytes_per_step_by_type"], summary["comm_bytes_per_step_predicted"])
-    dtypes = accounting.comm_dtypes(summary["precision"], summary["zero_stage"], summary["grad_reduce"])
+    dtypes = communication.comm_dtypes(summary["precision"], summary["zero_stage"], summary["grad_reduce"])
     assert (summary["param_gather_dtype"], summary["grad_reduce_dtype"]) == (dtypes.param_gather, dtypes.grad_reduce)
     # model state at rest stays fp32 shards, fp32 gradients, fp32 AdamW: 16 bytes per parameter over the shards
     assert summary["model_state_grads_bytes_measured"] == summary["model_state_grads_bytes_predicted"]
@@ -70,7 +70,7 @@ def test_sixteen_bit_all_gathers_move_half_of_fp32s_bytes(runs, precision, stage
 def test_the_lever_halves_the_gradient_reductions(runs, precision, stage):
     lever, default = runs[f"{precision}-z{stage}-w2-reduce16"][0], runs[f"{precision}-z{stage}-w2"][0]
     kind = "all_reduce" if stage < 2 else "reduce_scatter_single"
-    scaler = accounting.LOSS_SCALER_COMM_BYTES if precision == "fp16" else 0  # its flag is an fp32 all-reduce
+    scaler = communication.LOSS_SCALER_COMM_BYTES if precision == "fp16" else 0  # its flag is an fp32 all-reduce
     by, base = lever["comm_bytes_per_step_by_type"], default["comm_bytes_per_step_by_type"]
     assert (by[kind] - (scaler if kind == "all_reduce" else 0)) * 2 == base[kind] - (scaler if kind == "all_reduce" else 0)
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from scalelab.formulas import accounting
+from scalelab.formulas import model_state, tensor_parallelism
 
 TP_STEPS = 4
 LLAMA = {"family": "llama", "n_layers": 2, "d_model": 32, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 64,
@@ -82,9 +82,9 @@ def test_each_ranks_model_state_and_the_collectives_are_the_formulas(tp_runs, po
     cfg = ModelConfig(summary["n_layers"], summary["d_model"], summary["n_heads"], summary["seq_len"],
                       summary["tie_embeddings"], summary["vocab_size"], family=summary["model_family"],
                       n_kv_heads=summary.get("n_kv_heads"), ffn_dim=summary.get("ffn_dim"))
-    local = accounting.tensor_parallel_params(cfg, summary["n_params"], degree)
+    local = tensor_parallelism.tensor_parallel_params(cfg, summary["n_params"], degree)
     assert local < summary["n_params"]
-    expected = accounting.model_state_bytes(local, stage, world // degree, precision, "pytorch").total
+    expected = model_state.model_state_bytes(local, stage, world // degree, precision, "pytorch").total
     assert summary["model_state_bytes_predicted"] == pytest.approx(expected)
     for rank_bytes in summary["model_state_bytes_measured_per_rank"]:
         assert rank_bytes == pytest.approx(expected, rel=0.01)

@@ -3,7 +3,7 @@
 import pytest
 
 from scalelab.config import ModelConfig
-from scalelab.formulas import accounting
+from scalelab.formulas import activation_memory, communication, flops, model_state, peak_memory
 from scalelab.run.model import GPT
 
 
@@ -11,15 +11,15 @@ from scalelab.run.model import GPT
                                                                  (1, 8, 2, 4, 11, True)])
 def test_param_count_is_exact(layers, d, heads, seq, vocab, tied):
     cfg = ModelConfig(layers, d, heads, seq, tied, vocab)
-    assert accounting.param_count(cfg) == GPT(cfg).num_parameters()
+    assert flops.param_count(cfg) == GPT(cfg).num_parameters()
 
 
 def test_flops_per_token_hand_computed():
     cfg = ModelConfig(2, 64, 4, 64, True, 256)
     # 6 * (2 * 12 * 64^2 + 256 * 64) + 12 * 2 * 64 * 64
-    assert accounting.flops_per_token(cfg) == 6 * (98304 + 16384) + 98304 == 786432
-    assert accounting.flops_per_token(cfg, causal_halved=True) == 688128 + 49152
-    assert accounting.mfu(1000, 786432, 786432 * 4000, 1) == pytest.approx(0.25)
+    assert flops.flops_per_token(cfg) == 6 * (98304 + 16384) + 98304 == 786432
+    assert flops.flops_per_token(cfg, causal_halved=True) == 688128 + 49152
+    assert flops.mfu(1000, 786432, 786432 * 4000, 1) == pytest.approx(0.25)
 
 
 def test_loss_path_bytes_per_precision():
@@ -27,23 +27,23 @@ def test_loss_path_bytes_per_precision():
     log-softmax in forward; its two fp32 gradients in backward, the larger moment."""
     cfg = ModelConfig(2, 64, 4, 64, True, 256)
     btv = 4 * 64 * 256
-    fp32, bf16 = accounting.loss_path_bytes(cfg, 4, "fp32"), accounting.loss_path_bytes(cfg, 4, "bf16")
+    fp32, bf16 = activation_memory.loss_path_bytes(cfg, 4, "fp32"), activation_memory.loss_path_bytes(cfg, 4, "bf16")
     assert (fp32.logits, fp32.logits_fp32, fp32.log_softmax, fp32.gradients) == (4 * btv, 0, 4 * btv, 8 * btv)
     assert (bf16.logits, bf16.logits_fp32, bf16.log_softmax, bf16.gradients) == (2 * btv, 4 * btv, 4 * btv, 8 * btv)
-    assert accounting.loss_path_bytes(cfg, 4, "fp8") == accounting.loss_path_bytes(cfg, 4, "fp16") == bf16
+    assert activation_memory.loss_path_bytes(cfg, 4, "fp8") == activation_memory.loss_path_bytes(cfg, 4, "fp16") == bf16
     assert (fp32.forward_transient, bf16.forward_transient) == (4 * btv, 6 * btv)
     assert fp32.transient == bf16.transient == 8 * btv
     # outside the blocks: the log-softmax output dominates; under autocast the head input is a
     # 16-bit copy (-2 B T C) and the head weight's 16-bit copy is kept (+2 V C)
-    out32 = accounting.outside_block_activation_bytes(cfg, 4, "fp32")
+    out32 = activation_memory.outside_block_activation_bytes(cfg, 4, "fp32")
     assert out32 == 4 * btv + 4 * 4 * 64 * 64 + 8 * 4 * 64 + 4 * 4 * 64 * 64 + 8 * 4 * 65 + 8 * 64 + 8 * 4 * 64 + 8
-    assert accounting.outside_block_activation_bytes(cfg, 4, "bf16") == out32 - 2 * 4 * 64 * 64 + 2 * 256 * 64
+    assert activation_memory.outside_block_activation_bytes(cfg, 4, "bf16") == out32 - 2 * 4 * 64 * 64 + 2 * 256 * 64
     # micro-batch 1 of 4: the token batch holds all four; the targets are a view, not a copy
-    assert (accounting.outside_block_activation_bytes(cfg, 1, "fp32", accumulation_steps=4)
+    assert (activation_memory.outside_block_activation_bytes(cfg, 1, "fp32", accumulation_steps=4)
             == 4 * 64 * 256 + 4 * 64 * 64 + 8 * 64 + 4 * 64 * 64 + 8 * 4 * 65 + 8 * 64 + 8)
-    peak = accounting.peak_memory(cfg, 1000, 0, 1, "bf16", 4)
-    assert peak.activations == (accounting.block_activation_bytes(cfg, 4, "bf16", False)
-                                + accounting.outside_block_activation_bytes(cfg, 4, "bf16") + 8 * btv)
+    peak = peak_memory.peak_memory(cfg, 1000, 0, 1, "bf16", 4)
+    assert peak.activations == (activation_memory.block_activation_bytes(cfg, 4, "bf16", False)
+                                + activation_memory.outside_block_activation_bytes(cfg, 4, "bf16") + 8 * btv)
 
 
 def test_mfu_against_the_bf16_peak_on_a_gpu(monkeypatch):
@@ -61,50 +61,50 @@ def test_mfu_against_the_bf16_peak_on_a_gpu(monkeypatch):
     assert bf16_peak_flops(gpu, "bf16", False, bf16) == bf16
     assert bf16_peak_flops(gpu, "fp32", True, peak_flops(gpu, "fp32", True)) == bf16
     tokens_per_s, fpt = 1e5, 1e9
-    assert accounting.mfu(tokens_per_s, fpt, bf16[0], 8) == pytest.approx(2 * accounting.mfu(tokens_per_s, fpt, fp8[0], 8))
+    assert flops.mfu(tokens_per_s, fpt, bf16[0], 8) == pytest.approx(2 * flops.mfu(tokens_per_s, fpt, fp8[0], 8))
 
 
 def test_zero_paper_figure_7_5b_on_64_devices():
     """ZeRO paper, Figure 1: Psi = 7.5B, N_d = 64, K = 12: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB."""
     psi = 7.5e9
-    got = [accounting.model_state_bytes(psi, stage, 64, "fp16", "paper").total / 1e9 for stage in (0, 1, 2, 3)]
+    got = [model_state.model_state_bytes(psi, stage, 64, "fp16", "paper").total / 1e9 for stage in (0, 1, 2, 3)]
     assert [round(g, 1) for g in got] == [120.0, 31.4, 16.6, 1.9]
 
 
 def test_pytorch_convention_hand_computed():
     psi, n = 1000, 4
-    assert accounting.model_state_bytes(psi, 0, n, "bf16").total == 16000
-    s1 = accounting.model_state_bytes(psi, 1, n, "bf16")
+    assert model_state.model_state_bytes(psi, 0, n, "bf16").total == 16000
+    s1 = model_state.model_state_bytes(psi, 1, n, "bf16")
     assert (s1.params, s1.grads, s1.optimizer) == (4000, 4000, 2000)
     for stage in (2, 3):
-        assert accounting.model_state_bytes(psi, stage, n, "fp32").total == 4000
+        assert model_state.model_state_bytes(psi, stage, n, "fp32").total == 4000
     with pytest.raises(ValueError, match="zero_stage"):
-        accounting.model_state_bytes(psi, 4, n, "fp32")
+        model_state.model_state_bytes(psi, 4, n, "fp32")
 
 
 def test_comm_volume():
     psi = 1000
-    assert [accounting.comm_elements_per_step(psi, z, 4) for z in (0, 1, 2, 3)] == [2000, 3000, 2000, 3000]
-    assert [accounting.comm_elements_per_step(psi, z, 4, convention="paper") for z in (0, 1, 2, 3)] == [2000, 2000, 2000, 3000]
-    assert accounting.comm_elements_per_step(psi, 3, 4, accumulation_steps=4) == 9000
-    assert accounting.comm_elements_per_step(psi, 2, 1) == 0  # FSDP2 on one rank: no collectives
+    assert [communication.comm_elements_per_step(psi, z, 4) for z in (0, 1, 2, 3)] == [2000, 3000, 2000, 3000]
+    assert [communication.comm_elements_per_step(psi, z, 4, convention="paper") for z in (0, 1, 2, 3)] == [2000, 2000, 2000, 3000]
+    assert communication.comm_elements_per_step(psi, 3, 4, accumulation_steps=4) == 9000
+    assert communication.comm_elements_per_step(psi, 2, 1) == 0  # FSDP2 on one rank: no collectives
 
 
 def test_activation_memory_korthikanti():
     # GPT-3 175B layer (s=2048, b=1, h=12288, a=96): sbh(34 + 5as/h) = sbh * 114 bytes.
     s, b, h, a = 2048, 1, 12288, 96
-    assert accounting.activation_bytes_per_layer(s, b, h, a) == s * b * h * 114
-    assert accounting.activation_bytes_per_layer(s, b, h, a, recompute="selective") == s * b * h * 34
-    assert accounting.activation_bytes_per_layer(s, b, h, a, recompute="full") == 2 * s * b * h
+    assert activation_memory.activation_bytes_per_layer(s, b, h, a) == s * b * h * 114
+    assert activation_memory.activation_bytes_per_layer(s, b, h, a, recompute="selective") == s * b * h * 34
+    assert activation_memory.activation_bytes_per_layer(s, b, h, a, recompute="full") == 2 * s * b * h
 
 
 def test_training_days_and_largest_model():
-    days = accounting.training_days(6 * 7e9 * 1e12, 256, "H100", "bf16", 0.4)
+    days = flops.training_days(6 * 7e9 * 1e12, 256, "H100", "bf16", 0.4)
     assert days == pytest.approx(4.2e22 / (256 * 989.5e12 * 0.4) / 86400)
-    assert accounting.largest_model(80 * 2 ** 30, 0, 8, "bf16", "pytorch") == pytest.approx(80 * 2 ** 30 / 16)
-    assert accounting.largest_model(80 * 2 ** 30, 3, 8, "bf16", "pytorch") == pytest.approx(8 * 80 * 2 ** 30 / 16)
+    assert model_state.largest_model(80 * 2 ** 30, 0, 8, "bf16", "pytorch") == pytest.approx(80 * 2 ** 30 / 16)
+    assert model_state.largest_model(80 * 2 ** 30, 3, 8, "bf16", "pytorch") == pytest.approx(8 * 80 * 2 ** 30 / 16)
     with pytest.raises(ValueError, match="unknown GPU"):
-        accounting.gpu_peak_flops("Foo9000", "bf16")
+        flops.gpu_peak_flops("Foo9000", "bf16")
 
 
 def test_the_schema_lists_the_precision_records():
@@ -130,8 +130,8 @@ def test_every_precision_table_is_read_off_the_records():
     for p in PRECISIONS.values():
         assert policy.COMPUTE_DTYPE[p.name] == getattr(torch, p.compute)
         assert policy.AUTOCAST_DTYPE[p.name] == (getattr(torch, p.autocast) if p.autocast else None)
-        assert accounting.DTYPE_BYTES[p.name] == p.activation_bytes == getattr(torch, p.compute).itemsize
-        split = accounting.model_state_bytes(1, 0, 1, p.name, "paper")
+        assert activation_memory.DTYPE_BYTES[p.name] == p.activation_bytes == getattr(torch, p.compute).itemsize
+        split = model_state.model_state_bytes(1, 0, 1, p.name, "paper")
         assert (split.params, split.grads, split.optimizer) == p.paper_state_bytes
         assert p.linears is None or p.linears in policy.LINEAR_RECIPES
         assert {p.peak_key, p.matmul_precision, p.twin or p.name} <= {*PEAK_KEYS, *PRECISION_NAMES}

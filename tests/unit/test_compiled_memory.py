@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from scalelab.config import ModelConfig
-from scalelab.formulas import accounting
+from scalelab.formulas import activation_memory, flops, model_state, peak_memory
 from support.compiled_memory import GIB
 
 pytestmark = pytest.mark.filterwarnings(  # inductor's import of torch.utils.mkldnn, torch's own
@@ -20,28 +20,28 @@ def test_compiled_formulas_hand_computed():
     weight copies, plus the LayerNorms' mean and rstd (4 s b values) and the logsumexp (4 b H s)."""
     cfg = ModelConfig(1, 64, 4, 64, True, 256)
     sbh, sb, bhs = 2 * 64 * 64, 2 * 64, 2 * 4 * 64
-    assert accounting.block_activation_bytes(cfg, 2, "fp32", False, compiled=True) == 16 * sbh * 4 + 16 * sb + 4 * bhs
-    assert (accounting.block_activation_bytes(cfg, 2, "bf16", False, compiled=True)
+    assert activation_memory.block_activation_bytes(cfg, 2, "fp32", False, compiled=True) == 16 * sbh * 4 + 16 * sb + 4 * bhs
+    assert (activation_memory.block_activation_bytes(cfg, 2, "bf16", False, compiled=True)
             == 4 * sbh + 15 * sbh * 2 + 2 * 12 * 64 * 64 + 16 * sb + 4 * bhs)
-    assert (accounting.block_activation_bytes(cfg, 2, "bf16", False, zero_stage=3, compiled=True)
+    assert (activation_memory.block_activation_bytes(cfg, 2, "bf16", False, zero_stage=3, compiled=True)
             == 16 * sbh * 2 + 8 * sb + 4 * bhs)
     # eager keeps the fp32 residual x + attn where compiled keeps the 16-bit attention output (both keep the
     # LayerNorms' statistics and the logsumexp)
-    eager = accounting.block_activation_bytes(cfg, 2, "bf16", False)
-    assert eager - accounting.block_activation_bytes(cfg, 2, "bf16", False, compiled=True) == 2 * sbh
+    eager = activation_memory.block_activation_bytes(cfg, 2, "bf16", False)
+    assert eager - activation_memory.block_activation_bytes(cfg, 2, "bf16", False, compiled=True) == 2 * sbh
     for precision in ("fp32", "bf16"):  # per-block checkpointing: the block input, as in eager
-        assert (accounting.block_activation_bytes(cfg, 2, precision, True, compiled=True)
-                == accounting.block_activation_bytes(cfg, 2, precision, True) == 4 * sbh)
+        assert (activation_memory.block_activation_bytes(cfg, 2, precision, True, compiled=True)
+                == activation_memory.block_activation_bytes(cfg, 2, precision, True) == 4 * sbh)
     # llama, f = 256, kv = 32: (r + 5w) s b h + 2w s b kv + 3w s b f + 8 s b + 4 b H s (+ 2 P, RoPE)
     llama = ModelConfig(1, 64, 4, 64, False, 256, family="llama", n_kv_heads=2)
     sbkv, sbf, rope = 2 * 64 * 32, 2 * 64 * 256, 2 * 64 * 16
-    assert (accounting.block_activation_bytes(llama, 2, "bf16", False, compiled=True)
-            == 14 * sbh + 4 * sbkv + 6 * sbf + 8 * sb + 4 * bhs + 2 * accounting.block_matmul_params(llama) + 2 * rope)
-    assert (accounting.block_activation_bytes(llama, 2, "fp32", False, compiled=True, device_type="cpu")
+    assert (activation_memory.block_activation_bytes(llama, 2, "bf16", False, compiled=True)
+            == 14 * sbh + 4 * sbkv + 6 * sbf + 8 * sb + 4 * bhs + 2 * flops.block_matmul_params(llama) + 2 * rope)
+    assert (activation_memory.block_activation_bytes(llama, 2, "fp32", False, compiled=True, device_type="cpu")
             == 24 * sbh + 8 * sbkv + 12 * sbf + 8 * sb + 4 * bhs + 4 * rope)
     # fp32 grouped-query attention compiled on a GPU: the eager figure (an upper bound)
-    assert (accounting.block_activation_bytes(llama, 2, "fp32", False, device_type="cuda", compiled=True)
-            == accounting.block_activation_bytes(llama, 2, "fp32", False, device_type="cuda"))
+    assert (activation_memory.block_activation_bytes(llama, 2, "fp32", False, device_type="cuda", compiled=True)
+            == activation_memory.block_activation_bytes(llama, 2, "fp32", False, device_type="cuda"))
 
 
 @pytest.mark.parametrize("precision, micro_batch", [("fp32", 4), ("bf16", 4), ("bf16", 1)])
@@ -49,15 +49,15 @@ def test_compiled_loss_keeps_the_logits_not_the_log_softmax(precision, micro_bat
     """The compiled loss keeps the logits (w B T V) and two fp32 values per row, not the fp32
     log-softmax (4 B T V) nor a copy of the targets; its backward writes one w-byte gradient."""
     cfg = ModelConfig(2, 64, 4, 64, True, 256)
-    b, t, v, w = micro_batch, 64, 256, accounting.DTYPE_BYTES[precision]
-    path = accounting.loss_path_bytes(cfg, micro_batch, precision, compiled=True)
+    b, t, v, w = micro_batch, 64, 256, activation_memory.DTYPE_BYTES[precision]
+    path = activation_memory.loss_path_bytes(cfg, micro_batch, precision, compiled=True)
     assert path.transient == path.backward_transient == w * b * t * v and path.forward_transient == 0
-    assert accounting.loss_path_bytes(cfg, micro_batch, precision).transient == 8 * b * t * v  # eager
-    eager = accounting.outside_block_activation_bytes(cfg, micro_batch, precision)
-    compiled = accounting.outside_block_activation_bytes(cfg, micro_batch, precision, compiled=True)
+    assert activation_memory.loss_path_bytes(cfg, micro_batch, precision).transient == 8 * b * t * v  # eager
+    eager = activation_memory.outside_block_activation_bytes(cfg, micro_batch, precision)
+    compiled = activation_memory.outside_block_activation_bytes(cfg, micro_batch, precision, compiled=True)
     assert compiled == eager - 4 * b * t * v - (8 * b * t if b > 1 else 0) + w * b * t * v + 8 * b * t
-    peak = accounting.peak_memory(cfg, 1000, 0, 1, precision, micro_batch, compiled=True)
-    assert peak.activations == (accounting.block_activation_bytes(cfg, micro_batch, precision, False, zero_stage=0,
+    peak = peak_memory.peak_memory(cfg, 1000, 0, 1, precision, micro_batch, compiled=True)
+    assert peak.activations == (activation_memory.block_activation_bytes(cfg, micro_batch, precision, False, zero_stage=0,
                                                                   device_type="cuda", compiled=True) + compiled + w * b * t * v)
 
 
@@ -79,7 +79,7 @@ def test_gpu_measurements(case):
     compiled figure), above the measurement (by 32% on the H100: not modelled, the row says so)."""
     d, precision, stage, compiled, measured = GPU_PEAKS[case]
     cfg = ModelConfig(24, d, 16, 1024, True, 50304)
-    peak = accounting.peak_memory(cfg, accounting.param_count(cfg), stage, 1, precision, 16, compiled=compiled)
+    peak = peak_memory.peak_memory(cfg, flops.param_count(cfg), stage, 1, precision, 16, compiled=compiled)
     error = peak.total / GIB / measured - 1
     if precision == "fp8":
         assert peak.upper_bound and not peak.exact and 0 <= error < 0.40, (peak.total / GIB, peak.bound)
@@ -91,28 +91,28 @@ def test_bounds_for_the_launcher():
     gpt, llama = ModelConfig(2, 64, 4, 64, True, 256), ModelConfig(2, 64, 4, 64, False, 256, family="llama",
                                                                    n_kv_heads=2)
     custom = ModelConfig(2, 64, 4, 64, True, 256, module="pkg.mod:build")
-    assert accounting.activation_bound(gpt, "bf16", compiled=True) == accounting.MODELLED
-    assert accounting.activation_bound(llama, "bf16", compiled=True) == "model"
+    assert peak_memory.activation_bound(gpt, "bf16", compiled=True) == peak_memory.MODELLED
+    assert peak_memory.activation_bound(llama, "bf16", compiled=True) == "model"
     for compiled in (False, True):
-        assert accounting.activation_bound(gpt, "fp8", compiled).startswith("upper bound: fp8 is predicted as bf16")
-        assert accounting.activation_bound(gpt, "fp8", compiled, activation_checkpointing=True) == "model"
-        assert accounting.activation_bound(custom, "bf16", compiled).startswith("lower bound: ")
-    assert accounting.activation_bound(llama, "fp32", compiled=True).startswith("upper bound: fp32 grouped-query")
-    assert accounting.activation_bound(llama, "fp32", compiled=True, device_type="cpu") == "model"
-    assert accounting.activation_bound(llama, "fp32") == "model"  # eager: modelled on both devices
+        assert peak_memory.activation_bound(gpt, "fp8", compiled).startswith("upper bound: fp8 is predicted as bf16")
+        assert peak_memory.activation_bound(gpt, "fp8", compiled, activation_checkpointing=True) == "model"
+        assert peak_memory.activation_bound(custom, "bf16", compiled).startswith("lower bound: ")
+    assert peak_memory.activation_bound(llama, "fp32", compiled=True).startswith("upper bound: fp32 grouped-query")
+    assert peak_memory.activation_bound(llama, "fp32", compiled=True, device_type="cpu") == "model"
+    assert peak_memory.activation_bound(llama, "fp32") == "model"  # eager: modelled on both devices
 
     # PeakMemory: positional construction as before (a model), and the bound survives dataclasses.replace
-    assert accounting.PeakMemory(1.0, 2.0, 3.0).exact
-    peak = accounting.peak_memory(gpt, 10 ** 6, 0, 1, "fp8", 4, compiled=True)
+    assert peak_memory.PeakMemory(1.0, 2.0, 3.0).exact
+    peak = peak_memory.peak_memory(gpt, 10 ** 6, 0, 1, "fp8", 4, compiled=True)
     assert peak.upper_bound and dataclasses.replace(peak, model_state=0.0).bound == peak.bound
-    assert not accounting.predicts_oom(peak, peak.total / 2)  # an upper bound alone never says OOM
-    modelled = accounting.peak_memory(gpt, 10 ** 6, 0, 1, "bf16", 4, compiled=True)
-    assert accounting.predicts_oom(modelled, modelled.total / 2) and not accounting.predicts_oom(modelled, None)
-    assert not accounting.predicts_oom(modelled, modelled.total)
-    lower = accounting.peak_memory(custom, 10 ** 6, 0, 1, "bf16", 4, block_params=1000)
-    assert lower.activations == 0 and accounting.predicts_oom(lower, lower.total / 2)
+    assert not peak_memory.predicts_oom(peak, peak.total / 2)  # an upper bound alone never says OOM
+    modelled = peak_memory.peak_memory(gpt, 10 ** 6, 0, 1, "bf16", 4, compiled=True)
+    assert peak_memory.predicts_oom(modelled, modelled.total / 2) and not peak_memory.predicts_oom(modelled, None)
+    assert not peak_memory.predicts_oom(modelled, modelled.total)
+    lower = peak_memory.peak_memory(custom, 10 ** 6, 0, 1, "bf16", 4, block_params=1000)
+    assert lower.activations == 0 and peak_memory.predicts_oom(lower, lower.total / 2)
     # the default stays eager, and a model
-    eager = accounting.peak_memory(gpt, 10 ** 6, 0, 1, "bf16", 4)
+    eager = peak_memory.peak_memory(gpt, 10 ** 6, 0, 1, "bf16", 4)
     assert eager.exact and eager.activations > modelled.activations
 
 
@@ -120,13 +120,13 @@ def test_the_peak_is_at_least_the_model_state_at_rest():
     """The optimizer step holds every gradient backward made: with few activations (checkpointed, one
     sequence) that outweighs the start of backward, whose gradients the optimizer had freed."""
     cfg = ModelConfig(24, 1024, 16, 1024, True, 50304)
-    n = accounting.param_count(cfg)
-    at_rest = accounting.model_state_bytes(n, 0, 1, "bf16").total
-    small = accounting.peak_memory(cfg, n, 0, 1, "bf16", 1, activation_checkpointing=True)
+    n = flops.param_count(cfg)
+    at_rest = model_state.model_state_bytes(n, 0, 1, "bf16").total
+    small = peak_memory.peak_memory(cfg, n, 0, 1, "bf16", 1, activation_checkpointing=True)
     assert small.model_state + small.transient_params + small.activations < at_rest == small.at_rest == small.total
     assert small.at_optimizer_step
-    large = accounting.peak_memory(cfg, n, 0, 1, "bf16", 16)
+    large = peak_memory.peak_memory(cfg, n, 0, 1, "bf16", 16)
     assert large.total == large.model_state + large.transient_params + large.activations > at_rest
     assert not large.at_optimizer_step
-    offloaded = accounting.peak_memory(cfg, n, 3, 2, "bf16", 1, cpu_offload=True)
+    offloaded = peak_memory.peak_memory(cfg, n, 3, 2, "bf16", 1, cpu_offload=True)
     assert offloaded.at_rest == 0 and offloaded.total == offloaded.transient_params + offloaded.activations

@@ -12,7 +12,7 @@ from scalelab.cli import main
 from scalelab.config import ModelConfig
 from scalelab.forecast.estimate import _human
 from scalelab.forecast.inputs import count
-from scalelab.formulas import accounting
+from scalelab.formulas import flops, lora_training, model_state
 
 
 def _estimate(capsys, *args) -> tuple[int, str, str]:
@@ -186,7 +186,7 @@ def test_scaling_at_a_fixed_global_batch_accumulates_each_gpus_share(capsys):
     weak = json.loads(out)
     assert weak["rows"][0]["accumulation_steps"] == 1
     # the same micro-batch; accumulated, the gradients of the earlier micro-batches exist at the last one's peak
-    grads = accounting.model_state_bytes(fixed["n_params"], 3, 8, "bf16").grads / 2 ** 30
+    grads = model_state.model_state_bytes(fixed["n_params"], 3, 8, "bf16").grads / 2 ** 30
     assert fixed["rows"][0]["peak_memory_gib"] == pytest.approx(weak["rows"][0]["peak_memory_gib"] + grads, rel=0.02)
     code, out, _ = _estimate(capsys, *base, "--global-batch", "512", "--activation-checkpointing")
     checkpointed = json.loads(out)
@@ -198,7 +198,7 @@ def test_scaling_at_a_fixed_global_batch_accumulates_each_gpus_share(capsys):
     from scalelab.spec.presets import PRESETS
 
     cfg = ModelConfig(**{**PRESETS["llama3-8b"].shape, "seq_len": 8192})
-    assert checkpointed["recompute_flops_per_token"] == accounting.recompute_flops_per_token(cfg)  # the run's own formula
+    assert checkpointed["recompute_flops_per_token"] == flops.recompute_flops_per_token(cfg)  # the run's own formula
 
 
 
@@ -211,7 +211,7 @@ def test_estimate_json_outputs(capsys):
     assert round(paper[("bf16", 1)], 1) == 31.4
     shaped = json.loads(_estimate(capsys, "memory", "--layers", "24", "--d-model", "1024", "--vocab", "50257", "--seq", "1024",
                              "--micro-batch", "8", "--world-size", "8", "--json")[1])
-    assert shaped["n_params"] == accounting.param_count(ModelConfig(24, 1024, 16, 1024, True, 50257))
+    assert shaped["n_params"] == flops.param_count(ModelConfig(24, 1024, 16, 1024, True, 50257))
     assert all(r["peak_gib"] > r["pytorch_total_gib"] for r in shaped["rows"])
     t = json.loads(_estimate(capsys, "time", "--params", "7e9", "--tokens", "1e12", "--gpus", "256", "--gpu", "h100", "--mfu", "0.4", "--json")[1])
     assert t["days"] == pytest.approx(4.797, abs=1e-3)
@@ -245,7 +245,7 @@ def test_advise_falls_back_to_lora_with_its_rank_budget(capsys):
     assert not any(r["fits"] for r in out["rungs"])
     lora, n = out["lora"], out["n_params"]
     cfg = ModelConfig(32, 4096, 64, 4096, True, 32000)
-    assert accounting.lora_trainable_params(cfg, 1) == 32 * 16 * 4096
+    assert lora_training.lora_trainable_params(cfg, 1) == 32 * 16 * 4096
     assert lora["per_rank_gib"] == pytest.approx(16 * 32 * 16 * 4096 / 2**30)
     assert out["budget_gib"] == pytest.approx(80 - 2 - 0.05 * 80)  # less the reserve plan keeps (CUDA, NCCL, fragmentation)
     budget = (out["budget_gib"] - lora["frozen_and_in_step_gib"]) / lora["per_rank_gib"]

@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from scalelab.config import SCHEMA, ConfigError, ModelConfig, model_config
-from scalelab.formulas import accounting
+from scalelab.formulas import activation_memory, flops, lora_training
 from scalelab.harness import REPO_ROOT
 from scalelab.plan.run_plan import result_params, run_plan
 from scalelab.plan.sweep import RunPoint, sweep_points
@@ -35,9 +35,9 @@ def test_presets_count_as_the_published_checkpoints(name):
     preset = PRESETS[name]
     cfg = ModelConfig(**preset.shape)
     if preset.published_params is None:
-        assert accounting.param_count(cfg) == build_model(cfg).num_parameters()
+        assert flops.param_count(cfg) == build_model(cfg).num_parameters()
     else:
-        assert accounting.param_count(cfg) == preset.published_params, preset.source
+        assert flops.param_count(cfg) == preset.published_params, preset.source
     assert preset.source
 
 
@@ -56,16 +56,16 @@ def test_llama_counts_and_flops_are_the_modules(shape):
     """Parameters exact; FLOPs per token (6N + the attention term in full, causal or not) and the
     recompute of checkpointing equal what torch.utils.flop_counter counts on the module."""
     cfg = _llama(**shape)
-    assert accounting.param_count(cfg) == Llama(cfg).num_parameters()
-    assert accounting.block_param_count(cfg) == sum(p.numel() for p in Llama(cfg).blocks[0].parameters())
+    assert flops.param_count(cfg) == Llama(cfg).num_parameters()
+    assert flops.block_param_count(cfg) == sum(p.numel() for p in Llama(cfg).blocks[0].parameters())
     own = counted(cfg)
-    assert own["flops_per_token"] == accounting.flops_per_token(cfg)
-    assert own["block_forward_flops_per_token"] == accounting.recompute_flops_per_token(cfg)
+    assert own["flops_per_token"] == flops.flops_per_token(cfg)
+    assert own["block_forward_flops_per_token"] == flops.recompute_flops_per_token(cfg)
     # the causal convention: the attention term 12 L d T in full, 6 L d T halved
-    assert accounting.flops_per_token(cfg) - accounting.flops_per_token(cfg, causal_halved=True) == 6 * cfg.n_layers * cfg.d_model * 32
+    assert flops.flops_per_token(cfg) - flops.flops_per_token(cfg, causal_halved=True) == 6 * cfg.n_layers * cfg.d_model * 32
     # GPT-2's formula is unchanged and equally the module's
     gpt = ModelConfig(2, 64, 4, 64, True, 256)
-    assert counted(gpt)["flops_per_token"] == accounting.flops_per_token(gpt) == 786432
+    assert counted(gpt)["flops_per_token"] == flops.flops_per_token(gpt) == 786432
 
 
 def test_meta_rule_for_the_swiglu_width():
@@ -88,8 +88,8 @@ def test_llama_activations_are_predicted_exactly(precision, checkpointing, micro
     chunk = tokens[:micro_batch]
     with SavedActivationMeter(model, model.blocks) as meter, autocast(precision, cpu):
         model(chunk[:, :-1], chunk[:, 1:])
-    assert meter.inside_blocks == accounting.block_activation_bytes(cfg, micro_batch, precision, checkpointing, zero_stage=0)
-    assert meter.outside_blocks == accounting.outside_block_activation_bytes(cfg, micro_batch, precision, accumulation, 0)
+    assert meter.inside_blocks == activation_memory.block_activation_bytes(cfg, micro_batch, precision, checkpointing, zero_stage=0)
+    assert meter.outside_blocks == activation_memory.outside_block_activation_bytes(cfg, micro_batch, precision, accumulation, 0)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
@@ -109,9 +109,9 @@ def test_llama_activations_with_16_bit_parameters_are_predicted_exactly(precisio
     for _ in range(3):  # the same count each time, whatever addresses the allocator hands out
         with SavedActivationMeter(model, model.blocks) as meter, autocast(precision, cpu):
             model(chunk[:, :-1], chunk[:, 1:])
-        assert meter.inside_blocks == accounting.block_activation_bytes(cfg, micro_batch, precision, checkpointing,
+        assert meter.inside_blocks == activation_memory.block_activation_bytes(cfg, micro_batch, precision, checkpointing,
                                                                         zero_stage=3)
-        assert meter.outside_blocks == accounting.outside_block_activation_bytes(cfg, micro_batch, precision, 1, 3)
+        assert meter.outside_blocks == activation_memory.outside_block_activation_bytes(cfg, micro_batch, precision, 1, 3)
 
 
 H100_SAVED = [  # (shape, precision, bytes inside the blocks), micro-batch 4, no checkpointing, fp32 parameters
@@ -128,9 +128,9 @@ RMSNorm) and, for fp32 grouped-query attention, more (SDPA's math path keeps the
 def test_llama_activations_measured_on_a_gpu(shape, precision, measured):
     layers, d, heads, kv, ffn, seq = shape
     cfg = ModelConfig(layers, d, heads, seq, False, 8192, "llama", kv, ffn)
-    predicted = accounting.block_activation_bytes(cfg, 4, precision, False, zero_stage=0, device_type="cuda")
+    predicted = activation_memory.block_activation_bytes(cfg, 4, precision, False, zero_stage=0, device_type="cuda")
     assert abs(predicted - measured) <= 64, (predicted, measured)  # a few bytes of CUDA kernels' own state
-    assert accounting.block_activation_bytes(cfg, 4, precision, False, zero_stage=0) != predicted  # the CPU's differ
+    assert activation_memory.block_activation_bytes(cfg, 4, precision, False, zero_stage=0) != predicted  # the CPU's differ
 
 
 def test_lora_adapts_the_attention_and_swiglu_projections():
@@ -141,8 +141,8 @@ def test_lora_adapts_the_attention_and_swiglu_projections():
     lora = Llama(cfg)
     added = apply_lora(lora, 4, alpha=16)
     adapted = {name.split(".", 2)[2] for name, m in lora.named_modules() if isinstance(m, LoRALinear)}
-    assert adapted == set(accounting.lora_targets(cfg)) == {"attn.q", "attn.k", "attn.v", "attn.o", "mlp.gate", "mlp.up", "mlp.down"}
-    assert added == trainable_parameters(lora) == accounting.lora_trainable_params(cfg, 4)
+    assert adapted == set(lora_training.lora_targets(cfg)) == {"attn.q", "attn.k", "attn.v", "attn.o", "mlp.gate", "mlp.up", "mlp.down"}
+    assert added == trainable_parameters(lora) == lora_training.lora_trainable_params(cfg, 4)
     # q 32+32, k and v 32+16, o 32+32, gate and up 32+96, down 96+32 per rank, per block
     assert added == 2 * 4 * (64 + 48 + 48 + 64 + 128 + 128 + 128)
     idx = torch.randint(0, 256, (2, 33), generator=torch.Generator().manual_seed(1))
@@ -158,9 +158,9 @@ def test_a_users_module_is_counted_not_formulated():
     d, T, V = 32, 32, 256  # per token: 6 x (blocks' 4 d^2 + head V d) + the token mixing (6 T d per block)
     assert own["flops_per_token"] == 6 * (2 * 4 * d * d + V * d) + 2 * 6 * T * d
     with pytest.raises(ValueError, match="user's module has no parameter formula"):
-        accounting.param_count(cfg)
+        flops.param_count(cfg)
     with pytest.raises(ValueError, match="no activation formula"):
-        accounting.block_activation_bytes(cfg, 4, "fp32", False)
+        activation_memory.block_activation_bytes(cfg, 4, "fp32", False)
     assert len(build_model(cfg).blocks) == 2
 
 
@@ -231,7 +231,7 @@ def test_estimate_by_preset_name(capsys):
                  "--json"]) == 0
     time = json.loads(capsys.readouterr().out)
     cfg = ModelConfig(**PRESETS["llama3-70b"].shape)
-    assert time["n_params"] == 70_553_706_496 and time["flops_per_token"] == accounting.flops_per_token(cfg)
+    assert time["n_params"] == 70_553_706_496 and time["flops_per_token"] == flops.flops_per_token(cfg)
     assert main(["estimate", "advise", "--model", "llama2-70b", "--gpus", "8", "--gpu-memory", "80", "--micro-batch", "1",
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["n_params"] == 68_976_648_192
@@ -297,14 +297,14 @@ def test_every_family_record_agrees_with_the_module_it_names(name):
                          **({"tie_embeddings": False} if record.untied_head else {})})
     model = build_model(cfg)
     assert type(model).__name__ == record.module.rpartition(":")[2]
-    assert accounting.param_count(cfg) == model.num_parameters() == sum(p.numel() for p in model.parameters())
-    assert accounting.block_param_count(cfg) == sum(p.numel() for p in model.blocks[0].parameters())
+    assert flops.param_count(cfg) == model.num_parameters() == sum(p.numel() for p in model.parameters())
+    assert flops.block_param_count(cfg) == sum(p.numel() for p in model.blocks[0].parameters())
     assert record.parameter_tensors(cfg) == len(list(model.parameters()))
     block = model.blocks[0]
-    for path, (d_in, d_out) in accounting.lora_targets(cfg).items():
+    for path, (d_in, d_out) in lora_training.lora_targets(cfg).items():
         linear = block.get_submodule(path)
         assert (linear.in_features, linear.out_features) == (d_in, d_out), path
-    assert apply_lora(model, 2, 4.0) == accounting.lora_trainable_params(cfg, 2)
+    assert apply_lora(model, 2, 4.0) == lora_training.lora_trainable_params(cfg, 2)
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     assert set(record.own_keys) <= fields & set(MODEL_FAMILY_KEYS) & set(RUN_COLUMNS)
     assert set(record.own_columns(cfg)) == set(record.own_keys)
@@ -330,7 +330,7 @@ def test_a_llama_entry_ties_its_head_where_it_or_its_preset_says_so():
         with torch.device("meta"):
             model = build_model(cfg)
         assert (model.head.weight is model.wte.weight) is tied
-        assert model.num_parameters() == accounting.param_count(cfg)
+        assert model.num_parameters() == flops.param_count(cfg)
 
 
 def test_every_familys_own_key_is_read_back_from_a_row_and_held_by_the_model_identity():
@@ -361,5 +361,5 @@ def test_a_forecast_of_a_config_prices_the_head_the_sweep_of_that_file_trains(tm
         path.write_text(yaml.safe_dump(config))
         assert main(["estimate", "memory", "--config", str(path), "--world-size", "1", "--json"]) == 0
         n_params = json.loads(capsys.readouterr().out)["n_params"]
-        assert n_params == accounting.param_count(model_config(config, name="l")), tie
+        assert n_params == flops.param_count(model_config(config, name="l")), tie
         assert model_config(config, name="l").tie_embeddings is bool(tie)

@@ -7,7 +7,7 @@ import pytest
 
 from scalelab.cli import main
 from scalelab.config import ModelConfig
-from scalelab.formulas import accounting
+from scalelab.formulas import flops
 from scalelab.spec import hardware
 from scalelab.spec.presets import PRESETS
 
@@ -50,7 +50,7 @@ def test_a_models_entry_is_planned_by_its_name_and_never_the_default_silently(tm
     assert code == 0 and result["model"] == f"models.l1b of {path}" and "untied head" in result["shape"], err
     untied = ModelConfig(family="llama", n_layers=16, d_model=2048, n_heads=32, n_kv_heads=8, ffn_dim=8192, vocab_size=256,
                          tie_embeddings=False)
-    assert result["n_params"] == accounting.param_count(untied)
+    assert result["n_params"] == flops.param_count(untied)
     path.write_text(path.read_text() + "sweep: {model: [l1b]}\n")
     assert json.loads(_run(capsys, "plan", "--config", str(path), *CLUSTER)[1])["n_params"] == result["n_params"]
     code, _, err = _run(capsys, "plan", "--config", str(path), "--model", "nope", *CLUSTER)
@@ -85,7 +85,7 @@ def test_every_family_can_tie_its_head():
     for name in ("llama3.2-1b", "llama3.2-3b", "gpt2"):
         cfg = ModelConfig(**PRESETS[name].shape)
         untied = ModelConfig(**{**PRESETS[name].shape, "tie_embeddings": False})
-        assert cfg.tie_embeddings and accounting.param_count(untied) - accounting.param_count(cfg) == cfg.vocab_size * cfg.d_model
+        assert cfg.tie_embeddings and flops.param_count(untied) - flops.param_count(cfg) == cfg.vocab_size * cfg.d_model
 
 
 @pytest.mark.parametrize("name, product", [

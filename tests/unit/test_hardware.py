@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from scalelab.formulas import accounting
+from scalelab.formulas import flops
 from scalelab.spec import hardware
 
 # Dense TFLOP/s from the datasheets, typed in here (not read from the table under test).
@@ -160,18 +160,18 @@ def test_gpu_by_name_unknown_lists_the_known_names(name):
 
 
 def test_accounting_uses_the_table():
-    assert accounting.gpu_peak_flops("H100 NVL", "bf16") == pytest.approx(835.5e12)
-    assert accounting.gpu_peak_flops("h100", "bf16") == pytest.approx(989.5e12)
+    assert flops.gpu_peak_flops("H100 NVL", "bf16") == pytest.approx(835.5e12)
+    assert flops.gpu_peak_flops("h100", "bf16") == pytest.approx(989.5e12)
     with pytest.raises(ValueError, match="no dense 'fp8'"):
-        accounting.gpu_peak_flops("A100", "fp8")
+        flops.gpu_peak_flops("A100", "fp8")
 
 
 def test_mfu_is_nan_for_a_nan_peak():
     peak, _ = hardware.peak_flops_for("NVIDIA Foo 9000", "bf16", tf32=False)
-    assert math.isnan(accounting.mfu(1000.0, 6e9, peak, 8))
-    assert accounting.mfu(1000.0, 6e9, 989.5e12, 8) == pytest.approx(1000 * 6e9 / (8 * 989.5e12))
+    assert math.isnan(flops.mfu(1000.0, 6e9, peak, 8))
+    assert flops.mfu(1000.0, 6e9, 989.5e12, 8) == pytest.approx(1000 * 6e9 / (8 * 989.5e12))
     with pytest.raises(ValueError):
-        accounting.mfu(1000.0, 6e9, 0.0, 8)
+        flops.mfu(1000.0, 6e9, 0.0, 8)
 
 
 def test_peak_columns_come_from_the_precision_records():
@@ -181,14 +181,14 @@ def test_peak_columns_come_from_the_precision_records():
 
     assert PEAK_KEYS == ("fp32", "tf32", "fp16", "bf16", "fp8")
     assert [peak_key(p, tf32=True) for p in ("fp32", "fp16", "bf16", "fp8")] == ["tf32", "fp16", "bf16", "fp8"]
-    assert accounting.gpu_peak_flops("H100", "tf32") == pytest.approx(494.5e12)
+    assert flops.gpu_peak_flops("H100", "tf32") == pytest.approx(494.5e12)
     assert hardware.peak_flops_for("NVIDIA H100 80GB HBM3", "fp8", tf32=True)[0] == pytest.approx(1979e12)
     for product in hardware.PRODUCTS:
         assert set(product.peaks) <= set(PEAK_KEYS) and list(product.peaks) == [k for k in PEAK_KEYS if k in product.peaks]
     with pytest.raises(ValueError, match="unknown precision key 'fp4'"):
         hardware.GpuProduct("X", ("NVIDIA X",), 80, "test", figures=(("fp4", 1e15),))
     with pytest.raises(ValueError, match="unknown precision 'int8'"):
-        accounting.gpu_peak_flops("H100", "int8")
+        flops.gpu_peak_flops("H100", "int8")
 
 
 def test_fp8_outlook_follows_the_gpu_measurements_and_says_its_basis():

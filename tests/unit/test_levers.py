@@ -14,7 +14,7 @@ def test_what_the_step_holds_outside_the_blocks_is_predicted(precision, micro_ba
     MemTracker (live tensors on CPU), is the prediction (blocks + outside + the loss path's
     8 B T V of fp32 gradients at log_softmax's backward) within the blocks' small terms."""
     from scalelab.config import ModelConfig
-    from scalelab.formulas import accounting
+    from scalelab.formulas import activation_memory, peak_memory
     from scalelab.run.activations import SavedActivationMeter
     from scalelab.run.model import GPT
     from scalelab.run.precision import autocast
@@ -27,7 +27,7 @@ def test_what_the_step_holds_outside_the_blocks_is_predicted(precision, micro_ba
     with SavedActivationMeter(model, model.blocks) as meter, autocast(precision, cpu):
         loss = model(chunk[:, :-1], chunk[:, 1:])
     assert loss.dim() == 0
-    assert meter.outside_blocks == accounting.outside_block_activation_bytes(cfg, micro_batch, precision, 4 // micro_batch)
+    assert meter.outside_blocks == activation_memory.outside_block_activation_bytes(cfg, micro_batch, precision, 4 // micro_batch)
     del loss
     mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
     tracker = mem_tracker.MemTracker()
@@ -40,10 +40,10 @@ def test_what_the_step_holds_outside_the_blocks_is_predicted(precision, micro_ba
     peak = tracker.get_tracker_snapshot("peak")[cpu]
     kinds = mem_tracker._MemRefType
     measured = peak["Total"] - peak[kinds.PARAM] - peak[kinds.GRAD] - peak[kinds.OPT]
-    predicted = accounting.peak_memory(cfg, 1, 0, 1, precision, micro_batch, accumulation_steps=4 // micro_batch).activations
+    predicted = peak_memory.peak_memory(cfg, 1, 0, 1, precision, micro_batch, accumulation_steps=4 // micro_batch).activations
     assert abs(predicted - measured) / measured < 0.01, (measured, predicted)
     # the former prediction counted 2 x 4 B T V for everything outside the blocks
-    former = accounting.block_activation_bytes(cfg, micro_batch, precision, False) + 8 * micro_batch * cfg.seq_len * cfg.vocab_size
+    former = activation_memory.block_activation_bytes(cfg, micro_batch, precision, False) + 8 * micro_batch * cfg.seq_len * cfg.vocab_size
     assert (measured - former) / measured > 0.1
 
 

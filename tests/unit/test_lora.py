@@ -7,7 +7,7 @@ import torch
 import yaml
 
 from scalelab.config import ConfigError, ModelConfig, model_config
-from scalelab.formulas import accounting
+from scalelab.formulas import communication, flops, lora_training
 from scalelab.harness import REPO_ROOT
 from scalelab.plan.sweep import sweep_points
 from scalelab.plan.validation import check_config
@@ -30,8 +30,8 @@ def test_lora_starts_from_the_full_models_weights_and_loss():
     full, lora, added = _twins(cfg)
     idx = torch.randint(0, 64, (3, 17), generator=torch.Generator().manual_seed(1))
     assert full(idx[:, :-1], idx[:, 1:]).item() == lora(idx[:, :-1], idx[:, 1:]).item()  # the forward returns the loss
-    assert added == trainable_parameters(lora) == accounting.lora_trainable_params(cfg, 4)
-    assert lora.num_parameters() == accounting.param_count(cfg) + added
+    assert added == trainable_parameters(lora) == lora_training.lora_trainable_params(cfg, 4)
+    assert lora.num_parameters() == flops.param_count(cfg) + added
     adapted = [m for m in lora.modules() if isinstance(m, LoRALinear)]
     assert len(adapted) == 4 * cfg.n_layers
     for m in adapted:
@@ -49,19 +49,19 @@ def test_lora_starts_from_the_full_models_weights_and_loss():
 
 def test_lora_formulas():
     cfg = ModelConfig(n_layers=2, d_model=64, n_heads=4, seq_len=64)
-    psi, t = accounting.param_count(cfg), accounting.lora_trainable_params(cfg, 8)
-    s0 = accounting.lora_model_state_bytes(psi, t, 0, 2, "fp32")
+    psi, t = flops.param_count(cfg), lora_training.lora_trainable_params(cfg, 8)
+    s0 = lora_training.lora_model_state_bytes(psi, t, 0, 2, "fp32")
     assert s0.total == 4 * psi + 16 * t
-    s3 = accounting.lora_model_state_bytes(psi, t, 3, 2, "fp32")
+    s3 = lora_training.lora_model_state_bytes(psi, t, 3, 2, "fp32")
     assert s3.total == (4 * psi + 16 * t) / 2
-    comm = {s: accounting.lora_comm_elements_per_step(psi, t, s, 2) for s in range(4)}
+    comm = {s: lora_training.lora_comm_elements_per_step(psi, t, s, 2) for s in range(4)}
     assert comm == {0: 2 * t, 1: 3 * t, 2: (psi + t) + t, 3: 2 * (psi + t) + t}
-    assert accounting.lora_comm_elements_per_step(psi, t, 3, 1) == 0
+    assert lora_training.lora_comm_elements_per_step(psi, t, 3, 1) == 0
     # Without frozen weights the LoRA formulas are the full-training ones.
     for stage in range(4):
         for convention in ("pytorch", "paper"):
-            assert accounting.lora_comm_elements_per_step(0, psi, stage, 2, 2, convention) == \
-                accounting.comm_elements_per_step(psi, stage, 2, 2, convention)
+            assert lora_training.lora_comm_elements_per_step(0, psi, stage, 2, 2, convention) == \
+                communication.comm_elements_per_step(psi, stage, 2, 2, convention)
 
 
 def test_model_axis_and_lora_axis_in_the_sweep():

@@ -8,7 +8,7 @@ import pytest
 
 from scalelab.cli import main
 from scalelab.config import ModelConfig
-from scalelab.formulas import accounting, links, megatron_style
+from scalelab.formulas import flops, links, megatron_style, tensor_parallelism
 from scalelab.spec.presets import PRESETS
 
 LLAMA3_8B = ModelConfig(**PRESETS["llama3-8b"].shape)
@@ -22,14 +22,14 @@ def _scaling(capsys, *args) -> dict:
 
 
 def test_a_rank_holds_its_share_of_the_blocks_and_of_the_vocabulary():
-    n = accounting.param_count(LLAMA3_8B)
+    n = flops.param_count(LLAMA3_8B)
     vocab = 2 * LLAMA3_8B.vocab_size * LLAMA3_8B.d_model  # embedding and untied head
     blocks = LLAMA3_8B.n_layers * 2 * LLAMA3_8B.d_model  # the norms stay whole
     rest = n - vocab - blocks - LLAMA3_8B.d_model
     assert megatron_style.local_params(LLAMA3_8B, n, 4) == pytest.approx((rest + vocab) / 4 + blocks + LLAMA3_8B.d_model)
     assert megatron_style.local_params(LLAMA3_8B, n, 1) == n
     # scalelab's own keeps the embedding and head whole
-    assert accounting.tensor_parallel_params(LLAMA3_8B, n, 4) - megatron_style.local_params(LLAMA3_8B, n, 4) == pytest.approx(vocab * 3 / 4)
+    assert tensor_parallelism.tensor_parallel_params(LLAMA3_8B, n, 4) - megatron_style.local_params(LLAMA3_8B, n, 4) == pytest.approx(vocab * 3 / 4)
 
 
 def test_tensor_parallel_bytes_by_hand_for_llama3_8b_at_tp4(capsys):
@@ -62,7 +62,7 @@ def test_sequence_parallelism_splits_each_all_reduce_into_two_halves_of_the_same
 
 
 def test_the_memory_recipe_splits_activations_and_logits_and_shards_the_optimizer_at_zero1():
-    n = accounting.param_count(LLAMA3_8B)
+    n = flops.param_count(LLAMA3_8B)
     local = megatron_style.local_params(LLAMA3_8B, n, 8)
     zero0 = megatron_style.peak_memory(LLAMA3_8B, local, 0, 16, "bf16", 1, 8)
     zero1 = megatron_style.peak_memory(LLAMA3_8B, local, 1, 16, "bf16", 1, 8)

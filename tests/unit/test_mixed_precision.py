@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scalelab.formulas import accounting
+from scalelab.formulas import communication, flops, lora_training, peak_memory
 from scalelab.plan.columns import run_row
 from scalelab.plan.run_plan import result_params, run_plan
 from scalelab.plan.sweep import RunPoint, sweep_plan
@@ -21,32 +21,32 @@ before the policy on this model (measured: below 1e-3), with room for the 16-bit
 def test_fp32_bytes_are_four_per_element_of_the_paper_unit(stage):
     for world_size in (1, 2, 8):
         for k in (1, 4):
-            assert accounting.comm_bytes_per_step(1000, stage, world_size, "fp32", k) == \
-                4 * accounting.comm_elements_per_step(1000, stage, world_size, k)
+            assert communication.comm_bytes_per_step(1000, stage, world_size, "fp32", k) == \
+                4 * communication.comm_elements_per_step(1000, stage, world_size, k)
             # LoRA: 700 frozen + 300 trainable
-            assert accounting.comm_bytes_per_step(1000, stage, world_size, "fp32", k, n_trainable=300) == \
-                4 * accounting.lora_comm_elements_per_step(700, 300, stage, world_size, k)
+            assert communication.comm_bytes_per_step(1000, stage, world_size, "fp32", k, n_trainable=300) == \
+                4 * lora_training.lora_comm_elements_per_step(700, 300, stage, world_size, k)
 
 
 def test_sixteen_bit_gathers_halve_the_all_gather_bytes_and_nothing_else():
     psi, n, k = 1000, 2, 2
     for precision in ("fp16", "bf16"):
-        scaler = accounting.LOSS_SCALER_COMM_BYTES if precision == "fp16" else 0
+        scaler = communication.LOSS_SCALER_COMM_BYTES if precision == "fp16" else 0
         # stage 2: k gathers at 2 bytes + one fp32 reduce-scatter; stage 3: 2k gathers
-        assert accounting.comm_bytes_per_step(psi, 2, n, precision, k) == k * psi * 2 + psi * 4 + scaler
-        assert accounting.comm_bytes_per_step(psi, 3, n, precision, k) == 2 * k * psi * 2 + psi * 4 + scaler
-        assert accounting.comm_bytes_per_step(psi, 3, n, precision, k, "compute") == 2 * k * psi * 2 + psi * 2 + scaler
+        assert communication.comm_bytes_per_step(psi, 2, n, precision, k) == k * psi * 2 + psi * 4 + scaler
+        assert communication.comm_bytes_per_step(psi, 3, n, precision, k) == 2 * k * psi * 2 + psi * 4 + scaler
+        assert communication.comm_bytes_per_step(psi, 3, n, precision, k, "compute") == 2 * k * psi * 2 + psi * 2 + scaler
         # DDP: fp32 all-reduce unless the lever compresses it; ZeRO-1's broadcast stays fp32
-        assert accounting.comm_bytes_per_step(psi, 0, n, precision) == 2 * psi * 4 + scaler
-        assert accounting.comm_bytes_per_step(psi, 0, n, precision, 1, "compute") == 2 * psi * 2 + scaler
-        assert accounting.comm_bytes_per_step(psi, 1, n, precision, 1, "compute") == 2 * psi * 2 + psi * 4 + scaler
-        assert accounting.comm_bytes_per_step(psi, 2, 1, precision) == scaler  # FSDP2 alone: no collective
+        assert communication.comm_bytes_per_step(psi, 0, n, precision) == 2 * psi * 4 + scaler
+        assert communication.comm_bytes_per_step(psi, 0, n, precision, 1, "compute") == 2 * psi * 2 + scaler
+        assert communication.comm_bytes_per_step(psi, 1, n, precision, 1, "compute") == 2 * psi * 2 + psi * 4 + scaler
+        assert communication.comm_bytes_per_step(psi, 2, 1, precision) == scaler  # FSDP2 alone: no collective
     # fp8 keeps its fp32 collectives, and the lever does not lower fp32's
-    assert accounting.comm_dtypes("fp8", 3) == accounting.CommDtypes("float32", "float32")
-    assert accounting.comm_dtypes("fp32", 0, "compute") == accounting.CommDtypes(None, "float32")
-    assert accounting.comm_dtypes("bf16", 2) == accounting.CommDtypes("bfloat16", "float32")
+    assert communication.comm_dtypes("fp8", 3) == communication.CommDtypes("float32", "float32")
+    assert communication.comm_dtypes("fp32", 0, "compute") == communication.CommDtypes(None, "float32")
+    assert communication.comm_dtypes("bf16", 2) == communication.CommDtypes("bfloat16", "float32")
     with pytest.raises(ValueError, match="grad_reduce must be one of"):
-        accounting.comm_dtypes("bf16", 2, "bf16")
+        communication.comm_dtypes("bf16", 2, "bf16")
 
 
 def test_in_step_gathered_parameters_follow_the_gather_dtype():
@@ -54,14 +54,14 @@ def test_in_step_gathered_parameters_follow_the_gather_dtype():
     from scalelab.config import model_config
 
     model = model_config(cfg, 256)
-    n = accounting.param_count(model)
+    n = flops.param_count(model)
     for stage in (2, 3):
-        fp32 = accounting.peak_memory(model, n, stage, 2, "fp32", 4)
+        fp32 = peak_memory.peak_memory(model, n, stage, 2, "fp32", 4)
         for precision in ("fp16", "bf16"):
-            mixed = accounting.peak_memory(model, n, stage, 2, precision, 4)
+            mixed = peak_memory.peak_memory(model, n, stage, 2, precision, 4)
             assert mixed.transient_params == fp32.transient_params / 2
             assert mixed.model_state == fp32.model_state  # fp32 shards, grads and AdamW at rest
-    assert accounting.peak_memory(model, n, 0, 2, "bf16", 4).transient_params == 0
+    assert peak_memory.peak_memory(model, n, 0, 2, "bf16", 4).transient_params == 0
 
 
 def test_the_lever_is_one_axis_whose_default_changes_no_run_id():

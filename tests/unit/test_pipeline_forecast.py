@@ -7,7 +7,7 @@ import pytest
 from scalelab.cli import main
 from scalelab.config import ModelConfig
 from scalelab.forecast.step import Machine, Point, predict_point
-from scalelab.formulas import accounting, links, pipeline
+from scalelab.formulas import flops, links, pipeline
 from scalelab.spec import hardware
 from scalelab.spec.presets import PRESETS
 
@@ -17,13 +17,13 @@ SCALING = ["estimate", "scaling", "--model", "llama3-8b", "--seq", "4096", "--ze
 
 
 def _machine(mfu: float = 0.4) -> Machine:
-    return Machine(product=hardware.gpu_by_name("H100"), peak_flops=accounting.gpu_peak_flops("H100", "bf16"), mfu=mfu,
+    return Machine(product=hardware.gpu_by_name("H100"), peak_flops=flops.gpu_peak_flops("H100", "bf16"), mfu=mfu,
                    per_node=8, intra=links.parse_link("nvlink-h100", None), inter=links.parse_link("ib-ndr", None),
                    overlap_efficiency=0.5)
 
 
 def _point(**kw) -> Point:
-    base = {"cfg": LLAMA8B, "n_params": accounting.param_count(LLAMA8B), "key": 1, "precision": "bf16",
+    base = {"cfg": LLAMA8B, "n_params": flops.param_count(LLAMA8B), "key": 1, "precision": "bf16",
             "global_batch": 256, "trainer": "megatron"}
     return Point(**{**base, **kw})
 
@@ -48,7 +48,7 @@ def test_a_pipelined_step_is_its_slowest_stage_over_one_less_the_bubble_plus_its
     # the last stage computes the head: it paces the pipeline
     assert p["slowest_stage"] == 3 and slowest["compute_s"] > p["stages"][1]["compute_s"]
     # a stage's data-parallel collectives carry its own parameters: the first and the last hold a vocabulary matrix each
-    assert sum(s["params"] for s in p["stages"]) == pytest.approx(accounting.param_count(LLAMA8B))
+    assert sum(s["params"] for s in p["stages"]) == pytest.approx(flops.param_count(LLAMA8B))
     assert row["collective_bytes"]["reduce_scatter"] == pytest.approx(4 * max(s["params"] for s in p["stages"]))  # fp32
 
 

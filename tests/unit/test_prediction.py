@@ -381,7 +381,7 @@ def test_tensor_parallel_runs_are_predicted_with_their_collectives_on_the_critic
     """A TP 2 run's reference is its own configuration at its smallest world size (TP alone: its all-reduces all
     exposed, compute = step less them); at TP 2 x DP 2 the strategy's collectives run over the data-parallel pair on
     each rank's share, and tensor parallelism's over the TP pair, none of them hidden (written out here)."""
-    from scalelab.formulas import accounting
+    from scalelab.formulas import tensor_parallelism
 
     cfg = ModelConfig(n_layers=2, d_model=64, n_heads=4, seq_len=64, vocab_size=256)
     table = bench_table()
@@ -392,7 +392,7 @@ def test_tensor_parallel_runs_are_predicted_with_their_collectives_on_the_critic
     fits = prediction.link_fits(table, 2)
 
     def tp_seconds(micro):
-        comm = accounting.tensor_parallel_comm(cfg, micro, 1, 2, "fp32", 3, "cpu", False, True)
+        comm = tensor_parallelism.tensor_parallel_comm(cfg, micro, 1, 2, "fp32", 3, "cpu", False, True)
         assert set(comm) == {"all_gather", "reduce_scatter", "all_reduce"}  # sequence parallelism's
         return sum(calls * links.collective_seconds(c, nbytes / links.handed_per_size(c) / calls, 2, fits[c].link)
                    for c, (nbytes, calls) in comm.items())
@@ -401,7 +401,7 @@ def test_tensor_parallel_runs_are_predicted_with_their_collectives_on_the_critic
     ref = model.references.iloc[0]
     assert ref["compute_s"] == pytest.approx(compute)
     share = float(ref["token_share"])
-    local = int(accounting.tensor_parallel_params(cfg, 120_576, 2))
+    local = int(tensor_parallelism.tensor_parallel_params(cfg, 120_576, 2))
     sizes = collective_sizes(local, 3, 2, "fp32")
     calls = collective_calls(cfg, 3, "fp32", sizes)
     strategy_s = sum(calls[c] * links.collective_seconds(c, sizes[c] / calls[c], 2, fits[c].link) for c in sizes)

@@ -6,7 +6,7 @@ import pytest
 from scalelab.config import ConfigError
 from scalelab.forecast import pruning
 from scalelab.forecast.estimate import Machine, Point, predict_point
-from scalelab.formulas import accounting
+from scalelab.formulas import flops
 from scalelab.harness.testing import tiny_config
 from scalelab.plan import forecast_record
 from scalelab.plan.forecast_record import is_pruned
@@ -43,7 +43,7 @@ def test_each_model_and_world_size_runs_its_top_k_and_the_baselines_the_rest_pru
     assert f"rank {w2['bf16-z3-w2']} of 6 of model base at world size 2" in pruned.reason and "planning.top_k = 1" in pruned.reason
     # the forecast is the plan's model: compute at the calibrated peak x MFU, DDP's all-reduce on the assumed gloo link
     plan = _plans(cfg)["fp32-z0-w2"]
-    expected = predict_point(Point(cfg=plan.model, n_params=accounting.param_count(plan.model), key=0, precision="fp32",
+    expected = predict_point(Point(cfg=plan.model, n_params=flops.param_count(plan.model), key=0, precision="fp32",
                                    micro_batch=plan.micro_batch, global_batch=8), Machine(
         product=None, peak_flops=1.0e11, mfu=0.4, per_node=2, intra=pruning.CPU_LINK, inter=pruning.CPU_LINK,
         overlap_efficiency=0.0), 2)

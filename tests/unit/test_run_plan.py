@@ -3,7 +3,7 @@ the ranks from spec.json exactly as it was made, and the one place a run's micro
 plan and collective dtypes are derived."""
 import json
 
-from scalelab.formulas.accounting import comm_dtypes
+from scalelab.formulas.communication import comm_dtypes
 from scalelab.plan.placement import launch_plan
 from scalelab.plan.run_plan import RunPlan, result_params, run_plan
 from scalelab.plan.sweep import micro_batch_plan, sweep_points

@@ -1,5 +1,5 @@
 """Extrapolation to large clusters (#29, point 4): the link table and the alpha-beta collective
-time (scalelab.formulas.links), the collective sizes per strategy against accounting's bytes, and
+time (scalelab.formulas.links), the collective sizes per strategy against communication's bytes, and
 `scalelab estimate scaling`'s documented example, its figures' invariants and its errors.
 In process (unit tier)."""
 import json
@@ -10,7 +10,7 @@ import pytest
 from scalelab.cli import main
 from scalelab.config import ModelConfig
 from scalelab.forecast.estimate import gpu_counts
-from scalelab.formulas import accounting, links
+from scalelab.formulas import communication, flops, links, tensor_parallelism
 from scalelab.formulas.links import collective_calls, collective_sizes
 from scalelab.spec import hardware
 from scalelab.spec.precisions import PRECISION_NAMES
@@ -116,17 +116,17 @@ def test_a_group_spanning_nodes_runs_on_the_nics_its_ranks_hold_up_to_the_node_l
 # ----------------------------------------------------------------------------- collective sizes
 @pytest.mark.parametrize("stage", ZERO_STAGES)
 def test_collective_sizes_add_up_to_accountings_bytes(stage):
-    """The sizes are nccl-tests' (an all-reduce of S is S); accounting counts an all-reduce 2S."""
+    """The sizes are nccl-tests' (an all-reduce of S is S); communication counts an all-reduce 2S."""
     for precision in PRECISION_NAMES:
-        for grad_reduce in accounting.GRAD_REDUCE:
+        for grad_reduce in communication.GRAD_REDUCE:
             for n in (1, 2, 8):
                 sizes = collective_sizes(1_000_003, stage, n, precision, grad_reduce=grad_reduce)
                 handed = sum(size * links.handed_per_size(c) for c, size in sizes.items())
-                assert handed == accounting.comm_bytes_per_step(1_000_003, stage, n, precision, grad_reduce=grad_reduce)
+                assert handed == communication.comm_bytes_per_step(1_000_003, stage, n, precision, grad_reduce=grad_reduce)
 
 
 def test_collective_kinds_and_calls_follow_the_strategy():
-    psi = accounting.param_count(EXAMPLE_CFG)
+    psi = flops.param_count(EXAMPLE_CFG)
     assert collective_sizes(psi, 0, 8, "bf16") == {"all_reduce": 4 * psi}  # fp32 gradients all-reduced
     assert collective_sizes(psi, 1, 8, "fp32") == {"all_reduce": 4 * psi, "broadcast": 4 * psi}
     assert collective_sizes(psi, 3, 8, "bf16") == {"reduce_scatter": 4 * psi, "all_gather": 2 * 2 * psi}
@@ -162,10 +162,10 @@ def test_the_documented_example_runs_and_its_figures_hold_together(example):
 def test_one_rows_communication_computed_by_hand(example):
     """16 GPUs = 2 nodes: every collective spans them and runs on the 8 NICs of each node, NDR's 50 GB/s x 0.8
     each (320 GB/s, below NVLink's 360), 50 us a call."""
-    psi = accounting.param_count(EXAMPLE_CFG)
+    psi = flops.param_count(EXAMPLE_CFG)
     row = next(r for r in example["rows"] if r["gpus"] == 16)
     bandwidth, latency, units = 8 * 50e9 * 0.8, 50e-6, 24 + 1
-    last = accounting.last_block_params(EXAMPLE_CFG)  # kept gathered from its forward to its backward: gathered once
+    last = tensor_parallelism.last_block_params(EXAMPLE_CFG)  # kept gathered from its forward to its backward: gathered once
     gather = (2 * units - 1) * latency + (15 / 16) * ((2 * psi - last) * 2) / bandwidth  # forward + backward, bf16
     scatter = units * latency + (15 / 16) * (psi * 4) / bandwidth  # fp32 gradients
     assert row["comm_s"]["all_gather"] == pytest.approx(gather, rel=1e-9)
@@ -248,8 +248,8 @@ def test_a_measured_bench_table_is_the_link_as_measured(tmp_path, capsys):
     inter = result["assumptions"]["inter_node"]
     assert code == 0 and inter["efficiency"] == 1.0  # measured: no efficiency on top
     assert inter["achievable_gb_per_s"] == pytest.approx(20.0, rel=1e-6) and inter["latency_us"] == pytest.approx(30.0, rel=1e-6)
-    psi = accounting.param_count(EXAMPLE_CFG)
-    last = accounting.last_block_params(EXAMPLE_CFG)  # the last block gathered once per micro-batch
+    psi = flops.param_count(EXAMPLE_CFG)
+    last = tensor_parallelism.last_block_params(EXAMPLE_CFG)  # the last block gathered once per micro-batch
     expected = (2 * 25 - 1) * 30e-6 + (15 / 16) * ((2 * psi - last) * 2) / 20e9  # a measured bus bandwidth: no rails on top
     assert result["rows"][0]["comm_s"]["all_gather"] == pytest.approx(expected, rel=1e-6)
     assert "note" not in result
@@ -268,7 +268,7 @@ def test_hybrid_sharding_keeps_its_gathers_in_the_node_and_sends_one_all_reduce_
     code, out, _ = _estimate(capsys, *args, "--json")
     result = json.loads(out)
     assert code == 0 and result["zero_stage"] == "hybrid"
-    psi = accounting.param_count(EXAMPLE_CFG)
+    psi = flops.param_count(EXAMPLE_CFG)
     for row, zero3 in zip(result["rows"], example["rows"]):
         n = row["gpus"]
         assert row["replicas"] == max(1, n // 8)
@@ -355,8 +355,8 @@ def test_tensor_parallel_collectives_are_on_the_critical_path_over_their_link(ca
     for row in result["rows"]:
         tp = row["tensor_parallel_comm"]
         assert (row["tensor_parallel"], row["data_parallel"]) == (8, row["gpus"] // 8)
-        # nccl-tests' size: accounting's unit counts an all-reduce of S bytes as 2 S; a ring moves 2 (T-1)/T of S per GPU
-        assert tp["size_bytes"] == accounting.tensor_parallel_bytes(cfg, 1, 1, 8, "bf16", 3, "cuda") / 2
+        # nccl-tests' size: communication's unit counts an all-reduce of S bytes as 2 S; a ring moves 2 (T-1)/T of S per GPU
+        assert tp["size_bytes"] == tensor_parallelism.tensor_parallel_bytes(cfg, 1, 1, 8, "bf16", 3, "cuda") / 2
         assert tp["ring_bytes_per_gpu"] == pytest.approx(tp["size_bytes"] * 2 * 7 / 8)
         assert tp["calls"] == 4 * cfg.n_layers and tp["link"] == "nvlink-h100" and tp["exposed"]
         assert row["exposed_comm_s"] >= tp["seconds"] > 0
@@ -395,7 +395,7 @@ def test_hybrid_sharding_whose_shard_group_spans_nodes_times_each_group_over_its
     reduce-scatters over 16 ranks on two nodes' rails, and all-reduce across the 2 replicas on one NIC each."""
     from scalelab.forecast.estimate import HYBRID_KEY, Machine, Point, predict_point
 
-    psi = accounting.param_count(EXAMPLE_CFG)
+    psi = flops.param_count(EXAMPLE_CFG)
     machine = Machine(product=hardware.gpu_by_name("H100"), peak_flops=989.5e12, mfu=0.4, per_node=8,
                       intra=links.parse_link("nvlink-h100"), inter=links.parse_link("ib-ndr"), overlap_efficiency=1.0)
     point = Point(cfg=EXAMPLE_CFG, n_params=psi, key=HYBRID_KEY, precision="bf16", micro_batch=4, replicas=2)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from scalelab.config import ConfigError, ModelConfig
-from scalelab.formulas import accounting
+from scalelab.formulas import flops, tensor_parallelism
 from scalelab.plan.run_plan import run_plan
 from scalelab.plan.sweep import RunPoint, sweep_plan
 from support import tiny_config
@@ -72,13 +72,13 @@ def test_gpt2s_fused_qkv_rows_are_reordered_by_head_and_back():
 
 def test_a_ranks_parameters_are_its_share_of_the_split_linears_and_the_rest_whole():
     cfg = ModelConfig(2, 64, 4, 32, True, 256)
-    n = accounting.param_count(cfg)
+    n = flops.param_count(cfg)
     split = 2 * (12 * 64 * 64 + 7 * 64)  # per block: qkv, proj, fc, proj weights and the colwise biases
-    assert accounting.tensor_parallel_params(cfg, n, 1) == n
-    assert accounting.tensor_parallel_params(cfg, n, 4) == n - split + split / 4
-    assert accounting.data_parallel_size(8, 2) == 4
+    assert tensor_parallelism.tensor_parallel_params(cfg, n, 1) == n
+    assert tensor_parallelism.tensor_parallel_params(cfg, n, 4) == n - split + split / 4
+    assert tensor_parallelism.data_parallel_size(8, 2) == 4
     with pytest.raises(ValueError, match="does not divide"):
-        accounting.data_parallel_size(6, 4)
+        tensor_parallelism.data_parallel_size(6, 4)
 
 
 def test_the_report_pairs_a_split_run_with_its_twin_whose_micro_batch_is_its_share(tmp_path):
@@ -111,7 +111,7 @@ def test_estimate_memory_takes_each_ranks_share_under_tensor_parallelism(capsys)
                  "--precision", "bf16", "--zero-stage", "0", "3", "--micro-batch", "1", "--unit", "GB", "--json"]) == 0
     rows = {r["zero_stage"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     cfg = ModelConfig(**PRESETS["llama3-8b"].shape)
-    local = accounting.tensor_parallel_params(cfg, accounting.param_count(cfg), 8)
+    local = tensor_parallelism.tensor_parallel_params(cfg, flops.param_count(cfg), 8)
     assert rows[0]["pytorch_total_gb"] == pytest.approx(16 * local / 1e9)
     assert rows[3]["pytorch_total_gb"] == pytest.approx(16 * local / 2 / 1e9)  # ZeRO-3 over 2 data-parallel ranks
     assert rows[3]["tensor_parallel"] == 8 and rows[3]["peak_gb"] < rows[0]["peak_gb"]

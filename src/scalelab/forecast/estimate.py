@@ -48,7 +48,7 @@ from scalelab.forecast.step import (  # the step-time model, shared by plan, pru
     pipeline_problem,
     predict_point,
 )
-from scalelab.formulas import accounting, links
+from scalelab.formulas import communication, flops, links, lora_training, model_state, peak_memory, tensor_parallelism
 from scalelab.formulas.pipeline import DEFAULT_SCHEDULE, SCHEDULES
 from scalelab.spec import hardware
 from scalelab.spec.families import family
@@ -90,17 +90,17 @@ def memory_table(args) -> dict:
         check_tensor_parallel(cfg, t)
         if world_size % t:
             raise EstimateError(f"--tensor-parallel {t} does not divide --world-size {world_size}")
-        local, data_ranks = accounting.tensor_parallel_params(cfg, n_params, t), world_size // t
+        local, data_ranks = tensor_parallelism.tensor_parallel_params(cfg, n_params, t), world_size // t
     rows = []
     for precision, stage in _table_points(args):
-        real = accounting.model_state_bytes(local, stage, data_ranks, precision, "pytorch")
-        paper = accounting.model_state_bytes(local, stage, data_ranks, precision, "paper")
+        real = model_state.model_state_bytes(local, stage, data_ranks, precision, "pytorch")
+        paper = model_state.model_state_bytes(local, stage, data_ranks, precision, "paper")
         row = {"precision": precision, "zero_stage": stage, "world_size": world_size, "tensor_parallel": t,
                f"pytorch_params_{u}": real.params / scale, f"pytorch_grads_{u}": real.grads / scale,
                f"pytorch_optimizer_{u}": real.optimizer / scale, f"pytorch_total_{u}": real.total / scale,
                f"paper_total_{u}": paper.total / scale}
         if cfg is not None and args.micro_batch:
-            peak = accounting.peak_memory(cfg, local, stage, data_ranks, precision, args.micro_batch, tensor_parallel=t)
+            peak = peak_memory.peak_memory(cfg, local, stage, data_ranks, precision, args.micro_batch, tensor_parallel=t)
             row[f"activations_{u}"] = peak.activations / scale
             row[f"peak_{u}"] = peak.total / scale
         rows.append(row)
@@ -166,13 +166,13 @@ def time_estimate(args) -> dict:
     gpus = int(_positive("gpus", args.gpus))
     try:
         product = hardware.gpu_by_name(args.gpu)
-        peak = accounting.gpu_peak_flops(args.gpu, args.precision)
+        peak = flops.gpu_peak_flops(args.gpu, args.precision)
     except ValueError as err:
         raise EstimateError(f"--gpu {args.gpu}: {err}") from None
     n_params, cfg = _model(args)
-    fpt = accounting.flops_per_token(cfg) if cfg is not None else 6.0 * n_params
+    fpt = flops.flops_per_token(cfg) if cfg is not None else 6.0 * n_params
     total = fpt * tokens
-    days = accounting.training_days(total, gpus, args.gpu, args.precision, mfu)
+    days = flops.training_days(total, gpus, args.gpu, args.precision, mfu)
     result = {**_named(args), "n_params": n_params, "tokens": tokens, "flops_per_token": fpt,
               "flops_rule": "6N + attention term" if cfg is not None else "6N",
               "total_flops": total, "gpus": gpus, "gpu": product.name, "precision": args.precision,
@@ -201,13 +201,13 @@ def fit_table(args) -> dict:
     rows = []
     for precision, stage in _table_points(args):
         rows.append({"precision": precision, "zero_stage": stage,
-                     "pytorch_max_params": accounting.largest_model(mem, stage, world_size, precision, "pytorch"),
-                     "paper_max_params": accounting.largest_model(mem, stage, world_size, precision, "paper")})
+                     "pytorch_max_params": model_state.largest_model(mem, stage, world_size, precision, "pytorch"),
+                     "paper_max_params": model_state.largest_model(mem, stage, world_size, precision, "paper")})
     return {f"gpu_memory_{args.unit.lower()}": mem / UNITS[args.unit], "unit": args.unit, "world_size": world_size,
             "rows": rows, "note": "model state only: leave room for activations, buffers and fragmentation"}
 
 
-def _rung(name: str, state: accounting.ModelStateBytes, extra: float, mem: float, scale: float, u: str) -> dict:
+def _rung(name: str, state: model_state.ModelStateBytes, extra: float, mem: float, scale: float, u: str) -> dict:
     total = state.total + extra
     return {"rung": name, f"model_state_{u}": state.total / scale, f"in_step_{u}": extra / scale,
             f"total_{u}": total / scale, "fits": total <= mem}
@@ -242,7 +242,7 @@ def advise(args) -> dict:
     if micro and cfg is None:
         raise EstimateError("--micro-batch needs the model's shape (--model, or --layers/--d-model/--vocab/--seq)")
 
-    peaks = {stage: accounting.peak_memory(cfg, n_params, stage, gpus, precision, micro, args.activation_checkpointing)
+    peaks = {stage: peak_memory.peak_memory(cfg, n_params, stage, gpus, precision, micro, args.activation_checkpointing)
              for stage in ZERO_STAGES} if micro else {}
 
     def in_step(stage: int) -> float:  # what the step's peak adds to the model state at rest (the freed gradients counted out)
@@ -252,7 +252,7 @@ def advise(args) -> dict:
         return peaks[stage].transient_params + peaks[stage].activations if micro else 0.0
 
     rungs = [_rung(f"ZeRO stage {stage} ({strategy(stage).name})",
-                   accounting.model_state_bytes(n_params, stage, gpus, precision, "pytorch"), in_step(stage), mem, scale, u)
+                   model_state.model_state_bytes(n_params, stage, gpus, precision, "pytorch"), in_step(stage), mem, scale, u)
              for stage in ZERO_STAGES]
     fitting = [r for r in rungs if r["fits"]]
     result = {"n_params": n_params, "gpus": gpus, f"gpu_memory_{u}": device / scale, f"reserve_{u}": reserve / scale,
@@ -274,8 +274,8 @@ def _lora_budget(cfg, n_params, gpus, precision, mem, in_step, scale, u) -> dict
                           "(--layers/--d-model/--vocab/--seq)"}
     best = None
     for stage in ZERO_STAGES:
-        fixed = accounting.lora_model_state_bytes(n_params, 0, stage, gpus, precision).total + in_step(stage)
-        per_rank = (accounting.lora_model_state_bytes(n_params, accounting.lora_trainable_params(cfg, 1), stage, gpus,
+        fixed = lora_training.lora_model_state_bytes(n_params, 0, stage, gpus, precision).total + in_step(stage)
+        per_rank = (lora_training.lora_model_state_bytes(n_params, lora_training.lora_trainable_params(cfg, 1), stage, gpus,
                                                       precision).total + in_step(stage)) - fixed
         rank = int((mem - fixed) // per_rank) if mem > fixed else 0
         # the most rank, and where none fits, the least memory short
@@ -289,7 +289,7 @@ def _lora_budget(cfg, n_params, gpus, precision, mem, in_step, scale, u) -> dict
         return best
     power = 2 ** int(math.log2(best["max_rank"]))
     best["rank_power_of_two"] = power
-    best["trainable_params"] = accounting.lora_trainable_params(cfg, power)
+    best["trainable_params"] = lora_training.lora_trainable_params(cfg, power)
     best["advice"] = (f"switch to LoRA: ZeRO stage {best['zero_stage']} with rank up to {best['max_rank']} "
                       f"(e.g. r={power}: {_human(best['trainable_params'])} trainable parameters) fits")
     return best
@@ -306,11 +306,11 @@ def claim_check(args) -> dict:
                     else _positive("tokens", args.tokens) / (_positive("days", args.days) * 86400))
     try:
         product = hardware.gpu_by_name(args.gpu)
-        peak = accounting.gpu_peak_flops(args.gpu, args.precision)
+        peak = flops.gpu_peak_flops(args.gpu, args.precision)
     except ValueError as err:
         raise EstimateError(f"--gpu {args.gpu}: {err}") from None
-    fpt = accounting.flops_per_token(cfg) if cfg is not None else 6.0 * n_params
-    implied = accounting.mfu(tokens_per_s, fpt, peak, gpus)
+    fpt = flops.flops_per_token(cfg) if cfg is not None else 6.0 * n_params
+    implied = flops.mfu(tokens_per_s, fpt, peak, gpus)
     if math.isnan(implied):
         verdict = f"unknown: no {args.precision} dense peak for {product.name}"
     elif implied > 1:
@@ -335,12 +335,12 @@ def models_table(args) -> dict:
     rows = []
     for p in PRESETS.values():
         cfg = ModelConfig(**p.shape)
-        rows.append({"model": p.name, "family": cfg.family, "n_params": accounting.param_count(cfg),
+        rows.append({"model": p.name, "family": cfg.family, "n_params": flops.param_count(cfg),
                      "published_params": p.published_params, "n_layers": cfg.n_layers, "d_model": cfg.d_model,
                      "n_heads": cfg.n_heads, "n_kv_heads": family(cfg.family).own_columns(cfg).get("n_kv_heads"),
                      "ffn_dim": family(cfg.family).mlp_width(cfg),
                      "vocab_size": cfg.vocab_size, "seq_len": cfg.seq_len, "tied_head": cfg.tie_embeddings,
-                     "flops_per_token": accounting.flops_per_token(cfg), "source": p.source})
+                     "flops_per_token": flops.flops_per_token(cfg), "source": p.source})
     return {"rows": rows, "note": "parameters counted as the published checkpoints (embedding, head, norms); "
                                   "flops_per_token at the preset's context, attention counted in full"}
 
@@ -474,7 +474,7 @@ def machine_of(args, precision: str, gpus: list[int]) -> tuple[Machine, dict | N
     per_node = int(_positive("gpus-per-node", args.gpus_per_node))
     try:
         product = hardware.gpu_by_name(args.gpu)
-        peak = accounting.gpu_peak_flops(args.gpu, precision)
+        peak = flops.gpu_peak_flops(args.gpu, precision)
     except ValueError as err:
         raise EstimateError(f"--gpu {args.gpu}: {err}") from None
     intra_spec = args.intra_node or links.DEFAULT_INTRA_NODE.get(product.name)
@@ -816,7 +816,7 @@ def _add_scaling_parser(kinds):
     sc.add_argument("--zero-stage", required=True, choices=list(SCALING_STAGES),
                     help="strategy: 0 (DDP), 1 (+ ZeroRedundancyOptimizer), 2, 3 (FSDP2), hybrid (HSDP)")
     sc.add_argument("--precision", default="bf16", choices=list(PRECISION_NAMES), help="training precision (default bf16)")
-    sc.add_argument("--grad-reduce", default=None, choices=list(accounting.GRAD_REDUCE),
+    sc.add_argument("--grad-reduce", default=None, choices=list(communication.GRAD_REDUCE),
                     help="dtype gradients are reduced in: fp32 or the compute dtype (fp16, bf16); default fp32, the "
                          "compute dtype with --trainer megatron")
     trainer_flag(sc)

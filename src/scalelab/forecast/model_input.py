@@ -18,7 +18,7 @@ from pathlib import Path
 
 from scalelab.config import MODEL_FAMILY_KEYS, ConfigError, ModelConfig, model_config
 from scalelab.forecast.inputs import EstimateError, count, positive, positive_whole
-from scalelab.formulas import accounting
+from scalelab.formulas import flops
 from scalelab.spec.families import DEFAULT_FAMILY, FAMILIES
 from scalelab.spec.presets import PRESETS
 
@@ -64,7 +64,7 @@ def model_from_args(args) -> tuple[int, ModelConfig | None]:
             raise EstimateError("give the model either as --config FILE (--model NAME picks its entry), or as a preset, "
                                 "--params or the shape, not several")
         cfg, _ = config_model(args.config, args.model, args.vocab, args.seq)
-        return accounting.param_count(cfg), cfg
+        return flops.param_count(cfg), cfg
     if args.model:
         if params is not None or any(v is not None for v in (args.layers, args.d_model, args.heads, getattr(args, "family", None))):
             raise EstimateError("give the model either as --model NAME, or as --params, or as the shape, not several")
@@ -75,7 +75,7 @@ def model_from_args(args) -> tuple[int, ModelConfig | None]:
         if getattr(args, "untied", False):
             overrides["tie_embeddings"] = False
         cfg = ModelConfig(**{**PRESETS[args.model].shape, **overrides})
-        return accounting.param_count(cfg), cfg
+        return flops.param_count(cfg), cfg
     shape = [args.layers, args.d_model, args.vocab, args.seq]
     if params is not None:
         if any(v is not None for v in shape):
@@ -108,7 +108,7 @@ def _shape_model(args) -> tuple[int, ModelConfig]:
     problem = FAMILIES[name].shape_problem(cfg)
     if problem:
         raise EstimateError(problem[1].replace("n_kv_heads=", "--kv-heads ").replace("n_heads=", "--heads "))
-    return accounting.param_count(cfg), cfg
+    return flops.param_count(cfg), cfg
 
 
 def described(args) -> dict:

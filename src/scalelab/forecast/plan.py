@@ -42,7 +42,7 @@ from scalelab.forecast.estimate import (
 from scalelab.forecast.inputs import non_negative, positive_count, positive_whole
 from scalelab.forecast.model_input import shape_text
 from scalelab.forecast.step import _replicas
-from scalelab.formulas import accounting, links
+from scalelab.formulas import communication, flops, links
 from scalelab.formulas.pipeline import SCHEDULES
 from scalelab.plan.sweep import AXIS, RunPoint
 from scalelab.spec import hardware
@@ -193,7 +193,7 @@ def _rows(args, cfg, n_params: int, pairs, degrees: list[int], machine, budget: 
             timed, note = fp8_machine(machine, cfg.d_model)  # its datasheet peak, the measured fp8/bf16 ratio apart
             notes = [note]
         else:
-            timed = replace(machine, peak_flops=accounting.gpu_peak_flops(args.gpu, precision))
+            timed = replace(machine, peak_flops=flops.gpu_peak_flops(args.gpu, precision))
         for t, pp, sched in [(t, p, s) for t, p, s in pipelines if _runs(precision, key, n, machine.per_node, t, args.trainer,
                                                                           p, s) and (p == 1 or key != HYBRID_KEY)]:
             share = args.global_batch // (n // (t * pp))  # each data-parallel rank's share
@@ -297,7 +297,7 @@ def _assumptions(args, machine, source, degrees: list[int], grad_reduce: str, cf
                            "out are listed with why",
         "out_of_scope": "context parallelism, hybrid sharding with tensor or pipeline parallelism, CPU offload, "
                         "LoRA; the model's memory is the formula a run measures "
-                        "(scalelab.formulas.accounting.peak_memory)"}
+                        "(scalelab.formulas.peak_memory.peak_memory)"}
 
 
 def _pipeline_degrees(cfg, asked: list[int] | None) -> list[int]:
@@ -428,7 +428,7 @@ def add_parser(sub) -> None:
     p.add_argument("--schedule", nargs="+", choices=list(SCHEDULES), default=None,
                    help=f"only these pipeline schedules (default: {', '.join(PLAN_SCHEDULES)})")
     trainer_flag(p)
-    p.add_argument("--grad-reduce", default=None, choices=list(accounting.GRAD_REDUCE),
+    p.add_argument("--grad-reduce", default=None, choices=list(communication.GRAD_REDUCE),
                    help="dtype gradients are reduced in (default: fp32 for scalelab, the compute dtype for a distributed "
                         "optimizer)")
     p.add_argument("--json", action="store_true", help="every configuration's row as JSON")

@@ -26,7 +26,7 @@ from typing import NamedTuple
 from scalelab.config import ConfigError, section
 from scalelab.forecast.estimate import DEFAULT_MFU, EstimateError, Machine, Point, predict_point
 from scalelab.forecast.plan import TIE
-from scalelab.formulas import accounting, links, predicted_columns
+from scalelab.formulas import flops, links, peak_memory, predicted_columns
 from scalelab.plan.forecast_record import PRUNED_REASON, Decision
 from scalelab.plan.placement import device_memory_limit
 from scalelab.plan.run_plan import RunPlan
@@ -154,7 +154,7 @@ def _forecast(config: dict, plan: RunPlan, machines: _Machines) -> _Forecast:
     machine, source = machines.of(plan)
     if machine is None:
         return _Forecast(None, source)
-    n_params = accounting.param_count(model)
+    n_params = flops.param_count(model)
     forecast_point = Point(cfg=model, n_params=n_params, key=HYBRID_KEY if point.replicas > 1 else point.zero_stage,
                            precision=point.precision, grad_reduce=point.grad_reduce, micro_batch=plan.micro_batch,
                            global_batch=plan.train.global_batch, activation_checkpointing=point.activation_checkpointing,
@@ -167,7 +167,7 @@ def _forecast(config: dict, plan: RunPlan, machines: _Machines) -> _Forecast:
     columns = {"forecast_step_time_s": row["step_time_s"], "forecast_tokens_per_s": row["tokens_per_s"],
                "forecast_note": f"{source}; {UNMODELLED}"}
     datasheet_bytes = machines.product.memory_gib * 2 ** 30 if machines.product else None  # a CPU: none
-    if accounting.predicts_oom(peak, device_memory_limit(config, datasheet_bytes)):
+    if peak_memory.predicts_oom(peak, device_memory_limit(config, datasheet_bytes)):
         return _Forecast(columns, f"predicted not to fit ({peak.total / 2**30:.2f} GiB per rank): left to the launcher "
                                   "(predicted_oom)")
     return _Forecast(columns)

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from scalelab.config import ModelConfig
 from scalelab.forecast import playbook_sweep
 from scalelab.forecast.step import pipeline_problem
-from scalelab.formulas import accounting, links
+from scalelab.formulas import flops, links
 from scalelab.spec import hardware
 from scalelab.spec.presets import PRESETS
 
@@ -210,7 +210,7 @@ def predicted_row(row: Published, mfu: float, overlap_efficiency: float | None =
 
     product = hardware.gpu_by_name(row.gpu)
     eta = default_overlap_efficiency(row.trainer) if overlap_efficiency is None else overlap_efficiency
-    machine = Machine(product=product, peak_flops=accounting.gpu_peak_flops(row.gpu, row.precision), mfu=mfu, per_node=8,
+    machine = Machine(product=product, peak_flops=flops.gpu_peak_flops(row.gpu, row.precision), mfu=mfu, per_node=8,
                       intra=links.parse_link(row.intra_node or links.DEFAULT_INTRA_NODE[product.name], None),
                       inter=links.parse_link(row.inter_node, None), overlap_efficiency=eta)
     return predict_point(_point(row), machine, row.gpus)
@@ -223,7 +223,7 @@ def _predicted(row: Published, mfu: float, overlap_efficiency: float | None = No
 def _point(row: Published):
     from scalelab.forecast.step import Point
 
-    return Point(cfg=row.cfg, n_params=row.n_params or accounting.param_count(row.cfg), key=row.key,
+    return Point(cfg=row.cfg, n_params=row.n_params or flops.param_count(row.cfg), key=row.key,
                  precision=row.precision, grad_reduce=row.grad_reduce, micro_batch=row.micro_batch,
                  global_batch=row.micro_batch * row.accumulation * row.gpus // (row.tensor_parallel * row.pipeline_parallel),
                  activation_checkpointing=row.activation_checkpointing, tensor_parallel=row.tensor_parallel,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 from scalelab.config import ModelConfig
 from scalelab.forecast.inputs import UNITS, EstimateError
-from scalelab.formulas import accounting, links, megatron_style, pipeline
+from scalelab.formulas import activation_memory, communication, flops, links, megatron_style, peak_memory, pipeline, tensor_parallelism
 from scalelab.formulas.links import collective_calls
 from scalelab.spec.families import tensor_parallel_split_params
 from scalelab.spec.strategies import HYBRID_KEY, ZERO1_SHARDED_KEY, strategy
@@ -74,7 +74,7 @@ class Machine:
 
 def predict_point(point: Point, machine: Machine, n: int) -> dict:
     """A point's predicted step at n GPUs: compute at the assumed efficiency, every collective on the link
-    its group uses (accounting: placement.link_of's rule), the strategy's overlap, and the in-step peak
+    its group uses (communication.comm_bytes_by_link: placement.link_of's rule), the strategy's overlap, and the in-step peak
     memory per GPU (one micro-batch's activations)."""
     from scalelab.results import prediction
 
@@ -88,17 +88,17 @@ def predict_point(point: Point, machine: Machine, n: int) -> dict:
     dp = n // t  # data-parallel ranks: each is a tensor-parallel group of t GPUs sharing one share of the batch
     micro, accumulation = batch_plan(point.global_batch, point.micro_batch, dp)
     tokens = micro * accumulation * cfg.seq_len / t  # per GPU per optimizer step
-    fpt = accounting.flops_per_token(cfg)
+    fpt = flops.flops_per_token(cfg)
     # the assumed MFU is the hardware's efficiency on what it computes: checkpointing computes every block's
     # forward again (recompute_flops_per_token), which model FLOPs (MFU) do not count; under tensor parallelism
     # each GPU computes 1/t of the blocks and the whole head (replicated: its 6 V d FLOPs per token on every GPU)
-    hardware_fpt = fpt + (accounting.recompute_flops_per_token(cfg) if point.activation_checkpointing else 0.0)
+    hardware_fpt = fpt + (flops.recompute_flops_per_token(cfg) if point.activation_checkpointing else 0.0)
     head = 6 * cfg.vocab_size * cfg.d_model if t > 1 and not point.megatron else 0.0  # split over the vocabulary there
     compute_s = ((hardware_fpt - head) / t + head) * tokens * t / (machine.peak_flops * machine.mfu)
     replicas = (point.replicas or _replicas(n, machine.per_node)) if key == HYBRID_KEY else 1
     # what each GPU holds of the parameters: the embedding and head split over the vocabulary too where the trainer does
     n_local = (megatron_style.local_params(cfg, point.n_params, t) if point.megatron
-               else accounting.tensor_parallel_params(cfg, point.n_params, t))
+               else tensor_parallelism.tensor_parallel_params(cfg, point.n_params, t))
     comm, calls, sizes, used = _strategy_comm(point, machine, n, n_local, replicas, accumulation)
     # one replica is plain stage 3 (strategy(3, 1)): its record's overlap facts apply
     step = prediction.step_time(key if replicas > 1 else (ZERO1_SHARDED_KEY if point.priced == ZERO1_SHARDED_KEY else stage),
@@ -113,7 +113,7 @@ def predict_point(point: Point, machine: Machine, n: int) -> dict:
             "micro_batch": micro, "accumulation_steps": accumulation, "tokens_per_gpu_per_step": tokens,
             "step_time_s": step_s, "compute_s": step.compute_s, "comm_s": dict(step.comm_s),
             "exposed_comm_s": exposed, "tokens_per_s_per_gpu": per_gpu,
-            "tokens_per_s": per_gpu * n, "mfu": accounting.mfu(per_gpu, fpt, machine.peak_flops, 1),
+            "tokens_per_s": per_gpu * n, "mfu": flops.mfu(per_gpu, fpt, machine.peak_flops, 1),
             "collective_bytes": sizes, "collective_calls": calls, "peak_memory_bytes": peak_mem,
             "peak_memory_gib": peak_mem / UNITS["GiB"],
             "fits_memory": peak_mem <= machine.product.memory_gib * UNITS["GiB"] if machine.product else None,
@@ -130,11 +130,11 @@ def _strategy_comm(point: Point, machine: Machine, n: int, n_local: float, repli
     (seconds, calls, nccl-tests sizes, links) by collective."""
     cfg, t, pp = point.cfg, point.tensor_parallel, point.pipeline_parallel
     dp = n // (t * pp)
-    by_group = accounting.comm_bytes_by_group(n_local, strategy(point.key).stage, dp, point.precision, replicas=replicas,
+    by_group = communication.comm_bytes_by_group(n_local, strategy(point.key).stage, dp, point.precision, replicas=replicas,
                                               grad_reduce=point.grad_reduce, accumulation_steps=accumulation,
-                                              last_block_params=accounting.last_block_params(cfg, t))
+                                              last_block_params=tensor_parallelism.last_block_params(cfg, t))
     if point.priced == ZERO1_SHARDED_KEY:
-        by_group = {"world": accounting.sharded_zero1_bytes(n_local, point.precision, point.grad_reduce)} if dp > 1 else {}
+        by_group = {"world": communication.sharded_zero1_bytes(n_local, point.precision, point.grad_reduce)} if dp > 1 else {}
     if replicas > 1:
         shard = dp // replicas
         replicate = dict(by_group.get("replicate", {}))
@@ -163,12 +163,12 @@ def _strategy_comm(point: Point, machine: Machine, n: int, n_local: float, repli
 
 def _peak_memory(point: Point, n_local: float, dp: int, micro: int, accumulation: int, replicas: int) -> float:
     """The in-step peak per GPU: the megatron trainer's recipe (scalelab.formulas.megatron_style) or what scalelab's
-    runs measure (scalelab.formulas.accounting.peak_memory)."""
+    runs measure (scalelab.formulas.peak_memory.peak_memory)."""
     stage, t = strategy(point.key).stage, point.tensor_parallel
     if point.megatron:
         return megatron_style.peak_memory(point.cfg, n_local, stage, dp, point.precision, micro, t, point.sequence_parallel,
                                           point.activation_checkpointing)["total"]
-    return accounting.peak_memory(point.cfg, n_local, stage, dp, point.precision, micro, replicas=replicas,
+    return peak_memory.peak_memory(point.cfg, n_local, stage, dp, point.precision, micro, replicas=replicas,
                                   activation_checkpointing=point.activation_checkpointing,
                                   accumulation_steps=accumulation, tensor_parallel=t).total
 
@@ -210,7 +210,7 @@ def groups_link(groups, machine: Machine) -> links.Link:
 
 def _tensor_parallel_step(point: Point, machine: Machine, gpus: int, micro: int, accumulation: int) -> dict:
     """Tensor parallelism's collectives in a step over each group of T GPUs, on the link its groups need (groups_link):
-    scalelab's (accounting.tensor_parallel_comm: four all-reduces per block and micro-batch of B T d values, backward's
+    scalelab's (tensor_parallelism.tensor_parallel_comm: four all-reduces per block and micro-batch of B T d values, backward's
     in fp32) or the megatron trainer's (scalelab.formulas.megatron_style). Their time is on the critical path, for every
     block's forward waits for its own (no schedule here hides them: asynchronous tensor parallelism is out of scope).
     ``size_bytes``: nccl-tests' size summed over the calls; ``ring_bytes_per_gpu``: what a ring moves per GPU (size x
@@ -222,8 +222,8 @@ def _tensor_parallel_step(point: Point, machine: Machine, gpus: int, micro: int,
     if point.megatron:
         by_type = megatron_style.tensor_parallel_comm(cfg, micro, accumulation, t, point.precision, point.sequence_parallel,
                                                       point.activation_checkpointing)
-    else:  # accounting's unit counts an all-reduce of S bytes as 2 S: back to nccl-tests' size
-        by_type = {c: (b / links.handed_per_size(c), n) for c, (b, n) in accounting.tensor_parallel_comm(
+    else:  # the communication formulas' unit counts an all-reduce of S bytes as 2 S: back to nccl-tests' size
+        by_type = {c: (b / links.handed_per_size(c), n) for c, (b, n) in tensor_parallelism.tensor_parallel_comm(
             cfg, micro, accumulation, t, point.precision, strategy(point.key).stage, "cuda", point.activation_checkpointing,
             point.sequence_parallel).items()}
     try:  # every tensor-parallel group at once: one that straddles a node boundary paces the step
@@ -266,7 +266,7 @@ def fp8_machine(machine: Machine, d_model: int) -> tuple[Machine, str]:
             f"the bf16 MFU {machine.mfu:.1%} x the fp8/bf16 tokens/s ratio {ratio:.3g} measured at d_model {d_model} "
             f"(scalelab.spec.hardware.fp8_outlook) / the fp8/bf16 peak ratio {fp8_peak / bf16_peak:.3g}; its memory at "
             "stages 2 and 3 holds 4 bytes per gathered parameter where bf16 holds 2: torchao's float8 linears cast from the "
-            "fp32 masters inside each matmul, so FSDP2 gathers fp32 (scalelab.formulas.accounting.MIXED_COMM)")
+            "fp32 masters inside each matmul, so FSDP2 gathers fp32 (scalelab.formulas.communication.MIXED_COMM)")
     return replace(machine, peak_flops=fp8_peak, mfu=mfu), note
 
 
@@ -322,7 +322,7 @@ def pipeline_problem(cfg, pp: int, schedule_name: str, microbatches: int | None 
 
 def _block_params(cfg, t: int) -> float:
     """One block's parameters on one GPU: its tensor-parallel share of the split linears."""
-    block = float(accounting.block_param_count(cfg))
+    block = float(flops.block_param_count(cfg))
     return block - tensor_parallel_split_params(cfg) * (1 - 1 / t) if t > 1 else block
 
 
@@ -352,9 +352,9 @@ def _stage_memory(point, rank: int, blocks: int, last: bool, n_local: float, dp:
         state = (megatron_style.STATE_BYTES["params"] + megatron_style.STATE_BYTES["grads"]) * n_local + optimizer
         held = pipeline.held_block_activations(per_block, cfg.n_layers, rank, pp, m, sched) + (outside if last else 0.0)
         return {"model_state": state, "activations": held, "total": state + held}
-    peak = accounting.peak_memory(mine, n_local, stage, dp, point.precision, micro, ac, accumulation_steps=m,
+    peak = peak_memory.peak_memory(mine, n_local, stage, dp, point.precision, micro, ac, accumulation_steps=m,
                                   tensor_parallel=t, sequence_parallel=sp)
-    block_acts = accounting.block_activation_bytes(mine, micro, point.precision, ac, zero_stage=stage, tensor_parallel=t,
+    block_acts = activation_memory.block_activation_bytes(mine, micro, point.precision, ac, zero_stage=stage, tensor_parallel=t,
                                                    sequence_parallel=sp)
     outside = peak.activations - block_acts  # outside the blocks and the loss path: the last stage's
     held = pipeline.held_block_activations(block_acts / blocks, cfg.n_layers, rank, pp, m, sched) + (outside if last else 0.0)
@@ -370,8 +370,8 @@ def _send_seconds(sent: float, boundary: float, link: links.Link) -> float:
 def _stage(point, machine, n: int, rank: int, all_chunks, dp: int, micro: int, m: int, boundary: float, p2p_link) -> dict:
     """One pipeline rank's blocks, compute, tensor-parallel time, sends and memory in a step."""
     cfg, t, pp, sched = point.cfg, point.tensor_parallel, point.pipeline_parallel, point.pipeline_schedule
-    fpt = accounting.flops_per_token(cfg)
-    hardware_fpt = fpt + (accounting.recompute_flops_per_token(cfg) if point.activation_checkpointing else 0.0)
+    fpt = flops.flops_per_token(cfg)
+    hardware_fpt = fpt + (flops.recompute_flops_per_token(cfg) if point.activation_checkpointing else 0.0)
     head = 6 * cfg.vocab_size * cfg.d_model
     tokens_dp = micro * m * cfg.seq_len  # one data-parallel rank's tokens per step, worked on by its T x P GPUs
     rate = machine.peak_flops * machine.mfu
@@ -412,8 +412,8 @@ def predict_pipeline(point, machine, n: int) -> dict:
         raise EstimateError(why + ("" if point.global_batch else "; give --global-batch: a step's micro-batches are "
                                                                     "each data-parallel rank's share of it"))
     all_chunks = pipeline.chunks(cfg.n_layers, pp, sched)
-    fpt = accounting.flops_per_token(cfg)
-    hardware_fpt = fpt + (accounting.recompute_flops_per_token(cfg) if point.activation_checkpointing else 0.0)
+    fpt = flops.flops_per_token(cfg)
+    hardware_fpt = fpt + (flops.recompute_flops_per_token(cfg) if point.activation_checkpointing else 0.0)
     tokens_dp = micro * m * cfg.seq_len  # one data-parallel rank's tokens per step, worked on by its T x P GPUs
     width = 4 if point.precision == "fp32" else 2  # the activations' dtype at the boundaries
     boundary = pipeline.boundary_values(micro, cfg.seq_len, cfg.d_model, t, point.sequence_parallel) * width
@@ -455,7 +455,7 @@ def predict_pipeline(point, machine, n: int) -> dict:
             "micro_batch": micro, "accumulation_steps": m, "tokens_per_gpu_per_step": tokens,
             "step_time_s": step_s, "compute_s": step.compute_s, "comm_s": dict(step.comm_s),
             "exposed_comm_s": step.exposed_comm_s + extra, "tokens_per_s_per_gpu": per_gpu,
-            "tokens_per_s": per_gpu * n, "mfu": accounting.mfu(per_gpu, fpt, machine.peak_flops, 1),
+            "tokens_per_s": per_gpu * n, "mfu": flops.mfu(per_gpu, fpt, machine.peak_flops, 1),
             "collective_bytes": sizes, "collective_calls": calls, "peak_memory_bytes": peak_mem,
             "peak_memory_gib": peak_mem / UNITS["GiB"],
             "fits_memory": peak_mem <= machine.product.memory_gib * UNITS["GiB"] if machine.product else None,

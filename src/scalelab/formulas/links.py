@@ -24,7 +24,7 @@ bus bandwidth over the nominal one, DEFAULT_EFFICIENCY unless given (see its not
 of the products are the order of nccl-tests' small-message times (see LATENCY_*): an assumption
 to calibrate, not a measurement.
 
-A step's collectives (collective_sizes, collective_calls, at the end) turn scalelab.formulas.accounting's
+A step's collectives (collective_sizes, collective_calls, at the end) turn scalelab.formulas.communication's
 exact bytes per step into the sizes and calls this model times: scalelab.results.prediction and
 ``scalelab estimate scaling`` both read them.
 
@@ -42,7 +42,7 @@ import math
 from dataclasses import dataclass, replace
 
 from scalelab.config import ModelConfig
-from scalelab.formulas import accounting
+from scalelab.formulas import communication
 from scalelab.spec.families import family
 from scalelab.spec.precisions import PRECISIONS
 from scalelab.spec.strategies import strategy
@@ -123,7 +123,7 @@ def bus_factor(collective: str, n: int) -> float:
 
 
 HANDED_PER_SIZE = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1, "broadcast": 1}
-"""Bytes in scalelab's accounting unit (the ZeRO paper's, what CommCounter counts: an all-reduce of
+"""Bytes in scalelab's communication unit (scalelab.formulas.communication) (the ZeRO paper's, what CommCounter counts: an all-reduce of
 S bytes counts 2S, an all-gather its output, a reduce-scatter its input, a broadcast its tensor)
 per byte of nccl-tests' size."""
 
@@ -347,11 +347,11 @@ listed (H100/H200 NVL: bridged pairs; GH200: one GPU per superchip): give --intr
 def collective_sizes(n_params: int, zero_stage: int, world_size: int, precision: str,
                      accumulation_steps: int = 1, grad_reduce: str = "fp32", last_block_params: float = 0.0) -> dict[str, float]:
     """Bytes per optimizer step by collective, as nccl-tests sizes them (module doc: the whole
-    buffer; an all-reduce of S bytes is S here, 2S in accounting's unit): accounting.comm_bytes_by_type
+    buffer; an all-reduce of S bytes is S here, 2S in communication's unit): communication.comm_bytes_by_type
     converted (the gradient term an all-reduce where gradients are replicated, a reduce-scatter where
     they are sharded; the parameter term an all-gather where parameters are sharded,
     ZeroRedundancyOptimizer's fp32 broadcast otherwise; fp16's loss-scaler flag)."""
-    handed = accounting.comm_bytes_by_type(n_params, zero_stage, world_size, precision, accumulation_steps, grad_reduce,
+    handed = communication.comm_bytes_by_type(n_params, zero_stage, world_size, precision, accumulation_steps, grad_reduce,
                                            last_block_params=last_block_params)
     return {c: b / handed_per_size(c) for c, b in handed.items()}
 
@@ -380,7 +380,7 @@ def collective_calls(cfg: ModelConfig, zero_stage: int, precision: str, sizes: d
     calls = {}
     for collective, size in sizes.items():
         if collective == "all_reduce":
-            grads = size - scaler * accounting.LOSS_SCALER_COMM_BYTES / handed_per_size("all_reduce")
+            grads = size - scaler * communication.LOSS_SCALER_COMM_BYTES / handed_per_size("all_reduce")
             if record.ddp_wraps(2, tensor_parallel):  # DDP's buckets (a data-parallel group: calls exist)
                 cap = DDP_BUCKET_MB if bucket_mb is None else float(bucket_mb)
                 calls[collective] = math.ceil(grads / (cap * 2 ** 20)) + scaler

@@ -1,6 +1,6 @@
 """Tensor parallelism and ZeRO-1 as the trainers that scale run them (Megatron-LM, nanotron; DeepSpeed's ZeRO-1 for
 its data parallelism), for forecasts (scalelab.forecast.step, ``--trainer megatron``); scalelab's own runs are
-priced by scalelab.formulas.accounting, which its measurements hold.
+priced by the formulas of scalelab.formulas (communication, peak_memory), which its measurements hold.
 
 What differs from scalelab's own tensor parallelism (each as those trainers document it):
 * the parameters are the compute dtype (bf16), with fp32 master weights and Adam moments in the optimizer and
@@ -26,7 +26,7 @@ bf16 beside their fp32 softmax (6 B per local logit).
 from __future__ import annotations
 
 from scalelab.config import ModelConfig
-from scalelab.formulas import accounting
+from scalelab.formulas import activation_memory
 from scalelab.spec.families import ActivationCase, family, tensor_parallel_split_params
 
 STATE_BYTES = {"params": 2, "grads": 4, "optimizer": 12}
@@ -53,7 +53,7 @@ def tensor_parallel_comm(cfg: ModelConfig, micro_batch: int, accumulation_steps:
         return {}
     per_micro = cfg.n_layers * (4 + (2 if activation_checkpointing else 0)) + 2
     calls = per_micro * accumulation_steps
-    size = micro_batch * cfg.seq_len * cfg.d_model * accounting.DTYPE_BYTES[precision]
+    size = micro_batch * cfg.seq_len * cfg.d_model * activation_memory.DTYPE_BYTES[precision]
     if sequence_parallel:  # each all-reduce a reduce-scatter and an all-gather of the same buffer
         return {"reduce_scatter": (calls * size, calls), "all_gather": (calls * size, calls)}
     return {"all_reduce": (calls * size, calls)}
@@ -63,7 +63,7 @@ def activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, degree:
                      activation_checkpointing: bool) -> float:
     """One micro-batch's activations on one rank (the module doc's recipe): the blocks, the final norm and the head's
     input, and the vocabulary-parallel loss's logits."""
-    case = ActivationCase(micro_batch=micro_batch, width=accounting.DTYPE_BYTES[precision], amp=False,
+    case = ActivationCase(micro_batch=micro_batch, width=activation_memory.DTYPE_BYTES[precision], amp=False,
                           sixteen_bit_params=True, checkpointing=activation_checkpointing, gpu=True, compiled=False,
                           tensor_parallel=degree, sequence_parallel=sequence_parallel and degree > 1)
     record = family(cfg.family)
@@ -74,7 +74,7 @@ def activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, degree:
 def peak_memory(cfg: ModelConfig, n_local: float, zero_stage: int, data_parallel: int, precision: str, micro_batch: int,
                 degree: int = 1, sequence_parallel: bool = False, activation_checkpointing: bool = False) -> dict[str, float]:
     """Bytes per GPU at the step's peak (the module doc's recipe): model state, ZeRO-1's optimizer shard, one
-    micro-batch's activations. Stages 2 and 3 are FSDP's (scalelab.formulas.accounting), not priced here."""
+    micro-batch's activations. Stages 2 and 3 are FSDP's (scalelab.formulas.peak_memory), not priced here."""
     if zero_stage not in (0, 1):
         raise ValueError(f"the megatron-style memory covers ZeRO stages 0 and 1, got {zero_stage}")
     optimizer = STATE_BYTES["optimizer"] * n_local / (data_parallel if zero_stage == 1 else 1)

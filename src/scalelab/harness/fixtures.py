@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from scalelab.config import ModelConfig, TrainConfig
-from scalelab.formulas import accounting
+from scalelab.formulas import communication, lora_training, model_state
 from scalelab.plan.columns import STEP_SCHEMA, run_row, runs_table, write_parquet
 from scalelab.plan.sweep import AXIS, LEVER_AXES, RunPoint
 from scalelab.spec.strategies import ZERO_STAGES, strategy
@@ -126,20 +126,20 @@ def synthetic_results(out_dir: str | Path, n_runs: int = 24, n_steps: int = 60, 
                                                    point.activation_checkpointing, point.bucket_mb)
         identity = point.identity(micro_batch=micro or PER_RANK_BATCH)
         status, reason = FAILURES.get(i, ("ok", None))
-        n_trainable = accounting.lora_trainable_params(_LORA_SHAPE, point.lora_rank) if point.lora_rank else n_base
+        n_trainable = lora_training.lora_trainable_params(_LORA_SHAPE, point.lora_rank) if point.lora_rank else n_base
         n_params = n_base + (n_trainable if point.lora_rank else 0)
         if point.lora_rank:  # frozen base weights: no gradients or optimizer state for them
-            pred = accounting.lora_model_state_bytes(n_base, n_trainable, stage, ws, precision, "pytorch")
-            paper = accounting.lora_model_state_bytes(n_base, n_trainable, stage, ws, precision, "paper")
-            comm = 4 * accounting.lora_comm_elements_per_step(n_base, n_trainable, stage, ws)
-            comm_paper = 4 * accounting.lora_comm_elements_per_step(n_base, n_trainable, stage, ws, convention="paper")
+            pred = lora_training.lora_model_state_bytes(n_base, n_trainable, stage, ws, precision, "pytorch")
+            paper = lora_training.lora_model_state_bytes(n_base, n_trainable, stage, ws, precision, "paper")
+            comm = 4 * lora_training.lora_comm_elements_per_step(n_base, n_trainable, stage, ws)
+            comm_paper = 4 * lora_training.lora_comm_elements_per_step(n_base, n_trainable, stage, ws, convention="paper")
         else:
-            pred = accounting.model_state_bytes(n_params, stage, ws, precision, "pytorch", point.replicas)
-            paper = accounting.model_state_bytes(n_params, stage, ws, precision, "paper", point.replicas)
+            pred = model_state.model_state_bytes(n_params, stage, ws, precision, "pytorch", point.replicas)
+            paper = model_state.model_state_bytes(n_params, stage, ws, precision, "paper", point.replicas)
             # in bytes as runs predict them: fp16/bf16 gather 16-bit parameters at stages 2 and 3
-            comm = accounting.comm_bytes_per_step(n_params, stage, ws, precision, grad_reduce=point.grad_reduce,
+            comm = communication.comm_bytes_per_step(n_params, stage, ws, precision, grad_reduce=point.grad_reduce,
                                                   replicas=point.replicas)
-            comm_paper = 4 * accounting.comm_elements_per_step(n_params, stage, ws, convention="paper",
+            comm_paper = 4 * communication.comm_elements_per_step(n_params, stage, ws, convention="paper",
                                                                replicas=point.replicas)
         tps = 50_000 * ws * (0.9 ** np.log2(ws)) * (2 if precision != "fp32" else 1) * rng.uniform(0.95, 1.05)
         tps *= (1.25 if point.compile else 1) / (1.7 if point.cpu_offload else 1)  # compiled steps faster, offloaded slower
@@ -147,7 +147,7 @@ def synthetic_results(out_dir: str | Path, n_runs: int = 24, n_steps: int = 60, 
         n = n_steps if status == "ok" else n_steps // 3
         loss = 5.5 * np.exp(-np.arange(n) / (n_steps / 4)) + 2.5 + rng.normal(0, 0.02, n)
         # DDP stages: 40 parameter tensors of 10k bytes each (the model's 400 kB), bucketed
-        buckets = (accounting.ddp_bucket_count([10_000] * 40, bucket)
+        buckets = (communication.ddp_bucket_count([10_000] * 40, bucket)
                    if bucket is not None and strategy(stage).ddp_wraps(ws) else None)
         summary = {
             **identity, "accumulation_steps": PER_RANK_BATCH // (micro or PER_RANK_BATCH), "step_time_s_median": 512 / tps,
@@ -164,7 +164,7 @@ def synthetic_results(out_dir: str | Path, n_runs: int = 24, n_steps: int = 60, 
             "comm_bytes_per_step_measured": comm, "comm_bytes_per_step_predicted": comm,
             "comm_bytes_per_step_predicted_paper": comm_paper,
             **dict(zip(("param_gather_dtype", "grad_reduce_dtype"),
-                       dataclasses.astuple(accounting.comm_dtypes(precision, stage, point.grad_reduce)))),
+                       dataclasses.astuple(communication.comm_dtypes(precision, stage, point.grad_reduce)))),
             "peak_rss_bytes": int(3e8 * rng.uniform(0.98, 1.02)),
             "ddp_buckets_predicted": buckets, "comm_calls_per_step": {"all_reduce": float(buckets)} if buckets else {},
             "device_type": "cpu", "device_name": "synthetic", "wall_time_s": 10.0,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.config import ConfigError, ModelConfig, TrainConfig, cluster_config, model_config, train_config
-from scalelab.formulas.accounting import CommDtypes, comm_dtypes
+from scalelab.formulas.communication import CommDtypes, comm_dtypes
 from scalelab.io import write_json
 from scalelab.plan.placement import LaunchPlan, launch_plan
 from scalelab.plan.sweep import RunPoint, data_parallel_ranks, micro_batch_plan
@@ -45,7 +45,7 @@ class RunPlan:
     device_reason: str
     """How the device was decided (the row's planned_device_reason)."""
     comm: CommDtypes
-    """The dtypes its collectives carry (scalelab.formulas.accounting.comm_dtypes)."""
+    """The dtypes its collectives carry (scalelab.formulas.communication.comm_dtypes)."""
     threads_per_rank: int = 1
     # What only the job knows (RunPlan.at): where the data and the run folder are.
     run_dir: str | None = None

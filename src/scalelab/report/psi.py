@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from scalelab.formulas import accounting
+from scalelab.formulas import model_state
 from scalelab.report.plots import _dodge, log_x, log_y, marks
 from scalelab.report.tables import MiB
 from scalelab.spec.strategies import ZERO_STAGES
@@ -64,7 +64,7 @@ def memory_vs_psi(runs: pd.DataFrame):
         sub = ok[ok["world_size"] == n]
         budget = sub["device_memory_bytes"].dropna().min() if "device_memory_bytes" in sub else np.nan
         lo, hi = sub["n_params"].min() / 4, sub["n_params"].max() * 4
-        fits = {s: accounting.largest_model(budget, s, int(n), LINE_PRECISION, "pytorch") for s in swept} if budget > 0 else {}
+        fits = {s: model_state.largest_model(budget, s, int(n), LINE_PRECISION, "pytorch") for s in swept} if budget > 0 else {}
         if fits:
             hi = max(hi, max(fits.values()) * 2)
         psi = np.geomspace(lo, hi, 50)
@@ -72,7 +72,7 @@ def memory_vs_psi(runs: pd.DataFrame):
             # In MiB as every other memory figure; the paper's dashed line over PyTorch's solid one
             # (where they coincide, at stage 0 and 3, the dashes stay visible on it).
             for convention, style, z in (("pytorch", "-", 1.5), ("paper", "--", 2.0)):
-                slope = accounting.bytes_per_param_per_rank(stage, int(n), LINE_PRECISION, convention)
+                slope = model_state.bytes_per_param_per_rank(stage, int(n), LINE_PRECISION, convention)
                 ax.plot(psi, slope * psi / MiB, style, color=colors[stage], alpha=0.55 if style == "-" else 0.95,
                         lw=1.2 if style == "-" else 1.4, zorder=z, label=f"stage {stage}" if convention == "pytorch" else None)
             runs_s = sub[sub["zero_stage"] == stage]

@@ -275,7 +275,7 @@ def collectives_of(row: dict, world_size: int | None = None) -> tuple[dict[str, 
     ``world_size`` (its own by default): scalelab.formulas.links' collective_sizes and collective_calls, with
     the row's own bucket size for DDP's all-reduce calls. ValueError saying why a row has none the
     model can use (a custom module, LoRA)."""
-    from scalelab.formulas import accounting
+    from scalelab.formulas import flops, tensor_parallelism
     from scalelab.formulas.links import collective_calls, collective_sizes
 
     if row.get("model_family") == "custom":
@@ -289,10 +289,10 @@ def collectives_of(row: dict, world_size: int | None = None) -> tuple[dict[str, 
     k = int(row.get("accumulation_steps") or 1)
     cfg = model_of_row(row)
     n_params = row.get("n_params")
-    n_params = accounting.param_count(cfg) if _missing(n_params) else int(n_params)
+    n_params = flops.param_count(cfg) if _missing(n_params) else int(n_params)
     degree = _tensor_parallel(row)
     if degree > 1:  # the strategy over the data-parallel ranks, on each rank's share
-        n, n_params = accounting.data_parallel_size(n, degree), int(accounting.tensor_parallel_params(cfg, n_params, degree))
+        n, n_params = tensor_parallelism.data_parallel_size(n, degree), int(tensor_parallelism.tensor_parallel_params(cfg, n_params, degree))
     grad_reduce = row.get("grad_reduce") or "fp32"
     kept = last_block_kept(row)
     sizes = collective_sizes(n_params, stage, n, precision, accumulation_steps=k, grad_reduce=grad_reduce,
@@ -323,13 +323,13 @@ def _flag(value) -> bool:
 
 def tensor_parallel_collectives(row: dict) -> tuple[dict[str, float], dict[str, int]]:
     """(bytes per step as nccl-tests sizes them, calls per step) of a run's tensor-parallel collectives over its
-    group (accounting.tensor_parallel_comm), keyed ``tensor_parallel <collective>``; none without it."""
-    from scalelab.formulas import accounting
+    group (tensor_parallelism.tensor_parallel_comm), keyed ``tensor_parallel <collective>``; none without it."""
+    from scalelab.formulas import tensor_parallelism
 
     degree = _tensor_parallel(row)
     if degree == 1:
         return {}, {}
-    comm = accounting.tensor_parallel_comm(
+    comm = tensor_parallelism.tensor_parallel_comm(
         model_of_row(row), int(row["micro_batch"]), int(row.get("accumulation_steps") or 1), degree, row["precision"],
         int(row["zero_stage"]), row.get("device_type") or "cpu", _flag(row.get("activation_checkpointing")),
         _flag(row.get("sequence_parallel")))
@@ -341,10 +341,10 @@ def run_comm(model: "Model", row: dict) -> tuple[dict[str, float], dict[str, int
     """A run's communication: (seconds per collective, calls, the link fits' error in seconds), or why there is
     none. The strategy's collectives over its data-parallel ranks; tensor parallelism's over its group
     (TENSOR_PARALLEL), each on the bench table's links fitted at that group's size."""
-    from scalelab.formulas import accounting
+    from scalelab.formulas import tensor_parallelism
 
     degree = _tensor_parallel(row)
-    data_ranks = accounting.data_parallel_size(int(row["world_size"]), degree)
+    data_ranks = tensor_parallelism.data_parallel_size(int(row["world_size"]), degree)
     try:
         sizes, calls = collectives_of(row)
         tp_sizes, tp_calls = tensor_parallel_collectives(row)

@@ -3,7 +3,7 @@
 Every strategy issues its collectives through ``torch.distributed`` Python functions
 (DDP through its registered all-reduce hook, ZeRO-1 through ``broadcast``, FSDP2 through
 ``all_gather_single`` / ``reduce_scatter_single``), so wrapping those functions sees all
-of them. Volumes use the ZeRO paper's unit (see scalelab.formulas.accounting): an all-reduce of S
+of them. Volumes use the ZeRO paper's unit (see scalelab.formulas.communication): an all-reduce of S
 elements counts 2S, an all-gather counts its output, a reduce-scatter its input, a
 broadcast its tensor.
 

@@ -118,7 +118,7 @@ def skip_reason(device: str, point: RunPoint, plan: LaunchPlan, launchers_per_no
 
 def plan_memory(config: dict, plan: RunPlan) -> dict:
     """Predicted in-step peak per rank against the device memory, before launch."""
-    from scalelab.formulas import accounting, predicted_columns
+    from scalelab.formulas import flops, peak_memory, predicted_columns
 
     model, point, device = plan.model, plan.point, plan.device
 
@@ -127,7 +127,7 @@ def plan_memory(config: dict, plan: RunPlan) -> dict:
         from scalelab.run.model import counted
 
         own = counted(model)
-    n_params = own["n_params"] if own else accounting.param_count(model)
+    n_params = own["n_params"] if own else flops.param_count(model)
     peak = predicted_columns.peak(model, n_params, plan.formula_row(),
                                   block_params=own["block_params"] if own else None,
                                   n_trainable=counted(model, point.lora_rank)["lora_trainable"] if own and point.lora_rank else None)
@@ -138,7 +138,7 @@ def plan_memory(config: dict, plan: RunPlan) -> dict:
         if torch.cuda.is_available():  # a cuda run on a machine without one is skipped anyway
             limit = torch.cuda.get_device_properties(0).total_memory
     oom = None
-    if accounting.predicts_oom(peak, limit):  # never on an upper bound alone: such a run is launched and measured
+    if peak_memory.predicts_oom(peak, limit):  # never on an upper bound alone: such a run is launched and measured
         parts = (f"the optimizer step: model state at rest {peak.at_rest / 2**20:.1f}"
                  if peak.at_optimizer_step else
                  f"model state {peak.model_state / 2**20:.1f} + in-step parameters {peak.transient_params / 2**20:.1f} + "

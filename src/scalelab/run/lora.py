@@ -1,7 +1,7 @@
 """LoRA (Hu et al. 2021) as a lever: frozen base weights, a trainable low-rank update.
 
 :func:`apply_lora` freezes every parameter of a built GPT and wraps the linears named in
-``scalelab.formulas.accounting.lora_targets`` (GPT-2: each block's attn.qkv, attn.proj, mlp.fc, mlp.proj;
+``scalelab.formulas.lora_training.lora_targets`` (GPT-2: each block's attn.qkv, attn.proj, mlp.fc, mlp.proj;
 llama: attn.q, k, v, o and the SwiGLU's mlp.gate, up, down; a user's module: every nn.Linear of
 its blocks) in
 :class:`LoRALinear`: y = W0 x + b0 + (alpha / r) B A x, A (r x d_in) Kaiming-uniform as in
@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from scalelab.formulas.accounting import lora_targets
+from scalelab.formulas.lora_training import lora_targets
 
 
 class LoRALinear(nn.Module):
@@ -54,7 +54,7 @@ def apply_lora(model: nn.Module, rank: int, alpha: float) -> int:
         p.requires_grad_(False)
     added = 0
     for block in model.blocks:
-        # a family's targets (scalelab.formulas.accounting.lora_targets); in a user's module every nn.Linear of the block
+        # a family's targets (scalelab.formulas.lora_training.lora_targets); in a user's module every nn.Linear of the block
         targets = (lora_targets(model.cfg) if not model.cfg.module else
                    [name for name, m in block.named_modules() if isinstance(m, nn.Linear)])
         for target in targets:

@@ -35,7 +35,7 @@ def cross_entropy_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
 
     logits (B, T, V) in the compute dtype, targets (B, T). Under autocast ``.float()`` makes an
     fp32 copy of the logits (in fp32 it is the same tensor); log_softmax keeps its fp32 output
-    for backward (scalelab.formulas.accounting.loss_path_bytes counts both)."""
+    for backward (scalelab.formulas.activation_memory.loss_path_bytes counts both)."""
     return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
@@ -358,7 +358,7 @@ def counted(cfg: ModelConfig, lora_rank: int | None = None) -> dict:
     and over the blocks' forward alone (``block_forward_flops_per_token``: what per-block
     activation checkpointing recomputes). flop_counter counts matrix products and attention
     (scaled_dot_product_attention in full, causal or not: the convention of
-    scalelab.formulas.accounting.flops_per_token, which it equals for the built-in families)."""
+    scalelab.formulas.flops.flops_per_token, which it equals for the built-in families)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with torch.device("meta"):

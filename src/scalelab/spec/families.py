@@ -2,7 +2,7 @@
 path so this module imports no torch), the config keys only it takes, and its shape formulas:
 parameters, the block's matmul weights, the activations its blocks and loss path keep, the
 parameter tensors its strategies communicate, its LoRA targets, and the same in words for the
-report. scalelab.formulas.accounting, the config's checks, the result columns, the estimates, the
+report. scalelab.formulas, the config's checks, the result columns, the estimates, the
 report and the worker read these records; nothing else branches on a family's name.
 
 Adding a family touches its record here, its ``nn.Module`` (the class ``module`` names), its
@@ -13,7 +13,7 @@ result columns.
 Shapes: ``cfg`` is a scalelab.config.ModelConfig (read by attribute); s = T the sequence length,
 b the micro-batch, h = d the width, L the blocks, H the heads, kv = key/value heads x head width
 (grouped-query attention), f the MLP width, V the vocabulary, w the compute width in bytes.
-A user's own module (ModelConfig.module) is no family: it has no formula (accounting says so).
+A user's own module (ModelConfig.module) is no family: it has no formula (scalelab.formulas.flops.require_formula says so).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class ActivationCase:
-    """What decides a block's saved tensors besides its shape (scalelab.formulas.accounting builds it
+    """What decides a block's saved tensors besides its shape (scalelab.formulas.activation_memory builds it
     from the run's precision, stage and levers)."""
 
     micro_batch: int
@@ -44,7 +44,7 @@ class ActivationCase:
     and the attention between them make (q, k, v, the attention output, the MLP's hidden values, the
     weight copies), and all of what the norms and the residual stream keep (Korthikanti et al. 2022's
     split without sequence parallelism). Eager only: compiled blocks under tensor parallelism are not
-    modelled (scalelab.formulas.accounting.activation_bound)."""
+    modelled (scalelab.formulas.peak_memory.activation_bound)."""
     sequence_parallel: bool = False
     """With tensor_parallel > 1: what the norms keep of the residual stream (their inputs, statistics) and the
     residual stream itself are each rank's 1/T of the tokens; the norms' outputs, all-gathered for the split
@@ -105,7 +105,7 @@ class Family:
     """cfg -> (key, message) where the shape cannot be built, else None (scalelab.plan.validation)."""
     compiled_unmodelled: Callable = lambda cfg, case: False
     """(cfg, ActivationCase) -> True where the compiled partition of the blocks is not modelled (the
-    eager figure stands as an upper bound: scalelab.formulas.accounting.activation_bound)."""
+    eager figure stands as an upper bound: scalelab.formulas.peak_memory.activation_bound)."""
 
 
 def tensor_parallel_split_params(cfg) -> int:
@@ -123,7 +123,7 @@ def head_width(cfg) -> int:
 
 # ----------------------------------------------------------------------------- gpt2
 def _gpt2_block_activations(cfg, case: ActivationCase) -> float:
-    """GPT-2's blocks (the terms scalelab.formulas.accounting.block_activation_bytes derives): 16 s b h
+    """GPT-2's blocks (the terms scalelab.formulas.activation_memory.block_activation_bytes derives): 16 s b h
     values per layer at w, the LayerNorms' statistics (4 s b values at their input's width) and the
     attention's fp32 logsumexp (b H s); under autocast the fp32 residual stream and LayerNorm inputs and the w-byte
     weight copies; with 16-bit parameters on a GPU, eager, the LayerNorms' fp32 input copies; compiled,

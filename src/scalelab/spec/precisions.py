@@ -1,7 +1,7 @@
 """The training precisions, one record each: what a precision computes in, how many bytes its
 values take, whether it scales the loss, which datasheet peak it is measured against, and
 how the report and ``scalelab estimate`` show it. The autocast policy
-(scalelab.run.precision), the formulas (scalelab.formulas.accounting), the peak table
+(scalelab.run.precision), the formulas (scalelab.formulas), the peak table
 (scalelab.spec.hardware), the estimates and the report's order and colours read these records;
 nothing else lists the precisions.
 
@@ -36,7 +36,7 @@ class Precision:
     paper_state_bytes: tuple[int, int, int]
     """Bytes per parameter of (parameters, gradients, optimizer state) in the ZeRO paper's
     convention: 4 + 4 + 8 in fp32, 2 + 2 + 12 in mixed precision. PyTorch's AMP holds
-    4 + 4 + 8 in every precision (scalelab.formulas.accounting)."""
+    4 + 4 + 8 in every precision (scalelab.formulas.model_state)."""
     peak_key: str
     """Column of scalelab.spec.hardware's datasheet table (and key of ``train.peak_tflops``) a run's MFU divides by."""
     tf32_peak_key: str | None = None

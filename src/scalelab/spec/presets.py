@@ -3,7 +3,7 @@
 Each preset is the shape of a published checkpoint (its Hugging Face ``config.json``: layers,
 width, heads, key/value heads, SwiGLU width, vocabulary, context, RoPE base) and the parameter
 count its model card or safetensors index states, embedding, untied head and norms included
-(GPT-2 ties its head: counted once). tests/unit/test_families.py holds scalelab.formulas.accounting.param_count
+(GPT-2 ties its head: counted once). tests/unit/test_families.py holds scalelab.formulas.flops.param_count
 of each shape to that figure. ``llama-tiny`` is scalelab's own: a Llama-family shape that trains
 on a CPU in seconds.
 """

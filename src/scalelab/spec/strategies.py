@@ -1,5 +1,5 @@
 """The data-parallel strategies, one record each: how a strategy wraps the model, what it
-shards, what it communicates, which levers it takes. The formulas (scalelab.formulas.accounting),
+shards, what it communicates, which levers it takes. The formulas (scalelab.formulas),
 the sweep's rules (scalelab.plan.sweep), the wrappers (scalelab.run.parallel) and the
 report read these records; nothing else knows what a stage means.
 
@@ -46,7 +46,7 @@ class Strategy:
     grad_psi: float
     """Gradient elements handed to collectives per optimizer step, in units of Psi (PyTorch's
     implementation; ZeRO paper's unit: all-reduce 2 Psi, reduce-scatter Psi). They travel in the
-    run's reduce dtype (scalelab.formulas.accounting.comm_dtypes)."""
+    run's reduce dtype (scalelab.formulas.communication.comm_dtypes)."""
     param_psi: Callable[[int], float]
     """Parameter elements handed to collectives per optimizer step, in units of Psi, for k
     accumulation micro-batches: ZeroRedundancyOptimizer's broadcast of updated shards (fp32),
@@ -82,7 +82,7 @@ class Strategy:
     last_block_kept: bool = False
     """FSDP2 keeps the last block's parameters gathered from its forward to its backward (torchtitan's recipe: backward
     starts with that block, so a reshard would gather it straight back): one block's all-gather fewer per micro-batch
-    at a stage that reshards after forward (scalelab.formulas.accounting: ``last_block_params``)."""
+    at a stage that reshards after forward (scalelab.formulas.tensor_parallelism: ``last_block_params``)."""
     batched: tuple[str, ...] = ()
     """Collectives issued as one batch of async calls, then waited (ZeroRedundancyOptimizer: a broadcast
     per parameter tensor): timed per call from ``scalelab bench comm``'s batched rows (on gloo a call of
