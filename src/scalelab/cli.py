@@ -137,13 +137,13 @@ def _resume(args) -> int:
 
 
 def _predict(args) -> int:
-    """Fit the step-time model on the runs --fit selects, predict the others (scalelab.results.prediction.validate)."""
+    """Fit the step-time model on the runs --fit selects, predict the others (scalelab.results.prediction_validation.validate)."""
     import json
 
     import pandas as pd
 
     from scalelab.plan.comm_table import BENCH_FILE, read_table
-    from scalelab.results.prediction import format_validation, validate
+    from scalelab.results.prediction_validation import format_validation, validate
 
     folders = [Path(f) for f in args.validate]
     tables = []

@@ -8,7 +8,7 @@ import pytest
 from scalelab.cli import main
 from scalelab.formulas import links
 from scalelab.plan import comm_table
-from scalelab.results import prediction
+from scalelab.results import link_fit
 
 SIZES = [4096, 262144, 16777216]  # up to 16 MiB: times that grow beyond gloo's stalls on a busy host (4 MiB was
 # not always enough: a CI run beside another test's ranks timed 4 KiB as slow as 4 MiB, leaving no bandwidth to fit)
@@ -57,7 +57,7 @@ def test_bandwidths_follow_nccl_tests(table):
 
 
 def test_the_table_fits_a_link(table):
-    fitted = prediction.fit_link(table)
+    fitted = link_fit.fit_link(table)
     assert fitted.bandwidth_Bps > 0 and fitted.latency_s >= 0 and "gloo" in fitted.source
 
 

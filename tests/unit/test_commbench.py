@@ -30,7 +30,7 @@ def test_message_sizes_and_bad_options(tmp_path, capsys):
 def test_the_hypervisors_share_of_the_ranks_cores_is_kept_per_world_size_and_warned_above_2_percent(tmp_path, monkeypatch, capsys):
     """Each world size's ranks report the most the hypervisor took of their cores while timed (None: under a second of
     ticks): the table keeps it through Parquet, the command warns above 2%, and validation reads the fitted rows'."""
-    from scalelab.results import prediction
+    from scalelab.results import link_fit
 
     steal = {1: 0.3, 2: 0.05}  # world size 1 is no row the step-time model fits
 
@@ -47,12 +47,12 @@ def test_the_hypervisors_share_of_the_ranks_cores_is_kept_per_world_size_and_war
             "physical host were busy): these times run high (measure again on a quiet host)") in capsys.readouterr().err
     table = comm_table.read_table(out)
     assert table.set_index("world_size")["host_steal_share"].to_dict() == {1: 0.3, 2: 0.05}
-    assert prediction.bench_steal(table) == 0.05  # the fitted rows' (two ranks or more)
+    assert link_fit.bench_steal(table) == 0.05  # the fitted rows' (two ranks or more)
     steal.update({1: None, 2: None})  # too short a window to say, at every world size
     assert main(["bench", "comm", "--out", str(out), "--device", "cpu", "--world-sizes", "1,2"]) == 0
     assert "hypervisor" not in capsys.readouterr().err
-    assert prediction.bench_steal(comm_table.read_table(out)) is None
-    assert prediction.bench_steal(table.assign(device_type="cuda")) is None  # NCCL's times hardly depend on the host's cores
+    assert link_fit.bench_steal(comm_table.read_table(out)) is None
+    assert link_fit.bench_steal(table.assign(device_type="cuda")) is None  # NCCL's times hardly depend on the host's cores
 
 
 def test_the_ranks_own_cores_busy_as_they_start_are_warned_about_not_the_machines_load(tmp_path, monkeypatch, capsys):

@@ -1,4 +1,4 @@
-"""The step-time model (scalelab.results.prediction, issue #29): overlap per strategy, the link fit of a
+"""The step-time model (scalelab.formulas.overlap, scalelab.results.step_model and prediction, issue #29): overlap per strategy, the link fit of a
 bench table, compute references, predictions with their bands and reasons, validation and its command."""
 import json
 import math
@@ -9,10 +9,10 @@ import pytest
 
 from scalelab.cli import main
 from scalelab.config import ModelConfig
-from scalelab.formulas import links
+from scalelab.formulas import links, overlap
 from scalelab.formulas.links import collective_calls, collective_sizes
 from scalelab.plan.comm_table import BENCH_FILE
-from scalelab.results import prediction
+from scalelab.results import comm_time, link_fit, prediction, prediction_validation, step_model
 from scalelab.spec.strategies import STRATEGIES
 
 LINK = links.Link("test", 2e9, 300e-6, "made up")  # 2 GB/s bus bandwidth, 300 us per call
@@ -37,55 +37,55 @@ def bench_table(link=LINK, batched=BATCHED, world_sizes=(2,), noise=0.0) -> pd.D
 @pytest.mark.parametrize("n", [2, 4])
 def test_fit_link_recovers_the_link_a_table_was_made_from(n):
     table = bench_table(world_sizes=(n,))
-    fitted = prediction.fit_link_rows(table, n, "all_reduce")
+    fitted = link_fit.fit_link_rows(table, n, "all_reduce")
     assert fitted.link.latency_s == pytest.approx(LINK.latency_s, rel=1e-6)
     assert fitted.link.bandwidth_Bps == pytest.approx(LINK.bandwidth_Bps, rel=1e-6)
     assert fitted.residual == pytest.approx(0, abs=1e-9)
-    assert prediction.fit_link(table).bandwidth_Bps == pytest.approx(LINK.bandwidth_Bps, rel=1e-6)  # all collectives
-    batched = prediction.fit_link_rows(table, n, "broadcast", batched=True).link
+    assert link_fit.fit_link(table).bandwidth_Bps == pytest.approx(LINK.bandwidth_Bps, rel=1e-6)  # all collectives
+    batched = link_fit.fit_link_rows(table, n, "broadcast", batched=True).link
     assert (batched.latency_s, batched.bandwidth_Bps) == pytest.approx((BATCHED.latency_s, BATCHED.bandwidth_Bps), rel=1e-6)
-    noisy = prediction.fit_link_rows(bench_table(noise=0.1), 2, "all_gather")
+    noisy = link_fit.fit_link_rows(bench_table(noise=0.1), 2, "all_gather")
     assert 0.05 < noisy.residual < 0.2
 
 
 def test_fit_link_names_what_a_table_lacks():
     with pytest.raises(ValueError, match="lacks busbw_Bps"):
-        prediction.fit_link(bench_table().drop(columns=["busbw_Bps"]))
+        link_fit.fit_link(bench_table().drop(columns=["busbw_Bps"]))
     with pytest.raises(ValueError, match="fewer than two message sizes"):
-        prediction.fit_link(bench_table()[lambda t: t["bytes"] == 4096])
+        link_fit.fit_link(bench_table()[lambda t: t["bytes"] == 4096])
     with pytest.raises(ValueError, match="world size 8"):
-        prediction.fit_link(bench_table(), world_size=8)
+        link_fit.fit_link(bench_table(), world_size=8)
     # a table from before batches were timed: every call one at a time
     unbatched = bench_table()[lambda t: t["batch"] == 1].drop(columns=["batch"])
-    assert prediction.fit_link(unbatched) == prediction.fit_link(bench_table())
+    assert link_fit.fit_link(unbatched) == link_fit.fit_link(bench_table())
 
 
 def test_overlap_follows_the_strategy_records():
     comm = {"all_reduce": 0.004}
     # DDP: the all-reduce of every bucket but the last hides in backward (2/3 of compute), eta scales it
-    ddp = prediction.step_time(0, 0.030, comm, calls={"all_reduce": 4}, overlap_efficiency=1.0)
+    ddp = overlap.step_time(0, 0.030, comm, calls={"all_reduce": 4}, overlap_efficiency=1.0)
     assert ddp.exposed_comm_s == pytest.approx(0.001) and ddp.step_s == pytest.approx(0.031)
-    assert prediction.step_time(0, 0.030, comm, calls={"all_reduce": 4}, overlap_efficiency=0.5).exposed_comm_s \
+    assert overlap.step_time(0, 0.030, comm, calls={"all_reduce": 4}, overlap_efficiency=0.5).exposed_comm_s \
         == pytest.approx(0.0025)
-    assert prediction.step_time(0, 0.030, comm, calls={"all_reduce": 1}).exposed_comm_s == pytest.approx(0.004)
+    assert overlap.step_time(0, 0.030, comm, calls={"all_reduce": 1}).exposed_comm_s == pytest.approx(0.004)
     # the window caps what hides: 2/3 of 3 ms of compute
-    assert prediction.step_time(0, 0.003, comm).exposed_comm_s == pytest.approx(0.002)
+    assert overlap.step_time(0, 0.003, comm).exposed_comm_s == pytest.approx(0.002)
     # ZeRO-1's broadcast follows the optimizer step: exposed whatever the compute
-    z1 = prediction.step_time(1, 0.030, {"all_reduce": 0.004, "broadcast": 0.002}, calls={"all_reduce": 4, "broadcast": 28})
+    z1 = overlap.step_time(1, 0.030, {"all_reduce": 0.004, "broadcast": 0.002}, calls={"all_reduce": 4, "broadcast": 28})
     assert z1.exposed_comm_s == pytest.approx(0.001 + 0.002)
     # FSDP2: gathers hide in the whole step, reduce-scatters in backward
-    z3 = prediction.step_time(3, 0.010, {"all_gather": 0.006, "reduce_scatter": 0.009})
+    z3 = overlap.step_time(3, 0.010, {"all_gather": 0.006, "reduce_scatter": 0.009})
     assert z3.exposed_comm_s == pytest.approx(0.015 - 0.010)  # at most the whole step's compute hides
     assert STRATEGIES[1].batched == ("broadcast",) and dict(STRATEGIES[0].overlap) == {"all_reduce": "backward"}
 
 
 def test_step_time_refuses_what_is_no_time():
     with pytest.raises(ValueError, match="overlap_efficiency"):
-        prediction.step_time(0, 0.01, {}, overlap_efficiency=1.5)
+        overlap.step_time(0, 0.01, {}, overlap_efficiency=1.5)
     with pytest.raises(ValueError, match="collectives are"):
-        prediction.step_time(0, 0.01, {"all_to_all": 0.1})
+        overlap.step_time(0, 0.01, {"all_to_all": 0.1})
     with pytest.raises(ValueError, match="compute_s"):
-        prediction.step_time(0, -1.0, {})
+        overlap.step_time(0, -1.0, {})
 
 
 SHAPE = {"model": "base", "model_family": "gpt2", "n_layers": 2, "d_model": 64, "n_heads": 4, "seq_len": 64,
@@ -105,9 +105,9 @@ def run_row(precision, stage, n, step_s, repeat=1, **extra) -> dict:
 
 def test_a_rows_collectives_use_its_own_bucket_cap():
     """DDP's all-reduce calls (each pays the latency) follow the run's bucket_mb, the default where null."""
-    sizes, calls = prediction.collectives_of(run_row("fp32", 0, 2, 0.02, bucket_mb=0.1))
+    sizes, calls = comm_time.collectives_of(run_row("fp32", 0, 2, 0.02, bucket_mb=0.1))
     assert calls["all_reduce"] == math.ceil(sizes["all_reduce"] / (0.1 * 2 ** 20))
-    _, default = prediction.collectives_of(run_row("fp32", 0, 2, 0.02, bucket_mb=None))
+    _, default = comm_time.collectives_of(run_row("fp32", 0, 2, 0.02, bucket_mb=None))
     assert default["all_reduce"] == 1  # 120,576 fp32 gradients fit one 25 MiB bucket
 
 
@@ -122,18 +122,18 @@ def sweep() -> pd.DataFrame:
 def by_hand(stage: int, compute_1: float, table=None) -> float:
     """The model's prediction at world size 2 from a world-size-1 compute time, written out."""
     share = min(2e6 * 512 / PEAK / compute_1, 1.0)  # the FLOPs' share at the peak (defaulted: one token count)
-    compute = compute_1 * ((1 - share) + share * 0.5) * prediction.default_rank_factor("cpu", stage, "fp32")  # across world sizes: f
+    compute = compute_1 * ((1 - share) + share * 0.5) * step_model.default_rank_factor("cpu", stage, "fp32")  # across world sizes: f
     cfg = ModelConfig(n_layers=2, d_model=64, n_heads=4, seq_len=64, vocab_size=256)
     sizes = collective_sizes(120_576, stage, 2, "fp32")
     calls = collective_calls(cfg, stage, "fp32", sizes)
-    fits = prediction.link_fits(table if table is not None else bench_table(), 2, STRATEGIES[stage].batched)
+    fits = link_fit.link_fits(table if table is not None else bench_table(), 2, STRATEGIES[stage].batched)
     comm = sum(calls[c] * links.collective_seconds(c, sizes[c] / calls[c], 2, fits[c].link) for c in sizes)
     return compute + comm  # on CPU nothing overlaps (eta 0)
 
 
 def test_predictions_from_world_size_1_and_the_bench_table():
     runs, table = sweep(), bench_table()
-    model = prediction.fit(prediction.reference_rows(runs), table)  # as collection fits: eta keeps its default
+    model = step_model.fit(prediction.reference_rows(runs), table)  # as collection fits: eta keeps its default
     assert set(prediction.reference_rows(runs)["run_id"]) == {"fp32-z0-w1", "fp32-z0-w1-r2", "fp32-z0-w1-r3",
                                                               "fp32-z1-w1", "fp32-z3-w1", "bf16-z0-w2"}
     assert model.overlap_efficiency == {"cpu": 0.0}
@@ -151,7 +151,7 @@ def test_predictions_from_world_size_1_and_the_bench_table():
     assert out.loc["bf16-z0-w2", "predicted_step_time_s"] == pytest.approx(0.020)
     assert out.loc["bf16-z0-w2", "prediction_note"].startswith("in-sample")
     # a configuration the fit set never ran has no reference, and the row says so
-    without_bf16 = prediction.fit(runs[runs["precision"] != "bf16"], table)
+    without_bf16 = step_model.fit(runs[runs["precision"] != "bf16"], table)
     lone = prediction.predict_row(without_bf16, runs.set_index("run_id").loc["bf16-z0-w2"].to_dict() | {"run_id": "x"})
     assert lone["predicted_step_time_s"] is None and "no compute reference" in lone["prediction_note"]
     names = [p["name"] for p in model.parameters()]
@@ -162,7 +162,7 @@ def test_a_fitted_token_share_where_the_fit_set_has_two_micro_batches():
     # compute = 4 ms per step + 20 us per token: at 512 tokens 14.24 ms, at 256 9.12 ms
     rows = [run_row("fp32", 3, 1, 0.004 + 20e-6 * 512), run_row("fp32", 3, 1, 0.004 + 20e-6 * 256, micro_batch=4)]
     rows[1]["run_id"] = "fp32-z3-w1-mb4"
-    model = prediction.fit(pd.DataFrame(rows), bench_table())
+    model = step_model.fit(pd.DataFrame(rows), bench_table())
     ref = model.references.iloc[0]
     assert ref["token_share_source"].startswith("fitted")
     target = run_row("fp32", 3, 1, 0.0, micro_batch=2)  # 128 tokens per rank, one rank: no communication
@@ -177,27 +177,27 @@ def test_a_token_share_measured_by_the_runs_narrows_the_band_to_what_it_knows():
     truth = 20e-6 * 512 / (0.004 + 20e-6 * 512)
     measured = [run_row("fp32", 3, 1, 0.004 + 20e-6 * 512, repeat=r, token_share_measured=truth * f)
                 for r, f in ((1, 1.0), (2, 1.02), (3, 0.98))]
-    model = prediction.fit(pd.DataFrame(measured), bench_table())
+    model = step_model.fit(pd.DataFrame(measured), bench_table())
     assert model.references.iloc[0]["token_share_source"].startswith("measured: the half-batch steps of 3 run(s)")
     target = run_row("fp32", 3, 1, 0.0, micro_batch=1)  # 64 tokens per rank, one rank
     got = prediction.predict_row(model, target)
     assert got["predicted_step_time_s"] == pytest.approx(0.004 + 20e-6 * 64)
     half = (got["predicted_step_time_s_high"] - got["predicted_step_time_s_low"]) / 2 / got["predicted_step_time_s"]
-    assumed = prediction.fit(pd.DataFrame([{k: v for k, v in r.items() if k != "token_share_measured"} for r in measured]),
+    assumed = step_model.fit(pd.DataFrame([{k: v for k, v in r.items() if k != "token_share_measured"} for r in measured]),
                              bench_table())
     wide = prediction.predict_row(assumed, target)
     assumed_half = (wide["predicted_step_time_s_high"] - wide["predicted_step_time_s_low"]) / 2 / wide["predicted_step_time_s"]
     assert half < 0.25 < assumed_half, (half, assumed_half)
     assert "band" not in got["prediction_note"]
     assert "wider than +-25%: mostly the assumed token share (measure it: train.measure_s)" in wide["prediction_note"]
-    summary = prediction.validate(pd.concat([pd.DataFrame(measured), pd.DataFrame([{**target, "step_time_s_mean": 0.0053,
+    summary = prediction_validation.validate(pd.concat([pd.DataFrame(measured), pd.DataFrame([{**target, "step_time_s_mean": 0.0053,
                                                                                     "run_id": "fp32-z3-w1-mb1"}])], ignore_index=True),
                                   "micro_batch == 8", bench_table())["summary"]
     assert summary["median_band_half_width"] == pytest.approx(half) and summary["inside_band_share"] == 1.0
 
 
 def test_without_a_bench_table_communicating_runs_get_null_and_the_reason():
-    out = prediction.predict(prediction.fit(sweep(), None), sweep()).set_index("run_id")
+    out = prediction.predict(step_model.fit(sweep(), None), sweep()).set_index("run_id")
     assert math.isnan(out.loc["fp32-z0-w2", "predicted_step_time_s"])
     assert "no bench comm table" in out.loc["fp32-z0-w2", "prediction_note"]
     assert out.loc["fp32-z3-w1", "predicted_step_time_s"] == pytest.approx(0.030)  # one rank: nothing to time
@@ -205,7 +205,7 @@ def test_without_a_bench_table_communicating_runs_get_null_and_the_reason():
 
 def test_validate_reports_per_point_and_summary():
     runs = sweep()
-    result = prediction.validate(runs, "world_size == 1", bench_table())
+    result = prediction_validation.validate(runs, "world_size == 1", bench_table())
     assert set(result) == {"points", "summary", "parameters"}
     points = {p["run_id"]: p for p in result["points"]}
     assert set(points) == {"fp32-z0-w2", "fp32-z1-w2", "fp32-z3-w2", "bf16-z0-w2"}  # ok runs not fitted on
@@ -218,23 +218,23 @@ def test_validate_reports_per_point_and_summary():
     assert s["mean_abs_error"] == pytest.approx(np.mean(errors)) and s["max_abs_error"] == pytest.approx(max(errors))
     assert 0 <= s["inside_band_share"] <= 1
     with pytest.raises(ValueError, match="not a pandas query"):
-        prediction.validate(runs, "world_size ==", bench_table())
+        prediction_validation.validate(runs, "world_size ==", bench_table())
     with pytest.raises(ValueError, match="leaves no ok run"):
-        prediction.validate(runs, "world_size > 0", bench_table())
+        prediction_validation.validate(runs, "world_size > 0", bench_table())
 
 
 def test_validation_says_what_the_hypervisor_took_from_the_bench_ranks():
     """bench comm records the largest share of its ranks' cores the hypervisor took while it timed them; validation
     states it, and says above 2% that the table's times (the model's communication) run high."""
     runs = sweep()
-    assert prediction.validate(runs, "world_size == 1", bench_table())["summary"]["bench_steal_share"] is None  # no column
-    assert prediction.bench_steal(bench_table().assign(host_steal_share=None)) is None  # off Linux, or too short to say
-    quiet = prediction.validate(runs, "world_size == 1", bench_table().assign(host_steal_share=0.004))
+    assert prediction_validation.validate(runs, "world_size == 1", bench_table())["summary"]["bench_steal_share"] is None  # no column
+    assert link_fit.bench_steal(bench_table().assign(host_steal_share=None)) is None  # off Linux, or too short to say
+    quiet = prediction_validation.validate(runs, "world_size == 1", bench_table().assign(host_steal_share=0.004))
     assert quiet["summary"]["bench_steal_share"] == 0.004
-    assert prediction.format_validation(quiet).splitlines()[-1] == ("the hypervisor took 0.4% of the bench ranks' cores' "
+    assert prediction_validation.format_validation(quiet).splitlines()[-1] == ("the hypervisor took 0.4% of the bench ranks' cores' "
                                                                     "time while they were timed")
-    busy = prediction.validate(runs, "world_size == 1", bench_table().assign(host_steal_share=[0.0] + [0.094] * (len(bench_table()) - 1)))
-    assert prediction.format_validation(busy).splitlines()[-1] == (
+    busy = prediction_validation.validate(runs, "world_size == 1", bench_table().assign(host_steal_share=[0.0] + [0.094] * (len(bench_table()) - 1)))
+    assert prediction_validation.format_validation(busy).splitlines()[-1] == (
         "the hypervisor took 9.4% of the bench ranks' cores' time while they were timed (other guests of the physical "
         "host were busy): its times (and this model's communication) run high; `scalelab bench comm` on a quiet host "
         "measures them again")
@@ -245,25 +245,25 @@ def test_validation_says_whether_the_bench_ranks_cores_were_busy_as_they_started
     table from before it states the machine's 1-minute load as context, without a verdict it cannot give."""
     runs = sweep()
     table = bench_table().assign(device_type="cpu", host_steal_share=0.0, load_1min_before=3.35)
-    quiet = prediction.validate(runs, "world_size == 1", table.assign(busy_share_before=0.01))
+    quiet = prediction_validation.validate(runs, "world_size == 1", table.assign(busy_share_before=0.01))
     assert quiet["summary"]["bench_busy_share"] == 0.01 and quiet["summary"]["bench_host_load"] == 3.35
-    assert prediction.format_validation(quiet).splitlines()[-2] == (
+    assert prediction_validation.format_validation(quiet).splitlines()[-2] == (
         "other processes kept 1.0% of the bench ranks' cores busy as the ranks started")
-    busy = prediction.validate(runs, "world_size == 1", table.assign(busy_share_before=0.34))
-    assert prediction.format_validation(busy).splitlines()[-2] == (
+    busy = prediction_validation.validate(runs, "world_size == 1", table.assign(busy_share_before=0.34))
+    assert prediction_validation.format_validation(busy).splitlines()[-2] == (
         "other processes kept 34.0% of the bench ranks' cores busy as the ranks started (if they went on, they shared "
         "the cores: these times may include their work; measure again on an idle machine)")
-    old = prediction.validate(runs, "world_size == 1", table)
+    old = prediction_validation.validate(runs, "world_size == 1", table)
     assert old["summary"]["bench_busy_share"] is None
-    assert prediction.format_validation(old).splitlines()[-2] == (
+    assert prediction_validation.format_validation(old).splitlines()[-2] == (
         "the bench table was measured with a 1-minute load of 3.35 on the whole machine before its ranks started "
         "(whether their own cores were busy, this table cannot say: `scalelab bench comm` now records it)")
-    unread = prediction.validate(runs, "world_size == 1", table.assign(busy_share_before=None))
-    assert prediction.format_validation(unread).splitlines()[-2].endswith(
+    unread = prediction_validation.validate(runs, "world_size == 1", table.assign(busy_share_before=None))
+    assert prediction_validation.format_validation(unread).splitlines()[-2].endswith(
         "(whether their own cores were busy, this table cannot say: /proc/stat could not be read)")
-    gpu = prediction.validate(runs, "world_size == 1", table.assign(device_type="cuda", busy_share_before=None))
+    gpu = prediction_validation.validate(runs, "world_size == 1", table.assign(device_type="cuda", busy_share_before=None))
     assert gpu["summary"]["bench_host_load"] is None and gpu["summary"]["bench_busy_share"] is None
-    assert "1-minute load" not in prediction.format_validation(gpu)  # NCCL's times hardly depend on the host's cores
+    assert "1-minute load" not in prediction_validation.format_validation(gpu)  # NCCL's times hardly depend on the host's cores
 
 
 def test_predict_command_prints_the_validation_as_json(tmp_path, capsys):
@@ -275,7 +275,7 @@ def test_predict_command_prints_the_validation_as_json(tmp_path, capsys):
     result = json.loads(capsys.readouterr().out)
     assert {"mean_abs_error", "max_abs_error", "inside_band_share"} <= set(result["summary"])
     assert len(result["points"]) == 4
-    direct = prediction.validate(sweep(), "world_size==1", bench_table())
+    direct = prediction_validation.validate(sweep(), "world_size==1", bench_table())
     assert [p["predicted_step_time_s"] for p in result["points"]] == [p["predicted_step_time_s"] for p in direct["points"]]
     assert main(["predict", "--validate", str(tmp_path), "--fit", "world_size==1"]) == 0
     text = capsys.readouterr().out
@@ -296,7 +296,7 @@ def test_predict_command_prints_the_validation_as_json(tmp_path, capsys):
 def test_the_report_warns_on_a_run_outside_its_band():
     from scalelab.report.checks import prediction_warnings
 
-    runs = prediction.predict(prediction.fit(prediction.reference_rows(sweep()), bench_table()), sweep())
+    runs = prediction.predict(step_model.fit(prediction.reference_rows(sweep()), bench_table()), sweep())
     assert prediction_warnings(runs) == [] or all("outside its predicted band" in w for w in prediction_warnings(runs))
     slow = runs["run_id"] == "fp32-z0-w2"
     runs.loc[slow, "step_time_s_mean"] = runs.loc[slow, "predicted_step_time_s_high"] * 2
@@ -306,10 +306,10 @@ def test_the_report_warns_on_a_run_outside_its_band():
 
 def _z3_parts(runs, table):
     """fp32-z3-w2's predicted parts from the world-size-1 references, and what its strategy could hide."""
-    base = prediction.fit(prediction.reference_rows(runs), table)
+    base = step_model.fit(prediction.reference_rows(runs), table)
     row = runs.set_index("run_id").loc["fp32-z3-w2"].to_dict() | {"run_id": "fp32-z3-w2"}
-    parts = prediction._parts(base, row)
-    full = prediction.step_time(3, parts.base_compute_s, parts.comm_s, calls=parts.calls, overlap_efficiency=1.0)
+    parts = step_model.parts_of(base, row)
+    full = overlap.step_time(3, parts.base_compute_s, parts.comm_s, calls=parts.calls, overlap_efficiency=1.0)
     return parts, sum(parts.comm_s.values()) - full.exposed_comm_s
 
 
@@ -318,7 +318,7 @@ def test_overlap_efficiency_is_fitted_where_the_fit_set_communicates_beyond_its_
     parts, hidden = _z3_parts(runs, table)
     assert hidden > 0
     runs.loc[runs["run_id"] == "fp32-z3-w2", "step_time_s_mean"] = parts.base_compute_s + sum(parts.comm_s.values()) - 0.5 * hidden
-    model = prediction.fit(runs, table)
+    model = step_model.fit(runs, table)
     assert model.overlap_efficiency["cpu"] == pytest.approx(0.5)
     assert model.overlap_source["cpu"].startswith("fitted: 1 run")
     # an overlap explains the runs: their compute is not also scaled (f 1)
@@ -331,12 +331,12 @@ def test_runs_slower_than_no_overlap_fit_the_rank_factor_and_the_models_error():
     the band then holds them."""
     runs, table = sweep(), bench_table()
     runs = pd.concat([runs, pd.DataFrame([run_row("fp32", 3, 2, 0.025, repeat=r) for r in (2, 3)])], ignore_index=True)
-    base = prediction.fit(prediction.reference_rows(runs), table)
+    base = step_model.fit(prediction.reference_rows(runs), table)
     slow = {"fp32-z0-w2": 1.0, "fp32-z1-w2": 1.25, "fp32-z3-w2": 1.2, "fp32-z3-w2-r2": 1.5, "fp32-z3-w2-r3": 1.9}
     for run_id, factor in slow.items():
-        parts = prediction._parts(base, runs.set_index("run_id").loc[run_id].to_dict() | {"run_id": run_id})
+        parts = step_model.parts_of(base, runs.set_index("run_id").loc[run_id].to_dict() | {"run_id": run_id})
         runs.loc[runs["run_id"] == run_id, "step_time_s_mean"] = parts.base_compute_s * factor + sum(parts.comm_s.values())
-    model = prediction.fit(runs, table)
+    model = step_model.fit(runs, table)
     assert model.overlap_efficiency["cpu"] == 0.0
     assert model.rank_factor["cpu", 3] == pytest.approx(1.5) and model.rank_factor["cpu", 1] == pytest.approx(1.25)
     assert model.rank_factor_source["cpu", 3].startswith("fitted: median of 3")
@@ -353,7 +353,7 @@ def test_runs_slower_than_no_overlap_fit_the_rank_factor_and_the_models_error():
 def test_a_device_without_a_measured_model_error_says_so_in_its_band():
     runs = sweep()
     runs["device_type"] = "cuda"
-    model = prediction.fit(prediction.reference_rows(runs), bench_table())
+    model = step_model.fit(prediction.reference_rows(runs), bench_table())
     assert model.rank_factor["cuda", 0] == 1.0 and model.model_sigma["cuda"] is None
     out = prediction.predict(model, runs).set_index("run_id")
     assert "error across world sizes on cuda is unknown" in out.loc["fp32-z0-w2", "prediction_note"]
@@ -369,7 +369,7 @@ def test_traced_runs_give_the_overlap_efficiency_they_measured():
     exposed = sum(parts.comm_s.values()) - 0.25 * hidden
     runs.loc[runs["run_id"] == "fp32-z3-w2", "exposed_comm_s_measured"] = exposed
     runs.loc[runs["run_id"] == "fp32-z3-w2", "step_time_s_mean"] = parts.base_compute_s * 1.3 + exposed
-    model = prediction.fit(runs, table)
+    model = step_model.fit(runs, table)
     assert model.overlap_efficiency["cpu"] == pytest.approx(0.25)
     assert model.overlap_source["cpu"].startswith("measured: the traces of 1 run")
     # f is fitted against the step with that overlap (the compute it hides behind): the run's prediction is its step
@@ -388,8 +388,8 @@ def test_tensor_parallel_runs_are_predicted_with_their_collectives_on_the_critic
     tp_alone = run_row("fp32", 3, 2, 0.030, tensor_parallel=2, sequence_parallel=True, micro_batch=8, n_params=120_576)
     wider = run_row("fp32", 3, 4, 0.0, tensor_parallel=2, sequence_parallel=True, micro_batch=4, n_params=120_576,
                     run_id="fp32-z3-w4-tp2-sp")
-    model = prediction.fit(pd.DataFrame([tp_alone]), table)
-    fits = prediction.link_fits(table, 2)
+    model = step_model.fit(pd.DataFrame([tp_alone]), table)
+    fits = link_fit.link_fits(table, 2)
 
     def tp_seconds(micro):
         comm = tensor_parallelism.tensor_parallel_comm(cfg, micro, 1, 2, "fp32", 3, "cpu", False, True)
@@ -405,18 +405,18 @@ def test_tensor_parallel_runs_are_predicted_with_their_collectives_on_the_critic
     sizes = collective_sizes(local, 3, 2, "fp32")
     calls = collective_calls(cfg, 3, "fp32", sizes)
     strategy_s = sum(calls[c] * links.collective_seconds(c, sizes[c] / calls[c], 2, fits[c].link) for c in sizes)
-    expected = compute * ((1 - share) + share * 0.5) * prediction.default_rank_factor("cpu", 3, "fp32") + strategy_s + tp_seconds(4)
+    expected = compute * ((1 - share) + share * 0.5) * step_model.default_rank_factor("cpu", 3, "fp32") + strategy_s + tp_seconds(4)
     out = prediction.predict_row(model, wider)
     assert out["predicted_step_time_s"] == pytest.approx(expected)  # eta 0 on a CPU: the strategy's exposed too
     assert out["predicted_exposed_comm_s"] == pytest.approx(strategy_s + tp_seconds(4))
-    parts = prediction._parts(model, wider)
-    assert {c for c in parts.comm_s if c.startswith(prediction.TENSOR_PARALLEL)} == {
+    parts = step_model.parts_of(model, wider)
+    assert {c for c in parts.comm_s if c.startswith(overlap.TENSOR_PARALLEL)} == {
         "tensor_parallel all_gather", "tensor_parallel reduce_scatter", "tensor_parallel all_reduce"}
     # on a GPU (eta 1) the strategy's prefetched gathers hide, tensor parallelism's do not
-    full = prediction.step_time(3, 1.0, parts.comm_s, calls=parts.calls, overlap_efficiency=1.0)
-    tp_part = sum(s for c, s in parts.comm_s.items() if c.startswith(prediction.TENSOR_PARALLEL))
-    strategy_only = {c: s for c, s in parts.comm_s.items() if not c.startswith(prediction.TENSOR_PARALLEL)}
-    hidden_strategy = prediction.step_time(3, 1.0, strategy_only, calls=parts.calls, overlap_efficiency=1.0)
+    full = overlap.step_time(3, 1.0, parts.comm_s, calls=parts.calls, overlap_efficiency=1.0)
+    tp_part = sum(s for c, s in parts.comm_s.items() if c.startswith(overlap.TENSOR_PARALLEL))
+    strategy_only = {c: s for c, s in parts.comm_s.items() if not c.startswith(overlap.TENSOR_PARALLEL)}
+    hidden_strategy = overlap.step_time(3, 1.0, strategy_only, calls=parts.calls, overlap_efficiency=1.0)
     assert hidden_strategy.exposed_comm_s < strategy_s  # something of the strategy's hides...
     assert full.exposed_comm_s == pytest.approx(hidden_strategy.exposed_comm_s + tp_part)  # ...and nothing of TP's
 
@@ -425,9 +425,9 @@ def test_stage_0_under_tensor_parallelism_all_reduces_per_unit_not_per_bucket():
     """A split model at stage 0 is replicated by FSDP2's replicate, one all-reduce per block and the root, not DDP's
     25 MiB buckets (a small model's one bucket would leave nothing of it to hide behind backward)."""
     row = run_row("fp32", 0, 4, 0.02, tensor_parallel=2, micro_batch=4, n_params=120_576, bucket_mb=None)
-    _, calls = prediction.collectives_of(row)
+    _, calls = comm_time.collectives_of(row)
     assert calls["all_reduce"] == 2 + 1  # n_layers + the root
-    _, ddp = prediction.collectives_of(run_row("fp32", 0, 2, 0.02, bucket_mb=None))
+    _, ddp = comm_time.collectives_of(run_row("fp32", 0, 2, 0.02, bucket_mb=None))
     assert ddp["all_reduce"] == 1
 
 
@@ -435,19 +435,19 @@ def test_a_defaulted_rank_factor_is_the_runs_precisions_and_the_parameters_list_
     """Where the fit set has no run of a stage beyond its reference, f is DEFAULT_RANK_FACTOR's for the predicted
     run's precision (a precision without its own value: the stage's median), and `scalelab predict` lists every
     value it may use."""
-    defaults = prediction.DEFAULT_RANK_FACTOR["cpu"]
-    assert prediction.default_rank_factor("cpu", 0, "bf16") == defaults[0]["bf16"] != defaults[0][None]
-    assert prediction.default_rank_factor("cpu", 0, "fp8") == prediction.default_rank_factor("cpu", 0) == defaults[0][None]
-    assert prediction.default_rank_factor("cuda", 3, "fp32") == 1.0  # a GPU rank owns its device
+    defaults = step_model.DEFAULT_RANK_FACTOR["cpu"]
+    assert step_model.default_rank_factor("cpu", 0, "bf16") == defaults[0]["bf16"] != defaults[0][None]
+    assert step_model.default_rank_factor("cpu", 0, "fp8") == step_model.default_rank_factor("cpu", 0) == defaults[0][None]
+    assert step_model.default_rank_factor("cuda", 3, "fp32") == 1.0  # a GPU rank owns its device
     runs, table = sweep(), bench_table()
     runs = pd.concat([runs, pd.DataFrame([run_row("bf16", 0, 1, 0.020), run_row("bf16", 3, 1, 0.030),
                                           run_row("bf16", 3, 2, 0.040)])], ignore_index=True)
-    model = prediction.fit(prediction.reference_rows(runs), table)
+    model = step_model.fit(prediction.reference_rows(runs), table)
     assert model.rank_factor["cpu", 3] is None  # defaulted: read per precision when a run is predicted
     out = prediction.predict(model, runs).set_index("run_id")
     for run_id, precision in (("fp32-z3-w2", "fp32"), ("bf16-z3-w2", "bf16")):
-        parts = prediction._parts(model, runs.set_index("run_id").loc[run_id].to_dict() | {"run_id": run_id})
-        assert parts.compute_s == pytest.approx(parts.base_compute_s * prediction.default_rank_factor("cpu", 3, precision))
+        parts = step_model.parts_of(model, runs.set_index("run_id").loc[run_id].to_dict() | {"run_id": run_id})
+        assert parts.compute_s == pytest.approx(parts.base_compute_s * step_model.default_rank_factor("cpu", 3, precision))
         assert out.loc[run_id, "predicted_step_time_s"] > 0
     assert defaults[3]["fp32"] != defaults[3][None]  # so the two runs above took different f
     params = {p["name"]: p for p in model.parameters()}
@@ -461,14 +461,14 @@ def test_the_models_error_across_world_sizes_is_measured_at_the_fitted_f_not_the
     a default the fit set overrode leaves it unchanged."""
     runs, table = sweep(), bench_table()
     runs = pd.concat([runs, pd.DataFrame([run_row("fp32", 3, 2, 0.025, repeat=r) for r in (2, 3)])], ignore_index=True)
-    base = prediction.fit(prediction.reference_rows(runs), table)
+    base = step_model.fit(prediction.reference_rows(runs), table)
     for run_id, factor in {"fp32-z0-w2": 1.0, "fp32-z1-w2": 1.25, "fp32-z3-w2": 1.2, "fp32-z3-w2-r2": 1.5,
                            "fp32-z3-w2-r3": 1.9}.items():
-        parts = prediction._parts(base, runs.set_index("run_id").loc[run_id].to_dict() | {"run_id": run_id})
+        parts = step_model.parts_of(base, runs.set_index("run_id").loc[run_id].to_dict() | {"run_id": run_id})
         runs.loc[runs["run_id"] == run_id, "step_time_s_mean"] = parts.base_compute_s * factor + sum(parts.comm_s.values())
-    fitted = prediction.fit(runs, table).model_sigma["cpu"]
-    monkeypatch.setattr(prediction, "DEFAULT_RANK_FACTOR", {"cpu": {s: {None: 50.0} for s in range(4)}})
-    assert fitted > 0 and prediction.fit(runs, table).model_sigma["cpu"] == pytest.approx(fitted)
+    fitted = step_model.fit(runs, table).model_sigma["cpu"]
+    monkeypatch.setattr(step_model, "DEFAULT_RANK_FACTOR", {"cpu": {s: {None: 50.0} for s in range(4)}})
+    assert fitted > 0 and step_model.fit(runs, table).model_sigma["cpu"] == pytest.approx(fitted)
 
 
 def _quiet_sweep(spread: float) -> pd.DataFrame:
@@ -489,7 +489,7 @@ def test_a_quiet_sweeps_band_holds_the_shift_of_the_hosts_state_and_widens_with_
     quiet, noisy = _quiet_sweep(0.01), _quiet_sweep(0.06)
     widths = {}
     for name, runs in (("quiet", quiet), ("noisy", noisy)):
-        model = prediction.fit(runs[runs["world_size"] == 1], table)
+        model = step_model.fit(runs[runs["world_size"] == 1], table)
         assert model.model_sigma_source["cpu"].startswith("defaulted")
         out = prediction.predict(model, runs[runs["world_size"] == 2]).set_index("run_id")
         for run_id, r in out.iterrows():

@@ -401,7 +401,7 @@ def gpu_counts(text: str) -> tuple[int, ...]:
 
 def _link(option: str, spec: str, efficiency: float | None, notes: list[str], per_node: int = 8) -> links.Link:
     """--intra-node / --inter-node: a product, a number in GB/s, or a `bench comm` Parquet table
-    (fitted by scalelab.results.prediction.fit_link: measured, so no efficiency applies). What a table
+    (fitted by scalelab.results.link_fit.fit_link: measured, so no efficiency applies). What a table
     cannot say about a GPU cluster (measured on CPU, or within one host for --inter-node) goes
     to ``notes``."""
     from pathlib import Path
@@ -409,7 +409,7 @@ def _link(option: str, spec: str, efficiency: float | None, notes: list[str], pe
     if spec.endswith(".parquet") or Path(spec).is_file():
         import pandas as pd
 
-        from scalelab.results import prediction
+        from scalelab.results import link_fit
 
         path = Path(spec)
         if not path.is_file():
@@ -417,7 +417,7 @@ def _link(option: str, spec: str, efficiency: float | None, notes: list[str], pe
                                 f"or a bandwidth in GB/s)")
         try:
             table = pd.read_parquet(path)
-            link = prediction.fit_link(table)
+            link = link_fit.fit_link(table)
         except (ValueError, KeyError, OSError) as err:
             raise EstimateError(f"{option} {spec}: {err}") from None
         if "device_type" in table and (table["device_type"] == "cpu").any():
@@ -445,10 +445,10 @@ def links_table(args) -> dict:
 
 
 def _overlap_text(stage) -> str:
-    """The strategy's overlap facts (Strategy.overlap, scalelab.results.prediction's windows) in words."""
-    from scalelab.results import prediction
+    """The strategy's overlap facts (Strategy.overlap, scalelab.formulas.overlap's windows) in words."""
+    from scalelab.formulas import overlap
 
-    windows = {"backward": f"backward ({prediction.OVERLAP_WINDOWS['backward']:.0%} of compute)",
+    windows = {"backward": f"backward ({overlap.OVERLAP_WINDOWS['backward']:.0%} of compute)",
                "step": "forward and backward (all of compute)"}
     hidden = [f"{c} behind {windows.get(w, w)}" for c, w in strategy(stage).overlap]
     if not hidden:
@@ -460,7 +460,7 @@ def machine_of(args, precision: str, gpus: list[int]) -> tuple[Machine, dict | N
     """The GPUs, links and assumed efficiencies of the command line (estimate scaling's and plan's flags):
     (machine, the measured MFU's source or None, notes); ``gpus``, the counts asked about, need the
     inter-node link where they span nodes."""
-    from scalelab.results import prediction
+    from scalelab.formulas import overlap
 
     if args.mfu is not None and args.mfu_from is not None:
         raise EstimateError("give --mfu or --mfu-from, not both")
@@ -492,7 +492,7 @@ def machine_of(args, precision: str, gpus: list[int]) -> tuple[Machine, dict | N
     eta = args.overlap_efficiency
     if eta is None:  # the trainer's, where fitted to its published runs; else the GPU's
         eta = TRAINERS[getattr(args, "trainer", "scalelab")].overlap_efficiency
-        eta = prediction.DEFAULT_OVERLAP_EFFICIENCY["cuda"] if eta is None else eta
+        eta = overlap.DEFAULT_OVERLAP_EFFICIENCY["cuda"] if eta is None else eta
     if not (math.isfinite(eta) and 0 <= eta <= 1):
         raise EstimateError(f"--overlap-efficiency must be in [0, 1], got {eta:g}")
     return Machine(product=product, peak_flops=peak, mfu=mfu, per_node=per_node, intra=intra, inter=inter,

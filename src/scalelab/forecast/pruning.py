@@ -87,12 +87,12 @@ class _Machines:
     calibrated peak per precision and the assumed gloo link), the peak of the point's precision."""
 
     def __init__(self, config: dict, device: str, calibration: dict | None):
-        from scalelab.results import prediction
+        from scalelab.formulas import overlap
 
         forecast = section(config, "planning").get("forecast") or {}
         self.calibration = calibration
         self.mfu = forecast.get("mfu") or DEFAULT_MFU
-        self.eta = prediction.DEFAULT_OVERLAP_EFFICIENCY[device]
+        self.eta = overlap.DEFAULT_OVERLAP_EFFICIENCY[device]
         self.per_node = int(section(config, "cluster").get("ranks_per_node", 1))
         if device == "cpu":
             self.product, self.intra, self.inter = None, CPU_LINK, CPU_LINK

@@ -197,7 +197,7 @@ PIPELINE_ROWS = tuple(_pipeline_rows())
 
 def default_overlap_efficiency(trainer: str = "scalelab") -> float:
     """The overlap efficiency a forecast uses for the trainer: its own where fitted, else the GPU's default."""
-    from scalelab.results.prediction import DEFAULT_OVERLAP_EFFICIENCY
+    from scalelab.formulas.overlap import DEFAULT_OVERLAP_EFFICIENCY
     from scalelab.spec.strategies import TRAINERS
 
     own = TRAINERS[trainer].overlap_efficiency

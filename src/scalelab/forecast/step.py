@@ -76,7 +76,7 @@ def predict_point(point: Point, machine: Machine, n: int) -> dict:
     """A point's predicted step at n GPUs: compute at the assumed efficiency, every collective on the link
     its group uses (communication.comm_bytes_by_link: placement.link_of's rule), the strategy's overlap, and the in-step peak
     memory per GPU (one micro-batch's activations)."""
-    from scalelab.results import prediction
+    from scalelab.formulas import overlap
 
     if point.pipeline_parallel > 1:  # the stages, their bubble and the sends between them
         return predict_pipeline(point, machine, n)
@@ -101,7 +101,7 @@ def predict_point(point: Point, machine: Machine, n: int) -> dict:
                else tensor_parallelism.tensor_parallel_params(cfg, point.n_params, t))
     comm, calls, sizes, used = _strategy_comm(point, machine, n, n_local, replicas, accumulation)
     # one replica is plain stage 3 (strategy(3, 1)): its record's overlap facts apply
-    step = prediction.step_time(key if replicas > 1 else (ZERO1_SHARDED_KEY if point.priced == ZERO1_SHARDED_KEY else stage),
+    step = overlap.step_time(key if replicas > 1 else (ZERO1_SHARDED_KEY if point.priced == ZERO1_SHARDED_KEY else stage),
                                 compute_s, comm, calls=calls,
                                 overlap_efficiency=machine.overlap_efficiency)
     tp = _tensor_parallel_step(point, machine, n, micro, accumulation)
@@ -395,7 +395,7 @@ def _stage(point, machine, n: int, rank: int, all_chunks, dp: int, micro: int, m
 def predict_pipeline(point, machine, n: int) -> dict:
     """predict_point's row for a pipelined point (the module doc's model), with ``pipeline``: its micro-batches,
     bubble, point-to-point traffic and every stage's compute and memory."""
-    from scalelab.results import prediction
+    from scalelab.formulas import overlap
 
     cfg, key, t, pp, sched = point.cfg, point.key, point.tensor_parallel, point.pipeline_parallel, point.pipeline_schedule
     if key == HYBRID_KEY:
@@ -430,7 +430,7 @@ def predict_pipeline(point, machine, n: int) -> dict:
     slowest = max(stages, key=lambda s: s["compute_s"] + s["tensor_parallel_s"] + s["p2p_s"])
     largest = max(stages, key=lambda s: s["params"])
     comm, calls, sizes, used = _strategy_comm(point, machine, n, largest["params"], 1, m, stage_cfg=largest["cfg"])
-    step = prediction.step_time(ZERO1_SHARDED_KEY if point.priced == ZERO1_SHARDED_KEY else strategy(key).stage,
+    step = overlap.step_time(ZERO1_SHARDED_KEY if point.priced == ZERO1_SHARDED_KEY else strategy(key).stage,
                                 slowest["compute_s"], comm, calls=calls, overlap_efficiency=machine.overlap_efficiency)
     bubble = pipeline.bubble_fraction(pp, m, sched)
     busy = slowest["compute_s"] + slowest["tensor_parallel_s"]

@@ -448,7 +448,8 @@ def drift_warnings(runs: pd.DataFrame) -> list[str]:
 
 def prediction_warnings(runs: pd.DataFrame) -> list[str]:
     """Runs whose measured step time lies outside the step-time model's band (scalelab.results.prediction)."""
-    from scalelab.results.prediction import MEASURED, outside_band
+    from scalelab.results.prediction import outside_band
+    from scalelab.results.step_model import MEASURED
 
     if "predicted_step_time_s" not in runs:
         return []

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from scalelab.results.prediction import MEASURED, outside_band
+from scalelab.results.prediction import outside_band
+from scalelab.results.step_model import MEASURED
 
 
 def predicted_vs_measured_plot(runs):

@@ -18,7 +18,7 @@ so the table measures the links a CPU run's ranks use. Every rank has an explici
 timeout and the ranks of a world size an overall time limit.
 
 The table is a Parquet file (default ``<results>/calibration/comm.parquet``, the workflow's
-``bench_comm`` target; its format: scalelab.plan.comm_table); scalelab.results.prediction fits a latency-bandwidth
+``bench_comm`` target; its format: scalelab.plan.comm_table); scalelab.results.link_fit fits a latency-bandwidth
 link to it.
 """
 from __future__ import annotations

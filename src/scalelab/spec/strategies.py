@@ -75,7 +75,7 @@ class Strategy:
     """The device mesh's dimension names (FSDP2 strategies): one data-parallel dimension, or
     torchtitan's ("dp_replicate", "dp_shard") for hybrid sharding."""
     overlap: tuple[tuple[str, str], ...] = ()
-    """Collectives that run behind compute, each with the window it hides in (scalelab.results.prediction:
+    """Collectives that run behind compute, each with the window it hides in (scalelab.formulas.overlap:
     ``backward`` or the whole ``step``): DDP's gradient buckets all-reduce during backward, FSDP2
     prefetches its all-gathers and reduce-scatters during backward. A collective not listed
     (ZeroRedundancyOptimizer's broadcast after the step) is waited for; none listed: all exposed."""
@@ -158,7 +158,7 @@ class Trainer:
     name: str
     description: str
     overlap_efficiency: float | None
-    """The share of its overlappable communication that hides behind compute (scalelab.results.prediction's eta) where
+    """The share of its overlappable communication that hides behind compute (scalelab.formulas.overlap's eta) where
     fitted to this trainer's published runs; None: the GPU's default there."""
 
 
