@@ -228,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object: points, summary (mean_abs_error, max_abs_error, "
                    "inside_band_share), parameters")
     p.set_defaults(func=_predict)
-    from scalelab.forecast.estimate import add_parser as add_estimate
+    from scalelab.forecast.estimate_command import add_parser as add_estimate
     from scalelab.forecast.plan import add_parser as add_plan
     from scalelab.report.export import add_parser as add_export
     from scalelab.results.migrate import add_parser as add_migrate

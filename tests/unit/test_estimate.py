@@ -142,7 +142,7 @@ def test_every_override_flag_wins_over_a_presets_field(capsys):
     head (issue #44: `estimate scaling --model llama3-8b --seq 8192` stopped with a TypeError)."""
     import argparse
 
-    from scalelab.forecast.estimate import _model
+    from scalelab.forecast.model_input import model_from_args as _model
     from scalelab.spec.presets import PRESETS
 
     base = dict(model="gpt2-medium", params=None, config=None, layers=None, d_model=None, heads=None, vocab=None, seq=None,
@@ -164,7 +164,7 @@ def test_scaling_at_a_fixed_global_batch_accumulates_each_gpus_share(capsys):
     time holds every micro-batch's compute and FSDP's per-micro-batch gathers, the memory one micro-batch's
     activations; --activation-checkpointing adds the recompute to the time (MFU counts model FLOPs) and
     takes the checkpointed activations."""
-    from scalelab.forecast.estimate import EstimateError
+    from scalelab.forecast.inputs import EstimateError
     from scalelab.forecast.step import batch_plan
 
     assert batch_plan(None, 4, 64) == (4, 1)  # a fixed per-GPU batch: weak scaling, as before

@@ -7,7 +7,7 @@ import functools
 import pytest
 
 from scalelab.cli import main
-from scalelab.forecast.estimate import add_parser as add_estimate
+from scalelab.forecast.estimate_command import add_parser as add_estimate
 from scalelab.forecast.plan import add_parser as add_plan
 
 PRESET = ["--model", "llama3.2-1b"]

@@ -9,7 +9,7 @@ import pytest
 
 from scalelab.cli import main
 from scalelab.config import ModelConfig
-from scalelab.forecast.estimate import gpu_counts
+from scalelab.forecast.scaling import gpu_counts
 from scalelab.formulas import communication, flops, links, tensor_parallelism
 from scalelab.formulas.links import collective_calls, collective_sizes
 from scalelab.spec import hardware
@@ -379,7 +379,7 @@ def test_tensor_parallel_collectives_are_on_the_critical_path_over_their_link(ca
     (["--gpus", "24", "--gpus-per-node", "6", "--tensor-parallel", "8"], "ib-ndr", "ib-ndr x 2 rails"),
 ])
 def test_a_groups_rails_are_its_fewest_ranks_on_a_node_over_every_group_of_its_kind(capsys, args, strategy_link, tp_link):
-    """estimate.groups_link: the strategy's groups (every t-th rank) and tensor parallelism's (t consecutive ranks) run
+    """step.groups_link: the strategy's groups (every t-th rank) and tensor parallelism's (t consecutive ranks) run
     at once; the slowest paces the step: within a node the intra-node link, else the NICs of the spanning group with
     the fewest ranks on one of its nodes."""
     code, out, err = _estimate(capsys, "scaling", "--model", "llama3-8b", "--zero-stage", "3", "--gpu", "H100",
@@ -393,7 +393,8 @@ def test_a_groups_rails_are_its_fewest_ranks_on_a_node_over_every_group_of_its_k
 def test_hybrid_sharding_whose_shard_group_spans_nodes_times_each_group_over_its_own_ranks():
     """A sweep's forecast takes any replicas (planning.top_k): 32 GPUs as 2 replicas of 16 shard their gathers and
     reduce-scatters over 16 ranks on two nodes' rails, and all-reduce across the 2 replicas on one NIC each."""
-    from scalelab.forecast.estimate import HYBRID_KEY, Machine, Point, predict_point
+    from scalelab.forecast.step import Machine, Point, predict_point
+    from scalelab.spec.strategies import HYBRID_KEY
 
     psi = flops.param_count(EXAMPLE_CFG)
     machine = Machine(product=hardware.gpu_by_name("H100"), peak_flops=989.5e12, mfu=0.4, per_node=8,

@@ -4,7 +4,7 @@ stated reserve, and prints the best, the runners-up with why each lost, and ever
 
 Each configuration (precision x strategy x tensor-parallel degree x micro-batch x activation checkpointing) is
 timed and sized
-by the same code as ``scalelab estimate scaling`` (estimate.predict_point: compute at an assumed
+by the same code as ``scalelab estimate scaling`` (step.predict_point: compute at an assumed
 efficiency, each collective on the link its group uses, the strategy's overlap, the in-step peak
 memory of one micro-batch), at a fixed global batch whose per-GPU share is accumulated. A
 configuration fits when its predicted peak stays within the GPU's memory less the reserve
@@ -18,30 +18,15 @@ import argparse
 import json
 from dataclasses import replace
 
-from scalelab.forecast.estimate import (
-    LINK_RULE,
-    PIPELINE_READING,
-    RESERVE,
-    UNITS,
-    EstimateError,
-    Point,
-    _human,
-    _mfu_origin,
-    _mfu_text,
-    _model,
-    _named,
-    cluster_flags,
-    fp8_machine,
-    grad_reduce_of,
-    machine_of,
-    memory_reserve_bytes,
-    model_flags,
-    predict_point,
-    trainer_flag,
-)
-from scalelab.forecast.inputs import non_negative, positive_count, positive_whole
-from scalelab.forecast.model_input import shape_text
-from scalelab.forecast.step import _replicas
+from scalelab.forecast.estimate import RESERVE, _human, _mfu_text, memory_reserve_bytes
+from scalelab.forecast.estimate_command import cluster_flags, trainer_flag
+from scalelab.forecast.estimate_text import _mfu_origin
+from scalelab.forecast.inputs import UNITS, EstimateError, non_negative, positive_count, positive_whole
+from scalelab.forecast.model_input import described as _named
+from scalelab.forecast.model_input import model_flags, shape_text
+from scalelab.forecast.model_input import model_from_args as _model
+from scalelab.forecast.scaling import LINK_RULE, PIPELINE_READING, grad_reduce_of, machine_of
+from scalelab.forecast.step import Point, _replicas, fp8_machine, predict_point
 from scalelab.formulas import communication, flops, links
 from scalelab.formulas.pipeline import SCHEDULES
 from scalelab.plan.sweep import AXIS, RunPoint

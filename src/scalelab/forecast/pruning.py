@@ -1,5 +1,5 @@
 """Sweeps that run what the forecast ranks (``planning.top_k``): before any job starts, every
-point of the sweep is forecast by ``scalelab plan``'s model (estimate.predict_point: compute at an
+point of the sweep is forecast by ``scalelab plan``'s model (step.predict_point: compute at an
 assumed efficiency, each collective on its link, the strategy's overlap, the in-step peak memory), and
 only the points ranked 1..``top_k`` by forecast tokens/s within each model and world size (among those
 predicted to fit) run, plus the baselines the report's comparisons divide by. Every other point is
@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 from scalelab.config import ConfigError, section
-from scalelab.forecast.estimate import DEFAULT_MFU, EstimateError, Machine, Point, predict_point
+from scalelab.forecast.estimate import DEFAULT_MFU
+from scalelab.forecast.inputs import EstimateError
 from scalelab.forecast.plan import TIE
+from scalelab.forecast.step import Machine, Point, predict_point
 from scalelab.formulas import flops, links, peak_memory, predicted_columns
 from scalelab.plan.forecast_record import PRUNED_REASON, Decision
 from scalelab.plan.placement import device_memory_limit

@@ -1,0 +1,254 @@
+"""`scalelab estimate scaling` and `links`: a model's predicted step, tokens/s, MFU and exposed communication
+per GPU count on the links named (or measured), and the link products those take."""
+from __future__ import annotations
+
+import argparse
+import math
+
+# The precisions whose records say they have a memory convention of their own (fp8 holds bf16's
+from scalelab.forecast.estimate import DEFAULT_MFU, measured_mfu
+from scalelab.forecast.inputs import (
+    EstimateError,
+    whole_count,
+)
+from scalelab.forecast.inputs import positive as _positive
+from scalelab.forecast.model_input import described as _named
+from scalelab.forecast.model_input import model_from_args as _model
+from scalelab.forecast.step import (  # the step-time model, shared by plan, pruning and the published validation
+    Machine,
+    Point,
+    check_tensor_parallel,
+    fp8_machine,
+    pipeline_problem,
+    predict_point,
+)
+from scalelab.formulas import flops, links
+from scalelab.formulas.pipeline import DEFAULT_SCHEDULE
+from scalelab.spec import hardware
+from scalelab.spec.strategies import HYBRID_KEY, TRAINERS, ZERO_STAGES, strategy
+
+SCALING_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
+SCALING_STAGES = (*(str(s) for s in ZERO_STAGES), HYBRID_KEY)
+LINK_RULE = ("a collective within a node runs at the intra-node link; one whose group spans nodes at the "
+             "inter-node link times the group's ranks per node, a NIC each (NCCL's ring channels, one per rail), "
+             "up to the intra-node link")
+OUT_OF_SCOPE = ("hierarchical and tree algorithms (NCCL's tree, NVLink SHARP, in-network reduction), the "
+                "network's topology beyond one NIC per GPU (shared NICs, oversubscribed spines), algorithm "
+                "switching by message size, power or clock limits")
+
+
+PIPELINE_READING = ("the slowest stage's compute and tensor-parallel time over (1 - bubble), bubble = (P - 1) / "
+                    "(V m + P - 1) (V chunks per rank, m micro-batches per step); the sends between consecutive stages "
+                    "exposed, on their link; the strategy's collectives over each stage's data-parallel ranks on its "
+                    "parameters; memory per stage with its in-flight micro-batches (scalelab.forecast.step)")
+
+
+def gpu_counts(text: str) -> tuple[int, ...]:
+    """--gpus: whole counts separated by commas (1K as count() reads), sorted. ``...`` continues the
+    two counts before it up to the one after it: multiplying where the second is a multiple of the
+    first (8,16,...,1024 doubles), else in equal steps (8,16,24,...,64)."""
+    def bad(why: str) -> argparse.ArgumentTypeError:
+        return argparse.ArgumentTypeError(f"{text!r}: {why}, e.g. 8,16,32 or 8,16,...,1024")
+
+    parts = [p.strip() for p in text.split(",")]
+    counts: list[int] = []
+    for i, part in enumerate(parts):
+        if part == "...":
+            if len(counts) < 2 or i + 1 >= len(parts) or parts[i + 1] == "...":
+                raise bad("'...' needs two counts before it and one after it")
+            continue
+        try:
+            value = whole_count(part)
+        except argparse.ArgumentTypeError:
+            value = 0
+        if value < 1:
+            raise bad("every GPU count must be a whole number >= 1")
+        if i and parts[i - 1] == "...":
+            a, b = counts[-2], counts[-1]
+            if b <= a:
+                raise bad("the two counts before '...' must grow")
+            ratio = b // a if b % a == 0 else None  # a multiple: keep multiplying; else equal steps
+            while counts[-1] < value:
+                counts.append(counts[-1] * ratio if ratio else counts[-1] + b - a)
+            if counts[-1] != value:
+                raise bad(f"'...' from {a},{b} does not reach {value}")
+            continue
+        counts.append(value)
+    return tuple(sorted(set(counts)))
+
+
+def _link(option: str, spec: str, efficiency: float | None, notes: list[str], per_node: int = 8) -> links.Link:
+    """--intra-node / --inter-node: a product, a number in GB/s, or a `bench comm` Parquet table
+    (fitted by scalelab.results.link_fit.fit_link: measured, so no efficiency applies). What a table
+    cannot say about a GPU cluster (measured on CPU, or within one host for --inter-node) goes
+    to ``notes``."""
+    from pathlib import Path
+
+    if spec.endswith(".parquet") or Path(spec).is_file():
+        import pandas as pd
+
+        from scalelab.results import link_fit
+
+        path = Path(spec)
+        if not path.is_file():
+            raise EstimateError(f"{option} {spec}: no such file (a `scalelab bench comm` table, a link product "
+                                f"or a bandwidth in GB/s)")
+        try:
+            table = pd.read_parquet(path)
+            link = link_fit.fit_link(table)
+        except (ValueError, KeyError, OSError) as err:
+            raise EstimateError(f"{option} {spec}: {err}") from None
+        if "device_type" in table and (table["device_type"] == "cpu").any():
+            notes.append(f"{option} {path.name} was measured on CPU (gloo): a CPU's link, not a GPU cluster's")
+        if option == "--inter-node" and "hostname" in table and table["hostname"].nunique() < 2:
+            notes.append(f"{option} {path.name} was measured within one host: its ranks shared no inter-node link")
+        return link
+    try:
+        if spec.strip().startswith("busbw:"):  # what nccl-tests printed, over its ranks
+            return links.measured_busbw(spec, per_node, option == "--inter-node")
+        return links.parse_link(spec, efficiency)
+    except ValueError as err:
+        raise EstimateError(f"{option}: {err}") from None
+
+
+def links_table(args) -> dict:
+    """The link products --intra-node and --inter-node take (scalelab.formulas.links), with their sources."""
+    rows = [{"link": p.name, "bandwidth_gb_per_s": p.bandwidth_Bps / links.GB, "latency_us": p.latency_s * 1e6,
+             "aliases": list(p.aliases), "source": p.source, "note": p.note} for p in links.PRODUCTS]
+    return {"rows": rows, "default_efficiency": links.DEFAULT_EFFICIENCY,
+            "note": "bus bandwidth per GPU, unidirectional, nominal (collectives run at it x the link efficiency, "
+                    f"default {links.DEFAULT_EFFICIENCY}; a group spanning nodes at it x its ranks per node, one NIC "
+                    "each, up to the intra-node link); latency per collective call, assumed; a number given "
+                    "instead of a name is GB/s per GPU, unidirectional"}
+
+
+def _overlap_text(stage) -> str:
+    """The strategy's overlap facts (Strategy.overlap, scalelab.formulas.overlap's windows) in words."""
+    from scalelab.formulas import overlap
+
+    windows = {"backward": f"backward ({overlap.OVERLAP_WINDOWS['backward']:.0%} of compute)",
+               "step": "forward and backward (all of compute)"}
+    hidden = [f"{c} behind {windows.get(w, w)}" for c, w in strategy(stage).overlap]
+    if not hidden:
+        return "none stated in the strategy record (Strategy.overlap): every collective counted exposed"
+    return "; ".join(hidden) + ", all calls but the last; the rest is exposed"
+
+
+def machine_of(args, precision: str, gpus: list[int]) -> tuple[Machine, dict | None, list[str]]:
+    """The GPUs, links and assumed efficiencies of the command line (estimate scaling's and plan's flags):
+    (machine, the measured MFU's source or None, notes); ``gpus``, the counts asked about, need the
+    inter-node link where they span nodes."""
+    from scalelab.formulas import overlap
+
+    if args.mfu is not None and args.mfu_from is not None:
+        raise EstimateError("give --mfu or --mfu-from, not both")
+    source = measured_mfu(args.mfu_from, precision, world_size=1) if args.mfu_from is not None else None
+    mfu = source["median_mfu"] if source else (DEFAULT_MFU if args.mfu is None else args.mfu)
+    if not (math.isfinite(mfu) and 0 < mfu <= 1):
+        raise EstimateError(f"--mfu must be in (0, 1], got {mfu:g}")
+    efficiency = args.link_efficiency
+    if efficiency is not None and not (math.isfinite(efficiency) and 0 < efficiency <= 1):
+        raise EstimateError(f"--link-efficiency must be in (0, 1], got {efficiency:g}")
+    per_node = int(_positive("gpus-per-node", args.gpus_per_node))
+    try:
+        product = hardware.gpu_by_name(args.gpu)
+        peak = flops.gpu_peak_flops(args.gpu, precision)
+    except ValueError as err:
+        raise EstimateError(f"--gpu {args.gpu}: {err}") from None
+    intra_spec = args.intra_node or links.DEFAULT_INTRA_NODE.get(product.name)
+    if intra_spec is None:
+        raise EstimateError(f"--intra-node: no default link for {product.name}; give a product "
+                            f"({', '.join(links.known_names())}) or a bandwidth in GB/s")
+    notes: list[str] = [source["warning"]] if source and "warning" in source else []
+    intra = _link("--intra-node", intra_spec, efficiency, notes, per_node)
+    spanning = [n for n in gpus if n > per_node]
+    if spanning and args.inter_node is None:
+        raise EstimateError(f"--inter-node: {spanning[0]} GPUs span nodes of {per_node} (--gpus-per-node); give the "
+                            f"link between nodes: a product ({', '.join(links.known_names())}), a bandwidth in GB/s "
+                            "or a `scalelab bench comm` table")
+    inter = _link("--inter-node", args.inter_node, efficiency, notes, per_node) if args.inter_node is not None else None
+    eta = args.overlap_efficiency
+    if eta is None:  # the trainer's, where fitted to its published runs; else the GPU's
+        eta = TRAINERS[getattr(args, "trainer", "scalelab")].overlap_efficiency
+        eta = overlap.DEFAULT_OVERLAP_EFFICIENCY["cuda"] if eta is None else eta
+    if not (math.isfinite(eta) and 0 <= eta <= 1):
+        raise EstimateError(f"--overlap-efficiency must be in [0, 1], got {eta:g}")
+    return Machine(product=product, peak_flops=peak, mfu=mfu, per_node=per_node, intra=intra, inter=inter,
+                   overlap_efficiency=eta), source, notes
+
+
+def scaling_table(args) -> dict:
+    """Predicted step time, tokens/s per GPU, MFU, exposed communication and scaling efficiency per
+    GPU count: at a fixed micro-batch per GPU (weak scaling: the global batch grows with the GPUs), or
+    with --global-batch at a fixed global batch (each GPU's share shrinks as GPUs grow, accumulated in
+    micro-batches of at most --micro-batch); --activation-checkpointing adds the recompute to the time
+    and takes the checkpointed activations in the memory."""
+    n_params, cfg = _model(args)
+    if cfg is None:
+        raise EstimateError("estimate scaling needs the model's shape: --model NAME, or --layers/--d-model/--vocab/--seq "
+                            "(FSDP's collectives per step follow its blocks)")
+    machine, source, notes = machine_of(args, args.precision, args.gpus)
+    if args.precision == "fp8" and machine.product.peak("bf16"):
+        machine, fp8_note = fp8_machine(machine, cfg.d_model)  # its datasheet peak, the measured ratio apart
+        notes.append(fp8_note)
+    product, peak, mfu, per_node, gpus = machine.product, machine.peak_flops, machine.mfu, machine.per_node, args.gpus
+    intra, inter, eta, efficiency = machine.intra, machine.inter, machine.overlap_efficiency, args.link_efficiency
+    micro = int(_positive("micro-batch", args.micro_batch))
+    key = HYBRID_KEY if args.zero_stage == HYBRID_KEY else int(args.zero_stage)  # the strategy record's key
+    global_batch = getattr(args, "global_batch", None)
+    checkpointing = bool(getattr(args, "activation_checkpointing", False))
+    tensor_parallel = int(_positive("tensor-parallel", getattr(args, "tensor_parallel", 1)))
+    check_tensor_parallel(cfg, tensor_parallel)
+    pipeline_parallel = int(_positive("pipeline-parallel", getattr(args, "pipeline_parallel", 1)))
+    schedule = getattr(args, "schedule", DEFAULT_SCHEDULE)
+    why = pipeline_problem(cfg, pipeline_parallel, schedule)
+    if why:
+        raise EstimateError(why)
+    grad_reduce = grad_reduce_of(args)
+    point = Point(cfg=cfg, n_params=n_params, key=key, precision=args.precision, grad_reduce=grad_reduce, trainer=args.trainer,
+                  micro_batch=micro, global_batch=global_batch, activation_checkpointing=checkpointing,
+                  tensor_parallel=tensor_parallel, sequence_parallel=bool(getattr(args, "sequence_parallel", False)),
+                  pipeline_parallel=pipeline_parallel, pipeline_schedule=schedule)
+    machine = Machine(product=product, peak_flops=peak, mfu=mfu, per_node=per_node, intra=intra, inter=inter,
+                      overlap_efficiency=eta)
+    rows = [predict_point(point, machine, n) for n in gpus]
+    for row in rows:
+        row["scaling_efficiency"] = row["tokens_per_s_per_gpu"] / rows[0]["tokens_per_s_per_gpu"]
+
+    def described(link: links.Link | None) -> dict | None:
+        if link is None:
+            return None
+        return {"name": link.name, "bandwidth_gb_per_s": link.bandwidth_Bps / links.GB, "efficiency": link.efficiency,
+                "achievable_gb_per_s": link.achievable_Bps / links.GB, "latency_us": link.latency_s * 1e6,
+                "source": link.source}
+
+    return {"prediction": True, **_named(args), "n_params": n_params, "zero_stage": key,
+            "shape": {"family": cfg.family, "n_layers": cfg.n_layers, "d_model": cfg.d_model, "n_heads": cfg.n_heads},
+            "strategy": strategy(point.priced).name, "trainer": args.trainer, "trainer_priced": TRAINERS[args.trainer].description,
+            "precision": args.precision, "grad_reduce": grad_reduce,
+            "seq_len": cfg.seq_len, "micro_batch": micro, "global_batch": global_batch, "activation_checkpointing": checkpointing,
+            "tensor_parallel": tensor_parallel, "pipeline_parallel": pipeline_parallel,
+            **({"pipeline_schedule": schedule, "pipeline_reading": PIPELINE_READING} if pipeline_parallel > 1 else {}),
+            "tokens_per_gpu_per_step": rows[0]["tokens_per_gpu_per_step"], "flops_per_token": rows[0]["flops_per_token"],
+            "recompute_flops_per_token": rows[0]["recompute_flops_per_token"],
+            "gpu": product.name, "peak_flops_per_gpu": peak, "gpus_per_node": per_node,
+            "assumptions": {"mfu_without_communication": mfu, "mfu_default": args.mfu is None and source is None,
+                            **({"mfu_source": source} if source else {}),
+                            "link_efficiency": efficiency if efficiency is not None else links.DEFAULT_EFFICIENCY,
+                            "link_efficiency_default": efficiency is None,
+                            "intra_node": described(intra), "inter_node": described(inter),
+                            "overlap_efficiency": eta, "overlap_efficiency_default": args.overlap_efficiency is None,
+                            "overlap": _overlap_text(point.priced),
+                            "link_rule": LINK_RULE, "out_of_scope": OUT_OF_SCOPE,
+                            "collective_sizes": "nccl-tests' size: the whole buffer (an all-gather's output, a "
+                                                "reduce-scatter's input); seconds = calls x latency + bus factor x "
+                                                "bytes / achievable bus bandwidth"},
+            "rows": rows, **({"fp8": hardware.fp8_outlook(cfg.d_model)} if args.precision == "fp8" else {}),
+            **({"note": "; ".join(notes)} if notes else {})}
+
+
+def grad_reduce_of(args) -> str:
+    """--grad-reduce as given, else the trainer's default: the compute dtype for a distributed optimizer, fp32 for
+    scalelab's own strategies."""
+    given = getattr(args, "grad_reduce", None)
+    return given or ("compute" if getattr(args, "trainer", "scalelab") == "megatron" else "fp32")
