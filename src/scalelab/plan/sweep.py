@@ -165,9 +165,7 @@ def _pipeline_left_out(point, train: TrainConfig) -> str | None:
             ("sequence_parallel with pipeline parallelism is not run", point.sequence_parallel),
             (f"lora_rank={point.lora_rank}: LoRA with pipeline parallelism is not run", bool(point.lora_rank)),
             ("pipeline parallelism needs train.warmup_steps >= 2 (the first step infers the shapes its stages send, the "
-             "second measures the activations they hold)", bool(train is not None and train.warmup_steps < 2)),
-            ("checkpoints of pipeline-parallel runs are not written yet (set train.checkpoint_every: 0)",
-             bool(train is not None and train.checkpoint_every))):
+             "second measures the activations they hold)", bool(train is not None and train.warmup_steps < 2))):
         if applies:
             return reason
     if train is not None:

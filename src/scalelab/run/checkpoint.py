@@ -7,7 +7,10 @@ atomic rename), so a half-written checkpoint is never loaded, and then removes o
 What is saved: model and optimizer (DCP's distributed state dicts, so DDP replicas and
 FSDP2 shards alike), the loss scaler, and each rank's RNG state. ZeroRedundancyOptimizer
 is not supported by DCP's state-dict helpers: at stage 1 each rank's optimizer shard goes
-to its own file in the same folder (``zero1_optim_rank<R>.pt``).
+to its own file in the same folder (``zero1_optim_rank<R>.pt``). Nor are a pipeline stage's optimizer
+groups, which differ between stages (DCP keeps one rank's and the others load without their
+hyperparameters): under pipeline parallelism each rank's model part and optimizer go to its own file
+(``pipeline_rank<R>.pt``), read back by the same layout (a resumed run is the same point).
 """
 from __future__ import annotations
 
@@ -33,10 +36,16 @@ def _is_zero1(par: Parallelized) -> bool:
     return isinstance(par.optimizer, ZeroRedundancyOptimizer)
 
 
+def _per_rank(par: Parallelized) -> bool:
+    """Whether this rank's model part and optimizer are saved to its own file (a pipeline stage's)."""
+    return par.pipeline_group is not None
+
+
 def _state(par: Parallelized, scaler, rank: int) -> dict:
-    state = {"model": get_model_state_dict(par.model), "scaler": scaler.state_dict(),
-             f"rng_rank{rank}": torch.get_rng_state()}
-    if not _is_zero1(par):
+    state = {"scaler": scaler.state_dict(), f"rng_rank{rank}": torch.get_rng_state()}
+    if not _per_rank(par):
+        state["model"] = get_model_state_dict(par.model)
+    if not _is_zero1(par) and not _per_rank(par):
         state["optim"] = get_optimizer_state_dict(par.model, par.optimizer)
     return state
 
@@ -58,6 +67,8 @@ def save(root: Path, step: int, par: Parallelized, scaler) -> None:
     dcp.save(_state(par, scaler, rank), checkpoint_id=str(tmp))
     if _is_zero1(par):
         torch.save(par.optimizer.optim.state_dict(), tmp / f"zero1_optim_rank{rank}.pt")
+    if _per_rank(par):
+        torch.save({"model": par.model.state_dict(), "optim": par.optimizer.state_dict()}, tmp / f"pipeline_rank{rank}.pt")
     dist.barrier()  # every rank has written
     if rank == 0:
         os.replace(tmp, final)
@@ -71,11 +82,16 @@ def load(path: Path, par: Parallelized, scaler) -> None:
     rank = dist.get_rank()
     state = _state(par, scaler, rank)  # the template DCP fills in place
     dcp.load(state, checkpoint_id=str(path))
-    set_model_state_dict(par.model, state["model"])
-    if _is_zero1(par):
-        par.optimizer.optim.load_state_dict(torch.load(path / f"zero1_optim_rank{rank}.pt"))
+    if _per_rank(par):
+        mine = torch.load(path / f"pipeline_rank{rank}.pt", weights_only=False)  # written by this run's own ranks
+        par.model.load_state_dict(mine["model"])
+        par.optimizer.load_state_dict(mine["optim"])
     else:
-        set_optimizer_state_dict(par.model, par.optimizer, state["optim"])
+        set_model_state_dict(par.model, state["model"])
+        if _is_zero1(par):
+            par.optimizer.optim.load_state_dict(torch.load(path / f"zero1_optim_rank{rank}.pt"))
+        else:
+            set_optimizer_state_dict(par.model, par.optimizer, state["optim"])
     if state["scaler"]:
         scaler.load_state_dict(state["scaler"])
     torch.set_rng_state(state[f"rng_rank{rank}"])
