@@ -114,3 +114,39 @@ def test_the_bubble_is_measured_beside_its_formula(pp_runs, case):
         kinds = [i["kind"] for i in stage["intervals"]]
         assert kinds.count("F") == kinds.count("B") == m * v
         assert all(0 <= i["start_s"] <= i["end_s"] for i in stage["intervals"])
+
+
+def test_fp16_loss_scaling_spans_the_stages(tmp_path, tiny_data):
+    """fp16 under a pipeline: the last stage scales each micro-batch's loss as the run without a pipeline does, and
+    one inf check spans the stages (ShardedGradScaler): a non-finite gradient on the last stage's rank alone skips the
+    step on both, and the scale halves."""
+    from scalelab.plan.sweep import RunPoint
+    from support import run_point, tiny_config
+
+    cfg = tiny_config(train={"steps": 6, "warmup_steps": 2}, planning={"launch_overcommitted": True})
+    cfg["model"].update(GPT)
+    _, single, _ = run_point(tmp_path / "one", tiny_data, RunPoint("fp16", 0, 1, micro_batch=1), cfg=cfg)
+    point = RunPoint("fp16", 0, 2, micro_batch=1, pipeline_parallel=2)
+    summary, steps, _ = run_point(tmp_path / "pp", tiny_data, point, cfg=cfg)
+    assert summary["status"] == "ok", summary["reason"]
+    np.testing.assert_allclose(steps["loss"].to_numpy(), single["loss"].to_numpy(), rtol=1e-5)
+    summary, steps, _ = run_point(tmp_path / "inf", tiny_data, point, cfg=cfg, fault="inf_grad@step=3,rank=1")
+    assert summary["status"] == "ok" and summary["skipped_steps"] == 1, summary["reason"]
+    assert steps["skipped"].tolist() == [s == 3 for s in range(6)]
+    assert steps["loss_scale"].iloc[4] == steps["loss_scale"].iloc[3] / 2
+
+
+def test_fp8_linears_under_a_pipeline_train_as_one_process(tmp_path, tiny_data):
+    """fp8 (torchao's float8 linears, emulated on the CPU) converted on the whole model before it is split: every
+    stage's blocks carry them, and the losses equal one process's."""
+    pytest.importorskip("torchao")
+    from scalelab.plan.sweep import RunPoint
+    from support import run_point, tiny_config
+
+    cfg = tiny_config(train={"steps": 4, "warmup_steps": 2, "fp8_emulate": True})
+    cfg["model"].update(n_layers=4, d_model=64, n_heads=2)
+    _, single, _ = run_point(tmp_path, tiny_data, RunPoint("fp8", 0, 1, micro_batch=1), cfg=cfg)
+    summary, steps, _ = run_point(tmp_path, tiny_data, RunPoint("fp8", 0, 2, micro_batch=1, pipeline_parallel=2), cfg=cfg)
+    assert summary["status"] == "ok", summary["reason"]
+    assert summary["fp8_linears"] == 4 * 4  # every block's four linears, on whichever stage holds it
+    np.testing.assert_allclose(steps["loss"].to_numpy(), single["loss"].to_numpy(), rtol=1e-5)

@@ -156,9 +156,6 @@ def _pipeline_left_out(point, train: TrainConfig) -> str | None:
     for reason, applies in (
             ("zero_stage 1 with pipeline parallelism is not run (ZeroRedundancyOptimizer over one stage's data-parallel "
              "ranks is not wired); stages 0, 2 and 3 are", point.zero_stage == 1),
-            (f"{point.precision} with pipeline parallelism is not run (torch's schedules call backward themselves: the "
-             "fp16 loss scaler and fp8's linears are not wired into them); fp32 and bf16 are",
-             point.precision in ("fp16", "fp8")),
             ("cpu_offload with pipeline parallelism is not run", point.cpu_offload),
             ("compile with pipeline parallelism is not run yet (the warm-up that keeps compilation out of the step times "
              "runs a whole model's forward)", point.compile),

@@ -161,6 +161,7 @@ class Pipeline:
     has_last: bool
     group: dist.ProcessGroup
     tied: tuple | None = None  # (this rank's copy of a tied embedding, the tied group) on the first and last rank
+    scaler: object = None  # fp16's loss scaler (ShardedGradScaler: one inf check over every stage), set by the worker
     counting: bool = False
     p2p: dict = field(default_factory=lambda: {"sent": 0, "received": 0})
     tied_bytes: float = 0.0
@@ -272,7 +273,8 @@ def step(pipe: Pipeline, tokens: torch.Tensor) -> torch.Tensor:
     pipe.pipeline_s = time.perf_counter() - pipe.step_start
     sync_tied(pipe)
     if losses:
-        return torch.stack([loss.detach().float() for loss in losses]).sum()
+        total = torch.stack([loss.detach().float() for loss in losses]).sum()
+        return total / pipe.scaler._get_scale_async() if pipe.scaler is not None else total  # the loss as computed
     return torch.zeros((), device=tokens.device)
 
 
@@ -289,9 +291,10 @@ def parallelize(chunks: list[tuple[int, nn.Module]], mesh, plan, device: torch.d
     opt = torch.optim.AdamW(param_groups(holder, train.weight_decay), **_adamw_kwargs(train.lr))
     last = chunks[-1][1]
 
-    def loss_fn(logits, targets):  # the model's loss (a compiled one under compile), under the run's autocast
-        with precision_context():
-            return last.loss_fn(logits, targets)
+    def loss_fn(logits, targets):  # the model's loss (a compiled one under compile), under the run's autocast,
+        with precision_context():  # scaled where fp16 scales it: torch's schedule runs the backward of what it returns
+            loss = last.loss_fn(logits, targets)
+        return pipe.scaler.scale(loss) if pipe.scaler is not None else loss
 
     pipe = build(chunks, mesh["pp"], device, point.pipeline_schedule, plan.accumulation_steps, loss_fn, precision_context)
     excluded = tie(pipe, chunks, mesh) if plan.model.tie_embeddings else frozenset()

@@ -382,6 +382,9 @@ def setup(plan: RunPlan, rank_cores: str | None = None) -> Run:
                           tensor_parallel=point.tensor_parallel)
     blocks = [block for _, chunk in chunks for block in chunk.blocks]
     scaler = grad_scaler(point.precision, device, train_cfg.fp16_init_scale)
+    if pipe is not None and scaler.is_enabled():
+        pipe.scaler = scaler  # the schedule's loss scaled as each micro-batch's is without a pipeline
+        scaler.scale(torch.zeros((), device=device))  # makes its scale on every stage: only the last one scales losses
     sampler = BatchSampler(plan.train_bin, plan.token_dtype, model_cfg.seq_len, train_cfg.seed)
     counter = CommCounter().install()
     start_step, progress = resume(run_dir, train_cfg, par, scaler, rank)
