@@ -15,7 +15,7 @@ def test_a_formula_fixed_after_a_run_reaches_its_cached_row_at_collection(tmp_pa
     two-rank run is collected; then the activation, model-state, communication and peak formulas change
     (monkeypatched) and the folder is collected again: every predicted column follows the new
     formulas, the run folder is untouched (nothing retrained), and the measured columns stay."""
-    from scalelab.formulas import accounting, activation_memory, communication, model_state
+    from scalelab.formulas import activation_memory, communication, model_state
     from support import run_point
 
     summary, _, run_dir = run_point(tmp_path / "runs", tiny_data, RunPoint("bf16", 3, 2))
@@ -40,9 +40,7 @@ def test_a_formula_fixed_after_a_run_reaches_its_cached_row_at_collection(tmp_pa
             link: {c: b + 7.0 for c, b in by_type.items()} for link, by_type in real["comm_bytes_by_link"](*a, **k).items()},
     }
     for name, home in homes.items():
-        # each formula where it lives, and where the predicted columns still read it (scalelab.formulas.accounting)
-        monkeypatch.setattr(home, name, changed[name])
-        monkeypatch.setattr(accounting, name, changed[name])
+        monkeypatch.setattr(home, name, changed[name])  # each formula where it lives, where the columns read it
     assert collect(tmp_path)["problems"] == []
     new = pd.read_parquet(tmp_path / "metrics.parquet").iloc[0]
     assert new["activation_bytes_predicted"] == pytest.approx(2 * old["activation_bytes_predicted"])

@@ -115,7 +115,7 @@ def per_block_and_once(cfg: ModelConfig, micro_batch: int, precision: str, **cas
     whole model, L x per block + once, taken at one and two blocks."""
     import dataclasses
 
-    from scalelab.formulas.accounting import block_activation_bytes
+    from scalelab.formulas.activation_memory import block_activation_bytes
 
     one, two = (block_activation_bytes(dataclasses.replace(cfg, n_layers=n), micro_batch, precision, **case) for n in (1, 2))
     return two - one, 2 * one - two
@@ -199,9 +199,10 @@ PREDICTED_COLUMNS = ("comm_pipeline_bytes_per_step_predicted", "comm_pipeline_by
 def residual_width(precision: str, zero_stage: int) -> int:
     """Bytes of a value of the residual stream a stage sends: fp32 under autocast over fp32 parameters, the compute
     width where FSDP2 gathers 16-bit parameters (stages 2 and 3, bf16)."""
-    from scalelab.formulas.accounting import DTYPE_BYTES, _sixteen_bit_params
+    from scalelab.formulas.activation_memory import DTYPE_BYTES
+    from scalelab.formulas.communication import sixteen_bit_params
 
-    return DTYPE_BYTES[precision] if _sixteen_bit_params(precision, zero_stage) else 4
+    return DTYPE_BYTES[precision] if sixteen_bit_params(precision, zero_stage) else 4
 
 
 def predicted_columns(cfg: ModelConfig, pp: int, schedule_name: str, micro_batch: int, m: int, precision: str,

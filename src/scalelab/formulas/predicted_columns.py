@@ -20,7 +20,16 @@ import math
 from collections.abc import Mapping
 
 from scalelab.config import ModelConfig
-from scalelab.formulas import accounting, pipeline
+from scalelab.formulas import (
+    activation_memory,
+    communication,
+    flops,
+    lora_training,
+    model_state,
+    peak_memory,
+    pipeline,
+    tensor_parallelism,
+)
 from scalelab.spec.families import DEFAULT_FAMILY, OWN_KEYS
 from scalelab.spec.topology import link_of
 
@@ -73,10 +82,10 @@ def split_of(cfg: ModelConfig, n_params: float, row: Mapping) -> tuple[float, in
     parallelism the strategy's formulas apply to each rank's share over the data-parallel ranks (rank 0: the first
     pipeline stage's)."""
     degree, pp = int(_value(row, "tensor_parallel", 1)), int(_value(row, "pipeline_parallel", 1))
-    dp = accounting.data_parallel_size(int(row["world_size"]), degree * pp)
+    dp = tensor_parallelism.data_parallel_size(int(row["world_size"]), degree * pp)
     if pp > 1:
-        return pipeline.rank_params(cfg, accounting.last_block_params(cfg, degree), 0, pp, _schedule(row)), dp, degree
-    return accounting.tensor_parallel_params(cfg, n_params, degree), dp, degree
+        return pipeline.rank_params(cfg, tensor_parallelism.last_block_params(cfg, degree), 0, pp, _schedule(row)), dp, degree
+    return tensor_parallelism.tensor_parallel_params(cfg, n_params, degree), dp, degree
 
 
 def _schedule(row: Mapping) -> str:
@@ -87,8 +96,8 @@ def largest_rank_params(cfg: ModelConfig, n_params: float, row: Mapping) -> floa
     """The parameters of the rank holding the most (every rank's share alike without a pipeline)."""
     degree, pp = int(_value(row, "tensor_parallel", 1)), int(_value(row, "pipeline_parallel", 1))
     if pp == 1:
-        return accounting.tensor_parallel_params(cfg, n_params, degree)
-    return max(pipeline.rank_params(cfg, accounting.last_block_params(cfg, degree), k, pp, _schedule(row)) for k in range(pp))
+        return tensor_parallelism.tensor_parallel_params(cfg, n_params, degree)
+    return max(pipeline.rank_params(cfg, tensor_parallelism.last_block_params(cfg, degree), k, pp, _schedule(row)) for k in range(pp))
 
 
 def pipeline_columns(cfg: ModelConfig, row: Mapping) -> dict:
@@ -98,13 +107,13 @@ def pipeline_columns(cfg: ModelConfig, row: Mapping) -> dict:
         return dict.fromkeys(pipeline.PREDICTED_COLUMNS)
     return pipeline.predicted_columns(
         cfg, pp, _schedule(row), int(row["micro_batch"]), int(row["accumulation_steps"]), row["precision"],
-        int(row["zero_stage"]), accounting.data_parallel_size(int(row["world_size"]), degree * pp), degree,
+        int(row["zero_stage"]), tensor_parallelism.data_parallel_size(int(row["world_size"]), degree * pp), degree,
         bool(_value(row, "sequence_parallel", False)), bool(_value(row, "activation_checkpointing", False)),
         row["device_type"], bool(_value(row, "compile", False)), int(_value(row, "replicas", 1)))
 
 
 def peak(cfg: ModelConfig, n_params: int, row: Mapping, block_params: int | None = None,
-         n_trainable: int | None = None) -> accounting.PeakMemory:
+         n_trainable: int | None = None) -> peak_memory.PeakMemory:
     """The predicted in-step peak per rank of a run (row: its identity, ``accumulation_steps`` and
     ``device_type``); LoRA (``lora_rank``): the frozen weights hold no gradient or optimizer state
     (n_trainable: counted for a user's module, else the formula's). Under pipeline parallelism: the model state of
@@ -114,7 +123,7 @@ def peak(cfg: ModelConfig, n_params: int, row: Mapping, block_params: int | None
     n_params, world_size, degree = split_of(cfg, n_params, row)  # world_size: the data-parallel ranks
     replicas, accum = int(_value(row, "replicas", 1)), int(_value(row, "accumulation_steps", 1))
     cpu_offload = bool(_value(row, "cpu_offload", False))
-    result = accounting.peak_memory(cfg, n_params, stage, world_size, precision, int(row["micro_batch"]),
+    result = peak_memory.peak_memory(cfg, n_params, stage, world_size, precision, int(row["micro_batch"]),
                                     bool(_value(row, "activation_checkpointing", False)), cpu_offload, accum,
                                     block_params=block_params, device_type=row["device_type"], replicas=replicas,
                                     compiled=bool(_value(row, "compile", False)), tensor_parallel=degree,
@@ -122,28 +131,28 @@ def peak(cfg: ModelConfig, n_params: int, row: Mapping, block_params: int | None
     pp = int(_value(row, "pipeline_parallel", 1))
     if pp > 1:  # the rank holding the most parameters, and the stage holding the most micro-batches' activations
         sp, ac = bool(_value(row, "sequence_parallel", False)), bool(_value(row, "activation_checkpointing", False))
-        state = accounting.peak_memory(cfg, largest_rank_params(cfg, n_params, row), stage, world_size, precision,
+        state = peak_memory.peak_memory(cfg, largest_rank_params(cfg, n_params, row), stage, world_size, precision,
                                        int(row["micro_batch"]), ac, cpu_offload, accum, block_params=block_params,
                                        device_type=row["device_type"], replicas=replicas,
                                        compiled=bool(_value(row, "compile", False)), tensor_parallel=degree,
                                        sequence_parallel=sp)
         case = {"activation_checkpointing": ac, "zero_stage": stage, "device_type": row["device_type"],
                 "tensor_parallel": degree, "sequence_parallel": sp}
-        blocks = accounting.block_activation_bytes(cfg, int(row["micro_batch"]), precision, **case)
+        blocks = activation_memory.block_activation_bytes(cfg, int(row["micro_batch"]), precision, **case)
         per_block, once = pipeline.per_block_and_once(cfg, int(row["micro_batch"]), precision, **case)
         held = max(pipeline.held_block_activations(per_block, cfg.n_layers, k, pp, accum, _schedule(row), once)
                    for k in range(pp))
         result = dataclasses.replace(state, activations=state.activations - blocks + held)
     lora_rank = _value(row, "lora_rank")
     if lora_rank and not cpu_offload:  # frozen weights: no gradient or optimizer state for them
-        trainable = n_trainable if n_trainable is not None else accounting.lora_trainable_params(cfg, int(lora_rank))
-        state = accounting.lora_model_state_bytes(n_params, trainable, stage, world_size, precision, "pytorch", replicas)
-        held = state.total if accounting.grads_at_peak(stage, world_size, accum, replicas, degree) else state.total - state.grads
+        trainable = n_trainable if n_trainable is not None else lora_training.lora_trainable_params(cfg, int(lora_rank))
+        state = lora_training.lora_model_state_bytes(n_params, trainable, stage, world_size, precision, "pytorch", replicas)
+        held = state.total if peak_memory.grads_at_peak(stage, world_size, accum, replicas, degree) else state.total - state.grads
         result = dataclasses.replace(result, model_state=held, at_rest=state.total)
     return result
 
 
-def peak_columns(result: accounting.PeakMemory, custom: bool) -> dict:
+def peak_columns(result: peak_memory.PeakMemory, custom: bool) -> dict:
     return {"predicted_peak_bytes": result.total, "predicted_activation_bytes": None if custom else result.activations,
             "predicted_transient_param_bytes": result.transient_params, "predicted_peak_bound": result.bound}
 
@@ -163,27 +172,27 @@ def worker_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -> dic
     n_trainable = int(row["n_trainable_params"]) if lora else None
     if lora:
         n_frozen = n_params - n_trainable
-        states = [accounting.lora_model_state_bytes(n_frozen, n_trainable, stage, world_size, precision, c, replicas)
+        states = [lora_training.lora_model_state_bytes(n_frozen, n_trainable, stage, world_size, precision, c, replicas)
                   for c in ("pytorch", "paper")]
-        paper_elements = accounting.lora_comm_elements_per_step(n_frozen, n_trainable, stage, world_size, accum, "paper", replicas)
+        paper_elements = lora_training.lora_comm_elements_per_step(n_frozen, n_trainable, stage, world_size, accum, "paper", replicas)
     else:
-        states = [accounting.model_state_bytes(state_params, stage, world_size, precision, c, replicas)
+        states = [model_state.model_state_bytes(state_params, stage, world_size, precision, c, replicas)
                   for c in ("pytorch", "paper")]
-        paper_elements = accounting.comm_elements_per_step(n_params, stage, world_size, accum, "paper", replicas)
+        paper_elements = communication.comm_elements_per_step(n_params, stage, world_size, accum, "paper", replicas)
     custom = cfg.module is not None
     device_type = row["device_type"]
     sp = bool(_value(row, "sequence_parallel", False))
     pp = int(_value(row, "pipeline_parallel", 1))
     blocks = cfg if pp == 1 else dataclasses.replace(  # rank 0's blocks carry its tensor-parallel collectives
         cfg, n_layers=len(pipeline.chunks(cfg.n_layers, pp, _schedule(row))[0]) * len(pipeline.rank_chunks(0, pp, _schedule(row))))
-    tp_bytes = accounting.tensor_parallel_bytes(blocks, micro, accum, degree, precision, stage, device_type, ac, sp)
+    tp_bytes = tensor_parallelism.tensor_parallel_bytes(blocks, micro, accum, degree, precision, stage, device_type, ac, sp)
     kept = last_block_kept(row)
-    links = accounting.comm_bytes_by_link(n_params, stage, world_size, precision, rank_hosts.count(rank_hosts[0]), replicas,
+    links = communication.comm_bytes_by_link(n_params, stage, world_size, precision, rank_hosts.count(rank_hosts[0]), replicas,
                                           grad_reduce, accum, n_trainable, tensor_parallel=degree, last_block_params=kept)
-    comm_total = accounting.comm_bytes_per_step(n_params, stage, world_size, precision, accum, grad_reduce, n_trainable,
+    comm_total = communication.comm_bytes_per_step(n_params, stage, world_size, precision, accum, grad_reduce, n_trainable,
                                                 replicas, kept)
     if pp > 1 and stage in (2, 3) and world_size > 1:  # FSDP2 under torch's schedules gathers and reduces otherwise
-        dtypes = accounting.comm_dtypes(precision, stage, grad_reduce)
+        dtypes = communication.comm_dtypes(precision, stage, grad_reduce)
         shard = world_size // replicas
         by_group = pipeline.sharded_comm_bytes(n_params, kept, accum, stage, dtypes.gather_bytes, dtypes.reduce_bytes,
                                                _schedule(row), shard, replicas)
@@ -197,12 +206,12 @@ def worker_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -> dic
                 by_type = links[link_of(groups[name], rank_hosts)]
                 by_type[name] = by_type.get(name, 0.0) + nbytes
     return {
-        "activation_bytes_predicted": None if custom else accounting.block_activation_bytes(
+        "activation_bytes_predicted": None if custom else activation_memory.block_activation_bytes(
             cfg, micro, precision, ac, zero_stage=stage, device_type=device_type, compiled=compiled, tensor_parallel=degree,
             sequence_parallel=sp),
-        "activation_bytes_predicted_paper": None if custom else accounting.block_activation_bytes(
+        "activation_bytes_predicted_paper": None if custom else activation_memory.block_activation_bytes(
             cfg, micro, precision, ac, "paper", tensor_parallel=degree, sequence_parallel=sp),
-        "activation_bytes_outside_blocks_predicted": None if custom else accounting.outside_block_activation_bytes(
+        "activation_bytes_outside_blocks_predicted": None if custom else activation_memory.outside_block_activation_bytes(
             cfg, micro, precision, accum, stage, device_type, compiled, degree, sp),
         "model_state_bytes_predicted": states[0].total,
         "model_state_params_bytes_predicted": states[0].params,
@@ -229,7 +238,7 @@ def refreshed(row: dict) -> dict:
     cfg = model_of_row(row)
     new = {}
     if cfg.module is None and row.get("predicted_peak_bytes") is not None and row.get("device_type") is not None:
-        new.update(peak_columns(peak(cfg, accounting.param_count(cfg), row), custom=False))
+        new.update(peak_columns(peak(cfg, flops.param_count(cfg), row), custom=False))
     hosts = row.get("rank_hostnames")
     if row.get("model_state_bytes_predicted") is not None and hosts and row.get("n_params") is not None:
         new.update(worker_columns(cfg, row, hosts.split(",")))

@@ -344,7 +344,7 @@ RUN = [
            "in full although causal (PaLM's convention); a custom module's counted by torch.utils.flop_counter "
            "(flops_per_token_method)", "worker", OK),
     Column("flops_per_token_method", pa.string(), "-", "how flops_per_token was obtained: formula (the built-in "
-           "families, scalelab.formulas.accounting.flops_per_token) | counted (torch.utils.flop_counter, a custom module: one "
+           "families, scalelab.formulas.flops.flops_per_token) | counted (torch.utils.flop_counter, a custom module: one "
            "sequence's forward and backward on the meta device)", "worker", OK),
     Column("peak_flops_per_device", pa.float64(), "FLOP/s", "dense peak used for MFU, per device, for this precision "
            "(NaN when unknown)", "worker", OK),
@@ -398,7 +398,7 @@ RUN = [
              f"group's ranks ran {'on one host' if link == 'intra_node' else 'on more than one host'} (ZeRO paper's "
              "unit; a collective whose group spans nodes counts wholly inter-node; "
              + ("counted per process group, each group classified by the hosts its ranks recorded)" if kind == "measured"
-                else "scalelab.formulas.accounting.comm_bytes_by_link at torchrun's placement: consecutive ranks per node, as "
+                else "scalelab.formulas.communication.comm_bytes_by_link at torchrun's placement: consecutive ranks per node, as "
                      "many per node as ran on rank 0's host)"),
              "worker", sometimes("runs measured since traffic per link was counted; predicted: as "
                                  "comm_bytes_per_step_predicted", OK))
@@ -413,7 +413,7 @@ RUN = [
     Column("comm_tensor_parallel_bytes_per_step_predicted", pa.float64(), "B/step", "predicted tensor-parallel bytes per "
            "step: four all-reduces of B T d values per block and micro-batch, five with activation checkpointing; "
            "with sequence parallelism all-gathers and reduce-scatters of the same volume plus the head's and the "
-           "embeddings' gathers and the norms' gradients (scalelab.formulas.accounting.tensor_parallel_comm); 0 without "
+           "embeddings' gathers and the norms' gradients (scalelab.formulas.tensor_parallelism.tensor_parallel_comm); 0 without "
            "tensor parallelism", "worker",
            sometimes("runs measured since tensor parallelism", OK)),
     Column("comm_tensor_parallel_link", pa.string(), "-", "the link rank 0's tensor-parallel group ran on (intra_node: one "
@@ -458,7 +458,7 @@ RUN = [
            "in-flight micro-batches on the stage x its blocks x one block's activations (scalelab.formulas.pipeline."
            "held_block_activations); null under activation checkpointing", "worker",
            sometimes("status ok, pipeline_parallel > 1, no activation checkpointing", _PIPELINE)),
-    # The recipe of the run's collectives (scalelab.formulas.accounting.comm_dtypes); a summary written before
+    # The recipe of the run's collectives (scalelab.formulas.communication.comm_dtypes); a summary written before
     # they were recorded is read as what that code did (LEGACY_SUMMARY), never as today's recipe.
     Column("param_gather_dtype", pa.string(), "-", "dtype FSDP2 all-gathers parameters in (float32, or the compute "
            "dtype of fp16/bf16 at stages 2 and 3: MixedPrecisionPolicy param_dtype); null for strategies that gather "

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.config import ConfigError, TrainConfig, section, train_config
-from scalelab.formulas.accounting import GRAD_REDUCE, MIXED_COMM
+from scalelab.formulas.communication import GRAD_REDUCE, MIXED_COMM
 from scalelab.formulas.pipeline import DEFAULT_SCHEDULE, SCHEDULES, microbatches_problem
 from scalelab.spec.precisions import PRECISIONS
 from scalelab.spec.strategies import DDP_BUCKET_MB, HYBRID, strategy
@@ -228,7 +228,7 @@ AXES: tuple[Axis, ...] = (
          run_id=lambda v: None if v == GRAD_REDUCE[0] else "reduce16", id_pattern="reduce16",
          left_out=lambda point, train: None if point.grad_reduce == GRAD_REDUCE[0] or point.precision in MIXED_COMM else
          f"grad_reduce={point.grad_reduce} applies to {' and '.join(MIXED_COMM)} (fp32 reduces in its compute dtype "
-         "already; fp8 keeps torchao's recipe, see scalelab.formulas.accounting.MIXED_COMM)",
+         "already; fp8 keeps torchao's recipe, see scalelab.formulas.communication.MIXED_COMM)",
          is_default=lambda runs: runs["grad_reduce"].isna() | (runs["grad_reduce"] == GRAD_REDUCE[0])),
     # Hybrid sharding: zero_stage 3 over R replicas of N/R-rank shard groups (scalelab.spec.strategies.HYBRID).
     # Added with its default (1: no id part), so no earlier run's id changes.

@@ -18,7 +18,7 @@ Levers: ``bucket_mb`` sets DDP's gradient bucket size (stages 0, 1); ``cpu_offlo
 stage 3 FSDP2's CPUOffloadPolicy (sharded state in pinned host memory, optimizer step on
 the CPU); ``compile`` is :func:`apply_compile`, applied before any of these wrappers.
 
-Collective dtypes (scalelab.formulas.accounting.comm_dtypes says which for a run): ``param_dtype`` and
+Collective dtypes (scalelab.formulas.communication.comm_dtypes says which for a run): ``param_dtype`` and
 ``reduce_dtype`` of :func:`parallelize`. FSDP2 takes both as its MixedPrecisionPolicy
 (torchtitan's bf16 recipe: param_dtype=bf16, reduce_dtype=fp32): the fp32 shards stay what the
 optimizer steps, the unsharded parameters are gathered, used and freed in param_dtype, gradients

@@ -40,7 +40,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh  # imported by torch itself: free
 
 from scalelab.config import HALF_BATCH_SHARE, ModelConfig, TrainConfig
-from scalelab.formulas import accounting, predicted_columns
+from scalelab.formulas import communication, flops, predicted_columns
 from scalelab.io import write_json
 from scalelab.plan.placement import LAUNCHER_SLOT_ENV, gpu_index
 from scalelab.plan.run_plan import RunPlan
@@ -104,7 +104,7 @@ def peak_flops(device: torch.device, precision: str, tf32: bool,
 def bf16_peak_flops(device: torch.device, precision: str, tf32: bool, run_peak: tuple[float, str],
                     configured_tflops: dict[str, float] | None = None, calibration: dict | None = None) -> tuple[float, str]:
     """(dense bf16 peak FLOP/s per device, its source): the denominator of ``mfu_bf16_peak``,
-    every run's MFU on one scale (scalelab.formulas.accounting's docstring). A run whose own peak is
+    every run's MFU on one scale (scalelab.formulas.flops's docstring). A run whose own peak is
     the bf16 one (bf16; fp8 on a CPU, whose fp8 runs compute in bf16) reuses it."""
     if precision == "bf16" or (device.type != "cuda" and precision_record(precision).matmul_precision == "bf16"):
         return run_peak
@@ -329,25 +329,7 @@ def setup(plan: RunPlan, rank_cores: str | None = None) -> Run:
 
     torch.manual_seed(train_cfg.seed)  # identical initial weights on every rank
     model = build_model(model_cfg).to(device)  # its family's class, or the user's module
-    # Tensor parallelism first, as torchtitan orders it (then checkpointing, compile, the data-parallel wrapper):
-    # a 2-D mesh, tensor-parallel ranks inner (consecutive: within a node), the strategy over the outer one; under
-    # pipeline parallelism a (pp, dp, tp) mesh, and this rank's chunks of the model (scalelab.run.pipeline).
-    dp_mesh, tp_mesh, mesh, chunks = None, None, None, [(0, model)]
-    if point.pipeline_parallel > 1:
-        from scalelab.run import pipeline
-
-        mesh = pipeline.build_mesh(device.type, world_size, point.pipeline_parallel, point.tensor_parallel, point.replicas)
-        chunks = pipeline.chunk_modules(model, mesh["pp"].get_local_rank(), point.pipeline_parallel, point.pipeline_schedule)
-        tp_mesh = mesh["tp"] if point.tensor_parallel > 1 else None
-    elif point.tensor_parallel > 1:
-        mesh = init_device_mesh(device.type, (world_size // point.tensor_parallel, point.tensor_parallel),
-                                mesh_dim_names=("dp", "tp"))
-        dp_mesh, tp_mesh = mesh["dp"], mesh["tp"]
-    if tp_mesh is not None:
-        from scalelab.run.tensor_parallel import apply_tensor_parallel  # here: DTensor's import costs a rank ~0.7 s
-
-        for _, chunk in chunks:
-            apply_tensor_parallel(chunk, tp_mesh, point.sequence_parallel)
+    mesh, dp_mesh, chunks = split_model(model, point, device, world_size)
     # LoRA after the model is built: the base weights are those of the full-training twin.
     n_trainable = apply_lora(model, point.lora_rank, train_cfg.lora_alpha) if point.lora_rank else None
     n_params = model.num_parameters()  # the whole model's (a pipeline rank's chunks share its parameters)
@@ -366,12 +348,14 @@ def setup(plan: RunPlan, rank_cores: str | None = None) -> Run:
     if point.compile:  # after checkpointing and fp8, before wrapping (torchtitan's order)
         for _, chunk in chunks:
             apply_compile(chunk)
-    # The dtypes its collectives carry (the plan's, scalelab.formulas.accounting.comm_dtypes): fp16 and bf16
+    # The dtypes its collectives carry (the plan's, scalelab.formulas.communication.comm_dtypes): fp16 and bf16
     # gather in their compute dtype at stages 2 and 3 (FSDP2's MixedPrecisionPolicy); fp32 is FSDP2's default.
     dtypes = plan.comm
     param_dtype = None if dtypes.param_gather in (None, "float32") else getattr(torch, dtypes.param_gather)
     pipe = None
     if point.pipeline_parallel > 1:
+        from scalelab.run import pipeline
+
         par, pipe = pipeline.parallelize(chunks, mesh, plan, device, param_dtype, getattr(torch, dtypes.grad_reduce),
                                          lambda: autocast(point.precision, device))
         model = chunks[-1][1]
@@ -393,6 +377,31 @@ def setup(plan: RunPlan, rank_cores: str | None = None) -> Run:
                param_bytes=param_bytes, fp8_linears=fp8_linears,
                blocks=blocks, par=par, scaler=scaler, sampler=sampler, counter=counter, start_step=start_step,
                progress=progress, n_trainable=n_trainable, rank_cores=rank_cores, last_block_kept=last_block_kept, pipe=pipe)
+
+
+def split_model(model: torch.nn.Module, point: RunPoint, device: torch.device, world_size: int):
+    """(mesh, data-parallel mesh, this rank's chunks [(chunk index, module)]): the model split for model parallelism.
+    Tensor parallelism first, as torchtitan orders it (then checkpointing, compile, the data-parallel wrapper): a 2-D
+    mesh, tensor-parallel ranks inner (consecutive: within a node), the strategy over the outer one; under pipeline
+    parallelism a (pp, dp, tp) mesh, and this rank's chunks of the model (scalelab.run.pipeline), each split by
+    tensor parallelism. Without either: no mesh, the whole model one chunk."""
+    dp_mesh, tp_mesh, mesh, chunks = None, None, None, [(0, model)]
+    if point.pipeline_parallel > 1:
+        from scalelab.run import pipeline
+
+        mesh = pipeline.build_mesh(device.type, world_size, point.pipeline_parallel, point.tensor_parallel, point.replicas)
+        chunks = pipeline.chunk_modules(model, mesh["pp"].get_local_rank(), point.pipeline_parallel, point.pipeline_schedule)
+        tp_mesh = mesh["tp"] if point.tensor_parallel > 1 else None
+    elif point.tensor_parallel > 1:
+        mesh = init_device_mesh(device.type, (world_size // point.tensor_parallel, point.tensor_parallel),
+                                mesh_dim_names=("dp", "tp"))
+        dp_mesh, tp_mesh = mesh["dp"], mesh["tp"]
+    if tp_mesh is not None:
+        from scalelab.run.tensor_parallel import apply_tensor_parallel  # here: DTensor's import costs a rank ~0.7 s
+
+        for _, chunk in chunks:
+            apply_tensor_parallel(chunk, tp_mesh, point.sequence_parallel)
+    return mesh, dp_mesh, chunks
 
 
 def resume(run_dir: Path, train_cfg: TrainConfig, par: Parallelized, scaler: torch.amp.GradScaler,
@@ -808,8 +817,8 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
     tokens_per_s = run.tokens_per_step * len(step_times) / total_time
     # a family's formulas; a user's module: its FLOPs counted (torch.utils.flop_counter), no activation prediction
     custom = counted_by_module(model_cfg) if model_cfg.module else None
-    fpt = custom["flops_per_token"] if custom else accounting.flops_per_token(model_cfg)
-    recompute_fpt = (custom["block_forward_flops_per_token"] if custom else accounting.recompute_flops_per_token(model_cfg)) if ac else 0.0
+    fpt = custom["flops_per_token"] if custom else flops.flops_per_token(model_cfg)
+    recompute_fpt = (custom["block_forward_flops_per_token"] if custom else flops.recompute_flops_per_token(model_cfg)) if ac else 0.0
     return {
         "n_params": run.n_params,
         "n_trainable_params": run.n_params if run.n_trainable is None else run.n_trainable,
@@ -834,19 +843,19 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "flops_per_token_method": "counted (torch.utils.flop_counter)" if custom else "formula",
         "peak_flops_per_device": run.peak,
         "peak_flops_source": run.peak_source,
-        "mfu": accounting.mfu(tokens_per_s, fpt, run.peak, world_size),
+        "mfu": flops.mfu(tokens_per_s, fpt, run.peak, world_size),
         "peak_flops_bf16": run.peak_bf16,
         "peak_flops_bf16_source": run.peak_bf16_source,
-        "mfu_bf16_peak": accounting.mfu(tokens_per_s, fpt, run.peak_bf16, world_size),
+        "mfu_bf16_peak": flops.mfu(tokens_per_s, fpt, run.peak_bf16, world_size),
         "recompute_flops_per_token": recompute_fpt,
         "fp8_linears": run.fp8_linears,
         "fp8_emulated": bool(run.train_cfg.fp8_emulate) if run.plan.precision.linears else None,
-        "hfu": accounting.mfu(tokens_per_s, fpt + recompute_fpt, run.peak, world_size),
+        "hfu": flops.mfu(tokens_per_s, fpt + recompute_fpt, run.peak, world_size),
         "activation_bytes_measured": tally.activations["inside"] if tally.activations else None,
         "activation_bytes_outside_blocks_measured": tally.activations["outside"] if tally.activations else None,
         "activation_measure": "bytes saved for backward by one micro-batch's forward on rank 0 (autograd saved-tensor hooks), "
                               "and outside the blocks what the forward returns",
-        "ddp_buckets_predicted": (accounting.ddp_bucket_count(run.param_bytes, point.bucket_mb)
+        "ddp_buckets_predicted": (communication.ddp_bucket_count(run.param_bytes, point.bucket_mb)
                                   if point.bucket_mb and run.plan.strategy.ddp_wraps(run.data_ranks, point.tensor_parallel) else None),
         "skipped_steps": tally.skipped_steps,
         "resumed_from_step": run.start_step - 1 if run.start_step else None,
