@@ -24,12 +24,13 @@ from scalelab.formulas.communication import comm_dtypes
 from scalelab.plan.run_plan import RunPlan
 from scalelab.plan.sweep import micro_batch_plan
 from scalelab.run import worker
+from scalelab.run.rank_setup import setup
 
 READS = ("item", "__float__", "__int__", "__bool__", "tolist")
 
 
 def reads_during_steps(plan: RunPlan, steps: int) -> list[str]:
-    run = worker.setup(plan)
+    run = setup(plan)
     reads, window = [], {"open": False}
     originals = {name: getattr(torch.Tensor, name) for name in READS}
 

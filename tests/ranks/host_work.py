@@ -39,7 +39,9 @@ from scalelab.harness import plain_loop
 from scalelab.plan.run_plan import RunPlan
 from scalelab.plan.sweep import micro_batch_plan
 from scalelab.run import worker
+from scalelab.run.data import BatchSampler
 from scalelab.run.model import build_model
+from scalelab.run.rank_setup import rank_device, setup
 
 
 def timed_hooks(model: torch.nn.Module) -> list[float]:
@@ -94,7 +96,7 @@ def counted(step, optimizer, model, warm_up: int, steps: int) -> dict:
 
 
 def scalelab_side(plan: RunPlan, warm_up: int, steps: int) -> dict:
-    run = worker.setup(plan)
+    run = setup(plan)
     lr = lambda i: worker.lr_at(i, run.train_cfg)  # noqa: E731
 
     def step(i: int) -> float:
@@ -122,7 +124,7 @@ def plain_side(plan: RunPlan, replicas: int, warm_up: int, steps: int, device: t
     scaler = torch.amp.GradScaler(device.type, enabled=False)
     dtype = plain_loop.AUTOCAST[plan.point.precision]
     ctx = torch.autocast(device.type, dtype=dtype) if autocast and dtype else nullcontext()
-    sampler = worker.BatchSampler(plan.train_bin, plan.token_dtype, cfg.seq_len, train.seed)
+    sampler = BatchSampler(plan.train_bin, plan.token_dtype, cfg.seq_len, train.seed)
     world, rank = dist.get_world_size(), dist.get_rank()
 
     def step(i: int) -> float:
@@ -168,7 +170,7 @@ def main() -> None:
         plan, replicas = case_plan(base, case)
         records[case] = {"scalelab": scalelab_side(plan, args.warm_up, args.steps)}
         if plan.point.zero_stage != 1:  # ZeRO-1 is DDP's: FSDP2 has no peer of it
-            device = worker.rank_device(plan.device)  # the worker's: a GPU rank's own GPU
+            device = rank_device(plan.device)  # the worker's: a GPU rank's own GPU
             records[case]["plain"] = plain_side(plan, replicas, args.warm_up, args.steps, device, args.plain_autocast)
         dist.barrier()
     if dist.get_rank() == 0:

@@ -51,7 +51,7 @@ def test_mfu_against_the_bf16_peak_on_a_gpu(monkeypatch):
     that mfu_bf16_peak divides by; a bf16 run's two peaks are one."""
     import torch
 
-    from scalelab.run.worker import bf16_peak_flops, peak_flops
+    from scalelab.run.rank_setup import bf16_peak_flops, peak_flops
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     gpu = torch.device("cuda", 0)

@@ -230,7 +230,7 @@ def test_runs_whose_host_changed_speed_while_they_ran_are_named_in_one_line_the_
 
 
 def test_step_time_drift_compares_the_halves_medians():
-    from scalelab.run.worker import step_time_drift
+    from scalelab.run.worker_result import step_time_drift
     from scalelab.spec.hardware import DRIFT_MIN_STEPS
 
     assert step_time_drift([0.008] * 10 + [0.012] * 10) == pytest.approx(0.5)

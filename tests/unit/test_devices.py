@@ -80,7 +80,7 @@ def test_the_gpu_state_beside_a_run_comes_from_nvidia_smi(tmp_path, monkeypatch)
     import torch
 
     from scalelab.run.devices import gpu_state
-    from scalelab.run.worker import gpu_state_columns
+    from scalelab.run.worker_result import gpu_state_columns
 
     calls = tmp_path / "calls"
     smi = tmp_path / "nvidia-smi"

@@ -22,7 +22,7 @@ from scalelab.spec.precisions import peak_key
 
 # Per family (scalelab.spec.families: one record each): the block's matmul weights, its norms, the
 # embeddings, the activations. A user's own module (ModelConfig.module) has no formula: its parameters are counted from the
-# module, its FLOPs by torch.utils.flop_counter (scalelab.run.worker), and no activation
+# module, its FLOPs by torch.utils.flop_counter (scalelab.run.worker_result), and no activation
 # prediction is made.
 
 

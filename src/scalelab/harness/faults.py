@@ -7,7 +7,7 @@ Each drill works in a temporary folder, drives Snakemake (and through it torchru
 for real, and returns counted facts (faults injected and recovered, rows lost or
 duplicated, corrupt files, orphan processes, ...). tests/*/test_faults.py asserts on the
 same drills; this module prints them. Faults are injected with SCALELAB_FAULT (see
-scalelab.run.worker.Fault and scalelab.io.fault_point).
+scalelab.run.fault_injection.Fault and scalelab.io.fault_point).
 """
 from __future__ import annotations
 

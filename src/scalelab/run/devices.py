@@ -29,10 +29,10 @@ class Branch:
 BRANCHES = (
     # what the device is
     Branch("run/devices.py", "device_name", "torch names a GPU; a CPU's model comes from /proc/cpuinfo"),
-    Branch("run/worker.py", "peak_flops", "a GPU's peak is its datasheet figure (scalelab.spec.hardware); a CPU has none: measured"),
-    Branch("run/worker.py", "bf16_peak_flops", "fp8 on a CPU computes in bf16 (emulated float8): its own peak is the bf16 one"),
-    Branch("run/worker.py", "rank_device", "a GPU rank takes its own GPU and makes it current; the CPU is one device"),
-    Branch("run/worker.py", "environment", "NCCL exists only with CUDA: its version is a GPU run's"),
+    Branch("run/rank_setup.py", "peak_flops", "a GPU's peak is its datasheet figure (scalelab.spec.hardware); a CPU has none: measured"),
+    Branch("run/rank_setup.py", "bf16_peak_flops", "fp8 on a CPU computes in bf16 (emulated float8): its own peak is the bf16 one"),
+    Branch("run/rank_setup.py", "rank_device", "a GPU rank takes its own GPU and makes it current; the CPU is one device"),
+    Branch("run/worker_result.py", "environment", "NCCL exists only with CUDA: its version is a GPU run's"),
     Branch("run/worker.py", "rank_main", "the process group's backend: NCCL carries CUDA tensors, gloo CPU tensors"),
     Branch("run/worker.py", "<module>", "a new CPU rank runs in a child forked after the imports, as the prefork server's "
            "ranks do (the same peak RSS); CUDA does not survive a fork"),
@@ -44,12 +44,12 @@ BRANCHES = (
     Branch("run/devices.py", "synchronize", "CUDA kernels run asynchronously: a step ends when the GPU is done; CPU ops return done"),
     Branch("run/worker.py", "compile_warm_up", "the CUDA generator's state is kept apart from the CPU's and restored apart"),
     Branch("run/worker.py", "train", "the CUDA caching allocator's peak is reset before the steps; a CPU run's peak is its RSS"),
-    Branch("run/worker.py", "gather", "device memory peaks (allocated, reserved) exist on a GPU; a CPU run reports its RSS"),
-    Branch("run/worker.py", "memory_and_placement_columns", "device memory columns are a GPU run's (the column "
+    Branch("run/worker_result.py", "gather", "device memory peaks (allocated, reserved) exist on a GPU; a CPU run reports its RSS"),
+    Branch("run/worker_result.py", "memory_and_placement_columns", "device memory columns are a GPU run's (the column "
            "table: null on a CPU run)"),
     Branch("run/trace.py", "StepTracer.__init__", "the CUDA allocator's history exists on a GPU only"),
     Branch("run/trace.py", "StepTracer.step", "a GPU run's trace holds its CUDA kernels too"),
-    Branch("run/worker.py", "trace_figures", "memory snapshots are the CUDA allocator's: a GPU run's"),
+    Branch("run/worker_result.py", "trace_figures", "memory snapshots are the CUDA allocator's: a GPU run's"),
     Branch("run/progress.py", "Progress.line", "the progress line shows device memory on a GPU, the peak RSS on a CPU"),
     # what torch offers on each device
     Branch("run/parallel.py", "_ddp", "DDP takes device_ids for a CUDA module only"),
