@@ -11,10 +11,11 @@ from matplotlib.collections import QuadMesh
 from matplotlib.patches import Rectangle
 
 from scalelab.harness.fixtures import synthetic_results
-from scalelab.report import plots
+from scalelab.report import plot_style, plots
 from scalelab.report.figures import FIGURES, Tables
 from scalelab.report.levers import baseline, lever_table
 from scalelab.report.report import load_tables
+from scalelab.report.tables import mfu_grid
 
 MiB = 2 ** 20
 
@@ -31,7 +32,7 @@ def draw(name, runs, steps, results_dir=None, with_note=False):
     """The figure as draw_figures makes it, main figures from the baseline rows, less hybrid sharding's
     (draw_figures adds them as a strategy of their own: their own test below); results_dir: the results folder
     whose run folders it may read."""
-    plots.use_theme()
+    plot_style.use_theme()
     figure = next(f for f in FIGURES if f.name == name)
     levers = lever_table(runs)
     base = baseline(runs)
@@ -51,7 +52,7 @@ def lines(ax, label_part):
 
 
 def marks(ax, label):
-    """(x, y) of the points of that label drawn without a line (plots.marks), shown in the legend or not ('_label')."""
+    """(x, y) of the points of that label drawn without a line (plot_style.marks), shown in the legend or not ('_label')."""
     line = next(ln for ln in ax.get_lines() if ln.get_linestyle() == "None" and ln.get_label() in (label, "_" + label))
     return np.asarray(line.get_xydata())
 
@@ -371,7 +372,7 @@ def check_memory_vs_psi(runs, steps):
         sub = ok[ok["world_size"] == n]
         measured = [ln for ln in ax.get_lines() if ln.get_linestyle() == "None" and ln.get_marker() == "o"]
         stages = sorted(sub["zero_stage"].unique())
-        dodge = {s: plots._dodge(len(stages), i) if one_model else 1.0 for i, s in enumerate(stages)}
+        dodge = {s: plot_style.dodge(len(stages), i) if one_model else 1.0 for i, s in enumerate(stages)}
         drawn = np.array(sorted(tuple(xy) for ln in measured for xy in ln.get_xydata()))
         expected = sorted(zip(sub["n_params"].astype(float) * sub["zero_stage"].map(dodge), sub["model_state_bytes_measured"] / MiB))
         np.testing.assert_allclose(drawn, expected)
@@ -602,11 +603,11 @@ def test_images_are_crisp_and_cropped(tmp_path, results):
     runs, steps = results
     fig, _ = draw("throughput", runs, steps)
     width_in = fig.get_figwidth()
-    files = plots.save(fig, tmp_path, "throughput", ("png", "svg"))
+    files = plot_style.save(fig, tmp_path, "throughput", ("png", "svg"))
     from PIL import Image
 
     with Image.open(tmp_path / files[0]) as png:
-        assert plots.DPI >= 150 and png.size[0] > 0.8 * width_in * plots.DPI  # drawn at 150 dpi, not 90
+        assert plot_style.DPI >= 150 and png.size[0] > 0.8 * width_in * plot_style.DPI  # drawn at 150 dpi, not 90
         corner = png.convert("RGB").getpixel((0, 0))
         assert corner == (255, 255, 255)
     svg = (tmp_path / files[1]).read_text()
@@ -614,7 +615,7 @@ def test_images_are_crisp_and_cropped(tmp_path, results):
 
 
 def test_save_stops_if_the_canvas_does_not_hold_the_padded_drawing(tmp_path, monkeypatch):
-    """plots.save crops the pixels savefig drew over the padded area, read from the canvas; a matplotlib
+    """plot_style.save crops the pixels savefig drew over the padded area, read from the canvas; a matplotlib
     whose canvas holds another drawing after savefig stops the build with a message, not a figure cut short."""
     import matplotlib.pyplot as plt
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -629,7 +630,7 @@ def test_save_stops_if_the_canvas_does_not_hold_the_padded_drawing(tmp_path, mon
     fig, ax = plt.subplots()
     ax.plot([0, 1], [0, 1])
     with pytest.raises(RuntimeError, match="not the padded drawing"):
-        plots.save(fig, tmp_path, "unpadded", ("png",))
+        plot_style.save(fig, tmp_path, "unpadded", ("png",))
     plt.close(fig)
     assert not (tmp_path / "unpadded.png").exists()
 
@@ -641,7 +642,7 @@ def test_notes_below_the_panels_are_inside_the_image(tmp_path, results):
     runs, steps = results
     assert (runs["status"] != "ok").any()
     fig, _ = draw("throughput", runs, steps)
-    (file,) = plots.save(fig, tmp_path, "throughput", ("png",))
+    (file,) = plot_style.save(fig, tmp_path, "throughput", ("png",))
     with Image.open(tmp_path / file) as png:
         rgb = np.asarray(png.convert("RGB")).astype(int)
     red = (rgb[..., 0] > 140) & (rgb[..., 1] < 60) & (rgb[..., 2] < 60)  # firebrick (178, 34, 34) text, not stage 3's lighter red
@@ -661,7 +662,7 @@ def test_figures_summarise_many_runs_at_a_point(results):
     big = pd.concat([runs.assign(run_id=runs["run_id"] + f"-x{k}", model_state_bytes_measured=runs["model_state_bytes_measured"] * (1 + k / 50),
                                  peak_rss_bytes=runs["peak_rss_bytes"] * (1 + k / 50)) for k in range(copies)], ignore_index=True)
     big_steps = pd.concat([steps.assign(run_id=steps["run_id"] + f"-x{k}") for k in range(copies)], ignore_index=True)
-    plots.use_theme()
+    plot_style.use_theme()
     base = baseline(big)
     tables = Tables(base, big_steps[big_steps["run_id"].isin(base["run_id"])], lever_table(big))
     ok = base[base["status"] == "ok"]
@@ -721,10 +722,10 @@ def test_a_figure_with_nothing_to_draw_says_why_in_lines_that_fit():
     on one line of a short figure ran off both edges (issue #41)."""
     import matplotlib.pyplot as plt
 
-    from scalelab.report import plots
+    from scalelab.report import plot_style
 
     reason = "no step-time prediction: " + "no compute reference: the fit set has no ok run of this configuration " * 3
-    fig = plots._empty(reason)
+    fig = plot_style.empty_figure(reason)
     try:
         fig.canvas.draw()
         (text,) = fig.axes[0].texts
@@ -744,7 +745,7 @@ def test_hybrid_sharding_is_a_strategy_of_its_own_beside_zero3_in_the_main_figur
     hybrid = drawn[(drawn["replicas"] == 2) & (drawn["status"] == "ok")]
     assert len(hybrid) >= 2 and hybrid["run_id"].str.endswith("-hsdp2").all()
     assert not set(hybrid["run_id"]) & set(baseline(runs)["run_id"])  # the tables' baseline stays the stages'
-    plots.use_theme()
+    plot_style.use_theme()
     tables = Tables(drawn, steps[steps["run_id"].isin(drawn["run_id"])], lever_table(runs))
     out = next(f for f in FIGURES if f.name == "memory_model_state").draw(tables)
     fig = out[0] if isinstance(out, tuple) else out
@@ -758,7 +759,7 @@ def test_hybrid_sharding_is_a_strategy_of_its_own_beside_zero3_in_the_main_figur
     expected = hybrid.groupby("world_size")["tokens_per_s"].median()
     np.testing.assert_allclose(line.get_xdata(), expected.index)
     np.testing.assert_allclose(line.get_ydata(), expected.to_numpy())
-    assert "fp32 hsdp2" in plots.mfu_grid(drawn)["rows"]
+    assert "fp32 hsdp2" in mfu_grid(drawn)["rows"]
     assert "hsdp2\nw2" in set(plots.communication_table(drawn)["label"])
 
 
@@ -777,10 +778,10 @@ def test_a_zero_keeping_log_axis_draws_its_tick_labels_apart(values):
     """The |Δloss| panels drew "0" over the first decade's label (0 sat a third of a decade below it)."""
     import matplotlib.pyplot as plt
 
-    plots.use_theme()
+    plot_style.use_theme()
     fig, ax = plt.subplots(figsize=(4, 3.3))
     ax.plot(range(len(values)), values)
-    plots.zero_log_y(ax, values)
+    plot_style.zero_log_y(ax, values)
     fig.canvas.draw()
     labels = [t for t in ax.get_yticklabels() if t.get_text() and ax.get_ylim()[0] <= t.get_position()[1] <= ax.get_ylim()[1]]
     boxes = sorted((t.get_window_extent() for t in labels), key=lambda b: b.y0)

@@ -343,7 +343,7 @@ def test_repeatability_verdicts_between_two_sweeps():
 
 
 def test_the_mfu_heatmap_shows_a_repeated_points_spread():
-    from scalelab.report.plots import mfu_grid
+    from scalelab.report.tables import mfu_grid
 
     g = mfu_grid(_runs(("fp32-z0-w1", 1000), ("fp32-z0-w1-r2", 1100), ("fp32-z0-w1-r3", 1050), ("bf16-z0-w1", 900)))
     rows = dict(zip(g["rows"], range(len(g["rows"]))))

@@ -78,6 +78,11 @@ def _plots():
     return plots
 
 
+def _pipeline_plots():
+    from scalelab.report import pipeline_plots
+    return pipeline_plots
+
+
 def _psi():
     from scalelab.report import psi
     return psi
@@ -209,7 +214,7 @@ FIGURES: tuple[Figure, ...] = (
                 "embeddings' gradient gathered and the norms' partial gradients summed."),
     Figure(
         "lever_pipeline_bubble", kind="lever", varies="pipeline_parallel", needs=_pipeline_ok,
-        draw=lambda t: _plots().pipeline_bubble(t.runs),
+        draw=lambda t: _pipeline_plots().pipeline_bubble(t.runs),
         caption="Pipeline bubble against micro-batches per step m: the share of a step a stage computed nothing (one "
                 "minus its forwards' and backwards' time over the schedule's; the mean over rank 0's pipeline's stages, "
                 "the median over the measured steps), a point per ok pipeline run, coloured by schedule, shaped by its "
@@ -221,7 +226,7 @@ FIGURES: tuple[Figure, ...] = (
                 "above the lines there, and the points say how far, not whether the formula holds."),
     Figure(
         "lever_pipeline_timeline", kind="lever", varies="pipeline_parallel", needs=_pipeline_ok,
-        draw=lambda t: _plots().pipeline_timeline(t.runs, t.results_dir),
+        draw=lambda t: _pipeline_plots().pipeline_timeline(t.runs, t.results_dir),
         caption="One traced step of one pipeline run (the ok pipeline run with the most micro-batches per step, then "
                 "the first by run id, whose folder holds pipeline_timeline.json: the last timed step of rank 0's "
                 "pipeline), a row per stage: each forward (F) and backward (B) of a micro-batch as a bar, numbered by "
@@ -257,7 +262,7 @@ _JOB: tuple | None = None
 
 
 def _draw_one(name: str) -> tuple[str, list[str], str | None]:
-    from scalelab.report.plots import save
+    from scalelab.report.plot_style import save
 
     main, every, out_dir = _JOB
     figure = next(f for f in FIGURES if f.name == name)
@@ -326,7 +331,7 @@ def start_figures(runs: pd.DataFrame, steps: pd.DataFrame, levers: pd.DataFrame,
     drawn by forked processes (Agg only, no display) while the caller goes on."""
     global _JOB
     from scalelab.report.levers import baseline
-    from scalelab.report.plots import use_theme
+    from scalelab.report.plot_style import use_theme
 
     out_dir.mkdir(parents=True, exist_ok=True)
     for figure in FIGURES:

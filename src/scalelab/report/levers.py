@@ -20,7 +20,7 @@ import pandas as pd
 from matplotlib.ticker import FuncFormatter, NullLocator
 
 from scalelab.plan.sweep import AXIS, LEVER_AXES, SWEEP_AXES
-from scalelab.report.plots import _si, log_y, marks
+from scalelab.report.plot_style import log_y, marks, si_label
 from scalelab.report.tables import MiB, device_peak_bytes
 from scalelab.spec.precisions import PRECISIONS
 from scalelab.spec.strategies import strategy
@@ -370,7 +370,7 @@ def micro_batch_plot(runs: pd.DataFrame, steps: pd.DataFrame):
     many = data["label"].nunique() > 8  # a legend that tall hides the lines
     _lines_by_config(axes[1], data, "micro_batch", data["tokens_per_s"], legend=not many)
     axes[1].set(xlabel="micro-batch (sequences per rank, log)", ylabel="tokens/s, all ranks", title="throughput")
-    axes[1].yaxis.set_major_formatter(FuncFormatter(_si))
+    axes[1].yaxis.set_major_formatter(FuncFormatter(si_label))
     axes[1].set_ylim(0, float(np.nanmax(data["tokens_per_s"])) * 1.1)
     if not many:
         axes[1].legend(fontsize=6.5)

@@ -13,22 +13,22 @@ def predicted_vs_measured_plot(runs):
     (figure, note) with the runs left out and why."""
     import matplotlib.pyplot as plt
 
-    from scalelab.report import plots
+    from scalelab.report import plot_style
 
     ok = runs[runs["status"] == "ok"]
     known = ok[ok["predicted_step_time_s"].notna()] if "predicted_step_time_s" in ok else ok.iloc[:0]
     if known.empty:
         reasons = sorted(set(ok.get("prediction_note", runs.iloc[:0]).dropna()))
-        return plots._empty("no step-time prediction" + (f": {reasons[0]}" if reasons else "")), None
+        return plot_style.empty_figure("no step-time prediction" + (f": {reasons[0]}" if reasons else "")), None
     fig, ax = plt.subplots(figsize=(5.2, 4.6))
-    colors = plots.precision_colors(sorted(known["precision"].unique()))
+    colors = plot_style.precision_colors(sorted(known["precision"].unique()))
     for r in known.itertuples():
         m, p = getattr(r, MEASURED) * 1e3, r.predicted_step_time_s * 1e3
         in_sample = str(r.prediction_note).startswith("in-sample")
         color = colors[r.precision]
         ax.plot([m, m], [r.predicted_step_time_s_low * 1e3, r.predicted_step_time_s_high * 1e3], color=color, lw=0.8, alpha=0.6)
-        plots.marks(ax, [m], [p], size=28, color="white" if in_sample else color, edgecolor=color,
-                    marker=plots.STAGE_MARKERS[int(r.zero_stage) % len(plots.STAGE_MARKERS)])
+        plot_style.marks(ax, [m], [p], size=28, color="white" if in_sample else color, edgecolor=color,
+                    marker=plot_style.STAGE_MARKERS[int(r.zero_stage) % len(plot_style.STAGE_MARKERS)])
     values = np.concatenate([known[MEASURED], known["predicted_step_time_s_low"], known["predicted_step_time_s_high"]]) * 1e3
     lo, hi = np.nanmin(values[values > 0]) / 1.3, np.nanmax(values) * 1.3
     ax.plot([lo, hi], [lo, hi], color="black", lw=0.8, ls="--", zorder=0)
@@ -39,7 +39,7 @@ def predicted_vs_measured_plot(runs):
     ax.set_xlabel(f"measured step time, ms ({MEASURED})")
     ax.set_ylabel("predicted step time, ms (bar: band)")
     handles = [plt.Line2D([], [], ls="none", marker="o", color=c, label=p) for p, c in colors.items()]
-    handles += [plt.Line2D([], [], ls="none", marker=plots.STAGE_MARKERS[s % len(plots.STAGE_MARKERS)], color="grey",
+    handles += [plt.Line2D([], [], ls="none", marker=plot_style.STAGE_MARKERS[s % len(plot_style.STAGE_MARKERS)], color="grey",
                            label=f"stage {s}") for s in sorted(known["zero_stage"].astype(int).unique())]
     handles += [plt.Line2D([], [], ls="none", marker="o", color="grey", mfc="white", label="in-sample (own reference)")]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1))

@@ -17,7 +17,7 @@ import pandas as pd
 import seaborn as sns
 
 from scalelab.formulas import model_state
-from scalelab.report.plots import _dodge, log_x, log_y, marks
+from scalelab.report.plot_style import dodge, log_x, log_y, marks
 from scalelab.report.tables import MiB
 from scalelab.spec.strategies import ZERO_STAGES
 
@@ -76,7 +76,7 @@ def memory_vs_psi(runs: pd.DataFrame):
                 ax.plot(psi, slope * psi / MiB, style, color=colors[stage], alpha=0.55 if style == "-" else 0.95,
                         lw=1.2 if style == "-" else 1.4, zorder=z, label=f"stage {stage}" if convention == "pytorch" else None)
             runs_s = sub[sub["zero_stage"] == stage]
-            x = runs_s["n_params"] * (_dodge(len(swept), swept.index(stage)) if one_model else 1.0)
+            x = runs_s["n_params"] * (dodge(len(swept), swept.index(stage)) if one_model else 1.0)
             marks(ax, x, runs_s["model_state_bytes_measured"] / MiB, color=colors[stage], size=30,
                   edgecolor="black", edgewidth=0.5, zorder=3)
             if stage in fits:

@@ -414,8 +414,8 @@ def render(template: str, **context) -> str:
 
 
 def _png_width(data: bytes) -> int | None:
-    """CSS width of a PNG drawn at plots.DPI, shown at 96 px per inch (crisp on dense screens)."""
-    from scalelab.report.plots import DPI
+    """CSS width of a PNG drawn at plot_style.DPI, shown at 96 px per inch (crisp on dense screens)."""
+    from scalelab.report.plot_style import DPI
 
     if data[:8] != b"\x89PNG\r\n\x1a\n":
         return None
