@@ -150,3 +150,18 @@ def test_fp8_linears_under_a_pipeline_train_as_one_process(tmp_path, tiny_data):
     assert summary["status"] == "ok", summary["reason"]
     assert summary["fp8_linears"] == 4 * 4  # every block's four linears, on whichever stage holds it
     np.testing.assert_allclose(steps["loss"].to_numpy(), single["loss"].to_numpy(), rtol=1e-5)
+
+
+def test_a_compiled_pipeline_compiles_before_its_steps(pp_runs, tmp_path, tiny_data):
+    """compile under a pipeline: one whole step of the schedule compiles every stage's blocks before the first step
+    (timed apart), no timed step compiles, and the losses equal one process's."""
+    from scalelab.plan.sweep import RunPoint
+    from support import run_point, tiny_config
+
+    cfg = tiny_config(train={"steps": PP_STEPS, "warmup_steps": 2}, planning={"launch_overcommitted": True})
+    cfg["model"].update(GPT)
+    summary, steps, _ = run_point(tmp_path, tiny_data, RunPoint("fp32", 0, 2, micro_batch=1, pipeline_parallel=2,
+                                                               compile=True), cfg=cfg)
+    assert summary["status"] == "ok", summary["reason"]
+    assert summary["compile_time_s"] > 0 and summary["compile_graphs"] >= 1 and summary["compile_graphs_in_loop"] == 0
+    np.testing.assert_allclose(steps["loss"].to_numpy(), pp_runs["gpt2", None][1]["loss"].to_numpy(), rtol=1e-5)

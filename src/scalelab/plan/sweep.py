@@ -157,8 +157,6 @@ def _pipeline_left_out(point, train: TrainConfig) -> str | None:
             ("zero_stage 1 with pipeline parallelism is not run (ZeroRedundancyOptimizer over one stage's data-parallel "
              "ranks is not wired); stages 0, 2 and 3 are", point.zero_stage == 1),
             ("cpu_offload with pipeline parallelism is not run", point.cpu_offload),
-            ("compile with pipeline parallelism is not run yet (the warm-up that keeps compilation out of the step times "
-             "runs a whole model's forward)", point.compile),
             ("sequence_parallel with pipeline parallelism is not run", point.sequence_parallel),
             (f"lora_rank={point.lora_rank}: LoRA with pipeline parallelism is not run", bool(point.lora_rank)),
             ("pipeline parallelism needs train.warmup_steps >= 2 (the first step infers the shapes its stages send, the "

@@ -155,7 +155,8 @@ def compile_warm_up(run: Run) -> tuple[float, int]:
     gradients set to None (as between steps), the RNG state restored, DDP's all-reduce
     skipped (Parallelized.throwaway_backward), communication uncounted. The seconds are
     compilation plus one micro-batch's compiled forward and backward (milliseconds); a warm
-    inductor cache (TORCHINDUCTOR_CACHE_DIR) makes a repeated run compile faster."""
+    inductor cache (TORCHINDUCTOR_CACHE_DIR) makes a repeated run compile faster. Under pipeline parallelism one
+    whole step of the schedule (every stage's chunks compile on their own micro-batches), its seconds that step's."""
     par, device = run.par, run.device
     graphs_before = compiled_graphs()
     rng = torch.get_rng_state()
@@ -164,9 +165,15 @@ def compile_warm_up(run: Run) -> tuple[float, int]:
     chunk = tokens[:run.micro]
     start = time.perf_counter()
     with run.counter.paused(), par.throwaway_backward():
-        with autocast(run.point.precision, device):
-            loss = par.model(chunk[:, :-1], chunk[:, 1:])
-        loss.backward()
+        if run.pipe is not None:  # a whole step of the schedule: every stage compiles, and infers what it sends
+            from scalelab.run import pipeline
+
+            run.pipe.counting = False
+            pipeline.step(run.pipe, tokens)
+        else:
+            with autocast(run.point.precision, device):
+                loss = par.model(chunk[:, :-1], chunk[:, 1:])
+            loss.backward()
     synchronize(device)
     seconds = time.perf_counter() - start
     for p in par.model.parameters():
