@@ -110,6 +110,23 @@ def test_the_best_run_as_each_trainers_configuration(results, capsys):
     assert "no run 'nope'" in capsys.readouterr().err
 
 
+def test_a_pipeline_run_exports_its_stages_and_data_parallel_ranks(results):
+    """A two-stage 1F1B run over 8 ranks at ZeRO-3: torchtitan's TOML holds its pipeline (degree, schedule by
+    torchtitan's name, micro-batch size) and shards over its 4 data-parallel ranks; the other trainers say they do not
+    carry it."""
+    from scalelab.report.export import hf_arguments, torchtitan_toml
+
+    runs, _ = load_tables(results)
+    row = {**pick_run(runs, None), "world_size": 8, "zero_stage": 3, "replicas": 1, "tensor_parallel": 1,
+           "pipeline_parallel": 2, "pipeline_schedule": "1f1b", "micro_batch": 1, "accumulation_steps": 4}
+    toml = tomllib.loads(torchtitan_toml(row))
+    assert toml["parallelism"]["pipeline_parallel_degree"] == 2
+    assert toml["parallelism"]["pipeline_parallel_schedule"] == "1F1B"
+    assert toml["parallelism"]["data_parallel_shard_degree"] == 4
+    assert toml["training"]["global_batch_size"] == 1 * 4 * 4
+    assert any("pipeline parallelism over 2 stages" in note for note in hf_arguments(row)[1])
+
+
 def test_the_hf_file_loads_in_transformers_as_written(results, tmp_path, capsys):
     """`export config --to hf > args.json` holds TrainingArguments' own keys alone (notes go to stderr), so that
     HfArgumentParser takes the file where transformers is installed; elsewhere the keys are held to its fields."""

@@ -138,6 +138,10 @@ def not_carried(row: dict) -> list[str]:
     if _tensor_parallel(row) > 1:
         out.append(f"tensor parallelism over {_tensor_parallel(row)} ranks (torchtitan: tensor_parallel_degree, written "
                    "above; Hugging Face's Trainer and Lightning's FSDP strategy here: not carried)")
+    if _pipeline(row) > 1:
+        out.append(f"pipeline parallelism over {_pipeline(row)} stages, {row.get('pipeline_schedule')} (torchtitan: "
+                   "pipeline_parallel_degree and its schedule, written above; Hugging Face's Trainer and Lightning's "
+                   "FSDP strategy here: not carried)")
     return out
 
 
@@ -145,10 +149,24 @@ def _tensor_parallel(row: dict) -> int:
     return int(_plain(row.get("tensor_parallel")) or 1)
 
 
+def _pipeline(row: dict) -> int:
+    return int(_plain(row.get("pipeline_parallel")) or 1)
+
+
+TORCHTITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
+"""scalelab's pipeline schedules by torchtitan's names (its pipeline_parallel_schedule: torch.distributed.pipelining's
+class names without 'Schedule')."""
+
+
+def _data_parallel(row: dict) -> int:
+    """The run's data-parallel ranks: its world over its tensor-parallel degree and pipeline stages."""
+    return int(row["world_size"]) // (_tensor_parallel(row) * _pipeline(row))
+
+
 def _micro(row: dict) -> int:
     if _plain(row.get("micro_batch")) is not None:
         return int(row["micro_batch"])
-    return int(row["global_batch"]) // (int(row["world_size"]) // _tensor_parallel(row))
+    return int(row["global_batch"]) // _data_parallel(row)
 
 
 def _replicas(row: dict) -> int:
@@ -161,14 +179,15 @@ def measured_with(row: dict) -> str:
     from scalelab.spec.strategies import strategy
 
     record = strategy(int(row["zero_stage"]), _replicas(row))
-    tp = _tensor_parallel(row)
+    tp, pp = _tensor_parallel(row), _pipeline(row)
     return (f"measured with scalelab's own trainer ({record.name}" + (f", tensor parallel {tp}" if tp > 1 else "")
+            + (f", pipeline parallel {pp} ({row.get('pipeline_schedule')})" if pp > 1 else "")
             + f", {row['precision']}): scalelab plan --trainer scalelab prices this")
 
 
 def torchtitan_toml(row: dict) -> str:
-    stage, replicas, tp = int(row["zero_stage"]), _replicas(row), _tensor_parallel(row)
-    n = int(row["world_size"]) // tp  # the data-parallel ranks (the world under no tensor parallelism)
+    stage, replicas, tp, pp = int(row["zero_stage"]), _replicas(row), _tensor_parallel(row), _pipeline(row)
+    n = _data_parallel(row)  # the data-parallel ranks (the world without tensor or pipeline parallelism)
     precision = str(row["precision"])
     lines = [f"# scalelab run {row['run_id']}: {row['tokens_per_s']:.0f} tokens/s on {n} rank(s) ({row.get('device_name', '')}); "
              f"{row.get('_standing', '')}",
@@ -186,6 +205,10 @@ def torchtitan_toml(row: dict) -> str:
                   f'fsdp_reshard_after_forward = "{"always" if stage == 3 else "never"}"']
     if tp > 1:
         lines.append(f"tensor_parallel_degree = {tp}  # within a node; the degrees above are the data-parallel ranks")
+    if pp > 1:
+        lines += [f"pipeline_parallel_degree = {pp}",
+                  f'pipeline_parallel_schedule = "{TORCHTITAN_SCHEDULES[str(row["pipeline_schedule"])]}"',
+                  f"pipeline_parallel_microbatch_size = {_micro(row)}"]
     micro = _micro(row)
     accumulation = int(_plain(row.get("accumulation_steps")) or 1)
     lines += ["", "[training]", f"local_batch_size = {micro}", f"global_batch_size = {micro * accumulation * n}",
