@@ -9,15 +9,8 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from scalelab.plan.columns import (
-    IDENTITY,
-    LAUNCHER_STATUSES,
-    RUN_COLUMNS,
-    STEP_COLUMNS,
-    null_problems,
-    steps_problems,
-    summary_problems,
-)
+from scalelab.plan.column_checks import null_problems, steps_problems, summary_problems
+from scalelab.plan.columns import IDENTITY, LAUNCHER_STATUSES, RUN_COLUMNS, STEP_COLUMNS
 from scalelab.plan.sweep import AXIS, LEVER_AXES, RunPoint
 from scalelab.results.collect import collect
 from scalelab.run.prefork import FORKED_LAUNCH, PREFORK_ENV

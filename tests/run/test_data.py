@@ -14,7 +14,7 @@ from support.data import _rewrite_in_place
 def test_run_refuses_tokens_rewritten_in_place(tmp_path, tiny_data):
     """train.bin rewritten after meta.json (same size, other bytes, newer mtime): the run ends
     `failed`, naming the file and what differs, and never starts training."""
-    from scalelab.plan.columns import summary_problems
+    from scalelab.plan.column_checks import summary_problems
     from scalelab.plan.sweep import RunPoint
     from scalelab.run.launch import launch_run
 

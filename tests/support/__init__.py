@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 from scalelab.harness import REPO_ROOT as REPO
 from scalelab.harness.testing import BIN, SNAKEMAKE, tiny_config, write_workdir
 from scalelab.harness.testing import run_snakemake as snakemake
+from scalelab.plan.column_checks import steps_problems, summary_problems
 from scalelab.plan.columns import IDENTITY as COLUMNS_IDENTITY
-from scalelab.plan.columns import steps_problems, summary_problems
 from scalelab.run.launch import launch_run
 
 __all__ = ["BIN", "PARITY_STEPS", "REPO", "SNAKEMAKE", "fake_nvidia_smi", "path_without", "planned_jobs", "run_point", "snakemake",

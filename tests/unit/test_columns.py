@@ -3,7 +3,7 @@ written by its writer, no summary key that no column holds, null only where its 
 
 import pyarrow as pa
 
-from scalelab.plan import columns
+from scalelab.plan import columns, result_tables
 from scalelab.plan.columns import (
     IDENTITY,
     RUN_COLUMNS,
@@ -64,7 +64,7 @@ def test_steps_table_holds_what_arrow_makes_of_the_records():
     many = [{**records[0], "step": i} for i in range(5000)]  # ~2.5 MB of rows: several of the reader's 1 MiB blocks
     integral_float = [{**records[0], "tokens": 256.0}]  # the reader refuses it where pyarrow converts it: still written
     for recs in (records, [], many, integral_float):
-        built = columns.steps_table(identity, recs)
+        built = result_tables.steps_table(identity, recs)
         rows = [{**r, **identity, "tokens_per_s": r["tokens"] / r["step_time_s"] if r["step_time_s"] else None} for r in recs]
         expected = pa.Table.from_pylist(rows, schema=STEP_SCHEMA)
         assert built.schema.equals(STEP_SCHEMA, check_metadata=True)

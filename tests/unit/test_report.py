@@ -13,7 +13,8 @@ from docutils.core import publish_parts
 
 from scalelab.harness.fixtures import FAILURES, synthetic_results
 from scalelab.io import write_json
-from scalelab.plan.columns import SCHEMA_VERSION, schema_version, steps_table, write_parquet
+from scalelab.plan.columns import SCHEMA_VERSION
+from scalelab.plan.result_tables import schema_version, steps_table, write_parquet
 from scalelab.plan.sweep import RunPoint
 from scalelab.report.figures import FIGURES, FIGURES_DIR, rst_captions
 from scalelab.report.report import build_report

@@ -10,7 +10,7 @@ import pytest
 
 from scalelab.cli import main
 from scalelab.io import write_json
-from scalelab.plan.columns import steps_table, write_parquet
+from scalelab.plan.result_tables import steps_table, write_parquet
 from scalelab.plan.sweep import RunPoint
 from scalelab.results.status import RetryError, format_status, retry, run_states
 

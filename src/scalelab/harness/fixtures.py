@@ -14,7 +14,8 @@ import pyarrow as pa
 
 from scalelab.config import ModelConfig, TrainConfig
 from scalelab.formulas import communication, lora_training, model_state
-from scalelab.plan.columns import STEP_SCHEMA, run_row, runs_table, write_parquet
+from scalelab.plan.columns import STEP_SCHEMA
+from scalelab.plan.result_tables import run_row, runs_table, write_parquet
 from scalelab.plan.sweep import AXIS, LEVER_AXES, RunPoint
 from scalelab.spec.strategies import ZERO_STAGES, strategy
 

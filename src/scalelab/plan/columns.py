@@ -1,17 +1,18 @@
 """The column table: every column of metrics.parquet and steps.parquet, declared once.
 
 Per column: its name, Arrow type, unit, meaning, the part that writes it and when it holds a
-value (``Filled``: which statuses and levers leave it null is part of the contract). The
+value (``Filled``, scalelab.plan.null_contract: which statuses and levers leave it null is part of the contract). The
 Parquet schemas (``RUN_SCHEMA``, ``STEP_SCHEMA``), their field metadata, the data dictionary
 the report shows (scalelab.report.dictionary) and docs/data-dictionary.md
 (``python -m scalelab.plan.columns > docs/data-dictionary.md``) are derived from it, and
-tests/*/test_columns.py holds real runs of every status and lever against it (``summary_problems``).
+tests/*/test_columns.py holds real runs of every status and lever against it (scalelab.plan.column_checks). The tables
+are built and written from it by scalelab.plan.result_tables.
 
 Writers:
 
 - ``identity``: the sweep point, from scalelab.plan.sweep.AXES (the registry of axes), and its run id;
 - ``launch``: the launcher (scalelab.run.launch): plan, outcome, provenance;
-- ``worker``: rank 0's worker (scalelab.run.worker): the measurements, read back only from
+- ``worker``: rank 0's worker (scalelab.run.worker_result): the measurements, read back only from
   a run whose ranks all finished (status ok);
 - ``collect``: collection of the run folders into the tables (scalelab.results.collect).
 
@@ -20,21 +21,39 @@ below ``training`` and ``analysis`` (both import it) and imports neither, nor to
 """
 from __future__ import annotations
 
-import io
-import json
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.json as pa_json
-import pyarrow.parquet as pq
 
-from scalelab.io import atomic_path
+from scalelab.plan.null_contract import (
+    ALWAYS,
+    BUCKETS,
+    COMPILED,
+    CPU,
+    DDP_WRAPS,
+    FORECAST_TIMED,
+    FORMULA,
+    GPU,
+    GPU_STATE,
+    LAUNCHED,
+    LINEARS_CONVERTED,
+    LORA,
+    LOSS_SCALER,
+    NO_PIPELINE,
+    NOT_OK,
+    OK,
+    PIPELINE_OK,
+    Filled,
+    exactly,
+    family_has,
+    has_value,
+    is_custom,
+    is_ok,
+    sometimes,
+)
 from scalelab.plan.sweep import AXES, run_id_grammar
 from scalelab.spec.families import DEFAULT_FAMILY, FAMILIES
 from scalelab.spec.hardware import DRIFT_MIN_STEPS, DRIFT_WARN
-from scalelab.spec.precisions import PRECISIONS
 from scalelab.spec.strategies import strategy
 
 SCHEMA_VERSION = "13"  # 2: lever identity columns; 3: device plan, launch and provenance sources;
@@ -58,104 +77,15 @@ _META = {b"scalelab.schema_version": SCHEMA_VERSION.encode()}
 WRITERS = ("identity", "launch", "worker", "collect")
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather_single", "reduce_scatter_single")
 """The collectives counted per type (scalelab.run.comm), one column pair each; a summary
-counting another is reported by ``unknown_summary_keys`` (collection names it)."""
+counting another is reported by ``result_tables.unknown_summary_keys`` (collection names it)."""
 FLATTENED = {"comm_bytes_per_step_by_type": "comm_{}_bytes_per_step", "comm_calls_per_step": "comm_{}_calls_per_step"}
-"""Summary keys holding a dict by collective, spread by ``run_row`` over one column per collective."""
+"""Summary keys holding a dict by collective, spread by ``result_tables.run_row`` over one column per collective."""
 LAUNCHER_STATUSES = ("ok", "oom", "predicted_oom", "timeout", "failed", "diverged", "skipped")
 """Statuses the launcher writes into a run's summary.json."""
 COLLECTED_STATUSES = ("missing", "corrupt")
 """Statuses collection gives a run folder without a readable summary: such a row holds its
-identity, status, reason and run_path only (the null contract below is for the launcher's rows)."""
+identity, status, reason and run_path only (the null contract, scalelab.plan.null_contract, is for the launcher's rows)."""
 
-
-# ----------------------------------------------------------------------------- the null contract
-
-Row = Callable[[dict], bool]
-
-
-@dataclass(frozen=True)
-class Filled:
-    """When a column holds a value. ``rows``: the rows that must hold one (None: no row can be
-    named in advance, e.g. a teardown warning); ``at_most``: the only rows that may (None: any)."""
-    text: str
-    rows: Row | None
-    at_most: Row | None = None
-
-    def __and__(self, other: Filled) -> Filled:
-        """Both conditions: "status ok" & "precision fp16" -> filled exactly for fp16 runs that ended ok."""
-        def both(a: Row | None, b: Row | None) -> Row | None:
-            return None if a is None or b is None else (lambda row: a(row) and b(row))
-        return Filled(f"{self.text}, {other.text}", both(self.rows, other.rows), both(self.at_most, other.at_most))
-
-
-def _exactly(text: str, rows: Row) -> Filled:
-    """Filled in these rows and null in every other."""
-    return Filled(text, rows, rows)
-
-
-def _ok(row: dict) -> bool:
-    return row["status"] == "ok"
-
-
-def _has(name: str) -> Row:
-    return lambda row: row.get(name) is not None
-
-
-ALWAYS = Filled("always", lambda row: True)
-OK = _exactly("status ok", _ok)
-NOT_OK = _exactly("status other than ok", lambda row: not _ok(row))
-# The launcher counts the records whenever it started the ranks: that count marks a launch (a
-# skipped, a predicted_oom or a run stopped before launch, e.g. on a changed tokens file, has none).
-LAUNCHED = _exactly("the ranks were started (every status but skipped and predicted_oom, unless stopped before launch)",
-                    lambda row: _ok(row) or row.get("completed_steps") is not None)
-GPU = _exactly("a GPU run", lambda row: row.get("device_type") == "cuda")
-GPU_STATE = Filled("GPU runs where nvidia-smi answered (null in rows older than schema 8)", None,
-                   lambda row: row.get("device_type") == "cuda")
-CPU = _exactly("a CPU run", lambda row: row.get("device_type") == "cpu")
-_SCALED = tuple(p.name for p in PRECISIONS.values() if p.loss_scaling)
-_CONVERTED = tuple(p.name for p in PRECISIONS.values() if p.linears)
-LOSS_SCALER = _exactly(f"a loss scaler (precision {' or '.join(_SCALED)})", lambda row: row.get("precision") in _SCALED)
-LINEARS_CONVERTED = _exactly(f"converted linears (precision {' or '.join(_CONVERTED)})",
-                             lambda row: row.get("precision") in _CONVERTED)
-COMPILED = _exactly("compile lever on", lambda row: bool(row.get("compile")))
-LORA = _exactly("lora_rank set", _has("lora_rank"))
-NO_PIPELINE = _exactly("no pipeline parallelism", lambda row: (row.get("pipeline_parallel") or 1) == 1)
-_PIPELINE = _exactly("status ok, pipeline_parallel > 1", lambda row: _ok(row) and (row.get("pipeline_parallel") or 1) > 1)
-
-
-def _model_parallel(row: dict) -> int:
-    """Ranks of one data-parallel rank's model: its tensor-parallel degree x its pipeline stages."""
-    return (row.get("tensor_parallel") or 1) * (row.get("pipeline_parallel") or 1)
-
-
-BUCKETS = _exactly("a strategy with DDP buckets (ZeRO stages 0 and 1), no tensor or pipeline parallelism",
-                   lambda row: strategy(row["zero_stage"]).ddp_buckets and _model_parallel(row) == 1)
-DDP_WRAPS = _exactly("DDP wraps the model (stage 1; stage 0 on more than one data-parallel rank; no tensor or pipeline "
-                     "parallelism)", lambda row: strategy(row["zero_stage"]).ddp_wraps(row["world_size"] // _model_parallel(row),
-                                                                                     _model_parallel(row)))
-
-
-def _custom(row: dict) -> bool:
-    return row.get("model_family") == "custom"
-
-
-def _family_has(key: str):
-    """Set exactly where the row's family takes ``key`` (scalelab.spec.families: its own keys)."""
-    owners = [f.name for f in FAMILIES.values() if key in f.own_keys]
-    return _exactly(f"model_family {' or '.join(owners)}", lambda row: row.get("model_family") in owners)
-
-
-FORMULA = _exactly("a built-in model family (null for a custom module: no activation formula)",
-                   lambda row: not _custom(row))
-
-
-
-def sometimes(text: str, at_most: Filled | None = None) -> Filled:
-    """Filled in rows no status or lever names in advance (text says which); null outside at_most."""
-    return Filled(f"{at_most.text}, {text}" if at_most else text, None, at_most.at_most if at_most else None)
-
-
-FORECAST_TIMED = sometimes("planning.top_k set: the points the forecast timed (not a user's module, LoRA or offload)")
 
 # ----------------------------------------------------------------------------- the table
 
@@ -230,13 +160,13 @@ RUN = [
            + " | custom (the user's own module, models.<name>.module); every run before families were recorded is "
            + DEFAULT_FAMILY, "launch"),
     Column("model_module", pa.string(), "-", "the user's model callable (pkg.mod:build) of a custom model; null for "
-           "the built-in families", "launch", _exactly("model_family custom", _custom)),
+           "the built-in families", "launch", exactly("model_family custom", is_custom)),
     Column("n_kv_heads", pa.int32(), "-", "key/value heads of grouped-query attention (llama; n_heads = full "
-           "multi-head attention)", "launch", _family_has("n_kv_heads")),
+           "multi-head attention)", "launch", family_has("n_kv_heads")),
     Column("ffn_dim", pa.int32(), "-", "SwiGLU hidden size f (llama: models.<name>.ffn_dim, or 8/3·d rounded up to a "
-           "multiple of 256)", "launch", _family_has("ffn_dim")),
+           "multiple of 256)", "launch", family_has("ffn_dim")),
     Column("rope_base", pa.float64(), "-", "base (theta) of the rotary position embedding (llama)", "launch",
-           _family_has("rope_base")),
+           family_has("rope_base")),
     Column("n_layers", pa.int32(), "-", "transformer blocks L", "launch"),
     Column("d_model", pa.int32(), "-", "model width d", "launch"),
     Column("n_heads", pa.int32(), "-", "attention heads a", "launch"),
@@ -257,19 +187,19 @@ RUN = [
            "steps included)", "worker", OK),
     Column("half_batch_steps", pa.int32(), "-", "steps at half the micro-batch after the measured ones (train.measure_s "
            "set, micro-batch >= 2): what token_share_measured is measured from", "worker",
-           Filled("status ok, train.measure_s set and a micro-batch of 2 or more (null in rows older than schema 8)", None, _ok)),
+           Filled("status ok, train.measure_s set and a micro-batch of 2 or more (null in rows older than schema 8)", None, is_ok)),
     Column("step_time_s_median_half_batch", pa.float64(), "s", "median step time of the half-batch steps", "worker",
-           Filled("with half_batch_steps", None, _has("half_batch_steps"))),
+           Filled("with half_batch_steps", None, has_value("half_batch_steps"))),
     Column("token_share_measured", pa.float64(), "fraction", "the share of the step that grows with the tokens a rank "
            "processes: (1 - t_half / t) / (1 - (m // 2) / m), t the median step at micro-batch m, t_half at m // 2 "
            "(clipped to [0, 1]); what the step-time model carries a step to another micro-batch or world size with",
-           "worker", Filled("with half_batch_steps", None, _has("half_batch_steps"))),
+           "worker", Filled("with half_batch_steps", None, has_value("half_batch_steps"))),
     Column("token_share_measured_sem", pa.float64(), "fraction", "standard error of token_share_measured from the "
            "scatter of its two windows' steps (1.2533 x 1.4826 MAD / sqrt(n) per median): its error within the run",
-           "worker", Filled("with half_batch_steps", None, _has("half_batch_steps"))),
+           "worker", Filled("with half_batch_steps", None, has_value("half_batch_steps"))),
     Column("timing_steps", pa.int32(), "-", "steps past train.steps that only lengthened the measurement to "
            "train.measure_s seconds (no step record, no loss); 0 when the training steps sufficed",
-           "worker", Filled("status ok (null in rows older than schema 8)", None, _ok)),
+           "worker", Filled("status ok (null in rows older than schema 8)", None, is_ok)),
     Column("tokens_per_s", pa.float64(), "tokens/s", "throughput over the measured steps, all ranks together (per device: "
            "tokens_per_s_per_device)", "worker", OK),
     Column("tokens_per_s_per_device", pa.float64(), "tokens/s", "tokens_per_s / world_size: throughput of one device",
@@ -308,9 +238,9 @@ RUN = [
       for when in ("start", "end")],
     # What a trace shows (train.profile, train.memory_snapshot; scalelab.run.trace)
     Column("profiled_steps", pa.string(), "-", "the steps train.profile traced, 'first-last' (inclusive); left out of "
-           "the run's timings", "worker", Filled("status ok with train.profile", None, _has("profiled_steps"))),
+           "the run's timings", "worker", Filled("status ok with train.profile", None, has_value("profiled_steps"))),
     Column("trace_files", pa.string(), "-", "each rank's torch.profiler trace (Chrome trace JSON: Perfetto), relative to "
-           "the run folder, and how many", "worker", Filled("with profiled_steps", None, _has("profiled_steps"))),
+           "the run folder, and how many", "worker", Filled("with profiled_steps", None, has_value("profiled_steps"))),
     Column("memory_snapshot_files", pa.string(), "-", "each rank's CUDA allocator snapshot with its history "
            "(pytorch.org/memory_viz), relative to the run folder: after the traced steps, else at the run's end; an out-of-"
            "memory run writes rank<R>.oom.pickle instead", "worker",
@@ -318,7 +248,7 @@ RUN = [
     Column("exposed_comm_s_measured", pa.float64(), "s", "communication that nothing computed beside, per traced step "
            "(the median over them), read from rank 0's trace: NCCL kernels not overlapped by other kernels on a GPU; on a "
            "CPU gloo's work not overlapped by the main thread's operators. Beside predicted_exposed_comm_s; traced runs "
-           "calibrate the overlap efficiency", "worker", Filled("with profiled_steps", None, _has("profiled_steps"))),
+           "calibrate the overlap efficiency", "worker", Filled("with profiled_steps", None, has_value("profiled_steps"))),
     Column("prediction_note", pa.string(), "-", "how predicted_step_time_s was made (the reference's world size and "
            "tokens, the token share and whether it was fitted), or why there is none", "collect", OK),
     Column("step_time_s_mean", pa.float64(), "s", "mean step time over the measured steps", "worker", OK),
@@ -329,7 +259,7 @@ RUN = [
            f"on a cloud VM, the host's; on a GPU, heat or power lowering its clocks); null under {DRIFT_MIN_STEPS} measured "
            "steps", "worker",
            Filled(f"status ok, {DRIFT_MIN_STEPS} measured steps or more (runs measured since schema 11)",
-                  lambda row: _ok(row) and (row.get("measured_steps") or 0) >= DRIFT_MIN_STEPS, OK.at_most)),
+                  lambda row: is_ok(row) and (row.get("measured_steps") or 0) >= DRIFT_MIN_STEPS, OK.at_most)),
     Column("loop_time_s_per_step", pa.float64(), "s", "wall time of the whole training loop (records, loss sync "
            "included) per measured step", "worker", OK),
     Column("compile_time_s", pa.float64(), "s", "compile lever: wall time of the warm-up forward and backward that "
@@ -387,7 +317,7 @@ RUN = [
            "rank 0 (ZeRO paper's unit)", "worker", OK),
     Column("comm_bytes_per_step_predicted", pa.float64(), "B/step", "predicted collective bytes per step, PyTorch "
            "strategy; null where FSDP2 runs under the interleaved pipeline schedule (its gathers there are not "
-           "modelled)", "worker", Filled("status ok but FSDP2 (stages 2, 3) under interleaved_1f1b", None, _ok)),
+           "modelled)", "worker", Filled("status ok but FSDP2 (stages 2, 3) under interleaved_1f1b", None, is_ok)),
     Column("comm_bytes_per_step_predicted_paper", pa.float64(), "B/step", "predicted collective bytes per step, ZeRO paper",
            "worker", OK),
     # Traffic per link: rank 0's bytes split by where the collective's group ran. The rule
@@ -418,53 +348,53 @@ RUN = [
            sometimes("runs measured since tensor parallelism", OK)),
     Column("comm_tensor_parallel_link", pa.string(), "-", "the link rank 0's tensor-parallel group ran on (intra_node: one "
            "host; inter_node: several), from its ranks' hosts; null without tensor parallelism", "worker",
-           _exactly("status ok, tensor_parallel > 1",
-                    lambda row: _ok(row) and (row.get("tensor_parallel") or 1) > 1)),
+           exactly("status ok, tensor_parallel > 1",
+                    lambda row: is_ok(row) and (row.get("tensor_parallel") or 1) > 1)),
     # Pipeline parallelism (scalelab.run.pipeline, its formulas scalelab.formulas.pipeline): rank 0's pipeline, one
     # rank per stage; null without a pipeline.
     Column("pipeline_microbatches", pa.int32(), "-", "micro-batches each step passes through the pipeline (the "
-           "data-parallel rank's share of the global batch over micro_batch)", "worker", _PIPELINE),
+           "data-parallel rank's share of the global batch over micro_batch)", "worker", PIPELINE_OK),
     *(Column(f"comm_pipeline_bytes_per_step_{kind}", pa.float64(), "B/step",
              ("predicted " if kind == "predicted" else "") + "bytes rank 0 sends and receives point-to-point per step: "
              "each micro-batch's activations forward and their gradient backward at every boundary of its chunks, B x "
              "seq_len x d_model values at the residual stream's width" + (
                  " (scalelab.formulas.pipeline.p2p_bytes)" if kind == "predicted" else
-                 " (counted on the ops torch's stages hand to batch_isend_irecv)"), "worker", _PIPELINE)
+                 " (counted on the ops torch's stages hand to batch_isend_irecv)"), "worker", PIPELINE_OK)
       for kind in ("measured", "predicted")),
     *(Column(f"comm_pipeline_bytes_per_step_{kind}_per_stage", pa.list_(pa.float64()), "B/step",
-             f"the same, {kind}, for each stage of rank 0's pipeline (first stage first)", "worker", _PIPELINE)
+             f"the same, {kind}, for each stage of rank 0's pipeline (first stage first)", "worker", PIPELINE_OK)
       for kind in ("measured", "predicted")),
     *(Column(f"comm_pipeline_tied_bytes_per_step_{kind}", pa.float64(), "B/step",
              ("predicted " if kind == "predicted" else "") + "bytes of rank 0's all-reduce that sums a tied embedding's "
              "gradient with the last stage's head copy (fp32, an all-reduce of S bytes counts 2 S); 0 for an untied "
-             "head", "worker", _PIPELINE) for kind in ("measured", "predicted")),
+             "head", "worker", PIPELINE_OK) for kind in ("measured", "predicted")),
     Column("bubble_fraction_measured", pa.float64(), "-", "the share of the schedule's time a rank computed nothing, "
            "1 - (its forwards' and backwards' time) / (the schedule's time), the median over the timed steps, averaged "
            "over the stages of rank 0's pipeline; it holds the point-to-point waits and the stages' imbalance the "
-           "formula leaves out", "worker", _PIPELINE),
+           "formula leaves out", "worker", PIPELINE_OK),
     Column("bubble_fraction_measured_per_stage", pa.list_(pa.float64()), "-", "the same for each stage (first first)",
-           "worker", _PIPELINE),
+           "worker", PIPELINE_OK),
     Column("bubble_fraction_stage_times", pa.float64(), "-", "the bubble the stages would leave with free sends, from "
            "their own compute in the timeline's step: each rank's time per chunk-micro-batch t, the schedule lasting "
            "(V m - 1) max t + sum t, averaged over the stages (scalelab.run.pipeline.stage_time_bubble). Above the "
            "formula: the stages' imbalance (the last computes the head and the loss); below the measured bubble: the "
-           "sends and the schedule's own work", "worker", _PIPELINE),
+           "sends and the schedule's own work", "worker", PIPELINE_OK),
     Column("bubble_fraction_predicted", pa.float64(), "-", "the schedule's bubble, (P - 1) / (V m + P - 1) with V "
-           "chunks per rank (scalelab.formulas.pipeline.bubble_fraction)", "worker", _PIPELINE),
+           "chunks per rank (scalelab.formulas.pipeline.bubble_fraction)", "worker", PIPELINE_OK),
     Column("pipeline_activation_bytes_measured_per_stage", pa.list_(pa.int64()), "B", "the most bytes of block "
            "activations each stage held at once in one step (saved-tensor hooks, released as autograd frees them)",
-           "worker", _PIPELINE),
+           "worker", PIPELINE_OK),
     Column("pipeline_activation_bytes_predicted_per_stage", pa.list_(pa.float64()), "B", "predicted: the schedule's "
            "in-flight micro-batches on the stage x its blocks x one block's activations (scalelab.formulas.pipeline."
            "held_block_activations); null under activation checkpointing", "worker",
-           sometimes("status ok, pipeline_parallel > 1, no activation checkpointing", _PIPELINE)),
+           sometimes("status ok, pipeline_parallel > 1, no activation checkpointing", PIPELINE_OK)),
     # The recipe of the run's collectives (scalelab.formulas.communication.comm_dtypes); a summary written before
     # they were recorded is read as what that code did (LEGACY_SUMMARY), never as today's recipe.
     Column("param_gather_dtype", pa.string(), "-", "dtype FSDP2 all-gathers parameters in (float32, or the compute "
            "dtype of fp16/bf16 at stages 2 and 3: MixedPrecisionPolicy param_dtype); null for strategies that gather "
            "none (stages 0, 1). Runs measured before it was recorded gathered float32", "worker",
-           _exactly("status ok, a strategy that shards parameters (ZeRO stages 2 and 3)",
-                    lambda row: _ok(row) and strategy(row["zero_stage"]).shards[0])),
+           exactly("status ok, a strategy that shards parameters (ZeRO stages 2 and 3)",
+                    lambda row: is_ok(row) and strategy(row["zero_stage"]).shards[0])),
     Column("grad_reduce_dtype", pa.string(), "-", "dtype gradients are reduced in (all-reduce, reduce-scatter): float32, "
            "or the compute dtype with the grad_reduce lever at compute. Runs measured before it was recorded reduced "
            "float32", "worker", OK),
@@ -504,10 +434,10 @@ RUN = [
     Column("predicted_peak_bound", pa.string(), "-", "what predicted_peak_bytes is: 'model' (it models the step), 'upper "
            "bound: why' (fp8, predicted as bf16: the step keeps less; never a reason to skip the run) or 'lower bound: "
            "why' (a custom module: activations not predicted)", "launch",
-           Filled("every run planned since schema 8 (null in older rows)", None, _has("predicted_peak_bytes"))),
+           Filled("every run planned since schema 8 (null in older rows)", None, has_value("predicted_peak_bytes"))),
     Column("device_memory_bytes", pa.float64(), "B", "memory of one device the prediction is held against "
            "(planning.device_memory_gib, else the GPU's); null when unknown (CPU)", "launch",
-           Filled("planning.device_memory_gib set, or a GPU run that ended ok", lambda row: _ok(row) and GPU.rows(row))),
+           Filled("planning.device_memory_gib set, or a GPU run that ended ok", lambda row: is_ok(row) and GPU.rows(row))),
     Column("predicted_oom_reason", pa.string(), "-", "why the run was predicted not to fit; null when it fits", "launch",
            Filled("status predicted_oom (and a run launched anyway with planning.launch_predicted_oom)",
                   lambda row: row["status"] == "predicted_oom")),
@@ -557,7 +487,7 @@ RUN = [
            sometimes("Linux hosts, runs measured since schema 10", OK)),
     Column("torch_version", pa.string(), "-", "torch.__version__", "worker", OK),
     Column("cuda_version", pa.string(), "-", "torch.version.cuda; null for a CPU build", "worker",
-           Filled("status ok, a CUDA build of torch (every GPU run)", lambda row: _ok(row) and GPU.rows(row), OK.at_most)),
+           Filled("status ok, a CUDA build of torch (every GPU run)", lambda row: is_ok(row) and GPU.rows(row), OK.at_most)),
     Column("nccl_version", pa.string(), "-", "NCCL version on GPU runs", "worker", OK & GPU),
     Column("python_version", pa.string(), "-", "Python version of the ranks", "worker", OK),
     Column("hostname", pa.string(), "-", "host of rank 0", "worker", OK),
@@ -572,7 +502,7 @@ RUN = [
            "over-commit compute; null on one host", "worker",
            sometimes("runs over more than one host, measured since traffic per link was counted", OK)),
     Column("git_commit", pa.string(), "-", "commit of the code that ran", "launch",
-           _exactly("unless git_commit_source says unknown", lambda row: not (row.get("git_commit_source") or "unknown").startswith("unknown"))),
+           exactly("unless git_commit_source says unknown", lambda row: not (row.get("git_commit_source") or "unknown").startswith("unknown"))),
     Column("git_dirty", pa.bool_(), "-", "whether the checkout had uncommitted changes", "launch",
            Filled("git_commit_source git (from the environment: when SCALELAB_GIT_DIRTY is set)",
                   lambda row: row.get("git_commit_source") == "git")),
@@ -609,150 +539,6 @@ STEP_COLUMNS = {c.name: c for c in IDENTITY + STEP}
 IDENTITY_FIELDS = [c.field() for c in IDENTITY]
 RUN_SCHEMA = pa.schema([c.field() for c in RUN_COLUMNS.values()], metadata=_META)
 STEP_SCHEMA = pa.schema([c.field() for c in STEP_COLUMNS.values()], metadata=_META)
-
-
-# ----------------------------------------------------------------------------- building and writing the tables
-
-def steps_table(identity: dict, records: list[dict]) -> pa.Table:
-    """A run's steps.parquet from the worker's step records.
-
-    Built by Arrow's JSON reader, not ``pa.Table.from_pydict``: pyarrow imports pandas the first time
-    it converts Python objects to an array (~0.4 s of CPU, half of each training job's, which uses
-    no pandas). The reader parses NaN and Infinity, as a diverged run's losses need. Unlike
-    ``from_pydict`` it refuses a null in a non-null column, so it reads every column as nullable
-    (a run's steps are written whatever happened; steps_problems holds them to the contract), and
-    the schema gives the fields back their nullability and metadata."""
-    rows = []
-    for rec in records:
-        row = {**rec, **identity}
-        t = rec.get("step_time_s")
-        row["tokens_per_s"] = rec["tokens"] / t if t else None
-        rows.append({name: row.get(name) for name in STEP_SCHEMA.names})
-    if not rows:  # (Schema.empty_table imports pandas too)
-        return pa.Table.from_batches([], schema=STEP_SCHEMA)
-    lines = "\n".join(json.dumps(row) for row in rows).encode()
-    nullable = pa.schema([field.with_nullable(True) for field in STEP_SCHEMA])
-    options = pa_json.ParseOptions(explicit_schema=nullable, unexpected_field_behavior="error")
-    try:
-        parsed = pa_json.read_json(io.BytesIO(lines), pa_json.ReadOptions(use_threads=False), options)
-    except pa.ArrowInvalid:  # a value the reader converts more strictly (256.0 in an integer column): pyarrow's own way
-        return pa.Table.from_pylist(rows, schema=STEP_SCHEMA)
-    return pa.Table.from_arrays(parsed.columns, schema=STEP_SCHEMA)
-
-
-LEGACY_SUMMARY: dict[str, Callable[[dict], object]] = {
-    "param_gather_dtype": lambda row: "float32" if strategy(row["zero_stage"]).shards[0] else None,
-    "grad_reduce_dtype": lambda row: "float32",
-}
-"""Keys an ok summary written by an older scalelab lacks, filled with what that code did: before
-FSDP2's MixedPrecisionPolicy every run gathered and reduced in fp32 (a bf16 stage 2 run of then
-reads float32, not the compute dtype its rerun gathers in)."""
-
-
-def run_row(summary: dict, run_path: str) -> dict:
-    """Flatten a run's summary.json into one row of RUN_SCHEMA (an older ok summary's missing
-    recipe keys filled as LEGACY_SUMMARY says)."""
-    row = dict(summary)
-    if row.get("status") in LAUNCHER_STATUSES:
-        row.setdefault("model_family", DEFAULT_FAMILY)  # written before families: every model was GPT-2, the default
-    if row.get("status") == "ok" and row.get("zero_stage") is not None:
-        row.update({key: fill(row) for key, fill in LEGACY_SUMMARY.items() if key not in row})
-    for key, column in FLATTENED.items():
-        for c in COLLECTIVES:
-            row[column.format(c)] = (summary.get(key) or {}).get(c)
-    row["run_path"] = run_path
-    return {f.name: row.get(f.name) for f in RUN_SCHEMA}
-
-
-def runs_table(rows: list[dict]) -> pa.Table:
-    table = pa.Table.from_pylist(rows, schema=RUN_SCHEMA)
-    return table.replace_schema_metadata({**table.schema.metadata, b"pandas": _pandas_integers()})
-
-
-def _pandas_integers() -> bytes:
-    """pandas' own metadata naming every integer column of the runs (RUN) a nullable integer (Int64,
-    Int32): pd.read_parquet then reads n_params as an integer even where a skipped row leaves it
-    null (without it pandas makes such a column float, numpy's int64 holding no null). Not the
-    sweep axes (IDENTITY): their null is a value ("no accumulation", "no LoRA") that filters compare
-    with == and !=, which pandas' NA answers with NA; they read as pyarrow's types say, as before."""
-    import pandas as pd  # here, not at import: the training worker imports this module
-
-    ints = {c.name: f"Int{c.type.bit_width}" for c in RUN if pa.types.is_integer(c.type)}
-    empty = pd.DataFrame({name: pd.array([], dtype=dtype) for name, dtype in ints.items()})
-    return pa.Schema.from_pandas(empty, preserve_index=False).metadata[b"pandas"]
-
-
-def unknown_summary_keys(summary: dict) -> list[str]:
-    """Keys of a run's summary that no column of RUN_SCHEMA holds (they would be lost), a
-    collective no column counts as ``comm_calls_per_step.<name>``."""
-    lost = set(summary) - set(RUN_SCHEMA.names) - set(FLATTENED)
-    lost |= {f"{key}.{c}" for key in FLATTENED for c in (summary.get(key) or {}) if c not in COLLECTIVES}
-    return sorted(lost)
-
-
-def type_problems(row: dict) -> list[str]:
-    """'field=value (expected type)' for each value of a row its RUN_SCHEMA column cannot hold."""
-    bad = []
-    for f in RUN_SCHEMA:
-        try:
-            pa.array([row.get(f.name)], type=f.type)
-        except (pa.ArrowException, TypeError, ValueError, OverflowError):
-            bad.append(f"{f.name}={row.get(f.name)!r} (expected {f.type})")
-    return bad
-
-
-def write_parquet(table: pa.Table, path: str | Path) -> None:
-    with atomic_path(path) as tmp:
-        pq.write_table(table, tmp)
-
-
-def schema_version(path: str | Path) -> str | None:
-    meta = pq.read_schema(path).metadata or {}
-    value = meta.get(b"scalelab.schema_version")
-    return value.decode() if value else None
-
-
-# ----------------------------------------------------------------------------- holding rows to the contract
-
-def null_problems(row: dict, columns: dict[str, Column]) -> list[str]:
-    """What in one row (of either table) breaks its columns' null contract."""
-    if row.get("status") in COLLECTED_STATUSES:
-        kept = {c.name for c in IDENTITY} | {"status", "reason", "run_path", "steps_problem"}
-        return [f"{n}: holds {row[n]!r} in a {row['status']} row" for n in columns if n not in kept and row.get(n) is not None]
-    bad = []
-    for name, column in columns.items():
-        value, filled = row.get(name), column.filled
-        if value is None and filled.rows is not None and filled.rows(row):
-            bad.append(f"{name}: null, but the table says filled: {filled.text}")
-        elif value is not None and filled.at_most is not None and not filled.at_most(row):
-            bad.append(f"{name}: holds {value!r}, but the table says filled only: {filled.text}")
-    return bad
-
-
-def summary_problems(summary: dict) -> list[str]:
-    """Where a run's summary.json (the launcher's) and the column table disagree: a key no column
-    holds, a column its writer leaves out or fills against its null contract, a column only
-    collection writes. Empty when they agree."""
-    bad = [f"{key}: no column holds it" for key in unknown_summary_keys(summary)]
-    flattened = {pattern.format(c) for pattern in FLATTENED.values() for c in COLLECTIVES}
-    for column in RUN:
-        if column.writer == "collect" and column.name in summary:
-            bad.append(f"{column.name}: written by the launcher, but a collection column")
-        # the worker writes every key of its result, null or not; the launcher merges it on status ok
-        elif column.writer == "worker" and summary.get("status") == "ok" and column.name not in summary \
-                and column.name not in flattened:
-            bad.append(f"{column.name}: the worker's result lacks it")
-    # the launcher's columns only: collection fills its own (tokens_per_s_per_device) from every run
-    return bad + null_problems(run_row(summary, "-"), {n: c for n, c in RUN_COLUMNS.items() if c.writer != "collect"})
-
-
-def steps_problems(steps: pa.Table, identity: dict) -> list[str]:
-    """Where a run's steps.parquet breaks the contract: identity other than its run's, nulls."""
-    bad = [] if steps.schema.equals(STEP_SCHEMA, check_metadata=True) else ["schema differs from STEP_SCHEMA"]
-    for row in steps.to_pylist():
-        bad += [f"{k}: {row[k]!r}, the run's is {v!r}" for k, v in identity.items() if row[k] != v]
-        bad += [f"step {row['step']}: {p}" for p in null_problems(row, STEP_COLUMNS)]
-    return sorted(set(bad))
 
 
 # ----------------------------------------------------------------------------- docs/data-dictionary.md

@@ -24,7 +24,7 @@ from markupsafe import Markup
 
 from scalelab import __version__
 from scalelab.io import building_dir, check_replaceable
-from scalelab.plan.columns import schema_version
+from scalelab.plan.result_tables import schema_version
 from scalelab.plan.sweep import SWEEP_AXES
 from scalelab.report import checks, dictionary
 from scalelab.report.figures import FIGURES_DIR, Drawn, start_figures

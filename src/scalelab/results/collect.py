@@ -9,15 +9,8 @@ import pyarrow.parquet as pq
 
 from scalelab.formulas.predicted_columns import refreshed
 from scalelab.plan import forecast_record
-from scalelab.plan.columns import (
-    IDENTITY_FIELDS,
-    STEP_SCHEMA,
-    run_row,
-    runs_table,
-    type_problems,
-    unknown_summary_keys,
-    write_parquet,
-)
+from scalelab.plan.columns import IDENTITY_FIELDS, STEP_SCHEMA
+from scalelab.plan.result_tables import run_row, runs_table, type_problems, unknown_summary_keys, write_parquet
 from scalelab.plan.sweep import POINT_FILE, RUN_DIR_GLOB, read_point
 from scalelab.results.migrate import check_layout
 

@@ -113,7 +113,7 @@ def _model_values(runs: pd.DataFrame) -> pd.DataFrame:
         fill = known.reindex(out.loc[blank, "model"])
         fill.index = out.index[blank]
         out.loc[blank, shape] = fill.fillna("").to_numpy()
-    # a row with a shape but no family was written before families: gpt2 (as scalelab.plan.columns.run_row reads it)
+    # a row with a shape but no family was written before families: gpt2 (as scalelab.plan.result_tables.run_row reads it)
     shaped = (out[shape] != "").any(axis=1)
     out.loc[shaped & (out["model_family"] == ""), "model_family"] = "gpt2"
     return out

@@ -26,8 +26,8 @@ from pathlib import Path
 from scalelab.config import config_hash, train_config
 from scalelab.io import read_json, remove_stale_temporaries, write_json
 from scalelab.plan import placement
-from scalelab.plan.columns import steps_table, write_parquet
 from scalelab.plan.placement import LaunchPlan
+from scalelab.plan.result_tables import steps_table, write_parquet
 from scalelab.plan.run_plan import SPEC_FILE, RunPlan, run_plan
 from scalelab.plan.sweep import LAUNCHER_FILE, POINT_FILE, RunPoint
 from scalelab.run import prefork
