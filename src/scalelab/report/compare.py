@@ -286,7 +286,8 @@ def summary_lines(table: pd.DataFrame, only: pd.DataFrame, prov: pd.DataFrame, l
 def build_compare(a: str | Path, b: str | Path, out_dir: str | Path | None = None) -> Path:
     """Write <out_dir>/compare.html and compare.md (default out_dir: B/compare); return the HTML path."""
     from scalelab.io import check_replaceable
-    from scalelab.report.report import markdown_table, markdown_text, render, table_model
+    from scalelab.report.report import render
+    from scalelab.report.table_format import markdown_table, markdown_text, table_model
 
     a, b = Path(a), Path(b)
     out_dir = Path(out_dir) if out_dir else b / "compare"

@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import datetime
 import functools
-import html
 import shutil
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from scalelab.report import checks, dictionary
 from scalelab.report.figures import FIGURES_DIR, Drawn, start_figures
 from scalelab.report.formulas import formulas_html
 from scalelab.report.levers import baseline, fp8_table, lever_table
+from scalelab.report.table_format import BEST_COLUMNS, markdown_table, markdown_text, table_model
 from scalelab.report.tables import (
     MFU_LIMIT,
     answer,
@@ -44,7 +44,7 @@ from scalelab.report.tables import (
 from scalelab.results.like import OVER_STAGE, OVER_WORLD_SIZE, like_key, model_labels, scaling_efficiency, several_models
 from scalelab.spec.families import DEFAULT_FAMILY
 
-__all__ = ["MFU_LIMIT", "build_report", "find_warnings", "load_tables", "render", "table_model"]
+__all__ = ["MFU_LIMIT", "build_report", "find_warnings", "load_tables", "render"]
 MEMORY_TOLERANCE = 0.10
 COMM_TOLERANCE = 0.10
 FP32_PARITY_RTOL = 1e-4
@@ -239,127 +239,9 @@ TRACE_COLUMNS = ["exposed_comm_s_measured", "profiled_steps", "trace_files", "me
 """What the run table adds where a run was traced (train.profile) or its memory recorded (train.memory_snapshot)."""
 
 
-# --------------------------------------------------------------------------- number formats per column
-
-# Columns derived for the tables (not in the Parquet files): their unit and meaning.
-DERIVED = {
-    "scaling_efficiency": ("fraction", "tokens/s at N / (N × the median tokens/s at world size 1 of the same model, precision, "
-                                       "stage and levers)"),
-    "step_ms_measured": ("ms", "step_time_s_mean x 1000: the mean optimizer step after warm-up"),
-    "step_ms_predicted": ("ms", "predicted_step_time_s x 1000: the step-time model's prediction (band and how it was "
-                                "made in metrics.parquet's predicted_step_time_s_low/_high and prediction_note)"),
-    "model_state_mib_measured": ("MiB", "model_state_bytes_measured / 2^20"),
-    "model_state_mib_predicted": ("MiB", "model_state_bytes_predicted / 2^20"),
-    "comm_mib_per_step_measured": ("MiB/step", "comm_bytes_per_step_measured / 2^20"),
-    "comm_mib_per_step_predicted": ("MiB/step", "comm_bytes_per_step_predicted / 2^20"),
-    "peak_mib_predicted": ("MiB", "predicted_peak_bytes / 2^20"),
-    "exposed_comm_ms_measured": ("ms", "exposed_comm_s_measured x 1000: communication nothing computed beside, per traced "
-                                       "step, read from rank 0's trace"),
-    "exposed_comm_ms_predicted": ("ms", "predicted_exposed_comm_s x 1000: the step-time model's exposed communication"),
-    "peak_mib_measured_gpu": ("MiB", "peak_mem_allocated_bytes / 2^20 (GPU runs)"),
-    "tokens_per_s_per_device": ("tokens/s", "tokens_per_s / world_size"),
-    "peak_mib_per_rank": ("MiB", "peak memory per rank: GPU max allocated, else process peak RSS"),
-    "model_state_mib_per_rank": ("MiB", "model state at rest on the largest rank"),
-    "ok_runs": ("runs", "runs at this world size that ended ok"),
-    "did_not_fit": ("-", "runs at this world size with status oom or predicted_oom"),
-    "tokens_per_s_ratio": ("-", "tokens/s of B / tokens/s of A"),
-    "host_steal_share_max": ("fraction", "the larger host_steal_share of the run in A and in B: the share of its cores' time "
-                                         "the hypervisor gave to other guests (a change it can explain)"),
-    "step_time_ratio": ("-", "median step time of B / of A (compare), or of the lever run / its baseline twin (levers)"),
-    "peak_mib_ratio": ("-", "peak memory per rank of B / of A (GPU: max allocated, CPU: process RSS)"),
-    "model_state_mib_ratio": ("-", "model state per rank of B / of A"),
-    "loss_max_rel_diff": ("-", "largest |loss B - loss A| / |loss A| over the steps both recorded"),
-    "common_steps": ("steps", "steps recorded by both sides"),
-    "loss_not_compared": ("-", "why the losses of this run in A and B were not compared: what it trained differently"),
-    "noise_limit": ("fraction", "the change of one run's tokens/s between A and B that noise alone exceeds 1 time in 100, from "
-                                "the repeats of its model in either sweep (blank: neither repeated a point of it)"),
-    "note": ("-", "why a run id on both sides is not paired: the other side's run trained another model"),
-    "peak_lr": ("1", "the largest learning rate of a run's steps (after warm-up)"),
-    "max_abs_dloss": ("nats/token", "largest |loss - loss of the stage-0 runs| over steps, same model, precision, world size and "
-                                    "levers"),
-    "levers": ("-", "the levers away from their defaults (none: every lever at its default)"),
-}
-
-
-def _title(name: str) -> str | None:
-    name = {v: k for k, v in BEST_COLUMNS.items()}.get(name, name)
-    unit, meaning = DERIVED.get(name) or dictionary.RUN.get(name) or dictionary.IDENTITY.get(name) or (None, None)
-    return f"{meaning} [{unit}]" if meaning else None
-
-
-def column_format(name: str, values: pd.Series):
-    """How a column's numbers are written: one format per column (never 1.455e+04 beside 3728)."""
-    if pd.api.types.is_bool_dtype(values) or not pd.api.types.is_numeric_dtype(values):
-        return str
-    name = {v: k for k, v in BEST_COLUMNS.items()}.get(name, name)
-    if name in ("bucket_mb",):
-        return lambda v: f"{v:g}"
-    if name.startswith(("mfu", "hfu")) or name == "scaling_efficiency" or "ratio" in name or "speedup" in name:
-        return lambda v: f"{v:.3f}"
-    if name.startswith("tokens_per_s") or name in ("tokens", "n_params", "tokens_per_step"):
-        return lambda v: f"{v:,.0f}"
-    if "dloss" in name or "rel_diff" in name:
-        return lambda v: f"{v:.2e}"
-    if "mib" in name or name.startswith("step_ms"):
-        return lambda v: f"{v:,.2f}"
-    if "loss" in name:
-        return lambda v: f"{v:.4f}"
-    if name.endswith("_s") or name.endswith("_s_median") or name.endswith("_s_mean"):
-        return lambda v: f"{v:,.2f}"
-    if pd.api.types.is_integer_dtype(values) or (values.dropna() == values.dropna().round()).all():
-        return lambda v: f"{int(v)}"
-    biggest = float(values.abs().max()) if values.notna().any() else 0.0
-    decimals = 0 if biggest >= 1000 else 2 if biggest >= 10 else 3
-    return lambda v: f"{v:,.{decimals}f}"
-
-
-def table_model(df: pd.DataFrame, long: tuple[str, ...] = ("reason", "did_not_fit", "meaning", "teardown_warning",
-                                                          "loss_not_compared"), wrap_headers: bool = False) -> dict:
-    """What the template's table macro draws: columns (name, title, kind) and rows of cells, each
-    (its CSS class, its text). Cells are plain tuples: the macro unpacks them instead of looking up
-    attributes (a 1,000-run report has ~26,000 cells)."""
-    columns, formatted = [], []
-    for name in df.columns:
-        values = df[name]
-        numeric = pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)
-        kind = "num" if numeric else ("text long" if name in long else "text")
-        # wrap_headers (the run table): a header may wrap at its underscores, no wider than its numbers
-        columns.append({"name": name, "title": _title(name), "kind": kind,
-                        "label": Markup("_<wbr>").join(str(name).split("_")) if wrap_headers else name})
-        fmt = column_format(name, values)
-        formatted.append(["" if v is None or (not isinstance(v, (str, list, np.ndarray)) and pd.isna(v)) else fmt(v)
-                          for v in values.tolist()])
-    cells = [[(f"{c['kind']} status-{'ok' if t == 'ok' else 'bad'}" if c["name"] == "status" and t else c["kind"], t) for t in col]
-             for c, col in zip(columns, formatted)]  # a status is coloured by outcome
-    return {"columns": columns, "rows": list(zip(*cells)) if cells else [() for _ in range(len(df))]}
-
-
-def markdown_text(text: str) -> str:
-    """Text of the results (model names, reasons, paths) made inert in Markdown: a renderer shows raw HTML
-    (a model named ``<script>``) as HTML, as the HTML pages' autoescaping never does."""
-    return html.escape(str(text), quote=False)
-
-
-def markdown_table(df: pd.DataFrame) -> str:
-    """The same formats, as a Markdown table (every cell escaped: markdown_text)."""
-    model = table_model(df)
-    lines = ["| " + " | ".join(markdown_text(c["name"]) for c in model["columns"]) + " |",
-             "|" + "".join("---:|" if c["kind"] == "num" else "---|" for c in model["columns"])]
-    lines += ["| " + " | ".join(markdown_text(text).replace("|", "\\|").replace("\n", " ") for _, text in row) + " |"
-              for row in model["rows"]]
-    return "\n".join(lines) + "\n"
-
-
 SUMMARY_COLUMNS = ["run_id", "model", "status", "tokens_per_s", "scaling_efficiency", "mfu", "model_state_mib_measured",
                    "model_state_mib_predicted", "final_loss"]
 
-
-BEST_COLUMNS = {  # best_configurations' column -> the header shown (model: in a sweep of several models)
-    "model": "model", "world_size": "world size", "run_id": "fastest ok point (or points tied within noise)", "tokens_per_s": "tokens/s (median of its runs)",
-    "tokens_per_s_per_device": "tokens/s per device", "repeats": "runs", "standing": "against the next (run-to-run noise)",
-    "peak_mib_per_rank": "peak MiB per rank", "model_state_mib_per_rank": "model state MiB per rank", "ok_runs": "ok points",
-    "did_not_fit": "did not fit (oom, predicted_oom)",
-}
 
 
 def _with_model(table: pd.DataFrame, runs: pd.DataFrame, several: bool) -> pd.DataFrame:
@@ -627,23 +509,12 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
                                several)
         # A sweep of several models names each row's model (scalelab.results.like): a row compares within it.
         inter_node = _with_model(inter_node_table(runs), runs, several)
-        ranking = forecast_ranking(runs)
         levers, fp8 = _with_model(levers, runs, several), _with_model(fp8, runs, several)
-        tables = {"best": table_model(best), "levers": table_model(levers) if not levers.empty else None,
-                  "inter_node": table_model(inter_node) if not inter_node.empty else None,
-                  "fp8": table_model(fp8) if not fp8.empty else None, "runs_table": table_model(table, wrap_headers=True),
-                  "deviation": table_model(dev) if not dev.empty else None, "provenance": table_model(_provenance(runs)),
-                  "dictionary": table_model(_dictionary_table()),
-                  **_forecast_tables(ranking)}
+        tables = _report_tables(runs, best, levers, inter_node, fp8, table, dev)
         drawn = job.wait()
         by_family = []
-        if len(families) > 1:
-            by_family.append(_family_figures(families[0], first_dir, drawn))
-            for family in families[1:]:
-                f_runs, f_steps = _of_family(runs, steps, family)
-                with start_figures(f_runs, f_steps, lever_table(f_runs), fig_dir / family, workers, results_dir) as f_job:
-                    by_family.append(_family_figures(family, fig_dir / family, f_job.wait()))
-            drawn = []
+        if len(families) > 1:  # each family's figures in its own section, none in the main one
+            by_family, drawn = _figures_by_family(runs, steps, families, drawn, fig_dir, workers, results_dir), []
 
         context = {
             "no_runs": None, "n_runs": len(runs), "n_ok": int((runs["status"] == "ok").sum()), "n_steps": len(steps),
@@ -666,3 +537,27 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
         (out_dir / "report.html").write_text(render("report.html.j2", **context), encoding="utf-8")
         (out_dir / "summary.md").write_text(_summary_markdown(context, len(runs), best, inter_node,
                                                               table[[c for c in SUMMARY_COLUMNS if c != "model" or several]]))
+
+
+def _report_tables(runs: pd.DataFrame, best: pd.DataFrame, levers: pd.DataFrame, inter_node: pd.DataFrame,
+                   fp8: pd.DataFrame, table: pd.DataFrame, dev: pd.DataFrame) -> dict:
+    """The report's tables as the templates render them (table_model); None for an empty optional one."""
+    def optional(df: pd.DataFrame) -> dict | None:
+        return table_model(df) if not df.empty else None
+
+    return {"best": table_model(best), "levers": optional(levers), "inter_node": optional(inter_node), "fp8": optional(fp8),
+            "runs_table": table_model(table, wrap_headers=True), "deviation": optional(dev),
+            "provenance": table_model(_provenance(runs)), "dictionary": table_model(_dictionary_table()),
+            **_forecast_tables(forecast_ranking(runs))}
+
+
+def _figures_by_family(runs: pd.DataFrame, steps: pd.DataFrame, families: list[str], first_drawn: list, fig_dir: Path,
+                       workers: int | None, results_dir: Path) -> list[dict]:
+    """A sweep of several model families: the first family's figures (drawn beside the tables), then each other
+    family's, drawn in turn into figures/<family>/."""
+    by_family = [_family_figures(families[0], fig_dir / families[0], first_drawn)]
+    for family in families[1:]:
+        f_runs, f_steps = _of_family(runs, steps, family)
+        with start_figures(f_runs, f_steps, lever_table(f_runs), fig_dir / family, workers, results_dir) as job:
+            by_family.append(_family_figures(family, fig_dir / family, job.wait()))
+    return by_family
