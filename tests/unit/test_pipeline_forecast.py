@@ -148,16 +148,16 @@ def test_plan_leaves_out_the_pipelines_that_cannot_run_and_says_why(capsys):
 def test_the_published_pipelined_runs_are_validated_in_and_out_of_sample_and_the_issue_rows_mostly_within_20_percent():
     """The Playbook sweep's pipelined runs, each series calibrated at its smallest count: in-sample (1B) and held out
     (3B, 8B) apart; the 8B PP 2-4 rows at 8-64 GPUs mostly within 20% (the figures the doc prints)."""
-    from scalelab.forecast import published
+    from scalelab.forecast import published_pipeline, published_runs
 
-    rows = published.pipeline_validation()
-    t = published.pipeline_targets(rows)
+    rows = published_pipeline.pipeline_validation()
+    t = published_pipeline.pipeline_targets(rows)
     assert {r["model"] for r in rows} == {"1B", "3B", "8B"} and {r["pipeline_parallel"] for r in rows} == {2, 4, 8}
     assert t["in_sample_rows"] > 50 and t["held_out_rows"] > 50 and t["issue_rows"] >= 20
     assert t["issue_within_20"] >= 0.75 and t["issue_median"] <= 0.10, t
     for r in rows:
         assert r["gpus"] > r["calibrated_at"] and r["error"] == pytest.approx(r["predicted"] / r["published"] - 1)
-        assert (r["series"], r["gpus"]) not in published.degraded()
-    for row in published.PIPELINE_ROWS:  # every row is one scalelab could run: blocks split, micro-batches fill
+        assert (r["series"], r["gpus"]) not in published_pipeline.degraded()
+    for row in published_runs.PIPELINE_ROWS:  # every row is one scalelab could run: blocks split, micro-batches fill
         m = row.accumulation
         assert row.cfg.n_layers % row.pipeline_parallel == 0 and m >= row.pipeline_parallel

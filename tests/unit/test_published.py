@@ -3,7 +3,15 @@
 figure must show in the doc."""
 import pytest
 
-from scalelab.forecast.published import ROWS, _predicted, calibrated_mfu, default_overlap_efficiency, document, overlap_sensitivity, validation
+from scalelab.forecast.published import document
+from scalelab.forecast.published_runs import (
+    ROWS,
+    calibrated_mfu,
+    default_overlap_efficiency,
+    overlap_sensitivity,
+    predicted_tokens_per_gpu,
+    validation,
+)
 from scalelab.harness import REPO_ROOT
 
 
@@ -26,7 +34,7 @@ def test_the_rows_meet_issue_44s_targets_with_both_strategies_from_two_sources_e
     assert sum(errors) / len(errors) <= 0.10 and max(errors) <= 0.20, document()
     for series in {r.series for r in ROWS}:  # the calibration reproduces its own point: every error is across GPU counts
         first = min((r for r in ROWS if r.series == series), key=lambda r: r.gpus)
-        assert _predicted(first, calibrated_mfu(first)) == pytest.approx(first.tokens_per_s_per_gpu, rel=1e-6)
+        assert predicted_tokens_per_gpu(first, calibrated_mfu(first)) == pytest.approx(first.tokens_per_s_per_gpu, rel=1e-6)
 
 
 def test_the_gpu_default_overlap_efficiency_is_where_the_published_rows_agree_best():
@@ -46,7 +54,7 @@ def test_the_playbook_sweeps_tensor_parallel_rows_meet_the_targets_in_and_out_of
     """The sweep's tensor-parallel rows at 64-256 GPUs, each series calibrated at its smallest count: mean absolute error
     <= 15% with >= 75% within 20%, and the rows held out of the fit <= 15% too; >= 90% of the series calibrate at an MFU
     <= 0.65; >= 90% of the runs (all of which ran in 80 GB) are predicted to fit, and >= 75% within 20% of their memory."""
-    from scalelab.forecast import published as sweep
+    from scalelab.forecast import published_sweep as sweep
 
     rows, memory = sweep.sweep_validation(), sweep.memory_validation()
     t = sweep.targets(rows, memory)
@@ -60,7 +68,7 @@ def test_the_playbook_sweeps_tensor_parallel_rows_meet_the_targets_in_and_out_of
 
 def test_the_megatron_trainers_overlap_efficiency_is_fitted_on_the_fit_set_alone():
     """The constant is the grid's best for the 1B series (in-sample); the held-out series play no part in it."""
-    from scalelab.forecast import published as sweep
+    from scalelab.forecast import published_sweep as sweep
     from scalelab.spec.strategies import MEGATRON_OVERLAP_EFFICIENCY, TRAINERS
 
     fine = sweep.eta_fit([i / 20 for i in range(21)])
@@ -73,7 +81,7 @@ def test_the_plan_picks_tensor_parallelism_at_256_gpus_and_answers_at_512_on_the
     """scalelab plan for the sweep's 1B and 3B models (global batch 256 x 4096, its measured links as busbw:GBPS/RANKS):
     at 256 GPUs a tensor-parallel pick; at 512, where the global batch no longer splits over 512 data-parallel ranks, an
     answer with TP >= 2; every pick's family compared with the sweep's best run at that count."""
-    from scalelab.forecast import published as sweep
+    from scalelab.forecast import published_sweep as sweep
 
     rows = sweep.plan_check(counts=(256, 512))
     assert {(r["model"], r["gpus"]) for r in rows} == {("1B", 256), ("1B", 512), ("3B", 256), ("3B", 512)}

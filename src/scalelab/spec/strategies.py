@@ -165,7 +165,7 @@ class Trainer:
 MEGATRON_OVERLAP_EFFICIENCY = 0.75
 """eta of the megatron trainer: the value (on a grid of 0.05) at which the step-time model follows the Ultra-Scale
 Playbook sweep's 1B series best at up to 256 GPUs, each series calibrated at its smallest count (the fit set:
-scalelab.forecast.published.FIT_MODELS); its 3B and 8B series are held out (docs/prediction.md)."""
+scalelab.forecast.published_sweep.FIT_MODELS); its 3B and 8B series are held out (docs/prediction.md)."""
 TRAINERS = {t.name: t for t in (
     Trainer("scalelab", "scalelab's own strategies as its runs run them (ZeRO-1: PyTorch's ZeroRedundancyOptimizer, an "
                         "fp32 all-reduce then an fp32 broadcast of the updated shards; tensor parallelism with the embedding "
