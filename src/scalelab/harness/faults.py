@@ -19,85 +19,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from scalelab.config.reading import UniqueKeyLoader
 from scalelab.harness import REPO_ROOT
+from scalelab.harness.drill_audit import Drill, audit, count_orphans
 from scalelab.harness.drill_record import DOC, RECORD, drill_row, write_record
-from scalelab.harness.testing import processes_mentioning, run_snakemake, snakemake_cmd, snakemake_env, tiny_config, write_workdir
+from scalelab.harness.testing import run_snakemake, snakemake_cmd, snakemake_env, tiny_config, write_workdir
 from scalelab.plan.sweep import RUN_DIR_GLOB, sweep_points
 from scalelab.run.prefork import FORKED_LAUNCH, PREFORK_ENV
 
 BAD_CONFIGS = REPO_ROOT / "tests" / "bad_configs"
-
-
-@dataclass
-class Drill:
-    name: str
-    faults_injected: int = 0
-    faults_recovered: int = 0
-    rows_lost: int = 0
-    rows_duplicated: int = 0
-    corrupt_files: int = 0
-    orphan_processes: int = 0
-    bad_configs_tried: int = 0
-    bad_configs_rejected: int = 0
-    timeouts_tried: int = 0
-    timeouts_honoured: int = 0
-    checks_failed: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def check(self, ok: bool, what: str) -> bool:
-        if not ok:
-            self.checks_failed.append(what)
-        return ok
-
-
-# ----------------------------------------------------------------------------- auditing
-
-
-def audit(workdir: Path, cfg: dict, drill: Drill) -> None:
-    """Count lost/duplicated rows and corrupt or stray files of a finished sweep."""
-    import pandas as pd
-    import pyarrow.parquet as pq
-
-    results = workdir / cfg["results_dir"]
-    expected = {p.run_id for p in sweep_points(cfg)}
-    for summary in results.glob(f"runs/{RUN_DIR_GLOB}/summary.json"):
-        try:
-            json.loads(summary.read_text())["status"]
-        except (ValueError, KeyError):
-            drill.corrupt_files += 1
-            drill.notes.append(f"corrupt {summary}")
-    tables = {}
-    for name in ["metrics.parquet", "steps.parquet", *[str(p.relative_to(results)) for p in results.glob(f"runs/{RUN_DIR_GLOB}/steps.parquet")]]:
-        try:
-            tables[name] = pq.read_table(results / name).to_pandas()
-        except Exception as err:  # unreadable or missing
-            drill.corrupt_files += 1
-            drill.notes.append(f"unreadable {name}: {type(err).__name__}")
-    stray = [p for p in results.rglob(".*.tmp")]
-    drill.corrupt_files += len(stray)
-    drill.notes += [f"stray temporary {p}" for p in stray]
-    runs = tables.get("metrics.parquet", pd.DataFrame(columns=["run_id", "status"]))
-    drill.rows_lost += len(expected - set(runs["run_id"]))
-    drill.rows_duplicated += int(runs["run_id"].duplicated().sum())
-    steps = tables.get("steps.parquet", pd.DataFrame(columns=["run_id", "step"]))
-    drill.rows_duplicated += int(steps.duplicated(["run_id", "step"]).sum())
-    for run in runs[runs["status"] == "ok"].itertuples():
-        got = steps.loc[steps["run_id"] == run.run_id, "step"].nunique()
-        drill.rows_lost += cfg["train"]["steps"] - got
-
-
-def count_orphans(marker: str, drill: Drill, grace_s: float = 5.0) -> None:
-    deadline = time.time() + grace_s
-    while (left := processes_mentioning(marker)) and time.time() < deadline:
-        time.sleep(0.2)
-    drill.orphan_processes += len(left)
-    drill.notes += [f"orphan: {p}" for p in left]
 
 
 TABLES = "collect"
@@ -403,6 +337,19 @@ def concurrency_and_reruns(tmp: Path) -> Drill:
     return d
 
 
+def _one_ended_while_next_trains(results: Path, timeout_s: float = 180) -> list[Path]:
+    """The summaries of the runs that had ended once another run trains (its progress written, no summary yet);
+    empty if that moment did not come within timeout_s."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        done = list(results.glob(f"runs/{RUN_DIR_GLOB}/summary.json"))
+        running = [p for p in results.glob(f"runs/{RUN_DIR_GLOB}/progress.jsonl") if not (p.parent / "summary.json").exists()]
+        if done and running:
+            return done
+        time.sleep(0.05)
+    return []
+
+
 def _interrupt_and_resume(tmp: Path, name: str, signum: int, whole_group: bool) -> Drill:
     """Interrupt Snakemake while its second run trains, as a user would, then go on with the
     command `scalelab status` prints (scalelab resume): the sweep completes, every run that had
@@ -418,15 +365,7 @@ def _interrupt_and_resume(tmp: Path, name: str, signum: int, whole_group: bool) 
     env = {k: v for k, v in snakemake_env().items() if k != PREFORK_ENV}  # its own prefork server, interrupted too
     proc = subprocess.Popen(snakemake_cmd(work, "--cores", "2"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True, env=env)
-    deadline, finished = time.time() + 180, []
-    while time.time() < deadline:
-        done = list(results.glob(f"runs/{RUN_DIR_GLOB}/summary.json"))
-        running = [p for p in results.glob(f"runs/{RUN_DIR_GLOB}/progress.jsonl") if not (p.parent / "summary.json").exists()]
-        if done and running:
-            finished = done
-            break
-        time.sleep(0.05)
-    if not d.check(bool(finished), "one run had ended while the next one trained"):
+    if not d.check(bool(_one_ended_while_next_trains(results)), "one run had ended while the next one trained"):
         proc.kill()
         proc.wait()
         return d
