@@ -119,6 +119,8 @@ RUNS = {
     "ok hybrid": (RunPoint("bf16", 3, 2, replicas=2), {"measure_s": 0.3}, None),
     # its columns: comm_tensor_parallel_*; sequence parallelism a lever of its own
     "ok tensor parallel": (RunPoint("fp32", 3, 2, tensor_parallel=2, sequence_parallel=True), {}, None),
+    # its columns: pipeline_*, comm_pipeline_*, bubble_fraction_*; the schedule a lever of its own
+    "ok pipeline": (RunPoint("bf16", 2, 2, micro_batch=1, pipeline_parallel=2, pipeline_schedule="gpipe"), {}, None),
     "skipped": (RunPoint("fp32", 3, 1, cpu_offload=True), {}, None),
     "predicted_oom": (RunPoint("bf16", 0, 1), {}, None),
     "failed": (RunPoint("fp32", 0, 1), {}, "crash@step=1,rank=0"),
