@@ -149,7 +149,7 @@ def synthetic_results(out_dir: str | Path, n_runs: int = 24, n_steps: int = 60, 
         loss = 5.5 * np.exp(-np.arange(n) / (n_steps / 4)) + 2.5 + rng.normal(0, 0.02, n)
         # DDP stages: 40 parameter tensors of 10k bytes each (the model's 400 kB), bucketed
         buckets = (communication.ddp_bucket_count([10_000] * 40, bucket)
-                   if bucket is not None and strategy(stage).ddp_wraps(ws) else None)
+                   if bucket is not None and strategy(stage).ddp_wraps(ws, 1, point.pipeline_parallel) else None)
         summary = {
             **identity, "accumulation_steps": PER_RANK_BATCH // (micro or PER_RANK_BATCH), "step_time_s_median": 512 / tps,
             "activation_bytes_measured": acts if point.pipeline_parallel == 1 else None, "activation_bytes_predicted": acts,

@@ -68,11 +68,14 @@ def model_parallel_ranks(row: dict) -> int:
     return (row.get("tensor_parallel") or 1) * (row.get("pipeline_parallel") or 1)
 
 
-BUCKETS = exactly("a strategy with DDP buckets (ZeRO stages 0 and 1), no tensor or pipeline parallelism",
-                   lambda row: strategy(row["zero_stage"]).ddp_buckets and model_parallel_ranks(row) == 1)
-DDP_WRAPS = exactly("DDP wraps the model (stage 1; stage 0 on more than one data-parallel rank; no tensor or pipeline "
-                     "parallelism)", lambda row: strategy(row["zero_stage"]).ddp_wraps(row["world_size"] // model_parallel_ranks(row),
-                                                                                     model_parallel_ranks(row)))
+BUCKETS = exactly("a strategy with DDP buckets (ZeRO stages 0 and 1), no tensor parallelism, no pipeline but ZeRO-1's",
+                  lambda row: strategy(row["zero_stage"]).ddp_buckets_apply(row.get("tensor_parallel") or 1,
+                                                                            row.get("pipeline_parallel") or 1))
+DDP_WRAPS = exactly("DDP wraps the model (stage 1; stage 0 on more than one data-parallel rank; no tensor parallelism; "
+                    "no pipeline but ZeRO-1's)",
+                    lambda row: strategy(row["zero_stage"]).ddp_wraps(row["world_size"] // model_parallel_ranks(row),
+                                                                      row.get("tensor_parallel") or 1,
+                                                                      row.get("pipeline_parallel") or 1))
 
 
 def is_custom(row: dict) -> bool:

@@ -154,8 +154,9 @@ def _pipeline_left_out(point, train: TrainConfig) -> str | None:
         return (f"pipeline_parallel={p} x tensor_parallel={point.tensor_parallel} does not divide world_size="
                 f"{point.world_size} (world = data-parallel ranks x tensor_parallel x pipeline_parallel)")
     for reason, applies in (
-            ("zero_stage 1 with pipeline parallelism is not run (ZeroRedundancyOptimizer over one stage's data-parallel "
-             "ranks is not wired); stages 0, 2 and 3 are", point.zero_stage == 1),
+            ("zero_stage 1 under interleaved_1f1b is not run (torch 2.13's DDP fails to rebuild its buckets when one rank "
+             "runs two chunks: 'rebuilt parameter indices size is not same as original model parameters size')",
+             point.zero_stage == 1 and point.pipeline_schedule == "interleaved_1f1b"),
             ("cpu_offload with pipeline parallelism is not run", point.cpu_offload),
             ("sequence_parallel with pipeline parallelism is not run", point.sequence_parallel),
             (f"lora_rank={point.lora_rank}: LoRA with pipeline parallelism is not run", bool(point.lora_rank)),
@@ -204,9 +205,8 @@ AXES: tuple[Axis, ...] = (
     Axis("bucket_mb", "DDP gradient bucket size, MiB; None for strategies without buckets", float | None,
          DDP_BUCKET_MB, "float64", True,
          from_path=_optional(float, "none"), run_id=_bucket_run_id, id_pattern=r"bucket.*",
-         normalise=lambda point, v: (float(v) if v is not None and strategy(point.zero_stage).ddp_buckets
-                                     and point.tensor_parallel == 1 and point.pipeline_parallel == 1 else None),
-         # no DDP under tensor or pipeline parallelism (FSDP2's replicate)
+         normalise=lambda point, v: (float(v) if v is not None and strategy(point.zero_stage).ddp_buckets_apply(
+             point.tensor_parallel, point.pipeline_parallel) else None),
          is_default=lambda runs: runs["bucket_mb"].isna() | (runs["bucket_mb"] == DDP_BUCKET_MB), changes_compute=False),
     Axis("compile", "torch.compile (inductor) of every transformer block and of the loss, before DDP/FSDP2 wrapping",
          bool, False, "bool", False, from_path=_flag,

@@ -68,7 +68,8 @@ def save(root: Path, step: int, par: Parallelized, scaler) -> None:
     if _is_zero1(par):
         torch.save(par.optimizer.optim.state_dict(), tmp / f"zero1_optim_rank{rank}.pt")
     if _per_rank(par):
-        torch.save({"model": par.model.state_dict(), "optim": par.optimizer.state_dict()}, tmp / f"pipeline_rank{rank}.pt")
+        # this rank's optimizer state (ZeRO-1's: its shard, the local optimizer's)
+        torch.save({"model": par.model.state_dict(), "optim": par.local_optimizer().state_dict()}, tmp / f"pipeline_rank{rank}.pt")
     dist.barrier()  # every rank has written
     if rank == 0:
         os.replace(tmp, final)
@@ -85,7 +86,7 @@ def load(path: Path, par: Parallelized, scaler) -> None:
     if _per_rank(par):
         mine = torch.load(path / f"pipeline_rank{rank}.pt", weights_only=False)  # written by this run's own ranks
         par.model.load_state_dict(mine["model"])
-        par.optimizer.load_state_dict(mine["optim"])
+        par.local_optimizer().load_state_dict(mine["optim"])
     else:
         set_model_state_dict(par.model, state["model"])
         if _is_zero1(par):

@@ -106,14 +106,16 @@ def _adamw_kwargs(lr: float, state_on_host: bool = False) -> dict:
     return {"lr": lr, "betas": (0.9, 0.95), "eps": 1e-8, "fused": not state_on_host}
 
 
-def _ddp(model: nn.Module, device: torch.device, bucket_mb: float, reduce_dtype: torch.dtype | None = None) -> DDP:
+def _ddp(model: nn.Module, device: torch.device, bucket_mb: float, reduce_dtype: torch.dtype | None = None,
+         group: dist.ProcessGroup | None = None) -> DDP:
+    """DDP over ``group`` (the world; a pipeline stage's data-parallel ranks)."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     # gradient_as_bucket_view: gradients live in the all-reduce buckets instead of beside
     # them, so DDP holds 4 bytes of gradient per parameter, not 8. An explicit bucket_cap_mb
     # caps the first bucket too (PyTorch's default alone starts with a 1 MiB bucket).
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-              gradient_as_bucket_view=True, bucket_cap_mb=bucket_mb)
+              gradient_as_bucket_view=True, bucket_cap_mb=bucket_mb, process_group=group)
     # The stock hooks, registered so DDP's all-reduce goes through torch.distributed.all_reduce,
     # where scalelab.run.comm counts it: the plain one (fp32 buckets), or the compression
     # hook of the reduce dtype (the grad_reduce lever at 'compute').
@@ -128,7 +130,7 @@ def _ddp(model: nn.Module, device: torch.device, bucket_mb: float, reduce_dtype:
             return default_hooks.bf16_compress_hook(process_group, bucket)
 
         hook = bf16_compress_hook_gloo
-    ddp.register_comm_hook(dist.group.WORLD, hook)
+    ddp.register_comm_hook(group or dist.group.WORLD, hook)
     return ddp
 
 
@@ -148,18 +150,24 @@ def parallelize_ddp(model: GPT, device, lr, weight_decay, bucket_mb=DDP_BUCKET_M
 def parallelize_zero1(model: GPT, device, lr, weight_decay, bucket_mb=DDP_BUCKET_MB, cpu_offload=False,
                       param_dtype=None, reduce_dtype=None) -> Parallelized:
     ddp = _ddp(model, device, bucket_mb, reduce_dtype)
+    opt = zero1_optimizer(model, lr, weight_decay)
+    return Parallelized(ddp, opt, lambda last: contextlib.nullcontext() if last else ddp.no_sync(),
+                        throwaway_backward=ddp.no_sync)
+
+
+def zero1_optimizer(model: nn.Module, lr: float, weight_decay: float, group: dist.ProcessGroup | None = None):
+    """ZeroRedundancyOptimizer (AdamW's state sharded over ``group``: the world, or a pipeline stage's data-parallel
+    ranks). It takes one parameter group; the second is added after, so weight decay is handled as in the other
+    stages."""
     # imported here, as FSDP2 below: torch.distributed.optim's __init__ imports FSDP, DTensor and
     # sympy, about 1 s of a rank's start-up on 2 cores, which a stage 0 run does not need
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    # ZeroRedundancyOptimizer takes one parameter group; the second is added after, so
-    # weight decay is handled as in the other stages.
     groups = param_groups(model, weight_decay)
-    opt = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=torch.optim.AdamW,
+    opt = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=torch.optim.AdamW, process_group=group,
                                   weight_decay=weight_decay, **_adamw_kwargs(lr))
     opt.add_param_group({"params": groups[1]["params"], "weight_decay": 0.0})
-    return Parallelized(ddp, opt, lambda last: contextlib.nullcontext() if last else ddp.no_sync(),
-                        throwaway_backward=ddp.no_sync)
+    return opt
 
 
 def _parallelize_fsdp(model: GPT, device, lr, weight_decay, reshard_after_forward: bool,

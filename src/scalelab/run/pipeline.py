@@ -282,13 +282,19 @@ def parallelize(chunks: list[tuple[int, nn.Module]], mesh, plan, device: torch.d
                 precision_context):
     """This rank's chunks wrapped for data parallelism over the dp sub-mesh, one optimizer over them all, and the
     pipeline that runs them: (Parallelized, Pipeline)."""
-    from scalelab.run.parallel import Parallelized, _adamw_kwargs, data_parallel_wrap, param_groups
+    from scalelab.run.parallel import Parallelized, _adamw_kwargs, _ddp, data_parallel_wrap, param_groups, zero1_optimizer
 
     point, train = plan.point, plan.train
-    for _, chunk in chunks:
-        data_parallel_wrap(chunk, point.zero_stage, param_dtype, reduce_dtype, data_parallel_mesh(mesh))
     holder = chunks[0][1] if len(chunks) == 1 else nn.ModuleList(chunk for _, chunk in chunks)
-    opt = torch.optim.AdamW(param_groups(holder, train.weight_decay), **_adamw_kwargs(train.lr))
+    if point.zero_stage == 1:  # DDP per chunk over the stage's data-parallel ranks (torch's schedules drive its sync)
+        group = mesh["dp"].get_group()
+        staged = [(c, _ddp(chunk, device, point.bucket_mb, reduce_dtype, group)) for c, chunk in chunks]
+        opt = zero1_optimizer(holder, train.lr, train.weight_decay, group)
+    else:
+        for _, chunk in chunks:
+            data_parallel_wrap(chunk, point.zero_stage, param_dtype, reduce_dtype, data_parallel_mesh(mesh))
+        staged = chunks
+        opt = torch.optim.AdamW(param_groups(holder, train.weight_decay), **_adamw_kwargs(train.lr))
     last = chunks[-1][1]
 
     def loss_fn(logits, targets):  # the model's loss (a compiled one under compile), under the run's autocast,
@@ -296,7 +302,7 @@ def parallelize(chunks: list[tuple[int, nn.Module]], mesh, plan, device: torch.d
             loss = last.loss_fn(logits, targets)
         return pipe.scaler.scale(loss) if pipe.scaler is not None else loss
 
-    pipe = build(chunks, mesh["pp"], device, point.pipeline_schedule, plan.accumulation_steps, loss_fn, precision_context)
+    pipe = build(staged, mesh["pp"], device, point.pipeline_schedule, plan.accumulation_steps, loss_fn, precision_context)
     excluded = tie(pipe, chunks, mesh) if plan.model.tie_embeddings else frozenset()
     par = Parallelized(holder, opt, lambda last_micro_batch: contextlib.nullcontext(), tensor_parallel=point.tensor_parallel,
                        pipeline_group=pipe.group, norm_excluded=excluded)

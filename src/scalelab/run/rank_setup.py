@@ -80,7 +80,7 @@ class Run:
     peak_bf16: float  # the dense bf16 peak (mfu_bf16_peak), and its source
     peak_bf16_source: str
     n_params: int
-    param_bytes: list[int]  # per parameter, in model order (predicts DDP's buckets)
+    param_bytes: list[list[int]]  # per parameter of each of this rank's chunks, in model order (predicts DDP's buckets)
     fp8_linears: int | None
     blocks: list[torch.nn.Module]  # the transformer blocks, whose saved activations are measured
     par: Parallelized
@@ -186,7 +186,7 @@ def setup(plan: RunPlan, rank_cores: str | None = None) -> Run:
     last_block_kept = sum(sum(local_shard(p).numel() for p in chunk.blocks[-1].parameters())
                           for _, chunk in chunks) if plan.strategy.last_block_kept else 0
     # DDP fills buckets (trainable parameters only) in gradient-ready order, about the reverse of this one.
-    param_bytes = [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
+    param_bytes = [[p.numel() * p.element_size() for p in chunk.parameters() if p.requires_grad] for _, chunk in chunks]
     model.set_activation_checkpointing(point.activation_checkpointing)
     fp8_linears = convert_linears(point.precision, model, train_cfg.fp8_emulate)
     if fp8_linears is not None and not point.compile and rank == 0:

@@ -194,8 +194,9 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "activation_bytes_outside_blocks_measured": tally.activations["outside"] if tally.activations else None,
         "activation_measure": "bytes saved for backward by one micro-batch's forward on rank 0 (autograd saved-tensor hooks), "
                               "and outside the blocks what the forward returns",
-        "ddp_buckets_predicted": (communication.ddp_bucket_count(run.param_bytes, point.bucket_mb)
-                                  if point.bucket_mb and run.plan.strategy.ddp_wraps(run.data_ranks, point.tensor_parallel) else None),
+        "ddp_buckets_predicted": (sum(communication.ddp_bucket_count(chunk, point.bucket_mb) for chunk in run.param_bytes)
+                                  if point.bucket_mb and run.plan.strategy.ddp_wraps(run.data_ranks, point.tensor_parallel,
+                                                                                     point.pipeline_parallel) else None),
         "skipped_steps": tally.skipped_steps,
         "resumed_from_step": run.start_step - 1 if run.start_step else None,
         "final_loss_scale": run.scaler.get_scale() if run.scaler.is_enabled() else None,

@@ -88,11 +88,17 @@ class Strategy:
     per parameter tensor): timed per call from ``scalelab bench comm``'s batched rows (on gloo a call of
     a batch costs several times one call alone)."""
 
-    def ddp_wraps(self, world_size: int, tensor_parallel: int = 1) -> bool:
+    def ddp_buckets_apply(self, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> bool:
+        """Whether DDP's bucket size applies: its strategies on a whole model, or on ZeRO-1's pipeline stages. Never a
+        model split by tensor parallelism (DDP takes no DTensor parameters: stage 0 replicates it with FSDP2's
+        replicate, no buckets), nor stage 0's pipeline stages (FSDP2's replicate too: torch's schedules drive it)."""
+        return self.ddp_buckets and tensor_parallel == 1 and (pipeline_parallel == 1 or self.stage == 1)
+
+    def ddp_wraps(self, world_size: int, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> bool:
         """Whether DDP wraps the model (``world_size``: its data-parallel ranks): its buckets then hold the
-        gradients between steps. Never a model split by tensor parallelism: DDP takes no DTensor parameters,
-        and stage 0 replicates such a model with FSDP2's replicate (no buckets, gradients freed by each step)."""
-        return self.ddp_buckets and tensor_parallel == 1 and not (self.silent_at_world_size_1 and world_size == 1)
+        gradients between steps (:meth:`ddp_buckets_apply`; one rank at stage 0 trains without DDP)."""
+        return self.ddp_buckets_apply(tensor_parallel, pipeline_parallel) and not (self.silent_at_world_size_1
+                                                                                  and world_size == 1)
 
     def comm_psi(self, k: int) -> float:
         """Elements handed to collectives per optimizer step, in units of Psi, for k accumulation
