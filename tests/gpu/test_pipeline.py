@@ -2,9 +2,10 @@
 timeline's synchronised intervals, FSDP2's gradient sync driven by torch's schedules), one GPU per stage: the losses
 of two stages equal one GPU's, fp32 and bf16.
 
-On one GPU the stages cannot run as tensor parallelism's GPU test runs its ranks (two processes over gloo): gloo's
-send and recv hand the tensor's pointer to its TCP transport as host memory, with no staging of CUDA tensors (its
-collectives stage them; its point-to-point does not), and NCCL refuses two ranks on one device. The CPU suite
+On one GPU the stages cannot run as tensor parallelism's GPU test runs its ranks (two processes over gloo): by
+ProcessGroupGloo's source, its send and recv hand the tensor's data pointer to gloo's transport, with no staging of
+CUDA tensors through host memory (its collectives have one; its point-to-point has none), and NCCL refuses two ranks
+on one device. (Read, not tried: no GPU was lent when this was written.) The CPU suite
 (tests/run/test_pipeline.py) runs the same schedules over gloo."""
 import numpy as np
 import pytest
