@@ -31,7 +31,6 @@ from scalelab.report.formulas import formulas_html
 from scalelab.report.levers import baseline, fp8_table, lever_table
 from scalelab.report.table_format import BEST_COLUMNS, markdown_table, markdown_text, table_model
 from scalelab.report.tables import (
-    MFU_LIMIT,
     answer,
     best_configurations,
     forecast_ranking,
@@ -44,7 +43,7 @@ from scalelab.report.tables import (
 from scalelab.results.like import OVER_STAGE, OVER_WORLD_SIZE, like_key, model_labels, scaling_efficiency, several_models
 from scalelab.spec.families import DEFAULT_FAMILY
 
-__all__ = ["MFU_LIMIT", "build_report", "find_warnings", "load_tables", "render"]
+__all__ = ["build_report", "find_warnings", "load_tables", "render"]
 MEMORY_TOLERANCE = 0.10
 COMM_TOLERANCE = 0.10
 FP32_PARITY_RTOL = 1e-4
