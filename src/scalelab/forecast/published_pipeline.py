@@ -19,8 +19,16 @@ from __future__ import annotations
 import functools
 import statistics
 
-from scalelab.forecast.published_runs import PIPELINE_ROWS, Published, calibrated_mfu, predicted_row
-from scalelab.forecast.published_sweep import FIT_MAX_GPUS, FIT_MODELS, FITS_GB, by_count_markdown, mean_abs_error, model_of, series_markdown, share_within
+from scalelab.forecast.published_runs import PIPELINE_ROWS, Published, predicted_row
+from scalelab.forecast.published_sweep import (
+    FIT_MAX_GPUS,
+    FITS_GB,
+    by_count_markdown,
+    mean_abs_error,
+    series_markdown,
+    series_validation,
+    share_within,
+)
 
 DEGRADED = 0.5
 """A run under this share of its series' figure at a larger count is taken as degraded (left out, counted apart)."""
@@ -41,22 +49,7 @@ def degraded(rows: tuple[Published, ...] = PIPELINE_ROWS) -> set[tuple[str, int]
 def pipeline_validation(keep_degraded: bool = False) -> list[dict]:
     """Per pipelined sweep row beyond its series' smallest count (the degraded runs left out unless ``keep_degraded``):
     published and predicted tokens/s per GPU, the error, whether the series is its model's fit set, and the MFU."""
-    skip = set() if keep_degraded else degraded()
-    out = []
-    for series in dict.fromkeys(r.series for r in PIPELINE_ROWS):
-        mine = sorted((r for r in PIPELINE_ROWS if r.series == series and (series, r.gpus) not in skip),
-                      key=lambda r: r.gpus)
-        if len(mine) < 2:
-            continue
-        mfu = calibrated_mfu(mine[0])
-        for row in mine[1:]:
-            predicted = predicted_row(row, mfu)["tokens_per_s_per_gpu"]
-            out.append({"series": series, "model": model_of(row), "fit": model_of(row) in FIT_MODELS,
-                        "pipeline_parallel": row.pipeline_parallel, "tensor_parallel": row.tensor_parallel,
-                        "zero_stage": row.key, "micro_batch": row.micro_batch, "calibrated_at": mine[0].gpus, "mfu": mfu,
-                        "gpus": row.gpus, "published": row.tokens_per_s_per_gpu, "predicted": predicted,
-                        "error": predicted / row.tokens_per_s_per_gpu - 1})
-    return out
+    return series_validation(PIPELINE_ROWS, skip=frozenset() if keep_degraded else frozenset(degraded()))
 
 
 def pipeline_memory_validation() -> list[dict]:

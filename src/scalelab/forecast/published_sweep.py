@@ -35,21 +35,29 @@ def model_of(row: Published) -> str:
     return row.series.split()[0]
 
 
-def sweep_validation(overlap_efficiency: float | None = None) -> list[dict]:
-    """Per sweep row beyond its series' smallest count: published and predicted tokens/s per GPU, the error, whether the
-    series is in the fit set, and the series' calibrated MFU."""
+def series_validation(rows, overlap_efficiency: float | None = None, skip: frozenset = frozenset()) -> list[dict]:
+    """Per row beyond its series' smallest count (the (series, GPUs) in ``skip`` left out, calibration point included):
+    published and predicted tokens/s per GPU, the error, whether the series is in the fit set, and the series'
+    calibrated MFU."""
     out = []
-    for series in dict.fromkeys(r.series for r in SWEEP_ROWS):
-        mine = sorted((r for r in SWEEP_ROWS if r.series == series), key=lambda r: r.gpus)
+    for series in dict.fromkeys(r.series for r in rows):
+        mine = sorted((r for r in rows if r.series == series and (series, r.gpus) not in skip), key=lambda r: r.gpus)
+        if len(mine) < 2:
+            continue
         mfu = calibrated_mfu(mine[0], overlap_efficiency)
         for row in mine[1:]:
             predicted = predicted_row(row, mfu, overlap_efficiency)["tokens_per_s_per_gpu"]
             out.append({"series": series, "model": model_of(row), "fit": model_of(row) in FIT_MODELS,
-                        "tensor_parallel": row.tensor_parallel, "zero_stage": row.key, "micro_batch": row.micro_batch,
-                        "calibrated_at": mine[0].gpus, "mfu": mfu, "gpus": row.gpus,
-                        "published": row.tokens_per_s_per_gpu, "predicted": predicted,
+                        "pipeline_parallel": row.pipeline_parallel, "tensor_parallel": row.tensor_parallel,
+                        "zero_stage": row.key, "micro_batch": row.micro_batch, "calibrated_at": mine[0].gpus, "mfu": mfu,
+                        "gpus": row.gpus, "published": row.tokens_per_s_per_gpu, "predicted": predicted,
                         "error": predicted / row.tokens_per_s_per_gpu - 1})
     return out
+
+
+def sweep_validation(overlap_efficiency: float | None = None) -> list[dict]:
+    """The sweep's rows without pipelining (series_validation)."""
+    return series_validation(SWEEP_ROWS, overlap_efficiency)
 
 
 def memory_validation() -> list[dict]:
