@@ -99,8 +99,9 @@ def _not_run(precision: str, key, gpus: int, per_node: int, degree: int, trainer
              schedule: str = "1f1b") -> str | None:
     """Why the trainer priced does not run this combination (:func:`_runs`); None where it does."""
     if trainer != "scalelab":
-        return None if (degree == 1 and pipeline == 1) or key != HYBRID_KEY else "hybrid sharding with tensor or pipeline " \
-            "parallelism (a 3-D mesh) is not predicted"
+        split = "tensor" if pipeline == 1 else "pipeline"
+        return None if (degree == 1 and pipeline == 1) or key != HYBRID_KEY else \
+            f"hybrid sharding with {split} parallelism (a 3-D mesh) is not predicted"
     point = RunPoint(precision, strategy(key).stage, gpus, replicas=_replicas(gpus, per_node) if key == HYBRID_KEY else 1,
                      tensor_parallel=degree, pipeline_parallel=pipeline, pipeline_schedule=schedule)
     why = AXIS["tensor_parallel"].left_out(point, None) or AXIS["pipeline_parallel"].left_out(point, None)
@@ -113,13 +114,9 @@ def _left_out(pairs, degrees: list[int], gpus: int, per_node: int, trainer: str)
     out: dict[str, list[str]] = {}
     for precision, key in pairs:
         for t in degrees:
-            if _runs(precision, key, gpus, per_node, t, trainer):
+            why = _not_run(precision, key, gpus, per_node, t, trainer)
+            if why is None:
                 continue
-            why = "hybrid sharding with tensor parallelism (a 3-D mesh) is not predicted"
-            if trainer == "scalelab":
-                point = RunPoint(precision, strategy(key).stage, gpus, tensor_parallel=t,
-                                 replicas=_replicas(gpus, per_node) if key == HYBRID_KEY else 1)
-                why = "scalelab does not run it: " + AXIS["tensor_parallel"].left_out(point, None)
             out.setdefault(why, []).append(f"{precision} {'hybrid' if key == HYBRID_KEY else f'ZeRO-{key}'} x TP {t}")
     return [f"{', '.join(which)}: {why}" for why, which in out.items()]
 
