@@ -18,6 +18,8 @@ exactly the memory checkpointing saves.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn as nn
 
@@ -30,6 +32,12 @@ def _storage_key(t: torch.Tensor) -> tuple[int, int] | None:
     except (RuntimeError, NotImplementedError):  # tensors without storage (e.g. fake/meta)
         return None
     return storage.data_ptr(), storage.nbytes()
+
+
+def param_storages(module: nn.Module) -> set[int]:
+    """The storage addresses of a module's parameters as they are now: called once they are materialised (FSDP2
+    gathers them in its own pre-forward hook, which runs before ours)."""
+    return {key[0] for key in map(_storage_key, module.parameters()) if key}
 
 
 def _tensors(value) -> list[torch.Tensor]:
@@ -63,12 +71,6 @@ class SavedActivationMeter:
         self._handles = []
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
 
-    @staticmethod
-    def _param_ptrs(module: nn.Module) -> set[int]:
-        # Called once the module's parameters are materialised (FSDP2 gathers them in its
-        # own pre-forward hook, which runs before ours).
-        return {key[0] for key in map(_storage_key, module.parameters()) if key}
-
     def _count(self, t: torch.Tensor) -> None:
         key = _storage_key(t)
         if key is None or key[0] in self._seen or key[0] in self._model_params or key[0] in self._block_params:
@@ -84,7 +86,7 @@ class SavedActivationMeter:
         return t
 
     def _block_pre(self, module, args):
-        self._block_params = self._param_ptrs(module)
+        self._block_params = param_storages(module)
         self._in_block += 1
         if getattr(module, "activation_checkpointing", False):  # the recomputation's input, kept by checkpoint
             self._count(args[0])
@@ -95,7 +97,7 @@ class SavedActivationMeter:
 
     def __enter__(self) -> "SavedActivationMeter":
         def note_model_params(module, args):
-            self._model_params = self._param_ptrs(module)
+            self._model_params = param_storages(module)
 
         def count_returned(module, args, output):
             for t in _tensors(output):
@@ -114,3 +116,70 @@ class SavedActivationMeter:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+
+
+class LiveSavedBytes:
+    """Context manager around a pipeline's step: ``peak``, the most bytes the blocks' saved tensors hold at once
+    (a storage counts while autograd keeps any tensor of it for backward, once however many keep it; released as
+    autograd frees them), where SavedActivationMeter counts one forward's; parameters left out (the running block's,
+    as SavedActivationMeter leaves them out)."""
+
+    def __init__(self, blocks: list[nn.Module]):
+        self.blocks = list(blocks)
+        self.now = self.peak = 0
+        self._live: dict[int, list[int]] = {}  # storage address -> [holders, bytes]
+        self._params: set[int] = set()
+        self._inside = 0
+        self._handles = []
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def _enter(self, block, args):
+        self._inside += 1
+        self._params = param_storages(block)
+
+    def _leave(self, block, args, out):
+        self._inside -= 1
+
+    def _pack(self, t: torch.Tensor):
+        key = None if not self._inside or isinstance(t, nn.Parameter) else _storage_key(t)
+        if key is None or key[0] in self._params:
+            return t
+        entry = self._live.setdefault(key[0], [0, key[1]])
+        if entry[0] == 0:
+            self.now += entry[1]
+            self.peak = max(self.peak, self.now)
+        entry[0] += 1
+        holder = _Held(t)
+        weakref.finalize(holder, self._release, key[0])
+        return holder
+
+    @staticmethod
+    def _unpack(held):
+        return held.tensor if isinstance(held, _Held) else held
+
+    def _release(self, ptr: int) -> None:
+        entry = self._live[ptr]
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.now -= entry[1]
+            del self._live[ptr]
+
+    def __enter__(self) -> "LiveSavedBytes":
+        for block in self.blocks:
+            self._handles += [block.register_forward_pre_hook(self._enter), block.register_forward_hook(self._leave)]
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+class _Held:
+    """What autograd keeps in a saved tensor's place: the tensor, and a weak reference's hook for its release."""
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor):
+        self.tensor = tensor

@@ -18,14 +18,13 @@ divides the gradients by the micro-batches (scale_grads), as the run without pip
 What a step measures, besides the step time: the bytes each rank's stages send and receive (the ops torch's stages
 hand to batch_isend_irecv: activations forward, their gradients backward), each chunk's forward and backward
 intervals (the timeline: the bubble is the share of the pipeline's time a rank computed nothing), and, on the
-measured step, the most bytes of block activations the rank held at once (saved-tensor hooks, released as autograd
-frees them): the schedule's in-flight micro-batches times a micro-batch's.
+measured step, the most bytes of block activations the rank held at once (scalelab.run.activations.LiveSavedBytes):
+the schedule's in-flight micro-batches times a micro-batch's.
 """
 from __future__ import annotations
 
 import contextlib
 import time
-import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -76,78 +75,6 @@ def chunk_modules(model: nn.Module, pp_rank: int, pp: int, schedule_name: str) -
                 setattr(part, name, None)
         out.append((c, part))
     return out
-
-
-class LiveSavedBytes:
-    """The most bytes the blocks' saved tensors hold at once (saved-tensor hooks: a storage counts while autograd
-    keeps any tensor of it for backward, once however many keep it); parameters left out."""
-
-    def __init__(self, blocks: list[nn.Module]):
-        self.now = self.peak = 0
-        self._live: dict[int, list[int]] = {}  # storage address -> [holders, bytes]
-        self._params: set[int] = set()
-        self._inside = 0
-        self._handles = [h for b in blocks for h in (b.register_forward_pre_hook(self._enter),
-                                                     b.register_forward_hook(self._leave))]
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-
-    def _enter(self, block, args):
-        self._inside += 1
-        # the block's parameters as they are now (FSDP2 has gathered them), this rank's part of a DTensor
-        self._params = {(p.to_local() if hasattr(p, "to_local") else p).untyped_storage().data_ptr()
-                        for p in block.parameters()}
-
-    def _leave(self, block, args, out):
-        self._inside -= 1
-
-    def _pack(self, t: torch.Tensor):
-        if not self._inside or isinstance(t, nn.Parameter):
-            return t
-        local = t.to_local() if hasattr(t, "to_local") else t
-        try:
-            storage = local.untyped_storage()
-        except (RuntimeError, NotImplementedError):
-            return t
-        ptr = storage.data_ptr()
-        if ptr in self._params:
-            return t
-        entry = self._live.setdefault(ptr, [0, storage.nbytes()])
-        if entry[0] == 0:
-            self.now += entry[1]
-            self.peak = max(self.peak, self.now)
-        entry[0] += 1
-        holder = _Held(t)
-        weakref.finalize(holder, self._release, ptr)
-        return holder
-
-    @staticmethod
-    def _unpack(held):
-        return held.tensor if isinstance(held, _Held) else held
-
-    def _release(self, ptr: int) -> None:
-        entry = self._live[ptr]
-        entry[0] -= 1
-        if entry[0] == 0:
-            self.now -= entry[1]
-            del self._live[ptr]
-
-    def __enter__(self):
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._hooks.__exit__(*exc)
-
-    def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
-
-
-class _Held:
-    __slots__ = ("tensor", "__weakref__")
-
-    def __init__(self, tensor):
-        self.tensor = tensor
 
 
 @dataclass

@@ -39,7 +39,7 @@ from scalelab.config import HALF_BATCH_SHARE, TrainConfig
 from scalelab.io import write_json
 from scalelab.plan.placement import LAUNCHER_SLOT_ENV
 from scalelab.plan.run_plan import RunPlan
-from scalelab.run.activations import SavedActivationMeter
+from scalelab.run.activations import LiveSavedBytes, SavedActivationMeter
 from scalelab.run.calibration import pin_this_rank, steal_share
 from scalelab.run.comm import FunctionalCollectiveCounter
 from scalelab.run.devices import gpu_state, synchronize
@@ -134,11 +134,10 @@ def pipeline_step(run: Run, tokens: torch.Tensor, measure_held: bool) -> torch.T
 
     pipe = run.pipe
     pipe.counting = run.counter.enabled
-    meter = pipeline.LiveSavedBytes(run.blocks) if measure_held else contextlib.nullcontext()
+    meter = LiveSavedBytes(run.blocks) if measure_held else contextlib.nullcontext()
     with meter:
         loss_sum = pipeline.step(pipe, tokens)
     if measure_held:
-        meter.remove()
         run.pipe_held = meter.peak
     if run.counter.enabled:
         run.pipe_busy.append(pipe.busy_share())
