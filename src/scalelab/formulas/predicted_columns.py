@@ -123,26 +123,21 @@ def peak(cfg: ModelConfig, n_params: int, row: Mapping, block_params: int | None
     n_params, world_size, degree = split_of(cfg, n_params, row)  # world_size: the data-parallel ranks
     replicas, accum = int(_value(row, "replicas", 1)), int(_value(row, "accumulation_steps", 1))
     cpu_offload = bool(_value(row, "cpu_offload", False))
-    result = peak_memory.peak_memory(cfg, n_params, stage, world_size, precision, int(row["micro_batch"]),
-                                    bool(_value(row, "activation_checkpointing", False)), cpu_offload, accum,
-                                    block_params=block_params, device_type=row["device_type"], replicas=replicas,
-                                    compiled=bool(_value(row, "compile", False)), tensor_parallel=degree,
-                                    sequence_parallel=bool(_value(row, "sequence_parallel", False)))
+    sp, ac = bool(_value(row, "sequence_parallel", False)), bool(_value(row, "activation_checkpointing", False))
     pp = int(_value(row, "pipeline_parallel", 1))
-    if pp > 1:  # the rank holding the most parameters, and the stage holding the most micro-batches' activations
-        sp, ac = bool(_value(row, "sequence_parallel", False)), bool(_value(row, "activation_checkpointing", False))
-        state = peak_memory.peak_memory(cfg, largest_rank_params(cfg, n_params, row), stage, world_size, precision,
-                                       int(row["micro_batch"]), ac, cpu_offload, accum, block_params=block_params,
-                                       device_type=row["device_type"], replicas=replicas,
-                                       compiled=bool(_value(row, "compile", False)), tensor_parallel=degree,
-                                       sequence_parallel=sp)
+    held_params = largest_rank_params(cfg, n_params, row) if pp > 1 else n_params  # the rank holding the most
+    result = peak_memory.peak_memory(cfg, held_params, stage, world_size, precision, int(row["micro_batch"]), ac,
+                                     cpu_offload, accum, block_params=block_params, device_type=row["device_type"],
+                                     replicas=replicas, compiled=bool(_value(row, "compile", False)),
+                                     tensor_parallel=degree, sequence_parallel=sp)
+    if pp > 1:  # the blocks' activations of the stage holding the most micro-batches'
         case = {"activation_checkpointing": ac, "zero_stage": stage, "device_type": row["device_type"],
                 "tensor_parallel": degree, "sequence_parallel": sp}
         blocks = activation_memory.block_activation_bytes(cfg, int(row["micro_batch"]), precision, **case)
         per_block, once = pipeline.per_block_and_once(cfg, int(row["micro_batch"]), precision, **case)
         held = max(pipeline.held_block_activations(per_block, cfg.n_layers, k, pp, accum, _schedule(row), once)
                    for k in range(pp))
-        result = dataclasses.replace(state, activations=state.activations - blocks + held)
+        result = dataclasses.replace(result, activations=result.activations - blocks + held)
     lora_rank = _value(row, "lora_rank")
     if lora_rank and not cpu_offload:  # frozen weights: no gradient or optimizer state for them
         trainable = n_trainable if n_trainable is not None else lora_training.lora_trainable_params(cfg, int(lora_rank))
@@ -187,24 +182,14 @@ def worker_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -> dic
         cfg, n_layers=len(pipeline.chunks(cfg.n_layers, pp, _schedule(row))[0]) * len(pipeline.rank_chunks(0, pp, _schedule(row))))
     tp_bytes = tensor_parallelism.tensor_parallel_bytes(blocks, micro, accum, degree, precision, stage, device_type, ac, sp)
     kept = last_block_kept(row)
-    links = communication.comm_bytes_by_link(n_params, stage, world_size, precision, rank_hosts.count(rank_hosts[0]), replicas,
-                                          grad_reduce, accum, n_trainable, tensor_parallel=degree, last_block_params=kept)
-    comm_total = communication.comm_bytes_per_step(n_params, stage, world_size, precision, accum, grad_reduce, n_trainable,
-                                                replicas, kept)
     if pp > 1 and stage in (2, 3) and world_size > 1:  # FSDP2 under torch's schedules gathers and reduces otherwise
-        dtypes = communication.comm_dtypes(precision, stage, grad_reduce)
-        shard = world_size // replicas
-        by_group = pipeline.sharded_comm_bytes(n_params, kept, accum, stage, dtypes.gather_bytes, dtypes.reduce_bytes,
-                                               _schedule(row), shard, replicas)
-        links = {"intra_node": {}, "inter_node": {}}
-        if by_group is None:
-            comm_total, links = None, {"intra_node": {"sharded": None}, "inter_node": {"sharded": None}}
-        else:  # rank 0's groups on the (pp, dp_replicate, dp_shard, tp) mesh: its shard group, its replicas
-            comm_total = sum(by_group.values())
-            groups = {"shard": [k * degree for k in range(shard)], "replicate": [k * shard * degree for k in range(replicas)]}
-            for name, nbytes in by_group.items():
-                by_type = links[link_of(groups[name], rank_hosts)]
-                by_type[name] = by_type.get(name, 0.0) + nbytes
+        comm_total, links = _pipeline_sharded_comm(row, n_params, kept, world_size, degree, rank_hosts)
+    else:
+        links = communication.comm_bytes_by_link(n_params, stage, world_size, precision, rank_hosts.count(rank_hosts[0]),
+                                                 replicas, grad_reduce, accum, n_trainable, tensor_parallel=degree,
+                                                 last_block_params=kept)
+        comm_total = communication.comm_bytes_per_step(n_params, stage, world_size, precision, accum, grad_reduce,
+                                                       n_trainable, replicas, kept)
     return {
         "activation_bytes_predicted": None if custom else activation_memory.block_activation_bytes(
             cfg, micro, precision, ac, zero_stage=stage, device_type=device_type, compiled=compiled, tensor_parallel=degree,
@@ -225,6 +210,26 @@ def worker_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -> dic
         "comm_bytes_per_step_predicted_paper": 4 * paper_elements,  # the paper's elements, counted at fp32's width
         **pipeline_columns(cfg, row),
     }
+
+
+def _pipeline_sharded_comm(row: Mapping, n_params: float, kept: float, data_parallel: int, degree: int,
+                           rank_hosts: list[str]) -> tuple[float | None, dict]:
+    """(bytes per step, by link) of FSDP2 on rank 0's pipeline stage (scalelab.formulas.pipeline.sharded_comm_bytes),
+    each group on its link: rank 0's shard group and its replicas on the (pp, dp_replicate, dp_shard, tp) mesh; both
+    null where the schedule's gathers are not modelled."""
+    stage, replicas = int(row["zero_stage"]), int(_value(row, "replicas", 1))
+    dtypes = communication.comm_dtypes(row["precision"], stage, _value(row, "grad_reduce", "fp32"))
+    shard = data_parallel // replicas
+    by_group = pipeline.sharded_comm_bytes(n_params, kept, int(row["accumulation_steps"]), stage, dtypes.gather_bytes,
+                                           dtypes.reduce_bytes, _schedule(row), shard, replicas)
+    if by_group is None:
+        return None, {"intra_node": {"sharded": None}, "inter_node": {"sharded": None}}
+    groups = {"shard": [k * degree for k in range(shard)], "replicate": [k * shard * degree for k in range(replicas)]}
+    links: dict[str, dict] = {"intra_node": {}, "inter_node": {}}
+    for name, nbytes in by_group.items():
+        by_type = links[link_of(groups[name], rank_hosts)]
+        by_type[name] = by_type.get(name, 0.0) + nbytes
+    return sum(by_group.values()), links
 
 
 def refreshed(row: dict) -> dict:
