@@ -142,7 +142,7 @@ def pipeline_choices(cfg, gpus: int, degrees: list[int], global_batch: int, pipe
     """The (tensor-parallel degree, pipeline degree, schedule) combinations a plan times, and why each other was left
     out: the blocks split evenly, the GPUs and the global batch split over DP x TP x P, and each data-parallel rank's
     share fills the schedule with one sequence per micro-batch at least."""
-    from scalelab.forecast.step import pipeline_problem
+    from scalelab.forecast.pipeline_step import pipeline_problem
 
     out, why = [], {}
     for t in degrees:
@@ -165,7 +165,7 @@ def _rows(args, cfg, n_params: int, pairs, degrees: list[int], machine, budget: 
           pipelines: list[tuple[int, int, str]] | None = None) -> tuple[list, list]:
     """Every configuration's row (precision x strategy x tensor-parallel degree x pipeline degree and schedule x
     micro-batch x checkpointing) at --gpus, and the notes on how fp8 was timed."""
-    from scalelab.forecast.step import pipeline_problem
+    from scalelab.forecast.pipeline_step import pipeline_problem
 
     n, rows, notes = int(args.gpus), [], []
     pipelines = pipelines if pipelines is not None else [(t, 1, "1f1b") for t in degrees]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from scalelab.config import ModelConfig
 from scalelab.forecast import playbook_sweep
-from scalelab.forecast.step import pipeline_problem
+from scalelab.forecast.pipeline_step import pipeline_problem
 from scalelab.formulas import flops, links
 from scalelab.spec import hardware
 from scalelab.spec.presets import PRESETS

@@ -14,12 +14,12 @@ from scalelab.forecast.inputs import (
 from scalelab.forecast.inputs import positive as _positive
 from scalelab.forecast.model_input import described as _named
 from scalelab.forecast.model_input import model_from_args as _model
+from scalelab.forecast.pipeline_step import pipeline_problem
 from scalelab.forecast.step import (  # the step-time model, shared by plan, pruning and the published validation
     Machine,
     Point,
     check_tensor_parallel,
     fp8_machine,
-    pipeline_problem,
     predict_point,
 )
 from scalelab.formulas import flops, links

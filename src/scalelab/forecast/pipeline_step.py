@@ -1,0 +1,207 @@
+"""The step-time model under pipeline parallelism (predict_point's row for a pipelined point): P stages of consecutive
+blocks (scalelab.formulas.pipeline), each timed, sized and sent from as the schedule runs it, with the strategy over
+each stage's data-parallel ranks (scalelab.forecast.step).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from scalelab.forecast.inputs import UNITS, EstimateError
+from scalelab.forecast.step import _strategy_comm, _tensor_parallel_step, batch_plan, groups_link
+from scalelab.formulas import activation_memory, flops, links, megatron_style, peak_memory, pipeline
+from scalelab.spec.families import tensor_parallel_split_params
+from scalelab.spec.strategies import HYBRID_KEY, ZERO1_SHARDED_KEY, strategy
+
+# The mesh is (pp, dp, tp), tensor-parallel ranks innermost: a stage is DP x TP consecutive ranks, so consecutive
+# stages sit on different nodes once DP x TP reaches the GPUs of a node. A step, as priced here:
+#
+# * compute: each stage computes its blocks' share of the data-parallel rank's tokens (the last stage the head too,
+#   the first the embedding's lookup, no FLOPs), with its tensor-parallel all-reduces (on the critical path, as without
+#   pipelining); the slowest stage paces the pipeline, and the schedule's bubble stretches it: pipelined = slowest /
+#   (1 - bubble), bubble = (P - 1) / (V m + P - 1) (scalelab.formulas.pipeline.bubble_fraction, equal chunks, the
+#   slowest one's time for every chunk);
+# * point-to-point: each micro-batch's boundary activations forward and their gradient back (B x seq x d_model values at
+#   the compute dtype's width: 2 bytes in bf16), on the link between consecutive stages (within a node, or one NIC each
+#   across nodes), for the rank that sends the most; counted exposed (sends and receives wait on each other in 1F1B's
+#   steady state: no overlap is assumed), latency per message;
+# * the strategy's collectives over each stage's DP ranks on that stage's parameters (the largest stage's: first or last,
+#   which hold the embedding and the head), with the strategy's overlap against the slowest stage's compute;
+# * a tied embedding's gradient all-reduced between the first and the last stage (tied_sync_bytes), exposed;
+# * memory per stage: its parameters (rank_params, the strategy's sharding over the DP ranks), its in-flight
+#   micro-batches' block activations (in_flight: 1F1B's first stage holds the most, GPipe all m), and on the last stage
+#   what the loss path holds.
+
+
+def _flag_text(text: str) -> str:
+    """A formula's message (written for the config's keys) in the command line's flags."""
+    return (text.replace("sweep.micro_batch", "--micro-batch").replace("train.global_batch", "--global-batch")
+            .replace("pipeline_parallel=", "--pipeline-parallel "))
+
+
+def pipeline_problem(cfg, pp: int, schedule_name: str, microbatches: int | None = None) -> str | None:
+    """Why this model cannot be pipelined P ways under the schedule with ``microbatches`` per step (None: the
+    micro-batches unchecked), in one line naming the flag; None where it can."""
+    if pp == 1:
+        return None
+    if schedule_name not in pipeline.SCHEDULES:
+        return f"--schedule {schedule_name}: one of {', '.join(pipeline.SCHEDULES)}"
+    if cfg is None or cfg.module:
+        return "--pipeline-parallel needs a family's shape (--model NAME or the shape flags): its stages are the blocks"
+    try:
+        pipeline.chunks(cfg.n_layers, pp, schedule_name)
+    except ValueError as err:
+        return f"--pipeline-parallel {pp}: {_flag_text(str(err))}"
+    if microbatches is not None:
+        why = pipeline.microbatches_problem(pp, microbatches, schedule_name)
+        if why:
+            return f"--pipeline-parallel {pp} --schedule {schedule_name}: {_flag_text(why)}"
+    return None
+
+
+def _block_params(cfg, t: int) -> float:
+    """One block's parameters on one GPU: its tensor-parallel share of the split linears."""
+    block = float(flops.block_param_count(cfg))
+    return block - tensor_parallel_split_params(cfg) * (1 - 1 / t) if t > 1 else block
+
+
+def stage_params(point, rank: int) -> float:
+    """Parameters pipeline rank ``rank`` holds on one GPU (rank_params with the blocks' tensor-parallel share; the
+    megatron trainer splits the embedding and the head over the vocabulary too)."""
+    cfg, t, pp, sched = point.cfg, point.tensor_parallel, point.pipeline_parallel, point.pipeline_schedule
+    held = pipeline.rank_params(cfg, _block_params(cfg, t), rank, pp, sched)
+    if point.megatron and t > 1:
+        mine, last = pipeline.rank_chunks(rank, pp, sched), pp * pipeline.schedule(sched).chunks_per_rank - 1
+        held -= cfg.vocab_size * cfg.d_model * (1 - 1 / t) * ((0 in mine) + (last in mine))
+    return held
+
+
+def _stage_memory(point, rank: int, blocks: int, last: bool, n_local: float, dp: int, micro: int, m: int) -> dict:
+    """Bytes at the step's peak on pipeline rank ``rank``: model state and gathers as without pipelining, the in-flight
+    micro-batches' block activations, and on the last stage the head's and the loss's."""
+    cfg, t, pp, sched = point.cfg, point.tensor_parallel, point.pipeline_parallel, point.pipeline_schedule
+    stage, sp, ac = strategy(point.key).stage, point.sequence_parallel, point.activation_checkpointing
+    mine = replace(cfg, n_layers=blocks)
+    if point.megatron:
+        def acts(k: int) -> float:
+            return megatron_style.activation_bytes(replace(cfg, n_layers=k), micro, point.precision, t, sp, ac)
+        per_block = acts(2) - acts(1)
+        outside = acts(1) - per_block
+        optimizer = megatron_style.STATE_BYTES["optimizer"] * n_local / (dp if stage == 1 else 1)
+        state = (megatron_style.STATE_BYTES["params"] + megatron_style.STATE_BYTES["grads"]) * n_local + optimizer
+        held = pipeline.held_block_activations(per_block, cfg.n_layers, rank, pp, m, sched) + (outside if last else 0.0)
+        return {"model_state": state, "activations": held, "total": state + held}
+    peak = peak_memory.peak_memory(mine, n_local, stage, dp, point.precision, micro, ac, accumulation_steps=m,
+                                  tensor_parallel=t, sequence_parallel=sp)
+    block_acts = activation_memory.block_activation_bytes(mine, micro, point.precision, ac, zero_stage=stage, tensor_parallel=t,
+                                                   sequence_parallel=sp)
+    outside = peak.activations - block_acts  # outside the blocks and the loss path: the last stage's
+    held = pipeline.held_block_activations(block_acts / blocks, cfg.n_layers, rank, pp, m, sched) + (outside if last else 0.0)
+    at_peak = replace(peak, activations=held)
+    return {"model_state": at_peak.model_state, "activations": held, "total": at_peak.total}
+
+
+def _send_seconds(sent: float, boundary: float, link: links.Link) -> float:
+    """A rank's sends in a step: a latency per message and the bytes at the link's achievable bandwidth."""
+    return (sent / boundary) * link.latency_s + sent / link.achievable_Bps if sent else 0.0
+
+
+def _stage(point, machine, n: int, rank: int, all_chunks, dp: int, micro: int, m: int, boundary: float, p2p_link) -> dict:
+    """One pipeline rank's blocks, compute, tensor-parallel time, sends and memory in a step."""
+    cfg, t, pp, sched = point.cfg, point.tensor_parallel, point.pipeline_parallel, point.pipeline_schedule
+    fpt = flops.flops_per_token(cfg)
+    hardware_fpt = fpt + (flops.recompute_flops_per_token(cfg) if point.activation_checkpointing else 0.0)
+    head = 6 * cfg.vocab_size * cfg.d_model
+    tokens_dp = micro * m * cfg.seq_len  # one data-parallel rank's tokens per step, worked on by its T x P GPUs
+    rate = machine.peak_flops * machine.mfu
+    mine = pipeline.rank_chunks(rank, pp, sched)
+    blocks = sum(len(all_chunks[c]) for c in mine)
+    last = len(all_chunks) - 1 in mine
+    per_token = (hardware_fpt - head) * blocks / cfg.n_layers / t + (head / (t if point.megatron else 1) if last else 0.0)
+    stage_cfg = replace(cfg, n_layers=blocks)
+    tp = _tensor_parallel_step(replace(point, cfg=stage_cfg), machine, n, micro, m)
+    sent = pipeline.p2p_bytes(rank, pp, m, boundary, sched)
+    n_local = stage_params(point, rank)
+    memory = _stage_memory(point, rank, blocks, last, n_local, dp, micro, m)
+    return {"rank": rank, "blocks": blocks, "holds": list(mine), "params": n_local,
+            "compute_s": per_token * tokens_dp / rate, "tensor_parallel_s": tp["seconds"], "tp": tp,
+            "p2p_sent_bytes": sent["sent"], "p2p_received_bytes": sent["received"],
+            "p2p_s": _send_seconds(max(sent["sent"], sent["received"]), boundary, p2p_link),
+            "in_flight": pipeline.in_flight(rank, pp, m, sched),
+            "peak_memory_bytes": memory["total"], "activations_bytes": memory["activations"], "cfg": stage_cfg}
+
+
+def predict_pipeline(point, machine, n: int) -> dict:
+    """predict_point's row for a pipelined point (the module doc's model), with ``pipeline``: its micro-batches,
+    bubble, point-to-point traffic and every stage's compute and memory."""
+    from scalelab.formulas import overlap
+
+    cfg, key, t, pp, sched = point.cfg, point.key, point.tensor_parallel, point.pipeline_parallel, point.pipeline_schedule
+    if key == HYBRID_KEY:
+        raise EstimateError("--pipeline-parallel with hybrid sharding is not predicted: give a ZeRO stage")
+    if n % (t * pp):
+        raise EstimateError(f"--pipeline-parallel {pp} x --tensor-parallel {t} does not divide {n} GPUs")
+    why = pipeline_problem(cfg, pp, sched)
+    if why:
+        raise EstimateError(why)
+    dp = n // (t * pp)
+    micro, m = batch_plan(point.global_batch, point.micro_batch, dp)
+    why = pipeline_problem(cfg, pp, sched, m)
+    if why:
+        raise EstimateError(why + ("" if point.global_batch else "; give --global-batch: a step's micro-batches are "
+                                                                    "each data-parallel rank's share of it"))
+    all_chunks = pipeline.chunks(cfg.n_layers, pp, sched)
+    fpt = flops.flops_per_token(cfg)
+    hardware_fpt = fpt + (flops.recompute_flops_per_token(cfg) if point.activation_checkpointing else 0.0)
+    tokens_dp = micro * m * cfg.seq_len  # one data-parallel rank's tokens per step, worked on by its T x P GPUs
+    width = 4 if point.precision == "fp32" else 2  # the activations' dtype at the boundaries
+    boundary = pipeline.boundary_values(micro, cfg.seq_len, cfg.d_model, t, point.sequence_parallel) * width
+    slab = dp * t  # one stage's ranks
+    pairs = [[r, r + slab] for r in range(n - slab)]
+    if pipeline.schedule(sched).chunks_per_rank > 1:  # chunk P - 1 on the last rank sends to chunk P on the first
+        pairs += [[r + (pp - 1) * slab, r] for r in range(slab)]
+    try:
+        p2p_link = groups_link(pairs, machine)
+    except EstimateError:
+        raise EstimateError(f"--pipeline-parallel {pp}: consecutive stages sit on different nodes of {machine.per_node} "
+                            "GPUs: give --inter-node") from None
+    stages = [_stage(point, machine, n, rank, all_chunks, dp, micro, m, boundary, p2p_link) for rank in range(pp)]
+    slowest = max(stages, key=lambda s: s["compute_s"] + s["tensor_parallel_s"] + s["p2p_s"])
+    largest = max(stages, key=lambda s: s["params"])
+    comm, calls, sizes, used = _strategy_comm(point, machine, n, largest["params"], 1, m, stage_cfg=largest["cfg"])
+    step = overlap.step_time(ZERO1_SHARDED_KEY if point.priced == ZERO1_SHARDED_KEY else strategy(key).stage,
+                                slowest["compute_s"], comm, calls=calls, overlap_efficiency=machine.overlap_efficiency)
+    bubble = pipeline.bubble_fraction(pp, m, sched)
+    busy = slowest["compute_s"] + slowest["tensor_parallel_s"]
+    bubble_s = busy * bubble / (1 - bubble)
+    p2p_s = max(s["p2p_s"] for s in stages)
+    sharded = dp if strategy(key).stage >= 2 else 1  # gradients sharded over the DP ranks at stages 2 and 3
+    tied = pipeline.tied_sync_bytes(cfg, pp, 0, sharded)
+    tied_s = 0.0
+    if tied:
+        ends = [[r, r + (pp - 1) * slab] for r in range(slab)]
+        tied_s = links.collective_seconds("all_reduce", tied / links.handed_per_size("all_reduce"), 2,
+                                          groups_link(ends, machine))
+    extra = slowest["tensor_parallel_s"] + p2p_s + tied_s  # on the critical path
+    step_s = step.step_s + slowest["tensor_parallel_s"] + bubble_s + p2p_s + tied_s
+    tokens = tokens_dp / (t * pp)  # per GPU per optimizer step
+    per_gpu = tokens / step_s
+    peak_mem = max(s["peak_memory_bytes"] for s in stages)
+    public = [{k: v for k, v in s.items() if k not in ("cfg", "tp")} for s in stages]
+    return {"gpus": n, "nodes": math.ceil(n / machine.per_node), "replicas": 1, "links": used,
+            "tensor_parallel": t, "data_parallel": dp, "tensor_parallel_comm": slowest["tp"],
+            "pipeline_parallel": pp, "pipeline_schedule": sched,
+            "micro_batch": micro, "accumulation_steps": m, "tokens_per_gpu_per_step": tokens,
+            "step_time_s": step_s, "compute_s": step.compute_s, "comm_s": dict(step.comm_s),
+            "exposed_comm_s": step.exposed_comm_s + extra, "tokens_per_s_per_gpu": per_gpu,
+            "tokens_per_s": per_gpu * n, "mfu": flops.mfu(per_gpu, fpt, machine.peak_flops, 1),
+            "collective_bytes": sizes, "collective_calls": calls, "peak_memory_bytes": peak_mem,
+            "peak_memory_gib": peak_mem / UNITS["GiB"],
+            "fits_memory": peak_mem <= machine.product.memory_gib * UNITS["GiB"] if machine.product else None,
+            "flops_per_token": fpt, "recompute_flops_per_token": hardware_fpt - fpt,
+            "pipeline": {"microbatches": m, "bubble_fraction": bubble, "bubble_s": bubble_s,
+                         "boundary_bytes": boundary, "p2p_link": p2p_link.name,
+                         "p2p_across_nodes": p2p_link is not machine.intra, "p2p_s": p2p_s,
+                         "p2p_sent_bytes": max(s["p2p_sent_bytes"] for s in stages),
+                         "tied_sync_bytes": tied, "tied_sync_s": tied_s, "slowest_stage": slowest["rank"],
+                         "stages": public}}
