@@ -182,3 +182,87 @@ def test_every_export_names_the_trainer_and_strategy_it_was_measured_with(result
         _, notes = export_config(results, "hf", row["run_id"])
         for text in (toml, code, "\n".join(notes)):
             assert f"measured with scalelab's own trainer ({name}" in text and "--trainer scalelab" in text, text[:300]
+
+
+PLAN = ["plan", "--model", "llama3.2-1b", "--gpus", "16", "--gpu", "H100", "--inter-node", "ib-ndr", "--global-batch", "64",
+        "--seq", "4096", "--tokens", "1T", "--json"]
+
+
+def _plan_file(tmp_path, capsys, trainer: str):
+    assert main([*PLAN, "--trainer", trainer]) == 0
+    path = tmp_path / f"plan-{trainer}.json"
+    path.write_text(capsys.readouterr().out)
+    return path, [r for r in json.loads(path.read_text())["rows"] if r["fits"]]
+
+
+def _rank_of(fitting: list[dict], **wanted) -> int:
+    return next(i for i, r in enumerate(fitting, 1) if all(r[k] == v for k, v in wanted.items()))
+
+
+def test_a_plans_pick_exports_naming_the_trainer_it_was_priced_as(tmp_path, capsys):
+    """scalelab plan --json, then export config PLAN: the pick as each trainer's configuration, its degrees those the plan
+    priced, and the trainer whose implementation priced it named in every export (a user who runs torchtitan on a
+    configuration priced as nanotron runs it is told)."""
+    from scalelab.spec.strategies import TRAINERS
+
+    path, fitting = _plan_file(tmp_path, capsys, "megatron")
+    for rank in (1, _rank_of(fitting, strategy=1, tensor_parallel=2, pipeline_parallel=1)):
+        row = fitting[rank - 1]
+        text, _ = export_config(path, "torchtitan", None, rank)
+        assert text.startswith("# scalelab plan (predicted, not measured): llama3.2-1b")
+        assert f"# priced by scalelab plan --trainer megatron: {TRAINERS['megatron'].description}" in text
+        parallel = tomllib.loads(text)["parallelism"]
+        degrees = (parallel["data_parallel_replicate_degree"] * parallel["data_parallel_shard_degree"]
+                   * parallel.get("tensor_parallel_degree", 1) * parallel.get("pipeline_parallel_degree", 1))
+        assert degrees == row["gpus"] == 16
+        assert tomllib.loads(text)["training"]["global_batch_size"] == 64
+        _, notes = export_config(path, "hf", None, rank)
+        code, _ = export_config(path, "lightning", None, rank)
+        for said in (text, "\n".join(notes), code):
+            assert "--trainer megatron" in said
+    # ZeRO-1 priced as a distributed optimizer: each target says what it runs instead
+    text, notes = export_config(path, "torchtitan", None, rank)
+    assert "runs otherwise: ZeRO-1 was priced as a distributed optimizer" in text
+    assert "torchtitan runs FSDP2 with fsdp_reshard_after_forward 'never'" in text
+    assert any("Hugging Face's Trainer runs FSDP SHARD_GRAD_OP" in n for n in export_config(path, "hf", None, rank)[1])
+    # torchtitan's tensor parallelism is the megatron form, sequence-parallel always
+    rank = _rank_of(fitting, strategy=0, tensor_parallel=2, pipeline_parallel=1, sequence_parallel=False)
+    text, _ = export_config(path, "torchtitan", None, rank)
+    assert "without sequence parallelism; torchtitan's always runs it" in text
+    assert "with the embedding and head whole" not in text
+
+
+def test_a_plan_priced_as_scalelab_says_torchtitans_tensor_parallelism_differs(tmp_path, capsys):
+    path, fitting = _plan_file(tmp_path, capsys, "scalelab")
+    rank = _rank_of(fitting, tensor_parallel=2, pipeline_parallel=1)
+    text, _ = export_config(path, "torchtitan", None, rank)
+    assert "# priced by scalelab plan --trainer scalelab: scalelab's own strategies" in text
+    assert ("runs otherwise: tensor parallelism was priced with the embedding and head whole on every rank, its backward "
+            "all-reduces in fp32; torchtitan runs the embedding, head and loss split over the vocabulary") in text
+
+
+def test_a_plan_source_is_refused_in_one_line_where_it_cannot_be_exported(results, tmp_path, capsys):
+    path, fitting = _plan_file(tmp_path, capsys, "megatron")
+    (tmp_path / "other.json").write_text('{"a": 1}')
+    for argv, said in ((["--run", "x"], "--run names a measured run"),
+                       (["--rank", str(len(fitting) + 1)], f"the plan has {len(fitting)} configuration(s) that fit")):
+        assert main(["export", "config", str(path), "--to", "torchtitan", *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert said in err and "\n" not in err, err
+    assert main(["export", "config", str(tmp_path / "other.json"), "--to", "hf"]) == 2
+    assert "not a plan's JSON" in capsys.readouterr().err
+    assert main(["export", "config", str(results), "--to", "hf", "--rank", "2"]) == 2
+    assert "--rank picks a plan's configuration" in capsys.readouterr().err
+
+
+def test_a_measured_run_says_where_the_target_runs_it_otherwise(results):
+    """A run scalelab measured is scalelab's own implementation: its ZeRO-1 and its tensor parallelism are not what
+    torchtitan runs, and the export says so beside the figures."""
+    from scalelab.report.export import torchtitan_toml
+
+    runs, _ = load_tables(results)
+    row = {**pick_run(runs, None), "world_size": 8, "zero_stage": 1, "replicas": 1, "tensor_parallel": 2, "pipeline_parallel": 1}
+    text = torchtitan_toml(row)
+    assert "runs otherwise: ZeRO-1 was measured as PyTorch's ZeroRedundancyOptimizer" in text
+    assert "runs otherwise: tensor parallelism was measured with the embedding and head whole on every rank" in text
+    assert "runs otherwise" not in torchtitan_toml({**row, "zero_stage": 3, "tensor_parallel": 1})

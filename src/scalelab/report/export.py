@@ -13,7 +13,10 @@ median of its repeats, with how far it leads against the run-to-run noise) or th
 trainer spells its precision and sharding (TRAINERS: each mapping's source). Only what scalelab
 measured is carried: the strategy, mixed precision, activation checkpointing, gradient accumulation,
 the batch, compile and clipping. The model and the
-data are the trainer's own, and a mapping a trainer lacks is said in a comment, never guessed.
+data are the trainer's own, and a mapping a trainer lacks is said in a comment, never guessed. The same command
+takes a plan's JSON (``scalelab plan ... --json > plan.json``; scalelab.report.export_plan) for RESULTS: its pick,
+with the trainer whose implementation the plan priced. Every export names that trainer (a measured run's is
+scalelab's own) and says where the target trainer runs the configuration otherwise.
 """
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+
+from scalelab.report.export_plan import is_plan, plan_row, priced_with, read_plan, runs_otherwise
 
 STEP_SCALARS = {"loss": "train/loss", "grad_norm": "train/grad_norm", "tokens_per_s": "speed/tokens_per_s",
                 "step_time_s": "speed/step_time_s", "lr": "train/lr", "loss_scale": "train/loss_scale"}
@@ -173,25 +178,25 @@ def _replicas(row: dict) -> int:
     return int(_plain(row.get("replicas")) or 1)
 
 
-def measured_with(row: dict) -> str:
-    """The trainer the exported run was measured with, and its strategy as it ran: what another trainer's configuration
-    carries over, and how (its ZeRO-1 is DDP with ZeroRedundancyOptimizer, not a distributed optimizer)."""
-    from scalelab.spec.strategies import strategy
+def _headline(row: dict, ranks: int | None = None) -> str:
+    """Where the configuration comes from: a measured run (its tokens/s, on how many ranks, its standing) or a plan's
+    pick (export_plan.plan_row writes its own)."""
+    if row.get("_headline"):
+        return row["_headline"]
+    where = f" on {ranks} rank(s) ({row.get('device_name', '')})" if ranks is not None else ""
+    return f"scalelab run {row['run_id']}: {row['tokens_per_s']:.0f} tokens/s{where}; {row.get('_standing', '')}"
 
-    record = strategy(int(row["zero_stage"]), _replicas(row))
-    tp, pp = _tensor_parallel(row), _pipeline(row)
-    return (f"measured with scalelab's own trainer ({record.name}" + (f", tensor parallel {tp}" if tp > 1 else "")
-            + (f", pipeline parallel {pp} ({row.get('pipeline_schedule')})" if pp > 1 else "")
-            + f", {row['precision']}): scalelab plan --trainer scalelab prices this")
+
+def _pricing_lines(row: dict, target: str) -> list[str]:
+    """The trainer the figures are priced (or measured) as, then each way the target runs the configuration otherwise."""
+    return [priced_with(row), *(f"runs otherwise: {why}" for why in runs_otherwise(row, target))]
 
 
 def torchtitan_toml(row: dict) -> str:
     stage, replicas, tp, pp = int(row["zero_stage"]), _replicas(row), _tensor_parallel(row), _pipeline(row)
     n = _data_parallel(row)  # the data-parallel ranks (the world without tensor or pipeline parallelism)
     precision = str(row["precision"])
-    lines = [f"# scalelab run {row['run_id']}: {row['tokens_per_s']:.0f} tokens/s on {n} rank(s) ({row.get('device_name', '')}); "
-             f"{row.get('_standing', '')}",
-             f"# {measured_with(row)}",
+    lines = [f"# {_headline(row, n)}", *(f"# {line}" for line in _pricing_lines(row, "torchtitan")),
              "# torchtitan shards with FSDP2 over data_parallel_shard_degree and replicates over data_parallel_replicate_degree.",
              "[parallelism]"]
     if stage == 0:
@@ -236,7 +241,7 @@ def hf_arguments(row: dict) -> tuple[dict, list[str]]:
     """(TrainingArguments keys, notes): the notes say what the keys cannot (printed apart, never in the file)."""
     stage, replicas = int(row["zero_stage"]), _replicas(row)
     precision = str(row["precision"])
-    notes = [f"scalelab run {row['run_id']}: {row['tokens_per_s']:.0f} tokens/s; {row.get('_standing', '')}", measured_with(row)]
+    notes = [_headline(row), *_pricing_lines(row, "hf")]
     args = {"per_device_train_batch_size": _micro(row), "gradient_accumulation_steps": int(_plain(row.get("accumulation_steps")) or 1),
             "bf16": precision == "bf16", "fp16": precision == "fp16", "gradient_checkpointing": bool(row.get("activation_checkpointing")),
             "torch_compile": bool(row.get("compile")), "max_grad_norm": _clip(row) or 0.0}  # 0: no clipping in transformers
@@ -264,8 +269,7 @@ def lightning_code(row: dict) -> str:
         sharding = {1: "SHARD_GRAD_OP", 2: "SHARD_GRAD_OP", 3: "HYBRID_SHARD" if replicas > 1 else "FULL_SHARD"}[stage]
         ac = ", activation_checkpointing_policy={Block}" if row.get("activation_checkpointing") else ""
         strategy = f'FSDPStrategy(sharding_strategy="{sharding}"{ac})'
-    lines = [f"# scalelab run {row['run_id']}: {row['tokens_per_s']:.0f} tokens/s on {n} rank(s); {row.get('_standing', '')}",
-             f"# {measured_with(row)}",
+    lines = [f"# {_headline(row, n)}", *(f"# {line}" for line in _pricing_lines(row, "lightning")),
              "from lightning.pytorch import Trainer",
              f"from lightning.pytorch.strategies import {'DDPStrategy' if stage == 0 else 'FSDPStrategy'}",
              "",
@@ -283,13 +287,21 @@ def lightning_code(row: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def export_config(results: Path, trainer: str, run_id: str | None) -> tuple[str, list[str]]:
+def export_config(results: Path, trainer: str, run_id: str | None, rank: int | None = None) -> tuple[str, list[str]]:
     """(the trainer's configuration as its own file holds it, notes for the reader that the file format cannot
-    carry: JSON has no comments; the TOML and the code carry theirs as comments)."""
+    carry: JSON has no comments; the TOML and the code carry theirs as comments). RESULTS is a results folder (its best
+    run, or run_id) or a plan's JSON (its best configuration, or the rank-th that fits)."""
     from scalelab.report.report import load_tables
 
-    runs, _ = load_tables(results)
-    row = pick_run(runs, run_id)
+    if is_plan(results):
+        if run_id is not None:
+            raise ValueError(f"--run names a measured run; {results} is a plan: --rank K picks its K-th configuration")
+        row = plan_row(read_plan(results), rank)
+    else:
+        if rank is not None:
+            raise ValueError(f"--rank picks a plan's configuration; {results} is a results folder: --run RUN_ID names a run")
+        runs, _ = load_tables(results)
+        row = pick_run(runs, run_id)
     if "grad_clip" not in row:
         row["grad_clip"] = _grad_clip_of(results)
     if trainer == "torchtitan":
@@ -324,7 +336,7 @@ def _tensorboard(args) -> int:
 
 def _config(args) -> int:
     try:
-        text, notes = export_config(Path(args.results_dir), args.to, args.run)
+        text, notes = export_config(Path(args.results_dir), args.to, args.run, args.rank)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -335,6 +347,8 @@ def _config(args) -> int:
 
 
 def add_parser(sub) -> None:
+    from scalelab.forecast.inputs import positive_whole
+
     e = sub.add_parser("export", help="take results where people work: TensorBoard event files, a trainer's configuration")
     kinds = e.add_subparsers(dest="export", required=True)
     t = kinds.add_parser("tensorboard", help="every run's per-step scalars and its axes and final figures (HParams) "
@@ -344,8 +358,11 @@ def add_parser(sub) -> None:
     t.set_defaults(func=_tensorboard)
     c = kinds.add_parser("config", help="the best configuration (or --run) as a trainer's own: torchtitan TOML, "
                          "Hugging Face TrainingArguments (JSON), Lightning Trainer code")
-    c.add_argument("results_dir", help="a results folder holding metrics.parquet")
+    c.add_argument("results_dir", metavar="RESULTS_OR_PLAN", help="a results folder holding metrics.parquet, or the JSON "
+                   "of scalelab plan --json (its pick, priced as its --trainer)")
     c.add_argument("--to", required=True, choices=sorted(TRAINERS), help="the trainer: " + "; ".join(
         f"{k}: {v}" for k, v in TRAINERS.items()))
     c.add_argument("--run", default=None, metavar="RUN_ID", help="this run instead of the best")
+    c.add_argument("--rank", type=positive_whole, default=None, metavar="K", help="a plan's K-th fastest configuration that fits "
+                   "instead of its best")
     c.set_defaults(func=_config)
