@@ -2,7 +2,7 @@ import os
 
 # Calibration: the collective benchmark (scalelab bench comm) on the sweep's device and backend, at
 # its world sizes that fit one node, into <results>/calibration/comm.parquet: the step-time model
-# (scalelab.results.link_fit) fits its links there, and collection predicts every run with them.
+# (scalelab.formulas.link_fit) fits its links there, and collection predicts every run with them.
 #
 # A target of its own (`snakemake bench_comm`), measured once per results folder. Never an input of a
 # training run: Snakemake reruns a job whose input another job updates (scalelab.run.calibration's

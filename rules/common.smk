@@ -4,7 +4,7 @@ import sys
 from pathlib import Path
 
 from scalelab.config import ConfigError, dataset_config
-from scalelab.forecast.pruning import decide as decide_forecast, measured_ok, top_k
+from scalelab.forecast.pruning import decide as decide_forecast, top_k
 from scalelab.forecast.pruning import summary_line as forecast_summary
 from scalelab.plan.forecast_record import read as read_forecast, stamp as forecast_stamp
 from scalelab.run.data import DataError, source_files
@@ -13,7 +13,7 @@ from scalelab.plan.run_plan import result_params, run_plan
 from scalelab.results.migrate import OldLayout, check_layout
 from scalelab.run.calibration import calibration_path, read_calibration
 from scalelab.run.sweep_calibration import ensure_calibration
-from scalelab.results.status import check_trained_with
+from scalelab.results.status import check_trained_with, measured_ok
 from scalelab.plan.sweep import RunPoint, data_result_params, sweep_plan
 
 RESULTS = Path(config["results_dir"])

@@ -142,8 +142,8 @@ def _predict(args) -> int:
 
     import pandas as pd
 
-    from scalelab.plan.comm_table import BENCH_FILE, read_table
     from scalelab.results.prediction_validation import format_validation, validate
+    from scalelab.spec.comm_table import BENCH_FILE, read_table
 
     folders = [Path(f) for f in args.validate]
     tables = []

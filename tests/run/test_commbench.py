@@ -6,9 +6,8 @@ import os
 import pytest
 
 from scalelab.cli import main
-from scalelab.formulas import links
-from scalelab.plan import comm_table
-from scalelab.results import link_fit
+from scalelab.formulas import link_fit, links
+from scalelab.spec import comm_table
 
 SIZES = [4096, 262144, 16777216]  # up to 16 MiB: times that grow beyond gloo's stalls on a busy host (4 MiB was
 # not always enough: a CI run beside another test's ranks timed 4 KiB as slow as 4 MiB, leaving no bandwidth to fit)

@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 
 from scalelab.cli import main
-from scalelab.plan import comm_table
 from scalelab.run import commbench
+from scalelab.spec import comm_table
 
 
 def test_message_sizes_and_bad_options(tmp_path, capsys):
@@ -30,7 +30,7 @@ def test_message_sizes_and_bad_options(tmp_path, capsys):
 def test_the_hypervisors_share_of_the_ranks_cores_is_kept_per_world_size_and_warned_above_2_percent(tmp_path, monkeypatch, capsys):
     """Each world size's ranks report the most the hypervisor took of their cores while timed (None: under a second of
     ticks): the table keeps it through Parquet, the command warns above 2%, and validation reads the fitted rows'."""
-    from scalelab.results import link_fit
+    from scalelab.formulas import link_fit
 
     steal = {1: 0.3, 2: 0.05}  # world size 1 is no row the step-time model fits
 

@@ -6,7 +6,8 @@ import pytest
 
 from scalelab.cli import main
 from scalelab.config import ModelConfig
-from scalelab.forecast.step import Machine, Point, predict_point
+from scalelab.forecast.predict import predict_point
+from scalelab.forecast.step import Machine, Point
 from scalelab.formulas import flops, links, pipeline
 from scalelab.spec import hardware
 from scalelab.spec.presets import PRESETS

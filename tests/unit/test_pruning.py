@@ -5,7 +5,8 @@ import pytest
 
 from scalelab.config import ConfigError
 from scalelab.forecast import pruning
-from scalelab.forecast.step import Machine, Point, predict_point
+from scalelab.forecast.predict import predict_point
+from scalelab.forecast.step import Machine, Point
 from scalelab.formulas import flops
 from scalelab.harness.testing import tiny_config
 from scalelab.plan import forecast_record

@@ -393,7 +393,8 @@ def test_a_groups_rails_are_its_fewest_ranks_on_a_node_over_every_group_of_its_k
 def test_hybrid_sharding_whose_shard_group_spans_nodes_times_each_group_over_its_own_ranks():
     """A sweep's forecast takes any replicas (planning.top_k): 32 GPUs as 2 replicas of 16 shard their gathers and
     reduce-scatters over 16 ranks on two nodes' rails, and all-reduce across the 2 replicas on one NIC each."""
-    from scalelab.forecast.step import Machine, Point, predict_point
+    from scalelab.forecast.predict import predict_point
+    from scalelab.forecast.step import Machine, Point
     from scalelab.spec.strategies import HYBRID_KEY
 
     psi = flops.param_count(EXAMPLE_CFG)

@@ -4,7 +4,7 @@ stated reserve, and prints the best, the runners-up with why each lost, and ever
 
 Each configuration (precision x strategy x tensor-parallel degree x micro-batch x activation checkpointing) is
 timed and sized
-by the same code as ``scalelab estimate scaling`` (step.predict_point: compute at an assumed
+by the same code as ``scalelab estimate scaling`` (predict.predict_point: compute at an assumed
 efficiency, each collective on the link its group uses, the strategy's overlap, the in-step peak
 memory of one micro-batch), at a fixed global batch whose per-GPU share is accumulated. A
 configuration fits when its predicted peak stays within the GPU's memory less the reserve
@@ -25,8 +25,9 @@ from scalelab.forecast.inputs import UNITS, EstimateError, non_negative, positiv
 from scalelab.forecast.model_input import described as _named
 from scalelab.forecast.model_input import model_flags, shape_text
 from scalelab.forecast.model_input import model_from_args as _model
+from scalelab.forecast.predict import predict_point
 from scalelab.forecast.scaling import LINK_RULE, PIPELINE_READING, grad_reduce_of, machine_of
-from scalelab.forecast.step import Point, _replicas, fp8_machine, predict_point
+from scalelab.forecast.step import Point, _replicas, fp8_machine
 from scalelab.formulas import communication, flops, links
 from scalelab.formulas.pipeline import SCHEDULES
 from scalelab.plan.sweep import AXIS, RunPoint

@@ -1,5 +1,5 @@
 """Sweeps that run what the forecast ranks (``planning.top_k``): before any job starts, every
-point of the sweep is forecast by ``scalelab plan``'s model (step.predict_point: compute at an
+point of the sweep is forecast by ``scalelab plan``'s model (predict.predict_point: compute at an
 assumed efficiency, each collective on its link, the strategy's overlap, the in-step peak memory), and
 only the points ranked 1..``top_k`` by forecast tokens/s within each model and world size (among those
 predicted to fit) run, plus the baselines the report's comparisons divide by. Every other point is
@@ -20,14 +20,14 @@ runs already ended ok is never pruned afterwards: pruning decides what to launch
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import NamedTuple
 
 from scalelab.config import ConfigError, section
 from scalelab.forecast.estimate import DEFAULT_MFU
 from scalelab.forecast.inputs import EstimateError
 from scalelab.forecast.plan import TIE
-from scalelab.forecast.step import Machine, Point, predict_point
+from scalelab.forecast.predict import predict_point
+from scalelab.forecast.step import Machine, Point
 from scalelab.formulas import flops, links, peak_memory, predicted_columns
 from scalelab.plan.forecast_record import PRUNED_REASON, Decision
 from scalelab.plan.placement import device_memory_limit
@@ -220,17 +220,6 @@ def decide(config: dict, plans: dict[str, RunPlan], calibration: dict | None = N
         decisions[run_id] = Decision(run_id, columns, reason)
     return decisions
 
-
-def measured_ok(results_dir: str | Path, plans: dict[str, RunPlan]) -> frozenset[str]:
-    """The first run ids of the points any of whose runs ended ok in this results folder."""
-    from scalelab.results.status import summary_status
-
-    ok = set()
-    for run_id, plan in plans.items():
-        state = summary_status(Path(results_dir) / "runs" / run_id)
-        if state is not None and state[0] == "ok":
-            ok.add(plan.point.first_run_id)
-    return frozenset(ok)
 
 
 def summary_line(decisions: dict[str, Decision], k: int) -> str:

@@ -1,6 +1,6 @@
 """The step-time model against published multi-node runs: each series' compute efficiency
 is calibrated at its smallest GPU count, and the model predicts the larger counts' tokens/s per GPU
-(step.predict_point: every collective on the link its group uses, a group spanning nodes on the NICs
+(predict.predict_point: every collective on the link its group uses, a group spanning nodes on the NICs
 its ranks hold there, the strategy's overlap at the GPU's default efficiency). ``python -m scalelab.forecast.published``
 prints the tables docs/prediction.md holds, and tests/unit/test_published.py holds the two to each other and to
 the error targets.

@@ -1,6 +1,6 @@
 """The published multi-node runs the step-time model is checked against (scalelab.forecast.published's docstring names
 the sources), and the check itself: each series' compute efficiency calibrated at its smallest GPU count
-(calibrated_mfu), the larger counts predicted (predicted_row: scalelab.forecast.step.predict_point), the errors, and
+(calibrated_mfu), the larger counts predicted (predicted_row: scalelab.forecast.predict.predict_point), the errors, and
 their sensitivity to the overlap efficiency."""
 from __future__ import annotations
 
@@ -170,8 +170,9 @@ def default_overlap_efficiency(trainer: str = "scalelab") -> float:
 
 
 def predicted_row(row: Published, mfu: float, overlap_efficiency: float | None = None) -> dict:
-    """The step-time model's row (scalelab.forecast.step.predict_point) for a published run at a compute efficiency."""
-    from scalelab.forecast.step import Machine, predict_point
+    """The step-time model's row (scalelab.forecast.predict.predict_point) for a published run at a compute efficiency."""
+    from scalelab.forecast.predict import predict_point
+    from scalelab.forecast.step import Machine
 
     product = hardware.gpu_by_name(row.gpu)
     eta = default_overlap_efficiency(row.trainer) if overlap_efficiency is None else overlap_efficiency

@@ -15,12 +15,12 @@ from scalelab.forecast.inputs import positive as _positive
 from scalelab.forecast.model_input import described as _named
 from scalelab.forecast.model_input import model_from_args as _model
 from scalelab.forecast.pipeline_step import pipeline_problem
+from scalelab.forecast.predict import predict_point
 from scalelab.forecast.step import (  # the step-time model, shared by plan, pruning and the published validation
     Machine,
     Point,
     check_tensor_parallel,
     fp8_machine,
-    predict_point,
 )
 from scalelab.formulas import flops, links
 from scalelab.formulas.pipeline import DEFAULT_SCHEDULE
@@ -79,7 +79,7 @@ def gpu_counts(text: str) -> tuple[int, ...]:
 
 def _link(option: str, spec: str, efficiency: float | None, notes: list[str], per_node: int = 8) -> links.Link:
     """--intra-node / --inter-node: a product, a number in GB/s, or a `bench comm` Parquet table
-    (fitted by scalelab.results.link_fit.fit_link: measured, so no efficiency applies). What a table
+    (fitted by scalelab.formulas.link_fit.fit_link: measured, so no efficiency applies). What a table
     cannot say about a GPU cluster (measured on CPU, or within one host for --inter-node) goes
     to ``notes``."""
     from pathlib import Path
@@ -87,7 +87,7 @@ def _link(option: str, spec: str, efficiency: float | None, notes: list[str], pe
     if spec.endswith(".parquet") or Path(spec).is_file():
         import pandas as pd
 
-        from scalelab.results import link_fit
+        from scalelab.formulas import link_fit
 
         path = Path(spec)
         if not path.is_file():

@@ -32,7 +32,7 @@ def _replicas(gpus: int, per_node: int) -> int:
 
 @dataclass(frozen=True)
 class Point:
-    """One training configuration of a model, whatever the GPU count: what predict_point times and sizes."""
+    """One training configuration of a model, whatever the GPU count: what predict.predict_point times and sizes."""
     cfg: ModelConfig
     n_params: int
     key: int | str  # the strategy record's key: a ZeRO stage, or HYBRID_KEY
@@ -71,16 +71,15 @@ class Machine:
     overlap_efficiency: float
 
 
-def predict_point(point: Point, machine: Machine, n: int) -> dict:
-    """A point's predicted step at n GPUs: compute at the assumed efficiency, every collective on the link
+def predict_unpipelined(point: Point, machine: Machine, n: int) -> dict:
+    """A point's predicted step at n GPUs without pipeline parallelism (scalelab.forecast.predict.predict_point
+    dispatches: it is every forecast's entry): compute at the assumed efficiency, every collective on the link
     its group uses (communication.comm_bytes_by_link: placement.link_of's rule), the strategy's overlap, and the in-step peak
     memory per GPU (one micro-batch's activations)."""
     from scalelab.formulas import overlap
 
-    if point.pipeline_parallel > 1:  # the stages, their bubble and the sends between them
-        from scalelab.forecast.pipeline_step import predict_pipeline  # it builds on this module's parts
-
-        return predict_pipeline(point, machine, n)
+    if point.pipeline_parallel > 1:
+        raise ValueError("a pipelined point is priced by scalelab.forecast.predict.predict_point")
     cfg, key, t = point.cfg, point.key, point.tensor_parallel
     stage = strategy(key).stage  # hybrid sharding is stage 3 over a 2-D mesh (scalelab.spec.strategies)
     if n % t or (t > 1 and key == HYBRID_KEY):

@@ -1,4 +1,5 @@
 """The formulas: parameters and FLOPs (flops), memory per rank (model_state, activation_memory,
-peak_memory), bytes per step (communication, tensor_parallelism, lora_training), the bytes per link
-(links), and a run's predicted columns (predicted_columns). Planning, the worker, collection and
-the report all read them; none of them measures anything."""
+peak_memory), bytes per step (communication, tensor_parallelism, lora_training, pipeline), the bytes and
+time per link (links; a link fitted to a `bench comm` table: link_fit; a run's collectives timed on its links:
+comm_time), the step's overlap (overlap), and a run's predicted columns (predicted_columns). Planning, the forecast, the worker,
+collection and the report all read them; none of them measures anything."""

@@ -16,7 +16,7 @@ of nccl-tests' "size" column, the whole buffer a rank holds before or after the 
 The bus bandwidth is what nccl-tests' ``busbw`` column reports: within a node comparable with a
 link's per-GPU datasheet figure; between nodes with that of the NICs a group's ranks hold on one
 node together (across_nodes). A measured
-bench table (``scalelab bench comm``) fits straight to a Link (``scalelab.results.link_fit.fit_link``,
+bench table (``scalelab bench comm``) fits straight to a Link (``scalelab.formulas.link_fit.fit_link``,
 efficiency 1: it is already what the link achieves).
 
 Nominal figures are datasheet line rates; NCCL reaches less. ``efficiency`` is the achievable
@@ -283,7 +283,7 @@ def parse_link(spec: str, efficiency: float | None = None) -> Link:
     unidirectional, nominal (latency LATENCY_NUMBER_S); ``@E`` after either sets this link's
     efficiency (``46@1``: 46 GB/s achieved per NIC, as nccl-tests' busbw reads with one rank on each of two nodes).
     ``efficiency``: DEFAULT_EFFICIENCY when None. A bench table is not parsed here:
-    scalelab.results.link_fit.fit_link reads those."""
+    scalelab.formulas.link_fit.fit_link reads those."""
     text, at, own = spec.strip().partition("@")
     if at:
         try:

@@ -22,8 +22,8 @@ import math
 
 import numpy as np
 
+from scalelab.formulas.comm_time import missing
 from scalelab.formulas.overlap import DEFAULT_OVERLAP_EFFICIENCY, step_time
-from scalelab.results.comm_time import missing
 from scalelab.results.step_model import MEASURED, Model, compute_key, fit, noise_terms, parts_of
 
 PREDICTED_COLUMNS = ("predicted_step_time_s", "predicted_step_time_s_low", "predicted_step_time_s_high",
@@ -113,7 +113,7 @@ def sweep_predictions(runs, results_dir=None):
 
     import pandas as pd
 
-    from scalelab.plan.comm_table import BENCH_FILE, read_table
+    from scalelab.spec.comm_table import BENCH_FILE, read_table
 
     frame = pd.DataFrame(index=range(len(runs)), columns=list(PREDICTED_COLUMNS), dtype=object)
     table, path = None, Path(results_dir) / BENCH_FILE if results_dir is not None else None

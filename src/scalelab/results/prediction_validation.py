@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from scalelab.plan.comm_table import BUSY_COLUMN, busy_before, busy_text
-from scalelab.results.comm_time import missing
-from scalelab.results.link_fit import bench_load, bench_steal
+from scalelab.formulas.comm_time import missing
+from scalelab.formulas.link_fit import bench_load, bench_steal
 from scalelab.results.prediction import predict
 from scalelab.results.step_model import MEASURED, fit, ok_runs
+from scalelab.spec.comm_table import BUSY_COLUMN, busy_before, busy_text
 from scalelab.spec.hardware import STEAL_WARN
 
 

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from scalelab.plan.forecast_record import is_pruned
+from scalelab.plan.run_plan import RunPlan
 from scalelab.plan.sweep import LAUNCHER_FILE, RUN_DIR_GLOB
 from scalelab.results.lock import holder
 from scalelab.results.migrate import check_layout
@@ -488,3 +489,13 @@ def _directory_of(command: str) -> str | None:
     """--directory's value in a recorded command (recorded absolute), if it has one."""
     args = shlex.split(command)
     return args[args.index("--directory") + 1] if "--directory" in args[:-1] else None
+
+
+def measured_ok(results_dir: str | Path, plans: dict[str, RunPlan]) -> frozenset[str]:
+    """The first run ids of the points any of whose runs ended ok in this results folder."""
+    ok = set()
+    for run_id, plan in plans.items():
+        state = summary_status(Path(results_dir) / "runs" / run_id)
+        if state is not None and state[0] == "ok":
+            ok.add(plan.point.first_run_id)
+    return frozenset(ok)

@@ -43,10 +43,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from scalelab.formulas.comm_time import missing, run_comm, tokens_or_nan
+from scalelab.formulas.link_fit import LinkFit, link_fits
 from scalelab.formulas.overlap import DEFAULT_OVERLAP_EFFICIENCY, step_time
 from scalelab.plan.sweep import AXES
-from scalelab.results.comm_time import missing, run_comm, tokens_or_nan
-from scalelab.results.link_fit import LinkFit, link_fits
 from scalelab.spec.strategies import STRATEGIES
 
 DEFAULT_RANK_FACTOR = {"cpu": {0: {"bf16": 1.18, None: 1.25},

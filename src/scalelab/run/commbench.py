@@ -18,7 +18,7 @@ so the table measures the links a CPU run's ranks use. Every rank has an explici
 timeout and the ranks of a world size an overall time limit.
 
 The table is a Parquet file (default ``<results>/calibration/comm.parquet``, the workflow's
-``bench_comm`` target; its format: scalelab.plan.comm_table); scalelab.results.link_fit fits a latency-bandwidth
+``bench_comm`` target; its format: scalelab.spec.comm_table); scalelab.formulas.link_fit fits a latency-bandwidth
 link to it.
 """
 from __future__ import annotations
@@ -33,9 +33,9 @@ import time
 from pathlib import Path
 
 from scalelab.formulas.links import COLLECTIVES, bus_factor
-from scalelab.plan.comm_table import BUSY_COLUMN, busy_before, busy_text, busy_warns, format_table, write_table
 from scalelab.run.calibration import busy_share, planned_cores
 from scalelab.run.ranks import RENDEZVOUS_ATTEMPTS, free_port, rendezvous_port_taken, start_and_wait
+from scalelab.spec.comm_table import BUSY_COLUMN, busy_before, busy_text, busy_warns, format_table, write_table
 from scalelab.spec.hardware import STEAL_WARN, largest_steal
 from scalelab.spec.strategies import STRATEGIES
 

@@ -7,9 +7,9 @@ import math
 from collections.abc import Mapping
 
 from scalelab.formulas import links
+from scalelab.formulas.link_fit import LinkFit
 from scalelab.formulas.overlap import TENSOR_PARALLEL
 from scalelab.formulas.predicted_columns import last_block_kept, model_of_row
-from scalelab.results.link_fit import LinkFit
 from scalelab.spec.strategies import strategy
 
 

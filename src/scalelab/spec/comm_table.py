@@ -1,6 +1,6 @@
 """The collective benchmark's table (``scalelab bench comm``, scalelab.run.commbench): where a sweep keeps
 it, the columns it must hold, writing and reading it. Torch-free: the step-time model
-(scalelab.results.link_fit) and the CLI read it without the benchmark's run code."""
+(scalelab.formulas.link_fit) and the CLI read it without the benchmark's run code."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,7 +11,7 @@ BENCH_FILE = Path("calibration") / "comm.parquet"
 """Below the results folder: a sweep's calibration lives with its results."""
 
 TABLE_COLUMNS = ("collective", "world_size", "bytes", "time_s", "algbw_Bps", "busbw_Bps")
-"""The columns a benchmark table must hold (scalelab.results.link_fit.fit_link reads them)."""
+"""The columns a benchmark table must hold (scalelab.formulas.link_fit.fit_link reads them)."""
 
 
 def write_table(table, path: str | Path) -> Path:
