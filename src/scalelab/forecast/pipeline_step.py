@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from scalelab.forecast.inputs import UNITS, EstimateError
 from scalelab.forecast.step import _strategy_comm, _tensor_parallel_step, batch_plan, groups_link
-from scalelab.formulas import activation_memory, flops, links, megatron_style, peak_memory, pipeline
+from scalelab.formulas import activation_memory, communication, flops, links, megatron_style, peak_memory, pipeline, tensor_parallelism
 from scalelab.spec.families import tensor_parallel_split_params
 from scalelab.spec.strategies import HYBRID_KEY, ZERO1_SHARDED_KEY, strategy
 
@@ -26,7 +26,10 @@ from scalelab.spec.strategies import HYBRID_KEY, ZERO1_SHARDED_KEY, strategy
 #   across nodes), for the rank that sends the most; counted exposed (sends and receives wait on each other in 1F1B's
 #   steady state: no overlap is assumed), latency per message;
 # * the strategy's collectives over each stage's DP ranks on that stage's parameters (the largest stage's: first or last,
-#   which hold the embedding and the head), with the strategy's overlap against the slowest stage's compute;
+#   which hold the embedding and the head), with the strategy's overlap against the slowest stage's compute; FSDP2
+#   (stages 2 and 3) as a pipelined run gathers and reduces (scalelab.formulas.pipeline.sharded_comm_bytes, what the
+#   gloo runs measure: stage 2 gathers once a step, stage 3 once whole and then m times all but its kept last block,
+#   the gradients reduced once), not as gradient accumulation would (a gather per micro-batch's forward and backward);
 # * a tied embedding's gradient all-reduced between the first and the last stage (tied_sync_bytes), exposed;
 # * memory per stage: its parameters (rank_params, the strategy's sharding over the DP ranks), its in-flight
 #   micro-batches' block activations (in_flight: 1F1B's first stage holds the most, GPipe all m), and on the last stage
@@ -128,14 +131,13 @@ def _stage(point, machine, n: int, rank: int, all_chunks, dp: int, micro: int, m
             "p2p_sent_bytes": sent["sent"], "p2p_received_bytes": sent["received"],
             "p2p_s": _send_seconds(max(sent["sent"], sent["received"]), boundary, p2p_link),
             "in_flight": pipeline.in_flight(rank, pp, m, sched),
-            "peak_memory_bytes": memory["total"], "activations_bytes": memory["activations"], "cfg": stage_cfg}
+            "peak_memory_bytes": memory["total"], "activations_bytes": memory["activations"], "cfg": stage_cfg,
+            "recompute_flops_per_token": hardware_fpt - fpt}
 
 
-def predict_pipeline(point, machine, n: int) -> dict:
-    """predict_point's row for a pipelined point (the module doc's model), with ``pipeline``: its micro-batches,
-    bubble, point-to-point traffic and every stage's compute and memory."""
-    from scalelab.formulas import overlap
-
+def _plan(point, n: int) -> tuple[int, int, int]:
+    """(data-parallel ranks, micro-batch, micro-batches per step) of a pipelined point, or EstimateError naming the flag
+    where it cannot be pipelined at n GPUs."""
     cfg, key, t, pp, sched = point.cfg, point.key, point.tensor_parallel, point.pipeline_parallel, point.pipeline_schedule
     if key == HYBRID_KEY:
         raise EstimateError("--pipeline-parallel with hybrid sharding is not predicted: give a ZeRO stage")
@@ -150,44 +152,97 @@ def predict_pipeline(point, machine, n: int) -> dict:
     if why:
         raise EstimateError(why + ("" if point.global_batch else "; give --global-batch: a step's micro-batches are "
                                                                     "each data-parallel rank's share of it"))
-    all_chunks = pipeline.chunks(cfg.n_layers, pp, sched)
-    fpt = flops.flops_per_token(cfg)
-    hardware_fpt = fpt + (flops.recompute_flops_per_token(cfg) if point.activation_checkpointing else 0.0)
-    tokens_dp = micro * m * cfg.seq_len  # one data-parallel rank's tokens per step, worked on by its T x P GPUs
-    width = 4 if point.precision == "fp32" else 2  # the activations' dtype at the boundaries
-    boundary = pipeline.boundary_values(micro, cfg.seq_len, cfg.d_model, t, point.sequence_parallel) * width
-    slab = dp * t  # one stage's ranks
+    return dp, micro, m
+
+
+def _p2p_link(point, machine, n: int, slab: int) -> links.Link:
+    """The link consecutive stages send over: each rank to the rank ``slab`` (one stage's DP x TP ranks) above it,
+    and under an interleaved schedule the last rank's chunk back to the first's."""
+    pp = point.pipeline_parallel
     pairs = [[r, r + slab] for r in range(n - slab)]
-    if pipeline.schedule(sched).chunks_per_rank > 1:  # chunk P - 1 on the last rank sends to chunk P on the first
+    if pipeline.schedule(point.pipeline_schedule).chunks_per_rank > 1:
         pairs += [[r + (pp - 1) * slab, r] for r in range(slab)]
     try:
-        p2p_link = groups_link(pairs, machine)
+        return groups_link(pairs, machine)
     except EstimateError:
         raise EstimateError(f"--pipeline-parallel {pp}: consecutive stages sit on different nodes of {machine.per_node} "
                             "GPUs: give --inter-node") from None
+
+
+def _sharded_stage_comm(point, machine, n: int, stage: dict, m: int):
+    """FSDP2's collectives over one stage's data-parallel ranks as a pipelined run makes them
+    (scalelab.formulas.pipeline.sharded_comm_bytes, the formula the gloo runs measure: stage 2 gathers once a step,
+    stage 3 once whole and m times all but the kept last block; the gradients reduced once), each collective timed
+    on the link its groups need. (seconds, calls, nccl-tests sizes, links) by collective, as _strategy_comm; None
+    where the schedule's gathers are not modelled (interleaved)."""
+    t, pp, zero = point.tensor_parallel, point.pipeline_parallel, strategy(point.key).stage
+    dp = n // (t * pp)
+    dtypes = communication.comm_dtypes(point.precision, zero, point.grad_reduce)
+    by_collective = pipeline.sharded_comm_by_collective(
+        stage["params"], tensor_parallelism.last_block_params(point.cfg, t), m, zero, dtypes.gather_bytes,
+        dtypes.reduce_bytes, point.pipeline_schedule, dp)
+    if by_collective is None:
+        return None
+    slab, units = dp * t, stage["blocks"] + 1  # a unit: each block, and the stage's root
+    link = groups_link([range(p * slab + j, (p + 1) * slab, t) for p in range(pp) for j in range(t)], machine)
+    calls = {"all_gather": pipeline.sharded_gather_calls(units, m, zero), "reduce_scatter": units}
+    comm, sizes, used = {}, {}, {}
+    for collective, nbytes in by_collective.items():
+        size = nbytes / links.handed_per_size(collective)
+        comm[collective] = calls[collective] * links.collective_seconds(collective, size / calls[collective], dp, link)
+        sizes[collective], used[collective] = size, link.name
+    return comm, {c: calls[c] for c in by_collective}, sizes, used
+
+
+def _stage_comm(point, machine, n: int, largest: dict, m: int):
+    """The strategy's collectives over the largest stage's data-parallel ranks: FSDP2 (stages 2 and 3) as a pipelined
+    step gathers and reduces (_sharded_stage_comm), the other strategies as scalelab.forecast.step prices them with
+    the step's micro-batches accumulated."""
+    sharded = None
+    if strategy(point.key).stage in (2, 3):
+        sharded = _sharded_stage_comm(point, machine, n, largest, m)
+    return sharded or _strategy_comm(point, machine, n, largest["params"], 1, m, stage_cfg=largest["cfg"])
+
+
+def _tied_seconds(point, machine, dp: int, slab: int) -> tuple[float, float]:
+    """(bytes, seconds) of a tied embedding's gradient all-reduced between the first and the last stage, exposed."""
+    pp = point.pipeline_parallel
+    sharded = dp if strategy(point.key).stage >= 2 else 1  # gradients sharded over the DP ranks at stages 2 and 3
+    tied = pipeline.tied_sync_bytes(point.cfg, pp, 0, sharded)
+    if not tied:
+        return 0.0, 0.0
+    ends = [[r, r + (pp - 1) * slab] for r in range(slab)]
+    return tied, links.collective_seconds("all_reduce", tied / links.handed_per_size("all_reduce"), 2,
+                                          groups_link(ends, machine))
+
+
+def predict_pipeline(point, machine, n: int) -> dict:
+    """predict_point's row for a pipelined point (the module doc's model), with ``pipeline``: its micro-batches,
+    bubble, point-to-point traffic and every stage's compute and memory."""
+    from scalelab.formulas import overlap
+
+    cfg, key, t, pp, sched = point.cfg, point.key, point.tensor_parallel, point.pipeline_parallel, point.pipeline_schedule
+    dp, micro, m = _plan(point, n)
+    width = 4 if point.precision == "fp32" else 2  # the activations' dtype at the boundaries
+    boundary = pipeline.boundary_values(micro, cfg.seq_len, cfg.d_model, t, point.sequence_parallel) * width
+    p2p_link = _p2p_link(point, machine, n, dp * t)
+    all_chunks = pipeline.chunks(cfg.n_layers, pp, sched)
     stages = [_stage(point, machine, n, rank, all_chunks, dp, micro, m, boundary, p2p_link) for rank in range(pp)]
     slowest = max(stages, key=lambda s: s["compute_s"] + s["tensor_parallel_s"] + s["p2p_s"])
-    largest = max(stages, key=lambda s: s["params"])
-    comm, calls, sizes, used = _strategy_comm(point, machine, n, largest["params"], 1, m, stage_cfg=largest["cfg"])
+    comm, calls, sizes, used = _stage_comm(point, machine, n, max(stages, key=lambda s: s["params"]), m)
     step = overlap.step_time(ZERO1_SHARDED_KEY if point.priced == ZERO1_SHARDED_KEY else strategy(key).stage,
-                                slowest["compute_s"], comm, calls=calls, overlap_efficiency=machine.overlap_efficiency)
+                             slowest["compute_s"], comm, calls=calls, overlap_efficiency=machine.overlap_efficiency)
     bubble = pipeline.bubble_fraction(pp, m, sched)
     busy = slowest["compute_s"] + slowest["tensor_parallel_s"]
     bubble_s = busy * bubble / (1 - bubble)
     p2p_s = max(s["p2p_s"] for s in stages)
-    sharded = dp if strategy(key).stage >= 2 else 1  # gradients sharded over the DP ranks at stages 2 and 3
-    tied = pipeline.tied_sync_bytes(cfg, pp, 0, sharded)
-    tied_s = 0.0
-    if tied:
-        ends = [[r, r + (pp - 1) * slab] for r in range(slab)]
-        tied_s = links.collective_seconds("all_reduce", tied / links.handed_per_size("all_reduce"), 2,
-                                          groups_link(ends, machine))
+    tied, tied_s = _tied_seconds(point, machine, dp, dp * t)
     extra = slowest["tensor_parallel_s"] + p2p_s + tied_s  # on the critical path
     step_s = step.step_s + slowest["tensor_parallel_s"] + bubble_s + p2p_s + tied_s
-    tokens = tokens_dp / (t * pp)  # per GPU per optimizer step
+    fpt = flops.flops_per_token(cfg)
+    tokens = micro * m * cfg.seq_len / (t * pp)  # per GPU per optimizer step
     per_gpu = tokens / step_s
     peak_mem = max(s["peak_memory_bytes"] for s in stages)
-    public = [{k: v for k, v in s.items() if k not in ("cfg", "tp")} for s in stages]
     return {"gpus": n, "nodes": math.ceil(n / machine.per_node), "replicas": 1, "links": used,
             "tensor_parallel": t, "data_parallel": dp, "tensor_parallel_comm": slowest["tp"],
             "pipeline_parallel": pp, "pipeline_schedule": sched,
@@ -198,10 +253,16 @@ def predict_pipeline(point, machine, n: int) -> dict:
             "collective_bytes": sizes, "collective_calls": calls, "peak_memory_bytes": peak_mem,
             "peak_memory_gib": peak_mem / UNITS["GiB"],
             "fits_memory": peak_mem <= machine.product.memory_gib * UNITS["GiB"] if machine.product else None,
-            "flops_per_token": fpt, "recompute_flops_per_token": hardware_fpt - fpt,
-            "pipeline": {"microbatches": m, "bubble_fraction": bubble, "bubble_s": bubble_s,
-                         "boundary_bytes": boundary, "p2p_link": p2p_link.name,
-                         "p2p_across_nodes": p2p_link is not machine.intra, "p2p_s": p2p_s,
-                         "p2p_sent_bytes": max(s["p2p_sent_bytes"] for s in stages),
-                         "tied_sync_bytes": tied, "tied_sync_s": tied_s, "slowest_stage": slowest["rank"],
-                         "stages": public}}
+            "flops_per_token": fpt, "recompute_flops_per_token": slowest["recompute_flops_per_token"],
+            "pipeline": _pipeline_columns(stages, slowest, m, bubble, bubble_s, boundary, p2p_link, machine, p2p_s,
+                                          tied, tied_s)}
+
+
+def _pipeline_columns(stages, slowest, m, bubble, bubble_s, boundary, p2p_link, machine, p2p_s, tied, tied_s) -> dict:
+    """A pipelined row's ``pipeline``: its micro-batches, bubble, sends, tied sync and every stage (public fields)."""
+    return {"microbatches": m, "bubble_fraction": bubble, "bubble_s": bubble_s, "boundary_bytes": boundary,
+            "p2p_link": p2p_link.name, "p2p_across_nodes": p2p_link is not machine.intra, "p2p_s": p2p_s,
+            "p2p_sent_bytes": max(s["p2p_sent_bytes"] for s in stages), "tied_sync_bytes": tied, "tied_sync_s": tied_s,
+            "slowest_stage": slowest["rank"],
+            "stages": [{k: v for k, v in s.items() if k not in ("cfg", "tp", "recompute_flops_per_token")}
+                       for s in stages]}

@@ -246,3 +246,25 @@ def sharded_comm_bytes(stage_params: float, kept: float, m: int, zero_stage: int
     gathered = stage_params if zero_stage == 2 else stage_params + m * (stage_params - kept)
     return {"shard": 0.0 if shard == 1 else gathered * gather_bytes + stage_params * reduce_bytes,
             "replicate": 0.0 if replicas == 1 else 2 * stage_params / shard * reduce_bytes}
+
+
+def sharded_comm_by_collective(stage_params: float, kept: float, m: int, zero_stage: int, gather_bytes: int,
+                               reduce_bytes: int, schedule_name: str = DEFAULT_SCHEDULE,
+                               shard: int = 2) -> dict[str, float] | None:
+    """sharded_comm_bytes' shard group (no replicas) by collective, in its unit: {"all_gather": the gathered
+    parameters, "reduce_scatter": the gradients reduced once}; their sum is sharded_comm_bytes' "shard" figure. A
+    forecast times each collective on its own, so it needs them apart. None where sharded_comm_bytes is."""
+    total = sharded_comm_bytes(stage_params, kept, m, zero_stage, gather_bytes, reduce_bytes, schedule_name, shard)
+    if total is None:
+        return None
+    if shard == 1:
+        return {}
+    gathered = stage_params if zero_stage == 2 else stage_params + m * (stage_params - kept)
+    return {"all_gather": gathered * gather_bytes, "reduce_scatter": stage_params * reduce_bytes}
+
+
+def sharded_gather_calls(stage_units: int, m: int, zero_stage: int) -> int:
+    """FSDP2's all-gathers per step on one pipeline rank under GPipe or 1F1B (sharded_comm_bytes' passes): stage 2
+    gathers each unit (a block, and the root) once; stage 3 gathers every unit for the first forward, then all but
+    the kept last block for each of the m further passes."""
+    return stage_units if zero_stage == 2 else stage_units + m * (stage_units - 1)
