@@ -33,11 +33,16 @@ Pure data parallelism (DDP), from two sources:
 Tensor parallelism and ZeRO-1: the Ultra-Scale Playbook's benchmark sweep (SWEEP_ROWS; the data and its source in
 scalelab.forecast.playbook_sweep), priced as nanotron runs them and validated, fit set and held-out rows apart, by
 the Playbook benchmark sweep's section below, whose tables follow these.
+
+GPU memory against another trainer's runs: llm-foundry's MPT on A100 40GB cards (scalelab.forecast.published_memory),
+by scalelab's own convention and by llm-foundry's recipe (scalelab.formulas.foundry_style); the source states no
+memory, so the check is whether each row, which ran, is predicted to fit.
 """
 from __future__ import annotations
 
 import argparse
 
+from scalelab.forecast.published_memory import memory_document
 from scalelab.forecast.published_pipeline import pipeline_document
 from scalelab.forecast.published_runs import markdown, overlap_sensitivity, sensitivity_markdown, validation
 from scalelab.forecast.published_sweep import sweep_document
@@ -49,7 +54,7 @@ def document(sensitivity: bool = True) -> str:
     parts = [markdown(validation())]
     if sensitivity:
         parts.append("Recalibrated and predicted at each overlap efficiency:\n\n" + sensitivity_markdown(overlap_sensitivity()))
-    parts += [sweep_document(), pipeline_document()]
+    parts += [sweep_document(), pipeline_document(), memory_document()]
     return "\n\n".join(parts)
 
 

@@ -20,6 +20,12 @@ UPPER_BOUND = "upper bound"
 """How PeakMemory.bound starts where the prediction may exceed what the step holds."""
 LOWER_BOUND = "lower bound"
 """How PeakMemory.bound starts where the prediction leaves something out (a user's module's activations)."""
+RECIPE = ("scalelab's own runs: fused attention (scaled_dot_product_attention: no a s^2 scores, an fp32 log-sum-exp), "
+          "CUDA autocast's LayerNorm (an fp32 copy of a 16-bit input kept), no dropout, the eager fp32 cross-entropy "
+          "(the fp32 log-softmax kept, 4 B T V, and 8 B T V of fp32 gradients beside it at its backward); at ZeRO-3, FSDP2's "
+          "gathers of two blocks and the root group")
+"""The activation recipe peak_memory assumes, in a line: what scalelab's runs measure. Other trainers' recipes are
+conventions of their own (scalelab.formulas.megatron_style, foundry_style)."""
 
 
 def activation_bound(cfg: ModelConfig, precision: str, compiled: bool = False, activation_checkpointing: bool = False,
