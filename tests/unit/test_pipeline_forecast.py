@@ -146,22 +146,59 @@ def test_plan_leaves_out_the_pipelines_that_cannot_run_and_says_why(capsys):
     assert any("PP 8" in line and "28 blocks do not split" in line for line in result["left_out"]), result["left_out"]
 
 
-def test_the_published_pipelined_runs_are_validated_in_and_out_of_sample_and_the_issue_rows_mostly_within_20_percent():
-    """The Playbook sweep's pipelined runs, each series calibrated at its smallest count: in-sample (1B) and held out
-    (3B, 8B) apart; the 8B PP 2-4 rows at 8-64 GPUs mostly within 20% (the figures the doc prints)."""
+def test_the_published_pipelined_runs_are_validated_in_and_out_of_sample_and_the_issue_rows_within_20_percent():
+    """The Playbook sweep's pipelined runs, each series calibrated at its smallest count, the stalled runs left out (and
+    counted): in-sample (1B) and held out (3B, 8B) apart, each within 15% on average and 80% of rows within 20% up to
+    256 GPUs; the 8B PP 2-4 rows at 8-64 GPUs within 20% (the figures the doc prints)."""
     from scalelab.forecast import published_pipeline, published_runs
 
     rows = published_pipeline.pipeline_validation()
     t = published_pipeline.pipeline_targets(rows)
     assert {r["model"] for r in rows} == {"1B", "3B", "8B"} and {r["pipeline_parallel"] for r in rows} == {2, 4, 8}
     assert t["in_sample_rows"] > 50 and t["held_out_rows"] > 50 and t["issue_rows"] >= 20
-    assert t["issue_within_20"] >= 0.75 and t["issue_median"] <= 0.10, t
+    assert t["in_sample_mae"] <= 0.15 and t["held_out_mae"] <= 0.15, t
+    assert t["in_sample_within_20"] >= 0.8 and t["held_out_within_20"] >= 0.8, t
+    assert t["issue_within_20"] == 1.0, t
+    out = published_pipeline.stalled()
+    assert published_pipeline.degraded() <= out  # the stall rule holds the earlier one
     for r in rows:
         assert r["gpus"] > r["calibrated_at"] and r["error"] == pytest.approx(r["predicted"] / r["published"] - 1)
-        assert (r["series"], r["gpus"]) not in published_pipeline.degraded()
+        assert (r["series"], r["gpus"]) not in out
     for row in published_runs.PIPELINE_ROWS:  # every row is one scalelab could run: blocks split, micro-batches fill
         m = row.accumulation
         assert row.cfg.n_layers % row.pipeline_parallel == 0 and m >= row.pipeline_parallel
+
+
+def test_a_stalled_run_is_a_slot_over_twice_its_series_fastest_and_its_slot_does_not_follow_the_work():
+    """A slot is step / (m + P - 1) (8B PP 4 TP 4 ZeRO-1 micro-batch 2 on 8 nodes: 1,048,576 / 64 tokens per GPU at 418
+    tokens/s, 32 + 3 slots; on 4 nodes 3,887 tokens/s over 64 + 3 slots); stalled slots are over twice the kept ones
+    at every degree and model, and the model gives a slot that long almost only at 512 GPUs."""
+    from scalelab.forecast import published_pipeline as pp
+    from scalelab.forecast.published_runs import PIPELINE_ROWS
+
+    series = [r for r in PIPELINE_ROWS if r.series == "8B PP 4 TP 4 ZeRO-1 mb 2"]
+    at = {r.gpus: r for r in series}
+    assert pp.slot_seconds(at[64]) == pytest.approx(1_048_576 / 64 / 418 / 35)
+    assert pp.slot_seconds(at[32]) == pytest.approx(1_048_576 / 32 / 3887 / 67)
+    assert ("8B PP 4 TP 4 ZeRO-1 mb 2", 64) in pp.stalled() and ("8B PP 4 TP 4 ZeRO-1 mb 2", 128) not in pp.stalled()
+    e = pp.stall_evidence()
+    for t in e["table"]:
+        if t["stalled"]:
+            assert t["stalled_slot_s"] > 2 * t["kept_slot_s"], t
+    assert e["model_over"] - e["model_over_512"] <= 2 and e["recovered"] > 0, e
+
+
+def test_a_pipelined_steps_gradient_sync_hides_behind_the_last_micro_batchs_backward_only():
+    """nanotron's 1F1B (and torch's schedules) sync the gradients in the last micro-batch's backward: DDP's all-reduce
+    hides behind 2/3 of one micro-batch's compute, compute / m, at the overlap efficiency (0.5 here)."""
+    row = predict_point(_point(key=0, pipeline_parallel=4), _machine(), 64)
+    m, compute, p = row["accumulation_steps"], row["compute_s"], row["pipeline"]
+    reduce_s, calls = row["comm_s"]["all_reduce"], row["collective_calls"]["all_reduce"]
+    hidden = min(reduce_s * (1 - 1 / calls), 2 / 3 * compute / m)
+    slowest = p["stages"][p["slowest_stage"]]
+    on_path = slowest["tensor_parallel_s"] + p["p2p_s"] + p["tied_sync_s"]
+    assert row["exposed_comm_s"] == pytest.approx(reduce_s - 0.5 * hidden + on_path)
+    assert hidden < 2 / 3 * compute  # narrower than the whole step's backward
 
 
 @pytest.mark.parametrize("zero_stage", [2, 3])

@@ -216,12 +216,25 @@ def _tied_seconds(point, machine, dp: int, slab: int) -> tuple[float, float]:
                                           groups_link(ends, machine))
 
 
+def _exposed_comm(point, compute_s: float, m: int, comm: dict, calls: dict, overlap_efficiency: float) -> float:
+    """The strategy's collectives left exposed in a pipelined step: the gradient syncs its overlap facts hide behind
+    backward (DDP's all-reduce, FSDP's reduce-scatter) run in the last micro-batch's backward alone (nanotron's 1F1B
+    and torch's schedules sync only there), so they hide behind one micro-batch's compute, compute_s / m; the rest
+    (FSDP's prefetched gathers) behind the step's, as without pipelining."""
+    from scalelab.formulas import overlap
+
+    key = ZERO1_SHARDED_KEY if point.priced == ZERO1_SHARDED_KEY else strategy(point.key).stage
+    windows = dict(strategy(key).overlap)
+    sync = {c: s for c, s in comm.items() if windows.get(c) == "backward"}
+    rest = {c: s for c, s in comm.items() if c not in sync}
+    return (overlap.step_time(key, compute_s / m, sync, calls=calls, overlap_efficiency=overlap_efficiency).exposed_comm_s
+            + overlap.step_time(key, compute_s, rest, calls=calls, overlap_efficiency=overlap_efficiency).exposed_comm_s)
+
+
 def predict_pipeline(point, machine, n: int) -> dict:
     """predict_point's row for a pipelined point (the module doc's model), with ``pipeline``: its micro-batches,
     bubble, point-to-point traffic and every stage's compute and memory."""
-    from scalelab.formulas import overlap
-
-    cfg, key, t, pp, sched = point.cfg, point.key, point.tensor_parallel, point.pipeline_parallel, point.pipeline_schedule
+    cfg, t, pp, sched = point.cfg, point.tensor_parallel, point.pipeline_parallel, point.pipeline_schedule
     dp, micro, m = _plan(point, n)
     width = 4 if point.precision == "fp32" else 2  # the activations' dtype at the boundaries
     boundary = pipeline.boundary_values(micro, cfg.seq_len, cfg.d_model, t, point.sequence_parallel) * width
@@ -230,15 +243,14 @@ def predict_pipeline(point, machine, n: int) -> dict:
     stages = [_stage(point, machine, n, rank, all_chunks, dp, micro, m, boundary, p2p_link) for rank in range(pp)]
     slowest = max(stages, key=lambda s: s["compute_s"] + s["tensor_parallel_s"] + s["p2p_s"])
     comm, calls, sizes, used = _stage_comm(point, machine, n, max(stages, key=lambda s: s["params"]), m)
-    step = overlap.step_time(ZERO1_SHARDED_KEY if point.priced == ZERO1_SHARDED_KEY else strategy(key).stage,
-                             slowest["compute_s"], comm, calls=calls, overlap_efficiency=machine.overlap_efficiency)
+    exposed = _exposed_comm(point, slowest["compute_s"], m, comm, calls, machine.overlap_efficiency)
     bubble = pipeline.bubble_fraction(pp, m, sched)
     busy = slowest["compute_s"] + slowest["tensor_parallel_s"]
     bubble_s = busy * bubble / (1 - bubble)
     p2p_s = max(s["p2p_s"] for s in stages)
     tied, tied_s = _tied_seconds(point, machine, dp, dp * t)
     extra = slowest["tensor_parallel_s"] + p2p_s + tied_s  # on the critical path
-    step_s = step.step_s + slowest["tensor_parallel_s"] + bubble_s + p2p_s + tied_s
+    step_s = slowest["compute_s"] + exposed + slowest["tensor_parallel_s"] + bubble_s + p2p_s + tied_s
     fpt = flops.flops_per_token(cfg)
     tokens = micro * m * cfg.seq_len / (t * pp)  # per GPU per optimizer step
     per_gpu = tokens / step_s
@@ -247,8 +259,8 @@ def predict_pipeline(point, machine, n: int) -> dict:
             "tensor_parallel": t, "data_parallel": dp, "tensor_parallel_comm": slowest["tp"],
             "pipeline_parallel": pp, "pipeline_schedule": sched,
             "micro_batch": micro, "accumulation_steps": m, "tokens_per_gpu_per_step": tokens,
-            "step_time_s": step_s, "compute_s": step.compute_s, "comm_s": dict(step.comm_s),
-            "exposed_comm_s": step.exposed_comm_s + extra, "tokens_per_s_per_gpu": per_gpu,
+            "step_time_s": step_s, "compute_s": slowest["compute_s"], "comm_s": dict(comm),
+            "exposed_comm_s": exposed + extra, "tokens_per_s_per_gpu": per_gpu,
             "tokens_per_s": per_gpu * n, "mfu": flops.mfu(per_gpu, fpt, machine.peak_flops, 1),
             "collective_bytes": sizes, "collective_calls": calls, "peak_memory_bytes": peak_mem,
             "peak_memory_gib": peak_mem / UNITS["GiB"],

@@ -1,24 +1,44 @@
 """The step-time and memory models against the Playbook sweep's pipelined runs.
 
-The same sweep's runs with pipeline parallelism 2, 4 and 8 (PIPELINE_ROWS), priced by the same trainer and links, each
-pipelined step as scalelab.forecast.step prices it (1F1B's bubble, the sends between stages, the strategy over
-each stage's data-parallel ranks, memory per stage). Nothing is fitted on them: the megatron trainer's overlap
-efficiency was fitted on the 1B series without pipelining (FIT_MODELS), so the 1B pipelined series are reported as
-in-sample (their model's) and the 3B and 8B ones as held out. Each series is calibrated at its smallest count, as the
-tensor-parallel rows are.
+The same sweep's runs with pipeline parallelism 2, 4 and 8 (PIPELINE_ROWS), priced by the same trainer, each pipelined
+step as scalelab.forecast.pipeline_step prices it (1F1B's bubble, the sends between stages, the strategy over each
+stage's data-parallel ranks, memory per stage). Nothing is fitted on them: the megatron trainer's overlap efficiency was
+fitted on the 1B series without pipelining (FIT_MODELS), so the 1B pipelined series are reported as in-sample (their
+model's) and the 3B and 8B ones as held out. Each series is calibrated at its smallest count, as the tensor-parallel
+rows are.
 
-Degraded runs: at a fixed global batch a run's tokens/s per GPU cannot double with more GPUs (each GPU's share only
-shrinks, and communication only grows), yet the sweep holds runs at under half the speed of the same configuration on
-more nodes (8B PP 8 TP 4 ZeRO-1 micro-batch 1: 1,716 tokens/s per GPU on 8 nodes, 106 on 16, 1,516 on 32), the
-collapses its 64-node runs show at smaller counts too. Such a run (under DEGRADED x a larger count's figure of its
-series) is left out of the validation, calibration point included, and counted apart; the errors over every run are
-printed beside.
+What nanotron runs (huggingface/nanotron; the sweep's generator scripts/scaling_benchmarks.py): its ParallelContext
+lays the ranks out as (ep, pp, dp, cp, tp), tensor-parallel ranks innermost (src/nanotron/parallel/context.py), so a
+stage is DP x TP consecutive ranks: whole nodes once DP x TP >= 8, its tensor-parallel groups inside a node, and
+consecutive stages on different nodes. The base config the generator reads (examples/config_tiny_llama_bench.yaml,
+branch nouamane/bench2) sets ``pp_engine: 1f1b`` (the library's default is AFAB), and the stated memory agrees: it does
+not grow with the micro-batches per step as AFAB's would. The links (stage_links): a stage's data-parallel all-reduce
+runs over the nodes/P nodes it holds, beside the other stages' on their own nodes, so it is priced at the sweep's
+measured bus bandwidth over that many nodes, and the sends between stages at it too (two nodes' figure where a stage
+holds one node or less), not at the figure over every node.
+
+Stalled runs (stalled): at a fixed global batch a run's step is (m + P - 1) slots of one micro-batch's forward and
+backward, plus the step's collectives; within a series (the same model, TP, PP, ZeRO stage and micro-batch) the work of
+a slot is fixed, so its time, step / (m + P - 1), moves only with the communication. Yet 30% of the sweep's pipelined
+runs take 2 to 36 times their series' fastest slot, a median 0.6-0.8 s on two stages and 0.8-1.1 s on four and eight
+whatever the model (1B, 3B and 8B alike, whose slots otherwise differ by their work); some series recover at a larger
+count (8B PP 4 TP 4 ZeRO-1 micro-batch 2: 3,887 tokens/s per GPU on 4 nodes, 418 on 8, 3,602 on 16), and the model
+(bubble, sends, collectives on the measured links) gives a slot that long almost only at 512 GPUs (stall_evidence
+counts them). The slot then counts waits, not work: nanotron's sends on the branch that added the pipeline's stress
+tests (nouamane/bench2, commit 67c5ebb6 "pp", December 2024) poll each send's completion in 0.1 s sleeps
+(src/nanotron/parallel/pipeline_parallel/p2p.py), which would give such a floor, though the sweep does not say which
+commit it ran. A run whose slot is over STALLED times its series' fastest is left out, calibration point included, and
+counted; the errors over every run are printed beside. The rule holds the earlier one (a run under half the speed of
+its configuration on more nodes, degraded): a larger count's m is smaller, so its bubble is a larger share, and the
+same speed ratio is a larger slot ratio.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import statistics
 
+from scalelab.forecast import playbook_sweep
 from scalelab.forecast.published_runs import PIPELINE_ROWS, Published, predicted_row
 from scalelab.forecast.published_sweep import (
     FIT_MAX_GPUS,
@@ -31,7 +51,34 @@ from scalelab.forecast.published_sweep import (
 )
 
 DEGRADED = 0.5
-"""A run under this share of its series' figure at a larger count is taken as degraded (left out, counted apart)."""
+"""A run under this share of its series' figure at a larger count is taken as degraded (the earlier rule)."""
+STALLED = 1 / DEGRADED
+"""A run whose time per micro-batch slot is over this many times its series' fastest is taken as stalled: the same
+factor two as DEGRADED's, read per slot (the bubble taken out) and against every count of the series."""
+
+
+def stage_links(rows: tuple[Published, ...] = PIPELINE_ROWS) -> tuple[Published, ...]:
+    """The rows with the link between nodes a stage uses: the sweep's measured bus bandwidth over the nodes one stage
+    holds (nodes / P; two where a stage holds one node or less and only its sends cross), per NIC as the rows give it."""
+    out = []
+    for row in rows:
+        nodes = row.gpus // 8
+        span = max(2, nodes // row.pipeline_parallel)
+        out.append(dataclasses.replace(row, inter_node=f"{playbook_sweep.BUSBW_GB[span] / 8:g}@1") if nodes > 1 else row)
+    return tuple(out)
+
+
+def microbatches(row: Published) -> int:
+    """m: the data-parallel rank's share of the global batch in micro-batches."""
+    return row.accumulation
+
+
+def slot_seconds(row: Published) -> float:
+    """The published run's step over its schedule's slots, step / (m + P - 1): one micro-batch's forward and backward
+    on a stage, with its share of the step's collectives."""
+    step = row.micro_batch * row.accumulation * row.cfg.seq_len / (row.tensor_parallel * row.pipeline_parallel) \
+        / row.tokens_per_s_per_gpu
+    return step / (microbatches(row) + row.pipeline_parallel - 1)
 
 
 def degraded(rows: tuple[Published, ...] = PIPELINE_ROWS) -> set[tuple[str, int]]:
@@ -45,11 +92,26 @@ def degraded(rows: tuple[Published, ...] = PIPELINE_ROWS) -> set[tuple[str, int]
     return out
 
 
-@functools.lru_cache(maxsize=2)
-def pipeline_validation(keep_degraded: bool = False) -> list[dict]:
-    """Per pipelined sweep row beyond its series' smallest count (the degraded runs left out unless ``keep_degraded``):
-    published and predicted tokens/s per GPU, the error, whether the series is its model's fit set, and the MFU."""
-    return series_validation(PIPELINE_ROWS, skip=frozenset() if keep_degraded else frozenset(degraded()))
+def stalled(rows: tuple[Published, ...] = PIPELINE_ROWS) -> set[tuple[str, int]]:
+    """(series, GPUs) of the runs whose slot (slot_seconds) is over STALLED x their series' fastest."""
+    fastest: dict[str, float] = {}
+    for r in rows:
+        fastest[r.series] = min(fastest.get(r.series, float("inf")), slot_seconds(r))
+    return {(r.series, r.gpus) for r in rows if slot_seconds(r) > STALLED * fastest[r.series]}
+
+
+RULES = ("stalled", "degraded", "none")
+"""Which runs a validation leaves out: the stalled ones (the default), the degraded ones (the earlier rule), none."""
+
+
+@functools.lru_cache(maxsize=8)
+def pipeline_validation(rule: str = "stalled", links: str = "stage") -> list[dict]:
+    """Per pipelined sweep row beyond its series' smallest count, the runs ``rule`` names left out: published and
+    predicted tokens/s per GPU, the error, whether the series is its model's fit set, and the MFU; ``links``: "stage"
+    (stage_links) or "all" (the bus bandwidth over every node, as the rows were first priced)."""
+    rows = stage_links() if links == "stage" else PIPELINE_ROWS
+    skip = {"stalled": stalled, "degraded": degraded, "none": lambda: set()}[rule]()
+    return series_validation(rows, skip=frozenset(skip))
 
 
 def pipeline_memory_validation() -> list[dict]:
@@ -83,31 +145,105 @@ def pipeline_targets(rows: list[dict]) -> dict:
             "median": statistics.median(abs(r["error"]) for r in within) if within else float("nan")}
 
 
+def _predicted_slot(row: Published, mfu: float) -> float:
+    """The model's slot for a row at a compute efficiency: its predicted step / (m + P - 1)."""
+    predicted = predicted_row(row, mfu)
+    return predicted["step_time_s"] / (predicted["accumulation_steps"] + row.pipeline_parallel - 1)
+
+
+MODEL_MFU = 0.4
+"""The compute efficiency the model's slot ratios in stall_evidence are read at (the sweep's runs at 0.2-0.6 MFU)."""
+
+
+def stall_evidence(rows: tuple[Published, ...] = PIPELINE_ROWS) -> dict:
+    """What sets the stalled runs apart: per degree and model, the runs kept and stalled and their median slot (s);
+    how many stalled runs have a larger count of their series that is not stalled (the configuration runs again at its
+    speed); and the model's largest slot ratio to the series' fastest run at any stalled run (bubble, sends and
+    collectives on the stage's links, at MODEL_MFU)."""
+    out, by = stalled(rows), stage_links(rows)
+    table = []
+    for pp in sorted({r.pipeline_parallel for r in rows}):
+        for model in dict.fromkeys(r.series.split()[0] for r in rows):
+            mine = [r for r in rows if r.pipeline_parallel == pp and r.series.split()[0] == model]
+            kept = [slot_seconds(r) for r in mine if (r.series, r.gpus) not in out]
+            gone = [slot_seconds(r) for r in mine if (r.series, r.gpus) in out]
+            if mine:
+                table.append({"pipeline_parallel": pp, "model": model, "kept": len(kept), "stalled": len(gone),
+                              "kept_slot_s": statistics.median(kept) if kept else float("nan"),
+                              "stalled_slot_s": statistics.median(gone) if gone else float("nan"),
+                              "stalled_slot_range": (min(gone), max(gone)) if gone else None})
+    recovered, model_over = 0, []
+    for series in dict.fromkeys(s for s, _ in out):
+        mine = sorted((r for r in by if r.series == series), key=lambda r: r.gpus)
+        base = _predicted_slot(min(mine, key=slot_seconds), MODEL_MFU)
+        for r in mine:
+            if (series, r.gpus) in out:
+                recovered += any(o.gpus > r.gpus and (series, o.gpus) not in out for o in mine)
+                if _predicted_slot(r, MODEL_MFU) > STALLED * base:
+                    model_over.append(r.gpus)
+    ratios = [slot_seconds(r) / min(slot_seconds(o) for o in rows if o.series == r.series)
+              for r in rows if (r.series, r.gpus) in out]
+    return {"table": table, "stalled": len(out), "degraded": len(degraded(rows)), "runs": len(rows),
+            "recovered": recovered, "model_over": len(model_over), "model_over_512": model_over.count(512),
+            "ratio_range": (min(ratios), max(ratios)),
+            "all_512": all((r.series, r.gpus) in out for r in rows if r.gpus == 512)}
+
+
+def stall_markdown(evidence: dict) -> str:
+    lines = ["| PP | model | runs kept | their median slot (s) | stalled runs | their median slot (s) | range (s) |",
+             "|---:|---|---:|---:|---:|---:|---|"]
+    for t in evidence["table"]:
+        span = "-" if t["stalled_slot_range"] is None else "{:.2f}-{:.2f}".format(*t["stalled_slot_range"])
+        lines.append(f"| {t['pipeline_parallel']} | {t['model']} | {t['kept']} | {t['kept_slot_s']:.3f} | {t['stalled']} | "
+                     f"{t['stalled_slot_s']:.3f} | {span} |")
+    return "\n".join(lines).replace("nan", "-")
+
+
+def _targets_line(t: dict, label: str) -> str:
+    return (f"{label}: in-sample {t['in_sample_rows']} rows, {t['in_sample_mae']:.1%} ({t['in_sample_within_20']:.0%} "
+            f"within 20%); held out {t['held_out_rows']} rows, {t['held_out_mae']:.1%} ({t['held_out_within_20']:.0%}); "
+            f"the 8B PP 2-4 rows at {PIPELINE_TARGET_GPUS[0]}-{PIPELINE_TARGET_GPUS[1]} GPUs {t['issue_rows']} rows, "
+            f"{t['issue_mae']:.1%} ({t['issue_within_20']:.0%})")
+
+
 def pipeline_document() -> str:
     """The pipelined rows' section of docs/prediction.md's published-validation block."""
-    rows, every = pipeline_validation(), pipeline_validation(keep_degraded=True)
-    t, t_all = pipeline_targets(rows), pipeline_targets(every)
+    rows = pipeline_validation()
+    t = pipeline_targets(rows)
+    e = stall_evidence()
     memory = pipeline_memory_validation()
     ratios = sorted(m["ratio"] for m in memory)
-    by_degree = ", ".join(f"PP {p} {e:.1%}" for p, e in t["by_degree"].items())
+    by_degree = ", ".join(f"PP {p} {v:.1%}" for p, v in t["by_degree"].items())
+    others = "; ".join(_targets_line(pipeline_targets(pipeline_validation(rule, links)), label) for rule, links, label in (
+        ("stalled", "all", "with the bus bandwidth over every node instead of a stage's"),
+        ("degraded", "stage", f"leaving out only the {e['degraded']} degraded runs (under half the speed of their "
+                              "configuration on more nodes)"),
+        ("none", "stage", "with every run kept")))
     return "\n\n".join([
         f"The same sweep's pipelined runs ({len(PIPELINE_ROWS)} runs in {len({r.series for r in PIPELINE_ROWS})} series: "
-        "PP 2, 4, 8 x TP 1-8 x ZeRO-0/1, priced as 1F1B by scalelab.forecast.step, nothing fitted on them; "
-        f"{len(degraded())} degraded runs left out: under half the speed of their configuration on more nodes), each "
-        "series calibrated at its smallest count, per GPU count (in-sample: the 1B series, whose model fitted the "
-        "overlap efficiency; held out: 3B and 8B):",
+        "PP 2, 4, 8 x TP 1-8 x ZeRO-0/1, priced as nanotron's 1F1B by scalelab.forecast.pipeline_step, nothing fitted "
+        "on them; a stage's data-parallel all-reduce and its sends at the bus bandwidth measured over the nodes one stage "
+        f"holds), each series calibrated at its smallest count, {e['stalled']} stalled runs left out (their time per "
+        f"micro-batch slot, step / (m + P - 1), over {STALLED:g} times their series' fastest), per GPU count (in-sample: "
+        "the 1B series, whose model fitted the overlap efficiency; held out: 3B and 8B):",
         by_count_markdown(rows),
         f"Up to {FIT_MAX_GPUS} GPUs: in-sample {t['in_sample_rows']} rows, mean absolute error {t['in_sample_mae']:.1%} "
         f"({t['in_sample_within_20']:.0%} within 20%); held out {t['held_out_rows']} rows, {t['held_out_mae']:.1%} "
         f"({t['held_out_within_20']:.0%} within 20%); by degree {by_degree}. The 8B PP 2-4 rows at "
         f"{PIPELINE_TARGET_GPUS[0]}-{PIPELINE_TARGET_GPUS[1]} GPUs (the issue's target, within 20%): {t['issue_rows']} rows, "
-        f"mean absolute error {t['issue_mae']:.1%}, median {t['issue_median']:.1%}, {t['issue_within_20']:.0%} within 20% "
-        f"(median over every row up to {FIT_MAX_GPUS} GPUs: {t['median']:.1%}; the means are those of a few runs that "
-        "collapsed at their largest count, which no degraded-run rule here catches). With the degraded runs kept: "
-        f"in-sample {t_all['in_sample_mae']:.1%}, held out {t_all['held_out_mae']:.1%}, the 8B PP 2-4 rows "
-        f"{t_all['issue_mae']:.1%} ({t_all['issue_within_20']:.0%} within 20%). Memory (the fullest stage, the megatron "
-        f"recipe with 1F1B's in-flight micro-batches, against the GPU memory each run states): median predicted/stated "
-        f"{statistics.median(ratios):.2f}, {sum(abs(r - 1) <= 0.20 for r in ratios) / len(ratios):.0%} within 20%, "
+        f"mean absolute error {t['issue_mae']:.1%}, median {t['issue_median']:.1%}, {t['issue_within_20']:.0%} within 20%. "
+        f"The same {others}. Memory (the fullest stage, the megatron recipe with 1F1B's in-flight micro-batches, against "
+        f"the GPU memory each run states): median predicted/stated {statistics.median(ratios):.2f}, "
+        f"{sum(abs(r - 1) <= 0.20 for r in ratios) / len(ratios):.0%} within 20%, "
         f"{sum(m['predicted_to_fit'] for m in memory) / len(memory):.0%} of the runs (all ran in 80 GB) predicted to fit.",
+        f"The stalled runs ({e['stalled']} of {e['runs']}, {e['ratio_range'][0]:.1f} to {e['ratio_range'][1]:.0f} times "
+        "their series' fastest slot; they hold the degraded ones) against the runs kept: a slot's work grows with the "
+        "model, a stalled slot barely does (the step counts waits, not work). "
+        f"{e['recovered']} of them have a larger count of their own configuration that runs at its speed again; the "
+        f"model (bubble, sends and collectives on the stage's links, at MFU {MODEL_MFU:g}) puts the slot over "
+        f"{STALLED:g} times the series' fastest at {e['model_over']} of them ({e['model_over_512']} at 512 GPUs, where the "
+        f"measured bus bandwidth halves; {'every' if e['all_512'] else 'not every'} 512-GPU run is stalled), at none of "
+        "the others:",
+        stall_markdown(e),
         "Each pipelined series: calibrated at its smallest count (MFU), its error at each larger count:",
         series_markdown(rows)])
