@@ -108,9 +108,10 @@ CLUSTER = config["cluster"]
 DEVICE_PLAN, _INHERITED = sweep_device_plan(config)
 if not _INHERITED:
     print(f"scalelab: runs train on {DEVICE_PLAN.device} ({DEVICE_PLAN.why})", file=sys.stderr)
-# Each run's plan, made once here (scalelab.plan.run_plan): what the rules size its job with and what
-# its results depend on. The job's launcher makes the same plan with the data's vocabulary and the
-# device the job finds (scalelab.run.launch).
+# Each run's plan, made once here (scalelab.plan.run_plan): what the rules size its job with, what its
+# results depend on, and what the job runs (the train rule's params.plan). The job's launcher adds only what
+# it knows (the data's vocabulary, the run folder, its threads) and checks that the planned device is there
+# (scalelab.run.launch).
 PLANS = {run_id: run_plan(config, point, device=DEVICE_PLAN.device, device_reason=DEVICE_PLAN.why)
          for run_id, point in POINTS.items()}
 # An upgrade in place must not retrain finished runs silently: values a run depends on that changed since it

@@ -18,13 +18,13 @@ rule train:
         summary=RESULTS / "runs" / "{run_id}" / "summary.json",
         steps=RESULTS / "runs" / "{run_id}" / "steps.parquet",
     params:
-        # the point itself is no Snakemake param (Snakemake records only builtin values): the run id,
-        # its output path, names it
-        point=point_of,
+        # the run's plan, made once in rules/common.smk and handed to the job as it is (Snakemake records
+        # only builtin params: the run id, its output path, names it, and results_depend_on decides reruns)
+        plan=plan_of,
         # What a run's results depend on, as the values that differ from the defaults: changing
         # one reruns it; a new key at its default, a time limit or checkpoint frequency does not.
         results_depend_on=run_params,
-        device=DEVICE_PLAN.device,  # the reason travels in the environment (scalelab.plan.placement)
+        device=DEVICE_PLAN.device,  # recorded with the results: a run planned for another device reruns
     log:
         LOGS / "runs" / "{run_id}.log",
     wildcard_constraints:
@@ -85,7 +85,7 @@ rule record_pruned:
         summary=RESULTS / "runs" / "{run_id}" / "summary.json",
         steps=RESULTS / "runs" / "{run_id}" / "steps.parquet",
     params:
-        point=point_of,
+        plan=plan_of,
         results_depend_on=run_params,
         device=DEVICE_PLAN.device,
     log:

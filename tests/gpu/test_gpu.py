@@ -52,9 +52,10 @@ def gpu_data(tmp_path_factory):
 
 
 def _launch(tmp_path, data, point, cfg):
+    from scalelab.harness.testing import local_plan
     from scalelab.run.launch import launch_run
 
-    return launch_run(cfg, point, data, tmp_path / point.path, tmp_path / f"{point.run_id}.log", threads=4)
+    return launch_run(cfg, local_plan(cfg, point), data, tmp_path / point.path, tmp_path / f"{point.run_id}.log", threads=4)
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])

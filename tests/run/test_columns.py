@@ -93,8 +93,8 @@ def test_a_training_jobs_launcher_imports_no_pandas(tmp_path, tiny_data):
 
     cfg = tiny_config(train={"steps": 3, "warmup_steps": 1})
     code = ("import json, sys; from pathlib import Path; from scalelab.run.launch import launch_run; "
-            "from scalelab.plan.sweep import RunPoint; a = json.loads(sys.argv[1]); "
-            "s = launch_run(a['cfg'], RunPoint('fp32', 0, 1), Path(a['data']), Path(a['run']), Path(a['log'])); "
+            "from scalelab.plan.sweep import RunPoint; from scalelab.harness.testing import local_plan; a = json.loads(sys.argv[1]); "
+            "s = launch_run(a['cfg'], local_plan(a['cfg'], RunPoint('fp32', 0, 1)), Path(a['data']), Path(a['run']), Path(a['log'])); "
             "print(s['status'], 'pandas' in sys.modules)")
     args = {"cfg": cfg, "data": str(tiny_data), "run": str(tmp_path / "run"), "log": str(tmp_path / "run.log")}
     proc = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True, timeout=300)

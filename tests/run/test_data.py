@@ -4,6 +4,7 @@ import shutil
 import subprocess
 import sys
 
+from scalelab.harness.testing import local_plan
 from scalelab.run.data import (
     synthetic_text_chunks,
 )
@@ -24,7 +25,7 @@ def test_run_refuses_tokens_rewritten_in_place(tmp_path, tiny_data):
     _rewrite_in_place(data / "train.bin", lambda b: bytes((x + 1) % 256 for x in b[:4096]) + b[4096:])
     assert (data / "train.bin").stat().st_size == size
     run_dir = tmp_path / "run"
-    summary = launch_run(tiny_config(), RunPoint("fp32", 0, 1), data, run_dir, tmp_path / "run.log")
+    summary = launch_run(tiny_config(), local_plan(tiny_config(), RunPoint("fp32", 0, 1)), data, run_dir, tmp_path / "run.log")
     assert summary["status"] == "failed"
     assert str(data / "train.bin") in summary["reason"] and "sha256" in summary["reason"]
     assert "completed_steps" not in summary and not (run_dir / "spec.json").exists(), "no worker was launched"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from scalelab.harness.testing import tiny_config
+from scalelab.harness.testing import local_plan, tiny_config
 from scalelab.plan.sweep import RunPoint
 from support import strategy_steps, suite_calibration
 
@@ -73,7 +73,7 @@ def test_a_step_reads_no_device_value_before_its_end(tmp_path, tiny_data, monkey
     monkeypatch.setattr(launch, "_run_workers", caught)
     # with the worker's CPU calibration, as a sweep's runs have theirs: without one, each case's set-up timed its own
     # matmul peak (emulated fp16 and bf16 here), 20 of the ~45 s of CPU this test took
-    launch.launch_run(tiny_config(), RunPoint("fp32", 0, 1), tiny_data, tmp_path / "run", tmp_path / "run.log",
+    launch.launch_run(tiny_config(), local_plan(tiny_config(), RunPoint("fp32", 0, 1)), tiny_data, tmp_path / "run", tmp_path / "run.log",
                       calibration=suite_calibration(tiny_data))
     cases = [f"{precision}:{stage}" for precision in ("fp16", "bf16") for stage in (0, 1, 2, 3)]
     for world_size in (1, 2):

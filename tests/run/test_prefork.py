@@ -63,7 +63,7 @@ def test_a_server_refuses_what_a_new_process_would_import_differently(tmp_path, 
     assert "prefork server scalelab-prefork-nobody-listens not reachable" in log
 
 
-LAUNCH_RUN = ("import sys; from scalelab.harness.testing import tiny_config; from scalelab.plan.sweep import RunPoint; "
+LAUNCH_RUN = ("import sys; from scalelab.harness.testing import local_plan, tiny_config; from scalelab.plan.sweep import RunPoint; "
               "from scalelab.run.launch import launch_run; "
               "cfg = tiny_config(train={'steps': 20, 'warmup_steps': 1, 'run_timeout_s': float(sys.argv[3]) if sys.argv[3:] else 300}, "
               "planning={'launch_overcommitted': True})")
@@ -71,7 +71,7 @@ LAUNCH_RUN = ("import sys; from scalelab.harness.testing import tiny_config; fro
 
 LAUNCH_HANGING_RUN = LAUNCH_RUN + """
 import json
-summary = launch_run(cfg, RunPoint("fp32", 0, 2), sys.argv[1], sys.argv[2] + "/run", sys.argv[2] + "/run.log", threads=2)
+summary = launch_run(cfg, local_plan(cfg, RunPoint("fp32", 0, 2)), sys.argv[1], sys.argv[2] + "/run", sys.argv[2] + "/run.log", threads=2)
 print(json.dumps({k: summary[k] for k in ("status", "reason", "launch")}))
 """
 
@@ -153,7 +153,7 @@ def test_a_forked_rank_takes_its_launchers_cores(tmp_path, tiny_data):
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two cores")
     script = (f"import json; {LAUNCH_RUN}; "
-              "summary = launch_run(cfg, RunPoint('fp32', 0, 1), sys.argv[1], sys.argv[2] + '/run', sys.argv[2] + '/run.log', threads=1); "
+              "summary = launch_run(cfg, local_plan(cfg, RunPoint('fp32', 0, 1)), sys.argv[1], sys.argv[2] + '/run', sys.argv[2] + '/run.log', threads=1); "
               "print(json.dumps({k: summary[k] for k in ('status', 'launch', 'rank_cores')}))")
     out = subprocess.run([sys.executable, "-c", script, str(tiny_data), str(tmp_path / "one_core")], capture_output=True,
                          text=True, timeout=300, preexec_fn=lambda: os.sched_setaffinity(0, {1}))

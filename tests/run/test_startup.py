@@ -13,18 +13,16 @@ from scalelab.run.ranks import run_ranks
 
 
 def test_a_cpu_runs_launcher_imports_no_torch(tmp_path, tiny_data):
-    """What the Snakemake job script does (the device from the workflow's plan, then launch_run),
+    """What the Snakemake job script does (launch_run on the workflow's plan of the point),
     in a fresh interpreter: the run trains, and torch was never imported in that process."""
     script = f"""
 import json, sys
-from scalelab.harness.testing import tiny_config
-from scalelab.plan.placement import DevicePlan, job_device_plan
+from scalelab.harness.testing import local_plan, tiny_config
 from scalelab.plan.sweep import RunPoint
 from scalelab.run.launch import launch_run
 cfg = tiny_config(train={{"steps": 4, "warmup_steps": 1}})
-plan = job_device_plan("cpu", cfg)
-summary = launch_run(cfg, RunPoint("fp32", 0, 1), {str(tiny_data)!r}, {str(tmp_path / "run")!r},
-                     {str(tmp_path / "run.log")!r}, threads=1, device_plan=plan)
+summary = launch_run(cfg, local_plan(cfg, RunPoint("fp32", 0, 1)), {str(tiny_data)!r}, {str(tmp_path / "run")!r},
+                     {str(tmp_path / "run.log")!r}, threads=1)
 print(json.dumps({{"status": summary["status"], "reason": summary["reason"], "torch": "torch" in sys.modules}}))
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)

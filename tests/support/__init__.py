@@ -13,10 +13,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from scalelab.harness import REPO_ROOT as REPO
-from scalelab.harness.testing import BIN, SNAKEMAKE, tiny_config, write_workdir
+from scalelab.harness.testing import BIN, SNAKEMAKE, local_plan, tiny_config, write_workdir
 from scalelab.harness.testing import run_snakemake as snakemake
 from scalelab.plan.column_checks import steps_problems, summary_problems
 from scalelab.plan.columns import IDENTITY as COLUMNS_IDENTITY
+from scalelab.plan.run_plan import run_plan
 from scalelab.run.launch import launch_run
 
 __all__ = ["BIN", "PARITY_STEPS", "REPO", "SNAKEMAKE", "fake_nvidia_smi", "path_without", "planned_jobs", "run_point", "snakemake",
@@ -46,18 +47,21 @@ def suite_calibration(tiny_data: Path) -> Path:
     return path
 
 
-def run_point(tmp_path, tiny_data, point, cfg=None, fault=None, **kwargs):
+def run_point(tmp_path, tiny_data, point, cfg=None, fault=None, device_plan=None, **kwargs):
     """Launch one sweep point for real (torchrun, gloo); return (summary, steps table, run folder).
-    fault: a SCALELAB_FAULT spec for this run only."""
+    fault: a SCALELAB_FAULT spec for this run only; device_plan: the workflow's device decision (a DevicePlan),
+    else the one it would make for cfg."""
     # Parity runs up to world size 4 on 2 cores: correctness, not measurement, so over-commit is allowed.
     cfg = cfg or tiny_config(train={"steps": PARITY_STEPS, "warmup_steps": 2}, planning={"launch_overcommitted": True})
     kwargs.setdefault("calibration", suite_calibration(tiny_data))
     run_dir = tmp_path / point.path
+    plan = (local_plan(cfg, point) if device_plan is None else
+            run_plan(cfg, point, device=device_plan.device, device_reason=device_plan.why))
     old = os.environ.pop("SCALELAB_FAULT", None)
     if fault:
         os.environ["SCALELAB_FAULT"] = fault
     try:
-        summary = launch_run(cfg, point, tiny_data, run_dir, tmp_path / f"{point.run_id}.log", threads=2, **kwargs)
+        summary = launch_run(cfg, plan, tiny_data, run_dir, tmp_path / f"{point.run_id}.log", threads=2, **kwargs)
     finally:
         os.environ.pop("SCALELAB_FAULT", None)
         if old is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from scalelab.harness.testing import local_plan
 from scalelab.plan.sweep import RunPoint
 from support import strategy_steps, suite_calibration
 
@@ -30,7 +31,7 @@ def host_work(tmp: Path, data: Path, cfg: dict, world_size: int, cases: list[str
     launch._run_workers = caught
     try:
         calibration = suite_calibration(data) if cfg["train"]["device"] == "cpu" else None
-        launch.launch_run(cfg, RunPoint("fp32", 0, 1), data, tmp / "run", tmp / "run.log", calibration=calibration)
+        launch.launch_run(cfg, local_plan(cfg, RunPoint("fp32", 0, 1)), data, tmp / "run", tmp / "run.log", calibration=calibration)
     finally:
         launch._run_workers = original
     return strategy_steps(tmp / "host-work.json", world_size, "--spec", str(spec_path), "--steps", str(steps), *args,

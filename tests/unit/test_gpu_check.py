@@ -100,8 +100,10 @@ class _FakeGPU:
     def shape(self, d_model: int) -> str:
         return {1024: "350M", 2048: "1.3B", 768: "memory"}[d_model]
 
-    def launch_run(self, cfg, point, data_dir, run_dir, log_path, threads=1, calibration=None):
+    def launch_run(self, cfg, plan, data_dir, run_dir, log_path, threads=1, calibration=None):
         assert calibration is None, "a GPU run's peak is the datasheet's: no CPU calibration"
+        assert plan.device == "cuda", "the check's runs are planned for the GPU"
+        point = plan.point
         shape, compiled = self.shape(cfg["model"]["d_model"]), point.compile
         self.calls.append(("scalelab", shape, point.precision, compiled, cfg["train"]["run_timeout_s"]))
         self.now += self.SECONDS[compiled]

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from scalelab.harness import REPO_ROOT
+from scalelab.harness.testing import local_plan
 from scalelab.run.prefork import PREFORK_ENV
 
 _T0 = time.perf_counter()
@@ -106,7 +107,7 @@ def bench_overhead(steps: int, repeats: int, threads: int) -> dict:
             plain.append(statistics.fmean(times[warm:]))
             _, times, _ = bare_loop(model_cfg, train_cfg, train_bin, meta["dtype"], record_losses=False, ddp=True)
             bare.append(statistics.fmean(times[warm:]))
-            summary = launch_run(config, RunPoint("fp32", 0, 1), Path(tmp) / "data", Path(tmp) / f"run{i}",
+            summary = launch_run(config, local_plan(config, RunPoint("fp32", 0, 1)), Path(tmp) / "data", Path(tmp) / f"run{i}",
                                  Path(tmp) / f"run{i}.log", threads=threads)
             if summary["status"] != "ok":
                 raise RuntimeError(f"instrumented run failed: {summary['reason']}")
@@ -239,7 +240,7 @@ def bench_teardown(runs: int, steps: int, stages: list[int], precisions: list[st
             os.chdir(cwd)  # the ranks' working directory: where a core dump lands
             start = time.perf_counter()
             try:
-                summary = launch_run(cfg, point, data, run_dir, log, threads=2, repo_dir=home)
+                summary = launch_run(cfg, local_plan(cfg, point), data, run_dir, log, threads=2, repo_dir=home)
             finally:
                 os.chdir(home)
             seconds.append(time.perf_counter() - start)

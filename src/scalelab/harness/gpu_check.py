@@ -77,6 +77,7 @@ from pathlib import Path
 from scalelab.harness import REPO_ROOT
 from scalelab.harness.gpu_measure import MIN_LEFT_S, Key, _fmt, _status, trace_summary
 from scalelab.harness.stage_check import plain_fsdp_args, plain_launcher, stages
+from scalelab.harness.testing import local_plan
 
 # ----------------------------------------------------------------------------- what the GPU machine lacks
 GPU_MACHINE_HAS = frozenset({
@@ -229,7 +230,7 @@ class Check:
         started = time.monotonic()
         name = f"scalelab-{key.slug}-{n + 1}"
         try:
-            s = launch_run(cfg, point, data_dir, self.work / "runs" / name, self.out / "logs" / f"{name}.log",
+            s = launch_run(cfg, local_plan(cfg, point), data_dir, self.work / "runs" / name, self.out / "logs" / f"{name}.log",
                            threads=self.threads, calibration=self.cpu_calibration)
         except Exception as err:  # a check on a lent machine goes on to its other points
             s = {"status": "failed", "reason": f"launch_run raised {type(err).__name__}: {err}"}
@@ -766,7 +767,7 @@ def memory(check: Check) -> dict:
         data = check.memory_data(cfg)
         run_dir = check.work / "runs" / f"memory-{precision}-{stage}"
         try:
-            s = launch_run(cfg, RunPoint(precision, stage, 1), data, run_dir, check.out / "logs" / f"memory-{precision}-{stage}.log",
+            s = launch_run(cfg, local_plan(cfg, RunPoint(precision, stage, 1)), data, run_dir, check.out / "logs" / f"memory-{precision}-{stage}.log",
                            threads=check.threads)
         except Exception as err:  # a check on a lent machine goes on to its other points
             s = {"status": "failed", "reason": f"launch_run raised {type(err).__name__}: {err}"}

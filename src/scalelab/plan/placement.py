@@ -157,15 +157,6 @@ def sweep_device_plan(config: dict, environ: MutableMapping[str, str] = os.envir
     return plan, False
 
 
-def job_device_plan(planned_device: str, config: dict) -> DevicePlan:
-    """In a training job: the device the workflow planned (its params), with the planner's
-    reason where it reached this job through the environment."""
-    plan, _ = sweep_device_plan(config)
-    if plan.device == planned_device:
-        return plan
-    return DevicePlan(planned_device, "the workflow's plan (the planner's reason did not reach this job)")
-
-
 def carry_slurm_conf(environ: MutableMapping[str, str] = os.environ) -> str | None:
     """Where a site names its slurm.conf only by SLURM_CONF (a module-loaded Slurm, an install
     outside /etc/slurm), make it reach every ``srun`` of the sweep's jobs; returns the path, or

@@ -23,12 +23,12 @@ import subprocess
 import time
 from pathlib import Path
 
-from scalelab.config import config_hash, train_config
+from scalelab.config import config_hash
 from scalelab.io import read_json, remove_stale_temporaries, write_json
 from scalelab.plan import placement
 from scalelab.plan.placement import LaunchPlan
 from scalelab.plan.result_tables import steps_table, write_parquet
-from scalelab.plan.run_plan import SPEC_FILE, RunPlan, run_plan
+from scalelab.plan.run_plan import SPEC_FILE, RunPlan
 from scalelab.plan.sweep import LAUNCHER_FILE, POINT_FILE, RunPoint
 from scalelab.run import prefork
 from scalelab.run.calibration import read_calibration
@@ -149,26 +149,27 @@ def plan_memory(config: dict, plan: RunPlan) -> dict:
     return {**predicted_columns.peak_columns(peak, custom=bool(own)), "device_memory_bytes": limit, "predicted_oom_reason": oom}
 
 
-def launch_run(config: dict, point: RunPoint, data_dir: str | Path, run_dir: str | Path,
+def launch_run(config: dict, plan: RunPlan, data_dir: str | Path, run_dir: str | Path,
                log_path: str | Path, threads: int = 1, repo_dir: str | Path = ".",
-               save_final_params: bool = False, device_plan: placement.DevicePlan | None = None,
-               compile_warm_up: bool = True, calibration: str | Path | None = None, forecast: dict | None = None,
-               pruned: str | None = None) -> dict:
-    """Run one sweep point; write point.json, then summary.json and steps.parquet into run_dir; return the summary.
-    Its RunPlan (scalelab.plan.run_plan) is made here once, and is what the ranks read.
-    device_plan: the workflow's decision for the sweep; None decides here (tests, scripts).
+               save_final_params: bool = False, compile_warm_up: bool = True, calibration: str | Path | None = None,
+               forecast: dict | None = None, pruned: str | None = None) -> dict:
+    """Run one sweep point on its plan (scalelab.plan.run_plan, made once by the workflow's rules: the device it
+    was planned for included); write point.json, then summary.json and steps.parquet into run_dir; return the
+    summary. The launcher adds only what the job knows (the data's vocabulary, the run folder, its threads) and
+    checks that the planned device is here; the plan is what the ranks read.
     calibration: the sweep's CPU peak record (scalelab.run.calibration); None: a CPU run measures its own.
     compile_warm_up=False (tests only) leaves a compiled run's compilation to its first step.
     forecast: the sweep's forecast of this point (scalelab.forecast.pruning: its forecast_* columns), recorded;
     pruned: why the forecast pruned it (status skipped, nothing started)."""
+    point = plan.point
     started = time.time()
     run_dir, log_path = Path(run_dir), Path(log_path)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json(run_dir / POINT_FILE, point.to_json())  # first: a folder says which point it holds, whatever happens next
     log_path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        return _launch(config, point, Path(data_dir), run_dir, log_path, started, threads=threads, repo_dir=repo_dir,
-                       save_final_params=save_final_params, device_plan=device_plan, compile_warm_up=compile_warm_up,
+        return _launch(config, plan, Path(data_dir), run_dir, log_path, started, threads=threads, repo_dir=repo_dir,
+                       save_final_params=save_final_params, compile_warm_up=compile_warm_up,
                        calibration=calibration, forecast=forecast, pruned=pruned)
     except Exception as err:  # noqa: BLE001 - any failure of this run's launcher is this run's result, never the sweep's end
         return _launcher_failed(point, run_dir, log_path, started, err)
@@ -195,9 +196,10 @@ def _launcher_failed(point: RunPoint, run_dir: Path, log_path: Path, started: fl
     return summary
 
 
-def _launch(config: dict, point: RunPoint, data_dir: Path, run_dir: Path, log_path: Path, started: float, *,
-            threads: int, repo_dir: str | Path, save_final_params: bool, device_plan: placement.DevicePlan | None,
-            compile_warm_up: bool, calibration: str | Path | None, forecast: dict | None, pruned: str | None) -> dict:
+def _launch(config: dict, plan: RunPlan, data_dir: Path, run_dir: Path, log_path: Path, started: float, *,
+            threads: int, repo_dir: str | Path, save_final_params: bool, compile_warm_up: bool,
+            calibration: str | Path | None, forecast: dict | None, pruned: str | None) -> dict:
+    point = plan.point
     _remove_leftovers(run_dir, resuming=bool(config["train"].get("checkpoint_every")) and (run_dir / "checkpoint").is_dir())
     # Who runs this folder, until summary.json is written: `scalelab status` sees at once that a
     # killed launcher is gone (scalelab.results.status), instead of waiting for the folder to go quiet.
@@ -205,13 +207,11 @@ def _launch(config: dict, point: RunPoint, data_dir: Path, run_dir: Path, log_pa
 
     meta = read_meta(data_dir)
     tokens_problem = verify_tokens(data_dir, meta)  # never train on tokens other than meta.json's
-    train = train_config(config)
+    train = plan.train
     if pruned is not None:  # a decision made before any job: written where it was planned (a SLURM login node has no GPU)
-        device, reason = (device_plan.device if device_plan else "cpu"), pruned
-    else:
-        device, reason = resolve_device(train.device, device_plan.device if device_plan else None)
-    plan = run_plan(config, point, device=device,
-                    device_reason=device_plan.why if device_plan else "decided by the launcher (no workflow plan)")
+        device, reason = plan.device, pruned
+    else:  # the planned device, or why it is not here: a run never trains on a device it was not planned for
+        device, reason = resolve_device(train.device, plan.device)
     plan = plan.at(vocab_size=meta["vocab_size"], train_bin=Path(data_dir) / "train.bin", token_dtype=meta["dtype"],
                    run_dir=run_dir, threads=threads, save_final_params=save_final_params, compile_warm_up=compile_warm_up)
     model, accum = plan.model, plan.accumulation_steps
