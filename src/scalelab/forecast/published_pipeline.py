@@ -172,6 +172,10 @@ def stall_evidence(rows: tuple[Published, ...] = PIPELINE_ROWS) -> dict:
                               "kept_slot_s": statistics.median(kept) if kept else float("nan"),
                               "stalled_slot_s": statistics.median(gone) if gone else float("nan"),
                               "stalled_slot_range": (min(gone), max(gone)) if gone else None})
+    by_m = [{"pipeline_parallel": pp, "microbatches": m, "stalled": len(slots), "stalled_slot_s": statistics.median(slots)}
+            for pp in sorted({r.pipeline_parallel for r in rows}) for m in sorted({microbatches(r) for r in rows})
+            for slots in [[slot_seconds(r) for r in rows if (r.series, r.gpus) in out and r.pipeline_parallel == pp
+                           and microbatches(r) == m]] if slots]
     recovered, model_over = 0, []
     for series in dict.fromkeys(s for s, _ in out):
         mine = sorted((r for r in by if r.series == series), key=lambda r: r.gpus)
@@ -183,7 +187,10 @@ def stall_evidence(rows: tuple[Published, ...] = PIPELINE_ROWS) -> dict:
                     model_over.append(r.gpus)
     ratios = [slot_seconds(r) / min(slot_seconds(o) for o in rows if o.series == r.series)
               for r in rows if (r.series, r.gpus) in out]
-    return {"table": table, "stalled": len(out), "degraded": len(degraded(rows)), "runs": len(rows),
+    across = [r for r in rows if r.gpus > 8 and r.gpus // (r.tensor_parallel * r.pipeline_parallel) * r.tensor_parallel >= 8]
+    sends = {"across": (sum((r.series, r.gpus) in out for r in across), len(across)),
+             "inside": (sum((r.series, r.gpus) in out for r in rows if r not in across), len(rows) - len(across))}
+    return {"table": table, "by_microbatches": by_m, "sends": sends, "stalled": len(out), "degraded": len(degraded(rows)), "runs": len(rows),
             "recovered": recovered, "model_over": len(model_over), "model_over_512": model_over.count(512),
             "ratio_range": (min(ratios), max(ratios)),
             "all_512": all((r.series, r.gpus) in out for r in rows if r.gpus == 512)}
@@ -196,6 +203,9 @@ def stall_markdown(evidence: dict) -> str:
         span = "-" if t["stalled_slot_range"] is None else "{:.2f}-{:.2f}".format(*t["stalled_slot_range"])
         lines.append(f"| {t['pipeline_parallel']} | {t['model']} | {t['kept']} | {t['kept_slot_s']:.3f} | {t['stalled']} | "
                      f"{t['stalled_slot_s']:.3f} | {span} |")
+    lines += ["", "| PP | micro-batches per step m | stalled runs | their median slot (s) |", "|---:|---:|---:|---:|"]
+    lines += [f"| {t['pipeline_parallel']} | {t['microbatches']} | {t['stalled']} | {t['stalled_slot_s']:.3f} |"
+              for t in evidence["by_microbatches"]]
     return "\n".join(lines).replace("nan", "-")
 
 
@@ -239,11 +249,13 @@ def pipeline_document() -> str:
         f"The stalled runs ({e['stalled']} of {e['runs']}, {e['ratio_range'][0]:.1f} to {e['ratio_range'][1]:.0f} times "
         "their series' fastest slot; they hold the degraded ones) against the runs kept: a slot's work grows with the "
         "model, a stalled slot barely does (the step counts waits, not work). "
-        f"{e['recovered']} of them have a larger count of their own configuration that runs at its speed again; the "
+        f"They stall where the sends cross nodes ({e['sends']['across'][0]} of the {e['sends']['across'][1]} runs whose "
+        f"consecutive stages sit on different nodes, {e['sends']['inside'][0]} of the {e['sends']['inside'][1]} whose "
+        f"sends stay inside a node); {e['recovered']} of them have a larger count of their own configuration that runs at its speed again; the "
         f"model (bubble, sends and collectives on the stage's links, at MFU {MODEL_MFU:g}) puts the slot over "
         f"{STALLED:g} times the series' fastest at {e['model_over']} of them ({e['model_over_512']} at 512 GPUs, where the "
-        f"measured bus bandwidth halves; {'every' if e['all_512'] else 'not every'} 512-GPU run is stalled), at none of "
-        "the others:",
+        f"measured bus bandwidth halves; {'every' if e['all_512'] else 'not every'} 512-GPU run is stalled). "
+        "Their step grows with m at a near-constant slot (below): a cost per micro-batch, not per step:",
         stall_markdown(e),
         "Each pipelined series: calibrated at its smallest count (MFU), its error at each larger count:",
         series_markdown(rows)])
