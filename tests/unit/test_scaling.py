@@ -406,3 +406,46 @@ def test_hybrid_sharding_whose_shard_group_spans_nodes_times_each_group_over_its
     rails, nic = 8 * 50e9 * 0.8, 50e9 * 0.8
     assert row["comm_s"]["reduce_scatter"] == pytest.approx(25 * 50e-6 + 15 / 16 * psi * 4 / rails, rel=1e-9)
     assert row["comm_s"]["all_reduce"] == pytest.approx(25 * 50e-6 + 2 * (1 / 2) * (psi * 4 / 16) / nic, rel=1e-9)
+
+
+def test_nccls_latency_is_linear_in_a_rings_ranks_and_logarithmic_in_a_trees_nodes():
+    """links.nccl_latency_s: NCCL's tuner (Simple protocol): a ring reduce-scatter over 256 ranks on 32 nodes takes 255
+    steps, 31 of them between nodes; a tree all-reduce 2 x (7 + log2 32) steps; a broadcast one."""
+    us = 1e-6
+    assert links.nccl_latency_s("reduce_scatter", "ring", 256, 32) == pytest.approx((8.4 + 224 * 3.4 + 31 * 14) * us)
+    assert links.nccl_latency_s("all_reduce", "ring", 256, 32) == pytest.approx((8.4 + 448 * 3.4 + 62 * 14) * us)
+    assert links.nccl_latency_s("all_reduce", "tree", 256, 32) == pytest.approx((8.4 + 14 * 4.0 + 10 * 14) * us)
+    assert links.nccl_latency_s("broadcast", "ring", 256, 32) == pytest.approx((8.4 + 14) * us)
+    # a tree's latency barely grows with the nodes, a ring's with every rank
+    assert links.nccl_latency_s("all_reduce", "tree", 512, 64) < 1.2 * links.nccl_latency_s("all_reduce", "tree", 256, 32)
+    assert links.nccl_latency_s("reduce_scatter", "ring", 512, 64) > 1.9 * links.nccl_latency_s("reduce_scatter", "ring", 256, 32)
+
+
+def test_a_fabric_measured_at_several_counts_gives_each_group_its_trees_rate_up_to_its_nics():
+    """busbw:GBPS/RANKS at several counts (links.measured_busbw, links.across_nodes): at N nodes a group's rings run on
+    its ranks' share of the measurement there, its all-reduce tree at the whole measurement up to its own NICs (the
+    fewest nodes' share each); one count alone gives the tree no more than the rails."""
+    nvlink = links.parse_link("busbw:436/8")
+    fabric = links.measured_busbw("busbw:361.7/16,160.1/32,64.9/256", 8, True)
+    assert [n for n, _ in fabric.fabric] == [2, 4, 32]
+    assert [b for _, b in fabric.fabric] == pytest.approx([361.7e9, 160.1e9, 64.9e9])
+    assert fabric.achievable_Bps == pytest.approx(64.9e9 / 8)
+    assert [n for n, _ in links.parse_link("busbw:361.7/16,64.9/256").fabric] == [2, 32]
+    two = links.across_nodes(fabric, nvlink, 2, nodes=32)  # a TP 4 data-parallel group: 2 ranks a node
+    assert two.achievable_Bps == pytest.approx(2 * 64.9e9 / 8) and two.tree_Bps == pytest.approx(64.9e9)
+    one = links.across_nodes(fabric, nvlink, 1, nodes=32)  # TP 8: one rank a node, its NIC binds
+    assert one.tree_Bps == pytest.approx(361.7e9 / 8) and one.span == (1, 32)
+    between = links.fabric_Bps(fabric, 8)  # 4 and 32 nodes measured: log-log in between
+    assert between == pytest.approx((160.1e9 * 64.9e9) ** 0.5 * (160.1 / 64.9) ** (1 / 6), rel=1e-9)
+    assert links.fabric_Bps(fabric, 64) == pytest.approx(64.9e9) and links.fabric_Bps(fabric, 1) == pytest.approx(361.7e9)
+    single = links.across_nodes(links.measured_busbw("busbw:64.9/256", 8, True), nvlink, 2, nodes=32)
+    assert single.tree_Bps == pytest.approx(single.achievable_Bps) == pytest.approx(2 * 64.9e9 / 8)
+    # an all-reduce takes the faster of the ring and the tree; a reduce-scatter has only the ring
+    size, n = 1e9, 64
+    ring = links.nccl_latency_s("all_reduce", "ring", n, 32) + 2 * 63 / 64 * size / two.achievable_Bps
+    tree = links.nccl_latency_s("all_reduce", "tree", n, 32) + 2 * 63 / 64 * size / two.tree_Bps
+    assert links.collective_seconds("all_reduce", size, n, two) == pytest.approx(min(ring, tree))
+    assert links.collective_seconds("reduce_scatter", size, n, two) == pytest.approx(
+        links.nccl_latency_s("reduce_scatter", "ring", n, 32) + 63 / 64 * size / two.achievable_Bps)
+    with pytest.raises(ValueError, match="within a node give one measurement"):
+        links.measured_busbw("busbw:436/8,400/4", 8, False)

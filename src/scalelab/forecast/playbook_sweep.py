@@ -25,6 +25,12 @@ BUSBW_GB = {1: 436.0, 2: 361.7, 4: 160.1, 8: 99.6, 16: 84.7, 32: 64.9, 64: 32.9}
 """The measured all-reduce bus bandwidth (GB/s, 256 MB, median) over every GPU of N nodes of 8."""
 
 
+def measured_inter_node() -> str:
+    """The link between the sweep's nodes as a user gives what nccl-tests printed at every count measured:
+    ``busbw:GBPS/RANKS,...`` (scalelab.formulas.links.measured_busbw)."""
+    return "busbw:" + ",".join(f"{gb:g}/{8 * nodes}" for nodes, gb in BUSBW_GB.items() if nodes > 1)
+
+
 def _llama(layers: int, width: int, ffn: int, tied: bool) -> ModelConfig:
     return ModelConfig(family="llama", n_layers=layers, d_model=width, n_heads=32, n_kv_heads=32, ffn_dim=ffn,
                        vocab_size=131072, seq_len=4096, tie_embeddings=tied)

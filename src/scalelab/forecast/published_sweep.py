@@ -16,9 +16,18 @@ holds them and tests/unit/test_published.py holds the two to each other.
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
 from scalelab.forecast import playbook_sweep
-from scalelab.forecast.published_runs import CROSS_MODEL_ROWS, SWEEP_ROWS, Published, calibrated_mfu, predicted_row, validation
+from scalelab.forecast.published_runs import (
+    CROSS_MODEL_ROWS,
+    SWEEP,
+    SWEEP_ROWS,
+    Published,
+    calibrated_mfu,
+    predicted_row,
+    validation,
+)
 
 FIT_MODELS = ("1B",)
 """The models whose series fit the megatron trainer's overlap efficiency (in-sample); the others are held out."""
@@ -55,9 +64,15 @@ def series_validation(rows, overlap_efficiency: float | None = None, skip: froze
     return out
 
 
+def as_measured(row: Published) -> Published:
+    """A sweep row on the link between nodes as a user gives the sweep's measurements: nccl-tests' all-reduce busbw at
+    every node count measured (playbook_sweep.measured_inter_node), not one NIC's share at the row's count alone."""
+    return replace(row, inter_node=playbook_sweep.measured_inter_node()) if row.source == SWEEP else row
+
+
 def sweep_validation(overlap_efficiency: float | None = None) -> list[dict]:
-    """The sweep's rows without pipelining (series_validation)."""
-    return series_validation(SWEEP_ROWS, overlap_efficiency)
+    """The sweep's rows without pipelining (series_validation), on the links as measured (as_measured)."""
+    return series_validation(tuple(as_measured(r) for r in SWEEP_ROWS), overlap_efficiency)
 
 
 def memory_validation() -> list[dict]:
@@ -144,7 +159,7 @@ def _plan_args(model: str, gpus: int) -> list[str]:
             str(cfg.n_heads), "--kv-heads", str(cfg.n_kv_heads), "--ffn-dim", str(cfg.ffn_dim), "--vocab",
             str(cfg.vocab_size), "--seq", str(cfg.seq_len), *([] if cfg.tie_embeddings else ["--untied"]),
             "--gpus", str(gpus), "--gpu", "H100", "--global-batch", str(playbook_sweep.GLOBAL_BATCH), "--tokens", "1T",
-            "--intra-node", f"busbw:{busbw[1]:g}/8", "--inter-node", f"busbw:{busbw[gpus // 8]:g}/{gpus}",
+            "--intra-node", f"busbw:{busbw[1]:g}/8", "--inter-node", playbook_sweep.measured_inter_node(),
             "--trainer", "megatron", "--precision", "bf16", "--grad-reduce", "fp32",
             "--pipeline-parallel", "1"]  # SWEEP holds the runs without pipelining: like against like
 

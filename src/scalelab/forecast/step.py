@@ -193,19 +193,21 @@ def check_tensor_parallel(cfg: ModelConfig | None, degree: int) -> None:
 def groups_link(groups, machine: Machine) -> links.Link:
     """The link a kind of group (its groups run at once, each of global ranks placed as torchrun places them:
     ``machine.per_node`` consecutive ranks per node) moves at: the intra-node link where every group stays in a
-    node; else between nodes, on the NICs of the spanning group that holds the fewest ranks on one of its nodes
-    (links.across_nodes: the slowest group paces the step, and a ring runs at its thinnest node's rails)."""
-    fewest = None
+    node; else between nodes, on the NICs of the spanning group that holds the fewest ranks on one of its nodes,
+    over the most nodes any spans (links.across_nodes: the slowest group paces the step, a ring runs at its thinnest
+    node's rails, and NCCL's latency grows with the nodes and ranks)."""
+    fewest, nodes = None, 1
     for group in groups:
         per_node = Counter(rank // machine.per_node for rank in group)
         if len(per_node) > 1:
             fewest = min(per_node.values()) if fewest is None else min(fewest, *per_node.values())
+            nodes = max(nodes, len(per_node))
     if fewest is None:
         return machine.intra
     if machine.inter is None:
         raise EstimateError(f"--inter-node: groups of {len(groups[0])} GPUs span nodes of {machine.per_node} "
                             "(--gpus-per-node); give the link between nodes")
-    return links.across_nodes(machine.inter, machine.intra, fewest)
+    return links.across_nodes(machine.inter, machine.intra, fewest, nodes, machine.per_node)
 
 
 def _tensor_parallel_step(point: Point, machine: Machine, gpus: int, micro: int, accumulation: int) -> dict:

@@ -30,11 +30,14 @@ exact bytes per step into the sizes and calls this model times: scalelab.results
 
 A collective whose group spans nodes runs on its rails (across_nodes): NCCL gives each NIC of a node a
 ring channel of its own, so the group's bus bandwidth is the inter-node link's per-GPU figure times the
-group's ranks on each node, up to the link within the node.
+group's ranks on each node, up to the link within the node. Across nodes NCCL runs an all-reduce as a ring or
+as a tree, whichever its tuner times faster, and a reduce-scatter or an all-gather as a ring only
+(nccl_latency_s: NCCL's own latency model). Where the link is a fabric measured at several node counts
+(``busbw:GBPS/RANKS,...``), an all-reduce tree reaches what one group reached at its node count, whatever the
+other groups do at the same time, up to its own NICs (across_nodes).
 
-Out of scope: hierarchical and tree algorithms (NCCL's tree, NVLink SHARP, in-network
-reductions), topology beyond one NIC per GPU (a node's NICs shared, oversubscribed spines) and
-algorithm switching by message size: a collective runs at one rate, as a ring would.
+Out of scope: NVLink SHARP and in-network reductions, topology beyond one NIC per GPU (a node's NICs
+shared, oversubscribed spines), and the protocols below Simple (LL, LL128) that small messages use.
 """
 from __future__ import annotations
 
@@ -89,6 +92,14 @@ class Link:
     """The figure is one GPU's own NIC (a product with a NIC per GPU, a number given per GPU): a group that spans
     nodes runs over as many as it has ranks on each node (across_nodes). False for a bench table's fit: the bus
     bandwidth its groups reached, as they were laid out."""
+    fabric: tuple[tuple[int, float], ...] = ()
+    """A fabric measured at several node counts: (nodes, the all-reduce bus bandwidth in bytes/s nccl-tests printed
+    over every GPU of them), by nodes (measured_busbw). Empty: the figure above holds at every count."""
+    span: tuple[int, int] | None = None
+    """(ranks per node, nodes) of the group across_nodes resolved this link for: its collectives pay NCCL's
+    latency for that shape (nccl_latency_s) instead of latency_s."""
+    tree_Bps: float | None = None
+    """What an all-reduce tree reaches on this span where it differs from the rings' bandwidth (across_nodes)."""
 
     def __post_init__(self):
         for field, value in (("bandwidth_Bps", self.bandwidth_Bps), ("efficiency", self.efficiency)):
@@ -144,32 +155,96 @@ def collective_seconds(collective: str, nbytes: float, n: int, link: Link) -> fl
         raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
     if n == 1:
         return 0.0
-    return link.latency_s + factor * nbytes / link.achievable_Bps
+    if link.span is None:
+        return link.latency_s + factor * nbytes / link.achievable_Bps
+    per_node, nodes = link.span
+    ring = nccl_latency_s(collective, "ring", n, nodes) + factor * nbytes / link.achievable_Bps
+    if collective != "all_reduce":  # reduce-scatter, all-gather and broadcast have no tree between nodes
+        return ring
+    tree = nccl_latency_s(collective, "tree", n, nodes) + factor * nbytes / (link.tree_Bps or link.achievable_Bps)
+    return min(ring, tree)  # NCCL's tuner runs the algorithm it times faster
 
 
-def across_nodes(inter: Link, intra: Link, ranks_per_node: int) -> Link:
-    """The link a ring collective runs at when its group spans nodes with ``ranks_per_node`` of its ranks on
-    each node, each with a NIC of its own (the products' rail-optimized nodes): NCCL builds a ring channel per
-    NIC and each channel crosses between nodes through its own, so the group's bus bandwidth is
-    ``ranks_per_node`` times the inter-node link's per-GPU figure, up to the intra-node link, which every
-    rank's share of every channel crosses. NCCL's maintainers: "around 48GB/s from each CX7 NIC at 400Gbps ...
+NCCL_LATENCY_US = {"base": 8.4, "ring_step_in_node": 3.4, "tree_step_in_node": 4.0, "step_between_nodes": 14.0}
+"""NCCL's latency model of a call (its Simple protocol, the one large messages use), microseconds: a base per call, and
+per step of the algorithm within a node (NVLink) or between nodes (the network), from NCCL's tuner defaults
+(baseLatencies, hwLatencies; a ring's step within a node is at least 3 x the network overhead of 1 us there):
+https://github.com/NVIDIA/nccl/blob/master/src/graph/tuning.cc"""
+
+
+def nccl_latency_s(collective: str, algorithm: str, ranks: int, nodes: int) -> float:
+    """Seconds of NCCL's latency model for one call over ``ranks`` ranks on ``nodes`` nodes (tuning.cc, NCCL_LATENCY_US):
+    a ring all-reduce takes 2 (ranks - 1) steps, a reduce-scatter or an all-gather ranks - 1, of which 2 (nodes - 1)
+    or nodes - 1 cross between nodes: linear in the ranks; a tree all-reduce goes up and down a chain within each
+    node and a binary tree across nodes, 2 ((ranks per node - 1) + log2 nodes) steps: logarithmic in the nodes; a
+    broadcast, a pipelined chain, one step."""
+    lat = NCCL_LATENCY_US
+    if collective == "broadcast":  # a pipelined chain: one step's latency on top of the base
+        return (lat["base"] + lat["step_between_nodes"]) * 1e-6
+    if algorithm == "tree":
+        steps_in, steps_between = 2 * (ranks // nodes - 1), 2 * int(math.log2(nodes))
+        return (lat["base"] + steps_in * lat["tree_step_in_node"] + steps_between * lat["step_between_nodes"]) * 1e-6
+    twice = 2 if collective == "all_reduce" else 1
+    steps, between = twice * (ranks - 1), twice * (nodes - 1)
+    return (lat["base"] + (steps - between) * lat["ring_step_in_node"] + between * lat["step_between_nodes"]) * 1e-6
+
+
+def across_nodes(inter: Link, intra: Link, ranks_per_node: int, nodes: int = 2, per_node: int = 8) -> Link:
+    """The link a collective runs at when its group spans ``nodes`` nodes with ``ranks_per_node`` of its ranks on
+    each, each with a NIC of its own (the products' rail-optimized nodes; ``per_node`` GPUs and NICs a node).
+
+    Rings: NCCL builds a ring channel per NIC and each channel crosses between nodes through its own, so the group's
+    bus bandwidth is ``ranks_per_node`` times the inter-node link's per-GPU figure, up to the intra-node link, which
+    every rank's share of every channel crosses. NCCL's maintainers: "around 48GB/s from each CX7 NIC at 400Gbps ...
     aggregated to achieve up to ~396GB/s with the RING protocol" on NVLink nodes
     (https://github.com/NVIDIA/nccl-tests/issues/319; 46-48 GB/s per NDR NIC, issues/290), and "on an Nvidia
     DGX-A100 system we have 8x200Gbit/s IB cards and we measure 192GB/s AllReduce BusBW"
-    (https://github.com/NVIDIA/nccl/issues/812), 8 x 24. A group with one rank per node
-    (hybrid sharding's replicas) runs at one NIC's rate, and so does a measured link (not ``per_nic``): its
-    figure is already the bus bandwidth its groups reached."""
+    (https://github.com/NVIDIA/nccl/issues/812), 8 x 24. On a fabric measured at several node counts (``fabric``)
+    the per-GPU figure is the measurement's share at these nodes (fabric_Bps / per_node).
+
+    All-reduce trees (``tree_Bps``): on a measured fabric, one group reaches what the measurement over every GPU of
+    these nodes reached, up to its own NICs (ranks_per_node x the share at the fewest nodes measured, where the
+    NICs bind) and the intra-node link. Where that measurement lies far below the NICs' rate (the Ultra-Scale
+    Playbook's: 64.9 GB/s over 32 nodes, 8 GB/s a NIC that carried 45 on 2), it is the fabric's rate for one
+    group's collective, not the NICs': the data-parallel groups under tensor parallelism, T of them a node at once,
+    each reach it (scalelab.forecast.published_sweep holds this to the sweep's runs).
+
+    On a measured fabric the result carries the group's shape (``span``) for NCCL's latency model
+    (collective_seconds); a product or a number keeps its latency per call, an assumption to calibrate. A measured
+    bench table (not ``per_nic``) is already the bus bandwidth its groups reached: returned as it is."""
     if ranks_per_node < 1 or int(ranks_per_node) != ranks_per_node:
         raise ValueError(f"a group spanning nodes holds a whole number >= 1 of ranks per node, got {ranks_per_node!r}")
-    if ranks_per_node == 1 or not inter.per_nic:
+    if not inter.per_nic or (ranks_per_node == 1 and not inter.fabric):
         return inter
-    rails = ranks_per_node * inter.achievable_Bps
-    if rails <= intra.achievable_Bps:
-        return Link(f"{inter.name} x {ranks_per_node} rails", rails, inter.latency_s,
-                    f"{inter.source}; {ranks_per_node} ranks of the group per node, a NIC each (rails)")
-    return Link(f"{inter.name} x {ranks_per_node} rails (capped by {intra.name})", intra.achievable_Bps, inter.latency_s,
-                f"{inter.source}; {ranks_per_node} NICs per node would carry {rails / GB:.0f} GB/s, more than "
-                f"{intra.name} within the node ({intra.source})")
+    share = fabric_Bps(inter, nodes) / per_node if inter.fabric else inter.achievable_Bps
+    rails = ranks_per_node * share
+    tree, span = None, None
+    if inter.fabric:  # measured with nccl-tests: NCCL's latency model, and the tree's rate measured
+        nic = fabric_Bps(inter, inter.fabric[0][0]) / per_node
+        tree, span = min(fabric_Bps(inter, nodes), ranks_per_node * nic, intra.achievable_Bps), (ranks_per_node, nodes)
+    if ranks_per_node == 1:
+        name, source = inter.name, inter.source
+    elif rails <= intra.achievable_Bps:
+        name, source = (f"{inter.name} x {ranks_per_node} rails",
+                        f"{inter.source}; {ranks_per_node} ranks of the group per node, a NIC each (rails)")
+    else:
+        name, rails = f"{inter.name} x {ranks_per_node} rails (capped by {intra.name})", intra.achievable_Bps
+        source = (f"{inter.source}; {ranks_per_node} NICs per node would carry {ranks_per_node * share / GB:.0f} GB/s, "
+                  f"more than {intra.name} within the node ({intra.source})")
+    return Link(name, rails, inter.latency_s, source, per_nic=False, span=span, tree_Bps=tree)
+
+
+def fabric_Bps(link: Link, nodes: int) -> float:
+    """The all-reduce bus bandwidth a measured fabric reached over every GPU of ``nodes`` nodes: the measurement there,
+    else interpolated between the two nearest node counts measured (log-log), the nearest beyond the ends."""
+    points = link.fabric
+    if nodes <= points[0][0]:
+        return points[0][1]
+    for (n0, b0), (n1, b1) in zip(points, points[1:]):
+        if nodes <= n1:
+            w = math.log(nodes / n0) / math.log(n1 / n0)
+            return math.exp((1 - w) * math.log(b0) + w * math.log(b1))
+    return points[-1][1]
 
 
 # ----------------------------------------------------------------------------- products
@@ -278,12 +353,17 @@ def product(name: str) -> LinkProduct:
     return found
 
 
-def parse_link(spec: str, efficiency: float | None = None) -> Link:
-    """A link from a command-line spec: a product name (PRODUCTS), or a number = GB/s per GPU,
+def parse_link(spec: str, efficiency: float | None = None, per_node: int = 8) -> Link:
+    """A link from a command-line spec: a measured ``busbw:GBPS/RANKS`` (measured_busbw: between nodes where RANKS spans
+    more than ``per_node`` GPUs), a product name (PRODUCTS), or a number = GB/s per GPU,
     unidirectional, nominal (latency LATENCY_NUMBER_S); ``@E`` after either sets this link's
     efficiency (``46@1``: 46 GB/s achieved per NIC, as nccl-tests' busbw reads with one rank on each of two nodes).
     ``efficiency``: DEFAULT_EFFICIENCY when None. A bench table is not parsed here:
     scalelab.formulas.link_fit.fit_link reads those."""
+    if spec.strip().startswith("busbw:"):  # within a node where every count is one node's GPUs or fewer
+        ranks = [int(part.partition("/")[2] or 0) for part in spec.strip().removeprefix("busbw:").split(",")
+                 if part.partition("/")[2].isdigit()]
+        return measured_busbw(spec, per_node, between_nodes=bool(ranks) and min(ranks) > per_node)
     text, at, own = spec.strip().partition("@")
     if at:
         try:
@@ -309,8 +389,30 @@ def measured_busbw(spec: str, per_node: int, between_nodes: bool) -> Link:
     at a large size) measured over RANKS ranks, every GPU of RANKS / per_node nodes (``mpirun -np RANKS
     all_reduce_perf``). Within a node (RANKS <= per_node) it is the intra-node link as measured. Between nodes it is
     the ring over every rank's own NIC: one NIC's share is GBPS / per_node, the per-GPU figure a group spanning nodes
-    multiplies by its ranks on a node (across_nodes). Measured: efficiency 1, no factor to remember."""
-    body = spec.strip().removeprefix("busbw:")
+    multiplies by its ranks on a node (across_nodes). Measured: efficiency 1, no factor to remember.
+
+    Between nodes the form may be given at several counts, comma-separated (``busbw:361.7/16,64.9/256``): a fabric
+    (Link.fabric). A group spanning N nodes then runs its rings on its share of the measurement at N nodes
+    (interpolated between counts), and its all-reduce tree at the whole measurement there, up to its NICs, whose rate
+    the fewest nodes measured give (across_nodes). One count: that figure at every count, as before."""
+    points = [_one_busbw(spec, part, per_node, between_nodes) for part in spec.strip().removeprefix("busbw:").split(",")]
+    if len(points) > 1 and not between_nodes:
+        raise ValueError(f"link {spec!r}: within a node give one measurement, busbw:GBPS/RANKS")
+    if len({n for n, _ in points}) < len(points):
+        raise ValueError(f"link {spec!r}: each count of ranks once")
+    points.sort()
+    ranks, value = points[-1]
+    per_gpu = value / per_node if between_nodes else value
+    counts = ", ".join(f"{v:g} GB/s over {n}" for n, v in points)
+    fabric = tuple((n // per_node, v * GB) for n, v in points) if between_nodes else ()
+    name = f"busbw {value:g} GB/s over {ranks} ranks" if len(points) == 1 else f"busbw measured over {counts} ranks"
+    return Link(name, per_gpu * GB, LATENCY_NUMBER_S,
+                f"measured: nccl-tests all-reduce busbw {counts} ranks"
+                + (f", / {per_node} NICs per node" if between_nodes else ""), 1.0, per_nic=between_nodes, fabric=fabric)
+
+
+def _one_busbw(spec: str, body: str, per_node: int, between_nodes: bool) -> tuple[int, float]:
+    """(RANKS, GBPS) of one GBPS/RANKS of a busbw spec, checked."""
     gbps, slash, ranks = body.partition("/")
     try:
         value, n = float(gbps), int(ranks)
@@ -321,10 +423,7 @@ def measured_busbw(spec: str, per_node: int, between_nodes: bool) -> Link:
         raise ValueError(f"link {spec!r}: GBPS must be a positive number and RANKS a whole number >= 2")
     if between_nodes and (n <= per_node or n % per_node):
         raise ValueError(f"link {spec!r}: between nodes, RANKS must be every GPU of two nodes or more ({per_node} per node)")
-    per_gpu = value / per_node if between_nodes else value
-    return Link(f"busbw {value:g} GB/s over {n} ranks", per_gpu * GB, LATENCY_NUMBER_S,
-                f"measured: nccl-tests all-reduce busbw {value:g} GB/s over {n} ranks"
-                + (f", / {per_node} NICs per node" if between_nodes else ""), 1.0, per_nic=between_nodes)
+    return n, value
 
 
 DEFAULT_INTRA_NODE = {

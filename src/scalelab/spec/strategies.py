@@ -168,10 +168,12 @@ class Trainer:
     fitted to this trainer's published runs; None: the GPU's default there."""
 
 
-MEGATRON_OVERLAP_EFFICIENCY = 0.75
+MEGATRON_OVERLAP_EFFICIENCY = 0.0
 """eta of the megatron trainer: the value (on a grid of 0.05) at which the step-time model follows the Ultra-Scale
 Playbook sweep's 1B series best at up to 256 GPUs, each series calibrated at its smallest count (the fit set:
-scalelab.forecast.published_sweep.FIT_MODELS); its 3B and 8B series are held out (docs/prediction.md)."""
+scalelab.forecast.published_sweep.FIT_MODELS); its 3B and 8B series are held out (docs/prediction.md). 0: on the
+sweep's measured links, each data-parallel group's all-reduce at the rate one group reached (links.across_nodes), the
+runs show no communication hidden beyond what their one-node calibration holds."""
 TRAINERS = {t.name: t for t in (
     Trainer("scalelab", "scalelab's own strategies as its runs run them (ZeRO-1: PyTorch's ZeroRedundancyOptimizer, an "
                         "fp32 all-reduce then an fp32 broadcast of the updated shards; tensor parallelism with the embedding "
