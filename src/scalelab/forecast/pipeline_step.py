@@ -26,7 +26,8 @@ from scalelab.spec.strategies import HYBRID_KEY, ZERO1_SHARDED_KEY, strategy
 #   across nodes), for the rank that sends the most; counted exposed (sends and receives wait on each other in 1F1B's
 #   steady state: no overlap is assumed), latency per message;
 # * the strategy's collectives over each stage's DP ranks on that stage's parameters (the largest stage's: first or last,
-#   which hold the embedding and the head), with the strategy's overlap against the slowest stage's compute; FSDP2
+#   which hold the embedding and the head), with the strategy's overlap against the slowest stage's compute (a gradient
+#   sync against its last micro-batch's backward alone: nanotron's 1F1B and torch's schedules sync there); FSDP2
 #   (stages 2 and 3) as a pipelined run gathers and reduces (scalelab.formulas.pipeline.sharded_comm_bytes, what the
 #   gloo runs measure: stage 2 gathers once a step, stage 3 once whole and then m times all but its kept last block,
 #   the gradients reduced once), not as gradient accumulation would (a gather per micro-batch's forward and backward);
