@@ -34,6 +34,10 @@ Tensor parallelism and ZeRO-1: the Ultra-Scale Playbook's benchmark sweep (SWEEP
 scalelab.forecast.playbook_sweep), priced as nanotron runs them and validated, fit set and held-out rows apart, by
 the Playbook benchmark sweep's section below, whose tables follow these.
 
+A second source of tensor-parallel series, held out: NVIDIA's DGX Cloud Benchmarking recipes (NeMo 24.11: Nemotron-4
+15B at TP 4, GPT-3 175B and Nemotron-4 340B with pipelines, 16-2,048 H100s; scalelab.forecast.published_dgxc names the
+tables), its errors apart.
+
 GPU memory against another trainer's runs: llm-foundry's MPT on A100 40GB cards (scalelab.forecast.published_memory),
 by scalelab's own convention and by llm-foundry's recipe (scalelab.formulas.foundry_style); the source states no
 memory, so the check is whether each row, which ran, is predicted to fit.
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 
+from scalelab.forecast.published_dgxc import dgxc_document
 from scalelab.forecast.published_memory import memory_document
 from scalelab.forecast.published_pipeline import pipeline_document
 from scalelab.forecast.published_runs import markdown, overlap_sensitivity, sensitivity_markdown, validation
@@ -54,7 +59,7 @@ def document(sensitivity: bool = True) -> str:
     parts = [markdown(validation())]
     if sensitivity:
         parts.append("Recalibrated and predicted at each overlap efficiency:\n\n" + sensitivity_markdown(overlap_sensitivity()))
-    parts += [sweep_document(), pipeline_document(), memory_document()]
+    parts += [sweep_document(), pipeline_document(), dgxc_document(), memory_document()]
     return "\n\n".join(parts)
 
 
