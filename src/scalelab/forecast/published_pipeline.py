@@ -12,10 +12,10 @@ lays the ranks out as (ep, pp, dp, cp, tp), tensor-parallel ranks innermost (src
 stage is DP x TP consecutive ranks: whole nodes once DP x TP >= 8, its tensor-parallel groups inside a node, and
 consecutive stages on different nodes. The base config the generator reads (examples/config_tiny_llama_bench.yaml,
 branch nouamane/bench2) sets ``pp_engine: 1f1b`` (the library's default is AFAB), and the stated memory agrees: it does
-not grow with the micro-batches per step as AFAB's would. The links (stage_links): a stage's data-parallel all-reduce
-runs over the nodes/P nodes it holds, beside the other stages' on their own nodes, so it is priced at the sweep's
-measured bus bandwidth over that many nodes, and the sends between stages at it too (two nodes' figure where a stage
-holds one node or less), not at the figure over every node.
+not grow with the micro-batches per step as AFAB's would. The links (stage_links): the sweep's rows as measured
+(published_sweep.as_measured: the bus bandwidth at every node count), so each group is priced at the figure over the
+nodes it spans: a stage's data-parallel all-reduce over the nodes/P nodes it holds (beside the other stages' on their
+own nodes), the sends between two stages over two, not at the figure over every node.
 
 Stalled runs (stalled): at a fixed global batch a run's step is (m + P - 1) slots of one micro-batch's forward and
 backward, plus the step's collectives; within a series (the same model, TP, PP, ZeRO stage and micro-batch) the work of
@@ -34,15 +34,14 @@ same speed ratio is a larger slot ratio.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import statistics
 
-from scalelab.forecast import playbook_sweep
 from scalelab.forecast.published_runs import PIPELINE_ROWS, Published, predicted_row
 from scalelab.forecast.published_sweep import (
     FIT_MAX_GPUS,
     FITS_GB,
+    as_measured,
     by_count_markdown,
     mean_abs_error,
     series_markdown,
@@ -58,14 +57,9 @@ factor two as DEGRADED's, read per slot (the bubble taken out) and against every
 
 
 def stage_links(rows: tuple[Published, ...] = PIPELINE_ROWS) -> tuple[Published, ...]:
-    """The rows with the link between nodes a stage uses: the sweep's measured bus bandwidth over the nodes one stage
-    holds (nodes / P; two where a stage holds one node or less and only its sends cross), per NIC as the rows give it."""
-    out = []
-    for row in rows:
-        nodes = row.gpus // 8
-        span = max(2, nodes // row.pipeline_parallel)
-        out.append(dataclasses.replace(row, inter_node=f"{playbook_sweep.BUSBW_GB[span] / 8:g}@1") if nodes > 1 else row)
-    return tuple(out)
+    """The rows on the sweep's links as measured (as_measured): every group at the bus bandwidth over the nodes it
+    spans, a stage's data-parallel ranks over nodes / P, the sends over two."""
+    return tuple(as_measured(r) for r in rows)
 
 
 def microbatches(row: Published) -> int:
@@ -232,8 +226,8 @@ def pipeline_document() -> str:
     return "\n\n".join([
         f"The same sweep's pipelined runs ({len(PIPELINE_ROWS)} runs in {len({r.series for r in PIPELINE_ROWS})} series: "
         "PP 2, 4, 8 x TP 1-8 x ZeRO-0/1, priced as nanotron's 1F1B by scalelab.forecast.pipeline_step, nothing fitted "
-        "on them; a stage's data-parallel all-reduce and its sends at the bus bandwidth measured over the nodes one stage "
-        f"holds), each series calibrated at its smallest count, {e['stalled']} stalled runs left out (their time per "
+        "on them; each group, a stage's data-parallel ranks or a pair of stages, at the bus bandwidth measured over the "
+        f"nodes it spans), each series calibrated at its smallest count, {e['stalled']} stalled runs left out (their time per "
         f"micro-batch slot, step / (m + P - 1), over {STALLED:g} times their series' fastest), per GPU count (in-sample: "
         "the 1B series, whose model fitted the overlap efficiency; held out: 3B and 8B):",
         by_count_markdown(rows),
