@@ -179,7 +179,7 @@ def test_the_table_labels_its_figures_predictions_and_shows_its_assumptions(caps
     assert "MFU 40.0% without communication (default; --mfu)" in out
     assert "efficiency 0.80 (default; --link-efficiency)" in out
     assert "intra-node link: nvlink-h100" in out and "inter-node link: ib-ndr" in out
-    assert "spans nodes at the inter-node link times the group's ranks per node" in out and "out of scope: hierarchical" in out
+    assert "spans nodes at the inter-node link times the group's ranks per node" in out and "out of scope: NVLink SHARP" in out
     assert "every figure above is predicted" in out
 
 

@@ -31,10 +31,13 @@ SCALING_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
 SCALING_STAGES = (*(str(s) for s in ZERO_STAGES), HYBRID_KEY)
 LINK_RULE = ("a collective within a node runs at the intra-node link; one whose group spans nodes at the "
              "inter-node link times the group's ranks per node, a NIC each (NCCL's ring channels, one per rail), "
-             "up to the intra-node link")
-OUT_OF_SCOPE = ("hierarchical and tree algorithms (NCCL's tree, NVLink SHARP, in-network reduction), the "
-                "network's topology beyond one NIC per GPU (shared NICs, oversubscribed spines), algorithm "
-                "switching by message size, power or clock limits")
+             "up to the intra-node link; on a link measured with nccl-tests (busbw:), each call pays NCCL's latency "
+             "(a ring's grows with its ranks, a tree's with log2 of its nodes) and an all-reduce takes the faster of "
+             "the ring and NCCL's tree, which, measured at several node counts, reaches what one group reached over "
+             "its nodes, up to its NICs")
+OUT_OF_SCOPE = ("NVLink SHARP and in-network reduction, the network's topology beyond one NIC per GPU (shared NICs, "
+                "oversubscribed spines), NCCL's protocols for small messages (LL, LL128), algorithm switching on a "
+                "link given as a product or a number, power or clock limits")
 
 
 PIPELINE_READING = ("the slowest stage's compute and tensor-parallel time over (1 - bubble), bubble = (P - 1) / "
