@@ -231,6 +231,8 @@ def across_nodes(inter: Link, intra: Link, ranks_per_node: int, nodes: int = 2, 
         name, rails = f"{inter.name} x {ranks_per_node} rails (capped by {intra.name})", intra.achievable_Bps
         source = (f"{inter.source}; {ranks_per_node} NICs per node would carry {ranks_per_node * share / GB:.0f} GB/s, "
                   f"more than {intra.name} within the node ({intra.source})")
+    if tree is not None and tree > rails:
+        name += f", all-reduce tree {tree / GB:.3g} GB/s"
     return Link(name, rails, inter.latency_s, source, per_nic=False, span=span, tree_Bps=tree)
 
 
@@ -405,10 +407,13 @@ def measured_busbw(spec: str, per_node: int, between_nodes: bool) -> Link:
     per_gpu = value / per_node if between_nodes else value
     counts = ", ".join(f"{v:g} GB/s over {n}" for n, v in points)
     fabric = tuple((n // per_node, v * GB) for n, v in points) if between_nodes else ()
-    name = f"busbw {value:g} GB/s over {ranks} ranks" if len(points) == 1 else f"busbw measured over {counts} ranks"
+    name = (f"busbw {value:g} GB/s over {ranks} ranks" if len(points) == 1 else
+            f"busbw measured on {points[0][0] // per_node}-{ranks // per_node} nodes")
     return Link(name, per_gpu * GB, LATENCY_NUMBER_S,
                 f"measured: nccl-tests all-reduce busbw {counts} ranks"
-                + (f", / {per_node} NICs per node" if between_nodes else ""), 1.0, per_nic=between_nodes, fabric=fabric)
+                + (f", / {per_node} NICs per node (the per-GPU figure at the most nodes measured); a collective across "
+                   "nodes pays NCCL's latency for its group's shape instead of the latency per call"
+                   if between_nodes else ""), 1.0, per_nic=between_nodes, fabric=fabric)
 
 
 def _one_busbw(spec: str, body: str, per_node: int, between_nodes: bool) -> tuple[int, float]:
