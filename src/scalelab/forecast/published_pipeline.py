@@ -21,16 +21,18 @@ Stalled runs (stalled): at a fixed global batch a run's step is (m + P - 1) slot
 backward, plus the step's collectives; within a series (the same model, TP, PP, ZeRO stage and micro-batch) the work of
 a slot is fixed, so its time, step / (m + P - 1), moves only with the communication. Yet 30% of the sweep's pipelined
 runs take 2 to 36 times their series' fastest slot, a median 0.6-0.8 s on two stages and 0.8-1.1 s on four and eight
-whatever the model (1B, 3B and 8B alike, whose slots otherwise differ by their work); some series recover at a larger
+whatever the model (1B, 3B and 8B alike, whose slots otherwise differ by their work), nearly all where consecutive
+stages sit on different nodes, at a slot that barely moves with m (a cost per micro-batch); some series recover at a larger
 count (8B PP 4 TP 4 ZeRO-1 micro-batch 2: 3,887 tokens/s per GPU on 4 nodes, 418 on 8, 3,602 on 16), and the model
 (bubble, sends, collectives on the measured links) gives a slot that long almost only at 512 GPUs (stall_evidence
 counts them). The slot then counts waits, not work: nanotron's sends on the branch that added the pipeline's stress
 tests (nouamane/bench2, commit 67c5ebb6 "pp", December 2024) poll each send's completion in 0.1 s sleeps
 (src/nanotron/parallel/pipeline_parallel/p2p.py), which would give such a floor, though the sweep does not say which
 commit it ran. A run whose slot is over STALLED times its series' fastest is left out, calibration point included, and
-counted; the errors over every run are printed beside. The rule holds the earlier one (a run under half the speed of
-its configuration on more nodes, degraded): a larger count's m is smaller, so its bubble is a larger share, and the
-same speed ratio is a larger slot ratio.
+counted; the errors over every run, and at looser factors (STALL_FACTORS), are printed beside: the factor is
+DEGRADED's two, not fitted, and the held-out errors rise with it (partial stalls at 2-4 times stay in). The rule holds
+the earlier one (a run under half the speed of its configuration on more nodes, degraded): a larger count's m is
+smaller, so its bubble is a larger share, and the same speed ratio is a larger slot ratio.
 """
 from __future__ import annotations
 
