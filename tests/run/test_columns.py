@@ -1,6 +1,7 @@
 """The column table (scalelab.plan.columns) against real runs of every status and lever: each column
 written by its writer, no summary key that no column holds, null only where its contract says."""
 import copy
+import json
 import os
 import shutil
 import subprocess
@@ -132,7 +133,7 @@ RUNS = {
 
 @pytest.fixture(scope="module")
 def real_runs(tmp_path_factory, tiny_data):
-    """{name: (summary, run folder)}, the folders under <results>/runs/ as the workflow lays them out."""
+    """{name: (summary.json, run folder)}, the folders under <results>/runs/ as the workflow lays them out."""
     pytest.importorskip("torchao.float8")
     results = tmp_path_factory.mktemp("columns")
     runs = {}
@@ -140,8 +141,8 @@ def real_runs(tmp_path_factory, tiny_data):
         cfg = _runs_cfg(**train)
         if name == "predicted_oom":
             cfg["planning"].update(device_memory_gib=1e-6)
-        summary, _, run_dir = run_point(results / "runs", tiny_data, point, cfg=cfg, fault=fault)
-        runs[name] = (summary, run_dir)
+        _, _, run_dir = run_point(results / "runs", tiny_data, point, cfg=cfg, fault=fault)
+        runs[name] = (json.loads((run_dir / "summary.json").read_text()), run_dir)  # as the launcher wrote it
     return results, runs
 
 

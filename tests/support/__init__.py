@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from scalelab.formulas.predicted_columns import refreshed
 from scalelab.harness import REPO_ROOT as REPO
 from scalelab.harness.testing import BIN, SNAKEMAKE, local_plan, tiny_config, write_workdir
 from scalelab.harness.testing import run_snakemake as snakemake
@@ -48,7 +49,8 @@ def suite_calibration(tiny_data: Path) -> Path:
 
 
 def run_point(tmp_path, tiny_data, point, cfg=None, fault=None, device_plan=None, **kwargs):
-    """Launch one sweep point for real (torchrun, gloo); return (summary, steps table, run folder).
+    """Launch one sweep point for real (torchrun, gloo); return (summary with its formula columns as collection
+    computes them, steps table, run folder).
     fault: a SCALELAB_FAULT spec for this run only; device_plan: the workflow's device decision (a DevicePlan),
     else the one it would make for cfg."""
     # Parity runs up to world size 4 on 2 cores: correctness, not measurement, so over-commit is allowed.
@@ -77,7 +79,8 @@ def run_point(tmp_path, tiny_data, point, cfg=None, fault=None, device_plan=None
         assert summary_problems(summary) == [], (point.run_id, summary_problems(summary))
         identity = {c.name: summary[c.name] for c in COLUMNS_IDENTITY}
         assert steps_problems(steps, identity) == [], (point.run_id, steps_problems(steps, identity))
-    return summary, steps.to_pandas(), run_dir
+    # with the formula columns beside the measurements, as collection computes them (the worker writes none)
+    return refreshed(summary), steps.to_pandas(), run_dir
 
 
 def strategy_steps(out: Path, world_size: int, *args: str, timeout_s: float = 180, script: str = "strategy_steps.py"):

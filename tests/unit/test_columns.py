@@ -3,6 +3,7 @@ written by its writer, no summary key that no column holds, null only where its 
 
 import pyarrow as pa
 
+from scalelab.formulas.predicted_columns import TRAINED_RUN_COLUMNS
 from scalelab.plan import columns, result_tables
 from scalelab.plan.columns import (
     IDENTITY,
@@ -38,9 +39,10 @@ def test_schemas_metadata_dictionary_and_docs_derive_from_the_table():
 
 def test_worker_columns_are_null_unless_the_run_ended_ok():
     """The launcher reads the worker's result back only from a run whose ranks all finished:
-    a worker column that claims a value in any other row would be a writer the table does not name."""
+    a worker column that claims a value in any other row would be a writer the table does not name; and so are the
+    formula columns collection computes beside a trained run's measurements."""
     for column in RUN_COLUMNS.values():
-        if column.writer == "worker":
+        if column.writer == "worker" or column.name in TRAINED_RUN_COLUMNS:
             assert column.filled.at_most is not None and not column.filled.at_most({"status": "failed"}), column.name
 
 

@@ -2,16 +2,18 @@
 size, levers) and what it counted (parameters, micro-batch and accumulation, device, the hosts its
 ranks ran on). Torch-free.
 
-One place, called at two times: by the launcher and the worker, so that a run's
-summary.json is whole; and again at collection (scalelab.results.collect.collect), so that a
-formula fixed after a run reaches its cached row without retraining (the code is no rerun trigger).
-Only the launch decision (``predicted_oom_reason``) stays as the launcher made it.
+Predictions are made at two times. Before the run, the launcher's in-step peak (:func:`peak`) decides whether
+it would run out of memory (``predicted_oom_reason``, kept as decided). At collection
+(scalelab.results.collect.collect, :func:`refreshed`), every formula column is computed from the row, so that
+a formula fixed after a run reaches its cached row without retraining (the code is no rerun trigger). The
+worker writes measurements only.
 
 * :func:`peak` - the predicted in-step peak per rank (``predicted_peak_bytes`` and its parts), from the
   launcher's facts; refreshed at collection for the built-in families (a user's module's block
   parameters are counted on torch's meta device at launch: its row keeps them).
-* :func:`worker_columns` - model state (PyTorch's and the paper's convention), activations, and
-  communication in all and per link (at torchrun's placement: as many ranks per node as on rank 0's host).
+* :func:`trained_run_columns` - model state (PyTorch's and the paper's convention), activations, and
+  communication in all and per link (at torchrun's placement: as many ranks per node as on rank 0's host),
+  for a run that trained (it counted its parameters and the hosts its ranks ran on).
 """
 from __future__ import annotations
 
@@ -35,16 +37,18 @@ from scalelab.spec.topology import link_of
 
 PEAK_COLUMNS = ("predicted_peak_bytes", "predicted_activation_bytes", "predicted_transient_param_bytes", "predicted_peak_bound")
 """The launcher's formula columns (beside them, predicted_oom_reason: the launch decision, kept)."""
-WORKER_COLUMNS = ("activation_bytes_predicted", "activation_bytes_predicted_paper", "activation_bytes_outside_blocks_predicted",
-                  "model_state_bytes_predicted", "model_state_params_bytes_predicted", "model_state_grads_bytes_predicted",
-                  "model_state_optimizer_bytes_predicted", "model_state_bytes_predicted_paper", "comm_bytes_per_step_predicted",
-                  "comm_bytes_per_step_predicted_paper", *pipeline.PREDICTED_COLUMNS)
-"""The worker's formula columns, beside one per link (comm_<link>_bytes_per_step_predicted)."""
+TRAINED_RUN_COLUMNS = (
+    "activation_bytes_predicted", "activation_bytes_predicted_paper", "activation_bytes_outside_blocks_predicted",
+    "model_state_bytes_predicted", "model_state_params_bytes_predicted", "model_state_grads_bytes_predicted",
+    "model_state_optimizer_bytes_predicted", "model_state_bytes_predicted_paper", "comm_bytes_per_step_predicted",
+    "comm_bytes_per_step_predicted_paper", "comm_tensor_parallel_bytes_per_step_predicted", *pipeline.PREDICTED_COLUMNS)
+"""The formula columns of a run that trained (:func:`trained_run_columns`), beside one per link
+(comm_<link>_bytes_per_step_predicted); collection writes them."""
 
 
 def refreshed_at_collection(name: str) -> bool:
     """Whether collection computes the column anew by today's formulas (:func:`refreshed`)."""
-    return (name in PEAK_COLUMNS or name in WORKER_COLUMNS
+    return (name in PEAK_COLUMNS or name in TRAINED_RUN_COLUMNS
             or (name.startswith("comm_") and name.endswith("_bytes_per_step_predicted")))
 
 
@@ -152,8 +156,8 @@ def peak_columns(result: peak_memory.PeakMemory, custom: bool) -> dict:
             "predicted_transient_param_bytes": result.transient_params, "predicted_peak_bound": result.bound}
 
 
-def worker_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -> dict:
-    """What the worker predicts beside what it measured, from the row's identity and counted facts:
+def trained_run_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -> dict:
+    """The formulas beside what a run that trained measured, from the row's identity and counted facts:
     ``n_params``, ``n_trainable_params`` (its n_params without LoRA), ``accumulation_steps``, the resolved
     ``micro_batch``, ``device_type``; rank_hosts: each rank's host (rank order)."""
     stage, precision = int(row["zero_stage"]), row["precision"]
@@ -233,18 +237,22 @@ def _pipeline_sharded_comm(row: Mapping, n_params: float, kept: float, data_para
 
 
 def refreshed(row: dict) -> dict:
-    """A collected row with its formula columns computed anew by today's formulas: the launcher's where
-    the model is a built-in family, the worker's where the worker wrote them (a run that trained: it
-    counted its parameters and hosts). Only columns the row holds are replaced: one its writer left
-    null (a column newer than the run, whose measured twin is null too) stays null. ValueError from a
-    formula that rejects the row (the caller keeps the row as written and reports it)."""
+    """A collected row with its formula columns computed by today's formulas: the launcher's peak where the model
+    is a built-in family, and the trained-run columns where the run trained (it counted its parameters and hosts).
+    A run whose worker wrote the trained-run columns itself (before collection computed them) has only those it
+    wrote replaced: one it left null (a column newer than the run, whose measured twin is null too) stays null.
+    ValueError from a formula that rejects the row (the caller keeps the row as written and reports it)."""
     if row.get("model_family") is None or row.get("n_layers") is None:  # a row without its shape (missing, corrupt)
         return row
     cfg = model_of_row(row)
     new = {}
     if cfg.module is None and row.get("predicted_peak_bytes") is not None and row.get("device_type") is not None:
-        new.update(peak_columns(peak(cfg, flops.param_count(cfg), row), custom=False))
+        new.update({k: v for k, v in peak_columns(peak(cfg, flops.param_count(cfg), row), custom=False).items()
+                    if row.get(k) is not None})
     hosts = row.get("rank_hostnames")
-    if row.get("model_state_bytes_predicted") is not None and hosts and row.get("n_params") is not None:
-        new.update(worker_columns(cfg, row, hosts.split(",")))
-    return {**row, **{k: v for k, v in new.items() if row.get(k) is not None}}
+    if row.get("status") == "ok" and hosts and row.get("n_params") is not None:
+        columns = trained_run_columns(cfg, row, hosts.split(","))
+        if row.get("model_state_bytes_predicted") is not None:  # written by the worker that ran it: those it wrote
+            columns = {k: v for k, v in columns.items() if row.get(k) is not None}
+        new.update(columns)
+    return {**row, **new}

@@ -304,22 +304,22 @@ RUN = [
     Column("model_state_bytes_measured_per_rank", pa.list_(pa.int64()), "B", "model state at rest of each rank, rank 0 "
            "first", "worker", OK),
     Column("model_state_bytes_predicted", pa.float64(), "B", "predicted model state per rank, PyTorch AMP convention "
-           "(fp32 master: 16Ψ, 8Ψ + 8Ψ/N, 16Ψ/N)", "worker", OK),
+           "(fp32 master: 16Ψ, 8Ψ + 8Ψ/N, 16Ψ/N)", "collect", OK),
     Column("model_state_params_bytes_predicted", pa.float64(), "B", "predicted parameter bytes per rank (PyTorch "
-           "convention)", "worker", OK),
+           "convention)", "collect", OK),
     Column("model_state_grads_bytes_predicted", pa.float64(), "B", "predicted gradient bytes per rank (PyTorch "
-           "convention)", "worker", OK),
+           "convention)", "collect", OK),
     Column("model_state_optimizer_bytes_predicted", pa.float64(), "B", "predicted optimizer-state bytes per rank (PyTorch "
-           "convention)", "worker", OK),
+           "convention)", "collect", OK),
     Column("model_state_bytes_predicted_paper", pa.float64(), "B", "predicted model state per rank, ZeRO paper convention "
-           "(mixed precision 2 + 2 + 12 bytes per parameter)", "worker", OK),
+           "(mixed precision 2 + 2 + 12 bytes per parameter)", "collect", OK),
     Column("comm_bytes_per_step_measured", pa.float64(), "B/step", "bytes handed to collectives per optimizer step on "
            "rank 0 (ZeRO paper's unit)", "worker", OK),
     Column("comm_bytes_per_step_predicted", pa.float64(), "B/step", "predicted collective bytes per step, PyTorch "
            "strategy; null where FSDP2 runs under the interleaved pipeline schedule (its gathers there are not "
-           "modelled)", "worker", Filled("status ok but FSDP2 (stages 2, 3) under interleaved_1f1b", None, is_ok)),
+           "modelled)", "collect", Filled("status ok but FSDP2 (stages 2, 3) under interleaved_1f1b", None, is_ok)),
     Column("comm_bytes_per_step_predicted_paper", pa.float64(), "B/step", "predicted collective bytes per step, ZeRO paper",
-           "worker", OK),
+           "collect", OK),
     # Traffic per link: rank 0's bytes split by where the collective's group ran. The rule
     # (scalelab.plan.placement.link_of): every byte handed to a collective whose group's ranks ran on more
     # than one host counts inter-node, every other byte intra-node; the two add up to the total.
@@ -330,7 +330,8 @@ RUN = [
              + ("counted per process group, each group classified by the hosts its ranks recorded)" if kind == "measured"
                 else "scalelab.formulas.communication.comm_bytes_by_link at torchrun's placement: consecutive ranks per node, as "
                      "many per node as ran on rank 0's host)"),
-             "worker", sometimes("runs measured since traffic per link was counted; predicted: as "
+             "worker" if kind == "measured" else "collect",
+             sometimes("runs measured since traffic per link was counted; predicted: as "
                                  "comm_bytes_per_step_predicted", OK))
       for link in ("intra_node", "inter_node") for kind in ("measured", "predicted")),
     # Tensor parallelism's collectives, apart from the strategy's above: DTensor's all-reduces over rank 0's
@@ -344,7 +345,7 @@ RUN = [
            "step: four all-reduces of B T d values per block and micro-batch, five with activation checkpointing; "
            "with sequence parallelism all-gathers and reduce-scatters of the same volume plus the head's and the "
            "embeddings' gathers and the norms' gradients (scalelab.formulas.tensor_parallelism.tensor_parallel_comm); 0 without "
-           "tensor parallelism", "worker",
+           "tensor parallelism", "collect",
            sometimes("runs measured since tensor parallelism", OK)),
     Column("comm_tensor_parallel_link", pa.string(), "-", "the link rank 0's tensor-parallel group ran on (intra_node: one "
            "host; inter_node: several), from its ranks' hosts; null without tensor parallelism", "worker",
@@ -359,15 +360,17 @@ RUN = [
              "each micro-batch's activations forward and their gradient backward at every boundary of its chunks, B x "
              "seq_len x d_model values at the residual stream's width" + (
                  " (scalelab.formulas.pipeline.p2p_bytes)" if kind == "predicted" else
-                 " (counted on the ops torch's stages hand to batch_isend_irecv)"), "worker", PIPELINE_OK)
+                 " (counted on the ops torch's stages hand to batch_isend_irecv)"),
+             "worker" if kind == "measured" else "collect", PIPELINE_OK)
       for kind in ("measured", "predicted")),
     *(Column(f"comm_pipeline_bytes_per_step_{kind}_per_stage", pa.list_(pa.float64()), "B/step",
-             f"the same, {kind}, for each stage of rank 0's pipeline (first stage first)", "worker", PIPELINE_OK)
+             f"the same, {kind}, for each stage of rank 0's pipeline (first stage first)",
+             "worker" if kind == "measured" else "collect", PIPELINE_OK)
       for kind in ("measured", "predicted")),
     *(Column(f"comm_pipeline_tied_bytes_per_step_{kind}", pa.float64(), "B/step",
              ("predicted " if kind == "predicted" else "") + "bytes of rank 0's all-reduce that sums a tied embedding's "
              "gradient with the last stage's head copy (fp32, an all-reduce of S bytes counts 2 S); 0 for an untied "
-             "head", "worker", PIPELINE_OK) for kind in ("measured", "predicted")),
+             "head", "worker" if kind == "measured" else "collect", PIPELINE_OK) for kind in ("measured", "predicted")),
     Column("bubble_fraction_measured", pa.float64(), "-", "the share of the schedule's time a rank computed nothing, "
            "1 - (its forwards' and backwards' time) / (the schedule's time), the median over the timed steps, averaged "
            "over the stages of rank 0's pipeline; it holds the point-to-point waits and the stages' imbalance the "
@@ -380,13 +383,13 @@ RUN = [
            "formula: the stages' imbalance (the last computes the head and the loss); below the measured bubble: the "
            "sends and the schedule's own work", "worker", PIPELINE_OK),
     Column("bubble_fraction_predicted", pa.float64(), "-", "the schedule's bubble, (P - 1) / (V m + P - 1) with V "
-           "chunks per rank (scalelab.formulas.pipeline.bubble_fraction)", "worker", PIPELINE_OK),
+           "chunks per rank (scalelab.formulas.pipeline.bubble_fraction)", "collect", PIPELINE_OK),
     Column("pipeline_activation_bytes_measured_per_stage", pa.list_(pa.int64()), "B", "the most bytes of block "
            "activations each stage held at once in one step (saved-tensor hooks, released as autograd frees them)",
            "worker", PIPELINE_OK),
     Column("pipeline_activation_bytes_predicted_per_stage", pa.list_(pa.float64()), "B", "predicted: the schedule's "
            "in-flight micro-batches on the stage x its blocks x one block's activations (scalelab.formulas.pipeline."
-           "held_block_activations); null under activation checkpointing", "worker",
+           "held_block_activations); null under activation checkpointing", "collect",
            sometimes("status ok, pipeline_parallel > 1, no activation checkpointing", PIPELINE_OK)),
     # The recipe of the run's collectives (scalelab.formulas.communication.comm_dtypes); a summary written before
     # they were recorded is read as what that code did (LEGACY_SUMMARY), never as today's recipe.
@@ -409,11 +412,11 @@ RUN = [
     Column("activation_bytes_outside_blocks_measured", pa.int64(), "B", "activations saved outside the transformer blocks "
            "(embedding, head, loss); null under pipeline parallelism", "worker", OK & NO_PIPELINE),
     Column("activation_bytes_predicted", pa.float64(), "B", "predicted activations per micro-batch: Korthikanti et al.'s "
-           "terms for this model", "worker", OK & FORMULA),
+           "terms for this model", "collect", OK & FORMULA),
     Column("activation_bytes_predicted_paper", pa.float64(), "B", "predicted activations per micro-batch: Korthikanti et "
-           "al. 2022 as published", "worker", OK & FORMULA),
+           "al. 2022 as published", "collect", OK & FORMULA),
     Column("activation_bytes_outside_blocks_predicted", pa.float64(), "B", "predicted bytes saved for backward outside the "
-           "blocks (embeddings, final norm, head, the loss path) by one micro-batch", "worker", OK & FORMULA),
+           "blocks (embeddings, final norm, head, the loss path) by one micro-batch", "collect", OK & FORMULA),
     Column("activation_measure", pa.string(), "-", "how activation_bytes_measured was measured", "worker", OK),
     Column("recompute_flops_per_token", pa.float64(), "FLOP/token", "extra FLOPs per token of activation checkpointing "
            "(one more forward of every block); 0 without", "worker", OK),

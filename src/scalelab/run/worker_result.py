@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from scalelab.formulas import communication, flops, predicted_columns
+from scalelab.formulas import communication, flops
 from scalelab.io import write_json
 from scalelab.run.calibration import this_rank_ticks
 from scalelab.run.comm import bytes_by_link
@@ -162,8 +162,8 @@ def step_time_drift(step_times: list[float]) -> float | None:
 
 
 def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
-    """worker_result.json (rank 0): the run-level measurements beside their predictions."""
-    model_cfg, point = run.model_cfg, run.point
+    """worker_result.json (rank 0): the run-level measurements (their formulas are computed at collection)."""
+    point = run.point
     step_times, all_held, all_mem, counted = tally.step_times, gathered.held, gathered.mem, gathered.comm
     rank_hosts = [m["hostname"] for m in all_mem]
     n_measured = max(1, len(step_times))  # this attempt's steps after warm-up
@@ -202,10 +202,7 @@ def results(run: Run, tally: Tally, gathered: Gathered) -> dict:
         "final_loss_scale": run.scaler.get_scale() if run.scaler.is_enabled() else None,
         **model_state_columns(run, all_held),
         **comm_columns(run, counted, rank_hosts, n_measured),
-        # every formula beside them, from what the run counted (computed again at collection)
-        **predicted_columns.worker_columns(model_cfg, {
-            **run.plan.formula_row(), "n_params": run.n_params, "n_trainable_params": run.n_trainable,
-            "last_block_params_kept": run.last_block_kept}, rank_hosts),
+        # the formulas beside them are computed at collection (scalelab.formulas.predicted_columns.refreshed)
         **memory_and_placement_columns(run, all_mem),
         **pipeline_columns(run, gathered.pipe, n_measured),
         "first_step_unix": tally.first_step_at,
