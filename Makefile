@@ -61,7 +61,7 @@ browser:
 	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
 # Optional: SLURM and munge (Debian packages), and ip/tc (iproute2), for the tests that run the
-# workflow through a real 2-node SLURM cluster on this machine (scalelab.harness.vcluster: one
+# workflow through a real 2-node SLURM cluster on this machine (devtools.vcluster: one
 # network namespace per node); without them those tests are skipped with their reason. Needs root.
 slurm:
 	@(command -v slurmctld && command -v munged && command -v tc && command -v nsenter) >/dev/null || \

@@ -43,8 +43,8 @@ def pytest_sessionfinish(session):
 
 @pytest.fixture
 def fixture_results(tmp_path):
-    """A synthetic results folder (scalelab.harness.fixtures): 30 runs of 40 steps, Parquet alone."""
-    from scalelab.harness.fixtures import synthetic_results
+    """A synthetic results folder (devtools.fixtures): 30 runs of 40 steps, Parquet alone."""
+    from devtools.fixtures import synthetic_results
 
     synthetic_results(tmp_path, n_runs=30, n_steps=40)
     return tmp_path

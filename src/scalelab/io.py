@@ -36,7 +36,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 
 def fault_point(name: str) -> None:
-    """Fault drills (scalelab.harness.faults): SIGKILL this process here when SCALELAB_FAULT == name."""
+    """Fault drills (devtools.faults): SIGKILL this process here when SCALELAB_FAULT == name."""
     if os.environ.get("SCALELAB_FAULT") == name:
         os.kill(os.getpid(), signal.SIGKILL)
 

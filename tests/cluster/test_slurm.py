@@ -1,4 +1,4 @@
-"""The workflow through a real 2-node SLURM cluster on this machine (scalelab.harness.vcluster:
+"""The workflow through a real 2-node SLURM cluster on this machine (devtools.vcluster:
 network namespaces n1 and n2, Debian's Slurm 22.05 and munge), end to end.
 
 World size 1 takes the single-node path (the launcher starts the ranks inside the plugin's
@@ -18,9 +18,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from devtools.vcluster import VirtualCluster
 from scalelab.config import model_config, train_config
 from scalelab.harness.reference import bare_loop
-from scalelab.harness.vcluster import VirtualCluster
 from scalelab.plan.placement import slurm_log_errors
 from scalelab.plan.sweep import RunPoint
 from support import BIN, REPO, SNAKEMAKE, tiny_config, write_workdir

@@ -46,7 +46,7 @@ def test_templates_are_package_data_of_a_non_editable_install(tmp_path):
 
 def test_report_benchmark_builds_two_checkouts_alternately(tmp_path):
     """`bench report --against`: two build servers, one per checkout (here this one twice), taking turns."""
-    from scalelab.harness.bench import bench_report
+    from devtools.bench import bench_report
 
     result = bench_report(n_runs=6, n_steps=5, repeats=2, against=str(REPO))
     assert result["runs"] == 6 and result["builds"] == 2 and result["other"] == str(REPO.resolve())
@@ -62,7 +62,7 @@ def test_report_benchmark_prints_time_memory_and_host_speed():
     """`bench report`: builds of a synthetic set in a process of their own, with their peak RSS (the
     interpreter, pandas and matplotlib alone are over 50 MiB) and a fixed Python loop timed before
     each (a shared host's speed drifts; figures from different moments compare only beside it)."""
-    from scalelab.harness.bench import bench_report
+    from devtools.bench import bench_report
 
     result = bench_report(n_runs=6, n_steps=5, repeats=2)
     assert result["runs"] == 6 and result["builds"] == 2

@@ -3,8 +3,8 @@ and the PYTHONPATH their Snakemake runs the SLURM executor plugin with."""
 import os
 from pathlib import Path
 
+from devtools.vcluster import unavailable
 from scalelab.harness.testing import SLURM_PLUGIN_DIR
-from scalelab.harness.vcluster import unavailable
 
 POLL_CAP_DIR = Path(__file__).parent / "slurm_poll"
 """Its sitecustomize.py caps the plugin's wait between status checks (tests/workflow/test_slurm.py holds it)."""

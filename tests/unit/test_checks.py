@@ -158,7 +158,7 @@ def test_cpu_notice_names_the_device_threads_and_what_the_figures_do_not_show():
 
 
 def test_sweep_end_text_opens_with_the_cpu_notice_and_only_on_cpu(tmp_path):
-    from scalelab.harness.fixtures import synthetic_results
+    from devtools.fixtures import synthetic_results
     from scalelab.report.tables import sweep_end_text
 
     synthetic_results(tmp_path, n_runs=24, n_steps=12)

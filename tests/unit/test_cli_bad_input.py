@@ -3,8 +3,8 @@ wrong paths, impossible numbers, unknown names. No traceback reaches a user, not
 user's is replaced. (plan and estimate have their own walk, beside their tests.)"""
 import pytest
 
+from devtools.fixtures import synthetic_results
 from scalelab.cli import main
-from scalelab.harness.fixtures import synthetic_results
 
 BAD = [  # (arguments, with {f} a plain file, {e} an empty folder, {r} a results folder, {m} a folder of the user's)
     "collect nowhere", "collect {f}", "collect {e}",

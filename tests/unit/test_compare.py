@@ -5,8 +5,8 @@ import shutil
 import pandas as pd
 import pytest
 
+from devtools.fixtures import synthetic_results
 from scalelab.cli import main
-from scalelab.harness.fixtures import synthetic_results
 from scalelab.report.compare import build_compare, compare_runs
 from scalelab.report.report import load_tables
 

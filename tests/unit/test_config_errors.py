@@ -5,9 +5,9 @@ import pytest
 from snakemake.common.configfile import load_configfile
 from snakemake.utils import update_config
 
+from devtools.faults import BAD_CONFIGS, bad_config_workdir
 from scalelab.cli import main
 from scalelab.config import ConfigError, ConfigProblems
-from scalelab.harness.faults import BAD_CONFIGS, bad_config_workdir
 from scalelab.plan.validation import validate_config
 from snakemake_logger_plugin_scalelab import NOT_YAML
 from support import tiny_config, write_workdir

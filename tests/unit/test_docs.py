@@ -92,12 +92,12 @@ def test_every_test_file_the_repository_names_exists():
 
 
 def test_the_drill_table_is_what_the_drills_own_command_recorded():
-    """docs/reliability.md's drill table is rendered from docs/drills.json, which `python -m scalelab.harness.faults
+    """docs/reliability.md's drill table is rendered from docs/drills.json, which `PYTHONPATH=tests python -m devtools.faults
     --record` writes from one run of every drill: each drill is in it, none failed, nothing was lost."""
     import json
 
-    from scalelab.harness.drill_record import DOC, RECORD, TABLE_BEGIN, TABLE_END, drills_table
-    from scalelab.harness.faults import DRILLS
+    from devtools.drill_record import DOC, RECORD, TABLE_BEGIN, TABLE_END, drills_table
+    from devtools.faults import DRILLS
 
     record = json.loads(RECORD.read_text())
     assert [row["drill"] for row in record["drills"]] == list(DRILLS), "every drill, recorded in one run"

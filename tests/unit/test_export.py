@@ -5,8 +5,8 @@ import json
 import pytest
 import tomllib
 
+from devtools.fixtures import synthetic_results
 from scalelab.cli import main
-from scalelab.harness.fixtures import synthetic_results
 from scalelab.report.export import STEP_SCALARS, export_config, pick_run
 from scalelab.report.report import load_tables
 

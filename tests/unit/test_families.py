@@ -252,7 +252,7 @@ def test_the_report_groups_a_sweep_that_mixes_families(tmp_path):
     while a broken trajectory within one model still is."""
     import pandas as pd
 
-    from scalelab.harness.fixtures import synthetic_results
+    from devtools.fixtures import synthetic_results
     from scalelab.report.report import build_report, find_warnings
 
     synthetic_results(tmp_path, n_runs=24)

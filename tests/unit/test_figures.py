@@ -10,7 +10,7 @@ import pytest
 from matplotlib.collections import QuadMesh
 from matplotlib.patches import Rectangle
 
-from scalelab.harness.fixtures import synthetic_results
+from devtools.fixtures import synthetic_results
 from scalelab.report import plot_style, plots
 from scalelab.report.figures import FIGURES, Tables
 from scalelab.report.levers import baseline, lever_table

@@ -55,7 +55,7 @@ def test_every_lever_shows_its_own_evidence_and_no_other(tmp_path):
     EVIDENCE entry declares (and no other lever's), computed from the pair."""
     import pandas as pd
 
-    from scalelab.harness.fixtures import synthetic_results
+    from devtools.fixtures import synthetic_results
     from scalelab.plan.sweep import LEVER_AXES
     from scalelab.report.levers import EVIDENCE, PAIR_COLUMNS, lever_table
 
@@ -83,7 +83,7 @@ def test_twin_table_follows_the_precision_records(tmp_path):
     """fp8 runs beside their bf16 twins because fp8's record names bf16 as its twin."""
     import pandas as pd
 
-    from scalelab.harness.fixtures import synthetic_results
+    from devtools.fixtures import synthetic_results
     from scalelab.report.levers import fp8_table
     from scalelab.spec.precisions import PRECISIONS
 

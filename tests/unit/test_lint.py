@@ -62,12 +62,12 @@ def test_no_function_runs_past_eighty_lines():
 
 def test_the_guide_shows_the_layers_as_the_contract_orders_them():
     """docs/contributing.md's map of src/scalelab/ is generated from the layers contract and the packages'
-    docstrings (scalelab.harness.layout): a package added, moved or described anew shows there, and
+    docstrings (devtools.layout): a package added, moved or described anew shows there, and
     every package of src/scalelab/ is in a layer."""
-    from scalelab.harness.layout import PACKAGE_DIR, layers, layout
+    from devtools.layout import PACKAGE_DIR, layers, layout
 
     guide = (REPO / "docs" / "contributing.md").read_text()
-    assert layout() in guide, "docs/contributing.md's layout is stale: python -m scalelab.harness.layout --write"
+    assert layout() in guide, "docs/contributing.md's layout is stale: PYTHONPATH=tests python -m devtools.layout --write"
     placed = {name.removeprefix("scalelab.") for layer in layers() for name in layer}
     packages = {p.name for p in PACKAGE_DIR.iterdir() if (p / "__init__.py").exists()}
     modules = {p.stem for p in PACKAGE_DIR.glob("*.py") if p.name != "__init__.py"}

@@ -279,7 +279,7 @@ def test_the_busy_share_of_the_cores_a_measurement_will_use_is_read_from_proc_st
 
 
 def test_repeatability_states_the_hypervisors_share_of_the_sweeps_and_the_floors_cores():
-    from scalelab.harness.repeatability import floor_text, steal_text
+    from devtools.repeatability import floor_text, steal_text
 
     runs = pd.DataFrame({"run_id": ["a", "b", "c"], "host_steal_share": [0.01, None, 0.05]})
     assert steal_text(runs) == "median 3.0%, largest 5.0% (c)"
@@ -288,7 +288,7 @@ def test_repeatability_states_the_hypervisors_share_of_the_sweeps_and_the_floors
     assert floor_text({**floor, "steal_share": 0.031}).endswith("; the hypervisor took 3.1% of the core's time")
     assert "hypervisor" not in floor_text({**floor, "steal_share": None})
 
-    from scalelab.harness.repeatability import drifted
+    from devtools.repeatability import drifted
 
     runs = pd.DataFrame({"status": ["ok", "ok", "ok", "failed"], "step_time_drift": [0.33, -0.12, 0.05, 0.9]})
     assert drifted(runs) == 2 and drifted(runs.drop(columns="step_time_drift")) is None  # tables before schema 11
@@ -297,7 +297,7 @@ def test_repeatability_states_the_hypervisors_share_of_the_sweeps_and_the_floors
 
 def test_repeatability_names_the_cpu_and_the_cores_its_sweeps_could_use(monkeypatch):
     """--json's machine: the machine's CPU count and the cores the sweeps ran on (a taskset slice: fewer)."""
-    from scalelab.harness import repeatability
+    from devtools import repeatability
 
     monkeypatch.setattr(repeatability.os, "sched_getaffinity", lambda pid: {1, 2}, raising=False)
     monkeypatch.setattr(repeatability.os, "cpu_count", lambda: 16)
@@ -323,8 +323,8 @@ def test_a_run_uses_the_sweep_calibration_only_where_it_applies():
 
 
 def test_repeatability_verdicts_between_two_sweeps():
-    """The benchmark's judgement (python -m scalelab.harness.bench repeatability) on two hand-made sweeps."""
-    from scalelab.harness.repeatability import run_ratios, verdicts
+    """The benchmark's judgement (PYTHONPATH=tests python -m devtools.bench repeatability) on two hand-made sweeps."""
+    from devtools.repeatability import run_ratios, verdicts
 
     a = _runs(("fp32-z0-w1", 1000), ("fp32-z0-w1-r2", 1040), ("fp32-z0-w1-r3", 1020), ("bf16-z0-w1", 1010),
               ("fp32-z0-w2", 1600), ("fp32-z0-w2-r2", 1620), ("fp32-z0-w2-r3", 1580), ("bf16-z0-w2", 800))
@@ -359,7 +359,7 @@ def test_the_host_floor_probe_times_its_windows_and_gives_the_process_back_as_it
 
     import torch
 
-    from scalelab.harness.repeatability import floor_text, host_floor
+    from devtools.repeatability import floor_text, host_floor
 
     threads, cores = torch.get_num_threads(), os.sched_getaffinity(0)
     floor = host_floor(0.02, 0.05)

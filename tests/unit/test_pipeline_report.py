@@ -6,8 +6,8 @@ import json
 import pandas as pd
 import pytest
 
+from devtools.fixtures import synthetic_results
 from scalelab.formulas import pipeline
-from scalelab.harness.fixtures import synthetic_results
 from scalelab.report.formulas import formulas_html
 from scalelab.report.report import build_report
 

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from docutils.core import publish_parts
 
-from scalelab.harness.fixtures import FAILURES, synthetic_results
+from devtools.fixtures import FAILURES, synthetic_results
 from scalelab.io import write_json
 from scalelab.plan.columns import SCHEMA_VERSION
 from scalelab.plan.result_tables import schema_version, steps_table, write_parquet
@@ -102,7 +102,7 @@ def test_lever_figures_only_while_their_lever_varies(tmp_path):
 @pytest.fixture(scope="module")
 def fixture_report(tmp_path_factory) -> str:
     """The HTML of conftest's fixture_results (30 runs of 40 steps), built once for the tests that only read it."""
-    from scalelab.harness.fixtures import synthetic_results
+    from devtools.fixtures import synthetic_results
 
     results = tmp_path_factory.mktemp("fixture_report")
     synthetic_results(results, n_runs=30, n_steps=40)

@@ -84,7 +84,7 @@ def test_a_ranks_parameters_are_its_share_of_the_split_linears_and_the_rest_whol
 def test_the_report_pairs_a_split_run_with_its_twin_whose_micro_batch_is_its_share(tmp_path):
     """At one world size and global batch a tensor-parallel run's data-parallel rank takes T times its twin's
     micro-batch: the lever table pairs them on everything else (the accumulation too), as the report draws them."""
-    from scalelab.harness.fixtures import synthetic_results
+    from devtools.fixtures import synthetic_results
     from scalelab.report.levers import lever_pairs, lever_table
     from scalelab.report.report import load_tables
 

@@ -1,10 +1,10 @@
-"""The fault drills (scalelab.harness.faults) as tests: real processes, counted outcomes.
+"""The fault drills (devtools.faults) as tests: real processes, counted outcomes.
 
-Run them alone with `pytest -m faults`; `python -m scalelab.harness.faults` prints their figures.
+Run them alone with `pytest -m faults`; `PYTHONPATH=tests python -m devtools.faults` prints their figures.
 """
 import pytest
 
-from scalelab.harness.faults import DRILLS
+from devtools.faults import DRILLS
 
 # The two drills that take twice a workflow test's usual time (measured: 124 s and 110 s under
 # load, the others 33-60 s); only the order `make test` hands out work reads it (tests/conftest.py).

@@ -1,5 +1,7 @@
-"""The harness around the library: fault drills, benchmarks, synthetic result fixtures, the
-reference loop and test helpers. Nothing in the library imports it."""
+"""The harness around the library that users run: the GPU check (gpu_check and its parts), the reference loop
+it holds scalelab against, the report's screenshot, and the helpers they share with the tests (testing). Nothing in
+the library imports it. The team's own tools (benchmarks, fault drills, synthetic result sets, the virtual cluster)
+live outside the installed package, in tests/devtools."""
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[3]

@@ -1,4 +1,5 @@
-"""Helpers for tests and fault drills: tiny configs, work folders, running Snakemake."""
+"""Helpers the GPU check, the tests and the team's tools share: tiny configs, work folders, running Snakemake, a
+point's plan outside the workflow."""
 from __future__ import annotations
 
 import functools

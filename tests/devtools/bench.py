@@ -1,16 +1,16 @@
 """Benchmarks that print figures (not tests: these machines are noisy).
 
-    python -m scalelab.harness.bench data      tokenize-and-write MB/s + peak RSS; sampler tokens/s
-    python -m scalelab.harness.bench overhead  instrumented training loop vs a bare loop, side by side
-    python -m scalelab.harness.bench report    report rebuilt from a synthetic 1,000-run / 500,000-step set (--runs,
+    PYTHONPATH=tests python -m devtools.bench data      tokenize-and-write MB/s + peak RSS; sampler tokens/s
+    PYTHONPATH=tests python -m devtools.bench overhead  instrumented training loop vs a bare loop, side by side
+    PYTHONPATH=tests python -m devtools.bench report    report rebuilt from a synthetic 1,000-run / 500,000-step set (--runs,
                                                --steps per run): time and peak RSS, beside a fixed Python loop timed
                                                before each build (the host's speed at the time)
                                                (--against CHECKOUT: alternately with another checkout's code)
-    python -m scalelab.harness.bench compile   the compile lever: eager vs compiled step time and losses, side by side
-    python -m scalelab.harness.bench teardown  world-size-2 CPU runs that end abnormally after their last step
-    python -m scalelab.harness.bench repeatability  two identical sweeps back to back: per-run tokens/s ratios, the
+    PYTHONPATH=tests python -m devtools.bench compile   the compile lever: eager vs compiled step time and losses, side by side
+    PYTHONPATH=tests python -m devtools.bench teardown  world-size-2 CPU runs that end abnormally after their last step
+    PYTHONPATH=tests python -m devtools.bench repeatability  two identical sweeps back to back: per-run tokens/s ratios, the
                                                host's speed, and whether each comparison the report draws agrees
-    python -m scalelab.harness.bench startup   the default sweep, timed: median startup_s of its world-size-1 and -2
+    PYTHONPATH=tests python -m devtools.bench startup   the default sweep, timed: median startup_s of its world-size-1 and -2
                                                runs and its wall time, beside the host loop (--against CHECKOUT:
                                                alternately with another checkout's code; --repeats sweeps each)
 """
@@ -277,7 +277,7 @@ def bench_teardown(runs: int, steps: int, stages: list[int], precisions: list[st
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scalelab.harness.bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m devtools.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
     d = sub.add_parser("data", help="data preparation and sampler throughput")
@@ -327,13 +327,13 @@ def main(argv=None) -> int:
                     "the timings and counts the README and guide state, tests/unit/test_docs.py)")
     args = parser.parse_args(argv)
     if args.what == "repeatability":
-        from scalelab.harness.repeatability import bench_repeatability, print_repeatability
+        from devtools.repeatability import bench_repeatability, print_repeatability
 
         result = bench_repeatability(Path(args.config), args.cores, Path(args.keep) if args.keep else None, args.timeout,
                                      host_loop_s, args.floor_s)
         print_repeatability(result)
         if args.json:
-            from scalelab.harness.repeatability import record
+            from devtools.repeatability import record
 
             Path(args.json).write_text(json.dumps(record(result, Path(args.config)), indent=1) + "\n")
         return 0
@@ -404,7 +404,7 @@ def bench_report(n_runs: int, n_steps: int, repeats: int, against: str | None = 
     import os
     import selectors
 
-    from scalelab.harness.fixtures import synthetic_results
+    from devtools.fixtures import synthetic_results
 
     checkouts = {"this": Path(__file__).resolve().parents[2]}
     if against:

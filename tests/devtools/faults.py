@@ -1,7 +1,7 @@
 """Fault drills: kill, hang, crash, bad input, determinism, concurrency — real processes.
 
-    python -m scalelab.harness.faults            run every drill, print the figures
-    python -m scalelab.harness.faults kill_mid_step hang   run some
+    PYTHONPATH=tests python -m devtools.faults            run every drill, print the figures
+    PYTHONPATH=tests python -m devtools.faults kill_mid_step hang   run some
 
 Each drill works in a temporary folder, drives Snakemake (and through it torchrun/gloo)
 for real, and returns counted facts (faults injected and recovered, rows lost or
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import yaml
 
+from devtools.drill_audit import Drill, audit, count_orphans
+from devtools.drill_record import DOC, RECORD, drill_row, write_record
 from scalelab.config.reading import UniqueKeyLoader
 from scalelab.harness import REPO_ROOT
-from scalelab.harness.drill_audit import Drill, audit, count_orphans
-from scalelab.harness.drill_record import DOC, RECORD, drill_row, write_record
 from scalelab.harness.testing import run_snakemake, snakemake_cmd, snakemake_env, tiny_config, write_workdir
 from scalelab.plan.sweep import RUN_DIR_GLOB, sweep_points
 from scalelab.run.prefork import FORKED_LAUNCH, PREFORK_ENV
@@ -37,7 +37,7 @@ BAD_CONFIGS = REPO_ROOT / "tests" / "bad_configs"
 TABLES = "collect"
 """The target of most drills' sweeps: the tables their audit reads, without the report drawn from
 them (~5 s of each sweep on 2 cores); no drill injects a fault while it is drawn. The report of
-crashed, hung and failed runs is tested from fixture tables (scalelab.harness.fixtures); the
+crashed, hung and failed runs is tested from fixture tables (devtools.fixtures); the
 drills that still draw one: the diverged sweep (non-finite losses), and the interrupt drills,
 which resume the whole workflow with `scalelab resume`."""
 
@@ -503,7 +503,7 @@ DRILLS = {f.__name__: f for f in (kill_mid_step, kill_during_data_write, kill_du
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m scalelab.harness.faults",
+    parser = argparse.ArgumentParser(prog="python -m devtools.faults",
                                      description="The fault drills: inject faults into real sweeps and count what was "
                                                  "recovered, lost, duplicated or left running (docs/reliability.md).")
     parser.add_argument("drills", nargs="*", metavar="DRILL", help=f"drills to run (default all): {', '.join(DRILLS)}")

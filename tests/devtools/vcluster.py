@@ -1,9 +1,9 @@
 """A virtual multi-node SLURM cluster on one machine: one network namespace per node.
 
-    python -m scalelab.harness.vcluster up --nodes 2 [--link-mbit 1000] [--config-at default|env]
-    python -m scalelab.harness.vcluster exec -- snakemake --profile workflow/profiles/slurm ...
-    python -m scalelab.harness.vcluster status
-    python -m scalelab.harness.vcluster down
+    PYTHONPATH=tests python -m devtools.vcluster up --nodes 2 [--link-mbit 1000] [--config-at default|env]
+    PYTHONPATH=tests python -m devtools.vcluster exec -- snakemake --profile workflow/profiles/slurm ...
+    PYTHONPATH=tests python -m devtools.vcluster status
+    PYTHONPATH=tests python -m devtools.vcluster down
 
 The shape (Debian 12's Slurm 22.05 and munge, as root)::
 
@@ -242,7 +242,7 @@ class VirtualCluster:
         taken = set(_run(["ip", "netns", "list"]).stdout.split())
         if any(ns in taken for ns in self.namespaces):
             raise ClusterError(f"namespaces of a cluster named {self.name} exist already (`ip netns list`); "
-                               f"bring it down first (python -m scalelab.harness.vcluster down --name {self.name})")
+                               f"bring it down first (PYTHONPATH=tests python -m devtools.vcluster down --name {self.name})")
         if self.root.exists() and any(self.root.iterdir()):
             raise ClusterError(f"{self.root} is not empty: another cluster's folder? (down removes it)")
         try:
@@ -288,7 +288,7 @@ class VirtualCluster:
                           for i, n in enumerate(self.node_names, 1))
         r = self.root
         self.conf.write_text(f"""\
-# A virtual cluster (scalelab.harness.vcluster): {self.nodes} node(s), network namespaces {self.name}-*
+# A virtual cluster (devtools.vcluster): {self.nodes} node(s), network namespaces {self.name}-*
 ClusterName={self.name}
 SlurmctldHost=ctl({CTL_ADDR})
 SlurmUser=root
@@ -504,7 +504,7 @@ def _cluster_root(args) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scalelab.harness.vcluster", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m devtools.vcluster", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="action", required=True)
     for action in ("up", "down", "status", "exec"):
         p = sub.add_parser(action)
@@ -529,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"vcluster: {err}", file=sys.stderr)
             return 1
         print(f"vcluster {args.name}: {args.nodes} node(s) idle in {time.monotonic() - started:.1f} s; folder {root}")
-        print(f"run clients with: python -m scalelab.harness.vcluster exec --name {args.name} -- sinfo")
+        print(f"run clients with: PYTHONPATH=tests python -m devtools.vcluster exec --name {args.name} -- sinfo")
         if cluster.config_at == "env":
             print(f"(the config is named only by SLURM_CONF={cluster.conf}; exec sets it)")
         return 0
@@ -541,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
                 _run(["ip", "netns", "delete", ns], check=False)
             print(f"vcluster {args.name}: no cluster folder at {root}" + (f"; deleted {left['namespaces']}" if left["namespaces"] else ""))
             return 0
-        print(f"vcluster {args.name}: no cluster at {root} (python -m scalelab.harness.vcluster up --name {args.name})", file=sys.stderr)
+        print(f"vcluster {args.name}: no cluster at {root} (PYTHONPATH=tests python -m devtools.vcluster up --name {args.name})", file=sys.stderr)
         return 1
     cluster = VirtualCluster.load(root)
     if args.action == "down":

@@ -41,7 +41,7 @@ _LEVER_VALUES = {"micro_batch": 1, "bucket_mb": 0.1, "lora_rank": 4, "grad_reduc
                  "pipeline_parallel": 2, "pipeline_schedule": "gpipe"}
 _missing = [a for a in LEVER_AXES if AXIS[a].type is not bool and a not in _LEVER_VALUES]
 if _missing:
-    raise ValueError(f"scalelab.harness.fixtures: no synthetic value for the lever(s) {', '.join(_missing)}")
+    raise ValueError(f"devtools.fixtures: no synthetic value for the lever(s) {', '.join(_missing)}")
 LEVER_VALUES = {a: (not AXIS[a].default) if AXIS[a].type is bool else _LEVER_VALUES[a] for a in LEVER_AXES}
 _LEVER_TWIN = {"grad_reduce": {"precision": "fp16"},
                **{a: {AXIS[a].beside: LEVER_VALUES[AXIS[a].beside]} for a in LEVER_AXES if AXIS[a].beside},

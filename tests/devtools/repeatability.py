@@ -1,6 +1,6 @@
 """Two identical sweeps back to back: does every comparison the report draws survive a second run?
 
-    python -m scalelab.harness.bench repeatability [--config FILE] [--cores all] [--keep DIR]
+    PYTHONPATH=tests python -m devtools.bench repeatability [--config FILE] [--cores all] [--keep DIR]
 
 Runs the workflow twice on one config (default: the repository's config.yaml) into two fresh
 working folders, one after the other, with the host's speed (a fixed Python loop) timed before
@@ -222,7 +222,7 @@ def run_ratios(runs_a: pd.DataFrame, runs_b: pd.DataFrame) -> pd.Series:
 
 def bench_repeatability(config: Path, cores: str, keep: Path | None, timeout_s: float, host_loop_s,
                         floor_s: float = HOST_FLOOR_S) -> dict:
-    """host_loop_s: the host-speed probe (scalelab.harness.bench's fixed Python loop), timed before each sweep;
+    """host_loop_s: the host-speed probe (devtools.bench's fixed Python loop), timed before each sweep;
     floor_s: seconds of ``host_floor`` before sweep A, in windows of the config's train.measure_s (0: none)."""
     import shutil
     import tempfile
@@ -320,7 +320,7 @@ def record(result: dict, config: Path) -> dict:
     from scalelab.run.launch import git_provenance
 
     figures = goals(result)
-    return {"what": "python -m scalelab.harness.bench repeatability: two identical sweeps of the config, back to back",
+    return {"what": "PYTHONPATH=tests python -m devtools.bench repeatability: two identical sweeps of the config, back to back",
             "measured_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "config": config.name, "git_commit": git_provenance(Path(config).parent)["git_commit"],
             "machine": machine(),

@@ -11,7 +11,7 @@ from scalelab.harness import REPO_ROOT
 RECORD = REPO_ROOT / "docs" / "drills.json"
 """The figures of the last run of every drill (`--record`): docs/reliability.md's drill table is rendered from it."""
 DOC = REPO_ROOT / "docs" / "reliability.md"
-TABLE_BEGIN, TABLE_END = "<!-- drills: begin (python -m scalelab.harness.faults --record) -->", "<!-- drills: end -->"
+TABLE_BEGIN, TABLE_END = "<!-- drills: begin (PYTHONPATH=tests python -m devtools.faults --record) -->", "<!-- drills: end -->"
 COUNTS = ("faults_injected", "faults_recovered", "rows_lost", "rows_duplicated", "corrupt_files", "orphan_processes")
 
 
