@@ -8,7 +8,8 @@ import re
 import pytest
 import torch
 
-from scalelab.harness import gpu_check, plain_loop
+from scalelab.harness import gpu_bundle, gpu_check, gpu_points, gpu_session, gpu_tools, plain_loop
+from scalelab.harness.gpu_memory import snapshot_peak
 from support import REPO
 
 
@@ -34,11 +35,11 @@ def test_the_bundle_carries_every_runtime_dependency_the_gpu_machine_lacks():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     name = lambda req: re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", req.strip()).group(0)).lower()  # noqa: E731
-    bundle = gpu_check.bundle_requirements()
+    bundle = gpu_bundle.bundle_requirements()
     bundled = {name(r) for r in bundle}
-    missing = [r for r in project["dependencies"] if name(r) not in gpu_check.GPU_MACHINE_HAS | bundled]
+    missing = [r for r in project["dependencies"] if name(r) not in gpu_bundle.GPU_MACHINE_HAS | bundled]
     assert not missing, f"runtime dependencies neither on the GPU machine nor in the bundle: {missing}"
-    assert "setproctitle" in bundled and not bundled & gpu_check.GPU_MACHINE_HAS
+    assert "setproctitle" in bundled and not bundled & gpu_bundle.GPU_MACHINE_HAS
     torchao = [r for r in project["optional-dependencies"]["test"] if name(r) == "torchao"]
     assert torchao and torchao[0] in bundle
 
@@ -89,10 +90,11 @@ class _FakeGPU:
         import types
 
         self.now, self.calls = 0.0, []
-        monkeypatch.setattr(gpu_check, "time", types.SimpleNamespace(monotonic=lambda: self.now))
-        monkeypatch.setattr(gpu_check, "run_bounded", self.run_bounded)
-        monkeypatch.setattr(gpu_check.Check, "_data", lambda check: check.work)
-        monkeypatch.setattr(gpu_check.Check, "memory_data", lambda check, cfg: check.work)
+        monkeypatch.setattr(gpu_session, "time", types.SimpleNamespace(monotonic=lambda: self.now))
+        for module in (gpu_session, gpu_tools):  # the plain loop's processes; pytest and Snakemake
+            monkeypatch.setattr(module, "run_bounded", self.run_bounded)
+        monkeypatch.setattr(gpu_session.Check, "_data", lambda check: check.work)
+        monkeypatch.setattr(gpu_session.Check, "memory_data", lambda check, cfg: check.work)
         monkeypatch.setattr("scalelab.run.launch.launch_run", self.launch_run)
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
@@ -152,9 +154,9 @@ def test_on_a_gpu_the_parts_run_in_order_of_value_within_the_deadline(tmp_path, 
                    ("scalelab", "350M", "fp8", True),  # the large part's 1.3B bf16 run counts: 95 s left, no 1.3B fp8,
                    ("scalelab", "memory", "bf16", False), ("scalelab", "memory", "bf16", False)], ran  # no sweep, no
     # diagnose, fsdp or profile (compiled: 100 s each); the memory part's two eager runs leave no time for the rest
-    assert fake.calls[0][1] == pytest.approx(600 - gpu_check.RESERVE_S)  # the suite gets all the time there is
+    assert fake.calls[0][1] == pytest.approx(600 - gpu_points.RESERVE_S)  # the suite gets all the time there is
     # and each later process what is left, a plain-loop measurement at most MAX_MEASURE_S (a hung one ends there)
-    assert fake.calls[2][4] == pytest.approx(min(600 - gpu_check.RESERVE_S - 60 - 30, gpu_check.MAX_MEASURE_S["gpu"]))
+    assert fake.calls[2][4] == pytest.approx(min(600 - gpu_points.RESERVE_S - 60 - 30, gpu_points.MAX_MEASURE_S["gpu"]))
     check = json.loads((tmp_path / "gpu-check.json").read_text())
     assert check["parts"]["suite"]["status"] == "ok" and check["parts"]["sweep"]["status"] == "not run: deadline"
     assert check["parts"]["fp8"]["status"] == "partial: not run: deadline"
@@ -250,7 +252,7 @@ def test_the_peak_of_an_allocator_history_and_what_was_live_then(tmp_path):
     blocks = [{"size": 70, "state": "active_allocated"}, {"size": 1000, "state": "active_allocated"}, {"size": 8, "state": "inactive"}]
     path = tmp_path / "rank0.pickle"
     path.write_bytes(pickle.dumps({"segments": [{"blocks": blocks}], "device_traces": [[], history]}))
-    peak = gpu_check.snapshot_peak(path)
+    peak = snapshot_peak(path)
     assert (peak["before_history_bytes"], peak["peak_in_history_bytes"], peak["peak_bytes"]) == (1000, 200, 1200)
     assert peak["at_peak"] == "MmBackward0::apply"
     assert [(g["site"], g["bytes"]) for g in peak["live_at_peak"]] == [

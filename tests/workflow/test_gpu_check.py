@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from scalelab.harness import gpu_check
+from scalelab.harness.gpu_points import TARGETS_TEXT
 from support import REPO
 
 
@@ -21,7 +22,7 @@ def test_gpu_check_dry_path_runs_every_step_on_the_cpu(tmp_path):
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
-    assert "DRY RUN on the CPU: these figures are CPU figures" in out and gpu_check.TARGETS_TEXT in out
+    assert "DRY RUN on the CPU: these figures are CPU figures" in out and TARGETS_TEXT in out
     # the summary comes last, every part in it
     assert [line for line in out.splitlines() if line.startswith("== ")][-1].startswith("== summary")
     summary = out[out.rindex("== summary"):]

@@ -1,6 +1,6 @@
 """What the GPU check's parts share to measure and report a point: its key, the time a measurement needs, one
-status for several, and a traced step's kernels by class (the check's parts, scalelab.harness.gpu_check and
-scalelab.harness.stage_check, import these; neither imports the other's)."""
+status for several, and a traced step's kernels by class (every module of the check imports these, and this
+imports none of them)."""
 from __future__ import annotations
 
 import dataclasses
