@@ -314,8 +314,28 @@ def _stages_with(feature: str) -> list[int]:
     return [s.stage for s in STRATEGIES.values() if getattr(s, feature)]
 
 
-class _PointMethods:
-    """Behaviour of RunPoint; its fields are the axes."""
+@dataclasses.dataclass(frozen=True)
+class RunPoint:
+    """One point of the sweep: one value per axis of AXES, in that order (a new axis adds its field here, with the
+    axis's type and default; tests/unit/test_sweep_axes.py holds the two equal)."""
+
+    precision: str
+    zero_stage: int
+    world_size: int
+    micro_batch: int | None = None
+    activation_checkpointing: bool = False
+    cpu_offload: bool = False
+    bucket_mb: float | None = 25.0
+    compile: bool = False
+    model: str = "base"
+    lora_rank: int | None = None
+    grad_reduce: str = "fp32"
+    replicas: int = 1
+    tensor_parallel: int = 1
+    sequence_parallel: bool = False
+    pipeline_parallel: int = 1
+    pipeline_schedule: str = "1f1b"
+    repeat: int = 1
 
     def __post_init__(self):
         for axis in AXES:
@@ -369,16 +389,6 @@ class _PointMethods:
         values = self.values()
         values.update({k: v for k, v in resolved.items() if v is not None})
         return {"run_id": self.run_id, **values}
-
-
-RunPoint = dataclasses.make_dataclass(
-    "RunPoint",
-    [(a.name, a.type) if a.default is None and not a.nullable else (a.name, a.type, dataclasses.field(default=a.default))
-     for a in AXES],
-    bases=(_PointMethods,), frozen=True,
-    namespace={"__doc__": "One point of the sweep: one value per axis of AXES, in that order."},
-)
-RunPoint.__module__ = __name__  # pickling (Snakemake params) finds it here
 
 
 def micro_batch_plan(train: TrainConfig, world_size: int, micro_batch: int | None = None) -> tuple[int, int]:

@@ -1,0 +1,21 @@
+"""RunPoint's fields are the sweep's axes: one field per axis of AXES, in its order, with its type and default."""
+import dataclasses
+import pickle
+
+from scalelab.plan.sweep import AXES, RunPoint
+
+
+def test_run_point_fields_are_the_axes_in_order_with_their_types_and_defaults():
+    fields = dataclasses.fields(RunPoint)
+    assert [f.name for f in fields] == [a.name for a in AXES]
+    for field, axis in zip(fields, AXES):
+        assert field.type in (axis.type, str(axis.type), getattr(axis.type, "__name__", None)), field.name
+        required = axis.default is None and not axis.nullable
+        assert (field.default is dataclasses.MISSING) == required, field.name
+        if not required:
+            assert field.default == axis.default, field.name
+
+
+def test_a_point_pickles_as_snakemake_hands_it_to_a_job():
+    point = RunPoint("bf16", 3, 4, micro_batch=2, pipeline_parallel=2)
+    assert pickle.loads(pickle.dumps(point)) == point and point.run_id == "bf16-z3-w4-mb2-pp2"
