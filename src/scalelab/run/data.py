@@ -307,6 +307,60 @@ def write_split(token_chunks: Iterable[np.ndarray], out_dir: Path, dtype: np.dty
 # ----------------------------------------------------------------------------- prepare
 
 
+def _text_byte_chunks(cfg: DatasetConfig, sources: SourceRecord, chunk_bytes: int, source_desc: dict):
+    """The text source's bytes, as a function of ``record`` that yields (file, offset, chunk): the
+    synthetic text, or the corpus files (an empty lone file refused). What it read from is added to
+    ``source_desc``."""
+    if cfg.source == "synthetic":
+        source_desc.update(seed=cfg.seed, synthetic_bytes=cfg.synthetic_bytes)
+
+        def byte_chunks(record=False):
+            offset = 0
+            for chunk in synthetic_text_chunks(cfg.synthetic_bytes, cfg.seed, chunk_bytes):
+                yield Path("<synthetic>"), offset, chunk
+                offset += len(chunk)
+        return byte_chunks
+
+    corpus = Path(cfg.path)
+    corpus_files = list(sources.stats)
+    for f in corpus_files:
+        if f.stat().st_size == 0 and len(corpus_files) == 1:
+            raise DataError(f"corpus file {f} is empty")
+    source_desc.update(path=str(corpus), n_files=len(corpus_files))
+
+    def byte_chunks(record=False):
+        # Hashed in one pass only (record=True): the one whose tokens are written.
+        chunks = file_byte_chunks(corpus_files, chunk_bytes)
+        return sources.read(chunks) if record else chunks
+    return byte_chunks
+
+
+def _tokenize(cfg: DatasetConfig, out_dir: Path, byte_chunks) -> tuple[dict, int, np.dtype, str]:
+    """Tokenize the text (bytes, or a BPE trained on it first and saved beside the splits) and write
+    the splits: (files, vocab_size, dtype, tokenizer name)."""
+    if cfg.tokenizer == "byte":
+        tokenizer = ByteTokenizer()
+        token_chunks = (tokenizer.encode_bytes(chunk) for _, _, chunk in byte_chunks(record=True))
+    else:
+        tokenizer = BPETokenizer.train(decode_chunks(byte_chunks(), cfg.decode_errors), cfg.bpe_vocab_size)
+        tokenizer.save(out_dir / "tokenizer.json")
+        token_chunks = (tokenizer.encode(text) for text in decode_chunks(byte_chunks(record=True), cfg.decode_errors))
+    dtype = token_dtype(tokenizer.vocab_size)
+    return write_split(token_chunks, out_dir, dtype, cfg.val_fraction), tokenizer.vocab_size, dtype, tokenizer.name
+
+
+def _check_split_lengths(n_train: int, n_val: int, where: str, seq_len: int) -> None:
+    """Refuse a corpus with no tokens, or a split shorter than one sequence."""
+    if n_train + n_val == 0:
+        raise DataError(f"corpus {where} is empty: no tokens")
+    for split, n in (("train", n_train), ("val", n_val)):
+        if n < seq_len + 1:
+            raise DataError(
+                f"corpus {where} gives only {n} {split} tokens, shorter than one sequence "
+                f"(model.seq_len + 1 = {seq_len + 1}); use a larger corpus or a shorter seq_len"
+            )
+
+
 def prepare_dataset(cfg: DatasetConfig, out_dir: str | Path, seq_len: int, chunk_bytes: int = CHUNK_BYTES) -> dict:
     """Prepare ``out_dir/{train,val}.bin`` and ``meta.json`` from the configured source."""
     out_dir = Path(out_dir)
@@ -319,48 +373,11 @@ def prepare_dataset(cfg: DatasetConfig, out_dir: str | Path, seq_len: int, chunk
         files, vocab_size, dtype, tokenizer_name = _copy_tokenized(cfg, out_dir, chunk_bytes, sources)
         source_desc["path"] = str(cfg.path)
     else:
-        if cfg.source == "synthetic":
-            source_desc.update(seed=cfg.seed, synthetic_bytes=cfg.synthetic_bytes)
-
-            def byte_chunks(record=False):
-                offset = 0
-                for chunk in synthetic_text_chunks(cfg.synthetic_bytes, cfg.seed, chunk_bytes):
-                    yield Path("<synthetic>"), offset, chunk
-                    offset += len(chunk)
-        else:
-            corpus = Path(cfg.path)
-            corpus_files = list(sources.stats)
-            for f in corpus_files:
-                if f.stat().st_size == 0 and len(corpus_files) == 1:
-                    raise DataError(f"corpus file {f} is empty")
-            source_desc.update(path=str(corpus), n_files=len(corpus_files))
-
-            def byte_chunks(record=False):
-                # Hashed in one pass only (record=True): the one whose tokens are written.
-                chunks = file_byte_chunks(corpus_files, chunk_bytes)
-                return sources.read(chunks) if record else chunks
-
-        if cfg.tokenizer == "byte":
-            tokenizer = ByteTokenizer()
-            token_chunks = (tokenizer.encode_bytes(chunk) for _, _, chunk in byte_chunks(record=True))
-        else:
-            tokenizer = BPETokenizer.train(decode_chunks(byte_chunks(), cfg.decode_errors), cfg.bpe_vocab_size)
-            tokenizer.save(out_dir / "tokenizer.json")
-            token_chunks = (tokenizer.encode(text) for text in decode_chunks(byte_chunks(record=True), cfg.decode_errors))
-        vocab_size, tokenizer_name = tokenizer.vocab_size, tokenizer.name
-        dtype = token_dtype(vocab_size)
-        files = write_split(token_chunks, out_dir, dtype, cfg.val_fraction)
+        byte_chunks = _text_byte_chunks(cfg, sources, chunk_bytes, source_desc)
+        files, vocab_size, dtype, tokenizer_name = _tokenize(cfg, out_dir, byte_chunks)
 
     n_train, n_val = files["train"]["n_tokens"], files["val"]["n_tokens"]
-    where = source_desc.get("path", "<synthetic>")
-    if n_train + n_val == 0:
-        raise DataError(f"corpus {where} is empty: no tokens")
-    for split, n in (("train", n_train), ("val", n_val)):
-        if n < seq_len + 1:
-            raise DataError(
-                f"corpus {where} gives only {n} {split} tokens, shorter than one sequence "
-                f"(model.seq_len + 1 = {seq_len + 1}); use a larger corpus or a shorter seq_len"
-            )
+    _check_split_lengths(n_train, n_val, source_desc.get("path", "<synthetic>"), seq_len)
     meta = {
         "dataset": cfg.name,
         "dtype": dtype.name,
