@@ -74,3 +74,33 @@ def test_the_memory_recipe_splits_activations_and_logits_and_shards_the_optimize
     assert megatron_style.activation_bytes(LLAMA3_8B, 1, "bf16", 8, False, False) > logits / 8
     with pytest.raises(ValueError, match="stages 0 and 1"):
         megatron_style.peak_memory(LLAMA3_8B, local, 3, 16, "bf16", 1, 8)
+
+
+def test_userbuffers_leave_a_pipelined_reduce_scatters_last_chunk_and_the_embedding_and_head_collectives_exposed():
+    """NeMo's ub_tp_comm_overlap (--trainer nemo): of a block's 8 sequence-parallel collectives, the forward's two
+    row-parallel reduce-scatters are pipelined in 4 chunks, one exposed (1/16 of the blocks' time); the rest hides behind
+    the blocks' compute, at most all of it; the 2 per micro-batch outside the blocks stay exposed. Without sequence
+    parallelism userbuffers do not run."""
+    layers, seconds = 32, 1.0
+    blocks = seconds * 4 * layers / (4 * layers + 2)
+    outside = seconds - blocks
+    assert megatron_style.overlapped_tensor_parallel_seconds(seconds, layers, True, False, 10.0) == pytest.approx(
+        outside + blocks / 16)
+    assert megatron_style.overlapped_tensor_parallel_seconds(seconds, layers, True, False, 0.5) == pytest.approx(seconds - 0.5)
+    assert megatron_style.overlapped_tensor_parallel_seconds(seconds, layers, False, False, 10.0) == seconds
+    ckpt = seconds * 6 * layers / (6 * layers + 2)  # the recomputed forward's two reduce-scatters pipelined too
+    assert megatron_style.overlapped_tensor_parallel_seconds(seconds, layers, True, True, 10.0) == pytest.approx(
+        seconds - ckpt + ckpt * 4 / 12 / 4)
+
+
+def test_the_nemo_trainer_is_the_megatron_trainer_with_its_tensor_parallel_collectives_behind_the_gemms(capsys):
+    megatron = _scaling(capsys, "--trainer", "megatron", "--tensor-parallel", "4", "--sequence-parallel", "--gpus", "64",
+                        "--zero-stage", "1")
+    nemo = _scaling(capsys, "--trainer", "nemo", "--tensor-parallel", "4", "--sequence-parallel", "--gpus", "64",
+                    "--zero-stage", "1")
+    m, n = megatron["rows"][0], nemo["rows"][0]
+    assert m["tensor_parallel_comm"]["seconds"] == pytest.approx(n["tensor_parallel_comm"]["seconds"])
+    assert m["comm_s"] == n["comm_s"] and m["peak_memory_gib"] == n["peak_memory_gib"]
+    assert n["tensor_parallel_comm"]["exposed_s"] < m["tensor_parallel_comm"]["exposed_s"] == m["tensor_parallel_comm"]["seconds"]
+    assert m["step_time_s"] - n["step_time_s"] == pytest.approx(
+        m["tensor_parallel_comm"]["seconds"] - n["tensor_parallel_comm"]["exposed_s"])

@@ -232,3 +232,23 @@ def test_sharded_comm_by_collective_splits_the_measured_formula_without_changing
         assert sum(parts.values()) == pytest.approx(pipeline.sharded_comm_bytes(1e9, 5e7, 8, stage, 2, 4, "1f1b", 4)["shard"])
     assert pipeline.sharded_comm_by_collective(1e9, 5e7, 8, 3, 2, 4, "1f1b", 1) == {}
     assert pipeline.sharded_comm_by_collective(1e9, 5e7, 8, 3, 2, 4, "interleaved_1f1b", 4) is None
+
+
+def test_an_interleaved_schedules_chunks_per_rank_are_the_forecasts_and_default_to_the_two_scalelab_runs():
+    """Megatron's virtual_pipeline_model_parallel_size as a Point's chunks_per_rank: the bubble (P - 1) / (V m + P - 1),
+    V chunks on each rank, V times the sends; None keeps scalelab's own interleaved schedule (V = 2) and its figures."""
+    assert pipeline.bubble_fraction(8, 16, "interleaved_1f1b") == pipeline.bubble_fraction(8, 16, "interleaved_1f1b", None)
+    assert pipeline.bubble_fraction(8, 16, "interleaved_1f1b", 12) == pytest.approx(7 / (12 * 16 + 7))
+    assert pipeline.bubble_fraction(8, 16, "1f1b", 12) == pytest.approx(7 / (16 + 7))  # one chunk: V is the schedule's
+    assert pipeline.rank_chunks(1, 8, "interleaved_1f1b", 12) == [1 + 8 * k for k in range(12)]
+    assert len(pipeline.chunks(96, 8, "interleaved_1f1b", 12)) == 96
+    assert pipeline.p2p_bytes(3, 8, 16, 1.0, "interleaved_1f1b", 12)["sent"] == 2 * 12 * 16
+    with pytest.raises(ValueError, match="do not split"):
+        pipeline.chunks(32, 8, "interleaved_1f1b", 12)
+    point = _point(pipeline_parallel=8, pipeline_schedule="interleaved_1f1b", tensor_parallel=1, global_batch=512)
+    default, given = (predict_point(p, _machine(), 64)["pipeline"] for p in (point, _point(
+        pipeline_parallel=8, pipeline_schedule="interleaved_1f1b", tensor_parallel=1, global_batch=512, chunks_per_rank=2)))
+    assert default == given
+    four = predict_point(_point(pipeline_parallel=8, pipeline_schedule="interleaved_1f1b", global_batch=512,
+                                chunks_per_rank=4), _machine(), 64)["pipeline"]
+    assert four["bubble_fraction"] == pytest.approx(7 / (4 * 64 + 7)) and four["p2p_sent_bytes"] > default["p2p_sent_bytes"]

@@ -87,7 +87,9 @@ def _render_scaling(r: dict) -> list[str]:
                      f"GPUs / {r['tensor_parallel']} data-parallel ranks, each GPU holds 1/{r['tensor_parallel']} of the "
                      f"blocks' linears): per step {kinds} (nccl-tests size: the buffers reduced or gathered); a ring moves "
                      f"{tp['ring_bytes_per_gpu'] / 1e9:.3g} GB per GPU of it (x the bus factor) over {tp['link']}, "
-                     f"{tp['seconds'] * 1e3:.1f} ms on the critical path (exposed: no schedule here hides them)")
+                     f"{tp['seconds'] * 1e3:.1f} ms" + (" on the critical path (exposed: no schedule here hides them)"
+                                                        if tp["exposed"] else f", {tp['exposed_s'] * 1e3:.1f} ms of it on the "
+                                                        "critical path (userbuffers overlap the rest with the blocks' GEMMs)"))
     lines += _render_pipeline(r, first)
     lines.append(f"overlap: {a['overlap']}; overlap efficiency {a['overlap_efficiency']:g}"
                  + (" (default; --overlap-efficiency)" if a["overlap_efficiency_default"] else ""))

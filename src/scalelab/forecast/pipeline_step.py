@@ -43,9 +43,11 @@ def _flag_text(text: str) -> str:
             .replace("pipeline_parallel=", "--pipeline-parallel "))
 
 
-def pipeline_problem(cfg, pp: int, schedule_name: str, microbatches: int | None = None) -> str | None:
-    """Why this model cannot be pipelined P ways under the schedule with ``microbatches`` per step (None: the
-    micro-batches unchecked), in one line naming the flag; None where it can."""
+def pipeline_problem(cfg, pp: int, schedule_name: str, microbatches: int | None = None,
+                     virtual: int | None = None) -> str | None:
+    """Why this model cannot be pipelined P ways under the schedule (``virtual``: an interleaved schedule's chunks per
+    rank, None: the schedule's own) with ``microbatches`` per step (None: the micro-batches unchecked), in one line
+    naming the flag; None where it can."""
     if pp == 1:
         return None
     if schedule_name not in pipeline.SCHEDULES:
@@ -53,7 +55,7 @@ def pipeline_problem(cfg, pp: int, schedule_name: str, microbatches: int | None 
     if cfg is None or cfg.module:
         return "--pipeline-parallel needs a family's shape (--model NAME or the shape flags): its stages are the blocks"
     try:
-        pipeline.chunks(cfg.n_layers, pp, schedule_name)
+        pipeline.chunks(cfg.n_layers, pp, schedule_name, virtual)
     except ValueError as err:
         return f"--pipeline-parallel {pp}: {_flag_text(str(err))}"
     if microbatches is not None:
@@ -73,9 +75,10 @@ def stage_params(point, rank: int) -> float:
     """Parameters pipeline rank ``rank`` holds on one GPU (rank_params with the blocks' tensor-parallel share; the
     megatron trainer splits the embedding and the head over the vocabulary too)."""
     cfg, t, pp, sched = point.cfg, point.tensor_parallel, point.pipeline_parallel, point.pipeline_schedule
-    held = pipeline.rank_params(cfg, _block_params(cfg, t), rank, pp, sched)
+    v = point.chunks_per_rank
+    held = pipeline.rank_params(cfg, _block_params(cfg, t), rank, pp, sched, v)
     if point.megatron and t > 1:
-        mine, last = pipeline.rank_chunks(rank, pp, sched), pp * pipeline.schedule(sched).chunks_per_rank - 1
+        mine, last = pipeline.rank_chunks(rank, pp, sched, v), pp * pipeline.chunks_per_rank(sched, v) - 1
         held -= cfg.vocab_size * cfg.d_model * (1 - 1 / t) * ((0 in mine) + (last in mine))
     return held
 
@@ -93,14 +96,16 @@ def _stage_memory(point, rank: int, blocks: int, last: bool, n_local: float, dp:
         outside = acts(1) - per_block
         optimizer = megatron_style.STATE_BYTES["optimizer"] * n_local / (dp if stage == 1 else 1)
         state = (megatron_style.STATE_BYTES["params"] + megatron_style.STATE_BYTES["grads"]) * n_local + optimizer
-        held = pipeline.held_block_activations(per_block, cfg.n_layers, rank, pp, m, sched) + (outside if last else 0.0)
+        held = pipeline.held_block_activations(per_block, cfg.n_layers, rank, pp, m, sched, virtual=point.chunks_per_rank)
+        held += outside if last else 0.0
         return {"model_state": state, "activations": held, "total": state + held}
     peak = peak_memory.peak_memory(mine, n_local, stage, dp, point.precision, micro, ac, accumulation_steps=m,
                                   tensor_parallel=t, sequence_parallel=sp)
     block_acts = activation_memory.block_activation_bytes(mine, micro, point.precision, ac, zero_stage=stage, tensor_parallel=t,
                                                    sequence_parallel=sp)
     outside = peak.activations - block_acts  # outside the blocks and the loss path: the last stage's
-    held = pipeline.held_block_activations(block_acts / blocks, cfg.n_layers, rank, pp, m, sched) + (outside if last else 0.0)
+    held = pipeline.held_block_activations(block_acts / blocks, cfg.n_layers, rank, pp, m, sched,
+                                           virtual=point.chunks_per_rank) + (outside if last else 0.0)
     at_peak = replace(peak, activations=held)
     return {"model_state": at_peak.model_state, "activations": held, "total": at_peak.total}
 
@@ -118,20 +123,21 @@ def _stage(point, machine, n: int, rank: int, all_chunks, dp: int, micro: int, m
     head = 6 * cfg.vocab_size * cfg.d_model
     tokens_dp = micro * m * cfg.seq_len  # one data-parallel rank's tokens per step, worked on by its T x P GPUs
     rate = machine.peak_flops * machine.mfu
-    mine = pipeline.rank_chunks(rank, pp, sched)
+    mine = pipeline.rank_chunks(rank, pp, sched, point.chunks_per_rank)
     blocks = sum(len(all_chunks[c]) for c in mine)
     last = len(all_chunks) - 1 in mine
     per_token = (hardware_fpt - head) * blocks / cfg.n_layers / t + (head / (t if point.megatron else 1) if last else 0.0)
     stage_cfg = replace(cfg, n_layers=blocks)
-    tp = _tensor_parallel_step(replace(point, cfg=stage_cfg), machine, n, micro, m)
-    sent = pipeline.p2p_bytes(rank, pp, m, boundary, sched)
+    blocks_s = (hardware_fpt - head) * blocks / cfg.n_layers / t * tokens_dp / rate
+    tp = _tensor_parallel_step(replace(point, cfg=stage_cfg), machine, n, micro, m, blocks_s)
+    sent = pipeline.p2p_bytes(rank, pp, m, boundary, sched, point.chunks_per_rank)
     n_local = stage_params(point, rank)
     memory = _stage_memory(point, rank, blocks, last, n_local, dp, micro, m)
     return {"rank": rank, "blocks": blocks, "holds": list(mine), "params": n_local,
-            "compute_s": per_token * tokens_dp / rate, "tensor_parallel_s": tp["seconds"], "tp": tp,
+            "compute_s": per_token * tokens_dp / rate, "tensor_parallel_s": tp["exposed_s"], "tp": tp,
             "p2p_sent_bytes": sent["sent"], "p2p_received_bytes": sent["received"],
             "p2p_s": _send_seconds(max(sent["sent"], sent["received"]), boundary, p2p_link),
-            "in_flight": pipeline.in_flight(rank, pp, m, sched),
+            "in_flight": pipeline.in_flight(rank, pp, m, sched, point.chunks_per_rank),
             "peak_memory_bytes": memory["total"], "activations_bytes": memory["activations"], "cfg": stage_cfg,
             "recompute_flops_per_token": hardware_fpt - fpt}
 
@@ -144,12 +150,12 @@ def _plan(point, n: int) -> tuple[int, int, int]:
         raise EstimateError("--pipeline-parallel with hybrid sharding is not predicted: give a ZeRO stage")
     if n % (t * pp):
         raise EstimateError(f"--pipeline-parallel {pp} x --tensor-parallel {t} does not divide {n} GPUs")
-    why = pipeline_problem(cfg, pp, sched)
+    why = pipeline_problem(cfg, pp, sched, virtual=point.chunks_per_rank)
     if why:
         raise EstimateError(why)
     dp = n // (t * pp)
     micro, m = batch_plan(point.global_batch, point.micro_batch, dp)
-    why = pipeline_problem(cfg, pp, sched, m)
+    why = pipeline_problem(cfg, pp, sched, m, point.chunks_per_rank)
     if why:
         raise EstimateError(why + ("" if point.global_batch else "; give --global-batch: a step's micro-batches are "
                                                                     "each data-parallel rank's share of it"))
@@ -240,12 +246,12 @@ def predict_pipeline(point, machine, n: int) -> dict:
     width = 4 if point.precision == "fp32" else 2  # the activations' dtype at the boundaries
     boundary = pipeline.boundary_values(micro, cfg.seq_len, cfg.d_model, t, point.sequence_parallel) * width
     p2p_link = _p2p_link(point, machine, n, dp * t)
-    all_chunks = pipeline.chunks(cfg.n_layers, pp, sched)
+    all_chunks = pipeline.chunks(cfg.n_layers, pp, sched, point.chunks_per_rank)
     stages = [_stage(point, machine, n, rank, all_chunks, dp, micro, m, boundary, p2p_link) for rank in range(pp)]
     slowest = max(stages, key=lambda s: s["compute_s"] + s["tensor_parallel_s"] + s["p2p_s"])
     comm, calls, sizes, used = _stage_comm(point, machine, n, max(stages, key=lambda s: s["params"]), m)
     exposed = _exposed_comm(point, slowest["compute_s"], m, comm, calls, machine.overlap_efficiency)
-    bubble = pipeline.bubble_fraction(pp, m, sched)
+    bubble = pipeline.bubble_fraction(pp, m, sched, point.chunks_per_rank)
     busy = slowest["compute_s"] + slowest["tensor_parallel_s"]
     bubble_s = busy * bubble / (1 - bubble)
     p2p_s = max(s["p2p_s"] for s in stages)

@@ -69,22 +69,31 @@ def tensor_parallel_degrees(cfg, gpus: int, per_node: int, asked: list[int] | No
     return fits
 
 
-MEGATRON_STAGES = (0, 1)
-"""The stages the megatron trainer is priced at (scalelab.formulas.megatron_style: nanotron's, and Megatron's data
-parallelism with its distributed optimizer); FSDP is scalelab's (--trainer scalelab)."""
 
 
 def candidates(product, precisions: list[str] | None, gpus: int, per_node: int,
                trainer: str = "scalelab") -> list[tuple[str, int | str]]:
     """(precision, strategy key) pairs worth timing: bf16 (fp16 on a GPU without it) and fp8 where the GPU
     has FP8 tensor cores, or the precisions asked for; ZeRO stages 0-3, and hybrid sharding where the
-    GPUs fill several nodes (the megatron trainer: stages 0 and 1)."""
+    GPUs fill several nodes (a trainer priced at some stages alone: those, scalelab.spec.strategies.TRAINERS)."""
     if precisions is None:
         precisions = ["bf16" if product.peak("bf16") else "fp16"] + (["fp8"] if product.peak("fp8") else [])
-    keys: list[int | str] = list(MEGATRON_STAGES if trainer == "megatron" else ZERO_STAGES)
-    if gpus > per_node and gpus % per_node == 0 and trainer != "megatron":
+    stages = TRAINERS[trainer].stages
+    keys: list[int | str] = list(stages or ZERO_STAGES)
+    if gpus > per_node and gpus % per_node == 0 and stages is None:
         keys.append(HYBRID_KEY)
     return [(p, k) for p in precisions for k in keys]
+
+
+def _trainer_left_out(trainer: str) -> list[str]:
+    """The stages a trainer priced at some stages alone leaves out, and why."""
+    stages = TRAINERS[trainer].stages
+    if stages is None:
+        return []
+    others = [str(s) for s in ZERO_STAGES if s not in stages]
+    return [f"ZeRO stages {', '.join(others)} and hybrid sharding: the {trainer} trainer is priced at stage"
+            f"{'s' if len(stages) > 1 else ''} {' and '.join(map(str, stages))} (its own implementation); the others as "
+            "scalelab runs them: --trainer scalelab"]
 
 
 def _runs(precision: str, key, gpus: int, per_node: int, degree: int, trainer: str = "scalelab", pipeline: int = 1,
@@ -237,9 +246,7 @@ def plan(args) -> dict:
                             f"--gpus {n} at any tensor-parallel degree tried ({', '.join(map(str, degrees))})")
     left_out = [f"TP {t}: --global-batch {args.global_batch} does not split over its {n // t} data-parallel ranks"
                 for t in degrees if t not in splits] + _left_out(pairs, splits, n, machine.per_node, args.trainer)
-    if args.trainer == "megatron":
-        left_out.append("ZeRO stages 2, 3 and hybrid sharding: the megatron trainer is priced at stages 0 and 1 (its "
-                        "distributed optimizer); FSDP as scalelab runs it: --trainer scalelab")
+    left_out += _trainer_left_out(args.trainer)
     pipelines, pipeline_left_out = pipeline_choices(cfg, n, degrees, args.global_batch,
                                                     _pipeline_degrees(cfg, getattr(args, "pipeline_parallel", None)),
                                                     getattr(args, "schedule", None) or list(PLAN_SCHEDULES))

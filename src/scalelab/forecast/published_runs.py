@@ -43,6 +43,8 @@ class Published:
     """The peak GPU memory the source states, GB, where it does."""
     pipeline_parallel: int = 1
     pipeline_schedule: str = "1f1b"
+    chunks_per_rank: int | None = None
+    """An interleaved schedule's chunks per rank as the trainer ran it (Megatron's virtual pipeline size); None: 2."""
 
     @property
     def strategy(self) -> str:
@@ -194,7 +196,7 @@ def _point(row: Published):
                  global_batch=row.micro_batch * row.accumulation * row.gpus // (row.tensor_parallel * row.pipeline_parallel),
                  activation_checkpointing=row.activation_checkpointing, tensor_parallel=row.tensor_parallel,
                  sequence_parallel=row.sequence_parallel, trainer=row.trainer, pipeline_parallel=row.pipeline_parallel,
-                 pipeline_schedule=row.pipeline_schedule)
+                 pipeline_schedule=row.pipeline_schedule, chunks_per_rank=row.chunks_per_rank)
 
 
 def calibrated_mfu(row: Published, overlap_efficiency: float | None = None) -> float:

@@ -254,4 +254,4 @@ def grad_reduce_of(args) -> str:
     """--grad-reduce as given, else the trainer's default: the compute dtype for a distributed optimizer, fp32 for
     scalelab's own strategies."""
     given = getattr(args, "grad_reduce", None)
-    return given or ("compute" if getattr(args, "trainer", "scalelab") == "megatron" else "fp32")
+    return given or TRAINERS[getattr(args, "trainer", "scalelab")].grad_reduce

@@ -14,7 +14,7 @@ from scalelab.config import ModelConfig
 from scalelab.forecast.inputs import UNITS, EstimateError
 from scalelab.formulas import communication, flops, links, megatron_style, peak_memory, tensor_parallelism
 from scalelab.formulas.links import collective_calls
-from scalelab.spec.strategies import HYBRID_KEY, ZERO1_SHARDED_KEY, strategy
+from scalelab.spec.strategies import HYBRID_KEY, TRAINERS, ZERO1_SHARDED_KEY, strategy
 
 
 def _replicas(gpus: int, per_node: int) -> int:
@@ -47,16 +47,17 @@ class Point:
     sequence_parallel: bool = False  # with tensor parallelism: the norms and residual split over the tokens
     pipeline_parallel: int = 1  # P stages of consecutive blocks (scalelab.forecast.pipeline_step); world = DP x TP x P
     pipeline_schedule: str = "1f1b"  # one of scalelab.formulas.pipeline.SCHEDULES
+    chunks_per_rank: int | None = None  # an interleaved schedule's V as the trainer runs it; None: the schedule's (2)
 
     @property
     def megatron(self) -> bool:
-        """Priced as Megatron-LM and nanotron run it (scalelab.formulas.megatron_style): stages 0 and 1."""
-        return self.trainer == "megatron" and self.key in (0, 1)
+        """Priced as Megatron-LM, nanotron and NeMo run it (scalelab.formulas.megatron_style): stages 0 and 1."""
+        return TRAINERS[self.trainer].form == "megatron" and self.key in (0, 1)
 
     @property
     def priced(self) -> int | str:
-        """The strategy record the step is priced by: ZeRO-1's distributed-optimizer form (the megatron trainer's) where the trainer runs it so."""
-        return ZERO1_SHARDED_KEY if self.trainer == "megatron" and self.key == 1 else self.key
+        """The strategy record the step is priced by: ZeRO-1's distributed-optimizer form (the megatron trainers') where the trainer runs it so."""
+        return ZERO1_SHARDED_KEY if TRAINERS[self.trainer].form == "megatron" and self.key == 1 else self.key
 
 
 @dataclass(frozen=True)
@@ -104,8 +105,9 @@ def predict_unpipelined(point: Point, machine: Machine, n: int) -> dict:
     step = overlap.step_time(key if replicas > 1 else (ZERO1_SHARDED_KEY if point.priced == ZERO1_SHARDED_KEY else stage),
                                 compute_s, comm, calls=calls,
                                 overlap_efficiency=machine.overlap_efficiency)
-    tp = _tensor_parallel_step(point, machine, n, micro, accumulation)
-    step_s, exposed = step.step_s + tp["seconds"], step.exposed_comm_s + tp["seconds"]  # on the critical path
+    blocks_s = compute_s * (1 - head_share(point, hardware_fpt))
+    tp = _tensor_parallel_step(point, machine, n, micro, accumulation, blocks_s)
+    step_s, exposed = step.step_s + tp["exposed_s"], step.exposed_comm_s + tp["exposed_s"]  # on the critical path
     per_gpu = tokens / step_s
     peak_mem = _peak_memory(point, n_local, dp, micro, accumulation, replicas)
     return {"gpus": n, "nodes": math.ceil(n / machine.per_node), "replicas": replicas, "links": used,
@@ -210,7 +212,18 @@ def groups_link(groups, machine: Machine) -> links.Link:
     return links.across_nodes(machine.inter, machine.intra, fewest, nodes, machine.per_node)
 
 
-def _tensor_parallel_step(point: Point, machine: Machine, gpus: int, micro: int, accumulation: int) -> dict:
+def head_share(point: Point, hardware_fpt: float) -> float:
+    """The share of a GPU's compute in a step that is the head's (its 6 V d FLOPs per token: whole on every GPU, or
+    split over the vocabulary where the trainer splits it), the rest the blocks'."""
+    t, cfg = point.tensor_parallel, point.cfg
+    head = 6 * cfg.vocab_size * cfg.d_model
+    whole = t > 1 and not point.megatron
+    per_gpu = (hardware_fpt - head) / t + (head if whole else head / t)
+    return (head if whole else head / t) / per_gpu
+
+
+def _tensor_parallel_step(point: Point, machine: Machine, gpus: int, micro: int, accumulation: int,
+                          blocks_compute_s: float = 0.0) -> dict:
     """Tensor parallelism's collectives in a step over each group of T GPUs, on the link its groups need (groups_link):
     scalelab's (tensor_parallelism.tensor_parallel_comm: four all-reduces per block and micro-batch of B T d values, backward's
     in fp32) or the megatron trainer's (scalelab.formulas.megatron_style). Their time is on the critical path, for every
@@ -219,7 +232,8 @@ def _tensor_parallel_step(point: Point, machine: Machine, gpus: int, micro: int,
     the bus factor); the time is calls x latency + ring bytes / the link's bus bandwidth."""
     t, cfg = point.tensor_parallel, point.cfg
     if t == 1:
-        return {"size_bytes": 0.0, "ring_bytes_per_gpu": 0.0, "calls": 0, "seconds": 0.0, "link": None, "exposed": True,
+        return {"size_bytes": 0.0, "ring_bytes_per_gpu": 0.0, "calls": 0, "seconds": 0.0, "exposed_s": 0.0, "link": None,
+                "exposed": True,
                 "collectives": {}}
     if point.megatron:
         by_type = megatron_style.tensor_parallel_comm(cfg, micro, accumulation, t, point.precision, point.sequence_parallel,
@@ -233,9 +247,13 @@ def _tensor_parallel_step(point: Point, machine: Machine, gpus: int, micro: int,
     except EstimateError:
         raise EstimateError(f"--tensor-parallel {t} spans nodes of {machine.per_node} GPUs: give --inter-node") from None
     seconds = sum(n * links.collective_seconds(c, size / n, t, link) for c, (size, n) in by_type.items() if n)
+    exposed_s = seconds
+    if TRAINERS[point.trainer].tensor_parallel_overlap and point.megatron:  # behind the blocks' GEMMs
+        exposed_s = megatron_style.overlapped_tensor_parallel_seconds(
+            seconds, cfg.n_layers, point.sequence_parallel, point.activation_checkpointing, blocks_compute_s)
     return {"size_bytes": sum(size for size, _ in by_type.values()), "calls": sum(n for _, n in by_type.values()),
             "ring_bytes_per_gpu": sum(links.bus_factor(c, t) * size for c, (size, _) in by_type.items()),
-            "seconds": seconds, "link": link.name, "exposed": True,
+            "seconds": seconds, "exposed_s": exposed_s, "link": link.name, "exposed": exposed_s == seconds,
             "collectives": {c: {"size_bytes": size, "calls": n} for c, (size, n) in by_type.items()}}
 
 

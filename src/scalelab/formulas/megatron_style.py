@@ -81,3 +81,30 @@ def peak_memory(cfg: ModelConfig, n_local: float, zero_stage: int, data_parallel
     state = (STATE_BYTES["params"] + STATE_BYTES["grads"]) * n_local + optimizer
     activations = activation_bytes(cfg, micro_batch, precision, degree, sequence_parallel, activation_checkpointing)
     return {"model_state": state, "activations": activations, "total": state + activations}
+
+
+USERBUFFERS_PIPELINE_SPLITS = 4
+"""Chunks of each pipelined reduce-scatter under TransformerEngine's userbuffers: its ``num_splits`` default for the
+``pipeline`` method (transformer_engine/pytorch/module/base.py, initialize_ub), which proj_fprop and fc2_fprop use by
+default and in NVIDIA's GPT-3 175B recipe (dgxc-benchmarking v24.11.1, nemo_megatron/gpt3_175b_hydra.yaml,
+ub_tp_comm_overlap_cfg: num_splits 4)."""
+
+
+def overlapped_tensor_parallel_seconds(seconds: float, n_layers: int, sequence_parallel: bool,
+                                       activation_checkpointing: bool, blocks_compute_s: float) -> float:
+    """What stays on the step of ``seconds`` of tensor-parallel collectives (tensor_parallel_comm's, timed) where
+    TransformerEngine's userbuffers overlap them with the blocks' GEMMs (NeMo's ``ub_tp_comm_overlap``; NeMo's
+    docs/source/features/optimizations/communication_overlap.rst: with sequence parallelism, the all-gathers and
+    reduce-scatters without a direct dependency overlap in bulk, the others pipelined in chunks by P2P ring exchanges,
+    a pipelined reduce-scatter exposing one chunk). Per block, of its 2 (4 + 2 c) collectives (c: the checkpointed
+    forward's repeat), the forward's two row-parallel reduce-scatters (proj and fc2, the ``pipeline`` method) leave one
+    chunk of USERBUFFERS_PIPELINE_SPLITS exposed; the rest hides behind the blocks' compute, at most all of it
+    (``blocks_compute_s``); the embedding's and the head's collectives (not TransformerEngine modules) stay exposed.
+    Without sequence parallelism userbuffers do not run: all of it is exposed."""
+    if not sequence_parallel or seconds == 0:
+        return seconds
+    per_block = 4 + (2 if activation_checkpointing else 0)
+    blocks_s = seconds * n_layers * per_block / (n_layers * per_block + 2)
+    chunk_s = blocks_s * 2 * (1 + activation_checkpointing) / (2 * per_block) / USERBUFFERS_PIPELINE_SPLITS
+    hidden = min(blocks_s - chunk_s, blocks_compute_s)
+    return seconds - hidden

@@ -3,7 +3,8 @@ bubble its schedule leaves. Torch-free; scalelab.run.pipeline runs what these pr
 ``torch.distributed.pipelining``.
 
 P ranks of one pipeline each hold V consecutive-block chunks ("virtual stages": V = 1 for GPipe and 1F1B, V = 2
-for interleaved 1F1B), P V chunks in all; chunk c lives on rank c mod P. The embeddings go with chunk 0, the final
+for interleaved 1F1B as scalelab runs it; a forecast of another trainer's interleaved schedule gives its own V as
+``virtual``), P V chunks in all; chunk c lives on rank c mod P. The embeddings go with chunk 0, the final
 norm, the head and the loss with chunk P V - 1. A step's micro-batches m are the data-parallel rank's share of the
 global batch in micro-batches (the accumulation steps of the run without pipelining).
 
@@ -52,9 +53,20 @@ def schedule(name: str) -> Schedule:
         raise ValueError(f"pipeline_schedule {name!r}: one of {', '.join(SCHEDULES)}") from None
 
 
-def chunks(n_layers: int, pp: int, schedule_name: str = DEFAULT_SCHEDULE) -> list[range]:
+def chunks_per_rank(schedule_name: str, virtual: int | None = None) -> int:
+    """V of a schedule: its record's, or for an interleaved schedule the ``virtual`` chunks per rank a trainer runs
+    (Megatron's ``virtual_pipeline_model_parallel_size``; forecasts only: scalelab's runs take the record's 2)."""
+    own = schedule(schedule_name).chunks_per_rank
+    if virtual is None or own == 1:
+        return own
+    if virtual < 2:
+        raise ValueError(f"{schedule_name} runs at least 2 chunks per rank, got {virtual}")
+    return virtual
+
+
+def chunks(n_layers: int, pp: int, schedule_name: str = DEFAULT_SCHEDULE, virtual: int | None = None) -> list[range]:
     """The blocks of each chunk (P V of them, in model order); ValueError where the blocks do not split evenly."""
-    n = pp * schedule(schedule_name).chunks_per_rank
+    n = pp * chunks_per_rank(schedule_name, virtual)
     if n_layers % n:
         raise ValueError(f"{n_layers} blocks do not split into {n} equal pipeline chunks "
                          f"(pipeline_parallel={pp}, {schedule_name}: {n // pp} per rank)")
@@ -62,9 +74,9 @@ def chunks(n_layers: int, pp: int, schedule_name: str = DEFAULT_SCHEDULE) -> lis
     return [range(c * size, (c + 1) * size) for c in range(n)]
 
 
-def rank_chunks(pp_rank: int, pp: int, schedule_name: str = DEFAULT_SCHEDULE) -> list[int]:
+def rank_chunks(pp_rank: int, pp: int, schedule_name: str = DEFAULT_SCHEDULE, virtual: int | None = None) -> list[int]:
     """The chunks pipeline rank i runs: i, i + P, ... (torch's looped placement)."""
-    return [pp_rank + k * pp for k in range(schedule(schedule_name).chunks_per_rank)]
+    return [pp_rank + k * pp for k in range(chunks_per_rank(schedule_name, virtual))]
 
 
 def microbatches_problem(pp: int, m: int, schedule_name: str) -> str | None:
@@ -81,13 +93,13 @@ def microbatches_problem(pp: int, m: int, schedule_name: str) -> str | None:
     return None
 
 
-def bubble_fraction(pp: int, m: int, schedule_name: str = DEFAULT_SCHEDULE) -> float:
+def bubble_fraction(pp: int, m: int, schedule_name: str = DEFAULT_SCHEDULE, virtual: int | None = None) -> float:
     """The share of a step each rank idles: (P - 1) / (V m + P - 1); 0 without pipelining."""
-    v = schedule(schedule_name).chunks_per_rank
+    v = chunks_per_rank(schedule_name, virtual)
     return (pp - 1) / (v * m + pp - 1) if pp > 1 else 0.0
 
 
-def in_flight(pp_rank: int, pp: int, m: int, schedule_name: str = DEFAULT_SCHEDULE) -> int:
+def in_flight(pp_rank: int, pp: int, m: int, schedule_name: str = DEFAULT_SCHEDULE, virtual: int | None = None) -> int:
     """Chunk-micro-batches whose activations rank ``pp_rank`` holds at once, at most (the module doc)."""
     if pp == 1:
         return 1
@@ -95,19 +107,19 @@ def in_flight(pp_rank: int, pp: int, m: int, schedule_name: str = DEFAULT_SCHEDU
         return m
     if schedule_name == "1f1b":
         return min(m, pp - pp_rank)
-    v = schedule(schedule_name).chunks_per_rank
+    v = chunks_per_rank(schedule_name, virtual)
     per_round = m // max(1, m // pp)
     warm_up = min((v - 1) * per_round + 2 * (pp - 1 - pp_rank), m * v)
     return min(warm_up + 1, m * v)
 
 
 def held_block_activations(per_block: float, n_layers: int, pp_rank: int, pp: int, m: int,
-                           schedule_name: str = DEFAULT_SCHEDULE, once: float = 0.0) -> float:
+                           schedule_name: str = DEFAULT_SCHEDULE, once: float = 0.0, virtual: int | None = None) -> float:
     """The most bytes of block activations rank ``pp_rank`` holds: in-flight chunk-micro-batches x blocks per chunk x
     one block's bytes for one micro-batch (per_block), plus what every block shares once (``once``: the llama
     family's fp32 RoPE tables, saved by every block and micro-batch but one storage)."""
-    blocks_per_chunk = len(chunks(n_layers, pp, schedule_name)[0])
-    return in_flight(pp_rank, pp, m, schedule_name) * blocks_per_chunk * per_block + once
+    blocks_per_chunk = len(chunks(n_layers, pp, schedule_name, virtual)[0])
+    return in_flight(pp_rank, pp, m, schedule_name, virtual) * blocks_per_chunk * per_block + once
 
 
 def per_block_and_once(cfg: ModelConfig, micro_batch: int, precision: str, **case) -> tuple[float, float]:
@@ -129,15 +141,16 @@ def boundary_values(micro_batch: int, seq_len: int, d_model: int, tensor_paralle
     return tokens * d_model
 
 
-def p2p_bytes(pp_rank: int, pp: int, m: int, boundary_bytes: float, schedule_name: str = DEFAULT_SCHEDULE) -> dict[str, float]:
+def p2p_bytes(pp_rank: int, pp: int, m: int, boundary_bytes: float, schedule_name: str = DEFAULT_SCHEDULE,
+              virtual: int | None = None) -> dict[str, float]:
     """Bytes rank ``pp_rank`` sends and receives per step: {"sent", "received"}. Each of its chunks but the model's
     last sends each micro-batch's activations forward and receives their gradient; each but the first receives the
     activations and sends the gradient back."""
     if pp == 1:
         return {"sent": 0.0, "received": 0.0}
-    n = pp * schedule(schedule_name).chunks_per_rank
+    n = pp * chunks_per_rank(schedule_name, virtual)
     sent = received = 0.0
-    for c in rank_chunks(pp_rank, pp, schedule_name):
+    for c in rank_chunks(pp_rank, pp, schedule_name, virtual):
         if c < n - 1:  # activations out, their gradient in
             sent += m * boundary_bytes
             received += m * boundary_bytes
@@ -159,14 +172,14 @@ def outside_parts(cfg: ModelConfig) -> dict[str, int]:
 
 
 def rank_params(cfg: ModelConfig, block_params: float, pp_rank: int, pp: int,
-                schedule_name: str = DEFAULT_SCHEDULE) -> float:
+                schedule_name: str = DEFAULT_SCHEDULE, virtual: int | None = None) -> float:
     """Parameters pipeline rank ``pp_rank`` holds (block_params: one block's, on this rank: its tensor-parallel share),
     its blocks and the parts outside them its chunks hold; the whole model's count without pipelining."""
     if pp == 1:
         return cfg.n_layers * block_params + family(cfg.family).outside_params(cfg)
     parts = outside_parts(cfg)
-    all_chunks = chunks(cfg.n_layers, pp, schedule_name)
-    mine = rank_chunks(pp_rank, pp, schedule_name)
+    all_chunks = chunks(cfg.n_layers, pp, schedule_name, virtual)
+    mine = rank_chunks(pp_rank, pp, schedule_name, virtual)
     held = sum(len(all_chunks[c]) for c in mine) * block_params
     held += parts["first"] if 0 in mine else 0
     held += parts["last"] if len(all_chunks) - 1 in mine else 0

@@ -166,6 +166,19 @@ class Trainer:
     overlap_efficiency: float | None
     """The share of its overlappable communication that hides behind compute (scalelab.formulas.overlap's eta) where
     fitted to this trainer's published runs; None: the GPU's default there."""
+    form: str = "scalelab"
+    """Whose strategies price ZeRO 0/1 and tensor parallelism: ``scalelab`` (scalelab.formulas.communication) or
+    ``megatron`` (the distributed optimizer and vocabulary-parallel tensor parallelism: scalelab.formulas.megatron_style)."""
+    tensor_parallel_overlap: bool = False
+    """Its blocks' sequence-parallel all-gathers and reduce-scatters run behind their own GEMMs (TransformerEngine's
+    userbuffers: scalelab.formulas.megatron_style.overlapped_tensor_parallel_seconds); else on the critical path."""
+    memory: str = "scalelab"
+    """Whose memory recipe prices its peak: ``scalelab`` (scalelab.formulas.peak_memory), ``megatron``
+    (megatron_style, at stages 0 and 1) or ``llm-foundry`` (foundry_style, FSDP FULL_SHARD)."""
+    stages: tuple[int, ...] | None = None
+    """The ZeRO stages it is priced at (``scalelab plan`` searches them); None: every stage and hybrid sharding."""
+    grad_reduce: str = "fp32"
+    """The dtype its gradients are reduced in unless --grad-reduce says otherwise: ``fp32`` or ``compute``."""
 
 
 MEGATRON_OVERLAP_EFFICIENCY = 0.0
@@ -181,7 +194,17 @@ TRAINERS = {t.name: t for t in (
     Trainer("megatron", "Megatron-LM and nanotron (DeepSpeed's ZeRO-1 alike): ZeRO-1 as a distributed optimizer, gradients "
                         "reduce-scattered and parameters all-gathered in the compute dtype; bf16 parameters with an fp32 "
                         "gradient buffer; tensor parallelism with the embedding, head and loss split over the vocabulary, its "
-                        "collectives in the compute dtype (scalelab.formulas.megatron_style)", MEGATRON_OVERLAP_EFFICIENCY),
+                        "collectives in the compute dtype (scalelab.formulas.megatron_style)", MEGATRON_OVERLAP_EFFICIENCY,
+            form="megatron", memory="megatron", stages=(0, 1), grad_reduce="compute"),
+    # NeMo 24.x on Megatron-core and TransformerEngine, as NVIDIA's recipes set it (ub_tp_comm_overlap=True, sequence
+    # parallelism): NeMo's docs (docs/source/features/optimizations/communication_overlap.rst) say userbuffers overlap
+    # every tensor-parallel all-gather and reduce-scatter with the GEMM beside it, in bulk or pipelined in chunks
+    Trainer("nemo", "NeMo (Megatron-core with TransformerEngine) as its recipes run it: the megatron trainer's distributed "
+                    "optimizer, memory and vocabulary-parallel tensor parallelism, with the blocks' sequence-parallel "
+                    "all-gathers and reduce-scatters overlapped with their GEMMs by userbuffers (ub_tp_comm_overlap: one "
+                    "chunk of four of each forward row-parallel reduce-scatter exposed, and what outlasts the blocks' "
+                    "compute); its data-parallel syncs exposed as the megatron trainer's", MEGATRON_OVERLAP_EFFICIENCY,
+            form="megatron", tensor_parallel_overlap=True, memory="megatron", stages=(0, 1), grad_reduce="compute"),
 )}
 HYBRID_KEY = "hybrid"
 """What ``strategy()`` and ``scalelab estimate`` accept for hybrid sharding beside the stages."""
