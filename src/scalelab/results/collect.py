@@ -2,6 +2,7 @@
 (the schemas come from the column table, scalelab.plan.columns)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -92,6 +93,58 @@ def _with_steps(row: dict, summary: dict, steps_path: Path, identity: dict | Non
     return row
 
 
+def _run_row(run_dir: Path, run_path: str, forecasts: dict, step_tables: list, problems: list) -> dict | None:
+    """One run folder's row, its steps into step_tables and what is wrong with it into problems; None for a
+    folder whose summary cannot be read and that has no point.json to name it by."""
+    point = _point_of(run_dir)
+    identity = point.identity() if point else None
+    summary_path, steps_path = run_dir / "summary.json", run_dir / "steps.parquet"
+    try:
+        summary = json.loads(summary_path.read_text())
+        if not isinstance(summary, dict) or "status" not in summary:
+            raise ValueError("no 'status' field")
+    except FileNotFoundError:
+        problems.append(f"{summary_path}: missing")
+        return run_row({**identity, "status": "missing", "reason": f"{summary_path} is missing"}, run_path) if identity else None
+    except (ValueError, UnicodeDecodeError) as err:
+        problems.append(f"{summary_path}: corrupt ({err})")
+        return (run_row({**identity, "status": "corrupt", "reason": f"{summary_path} is corrupt: {err}"}, run_path)
+                if identity else None)
+    summary = _with_forecast(summary, forecasts, run_path, point)
+    lost = unknown_summary_keys(summary)
+    if lost:  # a writer and the schema disagree: say so, never drop a field silently
+        problems.append(f"{summary_path}: fields not in the metrics schema, not collected: {', '.join(lost)}")
+    # identity from point.json under the summary's own (micro_batch resolved at launch): a summary
+    # written before an axis existed lacks it
+    row = run_row({**(identity or {}), **{k: v for k, v in summary.items() if v is not None or k not in (identity or {})}},
+                  run_path)
+    wrong = type_problems(row)
+    if wrong:  # one bad field makes a 'corrupt' row naming it; the other runs are still collected
+        problems.append(f"{summary_path}: corrupt ({'; '.join(wrong)})")
+        row = run_row({**(identity or {}), "status": "corrupt",
+                       "reason": f"{summary_path} does not match the metrics schema: {'; '.join(wrong)}"}, run_path)
+        if not identity:
+            return None
+    row = _with_steps(row, summary, steps_path, identity, run_path, step_tables, problems)
+    try:  # the formula columns by today's formulas: a fix reaches cached runs
+        return refreshed(row)
+    except (ValueError, KeyError, TypeError) as err:  # kept as written, and said
+        problems.append(f"{summary_path}: formula columns kept as the run wrote them ({type(err).__name__}: {err})")
+        return row
+
+
+def _with_forecast(summary: dict, forecasts: dict, run_path: str, point) -> dict:
+    """A summary with the forecast that kept its run, where the summary has none."""
+    if "forecast_decision" not in summary:
+        # measured before planning.top_k was set (a full sweep, then top_k): the forecast that kept it, as its
+        # rank beside the measured one is what the report's forecast table is for; a repeat the config no longer
+        # lists (an earlier repeats.baseline) takes its point's, as the listed repeats do
+        forecast = forecasts.get(run_path) or (forecasts.get(point.first_run_id) if point else None)
+        if forecast:
+            return {**forecast, **summary}
+    return summary
+
+
 def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict:
     """Gather every run's summary.json and steps.parquet under results_dir/runs/<run id>/ into
     results_dir/metrics.parquet (one row per run) and results_dir/steps.parquet (one row per
@@ -99,8 +152,6 @@ def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict
     'missing' or 'corrupt'; the rest is still collected. Returns {'runs', 'steps', 'problems'}.
     Raises OldLayout for a results folder holding run folders of an earlier layout.
     """
-    import json
-
     results_dir = Path(results_dir)
     runs_root = results_dir / "runs"
     check_layout(results_dir)
@@ -111,51 +162,9 @@ def collect(results_dir: str | Path, run_paths: list[str] | None = None) -> dict
     # a pruned point's record carries its forecast: a row without one under a pruned decision is an older run, not it
     forecasts = {run_id: d.forecast for run_id, d in forecast_record.read(results_dir).items() if d.forecast and not d.pruned}
     for run_path in run_paths:
-        run_dir = runs_root / run_path
-        point = _point_of(run_dir)
-        identity = point.identity() if point else None
-        summary_path, steps_path = run_dir / "summary.json", run_dir / "steps.parquet"
-        try:
-            summary = json.loads(summary_path.read_text())
-            if not isinstance(summary, dict) or "status" not in summary:
-                raise ValueError("no 'status' field")
-        except FileNotFoundError:
-            problems.append(f"{summary_path}: missing")
-            if identity:
-                rows.append(run_row({**identity, "status": "missing", "reason": f"{summary_path} is missing"}, run_path))
-            continue
-        except (ValueError, UnicodeDecodeError) as err:
-            problems.append(f"{summary_path}: corrupt ({err})")
-            if identity:
-                rows.append(run_row({**identity, "status": "corrupt", "reason": f"{summary_path} is corrupt: {err}"}, run_path))
-            continue
-        if "forecast_decision" not in summary:
-            # measured before planning.top_k was set (a full sweep, then top_k): the forecast that kept it, as its
-            # rank beside the measured one is what the report's forecast table is for; a repeat the config no longer
-            # lists (an earlier repeats.baseline) takes its point's, as the listed repeats do
-            forecast = forecasts.get(run_path) or (forecasts.get(point.first_run_id) if point else None)
-            if forecast:
-                summary = {**forecast, **summary}
-        lost = unknown_summary_keys(summary)
-        if lost:  # a writer and the schema disagree: say so, never drop a field silently
-            problems.append(f"{summary_path}: fields not in the metrics schema, not collected: {', '.join(lost)}")
-        # identity from point.json under the summary's own (micro_batch resolved at launch): a summary
-        # written before an axis existed lacks it
-        row = run_row({**(identity or {}), **{k: v for k, v in summary.items() if v is not None or k not in (identity or {})}},
-                      run_path)
-        wrong = type_problems(row)
-        if wrong:  # one bad field makes a 'corrupt' row naming it; the other runs are still collected
-            problems.append(f"{summary_path}: corrupt ({'; '.join(wrong)})")
-            row = run_row({**(identity or {}), "status": "corrupt",
-                           "reason": f"{summary_path} does not match the metrics schema: {'; '.join(wrong)}"}, run_path)
-            if not identity:
-                continue
-        row = _with_steps(row, summary, steps_path, identity, run_path, step_tables, problems)
-        try:  # the formula columns by today's formulas: a fix reaches cached runs
-            row = refreshed(row)
-        except (ValueError, KeyError, TypeError) as err:  # kept as written, and said
-            problems.append(f"{summary_path}: formula columns kept as the run wrote them ({type(err).__name__}: {err})")
-        rows.append(row)
+        row = _run_row(runs_root / run_path, run_path, forecasts, step_tables, problems)
+        if row is not None:
+            rows.append(row)
     runs = with_collected_columns(runs_table(rows), results_dir)
     steps = pa.concat_tables(step_tables) if step_tables else STEP_SCHEMA.empty_table()
     write_parquet(runs, results_dir / "metrics.parquet")
