@@ -285,8 +285,12 @@ def environment():
     """The Jinja2 environment of the templates shipped in scalelab/report/templates/ (package data)."""
     import jinja2
 
-    env = jinja2.Environment(loader=jinja2.PackageLoader("scalelab.report", "templates"), autoescape=True,
-                             trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    # HTML pages autoescaped; summary.md escapes the results' names itself (markdown_text: Markdown's own rules)
+    escape = jinja2.select_autoescape(enabled_extensions=("html.j2",), disabled_extensions=("md.j2",), default=True)
+    env = jinja2.Environment(loader=jinja2.PackageLoader("scalelab.report", "templates"), autoescape=escape,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                             undefined=jinja2.StrictUndefined)
+    env.filters["markdown_text"] = markdown_text
     return env
 
 
@@ -459,27 +463,13 @@ def _forecast_tables(ranking: pd.DataFrame) -> dict:
                                                    "predicted_peak_mib", "reason"]]) if not pruned.empty else None}
 
 
-def _summary_markdown(context: dict, n_runs: int, best: pd.DataFrame, inter_node: pd.DataFrame,
-                      runs_table: pd.DataFrame) -> str:
-    """summary.md: what was trained, the best configuration per world size, traffic between nodes, the runs and the
-    warnings, from the report's context (every name from the results escaped: markdown_text, markdown_table)."""
-    return ("# scalelab summary\n\n"
-            + "".join(f"**Trained:** {markdown_text(line)}  \n" for line in context["trained"]) + ("\n" if context["trained"] else "")
-            + f"{n_runs} runs ({context['n_ok']} ok); the full report is report.html beside this file.\n\n"
-            + (f"> {context['cpu_notice']}\n\n" if context["cpu_notice"] else "")
-            + "## Best configuration per world size\n\n"
-            + "The fastest point that ended ok per world size" + (" and model (each ranked against its own configurations)"
-                                                                   if context['best_per_model'] else "")
-            + ", by the median tokens/s of its runs, its lead against the run-to-run "
-            "noise (points within it of each other are named as tied: no single winner), and the configurations that "
-            "did not fit (oom / predicted_oom). "
-            + context["best_note"] + (" " + context["cpu_best_note"] if context["cpu_best_note"] else "")
-            + "\n\n" + markdown_table(best)
-            + ("\n## Traffic between nodes\n\nBytes rank 0 handed per step to collectives whose group spans nodes "
-               "(inter-node) and within a node, measured and predicted; nodes of one machine share its cores "
-               "(timings over-committed).\n\n" + markdown_table(inter_node) if not inter_node.empty else "")
-            + "\n## Runs\n\n" + markdown_table(runs_table)
-            + ("\n## Warnings\n\n" + "\n".join(f"- {markdown_text(w)}" for w in context["warnings"]) + "\n" if context["warnings"] else ""))
+def _summary_markdown(context: dict, best: pd.DataFrame, inter_node: pd.DataFrame, runs_table: pd.DataFrame) -> str:
+    """summary.md (templates/summary.md.j2) from the report's context and its tables as Markdown."""
+    def table(df: pd.DataFrame) -> str:
+        return markdown_table(df).rstrip("\n")  # the template's lines end it
+
+    return render("summary.md.j2", **context, best_markdown=table(best),
+                  inter_node_markdown=table(inter_node) if not inter_node.empty else None, runs_markdown=table(runs_table))
 
 
 def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None:
@@ -534,7 +524,7 @@ def _build(results_dir: Path, out_dir: Path, workers: int | None = None) -> None
         }
         context["levers_section"] |= any(g["lever_figures"] for g in by_family)
         (out_dir / "report.html").write_text(render("report.html.j2", **context), encoding="utf-8")
-        (out_dir / "summary.md").write_text(_summary_markdown(context, len(runs), best, inter_node,
+        (out_dir / "summary.md").write_text(_summary_markdown(context, best, inter_node,
                                                               table[[c for c in SUMMARY_COLUMNS if c != "model" or several]]))
 
 
