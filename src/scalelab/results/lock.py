@@ -16,6 +16,9 @@ for ``scalelab resume``; it is emptied on release and stays between holders. On 
 to the server's byte-range locks, so a holder on another host is seen too; a filesystem that cannot
 lock at all (Lustre mounted without ``flock``) is refused by name rather than left unlocked.
 
+Not the filelock package: it takes the same ``flock``, but keeps no record of its holder, which the refusal
+("held by pid ... on host ..., started ...") and ``scalelab resume`` read.
+
 """
 from __future__ import annotations
 

@@ -31,6 +31,11 @@ umask and resource limits. What it cannot take: the hash seed (every forked rank
 server's, where new processes would each draw one) and warnings printed once at import (in the
 server's output, not each run's log).
 
+Not multiprocessing's forkserver, which also forks from a process that preloaded modules: its children run a
+function of the process that asked, as that process's ``Process`` objects, and take neither its working directory,
+environment, affinity and limits nor a command line that ``ps`` and the orphan checks find, nor a process group the
+launcher can kill whole; a rank must look and end as a process started for it.
+
 The server imports torch on its first request, not at start: a sweep that trains nothing on the
 CPU (a report from cached runs, a GPU sweep) never pays for it. The import never overlaps a
 measurement: a request waits for it to end before its children are forked (the collective
