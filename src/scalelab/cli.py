@@ -175,10 +175,8 @@ def _predict(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Every subcommand and its flags (estimate, export, plan, migrate and bench add their own)."""
-    parser = argparse.ArgumentParser(prog="scalelab", description="Reproducible scaling experiments: tables, reports, estimates.")
-    sub = parser.add_subparsers(dest="command", required=True)
+def _add_result_commands(sub) -> None:
+    """collect, report, check-config and compare: the commands that read a results folder or a config."""
     c = sub.add_parser("collect", help="gather run files under RESULTS/runs into RESULTS/{metrics,steps}.parquet")
     c.add_argument("results_dir", help="a results folder (holding runs/)")
     c.set_defaults(func=_collect)
@@ -197,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("b", help="the results folder compared with it (B); ratios are B / A")
     k.add_argument("--out", default=None, help="output folder (default: B/compare)")
     k.set_defaults(func=_compare)
+
+
+def _add_sweep_commands(sub) -> None:
+    """status, retry and resume: the commands that look after a sweep's runs."""
     s = sub.add_parser("status", help="how many runs of RESULTS are done, running, failed, timed out, OOM, skipped, ... with reasons")
     s.add_argument("results_dir", nargs="?", default="results", help="a results folder (holding runs/; default: results)")
     s.add_argument("--config", default=None, help="the workflow's config file: also count sweep points not started")
@@ -217,6 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("results_dir", help="the sweep's results folder")
     u.add_argument("--dry-run", action="store_true", help="say what would be cleared and run, do nothing")
     u.set_defaults(func=_resume)
+
+
+def _add_predict_command(sub) -> None:
+    """predict: the step-time model held to measured runs."""
     p = sub.add_parser("predict", help="validate the step-time model (scalelab.results.prediction): fit on part of a sweep, "
                        "predict the rest, print errors and bands")
     p.add_argument("--validate", required=True, nargs="+", metavar="RESULTS",
@@ -228,6 +234,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object: points, summary (mean_abs_error, max_abs_error, "
                    "inside_band_share), parameters")
     p.set_defaults(func=_predict)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand and its flags (estimate, export, plan, migrate and bench add their own)."""
+    parser = argparse.ArgumentParser(prog="scalelab", description="Reproducible scaling experiments: tables, reports, estimates.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_result_commands(sub)
+    _add_sweep_commands(sub)
+    _add_predict_command(sub)
     from scalelab.forecast.estimate_command import add_parser as add_estimate
     from scalelab.forecast.plan import add_parser as add_plan
     from scalelab.report.export import add_parser as add_export
