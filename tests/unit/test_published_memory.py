@@ -42,3 +42,71 @@ def test_the_recipe_by_hand_for_the_1b_at_64_gpus():
     assert foundry_style.peak_memory(cfg, n, 64, 10).total == pytest.approx(expected)
     with pytest.raises(ValueError, match="gpt2 family"):
         foundry_style.block_activation_bytes(ModelConfig(family="llama", n_layers=2, d_model=64, n_heads=4), 1)
+
+
+def _foundry_point(run, trainer="llm-foundry", **kw):
+    from scalelab.forecast.step import Point
+
+    return Point(cfg=run.cfg, n_params=flops.param_count(run.cfg), key=3, precision="bf16", grad_reduce="compute",
+                 micro_batch=run.micro_batch, global_batch=run.micro_batch * run.accumulation * run.gpus, trainer=trainer,
+                 **kw)
+
+
+def _a100_machine():
+    from scalelab.forecast.step import Machine
+    from scalelab.formulas import links
+    from scalelab.spec import hardware
+
+    return Machine(product=hardware.gpu_by_name(pm.GPU), peak_flops=flops.gpu_peak_flops(pm.GPU, "bf16"), mfu=0.4,
+                   per_node=8, intra=links.parse_link("nvlink-a100", None), inter=links.parse_link("ib-hdr", None),
+                   overlap_efficiency=0.05)
+
+
+def test_the_llm_foundry_trainer_prices_every_published_row_by_its_recipe_and_each_fits():
+    """--trainer llm-foundry: estimate scaling and plan take the recipe's peak (step._peak_memory), so each of the 51
+    rows that ran on 40 GB cards is predicted to fit, where scalelab's own convention rejects 34."""
+    from scalelab.forecast.predict import predict_point
+
+    for r in pm.validation():
+        row = predict_point(_foundry_point(r["run"]), _a100_machine(), r["run"].gpus)
+        assert row["peak_memory_gib"] == pytest.approx(
+            foundry_style.peak_memory(r["run"].cfg, flops.param_count(r["run"].cfg), r["run"].gpus, r["run"].micro_batch,
+                                      r["run"].accumulation).total / 2**30)
+        assert row["fits_memory"]
+
+
+def test_the_llm_foundry_trainers_bytes_are_full_sharding_in_bf16_with_a_reduce_scatter_per_micro_batch():
+    """FULL_SHARD under PURE: every block gathered in bf16 for forward and again for backward (2 k Psi x 2 bytes, as
+    scalelab's stage 3 with a 16-bit gather), and composer reduce-scatters every micro-batch's gradients in bf16 (k Psi
+    x 2 bytes, where scalelab's FSDP2 reduces once a step)."""
+    from scalelab.forecast.predict import predict_point
+
+    run = next(r for r in pm.ROWS if r.model == "1b" and r.seq_len == 2048 and r.gpus == 8)
+    assert run.accumulation == 8
+    foundry = predict_point(_foundry_point(run), _a100_machine(), 8)
+    own = predict_point(_foundry_point(run, trainer="scalelab"), _a100_machine(), 8)
+    psi = flops.param_count(run.cfg)
+    assert foundry["collective_bytes"]["reduce_scatter"] == pytest.approx(8 * psi * 2)
+    assert own["collective_bytes"]["reduce_scatter"] == pytest.approx(psi * 2)
+    assert foundry["collective_bytes"]["all_gather"] == own["collective_bytes"]["all_gather"]
+    assert foundry["collective_calls"]["reduce_scatter"] == 8 * own["collective_calls"]["reduce_scatter"]
+
+
+def test_plan_and_estimate_with_the_llm_foundry_trainer(capsys):
+    import json
+
+    from scalelab.cli import main
+
+    mpt = ["--layers", "24", "--d-model", "2048", "--heads", "16", "--vocab", "50368", "--seq", "2048"]
+    assert main(["plan", *mpt, "--gpus", "64", "--gpu", pm.GPU, "--inter-node", "ib-hdr", "--global-batch", "640",
+                 "--tokens", "1T", "--trainer", "llm-foundry", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert {(r["strategy"], r["precision"], r.get("tensor_parallel") or 1) for r in plan["rows"]} == {(3, "bf16", 1)}
+    assert plan["best"]["peak_memory_gib"] <= 40
+    assert main(["estimate", "scaling", "--model", "llama3-8b", "--zero-stage", "3", "--gpus", "8", "--gpu", "H100",
+                 "--trainer", "llm-foundry"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--trainer llm-foundry" in err and "gpt2" in err
+    assert main(["estimate", "scaling", *mpt, "--zero-stage", "1", "--gpus", "8", "--gpu", "H100",
+                 "--trainer", "llm-foundry"]) != 0
+    assert "--zero-stage 3" in capsys.readouterr().err

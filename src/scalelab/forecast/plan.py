@@ -91,9 +91,13 @@ def _trainer_left_out(trainer: str) -> list[str]:
     if stages is None:
         return []
     others = [str(s) for s in ZERO_STAGES if s not in stages]
-    return [f"ZeRO stages {', '.join(others)} and hybrid sharding: the {trainer} trainer is priced at stage"
-            f"{'s' if len(stages) > 1 else ''} {' and '.join(map(str, stages))} (its own implementation); the others as "
-            "scalelab runs them: --trainer scalelab"]
+    out = [f"ZeRO stages {', '.join(others)} and hybrid sharding: the {trainer} trainer is priced at stage"
+           f"{'s' if len(stages) > 1 else ''} {' and '.join(map(str, stages))} (its own implementation); the others as "
+           "scalelab runs them: --trainer scalelab"]
+    if TRAINERS[trainer].memory == "llm-foundry":
+        out.append("pipeline parallelism and precisions other than bf16: the llm-foundry trainer is priced as its MPT "
+                   "benchmarks run (FSDP alone, in bf16)")
+    return out
 
 
 def _runs(precision: str, key, gpus: int, per_node: int, degree: int, trainer: str = "scalelab", pipeline: int = 1,
@@ -108,6 +112,9 @@ def _runs(precision: str, key, gpus: int, per_node: int, degree: int, trainer: s
 def _not_run(precision: str, key, gpus: int, per_node: int, degree: int, trainer: str, pipeline: int = 1,
              schedule: str = "1f1b") -> str | None:
     """Why the trainer priced does not run this combination (:func:`_runs`); None where it does."""
+    if TRAINERS[trainer].memory == "llm-foundry":
+        return (None if degree == 1 and pipeline == 1 and precision == "bf16" else
+                "the llm-foundry trainer is priced as its MPT benchmarks run: FSDP alone, in bf16")
     if trainer != "scalelab":
         split = "tensor" if pipeline == 1 else "pipeline"
         return None if (degree == 1 and pipeline == 1) or key != HYBRID_KEY else \
@@ -282,12 +289,17 @@ def _assumptions(args, machine, source, degrees: list[int], grad_reduce: str, cf
         "reserve": RESERVE["source"] if args.reserve_gib is None else "--reserve-gib",
         "fp8": {**hardware.fp8_outlook(cfg.d_model), "timing": fp8_notes[0]} if fp8_notes else None,
         "tensor_parallel": f"degrees {', '.join(map(str, degrees))} within a node (their all-reduces on the critical "
-                           "path: estimate scaling --tensor-parallel), each with and without sequence parallelism; the "
-                           "combinations timed are the rows, those left "
+                           "path but where the trainer overlaps them: estimate scaling --tensor-parallel), each with and "
+                           "without sequence parallelism; the combinations timed are the rows, those left "
                            "out are listed with why",
         "out_of_scope": "context parallelism, hybrid sharding with tensor or pipeline parallelism, CPU offload, "
-                        "LoRA; the model's memory is the formula a run measures "
-                        "(scalelab.formulas.peak_memory.peak_memory)"}
+                        f"LoRA; the model's memory is {MEMORY_RECIPES[TRAINERS[args.trainer].memory]}"}
+
+
+MEMORY_RECIPES = {"scalelab": "the formula a run measures (scalelab.formulas.peak_memory.peak_memory)",
+                  "megatron": "the megatron trainers' stated recipe (scalelab.formulas.megatron_style)",
+                  "llm-foundry": "llm-foundry's MPT recipe (scalelab.formulas.foundry_style)"}
+"""Each trainer's memory recipe (scalelab.spec.strategies.Trainer.memory), in the plan's words."""
 
 
 def _pipeline_degrees(cfg, asked: list[int] | None) -> list[int]:

@@ -137,6 +137,10 @@ def _strategy_comm(point: Point, machine: Machine, n: int, n_local: float, repli
                                               last_block_params=tensor_parallelism.last_block_params(cfg, t))
     if point.priced == ZERO1_SHARDED_KEY:
         by_group = {"world": communication.sharded_zero1_bytes(n_local, point.precision, point.grad_reduce)} if dp > 1 else {}
+    every_micro = TRAINERS[point.trainer].reduce_every_micro_batch and accumulation > 1
+    if every_micro:  # a reduce-scatter per micro-batch's backward, not one a step
+        by_group = {g: {c: b * (accumulation if c == "reduce_scatter" else 1) for c, b in kind.items()}
+                    for g, kind in by_group.items()}
     if replicas > 1:
         shard = dp // replicas
         replicate = dict(by_group.get("replicate", {}))
@@ -154,6 +158,8 @@ def _strategy_comm(point: Point, machine: Machine, n: int, n_local: float, repli
         kind_sizes = {c: b / links.handed_per_size(c) for c, b in kind_bytes.items()}
         kind_calls = collective_calls(stage_cfg or cfg, point.priced, point.precision, kind_sizes, accumulation_steps=accumulation,
                                       tensor_parallel=t, last_block_kept=True)
+        if every_micro and "reduce_scatter" in kind_calls:
+            kind_calls["reduce_scatter"] *= accumulation
         for c, size in kind_sizes.items():
             seconds = kind_calls[c] * links.collective_seconds(c, size / kind_calls[c], group_size, link)
             comm[c], calls[c] = comm.get(c, 0.0) + seconds, calls.get(c, 0) + kind_calls[c]
@@ -167,12 +173,29 @@ def _peak_memory(point: Point, n_local: float, dp: int, micro: int, accumulation
     """The in-step peak per GPU: the megatron trainer's recipe (scalelab.formulas.megatron_style) or what scalelab's
     runs measure (scalelab.formulas.peak_memory.peak_memory)."""
     stage, t = strategy(point.key).stage, point.tensor_parallel
+    if TRAINERS[point.trainer].memory == "llm-foundry":
+        return _foundry_memory(point, dp, micro, accumulation)
     if point.megatron:
         return megatron_style.peak_memory(point.cfg, n_local, stage, dp, point.precision, micro, t, point.sequence_parallel,
                                           point.activation_checkpointing)["total"]
     return peak_memory.peak_memory(point.cfg, n_local, stage, dp, point.precision, micro, replicas=replicas,
                                   activation_checkpointing=point.activation_checkpointing,
                                   accumulation_steps=accumulation, tensor_parallel=t).total
+
+
+def _foundry_memory(point: Point, dp: int, micro: int, accumulation: int) -> float:
+    """The peak under llm-foundry's recipe (scalelab.formulas.foundry_style: FSDP FULL_SHARD, PURE, MPT's blocks), or
+    EstimateError in one line where the point is not what that recipe prices."""
+    from scalelab.formulas import foundry_style
+
+    if point.key != 3 or point.tensor_parallel > 1 or point.pipeline_parallel > 1 or point.precision != "bf16":
+        raise EstimateError("--trainer llm-foundry prices its MPT benchmarks' FSDP FULL_SHARD in bf16: --zero-stage 3 "
+                            "--precision bf16, no --tensor-parallel or --pipeline-parallel")
+    try:
+        return foundry_style.peak_memory(point.cfg, point.n_params, dp, micro, accumulation,
+                                         point.activation_checkpointing).total
+    except ValueError as err:
+        raise EstimateError(f"--trainer llm-foundry: {err}") from None
 
 
 def check_tensor_parallel(cfg: ModelConfig | None, degree: int) -> None:

@@ -179,6 +179,8 @@ class Trainer:
     """The ZeRO stages it is priced at (``scalelab plan`` searches them); None: every stage and hybrid sharding."""
     grad_reduce: str = "fp32"
     """The dtype its gradients are reduced in unless --grad-reduce says otherwise: ``fp32`` or ``compute``."""
+    reduce_every_micro_batch: bool = False
+    """Reduce-scatters each micro-batch's gradients (FSDP without ``no_sync``) rather than once a step."""
 
 
 MEGATRON_OVERLAP_EFFICIENCY = 0.0
@@ -205,6 +207,15 @@ TRAINERS = {t.name: t for t in (
                     "chunk of four of each forward row-parallel reduce-scatter exposed, and what outlasts the blocks' "
                     "compute); its data-parallel syncs exposed as the megatron trainer's", MEGATRON_OVERLAP_EFFICIENCY,
             form="megatron", tensor_parallel_overlap=True, memory="megatron", stages=(0, 1), grad_reduce="compute"),
+    # llm-foundry's MPT benchmarks (scripts/train/benchmarking/submit_benchmarks.py): FSDP FULL_SHARD, mixed precision
+    # PURE, which composer (composer/distributed/mosaic_parallelism.py, get_mixed_precision) makes param_dtype,
+    # reduce_dtype and buffer_dtype all the compute dtype; composer's ddp_sync_context (dist_strategy.py) leaves a model
+    # that is not DDP alone, so FSDP reduce-scatters every micro-batch's gradients
+    Trainer("llm-foundry", "llm-foundry (composer) as its MPT benchmarks run: FSDP FULL_SHARD with mixed precision PURE "
+                           "(each block all-gathered in bf16 for forward and again for backward, every micro-batch's "
+                           "gradients reduce-scattered in bf16), its memory by scalelab.formulas.foundry_style's recipe "
+                           "(MPT's blocks: the gpt2 family's shape), bf16, no tensor or pipeline parallelism", None,
+            memory="llm-foundry", stages=(3,), grad_reduce="compute", reduce_every_micro_batch=True),
 )}
 HYBRID_KEY = "hybrid"
 """What ``strategy()`` and ``scalelab estimate`` accept for hybrid sharding beside the stages."""
