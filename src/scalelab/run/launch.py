@@ -196,6 +196,37 @@ def _launcher_failed(point: RunPoint, run_dir: Path, log_path: Path, started: fl
     return summary
 
 
+def _overcommit_reason(config: dict, plan: RunPlan, threads: int, memory_plan: dict) -> str | None:
+    """Why a CPU run is not launched on this host (more threads or memory than it has), or None."""
+    launchers_per_node = int((config.get("cluster") or {}).get("launchers_per_node", 1))
+    ranks_here = placement.ranks_per_node(plan.launch, launchers_per_node) if placement.spans_nodes(plan.launch) else None
+    reason = placement.overcommit_reason(plan.point.world_size, threads, memory_plan["predicted_peak_bytes"],
+                                         placement.host_memory_available(), ranks_here)
+    if reason:
+        reason += "; not launched (set planning.launch_overcommitted: true to launch it anyway)"
+    return reason
+
+
+def _run_description(config: dict, plan: RunPlan, meta: dict, identity: dict, *, device: str, threads: int,
+                     started: float, repo_dir: str | Path) -> dict:
+    """What a run's summary says of it before it runs: its point, data, model, training, device and code."""
+    model, train = plan.model, plan.train
+    return {
+        **identity,
+        "dataset": meta["dataset"], "dataset_sha256_train": meta["sha256"]["train.bin"],
+        "model_family": model.kind, "model_module": model.module,
+        **({} if model.module else family(model.family).own_columns(model)),  # the family's own keys, resolved
+        "n_layers": model.n_layers, "d_model": model.d_model, "n_heads": model.n_heads,
+        "seq_len": model.seq_len, "vocab_size": model.vocab_size, "tie_embeddings": model.tie_embeddings,
+        "steps": train.steps, "warmup_steps": train.warmup_steps, "global_batch": train.global_batch,
+        "accumulation_steps": plan.accumulation_steps, "seed": train.seed,
+        "config_hash": config_hash(config), "requested_device": train.device, "device_type": device,
+        "planned_device_reason": plan.device_reason,
+        "threads": threads, "started_utc": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(timespec="seconds"),
+        **git_provenance(Path(repo_dir)),
+    }
+
+
 def _launch(config: dict, plan: RunPlan, data_dir: Path, run_dir: Path, log_path: Path, started: float, *,
             threads: int, repo_dir: str | Path, save_final_params: bool, compile_warm_up: bool,
             calibration: str | Path | None, forecast: dict | None, pruned: str | None) -> dict:
@@ -214,34 +245,15 @@ def _launch(config: dict, plan: RunPlan, data_dir: Path, run_dir: Path, log_path
         device, reason = resolve_device(train.device, plan.device)
     plan = plan.at(vocab_size=meta["vocab_size"], train_bin=Path(data_dir) / "train.bin", token_dtype=meta["dtype"],
                    run_dir=run_dir, threads=threads, save_final_params=save_final_params, compile_warm_up=compile_warm_up)
-    model, accum = plan.model, plan.accumulation_steps
     identity = point.identity(micro_batch=plan.micro_batch)
     if reason is None:
         reason = skip_reason(device, point, plan.launch, int((config.get("cluster") or {}).get("launchers_per_node", 1)),
                              train.fp8_emulate)
     memory_plan = plan_memory(config, plan)
     if reason is None and device == "cpu" and not config.get("planning", {}).get("launch_overcommitted", False):
-        launchers_per_node = int((config.get("cluster") or {}).get("launchers_per_node", 1))
-        ranks_here = placement.ranks_per_node(plan.launch, launchers_per_node) if placement.spans_nodes(plan.launch) else None
-        reason = placement.overcommit_reason(point.world_size, threads, memory_plan["predicted_peak_bytes"],
-                                             placement.host_memory_available(), ranks_here)
-        if reason:
-            reason += "; not launched (set planning.launch_overcommitted: true to launch it anyway)"
-    summary = {
-        **identity,
-        "dataset": meta["dataset"], "dataset_sha256_train": meta["sha256"]["train.bin"],
-        "model_family": model.kind, "model_module": model.module,
-        **({} if model.module else family(model.family).own_columns(model)),  # the family's own keys, resolved
-        "n_layers": model.n_layers, "d_model": model.d_model, "n_heads": model.n_heads,
-        "seq_len": model.seq_len, "vocab_size": model.vocab_size, "tie_embeddings": model.tie_embeddings,
-        "steps": train.steps, "warmup_steps": train.warmup_steps, "global_batch": train.global_batch,
-        "accumulation_steps": accum, "seed": train.seed,
-        "config_hash": config_hash(config), "requested_device": train.device, "device_type": device,
-        "planned_device_reason": plan.device_reason,
-        "threads": threads, "started_utc": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(timespec="seconds"),
-        **git_provenance(Path(repo_dir)),
-    }
-
+        reason = _overcommit_reason(config, plan, threads, memory_plan)
+    summary = _run_description(config, plan, meta, identity, device=device, threads=threads, started=started,
+                               repo_dir=repo_dir)
     summary.update(memory_plan)
     summary.update(forecast or {})
     records: list[dict] = []
