@@ -142,6 +142,7 @@ def _predict(args) -> int:
 
     import pandas as pd
 
+    from scalelab.plan.result_tables import read_runs
     from scalelab.results.prediction_validation import format_validation, validate
     from scalelab.spec.comm_table import BENCH_FILE, read_table
 
@@ -152,7 +153,7 @@ def _predict(args) -> int:
         if error:
             print(f"error: {error}", file=sys.stderr)
             return 2
-        table = pd.read_parquet(folder / "metrics.parquet")
+        table = read_runs(folder / "metrics.parquet")
         if tables:  # a run id another folder has too is named with its folder
             seen = set(pd.concat(tables)["run_id"])
             table["run_id"] = [r if r not in seen else f"{r}@{folder.name}" for r in table["run_id"]]

@@ -22,6 +22,7 @@ from scalelab.plan.columns import (
     RUN_SCHEMA,
     STEP_SCHEMA,
 )
+from scalelab.plan.sweep import AXES
 from scalelab.spec.families import DEFAULT_FAMILY
 from scalelab.spec.strategies import strategy
 
@@ -117,6 +118,33 @@ def type_problems(row: dict) -> list[str]:
 def write_parquet(table: pa.Table, path: str | Path) -> None:
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
+
+
+def read_runs(path: str | Path):
+    """metrics.parquet as a DataFrame of today's columns (:func:`with_todays_columns`)."""
+    return with_todays_columns(pq.read_table(path), RUN_SCHEMA).to_pandas()
+
+
+def read_steps(path: str | Path, read_dictionary: list[str] | None = None):
+    """steps.parquet as a DataFrame of today's columns (:func:`with_todays_columns`); ``read_dictionary``: columns
+    read as categoricals."""
+    return with_todays_columns(pq.read_table(path, read_dictionary=read_dictionary), STEP_SCHEMA).to_pandas()
+
+
+def with_todays_columns(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """A result table an earlier version wrote, with the columns added since: a sweep axis added later reads as its
+    default (as an older run's point.json does), every other column as null; the columns in today's order. A table
+    of today's schema is returned as it is. Cached results make reports without being collected again."""
+    if table.schema.names == schema.names:
+        return table
+    defaults = {axis.name: axis.default for axis in AXES}
+    columns = [table.column(f.name) if f.name in table.column_names else
+               pa.array([defaults.get(f.name)] * table.num_rows, type=f.type) for f in schema]
+    fields = [table.schema.field(f.name) if f.name in table.column_names else f for f in schema]
+    metadata = {**(schema.metadata or {}), **(table.schema.metadata or {})}
+    if schema is RUN_SCHEMA:  # pandas' nullable integers, as runs_table writes them
+        metadata[b"pandas"] = _pandas_integers()
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=metadata))
 
 
 def schema_version(path: str | Path) -> str | None:

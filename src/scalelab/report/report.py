@@ -18,12 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 from markupsafe import Markup
 
 from scalelab import __version__
 from scalelab.io import building_dir, check_replaceable
-from scalelab.plan.result_tables import schema_version
+from scalelab.plan.result_tables import read_runs, read_steps, schema_version
 from scalelab.plan.sweep import SWEEP_AXES
 from scalelab.report import checks, dictionary
 from scalelab.report.figures import FIGURES_DIR, Drawn, start_figures
@@ -72,8 +71,8 @@ def load_tables(results_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     for path in (runs_path, steps_path):
         if not path.exists():
             raise FileNotFoundError(f"{path} is missing: run `scalelab collect {results_dir}` (or the workflow) first")
-    steps = pq.read_table(steps_path, read_dictionary=["run_id", "precision", "model"]).to_pandas()
-    return pd.read_parquet(runs_path), steps
+    # tables an earlier version wrote read with today's columns (cached results report without recollecting)
+    return read_runs(runs_path), read_steps(steps_path, read_dictionary=["run_id", "precision", "model"])
 
 
 def find_warnings(runs: pd.DataFrame, steps: pd.DataFrame, best: pd.DataFrame | None = None) -> list[str]:

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from scalelab.plan.forecast_record import is_pruned
+from scalelab.plan.result_tables import read_runs
 from scalelab.plan.sweep import LEVER_AXES
 from scalelab.results.like import (
     MODEL,
@@ -325,7 +326,7 @@ def sweep_end_text(results_dir) -> str | None:
     metrics, html = results_dir / "metrics.parquet", results_dir / "report" / "report.html"
     if not (metrics.exists() and html.exists()) or html.stat().st_mtime < metrics.stat().st_mtime:
         return None
-    runs = pd.read_parquet(metrics)
+    runs = read_runs(metrics)
     if runs.empty:
         return f"scalelab: no runs; report: {html.resolve()}"
     n_ok = int((runs["status"] == "ok").sum())

@@ -1,0 +1,53 @@
+"""The guide's commands that read a results folder run as written: every fenced `scalelab status|report|migrate|
+export|retry|compare|check-config` line and `snakemake -n` of docs/guide.md, in a working directory whose
+`results/` is a real sweep's (tests/data/cached_trees, written by an earlier commit's own code) and whose
+config.yaml wrote it. A line naming a path that is a placeholder (my.yaml, results/my-sweep, path/to/...) is
+run with that path made real (a copy of the tree, the config), so that no documented command goes untried."""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from support import REPO
+from unit.test_doc_commands import DOCS, fenced_commands
+
+GUIDE = REPO / "docs" / "guide.md"
+TREE = REPO / "tests" / "data" / "cached_trees" / "f6ec2f4"
+READERS = r"(scalelab (status|report|migrate|export config|retry|compare|check-config)\b|snakemake -n\b)"
+COMMANDS = [(line, command) for doc, line, command in fenced_commands(READERS) if doc == GUIDE.name]
+assert GUIDE in DOCS
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A working directory as a user's after a sweep: results/ (and the placeholders' paths) hold the tree."""
+    work = tmp_path_factory.mktemp("guide")
+    config = (TREE.parent / "sweep-f6ec2f4.yaml").read_text()
+    (work / "config.yaml").write_text(config)
+    (work / "my.yaml").write_text(config)
+    for where in ("results", "results/my-sweep", "path/to/results", "results_a", "results_b"):
+        dest = work / where
+        shutil.copytree(TREE, dest, ignore=shutil.ignore_patterns("snakemake-metadata"), dirs_exist_ok=True)
+    return work
+
+
+def test_the_guide_shows_such_commands():
+    assert len(COMMANDS) >= 10, COMMANDS  # the walk below reads them: an empty list would hold nothing
+
+
+@pytest.mark.parametrize("line, command", COMMANDS, ids=[f"guide.md:{n}" for n, _ in COMMANDS])
+def test_a_guide_command_on_a_results_folder_runs_as_written(workdir, line, command):
+    from scalelab.harness.testing import snakemake_cmd, snakemake_env
+
+    argv = shlex.split(command)
+    if argv[0] == "scalelab":
+        argv, env = [sys.executable, "-m", "scalelab.cli", *argv[1:]], {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    else:  # the checkout's Snakefile on this working directory, as `snakemake` from a checkout runs it
+        argv, env = snakemake_cmd(workdir, *argv[1:]), snakemake_env()
+    proc = subprocess.run(argv, cwd=workdir, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, f"guide.md:{line}: `{command}` exits {proc.returncode}: {(proc.stdout + proc.stderr)[-1500:]}"
