@@ -242,8 +242,60 @@ def _llama_math_attention(cfg, case: ActivationCase) -> bool:
 
 
 def _llama_block_activations(cfg, case: ActivationCase) -> float:
-    """What the llama family's blocks keep for backward, one micro-batch, in bytes. Measured term
-    by term with autograd's saved-tensor hooks (torch 2.13, CPU):
+    """What the llama family's blocks keep for backward, one micro-batch, in bytes: with per-block
+    checkpointing, compiled, or eager (each function's doc says what it counts; fp32 grouped-query
+    attention on a GPU takes SDPA's math path, which torch.compile traces into the graph: not
+    modelled compiled, the eager figure stands, an upper bound). fp8 (Float8Linear's own casts) is
+    predicted as bf16."""
+    if case.checkpointing:
+        return _llama_checkpointed_activations(cfg, case)
+    if case.compiled and not _llama_math_attention(cfg, case):
+        return _llama_compiled_activations(cfg, case)
+    return _llama_eager_activations(cfg, case)
+
+
+def _llama_rope(cfg, case: ActivationCase) -> tuple[float, float]:
+    """The RoPE tables' cos and sin, (once for all blocks, in every block): the fp32 tables once, or their
+    w-byte casts in every block (autocast: the cast to q's dtype; 16-bit parameters: FSDP2 casts the
+    block's inputs)."""
+    if case.amp or case.sixteen_bit_params:
+        return 0.0, 2 * cfg.seq_len * head_width(cfg) * case.width
+    return 2 * cfg.seq_len * head_width(cfg) * 4, 0.0
+
+
+def _llama_checkpointed_activations(cfg, case: ActivationCase) -> float:
+    """Per-block checkpointing: each block keeps its input (s b h at the residual's width: w with 16-bit
+    parameters, else 4) and the cos and sin it is handed (the w-byte casts with 16-bit parameters, else
+    the fp32 tables once)."""
+    s, b, h, w = cfg.seq_len, case.micro_batch, cfg.d_model, case.width
+    share = 1 / case.tensor_parallel if case.sequence_parallel else 1  # of the residual stream
+    residual = w if case.sixteen_bit_params else 4
+    rope_once, rope_per_layer = (0.0, 2 * s * head_width(cfg) * w) if case.sixteen_bit_params else (2 * s * head_width(cfg) * 4, 0.0)
+    return cfg.n_layers * (s * b * h * residual * share + rope_per_layer) + rope_once
+
+
+def _llama_compiled_activations(cfg, case: ActivationCase) -> float:
+    """Compiled (torch.compile, read from the min-cut partitioner's saved tensors): RMSNorm is
+    decomposed into the graph (on a GPU too), which keeps the block input at the residual's width r
+    (4, or w with 16-bit parameters), each norm's rstd (4 s b) and its w-byte output (once: the
+    linears share it), the rotated q and k, v, the attention output and the o projection's output
+    (the second norm's input x + attn is recomputed), the logsumexp, and of SwiGLU gate's and up's
+    outputs and their product (silu's output is recomputed); autocast's weight copies and the RoPE
+    tables as in eager: (r + 5w) s b h + 2w s b kv + 3w s b f + 8 s b + 4 b H s per layer (+ 2 P
+    under autocast)."""
+    s, b, h, heads, w = cfg.seq_len, case.micro_batch, cfg.d_model, cfg.n_heads, case.width
+    kv, f = _llama_kv_dim(cfg), llama_ffn_dim(cfg)
+    rope_once, rope_per_layer = _llama_rope(cfg, case)
+    residual = w if case.sixteen_bit_params else 4
+    per_layer = ((residual + 5 * w) * s * b * h + 2 * w * s * b * kv + 3 * w * s * b * f
+                 + 8 * s * b + 4 * b * heads * s + rope_per_layer)
+    if case.amp:
+        per_layer += 2 * _llama_matmul(cfg)
+    return cfg.n_layers * per_layer + rope_once
+
+
+def _llama_eager_activations(cfg, case: ActivationCase) -> float:
+    """Eager, measured term by term with autograd's saved-tensor hooks (torch 2.13, CPU):
 
     * per RMSNorm (torch.nn.RMSNorm, computed in fp32): its fp32 input and x rstd (the latter
       saved for the weight's gradient), and rstd (4 s b); in fp32 also its output, which the
@@ -254,17 +306,15 @@ def _llama_block_activations(cfg, case: ActivationCase) -> float:
       kept by nothing (freed once the block is done) and not counted. Otherwise the block input is
       the first norm's input, counted once;
     * attention: the rotated q (s b h) and k (s b kv), v (s b kv) and the output (s b h) at w,
-      and scaled_dot_product_attention's fp32 logsumexp (4 b H s); the rotation's cos and sin:
-      the fp32 tables once for all blocks, or their w-byte casts in every block (autocast: the
-      cast to q's dtype; 16-bit parameters: FSDP2 casts the block's inputs);
+      and scaled_dot_product_attention's fp32 logsumexp (4 b H s); the rotation's cos and sin
+      (_llama_rope);
     * SwiGLU: gate's output (silu's input), silu's output, up's output and the product (down's
       input): 4 s b f values at w;
     * autocast with fp32 parameters: the w-byte copies of the block's matmul weights.
 
     So per layer, fp32: 4 (8 s b h + 2 s b kv + 4 s b f); autocast: (16 + 5w + 2w) s b h + 2w s b kv
     + 4w s b f + 2 P; 16-bit parameters: (2w + 16 + 2w) s b h + 2w s b kv + 4w s b f; each + 8 s b
-    + 4 b H s. With per-block checkpointing each block keeps its input (s b h at the residual's
-    width) and the cos and sin it is handed. fp8 (Float8Linear's own casts) is predicted as bf16.
+    + 4 b H s.
 
     On a GPU (measured on an H100, torch 2.11) RMSNorm is one fused kernel that keeps its input and
     rstd only, not x rstd: 8 s b h bytes less per layer (fp32 and autocast), and with 16-bit
@@ -272,39 +322,16 @@ def _llama_block_activations(cfg, case: ActivationCase) -> float:
     attention has no fused kernel there (flash takes 16-bit inputs, the memory-efficient kernel no
     enable_gqa), so SDPA's math path keeps the attention probabilities (4 b H s^2) and k and v
     repeated to H heads (+ 2w s b (h - kv)), and no logsumexp.
-
-    Compiled (torch.compile, read from the min-cut partitioner's saved tensors): RMSNorm is
-    decomposed into the graph (on a GPU too), which keeps the block input at the residual's width r
-    (4, or w with 16-bit parameters), each norm's rstd (4 s b) and its w-byte output (once: the
-    linears share it), the rotated q and k, v, the attention output and the o projection's output
-    (the second norm's input x + attn is recomputed), the logsumexp, and of SwiGLU gate's and up's
-    outputs and their product (silu's output is recomputed); autocast's weight copies and the RoPE
-    tables as in eager: (r + 5w) s b h + 2w s b kv + 3w s b f + 8 s b + 4 b H s per layer (+ 2 P
-    under autocast). Per-block checkpointing: as in eager. fp32 grouped-query attention on a GPU
-    (SDPA's math path, traced into the graph) is not modelled: the eager figure, an upper bound.
     """
-    s, b, h, L, heads = cfg.seq_len, case.micro_batch, cfg.d_model, cfg.n_layers, cfg.n_heads
-    kv, f, head_dim = _llama_kv_dim(cfg), llama_ffn_dim(cfg), head_width(cfg)
-    w, sixteen, amp, gpu = case.width, case.sixteen_bit_params, case.amp, case.gpu
-    t = case.tensor_parallel
+    s, b, h, heads, w, gpu = cfg.seq_len, case.micro_batch, cfg.d_model, cfg.n_heads, case.width, case.gpu
+    kv, f, t = _llama_kv_dim(cfg), llama_ffn_dim(cfg), case.tensor_parallel
     share = 1 / t if case.sequence_parallel else 1  # of what the norms keep of the residual stream
-    rope_once, rope_per_layer = (0.0, 2 * s * head_dim * w) if (amp or sixteen) else (2 * s * head_dim * 4, 0.0)
-    if case.checkpointing:
-        residual = w if sixteen else 4
-        rope_once, rope_per_layer = (0.0, rope_per_layer) if sixteen else (2 * s * head_dim * 4, 0.0)
-        return L * (s * b * h * residual * share + rope_per_layer) + rope_once
-    if case.compiled and not _llama_math_attention(cfg, case):
-        residual = w if sixteen else 4
-        per_layer = ((residual + 5 * w) * s * b * h + 2 * w * s * b * kv + 3 * w * s * b * f
-                     + 8 * s * b + 4 * b * heads * s + rope_per_layer)
-        if amp:
-            per_layer += 2 * _llama_matmul(cfg)
-        return L * per_layer + rope_once
+    rope_once, rope_per_layer = _llama_rope(cfg, case)
     # the norms' bytes per s b h value: (what they keep of their inputs, per rank's tokens under sequence
     # parallelism; what the linears keep of their outputs, whole)
-    if sixteen:
+    if case.sixteen_bit_params:
         norms_in, norms_out = (2 * w if gpu else 16), 2 * w
-    elif amp:
+    elif case.amp:
         norms_in, norms_out = (8 if gpu else 16), 5 * w
     else:
         norms_in, norms_out = (8 if gpu else 16), 8
@@ -313,9 +340,9 @@ def _llama_block_activations(cfg, case: ActivationCase) -> float:
         attention = 4 * b * heads * s * s + 2 * w * s * b * (h - kv)
     # the norms, their rstd and the RoPE casts whole on every rank; q, k, v, the attention output and its
     # kernel's keep, SwiGLU's hidden values and the weight copies split (measured on the CPU, T = 2)
-    split = 2 * w * s * b * h + 2 * w * s * b * kv + 4 * w * s * b * f + attention + (2 * _llama_matmul(cfg) if amp else 0)
+    split = 2 * w * s * b * h + 2 * w * s * b * kv + 4 * w * s * b * f + attention + (2 * _llama_matmul(cfg) if case.amp else 0)
     per_layer = (norms_in * share + norms_out) * s * b * h + 8 * s * b * share + rope_per_layer + split / t
-    return L * per_layer + rope_once
+    return cfg.n_layers * per_layer + rope_once
 
 
 def _llama_outside(cfg, case: ActivationCase) -> float:
