@@ -12,8 +12,8 @@ lays the ranks out as (ep, pp, dp, cp, tp), tensor-parallel ranks innermost (src
 stage is DP x TP consecutive ranks: whole nodes once DP x TP >= 8, its tensor-parallel groups inside a node, and
 consecutive stages on different nodes. The base config the generator reads (examples/config_tiny_llama_bench.yaml,
 branch nouamane/bench2) sets ``pp_engine: 1f1b`` (the library's default is AFAB), and the stated memory agrees: it does
-not grow with the micro-batches per step as AFAB's would. The links (stage_links): the sweep's rows as measured
-(published_sweep.as_measured: the bus bandwidth at every node count), so each group is priced at the figure over the
+not grow with the micro-batches per step as AFAB's would. The links: the sweep's rows on its measurements at every node
+count (playbook_sweep.measured_inter_node: the bus bandwidth at each count), so each group is priced at the figure over the
 nodes it spans: a stage's data-parallel all-reduce over the nodes/P nodes it holds (beside the other stages' on their
 own nodes), the sends between two stages over two, not at the figure over every node.
 
@@ -38,12 +38,12 @@ from __future__ import annotations
 
 import functools
 import statistics
+from dataclasses import replace
 
-from scalelab.forecast.published_runs import PIPELINE_ROWS, Published, predicted_row
+from scalelab.forecast.published_runs import PIPELINE_ROWS, PLAYBOOK_BUSBW_GB, Published, predicted_row
 from scalelab.forecast.published_sweep import (
     FIT_MAX_GPUS,
     FITS_GB,
-    as_measured,
     by_count_markdown,
     mean_abs_error,
     series_markdown,
@@ -58,10 +58,10 @@ STALLED = 1 / DEGRADED
 factor two as DEGRADED's, read per slot (the bubble taken out) and against every count of the series."""
 
 
-def stage_links(rows: tuple[Published, ...] = PIPELINE_ROWS) -> tuple[Published, ...]:
-    """The rows on the sweep's links as measured (as_measured): every group at the bus bandwidth over the nodes it
-    spans, a stage's data-parallel ranks over nodes / P, the sends over two."""
-    return tuple(as_measured(r) for r in rows)
+def over_every_node(rows: tuple[Published, ...] = PIPELINE_ROWS) -> tuple[Published, ...]:
+    """The rows as they were first priced, for comparison: every group between nodes at the bus bandwidth measured over
+    all of the run's nodes, as one NIC's share (``BUSBW/8@1``), not at the figure over the nodes it spans."""
+    return tuple(replace(r, inter_node=f"{PLAYBOOK_BUSBW_GB[r.gpus // 8] / 8:g}@1") for r in rows)
 
 
 def microbatches(row: Published) -> int:
@@ -104,8 +104,9 @@ RULES = ("stalled", "degraded", "none")
 def pipeline_validation(rule: str = "stalled", links: str = "stage", factor: float = STALLED) -> list[dict]:
     """Per pipelined sweep row beyond its series' smallest count, the runs ``rule`` names left out (stalled ones at
     ``factor``): published and predicted tokens/s per GPU, the error, whether the series is its model's fit set, and the
-    MFU; ``links``: "stage" (stage_links) or "all" (the bus bandwidth over every node, as the rows were first priced)."""
-    rows = stage_links() if links == "stage" else PIPELINE_ROWS
+    MFU; ``links``: "stage" (the rows' measured links: each group at the figure over the nodes it spans) or "all"
+    (over_every_node)."""
+    rows = PIPELINE_ROWS if links == "stage" else over_every_node()
     skip = {"stalled": lambda: stalled(factor=factor), "degraded": degraded, "none": lambda: set()}[rule]()
     return series_validation(rows, skip=frozenset(skip))
 
@@ -160,7 +161,7 @@ def stall_evidence(rows: tuple[Published, ...] = PIPELINE_ROWS) -> dict:
     how many stalled runs have a larger count of their series that is not stalled (the configuration runs again at its
     speed); and the model's largest slot ratio to the series' fastest run at any stalled run (bubble, sends and
     collectives on the stage's links, at MODEL_MFU)."""
-    out, by = stalled(rows), stage_links(rows)
+    out, by = stalled(rows), rows
     table = []
     for pp in sorted({r.pipeline_parallel for r in rows}):
         for model in dict.fromkeys(r.series.split()[0] for r in rows):

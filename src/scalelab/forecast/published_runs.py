@@ -82,7 +82,8 @@ SWEEP = "Ultra-Scale Playbook benchmark sweep (nanotron, H100, EFA)"
 
 def _sweep_rows() -> list[Published]:
     """The playbook sweep's series (scalelab.forecast.playbook_sweep) as nanotron runs them: the megatron trainer's
-    ZeRO-1 and tensor parallelism with sequence parallelism, gradients reduced in fp32; the links as measured."""
+    ZeRO-1 and tensor parallelism with sequence parallelism, gradients reduced in fp32; the link between nodes as a user
+    gives the sweep's measurements (playbook_sweep.measured_inter_node: nccl-tests' busbw at every node count)."""
     rows = []
     for model, tp, zero, micro, points in playbook_sweep.SWEEP:
         if (tp, zero) == (1, 0):  # pure DDP: the first table's, as scalelab's DDP prices it
@@ -92,7 +93,7 @@ def _sweep_rows() -> list[Published]:
             rows.append(Published(f"{model} TP {tp} ZeRO-{zero} mb {micro}", SWEEP, playbook_sweep.MODELS[model], 8 * nodes,
                                   micro, playbook_sweep.GLOBAL_BATCH // (data_parallel * micro), False, tokens, key=zero,
                                   tensor_parallel=tp, sequence_parallel=tp > 1, trainer="megatron",
-                                  inter_node=f"{PLAYBOOK_BUSBW_GB[nodes] / 8:g}@1", intra_node=f"{PLAYBOOK_BUSBW_GB[1]:g}@1",
+                                  inter_node=playbook_sweep.measured_inter_node(), intra_node=f"{PLAYBOOK_BUSBW_GB[1]:g}@1",
                                   memory_gb=memory))
     return rows
 
@@ -139,7 +140,7 @@ SWEEP_ROWS = tuple(_sweep_rows())
 def _pipeline_rows() -> list[Published]:
     """The playbook sweep's pipelined series (scalelab.forecast.playbook_sweep.PIPELINE_SWEEP) as nanotron runs them:
     the megatron trainer's ZeRO-0/1 and tensor parallelism with sequence parallelism, 1F1B, gradients reduced in fp32;
-    the links as measured."""
+    the links as measured (_sweep_rows')."""
     rows = []
     for model, pp, tp, zero, micro, points in playbook_sweep.PIPELINE_SWEEP:
         for nodes, tokens, memory in points:
@@ -152,7 +153,7 @@ def _pipeline_rows() -> list[Published]:
             rows.append(Published(f"{model} PP {pp} TP {tp} ZeRO-{zero} mb {micro}", SWEEP, playbook_sweep.MODELS[model],
                                   8 * nodes, micro, playbook_sweep.GLOBAL_BATCH // (data_parallel * micro), False, tokens,
                                   key=zero, tensor_parallel=tp, sequence_parallel=tp > 1, trainer="megatron",
-                                  inter_node=f"{PLAYBOOK_BUSBW_GB[nodes] / 8:g}@1", intra_node=f"{PLAYBOOK_BUSBW_GB[1]:g}@1",
+                                  inter_node=playbook_sweep.measured_inter_node(), intra_node=f"{PLAYBOOK_BUSBW_GB[1]:g}@1",
                                   memory_gb=memory, pipeline_parallel=pp,
                                   pipeline_schedule=playbook_sweep.PIPELINE_SCHEDULE))
     return rows

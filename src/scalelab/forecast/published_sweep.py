@@ -16,12 +16,10 @@ holds them and tests/unit/test_published.py holds the two to each other.
 from __future__ import annotations
 
 import statistics
-from dataclasses import replace
 
 from scalelab.forecast import playbook_sweep
 from scalelab.forecast.published_runs import (
     CROSS_MODEL_ROWS,
-    SWEEP,
     SWEEP_ROWS,
     Published,
     calibrated_mfu,
@@ -64,15 +62,9 @@ def series_validation(rows, overlap_efficiency: float | None = None, skip: froze
     return out
 
 
-def as_measured(row: Published) -> Published:
-    """A sweep row on the link between nodes as a user gives the sweep's measurements: nccl-tests' all-reduce busbw at
-    every node count measured (playbook_sweep.measured_inter_node), not one NIC's share at the row's count alone."""
-    return replace(row, inter_node=playbook_sweep.measured_inter_node()) if row.source == SWEEP else row
-
-
 def sweep_validation(overlap_efficiency: float | None = None) -> list[dict]:
-    """The sweep's rows without pipelining (series_validation), on the links as measured (as_measured)."""
-    return series_validation(tuple(as_measured(r) for r in SWEEP_ROWS), overlap_efficiency)
+    """The sweep's rows without pipelining (series_validation), on the links as measured."""
+    return series_validation(SWEEP_ROWS, overlap_efficiency)
 
 
 def memory_validation() -> list[dict]:
