@@ -6,7 +6,8 @@ Predictions are made at two times. Before the run, the launcher's in-step peak (
 it would run out of memory (``predicted_oom_reason``, kept as decided). At collection
 (scalelab.results.collect.collect, :func:`refreshed`), every formula column is computed from the row, so that
 a formula fixed after a run reaches its cached row without retraining (the code is no rerun trigger). The
-worker writes measurements only.
+worker writes measurements, and one formula whose input only it sees: ``ddp_buckets_predicted``, DDP's bucket
+assignment over the size of every parameter in registration order (a user's module's too), which no row holds.
 
 * :func:`peak` - the predicted in-step peak per rank (``predicted_peak_bytes`` and its parts), from the
   launcher's facts; refreshed at collection for the built-in families (a user's module's block
