@@ -11,8 +11,6 @@ import pytest
 from scalelab.config import dataset_config
 from scalelab.run.data import (
     BatchSampler,
-    BPETokenizer,
-    ByteTokenizer,
     DataError,
     MemmapTokenWriter,
     file_sha256,
@@ -21,6 +19,7 @@ from scalelab.run.data import (
     synthetic_text_chunks,
     verify_tokens,
 )
+from scalelab.run.tokenizers import BPETokenizer, ByteTokenizer
 from support import tiny_config
 from support.data import _rewrite_in_place
 
