@@ -18,7 +18,7 @@ def _gpu_runs():
     for path in CHECKS:
         check = json.loads(path.read_text())
         for label, measurements in check["measurements"]["scalelab"].items():
-            words = label.split()  # "350M bf16+tf32 compiled stage 3 [traced]" (gpu_check.Key.label)
+            words = label.split()  # "350M bf16+tf32 compiled stage 3 [traced]" (gpu_measure.Key.label)
             shape = check["shapes"][words[0]]
             cfg = ModelConfig(shape["n_layers"], shape["d_model"], shape["n_heads"], shape["seq_len"], True, shape["vocab_size"])
             stage = int(words[words.index("stage") + 1]) if "stage" in words else 0
