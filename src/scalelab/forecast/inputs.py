@@ -1,12 +1,19 @@
 """What a forecast command's flags take, read once for ``scalelab estimate`` and ``scalelab plan``: counts as
 the output prints them (1.3B, 350M), numbers that must be positive or finite (argparse's types: a bad value
 is one line naming the flag, exit status 2, before anything is computed), and the model, from a preset, its
-shape or a config file (scalelab.forecast.model_input).
+shape or a config file (scalelab.forecast.model_input); and the typed inputs of `estimate scaling` and `plan`
+(ModelChoice, Cluster, Layout, PlanAsk), each built once from the command line at the command's edge (``*_from_args``)
+so that the computations take values, not the argparse namespace, and a caller that is not a command line (the
+published validation's plan check) passes them directly.
 """
 from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import dataclass
+
+from scalelab.config import ModelConfig
+from scalelab.spec.strategies import TRAINERS
 
 UNITS = {"GiB": 2 ** 30, "GB": 1e9}
 """Memory units the forecasts print and take: GiB (2^30 bytes) and GB (10^9)."""
@@ -89,3 +96,98 @@ def positive(name: str, value, allow_zero: bool = False):
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         raise EstimateError(f"--{name} must be a positive number, got {value:g}")
     return value
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """The model a command answers about: its parameter count, its shape where given, and how the answer names it."""
+    n_params: int
+    cfg: ModelConfig | None
+    named: dict
+    """model_input.described's keys: the preset's or config's name and family, where one was given."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The GPUs, their links, the assumed efficiencies and the trainer priced (cluster_flags, trainer_flag)."""
+    gpu: str
+    gpus_per_node: int = 8
+    intra_node: str | None = None
+    inter_node: str | None = None
+    link_efficiency: float | None = None
+    overlap_efficiency: float | None = None
+    mfu: float | None = None
+    mfu_from: str | None = None
+    trainer: str = "scalelab"
+    grad_reduce: str | None = None
+    """--grad-reduce as given; None: the trainer's default (reduce_dtype)."""
+
+    @property
+    def reduce_dtype(self) -> str:
+        """The dtype gradients are reduced in: as given, else the trainer's (a distributed optimizer's compute dtype,
+        fp32 for scalelab's own strategies)."""
+        return self.grad_reduce or TRAINERS[self.trainer].grad_reduce
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One training configuration `estimate scaling` prices at every count (its strategy and levers)."""
+    key: int | str
+    """The strategy record's key: a ZeRO stage, or "hybrid"."""
+    precision: str = "bf16"
+    micro_batch: int = 1
+    global_batch: int | None = None
+    activation_checkpointing: bool = False
+    tensor_parallel: int = 1
+    sequence_parallel: bool = False
+    pipeline_parallel: int = 1
+    schedule: str = "1f1b"
+
+
+@dataclass(frozen=True)
+class PlanAsk:
+    """What `scalelab plan` searches: the count, the batch and tokens, and the restrictions given (None: the defaults)."""
+    gpus: int
+    global_batch: int
+    tokens: float
+    precisions: list[str] | None = None
+    reserve_gib: float | None = None
+    tensor_parallel: list[int] | None = None
+    pipeline_parallel: list[int] | None = None
+    schedules: list[str] | None = None
+
+
+def model_from_flags(args) -> ModelChoice:
+    """The model flags (model_input.model_flags) as a ModelChoice."""
+    from scalelab.forecast.model_input import described, model_from_args
+
+    n_params, cfg = model_from_args(args)
+    return ModelChoice(n_params, cfg, described(args))
+
+
+def cluster_from_args(args) -> Cluster:
+    return Cluster(gpu=args.gpu, gpus_per_node=args.gpus_per_node, intra_node=args.intra_node,
+                   inter_node=args.inter_node, link_efficiency=args.link_efficiency,
+                   overlap_efficiency=args.overlap_efficiency, mfu=args.mfu, mfu_from=args.mfu_from,
+                   trainer=getattr(args, "trainer", "scalelab"), grad_reduce=getattr(args, "grad_reduce", None))
+
+
+def layout_from_args(args) -> Layout:
+    """estimate scaling's strategy and lever flags as a Layout (the counts checked where they are used)."""
+    from scalelab.formulas.pipeline import DEFAULT_SCHEDULE
+    from scalelab.spec.strategies import HYBRID_KEY
+
+    return Layout(key=HYBRID_KEY if args.zero_stage == HYBRID_KEY else int(args.zero_stage), precision=args.precision,
+                  micro_batch=args.micro_batch, global_batch=getattr(args, "global_batch", None),
+                  activation_checkpointing=bool(getattr(args, "activation_checkpointing", False)),
+                  tensor_parallel=getattr(args, "tensor_parallel", 1),
+                  sequence_parallel=bool(getattr(args, "sequence_parallel", False)),
+                  pipeline_parallel=getattr(args, "pipeline_parallel", 1),
+                  schedule=getattr(args, "schedule", DEFAULT_SCHEDULE))
+
+
+def plan_ask_from_args(args) -> PlanAsk:
+    return PlanAsk(gpus=int(args.gpus), global_batch=args.global_batch, tokens=float(args.tokens),
+                   precisions=args.precision, reserve_gib=args.reserve_gib,
+                   tensor_parallel=getattr(args, "tensor_parallel", None),
+                   pipeline_parallel=getattr(args, "pipeline_parallel", None), schedules=getattr(args, "schedule", None))

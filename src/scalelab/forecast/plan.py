@@ -21,12 +21,22 @@ from dataclasses import replace
 from scalelab.forecast.estimate import RESERVE, _human, _mfu_text, memory_reserve_bytes
 from scalelab.forecast.estimate_command import cluster_flags, trainer_flag
 from scalelab.forecast.estimate_text import _mfu_origin
-from scalelab.forecast.inputs import UNITS, EstimateError, non_negative, positive_count, positive_whole
-from scalelab.forecast.model_input import described as _named
+from scalelab.forecast.inputs import (
+    UNITS,
+    Cluster,
+    EstimateError,
+    ModelChoice,
+    PlanAsk,
+    cluster_from_args,
+    model_from_flags,
+    non_negative,
+    plan_ask_from_args,
+    positive_count,
+    positive_whole,
+)
 from scalelab.forecast.model_input import model_flags, shape_text
-from scalelab.forecast.model_input import model_from_args as _model
 from scalelab.forecast.predict import predict_point
-from scalelab.forecast.scaling import LINK_RULE, PIPELINE_READING, grad_reduce_of, machine_of
+from scalelab.forecast.scaling import LINK_RULE, PIPELINE_READING, machine_of
 from scalelab.forecast.step import Point, _replicas, fp8_machine
 from scalelab.formulas import communication, flops, links
 from scalelab.formulas.pipeline import SCHEDULES
@@ -178,30 +188,29 @@ def pipeline_choices(cfg, gpus: int, degrees: list[int], global_batch: int, pipe
     return out, list(why)
 
 
-def _rows(args, cfg, n_params: int, pairs, degrees: list[int], machine, budget: float, grad_reduce: str,
-          pipelines: list[tuple[int, int, str]] | None = None) -> tuple[list, list]:
+def _rows(ask: PlanAsk, cluster: Cluster, cfg, n_params: int, pairs, machine, budget: float,
+          pipelines: list[tuple[int, int, str]]) -> tuple[list, list]:
     """Every configuration's row (precision x strategy x tensor-parallel degree x pipeline degree and schedule x
     micro-batch x checkpointing) at --gpus, and the notes on how fp8 was timed."""
     from scalelab.forecast.pipeline_step import pipeline_problem
 
-    n, rows, notes = int(args.gpus), [], []
-    pipelines = pipelines if pipelines is not None else [(t, 1, "1f1b") for t in degrees]
+    n, rows, notes = ask.gpus, [], []
     bf16_peak = machine.product.peak("bf16")
     for precision, key in pairs:
         if precision == "fp8":
             timed, note = fp8_machine(machine, cfg.d_model)  # its datasheet peak, the measured fp8/bf16 ratio apart
             notes = [note]
         else:
-            timed = replace(machine, peak_flops=flops.gpu_peak_flops(args.gpu, precision))
-        for t, pp, sched in [(t, p, s) for t, p, s in pipelines if _runs(precision, key, n, machine.per_node, t, args.trainer,
-                                                                          p, s) and (p == 1 or key != HYBRID_KEY)]:
-            share = args.global_batch // (n // (t * pp))  # each data-parallel rank's share
+            timed = replace(machine, peak_flops=flops.gpu_peak_flops(cluster.gpu, precision))
+        for t, pp, sched in [(t, p, s) for t, p, s in pipelines if _runs(precision, key, n, machine.per_node, t,
+                                                                          cluster.trainer, p, s) and (p == 1 or key != HYBRID_KEY)]:
+            share = ask.global_batch // (n // (t * pp))  # each data-parallel rank's share
             levers = [(m, c, sp) for m in MICRO_BATCHES if share % m == 0
                       and pipeline_problem(cfg, pp, sched, share // m) is None for c in (False, True)
                       for sp in ((False, True) if t > 1 else (False,))]
             for micro, checkpointing, sp in levers:
                 point = Point(cfg=cfg, n_params=n_params, key=key, precision=precision, micro_batch=micro,
-                              trainer=args.trainer, grad_reduce=grad_reduce, global_batch=args.global_batch,
+                              trainer=cluster.trainer, grad_reduce=cluster.reduce_dtype, global_batch=ask.global_batch,
                               activation_checkpointing=checkpointing, tensor_parallel=t, sequence_parallel=sp,
                               pipeline_parallel=pp, pipeline_schedule=sched)
                 row = predict_point(point, timed, n)
@@ -211,7 +220,7 @@ def _rows(args, cfg, n_params: int, pairs, degrees: list[int], machine, budget: 
                              "activation_checkpointing": checkpointing, "sequence_parallel": sp,
                              "fits": row["peak_memory_bytes"] <= budget,
                              "mfu_of_bf16_peak": row["tokens_per_s_per_gpu"] * fpt / bf16_peak if bf16_peak else None,
-                             "days": float(args.tokens) / (row["tokens_per_s_per_gpu"] * n) / 86400})
+                             "days": ask.tokens / (row["tokens_per_s_per_gpu"] * n) / 86400})
     rows.sort(key=lambda r: (not r["fits"], -r["tokens_per_s_per_gpu"], r["peak_memory_bytes"]))
     return rows, notes
 
@@ -233,67 +242,79 @@ def _runners_up(rows: list[dict], best: dict | None, budget: float) -> list[dict
 
 
 def plan(args) -> dict:
-    """Every configuration's prediction at --gpus GPUs, ranked; the best and the runners-up with reasons."""
-    n_params, cfg = _model(args)
-    n = int(args.gpus)
+    """`scalelab plan`'s answer for its flags (the command's edge: plan_for computes it)."""
+    return plan_for(model_from_flags(args), cluster_from_args(args), plan_ask_from_args(args))
+
+
+def plan_for(model: ModelChoice, cluster: Cluster, ask: PlanAsk) -> dict:
+    """Every configuration's prediction at the GPU count asked, ranked; the best and the runners-up with reasons."""
+    n_params, cfg, n = model.n_params, model.cfg, ask.gpus
     try:
-        product = hardware.gpu_by_name(args.gpu)
+        product = hardware.gpu_by_name(cluster.gpu)
     except ValueError as err:
-        raise EstimateError(f"--gpu {args.gpu}: {err}") from None
-    pairs = candidates(product, args.precision, n, int(args.gpus_per_node), args.trainer)
-    machine, source, notes = machine_of(args, pairs[0][0], [n])  # --mfu-from reads that precision's runs
+        raise EstimateError(f"--gpu {cluster.gpu}: {err}") from None
+    pairs = candidates(product, ask.precisions, n, int(cluster.gpus_per_node), cluster.trainer)
+    machine, source, notes = machine_of(cluster, pairs[0][0], [n])  # --mfu-from reads that precision's runs
     memory = machine.product.memory_gib * UNITS["GiB"]
-    reserve = memory_reserve_bytes(memory, args.reserve_gib) / UNITS["GiB"]  # the reserve advise keeps too
+    reserve = memory_reserve_bytes(memory, ask.reserve_gib) / UNITS["GiB"]  # the reserve advise keeps too
     budget = memory - reserve * UNITS["GiB"]
-    grad_reduce = grad_reduce_of(args)
-    degrees = tensor_parallel_degrees(cfg, n, machine.per_node, getattr(args, "tensor_parallel", None))
-    splits = [t for t in degrees if args.global_batch % (n // t) == 0]  # every data-parallel rank the same share
-    if not splits:
-        raise EstimateError(f"--global-batch {args.global_batch} does not split evenly over the data-parallel ranks of "
-                            f"--gpus {n} at any tensor-parallel degree tried ({', '.join(map(str, degrees))})")
-    left_out = [f"TP {t}: --global-batch {args.global_batch} does not split over its {n // t} data-parallel ranks"
-                for t in degrees if t not in splits] + _left_out(pairs, splits, n, machine.per_node, args.trainer)
-    left_out += _trainer_left_out(args.trainer)
-    pipelines, pipeline_left_out = pipeline_choices(cfg, n, degrees, args.global_batch,
-                                                    _pipeline_degrees(cfg, getattr(args, "pipeline_parallel", None)),
-                                                    getattr(args, "schedule", None) or list(PLAN_SCHEDULES))
-    left_out += [why for why in pipeline_left_out if not why.startswith("PP 1 ")] + _pipeline_not_run(
-        pairs, pipelines, n, machine.per_node, args.trainer)
-    if any(p > 1 for _, p, _ in pipelines) and any(key == HYBRID_KEY for _, key in pairs):
-        left_out.append("hybrid sharding with pipeline parallelism: not predicted")
-    rows, fp8_notes = _rows(args, cfg, n_params, pairs, splits, machine, budget, grad_reduce, pipelines)
+    splits, pipelines, left_out = _searched(ask, cluster, cfg, pairs, machine.per_node)
+    rows, fp8_notes = _rows(ask, cluster, cfg, n_params, pairs, machine, budget, pipelines)
     best = next((r for r in rows if r["fits"]), None)
-    return {"prediction": True, "model": _named(args).get("model"), "shape": shape_text(cfg), "n_params": n_params,
-            "gpus": n, "gpu": machine.product.name, "gpus_per_node": machine.per_node, "global_batch": args.global_batch,
-            "seq_len": cfg.seq_len, "tokens": float(args.tokens), "memory_gib": machine.product.memory_gib,
+    return {"prediction": True, "model": model.named.get("model"), "shape": shape_text(cfg), "n_params": n_params,
+            "gpus": n, "gpu": machine.product.name, "gpus_per_node": machine.per_node, "global_batch": ask.global_batch,
+            "seq_len": cfg.seq_len, "tokens": ask.tokens, "memory_gib": machine.product.memory_gib,
             "reserve_gib": reserve, "budget_gib": budget / UNITS["GiB"], "best": best,
             "runners_up": _runners_up(rows, best, budget), "rows": rows, "left_out": left_out,
-            "assumptions": {**_assumptions(args, machine, source, splits, grad_reduce, cfg, fp8_notes),
+            "assumptions": {**_assumptions(cluster, ask, machine, source, splits, cfg, fp8_notes),
                             "pipeline_parallel": _pipeline_text(pipelines)},
             **({"note": "; ".join(notes)} if notes else {})}
 
 
-def _assumptions(args, machine, source, degrees: list[int], grad_reduce: str, cfg, fp8_notes: list[str]) -> dict:
+def _searched(ask: PlanAsk, cluster: Cluster, cfg, pairs, per_node: int) -> tuple[list[int], list, list[str]]:
+    """(the tensor-parallel degrees whose data-parallel ranks split the global batch, the (TP, PP, schedule) layouts
+    tried, what is left out and why)."""
+    n, trainer = ask.gpus, cluster.trainer
+    degrees = tensor_parallel_degrees(cfg, n, per_node, ask.tensor_parallel)
+    splits = [t for t in degrees if ask.global_batch % (n // t) == 0]  # every data-parallel rank the same share
+    if not splits:
+        raise EstimateError(f"--global-batch {ask.global_batch} does not split evenly over the data-parallel ranks of "
+                            f"--gpus {n} at any tensor-parallel degree tried ({', '.join(map(str, degrees))})")
+    left_out = [f"TP {t}: --global-batch {ask.global_batch} does not split over its {n // t} data-parallel ranks"
+                for t in degrees if t not in splits] + _left_out(pairs, splits, n, per_node, trainer)
+    left_out += _trainer_left_out(trainer)
+    pipelines, pipeline_left_out = pipeline_choices(cfg, n, degrees, ask.global_batch,
+                                                    _pipeline_degrees(cfg, ask.pipeline_parallel),
+                                                    ask.schedules or list(PLAN_SCHEDULES))
+    left_out += [why for why in pipeline_left_out if not why.startswith("PP 1 ")] + _pipeline_not_run(
+        pairs, pipelines, n, per_node, trainer)
+    if any(p > 1 for _, p, _ in pipelines) and any(key == HYBRID_KEY for _, key in pairs):
+        left_out.append("hybrid sharding with pipeline parallelism: not predicted")
+    return splits, pipelines, left_out
+
+
+def _assumptions(cluster: Cluster, ask: PlanAsk, machine, source, degrees: list[int], cfg, fp8_notes: list[str]) -> dict:
     return {
-        "mfu_without_communication": machine.mfu, "mfu_default": args.mfu is None and source is None,
+        "mfu_without_communication": machine.mfu, "mfu_default": cluster.mfu is None and source is None,
         **({"mfu_source": source} if source else {}),
         "mfu_note": "the hardware's efficiency on what it computes: activation checkpointing's recompute is "
                     "computed at it too; MFU columns count model FLOPs",
         "intra_node": f"{machine.intra.name} ({machine.intra.source})",
         "inter_node": f"{machine.inter.name} ({machine.inter.source})" if machine.inter else None,
-        "link_efficiency": args.link_efficiency if args.link_efficiency is not None else links.DEFAULT_EFFICIENCY,
+        "link_efficiency": cluster.link_efficiency if cluster.link_efficiency is not None else links.DEFAULT_EFFICIENCY,
         "link_rule": LINK_RULE,
         "overlap_efficiency": machine.overlap_efficiency,
-        "overlap_efficiency_default": args.overlap_efficiency is None,
-        "trainer": args.trainer, "trainer_priced": TRAINERS[args.trainer].description, "grad_reduce": grad_reduce,
-        "reserve": RESERVE["source"] if args.reserve_gib is None else "--reserve-gib",
+        "overlap_efficiency_default": cluster.overlap_efficiency is None,
+        "trainer": cluster.trainer, "trainer_priced": TRAINERS[cluster.trainer].description,
+        "grad_reduce": cluster.reduce_dtype,
+        "reserve": RESERVE["source"] if ask.reserve_gib is None else "--reserve-gib",
         "fp8": {**hardware.fp8_outlook(cfg.d_model), "timing": fp8_notes[0]} if fp8_notes else None,
         "tensor_parallel": f"degrees {', '.join(map(str, degrees))} within a node (their all-reduces on the critical "
                            "path but where the trainer overlaps them: estimate scaling --tensor-parallel), each with and "
                            "without sequence parallelism; the combinations timed are the rows, those left "
                            "out are listed with why",
         "out_of_scope": "context parallelism, hybrid sharding with tensor or pipeline parallelism, CPU offload, "
-                        f"LoRA; the model's memory is {MEMORY_RECIPES[TRAINERS[args.trainer].memory]}"}
+                        f"LoRA; the model's memory is {MEMORY_RECIPES[TRAINERS[cluster.trainer].memory]}"}
 
 
 MEMORY_RECIPES = {"scalelab": "the formula a run measures (scalelab.formulas.peak_memory.peak_memory)",

@@ -143,32 +143,30 @@ def eta_fit(grid=None) -> list[dict]:
 PLAN_COUNTS = (64, 128, 256, 512)
 
 
-def _plan_args(model: str, gpus: int) -> list[str]:
-    """`scalelab plan` for a sweep model on the sweep's cluster: its measured links as nccl-tests printed them."""
+def _plan_inputs(model: str, gpus: int):
+    """`scalelab plan`'s inputs for a sweep model on the sweep's cluster: its measured links as nccl-tests printed them,
+    the megatron trainer with fp32 gradient reduction, bf16, no pipelining (SWEEP holds the runs without it: like
+    against like)."""
+    from scalelab.forecast.inputs import Cluster, ModelChoice, PlanAsk
+    from scalelab.formulas import flops
+
     cfg = playbook_sweep.MODELS[model]
-    busbw = playbook_sweep.BUSBW_GB
-    return ["plan", "--family", "llama", "--layers", str(cfg.n_layers), "--d-model", str(cfg.d_model), "--heads",
-            str(cfg.n_heads), "--kv-heads", str(cfg.n_kv_heads), "--ffn-dim", str(cfg.ffn_dim), "--vocab",
-            str(cfg.vocab_size), "--seq", str(cfg.seq_len), *([] if cfg.tie_embeddings else ["--untied"]),
-            "--gpus", str(gpus), "--gpu", "H100", "--global-batch", str(playbook_sweep.GLOBAL_BATCH), "--tokens", "1T",
-            "--intra-node", f"busbw:{busbw[1]:g}/8", "--inter-node", playbook_sweep.measured_inter_node(),
-            "--trainer", "megatron", "--precision", "bf16", "--grad-reduce", "fp32",
-            "--pipeline-parallel", "1"]  # SWEEP holds the runs without pipelining: like against like
+    return (ModelChoice(flops.param_count(cfg), cfg, {}),
+            Cluster(gpu="H100", intra_node=f"busbw:{playbook_sweep.BUSBW_GB[1]:g}/8",
+                    inter_node=playbook_sweep.measured_inter_node(), trainer="megatron", grad_reduce="fp32"),
+            PlanAsk(gpus=gpus, global_batch=playbook_sweep.GLOBAL_BATCH, tokens=1e12, precisions=["bf16"],
+                    pipeline_parallel=[1]))
 
 
 def plan_check(models=("1B", "3B"), counts=PLAN_COUNTS) -> list[dict]:
     """`scalelab plan`'s pick for the sweep's models at each count, and the sweep's own runs there: the best of any
     configuration, and the best of the pick's family (its tensor-parallel degree and ZeRO stage, any micro-batch)."""
-    import argparse
+    from scalelab.forecast.plan import plan_for
 
-    from scalelab.forecast.plan import add_parser, plan
-
-    parser = argparse.ArgumentParser()
-    add_parser(parser.add_subparsers())
     out = []
     for model in models:
         for gpus in counts:
-            best = plan(parser.parse_args(_plan_args(model, gpus)))["best"]
+            best = plan_for(*_plan_inputs(model, gpus))["best"]
             ran = [(tp, zero, tokens) for m, tp, zero, _, points in playbook_sweep.SWEEP if m == model
                    for nodes, tokens, _ in points if 8 * nodes == gpus]
             family = [tokens for tp, zero, tokens in ran if (tp, zero) == (best["tensor_parallel"], best["strategy"])]

@@ -8,12 +8,16 @@ import math
 # The precisions whose records say they have a memory convention of their own (fp8 holds bf16's
 from scalelab.forecast.estimate import DEFAULT_MFU, measured_mfu
 from scalelab.forecast.inputs import (
+    Cluster,
     EstimateError,
+    Layout,
+    ModelChoice,
+    cluster_from_args,
+    layout_from_args,
+    model_from_flags,
     whole_count,
 )
 from scalelab.forecast.inputs import positive as _positive
-from scalelab.forecast.model_input import described as _named
-from scalelab.forecast.model_input import model_from_args as _model
 from scalelab.forecast.pipeline_step import pipeline_problem
 from scalelab.forecast.predict import predict_point
 from scalelab.forecast.step import (  # the step-time model, shared by plan, pruning and the published validation
@@ -23,7 +27,6 @@ from scalelab.forecast.step import (  # the step-time model, shared by plan, pru
     fp8_machine,
 )
 from scalelab.formulas import flops, links
-from scalelab.formulas.pipeline import DEFAULT_SCHEDULE
 from scalelab.spec import hardware
 from scalelab.spec.strategies import HYBRID_KEY, TRAINERS, ZERO_STAGES, strategy
 
@@ -137,121 +140,137 @@ def _overlap_text(stage) -> str:
     return "; ".join(hidden) + ", all calls but the last; the rest is exposed"
 
 
-def machine_of(args, precision: str, gpus: list[int]) -> tuple[Machine, dict | None, list[str]]:
-    """The GPUs, links and assumed efficiencies of the command line (estimate scaling's and plan's flags):
+def machine_of(cluster: Cluster, precision: str, gpus: list[int]) -> tuple[Machine, dict | None, list[str]]:
+    """The GPUs, links and assumed efficiencies of a cluster (estimate scaling's and plan's flags):
     (machine, the measured MFU's source or None, notes); ``gpus``, the counts asked about, need the
     inter-node link where they span nodes."""
-    from scalelab.formulas import overlap
-
-    if args.mfu is not None and args.mfu_from is not None:
+    if cluster.mfu is not None and cluster.mfu_from is not None:
         raise EstimateError("give --mfu or --mfu-from, not both")
-    source = measured_mfu(args.mfu_from, precision, world_size=1) if args.mfu_from is not None else None
-    mfu = source["median_mfu"] if source else (DEFAULT_MFU if args.mfu is None else args.mfu)
+    source = measured_mfu(cluster.mfu_from, precision, world_size=1) if cluster.mfu_from is not None else None
+    mfu = source["median_mfu"] if source else (DEFAULT_MFU if cluster.mfu is None else cluster.mfu)
     if not (math.isfinite(mfu) and 0 < mfu <= 1):
         raise EstimateError(f"--mfu must be in (0, 1], got {mfu:g}")
-    efficiency = args.link_efficiency
+    efficiency = cluster.link_efficiency
     if efficiency is not None and not (math.isfinite(efficiency) and 0 < efficiency <= 1):
         raise EstimateError(f"--link-efficiency must be in (0, 1], got {efficiency:g}")
-    per_node = int(_positive("gpus-per-node", args.gpus_per_node))
+    per_node = int(_positive("gpus-per-node", cluster.gpus_per_node))
     try:
-        product = hardware.gpu_by_name(args.gpu)
-        peak = flops.gpu_peak_flops(args.gpu, precision)
+        product = hardware.gpu_by_name(cluster.gpu)
+        peak = flops.gpu_peak_flops(cluster.gpu, precision)
     except ValueError as err:
-        raise EstimateError(f"--gpu {args.gpu}: {err}") from None
-    intra_spec = args.intra_node or links.DEFAULT_INTRA_NODE.get(product.name)
+        raise EstimateError(f"--gpu {cluster.gpu}: {err}") from None
+    notes: list[str] = [source["warning"]] if source and "warning" in source else []
+    intra, inter = _links_of(cluster, product, efficiency, notes, per_node, gpus)
+    return Machine(product=product, peak_flops=peak, mfu=mfu, per_node=per_node, intra=intra, inter=inter,
+                   overlap_efficiency=_overlap_efficiency(cluster)), source, notes
+
+
+def _links_of(cluster: Cluster, product, efficiency: float | None, notes: list[str], per_node: int,
+              gpus: list[int]) -> tuple[links.Link, links.Link | None]:
+    """The links within and between nodes: as given, the GPU's own within a node by default; the one between nodes
+    needed where a count spans nodes."""
+    intra_spec = cluster.intra_node or links.DEFAULT_INTRA_NODE.get(product.name)
     if intra_spec is None:
         raise EstimateError(f"--intra-node: no default link for {product.name}; give a product "
                             f"({', '.join(links.known_names())}) or a bandwidth in GB/s")
-    notes: list[str] = [source["warning"]] if source and "warning" in source else []
     intra = _link("--intra-node", intra_spec, efficiency, notes, per_node)
     spanning = [n for n in gpus if n > per_node]
-    if spanning and args.inter_node is None:
+    if spanning and cluster.inter_node is None:
         raise EstimateError(f"--inter-node: {spanning[0]} GPUs span nodes of {per_node} (--gpus-per-node); give the "
                             f"link between nodes: a product ({', '.join(links.known_names())}), a bandwidth in GB/s "
                             "or a `scalelab bench comm` table")
-    inter = _link("--inter-node", args.inter_node, efficiency, notes, per_node) if args.inter_node is not None else None
-    eta = args.overlap_efficiency
-    if eta is None:  # the trainer's, where fitted to its published runs; else the GPU's
-        eta = TRAINERS[getattr(args, "trainer", "scalelab")].overlap_efficiency
+    inter = _link("--inter-node", cluster.inter_node, efficiency, notes, per_node) if cluster.inter_node else None
+    return intra, inter
+
+
+def _overlap_efficiency(cluster: Cluster) -> float:
+    """--overlap-efficiency as given, else the trainer's where fitted to its published runs, else the GPU's."""
+    from scalelab.formulas import overlap
+
+    eta = cluster.overlap_efficiency
+    if eta is None:
+        eta = TRAINERS[cluster.trainer].overlap_efficiency
         eta = overlap.DEFAULT_OVERLAP_EFFICIENCY["cuda"] if eta is None else eta
     if not (math.isfinite(eta) and 0 <= eta <= 1):
         raise EstimateError(f"--overlap-efficiency must be in [0, 1], got {eta:g}")
-    return Machine(product=product, peak_flops=peak, mfu=mfu, per_node=per_node, intra=intra, inter=inter,
-                   overlap_efficiency=eta), source, notes
+    return eta
 
 
 def scaling_table(args) -> dict:
+    """`scalelab estimate scaling`'s answer for its flags (the command's edge: predict_scaling computes it)."""
+    return predict_scaling(model_from_flags(args), cluster_from_args(args), layout_from_args(args), list(args.gpus))
+
+
+def predict_scaling(model: ModelChoice, cluster: Cluster, layout: Layout, gpus: list[int]) -> dict:
     """Predicted step time, tokens/s per GPU, MFU, exposed communication and scaling efficiency per
     GPU count: at a fixed micro-batch per GPU (weak scaling: the global batch grows with the GPUs), or
-    with --global-batch at a fixed global batch (each GPU's share shrinks as GPUs grow, accumulated in
-    micro-batches of at most --micro-batch); --activation-checkpointing adds the recompute to the time
+    with a global batch at a fixed global batch (each GPU's share shrinks as GPUs grow, accumulated in
+    micro-batches of at most the micro-batch); activation checkpointing adds the recompute to the time
     and takes the checkpointed activations in the memory."""
-    n_params, cfg = _model(args)
+    cfg = model.cfg
     if cfg is None:
         raise EstimateError("estimate scaling needs the model's shape: --model NAME, or --layers/--d-model/--vocab/--seq "
                             "(FSDP's collectives per step follow its blocks)")
-    machine, source, notes = machine_of(args, args.precision, args.gpus)
-    if args.precision == "fp8" and machine.product.peak("bf16"):
+    machine, source, notes = machine_of(cluster, layout.precision, gpus)
+    if layout.precision == "fp8" and machine.product.peak("bf16"):
         machine, fp8_note = fp8_machine(machine, cfg.d_model)  # its datasheet peak, the measured ratio apart
         notes.append(fp8_note)
-    product, peak, mfu, per_node, gpus = machine.product, machine.peak_flops, machine.mfu, machine.per_node, args.gpus
-    intra, inter, eta, efficiency = machine.intra, machine.inter, machine.overlap_efficiency, args.link_efficiency
-    micro = int(_positive("micro-batch", args.micro_batch))
-    key = HYBRID_KEY if args.zero_stage == HYBRID_KEY else int(args.zero_stage)  # the strategy record's key
-    global_batch = getattr(args, "global_batch", None)
-    checkpointing = bool(getattr(args, "activation_checkpointing", False))
-    tensor_parallel = int(_positive("tensor-parallel", getattr(args, "tensor_parallel", 1)))
-    check_tensor_parallel(cfg, tensor_parallel)
-    pipeline_parallel = int(_positive("pipeline-parallel", getattr(args, "pipeline_parallel", 1)))
-    schedule = getattr(args, "schedule", DEFAULT_SCHEDULE)
-    why = pipeline_problem(cfg, pipeline_parallel, schedule)
-    if why:
-        raise EstimateError(why)
-    grad_reduce = grad_reduce_of(args)
-    point = Point(cfg=cfg, n_params=n_params, key=key, precision=args.precision, grad_reduce=grad_reduce, trainer=args.trainer,
-                  micro_batch=micro, global_batch=global_batch, activation_checkpointing=checkpointing,
-                  tensor_parallel=tensor_parallel, sequence_parallel=bool(getattr(args, "sequence_parallel", False)),
-                  pipeline_parallel=pipeline_parallel, pipeline_schedule=schedule)
-    machine = Machine(product=product, peak_flops=peak, mfu=mfu, per_node=per_node, intra=intra, inter=inter,
-                      overlap_efficiency=eta)
+    point = _scaling_point(model, cluster, layout)
     rows = [predict_point(point, machine, n) for n in gpus]
     for row in rows:
         row["scaling_efficiency"] = row["tokens_per_s_per_gpu"] / rows[0]["tokens_per_s_per_gpu"]
-
-    def described(link: links.Link | None) -> dict | None:
-        if link is None:
-            return None
-        return {"name": link.name, "bandwidth_gb_per_s": link.bandwidth_Bps / links.GB, "efficiency": link.efficiency,
-                "achievable_gb_per_s": link.achievable_Bps / links.GB, "latency_us": link.latency_s * 1e6,
-                "source": link.source}
-
-    return {"prediction": True, **_named(args), "n_params": n_params, "zero_stage": key,
+    return {"prediction": True, **model.named, "n_params": model.n_params, "zero_stage": layout.key,
             "shape": {"family": cfg.family, "n_layers": cfg.n_layers, "d_model": cfg.d_model, "n_heads": cfg.n_heads},
-            "strategy": strategy(point.priced).name, "trainer": args.trainer, "trainer_priced": TRAINERS[args.trainer].description,
-            "precision": args.precision, "grad_reduce": grad_reduce,
-            "seq_len": cfg.seq_len, "micro_batch": micro, "global_batch": global_batch, "activation_checkpointing": checkpointing,
-            "tensor_parallel": tensor_parallel, "pipeline_parallel": pipeline_parallel,
-            **({"pipeline_schedule": schedule, "pipeline_reading": PIPELINE_READING} if pipeline_parallel > 1 else {}),
+            "strategy": strategy(point.priced).name, "trainer": cluster.trainer,
+            "trainer_priced": TRAINERS[cluster.trainer].description, "precision": layout.precision,
+            "grad_reduce": point.grad_reduce, "seq_len": cfg.seq_len, "micro_batch": point.micro_batch,
+            "global_batch": layout.global_batch, "activation_checkpointing": layout.activation_checkpointing,
+            "tensor_parallel": point.tensor_parallel, "pipeline_parallel": point.pipeline_parallel,
+            **({"pipeline_schedule": layout.schedule, "pipeline_reading": PIPELINE_READING}
+               if point.pipeline_parallel > 1 else {}),
             "tokens_per_gpu_per_step": rows[0]["tokens_per_gpu_per_step"], "flops_per_token": rows[0]["flops_per_token"],
             "recompute_flops_per_token": rows[0]["recompute_flops_per_token"],
-            "gpu": product.name, "peak_flops_per_gpu": peak, "gpus_per_node": per_node,
-            "assumptions": {"mfu_without_communication": mfu, "mfu_default": args.mfu is None and source is None,
-                            **({"mfu_source": source} if source else {}),
-                            "link_efficiency": efficiency if efficiency is not None else links.DEFAULT_EFFICIENCY,
-                            "link_efficiency_default": efficiency is None,
-                            "intra_node": described(intra), "inter_node": described(inter),
-                            "overlap_efficiency": eta, "overlap_efficiency_default": args.overlap_efficiency is None,
-                            "overlap": _overlap_text(point.priced),
-                            "link_rule": LINK_RULE, "out_of_scope": OUT_OF_SCOPE,
-                            "collective_sizes": "nccl-tests' size: the whole buffer (an all-gather's output, a "
-                                                "reduce-scatter's input); seconds = calls x latency + bus factor x "
-                                                "bytes / achievable bus bandwidth"},
-            "rows": rows, **({"fp8": hardware.fp8_outlook(cfg.d_model)} if args.precision == "fp8" else {}),
+            "gpu": machine.product.name, "peak_flops_per_gpu": machine.peak_flops, "gpus_per_node": machine.per_node,
+            "assumptions": _scaling_assumptions(cluster, machine, source, point.priced),
+            "rows": rows, **({"fp8": hardware.fp8_outlook(cfg.d_model)} if layout.precision == "fp8" else {}),
             **({"note": "; ".join(notes)} if notes else {})}
 
 
-def grad_reduce_of(args) -> str:
-    """--grad-reduce as given, else the trainer's default: the compute dtype for a distributed optimizer, fp32 for
-    scalelab's own strategies."""
-    given = getattr(args, "grad_reduce", None)
-    return given or TRAINERS[getattr(args, "trainer", "scalelab")].grad_reduce
+def _scaling_point(model: ModelChoice, cluster: Cluster, layout: Layout) -> Point:
+    """The configuration priced at every count, its counts checked (one line naming the flag)."""
+    cfg = model.cfg
+    tensor_parallel = int(_positive("tensor-parallel", layout.tensor_parallel))
+    check_tensor_parallel(cfg, tensor_parallel)
+    pipeline_parallel = int(_positive("pipeline-parallel", layout.pipeline_parallel))
+    why = pipeline_problem(cfg, pipeline_parallel, layout.schedule)
+    if why:
+        raise EstimateError(why)
+    return Point(cfg=cfg, n_params=model.n_params, key=layout.key, precision=layout.precision,
+                 grad_reduce=cluster.reduce_dtype, trainer=cluster.trainer,
+                 micro_batch=int(_positive("micro-batch", layout.micro_batch)), global_batch=layout.global_batch,
+                 activation_checkpointing=layout.activation_checkpointing, tensor_parallel=tensor_parallel,
+                 sequence_parallel=layout.sequence_parallel, pipeline_parallel=pipeline_parallel,
+                 pipeline_schedule=layout.schedule)
+
+
+def _described_link(link: links.Link | None) -> dict | None:
+    if link is None:
+        return None
+    return {"name": link.name, "bandwidth_gb_per_s": link.bandwidth_Bps / links.GB, "efficiency": link.efficiency,
+            "achievable_gb_per_s": link.achievable_Bps / links.GB, "latency_us": link.latency_s * 1e6,
+            "source": link.source}
+
+
+def _scaling_assumptions(cluster: Cluster, machine: Machine, source: dict | None, priced) -> dict:
+    """Every assumption estimate scaling prints, with whether it is a default."""
+    efficiency = cluster.link_efficiency
+    return {"mfu_without_communication": machine.mfu, "mfu_default": cluster.mfu is None and source is None,
+            **({"mfu_source": source} if source else {}),
+            "link_efficiency": efficiency if efficiency is not None else links.DEFAULT_EFFICIENCY,
+            "link_efficiency_default": efficiency is None,
+            "intra_node": _described_link(machine.intra), "inter_node": _described_link(machine.inter),
+            "overlap_efficiency": machine.overlap_efficiency,
+            "overlap_efficiency_default": cluster.overlap_efficiency is None,
+            "overlap": _overlap_text(priced), "link_rule": LINK_RULE, "out_of_scope": OUT_OF_SCOPE,
+            "collective_sizes": "nccl-tests' size: the whole buffer (an all-gather's output, a reduce-scatter's input); "
+                                "seconds = calls x latency + bus factor x bytes / achievable bus bandwidth"}
