@@ -71,7 +71,7 @@ clean-results:
 	rm -rf results/data results/runs results/report results/logs results/*.parquet
 
 # The GPU machine has Python 3.12 and torch with CUDA, no network, and of scalelab's runtime
-# dependencies only those scalelab.harness.gpu_check.GPU_MACHINE_HAS names (numpy, pandas, ...).
+# dependencies only those scalelab.harness.gpu_bundle.GPU_MACHINE_HAS names (numpy, pandas, ...).
 # `make gpu-bundle` (here, with network) puts wheels of all the others, with their dependencies,
 # in .whl/ (git-ignored, ~31 MB: carry it): the requirements that
 # `python -m scalelab.harness.gpu_check --bundle-requirements` prints (pyproject.toml's runtime
