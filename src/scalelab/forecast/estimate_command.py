@@ -100,33 +100,33 @@ def _add_scaling_parser(kinds):
     return sc
 
 
-def add_parser(sub) -> None:
-    est = sub.add_parser("estimate", help="memory per rank, days to train, largest model that fits",
-                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    kinds = est.add_subparsers(dest="kind", required=True)
+def _gpu_memory_flags(p) -> None:
+    p.add_argument("--gpu-memory", type=finite_number, help="memory per GPU in --unit (e.g. 80)")
+    p.add_argument("--gpu-memory-gib", type=finite_number, help="memory per GPU in GiB (same as --gpu-memory N --unit GiB)")
+    p.add_argument("--unit", choices=list(UNITS), default="GiB", help="GiB (2^30 bytes, default) or GB (10^9)")
 
-    def gpu_memory_flags(p):
-        p.add_argument("--gpu-memory", type=finite_number, help="memory per GPU in --unit (e.g. 80)")
-        p.add_argument("--gpu-memory-gib", type=finite_number, help="memory per GPU in GiB (same as --gpu-memory N --unit GiB)")
-        p.add_argument("--unit", choices=list(UNITS), default="GiB", help="GiB (2^30 bytes, default) or GB (10^9)")
 
-    def table_filters(p):
-        p.add_argument("--precision", nargs="+", choices=list(MEMORY_PRECISIONS), metavar="PRECISION",
-                       help=f"only these precisions' rows ({', '.join(MEMORY_PRECISIONS)}; default all)")
-        p.add_argument("--zero-stage", nargs="+", type=int, choices=list(ZERO_STAGES), metavar="STAGE",
-                       help=f"only these ZeRO stages' rows ({', '.join(map(str, ZERO_STAGES))}; default all)")
+def _table_filters(p) -> None:
+    p.add_argument("--precision", nargs="+", choices=list(MEMORY_PRECISIONS), metavar="PRECISION",
+                   help=f"only these precisions' rows ({', '.join(MEMORY_PRECISIONS)}; default all)")
+    p.add_argument("--zero-stage", nargs="+", type=int, choices=list(ZERO_STAGES), metavar="STAGE",
+                   help=f"only these ZeRO stages' rows ({', '.join(map(str, ZERO_STAGES))}; default all)")
 
-    def gpu_flags(p):
-        p.add_argument("--gpu", required=True,
-                       help=f"GPU product (case-insensitive): {', '.join(hardware.known_names())}; "
-                            "bare A100, H100 and H200 mean the SXM parts")
-        p.add_argument("--precision", default="bf16", choices=list(PEAK_CHOICES),
-                       help="compute precision (default bf16; fp8 only on GPUs with fp8 tensor cores)")
 
+def _gpu_flags(p) -> None:
+    p.add_argument("--gpu", required=True,
+                   help=f"GPU product (case-insensitive): {', '.join(hardware.known_names())}; "
+                        "bare A100, H100 and H200 mean the SXM parts")
+    p.add_argument("--precision", default="bf16", choices=list(PEAK_CHOICES),
+                   help="compute precision (default bf16; fp8 only on GPUs with fp8 tensor cores)")
+
+
+def _add_memory_parsers(kinds) -> list:
+    """`estimate memory`, `time` and `fit`'s options."""
     m = kinds.add_parser("memory", help="model-state memory per rank, every stage x precision")
     model_flags(m)
     m.add_argument("--world-size", type=positive_whole, default=1, help="ranks (GPUs) sharing the model (default 1)")
-    table_filters(m)
+    _table_filters(m)
     m.add_argument("--unit", choices=list(UNITS), default="GiB", help="GiB (2^30 bytes, default) or GB (10^9, the ZeRO paper's)")
     m.add_argument("--micro-batch", type=positive_whole, help="sequences per rank per step: adds activations and the in-step peak (needs the shape)")
     m.add_argument("--tensor-parallel", type=positive_whole, default=1, metavar="T",
@@ -135,18 +135,23 @@ def add_parser(sub) -> None:
     model_flags(t)
     t.add_argument("--tokens", type=positive_count, required=True, help="training tokens, e.g. 1T or 1e12")
     t.add_argument("--gpus", type=positive_whole, required=True, help="number of GPUs")
-    gpu_flags(t)
+    _gpu_flags(t)
     t.add_argument("--mfu", type=finite_number, default=None, help="model FLOPs utilisation in (0, 1] (default 0.4)")
     t.add_argument("--mfu-from", metavar="RESULTS", default=None,
                    help="use the MFU a sweep measured: the median of RESULTS/metrics.parquet's ok runs of --precision "
                         "(names the runs; CPU runs' MFU says nothing about a GPU)")
     f = kinds.add_parser("fit", help="largest model whose model state fits the GPUs")
-    gpu_memory_flags(f)
+    _gpu_memory_flags(f)
     f.add_argument("--world-size", type=positive_whole, default=1, help="number of GPUs sharing the model (default 1)")
-    table_filters(f)
+    _table_filters(f)
+    return [m, t, f]
+
+
+def _add_advice_parsers(kinds) -> list:
+    """`estimate advise` and `claim`'s options."""
     a = kinds.add_parser("advise", help="the memory ladder: the first of DDP, ZeRO 1, 2, 3 that fits, else LoRA's rank budget")
     model_flags(a)
-    gpu_memory_flags(a)
+    _gpu_memory_flags(a)
     a.add_argument("--gpus", type=positive_whole, required=True, help="GPUs the model is trained on")
     a.add_argument("--micro-batch", type=positive_whole, help="sequences per GPU per step: adds activations (needs the shape)")
     a.add_argument("--activation-checkpointing", action="store_true", help="activations with every block recomputed in backward")
@@ -159,11 +164,19 @@ def add_parser(sub) -> None:
     c.add_argument("--tokens", type=positive_count, help="or: the claimed training tokens (e.g. 1T) ...")
     c.add_argument("--days", type=positive_number, help="... in this many days")
     c.add_argument("--gpus", type=positive_whole, required=True, help="number of GPUs")
-    gpu_flags(c)
+    _gpu_flags(c)
+    return [a, c]
+
+
+def add_parser(sub) -> None:
+    est = sub.add_parser("estimate", help="memory per rank, days to train, largest model that fits",
+                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    kinds = est.add_subparsers(dest="kind", required=True)
+    parsers = _add_memory_parsers(kinds) + _add_advice_parsers(kinds)
     ms = kinds.add_parser("models", help="the preset shapes --model takes, with their parameter counts and sources")
     sc = _add_scaling_parser(kinds)
     lk = kinds.add_parser("links", help="the link products estimate scaling takes, per GPU, with their sources")
-    for p in (m, t, f, a, c, ms, sc, lk):
+    for p in (*parsers, ms, sc, lk):
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
         p.set_defaults(usage_parser=p)  # an unknown option is this subcommand's error, with its usage (scalelab.cli.main)
     est.set_defaults(func=run)

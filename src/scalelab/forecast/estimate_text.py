@@ -44,7 +44,8 @@ def _render_pipeline(r: dict, first: dict) -> list[str]:
     return lines
 
 
-def _render_scaling(r: dict) -> list[str]:
+def _scaling_header(r: dict) -> list[str]:
+    """estimate scaling's first lines: the configuration, its compute and the trainer priced."""
     a = r["assumptions"]
     shape = r["shape"]
     model = (f"{r['model']} ({_human(r['n_params'])} parameters)" if "model" in r else
@@ -68,6 +69,12 @@ def _render_scaling(r: dict) -> list[str]:
                 if r.get("global_batch") else "")]
     lines.append(f"trainer priced: {r['trainer']} ({r['trainer_priced']}); gradients reduced in "
                  f"{'fp32' if r['grad_reduce'] == 'fp32' else 'the compute dtype'}")
+    return lines
+
+
+def _scaling_links(a: dict) -> list[str]:
+    """Each link as taken: nominal x efficiency = achieved, its latency and its source."""
+    lines = []
     for side in ("intra_node", "inter_node"):
         link = a[side]
         if link:
@@ -77,9 +84,13 @@ def _render_scaling(r: dict) -> list[str]:
             lines.append(f"{side.replace('_', '-')} link: {link['name']}, {link['bandwidth_gb_per_s']:.4g} GB/s per GPU{eff} = "
                          f"{link['achievable_gb_per_s']:.4g} GB/s, latency {link['latency_us']:.3g} us per call "
                          f"({link['source']})")
-    first = r["rows"][-1]
-    lines.append("collectives per step (nccl-tests size, calls): " + ", ".join(
-        f"{c} {first['collective_bytes'][c] / 1e9:.3g} GB in {first['collective_calls'][c]}" for c in first["collective_bytes"]))
+    return lines
+
+
+def _scaling_collectives(r: dict, first: dict) -> list[str]:
+    """The collectives per step at the largest count, and tensor parallelism's apart."""
+    lines = ["collectives per step (nccl-tests size, calls): " + ", ".join(
+        f"{c} {first['collective_bytes'][c] / 1e9:.3g} GB in {first['collective_calls'][c]}" for c in first["collective_bytes"])]
     if r.get("tensor_parallel", 1) > 1:
         tp = first["tensor_parallel_comm"]
         kinds = ", ".join(f"{c} {v['size_bytes'] / 1e9:.3g} GB in {v['calls']}" for c, v in tp["collectives"].items())
@@ -90,6 +101,32 @@ def _render_scaling(r: dict) -> list[str]:
                      f"{tp['seconds'] * 1e3:.1f} ms" + (" on the critical path (exposed: no schedule here hides them)"
                                                         if tp["exposed"] else f", {tp['exposed_s'] * 1e3:.1f} ms of it on the "
                                                         "critical path (userbuffers overlap the rest with the blocks' GEMMs)"))
+    return lines
+
+
+def _scaling_row(row: dict, piped: bool) -> str:
+    """One GPU count's line of the table."""
+    comm = sum(row["comm_s"].values()) + row.get("tensor_parallel_comm", {}).get("seconds", 0.0)
+    by_link: dict[str, list[str]] = {}
+    for c, name in row["links"].items():
+        by_link.setdefault(name, []).append(_COLLECTIVE_SHORT[c])
+    link = next(iter(by_link)) if len(by_link) == 1 else " ".join(f"{'+'.join(cs)}:{name}" for name, cs in by_link.items())
+    if row.get("tensor_parallel", 1) > 1:
+        link = f"TP AR:{row['tensor_parallel_comm']['link']}" + (f", {link}" if by_link else "")
+    memory = f"{row['peak_memory_gib']:.1f} GiB" + ("" if row["fits_memory"] else "!")
+    batching = f"{row['micro_batch']} x {row['accumulation_steps']}"
+    return (f"{row['gpus']:>5} {row['nodes']:>5} {batching:>8} "
+            f"{row['step_time_s'] * 1e3:>8.1f} "
+            f"{row['compute_s'] * 1e3:>8.1f} {comm * 1e3:>8.1f} {row['exposed_comm_s'] * 1e3:>8.1f} "
+            + (f"{row['pipeline']['bubble_fraction']:>7.1%} {row['pipeline']['p2p_s'] * 1e3:>7.1f} " if piped else "")
+            + f"{row['tokens_per_s_per_gpu']:>10,.0f} {row['mfu']:>6.1%} {row['scaling_efficiency']:>7.1%} "
+            f"{memory:>9}  {link or '-'}")
+
+
+def _render_scaling(r: dict) -> list[str]:
+    """estimate scaling's text: the assumptions, then one line per GPU count."""
+    a, first = r["assumptions"], r["rows"][-1]
+    lines = _scaling_header(r) + _scaling_links(a) + _scaling_collectives(r, first)
     lines += _render_pipeline(r, first)
     lines.append(f"overlap: {a['overlap']}; overlap efficiency {a['overlap_efficiency']:g}"
                  + (" (default; --overlap-efficiency)" if a["overlap_efficiency_default"] else ""))
@@ -98,22 +135,7 @@ def _render_scaling(r: dict) -> list[str]:
     lines.append(f"{'gpus':>5} {'nodes':>5} {'mb x acc':>8} {'step ms':>8} {'compute':>8} {'comm':>8} {'exposed':>8} "
                  + (f"{'bubble':>7} {'P2P ms':>7} " if piped else "")
                  + f"{'tok/s/GPU':>10} {'MFU':>6} {'scaling':>7} {'memory':>9}  links")
-    for row in r["rows"]:
-        comm = sum(row["comm_s"].values()) + row.get("tensor_parallel_comm", {}).get("seconds", 0.0)
-        by_link: dict[str, list[str]] = {}
-        for c, name in row["links"].items():
-            by_link.setdefault(name, []).append(_COLLECTIVE_SHORT[c])
-        link = next(iter(by_link)) if len(by_link) == 1 else " ".join(f"{'+'.join(cs)}:{name}" for name, cs in by_link.items())
-        if row.get("tensor_parallel", 1) > 1:
-            link = f"TP AR:{row['tensor_parallel_comm']['link']}" + (f", {link}" if by_link else "")
-        memory = f"{row['peak_memory_gib']:.1f} GiB" + ("" if row["fits_memory"] else "!")
-        batching = f"{row['micro_batch']} x {row['accumulation_steps']}"
-        lines.append(f"{row['gpus']:>5} {row['nodes']:>5} {batching:>8} "
-                     f"{row['step_time_s'] * 1e3:>8.1f} "
-                     f"{row['compute_s'] * 1e3:>8.1f} {comm * 1e3:>8.1f} {row['exposed_comm_s'] * 1e3:>8.1f} "
-                     + (f"{row['pipeline']['bubble_fraction']:>7.1%} {row['pipeline']['p2p_s'] * 1e3:>7.1f} " if piped else "")
-                     + f"{row['tokens_per_s_per_gpu']:>10,.0f} {row['mfu']:>6.1%} {row['scaling_efficiency']:>7.1%} "
-                     f"{memory:>9}  {link or '-'}")
+    lines += [_scaling_row(row, piped) for row in r["rows"]]
     if not all(row["fits_memory"] for row in r["rows"]):
         lines.append(f"! the predicted peak per GPU exceeds the {r['gpu']}'s memory: the run would not fit")
     lines.append("every figure above is predicted; times in ms per optimizer step; comm = every collective's time, "
@@ -123,77 +145,98 @@ def _render_scaling(r: dict) -> list[str]:
     return lines
 
 
+def _render_memory(result: dict) -> list[str]:
+    u = result["unit"].lower()
+    named = f"{result['model']} ({result['family']}, {result['n_params']:,} parameters)" if "model" in result else \
+        f"{_human(result['n_params'])} parameters"
+    tp = result["rows"][0].get("tensor_parallel", 1) if result["rows"] else 1
+    lines = [f"model state per rank for {named} at world size {result['world_size']}"
+             + (f" = {result['world_size'] // tp} data-parallel x {tp} tensor-parallel ranks (each holds 1/{tp} of "
+                "the blocks' linears; the stage works over the data-parallel ranks)" if tp > 1 else "")
+             + f" ({result['unit']})"]
+    extra = f"activations_{u}" in result["rows"][0]
+    head = f"{'precision':<9} {'stage':>5} {'params':>10} {'grads':>10} {'optimizer':>10} {'total':>10} {'paper':>10}"
+    lines.append(head + (f" {'activ.':>10} {'peak':>10}" if extra else ""))
+    keys = ["pytorch_params", "pytorch_grads", "pytorch_optimizer", "pytorch_total", "paper_total",
+            *(["activations", "peak"] if extra else [])]
+    for r in result["rows"]:
+        lines.append(f"{r['precision']:<9} {r['zero_stage']:>5} " + " ".join(_size(r[f"{k}_{u}"]) for k in keys))
+    return lines
+
+
+def _render_time(r: dict) -> list[str]:
+    lines = [(f"{r['model']} ({r['family']}): " if "model" in r else "") +
+             f"{_human(r['n_params'])} parameters x {_human(r['tokens'])} tokens = {r['total_flops']:.3e} FLOPs ({r['flops_rule']})",
+             f"on {r['gpus']} x {r['gpu']} ({r['precision']} dense peak {r['peak_flops_per_gpu'] / 1e12:.1f} TFLOP/s) "
+             f"at MFU {_mfu_text(r['mfu'], 'mfu_source' in r, r.get('mfu_default', False))}:",
+             f"  {r['days']:.2f} days ({r['gpu_hours']:.4g} GPU-hours)"]
+    if "mfu_source" in r:
+        source = r["mfu_source"]
+        lines.append(f"MFU {_percent(r['mfu'])} measured: the median of {len(source['runs'])} ok {source['precision']} "
+                     f"run(s) of {source['results']} ({', '.join(source['runs'])}) on "
+                     f"{', '.join(source['devices']) or 'an unnamed device'}")
+    return lines
+
+
+def _render_advise(result: dict) -> list[str]:
+    u = result["unit"].lower()
+    lines = [f"{_human(result['n_params'])} parameters, {result['precision']}, {result['gpus']} GPUs of "
+             f"{result[f'gpu_memory_{u}']:g} {result['unit']}" + (f", micro-batch {result['micro_batch']}" if result["micro_batch"] else ""),
+             f"fits: within {result[f'budget_{u}']:.3g} {result['unit']} per GPU, the GPU's memory less a "
+             f"{result[f'reserve_{u}']:.3g} {result['unit']} reserve (CUDA context, NCCL buffers, fragmentation: "
+             "--reserve-gib; scalelab plan keeps the same and ranks what fits by time)",
+             f"{'rung':<52} {'state':>9} {'in-step':>9} {'total':>9}  fits"]
+    for r in result["rungs"]:
+        lines.append(f"{r['rung']:<52} {r[f'model_state_{u}']:>9.2f} {r[f'in_step_{u}']:>9.2f} {r[f'total_{u}']:>9.2f}  "
+                     + ("yes" if r["fits"] else "no"))
+    if "lora" in result and "max_rank" in result["lora"]:
+        lora = result["lora"]
+        lines.append(f"{'LoRA at ZeRO stage ' + str(lora['zero_stage']):<52} {lora[f'frozen_and_in_step_{u}']:>9.2f} "
+                     f"+ {lora[f'per_rank_{u}']:.4f} per rank: up to r={lora['max_rank']}")
+    lines.append(f"advice: {result['advice']}")
+    return lines
+
+
+def _render_claim(r: dict) -> list[str]:
+    return [f"{_human(r['n_params'])} parameters at {_human(r['tokens_per_s'])} tokens/s on {r['gpus']} x {r['gpu']}: "
+            f"{r['tokens_per_s'] * r['flops_per_token']:.3e} FLOP/s against {r['gpus']} x "
+            f"{r['peak_flops_per_gpu'] / 1e12:.1f} TFLOP/s ({r['precision']} dense peak)",
+            f"implied MFU {_percent(r['implied_mfu'])}: {r['verdict']}"]
+
+
+def _render_models(result: dict) -> list[str]:
+    lines = [f"{'model':<12} {'family':<6} {'params':>15} {'layers':>6} {'d_model':>7} {'heads':>5} {'kv':>3} "
+             f"{'ffn':>6} {'vocab':>6} {'seq':>5}  source"]
+    for r in result["rows"]:
+        lines.append(f"{r['model']:<12} {r['family']:<6} {r['n_params']:>15,} {r['n_layers']:>6} {r['d_model']:>7} "
+                     f"{r['n_heads']:>5} {r['n_kv_heads'] or '-':>3} {r['ffn_dim']:>6} {r['vocab_size']:>6} "
+                     f"{r['seq_len']:>5}  {r['source']}")
+    return lines
+
+
+def _render_links(result: dict) -> list[str]:
+    lines = [f"{'link':<16} {'GB/s':>7} {'lat us':>6}  source"]
+    for r in result["rows"]:
+        lines.append(f"{r['link']:<16} {r['bandwidth_gb_per_s']:>7.4g} {r['latency_us']:>6g}  {r['source']}")
+    return lines
+
+
+def _render_fit(result: dict) -> list[str]:
+    u = result["unit"].lower()
+    lines = [f"largest model whose model state fits {result[f'gpu_memory_{u}']:g} {result['unit']} per GPU x {result['world_size']} GPUs",
+             f"{'precision':<9} {'stage':>5} {'pytorch':>10} {'paper':>10}"]
+    for r in result["rows"]:
+        lines.append(f"{r['precision']:<9} {r['zero_stage']:>5} {_human(r['pytorch_max_params']):>10} {_human(r['paper_max_params']):>10}")
+    return lines
+
+
+_RENDERERS = {"memory": _render_memory, "time": _render_time, "advise": _render_advise, "claim": _render_claim,
+              "models": _render_models, "links": _render_links, "scaling": _render_scaling, "fit": _render_fit}
+"""Each subcommand's text (estimate_command.run's kinds)."""
+
+
 def render(kind: str, result: dict) -> str:
-    lines = []
-    if kind == "memory":
-        u = result["unit"].lower()
-        named = f"{result['model']} ({result['family']}, {result['n_params']:,} parameters)" if "model" in result else \
-            f"{_human(result['n_params'])} parameters"
-        tp = result["rows"][0].get("tensor_parallel", 1) if result["rows"] else 1
-        lines.append(f"model state per rank for {named} at world size {result['world_size']}"
-                     + (f" = {result['world_size'] // tp} data-parallel x {tp} tensor-parallel ranks (each holds 1/{tp} of "
-                        "the blocks' linears; the stage works over the data-parallel ranks)" if tp > 1 else "")
-                     + f" ({result['unit']})")
-        extra = f"activations_{u}" in result["rows"][0]
-        head = f"{'precision':<9} {'stage':>5} {'params':>10} {'grads':>10} {'optimizer':>10} {'total':>10} {'paper':>10}"
-        lines.append(head + (f" {'activ.':>10} {'peak':>10}" if extra else ""))
-        keys = ["pytorch_params", "pytorch_grads", "pytorch_optimizer", "pytorch_total", "paper_total",
-                *(["activations", "peak"] if extra else [])]
-        for r in result["rows"]:
-            lines.append(f"{r['precision']:<9} {r['zero_stage']:>5} " + " ".join(_size(r[f"{k}_{u}"]) for k in keys))
-    elif kind == "time":
-        r = result
-        lines += [(f"{r['model']} ({r['family']}): " if "model" in r else "") +
-                  f"{_human(r['n_params'])} parameters x {_human(r['tokens'])} tokens = {r['total_flops']:.3e} FLOPs ({r['flops_rule']})",
-                  f"on {r['gpus']} x {r['gpu']} ({r['precision']} dense peak {r['peak_flops_per_gpu'] / 1e12:.1f} TFLOP/s) "
-                  f"at MFU {_mfu_text(r['mfu'], 'mfu_source' in r, r.get('mfu_default', False))}:",
-                  f"  {r['days']:.2f} days ({r['gpu_hours']:.4g} GPU-hours)"]
-        if "mfu_source" in r:
-            source = r["mfu_source"]
-            lines.append(f"MFU {_percent(r['mfu'])} measured: the median of {len(source['runs'])} ok {source['precision']} "
-                         f"run(s) of {source['results']} ({', '.join(source['runs'])}) on "
-                         f"{', '.join(source['devices']) or 'an unnamed device'}")
-    elif kind == "advise":
-        u = result["unit"].lower()
-        lines.append(f"{_human(result['n_params'])} parameters, {result['precision']}, {result['gpus']} GPUs of "
-                     f"{result[f'gpu_memory_{u}']:g} {result['unit']}" + (f", micro-batch {result['micro_batch']}" if result["micro_batch"] else ""))
-        lines.append(f"fits: within {result[f'budget_{u}']:.3g} {result['unit']} per GPU, the GPU's memory less a "
-                     f"{result[f'reserve_{u}']:.3g} {result['unit']} reserve (CUDA context, NCCL buffers, fragmentation: "
-                     "--reserve-gib; scalelab plan keeps the same and ranks what fits by time)")
-        lines.append(f"{'rung':<52} {'state':>9} {'in-step':>9} {'total':>9}  fits")
-        for r in result["rungs"]:
-            lines.append(f"{r['rung']:<52} {r[f'model_state_{u}']:>9.2f} {r[f'in_step_{u}']:>9.2f} {r[f'total_{u}']:>9.2f}  "
-                         + ("yes" if r["fits"] else "no"))
-        if "lora" in result and "max_rank" in result["lora"]:
-            lora = result["lora"]
-            lines.append(f"{'LoRA at ZeRO stage ' + str(lora['zero_stage']):<52} {lora[f'frozen_and_in_step_{u}']:>9.2f} "
-                         f"+ {lora[f'per_rank_{u}']:.4f} per rank: up to r={lora['max_rank']}")
-        lines.append(f"advice: {result['advice']}")
-    elif kind == "claim":
-        r = result
-        lines += [f"{_human(r['n_params'])} parameters at {_human(r['tokens_per_s'])} tokens/s on {r['gpus']} x {r['gpu']}: "
-                  f"{r['tokens_per_s'] * r['flops_per_token']:.3e} FLOP/s against {r['gpus']} x "
-                  f"{r['peak_flops_per_gpu'] / 1e12:.1f} TFLOP/s ({r['precision']} dense peak)",
-                  f"implied MFU {_percent(r['implied_mfu'])}: {r['verdict']}"]
-    elif kind == "models":
-        lines.append(f"{'model':<12} {'family':<6} {'params':>15} {'layers':>6} {'d_model':>7} {'heads':>5} {'kv':>3} "
-                     f"{'ffn':>6} {'vocab':>6} {'seq':>5}  source")
-        for r in result["rows"]:
-            lines.append(f"{r['model']:<12} {r['family']:<6} {r['n_params']:>15,} {r['n_layers']:>6} {r['d_model']:>7} "
-                         f"{r['n_heads']:>5} {r['n_kv_heads'] or '-':>3} {r['ffn_dim']:>6} {r['vocab_size']:>6} "
-                         f"{r['seq_len']:>5}  {r['source']}")
-    elif kind == "links":
-        lines.append(f"{'link':<16} {'GB/s':>7} {'lat us':>6}  source")
-        for r in result["rows"]:
-            lines.append(f"{r['link']:<16} {r['bandwidth_gb_per_s']:>7.4g} {r['latency_us']:>6g}  {r['source']}")
-    elif kind == "scaling":
-        lines += _render_scaling(result)
-    else:
-        u = result["unit"].lower()
-        lines.append(f"largest model whose model state fits {result[f'gpu_memory_{u}']:g} {result['unit']} per GPU x {result['world_size']} GPUs")
-        lines.append(f"{'precision':<9} {'stage':>5} {'pytorch':>10} {'paper':>10}")
-        for r in result["rows"]:
-            lines.append(f"{r['precision']:<9} {r['zero_stage']:>5} {_human(r['pytorch_max_params']):>10} {_human(r['paper_max_params']):>10}")
+    lines = _RENDERERS[kind](result)
     if "fp8" in result:
         lines.append(f"fp8 against bf16: {result['fp8']['verdict']} (an estimate: {result['fp8']['basis']})")
     if "note" in result:
