@@ -27,10 +27,9 @@ from scalelab.config import ModelConfig
 from scalelab.forecast.inputs import (
     UNITS,
     EstimateError,
+    ModelChoice,
 )
 from scalelab.forecast.inputs import positive as _positive
-from scalelab.forecast.model_input import described as _named
-from scalelab.forecast.model_input import model_from_args as _model
 from scalelab.forecast.step import (  # the step-time model, shared by plan, pruning and the published validation
     check_tensor_parallel,
 )
@@ -65,11 +64,13 @@ def _mfu_text(mfu: float, measured: bool, default: bool) -> str:
     return _percent(mfu) if measured or default else _as_given(mfu)
 
 
-def memory_table(args) -> dict:
-    n_params, cfg = _model(args)
-    world_size = int(_positive("world-size", args.world_size))
-    scale, u = UNITS[args.unit], args.unit.lower()  # JSON keys follow the unit: *_gib or *_gb
-    t = int(_positive("tensor-parallel", getattr(args, "tensor_parallel", 1)))
+def memory_table(model: ModelChoice, world_size: int, unit: str, points: list[tuple[str, int]],
+                 tensor_parallel: int = 1, micro_batch: int | None = None) -> dict:
+    """Model state per rank at each (precision, stage) of ``points``, and with a micro-batch the in-step peak."""
+    n_params, cfg = model.n_params, model.cfg
+    world_size = int(_positive("world-size", world_size))
+    scale, u = UNITS[unit], unit.lower()  # JSON keys follow the unit: *_gib or *_gb
+    t = int(_positive("tensor-parallel", tensor_parallel))
     local, data_ranks = n_params, world_size
     if t > 1:  # each rank's share of the split linears, the strategy over the data-parallel ranks
         check_tensor_parallel(cfg, t)
@@ -77,19 +78,19 @@ def memory_table(args) -> dict:
             raise EstimateError(f"--tensor-parallel {t} does not divide --world-size {world_size}")
         local, data_ranks = tensor_parallelism.tensor_parallel_params(cfg, n_params, t), world_size // t
     rows = []
-    for precision, stage in _table_points(args):
+    for precision, stage in points:
         real = model_state.model_state_bytes(local, stage, data_ranks, precision, "pytorch")
         paper = model_state.model_state_bytes(local, stage, data_ranks, precision, "paper")
         row = {"precision": precision, "zero_stage": stage, "world_size": world_size, "tensor_parallel": t,
                f"pytorch_params_{u}": real.params / scale, f"pytorch_grads_{u}": real.grads / scale,
                f"pytorch_optimizer_{u}": real.optimizer / scale, f"pytorch_total_{u}": real.total / scale,
                f"paper_total_{u}": paper.total / scale}
-        if cfg is not None and args.micro_batch:
-            peak = peak_memory.peak_memory(cfg, local, stage, data_ranks, precision, args.micro_batch, tensor_parallel=t)
+        if cfg is not None and micro_batch:
+            peak = peak_memory.peak_memory(cfg, local, stage, data_ranks, precision, micro_batch, tensor_parallel=t)
             row[f"activations_{u}"] = peak.activations / scale
             row[f"peak_{u}"] = peak.total / scale
         rows.append(row)
-    return {**_named(args), "n_params": n_params, "world_size": world_size, "unit": args.unit, "rows": rows,
+    return {**model.named, "n_params": n_params, "world_size": world_size, "unit": unit, "rows": rows,
             **({"fp8": hardware.fp8_outlook(cfg.d_model)} if cfg is not None else {}),
             "note": "model state per rank at rest; 'pytorch' = fp32 master params + fp32 grads + AdamW (what scalelab's "
                     "strategies hold), 'paper' = ZeRO paper 2+2+12 (fp32: 4+4+8); peak: the start of backward (model state less "
@@ -97,11 +98,11 @@ def memory_table(args) -> dict:
                     "optimizer step (model state at rest), whichever is larger"}
 
 
-def _table_points(args) -> list[tuple[str, int]]:
+def table_points(precisions: list[str] | None, stages: list[int] | None) -> list[tuple[str, int]]:
     """The (precision, ZeRO stage) rows of a memory or fit table: every one, or those --precision
     and --zero-stage name (in the table's own order)."""
-    return [(precision, stage) for precision in MEMORY_PRECISIONS if not args.precision or precision in args.precision
-            for stage in ZERO_STAGES if args.zero_stage is None or stage in args.zero_stage]
+    return [(precision, stage) for precision in MEMORY_PRECISIONS if not precisions or precision in precisions
+            for stage in ZERO_STAGES if stages is None or stage in stages]
 
 
 def measured_mfu(results, precision: str, world_size: int | None = None) -> dict:
@@ -138,29 +139,31 @@ def measured_mfu(results, precision: str, world_size: int | None = None) -> dict
     return source
 
 
-def time_estimate(args) -> dict:
-    tokens = _positive("tokens", args.tokens)
-    if args.mfu is not None and args.mfu_from is not None:
+def time_estimate(model: ModelChoice, tokens: float, gpus: int, gpu: str, precision: str, mfu: float | None = None,
+                  mfu_from: str | None = None) -> dict:
+    """Days to train ``tokens`` on ``gpus`` GPUs at an MFU: given, measured (``mfu_from``) or the default."""
+    tokens = _positive("tokens", tokens)
+    if mfu is not None and mfu_from is not None:
         raise EstimateError("give --mfu or --mfu-from, not both")
     # the MFU scalelab plan and estimate scaling read too (world-size-1 runs: compute without communication), so
     # that one sweep gives them one figure; this estimate adds no communication, plan does
-    source = measured_mfu(args.mfu_from, args.precision, world_size=1) if args.mfu_from is not None else None
-    mfu = source["median_mfu"] if source else (DEFAULT_MFU if args.mfu is None else args.mfu)
+    source = measured_mfu(mfu_from, precision, world_size=1) if mfu_from is not None else None
+    mfu = source["median_mfu"] if source else (DEFAULT_MFU if mfu is None else mfu)
     if not 0 < mfu <= 1:
         raise EstimateError(f"--mfu must be in (0, 1], got {mfu}")
-    gpus = int(_positive("gpus", args.gpus))
+    gpus = int(_positive("gpus", gpus))
     try:
-        product = hardware.gpu_by_name(args.gpu)
-        peak = flops.gpu_peak_flops(args.gpu, args.precision)
+        product = hardware.gpu_by_name(gpu)
+        peak = flops.gpu_peak_flops(gpu, precision)
     except ValueError as err:
-        raise EstimateError(f"--gpu {args.gpu}: {err}") from None
-    n_params, cfg = _model(args)
+        raise EstimateError(f"--gpu {gpu}: {err}") from None
+    n_params, cfg = model.n_params, model.cfg
     fpt = flops.flops_per_token(cfg) if cfg is not None else 6.0 * n_params
     total = fpt * tokens
-    days = flops.training_days(total, gpus, args.gpu, args.precision, mfu)
-    result = {**_named(args), "n_params": n_params, "tokens": tokens, "flops_per_token": fpt,
+    days = flops.training_days(total, gpus, gpu, precision, mfu)
+    result = {**model.named, "n_params": n_params, "tokens": tokens, "flops_per_token": fpt,
               "flops_rule": "6N + attention term" if cfg is not None else "6N",
-              "total_flops": total, "gpus": gpus, "gpu": product.name, "precision": args.precision,
+              "total_flops": total, "gpus": gpus, "gpu": product.name, "precision": precision,
               "peak_flops_per_gpu": peak, "mfu": mfu, "days": days, "gpu_hours": days * 24 * gpus}
     if source:
         result["mfu_source"] = source
@@ -169,26 +172,26 @@ def time_estimate(args) -> dict:
     return result
 
 
-def _gpu_memory(args) -> float:
+def gpu_memory_bytes(gpu_memory: float | None, gpu_memory_gib: float | None, unit: str) -> float:
     """Bytes per GPU from --gpu-memory in --unit (or the older --gpu-memory-gib)."""
-    if args.gpu_memory is not None and args.gpu_memory_gib is not None:
+    if gpu_memory is not None and gpu_memory_gib is not None:
         raise EstimateError("give --gpu-memory (with --unit) or --gpu-memory-gib, not both")
-    if args.gpu_memory_gib is not None:
-        return _positive("gpu-memory-gib", args.gpu_memory_gib) * UNITS["GiB"]
-    if args.gpu_memory is None:
+    if gpu_memory_gib is not None:
+        return _positive("gpu-memory-gib", gpu_memory_gib) * UNITS["GiB"]
+    if gpu_memory is None:
         raise EstimateError("give the memory per GPU: --gpu-memory N (in --unit, default GiB)")
-    return _positive("gpu-memory", args.gpu_memory) * UNITS[args.unit]
+    return _positive("gpu-memory", gpu_memory) * UNITS[unit]
 
 
-def fit_table(args) -> dict:
-    mem = _gpu_memory(args)
-    world_size = int(_positive("world-size", args.world_size))
+def fit_table(mem: float, world_size: int, unit: str, points: list[tuple[str, int]]) -> dict:
+    """The largest model whose model state fits ``mem`` bytes per GPU, at each (precision, stage) of ``points``."""
+    world_size = int(_positive("world-size", world_size))
     rows = []
-    for precision, stage in _table_points(args):
+    for precision, stage in points:
         rows.append({"precision": precision, "zero_stage": stage,
                      "pytorch_max_params": model_state.largest_model(mem, stage, world_size, precision, "pytorch"),
                      "paper_max_params": model_state.largest_model(mem, stage, world_size, precision, "paper")})
-    return {f"gpu_memory_{args.unit.lower()}": mem / UNITS[args.unit], "unit": args.unit, "world_size": world_size,
+    return {f"gpu_memory_{unit.lower()}": mem / UNITS[unit], "unit": unit, "world_size": world_size,
             "rows": rows, "note": "model state only: leave room for activations, buffers and fragmentation"}
 
 
@@ -215,19 +218,20 @@ def memory_reserve_bytes(memory_bytes: float, reserve_gib: float | None) -> floa
     return RESERVE["fixed_gib"] * UNITS["GiB"] + RESERVE["share"] * memory_bytes
 
 
-def advise(args) -> dict:
+def advise(model: ModelChoice, device: float, gpus: int, precision: str, unit: str, micro_batch: int | None = None,
+           activation_checkpointing: bool = False, reserve_gib: float | None = None) -> dict:
     """The memory ladder made quantitative: DDP, then ZeRO stages 1, 2, 3, then LoRA, each against the
-    GPU's memory less the reserve plan keeps (what the formulas do not count)."""
-    n_params, cfg = _model(args)
-    device, gpus, precision = _gpu_memory(args), int(_positive("gpus", args.gpus)), args.precision
-    reserve = memory_reserve_bytes(device, getattr(args, "reserve_gib", None))
+    GPU's memory (``device`` bytes) less the reserve plan keeps (what the formulas do not count)."""
+    n_params, cfg = model.n_params, model.cfg
+    gpus = int(_positive("gpus", gpus))
+    reserve = memory_reserve_bytes(device, reserve_gib)
     mem = device - reserve
-    scale, u = UNITS[args.unit], args.unit.lower()
-    micro = int(_positive("micro-batch", args.micro_batch)) if args.micro_batch else None
+    scale, u = UNITS[unit], unit.lower()
+    micro = int(_positive("micro-batch", micro_batch)) if micro_batch else None
     if micro and cfg is None:
         raise EstimateError("--micro-batch needs the model's shape (--model, or --layers/--d-model/--vocab/--seq)")
 
-    peaks = {stage: peak_memory.peak_memory(cfg, n_params, stage, gpus, precision, micro, args.activation_checkpointing)
+    peaks = {stage: peak_memory.peak_memory(cfg, n_params, stage, gpus, precision, micro, activation_checkpointing)
              for stage in ZERO_STAGES} if micro else {}
 
     def in_step(stage: int) -> float:  # what the step's peak adds to the model state at rest (the freed gradients counted out)
@@ -241,7 +245,7 @@ def advise(args) -> dict:
              for stage in ZERO_STAGES]
     fitting = [r for r in rungs if r["fits"]]
     result = {"n_params": n_params, "gpus": gpus, f"gpu_memory_{u}": device / scale, f"reserve_{u}": reserve / scale,
-              f"budget_{u}": mem / scale, "unit": args.unit,
+              f"budget_{u}": mem / scale, "unit": unit,
               "precision": precision, "micro_batch": micro, "rungs": rungs,
               "advice": f"use {fitting[0]['rung']}: the first rung of the ladder that fits" if fitting else None}
     if not fitting:
@@ -280,26 +284,26 @@ def _lora_budget(cfg, n_params, gpus, precision, mem, in_step, scale, u) -> dict
     return best
 
 
-def claim_check(args) -> dict:
+def claim_check(model: ModelChoice, gpus: int, gpu: str, precision: str, tokens_per_s: float | None = None,
+                tokens: float | None = None, days: float | None = None) -> dict:
     """The MFU a published throughput implies, and whether any GPU of that kind could do it."""
-    n_params, cfg = _model(args)
-    gpus = int(_positive("gpus", args.gpus))
-    total = (args.tokens, args.days)
-    if (args.tokens_per_s is None) == all(v is None for v in total) or (args.tokens_per_s is None and None in total):
+    n_params, cfg = model.n_params, model.cfg
+    gpus = int(_positive("gpus", gpus))
+    if (tokens_per_s is None) == (tokens is None and days is None) or (tokens_per_s is None and None in (tokens, days)):
         raise EstimateError("give the claim as --tokens-per-s, or as --tokens and --days")
-    tokens_per_s = (_positive("tokens-per-s", args.tokens_per_s) if args.tokens_per_s is not None
-                    else _positive("tokens", args.tokens) / (_positive("days", args.days) * 86400))
+    tokens_per_s = (_positive("tokens-per-s", tokens_per_s) if tokens_per_s is not None
+                    else _positive("tokens", tokens) / (_positive("days", days) * 86400))
     try:
-        product = hardware.gpu_by_name(args.gpu)
-        peak = flops.gpu_peak_flops(args.gpu, args.precision)
+        product = hardware.gpu_by_name(gpu)
+        peak = flops.gpu_peak_flops(gpu, precision)
     except ValueError as err:
-        raise EstimateError(f"--gpu {args.gpu}: {err}") from None
+        raise EstimateError(f"--gpu {gpu}: {err}") from None
     fpt = flops.flops_per_token(cfg) if cfg is not None else 6.0 * n_params
     implied = flops.mfu(tokens_per_s, fpt, peak, gpus)
     if math.isnan(implied):
-        verdict = f"unknown: no {args.precision} dense peak for {product.name}"
+        verdict = f"unknown: no {precision} dense peak for {product.name}"
     elif implied > 1:
-        verdict = (f"impossible as stated: it needs {implied:.0%} of the {args.precision} dense peak of {gpus} x "
+        verdict = (f"impossible as stated: it needs {implied:.0%} of the {precision} dense peak of {gpus} x "
                    f"{product.name}; no hardware runs above its peak")
     elif implied > 0.6:
         verdict = f"implausible: {implied:.0%} MFU is above the best published training runs (about 40-60%)"
@@ -309,11 +313,11 @@ def claim_check(args) -> dict:
     else:
         verdict = f"plausible: {_percent(implied)} MFU"
     return {"n_params": n_params, "tokens_per_s": tokens_per_s, "flops_per_token": fpt, "gpus": gpus,
-            "gpu": product.name, "precision": args.precision, "peak_flops_per_gpu": peak, "implied_mfu": implied,
+            "gpu": product.name, "precision": precision, "peak_flops_per_gpu": peak, "implied_mfu": implied,
             "verdict": verdict}
 
 
-def models_table(args) -> dict:
+def models_table() -> dict:
     """The presets --model takes: family, shape and parameter count (with the published figure)."""
     from scalelab.spec.presets import PRESETS
 

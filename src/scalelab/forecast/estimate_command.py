@@ -6,7 +6,19 @@ import json
 import sys
 
 # The precisions whose records say they have a memory convention of their own (fp8 holds bf16's
-from scalelab.forecast.estimate import DEFAULT_MFU, MEMORY_PRECISIONS, PEAK_CHOICES, advise, claim_check, fit_table, memory_table, models_table, time_estimate
+from scalelab.forecast.estimate import (
+    DEFAULT_MFU,
+    MEMORY_PRECISIONS,
+    PEAK_CHOICES,
+    advise,
+    claim_check,
+    fit_table,
+    gpu_memory_bytes,
+    memory_table,
+    models_table,
+    table_points,
+    time_estimate,
+)
 from scalelab.forecast.estimate_text import render
 from scalelab.forecast.inputs import (
     UNITS,
@@ -17,6 +29,7 @@ from scalelab.forecast.inputs import (
     positive_number,
     positive_whole,
 )
+from scalelab.forecast.inputs import model_from_flags as _model
 from scalelab.forecast.model_input import model_flags
 from scalelab.forecast.scaling import SCALING_GPUS, SCALING_STAGES, gpu_counts, links_table, scaling_table
 from scalelab.formulas import communication, links
@@ -182,11 +195,37 @@ def add_parser(sub) -> None:
     est.set_defaults(func=run)
 
 
+def _memory(args) -> dict:
+    return memory_table(_model(args), args.world_size, args.unit, table_points(args.precision, args.zero_stage),
+                        args.tensor_parallel, args.micro_batch)
+
+
+def _time(args) -> dict:
+    return time_estimate(_model(args), args.tokens, args.gpus, args.gpu, args.precision, args.mfu, args.mfu_from)
+
+
+def _fit(args) -> dict:
+    return fit_table(gpu_memory_bytes(args.gpu_memory, args.gpu_memory_gib, args.unit), args.world_size, args.unit,
+                     table_points(args.precision, args.zero_stage))
+
+
+def _advise(args) -> dict:
+    return advise(_model(args), gpu_memory_bytes(args.gpu_memory, args.gpu_memory_gib, args.unit), args.gpus,
+                  args.precision, args.unit, args.micro_batch, args.activation_checkpointing, args.reserve_gib)
+
+
+def _claim(args) -> dict:
+    return claim_check(_model(args), args.gpus, args.gpu, args.precision, args.tokens_per_s, args.tokens, args.days)
+
+
+COMPUTE = {"memory": _memory, "time": _time, "fit": _fit, "advise": _advise, "claim": _claim,
+           "models": lambda args: models_table(), "scaling": scaling_table, "links": lambda args: links_table()}
+"""Each subcommand's edge: its flags read into the typed values its computation takes."""
+
+
 def run(args) -> int:
-    compute = {"memory": memory_table, "time": time_estimate, "fit": fit_table, "advise": advise, "claim": claim_check,
-               "models": models_table, "scaling": scaling_table, "links": links_table}[args.kind]
     try:
-        result = compute(args)
+        result = COMPUTE[args.kind](args)
     except EstimateError as err:
         print(f"scalelab estimate {args.kind}: error: {err}", file=sys.stderr)
         return 2

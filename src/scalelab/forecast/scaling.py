@@ -117,7 +117,7 @@ def _link(option: str, spec: str, efficiency: float | None, notes: list[str], pe
         raise EstimateError(f"{option}: {err}") from None
 
 
-def links_table(args) -> dict:
+def links_table() -> dict:
     """The link products --intra-node and --inter-node take (scalelab.formulas.links), with their sources."""
     rows = [{"link": p.name, "bandwidth_gb_per_s": p.bandwidth_Bps / links.GB, "latency_us": p.latency_s * 1e6,
              "aliases": list(p.aliases), "source": p.source, "note": p.note} for p in links.PRODUCTS]
