@@ -82,8 +82,8 @@ def _add_scaling_parser(kinds):
                     help="strategy: 0 (DDP), 1 (+ ZeroRedundancyOptimizer), 2, 3 (FSDP2), hybrid (HSDP)")
     sc.add_argument("--precision", default="bf16", choices=list(PRECISION_NAMES), help="training precision (default bf16)")
     sc.add_argument("--grad-reduce", default=None, choices=list(communication.GRAD_REDUCE),
-                    help="dtype gradients are reduced in: fp32 or the compute dtype (fp16, bf16); default fp32, the "
-                         "compute dtype with --trainer megatron")
+                    help="dtype gradients are reduced in: fp32 or the compute dtype (fp16, bf16); default the trainer's: "
+                         "fp32 for scalelab, the compute dtype for megatron, nemo and llm-foundry")
     trainer_flag(sc)
     sc.add_argument("--micro-batch", type=int, default=1, help="sequences per GPU per forward (default 1): fixed as GPUs "
                     "grow, or with --global-batch the largest micro-batch each GPU's share is accumulated in")

@@ -452,8 +452,8 @@ def add_parser(sub) -> None:
                    help=f"only these pipeline schedules (default: {', '.join(PLAN_SCHEDULES)})")
     trainer_flag(p)
     p.add_argument("--grad-reduce", default=None, choices=list(communication.GRAD_REDUCE),
-                   help="dtype gradients are reduced in (default: fp32 for scalelab, the compute dtype for a distributed "
-                        "optimizer)")
+                   help="dtype gradients are reduced in (default the trainer's: fp32 for scalelab, the compute dtype for "
+                        "megatron, nemo and llm-foundry)")
     p.add_argument("--json", action="store_true", help="every configuration's row as JSON")
     p.set_defaults(func=_run, usage_parser=p)
 
