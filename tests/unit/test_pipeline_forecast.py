@@ -252,3 +252,14 @@ def test_an_interleaved_schedules_chunks_per_rank_are_the_forecasts_and_default_
     four = predict_point(_point(pipeline_parallel=8, pipeline_schedule="interleaved_1f1b", global_batch=512,
                                 chunks_per_rank=4), _machine(), 64)["pipeline"]
     assert four["bubble_fraction"] == pytest.approx(7 / (4 * 64 + 7)) and four["p2p_sent_bytes"] > default["p2p_sent_bytes"]
+
+
+def test_estimate_scaling_takes_an_interleaved_schedules_chunks_per_rank_and_refuses_it_elsewhere(capsys):
+    code, out, err = _run(capsys, *SCALING, "--gpus", "32", "--pipeline-parallel", "4", "--schedule", "interleaved_1f1b",
+                          "--chunks-per-rank", "4")
+    assert code == 0, err
+    pipelined = json.loads(out)["rows"][0]["pipeline"]
+    m = pipelined["microbatches"]
+    assert pipelined["bubble_fraction"] == pytest.approx(3 / (4 * m + 3))
+    code, _, err = _run(capsys, *SCALING, "--gpus", "32", "--chunks-per-rank", "4")
+    assert code != 0 and "--chunks-per-rank" in err and len(err.strip().splitlines()) == 1

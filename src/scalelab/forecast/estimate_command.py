@@ -106,6 +106,10 @@ def _add_scaling_parser(kinds):
     sc.add_argument("--schedule", default=DEFAULT_SCHEDULE, choices=list(SCHEDULES),
                     help="with --pipeline-parallel: the pipeline schedule (" + "; ".join(
                         f"{k}: {v.doc}" for k, v in SCHEDULES.items()) + f"; default {DEFAULT_SCHEDULE})")
+    sc.add_argument("--chunks-per-rank", type=positive_whole, default=None, metavar="V",
+                    help="with --schedule interleaved_1f1b: the chunks of blocks each pipeline rank runs, as the trainer "
+                         "priced runs it (Megatron's and NeMo's virtual_pipeline_model_parallel_size; default 2, "
+                         "scalelab's own)")
     sc.add_argument("--gpus", type=gpu_counts, default=SCALING_GPUS, metavar="N,N,...",
                     help=f"GPU counts (default {','.join(map(str, SCALING_GPUS))}; 8,16,...,1024 doubles up to 1024); "
                          "efficiency is against the smallest")

@@ -142,6 +142,8 @@ class Layout:
     sequence_parallel: bool = False
     pipeline_parallel: int = 1
     schedule: str = "1f1b"
+    chunks_per_rank: int | None = None
+    """An interleaved schedule's chunks per rank as the trainer runs them; None: the schedule's own (2)."""
 
 
 @dataclass(frozen=True)
@@ -183,7 +185,8 @@ def layout_from_args(args) -> Layout:
                   tensor_parallel=getattr(args, "tensor_parallel", 1),
                   sequence_parallel=bool(getattr(args, "sequence_parallel", False)),
                   pipeline_parallel=getattr(args, "pipeline_parallel", 1),
-                  schedule=getattr(args, "schedule", DEFAULT_SCHEDULE))
+                  schedule=getattr(args, "schedule", DEFAULT_SCHEDULE),
+                  chunks_per_rank=getattr(args, "chunks_per_rank", None))
 
 
 def plan_ask_from_args(args) -> PlanAsk:

@@ -242,7 +242,10 @@ def _scaling_point(model: ModelChoice, cluster: Cluster, layout: Layout) -> Poin
     tensor_parallel = int(_positive("tensor-parallel", layout.tensor_parallel))
     check_tensor_parallel(cfg, tensor_parallel)
     pipeline_parallel = int(_positive("pipeline-parallel", layout.pipeline_parallel))
-    why = pipeline_problem(cfg, pipeline_parallel, layout.schedule)
+    if layout.chunks_per_rank is not None and (pipeline_parallel == 1 or layout.schedule != "interleaved_1f1b"):
+        raise EstimateError("--chunks-per-rank is an interleaved schedule's: give --pipeline-parallel P and --schedule "
+                            "interleaved_1f1b")
+    why = pipeline_problem(cfg, pipeline_parallel, layout.schedule, virtual=layout.chunks_per_rank)
     if why:
         raise EstimateError(why)
     return Point(cfg=cfg, n_params=model.n_params, key=layout.key, precision=layout.precision,
@@ -250,7 +253,7 @@ def _scaling_point(model: ModelChoice, cluster: Cluster, layout: Layout) -> Poin
                  micro_batch=int(_positive("micro-batch", layout.micro_batch)), global_batch=layout.global_batch,
                  activation_checkpointing=layout.activation_checkpointing, tensor_parallel=tensor_parallel,
                  sequence_parallel=layout.sequence_parallel, pipeline_parallel=pipeline_parallel,
-                 pipeline_schedule=layout.schedule)
+                 pipeline_schedule=layout.schedule, chunks_per_rank=layout.chunks_per_rank)
 
 
 def _described_link(link: links.Link | None) -> dict | None:
