@@ -266,3 +266,16 @@ def test_a_measured_run_says_where_the_target_runs_it_otherwise(results):
     assert "runs otherwise: ZeRO-1 was measured as PyTorch's ZeroRedundancyOptimizer" in text
     assert "runs otherwise: tensor parallelism was measured with the embedding and head whole on every rank" in text
     assert "runs otherwise" not in torchtitan_toml({**row, "zero_stage": 3, "tensor_parallel": 1})
+
+
+def test_every_trainer_a_plan_prices_with_exports(tmp_path, capsys):
+    """A plan priced by any trainer `scalelab plan` takes exports at ZeRO-1 and with tensor parallelism, naming it: the
+    differences are looked up by the form of its strategies (nemo prices them as megatron does)."""
+    from scalelab.spec.strategies import TRAINERS
+
+    for trainer in sorted(set(TRAINERS) - {"llm-foundry"}):  # llm-foundry is priced for ZeRO-3 alone
+        path, fitting = _plan_file(tmp_path, capsys, trainer)
+        for wanted in ({"strategy": 1}, {"tensor_parallel": 2}):
+            rank = _rank_of(fitting, **wanted)
+            text, _ = export_config(path, "torchtitan", None, rank)
+            assert f"# priced by scalelab plan --trainer {trainer}:" in text, (trainer, wanted)

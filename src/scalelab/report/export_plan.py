@@ -110,7 +110,8 @@ def measured_with(row: dict) -> str:
 def runs_otherwise(row: dict, target: str) -> list[str]:
     """Where the target trainer runs this configuration otherwise than the trainer it was priced (or measured) as: each a
     sentence; empty where it runs it as priced."""
-    priced = row.get("_priced_by") or "scalelab"
+    trainer = TRAINERS[row.get("_priced_by") or "scalelab"]
+    priced = trainer.form  # whose strategies priced ZeRO-1 and tensor parallelism (nemo's are megatron's)
     what = "priced" if row.get("_priced_by") else "measured"
     name = TARGET_NAMES[target]
     out = []
@@ -126,7 +127,7 @@ def runs_otherwise(row: dict, target: str) -> list[str]:
         elif not row.get("sequence_parallel"):
             out.append(f"tensor parallelism was {what} without sequence parallelism; torchtitan's always runs it (its "
                        "norms sequence-parallel: all-gathers and reduce-scatters, smaller activations)")
-    if priced == "megatron" and int(row["zero_stage"]) == 0:
+    if trainer.memory == "megatron" and int(row["zero_stage"]) == 0:
         out.append("memory was priced with bf16 parameters beside an fp32 gradient buffer and fp32 master weights "
                    f"(scalelab.formulas.megatron_style); {name} keeps fp32 parameters and casts them for compute")
     return out  # a reduce dtype the target cannot set is export.not_carried's
