@@ -7,7 +7,7 @@ from snakemake.utils import min_version
 
 from scalelab.config import ConfigError, ConfigProblems
 from scalelab.config.reading import check_yaml_syntax
-from scalelab.plan.validation import validate_config, validation_message
+from scalelab.planning.validation import validate_config, validation_message
 
 min_version("9.14.8")
 
@@ -31,7 +31,7 @@ if _syntax_errors:
 configfile: "config.yaml"
 
 
-# The one validation path (scalelab.plan.validation.validate_config): schema with defaults, then the
+# The one validation path (scalelab.planning.validation.validate_config): schema with defaults, then the
 # cross-field rules. Bad values stop the workflow here, before any job: every problem at once, one
 # line each, naming the file and line that set the key (Snakemake merged the files into `config`, so
 # they are read again to find them), the key and the value.

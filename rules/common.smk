@@ -6,15 +6,15 @@ from pathlib import Path
 from scalelab.config import ConfigError, dataset_config
 from scalelab.forecast.pruning import decide as decide_forecast, top_k
 from scalelab.forecast.pruning import summary_line as forecast_summary
-from scalelab.plan.forecast_record import read as read_forecast, stamp as forecast_stamp
+from scalelab.planning.forecast_record import read as read_forecast, stamp as forecast_stamp
 from scalelab.run.data import DataError, source_files
-from scalelab.plan.placement import carry_slurm_conf, sweep_device_plan, train_job_resources
-from scalelab.plan.run_plan import result_params, run_plan
+from scalelab.planning.placement import carry_slurm_conf, sweep_device_plan, train_job_resources
+from scalelab.planning.run_plan import result_params, run_plan
 from scalelab.results.migrate import OldLayout, check_layout
 from scalelab.run.calibration import calibration_path, read_calibration
 from scalelab.run.sweep_calibration import ensure_calibration
 from scalelab.results.status import check_trained_with, measured_ok
-from scalelab.plan.sweep import RunPoint, data_result_params, sweep_plan
+from scalelab.planning.sweep import RunPoint, data_result_params, sweep_plan
 
 RESULTS = Path(config["results_dir"])
 DATASET = config["dataset"]["name"]
@@ -58,7 +58,7 @@ def _mark_data_stale_if_sources_changed(files):
 
 
 # The sweep, defined once: every run folder, run id and job derives from this table. A run's
-# folder is <results>/runs/<run id>/ (scalelab.plan.sweep): the train rules are keyed by the run id
+# folder is <results>/runs/<run id>/ (scalelab.planning.sweep): the train rules are keyed by the run id
 # and look its point up here.
 _POINTS, _LEFT_OUT = sweep_plan(config)
 POINTS = {p.run_id: p for p in _POINTS}
@@ -81,12 +81,12 @@ def point_of(wildcards) -> RunPoint:
 
 
 def plan_of(wildcards):
-    """The run's plan (scalelab.plan.run_plan): its micro-batch, launch plan, device and comm dtypes."""
+    """The run's plan (scalelab.planning.run_plan): its micro-batch, launch plan, device and comm dtypes."""
     return PLANS[wildcards.run_id]
 
 
 def run_params(wildcards) -> dict:
-    """What a run's results depend on beyond its point (scalelab.plan.run_plan.result_params): the values
+    """What a run's results depend on beyond its point (scalelab.planning.run_plan.result_params): the values
     that differ from the defaults, so a new config key at its default reruns nothing. With --touch
     (scalelab resume recording a finished run's provenance) only if the run trained with these."""
     params = result_params(config, plan_of(wildcards))
@@ -108,7 +108,7 @@ CLUSTER = config["cluster"]
 DEVICE_PLAN, _INHERITED = sweep_device_plan(config)
 if not _INHERITED:
     print(f"scalelab: runs train on {DEVICE_PLAN.device} ({DEVICE_PLAN.why})", file=sys.stderr)
-# Each run's plan, made once here (scalelab.plan.run_plan): what the rules size its job with, what its
+# Each run's plan, made once here (scalelab.planning.run_plan): what the rules size its job with, what its
 # results depend on, and what the job runs (the train rule's params.plan). The job's launcher adds only what
 # it knows (the data's vocabulary, the run folder, its threads) and checks that the planned device is there
 # (scalelab.run.launch).
@@ -131,7 +131,7 @@ if not (workflow.remote_exec or workflow.subprocess_exec or workflow.touch) and 
 # planning.top_k: the forecast ranks every point before any job starts (scalelab.forecast.pruning). The
 # planning process decides; the process that runs the jobs records the decision in onstart, under the
 # results folder's lock (<results>/plan/forecast.json, removed there without top_k); the jobs, which parse
-# this file again, and collection (runs measured before top_k: scalelab.plan.forecast_record) read it.
+# this file again, and collection (runs measured before top_k: scalelab.planning.forecast_record) read it.
 if top_k(config) is None:
     DECISIONS = {}
 elif workflow.remote_exec or workflow.subprocess_exec:
@@ -153,7 +153,7 @@ else:
 PRUNED = {run_id for run_id, decision in DECISIONS.items() if decision.pruned}
 FORECAST_STAMP = forecast_stamp(DECISIONS)  # a param of collect (rules/collect.smk)
 # A slurm.conf named only by SLURM_CONF reaches every srun of the sweep's jobs, though the SLURM
-# plugin's job step removes SLURM_* (scalelab.plan.placement.carry_slurm_conf).
+# plugin's job step removes SLURM_* (scalelab.planning.placement.carry_slurm_conf).
 carry_slurm_conf()
 
 

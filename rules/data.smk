@@ -9,7 +9,7 @@ rule prepare_data:
         val=DATA_DIR / "val.bin",
         meta=DATA_DIR / "meta.json",
     params:
-        # what the data depends on (scalelab.plan.sweep.data_result_params): a new key at its default re-prepares nothing
+        # what the data depends on (scalelab.planning.sweep.data_result_params): a new key at its default re-prepares nothing
         dataset=data_result_params(config),
         seq_len=config["model"]["seq_len"],
     log:

@@ -30,7 +30,7 @@ onstart:
             record(RESULTS, sys.argv[1:], workflow.overwrite_configfiles, cwd=Path.cwd(), snakefile=workflow.main_snakefile)
         # planning.top_k's decision (rules/common.smk), for the jobs to read: written here, under the lock, by the
         # process that runs them (never by a dry run, nor by a second invocation the lock turns away)
-        from scalelab.plan import forecast_record
+        from scalelab.planning import forecast_record
 
         if DECISIONS:
             forecast_record.write(RESULTS, DECISIONS)
@@ -68,7 +68,7 @@ onerror:
 
     stop_server(_PREFORK.get("server"))
     results_lock(RESULTS).release()
-    from scalelab.plan.placement import slurm_log_errors
+    from scalelab.planning.placement import slurm_log_errors
 
     # A SLURM job that failed before scalelab ran has no run log; SLURM's error is in its job log.
     _slurm_logs = getattr(workflow.executor_settings, "logdir", None) or ".snakemake/slurm_logs"

@@ -33,7 +33,7 @@ rule train:
     group: train_group if RUNS_PER_JOB > 1 else None
     # Each rank gets threads // world_size intra-op threads, so --cores all never over-commits the machine.
     threads: run_threads
-    # What the scheduler sees (scalelab.plan.placement.train_job_resources): a one-node job asks
+    # What the scheduler sees (scalelab.planning.placement.train_job_resources): a one-node job asks
     # for `gpu` GPUs; a job over several nodes (train_multinode) for gres=gpu:<per node>.
     resources:
         runtime=run_minutes,

@@ -48,8 +48,8 @@ def _check_config(args) -> int:
     `configfile:` + `--configfile`: every problem of every file at once, one line each, naming
     the file and line (a file that is not YAML, with its column), the key and the value."""
     from scalelab.config import ConfigError
-    from scalelab.plan.sweep import sweep_plan
-    from scalelab.plan.validation import load_configs, validation_message
+    from scalelab.planning.sweep import sweep_plan
+    from scalelab.planning.validation import load_configs, validation_message
 
     try:
         config = load_configs(args.files, base_dir=Path.cwd())
@@ -142,9 +142,9 @@ def _predict(args) -> int:
 
     import pandas as pd
 
-    from scalelab.plan.result_tables import read_runs
+    from scalelab.planning.result_tables import read_runs
+    from scalelab.registries.comm_table import BENCH_FILE, read_table
     from scalelab.results.prediction_validation import format_validation, validate
-    from scalelab.spec.comm_table import BENCH_FILE, read_table
 
     folders = [Path(f) for f in args.validate]
     tables = []

@@ -46,7 +46,7 @@ def test_report_opens_in_headless_chromium_without_console_errors(fixture_result
     # the run, its status, the axes that vary, throughput, memory, loss (it showed 13 of 23 columns).
     wide = _laid_out(html, tmp_path, width=1400)
     visible = [name for name, seen in wide["run_columns"] if seen]
-    from scalelab.plan.sweep import SWEEP_AXES
+    from scalelab.planning.sweep import SWEEP_AXES
     from scalelab.report.report import KEY_COLUMNS, _fmt_table
 
     table = _fmt_table(runs)

@@ -5,7 +5,7 @@ World size 1 takes the single-node path (the launcher starts the ranks inside th
 job step); world size 2, with cluster.ranks_per_node=1, takes the multi-node path: srun
 starts one torchrun launcher on each node, static rendezvous on n1. Both ways a site
 configures Slurm are run: slurm.conf at the default path, and named only by SLURM_CONF (which
-the executor plugin's job step removes: scalelab.plan.placement.carry_slurm_conf).
+the executor plugin's job step removes: scalelab.planning.placement.carry_slurm_conf).
 """
 import json
 import os
@@ -21,8 +21,8 @@ import pytest
 from devtools.vcluster import VirtualCluster
 from scalelab.config import model_config, train_config
 from scalelab.harness.reference import bare_loop
-from scalelab.plan.placement import slurm_log_errors
-from scalelab.plan.sweep import RunPoint
+from scalelab.planning.placement import slurm_log_errors
+from scalelab.planning.sweep import RunPoint
 from support import BIN, REPO, SNAKEMAKE, tiny_config, write_workdir
 from support.slurm import PLUGIN_PYTHONPATH, cluster_unavailable
 

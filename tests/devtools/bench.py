@@ -88,8 +88,8 @@ def bench_overhead(steps: int, repeats: int, threads: int) -> dict:
     from scalelab.config import dataset_config, model_config, train_config
     from scalelab.harness import REPO_ROOT
     from scalelab.harness.reference import bare_loop
-    from scalelab.plan.sweep import RunPoint
-    from scalelab.plan.validation import load_config
+    from scalelab.planning.sweep import RunPoint
+    from scalelab.planning.validation import load_config
     from scalelab.run.data import prepare_dataset
     from scalelab.run.launch import launch_run
 
@@ -138,7 +138,7 @@ def bench_compile(precision: str, steps: int, warmup: int, threads: int, model: 
 
     from scalelab.config import dataset_config, model_config, train_config
     from scalelab.harness import REPO_ROOT
-    from scalelab.plan.validation import load_config
+    from scalelab.planning.validation import load_config
     from scalelab.run.data import BatchSampler, prepare_dataset
     from scalelab.run.model import GPT
     from scalelab.run.parallel import apply_compile, compiled_graphs, param_groups
@@ -217,7 +217,7 @@ def bench_teardown(runs: int, steps: int, stages: list[int], precisions: list[st
 
     from scalelab.config import dataset_config
     from scalelab.harness.testing import tiny_config
-    from scalelab.plan.sweep import RunPoint
+    from scalelab.planning.sweep import RunPoint
     from scalelab.run.data import prepare_dataset
     from scalelab.run.launch import launch_run
 

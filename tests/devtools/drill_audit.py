@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalelab.harness.testing import processes_mentioning
-from scalelab.plan.sweep import RUN_DIR_GLOB, sweep_points
+from scalelab.planning.sweep import RUN_DIR_GLOB, sweep_points
 
 
 @dataclass

@@ -28,7 +28,7 @@ from devtools.drill_record import DOC, RECORD, drill_row, write_record
 from scalelab.config.reading import UniqueKeyLoader
 from scalelab.harness import REPO_ROOT
 from scalelab.harness.testing import run_snakemake, snakemake_cmd, snakemake_env, tiny_config, write_workdir
-from scalelab.plan.sweep import RUN_DIR_GLOB, sweep_points
+from scalelab.planning.sweep import RUN_DIR_GLOB, sweep_points
 from scalelab.run.prefork import FORKED_LAUNCH, PREFORK_ENV
 
 BAD_CONFIGS = REPO_ROOT / "tests" / "bad_configs"

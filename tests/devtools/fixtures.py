@@ -14,10 +14,10 @@ import pyarrow as pa
 
 from scalelab.config import ModelConfig, TrainConfig
 from scalelab.formulas import communication, lora_training, model_state
-from scalelab.plan.columns import STEP_SCHEMA
-from scalelab.plan.result_tables import run_row, runs_table, write_parquet
-from scalelab.plan.sweep import AXIS, LEVER_AXES, RunPoint
-from scalelab.spec.strategies import ZERO_STAGES, strategy
+from scalelab.planning.columns import STEP_SCHEMA
+from scalelab.planning.result_tables import run_row, runs_table, write_parquet
+from scalelab.planning.sweep import AXIS, LEVER_AXES, RunPoint
+from scalelab.registries.strategies import ZERO_STAGES, strategy
 
 FAILURES = {3: ("oom", "rank 0: OutOfMemoryError: CUDA out of memory (injected)"),
             5: ("failed", "rank 1: RuntimeError: injected crash"),
@@ -34,7 +34,7 @@ PER_RANK_BATCH = 4
 _LORA_SHAPE = ModelConfig(n_layers=1, d_model=16, n_heads=1, seq_len=16, vocab_size=64)
 """A shape whose LoRA adapters are small beside the synthetic model's 100k parameters."""
 
-# The value away from its default that the lever runs take, per lever of scalelab.plan.sweep.LEVER_AXES:
+# The value away from its default that the lever runs take, per lever of scalelab.planning.sweep.LEVER_AXES:
 # a flag is switched on; any other lever needs a value here (a lever added to the registry
 # without one stops this module at import, naming it).
 _LEVER_VALUES = {"micro_batch": 1, "bucket_mb": 0.1, "lora_rank": 4, "grad_reduce": "compute", "replicas": 2, "tensor_parallel": 2,
@@ -108,7 +108,7 @@ def _pipeline_columns(point, accumulation: int) -> dict:
 
 def synthetic_results(out_dir: str | Path, n_runs: int = 24, n_steps: int = 60, seed: int = 0) -> dict:
     """n_runs runs. Runs 0-23: baselines (fp32, every stage, world sizes 1-32); runs 24-95: the
-    baselines again with one lever of scalelab.plan.sweep.LEVER_AXES each away from its default (the
+    baselines again with one lever of scalelab.planning.sweep.LEVER_AXES each away from its default (the
     levers in turn, each where it applies), so the report's lever section pairs every lever with
     its baseline twins; from run 96 on, the whole precision x stage x world size grid, replicated."""
     out_dir = Path(out_dir)

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from scalelab.registries.hardware import DRIFT_WARN, unsteady
 from scalelab.report.tables import best_configurations
 from scalelab.results.noise import Noise, margin_between, medians, relative_change, sweep_noise
-from scalelab.spec.hardware import DRIFT_WARN, unsteady
 
 
 def _ratio_rows(points: pd.DataFrame) -> dict[str, tuple[float, tuple[int, int]]]:
@@ -307,7 +307,7 @@ def machine() -> dict:
     may use (a sweep under taskset uses fewer than the machine has: 2 of 16 on the H200 machine's slice)."""
     import platform
 
-    from scalelab.spec.hardware import cpu_name
+    from scalelab.registries.hardware import cpu_name
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"cpu": cpu_name(), "cpus": os.cpu_count(), "cores_used": cores, "python": platform.python_version()}

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from scalelab.plan import placement
-from scalelab.spec import hardware
+from scalelab.planning import placement
+from scalelab.registries import hardware
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')]
 
@@ -17,7 +17,7 @@ def test_nvidia_smi_and_torch_agree_on_the_gpus():
 def test_this_gpu_has_a_datasheet_peak():
     name = torch.cuda.get_device_name(0)
     product = hardware.gpu_product(name)
-    assert product is not None, f"{name!r} is not in scalelab.spec.hardware: add it with its datasheet figures"
+    assert product is not None, f"{name!r} is not in scalelab.registries.hardware: add it with its datasheet figures"
     peak, source = hardware.peak_flops_for(name, "bf16", tf32=False)
     assert peak > 1e14 and product.name in source
 
@@ -61,7 +61,7 @@ def _launch(tmp_path, data, point, cfg):
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 @pytest.mark.parametrize("precision, tf32", [("fp32", False), ("fp32", True), ("fp16", False), ("bf16", False), ("fp8", False)])
 def test_every_precision_and_stage_runs_on_the_gpu(tmp_path, gpu_data, precision, tf32, stage):
-    from scalelab.plan.sweep import RunPoint
+    from scalelab.planning.sweep import RunPoint
 
     if precision == "fp8" and torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 needs compute capability >= 8.9")
@@ -93,7 +93,7 @@ def test_fused_adamw_on_the_gpu():
 
 def test_peak_memory_within_ten_percent_of_the_prediction(tmp_path, gpu_data):
     """A model large enough that the allocator's slack is small against what the step holds."""
-    from scalelab.plan.sweep import RunPoint
+    from scalelab.planning.sweep import RunPoint
 
     cfg = _gpu_config(global_batch=8)
     cfg["model"].update(n_layers=12, d_model=768, n_heads=12, seq_len=1024)
@@ -107,7 +107,7 @@ def test_peak_memory_within_ten_percent_of_the_prediction(tmp_path, gpu_data):
 def test_compile_on_and_off_agree(tmp_path, gpu_data):
     import pandas as pd
 
-    from scalelab.plan.sweep import AXIS, RunPoint
+    from scalelab.planning.sweep import AXIS, RunPoint
 
     if "compile" not in AXIS:
         pytest.skip("no compile lever in this version")
@@ -121,7 +121,7 @@ def test_compile_on_and_off_agree(tmp_path, gpu_data):
 
 
 def test_cpu_offload_keeps_model_state_off_the_gpu(tmp_path, gpu_data):
-    from scalelab.plan.sweep import RunPoint
+    from scalelab.planning.sweep import RunPoint
 
     plain = _launch(tmp_path, gpu_data, RunPoint("bf16", 3, 1), _gpu_config())
     offloaded = _launch(tmp_path, gpu_data, RunPoint("bf16", 3, 1, cpu_offload=True), _gpu_config())
@@ -228,7 +228,7 @@ def test_a_traced_gpu_run_has_kernels_a_memory_snapshot_and_its_gpu_state(tmp_pa
     import json
     import pickle
 
-    from scalelab.plan.sweep import RunPoint
+    from scalelab.planning.sweep import RunPoint
     from scalelab.run.trace import snapshot_file, trace_file
 
     cfg = _gpu_config(steps=10, profile=[5, 6], memory_snapshot=True)
@@ -246,7 +246,7 @@ def test_a_traced_gpu_run_has_kernels_a_memory_snapshot_and_its_gpu_state(tmp_pa
 
 
 def test_an_out_of_memory_run_dumps_its_memory_snapshot(tmp_path, gpu_data, monkeypatch):
-    from scalelab.plan.sweep import RunPoint
+    from scalelab.planning.sweep import RunPoint
     from scalelab.run.trace import snapshot_file
 
     monkeypatch.setenv("SCALELAB_FAULT", "oom@step=4,rank=0")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from scalelab.plan.sweep import RunPoint
+from scalelab.planning.sweep import RunPoint
 from support import run_point
 from support.levers import _compile_config
 

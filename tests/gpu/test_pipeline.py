@@ -32,7 +32,7 @@ def pipeline_gpu_data(tmp_path_factory):
 @pytest.mark.parametrize("stage", [0, 3])
 def test_two_stages_on_two_gpus_train_as_one(tmp_path, pipeline_gpu_data, precision, stage):
     from scalelab.harness.testing import tiny_config
-    from scalelab.plan.sweep import RunPoint
+    from scalelab.planning.sweep import RunPoint
     from support import run_point
 
     cfg = tiny_config(train={"device": "cuda", "steps": 8, "warmup_steps": 3, "measure_s": 0})

@@ -1,5 +1,5 @@
 """One rank of a multi-rank test (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in its environment)
-that takes steps through scalelab's own worker (``setup``, ``train_step``) from a run's plan (spec.json),
+that takes steps through scalelab's own worker (``setup``, ``train_step``) from a run's plan (run_plan.json),
 for each precision x stage asked for, and records every host read of a tensor's value (``item``,
 ``float``, ``int``, ``bool``, ``tolist``) made between a step's start and its end-of-step
 ``synchronize``, with the line that made it.
@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from scalelab.formulas.communication import comm_dtypes
-from scalelab.plan.run_plan import RunPlan
-from scalelab.plan.sweep import micro_batch_plan
+from scalelab.planning.run_plan import RunPlan
+from scalelab.planning.sweep import micro_batch_plan
 from scalelab.run import worker
 from scalelab.run.rank_setup import setup
 
@@ -66,13 +66,13 @@ def reads_during_steps(plan: RunPlan, steps: int) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--spec", required=True, help="a run's spec.json (scalelab.run.launch)")
+    parser.add_argument("--plan", required=True, help="a run's run_plan.json (scalelab.run.launch)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--case", action="append", required=True, help="precision:stage, e.g. fp16:0")
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
     dist.init_process_group("gloo")
-    base = RunPlan.read(args.spec)
+    base = RunPlan.read(args.plan)
     torch.set_num_threads(base.threads_per_rank)  # as a rank of the worker sets them (its calibration's thread count)
     records = {}
     for case in args.case:

@@ -1,6 +1,6 @@
 """One rank of a multi-rank test (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in its environment): the host-side
 work of one training step, counted without a GPU, for scalelab's sharded step (the worker's own ``setup`` and
-``train_step`` from a run's plan, spec.json) and for the plain FSDP2 loop (scalelab.harness.plain_loop's
+``train_step`` from a run's plan, run_plan.json) and for the plain FSDP2 loop (scalelab.harness.plain_loop's
 torchtitan recipe) from the same weights and the same batches.
 
 For each case (``precision:stage`` or ``precision:hybrid``: stage 3 over replicas x shards; ``:compiled``
@@ -36,8 +36,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from scalelab.formulas.communication import comm_dtypes
 from scalelab.harness import plain_loop
-from scalelab.plan.run_plan import RunPlan
-from scalelab.plan.sweep import micro_batch_plan
+from scalelab.planning.run_plan import RunPlan
+from scalelab.planning.sweep import micro_batch_plan
 from scalelab.run import worker
 from scalelab.run.data import BatchSampler
 from scalelab.run.model import build_model
@@ -155,7 +155,7 @@ def case_plan(base: RunPlan, case: str) -> tuple[RunPlan, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--spec", required=True, help="a run's spec.json (scalelab.run.launch)")
+    parser.add_argument("--plan", required=True, help="a run's run_plan.json (scalelab.run.launch)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--case", action="append", required=True, help="precision:stage[:compiled], e.g. bf16:3, bf16:hybrid or bf16:2:compiled")
     parser.add_argument("--warm-up", type=int, default=2)
@@ -163,7 +163,7 @@ def main() -> None:
     parser.add_argument("--plain-autocast", action="store_true", help="the plain loop under autocast too (scalelab's recipe)")
     args = parser.parse_args()
     dist.init_process_group("gloo")
-    base = RunPlan.read(args.spec)
+    base = RunPlan.read(args.plan)
     torch.set_num_threads(1)
     records = {}
     for case in args.case:

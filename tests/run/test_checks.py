@@ -14,7 +14,7 @@ def test_a_real_loss_spike_from_a_config_is_in_the_reports_warnings(tmp_path):
     24: loss 2.9 -> 9.55, grad norm 0.7 -> 84, back at step 25. (The issue's sweep saw the same at step
     15 with seed 0; at this commit seed 0 trains through without one, seed 1 reproduces the effect.)"""
     from scalelab.config import dataset_config
-    from scalelab.plan.sweep import RunPoint
+    from scalelab.planning.sweep import RunPoint
     from scalelab.report.report import build_report
     from scalelab.results.collect import collect
     from scalelab.run.data import prepare_dataset

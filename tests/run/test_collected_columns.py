@@ -5,7 +5,7 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from scalelab.plan.sweep import RunPoint
+from scalelab.planning.sweep import RunPoint
 from scalelab.results.collect import collect
 
 

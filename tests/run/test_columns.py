@@ -1,4 +1,4 @@
-"""The column table (scalelab.plan.columns) against real runs of every status and lever: each column
+"""The column table (scalelab.planning.columns) against real runs of every status and lever: each column
 written by its writer, no summary key that no column holds, null only where its contract says."""
 import copy
 import json
@@ -10,9 +10,9 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from scalelab.plan.column_checks import null_problems, steps_problems, summary_problems
-from scalelab.plan.columns import IDENTITY, LAUNCHER_STATUSES, RUN_COLUMNS, STEP_COLUMNS
-from scalelab.plan.sweep import AXIS, LEVER_AXES, RunPoint
+from scalelab.planning.column_checks import null_problems, steps_problems, summary_problems
+from scalelab.planning.columns import IDENTITY, LAUNCHER_STATUSES, RUN_COLUMNS, STEP_COLUMNS
+from scalelab.planning.sweep import AXIS, LEVER_AXES, RunPoint
 from scalelab.results.collect import collect
 from scalelab.run.prefork import FORKED_LAUNCH, PREFORK_ENV
 from scalelab.run.ranks import LOCAL_LAUNCH
@@ -58,14 +58,14 @@ FILLED_ELSEWHERE = {
 
 
 def test_the_column_table_sits_below_training_and_analysis():
-    """scalelab.plan.columns imports neither training nor analysis (nor torch), and the launcher and the
+    """scalelab.planning.columns imports neither training nor analysis (nor torch), and the launcher and the
     worker import no analysis module: the dependency points down."""
     code = ("import sys, importlib; importlib.import_module(sys.argv[1]); "
             "print(' '.join(m for m in sys.modules if m.startswith(('scalelab.report', 'scalelab.run', 'torch'))))")
     loaded = {name: subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True, check=True,
                                    timeout=300).stdout.split()
-              for name in ("scalelab.plan.columns", "scalelab.run.launch", "scalelab.run.worker")}
-    assert loaded["scalelab.plan.columns"] == []
+              for name in ("scalelab.planning.columns", "scalelab.run.launch", "scalelab.run.worker")}
+    assert loaded["scalelab.planning.columns"] == []
     assert "scalelab.run.launch" in loaded["scalelab.run.launch"]
     for name in ("scalelab.run.launch", "scalelab.run.worker"):
         assert [m for m in loaded[name] if m.startswith("scalelab.report")] == [], name
@@ -88,13 +88,13 @@ def test_a_snakefile_parse_imports_no_table_library():
 
 def test_a_training_jobs_launcher_imports_no_pandas(tmp_path, tiny_data):
     """A sweep's training job (the launcher, a process per run) writes steps.parquet without pandas: pyarrow
-    imports it on its first conversion of Python objects, ~0.4 s of CPU in every job (scalelab.plan.columns.
+    imports it on its first conversion of Python objects, ~0.4 s of CPU in every job (scalelab.planning.columns.
     steps_table reads the rows with Arrow's JSON reader instead). A real run, its ranks forked."""
     import json
 
     cfg = tiny_config(train={"steps": 3, "warmup_steps": 1})
     code = ("import json, sys; from pathlib import Path; from scalelab.run.launch import launch_run; "
-            "from scalelab.plan.sweep import RunPoint; from scalelab.harness.testing import local_plan; a = json.loads(sys.argv[1]); "
+            "from scalelab.planning.sweep import RunPoint; from scalelab.harness.testing import local_plan; a = json.loads(sys.argv[1]); "
             "s = launch_run(a['cfg'], local_plan(a['cfg'], RunPoint('fp32', 0, 1)), Path(a['data']), Path(a['run']), Path(a['log'])); "
             "print(s['status'], 'pandas' in sys.modules)")
     args = {"cfg": cfg, "data": str(tiny_data), "run": str(tmp_path / "run"), "log": str(tmp_path / "run.log")}

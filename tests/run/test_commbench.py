@@ -7,7 +7,7 @@ import pytest
 
 from scalelab.cli import main
 from scalelab.formulas import link_fit, links
-from scalelab.spec import comm_table
+from scalelab.registries import comm_table
 
 SIZES = [4096, 262144, 16777216]  # up to 16 MiB: times that grow beyond gloo's stalls on a busy host (4 MiB was
 # not always enough: a CI run beside another test's ranks timed 4 KiB as slow as 4 MiB, leaving no bandwidth to fit)

@@ -15,8 +15,8 @@ from support.data import _rewrite_in_place
 def test_run_refuses_tokens_rewritten_in_place(tmp_path, tiny_data):
     """train.bin rewritten after meta.json (same size, other bytes, newer mtime): the run ends
     `failed`, naming the file and what differs, and never starts training."""
-    from scalelab.plan.column_checks import summary_problems
-    from scalelab.plan.sweep import RunPoint
+    from scalelab.planning.column_checks import summary_problems
+    from scalelab.planning.sweep import RunPoint
     from scalelab.run.launch import launch_run
 
     data = tmp_path / "data"
@@ -28,7 +28,7 @@ def test_run_refuses_tokens_rewritten_in_place(tmp_path, tiny_data):
     summary = launch_run(tiny_config(), local_plan(tiny_config(), RunPoint("fp32", 0, 1)), data, run_dir, tmp_path / "run.log")
     assert summary["status"] == "failed"
     assert str(data / "train.bin") in summary["reason"] and "sha256" in summary["reason"]
-    assert "completed_steps" not in summary and not (run_dir / "spec.json").exists(), "no worker was launched"
+    assert "completed_steps" not in summary and not (run_dir / "run_plan.json").exists(), "no worker was launched"
     assert summary_problems(summary) == [], "the column table's contract for a run stopped before launch"
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
 

@@ -15,7 +15,7 @@ import torch
 from scalelab.config import model_config, train_config
 from scalelab.formulas import flops, lora_training
 from scalelab.harness.reference import bare_loop
-from scalelab.plan.sweep import RunPoint
+from scalelab.planning.sweep import RunPoint
 from scalelab.run.model import counted
 from support import PARITY_STEPS, run_point, tiny_config
 from support.families import LLAMA, _llama

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from scalelab.harness.testing import local_plan, tiny_config
-from scalelab.plan.sweep import RunPoint
+from scalelab.planning.sweep import RunPoint
 from support import strategy_steps, suite_calibration
 
 
@@ -64,10 +64,10 @@ def test_a_step_reads_no_device_value_before_its_end(tmp_path, tiny_data, monkey
     (issue #40: fp16 runs read the loss scale after backward, 0.977 of a plain loop on an H100)."""
     from scalelab.run import launch
 
-    spec_path = tmp_path / "spec.json"  # the plan the launcher hands its workers, caught before any starts
+    plan_path = tmp_path / "run_plan.json"  # the plan the launcher hands its workers, caught before any starts
 
     def caught(plan, *args):
-        plan.write(spec_path)
+        plan.write(plan_path)
         return "failed", "caught", [], {}
 
     monkeypatch.setattr(launch, "_run_workers", caught)
@@ -77,7 +77,7 @@ def test_a_step_reads_no_device_value_before_its_end(tmp_path, tiny_data, monkey
                       calibration=suite_calibration(tiny_data))
     cases = [f"{precision}:{stage}" for precision in ("fp16", "bf16") for stage in (0, 1, 2, 3)]
     for world_size in (1, 2):
-        reads = strategy_steps(tmp_path / f"reads-w{world_size}.json", world_size, "--spec", str(spec_path),
+        reads = strategy_steps(tmp_path / f"reads-w{world_size}.json", world_size, "--plan", str(plan_path),
                                *[arg for case in cases for arg in ("--case", case)], script="host_reads.py")
         # ZeroRedundancyOptimizer has no fused step that takes found_inf: torch's GradScaler reads it
         # on the host to decide whether to step (GradScaler._maybe_opt_step), on a GPU too. Known, kept.

@@ -12,7 +12,7 @@ HYBRID_STEPS = 4
 @pytest.fixture(scope="module")
 def hybrid_runs(tmp_path_factory, tiny_data):
     """fp32 ZeRO-3 and hybrid (2 replicas x 2 shards) at world size 4, and 2 x 1 beside ZeRO-3 at 2."""
-    from scalelab.plan.sweep import RunPoint
+    from scalelab.planning.sweep import RunPoint
     from support import run_point, tiny_config
 
     tmp = tmp_path_factory.mktemp("hybrid")
@@ -67,7 +67,7 @@ def test_hybrid_model_state_and_collective_bytes_match_their_formulas(hybrid_run
 def test_hybrid_bytes_are_exact_in_16_bit_precisions(tmp_path, tiny_data, precision, grad_reduce):
     """MixedPrecisionPolicy gathers in the compute dtype; gradients are reduce-scattered and
     all-reduced across replicas in the reduce dtype; fp16 adds its scaler's flag over the world."""
-    from scalelab.plan.sweep import RunPoint
+    from scalelab.planning.sweep import RunPoint
     from support import run_point, tiny_config
 
     cfg = tiny_config(train={"steps": HYBRID_STEPS, "warmup_steps": 1}, planning={"launch_overcommitted": True})

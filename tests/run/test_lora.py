@@ -3,7 +3,7 @@ sweep axes, and real torchrun/gloo runs at every stage (model state and communic
 the LoRA formulas, first-step loss equal to the full-training twin's)."""
 
 
-from scalelab.plan.sweep import RunPoint
+from scalelab.planning.sweep import RunPoint
 from support import run_point, tiny_config
 
 

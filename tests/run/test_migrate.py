@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from scalelab.formulas.predicted_columns import refreshed_at_collection
-from scalelab.plan.sweep import read_point
+from scalelab.planning.sweep import read_point
 from scalelab.results.collect import collect
 from scalelab.results.migrate import OldLayout, old_layout_runs
 from support.migrate import OLD, TREES, _copy, _files

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from scalelab.formulas import communication
-from scalelab.plan.sweep import RunPoint
+from scalelab.planning.sweep import RunPoint
 from support import run_point, tiny_config
 from support.mixed_precision import STAGES
 

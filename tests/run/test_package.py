@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from scalelab.config import ConfigError
-from scalelab.plan.validation import load_config, validate_config
+from scalelab.planning.validation import load_config, validate_config
 from support import REPO
 
 # Run by the fresh environment's Python, from a folder outside the repository.
@@ -25,7 +25,7 @@ CHECK = textwrap.dedent('''
     import scalelab
     import scalelab.config
     from scalelab.config import ConfigError
-    from scalelab.plan.validation import load_config, validate_config
+    from scalelab.planning.validation import load_config, validate_config
 
     fresh, repo = Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve()
     for module in (scalelab, scalelab.config):

@@ -27,7 +27,7 @@ IDS = [f"{family}-z{p[0]}-w{p[1]}-tp{p[2]}-{p[3]}" + (f"-hsdp{p[4]}" if len(p) >
 @pytest.fixture(scope="module")
 def pp_runs(tmp_path_factory, tiny_data):
     """Each family's single process, and its pipeline points."""
-    from scalelab.plan.sweep import RunPoint
+    from scalelab.planning.sweep import RunPoint
     from support import run_point, tiny_config
 
     runs = {}
@@ -121,7 +121,7 @@ def test_fp16_loss_scaling_spans_the_stages(tmp_path, tiny_data):
     """fp16 under a pipeline: the last stage scales each micro-batch's loss as the run without a pipeline does, and
     one inf check spans the stages (ShardedGradScaler): a non-finite gradient on the last stage's rank alone skips the
     step on both, and the scale halves."""
-    from scalelab.plan.sweep import RunPoint
+    from scalelab.planning.sweep import RunPoint
     from support import run_point, tiny_config
 
     cfg = tiny_config(train={"steps": 6, "warmup_steps": 2}, planning={"launch_overcommitted": True})
@@ -141,7 +141,7 @@ def test_fp8_linears_under_a_pipeline_train_as_one_process(tmp_path, tiny_data):
     """fp8 (torchao's float8 linears, emulated on the CPU) converted on the whole model before it is split: every
     stage's blocks carry them, and the losses equal one process's."""
     pytest.importorskip("torchao")
-    from scalelab.plan.sweep import RunPoint
+    from scalelab.planning.sweep import RunPoint
     from support import run_point, tiny_config
 
     cfg = tiny_config(train={"steps": 4, "warmup_steps": 2, "fp8_emulate": True})
@@ -156,7 +156,7 @@ def test_fp8_linears_under_a_pipeline_train_as_one_process(tmp_path, tiny_data):
 def test_a_compiled_pipeline_compiles_before_its_steps(pp_runs, tmp_path, tiny_data):
     """compile under a pipeline: one whole step of the schedule compiles every stage's blocks before the first step
     (timed apart), no timed step compiles, and the losses equal one process's."""
-    from scalelab.plan.sweep import RunPoint
+    from scalelab.planning.sweep import RunPoint
     from support import run_point, tiny_config
 
     cfg = tiny_config(train={"steps": PP_STEPS, "warmup_steps": 2}, planning={"launch_overcommitted": True})

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from scalelab.harness.testing import processes_mentioning
-from scalelab.plan.sweep import RunPoint
+from scalelab.planning.sweep import RunPoint
 from scalelab.run.prefork import FORKED_LAUNCH, PREFORK_ENV, start_server, stop_server
 from scalelab.run.ranks import LOCAL_LAUNCH
 from support import PARITY_STEPS, run_point
@@ -63,7 +63,7 @@ def test_a_server_refuses_what_a_new_process_would_import_differently(tmp_path, 
     assert "prefork server scalelab-prefork-nobody-listens not reachable" in log
 
 
-LAUNCH_RUN = ("import sys; from scalelab.harness.testing import local_plan, tiny_config; from scalelab.plan.sweep import RunPoint; "
+LAUNCH_RUN = ("import sys; from scalelab.harness.testing import local_plan, tiny_config; from scalelab.planning.sweep import RunPoint; "
               "from scalelab.run.launch import launch_run; "
               "cfg = tiny_config(train={'steps': 20, 'warmup_steps': 1, 'run_timeout_s': float(sys.argv[3]) if sys.argv[3:] else 300}, "
               "planning={'launch_overcommitted': True})")
@@ -85,14 +85,14 @@ def _hanging_run(tmp_path, tiny_data, timeout_s: float = 300) -> subprocess.Pope
 
 def _ranks(tmp_path) -> list[str]:
     """The run's ranks as `ps` shows them: by their worker command line and its run folder."""
-    return [p for p in processes_mentioning(str(tmp_path / "run" / "spec.json")) if "scalelab.run.worker" in p]
+    return [p for p in processes_mentioning(str(tmp_path / "run" / "run_plan.json")) if "scalelab.run.worker" in p]
 
 
 def test_forked_ranks_die_with_their_launcher(tmp_path, tiny_data):
     launcher = _hanging_run(tmp_path, tiny_data)
     try:
         ranks = _wait_for(lambda: len(_ranks(tmp_path)) == 2 and _ranks(tmp_path), what="two forked ranks in ps")
-        assert all("-m scalelab.run.worker --spec" in r for r in ranks), ranks  # the title a new process has
+        assert all("-m scalelab.run.worker --plan" in r for r in ranks), ranks  # the title a new process has
         _wait_for(lambda: (tmp_path / "run" / "progress.jsonl").exists(), what="the first step")
     finally:
         launcher.kill()
@@ -131,11 +131,11 @@ def test_forked_ranks_die_with_the_server_and_the_run_fails_loudly(tmp_path, tin
 
 def test_the_server_answers_pids_in_rank_order(tmp_path):
     """The launcher names a failed rank by its place in the server's answer: rank 2 alone exits 2
-    (argparse: no --spec), the others 1 (no such spec file)."""
+    (argparse: no --plan), the others 1 (no such plan file)."""
     from scalelab.run.prefork import fork_ranks
 
     worker = [sys.executable, "-m", "scalelab.run.worker"]
-    processes = [(worker + (["--no-such-option"] if rank == 2 else ["--spec", str(tmp_path / "absent.json")]),
+    processes = [(worker + (["--no-such-option"] if rank == 2 else ["--plan", str(tmp_path / "absent.json")]),
                   dict(os.environ)) for rank in range(4)]
     with open(tmp_path / "ranks.log", "ab") as log:
         ranks, why = fork_ranks(processes, log.fileno())
@@ -221,7 +221,7 @@ def test_a_server_serves_its_own_user_only(tmp_path):
     if pid == 0:  # as nobody, ask for a rank
         try:
             os.setuid(65534)
-            ranks, why = fork_ranks([([sys.executable, "-m", "scalelab.run.worker", "--spec", "x"], dict(os.environ))], 1)
+            ranks, why = fork_ranks([([sys.executable, "-m", "scalelab.run.worker", "--plan", "x"], dict(os.environ))], 1)
             os.write(write, str(why).encode())
         finally:
             os._exit(0)

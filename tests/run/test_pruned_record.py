@@ -1,9 +1,9 @@
 """A point the forecast pruned (planning.top_k) is recorded where it was planned, without starting a rank or
 looking for its device: on a SLURM login node without a GPU, a GPU sweep's pruned point must read as pruned,
 not as "no CUDA device is visible" (the launcher's own skip)."""
-from scalelab.plan.forecast_record import is_pruned
-from scalelab.plan.placement import DevicePlan
-from scalelab.plan.sweep import RunPoint
+from scalelab.planning.forecast_record import is_pruned
+from scalelab.planning.placement import DevicePlan
+from scalelab.planning.sweep import RunPoint
 from support import run_point
 
 

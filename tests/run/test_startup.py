@@ -18,7 +18,7 @@ def test_a_cpu_runs_launcher_imports_no_torch(tmp_path, tiny_data):
     script = f"""
 import json, sys
 from scalelab.harness.testing import local_plan, tiny_config
-from scalelab.plan.sweep import RunPoint
+from scalelab.planning.sweep import RunPoint
 from scalelab.run.launch import launch_run
 cfg = tiny_config(train={{"steps": 4, "warmup_steps": 1}})
 summary = launch_run(cfg, local_plan(cfg, RunPoint("fp32", 0, 1)), {str(tiny_data)!r}, {str(tmp_path / "run")!r},
@@ -89,7 +89,7 @@ def test_a_rendezvous_port_taken_before_rank_0_listens_is_retried_on_a_new_one(t
     a new port, and the run is ok; the log says what happened."""
     import socket
 
-    from scalelab.plan.sweep import RunPoint
+    from scalelab.planning.sweep import RunPoint
     from scalelab.run import ranks
     from support import run_point, taken_port_first
 
@@ -111,7 +111,7 @@ def test_a_port_taken_every_time_ends_the_run_failed_with_its_reason(tmp_path, t
     """Three attempts, then a failed run that names the cause: never a retry loop without end."""
     import socket
 
-    from scalelab.plan.sweep import RunPoint
+    from scalelab.planning.sweep import RunPoint
     from scalelab.run import ranks
     from support import run_point
 

@@ -25,7 +25,7 @@ SP_IDS = ["z0-w2", "z3-w4", "bf16-z0-w4", "z3-w2-ac"]
 def tp_runs(request, tmp_path_factory, tiny_data):
     """Each family at world size 1, TP 2 alone and TP 2 x DP 2 at stages 0 and 3 (fp32, and bf16's recipe), and
     sequence parallelism (SP_POINTS)."""
-    from scalelab.plan.sweep import RunPoint
+    from scalelab.planning.sweep import RunPoint
     from support import run_point, tiny_config
 
     tmp = tmp_path_factory.mktemp(f"tp-{request.param}")
@@ -123,7 +123,7 @@ def test_checkpointing_and_compile_compose_with_tensor_parallelism(tmp_path, tin
     kept (exact) and one more forward all-reduce per block (the recomputed attention projection's: exact);
     compiled, the same losses, no recompilation in the loop, its TP bytes not counted (its graphs run them) and
     its activations an upper bound, as the columns say."""
-    from scalelab.plan.sweep import RunPoint
+    from scalelab.planning.sweep import RunPoint
     from support import run_point, tiny_config
 
     cfg = tiny_config(train={"steps": TP_STEPS, "warmup_steps": 1}, planning={"launch_overcommitted": True})

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from scalelab.harness.testing import tiny_config
-from scalelab.plan.sweep import RunPoint
+from scalelab.planning.sweep import RunPoint
 from scalelab.run.trace import trace_file
 from support import run_point
 

@@ -8,7 +8,7 @@ import torch
 
 from scalelab.config import model_config, train_config
 from scalelab.harness.reference import bare_loop
-from scalelab.plan.sweep import RunPoint
+from scalelab.planning.sweep import RunPoint
 from support import PARITY_STEPS, tiny_config
 from support import run_point as _run
 

@@ -16,9 +16,9 @@ from scalelab.formulas.predicted_columns import refreshed
 from scalelab.harness import REPO_ROOT as REPO
 from scalelab.harness.testing import BIN, SNAKEMAKE, local_plan, tiny_config, write_workdir
 from scalelab.harness.testing import run_snakemake as snakemake
-from scalelab.plan.column_checks import steps_problems, summary_problems
-from scalelab.plan.columns import IDENTITY as COLUMNS_IDENTITY
-from scalelab.plan.run_plan import run_plan
+from scalelab.planning.column_checks import steps_problems, summary_problems
+from scalelab.planning.columns import IDENTITY as COLUMNS_IDENTITY
+from scalelab.planning.run_plan import run_plan
 from scalelab.run.launch import launch_run
 
 __all__ = ["BIN", "PARITY_STEPS", "REPO", "SNAKEMAKE", "fake_nvidia_smi", "path_without", "planned_jobs", "run_point", "snakemake",
@@ -73,7 +73,7 @@ def run_point(tmp_path, tiny_data, point, cfg=None, fault=None, device_plan=None
     log = (tmp_path / f"{point.run_id}.log").read_text()
     assert "deprecated" not in log, [line for line in log.splitlines() if "deprecated" in line]
     steps = pq.read_table(run_dir / "steps.parquet")
-    # Every real run of the suite against the column table (scalelab.plan.columns). A compiled run
+    # Every real run of the suite against the column table (scalelab.planning.columns). A compiled run
     # without its warm-up (tests only) has no compile time, which the table says it has.
     if kwargs.get("compile_warm_up", True):
         assert summary_problems(summary) == [], (point.run_id, summary_problems(summary))

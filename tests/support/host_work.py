@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from scalelab.harness.testing import local_plan
-from scalelab.plan.sweep import RunPoint
+from scalelab.planning.sweep import RunPoint
 from support import strategy_steps, suite_calibration
 
 HOST_WORK_MARGIN = {"ops": 40, "copies": 5, "fills": 5, "optimizer_ops": 0}
@@ -21,10 +21,10 @@ def host_work(tmp: Path, data: Path, cfg: dict, world_size: int, cases: list[str
     launcher would hand a run's workers (caught before any starts)."""
     from scalelab.run import launch
 
-    spec_path = tmp / "spec.json"
+    plan_path = tmp / "run_plan.json"
 
     def caught(plan, *args):
-        plan.write(spec_path)
+        plan.write(plan_path)
         return "failed", "caught", [], {}
 
     original = launch._run_workers
@@ -34,7 +34,7 @@ def host_work(tmp: Path, data: Path, cfg: dict, world_size: int, cases: list[str
         launch.launch_run(cfg, local_plan(cfg, RunPoint("fp32", 0, 1)), data, tmp / "run", tmp / "run.log", calibration=calibration)
     finally:
         launch._run_workers = original
-    return strategy_steps(tmp / "host-work.json", world_size, "--spec", str(spec_path), "--steps", str(steps), *args,
+    return strategy_steps(tmp / "host-work.json", world_size, "--plan", str(plan_path), "--steps", str(steps), *args,
                           *[arg for case in cases for arg in ("--case", case)], script="host_work.py", timeout_s=240)
 
 

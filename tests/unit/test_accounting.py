@@ -110,7 +110,7 @@ def test_training_days_and_largest_model():
 def test_the_schema_lists_the_precision_records():
     """One place per precision: the config schema's sweep enum and peak_tflops keys are the registry's."""
     from scalelab.config import SCHEMA
-    from scalelab.spec.precisions import PEAK_KEYS, PRECISION_NAMES
+    from scalelab.registries.precisions import PEAK_KEYS, PRECISION_NAMES
 
     assert SCHEMA["properties"]["sweep"]["properties"]["precision"]["items"]["enum"] == list(PRECISION_NAMES)
     assert list(SCHEMA["properties"]["train"]["properties"]["peak_tflops"]["properties"]) == list(PEAK_KEYS)
@@ -118,13 +118,13 @@ def test_the_schema_lists_the_precision_records():
 
 def test_every_precision_table_is_read_off_the_records():
     """The autocast and compute dtypes, bytes per value, the paper's bytes per parameter, the
-    plot order, the estimates' choices and the linear recipes all come from scalelab.spec.precisions."""
+    plot order, the estimates' choices and the linear recipes all come from scalelab.registries.precisions."""
     import torch
 
     from scalelab.forecast import estimate
+    from scalelab.registries.precisions import PEAK_KEYS, PRECISION_NAMES, PRECISIONS
     from scalelab.report import tables
     from scalelab.run import precision as policy
-    from scalelab.spec.precisions import PEAK_KEYS, PRECISION_NAMES, PRECISIONS
 
     assert tables.PRECISION_ORDER == list(PRECISION_NAMES) and PRECISION_NAMES[0] == "fp32"
     for p in PRECISIONS.values():

@@ -230,8 +230,8 @@ def test_runs_whose_host_changed_speed_while_they_ran_are_named_in_one_line_the_
 
 
 def test_step_time_drift_compares_the_halves_medians():
+    from scalelab.registries.hardware import DRIFT_MIN_STEPS
     from scalelab.run.worker_result import step_time_drift
-    from scalelab.spec.hardware import DRIFT_MIN_STEPS
 
     assert step_time_drift([0.008] * 10 + [0.012] * 10) == pytest.approx(0.5)
     assert step_time_drift([0.012] * 11 + [0.008] * 11) == pytest.approx(-1 / 3)

@@ -5,9 +5,9 @@ import pandas as pd
 import pytest
 
 from scalelab.io import write_json
-from scalelab.plan.columns import RUN_COLUMNS
-from scalelab.plan.result_tables import steps_table, write_parquet
-from scalelab.plan.sweep import RunPoint
+from scalelab.planning.columns import RUN_COLUMNS
+from scalelab.planning.result_tables import steps_table, write_parquet
+from scalelab.planning.sweep import RunPoint
 from scalelab.report.tables import scaling_efficiency
 from scalelab.results.collect import collect
 

@@ -1,18 +1,18 @@
-"""The column table (scalelab.plan.columns) against real runs of every status and lever: each column
+"""The column table (scalelab.planning.columns) against real runs of every status and lever: each column
 written by its writer, no summary key that no column holds, null only where its contract says."""
 
 import pyarrow as pa
 
 from scalelab.formulas.predicted_columns import TRAINED_RUN_COLUMNS
-from scalelab.plan import columns, result_tables
-from scalelab.plan.columns import (
+from scalelab.planning import columns, result_tables
+from scalelab.planning.columns import (
     IDENTITY,
     RUN_COLUMNS,
     RUN_SCHEMA,
     STEP_COLUMNS,
     STEP_SCHEMA,
 )
-from scalelab.plan.sweep import AXES
+from scalelab.planning.sweep import AXES
 from scalelab.report import dictionary
 from support import REPO
 
@@ -34,7 +34,7 @@ def test_schemas_metadata_dictionary_and_docs_derive_from_the_table():
     assert dictionary.run_columns() == {c.name: (c.unit, c.meaning) for c in RUN_COLUMNS.values()}
     assert dictionary.RUN["mfu"] == ("fraction", RUN_COLUMNS["mfu"].meaning)
     docs = (REPO / "docs" / "data-dictionary.md").read_text()
-    assert docs == columns.markdown(), "docs/data-dictionary.md is stale: python -m scalelab.plan.columns > docs/data-dictionary.md"
+    assert docs == columns.markdown(), "docs/data-dictionary.md is stale: python -m scalelab.planning.columns > docs/data-dictionary.md"
 
 
 def test_worker_columns_are_null_unless_the_run_ended_ok():

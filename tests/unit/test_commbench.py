@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 
 from scalelab.cli import main
+from scalelab.registries import comm_table
 from scalelab.run import commbench
-from scalelab.spec import comm_table
 
 
 def test_message_sizes_and_bad_options(tmp_path, capsys):
@@ -111,7 +111,7 @@ def test_only_a_cpu_benchmarks_ranks_are_offered_to_the_prefork_server(tmp_path,
         return Waited([0] * len(processes), False, False, "prefork server x refused: another Python" if forkable else None)
 
     monkeypatch.setattr(commbench, "start_and_wait", stand_in)
-    assert commbench._start_ranks(2, tmp_path / "spec.json", tmp_path / "ranks.log", 10, device) == ([0, 0], False)
+    assert commbench._start_ranks(2, tmp_path / "run_plan.json", tmp_path / "ranks.log", 10, device) == ([0, 0], False)
     assert asked == [(2, forkable)]
     said = "scalelab: the benchmark's ranks run as new processes: prefork server x refused: another Python"
     assert (said in capsys.readouterr().err) == forkable

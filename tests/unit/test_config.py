@@ -5,8 +5,8 @@ import pytest
 
 from scalelab.config import SCHEMA, ConfigError, train_config
 from scalelab.config.reading import check_yaml_syntax
-from scalelab.plan.sweep import RunPoint, micro_batch_plan, sweep_plan
-from scalelab.plan.validation import check_config, check_moved_keys, load_config, validate_config
+from scalelab.planning.sweep import RunPoint, micro_batch_plan, sweep_plan
+from scalelab.planning.validation import check_config, check_moved_keys, load_config, validate_config
 from support import REPO, tiny_config, write_workdir
 
 
@@ -69,9 +69,9 @@ def test_the_schema_and_config_yaml_list_the_registered_axes_and_strategies():
     """One place per concept: the sweep keys, their defaults and the stages come from the registries."""
     import yaml
 
-    from scalelab.plan.sweep import AXES, LEVER_AXES, SWEEP_AXES
+    from scalelab.planning.sweep import AXES, LEVER_AXES, SWEEP_AXES
+    from scalelab.registries.strategies import STRATEGIES, ZERO_STAGES
     from scalelab.run import parallel
-    from scalelab.spec.strategies import STRATEGIES, ZERO_STAGES
 
     schema = SCHEMA["properties"]["sweep"]["properties"]
     swept = [axis.name for axis in AXES if axis.swept]  # repeat's values come from the repeats: section
@@ -118,7 +118,7 @@ def test_numbers_are_finite_and_integer_keys_take_integers(overrides, message):
 def test_run_ids_name_one_run_each():
     """A bucket size that is not the default never reads as it (25.0000001 is not 25: no part at
     all), nor as another size; a model name that reads as another axis's run-id part is refused."""
-    from scalelab.plan.sweep import sweep_points
+    from scalelab.planning.sweep import sweep_points
 
     ids = [p.run_id for p in sweep_points(validate_config(tiny_config(sweep={"bucket_mb": [25, 25.0000001, 2, 2.0000001, 2.5]})))]
     assert ids == ["fp32-z0-w1", "fp32-z0-w1-bucket25.0000001", "fp32-z0-w1-bucket2", "fp32-z0-w1-bucket2.0000001",
@@ -199,7 +199,7 @@ def test_the_shipped_experiment_configs_are_valid(name):
     """The ready-made experiments merge over config.yaml as Snakemake merges them, and validate."""
     import yaml
 
-    from scalelab.plan.sweep import sweep_points
+    from scalelab.planning.sweep import sweep_points
 
     merged = yaml.safe_load((REPO / "config.yaml").read_text())
     for section, value in yaml.safe_load((REPO / "workflow" / "configs" / name).read_text()).items():
@@ -212,10 +212,10 @@ def test_the_shipped_experiment_configs_are_valid(name):
 
 
 def test_a_changed_setting_reruns_exactly_the_runs_it_affects():
-    """A run's params (scalelab.plan.sweep.result_params) change with a setting only for the runs that
+    """A run's params (scalelab.planning.sweep.result_params) change with a setting only for the runs that
     read it: Snakemake reruns those, and nothing else."""
-    from scalelab.plan.run_plan import result_params, run_plan
-    from scalelab.plan.sweep import sweep_points
+    from scalelab.planning.run_plan import result_params, run_plan
+    from scalelab.planning.sweep import sweep_points
 
     sweep = {"precision": ["fp32", "fp16", "bf16"], "zero_stage": [0], "world_size": [1, 16], "lora_rank": [None, 4]}
     base = {"global_batch": 32, "device": "auto"}

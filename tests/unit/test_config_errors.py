@@ -8,7 +8,7 @@ from snakemake.utils import update_config
 from devtools.faults import BAD_CONFIGS, bad_config_workdir
 from scalelab.cli import main
 from scalelab.config import ConfigError, ConfigProblems
-from scalelab.plan.validation import validate_config
+from scalelab.planning.validation import validate_config
 from snakemake_logger_plugin_scalelab import NOT_YAML
 from support import tiny_config, write_workdir
 

@@ -43,7 +43,7 @@ def test_the_default_sweeps_timings_and_counts_come_from_the_measured_record():
     figures the README and the guide state, and it measured the sweep config.yaml plans now."""
     import yaml
 
-    from scalelab.plan.sweep import sweep_points
+    from scalelab.planning.sweep import sweep_points
 
     measured = _measured()
     runs = len(sweep_points(yaml.safe_load((REPO / "config.yaml").read_text())))
@@ -59,7 +59,7 @@ def test_the_readmes_picture_is_of_a_current_report():
     """docs/img/report.png is drawn by `python -m scalelab.harness.screenshot RESULTS` of a default sweep,
     which stamps what it shows: a picture of tables of another schema, or of another sweep, is stale."""
     from scalelab.harness.screenshot import read_stamp
-    from scalelab.plan.columns import SCHEMA_VERSION
+    from scalelab.planning.columns import SCHEMA_VERSION
 
     stamp = read_stamp(REPO / "docs" / "img" / "report.png")
     assert stamp.get("scalelab-schema") == SCHEMA_VERSION, (

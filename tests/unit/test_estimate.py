@@ -143,7 +143,7 @@ def test_every_override_flag_wins_over_a_presets_field(capsys):
     import argparse
 
     from scalelab.forecast.model_input import model_from_args as _model
-    from scalelab.spec.presets import PRESETS
+    from scalelab.registries.presets import PRESETS
 
     base = dict(model="gpt2-medium", params=None, config=None, layers=None, d_model=None, heads=None, vocab=None, seq=None,
                 untied=False)
@@ -195,7 +195,7 @@ def test_scaling_at_a_fixed_global_batch_accumulates_each_gpus_share(capsys):
     assert checkpointed["rows"][0]["mfu"] < r8["mfu"] and checkpointed["rows"][0]["peak_memory_gib"] < r8["peak_memory_gib"] / 2
     code, out, _ = _estimate(capsys, *base[:-1], "--global-batch", "512")
     assert code == 0 and "global batch 512 sequences" in out and "2 x 32" in out
-    from scalelab.spec.presets import PRESETS
+    from scalelab.registries.presets import PRESETS
 
     cfg = ModelConfig(**{**PRESETS["llama3-8b"].shape, "seq_len": 8192})
     assert checkpointed["recompute_flops_per_token"] == flops.recompute_flops_per_token(cfg)  # the run's own formula

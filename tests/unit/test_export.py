@@ -174,7 +174,7 @@ def test_every_export_names_the_trainer_and_strategy_it_was_measured_with(result
     ZeroRedundancyOptimizer here, not Megatron's distributed optimizer (scalelab plan --trainer says which it prices)."""
     runs, _ = load_tables(results)
     for row in runs[runs["status"] == "ok"].drop_duplicates(["zero_stage"]).to_dict("records"):
-        from scalelab.spec.strategies import strategy
+        from scalelab.registries.strategies import strategy
 
         name = strategy(int(row["zero_stage"]), int(row.get("replicas") or 1)).name
         toml, _ = export_config(results, "torchtitan", row["run_id"])
@@ -203,7 +203,7 @@ def test_a_plans_pick_exports_naming_the_trainer_it_was_priced_as(tmp_path, caps
     """scalelab plan --json, then export config PLAN: the pick as each trainer's configuration, its degrees those the plan
     priced, and the trainer whose implementation priced it named in every export (a user who runs torchtitan on a
     configuration priced as nanotron runs it is told)."""
-    from scalelab.spec.strategies import TRAINERS
+    from scalelab.registries.strategies import TRAINERS
 
     path, fitting = _plan_file(tmp_path, capsys, "megatron")
     for rank in (1, _rank_of(fitting, strategy=1, tensor_parallel=2, pipeline_parallel=1)):
@@ -271,7 +271,7 @@ def test_a_measured_run_says_where_the_target_runs_it_otherwise(results):
 def test_every_trainer_a_plan_prices_with_exports(tmp_path, capsys):
     """A plan priced by any trainer `scalelab plan` takes exports at ZeRO-1 and with tensor parallelism, naming it: the
     differences are looked up by the form of its strategies (nemo prices them as megatron does)."""
-    from scalelab.spec.strategies import TRAINERS
+    from scalelab.registries.strategies import TRAINERS
 
     for trainer in sorted(set(TRAINERS) - {"llm-foundry"}):  # llm-foundry is priced for ZeRO-3 alone
         path, fitting = _plan_file(tmp_path, capsys, trainer)

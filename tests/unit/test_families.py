@@ -13,15 +13,15 @@ import yaml
 from scalelab.config import SCHEMA, ConfigError, ModelConfig, model_config
 from scalelab.formulas import activation_memory, flops, lora_training
 from scalelab.harness import REPO_ROOT
-from scalelab.plan.run_plan import result_params, run_plan
-from scalelab.plan.sweep import RunPoint, sweep_points
-from scalelab.plan.validation import check_config
+from scalelab.planning.run_plan import result_params, run_plan
+from scalelab.planning.sweep import RunPoint, sweep_points
+from scalelab.planning.validation import check_config
+from scalelab.registries.families import FAMILIES, llama_ffn_dim
+from scalelab.registries.presets import PRESETS
 from scalelab.run.activations import SavedActivationMeter
 from scalelab.run.lora import LoRALinear, apply_lora, trainable_parameters
 from scalelab.run.model import Llama, build_model, counted
 from scalelab.run.precision import autocast
-from scalelab.spec.families import FAMILIES, llama_ffn_dim
-from scalelab.spec.presets import PRESETS
 from support.families import LLAMA, _llama
 
 """The llama shape the runs train: grouped-query attention 4:2, SwiGLU 96 (seq_len 32 from tiny_config)."""
@@ -210,7 +210,7 @@ def test_bad_model_entries_are_one_line_naming_the_key(entry, message):
 
 
 def test_unknown_preset_and_family_are_schema_errors():
-    from scalelab.plan.validation import validate_config
+    from scalelab.planning.validation import validate_config
 
     with pytest.raises(ConfigError, match=r"models.m.preset: 'llama4' is not one of .*; did you mean llama3-8b\?"):
         validate_config(_config({"m": {"preset": "llama4"}}, ["m"]), REPO_ROOT)
@@ -282,15 +282,15 @@ def test_the_report_groups_a_sweep_that_mixes_families(tmp_path):
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_every_family_record_agrees_with_the_module_it_names(name):
-    """scalelab.spec.families is the one place a family is described: for each record, the module
+    """scalelab.registries.families is the one place a family is described: for each record, the module
     class it names builds, and its counts, LoRA targets and own keys are the module's and the
     config's and the result columns' (a family added with a wrong record fails here)."""
     import dataclasses
 
     from scalelab.config import MODEL_FAMILY_KEYS
-    from scalelab.plan.columns import RUN_COLUMNS
+    from scalelab.planning.columns import RUN_COLUMNS
+    from scalelab.registries.families import family
     from scalelab.run.lora import apply_lora
-    from scalelab.spec.families import family
 
     record = family(name)
     cfg = ModelConfig(**{**PRESETS["llama-tiny"].shape, "family": name,
@@ -337,8 +337,8 @@ def test_every_familys_own_key_is_read_back_from_a_row_and_held_by_the_model_ide
     """A family's own keys come from the registry wherever a row is read: a row's model (predicted_columns.model_of_row)
     and the identity comparisons hold by (results.like.MODEL). A key added to a family is never dropped silently."""
     from scalelab.formulas.predicted_columns import model_of_row
+    from scalelab.registries.families import FAMILIES, OWN_KEYS
     from scalelab.results.like import MODEL
-    from scalelab.spec.families import FAMILIES, OWN_KEYS
 
     assert set(OWN_KEYS) == {k for f in FAMILIES.values() for k in f.own_keys} and OWN_KEYS
     assert set(OWN_KEYS) <= set(MODEL)

@@ -8,8 +8,8 @@ import pytest
 from scalelab.cli import main
 from scalelab.config import ModelConfig
 from scalelab.formulas import flops, links
-from scalelab.spec import hardware
-from scalelab.spec.presets import PRESETS
+from scalelab.registries import hardware
+from scalelab.registries.presets import PRESETS
 
 CLUSTER = ["--gpus", "16", "--gpu", "H100", "--inter-node", "ib-ndr", "--global-batch", "64", "--tokens", "1B", "--json"]
 LLAMA_1B = "family: llama\n  n_layers: 16\n  d_model: 2048\n  n_heads: 32\n  n_kv_heads: 8\n  ffn_dim: 8192\n"

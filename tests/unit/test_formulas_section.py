@@ -1,11 +1,11 @@
 """The report's formulas section is written for the sweep it reports (issue #42: it was GPT-2's, with no
 Llama, LoRA or hybrid, for every sweep): each family's formulas, the strategy lines generated from
-their records (scalelab.spec.strategies), LoRA and hybrid lines where such runs are."""
+their records (scalelab.registries.strategies), LoRA and hybrid lines where such runs are."""
 import pandas as pd
 
 from scalelab.config import SCHEMA
-from scalelab.report.formulas import FAMILY_FORMULAS, comm_text, formulas_html, model_state_text
-from scalelab.spec.strategies import HYBRID, STRATEGIES
+from scalelab.registries.strategies import HYBRID, STRATEGIES
+from scalelab.report.formula_section import FAMILY_FORMULAS, comm_text, formulas_html, model_state_text
 
 
 def _runs(family="gpt2", stages=(0, 1, 2, 3), replicas=1, lora=None):

@@ -4,7 +4,7 @@ import math
 import pytest
 
 from scalelab.formulas import flops
-from scalelab.spec import hardware
+from scalelab.registries import hardware
 
 # Dense TFLOP/s from the datasheets, typed in here (not read from the table under test).
 # Where a datasheet prints only the sparse figure (marked *), the value is half of it.
@@ -177,7 +177,7 @@ def test_mfu_is_nan_for_a_nan_peak():
 def test_peak_columns_come_from_the_precision_records():
     """A run's precision picks its datasheet column through its record (fp32 + TF32 -> tf32); a
     product naming a column no record has is refused."""
-    from scalelab.spec.precisions import PEAK_KEYS, peak_key
+    from scalelab.registries.precisions import PEAK_KEYS, peak_key
 
     assert PEAK_KEYS == ("fp32", "tf32", "fp16", "bf16", "fp8")
     assert [peak_key(p, tf32=True) for p in ("fp32", "fp16", "bf16", "fp8")] == ["tf32", "fp16", "bf16", "fp8"]

@@ -3,8 +3,8 @@ the classification of a collective's group by placement, and real gloo runs agai
 import pytest
 
 from scalelab.formulas import communication, model_state
-from scalelab.spec.strategies import HYBRID, STRATEGIES, check_replicas, strategy
-from scalelab.spec.topology import contiguous_nodes, link_of
+from scalelab.registries.strategies import HYBRID, STRATEGIES, check_replicas, strategy
+from scalelab.registries.topology import contiguous_nodes, link_of
 
 PSI = 1000
 
@@ -100,7 +100,7 @@ def test_counted_bytes_by_link_from_the_ranks_hosts():
 
 def test_the_replicas_axis_keeps_old_run_ids_and_leaves_out_what_it_does_not_apply_to():
     from scalelab.config import ConfigError
-    from scalelab.plan.sweep import RunPoint, sweep_plan
+    from scalelab.planning.sweep import RunPoint, sweep_plan
     from support import tiny_config
 
     assert RunPoint("fp32", 3, 4).run_id == "fp32-z3-w4"  # replicas 1: no id part, no cached run changes
@@ -118,7 +118,7 @@ def test_the_replicas_axis_keeps_old_run_ids_and_leaves_out_what_it_does_not_app
 
 def test_the_schema_refuses_a_bad_replica_count():
     from scalelab.config import ConfigError
-    from scalelab.plan.validation import validate_config
+    from scalelab.planning.validation import validate_config
     from support import tiny_config
 
     for bad in (0, 1.5, "two"):

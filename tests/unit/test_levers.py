@@ -56,7 +56,7 @@ def test_every_lever_shows_its_own_evidence_and_no_other(tmp_path):
     import pandas as pd
 
     from devtools.fixtures import synthetic_results
-    from scalelab.plan.sweep import LEVER_AXES
+    from scalelab.planning.sweep import LEVER_AXES
     from scalelab.report.levers import EVIDENCE, PAIR_COLUMNS, lever_table
 
     synthetic_results(tmp_path, n_runs=96, n_steps=5)
@@ -84,8 +84,8 @@ def test_twin_table_follows_the_precision_records(tmp_path):
     import pandas as pd
 
     from devtools.fixtures import synthetic_results
+    from scalelab.registries.precisions import PRECISIONS
     from scalelab.report.levers import fp8_table
-    from scalelab.spec.precisions import PRECISIONS
 
     synthetic_results(tmp_path, n_runs=192, n_steps=5)
     runs = pd.read_parquet(tmp_path / "metrics.parquet")
@@ -99,7 +99,7 @@ def test_twin_table_follows_the_precision_records(tmp_path):
 
 
 def test_psi_figure_draws_every_strategy_record():
+    from scalelab.registries.strategies import STRATEGIES
     from scalelab.report import psi
-    from scalelab.spec.strategies import STRATEGIES
 
     assert psi.STAGES == tuple(STRATEGIES)

@@ -9,8 +9,8 @@ import yaml
 from scalelab.config import ConfigError, ModelConfig, model_config
 from scalelab.formulas import communication, flops, lora_training
 from scalelab.harness import REPO_ROOT
-from scalelab.plan.sweep import sweep_points
-from scalelab.plan.validation import check_config
+from scalelab.planning.sweep import sweep_points
+from scalelab.planning.validation import check_config
 from scalelab.run.lora import LoRALinear, apply_lora, trainable_parameters
 from scalelab.run.model import GPT
 from scalelab.run.parallel import param_groups

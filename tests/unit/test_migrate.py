@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scalelab.plan.sweep import read_point
+from scalelab.planning.sweep import read_point
 from scalelab.results import migrate as migrate_module
 from scalelab.results.migrate import OldLayout, check_layout, migrate, old_layout_runs
 from support.migrate import OLD, TREES, _copy, _files

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from scalelab.formulas import communication, flops, lora_training, peak_memory
-from scalelab.plan.result_tables import run_row
-from scalelab.plan.run_plan import result_params, run_plan
-from scalelab.plan.sweep import RunPoint, sweep_plan
+from scalelab.planning.result_tables import run_row
+from scalelab.planning.run_plan import result_params, run_plan
+from scalelab.planning.sweep import RunPoint, sweep_plan
 from support import tiny_config
 from support.mixed_precision import STAGES
 

@@ -9,7 +9,7 @@ import pytest
 
 from scalelab.config import ConfigError
 from scalelab.harness.testing import tiny_config
-from scalelab.plan.sweep import RunPoint, sweep_plan
+from scalelab.planning.sweep import RunPoint, sweep_plan
 from scalelab.report.checks import noise_warnings
 from scalelab.report.compare import compare_runs, noise_limit, summary_lines
 from scalelab.report.tables import best_configurations, best_configurations_text, throughput_table

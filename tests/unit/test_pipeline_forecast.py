@@ -9,8 +9,8 @@ from scalelab.config import ModelConfig
 from scalelab.forecast.predict import predict_point
 from scalelab.forecast.step import Machine, Point
 from scalelab.formulas import flops, links, pipeline
-from scalelab.spec import hardware
-from scalelab.spec.presets import PRESETS
+from scalelab.registries import hardware
+from scalelab.registries.presets import PRESETS
 
 LLAMA8B = ModelConfig(**{**PRESETS["llama3-8b"].shape, "seq_len": 4096})
 SCALING = ["estimate", "scaling", "--model", "llama3-8b", "--seq", "4096", "--zero-stage", "1", "--gpu", "H100",

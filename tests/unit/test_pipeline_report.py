@@ -8,7 +8,7 @@ import pytest
 
 from devtools.fixtures import synthetic_results
 from scalelab.formulas import pipeline
-from scalelab.report.formulas import formulas_html
+from scalelab.report.formula_section import formulas_html
 from scalelab.report.report import build_report
 
 

@@ -10,9 +10,9 @@ import torch
 
 from scalelab.config import ConfigError
 from scalelab.harness.testing import tiny_config
-from scalelab.plan import placement
-from scalelab.plan.placement import LaunchPlan, check_gpu_layout, launch_plan
-from scalelab.plan.sweep import RunPoint
+from scalelab.planning import placement
+from scalelab.planning.placement import LaunchPlan, check_gpu_layout, launch_plan
+from scalelab.planning.sweep import RunPoint
 from scalelab.run import ranks
 from scalelab.run.launch import git_provenance, resolve_device, skip_reason
 from scalelab.run.ranks import classify_failure, torchrun_command
@@ -130,7 +130,7 @@ def test_srun_wrapper_hands_the_launcher_slot_to_the_ranks(monkeypatch, tmp_path
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     monkeypatch.setattr("scalelab.run.ranks.allocation_first_host", lambda: "node1")
     plan = LaunchPlan(2, 8, 2)
-    cmd = torchrun_command(plan, 16, tmp_path / "spec.json", placement.srun_step_options(plan, "cuda", CLUSTER))
+    cmd = torchrun_command(plan, 16, tmp_path / "run_plan.json", placement.srun_step_options(plan, "cuda", CLUSTER))
     assert cmd[0] == "srun" and f'{placement.LAUNCHER_SLOT_ENV}="$SLURM_LOCALID"' in " ".join(cmd)
     # the step asks for its own cores and GPUs: the plugin's job step strips SLURM_*/SRUN_* from the environment
     assert cmd[1:6] == ["--ntasks=2", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=32", "--gres=gpu:8"]

@@ -11,9 +11,9 @@ from scalelab.cli import main
 from scalelab.config import ModelConfig
 from scalelab.formulas import comm_time, link_fit, links, overlap
 from scalelab.formulas.links import collective_calls, collective_sizes
+from scalelab.registries.comm_table import BENCH_FILE
+from scalelab.registries.strategies import STRATEGIES
 from scalelab.results import prediction, prediction_validation, step_model
-from scalelab.spec.comm_table import BENCH_FILE
-from scalelab.spec.strategies import STRATEGIES
 
 LINK = links.Link("test", 2e9, 300e-6, "made up")  # 2 GB/s bus bandwidth, 300 us per call
 BATCHED = links.Link("test batched", 1e9, 1e-3, "made up")

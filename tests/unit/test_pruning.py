@@ -9,10 +9,10 @@ from scalelab.forecast.predict import predict_point
 from scalelab.forecast.step import Machine, Point
 from scalelab.formulas import flops
 from scalelab.harness.testing import tiny_config
-from scalelab.plan import forecast_record
-from scalelab.plan.forecast_record import is_pruned
-from scalelab.plan.run_plan import run_plan
-from scalelab.plan.sweep import sweep_plan
+from scalelab.planning import forecast_record
+from scalelab.planning.forecast_record import is_pruned
+from scalelab.planning.run_plan import run_plan
+from scalelab.planning.sweep import sweep_plan
 from scalelab.report.tables import forecast_ranking
 from scalelab.results.status import RunState, format_status
 
@@ -88,7 +88,7 @@ def test_a_gpu_sweep_ranks_by_its_gpus_datasheet_and_never_prunes_a_point_predic
 
 
 def test_a_gpu_sweep_without_a_known_gpu_says_which_key_to_set(monkeypatch):
-    monkeypatch.setattr("scalelab.plan.placement.visible_gpus", lambda: [])
+    monkeypatch.setattr("scalelab.planning.placement.visible_gpus", lambda: [])
     cfg = tiny_config(sweep={"precision": ["fp32", "bf16"], "zero_stage": [0], "world_size": [1]}, planning={"top_k": 1})
     with pytest.raises(ConfigError, match="planning.forecast.gpu"):
         pruning.decide(cfg, _plans(cfg, "cuda"))

@@ -69,7 +69,7 @@ def test_the_playbook_sweeps_tensor_parallel_rows_meet_the_targets_in_and_out_of
 def test_the_megatron_trainers_overlap_efficiency_is_fitted_on_the_fit_set_alone():
     """The constant is the grid's best for the 1B series (in-sample); the held-out series play no part in it."""
     from scalelab.forecast import published_sweep as sweep
-    from scalelab.spec.strategies import MEGATRON_OVERLAP_EFFICIENCY, TRAINERS
+    from scalelab.registries.strategies import MEGATRON_OVERLAP_EFFICIENCY, TRAINERS
 
     fine = sweep.eta_fit([i / 20 for i in range(21)])
     assert min(fine, key=lambda f: f["fit"])["overlap_efficiency"] == pytest.approx(MEGATRON_OVERLAP_EFFICIENCY)

@@ -55,7 +55,7 @@ def _foundry_point(run, trainer="llm-foundry", **kw):
 def _a100_machine():
     from scalelab.forecast.step import Machine
     from scalelab.formulas import links
-    from scalelab.spec import hardware
+    from scalelab.registries import hardware
 
     return Machine(product=hardware.gpu_by_name(pm.GPU), peak_flops=flops.gpu_peak_flops(pm.GPU, "bf16"), mfu=0.4,
                    per_node=8, intra=links.parse_link("nvlink-a100", None), inter=links.parse_link("ib-hdr", None),

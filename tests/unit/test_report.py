@@ -13,9 +13,9 @@ from docutils.core import publish_parts
 
 from devtools.fixtures import FAILURES, synthetic_results
 from scalelab.io import write_json
-from scalelab.plan.columns import SCHEMA_VERSION
-from scalelab.plan.result_tables import schema_version, steps_table, write_parquet
-from scalelab.plan.sweep import RunPoint
+from scalelab.planning.columns import SCHEMA_VERSION
+from scalelab.planning.result_tables import schema_version, steps_table, write_parquet
+from scalelab.planning.sweep import RunPoint
 from scalelab.report.figures import FIGURES, FIGURES_DIR, rst_captions
 from scalelab.report.report import build_report
 from scalelab.results.collect import collect
@@ -280,7 +280,7 @@ def test_run_table_numbers_formatted_per_column(fixture_report):
 def test_run_table_shows_every_sweep_axis(fixture_results):
     """The run table's axis columns are the registry's: a LoRA run and its full twin, or a compiled
     run and its eager one, differ in a column, not by id alone."""
-    from scalelab.plan.sweep import SWEEP_AXES
+    from scalelab.planning.sweep import SWEEP_AXES
     from scalelab.report.report import _fmt_table
 
     table = _fmt_table(pd.read_parquet(fixture_results / "metrics.parquet")).set_index("run_id")
@@ -316,10 +316,10 @@ def test_a_failed_report_build_leaves_the_last_complete_report(tmp_path, monkeyp
 
 
 def test_data_dictionary_in_the_parquet_metadata_and_the_docs(fixture_results, tmp_path):
-    """One column table (scalelab.plan.columns): every column of both tables has a unit, a meaning, a
+    """One column table (scalelab.planning.columns): every column of both tables has a unit, a meaning, a
     writer and a null contract, written into the files' field metadata; the report's dictionary and
     docs/data-dictionary.md (tests/*/test_columns.py) are generated from it."""
-    from scalelab.plan.columns import RUN_SCHEMA, STEP_SCHEMA
+    from scalelab.planning.columns import RUN_SCHEMA, STEP_SCHEMA
     from scalelab.report import dictionary
 
     assert list(dictionary.run_columns()) == RUN_SCHEMA.names and list(dictionary.step_columns()) == STEP_SCHEMA.names

@@ -1,13 +1,13 @@
-"""The typed run plan (scalelab.plan.run_plan, issue #42): made once from the config, read back by
-the ranks from spec.json exactly as it was made, and the one place a run's micro-batch, launch
+"""The typed run plan (scalelab.planning.run_plan, issue #42): made once from the config, read back by
+the ranks from run_plan.json exactly as it was made, and the one place a run's micro-batch, launch
 plan and collective dtypes are derived."""
 import json
 
 from scalelab.formulas.communication import comm_dtypes
-from scalelab.plan.placement import launch_plan
-from scalelab.plan.run_plan import RunPlan, result_params, run_plan
-from scalelab.plan.sweep import micro_batch_plan, sweep_points
-from scalelab.plan.validation import validate_config
+from scalelab.planning.placement import launch_plan
+from scalelab.planning.run_plan import RunPlan, result_params, run_plan
+from scalelab.planning.sweep import micro_batch_plan, sweep_points
+from scalelab.planning.validation import validate_config
 from support import tiny_config
 
 SWEEP = {"precision": ["fp32", "fp16", "bf16", "fp8"], "zero_stage": [0, 1, 2, 3], "world_size": [1, 2, 4],
@@ -34,8 +34,8 @@ def test_every_point_plans_as_its_parts_and_reads_back_as_written(tmp_path):
         placed = plan.at(vocab_size=257, train_bin=tmp_path / "train.bin", token_dtype="uint16", run_dir=tmp_path / point.run_id,
                          threads=4)
         assert placed.model.vocab_size == 257 and placed.threads_per_rank == max(1, 4 // point.world_size)
-        placed.write(tmp_path / "spec.json")
-        assert RunPlan.read(tmp_path / "spec.json") == placed, point.run_id
+        placed.write(tmp_path / "run_plan.json")
+        assert RunPlan.read(tmp_path / "run_plan.json") == placed, point.run_id
         json.dumps(placed.to_json())  # plain JSON, what a rank reads without scalelab's types
         row = plan.formula_row()  # what the formulas read of it, as of a result row
         assert row == {**point.values(), "micro_batch": plan.micro_batch, "accumulation_steps": plan.accumulation_steps,

@@ -12,9 +12,9 @@ from scalelab.config import ModelConfig
 from scalelab.forecast.scaling import gpu_counts
 from scalelab.formulas import communication, flops, links, tensor_parallelism
 from scalelab.formulas.links import collective_calls, collective_sizes
-from scalelab.spec import hardware
-from scalelab.spec.precisions import PRECISION_NAMES
-from scalelab.spec.strategies import ZERO_STAGES
+from scalelab.registries import hardware
+from scalelab.registries.precisions import PRECISION_NAMES
+from scalelab.registries.strategies import ZERO_STAGES
 
 # The guide's documented example (docs/prediction.md): a GPT-3 XL shape (~1.3B), ZeRO-3, bf16,
 # H100 SXM, 8 -> 512 GPUs over InfiniBand NDR.
@@ -349,7 +349,7 @@ def test_tensor_parallel_collectives_are_on_the_critical_path_over_their_link(ca
     assert "TP AR:nvlink-h100, ib-ndr" in out  # from 16 GPUs the data-parallel ranks span nodes
     code, out, _ = _estimate(capsys, *base, "--tensor-parallel", "8", "--gpus", "8,64", "--json")
     result = json.loads(out)
-    from scalelab.spec.presets import PRESETS
+    from scalelab.registries.presets import PRESETS
 
     cfg = ModelConfig(**PRESETS["llama3-8b"].shape)
     for row in result["rows"]:
@@ -395,7 +395,7 @@ def test_hybrid_sharding_whose_shard_group_spans_nodes_times_each_group_over_its
     reduce-scatters over 16 ranks on two nodes' rails, and all-reduce across the 2 replicas on one NIC each."""
     from scalelab.forecast.predict import predict_point
     from scalelab.forecast.step import Machine, Point
-    from scalelab.spec.strategies import HYBRID_KEY
+    from scalelab.registries.strategies import HYBRID_KEY
 
     psi = flops.param_count(EXAMPLE_CFG)
     machine = Machine(product=hardware.gpu_by_name("H100"), peak_flops=989.5e12, mfu=0.4, per_node=8,

@@ -10,8 +10,8 @@ import pytest
 
 from scalelab.cli import main
 from scalelab.io import write_json
-from scalelab.plan.result_tables import steps_table, write_parquet
-from scalelab.plan.sweep import RunPoint
+from scalelab.planning.result_tables import steps_table, write_parquet
+from scalelab.planning.sweep import RunPoint
 from scalelab.results.status import RetryError, format_status, retry, run_states
 
 REASONS = {
@@ -34,7 +34,7 @@ def _run(root: Path, point: RunPoint, status: str | None, progress_steps: int = 
         write_json(run_dir / "summary.json", {**identity, "status": status, "reason": REASONS.get(status)})
     else:  # started, no summary: the launcher is still at it, or was killed
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "spec.json").write_text("{}")
+        (run_dir / "run_plan.json").write_text("{}")
         (run_dir / "progress.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(progress_steps)))
         (run_dir / "checkpoint" / "step_2").mkdir(parents=True)
         (run_dir / "checkpoint" / "step_2" / "state.bin").write_bytes(b"x")

@@ -2,7 +2,7 @@
 import dataclasses
 import pickle
 
-from scalelab.plan.sweep import AXES, RunPoint
+from scalelab.planning.sweep import AXES, RunPoint
 
 
 def test_run_point_fields_are_the_axes_in_order_with_their_types_and_defaults():

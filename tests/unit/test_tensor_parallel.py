@@ -5,8 +5,8 @@ import torch
 
 from scalelab.config import ConfigError, ModelConfig
 from scalelab.formulas import flops, tensor_parallelism
-from scalelab.plan.run_plan import run_plan
-from scalelab.plan.sweep import RunPoint, sweep_plan
+from scalelab.planning.run_plan import run_plan
+from scalelab.planning.sweep import RunPoint, sweep_plan
 from support import tiny_config
 
 
@@ -105,7 +105,7 @@ def test_estimate_memory_takes_each_ranks_share_under_tensor_parallelism(capsys)
     import json
 
     from scalelab.cli import main
-    from scalelab.spec.presets import PRESETS
+    from scalelab.registries.presets import PRESETS
 
     assert main(["estimate", "memory", "--model", "llama3-8b", "--world-size", "16", "--tensor-parallel", "8",
                  "--precision", "bf16", "--zero-stage", "0", "3", "--micro-batch", "1", "--unit", "GB", "--json"]) == 0

@@ -1,7 +1,7 @@
 """Result tables an earlier version wrote read with today's columns: cached results report without being collected
-again (scalelab.plan.result_tables.with_todays_columns)."""
-from scalelab.plan.result_tables import read_runs, runs_table, with_todays_columns, write_parquet
-from scalelab.plan.sweep import RunPoint
+again (scalelab.planning.result_tables.with_todays_columns)."""
+from scalelab.planning.result_tables import read_runs, runs_table, with_todays_columns, write_parquet
+from scalelab.planning.sweep import RunPoint
 
 
 def test_a_table_without_the_columns_added_since_reads_them_as_defaults_and_nulls(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 
 from scalelab.config import ConfigError
 from scalelab.harness.testing import tiny_config
-from scalelab.plan.validation import validate_config
+from scalelab.planning.validation import validate_config
 from scalelab.run.trace import exposed_comm_per_step, uncovered
 
 

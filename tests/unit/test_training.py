@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from scalelab.plan.sweep import RunPoint
+from scalelab.planning.sweep import RunPoint
 from support import PARITY_STEPS, tiny_config
 from support import run_point as _run
 

@@ -5,7 +5,7 @@ import pytest
 
 from scalelab.config import ModelConfig
 from scalelab.formulas import flops, peak_memory
-from scalelab.plan.sweep import RunPoint
+from scalelab.planning.sweep import RunPoint
 from support import snakemake, tiny_config, write_workdir
 
 

@@ -5,8 +5,8 @@ import os
 import pandas as pd
 
 from scalelab.formulas import links
+from scalelab.registries import comm_table
 from scalelab.run import commbench
-from scalelab.spec import comm_table
 
 
 def test_the_default_sweep_benches_its_links_alone_and_predicts_every_run(tmp_path):

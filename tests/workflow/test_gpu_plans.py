@@ -112,8 +112,8 @@ def test_a_top_k_sweep_on_a_workstations_gpus_forecasts_with_the_gpu_nvidia_smi_
     assert not (tmp_path / "w/results/plan/forecast.json").exists()  # recorded by a sweep that runs jobs, under its lock
     # the same decision, in process, with the product nvidia-smi named (the planner's printout says how many it pruned)
     from scalelab.forecast import pruning
-    from scalelab.plan.run_plan import run_plan
-    from scalelab.plan.sweep import sweep_plan
+    from scalelab.planning.run_plan import run_plan
+    from scalelab.planning.sweep import sweep_plan
 
     os.environ["PATH"], saved = path_without("nvidia-smi", smi, BIN), os.environ["PATH"]
     try:

@@ -7,7 +7,7 @@ import subprocess
 import pyarrow.parquet as pq
 
 from scalelab.harness.testing import run_snakemake, snakemake_cmd, snakemake_env
-from scalelab.plan.sweep import RUN_DIR_GLOB
+from scalelab.planning.sweep import RUN_DIR_GLOB
 from scalelab.results.lock import LOCK_NAME, holder
 from support import tiny_config, write_workdir
 from support.lock import _first_line, _holder, _stop

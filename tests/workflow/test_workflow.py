@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from scalelab.harness.testing import snakemake_cmd, snakemake_env
-from scalelab.plan.sweep import RUN_DIR_GLOB, RunPoint
+from scalelab.planning.sweep import RUN_DIR_GLOB, RunPoint
 from scalelab.report.figures import FIGURES
 from support import REPO, SNAKEMAKE, planned_jobs, snakemake, tiny_config, write_workdir
 

@@ -5,8 +5,8 @@ import sys
 from pathlib import Path
 
 from scalelab.forecast.pruning import top_k
-from scalelab.plan.forecast_record import PRUNED_REASON
-from scalelab.plan.forecast_record import read as read_forecast
+from scalelab.planning.forecast_record import PRUNED_REASON
+from scalelab.planning.forecast_record import read as read_forecast
 from scalelab.results.status import record_trained_with
 from scalelab.run.calibration import calibration_path
 from scalelab.run.launch import launch_run

@@ -4,8 +4,8 @@ from a validated config dict, with the defaults the schema writes.
 The other jobs around a config live beside this module, each in one place:
 ``config.schema.yaml`` (types, enums, defaults; package data, read with importlib.resources),
 :mod:`scalelab.config.reading` (YAML files, located errors),
-:mod:`scalelab.plan.validation` (the one validation path) and, next to the placement they
-decide, the launch plans (:mod:`scalelab.plan.placement`). This module imports none of them, so
+:mod:`scalelab.planning.validation` (the one validation path) and, next to the placement they
+decide, the launch plans (:mod:`scalelab.planning.placement`). This module imports none of them, so
 any module may import it.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from importlib import resources
 
 import yaml
 
-from scalelab.spec.families import DEFAULT_FAMILY, FAMILIES, OWN_KEYS
+from scalelab.registries.families import DEFAULT_FAMILY, FAMILIES, OWN_KEYS
 
 SCHEMA_FILE = resources.files(__name__) / "config.schema.yaml"
 """The config schema, shipped inside the package (an installed wheel validates without a checkout)."""
@@ -113,7 +113,7 @@ class ModelConfig:
     """Filled from the prepared dataset's meta.json."""
     family: str = DEFAULT_FAMILY
     """gpt2 (LayerNorm, GELU MLP of 4d, learned positions, full attention) | llama (RMSNorm, SwiGLU,
-    RoPE, grouped-query attention, untied head): scalelab.spec.families.FAMILIES."""
+    RoPE, grouped-query attention, untied head): scalelab.registries.families.FAMILIES."""
     n_kv_heads: int | None = None
     """Key/value heads of grouped-query attention (llama; divides n_heads); None = n_heads."""
     ffn_dim: int | None = None
@@ -162,7 +162,7 @@ class TrainConfig:
     seed: int = _default("train", "seed")
     """Seed of init and sampling."""
     device: str = _default("train", "device")
-    """auto | cpu | cuda. auto is decided once, where the sweep is planned (scalelab.plan.placement)."""
+    """auto | cpu | cuda. auto is decided once, where the sweep is planned (scalelab.planning.placement)."""
     tf32: bool = _default("train", "tf32")
     """Allow TF32 matmuls for fp32 on GPU."""
     fp16_init_scale: float = _default("train", "fp16_init_scale")
@@ -179,7 +179,7 @@ class TrainConfig:
     """LoRA scaling numerator: the update B A is scaled by lora_alpha / lora_rank (sweep.lora_rank)."""
     peak_tflops: dict[str, float] | None = _default("train", "peak_tflops")
     """Dense peak TFLOP/s per GPU by precision key (fp32, tf32, fp16, bf16, fp8), for a GPU or a
-    key scalelab.spec.hardware has no datasheet figure for; None = the table's figures only."""
+    key scalelab.registries.hardware has no datasheet figure for; None = the table's figures only."""
 
 
 def section(config: dict, key: str) -> dict:
@@ -207,14 +207,14 @@ def dataset_config(config: dict) -> DatasetConfig:
 MODEL_SHAPE_KEYS = ("n_layers", "d_model", "n_heads")
 """The shape keys every family has; seq_len stays in ``model:`` for every shape."""
 MODEL_FAMILY_KEYS = ("family", *OWN_KEYS)
-"""What else a ``models:`` entry may set: its family and the families' own keys (scalelab.spec.families)."""
+"""What else a ``models:`` entry may set: its family and the families' own keys (scalelab.registries.families)."""
 MODEL_ENTRY_KEYS = (*MODEL_SHAPE_KEYS, *MODEL_FAMILY_KEYS, "tie_embeddings", "preset", "module")
-"""Every key of a ``models:`` entry: ``preset`` names a shape of scalelab.spec.presets (the entry's own
+"""Every key of a ``models:`` entry: ``preset`` names a shape of scalelab.registries.presets (the entry's own
 keys override it), ``module`` the user's own model (``pkg.mod:build``)."""
 
 
 def model_entry(name: str, entry: dict | None) -> dict:
-    """A ``models:`` entry as ModelConfig keys: its preset's shape (scalelab.spec.presets) under its own
+    """A ``models:`` entry as ModelConfig keys: its preset's shape (scalelab.registries.presets) under its own
     keys; a family whose head is untied by default (llama) is untied unless the entry or its preset ties it.
     Raises ConfigError naming the key."""
     entry = dict(entry or {})
@@ -225,7 +225,7 @@ def model_entry(name: str, entry: dict | None) -> dict:
                           key=("models", name, sorted(unknown)[0]))
     shape, preset_tie = {}, None
     if "preset" in entry:
-        from scalelab.spec.presets import PRESETS
+        from scalelab.registries.presets import PRESETS
 
         preset = entry.pop("preset")
         if preset not in PRESETS:

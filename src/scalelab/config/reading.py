@@ -1,7 +1,7 @@
 """Config files read as YAML, with every error located: a file that is not YAML, or that gives a
 key twice (PyYAML would keep the last value silently), raises ConfigError naming the file,
 line and column. The Snakefile, ``scalelab check-config`` and the logger plugin read config
-files through here; what the content means is :mod:`scalelab.plan.validation`'s job."""
+files through here; what the content means is :mod:`scalelab.planning.validation`'s job."""
 from __future__ import annotations
 
 from pathlib import Path

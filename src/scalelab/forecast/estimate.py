@@ -34,10 +34,10 @@ from scalelab.forecast.step import (  # the step-time model, shared by plan, pru
     check_tensor_parallel,
 )
 from scalelab.formulas import flops, lora_training, model_state, peak_memory, tensor_parallelism
-from scalelab.spec import hardware
-from scalelab.spec.families import family
-from scalelab.spec.precisions import ESTIMATE_MEMORY, PEAK_KEYS, PRECISION_NAMES
-from scalelab.spec.strategies import ZERO_STAGES, strategy
+from scalelab.registries import hardware
+from scalelab.registries.families import family
+from scalelab.registries.precisions import ESTIMATE_MEMORY, PEAK_KEYS, PRECISION_NAMES
+from scalelab.registries.strategies import ZERO_STAGES, strategy
 
 # The precisions whose records say they have a memory convention of their own (fp8 holds bf16's
 # fp32 model state, and the ZeRO paper has no fp8 convention): fp32, fp16, bf16.
@@ -319,7 +319,7 @@ def claim_check(model: ModelChoice, gpus: int, gpu: str, precision: str, tokens_
 
 def models_table() -> dict:
     """The presets --model takes: family, shape and parameter count (with the published figure)."""
-    from scalelab.spec.presets import PRESETS
+    from scalelab.registries.presets import PRESETS
 
     rows = []
     for p in PRESETS.values():

@@ -29,14 +29,14 @@ from scalelab.forecast.inputs import (
     positive_number,
     positive_whole,
 )
-from scalelab.forecast.inputs import model_from_flags as _model
 from scalelab.forecast.model_input import model_flags
+from scalelab.forecast.model_input import model_from_flags as _model
 from scalelab.forecast.scaling import SCALING_GPUS, SCALING_STAGES, gpu_counts, links_table, scaling_table
 from scalelab.formulas import communication, links
 from scalelab.formulas.pipeline import DEFAULT_SCHEDULE, SCHEDULES
-from scalelab.spec import hardware
-from scalelab.spec.precisions import PRECISION_NAMES
-from scalelab.spec.strategies import TRAINERS, ZERO_STAGES
+from scalelab.registries import hardware
+from scalelab.registries.precisions import PRECISION_NAMES
+from scalelab.registries.strategies import TRAINERS, ZERO_STAGES
 
 
 def cluster_flags(p) -> None:

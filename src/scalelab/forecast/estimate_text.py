@@ -6,7 +6,7 @@ from scalelab.forecast.estimate import _human, _mfu_text, _percent
 from scalelab.forecast.inputs import (
     UNITS,
 )
-from scalelab.spec.strategies import HYBRID_KEY
+from scalelab.registries.strategies import HYBRID_KEY
 
 
 def _size(value: float) -> str:

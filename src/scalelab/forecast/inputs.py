@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from scalelab.config import ModelConfig
-from scalelab.spec.strategies import TRAINERS
+from scalelab.registries.strategies import TRAINERS
 
 UNITS = {"GiB": 2 ** 30, "GB": 1e9}
 """Memory units the forecasts print and take: GiB (2^30 bytes) and GB (10^9)."""
@@ -159,14 +159,6 @@ class PlanAsk:
     schedules: list[str] | None = None
 
 
-def model_from_flags(args) -> ModelChoice:
-    """The model flags (model_input.model_flags) as a ModelChoice."""
-    from scalelab.forecast.model_input import described, model_from_args
-
-    n_params, cfg = model_from_args(args)
-    return ModelChoice(n_params, cfg, described(args))
-
-
 def cluster_from_args(args) -> Cluster:
     return Cluster(gpu=args.gpu, gpus_per_node=args.gpus_per_node, intra_node=args.intra_node,
                    inter_node=args.inter_node, link_efficiency=args.link_efficiency,
@@ -177,7 +169,7 @@ def cluster_from_args(args) -> Cluster:
 def layout_from_args(args) -> Layout:
     """estimate scaling's strategy and lever flags as a Layout (the counts checked where they are used)."""
     from scalelab.formulas.pipeline import DEFAULT_SCHEDULE
-    from scalelab.spec.strategies import HYBRID_KEY
+    from scalelab.registries.strategies import HYBRID_KEY
 
     return Layout(key=HYBRID_KEY if args.zero_stage == HYBRID_KEY else int(args.zero_stage), precision=args.precision,
                   micro_batch=args.micro_batch, global_batch=getattr(args, "global_batch", None),

@@ -17,10 +17,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from scalelab.config import MODEL_FAMILY_KEYS, ConfigError, ModelConfig, model_config
-from scalelab.forecast.inputs import EstimateError, count, positive, positive_whole
+from scalelab.forecast.inputs import EstimateError, ModelChoice, count, positive, positive_whole
 from scalelab.formulas import flops
-from scalelab.spec.families import DEFAULT_FAMILY, FAMILIES
-from scalelab.spec.presets import PRESETS
+from scalelab.registries.families import DEFAULT_FAMILY, FAMILIES
+from scalelab.registries.presets import PRESETS
 
 IN_MODEL_SECTION = (*MODEL_FAMILY_KEYS, "preset")
 """Keys a forecast reads from ``model:`` although the workflow's ``model:`` takes them in a ``models:`` entry."""
@@ -177,7 +177,7 @@ def shape_text(cfg: ModelConfig) -> str:
 
 def config_model(path: str, name: str | None, vocab: int | None, seq: int | None) -> tuple[ModelConfig, str]:
     """(the model of a config file, its name there); EstimateError naming the key where the file cannot give one."""
-    from scalelab.plan.validation import validate_config
+    from scalelab.planning.validation import validate_config
 
     raw = _read(path)
     model = raw.get("model") or {}
@@ -217,3 +217,8 @@ def config_model(path: str, name: str | None, vocab: int | None, seq: int | None
     cfg = ModelConfig(**{**cfg.__dict__, **fixed})
     return cfg, ("the model: section" if chosen in (_OWN, "base") else f"models.{chosen}")
 
+
+def model_from_flags(args) -> ModelChoice:
+    """The model flags (model_flags) as a ModelChoice."""
+    n_params, cfg = model_from_args(args)
+    return ModelChoice(n_params, cfg, described(args))

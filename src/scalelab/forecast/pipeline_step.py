@@ -10,8 +10,8 @@ from dataclasses import replace
 from scalelab.forecast.inputs import UNITS, EstimateError
 from scalelab.forecast.step import _strategy_comm, _tensor_parallel_step, batch_plan, groups_link
 from scalelab.formulas import activation_memory, communication, flops, links, megatron_style, peak_memory, pipeline, tensor_parallelism
-from scalelab.spec.families import tensor_parallel_split_params
-from scalelab.spec.strategies import HYBRID_KEY, ZERO1_SHARDED_KEY, strategy
+from scalelab.registries.families import tensor_parallel_split_params
+from scalelab.registries.strategies import HYBRID_KEY, ZERO1_SHARDED_KEY, strategy
 
 # The mesh is (pp, dp, tp), tensor-parallel ranks innermost: a stage is DP x TP consecutive ranks, so consecutive
 # stages sit on different nodes once DP x TP reaches the GPUs of a node. A step, as priced here:

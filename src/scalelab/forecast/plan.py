@@ -9,7 +9,7 @@ efficiency, each collective on the link its group uses, the strategy's overlap, 
 memory of one micro-batch), at a fixed global batch whose per-GPU share is accumulated. A
 configuration fits when its predicted peak stays within the GPU's memory less the reserve
 (RESERVE: what the model does not count). fp8 is timed from bf16 by the tokens/s ratio measured on
-a GPU (scalelab.spec.hardware.fp8_outlook), not at its datasheet peak, which its casts never reach.
+a GPU (scalelab.registries.hardware.fp8_outlook), not at its datasheet peak, which its casts never reach.
 Every figure is a prediction: the output says so, and where each input comes from.
 """
 from __future__ import annotations
@@ -28,22 +28,21 @@ from scalelab.forecast.inputs import (
     ModelChoice,
     PlanAsk,
     cluster_from_args,
-    model_from_flags,
     non_negative,
     plan_ask_from_args,
     positive_count,
     positive_whole,
 )
-from scalelab.forecast.model_input import model_flags, shape_text
+from scalelab.forecast.model_input import model_flags, model_from_flags, shape_text
 from scalelab.forecast.predict import predict_point
 from scalelab.forecast.scaling import LINK_RULE, PIPELINE_READING, machine_of
 from scalelab.forecast.step import Point, _replicas, fp8_machine
 from scalelab.formulas import communication, flops, links
 from scalelab.formulas.pipeline import SCHEDULES
-from scalelab.plan.sweep import AXIS, RunPoint
-from scalelab.spec import hardware
-from scalelab.spec.precisions import PRECISION_NAMES
-from scalelab.spec.strategies import HYBRID_KEY, TRAINERS, ZERO_STAGES, strategy
+from scalelab.planning.sweep import AXIS, RunPoint
+from scalelab.registries import hardware
+from scalelab.registries.precisions import PRECISION_NAMES
+from scalelab.registries.strategies import HYBRID_KEY, TRAINERS, ZERO_STAGES, strategy
 
 TIE = 0.05
 """Runners-up predicted within this of the best are not ranked against it: the step-time model's own error
@@ -85,7 +84,7 @@ def candidates(product, precisions: list[str] | None, gpus: int, per_node: int,
                trainer: str = "scalelab") -> list[tuple[str, int | str]]:
     """(precision, strategy key) pairs worth timing: bf16 (fp16 on a GPU without it) and fp8 where the GPU
     has FP8 tensor cores, or the precisions asked for; ZeRO stages 0-3, and hybrid sharding where the
-    GPUs fill several nodes (a trainer priced at some stages alone: those, scalelab.spec.strategies.TRAINERS)."""
+    GPUs fill several nodes (a trainer priced at some stages alone: those, scalelab.registries.strategies.TRAINERS)."""
     if precisions is None:
         precisions = ["bf16" if product.peak("bf16") else "fp16"] + (["fp8"] if product.peak("fp8") else [])
     stages = TRAINERS[trainer].stages
@@ -113,7 +112,7 @@ def _trainer_left_out(trainer: str) -> list[str]:
 def _runs(precision: str, key, gpus: int, per_node: int, degree: int, trainer: str = "scalelab", pipeline: int = 1,
           schedule: str = "1f1b") -> bool:
     """Whether the trainer priced runs tensor parallelism of ``degree`` and a pipeline of ``pipeline`` stages with this
-    precision and strategy: for scalelab (which can then check it) the sweep's own rules (scalelab.plan.sweep, the
+    precision and strategy: for scalelab (which can then check it) the sweep's own rules (scalelab.planning.sweep, the
     tensor_parallel and pipeline_parallel axes); the trainers that scale run them with every stage but hybrid
     sharding (a 3-D mesh, not predicted)."""
     return _not_run(precision, key, gpus, per_node, degree, trainer, pipeline, schedule) is None
@@ -320,7 +319,7 @@ def _assumptions(cluster: Cluster, ask: PlanAsk, machine, source, degrees: list[
 MEMORY_RECIPES = {"scalelab": "the formula a run measures (scalelab.formulas.peak_memory.peak_memory)",
                   "megatron": "the megatron trainers' stated recipe (scalelab.formulas.megatron_style)",
                   "llm-foundry": "llm-foundry's MPT recipe (scalelab.formulas.foundry_style)"}
-"""Each trainer's memory recipe (scalelab.spec.strategies.Trainer.memory), in the plan's words."""
+"""Each trainer's memory recipe (scalelab.registries.strategies.Trainer.memory), in the plan's words."""
 
 
 def _pipeline_degrees(cfg, asked: list[int] | None) -> list[int]:

@@ -29,12 +29,12 @@ from scalelab.forecast.plan import TIE
 from scalelab.forecast.predict import predict_point
 from scalelab.forecast.step import Machine, Point
 from scalelab.formulas import flops, links, peak_memory, predicted_columns
-from scalelab.plan.forecast_record import PRUNED_REASON, Decision
-from scalelab.plan.placement import device_memory_limit
-from scalelab.plan.run_plan import RunPlan
-from scalelab.plan.sweep import is_baseline, sweep_values
-from scalelab.spec import hardware
-from scalelab.spec.strategies import HYBRID_KEY
+from scalelab.planning.forecast_record import PRUNED_REASON, Decision
+from scalelab.planning.placement import device_memory_limit
+from scalelab.planning.run_plan import RunPlan
+from scalelab.planning.sweep import is_baseline, sweep_values
+from scalelab.registries import hardware
+from scalelab.registries.strategies import HYBRID_KEY
 
 CPU_LINK = links.Link("gloo on one host (assumed)", 2.0e9, 250e-6,
                       "assumed: the order `scalelab bench comm` measured for gloo between CPU ranks of one 2-core VM "
@@ -69,7 +69,7 @@ def _link(key: str, spec) -> links.Link:
 def _gpu(config: dict):
     """(the GPU product a GPU sweep's forecast reads, where its name came from): planning.forecast.gpu,
     else the first GPU nvidia-smi lists on the planning machine."""
-    from scalelab.plan.placement import visible_gpus
+    from scalelab.planning.placement import visible_gpus
 
     name, origin = (section(config, "planning").get("forecast") or {}).get("gpu"), "planning.forecast.gpu"
     if name is None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from scalelab.config import ModelConfig
 from scalelab.formulas import flops, foundry_style
 from scalelab.formulas import peak_memory as scalelab_memory
-from scalelab.spec import hardware
+from scalelab.registries import hardware
 
 SOURCE = "llm-foundry MPT benchmarks (A100 40GB, bf16 PURE, FULL_SHARD)"
 GPU = "A100 SXM 40GB"

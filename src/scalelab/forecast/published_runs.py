@@ -10,8 +10,8 @@ from scalelab.config import ModelConfig
 from scalelab.forecast import playbook_sweep
 from scalelab.forecast.pipeline_step import pipeline_problem
 from scalelab.formulas import flops, links
-from scalelab.spec import hardware
-from scalelab.spec.presets import PRESETS
+from scalelab.registries import hardware
+from scalelab.registries.presets import PRESETS
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Published:
     tensor_parallel: int = 1
     sequence_parallel: bool = False
     trainer: str = "scalelab"
-    """Whose implementation is priced (scalelab.spec.strategies.TRAINERS): nanotron's runs are the megatron form."""
+    """Whose implementation is priced (scalelab.registries.strategies.TRAINERS): nanotron's runs are the megatron form."""
     memory_gb: float | None = None
     """The peak GPU memory the source states, GB, where it does."""
     pipeline_parallel: int = 1
@@ -166,7 +166,7 @@ PIPELINE_ROWS = tuple(_pipeline_rows())
 def default_overlap_efficiency(trainer: str = "scalelab") -> float:
     """The overlap efficiency a forecast uses for the trainer: its own where fitted, else the GPU's default."""
     from scalelab.formulas.overlap import DEFAULT_OVERLAP_EFFICIENCY
-    from scalelab.spec.strategies import TRAINERS
+    from scalelab.registries.strategies import TRAINERS
 
     own = TRAINERS[trainer].overlap_efficiency
     return DEFAULT_OVERLAP_EFFICIENCY["cuda"] if own is None else own

@@ -4,7 +4,7 @@ ZeRO-1), priced as nanotron runs them (``--trainer megatron``: scalelab.formulas
 measured. Each series (model, TP, ZeRO stage, micro-batch) is calibrated at its smallest count (its compute efficiency:
 the MFU at which the model gives that row's tokens/s) and predicted at the larger counts.
 
-What is fitted, on which rows: the megatron trainer's overlap efficiency (scalelab.spec.strategies.
+What is fitted, on which rows: the megatron trainer's overlap efficiency (scalelab.registries.strategies.
 MEGATRON_OVERLAP_EFFICIENCY) on the 1B series up to 256 GPUs (FIT_MODELS: in-sample); the 3B and 8B series are held out
 (out-of-sample). The tables report the two apart, per GPU count; 512-GPU rows are shown but outside the fit and the
 targets (several of the sweep's 64-node runs ran at a tenth of their 32-node speed). Memory is not fitted: the recipe of
@@ -191,7 +191,7 @@ def plan_markdown(rows: list[dict]) -> str:
 
 def sweep_document() -> str:
     """The sweep's section of docs/prediction.md's published-validation block."""
-    from scalelab.spec.strategies import MEGATRON_OVERLAP_EFFICIENCY
+    from scalelab.registries.strategies import MEGATRON_OVERLAP_EFFICIENCY
 
     rows, memory = sweep_validation(), memory_validation()
     t = targets(rows, memory)

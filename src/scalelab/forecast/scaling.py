@@ -14,10 +14,10 @@ from scalelab.forecast.inputs import (
     ModelChoice,
     cluster_from_args,
     layout_from_args,
-    model_from_flags,
     whole_count,
 )
 from scalelab.forecast.inputs import positive as _positive
+from scalelab.forecast.model_input import model_from_flags
 from scalelab.forecast.pipeline_step import pipeline_problem
 from scalelab.forecast.predict import predict_point
 from scalelab.forecast.step import (  # the step-time model, shared by plan, pruning and the published validation
@@ -27,8 +27,8 @@ from scalelab.forecast.step import (  # the step-time model, shared by plan, pru
     fp8_machine,
 )
 from scalelab.formulas import flops, links
-from scalelab.spec import hardware
-from scalelab.spec.strategies import HYBRID_KEY, TRAINERS, ZERO_STAGES, strategy
+from scalelab.registries import hardware
+from scalelab.registries.strategies import HYBRID_KEY, TRAINERS, ZERO_STAGES, strategy
 
 SCALING_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
 SCALING_STAGES = (*(str(s) for s in ZERO_STAGES), HYBRID_KEY)

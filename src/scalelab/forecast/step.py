@@ -2,7 +2,7 @@
 validation): one training configuration (Point) on a cluster (Machine) at n GPUs, timed from an assumed compute
 efficiency and each collective on the link its group uses, with the strategy's overlap, and sized by its in-step
 peak memory. The trainer priced is the Point's: scalelab's own strategies as it runs them, or ZeRO-1 as the
-trainers that scale run it (scalelab.spec.strategies.TRAINERS).
+trainers that scale run it (scalelab.registries.strategies.TRAINERS).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from scalelab.config import ModelConfig
 from scalelab.forecast.inputs import UNITS, EstimateError
 from scalelab.formulas import communication, flops, links, megatron_style, peak_memory, tensor_parallelism
 from scalelab.formulas.links import collective_calls
-from scalelab.spec.strategies import HYBRID_KEY, TRAINERS, ZERO1_SHARDED_KEY, strategy
+from scalelab.registries.strategies import HYBRID_KEY, TRAINERS, ZERO1_SHARDED_KEY, strategy
 
 
 def _replicas(gpus: int, per_node: int) -> int:
@@ -43,7 +43,7 @@ class Point:
     activation_checkpointing: bool = False
     tensor_parallel: int = 1  # T GPUs split every block (scalelab.run.tensor_parallel); the strategy runs over N / T
     replicas: int | None = None  # hybrid sharding's replicas; None: one shard group per node (_replicas)
-    trainer: str = "scalelab"  # whose implementation of the strategy is priced (scalelab.spec.strategies.TRAINERS)
+    trainer: str = "scalelab"  # whose implementation of the strategy is priced (scalelab.registries.strategies.TRAINERS)
     sequence_parallel: bool = False  # with tensor parallelism: the norms and residual split over the tokens
     pipeline_parallel: int = 1  # P stages of consecutive blocks (scalelab.forecast.pipeline_step); world = DP x TP x P
     pipeline_schedule: str = "1f1b"  # one of scalelab.formulas.pipeline.SCHEDULES
@@ -82,7 +82,7 @@ def predict_unpipelined(point: Point, machine: Machine, n: int) -> dict:
     if point.pipeline_parallel > 1:
         raise ValueError("a pipelined point is priced by scalelab.forecast.predict.predict_point")
     cfg, key, t = point.cfg, point.key, point.tensor_parallel
-    stage = strategy(key).stage  # hybrid sharding is stage 3 over a 2-D mesh (scalelab.spec.strategies)
+    stage = strategy(key).stage  # hybrid sharding is stage 3 over a 2-D mesh (scalelab.registries.strategies)
     if n % t or (t > 1 and key == HYBRID_KEY):
         raise EstimateError(f"--tensor-parallel {t} does not divide {n} GPUs" if n % t else
                             "hybrid sharding with tensor parallelism (a 3-D mesh) is not predicted")
@@ -200,9 +200,9 @@ def _foundry_memory(point: Point, dp: int, micro: int, accumulation: int) -> flo
 
 def check_tensor_parallel(cfg: ModelConfig | None, degree: int) -> None:
     """EstimateError where a model cannot be split ``degree`` ways as a run would refuse it (no shape, no family
-    plan, heads, key/value heads or the MLP's width the degree does not divide: scalelab.plan.run_plan)."""
+    plan, heads, key/value heads or the MLP's width the degree does not divide: scalelab.planning.run_plan)."""
     from scalelab.config import ConfigError
-    from scalelab.plan.run_plan import tensor_parallel_problem
+    from scalelab.planning.run_plan import tensor_parallel_problem
 
     if degree == 1:
         return
@@ -299,14 +299,14 @@ def fp8_machine(machine: Machine, d_model: int) -> tuple[Machine, str]:
     measured it against bf16 (the assumed bf16 MFU x the fp8/bf16 tokens/s ratio at this width: fp8's casts never
     let it near its datasheet peak), with the sentence that says so. The ratio stays apart from the peak."""
 
-    from scalelab.spec import hardware
+    from scalelab.registries import hardware
 
     fp8_peak, bf16_peak = machine.product.peak("fp8"), machine.product.peak("bf16")
     ratio = hardware.fp8_outlook(d_model)["ratio_estimate"]
     mfu = machine.mfu * bf16_peak * ratio / fp8_peak
     note = (f"fp8: the {machine.product.name}'s fp8 datasheet peak {fp8_peak / 1e12:,.1f} TFLOP/s at MFU {mfu:.1%}, i.e. "
             f"the bf16 MFU {machine.mfu:.1%} x the fp8/bf16 tokens/s ratio {ratio:.3g} measured at d_model {d_model} "
-            f"(scalelab.spec.hardware.fp8_outlook) / the fp8/bf16 peak ratio {fp8_peak / bf16_peak:.3g}; its memory at "
+            f"(scalelab.registries.hardware.fp8_outlook) / the fp8/bf16 peak ratio {fp8_peak / bf16_peak:.3g}; its memory at "
             "stages 2 and 3 holds 4 bytes per gathered parameter where bf16 holds 2: torchao's float8 linears cast from the "
             "fp32 masters inside each matmul, so FSDP2 gathers fp32 (scalelab.formulas.communication.MIXED_COMM)")
     return replace(machine, peak_flops=fp8_peak, mfu=mfu), note

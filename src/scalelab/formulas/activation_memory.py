@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from scalelab.config import ModelConfig
 from scalelab.formulas.communication import sixteen_bit_params
 from scalelab.formulas.flops import require_formula
-from scalelab.spec.families import ActivationCase, family
-from scalelab.spec.precisions import AUTOCAST, PRECISIONS
+from scalelab.registries.families import ActivationCase, family
+from scalelab.registries.precisions import AUTOCAST, PRECISIONS
 
 # Bytes per activation value by precision (fp8 runs autocast to bf16 around float8 matmuls).
 DTYPE_BYTES = {p.name: p.activation_bytes for p in PRECISIONS.values()}
@@ -46,7 +46,7 @@ def activation_case(precision: str, micro_batch: int = 1, activation_checkpointi
                     zero_stage: int | None = None, device_type: str = "cpu", compiled: bool = False,
                     tensor_parallel: int = 1, sequence_parallel: bool = False) -> ActivationCase:
     """What decides a block's saved tensors besides its shape, for the family records
-    (scalelab.spec.families): the compute width, autocast over fp32 parameters or 16-bit parameters,
+    (scalelab.registries.families): the compute width, autocast over fp32 parameters or 16-bit parameters,
     the levers and the device."""
     sixteen = sixteen_bit_params(precision, zero_stage)
     return ActivationCase(micro_batch=micro_batch, width=DTYPE_BYTES[precision], amp=precision in AUTOCAST and not sixteen,
@@ -72,7 +72,7 @@ def block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, a
     and 3 (``zero_stage``: 16-bit parameters under MixedPrecisionPolicy) keep neither: the residual
     stream is 16-bit and there are no weight copies, 16 s b h values at 2 bytes (exact on the CPU,
     measured with saved-tensor hooks).
-    Each family's terms are its record's (scalelab.spec.families: the llama family's kernels save
+    Each family's terms are its record's (scalelab.registries.families: the llama family's kernels save
     differently on a GPU, ``device_type``; the GPT-2 terms are the same on both but for the compiled
     LayerNorm statistics and flash attention's RNG state).
 
@@ -214,7 +214,7 @@ def outside_block_activation_bytes(cfg: ModelConfig, micro_batch: int, precision
     # B > 1); compiled, the logits at w with each row's max and log-sum-exp, and the targets as given
     loss = (width * b * t * v + 2 * 4 * b * t) if compiled else (4 * b * t * v + (8 * b * t if b > 1 else 0))
     ids = 8 * accumulation_steps * b * (t + 1)
-    # the family's final norm, the head's input and the positions (scalelab.spec.families)
+    # the family's final norm, the head's input and the positions (scalelab.registries.families)
     case = activation_case(precision, micro_batch, zero_stage=zero_stage, device_type=device_type, compiled=compiled,
                            tensor_parallel=tensor_parallel, sequence_parallel=sequence_parallel)
     return float(loss + family(cfg.family).outside_block_bytes(cfg, case) + ids + 2 * 4)

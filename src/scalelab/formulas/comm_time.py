@@ -10,7 +10,7 @@ from scalelab.formulas import links
 from scalelab.formulas.link_fit import LinkFit
 from scalelab.formulas.overlap import TENSOR_PARALLEL
 from scalelab.formulas.predicted_columns import last_block_kept, model_of_row
-from scalelab.spec.strategies import strategy
+from scalelab.registries.strategies import strategy
 
 
 def missing(value) -> bool:

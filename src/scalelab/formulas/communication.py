@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scalelab.spec.precisions import PRECISIONS
-from scalelab.spec.precisions import precision as precision_record
-from scalelab.spec.strategies import check_replicas, strategy
-from scalelab.spec.topology import LINKS, contiguous_nodes, link_of
+from scalelab.registries.precisions import PRECISIONS
+from scalelab.registries.precisions import precision as precision_record
+from scalelab.registries.strategies import check_replicas, strategy
+from scalelab.registries.topology import LINKS, contiguous_nodes, link_of
 
 MIXED_COMM = tuple(p.name for p in PRECISIONS.values() if p.autocast and not p.linears)
 """Precisions that communicate in their compute dtype where people do (fp16, bf16): FSDP2's
@@ -178,7 +178,7 @@ def comm_bytes_by_group(n_params: float, zero_stage: int, world_size: int, preci
 
 
 def sharded_zero1_bytes(n_params: float, precision: str, grad_reduce: str = "compute") -> dict[str, float]:
-    """ZeRO-1 as distributed optimizers run it (scalelab.spec.strategies.ZERO1_SHARDED), per optimizer step over the
+    """ZeRO-1 as distributed optimizers run it (scalelab.registries.strategies.ZERO1_SHARDED), per optimizer step over the
     data-parallel group, the module doc's unit: the gradients reduce-scattered (Psi in the reduce dtype:
     ``grad_reduce`` as comm_dtypes reads it), the updated parameters all-gathered in the compute dtype (fp16,
     bf16; fp32 otherwise), and fp16's loss-scaler flag."""
@@ -210,7 +210,7 @@ def comm_bytes_by_link(n_params: float, zero_stage: int, world_size: int, precis
     optimizer step, by link and collective: ``{"intra_node": {collective: bytes}, "inter_node":
     {...}}``, the module doc's unit, summing to comm_bytes_per_step. Ranks sit on nodes as torchrun
     places them (``ranks_per_node`` P consecutive ranks per node); a collective counts wholly on
-    the inter-node link when its group spans nodes (scalelab.plan.placement.link_of's convention).
+    the inter-node link when its group spans nodes (scalelab.planning.placement.link_of's convention).
 
     DDP, ZeRO-1 and ZeRO-3 issue everything over the world: inter-node once N > P. Hybrid
     sharding with its shard group inside a node (S <= P) keeps the gathers and the reduce-scatter

@@ -16,11 +16,11 @@ from __future__ import annotations
 import math
 
 from scalelab.config import ModelConfig
-from scalelab.spec import hardware
-from scalelab.spec.families import Family, family
-from scalelab.spec.precisions import peak_key
+from scalelab.registries import hardware
+from scalelab.registries.families import Family, family
+from scalelab.registries.precisions import peak_key
 
-# Per family (scalelab.spec.families: one record each): the block's matmul weights, its norms, the
+# Per family (scalelab.registries.families: one record each): the block's matmul weights, its norms, the
 # embeddings, the activations. A user's own module (ModelConfig.module) has no formula: its parameters are counted from the
 # module, its FLOPs by torch.utils.flop_counter (scalelab.run.worker_result), and no activation
 # prediction is made.
@@ -86,7 +86,7 @@ def mfu(tokens_per_s: float, flops_per_tok: float, peak_flops_per_device: float,
     """Model FLOPs utilisation: achieved model FLOP/s over the devices' summed dense peak.
 
     NaN when the peak is NaN (an unknown GPU, or a precision its datasheet has no figure for:
-    see scalelab.spec.hardware.peak_flops_for)."""
+    see scalelab.registries.hardware.peak_flops_for)."""
     if math.isnan(peak_flops_per_device):
         return math.nan
     if peak_flops_per_device <= 0 or n_devices < 1:
@@ -102,7 +102,7 @@ def recompute_flops_per_token(cfg: ModelConfig) -> float:
 
 def gpu_peak_flops(gpu: str, precision: str) -> float:
     """Dense datasheet peak of a GPU named on the command line (see hardware.gpu_by_name), for a
-    precision or a datasheet column (tf32) of scalelab.spec.precisions."""
+    precision or a datasheet column (tf32) of scalelab.registries.precisions."""
     product = hardware.gpu_by_name(gpu)
     key = peak_key(precision)
     peak = product.peak(key)

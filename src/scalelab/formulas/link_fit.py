@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from scalelab.formulas import links
-from scalelab.spec.comm_table import cpu_table
-from scalelab.spec.hardware import largest_steal
+from scalelab.registries.comm_table import cpu_table
+from scalelab.registries.hardware import largest_steal
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ def fit_link_rows(table, world_size: int | None = None, collective: str | None =
     time = alpha + bus_factor x bytes / B, least squares on the relative error, on the mean times
     (a step pays a collective's mean, stalls included) or the medians of a table without means.
     ValueError when the rows cannot determine both."""
-    from scalelab.spec.comm_table import TABLE_COLUMNS
+    from scalelab.registries.comm_table import TABLE_COLUMNS
 
     missing = [c for c in TABLE_COLUMNS if c not in table.columns]
     if missing:

@@ -46,9 +46,9 @@ from dataclasses import dataclass, replace
 
 from scalelab.config import ModelConfig
 from scalelab.formulas import communication
-from scalelab.spec.families import family
-from scalelab.spec.precisions import PRECISIONS
-from scalelab.spec.strategies import strategy
+from scalelab.registries.families import family
+from scalelab.registries.precisions import PRECISIONS
+from scalelab.registries.strategies import strategy
 
 GB = 1e9
 """Decimal gigabyte: link bandwidths are quoted in GB/s (10^9 bytes/s) and Gb/s."""
@@ -438,7 +438,7 @@ DEFAULT_INTRA_NODE = {
     "A100 PCIe 40GB": "pcie4", "A100 PCIe 80GB": "pcie4", "V100 PCIe 16GB": "pcie3", "V100 PCIe 32GB": "pcie3",
     "H100 PCIe": "pcie5", "L40S": "pcie4", "L4": "pcie4", "A10": "pcie4",
 }
-"""The link within a node a GPU product (scalelab.spec.hardware's display name) implies: the SXM parts'
+"""The link within a node a GPU product (scalelab.registries.hardware's display name) implies: the SXM parts'
 NVLink over NVSwitch, the PCIe boards' slot generation (their datasheets' host interface). Not
 listed (H100/H200 NVL: bridged pairs; GH200: one GPU per superchip): give --intra-node."""
 
@@ -461,7 +461,7 @@ def collective_sizes(n_params: int, zero_stage: int, world_size: int, precision:
 
 
 def _parameter_tensors(cfg: ModelConfig) -> int:
-    """Parameter tensors of the family's model (scalelab.spec.families: GPT-2 12 per block + wte, wpe,
+    """Parameter tensors of the family's model (scalelab.registries.families: GPT-2 12 per block + wte, wpe,
     ln_f (+ an untied head); llama 9 per block + wte, norm, head)."""
     return family(cfg.family).parameter_tensors(cfg)
 
@@ -477,7 +477,7 @@ def collective_calls(cfg: ModelConfig, zero_stage: int, precision: str, sizes: d
     one all-reduce per unit across replicas); ZeroRedundancyOptimizer one broadcast per parameter
     tensor (issued together: their latencies overlap, so this counts them high); fp16's loss scaler
     one all-reduce of its flag."""
-    from scalelab.spec.strategies import DDP_BUCKET_MB
+    from scalelab.registries.strategies import DDP_BUCKET_MB
 
     record, units = strategy(zero_stage), cfg.n_layers + 1
     scaler = 1 if PRECISIONS[precision].loss_scaling else 0

@@ -2,7 +2,7 @@
 communication of a run that trains them alone.
 
 LoRA (Hu et al. 2021) freezes the weights W0 and trains a low-rank update B A on chosen
-linear layers, each family's (scalelab.spec.families: GPT-2 every block's attention qkv and proj
+linear layers, each family's (scalelab.registries.families: GPT-2 every block's attention qkv and proj
 and MLP fc and proj, the common choice; llama the four attention and three SwiGLU projections).
 A linear d_in -> d_out gains r (d_in + d_out) trainable parameters.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 from scalelab.config import ModelConfig
 from scalelab.formulas.flops import formula_family
 from scalelab.formulas.model_state import ModelStateBytes, model_state_bytes
-from scalelab.spec.precisions import precision as precision_record
-from scalelab.spec.strategies import check_replicas, strategy
+from scalelab.registries.precisions import precision as precision_record
+from scalelab.registries.strategies import check_replicas, strategy
 
 
 def lora_targets(cfg: ModelConfig) -> dict[str, tuple[int, int]]:

@@ -18,7 +18,7 @@ moves bus_factor x size per GPU (2 (T-1)/T for an all-reduce, (T-1)/T for the ot
 
 Memory (the activation recipe assumed, stated): bf16 parameters (2 B each), the fp32 gradient buffer (4), fp32 master
 weights and Adam's two moments (12, divided over the data-parallel ranks at ZeRO-1); one micro-batch's activations
-of the family's blocks with 16-bit parameters on a GPU and fused (flash) attention (scalelab.spec.families, the
+of the family's blocks with 16-bit parameters on a GPU and fused (flash) attention (scalelab.registries.families, the
 record's formula with ``sixteen_bit_params``), split over the tensor-parallel ranks (with sequence parallelism, the
 norms' and residual's share too); the final norm and the head's input; and the vocabulary-parallel loss's logits in
 bf16 beside their fp32 softmax (6 B per local logit).
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from scalelab.config import ModelConfig
 from scalelab.formulas import activation_memory
-from scalelab.spec.families import ActivationCase, family, tensor_parallel_split_params
+from scalelab.registries.families import ActivationCase, family, tensor_parallel_split_params
 
 STATE_BYTES = {"params": 2, "grads": 4, "optimizer": 12}
 """Bytes per parameter the trainers hold: bf16 parameters, an fp32 gradient buffer, fp32 master weights + Adam."""

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scalelab.spec.precisions import precision as precision_record
-from scalelab.spec.strategies import check_replicas, strategy
+from scalelab.registries.precisions import precision as precision_record
+from scalelab.registries.strategies import check_replicas, strategy
 
 
 @dataclass(frozen=True)

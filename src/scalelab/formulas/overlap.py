@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from scalelab.formulas import links
-from scalelab.spec.strategies import strategy
+from scalelab.registries.strategies import strategy
 
 OVERLAP_WINDOWS = {"backward": 2 / 3, "step": 1.0}
 """Share of a step's compute a collective can hide behind: gradient reductions run during backward

@@ -10,9 +10,9 @@ from scalelab.config import ModelConfig
 from scalelab.formulas import activation_memory, model_state
 from scalelab.formulas.communication import comm_dtypes
 from scalelab.formulas.flops import block_param_count
-from scalelab.spec.families import family, tensor_parallel_split_params
-from scalelab.spec.precisions import precision as precision_record
-from scalelab.spec.strategies import check_replicas, strategy
+from scalelab.registries.families import family, tensor_parallel_split_params
+from scalelab.registries.precisions import precision as precision_record
+from scalelab.registries.strategies import check_replicas, strategy
 
 MODELLED = "model"
 """PeakMemory.bound of a prediction that models what the step keeps (activation_bound)."""

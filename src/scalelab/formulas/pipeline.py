@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scalelab.config import ModelConfig
-from scalelab.spec.families import family
+from scalelab.registries.families import family
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,8 @@ from scalelab.formulas import (
     pipeline,
     tensor_parallelism,
 )
-from scalelab.spec.families import DEFAULT_FAMILY, OWN_KEYS
-from scalelab.spec.topology import link_of
+from scalelab.registries.families import DEFAULT_FAMILY, OWN_KEYS
+from scalelab.registries.topology import link_of
 
 PEAK_COLUMNS = ("predicted_peak_bytes", "predicted_activation_bytes", "predicted_transient_param_bytes", "predicted_peak_bound")
 """The launcher's formula columns (beside them, predicted_oom_reason: the launch decision, kept)."""

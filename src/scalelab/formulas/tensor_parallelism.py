@@ -1,7 +1,7 @@
 """Tensor parallelism's formulas: the parameters one rank holds and the collectives its tensor-parallel
 group issues per step.
 
-T ranks split every block's planned linears (scalelab.spec.families: Family.tensor_parallel; Megatron's
+T ranks split every block's planned linears (scalelab.registries.families: Family.tensor_parallel; Megatron's
 column and row parallel linears, scalelab.run.tensor_parallel); a run of world size N holds N/T data-parallel
 replicas of that split, and its strategy (stage 0, or FSDP2 at 2 and 3) works over those N/T ranks on each
 rank's share of the parameters, as it works over N ranks on the whole model without tensor parallelism.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from scalelab.config import ModelConfig
 from scalelab.formulas.activation_memory import DTYPE_BYTES
 from scalelab.formulas.communication import sixteen_bit_params
-from scalelab.spec.families import family, tensor_parallel_split_params
+from scalelab.registries.families import family, tensor_parallel_split_params
 
 
 def tensor_parallel_params(cfg: ModelConfig, n_params: float, degree: int) -> float:

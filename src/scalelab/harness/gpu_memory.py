@@ -79,7 +79,7 @@ def memory(check: Check) -> dict:
     allocated it (snapshot_peak), beside the measured and predicted peaks. A dry run takes the CPU
     path and has no allocator history (the GPU's alone)."""
     from scalelab.harness.testing import tiny_config
-    from scalelab.plan.sweep import RunPoint
+    from scalelab.planning.sweep import RunPoint
     from scalelab.run.launch import launch_run
 
     rows = []

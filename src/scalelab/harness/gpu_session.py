@@ -73,7 +73,7 @@ class Check:
         need = MIN_LEFT_S[(self.kind, key.compiled)]
         if self.left() < need:
             return self._not_run("scalelab", key, need)
-        from scalelab.plan.sweep import AXIS, RunPoint
+        from scalelab.planning.sweep import AXIS, RunPoint
         from scalelab.run.launch import launch_run
 
         data_dir = self._data()

@@ -48,7 +48,7 @@ def stamp(results: Path) -> dict[str, str]:
     """What a picture of this results folder's report shows, as PNG text chunks."""
     import pandas as pd
 
-    from scalelab.plan.result_tables import schema_version
+    from scalelab.planning.result_tables import schema_version
 
     runs = pd.read_parquet(results / "metrics.parquet")
     return {"scalelab-schema": str(schema_version(results / "metrics.parquet")), "scalelab-runs": str(len(runs)),

@@ -22,9 +22,9 @@ SLURM_PLUGIN_DIR = BIN.parent / "slurm-plugin"
 
 def local_plan(config: dict, point):
     """A point's run plan outside the workflow (tests, benchmarks, the GPU check), on the device the workflow
-    would plan for this config (scalelab.plan.placement.plan_device), without recording it for any job."""
-    from scalelab.plan.placement import plan_device
-    from scalelab.plan.run_plan import run_plan
+    would plan for this config (scalelab.planning.placement.plan_device), without recording it for any job."""
+    from scalelab.planning.placement import plan_device
+    from scalelab.planning.run_plan import run_plan
 
     device = plan_device(config["train"]["device"], config["cluster"].get("gpus_per_node"))
     return run_plan(config, point, device=device.device, device_reason=f"{device.why} (outside the workflow)")

@@ -30,8 +30,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from scalelab.spec.hardware import DRIFT_WARN, STEAL_WARN, unsteady
-from scalelab.spec.precisions import PRECISIONS
+from scalelab.registries.hardware import DRIFT_WARN, STEAL_WARN, unsteady
+from scalelab.registries.precisions import PRECISIONS
 
 SPIKE_WINDOW = 10
 """Steps before a step that form its "recent range" (the default warm-up is 10 steps)."""
@@ -460,9 +460,9 @@ def prediction_warnings(runs: pd.DataFrame) -> list[str]:
 
 def fp8_warnings(runs: pd.DataFrame) -> list[str]:
     """fp8 runs: whether fp8 is expected to pay against bf16 at their model's width on a GPU
-    (scalelab.spec.hardware.fp8_outlook, from one GPU's measurements), once per width and compile
+    (scalelab.registries.hardware.fp8_outlook, from one GPU's measurements), once per width and compile
     setting, and that fp8 without compile runs unfused."""
-    from scalelab.spec.hardware import fp8_outlook
+    from scalelab.registries.hardware import fp8_outlook
 
     fp8 = runs[(runs["precision"] == "fp8") & (runs["status"] == "ok")]
     if fp8.empty or "d_model" not in fp8:

@@ -20,10 +20,10 @@ import pandas as pd
 
 from scalelab import __version__
 from scalelab.io import building_dir
+from scalelab.registries.hardware import STEAL_WARN
 from scalelab.report.tables import MiB, device_peak_bytes
 from scalelab.results.like import MODEL, model_key, model_labels
 from scalelab.results.noise import CONFIDENCE, margin_between, relative_change, sweep_noise
-from scalelab.spec.hardware import STEAL_WARN
 
 PROVENANCE = ["device_type", "device_name", "backend", "torch_version", "cuda_version", "nccl_version", "python_version",
               "hostname", "git_commit", "git_dirty", "threads_per_rank"]

@@ -1,14 +1,14 @@
 """The data dictionary as the report reads it: unit and meaning of every column, by name.
 
-A view of the column table (scalelab.plan.columns), where each column is declared once with its
+A view of the column table (scalelab.planning.columns), where each column is declared once with its
 type, writer and null contract; docs/data-dictionary.md is generated there too.
 """
 from __future__ import annotations
 
-from scalelab.plan.columns import IDENTITY as _IDENTITY
-from scalelab.plan.columns import RUN as _RUN
-from scalelab.plan.columns import RUN_COLUMNS, STEP_COLUMNS
-from scalelab.plan.columns import STEP as _STEP
+from scalelab.planning.columns import IDENTITY as _IDENTITY
+from scalelab.planning.columns import RUN as _RUN
+from scalelab.planning.columns import RUN_COLUMNS, STEP_COLUMNS
+from scalelab.planning.columns import STEP as _STEP
 
 
 def _units_and_meanings(columns) -> dict[str, tuple[str, str]]:

@@ -4,7 +4,7 @@ TensorBoard event files, ``scalelab export config`` prints a run's configuration
 TensorBoard (``scalelab export tensorboard RESULTS OUT``): one folder per run under OUT (its run id),
 through torch's ``SummaryWriter`` (the ``tensorboard`` package: ``pip install 'scalelab[tensorboard]'``):
 per step the loss, gradient norm, tokens/s, step time, learning rate and fp16's loss scale
-(STEP_SCALARS); and in the HParams table each run's axes (the sweep's, scalelab.plan.sweep.AXES) against
+(STEP_SCALARS); and in the HParams table each run's axes (the sweep's, scalelab.planning.sweep.AXES) against
 its final figures (RUN_METRICS). ``tensorboard --logdir OUT`` shows them.
 
 Trainer configurations (``scalelab export config RESULTS --to torchtitan|hf|lightning [--run RUN_ID]``):
@@ -55,7 +55,7 @@ def export_tensorboard(results: Path, out: Path) -> list[str]:
     except ImportError as err:  # torch raises ImportError without the tensorboard package
         raise RuntimeError(f"scalelab export tensorboard needs the tensorboard package ({err}): "
                            "pip install 'scalelab[tensorboard]'") from None
-    from scalelab.plan.sweep import SWEEP_AXES, run_id_problem
+    from scalelab.planning.sweep import SWEEP_AXES, run_id_problem
     from scalelab.report.report import load_tables
     from scalelab.report.tables import scaling_efficiency
 

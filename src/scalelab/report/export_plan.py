@@ -3,7 +3,7 @@
 ``scalelab plan ... --json > plan.json`` then ``scalelab export config plan.json --to torchtitan|hf|lightning``
 writes the plan's best configuration (or ``--rank K``, the K-th fastest that fits) as that trainer's own, as
 ``export config RESULTS`` writes a measured run. A plan prices each strategy as one trainer runs it
-(``--trainer``: scalelab.spec.strategies.TRAINERS); the trainer a configuration is exported to may run the same
+(``--trainer``: scalelab.registries.strategies.TRAINERS); the trainer a configuration is exported to may run the same
 degrees another way (torchtitan has no ZeRO-1, and splits the head over the vocabulary under tensor
 parallelism). The export names the trainer priced and says, for each such difference, what the target runs
 instead: the step time and memory predicted (or measured) are then not that trainer's.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from scalelab.spec.strategies import HYBRID_KEY, TRAINERS
+from scalelab.registries.strategies import HYBRID_KEY, TRAINERS
 
 PRICED_ZERO1 = {
     "scalelab": "PyTorch's ZeroRedundancyOptimizer (an fp32 all-reduce of the gradients, then an fp32 broadcast of the "
@@ -98,7 +98,7 @@ def priced_with(row: dict) -> str:
 def measured_with(row: dict) -> str:
     """The trainer the exported run was measured with, and its strategy as it ran: what another trainer's configuration
     carries over, and how (its ZeRO-1 is DDP with ZeroRedundancyOptimizer, not a distributed optimizer)."""
-    from scalelab.spec.strategies import strategy
+    from scalelab.registries.strategies import strategy
 
     record = strategy(int(row["zero_stage"]), int(row.get("replicas") or 1))
     tp, pp = int(row.get("tensor_parallel") or 1), int(row.get("pipeline_parallel") or 1)

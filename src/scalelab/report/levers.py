@@ -1,6 +1,6 @@
 """The levers in the report: baseline rows, variant-vs-baseline pairs, one figure per lever.
 
-A lever is an optional sweep axis (scalelab.plan.sweep.LEVER_AXES: micro-batch size, activation
+A lever is an optional sweep axis (scalelab.planning.sweep.LEVER_AXES: micro-batch size, activation
 checkpointing, CPU offload, DDP bucket size, torch.compile, LoRA, gradient reductions in the
 compute dtype; fp8 is a precision). The main figures use *baseline* rows (every lever at
 its default) so that they compare precision x stage x world size alone. Each run with a
@@ -19,11 +19,11 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import FuncFormatter, NullLocator
 
-from scalelab.plan.sweep import AXIS, LEVER_AXES, SWEEP_AXES
+from scalelab.planning.sweep import AXIS, LEVER_AXES, SWEEP_AXES
+from scalelab.registries.precisions import PRECISIONS
+from scalelab.registries.strategies import strategy
 from scalelab.report.plot_style import log_y, marks, si_label
 from scalelab.report.tables import MiB, device_peak_bytes
-from scalelab.spec.precisions import PRECISIONS
-from scalelab.spec.strategies import strategy
 
 
 def _is_default(runs: pd.DataFrame) -> dict[str, pd.Series]:
@@ -194,7 +194,7 @@ EVIDENCE: dict[str, dict[str, Pair]] = {
 """Each lever's own evidence: the columns its pairs compare beyond PAIR_COLUMNS, declared beside
 the figure that draws them. A lever with none (micro_batch, cpu_offload) shows the common ones."""
 if set(EVIDENCE) - set(LEVER_AXES):
-    raise ValueError(f"EVIDENCE names no lever of scalelab.plan.sweep: {sorted(set(EVIDENCE) - set(LEVER_AXES))}")
+    raise ValueError(f"EVIDENCE names no lever of scalelab.planning.sweep: {sorted(set(EVIDENCE) - set(LEVER_AXES))}")
 
 
 def lever_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -223,7 +223,7 @@ def lever_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def fp8_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Runs of each precision whose record names a twin (scalelab.spec.precisions: fp8 against bf16) beside
+    """Runs of each precision whose record names a twin (scalelab.registries.precisions: fp8 against bf16) beside
     their twin runs (same stage, world size, levers): the speed-up, and MFU against each run's own
     precision peak (``mfu``: fp8's is twice bf16's on Hopper) and against the bf16 peak for both
     (``mfu_bf16_peak``: one scale). Columns of the twin end in ``_<twin>``."""
@@ -385,7 +385,7 @@ def micro_batch_plot(runs: pd.DataFrame, steps: pd.DataFrame):
 
 
 def _ddp_wraps(runs: pd.DataFrame) -> pd.Series:
-    """The rows whose model DDP wraps (scalelab.spec.strategies.Strategy.ddp_wraps)."""
+    """The rows whose model DDP wraps (scalelab.registries.strategies.Strategy.ddp_wraps)."""
     return pd.Series([strategy(int(z)).ddp_wraps(int(n)) for z, n in zip(runs["zero_stage"], runs["world_size"], strict=True)],
                      index=runs.index, dtype=bool)
 

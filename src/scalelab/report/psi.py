@@ -17,11 +17,11 @@ import pandas as pd
 import seaborn as sns
 
 from scalelab.formulas import model_state
+from scalelab.registries.strategies import ZERO_STAGES
 from scalelab.report.plot_style import dodge, log_x, log_y, marks
 from scalelab.report.tables import MiB
-from scalelab.spec.strategies import ZERO_STAGES
 
-STAGES = ZERO_STAGES  # every strategy record of scalelab.spec.strategies: a line (and a colour) each
+STAGES = ZERO_STAGES  # every strategy record of scalelab.registries.strategies: a line (and a colour) each
 LINE_PRECISION = "bf16"
 """The precision of the formula lines: the paper's mixed-precision convention (PyTorch's lines are
 the same in every precision)."""

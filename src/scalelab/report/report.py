@@ -22,11 +22,12 @@ from markupsafe import Markup
 
 from scalelab import __version__
 from scalelab.io import building_dir, check_replaceable
-from scalelab.plan.result_tables import read_runs, read_steps, schema_version
-from scalelab.plan.sweep import SWEEP_AXES
+from scalelab.planning.result_tables import read_runs, read_steps, schema_version
+from scalelab.planning.sweep import SWEEP_AXES
+from scalelab.registries.families import DEFAULT_FAMILY
 from scalelab.report import checks, dictionary
 from scalelab.report.figures import FIGURES_DIR, Drawn, start_figures
-from scalelab.report.formulas import formulas_html
+from scalelab.report.formula_section import formulas_html
 from scalelab.report.levers import baseline, fp8_table, lever_table
 from scalelab.report.table_format import BEST_COLUMNS, markdown_table, markdown_text, table_model
 from scalelab.report.tables import (
@@ -40,14 +41,13 @@ from scalelab.report.tables import (
     standing,
 )
 from scalelab.results.like import OVER_STAGE, OVER_WORLD_SIZE, like_key, model_labels, scaling_efficiency, several_models
-from scalelab.spec.families import DEFAULT_FAMILY
 
 __all__ = ["build_report", "find_warnings", "load_tables", "render"]
 MEMORY_TOLERANCE = 0.10
 COMM_TOLERANCE = 0.10
 FP32_PARITY_RTOL = 1e-4
 
-# Every sweep axis (scalelab.plan.sweep.AXES) shows: a LoRA run and its full twin, or a compiled run and
+# Every sweep axis (scalelab.planning.sweep.AXES) shows: a LoRA run and its full twin, or a compiled run and
 # its eager one, differ in an axis column, not by id alone.
 TABLE_COLUMNS = [
     "run_id", *SWEEP_AXES, "accumulation_steps", "status", "tokens_per_s", "scaling_efficiency", "mfu",
@@ -354,7 +354,7 @@ def inter_node_table(runs: pd.DataFrame) -> pd.DataFrame:
     a node, measured beside the formulas, with the run's speed. Empty where no run spanned nodes:
     on one host every byte is intra-node, and a table of zeros would say nothing (the formulas
     for other placements: ``scalelab estimate scaling``)."""
-    from scalelab.spec.strategies import strategy
+    from scalelab.registries.strategies import strategy
 
     needed = {"nodes_used", "comm_inter_node_bytes_per_step_measured"}
     if runs.empty or not needed <= set(runs.columns):

@@ -8,9 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from scalelab.plan.forecast_record import is_pruned
-from scalelab.plan.result_tables import read_runs
-from scalelab.plan.sweep import LEVER_AXES
+from scalelab.planning.forecast_record import is_pruned
+from scalelab.planning.result_tables import read_runs
+from scalelab.planning.sweep import LEVER_AXES
+from scalelab.registries.precisions import PRECISION_NAMES
 from scalelab.results.like import (
     MODEL,
     OVER_PRECISION,
@@ -22,9 +23,8 @@ from scalelab.results.like import (
     scaling_efficiency,
 )
 from scalelab.results.noise import CONFIDENCE, ModelNoise, config_ids, medians, sweep_noise
-from scalelab.spec.precisions import PRECISION_NAMES
 
-PRECISION_ORDER = list(PRECISION_NAMES)  # the registry's order (scalelab.spec.precisions)
+PRECISION_ORDER = list(PRECISION_NAMES)  # the registry's order (scalelab.registries.precisions)
 MiB = 2 ** 20
 MFU_LIMIT = 1.0
 """An MFU above this is not a utilisation: the peak recorded for the run is too low for its path

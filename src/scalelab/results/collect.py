@@ -1,5 +1,5 @@
 """Collection: every run folder's summary.json and steps.parquet into the two result tables
-(the schemas come from the column table, scalelab.plan.columns)."""
+(the schemas come from the column table, scalelab.planning.columns)."""
 from __future__ import annotations
 
 import json
@@ -9,10 +9,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from scalelab.formulas.predicted_columns import refreshed
-from scalelab.plan import forecast_record
-from scalelab.plan.columns import IDENTITY_FIELDS, STEP_SCHEMA
-from scalelab.plan.result_tables import run_row, runs_table, type_problems, unknown_summary_keys, write_parquet
-from scalelab.plan.sweep import POINT_FILE, RUN_DIR_GLOB, read_point
+from scalelab.planning import forecast_record
+from scalelab.planning.columns import IDENTITY_FIELDS, STEP_SCHEMA
+from scalelab.planning.result_tables import run_row, runs_table, type_problems, unknown_summary_keys, write_parquet
+from scalelab.planning.sweep import POINT_FILE, RUN_DIR_GLOB, read_point
 from scalelab.results.migrate import check_layout
 
 
@@ -34,7 +34,7 @@ def _with_identity(table: pa.Table, identity: dict | None) -> pa.Table:
 
 
 def with_collected_columns(runs: pa.Table, results_dir: Path | None = None) -> pa.Table:
-    """The run columns collection fills from the runs together (scalelab.plan.columns, writer
+    """The run columns collection fills from the runs together (scalelab.planning.columns, writer
     "collect"): tokens_per_s_per_device, and scaling_efficiency by the report's own function
     (scalelab.results.like.scaling_efficiency: one formula, the world-size-1 median of the same
     model, precision, stage and levers as baseline: scalelab.results.like), and the step-time model's

@@ -9,7 +9,7 @@ world size; a noise pool over the points of one sweep. What it holds fixed is *t
   the model axis's name, its family and module, its shape, sequence length and vocabulary. Two
   rows of one model name with another shape (results copied together) are two models;
 * the **main axes** it is not about (precision, ZeRO stage, world size);
-* every **lever** (scalelab.plan.sweep.LEVER_AXES: micro-batch, activation checkpointing, offload,
+* every **lever** (scalelab.planning.sweep.LEVER_AXES: micro-batch, activation checkpointing, offload,
   buckets, compile, LoRA, gradient reductions, replicas): each changes what a step costs.
   Levers at their default compare as one value (a DDP bucket of 25 MiB and FSDP2's none);
   ``micro_batch`` by the value the sweep asked for (the run id's ``-mbN``; none for the whole
@@ -33,8 +33,8 @@ import numpy as np
 import pandas as pd
 
 from scalelab.config import MODEL_SHAPE_KEYS
-from scalelab.plan.sweep import AXIS, BASE_MODEL, LEVER_AXES
-from scalelab.spec.families import OWN_KEYS
+from scalelab.planning.sweep import AXIS, BASE_MODEL, LEVER_AXES
+from scalelab.registries.families import OWN_KEYS
 
 MODEL = ("model", "model_family", "model_module", *MODEL_SHAPE_KEYS, *OWN_KEYS, "seq_len", "vocab_size", "tie_embeddings")
 """The model's identity as the rows give it: name (the model axis), family, module, shape, sequence
@@ -84,7 +84,7 @@ def _text(values: pd.Series) -> pd.Series:
 def _lever_values(runs: pd.DataFrame, lever: str) -> pd.Series:
     """A lever's value per row as the like holds it: '' at its default (each axis's own rule)."""
     if lever == "micro_batch":
-        # the value the sweep asked for, from the run id's part (scalelab.plan.sweep: a model name never reads as one)
+        # the value the sweep asked for, from the run id's part (scalelab.planning.sweep: a model name never reads as one)
         if "run_id" in runs:
             asked = runs["run_id"].astype(str).str.extract(_MB_PART, expand=False)
             return asked.fillna("").astype(object)
@@ -113,7 +113,7 @@ def _model_values(runs: pd.DataFrame) -> pd.DataFrame:
         fill = known.reindex(out.loc[blank, "model"])
         fill.index = out.index[blank]
         out.loc[blank, shape] = fill.fillna("").to_numpy()
-    # a row with a shape but no family was written before families: gpt2 (as scalelab.plan.result_tables.run_row reads it)
+    # a row with a shape but no family was written before families: gpt2 (as scalelab.planning.result_tables.run_row reads it)
     shaped = (out[shape] != "").any(axis=1)
     out.loc[shaped & (out["model_family"] == ""), "model_family"] = "gpt2"
     return out

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalelab.io import write_json
-from scalelab.plan.sweep import AXIS, POINT_FILE, RunPoint
+from scalelab.planning.sweep import AXIS, POINT_FILE, RunPoint
 
 ASIDE = ".superseded"
 """Under runs/ and logs/runs/: older copies of a run a migration moved out of the way (hidden: never read)."""

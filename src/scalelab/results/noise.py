@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from scalelab.spec.hardware import unsteady
+from scalelab.registries.hardware import unsteady
 
 MEASURED = "tokens_per_s"
 """The figure repeats are compared on (step time and MFU move with it)."""

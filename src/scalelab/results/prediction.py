@@ -28,7 +28,7 @@ from scalelab.results.step_model import MEASURED, Model, compute_key, fit, noise
 
 PREDICTED_COLUMNS = ("predicted_step_time_s", "predicted_step_time_s_low", "predicted_step_time_s_high",
                      "predicted_tokens_per_s", "predicted_exposed_comm_s", "prediction_note")
-"""What predict() adds per run: the metrics table's prediction block (scalelab.plan.columns). The compute
+"""What predict() adds per run: the metrics table's prediction block (scalelab.planning.columns). The compute
 part is the step less its exposed communication."""
 
 
@@ -113,7 +113,7 @@ def sweep_predictions(runs, results_dir=None):
 
     import pandas as pd
 
-    from scalelab.spec.comm_table import BENCH_FILE, read_table
+    from scalelab.registries.comm_table import BENCH_FILE, read_table
 
     frame = pd.DataFrame(index=range(len(runs)), columns=list(PREDICTED_COLUMNS), dtype=object)
     table, path = None, Path(results_dir) / BENCH_FILE if results_dir is not None else None

@@ -7,10 +7,10 @@ import numpy as np
 
 from scalelab.formulas.comm_time import missing
 from scalelab.formulas.link_fit import bench_load, bench_steal
+from scalelab.registries.comm_table import BUSY_COLUMN, busy_before, busy_text
+from scalelab.registries.hardware import STEAL_WARN
 from scalelab.results.prediction import predict
 from scalelab.results.step_model import MEASURED, fit, ok_runs
-from scalelab.spec.comm_table import BUSY_COLUMN, busy_before, busy_text
-from scalelab.spec.hardware import STEAL_WARN
 
 
 def validate(runs, fit_query: str, table=None, table_path: str | None = None) -> dict:

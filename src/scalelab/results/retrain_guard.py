@@ -1,7 +1,7 @@
 """Before a workflow retrains finished runs because a shipped default changed (a new release's config.yaml or
 schema default), it stops and says so.
 
-Snakemake reruns a run whose params (its results_depend_on: scalelab.plan.run_plan.result_params) changed. A
+Snakemake reruns a run whose params (its results_depend_on: scalelab.planning.run_plan.result_params) changed. A
 change the user made in their own config is what they asked for; a value that changed under them (upgrading in
 place: the shipped ``train.measure_s`` went from 0 to 2) would retrain every finished run and overwrite its
 measurements without a word. Each finished run recorded the values it trained with (its ``results_depend_on.json``,

@@ -26,9 +26,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from scalelab.plan.forecast_record import is_pruned
-from scalelab.plan.run_plan import RunPlan
-from scalelab.plan.sweep import LAUNCHER_FILE, RUN_DIR_GLOB
+from scalelab.planning.forecast_record import is_pruned
+from scalelab.planning.run_plan import RunPlan
+from scalelab.planning.sweep import LAUNCHER_FILE, RUN_DIR_GLOB
 from scalelab.results.lock import holder
 from scalelab.results.migrate import check_layout
 from scalelab.run.processes import stale_reason
@@ -171,7 +171,7 @@ def run_states(results_dir: str | Path, config_path: str | Path | None = None,
             states.append(RunState(run_path, run_path, status, reason, ago))
     config = _sweep_config(results_dir, config_path)
     if config is not None:
-        from scalelab.plan.sweep import sweep_plan
+        from scalelab.planning.sweep import sweep_plan
 
         present = {s.run_path for s in states}
         points, _ = sweep_plan(config)
@@ -183,7 +183,7 @@ def _sweep_config(results_dir: Path, config_path: str | Path | None) -> dict | N
     """The sweep's config, to count its points that never started: the file given, else the files the sweep
     was started with (its invocation record: the working directory's config.yaml, then each --configfile; a
     --config on its command line is not replayed); None when neither is there or they no longer validate."""
-    from scalelab.plan.validation import load_config, load_configs
+    from scalelab.planning.validation import load_config, load_configs
 
     if config_path is not None:
         return load_config(config_path, try_modules=False)  # the points alone: the launcher tries the modules

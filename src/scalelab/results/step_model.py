@@ -46,8 +46,8 @@ import numpy as np
 from scalelab.formulas.comm_time import missing, run_comm, tokens_or_nan
 from scalelab.formulas.link_fit import LinkFit, link_fits
 from scalelab.formulas.overlap import DEFAULT_OVERLAP_EFFICIENCY, step_time
-from scalelab.plan.sweep import AXES
-from scalelab.spec.strategies import STRATEGIES
+from scalelab.planning.sweep import AXES
+from scalelab.registries.strategies import STRATEGIES
 
 DEFAULT_RANK_FACTOR = {"cpu": {0: {"bf16": 1.18, None: 1.25},
                                 1: {None: 1.65},
@@ -90,7 +90,7 @@ MEASURED = "step_time_s_mean"
 """The measured figure the model predicts: the mean step time (tokens_per_s = tokens per step / it)."""
 COMPUTE_KEY = (*(axis.name for axis in AXES if axis.changes_compute), "device_type", "device_name", "threads_per_rank")
 """What a compute reference must share with the run it predicts: every axis that changes a rank's
-compute (scalelab.plan.sweep.Axis.changes_compute; the world size, micro-batch and accumulation may
+compute (scalelab.planning.sweep.Axis.changes_compute; the world size, micro-batch and accumulation may
 differ: the token share carries compute across them) and the device and threads it ran on."""
 
 @dataclass

@@ -1,7 +1,7 @@
 """A CPU sweep's peak FLOP/s, measured once (with the machine's load: busy above its core count), each CPU
 rank's cores, and the hypervisor's share of them (steal: the time a virtual machine's host gave to other guests).
 
-MFU divides by a peak. A GPU has a datasheet figure (scalelab.spec.hardware); a CPU has none here, so
+MFU divides by a peak. A GPU has a datasheet figure (scalelab.registries.hardware); a CPU has none here, so
 its peak is the best matmul rate measured on it. Measured inside each run, it measured whatever
 ran beside the run: one bf16 run got 4.68e10 FLOP/s against 7.8-8.4e10 for the others, and its
 MFU read as perfect scaling while its throughput halved. So a CPU sweep measures it once per
@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 
 from scalelab.io import write_json
-from scalelab.spec.hardware import cpu_name
-from scalelab.spec.precisions import PRECISIONS
-from scalelab.spec.precisions import precision as precision_record
+from scalelab.registries.hardware import cpu_name
+from scalelab.registries.precisions import PRECISIONS
+from scalelab.registries.precisions import precision as precision_record
 
 CALIBRATION_SECONDS = 0.1
 """Matmul time per size and dtype, for the sweep's calibration and a run measuring its own alike:
@@ -172,7 +172,7 @@ def rank_cores(allowed: list[int], local_rank: int, local_ranks: int, threads_pe
                launcher_slot: int = 0) -> list[int] | None:
     """The cores a CPU rank is pinned to: its own ``threads_per_rank`` of the launcher's allowed
     cores (a SLURM task's, or the machine's). Launchers packed on one host (launchers_per_node > 1,
-    scalelab.plan.placement.gpu_index's rule for GPUs) see the same cores, so slot s takes the s-th block.
+    scalelab.planning.placement.gpu_index's rule for GPUs) see the same cores, so slot s takes the s-th block.
     None when the ranks do not fit (an overcommitted run, launched on purpose): they share the cores,
     and the run's row says so."""
     allowed = sorted(allowed)

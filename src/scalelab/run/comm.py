@@ -8,7 +8,7 @@ elements counts 2S, an all-gather counts its output, a reduce-scatter its input,
 broadcast its tensor.
 
 Each call is also counted under its process group's global ranks (``group=`` or its position;
-none = the world), so a run can say which bytes crossed nodes: scalelab.plan.placement.link_of
+none = the world), so a run can say which bytes crossed nodes: scalelab.planning.placement.link_of
 classifies a group from the hosts its ranks ran on (a group spanning nodes is inter-node).
 Hybrid sharding's shard group, its replicate group and the world are told apart this way.
 """
@@ -126,8 +126,8 @@ class FunctionalCollectiveCounter(TorchDispatchMode):
 
 def bytes_by_link(by_group: list[dict], rank_hosts: list[str]) -> dict[str, dict[str, float]]:
     """Counted bytes (CommCounter.by_group's records) by link and collective, each group's link
-    from the hosts its ranks ran on (``rank_hosts[r]``: rank r's host; scalelab.plan.placement.link_of)."""
-    from scalelab.spec.topology import LINKS, link_of
+    from the hosts its ranks ran on (``rank_hosts[r]``: rank r's host; scalelab.planning.placement.link_of)."""
+    from scalelab.registries.topology import LINKS, link_of
 
     out: dict[str, dict[str, float]] = {link: {} for link in LINKS}
     for record in by_group:

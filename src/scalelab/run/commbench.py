@@ -18,7 +18,7 @@ so the table measures the links a CPU run's ranks use. Every rank has an explici
 timeout and the ranks of a world size an overall time limit.
 
 The table is a Parquet file (default ``<results>/calibration/comm.parquet``, the workflow's
-``bench_comm`` target; its format: scalelab.spec.comm_table); scalelab.formulas.link_fit fits a latency-bandwidth
+``bench_comm`` target; its format: scalelab.registries.comm_table); scalelab.formulas.link_fit fits a latency-bandwidth
 link to it.
 """
 from __future__ import annotations
@@ -33,11 +33,11 @@ import time
 from pathlib import Path
 
 from scalelab.formulas.links import COLLECTIVES, bus_factor
+from scalelab.registries.comm_table import BUSY_COLUMN, busy_before, busy_text, busy_warns, format_table, write_table
+from scalelab.registries.hardware import STEAL_WARN, largest_steal
+from scalelab.registries.strategies import STRATEGIES
 from scalelab.run.calibration import busy_share, planned_cores
 from scalelab.run.ranks import RENDEZVOUS_ATTEMPTS, free_port, rendezvous_port_taken, start_and_wait
-from scalelab.spec.comm_table import BUSY_COLUMN, busy_before, busy_text, busy_warns, format_table, write_table
-from scalelab.spec.hardware import STEAL_WARN, largest_steal
-from scalelab.spec.strategies import STRATEGIES
 
 # all_gather and reduce_scatter run as all_gather_into_tensor and reduce_scatter_tensor: one flat
 # buffer, as FSDP2 calls them.
@@ -57,7 +57,7 @@ MAX_REPS = 200
 WARMUP = 3
 BATCHES = (1, 16)
 """Calls per repetition: one at a time, and a batch issued together (async, then waited), the way
-ZeroRedundancyOptimizer broadcasts its parameters (scalelab.spec.strategies: Strategy.batched): on gloo
+ZeroRedundancyOptimizer broadcasts its parameters (scalelab.registries.strategies: Strategy.batched): on gloo
 a batch costs per call several times what one call alone does."""
 BATCH_MAX_BYTES = 2 ** 20
 """The largest message timed in batches (a batch holds that many buffers of it)."""
@@ -197,7 +197,7 @@ def run_world_size(world_size: int, *, device: str = "cpu", sizes: list[int], co
                 "min_seconds": min_seconds, "max_reps": max(max_reps, reps), "batches": sorted(set(batches)),
                 "batch_max_bytes": batch_max_bytes, "batched_collectives": list(batched_collectives), "threads_per_rank": threads_per_rank,
                 "collective_timeout_s": collective_timeout_s, "out": str(Path(tmp) / "rank0.json")}
-        spec_path = Path(tmp) / "spec.json"
+        spec_path = Path(tmp) / "run_plan.json"
         spec_path.write_text(json.dumps(spec))
         for attempt in range(1, RENDEZVOUS_ATTEMPTS + 1):  # a new port when rank 0 found its own taken
             log_path = Path(tmp) / f"ranks-{attempt}.log"
@@ -329,7 +329,7 @@ def _names(text: str) -> tuple[str, ...]:
 def _bench_comm(args) -> int:
     device = args.device
     if device is None:
-        from scalelab.plan.placement import visible_gpus
+        from scalelab.planning.placement import visible_gpus
 
         device = "cuda" if visible_gpus() else "cpu"
     try:

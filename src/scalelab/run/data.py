@@ -82,7 +82,7 @@ def text_files(path: Path) -> list[Path]:
             raise DataError(f"corpus folder {path} contains no files")
         return files
     if path.exists():
-        from scalelab.plan.validation import file_kind
+        from scalelab.planning.validation import file_kind
 
         raise DataError(f"corpus path {path} is {file_kind(path)}, a special file: not a regular file or folder")
     raise DataError(f"corpus path {path} does not exist")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from scalelab.spec import hardware
+from scalelab.registries import hardware
 
 RUN_CODE = ("run",)
 """What the inventory covers, under src/scalelab/: the run layer, the code that runs on the device (planning and
@@ -29,7 +29,7 @@ class Branch:
 BRANCHES = (
     # what the device is
     Branch("run/devices.py", "device_name", "torch names a GPU; a CPU's model comes from /proc/cpuinfo"),
-    Branch("run/rank_setup.py", "peak_flops", "a GPU's peak is its datasheet figure (scalelab.spec.hardware); a CPU has none: measured"),
+    Branch("run/rank_setup.py", "peak_flops", "a GPU's peak is its datasheet figure (scalelab.registries.hardware); a CPU has none: measured"),
     Branch("run/rank_setup.py", "bf16_peak_flops", "fp8 on a CPU computes in bf16 (emulated float8): its own peak is the bf16 one"),
     Branch("run/rank_setup.py", "rank_device", "a GPU rank takes its own GPU and makes it current; the CPU is one device"),
     Branch("run/worker_result.py", "environment", "NCCL exists only with CUDA: its version is a GPU run's"),

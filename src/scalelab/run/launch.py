@@ -25,11 +25,12 @@ from pathlib import Path
 
 from scalelab.config import config_hash
 from scalelab.io import read_json, remove_stale_temporaries, write_json
-from scalelab.plan import placement
-from scalelab.plan.placement import LaunchPlan
-from scalelab.plan.result_tables import steps_table, write_parquet
-from scalelab.plan.run_plan import SPEC_FILE, RunPlan
-from scalelab.plan.sweep import LAUNCHER_FILE, POINT_FILE, RunPoint
+from scalelab.planning import placement
+from scalelab.planning.placement import LaunchPlan
+from scalelab.planning.result_tables import steps_table, write_parquet
+from scalelab.planning.run_plan import PLAN_FILE, RunPlan
+from scalelab.planning.sweep import LAUNCHER_FILE, POINT_FILE, RunPoint
+from scalelab.registries.families import family
 from scalelab.run import prefork
 from scalelab.run.calibration import read_calibration
 from scalelab.run.data import read_meta, verify_tokens
@@ -42,7 +43,6 @@ from scalelab.run.ranks import (
     run_ranks,
     torchrun_command,
 )
-from scalelab.spec.families import family
 
 GIT_COMMIT_ENV = "SCALELAB_GIT_COMMIT"
 """The commit of a tree without .git (a copy, a container, a cluster stage-in): set it where
@@ -80,7 +80,7 @@ def git_provenance(cwd: Path) -> dict:
 
 def resolve_device(requested: str, planned: str | None = None) -> tuple[str, str | None]:
     """('cpu'|'cuda', reason to skip or None). planned: the device the workflow planned the
-    sweep for (scalelab.plan.placement.plan_device); a run planned for a GPU never trains elsewhere.
+    sweep for (scalelab.planning.placement.plan_device); a run planned for a GPU never trains elsewhere.
     A run planned for the CPU imports no torch here."""
     if planned == "cpu" or (planned is None and requested == "cpu"):
         return "cpu", None
@@ -153,7 +153,7 @@ def launch_run(config: dict, plan: RunPlan, data_dir: str | Path, run_dir: str |
                log_path: str | Path, threads: int = 1, repo_dir: str | Path = ".",
                save_final_params: bool = False, compile_warm_up: bool = True, calibration: str | Path | None = None,
                forecast: dict | None = None, pruned: str | None = None) -> dict:
-    """Run one sweep point on its plan (scalelab.plan.run_plan, made once by the workflow's rules: the device it
+    """Run one sweep point on its plan (scalelab.planning.run_plan, made once by the workflow's rules: the device it
     was planned for included); write point.json, then summary.json and steps.parquet into run_dir; return the
     summary. The launcher adds only what the job knows (the data's vocabulary, the run folder, its threads) and
     checks that the planned device is here; the plan is what the ranks read.
@@ -284,11 +284,11 @@ def _remove_leftovers(run_dir: Path, resuming: bool) -> None:
 
 
 def _run_workers(plan: RunPlan, cluster: dict, log_path: Path, started: float) -> tuple[str, str | None, list[dict], dict]:
-    """Start the ranks on the plan (written as spec.json: what each rank reads), then read back what the
+    """Start the ranks on the plan (written as run_plan.json: what each rank reads), then read back what the
     workers left: (status, reason, step records, summary fields: how the ranks were launched, what they measured)."""
     run_dir = Path(plan.run_dir)
-    spec_path = run_dir / SPEC_FILE
-    plan.write(spec_path)
+    plan_path = run_dir / PLAN_FILE
+    plan.write(plan_path)
     world_size, launch = plan.point.world_size, plan.launch
     env = {**os.environ, "OMP_NUM_THREADS": str(plan.threads_per_rank), "PYTHONUNBUFFERED": "1"}
     spans_nodes = placement.spans_nodes(launch)
@@ -299,10 +299,10 @@ def _run_workers(plan: RunPlan, cluster: dict, log_path: Path, started: float) -
     retried_s = 0.0  # the attempts that found their port taken: not the run's start-up
     for attempt in range(1, RENDEZVOUS_ATTEMPTS + 1):
         if spans_nodes:  # each attempt on a new rendezvous port (free_port)
-            cmd = torchrun_command(launch, world_size, spec_path, placement.srun_step_options(launch, plan.device, cluster))
+            cmd = torchrun_command(launch, world_size, plan_path, placement.srun_step_options(launch, plan.device, cluster))
             processes = [(cmd, placement.srun_environment(env))]
         else:
-            processes = local_rank_processes(world_size, spec_path, env)
+            processes = local_rank_processes(world_size, plan_path, env)
         attempt_started = time.time()
         status, reason, launched["teardown_warning"], forked = run_ranks(
             processes, log_path, plan.train.run_timeout_s, run_dir,
@@ -319,7 +319,7 @@ def _run_workers(plan: RunPlan, cluster: dict, log_path: Path, started: float) -
     if forked:
         launched["launch"] = prefork.FORKED_LAUNCH
     if status == "skipped":  # the workers' preflight: nothing ran, as with a skip decided here
-        spec_path.unlink(missing_ok=True)
+        plan_path.unlink(missing_ok=True)
         return status, reason, [], {}
     records = []
     if (run_dir / "progress.jsonl").exists():
@@ -330,7 +330,7 @@ def _run_workers(plan: RunPlan, cluster: dict, log_path: Path, started: float) -
     launched["completed_steps"] = len(records)
     if records:
         launched["final_loss"] = records[-1]["loss"]
-    spec_path.unlink(missing_ok=True)
+    plan_path.unlink(missing_ok=True)
     return status, reason, records, launched
 
 

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from scalelab.config import ModelConfig
-from scalelab.spec.families import family, llama_ffn_dim
+from scalelab.registries.families import family, llama_ffn_dim
 
 
 def cross_entropy_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -348,7 +348,7 @@ def build_model(cfg: ModelConfig) -> nn.Module:
     """The model of a config: the user's module where one is named, else its family's class."""
     if cfg.module:
         return build_user_model(cfg)
-    return load_builder(family(cfg.family).module)(cfg)  # the class its record names (scalelab.spec.families)
+    return load_builder(family(cfg.family).module)(cfg)  # the class its record names (scalelab.registries.families)
 
 
 def counted(cfg: ModelConfig, lora_rank: int | None = None) -> dict:

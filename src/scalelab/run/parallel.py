@@ -1,5 +1,5 @@
 """Data-parallel strategies: one function per strategy, named by its record in
-scalelab.spec.strategies (which says what each shards and communicates).
+scalelab.registries.strategies (which says what each shards and communicates).
 
 | stage | PyTorch                                                    |
 | 0     | DistributedDataParallel + local AdamW (one rank: the model alone) |
@@ -45,8 +45,8 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from scalelab.registries.strategies import DDP_BUCKET_MB, HYBRID, check_replicas, strategy
 from scalelab.run.model import GPT
-from scalelab.spec.strategies import DDP_BUCKET_MB, HYBRID, check_replicas, strategy
 
 
 @dataclass
@@ -262,12 +262,12 @@ def parallelize(model: GPT, zero_stage: int, device: torch.device, lr: float, we
                 bucket_mb: float | None = DDP_BUCKET_MB, cpu_offload: bool = False,
                 param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
                 replicas: int = 1, dp_mesh: DeviceMesh | None = None, tensor_parallel: int = 1) -> Parallelized:
-    """Wrap the model as the stage's strategy record says (scalelab.spec.strategies). param_dtype: what
+    """Wrap the model as the stage's strategy record says (scalelab.registries.strategies). param_dtype: what
     FSDP2 gathers parameters in (None: their fp32; strategies that gather none ignore it);
     reduce_dtype: what gradients are reduced in (None: fp32); replicas > 1: hybrid sharding
     (stage 3). A model split by tensor parallelism (scalelab.run.tensor_parallel, ``tensor_parallel``
     ranks) is wrapped over its data-parallel mesh ``dp_mesh``: FSDP2 shards each rank's share over it;
-    stage 0 with one data-parallel rank trains it as it is (scalelab.plan.sweep leaves the rest out).
+    stage 0 with one data-parallel rank trains it as it is (scalelab.planning.sweep leaves the rest out).
     See the module doc."""
     record = strategy(zero_stage, replicas)
     if cpu_offload and not record.cpu_offload:
@@ -307,7 +307,7 @@ def data_parallel_wrap(model: nn.Module, zero_stage: int, param_dtype, reduce_dt
         fsdp_wrap(model, dp_mesh, reshard_after_forward=zero_stage == 3, param_dtype=param_dtype, reduce_dtype=reduce_dtype)
         return True
     if zero_stage != 0:
-        raise ValueError(f"zero_stage {zero_stage} with tensor or pipeline parallelism is not run (scalelab.plan.sweep says why)")
+        raise ValueError(f"zero_stage {zero_stage} with tensor or pipeline parallelism is not run (scalelab.planning.sweep says why)")
     if dp_mesh.size() == 1:
         return False
     if torch.__version__ < (2, 10):  # torch 2.10 on: a one-dimensional mesh (torch 2.9's replicate takes a 2-D one)

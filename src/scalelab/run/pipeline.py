@@ -41,8 +41,8 @@ from scalelab.run.model import StageBlocks
 def build_mesh(device_type: str, world_size: int, pp: int, tp: int, replicas: int = 1):
     """The run's (pp, dp[, tp]) mesh; under hybrid sharding (replicas R > 1) (pp, dp_replicate, dp_shard[, tp]), the
     data-parallel ranks of a stage R replicas of consecutive shard groups, as hybrid sharding lays them out without a
-    pipeline (scalelab.spec.strategies.HYBRID)."""
-    from scalelab.spec.strategies import HYBRID
+    pipeline (scalelab.registries.strategies.HYBRID)."""
+    from scalelab.registries.strategies import HYBRID
 
     dp = world_size // (pp * tp)
     data = (("dp", dp),) if replicas == 1 else tuple(zip(HYBRID.mesh_dims, (replicas, dp // replicas), strict=True))
@@ -52,7 +52,7 @@ def build_mesh(device_type: str, world_size: int, pp: int, tp: int, replicas: in
 
 def data_parallel_mesh(mesh):
     """A stage's data-parallel sub-mesh: 1-D, or hybrid sharding's (replicate, shard)."""
-    from scalelab.spec.strategies import HYBRID
+    from scalelab.registries.strategies import HYBRID
 
     return mesh[HYBRID.mesh_dims] if HYBRID.mesh_dims[0] in mesh.mesh_dim_names else mesh["dp"]
 

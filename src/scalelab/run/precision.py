@@ -1,5 +1,5 @@
 """Precision policies: autocast dtype, loss scaling, converted linears; each precision's
-dtypes and choices are its record in scalelab.spec.precisions.
+dtypes and choices are its record in scalelab.registries.precisions.
 
 All precisions keep fp32 parameters, gradients and optimizer state (the PyTorch AMP
 recipe); fp16 and bf16 run the forward/backward matmuls under autocast. fp16 needs
@@ -20,8 +20,8 @@ from types import SimpleNamespace
 
 import torch
 
-from scalelab.spec.precisions import PRECISIONS
-from scalelab.spec.precisions import precision as precision_record
+from scalelab.registries.precisions import PRECISIONS
+from scalelab.registries.precisions import precision as precision_record
 
 AUTOCAST_DTYPE = {p.name: getattr(torch, p.autocast) if p.autocast else None for p in PRECISIONS.values()}
 COMPUTE_DTYPE = {p.name: getattr(torch, p.compute) for p in PRECISIONS.values()}

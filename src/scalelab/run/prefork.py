@@ -20,7 +20,7 @@ The launcher's guarantees hold as with new processes (``scalelab.run.ranks.start
 - a rank dies with the server (PR_SET_PDEATHSIG), and the server with the process that
   started it;
 - each child shows the command line a new process would have (``ps``: ``python -m
-  scalelab.run.worker --spec ...``), so orphan checks find it by its run folder.
+  scalelab.run.worker --plan ...``), so orphan checks find it by its run folder.
 
 The server refuses a request (the caller then starts new processes and says why: in the run's
 log, or the benchmark's) when what it imported could differ from what a new process would import: another Python,
@@ -114,9 +114,9 @@ def import_rank_modules() -> None:
     its own (run_forked)."""
     import importlib
 
+    from scalelab.registries.precisions import PRECISIONS
+    from scalelab.registries.strategies import STRATEGIES
     from scalelab.run import worker
-    from scalelab.spec.precisions import PRECISIONS
-    from scalelab.spec.strategies import STRATEGIES
 
     early = {module for stage in STRATEGIES for precision in PRECISIONS for every in (0, 1)
              for module in worker.modules_this_run_imports(stage, precision, bool(every))}

@@ -14,9 +14,11 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh  # imported by torch itself: free
 
 from scalelab.config import ModelConfig, TrainConfig
-from scalelab.plan.placement import LAUNCHER_SLOT_ENV, gpu_index
-from scalelab.plan.run_plan import RunPlan
-from scalelab.plan.sweep import RunPoint
+from scalelab.planning.placement import LAUNCHER_SLOT_ENV, gpu_index
+from scalelab.planning.run_plan import RunPlan
+from scalelab.planning.sweep import RunPoint
+from scalelab.registries import hardware
+from scalelab.registries.precisions import precision as precision_record
 from scalelab.run.calibration import measure_matmul_peak
 from scalelab.run.calibration import peak_for as calibration_peak
 from scalelab.run.comm import CommCounter
@@ -31,8 +33,6 @@ from scalelab.run.parallel import (
     parallelize,
 )
 from scalelab.run.precision import autocast, convert_linears, grad_scaler
-from scalelab.spec import hardware
-from scalelab.spec.precisions import precision as precision_record
 
 if TYPE_CHECKING:
     from scalelab.run.pipeline import Pipeline
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 def peak_flops(device: torch.device, precision: str, tf32: bool,
                configured_tflops: dict[str, float] | None = None, calibration: dict | None = None) -> tuple[float, str]:
     """(dense peak FLOP/s per device, where the figure came from). On a GPU: the datasheet
-    figure of the exact product (scalelab.spec.hardware), or train.peak_tflops for one the table
+    figure of the exact product (scalelab.registries.hardware), or train.peak_tflops for one the table
     lacks; otherwise NaN and the reason, never a timed guess (small timed matmuls sit far
     below a GPU's peak and would inflate MFU). On a CPU, which has no datasheet figure here:
     the sweep's calibration (scalelab.run.calibration: measured once per results folder, with the load it saw) where it
@@ -69,7 +69,7 @@ def bf16_peak_flops(device: torch.device, precision: str, tf32: bool, run_peak: 
 @dataclass
 class Run:
     """What one rank sets up before its first step and keeps for the whole run."""
-    plan: RunPlan  # what the launcher decided (scalelab.plan.run_plan): the point, configs, batch split
+    plan: RunPlan  # what the launcher decided (scalelab.planning.run_plan): the point, configs, batch split
     rank: int
     world_size: int
     device: torch.device
@@ -149,7 +149,7 @@ class Run:
 
 
 def rank_device(requested: str) -> torch.device:
-    """This rank's device: the CPU, or its own GPU (scalelab.plan.placement.gpu_index), made current."""
+    """This rank's device: the CPU, or its own GPU (scalelab.planning.placement.gpu_index), made current."""
     device = torch.device(requested)
     if device.type == "cuda":
         device = torch.device("cuda", gpu_index(int(os.environ.get("LOCAL_RANK", 0)),
@@ -161,7 +161,7 @@ def rank_device(requested: str) -> torch.device:
 
 def setup(plan: RunPlan, rank_cores: str | None = None) -> Run:
     """Everything before the first step: device, model, strategy, scaler, sampler, communication
-    counter, resume from a checkpoint, progress file; the rest is the plan's (scalelab.plan.run_plan)."""
+    counter, resume from a checkpoint, progress file; the rest is the plan's (scalelab.planning.run_plan)."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     run_dir = Path(plan.run_dir)
     device = rank_device(plan.device)

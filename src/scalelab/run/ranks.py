@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from scalelab.io import read_json
-from scalelab.plan import placement
-from scalelab.plan.placement import LaunchPlan
+from scalelab.planning import placement
+from scalelab.planning.placement import LaunchPlan
 from scalelab.run import prefork
 
 PORT_TAKEN = "port_taken"
@@ -120,10 +120,10 @@ def free_port() -> int:
 LOCAL_LAUNCH = "one process per rank (no torchrun agent)"
 """The ``launch`` of a run whose ranks all run on this host."""
 
-WORKER = ["-m", "scalelab.run.worker", "--spec"]
+WORKER = ["-m", "scalelab.run.worker", "--plan"]
 
 
-def local_rank_processes(world_size: int, spec_path: Path, env: dict) -> list[tuple[list[str], dict]]:
+def local_rank_processes(world_size: int, plan_path: Path, env: dict) -> list[tuple[list[str], dict]]:
     """(command, environment) of each rank of a run on this host, started by the launcher itself.
 
     torchrun's elastic agent would be one more Python process importing torch (about 1.5 s of
@@ -139,24 +139,24 @@ def local_rank_processes(world_size: int, spec_path: Path, env: dict) -> list[tu
               "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
               "ROLE_NAME": "default", "ROLE_WORLD_SIZE": str(world_size),
               "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")}
-    return [([sys.executable, *WORKER, str(spec_path)],
+    return [([sys.executable, *WORKER, str(plan_path)],
              {**env, **common, "RANK": str(rank), "LOCAL_RANK": str(rank), "ROLE_RANK": str(rank)})
             for rank in range(world_size)]
 
 
-def torchrun_command(plan: LaunchPlan, world_size: int, spec_path: Path, srun_options: list[str]) -> list[str]:
+def torchrun_command(plan: LaunchPlan, world_size: int, plan_path: Path, srun_options: list[str]) -> list[str]:
     """The command that starts every rank of a run whose launchers span nodes (inside a SLURM
     allocation; on one host the launcher starts the ranks itself, :func:`local_rank_processes`).
 
     ``srun`` starts one torchrun per task, joined by static rendezvous on the allocation's first
     host, each task's node rank taken from SLURM_PROCID (torchrun reads PET_NODE_RANK) and its
     slot on its node from SLURM_LOCALID (packed launchers take distinct GPUs,
-    scalelab.plan.placement.gpu_index). Static, not c10d: the sizes are fixed, node ranks stay
+    scalelab.planning.placement.gpu_index). Static, not c10d: the sizes are fixed, node ranks stay
     reproducible, and several launchers may share one host.
     """
     torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={plan.launchers}",
                 f"--nproc-per-node={plan.ranks_per_launcher}", f"--master-addr={allocation_first_host()}",
-                f"--master-port={free_port()}", *WORKER, str(spec_path)]
+                f"--master-port={free_port()}", *WORKER, str(plan_path)]
     return ["srun", *srun_options, "--kill-on-bad-exit=1",
             "bash", "-c", f'export PET_NODE_RANK="$SLURM_PROCID" {placement.LAUNCHER_SLOT_ENV}="$SLURM_LOCALID"; exec "$@"',
             "bash", *torchrun]

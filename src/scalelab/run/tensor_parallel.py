@@ -1,5 +1,5 @@
 """Tensor parallelism (Megatron-LM's, on torch's DTensor): each block's linears split over a
-tensor-parallel mesh of T ranks as the family record's plan says (scalelab.spec.families,
+tensor-parallel mesh of T ranks as the family record's plan says (scalelab.registries.families,
 ``Family.tensor_parallel``), everything else replicated.
 
 A colwise linear keeps 1/T of its output features (its weight's rows and its bias); the rowwise linear
@@ -39,8 +39,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel, parallelize_module
 
-from scalelab.plan.run_plan import tensor_parallel_problem
-from scalelab.spec.families import family
+from scalelab.planning.run_plan import tensor_parallel_problem
+from scalelab.registries.families import family
 
 STYLES = {"colwise": ColwiseParallel, "colwise by head": ColwiseParallel, "rowwise": RowwiseParallel}
 TOKENS = Shard(1)
@@ -56,7 +56,7 @@ def head_major_rows(d_model: int, degree: int) -> torch.Tensor:
 
 
 def plan_of(model: nn.Module) -> dict[str, str]:
-    """The family's plan (scalelab.spec.families); a model without one cannot be split."""
+    """The family's plan (scalelab.registries.families); a model without one cannot be split."""
     model = getattr(model, "module", model)  # DDP's wrapper
     cfg = getattr(model, "cfg", None)
     plan = family(cfg.family).tensor_parallel if cfg is not None and not cfg.module else {}

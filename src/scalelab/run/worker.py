@@ -1,6 +1,6 @@
 """The training worker: one process per rank (``python -m scalelab.run.worker``), started by the launcher.
 
-It reads the run's plan (scalelab.plan.run_plan, spec.json) written by :mod:`scalelab.run.launch`, trains for ``train.steps`` steps,
+It reads the run's plan (scalelab.planning.run_plan, run_plan.json) written by :mod:`scalelab.run.launch`, trains for ``train.steps`` steps,
 and has rank 0 write ``worker_result.json`` (run-level measurements) and
 ``progress.jsonl`` (one line per step) into the run folder. The launcher turns those into
 the run's ``summary.json`` and ``steps.parquet``, and decides the status when a rank fails.
@@ -37,8 +37,10 @@ from torch.distributed.device_mesh import DeviceMesh  # imported by torch itself
 
 from scalelab.config import HALF_BATCH_SHARE, TrainConfig
 from scalelab.io import write_json
-from scalelab.plan.placement import LAUNCHER_SLOT_ENV
-from scalelab.plan.run_plan import RunPlan
+from scalelab.planning.placement import LAUNCHER_SLOT_ENV
+from scalelab.planning.run_plan import RunPlan
+from scalelab.registries.precisions import precision as precision_record
+from scalelab.registries.strategies import strategy
 from scalelab.run.activations import LiveSavedBytes, SavedActivationMeter
 from scalelab.run.calibration import pin_this_rank, steal_share
 from scalelab.run.comm import FunctionalCollectiveCounter
@@ -54,8 +56,6 @@ from scalelab.run.progress import Progress
 from scalelab.run.rank_setup import Run, setup
 from scalelab.run.trace import StepTracer
 from scalelab.run.worker_result import Tally, gather, results
-from scalelab.spec.precisions import precision as precision_record
-from scalelab.spec.strategies import strategy
 
 
 def lr_at(step: int, train: TrainConfig) -> float:
@@ -417,8 +417,8 @@ def modules_this_run_imports(zero_stage: int, precision: str, checkpointing: boo
 
 def read_plan(argv: list[str] | None = None) -> RunPlan:
     parser = argparse.ArgumentParser(description="scalelab training worker (one rank; started by scalelab.run.launch)")
-    parser.add_argument("--spec", required=True, help="the run's plan (spec.json) written by scalelab.run.launch")
-    return RunPlan.read(parser.parse_args(argv).spec)
+    parser.add_argument("--plan", required=True, help="the run's plan (run_plan.json) written by scalelab.run.launch")
+    return RunPlan.read(parser.parse_args(argv).plan)
 
 
 def main(argv: list[str] | None = None) -> int:

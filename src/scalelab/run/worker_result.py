@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from scalelab.formulas import communication, flops
 from scalelab.io import write_json
+from scalelab.registries import hardware
 from scalelab.run.calibration import this_rank_ticks
 from scalelab.run.comm import bytes_by_link
 from scalelab.run.devices import device_name
@@ -27,7 +28,6 @@ from scalelab.run.parallel import (
 )
 from scalelab.run.rank_setup import Run
 from scalelab.run.trace import MEMORY_DIR, TRACE_DIR, read_exposed_comm
-from scalelab.spec import hardware
 
 
 def nccl_version() -> str:
@@ -154,7 +154,7 @@ def gather(run: Run, steal: float | None) -> Gathered:
 def step_time_drift(step_times: list[float]) -> float | None:
     """The median step time of the second half of the timed steps over the first half's, less 1 (rank 0's steps,
     which its collectives keep in step with the others'): near 0 where the run's speed was steady, far from it where
-    it changed while the run was timed (scalelab.spec.hardware.DRIFT_WARN). None under DRIFT_MIN_STEPS steps."""
+    it changed while the run was timed (scalelab.registries.hardware.DRIFT_WARN). None under DRIFT_MIN_STEPS steps."""
     if len(step_times) < hardware.DRIFT_MIN_STEPS:
         return None
     half = len(step_times) // 2
@@ -282,7 +282,7 @@ def comm_columns(run: Run, counted: dict, rank_hosts: list[str], n_measured: int
 def tensor_parallel_comm_columns(run: Run, rank_hosts: list[str]) -> dict:
     """Tensor parallelism's collectives, counted apart from the strategy's (scalelab.run.comm's
     FunctionalCollectiveCounter, over the warm-up steps of an eager run), and the link its group ran on."""
-    from scalelab.spec.topology import link_of
+    from scalelab.registries.topology import link_of
 
     if run.tensor_parallel == 1:
         return {"comm_tensor_parallel_bytes_per_step_measured": 0.0, "comm_tensor_parallel_link": None}

@@ -7,7 +7,7 @@ Conventions
   tensor-core precisions, marked with an asterisk ("* With sparsity"); those are halved
   here. Where a datasheet prints both ("156 TF | 312 TF*"), the dense one is taken as
   printed.
-* **Keys** (``scalelab.spec.precisions.PEAK_KEYS``; each precision record names its column).
+* **Keys** (``scalelab.registries.precisions.PEAK_KEYS``; each precision record names its column).
   ``fp32``: plain fp32 on the CUDA cores (no tensor cores). ``tf32``: fp32
   inputs on tensor cores, the key a run uses when precision is fp32 and TF32 is on.
   ``fp16`` / ``bf16``: tensor-core matmuls with fp32 accumulation. ``fp8``: the
@@ -61,7 +61,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from scalelab.spec.precisions import PEAK_KEYS, peak_key
+from scalelab.registries.precisions import PEAK_KEYS, peak_key
 
 TERA = 1e12
 
@@ -78,7 +78,7 @@ class GpuProduct:
     source: str
     """The datasheet the figures come from."""
     figures: tuple[tuple[str, float], ...] = ()
-    """(peak key, dense FLOP/s) for each key of scalelab.spec.precisions.PEAK_KEYS the datasheet gives."""
+    """(peak key, dense FLOP/s) for each key of scalelab.registries.precisions.PEAK_KEYS the datasheet gives."""
     aliases: tuple[str, ...] = ()
     """Short names gpu_by_name accepts besides the display name."""
 
@@ -262,7 +262,7 @@ def peak_flops_for(device_name: str, precision: str, tf32: bool,
                    configured_tflops: dict[str, float] | None = None) -> tuple[float, str]:
     """(dense peak FLOP/s per device, where it came from) for a run's precision.
 
-    The key is the precision record's column (scalelab.spec.precisions: fp8 -> fp8, fp32 -> tf32
+    The key is the precision record's column (scalelab.registries.precisions: fp8 -> fp8, fp32 -> tf32
     when TF32 is on). The table's datasheet figure comes first; ``train.peak_tflops``
     (TFLOP/s per key, e.g. {bf16: 400}) gives the figure for a GPU the table does not know,
     or a key its datasheet lacks.
@@ -284,7 +284,7 @@ def product_peak_flops(product: GpuProduct | None, device_name: str, precision: 
             raise ValueError(f"train.peak_tflops.{key} must be a positive number, got {given!r}")
         return given * TERA, f"config train.peak_tflops.{key}: {given:g} TFLOP/s ({device_name})"
     if product is None:
-        return math.nan, (f"unknown GPU {device_name!r}: no datasheet peak in scalelab.spec.hardware; "
+        return math.nan, (f"unknown GPU {device_name!r}: no datasheet peak in scalelab.registries.hardware; "
                           f"set train.peak_tflops.{key} to its dense peak to get MFU")
     return math.nan, (f"{product.name} ({device_name!r}) has no dense {key} figure on its datasheet "
                       f"({product.source}); set train.peak_tflops.{key} to get MFU")

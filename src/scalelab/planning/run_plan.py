@@ -1,5 +1,5 @@
 """One run, decided once: the typed plan the rules size a job with, the launcher starts and every
-rank reads (as ``spec.json`` in the run's folder).
+rank reads (as ``run_plan.json`` in the run's folder).
 
 A :class:`RunPlan` holds the point, the model and train configs, the micro-batch and accumulation,
 the launch plan (launchers x ranks over nodes), the device and why, the strategy, the precision
@@ -20,13 +20,13 @@ from typing import Any
 from scalelab.config import ConfigError, ModelConfig, TrainConfig, cluster_config, model_config, train_config
 from scalelab.formulas.communication import CommDtypes, comm_dtypes
 from scalelab.io import write_json
-from scalelab.plan.placement import LaunchPlan, launch_plan
-from scalelab.plan.sweep import RunPoint, data_parallel_ranks, micro_batch_plan
-from scalelab.spec.precisions import Precision
-from scalelab.spec.precisions import precision as precision_record
-from scalelab.spec.strategies import Strategy, strategy
+from scalelab.planning.placement import LaunchPlan, launch_plan
+from scalelab.planning.sweep import RunPoint, data_parallel_ranks, micro_batch_plan
+from scalelab.registries.precisions import Precision
+from scalelab.registries.precisions import precision as precision_record
+from scalelab.registries.strategies import Strategy, strategy
 
-SPEC_FILE = "spec.json"
+PLAN_FILE = "run_plan.json"
 """The plan as the ranks read it, in the run's folder while it trains (removed after)."""
 
 
@@ -110,7 +110,7 @@ def tensor_parallel_problem(model, degree: int, sequence_parallel: bool = False)
     """ConfigError where a model cannot be split ``degree`` ways: no plan in its family's record (a user's
     module), or heads, key/value heads or the MLP's width that the degree does not divide; with
     ``sequence_parallel`` a sequence length it does not divide."""
-    from scalelab.spec.families import family
+    from scalelab.registries.families import family
 
     if model.module or not family(model.family).tensor_parallel:
         raise ConfigError(f"sweep.tensor_parallel={degree}: model {model.module or model.family} has no tensor-parallel "

@@ -6,7 +6,7 @@ report. scalelab.formulas, the config's checks, the result columns, the estimate
 report and the worker read these records; nothing else branches on a family's name.
 
 Adding a family touches its record here, its ``nn.Module`` (the class ``module`` names), its
-presets (scalelab.spec.presets) and the schema's ``family`` enum (a test pins the enum to
+presets (scalelab.registries.presets) and the schema's ``family`` enum (a test pins the enum to
 :data:`FAMILIES`). A family with config keys of its own also adds them to ModelConfig and to the
 result columns.
 
@@ -82,7 +82,7 @@ class Family:
     lora_targets: Callable
     """cfg -> {linear's path in a block: (d_in, d_out)}: the linears LoRA adapts."""
     own_columns: Callable
-    """cfg -> the family's own result columns (its own keys, resolved: scalelab.plan.columns)."""
+    """cfg -> the family's own result columns (its own keys, resolved: scalelab.planning.columns)."""
     tensor_parallel: dict[str, str] = field(default_factory=dict)
     """{linear's path in a block: how tensor parallelism shards it}, Megatron's: "colwise" (its output
     features: weight rows and bias split), "rowwise" (its input features: weight columns split, the
@@ -100,9 +100,9 @@ class Family:
     norm_tensors: int = 1
     """One norm's parameter tensors (LayerNorm: weight and bias)."""
     formulas: dict[str, str] = field(default_factory=dict)
-    """The report's words for parameters, flops, activations and recompute (scalelab.report.formulas)."""
+    """The report's words for parameters, flops, activations and recompute (scalelab.report.formula_section)."""
     shape_problem: Callable = lambda cfg: None
-    """cfg -> (key, message) where the shape cannot be built, else None (scalelab.plan.validation)."""
+    """cfg -> (key, message) where the shape cannot be built, else None (scalelab.planning.validation)."""
     compiled_unmodelled: Callable = lambda cfg, case: False
     """(cfg, ActivationCase) -> True where the compiled partition of the blocks is not modelled (the
     eager figure stands as an upper bound: scalelab.formulas.peak_memory.activation_bound)."""
@@ -406,7 +406,7 @@ LLAMA = Family(
         "flops": "6·(L·(2d² + 2·d·kv + 3·d·f) + V·d) + 12·L·d·T (grouped-query attention still takes every query "
                  "head's dot products)",
         "activations": ("RMSNorm, the rotated q and k, v, SwiGLU's gate, up and product, and the fused attention's "
-                        "log-sum-exp (scalelab.spec.families, the llama record; on a GPU fp32 grouped-query "
+                        "log-sum-exp (scalelab.registries.families, the llama record; on a GPU fp32 grouped-query "
                         "attention runs SDPA's math path and keeps the a·s² probabilities)"),
         "recompute": "2·L·(2d² + 2·d·kv + 3·d·f) + 4·L·d·T",
     },

@@ -6,7 +6,7 @@ default" means to the report. A run's folder is ``<results>/runs/<run id>/``; it
 holds every axis value. Run ids name only values away from their defaults, so an axis added later
 with a default changes no existing run's id, folder or params (a ``point.json`` without it reads
 as the default). ``RunPoint`` (its fields), the sweep plan, the
-identity columns, the launcher's run spec and the report's lever tables all loop over
+identity columns, the launcher's run plan and the report's lever tables all loop over
 ``AXES``; ``tests/*/test_config.py`` checks the config schema's ``sweep`` keys against it.
 Adding an axis: an entry here, its key in the schema and ``config.yaml``, and the code
 that implements the lever.
@@ -25,8 +25,8 @@ from typing import Any
 from scalelab.config import ConfigError, TrainConfig, section, train_config
 from scalelab.formulas.communication import GRAD_REDUCE, MIXED_COMM
 from scalelab.formulas.pipeline import DEFAULT_SCHEDULE, SCHEDULES, microbatches_problem
-from scalelab.spec.precisions import PRECISIONS
-from scalelab.spec.strategies import DDP_BUCKET_MB, HYBRID, strategy
+from scalelab.registries.precisions import PRECISIONS
+from scalelab.registries.strategies import DDP_BUCKET_MB, HYBRID, strategy
 
 BASE_MODEL = "base"
 """The model axis's default: the shape in the config's ``model:`` section."""
@@ -146,7 +146,7 @@ def _tensor_parallel_left_out(point, train: TrainConfig) -> str | None:
 
 def _pipeline_left_out(point, train: TrainConfig) -> str | None:
     """What pipeline parallelism is not run with (scalelab.run.pipeline), each with why; a model whose blocks do not
-    split is refused by the run plan (scalelab.plan.run_plan.pipeline_problem)."""
+    split is refused by the run plan (scalelab.planning.run_plan.pipeline_problem)."""
     p = point.pipeline_parallel
     if p == 1:
         return None
@@ -181,7 +181,7 @@ def _strategy_of(point):
 AXES: tuple[Axis, ...] = (
     Axis("precision", " | ".join(f"{p.name} ({p.doc})" for p in PRECISIONS.values()),
          str, None, "string", False, run_id=lambda v: v, id_pattern="|".join(map(re.escape, PRECISIONS))),
-    Axis("zero_stage", "the data-parallel strategy (scalelab.spec.strategies)", int, None, "int8", False,
+    Axis("zero_stage", "the data-parallel strategy (scalelab.registries.strategies)", int, None, "int8", False,
          from_path=int, run_id=lambda v: f"z{v}", id_pattern=r"z\d+"),
     Axis("world_size", "ranks per run", int, None, "int32", False, from_path=int, run_id=lambda v: f"w{v}", id_pattern=r"w\d+",
          changes_compute=False),
@@ -228,7 +228,7 @@ AXES: tuple[Axis, ...] = (
          f"grad_reduce={point.grad_reduce} applies to {' and '.join(MIXED_COMM)} (fp32 reduces in its compute dtype "
          "already; fp8 keeps torchao's recipe, see scalelab.formulas.communication.MIXED_COMM)",
          is_default=lambda runs: runs["grad_reduce"].isna() | (runs["grad_reduce"] == GRAD_REDUCE[0])),
-    # Hybrid sharding: zero_stage 3 over R replicas of N/R-rank shard groups (scalelab.spec.strategies.HYBRID).
+    # Hybrid sharding: zero_stage 3 over R replicas of N/R-rank shard groups (scalelab.registries.strategies.HYBRID).
     # Added with its default (1: no id part), so no earlier run's id changes.
     Axis("replicas", "replica groups of hybrid sharding (HSDP: FSDP2 over a replicate x shard mesh, zero_stage 3 "
          "only): parameters, gradients and optimizer state sharded over world_size / replicas ranks (a node), "
@@ -309,7 +309,7 @@ LAUNCHER_FILE = "launcher.json"
 
 
 def _stages_with(feature: str) -> list[int]:
-    from scalelab.spec.strategies import STRATEGIES
+    from scalelab.registries.strategies import STRATEGIES
 
     return [s.stage for s in STRATEGIES.values() if getattr(s, feature)]
 

@@ -2,14 +2,14 @@
 values take, whether it scales the loss, which datasheet peak it is measured against, and
 how the report and ``scalelab estimate`` show it. The autocast policy
 (scalelab.run.precision), the formulas (scalelab.formulas), the peak table
-(scalelab.spec.hardware), the estimates and the report's order and colours read these records;
+(scalelab.registries.hardware), the estimates and the report's order and colours read these records;
 nothing else lists the precisions.
 
 Keyed by the sweep's ``precision``. Adding one (say ``mxfp8``): a record here, its name in
 the config schema's ``sweep.precision`` enum (tests/*/test_accounting.py checks the two agree),
 and the code that implements it in scalelab.run.precision (a converter named by
 ``linears``, as torchao's float8 recipe is). A new datasheet column (``peak_key``) also
-needs its figures in scalelab.spec.hardware and its key under the schema's ``train.peak_tflops``.
+needs its figures in scalelab.registries.hardware and its key under the schema's ``train.peak_tflops``.
 
 No torch here: the report and the estimates import this module without it; dtypes are named
 as ``torch`` attributes (``bfloat16``).
@@ -38,7 +38,7 @@ class Precision:
     convention: 4 + 4 + 8 in fp32, 2 + 2 + 12 in mixed precision. PyTorch's AMP holds
     4 + 4 + 8 in every precision (scalelab.formulas.model_state)."""
     peak_key: str
-    """Column of scalelab.spec.hardware's datasheet table (and key of ``train.peak_tflops``) a run's MFU divides by."""
+    """Column of scalelab.registries.hardware's datasheet table (and key of ``train.peak_tflops``) a run's MFU divides by."""
     tf32_peak_key: str | None = None
     """The column instead when ``train.tf32`` is on (fp32 matmuls on tensor cores)."""
     matmul: str | None = None

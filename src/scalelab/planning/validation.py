@@ -23,9 +23,9 @@ from snakemake.utils import update_config, validate
 
 from scalelab.config import SCHEMA, SCHEMA_FILE, ConfigError, ConfigProblems, dataset_config, model_config, section, train_config
 from scalelab.config.reading import locate, read_yaml, shown
-from scalelab.plan.placement import check_gpu_layout
-from scalelab.plan.run_plan import run_plan
-from scalelab.plan.sweep import sweep_points
+from scalelab.planning.placement import check_gpu_layout
+from scalelab.planning.run_plan import run_plan
+from scalelab.planning.sweep import sweep_points
 
 # Keys of earlier config layouts, with where they went.
 MOVED_KEYS = {("train", "micro_batch"): "sweep.micro_batch (a list, e.g. [null] or [1, 2, 4])"}
@@ -182,7 +182,7 @@ def _check_model_entry(name: str, entry: dict, shape) -> None:
     can build (its record's shape_problem: for llama a grouped-query split that divides and RoPE's even
     head width), a module callable that exists."""
     from scalelab.config import MODEL_FAMILY_KEYS
-    from scalelab.spec.families import FAMILIES, OWN_KEYS, family
+    from scalelab.registries.families import FAMILIES, OWN_KEYS, family
 
     if shape.module:
         given = sorted(k for k in MODEL_FAMILY_KEYS if k in entry) + (["preset"] if "preset" in entry else [])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from scalelab.spec.hardware import OTHER_WORK_WARN
+from scalelab.registries.hardware import OTHER_WORK_WARN
 
 BENCH_FILE = Path("calibration") / "comm.parquet"
 """Below the results folder: a sweep's calibration lives with its results."""

@@ -1,11 +1,11 @@
-"""A run's outputs held to the column table (scalelab.plan.columns): what in its summary.json or steps.parquet
+"""A run's outputs held to the column table (scalelab.planning.columns): what in its summary.json or steps.parquet
 breaks a column's null contract, names a key no column holds, or leaves out a column its writer fills. Empty
 lists where they agree; the tests of real runs of every status and lever read them."""
 from __future__ import annotations
 
 import pyarrow as pa
 
-from scalelab.plan.columns import (
+from scalelab.planning.columns import (
     COLLECTED_STATUSES,
     COLLECTIVES,
     FLATTENED,
@@ -16,7 +16,7 @@ from scalelab.plan.columns import (
     STEP_SCHEMA,
     Column,
 )
-from scalelab.plan.result_tables import run_row, unknown_summary_keys
+from scalelab.planning.result_tables import run_row, unknown_summary_keys
 
 
 def null_problems(row: dict, columns: dict[str, Column]) -> list[str]:

@@ -1,16 +1,16 @@
 """The column table: every column of metrics.parquet and steps.parquet, declared once.
 
 Per column: its name, Arrow type, unit, meaning, the part that writes it and when it holds a
-value (``Filled``, scalelab.plan.null_contract: which statuses and levers leave it null is part of the contract). The
+value (``Filled``, scalelab.planning.null_contract: which statuses and levers leave it null is part of the contract). The
 Parquet schemas (``RUN_SCHEMA``, ``STEP_SCHEMA``), their field metadata, the data dictionary
 the report shows (scalelab.report.dictionary) and docs/data-dictionary.md
-(``python -m scalelab.plan.columns > docs/data-dictionary.md``) are derived from it, and
-tests/*/test_columns.py holds real runs of every status and lever against it (scalelab.plan.column_checks). The tables
-are built and written from it by scalelab.plan.result_tables.
+(``python -m scalelab.planning.columns > docs/data-dictionary.md``) are derived from it, and
+tests/*/test_columns.py holds real runs of every status and lever against it (scalelab.planning.column_checks). The tables
+are built and written from it by scalelab.planning.result_tables.
 
 Writers:
 
-- ``identity``: the sweep point, from scalelab.plan.sweep.AXES (the registry of axes), and its run id;
+- ``identity``: the sweep point, from scalelab.planning.sweep.AXES (the registry of axes), and its run id;
 - ``launch``: the launcher (scalelab.run.launch): plan, outcome, provenance;
 - ``worker``: rank 0's worker (scalelab.run.worker_result): the measurements, read back only from
   a run whose ranks all finished (status ok);
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from scalelab.plan.null_contract import (
+from scalelab.planning.null_contract import (
     ALWAYS,
     BUCKETS,
     COMPILED,
@@ -51,10 +51,10 @@ from scalelab.plan.null_contract import (
     is_ok,
     sometimes,
 )
-from scalelab.plan.sweep import AXES, run_id_grammar
-from scalelab.spec.families import DEFAULT_FAMILY, FAMILIES
-from scalelab.spec.hardware import DRIFT_MIN_STEPS, DRIFT_WARN
-from scalelab.spec.strategies import strategy
+from scalelab.planning.sweep import AXES, run_id_grammar
+from scalelab.registries.families import DEFAULT_FAMILY, FAMILIES
+from scalelab.registries.hardware import DRIFT_MIN_STEPS, DRIFT_WARN
+from scalelab.registries.strategies import strategy
 
 SCHEMA_VERSION = "13"  # 2: lever identity columns; 3: device plan, launch and provenance sources;
 # 4: the compile lever (identity column, compile time), MFU against the bf16 peak, activations outside the blocks predicted;
@@ -84,7 +84,7 @@ LAUNCHER_STATUSES = ("ok", "oom", "predicted_oom", "timeout", "failed", "diverge
 """Statuses the launcher writes into a run's summary.json."""
 COLLECTED_STATUSES = ("missing", "corrupt")
 """Statuses collection gives a run folder without a readable summary: such a row holds its
-identity, status, reason and run_path only (the null contract, scalelab.plan.null_contract, is for the launcher's rows)."""
+identity, status, reason and run_path only (the null contract, scalelab.planning.null_contract, is for the launcher's rows)."""
 
 
 # ----------------------------------------------------------------------------- the table
@@ -129,7 +129,7 @@ def _axis_column(axis) -> Column:
                   _AXIS_FILLED[axis.name] if axis.nullable else ALWAYS, nullable=axis.nullable)
 
 
-# Repeated on every row of both tables: the run id, then one column per sweep axis (scalelab.plan.sweep.AXES).
+# Repeated on every row of both tables: the run id, then one column per sweep axis (scalelab.planning.sweep.AXES).
 IDENTITY = [
     Column("run_id", pa.string(), "-", "short unique id of the sweep point: " + run_id_grammar(), "identity", nullable=False),
     *(_axis_column(axis) for axis in AXES),
@@ -321,7 +321,7 @@ RUN = [
     Column("comm_bytes_per_step_predicted_paper", pa.float64(), "B/step", "predicted collective bytes per step, ZeRO paper",
            "collect", OK),
     # Traffic per link: rank 0's bytes split by where the collective's group ran. The rule
-    # (scalelab.plan.placement.link_of): every byte handed to a collective whose group's ranks ran on more
+    # (scalelab.planning.placement.link_of): every byte handed to a collective whose group's ranks ran on more
     # than one host counts inter-node, every other byte intra-node; the two add up to the total.
     *(Column(f"comm_{link}_bytes_per_step_{kind}", pa.float64(), "B/step",
              f"{'predicted ' if kind == 'predicted' else ''}bytes rank 0 hands per optimizer step to collectives whose "
@@ -558,7 +558,7 @@ def markdown() -> str:
     lines = [
         "# Data dictionary",
         "",
-        "<!-- Generated from src/scalelab/plan/columns.py by `python -m scalelab.plan.columns > docs/data-dictionary.md`; "
+        "<!-- Generated from src/scalelab/planning/columns.py by `python -m scalelab.planning.columns > docs/data-dictionary.md`; "
         "tests/*/test_columns.py checks it. -->",
         "",
         "Every column of the two result tables: its Arrow type, unit, meaning, the part that writes it and",
@@ -588,7 +588,7 @@ def markdown() -> str:
 if __name__ == "__main__":
     import argparse
 
-    argparse.ArgumentParser(prog="python -m scalelab.plan.columns",
+    argparse.ArgumentParser(prog="python -m scalelab.planning.columns",
                             description="Print the data dictionary (docs/data-dictionary.md) as Markdown: "
-                                        "python -m scalelab.plan.columns > docs/data-dictionary.md").parse_args()
+                                        "python -m scalelab.planning.columns > docs/data-dictionary.md").parse_args()
     print(markdown(), end="")

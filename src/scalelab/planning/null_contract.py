@@ -1,14 +1,14 @@
 """The null contract of the result columns: when a column holds a value (``Filled``: the rows that must hold one,
-and the only rows that may), and the conditions the column table (scalelab.plan.columns) names, by status, device,
+and the only rows that may), and the conditions the column table (scalelab.planning.columns) names, by status, device,
 precision, lever and model family. Its text is the ``filled`` of each column in the data dictionary."""
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from scalelab.spec.families import FAMILIES
-from scalelab.spec.precisions import PRECISIONS
-from scalelab.spec.strategies import strategy
+from scalelab.registries.families import FAMILIES
+from scalelab.registries.precisions import PRECISIONS
+from scalelab.registries.strategies import strategy
 
 Row = Callable[[dict], bool]
 
@@ -83,7 +83,7 @@ def is_custom(row: dict) -> bool:
 
 
 def family_has(key: str):
-    """Set exactly where the row's family takes ``key`` (scalelab.spec.families: its own keys)."""
+    """Set exactly where the row's family takes ``key`` (scalelab.registries.families: its own keys)."""
     owners = [f.name for f in FAMILIES.values() if key in f.own_keys]
     return exactly(f"model_family {' or '.join(owners)}", lambda row: row.get("model_family") in owners)
 

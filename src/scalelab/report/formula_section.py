@@ -1,5 +1,5 @@
 """The report's formulas section, written for the sweep it reports: the model families, strategies
-and levers its runs used, the strategy lines generated from their records (scalelab.spec.strategies),
+and levers its runs used, the strategy lines generated from their records (scalelab.registries.strategies),
 so a Llama sweep reads Llama's formulas and a hybrid run its replica all-reduce (the
 section was GPT-2's for every sweep)."""
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pandas as pd
 
 from scalelab.formulas.pipeline import SCHEDULES
+from scalelab.registries.families import DEFAULT_FAMILY, FAMILIES
+from scalelab.registries.strategies import HYBRID, STRATEGIES, Strategy
 from scalelab.report.tables import pipeline_rows
-from scalelab.spec.families import DEFAULT_FAMILY, FAMILIES
-from scalelab.spec.strategies import HYBRID, STRATEGIES, Strategy
 
 FAMILY_FORMULAS = {
     **{name: record.formulas for name, record in FAMILIES.items()},
@@ -20,7 +20,7 @@ FAMILY_FORMULAS = {
         "recompute": "one more forward of every block, counted",
     },
 }
-"""Each model family's formulas in words, from its record (scalelab.spec.families; custom: a user's module)."""
+"""Each model family's formulas in words, from its record (scalelab.registries.families; custom: a user's module)."""
 
 BYTES = (4, 4, 8)
 """PyTorch AMP's bytes per parameter of (parameters, gradients, AdamW moments), in every precision."""

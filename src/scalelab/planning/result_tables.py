@@ -1,4 +1,4 @@
-"""The result tables built and written from what runs leave (scalelab.plan.columns declares their columns): a run's
+"""The result tables built and written from what runs leave (scalelab.planning.columns declares their columns): a run's
 steps.parquet from the worker's step records, a row of metrics.parquet from a run's summary.json (older summaries'
 missing keys filled), the runs' table with pandas' integer metadata, the Parquet files written atomically, and the
 schema version a file was written with."""
@@ -14,7 +14,7 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from scalelab.io import atomic_path
-from scalelab.plan.columns import (
+from scalelab.planning.columns import (
     COLLECTIVES,
     FLATTENED,
     LAUNCHER_STATUSES,
@@ -22,9 +22,9 @@ from scalelab.plan.columns import (
     RUN_SCHEMA,
     STEP_SCHEMA,
 )
-from scalelab.plan.sweep import AXES
-from scalelab.spec.families import DEFAULT_FAMILY
-from scalelab.spec.strategies import strategy
+from scalelab.planning.sweep import AXES
+from scalelab.registries.families import DEFAULT_FAMILY
+from scalelab.registries.strategies import strategy
 
 
 def steps_table(identity: dict, records: list[dict]) -> pa.Table:

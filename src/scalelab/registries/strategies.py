@@ -1,6 +1,6 @@
 """The data-parallel strategies, one record each: how a strategy wraps the model, what it
 shards, what it communicates, which levers it takes. The formulas (scalelab.formulas),
-the sweep's rules (scalelab.plan.sweep), the wrappers (scalelab.run.parallel) and the
+the sweep's rules (scalelab.planning.sweep), the wrappers (scalelab.run.parallel) and the
 report read these records; nothing else knows what a stage means.
 
 Keyed by the sweep's ``zero_stage``. Hybrid sharding (HSDP, :data:`HYBRID`) is ZeRO stage 3
