@@ -15,9 +15,11 @@ from scalelab.run.sweep_calibration import ensure_calibration
 
 # A killed Snakemake takes its training job with it (SIGTERM when the parent dies), and SIGTERM
 # unwinds the launcher, whose clean-up stops the ranks: nothing trains on into a folder that the
-# next invocation (scalelab resume) reruns.
+# next invocation (scalelab resume) reruns. Ctrl-C (SIGINT to the terminal's process group) unwinds it the
+# same way, without a KeyboardInterrupt traceback per job on the user's screen.
 die_with_parent()
-signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+for _signal in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(_signal, lambda signum, frame: sys.exit(128 + signum))
 
 results_dir = Path(snakemake.output.summary).parents[2]  # <results>/runs/<run id>/summary.json
 record_trained_with(Path(snakemake.output.summary).parent, snakemake.params.results_depend_on)
