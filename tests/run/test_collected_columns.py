@@ -15,18 +15,32 @@ def test_a_formula_fixed_after_a_run_reaches_its_cached_row_at_collection(tmp_pa
     two-rank run is collected; then the activation, model-state, communication and peak formulas change
     (monkeypatched) and the folder is collected again: every predicted column follows the new
     formulas, the run folder is untouched (nothing retrained), and the measured columns stay."""
-    from scalelab.formulas import activation_memory, communication, model_state
-    from support import run_point
+    import json
 
-    summary, _, run_dir = run_point(tmp_path / "runs", tiny_data, RunPoint("bf16", 3, 2))
+    from scalelab.formulas import activation_memory, communication, model_state
+    from scalelab.formulas.predicted_columns import trained_run_columns
+    from scalelab.harness.testing import local_plan, tiny_config
+    from support import PARITY_STEPS, run_point
+
+    point = RunPoint("bf16", 3, 2)
+    cfg = tiny_config(train={"steps": PARITY_STEPS, "warmup_steps": 2}, planning={"launch_overcommitted": True})
+    summary, _, run_dir = run_point(tmp_path / "runs", tiny_data, point, cfg=cfg)
     assert summary["status"] == "ok", summary["reason"]
     before = {p: p.stat().st_mtime_ns for p in run_dir.iterdir()}
     assert collect(tmp_path)["problems"] == []
     old = pd.read_parquet(tmp_path / "metrics.parquet").iloc[0]
-    # the collected row holds exactly what the run wrote (today's formulas in both)
+    # the collected row's formulas are those of the run's own plan (what the worker computed before collection did):
+    # the row carries every fact they read, as the plan had it
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    plan = local_plan(cfg, point)
+    model = dataclasses.replace(plan.model, vocab_size=json.loads((tiny_data / "meta.json").read_text())["vocab_size"])
+    counted = {"n_params": on_disk["n_params"], "n_trainable_params": None,
+               "last_block_params_kept": on_disk["last_block_params_kept"]}
+    expected = trained_run_columns(model, {**plan.formula_row(), **counted}, on_disk["rank_hostnames"].split(","))
     for name in ("activation_bytes_predicted", "model_state_bytes_predicted", "comm_bytes_per_step_predicted",
-                 "comm_intra_node_bytes_per_step_predicted", "predicted_peak_bytes", "model_state_bytes_predicted_paper"):
-        assert old[name] == pytest.approx(summary[name]), name
+                 "comm_intra_node_bytes_per_step_predicted", "model_state_bytes_predicted_paper"):
+        assert old[name] == pytest.approx(expected[name]), name
+    assert old["predicted_peak_bytes"] == pytest.approx(on_disk["predicted_peak_bytes"])  # the launcher's, refreshed
 
     homes = {"block_activation_bytes": activation_memory, "model_state_bytes": model_state,
              "comm_bytes_per_step": communication, "comm_bytes_by_link": communication}

@@ -124,6 +124,11 @@ def test_a_pipeline_run_exports_its_stages_and_data_parallel_ranks(results):
     assert toml["parallelism"]["pipeline_parallel_schedule"] == "1F1B"
     assert toml["parallelism"]["data_parallel_shard_degree"] == 4
     assert toml["training"]["global_batch_size"] == 1 * 4 * 4
+    # torchtitan's schedule runs local_batch_size / pipeline_parallel_microbatch_size micro-batches a step: the
+    # run's 4, not 4 accumulated steps of a one-micro-batch pipeline (a bubble of one half)
+    training, parallel = toml["training"], toml["parallelism"]
+    assert training["local_batch_size"] // parallel["pipeline_parallel_microbatch_size"] == 4
+    assert training["local_batch_size"] * parallel["data_parallel_shard_degree"] == training["global_batch_size"]
     assert any("pipeline parallelism over 2 stages" in note for note in hf_arguments(row)[1])
 
 

@@ -106,3 +106,16 @@ def test_a_plan_for_a_distributed_optimizer_prices_zero1_as_it_runs_and_times_it
     assert pick(theirs, 4)["strategy_name"].startswith("ZeRO-1, distributed optimizer")
     assert theirs["assumptions"]["trainer"] == "megatron" and theirs["assumptions"]["grad_reduce"] == "compute"
     assert not [line for line in theirs["left_out"] if "ZeRO-1" in line]
+
+
+def test_a_plan_with_nothing_to_price_says_why_instead_of_that_nothing_fits(capsys):
+    """llm-foundry is priced in bf16 at ZeRO-3 alone: asked for fp32 only, plan refuses in one line naming the trainer's
+    limit, where it printed "NO configuration fits" (nothing had been priced)."""
+    from scalelab.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "--model", "gpt2", "--gpus", "16", "--gpu", "H100", "--inter-node", "ib-ndr", "--global-batch", "256",
+              "--tokens", "1e9", "--trainer", "llm-foundry", "--precision", "fp32"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "no configuration to price" in err and "llm-foundry trainer" in err
+    assert "NO configuration fits" not in err and len(err.strip().splitlines()[-1]) < 600

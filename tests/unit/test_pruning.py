@@ -155,6 +155,17 @@ def test_a_gpu_sweep_spanning_nodes_needs_the_link_between_them():
     assert "ib-ndr between nodes" in decisions["bf16-z3-w16"].forecast["forecast_note"]
 
 
+def test_a_measured_busbw_in_the_config_is_read_over_its_gpus_per_node():
+    """planning.forecast.inter_node: busbw:GBPS/RANKS is nccl-tests' all-reduce over RANKS GPUs of nodes of
+    cluster.ranks_per_node: one NIC's share is GBPS / ranks_per_node, as `estimate scaling --inter-node` reads it."""
+    from scalelab.formulas import links
+
+    for per_node in (4, 8):
+        link = pruning._link("inter_node", "busbw:40/16", per_node)
+        assert link == links.measured_busbw("busbw:40/16", per_node, True)
+        assert link.achievable_Bps == pytest.approx(40e9 / per_node)
+
+
 def test_the_gpu_forecast_reads_tf32_a_hybrid_within_a_node_and_leaves_fp8_to_a_gpu_that_has_it():
     cfg = tiny_config(sweep={"precision": ["fp32", "fp8"], "zero_stage": [3], "world_size": [8], "replicas": [1, 2]},
                       cluster={"ranks_per_node": 8}, repeats={"points": 1, "baseline": 1},

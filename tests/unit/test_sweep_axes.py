@@ -16,6 +16,10 @@ def test_run_point_fields_are_the_axes_in_order_with_their_types_and_defaults():
             assert field.default == axis.default, field.name
 
 
-def test_a_point_pickles_as_snakemake_hands_it_to_a_job():
+def test_a_run_plan_pickles_as_snakemake_hands_it_to_a_job():
+    """The train rule's params.plan reaches the job's script pickled: the plan, its point among it, round-trips."""
+    from scalelab.harness.testing import local_plan, tiny_config
+
     point = RunPoint("bf16", 3, 4, micro_batch=2, pipeline_parallel=2)
-    assert pickle.loads(pickle.dumps(point)) == point and point.run_id == "bf16-z3-w4-mb2-pp2"
+    plan = local_plan(tiny_config(model={"n_layers": 4}), point)
+    assert pickle.loads(pickle.dumps(plan)) == plan and plan.point.run_id == "bf16-z3-w4-mb2-pp2"

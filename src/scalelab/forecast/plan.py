@@ -259,6 +259,10 @@ def plan_for(model: ModelChoice, cluster: Cluster, ask: PlanAsk) -> dict:
     budget = memory - reserve * UNITS["GiB"]
     splits, pipelines, left_out = _searched(ask, cluster, cfg, pairs, machine.per_node)
     rows, fp8_notes = _rows(ask, cluster, cfg, n_params, pairs, machine, budget, pipelines)
+    if not rows:  # every configuration left out before pricing (the trainer's limits, the batch): say why, not "none fits"
+        shown = left_out[:3] + ([f"{len(left_out) - 3} more left out"] if len(left_out) > 3 else [])
+        raise EstimateError("no configuration to price: " + ("; ".join(shown) if shown else
+                                                             "none of the precisions and strategies asked runs here"))
     best = next((r for r in rows if r["fits"]), None)
     return {"prediction": True, "model": model.named.get("model"), "shape": shape_text(cfg), "n_params": n_params,
             "gpus": n, "gpu": machine.product.name, "gpus_per_node": machine.per_node, "global_batch": ask.global_batch,

@@ -59,9 +59,14 @@ def top_k(config: dict) -> int | None:
     return section(config, "planning").get("top_k")
 
 
-def _link(key: str, spec) -> links.Link:
+def _link(key: str, spec, per_node: int) -> links.Link:
+    """planning.forecast.<key> as a link, as estimate scaling reads its flag: a measured busbw over the config's
+    GPUs per node (between nodes for inter_node), else a product or a bandwidth."""
+    text = str(spec).strip()
     try:
-        return links.parse_link(str(spec))
+        if text.startswith("busbw:"):
+            return links.measured_busbw(text, per_node, key == "inter_node")
+        return links.parse_link(text)
     except ValueError as err:
         raise ConfigError(f"planning.forecast.{key}: {err}") from None
 
@@ -104,8 +109,9 @@ class _Machines:
         if intra is None:
             raise ConfigError(f"planning.forecast.intra_node: no default link for {self.product.name}; give a product "
                               f"({', '.join(links.known_names())}) or a bandwidth in GB/s")
-        self.intra = _link("intra_node", intra)
-        self.inter = _link("inter_node", forecast["inter_node"]) if forecast.get("inter_node") is not None else None
+        self.intra = _link("intra_node", intra, self.per_node)
+        self.inter = (_link("inter_node", forecast["inter_node"], self.per_node)
+                      if forecast.get("inter_node") is not None else None)
 
     def of(self, plan: RunPlan) -> tuple[Machine | None, str]:
         """(the point's machine, its figures' sources), or (None, why the point cannot be forecast)."""

@@ -192,6 +192,11 @@ def _pricing_lines(row: dict, target: str) -> list[str]:
     return [priced_with(row), *(f"runs otherwise: {why}" for why in runs_otherwise(row, target))]
 
 
+def _what(row: dict) -> str:
+    """Whether the configuration was measured (a run) or priced (a plan's pick)."""
+    return "priced" if row.get("_priced_by") else "measured"
+
+
 def torchtitan_toml(row: dict) -> str:
     stage, replicas, tp, pp = int(row["zero_stage"]), _replicas(row), _tensor_parallel(row), _pipeline(row)
     n = _data_parallel(row)  # the data-parallel ranks (the world without tensor or pipeline parallelism)
@@ -204,8 +209,8 @@ def torchtitan_toml(row: dict) -> str:
                   f"data_parallel_replicate_degree = {n}", "data_parallel_shard_degree = 1"]
     else:
         if stage in (1, 2):
-            lines.append(f"# ZeRO stage {stage} ran here; torchtitan's FSDP2 shards parameters too: 'never' resharding after "
-                         "forward keeps them gathered, as stage 2 does")
+            lines.append(f"# ZeRO stage {stage} was {_what(row)}; torchtitan's FSDP2 shards parameters too: 'never' resharding "
+                         "after forward keeps them gathered, as stage 2 does")
         lines += [f"data_parallel_replicate_degree = {replicas}", f"data_parallel_shard_degree = {n // replicas}",
                   f'fsdp_reshard_after_forward = "{"always" if stage == 3 else "never"}"']
     if tp > 1:
@@ -216,14 +221,18 @@ def torchtitan_toml(row: dict) -> str:
                   f"pipeline_parallel_microbatch_size = {_micro(row)}"]
     micro = _micro(row)
     accumulation = int(_plain(row.get("accumulation_steps")) or 1)
-    lines += ["", "[training]", f"local_batch_size = {micro}", f"global_batch_size = {micro * accumulation * n}",
+    # a pipeline's micro-batches are one step's: torchtitan splits local_batch_size into them (its schedule's
+    # n_microbatches = local / microbatch size), where otherwise it accumulates one local batch after another
+    local = micro * accumulation if pp > 1 else micro
+    lines += ["", "[training]", f"local_batch_size = {local}", f"global_batch_size = {micro * accumulation * n}",
               *([f"seq_len = {int(_plain(row.get('seq_len')))}"] if _plain(row.get("seq_len")) is not None else []),
               *([f"max_norm = {_clip(row)}"] if _clip(row) else
                 ["# scalelab ran without clipping (train.grad_clip 0): torchtitan clips at max_norm; set it very large"]),
               f'mixed_precision_param = "{"bfloat16" if precision in ("bf16", "fp8") else "float32"}"',
               'mixed_precision_reduce = "float32"', f"compile = {'true' if row.get('compile') else 'false'}"]
     if precision == "fp16":
-        lines.append("# fp16 with dynamic loss scaling ran here: torchtitan trains in bfloat16 or float32 (float32 above)")
+        lines.append(f"# fp16 with dynamic loss scaling was {_what(row)}: torchtitan trains in bfloat16 or float32 "
+                     "(float32 above)")
     if precision == "fp8":
         lines += ["", "[model]", 'converters = ["float8"]']
     lines += ["", "[activation_checkpoint]", f'mode = "{"full" if row.get("activation_checkpointing") else "none"}"']

@@ -127,6 +127,10 @@ def runs_otherwise(row: dict, target: str) -> list[str]:
         elif not row.get("sequence_parallel"):
             out.append(f"tensor parallelism was {what} without sequence parallelism; torchtitan's always runs it (its "
                        "norms sequence-parallel: all-gathers and reduce-scatters, smaller activations)")
+    if trainer.memory == "llm-foundry":
+        out.append("memory was priced with llm-foundry's MPT recipe (scalelab.formulas.foundry_style: Triton flash "
+                   f"attention, the fused cross-entropy over bf16 logits, FSDP PURE); {name} runs its own kernels and loss, "
+                   "whose memory may differ")
     if trainer.memory == "megatron" and int(row["zero_stage"]) == 0:
         out.append("memory was priced with bf16 parameters beside an fp32 gradient buffer and fp32 master weights "
                    f"(scalelab.formulas.megatron_style); {name} keeps fp32 parameters and casts them for compute")

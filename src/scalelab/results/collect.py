@@ -128,8 +128,9 @@ def _run_row(run_dir: Path, run_path: str, forecasts: dict, step_tables: list, p
     row = _with_steps(row, summary, steps_path, identity, run_path, step_tables, problems)
     try:  # the formula columns by today's formulas: a fix reaches cached runs
         return refreshed(row)
-    except (ValueError, KeyError, TypeError) as err:  # kept as written, and said
-        problems.append(f"{summary_path}: formula columns kept as the run wrote them ({type(err).__name__}: {err})")
+    except (ValueError, KeyError, TypeError) as err:  # the row kept as written (measurements, no new formulas), and said
+        problems.append(f"{summary_path}: its formula columns not computed, the row kept as the run wrote it "
+                        f"({type(err).__name__}: {err})")
         return row
 
 
