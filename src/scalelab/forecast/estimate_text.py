@@ -82,8 +82,10 @@ def _scaling_links(a: dict) -> list[str]:
                                                                  and link["efficiency"] != 1 else "")
                    if link["efficiency"] != 1 else " (measured)")
             lines.append(f"{side.replace('_', '-')} link: {link['name']}, {link['bandwidth_gb_per_s']:.4g} GB/s per GPU{eff} = "
-                         f"{link['achievable_gb_per_s']:.4g} GB/s, latency {link['latency_us']:.3g} us per call "
-                         f"({link['source']})")
+                         f"{link['achievable_gb_per_s']:.4g} GB/s, "
+                         + ("latency by NCCL's model, per group and call " if link.get("latency_model") == "nccl" else
+                            f"latency {link['latency_us']:.3g} us per call ")
+                         + f"({link['source']})")
     return lines
 
 

@@ -261,7 +261,7 @@ def _described_link(link: links.Link | None) -> dict | None:
         return None
     return {"name": link.name, "bandwidth_gb_per_s": link.bandwidth_Bps / links.GB, "efficiency": link.efficiency,
             "achievable_gb_per_s": link.achievable_Bps / links.GB, "latency_us": link.latency_s * 1e6,
-            "source": link.source}
+            "latency_model": "nccl" if link.fabric else "per call", "source": link.source}
 
 
 def _scaling_assumptions(cluster: Cluster, machine: Machine, source: dict | None, priced) -> dict:
