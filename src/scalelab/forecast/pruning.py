@@ -60,13 +60,9 @@ def top_k(config: dict) -> int | None:
 
 
 def _link(key: str, spec, per_node: int) -> links.Link:
-    """planning.forecast.<key> as a link, as estimate scaling reads its flag: a measured busbw over the config's
-    GPUs per node (between nodes for inter_node), else a product or a bandwidth."""
-    text = str(spec).strip()
+    """planning.forecast.<key> as a link, read as estimate scaling reads its flag (links.side_link)."""
     try:
-        if text.startswith("busbw:"):
-            return links.measured_busbw(text, per_node, key == "inter_node")
-        return links.parse_link(text)
+        return links.side_link(str(spec), per_node, key == "inter_node")
     except ValueError as err:
         raise ConfigError(f"planning.forecast.{key}: {err}") from None
 

@@ -110,9 +110,7 @@ def _link(option: str, spec: str, efficiency: float | None, notes: list[str], pe
             notes.append(f"{option} {path.name} was measured within one host: its ranks shared no inter-node link")
         return link
     try:
-        if spec.strip().startswith("busbw:"):  # what nccl-tests printed, over its ranks
-            return links.measured_busbw(spec, per_node, option == "--inter-node")
-        return links.parse_link(spec, efficiency)
+        return links.side_link(spec, per_node, option == "--inter-node", efficiency)
     except ValueError as err:
         raise EstimateError(f"{option}: {err}") from None
 

@@ -355,6 +355,15 @@ def product(name: str) -> LinkProduct:
     return found
 
 
+def side_link(spec: str, per_node: int, between_nodes: bool, efficiency: float | None = None) -> Link:
+    """A link as a user gives it for one side (within nodes, or between them): a measured ``busbw:GBPS/RANKS`` read
+    over ``per_node`` GPUs on that side (measured_busbw), else a product or a bandwidth (parse_link). What
+    ``estimate scaling --intra-node/--inter-node`` and ``planning.forecast.*`` both read."""
+    if spec.strip().startswith("busbw:"):  # what nccl-tests printed, over its ranks
+        return measured_busbw(spec, per_node, between_nodes)
+    return parse_link(spec, efficiency, per_node)
+
+
 def parse_link(spec: str, efficiency: float | None = None, per_node: int = 8) -> Link:
     """A link from a command-line spec: a measured ``busbw:GBPS/RANKS`` (measured_busbw: between nodes where RANKS spans
     more than ``per_node`` GPUs), a product name (PRODUCTS), or a number = GB/s per GPU,
