@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from scalelab.report.export_plan import is_plan, plan_row, priced_with, read_plan, runs_otherwise
+from scalelab.report.export_plan import is_plan, measured_or_priced, plan_row, priced_with, read_plan, runs_otherwise
 
 STEP_SCALARS = {"loss": "train/loss", "grad_norm": "train/grad_norm", "tokens_per_s": "speed/tokens_per_s",
                 "step_time_s": "speed/step_time_s", "lr": "train/lr", "loss_scale": "train/loss_scale"}
@@ -192,11 +192,6 @@ def _pricing_lines(row: dict, target: str) -> list[str]:
     return [priced_with(row), *(f"runs otherwise: {why}" for why in runs_otherwise(row, target))]
 
 
-def _what(row: dict) -> str:
-    """Whether the configuration was measured (a run) or priced (a plan's pick)."""
-    return "priced" if row.get("_priced_by") else "measured"
-
-
 def torchtitan_toml(row: dict) -> str:
     stage, replicas, tp, pp = int(row["zero_stage"]), _replicas(row), _tensor_parallel(row), _pipeline(row)
     n = _data_parallel(row)  # the data-parallel ranks (the world without tensor or pipeline parallelism)
@@ -209,7 +204,7 @@ def torchtitan_toml(row: dict) -> str:
                   f"data_parallel_replicate_degree = {n}", "data_parallel_shard_degree = 1"]
     else:
         if stage in (1, 2):
-            lines.append(f"# ZeRO stage {stage} was {_what(row)}; torchtitan's FSDP2 shards parameters too: 'never' resharding "
+            lines.append(f"# ZeRO stage {stage} was {measured_or_priced(row)}; torchtitan's FSDP2 shards parameters too: 'never' resharding "
                          "after forward keeps them gathered, as stage 2 does")
         lines += [f"data_parallel_replicate_degree = {replicas}", f"data_parallel_shard_degree = {n // replicas}",
                   f'fsdp_reshard_after_forward = "{"always" if stage == 3 else "never"}"']
@@ -231,7 +226,7 @@ def torchtitan_toml(row: dict) -> str:
               f'mixed_precision_param = "{"bfloat16" if precision in ("bf16", "fp8") else "float32"}"',
               'mixed_precision_reduce = "float32"', f"compile = {'true' if row.get('compile') else 'false'}"]
     if precision == "fp16":
-        lines.append(f"# fp16 with dynamic loss scaling was {_what(row)}: torchtitan trains in bfloat16 or float32 "
+        lines.append(f"# fp16 with dynamic loss scaling was {measured_or_priced(row)}: torchtitan trains in bfloat16 or float32 "
                      "(float32 above)")
     if precision == "fp8":
         lines += ["", "[model]", 'converters = ["float8"]']

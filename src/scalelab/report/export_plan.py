@@ -107,12 +107,17 @@ def measured_with(row: dict) -> str:
             + f", {row['precision']}): scalelab plan --trainer scalelab prices this")
 
 
+def measured_or_priced(row: dict) -> str:
+    """Whether an exported configuration was measured (a run) or priced (a plan's pick)."""
+    return "priced" if row.get("_priced_by") else "measured"
+
+
 def runs_otherwise(row: dict, target: str) -> list[str]:
     """Where the target trainer runs this configuration otherwise than the trainer it was priced (or measured) as: each a
     sentence; empty where it runs it as priced."""
     trainer = TRAINERS[row.get("_priced_by") or "scalelab"]
     priced = trainer.form  # whose strategies priced ZeRO-1 and tensor parallelism (nemo's are megatron's)
-    what = "priced" if row.get("_priced_by") else "measured"
+    what = measured_or_priced(row)
     name = TARGET_NAMES[target]
     out = []
     if int(row["zero_stage"]) == 1:
