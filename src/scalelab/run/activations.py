@@ -51,13 +51,35 @@ def _tensors(value) -> list[torch.Tensor]:
     return []
 
 
-class SavedActivationMeter:
+class _SavedTensorScope:
+    """What both meters share: module hooks and saved-tensor hooks that hold for the ``with`` block alone.
+    Subclasses set ``_hooks`` (torch.autograd.graph.saved_tensors_hooks) and add their module hooks with ``_hook``."""
+
+    def __init__(self):
+        self._handles = []
+
+    def _hook(self, *handles) -> None:
+        self._handles += handles
+
+    def _enter(self):
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+class SavedActivationMeter(_SavedTensorScope):
     """Context manager around one forward: ``inside_blocks`` and ``outside_blocks`` bytes.
 
     ``with SavedActivationMeter(model, model.blocks) as meter: loss = model(x, y)``
     """
 
     def __init__(self, model: nn.Module, blocks: list[nn.Module]):
+        super().__init__()
         self.model, self.blocks = model, list(blocks)
         self.inside_blocks = 0
         self.outside_blocks = 0
@@ -68,7 +90,6 @@ class SavedActivationMeter:
         self._model_params: set[int] = set()
         self._block_params: set[int] = set()
         self._in_block = 0
-        self._handles = []
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
 
     def _count(self, t: torch.Tensor) -> None:
@@ -103,41 +124,32 @@ class SavedActivationMeter:
             for t in _tensors(output):
                 self._count(t)
 
-        self._handles.append(self.model.register_forward_pre_hook(note_model_params))
-        self._handles.append(self.model.register_forward_hook(count_returned))
+        self._hook(self.model.register_forward_pre_hook(note_model_params), self.model.register_forward_hook(count_returned))
         for block in self.blocks:
-            self._handles.append(block.register_forward_pre_hook(self._block_pre))
-            self._handles.append(block.register_forward_hook(self._block_post))
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._hooks.__exit__(*exc)
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+            self._hook(block.register_forward_pre_hook(self._block_pre), block.register_forward_hook(self._block_post))
+        return self._enter()
 
 
-class LiveSavedBytes:
+class LiveSavedBytes(_SavedTensorScope):
     """Context manager around a pipeline's step: ``peak``, the most bytes the blocks' saved tensors hold at once
     (a storage counts while autograd keeps any tensor of it for backward, once however many keep it; released as
     autograd frees them), where SavedActivationMeter counts one forward's; parameters left out (the running block's,
     as SavedActivationMeter leaves them out)."""
 
     def __init__(self, blocks: list[nn.Module]):
+        super().__init__()
         self.blocks = list(blocks)
         self.now = self.peak = 0
         self._live: dict[int, list[int]] = {}  # storage address -> [holders, bytes]
         self._params: set[int] = set()
         self._inside = 0
-        self._handles = []
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
-    def _enter(self, block, args):
+    def _block_enter(self, block, args):
         self._inside += 1
         self._params = param_storages(block)
 
-    def _leave(self, block, args, out):
+    def _block_leave(self, block, args, out):
         self._inside -= 1
 
     def _pack(self, t: torch.Tensor):
@@ -166,15 +178,8 @@ class LiveSavedBytes:
 
     def __enter__(self) -> "LiveSavedBytes":
         for block in self.blocks:
-            self._handles += [block.register_forward_pre_hook(self._enter), block.register_forward_hook(self._leave)]
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._hooks.__exit__(*exc)
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+            self._hook(block.register_forward_pre_hook(self._block_enter), block.register_forward_hook(self._block_leave))
+        return self._enter()
 
 
 class _Held:
