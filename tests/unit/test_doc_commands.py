@@ -1,32 +1,12 @@
 """The commands the docs show run as written: every fenced `scalelab estimate` and `scalelab plan` line of the README
 and docs/ (cheap: they compute, in process) exits 0, so that a renamed flag or a removed option cannot leave a doc
 telling users to type what fails."""
-import re
 import shlex
 
 import pytest
 
 from scalelab.cli import main
-from support import REPO
-
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-
-
-def fenced_commands(pattern: str) -> list[tuple[str, int, str]]:
-    """(doc, line, command) of every line inside a code fence that starts with the pattern (a `$ ` prompt, a
-    `.venv/bin/` prefix and a trailing `# comment` taken off)."""
-    found = []
-    for doc in DOCS:
-        inside = False
-        for number, line in enumerate(doc.read_text().splitlines(), 1):
-            if line.startswith("```"):
-                inside = not inside
-                continue
-            text = line.strip().removeprefix("$ ").removeprefix(".venv/bin/")
-            if inside and re.match(pattern, text):
-                found.append((doc.name, number, re.split(r"\s+#\s", text, maxsplit=1)[0].strip()))
-    return found
-
+from support.doc_commands import fenced_commands
 
 COMMANDS = fenced_commands(r"scalelab (estimate|plan)\b")
 
