@@ -52,7 +52,7 @@ def cluster_flags(p) -> None:
                    help="link between nodes, one GPU's NIC: as --intra-node, or what nccl-tests measured: busbw:GBPS/RANKS "
                         "(the all-reduce busbw over RANKS ranks, every GPU of their nodes, e.g. busbw:64.9/256; scalelab "
                         "divides by the NICs per node); a group spanning nodes runs on as many NICs as it has ranks on a "
-                        "node, up to the intra-node link (a bench table: as measured); needed once GPUs span nodes"),
+                        "node, up to the intra-node link (a bench table: as measured); needed once GPUs span nodes")
     p.add_argument("--link-efficiency", type=finite_number, default=None,
                    help=f"achievable over nominal bus bandwidth of products and numbers (default {links.DEFAULT_EFFICIENCY}; "
                         "a measured table is taken as measured)")
@@ -70,6 +70,7 @@ def trainer_flag(p) -> None:
     """--trainer: whose implementation of the strategies a forecast prices (estimate scaling's and plan's)."""
     p.add_argument("--trainer", default="scalelab", choices=list(TRAINERS),
                    help="; ".join(f"{k}: {v.description}" for k, v in TRAINERS.items()) + " (default scalelab)")
+
 
 def _add_scaling_parser(kinds):
     """`scalelab estimate scaling`'s options."""
