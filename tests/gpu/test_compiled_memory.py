@@ -7,6 +7,7 @@ import torch
 
 from scalelab.config import ModelConfig
 from scalelab.formulas import activation_memory, flops, peak_memory
+from scalelab.formulas.peak_memory import RankStep
 from scalelab.run.model import GPT, Block
 from support.compiled_memory import GIB, MODES, partitioned
 
@@ -62,6 +63,6 @@ def test_gpu_compiled_peak_within_ten_percent():
     step()
     torch.cuda.synchronize()
     measured = torch.cuda.max_memory_allocated() - base
-    predicted = peak_memory.peak_memory(cfg, flops.param_count(cfg), 0, 1, "bf16", micro_batch, compiled=True)
+    predicted = peak_memory.peak_memory(cfg, flops.param_count(cfg), RankStep("bf16", 0, 1, micro_batch, compiled=True))
     assert predicted.exact
     assert abs(measured / predicted.activations - 1) < 0.10, (measured / GIB, predicted.activations / GIB)

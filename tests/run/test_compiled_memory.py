@@ -15,6 +15,7 @@ import torch
 
 from scalelab.config import ModelConfig
 from scalelab.formulas import activation_memory, flops, peak_memory
+from scalelab.formulas.peak_memory import RankStep
 from scalelab.run.activations import SavedActivationMeter
 from scalelab.run.model import GPT, Block, Llama, LlamaBlock, cross_entropy_loss, rope_tables
 from support.compiled_memory import MODES, partitioned, partitioner_backend
@@ -126,7 +127,7 @@ def test_fp8_compiled_keeps_less_than_its_bound(emulate):
     small = 2 * (2 * 2 * 4 * 2 * 64 + 4 * 2 * 4 * 64 + 4 * scales)  # per block: LayerNorm stats, logsumexp, scales
     assert meter.inside_blocks == 2 * (4 + 9 * 2) * sbh + small < bound, str(graphs[0])
     assert meter.outside_blocks == activation_memory.outside_block_activation_bytes(cfg, 2, "fp8", compiled=True)
-    peak = peak_memory.peak_memory(cfg, flops.param_count(cfg), 0, 1, "fp8", 2, compiled=True)
+    peak = peak_memory.peak_memory(cfg, flops.param_count(cfg), RankStep("fp8", 0, 1, 2, compiled=True))
     assert peak.upper_bound
 
 

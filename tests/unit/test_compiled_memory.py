@@ -8,6 +8,7 @@ import pytest
 
 from scalelab.config import ModelConfig
 from scalelab.formulas import activation_memory, flops, model_state, peak_memory
+from scalelab.formulas.peak_memory import RankStep
 from support.compiled_memory import GIB
 
 pytestmark = pytest.mark.filterwarnings(  # inductor's import of torch.utils.mkldnn, torch's own
@@ -56,7 +57,7 @@ def test_compiled_loss_keeps_the_logits_not_the_log_softmax(precision, micro_bat
     eager = activation_memory.outside_block_activation_bytes(cfg, micro_batch, precision)
     compiled = activation_memory.outside_block_activation_bytes(cfg, micro_batch, precision, compiled=True)
     assert compiled == eager - 4 * b * t * v - (8 * b * t if b > 1 else 0) + w * b * t * v + 8 * b * t
-    peak = peak_memory.peak_memory(cfg, 1000, 0, 1, precision, micro_batch, compiled=True)
+    peak = peak_memory.peak_memory(cfg, 1000, RankStep(precision, 0, 1, micro_batch, compiled=True))
     assert peak.activations == (activation_memory.block_activation_bytes(cfg, micro_batch, precision, False, zero_stage=0,
                                                                   device_type="cuda", compiled=True) + compiled + w * b * t * v)
 
@@ -79,7 +80,7 @@ def test_gpu_measurements(case):
     compiled figure), above the measurement (by 32% on the H100: not modelled, the row says so)."""
     d, precision, stage, compiled, measured = GPU_PEAKS[case]
     cfg = ModelConfig(24, d, 16, 1024, True, 50304)
-    peak = peak_memory.peak_memory(cfg, flops.param_count(cfg), stage, 1, precision, 16, compiled=compiled)
+    peak = peak_memory.peak_memory(cfg, flops.param_count(cfg), RankStep(precision, stage, 1, 16, compiled=compiled))
     error = peak.total / GIB / measured - 1
     if precision == "fp8":
         assert peak.upper_bound and not peak.exact and 0 <= error < 0.40, (peak.total / GIB, peak.bound)
@@ -103,16 +104,16 @@ def test_bounds_for_the_launcher():
 
     # PeakMemory: positional construction as before (a model), and the bound survives dataclasses.replace
     assert peak_memory.PeakMemory(1.0, 2.0, 3.0).exact
-    peak = peak_memory.peak_memory(gpt, 10 ** 6, 0, 1, "fp8", 4, compiled=True)
+    peak = peak_memory.peak_memory(gpt, 10 ** 6, RankStep("fp8", 0, 1, 4, compiled=True))
     assert peak.upper_bound and dataclasses.replace(peak, model_state=0.0).bound == peak.bound
     assert not peak_memory.predicts_oom(peak, peak.total / 2)  # an upper bound alone never says OOM
-    modelled = peak_memory.peak_memory(gpt, 10 ** 6, 0, 1, "bf16", 4, compiled=True)
+    modelled = peak_memory.peak_memory(gpt, 10 ** 6, RankStep("bf16", 0, 1, 4, compiled=True))
     assert peak_memory.predicts_oom(modelled, modelled.total / 2) and not peak_memory.predicts_oom(modelled, None)
     assert not peak_memory.predicts_oom(modelled, modelled.total)
-    lower = peak_memory.peak_memory(custom, 10 ** 6, 0, 1, "bf16", 4, block_params=1000)
+    lower = peak_memory.peak_memory(custom, 10 ** 6, RankStep("bf16", 0, 1, 4), block_params=1000)
     assert lower.activations == 0 and peak_memory.predicts_oom(lower, lower.total / 2)
     # the default stays eager, and a model
-    eager = peak_memory.peak_memory(gpt, 10 ** 6, 0, 1, "bf16", 4)
+    eager = peak_memory.peak_memory(gpt, 10 ** 6, RankStep("bf16", 0, 1, 4))
     assert eager.exact and eager.activations > modelled.activations
 
 
@@ -122,11 +123,11 @@ def test_the_peak_is_at_least_the_model_state_at_rest():
     cfg = ModelConfig(24, 1024, 16, 1024, True, 50304)
     n = flops.param_count(cfg)
     at_rest = model_state.model_state_bytes(n, 0, 1, "bf16").total
-    small = peak_memory.peak_memory(cfg, n, 0, 1, "bf16", 1, activation_checkpointing=True)
+    small = peak_memory.peak_memory(cfg, n, RankStep("bf16", 0, 1, 1, activation_checkpointing=True))
     assert small.model_state + small.transient_params + small.activations < at_rest == small.at_rest == small.total
     assert small.at_optimizer_step
-    large = peak_memory.peak_memory(cfg, n, 0, 1, "bf16", 16)
+    large = peak_memory.peak_memory(cfg, n, RankStep("bf16", 0, 1, 16))
     assert large.total == large.model_state + large.transient_params + large.activations > at_rest
     assert not large.at_optimizer_step
-    offloaded = peak_memory.peak_memory(cfg, n, 3, 2, "bf16", 1, cpu_offload=True)
+    offloaded = peak_memory.peak_memory(cfg, n, RankStep("bf16", 3, 2, 1, cpu_offload=True))
     assert offloaded.at_rest == 0 and offloaded.total == offloaded.transient_params + offloaded.activations

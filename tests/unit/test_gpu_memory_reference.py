@@ -7,6 +7,7 @@ import pytest
 
 from scalelab.config import ModelConfig
 from scalelab.formulas import flops, peak_memory
+from scalelab.formulas.peak_memory import RankStep
 from support import REPO
 
 CHECKS = sorted((REPO / "results" / "reference").glob("*/gpu-check*.json"))
@@ -43,8 +44,8 @@ def test_a_gpu_runs_peak_is_the_prediction(gpu, label, cfg, batch, precision, st
     TF32, stages 0, 2 and 3); fp8's prediction is an upper bound (activation_bound), and holds as one.
     Before issue #40's H200 findings eager bf16 at stage 3 read 1.068 and compiled stage 2 1.040 (the
     LayerNorms' fp32 copies under CUDA's autocast, FSDP2's gathered groups at world size 1)."""
-    peak = peak_memory.peak_memory(cfg, flops.param_count(cfg), stage, 1, precision, batch, device_type="cuda",
-                                  compiled=compiled)
+    peak = peak_memory.peak_memory(cfg, flops.param_count(cfg),
+                                  RankStep(precision, stage, 1, batch, device_type="cuda", compiled=compiled))
     if peak.upper_bound:
         assert measured <= peak.total, (measured / 2**30, peak.total / 2**30)
     else:
@@ -60,5 +61,5 @@ def test_the_memory_case_with_a_byte_vocabulary():
     cfg = ModelConfig(12, 768, 12, 1024, True, 256)
     for case in check["parts"]["memory"]["cases"]:
         stage = int(case["label"].split()[-1])
-        peak = peak_memory.peak_memory(cfg, flops.param_count(cfg), stage, 1, "bf16", 8, device_type="cuda")
+        peak = peak_memory.peak_memory(cfg, flops.param_count(cfg), RankStep("bf16", stage, 1, 8, device_type="cuda"))
         assert 1.0 < case["measured_bytes"] / peak.total < 1.05, (case["label"], case["measured_bytes"] / peak.total)

@@ -9,6 +9,7 @@ import pytest
 from scalelab.cli import main
 from scalelab.config import ModelConfig
 from scalelab.formulas import flops, links, megatron_style, tensor_parallelism
+from scalelab.formulas.peak_memory import RankStep
 from scalelab.registries.presets import PRESETS
 
 LLAMA3_8B = ModelConfig(**PRESETS["llama3-8b"].shape)
@@ -64,16 +65,16 @@ def test_sequence_parallelism_splits_each_all_reduce_into_two_halves_of_the_same
 def test_the_memory_recipe_splits_activations_and_logits_and_shards_the_optimizer_at_zero1():
     n = flops.param_count(LLAMA3_8B)
     local = megatron_style.local_params(LLAMA3_8B, n, 8)
-    zero0 = megatron_style.peak_memory(LLAMA3_8B, local, 0, 16, "bf16", 1, 8)
-    zero1 = megatron_style.peak_memory(LLAMA3_8B, local, 1, 16, "bf16", 1, 8)
+    zero0 = megatron_style.peak_memory(LLAMA3_8B, local, RankStep("bf16", 0, 16, 1, tensor_parallel=8))
+    zero1 = megatron_style.peak_memory(LLAMA3_8B, local, RankStep("bf16", 1, 16, 1, tensor_parallel=8))
     assert zero0["model_state"] == 18 * local and zero1["model_state"] == pytest.approx(6 * local + 12 * local / 16)
-    sp = megatron_style.peak_memory(LLAMA3_8B, local, 1, 16, "bf16", 1, 8, sequence_parallel=True)
-    whole = megatron_style.peak_memory(LLAMA3_8B, n, 1, 16, "bf16", 1, 1)
+    sp = megatron_style.peak_memory(LLAMA3_8B, local, RankStep("bf16", 1, 16, 1, tensor_parallel=8, sequence_parallel=True))
+    whole = megatron_style.peak_memory(LLAMA3_8B, n, RankStep("bf16", 1, 16, 1))
     assert sp["activations"] < zero1["activations"] < whole["activations"]
     logits = megatron_style.LOGIT_BYTES * 8192 * LLAMA3_8B.vocab_size
     assert megatron_style.activation_bytes(LLAMA3_8B, 1, "bf16", 8, False, False) > logits / 8
     with pytest.raises(ValueError, match="stages 0 and 1"):
-        megatron_style.peak_memory(LLAMA3_8B, local, 3, 16, "bf16", 1, 8)
+        megatron_style.peak_memory(LLAMA3_8B, local, RankStep("bf16", 3, 16, 1, tensor_parallel=8))
 
 
 def test_userbuffers_leave_a_pipelined_reduce_scatters_last_chunk_and_the_embedding_and_head_collectives_exposed():

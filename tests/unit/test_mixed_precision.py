@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scalelab.formulas import communication, flops, lora_training, peak_memory
+from scalelab.formulas.peak_memory import RankStep
 from scalelab.planning.result_tables import run_row
 from scalelab.planning.run_plan import result_params, run_plan
 from scalelab.planning.sweep import RunPoint, sweep_plan
@@ -56,12 +57,12 @@ def test_in_step_gathered_parameters_follow_the_gather_dtype():
     model = model_config(cfg, 256)
     n = flops.param_count(model)
     for stage in (2, 3):
-        fp32 = peak_memory.peak_memory(model, n, stage, 2, "fp32", 4)
+        fp32 = peak_memory.peak_memory(model, n, RankStep("fp32", stage, 2, 4))
         for precision in ("fp16", "bf16"):
-            mixed = peak_memory.peak_memory(model, n, stage, 2, precision, 4)
+            mixed = peak_memory.peak_memory(model, n, RankStep(precision, stage, 2, 4))
             assert mixed.transient_params == fp32.transient_params / 2
             assert mixed.model_state == fp32.model_state  # fp32 shards, grads and AdamW at rest
-    assert peak_memory.peak_memory(model, n, 0, 2, "bf16", 4).transient_params == 0
+    assert peak_memory.peak_memory(model, n, RankStep("bf16", 0, 2, 4)).transient_params == 0
 
 
 def test_the_lever_is_one_axis_whose_default_changes_no_run_id():

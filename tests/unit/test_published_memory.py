@@ -6,6 +6,7 @@ import pytest
 from scalelab.config import ModelConfig
 from scalelab.forecast import published_memory as pm
 from scalelab.formulas import flops, foundry_style
+from scalelab.formulas.peak_memory import RankStep
 
 
 def test_the_shapes_count_the_tables_parameters():
@@ -39,7 +40,7 @@ def test_the_recipe_by_hand_for_the_1b_at_64_gpus():
     blocks = 24 * (32 * s * b * h + 16 * s * b + 4 * b * 16 * s)
     outside = 2 * b * s * h + 8 * b * s + 2 * b * s * h + 2 * b * s * v + 4 * b * s + 8 * b * (s + 1)
     expected = 12 * n / 64 + 2 * (2 * block + (n - 24 * block)) + blocks + outside + 2 * b * s * v
-    assert foundry_style.peak_memory(cfg, n, 64, 10).total == pytest.approx(expected)
+    assert foundry_style.peak_memory(cfg, n, RankStep("bf16", 3, 64, 10)).total == pytest.approx(expected)
     with pytest.raises(ValueError, match="gpt2 family"):
         foundry_style.block_activation_bytes(ModelConfig(family="llama", n_layers=2, d_model=64, n_heads=4), 1)
 
@@ -70,8 +71,8 @@ def test_the_llm_foundry_trainer_prices_every_published_row_by_its_recipe_and_ea
     for r in pm.validation():
         row = predict_point(_foundry_point(r["run"]), _a100_machine(), r["run"].gpus)
         assert row["peak_memory_gib"] == pytest.approx(
-            foundry_style.peak_memory(r["run"].cfg, flops.param_count(r["run"].cfg), r["run"].gpus, r["run"].micro_batch,
-                                      r["run"].accumulation).total / 2**30)
+            foundry_style.peak_memory(r["run"].cfg, flops.param_count(r["run"].cfg), RankStep(
+                "bf16", 3, r["run"].gpus, r["run"].micro_batch, r["run"].accumulation)).total / 2**30)
         assert row["fits_memory"]
 
 

@@ -5,6 +5,7 @@ import pytest
 
 from scalelab.config import ModelConfig
 from scalelab.formulas import flops, peak_memory
+from scalelab.formulas.peak_memory import RankStep
 from scalelab.planning.sweep import RunPoint
 from support import snakemake, tiny_config, write_workdir
 
@@ -13,8 +14,8 @@ def test_point_that_cannot_fit_is_recorded_without_launch(tmp_path):
     cfg = tiny_config(sweep={"precision": ["fp32"], "zero_stage": [0, 3], "world_size": [2]})
     model = ModelConfig(2, 32, 2, 32, True, 256)
     n = flops.param_count(model)
-    big = peak_memory.peak_memory(model, n, 0, 2, "fp32", 4).total
-    small = peak_memory.peak_memory(model, n, 3, 2, "fp32", 4).total
+    big = peak_memory.peak_memory(model, n, RankStep("fp32", 0, 2, 4)).total
+    small = peak_memory.peak_memory(model, n, RankStep("fp32", 3, 2, 4)).total
     assert small < big
     cfg["planning"] = {"device_memory_gib": (small + big) / 2 / 2 ** 30, "launch_predicted_oom": False}
     workdir = write_workdir(tmp_path, cfg)

@@ -86,7 +86,8 @@ def memory_table(model: ModelChoice, world_size: int, unit: str, points: list[tu
                f"pytorch_optimizer_{u}": real.optimizer / scale, f"pytorch_total_{u}": real.total / scale,
                f"paper_total_{u}": paper.total / scale}
         if cfg is not None and micro_batch:
-            peak = peak_memory.peak_memory(cfg, local, stage, data_ranks, precision, micro_batch, tensor_parallel=t)
+            peak = peak_memory.peak_memory(cfg, local, peak_memory.RankStep(precision, stage, data_ranks, micro_batch,
+                                                                             tensor_parallel=t))
             row[f"activations_{u}"] = peak.activations / scale
             row[f"peak_{u}"] = peak.total / scale
         rows.append(row)
@@ -231,8 +232,8 @@ def advise(model: ModelChoice, device: float, gpus: int, precision: str, unit: s
     if micro and cfg is None:
         raise EstimateError("--micro-batch needs the model's shape (--model, or --layers/--d-model/--vocab/--seq)")
 
-    peaks = {stage: peak_memory.peak_memory(cfg, n_params, stage, gpus, precision, micro, activation_checkpointing)
-             for stage in ZERO_STAGES} if micro else {}
+    peaks = {stage: peak_memory.peak_memory(cfg, n_params, peak_memory.RankStep(
+        precision, stage, gpus, micro, activation_checkpointing=activation_checkpointing)) for stage in ZERO_STAGES} if micro else {}
 
     def in_step(stage: int) -> float:  # what the step's peak adds to the model state at rest (the freed gradients counted out)
         return peaks[stage].total - peaks[stage].at_rest if micro else 0.0

@@ -99,8 +99,8 @@ def _stage_memory(point, rank: int, blocks: int, last: bool, n_local: float, dp:
         held = pipeline.held_block_activations(per_block, cfg.n_layers, rank, pp, m, sched, virtual=point.chunks_per_rank)
         held += outside if last else 0.0
         return {"model_state": state, "activations": held, "total": state + held}
-    peak = peak_memory.peak_memory(mine, n_local, stage, dp, point.precision, micro, ac, accumulation_steps=m,
-                                  tensor_parallel=t, sequence_parallel=sp)
+    peak = peak_memory.peak_memory(mine, n_local, peak_memory.RankStep(point.precision, stage, dp, micro, m, ac,
+                                                                       tensor_parallel=t, sequence_parallel=sp))
     block_acts = activation_memory.block_activation_bytes(mine, micro, point.precision, ac, zero_stage=stage, tensor_parallel=t,
                                                    sequence_parallel=sp)
     outside = peak.activations - block_acts  # outside the blocks and the loss path: the last stage's

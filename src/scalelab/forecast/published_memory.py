@@ -77,9 +77,9 @@ def predicted(run: MemoryRun) -> dict:
     """A row's predicted peak per GPU (GiB) by scalelab's own convention and by the llm-foundry recipe."""
     cfg = run.cfg
     n_params = flops.param_count(cfg)
-    own = scalelab_memory.peak_memory(cfg, n_params, 3, run.gpus, "bf16", run.micro_batch,
-                                      accumulation_steps=run.accumulation, device_type="cuda")
-    recipe = foundry_style.peak_memory(cfg, n_params, run.gpus, run.micro_batch, run.accumulation)
+    step = scalelab_memory.RankStep("bf16", 3, run.gpus, run.micro_batch, run.accumulation)
+    own = scalelab_memory.peak_memory(cfg, n_params, step)
+    recipe = foundry_style.peak_memory(cfg, n_params, step)
     return {"run": run, "n_params": n_params, "scalelab_gib": own.total / 2**30, "foundry_gib": recipe.total / 2**30}
 
 

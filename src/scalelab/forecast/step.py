@@ -14,6 +14,7 @@ from scalelab.config import ModelConfig
 from scalelab.forecast.inputs import UNITS, EstimateError
 from scalelab.formulas import communication, flops, links, megatron_style, peak_memory, tensor_parallelism
 from scalelab.formulas.links import collective_calls
+from scalelab.formulas.peak_memory import RankStep
 from scalelab.registries.strategies import HYBRID_KEY, TRAINERS, ZERO1_SHARDED_KEY, strategy
 
 
@@ -172,18 +173,16 @@ def _strategy_comm(point: Point, machine: Machine, n: int, n_local: float, repli
 def _peak_memory(point: Point, n_local: float, dp: int, micro: int, accumulation: int, replicas: int) -> float:
     """The in-step peak per GPU: the megatron trainer's recipe (scalelab.formulas.megatron_style) or what scalelab's
     runs measure (scalelab.formulas.peak_memory.peak_memory)."""
-    stage, t = strategy(point.key).stage, point.tensor_parallel
+    step = RankStep(point.precision, strategy(point.key).stage, dp, micro, accumulation, point.activation_checkpointing,
+                    replicas=replicas, tensor_parallel=point.tensor_parallel, sequence_parallel=point.sequence_parallel)
     if TRAINERS[point.trainer].memory == "llm-foundry":
-        return _foundry_memory(point, dp, micro, accumulation)
+        return _foundry_memory(point, step)
     if point.megatron:
-        return megatron_style.peak_memory(point.cfg, n_local, stage, dp, point.precision, micro, t, point.sequence_parallel,
-                                          point.activation_checkpointing)["total"]
-    return peak_memory.peak_memory(point.cfg, n_local, stage, dp, point.precision, micro, replicas=replicas,
-                                  activation_checkpointing=point.activation_checkpointing,
-                                  accumulation_steps=accumulation, tensor_parallel=t).total
+        return megatron_style.peak_memory(point.cfg, n_local, step)["total"]
+    return peak_memory.peak_memory(point.cfg, n_local, step).total
 
 
-def _foundry_memory(point: Point, dp: int, micro: int, accumulation: int) -> float:
+def _foundry_memory(point: Point, step: RankStep) -> float:
     """The peak under llm-foundry's recipe (scalelab.formulas.foundry_style: FSDP FULL_SHARD, PURE, MPT's blocks), or
     EstimateError in one line where the point is not what that recipe prices."""
     from scalelab.formulas import foundry_style
@@ -192,8 +191,7 @@ def _foundry_memory(point: Point, dp: int, micro: int, accumulation: int) -> flo
         raise EstimateError("--trainer llm-foundry prices its MPT benchmarks' FSDP FULL_SHARD in bf16: --zero-stage 3 "
                             "--precision bf16, no --tensor-parallel or --pipeline-parallel")
     try:
-        return foundry_style.peak_memory(point.cfg, point.n_params, dp, micro, accumulation,
-                                         point.activation_checkpointing).total
+        return foundry_style.peak_memory(point.cfg, point.n_params, step).total
     except ValueError as err:
         raise EstimateError(f"--trainer llm-foundry: {err}") from None
 

@@ -30,7 +30,7 @@ import math
 
 from scalelab.config import ModelConfig
 from scalelab.formulas.flops import block_param_count
-from scalelab.formulas.peak_memory import MODELLED, PeakMemory
+from scalelab.formulas.peak_memory import MODELLED, PeakMemory, RankStep
 
 RECIPE = ("llm-foundry's MPT benchmarks: FSDP FULL_SHARD, mixed precision PURE (bf16 gathers and reductions, fp32 "
           "shards and Adam), limit_all_gathers (two blocks gathered ahead), Triton flash attention, low-precision "
@@ -78,17 +78,22 @@ def loss_backward_bytes(cfg: ModelConfig, micro_batch: int) -> float:
     return 2.0 * micro_batch * cfg.seq_len * cfg.vocab_size
 
 
-def peak_memory(cfg: ModelConfig, n_params: int, world_size: int, micro_batch: int, accumulation_steps: int = 1,
-                activation_checkpointing: bool = False) -> PeakMemory:
+def peak_memory(cfg: ModelConfig, n_params: int, step: RankStep) -> PeakMemory:
     """The step's peak per GPU under the recipe: at the loss's backward, the fp32 shards and Adam (and the fp32 gradient
     shards where accumulation made them), the bf16 root unit and two gathered blocks, and one micro-batch's kept
-    activations with the logits' gradient. The optimizer step's peak (every shard and its gradient) is ``at_rest``."""
-    shard = n_params / world_size
+    activations with the logits' gradient. The optimizer step's peak (every shard and its gradient) is ``at_rest``.
+    Only the step the recipe describes (FSDP FULL_SHARD, bf16, no model parallelism) is priced: another is a
+    ValueError."""
+    if (step.zero_stage, step.precision, step.tensor_parallel) != (3, "bf16", 1):
+        raise ValueError("llm-foundry's recipe prices FSDP FULL_SHARD (ZeRO stage 3) in bf16 without tensor "
+                         f"parallelism, not stage {step.zero_stage}, {step.precision}, TP {step.tensor_parallel}")
+    micro_batch, accumulation_steps = step.micro_batch, step.accumulation_steps
+    shard = n_params / step.data_parallel
     at_rest = 16 * shard
     state = at_rest if accumulation_steps > 1 else 12 * shard
     block = block_param_count(cfg)
     root = max(0, n_params - cfg.n_layers * block)
     transient = 2 * (2 * block + root)
-    activations = (block_activation_bytes(cfg, micro_batch, activation_checkpointing)
+    activations = (block_activation_bytes(cfg, micro_batch, step.activation_checkpointing)
                    + outside_block_bytes(cfg, micro_batch, accumulation_steps) + loss_backward_bytes(cfg, micro_batch))
     return PeakMemory(state, float(transient), activations, MODELLED, at_rest=at_rest)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from scalelab.config import ModelConfig
 from scalelab.formulas import activation_memory
+from scalelab.formulas.peak_memory import RankStep
 from scalelab.registries.families import ActivationCase, family, tensor_parallel_split_params
 
 STATE_BYTES = {"params": 2, "grads": 4, "optimizer": 12}
@@ -71,15 +72,15 @@ def activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, degree:
     return record.block_activation_bytes(cfg, case) + record.outside_block_bytes(cfg, case) + logits
 
 
-def peak_memory(cfg: ModelConfig, n_local: float, zero_stage: int, data_parallel: int, precision: str, micro_batch: int,
-                degree: int = 1, sequence_parallel: bool = False, activation_checkpointing: bool = False) -> dict[str, float]:
+def peak_memory(cfg: ModelConfig, n_local: float, step: RankStep) -> dict[str, float]:
     """Bytes per GPU at the step's peak (the module doc's recipe): model state, ZeRO-1's optimizer shard, one
     micro-batch's activations. Stages 2 and 3 are FSDP's (scalelab.formulas.peak_memory), not priced here."""
-    if zero_stage not in (0, 1):
-        raise ValueError(f"the megatron-style memory covers ZeRO stages 0 and 1, got {zero_stage}")
-    optimizer = STATE_BYTES["optimizer"] * n_local / (data_parallel if zero_stage == 1 else 1)
+    if step.zero_stage not in (0, 1):
+        raise ValueError(f"the megatron-style memory covers ZeRO stages 0 and 1, got {step.zero_stage}")
+    optimizer = STATE_BYTES["optimizer"] * n_local / (step.data_parallel if step.zero_stage == 1 else 1)
     state = (STATE_BYTES["params"] + STATE_BYTES["grads"]) * n_local + optimizer
-    activations = activation_bytes(cfg, micro_batch, precision, degree, sequence_parallel, activation_checkpointing)
+    activations = activation_bytes(cfg, step.micro_batch, step.precision, step.tensor_parallel, step.sequence_parallel,
+                                   step.activation_checkpointing)
     return {"model_state": state, "activations": activations, "total": state + activations}
 
 

@@ -127,11 +127,35 @@ def grads_at_peak(zero_stage: int, world_size: int, accumulation_steps: int = 1,
     return strategy(zero_stage, replicas).ddp_wraps(world_size, tensor_parallel) or accumulation_steps > 1
 
 
-def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: int, precision: str,
-                micro_batch: int, activation_checkpointing: bool = False, cpu_offload: bool = False,
-                accumulation_steps: int = 1, block_params: int | None = None, device_type: str = "cuda",
-                replicas: int = 1, compiled: bool = False, tensor_parallel: int = 1,
-                sequence_parallel: bool = False) -> PeakMemory:
+@dataclass(frozen=True)
+class RankStep:
+    """What one rank runs in a training step, as the memory formulas read it: its precision, its sharding, the
+    degrees it is split by, its micro-batch and the levers. One value, made where a run or a forecast is known
+    (predicted_columns.rank_step from a run's row; a forecast's point), so that each memory recipe (peak_memory,
+    megatron_style, foundry_style) takes the same thing instead of a dozen loose arguments."""
+
+    precision: str
+    zero_stage: int
+    data_parallel: int
+    """The ranks the model state is sharded or replicated over (the world size over the tensor- and
+    pipeline-parallel degrees)."""
+    micro_batch: int
+    accumulation_steps: int = 1
+    """Micro-batches per optimizer step on this rank (a pipeline's micro-batches too)."""
+    activation_checkpointing: bool = False
+    cpu_offload: bool = False
+    replicas: int = 1
+    """Hybrid sharding's replicas: shards and gathers are over a shard group of data_parallel / replicas ranks."""
+    compiled: bool = False
+    """The compile lever: blocks and loss under torch.compile."""
+    tensor_parallel: int = 1
+    sequence_parallel: bool = False
+    device_type: str = "cuda"
+    """Where the step runs (a GPU by default: planning is for one; the llama family's kernels save differently on a
+    CPU)."""
+
+
+def peak_memory(cfg: ModelConfig, n_params: float, step: RankStep, block_params: float | None = None) -> PeakMemory:
     """Predicted in-step peak per rank on the device: model state at rest (less the gradients where
     none exist at the start of backward: no DDP buckets and one micro-batch), plus what a step
     materialises; at least the model state at rest with its gradients (the optimizer step:
@@ -153,34 +177,38 @@ def peak_memory(cfg: ModelConfig, n_params: int, zero_stage: int, world_size: in
     model state lives in host memory and only the gathered blocks occupy the device.
     block_params: one block's parameters where no formula gives them (a user's module, counted);
     such a model's activations are not predicted (0 here: model state and gathers only).
-    device_type: where the step runs (a GPU by default: this is planning for one; the llama
-    family's kernels save differently on a CPU). replicas > 1: hybrid sharding, whose shards and
-    gathers are over a shard group of N/R ranks. compiled: the compile lever (blocks and loss under
-    torch.compile): the blocks' and the loss's compiled models (block_activation_bytes,
+    Compiled (the compile lever): the blocks' and the loss's compiled models (block_activation_bytes,
     outside_block_activation_bytes, LossPathBytes: the loss's transient drops from 8 B T V to w B T V).
     ``bound`` says whether the figure models the step or bounds it (activation_bound).
     """
-    at_rest = model_state.model_state_bytes(n_params, zero_stage, world_size, precision, "pytorch", replicas)
+    zero_stage, world_size, replicas, t = step.zero_stage, step.data_parallel, step.replicas, step.tensor_parallel
+    at_rest = model_state.model_state_bytes(n_params, zero_stage, world_size, step.precision, "pytorch", replicas)
     if block_params is None:  # a block of the family's formula; under tensor parallelism this rank's share of it
         block_params = block_param_count(cfg)
-        if tensor_parallel > 1:
-            block_params -= tensor_parallel_split_params(cfg) * (1 - 1 / tensor_parallel)
+        if t > 1:
+            block_params -= tensor_parallel_split_params(cfg) * (1 - 1 / t)
     check_replicas(world_size, replicas)  # a replica count the world size cannot take raises here
-    state = (at_rest.total if grads_at_peak(zero_stage, world_size, accumulation_steps, replicas, tensor_parallel)
+    state = (at_rest.total if grads_at_peak(zero_stage, world_size, step.accumulation_steps, replicas, t)
              else at_rest.total - at_rest.grads)
-    gathered = comm_dtypes(precision, zero_stage).gather_bytes  # 2 for fp16/bf16 under FSDP2's MixedPrecisionPolicy
+    gathered = comm_dtypes(step.precision, zero_stage).gather_bytes  # 2 for fp16/bf16 under FSDP2's MixedPrecisionPolicy
     outside_params = max(0.0, n_params - cfg.n_layers * block_params)  # embeddings, final norm, head: FSDP2's root group
     transient = strategy(zero_stage, replicas).transient_psi(n_params, block_params, outside_params, gathered)
     held = at_rest.total
-    if cpu_offload:  # copied to the device, then gathered
+    if step.cpu_offload:  # copied to the device, then gathered
         state, held, transient = 0.0, 0.0, gathered * (2 * block_params + outside_params)
-    acts = 0.0 if cfg.module else (  # a user's module: no activation formula (model state and gathers only)
-        activation_memory.block_activation_bytes(cfg, micro_batch, precision, activation_checkpointing, zero_stage=zero_stage,
-                               device_type=device_type, compiled=compiled, tensor_parallel=tensor_parallel,
-                               sequence_parallel=sequence_parallel)
-        + activation_memory.outside_block_activation_bytes(cfg, micro_batch, precision, accumulation_steps, zero_stage, device_type,
-                                         compiled, tensor_parallel, sequence_parallel)
-        + activation_memory.loss_path_bytes(cfg, micro_batch, precision, compiled).transient)
-    return PeakMemory(state, transient, acts,
-                      activation_bound(cfg, precision, compiled, activation_checkpointing, device_type, tensor_parallel),
+    acts = 0.0 if cfg.module else activation_bytes(cfg, step)  # a user's module: model state and gathers only
+    return PeakMemory(state, transient, acts, activation_bound(cfg, step.precision, step.compiled,
+                                                               step.activation_checkpointing, step.device_type, t),
                       at_rest=held)
+
+
+def activation_bytes(cfg: ModelConfig, step: RankStep) -> float:
+    """One micro-batch's activations at the start of backward: the blocks', what the step keeps outside them, and the
+    loss path's transient."""
+    levers = {"zero_stage": step.zero_stage, "device_type": step.device_type, "compiled": step.compiled,
+              "tensor_parallel": step.tensor_parallel, "sequence_parallel": step.sequence_parallel}
+    return (activation_memory.block_activation_bytes(cfg, step.micro_batch, step.precision,
+                                                     step.activation_checkpointing, **levers)
+            + activation_memory.outside_block_activation_bytes(cfg, step.micro_batch, step.precision,
+                                                               step.accumulation_steps, **levers)
+            + activation_memory.loss_path_bytes(cfg, step.micro_batch, step.precision, step.compiled).transient)

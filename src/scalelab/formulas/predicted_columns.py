@@ -117,6 +117,18 @@ def pipeline_columns(cfg: ModelConfig, row: Mapping) -> dict:
         row["device_type"], bool(_value(row, "compile", False)), int(_value(row, "replicas", 1)))
 
 
+def rank_step(row: Mapping, data_parallel: int, tensor_parallel: int) -> peak_memory.RankStep:
+    """What one rank of the run in ``row`` runs in a step (its identity, ``accumulation_steps``, ``device_type``),
+    over ``data_parallel`` ranks split ``tensor_parallel`` ways (split_of's figures)."""
+    return peak_memory.RankStep(
+        precision=row["precision"], zero_stage=int(row["zero_stage"]), data_parallel=data_parallel,
+        micro_batch=int(row["micro_batch"]), accumulation_steps=int(_value(row, "accumulation_steps", 1)),
+        activation_checkpointing=bool(_value(row, "activation_checkpointing", False)),
+        cpu_offload=bool(_value(row, "cpu_offload", False)), replicas=int(_value(row, "replicas", 1)),
+        compiled=bool(_value(row, "compile", False)), tensor_parallel=tensor_parallel,
+        sequence_parallel=bool(_value(row, "sequence_parallel", False)), device_type=row["device_type"])
+
+
 def peak(cfg: ModelConfig, n_params: int, row: Mapping, block_params: int | None = None,
          n_trainable: int | None = None) -> peak_memory.PeakMemory:
     """The predicted in-step peak per rank of a run (row: its identity, ``accumulation_steps`` and
@@ -124,30 +136,27 @@ def peak(cfg: ModelConfig, n_params: int, row: Mapping, block_params: int | None
     (n_trainable: counted for a user's module, else the formula's). Under pipeline parallelism: the model state of
     the rank holding the most parameters, and the activations of the stage holding the most micro-batches' (the
     embeddings' and the head's terms counted whole: an upper figure for a stage that holds only one of them)."""
-    stage, precision = int(row["zero_stage"]), row["precision"]
     n_params, world_size, degree = split_of(cfg, n_params, row)  # world_size: the data-parallel ranks
-    replicas, accum = int(_value(row, "replicas", 1)), int(_value(row, "accumulation_steps", 1))
-    cpu_offload = bool(_value(row, "cpu_offload", False))
-    sp, ac = bool(_value(row, "sequence_parallel", False)), bool(_value(row, "activation_checkpointing", False))
+    step = rank_step(row, world_size, degree)
+    stage, precision, accum = step.zero_stage, step.precision, step.accumulation_steps
     pp = int(_value(row, "pipeline_parallel", 1))
     held_params = largest_rank_params(cfg, n_params, row) if pp > 1 else n_params  # the rank holding the most
-    result = peak_memory.peak_memory(cfg, held_params, stage, world_size, precision, int(row["micro_batch"]), ac,
-                                     cpu_offload, accum, block_params=block_params, device_type=row["device_type"],
-                                     replicas=replicas, compiled=bool(_value(row, "compile", False)),
-                                     tensor_parallel=degree, sequence_parallel=sp)
+    result = peak_memory.peak_memory(cfg, held_params, step, block_params=block_params)
     if pp > 1:  # the blocks' activations of the stage holding the most micro-batches'
-        case = {"activation_checkpointing": ac, "zero_stage": stage, "device_type": row["device_type"],
-                "tensor_parallel": degree, "sequence_parallel": sp}
-        blocks = activation_memory.block_activation_bytes(cfg, int(row["micro_batch"]), precision, **case)
-        per_block, once = pipeline.per_block_and_once(cfg, int(row["micro_batch"]), precision, **case)
+        case = {"activation_checkpointing": step.activation_checkpointing, "zero_stage": stage,
+                "device_type": step.device_type, "tensor_parallel": degree, "sequence_parallel": step.sequence_parallel}
+        blocks = activation_memory.block_activation_bytes(cfg, step.micro_batch, precision, **case)
+        per_block, once = pipeline.per_block_and_once(cfg, step.micro_batch, precision, **case)
         held = max(pipeline.held_block_activations(per_block, cfg.n_layers, k, pp, accum, _schedule(row), once)
                    for k in range(pp))
         result = dataclasses.replace(result, activations=result.activations - blocks + held)
     lora_rank = _value(row, "lora_rank")
-    if lora_rank and not cpu_offload:  # frozen weights: no gradient or optimizer state for them
+    if lora_rank and not step.cpu_offload:  # frozen weights: no gradient or optimizer state for them
         trainable = n_trainable if n_trainable is not None else lora_training.lora_trainable_params(cfg, int(lora_rank))
-        state = lora_training.lora_model_state_bytes(n_params, trainable, stage, world_size, precision, "pytorch", replicas)
-        held = state.total if peak_memory.grads_at_peak(stage, world_size, accum, replicas, degree) else state.total - state.grads
+        state = lora_training.lora_model_state_bytes(n_params, trainable, stage, world_size, precision, "pytorch",
+                                                     step.replicas)
+        at_peak = peak_memory.grads_at_peak(stage, world_size, accum, step.replicas, degree)
+        held = state.total if at_peak else state.total - state.grads
         result = dataclasses.replace(result, model_state=held, at_rest=state.total)
     return result
 
