@@ -202,6 +202,29 @@ def test_scaling_at_a_fixed_global_batch_accumulates_each_gpus_share(capsys):
 
 
 
+def test_a_forecast_priced_as_scalelab_runs_counts_sequence_parallelism_in_its_memory(capsys):
+    """Priced as scalelab runs, the forecast's peak is the run's own formula for the same step (peak_memory over
+    RankStep), sequence parallelism included (it was left out, over-stating the peak)."""
+    from scalelab.formulas.peak_memory import RankStep, peak_memory
+    from scalelab.formulas.tensor_parallelism import tensor_parallel_params
+    from scalelab.registries.presets import PRESETS
+
+    base = ["scaling", "--model", "llama3-8b", "--zero-stage", "3", "--gpu", "H100", "--gpus", "64", "--inter-node",
+            "ib-ndr", "--precision", "bf16", "--tensor-parallel", "4", "--micro-batch", "2", "--global-batch", "256",
+            "--json"]
+    peaks = {}
+    for sp in (False, True):
+        code, out, err = _estimate(capsys, *base, *(["--sequence-parallel"] if sp else []))
+        assert code == 0, err
+        peaks[sp] = json.loads(out)["rows"][0]["peak_memory_bytes"]
+    cfg = ModelConfig(**PRESETS["llama3-8b"].shape)
+    local = tensor_parallel_params(cfg, flops.param_count(cfg), 4)  # one rank's share under TP 4
+    for sp in (False, True):
+        step = RankStep("bf16", 3, 16, 2, 8, tensor_parallel=4, sequence_parallel=sp)
+        assert peaks[sp] == pytest.approx(peak_memory(cfg, local, step).total, rel=1e-9), sp
+    assert peaks[True] < peaks[False]
+
+
 # ----------------------------------------------------------------------------- the subcommands' answers
 
 
