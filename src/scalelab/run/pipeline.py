@@ -186,6 +186,21 @@ def sync_tied(pipe: Pipeline) -> None:
         pipe.tied_bytes += 2 * grad.numel() * grad.element_size()
 
 
+def ddp_unarmed(pipe: Pipeline) -> contextlib.ExitStack:
+    """DDP's no_sync over a whole step of the schedule, for each stage DDP wraps (ZeRO-1): the schedule arms DDP's
+    reducer itself before a stage's last backward, and nothing else may. torch 2.13's schedule runs its forwards under
+    no_sync, but not the first step's shape inference, a forward with gradients enabled that arms the reducer and a
+    backward to the stage's inputs alone that leaves it armed: the first micro-batch's backward then all-reduced its
+    gradients ahead of the last one's. So the first step of every attempt rounded otherwise (a resumed run's first
+    step differed from the uninterrupted run's in the last bits, and counted the extra all-reduce in its measured
+    bytes), and a rank holding two chunks saw each parameter ready twice, failing DDP's bucket rebuild."""
+    stack = contextlib.ExitStack()
+    for stage in pipe.stages:
+        if isinstance(stage.submod, nn.parallel.DistributedDataParallel):
+            stack.enter_context(stage.submod.no_sync())
+    return stack
+
+
 def step(pipe: Pipeline, tokens: torch.Tensor) -> torch.Tensor:
     """One step's forwards and backwards over this rank's stages; the sum of its micro-batches' losses on the ranks
     holding the last chunk (zero on the others)."""
@@ -193,10 +208,11 @@ def step(pipe: Pipeline, tokens: torch.Tensor) -> torch.Tensor:
     pipe.step_start, pipe.step_start_unix = time.perf_counter(), time.time()
     losses: list[torch.Tensor] = []
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    if pipe.has_first:
-        pipe.schedule.step(inputs, target=targets, losses=losses, return_outputs=False)
-    else:
-        pipe.schedule.step(target=targets, losses=losses, return_outputs=False)
+    with ddp_unarmed(pipe):
+        if pipe.has_first:
+            pipe.schedule.step(inputs, target=targets, losses=losses, return_outputs=False)
+        else:
+            pipe.schedule.step(target=targets, losses=losses, return_outputs=False)
     pipe.pipeline_s = time.perf_counter() - pipe.step_start
     sync_tied(pipe)
     if losses:
