@@ -251,15 +251,27 @@ def tensor_parallel_count(run: Run, step: int):
         run.tp_by_group[key] = run.tp_by_group.get(key, 0) + nbytes
 
 
+def first_measured_step(run: Run) -> int:
+    """The attempt's first timed and counted step: the first after warm-up. An attempt resumed past warm-up under
+    pipelining leaves out its first step too where another follows: torch's schedule infers the shapes its stages
+    send there (a forward and a backward of its own, with FSDP's gathers), which the uninterrupted run's warm-up
+    step hid."""
+    cfg = run.train_cfg
+    if run.pipe is not None and cfg.warmup_steps <= run.start_step < cfg.steps - 1:
+        return run.start_step + 1
+    return cfg.warmup_steps
+
+
 def _steps(run: Run, tally: Tally, tracer: StepTracer, log: Progress) -> None:
     """The training steps this attempt has left (traced ones, train.profile, left out of the timings)."""
     cfg = run.train_cfg
+    first_measured = first_measured_step(run)
     for step in range(run.start_step, cfg.steps):
         lr = lr_at(step, cfg)
         for group in run.par.optimizer.param_groups:
             group["lr"] = lr
-        run.counter.enabled = step >= cfg.warmup_steps
-        if step == cfg.warmup_steps:
+        run.counter.enabled = step >= first_measured
+        if step == first_measured:
             tally.start_loop()  # whole-loop time, measurement included
         if tally.first_step_at is None:
             tally.first_step_at = time.time()
@@ -271,7 +283,7 @@ def _steps(run: Run, tally: Tally, tracer: StepTracer, log: Progress) -> None:
         if out.activations is not None:
             tally.activations = out.activations
         tally.skipped_steps += out.skipped
-        if step >= cfg.warmup_steps and not tracer.traced(step):  # a traced step pays the profiler's bookkeeping
+        if step >= first_measured and not tracer.traced(step):  # a traced step pays the profiler's bookkeeping
             tally.step_times.append(out.time_s)
         if run.progress is not None:
             record = {
