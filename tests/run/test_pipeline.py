@@ -17,7 +17,8 @@ LLAMA = {"family": "llama", "n_layers": 4, "d_model": 32, "n_heads": 4, "n_kv_he
 POINTS = {
     "gpt2": ((0, 2, 1, "1f1b"), (0, 2, 1, "gpipe"), (3, 4, 1, "1f1b"), (0, 4, 2, "1f1b"), (0, 2, 1, "interleaved_1f1b"),
              (3, 8, 1, "1f1b", 2),  # hybrid sharding: 2 replicas of 2-rank shard groups per stage
-             (1, 4, 1, "1f1b")),  # ZeRO-1: DDP per stage and ZeroRedundancyOptimizer over its data-parallel ranks
+             (1, 4, 1, "1f1b"),  # ZeRO-1: DDP per stage and ZeroRedundancyOptimizer over its data-parallel ranks
+             (1, 4, 1, "interleaved_1f1b")),  # ZeRO-1 with a DDP per chunk, two a rank
     "llama": ((0, 2, 1, "1f1b"), (3, 4, 1, "gpipe")),
 }
 CASES = [(family, point) for family, points in POINTS.items() for point in points]

@@ -149,7 +149,8 @@ def _left_out(pairs, degrees: list[int], gpus: int, per_node: int, trainer: str)
 
 def _pipeline_not_run(pairs, pipelines: list[tuple[int, int, str]], gpus: int, per_node: int, trainer: str) -> list[str]:
     """The pipelined (precision, strategy) combinations scalelab does not run, each with why (the sweep's pipeline
-    rule: ZeRO-1 is not run under interleaved 1F1B); the trainers that scale run them all."""
+    rule: cpu offload, sequence parallelism and LoRA are not run with a pipeline); the trainers that scale run them
+    all."""
     out: dict[str, list[str]] = {}
     for precision, key in pairs:
         for _, p, sched in pipelines:

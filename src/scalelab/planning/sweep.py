@@ -154,9 +154,6 @@ def _pipeline_left_out(point, train: TrainConfig) -> str | None:
         return (f"pipeline_parallel={p} x tensor_parallel={point.tensor_parallel} does not divide world_size="
                 f"{point.world_size} (world = data-parallel ranks x tensor_parallel x pipeline_parallel)")
     for reason, applies in (
-            ("zero_stage 1 under interleaved_1f1b is not run (torch 2.13's DDP fails to rebuild its buckets when one rank "
-             "runs two chunks: 'rebuilt parameter indices size is not same as original model parameters size')",
-             point.zero_stage == 1 and point.pipeline_schedule == "interleaved_1f1b"),
             ("cpu_offload with pipeline parallelism is not run", point.cpu_offload),
             ("sequence_parallel with pipeline parallelism is not run", point.sequence_parallel),
             (f"lora_rank={point.lora_rank}: LoRA with pipeline parallelism is not run", bool(point.lora_rank)),
