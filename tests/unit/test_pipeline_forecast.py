@@ -201,37 +201,46 @@ def test_a_pipelined_steps_gradient_sync_hides_behind_the_last_micro_batchs_back
     assert hidden < 2 / 3 * compute  # narrower than the whole step's backward
 
 
+@pytest.mark.parametrize("schedule, v", [("1f1b", 1), ("interleaved_1f1b", 2)])
 @pytest.mark.parametrize("zero_stage", [2, 3])
-def test_fsdp2_under_a_pipeline_is_priced_with_the_formula_the_measured_runs_hold(zero_stage):
+def test_fsdp2_under_a_pipeline_is_priced_with_the_formula_the_measured_runs_hold(zero_stage, schedule, v):
     """A pipelined FSDP2 row's collectives are sharded_comm_bytes' (stage 2: one gather a step; stage 3: the stage
-    gathered whole once, then m times all but the kept last block; the gradients reduced once), the formula a measured
-    run's prediction uses, not gradient accumulation's; the gathers' calls follow the same passes."""
+    gathered whole once, then m times all but each chunk's kept last block: V of them; the gradients reduced once),
+    the formula a measured run's prediction uses, not gradient accumulation's; the gathers' calls follow the same
+    passes."""
     from scalelab.formulas import communication, tensor_parallelism
 
-    row = predict_point(_point(key=zero_stage, trainer="scalelab", pipeline_parallel=4), _machine(), 32)
+    row = predict_point(_point(key=zero_stage, trainer="scalelab", pipeline_parallel=4, pipeline_schedule=schedule),
+                        _machine(), 32)
     p, m = row["pipeline"], row["accumulation_steps"]
     largest = max(p["stages"], key=lambda s: s["params"])
     dtypes = communication.comm_dtypes("bf16", zero_stage, "fp32")
-    kept = tensor_parallelism.last_block_params(LLAMA8B, 1)
+    kept = v * tensor_parallelism.last_block_params(LLAMA8B, 1)
     measured = pipeline.sharded_comm_bytes(largest["params"], kept, m, zero_stage, dtypes.gather_bytes,
-                                           dtypes.reduce_bytes, "1f1b", row["data_parallel"])
+                                           dtypes.reduce_bytes, schedule, row["data_parallel"])
     assert sum(row["collective_bytes"].values()) == pytest.approx(measured["shard"])
     gathered = largest["params"] if zero_stage == 2 else largest["params"] + m * (largest["params"] - kept)
     assert row["collective_bytes"]["all_gather"] == pytest.approx(gathered * dtypes.gather_bytes)
     assert row["collective_bytes"]["reduce_scatter"] == pytest.approx(largest["params"] * dtypes.reduce_bytes)
-    units = largest["blocks"] + 1
-    assert row["collective_calls"] == {"all_gather": units if zero_stage == 2 else units + m * (units - 1),
+    units = largest["blocks"] + 1  # its blocks, and the one root of its chunks that holds parameters
+    assert row["collective_calls"] == {"all_gather": units if zero_stage == 2 else units + m * (units - v),
                                        "reduce_scatter": units}
 
 
 def test_sharded_comm_by_collective_splits_the_measured_formula_without_changing_it():
     """The forecast's split by collective sums to sharded_comm_bytes' shard figure; a shard group of one moves
-    nothing; the interleaved schedule stays unmodelled (None) in both."""
-    for stage in (2, 3):
-        parts = pipeline.sharded_comm_by_collective(1e9, 5e7, 8, stage, 2, 4, "1f1b", 4)
-        assert sum(parts.values()) == pytest.approx(pipeline.sharded_comm_bytes(1e9, 5e7, 8, stage, 2, 4, "1f1b", 4)["shard"])
+    nothing; the interleaved schedule runs the same passes (its kept blocks: each chunk's last) up to the 3 chunks
+    per rank torch keeps gathered at once, and more stay unmodelled (None) in both."""
+    for schedule, virtual in (("1f1b", None), ("interleaved_1f1b", None), ("interleaved_1f1b", 3)):
+        for stage in (2, 3):
+            parts = pipeline.sharded_comm_by_collective(1e9, 5e7, 8, stage, 2, 4, schedule, 4, virtual)
+            whole = pipeline.sharded_comm_bytes(1e9, 5e7, 8, stage, 2, 4, schedule, 4, virtual=virtual)
+            assert sum(parts.values()) == pytest.approx(whole["shard"])
+            assert whole == pipeline.sharded_comm_bytes(1e9, 5e7, 8, stage, 2, 4, "1f1b", 4)
     assert pipeline.sharded_comm_by_collective(1e9, 5e7, 8, 3, 2, 4, "1f1b", 1) == {}
-    assert pipeline.sharded_comm_by_collective(1e9, 5e7, 8, 3, 2, 4, "interleaved_1f1b", 4) is None
+    assert pipeline.sharded_comm_by_collective(1e9, 5e7, 8, 3, 2, 4, "interleaved_1f1b", 4, 4) is None
+    assert pipeline.sharded_comm_bytes(1e9, 5e7, 8, 3, 2, 4, "interleaved_1f1b", 4, virtual=4) is None
+    assert pipeline.sharded_gather_calls(5, 4, 3, 2) == 5 + 4 * 3 and pipeline.sharded_gather_calls(5, 4, 2, 2) == 5
 
 
 def test_an_interleaved_schedules_chunks_per_rank_are_the_forecasts_and_default_to_the_two_scalelab_runs():

@@ -29,8 +29,10 @@ from scalelab.registries.strategies import HYBRID_KEY, ZERO1_SHARDED_KEY, strate
 #   which hold the embedding and the head), with the strategy's overlap against the slowest stage's compute (a gradient
 #   sync against its last micro-batch's backward alone: nanotron's 1F1B and torch's schedules sync there); FSDP2
 #   (stages 2 and 3) as a pipelined run gathers and reduces (scalelab.formulas.pipeline.sharded_comm_bytes, what the
-#   gloo runs measure: stage 2 gathers once a step, stage 3 once whole and then m times all but its kept last block,
-#   the gradients reduced once), not as gradient accumulation would (a gather per micro-batch's forward and backward);
+#   gloo runs measure: stage 2 gathers once a step, stage 3 once whole and then m times all but each chunk's kept
+#   last block, the gradients reduced once; under an interleaved schedule of more than 3 chunks per rank, whose chunks
+#   torch reshards mid-step, priced as the other strategies), not as gradient accumulation would (a gather per
+#   micro-batch's forward and backward);
 # * a tied embedding's gradient all-reduced between the first and the last stage (tied_sync_bytes), exposed;
 # * memory per stage: its parameters (rank_params, the strategy's sharding over the DP ranks), its in-flight
 #   micro-batches' block activations (in_flight: 1F1B's first stage holds the most, GPipe all m), and on the last stage
@@ -179,20 +181,23 @@ def _p2p_link(point, machine, n: int, slab: int) -> links.Link:
 def _sharded_stage_comm(point, machine, n: int, stage: dict, m: int):
     """FSDP2's collectives over one stage's data-parallel ranks as a pipelined run makes them
     (scalelab.formulas.pipeline.sharded_comm_bytes, the formula the gloo runs measure: stage 2 gathers once a step,
-    stage 3 once whole and m times all but the kept last block; the gradients reduced once), each collective timed
-    on the link its groups need. (seconds, calls, nccl-tests sizes, links) by collective, as _strategy_comm; None
-    where the schedule's gathers are not modelled (interleaved)."""
+    stage 3 once whole and m times all but each chunk's kept last block; the gradients reduced once), each collective
+    timed on the link its groups need. (seconds, calls, nccl-tests sizes, links) by collective, as _strategy_comm;
+    None where the schedule's gathers are not modelled (more chunks per rank than torch keeps gathered at once)."""
     t, pp, zero = point.tensor_parallel, point.pipeline_parallel, strategy(point.key).stage
     dp = n // (t * pp)
     dtypes = communication.comm_dtypes(point.precision, zero, point.grad_reduce)
+    v = pipeline.chunks_per_rank(point.pipeline_schedule, point.chunks_per_rank)
     by_collective = pipeline.sharded_comm_by_collective(
-        stage["params"], tensor_parallelism.last_block_params(point.cfg, t), m, zero, dtypes.gather_bytes,
-        dtypes.reduce_bytes, point.pipeline_schedule, dp)
+        stage["params"], v * tensor_parallelism.last_block_params(point.cfg, t), m, zero, dtypes.gather_bytes,
+        dtypes.reduce_bytes, point.pipeline_schedule, dp, point.chunks_per_rank)
     if by_collective is None:
         return None
-    slab, units = dp * t, stage["blocks"] + 1  # a unit: each block, and the stage's root
+    # a unit: each block, and the root of the one chunk that holds the embeddings or the head (the largest stage is
+    # the first or the last rank; its other chunks' roots hold no parameters, so gather nothing)
+    slab, units = dp * t, stage["blocks"] + 1
     link = groups_link([range(p * slab + j, (p + 1) * slab, t) for p in range(pp) for j in range(t)], machine)
-    calls = {"all_gather": pipeline.sharded_gather_calls(units, m, zero), "reduce_scatter": units}
+    calls = {"all_gather": pipeline.sharded_gather_calls(units, m, zero, v), "reduce_scatter": units}
     comm, sizes, used = {}, {}, {}
     for collective, nbytes in by_collective.items():
         size = nbytes / links.handed_per_size(collective)

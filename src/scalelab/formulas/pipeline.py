@@ -243,41 +243,64 @@ def predicted_columns(cfg: ModelConfig, pp: int, schedule_name: str, micro_batch
             "pipeline_activation_bytes_predicted_per_stage": held}
 
 
+MAX_ACTIVE_CHUNKS = 3
+"""The chunks of one rank torch's multi-chunk schedules keep gathered at once (``_add_unshard_reshard``'s
+max_active_stages, the lowering ``_PipelineScheduleRuntime`` gives the interleaved schedule): with at most this many
+chunks per rank none is resharded between its first action of a step and its last."""
+
+
+def sharded_modelled(schedule_name: str, virtual: int | None = None) -> bool:
+    """Whether sharded_comm_bytes models FSDP2 under this schedule: V chunks per rank, at most MAX_ACTIVE_CHUNKS."""
+    return chunks_per_rank(schedule_name, virtual) <= MAX_ACTIVE_CHUNKS
+
+
+def _gathered(stage_params: float, kept: float, m: int, zero_stage: int) -> float:
+    """The parameters one pipeline rank's FSDP2 gathers per step (sharded_comm_bytes' passes)."""
+    return stage_params if zero_stage == 2 else stage_params + m * (stage_params - kept)
+
+
 def sharded_comm_bytes(stage_params: float, kept: float, m: int, zero_stage: int, gather_bytes: int,
                        reduce_bytes: int, schedule_name: str = DEFAULT_SCHEDULE, shard: int = 2,
-                       replicas: int = 1) -> dict[str, float] | None:
+                       replicas: int = 1, virtual: int | None = None) -> dict[str, float] | None:
     """FSDP2's bytes per step on one pipeline rank (stages 2 and 3; an all-gather counts its output, a reduce-scatter
     its input, an all-reduce of S bytes 2 S), by group: {"shard": over its ``shard`` data-parallel ranks, "replicate":
-    across hybrid sharding's ``replicas``}. torch's schedules keep a stage's parameters gathered from the first
-    micro-batch's backward to the last one's and reduce the gradients once, after the last backward. Stage 2 gathers
-    once; stage 3 gathers whole for the first forward, then each of the m - 1 further forwards and the first backward
-    gather all but the block it keeps (``kept``: measured on gloo, GPipe and 1F1B alike); a shard group of one rank
-    moves nothing. Hybrid sharding then all-reduces each reduced shard across the replicas. None under the interleaved
-    schedule, whose two chunks per rank gather more often than this (measured, not modelled)."""
-    if schedule(schedule_name).chunks_per_rank > 1:
+    across hybrid sharding's ``replicas``}. Each of the rank's chunks is its own FSDP2 root, which the schedule leaves
+    to FSDP2's hooks from its first action of the step to its last: GPipe and 1F1B neither gather nor reshard it
+    themselves; the interleaved schedule's lowering gathers each chunk whole before its first action and reshards it
+    after its last, and no sooner while V is at most MAX_ACTIVE_CHUNKS. The hooks: stage 2 keeps everything gathered;
+    stage 3 reshards all but the chunk's last block after each forward (``kept``: those last blocks' parameters, one
+    per chunk, as the worker counts them) and the chunk's next forward or backward gathers them again, while a
+    backward leaves them gathered until the gradients are reduced, once, after the chunk's last backward. Each of a
+    chunk's m forwards is followed by another of its actions, so stage 3 gathers the rank's parameters whole once and
+    all but the kept blocks m more times, in any order of the forwards and backwards. A shard group of one rank moves
+    nothing; hybrid sharding then all-reduces each reduced shard across the replicas. None for more than
+    MAX_ACTIVE_CHUNKS chunks per rank (a forecast's ``virtual``), which torch reshards and gathers again mid-step
+    (not run, not modelled). scalelab's own interleaved runs gather more than this today: a rank's chunks share the
+    model's hook registries, so each chunk's root also runs in the other's passes (docs/guide.md)."""
+    if not sharded_modelled(schedule_name, virtual):
         return None
-    gathered = stage_params if zero_stage == 2 else stage_params + m * (stage_params - kept)
+    gathered = _gathered(stage_params, kept, m, zero_stage)
     return {"shard": 0.0 if shard == 1 else gathered * gather_bytes + stage_params * reduce_bytes,
             "replicate": 0.0 if replicas == 1 else 2 * stage_params / shard * reduce_bytes}
 
 
 def sharded_comm_by_collective(stage_params: float, kept: float, m: int, zero_stage: int, gather_bytes: int,
-                               reduce_bytes: int, schedule_name: str = DEFAULT_SCHEDULE,
-                               shard: int = 2) -> dict[str, float] | None:
+                               reduce_bytes: int, schedule_name: str = DEFAULT_SCHEDULE, shard: int = 2,
+                               virtual: int | None = None) -> dict[str, float] | None:
     """sharded_comm_bytes' shard group (no replicas) by collective, in its unit: {"all_gather": the gathered
     parameters, "reduce_scatter": the gradients reduced once}; their sum is sharded_comm_bytes' "shard" figure. A
     forecast times each collective on its own, so it needs them apart. None where sharded_comm_bytes is."""
-    total = sharded_comm_bytes(stage_params, kept, m, zero_stage, gather_bytes, reduce_bytes, schedule_name, shard)
-    if total is None:
+    if not sharded_modelled(schedule_name, virtual):
         return None
     if shard == 1:
         return {}
-    gathered = stage_params if zero_stage == 2 else stage_params + m * (stage_params - kept)
-    return {"all_gather": gathered * gather_bytes, "reduce_scatter": stage_params * reduce_bytes}
+    return {"all_gather": _gathered(stage_params, kept, m, zero_stage) * gather_bytes,
+            "reduce_scatter": stage_params * reduce_bytes}
 
 
-def sharded_gather_calls(stage_units: int, m: int, zero_stage: int) -> int:
-    """FSDP2's all-gathers per step on one pipeline rank under GPipe or 1F1B (sharded_comm_bytes' passes): stage 2
-    gathers each unit (a block, and the root) once; stage 3 gathers every unit for the first forward, then all but
-    the kept last block for each of the m further passes."""
-    return stage_units if zero_stage == 2 else stage_units + m * (stage_units - 1)
+def sharded_gather_calls(stage_units: int, m: int, zero_stage: int, chunks_held: int = 1) -> int:
+    """FSDP2's all-gathers per step on one pipeline rank (sharded_comm_bytes' passes) of ``stage_units`` units (each
+    block, and each chunk's root where it holds parameters: the embeddings' or the head's) over ``chunks_held``
+    chunks (V): stage 2 gathers each unit once; stage 3 every unit once, then all but each chunk's kept last block
+    for each of the m further passes."""
+    return stage_units if zero_stage == 2 else stage_units + m * (stage_units - chunks_held)

@@ -316,8 +316,7 @@ RUN = [
     Column("comm_bytes_per_step_measured", pa.float64(), "B/step", "bytes handed to collectives per optimizer step on "
            "rank 0 (ZeRO paper's unit)", "worker", OK),
     Column("comm_bytes_per_step_predicted", pa.float64(), "B/step", "predicted collective bytes per step, PyTorch "
-           "strategy; null where FSDP2 runs under the interleaved pipeline schedule (its gathers there are not "
-           "modelled)", "collect", Filled("status ok but FSDP2 (stages 2, 3) under interleaved_1f1b", None, is_ok)),
+           "strategy", "collect", OK),
     Column("comm_bytes_per_step_predicted_paper", pa.float64(), "B/step", "predicted collective bytes per step, ZeRO paper",
            "collect", OK),
     # Traffic per link: rank 0's bytes split by where the collective's group ran. The rule
