@@ -18,7 +18,8 @@ POINTS = {
     "gpt2": ((0, 2, 1, "1f1b"), (0, 2, 1, "gpipe"), (3, 4, 1, "1f1b"), (0, 4, 2, "1f1b"), (0, 2, 1, "interleaved_1f1b"),
              (3, 8, 1, "1f1b", 2),  # hybrid sharding: 2 replicas of 2-rank shard groups per stage
              (1, 4, 1, "1f1b"),  # ZeRO-1: DDP per stage and ZeroRedundancyOptimizer over its data-parallel ranks
-             (1, 4, 1, "interleaved_1f1b")),  # ZeRO-1 with a DDP per chunk, two a rank
+             (1, 4, 1, "interleaved_1f1b"),  # ZeRO-1 with a DDP per chunk, two a rank
+             (2, 4, 1, "interleaved_1f1b"), (3, 4, 1, "interleaved_1f1b")),  # FSDP2 on each of a rank's two chunks
     "llama": ((0, 2, 1, "1f1b"), (3, 4, 1, "gpipe")),
 }
 CASES = [(family, point) for family, points in POINTS.items() for point in points]

@@ -275,8 +275,7 @@ def sharded_comm_bytes(stage_params: float, kept: float, m: int, zero_stage: int
     all but the kept blocks m more times, in any order of the forwards and backwards. A shard group of one rank moves
     nothing; hybrid sharding then all-reduces each reduced shard across the replicas. None for more than
     MAX_ACTIVE_CHUNKS chunks per rank (a forecast's ``virtual``), which torch reshards and gathers again mid-step
-    (not run, not modelled). scalelab's own interleaved runs gather more than this today: a rank's chunks share the
-    model's hook registries, so each chunk's root also runs in the other's passes (docs/guide.md)."""
+    (not run, not modelled)."""
     if not sharded_modelled(schedule_name, virtual):
         return None
     gathered = _gathered(stage_params, kept, m, zero_stage)

@@ -24,6 +24,7 @@ the schedule's in-flight micro-batches times a micro-batch's.
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from dataclasses import dataclass, field
 
@@ -59,13 +60,16 @@ def data_parallel_mesh(mesh):
 
 def chunk_modules(model: nn.Module, pp_rank: int, pp: int, schedule_name: str) -> list[tuple[int, nn.Module]]:
     """This rank's chunks of a whole model: (chunk index, module holding only its parts), sharing the model's
-    parameters (nothing copied); the parts it does not hold are None (the families' forwards skip them)."""
+    parameters (nothing copied); the parts it does not hold are None (the families' forwards skip them). Each chunk
+    has registries of its own (its modules, parameters, buffers and every hook dict): a hook one chunk gets, FSDP2's
+    root hooks under interleaving's two chunks a rank, must not run in the other chunk's passes, where it gathered
+    that chunk's root parameters again and resharded its groups early."""
     all_chunks = chunk_blocks(model.cfg.n_layers, pp, schedule_name)
     out = []
     for c in rank_chunks(pp_rank, pp, schedule_name):
         part = nn.Module.__new__(type(model))
-        part.__dict__ = {**model.__dict__, "_modules": dict(model._modules), "_parameters": dict(model._parameters),
-                         "_buffers": dict(model._buffers)}
+        own = {k: copy.copy(v) for k, v in model.__dict__.items() if isinstance(v, (dict, set))}
+        part.__dict__ = {**model.__dict__, **own}
         part.blocks = StageBlocks({str(i): model.blocks[i] for i in all_chunks[c]})
         if c > 0:
             for name in type(model).FIRST_STAGE_PARTS:
