@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scalelab.config import ModelConfig
+from scalelab.formulas.peak_memory import RankStep
 from scalelab.registries.families import family
 
 
@@ -218,27 +219,27 @@ def residual_width(precision: str, zero_stage: int) -> int:
     return DTYPE_BYTES[precision] if sixteen_bit_params(precision, zero_stage) else 4
 
 
-def predicted_columns(cfg: ModelConfig, pp: int, schedule_name: str, micro_batch: int, m: int, precision: str,
-                      zero_stage: int, data_parallel: int, tensor_parallel: int = 1, sequence_parallel: bool = False,
-                      activation_checkpointing: bool = False, device_type: str = "cpu", compiled: bool = False,
-                      replicas: int = 1) -> dict:
-    """The pipeline's predicted columns of a run (null without a pipeline): rank 0's point-to-point bytes per step
-    and each stage's, rank 0's tied-embedding sum, the schedule's bubble, and each stage's most block activations
-    held (null under activation checkpointing: the measurement does not see a checkpointed block's input)."""
+def predicted_columns(cfg: ModelConfig, step: RankStep, pp: int, schedule_name: str) -> dict:
+    """The pipeline's predicted columns of a run (null without a pipeline) whose ranks run ``step`` (its
+    accumulation_steps: the schedule's micro-batches): rank 0's point-to-point bytes per step and each stage's, rank
+    0's tied-embedding sum, the schedule's bubble, and each stage's most block activations held (null under
+    activation checkpointing: the measurement does not see a checkpointed block's input)."""
     if pp == 1:
         return dict.fromkeys(PREDICTED_COLUMNS)
-    boundary = boundary_values(micro_batch, cfg.seq_len, cfg.d_model, tensor_parallel, sequence_parallel) \
-        * residual_width(precision, zero_stage)
+    m, zero_stage = step.accumulation_steps, step.zero_stage
+    boundary = boundary_values(step.micro_batch, cfg.seq_len, cfg.d_model, step.tensor_parallel,
+                               step.sequence_parallel) * residual_width(step.precision, zero_stage)
     per_stage = [sum(p2p_bytes(k, pp, m, boundary, schedule_name).values()) for k in range(pp)]
-    per_block, once = per_block_and_once(cfg, micro_batch, precision, activation_checkpointing=activation_checkpointing,
-                                         zero_stage=zero_stage, device_type=device_type, compiled=compiled,
-                                         tensor_parallel=tensor_parallel, sequence_parallel=sequence_parallel)
-    held = None if activation_checkpointing else [
+    per_block, once = per_block_and_once(
+        cfg, step.micro_batch, step.precision, activation_checkpointing=step.activation_checkpointing,
+        zero_stage=zero_stage, device_type=step.device_type, compiled=step.compiled,
+        tensor_parallel=step.tensor_parallel, sequence_parallel=step.sequence_parallel)
+    held = None if step.activation_checkpointing else [
         held_block_activations(per_block, cfg.n_layers, k, pp, m, schedule_name, once) for k in range(pp)]
     return {"comm_pipeline_bytes_per_step_predicted": per_stage[0],
             "comm_pipeline_bytes_per_step_predicted_per_stage": per_stage,
             "comm_pipeline_tied_bytes_per_step_predicted": tied_sync_bytes(
-                cfg, pp, 0, data_parallel // replicas if zero_stage in (2, 3) else 1),
+                cfg, pp, 0, step.data_parallel // step.replicas if zero_stage in (2, 3) else 1),
             "bubble_fraction_predicted": bubble_fraction(pp, m, schedule_name),
             "pipeline_activation_bytes_predicted_per_stage": held}
 

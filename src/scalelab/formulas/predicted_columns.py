@@ -110,11 +110,8 @@ def pipeline_columns(cfg: ModelConfig, row: Mapping) -> dict:
     pp, degree = int(_value(row, "pipeline_parallel", 1)), int(_value(row, "tensor_parallel", 1))
     if pp == 1 or cfg.module is not None:
         return dict.fromkeys(pipeline.PREDICTED_COLUMNS)
-    return pipeline.predicted_columns(
-        cfg, pp, _schedule(row), int(row["micro_batch"]), int(row["accumulation_steps"]), row["precision"],
-        int(row["zero_stage"]), tensor_parallelism.data_parallel_size(int(row["world_size"]), degree * pp), degree,
-        bool(_value(row, "sequence_parallel", False)), bool(_value(row, "activation_checkpointing", False)),
-        row["device_type"], bool(_value(row, "compile", False)), int(_value(row, "replicas", 1)))
+    data_parallel = tensor_parallelism.data_parallel_size(int(row["world_size"]), degree * pp)
+    return pipeline.predicted_columns(cfg, rank_step(row, data_parallel, degree), pp, _schedule(row))
 
 
 def rank_step(row: Mapping, data_parallel: int, tensor_parallel: int) -> peak_memory.RankStep:
