@@ -217,6 +217,9 @@ def train(plan: RunPlan, rank_cores: str | None = None) -> None:
         tracer.dump_memory()  # no traced steps to dump after: the whole run's history
     if plan.save_final_params:
         save_final_params(run)  # the trained model: before any timing step moves it
+    run.counter.enabled = True  # timing steps are measured, whatever the attempt's last step was
+    if first_measured_step(run) >= cfg.steps:  # no training step was measured: the loop's time starts here
+        tally.start_loop()
     tally.timing_steps = extend_measurement(run, tally)
     tally.half_batch_step_times = measure_token_share(run, tally)
     run.counter.enabled = False
@@ -237,9 +240,8 @@ def tensor_parallel_count(run: Run, step: int):
     """Counts tensor parallelism's collectives (DTensor's functional ones, which CommCounter's wrappers do
     not see) over the warm-up steps of an eager run, with a dispatch mode the timed steps do without
     (it sees every operator); a compiled block runs them inside its graph, out of the mode's sight."""
-    # (a pipeline's first step also runs a forward that infers the shapes its stages send: not counted)
     if (run.tensor_parallel == 1 or step >= run.train_cfg.warmup_steps or run.point.compile
-            or (run.pipe is not None and step == run.start_step)):
+            or infers_shapes(run, step)):
         yield
         return
     counter = FunctionalCollectiveCounter()
@@ -251,13 +253,21 @@ def tensor_parallel_count(run: Run, step: int):
         run.tp_by_group[key] = run.tp_by_group.get(key, 0) + nbytes
 
 
+def infers_shapes(run: Run, step: int) -> bool:
+    """Whether torch's pipeline schedule infers the shapes its stages send in this step: the attempt's first, with a
+    forward and a backward of its own (at ZeRO-3 two more gathers of the stage), unless a compile warm-up ran a whole
+    step of the schedule before the loop."""
+    return (run.pipe is not None and step == run.start_step
+            and not (run.point.compile and run.plan.compile_warm_up))
+
+
 def first_measured_step(run: Run) -> int:
-    """The attempt's first timed and counted step: the first after warm-up. An attempt resumed past warm-up under
-    pipelining leaves out its first step too where another follows: torch's schedule infers the shapes its stages
-    send there (a forward and a backward of its own, with FSDP's gathers), which the uninterrupted run's warm-up
-    step hid."""
+    """The attempt's first timed and counted step: the first after warm-up. An attempt resumed past warm-up leaves
+    out the step its pipeline infers its shapes in (infers_shapes), as the uninterrupted run's warm-up does, where
+    a step or the timing steps (train.measure_s) follow; a resumed attempt of that one step alone measures it."""
     cfg = run.train_cfg
-    if run.pipe is not None and cfg.warmup_steps <= run.start_step < cfg.steps - 1:
+    more_follow = run.start_step < cfg.steps - 1 or cfg.measure_s > 0
+    if cfg.warmup_steps <= run.start_step and infers_shapes(run, run.start_step) and more_follow:
         return run.start_step + 1
     return cfg.warmup_steps
 
