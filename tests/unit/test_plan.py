@@ -119,3 +119,28 @@ def test_a_plan_with_nothing_to_price_says_why_instead_of_that_nothing_fits(caps
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "no configuration to price" in err and "llm-foundry trainer" in err
     assert "NO configuration fits" not in err and len(err.strip().splitlines()[-1]) < 600
+
+
+def test_a_plan_priced_as_scalelab_runs_times_no_pipeline_with_sequence_parallelism(capsys):
+    """scalelab does not run sequence parallelism with a pipeline (the sweep's rule): the plan times those
+    configurations without it and says why in one line; a trainer that runs it (megatron) has them timed."""
+    ask = ["plan", "--model", "llama3-8b", "--gpus", "64", "--gpu", "H100", "--inter-node", "ib-ndr",
+           "--global-batch", "256", "--tokens", "1T", "--precision", "bf16", "--pipeline-parallel", "1", "2",
+           "--tensor-parallel", "1", "2", "--json"]
+    both = lambda r: r["pipeline_parallel"] > 1 and r["sequence_parallel"]  # noqa: E731
+    ours = json.loads(_plan(capsys, *ask)[1])
+    assert any(r["pipeline_parallel"] > 1 for r in ours["rows"]) and not [r for r in ours["rows"] if both(r)]
+    (line,) = [why for why in ours["left_out"] if why.startswith("sequence parallelism with a pipeline")]
+    assert "TP 2, PP 2" in line and "sequence_parallel with pipeline parallelism is not run" in line
+    theirs = json.loads(_plan(capsys, *ask[:-1], "--trainer", "megatron", "--json")[1])
+    assert [r for r in theirs["rows"] if both(r)]
+
+
+def test_a_plan_priced_as_scalelab_runs_times_zero1_under_interleaved_1f1b(capsys):
+    """scalelab runs ZeRO-1 under interleaved 1F1B (a DDP per chunk): the plan times it."""
+    ask = ["plan", "--model", "llama3-8b", "--gpus", "64", "--gpu", "H100", "--inter-node", "ib-ndr",
+           "--global-batch", "256", "--tokens", "1T", "--precision", "bf16", "--pipeline-parallel", "2",
+           "--tensor-parallel", "1", "--schedule", "interleaved_1f1b", "--json"]
+    result = json.loads(_plan(capsys, *ask)[1])
+    assert [r for r in result["rows"] if r["strategy"] == 1 and r["pipeline_schedule"] == "interleaved_1f1b"]
+    assert not [why for why in result["left_out"] if "ZeRO-1" in why]

@@ -110,16 +110,16 @@ def _trainer_left_out(trainer: str) -> list[str]:
 
 
 def _runs(precision: str, key, gpus: int, per_node: int, degree: int, trainer: str = "scalelab", pipeline: int = 1,
-          schedule: str = "1f1b") -> bool:
-    """Whether the trainer priced runs tensor parallelism of ``degree`` and a pipeline of ``pipeline`` stages with this
-    precision and strategy: for scalelab (which can then check it) the sweep's own rules (scalelab.planning.sweep, the
-    tensor_parallel and pipeline_parallel axes); the trainers that scale run them with every stage but hybrid
-    sharding (a 3-D mesh, not predicted)."""
-    return _not_run(precision, key, gpus, per_node, degree, trainer, pipeline, schedule) is None
+          schedule: str = "1f1b", sequence_parallel: bool = False) -> bool:
+    """Whether the trainer priced runs tensor parallelism of ``degree`` (with sequence parallelism or not) and a
+    pipeline of ``pipeline`` stages with this precision and strategy: for scalelab (which can then check it) the
+    sweep's own rules (scalelab.planning.sweep, the tensor_parallel and pipeline_parallel axes); the trainers that
+    scale run them with every stage but hybrid sharding (a 3-D mesh, not predicted)."""
+    return _not_run(precision, key, gpus, per_node, degree, trainer, pipeline, schedule, sequence_parallel) is None
 
 
 def _not_run(precision: str, key, gpus: int, per_node: int, degree: int, trainer: str, pipeline: int = 1,
-             schedule: str = "1f1b") -> str | None:
+             schedule: str = "1f1b", sequence_parallel: bool = False) -> str | None:
     """Why the trainer priced does not run this combination (:func:`_runs`); None where it does."""
     if TRAINERS[trainer].memory == "llm-foundry":
         return (None if degree == 1 and pipeline == 1 and precision == "bf16" else
@@ -129,7 +129,8 @@ def _not_run(precision: str, key, gpus: int, per_node: int, degree: int, trainer
         return None if (degree == 1 and pipeline == 1) or key != HYBRID_KEY else \
             f"hybrid sharding with {split} parallelism (a 3-D mesh) is not predicted"
     point = RunPoint(precision, strategy(key).stage, gpus, replicas=_replicas(gpus, per_node) if key == HYBRID_KEY else 1,
-                     tensor_parallel=degree, pipeline_parallel=pipeline, pipeline_schedule=schedule)
+                     tensor_parallel=degree, sequence_parallel=sequence_parallel, pipeline_parallel=pipeline,
+                     pipeline_schedule=schedule)
     why = AXIS["tensor_parallel"].left_out(point, None) or AXIS["pipeline_parallel"].left_out(point, None)
     return None if why is None else "scalelab does not run it: " + why
 
@@ -148,20 +149,20 @@ def _left_out(pairs, degrees: list[int], gpus: int, per_node: int, trainer: str)
 
 
 def _pipeline_not_run(pairs, pipelines: list[tuple[int, int, str]], gpus: int, per_node: int, trainer: str) -> list[str]:
-    """The pipelined (precision, strategy) combinations scalelab does not run, each with why (the sweep's pipeline
-    rule: cpu offload, sequence parallelism and LoRA are not run with a pipeline); the trainers that scale run them
-    all."""
-    out: dict[str, list[str]] = {}
+    """The pipelined configurations the plan times only without sequence parallelism, because the trainer priced
+    does not run it with a pipeline (scalelab: the sweep's pipeline rule), in one line per reason."""
+    out: dict[str, dict[str, set]] = {}
     for precision, key in pairs:
-        for _, p, sched in pipelines:
-            if p == 1 or key == HYBRID_KEY or trainer != "scalelab":
-                continue
-            why = AXIS["pipeline_parallel"].left_out(RunPoint(precision, strategy(key).stage, gpus, pipeline_parallel=p,
-                                                              pipeline_schedule=sched), None)
-            name = f"{precision} ZeRO-{key} x PP {p}"
-            if why is not None and name not in out.setdefault(why, []):
-                out[why].append(name)
-    return [f"{', '.join(which)}: scalelab does not run it: {why}" for why, which in out.items()]
+        for t, p, sched in pipelines:
+            if p == 1 or t == 1 or not _runs(precision, key, gpus, per_node, t, trainer, p, sched):
+                continue  # no pipeline, no tensor parallelism, or left out already (and said so) without it
+            why = _not_run(precision, key, gpus, per_node, t, trainer, p, sched, sequence_parallel=True)
+            if why is not None:
+                seen = out.setdefault(why, {"precision": set(), "ZeRO": set(), "TP": set(), "PP": set()})
+                for name, value in (("precision", precision), ("ZeRO", key), ("TP", t), ("PP", p)):
+                    seen[name].add(value)
+    return [f"sequence parallelism with a pipeline ({', '.join(f'{k} ' + '/'.join(map(str, sorted(v, key=str))) for k, v in seen.items())}): {why}"
+            for why, seen in out.items()]
 
 
 def pipeline_choices(cfg, gpus: int, degrees: list[int], global_batch: int, pipelines: list[int],
@@ -207,7 +208,8 @@ def _rows(ask: PlanAsk, cluster: Cluster, cfg, n_params: int, pairs, machine, bu
             share = ask.global_batch // (n // (t * pp))  # each data-parallel rank's share
             levers = [(m, c, sp) for m in MICRO_BATCHES if share % m == 0
                       and pipeline_problem(cfg, pp, sched, share // m) is None for c in (False, True)
-                      for sp in ((False, True) if t > 1 else (False,))]
+                      for sp in ((False, True) if t > 1 else (False,))
+                      if not sp or _runs(precision, key, n, machine.per_node, t, cluster.trainer, pp, sched, True)]
             for micro, checkpointing, sp in levers:
                 point = Point(cfg=cfg, n_params=n_params, key=key, precision=precision, micro_batch=micro,
                               trainer=cluster.trainer, grad_reduce=cluster.reduce_dtype, global_batch=ask.global_batch,
