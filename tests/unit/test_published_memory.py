@@ -45,6 +45,30 @@ def test_the_recipe_by_hand_for_the_1b_at_64_gpus():
         foundry_style.block_activation_bytes(ModelConfig(family="llama", n_layers=2, d_model=64, n_heads=4), 1)
 
 
+
+@pytest.mark.parametrize("change, named", [({"zero_stage": 2}, "ZeRO stage 2"), ({"precision": "fp16"}, "fp16"),
+                                           ({"tensor_parallel": 2}, "tensor parallel 2"),
+                                           ({"sequence_parallel": True}, "sequence parallelism"),
+                                           ({"replicas": 2}, "2 replicas"), ({"cpu_offload": True}, "cpu offload"),
+                                           ({"compiled": True}, "compile")])
+def test_the_recipe_prices_only_the_step_it_describes(change, named):
+    """FSDP FULL_SHARD over every rank in bf16, nothing else: any other step is refused, naming what differs, by the
+    recipe itself and by the forecast (one rule: foundry_style.unpriced)."""
+    import dataclasses
+
+    from scalelab.forecast.inputs import EstimateError
+    from scalelab.forecast.step import _foundry_memory
+
+    run = pm.MemoryRun("1b", 2048, 64, 10, 1)
+    step = RankStep("bf16", 3, 64, 10)
+    assert foundry_style.unpriced(step) is None
+    other = dataclasses.replace(step, **change)
+    assert named in foundry_style.unpriced(other)
+    with pytest.raises(ValueError, match=named):
+        foundry_style.peak_memory(run.cfg, flops.param_count(run.cfg), other)
+    with pytest.raises(EstimateError, match="--trainer llm-foundry prices"):
+        _foundry_memory(_foundry_point(run), other)
+
 def _foundry_point(run, trainer="llm-foundry", **kw):
     from scalelab.forecast.step import Point
 

@@ -37,7 +37,8 @@ from scalelab.forecast.model_input import model_flags, model_from_flags, shape_t
 from scalelab.forecast.predict import predict_point
 from scalelab.forecast.scaling import LINK_RULE, PIPELINE_READING, machine_of
 from scalelab.forecast.step import Point, _replicas, fp8_machine
-from scalelab.formulas import communication, flops, links
+from scalelab.formulas import communication, flops, foundry_style, links
+from scalelab.formulas.peak_memory import RankStep
 from scalelab.formulas.pipeline import SCHEDULES
 from scalelab.planning.sweep import AXIS, RunPoint
 from scalelab.registries import hardware
@@ -122,7 +123,9 @@ def _not_run(precision: str, key, gpus: int, per_node: int, degree: int, trainer
              schedule: str = "1f1b", sequence_parallel: bool = False) -> str | None:
     """Why the trainer priced does not run this combination (:func:`_runs`); None where it does."""
     if TRAINERS[trainer].memory == "llm-foundry":
-        return (None if degree == 1 and pipeline == 1 and precision == "bf16" else
+        step = RankStep(precision, strategy(key).stage, gpus, 1, tensor_parallel=degree,
+                        sequence_parallel=sequence_parallel, replicas=_replicas(gpus, per_node) if key == HYBRID_KEY else 1)
+        return (None if pipeline == 1 and foundry_style.unpriced(step) is None else
                 "the llm-foundry trainer is priced as its MPT benchmarks run: FSDP alone, in bf16")
     if trainer != "scalelab":
         split = "tensor" if pipeline == 1 else "pipeline"

@@ -187,12 +187,12 @@ def _foundry_memory(point: Point, step: RankStep) -> float:
     EstimateError in one line where the point is not what that recipe prices."""
     from scalelab.formulas import foundry_style
 
-    if point.key != 3 or point.tensor_parallel > 1 or point.pipeline_parallel > 1 or point.precision != "bf16":
+    if point.key != 3 or point.pipeline_parallel > 1 or foundry_style.unpriced(step) is not None:
         raise EstimateError("--trainer llm-foundry prices its MPT benchmarks' FSDP FULL_SHARD in bf16: --zero-stage 3 "
-                            "--precision bf16, no --tensor-parallel or --pipeline-parallel")
+                            "--precision bf16, no --tensor-parallel, --sequence-parallel or --pipeline-parallel")
     try:
         return foundry_style.peak_memory(point.cfg, point.n_params, step).total
-    except ValueError as err:
+    except ValueError as err:  # a shape the recipe has no formula for (its blocks are the gpt2 family's)
         raise EstimateError(f"--trainer llm-foundry: {err}") from None
 
 

@@ -78,15 +78,26 @@ def loss_backward_bytes(cfg: ModelConfig, micro_batch: int) -> float:
     return 2.0 * micro_batch * cfg.seq_len * cfg.vocab_size
 
 
+def unpriced(step: RankStep) -> str | None:
+    """Why the recipe does not describe a step (None where it does): it is FSDP FULL_SHARD over every data-parallel
+    rank in bf16, without tensor or sequence parallelism, hybrid sharding, offload or compile."""
+    other = [what for what, differs in (
+        (f"ZeRO stage {step.zero_stage}", step.zero_stage != 3), (step.precision, step.precision != "bf16"),
+        (f"tensor parallel {step.tensor_parallel}", step.tensor_parallel > 1),
+        ("sequence parallelism", step.sequence_parallel), (f"{step.replicas} replicas", step.replicas > 1),
+        ("cpu offload", step.cpu_offload), ("compile", step.compiled)) if differs]
+    return None if not other else ("llm-foundry's recipe prices FSDP FULL_SHARD (ZeRO stage 3) in bf16 alone, not "
+                                   + ", ".join(other))
+
+
 def peak_memory(cfg: ModelConfig, n_params: int, step: RankStep) -> PeakMemory:
     """The step's peak per GPU under the recipe: at the loss's backward, the fp32 shards and Adam (and the fp32 gradient
     shards where accumulation made them), the bf16 root unit and two gathered blocks, and one micro-batch's kept
     activations with the logits' gradient. The optimizer step's peak (every shard and its gradient) is ``at_rest``.
-    Only the step the recipe describes (FSDP FULL_SHARD, bf16, no model parallelism) is priced: another is a
-    ValueError."""
-    if (step.zero_stage, step.precision, step.tensor_parallel) != (3, "bf16", 1):
-        raise ValueError("llm-foundry's recipe prices FSDP FULL_SHARD (ZeRO stage 3) in bf16 without tensor "
-                         f"parallelism, not stage {step.zero_stage}, {step.precision}, TP {step.tensor_parallel}")
+    Only the step the recipe describes is priced (unpriced): another is a ValueError."""
+    why = unpriced(step)
+    if why is not None:
+        raise ValueError(why)
     micro_batch, accumulation_steps = step.micro_batch, step.accumulation_steps
     shard = n_params / step.data_parallel
     at_rest = 16 * shard
