@@ -201,7 +201,6 @@ def test_scaling_at_a_fixed_global_batch_accumulates_each_gpus_share(capsys):
     assert checkpointed["recompute_flops_per_token"] == flops.recompute_flops_per_token(cfg)  # the run's own formula
 
 
-
 def test_a_forecast_priced_as_scalelab_runs_counts_sequence_parallelism_in_its_memory(capsys):
     """Priced as scalelab runs, the forecast's peak is the run's own formula for the same step (peak_memory over
     RankStep), sequence parallelism included (it was left out, over-stating the peak)."""

@@ -5,8 +5,9 @@ config.yaml wrote it. A line naming a path that is a placeholder (my.yaml, resul
 run with that path made real (a copy of the tree, the config), so that no documented command goes untried.
 
 The docs' training commands (`snakemake --cores ...`, in the README and every guide) would train for minutes: each
-runs as written with `-n` added, so that the config file it names exists and is valid and the workflow plans its
-jobs; other workflow tests run whole sweeps."""
+runs as written with `-n` added, in a working directory as a fresh checkout's (its config.yaml, my.yaml a copy of it,
+workflow/configs, no results), so that the config file it names exists, merges over config.yaml and validates, and
+the workflow plans its jobs; other workflow tests run whole sweeps."""
 from __future__ import annotations
 
 import os
@@ -34,7 +35,6 @@ def workdir(tmp_path_factory):
     config = (TREE.parent / "sweep-f6ec2f4.yaml").read_text()
     (work / "config.yaml").write_text(config)
     (work / "my.yaml").write_text(config)
-    shutil.copytree(REPO / "workflow" / "configs", work / "workflow" / "configs")  # as in a checkout
     for where in ("results", "results/my-sweep", "path/to/results", "results_a", "results_b"):
         dest = work / where
         shutil.copytree(TREE, dest, ignore=shutil.ignore_patterns("snakemake-metadata"), dirs_exist_ok=True)
@@ -59,11 +59,21 @@ def test_a_guide_command_on_a_results_folder_runs_as_written(workdir, line, comm
     assert proc.returncode == 0, f"guide.md:{line}: `{command}` exits {proc.returncode}: {(proc.stdout + proc.stderr)[-1500:]}"
 
 
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory):
+    """A working directory as a fresh checkout's, before any sweep: config.yaml, my.yaml (a copy), workflow/configs."""
+    work = tmp_path_factory.mktemp("checkout")
+    for name in ("config.yaml", "my.yaml"):
+        shutil.copy(REPO / "config.yaml", work / name)
+    shutil.copytree(REPO / "workflow" / "configs", work / "workflow" / "configs")
+    return work
+
+
 @pytest.mark.parametrize("doc, line, command", TRAINING, ids=[f"{d}:{n}" for d, n, _ in TRAINING])
-def test_a_documented_training_command_plans_its_jobs(workdir, doc, line, command):
+def test_a_documented_training_command_plans_its_jobs(checkout, doc, line, command):
     from scalelab.harness.testing import snakemake_cmd, snakemake_env
 
-    argv = snakemake_cmd(workdir, *shlex.split(command)[1:], "-n")
-    proc = subprocess.run(argv, cwd=workdir, capture_output=True, text=True, timeout=300, env=snakemake_env())
+    argv = snakemake_cmd(checkout, *shlex.split(command)[1:], "-n")
+    proc = subprocess.run(argv, cwd=checkout, capture_output=True, text=True, timeout=300, env=snakemake_env())
     assert proc.returncode == 0, f"{doc}:{line}: `{command} -n` exits {proc.returncode}: {(proc.stdout + proc.stderr)[-1500:]}"
     assert "This was a dry-run" in proc.stdout + proc.stderr
