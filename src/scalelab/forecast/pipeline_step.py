@@ -101,10 +101,10 @@ def _stage_memory(point, rank: int, blocks: int, last: bool, n_local: float, dp:
         held = pipeline.held_block_activations(per_block, cfg.n_layers, rank, pp, m, sched, virtual=point.chunks_per_rank)
         held += outside if last else 0.0
         return {"model_state": state, "activations": held, "total": state + held}
-    peak = peak_memory.peak_memory(mine, n_local, peak_memory.RankStep(point.precision, stage, dp, micro, m, ac,
-                                                                       tensor_parallel=t, sequence_parallel=sp))
-    block_acts = activation_memory.block_activation_bytes(mine, micro, point.precision, ac, zero_stage=stage, tensor_parallel=t,
-                                                   sequence_parallel=sp)
+    step = peak_memory.RankStep(point.precision, stage, dp, micro, m, ac, tensor_parallel=t, sequence_parallel=sp)
+    peak = peak_memory.peak_memory(mine, n_local, step)
+    # the blocks' share of the same step's activations (on the GPU planned for, as the peak's)
+    block_acts = activation_memory.block_activation_bytes(mine, micro, point.precision, ac, **step.activation_levers)
     outside = peak.activations - block_acts  # outside the blocks and the loss path: the last stage's
     held = pipeline.held_block_activations(block_acts / blocks, cfg.n_layers, rank, pp, m, sched,
                                            virtual=point.chunks_per_rank) + (outside if last else 0.0)

@@ -154,6 +154,12 @@ class RankStep:
     """Where the step runs (a GPU by default: planning is for one; the llama family's kernels save differently on a
     CPU)."""
 
+    @property
+    def activation_levers(self) -> dict:
+        """What of the step activation_memory's block and outside-block formulas read, as their keyword arguments."""
+        return {"zero_stage": self.zero_stage, "device_type": self.device_type, "compiled": self.compiled,
+                "tensor_parallel": self.tensor_parallel, "sequence_parallel": self.sequence_parallel}
+
 
 def peak_memory(cfg: ModelConfig, n_params: float, step: RankStep, block_params: float | None = None) -> PeakMemory:
     """Predicted in-step peak per rank on the device: model state at rest (less the gradients where
@@ -196,17 +202,16 @@ def peak_memory(cfg: ModelConfig, n_params: float, step: RankStep, block_params:
     held = at_rest.total
     if step.cpu_offload:  # copied to the device, then gathered
         state, held, transient = 0.0, 0.0, gathered * (2 * block_params + outside_params)
-    acts = 0.0 if cfg.module else activation_bytes(cfg, step)  # a user's module: model state and gathers only
+    acts = 0.0 if cfg.module else step_activation_bytes(cfg, step)  # a user's module: model state and gathers only
     return PeakMemory(state, transient, acts, activation_bound(cfg, step.precision, step.compiled,
                                                                step.activation_checkpointing, step.device_type, t),
                       at_rest=held)
 
 
-def activation_bytes(cfg: ModelConfig, step: RankStep) -> float:
+def step_activation_bytes(cfg: ModelConfig, step: RankStep) -> float:
     """One micro-batch's activations at the start of backward: the blocks', what the step keeps outside them, and the
     loss path's transient."""
-    levers = {"zero_stage": step.zero_stage, "device_type": step.device_type, "compiled": step.compiled,
-              "tensor_parallel": step.tensor_parallel, "sequence_parallel": step.sequence_parallel}
+    levers = step.activation_levers
     return (activation_memory.block_activation_bytes(cfg, step.micro_batch, step.precision,
                                                      step.activation_checkpointing, **levers)
             + activation_memory.outside_block_activation_bytes(cfg, step.micro_batch, step.precision,

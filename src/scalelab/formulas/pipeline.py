@@ -230,10 +230,8 @@ def predicted_columns(cfg: ModelConfig, step: RankStep, pp: int, schedule_name: 
     boundary = boundary_values(step.micro_batch, cfg.seq_len, cfg.d_model, step.tensor_parallel,
                                step.sequence_parallel) * residual_width(step.precision, zero_stage)
     per_stage = [sum(p2p_bytes(k, pp, m, boundary, schedule_name).values()) for k in range(pp)]
-    per_block, once = per_block_and_once(
-        cfg, step.micro_batch, step.precision, activation_checkpointing=step.activation_checkpointing,
-        zero_stage=zero_stage, device_type=step.device_type, compiled=step.compiled,
-        tensor_parallel=step.tensor_parallel, sequence_parallel=step.sequence_parallel)
+    per_block, once = per_block_and_once(cfg, step.micro_batch, step.precision,
+                                         activation_checkpointing=step.activation_checkpointing, **step.activation_levers)
     held = None if step.activation_checkpointing else [
         held_block_activations(per_block, cfg.n_layers, k, pp, m, schedule_name, once) for k in range(pp)]
     return {"comm_pipeline_bytes_per_step_predicted": per_stage[0],

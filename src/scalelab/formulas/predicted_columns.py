@@ -140,8 +140,7 @@ def peak(cfg: ModelConfig, n_params: int, row: Mapping, block_params: int | None
     held_params = largest_rank_params(cfg, n_params, row) if pp > 1 else n_params  # the rank holding the most
     result = peak_memory.peak_memory(cfg, held_params, step, block_params=block_params)
     if pp > 1:  # the blocks' activations of the stage holding the most micro-batches'
-        case = {"activation_checkpointing": step.activation_checkpointing, "zero_stage": stage,
-                "device_type": step.device_type, "tensor_parallel": degree, "sequence_parallel": step.sequence_parallel}
+        case = {"activation_checkpointing": step.activation_checkpointing, **step.activation_levers}
         blocks = activation_memory.block_activation_bytes(cfg, step.micro_batch, precision, **case)
         per_block, once = pipeline.per_block_and_once(cfg, step.micro_batch, precision, **case)
         held = max(pipeline.held_block_activations(per_block, cfg.n_layers, k, pp, accum, _schedule(row), once)
@@ -167,12 +166,12 @@ def trained_run_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -
     """The formulas beside what a run that trained measured, from the row's identity and counted facts:
     ``n_params``, ``n_trainable_params`` (its n_params without LoRA), ``accumulation_steps``, the resolved
     ``micro_batch``, ``device_type``; rank_hosts: each rank's host (rank order)."""
-    stage, precision = int(row["zero_stage"]), row["precision"]
-    replicas, accum, micro = int(_value(row, "replicas", 1)), int(row["accumulation_steps"]), int(row["micro_batch"])
-    ac, compiled, grad_reduce = bool(_value(row, "activation_checkpointing", False)), bool(_value(row, "compile", False)), \
-        _value(row, "grad_reduce", "fp32")
     # under tensor parallelism the strategy's formulas take each rank's share over the data-parallel ranks
     n_params, world_size, degree = split_of(cfg, int(row["n_params"]), row)
+    step = rank_step(row, world_size, degree)
+    stage, precision, replicas = step.zero_stage, step.precision, step.replicas
+    accum, micro, ac = step.accumulation_steps, step.micro_batch, step.activation_checkpointing
+    grad_reduce = _value(row, "grad_reduce", "fp32")
     state_params = largest_rank_params(cfg, int(row["n_params"]), row)  # the measured state is the largest rank's
     lora = _value(row, "lora_rank") is not None
     n_trainable = int(row["n_trainable_params"]) if lora else None
@@ -186,8 +185,7 @@ def trained_run_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -
                   for c in ("pytorch", "paper")]
         paper_elements = communication.comm_elements_per_step(n_params, stage, world_size, accum, "paper", replicas)
     custom = cfg.module is not None
-    device_type = row["device_type"]
-    sp = bool(_value(row, "sequence_parallel", False))
+    device_type, sp = step.device_type, step.sequence_parallel
     pp = int(_value(row, "pipeline_parallel", 1))
     blocks = cfg if pp == 1 else dataclasses.replace(  # rank 0's blocks carry its tensor-parallel collectives
         cfg, n_layers=len(pipeline.chunks(cfg.n_layers, pp, _schedule(row))[0]) * len(pipeline.rank_chunks(0, pp, _schedule(row))))
@@ -203,12 +201,11 @@ def trained_run_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -
                                                        n_trainable, replicas, kept)
     return {
         "activation_bytes_predicted": None if custom else activation_memory.block_activation_bytes(
-            cfg, micro, precision, ac, zero_stage=stage, device_type=device_type, compiled=compiled, tensor_parallel=degree,
-            sequence_parallel=sp),
+            cfg, micro, precision, ac, **step.activation_levers),
         "activation_bytes_predicted_paper": None if custom else activation_memory.block_activation_bytes(
             cfg, micro, precision, ac, "paper", tensor_parallel=degree, sequence_parallel=sp),
         "activation_bytes_outside_blocks_predicted": None if custom else activation_memory.outside_block_activation_bytes(
-            cfg, micro, precision, accum, stage, device_type, compiled, degree, sp),
+            cfg, micro, precision, accum, **step.activation_levers),
         "model_state_bytes_predicted": states[0].total,
         "model_state_params_bytes_predicted": states[0].params,
         "model_state_grads_bytes_predicted": states[0].grads,
