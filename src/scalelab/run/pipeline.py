@@ -63,7 +63,8 @@ def chunk_modules(model: nn.Module, pp_rank: int, pp: int, schedule_name: str) -
     parameters (nothing copied); the parts it does not hold are None (the families' forwards skip them). Each chunk
     has registries of its own (its modules, parameters, buffers and every hook dict): a hook one chunk gets, FSDP2's
     root hooks under interleaving's two chunks a rank, must not run in the other chunk's passes, where it gathered
-    that chunk's root parameters again and resharded its groups early."""
+    that chunk's root parameters again and resharded its groups early. (A hook put on the whole model before this
+    split is copied into each chunk, where its handle no longer removes it: chunks are made right after the model.)"""
     all_chunks = chunk_blocks(model.cfg.n_layers, pp, schedule_name)
     out = []
     for c in rank_chunks(pp_rank, pp, schedule_name):
