@@ -176,7 +176,7 @@ def test_the_published_pipelined_runs_are_validated_in_and_out_of_sample_and_the
     assert t["in_sample_mae"] <= 0.15 and t["held_out_mae"] <= 0.15, t
     assert t["in_sample_within_20"] >= 0.8 and t["held_out_within_20"] >= 0.8, t
     assert t["issue_within_20"] == 1.0, t
-    out = published_pipeline.stalled()
+    out = published_pipeline.stalled_by_slot()
     assert published_pipeline.degraded() <= out  # the stall rule holds the earlier one
     for r in rows:
         assert r["gpus"] > r["calibrated_at"] and r["error"] == pytest.approx(r["predicted"] / r["published"] - 1)
@@ -197,7 +197,7 @@ def test_a_stalled_run_is_a_slot_over_twice_its_series_fastest_and_its_slot_does
     at = {r.gpus: r for r in series}
     assert pp.slot_seconds(at[64]) == pytest.approx(1_048_576 / 64 / 418 / 35)
     assert pp.slot_seconds(at[32]) == pytest.approx(1_048_576 / 32 / 3887 / 67)
-    assert ("8B PP 4 TP 4 ZeRO-1 mb 2", 64) in pp.stalled() and ("8B PP 4 TP 4 ZeRO-1 mb 2", 128) not in pp.stalled()
+    assert ("8B PP 4 TP 4 ZeRO-1 mb 2", 64) in pp.stalled_by_slot() and ("8B PP 4 TP 4 ZeRO-1 mb 2", 128) not in pp.stalled_by_slot()
     e = pp.stall_evidence()
     for t in e["table"]:
         if t["stalled"]:

@@ -125,21 +125,21 @@ def test_the_sweeps_rows_show_each_tensor_parallel_groups_all_reduce_at_the_meas
 
 
 def test_the_stall_rule_leaves_out_no_run_up_to_256_gpus_and_every_1b_run_at_512():
-    """A run the model puts over STALL_FACTOR times its published speed is stalled: none of the fit set's or the held-out
+    """A run the model puts over MODEL_STALL_FACTOR times its published speed is stalled: none of the fit set's or the held-out
     series' runs up to 256 GPUs, all three 1B runs at 512 (the fit), and at 512 the held-out runs split with a gap
     around the factor (the check)."""
     from scalelab.forecast import published_sweep as sweep
 
     rows = sweep.sweep_validation()
-    out = sweep.stalled(rows)
+    out = sweep.stalled_by_model(rows)
     assert all(gpus == 512 for _, gpus in out), sorted(out)
     assert {(r["series"], r["gpus"]) for r in rows if r["model"] == "1B" and r["gpus"] == 512} <= out
     assert sum(1 for r in rows if r["model"] == "1B" and r["gpus"] == 512) == 3
     fit = sweep.stall_fit(rows)
     assert fit["in_sample_within"]["stalled"] == fit["held_out_within"]["stalled"] == 0
-    assert fit["in_sample_within"]["kept_max"] < 2 < sweep.STALL_FACTOR < fit["in_sample_beyond"]["stalled_min"], fit
+    assert fit["in_sample_within"]["kept_max"] < 2 < sweep.MODEL_STALL_FACTOR < fit["in_sample_beyond"]["stalled_min"], fit
     held = fit["held_out_beyond"]
-    assert 0 < held["stalled"] < held["runs"] and held["kept_max"] < sweep.STALL_FACTOR < held["stalled_min"], held
+    assert 0 < held["stalled"] < held["runs"] and held["kept_max"] < sweep.MODEL_STALL_FACTOR < held["stalled_min"], held
 
 
 def test_the_plan_check_at_512_gpus_compares_healthy_runs_and_says_where_none_is_left():

@@ -17,7 +17,7 @@ count (playbook_sweep.measured_inter_node: the bus bandwidth at each count), so 
 nodes it spans: a stage's data-parallel all-reduce over the nodes/P nodes it holds (beside the other stages' on their
 own nodes), the sends between two stages over two, not at the figure over every node.
 
-Stalled runs (stalled): at a fixed global batch a run's step is (m + P - 1) slots of one micro-batch's forward and
+Stalled runs (stalled_by_slot): at a fixed global batch a run's step is (m + P - 1) slots of one micro-batch's forward and
 backward, plus the step's collectives; within a series (the same model, TP, PP, ZeRO stage and micro-batch) the work of
 a slot is fixed, so its time, step / (m + P - 1), moves only with the communication. Yet 30% of the sweep's pipelined
 runs take 2 to 36 times their series' fastest slot, a median 0.6-0.8 s on two stages and 0.8-1.1 s on four and eight
@@ -28,7 +28,7 @@ count (8B PP 4 TP 4 ZeRO-1 micro-batch 2: 3,887 tokens/s per GPU on 4 nodes, 418
 counts them). The slot then counts waits, not work: nanotron's sends on the branch that added the pipeline's stress
 tests (nouamane/bench2, commit 67c5ebb6 "pp", December 2024) poll each send's completion in 0.1 s sleeps
 (src/nanotron/parallel/pipeline_parallel/p2p.py), which would give such a floor, though the sweep does not say which
-commit it ran. A run whose slot is over STALLED times its series' fastest is left out, calibration point included, and
+commit it ran. A run whose slot is over SLOT_STALL_FACTOR times its series' fastest is left out, calibration point included, and
 counted; the errors over every run, and at looser factors (STALL_FACTORS), are printed beside: the factor is
 DEGRADED's two, not fitted, and the held-out errors rise with it (partial stalls at 2-4 times stay in). The rule holds
 the earlier one (a run under half the speed of its configuration on more nodes, degraded): a larger count's m is
@@ -53,7 +53,7 @@ from scalelab.forecast.published_sweep import (
 
 DEGRADED = 0.5
 """A run under this share of its series' figure at a larger count is taken as degraded (the earlier rule)."""
-STALLED = 1 / DEGRADED
+SLOT_STALL_FACTOR = 1 / DEGRADED
 """A run whose time per micro-batch slot is over this many times its series' fastest is taken as stalled: the same
 factor two as DEGRADED's, read per slot (the bubble taken out) and against every count of the series."""
 
@@ -88,8 +88,8 @@ def degraded(rows: tuple[Published, ...] = PIPELINE_ROWS) -> set[tuple[str, int]
     return out
 
 
-def stalled(rows: tuple[Published, ...] = PIPELINE_ROWS, factor: float = STALLED) -> set[tuple[str, int]]:
-    """(series, GPUs) of the runs whose slot (slot_seconds) is over ``factor`` (STALLED) x their series' fastest."""
+def stalled_by_slot(rows: tuple[Published, ...] = PIPELINE_ROWS, factor: float = SLOT_STALL_FACTOR) -> set[tuple[str, int]]:
+    """(series, GPUs) of the runs whose slot (slot_seconds) is over ``factor`` (SLOT_STALL_FACTOR) x their series' fastest."""
     fastest: dict[str, float] = {}
     for r in rows:
         fastest[r.series] = min(fastest.get(r.series, float("inf")), slot_seconds(r))
@@ -101,18 +101,18 @@ RULES = ("stalled", "degraded", "none")
 
 
 @functools.lru_cache(maxsize=8)
-def pipeline_validation(rule: str = "stalled", links: str = "stage", factor: float = STALLED) -> list[dict]:
+def pipeline_validation(rule: str = "stalled", links: str = "stage", factor: float = SLOT_STALL_FACTOR) -> list[dict]:
     """Per pipelined sweep row beyond its series' smallest count, the runs ``rule`` names left out (stalled ones at
     ``factor``): published and predicted tokens/s per GPU, the error, whether the series is its model's fit set, and the
     MFU; ``links``: "stage" (the rows' measured links: each group at the figure over the nodes it spans) or "all"
     (over_every_node)."""
     rows = PIPELINE_ROWS if links == "stage" else over_every_node()
-    skip = {"stalled": lambda: stalled(factor=factor), "degraded": degraded, "none": lambda: set()}[rule]()
+    skip = {"stalled": lambda: stalled_by_slot(factor=factor), "degraded": degraded, "none": lambda: set()}[rule]()
     return series_validation(rows, skip=frozenset(skip))
 
 
 STALL_FACTORS = (3.0, 4.0)
-"""Looser stall factors the document prints the errors at beside STALLED's, so the rule's choice shows."""
+"""Looser stall factors the document prints the errors at beside SLOT_STALL_FACTOR's, so the rule's choice shows."""
 
 
 def pipeline_memory_validation() -> list[dict]:
@@ -161,7 +161,7 @@ def stall_evidence(rows: tuple[Published, ...] = PIPELINE_ROWS) -> dict:
     how many stalled runs have a larger count of their series that is not stalled (the configuration runs again at its
     speed); and the model's largest slot ratio to the series' fastest run at any stalled run (bubble, sends and
     collectives on the stage's links, at MODEL_MFU)."""
-    out, by = stalled(rows), rows
+    out, by = stalled_by_slot(rows), rows
     table = []
     for pp in sorted({r.pipeline_parallel for r in rows}):
         for model in dict.fromkeys(r.series.split()[0] for r in rows):
@@ -184,7 +184,7 @@ def stall_evidence(rows: tuple[Published, ...] = PIPELINE_ROWS) -> dict:
         for r in mine:
             if (series, r.gpus) in out:
                 recovered += any(o.gpus > r.gpus and (series, o.gpus) not in out for o in mine)
-                if _predicted_slot(r, MODEL_MFU) > STALLED * base:
+                if _predicted_slot(r, MODEL_MFU) > SLOT_STALL_FACTOR * base:
                     model_over.append(r.gpus)
     ratios = [slot_seconds(r) / min(slot_seconds(o) for o in rows if o.series == r.series)
               for r in rows if (r.series, r.gpus) in out]
@@ -231,14 +231,14 @@ def pipeline_document() -> str:
                               "configuration on more nodes)"),
         ("none", "stage", "with every run kept")))
     looser = "; ".join(_targets_line(pipeline_targets(pipeline_validation("stalled", "stage", k)),
-                                     f"at a stall factor of {k:g} ({len(stalled(factor=k))} left out)")
+                                     f"at a stall factor of {k:g} ({len(stalled_by_slot(factor=k))} left out)")
                        for k in STALL_FACTORS)
     return "\n\n".join([
         f"The same sweep's pipelined runs ({len(PIPELINE_ROWS)} runs in {len({r.series for r in PIPELINE_ROWS})} series: "
         "PP 2, 4, 8 x TP 1-8 x ZeRO-0/1, priced as nanotron's 1F1B by scalelab.forecast.pipeline_step, nothing fitted "
         "on them; each group, a stage's data-parallel ranks or a pair of stages, at the bus bandwidth measured over the "
         f"nodes it spans), each series calibrated at its smallest count, {e['stalled']} stalled runs left out (their time per "
-        f"micro-batch slot, step / (m + P - 1), over {STALLED:g} times their series' fastest), per GPU count (in-sample: "
+        f"micro-batch slot, step / (m + P - 1), over {SLOT_STALL_FACTOR:g} times their series' fastest), per GPU count (in-sample: "
         "the 1B series, whose model fitted the overlap efficiency; held out: 3B and 8B):",
         by_count_markdown(rows),
         f"Up to {FIT_MAX_GPUS} GPUs: in-sample {t['in_sample_rows']} rows, mean absolute error {t['in_sample_mae']:.1%} "
@@ -257,7 +257,7 @@ def pipeline_document() -> str:
         f"consecutive stages sit on different nodes, {e['sends']['inside'][0]} of the {e['sends']['inside'][1]} whose "
         f"sends stay inside a node); {e['recovered']} of them have a larger count of their own configuration that runs at its speed again; the "
         f"model (bubble, sends and collectives on the stage's links, at MFU {MODEL_MFU:g}) puts the slot over "
-        f"{STALLED:g} times the series' fastest at {e['model_over']} of them ({e['model_over_512']} at 512 GPUs, where the "
+        f"{SLOT_STALL_FACTOR:g} times the series' fastest at {e['model_over']} of them ({e['model_over_512']} at 512 GPUs, where the "
         f"measured bus bandwidth halves; {'every' if e['all_512'] else 'not every'} 512-GPU run is stalled). "
         "Their step grows with m at a near-constant slot (below): a cost per micro-batch, not per step:",
         stall_markdown(e),

@@ -10,10 +10,14 @@ MEGATRON_OVERLAP_EFFICIENCY) on the 1B series up to 256 GPUs (FIT_MODELS: in-sam
 targets (several of the sweep's 64-node runs ran at a tenth of their 32-node speed). Memory is not fitted: the recipe of
 scalelab.formulas.megatron_style against each run's stated GPU memory.
 
-Stalled runs (stalled, STALL_FACTOR): a run the model, its series calibrated at its smallest count, puts over three times
+Stalled runs (stalled_by_model, MODEL_STALL_FACTOR): a run the model, its series calibrated at its smallest count, puts over three times
 its published speed spent its step waiting, not on what the model prices. The factor is read off the fit set and checked
 on the held-out series (stall_fit); every run it names is at 512 GPUs. The errors at 512 GPUs are printed with and
 without them, and `scalelab plan`'s pick is compared with healthy runs only (plan_check), saying where none is left.
+The pipelined runs are judged by their slot instead (scalelab.forecast.published_pipeline.stalled_by_slot): a series
+whose smallest count stalled would calibrate the model on the stall, which only a model-free rule sees (on those rows
+this one leaves the 8B PP 2-4 rows at 8-64 GPUs at 30% error, the slot rule at 4%); without pipelining a step at one
+or two micro-batches is one slot, which that rule would read as a stall at healthy counts.
 
 ``python -m scalelab.forecast.published`` prints these tables after the data-parallel and FSDP ones; docs/prediction.md
 holds them and tests/unit/test_published.py holds the two to each other.
@@ -41,9 +45,9 @@ TARGET_GPUS = (64, 256)
 FITS_GB = 80.0
 """The GPU memory a run is checked to fit in (the H100's 80 GB), less nothing: the stated figures include what the
 recipe leaves out."""
-STALL_FACTOR = 3.0
+MODEL_STALL_FACTOR = 3.0
 """A sweep run counts as stalled where the model predicts over this many times its published tokens/s per GPU, its series
-calibrated at its smallest count (stalled). Read off the fit set: the 1B series' runs up to 256 GPUs come within 1.6
+calibrated at its smallest count (stalled_by_model). Read off the fit set: the 1B series' runs up to 256 GPUs come within 1.6
 times the published speed, their three runs at 512 GPUs at 6.9-12.5 times; 3 lies between (the pipelined runs' looser
 factor, scalelab.forecast.published_pipeline.STALL_FACTORS). The held-out series check it (stall_fit: none of their
 runs up to 256 GPUs beyond 1.5 times; at 512 GPUs a gap between 2.3 and 4.3 times)."""
@@ -78,7 +82,7 @@ def sweep_validation(overlap_efficiency: float | None = None) -> list[dict]:
     return series_validation(SWEEP_ROWS, overlap_efficiency)
 
 
-def stalled(rows: list[dict], factor: float = STALL_FACTOR) -> set[tuple[str, int]]:
+def stalled_by_model(rows: list[dict], factor: float = MODEL_STALL_FACTOR) -> set[tuple[str, int]]:
     """(series, GPUs) of the validated runs (series_validation) the model puts over ``factor`` times their published
     tokens/s per GPU: their step went to waiting the model does not price (the sweep's 64-node runs at a tenth of their
     32-node speed), not to the work and the bytes it does. A series' calibration point is never one: it is the model's
@@ -86,7 +90,7 @@ def stalled(rows: list[dict], factor: float = STALL_FACTOR) -> set[tuple[str, in
     return {(r["series"], r["gpus"]) for r in rows if r["predicted"] > factor * r["published"]}
 
 
-def stall_fit(rows: list[dict], factor: float = STALL_FACTOR) -> dict:
+def stall_fit(rows: list[dict], factor: float = MODEL_STALL_FACTOR) -> dict:
     """The stall rule's fit and check: predicted over published tokens/s per GPU, the fit set and the held-out series
     apart, up to FIT_MAX_GPUS and beyond it; the largest ratio kept and the smallest left out, and the runs each leaves
     out."""
@@ -208,7 +212,7 @@ def plan_check(models=("1B", "3B"), counts=PLAN_COUNTS, stall_rule: bool = True)
     left: the sweep cannot test the pick there."""
     from scalelab.forecast.plan import plan_for
 
-    stalls = stalled(sweep_validation()) if stall_rule else set()
+    stalls = stalled_by_model(sweep_validation()) if stall_rule else set()
     out = []
     for model in models:
         for gpus in counts:
@@ -281,7 +285,7 @@ def plan_verdict(rows: list[dict], within: float = 0.10) -> str:
 def stall_document(rows: list[dict]) -> str:
     """The stall rule in words: its fit on the 1B series, its check on the held-out ones, and the 512-GPU errors with
     and without the runs it names."""
-    f, out = stall_fit(rows), stalled(rows)
+    f, out = stall_fit(rows), stalled_by_model(rows)
     ins, held = f["in_sample_beyond"], f["held_out_beyond"]
     beyond = [r for r in rows if r["gpus"] > FIT_MAX_GPUS]
     healthy = [r for r in beyond if (r["series"], r["gpus"]) not in out]
@@ -290,7 +294,7 @@ def stall_document(rows: list[dict]) -> str:
         return (f"{len(sel)} rows, mean absolute error {mean_abs_error(sel):.1%} ({share_within(sel):.0%} within 20%)"
                 if sel else "none left")
 
-    return (f"Stalled runs: a run the model puts over {STALL_FACTOR:g} times its published tokens/s per GPU (its series "
+    return (f"Stalled runs: a run the model puts over {MODEL_STALL_FACTOR:g} times its published tokens/s per GPU (its series "
             f"calibrated at its smallest count) is taken as stalled, its step spent waiting the model does not price. "
             f"Fitted on the 1B series: their {f['in_sample_within']['runs']} runs up to {FIT_MAX_GPUS} GPUs come within "
             f"{f['in_sample_within']['kept_max']:.2f} times, their {ins['runs']} runs beyond at "
