@@ -563,6 +563,13 @@ class _Server:
             self.kill(run)
 
 
+def _stop(*_) -> None:
+    """SIGTERM: exit once. A second TERM (Snakemake's, after the owner's) would otherwise raise inside the exit's own
+    clean-up (torch's finalizers) and print a traceback after a Ctrl-C."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(0)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="scalelab prefork server (started by scalelab.run.prefork.start_server)")
     parser.add_argument("--name", required=True, help="abstract socket name")
@@ -570,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--for", dest="owner_dir", help="the folder of the runs it serves (shown to process listings)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGTERM, _stop)
     server = None
     try:
         server = _Server(args.name, args.owner)
