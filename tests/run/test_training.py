@@ -143,8 +143,8 @@ def test_a_killed_pipeline_run_resumes_bitwise(tmp_path, tiny_data, stage):
     rank 0 killed at step 9: each rank's stage and its optimizer come back from its own file of the step-7
     checkpoint, and the losses and the whole final parameters equal an uninterrupted run's, bit for bit. The resumed
     run's first step is the one the schedule infers its shapes in: at stage 1 its gradients are all-reduced once, as
-    in every other step, and it is left out of the measurement as the uninterrupted run's warm-up step is (stage 3
-    gathers the stage twice more there): the measured bytes per step are the same."""
+    in every other step, and it is left out of the measurement with the metered step after it, as the uninterrupted
+    run's warm-up steps are (stage 3 gathers the stage twice more there): the measured bytes per step are the same."""
     point = RunPoint("fp32", stage, 4, micro_batch=1, pipeline_parallel=2)
     train = {"steps": 12, "warmup_steps": 2}
     plain = tiny_config(train=train, planning={"launch_overcommitted": True})
@@ -159,7 +159,7 @@ def test_a_killed_pipeline_run_resumes_bitwise(tmp_path, tiny_data, stage):
     assert second["status"] == "ok", second["reason"]
     assert second["resumed_from_step"] == 7 and steps["loss"].tolist() == reference["loss"].tolist()
     assert second["comm_bytes_per_step_measured"] == uninterrupted_run["comm_bytes_per_step_measured"]
-    assert second["measured_steps"] == 3  # steps 9 to 11: step 8 inferred the shapes
+    assert second["measured_steps"] == 2  # steps 10 and 11: step 8 inferred the shapes, step 9 was metered
     resumed, uninterrupted = torch.load(run_dir / "final_params.pt"), torch.load(ref_dir / "final_params.pt")
     assert resumed.keys() == uninterrupted.keys()
     for name, tensor in uninterrupted.items():

@@ -261,15 +261,24 @@ def infers_shapes(run: Run, step: int) -> bool:
             and not (run.point.compile and run.plan.compile_warm_up))
 
 
+def metered_step(run: Run) -> int:
+    """The attempt's step its saved activations are metered in (saved-tensor hooks): its first, or under pipelining
+    its second (the first infers the shapes its stages send, and the second holds what the stages hold at once)."""
+    return run.start_step + 1 if run.pipe is not None else run.start_step
+
+
 def first_measured_step(run: Run) -> int:
-    """The attempt's first timed and counted step: the first after warm-up. An attempt resumed past warm-up leaves
-    out the step its pipeline infers its shapes in (infers_shapes), as the uninterrupted run's warm-up does, where
-    a step or the timing steps (train.measure_s) follow; a resumed attempt of that one step alone measures it."""
+    """The attempt's first timed and counted step: the first after warm-up. An attempt resumed past warm-up also
+    leaves out its cold steps, which the uninterrupted run's warm-up hides: its first (where a pipeline infers its
+    shapes: a forward and a backward of its own, two more gathers at ZeRO-3) up to the one its activations are
+    metered in; where no timing steps (train.measure_s) follow, the last training step is measured whatever it is."""
     cfg = run.train_cfg
-    more_follow = run.start_step < cfg.steps - 1 or cfg.measure_s > 0
-    if cfg.warmup_steps <= run.start_step and infers_shapes(run, run.start_step) and more_follow:
-        return run.start_step + 1
-    return cfg.warmup_steps
+    if run.start_step == 0:
+        return cfg.warmup_steps
+    cold_until = metered_step(run) + 1
+    if not cfg.measure_s:
+        cold_until = min(cold_until, cfg.steps - 1)
+    return max(cfg.warmup_steps, cold_until)
 
 
 def _steps(run: Run, tally: Tally, tracer: StepTracer, log: Progress) -> None:
@@ -285,9 +294,7 @@ def _steps(run: Run, tally: Tally, tracer: StepTracer, log: Progress) -> None:
             tally.start_loop()  # whole-loop time, measurement included
         if tally.first_step_at is None:
             tally.first_step_at = time.time()
-        # the first step of an attempt measures a micro-batch's activations; under pipelining the second measures what
-        # the stages hold at once (the first infers the shapes its stages send)
-        measure = step == run.start_step + 1 if run.pipe is not None else tally.activations is None
+        measure = step == metered_step(run) if run.pipe is not None else tally.activations is None
         with tracer.step(step), tensor_parallel_count(run, step):
             out = train_step(run, step, measure_activations=measure)
         if out.activations is not None:
