@@ -41,7 +41,8 @@ def test_what_the_step_holds_outside_the_blocks_is_predicted(precision, micro_ba
     peak = tracker.get_tracker_snapshot("peak")[cpu]
     kinds = mem_tracker._MemRefType
     measured = peak["Total"] - peak[kinds.PARAM] - peak[kinds.GRAD] - peak[kinds.OPT]
-    predicted = peak_memory.peak_memory(cfg, 1, RankStep(precision, 0, 1, micro_batch, 4 // micro_batch)).activations
+    predicted = peak_memory.peak_memory(cfg, 1, RankStep(precision, 0, 1, micro_batch, 4 // micro_batch,
+                                                                device_type="cpu")).activations
     assert abs(predicted - measured) / measured < 0.01, (measured, predicted)
     # the former prediction counted 2 x 4 B T V for everything outside the blocks
     former = activation_memory.block_activation_bytes(cfg, micro_batch, precision, False) + 8 * micro_batch * cfg.seq_len * cfg.vocab_size

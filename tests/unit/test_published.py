@@ -156,7 +156,7 @@ def test_the_plan_check_at_512_gpus_compares_healthy_runs_and_says_where_none_is
     assert (three["published_best"], three["best_family"], three["best_micro_batch"]) == (4045, (4, 1), 2)
     assert not sweep.plan_tested(one) and not sweep.plan_tested(three)
     table = sweep.plan_markdown(list(rows.values()))
-    assert "none healthy (1,505 stalled)" in table and "none healthy (3 stalled)" in table and "untested" in table
+    assert "none healthy (stalled at 1,505)" in table and "none healthy (3 runs stalled)" in table and "untested" in table
     verdict = sweep.plan_verdict(list(rows.values()))
     assert "cannot test the pick" in verdict and "within 10% of the best healthy run at 0 of them" in verdict
     raw = {r["model"]: r for r in sweep.plan_check(counts=(512,), stall_rule=False)}

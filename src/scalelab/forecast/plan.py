@@ -123,7 +123,8 @@ def _not_run(precision: str, key, gpus: int, per_node: int, degree: int, trainer
              schedule: str = "1f1b", sequence_parallel: bool = False) -> str | None:
     """Why the trainer priced does not run this combination (:func:`_runs`); None where it does."""
     if TRAINERS[trainer].memory == "llm-foundry":
-        step = RankStep(precision, strategy(key).stage, gpus, 1, tensor_parallel=degree,
+        # the recipe's rule reads the strategy and the levers, not the batch: one micro-batch stands for any
+        step = RankStep(precision, strategy(key).stage, gpus // degree, 1, tensor_parallel=degree,
                         sequence_parallel=sequence_parallel, replicas=_replicas(gpus, per_node) if key == HYBRID_KEY else 1)
         return (None if pipeline == 1 and foundry_style.unpriced(step) is None else
                 "the llm-foundry trainer is priced as its MPT benchmarks run: FSDP alone, in bf16")

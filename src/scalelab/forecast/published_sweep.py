@@ -242,9 +242,9 @@ def plan_markdown(rows: list[dict]) -> str:
     for r in rows:
         stalled_family = ", ".join(f"{t:,}" for t in r["family_stalled"])
         family = (f"{r['family_best']:,}" if r["family_best"] is not None else
-                  f"none healthy ({stalled_family} stalled)" if r["family_runs"] else "not run")
+                  f"none healthy (stalled at {stalled_family})" if r["family_runs"] else "not run")
         best = (f"{r['published_best']:,} (TP {r['best_family'][0]}, ZeRO-{r['best_family'][1]})"
-                if r["published_best"] is not None else f"none healthy ({len(r['stalled'])} stalled)")
+                if r["published_best"] is not None else f"none healthy ({len(r['stalled'])} runs stalled)")
         gap = f"{r['family_best'] / r['published_best'] - 1:+.0%}" if plan_tested(r) else "untested"
         lines.append(f"| {r['model']} | {r['gpus']} | TP {r['tensor_parallel']}, ZeRO-{r['zero_stage']} | "
                      f"{r['predicted']:,.0f} | {family} | {best} | {gap} | {len(r['stalled'])} |")

@@ -149,9 +149,10 @@ RUN = [
     Column("n_params", pa.int64(), "parameters", "model parameters Ψ (tied embeddings counted once)", "worker", OK),
     Column("n_trainable_params", pa.int64(), "parameters", "parameters with gradients and optimizer state: Ψ in full "
            "training, LoRA's A and B with lora_rank", "worker", OK),
-    Column("last_block_params_kept", pa.int64(), "parameters", "the last block's parameters on rank 0 that FSDP2 keeps "
-           "gathered from its forward to its backward (torchtitan's recipe, at the stages that reshard after forward: one "
-           "gather of them fewer per micro-batch; 0 at the others); null for runs that gathered it twice (before it was "
+    Column("last_block_params_kept", pa.int64(), "parameters", "the last block's parameters on rank 0 (summed over its "
+           "chunks under a pipeline: each chunk's last block) that FSDP2 keeps gathered from its forward to its "
+           "backward (torchtitan's recipe, at the stages that reshard after forward: one gather of them fewer per "
+           "micro-batch; 0 at the others); null for runs that gathered it twice (before it was "
            "kept): their communication is predicted as they ran", "worker", sometimes("at every stage since it was kept", OK)),
     Column("lora_alpha", pa.float64(), "-", "LoRA scaling numerator (train.lora_alpha): the update is scaled by alpha / "
            "rank; null without LoRA", "worker", OK & LORA),
