@@ -81,7 +81,6 @@ def test_memory_per_stage_follows_the_schedule():
     assert one["peak_memory_bytes"] < predict_point(_point(), _machine(), 8)["peak_memory_bytes"]
 
 
-
 def test_a_stage_priced_as_scalelab_runs_holds_the_gpus_block_activations():
     """Priced as scalelab runs, the first stage of a 1F1B pipeline holds P micro-batches of its blocks' activations,
     each the GPU's figure (the llama family keeps less on a GPU in bf16 than on a CPU, which the stages once took)."""
@@ -97,6 +96,7 @@ def test_a_stage_priced_as_scalelab_runs_holds_the_gpus_block_activations():
     held = pipeline.held_block_activations(per_block, LLAMA8B.n_layers, 0, 4, result["pipeline"]["microbatches"],
                                            "1f1b")
     assert first["activations_bytes"] == pytest.approx(held, rel=1e-12)
+
 
 def test_estimate_scaling_prints_the_pipeline_and_matches_the_model(capsys):
     code, out, err = _run(capsys, *SCALING, "--pipeline-parallel", "2", "--gpus", "8,16")

@@ -127,7 +127,7 @@ def test_a_plan_priced_as_scalelab_runs_times_no_pipeline_with_sequence_parallel
     ask = ["plan", "--model", "llama3-8b", "--gpus", "64", "--gpu", "H100", "--inter-node", "ib-ndr",
            "--global-batch", "256", "--tokens", "1T", "--precision", "bf16", "--pipeline-parallel", "1", "2",
            "--tensor-parallel", "1", "2", "--json"]
-    both = lambda r: r["pipeline_parallel"] > 1 and r["sequence_parallel"]  # noqa: E731
+    both = lambda r: r["pipeline_parallel"] > 1 and r["sequence_parallel"]
     ours = json.loads(_plan(capsys, *ask)[1])
     assert any(r["pipeline_parallel"] > 1 for r in ours["rows"]) and not [r for r in ours["rows"] if both(r)]
     (line,) = [why for why in ours["left_out"] if why.startswith("sequence parallelism with a pipeline")]

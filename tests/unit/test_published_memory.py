@@ -45,7 +45,6 @@ def test_the_recipe_by_hand_for_the_1b_at_64_gpus():
         foundry_style.block_activation_bytes(ModelConfig(family="llama", n_layers=2, d_model=64, n_heads=4), 1)
 
 
-
 @pytest.mark.parametrize("change, named", [({"zero_stage": 2}, "ZeRO stage 2"), ({"precision": "fp16"}, "fp16"),
                                            ({"tensor_parallel": 2}, "tensor parallel 2"),
                                            ({"sequence_parallel": True}, "sequence parallelism"),
@@ -68,6 +67,7 @@ def test_the_recipe_prices_only_the_step_it_describes(change, named):
         foundry_style.peak_memory(run.cfg, flops.param_count(run.cfg), other)
     with pytest.raises(EstimateError, match="--trainer llm-foundry prices"):
         _foundry_memory(_foundry_point(run), other)
+
 
 def _foundry_point(run, trainer="llm-foundry", **kw):
     from scalelab.forecast.step import Point
