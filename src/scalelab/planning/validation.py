@@ -358,13 +358,6 @@ def _number_problems(config, schema: dict, key: tuple) -> list[ConfigError]:
     return []
 
 
-def check_numbers(config, schema: dict | None = None, key: str = "") -> None:
-    """Every number finite (YAML reads .inf and .nan; the schema's minimum checks let NaN
-    through), and a key the schema types integer given an int: 20.0 is refused, not coerced,
-    so the config reads as what runs. Raises ConfigProblems naming every key and value."""
-    _raise(_number_problems(config, SCHEMA if schema is None else schema, tuple(key.split(".")) if key else ()))
-
-
 _TYPE_WORDS = {"integer": "an integer", "number": "a number", "string": "text", "boolean": "true or false",
                "array": "a list", "object": "a mapping of keys", "null": "null"}
 
