@@ -1,20 +1,40 @@
-"""Pipeline parallelism's CUDA path (the stages' CUDA sends over NCCL, autocast around each chunk's forward, the
-timeline's synchronised intervals, FSDP2's gradient sync driven by torch's schedules), one GPU per stage: the losses
-of two stages equal one GPU's, fp32 and bf16.
+"""Pipeline parallelism's CUDA path: two stages against one process, fp32 and bf16.
 
-On one GPU the stages cannot run as tensor parallelism's GPU test runs its ranks (two processes over gloo): by
-ProcessGroupGloo's source, its send and recv hand the tensor's data pointer to gloo's transport, with no staging of
-CUDA tensors through host memory (its collectives have one; its point-to-point has none), and NCCL refuses two ranks
-on one device. (Read, not tried: no GPU was lent when this was written.) The CPU suite
-(tests/run/test_pipeline.py) runs the same schedules over gloo."""
+On one GPU (the machines lent to this project have one), as tensor parallelism's GPU test runs its ranks: two
+processes over gloo (tests/ranks/pipeline_steps.py), the stages scalelab's own (chunk_modules, build, step), their
+chunks computing on the GPU under CUDA autocast. gloo's send and recv hand the tensor's data pointer to its TCP
+transport with no staging of CUDA tensors (its collectives have one, its point-to-point has none) and NCCL refuses
+two ranks on one device, so the boundary tensors cross in host memory there; the CPU suite runs the same script
+(tests/run/test_pipeline_steps_script.py) so that it cannot rot between GPU sessions.
+
+On two GPUs, the worker's whole path: the stages' CUDA sends over NCCL, the timeline's synchronised intervals, FSDP2's
+gradient sync driven by torch's schedules. The CPU suite (tests/run/test_pipeline.py) runs the same schedules over
+gloo."""
 import numpy as np
 import pytest
 import torch
 
-pytestmark = [pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-                                 reason="needs two CUDA GPUs (pipeline stages send CUDA tensors over NCCL)")]
-
 RTOL = {"fp32": 1e-5, "bf16": 5e-3}
+TWO_GPUS = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                              reason="needs two CUDA GPUs (pipeline stages send CUDA tensors over NCCL)")
+
+
+@pytest.fixture(scope="module")
+def two_stages_on_one_gpu(tmp_path_factory):
+    from support import strategy_steps
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    out = tmp_path_factory.mktemp("pp-one-gpu") / "pipeline.json"
+    return strategy_steps(out, 2, "--device", "cuda:0", script="pipeline_steps.py", timeout_s=400)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_two_stages_on_one_gpu_over_gloo_train_as_one_process(two_stages_on_one_gpu, precision, schedule):
+    (case,) = [c for c in two_stages_on_one_gpu if (c["precision"], c["schedule"]) == (precision, schedule)]
+    assert "error" not in case, f"{case['error']}\n{case.get('traceback')}"
+    np.testing.assert_allclose(case["pipelined"], case["one_process"], rtol=RTOL[precision])
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +48,7 @@ def pipeline_gpu_data(tmp_path_factory):
     return out
 
 
+@TWO_GPUS
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("stage", [0, 3])
 def test_two_stages_on_two_gpus_train_as_one(tmp_path, pipeline_gpu_data, precision, stage):
