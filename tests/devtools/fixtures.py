@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from scalelab.config import ModelConfig, TrainConfig
 from scalelab.formulas import communication, lora_training, model_state
+from scalelab.formulas.rank_step import RankStep
 from scalelab.planning.columns import STEP_SCHEMA
 from scalelab.planning.result_tables import run_row, runs_table, write_parquet
 from scalelab.planning.sweep import AXIS, LEVER_AXES, RunPoint
@@ -138,8 +139,9 @@ def synthetic_results(out_dir: str | Path, n_runs: int = 24, n_steps: int = 60, 
             pred = model_state.model_state_bytes(n_params, stage, ws, precision, "pytorch", point.replicas)
             paper = model_state.model_state_bytes(n_params, stage, ws, precision, "paper", point.replicas)
             # in bytes as runs predict them: fp16/bf16 gather 16-bit parameters at stages 2 and 3
-            comm = communication.comm_bytes_per_step(n_params, stage, ws, precision, grad_reduce=point.grad_reduce,
-                                                  replicas=point.replicas)
+            step = RankStep(precision, stage, ws, micro or PER_RANK_BATCH, replicas=point.replicas,
+                            grad_reduce=point.grad_reduce)
+            comm = communication.comm_bytes_per_step(n_params, step)
             comm_paper = 4 * communication.comm_elements_per_step(n_params, stage, ws, convention="paper",
                                                                replicas=point.replicas)
         tps = 50_000 * ws * (0.9 ** np.log2(ws)) * (2 if precision != "fp32" else 1) * rng.uniform(0.95, 1.05)

@@ -3,6 +3,7 @@ the classification of a collective's group by placement, and real gloo runs agai
 import pytest
 
 from scalelab.formulas import communication
+from scalelab.formulas.rank_step import RankStep
 
 # ----------------------------------------------------------------------------- real gloo runs
 # World size 4 on 2 cores over-commits them (conftest.run_point allows it): a few steps only.
@@ -50,7 +51,8 @@ def test_hybrid_model_state_and_collective_bytes_match_their_formulas(hybrid_run
     # gathered once per micro-batch, kept from its forward to its backward), the all-reduce of each shard across replicas
     kept = summary["last_block_params_kept"]
     assert 0 < kept < n / 2
-    by_type = communication.comm_bytes_by_type(n, 3, world_size, "fp32", replicas=replicas, last_block_params=kept)
+    step = RankStep("fp32", 3, world_size, summary["micro_batch"], replicas=replicas)
+    by_type = communication.comm_bytes_by_type(n, step, last_block_params=kept)
     assert summary["comm_bytes_per_step_by_type"] == {
         {"all_gather": "all_gather_single", "reduce_scatter": "reduce_scatter_single"}.get(k, k): v for k, v in by_type.items()}
     assert summary["comm_bytes_per_step_measured"] == summary["comm_bytes_per_step_predicted"]

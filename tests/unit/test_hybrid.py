@@ -3,6 +3,7 @@ the classification of a collective's group by placement, and real gloo runs agai
 import pytest
 
 from scalelab.formulas import communication, model_state
+from scalelab.formulas.rank_step import RankStep
 from scalelab.registries.strategies import HYBRID, STRATEGIES, check_replicas, strategy
 from scalelab.registries.topology import contiguous_nodes, link_of
 
@@ -33,16 +34,17 @@ def test_hybrid_model_state_is_sharded_over_the_shard_group():
 def test_hybrid_collective_bytes_by_type(precision, grad_reduce, gather, reduce, scaler):
     """R = 2 replicas of S = 2 shards, k = 2 micro-batches: 2k Psi gathered and Psi reduce-scattered
     within the shard group, 2 Psi / S all-reduced across replicas (+ fp16's 8-byte flag)."""
-    by_type = communication.comm_bytes_by_type(PSI, 3, 4, precision, 2, grad_reduce, replicas=2)
+    step = RankStep(precision, 3, 4, 1, 2, replicas=2, grad_reduce=grad_reduce)  # its micro-batch: no bytes read it
+    by_type = communication.comm_bytes_by_type(PSI, step)
     assert by_type == {"all_gather": 4 * PSI * gather, "reduce_scatter": PSI * reduce,
                        "all_reduce": 2 * PSI * reduce / 2 + scaler}
-    assert communication.comm_bytes_per_step(PSI, 3, 4, precision, 2, grad_reduce, replicas=2) == sum(by_type.values())
+    assert communication.comm_bytes_per_step(PSI, step) == sum(by_type.values())
     # 2 x 1: no gathers or reduce-scatter on a one-rank shard group, a plain all-reduce of Psi across
-    assert communication.comm_bytes_by_type(PSI, 3, 2, precision, 2, grad_reduce, replicas=2) == {
+    assert communication.comm_bytes_by_type(PSI, RankStep(precision, 3, 2, 1, 2, replicas=2, grad_reduce=grad_reduce)) == {
         "all_reduce": 2 * PSI * reduce + scaler}
     # the elements agree with the bytes at fp32's width
     assert 4 * communication.comm_elements_per_step(PSI, 3, 4, 2, replicas=2) == \
-        communication.comm_bytes_per_step(PSI, 3, 4, "fp32", 2, replicas=2)
+        communication.comm_bytes_per_step(PSI, RankStep("fp32", 3, 4, 1, 2, replicas=2))
 
 
 def test_link_of_a_group_by_placement():
@@ -60,9 +62,9 @@ def test_link_of_a_group_by_placement():
 def test_bytes_by_link_add_up_and_cross_nodes_only_when_a_group_spans_them(stage, replicas, world_size, per_node):
     if world_size % replicas:
         return
-    by_link = communication.comm_bytes_by_link(PSI, stage, world_size, "fp16", per_node, replicas=replicas,
-                                            accumulation_steps=2)
-    total = communication.comm_bytes_per_step(PSI, stage, world_size, "fp16", 2, replicas=replicas)
+    step = RankStep("fp16", stage, world_size, 1, 2, replicas=replicas)
+    by_link = communication.comm_bytes_by_link(PSI, step, per_node)
+    total = communication.comm_bytes_per_step(PSI, step)
     assert sum(sum(v.values()) for v in by_link.values()) == total
     if world_size <= per_node:
         assert by_link["inter_node"] == {}
@@ -77,11 +79,12 @@ def test_bytes_by_link_add_up_and_cross_nodes_only_when_a_group_spans_them(stage
 def test_bytes_by_link_hand_computed_two_nodes():
     """The two-nodes experiment's shape: 2 nodes x 2 ranks, fp32. ZeRO-3 sends 3 Psi x 4 bytes
     over the inter-node link; hybrid 2 x 2 sends 2 Psi/2 x 4 and keeps 3 Psi x 4 within a node."""
-    assert communication.comm_bytes_by_link(PSI, 3, 4, "fp32", 2) == {
+    assert communication.comm_bytes_by_link(PSI, RankStep("fp32", 3, 4, 1), 2) == {
         "intra_node": {}, "inter_node": {"reduce_scatter": 4 * PSI, "all_gather": 8 * PSI}}
-    assert communication.comm_bytes_by_link(PSI, 3, 4, "fp32", 2, replicas=2) == {
+    assert communication.comm_bytes_by_link(PSI, RankStep("fp32", 3, 4, 1, replicas=2), 2) == {
         "intra_node": {"reduce_scatter": 4 * PSI, "all_gather": 8 * PSI}, "inter_node": {"all_reduce": 4 * PSI}}
-    assert communication.comm_bytes_by_link(PSI, 0, 4, "fp32", 2) == {"intra_node": {}, "inter_node": {"all_reduce": 8 * PSI}}
+    assert communication.comm_bytes_by_link(PSI, RankStep("fp32", 0, 4, 1), 2) == {
+        "intra_node": {}, "inter_node": {"all_reduce": 8 * PSI}}
 
 
 def test_counted_bytes_by_link_from_the_ranks_hosts():

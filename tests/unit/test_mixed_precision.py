@@ -22,10 +22,11 @@ before the policy on this model (measured: below 1e-3), with room for the 16-bit
 def test_fp32_bytes_are_four_per_element_of_the_paper_unit(stage):
     for world_size in (1, 2, 8):
         for k in (1, 4):
-            assert communication.comm_bytes_per_step(1000, stage, world_size, "fp32", k) == \
+            step = RankStep("fp32", stage, world_size, 1, k)  # its micro-batch: no collective's bytes read it
+            assert communication.comm_bytes_per_step(1000, step) == \
                 4 * communication.comm_elements_per_step(1000, stage, world_size, k)
             # LoRA: 700 frozen + 300 trainable
-            assert communication.comm_bytes_per_step(1000, stage, world_size, "fp32", k, n_trainable=300) == \
+            assert communication.comm_bytes_per_step(1000, step, n_trainable=300) == \
                 4 * lora_training.lora_comm_elements_per_step(700, 300, stage, world_size, k)
 
 
@@ -33,15 +34,16 @@ def test_sixteen_bit_gathers_halve_the_all_gather_bytes_and_nothing_else():
     psi, n, k = 1000, 2, 2
     for precision in ("fp16", "bf16"):
         scaler = communication.LOSS_SCALER_COMM_BYTES if precision == "fp16" else 0
+        # each RankStep(precision, stage, ranks, micro-batch, accumulation): no collective's bytes read the micro-batch
         # stage 2: k gathers at 2 bytes + one fp32 reduce-scatter; stage 3: 2k gathers
-        assert communication.comm_bytes_per_step(psi, 2, n, precision, k) == k * psi * 2 + psi * 4 + scaler
-        assert communication.comm_bytes_per_step(psi, 3, n, precision, k) == 2 * k * psi * 2 + psi * 4 + scaler
-        assert communication.comm_bytes_per_step(psi, 3, n, precision, k, "compute") == 2 * k * psi * 2 + psi * 2 + scaler
+        assert communication.comm_bytes_per_step(psi, RankStep(precision, 2, n, 1, k)) == k * psi * 2 + psi * 4 + scaler
+        assert communication.comm_bytes_per_step(psi, RankStep(precision, 3, n, 1, k)) == 2 * k * psi * 2 + psi * 4 + scaler
+        assert communication.comm_bytes_per_step(psi, RankStep(precision, 3, n, 1, k, grad_reduce="compute")) == 2 * k * psi * 2 + psi * 2 + scaler
         # DDP: fp32 all-reduce unless the lever compresses it; ZeRO-1's broadcast stays fp32
-        assert communication.comm_bytes_per_step(psi, 0, n, precision) == 2 * psi * 4 + scaler
-        assert communication.comm_bytes_per_step(psi, 0, n, precision, 1, "compute") == 2 * psi * 2 + scaler
-        assert communication.comm_bytes_per_step(psi, 1, n, precision, 1, "compute") == 2 * psi * 2 + psi * 4 + scaler
-        assert communication.comm_bytes_per_step(psi, 2, 1, precision) == scaler  # FSDP2 alone: no collective
+        assert communication.comm_bytes_per_step(psi, RankStep(precision, 0, n, 1)) == 2 * psi * 4 + scaler
+        assert communication.comm_bytes_per_step(psi, RankStep(precision, 0, n, 1, grad_reduce="compute")) == 2 * psi * 2 + scaler
+        assert communication.comm_bytes_per_step(psi, RankStep(precision, 1, n, 1, grad_reduce="compute")) == 2 * psi * 2 + psi * 4 + scaler
+        assert communication.comm_bytes_per_step(psi, RankStep(precision, 2, 1, 1)) == scaler  # FSDP2 alone: no collective
     # fp8 keeps its fp32 collectives, and the lever does not lower fp32's
     assert communication.comm_dtypes("fp8", 3) == communication.CommDtypes("float32", "float32")
     assert communication.comm_dtypes("fp32", 0, "compute") == communication.CommDtypes(None, "float32")

@@ -9,6 +9,7 @@ from scalelab.config import ModelConfig
 from scalelab.forecast.predict import predict_point
 from scalelab.forecast.step import Machine, Point
 from scalelab.formulas import flops, links, pipeline
+from scalelab.formulas.rank_step import RankStep
 from scalelab.registries import hardware
 from scalelab.registries.presets import PRESETS
 
@@ -233,8 +234,8 @@ def test_fsdp2_under_a_pipeline_is_priced_with_the_formula_the_measured_runs_hol
     largest = max(p["stages"], key=lambda s: s["params"])
     dtypes = communication.comm_dtypes("bf16", zero_stage, "fp32")
     kept = v * tensor_parallelism.last_block_params(LLAMA8B, 1)
-    measured = pipeline.sharded_comm_bytes(largest["params"], kept, m, zero_stage, dtypes.gather_bytes,
-                                           dtypes.reduce_bytes, schedule, row["data_parallel"])
+    step = RankStep("bf16", zero_stage, row["data_parallel"], row["micro_batch"], m)
+    measured = pipeline.sharded_comm_bytes(largest["params"], kept, step, schedule)
     assert sum(row["collective_bytes"].values()) == pytest.approx(measured["shard"])
     gathered = largest["params"] if zero_stage == 2 else largest["params"] + m * (largest["params"] - kept)
     assert row["collective_bytes"]["all_gather"] == pytest.approx(gathered * dtypes.gather_bytes)
@@ -250,13 +251,14 @@ def test_sharded_comm_by_collective_splits_the_measured_formula_without_changing
     per rank torch keeps gathered at once, and more stay unmodelled (None) in both."""
     for schedule, virtual in (("1f1b", None), ("interleaved_1f1b", None), ("interleaved_1f1b", 3)):
         for stage in (2, 3):
-            parts = pipeline.sharded_comm_by_collective(1e9, 5e7, 8, stage, 2, 4, schedule, 4, virtual)
-            whole = pipeline.sharded_comm_bytes(1e9, 5e7, 8, stage, 2, 4, schedule, 4, virtual=virtual)
+            step = RankStep("bf16", stage, 4, 1, 8)  # bf16 gathers 2 bytes, reduces fp32's 4; 8 micro-batches
+            parts = pipeline.sharded_comm_by_collective(1e9, 5e7, step, schedule, virtual)
+            whole = pipeline.sharded_comm_bytes(1e9, 5e7, step, schedule, virtual)
             assert sum(parts.values()) == pytest.approx(whole["shard"])
-            assert whole == pipeline.sharded_comm_bytes(1e9, 5e7, 8, stage, 2, 4, "1f1b", 4)
-    assert pipeline.sharded_comm_by_collective(1e9, 5e7, 8, 3, 2, 4, "1f1b", 1) == {}
-    assert pipeline.sharded_comm_by_collective(1e9, 5e7, 8, 3, 2, 4, "interleaved_1f1b", 4, 4) is None
-    assert pipeline.sharded_comm_bytes(1e9, 5e7, 8, 3, 2, 4, "interleaved_1f1b", 4, virtual=4) is None
+            assert whole == pipeline.sharded_comm_bytes(1e9, 5e7, step, "1f1b")
+    assert pipeline.sharded_comm_by_collective(1e9, 5e7, RankStep("bf16", 3, 1, 1, 8), "1f1b") == {}
+    assert pipeline.sharded_comm_by_collective(1e9, 5e7, RankStep("bf16", 3, 4, 1, 8), "interleaved_1f1b", 4) is None
+    assert pipeline.sharded_comm_bytes(1e9, 5e7, RankStep("bf16", 3, 4, 1, 8), "interleaved_1f1b", 4) is None
     assert pipeline.sharded_gather_calls(5, 4, 3, 2) == 5 + 4 * 3 and pipeline.sharded_gather_calls(5, 4, 2, 2) == 5
 
 

@@ -11,6 +11,7 @@ from scalelab.cli import main
 from scalelab.config import ModelConfig
 from scalelab.formulas import comm_time, link_fit, links, overlap
 from scalelab.formulas.links import collective_calls, collective_sizes
+from scalelab.formulas.rank_step import RankStep
 from scalelab.registries.comm_table import BENCH_FILE
 from scalelab.registries.strategies import STRATEGIES
 from scalelab.results import prediction, prediction_validation, step_model
@@ -124,7 +125,7 @@ def by_hand(stage: int, compute_1: float, table=None) -> float:
     share = min(2e6 * 512 / PEAK / compute_1, 1.0)  # the FLOPs' share at the peak (defaulted: one token count)
     compute = compute_1 * ((1 - share) + share * 0.5) * step_model.default_rank_factor("cpu", stage, "fp32")  # across world sizes: f
     cfg = ModelConfig(n_layers=2, d_model=64, n_heads=4, seq_len=64, vocab_size=256)
-    sizes = collective_sizes(120_576, stage, 2, "fp32")
+    sizes = collective_sizes(120_576, RankStep("fp32", stage, 2, 4))
     calls = collective_calls(cfg, stage, "fp32", sizes)
     fits = link_fit.link_fits(table if table is not None else bench_table(), 2, STRATEGIES[stage].batched)
     comm = sum(calls[c] * links.collective_seconds(c, sizes[c] / calls[c], 2, fits[c].link) for c in sizes)
@@ -392,7 +393,8 @@ def test_tensor_parallel_runs_are_predicted_with_their_collectives_on_the_critic
     fits = link_fit.link_fits(table, 2)
 
     def tp_seconds(micro):
-        comm = tensor_parallelism.tensor_parallel_comm(cfg, micro, 1, 2, "fp32", 3, "cpu", False, True)
+        step = RankStep("fp32", 3, 1, micro, tensor_parallel=2, sequence_parallel=True, device_type="cpu")
+        comm = tensor_parallelism.tensor_parallel_comm(cfg, step)
         assert set(comm) == {"all_gather", "reduce_scatter", "all_reduce"}  # sequence parallelism's
         return sum(calls * links.collective_seconds(c, nbytes / links.handed_per_size(c) / calls, 2, fits[c].link)
                    for c, (nbytes, calls) in comm.items())
@@ -402,7 +404,7 @@ def test_tensor_parallel_runs_are_predicted_with_their_collectives_on_the_critic
     assert ref["compute_s"] == pytest.approx(compute)
     share = float(ref["token_share"])
     local = int(tensor_parallelism.tensor_parallel_params(cfg, 120_576, 2))
-    sizes = collective_sizes(local, 3, 2, "fp32")
+    sizes = collective_sizes(local, RankStep("fp32", 3, 2, 4))
     calls = collective_calls(cfg, 3, "fp32", sizes)
     strategy_s = sum(calls[c] * links.collective_seconds(c, sizes[c] / calls[c], 2, fits[c].link) for c in sizes)
     expected = compute * ((1 - share) + share * 0.5) * step_model.default_rank_factor("cpu", 3, "fp32") + strategy_s + tp_seconds(4)

@@ -12,6 +12,7 @@ from scalelab.config import ModelConfig
 from scalelab.forecast.scaling import gpu_counts
 from scalelab.formulas import communication, flops, links, tensor_parallelism
 from scalelab.formulas.links import collective_calls, collective_sizes
+from scalelab.formulas.rank_step import RankStep
 from scalelab.registries import hardware
 from scalelab.registries.precisions import PRECISION_NAMES
 from scalelab.registries.strategies import ZERO_STAGES
@@ -120,21 +121,22 @@ def test_collective_sizes_add_up_to_accountings_bytes(stage):
     for precision in PRECISION_NAMES:
         for grad_reduce in communication.GRAD_REDUCE:
             for n in (1, 2, 8):
-                sizes = collective_sizes(1_000_003, stage, n, precision, grad_reduce=grad_reduce)
+                step = RankStep(precision, stage, n, 1, grad_reduce=grad_reduce)
+                sizes = collective_sizes(1_000_003, step)
                 handed = sum(size * links.handed_per_size(c) for c, size in sizes.items())
-                assert handed == communication.comm_bytes_per_step(1_000_003, stage, n, precision, grad_reduce=grad_reduce)
+                assert handed == communication.comm_bytes_per_step(1_000_003, step)
 
 
 def test_collective_kinds_and_calls_follow_the_strategy():
     psi = flops.param_count(EXAMPLE_CFG)
-    assert collective_sizes(psi, 0, 8, "bf16") == {"all_reduce": 4 * psi}  # fp32 gradients all-reduced
-    assert collective_sizes(psi, 1, 8, "fp32") == {"all_reduce": 4 * psi, "broadcast": 4 * psi}
-    assert collective_sizes(psi, 3, 8, "bf16") == {"reduce_scatter": 4 * psi, "all_gather": 2 * 2 * psi}
-    sizes = collective_sizes(psi, 3, 8, "bf16")
+    assert collective_sizes(psi, RankStep("bf16", 0, 8, 1)) == {"all_reduce": 4 * psi}  # fp32 gradients all-reduced
+    assert collective_sizes(psi, RankStep("fp32", 1, 8, 1)) == {"all_reduce": 4 * psi, "broadcast": 4 * psi}
+    assert collective_sizes(psi, RankStep("bf16", 3, 8, 1)) == {"reduce_scatter": 4 * psi, "all_gather": 2 * 2 * psi}
+    sizes = collective_sizes(psi, RankStep("bf16", 3, 8, 1))
     assert collective_calls(EXAMPLE_CFG, 3, "bf16", sizes) == {"reduce_scatter": 25, "all_gather": 50}  # 24 blocks + root
-    ddp = collective_calls(EXAMPLE_CFG, 0, "fp16", collective_sizes(psi, 0, 8, "fp16"))
+    ddp = collective_calls(EXAMPLE_CFG, 0, "fp16", collective_sizes(psi, RankStep("fp16", 0, 8, 1)))
     assert ddp == {"all_reduce": math.ceil(4 * psi / (25 * 2 ** 20)) + 1}  # 25 MiB buckets + the scaler's flag
-    big = collective_calls(EXAMPLE_CFG, 0, "fp16", collective_sizes(psi, 0, 8, "fp16"), bucket_mb=100)
+    big = collective_calls(EXAMPLE_CFG, 0, "fp16", collective_sizes(psi, RankStep("fp16", 0, 8, 1)), bucket_mb=100)
     assert big == {"all_reduce": math.ceil(4 * psi / (100 * 2 ** 20)) + 1}  # a run's own bucket cap
 
 
@@ -356,7 +358,8 @@ def test_tensor_parallel_collectives_are_on_the_critical_path_over_their_link(ca
         tp = row["tensor_parallel_comm"]
         assert (row["tensor_parallel"], row["data_parallel"]) == (8, row["gpus"] // 8)
         # nccl-tests' size: communication's unit counts an all-reduce of S bytes as 2 S; a ring moves 2 (T-1)/T of S per GPU
-        assert tp["size_bytes"] == tensor_parallelism.tensor_parallel_bytes(cfg, 1, 1, 8, "bf16", 3, "cuda") / 2
+        step = RankStep("bf16", 3, row["gpus"] // 8, 1, tensor_parallel=8, device_type="cuda")
+        assert tp["size_bytes"] == tensor_parallelism.tensor_parallel_bytes(cfg, step) / 2
         assert tp["ring_bytes_per_gpu"] == pytest.approx(tp["size_bytes"] * 2 * 7 / 8)
         assert tp["calls"] == 4 * cfg.n_layers and tp["link"] == "nvlink-h100" and tp["exposed"]
         assert row["exposed_comm_s"] >= tp["seconds"] > 0

@@ -8,8 +8,8 @@ import math
 from dataclasses import replace
 
 from scalelab.forecast.inputs import UNITS, EstimateError
-from scalelab.forecast.step import _strategy_comm, _tensor_parallel_step, batch_plan, groups_link
-from scalelab.formulas import activation_memory, communication, flops, links, megatron_style, peak_memory, pipeline, tensor_parallelism
+from scalelab.forecast.step import _strategy_comm, _tensor_parallel_step, batch_plan, groups_link, point_step
+from scalelab.formulas import activation_memory, flops, links, megatron_style, peak_memory, pipeline, tensor_parallelism
 from scalelab.registries.families import tensor_parallel_split_params
 from scalelab.registries.strategies import HYBRID_KEY, ZERO1_SHARDED_KEY, strategy
 
@@ -101,7 +101,7 @@ def _stage_memory(point, rank: int, blocks: int, last: bool, n_local: float, dp:
         held = pipeline.held_block_activations(per_block, cfg.n_layers, rank, pp, m, sched, virtual=point.chunks_per_rank)
         held += outside if last else 0.0
         return {"model_state": state, "activations": held, "total": state + held}
-    step = peak_memory.RankStep(point.precision, stage, dp, micro, m, ac, tensor_parallel=t, sequence_parallel=sp)
+    step = point_step(point, dp, micro, m)
     peak = peak_memory.peak_memory(mine, n_local, step)
     # the blocks' share of the same step's activations (on the GPU planned for, as the peak's)
     block_acts = activation_memory.block_activation_bytes(mine, micro, point.precision, ac, **step.activation_levers)
@@ -131,7 +131,7 @@ def _stage(point, machine, n: int, rank: int, all_chunks, dp: int, micro: int, m
     per_token = (hardware_fpt - head) * blocks / cfg.n_layers / t + (head / (t if point.megatron else 1) if last else 0.0)
     stage_cfg = replace(cfg, n_layers=blocks)
     blocks_s = (hardware_fpt - head) * blocks / cfg.n_layers / t * tokens_dp / rate
-    tp = _tensor_parallel_step(replace(point, cfg=stage_cfg), machine, n, micro, m, blocks_s)
+    tp = _tensor_parallel_step(replace(point, cfg=stage_cfg), machine, n, point_step(point, dp, micro, m), blocks_s)
     sent = pipeline.p2p_bytes(rank, pp, m, boundary, sched, point.chunks_per_rank)
     n_local = stage_params(point, rank)
     memory = _stage_memory(point, rank, blocks, last, n_local, dp, micro, m)
@@ -178,19 +178,19 @@ def _p2p_link(point, machine, n: int, slab: int) -> links.Link:
                             "GPUs: give --inter-node") from None
 
 
-def _sharded_stage_comm(point, machine, n: int, stage: dict, m: int):
+def _sharded_stage_comm(point, machine, n: int, stage: dict, step):
     """FSDP2's collectives over one stage's data-parallel ranks as a pipelined run makes them
     (scalelab.formulas.pipeline.sharded_comm_bytes, the formula the gloo runs measure: stage 2 gathers once a step,
     stage 3 once whole and m times all but each chunk's kept last block; the gradients reduced once), each collective
     timed on the link its groups need. (seconds, calls, nccl-tests sizes, links) by collective, as _strategy_comm;
-    None where the schedule's gathers are not modelled (more chunks per rank than torch keeps gathered at once)."""
-    t, pp, zero = point.tensor_parallel, point.pipeline_parallel, strategy(point.key).stage
-    dp = n // (t * pp)
-    dtypes = communication.comm_dtypes(point.precision, zero, point.grad_reduce)
+    None where the schedule's gathers are not modelled (more chunks per rank than torch keeps gathered at once);
+    ``step``: what each GPU runs (point_step)."""
+    t, pp, zero = point.tensor_parallel, point.pipeline_parallel, step.zero_stage
+    dp, m = step.data_parallel, step.accumulation_steps
     v = pipeline.chunks_per_rank(point.pipeline_schedule, point.chunks_per_rank)
     by_collective = pipeline.sharded_comm_by_collective(
-        stage["params"], v * tensor_parallelism.last_block_params(point.cfg, t), m, zero, dtypes.gather_bytes,
-        dtypes.reduce_bytes, point.pipeline_schedule, dp, point.chunks_per_rank)
+        stage["params"], v * tensor_parallelism.last_block_params(point.cfg, t), step, point.pipeline_schedule,
+        point.chunks_per_rank)
     if by_collective is None:
         return None
     # a unit: each block, and the root of the one chunk that holds the embeddings or the head (the largest stage is
@@ -206,14 +206,14 @@ def _sharded_stage_comm(point, machine, n: int, stage: dict, m: int):
     return comm, {c: calls[c] for c in by_collective}, sizes, used
 
 
-def _stage_comm(point, machine, n: int, largest: dict, m: int):
+def _stage_comm(point, machine, n: int, largest: dict, step):
     """The strategy's collectives over the largest stage's data-parallel ranks: FSDP2 (stages 2 and 3) as a pipelined
     step gathers and reduces (_sharded_stage_comm), the other strategies as scalelab.forecast.step prices them with
-    the step's micro-batches accumulated."""
+    the step's micro-batches accumulated; ``step``: what each GPU runs (point_step)."""
     sharded = None
-    if strategy(point.key).stage in (2, 3):
-        sharded = _sharded_stage_comm(point, machine, n, largest, m)
-    return sharded or _strategy_comm(point, machine, n, largest["params"], 1, m, stage_cfg=largest["cfg"])
+    if step.zero_stage in (2, 3):
+        sharded = _sharded_stage_comm(point, machine, n, largest, step)
+    return sharded or _strategy_comm(point, machine, n, largest["params"], step, stage_cfg=largest["cfg"])
 
 
 def _tied_seconds(point, machine, dp: int, slab: int) -> tuple[float, float]:
@@ -254,7 +254,8 @@ def predict_pipeline(point, machine, n: int) -> dict:
     all_chunks = pipeline.chunks(cfg.n_layers, pp, sched, point.chunks_per_rank)
     stages = [_stage(point, machine, n, rank, all_chunks, dp, micro, m, boundary, p2p_link) for rank in range(pp)]
     slowest = max(stages, key=lambda s: s["compute_s"] + s["tensor_parallel_s"] + s["p2p_s"])
-    comm, calls, sizes, used = _stage_comm(point, machine, n, max(stages, key=lambda s: s["params"]), m)
+    step = point_step(point, dp, micro, m)  # what each GPU runs: its stage's strategy over the data-parallel ranks
+    comm, calls, sizes, used = _stage_comm(point, machine, n, max(stages, key=lambda s: s["params"]), step)
     exposed = _exposed_comm(point, slowest["compute_s"], m, comm, calls, machine.overlap_efficiency)
     bubble = pipeline.bubble_fraction(pp, m, sched, point.chunks_per_rank)
     busy = slowest["compute_s"] + slowest["tensor_parallel_s"]

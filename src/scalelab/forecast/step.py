@@ -101,16 +101,17 @@ def predict_unpipelined(point: Point, machine: Machine, n: int) -> dict:
     # what each GPU holds of the parameters: the embedding and head split over the vocabulary too where the trainer does
     n_local = (megatron_style.local_params(cfg, point.n_params, t) if point.megatron
                else tensor_parallelism.tensor_parallel_params(cfg, point.n_params, t))
-    comm, calls, sizes, used = _strategy_comm(point, machine, n, n_local, replicas, accumulation)
+    gpu_step = point_step(point, dp, micro, accumulation, replicas)  # what each GPU runs
+    comm, calls, sizes, used = _strategy_comm(point, machine, n, n_local, gpu_step)
     # one replica is plain stage 3 (strategy(3, 1)): its record's overlap facts apply
     step = overlap.step_time(key if replicas > 1 else (ZERO1_SHARDED_KEY if point.priced == ZERO1_SHARDED_KEY else stage),
                                 compute_s, comm, calls=calls,
                                 overlap_efficiency=machine.overlap_efficiency)
     blocks_s = compute_s * (1 - head_share(point, hardware_fpt))
-    tp = _tensor_parallel_step(point, machine, n, micro, accumulation, blocks_s)
+    tp = _tensor_parallel_step(point, machine, n, gpu_step, blocks_s)
     step_s, exposed = step.step_s + tp["exposed_s"], step.exposed_comm_s + tp["exposed_s"]  # on the critical path
     per_gpu = tokens / step_s
-    peak_mem = _peak_memory(point, n_local, dp, micro, accumulation, replicas)
+    peak_mem = _peak_memory(point, n_local, gpu_step)
     return {"gpus": n, "nodes": math.ceil(n / machine.per_node), "replicas": replicas, "links": used,
             "tensor_parallel": t, "data_parallel": dp, "tensor_parallel_comm": tp,
             "micro_batch": micro, "accumulation_steps": accumulation, "tokens_per_gpu_per_step": tokens,
@@ -123,19 +124,25 @@ def predict_unpipelined(point: Point, machine: Machine, n: int) -> dict:
             "flops_per_token": fpt, "recompute_flops_per_token": hardware_fpt - fpt}
 
 
-def _strategy_comm(point: Point, machine: Machine, n: int, n_local: float, replicas: int, accumulation: int,
+def point_step(point: Point, data_parallel: int, micro: int, accumulation: int, replicas: int = 1) -> RankStep:
+    """What one GPU of ``point`` runs in a step over ``data_parallel`` ranks (on a GPU: RankStep's default device)."""
+    return RankStep(point.precision, strategy(point.key).stage, data_parallel, micro, accumulation,
+                    point.activation_checkpointing, replicas=replicas, tensor_parallel=point.tensor_parallel,
+                    sequence_parallel=point.sequence_parallel, grad_reduce=point.grad_reduce)
+
+
+def _strategy_comm(point: Point, machine: Machine, n: int, n_local: float, step: RankStep,
                    stage_cfg: ModelConfig | None = None):
     """Every collective of the strategy in a step over its group: the world (the data-parallel ranks under tensor
     parallelism), or under hybrid sharding the shard group and the replicate group (fp16's one-flag all-reduce over the
     world counted with the replicate group's); each kind of group on the link its slowest member needs (groups_link).
     Under pipeline parallelism each stage's data-parallel ranks (mesh order pp, dp, tp: a stage is DP x TP consecutive
-    ranks) reduce that stage's parameters (n_local), its blocks (stage_cfg) counting the calls.
+    ranks) reduce that stage's parameters (n_local), its blocks (stage_cfg) counting the calls; ``step``: what each GPU
+    runs (point_step: its data-parallel ranks, replicas and micro-batches).
     (seconds, calls, nccl-tests sizes, links) by collective."""
     cfg, t, pp = point.cfg, point.tensor_parallel, point.pipeline_parallel
-    dp = n // (t * pp)
-    by_group = communication.comm_bytes_by_group(n_local, strategy(point.key).stage, dp, point.precision, replicas=replicas,
-                                              grad_reduce=point.grad_reduce, accumulation_steps=accumulation,
-                                              last_block_params=tensor_parallelism.last_block_params(cfg, t))
+    dp, replicas, accumulation = step.data_parallel, step.replicas, step.accumulation_steps
+    by_group = communication.comm_bytes_by_group(n_local, step, last_block_params=tensor_parallelism.last_block_params(cfg, t))
     if point.priced == ZERO1_SHARDED_KEY:
         by_group = {"world": communication.sharded_zero1_bytes(n_local, point.precision, point.grad_reduce)} if dp > 1 else {}
     every_micro = TRAINERS[point.trainer].reduce_every_micro_batch and accumulation > 1
@@ -170,11 +177,9 @@ def _strategy_comm(point: Point, machine: Machine, n: int, n_local: float, repli
     return comm, calls, sizes, used
 
 
-def _peak_memory(point: Point, n_local: float, dp: int, micro: int, accumulation: int, replicas: int) -> float:
-    """The in-step peak per GPU: the megatron trainer's recipe (scalelab.formulas.megatron_style) or what scalelab's
-    runs measure (scalelab.formulas.peak_memory.peak_memory)."""
-    step = RankStep(point.precision, strategy(point.key).stage, dp, micro, accumulation, point.activation_checkpointing,
-                    replicas=replicas, tensor_parallel=point.tensor_parallel, sequence_parallel=point.sequence_parallel)
+def _peak_memory(point: Point, n_local: float, step: RankStep) -> float:
+    """The in-step peak per GPU running ``step``: the megatron trainer's recipe (scalelab.formulas.megatron_style) or
+    what scalelab's runs measure (scalelab.formulas.peak_memory.peak_memory)."""
     if TRAINERS[point.trainer].memory == "llm-foundry":
         return _foundry_memory(point, step)
     if point.megatron:
@@ -243,26 +248,25 @@ def head_share(point: Point, hardware_fpt: float) -> float:
     return (head if whole else head / t) / per_gpu
 
 
-def _tensor_parallel_step(point: Point, machine: Machine, gpus: int, micro: int, accumulation: int,
-                          blocks_compute_s: float = 0.0) -> dict:
+def _tensor_parallel_step(point: Point, machine: Machine, gpus: int, step: RankStep, blocks_compute_s: float = 0.0) -> dict:
     """Tensor parallelism's collectives in a step over each group of T GPUs, on the link its groups need (groups_link):
     scalelab's (tensor_parallelism.tensor_parallel_comm: four all-reduces per block and micro-batch of B T d values, backward's
     in fp32) or the megatron trainer's (scalelab.formulas.megatron_style). Their time is on the critical path, for every
     block's forward waits for its own (no schedule here hides them: asynchronous tensor parallelism is out of scope).
     ``size_bytes``: nccl-tests' size summed over the calls; ``ring_bytes_per_gpu``: what a ring moves per GPU (size x
-    the bus factor); the time is calls x latency + ring bytes / the link's bus bandwidth."""
+    the bus factor); the time is calls x latency + ring bytes / the link's bus bandwidth. ``step``: what each GPU runs
+    (point_step)."""
     t, cfg = point.tensor_parallel, point.cfg
     if t == 1:
         return {"size_bytes": 0.0, "ring_bytes_per_gpu": 0.0, "calls": 0, "seconds": 0.0, "exposed_s": 0.0, "link": None,
                 "exposed": True,
                 "collectives": {}}
     if point.megatron:
-        by_type = megatron_style.tensor_parallel_comm(cfg, micro, accumulation, t, point.precision, point.sequence_parallel,
-                                                      point.activation_checkpointing)
+        by_type = megatron_style.tensor_parallel_comm(cfg, step.micro_batch, step.accumulation_steps, t, point.precision,
+                                                      point.sequence_parallel, point.activation_checkpointing)
     else:  # the communication formulas' unit counts an all-reduce of S bytes as 2 S: back to nccl-tests' size
         by_type = {c: (b / links.handed_per_size(c), n) for c, (b, n) in tensor_parallelism.tensor_parallel_comm(
-            cfg, micro, accumulation, t, point.precision, strategy(point.key).stage, "cuda", point.activation_checkpointing,
-            point.sequence_parallel).items()}
+            cfg, step).items()}
     try:  # every tensor-parallel group at once: one that straddles a node boundary paces the step
         link = groups_link([range(k * t, (k + 1) * t) for k in range(gpus // t)], machine)
     except EstimateError:

@@ -10,6 +10,7 @@ from scalelab.formulas import links
 from scalelab.formulas.link_fit import LinkFit
 from scalelab.formulas.overlap import TENSOR_PARALLEL
 from scalelab.formulas.predicted_columns import last_block_kept, model_of_row
+from scalelab.formulas.rank_step import RankStep
 from scalelab.registries.strategies import strategy
 
 
@@ -35,18 +36,16 @@ def collectives_of(row: dict, world_size: int | None = None) -> tuple[dict[str, 
     if not missing(row.get("replicas")) and int(row["replicas"]) > 1:
         raise ValueError("hybrid sharding: its collectives over replica and shard groups are not sized by the model yet")
     n = int(world_size or row["world_size"])
-    stage, precision = int(row["zero_stage"]), row["precision"]
-    k = int(row.get("accumulation_steps") or 1)
     cfg = model_of_row(row)
     n_params = row.get("n_params")
     n_params = flops.param_count(cfg) if missing(n_params) else int(n_params)
     degree = _tensor_parallel(row)
     if degree > 1:  # the strategy over the data-parallel ranks, on each rank's share
         n, n_params = tensor_parallelism.data_parallel_size(n, degree), int(tensor_parallelism.tensor_parallel_params(cfg, n_params, degree))
-    grad_reduce = row.get("grad_reduce") or "fp32"
+    step = _row_step(row, n, degree)
+    stage, precision, k = step.zero_stage, step.precision, step.accumulation_steps
     kept = last_block_kept(row)
-    sizes = collective_sizes(n_params, stage, n, precision, accumulation_steps=k, grad_reduce=grad_reduce,
-                             last_block_params=kept)
+    sizes = collective_sizes(n_params, step, last_block_params=kept)
     bucket_mb = row.get("bucket_mb")  # the run's own bucket cap (null for strategies without buckets)
     calls = collective_calls(cfg, stage, precision, sizes, accumulation_steps=k,
                              bucket_mb=None if missing(bucket_mb) else float(bucket_mb), tensor_parallel=degree,
@@ -71,6 +70,15 @@ def _flag(value) -> bool:
     return not missing(value) and bool(value)
 
 
+def _row_step(row: dict, data_parallel: int, degree: int) -> RankStep:
+    """What one rank of the run in ``row`` runs in a step, as this module reads a row: an accumulation or grad_reduce
+    left out the default, a device left out a CPU."""
+    return RankStep(row["precision"], int(row["zero_stage"]), data_parallel, int(row["micro_batch"]),
+                    int(row.get("accumulation_steps") or 1), _flag(row.get("activation_checkpointing")),
+                    tensor_parallel=degree, sequence_parallel=_flag(row.get("sequence_parallel")),
+                    device_type=row.get("device_type") or "cpu", grad_reduce=row.get("grad_reduce") or "fp32")
+
+
 def tensor_parallel_collectives(row: dict) -> tuple[dict[str, float], dict[str, int]]:
     """(bytes per step as nccl-tests sizes them, calls per step) of a run's tensor-parallel collectives over its
     group (tensor_parallelism.tensor_parallel_comm), keyed ``tensor_parallel <collective>``; none without it."""
@@ -79,10 +87,8 @@ def tensor_parallel_collectives(row: dict) -> tuple[dict[str, float], dict[str, 
     degree = _tensor_parallel(row)
     if degree == 1:
         return {}, {}
-    comm = tensor_parallelism.tensor_parallel_comm(
-        model_of_row(row), int(row["micro_batch"]), int(row.get("accumulation_steps") or 1), degree, row["precision"],
-        int(row["zero_stage"]), row.get("device_type") or "cpu", _flag(row.get("activation_checkpointing")),
-        _flag(row.get("sequence_parallel")))
+    # the data-parallel ranks, which the tensor-parallel count does not read (run_comm checks the split itself)
+    comm = tensor_parallelism.tensor_parallel_comm(model_of_row(row), _row_step(row, int(row["world_size"]) // degree, degree))
     sizes = {TENSOR_PARALLEL + c: nbytes / links.handed_per_size(c) for c, (nbytes, _) in comm.items()}
     return sizes, {TENSOR_PARALLEL + c: calls for c, (_, calls) in comm.items()}
 

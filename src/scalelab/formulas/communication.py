@@ -20,8 +20,9 @@ gradients in it at every stage; fp16 adds its loss scaler's 8-byte inf/NaN flag.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from scalelab.formulas.rank_step import RankStep
 from scalelab.registries.precisions import PRECISIONS
 from scalelab.registries.precisions import precision as precision_record
 from scalelab.registries.strategies import check_replicas, strategy
@@ -101,38 +102,37 @@ def comm_elements_per_step(n_params: int, zero_stage: int, world_size: int,
         return across  # one rank at stage 0 (no DDP), or FSDP2 on a one-rank shard group: no collective at all
     return record.comm_psi(accumulation_steps) * psi + across
 
-def comm_bytes_per_step(n_params: int, zero_stage: int, world_size: int, precision: str,
-                        accumulation_steps: int = 1, grad_reduce: str = "fp32", n_trainable: int | None = None,
-                        replicas: int = 1, last_block_params: float = 0.0) -> float:
-    """Bytes handed to collectives per optimizer step, PyTorch's strategies (the module doc's
-    unit: an all-reduce of S bytes counts 2S), what CommCounter measures, exactly:
+def comm_bytes_per_step(n_params: int, step: RankStep, n_trainable: int | None = None,
+                        last_block_params: float = 0.0) -> float:
+    """Bytes handed to collectives per optimizer step by a rank running ``step``, PyTorch's strategies (the module
+    doc's unit: an all-reduce of S bytes counts 2S), what CommCounter measures, exactly:
 
         grad_psi T r + param_psi(k) P g + 8 [fp16]
 
     T = trainable parameters (Psi, or LoRA's A and B), P = the parameters a collective moves
     (FSDP2 gathers every parameter, frozen or not: Psi; ZeroRedundancyOptimizer broadcasts its
     trainable shards: T), r and g the bytes per element of the reduce and gather dtypes
-    (comm_dtypes; ZeroRedundancyOptimizer's broadcast is fp32), and 8 bytes for the fp16 loss
-    scaler's inf/NaN flag. At world size 1 FSDP2 issues no gather or reduce-scatter and stage 0 no
-    all-reduce (no DDP): only the scaler's flag remains. In fp32 bytes (r = g = 4) this is 4 x comm_elements_per_step
-    (lora_comm_elements_per_step with LoRA). Hybrid sharding (``replicas`` R > 1) adds the
-    all-reduce of each rank's gradient shard across replicas, 2 T r / S (S = N/R), and its
-    gathers and reduce-scatter run within the shard group (none when S = 1): the sum of
-    comm_bytes_by_type."""
-    return sum(comm_bytes_by_type(n_params, zero_stage, world_size, precision, accumulation_steps, grad_reduce,
-                                  n_trainable, replicas, last_block_params).values())
+    (comm_dtypes of the step's precision, stage and grad_reduce; ZeroRedundancyOptimizer's broadcast is fp32),
+    k the step's accumulation_steps, and 8 bytes for the fp16 loss scaler's inf/NaN flag. At world size 1 (the
+    step's data_parallel ranks N) FSDP2 issues no gather or reduce-scatter and stage 0 no all-reduce (no DDP): only
+    the scaler's flag remains. In fp32 bytes (r = g = 4) this is 4 x comm_elements_per_step
+    (lora_comm_elements_per_step with LoRA). Hybrid sharding (the step's ``replicas`` R > 1) adds the all-reduce of
+    each rank's gradient shard across replicas, 2 T r / S (S = N/R), and its gathers and reduce-scatter run within
+    the shard group (none when S = 1): the sum of comm_bytes_by_type."""
+    return sum(comm_bytes_by_type(n_params, step, n_trainable, last_block_params).values())
 
 
-def _comm_terms(n_params, zero_stage, world_size, precision, accumulation_steps, grad_reduce, n_trainable,
-                replicas, last_block_params: float = 0.0) -> list[tuple[str, str, float]]:
+def _comm_terms(n_params: float, step: RankStep, n_trainable: int | None = None,
+                last_block_params: float = 0.0) -> list[tuple[str, str, float]]:
     """(collective, group, bytes in the module doc's unit) of one optimizer step; group: ``world``,
     ``shard`` (hybrid sharding's shard group, N/R ranks) or ``replicate`` (its R replicas). ``last_block_params``:
     the elements of the block FSDP2 keeps gathered from its forward to its backward (Strategy.last_block_kept), whose
     second gather per micro-batch a strategy that reshards after forward does not issue (0: a run that re-gathered it)."""
-    record, dtypes = strategy(zero_stage, replicas), comm_dtypes(precision, zero_stage, grad_reduce)
-    shard = check_replicas(world_size, replicas)
+    zero_stage, replicas, accumulation_steps = step.zero_stage, step.replicas, step.accumulation_steps
+    record, dtypes = strategy(zero_stage, replicas), comm_dtypes(step.precision, zero_stage, step.grad_reduce)
+    shard = check_replicas(step.data_parallel, replicas)
     terms = []
-    if precision_record(precision).loss_scaling:  # ShardedGradScaler's flag, over the world
+    if precision_record(step.precision).loss_scaling:  # ShardedGradScaler's flag, over the world
         terms.append(("all_reduce", "world", float(LOSS_SCALER_COMM_BYTES)))
     psi = float(n_params)
     trainable = psi if n_trainable is None else float(n_trainable)
@@ -149,28 +149,23 @@ def _comm_terms(n_params, zero_stage, world_size, precision, accumulation_steps,
     return terms
 
 
-def comm_bytes_by_type(n_params: int, zero_stage: int, world_size: int, precision: str,
-                       accumulation_steps: int = 1, grad_reduce: str = "fp32", n_trainable: int | None = None,
-                       replicas: int = 1, last_block_params: float = 0.0) -> dict[str, float]:
+def comm_bytes_by_type(n_params: int, step: RankStep, n_trainable: int | None = None,
+                       last_block_params: float = 0.0) -> dict[str, float]:
     """comm_bytes_per_step split by collective (scalelab.formulas.links.COLLECTIVES' names: all_reduce,
     reduce_scatter, all_gather, broadcast), the module doc's unit; collectives a run does not
     issue are left out."""
     out: dict[str, float] = {}
-    for collective, _, nbytes in _comm_terms(n_params, zero_stage, world_size, precision, accumulation_steps,
-                                             grad_reduce, n_trainable, replicas, last_block_params):
+    for collective, _, nbytes in _comm_terms(n_params, step, n_trainable, last_block_params):
         out[collective] = out.get(collective, 0.0) + nbytes
     return {c: b for c, b in out.items() if b}
 
 
-def comm_bytes_by_group(n_params: float, zero_stage: int, world_size: int, precision: str, replicas: int = 1,
-                        grad_reduce: str = "fp32", accumulation_steps: int = 1,
-                        last_block_params: float = 0.0) -> dict[str, dict[str, float]]:
+def comm_bytes_by_group(n_params: float, step: RankStep, last_block_params: float = 0.0) -> dict[str, dict[str, float]]:
     """comm_bytes_per_step by the group each collective runs over (``world``; under hybrid sharding also
     ``shard`` and ``replicate``: comm_groups) and by collective, the module doc's unit; groups and collectives a
     run does not use are left out."""
     out: dict[str, dict[str, float]] = {}
-    for collective, group, nbytes in _comm_terms(n_params, zero_stage, world_size, precision, accumulation_steps,
-                                                 grad_reduce, None, replicas, last_block_params):
+    for collective, group, nbytes in _comm_terms(n_params, step, None, last_block_params):
         if nbytes:
             by_type = out.setdefault(group, {})
             by_type[collective] = by_type.get(collective, 0.0) + nbytes
@@ -202,10 +197,8 @@ def comm_groups(world_size: int, replicas: int, rank: int = 0) -> dict[str, list
             "replicate": list(range(rank % shard, world_size, shard))}
 
 
-def comm_bytes_by_link(n_params: float, zero_stage: int, world_size: int, precision: str, ranks_per_node: int,
-                       replicas: int = 1, grad_reduce: str = "fp32", accumulation_steps: int = 1,
-                       n_trainable: int | None = None, rank: int = 0, tensor_parallel: int = 1,
-                       last_block_params: float = 0.0) -> dict[str, dict[str, float]]:
+def comm_bytes_by_link(n_params: float, step: RankStep, ranks_per_node: int, n_trainable: int | None = None,
+                       rank: int = 0, last_block_params: float = 0.0) -> dict[str, dict[str, float]]:
     """Bytes one rank (rank 0 by default: the rank a run measures) hands to collectives per
     optimizer step, by link and collective: ``{"intra_node": {collective: bytes}, "inter_node":
     {...}}``, the module doc's unit, summing to comm_bytes_per_step. Ranks sit on nodes as torchrun
@@ -216,26 +209,26 @@ def comm_bytes_by_link(n_params: float, zero_stage: int, world_size: int, precis
     sharding with its shard group inside a node (S <= P) keeps the gathers and the reduce-scatter
     within it and sends only the all-reduce across replicas, 2 Psi r / S, between nodes.
 
-    Under tensor parallelism (``tensor_parallel`` T > 1: ``world_size`` and ``n_params`` are then the
-    data-parallel ranks and one rank's share: scalelab.formulas.predicted_columns.split_of) the world is
-    T x world_size ranks and the strategy's collectives run over rank 0's data-parallel group, every
+    Under tensor parallelism (the step's ``tensor_parallel`` T > 1: its ``data_parallel`` N and ``n_params`` are then
+    the data-parallel ranks and one rank's share: scalelab.formulas.predicted_columns.split_of) the world is
+    T x N ranks and the strategy's collectives run over rank 0's data-parallel group, every
     T-th rank (tensor parallelism's own, over ranks 0..T-1: tensor_parallel_comm, counted apart)."""
     if ranks_per_node < 1:
         raise ValueError(f"ranks_per_node must be >= 1, got {ranks_per_node}")
+    world_size, tensor_parallel = step.data_parallel, step.tensor_parallel
     if tensor_parallel > 1:
         nodes = contiguous_nodes(world_size * tensor_parallel, ranks_per_node)
         out = {link: {} for link in LINKS}
         data_group = list(range(0, world_size * tensor_parallel, tensor_parallel))
-        for collective, _, nbytes in _comm_terms(n_params, zero_stage, world_size, precision, accumulation_steps,
-                                                 grad_reduce, n_trainable, 1, last_block_params):
+        # one data-parallel group: tensor parallelism runs without hybrid sharding's replicas (a 3-D mesh, not run)
+        for collective, _, nbytes in _comm_terms(n_params, replace(step, replicas=1), n_trainable, last_block_params):
             if nbytes:
                 by_type = out[link_of(data_group, nodes)]
                 by_type[collective] = by_type.get(collective, 0.0) + nbytes
         return out
-    nodes, groups = contiguous_nodes(world_size, ranks_per_node), comm_groups(world_size, replicas, rank)
+    nodes, groups = contiguous_nodes(world_size, ranks_per_node), comm_groups(world_size, step.replicas, rank)
     out: dict[str, dict[str, float]] = {link: {} for link in LINKS}
-    for collective, group, nbytes in _comm_terms(n_params, zero_stage, world_size, precision, accumulation_steps,
-                                                 grad_reduce, n_trainable, replicas, last_block_params):
+    for collective, group, nbytes in _comm_terms(n_params, step, n_trainable, last_block_params):
         if nbytes:
             by_type = out[link_of(groups[group], nodes)]
             by_type[collective] = by_type.get(collective, 0.0) + nbytes

@@ -47,6 +47,7 @@ from dataclasses import dataclass, replace
 
 from scalelab.config import ModelConfig
 from scalelab.formulas import communication
+from scalelab.formulas.rank_step import RankStep
 from scalelab.registries.families import family
 from scalelab.registries.precisions import PRECISIONS
 from scalelab.registries.strategies import strategy
@@ -466,15 +467,13 @@ listed (H100/H200 NVL: bridged pairs; GH200: one GPU per superchip): give --intr
 # scalelab.results.prediction (runs of a sweep) and `scalelab estimate scaling` (GPU counts not run).
 
 
-def collective_sizes(n_params: int, zero_stage: int, world_size: int, precision: str,
-                     accumulation_steps: int = 1, grad_reduce: str = "fp32", last_block_params: float = 0.0) -> dict[str, float]:
-    """Bytes per optimizer step by collective, as nccl-tests sizes them (module doc: the whole
-    buffer; an all-reduce of S bytes is S here, 2S in communication's unit): communication.comm_bytes_by_type
+def collective_sizes(n_params: int, step: RankStep, last_block_params: float = 0.0) -> dict[str, float]:
+    """Bytes per optimizer step by collective of a rank running ``step``, as nccl-tests sizes them (module doc: the
+    whole buffer; an all-reduce of S bytes is S here, 2S in communication's unit): communication.comm_bytes_by_type
     converted (the gradient term an all-reduce where gradients are replicated, a reduce-scatter where
     they are sharded; the parameter term an all-gather where parameters are sharded,
     ZeroRedundancyOptimizer's fp32 broadcast otherwise; fp16's loss-scaler flag)."""
-    handed = communication.comm_bytes_by_type(n_params, zero_stage, world_size, precision, accumulation_steps, grad_reduce,
-                                           last_block_params=last_block_params)
+    handed = communication.comm_bytes_by_type(n_params, step, last_block_params=last_block_params)
     return {c: b / handed_per_size(c) for c, b in handed.items()}
 
 

@@ -10,6 +10,7 @@ from scalelab.config import ModelConfig
 from scalelab.formulas import activation_memory, model_state
 from scalelab.formulas.communication import comm_dtypes
 from scalelab.formulas.flops import block_param_count
+from scalelab.formulas.rank_step import RankStep
 from scalelab.registries.families import family, tensor_parallel_split_params
 from scalelab.registries.precisions import precision as precision_record
 from scalelab.registries.strategies import check_replicas, strategy
@@ -125,40 +126,6 @@ def grads_at_peak(zero_stage: int, world_size: int, accumulation_steps: int = 1,
     without DDP: bf16 and fp32, eager and compiled, within 0.3% once counted so; with them, 4 bytes
     per parameter over)."""
     return strategy(zero_stage, replicas).ddp_wraps(world_size, tensor_parallel) or accumulation_steps > 1
-
-
-@dataclass(frozen=True)
-class RankStep:
-    """What one rank runs in a training step, as the memory formulas read it: its precision, its sharding, the
-    degrees it is split by, its micro-batch and the levers. One value, made where a run or a forecast is known
-    (predicted_columns.rank_step from a run's row; a forecast's point), so that each memory recipe (peak_memory,
-    megatron_style, foundry_style) takes the same thing instead of a dozen loose arguments."""
-
-    precision: str
-    zero_stage: int
-    data_parallel: int
-    """The ranks the model state is sharded or replicated over (the world size over the tensor- and
-    pipeline-parallel degrees)."""
-    micro_batch: int
-    accumulation_steps: int = 1
-    """Micro-batches per optimizer step on this rank (a pipeline's micro-batches too)."""
-    activation_checkpointing: bool = False
-    cpu_offload: bool = False
-    replicas: int = 1
-    """Hybrid sharding's replicas: shards and gathers are over a shard group of data_parallel / replicas ranks."""
-    compiled: bool = False
-    """The compile lever: blocks and loss under torch.compile."""
-    tensor_parallel: int = 1
-    sequence_parallel: bool = False
-    device_type: str = "cuda"
-    """Where the step runs (a GPU by default: planning is for one; the llama family's kernels save differently on a
-    CPU)."""
-
-    @property
-    def activation_levers(self) -> dict:
-        """What of the step activation_memory's block and outside-block formulas read, as their keyword arguments."""
-        return {"zero_stage": self.zero_stage, "device_type": self.device_type, "compiled": self.compiled,
-                "tensor_parallel": self.tensor_parallel, "sequence_parallel": self.sequence_parallel}
 
 
 def peak_memory(cfg: ModelConfig, n_params: float, step: RankStep, block_params: float | None = None) -> PeakMemory:

@@ -24,7 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scalelab.config import ModelConfig
-from scalelab.formulas.peak_memory import RankStep
+from scalelab.formulas.communication import comm_dtypes
+from scalelab.formulas.rank_step import RankStep
 from scalelab.registries.families import family
 
 
@@ -258,42 +259,48 @@ def _gathered(stage_params: float, kept: float, m: int, zero_stage: int) -> floa
     return stage_params if zero_stage == 2 else stage_params + m * (stage_params - kept)
 
 
-def sharded_comm_bytes(stage_params: float, kept: float, m: int, zero_stage: int, gather_bytes: int,
-                       reduce_bytes: int, schedule_name: str = DEFAULT_SCHEDULE, shard: int = 2,
-                       replicas: int = 1, virtual: int | None = None) -> dict[str, float] | None:
-    """FSDP2's bytes per step on one pipeline rank (stages 2 and 3; an all-gather counts its output, a reduce-scatter
-    its input, an all-reduce of S bytes 2 S), by group: {"shard": over its ``shard`` data-parallel ranks, "replicate":
-    across hybrid sharding's ``replicas``}. Each of the rank's chunks is its own FSDP2 root, which the schedule leaves
-    to FSDP2's hooks from its first action of the step to its last: GPipe and 1F1B neither gather nor reshard it
-    themselves; the interleaved schedule's lowering gathers each chunk whole before its first action and reshards it
-    after its last, and no sooner while V is at most MAX_ACTIVE_CHUNKS. The hooks: stage 2 keeps everything gathered;
-    stage 3 reshards all but the chunk's last block after each forward (``kept``: those last blocks' parameters, one
-    per chunk, as the worker counts them) and the chunk's next forward or backward gathers them again, while a
-    backward leaves them gathered until the gradients are reduced, once, after the chunk's last backward. Each of a
-    chunk's m forwards is followed by another of its actions, so stage 3 gathers the rank's parameters whole once and
-    all but the kept blocks m more times, in any order of the forwards and backwards. A shard group of one rank moves
-    nothing; hybrid sharding then all-reduces each reduced shard across the replicas. None for more than
-    MAX_ACTIVE_CHUNKS chunks per rank (a forecast's ``virtual``), which torch reshards and gathers again mid-step
-    (not run, not modelled)."""
+def sharded_comm_bytes(stage_params: float, kept: float, step: RankStep, schedule_name: str = DEFAULT_SCHEDULE,
+                       virtual: int | None = None) -> dict[str, float] | None:
+    """FSDP2's bytes per step on one pipeline rank running ``step`` (stages 2 and 3; an all-gather counts its output,
+    a reduce-scatter its input, an all-reduce of S bytes 2 S), by group: {"shard": over its shard group (the step's
+    data_parallel ranks over its replicas), "replicate": across hybrid sharding's replicas}, each element at the width
+    of the step's dtypes (scalelab.formulas.communication.comm_dtypes). Each of the rank's chunks is its own FSDP2
+    root, which the schedule leaves to FSDP2's hooks from its first action of the step to its last: GPipe and 1F1B
+    neither gather nor reshard it themselves; the interleaved schedule's lowering gathers each chunk whole before its
+    first action and reshards it after its last, and no sooner while V is at most MAX_ACTIVE_CHUNKS. The hooks: stage 2
+    keeps everything gathered; stage 3 reshards all but the chunk's last block after each forward (``kept``: those last
+    blocks' parameters, one per chunk, as the worker counts them) and the chunk's next forward or backward gathers them
+    again, while a backward leaves them gathered until the gradients are reduced, once, after the chunk's last
+    backward. Each of a chunk's m forwards (the step's accumulation_steps) is followed by another of its actions, so
+    stage 3 gathers the rank's parameters whole once and all but the kept blocks m more times, in any order of the
+    forwards and backwards. A shard group of one rank moves nothing; hybrid sharding then all-reduces each reduced
+    shard across the replicas. None for more than MAX_ACTIVE_CHUNKS chunks per rank (a forecast's ``virtual``), which
+    torch reshards and gathers again mid-step (not run, not modelled)."""
     if not sharded_modelled(schedule_name, virtual):
         return None
-    gathered = _gathered(stage_params, kept, m, zero_stage)
-    return {"shard": 0.0 if shard == 1 else gathered * gather_bytes + stage_params * reduce_bytes,
-            "replicate": 0.0 if replicas == 1 else 2 * stage_params / shard * reduce_bytes}
+    gathered = _gathered(stage_params, kept, step.accumulation_steps, step.zero_stage)
+    dtypes, shard = comm_dtypes(step.precision, step.zero_stage, step.grad_reduce), _shard(step)
+    return {"shard": 0.0 if shard == 1 else gathered * dtypes.gather_bytes + stage_params * dtypes.reduce_bytes,
+            "replicate": 0.0 if step.replicas == 1 else 2 * stage_params / shard * dtypes.reduce_bytes}
 
 
-def sharded_comm_by_collective(stage_params: float, kept: float, m: int, zero_stage: int, gather_bytes: int,
-                               reduce_bytes: int, schedule_name: str = DEFAULT_SCHEDULE, shard: int = 2,
+def _shard(step: RankStep) -> int:
+    """The ranks of a step's shard group: its data-parallel ranks over hybrid sharding's replicas."""
+    return step.data_parallel // step.replicas
+
+
+def sharded_comm_by_collective(stage_params: float, kept: float, step: RankStep, schedule_name: str = DEFAULT_SCHEDULE,
                                virtual: int | None = None) -> dict[str, float] | None:
-    """sharded_comm_bytes' shard group (no replicas) by collective, in its unit: {"all_gather": the gathered
-    parameters, "reduce_scatter": the gradients reduced once}; their sum is sharded_comm_bytes' "shard" figure. A
-    forecast times each collective on its own, so it needs them apart. None where sharded_comm_bytes is."""
+    """sharded_comm_bytes' shard group by collective, in its unit: {"all_gather": the gathered parameters,
+    "reduce_scatter": the gradients reduced once}; their sum is sharded_comm_bytes' "shard" figure. A forecast times
+    each collective on its own, so it needs them apart. None where sharded_comm_bytes is."""
     if not sharded_modelled(schedule_name, virtual):
         return None
-    if shard == 1:
+    if _shard(step) == 1:
         return {}
-    return {"all_gather": _gathered(stage_params, kept, m, zero_stage) * gather_bytes,
-            "reduce_scatter": stage_params * reduce_bytes}
+    dtypes = comm_dtypes(step.precision, step.zero_stage, step.grad_reduce)
+    return {"all_gather": _gathered(stage_params, kept, step.accumulation_steps, step.zero_stage) * dtypes.gather_bytes,
+            "reduce_scatter": stage_params * dtypes.reduce_bytes}
 
 
 def sharded_gather_calls(stage_units: int, m: int, zero_stage: int, chunks_held: int = 1) -> int:

@@ -115,15 +115,17 @@ def pipeline_columns(cfg: ModelConfig, row: Mapping) -> dict:
 
 
 def rank_step(row: Mapping, data_parallel: int, tensor_parallel: int) -> peak_memory.RankStep:
-    """What one rank of the run in ``row`` runs in a step (its identity, ``accumulation_steps``, ``device_type``),
-    over ``data_parallel`` ranks split ``tensor_parallel`` ways (split_of's figures)."""
+    """What one rank of the run in ``row`` runs in a step (its identity, ``accumulation_steps``, ``device_type``, the
+    ``grad_reduce`` lever: fp32 where null), over ``data_parallel`` ranks split ``tensor_parallel`` ways (split_of's
+    figures)."""
     return peak_memory.RankStep(
         precision=row["precision"], zero_stage=int(row["zero_stage"]), data_parallel=data_parallel,
         micro_batch=int(row["micro_batch"]), accumulation_steps=int(_value(row, "accumulation_steps", 1)),
         activation_checkpointing=bool(_value(row, "activation_checkpointing", False)),
         cpu_offload=bool(_value(row, "cpu_offload", False)), replicas=int(_value(row, "replicas", 1)),
         compiled=bool(_value(row, "compile", False)), tensor_parallel=tensor_parallel,
-        sequence_parallel=bool(_value(row, "sequence_parallel", False)), device_type=row["device_type"])
+        sequence_parallel=bool(_value(row, "sequence_parallel", False)), device_type=row["device_type"],
+        grad_reduce=_value(row, "grad_reduce", "fp32"))
 
 
 def peak(cfg: ModelConfig, n_params: int, row: Mapping, block_params: int | None = None,
@@ -171,7 +173,6 @@ def trained_run_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -
     step = rank_step(row, world_size, degree)
     stage, precision, replicas = step.zero_stage, step.precision, step.replicas
     accum, micro, ac = step.accumulation_steps, step.micro_batch, step.activation_checkpointing
-    grad_reduce = _value(row, "grad_reduce", "fp32")
     state_params = largest_rank_params(cfg, int(row["n_params"]), row)  # the measured state is the largest rank's
     lora = _value(row, "lora_rank") is not None
     n_trainable = int(row["n_trainable_params"]) if lora else None
@@ -185,20 +186,18 @@ def trained_run_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -
                   for c in ("pytorch", "paper")]
         paper_elements = communication.comm_elements_per_step(n_params, stage, world_size, accum, "paper", replicas)
     custom = cfg.module is not None
-    device_type, sp = step.device_type, step.sequence_parallel
+    sp = step.sequence_parallel
     pp = int(_value(row, "pipeline_parallel", 1))
     blocks = cfg if pp == 1 else dataclasses.replace(  # rank 0's blocks carry its tensor-parallel collectives
         cfg, n_layers=len(pipeline.chunks(cfg.n_layers, pp, _schedule(row))[0]) * len(pipeline.rank_chunks(0, pp, _schedule(row))))
-    tp_bytes = tensor_parallelism.tensor_parallel_bytes(blocks, micro, accum, degree, precision, stage, device_type, ac, sp)
+    tp_bytes = tensor_parallelism.tensor_parallel_bytes(blocks, step)
     kept = last_block_kept(row)
     if pp > 1 and stage in (2, 3) and world_size > 1:  # FSDP2 under torch's schedules gathers and reduces otherwise
-        comm_total, links = _pipeline_sharded_comm(row, n_params, kept, world_size, degree, rank_hosts)
+        comm_total, links = _pipeline_sharded_comm(row, n_params, kept, step, rank_hosts)
     else:
-        links = communication.comm_bytes_by_link(n_params, stage, world_size, precision, rank_hosts.count(rank_hosts[0]),
-                                                 replicas, grad_reduce, accum, n_trainable, tensor_parallel=degree,
+        links = communication.comm_bytes_by_link(n_params, step, rank_hosts.count(rank_hosts[0]), n_trainable,
                                                  last_block_params=kept)
-        comm_total = communication.comm_bytes_per_step(n_params, stage, world_size, precision, accum, grad_reduce,
-                                                       n_trainable, replicas, kept)
+        comm_total = communication.comm_bytes_per_step(n_params, step, n_trainable, kept)
     return {
         "activation_bytes_predicted": None if custom else activation_memory.block_activation_bytes(
             cfg, micro, precision, ac, **step.activation_levers),
@@ -220,16 +219,14 @@ def trained_run_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -
     }
 
 
-def _pipeline_sharded_comm(row: Mapping, n_params: float, kept: float, data_parallel: int, degree: int,
+def _pipeline_sharded_comm(row: Mapping, n_params: float, kept: float, step: peak_memory.RankStep,
                            rank_hosts: list[str]) -> tuple[float | None, dict]:
-    """(bytes per step, by link) of FSDP2 on rank 0's pipeline stage (scalelab.formulas.pipeline.sharded_comm_bytes),
-    each group on its link: rank 0's shard group and its replicas on the (pp, dp_replicate, dp_shard, tp) mesh; both
-    null where the schedule's gathers are not modelled."""
-    stage, replicas = int(row["zero_stage"]), int(_value(row, "replicas", 1))
-    dtypes = communication.comm_dtypes(row["precision"], stage, _value(row, "grad_reduce", "fp32"))
-    shard = data_parallel // replicas
-    by_group = pipeline.sharded_comm_bytes(n_params, kept, int(row["accumulation_steps"]), stage, dtypes.gather_bytes,
-                                           dtypes.reduce_bytes, _schedule(row), shard, replicas)
+    """(bytes per step, by link) of FSDP2 on rank 0's pipeline stage running ``step``
+    (scalelab.formulas.pipeline.sharded_comm_bytes), each group on its link: rank 0's shard group and its replicas on
+    the (pp, dp_replicate, dp_shard, tp) mesh; both null where the schedule's gathers are not modelled."""
+    replicas, degree = step.replicas, step.tensor_parallel
+    shard = step.data_parallel // replicas
+    by_group = pipeline.sharded_comm_bytes(n_params, kept, step, _schedule(row))
     if by_group is None:
         return None, {"intra_node": {"sharded": None}, "inter_node": {"sharded": None}}
     groups = {"shard": [k * degree for k in range(shard)], "replicate": [k * shard * degree for k in range(replicas)]}

@@ -11,6 +11,7 @@ from __future__ import annotations
 from scalelab.config import ModelConfig
 from scalelab.formulas.activation_memory import DTYPE_BYTES
 from scalelab.formulas.communication import sixteen_bit_params
+from scalelab.formulas.rank_step import RankStep
 from scalelab.registries.families import family, tensor_parallel_split_params
 
 
@@ -39,12 +40,11 @@ def data_parallel_size(world_size: int, tensor_parallel: int) -> int:
     return world_size // tensor_parallel
 
 
-def tensor_parallel_comm(cfg: ModelConfig, micro_batch: int, accumulation_steps: int, degree: int, precision: str,
-                         zero_stage: int = 0, device_type: str = "cpu", activation_checkpointing: bool = False,
-                         sequence_parallel: bool = False) -> dict[str, tuple[float, int]]:
-    """Tensor parallelism's collectives in one optimizer step of one rank, over the T ranks of its tensor-parallel
-    group: {collective: (bytes in scalelab.formulas.communication's unit, calls)} (an all-reduce of S bytes counts 2 S, an
-    all-gather its output, a reduce-scatter its input); V = B T d values per micro-batch and block.
+def tensor_parallel_comm(cfg: ModelConfig, step: RankStep) -> dict[str, tuple[float, int]]:
+    """Tensor parallelism's collectives in one optimizer step of a rank running ``step``, over the T ranks (its
+    ``tensor_parallel``) of its tensor-parallel group: {collective: (bytes in scalelab.formulas.communication's unit,
+    calls)} (an all-reduce of S bytes counts 2 S, an all-gather its output, a reduce-scatter its input); V = B T d
+    values per micro-batch and block, over the step's accumulation_steps micro-batches of micro_batch B.
 
     Without sequence parallelism, four all-reduces per block and micro-batch of V values each: in forward the
     rowwise linears' partial outputs (after attention, after the MLP), at the matmul's width w (4 in fp32; 2 under
@@ -54,24 +54,24 @@ def tensor_parallel_comm(cfg: ModelConfig, micro_batch: int, accumulation_steps:
     backward recomputes each block's forward up to the last tensor it needs, the attention projection's all-reduce
     again but not the MLP's (torch's non-reentrant checkpoint stops there; measured): a fifth per block.
 
-    ``sequence_parallel``: each all-reduce becomes its two halves, the same bytes: before each colwise module an
-    all-gather of the norm's output (forward, n) and in backward a reduce-scatter of its gradient (n); after each
-    rowwise linear a reduce-scatter (forward, w) and in backward an all-gather of its gradient (w). Outside the
+    The step's ``sequence_parallel``: each all-reduce becomes its two halves, the same bytes: before each colwise
+    module an all-gather of the norm's output (forward, n) and in backward a reduce-scatter of its gradient (n); after
+    each rowwise linear a reduce-scatter (forward, w) and in backward an all-gather of its gradient (w). Outside the
     blocks, per micro-batch: the final norm's output all-gathered for the head (forward, n) and the first block's
     input gradient all-gathered for the embeddings (backward, the residual's width r). With checkpointing the
     recomputed forward runs up to the MLP's gathered input (which fc or gate and up keep): two all-gathers (n) and
     attention's reduce-scatter (w) again per block. Per step: the norms' parameter gradients, partial over the
     ranks' tokens, all-reduced in their dtype (fp32; w with FSDP2's 16-bit parameters, before its reduce_dtype
     cast), one call per parameter tensor (measured, FSDP2 and scalelab.run.parallel.reduce_partial_grads alike)."""
-    if degree == 1:
+    if step.tensor_parallel == 1:
         return {}
-    L, k = cfg.n_layers, accumulation_steps
-    values = k * micro_batch * cfg.seq_len * cfg.d_model  # per collective and block, over the step's micro-batches
-    width = DTYPE_BYTES[precision]
-    sixteen = sixteen_bit_params(precision, zero_stage)
-    norm_width = width if sixteen and device_type != "cuda" else 4
-    ac = activation_checkpointing
-    if not sequence_parallel:
+    L, k = cfg.n_layers, step.accumulation_steps
+    values = k * step.micro_batch * cfg.seq_len * cfg.d_model  # per collective and block, over the step's micro-batches
+    width = DTYPE_BYTES[step.precision]
+    sixteen = sixteen_bit_params(step.precision, step.zero_stage)
+    norm_width = width if sixteen and step.device_type != "cuda" else 4
+    ac = step.activation_checkpointing
+    if not step.sequence_parallel:
         forward = 3 if ac else 2
         return {"all_reduce": (2 * L * values * (forward * width + 2 * norm_width), L * k * (forward + 2))}
     residual_width = width if sixteen else 4
@@ -83,6 +83,6 @@ def tensor_parallel_comm(cfg: ModelConfig, micro_batch: int, accumulation_steps:
             "all_reduce": (2 * norms * fam.norm_params(cfg) * (width if sixteen else 4), norms * fam.norm_tensors)}
 
 
-def tensor_parallel_bytes(*args, **kwargs) -> float:
-    """Tensor parallelism's bytes per step, all its collectives (tensor_parallel_comm's arguments)."""
-    return float(sum(nbytes for nbytes, _ in tensor_parallel_comm(*args, **kwargs).values()))
+def tensor_parallel_bytes(cfg: ModelConfig, step: RankStep) -> float:
+    """Tensor parallelism's bytes per step of a rank running ``step``, all its collectives (tensor_parallel_comm)."""
+    return float(sum(nbytes for nbytes, _ in tensor_parallel_comm(cfg, step).values()))
