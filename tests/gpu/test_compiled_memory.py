@@ -7,7 +7,7 @@ import torch
 
 from scalelab.config import ModelConfig
 from scalelab.formulas import activation_memory, flops, peak_memory
-from scalelab.formulas.peak_memory import RankStep
+from scalelab.formulas.rank_step import RankStep
 from scalelab.run.model import GPT, Block
 from support.compiled_memory import GIB, MODES, partitioned
 

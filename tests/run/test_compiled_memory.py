@@ -15,7 +15,7 @@ import torch
 
 from scalelab.config import ModelConfig
 from scalelab.formulas import activation_memory, flops, peak_memory
-from scalelab.formulas.peak_memory import RankStep
+from scalelab.formulas.rank_step import RankStep
 from scalelab.run.activations import SavedActivationMeter
 from scalelab.run.model import GPT, Block, Llama, LlamaBlock, cross_entropy_loss, rope_tables
 from support.compiled_memory import MODES, partitioned, partitioner_backend

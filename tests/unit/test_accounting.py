@@ -4,7 +4,7 @@ import pytest
 
 from scalelab.config import ModelConfig
 from scalelab.formulas import activation_memory, communication, flops, model_state, peak_memory
-from scalelab.formulas.peak_memory import RankStep
+from scalelab.formulas.rank_step import RankStep
 from scalelab.run.model import GPT
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from scalelab.config import ModelConfig
 from scalelab.formulas import activation_memory, flops, model_state, peak_memory
-from scalelab.formulas.peak_memory import RankStep
+from scalelab.formulas.rank_step import RankStep
 from support.compiled_memory import GIB
 
 pytestmark = pytest.mark.filterwarnings(  # inductor's import of torch.utils.mkldnn, torch's own

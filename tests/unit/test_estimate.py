@@ -204,7 +204,8 @@ def test_scaling_at_a_fixed_global_batch_accumulates_each_gpus_share(capsys):
 def test_a_forecast_priced_as_scalelab_runs_counts_sequence_parallelism_in_its_memory(capsys):
     """Priced as scalelab runs, the forecast's peak is the run's own formula for the same step (peak_memory over
     RankStep), sequence parallelism included (it was left out, over-stating the peak)."""
-    from scalelab.formulas.peak_memory import RankStep, peak_memory
+    from scalelab.formulas.peak_memory import peak_memory
+    from scalelab.formulas.rank_step import RankStep
     from scalelab.formulas.tensor_parallelism import tensor_parallel_params
     from scalelab.registries.presets import PRESETS
 

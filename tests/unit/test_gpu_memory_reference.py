@@ -7,7 +7,7 @@ import pytest
 
 from scalelab.config import ModelConfig
 from scalelab.formulas import flops, peak_memory
-from scalelab.formulas.peak_memory import RankStep
+from scalelab.formulas.rank_step import RankStep
 from support import REPO
 
 CHECKS = sorted((REPO / "results" / "reference").glob("*/gpu-check*.json"))

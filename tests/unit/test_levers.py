@@ -15,7 +15,7 @@ def test_what_the_step_holds_outside_the_blocks_is_predicted(precision, micro_ba
     8 B T V of fp32 gradients at log_softmax's backward) within the blocks' small terms."""
     from scalelab.config import ModelConfig
     from scalelab.formulas import activation_memory, peak_memory
-    from scalelab.formulas.peak_memory import RankStep
+    from scalelab.formulas.rank_step import RankStep
     from scalelab.run.activations import SavedActivationMeter
     from scalelab.run.model import GPT
     from scalelab.run.precision import autocast

@@ -9,7 +9,7 @@ import pytest
 from scalelab.cli import main
 from scalelab.config import ModelConfig
 from scalelab.formulas import flops, links, megatron_style, tensor_parallelism
-from scalelab.formulas.peak_memory import RankStep
+from scalelab.formulas.rank_step import RankStep
 from scalelab.registries.presets import PRESETS
 
 LLAMA3_8B = ModelConfig(**PRESETS["llama3-8b"].shape)

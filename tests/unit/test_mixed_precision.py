@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scalelab.formulas import communication, flops, lora_training, peak_memory
-from scalelab.formulas.peak_memory import RankStep
+from scalelab.formulas.rank_step import RankStep
 from scalelab.planning.result_tables import run_row
 from scalelab.planning.run_plan import result_params, run_plan
 from scalelab.planning.sweep import RunPoint, sweep_plan

@@ -5,7 +5,8 @@ import pytest
 
 from scalelab.config import ModelConfig
 from scalelab.formulas import activation_memory, flops, pipeline, predicted_columns
-from scalelab.formulas.peak_memory import RankStep, peak_memory
+from scalelab.formulas.peak_memory import peak_memory
+from scalelab.formulas.rank_step import RankStep
 
 LLAMA = ModelConfig(family="llama", n_layers=4, d_model=256, n_heads=4, n_kv_heads=2, ffn_dim=512, seq_len=128,
                     vocab_size=1000, tie_embeddings=False)

@@ -6,7 +6,7 @@ import pytest
 from scalelab.config import ModelConfig
 from scalelab.forecast import published_memory as pm
 from scalelab.formulas import flops, foundry_style
-from scalelab.formulas.peak_memory import RankStep
+from scalelab.formulas.rank_step import RankStep
 
 
 def test_the_shapes_count_the_tables_parameters():

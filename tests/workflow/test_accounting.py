@@ -5,7 +5,7 @@ import pytest
 
 from scalelab.config import ModelConfig
 from scalelab.formulas import flops, peak_memory
-from scalelab.formulas.peak_memory import RankStep
+from scalelab.formulas.rank_step import RankStep
 from scalelab.planning.sweep import RunPoint
 from support import snakemake, tiny_config, write_workdir
 

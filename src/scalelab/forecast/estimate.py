@@ -34,6 +34,7 @@ from scalelab.forecast.step import (  # the step-time model, shared by plan, pru
     check_tensor_parallel,
 )
 from scalelab.formulas import flops, lora_training, model_state, peak_memory, tensor_parallelism
+from scalelab.formulas.rank_step import RankStep
 from scalelab.registries import hardware
 from scalelab.registries.families import family
 from scalelab.registries.precisions import ESTIMATE_MEMORY, PEAK_KEYS, PRECISION_NAMES
@@ -86,7 +87,7 @@ def memory_table(model: ModelChoice, world_size: int, unit: str, points: list[tu
                f"pytorch_optimizer_{u}": real.optimizer / scale, f"pytorch_total_{u}": real.total / scale,
                f"paper_total_{u}": paper.total / scale}
         if cfg is not None and micro_batch:
-            peak = peak_memory.peak_memory(cfg, local, peak_memory.RankStep(precision, stage, data_ranks, micro_batch,
+            peak = peak_memory.peak_memory(cfg, local, RankStep(precision, stage, data_ranks, micro_batch,
                                                                              tensor_parallel=t))
             row[f"activations_{u}"] = peak.activations / scale
             row[f"peak_{u}"] = peak.total / scale
@@ -232,7 +233,7 @@ def advise(model: ModelChoice, device: float, gpus: int, precision: str, unit: s
     if micro and cfg is None:
         raise EstimateError("--micro-batch needs the model's shape (--model, or --layers/--d-model/--vocab/--seq)")
 
-    peaks = {stage: peak_memory.peak_memory(cfg, n_params, peak_memory.RankStep(
+    peaks = {stage: peak_memory.peak_memory(cfg, n_params, RankStep(
         precision, stage, gpus, micro, activation_checkpointing=activation_checkpointing)) for stage in ZERO_STAGES} if micro else {}
 
     def in_step(stage: int) -> float:  # what the step's peak adds to the model state at rest (the freed gradients counted out)

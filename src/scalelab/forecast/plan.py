@@ -38,8 +38,8 @@ from scalelab.forecast.predict import predict_point
 from scalelab.forecast.scaling import LINK_RULE, PIPELINE_READING, machine_of
 from scalelab.forecast.step import Point, _replicas, fp8_machine
 from scalelab.formulas import communication, flops, foundry_style, links
-from scalelab.formulas.peak_memory import RankStep
 from scalelab.formulas.pipeline import SCHEDULES
+from scalelab.formulas.rank_step import RankStep
 from scalelab.planning.sweep import AXIS, RunPoint
 from scalelab.registries import hardware
 from scalelab.registries.precisions import PRECISION_NAMES

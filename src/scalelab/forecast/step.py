@@ -14,7 +14,7 @@ from scalelab.config import ModelConfig
 from scalelab.forecast.inputs import UNITS, EstimateError
 from scalelab.formulas import communication, flops, links, megatron_style, peak_memory, tensor_parallelism
 from scalelab.formulas.links import collective_calls
-from scalelab.formulas.peak_memory import RankStep
+from scalelab.formulas.rank_step import RankStep
 from scalelab.registries.strategies import HYBRID_KEY, TRAINERS, ZERO1_SHARDED_KEY, strategy
 
 

@@ -30,7 +30,8 @@ import math
 
 from scalelab.config import ModelConfig
 from scalelab.formulas.flops import block_param_count
-from scalelab.formulas.peak_memory import MODELLED, PeakMemory, RankStep
+from scalelab.formulas.peak_memory import MODELLED, PeakMemory
+from scalelab.formulas.rank_step import RankStep
 
 RECIPE = ("llm-foundry's MPT benchmarks: FSDP FULL_SHARD, mixed precision PURE (bf16 gathers and reductions, fp32 "
           "shards and Adam), limit_all_gathers (two blocks gathered ahead), Triton flash attention, low-precision "

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from scalelab.config import ModelConfig
 from scalelab.formulas import activation_memory
-from scalelab.formulas.peak_memory import RankStep
+from scalelab.formulas.rank_step import RankStep
 from scalelab.registries.families import ActivationCase, family, tensor_parallel_split_params
 
 STATE_BYTES = {"params": 2, "grads": 4, "optimizer": 12}

@@ -33,6 +33,7 @@ from scalelab.formulas import (
     pipeline,
     tensor_parallelism,
 )
+from scalelab.formulas.rank_step import RankStep
 from scalelab.registries.families import DEFAULT_FAMILY, OWN_KEYS
 from scalelab.registries.topology import link_of
 
@@ -114,11 +115,11 @@ def pipeline_columns(cfg: ModelConfig, row: Mapping) -> dict:
     return pipeline.predicted_columns(cfg, rank_step(row, data_parallel, degree), pp, _schedule(row))
 
 
-def rank_step(row: Mapping, data_parallel: int, tensor_parallel: int) -> peak_memory.RankStep:
+def rank_step(row: Mapping, data_parallel: int, tensor_parallel: int) -> RankStep:
     """What one rank of the run in ``row`` runs in a step (its identity, ``accumulation_steps``, ``device_type``, the
     ``grad_reduce`` lever: fp32 where null), over ``data_parallel`` ranks split ``tensor_parallel`` ways (split_of's
     figures)."""
-    return peak_memory.RankStep(
+    return RankStep(
         precision=row["precision"], zero_stage=int(row["zero_stage"]), data_parallel=data_parallel,
         micro_batch=int(row["micro_batch"]), accumulation_steps=int(_value(row, "accumulation_steps", 1)),
         activation_checkpointing=bool(_value(row, "activation_checkpointing", False)),
@@ -219,7 +220,7 @@ def trained_run_columns(cfg: ModelConfig, row: Mapping, rank_hosts: list[str]) -
     }
 
 
-def _pipeline_sharded_comm(row: Mapping, n_params: float, kept: float, step: peak_memory.RankStep,
+def _pipeline_sharded_comm(row: Mapping, n_params: float, kept: float, step: RankStep,
                            rank_hosts: list[str]) -> tuple[float | None, dict]:
     """(bytes per step, by link) of FSDP2 on rank 0's pipeline stage running ``step``
     (scalelab.formulas.pipeline.sharded_comm_bytes), each group on its link: rank 0's shard group and its replicas on
