@@ -51,14 +51,14 @@ def test_tensor_parallel_bytes_by_hand_for_llama3_8b_at_tp4(capsys):
 
 
 def test_sequence_parallelism_splits_each_all_reduce_into_two_halves_of_the_same_time():
-    plain = megatron_style.tensor_parallel_comm(LLAMA3_8B, 2, 4, 8, "bf16")
-    split = megatron_style.tensor_parallel_comm(LLAMA3_8B, 2, 4, 8, "bf16", sequence_parallel=True)
+    plain = megatron_style.tensor_parallel_comm(LLAMA3_8B, RankStep("bf16", 1, 1, 2, 4, tensor_parallel=8))
+    split = megatron_style.tensor_parallel_comm(LLAMA3_8B, RankStep("bf16", 1, 1, 2, 4, tensor_parallel=8, sequence_parallel=True))
     assert set(split) == {"reduce_scatter", "all_gather"} and split["reduce_scatter"] == plain["all_reduce"]
     link = links.parse_link("nvlink-h100", None)
     seconds = lambda comm: sum(n * links.collective_seconds(c, s / n, 8, link) for c, (s, n) in comm.items())  # noqa: E731
     # the same bus time: a second latency per call apart
     assert seconds(split) - seconds(plain) == pytest.approx(plain["all_reduce"][1] * link.latency_s)
-    recompute = megatron_style.tensor_parallel_comm(LLAMA3_8B, 2, 4, 8, "bf16", activation_checkpointing=True)
+    recompute = megatron_style.tensor_parallel_comm(LLAMA3_8B, RankStep("bf16", 1, 1, 2, 4, True, tensor_parallel=8))
     assert recompute["all_reduce"][1] == 4 * (6 * 32 + 2)
 
 
@@ -72,7 +72,7 @@ def test_the_memory_recipe_splits_activations_and_logits_and_shards_the_optimize
     whole = megatron_style.peak_memory(LLAMA3_8B, n, RankStep("bf16", 1, 16, 1))
     assert sp["activations"] < zero1["activations"] < whole["activations"]
     logits = megatron_style.LOGIT_BYTES * 8192 * LLAMA3_8B.vocab_size
-    assert megatron_style.activation_bytes(LLAMA3_8B, 1, "bf16", 8, False, False) > logits / 8
+    assert megatron_style.activation_bytes(LLAMA3_8B, RankStep("bf16", 1, 1, 1, tensor_parallel=8)) > logits / 8
     with pytest.raises(ValueError, match="stages 0 and 1"):
         megatron_style.peak_memory(LLAMA3_8B, local, RankStep("bf16", 3, 16, 1, tensor_parallel=8))
 

@@ -88,23 +88,22 @@ def stage_params(point, rank: int) -> float:
 def _stage_memory(point, rank: int, blocks: int, last: bool, n_local: float, dp: int, micro: int, m: int) -> dict:
     """Bytes at the step's peak on pipeline rank ``rank``: model state and gathers as without pipelining, the in-flight
     micro-batches' block activations, and on the last stage the head's and the loss's."""
-    cfg, t, pp, sched = point.cfg, point.tensor_parallel, point.pipeline_parallel, point.pipeline_schedule
-    stage, sp, ac = strategy(point.key).stage, point.sequence_parallel, point.activation_checkpointing
-    mine = replace(cfg, n_layers=blocks)
+    cfg, pp, sched = point.cfg, point.pipeline_parallel, point.pipeline_schedule
+    mine, step = replace(cfg, n_layers=blocks), point_step(point, dp, micro, m)
     if point.megatron:
         def acts(k: int) -> float:
-            return megatron_style.activation_bytes(replace(cfg, n_layers=k), micro, point.precision, t, sp, ac)
+            return megatron_style.activation_bytes(replace(cfg, n_layers=k), step)
         per_block = acts(2) - acts(1)
         outside = acts(1) - per_block
-        optimizer = megatron_style.STATE_BYTES["optimizer"] * n_local / (dp if stage == 1 else 1)
+        optimizer = megatron_style.STATE_BYTES["optimizer"] * n_local / (dp if step.zero_stage == 1 else 1)
         state = (megatron_style.STATE_BYTES["params"] + megatron_style.STATE_BYTES["grads"]) * n_local + optimizer
         held = pipeline.held_block_activations(per_block, cfg.n_layers, rank, pp, m, sched, virtual=point.chunks_per_rank)
         held += outside if last else 0.0
         return {"model_state": state, "activations": held, "total": state + held}
-    step = point_step(point, dp, micro, m)
     peak = peak_memory.peak_memory(mine, n_local, step)
     # the blocks' share of the same step's activations (on the GPU planned for, as the peak's)
-    block_acts = activation_memory.block_activation_bytes(mine, micro, point.precision, ac, **step.activation_levers)
+    block_acts = activation_memory.block_activation_bytes(mine, micro, point.precision, step.activation_checkpointing,
+                                                          **step.activation_levers)
     outside = peak.activations - block_acts  # outside the blocks and the loss path: the last stage's
     held = pipeline.held_block_activations(block_acts / blocks, cfg.n_layers, rank, pp, m, sched,
                                            virtual=point.chunks_per_rank) + (outside if last else 0.0)

@@ -262,8 +262,7 @@ def _tensor_parallel_step(point: Point, machine: Machine, gpus: int, step: RankS
                 "exposed": True,
                 "collectives": {}}
     if point.megatron:
-        by_type = megatron_style.tensor_parallel_comm(cfg, step.micro_batch, step.accumulation_steps, t, point.precision,
-                                                      point.sequence_parallel, point.activation_checkpointing)
+        by_type = megatron_style.tensor_parallel_comm(cfg, step)
     else:  # the communication formulas' unit counts an all-reduce of S bytes as 2 S: back to nccl-tests' size
         by_type = {c: (b / links.handed_per_size(c), n) for c, (b, n) in tensor_parallelism.tensor_parallel_comm(
             cfg, step).items()}

@@ -46,29 +46,28 @@ def local_params(cfg: ModelConfig, n_params: float, degree: int) -> float:
     return n_params - split + split / degree
 
 
-def tensor_parallel_comm(cfg: ModelConfig, micro_batch: int, accumulation_steps: int, degree: int, precision: str,
-                         sequence_parallel: bool = False, activation_checkpointing: bool = False) -> dict[str, tuple[float, int]]:
+def tensor_parallel_comm(cfg: ModelConfig, step: RankStep) -> dict[str, tuple[float, int]]:
     """{collective: (nccl-tests size in bytes summed over the step's calls, calls)} of one rank's tensor-parallel group
     per optimizer step (the module doc's count)."""
-    if degree == 1:
+    if step.tensor_parallel == 1:
         return {}
-    per_micro = cfg.n_layers * (4 + (2 if activation_checkpointing else 0)) + 2
-    calls = per_micro * accumulation_steps
-    size = micro_batch * cfg.seq_len * cfg.d_model * activation_memory.DTYPE_BYTES[precision]
-    if sequence_parallel:  # each all-reduce a reduce-scatter and an all-gather of the same buffer
+    per_micro = cfg.n_layers * (4 + (2 if step.activation_checkpointing else 0)) + 2
+    calls = per_micro * step.accumulation_steps
+    size = step.micro_batch * cfg.seq_len * cfg.d_model * activation_memory.DTYPE_BYTES[step.precision]
+    if step.sequence_parallel:  # each all-reduce a reduce-scatter and an all-gather of the same buffer
         return {"reduce_scatter": (calls * size, calls), "all_gather": (calls * size, calls)}
     return {"all_reduce": (calls * size, calls)}
 
 
-def activation_bytes(cfg: ModelConfig, micro_batch: int, precision: str, degree: int, sequence_parallel: bool,
-                     activation_checkpointing: bool) -> float:
+def activation_bytes(cfg: ModelConfig, step: RankStep) -> float:
     """One micro-batch's activations on one rank (the module doc's recipe): the blocks, the final norm and the head's
     input, and the vocabulary-parallel loss's logits."""
-    case = ActivationCase(micro_batch=micro_batch, width=activation_memory.DTYPE_BYTES[precision], amp=False,
-                          sixteen_bit_params=True, checkpointing=activation_checkpointing, gpu=True, compiled=False,
-                          tensor_parallel=degree, sequence_parallel=sequence_parallel and degree > 1)
+    degree = step.tensor_parallel
+    case = ActivationCase(micro_batch=step.micro_batch, width=activation_memory.DTYPE_BYTES[step.precision], amp=False,
+                          sixteen_bit_params=True, checkpointing=step.activation_checkpointing, gpu=True, compiled=False,
+                          tensor_parallel=degree, sequence_parallel=step.sequence_parallel and degree > 1)
     record = family(cfg.family)
-    logits = LOGIT_BYTES * micro_batch * cfg.seq_len * cfg.vocab_size / degree
+    logits = LOGIT_BYTES * step.micro_batch * cfg.seq_len * cfg.vocab_size / degree
     return record.block_activation_bytes(cfg, case) + record.outside_block_bytes(cfg, case) + logits
 
 
@@ -79,8 +78,7 @@ def peak_memory(cfg: ModelConfig, n_local: float, step: RankStep) -> dict[str, f
         raise ValueError(f"the megatron-style memory covers ZeRO stages 0 and 1, got {step.zero_stage}")
     optimizer = STATE_BYTES["optimizer"] * n_local / (step.data_parallel if step.zero_stage == 1 else 1)
     state = (STATE_BYTES["params"] + STATE_BYTES["grads"]) * n_local + optimizer
-    activations = activation_bytes(cfg, step.micro_batch, step.precision, step.tensor_parallel, step.sequence_parallel,
-                                   step.activation_checkpointing)
+    activations = activation_bytes(cfg, step)
     return {"model_state": state, "activations": activations, "total": state + activations}
 
 
