@@ -306,3 +306,35 @@ def test_claim_check_says_when_a_throughput_exceeds_the_hardware(capsys):
 def test_estimate_bad_input_is_a_clear_error(capsys, args, message):
     code, _, err = _estimate(capsys, *args)
     assert code == 2 and message in err, err
+
+
+SCALED = ["scaling", "--model", "llama3-8b", "--gpu", "H100", "--inter-node", "ib-ndr", "--gpus", "8,16,32",
+          "--global-batch", "256"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--zero-stage", "1", "--tensor-parallel", "2"],
+     "--trainer scalelab, --gpus 8: scalelab does not run it: zero_stage 1 with tensor parallelism"),
+    (["--zero-stage", "3", "--tensor-parallel", "2", "--sequence-parallel", "--pipeline-parallel", "2"],
+     "scalelab does not run it: sequence_parallel with pipeline parallelism is not run"),
+    (["--zero-stage", "3", "--sequence-parallel"], "--sequence-parallel splits the activations over a tensor-parallel"),
+    (["--zero-stage", "3", "--trainer", "megatron"], "--zero-stage 3: the megatron trainer is priced at ZeRO stages 0 and 1"),
+])
+def test_estimate_refuses_what_the_trainer_priced_does_not_run_as_plan_leaves_it_out(capsys, args, message):
+    """estimate scaling and plan read one rule (scalelab.forecast.runnable): what plan leaves out as not run by the
+    trainer priced, estimate refuses in one line, instead of pricing it."""
+    code, _, err = _estimate(capsys, *SCALED, *args)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    if "megatron" not in args and "--tensor-parallel" in args and "--pipeline-parallel" not in args:
+        code, _, err = _estimate(capsys, *SCALED, *args, "--trainer", "megatron")  # the trainers that scale run it
+        assert code == 0, err
+
+
+def test_a_plan_for_a_pipeline_degree_the_blocks_do_not_split_into_says_so_first(capsys):
+    """Nothing to price at --pipeline-parallel 3 (64 GPUs, 32 blocks): the layouts' reasons lead the one-line refusal,
+    not the strategies' (they followed them, and the cause was among the "more left out")."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "--model", "llama3-8b", "--gpu", "H100", "--inter-node", "ib-ndr", "--seq", "8192", "--tokens",
+              "1T", "--gpus", "64", "--global-batch", "512", "--pipeline-parallel", "3"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_.value.code == 2 and "no configuration to price: PP 3 x TP 1: does not divide --gpus 64" in err, err

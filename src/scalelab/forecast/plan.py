@@ -35,12 +35,11 @@ from scalelab.forecast.inputs import (
 )
 from scalelab.forecast.model_input import model_flags, model_from_flags, shape_text
 from scalelab.forecast.predict import predict_point
+from scalelab.forecast.runnable import not_run, runs, stage_not_priced
 from scalelab.forecast.scaling import LINK_RULE, PIPELINE_READING, machine_of
-from scalelab.forecast.step import Point, _replicas, fp8_machine
-from scalelab.formulas import communication, flops, foundry_style, links
+from scalelab.forecast.step import Point, fp8_machine
+from scalelab.formulas import communication, flops, links
 from scalelab.formulas.pipeline import SCHEDULES
-from scalelab.formulas.rank_step import RankStep
-from scalelab.planning.sweep import AXIS, RunPoint
 from scalelab.registries import hardware
 from scalelab.registries.precisions import PRECISION_NAMES
 from scalelab.registries.strategies import HYBRID_KEY, TRAINERS, ZERO_STAGES, strategy
@@ -97,46 +96,14 @@ def candidates(product, precisions: list[str] | None, gpus: int, per_node: int,
 
 def _trainer_left_out(trainer: str) -> list[str]:
     """The stages a trainer priced at some stages alone leaves out, and why."""
-    stages = TRAINERS[trainer].stages
-    if stages is None:
+    if TRAINERS[trainer].stages is None:
         return []
-    others = [str(s) for s in ZERO_STAGES if s not in stages]
-    out = [f"ZeRO stages {', '.join(others)} and hybrid sharding: the {trainer} trainer is priced at stage"
-           f"{'s' if len(stages) > 1 else ''} {' and '.join(map(str, stages))} (its own implementation); the others as "
-           "scalelab runs them: --trainer scalelab"]
+    others = [str(s) for s in ZERO_STAGES if s not in TRAINERS[trainer].stages]
+    out = [f"ZeRO stages {', '.join(others)} and hybrid sharding: {stage_not_priced(trainer, HYBRID_KEY)}"]
     if TRAINERS[trainer].memory == "llm-foundry":
         out.append("pipeline parallelism and precisions other than bf16: the llm-foundry trainer is priced as its MPT "
                    "benchmarks run (FSDP alone, in bf16)")
     return out
-
-
-def _runs(precision: str, key, gpus: int, per_node: int, degree: int, trainer: str = "scalelab", pipeline: int = 1,
-          schedule: str = "1f1b", sequence_parallel: bool = False) -> bool:
-    """Whether the trainer priced runs tensor parallelism of ``degree`` (with sequence parallelism or not) and a
-    pipeline of ``pipeline`` stages with this precision and strategy: for scalelab (which can then check it) the
-    sweep's own rules (scalelab.planning.sweep, the tensor_parallel and pipeline_parallel axes); the trainers that
-    scale run them with every stage but hybrid sharding (a 3-D mesh, not predicted)."""
-    return _not_run(precision, key, gpus, per_node, degree, trainer, pipeline, schedule, sequence_parallel) is None
-
-
-def _not_run(precision: str, key, gpus: int, per_node: int, degree: int, trainer: str, pipeline: int = 1,
-             schedule: str = "1f1b", sequence_parallel: bool = False) -> str | None:
-    """Why the trainer priced does not run this combination (:func:`_runs`); None where it does."""
-    if TRAINERS[trainer].memory == "llm-foundry":
-        # the recipe's rule reads the strategy and the levers, not the batch: one micro-batch stands for any
-        step = RankStep(precision, strategy(key).stage, gpus // degree, 1, tensor_parallel=degree,
-                        sequence_parallel=sequence_parallel, replicas=_replicas(gpus, per_node) if key == HYBRID_KEY else 1)
-        return (None if pipeline == 1 and foundry_style.unpriced(step) is None else
-                "the llm-foundry trainer is priced as its MPT benchmarks run: FSDP alone, in bf16")
-    if trainer != "scalelab":
-        split = "tensor" if pipeline == 1 else "pipeline"
-        return None if (degree == 1 and pipeline == 1) or key != HYBRID_KEY else \
-            f"hybrid sharding with {split} parallelism (a 3-D mesh) is not predicted"
-    point = RunPoint(precision, strategy(key).stage, gpus, replicas=_replicas(gpus, per_node) if key == HYBRID_KEY else 1,
-                     tensor_parallel=degree, sequence_parallel=sequence_parallel, pipeline_parallel=pipeline,
-                     pipeline_schedule=schedule)
-    why = AXIS["tensor_parallel"].left_out(point, None) or AXIS["pipeline_parallel"].left_out(point, None)
-    return None if why is None else "scalelab does not run it: " + why
 
 
 def _left_out(pairs, degrees: list[int], gpus: int, per_node: int, trainer: str) -> list[str]:
@@ -145,7 +112,7 @@ def _left_out(pairs, degrees: list[int], gpus: int, per_node: int, trainer: str)
     out: dict[str, list[str]] = {}
     for precision, key in pairs:
         for t in degrees:
-            why = _not_run(precision, key, gpus, per_node, t, trainer)
+            why = not_run(precision, key, gpus, per_node, t, trainer)
             if why is None:
                 continue
             out.setdefault(why, []).append(f"{precision} {'hybrid' if key == HYBRID_KEY else f'ZeRO-{key}'} x TP {t}")
@@ -158,9 +125,9 @@ def _pipeline_not_run(pairs, pipelines: list[tuple[int, int, str]], gpus: int, p
     out: dict[str, dict[str, set]] = {}
     for precision, key in pairs:
         for t, p, sched in pipelines:
-            if p == 1 or t == 1 or not _runs(precision, key, gpus, per_node, t, trainer, p, sched):
+            if p == 1 or t == 1 or not runs(precision, key, gpus, per_node, t, trainer, p, sched):
                 continue  # no pipeline, no tensor parallelism, or left out already (and said so) without it
-            why = _not_run(precision, key, gpus, per_node, t, trainer, p, sched, sequence_parallel=True)
+            why = not_run(precision, key, gpus, per_node, t, trainer, p, sched, sequence_parallel=True)
             if why is not None:
                 seen = out.setdefault(why, {"precision": set(), "ZeRO": set(), "TP": set(), "PP": set()})
                 for name, value in (("precision", precision), ("ZeRO", key), ("TP", t), ("PP", p)):
@@ -186,6 +153,9 @@ def pipeline_choices(cfg, gpus: int, degrees: list[int], global_batch: int, pipe
                 dp = gpus // (t * p)
                 problem = (f"--global-batch {global_batch} does not split over its {dp} data-parallel ranks"
                            if global_batch % dp else pipeline_problem(cfg, p, sched, global_batch // dp))
+                if problem:  # the plan tries one sequence per micro-batch already: only the global batch can help
+                    problem = problem.replace("set a smaller --micro-batch or a larger --global-batch",
+                                              "even at one sequence per micro-batch; a larger --global-batch")
                 if problem:
                     why.setdefault(f"PP {p} ({sched}) x TP {t}: {problem}", None)
                 else:
@@ -207,13 +177,13 @@ def _rows(ask: PlanAsk, cluster: Cluster, cfg, n_params: int, pairs, machine, bu
             notes = [note]
         else:
             timed = replace(machine, peak_flops=flops.gpu_peak_flops(cluster.gpu, precision))
-        for t, pp, sched in [(t, p, s) for t, p, s in pipelines if _runs(precision, key, n, machine.per_node, t,
+        for t, pp, sched in [(t, p, s) for t, p, s in pipelines if runs(precision, key, n, machine.per_node, t,
                                                                           cluster.trainer, p, s) and (p == 1 or key != HYBRID_KEY)]:
             share = ask.global_batch // (n // (t * pp))  # each data-parallel rank's share
             levers = [(m, c, sp) for m in MICRO_BATCHES if share % m == 0
                       and pipeline_problem(cfg, pp, sched, share // m) is None for c in (False, True)
                       for sp in ((False, True) if t > 1 else (False,))
-                      if not sp or _runs(precision, key, n, machine.per_node, t, cluster.trainer, pp, sched, True)]
+                      if not sp or runs(precision, key, n, machine.per_node, t, cluster.trainer, pp, sched, True)]
             for micro, checkpointing, sp in levers:
                 point = Point(cfg=cfg, n_params=n_params, key=key, precision=precision, micro_batch=micro,
                               trainer=cluster.trainer, grad_reduce=cluster.reduce_dtype, global_batch=ask.global_batch,
@@ -267,7 +237,9 @@ def plan_for(model: ModelChoice, cluster: Cluster, ask: PlanAsk) -> dict:
     splits, pipelines, left_out = _searched(ask, cluster, cfg, pairs, machine.per_node)
     rows, fp8_notes = _rows(ask, cluster, cfg, n_params, pairs, machine, budget, pipelines)
     if not rows:  # every configuration left out before pricing (the trainer's limits, the batch): say why, not "none fits"
-        shown = left_out[:3] + ([f"{len(left_out) - 3} more left out"] if len(left_out) > 3 else [])
+        # pipeline degrees asked for: their layouts' reasons first, as they leave out every configuration
+        ordered = sorted(left_out, key=lambda why: not why.startswith("PP ")) if ask.pipeline_parallel else left_out
+        shown = ordered[:3] + ([f"{len(ordered) - 3} more left out"] if len(ordered) > 3 else [])
         raise EstimateError("no configuration to price: " + ("; ".join(shown) if shown else
                                                              "none of the precisions and strategies asked runs here"))
     best = next((r for r in rows if r["fits"]), None)

@@ -20,6 +20,7 @@ from scalelab.forecast.inputs import positive as _positive
 from scalelab.forecast.model_input import model_from_flags
 from scalelab.forecast.pipeline_step import pipeline_problem
 from scalelab.forecast.predict import predict_point
+from scalelab.forecast.runnable import not_run, stage_not_priced
 from scalelab.forecast.step import (  # the step-time model, shared by plan, pruning and the published validation
     Machine,
     Point,
@@ -213,7 +214,7 @@ def predict_scaling(model: ModelChoice, cluster: Cluster, layout: Layout, gpus: 
     if layout.precision == "fp8" and machine.product.peak("bf16"):
         machine, fp8_note = fp8_machine(machine, cfg.d_model)  # its datasheet peak, the measured ratio apart
         notes.append(fp8_note)
-    point = _scaling_point(model, cluster, layout)
+    point = _scaling_point(model, cluster, layout, gpus)
     rows = [predict_point(point, machine, n) for n in gpus]
     for row in rows:
         row["scaling_efficiency"] = row["tokens_per_s_per_gpu"] / rows[0]["tokens_per_s_per_gpu"]
@@ -234,11 +235,18 @@ def predict_scaling(model: ModelChoice, cluster: Cluster, layout: Layout, gpus: 
             **({"note": "; ".join(notes)} if notes else {})}
 
 
-def _scaling_point(model: ModelChoice, cluster: Cluster, layout: Layout) -> Point:
-    """The configuration priced at every count, its counts checked (one line naming the flag)."""
+def _scaling_point(model: ModelChoice, cluster: Cluster, layout: Layout, gpus: list[int]) -> Point:
+    """The configuration priced at every count, its counts checked, and refused in one line naming the flag where the
+    trainer priced does not run it (scalelab.forecast.runnable: the rule `scalelab plan` leaves it out by)."""
     cfg = model.cfg
     tensor_parallel = int(_positive("tensor-parallel", layout.tensor_parallel))
     check_tensor_parallel(cfg, tensor_parallel)
+    if layout.sequence_parallel and tensor_parallel == 1:
+        raise EstimateError("--sequence-parallel splits the activations over a tensor-parallel group: give "
+                            "--tensor-parallel T > 1")
+    why = stage_not_priced(cluster.trainer, layout.key)
+    if why:
+        raise EstimateError(f"--zero-stage {layout.key}: {why}")
     pipeline_parallel = int(_positive("pipeline-parallel", layout.pipeline_parallel))
     if layout.chunks_per_rank is not None and (pipeline_parallel == 1 or layout.schedule != "interleaved_1f1b"):
         raise EstimateError("--chunks-per-rank is an interleaved schedule's: give --pipeline-parallel P and --schedule "
@@ -246,6 +254,11 @@ def _scaling_point(model: ModelChoice, cluster: Cluster, layout: Layout) -> Poin
     why = pipeline_problem(cfg, pipeline_parallel, layout.schedule, virtual=layout.chunks_per_rank)
     if why:
         raise EstimateError(why)
+    for n in (n for n in gpus if n % (tensor_parallel * pipeline_parallel) == 0):  # others: refused below, by flag
+        why = not_run(layout.precision, layout.key, n, cluster.gpus_per_node, tensor_parallel, cluster.trainer,
+                      pipeline_parallel, layout.schedule, layout.sequence_parallel)
+        if why:
+            raise EstimateError(f"--trainer {cluster.trainer}, --gpus {n}: {why}")
     return Point(cfg=cfg, n_params=model.n_params, key=layout.key, precision=layout.precision,
                  grad_reduce=cluster.reduce_dtype, trainer=cluster.trainer,
                  micro_batch=int(_positive("micro-batch", layout.micro_batch)), global_batch=layout.global_batch,
