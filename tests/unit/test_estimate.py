@@ -338,3 +338,20 @@ def test_a_plan_for_a_pipeline_degree_the_blocks_do_not_split_into_says_so_first
               "1T", "--gpus", "64", "--global-batch", "512", "--pipeline-parallel", "3"])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert exit_.value.code == 2 and "no configuration to price: PP 3 x TP 1: does not divide --gpus 64" in err, err
+
+
+def test_estimate_and_plan_say_the_same_about_what_fits(capsys):
+    """One budget: the GPU's memory less the reserve a prediction does not count. A peak of 77 GiB on an 80 GiB H100
+    fits neither (it did fit estimate's full 80 GiB)."""
+    from scalelab.forecast.step import fits_memory
+    from scalelab.registries import hardware
+
+    h100 = hardware.gpu_by_name("H100")
+    assert main(["plan", "--model", "llama3-8b", "--gpus", "8", "--gpu", "H100", "--inter-node", "ib-ndr",
+                 "--global-batch", "256", "--tokens", "1T", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    budget = plan["budget_gib"] * 2 ** 30
+    assert fits_memory(budget, h100) and not fits_memory(budget + 1, h100) and fits_memory(1.0, None) is None
+    assert fits_memory(77 * 2 ** 30, h100) is False
+    for row in plan["rows"]:
+        assert row["fits"] == fits_memory(row["peak_memory_bytes"], h100), row

@@ -28,6 +28,7 @@ from scalelab.forecast.inputs import (
     UNITS,
     EstimateError,
     ModelChoice,
+    memory_reserve_bytes,
 )
 from scalelab.forecast.inputs import positive as _positive
 from scalelab.forecast.step import (  # the step-time model, shared by plan, pruning and the published validation
@@ -203,21 +204,7 @@ def _rung(name: str, state: model_state.ModelStateBytes, extra: float, mem: floa
             f"total_{u}": total / scale, "fits": total <= mem}
 
 
-RESERVE = {"fixed_gib": 2.0, "share": 0.05,
-           "source": "scalelab's default, not yet measured on a GPU: the CUDA context and the libraries' workspaces "
-                     "(about 1 GiB), NCCL's buffers (NCCL_BUFFSIZE 4 MiB per channel and peer: up to about 1 GiB at "
-                     "scale), and 5% of the device for the caching allocator's fragmentation; --reserve-gib sets it"}
-"""Device memory the predicted peak does not count: reserve = fixed_gib + share x the GPU's memory."""
 
-
-def memory_reserve_bytes(memory_bytes: float, reserve_gib: float | None) -> float:
-    """Device memory a prediction does not count (the CUDA context, NCCL's buffers, fragmentation):
-    --reserve-gib, else RESERVE's default (the one advise and scalelab plan share)."""
-    if reserve_gib is not None:
-        if reserve_gib * UNITS["GiB"] >= memory_bytes:
-            raise EstimateError(f"--reserve-gib {reserve_gib:g} leaves nothing of the GPU's {memory_bytes / UNITS['GiB']:g} GiB")
-        return reserve_gib * UNITS["GiB"]
-    return RESERVE["fixed_gib"] * UNITS["GiB"] + RESERVE["share"] * memory_bytes
 
 
 def advise(model: ModelChoice, device: float, gpus: int, precision: str, unit: str, micro_batch: int | None = None,

@@ -139,7 +139,8 @@ def _render_scaling(r: dict) -> list[str]:
                  + f"{'tok/s/GPU':>10} {'MFU':>6} {'scaling':>7} {'memory':>9}  links")
     lines += [_scaling_row(row, piped) for row in r["rows"]]
     if not all(row["fits_memory"] for row in r["rows"]):
-        lines.append(f"! the predicted peak per GPU exceeds the {r['gpu']}'s memory: the run would not fit")
+        lines.append(f"! the predicted peak per GPU exceeds the {r['gpu']}'s memory less the reserve a prediction "
+                     "does not count (the budget scalelab plan ranks by): the run would not fit")
     lines.append("every figure above is predicted; times in ms per optimizer step; comm = every collective's time, "
                  "exposed = what overlap leaves on the step; scaling = tokens/s per GPU against the smallest count"
                  + ("; AR all-reduce, RS reduce-scatter, AG all-gather, BC broadcast" if any(

@@ -23,6 +23,23 @@ class EstimateError(ValueError):
     """A forecast's input it cannot answer for: one line naming the flag or key."""
 
 
+RESERVE = {"fixed_gib": 2.0, "share": 0.05,
+           "source": "scalelab's default, not yet measured on a GPU: the CUDA context and the libraries' workspaces "
+                     "(about 1 GiB), NCCL's buffers (NCCL_BUFFSIZE 4 MiB per channel and peer: up to about 1 GiB at "
+                     "scale), and 5% of the device for the caching allocator's fragmentation; --reserve-gib sets it"}
+"""Device memory the predicted peak does not count: reserve = fixed_gib + share x the GPU's memory."""
+
+
+def memory_reserve_bytes(memory_bytes: float, reserve_gib: float | None) -> float:
+    """Device memory a prediction does not count (the CUDA context, NCCL's buffers, fragmentation):
+    --reserve-gib, else RESERVE's default (the one advise and scalelab plan share)."""
+    if reserve_gib is not None:
+        if reserve_gib * UNITS["GiB"] >= memory_bytes:
+            raise EstimateError(f"--reserve-gib {reserve_gib:g} leaves nothing of the GPU's {memory_bytes / UNITS['GiB']:g} GiB")
+        return reserve_gib * UNITS["GiB"]
+    return RESERVE["fixed_gib"] * UNITS["GiB"] + RESERVE["share"] * memory_bytes
+
+
 COUNT_SUFFIXES = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
 """What the output writes counts with (_human): 1.3B parameters, 2M tokens/s; counts are read so too."""
 

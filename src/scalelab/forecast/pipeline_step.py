@@ -8,7 +8,14 @@ import math
 from dataclasses import replace
 
 from scalelab.forecast.inputs import UNITS, EstimateError
-from scalelab.forecast.step import _strategy_comm, _tensor_parallel_step, batch_plan, groups_link, point_step
+from scalelab.forecast.step import (
+    _strategy_comm,
+    _tensor_parallel_step,
+    batch_plan,
+    fits_memory,
+    groups_link,
+    point_step,
+)
 from scalelab.formulas import activation_memory, flops, links, megatron_style, peak_memory, pipeline, tensor_parallelism
 from scalelab.registries.families import tensor_parallel_split_params
 from scalelab.registries.strategies import HYBRID_KEY, ZERO1_SHARDED_KEY, strategy
@@ -276,7 +283,7 @@ def predict_pipeline(point, machine, n: int) -> dict:
             "tokens_per_s": per_gpu * n, "mfu": flops.mfu(per_gpu, fpt, machine.peak_flops, 1),
             "collective_bytes": sizes, "collective_calls": calls, "peak_memory_bytes": peak_mem,
             "peak_memory_gib": peak_mem / UNITS["GiB"],
-            "fits_memory": peak_mem <= machine.product.memory_gib * UNITS["GiB"] if machine.product else None,
+            "fits_memory": fits_memory(peak_mem, machine.product),
             "flops_per_token": fpt, "recompute_flops_per_token": slowest["recompute_flops_per_token"],
             "pipeline": _pipeline_columns(stages, slowest, m, bubble, bubble_s, boundary, p2p_link, machine, p2p_s,
                                           tied, tied_s)}

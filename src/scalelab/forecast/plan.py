@@ -18,16 +18,18 @@ import argparse
 import json
 from dataclasses import replace
 
-from scalelab.forecast.estimate import RESERVE, _human, _mfu_text, memory_reserve_bytes
+from scalelab.forecast.estimate import _human, _mfu_text
 from scalelab.forecast.estimate_command import cluster_flags, trainer_flag
 from scalelab.forecast.estimate_text import _mfu_origin
 from scalelab.forecast.inputs import (
+    RESERVE,
     UNITS,
     Cluster,
     EstimateError,
     ModelChoice,
     PlanAsk,
     cluster_from_args,
+    memory_reserve_bytes,
     non_negative,
     plan_ask_from_args,
     positive_count,

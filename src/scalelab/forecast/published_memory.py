@@ -11,7 +11,7 @@ table's NumParams at every sequence length. The recipe those runs used is scalel
 The table gives no memory figure: each row ran, so it fit in an A100's 40 GB. The check is therefore fits or does
 not fit, not a predicted-against-measured memory: each row's peak is predicted by scalelab's own convention (what
 ``scalelab plan`` and ``estimate`` use for ZeRO-3: scalelab.formulas.peak_memory) and by the llm-foundry recipe,
-against the card's 40 GiB and against a plan's budget (the card less its reserve, scalelab.forecast.estimate.RESERVE).
+against the card's 40 GiB and against a plan's budget (the card less its reserve, scalelab.forecast.inputs.RESERVE).
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ ROWS = tuple(MemoryRun(model, *run) for model, runs in RUNS.items() for run in r
 
 def budget_gib() -> tuple[float, float]:
     """(the card's memory, a plan's budget: the card less scalelab's reserve), GiB."""
-    from scalelab.forecast.estimate import memory_reserve_bytes
+    from scalelab.forecast.inputs import memory_reserve_bytes
 
     memory = hardware.gpu_by_name(GPU).memory_gib * 2**30
     return memory / 2**30, (memory - memory_reserve_bytes(memory, None)) / 2**30

@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 from scalelab.config import ModelConfig
-from scalelab.forecast.inputs import UNITS, EstimateError
+from scalelab.forecast.inputs import UNITS, EstimateError, memory_reserve_bytes
 from scalelab.formulas import communication, flops, links, megatron_style, peak_memory, tensor_parallelism
 from scalelab.formulas.links import collective_calls
 from scalelab.formulas.rank_step import RankStep
@@ -120,7 +120,7 @@ def predict_unpipelined(point: Point, machine: Machine, n: int) -> dict:
             "tokens_per_s": per_gpu * n, "mfu": flops.mfu(per_gpu, fpt, machine.peak_flops, 1),
             "collective_bytes": sizes, "collective_calls": calls, "peak_memory_bytes": peak_mem,
             "peak_memory_gib": peak_mem / UNITS["GiB"],
-            "fits_memory": peak_mem <= machine.product.memory_gib * UNITS["GiB"] if machine.product else None,
+            "fits_memory": fits_memory(peak_mem, machine.product),
             "flops_per_token": fpt, "recompute_flops_per_token": hardware_fpt - fpt}
 
 
@@ -175,6 +175,15 @@ def _strategy_comm(point: Point, machine: Machine, n: int, n_local: float, step:
             if group_size > 1:
                 used[c] = link.name
     return comm, calls, sizes, used
+
+
+def fits_memory(peak_bytes: float, product) -> bool | None:
+    """Whether a predicted peak fits the GPU's memory less the reserve the prediction does not count (RESERVE: the
+    budget `scalelab plan` ranks by); None where the GPU is not known."""
+    if product is None:
+        return None
+    memory = product.memory_gib * UNITS["GiB"]
+    return peak_bytes <= memory - memory_reserve_bytes(memory, None)
 
 
 def _peak_memory(point: Point, n_local: float, step: RankStep) -> float:
