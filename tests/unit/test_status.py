@@ -87,7 +87,7 @@ def test_status_counts_every_state_with_reasons(sweep, capsys):
         assert line in out, out
     for reason in REASONS.values():
         assert reason in out
-    assert f"scalelab retry {sweep} --status corrupt,diverged,failed,killed,oom,timeout" in out
+    assert f"scalelab retry {sweep} --status corrupt,diverged,failed,oom,timeout" in out  # a killed run: resume reruns it
     assert out.index("running") < out.index("killed") < out.index("failed"), "the usual order"
     # JSON for scripts; with the config, sweep points without a folder are 'not started'
     assert main(["status", str(sweep), "--json"]) == 0
@@ -319,6 +319,11 @@ def test_the_closing_lines_advise_only_what_can_help(tmp_path):
     lines = stopped_lines(tmp_path)
     assert "no run failed" in lines[0] and lines[1].endswith(f"scalelab resume {tmp_path.resolve()}")
     assert not any("retry" in line for line in lines)
+    # status says the same: resume reruns the killed run (retry would also drop the collected tables)
+    from scalelab.results.status import format_status, run_states
+
+    text = format_status(tmp_path, run_states(tmp_path))
+    assert "retry" not in text and f"go on with the sweep: scalelab resume {tmp_path}" in text, text
     _run(tmp_path, RunPoint("bf16", 0, 2), "timeout")
     lines = stopped_lines(tmp_path)
     assert "runs that ended timeout" in lines[0]

@@ -228,10 +228,10 @@ def format_status(results_dir: str | Path, states: list[RunState]) -> str:
     if pruned:  # a decision, not a failure: each reason names its rank
         lines += ["", f"pruned by the forecast (planning.top_k; raise it to run them): {len(pruned)}, "
                       f"{', '.join(s.run_id for s in sorted(pruned, key=lambda s: s.run_id))}"]
-    retryable = sorted({s.status for s in states if s.status in RETRY_DEFAULT})
     # scalelab resume runs the command that started this sweep (its config files, --config,
     # profile: a bare `snakemake --cores all` would run the default config into results/), and
-    # reruns a killed run by itself (Snakemake marked it incomplete).
+    # reruns a killed run by itself (Snakemake marked it incomplete, its checkpoint kept): retry is for the others.
+    retryable = sorted({s.status for s in states if s.status in RETRY_DEFAULT and s.status != "killed"})
     if retryable or any(s.status in ("killed", "not started") for s in states):
         from scalelab.results.invocation import rerun_command
 
