@@ -114,7 +114,8 @@ def _scaling_row(row: dict, piped: bool) -> str:
         by_link.setdefault(name, []).append(_COLLECTIVE_SHORT[c])
     link = next(iter(by_link)) if len(by_link) == 1 else " ".join(f"{'+'.join(cs)}:{name}" for name, cs in by_link.items())
     if row.get("tensor_parallel", 1) > 1:
-        link = f"TP AR:{row['tensor_parallel_comm']['link']}" + (f", {link}" if by_link else "")
+        kinds = "+".join(_COLLECTIVE_SHORT[c] for c in row["tensor_parallel_comm"]["collectives"]) or "AR"
+        link = f"TP {kinds}:{row['tensor_parallel_comm']['link']}" + (f", {link}" if by_link else "")
     memory = f"{row['peak_memory_gib']:.1f} GiB" + ("" if row["fits_memory"] else "!")
     batching = f"{row['micro_batch']} x {row['accumulation_steps']}"
     return (f"{row['gpus']:>5} {row['nodes']:>5} {batching:>8} "
@@ -142,7 +143,9 @@ def _render_scaling(r: dict) -> list[str]:
         lines.append(f"! the predicted peak per GPU exceeds the {r['gpu']}'s memory less the reserve a prediction "
                      "does not count (the budget scalelab plan ranks by): the run would not fit")
     lines.append("every figure above is predicted; times in ms per optimizer step; comm = every collective's time, "
-                 "exposed = what overlap leaves on the step; scaling = tokens/s per GPU against the smallest count"
+                 "exposed = what overlap leaves on the step" + (" (with the pipeline's sends, P2P ms, which comm does "
+                                                                  "not count)" if piped else "")
+                 + "; scaling = tokens/s per GPU against the smallest count"
                  + ("; AR all-reduce, RS reduce-scatter, AG all-gather, BC broadcast" if any(
                      len(set(row["links"].values())) > 1 for row in r["rows"]) else ""))
     return lines
