@@ -106,7 +106,7 @@ def _plain(value):
     return value
 
 
-def tensor_parallel_problem(model, degree: int, sequence_parallel: bool = False) -> None:
+def tensor_parallel_problem(model, degree: int, sequence_parallel: bool = False, name: str | None = None) -> None:
     """ConfigError where a model cannot be split ``degree`` ways: no plan in its family's record (a user's
     module), or heads, key/value heads or the MLP's width that the degree does not divide; with
     ``sequence_parallel`` a sequence length it does not divide."""
@@ -121,10 +121,15 @@ def tensor_parallel_problem(model, degree: int, sequence_parallel: bool = False)
         counts["seq_len"] = model.seq_len
     bad = [f"{name} {n}" for name, n in counts.items() if n % degree]
     if bad:
-        raise ConfigError(f"sweep.tensor_parallel={degree} does not divide the model's {', '.join(bad)}")
+        raise ConfigError(f"sweep.tensor_parallel={degree} does not divide the model's {', '.join(bad)}{_named(name)}")
 
 
-def pipeline_problem(model, degree: int, schedule_name: str) -> None:
+def _named(name: str | None) -> str:
+    """Which of the sweep's models a refusal is about, where it names one (sweep.model)."""
+    return f" (model {name})" if name else ""
+
+
+def pipeline_problem(model, degree: int, schedule_name: str, name: str | None = None) -> None:
     """ConfigError where a model's blocks cannot be split into ``degree`` pipeline stages: a user's module (its
     forward runs whole: scalelab cannot hand one stage's output to the next), or blocks that do not split evenly."""
     from scalelab.formulas.pipeline import chunks
@@ -135,7 +140,7 @@ def pipeline_problem(model, degree: int, schedule_name: str) -> None:
     try:
         chunks(model.n_layers, degree, schedule_name)
     except ValueError as err:
-        raise ConfigError(f"sweep.pipeline_parallel={degree}: {err}") from None
+        raise ConfigError(f"sweep.pipeline_parallel={degree}: {err}{_named(name)}") from None
 
 
 def run_plan(config: dict, point: RunPoint, *, device: str = "cpu", device_reason: str = "",
@@ -147,9 +152,9 @@ def run_plan(config: dict, point: RunPoint, *, device: str = "cpu", device_reaso
     micro, accumulation = micro_batch_plan(train, data_parallel_ranks(point), point.micro_batch)
     model = model_config(config, vocab_size=vocab_size, name=point.model)
     if point.tensor_parallel > 1:
-        tensor_parallel_problem(model, point.tensor_parallel, point.sequence_parallel)
+        tensor_parallel_problem(model, point.tensor_parallel, point.sequence_parallel, point.model)
     if point.pipeline_parallel > 1:
-        pipeline_problem(model, point.pipeline_parallel, point.pipeline_schedule)
+        pipeline_problem(model, point.pipeline_parallel, point.pipeline_schedule, point.model)
     return RunPlan(point=point, model=model, train=train,
                    micro_batch=micro, accumulation_steps=accumulation, launch=launch_plan(config, point.world_size),
                    device=device, device_reason=device_reason,
