@@ -14,12 +14,11 @@ stage) and the one process's. A failure is recorded with its traceback, so the t
 """
 import argparse
 import datetime
-import json
-import traceback
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from rank_records import recorded, write_and_close
 
 from scalelab.config import ModelConfig
 from scalelab.run import pipeline
@@ -111,21 +110,15 @@ def main() -> None:
     records = []
     for precision in args.precisions.split(","):
         for schedule in args.schedules.split(","):
-            record = {"precision": precision, "schedule": schedule}
-            try:
-                record["pipelined"] = pipelined_losses(device, precision, schedule, args.steps)
+            def case(precision=precision, schedule=schedule) -> dict:
+                losses = {"pipelined": pipelined_losses(device, precision, schedule, args.steps)}
                 if dist.get_rank() == 0:
-                    record["one_process"] = one_process_losses(device, precision, args.steps)
-            except Exception as err:
-                record["error"] = f"{type(err).__name__}: {err}"[:2000]
-                record["traceback"] = traceback.format_exc()[-3000:]
-            records.append(record)
+                    losses["one_process"] = one_process_losses(device, precision, args.steps)
+                return losses
+
+            records.append(recorded({"precision": precision, "schedule": schedule}, case))
             dist.barrier()
-    if dist.get_rank() == 0:
-        with open(args.out, "w") as f:
-            json.dump(records, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    write_and_close(args.out, records)
 
 
 if __name__ == "__main__":

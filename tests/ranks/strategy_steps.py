@@ -17,12 +17,11 @@ Used by tests/run/test_fused_contract.py (CPU) and tests/gpu/test_gpu.py (CUDA t
 """
 import argparse
 import datetime
-import json
 import os
-import traceback
 
 import torch
 import torch.distributed as dist
+from rank_records import recorded, write_and_close
 
 from scalelab.config import ModelConfig
 from scalelab.formulas import communication
@@ -119,22 +118,12 @@ def main() -> None:
     results = []
     for stage in map(int, args.stages.split(",")):
         for precision in args.precisions.split(","):
-            record = {"stage": stage, "precision": precision}
-            try:
-                record.update(case(stage, precision, device, args.steps, args.inject_inf, args.tensor_parallel,
-                                   args.sequence_parallel))
-            except Exception as err:  # e.g. a collective gloo lacks for CUDA tensors
-                record["error"] = f"{type(err).__name__}: {err}"[:2000]
-                record["traceback"] = traceback.format_exc()[-3000:]
-            results.append(record)
+            results.append(recorded({"stage": stage, "precision": precision}, lambda stage=stage, precision=precision: case(
+                stage, precision, device, args.steps, args.inject_inf, args.tensor_parallel, args.sequence_parallel)))
             dist.barrier()
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, results)
-    if dist.get_rank() == 0:
-        with open(args.out, "w") as f:
-            json.dump(gathered, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    write_and_close(args.out, gathered)
 
 
 if __name__ == "__main__":
