@@ -9,16 +9,8 @@ from collections.abc import Mapping
 from scalelab.formulas import links
 from scalelab.formulas.link_fit import LinkFit
 from scalelab.formulas.overlap import TENSOR_PARALLEL
-from scalelab.formulas.predicted_columns import last_block_kept, model_of_row
-from scalelab.formulas.rank_step import RankStep
+from scalelab.formulas.predicted_columns import last_block_kept, missing, model_of_row, rank_step
 from scalelab.registries.strategies import strategy
-
-
-def missing(value) -> bool:
-    """None, NaN or pandas' NA (a nullable column's null)."""
-    import pandas as pd
-
-    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
 
 
 def collectives_of(row: dict, world_size: int | None = None) -> tuple[dict[str, float], dict[str, int]]:
@@ -42,7 +34,7 @@ def collectives_of(row: dict, world_size: int | None = None) -> tuple[dict[str, 
     degree = _tensor_parallel(row)
     if degree > 1:  # the strategy over the data-parallel ranks, on each rank's share
         n, n_params = tensor_parallelism.data_parallel_size(n, degree), int(tensor_parallelism.tensor_parallel_params(cfg, n_params, degree))
-    step = _row_step(row, n, degree)
+    step = rank_step(row, n, degree)
     stage, precision, k = step.zero_stage, step.precision, step.accumulation_steps
     kept = last_block_kept(row)
     sizes = collective_sizes(n_params, step, last_block_params=kept)
@@ -65,20 +57,6 @@ def _tensor_parallel(row) -> int:
     return 1 if missing(row.get("tensor_parallel")) else int(row["tensor_parallel"])
 
 
-def _flag(value) -> bool:
-    """A lever's flag, null (an older table's NaN or NA) read as off."""
-    return not missing(value) and bool(value)
-
-
-def _row_step(row: dict, data_parallel: int, degree: int) -> RankStep:
-    """What one rank of the run in ``row`` runs in a step, as this module reads a row: an accumulation or grad_reduce
-    left out the default, a device left out a CPU."""
-    return RankStep(row["precision"], int(row["zero_stage"]), data_parallel, int(row["micro_batch"]),
-                    int(row.get("accumulation_steps") or 1), _flag(row.get("activation_checkpointing")),
-                    tensor_parallel=degree, sequence_parallel=_flag(row.get("sequence_parallel")),
-                    device_type=row.get("device_type") or "cpu", grad_reduce=row.get("grad_reduce") or "fp32")
-
-
 def tensor_parallel_collectives(row: dict) -> tuple[dict[str, float], dict[str, int]]:
     """(bytes per step as nccl-tests sizes them, calls per step) of a run's tensor-parallel collectives over its
     group (tensor_parallelism.tensor_parallel_comm), keyed ``tensor_parallel <collective>``; none without it."""
@@ -88,7 +66,7 @@ def tensor_parallel_collectives(row: dict) -> tuple[dict[str, float], dict[str, 
     if degree == 1:
         return {}, {}
     # the data-parallel ranks, which the tensor-parallel count does not read (run_comm checks the split itself)
-    comm = tensor_parallelism.tensor_parallel_comm(model_of_row(row), _row_step(row, int(row["world_size"]) // degree, degree))
+    comm = tensor_parallelism.tensor_parallel_comm(model_of_row(row), rank_step(row, int(row["world_size"]) // degree, degree))
     sizes = {TENSOR_PARALLEL + c: nbytes / links.handed_per_size(c) for c, (nbytes, _) in comm.items()}
     return sizes, {TENSOR_PARALLEL + c: calls for c, (_, calls) in comm.items()}
 

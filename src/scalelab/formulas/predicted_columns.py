@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections.abc import Mapping
 
 from scalelab.config import ModelConfig
@@ -54,9 +55,16 @@ def refreshed_at_collection(name: str) -> bool:
             or (name.startswith("comm_") and name.endswith("_bytes_per_step_predicted")))
 
 
+def missing(value) -> bool:
+    """None, NaN or pandas' NA (a nullable column's null). A value is pandas' NA only where pandas is loaded, so a row
+    read from JSON (the launcher's, collection's) does not import it."""
+    pd = sys.modules.get("pandas")
+    return value is None or (pd is not None and value is pd.NA) or (isinstance(value, float) and math.isnan(value))
+
+
 def _value(row: Mapping, name: str, default=None):
     v = row.get(name, default)
-    return default if v is None or (isinstance(v, float) and math.isnan(v)) else v
+    return default if missing(v) else v
 
 
 def last_block_kept(row: Mapping) -> float:

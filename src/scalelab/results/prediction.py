@@ -22,8 +22,8 @@ import math
 
 import numpy as np
 
-from scalelab.formulas.comm_time import missing
 from scalelab.formulas.overlap import DEFAULT_OVERLAP_EFFICIENCY, step_time
+from scalelab.formulas.predicted_columns import missing
 from scalelab.results.step_model import MEASURED, Model, compute_key, fit, noise_terms, parts_of
 
 PREDICTED_COLUMNS = ("predicted_step_time_s", "predicted_step_time_s_low", "predicted_step_time_s_high",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from scalelab.formulas.comm_time import missing
 from scalelab.formulas.link_fit import bench_load, bench_steal
+from scalelab.formulas.predicted_columns import missing
 from scalelab.registries.comm_table import BUSY_COLUMN, busy_before, busy_text
 from scalelab.registries.hardware import STEAL_WARN
 from scalelab.results.prediction import predict

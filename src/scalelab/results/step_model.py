@@ -43,9 +43,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from scalelab.formulas.comm_time import missing, run_comm, tokens_or_nan
+from scalelab.formulas.comm_time import run_comm, tokens_or_nan
 from scalelab.formulas.link_fit import LinkFit, link_fits
 from scalelab.formulas.overlap import DEFAULT_OVERLAP_EFFICIENCY, step_time
+from scalelab.formulas.predicted_columns import missing
 from scalelab.planning.sweep import AXES
 from scalelab.registries.strategies import STRATEGIES
 
