@@ -92,11 +92,13 @@ def stage_params(point, rank: int) -> float:
     return held
 
 
-def _stage_memory(point, rank: int, blocks: int, last: bool, n_local: float, dp: int, micro: int, m: int) -> dict:
+def _stage_memory(point, rank: int, blocks: int, last: bool, n_local: float, step) -> dict:
     """Bytes at the step's peak on pipeline rank ``rank``: model state and gathers as without pipelining, the in-flight
-    micro-batches' block activations, and on the last stage the head's and the loss's."""
+    micro-batches' block activations, and on the last stage the head's and the loss's; ``step``: what each GPU runs
+    (point_step)."""
     cfg, pp, sched = point.cfg, point.pipeline_parallel, point.pipeline_schedule
-    mine, step = replace(cfg, n_layers=blocks), point_step(point, dp, micro, m)
+    dp, micro, m = step.data_parallel, step.micro_batch, step.accumulation_steps
+    mine = replace(cfg, n_layers=blocks)
     if point.megatron:
         def acts(k: int) -> float:
             return megatron_style.activation_bytes(replace(cfg, n_layers=k), step)
@@ -123,9 +125,11 @@ def _send_seconds(sent: float, boundary: float, link: links.Link) -> float:
     return (sent / boundary) * link.latency_s + sent / link.achievable_Bps if sent else 0.0
 
 
-def _stage(point, machine, n: int, rank: int, all_chunks, dp: int, micro: int, m: int, boundary: float, p2p_link) -> dict:
-    """One pipeline rank's blocks, compute, tensor-parallel time, sends and memory in a step."""
+def _stage(point, machine, n: int, rank: int, all_chunks, step, boundary: float, p2p_link) -> dict:
+    """One pipeline rank's blocks, compute, tensor-parallel time, sends and memory in a step; ``step``: what each GPU
+    runs (point_step)."""
     cfg, t, pp, sched = point.cfg, point.tensor_parallel, point.pipeline_parallel, point.pipeline_schedule
+    micro, m = step.micro_batch, step.accumulation_steps
     fpt = flops.flops_per_token(cfg)
     hardware_fpt = fpt + (flops.recompute_flops_per_token(cfg) if point.activation_checkpointing else 0.0)
     head = 6 * cfg.vocab_size * cfg.d_model
@@ -137,10 +141,10 @@ def _stage(point, machine, n: int, rank: int, all_chunks, dp: int, micro: int, m
     per_token = (hardware_fpt - head) * blocks / cfg.n_layers / t + (head / (t if point.megatron else 1) if last else 0.0)
     stage_cfg = replace(cfg, n_layers=blocks)
     blocks_s = (hardware_fpt - head) * blocks / cfg.n_layers / t * tokens_dp / rate
-    tp = _tensor_parallel_step(replace(point, cfg=stage_cfg), machine, n, point_step(point, dp, micro, m), blocks_s)
+    tp = _tensor_parallel_step(replace(point, cfg=stage_cfg), machine, n, step, blocks_s)
     sent = pipeline.p2p_bytes(rank, pp, m, boundary, sched, point.chunks_per_rank)
     n_local = stage_params(point, rank)
-    memory = _stage_memory(point, rank, blocks, last, n_local, dp, micro, m)
+    memory = _stage_memory(point, rank, blocks, last, n_local, step)
     return {"rank": rank, "blocks": blocks, "holds": list(mine), "params": n_local,
             "compute_s": per_token * tokens_dp / rate, "tensor_parallel_s": tp["exposed_s"], "tp": tp,
             "p2p_sent_bytes": sent["sent"], "p2p_received_bytes": sent["received"],
@@ -258,9 +262,9 @@ def predict_pipeline(point, machine, n: int) -> dict:
     boundary = pipeline.boundary_values(micro, cfg.seq_len, cfg.d_model, t, point.sequence_parallel) * width
     p2p_link = _p2p_link(point, machine, n, dp * t)
     all_chunks = pipeline.chunks(cfg.n_layers, pp, sched, point.chunks_per_rank)
-    stages = [_stage(point, machine, n, rank, all_chunks, dp, micro, m, boundary, p2p_link) for rank in range(pp)]
-    slowest = max(stages, key=lambda s: s["compute_s"] + s["tensor_parallel_s"] + s["p2p_s"])
     step = point_step(point, dp, micro, m)  # what each GPU runs: its stage's strategy over the data-parallel ranks
+    stages = [_stage(point, machine, n, rank, all_chunks, step, boundary, p2p_link) for rank in range(pp)]
+    slowest = max(stages, key=lambda s: s["compute_s"] + s["tensor_parallel_s"] + s["p2p_s"])
     comm, calls, sizes, used = _stage_comm(point, machine, n, max(stages, key=lambda s: s["params"]), step)
     exposed = _exposed_comm(point, slowest["compute_s"], m, comm, calls, machine.overlap_efficiency)
     bubble = pipeline.bubble_fraction(pp, m, sched, point.chunks_per_rank)
