@@ -291,3 +291,17 @@ def test_estimate_scaling_takes_an_interleaved_schedules_chunks_per_rank_and_ref
     assert pipelined["bubble_fraction"] == pytest.approx(3 / (4 * m + 3))
     code, _, err = _run(capsys, *SCALING, "--gpus", "32", "--chunks-per-rank", "4")
     assert code != 0 and "--chunks-per-rank" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_plans_pipeline_with_too_few_micro_batches_names_the_global_batch_alone():
+    """The plan tries one sequence per micro-batch already: a layout left out for too few micro-batches names the
+    global batch as the remedy, never a --micro-batch the plan has no flag for; estimate scaling, which has one,
+    names both."""
+    from scalelab.forecast.pipeline_step import pipeline_problem
+    from scalelab.forecast.plan import pipeline_choices
+
+    _, why = pipeline_choices(LLAMA8B, 64, [1], 32, [4], ["1f1b"])  # 32 data-parallel ranks of 2 GPUs: 1 sequence each
+    (line,) = [w for w in why if w.startswith("PP 4")]
+    assert "cannot fill 4 pipeline stages" in line and "a larger --global-batch" in line and "--micro-batch" not in line
+    said = pipeline_problem(LLAMA8B, 4, "1f1b", 1)
+    assert "set a smaller --micro-batch or a larger --global-batch" in said

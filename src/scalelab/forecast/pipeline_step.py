@@ -53,10 +53,10 @@ def _flag_text(text: str) -> str:
 
 
 def pipeline_problem(cfg, pp: int, schedule_name: str, microbatches: int | None = None,
-                     virtual: int | None = None) -> str | None:
+                     virtual: int | None = None, remedy: str = pipeline.SWEEP_REMEDY) -> str | None:
     """Why this model cannot be pipelined P ways under the schedule (``virtual``: an interleaved schedule's chunks per
-    rank, None: the schedule's own) with ``microbatches`` per step (None: the micro-batches unchecked), in one line
-    naming the flag; None where it can."""
+    rank, None: the schedule's own) with ``microbatches`` per step (None: the micro-batches unchecked; too few: what
+    the caller's user can change, ``remedy``), in one line naming the flag; None where it can."""
     if pp == 1:
         return None
     if schedule_name not in pipeline.SCHEDULES:
@@ -68,7 +68,7 @@ def pipeline_problem(cfg, pp: int, schedule_name: str, microbatches: int | None 
     except ValueError as err:
         return f"--pipeline-parallel {pp}: {_flag_text(str(err))}"
     if microbatches is not None:
-        why = pipeline.microbatches_problem(pp, microbatches, schedule_name)
+        why = pipeline.microbatches_problem(pp, microbatches, schedule_name, remedy)
         if why:
             return f"--pipeline-parallel {pp} --schedule {schedule_name}: {_flag_text(why)}"
     return None

@@ -138,6 +138,11 @@ def _pipeline_not_run(pairs, pipelines: list[tuple[int, int, str]], gpus: int, p
             for why, seen in out.items()]
 
 
+PLAN_REMEDY = "even at one sequence per micro-batch; a larger --global-batch"
+"""What a plan's user can change where a pipeline has too few micro-batches: the plan tries one sequence per
+micro-batch already."""
+
+
 def pipeline_choices(cfg, gpus: int, degrees: list[int], global_batch: int, pipelines: list[int],
                      schedules: list[str]) -> tuple[list[tuple[int, int, str]], list[str]]:
     """The (tensor-parallel degree, pipeline degree, schedule) combinations a plan times, and why each other was left
@@ -154,10 +159,8 @@ def pipeline_choices(cfg, gpus: int, degrees: list[int], global_batch: int, pipe
                     continue
                 dp = gpus // (t * p)
                 problem = (f"--global-batch {global_batch} does not split over its {dp} data-parallel ranks"
-                           if global_batch % dp else pipeline_problem(cfg, p, sched, global_batch // dp))
-                if problem:  # the plan tries one sequence per micro-batch already: only the global batch can help
-                    problem = problem.replace("set a smaller --micro-batch or a larger --global-batch",
-                                              "even at one sequence per micro-batch; a larger --global-batch")
+                           if global_batch % dp else pipeline_problem(cfg, p, sched, global_batch // dp,
+                                                                      remedy=PLAN_REMEDY))
                 if problem:
                     why.setdefault(f"PP {p} ({sched}) x TP {t}: {problem}", None)
                 else:

@@ -201,7 +201,7 @@ def _foundry_memory(point: Point, step: RankStep) -> float:
     EstimateError in one line where the point is not what that recipe prices."""
     from scalelab.formulas import foundry_style
 
-    if point.key != 3 or point.pipeline_parallel > 1 or foundry_style.unpriced(step) is not None:
+    if point.pipeline_parallel > 1 or foundry_style.unpriced(step) is not None:  # the step: stage 3, one replica
         raise EstimateError("--trainer llm-foundry prices its MPT benchmarks' FSDP FULL_SHARD in bf16: --zero-stage 3 "
                             "--precision bf16, no --tensor-parallel, --sequence-parallel or --pipeline-parallel")
     try:

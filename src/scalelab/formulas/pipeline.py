@@ -81,13 +81,17 @@ def rank_chunks(pp_rank: int, pp: int, schedule_name: str = DEFAULT_SCHEDULE, vi
     return [pp_rank + k * pp for k in range(chunks_per_rank(schedule_name, virtual))]
 
 
-def microbatches_problem(pp: int, m: int, schedule_name: str) -> str | None:
-    """Why m micro-batches per step cannot fill this pipeline's schedule; None where they can."""
+SWEEP_REMEDY = "set a smaller sweep.micro_batch or a larger train.global_batch"
+"""What a sweep's config can change where a step has too few micro-batches for its pipeline."""
+
+
+def microbatches_problem(pp: int, m: int, schedule_name: str, remedy: str = SWEEP_REMEDY) -> str | None:
+    """Why m micro-batches per step cannot fill this pipeline's schedule, with what the caller's user can change
+    (``remedy``); None where they can."""
     if pp == 1:
         return None
     if m < pp:
-        return (f"{m} micro-batch(es) per step cannot fill {pp} pipeline stages (at least {pp}: set a smaller "
-                "sweep.micro_batch or a larger train.global_batch)")
+        return f"{m} micro-batch(es) per step cannot fill {pp} pipeline stages (at least {pp}: {remedy})"
     if schedule(schedule_name).chunks_per_rank > 1:
         rounds = max(1, m // pp)
         if m % rounds:
