@@ -134,8 +134,11 @@ def _pipeline_not_run(pairs, pipelines: list[tuple[int, int, str]], gpus: int, p
                 seen = out.setdefault(why, {"precision": set(), "ZeRO": set(), "TP": set(), "PP": set()})
                 for name, value in (("precision", precision), ("ZeRO", key), ("TP", t), ("PP", p)):
                     seen[name].add(value)
-    return [f"sequence parallelism with a pipeline ({', '.join(f'{k} ' + '/'.join(map(str, sorted(v, key=str))) for k, v in seen.items())}): {why}"
-            for why, seen in out.items()]
+    lines = []
+    for why, seen in out.items():  # e.g. (precision bf16, ZeRO 0/2/3, TP 2/4, PP 2/4)
+        which = ", ".join(f"{name} {'/'.join(map(str, sorted(values, key=str)))}" for name, values in seen.items())
+        lines.append(f"sequence parallelism with a pipeline ({which}): {why}")
+    return lines
 
 
 PLAN_REMEDY = "even at one sequence per micro-batch; a larger --global-batch"
