@@ -280,12 +280,12 @@ def sharded_comm_bytes(stage_params: float, kept: float, step: RankStep, schedul
     forwards and backwards. A shard group of one rank moves nothing; hybrid sharding then all-reduces each reduced
     shard across the replicas. None for more than MAX_ACTIVE_CHUNKS chunks per rank (a forecast's ``virtual``), which
     torch reshards and gathers again mid-step (not run, not modelled)."""
-    if not sharded_modelled(schedule_name, virtual):
+    by_collective = sharded_comm_by_collective(stage_params, kept, step, schedule_name, virtual)
+    if by_collective is None:
         return None
-    gathered = _gathered(stage_params, kept, step.accumulation_steps, step.zero_stage)
-    dtypes, shard = comm_dtypes(step.precision, step.zero_stage, step.grad_reduce), _shard(step)
-    return {"shard": 0.0 if shard == 1 else gathered * dtypes.gather_bytes + stage_params * dtypes.reduce_bytes,
-            "replicate": 0.0 if step.replicas == 1 else 2 * stage_params / shard * dtypes.reduce_bytes}
+    reduce_bytes = comm_dtypes(step.precision, step.zero_stage, step.grad_reduce).reduce_bytes
+    return {"shard": float(sum(by_collective.values())),
+            "replicate": 0.0 if step.replicas == 1 else 2 * stage_params / _shard(step) * reduce_bytes}
 
 
 def _shard(step: RankStep) -> int:
@@ -296,8 +296,9 @@ def _shard(step: RankStep) -> int:
 def sharded_comm_by_collective(stage_params: float, kept: float, step: RankStep, schedule_name: str = DEFAULT_SCHEDULE,
                                virtual: int | None = None) -> dict[str, float] | None:
     """sharded_comm_bytes' shard group by collective, in its unit: {"all_gather": the gathered parameters,
-    "reduce_scatter": the gradients reduced once}; their sum is sharded_comm_bytes' "shard" figure. A forecast times
-    each collective on its own, so it needs them apart. None where sharded_comm_bytes is."""
+    "reduce_scatter": the gradients reduced once} (none for a shard group of one rank); their sum is
+    sharded_comm_bytes' "shard" figure. A forecast times each collective on its own, so it needs them apart. None
+    where sharded_comm_bytes is."""
     if not sharded_modelled(schedule_name, virtual):
         return None
     if _shard(step) == 1:
