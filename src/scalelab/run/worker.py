@@ -208,8 +208,9 @@ def train(plan: RunPlan, rank_cores: str | None = None) -> None:
                    warmup_steps=cfg.warmup_steps, half_batch_share=HALF_BATCH_SHARE if run.micro >= 2 else 0.0)
     tracer = StepTracer(cfg.profile, cfg.profile_stacks, cfg.memory_snapshot, run.device, run.run_dir, run.rank)
     tally.gpu_start = gpu_state(run.device) if run.rank == 0 else {}
+    first_measured = first_measured_step(run)  # the attempt's first timed and counted step
     try:
-        _steps(run, tally, tracer, log)
+        _steps(run, tally, tracer, log, first_measured)
     except torch.OutOfMemoryError:
         tracer.dump_memory(oom=True)  # what the allocator held when it ran out (train.memory_snapshot)
         raise
@@ -218,7 +219,7 @@ def train(plan: RunPlan, rank_cores: str | None = None) -> None:
     if plan.save_final_params:
         save_final_params(run)  # the trained model: before any timing step moves it
     run.counter.enabled = True  # timing steps are measured, whatever the attempt's last step was
-    if first_measured_step(run) >= cfg.steps:  # no training step was measured: the loop's time starts here
+    if first_measured >= cfg.steps:  # no training step was measured: the loop's time starts here
         tally.start_loop()
     tally.timing_steps = extend_measurement(run, tally)
     tally.half_batch_step_times = measure_token_share(run, tally)
@@ -281,10 +282,9 @@ def first_measured_step(run: Run) -> int:
     return max(cfg.warmup_steps, cold_until)
 
 
-def _steps(run: Run, tally: Tally, tracer: StepTracer, log: Progress) -> None:
+def _steps(run: Run, tally: Tally, tracer: StepTracer, log: Progress, first_measured: int) -> None:
     """The training steps this attempt has left (traced ones, train.profile, left out of the timings)."""
     cfg = run.train_cfg
-    first_measured = first_measured_step(run)
     for step in range(run.start_step, cfg.steps):
         lr = lr_at(step, cfg)
         for group in run.par.optimizer.param_groups:
